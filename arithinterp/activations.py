@@ -1,0 +1,194 @@
+"""Collecting activations: ``collect(model, prompts, sites, ...)`` → :class:`Activations`.
+
+Only the requested hooks and positions are kept: each hook copies its slice straight into a
+preallocated output (in memory, or a memory-mapped file in disk-backed mode), so memory is the
+size of what was asked for plus one batch's forward, not the size of a full cache. The forward
+stops after the last layer needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp import sites as site_lib
+from arithinterp.errors import SiteError, accepted
+
+PositionSpec = Union[str, int, Sequence[Union[str, int]]]
+
+
+@dataclass
+class Activations:
+    """Activations at some sites, layers and positions for a prompt set.
+
+    ``data[site]`` has shape ``[n_prompts, n_layers, n_positions, *site_shape]`` where
+    ``site_shape`` is ``(d_model,)`` for residual and output sites, ``(n_heads, d_head)`` for
+    ``attn_z``, ``(d_mlp,)`` for ``mlp_pre`` / ``mlp_post``. ``layers[i]`` is the model layer of
+    index ``i`` on axis 1 (``embed`` has the single layer ``0``), ``positions[j]`` names
+    position ``j`` on axis 2 (``"final"``, ``"a"``, ``"b"`` or an integer index as a string).
+    """
+
+    data: dict[str, torch.Tensor]
+    layers: list[int]
+    positions: list[str]
+    prompts: Any = None  # the PromptSet they came from (labels for probes)
+    meta: dict = field(default_factory=dict)
+
+    def __getitem__(self, site: str) -> torch.Tensor:
+        if site not in self.data:
+            raise SiteError(f"site {site!r} was not collected; collected sites: {accepted(self.data)}")
+        return self.data[site]
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.data)
+
+    @property
+    def n_prompts(self) -> int:
+        return next(iter(self.data.values())).shape[0]
+
+    def layer_index(self, layer: int) -> int:
+        if layer not in self.layers:
+            raise SiteError(f"layer {layer} was not collected; collected layers: {self.layers}")
+        return self.layers.index(layer)
+
+    def position_index(self, position: Union[str, int]) -> int:
+        key = str(position)
+        if key not in self.positions:
+            raise SiteError(f"position {position!r} was not collected; collected positions: {self.positions}")
+        return self.positions.index(key)
+
+    def get(self, site: str, layer: int, position: Union[str, int]) -> torch.Tensor:
+        """``[n_prompts, *site_shape]`` at one layer and position."""
+        return self[site][:, self.layer_index(layer), self.position_index(position)]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.data.values())
+
+
+def _position_indices(prompts, positions: PositionSpec) -> list[Union[str, int]]:
+    """Normalise a positions argument to a list of names (``"final"``, ``"a"``) or ints."""
+    if isinstance(positions, (str, int)):
+        positions = [positions]
+    chosen: list[Union[str, int]] = []
+    for p in positions:
+        if p == "last":
+            p = "final"
+        if isinstance(p, str) and p != "all" and p not in prompts.positions:
+            raise SiteError(
+                f"unknown position {p!r}; accepted: {accepted(list(prompts.positions) + ['last', 'all'])} or an int"
+            )
+        chosen.append(p)
+    if "all" in chosen:
+        if len(chosen) > 1:
+            raise SiteError("positions='all' cannot be combined with other positions")
+        if not prompts.uniform_length:
+            raise SiteError(
+                "positions='all' needs prompts of one token length; these have lengths "
+                f"{sorted(set(prompts.lengths.tolist()))}: pick named positions ('a', 'b', 'final') instead"
+            )
+        return list(range(prompts.tokens.shape[1]))
+    for p in chosen:
+        if isinstance(p, int) and not -prompts.tokens.shape[1] <= p < prompts.tokens.shape[1]:
+            raise SiteError(f"position {p} is out of range for prompts of {prompts.tokens.shape[1]} tokens")
+    return chosen
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, store: Optional[Path], name: str) -> torch.Tensor:
+    if store is None:
+        return torch.empty(shape, dtype=dtype)
+    from numpy.lib.format import open_memmap
+
+    store.mkdir(parents=True, exist_ok=True)
+    np_dtype = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64}[dtype]
+    return torch.from_numpy(open_memmap(store / f"{name}.npy", mode="w+", dtype=np_dtype, shape=shape))
+
+
+def collect(
+    model: Any,
+    prompts: Any,
+    sites: Union[str, Sequence[str]] = ("resid_post",),
+    layers: Optional[Sequence[int]] = None,
+    positions: PositionSpec = "final",
+    *,
+    batch_size: int = 256,
+    dtype: Optional[torch.dtype] = None,
+    store: Union[str, Path, None] = None,
+    progress: bool = True,
+) -> Activations:
+    """Run ``prompts`` through ``model`` and keep only the requested activations.
+
+    Args:
+        sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``).
+        layers: layers to keep (default: all; ``embed`` has none).
+        positions: ``"final"`` (alias ``"last"``), ``"a"``, ``"b"``, an int index into the
+            (left-padded) prompt, a list of those, or ``"all"``.
+        dtype: storage dtype, e.g. ``torch.float16`` to halve memory.
+        store: a directory for disk-backed storage (memory-mapped ``.npy`` files) when the
+            result does not fit in memory.
+
+    Returns :class:`Activations` whose ``data[site]`` is ``[N, n_layers, n_positions, *site_shape]``.
+    """
+    if len(prompts) == 0:
+        raise SiteError("the prompt set is empty; nothing to collect")
+    if batch_size < 1:
+        raise SiteError(f"batch_size must be a positive integer, got {batch_size}")
+    site_names = [sites] if isinstance(sites, str) else list(sites)
+    if not site_names:
+        raise SiteError(f"sites is empty; accepted sites: {accepted(site_lib.HOOKS)}")
+    layer_lists = {s: site_lib.check_layers(model, s, layers) for s in site_names}
+    chosen_layers = sorted({layer for s in site_names if s not in site_lib.GLOBAL_SITES for layer in layer_lists[s]}) or [0]
+    pos = _position_indices(prompts, positions)
+    dtype = dtype or torch.float32
+    store = Path(store) if store is not None else None
+    n = len(prompts)
+    data = {
+        s: _allocate((n, len(layer_lists[s]), len(pos), *site_lib.site_shape(model, s)), dtype, store, s)
+        for s in site_names
+    }
+    # where each hook's slice lands: (hook name, site, layer index)
+    targets = [(site_lib.hook_name(s, layer), s, i) for s in site_names for i, layer in enumerate(layer_lists[s])]
+    per_layer = [s for s in site_names if s not in site_lib.GLOBAL_SITES]
+    stop_at = max(chosen_layers) + 1 if per_layer else 1
+    stop_at_layer = stop_at if stop_at < site_lib.n_layers(model) else None
+
+    batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
+    with torch.inference_mode():
+        for idx in tqdm(batches, desc="collect", disable=not progress):
+            offset = prompts.offset(idx)
+            rows = torch.arange(len(idx))
+            # per-prompt position of each requested position, in unpadded coordinates
+            columns = torch.stack(
+                [
+                    prompts.positions[p][idx] - offset if isinstance(p, str) else torch.full((len(idx),), p % prompts.tokens.shape[1] - offset)
+                    for p in pos
+                ],
+                dim=1,
+            )
+
+            def keep(site, layer_i):
+                def hook(activation, hook):
+                    # some hooks (e.g. attn_z) fire on the flat [batch, pos, n_heads * d_head] tensor
+                    picked = activation[rows[:, None], columns]
+                    data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
+
+                return hook
+
+            model.run_with_hooks(
+                prompts.unpadded(idx),
+                fwd_hooks=[(name, keep(site, i)) for name, site, i in targets],
+                return_type=None,
+                stop_at_layer=stop_at_layer,
+            )
+    return Activations(
+        data=data,
+        layers=chosen_layers if per_layer else [0],
+        positions=[str(p) for p in pos],
+        prompts=prompts,
+        meta=dict(sites=site_names, batch_size=batch_size, dtype=str(dtype), store=str(store) if store else None),
+    )

@@ -1,0 +1,48 @@
+"""The error hierarchy.
+
+Every public function validates its input and raises a subclass of :class:`ArithInterpError`
+whose message says what was wrong and what is accepted. Catch ``ArithInterpError`` to handle
+all of them; the subclasses also derive from the matching built-in (``ValueError``,
+``FileNotFoundError``) so existing ``except ValueError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class ArithInterpError(Exception):
+    """Base class of every error arithinterp raises on purpose."""
+
+
+class ModelSpecError(ArithInterpError, ValueError):
+    """A model spec is unknown, malformed, or names an unsupported architecture."""
+
+
+class ModelFileError(ArithInterpError, FileNotFoundError):
+    """A model file or directory is missing or incomplete."""
+
+
+class TokenizationError(ArithInterpError, ValueError):
+    """A number or prompt does not tokenize the way the task needs."""
+
+
+class TaskError(ArithInterpError, ValueError):
+    """Bad arguments to a task builder or a prompt-set operation."""
+
+
+class SiteError(ArithInterpError, ValueError):
+    """An unknown activation site, or a layer / position / head / neuron out of range."""
+
+
+class ConfigError(ArithInterpError, ValueError):
+    """A bad configuration value (a sweep config, a CLI flag, an option)."""
+
+
+class AnalysisError(ArithInterpError, ValueError):
+    """An analysis was given input it cannot work with (too few prompts, wrong shapes)."""
+
+
+def accepted(values: Iterable[object]) -> str:
+    """Format the accepted values for an error message: ``'a', 'b', 'c'``."""
+    return ", ".join(repr(v) for v in values)

@@ -1,0 +1,235 @@
+"""Loading hooked models: ``load_model(spec)``.
+
+A spec is one of
+
+* ``"zoo:NAME"`` or ``"zoo:NAME@step=N"`` — a model shipped inside the package (and one of its
+  training snapshots);
+* a local Hugging Face model directory (``config.json`` + weights + tokenizer files);
+* a local ``.gguf`` file (needs the ``gguf`` extra);
+* a Hugging Face hub id such as ``"gpt2"`` (only with network access or a warm local cache).
+
+Whatever the source, the result is the TransformerLens model itself — a ``TransformerBridge``
+in eval mode with its tokenizer — never a wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from arithinterp.errors import ModelFileError, ModelSpecError, accepted
+from arithinterp.models.zoo import ZOO, get_entry, list_zoo
+
+__all__ = ["load_model", "list_zoo", "ZOO", "model_id", "random_like"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+_SPEC_FORMS = "'zoo:NAME', 'zoo:NAME@step=N', a local Hugging Face directory, a local *.gguf file, or a hub id"
+
+
+def _resolve_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ModelSpecError(f"unknown dtype {dtype!r}; accepted: {accepted(_DTYPES)} or a torch.dtype")
+    return _DTYPES[dtype]
+
+
+def load_model(
+    spec: str,
+    *,
+    dtype: Union[str, torch.dtype, None] = None,
+    device: Union[str, torch.device, None] = None,
+) -> Any:
+    """Load a hooked model (a TransformerLens ``TransformerBridge`` in eval mode).
+
+    Args:
+        spec: ``zoo:NAME[@step=N]``, a local HF directory, a ``.gguf`` file, or a hub id.
+        dtype: ``"float32"`` (default for the zoo), ``"float16"``, ``"bfloat16"`` or a torch dtype.
+        device: e.g. ``"cpu"`` or ``"cuda"``; default CPU.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"model spec must be a non-empty string: {_SPEC_FORMS}; got {spec!r}")
+    torch_dtype = _resolve_dtype(dtype)
+    if spec.startswith("zoo:"):
+        model = _load_zoo(spec, torch_dtype, device)
+    elif spec.endswith(".gguf"):
+        model = _load_gguf(Path(spec), torch_dtype, device)
+    elif Path(spec).expanduser().exists():
+        model = _load_hf_dir(Path(spec).expanduser(), torch_dtype, device)
+    elif re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) and not spec.startswith((".", "/", "~")):
+        model = _load_hub(spec, torch_dtype, device)
+    else:
+        raise ModelFileError(f"no such model file or directory: {spec!r}; accepted specs: {_SPEC_FORMS}")
+    return model.eval()
+
+
+def model_id(model: Any) -> str:
+    """A short human-readable id for a loaded model (the spec it was loaded from, if known)."""
+    return str(getattr(model, "arithinterp_spec", None) or getattr(model.cfg, "model_name", "model"))
+
+
+def random_like(model: Any, seed: int = 0) -> Any:
+    """A randomly initialised model of the same architecture and tokenizer (the probe control).
+
+    Works for TransformerLens-native bridges (every zoo model); other models raise.
+    """
+    from transformer_lens.config import TransformerBridgeConfig
+
+    if getattr(model.cfg, "architecture", None) not in (None, "TransformerLensNative"):
+        raise ModelSpecError(
+            f"random_like supports TransformerLens-native models (the zoo), not {model.cfg.architecture!r}"
+        )
+    fields = {k: v for k, v in vars(model.cfg).items() if not k.startswith("_")}
+    cfg = TransformerBridgeConfig.from_dict(dict(fields, seed=seed, init_weights=True))
+    from transformer_lens.model_bridge import TransformerBridge
+
+    clone = TransformerBridge.boot_native(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")
+    clone.arithinterp_spec = f"random-init({model_id(model)}, seed={seed})"
+    return clone.eval()
+
+
+# --- zoo -----------------------------------------------------------------------------------------
+
+
+def _load_zoo(spec: str, dtype, device):
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast
+
+    name, _, suffix = spec.removeprefix("zoo:").partition("@")
+    entry = get_entry(name)
+    directory = entry.directory
+    weights = directory / "model.safetensors"
+    if not weights.exists():
+        raise ModelFileError(
+            f"zoo model {name!r} has no shipped checkpoint at {weights}; "
+            f"train it with `arithinterp train {name}`"
+        )
+    if suffix:
+        state = _snapshot_state(entry, suffix)
+    else:
+        state = load_file(str(weights))
+    config = json.loads((directory / "config.json").read_text())
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
+    model = _boot_native(config, tokenizer, name)
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    model.arithinterp_spec = spec
+    return _place(model, dtype, device)
+
+
+def _snapshot_state(entry, suffix: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    steps = entry.snapshot_steps()
+    match = re.fullmatch(r"step=(\d+)", suffix)
+    if not match:
+        raise ModelSpecError(f"bad zoo suffix '@{suffix}'; use '@step=N' with N in {steps or 'none shipped'}")
+    step = int(match.group(1))
+    if step not in steps:
+        raise ModelSpecError(
+            f"zoo model {entry.name!r} has no snapshot at step {step}; shipped steps: {steps or 'none'}"
+        )
+    prefix = f"step_{step}."
+    everything = load_file(str(entry.directory / "snapshots.safetensors"))
+    return {k.removeprefix(prefix): v for k, v in everything.items() if k.startswith(prefix)}
+
+
+def _boot_native(config: dict, tokenizer, name: str):
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    cfg = TransformerBridgeConfig(**config)
+    cfg.model_name = name
+    return TransformerBridge.boot_native(cfg, tokenizer=tokenizer, model_name=name)
+
+
+def _place(model, dtype, device):
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(device)
+    return model
+
+
+# --- Hugging Face ----------------------------------------------------------------------------------
+
+
+def _boot_hf(hf_model, tokenizer, name: str, dtype, device):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    try:
+        model = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)
+    except Exception as error:  # TransformerLens raises several types for unsupported models
+        architectures = getattr(hf_model.config, "architectures", None)
+        raise ModelSpecError(
+            f"TransformerLens cannot wrap model {name!r} (architectures {architectures}): {error}. "
+            "Supported architectures are those of transformer_lens.supported_models."
+        ) from error
+    model.arithinterp_spec = name
+    return _place(model, dtype, device)
+
+
+def _load_hf_dir(directory: Path, dtype, device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not directory.is_dir():
+        raise ModelFileError(f"{directory} is a file, not a model directory; accepted specs: {_SPEC_FORMS}")
+    if not (directory / "config.json").exists():
+        raise ModelFileError(f"{directory} has no config.json; a Hugging Face model directory needs one")
+    has_weights = any(directory.glob("*.safetensors")) or any(directory.glob("*.bin"))
+    if not has_weights:
+        raise ModelFileError(f"{directory} has no weights (*.safetensors or *.bin)")
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(directory), torch_dtype=dtype or torch.float32, local_files_only=True, use_safetensors=None
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelSpecError(f"cannot load the Hugging Face model in {directory}: {error}") from error
+    return _boot_hf(hf_model, tokenizer, str(directory), None, device)
+
+
+def _load_gguf(path: Path, dtype, device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path.exists():
+        raise ModelFileError(f"no such GGUF file: {path}")
+    try:
+        import gguf  # noqa: F401  (transformers needs it to read the file)
+    except ImportError as error:
+        raise ModelSpecError(
+            "loading .gguf files needs the 'gguf' extra: pip install 'arithinterp[gguf]'"
+        ) from error
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, torch_dtype=dtype or torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ModelSpecError(f"cannot load the GGUF model {path}: {error}") from error
+    return _boot_hf(hf_model, tokenizer, str(path), None, device)
+
+
+def _load_hub(name: str, dtype, device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=dtype or torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        hint = " (HF_HUB_OFFLINE=1 is set, so only a locally cached copy can load)" if offline else ""
+        raise ModelSpecError(
+            f"{name!r} is not a zoo model, local path or loadable hub id{hint}: {error}. "
+            f"Zoo models: {accepted(ZOO)}"
+        ) from error
+    return _boot_hf(hf_model, tokenizer, name, None, device)

@@ -1,0 +1,218 @@
+"""Training the zoo models from scratch.
+
+Training runs on TransformerLens's plain ``NativeModel`` — the very module a
+``TransformerBridge.boot_native`` bridge wraps — so the weights saved here load into the
+bridge unchanged (``load_model`` checks the logits agree). Saved per model, in one folder:
+``model.safetensors``, ``config.json`` (the bridge config), ``tokenizer.json`` (+ HF tokenizer
+files), ``card.json`` (measured held-out accuracy, wall time, steps) and, for models with
+snapshots, ``snapshots.safetensors`` (float16 weights at evenly spaced steps).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from arithinterp.errors import ConfigError
+from arithinterp.models import tokenizers as toks
+from arithinterp.models.zoo import Task, ZooEntry, get_entry
+
+
+@dataclass
+class Dataset:
+    """Every problem of a zoo task as token ids.
+
+    ``inputs`` [N, T] are the prompt plus all answer tokens but the last; the logits at
+    positions ``answer_logit_pos`` [n_answer] predict ``targets`` [N, n_answer].
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    answer_logit_pos: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    train_idx: torch.Tensor
+    test_idx: torch.Tensor
+
+
+def make_tokenizer(entry: ZooEntry):
+    kind, _, arg = entry.tokenizer.partition(":")
+    return toks.number_tokenizer(int(arg)) if kind == "number" else toks.digit_tokenizer()
+
+
+def answer_string(task: Task, a: int, b: int) -> str:
+    value = (a + b) % task.modulus if task.modulus else a + b
+    return f"{value:0{task.answer_digits}d}" if task.answer_digits else str(value)
+
+
+def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None) -> Dataset:
+    """All (a, b) pairs of the task, tokenized, with the seeded train / held-out split."""
+    task, recipe = entry.task, entry.recipe
+    a = torch.arange(*task.a_range).repeat_interleave(task.b_range[1] - task.b_range[0])
+    b = torch.arange(*task.b_range).repeat(task.a_range[1] - task.a_range[0])
+    texts = [task.template.format(a=x, b=y) + answer_string(task, x, y) for x, y in zip(a.tolist(), b.tolist())]
+    ids = torch.tensor(tokenizer(texts, add_special_tokens=False)["input_ids"])
+    if entry.prepend_bos:
+        ids = torch.cat([torch.full((len(ids), 1), tokenizer.bos_token_id), ids], dim=1)
+    n_answer = len(tokenizer(answer_string(task, 0, 0), add_special_tokens=False)["input_ids"])
+    prompt_len = ids.shape[1] - n_answer
+    generator = torch.Generator().manual_seed(recipe.seed if seed is None else seed)
+    order = torch.randperm(len(ids), generator=generator)
+    n_train = int(round(recipe.train_frac * len(ids)))
+    return Dataset(
+        inputs=ids[:, :-1],
+        targets=ids[:, prompt_len:],
+        answer_logit_pos=torch.arange(prompt_len - 1, ids.shape[1] - 1),
+        a=a,
+        b=b,
+        train_idx=order[:n_train].sort().values,
+        test_idx=order[n_train:].sort().values,
+    )
+
+
+def bridge_config(entry: ZooEntry, d_vocab: int, seed: int):
+    from transformer_lens.config import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(
+        **entry.config, d_vocab=d_vocab, seed=seed, default_prepend_bos=entry.prepend_bos
+    )
+
+
+def logits_at(net: torch.nn.Module, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``net(inputs)[:, positions]`` computed without the last block's work at other positions.
+
+    Training reads logits at a few answer positions only; in the last block no other position
+    matters except as attention keys and values, so its queries, MLP and unembedding run on
+    ``positions`` alone (3x less work for the 3-token modular-addition model). ``net`` is a
+    TransformerLens ``NativeModel`` with standard positional embeddings.
+    """
+    seq = inputs.shape[1]
+    x = net.tok_embed(inputs) + net.pos(torch.arange(seq, device=inputs.device))
+    for block in net.layers[:-1]:
+        (x,) = block(x)
+    block = net.layers[-1]
+    attn = block.attn
+    h = block.ln1(x)
+    batch, n_heads, d_head = inputs.shape[0], attn.n_heads, attn.d_head
+    q = attn.q(h[:, positions]).view(batch, len(positions), n_heads, d_head).transpose(1, 2)
+    k = attn.k(h).view(batch, seq, n_heads, d_head).transpose(1, 2)
+    v = attn.v(h).view(batch, seq, n_heads, d_head).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / attn.scale
+    future = torch.arange(seq, device=inputs.device)[None, :] > positions[:, None]
+    pattern = scores.masked_fill(future, float("-inf")).softmax(-1)
+    z = (pattern @ v).transpose(1, 2).reshape(batch, len(positions), n_heads * d_head)
+    x = x[:, positions] + attn.o(z)
+    if not net.cfg.attn_only:
+        x = x + block.mlp(block.ln2(x))
+    return net.head(net.ln_out(x))
+
+
+@torch.inference_mode()
+def exact_match(net: torch.nn.Module, data: Dataset, idx: torch.Tensor, batch_size: int = 4096) -> float:
+    """Fraction of problems whose every answer token is the argmax under teacher forcing.
+
+    This equals greedy-generation exact match: while every earlier answer token is right,
+    the greedy and teacher-forced inputs are identical.
+    """
+    correct = 0
+    for chunk in idx.split(batch_size):
+        logits = logits_at(net, data.inputs[chunk], data.answer_logit_pos)
+        correct += (logits.argmax(-1) == data.targets[chunk]).all(-1).sum().item()
+    return correct / max(len(idx), 1)
+
+
+def train(
+    name: str,
+    out: Optional[Path] = None,
+    seed: Optional[int] = None,
+    steps: Optional[int] = None,
+    progress: bool = True,
+) -> dict:
+    """Train zoo model ``name`` from scratch with its recipe and save it to ``out``.
+
+    Returns the card (measured held-out accuracy, wall time, steps run).
+    """
+    from transformer_lens.model_bridge.sources.native import NativeModel, initialize_native_model
+
+    entry = get_entry(name)
+    recipe = entry.recipe
+    seed = recipe.seed if seed is None else seed
+    steps = recipe.steps if steps is None else steps
+    if steps < 1:
+        raise ConfigError(f"steps must be a positive integer, got {steps}")
+    out = Path(out) if out is not None else entry.directory
+    tokenizer = toks.save_and_reload(make_tokenizer(entry), out)
+    data = make_dataset(entry, tokenizer, seed)
+    cfg = bridge_config(entry, len(tokenizer), seed)
+
+    torch.manual_seed(seed)
+    net = NativeModel(copy.deepcopy(cfg))
+    initialize_native_model(net, cfg)
+    optimizer = torch.optim.AdamW(
+        net.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=recipe.betas
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / recipe.warmup))
+    generator = torch.Generator().manual_seed(seed)
+    snapshot_at = (
+        {round(steps * (i + 1) / recipe.snapshots) for i in range(recipe.snapshots)} if recipe.snapshots else set()
+    )
+    snapshots: dict[str, torch.Tensor] = {}
+    history = []
+    # periodic checks use a fixed slice of the held-out set; the card measures all of it
+    monitor_idx = data.test_idx[: recipe.monitor_size]
+    start = time.perf_counter()
+    bar = tqdm(range(1, steps + 1), desc=f"train {name}", disable=not progress)
+    accuracy = 0.0
+    for step in bar:
+        if recipe.batch_size is None:
+            batch = data.train_idx
+        else:
+            pick = torch.randint(len(data.train_idx), (recipe.batch_size,), generator=generator)
+            batch = data.train_idx[pick]
+        logits = logits_at(net, data.inputs[batch], data.answer_logit_pos)
+        loss = F.cross_entropy(logits.flatten(0, 1), data.targets[batch].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % recipe.eval_every == 0 or step == steps:
+            accuracy = exact_match(net, data, monitor_idx)
+            history.append(dict(step=step, train_loss=loss.item(), held_out_accuracy=accuracy))
+            bar.set_postfix(loss=f"{loss.item():.4f}", held_out=f"{accuracy:.4f}")
+        if step in snapshot_at:
+            for key, value in net.state_dict().items():
+                snapshots[f"step_{step}.{key}"] = value.detach().to(torch.float16).clone()
+        if recipe.stop_at_accuracy is not None and accuracy >= recipe.stop_at_accuracy:
+            break
+    wall = time.perf_counter() - start
+
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out / "model.safetensors"))
+    if snapshots:
+        save_file(snapshots, str(out / "snapshots.safetensors"))
+    config = dict(entry.config, d_vocab=len(tokenizer), seed=seed, default_prepend_bos=entry.prepend_bos)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    card = dict(
+        name=name,
+        seed=seed,
+        steps_run=step,
+        held_out_accuracy=exact_match(net, data, data.test_idx),
+        train_accuracy=exact_match(net, data, data.train_idx),
+        n_train=len(data.train_idx),
+        n_held_out=len(data.test_idx),
+        wall_seconds=round(wall, 1),
+        torch_threads=torch.get_num_threads(),
+        recipe=asdict(recipe),
+        snapshot_steps=sorted(snapshot_at),
+        history=history,
+    )
+    (out / "card.json").write_text(json.dumps(card, indent=2))
+    return card

@@ -1,0 +1,193 @@
+"""The model zoo: small arithmetic transformers trained with :mod:`arithinterp.models.train`
+and shipped inside the package (``models/checkpoints/NAME/``).
+
+Each entry says what the model computes (its task), how its tokenizer and architecture are
+built, and the recipe that reproduces it. The measured accuracy lives next to the weights in
+``card.json`` (written by training), so the registry never states a number it did not measure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from arithinterp.errors import ModelSpecError, accepted
+
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class Task:
+    """The arithmetic a zoo model was trained on.
+
+    ``template`` uses ``{a}`` and ``{b}``; the answer follows the template directly.
+    ``answer_digits`` > 0 means the answer is written as that many zero-padded digit tokens.
+    """
+
+    op: str
+    a_range: tuple[int, int]  # [start, stop)
+    b_range: tuple[int, int]
+    template: str
+    modulus: Optional[int] = None
+    answer_digits: int = 0
+
+    @property
+    def op_name(self) -> str:
+        return "mod" if self.modulus else self.op
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a zoo model is trained (AdamW with linear warm-up, constant rate after)."""
+
+    steps: int
+    lr: float = 1e-3
+    weight_decay: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup: int = 10
+    batch_size: Optional[int] = None  # None = full batch
+    train_frac: float = 0.3
+    seed: int = 0
+    eval_every: int = 500
+    stop_at_accuracy: Optional[float] = None  # stop once held-out accuracy reaches this
+    snapshots: int = 0  # float16 snapshots saved evenly over training
+    monitor_size: int = 4096  # held-out problems checked every eval_every steps
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    description: str
+    purpose: str
+    tokenizer: str  # "number:MAX" or "digit"
+    config: dict[str, Any]
+    task: Task
+    recipe: Recipe
+    target: str  # what the model must reach, in words
+    prepend_bos: bool = True
+
+    @property
+    def directory(self) -> Path:
+        return CHECKPOINT_DIR / self.name
+
+    def card(self) -> dict[str, Any]:
+        """The measured facts written by training (accuracy, wall time, step count)."""
+        path = self.directory / "card.json"
+        if not path.exists():
+            return {}
+        return json.loads(path.read_text())
+
+    def snapshot_steps(self) -> list[int]:
+        return [int(s) for s in self.card().get("snapshot_steps", [])]
+
+
+def _config(n_layers: int, d_model: int, n_heads: int, d_mlp: int, n_ctx: int, norm: Optional[str]):
+    return dict(
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        d_head=d_model // n_heads,
+        d_mlp=d_mlp,
+        n_ctx=n_ctx,
+        act_fn="relu",
+        normalization_type=norm,
+        positional_embedding_type="standard",
+    )
+
+
+_THREE_DIGIT = Task(op="+", a_range=(100, 1000), b_range=(100, 1000), template="{a}+{b}=", answer_digits=4)
+
+ZOO: dict[str, ZooEntry] = {
+    entry.name: entry
+    for entry in [
+        ZooEntry(
+            name="modadd-113",
+            description="(a + b) mod 113 with tokens `a b =`; Nanda et al. 2023 architecture",
+            purpose="Grokking and Fourier circuits: key frequencies, restricted/excluded loss, progress measures.",
+            tokenizer="number:112",
+            config=_config(1, 128, 4, 512, 3, None),
+            task=Task(op="+", a_range=(0, 113), b_range=(0, 113), template="{a} {b} =", modulus=113),
+            recipe=Recipe(steps=15000, lr=1e-3, weight_decay=1.0, train_frac=0.3, eval_every=500, snapshots=10),
+            target="grokked: >= 99.5% on the held-out 70% of pairs",
+            prepend_bos=False,
+        ),
+        ZooEntry(
+            name="add-100",
+            description="a + b for a, b in 0..99, every number one token, prompt `{a}+{b}=`",
+            purpose="Helix / Fourier number features, activation patching, heuristic neurons.",
+            tokenizer="number:198",
+            config=_config(2, 128, 4, 512, 8, "LN"),
+            task=Task(op="+", a_range=(0, 100), b_range=(0, 100), template="{a}+{b}="),
+            recipe=Recipe(steps=6000, lr=1e-3, weight_decay=0.5, train_frac=0.8, batch_size=1000, eval_every=100, stop_at_accuracy=0.999),
+            target=">= 99% on held-out pairs",
+        ),
+        ZooEntry(
+            name="add-3digit",
+            description="3-digit addition over digit tokens, `123+456=` then 4 zero-padded answer digits",
+            purpose="Digit-level circuits (carries), per-digit probes, multi-token answers.",
+            tokenizer="digit",
+            config=_config(2, 128, 4, 512, 16, "LN"),
+            task=_THREE_DIGIT,
+            recipe=Recipe(steps=6000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=500),
+            target=">= 99% exact match on held-out problems, generated greedily",
+        ),
+        ZooEntry(
+            name="add-3digit-weak",
+            description="the add-3digit task, stopped early so it still makes real errors",
+            purpose="Probe-based error detection: a model with genuine mistakes.",
+            tokenizer="digit",
+            config=_config(2, 128, 4, 512, 16, "LN"),
+            task=_THREE_DIGIT,
+            recipe=Recipe(
+                steps=6000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=50,
+                stop_at_accuracy=0.85,
+            ),
+            target="75-95% exact match on held-out problems",
+        ),
+    ]
+}
+
+
+def get_entry(name: str) -> ZooEntry:
+    """The registry entry for ``name`` (``zoo:`` prefix optional)."""
+    name = name.removeprefix("zoo:").split("@", 1)[0]
+    if name not in ZOO:
+        raise ModelSpecError(f"unknown zoo model {name!r}; the zoo has {accepted(ZOO)}")
+    return ZOO[name]
+
+
+def list_zoo() -> list[dict[str, Any]]:
+    """One row per zoo model: name, task, architecture, measured accuracy."""
+    rows = []
+    for entry in ZOO.values():
+        card = entry.card()
+        cfg = entry.config
+        rows.append(
+            dict(
+                name=entry.name,
+                description=entry.description,
+                layers=cfg["n_layers"],
+                d_model=cfg["d_model"],
+                heads=cfg["n_heads"],
+                d_mlp=cfg["d_mlp"],
+                held_out_accuracy=card.get("held_out_accuracy"),
+                shipped=(entry.directory / "model.safetensors").exists(),
+            )
+        )
+    return rows
+
+
+def zoo_prompts(model: Any, entry: ZooEntry, a: Optional[list[int]] = None, b: Optional[list[int]] = None):
+    """The prompts of a zoo model's task, exactly as it was trained on them.
+
+    With ``a`` and ``b`` lists, those pairs; otherwise the full operand grid.
+    """
+    from arithinterp.tasks import arithmetic, prompts_for_pairs
+
+    task = entry.task
+    options = dict(modulus=task.modulus, answer_digits=task.answer_digits)
+    if a is None or b is None:
+        return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template, **options)
+    return prompts_for_pairs(model, task.op, a, b, task.template, **options)

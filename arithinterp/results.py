@@ -1,0 +1,106 @@
+"""The base of every analysis result.
+
+A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Every result has
+
+* ``.to_frame()`` — a tidy pandas DataFrame, one row per cell;
+* ``.plot(**kwargs)`` — a plotly ``Figure`` built by :mod:`arithinterp.viz`;
+* ``.save(path)`` / ``Result.load(path)`` — tensors in safetensors, everything else in JSON
+  (``path`` is a directory), never pickle.
+
+Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from arithinterp.errors import ArithInterpError
+
+_TENSOR_FILE = "tensors.safetensors"
+_JSON_FILE = "result.json"
+
+
+def build_meta(model: Any = None, **extra: Any) -> dict[str, Any]:
+    """Provenance for a result: model id, TransformerLens version, compatibility mode, extras."""
+    import transformer_lens
+
+    from arithinterp import __version__
+
+    meta: dict[str, Any] = {
+        "arithinterp_version": __version__,
+        "transformer_lens_version": getattr(transformer_lens, "__version__", "unknown"),
+    }
+    if model is not None:
+        from arithinterp.models import model_id
+
+        meta["model"] = model_id(model)
+        meta["compatibility_mode"] = bool(getattr(model, "compatibility_mode", False))
+    meta.update({k: _plain(v) for k, v in extra.items()})
+    return meta
+
+
+def _plain(value: Any) -> Any:
+    """Make ``value`` JSON-friendly (tensors and arrays become lists, ranges lists)."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, range):
+        return list(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """Base class: subclasses add fields (tensors, lists, numbers) before ``meta``."""
+
+    def to_frame(self):  # pragma: no cover - every subclass overrides
+        raise NotImplementedError(f"{type(self).__name__} must implement to_frame()")
+
+    def plot(self, **kwargs):  # pragma: no cover - every subclass overrides
+        raise NotImplementedError(f"{type(self).__name__} must implement plot()")
+
+    def save(self, path: Union[str, Path]) -> Path:
+        """Write the result to directory ``path`` (created if needed); returns the path."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors, plain = {}, {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, torch.Tensor):
+                tensors[field.name] = value.detach().cpu().contiguous()
+            else:
+                plain[field.name] = _plain(value)
+        save_file(tensors, str(path / _TENSOR_FILE))
+        (path / _JSON_FILE).write_text(json.dumps({"type": type(self).__name__, "fields": plain}, indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: Union[str, Path]):
+        """Read a result written by :meth:`save`."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / _JSON_FILE).exists():
+            raise ArithInterpError(f"{path} is not a saved result (no {_JSON_FILE} inside)")
+        stored = json.loads((path / _JSON_FILE).read_text())
+        if stored["type"] != cls.__name__:
+            raise ArithInterpError(f"{path} holds a {stored['type']}, not a {cls.__name__}")
+        values = dict(stored["fields"])
+        values.update(load_file(str(path / _TENSOR_FILE)))
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})

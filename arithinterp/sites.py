@@ -1,0 +1,82 @@
+"""Activation sites in TransformerLens's hook vocabulary.
+
+A *site* names what is read or patched (``resid_pre``, ``attn_z``, ...); together with a layer it
+gives a hook name (``blocks.3.hook_resid_pre``). Everything that touches hooks goes through
+these helpers so a bad site or layer fails the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+from arithinterp.errors import SiteError, accepted
+
+# site -> hook name template; "{layer}" is filled in for per-layer sites.
+HOOKS: dict[str, str] = {
+    "embed": "hook_embed",
+    "pos_embed": "hook_pos_embed",
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+    "attn_z": "blocks.{layer}.attn.hook_z",
+    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "mlp_pre": "blocks.{layer}.mlp.hook_pre",
+    "mlp_post": "blocks.{layer}.mlp.hook_post",
+}
+GLOBAL_SITES = ("embed", "pos_embed")
+PER_HEAD_SITES = ("attn_z", "pattern")
+PER_NEURON_SITES = ("mlp_pre", "mlp_post")
+
+
+def check_site(site: str) -> str:
+    if site not in HOOKS:
+        raise SiteError(f"unknown site {site!r}; accepted sites: {accepted(HOOKS)}")
+    return site
+
+
+def n_layers(model: Any) -> int:
+    return int(model.cfg.n_layers)
+
+
+def check_layers(model: Any, site: str, layers: Optional[Iterable[int]]) -> list[int]:
+    """Validated layer list for ``site`` (all layers when ``None``; ``[0]`` for global sites)."""
+    check_site(site)
+    if site in GLOBAL_SITES:
+        return [0]
+    total = n_layers(model)
+    chosen = list(range(total)) if layers is None else [int(x) for x in ([layers] if isinstance(layers, int) else layers)]
+    if not chosen:
+        raise SiteError("layers is empty; pass None for all layers or a list of layer indices")
+    for layer in chosen:
+        if not 0 <= layer < total:
+            raise SiteError(f"layer {layer} is out of range for a {total}-layer model; accepted: 0..{total - 1}")
+    if site in PER_NEURON_SITES and getattr(model.cfg, "attn_only", False):
+        raise SiteError(f"site {site!r} needs MLPs but this model is attention-only")
+    return chosen
+
+
+def hook_name(site: str, layer: int = 0) -> str:
+    return HOOKS[check_site(site)].format(layer=layer)
+
+
+def site_shape(model: Any, site: str) -> tuple[int, ...]:
+    """Per-position shape of an activation at ``site`` (without batch and position)."""
+    cfg = model.cfg
+    if site == "attn_z":
+        return (cfg.n_heads, cfg.d_head)
+    if site in PER_NEURON_SITES:
+        return (cfg.d_mlp,)
+    if site == "pattern":
+        raise SiteError("'pattern' is indexed by query and key position; read it with run_with_cache")
+    return (cfg.d_model,)
+
+
+def check_index(name: str, values: Optional[Sequence[int]], size: int) -> list[int]:
+    """Validate indices (heads, neurons, positions) against ``size``; ``None`` means all."""
+    chosen = list(range(size)) if values is None else [int(v) for v in ([values] if isinstance(values, int) else values)]
+    for v in chosen:
+        if not -size <= v < size:
+            raise SiteError(f"{name} {v} is out of range; accepted: 0..{size - 1}")
+    return [v % size for v in chosen]

@@ -1,0 +1,598 @@
+"""Arithmetic prompts: :func:`arithmetic` → :class:`PromptSet` → :class:`PromptPairs`.
+
+A ``PromptSet`` holds tokenized prompts with their operands, true answers, answer token ids and
+the token positions of each operand and of the final prompt token. Positions come from the
+tokenizer's character offsets, never from guessing, so they are right for word-level number
+tokenizers, digit-splitting tokenizers and BPE tokenizers alike.
+
+Prompts of different token lengths are left-padded; every forward runs one length group at a
+time, so padding never reaches the model.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import torch
+
+from arithinterp.errors import TaskError, TokenizationError, accepted
+
+OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "mod": lambda a, b: a % b,
+}
+SCORING = ("first_token", "full_answer")
+VARY = ("a", "b", "both", "keep_answer", "operator")
+
+
+def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
+    """The true answer of ``a op b`` (reduced mod ``modulus`` when given)."""
+    value = OPERATORS[op](a, b)
+    return value % modulus if modulus else value
+
+
+def _tokenizer_of(model_or_tokenizer: Any):
+    tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
+    if not callable(getattr(tokenizer, "__call__", None)) or not hasattr(tokenizer, "convert_ids_to_tokens"):
+        raise TaskError(
+            "expected a hooked model with a .tokenizer or a Hugging Face tokenizer, "
+            f"got {type(model_or_tokenizer).__name__}"
+        )
+    return tokenizer
+
+
+def _default_prepend_bos(model_or_tokenizer: Any, tokenizer) -> bool:
+    cfg = getattr(model_or_tokenizer, "cfg", None)
+    if cfg is not None and hasattr(cfg, "default_prepend_bos"):
+        return bool(cfg.default_prepend_bos) and tokenizer.bos_token_id is not None
+    return tokenizer.bos_token_id is not None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The model's answers on a prompt set (greedy generation of the answer tokens)."""
+
+    correct: torch.Tensor  # bool [N]
+    model_answer: torch.Tensor  # long [N]; the parsed generated answer, or a sentinel when unparsable
+    answer_text: list[str]  # the generated answer strings
+    generated_tokens: torch.Tensor  # long [N, K]
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.float().mean()) if len(self.correct) else float("nan")
+
+    @property
+    def errors(self) -> torch.Tensor:
+        """``model_answer - true answer`` for each prompt (0 where correct)."""
+        return self._errors
+
+    def __repr__(self) -> str:
+        return f"Evaluation(accuracy={self.accuracy:.4f}, n={len(self.correct)})"
+
+
+UNPARSABLE = -(10**9)
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Tokenized arithmetic prompts with operands, answers, positions and labels.
+
+    Shapes (N prompts, T tokens after left padding, K answer tokens):
+    ``tokens`` [N, T], ``lengths`` [N], ``a`` / ``b`` / ``answer`` [N], ``answer_tokens`` [N, K]
+    (right-padded with -1), ``positions[name]`` [N] for ``"a"``, ``"b"``, ``"final"``.
+    """
+
+    texts: tuple[str, ...]
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    answer: torch.Tensor
+    answer_tokens: torch.Tensor
+    answer_texts: tuple[str, ...]
+    positions: dict[str, torch.Tensor]
+    op: str
+    template: str
+    modulus: Optional[int] = None
+    prefix: str = ""
+    prepend_bos: bool = True
+    scoring: str = "first_token"
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+    meta: dict = field(default_factory=dict, compare=False)
+
+    # --- basics --------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, index) -> "PromptSet":
+        """A subset: ``index`` is a slice, a list of ints, or a bool / long tensor."""
+        idx = _as_index(index, len(self))
+        return replace(
+            self,
+            texts=tuple(self.texts[i] for i in idx.tolist()),
+            tokens=self.tokens[idx],
+            lengths=self.lengths[idx],
+            a=self.a[idx],
+            b=self.b[idx],
+            answer=self.answer[idx],
+            answer_tokens=self.answer_tokens[idx],
+            answer_texts=tuple(self.answer_texts[i] for i in idx.tolist()),
+            positions={k: v[idx] for k, v in self.positions.items()},
+            meta=dict(self.meta),
+        )
+
+    @property
+    def uniform_length(self) -> bool:
+        return bool((self.lengths == self.tokens.shape[1]).all())
+
+    @property
+    def n_answer_tokens(self) -> torch.Tensor:
+        return (self.answer_tokens >= 0).sum(-1)
+
+    @property
+    def single_token_operands(self) -> bool:
+        return bool(self.meta.get("operand_tokens", {}).get("max", 1) == 1)
+
+    def str_tokens(self, i: int = 0) -> list[str]:
+        """Token strings of prompt ``i`` (without left padding)."""
+        row = self.tokens[i, self.tokens.shape[1] - int(self.lengths[i]) :]
+        return self.tokenizer.convert_ids_to_tokens(row.tolist())
+
+    def with_scoring(self, scoring: str) -> "PromptSet":
+        """The same prompts scored by the ``"first_token"`` or teacher-forced ``"full_answer"``."""
+        if scoring not in SCORING:
+            raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
+        return replace(self, scoring=scoring)
+
+    def length_groups(self) -> list[torch.Tensor]:
+        """Indices of prompts grouped by token length (each group runs unpadded)."""
+        return [torch.nonzero(self.lengths == n).flatten() for n in self.lengths.unique().tolist()]
+
+    def unpadded(self, idx: torch.Tensor) -> torch.Tensor:
+        """Tokens of a same-length group without the left padding: [len(idx), length]."""
+        length = int(self.lengths[idx[0]])
+        return self.tokens[idx, self.tokens.shape[1] - length :]
+
+    def offset(self, idx: torch.Tensor) -> int:
+        """How many pad tokens precede a same-length group (to map positions to unpadded ones)."""
+        return self.tokens.shape[1] - int(self.lengths[idx[0]])
+
+    # --- labels --------------------------------------------------------------------------------
+
+    def label_names(self) -> list[str]:
+        digits = self.meta.get("n_digits", 1)
+        names = ["a", "b", "answer"]
+        for i in range(digits):
+            names += [f"answer_digit_{i}", f"a_digit_{i}", f"b_digit_{i}"]
+            if self.op == "+":
+                names.append(f"carry_{i}")
+        return names
+
+    def label(self, name: str) -> torch.Tensor:
+        """A probe label [N]: operands, answer, digits (0 = units) and carries per digit position.
+
+        ``carry_i`` is the carry out of digit position ``i`` when adding ``a`` and ``b``.
+        """
+        if name in ("a", "b", "answer"):
+            return getattr(self, name).clone()
+        match = re.fullmatch(r"(answer|a|b)_digit_(\d+)", name)
+        if match:
+            value = getattr(self, match.group(1)).abs()
+            return (value // 10 ** int(match.group(2))) % 10
+        match = re.fullmatch(r"carry_(\d+)", name)
+        if match and self.op == "+":
+            i = int(match.group(1))
+            low = 10 ** (i + 1)
+            return ((self.a % low + self.b % low) >= low).long()
+        raise TaskError(f"unknown label {name!r}; accepted: {accepted(self.label_names())}")
+
+    # --- running the model ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def evaluate(self, model: Any, batch_size: int = 512, progress: bool = False) -> Evaluation:
+        """Greedily generate each answer's tokens and compare with the true answer.
+
+        Correct means every answer token matches (for single-token answers: the argmax at the
+        final position is the answer token).
+        """
+        from tqdm.auto import tqdm
+
+        n_answer = self.answer_tokens.shape[1]
+        generated = torch.full((len(self), n_answer), -1, dtype=torch.long)
+        groups = [g for group in self.length_groups() for g in group.split(batch_size)]
+        for idx in tqdm(groups, desc="evaluate", disable=not progress):
+            tokens = self.unpadded(idx)
+            for step in range(n_answer):
+                logits = model(tokens, return_type="logits")[:, -1]
+                next_token = logits.argmax(-1)
+                generated[idx, step] = next_token
+                tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        valid = self.answer_tokens >= 0
+        correct = ((generated == self.answer_tokens) | ~valid).all(-1)
+        texts, values = [], []
+        for row, k in zip(generated.tolist(), self.n_answer_tokens.tolist()):
+            text = self.tokenizer.decode(row[:k]).replace(" ", "")
+            texts.append(text)
+            values.append(int(text) if re.fullmatch(r"-?\d+", text) else UNPARSABLE)
+        evaluation = Evaluation(correct, torch.tensor(values), texts, generated)
+        object.__setattr__(evaluation, "_errors", torch.where(correct, 0, evaluation.model_answer - self.answer))
+        return evaluation
+
+    def correct_only(self, model: Any, evaluation: Optional[Evaluation] = None) -> "PromptSet":
+        """Keep only the prompts the model answers correctly; ``meta`` records how many were dropped."""
+        evaluation = evaluation or self.evaluate(model)
+        kept = self[evaluation.correct]
+        kept.meta["filtered"] = dict(
+            reason="kept prompts the model answers correctly",
+            kept=len(kept),
+            dropped=len(self) - len(kept),
+            accuracy=evaluation.accuracy,
+        )
+        if len(kept) == 0:
+            raise TaskError("the model answers none of these prompts correctly; nothing is left to analyse")
+        return kept
+
+    # --- counterfactuals -----------------------------------------------------------------------
+
+    def counterfactual(
+        self,
+        vary: str = "a",
+        seed: int = 0,
+        ops: Sequence[str] = ("+", "-", "*"),
+        max_tries: int = 64,
+    ) -> "PromptPairs":
+        """Pair every prompt with a corrupted one whose tokens align position for position.
+
+        vary: ``"a"`` / ``"b"`` (change one operand, keep the other, the answer changes),
+        ``"both"`` (change both, the answer changes), ``"keep_answer"`` (change both operands,
+        keep the answer: the control of Stolfo et al.), ``"operator"`` (same operands, another
+        operator from ``ops``, the answer changes). Operands are drawn from the values present
+        in this set. Prompts with no aligned partner after ``max_tries`` draws are dropped and
+        counted in ``pairs.meta``.
+        """
+        if vary not in VARY:
+            raise TaskError(f"unknown vary={vary!r}; accepted: {accepted(VARY)}")
+        if len(self) == 0:
+            raise TaskError("cannot build counterfactuals from an empty prompt set")
+        rng = random.Random(seed)
+        a_pool, b_pool = sorted(set(self.a.tolist())), sorted(set(self.b.tolist()))
+        if vary == "operator":
+            other_ops = [op for op in ops if op != self.op]
+            if not other_ops:
+                raise TaskError(f"vary='operator' needs another operator in ops; got {list(ops)}")
+        clean_rows, corrupt_specs = [], []
+        for i, (a, b, answer) in enumerate(zip(self.a.tolist(), self.b.tolist(), self.answer.tolist())):
+            for _ in range(max_tries):
+                new_a, new_b, new_op = a, b, self.op
+                if vary in ("a", "both", "keep_answer"):
+                    new_a = rng.choice(a_pool)
+                if vary in ("b", "both", "keep_answer"):
+                    new_b = rng.choice(b_pool)
+                if vary == "operator":
+                    new_op = rng.choice(other_ops)
+                if (new_a, new_b, new_op) == (a, b, self.op) or not _defined(new_op, new_b):
+                    continue
+                new_answer = compute(new_op, new_a, new_b, self.modulus)
+                if (new_answer == answer) != (vary == "keep_answer"):
+                    continue
+                clean_rows.append(i)
+                corrupt_specs.append((new_a, new_b, new_op))
+                break
+        corrupt = _build(
+            self.tokenizer,
+            [s[2] for s in corrupt_specs],
+            [s[0] for s in corrupt_specs],
+            [s[1] for s in corrupt_specs],
+            self.template,
+            self.prefix,
+            self.modulus,
+            self.prepend_bos,
+            self.scoring,
+            self.meta.get("answer_digits", 0),
+        )
+        clean = self[clean_rows]
+        aligned = _aligned(clean, corrupt)
+        clean, corrupt = clean[aligned], corrupt[aligned]
+        dropped = len(self) - len(clean)
+        if len(clean) == 0:
+            raise TaskError(
+                f"no counterfactual partner with aligned tokens could be found for vary={vary!r}; "
+                "widen the operand ranges or use a tokenizer where the numbers are single tokens"
+            )
+        return PromptPairs(clean, corrupt, vary=vary, seed=seed, meta=dict(dropped=dropped, kept=len(clean)))
+
+
+@dataclass(frozen=True)
+class PromptPairs:
+    """Clean and corrupted prompts with identical token lengths and positions."""
+
+    clean: PromptSet
+    corrupt: PromptSet
+    vary: str = "a"
+    seed: int = 0
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def __getitem__(self, index) -> "PromptPairs":
+        return replace(self, clean=self.clean[index], corrupt=self.corrupt[index])
+
+    @property
+    def clean_answer_token(self) -> torch.Tensor:
+        return self.clean.answer_tokens[:, 0]
+
+    @property
+    def corrupt_answer_token(self) -> torch.Tensor:
+        return self.corrupt.answer_tokens[:, 0]
+
+
+# --- building ------------------------------------------------------------------------------------
+
+
+def _defined(op: str, b: int) -> bool:
+    return not (op in ("//", "mod") and b == 0)
+
+
+def _as_index(index, n: int) -> torch.Tensor:
+    if isinstance(index, slice):
+        return torch.arange(n)[index]
+    if isinstance(index, int):
+        return torch.tensor([index % n])
+    idx = torch.as_tensor(index)
+    if idx.dtype == torch.bool:
+        if idx.shape != (n,):
+            raise TaskError(f"boolean index must have shape ({n},), got {tuple(idx.shape)}")
+        return torch.nonzero(idx).flatten()
+    if idx.numel() and (idx.max() >= n or idx.min() < -n):
+        raise TaskError(f"index out of range for a prompt set of {n} prompts")
+    return idx.long().flatten() % max(n, 1)
+
+
+def _aligned(clean: PromptSet, corrupt: PromptSet) -> torch.Tensor:
+    """Pairs whose token lengths, operand positions and answer-token counts agree."""
+    same = (clean.lengths == corrupt.lengths) & (clean.n_answer_tokens == corrupt.n_answer_tokens)
+    same &= clean.tokens.shape[1] == corrupt.tokens.shape[1]
+    for name in clean.positions:
+        same &= clean.positions[name] == corrupt.positions[name]
+    return same
+
+
+def _values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
+    if isinstance(values, int):
+        return [values]
+    try:
+        out = [int(v) for v in values]
+    except (TypeError, ValueError) as error:
+        raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}") from error
+    if not out:
+        raise TaskError(f"{name} is empty; give at least one operand value")
+    return out
+
+
+def _few_shot_prefix(few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0) -> str:
+    if isinstance(few_shot, str):
+        return few_shot
+    if not isinstance(few_shot, int) or few_shot < 0:
+        raise TaskError(f"few_shot must be a non-negative int (number of examples) or a prefix string, got {few_shot!r}")
+    rng = random.Random(seed + 7919)
+    lines = []
+    for _ in range(few_shot):
+        a, b = rng.choice(a_vals), rng.choice(b_vals)
+        while not _defined(op, b):
+            b = rng.choice(b_vals)
+        lines.append(template.format(a=a, b=b) + answer_text(compute(op, a, b, modulus), answer_digits) + "\n")
+    return "".join(lines)
+
+
+def _char_spans(template: str, prefix: str, a: int, b: int) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The prompt text and the character spans of ``{a}`` and ``{b}`` in it."""
+    text, spans = prefix, {}
+    for piece in re.split(r"(\{a\}|\{b\})", template):
+        if piece in ("{a}", "{b}"):
+            name = piece[1]
+            value = str(a if name == "a" else b)
+            spans[name] = (len(text), len(text) + len(value))
+            text += value
+        else:
+            text += piece
+    return text, spans
+
+
+def answer_text(value: int, answer_digits: int = 0) -> str:
+    """How an answer is written: plain, or zero-padded to ``answer_digits`` digits."""
+    return f"{value:0{answer_digits}d}" if answer_digits else str(value)
+
+
+def _build(tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bos, scoring, answer_digits=0) -> PromptSet:
+    n = len(a_list)
+    texts, spans = zip(*[_char_spans(template, prefix, a, b) for a, b in zip(a_list, b_list)]) if n else ((), ())
+    answers = [compute(op, a, b, modulus) for op, a, b in zip(ops, a_list, b_list)]
+    answer_texts = [answer_text(x, answer_digits) for x in answers]
+    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True) if n else {"input_ids": [], "offset_mapping": []}
+    full = tokenizer([t + s for t, s in zip(texts, answer_texts)], add_special_tokens=False)["input_ids"] if n else []
+    bos = [tokenizer.bos_token_id] if prepend_bos else []
+    rows, answer_rows, pos = [], [], {"a": [], "b": [], "final": []}
+    max_operand_tokens = 1
+    for i in range(n):
+        ids, offsets = encoded["input_ids"][i], encoded["offset_mapping"][i]
+        if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
+            raise TokenizationError(
+                f"prompt {texts[i]!r} contains text the tokenizer does not know (it maps to "
+                f"{tokenizer.unk_token!r}); choose operands and a template within its vocabulary"
+            )
+        if full[i][: len(ids)] != ids:
+            raise TokenizationError(
+                f"the answer {answer_texts[i]!r} merges with the end of prompt {texts[i]!r} into one "
+                "token; end the template with a separator (e.g. '=' or ' =') so answers tokenize on their own"
+            )
+        answer_rows.append(full[i][len(ids):])
+        for name, (start, end) in spans[i].items():
+            covering = [j for j, (s, e) in enumerate(offsets) if s < end and e > start]
+            if not covering:
+                raise TokenizationError(f"operand {name} of {texts[i]!r} has no token of its own")
+            # BPE tokens may carry the separating space (GPT-2's " 42"), never other text
+            extra = texts[i][offsets[covering[0]][0] : start] + texts[i][end : offsets[covering[-1]][1]]
+            if extra.strip():
+                raise TokenizationError(
+                    f"operand {name}={texts[i][start:end]!r} in {texts[i]!r} shares a token with "
+                    "neighbouring text; put a separator (space or symbol) around it in the template"
+                )
+            max_operand_tokens = max(max_operand_tokens, len(covering))
+            # the operand's last token: where the whole number has been read
+            pos[name].append(covering[-1] + len(bos))
+        rows.append(bos + ids)
+        pos["final"].append(len(bos) + len(ids) - 1)
+    length = max((len(r) for r in rows), default=0)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    tokens = torch.full((n, length), pad, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    for i, row in enumerate(rows):
+        tokens[i, length - len(row) :] = torch.tensor(row)
+    shift = length - lengths
+    k = max((len(r) for r in answer_rows), default=1)
+    answer_tokens = torch.full((n, k), -1, dtype=torch.long)
+    for i, row in enumerate(answer_rows):
+        answer_tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    positions = {name: torch.tensor(v, dtype=torch.long) + shift for name, v in pos.items() if len(v) == n}
+    max_answer = max((abs(x) for x in answers), default=0)
+    return PromptSet(
+        texts=tuple(texts),
+        tokens=tokens,
+        lengths=lengths,
+        a=torch.tensor(a_list, dtype=torch.long),
+        b=torch.tensor(b_list, dtype=torch.long),
+        answer=torch.tensor(answers, dtype=torch.long),
+        answer_tokens=answer_tokens,
+        answer_texts=tuple(answer_texts),
+        positions=positions,
+        op=ops[0] if len(set(ops)) == 1 else "mixed",
+        template=template,
+        modulus=modulus,
+        prefix=prefix,
+        prepend_bos=prepend_bos,
+        scoring=scoring,
+        tokenizer=tokenizer,
+        meta=dict(
+            answer_digits=answer_digits,
+            operand_tokens=dict(max=max_operand_tokens),
+            answer_tokens=dict(max=k, min=min((len(r) for r in answer_rows), default=0)),
+            n_digits=len(str(max(max_answer, max(a_list, default=0), max(b_list, default=0)))),
+        ),
+    )
+
+
+def arithmetic(
+    model_or_tokenizer: Any,
+    op: str = "+",
+    a: Union[int, Iterable[int]] = range(10),
+    b: Union[int, Iterable[int]] = range(10),
+    template: str = "{a}+{b}=",
+    **options: Any,
+) -> PromptSet:
+    """Every prompt ``template.format(a=a, b=b)`` over the grid ``a × b``.
+
+    Args:
+        model_or_tokenizer: a hooked model (its tokenizer and BOS setting are used) or a tokenizer.
+        op: ``"+"``, ``"-"``, ``"*"``, ``"//"`` or ``"mod"`` (``a mod b``).
+        a, b: operand values (an int or an iterable); every combination is used.
+        template: must contain ``{a}`` and ``{b}``; the answer follows it directly.
+        **options: as for :func:`prompts_for_pairs` (``modulus``, ``few_shot``, ``scoring``,
+            ``answer_digits``, ``prepend_bos``, ``require_single_tokens``, ``seed``).
+
+    Pairs with ``b == 0`` are skipped for ``//`` and ``mod`` (recorded in ``meta["skipped"]``).
+    """
+    a_vals, b_vals = _values("a", a), _values("b", b)
+    grid = [(x, y) for x in a_vals for y in b_vals]
+    return prompts_for_pairs(model_or_tokenizer, op, [p[0] for p in grid], [p[1] for p in grid], template, **options)
+
+
+def prompts_for_pairs(
+    model_or_tokenizer: Any,
+    op: str,
+    a: Sequence[int],
+    b: Sequence[int],
+    template: str = "{a}+{b}=",
+    *,
+    modulus: Optional[int] = None,
+    few_shot: Union[int, str] = 0,
+    answer_digits: int = 0,
+    prepend_bos: Optional[bool] = None,
+    scoring: str = "first_token",
+    require_single_tokens: bool = False,
+    seed: int = 0,
+) -> PromptSet:
+    """Prompts for the explicit operand pairs ``zip(a, b)``.
+
+    Args:
+        modulus: reduce answers mod this (e.g. 113 for modular addition).
+        few_shot: number of solved examples to prefix (one per line, seeded), or a prefix string.
+        answer_digits: write answers zero-padded to this many digits (0 = plain).
+        scoring: ``"first_token"`` (logit metrics on the answer's first token) or
+            ``"full_answer"`` (teacher-forced log-prob of every answer token).
+        require_single_tokens: raise if any operand spans several tokens (analyses that read one
+            operand position need this).
+    """
+    if op not in OPERATORS:
+        raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
+    if "{a}" not in template or "{b}" not in template:
+        raise TaskError(f"template must contain '{{a}}' and '{{b}}', got {template!r}")
+    if scoring not in SCORING:
+        raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
+    if modulus is not None and (not isinstance(modulus, int) or modulus < 2):
+        raise TaskError(f"modulus must be an integer >= 2 or None, got {modulus!r}")
+    if not isinstance(answer_digits, int) or answer_digits < 0:
+        raise TaskError(f"answer_digits must be a non-negative int, got {answer_digits!r}")
+    tokenizer = _tokenizer_of(model_or_tokenizer)
+    a_vals, b_vals = _values("a", a), _values("b", b)
+    if len(a_vals) != len(b_vals):
+        raise TaskError(f"a and b must have the same length, got {len(a_vals)} and {len(b_vals)}")
+    pairs = [(x, y) for x, y in zip(a_vals, b_vals) if _defined(op, y)]
+    skipped = len(a_vals) - len(pairs)
+    if not pairs:
+        raise TaskError(f"no (a, b) pair is defined for {op!r} (b must be non-zero)")
+    if prepend_bos is None:
+        prepend_bos = _default_prepend_bos(model_or_tokenizer, tokenizer)
+    prefix = _few_shot_prefix(few_shot, op, template, a_vals, b_vals, modulus, seed, answer_digits)
+    prompts = _build(
+        tokenizer,
+        [op] * len(pairs),
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        template,
+        prefix,
+        modulus,
+        prepend_bos,
+        scoring,
+        answer_digits,
+    )
+    if skipped:
+        prompts.meta["skipped"] = dict(count=skipped, reason=f"b == 0 is undefined for {op!r}")
+    if require_single_tokens and not prompts.single_token_operands:
+        multi = number_check(tokenizer, sorted(set(a_vals) | set(b_vals)))["multi_token"]
+        raise TokenizationError(
+            f"operands must be single tokens for this analysis, but {len(multi)} numbers span several "
+            f"tokens for this tokenizer (e.g. {multi[:5]}); restrict a and b to single-token numbers "
+            "(see tasks.number_check) or use a digit-level analysis"
+        )
+    return prompts
+
+
+def number_check(model_or_tokenizer: Any, numbers: Iterable[int] = range(1000)) -> dict[str, list[int]]:
+    """Which numbers are one token for this tokenizer (written without a leading space).
+
+    Returns ``{"single_token": [...], "multi_token": [...]}``.
+    """
+    tokenizer = _tokenizer_of(model_or_tokenizer)
+    numbers = _values("numbers", numbers)
+    ids = tokenizer([str(x) for x in numbers], add_special_tokens=False)["input_ids"]
+    unk = tokenizer.unk_token_id
+    single = [x for x, row in zip(numbers, ids) if len(row) == 1 and row[0] != unk]
+    return dict(single_token=single, multi_token=[x for x in numbers if x not in set(single)])

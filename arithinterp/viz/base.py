@@ -1,0 +1,153 @@
+"""The shared template and figure helpers.
+
+One template for the whole package (``TEMPLATE``): labelled axes with units, token strings on
+position axes, ``RdBu`` centred at 0 for signed effects, numbers as colour for helix / PCA
+plots, hover text with exact values.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+TEMPLATE_NAME = "arithinterp"
+SIGNED_SCALE = "RdBu"
+SEQUENTIAL_SCALE = "Viridis"
+NUMBER_SCALE = "Turbo"
+
+TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
+TEMPLATE.layout.update(
+    font=dict(family="Inter, Helvetica, Arial, sans-serif", size=13),
+    title=dict(x=0.02, xanchor="left", font=dict(size=16)),
+    margin=dict(l=70, r=30, t=60, b=60),
+    colorway=["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00"],
+    hoverlabel=dict(font_size=12),
+)
+pio.templates[TEMPLATE_NAME] = TEMPLATE
+
+
+def _array(values) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    return np.asarray(values, dtype=float)
+
+
+def figure(title: str, x_title: str, y_title: str, **layout) -> go.Figure:
+    """An empty figure in the package template with labelled axes."""
+    fig = go.Figure()
+    fig.update_layout(template=TEMPLATE_NAME, title=title, xaxis_title=x_title, yaxis_title=y_title, **layout)
+    return fig
+
+
+def position_labels(tokens: Sequence[str]) -> list[str]:
+    """Unique axis labels for token strings: ``'3: +'`` (plotly merges duplicate categories)."""
+    return [f"{i}: {t}" for i, t in enumerate(tokens)]
+
+
+def heatmap(
+    values,
+    *,
+    title: str,
+    x_labels: Sequence,
+    y_labels: Sequence,
+    x_title: str,
+    y_title: str,
+    value_name: str,
+    signed: bool = True,
+) -> go.Figure:
+    """A heatmap ``values[y, x]``; signed values use ``RdBu`` centred at 0."""
+    z = _array(values)
+    fig = figure(title, x_title, y_title)
+    limit = float(np.nanmax(np.abs(z))) if z.size and np.isfinite(z).any() else 1.0
+    colour = (
+        dict(colorscale=SIGNED_SCALE, zmid=0.0, zmin=-limit, zmax=limit, reversescale=True)
+        if signed
+        else dict(colorscale=SEQUENTIAL_SCALE)
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=z,
+            x=[str(x) for x in x_labels],
+            y=[str(y) for y in y_labels],
+            colorbar=dict(title=value_name),
+            hovertemplate=f"{y_title}: %{{y}}<br>{x_title}: %{{x}}<br>{value_name}: %{{z:.4g}}<extra></extra>",
+            **colour,
+        )
+    )
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def layer_position_heatmap(values, tokens: Sequence[str], *, title: str, value_name: str, layers=None) -> go.Figure:
+    """``values[layer, position]`` with token strings on the position axis."""
+    z = _array(values)
+    layers = list(range(z.shape[0])) if layers is None else list(layers)
+    return heatmap(
+        z,
+        title=title,
+        x_labels=position_labels(tokens),
+        y_labels=[f"L{layer}" for layer in layers],
+        x_title="position: token",
+        y_title="layer",
+        value_name=value_name,
+    )
+
+
+def layer_lines(
+    series: dict[str, object],
+    *,
+    title: str,
+    y_title: str,
+    layers=None,
+    bands: Optional[dict[str, tuple[object, object]]] = None,
+) -> go.Figure:
+    """One line per named series over layers, with optional (low, high) confidence bands."""
+    fig = figure(title, "layer", y_title)
+    for i, (name, values) in enumerate(series.items()):
+        y = _array(values)
+        x = list(range(len(y))) if layers is None else list(layers)
+        colour = TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
+        if bands and name in bands:
+            low, high = (_array(v) for v in bands[name])
+            fig.add_trace(
+                go.Scatter(
+                    x=x + x[::-1],
+                    y=list(high) + list(low[::-1]),
+                    fill="toself",
+                    fillcolor=colour,
+                    opacity=0.2,
+                    line=dict(width=0),
+                    hoverinfo="skip",
+                    showlegend=False,
+                )
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines+markers",
+                name=name,
+                line=dict(color=colour),
+                hovertemplate=f"{name}<br>layer %{{x}}<br>{y_title}: %{{y:.4g}}<extra></extra>",
+            )
+        )
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def bars(values: dict[str, float], *, title: str, y_title: str, errors: Optional[dict[str, float]] = None) -> go.Figure:
+    """A bar per named value, with optional error bars."""
+    fig = figure(title, "", y_title)
+    names = list(values)
+    fig.add_trace(
+        go.Bar(
+            x=names,
+            y=[float(values[n]) for n in names],
+            error_y=dict(type="data", array=[float(errors.get(n, 0.0)) for n in names]) if errors else None,
+            hovertemplate="%{x}: %{y:.4g}<extra></extra>",
+        )
+    )
+    return fig

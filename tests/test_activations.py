@@ -1,0 +1,88 @@
+"""collect(): exactly what run_with_cache gives, only what was asked for."""
+
+import pytest
+import torch
+
+from arithinterp.activations import collect
+from arithinterp.errors import SiteError
+from arithinterp.sites import HOOKS, hook_name
+from arithinterp.tasks import arithmetic, prompts_for_pairs
+
+SITES = ["embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "mlp_pre", "mlp_post"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model):
+    return arithmetic(tiny_model, "+", range(12), range(12), "{a}+{b}=")
+
+
+def test_collect_matches_run_with_cache(tiny_model, prompts):
+    acts = collect(tiny_model, prompts, sites=SITES, positions=["a", "b", "final"], batch_size=50, progress=False)
+    _, cache = tiny_model.run_with_cache(prompts.tokens)
+    rows = torch.arange(len(prompts))
+    assert set(acts.data) == set(SITES)  # only the requested sites are kept
+    for site in SITES:
+        for li, layer in enumerate([0] if site == "embed" else acts.layers):
+            reference = cache[hook_name(site, layer)]
+            for pi, name in enumerate(acts.positions):
+                expected = reference[rows, prompts.positions[name]]
+                got = acts[site][:, li, pi]
+                assert got.shape == expected.shape
+                assert (got - expected).abs().max() <= 1e-6, (site, layer, name)
+
+
+def test_collect_layers_positions_dtype(tiny_model, prompts):
+    acts = collect(tiny_model, prompts, sites="resid_post", layers=[1], positions="last", dtype=torch.float16, progress=False)
+    assert acts["resid_post"].shape == (len(prompts), 1, 1, tiny_model.cfg.d_model)
+    assert acts["resid_post"].dtype == torch.float16
+    full = collect(tiny_model, prompts, sites="resid_post", positions="all", progress=False)
+    assert full["resid_post"].shape == (len(prompts), 2, prompts.tokens.shape[1], tiny_model.cfg.d_model)
+    assert full.positions == [str(i) for i in range(prompts.tokens.shape[1])]
+    one = acts.get("resid_post", 1, "final")
+    assert torch.allclose(one.float(), full.get("resid_post", 1, prompts.tokens.shape[1] - 1), atol=1e-2)
+
+
+def test_collect_disk_backed(tiny_model, prompts, tmp_path):
+    in_memory = collect(tiny_model, prompts, sites="mlp_post", positions="final", progress=False)
+    on_disk = collect(tiny_model, prompts, sites="mlp_post", positions="final", store=tmp_path, progress=False)
+    assert (tmp_path / "mlp_post.npy").exists()
+    assert torch.equal(in_memory["mlp_post"], on_disk["mlp_post"])
+
+
+def test_collect_variable_length_prompts(tiny_digit_model):
+    prompts = prompts_for_pairs(tiny_digit_model, "+", [123, 4, 56], [7, 8, 12], "{a}+{b}=")
+    acts = collect(tiny_digit_model, prompts, sites="resid_post", positions=["a", "final"], progress=False)
+    for i in range(len(prompts)):
+        start = prompts.tokens.shape[1] - int(prompts.lengths[i])
+        _, cache = tiny_digit_model.run_with_cache(prompts.tokens[i : i + 1, start:])
+        for pi, name in enumerate(acts.positions):
+            expected = cache["blocks.1.hook_resid_post"][0, int(prompts.positions[name][i]) - start]
+            assert (acts["resid_post"][i, 1, pi] - expected).abs().max() <= 1e-6
+    with pytest.raises(SiteError, match="one token length"):
+        collect(tiny_digit_model, prompts, sites="resid_post", positions="all", progress=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(sites="resid_psot"), "unknown site 'resid_psot'"),
+        (dict(sites="resid_post", layers=[5]), "out of range"),
+        (dict(sites="resid_post", positions="c"), "unknown position"),
+        (dict(sites=[]), "sites is empty"),
+        (dict(sites="resid_post", batch_size=0), "batch_size"),
+    ],
+)
+def test_collect_rejects_bad_input(tiny_model, prompts, kwargs, match):
+    with pytest.raises(SiteError, match=match):
+        collect(tiny_model, prompts, progress=False, **kwargs)
+
+
+def test_collect_rejects_empty_prompt_set(tiny_model, prompts):
+    with pytest.raises(SiteError, match="empty"):
+        collect(tiny_model, prompts[[]], sites="resid_post", progress=False)
+
+
+def test_every_site_names_a_real_hook(tiny_model):
+    hooks = set(tiny_model.hook_dict)
+    for site in HOOKS:
+        assert hook_name(site, 1) in hooks, site

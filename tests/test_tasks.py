@@ -1,0 +1,145 @@
+"""PromptSet construction: positions from offsets, answers, labels, counterfactuals, validation."""
+
+import pytest
+import torch
+
+from arithinterp.errors import ArithInterpError, TaskError, TokenizationError
+from arithinterp.tasks import arithmetic, number_check, prompts_for_pairs
+
+
+def _token_text(prompts, i, position):
+    return prompts.tokenizer.decode([int(prompts.tokens[i, position])]).strip()
+
+
+def test_number_tokenizer_positions_and_answers(tiny_model):
+    prompts = arithmetic(tiny_model, "+", range(20), range(20), "{a}+{b}=")
+    assert len(prompts) == 400 and prompts.uniform_length
+    for i in (0, 57, 399):
+        assert prompts.str_tokens(i) == ["<bos>", str(int(prompts.a[i])), "+", str(int(prompts.b[i])), "="]
+        assert _token_text(prompts, i, prompts.positions["a"][i]) == str(int(prompts.a[i]))
+        assert _token_text(prompts, i, prompts.positions["b"][i]) == str(int(prompts.b[i]))
+        assert prompts.positions["final"][i] == prompts.tokens.shape[1] - 1
+        assert prompts.tokenizer.decode(prompts.answer_tokens[i].tolist()) == str(int(prompts.a[i] + prompts.b[i]))
+    assert torch.equal(prompts.answer, prompts.a + prompts.b)
+
+
+def test_digit_tokenizer_positions_multi_token_answers(digit_tokenizer):
+    prompts = prompts_for_pairs(digit_tokenizer, "+", [123, 45, 999], [456, 7, 999], "{a}+{b}=")
+    # operand position = the operand's last digit; lengths differ, so prompts are left-padded
+    assert prompts.lengths.tolist() == [9, 6, 9]
+    for i, (a, b) in enumerate([(123, 456), (45, 7), (999, 999)]):
+        assert _token_text(prompts, i, prompts.positions["a"][i]) == str(a)[-1]
+        assert _token_text(prompts, i, prompts.positions["b"][i]) == str(b)[-1]
+        answer = prompts.answer_tokens[i][prompts.answer_tokens[i] >= 0].tolist()
+        assert prompts.tokenizer.decode(answer).replace(" ", "") == str(a + b)
+    assert prompts.meta["operand_tokens"]["max"] == 3
+    assert prompts.meta["answer_tokens"] == dict(max=4, min=2)
+    with pytest.raises(TokenizationError, match="single tokens"):
+        prompts_for_pairs(digit_tokenizer, "+", [123], [456], "{a}+{b}=", require_single_tokens=True)
+
+
+def test_bpe_tokenizer_positions(bpe_tokenizer):
+    prompts = arithmetic(bpe_tokenizer, "+", [3, 27, 150, 399], [6, 42], "{a} plus {b}=")
+    assert len(prompts) == 8
+    for i in range(len(prompts)):
+        row = prompts.tokens[i]
+        for name, value in (("a", prompts.a[i]), ("b", prompts.b[i])):
+            pos = int(prompts.positions[name][i])
+            # the operand's tokens end exactly at its position: decoding up to it ends with the number
+            prefix = bpe_tokenizer.decode(row[prompts.tokens.shape[1] - int(prompts.lengths[i]) : pos + 1].tolist())
+            assert prefix.rstrip().endswith(str(int(value)))
+            nxt = bpe_tokenizer.decode([int(row[pos + 1])])
+            assert not nxt[:1].isdigit()
+    check = number_check(bpe_tokenizer, range(400))
+    assert check["single_token"] and check["multi_token"]  # a BPE vocabulary splits some numbers
+
+
+def test_labels_digits_and_carries(tiny_model):
+    prompts = prompts_for_pairs(tiny_model, "+", [57, 12, 99], [68, 3, 99], "{a}+{b}=")
+    assert prompts.label("answer").tolist() == [125, 15, 198]
+    assert prompts.label("answer_digit_0").tolist() == [5, 5, 8]
+    assert prompts.label("answer_digit_2").tolist() == [1, 0, 1]
+    assert prompts.label("carry_0").tolist() == [1, 0, 1]  # 7+8, 2+3, 9+9
+    assert prompts.label("carry_1").tolist() == [1, 0, 1]
+    assert prompts.label("a_digit_1").tolist() == [5, 1, 9]
+    with pytest.raises(TaskError, match="answer_digit_0"):
+        prompts.label("sum_digit_0")
+
+
+def test_operators_and_modulus(tiny_model):
+    assert arithmetic(tiny_model, "-", [9], [4]).answer.tolist() == [5]
+    assert arithmetic(tiny_model, "*", [9], [4]).answer.tolist() == [36]
+    div = arithmetic(tiny_model, "//", [9], [0, 4], "{a}/{b}=")
+    assert div.answer.tolist() == [2] and div.meta["skipped"]["count"] == 1
+    assert arithmetic(tiny_model, "mod", [9], [4], "{a} mod {b}=").answer.tolist() == [1]
+    assert arithmetic(tiny_model, "+", [100], [50], "{a} {b} =", modulus=113).answer.tolist() == [37]
+
+
+@pytest.mark.parametrize("vary", ["a", "b", "both", "keep_answer", "operator"])
+def test_counterfactual_pairs_align(tiny_model, vary):
+    prompts = arithmetic(tiny_model, "+", range(1, 30), range(1, 30), "{a}+{b}=")[::7]
+    pairs = prompts.counterfactual(vary=vary, seed=1)
+    assert len(pairs) == len(prompts) - pairs.meta["dropped"] and len(pairs) > 0
+    clean, corrupt = pairs.clean, pairs.corrupt
+    assert clean.tokens.shape == corrupt.tokens.shape
+    for name in clean.positions:
+        assert torch.equal(clean.positions[name], corrupt.positions[name])
+    if vary == "a":
+        assert torch.equal(clean.b, corrupt.b) and (clean.a != corrupt.a).all()
+    if vary == "b":
+        assert torch.equal(clean.a, corrupt.a) and (clean.b != corrupt.b).all()
+    if vary == "keep_answer":
+        assert torch.equal(clean.answer, corrupt.answer)
+    else:
+        assert (clean.answer != corrupt.answer).all()
+    # deterministic
+    again = prompts.counterfactual(vary=vary, seed=1)
+    assert torch.equal(again.corrupt.tokens, corrupt.tokens)
+
+
+def test_evaluate_and_correct_only(tiny_model):
+    prompts = arithmetic(tiny_model, "+", range(10), range(10), "{a}+{b}=")
+    evaluation = prompts.evaluate(tiny_model)
+    logits = tiny_model(prompts.tokens)[:, -1]
+    assert torch.equal(evaluation.generated_tokens[:, 0], logits.argmax(-1))
+    assert torch.equal(evaluation.correct, logits.argmax(-1) == prompts.answer_tokens[:, 0])
+    if evaluation.correct.any():
+        kept = prompts.correct_only(tiny_model, evaluation)
+        assert kept.meta["filtered"]["dropped"] == int((~evaluation.correct).sum())
+    else:
+        with pytest.raises(TaskError, match="none of these prompts"):
+            prompts.correct_only(tiny_model, evaluation)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(op="^"), "unknown operator"),
+        (dict(template="{a}+="), "must contain"),
+        (dict(a=[]), "a is empty"),
+        (dict(a=[500]), "does not know"),
+        (dict(scoring="sum"), "unknown scoring"),
+        (dict(modulus=1), "modulus"),
+    ],
+)
+def test_bad_input_is_rejected(tiny_model, kwargs, match):
+    args = dict(op="+", a=[1], b=[2], template="{a}+{b}=") | kwargs
+    with pytest.raises(ArithInterpError, match=match):
+        arithmetic(tiny_model, **args)
+
+
+def test_answer_merging_with_template_is_caught(number_tokenizer):
+    # "3+4" then the answer "7" reads "3+47": the answer would merge into the operand token
+    with pytest.raises(TokenizationError, match="merges"):
+        arithmetic(number_tokenizer, "+", [3], [4], "{a}+{b}")
+
+
+def test_few_shot_prefix(tiny_model):
+    prompts = arithmetic(tiny_model, "+", [3, 4], [5], "{a}+{b}=", few_shot=3, seed=2)
+    assert prompts.texts[0].count("\n") == 3
+    assert _token_text(prompts, 0, prompts.positions["a"][0]) == "3"
+    # each few-shot line is correct arithmetic
+    for line in prompts.prefix.splitlines():
+        left, right = line.split("=")
+        x, y = left.split("+")
+        assert int(x) + int(y) == int(right)
