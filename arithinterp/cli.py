@@ -45,7 +45,7 @@ def _print(summary: dict, as_json: bool) -> None:
 def info(args: argparse.Namespace) -> dict:
     """List the zoo and evaluate a model on its task."""
     from arithinterp.models import list_zoo, load_model
-    from arithinterp.models.zoo import get_entry
+    from arithinterp.models.zoo import evaluate, get_entry
 
     summary: dict[str, Any] = {"zoo": list_zoo()}
     if args.model:
@@ -55,24 +55,22 @@ def info(args: argparse.Namespace) -> dict:
             n_layers=model.cfg.n_layers, d_model=model.cfg.d_model, n_heads=model.cfg.n_heads, d_mlp=model.cfg.d_mlp
         )
         if args.model.startswith("zoo:"):
-            summary["evaluation"] = evaluate_zoo(get_entry(args.model), model, limit=args.limit)
+            summary["evaluation"] = evaluate(get_entry(args.model), model, limit=args.limit)
     return summary
 
 
-def evaluate_zoo(entry, model, limit: Optional[int] = None, seed: int = 0) -> dict:
-    """Held-out accuracy of a zoo model on its task (greedy generation of every answer token)."""
-    import torch
+# --- report --------------------------------------------------------------------------------------
 
-    from arithinterp.models.train import make_dataset
-    from arithinterp.models.zoo import zoo_prompts
 
-    data = make_dataset(entry, model.tokenizer)
-    held_out = data.test_idx
-    if limit is not None and limit < len(held_out):
-        held_out = held_out[torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed))[:limit]].sort().values
-    prompts = zoo_prompts(model, entry, data.a[held_out].tolist(), data.b[held_out].tolist())
-    evaluation = prompts.evaluate(model)
-    return dict(held_out_problems=len(prompts), accuracy=round(evaluation.accuracy, 5))
+@command("report")
+def report_command(args: argparse.Namespace) -> dict:
+    """Run the standard battery on a model and write one offline HTML report."""
+    from arithinterp.report import report
+
+    stages = args.stages.split(",") if args.stages else None
+    path = report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
+                  progress=not args.no_progress)
+    return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
 # --- train ---------------------------------------------------------------------------------------
@@ -105,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"arithinterp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from arithinterp.report import STAGES
+
+    p = sub.add_parser("report", help="run the standard analyses on a model and write an offline HTML report")
+    p.add_argument("model", nargs="?", default="zoo:add-100", help="model spec (default: zoo:add-100)")
+    p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
+    p.add_argument("--stages", default=None, help=f"comma-separated stages to run (default: all of {','.join(STAGES)})")
+    p.add_argument("--limit", type=int, default=2000, help="at most this many task prompts (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-.venv/bin/arithinterp info zoo:add-100 "$@"
+.venv/bin/arithinterp report "$@"

@@ -11,3 +11,7 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[dev]"
+# The report's browser test drives Debian's Chromium (Playwright never downloads a browser here).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi

@@ -64,6 +64,8 @@ def load_model(
         model = _load_zoo(spec, torch_dtype, device)
     elif spec.endswith(".gguf"):
         model = _load_gguf(Path(spec), torch_dtype, device)
+    elif Path(spec).expanduser().is_dir() and _is_native_dir(Path(spec).expanduser()):
+        model = _place(_load_native_dir(Path(spec).expanduser(), Path(spec).name), torch_dtype, device)
     elif Path(spec).expanduser().exists():
         model = _load_hf_dir(Path(spec).expanduser(), torch_dtype, device)
     elif re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) and not spec.startswith((".", "/", "~")):
@@ -102,28 +104,40 @@ def random_like(model: Any, seed: int = 0) -> Any:
 
 
 def _load_zoo(spec: str, dtype, device):
+    name, _, suffix = spec.removeprefix("zoo:").partition("@")
+    entry = get_entry(name)
+    if not (entry.directory / "model.safetensors").exists():
+        raise ModelFileError(
+            f"zoo model {name!r} has no shipped checkpoint in {entry.directory}; "
+            f"train it with `arithinterp train {name}`"
+        )
+    state = _snapshot_state(entry, suffix) if suffix else None
+    model = _load_native_dir(entry.directory, name, state)
+    model.arithinterp_spec = spec
+    return _place(model, dtype, device)
+
+
+def _is_native_dir(directory: Path) -> bool:
+    """A folder written by ``arithinterp train``: bridge config, weights and a model card."""
+    return all((directory / f).exists() for f in ("config.json", "model.safetensors", "card.json"))
+
+
+def _load_native_dir(directory: Path, name: str, state: Optional[dict] = None):
     from safetensors.torch import load_file
     from transformers import PreTrainedTokenizerFast
 
-    name, _, suffix = spec.removeprefix("zoo:").partition("@")
-    entry = get_entry(name)
-    directory = entry.directory
-    weights = directory / "model.safetensors"
-    if not weights.exists():
-        raise ModelFileError(
-            f"zoo model {name!r} has no shipped checkpoint at {weights}; "
-            f"train it with `arithinterp train {name}`"
-        )
-    if suffix:
-        state = _snapshot_state(entry, suffix)
-    else:
-        state = load_file(str(weights))
     config = json.loads((directory / "config.json").read_text())
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
     model = _boot_native(config, tokenizer, name)
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    model.arithinterp_spec = spec
-    return _place(model, dtype, device)
+    state = load_file(str(directory / "model.safetensors")) if state is None else state
+    # The bridge accepts the native module's own parameter names; it also lists its aliases of
+    # the same storage (and a zero unembedding bias the native model lacks) as "missing", so
+    # load non-strictly and check that every saved tensor found its place instead.
+    result = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    if result.unexpected_keys:
+        raise ModelFileError(f"{directory} holds weights this architecture does not have: {result.unexpected_keys[:5]}")
+    model.arithinterp_spec = str(directory)
+    return model
 
 
 def _snapshot_state(entry, suffix: str) -> dict[str, torch.Tensor]:
@@ -201,7 +215,8 @@ def _load_hf_dir(directory: Path, dtype, device):
 def _load_gguf(path: Path, dtype, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not path.exists():
+    path = path.expanduser()
+    if not path.is_file():
         raise ModelFileError(f"no such GGUF file: {path}")
     try:
         import gguf  # noqa: F401  (transformers needs it to read the file)
@@ -209,11 +224,17 @@ def _load_gguf(path: Path, dtype, device):
         raise ModelSpecError(
             "loading .gguf files needs the 'gguf' extra: pip install 'arithinterp[gguf]'"
         ) from error
+    # Pass the file's absolute path as `gguf_file`, not just its name: transformers reads the
+    # weights from `gguf_file` itself whenever that names an existing file, which for a bare name
+    # means one in the *working directory*, while it reads the config from `directory/gguf_file`.
+    # With a bare name, a same-named file in the working directory would silently supply the
+    # weights. An absolute path resolves to this file for the config, weights and tokenizer alike.
+    absolute = str(path.resolve())
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, torch_dtype=dtype or torch.float32
+            str(path.parent), gguf_file=absolute, torch_dtype=dtype or torch.float32, local_files_only=True
         )
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=absolute, local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelSpecError(f"cannot load the GGUF model {path}: {error}") from error
     return _boot_hf(hf_model, tokenizer, str(path), None, device)

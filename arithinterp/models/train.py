@@ -5,7 +5,7 @@ Training runs on TransformerLens's plain ``NativeModel`` — the very module a
 bridge unchanged (``load_model`` checks the logits agree). Saved per model, in one folder:
 ``model.safetensors``, ``config.json`` (the bridge config), ``tokenizer.json`` (+ HF tokenizer
 files), ``card.json`` (measured held-out accuracy, wall time, steps) and, for models with
-snapshots, ``snapshots.safetensors`` (float16 weights at evenly spaced steps).
+snapshots, ``snapshots.safetensors`` (float16 weights every ``snapshot_every`` steps).
 """
 
 from __future__ import annotations
@@ -54,28 +54,41 @@ def answer_string(task: Task, a: int, b: int) -> str:
     return f"{value:0{task.answer_digits}d}" if task.answer_digits else str(value)
 
 
-def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None) -> Dataset:
-    """All (a, b) pairs of the task, tokenized, with the seeded train / held-out split."""
-    task, recipe = entry.task, entry.recipe
+def operand_grid(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (a, b) of a task, a-major: two [N] tensors."""
     a = torch.arange(*task.a_range).repeat_interleave(task.b_range[1] - task.b_range[0])
     b = torch.arange(*task.b_range).repeat(task.a_range[1] - task.a_range[0])
+    return a, b
+
+
+def split(entry: ZooEntry, seed: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded train / held-out split of a task's operand grid: sorted index tensors."""
+    recipe = entry.recipe
+    n = (entry.task.a_range[1] - entry.task.a_range[0]) * (entry.task.b_range[1] - entry.task.b_range[0])
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(recipe.seed if seed is None else seed))
+    n_train = int(round(recipe.train_frac * n))
+    return order[:n_train].sort().values, order[n_train:].sort().values
+
+
+def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None) -> Dataset:
+    """All (a, b) pairs of the task, tokenized, with the seeded train / held-out split."""
+    task = entry.task
+    a, b = operand_grid(task)
     texts = [task.template.format(a=x, b=y) + answer_string(task, x, y) for x, y in zip(a.tolist(), b.tolist())]
     ids = torch.tensor(tokenizer(texts, add_special_tokens=False)["input_ids"])
     if entry.prepend_bos:
         ids = torch.cat([torch.full((len(ids), 1), tokenizer.bos_token_id), ids], dim=1)
     n_answer = len(tokenizer(answer_string(task, 0, 0), add_special_tokens=False)["input_ids"])
     prompt_len = ids.shape[1] - n_answer
-    generator = torch.Generator().manual_seed(recipe.seed if seed is None else seed)
-    order = torch.randperm(len(ids), generator=generator)
-    n_train = int(round(recipe.train_frac * len(ids)))
+    train_idx, test_idx = split(entry, seed)
     return Dataset(
         inputs=ids[:, :-1],
         targets=ids[:, prompt_len:],
         answer_logit_pos=torch.arange(prompt_len - 1, ids.shape[1] - 1),
         a=a,
         b=b,
-        train_idx=order[:n_train].sort().values,
-        test_idx=order[n_train:].sort().values,
+        train_idx=train_idx,
+        test_idx=test_idx,
     )
 
 
@@ -162,10 +175,9 @@ def train(
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / recipe.warmup))
     generator = torch.Generator().manual_seed(seed)
-    snapshot_at = (
-        {round(steps * (i + 1) / recipe.snapshots) for i in range(recipe.snapshots)} if recipe.snapshots else set()
-    )
     snapshots: dict[str, torch.Tensor] = {}
+    snapshot_steps: list[int] = []
+    stop_at_step: Optional[int] = None
     history = []
     # periodic checks use a fixed slice of the held-out set; the card measures all of it
     monitor_idx = data.test_idx[: recipe.monitor_size]
@@ -188,10 +200,13 @@ def train(
             accuracy = exact_match(net, data, monitor_idx)
             history.append(dict(step=step, train_loss=loss.item(), held_out_accuracy=accuracy))
             bar.set_postfix(loss=f"{loss.item():.4f}", held_out=f"{accuracy:.4f}")
-        if step in snapshot_at:
+        if recipe.snapshot_every and step % recipe.snapshot_every == 0:
+            snapshot_steps.append(step)
             for key, value in net.state_dict().items():
                 snapshots[f"step_{step}.{key}"] = value.detach().to(torch.float16).clone()
-        if recipe.stop_at_accuracy is not None and accuracy >= recipe.stop_at_accuracy:
+        if stop_at_step is None and recipe.stop_at_accuracy is not None and accuracy >= recipe.stop_at_accuracy:
+            stop_at_step = step + recipe.steps_after_stop
+        if stop_at_step is not None and step >= stop_at_step:
             break
     wall = time.perf_counter() - start
 
@@ -211,7 +226,7 @@ def train(
         wall_seconds=round(wall, 1),
         torch_threads=torch.get_num_threads(),
         recipe=asdict(recipe),
-        snapshot_steps=sorted(snapshot_at),
+        snapshot_steps=snapshot_steps,
         history=history,
     )
     (out / "card.json").write_text(json.dumps(card, indent=2))

@@ -51,8 +51,9 @@ class Recipe:
     train_frac: float = 0.3
     seed: int = 0
     eval_every: int = 500
-    stop_at_accuracy: Optional[float] = None  # stop once held-out accuracy reaches this
-    snapshots: int = 0  # float16 snapshots saved evenly over training
+    stop_at_accuracy: Optional[float] = None  # stop once held-out accuracy reaches this ...
+    steps_after_stop: int = 0  # ... and this many steps later (lets a grokked circuit clean up)
+    snapshot_every: int = 0  # save float16 weights every this many steps (0 = none)
     monitor_size: int = 4096  # held-out problems checked every eval_every steps
 
 
@@ -109,7 +110,10 @@ ZOO: dict[str, ZooEntry] = {
             tokenizer="number:112",
             config=_config(1, 128, 4, 512, 3, None),
             task=Task(op="+", a_range=(0, 113), b_range=(0, 113), template="{a} {b} =", modulus=113),
-            recipe=Recipe(steps=15000, lr=1e-3, weight_decay=1.0, train_frac=0.3, eval_every=500, snapshots=10),
+            recipe=Recipe(
+                steps=15000, lr=3e-3, weight_decay=1.0, train_frac=0.3, eval_every=100,
+                stop_at_accuracy=0.999, steps_after_stop=1500, snapshot_every=400,
+            ),
             target="grokked: >= 99.5% on the held-out 70% of pairs",
             prepend_bos=False,
         ),
@@ -130,7 +134,10 @@ ZOO: dict[str, ZooEntry] = {
             tokenizer="digit",
             config=_config(2, 128, 4, 512, 16, "LN"),
             task=_THREE_DIGIT,
-            recipe=Recipe(steps=6000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=500),
+            recipe=Recipe(
+                steps=8000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=250,
+                stop_at_accuracy=0.995,
+            ),
             target=">= 99% exact match on held-out problems, generated greedily",
         ),
         ZooEntry(
@@ -141,7 +148,7 @@ ZOO: dict[str, ZooEntry] = {
             config=_config(2, 128, 4, 512, 16, "LN"),
             task=_THREE_DIGIT,
             recipe=Recipe(
-                steps=6000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=50,
+                steps=8000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=50,
                 stop_at_accuracy=0.85,
             ),
             target="75-95% exact match on held-out problems",
@@ -191,3 +198,23 @@ def zoo_prompts(model: Any, entry: ZooEntry, a: Optional[list[int]] = None, b: O
     if a is None or b is None:
         return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template, **options)
     return prompts_for_pairs(model, task.op, a, b, task.template, **options)
+
+
+def evaluate(entry: ZooEntry, model: Any, limit: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
+    """Held-out accuracy of a zoo model on its task (greedy generation of every answer token).
+
+    The held-out split is the training split's complement (same seed); ``limit`` evaluates a
+    seeded random sample of it.
+    """
+    import torch
+
+    from arithinterp.models.train import operand_grid, split
+
+    held_out = split(entry)[1]
+    if limit is not None and limit < len(held_out):
+        pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed))[:limit]
+        held_out = held_out[pick.sort().values]
+    a_all, b_all = operand_grid(entry.task)
+    prompts = zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist())
+    evaluation = prompts.evaluate(model)
+    return dict(held_out_problems=len(prompts), accuracy=round(evaluation.accuracy, 5))

@@ -1,0 +1,90 @@
+"""The shipped zoo: every model loads, reaches its target on its held-out split, and retrains."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import arithinterp as ai
+from arithinterp.cli import main
+from arithinterp.models.zoo import ZOO, evaluate, get_entry
+
+# name -> (lowest, highest) held-out exact-match accuracy the model must reach
+TARGETS = {
+    "modadd-113": (0.995, 1.0),
+    "add-100": (0.99, 1.0),
+    "add-3digit": (0.99, 1.0),
+    "add-3digit-weak": (0.75, 0.95),
+}
+
+
+def test_every_zoo_model_has_a_target():
+    assert set(TARGETS) == set(ZOO)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_model_reaches_its_target(name):
+    entry = get_entry(name)
+    model = ai.load_model(f"zoo:{name}")
+    assert not model.training
+    result = evaluate(entry, model, limit=3000)
+    low, high = TARGETS[name]
+    assert low <= result["accuracy"] <= high, result
+    # the card's full held-out measurement agrees with the target too
+    assert low <= entry.card()["held_out_accuracy"] <= high
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_bridge_logits_equal_the_trained_module(name):
+    """The shipped weights compute the same function inside the bridge as in the training module."""
+    from transformer_lens.model_bridge.sources.native import NativeModel
+
+    from arithinterp.models.train import bridge_config, logits_at, make_tokenizer
+
+    entry = get_entry(name)
+    model = ai.load_model(f"zoo:{name}")
+    config = json.loads((entry.directory / "config.json").read_text())
+    net = NativeModel(bridge_config(entry, config["d_vocab"], config["seed"]))
+    net.load_state_dict(load_file(str(entry.directory / "model.safetensors")))
+    net.eval()
+    tokens = torch.randint(3, config["d_vocab"], (16, config["n_ctx"]))
+    with torch.inference_mode():
+        expected = net(tokens)
+        assert (model(tokens) - expected).abs().max() <= 1e-5
+        # and the training-time fast path agrees with the full forward
+        positions = torch.arange(config["n_ctx"] - 2, config["n_ctx"])
+        assert (logits_at(net, tokens, positions) - expected[:, positions]).abs().max() <= 1e-5
+
+
+def test_modadd_snapshots_load():
+    steps = get_entry("modadd-113").snapshot_steps()
+    assert len(steps) >= 8
+    early = ai.load_model(f"zoo:modadd-113@step={steps[0]}")
+    final = ai.load_model("zoo:modadd-113")
+    tokens = torch.tensor([[3, 20, 120]])
+    assert not torch.allclose(early(tokens), final(tokens))
+    with pytest.raises(ai.ArithInterpError, match="no snapshot"):
+        ai.load_model("zoo:modadd-113@step=1")
+
+
+def test_shipped_checkpoints_are_small():
+    total = sum(f.stat().st_size for name in ZOO for f in get_entry(name).directory.iterdir())
+    assert total < 15 * 2**20
+
+
+def test_train_command_end_to_end(tmp_path, capsys):
+    out = tmp_path / "add-100"
+    assert main(["train", "add-100", "--steps", "30", "--out", str(out), "--no-progress", "--json"]) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert card["steps_run"] == 30 and 0.0 <= card["held_out_accuracy"] <= 1.0
+    for f in ("model.safetensors", "config.json", "tokenizer.json", "card.json"):
+        assert (out / f).exists()
+    model = ai.load_model(str(out))  # a trained folder loads like any model
+    assert model.cfg.n_layers == get_entry("add-100").config["n_layers"]
+
+
+def test_train_rejects_unknown_model(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "add-1000"])
+    assert "invalid choice" in capsys.readouterr().err
