@@ -49,55 +49,70 @@ class PeakRSS:
         return self.peak - self.start
 
 
-def main() -> None:
+def measure(method: str, model_spec: str, n_prompts: int, batch_size: int) -> dict:
+    """One measurement in this (fresh) process: time, peak RSS increase, returned bytes."""
     import arithinterp as ai
     from arithinterp.activations import collect
     from arithinterp.tasks import arithmetic
 
+    torch.set_num_threads(1)
+    model = ai.load_model(model_spec)
+    prompts = arithmetic(model, "+", range(100), range(100), "{a}+{b}=")[:n_prompts]
+    collect(model, prompts[:8], sites="resid_post", progress=False)  # warm-up: lazy imports, first kernels
+    hooks = [f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)]
+    with PeakRSS() as memory:
+        start = time.perf_counter()
+        if method == "collect":
+            acts = collect(model, prompts, sites="resid_post", positions="final", batch_size=batch_size or None,
+                           progress=False)
+            returned = acts.nbytes()
+        else:
+            with torch.inference_mode():
+                _, cache = model.run_with_cache(prompts.tokens, names_filter=lambda n: n in hooks)
+                kept = torch.stack([cache[h][:, -1] for h in hooks], 1)
+            returned = kept.numel() * kept.element_size()
+        seconds = time.perf_counter() - start
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return dict(seconds=seconds, increase=memory.increase, returned=returned, model=model_bytes)
+
+
+def main() -> None:
+    import json
+    import subprocess
+    import sys
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="zoo:add-100")
     parser.add_argument("--prompts", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=0, help="0 = collect's automatic choice")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--child", choices=["collect", "run_with_cache"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.child:
+        print(json.dumps(measure(args.child, args.model, args.prompts, args.batch_size)))
+        return
 
-    model = ai.load_model(args.model)
-    prompts = arithmetic(model, "+", range(100), range(100), "{a}+{b}=")[: args.prompts]
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    collect(model, prompts[:64], sites="resid_post", progress=False)  # warm-up
-
-    times, increases, returned = [], [], 0
-    for _ in range(args.runs):
-        with PeakRSS() as memory:
-            start = time.perf_counter()
-            acts = collect(model, prompts, sites="resid_post", positions="final", batch_size=args.batch_size, progress=False)
-            times.append(time.perf_counter() - start)
-        returned = acts.nbytes()
-        increases.append(memory.increase)
-        del acts
-
-    cache_times, cache_increases = [], []
-    for _ in range(args.runs):
-        with PeakRSS() as memory, torch.inference_mode():
-            start = time.perf_counter()
-            _, cache = model.run_with_cache(prompts.tokens, names_filter=lambda n: n.endswith("hook_resid_post"))
-            kept = torch.stack([cache[f"blocks.{l}.hook_resid_post"][:, -1] for l in range(model.cfg.n_layers)], 1)
-            cache_times.append(time.perf_counter() - start)
-        cache_increases.append(memory.increase)
-        del cache, kept
+    def runs(method: str) -> list[dict]:
+        # a fresh process per run, so the allocator's earlier growth cannot hide this run's peak
+        command = [sys.executable, __file__, "--child", method, "--model", args.model,
+                   "--prompts", str(args.prompts), "--batch-size", str(args.batch_size)]
+        return [json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+                for _ in range(args.runs)]
 
     mib = 2**20
-    increase = statistics.median(increases)
-    ratio = (model_bytes + increase) / (model_bytes + returned)
-    print(f"model {args.model}: {len(prompts)} prompts, resid_post x {model.cfg.n_layers} layers, final position\n")
-    print("| method | median time (s) | median peak increase (MiB) | returned (MiB) | model (MiB) | (model + peak) / (model + returned) |")
+    print(f"model {args.model}: {args.prompts} prompts, resid_post at every layer, final position; "
+          f"median of {args.runs} fresh processes\n")
+    print("| method | median time (s) | median peak RSS increase (MiB) | returned (MiB) | model (MiB) | "
+          "(model + peak increase) / (model + returned) |")
     print("|---|---|---|---|---|---|")
-    print(f"| `collect` (batch {args.batch_size}) | {statistics.median(times):.3f} | {increase / mib:.2f} | "
-          f"{returned / mib:.2f} | {model_bytes / mib:.2f} | {ratio:.2f} |")
-    cache_ratio = (model_bytes + statistics.median(cache_increases)) / (model_bytes + returned)
-    print(f"| `run_with_cache` (one batch, resid_post hooks only) | {statistics.median(cache_times):.3f} | "
-          f"{statistics.median(cache_increases) / mib:.2f} | {returned / mib:.2f} | {model_bytes / mib:.2f} | {cache_ratio:.2f} |")
+    for method, label in (("collect", f"`collect` (batch {args.batch_size or 'auto'})"),
+                          ("run_with_cache", "`run_with_cache`, one batch, resid_post hooks only")):
+        results = runs(method)
+        seconds = statistics.median(r["seconds"] for r in results)
+        increase = statistics.median(r["increase"] for r in results)
+        returned, model_bytes = results[0]["returned"], results[0]["model"]
+        ratio = (model_bytes + increase) / (model_bytes + returned)
+        print(f"| {label} | {seconds:.3f} | {increase / mib:.2f} | {returned / mib:.2f} | {model_bytes / mib:.2f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":
