@@ -2,11 +2,40 @@
 
 A toolkit for arithmetic circuits in TransformerLens hooked models: activation patching,
 linear probes and error detection, Fourier and helix fits, heuristic neurons, plots and reports.
+
+    import arithinterp as ai
+    model = ai.load_model("zoo:add-100")
+    prompts = ai.tasks.arithmetic(model, "+", range(100), range(100), "{a}+{b}=")
+    ai.patching.sweep(model, prompts.counterfactual("a"), "resid_pre")
+
+Submodules load on first use, so ``import arithinterp`` stays quick.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
 from arithinterp.errors import ArithInterpError  # noqa: E402
 from arithinterp.models import list_zoo, load_model  # noqa: E402
 
-__all__ = ["ArithInterpError", "load_model", "list_zoo", "__version__"]
+_SUBMODULES = (
+    "activations", "cli", "errors", "fourier", "helix", "metrics", "models", "neurons", "patching",
+    "probes", "results", "sites", "sweep", "tasks", "viz",
+)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"arithinterp.{name}")
+    if name == "collect":
+        from arithinterp.activations import collect
+
+        return collect
+    if name == "report":
+        from arithinterp.report import report
+
+        return report
+    raise AttributeError(f"module 'arithinterp' has no attribute {name!r}")
+
+
+__all__ = ["ArithInterpError", "load_model", "list_zoo", "collect", "report", "__version__", *_SUBMODULES]

@@ -94,7 +94,162 @@ def accuracy_stage(ctx: Context) -> Section:
     return section
 
 
-STAGES: dict[str, Callable[[Context], Section]] = {"accuracy": accuracy_stage}
+def _top_cells(result, k: int = 3) -> str:
+    """The k cells with the largest mean effect, as 'L1 pos 3: 0.92'."""
+    from itertools import product
+
+    mean = result.mean.flatten()
+    labels = [" ".join(str(v) for v in combo) for combo in product(*(result.axis_labels(a) for a in result.axes))]
+    order = mean.argsort(descending=True)[:k]
+    return ", ".join(f"{labels[i]} ({mean[i]:.2f})" for i in order.tolist())
+
+
+def patching_stage(ctx: Context) -> Section:
+    from arithinterp import patching
+
+    pairs = ctx.pairs[: ctx.extra.get("pairs", 200)]
+    section = Section("Activation patching")
+    resid = patching.sweep(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
+    heads = patching.sweep(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
+    mlps = patching.sweep(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
+    section.findings.append(
+        f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
+        f"changed restores the answer most at (layer, position) {_top_cells(resid)} "
+        "(1 = fully restored)."
+    )
+    section.findings.append(f"Heads (all positions at once) that restore it most: {_top_cells(heads)}.")
+    section.findings.append(f"MLP outputs that restore it most: {_top_cells(mlps)}.")
+    comparison = patching.attribution_vs_exact(ctx.model, pairs, sites=["resid_pre", "mlp_out"], normalize=True)
+    correlations = ", ".join(f"{s}: r = {c:.2f}" for s, c in zip(comparison.sites, comparison.correlation))
+    section.findings.append(f"Attribution patching tracks exact patching with {correlations}.")
+    section.figures += [resid.plot(), heads.plot(), mlps.plot(), comparison.plot()]
+    return section
+
+
+def probes_stage(ctx: Context) -> Section:
+    from arithinterp import probes
+    from arithinterp.activations import collect
+
+    prompts = ctx.prompts[: ctx.extra.get("probe_prompts", 1500)]
+    acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
+    section = Section("Linear probes")
+    for target in ("a", "answer_digit_0", "answer"):
+        result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
+        best = result.best()
+        section.findings.append(
+            f"'{target}' is best read at layer {best['layer']}, position '{best['position']}' with held-out "
+            f"accuracy {best['score']:.2f} (shuffled-label control {best['control']:.2f})."
+        )
+        section.figures.append(result.plot())
+    return section
+
+
+def error_detector_stage(ctx: Context) -> Section:
+    """Probe-based error detection on the main model if it errs often enough, else on the zoo's
+    deliberately imperfect model (and the finding says which)."""
+    from arithinterp import probes
+    from arithinterp.models import load_model
+    from arithinterp.models.zoo import get_entry, zoo_prompts
+
+    section = Section("Error detection")
+    n_errors = int((~ctx.evaluation.correct).sum())
+    if n_errors >= 50:
+        model, prompts, name = ctx.model, ctx.all_prompts, ctx.spec
+    else:
+        name = "zoo:add-3digit-weak"
+        model = load_model(name)
+        grid = zoo_prompts(model, get_entry(name))
+        pick = torch.randperm(len(grid), generator=torch.Generator().manual_seed(ctx.seed))[:3000]
+        prompts = grid[pick.sort().values]
+        section.findings.append(
+            f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
+            f"errors of {name}, a model stopped early so that it still errs."
+        )
+    evaluation = prompts.evaluate(model)
+    split = len(prompts) * 2 // 3
+    detector = probes.ErrorDetector(progress=False).fit(model, prompts[:split], evaluation=_subset(evaluation, slice(0, split)))
+    result = detector.evaluate(model, prompts[split:], evaluation=_subset(evaluation, slice(split, None)))
+    m = result.metrics()
+    section.findings.insert(
+        0,
+        f"On {len(prompts) - split} held-out prompts of {name} (error rate {m['error_rate']:.1%}), the detector "
+        f"at layer {detector.layer_} predicts correctness with accuracy {m['accuracy']:.1%}, balanced accuracy "
+        f"{m['balanced_accuracy']:.1%} and AUROC {m['auroc']:.2f}; always answering 'correct' scores "
+        f"{m['baseline_accuracy']:.1%}.",
+    )
+    section.figures.append(result.plot())
+    return section
+
+
+def _subset(evaluation, index):
+    from arithinterp.tasks import Evaluation
+
+    result = Evaluation(
+        evaluation.correct[index], evaluation.model_answer[index],
+        evaluation.answer_text[index], evaluation.generated_tokens[index],
+    )
+    object.__setattr__(result, "_errors", evaluation.errors[index])
+    return result
+
+
+def fourier_helix_stage(ctx: Context) -> Section:
+    from arithinterp import fourier, helix
+    from arithinterp.activations import collect
+
+    section = Section("Fourier features and the helix")
+    numbers = sorted(set(ctx.prompts.a.tolist()))
+    spectrum = fourier.embedding_spectrum(ctx.model, range(numbers[0], numbers[-1] + 1))
+    periods = [f"{spectrum.n / k:.3g}" for k in spectrum.key[0] if k > 0]
+    section.findings.append(
+        f"The number embeddings concentrate {float(spectrum.key_fraction[0]):.0%} of their non-constant power "
+        f"in {len(periods)} key frequencies (periods {', '.join(periods) or 'none'})."
+    )
+    section.figures.append(spectrum.plot())
+    acts = collect(ctx.model, ctx.prompts, sites="resid_pre", layers=[0], positions="a", progress=False)
+    fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site="resid_pre", layer=0, position="a")
+    test = helix.patch_test(ctx.model, ctx.pairs[: ctx.extra.get("pairs", 200)], fit, layer=0, position="a")
+    frac = dict(zip(test.methods, test.fraction.tolist()))
+    section.findings.append(
+        f"A helix with periods 2, 5, 10, 100 fitted at layer 0 on the a token has held-out R² "
+        f"{float(fit.r2_full):.2f}; patched in at the corrupted value it restores "
+        + ", ".join(f"{m}: {100 * f:.0f}%" for m, f in frac.items())
+        + " of the full layer patch's effect."
+    )
+    section.figures += [fit.plot(), test.plot()]
+    return section
+
+
+def neurons_stage(ctx: Context) -> Section:
+    from arithinterp import neurons
+
+    section = Section("Heuristic neurons")
+    table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.extra.get("top_k", 50), pairs=ctx.pairs)
+    coverage = table.coverage() if callable(getattr(table, "coverage", None)) else None
+    frame = table.to_frame()
+    labelled = frame[frame["label"].notna()] if "label" in frame else frame
+    section.findings.append(
+        f"Of the {len(table.layer)} most important MLP neurons, {coverage_text(coverage)} implement at least one "
+        f"heuristic (score ≥ {table.threshold})."
+    )
+    section.figures.append(table.plot())
+    del labelled
+    return section
+
+
+def coverage_text(coverage) -> str:
+    if coverage is None:
+        return "some"
+    return ", ".join(f"{100 * float(v):.0f}% in layer {k}" for k, v in dict(coverage).items())
+
+
+STAGES: dict[str, Callable[[Context], Section]] = {
+    "accuracy": accuracy_stage,
+    "patching": patching_stage,
+    "probes": probes_stage,
+    "errors": error_detector_stage,
+    "fourier": fourier_helix_stage,
+    "neurons": neurons_stage,
+}
 
 
 # --- HTML ----------------------------------------------------------------------------------------

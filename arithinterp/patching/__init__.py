@@ -1,0 +1,78 @@
+"""Activation patching: exact sweeps, attribution patching, direct vs total effect, ablation.
+
+* :func:`sweep` — exact activation patching of one site over layers × positions (× heads or
+  neurons), with per-pair values, mean, standard error and a bootstrap interval
+  (RECIPES §1, §4, §6).
+* :func:`attribute` — attribution patching, ``grad · (source − base)``, or its integrated-gradients
+  variant, for every cell of several sites in a few forwards and one backward per batch; returns
+  the same :class:`PatchResult` as :func:`sweep`. :func:`compare` reports how well it tracks the
+  exact sweep.
+* :func:`direct_effect` — direct effect of components (their corrupt − clean output added straight
+  into the final residual stream) next to their total effect (RECIPES §1).
+* :func:`ablate` and :func:`faithfulness` — zero / mean / resample ablation, and the faithfulness of
+  a circuit with everything outside it mean-ablated (RECIPES §4).
+
+Conventions (those of TransformerLens's ``patching`` module): ``direction="denoise"`` runs the
+corrupt prompt and patches in the clean activation; ``"noise"`` runs the clean prompt and patches
+in the corrupt one. The *base* run is the one that is patched, the *source* run the one the patch
+comes from. Metrics are read at the final prompt position.
+
+Speed. Exact sweeps stack many patch cells along the batch dimension and, for the standard
+pre-norm decoders of the zoo and TransformerLens's native models, run a replica of the model's
+forward (:class:`_Replica`) that starts at the patched layer from cached activations and, under
+causal attention, only recomputes positions from the earliest patched one on — earlier positions'
+keys and values are reused from the base run. The replica is checked against the model's own
+logits on every call; where it does not reproduce them (an architecture it does not cover), the
+sweep runs on the model itself through hooks, still many cells per forward.
+"""
+
+from arithinterp.patching.attribution import Comparison, attribute, attribution_vs_exact, compare
+from arithinterp.patching.components import (
+    COMPONENT_FORMS,
+    FAITHFULNESS_METRICS,
+    AblationResult,
+    EffectResult,
+    FaithfulnessResult,
+    ablate,
+    default_components,
+    direct_effect,
+    faithfulness,
+)
+from arithinterp.patching.core import (
+    ABLATION_MODES,
+    ATTRIBUTE_SITES,
+    DIRECTIONS,
+    ENGINES,
+    METHODS,
+    METRICS,
+    SWEEP_SITES,
+    PatchResult,
+    summarize,
+)
+from arithinterp.patching.exact import sweep
+
+__all__ = [
+    "sweep",
+    "attribute",
+    "compare",
+    "attribution_vs_exact",
+    "direct_effect",
+    "default_components",
+    "ablate",
+    "faithfulness",
+    "summarize",
+    "PatchResult",
+    "Comparison",
+    "EffectResult",
+    "AblationResult",
+    "FaithfulnessResult",
+    "SWEEP_SITES",
+    "ATTRIBUTE_SITES",
+    "METRICS",
+    "DIRECTIONS",
+    "ENGINES",
+    "METHODS",
+    "ABLATION_MODES",
+    "COMPONENT_FORMS",
+    "FAITHFULNESS_METRICS",
+]

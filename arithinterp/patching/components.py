@@ -1,0 +1,448 @@
+"""Component analyses: direct vs total effect, ablation and circuit faithfulness."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp import sites as site_lib
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, _check_choice, _check_pairs, _context, _metric_fn, _metric_name, _pick
+from arithinterp.patching.exact import sweep
+from arithinterp.results import Result, build_meta
+
+_COMPONENT = re.compile(r"^(?:(embed)|attn(\d+)|mlp(\d+)|L(\d+)H(\d+)|L(\d+)N(\d+))(?:@(\w+))?$")
+COMPONENT_FORMS = "'embed', 'attn{layer}', 'mlp{layer}', 'L{layer}H{head}', 'L{layer}N{neuron}', each optionally '@position'"
+
+
+@dataclass(frozen=True)
+class _Component:
+    name: str
+    kind: str  # embed | attn | mlp | head | neuron
+    layer: int
+    unit: Optional[int]
+    position: Optional[str]  # a named position or an int as a string; None = every position
+
+    @property
+    def site(self) -> str:
+        return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post", "embed": "resid_pre"}[self.kind]
+
+
+def _parse_components(model, components: Sequence[str], allowed: Sequence[str]) -> list[_Component]:
+    if isinstance(components, str):
+        components = [components]
+    components = list(components)
+    if not components:
+        raise ConfigError(f"components is empty; name components as {COMPONENT_FORMS}")
+    cfg, parsed = model.cfg, []
+    for name in components:
+        match = _COMPONENT.match(str(name))
+        if not match:
+            raise ConfigError(f"cannot read component {name!r}; accepted forms: {COMPONENT_FORMS}")
+        embed, attn, mlp, h_layer, head, n_layer, neuron, position = match.groups()
+        if embed:
+            kind, layer, unit = "embed", 0, None
+        elif attn is not None:
+            kind, layer, unit = "attn", int(attn), None
+        elif mlp is not None:
+            kind, layer, unit = "mlp", int(mlp), None
+        elif head is not None:
+            kind, layer, unit = "head", int(h_layer), int(head)
+        else:
+            kind, layer, unit = "neuron", int(n_layer), int(neuron)
+        if kind not in allowed:
+            raise ConfigError(f"component {name!r} is a {kind}; this analysis accepts {accepted(allowed)}")
+        if not 0 <= layer < cfg.n_layers:
+            raise SiteError(f"component {name!r}: layer {layer} is out of range; accepted: 0..{cfg.n_layers - 1}")
+        if kind == "head" and not 0 <= unit < cfg.n_heads:
+            raise SiteError(f"component {name!r}: head {unit} is out of range; accepted: 0..{cfg.n_heads - 1}")
+        if kind == "neuron" and not 0 <= unit < cfg.d_mlp:
+            raise SiteError(f"component {name!r}: neuron {unit} is out of range; accepted: 0..{cfg.d_mlp - 1}")
+        if kind in ("mlp", "neuron") and getattr(cfg, "attn_only", False):
+            raise SiteError(f"component {name!r} needs MLPs but this model is attention-only")
+        parsed.append(_Component(str(name), kind, layer, unit, position))
+    return parsed
+
+
+def default_components(model) -> list[str]:
+    """``embed`` plus every attention layer and MLP: their outputs sum to the final residual stream."""
+    names = ["embed"]
+    for layer in range(model.cfg.n_layers):
+        names.append(f"attn{layer}")
+        if not getattr(model.cfg, "attn_only", False):
+            names.append(f"mlp{layer}")
+    return names
+
+
+@dataclass(frozen=True)
+class EffectResult(Result):
+    """Direct and total effect of components on the metric (RECIPES §1).
+
+    ``direct`` and ``total`` are ``[n_pairs, n_components]`` changes of the metric relative to the
+    unpatched base run; ``total_change [n_pairs]`` is the change when the whole prompt is
+    swapped (source metric − base metric) and ``remainder = total_change − Σ direct``, so that
+    the direct effects plus the remainder reproduce the total change exactly. The remainder is what
+    flows through other components and the final normalisation.
+    """
+
+    components: list
+    direct: torch.Tensor
+    total: torch.Tensor
+    total_change: torch.Tensor
+    remainder: torch.Tensor
+    metric: str
+    direction: str
+    meta: dict
+
+    def to_frame(self):
+        import pandas as pd
+
+        n = self.direct.shape[0]
+        sem = lambda t: (t.std(0) / math.sqrt(n)).tolist() if n > 1 else [0.0] * t.shape[1]  # noqa: E731
+        frame = pd.DataFrame(
+            dict(
+                component=self.components,
+                direct=self.direct.mean(0).tolist(),
+                direct_sem=sem(self.direct),
+                total=self.total.mean(0).tolist(),
+                total_sem=sem(self.total),
+            )
+        )
+        frame["metric"], frame["n_pairs"] = self.metric, n
+        return frame
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.patching import plot_effects
+
+        return plot_effects(self, **kwargs)
+
+
+def direct_effect(
+    model: Any,
+    pairs: Any,
+    components: Optional[Sequence[str]] = None,
+    metric: Union[str, Callable] = "logit_diff",
+    direction: str = "noise",
+    *,
+    progress: bool = True,
+) -> EffectResult:
+    """Direct effect versus total effect of model components (RECIPES §1, Kantamneni & Tegmark).
+
+    Direct effect: add the component's ``source − base`` output at the final position straight into
+    the base run's final residual stream (before ``ln_final``) and read the metric. Total effect:
+    activation patching of the component's output at every position (:func:`sweep` with
+    ``per_position=False``). Both are reported as the change from the base run's metric.
+
+    components: names such as ``"embed"`` (token + positional embedding), ``"attn3"``, ``"mlp3"``,
+        ``"L3H1"`` (one head's output); default :func:`default_components`, whose outputs sum to
+        the final residual stream.
+    direction: ``"noise"`` (the paper's: run clean, bring in the corrupt output) or ``"denoise"``.
+    """
+    _check_pairs(pairs)
+    _check_choice("direction", direction, DIRECTIONS)
+    fn = _metric_fn(metric)
+    parsed = _parse_components(model, default_components(model) if components is None else components, ("embed", "attn", "mlp", "head"))
+    for c in parsed:
+        if c.position is not None:
+            raise ConfigError(f"component {c.name!r}: direct effects are taken over every position; drop the '@{c.position}'")
+    last = model.cfg.n_layers - 1
+    final_name = site_lib.hook_name("resid_post", last)
+    names = {final_name, "hook_embed", "hook_pos_embed"} | {site_lib.hook_name(c.site, c.layer) for c in parsed if c.kind != "embed"}
+    n = len(pairs)
+    direct, total_change = torch.empty(n, len(parsed)), torch.empty(n)
+    base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
+
+    def output(cache, c):
+        if c.kind == "embed":
+            return cache["hook_embed"][:, -1] + cache["hook_pos_embed"][:, -1]
+        act = cache[site_lib.hook_name(c.site, c.layer)][:, -1]
+        if c.kind == "head":  # one head's share of attn_out (the bias belongs to no head)
+            return act.reshape(act.shape[0], model.cfg.n_heads, -1)[:, c.unit] @ model.W_O[c.layer, c.unit]
+        return act
+
+    with torch.inference_mode():
+        for idx in tqdm(pairs.clean.length_groups(), desc="direct effect", disable=not progress):
+            base_logits, base_cache = model.run_with_cache(base_set.unpadded(idx), names_filter=lambda name: name in names)
+            source_logits, source_cache = model.run_with_cache(source_set.unpadded(idx), names_filter=lambda name: name in names)
+            ctx = _context(pairs[idx], direction, base_logits[:, -1], source_logits[:, -1])
+            base_metric = fn(base_logits[:, -1], ctx)
+            total_change[idx] = fn(source_logits[:, -1], ctx) - base_metric
+            final = base_cache[final_name][:, -1]
+            shifted = torch.stack([final + output(source_cache, c) - output(base_cache, c) for c in parsed])  # [C, B, d]
+            logits = model.ln_final(shifted) @ model.W_U + model.b_U
+            direct[idx] = (fn(logits, ctx) - base_metric).T
+    total = torch.empty(n, len(parsed))
+    for i, c in enumerate(parsed):
+        kwargs = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
+        if c.kind == "head":
+            kwargs["heads"] = [c.unit]
+        result = sweep(model, pairs, c.site, metric, **kwargs)
+        base = result.corrupt_baseline if direction == "denoise" else result.clean_baseline
+        total[:, i] = result.values.reshape(n) - base
+    return EffectResult(
+        components=[c.name for c in parsed],
+        direct=direct,
+        total=total,
+        total_change=total_change,
+        remainder=total_change - direct.sum(1),
+        metric=_metric_name(metric),
+        direction=direction,
+        meta=build_meta(model, n_pairs=n),
+    )
+
+
+# --- ablation ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AblationResult(Result):
+    """Accuracy and answer log-probability before and after ablating components.
+
+    ``logprob_before`` / ``logprob_after`` are ``[n_prompts]`` log-probabilities of each prompt's
+    first answer token; ``correct_before`` / ``correct_after`` whether it is the argmax.
+    """
+
+    components: list
+    mode: str
+    accuracy_before: float
+    accuracy_after: float
+    correct_before: torch.Tensor
+    correct_after: torch.Tensor
+    logprob_before: torch.Tensor
+    logprob_after: torch.Tensor
+    meta: dict
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            dict(
+                run=["full model", f"{self.mode}-ablated"],
+                accuracy=[self.accuracy_before, self.accuracy_after],
+                answer_logprob=[float(self.logprob_before.mean()), float(self.logprob_after.mean())],
+                n_prompts=[len(self.correct_before)] * 2,
+            )
+        )
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.patching import plot_ablation
+
+        return plot_ablation(self, **kwargs)
+
+
+def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int, length: int) -> Optional[torch.Tensor]:
+    """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position)."""
+    if position is None:
+        return None
+    name = "final" if position == "last" else position
+    if name in prompts.positions:
+        return prompts.positions[name][idx] - offset
+    if re.fullmatch(r"-?\d+", name):
+        p = int(name) % prompts.tokens.shape[1] - offset
+        if not 0 <= p < length:
+            raise SiteError(f"position {position} falls outside prompts of {length} tokens (or in their padding)")
+        return torch.full((len(idx),), p)
+    raise SiteError(f"unknown position {position!r}; accepted: {accepted(list(prompts.positions) + ['last'])} or an int")
+
+
+def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length, keep: bool) -> dict[str, torch.Tensor]:
+    """Boolean masks ``{hook name: [B, T, ...]}`` of what to ablate.
+
+    ``keep=False``: ablate the listed components. ``keep=True``: ablate every head and MLP *except*
+    the listed ones (the complement of a circuit).
+    """
+    cfg, B = model.cfg, len(idx)
+    shapes = {"attn_z": (cfg.n_heads, 1), "mlp_out": (1,), "mlp_post": (cfg.d_mlp,), "attn_out": (1,)}
+    masks: dict[str, torch.Tensor] = {}
+
+    def mask_for(site, layer):
+        name = site_lib.hook_name(site, layer)
+        if name not in masks:
+            masks[name] = torch.zeros(B, length, *shapes[site], dtype=torch.bool)
+        return masks[name]
+
+    if keep:  # start from everything: every head (through hook_z) and every MLP
+        for layer in range(cfg.n_layers):
+            mask_for("attn_z", layer)[:] = True
+            if not getattr(cfg, "attn_only", False):
+                mask_for("mlp_out", layer)[:] = True
+    for c in parsed:
+        site = {"attn": "attn_z", "head": "attn_z", "mlp": "mlp_out", "neuron": "mlp_post"}[c.kind]
+        mask = mask_for(site, c.layer)
+        pos = _position_rows(prompts, c.position, idx, offset, length)
+        where = (slice(None), slice(None)) if pos is None else (torch.arange(B), pos)
+        mask[where + ((slice(None),) if c.unit is None else (c.unit,))] = not keep
+    return masks
+
+
+def _ablated_logits(model, prompts, parsed, mode: str, seed: int, keep: bool, batch_size: int = 512) -> torch.Tensor:
+    """Final-position logits ``[N, V]`` with the components (or their complement) ablated."""
+    out = None
+    generator = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        for group in prompts.length_groups():
+            tokens_all = prompts.unpadded(group)
+            offset, length = prompts.offset(group), tokens_all.shape[1]
+            masks = _ablation_masks(model, prompts, parsed, group, offset, length, keep)
+            reference = {}
+            if mode != "zero":  # the group's own activations give the mean / the resampled values
+                _, cache = model.run_with_cache(tokens_all, names_filter=lambda name: name in masks)
+                for name in masks:
+                    act = cache[name]
+                    if mode == "mean":
+                        reference[name] = act.mean(0, keepdim=True).expand_as(act)
+                    else:
+                        reference[name] = act[torch.randperm(len(group), generator=generator)]
+            for chunk in torch.arange(len(group)).split(batch_size):
+
+                def hook_for(name):
+                    def hook(activation, hook):
+                        mask = masks[name][chunk]
+                        # hook_z may arrive flat ([B, T, H * d_head]); view it per head like the mask
+                        shaped = activation.reshape(*mask.shape[:-1], -1)
+                        replacement = torch.zeros_like(shaped) if mode == "zero" else reference[name][chunk].reshape(shaped.shape)
+                        return torch.where(mask, replacement, shaped).reshape(activation.shape)
+
+                    return hook
+
+                logits = model.run_with_hooks(tokens_all[chunk], fwd_hooks=[(name, hook_for(name)) for name in masks], return_type="logits")[:, -1]
+                if out is None:
+                    out = torch.empty(len(prompts), logits.shape[-1])
+                out[group[chunk]] = logits
+    return out
+
+
+def _answer_scores(logits: torch.Tensor, prompts) -> tuple[torch.Tensor, torch.Tensor]:
+    answer = prompts.answer_tokens[:, 0]
+    return logits.argmax(-1) == answer, _pick(logits.float().log_softmax(-1), answer)
+
+
+def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
+    """Ablate components and measure accuracy and answer log-probability (RECIPES §4, §7).
+
+    components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
+        through its ``hook_z``), ``"L{l}N{n}"`` (one MLP neuron), each optionally restricted to one
+        position with ``"@a"``, ``"@b"``, ``"@final"`` or ``"@{int}"``.
+    mode: ``"zero"``; ``"mean"`` (the mean over these prompts at each position, per token-length
+        group); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
+    """
+    _check_choice("mode", mode, ABLATION_MODES)
+    if len(prompts) == 0:
+        raise AnalysisError("the prompt set is empty; nothing to ablate")
+    parsed = _parse_components(model, components, ("attn", "mlp", "head", "neuron"))
+    with torch.inference_mode():
+        full = torch.cat([model(prompts.unpadded(g), return_type="logits")[:, -1] for g in prompts.length_groups()])
+        order = torch.cat(prompts.length_groups())
+        full = full[torch.argsort(order)]
+    ablated = _ablated_logits(model, prompts, parsed, mode, seed, keep=False)
+    correct_before, logprob_before = _answer_scores(full, prompts)
+    correct_after, logprob_after = _answer_scores(ablated, prompts)
+    return AblationResult(
+        components=[c.name for c in parsed],
+        mode=mode,
+        accuracy_before=float(correct_before.float().mean()),
+        accuracy_after=float(correct_after.float().mean()),
+        correct_before=correct_before,
+        correct_after=correct_after,
+        logprob_before=logprob_before,
+        logprob_after=logprob_after,
+        meta=build_meta(model, n_prompts=len(prompts), seed=seed),
+    )
+
+
+@dataclass(frozen=True)
+class FaithfulnessResult(Result):
+    """Faithfulness of a circuit: ``(m(circuit) − m(empty)) / (m(full) − m(empty))``.
+
+    ``m`` is the mean metric over prompts with everything outside the circuit mean-ablated
+    (``circuit``), nothing ablated (``full``) or every head and MLP ablated (``empty``).
+    """
+
+    circuit: list
+    faithfulness: float
+    metric_full: float
+    metric_circuit: float
+    metric_empty: float
+    accuracy_full: float
+    accuracy_circuit: float
+    accuracy_empty: float
+    metric: str
+    mode: str
+    meta: dict
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            dict(
+                run=["full model", "circuit only", "everything ablated"],
+                metric=[self.metric_full, self.metric_circuit, self.metric_empty],
+                accuracy=[self.accuracy_full, self.accuracy_circuit, self.accuracy_empty],
+                faithfulness=[self.faithfulness] * 3,
+            )
+        )
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.patching import plot_faithfulness
+
+        return plot_faithfulness(self, **kwargs)
+
+
+FAITHFULNESS_METRICS = ("logit", "logprob", "prob", "accuracy")
+
+
+def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str = "logit", mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
+    """Faithfulness of ``circuit`` (RECIPES §4, Nikankin et al. 2025).
+
+    Every attention head and MLP outside the circuit is mean-ablated (``mode``: also ``"zero"``,
+    ``"resample"``) and the metric on the correct answer's first token compared with the full
+    model and with everything ablated: ``(m(circuit) − m(empty)) / (m(full) − m(empty))`` — 1 is
+    fully faithful, 0 no better than the ablation baseline.
+
+    circuit: component names as in :func:`ablate` (``"L2H1"``, ``"attn0"`` = every head of layer
+        0, ``"mlp1"``, optionally ``"@position"`` to keep a component at one position only).
+    metric: ``"logit"`` (default, *(choice)*), ``"logprob"``, ``"prob"`` or ``"accuracy"``.
+    """
+    _check_choice("metric", metric, FAITHFULNESS_METRICS)
+    _check_choice("mode", mode, ABLATION_MODES)
+    if len(prompts) == 0:
+        raise AnalysisError("the prompt set is empty; nothing to measure")
+    parsed = _parse_components(model, list(circuit), ("attn", "mlp", "head")) if len(circuit) else []
+    answer = prompts.answer_tokens[:, 0]
+
+    def score(logits):
+        values = {
+            "logit": lambda: _pick(logits, answer),
+            "logprob": lambda: _pick(logits.float().log_softmax(-1), answer),
+            "prob": lambda: _pick(logits.float().softmax(-1), answer),
+            "accuracy": lambda: (logits.argmax(-1) == answer).float(),
+        }[metric]()
+        return float(values.mean()), float((logits.argmax(-1) == answer).float().mean())
+
+    with torch.inference_mode():
+        order = torch.cat(prompts.length_groups())
+        full = torch.cat([model(prompts.unpadded(g), return_type="logits")[:, -1] for g in prompts.length_groups()])[torch.argsort(order)]
+    in_circuit = _ablated_logits(model, prompts, parsed, mode, seed, keep=True)
+    empty = _ablated_logits(model, prompts, [], mode, seed, keep=True)
+    (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = score(full), score(in_circuit), score(empty)
+    if abs(m_full - m_empty) < 1e-12:
+        raise AnalysisError("the full model and the fully ablated model score the same; faithfulness is undefined")
+    return FaithfulnessResult(
+        circuit=[c.name for c in parsed],
+        faithfulness=(m_circ - m_empty) / (m_full - m_empty),
+        metric_full=m_full,
+        metric_circuit=m_circ,
+        metric_empty=m_empty,
+        accuracy_full=a_full,
+        accuracy_circuit=a_circ,
+        accuracy_empty=a_empty,
+        metric=metric,
+        mode=mode,
+        meta=build_meta(model, n_prompts=len(prompts), seed=seed),
+    )
+

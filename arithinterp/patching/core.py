@@ -1,0 +1,317 @@
+"""Shared pieces of the patching analyses: the result type, metrics, input checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from arithinterp import metrics as metric_lib
+from arithinterp import sites as site_lib
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.results import Result, build_meta
+
+SWEEP_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post")
+ATTRIBUTE_SITES = SWEEP_SITES
+METRICS = ("logit_diff", "prob", "logprob", "ie")
+DIRECTIONS = ("denoise", "noise")
+ENGINES = ("auto", "replica", "hooks")
+METHODS = ("attribution", "integrated_gradients")
+ABLATION_MODES = ("zero", "mean", "resample")
+_UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
+_ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
+
+
+# =================================================================================================
+# Result
+# =================================================================================================
+
+
+@dataclass(frozen=True)
+class PatchResult(Result):
+    """Patching (or attribution) effects of one site, per pair and per cell.
+
+    ``values`` is ``[n_pairs, *cell_shape]``; ``axes`` names the cell axes, a subset of
+    ``("layer", "position", "head", "neuron")`` in that order, labelled by ``layers``,
+    ``positions`` (names such as ``"a"`` or integer indices as strings), ``heads`` and
+    ``neurons``. ``mean``, ``sem``, ``ci_low`` and ``ci_high`` are ``[*cell_shape]`` summaries over
+    pairs (bootstrap percentile interval). ``clean_baseline`` and ``corrupt_baseline`` are the
+    metric on the unpatched runs, ``[n_pairs]``. With ``normalized`` the values are
+    ``(v − corrupt) / (mean clean − mean corrupt)``, each pair against its own corrupt run: a cell
+    at 0 does what the corrupt run does, one at 1 restores the clean run on average.
+    """
+
+    values: torch.Tensor
+    mean: torch.Tensor
+    sem: torch.Tensor
+    ci_low: torch.Tensor
+    ci_high: torch.Tensor
+    clean_baseline: torch.Tensor
+    corrupt_baseline: torch.Tensor
+    axes: list
+    layers: list
+    positions: list
+    heads: list
+    neurons: list
+    tokens: list  # token string at each entry of ``positions`` (first pair's clean prompt)
+    site: str
+    metric: str
+    direction: str
+    method: str
+    normalized: bool
+    meta: dict
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.values.shape[0])
+
+    def axis_labels(self, axis: str) -> list:
+        return {"layer": self.layers, "position": self.positions, "head": self.heads, "neuron": self.neurons}[axis]
+
+    def to_frame(self):
+        """One row per cell: the cell's coordinates, mean, sem, CI and pair count."""
+        import itertools
+
+        import pandas as pd
+
+        labels = [self.axis_labels(a) for a in self.axes]
+        flat = [t.reshape(-1).tolist() for t in (self.mean, self.sem, self.ci_low, self.ci_high)]
+        rows = []
+        for i, coords in enumerate(itertools.product(*labels)):
+            row = dict(zip(self.axes, coords))
+            if "position" in row:
+                row["token"] = self.tokens[self.positions.index(row["position"])]
+            row.update(mean=flat[0][i], sem=flat[1][i], ci_low=flat[2][i], ci_high=flat[3][i])
+            rows.append(row)
+        frame = pd.DataFrame(rows)
+        frame["site"], frame["metric"], frame["method"], frame["n_pairs"] = self.site, self.metric, self.method, self.n_pairs
+        return frame
+
+    def plot(self, **kwargs):
+        """Layer × position heatmap, layer × head grid, or per-layer lines (see viz.patching)."""
+        from arithinterp.viz.patching import plot_patch_result
+
+        return plot_patch_result(self, **kwargs)
+
+
+def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0):
+    """Mean, standard error and percentile-bootstrap interval over axis 0 of ``values [N, ...]``.
+
+    Resampling is done with multinomial counts (``counts @ values``), so memory is
+    ``n_boot × cells`` rather than ``n_boot × N × cells``.
+    """
+    n = values.shape[0]
+    flat = values.reshape(n, -1).double()
+    mean = flat.mean(0)
+    sem = flat.std(0, unbiased=True) / math.sqrt(n) if n > 1 else torch.zeros_like(mean)
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(n, (n_boot, n), generator=generator)
+    counts = torch.zeros(n_boot, n).scatter_add_(1, draws, torch.ones(n_boot, n))
+    # centred before the float32 product so the resampled means keep their precision
+    boot = mean.float() + counts @ torch.nan_to_num(flat - mean).float() / n
+    alpha = (1 - confidence) / 2
+    low, high = torch.quantile(boot, torch.tensor([alpha, 1 - alpha]), dim=0)
+    shape = values.shape[1:]
+    return tuple(t.float().reshape(shape) for t in (mean, sem, low, high))
+
+
+# =================================================================================================
+# Metrics
+# =================================================================================================
+
+
+@dataclass
+class _Context:
+    """What a metric needs about a batch of pairs: answer tokens and the base run's probabilities."""
+
+    clean_tok: torch.Tensor  # [B]
+    corrupt_tok: torch.Tensor  # [B]
+    base_tok: torch.Tensor  # answer of the base (patched) prompt
+    source_tok: torch.Tensor  # answer of the source prompt
+    pairs: Any  # the PromptPairs batch, for user metrics
+    base_p_base: Optional[torch.Tensor] = None  # P(base answer) in the unpatched base run
+    base_p_source: Optional[torch.Tensor] = None  # P(source answer) in the unpatched base run
+
+
+def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``logits[..., b, tokens[b]]`` for logits ``[*lead, B, V]``: ``[*lead, B]``."""
+    index = tokens.view(*([1] * (logits.ndim - 2)), -1, 1).expand(*logits.shape[:-1], 1)
+    return logits.gather(-1, index)[..., 0]
+
+
+def _metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, _Context], torch.Tensor]:
+    """A function ``(logits [*lead, B, V], ctx) -> [*lead, B]`` for a metric name or callable."""
+    if callable(metric):
+
+        def user(logits, ctx):
+            flat = logits.reshape(-1, *logits.shape[-2:])
+            out = []
+            for chunk in flat:
+                value = torch.as_tensor(metric(chunk, ctx.pairs))
+                if value.shape != (chunk.shape[0],):
+                    raise AnalysisError(
+                        f"a metric callable must return one value per pair, shape [{chunk.shape[0]}]; "
+                        f"got shape {tuple(value.shape)}"
+                    )
+                out.append(value.float())
+            return torch.stack(out).reshape(logits.shape[:-1])
+
+        return user
+    if metric not in METRICS:
+        raise ConfigError(f"unknown metric {metric!r}; accepted: {accepted(METRICS)} or a callable f(logits [B, V], pairs) -> [B]")
+    if metric == "logit_diff":
+        return lambda logits, ctx: _pick(logits, ctx.clean_tok) - _pick(logits, ctx.corrupt_tok)
+    if metric == "prob":
+        return lambda logits, ctx: _pick(logits.float().softmax(-1), ctx.clean_tok)
+    if metric == "logprob":
+        return lambda logits, ctx: _pick(logits.float().log_softmax(-1), ctx.clean_tok)
+
+    def ie(logits, ctx):
+        # Stolfo et al. 2023: r = the base prompt's answer, r' = the source prompt's answer
+        probs = logits.float().softmax(-1)
+        return metric_lib.stolfo_ie(ctx.base_p_base, _pick(probs, ctx.base_tok), ctx.base_p_source, _pick(probs, ctx.source_tok))
+
+    return ie
+
+
+def _metric_name(metric) -> str:
+    return metric if isinstance(metric, str) else getattr(metric, "__name__", "custom")
+
+
+# =================================================================================================
+# Validation
+# =================================================================================================
+
+
+def _check_pairs(pairs) -> None:
+    if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
+        raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
+    if len(pairs) == 0:
+        raise AnalysisError("the prompt pairs are empty; nothing to patch")
+    if pairs.clean.tokens.shape != pairs.corrupt.tokens.shape or not torch.equal(pairs.clean.lengths, pairs.corrupt.lengths):
+        raise AnalysisError("clean and corrupt prompts must have identical token shapes and lengths within each pair")
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(choices)}")
+
+
+def _resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
+    """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``."""
+    clean = pairs.clean
+    width = clean.tokens.shape[1]
+    offsets = width - clean.lengths
+    if positions is None:
+        if clean.uniform_length:
+            positions = list(range(width))
+        else:
+            positions = list(clean.positions)
+    elif isinstance(positions, (str, int)):
+        positions = [positions]
+    labels, rows = [], []
+    for p in positions:
+        if p == "last":
+            p = "final"
+        if isinstance(p, str):
+            if p not in clean.positions:
+                raise SiteError(f"unknown position {p!r}; accepted: {accepted(list(clean.positions) + ['last'])} or an int")
+            rows.append(clean.positions[p])
+        elif isinstance(p, int) and not isinstance(p, bool):
+            if not -width <= p < width:
+                raise SiteError(f"position {p} is out of range for prompts of {width} tokens; accepted: {-width}..{width - 1}")
+            index = torch.full((len(clean),), p % width)
+            if (index < offsets).any():
+                raise SiteError(
+                    f"position {p} falls in the left padding of shorter prompts (lengths "
+                    f"{sorted(set(clean.lengths.tolist()))}); use named positions ({accepted(clean.positions)})"
+                )
+            rows.append(index)
+        else:
+            raise SiteError(f"positions must be names ({accepted(clean.positions)}) or ints, got {p!r}")
+        labels.append(str(p))
+    if not labels:
+        raise SiteError("positions is empty; pass None for every position")
+    return labels, torch.stack(rows).long()
+
+
+def _resolve_units(model, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
+    kind = _UNIT_SITES.get(site)
+    if kind is None:
+        if heads is not None or neurons is not None:
+            raise SiteError(f"site {site!r} has no heads or neurons; heads apply to 'attn_z' and 'pattern', neurons to 'mlp_pre' and 'mlp_post'")
+        return None, []
+    if kind == "head":
+        if neurons is not None:
+            raise SiteError(f"site {site!r} is indexed by heads, not neurons")
+        return kind, site_lib.check_index("head", heads, int(model.cfg.n_heads))
+    if heads is not None:
+        raise SiteError(f"site {site!r} is indexed by neurons, not heads")
+    return kind, site_lib.check_index("neuron", neurons, int(model.cfg.d_mlp))
+
+
+
+@dataclass
+class _Cells:
+    """The patch cells of a sweep: flattened cell index -> (layer, position index, unit)."""
+
+    layers: list
+    n_pos: int  # 0 when not per position
+    units: list  # [] when the site has no heads / neurons
+
+    def shape(self) -> tuple:
+        return (len(self.layers),) + ((self.n_pos,) if self.n_pos else ()) + ((len(self.units),) if self.units else ())
+
+    def table(self) -> torch.Tensor:
+        """``[n_cells, 3]``: layer index, position index (−1 = all), unit index (−1 = all)."""
+        grids = torch.meshgrid(
+            torch.arange(len(self.layers)),
+            torch.arange(self.n_pos) if self.n_pos else torch.tensor([-1]),
+            torch.arange(len(self.units)) if self.units else torch.tensor([-1]),
+            indexing="ij",
+        )
+        return torch.stack([g.reshape(-1) for g in grids], dim=1)
+
+
+def _context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor) -> _Context:
+    clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
+    base_tok, source_tok = (corrupt_tok, clean_tok) if direction == "denoise" else (clean_tok, corrupt_tok)
+    probs = base_logits.float().softmax(-1)
+    return _Context(clean_tok, corrupt_tok, base_tok, source_tok, batch, _pick(probs, base_tok), _pick(probs, source_tok))
+
+
+def _result(model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction, method, normalize, seed, extra):
+    if normalize:
+        scale = clean_base.mean() - corrupt_base.mean()
+        if abs(float(scale)) < 1e-8:
+            raise AnalysisError("clean and corrupt baselines have the same mean metric; normalize=True would divide by zero")
+        # paired: each pair's change from its own corrupt run, over the mean clean - corrupt gap
+        values = (values - corrupt_base.reshape(-1, *([1] * (values.ndim - 1)))) / scale
+    mean, sem, low, high = summarize(values, seed=seed)
+    tokens = []
+    if pos_index is not None:
+        first = pairs.clean.tokens[0, pos_index[:, 0]].tolist()
+        tokens = pairs.clean.tokenizer.convert_ids_to_tokens(first) if pairs.clean.tokenizer is not None else [str(t) for t in first]
+    return PatchResult(
+        values=values,
+        mean=mean,
+        sem=sem,
+        ci_low=low,
+        ci_high=high,
+        clean_baseline=clean_base,
+        corrupt_baseline=corrupt_base,
+        axes=["layer"] + (["position"] if cells.n_pos else []) + ([extra.get("unit")] if cells.units else []),
+        layers=list(cells.layers),
+        positions=list(pos_labels),
+        heads=list(cells.units) if extra.get("unit") == "head" else [],
+        neurons=list(cells.units) if extra.get("unit") == "neuron" else [],
+        tokens=[str(t) for t in tokens],
+        site=site,
+        metric=_metric_name(metric),
+        direction=direction,
+        method=method,
+        normalized=bool(normalize),
+        meta=build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), seed=seed, **extra),
+    )

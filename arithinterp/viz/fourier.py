@@ -1,0 +1,217 @@
+"""Figures for Fourier spectra and helix fits (:mod:`arithinterp.fourier`, :mod:`arithinterp.helix`).
+
+Spectra carry period labels (``n/k``) on the frequency axis; helix plots colour points by the
+number they represent (``NUMBER_SCALE``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, _array, bars, figure, heatmap, layer_lines
+
+
+def _freq_labels(result: Any) -> list[str]:
+    return [f"k={k} (T={label})" if k else "const" for k, label in zip(result.frequencies, result.period_labels)]
+
+
+def spectrum_figure(result: Any, series: Union[int, str, None] = None, *, log: bool = True,
+                    include_constant: bool = False) -> go.Figure:
+    """A :class:`~arithinterp.fourier.SpectrumResult` as a figure.
+
+    One 1-D series: bars of power per frequency (key frequencies highlighted). Several series:
+    a series × frequency heatmap of each series' share of its non-constant power. 2-D spectra:
+    a heatmap of power per (frequency along a, frequency along b) of ``series`` (default 0).
+    """
+    labels = _freq_labels(result)
+    start = 0 if include_constant else 1
+    if result.is_2d:
+        power = _array(result.power[result._series_index(series or 0)])
+        z = np.log10(power + 1e-30) if log else power
+        name = result.series[result._series_index(series or 0)]
+        return heatmap(z[start:, start:], title=f"2-D Fourier power: {name}",
+                       x_labels=labels[start:], y_labels=labels[start:], x_title="frequency along b",
+                       y_title="frequency along a", value_name="log10 power" if log else "power", signed=False)
+    if series is not None or len(result.series) == 1:
+        i = result._series_index(series or 0)
+        power = _array(result.power[i])[start:]
+        key = set(result.key[i])
+        fig = figure(f"Fourier spectrum: {result.series[i]} ({result.source})", "frequency k (period n/k)", "power")
+        colours = ["#dc3912" if k in key else "#3366cc" for k in result.frequencies[start:]]
+        fig.add_trace(go.Bar(x=labels[start:], y=power, marker_color=colours,
+                             hovertemplate="%{x}<br>power %{y:.4g}<extra></extra>", name="power"))
+        if log:
+            fig.update_yaxes(type="log")
+        fig.add_annotation(text=f"key frequencies (red): {sorted(key) or 'none'}; "
+                                f"{float(result.key_fraction[i]):.1%} of non-constant power",
+                           xref="paper", yref="paper", x=0, y=1.05, showarrow=False)
+        return fig
+    power = _array(result.power)
+    total = power[:, 1:].sum(1, keepdims=True)
+    share = power / np.where(total > 0, total, 1.0)
+    return heatmap(share[:, start:], title=f"Fourier spectra ({result.source}): share of non-constant power",
+                   x_labels=labels[start:], y_labels=result.series, x_title="frequency k (period n/k)",
+                   y_title="series", value_name="share", signed=False)
+
+
+def neuron_frequency_figure(result: Any) -> go.Figure:
+    """Clustered neurons per frequency (share of variance in one block above the threshold)."""
+    sizes = result.cluster_sizes()
+    values = {f"k={k} (T={result.n / k:.3g})": v for k, v in sizes.items()}
+    fig = bars(values or {"none": 0}, title=(f"Neurons with > {result.threshold:.0%} of their variance in one "
+                                             f"frequency: {int(result.clustered.sum())} / {len(result.best_k)}"),
+               y_title="neurons")
+    fig.update_xaxes(title="frequency block")
+    return fig
+
+
+def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
+    """Progress measures (losses) over training steps."""
+    fig = figure(f"Progress measures (key frequencies {result.key})", "training step", "cross-entropy loss")
+    for i, measure in enumerate(result.MEASURES):
+        fig.add_trace(go.Scatter(x=list(result.steps), y=_array(getattr(result, measure)), mode="lines+markers",
+                                 name=measure.replace("_", " "),
+                                 hovertemplate=f"{measure}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"))
+    if log:
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def filter_figure(result: Any) -> go.Figure:
+    """Distribution of answer errors with a frequency band filtered out."""
+    fig = figure(f"Errors with {len(result.removed)} frequencies removed from {result.site} "
+                 f"(accuracy {result.accuracy:.1%} vs {result.baseline_accuracy:.1%})",
+                 "model answer − true answer", "wrong answers")
+    fig.add_trace(go.Bar(x=list(result.errors), y=list(result.counts),
+                         hovertemplate="error %{x}: %{y} answers<extra></extra>"))
+    return fig
+
+
+def _curve_values(fit: Any, n: int = 400) -> np.ndarray:
+    low, high = float(fit.unique_values[:, 0].min()), float(fit.unique_values[:, 0].max())
+    return np.linspace(low, high, n)
+
+
+def helix_3d_figure(fit: Any, components: tuple[int, int, int] = (0, 1, 2)) -> go.Figure:
+    """Mean activation per value in three PCA coordinates, coloured by the number, with the
+    fitted curve through them."""
+    coords = _array(fit.value_coords)
+    if coords.shape[1] < 3:
+        coords = np.pad(coords, ((0, 0), (0, 3 - coords.shape[1])))
+    values = _array(fit.unique_values[:, 0])
+    i, j, k = components
+    fig = go.Figure()
+    fig.update_layout(template=TEMPLATE_NAME,
+                      title=f"{fit.kind} fit: activations in PCA space, coloured by {fit.names[0]}",
+                      scene=dict(xaxis_title=f"PC{i}", yaxis_title=f"PC{j}", zaxis_title=f"PC{k}"))
+    fig.add_trace(go.Scatter3d(
+        x=coords[:, i], y=coords[:, j], z=coords[:, k], mode="markers",
+        marker=dict(size=4, color=values, colorscale=NUMBER_SCALE, colorbar=dict(title=fit.names[0])),
+        text=[f"{v:g}" for v in values], name="activations",
+        hovertemplate=f"{fit.names[0]}=%{{text}}<extra></extra>"))
+    if len(fit.names) == 1:
+        xs = _curve_values(fit)
+        curve = (_array(fit.predict(xs)) - _array(fit.mean)) @ _array(fit.components).T
+        if curve.shape[1] < 3:
+            curve = np.pad(curve, ((0, 0), (0, 3 - curve.shape[1])))
+        fig.add_trace(go.Scatter3d(x=curve[:, i], y=curve[:, j], z=curve[:, k], mode="lines",
+                                   line=dict(color="black", width=2), name="fit", hoverinfo="skip"))
+    return fig
+
+
+def helix_pairs_figure(fit: Any, n_components: int = 4) -> go.Figure:
+    """Pairwise 2-D projections of the top ``n_components`` PCA coordinates per value, coloured
+    by the number, with the fitted curve (single-variable fits)."""
+    coords = _array(fit.value_coords)
+    n_components = max(2, min(n_components, coords.shape[1]))
+    values = _array(fit.unique_values[:, 0])
+    curve = None
+    if len(fit.names) == 1:
+        curve = (_array(fit.predict(_curve_values(fit))) - _array(fit.mean)) @ _array(fit.components).T
+    pairs = [(i, j) for i in range(n_components) for j in range(i + 1, n_components)]
+    cols = min(3, len(pairs))
+    rows = math.ceil(len(pairs) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"PC{i} vs PC{j}" for i, j in pairs])
+    for n, (i, j) in enumerate(pairs):
+        row, col = n // cols + 1, n % cols + 1
+        fig.add_trace(go.Scatter(
+            x=coords[:, i], y=coords[:, j], mode="markers", text=[f"{v:g}" for v in values],
+            marker=dict(color=values, colorscale=NUMBER_SCALE, size=6, showscale=n == 0,
+                        colorbar=dict(title=fit.names[0]) if n == 0 else None),
+            hovertemplate=f"{fit.names[0]}=%{{text}}<br>PC{i} %{{x:.3g}}, PC{j} %{{y:.3g}}<extra></extra>",
+            showlegend=False), row=row, col=col)
+        if curve is not None and curve.shape[1] > j:
+            fig.add_trace(go.Scatter(x=curve[:, i], y=curve[:, j], mode="lines", line=dict(color="black", width=1),
+                                     hoverinfo="skip", showlegend=False), row=row, col=col)
+        fig.update_xaxes(title_text=f"PC{i}", row=row, col=col)
+        fig.update_yaxes(title_text=f"PC{j}", row=row, col=col)
+    fig.update_layout(template=TEMPLATE_NAME,
+                      title=f"{fit.kind} fit: pairwise PCA projections, coloured by {fit.names[0]}")
+    return fig
+
+
+def helix_periods_figure(fit: Any) -> go.Figure:
+    """For each period T, the activations projected onto the fit's (cos T, sin T) plane
+    (least squares onto the two coefficient directions), coloured by the number."""
+    labels = fit.labels
+    periods = [T for T in fit.periods if f"cos(2π{fit.names[0]}/{T:g})" in labels]
+    if not periods:
+        fig = figure("no periodic terms in this fit", "", "")
+        return fig
+    coords = _array(fit.value_coords)
+    coef = _array(fit.coef)[:, : coords.shape[1]]
+    values = _array(fit.unique_values[:, 0])
+    cols = min(4, len(periods))
+    rows = math.ceil(len(periods) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"T = {T:g}" for T in periods])
+    for n, T in enumerate(periods):
+        plane = coef[[labels.index(f"cos(2π{fit.names[0]}/{T:g})"), labels.index(f"sin(2π{fit.names[0]}/{T:g})")]]
+        projected = coords @ np.linalg.pinv(plane)
+        fig.add_trace(go.Scatter(
+            x=projected[:, 0], y=projected[:, 1], mode="markers", text=[f"{v:g}" for v in values],
+            marker=dict(color=values, colorscale=NUMBER_SCALE, size=6, showscale=n == 0,
+                        colorbar=dict(title=fit.names[0]) if n == 0 else None),
+            hovertemplate=f"{fit.names[0]}=%{{text}}<br>cos %{{x:.3g}}, sin %{{y:.3g}}<extra></extra>",
+            showlegend=False),
+            row=n // cols + 1, col=n % cols + 1)
+    fig.update_layout(template=TEMPLATE_NAME, title=f"Activations in each period's plane ({fit.kind} fit)")
+    fig.update_xaxes(title="cos coordinate")
+    fig.update_yaxes(title="sin coordinate", scaleanchor="x")
+    return fig
+
+
+def fit_layers_figure(result: Any) -> go.Figure:
+    """Held-out R² of each fit per layer."""
+    return layer_lines({name: result.r2[i] for i, name in enumerate(result.fits)}, layers=result.layers,
+                       title=f"Held-out R² per layer (periods {', '.join(f'{T:g}' for T in result.periods)})",
+                       y_title="held-out R² (full space)")
+
+
+def patch_test_figure(result: Any) -> go.Figure:
+    """Mean corrupt-answer logit change per patch method, with standard errors."""
+    frame = result.to_frame()
+    fig = bars(dict(zip(frame["method"], frame["effect"])), errors=dict(zip(frame["method"], frame["sem"])),
+               title=f"Causal patch test at layer {result.layer}, position {result.position!r}",
+               y_title="Δ logit of the corrupted answer")
+    fig.update_traces(text=[f"{f:.0%}" for f in frame.fraction_of_layer_patch], textposition="outside")
+    return fig
+
+
+def period_search_figure(result: Any) -> go.Figure:
+    """Best score per subset size, labelled with the winning periods."""
+    values = {f"{len(s)}: {', '.join(f'{T:g}' for T in s)}": float(v) for s, v in zip(result.best, result.best_scores)}
+    fig = bars(values, title="Best period subset of each size", y_title=result.criterion)
+    fig.update_xaxes(title="size: periods")
+    return fig
+
+
+def neuron_fit_figure(result: Any, *, bins: Optional[int] = 30) -> go.Figure:
+    """Histogram of the neuron fits' NRMSE."""
+    fig = figure(f"Neuron preactivation fits ({result.method}): NRMSE", "NRMSE = RMSE / (max − min)", "neurons")
+    fig.add_trace(go.Histogram(x=_array(result.nrmse), nbinsx=bins, hovertemplate="NRMSE %{x}: %{y}<extra></extra>"))
+    return fig

@@ -1,0 +1,115 @@
+"""Figures of the patching analyses: effect heatmaps, head grids, attribution scatter, effect bars."""
+
+from __future__ import annotations
+
+import itertools
+
+import plotly.graph_objects as go
+
+from arithinterp.errors import ConfigError, accepted
+from arithinterp.viz.base import TEMPLATE, _array, bars, figure, heatmap, layer_lines
+
+_UNIT_PREFIX = {"head": "H", "neuron": "N"}
+STATISTICS = ("mean", "sem", "ci_low", "ci_high")
+
+
+def _value_name(result) -> str:
+    name = result.metric + (" (normalised)" if result.normalized else "")
+    return name if result.method == "exact" else f"{name}, {result.method}"
+
+
+def _position_labels(result) -> list[str]:
+    return [f"{p}: {t}" if t and t != p else str(p) for p, t in zip(result.positions, result.tokens)]
+
+
+def plot_patch_result(result, statistic: str = "mean", title: str | None = None) -> go.Figure:
+    """The figure that fits the result's cells.
+
+    layer × position: heatmap with token strings on the position axis; layer × head (or neuron):
+    grid; layer × position × head (or neuron): one row per layer-head, one column per position;
+    layer only: a line over layers with its bootstrap interval.
+    """
+    if statistic not in STATISTICS:
+        raise ConfigError(f"unknown statistic {statistic!r}; accepted: {accepted(STATISTICS)}")
+    values = getattr(result, statistic)
+    value_name = _value_name(result) + ("" if statistic == "mean" else f" [{statistic}]")
+    title = title or f"{result.method} patching of {result.site} ({result.direction}, {result.n_pairs} pairs)"
+    axes = list(result.axes)
+    layers = [f"L{layer}" for layer in result.layers]
+    if axes == ["layer"]:
+        return layer_lines(
+            {value_name: values},
+            title=title,
+            y_title=value_name,
+            layers=result.layers,
+            bands={value_name: (result.ci_low, result.ci_high)} if statistic == "mean" else None,
+        )
+    if axes == ["layer", "position"]:
+        return heatmap(values, title=title, x_labels=_position_labels(result), y_labels=layers, x_title="position: token", y_title="layer", value_name=value_name)
+    unit = axes[-1]
+    prefix = _UNIT_PREFIX[unit]
+    units = result.axis_labels(unit)
+    if axes == ["layer", unit]:
+        return heatmap(values, title=title, x_labels=[f"{prefix}{u}" for u in units], y_labels=layers, x_title=unit, y_title="layer", value_name=value_name)
+    # layer × position × unit: rows are (layer, unit), columns positions
+    grid = _array(values).transpose(0, 2, 1).reshape(len(layers) * len(units), -1)
+    rows = [f"{layer}{prefix}{u}" for layer, u in itertools.product(layers, units)]
+    return heatmap(grid, title=title, x_labels=_position_labels(result), y_labels=rows, x_title="position: token", y_title=f"layer, {unit}", value_name=value_name)
+
+
+def plot_comparison(comparison, title: str | None = None) -> go.Figure:
+    """Scatter of approximate against exact cell means, one colour per site, with the y = x line."""
+    fig = figure(title or f"{comparison.method} vs exact patching", "exact patching (mean over pairs)", f"{comparison.method} (mean over pairs)")
+    low, high = 0.0, 0.0
+    for i, (site, exact, approx, labels, r) in enumerate(zip(comparison.sites, comparison.exact, comparison.approx, comparison.cells, comparison.correlation)):
+        colour = TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
+        fig.add_trace(
+            go.Scatter(
+                x=exact,
+                y=approx,
+                mode="markers",
+                name=f"{site} (r = {r:.3f})",
+                text=labels,
+                marker=dict(color=colour, size=7, opacity=0.8),
+                hovertemplate=f"{site} %{{text}}<br>exact %{{x:.4g}}<br>approx %{{y:.4g}}<extra></extra>",
+            )
+        )
+        low, high = min([low, *exact, *approx]), max([high, *exact, *approx])
+    fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", name="y = x", line=dict(color="grey", dash="dash"), hoverinfo="skip"))
+    return fig
+
+
+def plot_effects(effects, title: str | None = None) -> go.Figure:
+    """Direct and total effect per component, mean over pairs with standard-error bars."""
+    frame = effects.to_frame()
+    fig = figure(title or f"direct vs total effect on {effects.metric} ({effects.direction})", "component", f"change in {effects.metric}")
+    for column, name in (("direct", "direct effect"), ("total", "total effect")):
+        fig.add_trace(
+            go.Bar(
+                x=frame["component"],
+                y=frame[column],
+                name=name,
+                error_y=dict(type="data", array=frame[f"{column}_sem"]),
+                hovertemplate=f"{name}<br>%{{x}}: %{{y:.4g}}<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="group")
+    return fig
+
+
+def plot_ablation(result, title: str | None = None) -> go.Figure:
+    """Accuracy of the full model and of the ablated one."""
+    return bars(
+        {"full model": result.accuracy_before, f"{result.mode}-ablated": result.accuracy_after},
+        title=title or f"accuracy after ablating {', '.join(result.components)}",
+        y_title="accuracy",
+    )
+
+
+def plot_faithfulness(result, title: str | None = None) -> go.Figure:
+    """The metric with nothing, everything outside the circuit, and everything ablated."""
+    return bars(
+        {"full model": result.metric_full, "circuit only": result.metric_circuit, "everything ablated": result.metric_empty},
+        title=title or f"faithfulness {result.faithfulness:.3f} ({result.mode} ablation, {len(result.circuit)} components)",
+        y_title=f"mean {result.metric} of the answer",
+    )

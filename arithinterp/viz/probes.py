@@ -1,0 +1,100 @@
+"""Figures for probes and error detection: probe score over layers (with CI bands and controls),
+ROC curves of the error detector, confusion matrices of digit probes, repair outcomes."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import plotly.graph_objects as go
+
+from arithinterp.errors import AnalysisError, accepted
+from arithinterp.viz.base import TEMPLATE, bars, figure, heatmap, layer_lines
+
+_METRIC_NAMES = {"accuracy": "held-out accuracy", "r2": "held-out R²"}
+
+
+def probe_layers(result: Any, position: Optional[str] = None, controls: bool = True, chance: bool = True) -> go.Figure:
+    """Mean held-out score over layers with 95% CI bands, one line per position (or ``position``)
+    and one per control; a dotted line at chance (majority-class accuracy)."""
+    positions = list(result.positions) if position is None else [str(position)]
+    for p in positions:
+        if p not in result.positions:
+            raise AnalysisError(f"position {p!r} is not in this result; accepted: {accepted(result.positions)}")
+    low, high = result.ci
+    control_low, control_high = result.control_ci
+    series, bands = {}, {}
+    for p in positions:
+        pi = result.positions.index(p)
+        name = f"{result.target} @ {p}" if len(positions) > 1 else f"{result.target} ({result.kind} probe)"
+        series[name] = result.mean[:, pi]
+        bands[name] = (low[:, pi], high[:, pi])
+        for c, control in enumerate(result.controls if controls else []):
+            control_name = f"{control} control" + (f" @ {p}" if len(positions) > 1 else "")
+            series[control_name] = result.control_mean[c, :, pi]
+            bands[control_name] = (control_low[c, :, pi], control_high[c, :, pi])
+    y_title = _METRIC_NAMES.get(result.metric, result.metric)
+    fig = layer_lines(series, title=f"Probing {result.target} in {result.site}", y_title=y_title,
+                      layers=result.layers, bands=bands)
+    if chance and result.metric == "accuracy":
+        fig.add_hline(y=result.chance, line_dash="dot", line_color="grey",
+                      annotation_text=f"chance {result.chance:.3g}", annotation_position="bottom right")
+    return fig
+
+
+def roc_curve(result: Any, methods: Optional[list] = None) -> go.Figure:
+    """ROC curve of each detector method (correct = positive class), AUROC in the legend."""
+    from sklearn.metrics import roc_auc_score
+    from sklearn.metrics import roc_curve as sk_roc
+
+    truth = result.correct.bool().numpy()
+    if len(np.unique(truth)) < 2:
+        raise AnalysisError("a ROC curve needs both correct and wrong answers among the prompts")
+    fig = figure("Error detector ROC (positive class: correct answer)", "false positive rate (wrong called correct)",
+                 "true positive rate (correct called correct)")
+    for i, method in enumerate(methods or result.methods):
+        m = result.methods.index(method)
+        score = result.scores[:, m].double().numpy()
+        fpr, tpr, thresholds = sk_roc(truth, score)
+        auroc = roc_auc_score(truth, score)
+        fig.add_trace(go.Scatter(
+            x=fpr, y=tpr, mode="lines", name=f"{method} (AUROC {auroc:.3f})" + (" *" if method == result.method else ""),
+            line=dict(color=TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]),
+            customdata=thresholds, hovertemplate="FPR %{x:.3f}<br>TPR %{y:.3f}<br>threshold %{customdata:.3g}<extra></extra>",
+        ))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line=dict(dash="dot", color="grey")))
+    fig.update_xaxes(range=[0, 1])
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
+def digit_confusion(result: Any, slot: int = 0, probe: str = "true", normalise: bool = True) -> go.Figure:
+    """Confusion matrix of a slot probe: actual value (rows) vs predicted value (columns)."""
+    if probe not in ("true", "output"):
+        raise AnalysisError(f"probe must be 'true' or 'output', got {probe!r}")
+    n_slots = result.true_slots.shape[1]
+    if not 0 <= slot < n_slots:
+        raise AnalysisError(f"slot {slot} is out of range; accepted: 0..{n_slots - 1}")
+    valid = result.slot_valid[:, slot]
+    actual = (result.true_slots if probe == "true" else result.output_slots)[valid, slot]
+    predicted = (result.pred_true_slots if probe == "true" else result.pred_output_slots)[valid, slot]
+    values = sorted(set(actual.tolist()) | set(predicted.tolist()))
+    index = {v: i for i, v in enumerate(values)}
+    counts = np.zeros((len(values), len(values)))
+    np.add.at(counts, ([index[v] for v in actual.tolist()], [index[v] for v in predicted.tolist()]), 1)
+    z = counts / np.maximum(counts.sum(1, keepdims=True), 1) if normalise else counts
+    what = "true answer" if probe == "true" else "model output"
+    return heatmap(z, title=f"{what} digit probe, slot {slot}: predicted vs actual", x_labels=values, y_labels=values,
+                   x_title="predicted value", y_title="actual value",
+                   value_name="fraction of row" if normalise else "count", signed=False)
+
+
+def repair_outcomes(result: Any) -> go.Figure:
+    """Counts of what re-asking the flagged prompts did."""
+    s = result.summary()
+    return bars(
+        {"flagged": s["flagged"], "errors flagged": s["errors_flagged"], "errors fixed": s["fixed"],
+         "correct broken": s["broken"]},
+        title=f"Re-asking flagged prompts ({s['policy']}): accuracy {s['accuracy_before']:.3f} → {s['accuracy_after']:.3f}",
+        y_title="prompts",
+    )

@@ -1,0 +1,152 @@
+"""Figures of a sweep: each builder takes an analysis's combined tidy table (``load_results``) and
+returns a list of plotly figures, one per cell or one comparing cells.
+
+Cells are labelled by the identity columns (``frame.attrs["cell_columns"]``: model, task and the
+analysis's parameters) that vary across the table, so a sweep over sites reads ``site=attn_out``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import plotly.graph_objects as go
+
+from arithinterp.viz.base import TEMPLATE, bars, figure, heatmap, layer_lines
+
+_IDENTITY = ("cell", "model", "task", "analysis")
+
+
+def _cell_columns(frame) -> list[str]:
+    columns = frame.attrs.get("cell_columns") or ["model", "task"]
+    return [c for c in columns if c in frame.columns]
+
+
+def cell_labels(frame) -> dict[str, str]:
+    """``{cell id: label}``, the label naming only what differs between cells (or the model/task)."""
+    per_cell = frame.drop_duplicates("cell").set_index("cell")
+    columns = _cell_columns(frame)
+    varying = [c for c in columns if per_cell[c].astype(str).nunique() > 1] or [c for c in ("model", "task") if c in columns]
+    labels = {}
+    for cid, row in per_cell.iterrows():
+        parts = [str(row[c]) if c in ("model", "task") else f"{c}={row[c]}" for c in varying]
+        labels[cid] = " · ".join(parts) or cid
+    # two cells with the same visible label (e.g. equal params, other seeds) stay distinct
+    seen: dict[str, int] = {}
+    for cid in labels:
+        seen[labels[cid]] = seen.get(labels[cid], 0) + 1
+        if seen[labels[cid]] > 1:
+            labels[cid] = f"{labels[cid]} [{cid[:6]}]"
+    return labels
+
+
+def _cells(frame):
+    """``(label, rows)`` per cell, dropping columns a cell leaves empty."""
+    labels = cell_labels(frame)
+    for cid, rows in frame.groupby("cell", sort=False):
+        yield labels[cid], rows.dropna(axis=1, how="all")
+
+
+def accuracy_figures(frame) -> list[go.Figure]:
+    """One bar per cell: greedy accuracy on the task."""
+    labels = cell_labels(frame)
+    values = {labels[c]: float(v) for c, v in frame.groupby("cell", sort=False)["accuracy"].mean().items()}
+    fig = bars(values, title="Accuracy per cell", y_title="accuracy (fraction correct)")
+    fig.update_yaxes(range=[0, 1.02])
+    return [fig]
+
+
+def _position_label(rows) -> list[str]:
+    firsts = rows.drop_duplicates("position")
+    if "token" in rows.columns:
+        return [f"{p}: {t}" for p, t in zip(firsts["position"], firsts["token"])]
+    return [str(p) for p in firsts["position"]]
+
+
+def patching_figures(frame) -> list[go.Figure]:
+    """Per cell: layer × position heatmap, layer × head / neuron heatmap, or mean effect per layer."""
+    figs = []
+    for label, rows in _cells(frame):
+        metric = rows["metric"].iloc[0] if "metric" in rows.columns else "effect"
+        title = f"Patching {label}"
+        unit = next((u for u in ("head", "neuron") if u in rows.columns), None)
+        layers = list(dict.fromkeys(rows["layer"]))
+        if unit is not None:
+            table = rows.groupby(["layer", unit], sort=False)["mean"].mean().unstack(unit)
+            figs.append(heatmap(table.values, title=f"{title} (mean over positions)", x_labels=list(table.columns),
+                                y_labels=[f"L{layer}" for layer in table.index], x_title=unit, y_title="layer",
+                                value_name=f"mean {metric}"))
+        elif "position" in rows.columns:
+            table = rows.pivot_table(index="layer", columns="position", values="mean", sort=False)
+            order = list(dict.fromkeys(rows["position"]))
+            table = table.reindex(index=layers, columns=order)
+            figs.append(heatmap(table.values, title=title, x_labels=_position_label(rows),
+                                y_labels=[f"L{layer}" for layer in layers], x_title="position: token", y_title="layer",
+                                value_name=f"mean {metric}"))
+        else:
+            series = rows.groupby("layer", sort=False)
+            figs.append(layer_lines({metric: series["mean"].mean().values}, title=title, y_title=f"mean {metric}",
+                                    layers=layers, bands={metric: (series["ci_low"].mean().values, series["ci_high"].mean().values)}
+                                    if "ci_low" in rows.columns else None))
+    return figs
+
+
+def ablation_figures(frame) -> list[go.Figure]:
+    """Accuracy of the full and the ablated model, side by side for every cell."""
+    labels = cell_labels(frame)
+    fig = figure("Accuracy with components ablated", "cell", "accuracy (fraction correct)")
+    for i, (name, rows) in enumerate([("full model", frame[frame["run"] == "full model"]),
+                                      ("ablated", frame[frame["run"] != "full model"])]):
+        fig.add_trace(go.Bar(x=[labels[c] for c in rows["cell"]], y=rows["accuracy"], name=name,
+                             marker_color=TEMPLATE.layout.colorway[i],
+                             hovertemplate=f"{name}<br>%{{x}}<br>accuracy %{{y:.4g}}<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(range=[0, 1.02])
+    return [fig]
+
+
+def probes_figures(frame) -> list[go.Figure]:
+    """Per position: held-out probe score over layers, one line per cell, controls dashed."""
+    labels = cell_labels(frame)
+    figs = []
+    for position, rows in frame.groupby("position", sort=False):
+        series, bands = {}, {}
+        for cid, cell_rows in rows.groupby("cell", sort=False):
+            for source, part in cell_rows.groupby("source", sort=False):
+                name = labels[cid] if source == "probe" else f"{labels[cid]} ({source} control)"
+                series[name] = part["score"].values
+                bands[name] = (part["ci_low"].values, part["ci_high"].values)
+        layers = list(dict.fromkeys(rows["layer"]))
+        metric = rows["metric"].iloc[0]
+        fig = layer_lines(series, title=f"Probe score at position {position}", y_title=f"held-out {metric}",
+                          layers=layers, bands=bands)
+        for trace in fig.data:
+            if trace.name and "control)" in trace.name:
+                trace.line.dash = "dash"
+        figs.append(fig)
+    return figs
+
+
+def generic_figures(frame, value_columns: Optional[list] = None) -> list[go.Figure]:
+    """For any analysis: one bar chart per numeric result column, its mean per cell."""
+    labels = cell_labels(frame)
+    identity = set(_IDENTITY) | set(_cell_columns(frame))
+    numeric = [c for c in frame.columns if c not in identity and frame[c].dtype.kind in "fiu"]
+    figs = []
+    for column in (value_columns or numeric[:4]):
+        means = frame.groupby("cell", sort=False)[column].mean()
+        figs.append(bars({labels[c]: float(v) for c, v in means.items()}, title=f"{column} per cell (mean over rows)",
+                         y_title=column))
+    return figs
+
+
+def cell_timings(frame, **layout) -> go.Figure:
+    """Seconds each cell took this run, coloured by status (a :class:`SweepRun` table)."""
+    colours = {"done": "#109618", "failed": "#dc3912", "pending": "#999999"}
+    fig = figure("Sweep cells", "cell", "seconds (this run)", **layout)
+    for status, rows in frame.groupby("status", sort=False):
+        text = [f"{a} · {m} · {t} · {p}" for a, m, t, p in zip(rows["analysis"], rows["model"], rows["task"], rows["params"])]
+        fig.add_trace(go.Bar(x=rows["cell"], y=rows["seconds"].fillna(0.0), name=status,
+                             marker_color=colours.get(status, "#3366cc"), text=text, textposition="none",
+                             hovertemplate="%{text}<br>%{y:.3g} s<extra></extra>"))
+    fig.update_xaxes(type="category")
+    return fig

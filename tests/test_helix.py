@@ -1,0 +1,304 @@
+"""Helix bases, fits with held-out R², period search, the causal patch test and neuron fits."""
+
+import math
+
+import pytest
+import torch
+
+from arithinterp import helix as hx
+from arithinterp.errors import AnalysisError, ConfigError, SiteError
+
+torch.set_num_threads(1)
+
+PERIODS = (2, 5, 10, 100)
+CANDIDATES = (2, 3, 4, 5, 7, 10, 20, 25, 50, 100)
+
+
+def planted_helix(values, periods=PERIODS, d=256, noise=0.02, seed=0, linear=True):
+    """Activations [n, d]: a helix of ``values`` (random coefficients, periods plus linear term)
+    embedded in ``d`` dimensions by a random rotation, plus an offset and Gaussian noise."""
+    g = torch.Generator().manual_seed(seed)
+    design = hx.helix_basis(torch.as_tensor(values).double(), periods, linear=linear)[:, :-1]
+    coef = torch.randn(design.shape[1], d, generator=g, dtype=torch.float64)
+    rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+    offset = torch.randn(d, generator=g, dtype=torch.float64)
+    return (design @ coef) @ rotation + offset + noise * torch.randn(len(design), d, generator=g, dtype=torch.float64)
+
+
+# --- basis ---------------------------------------------------------------------------------------
+
+
+def test_basis_columns_for_each_kind():
+    x = torch.arange(100)
+    helix, labels = hx.basis(x, "helix", PERIODS)
+    assert helix.shape == (100, 10) and labels[:2] == ["cos(2πx/2)", "sin(2πx/2)"]
+    assert labels[-2:] == ["x/99", "1"] and torch.allclose(helix[:, -2], x.double() / 99.0)
+    circle, labels = hx.basis(x, "circle", PERIODS)
+    assert circle.shape == (100, 9) and "x/99" not in labels
+    poly, labels = hx.basis(x, "poly", PERIODS)
+    assert poly.shape == (100, 10) and labels[1] == "(x/99)^2"  # as many parameters as the helix
+    assert hx.helix_basis(x, PERIODS, constant=False).shape == (100, 9)
+
+
+def test_non_integer_periods_are_periodic():
+    x = torch.arange(0, 113 * 3, dtype=torch.float64)
+    columns = hx.helix_basis(x, [113 / 14], linear=False, constant=False)
+    assert torch.allclose(columns[:113], columns[113:226], atol=1e-9)  # period 113/14 repeats every 113
+    assert not torch.allclose(columns[:8], columns[8:16], atol=1e-3)  # ... and not every 8
+
+
+def test_several_variables_share_one_constant():
+    values = torch.stack([torch.arange(10), torch.arange(10) * 2], 1)
+    matrix, labels = hx.basis(values, "helix", (5,), names=["a", "b"])
+    assert labels == ["cos(2πa/5)", "sin(2πa/5)", "a/9", "cos(2πb/5)", "sin(2πb/5)", "b/18", "1"]
+    assert matrix.shape == (10, 7)
+
+
+def test_basis_validates_input():
+    with pytest.raises(ConfigError, match="helix"):
+        hx.basis(torch.arange(5), "spiral")
+    with pytest.raises(ConfigError, match="positive"):
+        hx.basis(torch.arange(5), "helix", (0, 5))
+
+
+# --- planted helix -------------------------------------------------------------------------------
+
+
+def test_planted_helix_is_recovered_as_the_best_period_subset():
+    values = torch.arange(100).repeat(2)
+    acts = planted_helix(values)
+    search = hx.search_periods(acts, values, CANDIDATES, sizes=[3, 4, 5], progress=False)
+    assert search.criterion == "held-out R²"
+    assert search.best[1] == [2.0, 5.0, 10.0, 100.0]  # the best subset of size 4 is the planted one
+    assert float(search.best_scores[1]) >= 0.95
+    assert float(search.best_scores[1]) > float(search.best_scores[0]) + 0.05  # every planted period matters
+    assert len(search.subsets) == 120 + 210 + 252
+    assert search.to_frame().best_of_size.sum() == 3
+
+
+def test_planted_helix_fit_and_shuffled_control():
+    values = torch.arange(100).repeat(2)
+    acts = planted_helix(values)
+    fit = hx.fit(acts, values, PERIODS, n_pca=100, holdout=0.2, random_state=0)
+    assert fit.r2_overall >= 0.95 and fit.r2_full >= 0.95
+    assert fit.n_params == 9 and len(fit.test_values) == 20
+    assert not set(fit.test_values) & set(fit.train_values)  # the split is over values
+    # shuffling which number each activation belongs to leaves nothing to fit
+    shuffled = torch.randperm(100, generator=torch.Generator().manual_seed(3))[values]
+    control = hx.fit(acts, shuffled, PERIODS)
+    assert control.r2_overall < 0.1 and control.r2_full < 0.1
+    # baselines: the circle misses the linear term, a polynomial misses the periods
+    circle = hx.fit(acts, values, PERIODS, kind="circle")
+    poly = hx.fit(acts, values, PERIODS, kind="poly")
+    assert poly.r2_full < circle.r2_full < fit.r2_full
+
+
+def test_predict_reconstructs_held_out_values_and_round_trips(tmp_path):
+    values = torch.arange(100)
+    acts = planted_helix(values, noise=0.0)
+    fit = hx.fit(acts, values)
+    held_out = torch.tensor(fit.test_values).long()
+    error = (fit.predict(held_out) - acts[held_out].float()).norm(dim=1) / acts[held_out].float().norm(dim=1)
+    assert float(error.max()) < 1e-3
+    loaded = hx.HelixFit.load(fit.save(tmp_path / "fit"))
+    assert torch.allclose(loaded.predict(held_out), fit.predict(held_out))
+    assert loaded.labels == fit.labels
+    assert len(fit.to_frame()) == fit.components.shape[0]
+    assert len(fit.plot().data) == 2 and len(fit.plot(view="periods").data) == 4
+    assert len(fit.plot(view="pairs").data) == 2 * 6  # 6 pairs of 4 components, points + fitted curve
+    with pytest.raises(ConfigError, match="periods"):
+        fit.plot(view="spiral")
+
+
+def test_helix_of_a_b_and_sum():
+    a = torch.arange(30).repeat_interleave(30)
+    b = torch.arange(30).repeat(30)
+    acts = planted_helix(a, (5, 10), d=64, seed=1) + planted_helix(b, (5, 10), d=64, seed=2) \
+        + planted_helix(a + b, (5, 10), d=64, seed=3)
+    three = hx.fit(acts, torch.stack([a, b, a + b], 1), (5, 10), names=["a", "b", "a+b"])
+    only_a = hx.fit(acts, a, (5, 10))
+    assert three.r2_full > 0.95 and only_a.r2_full < 0.6
+    assert three.n_params == 15 and three.predict(torch.tensor([[1, 2, 3]])).shape == (1, 64)
+
+
+def test_fit_validates_input():
+    acts = torch.randn(20, 8)
+    with pytest.raises(AnalysisError, match="rows"):
+        hx.fit(acts, torch.arange(10))
+    with pytest.raises(ConfigError, match="holdout"):
+        hx.fit(acts, torch.arange(20), holdout=1.0)
+    with pytest.raises(AnalysisError, match="name"):
+        hx.fit(acts, "a")
+
+
+# --- causal patch test on a model with a planted helix ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helix_model(number_tokenizer):
+    """A 1-layer attention-only model whose number embeddings are an exact helix (periods 2, 5,
+    10, 100 + linear) and whose final position reads them back: attention is uniform, values and
+    outputs are the identity, and each number's unembedding is its own embedding. Patching the
+    a-position therefore moves the answer logits, and only the helix coordinates matter."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from arithinterp.fourier import number_tokens
+
+    tok = number_tokenizer
+    cfg = TransformerBridgeConfig(d_model=64, d_head=16, n_heads=4, n_layers=1, n_ctx=8, d_mlp=128, d_vocab=len(tok),
+                                  act_fn="relu", normalization_type=None, attn_only=True, seed=0)
+    model = TransformerBridge.boot_native(cfg, tokenizer=tok).eval()
+    tokens = number_tokens(model, range(100))
+    g = torch.Generator().manual_seed(0)
+    design = hx.helix_basis(torch.arange(100).double(), PERIODS, constant=False)
+    embed = (design @ torch.randn(design.shape[1], 64, generator=g, dtype=torch.float64)).float()
+    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    state["embed.weight"][tokens] = embed
+    state["unembed.weight"][tokens] = embed
+    state["blocks.0.attn.v.weight"] = torch.eye(64)
+    state["blocks.0.attn.o.weight"] = torch.eye(64)
+    model.load_state_dict(state)
+    return model
+
+
+@pytest.fixture(scope="module")
+def helix_pairs(helix_model):
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(helix_model, "+", a=range(100), b=[0], template="{a}+{b}=")
+    return prompts, prompts.counterfactual(vary="a", seed=0)
+
+
+def test_patch_test_planted_helix_is_causally_sufficient(helix_model, helix_pairs):
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    fit = hx.fit(acts, "a", PERIODS)
+    assert (fit.layer, fit.position, fit.site) == (0, "a", "resid_pre")
+    circle = hx.fit(acts, "a", PERIODS, kind="circle")
+    poly = hx.fit(acts, "a", PERIODS, kind="poly")
+    result = hx.patch_test(helix_model, pairs, fit, extra={"circle": circle, "poly": poly})
+    effect = dict(zip(result.methods, result.effect.tolist()))
+    fraction = dict(zip(result.methods, result.fraction.tolist()))
+    assert result.methods[:4] == ["layer patch", "PCA-9", "helix", "shuffled"]
+    assert effect["layer patch"] > 1.0  # the corrupted answer gains logit
+    assert fraction["helix"] == pytest.approx(1.0, abs=0.01)
+    assert fraction["PCA-9"] == pytest.approx(1.0, abs=0.01)
+    assert abs(fraction["shuffled"]) < 0.2  # the control has no causal effect
+    assert abs(fraction["mean"]) < 0.2  # ... and neither has erasing the number
+    assert fraction["poly"] < fraction["circle"] < 1.0 + 1e-3
+    frame = result.to_frame()
+    assert frame.n_pairs.iloc[0] == len(pairs) and frame.fraction_of_layer_patch.iloc[0] == 1.0
+    assert len(result.plot().data) == 1
+
+
+def test_causal_period_search_prefers_the_planted_periods(helix_model, helix_pairs):
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    search = hx.search_periods(acts, "a", (2, 3, 5, 10, 100), sizes=[4], model=helix_model, pairs=pairs[:60],
+                               layer=0, progress=False)
+    assert search.criterion == "causal effect"
+    assert search.best == [[2.0, 5.0, 10.0, 100.0]]
+
+
+def test_patch_test_validates_input(helix_model, helix_pairs):
+    prompts, pairs = helix_pairs
+    fit = hx.fit(torch.randn(100, 64), torch.arange(100))
+    with pytest.raises(SiteError, match="layer"):
+        hx.patch_test(helix_model, pairs, fit)
+    with pytest.raises(SiteError, match="position"):
+        hx.patch_test(helix_model, pairs, fit, layer=0, position="c")
+    with pytest.raises(SiteError, match="out of range"):
+        hx.patch_test(helix_model, pairs, fit, layer=3)
+
+
+def test_fit_layers_reports_each_kind(helix_model, helix_pairs):
+    from arithinterp.activations import collect
+
+    prompts, _ = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    result = hx.fit_layers(acts, "a", PERIODS)
+    assert result.fits == ["helix", "circle", "poly", "PCA-k"] and result.r2.shape == (4, 1)
+    assert float(result.r2[0, 0]) > 0.999 > float(result.r2[2, 0])
+    assert len(result.plot().data) == 4
+
+
+# --- neuron fits ---------------------------------------------------------------------------------
+
+
+def planted_neurons():
+    a = torch.arange(40).repeat_interleave(40).double()
+    b = torch.arange(40).repeat(40).double()
+    g = torch.Generator().manual_seed(0)
+    neurons = torch.stack([
+        3 * torch.cos(2 * math.pi / 10 * (a + b - 3)) + 0.05 * a,
+        torch.cos(2 * math.pi / 5 * (a - 1)) - 2 * torch.cos(2 * math.pi / 2 * b) + 1.0,
+        torch.randn(len(a), generator=g, dtype=torch.float64),
+    ], 1)
+    return neurons, a, b
+
+
+@pytest.mark.parametrize("method", ["gd", "lstsq"])
+def test_neuron_fits_recover_planted_preactivations(method):
+    neurons, a, b = planted_neurons()
+    result = hx.fit_neurons(neurons, a, b, PERIODS, method=method, progress=False)
+    assert torch.all(result.nrmse[:2] < 0.01)
+    assert result.nrmse[2] > 0.15  # noise is not fitted
+    # the planted term: amplitude 3 at period 10 on a+b, phase 3
+    t10, sum_index = PERIODS.index(10), 2
+    assert float(result.amplitude[0, t10, sum_index]) == pytest.approx(3.0, abs=0.05)
+    assert float(result.phase[0, t10, sum_index]) == pytest.approx(3.0, abs=0.05)
+    assert torch.allclose(result.predict(a, b)[:, :2], neurons[:, :2].float(), atol=0.1)
+    assert result.to_frame().strongest_variable.tolist()[:2] == ["a+b", "b"]
+
+
+def test_neuron_fits_on_shuffled_operands_fail():
+    neurons, a, b = planted_neurons()
+    order = torch.randperm(len(a), generator=torch.Generator().manual_seed(0))
+    result = hx.fit_neurons(neurons[:, :2], a[order], b[order], PERIODS, method="lstsq", progress=False)
+    assert torch.all(result.nrmse > 0.15)
+
+
+def test_neuron_fits_validate_input():
+    neurons, a, b = planted_neurons()
+    with pytest.raises(ConfigError, match="gd"):
+        hx.fit_neurons(neurons, a, b, method="adam")
+    with pytest.raises(AnalysisError, match="a and b"):
+        hx.fit_neurons(neurons, a[:5], b)
+
+
+# --- known results on the zoo (measured, see docs/fourier.md) ------------------------------------
+
+
+def _shipped(name):
+    from arithinterp.models.zoo import get_entry
+
+    return (get_entry(name).directory / "model.safetensors").exists()
+
+
+@pytest.mark.skipif(not _shipped("add-100"), reason="zoo:add-100 is not shipped")
+def test_add100_helix_patch_test_at_the_a_position():
+    import arithinterp as ai
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    model = ai.load_model("zoo:add-100")
+    prompts = arithmetic(model, "+", a=range(100), b=range(0, 100, 5), template="{a}+{b}=")
+    per_a = prompts[prompts.b == 0]  # the a-position activation depends on a only
+    acts = collect(model, per_a, sites=["resid_pre"], layers=[0, 1], positions=["a"], progress=False)
+    sample = prompts[torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0))[:300]]
+    pairs = sample.counterfactual(vary="a", seed=0)[:200]
+    fit = hx.fit(acts, "a", PERIODS, layer=0)
+    result = hx.patch_test(model, pairs, fit)
+    fraction = dict(zip(result.methods, result.fraction.tolist()))
+    # measured: layer patch +13.5 logits; PCA-9 61%, helix 27%, shuffled -1%
+    assert float(result.effect[0]) > 5
+    assert 0.1 < fraction["helix"] < fraction["PCA-9"]
+    assert abs(fraction["shuffled"]) < 0.1
+    # by layer 1 the a position no longer matters (attention in layer 0 has moved it on)
+    later = hx.patch_test(model, pairs, hx.fit(acts, "a", PERIODS, layer=1))
+    assert abs(float(later.effect[0])) < 0.05 * float(result.effect[0])

@@ -1,0 +1,335 @@
+"""Activation patching: identical numbers to TransformerLens, known results, planted signals, errors."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+import torch
+from conftest import tiny_bridge
+
+from arithinterp import patching
+from arithinterp.errors import ArithInterpError, ConfigError, SiteError
+from arithinterp.tasks import arithmetic
+
+TL_FUNCTIONS = {
+    "resid_pre": "get_act_patch_resid_pre",
+    "attn_z": "get_act_patch_attn_head_out_by_pos",
+    "mlp_out": "get_act_patch_mlp_out",
+}
+
+
+def _logit_diff(pairs):
+    clean, corrupt = pairs.clean_answer_token, pairs.corrupt_answer_token
+
+    def metric(logits):
+        final = logits[:, -1]
+        return final.gather(-1, clean[:, None])[:, 0] - final.gather(-1, corrupt[:, None])[:, 0]
+
+    return metric
+
+
+def _tl_values(model, pairs, site):
+    from transformer_lens import patching as tl_patching
+
+    _, cache = model.run_with_cache(pairs.clean.tokens)
+    values = getattr(tl_patching, TL_FUNCTIONS[site])(model, pairs.corrupt.tokens, cache, _logit_diff(pairs), reduce="none").values
+    return values.permute(-1, *range(values.ndim - 1))  # pairs first, like PatchResult.values
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_model):
+    return arithmetic(tiny_model, a=range(10), b=range(10)).counterfactual(vary="a", seed=0)[:12]
+
+
+@pytest.fixture(scope="module")
+def few_shot(number_tokenizer):
+    """A 3-layer model with a few-shot prefix: patches start mid-prompt and reuse earlier keys."""
+    model = tiny_bridge(number_tokenizer, n_layers=3, n_ctx=32, seed=1)
+    prompts = arithmetic(model, a=range(10), b=range(10), few_shot=2)
+    return model, prompts.counterfactual(vary="b", seed=0)[:3]
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    import arithinterp as ai
+    from arithinterp.errors import ModelFileError
+
+    try:
+        model = ai.load_model("zoo:add-100")
+    except ModelFileError:
+        pytest.skip("zoo:add-100 is not shipped in this checkout")
+    prompts = arithmetic(model, a=range(0, 100, 3), b=range(0, 100, 3))
+    return model, prompts.correct_only(model).counterfactual(vary="a", seed=0)[:40]
+
+
+# --- identical numbers to TransformerLens ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["replica", "hooks"])
+@pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
+def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
+    ours = patching.sweep(tiny_model, pairs, site, engine=engine, progress=False)
+    reference = _tl_values(tiny_model, pairs, site)
+    assert ours.values.shape == reference.shape
+    assert (ours.values - reference).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
+def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
+    model, zoo_pairs = zoo
+    ours = patching.sweep(model, zoo_pairs, site, progress=False)
+    assert ours.meta["engine"][0].startswith("replica")
+    assert (ours.values - _tl_values(model, zoo_pairs, site)).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("site", patching.SWEEP_SITES)
+def test_replica_equals_model_hooks_for_every_site(few_shot, site):
+    """The fast path (start at the patched layer and position, reuse keys) changes no number."""
+    model, fs_pairs = few_shot
+    units = dict(neurons=[7, 100]) if site in ("mlp_pre", "mlp_post") else {}
+    for kwargs in (dict(layers=[0, 2]), dict(per_position=False), dict(positions=["a", "final", 4], layers=[1])):
+        kwargs = {**kwargs, **units}
+        fast = patching.sweep(model, fs_pairs, site, engine="replica", batch_cells=3, progress=False, **kwargs)
+        slow = patching.sweep(model, fs_pairs, site, engine="hooks", progress=False, **kwargs)
+        assert fast.values.shape == slow.values.shape
+        assert (fast.values - slow.values).abs().max() <= 1e-4, kwargs
+
+
+def test_cells_before_the_changed_token_are_no_ops(few_shot):
+    """Positions before the varied operand carry identical activations: patching them does nothing."""
+    model, fs_pairs = few_shot
+    result = patching.sweep(model, fs_pairs, "resid_pre", positions=list(range(5)), progress=False)
+    assert torch.equal(result.values, result.corrupt_baseline[:, None, None].expand_as(result.values))
+
+
+# --- known results ---------------------------------------------------------------------------------
+
+
+def _known_results(model, pairs):
+    last = model.cfg.n_layers - 1
+    operand = patching.sweep(model, pairs, "resid_pre", layers=[0], positions=["a"], normalize=True, progress=False)
+    final = patching.sweep(model, pairs, "resid_post", layers=[last], positions=["final"], normalize=True, progress=False)
+    return operand.mean.item(), final.mean.item()
+
+
+def test_known_results_on_a_random_model(tiny_model, pairs):
+    for value in _known_results(tiny_model, pairs):
+        assert value == pytest.approx(1.0, abs=1e-4)
+
+
+def test_known_results_on_zoo(zoo):
+    model, zoo_pairs = zoo
+    for value in _known_results(model, zoo_pairs):
+        assert value == pytest.approx(1.0, abs=1e-4)
+    # elsewhere at layer 0 nothing differs between the prompts, so nothing is restored
+    layer0 = patching.sweep(model, zoo_pairs, "resid_pre", layers=[0], normalize=True, progress=False)
+    others = [i for i, p in enumerate(layer0.positions) if int(p) != int(zoo_pairs.clean.positions["a"][0])]
+    assert layer0.mean[0, others].abs().max() <= 1e-4
+
+
+def test_noise_direction_reaches_the_corrupt_run(tiny_model, pairs):
+    last = tiny_model.cfg.n_layers - 1
+    result = patching.sweep(tiny_model, pairs, "resid_post", layers=[last], positions=["final"], direction="noise", normalize=True, progress=False)
+    assert result.mean.item() == pytest.approx(0.0, abs=1e-4)
+
+
+# --- metrics and statistics ------------------------------------------------------------------------
+
+
+def test_metric_choices_agree_with_their_definitions(tiny_model, pairs):
+    last = tiny_model.cfg.n_layers - 1
+    kwargs = dict(layers=[last], positions=["final"], progress=False)
+    custom = patching.sweep(tiny_model, pairs, "resid_post", metric=lambda logits, batch: logits[:, 5] - logits[:, 7], **kwargs)
+    with torch.inference_mode():
+        clean_logits = tiny_model(pairs.clean.tokens)[:, -1]
+    assert torch.allclose(custom.values.flatten(), clean_logits[:, 5] - clean_logits[:, 7], atol=1e-4)
+    prob = patching.sweep(tiny_model, pairs, "resid_post", metric="prob", **kwargs)
+    expected = clean_logits.softmax(-1).gather(-1, pairs.clean_answer_token[:, None])[:, 0]
+    assert torch.allclose(prob.values.flatten(), expected, atol=1e-5)
+    ie = patching.sweep(tiny_model, pairs, "resid_post", metric="ie", **kwargs)
+    with torch.inference_mode():
+        corrupt_probs = tiny_model(pairs.corrupt.tokens)[:, -1].softmax(-1)
+    clean_probs = clean_logits.softmax(-1)
+    r, r_prime = pairs.corrupt_answer_token[:, None], pairs.clean_answer_token[:, None]
+    expected_ie = 0.5 * (
+        (clean_probs.gather(-1, r_prime) - corrupt_probs.gather(-1, r_prime)) / corrupt_probs.gather(-1, r_prime)
+        + (corrupt_probs.gather(-1, r) - clean_probs.gather(-1, r)) / clean_probs.gather(-1, r)
+    )[:, 0]
+    assert torch.allclose(ie.values.flatten(), expected_ie, rtol=1e-3, atol=1e-4)
+    assert ie.corrupt_baseline.abs().max() <= 1e-6  # the unpatched base run has no indirect effect
+
+
+def test_summary_statistics():
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(400, 3, generator=generator) + torch.tensor([0.0, 1.0, -2.0])
+    mean, sem, low, high = patching.summarize(values, seed=0)
+    assert torch.allclose(mean, values.mean(0))
+    assert torch.allclose(sem, values.std(0) / 20, rtol=1e-4)
+    assert (low < mean).all() and (mean < high).all()
+    # a 95% interval is about ±1.96 standard errors wide
+    assert torch.allclose((high - low) / (2 * sem), torch.full((3,), 1.96), atol=0.25)
+    assert all(torch.equal(a, b) for a, b in zip(patching.summarize(values, seed=0), (mean, sem, low, high)))
+
+
+# --- attribution -----------------------------------------------------------------------------------
+
+
+def test_attribution_is_exact_where_the_metric_is_linear(number_tokenizer):
+    """Without a final norm the logit difference is linear in the last residual stream."""
+    model = tiny_bridge(number_tokenizer, norm=None)
+    linear_pairs = arithmetic(model, a=range(10), b=range(10)).counterfactual(vary="a", seed=0)[:16]
+    last = model.cfg.n_layers - 1
+    kwargs = dict(layers=[last], positions=["final"], progress=False)
+    approx = patching.attribute(model, linear_pairs, "resid_post", **kwargs)
+    exact = patching.sweep(model, linear_pairs, "resid_post", **kwargs)
+    assert (approx.values - exact.values).abs().max() <= 1e-4
+
+
+def test_attribution_tracks_exact_patching(tiny_model, pairs):
+    comparison = patching.attribution_vs_exact(tiny_model, pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[1, 2, 3], progress=False)
+    assert comparison.sites == ["resid_pre", "attn_z", "mlp_post"]
+    # a random model is far from linear, but per pair and cell the first-order estimate holds up
+    assert min(comparison.pair_correlation) > 0.9
+    # control: the same estimates against shuffled exact values correlate far less
+    exact = torch.tensor(comparison.exact[1])
+    shuffled = exact[torch.randperm(len(exact), generator=torch.Generator().manual_seed(0))]
+    assert abs(patching.attribution._pearson(shuffled, torch.tensor(comparison.approx[1]))) < comparison.correlation[1] - 0.3
+    assert comparison.plot().data and len(comparison.to_frame()) == sum(len(c) for c in comparison.cells)
+
+
+def test_integrated_gradients_completeness(tiny_model, pairs):
+    """IG over the input interpolation sums to the full swap of the first residual stream."""
+    kwargs = dict(layers=[0], per_position=False, progress=False)
+    ig = patching.attribute(tiny_model, pairs[:6], "resid_pre", method="integrated_gradients", steps=20, **kwargs)
+    exact = patching.sweep(tiny_model, pairs[:6], "resid_pre", **kwargs)
+    assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
+
+
+# --- direct effect, ablation, faithfulness ---------------------------------------------------------
+
+
+def test_direct_effects_plus_remainder_reproduce_the_total(tiny_model, pairs):
+    effects = patching.direct_effect(tiny_model, pairs, progress=False)
+    with torch.inference_mode():
+        clean, corrupt = (tiny_model(t)[:, -1] for t in (pairs.clean.tokens, pairs.corrupt.tokens))
+    metric = lambda logits: _logit_diff(pairs)(logits[:, None])  # noqa: E731
+    assert torch.allclose(effects.total_change, metric(corrupt) - metric(clean), atol=1e-4)
+    assert torch.allclose(effects.direct.sum(1) + effects.remainder, effects.total_change, atol=1e-5)
+    # the last MLP has no downstream component: its direct and total effects coincide
+    last_mlp = effects.components.index(f"mlp{tiny_model.cfg.n_layers - 1}")
+    assert torch.allclose(effects.direct[:, last_mlp], effects.total[:, last_mlp], atol=1e-4)
+    assert len(effects.to_frame()) == len(effects.components) and effects.plot().data
+
+
+def test_direct_effects_are_the_whole_story_without_a_final_norm(number_tokenizer):
+    model = tiny_bridge(number_tokenizer, norm=None)
+    linear_pairs = arithmetic(model, a=range(10), b=range(10)).counterfactual(vary="a", seed=0)[:16]
+    effects = patching.direct_effect(model, linear_pairs, progress=False)
+    assert effects.remainder.abs().max() <= 1e-4
+
+
+def test_mean_ablation_of_an_activation_shared_by_all_prompts_changes_nothing(tiny_model):
+    prompts = arithmetic(tiny_model, a=range(10), b=range(10))
+    result = patching.ablate(tiny_model, prompts, ["mlp0@0", "L1H2@0", "attn0@0"], mode="mean")  # position 0 is BOS
+    assert torch.allclose(result.logprob_after, result.logprob_before, atol=1e-5)
+    changed = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], mode="zero")
+    assert (changed.logprob_after - changed.logprob_before).abs().max() > 1e-3
+    again = patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], mode="resample", seed=3)
+    assert torch.equal(again.logprob_after, patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], mode="resample", seed=3).logprob_after)
+    assert len(result.to_frame()) == 2 and result.plot().data
+
+
+def test_faithfulness_bounds(tiny_model):
+    prompts = arithmetic(tiny_model, a=range(10), b=range(10))
+    everything = patching.faithfulness(tiny_model, prompts, patching.default_components(tiny_model)[1:])
+    assert everything.faithfulness == pytest.approx(1.0, abs=1e-6)
+    nothing = patching.faithfulness(tiny_model, prompts, [])
+    assert nothing.faithfulness == pytest.approx(0.0, abs=1e-6)
+    assert len(nothing.to_frame()) == 3 and nothing.plot().data
+
+
+def test_zoo_needs_its_mlps(zoo):
+    model, zoo_pairs = zoo
+    prompts = zoo_pairs.clean
+    ablated = patching.ablate(model, prompts, ["mlp0"], mode="mean")
+    assert ablated.accuracy_before == 1.0 and ablated.accuracy_after < 0.2
+    assert patching.faithfulness(model, prompts, ["attn0", "attn1", "mlp0", "mlp1"]).faithfulness == pytest.approx(1.0, abs=1e-6)
+
+
+def test_attribution_tracks_exact_patching_on_zoo(zoo):
+    model, zoo_pairs = zoo
+    comparison = patching.attribution_vs_exact(model, zoo_pairs, ["resid_pre", "attn_out", "attn_z"], progress=False)
+    assert min(comparison.correlation) > 0.8
+    assert comparison.meta["n_pairs"] == len(zoo_pairs)
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+
+def test_result_frame_plot_and_round_trip(tiny_model, pairs, tmp_path):
+    result = patching.sweep(tiny_model, pairs, "resid_pre", progress=False)
+    frame = result.to_frame()
+    assert len(frame) == result.mean.numel() and {"layer", "position", "token", "mean", "ci_low"} <= set(frame.columns)
+    figure = result.plot()
+    assert isinstance(figure, go.Figure) and isinstance(figure.data[0], go.Heatmap)
+    assert figure.data[0].x[1].endswith(pairs.clean.str_tokens(0)[1])  # token strings on the position axis
+    heads = patching.sweep(tiny_model, pairs, "attn_z", per_position=False, progress=False)
+    assert heads.axes == ["layer", "head"] and list(heads.plot().data[0].y) == ["L0", "L1"]
+    by_position = patching.sweep(tiny_model, pairs, "attn_z", positions=["a", "final"], progress=False)
+    assert len(by_position.plot().data[0].y) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads
+    loaded = type(result).load(result.save(tmp_path / "patch"))
+    assert torch.equal(loaded.values, result.values) and loaded.positions == result.positions and loaded.axes == result.axes
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(site="resid_pre_typo"), SiteError, "accepted sites"),
+        (dict(site="resid_pre", layers=[7]), SiteError, "0..1"),
+        (dict(site="resid_pre", metric="accuracy"), ConfigError, "logit_diff"),
+        (dict(site="resid_pre", direction="sideways"), ConfigError, "denoise"),
+        (dict(site="resid_pre", engine="gpu"), ConfigError, "replica"),
+        (dict(site="resid_pre", positions=["c"]), SiteError, "final"),
+        (dict(site="resid_pre", heads=[0]), SiteError, "heads apply"),
+        (dict(site="attn_z", heads=[9]), SiteError, "0..3"),
+        (dict(site="embed"), SiteError, "cannot be swept"),
+    ],
+)
+def test_bad_sweep_input_is_explained(tiny_model, pairs, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        patching.sweep(tiny_model, pairs, progress=False, **kwargs)
+
+
+def test_other_bad_input_is_explained(tiny_model, pairs):
+    with pytest.raises(ArithInterpError, match="empty"):
+        patching.sweep(tiny_model, pairs[[]], "resid_pre", progress=False)
+    with pytest.raises(ConfigError, match="integrated_gradients"):
+        patching.attribute(tiny_model, pairs, "resid_pre", method="guess", progress=False)
+    with pytest.raises(ConfigError, match="accepted forms"):
+        patching.ablate(tiny_model, pairs.clean, ["mlp"])
+    with pytest.raises(SiteError, match="0..1"):
+        patching.direct_effect(tiny_model, pairs, ["attn5"], progress=False)
+    with pytest.raises(ConfigError, match="resample"):
+        patching.ablate(tiny_model, pairs.clean, ["mlp0"], mode="shuffle")
+    same = type(pairs)(pairs.clean, pairs.clean)
+    with pytest.raises(ArithInterpError, match="same mean"):  # nothing to find where nothing differs
+        patching.sweep(tiny_model, same, "resid_pre", normalize=True, progress=False)
+
+
+# --- the benchmark ---------------------------------------------------------------------------------
+
+
+def test_benchmark_smoke_run():
+    path = Path(__file__).parent.parent / "benchmarks" / "patching.py"
+    spec = importlib.util.spec_from_file_location("patching_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--quick"])
+    assert rows and all(row["max_abs_diff"] <= 1e-4 for row in rows)
+    assert all(row["speedup"] > 0 and row["cells"] > 0 for row in rows)

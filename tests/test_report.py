@@ -1,0 +1,66 @@
+"""The HTML report: built from real results, self-contained, and rendered by a real browser."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from arithinterp.errors import ConfigError
+from arithinterp.report import STAGES, report
+
+ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def report_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    return report("zoo:add-100", out=out, limit=400, progress=False)
+
+
+def test_report_is_self_contained(report_file):
+    text = report_file.read_text()
+    assert text.count("<script type='text/javascript'>") == 1  # plotly.js inlined exactly once
+    assert "cdn.plot.ly" not in text and "https://" not in text.split("</script>", 1)[1]
+    for stage in ("Accuracy and error profile", "Activation patching", "Linear probes", "Error detection",
+                  "Fourier features and the helix", "Heuristic neurons"):
+        assert f"<h2>{stage}</h2>" in text
+    # the summary quotes measured numbers, not canned text
+    assert re.search(r"answers \d+ of \d+ prompts correctly \(\d+\.\d%\)", text)
+    assert len(re.findall(r"id=\"figure-\d+\"", text)) >= 8
+
+
+def test_report_renders_in_chromium(report_file):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it as root)")
+    errors = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(report_file.as_uri())
+        page.wait_for_load_state("load")
+        figures = page.locator("div.figure > div > div[id^='figure-']")
+        n = figures.count()
+        assert n >= 8
+        rendered = page.evaluate(
+            "() => Array.from(document.querySelectorAll(\"div[id^='figure-']\")).map(d => d.querySelectorAll('svg.main-svg').length > 0)"
+        )
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        browser.close()
+    assert all(rendered), f"{rendered.count(False)} of {len(rendered)} figures did not render"
+    assert not errors, errors
+
+
+def test_report_rejects_bad_stage(tmp_path):
+    with pytest.raises(ConfigError, match="unknown report stage"):
+        report("zoo:add-100", out=tmp_path / "r.html", stages=["patchin"])
+    assert set(STAGES) == {"accuracy", "patching", "probes", "errors", "fourier", "neurons"}

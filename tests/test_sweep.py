@@ -1,0 +1,379 @@
+"""Sweeps: config validation, stable cell ids, resumable Parquet results, executors, figures, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from arithinterp import sweep as S
+from arithinterp.errors import ArithInterpError, ConfigError
+
+TASK = dict(name="add", op="+", a=[0, 100], b=[0, 100], template="{a}+{b}=", limit=60)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny randomly initialised add-100-style model folder, loadable by ``load_model(path)``."""
+    from safetensors.torch import save_file
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import NativeModel, initialize_native_model
+
+    from arithinterp.models.tokenizers import number_tokenizer, save_and_reload
+
+    out = tmp_path_factory.mktemp("sweep_model") / "add-tiny"
+    tokenizer = save_and_reload(number_tokenizer(198), out)
+    config = dict(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, n_ctx=8, act_fn="relu",
+                  normalization_type="LN", positional_embedding_type="standard", d_vocab=len(tokenizer), seed=0,
+                  default_prepend_bos=True)
+    cfg = TransformerBridgeConfig(**config)
+    torch.manual_seed(0)
+    net = NativeModel(cfg)
+    initialize_native_model(net, cfg)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "card.json").write_text(json.dumps(dict(name="add-tiny")))
+    return out
+
+
+def config(model_dir, out, analyses=None, **extra):
+    return dict(out=str(out), models=[str(model_dir)], tasks=[dict(TASK)],
+                analyses=analyses or [dict(name="accuracy")], **extra)
+
+
+def write_toml(path: Path, model_dir: Path, out: Path) -> Path:
+    path.write_text(f"""
+out = "{out}"
+models = ["{model_dir}"]
+[[tasks]]
+name = "add"
+op = "+"
+a = [0, 100]
+b = [0, 100]
+template = "{{a}}+{{b}}="
+limit = 200
+[[analyses]]
+name = "accuracy"
+[[analyses]]
+name = "patching"
+grid = {{ site = ["resid_pre", "mlp_post"], vary = ["a", "b", "both"] }}
+""")
+    return path
+
+
+def tables_equal(left: dict, right: dict) -> None:
+    assert sorted(left) == sorted(right)
+    for name in left:
+        pd.testing.assert_frame_equal(left[name], right[name], check_exact=True)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mutate, key, needle",
+    [
+        (lambda c: c["analyses"].append(dict(name="patchng")), "analyses[1].name", "unknown analysis 'patchng'; accepted: 'accuracy', 'patching'"),
+        (lambda c: c["models"].append("zoo:add-1000"), "models[1]", "'zoo:add-100'"),
+        (lambda c: c["tasks"][0].update(limit="many"), "tasks[0].limit", "expected int"),
+        (lambda c: c["tasks"][0].update(lmit=5), "tasks[0].lmit", "unknown key 'lmit'; accepted: 'name', 'op'"),
+        (lambda c: c.update(executr="ray"), "executr", "accepted: 'out', 'models'"),
+        (lambda c: c["analyses"].append(dict(name="patching", grid=dict(site=["resid"]))), "analyses[1].grid.site[0]",
+         "'resid' is not accepted; accepted: 'resid_pre', 'resid_mid'"),
+        (lambda c: c["analyses"].append(dict(name="patching", grid=dict(sit=["resid_pre"]))), "analyses[1].grid.sit",
+         "unknown parameter 'sit' of analysis 'patching'; accepted: 'site', 'metric'"),
+        (lambda c: c["analyses"].append(dict(name="patching")), "analyses[1].params.site", "needs parameter 'site'"),
+        (lambda c: c["analyses"].append(dict(name="patching", params=dict(site="resid_pre", normalize=1))),
+         "analyses[1].params.normalize", "expected bool"),
+        (lambda c: c["tasks"][0].update(op="^"), "tasks[0].op", "accepted: '+', '-'"),
+        (lambda c: c["tasks"][0].update(a=[5, 2]), "tasks[0].a", "empty"),
+        (lambda c: c.update(executor="dask"), "executor", "accepted: 'local', 'processes', 'ray'"),
+        (lambda c: c["models"].append("./no/such/model"), "models[1]", "no such file or directory"),
+    ],
+)
+def test_bad_config_fails_before_any_job_naming_key_and_accepted(model_dir, tmp_path, mutate, key, needle):
+    calls = []
+    S.register_analysis("spy", lambda model, prompts: calls.append(1) or pd.DataFrame([dict(x=1)]), overwrite=True)
+    cfg = config(model_dir, tmp_path / "out", analyses=[dict(name="spy")])
+    mutate(cfg)
+    with pytest.raises(ConfigError) as info:
+        S.run_sweep(cfg, progress=False)
+    message = str(info.value)
+    assert message.startswith(f"{key}:"), message
+    assert needle in message
+    assert calls == [] and not (tmp_path / "out").exists()  # nothing ran, nothing was written
+
+
+def test_yaml_and_toml_configs_are_the_same_sweep(model_dir, tmp_path):
+    toml_path = write_toml(tmp_path / "s.toml", model_dir, tmp_path / "out")
+    yaml_path = tmp_path / "s.yaml"
+    import yaml
+
+    yaml_path.write_text(yaml.safe_dump(S.read_config_file(toml_path)))
+    from_toml, from_yaml = S.load_config(toml_path), S.load_config(yaml_path)
+    assert from_toml.digest() == from_yaml.digest()
+    assert [c.id for c in S.plan(from_toml)] == [c.id for c in S.plan(from_yaml)]
+    json_path = tmp_path / "s.json"
+    json_path.write_text("{}")
+    with pytest.raises(ConfigError, match="accepted: '.toml', '.yaml', '.yml'"):
+        S.read_config_file(json_path)
+
+
+def test_example_config_validates():
+    example = Path(__file__).parent.parent / "examples" / "sweep.toml"
+    cfg = S.load_config(example)
+    cells = S.plan(cfg)
+    assert {c.analysis for c in cells} >= {"accuracy", "patching"}
+    assert len({c.id for c in cells}) == len(cells)
+
+
+def test_from_zoo_tasks_take_each_models_own_task(model_dir):
+    cfg = dict(out="x", models=["zoo:add-100"], tasks=[dict(name="own", from_zoo=True, limit=50)],
+               analyses=[dict(name="accuracy")])
+    (cell,) = S.plan(cfg)
+    assert (cell.task["op"], cell.task["a"], cell.task["b"], cell.task["template"]) == ("+", [0, 100], [0, 100], "{a}+{b}=")
+    assert cell.task["limit"] == 50
+    cfg["models"].append(str(model_dir))
+    with pytest.raises(ConfigError, match=r"^tasks\[0\]\.from_zoo: model .* is not a zoo model"):
+        S.load_config(cfg)
+    cfg = dict(cfg, models=["zoo:add-100"], tasks=[dict(name="own", from_zoo=True, template="{a} {b} =")])
+    with pytest.raises(ConfigError, match=r"^tasks\[0\]\.template: a task with from_zoo"):
+        S.load_config(cfg)
+
+
+def test_cell_ids_are_stable_hashes_of_the_full_spec(model_dir, tmp_path):
+    analyses = [dict(name="patching", grid=dict(site=["resid_pre", "attn_out"], vary=["a", "b"])), dict(name="accuracy")]
+    cells = S.plan(config(model_dir, tmp_path, analyses))
+    assert len(cells) == 5 and len({c.id for c in cells}) == 5
+    # the same spec written in another order gives the same ids; any changed value gives new ones
+    reordered = [dict(name="accuracy"), dict(name="patching", grid=dict(vary=["b", "a"], site=["attn_out", "resid_pre"]))]
+    assert {c.id for c in S.plan(config(model_dir, tmp_path, reordered))} == {c.id for c in cells}
+    defaults_spelled_out = [dict(name="patching", grid=dict(site=["resid_pre"]), params=dict(metric="logit_diff", seed=0, vary="a"))]
+    assert S.plan(config(model_dir, tmp_path, defaults_spelled_out))[0].id == cells[0].id
+    other = config(model_dir, tmp_path, analyses)
+    other["tasks"][0]["limit"] = 61
+    assert not {c.id for c in S.plan(other)} & {c.id for c in cells}
+    assert cells[0].spec["params"]["metric"] == "logit_diff"  # defaults are part of the spec
+    S.register_analysis("scaled", lambda model, prompts, scale=1.0: None, dict(scale=float), overwrite=True)
+    as_int, as_float = (S.plan(config(model_dir, tmp_path, [dict(name="scaled", params=dict(scale=v))]))[0] for v in (1, 1.0))
+    assert as_int.id == as_float.id and as_int.params["scale"] == 1.0
+
+
+# --- running locally -----------------------------------------------------------------------------
+
+
+def test_local_sweep_writes_cells_manifest_and_tables_then_skips_them(model_dir, tmp_path):
+    from arithinterp import patching
+    from arithinterp.models import load_model
+
+    analyses = [dict(name="accuracy"), dict(name="patching", grid=dict(site=["resid_pre", "attn_out"]))]
+    run = S.run_sweep(config(model_dir, tmp_path / "out", analyses), progress=False)
+    assert run.counts() == dict(total=3, done=3, skipped=0, failed=0, pending=0), run.summary()
+    out = Path(run.out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config_hash"] == S.load_config(config(model_dir, out, analyses)).digest()
+    assert set(manifest["versions"]) >= {"arithinterp", "torch", "transformer_lens"}
+    for cell in S.plan(config(model_dir, out, analyses)):
+        entry = manifest["cells"][cell.id]
+        assert entry["status"] == "done" and entry["seconds"] > 0 and entry["rows"] >= 1
+        assert (out / "results" / cell.analysis / f"{cell.id}.parquet").is_file()
+
+    # the tables are the analyses' own results, with the cell's identity in front
+    model = load_model(str(model_dir))
+    prompts = S.build_prompts(model, S.plan(config(model_dir, out, analyses))[0].task)
+    assert len(prompts) == 60
+    tables = S.load_results(out)
+    accuracy = tables["accuracy"]
+    assert accuracy.loc[0, "accuracy"] == pytest.approx(prompts.evaluate(model).accuracy)
+    assert accuracy.loc[0, "n_prompts"] == 60 and accuracy.loc[0, "task"] == "add"
+    direct = patching.sweep(model, prompts.counterfactual(vary="a", seed=0), site="attn_out", progress=False).to_frame()
+    swept = tables["patching"][tables["patching"]["site"] == "attn_out"].reset_index(drop=True)
+    assert len(swept) == len(direct)
+    torch.testing.assert_close(torch.tensor(swept["mean"].values), torch.tensor(direct["mean"].values), atol=1e-6, rtol=0)
+    assert set(tables["patching"]["site"]) == {"resid_pre", "attn_out"}
+
+    # re-running skips every finished cell and leaves the files alone
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "results").rglob("*.parquet")}
+    again = S.run_sweep(config(model_dir, out, analyses), progress=False)
+    assert again.counts() == dict(total=3, done=0, skipped=3, failed=0, pending=0)
+    assert {p: p.stat().st_mtime_ns for p in (out / "results").rglob("*.parquet")} == stamps
+    summary = again.summary()
+    assert summary["skipped"] == 3 and [r["analysis"] for r in summary["analyses"]] == ["accuracy", "patching"]
+
+
+def test_every_random_choice_is_seeded_from_the_cell_spec(model_dir, tmp_path):
+    """An analysis that draws unseeded random numbers still gives the same table on every run,
+    and different draws in cells that differ (the sweep seeds each cell from its spec)."""
+
+    def draw(model, prompts, scale: float = 1.0, seed: int = 0):
+        return pd.DataFrame(dict(value=(torch.rand(4) * scale).tolist(), mean_a=float(prompts.a.float().mean())))
+
+    S.register_analysis("draw", draw, dict(scale=float, seed=S.Param(int, 0)), overwrite=True)
+    analyses = [dict(name="draw", grid=dict(seed=[0, 1], scale=[1.0, 2.0]))]
+    first = S.run_sweep(config(model_dir, tmp_path / "a", analyses), progress=False)
+    torch.rand(100)  # disturb the global generator between runs
+    second = S.run_sweep(config(model_dir, tmp_path / "b", analyses), progress=False)
+    tables_equal(first.results(), second.results())
+    table = first.results("draw")
+    per_cell = table.groupby("cell")["value"].apply(tuple)
+    assert per_cell.nunique() == 4  # each cell has its own draw
+    # the planted value reaches the table unchanged: the task's prompts are the seeded subsample
+    assert table["mean_a"].nunique() == 1 and 0 < table["mean_a"].iloc[0] < 99
+
+
+def test_failed_cells_are_recorded_and_retried(model_dir, tmp_path):
+    def fragile(model, prompts, k: int = 0):
+        if k == 2:
+            raise ValueError("k=2 is broken")
+        return pd.DataFrame([dict(k2=k * k)])
+
+    S.register_analysis("fragile", fragile, dict(k=int), overwrite=True)
+    analyses = [dict(name="fragile", grid=dict(k=[1, 2, 3]))]
+    run = S.run_sweep(config(model_dir, tmp_path / "out", analyses), progress=False)
+    assert run.counts()["done"] == 2 and run.counts()["failed"] == 1
+    summary = run.summary()
+    assert "k=2 is broken" in summary["errors"][0]["error"]
+    manifest = S.read_manifest(run.out)
+    assert sorted(e["status"] for e in manifest["cells"].values()) == ["done", "done", "failed"]
+
+    S.register_analysis("fragile", lambda model, prompts, k=0: pd.DataFrame([dict(k2=k * k)]), dict(k=int), overwrite=True)
+    retry = S.run_sweep(config(model_dir, tmp_path / "out", analyses), progress=False)
+    assert retry.counts() == dict(total=3, done=1, skipped=2, failed=0, pending=0)
+    assert S.load_results(run.out, "fragile")["k2"].tolist() == [1, 4, 9]
+
+
+def test_register_analysis_rejects_bad_input():
+    with pytest.raises(ConfigError, match="already registered"):
+        S.register_analysis("accuracy", lambda m, p: None)
+    with pytest.raises(ConfigError, match="letters, digits"):
+        S.register_analysis("bad name/", lambda m, p: None)
+    with pytest.raises(ConfigError, match="callable"):
+        S.register_analysis("notfn", 3)
+    with pytest.raises(ConfigError, match="expected a Param"):
+        S.register_analysis("badschema", lambda m, p: None, dict(k=3))
+
+
+# --- figures and CLI -----------------------------------------------------------------------------
+
+
+def test_plots_and_cli(model_dir, tmp_path):
+    config_path = write_toml(tmp_path / "s.toml", model_dir, tmp_path / "out")
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    S.add_cli(sub)
+    for action in sub.choices["sweep"]._actions:
+        assert action.help, action.dest  # every flag says what it does
+
+    plan = S.run_cli(parser.parse_args(["sweep", str(config_path), "--dry-run"]))
+    assert plan["cells"] == 7 and plan["to_run"] == 7 and not (tmp_path / "out").exists()
+
+    analyses = [dict(name="accuracy"), dict(name="patching", grid=dict(site=["resid_pre"], vary=["a", "b"]))]
+    S.run_sweep(config(model_dir, tmp_path / "out", analyses), progress=False)
+    summary = S.run_cli(parser.parse_args(["sweep", "--plot", str(tmp_path / "out")]))
+    files = sorted(Path(f).name for f in summary["figures"])
+    assert files == ["accuracy.html", "patching.html"]
+    json.dumps(summary)
+    figs = S.figures(tmp_path / "out")
+    heat = figs["patching"][0].data[0]
+    assert heat.type == "heatmap" and list(heat.y) == ["L0", "L1"] and heat.x[0].endswith(": <bos>")
+    assert [fig.layout.title.text for fig in figs["patching"]] == ["Patching vary=a", "Patching vary=b"]
+    assert figs["accuracy"][0].data[0].type == "bar"
+    html = (tmp_path / "out" / "figures" / "patching.html").read_text()
+    assert "plotly" in html and html.count("Plotly.newPlot") == 2
+
+    with pytest.raises(ConfigError, match="give a sweep config file"):
+        S.run_cli(parser.parse_args(["sweep"]))
+
+
+# --- killed and resumed; Ray -------------------------------------------------------------------------
+
+
+def _sweep_process(config_path: Path, out: Path, *flags: str) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "arithinterp.sweep", str(config_path), "--out", str(out),
+                             "--no-progress", "--json", *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tmp_path_factory):
+    """An uninterrupted local run in a fresh process: (config path, its tables)."""
+    root = tmp_path_factory.mktemp("sweep_reference")
+    config_path = write_toml(root / "sweep.toml", model_dir, root / "unused")
+    process = _sweep_process(config_path, root / "out")
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["done"] == summary["total"] == 7
+    return config_path, S.load_results(root / "out")
+
+
+def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
+    """Killed with SIGKILL mid-run (local executor), resumed on a process pool: the tables equal
+    the uninterrupted local run's row for row, which also shows the pool matches the local executor."""
+    config_path, expected = reference
+    out = tmp_path / "out"
+    process = _sweep_process(config_path, out)
+    deadline = time.monotonic() + 300
+    while not list((out / "results").rglob("*.parquet")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = len(list((out / "results").rglob("*.parquet")))
+    assert 1 <= finished < 7, "the kill must land mid-run"
+    # what a kill in the middle of a write leaves behind: a temp file next to the results
+    stale = out / "results" / "patching" / ".deadbeef.parquet.tmp-99999"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"half a table")
+
+    process = _sweep_process(config_path, out, "--executor", "processes", "--workers", "2")
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["executor"] == "processes" and summary["skipped"] == finished and summary["done"] == 7 - finished and summary["failed"] == 0
+    assert not stale.exists()
+    tables_equal(S.load_results(out), expected)  # row for row, bit for bit
+
+
+def test_ray_executor_matches_local(reference, tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arithinterp[ray]')")
+    config_path, expected = reference
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        run = S.run_sweep(config_path, out=tmp_path / "out", executor="ray", num_cpus=1, progress=False)
+    finally:
+        ray.shutdown()
+    assert run.counts() == dict(total=7, done=7, skipped=0, failed=0, pending=0)
+    assert len({c["worker"] for c in S.read_manifest(run.out)["cells"].values()}) >= 1
+    tables_equal(S.load_results(run.out), expected)
+
+
+def test_one_driver_per_results_directory(model_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps(dict(host=os.uname().nodename, pid=os.getpid())))
+    with pytest.raises(ConfigError, match="in use by another sweep"):
+        S.run_sweep(config(model_dir, out), progress=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / ".lock").write_text(json.dumps(dict(host=os.uname().nodename, pid=int(dead.stdout))))
+    assert S.run_sweep(config(model_dir, out), progress=False).counts()["done"] == 1  # a dead driver's lock is taken over
+    assert not (out / ".lock").exists()
+    with pytest.raises(ConfigError, match="cannot be sent to worker processes"):
+        S.register_analysis("local_fn", lambda model, prompts: pd.DataFrame([dict(x=1)]), overwrite=True)
+        S.run_sweep(config(model_dir, out, [dict(name="local_fn")]), executor="processes", progress=False)
+
+
+def test_missing_ray_is_a_clear_error(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
+    with pytest.raises(ArithInterpError, match=r"pip install 'arithinterp\[ray\]'"):
+        S.run_sweep(config(model_dir, tmp_path / "out"), executor="ray", progress=False)
+    assert not (tmp_path / "out").exists()
