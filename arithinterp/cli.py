@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 
+    from arithinterp import sweep
+
+    sweep.add_cli(sub)
+    COMMANDS["sweep"] = sweep.run_cli
+
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")
     p.add_argument("--limit", type=int, default=2000, help="held-out problems to evaluate (default: 2000)")
@@ -142,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"arithinterp {args.command}: error: {error}", file=sys.stderr)
         return 2
     _print(summary, getattr(args, "json", False))
-    return 0
+    return 1 if summary.get("failed") else 0  # e.g. sweep cells that failed (they retry on the next run)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -47,21 +47,24 @@ class Context:
 
 
 def _task_prompts(model: Any, spec: str, limit: int, seed: int):
-    """The model's own task (zoo) or single-token addition, sampled to ``limit`` prompts."""
+    """A seeded sample of ``limit`` prompts of the model's own task (zoo) or of single-token addition."""
+    from arithinterp.models.train import operand_grid
     from arithinterp.models.zoo import get_entry, zoo_prompts
-    from arithinterp.tasks import arithmetic, number_check
+    from arithinterp.tasks import number_check, prompts_for_pairs
 
     if spec.startswith("zoo:"):
-        prompts = zoo_prompts(model, get_entry(spec))
+        entry = get_entry(spec)
+        a, b = operand_grid(entry.task)
     else:
-        single = number_check(model, range(100))["single_token"]
+        single = torch.tensor(number_check(model, range(100))["single_token"])
         if len(single) < 10:
-            raise ConfigError(f"{spec}: fewer than 10 numbers below 100 are single tokens; pass a zoo model or a task")
-        prompts = arithmetic(model, "+", single, single, "{a}+{b}=")
-    if len(prompts) > limit:
-        pick = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed))[:limit]
-        prompts = prompts[pick.sort().values]
-    return prompts
+            raise ConfigError(f"{spec}: fewer than 10 numbers below 100 are single tokens; pass a zoo model")
+        a, b = single.repeat_interleave(len(single)), single.repeat(len(single))
+    # sample the operand grid before building prompts: a large grid (810,000 problems) never gets tokenized
+    pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    if spec.startswith("zoo:"):
+        return zoo_prompts(model, entry, a[pick].tolist(), b[pick].tolist())
+    return prompts_for_pairs(model, "+", a[pick].tolist(), b[pick].tolist(), "{a}+{b}=")
 
 
 # --- stages --------------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ def probes_stage(ctx: Context) -> Section:
         best = result.best()
         section.findings.append(
             f"'{target}' is best read at layer {best['layer']}, position '{best['position']}' with held-out "
-            f"accuracy {best['score']:.2f} (shuffled-label control {best['control']:.2f})."
+            f"accuracy {best['score']:.2f} (shuffled-label control {best['shuffled_score']:.2f})."
         )
         section.figures.append(result.plot())
     return section
@@ -149,7 +152,7 @@ def error_detector_stage(ctx: Context) -> Section:
     deliberately imperfect model (and the finding says which)."""
     from arithinterp import probes
     from arithinterp.models import load_model
-    from arithinterp.models.zoo import get_entry, zoo_prompts
+    from arithinterp.models.zoo import get_entry, held_out_prompts
 
     section = Section("Error detection")
     n_errors = int((~ctx.evaluation.correct).sum())
@@ -158,17 +161,15 @@ def error_detector_stage(ctx: Context) -> Section:
     else:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
-        grid = zoo_prompts(model, get_entry(name))
-        pick = torch.randperm(len(grid), generator=torch.Generator().manual_seed(ctx.seed))[:3000]
-        prompts = grid[pick.sort().values]
+        prompts = held_out_prompts(model, get_entry(name), limit=ctx.extra.get("detector_prompts", 3000), seed=ctx.seed)
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
             f"errors of {name}, a model stopped early so that it still errs."
         )
     evaluation = prompts.evaluate(model)
     split = len(prompts) * 2 // 3
-    detector = probes.ErrorDetector(progress=False).fit(model, prompts[:split], evaluation=_subset(evaluation, slice(0, split)))
-    result = detector.evaluate(model, prompts[split:], evaluation=_subset(evaluation, slice(split, None)))
+    detector = probes.ErrorDetector(progress=False).fit(model, prompts[:split], evaluation=evaluation[:split])
+    result = detector.evaluate(model, prompts[split:], evaluation=evaluation[split:])
     m = result.metrics()
     section.findings.insert(
         0,
@@ -179,17 +180,6 @@ def error_detector_stage(ctx: Context) -> Section:
     )
     section.figures.append(result.plot())
     return section
-
-
-def _subset(evaluation, index):
-    from arithinterp.tasks import Evaluation
-
-    result = Evaluation(
-        evaluation.correct[index], evaluation.model_answer[index],
-        evaluation.answer_text[index], evaluation.generated_tokens[index],
-    )
-    object.__setattr__(result, "_errors", evaluation.errors[index])
-    return result
 
 
 def fourier_helix_stage(ctx: Context) -> Section:
@@ -224,22 +214,17 @@ def neurons_stage(ctx: Context) -> Section:
 
     section = Section("Heuristic neurons")
     table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.extra.get("top_k", 50), pairs=ctx.pairs)
-    coverage = table.coverage() if callable(getattr(table, "coverage", None)) else None
-    frame = table.to_frame()
-    labelled = frame[frame["label"].notna()] if "label" in frame else frame
+    coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
     section.findings.append(
-        f"Of the {len(table.layer)} most important MLP neurons, {coverage_text(coverage)} implement at least one "
+        f"Of the {len(table.layer)} most important MLP neurons, {coverage} implement at least one "
         f"heuristic (score ≥ {table.threshold})."
     )
+    histogram = table.histogram()
+    if len(histogram):
+        top = histogram.groupby("family")["neurons"].sum().sort_values(ascending=False).head(4)
+        section.findings.append("Most common heuristic families: " + ", ".join(f"{f} ({n})" for f, n in top.items()) + ".")
     section.figures.append(table.plot())
-    del labelled
     return section
-
-
-def coverage_text(coverage) -> str:
-    if coverage is None:
-        return "some"
-    return ", ".join(f"{100 * float(v):.0f}% in layer {k}" for k, v in dict(coverage).items())
 
 
 STAGES: dict[str, Callable[[Context], Section]] = {

@@ -67,10 +67,15 @@ class Evaluation:
     def accuracy(self) -> float:
         return float(self.correct.float().mean()) if len(self.correct) else float("nan")
 
-    @property
-    def errors(self) -> torch.Tensor:
-        """``model_answer - true answer`` for each prompt (0 where correct)."""
-        return self._errors
+    def __len__(self) -> int:
+        return len(self.correct)
+
+    def __getitem__(self, index) -> "Evaluation":
+        """The evaluation of a subset of the prompts (same indexing as ``PromptSet``)."""
+        idx = _as_index(index, len(self))
+        return Evaluation(
+            self.correct[idx], self.model_answer[idx], [self.answer_text[i] for i in idx.tolist()], self.generated_tokens[idx]
+        )
 
     def __repr__(self) -> str:
         return f"Evaluation(accuracy={self.accuracy:.4f}, n={len(self.correct)})"
@@ -221,9 +226,7 @@ class PromptSet:
             text = self.tokenizer.decode(row[:k]).replace(" ", "")
             texts.append(text)
             values.append(int(text) if re.fullmatch(r"-?\d+", text) else UNPARSABLE)
-        evaluation = Evaluation(correct, torch.tensor(values), texts, generated)
-        object.__setattr__(evaluation, "_errors", torch.where(correct, 0, evaluation.model_answer - self.answer))
-        return evaluation
+        return Evaluation(correct, torch.tensor(values), texts, generated)
 
     def correct_only(self, model: Any, evaluation: Optional[Evaluation] = None) -> "PromptSet":
         """Keep only the prompts the model answers correctly; ``meta`` records how many were dropped."""

@@ -200,11 +200,11 @@ def zoo_prompts(model: Any, entry: ZooEntry, a: Optional[list[int]] = None, b: O
     return prompts_for_pairs(model, task.op, a, b, task.template, **options)
 
 
-def evaluate(entry: ZooEntry, model: Any, limit: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
-    """Held-out accuracy of a zoo model on its task (greedy generation of every answer token).
+def held_out_prompts(model: Any, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0):
+    """Prompts for a zoo model's held-out problems (a seeded sample of ``limit`` of them).
 
-    The held-out split is the training split's complement (same seed); ``limit`` evaluates a
-    seeded random sample of it.
+    The held-out split is the training split's complement (same seed as training), so these
+    are problems the model never saw.
     """
     import torch
 
@@ -215,6 +215,11 @@ def evaluate(entry: ZooEntry, model: Any, limit: Optional[int] = None, seed: int
         pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed))[:limit]
         held_out = held_out[pick.sort().values]
     a_all, b_all = operand_grid(entry.task)
-    prompts = zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist())
+    return zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist())
+
+
+def evaluate(entry: ZooEntry, model: Any, limit: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
+    """Held-out accuracy of a zoo model on its task (greedy generation of every answer token)."""
+    prompts = held_out_prompts(model, entry, limit, seed)
     evaluation = prompts.evaluate(model)
     return dict(held_out_problems=len(prompts), accuracy=round(evaluation.accuracy, 5))
