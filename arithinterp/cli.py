@@ -73,6 +73,95 @@ def report_command(args: argparse.Namespace) -> dict:
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
+# --- analyses ------------------------------------------------------------------------------------
+# Each loads the model and a seeded sample of its task's prompts, runs one analysis, saves the
+# result (``--out DIR``, reload with ``Result.load``) and optionally its figure (``--figure F.html``).
+
+
+def _model_and_prompts(args: argparse.Namespace, correct_only: bool = True):
+    from arithinterp.models import load_model
+    from arithinterp.models.zoo import task_prompts
+
+    model = load_model(args.model)
+    prompts = task_prompts(model, args.model, args.limit, args.seed)
+    return model, (prompts.correct_only(model) if correct_only else prompts)
+
+
+def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
+    if args.out:
+        summary["result"] = str(result.save(args.out))
+    if args.figure:
+        result.plot().write_html(args.figure, include_plotlyjs=True)
+        summary["figure"] = args.figure
+    return summary
+
+
+@command("patch")
+def patch_command(args: argparse.Namespace) -> dict:
+    """Exact activation patching of one site over layers x positions."""
+    from arithinterp import patching
+
+    model, prompts = _model_and_prompts(args)
+    pairs = prompts.counterfactual(vary=args.vary, seed=args.seed)
+    result = patching.sweep(model, pairs, args.site, metric=args.metric, normalize=args.normalize,
+                            direction=args.direction, progress=not args.no_progress)
+    best = int(result.mean.flatten().argmax())
+    return _finish(result, args, dict(site=args.site, pairs=len(pairs), metric=args.metric,
+                                      best_cell_mean=round(float(result.mean.flatten()[best]), 4)))
+
+
+@command("probe")
+def probe_command(args: argparse.Namespace) -> dict:
+    """Probe a label at every layer and position, with a shuffled-label control."""
+    from arithinterp import probes
+    from arithinterp.activations import collect
+
+    model, prompts = _model_and_prompts(args)
+    acts = collect(model, prompts, sites=args.site, positions=args.positions.split(","), progress=not args.no_progress)
+    result = probes.sweep(acts, args.target, kind=args.kind, cv=args.cv, progress=not args.no_progress)
+    return _finish(result, args, dict(target=args.target, kind=args.kind, best=result.best()))
+
+
+@command("fourier")
+def fourier_command(args: argparse.Namespace) -> dict:
+    """Fourier spectrum of the number-token embeddings."""
+    from arithinterp import fourier
+    from arithinterp.models import load_model
+
+    model = load_model(args.model)
+    result = fourier.embedding_spectrum(model, range(args.numbers))
+    periods = [round(result.n / k, 3) for k in result.key[0] if k > 0]
+    return _finish(result, args, dict(numbers=args.numbers, key_frequencies=list(result.key[0]), key_periods=periods,
+                                      key_fraction=round(float(result.key_fraction[0]), 4)))
+
+
+@command("helix")
+def helix_command(args: argparse.Namespace) -> dict:
+    """Fit a helix to the residual stream at an operand and test it causally."""
+    from arithinterp import helix
+    from arithinterp.activations import collect
+
+    model, prompts = _model_and_prompts(args)
+    periods = tuple(float(p) for p in args.periods.split(","))
+    acts = collect(model, prompts, sites="resid_pre", layers=[args.layer], positions=args.position, progress=False)
+    fit = helix.fit(acts, args.position, periods=periods, kind=args.kind, site="resid_pre", layer=args.layer,
+                    position=args.position)
+    pairs = prompts.counterfactual(vary=args.position, seed=args.seed)
+    result = helix.patch_test(model, pairs, fit, layer=args.layer, position=args.position)
+    return _finish(result, args, dict(r2_held_out=round(float(fit.r2_full), 4),
+                                      fraction_of_layer_patch=dict(zip(result.methods, [round(f, 4) for f in result.fraction.tolist()]))))
+
+
+@command("neurons")
+def neurons_command(args: argparse.Namespace) -> dict:
+    """Classify the most important MLP neurons into heuristics."""
+    from arithinterp import neurons
+
+    model, prompts = _model_and_prompts(args)
+    result = neurons.classify(model, prompts, top_k=args.top_k, threshold=args.threshold, progress=not args.no_progress)
+    return _finish(result, args, dict(neurons=len(result.layer), coverage=result.coverage()))
+
+
 # --- train ---------------------------------------------------------------------------------------
 
 
@@ -119,6 +208,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep.add_cli(sub)
     COMMANDS["sweep"] = sweep.run_cli
+
+    def analysis(name: str, help: str, default_model: str = "zoo:add-100"):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("model", nargs="?", default=default_model, help=f"model spec (default: {default_model})")
+        p.add_argument("--limit", type=int, default=1000, help="at most this many task prompts (default: 1000)")
+        p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
+        p.add_argument("--out", default=None, help="directory to save the result in (reload with Result.load)")
+        p.add_argument("--figure", default=None, help="write the result's figure to this HTML file")
+        p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+        p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+        return p
+
+    p = analysis("patch", "exact activation patching of one site over layers x positions")
+    p.add_argument("--site", default="resid_pre", help="site to patch, e.g. resid_pre, attn_out, mlp_out, attn_z, mlp_post")
+    p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
+    p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep_answer, operator")
+    p.add_argument("--direction", default="denoise", help="denoise (patch clean into corrupt) or noise")
+    p.add_argument("--normalize", action="store_true", help="scale effects to 0 = corrupt, 1 = clean")
+    p = analysis("probe", "probe a label at every layer and position, with a shuffled control")
+    p.add_argument("--target", default="answer", help="label to probe: a, b, answer, answer_digit_0, carry_0, ...")
+    p.add_argument("--kind", default="logistic", help="logistic, ridge, circular or mlp (default: logistic)")
+    p.add_argument("--site", default="resid_post", help="activation site (default: resid_post)")
+    p.add_argument("--positions", default="a,b,final", help="comma-separated positions (default: a,b,final)")
+    p.add_argument("--cv", type=int, default=5, help="cross-validation folds (default: 5)")
+    p = analysis("fourier", "Fourier spectrum and key frequencies of the number embeddings")
+    p.add_argument("--numbers", type=int, default=100, help="spectrum over numbers 0..N-1 (default: 100)")
+    p = analysis("helix", "fit a helix at an operand token and test it causally")
+    p.add_argument("--layer", type=int, default=0, help="layer whose resid_pre is fitted and patched (default: 0)")
+    p.add_argument("--position", default="a", help="operand position: a or b (default: a)")
+    p.add_argument("--periods", default="2,5,10,100", help="comma-separated periods (default: 2,5,10,100)")
+    p.add_argument("--kind", default="helix", help="helix, circle, poly or linear (default: helix)")
+    p = analysis("neurons", "classify the most important MLP neurons into heuristics")
+    p.add_argument("--top-k", type=int, default=50, help="most important neurons per layer (default: 50)")
+    p.add_argument("--threshold", type=float, default=0.6, help="score needed to assign a heuristic (default: 0.6)")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")

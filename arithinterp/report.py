@@ -46,27 +46,6 @@ class Context:
     extra: dict = field(default_factory=dict)
 
 
-def _task_prompts(model: Any, spec: str, limit: int, seed: int):
-    """A seeded sample of ``limit`` prompts of the model's own task (zoo) or of single-token addition."""
-    from arithinterp.models.train import operand_grid
-    from arithinterp.models.zoo import get_entry, zoo_prompts
-    from arithinterp.tasks import number_check, prompts_for_pairs
-
-    if spec.startswith("zoo:"):
-        entry = get_entry(spec)
-        a, b = operand_grid(entry.task)
-    else:
-        single = torch.tensor(number_check(model, range(100))["single_token"])
-        if len(single) < 10:
-            raise ConfigError(f"{spec}: fewer than 10 numbers below 100 are single tokens; pass a zoo model")
-        a, b = single.repeat_interleave(len(single)), single.repeat(len(single))
-    # sample the operand grid before building prompts: a large grid (810,000 problems) never gets tokenized
-    pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
-    if spec.startswith("zoo:"):
-        return zoo_prompts(model, entry, a[pick].tolist(), b[pick].tolist())
-    return prompts_for_pairs(model, "+", a[pick].tolist(), b[pick].tolist(), "{a}+{b}=")
-
-
 # --- stages --------------------------------------------------------------------------------------
 
 
@@ -98,13 +77,20 @@ def accuracy_stage(ctx: Context) -> Section:
 
 
 def _top_cells(result, k: int = 3) -> str:
-    """The k cells with the largest mean effect, as 'L1 pos 3: 0.92'."""
+    """The k cells with the largest mean effect, e.g. ``L0 'a' (0.92)``."""
     from itertools import product
 
+    def label(axis, value):
+        if axis == "position":
+            positions = [str(p) for p in result.positions]
+            return repr(result.tokens[positions.index(str(value))]) if str(value) in positions else f"pos {value}"
+        return {"layer": "L", "head": "H", "neuron": "N"}[axis] + str(value)
+
+    cells = [" ".join(label(a, v) for a, v in zip(result.axes, combo))
+             for combo in product(*(result.axis_labels(a) for a in result.axes))]
     mean = result.mean.flatten()
-    labels = [" ".join(str(v) for v in combo) for combo in product(*(result.axis_labels(a) for a in result.axes))]
     order = mean.argsort(descending=True)[:k]
-    return ", ".join(f"{labels[i]} ({mean[i]:.2f})" for i in order.tolist())
+    return ", ".join(f"{cells[i]} ({mean[i]:.2f})" for i in order.tolist())
 
 
 def patching_stage(ctx: Context) -> Section:
@@ -117,7 +103,7 @@ def patching_stage(ctx: Context) -> Section:
     mlps = patching.sweep(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
-        f"changed restores the answer most at (layer, position) {_top_cells(resid)} "
+        f"changed restores the answer most at {_top_cells(resid)} "
         "(1 = fully restored)."
     )
     section.findings.append(f"Heads (all positions at once) that restore it most: {_top_cells(heads)}.")
@@ -133,10 +119,10 @@ def probes_stage(ctx: Context) -> Section:
     from arithinterp import probes
     from arithinterp.activations import collect
 
-    prompts = ctx.prompts[: ctx.extra.get("probe_prompts", 1500)]
+    prompts = ctx.prompts[: ctx.extra.get("probe_prompts", 1000)]
     acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
     section = Section("Linear probes")
-    for target in ("a", "answer_digit_0", "answer"):
+    for target in ("a", "answer"):
         result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
         best = result.best()
         section.findings.append(
@@ -161,7 +147,7 @@ def error_detector_stage(ctx: Context) -> Section:
     else:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
-        prompts = held_out_prompts(model, get_entry(name), limit=ctx.extra.get("detector_prompts", 3000), seed=ctx.seed)
+        prompts = held_out_prompts(model, get_entry(name), limit=ctx.extra.get("detector_prompts", 6000), seed=ctx.seed)
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
             f"errors of {name}, a model stopped early so that it still errs."
@@ -190,10 +176,18 @@ def fourier_helix_stage(ctx: Context) -> Section:
     numbers = sorted(set(ctx.prompts.a.tolist()))
     spectrum = fourier.embedding_spectrum(ctx.model, range(numbers[0], numbers[-1] + 1))
     periods = [f"{spectrum.n / k:.3g}" for k in spectrum.key[0] if k > 0]
-    section.findings.append(
-        f"The number embeddings concentrate {float(spectrum.key_fraction[0]):.0%} of their non-constant power "
-        f"in {len(periods)} key frequencies (periods {', '.join(periods) or 'none'})."
-    )
+    if periods:
+        section.findings.append(
+            f"The number embeddings concentrate {float(spectrum.key_fraction[0]):.0%} of their non-constant power "
+            f"in {len(periods)} key frequencies (periods {', '.join(periods)})."
+        )
+    else:
+        power = spectrum.power[0, 1:]
+        k = int(power.argmax()) + 1
+        section.findings.append(
+            f"The number embeddings have no key frequency (none has 10x the median power); the strongest is "
+            f"period {spectrum.n / k:.3g} with {float(power[k - 1] / power.sum()):.0%} of the non-constant power."
+        )
     section.figures.append(spectrum.plot())
     acts = collect(ctx.model, ctx.prompts, sites="resid_pre", layers=[0], positions="a", progress=False)
     fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site="resid_pre", layer=0, position="a")
@@ -296,6 +290,7 @@ def report(
     """
     from arithinterp import __version__
     from arithinterp.models import load_model, model_id
+    from arithinterp.models.zoo import task_prompts
 
     chosen = list(STAGES) if stages is None else list(stages)
     unknown = [s for s in chosen if s not in STAGES]
@@ -306,7 +301,7 @@ def report(
     start = time.perf_counter()
     loaded = load_model(model) if isinstance(model, str) else model
     spec = model if isinstance(model, str) else model_id(loaded)
-    all_prompts = _task_prompts(loaded, spec, limit, seed)
+    all_prompts = task_prompts(loaded, spec, limit, seed)
     evaluation = all_prompts.evaluate(loaded)
     prompts = all_prompts.correct_only(loaded, evaluation)
     pairs = prompts.counterfactual(vary="a", seed=seed)

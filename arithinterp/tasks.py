@@ -505,7 +505,8 @@ def arithmetic(
     Args:
         model_or_tokenizer: a hooked model (its tokenizer and BOS setting are used) or a tokenizer.
         op: ``"+"``, ``"-"``, ``"*"``, ``"//"`` or ``"mod"`` (``a mod b``).
-        a, b: operand values (an int or an iterable); every combination is used.
+        a: first operand values (an int or an iterable).
+        b: second operand values; every combination with ``a`` is used.
         template: must contain ``{a}`` and ``{b}``; the answer follows it directly.
         **options: as for :func:`prompts_for_pairs` (``modulus``, ``few_shot``, ``scoring``,
             ``answer_digits``, ``prepend_bos``, ``require_single_tokens``, ``seed``).

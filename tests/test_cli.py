@@ -29,3 +29,28 @@ def test_every_subcommand_documents_every_flag():
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "usage" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "command, check",
+    [
+        (["patch", "--site", "resid_pre", "--normalize"], lambda s: 0.99 <= s["best_cell_mean"] <= 1.01),
+        (["probe", "--target", "a_digit_0", "--positions", "a", "--cv", "3"], lambda s: s["best"]["score"] > 0.8),
+        (["fourier"], lambda s: 0 <= s["key_fraction"] <= 1),
+        (["helix"], lambda s: abs(s["fraction_of_layer_patch"]["layer patch"] - 1) < 1e-6),
+        (["neurons", "--top-k", "10"], lambda s: s["neurons"] == 20),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else "",
+)
+def test_analysis_commands_write_results_and_figures(command, check, tmp_path, capsys):
+    out, figure = tmp_path / "result", tmp_path / "figure.html"
+    args = [*command, "--limit", "200", "--no-progress", "--json", "--out", str(out), "--figure", str(figure)]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert check(summary), summary
+    assert (out / "result.json").exists() and figure.stat().st_size > 10_000
+
+
+def test_analysis_command_bad_site_exits_2(capsys):
+    assert main(["patch", "--site", "resid_psot", "--limit", "50", "--no-progress"]) == 2
+    assert "resid_pre" in capsys.readouterr().err

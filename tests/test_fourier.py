@@ -400,8 +400,8 @@ def test_add100_frequency_filters(add100):
     assert 0.3 < low.accuracy < 0.95
 
 
-@pytest.fixture(scope="module")
-def small_modadd(tmp_path_factory):
+@pytest.fixture
+def small_modadd(tmp_path, monkeypatch):
     """A zoo entry 'modadd-11' ((a + b) mod 11, one small layer) trained for 150 steps with a
     snapshot every 50, in a temporary checkpoint directory."""
     from arithinterp.models import zoo
@@ -415,12 +415,10 @@ def small_modadd(tmp_path_factory):
         recipe=zoo.Recipe(steps=150, lr=3e-3, weight_decay=1.0, train_frac=0.5, eval_every=50, snapshot_every=50),
         target="", prepend_bos=False,
     )
-    patch = pytest.MonkeyPatch()
-    patch.setattr(zoo, "CHECKPOINT_DIR", tmp_path_factory.mktemp("checkpoints"))
-    patch.setitem(zoo.ZOO, name, entry)
+    monkeypatch.setattr(zoo, "CHECKPOINT_DIR", tmp_path)  # undone after the test
+    monkeypatch.setitem(zoo.ZOO, name, entry)
     train(name, progress=False)
-    yield name
-    patch.undo()
+    return name
 
 
 def test_progress_measures_every_snapshot_with_fixed_key_frequencies(small_modadd):
@@ -438,3 +436,51 @@ def test_progress_measures_every_snapshot_with_fixed_key_frequencies(small_modad
     assert len(result.to_frame()) == 3 * 6 and len(result.plot().data) == 6
     with pytest.raises(ConfigError, match="not shipped"):
         fo.progress([75], name=small_modadd, progress=False)
+
+
+needs_modadd = pytest.mark.skipif(not _shipped("modadd-113"), reason="zoo:modadd-113 is not shipped")
+FIVE = {7, 10, 16, 20, 38}  # measured key frequencies of zoo:modadd-113 (docs/fourier.md)
+
+
+@pytest.fixture(scope="module")
+def modadd():
+    import arithinterp as ai
+    from arithinterp.tasks import arithmetic
+
+    model = ai.load_model("zoo:modadd-113")
+    prompts = arithmetic(model, "+", a=range(113), b=range(113), template="{a} {b} =", modulus=113)
+    return model, prompts
+
+
+@needs_modadd
+def test_modadd_embeddings_and_neurons_use_a_few_key_frequencies(modadd):
+    model, prompts = modadd
+    emb = fo.embedding_spectrum(model, range(113))
+    # measured: 16, 38, 7, 10, 20 hold 21%, 21%, 20%, 16%, 11% (and k = 1 2%)
+    assert FIVE <= set(emb.key[0]) and len(emb.key[0]) <= 8
+    assert fo.key_fraction(emb.power[0], FIVE) > 0.8
+    clusters = fo.neuron_clusters(model, prompts, layer=0, progress=False)
+    # measured: 444 of 512 neurons (87%) have > 85% of their variance in one of the five blocks
+    assert clusters.clustered_fraction > 0.75
+    assert set(clusters.cluster_sizes()) <= FIVE
+
+
+@needs_modadd
+def test_modadd_restricted_and_excluded_loss(modadd):
+    model, _ = modadd
+    logits = fo.modular_logits(model)
+    losses = fo.modular_losses(logits, sorted(FIVE), fo.train_mask("modadd-113"))
+    # measured: restricted 8.8e-6 vs full 2.9e-5 on the held-out pairs; excluded 8.24 vs 1.5e-5
+    assert losses["restricted_test_loss"] < losses["test_loss"]
+    assert losses["excluded_loss"] > 2.0 and losses["excluded_loss"] > 1e4 * losses["train_loss"]
+
+
+@needs_modadd
+def test_modadd_progress_measures_move_before_the_test_loss():
+    result = fo.progress([400, 4400], progress=False)
+    assert result.steps == [400, 4400, 6800]
+    restricted, test, excluded = result.restricted_loss, result.test_loss, result.excluded_loss
+    # measured: restricted 3.02 -> 0.002 -> 0.0; test 18.5 -> 5.9 -> 0.0; excluded 0.07 -> 13.6 -> 8.2
+    assert restricted[0] > 1 and restricted[1] < 0.05 and test[1] > 1  # restricted loss leads
+    assert excluded[0] < 1 < 5 < excluded[1]
+    assert test[2] < 1e-3 and restricted[2] < 1e-3

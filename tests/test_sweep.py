@@ -352,7 +352,7 @@ def test_ray_executor_matches_local(reference, tmp_path):
         run = S.run_sweep(config_path, out=tmp_path / "out", executor="ray", num_cpus=1, progress=False)
     finally:
         ray.shutdown()
-    assert run.counts() == dict(total=7, done=7, skipped=0, failed=0, pending=0)
+    assert run.counts() == dict(total=7, done=7, skipped=0, failed=0, pending=0), run.summary()
     assert len({c["worker"] for c in S.read_manifest(run.out)["cells"].values()}) >= 1
     tables_equal(S.load_results(run.out), expected)
 

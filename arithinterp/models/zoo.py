@@ -223,3 +223,26 @@ def evaluate(entry: ZooEntry, model: Any, limit: Optional[int] = None, seed: int
     prompts = held_out_prompts(model, entry, limit, seed)
     evaluation = prompts.evaluate(model)
     return dict(held_out_problems=len(prompts), accuracy=round(evaluation.accuracy, 5))
+
+
+def task_prompts(model: Any, spec: str, limit: int = 2000, seed: int = 0):
+    """A seeded sample of ``limit`` prompts of the model's own task (zoo) or of single-token addition."""
+    import torch
+
+    from arithinterp.errors import TaskError
+    from arithinterp.models.train import operand_grid
+    from arithinterp.tasks import number_check, prompts_for_pairs
+
+    if spec.startswith("zoo:"):
+        entry = get_entry(spec)
+        a, b = operand_grid(entry.task)
+    else:
+        single = torch.tensor(number_check(model, range(100))["single_token"])
+        if len(single) < 10:
+            raise TaskError(f"{spec}: fewer than 10 numbers below 100 are single tokens; pass a zoo model")
+        a, b = single.repeat_interleave(len(single)), single.repeat(len(single))
+    # sample the operand grid before building prompts: a large grid (810,000 problems) never gets tokenized
+    pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    if spec.startswith("zoo:"):
+        return zoo_prompts(model, entry, a[pick].tolist(), b[pick].tolist())
+    return prompts_for_pairs(model, "+", a[pick].tolist(), b[pick].tolist(), "{a}+{b}=")

@@ -115,6 +115,7 @@ def sweep(
             base_metric, source_metric = fn(runner.base_logits, ctx), fn(runner.source_logits, ctx)
             clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
             pos_group = None if pos_index is None else pos_index[:, idx] - offset  # [n_pos, B] unpadded
+            answer_tokens = torch.stack([ctx.clean_tok, ctx.corrupt_tok], dim=1)  # [B, 2]
             chunk = batch_cells or max(1, _ELEMENT_BUDGET // (len(idx) * length * _site_width(model, site, length)))
             unit_ids = torch.tensor(units, dtype=torch.long)
             cell_pos = lambda rows: None if pos_group is None else pos_group[table[rows, 1]]  # noqa: E731
@@ -133,8 +134,12 @@ def sweep(
                 # a residual patch entering the last block recomputes one position whatever its start
                 last_point = site in ("resid_pre", "resid_post") and layer + (site == "resid_post") >= site_lib.n_layers(model) - 1
                 for part in _chunks(rows, None if last_point else starts, chunk, len(idx), length):
-                    logits = runner.patched(site, layer, cell_pos(part), cell_unit(part))
-                    values[idx[:, None], part[None, :]] = fn(logits, ctx).T.float()
+                    if metric == "logit_diff" and replica is not None:  # two unembedding columns suffice
+                        logits = runner.patched(site, layer, cell_pos(part), cell_unit(part), tokens=answer_tokens)
+                        metric_values = logits[..., 0] - logits[..., 1]
+                    else:
+                        metric_values = fn(runner.patched(site, layer, cell_pos(part), cell_unit(part)), ctx)
+                    values[idx[:, None], part[None, :]] = metric_values.T.float()
                     bar.update(len(part))
         bar.close()
     values = values.reshape(n, *cells.shape())
@@ -207,7 +212,7 @@ class _ReplicaRunner:
     def _final_only(self, site: str, layer: int) -> bool:
         return self.base[site][layer].shape[_POS_DIM[site]] != self.length
 
-    def patched(self, site: str, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+    def patched(self, site: str, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor], tokens=None) -> torch.Tensor:
         # the last block keeps only the final position: a patch anywhere else leaves the logits as they are
         s = self.length - 1 if self._final_only(site, layer) else 0 if pos is None else int(pos.min())
         sliced = 0 if self._final_only(site, layer) else s
@@ -217,7 +222,7 @@ class _ReplicaRunner:
         shape = (C,) + tuple(base.shape[1:])
         value = torch.where(_mask(site, shape, s, pos, unit), source, base)
         point = pos if site in ("resid_pre", "resid_post") else None
-        return self.replica.resume(layer, site, value, s, self.base, point=point)
+        return self.replica.resume(layer, site, value, s, self.base, point=point, tokens=tokens)
 
 
 class _HookRunner:

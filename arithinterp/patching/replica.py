@@ -180,12 +180,14 @@ class _Replica:
                     v = torch.cat([base["v"][layer][None, :, :, :s].expand(v.shape[0], -1, -1, -1, -1), v], dim=3)
                 if only_final:
                     q = q[:, :, :, -1:]
-                scores = q @ k.transpose(-1, -2) / self.scale
-                n_q, n_k = scores.shape[-2], scores.shape[-1]
-                query_pos = torch.arange(n_k - n_q, n_k)
-                mask = torch.arange(n_k)[None, :] > query_pos[:, None]
-                pattern = scores.masked_fill(mask, float("-inf")).softmax(-1)
-                keep("pattern", pattern)
+                n_q, n_k = q.shape[-2], k.shape[-2]
+                allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]  # causal
+                if record is None:  # no pattern wanted: the fused attention kernel
+                    z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / self.scale).transpose(2, 3)
+                else:
+                    scores = q @ k.transpose(-1, -2) / self.scale
+                    pattern = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+                    keep("pattern", pattern)
             else:
                 v = base["v"][layer][None]
                 pattern = value if entry == "pattern" else None
@@ -193,7 +195,7 @@ class _Replica:
                     pattern = pattern[:, :, :, -1:]
             if entry == "attn_z":
                 z = value[:, :, -1:] if only_final else value
-            else:
+            elif entry != "resid_pre" or record is not None:
                 z = (pattern @ v).transpose(2, 3)  # [C, B, S, H, d_head]
             keep("attn_z", z)
             attn_out = F.linear(z.flatten(-2), self.W_O[layer], self.b_O[layer])
@@ -234,18 +236,25 @@ class _Replica:
         keep("resid_post", resid_post)
         return resid_post
 
-    def resume(self, layer: int, entry: str, value: torch.Tensor, s: int, base: dict, point: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def resume(
+        self, layer: int, entry: str, value: torch.Tensor, s: int, base: dict, point: Optional[torch.Tensor] = None, tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Final-position logits ``[C, B, V]`` after entering ``layer`` at ``entry`` with ``value``.
 
         ``point [C, B]``: each row's single patched position, for ``resid_pre`` / ``resid_post``
-        entries (a ``resid_post`` patch is the next block's ``resid_pre`` patch).
+        entries (a ``resid_post`` patch is the next block's ``resid_pre`` patch). ``tokens [B, k]``:
+        return only these tokens' logits, ``[C, B, k]`` (a logit difference needs two columns of
+        the unembedding, not the vocabulary).
         """
         if entry == "resid_post" and layer + 1 < self.n_layers:
             layer, entry = layer + 1, "resid_pre"
         resid = self.block(layer, entry, value, s, base, point=point if entry == "resid_pre" else None)
         for later in range(layer + 1, self.n_layers):
             resid = self.block(later, "resid_pre", resid, s, base)
-        return self.unembed(resid[:, :, -1])
+        if tokens is None:
+            return self.unembed(resid[:, :, -1])
+        final = self.ln_final(resid[:, :, -1])  # [C, B, d]
+        return torch.einsum("cbd,bkd->cbk", final, self.W_U[tokens]) + self.b_U[tokens]
 
 
 _CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

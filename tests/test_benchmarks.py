@@ -1,0 +1,24 @@
+"""Smoke runs of the benchmark scripts: they run and print their tables (numbers go to docs)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def run(script, *args):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_collect_benchmark_smoke():
+    out = run("collect.py", "--runs", "1", "--prompts", "200")
+    assert "| `collect` (batch auto)" in out and "run_with_cache" in out
+
+
+def test_zoo_load_benchmark_smoke():
+    out = run("zoo_load.py", "--runs", "1")
+    assert out.count("| `zoo:") == 4 and "total shipped checkpoint size" in out
