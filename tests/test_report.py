@@ -21,7 +21,8 @@ def report_file(tmp_path_factory):
 def test_report_is_self_contained(report_file):
     text = report_file.read_text()
     assert text.count("<script type='text/javascript'>") == 1  # plotly.js inlined exactly once
-    assert "cdn.plot.ly" not in text and "https://" not in text.split("</script>", 1)[1]
+    # nothing is fetched when the file opens: no external scripts, stylesheets or images
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=[\"']?https?:", text)
     for stage in ("Accuracy and error profile", "Activation patching", "Linear probes", "Error detection",
                   "Fourier features and the helix", "Heuristic neurons"):
         assert f"<h2>{stage}</h2>" in text
