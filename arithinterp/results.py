@@ -64,13 +64,7 @@ def _plain(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """Base class: subclasses add fields (tensors, lists, numbers) before ``meta``."""
-
-    def to_frame(self):  # pragma: no cover - every subclass overrides
-        raise NotImplementedError(f"{type(self).__name__} must implement to_frame()")
-
-    def plot(self, **kwargs):  # pragma: no cover - every subclass overrides
-        raise NotImplementedError(f"{type(self).__name__} must implement plot()")
+    """Base class: subclasses add fields (tensors, lists, numbers) and define ``to_frame`` / ``plot``."""
 
     def save(self, path: Union[str, Path]) -> Path:
         """Write the result to directory ``path`` (created if needed); returns the path."""

@@ -152,9 +152,7 @@ def _snapshot_state(entry, suffix: str) -> dict[str, torch.Tensor]:
         raise ModelSpecError(
             f"zoo model {entry.name!r} has no snapshot at step {step}; shipped steps: {steps or 'none'}"
         )
-    prefix = f"step_{step}."
-    everything = load_file(str(entry.directory / "snapshots.safetensors"))
-    return {k.removeprefix(prefix): v for k, v in everything.items() if k.startswith(prefix)}
+    return load_file(str(entry.directory / "snapshots" / f"step_{step}.safetensors"))
 
 
 def _boot_native(config: dict, tokenizer, name: str):

@@ -5,7 +5,7 @@ Training runs on TransformerLens's plain ``NativeModel`` — the very module a
 bridge unchanged (``load_model`` checks the logits agree). Saved per model, in one folder:
 ``model.safetensors``, ``config.json`` (the bridge config), ``tokenizer.json`` (+ HF tokenizer
 files), ``card.json`` (measured held-out accuracy, wall time, steps) and, for models with
-snapshots, ``snapshots.safetensors`` (float16 weights every ``snapshot_every`` steps).
+snapshots, ``snapshots/step_N.safetensors`` (float16 weights every ``snapshot_every`` steps).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def train(
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / recipe.warmup))
     generator = torch.Generator().manual_seed(seed)
-    snapshots: dict[str, torch.Tensor] = {}
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
     snapshot_steps: list[int] = []
     stop_at_step: Optional[int] = None
     history = []
@@ -205,8 +205,7 @@ def train(
             bar.set_postfix(loss=f"{loss.item():.4f}", held_out=f"{accuracy:.4f}")
         if recipe.snapshot_every and step % recipe.snapshot_every == 0:
             snapshot_steps.append(step)
-            for key, value in net.state_dict().items():
-                snapshots[f"step_{step}.{key}"] = value.detach().to(torch.float16).clone()
+            snapshots[step] = {k: v.detach().to(torch.float16).clone() for k, v in net.state_dict().items()}
         if stop_at_step is None and recipe.stop_at_accuracy is not None and accuracy >= recipe.stop_at_accuracy:
             stop_at_step = step + recipe.steps_after_stop
         if stop_at_step is not None and step >= stop_at_step:
@@ -214,8 +213,9 @@ def train(
     wall = time.perf_counter() - start
 
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out / "model.safetensors"))
-    if snapshots:
-        save_file(snapshots, str(out / "snapshots.safetensors"))
+    for step_run, state in snapshots.items():  # one file per step keeps every file small
+        (out / "snapshots").mkdir(exist_ok=True)
+        save_file(state, str(out / "snapshots" / f"step_{step_run}.safetensors"))
     config = dict(entry.config, d_vocab=len(tokenizer), seed=seed, default_prepend_bos=entry.prepend_bos)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     card = dict(

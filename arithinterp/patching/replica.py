@@ -12,6 +12,11 @@ import torch.nn.functional as F
 from arithinterp.errors import AnalysisError
 from arithinterp.patching.core import _UNIT_SITES
 
+
+class ReplicaUnsupported(Exception):
+    """The replica forward cannot reproduce this model; sweeps fall back to hooks."""
+
+
 _STAGES = ("resid_pre", "pattern", "attn_z", "attn_out", "resid_mid", "mlp_pre", "mlp_post", "mlp_out", "resid_post")
 _ORDER = {s: i for i, s in enumerate(_STAGES)}
 
@@ -66,7 +71,7 @@ class _Replica:
         if getattr(cfg, "gated_mlp", False):
             unsupported.append("gated_mlp")
         if unsupported:
-            raise NotImplementedError(", ".join(unsupported))
+            raise ReplicaUnsupported(", ".join(unsupported))
         self.n_layers, self.n_heads = int(cfg.n_layers), int(cfg.n_heads)
         self.attn_only = bool(getattr(cfg, "attn_only", False))
         self.act = _ACTS.get(act)
@@ -89,7 +94,7 @@ class _Replica:
         self.ln2 = [_norm_of(getattr(b, "ln2", None)) for b in model.blocks] if not self.attn_only else []
         self.ln_final = _norm_of(getattr(model, "ln_final", None))
         if any(n is None for n in self.ln1 + self.ln2 + [self.ln_final]):
-            raise NotImplementedError("normalisation modules not reachable")
+            raise ReplicaUnsupported("normalisation modules not reachable")
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -285,8 +290,8 @@ def _replica_for(model, tokens: torch.Tensor, engine: str, replica: Optional[_Re
         error = float((mine - theirs).abs().max())
         scale = max(1.0, float(theirs.abs().max()))
         if error > 1e-5 * scale:
-            raise NotImplementedError(f"replica differs from the model's logits by {error:.2e}")
-    except (NotImplementedError, AttributeError, RuntimeError, TypeError, IndexError) as why:
+            raise ReplicaUnsupported(f"replica differs from the model's logits by {error:.2e}")
+    except (ReplicaUnsupported, AttributeError, RuntimeError, TypeError, IndexError) as why:
         if engine == "replica":
             raise AnalysisError(f"the replica forward does not cover this model ({why}); use engine='hooks' or 'auto'") from why
         return None, f"hooks: replica unsupported ({why})"
