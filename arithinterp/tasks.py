@@ -228,6 +228,26 @@ class PromptSet:
             values.append(int(text) if re.fullmatch(r"-?\d+", text) else UNPARSABLE)
         return Evaluation(correct, torch.tensor(values), texts, generated)
 
+    @torch.inference_mode()
+    def answer_logprob(self, model: Any, batch_size: int = 512) -> torch.Tensor:
+        """Log-probability of each true answer, [N].
+
+        With ``scoring="first_token"`` that of the answer's first token; with
+        ``scoring="full_answer"`` the teacher-forced sum over every answer token (the answer's
+        earlier tokens are fed in, as if the model had produced them).
+        """
+        n_score = self.answer_tokens.shape[1] if self.scoring == "full_answer" else 1
+        total = torch.zeros(len(self))
+        for group in self.length_groups():
+            for idx in group.split(batch_size):
+                answer = self.answer_tokens[idx, :n_score]
+                # feed all but the last scored answer token; -1 padding is fed as token 0 and masked out
+                fed = torch.cat([self.unpadded(idx), answer[:, :-1].clamp(min=0)], dim=1)
+                logits = model(fed, return_type="logits")[:, -n_score:].float().log_softmax(-1)
+                picked = logits.gather(-1, answer.clamp(min=0)[..., None])[..., 0]
+                total[idx] = (picked * (answer >= 0)).sum(-1)
+        return total
+
     def correct_only(self, model: Any, evaluation: Optional[Evaluation] = None) -> "PromptSet":
         """Keep only the prompts the model answers correctly; ``meta`` records how many were dropped."""
         evaluation = evaluation or self.evaluate(model)

@@ -143,3 +143,20 @@ def test_few_shot_prefix(tiny_model):
         left, right = line.split("=")
         x, y = left.split("+")
         assert int(x) + int(y) == int(right)
+
+
+def test_answer_logprob_first_token_and_full_answer(tiny_digit_model):
+    prompts = prompts_for_pairs(tiny_digit_model, "+", [123, 45], [456, 7], "{a}+{b}=")
+    first = prompts.answer_logprob(tiny_digit_model)
+    full = prompts.with_scoring("full_answer").answer_logprob(tiny_digit_model)
+    assert prompts.with_scoring("full_answer").scoring == "full_answer"
+    for i in range(len(prompts)):
+        start = prompts.tokens.shape[1] - int(prompts.lengths[i])
+        answer = prompts.answer_tokens[i][prompts.answer_tokens[i] >= 0]
+        tokens = torch.cat([prompts.tokens[i, start:], answer])[None]
+        logprobs = tiny_digit_model(tokens)[0].log_softmax(-1)
+        n = int(prompts.lengths[i])
+        expected = sum(float(logprobs[n - 1 + j, answer[j]]) for j in range(len(answer)))
+        assert full[i].item() == pytest.approx(expected, abs=1e-4)
+        assert first[i].item() == pytest.approx(float(logprobs[n - 1, answer[0]]), abs=1e-4)
+    assert (full <= first + 1e-6).all()  # more tokens, less probability
