@@ -43,7 +43,11 @@ class Context:
     evaluation: Any
     pairs: Any
     seed: int = 0
-    extra: dict = field(default_factory=dict)
+    # how much each stage looks at: sized so the whole report runs in well under 3 minutes on 2 cores
+    n_pairs: int = 200
+    n_probe_prompts: int = 1000
+    n_detector_prompts: int = 6000
+    top_k_neurons: int = 50
 
 
 # --- stages --------------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ def _top_cells(result, k: int = 3) -> str:
 def patching_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
-    pairs = ctx.pairs[: ctx.extra.get("pairs", 200)]
+    pairs = ctx.pairs[: ctx.n_pairs]
     section = Section("Activation patching")
     resid = patching.sweep(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
     heads = patching.sweep(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
@@ -119,7 +123,7 @@ def probes_stage(ctx: Context) -> Section:
     from arithinterp import probes
     from arithinterp.activations import collect
 
-    prompts = ctx.prompts[: ctx.extra.get("probe_prompts", 1000)]
+    prompts = ctx.prompts[: ctx.n_probe_prompts]
     acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
     section = Section("Linear probes")
     for target in ("a", "answer"):
@@ -147,7 +151,7 @@ def error_detector_stage(ctx: Context) -> Section:
     else:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
-        prompts = held_out_prompts(model, get_entry(name), limit=ctx.extra.get("detector_prompts", 6000), seed=ctx.seed)
+        prompts = held_out_prompts(model, get_entry(name), limit=ctx.n_detector_prompts, seed=ctx.seed)
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
             f"errors of {name}, a model stopped early so that it still errs."
@@ -191,7 +195,7 @@ def fourier_helix_stage(ctx: Context) -> Section:
     section.figures.append(spectrum.plot())
     acts = collect(ctx.model, ctx.prompts, sites="resid_pre", layers=[0], positions="a", progress=False)
     fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site="resid_pre", layer=0, position="a")
-    test = helix.patch_test(ctx.model, ctx.pairs[: ctx.extra.get("pairs", 200)], fit, layer=0, position="a")
+    test = helix.patch_test(ctx.model, ctx.pairs[: ctx.n_pairs], fit, layer=0, position="a")
     frac = dict(zip(test.methods, test.fraction.tolist()))
     section.findings.append(
         f"A helix with periods 2, 5, 10, 100 fitted at layer 0 on the a token has held-out R² "
@@ -207,7 +211,7 @@ def neurons_stage(ctx: Context) -> Section:
     from arithinterp import neurons
 
     section = Section("Heuristic neurons")
-    table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.extra.get("top_k", 50), pairs=ctx.pairs)
+    table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.top_k_neurons, pairs=ctx.pairs)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
     section.findings.append(
         f"Of the {len(table.layer)} most important MLP neurons, {coverage} implement at least one "
