@@ -213,7 +213,7 @@ def held_out_prompts(model: Any, entry: ZooEntry, limit: Optional[int] = None, s
     held_out = split(entry)[1]
     if limit is not None and limit < len(held_out):
         pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed))[:limit]
-        held_out = held_out[pick.sort().values]
+        held_out = held_out[pick]  # seeded random order: any prefix is a fair sample
     a_all, b_all = operand_grid(entry.task)
     return zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist())
 
@@ -242,7 +242,8 @@ def task_prompts(model: Any, spec: str, limit: int = 2000, seed: int = 0):
             raise TaskError(f"{spec}: fewer than 10 numbers below 100 are single tokens; pass a zoo model")
         a, b = single.repeat_interleave(len(single)), single.repeat(len(single))
     # sample the operand grid before building prompts: a large grid (810,000 problems) never gets tokenized
-    pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit].sort().values
+    # seeded random order (not sorted): any prefix of the result is a fair sample of the task
+    pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit]
     if spec.startswith("zoo:"):
         return zoo_prompts(model, entry, a[pick].tolist(), b[pick].tolist())
     return prompts_for_pairs(model, "+", a[pick].tolist(), b[pick].tolist(), "{a}+{b}=")
