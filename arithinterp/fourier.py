@@ -831,16 +831,15 @@ def _zoo_modulus(model: Any) -> int:
 
 def train_mask(name: str = "modadd-113") -> torch.Tensor:
     """Bool [p, p]: the (a, b) pairs zoo model ``name`` was trained on (its seeded split)."""
-    from arithinterp.models.train import make_dataset, make_tokenizer
+    from arithinterp.models.train import split
     from arithinterp.models.zoo import get_entry
 
     entry = get_entry(name)
     if not entry.task.modulus or entry.task.a_range != (0, entry.task.modulus):
         raise AnalysisError(f"zoo model {name!r} is not a modular-addition model over 0..p-1")
     p = entry.task.modulus
-    data = make_dataset(entry, make_tokenizer(entry))
     mask = torch.zeros(p * p, dtype=torch.bool)
-    mask[data.a[data.train_idx] * p + data.b[data.train_idx]] = True
+    mask[split(entry)[0]] = True  # the operand grid is a-major: problem index = a * p + b
     return mask.reshape(p, p)
 
 

@@ -1039,7 +1039,6 @@ class ErrorDetector:
         self.validation_ = []
         auto = self.threshold == "auto"
         self.thresholds_ = {"disagreement": None, "direct": None if auto else float(self.threshold)}
-        chosen = {}
         if len(layers) > 1 or self.method == "auto" or auto:
             from sklearn.model_selection import train_test_split
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import ConfigError, accepted

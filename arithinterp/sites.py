@@ -26,7 +26,6 @@ HOOKS: dict[str, str] = {
     "mlp_post": "blocks.{layer}.mlp.hook_post",
 }
 GLOBAL_SITES = ("embed", "pos_embed")
-PER_HEAD_SITES = ("attn_z", "pattern")
 PER_NEURON_SITES = ("mlp_pre", "mlp_post")
 
 

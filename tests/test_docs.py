@@ -1,7 +1,6 @@
 """The documentation builds in strict mode (broken links, bad docstrings and missing pages fail)."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -40,7 +40,7 @@ def test_bridge_logits_equal_the_trained_module(name):
     """The shipped weights compute the same function inside the bridge as in the training module."""
     from transformer_lens.model_bridge.sources.native import NativeModel
 
-    from arithinterp.models.train import bridge_config, logits_at, make_tokenizer
+    from arithinterp.models.train import bridge_config, logits_at
 
     entry = get_entry(name)
     model = ai.load_model(f"zoo:{name}")

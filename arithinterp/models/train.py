@@ -41,8 +41,6 @@ class Dataset:
     inputs: torch.Tensor
     targets: torch.Tensor
     answer_logit_pos: torch.Tensor
-    a: torch.Tensor
-    b: torch.Tensor
     train_idx: torch.Tensor
     test_idx: torch.Tensor
 
@@ -88,8 +86,6 @@ def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None) -> Data
         inputs=ids[:, :-1],
         targets=ids[:, prompt_len:],
         answer_logit_pos=torch.arange(prompt_len - 1, ids.shape[1] - 1),
-        a=a,
-        b=b,
         train_idx=train_idx,
         test_idx=test_idx,
     )

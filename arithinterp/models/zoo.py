@@ -9,7 +9,7 @@ built, and the recipe that reproduces it. The measured accuracy lives next to th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 

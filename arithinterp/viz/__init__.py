@@ -18,3 +18,8 @@ from arithinterp.viz.base import (  # noqa: F401
     layer_position_heatmap,
     position_labels,
 )
+
+__all__ = [
+    "NUMBER_SCALE", "SEQUENTIAL_SCALE", "SIGNED_SCALE", "TEMPLATE", "TEMPLATE_NAME",
+    "bars", "figure", "heatmap", "layer_lines", "layer_position_heatmap", "position_labels",
+]
