@@ -127,10 +127,11 @@ def table(rows: list[dict], runs: int) -> str:
         "Speed-up = TransformerLens time / arithinterp time; floor = one forward per cell from the "
         "patched layer and position on (estimated from a measured unpatched forward); "
         "max |diff| = largest difference of the per-pair logit difference over all cells. "
-        "cells (run): cells swept (cells actually run; the others patch in an activation identical to "
-        "the base run's — every position before the varied operand — and are exact no-ops). "
+        "cells (run): cells swept (cells actually run; the others are the base run — they patch in an "
+        "activation identical to the base run's, at every position before the varied operand — or the source "
+        "run — a residual patch that makes the whole residual stream the source's, as at layer 0 on the operand). "
         "Beating the floor comes from stacking cells into large batches, starting each in the patched "
-        "layer's first changed position, computing only the final position in the last block, and the no-op cells. "
+        "layer's first changed position, computing only the final position in the last block, and the settled cells. "
         "TransformerLens / floor is the most any one-forward-per-cell method could gain over TransformerLens.",
         "",
         "| setup | site | pairs × tokens | cells (run) | TransformerLens | arithinterp | speed-up | floor (est.) | TransformerLens / floor | arithinterp / floor | max abs diff |",

@@ -103,16 +103,30 @@ def test_cells_before_the_changed_token_are_no_ops(few_shot):
     model, fs_pairs = few_shot
     result = patching.sweep(model, fs_pairs, "resid_pre", positions=list(range(5)), progress=False)
     assert torch.equal(result.values, result.corrupt_baseline[:, None, None].expand_as(result.values))
+    assert result.meta["cells_run"] == 0
+
+
+def test_a_residual_patch_that_makes_the_source_run_is_not_run(few_shot):
+    """At layer 0 the prompts differ at the varied operand alone: patching it there gives the clean run."""
+    model, fs_pairs = few_shot
+    result = patching.sweep(model, fs_pairs, "resid_pre", layers=[0], positions=["b"], progress=False)
+    assert result.meta["cells_run"] == 0
+    assert torch.equal(result.values[:, 0, 0], result.clean_baseline)
 
 
 # --- known results ---------------------------------------------------------------------------------
 
 
 def _known_results(model, pairs):
+    """Both cells on both engines: the replica recognises them as the source run, hooks run them."""
     last = model.cfg.n_layers - 1
-    operand = patching.sweep(model, pairs, "resid_pre", layers=[0], positions=["a"], normalize=True, progress=False)
-    final = patching.sweep(model, pairs, "resid_post", layers=[last], positions=["final"], normalize=True, progress=False)
-    return operand.mean.item(), final.mean.item()
+    values = []
+    for engine in ("replica", "hooks"):
+        operand = patching.sweep(model, pairs, "resid_pre", layers=[0], positions=["a"], normalize=True, engine=engine, progress=False)
+        final = patching.sweep(model, pairs, "resid_post", layers=[last], positions=["final"], normalize=True, engine=engine, progress=False)
+        values += [operand.mean.item(), final.mean.item()]
+    assert operand.meta["cells_run"] == 1 and final.meta["cells_run"] == 1  # hooks run every cell
+    return values
 
 
 def test_known_results_on_a_random_model(tiny_model, pairs):

@@ -26,6 +26,10 @@ from arithinterp.patching.core import (
 )
 from arithinterp.patching.replica import _mask, _Replica, _replica_for, _slice_pos
 
+UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see _ReplicaRunner.cell_states)
+_RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstream depends on them alone
+
+
 def _site_width(model, site: str, length: int) -> int:
     cfg = model.cfg
     return {
@@ -122,11 +126,13 @@ def sweep(
             cell_unit = lambda rows: None if not units else unit_ids[table[rows, 2]]  # noqa: E731
             for layer_i, layer in enumerate(layer_list):
                 rows = torch.nonzero(table[:, 0] == layer_i).flatten()
-                # a cell whose source activation equals the base one is a no-op: its value is the base metric
-                active = runner.differs(site, layer, cell_pos(rows), cell_unit(rows))
-                values[idx[:, None], rows[~active][None, :]] = base_metric[:, None].float()
-                bar.update(int((~active).sum()))
-                rows = rows[active]
+                # cells whose patched run is the base run or the source run for every pair are not run
+                states = runner.cell_states(site, layer, cell_pos(rows), cell_unit(rows))  # [C, B]
+                settled = (states != RUN).all(1)
+                known = torch.where(states[settled] == SOURCE, source_metric, base_metric)
+                values[idx[:, None], rows[settled][None, :]] = known.T.float()
+                bar.update(int(settled.sum()))
+                rows = rows[~settled]
                 if pos_group is not None:  # cells patched at similar positions share a start position
                     rows = rows[torch.argsort(cell_pos(rows).min(1).values, stable=True)]
                 starts = None if pos_group is None else cell_pos(rows).min(1).values
@@ -145,7 +151,7 @@ def sweep(
     values = values.reshape(n, *cells.shape())
     return _result(
         model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction,
-        "exact", normalize, seed, dict(engine=sorted(engines), unit=unit_kind, cells_run=n_run, cells_unchanged=len(table) * len(groups) - n_run),
+        "exact", normalize, seed, dict(engine=sorted(engines), unit=unit_kind, cells_run=n_run, cells_settled=len(table) * len(groups) - n_run),
     )
 
 
@@ -181,15 +187,16 @@ class _ReplicaRunner:
 
     def __init__(self, replica: _Replica, base_tokens: torch.Tensor, source_tokens: torch.Tensor):
         self.replica = replica
-        # one forward for both runs: larger matrix multiplies, half the per-call overhead
-        logits, cache = replica.run(torch.cat([base_tokens, source_tokens]))
-        B, self.length = base_tokens.shape
-        self.base_logits, self.source_logits = logits[:B], logits[B:]
-        self.base = {name: [t[:B] for t in per_layer] for name, per_layer in cache.items()}
-        self.source = {name: [t[B:] for t in per_layer] for name, per_layer in cache.items()}
+        # two forwards rather than one of both: activations of twice the size fall out of cache
+        self.base_logits, self.base = replica.run(base_tokens)
+        self.source_logits, self.source = replica.run(source_tokens)
+        self.length = base_tokens.shape[1]
 
-    def differs(self, site: str, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
-        """Which cells ``[C]`` change the base activation for at least one pair."""
+    def cell_states(self, site: str, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+        """What each cell's patch does to each pair, ``[C, B]``: ``UNCHANGED`` (the source activation
+        equals the base one where it is patched: the patched run is the base run), ``SOURCE`` (a
+        residual-stream site that then equals the source run's at every position: everything
+        downstream, the logits included, is the source run's) or ``RUN``."""
         neq = self.source[site][layer] != self.base[site][layer]
         if self._final_only(site, layer):  # only the final position is kept; patches elsewhere are no-ops
             full = torch.zeros(*neq.shape[:_POS_DIM[site]], self.length, *neq.shape[_POS_DIM[site] + 1 :], dtype=torch.bool)
@@ -204,10 +211,17 @@ class _ReplicaRunner:
         else:
             per = neq.any(-1, keepdim=True)  # [B, T, 1]
         per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)  # [C or 1, B, T]
-        if pos is None:
-            return per.any(-1).any(-1).expand(len(unit) if unit is not None else 1)
-        C = pos.shape[0]
-        return per.expand(C, -1, -1).gather(2, pos[:, :, None])[..., 0].any(-1)
+        C = pos.shape[0] if pos is not None else len(unit) if unit is not None else 1
+        per = per.expand(C, -1, -1)
+        if pos is None:  # every position patched
+            patched, elsewhere = per.any(-1), torch.zeros(per.shape[:2], dtype=torch.bool)
+        else:
+            patched = per.gather(2, pos[:, :, None])[..., 0]
+            elsewhere = per.sum(-1) > patched.long()
+        states = torch.where(patched, RUN, UNCHANGED)
+        if site in _RESIDUAL_SITES:
+            states = torch.where(patched & ~elsewhere, SOURCE, states)
+        return states
 
     def _final_only(self, site: str, layer: int) -> bool:
         return self.base[site][layer].shape[_POS_DIM[site]] != self.length
@@ -245,9 +259,9 @@ class _HookRunner:
         self.source_logits = logits[:, -1]
         self.source = {name: cache[name] for name in names}
 
-    def differs(self, site: str, layer: int, pos, unit) -> torch.Tensor:
+    def cell_states(self, site: str, layer: int, pos, unit) -> torch.Tensor:
         """Every cell is run: the base activations are not kept on this path."""
-        return torch.ones(len(pos) if pos is not None else len(unit) if unit is not None else 1, dtype=torch.bool)
+        return torch.full((len(pos) if pos is not None else len(unit) if unit is not None else 1, self.tokens.shape[0]), RUN)
 
     def patched(self, site: str, layer: int, pos, unit) -> torch.Tensor:
         name = site_lib.hook_name(site, layer)

@@ -32,6 +32,15 @@ _ACTS = {
 }
 
 
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear`` on the rows of ``x [..., in]`` as one 2-D product.
+
+    A strided ``x`` of more than two dimensions would otherwise become a batched product against a
+    copy of the weight per batch row.
+    """
+    return F.linear(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
 def _norm_of(module) -> Optional[Callable]:
     """The plain normalisation module under a bridge component (identity when absent)."""
     if module is None:
@@ -116,7 +125,7 @@ class _Replica:
         return self.unembed(resid[:, :, -1])[0], cache
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ln_final(resid), self.W_U, self.b_U)
+        return _linear(self.ln_final(resid), self.W_U, self.b_U)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[C, B, S, H * d_head]`` -> ``[C, B, H, S, d_head]``."""
@@ -124,7 +133,70 @@ class _Replica:
 
     def _qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values ``[C, B, H, S, d_head]`` of normalised inputs ``[C, B, S, d]``."""
-        return tuple(self._heads(x) for x in F.linear(h, self.W_QKV[layer], self.b_QKV[layer]).chunk(3, dim=-1))
+        return tuple(self._heads(x) for x in _linear(h, self.W_QKV[layer], self.b_QKV[layer]).chunk(3, dim=-1))
+
+    def _attend(self, layer, resid_pre, s, base, point, only_final, keep, want_pattern) -> torch.Tensor:
+        """Attention output ``z [C, B, S, H, d_head]`` of block ``layer`` for queries from ``s`` on
+        (only the final one with ``only_final``), from the block's input ``resid_pre [C, B, S, d]``.
+
+        With ``point [C, B]`` each row differs from the base run at that one position only, so
+        queries, keys and values are recomputed there alone and the rest come from ``base``.
+        """
+        if point is not None:
+            C, B = point.shape
+            rel = (point - s)[:, :, None, None]
+            changed = resid_pre.gather(2, rel.expand(C, B, 1, resid_pre.shape[-1]))
+            new_q, new_k, new_v = self._qkv(layer, self.ln1[layer](changed))  # [C, B, H, 1, d_head]
+            if only_final:
+                return self._final_attention(layer, point, new_q, new_k, new_v, base)
+            index = rel[..., None].expand(C, B, self.n_heads, 1, new_q.shape[-1])
+            q, k, v = (
+                base[name][layer][None, :, :, s:].expand(C, -1, -1, -1, -1).scatter(3, index, fresh)
+                for name, fresh in (("q", new_q), ("k", new_k), ("v", new_v))
+            )
+        elif only_final:  # keys and values everywhere, the query only at the end
+            h = self.ln1[layer](resid_pre)
+            d_qkv = self.W_QKV.shape[1] // 3
+            k, v = (self._heads(x) for x in _linear(h, self.W_QKV[layer][d_qkv:], self.b_QKV[layer][d_qkv:]).chunk(2, dim=-1))
+            q = self._heads(_linear(h[:, :, -1:], self.W_QKV[layer][:d_qkv], self.b_QKV[layer][:d_qkv]))
+        else:
+            q, k, v = self._qkv(layer, self.ln1[layer](resid_pre))
+        keep("q", q)
+        keep("k", k)
+        keep("v", v)
+        if s > 0:  # earlier positions are untouched by the patch: reuse their keys and values
+            k = torch.cat([base["k"][layer][None, :, :, :s].expand(k.shape[0], -1, -1, -1, -1), k], dim=3)
+            v = torch.cat([base["v"][layer][None, :, :, :s].expand(v.shape[0], -1, -1, -1, -1), v], dim=3)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]  # causal
+        if not want_pattern:  # the fused attention kernel
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / self.scale).transpose(2, 3)
+        scores = q @ k.transpose(-1, -2) / self.scale
+        pattern = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        keep("pattern", pattern)
+        return (pattern @ v).transpose(2, 3)
+
+    def _final_attention(self, layer, point, new_q, new_k, new_v, base) -> torch.Tensor:
+        """Final-position attention ``z [C, B, 1, H, d_head]`` in the last block when each row changes
+        one key and value (at ``point [C, B]``) and, where that is the final position, the query.
+
+        The cells go along the query axis: every cell's scores against the base run's keys come
+        from one product ``[B, H, C, d_head] @ [B, H, d_head, T]`` without a copy of the keys per
+        cell; the changed key's score and value are then put in place.
+        """
+        k, v = base["k"][layer], base["v"][layer]  # [B, H, T, d_head]
+        B, H, T, d_head = k.shape
+        C = point.shape[0]
+        at_end = (point == T - 1)[:, :, None, None, None]
+        q = torch.where(at_end, new_q, base["q"][layer][None, :, :, -1:])[:, :, :, 0].permute(1, 2, 0, 3)  # [B, H, C, d]
+        new_k, new_v = (x[:, :, :, 0].permute(1, 2, 0, 3) for x in (new_k, new_v))
+        scores = q @ k.transpose(-1, -2)  # [B, H, C, T]
+        at = point.T[:, None, :, None].expand(B, H, C, 1)
+        scores.scatter_(-1, at, (q * new_k).sum(-1, keepdim=True))
+        pattern = (scores / self.scale).softmax(-1)  # the final query sees every position
+        old_v = v.gather(2, point.T[:, None, :, None].expand(B, H, C, d_head))
+        z = pattern @ v + pattern.gather(-1, at) * (new_v - old_v)  # [B, H, C, d_head]
+        return z.permute(2, 0, 1, 3)[:, :, None]
 
     def block(self, layer, entry, value, s, base, *, record=None, final_only=None, point=None):
         """Run block ``layer`` from stage ``entry`` whose (patched) activation is ``value``.
@@ -155,55 +227,14 @@ class _Replica:
         if order <= _ORDER["attn_z"]:
             if entry == "resid_pre":
                 keep("resid_pre", resid_pre)
-                if point is None and only_final:  # keys and values everywhere, the query only at the end
-                    h = self.ln1[layer](resid_pre)
-                    d_qkv = self.W_QKV.shape[1] // 3
-                    k, v = (self._heads(x) for x in F.linear(h, self.W_QKV[layer][d_qkv:], self.b_QKV[layer][d_qkv:]).chunk(2, dim=-1))
-                    q = self._heads(F.linear(h[:, :, -1:], self.W_QKV[layer][:d_qkv], self.b_QKV[layer][:d_qkv]))
-                elif point is None:
-                    q, k, v = self._qkv(layer, self.ln1[layer](resid_pre))
-                else:
-                    C, B = point.shape
-                    rel = (point - s)[:, :, None, None]
-                    changed = resid_pre.gather(2, rel.expand(C, B, 1, resid_pre.shape[-1]))
-                    new_q, new_k, new_v = self._qkv(layer, self.ln1[layer](changed))  # [C, B, H, 1, d_head]
-                    index = rel[..., None].expand(C, B, self.n_heads, 1, new_q.shape[-1])
-                    k, v = (
-                        base[name][layer][None, :, :, s:].expand(C, -1, -1, -1, -1).scatter(3, index, fresh)
-                        for name, fresh in (("k", new_k), ("v", new_v))
-                    )
-                    if only_final:  # the final query changes only where the final position was patched
-                        at_end = (point == s + resid_pre.shape[2] - 1)[:, :, None, None, None]
-                        q = torch.where(at_end, new_q, base["q"][layer][None, :, :, -1:])
-                    else:
-                        q = base["q"][layer][None, :, :, s:].expand(C, -1, -1, -1, -1).scatter(3, index, new_q)
-                keep("q", q)
-                keep("k", k)
-                keep("v", v)
-                if s > 0:  # earlier positions are untouched by the patch: reuse their keys and values
-                    k = torch.cat([base["k"][layer][None, :, :, :s].expand(k.shape[0], -1, -1, -1, -1), k], dim=3)
-                    v = torch.cat([base["v"][layer][None, :, :, :s].expand(v.shape[0], -1, -1, -1, -1), v], dim=3)
-                if only_final:
-                    q = q[:, :, :, -1:]
-                n_q, n_k = q.shape[-2], k.shape[-2]
-                allowed = torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None]  # causal
-                if record is None:  # no pattern wanted: the fused attention kernel
-                    z = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0 / self.scale).transpose(2, 3)
-                else:
-                    scores = q @ k.transpose(-1, -2) / self.scale
-                    pattern = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-                    keep("pattern", pattern)
-            else:
-                v = base["v"][layer][None]
-                pattern = value if entry == "pattern" else None
-                if pattern is not None and only_final:
-                    pattern = pattern[:, :, :, -1:]
-            if entry == "attn_z":
+                z = self._attend(layer, resid_pre, s, base, point, only_final, keep, record is not None)
+            elif entry == "attn_z":
                 z = value[:, :, -1:] if only_final else value
-            elif entry != "resid_pre" or record is not None:
-                z = (pattern @ v).transpose(2, 3)  # [C, B, S, H, d_head]
+            else:  # a patched pattern [C, B, H, S, T]
+                pattern = value[:, :, :, -1:] if only_final else value
+                z = (pattern @ base["v"][layer][None]).transpose(2, 3)  # [C, B, S, H, d_head]
             keep("attn_z", z)
-            attn_out = F.linear(z.flatten(-2), self.W_O[layer], self.b_O[layer])
+            attn_out = _linear(z.flatten(-2), self.W_O[layer], self.b_O[layer])
         elif entry == "attn_out":
             attn_out = value
         if only_final:
@@ -223,7 +254,7 @@ class _Replica:
             return resid_mid
         if order <= _ORDER["resid_mid"]:
             h = self.ln2[layer](resid_mid)
-            pre = F.linear(h, self.W_in[layer], self.b_in[layer])
+            pre = _linear(h, self.W_in[layer], self.b_in[layer])
         elif entry == "mlp_pre":
             pre = value[:, :, -1:] if only_final else value
         if order <= _ORDER["mlp_pre"]:
@@ -233,7 +264,7 @@ class _Replica:
             post = value[:, :, -1:] if only_final else value
         if order <= _ORDER["mlp_post"]:
             keep("mlp_post", post)
-            mlp_out = F.linear(post, self.W_out[layer], self.b_out[layer])
+            mlp_out = _linear(post, self.W_out[layer], self.b_out[layer])
         else:
             mlp_out = value[:, :, -1:] if only_final else value
         keep("mlp_out", mlp_out)
