@@ -19,7 +19,7 @@ comes from. Metrics are read at the final prompt position.
 
 Speed. Exact sweeps stack many patch cells along the batch dimension and, for the standard
 pre-norm decoders of the zoo and TransformerLens's native models, run a replica of the model's
-forward (:class:`_Replica`) that starts at the patched layer from cached activations and, under
+forward (:class:`Replica`) that starts at the patched layer from cached activations and, under
 causal attention, only recomputes positions from the earliest patched one on — earlier positions'
 keys and values are reused from the base run. The replica is checked against the model's own
 logits on every call; where it does not reproduce them (an architecture it does not cover), the

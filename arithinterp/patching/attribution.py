@@ -11,19 +11,19 @@ from tqdm.auto import tqdm
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.patching.core import (
-    _UNIT_SITES,
     ATTRIBUTE_SITES,
     DIRECTIONS,
     METHODS,
+    UNIT_SITES,
+    Cells,
     PatchResult,
-    _Cells,
-    _check_choice,
-    _check_pairs,
-    _context,
-    _metric_fn,
-    _resolve_positions,
-    _resolve_units,
-    _result,
+    check_choice,
+    check_pairs,
+    metric_context,
+    metric_fn,
+    patch_result,
+    resolve_positions,
+    resolve_units,
 )
 from arithinterp.patching.exact import sweep
 from arithinterp.results import Result, build_meta
@@ -40,7 +40,7 @@ def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tens
         per = contribution.sum(-1).transpose(1, 2)  # [B, T_query, H]
     elif site == "attn_z":
         per = contribution.sum(-1)  # [B, T, H]
-    elif site in _UNIT_SITES:
+    elif site in UNIT_SITES:
         per = contribution  # [B, T, d_mlp]
     else:
         per = contribution.sum(-1)  # [B, T]
@@ -84,7 +84,7 @@ def attribute(
     The values are ``base metric + estimated effect`` so they sit on the same scale as the exact
     sweep's; returns one :class:`PatchResult` for a single site name, else ``{site: PatchResult}``.
     """
-    _check_pairs(pairs)
+    check_pairs(pairs)
     site_list = [sites] if isinstance(sites, str) else list(sites)
     if not site_list:
         raise SiteError(f"sites is empty; accepted sites: {accepted(ATTRIBUTE_SITES)}")
@@ -92,18 +92,18 @@ def attribute(
         site_lib.check_site(site)
         if site not in ATTRIBUTE_SITES:
             raise SiteError(f"site {site!r} cannot be attributed; accepted: {accepted(ATTRIBUTE_SITES)}")
-    _check_choice("method", method, METHODS)
-    _check_choice("direction", direction, DIRECTIONS)
+    check_choice("method", method, METHODS)
+    check_choice("direction", direction, DIRECTIONS)
     if method == "integrated_gradients" and (not isinstance(steps, int) or steps < 1):
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-    fn = _metric_fn(metric)
+    fn = metric_fn(metric)
     plans = {}
     for site in site_list:
         layer_list = site_lib.check_layers(model, site, layers)
-        unit_kind, units = _resolve_units(model, site, heads if site in ("attn_z", "pattern") else None, neurons if site in ("mlp_pre", "mlp_post") else None)
-        labels, pos_index = _resolve_positions(pairs, positions) if per_position else ([], None)
+        unit_kind, units = resolve_units(model, site, heads if site in ("attn_z", "pattern") else None, neurons if site in ("mlp_pre", "mlp_post") else None)
+        labels, pos_index = resolve_positions(pairs, positions) if per_position else ([], None)
         plans[site] = (layer_list, unit_kind, units, labels, pos_index)
     n = len(pairs)
     scores = {site: torch.empty(n, len(plan[0]), *((len(plan[3]),) if plan[3] else ()), *((len(plan[2]),) if plan[2] else ())) for site, plan in plans.items()}
@@ -150,7 +150,7 @@ def attribute(
                     base_logits = logits.detach().clone()
                     base_acts = {k: stored[k].detach().clone() for k in keep_names}
                 if ctx is None:
-                    ctx = _context(pairs[idx], direction, base_logits, src_logits)
+                    ctx = metric_context(pairs[idx], direction, base_logits, src_logits)
                 total = fn(logits[None], ctx)[0].sum()
                 names = sorted(grad_names)
                 for name, grad in zip(names, torch.autograd.grad(total, [stored[k] for k in names], allow_unused=True)):
@@ -169,8 +169,8 @@ def attribute(
                 scores[site][idx, i] = _cell_scores(site, contribution, pos, units) + base_metric.reshape(-1, *([1] * (scores[site].ndim - 2)))
     results = {}
     for site, (layer_list, unit_kind, units, labels, pos_index) in plans.items():
-        cells = _Cells(layer_list, len(labels), units)
-        results[site] = _result(
+        cells = Cells(layer_list, len(labels), units)
+        results[site] = patch_result(
             model, pairs, scores[site], clean_base, corrupt_base, cells, labels, pos_index, site, metric, direction,
             method, normalize, seed, dict(unit=unit_kind, steps=steps if method != "attribution" else None),
         )

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, _check_choice, _check_pairs, _context, _metric_fn, _metric_name, _pick
+from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, metric_name, pick
 from arithinterp.patching.exact import sweep
 from arithinterp.results import Result, build_meta
 
@@ -143,9 +143,9 @@ def direct_effect(
         the final residual stream.
     direction: ``"noise"`` (the paper's: run clean, bring in the corrupt output) or ``"denoise"``.
     """
-    _check_pairs(pairs)
-    _check_choice("direction", direction, DIRECTIONS)
-    fn = _metric_fn(metric)
+    check_pairs(pairs)
+    check_choice("direction", direction, DIRECTIONS)
+    fn = metric_fn(metric)
     parsed = _parse_components(model, default_components(model) if components is None else components, ("embed", "attn", "mlp", "head"))
     for c in parsed:
         if c.position is not None:
@@ -169,7 +169,7 @@ def direct_effect(
         for idx in tqdm(pairs.clean.length_groups(), desc="direct effect", disable=not progress):
             base_logits, base_cache = model.run_with_cache(base_set.unpadded(idx), names_filter=lambda name: name in names)
             source_logits, source_cache = model.run_with_cache(source_set.unpadded(idx), names_filter=lambda name: name in names)
-            ctx = _context(pairs[idx], direction, base_logits[:, -1], source_logits[:, -1])
+            ctx = metric_context(pairs[idx], direction, base_logits[:, -1], source_logits[:, -1])
             base_metric = fn(base_logits[:, -1], ctx)
             total_change[idx] = fn(source_logits[:, -1], ctx) - base_metric
             final = base_cache[final_name][:, -1]
@@ -190,7 +190,7 @@ def direct_effect(
         total=total,
         total_change=total_change,
         remainder=total_change - direct.sum(1),
-        metric=_metric_name(metric),
+        metric=metric_name(metric),
         direction=direction,
         meta=build_meta(model, n_pairs=n),
     )
@@ -319,7 +319,7 @@ def _ablated_logits(model, prompts, parsed, mode: str, seed: int, keep: bool, ba
 
 def _answer_scores(logits: torch.Tensor, prompts) -> tuple[torch.Tensor, torch.Tensor]:
     answer = prompts.answer_tokens[:, 0]
-    return logits.argmax(-1) == answer, _pick(logits.float().log_softmax(-1), answer)
+    return logits.argmax(-1) == answer, pick(logits.float().log_softmax(-1), answer)
 
 
 def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
@@ -331,7 +331,7 @@ def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mea
     mode: ``"zero"``; ``"mean"`` (the mean over these prompts at each position, per token-length
         group); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
     """
-    _check_choice("mode", mode, ABLATION_MODES)
+    check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     parsed = _parse_components(model, components, ("attn", "mlp", "head", "neuron"))
@@ -408,8 +408,8 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
         0, ``"mlp1"``, optionally ``"@position"`` to keep a component at one position only).
     metric: ``"logit"`` (default, *(choice)*), ``"logprob"``, ``"prob"`` or ``"accuracy"``.
     """
-    _check_choice("metric", metric, FAITHFULNESS_METRICS)
-    _check_choice("mode", mode, ABLATION_MODES)
+    check_choice("metric", metric, FAITHFULNESS_METRICS)
+    check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
     parsed = _parse_components(model, list(circuit), ("attn", "mlp", "head")) if len(circuit) else []
@@ -417,9 +417,9 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
 
     def score(logits):
         values = {
-            "logit": lambda: _pick(logits, answer),
-            "logprob": lambda: _pick(logits.float().log_softmax(-1), answer),
-            "prob": lambda: _pick(logits.float().softmax(-1), answer),
+            "logit": lambda: pick(logits, answer),
+            "logprob": lambda: pick(logits.float().log_softmax(-1), answer),
+            "prob": lambda: pick(logits.float().softmax(-1), answer),
             "accuracy": lambda: (logits.argmax(-1) == answer).float(),
         }[metric]()
         return float(values.mean()), float((logits.argmax(-1) == answer).float().mean())

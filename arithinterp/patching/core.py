@@ -1,4 +1,8 @@
-"""Shared pieces of the patching analyses: the result type, metrics, input checks."""
+"""Shared pieces of the patching analyses: the result type, metrics, input checks, the cell grid.
+
+The functions here are the patching package's own building blocks; the package exports the
+result type and the constants, not these helpers.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ DIRECTIONS = ("denoise", "noise")
 ENGINES = ("auto", "replica", "hooks")
 METHODS = ("attribution", "integrated_gradients")
 ABLATION_MODES = ("zero", "mean", "resample")
-_UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
-_ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
+UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
+ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
 
 
 # =================================================================================================
@@ -123,7 +127,7 @@ def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1
 
 
 @dataclass
-class _Context:
+class MetricContext:
     """What a metric needs about a batch of pairs: answer tokens and the base run's probabilities."""
 
     clean_tok: torch.Tensor  # [B]
@@ -135,13 +139,13 @@ class _Context:
     base_p_source: Optional[torch.Tensor] = None  # P(source answer) in the unpatched base run
 
 
-def _pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``logits[..., b, tokens[b]]`` for logits ``[*lead, B, V]``: ``[*lead, B]``."""
     index = tokens.view(*([1] * (logits.ndim - 2)), -1, 1).expand(*logits.shape[:-1], 1)
     return logits.gather(-1, index)[..., 0]
 
 
-def _metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, _Context], torch.Tensor]:
+def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricContext], torch.Tensor]:
     """A function ``(logits [*lead, B, V], ctx) -> [*lead, B]`` for a metric name or callable."""
     if callable(metric):
 
@@ -162,21 +166,21 @@ def _metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, _Context
     if metric not in METRICS:
         raise ConfigError(f"unknown metric {metric!r}; accepted: {accepted(METRICS)} or a callable f(logits [B, V], pairs) -> [B]")
     if metric == "logit_diff":
-        return lambda logits, ctx: _pick(logits, ctx.clean_tok) - _pick(logits, ctx.corrupt_tok)
+        return lambda logits, ctx: pick(logits, ctx.clean_tok) - pick(logits, ctx.corrupt_tok)
     if metric == "prob":
-        return lambda logits, ctx: _pick(logits.float().softmax(-1), ctx.clean_tok)
+        return lambda logits, ctx: pick(logits.float().softmax(-1), ctx.clean_tok)
     if metric == "logprob":
-        return lambda logits, ctx: _pick(logits.float().log_softmax(-1), ctx.clean_tok)
+        return lambda logits, ctx: pick(logits.float().log_softmax(-1), ctx.clean_tok)
 
     def ie(logits, ctx):
         # Stolfo et al. 2023: r = the base prompt's answer, r' = the source prompt's answer
         probs = logits.float().softmax(-1)
-        return metric_lib.stolfo_ie(ctx.base_p_base, _pick(probs, ctx.base_tok), ctx.base_p_source, _pick(probs, ctx.source_tok))
+        return metric_lib.stolfo_ie(ctx.base_p_base, pick(probs, ctx.base_tok), ctx.base_p_source, pick(probs, ctx.source_tok))
 
     return ie
 
 
-def _metric_name(metric) -> str:
+def metric_name(metric) -> str:
     return metric if isinstance(metric, str) else getattr(metric, "__name__", "custom")
 
 
@@ -185,7 +189,7 @@ def _metric_name(metric) -> str:
 # =================================================================================================
 
 
-def _check_pairs(pairs) -> None:
+def check_pairs(pairs) -> None:
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
     if len(pairs) == 0:
@@ -194,12 +198,12 @@ def _check_pairs(pairs) -> None:
         raise AnalysisError("clean and corrupt prompts must have identical token shapes and lengths within each pair")
 
 
-def _check_choice(name: str, value, choices) -> None:
+def check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(choices)}")
 
 
-def _resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
+def resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
     """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``."""
     clean = pairs.clean
     width = clean.tokens.shape[1]
@@ -237,8 +241,8 @@ def _resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
     return labels, torch.stack(rows).long()
 
 
-def _resolve_units(model, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
-    kind = _UNIT_SITES.get(site)
+def resolve_units(model, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
+    kind = UNIT_SITES.get(site)
     if kind is None:
         if heads is not None or neurons is not None:
             raise SiteError(f"site {site!r} has no heads or neurons; heads apply to 'attn_z' and 'pattern', neurons to 'mlp_pre' and 'mlp_post'")
@@ -254,7 +258,7 @@ def _resolve_units(model, site: str, heads, neurons) -> tuple[Optional[str], lis
 
 
 @dataclass
-class _Cells:
+class Cells:
     """The patch cells of a sweep: flattened cell index -> (layer, position index, unit)."""
 
     layers: list
@@ -275,14 +279,14 @@ class _Cells:
         return torch.stack([g.reshape(-1) for g in grids], dim=1)
 
 
-def _context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor) -> _Context:
+def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor) -> MetricContext:
     clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
     base_tok, source_tok = (corrupt_tok, clean_tok) if direction == "denoise" else (clean_tok, corrupt_tok)
     probs = base_logits.float().softmax(-1)
-    return _Context(clean_tok, corrupt_tok, base_tok, source_tok, batch, _pick(probs, base_tok), _pick(probs, source_tok))
+    return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok), pick(probs, source_tok))
 
 
-def _result(model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction, method, normalize, seed, extra):
+def patch_result(model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction, method, normalize, seed, extra):
     if normalize:
         scale = clean_base.mean() - corrupt_base.mean()
         if abs(float(scale)) < 1e-8:
@@ -309,7 +313,7 @@ def _result(model, pairs, values, clean_base, corrupt_base, cells, pos_labels, p
         neurons=list(cells.units) if extra.get("unit") == "neuron" else [],
         tokens=[str(t) for t in tokens],
         site=site,
-        metric=_metric_name(metric),
+        metric=metric_name(metric),
         direction=direction,
         method=method,
         normalized=bool(normalize),

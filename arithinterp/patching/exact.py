@@ -10,21 +10,21 @@ from tqdm.auto import tqdm
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.patching.core import (
-    _ELEMENT_BUDGET,
     DIRECTIONS,
+    ELEMENT_BUDGET,
     ENGINES,
     SWEEP_SITES,
+    Cells,
     PatchResult,
-    _Cells,
-    _check_choice,
-    _check_pairs,
-    _context,
-    _metric_fn,
-    _resolve_positions,
-    _resolve_units,
-    _result,
+    check_choice,
+    check_pairs,
+    metric_context,
+    metric_fn,
+    patch_result,
+    resolve_positions,
+    resolve_units,
 )
-from arithinterp.patching.replica import _mask, _Replica, _replica_for, _slice_pos
+from arithinterp.patching.replica import Replica, patch_mask, replica_for, slice_positions
 
 UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see _ReplicaRunner.cell_states)
 _RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstream depends on them alone
@@ -81,24 +81,24 @@ def sweep(
     Returns a :class:`PatchResult` whose ``values`` are ``[n_pairs, n_layers, n_positions?,
     n_heads_or_neurons?]``.
     """
-    _check_pairs(pairs)
+    check_pairs(pairs)
     site_lib.check_site(site)
     if site not in SWEEP_SITES:
         raise SiteError(f"site {site!r} cannot be swept; accepted: {accepted(SWEEP_SITES)}")
-    _check_choice("direction", direction, DIRECTIONS)
-    _check_choice("engine", engine, ENGINES)
-    fn = _metric_fn(metric)
+    check_choice("direction", direction, DIRECTIONS)
+    check_choice("engine", engine, ENGINES)
+    fn = metric_fn(metric)
     layer_list = site_lib.check_layers(model, site, layers)
-    unit_kind, units = _resolve_units(model, site, heads, neurons)
+    unit_kind, units = resolve_units(model, site, heads, neurons)
     if per_position:
-        pos_labels, pos_index = _resolve_positions(pairs, positions)
+        pos_labels, pos_index = resolve_positions(pairs, positions)
     else:
         if positions is not None:
             raise SiteError("positions cannot be given with per_position=False (every position is patched at once)")
         pos_labels, pos_index = [], None
     if batch_cells is not None and (not isinstance(batch_cells, int) or batch_cells < 1):
         raise ConfigError(f"batch_cells must be a positive integer or None, got {batch_cells!r}")
-    cells = _Cells(layer_list, len(pos_labels), units)
+    cells = Cells(layer_list, len(pos_labels), units)
     table = cells.table()
     n = len(pairs)
     values = torch.empty(n, len(table))
@@ -112,15 +112,15 @@ def sweep(
             base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
             length = base_tokens.shape[1]
             offset = base_set.offset(idx)
-            replica, engine_used = _replica_for(model, base_tokens, engine, replica)
+            replica, engine_used = replica_for(model, base_tokens, engine, replica)
             engines.add(engine_used)
             runner = _ReplicaRunner(replica, base_tokens, source_tokens) if replica else _HookRunner(model, site, base_tokens, source_tokens)
-            ctx = _context(pairs[idx], direction, runner.base_logits, runner.source_logits)
+            ctx = metric_context(pairs[idx], direction, runner.base_logits, runner.source_logits)
             base_metric, source_metric = fn(runner.base_logits, ctx), fn(runner.source_logits, ctx)
             clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
             pos_group = None if pos_index is None else pos_index[:, idx] - offset  # [n_pos, B] unpadded
             answer_tokens = torch.stack([ctx.clean_tok, ctx.corrupt_tok], dim=1)  # [B, 2]
-            chunk = batch_cells or max(1, _ELEMENT_BUDGET // (len(idx) * length * _site_width(model, site, length)))
+            chunk = batch_cells or max(1, ELEMENT_BUDGET // (len(idx) * length * _site_width(model, site, length)))
             unit_ids = torch.tensor(units, dtype=torch.long)
             cell_pos = lambda rows: None if pos_group is None else pos_group[table[rows, 1]]  # noqa: E731
             cell_unit = lambda rows: None if not units else unit_ids[table[rows, 2]]  # noqa: E731
@@ -149,7 +149,7 @@ def sweep(
                     bar.update(len(part))
         bar.close()
     values = values.reshape(n, *cells.shape())
-    return _result(
+    return patch_result(
         model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction,
         "exact", normalize, seed, dict(engine=sorted(engines), unit=unit_kind, cells_run=n_run, cells_settled=len(table) * len(groups) - n_run),
     )
@@ -185,7 +185,7 @@ _POS_DIM = {site: 2 if site == "pattern" else 1 for site in SWEEP_SITES}  # posi
 class _ReplicaRunner:
     """Patched runs on the replica, starting at the patched layer and earliest patched position."""
 
-    def __init__(self, replica: _Replica, base_tokens: torch.Tensor, source_tokens: torch.Tensor):
+    def __init__(self, replica: Replica, base_tokens: torch.Tensor, source_tokens: torch.Tensor):
         self.replica = replica
         # two forwards rather than one of both: activations of twice the size fall out of cache
         self.base_logits, self.base = replica.run(base_tokens)
@@ -230,11 +230,11 @@ class _ReplicaRunner:
         # the last block keeps only the final position: a patch anywhere else leaves the logits as they are
         s = self.length - 1 if self._final_only(site, layer) else 0 if pos is None else int(pos.min())
         sliced = 0 if self._final_only(site, layer) else s
-        base = _slice_pos(site, self.base[site][layer], sliced)[None]
-        source = _slice_pos(site, self.source[site][layer], sliced)[None]
+        base = slice_positions(site, self.base[site][layer], sliced)[None]
+        source = slice_positions(site, self.source[site][layer], sliced)[None]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
         shape = (C,) + tuple(base.shape[1:])
-        value = torch.where(_mask(site, shape, s, pos, unit), source, base)
+        value = torch.where(patch_mask(site, shape, s, pos, unit), source, base)
         point = pos if site in ("resid_pre", "resid_post") else None
         return self.replica.resume(layer, site, value, s, self.base, point=point, tokens=tokens)
 
@@ -274,7 +274,7 @@ class _HookRunner:
 
         def hook(activation, hook):
             stacked = activation.reshape(C, *source.shape)
-            mask = _mask(site, tuple(stacked.shape), 0, pos, unit)
+            mask = patch_mask(site, tuple(stacked.shape), 0, pos, unit)
             return torch.where(mask, source[None], stacked).reshape(activation.shape)
 
         logits = self.model.run_with_hooks(self.tokens.repeat(C, 1), fwd_hooks=[(name, hook)], return_type="logits")

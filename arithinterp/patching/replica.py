@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from arithinterp.errors import AnalysisError
-from arithinterp.patching.core import _UNIT_SITES
+from arithinterp.patching.core import UNIT_SITES
 
 
 class ReplicaUnsupported(Exception):
@@ -49,13 +49,13 @@ def _norm_of(module) -> Optional[Callable]:
     return inner
 
 
-class _Replica:
+class Replica:
     """A pure-torch copy of a standard pre-norm decoder's forward that can start anywhere.
 
     Covers sequential pre-norm blocks (LayerNorm / RMSNorm / none), standard positional
     embeddings, (grouped) multi-head causal attention and a plain MLP. The weights are
     the model's own (``W_Q`` ... ``W_U``) and the norm modules are called as they are, so the
-    numbers are the model's; :func:`_replica_for` checks them against the model's logits all the same.
+    numbers are the model's; :func:`replica_for` checks them against the model's logits all the same.
 
     Activations are laid out ``[C, B, S, ...]``: C stacked patch cells, B pairs, S positions from
     the start position s on. Base-run tensors ``[B, ...]`` broadcast over C.
@@ -301,7 +301,7 @@ def _fingerprint(model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def _replica_for(model, tokens: torch.Tensor, engine: str, replica: Optional[_Replica] = None) -> tuple[Optional[_Replica], str]:
+def replica_for(model, tokens: torch.Tensor, engine: str, replica: Optional[Replica] = None) -> tuple[Optional[Replica], str]:
     """The replica when it reproduces the model's final logits on ``tokens``, else ``None``.
 
     The check runs on the first few prompts: it is about the architecture, not the data. A model
@@ -313,7 +313,7 @@ def _replica_for(model, tokens: torch.Tensor, engine: str, replica: Optional[_Re
     if known is not None and known[0] == _fingerprint(model):
         return known[1], known[2]
     try:
-        replica = replica or _Replica(model)
+        replica = replica or Replica(model)
         sample = tokens[:8]
         with torch.inference_mode():
             mine, _ = replica.run(sample)
@@ -339,7 +339,7 @@ def _replica_for(model, tokens: torch.Tensor, engine: str, replica: Optional[_Re
 # =================================================================================================
 
 
-def _mask(site: str, shape: tuple, s: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+def patch_mask(site: str, shape: tuple, s: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
     """Boolean mask over an activation ``[C, B, ...]`` (positions from ``s`` on) for the patched cells.
 
     ``pos [C, B]`` is each row's patched position (None: every position), ``unit [C]`` each
@@ -350,7 +350,7 @@ def _mask(site: str, shape: tuple, s: int, pos: Optional[torch.Tensor], unit: Op
         n_pos, n_unit = shape[3], shape[2]
     else:
         n_pos = shape[2]
-        n_unit = shape[3] if site in _UNIT_SITES else 1
+        n_unit = shape[3] if site in UNIT_SITES else 1
     if pos is None:
         pos_mask = torch.ones(C, B, n_pos, dtype=torch.bool)
     else:
@@ -364,12 +364,12 @@ def _mask(site: str, shape: tuple, s: int, pos: Optional[torch.Tensor], unit: Op
         return mask[..., None]
     if site == "attn_z":
         return (pos_mask[:, :, :, None] & unit_mask[:, None, None, :])[..., None]
-    if site in _UNIT_SITES:
+    if site in UNIT_SITES:
         return pos_mask[:, :, :, None] & unit_mask[:, None, None, :]
     return pos_mask[..., None]
 
 
-def _slice_pos(site: str, tensor: torch.Tensor, s: int) -> torch.Tensor:
+def slice_positions(site: str, tensor: torch.Tensor, s: int) -> torch.Tensor:
     """Positions ``s:`` of a cached activation ``[B, T, ...]`` (patterns: query positions)."""
     return tensor[:, :, s:] if site == "pattern" else tensor[:, s:]
 
