@@ -1,0 +1,232 @@
+"""The orthonormal real Fourier basis over a number axis and the power spectra of plain tensors.
+
+A representation *along a number axis* (rows for the numbers 0..n-1 of a range) is read in the
+basis and its power split over frequencies ``k`` (period ``n / k``); no model is involved.
+
+* :func:`fourier_basis` — the orthonormal real DFT basis (RECIPES §2 choice, §3): a constant row,
+  then ``cos``/``sin`` pairs per frequency ``k`` (and a lone ``cos n/2`` row when ``n`` is even).
+  :func:`fourier_2d` applies it on both axes of an ``(a, b)`` grid (the outer-product basis of
+  Nanda et al. 2023).
+* :func:`spectrum_of` / :func:`spectrum_of_2d` / :func:`block_power` — power per frequency,
+  frequency pair and frequency block of tensors.
+* :func:`key_frequencies` — the stated rule that picks the frequencies that matter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+
+from arithinterp.errors import AnalysisError, ConfigError, accepted
+
+KEY_RULES = ("median", "fraction")
+
+
+# --- the basis ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FourierBasis:
+    """The orthonormal real DFT basis over ``n`` consecutive numbers.
+
+    ``matrix`` [n, n] has one basis vector per row (``matrix @ matrix.T == I``); row ``j`` is
+    ``labels[j]`` (``"const"``, ``"cos 3"``, ``"sin 3"``) of frequency ``freqs[j]`` (0 for the
+    constant). Coefficients of a signal ``x`` [n, ...] are ``matrix @ x``.
+    """
+
+    matrix: torch.Tensor
+    labels: list[str]
+    freqs: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return self.matrix.shape[0]
+
+    @property
+    def n_freq(self) -> int:
+        return self.n // 2 + 1
+
+
+def _check_n(n: Union[int, range, Sequence[int]]) -> int:
+    """The size of a number axis: an int, or a range / list of consecutive numbers."""
+    if isinstance(n, (int,)) and not isinstance(n, bool):
+        size = int(n)
+    else:
+        values = list(n)
+        if values and any(b - a != 1 for a, b in zip(values, values[1:])):
+            raise AnalysisError(
+                "a Fourier basis needs consecutive numbers (a range with step 1); "
+                f"got {values[:5]}{'...' if len(values) > 5 else ''}"
+            )
+        size = len(values)
+    if size < 2:
+        raise AnalysisError(f"a Fourier basis needs at least 2 numbers, got {size}")
+    return size
+
+
+def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = torch.float64) -> FourierBasis:
+    """The orthonormal real DFT basis over ``n`` numbers (an int or a range of consecutive ints).
+
+    Rows: constant ``1/√n``; for ``k = 1 .. ⌈n/2⌉-1`` the pair ``√(2/n)·cos(2πkx/n)``,
+    ``√(2/n)·sin(2πkx/n)``; for even ``n`` one last row ``cos(πx)/√n`` (its sine is zero).
+    ``x`` counts from the start of the range (a shift changes phases, never powers).
+    RECIPES §2 *(choice)* and §3 (Nanda et al. 2023).
+    """
+    size = _check_n(n)
+    x = torch.arange(size, dtype=dtype)
+    ks = torch.arange(1, (size - 1) // 2 + 1, dtype=dtype)
+    angle = 2 * math.pi * ks[:, None] * x[None, :] / size
+    pairs = torch.stack([angle.cos(), angle.sin()], dim=1).reshape(-1, size) * math.sqrt(2 / size)
+    rows = [torch.full((1, size), 1 / math.sqrt(size), dtype=dtype), pairs]
+    labels = ["const"] + [f"{t} {k}" for k in range(1, len(ks) + 1) for t in ("cos", "sin")]
+    freqs = [0] + [k for k in range(1, len(ks) + 1) for _ in range(2)]
+    if size % 2 == 0:
+        rows.append((math.pi * x).cos()[None, :] / math.sqrt(size))
+        labels.append(f"cos {size // 2}")
+        freqs.append(size // 2)
+    return FourierBasis(torch.cat(rows), labels, torch.tensor(freqs))
+
+
+def fourier_basis_2d(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The 2-D basis over an ``n × n`` grid as the outer product: [n, n, n, n] where
+    ``out[i, j]`` is the grid ``basis[i] ⊗ basis[j]`` (Nanda et al. 2023). Memory grows as n⁴;
+    use :func:`fourier_2d` to transform grids without building it."""
+    basis = fourier_basis(n, dtype=dtype).matrix
+    return torch.einsum("ia,jb->ijab", basis, basis)
+
+
+def fourier_2d(grid: torch.Tensor, basis: Optional[FourierBasis] = None) -> torch.Tensor:
+    """2-D coefficients ``F · grid · Fᵀ`` of grids [..., n, n] (last two axes: a, b)."""
+    if grid.ndim < 2 or grid.shape[-1] != grid.shape[-2]:
+        raise AnalysisError(f"a 2-D Fourier transform needs square grids [..., n, n], got shape {tuple(grid.shape)}")
+    basis = basis or fourier_basis(grid.shape[-1])
+    matrix = basis.matrix.to(grid.device)
+    return matrix @ grid.to(matrix.dtype) @ matrix.T
+
+
+def frequency_periods(n: int) -> list[float]:
+    """Period ``n / k`` of each frequency ``k = 0 .. n//2`` (``inf`` for the constant)."""
+    return [math.inf] + [n / k for k in range(1, n // 2 + 1)]
+
+
+def period_label(n: int, k: int) -> str:
+    """Readable period of frequency ``k``: ``"const"``, ``"10"``, ``"113/14 ≈ 8.07"``."""
+    if k == 0:
+        return "const"
+    if n % k == 0:
+        return str(n // k)
+    return f"{n}/{k} ≈ {n / k:.3g}"
+
+
+def _freq_power(coefficients: torch.Tensor, freqs: torch.Tensor, n_freq: int) -> torch.Tensor:
+    """Sum squared coefficients [n, ...] (axis 0 = basis rows) into frequencies [n_freq, ...]."""
+    squared = coefficients.pow(2)
+    out = torch.zeros((n_freq, *squared.shape[1:]), dtype=squared.dtype, device=squared.device)
+    return out.index_add_(0, freqs.to(squared.device), squared)
+
+
+# --- pure spectra -------------------------------------------------------------------------------
+
+
+def spectrum_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Power per frequency of ``values`` along its number axis ``dim``.
+
+    ``values`` has the numbers 0..n-1 (of a range) along ``dim``; every other axis (features,
+    prompts) is summed over. Returns [n // 2 + 1] with index ``k`` = frequency ``k`` (0 = the
+    constant, i.e. ``n · |mean|²``); the entries sum to ``‖values‖²`` (Parseval).
+    """
+    if not isinstance(values, torch.Tensor) or values.ndim < 1:
+        raise AnalysisError(f"values must be a tensor with a number axis, got {type(values).__name__}")
+    if not -values.ndim <= dim < values.ndim:
+        raise AnalysisError(f"dim {dim} is out of range for a tensor of shape {tuple(values.shape)}")
+    moved = values.movedim(dim, 0)
+    basis = fourier_basis(moved.shape[0])
+    coefficients = basis.matrix.to(values.device) @ moved.reshape(moved.shape[0], -1).to(torch.float64)
+    return _freq_power(coefficients, basis.freqs, basis.n_freq).sum(-1)
+
+
+def spectrum_of_2d(grids: torch.Tensor) -> torch.Tensor:
+    """Power per frequency pair of grids [..., n, n] (axes a, b), summed over leading axes.
+
+    Returns [n//2 + 1, n//2 + 1]: entry ``[ka, kb]`` is the power in the basis grids of
+    frequency ``ka`` along a and ``kb`` along b (Nanda et al. 2023, 2-D outer-product basis).
+    """
+    return _pair_power(grids.reshape(-1, *grids.shape[-2:])).sum(0)
+
+
+def _pair_power(grids: torch.Tensor) -> torch.Tensor:
+    """[m, n, n] grids → [m, F, F] power per frequency pair."""
+    if grids.ndim != 3 or grids.shape[-1] != grids.shape[-2]:
+        raise AnalysisError(f"grids must be [m, n, n], got shape {tuple(grids.shape)}")
+    basis = fourier_basis(grids.shape[-1])
+    squared = fourier_2d(grids, basis).pow(2)
+    n_freq, freqs = basis.n_freq, basis.freqs.to(grids.device)
+    rows = torch.zeros((grids.shape[0], n_freq, grids.shape[-1]), dtype=squared.dtype, device=grids.device)
+    rows.index_add_(1, freqs, squared)
+    out = torch.zeros((grids.shape[0], n_freq, n_freq), dtype=squared.dtype, device=grids.device)
+    return out.index_add_(2, freqs, rows)
+
+
+def block_power(pair_power: torch.Tensor) -> torch.Tensor:
+    """Power of each frequency block ``{const, cos k, sin k}²`` minus the constant·constant cell.
+
+    ``pair_power`` [..., F, F] (from :func:`spectrum_of_2d`) → [..., F]; entry 0 is 0 and entry
+    ``k ≥ 1`` is ``P[0, k] + P[k, 0] + P[k, k]`` (Nanda et al. 2023's 3×3 neuron block).
+    """
+    diagonal = pair_power.diagonal(dim1=-2, dim2=-1).clone()
+    blocks = diagonal + pair_power[..., 0, :] + pair_power[..., :, 0]
+    blocks[..., 0] = 0.0
+    return blocks
+
+
+def key_frequencies(
+    power: torch.Tensor,
+    rule: str = "median",
+    *,
+    factor: float = 10.0,
+    fraction: float = 0.9,
+) -> list[int]:
+    """The key frequencies of a power spectrum [n_freq] (index ``k``; the constant is ignored).
+
+    Rules:
+
+    * ``"median"`` (default): every ``k ≥ 1`` whose power exceeds ``factor`` × the median power
+      of the non-constant frequencies (the median floored at 1e-8 of the non-constant power, so
+      rounding error in an exactly periodic signal does not count). Pure noise almost never has
+      such outliers (for a single Gaussian noise vector the chance per frequency is about
+      ``exp(-0.69·factor)``), so noise yields none; a few planted or learned frequencies stand
+      far above the median.
+    * ``"fraction"``: the smallest set of the strongest frequencies whose power reaches
+      ``fraction`` of the non-constant power (always non-empty; near-uniform noise needs most
+      frequencies to reach it).
+
+    Returns the chosen ``k`` sorted by decreasing power.
+    """
+    if rule not in KEY_RULES:
+        raise ConfigError(f"unknown key-frequency rule {rule!r}; accepted: {accepted(KEY_RULES)}")
+    if not isinstance(power, torch.Tensor) or power.ndim != 1 or power.shape[0] < 2:
+        raise AnalysisError(f"power must be a 1-D tensor [n_freq ≥ 2], got {getattr(power, 'shape', power)}")
+    if factor <= 0 or not 0 < fraction <= 1:
+        raise ConfigError(f"factor must be > 0 and fraction in (0, 1]; got factor={factor}, fraction={fraction}")
+    tail = power[1:].double()
+    order = tail.argsort(descending=True)
+    if tail.sum() <= 0:
+        return []
+    if rule == "median":
+        # the floor keeps float rounding in an exactly periodic signal from counting as power
+        floor = max(float(tail.median()), 1e-8 * float(tail.sum()))
+        chosen = order[tail[order] > factor * floor]
+    else:
+        cumulative = tail[order].cumsum(0) / tail.sum()
+        count = int((cumulative < fraction - 1e-12).sum()) + 1
+        chosen = order[:count]
+    return [int(k) + 1 for k in chosen]
+
+
+def key_fraction(power: torch.Tensor, key: Iterable[int]) -> float:
+    """Share of the non-constant power of ``power`` [n_freq] in the frequencies ``key``."""
+    total = float(power[1:].sum())
+    return float(power[list(key)].sum()) / total if total > 0 and list(key) else 0.0

@@ -1,0 +1,148 @@
+"""Frequency filters (Zhou et al. 2024).
+
+:func:`frequency_filter` removes a band of frequencies (:func:`band_frequencies`) from a
+component's output during the forward pass, through the projector of :func:`filter_projector`,
+and measures accuracy and the error distribution (:class:`FilterResult`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.fourier.basis import fourier_basis
+from arithinterp.fourier.spectra import COMPONENT_SITES, _numbers, number_tokens
+from arithinterp.results import Result, build_meta
+
+BANDS = ("low", "high")
+
+
+# --- frequency filter (Zhou et al. 2024) --------------------------------------------------------
+
+
+def band_frequencies(n: int, band: Union[str, Iterable[int]], split_period: float = 10.0) -> list[int]:
+    """Frequencies ``k`` of a band over ``n`` numbers: ``"low"`` = period ``n/k`` above
+    ``split_period``, ``"high"`` = period at most ``split_period``, or explicit ``k``s.
+    The constant (``k = 0``) is never in a band."""
+    if isinstance(band, str):
+        if band not in BANDS:
+            raise ConfigError(f"unknown band {band!r}; accepted: {accepted(BANDS)} or a list of frequencies")
+        ks = range(1, n // 2 + 1)
+        return [k for k in ks if (n / k > split_period) == (band == "low")]
+    ks = sorted({int(k) for k in band})
+    bad = [k for k in ks if not 1 <= k <= n // 2]
+    if bad or not ks:
+        raise ConfigError(f"band frequencies {bad or ks} are invalid; accepted: 1..{n // 2} (non-empty)")
+    return ks
+
+
+def filter_projector(unembed: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
+    """[d, d] projector onto the null space of ``M = B·F·unembedᵀ`` (Zhou et al. 2024).
+
+    ``unembed`` [d, n] are the unembedding columns of the numbers 0..n-1 of the axis, ``F``
+    the Fourier basis over them and ``B`` selects the rows of frequencies ``freqs``. For any
+    ``h``, the logit lens of ``h @ P`` onto the numbers has no power at ``freqs``.
+    """
+    if unembed.ndim != 2:
+        raise AnalysisError(f"unembed must be [d, n], got shape {tuple(unembed.shape)}")
+    basis = fourier_basis(unembed.shape[1])
+    rows = torch.isin(basis.freqs, torch.tensor(list(freqs)))
+    m = basis.matrix[rows].to(unembed.device) @ unembed.double().T  # [r, d]
+    return torch.eye(unembed.shape[0], dtype=torch.float64, device=unembed.device) - torch.linalg.pinv(m) @ m
+
+
+@dataclass(frozen=True)
+class FilterResult(Result):
+    """Accuracy with a frequency band removed from some component outputs (Zhou et al. 2024).
+
+    ``errors`` / ``counts`` give the distribution of ``model answer − true answer`` over the
+    wrong answers with the filter on (unparsable answers are counted under ``unparsable``).
+    """
+
+    accuracy: float
+    baseline_accuracy: float
+    errors: list
+    counts: list
+    unparsable: int
+    removed: list
+    site: str
+    layers: list
+    numbers: list
+    meta: dict
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(dict(error=self.errors, count=self.counts,
+                                 share=[c / max(sum(self.counts), 1) for c in self.counts]))
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.fourier import filter_figure
+
+        return filter_figure(self, **kwargs)
+
+
+def frequency_filter(
+    model: Any,
+    prompts: Any,
+    band: Union[str, Iterable[int]] = "low",
+    *,
+    site: str = "mlp_out",
+    layers: Optional[Sequence[int]] = None,
+    numbers: Union[int, range, None] = None,
+    split_period: float = 10.0,
+    position: str = "final",
+    batch_size: int = 512,
+) -> FilterResult:
+    """Remove a frequency band from ``site`` (``"mlp_out"`` or ``"attn_out"``) at ``position``
+    in ``layers`` (default all) during the forward pass and measure accuracy on ``prompts``
+    and the error distribution (Zhou et al. 2024, RECIPES §2).
+
+    Each output ``h`` is replaced by ``h @ P`` with ``P`` from :func:`filter_projector` over
+    the unembeddings of ``numbers`` (default 0..max answer), so that the logit lens of the
+    component output has no power in the band; ``band`` is ``"low"`` / ``"high"`` (split at
+    ``split_period``, see :func:`band_frequencies`) or a list of frequencies.
+    """
+    from arithinterp import sites as site_lib
+
+    if site not in COMPONENT_SITES:
+        raise SiteError(f"frequency filters act on component outputs; accepted sites: {accepted(COMPONENT_SITES)}")
+    layers = site_lib.check_layers(model, site, layers)
+    numbers = _numbers(numbers, int(prompts.answer.max()) + 1)
+    removed = band_frequencies(len(numbers), band, split_period)
+    projector = filter_projector(model.W_U.detach()[:, number_tokens(model, numbers)], removed)
+    if position != "final":
+        raise SiteError("frequency_filter filters the final position (where the answer is read); use position='final'")
+    baseline = prompts.evaluate(model, batch_size=batch_size)
+
+    def hook(output, hook):
+        # only the scored position is filtered (the component's contribution to the answer); with
+        # greedy generation of later answer tokens, the last position is the one being read
+        last = output[:, -1]
+        output[:, -1] = (last.double() @ projector.to(output.device)).to(output.dtype)
+        return output
+
+    with torch.inference_mode(), model.hooks(fwd_hooks=[(site_lib.hook_name(site, layer), hook) for layer in layers]):
+        filtered = prompts.evaluate(model, batch_size=batch_size)
+    from arithinterp.tasks import UNPARSABLE
+
+    wrong = ~filtered.correct
+    parsable = wrong & (filtered.model_answer != UNPARSABLE)
+    deltas = (filtered.model_answer[parsable] - prompts.answer[parsable]).tolist()
+    values = sorted(set(deltas))
+    return FilterResult(
+        accuracy=filtered.accuracy,
+        baseline_accuracy=baseline.accuracy,
+        errors=values,
+        counts=[deltas.count(v) for v in values],
+        unparsable=int((wrong & ~parsable).sum()),
+        removed=removed,
+        site=site,
+        layers=list(layers),
+        numbers=[numbers.start, numbers.stop],
+        meta=build_meta(model, band=band if isinstance(band, str) else "custom", split_period=split_period,
+                        n_prompts=len(prompts)),
+    )

@@ -1,0 +1,270 @@
+"""Restricted / excluded loss and progress measures for modular addition (Nanda et al. 2023).
+
+Logits [p, p, C] over every pair ``(a, b)`` (:func:`modular_logits`) are split into the key
+directions ``cos / sin(w_k(a+b))`` and the rest; :func:`restricted_loss` / :func:`excluded_loss`
+score each part and :func:`progress` tracks them over a zoo model's training snapshots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.fourier.basis import key_frequencies
+from arithinterp.fourier.spectra import grid_of, number_tokens
+from arithinterp.results import Result, build_meta
+
+
+# --- restricted / excluded loss (Nanda et al. 2023) ---------------------------------------------
+
+
+def _check_logits(logits: torch.Tensor) -> int:
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.shape[0] != logits.shape[1]:
+        raise AnalysisError(
+            f"logits must be [p, p, n_classes] over all (a, b) pairs, got {getattr(logits, 'shape', logits)}"
+        )
+    return logits.shape[0]
+
+
+def sum_directions(p: int, freqs: Iterable[int], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Orthonormal directions ``cos / sin(2πk(a+b)/p)`` over the p² pairs for each ``k``: [p², 2K].
+
+    Directions that vanish (``sin`` at ``k = p/2``) are dropped.
+    """
+    freqs = [int(k) for k in freqs]
+    bad = [k for k in freqs if not 1 <= k <= p // 2]
+    if bad:
+        raise AnalysisError(f"frequencies {bad} are out of range for p={p}; accepted: 1..{p // 2}")
+    s = (torch.arange(p)[:, None] + torch.arange(p)[None, :]).flatten().to(dtype)
+    ks = torch.tensor(sorted(set(freqs)), dtype=dtype)
+    angle = 2 * math.pi * s[:, None] * ks[None, :] / p
+    directions = torch.cat([angle.cos(), angle.sin()], dim=1)
+    norms = directions.norm(dim=0)
+    keep = norms > 1e-8 * p
+    return directions[:, keep] / norms[keep]
+
+
+def _key_part(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
+    """Projection of logits [p, p, C] onto the key ``cos / sin(w_k(a+b))`` directions."""
+    p = logits.shape[0]
+    flat = logits.reshape(p * p, -1).double()
+    directions = sum_directions(p, freqs).to(flat.device)
+    return (directions @ (directions.T @ flat)).reshape(logits.shape)
+
+
+def restricted_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
+    """Logits [p, p, C] kept only in the key directions ``cos / sin(w_k(a+b))`` plus the
+    per-class mean over pairs (Nanda et al. 2023 restricted logits)."""
+    _check_logits(logits)
+    return logits.double().mean(dim=(0, 1), keepdim=True) + _key_part(logits, freqs)
+
+
+def excluded_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
+    """Logits [p, p, C] with the key directions ``cos / sin(w_k(a+b))`` removed (Nanda et al. 2023)."""
+    _check_logits(logits)
+    return logits.double() - _key_part(logits, freqs)
+
+
+def _loss(logits: torch.Tensor, labels: Optional[torch.Tensor], mask: Optional[torch.Tensor]) -> float:
+    p = _check_logits(logits)
+    if labels is None:
+        if logits.shape[2] < p:
+            raise AnalysisError(f"default labels (a + b) mod p need ≥ p={p} classes, got {logits.shape[2]}")
+        labels = (torch.arange(p)[:, None] + torch.arange(p)[None, :]) % p
+    labels = torch.as_tensor(labels).long().to(logits.device)
+    if labels.shape != (p, p):
+        raise AnalysisError(f"labels must be [p, p] = [{p}, {p}], got {tuple(labels.shape)}")
+    mask = torch.ones((p, p), dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
+    if mask.shape != (p, p) or not mask.any():
+        raise AnalysisError(
+            f"mask must be a non-empty bool [p, p] = [{p}, {p}] selecting pairs, got {tuple(mask.shape)}"
+        )
+    mask = mask.to(logits.device)
+    return float(F.cross_entropy(logits.double()[mask], labels[mask]))
+
+
+def full_loss(logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
+              mask: Optional[torch.Tensor] = None) -> float:
+    """Cross-entropy of logits [p, p, C] against ``labels`` [p, p] (default ``(a + b) mod p``)
+    over the pairs in ``mask`` [p, p] (default all)."""
+    return _loss(logits, labels, mask)
+
+
+def restricted_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
+                    mask: Optional[torch.Tensor] = None) -> float:
+    """Loss of :func:`restricted_logits` (RECIPES §3). Falls below the full loss once the
+    model's answer is carried by the key frequencies and the rest is noise."""
+    return _loss(restricted_logits(logits, freqs), labels, mask)
+
+
+def excluded_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
+                  mask: Optional[torch.Tensor] = None) -> float:
+    """Loss of :func:`excluded_logits` (RECIPES §3; Nanda measure it on the training pairs).
+    Rises far above the full loss as the Fourier circuit forms."""
+    return _loss(excluded_logits(logits, freqs), labels, mask)
+
+
+def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
+    """Power of logits [p, p, C] in each ``cos / sin(w_k(a+b))`` pair of directions: [p//2 + 1]
+    (index ``k``; index 0 = the per-class mean). Its key frequencies (:func:`key_frequencies`)
+    are the frequencies the logits are built from."""
+    p = _check_logits(logits)
+    flat = logits.reshape(p * p, -1).double()
+    power = [flat.mean(0).pow(2).sum() * p * p]
+    for k in range(1, p // 2 + 1):
+        power.append((sum_directions(p, [k]).T @ flat).pow(2).sum())
+    return torch.stack(power)
+
+
+@torch.inference_mode()
+def modular_logits(model: Any, p: Optional[int] = None, *, template: str = "{a} {b} =",
+                   batch_size: int = 4096) -> torch.Tensor:
+    """Logits [p, p, p] of ``model`` over every pair ``(a, b)`` of 0..p-1, read at the final
+    prompt token and restricted to the number tokens 0..p-1 (so class ``c`` = number ``c``)."""
+    from arithinterp.tasks import arithmetic
+
+    if p is None:
+        p = _zoo_modulus(model)
+    prompts = arithmetic(model, "+", a=range(p), b=range(p), template=template, modulus=p)
+    tokens = number_tokens(model, range(p))
+    out = torch.empty((len(prompts), p))
+    for group in prompts.length_groups():
+        for idx in group.split(batch_size):
+            logits = model(prompts.unpadded(idx), return_type="logits")[:, -1]
+            out[idx] = logits[:, tokens].float()
+    return grid_of(prompts, out, range(p))
+
+
+def _zoo_modulus(model: Any) -> int:
+    from arithinterp.models.zoo import get_entry
+
+    try:
+        modulus = get_entry(str(getattr(model, "arithinterp_spec", ""))).task.modulus
+    except Exception:  # not a zoo model: the caller must say p
+        modulus = None
+    if not modulus:
+        raise AnalysisError("pass p= (the modulus); it is only known for zoo modular-addition models")
+    return int(modulus)
+
+
+def train_mask(name: str = "modadd-113") -> torch.Tensor:
+    """Bool [p, p]: the (a, b) pairs zoo model ``name`` was trained on (its seeded split)."""
+    from arithinterp.models.train import split
+    from arithinterp.models.zoo import get_entry
+
+    entry = get_entry(name)
+    if not entry.task.modulus or entry.task.a_range != (0, entry.task.modulus):
+        raise AnalysisError(f"zoo model {name!r} is not a modular-addition model over 0..p-1")
+    p = entry.task.modulus
+    mask = torch.zeros(p * p, dtype=torch.bool)
+    mask[split(entry)[0]] = True  # the operand grid is a-major: problem index = a * p + b
+    return mask.reshape(p, p)
+
+
+def modular_losses(logits: torch.Tensor, freqs: Sequence[int], mask: Optional[torch.Tensor] = None) -> dict[str, float]:
+    """Full, restricted and excluded loss of logits [p, p, p] on the train pairs (``mask``) and
+    the rest. Restricted loss is reported on all pairs and held-out pairs, excluded loss on the
+    training pairs (Nanda et al. 2023)."""
+    p = _check_logits(logits)
+    mask = torch.ones((p, p), dtype=torch.bool) if mask is None else mask
+    held_out = ~mask if (~mask).any() else mask
+    return dict(
+        train_loss=full_loss(logits, mask=mask),
+        test_loss=full_loss(logits, mask=held_out),
+        restricted_loss=restricted_loss(logits, freqs),
+        restricted_test_loss=restricted_loss(logits, freqs, mask=held_out),
+        excluded_loss=excluded_loss(logits, freqs, mask=mask),
+        excluded_test_loss=excluded_loss(logits, freqs, mask=held_out),
+    )
+
+
+@dataclass(frozen=True)
+class ProgressResult(Result):
+    """Nanda et al. 2023 progress measures over training snapshots.
+
+    Each measure is [n_steps], in the order of ``steps``; key frequencies ``key`` are fixed
+    (from the final model unless given). See :func:`modular_losses` for the definitions.
+    """
+
+    steps: list
+    train_loss: torch.Tensor
+    test_loss: torch.Tensor
+    restricted_loss: torch.Tensor
+    restricted_test_loss: torch.Tensor
+    excluded_loss: torch.Tensor
+    excluded_test_loss: torch.Tensor
+    key: list
+    meta: dict
+
+    MEASURES = ("train_loss", "test_loss", "restricted_loss", "restricted_test_loss", "excluded_loss",
+                "excluded_test_loss")
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            [dict(step=s, measure=m, loss=float(getattr(self, m)[i]))
+             for i, s in enumerate(self.steps) for m in self.MEASURES]
+        )
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.fourier import progress_figure
+
+        return progress_figure(self, **kwargs)
+
+
+def progress(
+    snapshots: Optional[Sequence[int]] = None,
+    name: str = "modadd-113",
+    *,
+    key: Optional[Sequence[int]] = None,
+    rule: str = "median",
+    factor: float = 10.0,
+    fraction: float = 0.9,
+    include_final: bool = True,
+    progress: bool = True,
+) -> ProgressResult:
+    """Train / test / restricted / excluded loss of zoo model ``name`` at its training snapshots
+    (default: all shipped, ``get_entry(name).snapshot_steps()``) and, with ``include_final``,
+    the final model. Key frequencies are fixed from the final model's logits
+    (:func:`sum_frequency_power` + :func:`key_frequencies`) unless ``key`` is given.
+    RECIPES §3 (Nanda et al. 2023)."""
+    from arithinterp.models import load_model
+    from arithinterp.models.zoo import get_entry
+
+    entry = get_entry(name)
+    p = entry.task.modulus
+    if not p:
+        raise AnalysisError(f"zoo model {name!r} is not a modular-addition model")
+    shipped = entry.snapshot_steps()
+    steps = list(shipped if snapshots is None else snapshots)
+    missing = [s for s in steps if s not in shipped]
+    if missing:
+        raise ConfigError(f"snapshots {missing} are not shipped for {name!r}; accepted: {shipped}")
+    template = entry.task.template
+    final_logits = modular_logits(load_model(f"zoo:{name}"), p, template=template)
+    if key is None:
+        key = key_frequencies(sum_frequency_power(final_logits), rule, factor=factor, fraction=fraction)
+    key = [int(k) for k in key]
+    mask = train_mask(name)
+    rows, labels = [], []
+    for step in tqdm(steps, desc="snapshots", disable=not progress):
+        snapshot = load_model(f"zoo:{name}@step={step}")
+        rows.append(modular_losses(modular_logits(snapshot, p, template=template), key, mask))
+        labels.append(int(step))
+    if include_final:
+        final_step = int(entry.card().get("steps_run", (labels[-1] + 1) if labels else 0))
+        if final_step not in labels:
+            rows.append(modular_losses(final_logits, key, mask))
+            labels.append(final_step)
+    if not rows:
+        raise ConfigError("no snapshot to measure: pass snapshots= or include_final=True")
+    columns = {m: torch.tensor([r[m] for r in rows]) for m in ProgressResult.MEASURES}
+    return ProgressResult(steps=labels, **columns, key=key,
+                          meta=build_meta(model=None, zoo=name, p=p, n_train_pairs=int(mask.sum())))

@@ -1,0 +1,392 @@
+"""Spectra read from a model over a number axis, returned as :class:`SpectrumResult`.
+
+Number-token embeddings, residual activations over a number axis, component outputs through the
+logit lens (Zhou et al. 2024) and neuron activations over the ``(a, b)`` grid (Nanda et al. 2023);
+:func:`spectrum` is the one entry point. The number axis comes from :func:`number_tokens` (one
+token per number) and :func:`group_by_value` / :func:`grid_of` (per-prompt activations gathered
+per number or onto the grid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, TokenizationError, accepted
+from arithinterp.fourier.basis import (
+    KEY_RULES,
+    _check_n,
+    block_power,
+    frequency_periods,
+    key_fraction,
+    key_frequencies,
+    period_label,
+    spectrum_of,
+    spectrum_of_2d,
+)
+from arithinterp.results import Result, build_meta
+
+COMPONENT_SITES = ("attn_out", "mlp_out")
+
+
+# --- SpectrumResult ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpectrumResult(Result):
+    """Power per frequency of one or more representations over a number axis.
+
+    ``power`` is [n_series, n_freq] (1-D spectra) or [n_series, n_freq, n_freq] (2-D spectra of
+    ``(a, b)`` grids, indexed by the frequency along a and along b). ``series`` names the rows
+    (``"embed"``, ``"L0 mlp_out"``, a layer); ``numbers`` is ``[start, stop)`` of the number
+    axis (``n = stop - start``, period of frequency ``k`` = ``n / k``). ``key[s]`` lists series
+    ``s``'s key frequencies under ``rule`` (:func:`key_frequencies`; for 2-D spectra applied to
+    :func:`block_power`) and ``key_fraction[s]`` the share of its non-constant power they hold.
+    """
+
+    power: torch.Tensor
+    series: list
+    numbers: list
+    key: list
+    key_fraction: torch.Tensor
+    rule: dict
+    source: str
+    meta: dict
+
+    @property
+    def n(self) -> int:
+        return int(self.numbers[1] - self.numbers[0])
+
+    @property
+    def frequencies(self) -> list[int]:
+        return list(range(self.power.shape[1]))
+
+    @property
+    def periods(self) -> list[float]:
+        return frequency_periods(self.n)
+
+    @property
+    def period_labels(self) -> list[str]:
+        return [period_label(self.n, k) for k in self.frequencies]
+
+    @property
+    def is_2d(self) -> bool:
+        return self.power.ndim == 3
+
+    def series_power(self, series: Union[int, str] = 0) -> torch.Tensor:
+        """1-D power [n_freq] of one series (block power for 2-D spectra)."""
+        i = self._series_index(series)
+        return block_power(self.power[i]) if self.is_2d else self.power[i]
+
+    def _series_index(self, series: Union[int, str]) -> int:
+        if isinstance(series, str):
+            if series not in self.series:
+                raise AnalysisError(f"unknown series {series!r}; accepted: {accepted(self.series)}")
+            return self.series.index(series)
+        if not -len(self.series) <= series < len(self.series):
+            raise AnalysisError(f"series index {series} out of range; there are {len(self.series)} series")
+        return series % len(self.series)
+
+    def to_frame(self):
+        import pandas as pd
+
+        periods = self.periods
+        rows = []
+        for s, name in enumerate(self.series):
+            power = self.power[s].double()
+            total = float(power.sum() - (power[0, 0] if self.is_2d else power[0]))
+            key = set(self.key[s])
+            if self.is_2d:
+                for ka in self.frequencies:
+                    for kb in self.frequencies:
+                        rows.append(
+                            dict(series=name, freq_a=ka, freq_b=kb, period_a=periods[ka], period_b=periods[kb],
+                                 power=float(power[ka, kb]),
+                                 share=float(power[ka, kb]) / total if total > 0 and (ka or kb) else float("nan"),
+                                 key=bool({ka, kb} & key))
+                        )
+            else:
+                for k in self.frequencies:
+                    rows.append(
+                        dict(series=name, frequency=k, period=periods[k], period_label=period_label(self.n, k),
+                             power=float(power[k]), share=float(power[k]) / total if total > 0 and k else float("nan"),
+                             key=k in key)
+                    )
+        return pd.DataFrame(rows)
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.fourier import spectrum_figure
+
+        return spectrum_figure(self, **kwargs)
+
+
+def _spectrum_result(power: torch.Tensor, series: list[str], start: int, n: int, source: str, rule: str,
+                     factor: float, fraction: float, meta: dict) -> SpectrumResult:
+    """Key frequencies per series of ``power`` [S, F] or [S, F, F] and the result around them."""
+    one_d = [block_power(p) if power.ndim == 3 else p for p in power]
+    keys = [key_frequencies(p, rule, factor=factor, fraction=fraction) for p in one_d]
+    fractions = torch.tensor([key_fraction(p, k) for p, k in zip(one_d, keys)])
+    return SpectrumResult(
+        power=power.float(),
+        series=list(series),
+        numbers=[int(start), int(start + n)],
+        key=keys,
+        key_fraction=fractions,
+        rule=dict(rule=rule, factor=factor, fraction=fraction),
+        source=source,
+        meta=meta,
+    )
+
+
+# --- model helpers -------------------------------------------------------------------------------
+
+
+def number_tokens(model: Any, numbers: Iterable[int]) -> torch.Tensor:
+    """Token ids [n] of ``numbers`` written without a space; each must be a single token."""
+    tokenizer = getattr(model, "tokenizer", model)
+    numbers = list(numbers)
+    if not numbers:
+        raise AnalysisError("numbers is empty; pass e.g. range(100)")
+    ids = tokenizer([str(x) for x in numbers], add_special_tokens=False)["input_ids"]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    multi = [x for x, row in zip(numbers, ids) if len(row) != 1 or row[0] == unk]
+    if multi:
+        raise TokenizationError(
+            f"{len(multi)} of these numbers are not single tokens for this tokenizer (e.g. {multi[:5]}); "
+            "Fourier analyses over a number axis need one token per number: restrict `numbers` to "
+            "single-token numbers (see arithinterp.tasks.number_check)"
+        )
+    return torch.tensor([row[0] for row in ids])
+
+
+def _numbers(numbers: Union[int, range, Sequence[int], None], default: Optional[int] = None) -> range:
+    if numbers is None:
+        if default is None:
+            raise AnalysisError("pass numbers=range(n) for the number axis")
+        numbers = default
+    if isinstance(numbers, int):
+        numbers = range(numbers)
+    values = list(numbers)
+    _check_n(values)
+    return range(values[0], values[-1] + 1)
+
+
+def _rule_kw(rule: str, factor: float, fraction: float) -> dict:
+    if rule not in KEY_RULES:
+        raise ConfigError(f"unknown key-frequency rule {rule!r}; accepted: {accepted(KEY_RULES)}")
+    return dict(rule=rule, factor=factor, fraction=fraction)
+
+
+def group_by_value(values: torch.Tensor, acts: torch.Tensor, numbers: range) -> torch.Tensor:
+    """Mean of ``acts`` [N, ...] over the prompts of each number of ``numbers`` → [n, ...].
+
+    Every number of the range must occur in ``values`` [N] (a spectrum needs the full axis);
+    prompts whose value lies outside the range are not used.
+    """
+    values = torch.as_tensor(values).long()
+    if values.shape[0] != acts.shape[0]:
+        raise AnalysisError(f"values has {values.shape[0]} entries but there are {acts.shape[0]} activations")
+    index = values - numbers.start
+    inside = (index >= 0) & (index < len(numbers))
+    index, acts = index[inside], acts[inside]
+    counts = torch.bincount(index, minlength=len(numbers))
+    missing = [numbers.start + i for i in torch.nonzero(counts == 0).flatten().tolist()]
+    if missing:
+        raise AnalysisError(
+            f"{len(missing)} numbers of {numbers} have no prompt (e.g. {missing[:5]}); a spectrum needs "
+            "every number on the axis: build prompts over the whole range"
+        )
+    flat = acts.reshape(acts.shape[0], -1).double()
+    sums = torch.zeros((len(numbers), flat.shape[1]), dtype=flat.dtype).index_add_(0, index, flat)
+    return (sums / counts[:, None]).reshape(len(numbers), *acts.shape[1:])
+
+
+def grid_of(prompts: Any, acts: torch.Tensor, numbers: range) -> torch.Tensor:
+    """Arrange per-prompt ``acts`` [N, ...] on the ``(a, b)`` grid → [n, n, ...] (each cell once;
+    prompts with an operand outside ``numbers`` are not used)."""
+    n = len(numbers)
+    ia, ib = prompts.a.long() - numbers.start, prompts.b.long() - numbers.start
+    inside = (ia >= 0) & (ia < n) & (ib >= 0) & (ib < n)
+    cells = ia[inside] * n + ib[inside]
+    counts = torch.bincount(cells, minlength=n * n)
+    if (counts != 1).any():
+        raise AnalysisError(
+            f"the prompts must cover the {n}×{n} grid of (a, b) in {numbers} exactly once; "
+            f"{int((counts == 0).sum())} cells are missing and {int((counts > 1).sum())} repeated"
+        )
+    grid = torch.empty((n * n, *acts.shape[1:]), dtype=acts.dtype)
+    grid[cells] = acts[inside]
+    return grid.reshape(n, n, *acts.shape[1:])
+
+
+# --- model wrappers ------------------------------------------------------------------------------
+
+
+def embedding_spectrum(model: Any, numbers: Union[int, range] = 100, *, rule: str = "median",
+                       factor: float = 10.0, fraction: float = 0.9) -> SpectrumResult:
+    """Spectrum of the number-token embeddings ``W_E[token(x)]`` for x in ``numbers``.
+
+    [n, d_model] rows → power per frequency (Zhou et al. 2024 §2; Nanda et al. 2023 §3)."""
+    numbers = _numbers(numbers)
+    kw = _rule_kw(rule, factor, fraction)
+    embeddings = model.W_E.detach()[number_tokens(model, numbers)]
+    power = spectrum_of(embeddings)[None]
+    return _spectrum_result(power, ["embed"], numbers.start, len(numbers), "embed", **kw,
+                            meta=build_meta(model, numbers=numbers))
+
+
+def activation_spectrum(
+    source: Any,
+    values: Optional[torch.Tensor] = None,
+    numbers: Union[int, range, None] = None,
+    *,
+    site: str = "resid_post",
+    layers: Optional[Sequence[int]] = None,
+    position: Optional[str] = None,
+    rule: str = "median",
+    factor: float = 10.0,
+    fraction: float = 0.9,
+) -> SpectrumResult:
+    """Spectrum of activations over a number axis.
+
+    ``source`` is either a tensor [n_numbers, d] whose row ``i`` belongs to number ``i`` of
+    ``numbers`` (default ``range(n_numbers)``), or an :class:`~arithinterp.activations.Activations`
+    at ``site`` / ``position``: prompts are grouped by ``values`` [N] (default: the prompts'
+    label named like ``position``, e.g. ``"a"``) and averaged per number, one series per layer.
+    """
+    kw = _rule_kw(rule, factor, fraction)
+    if isinstance(source, torch.Tensor):
+        if source.ndim != 2:
+            raise AnalysisError(f"an activation tensor must be [n_numbers, d], got shape {tuple(source.shape)}")
+        numbers = _numbers(numbers, source.shape[0])
+        if len(numbers) != source.shape[0]:
+            raise AnalysisError(f"numbers has {len(numbers)} entries but the tensor has {source.shape[0]} rows")
+        return _spectrum_result(spectrum_of(source)[None], ["activations"], numbers.start, len(numbers),
+                                "activations", **kw, meta=build_meta(numbers=numbers))
+    if not hasattr(source, "get") or not hasattr(source, "positions"):
+        raise AnalysisError(f"source must be a tensor [n, d] or an Activations, got {type(source).__name__}")
+    position = position if position is not None else source.positions[0]
+    if values is None:
+        if source.prompts is None or str(position) not in ("a", "b"):
+            raise AnalysisError("pass values= (the number of each prompt), e.g. prompts.a for position 'a'")
+        values = source.prompts.label(str(position))
+    values = torch.as_tensor(values).long()
+    numbers = _numbers(numbers, range(int(values.min()), int(values.max()) + 1))
+    layers = list(source.layers) if layers is None else list(layers)
+    power = torch.stack([spectrum_of(group_by_value(values, source.get(site, layer, position), numbers))
+                         for layer in layers])
+    outside = int(((values < numbers.start) | (values >= numbers.stop)).sum())
+    return _spectrum_result(power, [f"L{layer} {site}" for layer in layers], numbers.start, len(numbers),
+                            f"{site} at {position}", **kw,
+                            meta=build_meta(site=site, position=str(position), layers=layers,
+                                            excluded_prompts=dict(count=outside, reason=f"value outside {numbers}")))
+
+
+def logit_lens_spectrum(
+    model: Any,
+    prompts: Any,
+    numbers: Union[int, range, None] = None,
+    *,
+    layers: Optional[Sequence[int]] = None,
+    components: Sequence[str] = COMPONENT_SITES,
+    position: str = "final",
+    batch_size: int = 256,
+    rule: str = "median",
+    factor: float = 10.0,
+    fraction: float = 0.9,
+    progress: bool = True,
+) -> SpectrumResult:
+    """Zhou et al. 2024 (RECIPES §2): each component's output at ``position`` read through the
+    logit lens onto number tokens, ``L = W_U[:, tokens(numbers)]ᵀ · output`` [N, n], then a DFT
+    along the number axis; power is averaged over prompts. One series per (layer, component).
+
+    ``numbers`` defaults to 0..max answer of ``prompts``.
+    """
+    from arithinterp.activations import collect
+
+    kw = _rule_kw(rule, factor, fraction)
+    bad = [c for c in components if c not in COMPONENT_SITES]
+    if bad or not components:
+        raise SiteError(f"unknown components {bad}; accepted: {accepted(COMPONENT_SITES)}")
+    numbers = _numbers(numbers, int(prompts.answer.max()) + 1)
+    unembed = model.W_U.detach()[:, number_tokens(model, numbers)].double()
+    acts = collect(model, prompts, sites=list(components), layers=layers, positions=position,
+                   batch_size=batch_size, progress=progress)
+    series, power = [], []
+    for layer in acts.layers:
+        for component in components:
+            lens = acts.get(component, layer, position).double() @ unembed  # [N, n]
+            power.append(spectrum_of(lens, dim=1) / lens.shape[0])
+            series.append(f"L{layer} {component}")
+    return _spectrum_result(torch.stack(power), series, numbers.start, len(numbers), f"logit lens at {position}",
+                            **kw, meta=build_meta(model, n_prompts=len(prompts), position=position))
+
+
+def _grid_activations(model: Any, prompts: Any, layer: int, site: str, numbers: range, batch_size: int,
+                      progress: bool) -> torch.Tensor:
+    """Neuron activations at the final position on the (a, b) grid → [d_mlp, n, n]."""
+    from arithinterp.activations import collect
+
+    if site not in ("mlp_pre", "mlp_post"):
+        raise SiteError(f"neuron spectra read 'mlp_pre' or 'mlp_post', got {site!r}")
+    acts = collect(model, prompts, sites=[site], layers=[layer], positions="final", batch_size=batch_size,
+                   progress=progress)
+    return grid_of(prompts, acts.get(site, layer, "final"), numbers).permute(2, 0, 1)
+
+
+def neuron_spectrum(
+    model: Any,
+    prompts: Any,
+    layer: int = 0,
+    numbers: Union[int, range, None] = None,
+    *,
+    site: str = "mlp_post",
+    batch_size: int = 1024,
+    rule: str = "median",
+    factor: float = 10.0,
+    fraction: float = 0.9,
+    progress: bool = True,
+) -> SpectrumResult:
+    """2-D spectrum of every neuron's activation grid over ``(a, b)`` at the final position,
+    summed over neurons: power per frequency pair (Nanda et al. 2023, RECIPES §3).
+
+    ``prompts`` must cover the grid ``numbers × numbers`` (default 0..max a) exactly once.
+    """
+    kw = _rule_kw(rule, factor, fraction)
+    numbers = _numbers(numbers, int(prompts.a.max()) + 1)
+    grids = _grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
+    power = spectrum_of_2d(grids.double())[None]
+    return _spectrum_result(power, [f"L{layer} {site}"], numbers.start, len(numbers), f"{site} over (a, b)", **kw,
+                            meta=build_meta(model, layer=layer, site=site, n_neurons=grids.shape[0],
+                                            excluded_prompts=len(prompts) - len(numbers) ** 2))
+
+
+def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str = "embed", **kwargs) -> SpectrumResult:
+    """One entry point for every spectrum:
+
+    * a model with ``site="embed"`` → :func:`embedding_spectrum`;
+    * a tensor [n, d] or an ``Activations`` → :func:`activation_spectrum` (``site`` is the
+      collected site to read, e.g. ``"resid_post"``);
+    * a model with ``site="logit_lens"`` and ``prompts=`` → :func:`logit_lens_spectrum`;
+    * a model with ``site="mlp_post"`` / ``"mlp_pre"`` and ``prompts=`` → :func:`neuron_spectrum`.
+    """
+    if isinstance(source, torch.Tensor) or (hasattr(source, "get") and hasattr(source, "positions")):
+        if site == "embed":
+            site = "resid_post"
+        return activation_spectrum(source, numbers=numbers, site=site, **kwargs)
+    if not hasattr(source, "cfg"):
+        raise AnalysisError(f"source must be a model, a tensor or an Activations, got {type(source).__name__}")
+    if site == "embed":
+        return embedding_spectrum(source, 100 if numbers is None else numbers, **kwargs)
+    prompts = kwargs.pop("prompts", None)
+    if prompts is None:
+        raise AnalysisError(f"site={site!r} needs prompts= (a PromptSet)")
+    if site == "logit_lens":
+        return logit_lens_spectrum(source, prompts, numbers, **kwargs)
+    if site in ("mlp_pre", "mlp_post"):
+        return neuron_spectrum(source, prompts, numbers=numbers, site=site, **kwargs)
+    raise SiteError(
+        f"unknown spectrum site {site!r}; accepted: {accepted(['embed', 'logit_lens', 'mlp_pre', 'mlp_post'])}"
+    )
