@@ -48,7 +48,7 @@ def reference_scores(maps: torch.Tensor, predicates: torch.Tensor) -> torch.Tens
 
 def fast_scores(maps: torch.Tensor, heuristics, kind: str) -> torch.Tensor:
     grid = heuristics.grid
-    atoms = [nn._dense_ids(grid.a), nn._dense_ids(grid.b)] if kind == "K" else [nn._dense_ids(grid.result)]
+    atoms = [nn.scoring._dense_ids(grid.a), nn.scoring._dense_ids(grid.b)] if kind == "K" else [nn.scoring._dense_ids(grid.result)]
     return nn.score_maps(maps, heuristics.predicates[:, heuristics.kind(kind)], atoms=atoms)[0]
 
 

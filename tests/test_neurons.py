@@ -121,7 +121,7 @@ def test_scores_match_a_naive_top_k_reference():
     g = torch.Generator().manual_seed(0)
     maps = torch.randn(40, pred.shape[0], generator=g)  # continuous: no ties
     grid = heuristics.grid
-    for kind, atoms in (("K", [nn._dense_ids(grid.a), nn._dense_ids(grid.b)]), ("KV", [nn._dense_ids(grid.result)])):
+    for kind, atoms in (("K", [nn.scoring._dense_ids(grid.a), nn.scoring._dense_ids(grid.b)]), ("KV", [nn.scoring._dense_ids(grid.result)])):
         cols = heuristics.kind(kind)
         top, bottom = nn.score_maps(maps, pred[:, cols], atoms=atoms, bottom=True)
         for sign, got in ((1, top), (-1, bottom)):

@@ -1,0 +1,333 @@
+"""Ablation: ablate heuristic neurons and compare accuracy on associated prompts against other
+prompts or a same-size random control."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence, Union
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp import sites as site_lib
+from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.neurons.model import _batches, _check_prompts, _final_activations
+from arithinterp.neurons.table import HeuristicTable
+from arithinterp.results import Result, build_meta
+
+ABLATION_MODES = ("mean", "zero")
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HeuristicAblation(Result):
+    """Accuracy after ablating each heuristic's neurons, on associated vs other prompts.
+
+    One entry per heuristic in ``heuristics``: ``n_neurons``, ``n_associated`` / ``n_other``
+    prompts, and accuracy before (``*_before``) and after (``*_after``) the ablation.
+    """
+
+    heuristics: list
+    families: list
+    n_neurons: torch.Tensor
+    n_associated: torch.Tensor
+    n_other: torch.Tensor
+    associated_before: torch.Tensor
+    associated_after: torch.Tensor
+    other_before: torch.Tensor
+    other_after: torch.Tensor
+    mode: str
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> dict[str, float]:
+        """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops."""
+        ok = self.n_associated > 0
+        return dict(
+            heuristics=int(ok.sum()),
+            associated_before=float(self.associated_before[ok].mean()),
+            associated_after=float(self.associated_after[ok].mean()),
+            other_before=float(self.other_before[ok].mean()),
+            other_after=float(self.other_after[ok].mean()),
+            associated_drop=float((self.associated_before - self.associated_after)[ok].mean()),
+            other_drop=float((self.other_before - self.other_after)[ok].mean()),
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            dict(
+                heuristic=self.heuristics,
+                family=self.families,
+                n_neurons=self.n_neurons.numpy(),
+                n_associated=self.n_associated.numpy(),
+                n_other=self.n_other.numpy(),
+                associated_before=self.associated_before.numpy(),
+                associated_after=self.associated_after.numpy(),
+                other_before=self.other_before.numpy(),
+                other_after=self.other_after.numpy(),
+            )
+        )
+
+    def plot(self, **kwargs):
+        from arithinterp.viz import neurons as viz
+
+        return viz.heuristic_ablation_figure(self, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptAblation(Result):
+    """Per-prompt ablation of each prompt's own heuristic neurons vs a random control.
+
+    For each ``k`` in ``ks`` (neurons per layer): ``heuristic_correct`` / ``control_correct``
+    ([len(ks)]) are the fractions of prompts still answered correctly; ``n_ablated`` ([len(ks)])
+    the mean number of neurons ablated per prompt (the same for both arms); ``baseline`` the
+    accuracy with nothing ablated.
+    """
+
+    ks: list
+    heuristic_correct: torch.Tensor
+    control_correct: torch.Tensor
+    n_ablated: torch.Tensor
+    baseline: float
+    n_prompts: int
+    mode: str
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = []
+        for i, k in enumerate(self.ks):
+            for arm, values in (("heuristic", self.heuristic_correct), ("control", self.control_correct)):
+                rows.append(dict(k=k, arm=arm, correct=float(values[i]), n_ablated=float(self.n_ablated[i])))
+        return pd.DataFrame(rows)
+
+    def plot(self, **kwargs):
+        from arithinterp.viz import neurons as viz
+
+        return viz.prompt_ablation_figure(self, **kwargs)
+
+
+# --- ablations -----------------------------------------------------------------------------------
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ABLATION_MODES:
+        raise ConfigError(f"unknown ablation mode {mode!r}; accepted: {accepted(ABLATION_MODES)}")
+
+
+def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int) -> torch.Tensor:
+    """What an ablated neuron is set to: its mean final-position activation, or 0: [L, d_mlp]."""
+    if mode == "zero":
+        return torch.zeros(len(layers), int(model.cfg.d_mlp))
+    return _final_activations(model, prompts, layers, batch_size).mean(0)
+
+
+@torch.inference_mode()
+def _correct(model, prompts, masks: dict[int, torch.Tensor], replacement: dict[int, torch.Tensor], batch_size: int) -> torch.Tensor:
+    """Whether each prompt is answered right with neurons ablated at the final position.
+
+    ``masks[layer]`` is ``[d_mlp]`` (same for every prompt) or ``[P, d_mlp]`` bool. With
+    ``prompts.scoring == "full_answer"`` every answer token is checked teacher-forced (equal to
+    greedy exact match); otherwise the first answer token.
+    """
+    correct = torch.zeros(len(prompts), dtype=torch.bool)
+    full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
+    for idx, tokens, final in _batches(prompts, batch_size):
+        rows = torch.arange(len(idx))
+        answer = prompts.answer_tokens[idx]
+        hooks = []
+        for layer, mask in masks.items():
+            m = mask[idx] if mask.ndim == 2 else mask[None].expand(len(idx), -1)
+            value = replacement[layer]
+
+            def ablate(act, hook, m=m, value=value):
+                act = act.clone()
+                here = act[rows, final]
+                act[rows, final] = torch.where(m, value.to(act.dtype)[None], here)
+                return act
+
+            hooks.append((site_lib.hook_name("mlp_post", layer), ablate))
+        if full:
+            extra = answer[:, :-1].clamp(min=0)
+            logits = model.run_with_hooks(torch.cat([tokens, extra], dim=1), fwd_hooks=hooks)
+            steps = torch.arange(answer.shape[1])
+            predicted = logits[rows[:, None], final[:, None] + steps[None]].argmax(-1)
+            correct[idx] = ((predicted == answer) | (answer < 0)).all(1)
+        else:
+            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+            correct[idx] = logits[rows, final].argmax(-1) == answer[:, 0]
+    return correct
+
+
+def _association(table: HeuristicTable, prompts, names: Sequence[str]) -> torch.Tensor:
+    """``[P, len(names)]`` bool: prompt's (a, b, result) satisfies each heuristic."""
+    result = prompts.answer  # the task's result, reduced mod the modulus when there is one
+    return torch.stack([table.heuristic(n).mask(prompts.a, prompts.b, result) for n in names], dim=1)
+
+
+def _check_table(model, table) -> None:
+    if not isinstance(table, HeuristicTable):
+        raise AnalysisError(f"table must be a HeuristicTable (from classify / classify_maps), got {type(table).__name__}")
+    site_lib.check_layers(model, "mlp_post", sorted(set(table.layer.tolist())))
+
+
+def ablate_heuristic(
+    model: Any,
+    prompts: Any,
+    table: HeuristicTable,
+    heuristic: Union[str, Sequence[str], None] = None,
+    *,
+    mode: str = "mean",
+    min_neurons: int = 1,
+    batch_size: int = 512,
+    progress: bool = False,
+) -> HeuristicAblation:
+    """Ablate the neurons of each heuristic; accuracy on associated vs other prompts (RECIPES §4).
+
+    A prompt is associated with a heuristic when its (a, b, result) satisfies it. Neurons are
+    ablated at the final position by setting ``mlp_post`` to its mean over ``prompts``
+    (``mode="mean"``) or to zero.
+
+    Args:
+        heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
+            ``min_neurons`` neurons.
+    """
+    _check_prompts(prompts)
+    _check_table(model, table)
+    _check_mode(mode)
+    if heuristic is None:
+        counts = table.labels.sum(0)
+        names = [n for n, c in zip(table.names, counts.tolist()) if c >= min_neurons]
+        if not names:
+            raise AnalysisError(f"no heuristic labels {min_neurons} or more neurons in this table")
+    else:
+        names = [heuristic] if isinstance(heuristic, str) else list(heuristic)
+        for n in names:
+            table.index(n)
+    layers = sorted(set(table.layer.tolist()))
+    fill = _replacement(model, prompts, layers, mode, batch_size)
+    replacement = {l: fill[i] for i, l in enumerate(layers)}
+    before = _correct(model, prompts, {}, replacement, batch_size)
+    associated = _association(table, prompts, names)
+    d_mlp = int(model.cfg.d_mlp)
+    rows = dict(n_neurons=[], n_associated=[], n_other=[], associated_before=[], associated_after=[], other_before=[], other_after=[])
+    for j, name in enumerate(tqdm(names, desc="ablate heuristics", disable=not progress)):
+        members = table.neurons_of(name)
+        masks = {}
+        for l in layers:
+            chosen = table.neuron[members][table.layer[members] == l]
+            if chosen.numel():
+                masks[l] = torch.zeros(d_mlp, dtype=torch.bool).index_fill_(0, chosen, True)
+        after = _correct(model, prompts, masks, replacement, batch_size) if masks else before
+        assoc = associated[:, j]
+        rows["n_neurons"].append(len(members))
+        rows["n_associated"].append(int(assoc.sum()))
+        rows["n_other"].append(int((~assoc).sum()))
+        for arm, sel in (("associated", assoc), ("other", ~assoc)):
+            rows[f"{arm}_before"].append(float(before[sel].float().mean()) if sel.any() else float("nan"))
+            rows[f"{arm}_after"].append(float(after[sel].float().mean()) if sel.any() else float("nan"))
+    return HeuristicAblation(
+        heuristics=names,
+        families=[table.families[table.index(n)] for n in names],
+        **{k: torch.tensor(v, dtype=torch.long if k.startswith("n_") else torch.float32) for k, v in rows.items()},
+        mode=mode,
+        meta=build_meta(model, n_prompts=len(prompts), threshold=table.threshold),
+    )
+
+
+def ablate_for_prompt(
+    model: Any,
+    prompts: Any,
+    table: HeuristicTable,
+    k: Union[int, Sequence[int]] = (1, 2, 5, 10, 20),
+    *,
+    mode: str = "mean",
+    rank_by: str = "score",
+    seed: int = 0,
+    batch_size: int = 512,
+    progress: bool = False,
+) -> PromptAblation:
+    """For each prompt, ablate the neurons whose heuristics it satisfies, vs a random control.
+
+    Per prompt and layer, up to ``k`` of the table's neurons with a heuristic the prompt
+    satisfies are ablated (the best first by ``rank_by``: ``"score"`` — the neuron's mean score
+    over its labels the prompt satisfies — or ``"importance"``). The control ablates, for the same prompt and
+    layer, the same number of neurons drawn at random (seeded) from the table's other neurons of
+    that layer (its top neurons not associated with the prompt). Follows RECIPES §4.
+
+    Returns the fraction of prompts still answered correctly in both arms for each ``k``.
+    """
+    _check_prompts(prompts)
+    _check_table(model, table)
+    _check_mode(mode)
+    if rank_by not in ("score", "importance"):
+        raise ConfigError(f"unknown rank_by {rank_by!r}; accepted: 'score', 'importance'")
+    ks = [k] if isinstance(k, int) else list(k)
+    if not ks or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in ks):
+        raise ConfigError(f"k must be a positive integer or a list of them, got {k!r}")
+    if rank_by == "importance" and torch.isnan(table.importance).all():
+        raise ConfigError("rank_by='importance' needs a table with importance scores (classify with top_k)")
+    labelled = table.labels
+    used = torch.nonzero(labelled.any(0)).flatten()
+    names = [table.names[i] for i in used.tolist()]
+    if not names:
+        raise AnalysisError("no neuron in this table has a heuristic label; nothing to ablate")
+    sat = _association(table, prompts, names).float()  # [P, H']
+    lab = labelled[:, used].float()  # [N, H']
+    assoc = (sat @ lab.T) > 0  # [P, N]
+    if rank_by == "score":
+        # mean score of the neuron's labels that the prompt satisfies (a matmul, no [P, N, H] tensor)
+        priority = (sat @ (lab * table.best_scores[:, used]).T) / (sat @ lab.T).clamp(min=1)
+    else:
+        priority = table.importance[None].expand(len(prompts), -1)
+    generator = torch.Generator().manual_seed(seed)
+    layers = sorted(set(table.layer.tolist()))
+    fill = _replacement(model, prompts, layers, mode, batch_size)
+    replacement = {l: fill[i] for i, l in enumerate(layers)}
+    baseline = _correct(model, prompts, {}, replacement, batch_size)
+    d_mlp = int(model.cfg.d_mlp)
+    P = len(prompts)
+    heur, ctrl, sizes = [], [], []
+    for kk in tqdm(ks, desc="ablate per prompt", disable=not progress):
+        masks_h, masks_c, total = {}, {}, torch.zeros(P)
+        for l in layers:
+            cols = torch.nonzero(table.layer == l).flatten()
+            a = assoc[:, cols]
+            pri = torch.where(a, priority[:, cols], torch.tensor(float("-inf")))
+            count = a.sum(1).clamp(max=kk)
+            pick = _first(pri, count) & a
+            others = ~a
+            noise = torch.where(others, torch.rand(P, len(cols), generator=generator), torch.tensor(-1.0))
+            pick_c = _first(noise, torch.minimum(count, others.sum(1))) & others
+            masks_h[l] = _scatter_mask(pick, table.neuron[cols], d_mlp)
+            masks_c[l] = _scatter_mask(pick_c, table.neuron[cols], d_mlp)
+            total += pick.sum(1)
+        heur.append(float(_correct(model, prompts, masks_h, replacement, batch_size).float().mean()))
+        ctrl.append(float(_correct(model, prompts, masks_c, replacement, batch_size).float().mean()))
+        sizes.append(float(total.mean()))
+    return PromptAblation(
+        ks=ks,
+        heuristic_correct=torch.tensor(heur),
+        control_correct=torch.tensor(ctrl),
+        n_ablated=torch.tensor(sizes),
+        baseline=float(baseline.float().mean()),
+        n_prompts=P,
+        mode=mode,
+        meta=build_meta(model, n_prompts=P, rank_by=rank_by, seed=seed, threshold=table.threshold),
+    )
+
+
+def _first(priority: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``[P, n]`` bool: the ``count[p]`` highest-priority entries of each row."""
+    order = torch.argsort(priority, dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(priority.shape[1]).expand_as(order))
+    return rank < count[:, None]
+
+
+def _scatter_mask(pick: torch.Tensor, neuron: torch.Tensor, d_mlp: int) -> torch.Tensor:
+    """Per-prompt picks over a layer's table neurons → ``[P, d_mlp]`` bool."""
+    out = torch.zeros(pick.shape[0], d_mlp, dtype=torch.bool)
+    out[:, neuron] = pick
+    return out

@@ -1,0 +1,413 @@
+"""Running the model: neuron importance, K / KV maps over the operand grid, and classification of
+a model's important neurons."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp import sites as site_lib
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.neurons.scoring import _check_threshold, classify_maps
+from arithinterp.neurons.table import HeuristicTable
+from arithinterp.results import Result, build_meta
+
+IMPORTANCE_METHODS = ("attribution", "ablation")
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronImportance(Result):
+    """Per-neuron importance for the answer, per layer (RECIPES §4).
+
+    ``scores`` is ``[len(layers), d_mlp]``: mean + std over prompts of the per-prompt effect
+    magnitude. ``top`` is ``[len(layers), top_k]``: the top-k neurons of each layer, best first.
+    """
+
+    layers: list
+    scores: torch.Tensor
+    top: torch.Tensor
+    method: str
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def neurons(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(layer, neuron)`` LongTensors of every selected neuron, layer by layer."""
+        k = self.top.shape[1]
+        return torch.tensor(self.layers).repeat_interleave(k), self.top.flatten()
+
+    def top_scores(self) -> torch.Tensor:
+        return self.scores.gather(1, self.top)
+
+    def to_frame(self) -> pd.DataFrame:
+        L, D = self.scores.shape
+        rank = torch.empty_like(self.scores, dtype=torch.long)
+        rank.scatter_(1, torch.argsort(self.scores, dim=1, descending=True), torch.arange(D).expand(L, D))
+        return pd.DataFrame(
+            dict(
+                layer=np.repeat(self.layers, D),
+                neuron=np.tile(np.arange(D), L),
+                score=self.scores.flatten().numpy(),
+                rank=rank.flatten().numpy(),
+                selected=(rank < self.top.shape[1]).flatten().numpy(),
+            )
+        )
+
+    def plot(self, **kwargs):
+        from arithinterp.viz import neurons as viz
+
+        return viz.importance_figure(self, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronMaps(Result):
+    """K and KV maps of neurons over an operand grid (RECIPES §4).
+
+    ``k_maps`` / ``kv_maps`` are ``[N, A, B]`` (NaN where the grid has no prompt); rows follow
+    ``a_values``, columns ``b_values``; ``layer`` / ``neuron`` ([N]) name the neurons.
+    """
+
+    layer: torch.Tensor
+    neuron: torch.Tensor
+    a_values: list
+    b_values: list
+    k_maps: torch.Tensor
+    kv_maps: torch.Tensor
+    op: str
+    modulus: Optional[int]
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        N, A, B = self.k_maps.shape
+        return pd.DataFrame(
+            dict(
+                layer=self.layer.repeat_interleave(A * B).numpy(),
+                neuron=self.neuron.repeat_interleave(A * B).numpy(),
+                a=np.tile(np.repeat(self.a_values, B), N),
+                b=np.tile(np.tile(self.b_values, A), N),
+                k=self.k_maps.flatten().numpy(),
+                kv=self.kv_maps.flatten().numpy(),
+            )
+        )
+
+    def plot(self, index: int = 0, kind: str = "both", **kwargs):
+        """Heatmaps of row ``index``'s maps over (a, b); ``kind``: ``"K"``, ``"KV"`` or ``"both"``."""
+        from arithinterp.viz import neurons as viz
+
+        return viz.maps_figure(self, index=index, kind=kind, **kwargs)
+
+    def classify(self, threshold: float = 0.6, **kwargs) -> HeuristicTable:
+        """:func:`classify_maps` on these maps."""
+        return classify_maps(
+            self.k_maps, self.kv_maps, self.a_values, self.b_values, self.op, threshold,
+            modulus=self.modulus, layers=self.layer, neurons=self.neuron, meta=dict(self.meta), **kwargs,
+        )
+
+
+# --- running the model ---------------------------------------------------------------------------
+
+
+def _check_model_layers(model: Any, layers) -> list[int]:
+    return site_lib.check_layers(model, "mlp_post", layers)
+
+
+def _batches(prompts, batch_size: int):
+    """(indices, unpadded tokens, final positions) per same-length batch."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    for group in prompts.length_groups():
+        for idx in group.split(batch_size):
+            tokens = prompts.unpadded(idx)
+            final = prompts.positions["final"][idx] - prompts.offset(idx)
+            yield idx, tokens, final
+
+
+def _check_prompts(prompts, name: str = "prompts") -> None:
+    if not all(hasattr(prompts, attr) for attr in ("tokens", "a", "b", "answer_tokens", "positions")):
+        raise AnalysisError(f"{name} must be a PromptSet from arithinterp.tasks.arithmetic, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise AnalysisError(f"{name} is empty")
+
+
+def importance(
+    model: Any,
+    pairs: Any,
+    layers: Optional[Iterable[int]] = None,
+    method: str = "attribution",
+    top_k: Optional[int] = 200,
+    *,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> NeuronImportance:
+    """Rank MLP neurons by their effect on the answer (RECIPES §4).
+
+    The metric is the logit difference clean answer − corrupt answer at the final position.
+
+    * ``"attribution"``: attribution patching on ``mlp_post`` at the final position, effect =
+      gradient of the metric (on the clean run) × (corrupt − clean) activation.
+    * ``"ablation"``: exact activation patching of each neuron's final-position activation to
+      its corrupt value, effect = metric after − before (neurons batched together).
+
+    A neuron's score is mean + std over prompts of ``|effect|`` (the paper's mean + std; the
+    magnitude *(choice)* so neurons that push either way count). Returns the top ``top_k`` per
+    layer (``None``: all neurons).
+
+    Args:
+        pairs: ``PromptPairs`` (clean / corrupt prompts with aligned positions).
+        layers: layers to score (default all).
+    """
+    if method not in IMPORTANCE_METHODS:
+        raise ConfigError(f"unknown importance method {method!r}; accepted: {accepted(IMPORTANCE_METHODS)}")
+    if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
+        raise AnalysisError(f"pairs must be PromptPairs (from prompts.counterfactual()), got {type(pairs).__name__}")
+    _check_prompts(pairs.clean, "pairs.clean")
+    chosen = _check_model_layers(model, layers)
+    d_mlp = int(model.cfg.d_mlp)
+    if top_k is None:
+        top_k = d_mlp
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= d_mlp:
+        raise ConfigError(f"top_k must be an integer in 1..{d_mlp} (d_mlp) or None, got {top_k!r}")
+    effects = _attribution(model, pairs, chosen, batch_size, progress) if method == "attribution" else _patch_effects(model, pairs, chosen, batch_size, progress)
+    magnitude = effects.abs()  # [P, L, d_mlp]
+    scores = magnitude.mean(0) + (magnitude.std(0) if magnitude.shape[0] > 1 else 0)
+    top = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :top_k]
+    return NeuronImportance(
+        layers=chosen, scores=scores, top=top, method=method,
+        meta=build_meta(model, n_pairs=len(pairs), top_k=top_k, vary=getattr(pairs, "vary", None), metric="logit_diff"),
+    )
+
+
+def _final_metric(logits: torch.Tensor, final: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(len(final))
+    at = logits[rows, final]
+    return at[rows, good] - at[rows, bad]
+
+
+def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
+    clean, corrupt = pairs.clean, pairs.corrupt
+    out = torch.zeros(len(clean), len(layers), int(model.cfg.d_mlp))
+    names = {site_lib.hook_name("mlp_post", l): i for i, l in enumerate(layers)}
+    good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
+    for idx, tokens, final in tqdm(list(_batches(clean, batch_size)), desc="attribution", disable=not progress):
+        rows = torch.arange(len(idx))
+        corrupt_acts = {}
+
+        def keep(act, hook, name):
+            corrupt_acts[name] = act[rows, final].detach().clone()
+            return act
+
+        with torch.inference_mode():
+            model.run_with_hooks(corrupt.unpadded(idx), fwd_hooks=[(n, partial(keep, name=n)) for n in names])
+        clean_acts = {}
+
+        def grab(act, hook, name):
+            if not act.requires_grad:  # frozen weights: make the graph start here
+                act = act.detach().requires_grad_(True)
+            clean_acts[name] = act
+            return act
+
+        with torch.enable_grad():
+            logits = model.run_with_hooks(tokens, fwd_hooks=[(n, partial(grab, name=n)) for n in names])
+            metric = _final_metric(logits, final, good[idx], bad[idx]).sum()
+            grads = torch.autograd.grad(metric, [clean_acts[n] for n in names], allow_unused=True)
+        for n, grad in zip(names, grads):
+            i = names[n]
+            if grad is None:
+                continue
+            delta = corrupt_acts[n] - clean_acts[n].detach()[rows, final]
+            out[idx, i] = (grad[rows, final] * delta).float()
+    return out
+
+
+@torch.inference_mode()
+def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
+    clean, corrupt = pairs.clean, pairs.corrupt
+    d_mlp = int(model.cfg.d_mlp)
+    out = torch.zeros(len(clean), len(layers), d_mlp)
+    good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
+    # every (prompt, neuron) patch is its own sequence: batch prompts x a block of neurons
+    block = max(1, batch_size // 8)
+    jobs = [(idx, tokens, final) for idx, tokens, final in _batches(clean, block)]
+    bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
+    for idx, tokens, final in jobs:
+        rows = torch.arange(len(idx))
+        corrupt_acts = {}
+
+        def keep(act, hook, name):
+            corrupt_acts[name] = act[rows, final].clone()
+            return act
+
+        names = [site_lib.hook_name("mlp_post", l) for l in layers]
+        model.run_with_hooks(corrupt.unpadded(idx), fwd_hooks=[(n, partial(keep, name=n)) for n in names])
+        base = _final_metric(model(tokens), final, good[idx], bad[idx])
+        chunk = max(1, 4096 // len(idx))
+        for i, name in enumerate(names):
+            for start in range(0, d_mlp, chunk):
+                neurons = torch.arange(start, min(start + chunk, d_mlp))
+                reps = len(neurons)
+                prow = rows.repeat(reps)
+                pneuron = neurons.repeat_interleave(len(idx))
+                pfinal = final.repeat(reps)
+                value = corrupt_acts[name][prow, pneuron]
+
+                def patch(act, hook):
+                    act = act.clone()
+                    act[torch.arange(len(prow)), pfinal, pneuron] = value.to(act.dtype)
+                    return act
+
+                logits = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=[(name, patch)])
+                metric = _final_metric(logits, pfinal, good[idx].repeat(reps), bad[idx].repeat(reps))
+                out[idx[:, None], i, neurons[None, :]] = (metric - base.repeat(reps)).view(reps, len(idx)).T.float()
+            bar.update(1)
+    bar.close()
+    return out
+
+
+def _grid_index(prompts) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
+    a_vals = torch.unique(prompts.a)
+    b_vals = torch.unique(prompts.b)
+    ai = torch.searchsorted(a_vals, prompts.a)
+    bi = torch.searchsorted(b_vals, prompts.b)
+    return a_vals.tolist(), b_vals.tolist(), ai, bi
+
+
+def _neuron_index(model: Any, neurons) -> tuple[torch.Tensor, torch.Tensor]:
+    """``neurons``: a NeuronImportance, a (layers, indices) pair, or ``[N, 2]`` (layer, neuron)."""
+    if isinstance(neurons, NeuronImportance):
+        layer, neuron = neurons.neurons()
+    elif isinstance(neurons, tuple) and len(neurons) == 2:
+        layer, neuron = (torch.as_tensor(x).long().flatten() for x in neurons)
+    else:
+        t = torch.as_tensor(neurons).long()
+        if t.ndim != 2 or t.shape[1] != 2:
+            raise SiteError(
+                f"neurons must be a NeuronImportance, a (layers, indices) pair or an [N, 2] tensor of (layer, neuron); got shape {tuple(t.shape)}"
+            )
+        layer, neuron = t[:, 0], t[:, 1]
+    if layer.shape != neuron.shape or layer.numel() == 0:
+        raise SiteError("neurons must name at least one (layer, neuron) pair, with as many layers as indices")
+    site_lib.check_layers(model, "mlp_post", sorted(set(layer.tolist())))
+    d_mlp = int(model.cfg.d_mlp)
+    if (neuron < 0).any() or (neuron >= d_mlp).any():
+        raise SiteError(f"neuron indices must be in 0..{d_mlp - 1} (d_mlp = {d_mlp})")
+    return layer, neuron
+
+
+@torch.inference_mode()
+def _final_activations(model, prompts, layers: list[int], batch_size: int, progress: bool = False) -> torch.Tensor:
+    """``mlp_post`` at the final position: [P, len(layers), d_mlp]."""
+    out = torch.zeros(len(prompts), len(layers), int(model.cfg.d_mlp))
+    names = {site_lib.hook_name("mlp_post", l): i for i, l in enumerate(layers)}
+    last = max(layers)
+    for idx, tokens, final in tqdm(list(_batches(prompts, batch_size)), desc="activations", disable=not progress):
+        rows = torch.arange(len(idx))
+
+        def keep(act, hook, i):
+            out[idx, i] = act[rows, final].float()
+            return act
+
+        model.run_with_hooks(tokens, fwd_hooks=[(n, partial(keep, i=i)) for n, i in names.items()], stop_at_layer=last + 1)
+    return out
+
+
+def maps(model: Any, prompts: Any, neurons: Any, *, batch_size: int = 512, progress: bool = False) -> NeuronMaps:
+    """K and KV maps of neurons over the operand grid of ``prompts`` (RECIPES §4).
+
+    K map: the neuron's ``mlp_post`` at the final position for each (a, b). KV map: K ×
+    ``(W_out[neuron] @ W_U)[answer token]``, the neuron's direct logit-lens contribution to the
+    true answer's (first) token. Grid cells with no prompt (e.g. dropped by ``correct_only``) are
+    NaN. Works for any operator: the grid is the sorted unique ``prompts.a`` × ``prompts.b``.
+
+    Args:
+        prompts: a PromptSet from :func:`arithinterp.tasks.arithmetic` covering a grid.
+        neurons: a :class:`NeuronImportance` (its top-k), a ``(layers, indices)`` pair or an
+            ``[N, 2]`` tensor of (layer, neuron).
+    """
+    _check_prompts(prompts)
+    layer, neuron = _neuron_index(model, neurons)
+    layers = sorted(set(layer.tolist()))
+    acts = _final_activations(model, prompts, layers, batch_size, progress)  # [P, L, d_mlp]
+    li = torch.tensor([layers.index(l) for l in layer.tolist()])
+    k_values = acts[:, li, neuron].T  # [N, P]
+    with torch.inference_mode():
+        W_out = model.W_out.detach().float()  # [n_layers, d_mlp, d_model]
+        W_U = model.W_U.detach().float()  # [d_model, d_vocab]
+        value = W_out[layer, neuron] @ W_U  # [N, d_vocab]
+    answer = prompts.answer_tokens[:, 0]
+    kv_values = k_values * value[:, answer]
+    a_vals, b_vals, ai, bi = _grid_index(prompts)
+    N = len(layer)
+    k_maps = torch.full((N, len(a_vals), len(b_vals)), float("nan"))
+    kv_maps = torch.full_like(k_maps, float("nan"))
+    k_maps[:, ai, bi] = k_values
+    kv_maps[:, ai, bi] = kv_values
+    missing = int(torch.isnan(k_maps[0]).sum())
+    return NeuronMaps(
+        layer=layer, neuron=neuron, a_values=a_vals, b_values=b_vals, k_maps=k_maps, kv_maps=kv_maps,
+        op=prompts.op, modulus=prompts.modulus,
+        meta=build_meta(model, n_prompts=len(prompts), missing_cells=missing, op=prompts.op, template=prompts.template),
+    )
+
+
+def classify(
+    model: Any,
+    prompts: Any,
+    layers: Optional[Iterable[int]] = None,
+    top_k: Optional[int] = 200,
+    threshold: float = 0.6,
+    *,
+    importance_scores: Optional[NeuronImportance] = None,
+    pairs: Any = None,
+    method: str = "attribution",
+    vary: str = "a",
+    bottom: Optional[bool] = None,
+    families: Optional[Sequence[str]] = None,
+    min_cells: int = 3,
+    max_fraction: float = 0.5,
+    seed: int = 0,
+    batch_size: int = 512,
+    progress: bool = False,
+) -> HeuristicTable:
+    """Classify a model's important MLP neurons into heuristics (RECIPES §4).
+
+    Runs :func:`importance` (unless ``top_k`` is None — all neurons — or ``importance_scores``
+    is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed)``), :func:`maps` on
+    ``prompts`` and :func:`classify_maps`. ``bottom`` defaults to ``model.cfg.gated_mlp``.
+    """
+    _check_prompts(prompts)
+    threshold = _check_threshold(threshold)
+    chosen = _check_model_layers(model, layers)
+    if importance_scores is None and top_k is not None:
+        pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed)
+        importance_scores = importance(model, pairs, chosen, method=method, top_k=top_k, batch_size=batch_size, progress=progress)
+    if importance_scores is not None:
+        missing = [l for l in chosen if l not in importance_scores.layers]
+        if missing:
+            raise ConfigError(f"importance_scores has no scores for layers {missing}; it covers {importance_scores.layers}")
+        rows = [importance_scores.layers.index(l) for l in chosen]
+        top = importance_scores.top[rows]
+        layer = torch.tensor(chosen).repeat_interleave(top.shape[1])
+        neuron = top.flatten()
+        imp = importance_scores.scores[rows].gather(1, top).flatten()
+    else:
+        d_mlp = int(model.cfg.d_mlp)
+        layer = torch.tensor(chosen).repeat_interleave(d_mlp)
+        neuron = torch.arange(d_mlp).repeat(len(chosen))
+        imp = None
+    neuron_maps = maps(model, prompts, (layer, neuron), batch_size=batch_size, progress=progress)
+    if bottom is None:
+        bottom = bool(getattr(model.cfg, "gated_mlp", False))
+    return classify_maps(
+        neuron_maps.k_maps, neuron_maps.kv_maps, neuron_maps.a_values, neuron_maps.b_values, prompts.op, threshold,
+        modulus=prompts.modulus, families=families, bottom=bottom, min_cells=min_cells, max_fraction=max_fraction,
+        layers=layer, neurons=neuron, importance=imp, seed=seed, progress=progress,
+        meta=build_meta(model, n_prompts=len(prompts), top_k=top_k, method=method if imp is not None else None,
+                        missing_cells=neuron_maps.meta.get("missing_cells")),
+    )

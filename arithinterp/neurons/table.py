@@ -1,0 +1,158 @@
+"""The classification result: which heuristics each neuron implements (:class:`HeuristicTable`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from arithinterp.errors import ConfigError, SiteError, accepted
+from arithinterp.neurons.heuristics import _CUSTOM, FAMILIES, Grid, Heuristic, apply_op
+from arithinterp.results import Result
+
+
+@dataclasses.dataclass(frozen=True)
+class HeuristicTable(Result):
+    """Which heuristics each neuron implements (RECIPES §4).
+
+    ``scores[i, h]`` (``[N, H]``) is neuron i's score for heuristic h (``names[h]``, of
+    ``families[h]``, scored on ``map_kinds[h]`` maps); with ``bottom_scores`` ([N, H], gated MLPs)
+    the better side counts. ``layer`` / ``neuron`` ([N]) name the neurons, ``importance`` ([N])
+    their attribution scores (NaN if not computed), ``legal`` ([A, B]) the cells used.
+    """
+
+    layer: torch.Tensor
+    neuron: torch.Tensor
+    names: list
+    families: list
+    map_kinds: list
+    scores: torch.Tensor
+    bottom_scores: torch.Tensor
+    importance: torch.Tensor
+    threshold: float
+    op: str
+    modulus: Optional[int]
+    a_values: list
+    b_values: list
+    legal: torch.Tensor
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def best_scores(self) -> torch.Tensor:
+        """``[N, H]``: the score that decides the label (top-k, or the better of top/bottom)."""
+        if self.bottom_scores.numel():
+            return torch.maximum(self.scores, self.bottom_scores)
+        return self.scores
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """``[N, H]`` bool: neuron implements heuristic (score ≥ threshold)."""
+        return self.best_scores >= self.threshold
+
+    @property
+    def classified(self) -> torch.Tensor:
+        """``[N]`` bool: neuron implements at least one heuristic."""
+        return self.labels.any(1)
+
+    def neuron_labels(self, index: int) -> list[str]:
+        """The heuristic names of neuron ``index`` (a row of the table), best score first."""
+        if not 0 <= index < len(self.layer):
+            raise SiteError(f"row {index} is out of range; the table has {len(self.layer)} neurons (0..{len(self.layer) - 1})")
+        row = self.best_scores[index]
+        hits = torch.nonzero(row >= self.threshold).flatten()
+        return [self.names[i] for i in hits[torch.argsort(row[hits], descending=True)].tolist()]
+
+    def neurons_of(self, heuristic: str) -> torch.Tensor:
+        """Rows of the neurons labelled with ``heuristic``: LongTensor."""
+        return torch.nonzero(self.labels[:, self.index(heuristic)]).flatten()
+
+    def index(self, heuristic: str) -> int:
+        if heuristic not in self.names:
+            close = [n for n in self.names if heuristic.split(" ")[0] in n][:8]
+            raise ConfigError(
+                f"unknown heuristic {heuristic!r}; this table scores {len(self.names)} heuristics"
+                + (f", e.g. {accepted(close)}" if close else f", e.g. {accepted(self.names[:8])}")
+            )
+        return self.names.index(heuristic)
+
+    def coverage(self) -> dict[int, float]:
+        """Fraction of the table's (important) neurons with at least one label, per layer."""
+        return {
+            int(layer): float(self.classified[self.layer == layer].float().mean())
+            for layer in torch.unique(self.layer).tolist()
+        }
+
+    def histogram(self) -> pd.DataFrame:
+        """Heuristic types per layer: neurons with at least one label of each family.
+
+        Columns ``layer, family, neurons, labels`` (a neuron with several labels of one family
+        counts once in ``neurons``, once per label in ``labels``).
+        """
+        labels = self.labels
+        families = sorted(set(self.families), key=self.families.index)
+        rows = []
+        for layer in torch.unique(self.layer).tolist():
+            in_layer = labels[self.layer == layer]
+            for family in families:
+                cols = [i for i, f in enumerate(self.families) if f == family]
+                sub = in_layer[:, cols]
+                rows.append(dict(layer=int(layer), family=family, neurons=int(sub.any(1).sum()), labels=int(sub.sum())))
+        return pd.DataFrame(rows, columns=["layer", "family", "neurons", "labels"])
+
+    def heuristic(self, name: str) -> Heuristic:
+        """The :class:`Heuristic` object behind a column (rebuilt from the registry)."""
+        self.index(name)
+        found = _find_heuristic(name, self)
+        if found is None:
+            raise ConfigError(f"heuristic {name!r} is no longer registered; register it again to use it")
+        return found
+
+    def to_frame(self, labelled_only: bool = False) -> pd.DataFrame:
+        """One row per (neuron, heuristic): layer, neuron, heuristic, family, map_kind, score, label."""
+        best = self.best_scores
+        N, H = best.shape
+        frame = pd.DataFrame(
+            dict(
+                layer=self.layer.repeat_interleave(H).numpy(),
+                neuron=self.neuron.repeat_interleave(H).numpy(),
+                heuristic=np.tile(np.array(self.names, dtype=object), N),
+                family=np.tile(np.array(self.families, dtype=object), N),
+                map_kind=np.tile(np.array(self.map_kinds, dtype=object), N),
+                score=best.flatten().numpy(),
+                top_score=self.scores.flatten().numpy(),
+                label=self.labels.flatten().numpy(),
+                importance=self.importance.repeat_interleave(H).numpy(),
+            )
+        )
+        return frame[frame.label].reset_index(drop=True) if labelled_only else frame
+
+    def plot(self, kind: str = "counts", **kwargs):
+        """``kind``: ``"counts"`` (heuristic types per layer), ``"coverage"`` or ``"scores"`` (heatmap)."""
+        from arithinterp.viz import neurons as viz
+
+        return viz.table_figure(self, kind=kind, **kwargs)
+
+
+_FAMILY_CACHE: dict[tuple, dict[str, Heuristic]] = {}
+
+
+def _find_heuristic(name: str, table: HeuristicTable) -> Optional[Heuristic]:
+    if name in _CUSTOM:
+        return _CUSTOM[name]
+    family = FAMILIES.get(table.families[table.names.index(name)])
+    if family is None:
+        return None
+    legal = table.legal.bool()
+    key = (family.name, id(family.generate), table.op, table.modulus, tuple(table.a_values), tuple(table.b_values),
+           np.packbits(legal.numpy()).tobytes())
+    if key not in _FAMILY_CACHE:
+        A, B = torch.meshgrid(torch.tensor(table.a_values), torch.tensor(table.b_values), indexing="ij")
+        result, _ = apply_op(A, B, table.op, table.modulus)
+        grid = Grid(A[legal], B[legal], result[legal], tuple(table.a_values), tuple(table.b_values), table.op, table.modulus)
+        if len(_FAMILY_CACHE) > 64:
+            _FAMILY_CACHE.clear()
+        _FAMILY_CACHE[key] = {h.name: h for h in family.generate(grid)}
+    return _FAMILY_CACHE[key].get(name)
