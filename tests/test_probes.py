@@ -15,6 +15,7 @@ import torch
 from arithinterp import probes
 from arithinterp.activations import Activations
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError
+from arithinterp.probes.reask import _reprefixed
 from arithinterp.tasks import Evaluation, arithmetic
 
 N, D = 600, 64
@@ -396,13 +397,13 @@ def test_repair_counts_fixed_and_broken(planted_errors, tmp_path):
 
 def test_few_shot_prefix_keeps_the_prompt_tokens(tiny_model):
     prompts = arithmetic(tiny_model, a=[3, 40], b=[5, 7])
-    shifted = probes._reprefixed(prompts, "1+2=3\n4+4=8\n", n_ctx=None)
+    shifted = _reprefixed(prompts, "1+2=3\n4+4=8\n", n_ctx=None)
     assert shifted.texts[0] == "1+2=3\n4+4=8\n3+5="
     for name in prompts.positions:
         moved = shifted.tokens[torch.arange(len(prompts)), shifted.positions[name]]
         assert torch.equal(moved, prompts.tokens[torch.arange(len(prompts)), prompts.positions[name]])
     with pytest.raises(TaskError, match="does not fit"):
-        probes._reprefixed(prompts, "1+2=3\n" * 10, n_ctx=16)
+        _reprefixed(prompts, "1+2=3\n" * 10, n_ctx=16)
     answers = probes.few_shot_policy(n_shots=2)(tiny_model, prompts)
     assert answers.shape == (len(prompts),) and answers.dtype == torch.long
 

@@ -1,0 +1,75 @@
+"""Linear probes, probe sweeps over layers and positions, and a probe-based error detector.
+
+What is linearly readable where — operands, answer digits, carries, the model's *own* answer —
+and can a probe tell, before an answer digit is emitted, that the model is about to get it wrong?
+The probes, the circular digit probe, the output-digit / true-digit disagreement detector and the
+"re-ask only what is flagged" use follow Sun, Stolfo & Sachan 2025 (RECIPES §5); the held-out,
+control-backed probing practice follows RECIPES §1, §4 and §8.
+
+* ``estimators`` — probes as scikit-learn estimators (``fit(X, y)``, ``predict``, ``score``,
+  ``get_params``; ``X`` is a torch tensor or numpy array ``[n_samples, n_features]``; features are
+  standardised inside): :class:`LogisticProbe`, :class:`RidgeProbe`, :class:`CircularProbe`,
+  :class:`MLPProbe`, and :func:`make_probe`. Fitted linear probes expose ``directions_``
+  ``[k, n_features]`` (unit rows in the raw activation space) for patching and steering.
+* ``layer_sweep`` — :func:`sweep`: k-fold held-out score per layer x position with 95% CIs,
+  directions fitted on all data, and controls (shuffled labels; a random-init model's
+  activations) → :class:`ProbeResult`; targets via :func:`resolve_target`.
+* ``answers`` — :func:`answer_activations`: activations at the position before each answer token,
+  with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values.
+* ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly →
+  :class:`DetectorResult`.
+* ``reask`` — :func:`repair` re-asks only flagged prompts → :class:`RepairResult`.
+
+Imports flow one way: ``estimators`` ← ``layer_sweep``; ``answers``, ``estimators`` ←
+``detector`` ← ``reask``.
+"""
+
+from arithinterp.probes.answers import answer_activations, answer_slots
+from arithinterp.probes.detector import (
+    DETECTOR_METHODS,
+    DETECTOR_POSITIONS,
+    DetectorResult,
+    ErrorDetector,
+    best_threshold,
+    detection_metrics,
+)
+from arithinterp.probes.estimators import (
+    KINDS,
+    ArrayLike,
+    CircularProbe,
+    LogisticProbe,
+    MLPProbe,
+    RidgeProbe,
+    is_classifier_kind,
+    make_probe,
+)
+from arithinterp.probes.layer_sweep import CONTROLS, ProbeResult, confidence_interval, resolve_target, sweep
+from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
+
+__all__ = [
+    "LogisticProbe",
+    "RidgeProbe",
+    "CircularProbe",
+    "MLPProbe",
+    "make_probe",
+    "is_classifier_kind",
+    "resolve_target",
+    "confidence_interval",
+    "sweep",
+    "ProbeResult",
+    "answer_activations",
+    "answer_slots",
+    "detection_metrics",
+    "best_threshold",
+    "ErrorDetector",
+    "DetectorResult",
+    "few_shot_policy",
+    "vote_policy",
+    "repair",
+    "RepairResult",
+    "KINDS",
+    "CONTROLS",
+    "DETECTOR_METHODS",
+    "DETECTOR_POSITIONS",
+    "ArrayLike",
+]

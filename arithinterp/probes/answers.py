@@ -1,0 +1,114 @@
+"""Answer positions: activations before each answer token, and the answer slots' values.
+
+:func:`answer_activations` reads the position before each answer token with the model's own
+answer teacher-forced; :func:`answer_slots` gives, per answer slot, the true value, the model's
+value and whether the slot exists. Both feed probe sweeps and the error detector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional, Sequence
+
+import torch
+
+from arithinterp.errors import AnalysisError
+from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+
+
+# --- activations before each answer token ---------------------------------------------------------
+
+
+def _check_evaluation(prompts: Any, evaluation: Any) -> None:
+    n, k = prompts.answer_tokens.shape
+    generated = getattr(evaluation, "generated_tokens", None)
+    if generated is None or tuple(generated.shape) != (n, k) or tuple(evaluation.correct.shape) != (n,):
+        raise AnalysisError(
+            f"evaluation must be prompts.evaluate(model) for these {n} prompts "
+            f"(generated_tokens [{n}, {k}], correct [{n}])"
+        )
+    if (generated < 0).any():
+        raise AnalysisError("evaluation.generated_tokens holds negative token ids; pass prompts.evaluate(model)")
+
+
+def _n_digits(prompts: Any) -> int:
+    return len(str(int(prompts.answer.abs().max()))) if len(prompts) else 1
+
+
+def answer_activations(
+    model: Any,
+    prompts: Any,
+    evaluation: Any = None,
+    site: str = "resid_post",
+    layers: Optional[Sequence[int]] = None,
+    batch_size: int = 256,
+    progress: bool = False,
+):
+    """Activations at the position before each answer token, the model's own answer fed back.
+
+    Position ``"answer_j"`` is the final prompt token + j with the model's first j generated
+    answer tokens appended (teacher forcing its *own* answer, so the activation is the one it
+    had when it emitted token j). Returns an ``Activations`` (via ``collect``) with
+    ``data[site]`` ``[N, n_layers, K, *site_shape]`` whose ``prompts`` are ``prompts``;
+    ``evaluation`` defaults to ``prompts.evaluate(model)``.
+    """
+    from arithinterp.activations import collect
+
+    evaluation = evaluation if evaluation is not None else prompts.evaluate(model, batch_size=batch_size)
+    _check_evaluation(prompts, evaluation)
+    k = prompts.answer_tokens.shape[1]
+    names = [f"answer_{j}" for j in range(k)]
+    # prompts are left-padded, so appending the generated tokens on the right keeps them aligned
+    forced = replace(
+        prompts,
+        tokens=torch.cat([prompts.tokens, evaluation.generated_tokens[:, : k - 1]], dim=1),
+        lengths=prompts.lengths + (k - 1),
+        positions={**prompts.positions, **{name: prompts.positions["final"] + j for j, name in enumerate(names)}},
+    )
+    acts = collect(model, forced, sites=[site], layers=layers, positions=names, batch_size=batch_size, progress=progress)
+    acts.prompts = prompts
+    acts.meta.update(teacher_forced="the model's own generated answer tokens")
+    return acts
+
+
+# --- answer slots: what each answer digit should be and what the model wrote ---------------------
+
+
+def _token_values(tokenizer: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The number each token id spells (``"7"`` → 7); other tokens map to ``-(id + 2)``."""
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    values = []
+    for token in unique.tolist():
+        text = tokenizer.decode([token]).strip() if token >= 0 else ""
+        values.append(int(text) if text.isdigit() else -(token + 2))
+    return torch.tensor(values, dtype=torch.long)[inverse]
+
+
+def _slot_valid(prompts: Any, n_slots: int) -> torch.Tensor:
+    """Which answer slots exist per prompt [N, S] (answer tokens past a short answer do not)."""
+    if prompts.answer_tokens.shape[1] == 1:
+        return torch.ones(len(prompts), n_slots, dtype=torch.bool)
+    return torch.arange(n_slots)[None, :] < prompts.n_answer_tokens[:, None]
+
+
+def answer_slots(prompts: Any, evaluation: Any) -> dict[str, torch.Tensor]:
+    """Per answer slot: the true value, the model's value, and whether the slot exists.
+
+    Single-token answers: one slot per decimal digit of the answer (units first), read from
+    the answer value. Multi-token answers: one slot per answer token, valued as the number the
+    token spells (one digit for digit tokenizers). Returns ``true``, ``output`` [N, S] (long),
+    ``valid`` [N, S] (bool) and ``correct`` [N].
+    """
+    _check_evaluation(prompts, evaluation)
+    n, k = prompts.answer_tokens.shape
+    if k == 1:
+        powers = 10 ** torch.arange(_n_digits(prompts))
+        true = (prompts.answer.abs()[:, None] // powers) % 10
+        answer = evaluation.model_answer
+        output = torch.where((answer != _UNPARSABLE)[:, None], (answer.abs()[:, None] // powers) % 10, -1)
+        valid = torch.ones_like(true, dtype=torch.bool)
+    else:
+        valid = _slot_valid(prompts, k)
+        true = torch.where(valid, _token_values(prompts.tokenizer, prompts.answer_tokens.clamp_min(0)), -1)
+        output = torch.where(valid, _token_values(prompts.tokenizer, evaluation.generated_tokens), -1)
+    return dict(true=true.long(), output=output.long(), valid=valid, correct=evaluation.correct.bool())

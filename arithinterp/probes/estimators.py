@@ -1,0 +1,408 @@
+"""Probe estimators: scikit-learn-style linear, circular and MLP probes on pure tensors.
+
+``fit(X, y)``, ``predict``, ``score``, ``get_params``; ``X`` is a torch tensor or numpy array
+``[n_samples, n_features]``; features are standardised inside. Fitted linear probes expose
+``directions_`` ``[k, n_features]`` (unit rows in the raw activation space) for patching and
+steering. Also the input validation the probes share, :func:`make_probe` and
+:func:`is_classifier_kind`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.base import BaseEstimator
+
+from arithinterp.errors import AnalysisError, ConfigError, accepted
+
+KINDS = ("logistic", "ridge", "circular", "mlp")
+
+ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
+
+
+# --- input validation -----------------------------------------------------------------------------
+
+
+def _tensor(values: Any, name: str) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu()
+    try:
+        return torch.as_tensor(np.asarray(values))
+    except (TypeError, ValueError) as error:
+        raise AnalysisError(f"{name} must be a torch tensor or numpy array, got {type(values).__name__}") from error
+
+
+def _features(X: ArrayLike, n_features: Optional[int] = None) -> torch.Tensor:
+    """``X`` as a finite float32 tensor ``[n_samples, n_features]``."""
+    X = _tensor(X, "X")
+    if X.ndim != 2:
+        raise AnalysisError(
+            f"X must be 2-d [n_samples, n_features], got shape {tuple(X.shape)}; "
+            "flatten per-head or per-position activations first (X.flatten(1))"
+        )
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise AnalysisError(f"X is empty (shape {tuple(X.shape)}); probes need samples and features")
+    if n_features is not None and X.shape[1] != n_features:
+        raise AnalysisError(f"X has {X.shape[1]} features but the probe was fitted on {n_features}")
+    if X.dtype.is_complex:
+        raise AnalysisError(f"X must be real-valued, got dtype {X.dtype}")
+    X = X.float()
+    if not torch.isfinite(X).all():
+        raise AnalysisError("X contains NaN or infinite values; probes need finite activations")
+    return X
+
+
+def _targets(y: ArrayLike, n: int, *, integer: bool, allow_2d: bool = False) -> torch.Tensor:
+    """``y`` as a tensor of ``n`` labels (long when ``integer``; else float, ``[n]`` or ``[n, t]``)."""
+    y = _tensor(y, "y")
+    if y.ndim == 0 or y.shape[0] != n:
+        raise AnalysisError(f"y must have one label per sample ({n}), got shape {tuple(y.shape)}")
+    if y.ndim > (2 if allow_2d else 1):
+        raise AnalysisError(f"y must be 1-d [n_samples]{' or 2-d' if allow_2d else ''}, got shape {tuple(y.shape)}")
+    if not integer:
+        y = y.double()
+        if not torch.isfinite(y).all():
+            raise AnalysisError("y contains NaN or infinite values")
+        return y
+    if y.is_floating_point():
+        if not torch.isfinite(y).all() or (y != y.round()).any():
+            raise AnalysisError("class labels must be integers; use kind='ridge' to regress real values")
+    return y.long()
+
+
+def _check_fitted(probe: Any) -> None:
+    if not hasattr(probe, "mean_"):
+        raise AnalysisError(f"this {type(probe).__name__} is not fitted yet; call fit(X, y) first")
+
+
+def _standardise(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-feature mean and scale; constant features get scale 1 (they carry no signal)."""
+    mean = X.mean(0)
+    std = X.std(0, unbiased=False)
+    return mean, torch.where(std > 1e-8 * (std.max() + 1e-30), std, torch.ones_like(std))
+
+
+def _sample_weights(y_index: torch.Tensor, n_classes: int, class_weight: Optional[str]) -> torch.Tensor:
+    if class_weight is None:
+        return torch.ones(len(y_index))
+    if class_weight != "balanced":
+        raise ConfigError(f"unknown class_weight {class_weight!r}; accepted: None, 'balanced'")
+    counts = torch.bincount(y_index, minlength=n_classes).float()
+    return (len(y_index) / (n_classes * counts))[y_index]
+
+
+def _unit_rows(coef: torch.Tensor) -> torch.Tensor:
+    return coef / coef.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+# --- probes ---------------------------------------------------------------------------------------
+
+
+class _Probe(BaseEstimator):
+    """Shared plumbing: standardisation and the raw-space view of a linear map."""
+
+    def _standardised(self, X: ArrayLike) -> torch.Tensor:
+        _check_fitted(self)
+        X = _features(X, self.n_features_in_)
+        return (X - self.mean_) / self.scale_
+
+    def _fit_scaler(self, X: torch.Tensor) -> torch.Tensor:
+        self.mean_, self.scale_ = _standardise(X)
+        self.n_features_in_ = X.shape[1]
+        return (X - self.mean_) / self.scale_
+
+    def _set_linear(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """Store ``weight`` [k, d] / ``bias`` [k] learned on standardised features in raw space."""
+        self.coef_ = (weight / self.scale_).float()
+        self.intercept_ = (bias - self.coef_ @ self.mean_).float()
+        self.directions_ = _unit_rows(self.coef_)
+
+
+class LogisticProbe(_Probe):
+    """Multinomial logistic regression ``d → classes`` (softmax, L2), fitted full batch by L-BFGS.
+
+    Same objective as scikit-learn's ``LogisticRegression(C=C)`` on standardised features, solved
+    in torch (seconds for thousands of samples × hundreds of features). ``directions_`` [k, d]:
+    one unit row per class (``classes_``), in raw activation space; ``coef_`` / ``intercept_``
+    give the raw-space logits ``X @ coef_.T + intercept_``. ``class_weight="balanced"`` reweights
+    classes inversely to their frequency (the class-balanced training of RECIPES §5).
+    """
+
+    def __init__(self, C: float = 1.0, max_iter: int = 100, tol: float = 1e-5,
+                 class_weight: Optional[str] = None, random_state: int = 0):
+        self.C = C
+        self.max_iter = max_iter
+        self.tol = tol
+        self.class_weight = class_weight
+        self.random_state = random_state
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "LogisticProbe":
+        X = _features(X)
+        y = _targets(y, len(X), integer=True)
+        fitted = self.fit_many(X, y[None], torch.ones(1, len(X), dtype=torch.bool))[0]
+        self.__dict__.update({k: v for k, v in fitted.__dict__.items() if k.endswith("_")})
+        return self
+
+    def fit_many(self, X: ArrayLike, targets: torch.Tensor, masks: torch.Tensor) -> list["LogisticProbe"]:
+        """Fit one probe (with these parameters) per row of ``targets`` [B, n] on the samples
+        where ``masks`` [B, n] is True, all sharing the features ``X`` [n, d].
+
+        The B problems are independent (each has its own standardisation, classes and weights)
+        but are solved as one block-separable L-BFGS run: cross-validation folds and controls
+        of a probe sweep cost one optimisation instead of B. Returns B fitted probes.
+        """
+        X = _features(X)
+        if not self.C > 0:
+            raise ConfigError(f"C must be positive (inverse L2 strength), got {self.C!r}")
+        targets, masks = _tensor(targets, "targets").long(), _tensor(masks, "masks").bool()
+        if targets.ndim != 2 or targets.shape != masks.shape or targets.shape[1] != len(X):
+            raise AnalysisError(f"targets and masks must both be [B, {len(X)}], got {tuple(targets.shape)} and {tuple(masks.shape)}")
+        classes = torch.unique(targets[masks])
+        index = torch.searchsorted(classes, targets.clamp(classes[0], classes[-1]))
+        present = torch.zeros(len(targets), len(classes), dtype=torch.bool)
+        present[torch.nonzero(masks)[:, 0], index[masks]] = True
+        counts = present.sum(1)
+        if (counts < 2).any():
+            bad = int(torch.nonzero(counts < 2)[0, 0])
+            raise AnalysisError(f"a classifier needs at least two classes in y; got only {classes[present[bad]].tolist()}")
+        rows = masks.float()
+        n_rows = rows.sum(1, keepdim=True)
+        mean = rows @ X / n_rows  # per-problem standardisation from its own training rows
+        var = (rows @ X**2 / n_rows - mean**2).clamp_min(0)
+        std = var.sqrt()
+        scale = torch.where(std > 1e-8 * (std.amax(1, keepdim=True) + 1e-30), std, torch.ones_like(std))
+        weights = rows
+        if self.class_weight is not None:
+            if self.class_weight != "balanced":
+                raise ConfigError(f"unknown class_weight {self.class_weight!r}; accepted: None, 'balanced'")
+            per_class = torch.zeros(len(targets), len(classes)).scatter_add_(1, index, rows)
+            balance = n_rows / (counts[:, None] * per_class.clamp_min(1))
+            weights = rows * balance.gather(1, index)
+        absent = torch.where(present, 0.0, -1e9)[:, None, :]  # classes a problem never sees
+        with torch.inference_mode(False), torch.enable_grad():  # callers may be in inference mode
+            X, index, weights, mean, scale, absent = (t.clone() for t in (X, index, weights, mean, scale, absent))
+            total = weights.sum(1)
+            weight = torch.zeros(len(targets), len(classes), X.shape[1], requires_grad=True)
+            bias = torch.zeros(len(targets), len(classes), requires_grad=True)
+            optimizer = torch.optim.LBFGS(
+                [weight, bias], lr=1.0, max_iter=int(self.max_iter), tolerance_grad=self.tol,
+                tolerance_change=1e-9, history_size=20, line_search_fn="strong_wolfe",
+            )
+
+            def closure():
+                optimizer.zero_grad()
+                raw = weight / scale[:, None, :]  # logits of standardised features, from raw X
+                logits = torch.einsum("nd,bkd->bnk", X, raw) + (bias - (raw * mean[:, None, :]).sum(-1))[:, None, :]
+                loss = F.cross_entropy((logits + absent).transpose(1, 2), index, reduction="none")
+                loss = ((loss * weights).sum(1) / total).sum()
+                loss = loss + ((weight**2).sum((1, 2)) / (2.0 * self.C * total)).sum()
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+            n_iter = int(optimizer.state[optimizer._params[0]].get("n_iter", 0))
+        probes = []
+        for b in range(len(targets)):
+            probe = type(self)(**self.get_params())
+            probe.classes_ = classes[present[b]]
+            probe.mean_, probe.scale_, probe.n_features_in_, probe.n_iter_ = mean[b], scale[b], X.shape[1], n_iter
+            probe._set_linear(weight[b, present[b]].detach(), bias[b, present[b]].detach())
+            probes.append(probe)
+        return probes
+
+    def decision_function(self, X: ArrayLike) -> torch.Tensor:
+        """Logits ``[n, k]``."""
+        _check_fitted(self)
+        return _features(X, self.n_features_in_) @ self.coef_.T + self.intercept_
+
+    def predict_proba(self, X: ArrayLike) -> torch.Tensor:
+        """Class probabilities ``[n, k]`` in the order of ``classes_``."""
+        return self.decision_function(X).softmax(-1)
+
+    def predict(self, X: ArrayLike) -> torch.Tensor:
+        return self.classes_[self.decision_function(X).argmax(-1)]
+
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        """Accuracy."""
+        X = _features(X)
+        return float((self.predict(X) == _targets(y, len(X), integer=True)).float().mean())
+
+
+class RidgeProbe(_Probe):
+    """Ridge regression ``d → t`` in closed form on standardised features; ``score`` is R².
+
+    ``y`` may be ``[n]`` or ``[n, t]``. ``directions_`` [t, d]: unit rows in raw activation space.
+    """
+
+    def __init__(self, alpha: float = 1.0, random_state: int = 0):
+        self.alpha = alpha
+        self.random_state = random_state
+
+    def _solve(self, Z: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.alpha >= 0:
+            raise ConfigError(f"alpha must be non-negative, got {self.alpha!r}")
+        Z = Z.double()
+        y_mean = Y.mean(0)
+        gram = Z.T @ Z + self.alpha * torch.eye(Z.shape[1], dtype=Z.dtype)
+        weight = torch.linalg.lstsq(gram, Z.T @ (Y - y_mean)).solution.T  # [t, d]
+        return weight.float(), y_mean.float()
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "RidgeProbe":
+        X = _features(X)
+        y = _targets(y, len(X), integer=False, allow_2d=True)
+        if len(X) < 2:
+            raise AnalysisError(f"ridge regression needs at least 2 samples, got {len(X)}")
+        self.output_ndim_ = y.ndim
+        Z = self._fit_scaler(X)
+        weight, bias = self._solve(Z, y.reshape(len(y), -1))
+        self._set_linear(weight, bias)
+        return self
+
+    def predict(self, X: ArrayLike) -> torch.Tensor:
+        _check_fitted(self)
+        out = _features(X, self.n_features_in_) @ self.coef_.T + self.intercept_
+        return out[:, 0] if self.output_ndim_ == 1 else out
+
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        """R² (averaged uniformly over outputs)."""
+        X = _features(X)
+        y = _targets(y, len(X), integer=False, allow_2d=True).reshape(len(X), -1)
+        pred = self.predict(X).double().reshape(len(X), -1)
+        residual = ((y - pred) ** 2).sum(0)
+        total = ((y - y.mean(0)) ** 2).sum(0)
+        return float((1 - residual / total.clamp_min(1e-12)).mean())
+
+
+class CircularProbe(RidgeProbe):
+    """A 2-d linear map whose angle encodes a value mod ``period`` (RECIPES §5).
+
+    Fits ridge least squares from standardised features to ``(cos 2πy/m, sin 2πy/m)``; predicts
+    ``round(angle · m / 2π) mod m``. ``score`` is the accuracy against ``y mod m``.
+    ``directions_`` [2, d]: the cos and sin read-out directions.
+    """
+
+    def __init__(self, period: int = 10, alpha: float = 1.0, random_state: int = 0):
+        self.period = period
+        self.alpha = alpha
+        self.random_state = random_state
+
+    def _angles(self, y: torch.Tensor) -> torch.Tensor:
+        theta = 2 * math.pi * (y.double() % self.period) / self.period
+        return torch.stack([theta.cos(), theta.sin()], dim=1)
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "CircularProbe":
+        if not (isinstance(self.period, (int, np.integer)) and self.period >= 2):
+            raise ConfigError(f"period must be an integer >= 2, got {self.period!r}")
+        X = _features(X)
+        y = _targets(y, len(X), integer=True)
+        if len(X) < 2:
+            raise AnalysisError(f"a circular probe needs at least 2 samples, got {len(X)}")
+        self.output_ndim_ = 2
+        Z = self._fit_scaler(X)
+        weight, bias = self._solve(Z, self._angles(y))
+        self._set_linear(weight, bias)
+        return self
+
+    def decision_function(self, X: ArrayLike) -> torch.Tensor:
+        """The 2-d projection ``[n, 2]`` (cos, sin)."""
+        return super().predict(X)
+
+    def predict_angle(self, X: ArrayLike) -> torch.Tensor:
+        """Angle in ``[0, 2π)`` per sample ``[n]``."""
+        xy = self.decision_function(X)
+        return torch.atan2(xy[:, 1], xy[:, 0]) % (2 * math.pi)
+
+    def predict(self, X: ArrayLike) -> torch.Tensor:
+        return torch.round(self.predict_angle(X) * self.period / (2 * math.pi)).long() % self.period
+
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        """Accuracy of the rounded angle against ``y mod period``."""
+        X = _features(X)
+        y = _targets(y, len(X), integer=True)
+        return float((self.predict(X) == y % self.period).float().mean())
+
+
+class MLPProbe(_Probe):
+    """A non-linear comparison probe ``d → hidden (ReLU) → classes`` trained with Adam.
+
+    Mini-batches of ``batch_size``, ``epochs`` passes, seeded by ``random_state``. No
+    ``directions_`` (the map is not linear).
+    """
+
+    def __init__(self, hidden: int = 512, epochs: int = 30, lr: float = 1e-3, weight_decay: float = 1e-4,
+                 batch_size: int = 256, class_weight: Optional[str] = None, random_state: int = 0):
+        self.hidden = hidden
+        self.epochs = epochs
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.batch_size = batch_size
+        self.class_weight = class_weight
+        self.random_state = random_state
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "MLPProbe":
+        X = _features(X)
+        y = _targets(y, len(X), integer=True)
+        classes, y_index = torch.unique(y, return_inverse=True)
+        if len(classes) < 2:
+            raise AnalysisError(f"a classifier needs at least two classes in y; got only {classes.tolist()}")
+        self.classes_ = classes
+        generator = torch.Generator().manual_seed(int(self.random_state))
+        with torch.inference_mode(False), torch.enable_grad():  # callers may be in inference mode
+            y_index = y_index.clone()
+            weights = _sample_weights(y_index, len(classes), self.class_weight)
+            Z = self._fit_scaler(X.clone())
+            net = torch.nn.Sequential(
+                torch.nn.Linear(Z.shape[1], int(self.hidden)), torch.nn.ReLU(), torch.nn.Linear(int(self.hidden), len(classes))
+            )
+            for layer in (net[0], net[2]):  # seeded init, independent of the global RNG
+                bound = 1 / math.sqrt(layer.in_features)
+                with torch.no_grad():
+                    layer.weight.uniform_(-bound, bound, generator=generator)
+                    layer.bias.uniform_(-bound, bound, generator=generator)
+            optimizer = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+            for _ in range(int(self.epochs)):
+                for batch in torch.randperm(len(Z), generator=generator).split(int(self.batch_size)):
+                    loss = F.cross_entropy(net(Z[batch]), y_index[batch], reduction="none")
+                    loss = (loss * weights[batch]).sum() / weights[batch].sum()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+        self.net_ = net.eval().requires_grad_(False)
+        return self
+
+    def predict_proba(self, X: ArrayLike) -> torch.Tensor:
+        """Class probabilities ``[n, k]`` in the order of ``classes_``."""
+        with torch.no_grad():
+            return self.net_(self._standardised(X)).softmax(-1)
+
+    def predict(self, X: ArrayLike) -> torch.Tensor:
+        return self.classes_[self.predict_proba(X).argmax(-1)]
+
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        """Accuracy."""
+        X = _features(X)
+        return float((self.predict(X) == _targets(y, len(X), integer=True)).float().mean())
+
+
+_PROBES = {"logistic": LogisticProbe, "ridge": RidgeProbe, "circular": CircularProbe, "mlp": MLPProbe}
+
+
+def make_probe(kind: str, **kwargs: Any) -> _Probe:
+    """A probe of ``kind`` (``"logistic"``, ``"ridge"``, ``"circular"``, ``"mlp"``) with ``kwargs``."""
+    if kind not in _PROBES:
+        raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(KINDS)}")
+    cls = _PROBES[kind]
+    allowed = cls._get_param_names()
+    unknown = [k for k in kwargs if k not in allowed]
+    if unknown:
+        raise ConfigError(f"{kind} probe has no option(s) {accepted(unknown)}; accepted: {accepted(allowed)}")
+    return cls(**kwargs)
+
+
+def is_classifier_kind(kind: str) -> bool:
+    """Whether ``kind`` predicts discrete labels (scored by accuracy) rather than values (R²)."""
+    return kind != "ridge"

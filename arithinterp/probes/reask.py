@@ -1,0 +1,200 @@
+"""Re-asking flagged prompts: policies and :func:`repair`.
+
+:func:`repair` re-asks only the prompts an :class:`~arithinterp.probes.detector.ErrorDetector`
+flags, with :func:`few_shot_policy` or :func:`vote_policy`, and counts errors fixed vs correct
+answers broken → :class:`RepairResult`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+import torch
+
+from arithinterp.errors import AnalysisError, ConfigError, TaskError
+from arithinterp.probes.detector import ErrorDetector
+from arithinterp.probes.estimators import _tensor
+from arithinterp.results import Result, build_meta
+from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+
+
+# --- re-asking flagged prompts --------------------------------------------------------------------
+
+
+def _parse_answers(tokenizer: Any, generated: torch.Tensor, n_tokens: torch.Tensor) -> torch.Tensor:
+    """Generated answer tokens → integers (``tasks.UNPARSABLE`` when not a number), as ``evaluate`` does."""
+    values = []
+    for row, k in zip(generated.tolist(), n_tokens.tolist()):
+        text = tokenizer.decode(row[:k]).replace(" ", "")
+        values.append(int(text) if re.fullmatch(r"-?\d+", text) else _UNPARSABLE)
+    return torch.tensor(values, dtype=torch.long)
+
+
+def _reprefixed(prompts: Any, prefix: str, n_ctx: Optional[int]) -> Any:
+    """The same prompts with ``prefix`` in place of their own prefix (positions shifted)."""
+    tokenizer = prompts.tokenizer
+    bodies = [text[len(prompts.prefix):] for text in prompts.texts]
+    ids = tokenizer([prefix + body for body in bodies], add_special_tokens=False)["input_ids"]
+    bos = [tokenizer.bos_token_id] if prompts.prepend_bos else []
+    rows = [bos + row for row in ids]
+    if tokenizer.unk_token_id is not None and any(tokenizer.unk_token_id in row for row in rows):
+        raise TaskError(f"the few-shot prefix {prefix[:40]!r}... has text this tokenizer does not know")
+    length = max(len(row) for row in rows)
+    if n_ctx is not None and length + prompts.answer_tokens.shape[1] > n_ctx:
+        raise TaskError(f"a {length}-token prompt with a few-shot prefix does not fit the model's context of {n_ctx}")
+    old_length = prompts.tokens.shape[1]
+    tail = int((old_length - torch.stack(list(prompts.positions.values())).min()))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    tokens = torch.full((len(rows), length), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        tokens[i, length - len(row):] = torch.tensor(row)
+    if not torch.equal(tokens[:, -tail:], prompts.tokens[:, -tail:]):
+        raise TaskError("the few-shot prefix changes how the prompts themselves tokenize; end it with a separator")
+    return replace(
+        prompts, texts=tuple(prefix + body for body in bodies), tokens=tokens,
+        lengths=torch.tensor([len(row) for row in rows]), prefix=prefix,
+        positions={name: pos + (length - old_length) for name, pos in prompts.positions.items()},
+    )
+
+
+def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], torch.Tensor]:
+    """Re-ask with ``n_shots`` solved examples (drawn with ``seed`` from the prompts' operands)
+    as a new prefix, greedy; raises ``TaskError`` when the prefix does not fit the model."""
+    import random
+
+    from arithinterp.tasks import answer_text, compute
+
+    def few_shot(model: Any, prompts: Any) -> torch.Tensor:
+        rng = random.Random(seed)
+        a_pool, b_pool = prompts.a.tolist(), prompts.b.tolist()
+        digits = prompts.meta.get("answer_digits", 0)
+        lines = []
+        for _ in range(n_shots):
+            a, b = rng.choice(a_pool), rng.choice(b_pool)
+            value = compute(prompts.op, a, b, prompts.modulus)
+            lines.append(prompts.template.format(a=a, b=b) + answer_text(value, digits) + "\n")
+        shifted = _reprefixed(prompts, "".join(lines), getattr(model.cfg, "n_ctx", None))
+        return shifted.evaluate(model).model_answer
+
+    few_shot.__name__ = f"few_shot(n_shots={n_shots}, seed={seed})"
+    return few_shot
+
+
+def vote_policy(n_samples: int = 8, temperature: float = 1.0, seed: int = 0, batch_size: int = 256) -> Callable[[Any, Any], torch.Tensor]:
+    """Re-ask by sampling ``n_samples`` answers at ``temperature`` and keeping the most frequent
+    number (self-consistency); seeded. A deterministic greedy re-run could not change an answer."""
+    if not (n_samples >= 1 and temperature > 0):
+        raise ConfigError(f"vote_policy needs n_samples >= 1 and temperature > 0, got {n_samples}, {temperature}")
+
+    @torch.inference_mode()
+    def vote(model: Any, prompts: Any) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        k = prompts.answer_tokens.shape[1]
+        values = torch.empty(len(prompts), n_samples, dtype=torch.long)
+        for idx in [g for group in prompts.length_groups() for g in group.split(max(1, batch_size // n_samples))]:
+            tokens = prompts.unpadded(idx).repeat_interleave(n_samples, 0)
+            for _ in range(k):
+                logits = model(tokens, return_type="logits")[:, -1].float()
+                probs = (logits / temperature).softmax(-1).cpu()  # the seeded generator lives on the CPU
+                nxt = torch.multinomial(probs, 1, generator=generator).to(tokens.device)
+                tokens = torch.cat([tokens, nxt], dim=1)
+            generated = tokens[:, -k:].cpu()
+            parsed = _parse_answers(prompts.tokenizer, generated, prompts.n_answer_tokens[idx].repeat_interleave(n_samples))
+            values[idx] = parsed.view(len(idx), n_samples)
+        # most frequent parsable value per prompt (ties: the earliest sample)
+        counts = (values[:, :, None] == values[:, None, :]).sum(-1) - 0.5 * (values == _UNPARSABLE)
+        return values.gather(1, counts.argmax(1, keepdim=True))[:, 0]
+
+    vote.__name__ = f"vote(n_samples={n_samples}, temperature={temperature}, seed={seed})"
+    return vote
+
+
+@dataclass(frozen=True)
+class RepairResult(Result):
+    """Re-asking the flagged prompts: answers before / after and what changed, per prompt [N]."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    answer: torch.Tensor
+    flagged: torch.Tensor
+    answer_before: torch.Tensor
+    answer_after: torch.Tensor
+    correct_before: torch.Tensor
+    correct_after: torch.Tensor
+    policy: str
+    meta: dict
+
+    @property
+    def fixed(self) -> int:
+        """Wrong answers the re-ask made right."""
+        return int((self.flagged & ~self.correct_before & self.correct_after).sum())
+
+    @property
+    def broken(self) -> int:
+        """Right answers the re-ask made wrong."""
+        return int((self.flagged & self.correct_before & ~self.correct_after).sum())
+
+    def summary(self) -> dict:
+        before, after = self.correct_before.float().mean(), self.correct_after.float().mean()
+        return dict(
+            n=len(self.flagged), flagged=int(self.flagged.sum()), errors_before=int((~self.correct_before).sum()),
+            errors_flagged=int((self.flagged & ~self.correct_before).sum()), fixed=self.fixed, broken=self.broken,
+            accuracy_before=float(before), accuracy_after=float(after), policy=self.policy,
+        )
+
+    def to_frame(self):
+        """One row per prompt."""
+        import pandas as pd
+
+        return pd.DataFrame(dict(
+            a=self.a.numpy(), b=self.b.numpy(), answer=self.answer.numpy(), flagged=self.flagged.numpy(),
+            answer_before=self.answer_before.numpy(), answer_after=self.answer_after.numpy(),
+            correct_before=self.correct_before.numpy(), correct_after=self.correct_after.numpy(),
+        ))
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.probes import repair_outcomes
+
+        return repair_outcomes(self, **kwargs)
+
+
+def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[Callable] = None,
+           evaluation: Any = None) -> RepairResult:
+    """Re-ask only the prompts ``detector`` flags and count errors fixed vs correct answers broken.
+
+    ``policy(model, flagged_prompts)`` returns the new answers (a LongTensor, or an
+    ``Evaluation``). Default: :func:`few_shot_policy` when a few-shot prefix fits the model and
+    its tokenizer, else :func:`vote_policy` (the reason is kept in ``meta``). RECIPES §5.
+    """
+    if not isinstance(detector, ErrorDetector):
+        raise AnalysisError(f"detector must be a fitted ErrorDetector, got {type(detector).__name__}")
+    evaluation = evaluation if evaluation is not None else prompts.evaluate(model)
+    flagged = detector.flag(model, prompts, evaluation)
+    after = evaluation.model_answer.clone()
+    meta = build_meta(model, n_prompts=len(prompts), detector_layer=detector.layer_, detector_method=detector.method_)
+    name = getattr(policy, "__name__", type(policy).__name__)
+    if flagged.any():
+        sub = prompts[flagged]
+        if policy is None:
+            try:
+                policy = few_shot_policy()
+                new = policy(model, sub)
+            except TaskError as error:
+                meta["few_shot_unavailable"] = str(error)
+                policy = vote_policy()
+                new = policy(model, sub)
+            name = policy.__name__
+        else:
+            new = policy(model, sub)
+        new = _tensor(getattr(new, "model_answer", new), "policy answers").long()
+        if new.shape != (len(sub),):
+            raise AnalysisError(f"the policy must return one answer per flagged prompt ({len(sub)}), got {tuple(new.shape)}")
+        after[flagged] = new
+    correct_after = torch.where(flagged, after == prompts.answer, evaluation.correct)
+    return RepairResult(
+        a=prompts.a, b=prompts.b, answer=prompts.answer, flagged=flagged, answer_before=evaluation.model_answer,
+        answer_after=after, correct_before=evaluation.correct.bool(), correct_after=correct_after,
+        policy=str(name if policy is not None else "none (nothing flagged)"), meta=meta,
+    )
