@@ -1,0 +1,85 @@
+"""The ``sweep`` command line: the ``arithinterp sweep`` subcommand and ``python -m arithinterp.sweep``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from arithinterp.errors import ArithInterpError, ConfigError
+from arithinterp.sweep.config import EXECUTORS, load_config, plan
+from arithinterp.sweep.plots import plot_sweep
+from arithinterp.sweep.runner import run_sweep
+from arithinterp.sweep.storage import cell_path
+
+
+def add_cli(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``sweep`` subcommand to an argparse subparsers object; returns its parser."""
+    p = subparsers.add_parser("sweep", help="run a config-driven, resumable sweep (or plot one with --plot)",
+                              description="Run every unfinished cell of a sweep config (TOML or YAML): models x tasks "
+                              "x analyses x parameters. Re-running skips finished cells.")
+    p.add_argument("config", nargs="?", default=None, help="sweep config file (.toml, .yaml or .yml)")
+    p.add_argument("--out", default=None, help="results directory (default: the config's 'out')")
+    p.add_argument("--executor", choices=EXECUTORS, default=None, help="where jobs run (default: the config's, else local)")
+    p.add_argument("--workers", type=int, default=None, help="processes for --executor processes (default: 2)")
+    p.add_argument("--address", default=None, help="Ray cluster address, e.g. ray://head:10001 (default: start a local one)")
+    p.add_argument("--num-cpus", type=float, default=None, help="CPUs each Ray job requests (default: 1)")
+    p.add_argument("--num-gpus", type=float, default=None, help="GPUs each Ray job requests (default: 0)")
+    p.add_argument("--device", default=None, help="device models load on: cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--dry-run", action="store_true", help="validate the config and list its cells without running")
+    p.add_argument("--plot", nargs="?", const="", default=None, metavar="DIR",
+                   help="write HTML figures of the sweep in DIR (or, without DIR, of the config's results after running)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+    return p
+
+
+def run_cli(args: argparse.Namespace) -> dict:
+    """Run the ``sweep`` subcommand; returns a JSON-able summary."""
+    if args.plot and not args.config:
+        files = plot_sweep(args.plot)
+        return dict(out=args.plot, figures=[str(f) for f in files])
+    if not args.config:
+        raise ConfigError("give a sweep config file, or --plot DIR to draw an existing sweep")
+    overrides = dict(out=args.out, executor=args.executor, workers=args.workers, address=args.address,
+                     num_cpus=args.num_cpus, num_gpus=args.num_gpus, device=args.device)
+    if args.dry_run:
+        cfg = load_config(args.config, **{k: (str(Path(v).resolve()) if k == "out" and v else v) for k, v in overrides.items()})
+        cells = plan(cfg)
+        out = cfg.out_dir if cfg.out else None
+        finished = sum(out is not None and cell_path(out, c).is_file() for c in cells)
+        return dict(config_hash=cfg.digest(), out=str(out), cells=len(cells), finished=finished,
+                    to_run=len(cells) - finished,
+                    plan=[dict(cell=c.id, analysis=c.analysis, model=c.model, task=c.task["name"],
+                               params=json.dumps(c.params, sort_keys=True)) for c in cells])
+    run = run_sweep(args.config, progress=not args.no_progress, **overrides)
+    summary = run.summary()
+    if args.plot is not None:
+        summary["figures"] = [str(f) for f in plot_sweep(run.out, args.plot or None)]
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m arithinterp.sweep CONFIG [flags]``: exit 0 when every cell finished, 1 when some
+    failed, 2 on a bad config."""
+    parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
+    parser.prog = "python -m arithinterp.sweep"
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        summary = run_cli(args)
+    except ArithInterpError as error:
+        print(f"arithinterp sweep: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        import pandas as pd
+
+        for key, value in summary.items():
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                print(f"{key}:\n{pd.DataFrame(value).to_string(index=False)}")
+            else:
+                print(f"{key}: {value}")
+    return 1 if summary.get("failed") else 0

@@ -1,0 +1,83 @@
+"""Executors: where the cells run — in this process, in a local process pool or as Ray tasks.
+
+Each yields one outcome per job as it finishes; workers only compute, the driver writes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, Optional
+
+from arithinterp.errors import ConfigError
+from arithinterp.sweep.registry import ANALYSES
+from arithinterp.sweep.worker import _job
+
+
+def _local(jobs: list) -> Iterator[dict]:
+    for payload in jobs:
+        yield _job(payload)
+
+
+def _processes(jobs: list, workers: int) -> Iterator[dict]:
+    import concurrent.futures
+    import multiprocessing
+
+    # spawn, not fork: forking a process that already runs torch threads can deadlock
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(_job, payload): payload[0].id for payload in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as error:  # the worker died (e.g. out of memory): this cell fails, the rest go on
+                yield _lost(futures[future], error)
+
+
+def _lost(cell_id: str, error: BaseException) -> dict:
+    return dict(id=cell_id, status="failed", seconds=None, frame=None, worker=None,
+                error=f"the job was lost: {type(error).__name__}: {error}")
+
+
+def _check_picklable(names: set) -> None:
+    import pickle
+
+    for name in sorted(names):
+        try:
+            pickle.dumps(ANALYSES[name].fn)
+        except Exception as error:
+            raise ConfigError(
+                f"executor: analysis {name!r} cannot be sent to worker processes ({error}); define its function "
+                "at the top level of a module, or use executor 'local' or 'ray'"
+            ) from error
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as error:
+        raise ConfigError("the 'ray' executor needs Ray: pip install 'arithinterp[ray]'") from error
+    return ray
+
+
+def _ray(jobs: list, address: Optional[str], resources: dict) -> Iterator[dict]:
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        env = {k: os.environ[k] for k in ("MKL_CBWR",) if k in os.environ}
+        remote = ray.remote(_job).options(num_cpus=resources["num_cpus"], num_gpus=resources["num_gpus"], max_retries=2,
+                                          runtime_env=dict(env_vars=env))
+        refs = {remote.remote(payload): payload[0].id for payload in jobs}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                try:
+                    yield ray.get(ref)
+                except Exception as error:  # the task or its node died after Ray's retries
+                    yield _lost(refs[ref], error)
+    finally:
+        if started:
+            ray.shutdown()

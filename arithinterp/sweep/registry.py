@@ -1,0 +1,245 @@
+"""The analysis registry: :class:`Param`, :class:`Analysis`, :func:`register_analysis` and the
+built-in analyses (accuracy, patching, ablation, probes) a sweep config can name."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+from arithinterp.errors import ConfigError, accepted
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One analysis parameter: accepted types, default, accepted values.
+
+    ``type`` is a Python type or a tuple of them (``list`` for sequences, whose items must be of
+    ``item``); ``choices`` lists accepted values (for lists: accepted items), or is a function
+    returning them; ``None`` is accepted when it is the default.
+    """
+
+    type: Any
+    default: Any = None
+    choices: Union[tuple, Callable[[], tuple], None] = None
+    item: Any = None
+    required: bool = False
+    help: str = ""
+
+    def check(self, value: Any, where: str) -> Any:
+        """``value`` as the cell spec stores it (``1`` as ``1.0`` for a float parameter, so both
+        give one cell id); raises :class:`ConfigError` naming ``where`` if it is not acceptable."""
+        if value is None and not self.required and self.default is None:
+            return value
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        if not _is_instance(value, types):
+            raise ConfigError(f"{where}: expected {_type_names(types)}, got {type(value).__name__} {value!r}")
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, list):
+            if self.item is not None:
+                item_types = self.item if isinstance(self.item, tuple) else (self.item,)
+                for i, v in enumerate(value):
+                    if not _is_instance(v, item_types):
+                        raise ConfigError(f"{where}[{i}]: expected {_type_names(item_types)}, got {v!r}")
+        choices = self.choices() if callable(self.choices) else self.choices
+        if choices is not None:
+            for v in items:
+                if not isinstance(v, (str, int, float, bool)) or v not in choices:
+                    raise ConfigError(f"{where}: {v!r} is not accepted; accepted: {accepted(choices)}")
+        if float in types and int not in types and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+
+def _is_instance(value: Any, types: tuple) -> bool:
+    # bool is an int in Python, but `layers = true` is a mistake, not layer 1
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int) and float in types:
+        return True
+    return isinstance(value, types)
+
+
+def _type_names(types: tuple) -> str:
+    return " or ".join({list: "a list"}.get(t, getattr(t, "__name__", str(t))) for t in types)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A registered analysis: ``fn(model, prompts, **params) -> DataFrame`` and its parameters.
+
+    ``plot(frame) -> list[Figure]`` draws the combined table (default: one bar chart per metric).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    params: dict
+    plot: Optional[Callable] = None
+    description: str = ""
+
+
+ANALYSES: dict[str, Analysis] = {}
+
+
+def register_analysis(
+    name: str,
+    fn: Callable[..., Any],
+    params_schema: Optional[Mapping[str, Any]] = None,
+    *,
+    plot: Optional[Callable] = None,
+    description: str = "",
+    overwrite: bool = False,
+) -> Analysis:
+    """Add an analysis that sweeps can name.
+
+    Args:
+        name: the name configs use (letters, digits, ``_.-``; also the results folder name).
+        fn: ``fn(model, prompts, **params) -> pandas.DataFrame`` (a tidy table). With the
+            ``processes`` or ``ray`` executors it must be picklable (Ray pickles closures too).
+        params_schema: ``{param: Param | dict | type}`` — a dict is ``Param(**dict)``, a bare type
+            ``Param(type)``; a parameter named ``seed`` is how a cell's randomness is varied.
+        plot: ``plot(frame) -> list[plotly Figure]`` drawing the combined table.
+        overwrite: replace an existing analysis of the same name.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"analysis name must be letters, digits, '_', '.' or '-', got {name!r}")
+    if name in ANALYSES and not overwrite:
+        raise ConfigError(f"analysis {name!r} is already registered; pass overwrite=True to replace it")
+    if not callable(fn):
+        raise ConfigError(f"fn must be callable (model, prompts, **params) -> DataFrame, got {type(fn).__name__}")
+    schema = {}
+    for key, spec in dict(params_schema or {}).items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"parameter names must be identifiers, got {key!r} for analysis {name!r}")
+        if isinstance(spec, Param):
+            schema[key] = spec
+        elif isinstance(spec, Mapping):
+            schema[key] = Param(**spec)
+        elif isinstance(spec, type) or isinstance(spec, tuple):
+            schema[key] = Param(spec)
+        else:
+            raise ConfigError(f"schema of parameter {key!r}: expected a Param, a dict or a type, got {spec!r}")
+    analysis = Analysis(name, fn, schema, plot, description)
+    ANALYSES[name] = analysis
+    return analysis
+
+
+# --- built-in analyses ---------------------------------------------------------------------------
+
+
+def accuracy_analysis(model: Any, prompts: Any) -> Any:
+    """One row: greedy accuracy of the model on the prompts (``PromptSet.evaluate``)."""
+    import pandas as pd
+
+    evaluation = prompts.evaluate(model)
+    return pd.DataFrame([dict(accuracy=evaluation.accuracy, n_correct=int(evaluation.correct.sum()), n_prompts=len(prompts))])
+
+
+def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_diff", vary: str = "a", seed: int = 0,
+                      direction: str = "denoise", normalize: bool = False, layers: Optional[list] = None,
+                      positions: Optional[list] = None, per_position: bool = True) -> Any:
+    """Exact activation patching of one site on ``prompts.counterfactual(vary, seed)`` (RECIPES §1)."""
+    from arithinterp import patching
+
+    pairs = prompts.counterfactual(vary=vary, seed=seed)
+    result = patching.sweep(model, pairs, site=site, metric=metric, layers=layers, positions=positions,
+                            direction=direction, normalize=normalize, per_position=per_position, seed=seed, progress=False)
+    return result.to_frame()
+
+
+def ablation_analysis(model: Any, prompts: Any, components: Union[str, list], mode: str = "mean", seed: int = 0) -> Any:
+    """Accuracy and answer log-prob with components ablated (RECIPES §4); ``"attn0,mlp1"`` or a list."""
+    from arithinterp import patching
+
+    names = [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)
+    return patching.ablate(model, prompts, names, mode=mode, seed=seed).to_frame()
+
+
+def probes_analysis(model: Any, prompts: Any, target: str, kind: str = "logistic", site: str = "resid_post",
+                    layers: Optional[list] = None, positions: Union[str, list] = "final", cv: int = 5, seed: int = 0) -> Any:
+    """Linear probes for ``target`` at every collected layer × position, with a shuffled control."""
+    from arithinterp import probes
+    from arithinterp.activations import collect
+
+    acts = collect(model, prompts, sites=[site], layers=layers, positions=positions, progress=False)
+    return probes.sweep(acts, target, kind=kind, cv=cv, random_state=seed, progress=False).to_frame()
+
+
+def _builtin_plot(kind: str) -> Callable:
+    def plot(frame):
+        from arithinterp.viz import sweep as viz
+
+        return getattr(viz, kind)(frame)
+
+    plot.__name__ = kind
+    return plot
+
+
+def _choices(module: str, name: str, fallback: tuple) -> Callable[[], tuple]:
+    """Accepted values as the analysis module states them (read when a config is checked, so
+    importing the sweep module stays light); ``fallback`` where that module is missing."""
+
+    def resolve() -> tuple:
+        import importlib
+
+        try:
+            return tuple(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            return fallback
+
+    return resolve
+
+
+def _register_builtins() -> None:
+    from arithinterp.sites import HOOKS
+
+    sites = tuple(HOOKS)
+    patch_sites = _choices("arithinterp.patching", "SWEEP_SITES", sites)
+    register_analysis("accuracy", accuracy_analysis, {}, plot=_builtin_plot("accuracy_figures"),
+                      description="greedy accuracy of the model on the task", overwrite=True)
+    register_analysis(
+        "patching", patching_analysis,
+        dict(
+            site=Param(str, choices=patch_sites, required=True, help="site to patch"),
+            metric=Param(str, "logit_diff", _choices("arithinterp.patching", "METRICS", ("logit_diff", "prob", "logprob", "ie"))),
+            vary=Param(str, "a", _choices("arithinterp.tasks", "VARY", ("a", "b", "both", "keep_answer", "operator")),
+                       help="what the corrupt prompt changes"),
+            seed=Param(int, 0, help="counterfactual draw and bootstrap seed"),
+            direction=Param(str, "denoise", _choices("arithinterp.patching", "DIRECTIONS", ("denoise", "noise"))),
+            normalize=Param(bool, False),
+            layers=Param(list, None, item=int),
+            positions=Param(list, None, item=(str, int)),
+            per_position=Param(bool, True),
+        ),
+        plot=_builtin_plot("patching_figures"), description="exact activation patching (arithinterp.patching.sweep)",
+        overwrite=True,
+    )
+    register_analysis(
+        "ablation", ablation_analysis,
+        dict(
+            components=Param((str, list), item=str, required=True, help="'attn0,mlp1' or a list of component names"),
+            mode=Param(str, "mean", _choices("arithinterp.patching", "ABLATION_MODES", ("zero", "mean", "resample"))),
+            seed=Param(int, 0),
+        ),
+        plot=_builtin_plot("ablation_figures"), description="component ablation (arithinterp.patching.ablate)",
+        overwrite=True,
+    )
+    register_analysis(
+        "probes", probes_analysis,
+        dict(
+            target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_digit_0, carry_0, ..."),
+            kind=Param(str, "logistic", _choices("arithinterp.probes", "KINDS", ("logistic", "ridge", "circular", "mlp"))),
+            site=Param(str, "resid_post", sites),
+            layers=Param(list, None, item=int),
+            positions=Param((str, list), "final", item=(str, int)),
+            cv=Param(int, 5),
+            seed=Param(int, 0),
+        ),
+        plot=_builtin_plot("probes_figures"), description="linear probe sweep (arithinterp.probes.sweep)",
+        overwrite=True,
+    )
+
+
+_register_builtins()

@@ -1,0 +1,232 @@
+"""The sweep driver: :func:`run_sweep` runs every unfinished cell of a config, one driver per
+results directory, and reports what it did as a :class:`SweepRun`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Union
+
+from arithinterp.errors import ConfigError
+from arithinterp.results import Result, build_meta
+from arithinterp.sweep.config import SweepConfig, load_config, plan
+from arithinterp.sweep.executors import _check_picklable, _import_ray, _local, _processes, _ray
+from arithinterp.sweep.registry import ANALYSES
+from arithinterp.sweep.storage import (
+    RESULTS,
+    _clean_temp_files,
+    _write_cell,
+    _write_manifest,
+    cell_path,
+    load_results,
+    read_manifest,
+    versions,
+)
+
+
+@dataclass(frozen=True)
+class SweepRun(Result):
+    """What a sweep run did: one entry per cell (status, seconds, rows, error) and the totals."""
+
+    out: str
+    config_hash: str
+    cells: list  # [{id, analysis, model, task, params, status, seconds, rows, error, this_run}]
+    executor: str
+    seconds: float
+    meta: dict
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in self.counts().items())
+        return f"SweepRun(out={self.out!r}, executor={self.executor!r}, {counts}, seconds={self.seconds:.1f})"
+
+    def counts(self) -> dict:
+        ran = [c for c in self.cells if c["this_run"]]
+        return dict(total=len(self.cells), done=sum(c["status"] == "done" for c in ran),
+                    skipped=sum(not c["this_run"] and c["status"] == "done" for c in self.cells),
+                    failed=sum(c["status"] == "failed" for c in ran),
+                    pending=sum(c["status"] == "pending" for c in self.cells))
+
+    def summary(self) -> dict:
+        """JSON-able totals and one row per analysis (cells done / skipped / failed, time)."""
+        rows = []
+        for name in dict.fromkeys(c["analysis"] for c in self.cells):
+            mine = [c for c in self.cells if c["analysis"] == name]
+            rows.append(dict(analysis=name, cells=len(mine),
+                             done=sum(c["this_run"] and c["status"] == "done" for c in mine),
+                             skipped=sum(not c["this_run"] and c["status"] == "done" for c in mine),
+                             failed=sum(c["status"] == "failed" for c in mine),
+                             seconds=round(sum(c["seconds"] or 0 for c in mine if c["this_run"]), 2)))
+        errors = [dict(cell=c["id"], analysis=c["analysis"], error=(c["error"] or "").splitlines()[0])
+                  for c in self.cells if c["status"] == "failed"]
+        return dict(out=self.out, config_hash=self.config_hash, executor=self.executor, **self.counts(),
+                    seconds=round(self.seconds, 2), analyses=rows, **(dict(errors=errors) if errors else {}))
+
+    def to_frame(self):
+        """One row per cell: analysis, model, task, parameters (as JSON), status, seconds, rows."""
+        import pandas as pd
+
+        return pd.DataFrame([dict(cell=c["id"], analysis=c["analysis"], model=c["model"], task=c["task"],
+                                  params=json.dumps(c["params"], sort_keys=True), status=c["status"],
+                                  this_run=c["this_run"], seconds=c["seconds"], rows=c["rows"]) for c in self.cells])
+
+    def plot(self, **kwargs):
+        """Seconds per cell, coloured by status (see ``viz.sweep.cell_timings``)."""
+        from arithinterp.viz.sweep import cell_timings
+
+        return cell_timings(self.to_frame(), **kwargs)
+
+    def results(self, analysis: Optional[str] = None):
+        return load_results(self.out, analysis)
+
+
+@contextlib.contextmanager
+def _driver_lock(out: Path) -> Iterator[None]:
+    """One driver per results directory: ``OUT/.lock`` names the host and process holding it.
+
+    A lock left by a killed driver on this host (its process is gone) is taken over; one held by
+    a live process, or by another host, is an error (delete the file if that driver is gone).
+    """
+    path = out / ".lock"
+    me = dict(host=platform.node(), pid=os.getpid())
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text() or "{}")
+            except (OSError, json.JSONDecodeError):
+                holder = {}
+            if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
+                path.unlink(missing_ok=True)
+                continue
+            raise ConfigError(f"out: {out} is in use by another sweep ({holder or 'unknown holder'}); wait for it, "
+                              f"or delete {path} if that run is gone")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(me))
+        break
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_sweep(
+    config: Union[str, Path, Mapping, SweepConfig],
+    *,
+    out: Union[str, Path, None] = None,
+    executor: Optional[str] = None,
+    workers: Optional[int] = None,
+    address: Optional[str] = None,
+    num_cpus: Optional[float] = None,
+    num_gpus: Optional[float] = None,
+    device: Optional[str] = None,
+    progress: bool = True,
+) -> SweepRun:
+    """Run every unfinished cell of a sweep and write its results under ``out``.
+
+    The config is validated before any job runs. Cells whose Parquet file exists are skipped;
+    failed cells are recorded in the manifest and retried by the next run. Keyword arguments
+    override the config (``executor``: ``"local"``, ``"processes"`` or ``"ray"``; ``address``:
+    a Ray cluster such as ``"ray://head:10001"``; ``num_cpus`` / ``num_gpus``: per Ray job).
+    One driver may use a results directory at a time (``OUT/.lock``).
+    """
+    cfg = load_config(config, out=None if out is None else str(Path(out).expanduser().resolve()), executor=executor,
+                      workers=workers, device=device, num_cpus=num_cpus, num_gpus=num_gpus, address=address)
+    # MKL's float results can depend on buffer alignment, i.e. on what a process did before; its
+    # conditional numerical reproducibility makes a cell's table bit-identical in any process, so a
+    # resumed or distributed sweep matches an uninterrupted local one. Read when MKL first runs.
+    os.environ.setdefault("MKL_CBWR", "AUTO")
+    try:
+        import pyarrow  # noqa: F401  (pandas writes Parquet through it)
+    except ImportError as error:
+        raise ConfigError("sweeps write Parquet tables, which needs pyarrow: pip install pyarrow") from error
+    if cfg.executor == "ray":
+        _import_ray()  # a missing extra fails before anything is written
+    if cfg.executor == "processes":
+        _check_picklable({a["name"] for a in cfg.analyses})
+    cells = plan(cfg)
+    out_dir = cfg.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _driver_lock(out_dir):
+        return _run_cells(cfg, cells, out_dir, progress)
+
+
+def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> SweepRun:
+    from tqdm.auto import tqdm
+
+    (out_dir / RESULTS).mkdir(exist_ok=True)
+    _clean_temp_files(out_dir)
+    previous_manifest = {}
+    with contextlib.suppress(ConfigError, json.JSONDecodeError):
+        previous_manifest = read_manifest(out_dir)
+    previous = previous_manifest.get("cells", {})
+    entries = {}
+    for cell in cells:
+        path = cell_path(out_dir, cell)
+        old = previous.get(cell.id, {})
+        done = path.is_file()
+        entries[cell.id] = dict(
+            analysis=cell.analysis, model=cell.model, task=cell.task["name"], params=cell.params,
+            path=str(path.relative_to(out_dir)), status="done" if done else ("failed" if old.get("status") == "failed" else "pending"),
+            seconds=old.get("seconds") if done else None, rows=old.get("rows") if done else None,
+            error=None if done else old.get("error"), worker=old.get("worker") if done else None, this_run=False,
+        )
+        if done and entries[cell.id]["rows"] is None:  # finished just before a kill, after the last manifest write
+            import pyarrow.parquet as pq
+
+            entries[cell.id]["rows"] = pq.read_metadata(path).num_rows
+    manifest = dict(config_hash=cfg.digest(), versions=versions(), executor=cfg.executor,
+                    created=previous_manifest.get("created", time.time()), updated=time.time(),
+                    config=dict(models=cfg.models, tasks=cfg.tasks, analyses=cfg.analyses), cells=entries)
+    _write_manifest(out_dir, manifest)
+    todo = [c for c in cells if entries[c.id]["status"] != "done"]
+    threads = max(1, int(cfg.resources["num_cpus"])) if cfg.executor != "local" else 0
+    jobs = [(c, ANALYSES[c.analysis].fn, cfg.base, cfg.device, threads) for c in todo]
+    by_id = {c.id: c for c in todo}
+    start = time.perf_counter()
+    if jobs:
+        runner = {"local": lambda: _local(jobs), "processes": lambda: _processes(jobs, cfg.workers),
+                  "ray": lambda: _ray(jobs, cfg.ray.get("address"), cfg.resources)}[cfg.executor]
+        last_write = time.monotonic()
+        bar = tqdm(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
+        try:
+            for outcome in runner():
+                cell = by_id[outcome["id"]]
+                entry = entries[cell.id]
+                if outcome["status"] == "done":
+                    try:
+                        entry["rows"] = _write_cell(out_dir, cell, outcome["frame"])
+                    except Exception as exc:  # e.g. a table Arrow cannot store: the cell fails, the sweep goes on
+                        outcome.update(status="failed", error=f"cannot write the results table: {type(exc).__name__}: {exc}")
+                entry.update(status=outcome["status"], seconds=outcome["seconds"], error=outcome["error"],
+                             worker=outcome["worker"], this_run=True)
+                bar.update(1)
+                bar.set_postfix_str(f"{cell.analysis} {outcome['status']}")
+                if time.monotonic() - last_write > 1.0:  # Parquet files are the truth; the manifest may lag
+                    _write_manifest(out_dir, manifest)
+                    last_write = time.monotonic()
+        finally:
+            bar.close()
+            _write_manifest(out_dir, manifest)
+    run = SweepRun(out=str(out_dir), config_hash=cfg.digest(),
+                   cells=[dict(id=c.id, **{k: v for k, v in entries[c.id].items() if k != "path"}) for c in cells],
+                   executor=cfg.executor, seconds=time.perf_counter() - start,
+                   meta=build_meta(versions=versions()))
+    return run

@@ -1,0 +1,135 @@
+"""The results directory: one atomic Parquet file per cell, the manifest, combined tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from arithinterp.errors import ConfigError, accepted
+from arithinterp.sweep.config import Cell
+
+STATUSES = ("pending", "done", "failed")
+MANIFEST = "manifest.json"
+RESULTS = "results"
+_TMP_MARK = ".tmp-"
+
+
+def cell_path(out: Union[str, Path], cell: Cell) -> Path:
+    return Path(out) / RESULTS / cell.analysis / f"{cell.id}.parquet"
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write through a temp file in the same folder and ``os.replace`` it: readers (and a resumed
+    run) see the old file or the whole new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _plain_column(values: list) -> list:
+    """Arrow needs one type per column: lists/dicts become JSON, mixed types strings."""
+    if any(isinstance(v, (list, tuple, dict)) for v in values):
+        return [None if v is None else json.dumps(v) for v in values]
+    kinds = {type(v) for v in values if v is not None}
+    if len(kinds) > 1 and not kinds <= {int, float}:
+        return [None if v is None else str(v) for v in values]
+    return values
+
+
+def tidy(cell: Cell, frame: Any) -> Any:
+    """The cell's table with its identity in front: ``cell``, ``model``, ``task``, ``analysis``, params.
+
+    A parameter the analysis already reports as a column (e.g. ``site``) keeps the analysis's column.
+    """
+    import pandas as pd
+
+    frame = frame.reset_index(drop=True)
+    ident = dict(cell=cell.id, model=cell.model, task=cell.task["name"], analysis=cell.analysis)
+    frame = frame.rename(columns={k: f"result_{k}" for k in ident if k in frame.columns})
+    front = dict(ident, **{k: v for k, v in cell.params.items() if k not in frame.columns})
+    head = pd.DataFrame({k: _plain_column([v] * len(frame)) for k, v in front.items()}, index=frame.index)
+    out = pd.concat([head, frame], axis=1)
+    for column in out.columns:
+        if out[column].dtype == object:
+            out[column] = _plain_column(out[column].tolist())
+    return out
+
+
+def _write_cell(out: Path, cell: Cell, frame: Any) -> int:
+    table = tidy(cell, frame)
+    _atomic_write(cell_path(out, cell), lambda tmp: table.to_parquet(tmp, index=False))
+    return len(table)
+
+
+def versions() -> dict:
+    import torch
+
+    from arithinterp import __version__
+
+    return dict(arithinterp=__version__, torch=torch.__version__, transformer_lens=_package_version("transformer-lens"),
+                pyarrow=_package_version("pyarrow"), python=platform.python_version())
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def read_manifest(out: Union[str, Path]) -> dict:
+    path = Path(out) / MANIFEST
+    if not path.is_file():
+        raise ConfigError(f"{out} is not a sweep results directory (no {MANIFEST})")
+    return json.loads(path.read_text())
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    text = json.dumps(manifest, indent=1, default=str)
+    _atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(text))
+
+
+def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
+    """The combined tidy table of each analysis: ``{analysis: DataFrame}`` (or one DataFrame).
+
+    Rows are the finished cells of the sweep last run in ``out``, in the sweep's cell order.
+    """
+    import pandas as pd
+
+    out = Path(out)
+    manifest = read_manifest(out)
+    tables: dict[str, list] = {}
+    for cid, entry in manifest["cells"].items():
+        path = out / entry["path"]
+        if path.is_file():
+            tables.setdefault(entry["analysis"], []).append(pd.read_parquet(path))
+    combined = {}
+    for name, frames in tables.items():
+        frame = pd.concat(frames, ignore_index=True)
+        # which columns say what a cell is (plots label cells by those that vary)
+        params = dict.fromkeys(k for e in manifest["cells"].values() if e["analysis"] == name for k in e["params"])
+        frame.attrs["cell_columns"] = ["model", "task"] + [k for k in params if k in frame.columns]
+        combined[name] = frame
+    if analysis is None:
+        return combined
+    if analysis not in combined:
+        raise ConfigError(f"no finished cells of analysis {analysis!r} in {out}; accepted: {accepted(combined)}")
+    return combined[analysis]
+
+
+def _clean_temp_files(out: Path) -> None:
+    """Remove temp files a killed run left behind (only ours: ``.<name>.tmp-<pid>``)."""
+    for path in list((out / RESULTS).glob(f"*/.*{_TMP_MARK}*")) + list(out.glob(f".{MANIFEST}{_TMP_MARK}*")):
+        path.unlink(missing_ok=True)
