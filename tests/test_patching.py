@@ -256,6 +256,38 @@ def test_mean_ablation_of_an_activation_shared_by_all_prompts_changes_nothing(ti
     assert len(result.to_frame()) == 2 and result.plot().data
 
 
+def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
+    """Full-answer scoring feeds the answer digits; an ablation at digit k's position leaves the
+    digits before it exactly as they were (causal attention) and changes digit k."""
+    prompts = arithmetic(tiny_digit_model, a=range(10, 40, 3), b=range(50, 90, 7), answer_digits=3).with_scoring("full_answer")
+    result = patching.ablate(tiny_digit_model, prompts, ["attn0@answer2", "mlp0@answer2"], mode="zero")
+    assert result.token_correct_before.shape == (len(prompts), 3) and result.scoring == "full_answer"
+    assert torch.allclose(result.logprob_before, prompts.answer_logprob(tiny_digit_model), atol=1e-4)
+    assert torch.equal(result.token_correct_after[:, :2], result.token_correct_before[:, :2])
+    assert not torch.allclose(result.logprob_after, result.logprob_before, atol=1e-3)
+    assert torch.equal(result.correct_after, result.token_correct_after.all(1))
+    assert list(result.to_frame().columns[-3:]) == ["token_0_accuracy", "token_1_accuracy", "token_2_accuracy"]
+    first = patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer0"], mode="zero")
+    assert first.token_correct_before.shape == (len(prompts), 1)
+    with pytest.raises(SiteError, match="full_answer"):
+        patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer2"])
+
+
+def test_add_3digit_digits_are_computed_by_layer_0_heads():
+    """The per-head staircase (RECIPES §7): a layer-0 head carries the units digit, a layer-1 head does not."""
+    import arithinterp as ai
+    from arithinterp.errors import ModelFileError
+    from arithinterp.models import zoo as zoo_lib
+
+    try:
+        model = ai.load_model("zoo:add-3digit")
+    except ModelFileError:
+        pytest.skip("zoo:add-3digit is not shipped in this checkout")
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=500).with_scoring("full_answer")
+    units = lambda head: patching.ablate(model, prompts, [f"{head}@answer3"]).token_correct_after[:, 3].float().mean()  # noqa: E731
+    assert units("L0H0") < 0.6 and units("L1H2") > 0.95
+
+
 def test_faithfulness_bounds(tiny_model):
     prompts = arithmetic(tiny_model, a=range(10), b=range(10))
     everything = patching.faithfulness(tiny_model, prompts, patching.default_components(tiny_model)[1:])

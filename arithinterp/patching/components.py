@@ -203,24 +203,31 @@ def direct_effect(
 class AblationResult(Result):
     """Accuracy and answer log-probability before and after ablating components.
 
-    ``logprob_before`` / ``logprob_after`` are ``[n_prompts]`` log-probabilities of each prompt's
-    first answer token; ``correct_before`` / ``correct_after`` whether it is the argmax.
+    ``token_correct_before`` / ``token_correct_after`` are ``[n_prompts, n_scored]``: whether each
+    scored answer token is the argmax — the first token only, or with ``scoring="full_answer"``
+    prompts every answer token, teacher-forced (the earlier answer tokens are fed in). A prompt is
+    correct (``correct_before`` / ``correct_after``, ``[n_prompts]``) when all its scored tokens
+    are; ``logprob_before`` / ``logprob_after`` sum their log-probabilities.
     """
 
     components: list
     mode: str
+    scoring: str
     accuracy_before: float
     accuracy_after: float
     correct_before: torch.Tensor
     correct_after: torch.Tensor
+    token_correct_before: torch.Tensor
+    token_correct_after: torch.Tensor
     logprob_before: torch.Tensor
     logprob_after: torch.Tensor
     meta: dict
 
     def to_frame(self):
+        """One row per run (full model, ablated): accuracy, mean answer log-prob, per-token accuracy."""
         import pandas as pd
 
-        return pd.DataFrame(
+        frame = pd.DataFrame(
             dict(
                 run=["full model", f"{self.mode}-ablated"],
                 accuracy=[self.accuracy_before, self.accuracy_after],
@@ -228,6 +235,9 @@ class AblationResult(Result):
                 n_prompts=[len(self.correct_before)] * 2,
             )
         )
+        for k in range(self.token_correct_before.shape[1]):
+            frame[f"token_{k}_accuracy"] = [float(t[:, k].float().mean()) for t in (self.token_correct_before, self.token_correct_after)]
+        return frame
 
     def plot(self, **kwargs):
         from arithinterp.viz.patching import plot_ablation
@@ -236,18 +246,29 @@ class AblationResult(Result):
 
 
 def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int, length: int) -> Optional[torch.Tensor]:
-    """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position)."""
+    """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position).
+
+    ``answer{k}`` is the position whose output predicts answer token k: ``final`` for k = 0, then
+    the teacher-forced answer tokens (``scoring="full_answer"``).
+    """
     if position is None:
         return None
     name = "final" if position == "last" else position
     if name in prompts.positions:
         return prompts.positions[name][idx] - offset
+    answer = re.fullmatch(r"answer(\d+)", name)
+    if answer:
+        p = prompts.positions["final"][idx] - offset + int(answer.group(1))
+        if int(p.max()) >= length:
+            raise SiteError(f"position {position!r} is past the fed answer tokens ({length} tokens); "
+                            "answer positions beyond answer0 need prompts.with_scoring('full_answer')")
+        return p
     if re.fullmatch(r"-?\d+", name):
         p = int(name) % prompts.tokens.shape[1] - offset
         if not 0 <= p < length:
             raise SiteError(f"position {position} falls outside prompts of {length} tokens (or in their padding)")
         return torch.full((len(idx),), p)
-    raise SiteError(f"unknown position {position!r}; accepted: {accepted(list(prompts.positions) + ['last'])} or an int")
+    raise SiteError(f"unknown position {position!r}; accepted: {accepted(list(prompts.positions) + ['last', 'answer0'])}, 'answer{{k}}' or an int")
 
 
 def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length, keep: bool) -> dict[str, torch.Tensor]:
@@ -280,18 +301,27 @@ def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, lengt
     return masks
 
 
-def _ablated_logits(model, prompts, parsed, mode: str, seed: int, keep: bool, batch_size: int = 512) -> torch.Tensor:
-    """Final-position logits ``[N, V]`` with the components (or their complement) ablated."""
-    out = None
+def _n_scored(prompts) -> int:
+    return prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
+
+
+def _ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512) -> torch.Tensor:
+    """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
+    complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
+
+    With ``scoring="full_answer"`` the answer's tokens but the last are fed after the prompt, so the
+    logits at the last ``n_scored`` positions predict each answer token (teacher forcing).
+    """
+    n_scored, out = _n_scored(prompts), None
     generator = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         for group in prompts.length_groups():
-            tokens_all = prompts.unpadded(group)
-            offset, length = prompts.offset(group), tokens_all.shape[1]
+            fed = torch.cat([prompts.unpadded(group), prompts.answer_tokens[group, : n_scored - 1].clamp(min=0)], dim=1)
+            offset, length = prompts.offset(group), fed.shape[1]
             masks = _ablation_masks(model, prompts, parsed, group, offset, length, keep)
             reference = {}
-            if mode != "zero":  # the group's own activations give the mean / the resampled values
-                _, cache = model.run_with_cache(tokens_all, names_filter=lambda name: name in masks)
+            if mode != "zero" and masks:  # the group's own activations give the mean / the resampled values
+                _, cache = model.run_with_cache(fed, names_filter=lambda name: name in masks)
                 for name in masks:
                     act = cache[name]
                     if mode == "mean":
@@ -310,16 +340,27 @@ def _ablated_logits(model, prompts, parsed, mode: str, seed: int, keep: bool, ba
 
                     return hook
 
-                logits = model.run_with_hooks(tokens_all[chunk], fwd_hooks=[(name, hook_for(name)) for name in masks], return_type="logits")[:, -1]
+                logits = model.run_with_hooks(fed[chunk], fwd_hooks=[(name, hook_for(name)) for name in masks], return_type="logits")
+                values = score(logits[:, -n_scored:], group[chunk])
                 if out is None:
-                    out = torch.empty(len(prompts), logits.shape[-1])
-                out[group[chunk]] = logits
+                    out = torch.empty(len(prompts), *values.shape[1:], dtype=values.dtype)
+                out[group[chunk]] = values
     return out
 
 
-def _answer_scores(logits: torch.Tensor, prompts) -> tuple[torch.Tensor, torch.Tensor]:
-    answer = prompts.answer_tokens[:, 0]
-    return logits.argmax(-1) == answer, pick(logits.float().log_softmax(-1), answer)
+def _token_scores(prompts) -> Callable:
+    """A score for :func:`_ablated_scores`: per answer token, argmax correct and log-probability,
+    ``[B, n_scored, 2]`` (padding of shorter answers counts as correct with log-probability 0)."""
+    n_scored = _n_scored(prompts)
+
+    def score(logits, rows):
+        answer = prompts.answer_tokens[rows, :n_scored]
+        real = answer >= 0
+        logprob = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0)[..., None])[..., 0]
+        correct = (logits.argmax(-1) == answer) | ~real
+        return torch.stack([correct.float(), logprob * real], dim=-1)
+
+    return score
 
 
 def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
@@ -327,31 +368,37 @@ def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mea
 
     components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
         through its ``hook_z``), ``"L{l}N{n}"`` (one MLP neuron), each optionally restricted to one
-        position with ``"@a"``, ``"@b"``, ``"@final"`` or ``"@{int}"``.
+        position with ``"@a"``, ``"@b"``, ``"@final"``, ``"@answer{k}"`` (the position that
+        predicts answer token k) or ``"@{int}"``.
     mode: ``"zero"``; ``"mean"`` (the mean over these prompts at each position, per token-length
         group); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
+
+    Prompts with ``scoring="full_answer"`` (``prompts.with_scoring("full_answer")``) are scored on
+    every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
+    Barez: mean-ablate a head at the position of one answer digit and see which digit breaks).
     """
     check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     parsed = _parse_components(model, components, ("attn", "mlp", "head", "neuron"))
-    with torch.inference_mode():
-        full = torch.cat([model(prompts.unpadded(g), return_type="logits")[:, -1] for g in prompts.length_groups()])
-        order = torch.cat(prompts.length_groups())
-        full = full[torch.argsort(order)]
-    ablated = _ablated_logits(model, prompts, parsed, mode, seed, keep=False)
-    correct_before, logprob_before = _answer_scores(full, prompts)
-    correct_after, logprob_after = _answer_scores(ablated, prompts)
+    score = _token_scores(prompts)
+    before = _ablated_scores(model, prompts, [], mode, seed, keep=False, score=score)
+    after = _ablated_scores(model, prompts, parsed, mode, seed, keep=False, score=score)
+    token_correct_before, token_correct_after = before[..., 0].bool(), after[..., 0].bool()
+    correct_before, correct_after = token_correct_before.all(1), token_correct_after.all(1)
     return AblationResult(
         components=[c.name for c in parsed],
         mode=mode,
+        scoring=prompts.scoring,
         accuracy_before=float(correct_before.float().mean()),
         accuracy_after=float(correct_after.float().mean()),
         correct_before=correct_before,
         correct_after=correct_after,
-        logprob_before=logprob_before,
-        logprob_after=logprob_after,
-        meta=build_meta(model, n_prompts=len(prompts), seed=seed),
+        token_correct_before=token_correct_before,
+        token_correct_after=token_correct_after,
+        logprob_before=before[..., 1].sum(1),
+        logprob_after=after[..., 1].sum(1),
+        meta=build_meta(model, n_prompts=len(prompts), seed=seed, scoring=prompts.scoring),
     )
 
 
@@ -413,23 +460,23 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
     parsed = _parse_components(model, list(circuit), ("attn", "mlp", "head")) if len(circuit) else []
-    answer = prompts.answer_tokens[:, 0]
+    prompts = prompts.with_scoring("first_token")
 
-    def score(logits):
+    def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]
+        logits, answer = logits[:, -1], prompts.answer_tokens[rows, 0]
         values = {
             "logit": lambda: pick(logits, answer),
             "logprob": lambda: pick(logits.float().log_softmax(-1), answer),
             "prob": lambda: pick(logits.float().softmax(-1), answer),
             "accuracy": lambda: (logits.argmax(-1) == answer).float(),
         }[metric]()
-        return float(values.mean()), float((logits.argmax(-1) == answer).float().mean())
+        return torch.stack([values.float(), (logits.argmax(-1) == answer).float()], dim=1)
 
-    with torch.inference_mode():
-        order = torch.cat(prompts.length_groups())
-        full = torch.cat([model(prompts.unpadded(g), return_type="logits")[:, -1] for g in prompts.length_groups()])[torch.argsort(order)]
-    in_circuit = _ablated_logits(model, prompts, parsed, mode, seed, keep=True)
-    empty = _ablated_logits(model, prompts, [], mode, seed, keep=True)
-    (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = score(full), score(in_circuit), score(empty)
+    def mean_score(components, keep):
+        return _ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score).mean(0).tolist()
+
+    # nothing ablated; everything outside the circuit; everything
+    (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = mean_score([], False), mean_score(parsed, True), mean_score([], True)
     if abs(m_full - m_empty) < 1e-12:
         raise AnalysisError("the full model and the fully ablated model score the same; faithfulness is undefined")
     return FaithfulnessResult(
