@@ -1,0 +1,153 @@
+"""The helix basis and the pure-tensor pieces of a fit (Kantamneni & Tegmark 2025).
+
+:func:`basis` builds the design matrix ``[cos(2πx/T), sin(2πx/T) for T in periods] + [x / max_x]
++ [1]`` (and the baselines ``"circle"``, ``"poly"``, ``"linear"``) of one or several variables;
+:func:`helix_basis` is its helix / circle shorthand. Minimum-norm least squares, R², the
+train / test split over *values* (:func:`split_by_value`) and the PCA of activations are the
+tensor operations every fit is made of; no model is involved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import torch
+
+from arithinterp.errors import AnalysisError, ConfigError, accepted
+
+KINDS = ("helix", "circle", "poly", "linear")
+DEFAULT_PERIODS = (2, 5, 10, 100)
+
+
+# --- the basis -----------------------------------------------------------------------------------
+
+
+def _as_2d(values: Any) -> torch.Tensor:
+    values = torch.as_tensor(values, dtype=torch.float64)
+    if values.ndim == 1:
+        values = values[:, None]
+    if values.ndim != 2 or values.shape[0] == 0:
+        raise AnalysisError(f"values must be [n] or [n, n_variables] with n > 0, got shape {tuple(values.shape)}")
+    return values
+
+
+def _check_periods(periods: Sequence[float]) -> list[float]:
+    periods = [float(T) for T in periods]
+    if any(not math.isfinite(T) or T <= 0 for T in periods):
+        raise ConfigError(f"periods must be positive numbers (e.g. 2, 5, 10, 100 or 113/14), got {periods}")
+    return periods
+
+
+def _names(names: Optional[Sequence[str]], n_vars: int) -> list[str]:
+    if names is None:
+        return ["x"] if n_vars == 1 else [f"x{i}" for i in range(n_vars)]
+    names = list(names)
+    if len(names) != n_vars:
+        raise AnalysisError(f"got {len(names)} variable names for {n_vars} variables")
+    return names
+
+
+def basis(
+    values: Any,
+    kind: str = "helix",
+    periods: Sequence[float] = DEFAULT_PERIODS,
+    *,
+    max_value: Optional[Sequence[float]] = None,
+    degree: Optional[int] = None,
+    names: Optional[Sequence[str]] = None,
+) -> tuple[torch.Tensor, list[str]]:
+    """Basis columns for ``values`` [n] or [n, n_variables] → ([n, n_columns], column labels).
+
+    ``kind``:
+
+    * ``"helix"``: per variable ``cos / sin(2πx/T)`` for each period, then ``x / max_x``;
+    * ``"circle"``: the periodic columns only;
+    * ``"poly"``: ``(x / max_x)^j`` for ``j = 1..degree`` (default: the helix's column count
+      ``2·len(periods) + 1``, so both have as many parameters);
+    * ``"linear"``: ``x / max_x``;
+
+    then one constant column. ``max_value`` per variable defaults to ``max(values)`` (at least 1).
+    RECIPES §1 (Kantamneni & Tegmark 2025).
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(KINDS)}")
+    x = _as_2d(values)
+    periods = _check_periods(periods)
+    names = _names(names, x.shape[1])
+    if max_value is None:
+        max_value = x.max(0).values.clamp_min(1.0).tolist()
+    max_value = [float(m) for m in (max_value if isinstance(max_value, (list, tuple)) else [max_value])]
+    if len(max_value) != x.shape[1] or any(m <= 0 for m in max_value):
+        raise AnalysisError(f"max_value needs one positive number per variable ({x.shape[1]}), got {max_value}")
+    if kind in ("helix", "circle") and not periods:
+        raise ConfigError(f"a {kind} basis needs at least one period")
+    degree = 2 * len(periods) + 1 if degree is None else int(degree)
+    if kind == "poly" and degree < 1:
+        raise ConfigError(f"poly degree must be ≥ 1, got {degree}")
+    columns, labels = [], []
+    for j, name in enumerate(names):
+        v = x[:, j]
+        if kind in ("helix", "circle"):
+            for T in periods:
+                angle = 2 * math.pi * v / T
+                columns += [angle.cos(), angle.sin()]
+                labels += [f"cos(2π{name}/{T:g})", f"sin(2π{name}/{T:g})"]
+        if kind in ("helix", "linear"):
+            columns.append(v / max_value[j])
+            labels.append(f"{name}/{max_value[j]:g}")
+        if kind == "poly":
+            for power in range(1, degree + 1):
+                columns.append((v / max_value[j]) ** power)
+                labels.append(f"({name}/{max_value[j]:g})^{power}")
+    columns.append(torch.ones(x.shape[0], dtype=torch.float64))
+    labels.append("1")
+    return torch.stack(columns, dim=1), labels
+
+
+def helix_basis(values: Any, periods: Sequence[float] = DEFAULT_PERIODS, *, linear: bool = True,
+                constant: bool = True, max_value: Optional[Sequence[float]] = None) -> torch.Tensor:
+    """The helix basis [n, 2·len(periods) (+1 linear) (+1 constant)] of values [n] (or [n, v])."""
+    matrix, _ = basis(values, "helix" if linear else "circle", periods, max_value=max_value)
+    return matrix if constant else matrix[:, :-1]
+
+
+# --- fitting -------------------------------------------------------------------------------------
+
+
+def _lstsq(design: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Minimum-norm least squares (tolerates all-zero columns such as ``sin(πx)``)."""
+    return torch.linalg.pinv(design, rtol=1e-10) @ target
+
+
+def _r2(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Per-column R² [c] and the variance-weighted overall R² of ``pred`` vs ``target`` [n, c]."""
+    residual = (target - pred).pow(2).sum(0)
+    total = (target - target.mean(0)).pow(2).sum(0)
+    per = 1 - residual / total.clamp_min(1e-30)
+    overall = 1 - float(residual.sum()) / max(float(total.sum()), 1e-30)
+    return per, overall
+
+
+def split_by_value(values: Any, holdout: float = 0.2, random_state: int = 0) -> torch.Tensor:
+    """Bool [n] marking the training rows: a random ``holdout`` share of the distinct values of
+    the first variable is held out with all their rows (the split is over values, not prompts)."""
+    x = _as_2d(values)
+    if not 0 <= holdout < 1:
+        raise ConfigError(f"holdout must be in [0, 1), got {holdout}")
+    unique = x[:, 0].unique()
+    n_test = int(round(holdout * len(unique)))
+    if holdout > 0 and not 1 <= n_test < len(unique):
+        raise AnalysisError(f"holdout={holdout} of {len(unique)} distinct values leaves an empty train or test set")
+    generator = torch.Generator().manual_seed(int(random_state))
+    test_values = unique[torch.randperm(len(unique), generator=generator)[:n_test]]
+    return ~torch.isin(x[:, 0], test_values)
+
+
+def _pca(acts: torch.Tensor, n_pca: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean [d], top components [k, d] and their variances [k] of acts [n, d]."""
+    mean = acts.mean(0)
+    _, singular, vh = torch.linalg.svd(acts - mean, full_matrices=False)
+    rank = int((singular > singular[0] * 1e-9).sum()) if singular.numel() and singular[0] > 0 else 0
+    k = max(1, min(n_pca, rank))
+    return mean, vh[:k], singular[:k].pow(2) / max(acts.shape[0] - 1, 1)

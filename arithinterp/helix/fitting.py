@@ -1,0 +1,293 @@
+"""Helix fits of activations: :func:`fit` → :class:`HelixFit`, and fit quality per layer,
+:func:`fit_layers` → :class:`FitLayersResult` (RECIPES §1, Kantamneni & Tegmark 2025).
+
+PCA of the training activations, least squares from the basis to the PCA coordinates, mapped
+back; held-out R² over *values* not prompts. Activations come as a tensor or an
+``Activations``; values as numbers or as label names of the activations' prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.helix.design import (
+    DEFAULT_PERIODS,
+    KINDS,
+    _as_2d,
+    _check_periods,
+    _lstsq,
+    _names,
+    _pca,
+    _r2,
+    basis,
+    split_by_value,
+)
+from arithinterp.results import Result, build_meta
+
+Values = Union[torch.Tensor, Sequence[int], str, Sequence[str]]
+
+
+@dataclass(frozen=True)
+class HelixFit(Result):
+    """A fitted map from a number basis to activations (Kantamneni & Tegmark 2025).
+
+    Activations ≈ ``basis(values) @ coef @ components + mean``. ``components`` [k, d] and
+    ``mean`` [d] are the PCA of the training activations, ``coef`` [n_columns, k]. Held-out
+    quality over unseen *values*: ``r2`` [k] per PCA component, ``r2_overall`` (all PCA
+    coordinates, variance weighted), ``r2_full`` (in the full activation space) and
+    ``pca_r2`` (the full-space R² of the held-out activations' own reconstruction from the top
+    ``n_params`` components: the best any ``n_params``-dim subspace of this PCA does).
+    ``unique_values`` [u, v] / ``value_coords`` [u, ≤10] are the mean top PCA coordinates per
+    distinct value (for plots). ``train_values`` / ``test_values`` are the split values.
+    """
+
+    kind: str
+    periods: list
+    degree: Optional[int]
+    max_value: list
+    names: list
+    mean: torch.Tensor
+    components: torch.Tensor
+    explained_variance: torch.Tensor
+    coef: torch.Tensor
+    r2: torch.Tensor
+    r2_overall: float
+    r2_full: float
+    pca_r2: float
+    train_values: list
+    test_values: list
+    unique_values: torch.Tensor
+    value_coords: torch.Tensor
+    site: Optional[str]
+    layer: Optional[int]
+    position: Optional[str]
+    meta: dict
+
+    @property
+    def labels(self) -> list[str]:
+        return basis(torch.zeros(1, len(self.names)), **self._basis_kw())[1]
+
+    @property
+    def n_params(self) -> int:
+        """Non-constant basis columns: the helix "dimension" (9 for periods 2, 5, 10, 100)."""
+        return len(self.labels) - 1
+
+    def _basis_kw(self) -> dict:
+        return dict(kind=self.kind, periods=self.periods, max_value=self.max_value, degree=self.degree,
+                    names=self.names)
+
+    def basis(self, values: Any) -> torch.Tensor:
+        """The fit's basis at ``values`` [n] / [n, v] → [n, n_columns]."""
+        return basis(values, **self._basis_kw())[0]
+
+    def predict(self, values: Any) -> torch.Tensor:
+        """Activations [n, d] the fit gives for ``values`` [n] (or [n, n_variables])."""
+        x = _as_2d(values)
+        if x.shape[1] != len(self.names):
+            raise AnalysisError(f"this fit takes {len(self.names)} variables ({self.names}), got {x.shape[1]}")
+        coords = self.basis(x) @ self.coef.double()
+        return (coords @ self.components.double() + self.mean.double()).float()
+
+    def pca_reconstruct(self, acts: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
+        """``acts`` [n, d] projected onto the top ``k`` (default ``n_params``) PCA components."""
+        k = self.n_params if k is None else int(k)
+        top = self.components[:k].double()
+        centred = acts.double() - self.mean.double()
+        return (centred @ top.T @ top + self.mean.double()).float()
+
+    def to_frame(self):
+        import pandas as pd
+
+        total = float(self.explained_variance.sum())
+        return pd.DataFrame(
+            dict(component=range(len(self.r2)), explained_variance=self.explained_variance.tolist(),
+                 variance_share=[float(v) / total for v in self.explained_variance.tolist()],
+                 held_out_r2=self.r2.tolist())
+        )
+
+    def plot(self, view: str = "3d", **kwargs):
+        """``view="3d"``: the top three PCA coordinates per value with the fitted curve;
+        ``"pairs"``: pairwise 2-D projections of the top PCA coordinates; ``"periods"``: each
+        period's (cos, sin) plane, one panel per period. Points are coloured by the number."""
+        from arithinterp.viz import fourier as viz
+
+        views = {"3d": viz.helix_3d_figure, "pairs": viz.helix_pairs_figure, "periods": viz.helix_periods_figure}
+        if view not in views:
+            raise ConfigError(f"unknown view {view!r}; accepted: {accepted(views)}")
+        return views[view](self, **kwargs)
+
+
+def _resolve_values(values: Values, prompts: Any) -> tuple[torch.Tensor, list[str]]:
+    """Numbers per prompt from a tensor / list, or from prompt labels by name (``"a"``,
+    ``"a+b"``, ``["a", "b", "a+b"]``) → ([n, v] float64, names)."""
+    is_names = isinstance(values, str) or (
+        isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values)
+    )
+    if not is_names:
+        x = _as_2d(values)
+        return x, _names(None, x.shape[1])
+    if prompts is None:
+        raise AnalysisError("values given by name need an Activations that carries its prompts")
+    names = [values] if isinstance(values, str) else list(values)
+    columns = []
+    for name in names:
+        if name == "a+b":
+            columns.append(prompts.a + prompts.b)
+        else:
+            columns.append(prompts.label(name))
+    return torch.stack(columns, 1).double(), names
+
+
+def _activation_matrix(source: Any, site: Optional[str], layer: Optional[int], position: Optional[str]):
+    """[N, d] activations and the (site, layer, position, prompts) they came from."""
+    if isinstance(source, torch.Tensor):
+        if source.ndim != 2:
+            raise AnalysisError(f"activations must be [n, d], got shape {tuple(source.shape)}")
+        return source.double(), None, layer, position, None
+    if not (hasattr(source, "get") and hasattr(source, "layers")):
+        raise AnalysisError(f"expected a tensor [n, d] or an Activations, got {type(source).__name__}")
+    site = site or ("resid_pre" if "resid_pre" in source.sites else source.sites[0])
+    if layer is None:
+        if len(source.layers) != 1:
+            raise SiteError(f"these activations hold layers {source.layers}; pass layer=")
+        layer = source.layers[0]
+    position = str(position if position is not None else source.positions[0])
+    acts = source.get(site, layer, position)
+    return acts.reshape(acts.shape[0], -1).double(), site, int(layer), position, source.prompts
+
+
+def _fit_core(acts, x, train, mean, comps, ev, kind, periods, degree, names, max_value, n_params_pca=None):
+    """Least squares from the basis to PCA coordinates and the held-out scores."""
+    design, _ = basis(x, kind, periods, max_value=max_value, degree=degree, names=names)
+    coords = (acts - mean) @ comps.T
+    coef = _lstsq(design[train], coords[train])
+    test = ~train if (~train).any() else train
+    pred = design[test] @ coef
+    r2, r2_overall = _r2(pred, coords[test])
+    _, r2_full = _r2(pred @ comps + mean, acts[test])
+    k = (design.shape[1] - 1) if n_params_pca is None else n_params_pca
+    top = comps[:k]
+    _, pca_r2 = _r2((acts[test] - mean) @ top.T @ top + mean, acts[test])
+    return coef, r2, r2_overall, r2_full, pca_r2
+
+
+def fit(
+    acts_or_tensor: Any,
+    values: Values,
+    periods: Sequence[float] = DEFAULT_PERIODS,
+    n_pca: int = 100,
+    holdout: float = 0.2,
+    kind: str = "helix",
+    random_state: int = 0,
+    *,
+    site: Optional[str] = None,
+    layer: Optional[int] = None,
+    position: Optional[str] = None,
+    degree: Optional[int] = None,
+    names: Optional[Sequence[str]] = None,
+) -> HelixFit:
+    """Fit a helix (or baseline) basis of ``values`` to activations (RECIPES §1).
+
+    Args:
+        acts_or_tensor: activations [N, d], or an ``Activations`` (read at ``site`` — default
+            ``resid_pre`` when collected —, ``layer`` and ``position``).
+        values: the number of each row [N], several variables [N, v] (e.g. a, b, a+b), or label
+            names of the activations' prompts: ``"a"``, ``"a+b"``, ``["a", "b", "a+b"]``.
+        periods: the helix periods (any positive numbers).
+        n_pca: PCA components kept (capped by the training rank).
+        holdout: share of distinct values of the first variable held out for R²
+            (:func:`split_by_value`); 0 scores on the training rows.
+        kind: ``"helix"``, ``"circle"``, ``"poly"`` or ``"linear"`` (see :func:`basis`).
+
+    PCA of the training activations to ``n_pca`` components, least squares from the basis to the
+    PCA coordinates (no intercept), mapped back with ``C = coef @ components + mean``.
+    """
+    acts, site, layer, position, prompts = _activation_matrix(acts_or_tensor, site, layer, position)
+    x, default_names = _resolve_values(values, prompts)
+    names = list(names) if names is not None else default_names
+    if x.shape[0] != acts.shape[0]:
+        raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
+    if n_pca < 1:
+        raise ConfigError(f"n_pca must be ≥ 1, got {n_pca}")
+    if kind not in KINDS:
+        raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(KINDS)}")
+    train = split_by_value(x, holdout, random_state)
+    max_value = x.max(0).values.clamp_min(1.0).tolist()
+    mean, comps, ev = _pca(acts[train], n_pca)
+    coef, r2, r2_overall, r2_full, pca_r2 = _fit_core(acts, x, train, mean, comps, ev, kind, periods, degree,
+                                                      _names(names, x.shape[1]), max_value)
+    unique, inverse = x.unique(dim=0, return_inverse=True)
+    top = ((acts - mean) @ comps[: min(10, comps.shape[0])].T)
+    sums = torch.zeros((len(unique), top.shape[1]), dtype=top.dtype).index_add_(0, inverse, top)
+    coords = sums / torch.bincount(inverse, minlength=len(unique))[:, None]
+    split_col = x[:, 0]
+    return HelixFit(
+        kind=kind, periods=_check_periods(periods), degree=degree, max_value=max_value, names=list(names),
+        mean=mean.float(), components=comps.float(), explained_variance=ev.float(), coef=coef.float(),
+        r2=r2.float(), r2_overall=r2_overall, r2_full=r2_full, pca_r2=pca_r2,
+        train_values=sorted(set(split_col[train].tolist())), test_values=sorted(set(split_col[~train].tolist())),
+        unique_values=unique.float(), value_coords=coords.float(),
+        site=site, layer=layer, position=position,
+        meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, random_state=random_state),
+    )
+
+
+# --- fit quality per layer -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitLayersResult(Result):
+    """Held-out R² (full activation space) per layer: ``r2[i, j]`` for ``fits[i]`` at
+    ``layers[j]``; the last row ``"PCA-k"`` is the top-k PCA reconstruction with k the helix's
+    parameter count."""
+
+    r2: torch.Tensor
+    fits: list
+    layers: list
+    periods: list
+    meta: dict
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([dict(fit=f, layer=layer, held_out_r2=float(self.r2[i, j]))
+                             for i, f in enumerate(self.fits) for j, layer in enumerate(self.layers)])
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.fourier import fit_layers_figure
+
+        return fit_layers_figure(self, **kwargs)
+
+
+def fit_layers(
+    acts: Any,
+    values: Values,
+    periods: Sequence[float] = DEFAULT_PERIODS,
+    *,
+    kinds: Sequence[str] = ("helix", "circle", "poly"),
+    layers: Optional[Sequence[int]] = None,
+    site: Optional[str] = None,
+    position: Optional[str] = None,
+    n_pca: int = 100,
+    holdout: float = 0.2,
+    random_state: int = 0,
+) -> FitLayersResult:
+    """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R²."""
+    layers = list(acts.layers) if layers is None else list(layers)
+    rows = {k: [] for k in kinds}
+    pca = []
+    for layer in layers:
+        for k in kinds:
+            result = fit(acts, values, periods, n_pca, holdout, k, random_state, site=site, layer=layer,
+                         position=position)
+            rows[k].append(result.r2_full)
+            if k == "helix" or (k == kinds[0] and "helix" not in kinds):
+                pca.append(result.pca_r2)
+    return FitLayersResult(
+        r2=torch.tensor([rows[k] for k in kinds] + [pca]), fits=list(kinds) + ["PCA-k"], layers=layers,
+        periods=_check_periods(periods), meta=build_meta(site=site, position=position, holdout=holdout),
+    )
