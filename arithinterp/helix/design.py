@@ -112,7 +112,7 @@ def helix_basis(values: Any, periods: Sequence[float] = DEFAULT_PERIODS, *, line
     return matrix if constant else matrix[:, :-1]
 
 
-# --- fitting -------------------------------------------------------------------------------------
+# --- least squares, held-out splits, PCA ---------------------------------------------------------
 
 
 def _lstsq(design: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
