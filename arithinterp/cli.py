@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 from arithinterp.errors import ArithInterpError
@@ -265,7 +266,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
-        summary = COMMANDS[args.command](args)
+        with warnings.catch_warnings():  # one plain line per warning, not the library's source line
+            warnings.showwarning = lambda message, *rest, **kw: print(f"arithinterp {args.command}: warning: {message}", file=sys.stderr)
+            summary = COMMANDS[args.command](args)
     except ArithInterpError as error:
         print(f"arithinterp {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -1,24 +1,28 @@
 """The HTML report: the standard battery of analyses on one model, in one offline file.
 
 ``report(model, out="report.html")`` runs each stage (accuracy and error profile, activation
-patching, attribution vs exact, probes and the error detector, Fourier spectra and helix fits with
-the causal test, heuristic neurons), writes a short summary computed from each stage's results,
-and saves one self-contained HTML file: plotly.js is embedded once, so it opens with no network.
-Every stage is a function ``(context) -> Section`` in :data:`STAGES`; the report is a thin layer
-over the same calls a notebook makes.
+patching, attribution vs exact, per-digit head ablation for multi-token answers, probes and the
+error detector, Fourier spectra and helix fits with the causal test, heuristic neurons), writes a
+short summary computed from each stage's results, and saves one self-contained HTML file:
+plotly.js is embedded once, so it opens with no network. Every stage is a function
+``(context) -> Section`` in :data:`STAGES`; the report is a thin layer over the same calls a
+notebook makes. A stage that does not apply to the model (an :class:`ArithInterpError` such as
+single-token answers for the digit stage, or multi-token numbers for Fourier features) is shown
+as not run, with the reason, and the others go on.
 """
 
 from __future__ import annotations
 
 import html
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from tqdm.auto import tqdm
 
-from arithinterp.errors import ConfigError, accepted
+from arithinterp.errors import ArithInterpError, ConfigError, accepted
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Section:
     findings: list[str] = field(default_factory=list)
     figures: list[Any] = field(default_factory=list)
     seconds: float = 0.0
+    skipped: Optional[str] = None  # why the stage does not apply to this model, when it does not
 
 
 @dataclass
@@ -46,10 +51,21 @@ class Context:
     n_pairs: int = 200
     n_probe_prompts: int = 1000
     n_detector_prompts: int = 6000
+    n_digit_prompts: int = 500
     top_k_neurons: int = 50
 
 
 # --- stages --------------------------------------------------------------------------------------
+
+STAGE_TITLES = {
+    "accuracy": "Accuracy and error profile",
+    "patching": "Activation patching",
+    "digits": "Which head computes which answer digit",
+    "probes": "Linear probes",
+    "errors": "Error detection",
+    "fourier": "Fourier features and the helix",
+    "neurons": "Heuristic neurons",
+}
 
 
 def accuracy_stage(ctx: Context) -> Section:
@@ -57,7 +73,7 @@ def accuracy_stage(ctx: Context) -> Section:
 
     ev, prompts = ctx.evaluation, ctx.all_prompts
     errors = (ev.model_answer - prompts.answer)[~ev.correct]
-    section = Section("Accuracy and error profile")
+    section = Section(STAGE_TITLES["accuracy"])
     section.findings.append(
         f"The model answers {int(ev.correct.sum())} of {len(prompts)} prompts correctly "
         f"({100 * ev.accuracy:.1f}%); the analyses below use the {len(ctx.prompts)} correct ones."
@@ -100,7 +116,7 @@ def patching_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
     pairs = ctx.pairs[: ctx.n_pairs]
-    section = Section("Activation patching")
+    section = Section(STAGE_TITLES["patching"])
     resid = patching.sweep(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
     heads = patching.sweep(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
     mlps = patching.sweep(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
@@ -118,13 +134,35 @@ def patching_stage(ctx: Context) -> Section:
     return section
 
 
+def digits_stage(ctx: Context) -> Section:
+    from arithinterp import patching
+
+    section = Section(STAGE_TITLES["digits"])
+    result = patching.digit_ablation(ctx.model, ctx.prompts[: ctx.n_digit_prompts], progress=False)
+    drop = result.drop
+    order = drop.flatten().argsort(descending=True)[:3].tolist()
+    n_answer = drop.shape[1]
+    top = ", ".join(f"{result.heads[i // n_answer]} on answer token {i % n_answer} (−{100 * float(drop.flatten()[i]):.0f} points)" for i in order)
+    section.findings.append(
+        f"Mean-ablating one head at the position that predicts one answer token (teacher-forced, "
+        f"{result.meta['n_prompts']} prompts) costs that token most for {top}."
+    )
+    per_layer = drop.reshape(ctx.model.cfg.n_layers, -1).max(1).values  # the heads come layer by layer
+    section.findings.append(
+        "Largest drop by any head of each layer: "
+        + ", ".join(f"layer {layer}: {100 * float(v):.0f} points" for layer, v in enumerate(per_layer)) + "."
+    )
+    section.figures.append(result.plot())
+    return section
+
+
 def probes_stage(ctx: Context) -> Section:
     from arithinterp import probes
     from arithinterp.activations import collect
 
     prompts = ctx.prompts[: ctx.n_probe_prompts]
     acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
-    section = Section("Linear probes")
+    section = Section(STAGE_TITLES["probes"])
     for target in ("a", "answer"):
         result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
         best = result.best()
@@ -143,7 +181,7 @@ def error_detector_stage(ctx: Context) -> Section:
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry, held_out_prompts
 
-    section = Section("Error detection")
+    section = Section(STAGE_TITLES["errors"])
     n_errors = int((~ctx.evaluation.correct).sum())
     if n_errors >= 50:
         model, prompts, name = ctx.model, ctx.all_prompts, ctx.spec
@@ -175,7 +213,7 @@ def fourier_helix_stage(ctx: Context) -> Section:
     from arithinterp import fourier, helix
     from arithinterp.activations import collect
 
-    section = Section("Fourier features and the helix")
+    section = Section(STAGE_TITLES["fourier"])
     numbers = sorted(set(ctx.prompts.a.tolist()))
     spectrum = fourier.embedding_spectrum(ctx.model, range(numbers[0], numbers[-1] + 1))
     periods = [f"{spectrum.n / k:.3g}" for k in spectrum.key[0] if k > 0]
@@ -209,7 +247,7 @@ def fourier_helix_stage(ctx: Context) -> Section:
 def neurons_stage(ctx: Context) -> Section:
     from arithinterp import neurons
 
-    section = Section("Heuristic neurons")
+    section = Section(STAGE_TITLES["neurons"])
     table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.top_k_neurons, pairs=ctx.pairs)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
     section.findings.append(
@@ -227,6 +265,7 @@ def neurons_stage(ctx: Context) -> Section:
 STAGES: dict[str, Callable[[Context], Section]] = {
     "accuracy": accuracy_stage,
     "patching": patching_stage,
+    "digits": digits_stage,
     "probes": probes_stage,
     "errors": error_detector_stage,
     "fourier": fourier_helix_stage,
@@ -313,7 +352,12 @@ def report(
     sections = []
     for name in tqdm(chosen, desc="report", disable=not progress):
         stage_start = time.perf_counter()
-        section = STAGES[name](ctx)
+        try:
+            section = STAGES[name](ctx)
+        except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
+            section = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"], skipped=str(why))
+            if stages is not None:  # asked for by name: say so here too, not only in the page
+                warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
         section.seconds = time.perf_counter() - stage_start
         sections.append(section)
     meta = dict(

@@ -283,9 +283,27 @@ def test_add_3digit_digits_are_computed_by_layer_0_heads():
         model = ai.load_model("zoo:add-3digit")
     except ModelFileError:
         pytest.skip("zoo:add-3digit is not shipped in this checkout")
-    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=500).with_scoring("full_answer")
-    units = lambda head: patching.ablate(model, prompts, [f"{head}@answer3"]).token_correct_after[:, 3].float().mean()  # noqa: E731
-    assert units("L0H0") < 0.6 and units("L1H2") > 0.95
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=500)
+    result = patching.digit_ablation(model, prompts, heads=["L0H0", "L1H2"], progress=False)
+    assert result.drop[0, 3] > 0.4 and result.drop[1, 3] < 0.05  # units digit
+    units = patching.ablate(model, prompts.with_scoring("full_answer"), ["L0H0@answer3"])
+    assert result.accuracy[0, 3] == pytest.approx(units.token_correct_after[:, 3].float().mean().item())
+
+
+def test_digit_ablation_shapes_and_input_checks(tiny_model, tiny_digit_model):
+    prompts = arithmetic(tiny_digit_model, a=range(10, 30, 3), b=range(50, 70, 7), answer_digits=3)
+    result = patching.digit_ablation(tiny_digit_model, prompts, progress=False)
+    n_heads = tiny_digit_model.cfg.n_layers * tiny_digit_model.cfg.n_heads
+    assert result.accuracy.shape == (n_heads, 3) and result.heads[0] == "L0H0"
+    full = patching.ablate(tiny_digit_model, prompts.with_scoring("full_answer"), ["L0H0@answer0"])
+    assert torch.allclose(result.baseline, full.token_correct_before.float().mean(0))
+    assert len(result.to_frame()) == n_heads * 3 and result.plot().data
+    with pytest.raises(ArithInterpError, match="single tokens"):
+        patching.digit_ablation(tiny_model, arithmetic(tiny_model, a=range(5), b=range(5)), progress=False)
+    with pytest.raises(ConfigError, match="@position"):
+        patching.digit_ablation(tiny_digit_model, prompts, heads=["L0H1@final"], progress=False)
+    with pytest.raises(SiteError, match="out of range"):
+        patching.digit_ablation(tiny_digit_model, prompts, heads=["L9H0"], progress=False)
 
 
 def test_faithfulness_bounds(tiny_model):

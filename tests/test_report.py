@@ -26,6 +26,9 @@ def test_report_is_self_contained(report_file):
     for stage in ("Accuracy and error profile", "Activation patching", "Linear probes", "Error detection",
                   "Fourier features and the helix", "Heuristic neurons"):
         assert f"<h2>{stage}</h2>" in text
+    # add-100's answers are single tokens: the digit stage says why it did not run
+    assert "<h2>Which head computes which answer digit</h2>" in text
+    assert "Not run on this model: the answers are single tokens" in text
     # the summary quotes measured numbers, not canned text
     assert re.search(r"answers \d+ of \d+ prompts correctly \(\d+\.\d%\)", text)
     assert len(re.findall(r"id=\"figure-\d+\"", text)) >= 8
@@ -64,4 +67,13 @@ def test_report_renders_in_chromium(report_file):
 def test_report_rejects_bad_stage(tmp_path):
     with pytest.raises(ConfigError, match="unknown report stage"):
         report("zoo:add-100", out=tmp_path / "r.html", stages=["patchin"])
-    assert set(STAGES) == {"accuracy", "patching", "probes", "errors", "fourier", "neurons"}
+    assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons"}
+
+
+def test_report_on_a_digit_model_skips_what_does_not_apply(tmp_path):
+    """add-3digit: its numbers are several tokens (no Fourier axis) but its answers have digits."""
+    with pytest.warns(UserWarning, match="'fourier' not run"):
+        out = report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], limit=200, progress=False)
+    text = out.read_text()
+    assert re.search(r"Not run on this model: \d+ of these numbers are not single tokens", text)
+    assert re.search(r"costs that token most for L\dH\d on answer token \d \(−\d+ points\)", text)

@@ -11,6 +11,8 @@
   into the final residual stream) next to their total effect (RECIPES §1).
 * :func:`ablate` and :func:`faithfulness` — zero / mean / resample ablation, and the faithfulness of
   a circuit with everything outside it mean-ablated (RECIPES §4).
+* :func:`digit_ablation` — each head ablated at each answer position alone, each answer digit
+  scored teacher-forced: which head computes which digit (RECIPES §7).
 
 Conventions (those of TransformerLens's ``patching`` module): ``direction="denoise"`` runs the
 corrupt prompt and patches in the clean activation; ``"noise"`` runs the clean prompt and patches
@@ -49,6 +51,7 @@ from arithinterp.patching.core import (
     PatchResult,
     summarize,
 )
+from arithinterp.patching.digits import DigitAblationResult, digit_ablation
 from arithinterp.patching.exact import sweep
 
 __all__ = [
@@ -60,12 +63,14 @@ __all__ = [
     "default_components",
     "ablate",
     "faithfulness",
+    "digit_ablation",
     "summarize",
     "PatchResult",
     "Comparison",
     "EffectResult",
     "AblationResult",
     "FaithfulnessResult",
+    "DigitAblationResult",
     "SWEEP_SITES",
     "ATTRIBUTE_SITES",
     "METRICS",

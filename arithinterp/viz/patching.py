@@ -113,3 +113,17 @@ def plot_faithfulness(result, title: str | None = None) -> go.Figure:
         title=title or f"faithfulness {result.faithfulness:.3f} ({result.mode} ablation, {len(result.circuit)} components)",
         y_title=f"mean {result.metric} of the answer",
     )
+
+
+def plot_digit_ablation(result, title: str | None = None) -> go.Figure:
+    """Heads × answer tokens: how much each token's accuracy drops with the head ablated there."""
+    return heatmap(
+        result.drop,
+        title=title or f"accuracy drop per answer token, one head {result.mode}-ablated at that token's position",
+        x_labels=[f"answer {k}" for k in range(result.drop.shape[1])],
+        y_labels=result.heads,
+        x_title="answer token (predicted at its position)",
+        y_title="head",
+        value_name="accuracy drop",
+        signed=False,
+    )
