@@ -163,7 +163,9 @@ def probes_stage(ctx: Context) -> Section:
     prompts = ctx.prompts[: ctx.n_probe_prompts]
     acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
     section = Section(STAGE_TITLES["probes"])
-    for target in ("a", "answer"):
+    # whole numbers where each is one token; digit by digit (and the carry) where numbers are spelled out
+    targets = ("a", "answer_digit_0", "answer") if prompts.single_token_operands else ("a_digit_0", "carry_0", "answer_digit_0")
+    for target in targets:
         result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
         best = result.best()
         section.findings.append(
