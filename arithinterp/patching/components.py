@@ -33,7 +33,7 @@ class _Component:
         return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post", "embed": "resid_pre"}[self.kind]
 
 
-def _parse_components(model, components: Sequence[str], allowed: Sequence[str]) -> list[_Component]:
+def parse_components(model, components: Sequence[str], allowed: Sequence[str]) -> list[_Component]:
     if isinstance(components, str):
         components = [components]
     components = list(components)
@@ -146,7 +146,7 @@ def direct_effect(
     check_pairs(pairs)
     check_choice("direction", direction, DIRECTIONS)
     fn = metric_fn(metric)
-    parsed = _parse_components(model, default_components(model) if components is None else components, ("embed", "attn", "mlp", "head"))
+    parsed = parse_components(model, default_components(model) if components is None else components, ("embed", "attn", "mlp", "head"))
     for c in parsed:
         if c.position is not None:
             raise ConfigError(f"component {c.name!r}: direct effects are taken over every position; drop the '@{c.position}'")
@@ -305,7 +305,7 @@ def _n_scored(prompts) -> int:
     return prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
 
 
-def _ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512) -> torch.Tensor:
+def ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512) -> torch.Tensor:
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
     complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
 
@@ -348,8 +348,8 @@ def _ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, sc
     return out
 
 
-def _token_scores(prompts) -> Callable:
-    """A score for :func:`_ablated_scores`: per answer token, argmax correct and log-probability,
+def token_scores(prompts) -> Callable:
+    """A score for :func:`ablated_scores`: per answer token, argmax correct and log-probability,
     ``[B, n_scored, 2]`` (padding of shorter answers counts as correct with log-probability 0)."""
     n_scored = _n_scored(prompts)
 
@@ -380,10 +380,10 @@ def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mea
     check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
-    parsed = _parse_components(model, components, ("attn", "mlp", "head", "neuron"))
-    score = _token_scores(prompts)
-    before = _ablated_scores(model, prompts, [], mode, seed, keep=False, score=score)
-    after = _ablated_scores(model, prompts, parsed, mode, seed, keep=False, score=score)
+    parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"))
+    score = token_scores(prompts)
+    before = ablated_scores(model, prompts, [], mode, seed, keep=False, score=score)
+    after = ablated_scores(model, prompts, parsed, mode, seed, keep=False, score=score)
     token_correct_before, token_correct_after = before[..., 0].bool(), after[..., 0].bool()
     correct_before, correct_after = token_correct_before.all(1), token_correct_after.all(1)
     return AblationResult(
@@ -459,7 +459,7 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
     check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
-    parsed = _parse_components(model, list(circuit), ("attn", "mlp", "head")) if len(circuit) else []
+    parsed = parse_components(model, list(circuit), ("attn", "mlp", "head")) if len(circuit) else []
     prompts = prompts.with_scoring("first_token")
 
     def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]
@@ -473,7 +473,7 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
         return torch.stack([values.float(), (logits.argmax(-1) == answer).float()], dim=1)
 
     def mean_score(components, keep):
-        return _ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score).mean(0).tolist()
+        return ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score).mean(0).tolist()
 
     # nothing ablated; everything outside the circuit; everything
     (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = mean_score([], False), mean_score(parsed, True), mean_score([], True)

@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.patching.components import _ablated_scores, _parse_components, _token_scores
+from arithinterp.patching.components import ablated_scores, parse_components, token_scores
 from arithinterp.patching.core import ABLATION_MODES, check_choice
 from arithinterp.results import Result, build_meta
 
@@ -79,12 +79,12 @@ def digit_ablation(
         raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers (e.g. zoo:add-3digit)")
     cfg = model.cfg
     names = [f"L{layer}H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)] if heads is None else heads
-    parsed = _parse_components(model, names, ("head",))
+    parsed = parse_components(model, names, ("head",))
     if any(c.position is not None for c in parsed):
         raise ConfigError("heads are ablated at each answer position in turn; name them without '@position'")
     prompts = prompts.with_scoring("full_answer")
-    score = _token_scores(prompts)
-    correct = lambda components: _ablated_scores(model, prompts, components, mode, seed, keep=False, score=score)[..., 0]  # noqa: E731
+    score = token_scores(prompts)
+    correct = lambda components: ablated_scores(model, prompts, components, mode, seed, keep=False, score=score)[..., 0]  # noqa: E731
     baseline = correct([]).mean(0)
     accuracy = torch.empty(len(parsed), n_answer)
     cells = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
