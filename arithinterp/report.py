@@ -33,7 +33,6 @@ class Section:
     findings: list[str] = field(default_factory=list)
     figures: list[Any] = field(default_factory=list)
     seconds: float = 0.0
-    skipped: Optional[str] = None  # why the stage does not apply to this model, when it does not
 
 
 @dataclass
@@ -357,7 +356,7 @@ def report(
         try:
             section = STAGES[name](ctx)
         except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
-            section = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"], skipped=str(why))
+            section = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"])
             if stages is not None:  # asked for by name: say so here too, not only in the page
                 warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
         section.seconds = time.perf_counter() - stage_start
