@@ -163,6 +163,35 @@ def neurons_command(args: argparse.Namespace) -> dict:
     return _finish(result, args, dict(neurons=len(result.layer), coverage=result.coverage()))
 
 
+@command("ablate")
+def ablate_command(args: argparse.Namespace) -> dict:
+    """Ablate components and compare accuracy and answer log-probability with the full model."""
+    from arithinterp import patching
+
+    model, prompts = _model_and_prompts(args)
+    if args.full_answer:
+        prompts = prompts.with_scoring("full_answer")
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
+    result = patching.ablate(model, prompts, components, mode=args.mode, seed=args.seed)
+    token_accuracy = [round(float(t), 4) for t in result.token_correct_after.float().mean(0)]
+    return _finish(result, args, dict(components=result.components, mode=args.mode, accuracy_before=round(result.accuracy_before, 4),
+                                      accuracy_after=round(result.accuracy_after, 4), token_accuracy_after=token_accuracy))
+
+
+@command("digits")
+def digits_command(args: argparse.Namespace) -> dict:
+    """Ablate each head at each answer position alone and score that answer digit."""
+    from arithinterp import patching
+
+    model, prompts = _model_and_prompts(args)
+    result = patching.digit_ablation(model, prompts, mode=args.mode, seed=args.seed, progress=not args.no_progress)
+    worst = int(result.drop.flatten().argmax())
+    head, token = divmod(worst, result.drop.shape[1])
+    return _finish(result, args, dict(prompts=len(prompts), baseline=[round(float(v), 4) for v in result.baseline],
+                                      largest_drop=dict(head=result.heads[head], answer_token=token,
+                                                        drop=round(float(result.drop[head, token]), 4))))
+
+
 # --- train ---------------------------------------------------------------------------------------
 
 
@@ -243,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = analysis("neurons", "classify the most important MLP neurons into heuristics")
     p.add_argument("--top-k", type=int, default=50, help="most important neurons per layer (default: 50)")
     p.add_argument("--threshold", type=float, default=0.6, help="score needed to assign a heuristic (default: 0.6)")
+
+    p = analysis("ablate", "ablate components and compare accuracy with the full model")
+    p.add_argument("--components", default="attn0", help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
+                   "@final, @answer2 or @3 (default: attn0)")
+    p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
+    p.add_argument("--full-answer", action="store_true", help="score every answer token, teacher-forced (multi-token answers)")
+    p = analysis("digits", "which head computes which answer digit (multi-token answers)", default_model="zoo:add-3digit")
+    p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")

@@ -39,8 +39,12 @@ def test_no_command_prints_help(capsys):
         (["fourier"], lambda s: 0 <= s["key_fraction"] <= 1),
         (["helix"], lambda s: abs(s["fraction_of_layer_patch"]["layer patch"] - 1) < 1e-6),
         (["neurons", "--top-k", "10"], lambda s: s["neurons"] == 20),
+        (["ablate", "--components", "mlp0"], lambda s: s["accuracy_before"] == 1.0 and s["accuracy_after"] < 0.5),
+        (["ablate", "zoo:add-3digit", "--components", "L0H0@answer3", "--full-answer"],
+         lambda s: s["token_accuracy_after"][:3] == [1.0, 1.0, 1.0] and s["token_accuracy_after"][3] < 0.6),
+        (["digits"], lambda s: s["largest_drop"]["head"].startswith("L0") and s["largest_drop"]["drop"] > 0.4),
     ],
-    ids=lambda v: v[0] if isinstance(v, list) else "",
+    ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else "",
 )
 def test_analysis_commands_write_results_and_figures(command, check, tmp_path, capsys):
     out, figure = tmp_path / "result", tmp_path / "figure.html"
