@@ -21,6 +21,7 @@ the *floor*: one forward per cell that starts at the patched layer and position,
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import tempfile
@@ -186,7 +187,8 @@ def main(argv=None) -> list[dict]:
     prefix_tokens = len(model.tokenizer(prompts.prefix, add_special_tokens=False)["input_ids"])
     pairs = prompts.counterfactual(vary="a", seed=0)[: args.fewshot_pairs]
     rows += bench_setup(f"{model.cfg.model_name}, {prefix_tokens}-token few-shot prefix", model, pairs, args.runs)
-    text = table(rows, args.runs)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    text = table(rows, args.runs) + f"\n\nLoad average (1 min) at the end of the run: {load:.2f} on {os.cpu_count()} CPUs."
     print(text)
     if args.write:
         write_section(args.write, text)
