@@ -305,29 +305,36 @@ def _n_scored(prompts) -> int:
     return prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
 
 
-def ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512) -> torch.Tensor:
+def ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512,
+                   means: Optional[dict] = None) -> torch.Tensor:
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
     complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
 
     With ``scoring="full_answer"`` the answer's tokens but the last are fed after the prompt, so the
     logits at the last ``n_scored`` positions predict each answer token (teacher forcing).
+    ``means``: a dict kept across calls on the same prompts, so mean ablation computes each hook's
+    mean activation once.
     """
     n_scored, out = _n_scored(prompts), None
     generator = torch.Generator().manual_seed(seed)
+    means = {} if means is None else means
     with torch.inference_mode():
-        for group in prompts.length_groups():
+        for g, group in enumerate(prompts.length_groups()):
             fed = torch.cat([prompts.unpadded(group), prompts.answer_tokens[group, : n_scored - 1].clamp(min=0)], dim=1)
             offset, length = prompts.offset(group), fed.shape[1]
             masks = _ablation_masks(model, prompts, parsed, group, offset, length, keep)
             reference = {}
-            if mode != "zero" and masks:  # the group's own activations give the mean / the resampled values
-                _, cache = model.run_with_cache(fed, names_filter=lambda name: name in masks)
-                for name in masks:
+            needed = [name for name in masks if mode == "resample" or (g, name) not in means] if mode != "zero" else []
+            if needed:  # the group's own activations give the mean / the resampled values
+                _, cache = model.run_with_cache(fed, names_filter=lambda name: name in needed)
+                for name in needed:
                     act = cache[name]
                     if mode == "mean":
-                        reference[name] = act.mean(0, keepdim=True).expand_as(act)
+                        means[g, name] = act.mean(0, keepdim=True)
                     else:
                         reference[name] = act[torch.randperm(len(group), generator=generator)]
+            if mode == "mean":
+                reference = {name: means[g, name].expand(len(group), *means[g, name].shape[1:]) for name in masks}
             for chunk in torch.arange(len(group)).split(batch_size):
 
                 def hook_for(name):

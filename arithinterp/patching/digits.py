@@ -83,8 +83,11 @@ def digit_ablation(
     if any(c.position is not None for c in parsed):
         raise ConfigError("heads are ablated at each answer position in turn; name them without '@position'")
     prompts = prompts.with_scoring("full_answer")
-    score = token_scores(prompts)
-    correct = lambda components: ablated_scores(model, prompts, components, mode, seed, keep=False, score=score)[..., 0]  # noqa: E731
+    score, means = token_scores(prompts), {}  # each layer's mean head output is computed once
+
+    def correct(components) -> torch.Tensor:  # [n_prompts, n_answer] whether each token is the argmax
+        return ablated_scores(model, prompts, components, mode, seed, keep=False, score=score, means=means)[..., 0]
+
     baseline = correct([]).mean(0)
     accuracy = torch.empty(len(parsed), n_answer)
     cells = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
