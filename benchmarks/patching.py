@@ -129,8 +129,9 @@ def table(rows: list[dict], runs: int) -> str:
         "patched layer and position on (estimated from a measured unpatched forward); "
         "max |diff| = largest difference of the per-pair logit difference over all cells. "
         "cells (run): cells swept (cells actually run; the others are the base run — they patch in an "
-        "activation identical to the base run's, at every position before the varied operand — or the source "
-        "run — a residual patch that makes the whole residual stream the source's, as at layer 0 on the operand). "
+        "activation identical to the base run's: every position before the varied operand, and at layer 0 every "
+        "token the prompts share — or the source run — a residual patch that makes the whole residual stream the "
+        "source's, as at layer 0 on the operand). "
         "Beating the floor comes from stacking cells into large batches, starting each in the patched "
         "layer's first changed position, computing only the final position in the last block, and the settled cells. "
         "TransformerLens / floor is the most any one-forward-per-cell method could gain over TransformerLens.",
