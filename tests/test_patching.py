@@ -68,7 +68,7 @@ def zoo():
 # --- identical numbers to TransformerLens ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["replica", "hooks"])
+@pytest.mark.parametrize("engine", ["stepped", "hooks"])
 @pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
 def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
     ours = patching.sweep(tiny_model, pairs, site, engine=engine, progress=False)
@@ -81,7 +81,7 @@ def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
 def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
     model, zoo_pairs = zoo
     ours = patching.sweep(model, zoo_pairs, site, progress=False)
-    assert ours.meta["engine"][0].startswith("replica")
+    assert ours.meta["engine"][0].startswith("stepped")
     assert (ours.values - _tl_values(model, zoo_pairs, site)).abs().max() <= 1e-4
 
 
@@ -92,7 +92,7 @@ def test_replica_equals_model_hooks_for_every_site(few_shot, site):
     units = dict(neurons=[7, 100]) if site in ("mlp_pre", "mlp_post") else {}
     for kwargs in (dict(layers=[0, 2]), dict(per_position=False), dict(positions=["a", "final", 4], layers=[1])):
         kwargs = {**kwargs, **units}
-        fast = patching.sweep(model, fs_pairs, site, engine="replica", batch_cells=3, progress=False, **kwargs)
+        fast = patching.sweep(model, fs_pairs, site, engine="stepped", batch_cells=3, progress=False, **kwargs)
         slow = patching.sweep(model, fs_pairs, site, engine="hooks", progress=False, **kwargs)
         assert fast.values.shape == slow.values.shape
         assert (fast.values - slow.values).abs().max() <= 1e-4, kwargs
@@ -121,7 +121,7 @@ def _known_results(model, pairs):
     """Both cells on both engines: the replica recognises them as the source run, hooks run them."""
     last = model.cfg.n_layers - 1
     values = []
-    for engine in ("replica", "hooks"):
+    for engine in ("stepped", "hooks"):
         operand = patching.sweep(model, pairs, "resid_pre", layers=[0], positions=["a"], normalize=True, engine=engine, progress=False)
         final = patching.sweep(model, pairs, "resid_post", layers=[last], positions=["final"], normalize=True, engine=engine, progress=False)
         values += [operand.mean.item(), final.mean.item()]
@@ -358,7 +358,7 @@ def test_result_frame_plot_and_round_trip(tiny_model, pairs, tmp_path):
         (dict(site="resid_pre", layers=[7]), SiteError, "0..1"),
         (dict(site="resid_pre", metric="accuracy"), ConfigError, "logit_diff"),
         (dict(site="resid_pre", direction="sideways"), ConfigError, "denoise"),
-        (dict(site="resid_pre", engine="gpu"), ConfigError, "replica"),
+        (dict(site="resid_pre", engine="gpu"), ConfigError, "stepped"),
         (dict(site="resid_pre", positions=["c"]), SiteError, "final"),
         (dict(site="resid_pre", heads=[0]), SiteError, "heads apply"),
         (dict(site="attn_z", heads=[9]), SiteError, "0..3"),

@@ -1,0 +1,11 @@
+"""The intervention engine: the one place that runs a model with hooks or steps its blocks.
+
+Analyses say *what* to change and *what* to read; the engine decides how to run the forward:
+:mod:`~arithinterp.engine.stepping` resumes the model's own blocks from any layer and position,
+:mod:`~arithinterp.engine.patches` stacks many patch cells into one resumed run.
+"""
+
+from arithinterp.engine.patches import PatchRunner, patch_mask
+from arithinterp.engine.stepping import BaseRun, Stepper, stepper_for
+
+__all__ = ["BaseRun", "PatchRunner", "Stepper", "patch_mask", "stepper_for"]

@@ -1,0 +1,178 @@
+"""Stacked activation patches: many patch cells of one site and layer in one resumed run.
+
+A *cell* patches one site at one layer, at one position per pair (or every position) and for one
+head or neuron (or all of them), with the source run's value. :class:`PatchRunner` holds a base
+run and a source run of the same prompts and returns the final-position logits of a stack of cells
+``[C, B, V]``, resuming the model at the patched layer and earliest patched position
+(:mod:`arithinterp.engine.stepping`), or running whole forwards where the model cannot be stepped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from arithinterp import sites as site_lib
+from arithinterp.engine.stepping import Stepper
+
+UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
+RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstream depends on them alone
+UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see PatchRunner.cell_states)
+
+
+def patch_mask(site: str, shape: tuple, start: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+    """Boolean mask over an activation ``[C, B, ...]`` (positions from ``start`` on) for the patched cells.
+
+    ``pos [C, B]`` is each row's patched position (None: every position), ``unit [C]`` each
+    cell's head or neuron (None: all of them). Activations are ``[C, B, S, ...]``; attention
+    patterns ``[C, B, H, S, T]`` (query positions on dim 3); ``attn_z`` ``[C, B, S, H, d_head]``.
+    """
+    C, B = shape[0], shape[1]
+    if site == "pattern":
+        n_pos, n_unit = shape[3], shape[2]
+    else:
+        n_pos = shape[2]
+        n_unit = shape[3] if site in UNIT_SITES else 1
+    device = pos.device if pos is not None else None
+    if pos is None:
+        pos_mask = torch.ones(C, B, n_pos, dtype=torch.bool, device=device)
+    else:
+        pos_mask = torch.arange(start, start + n_pos, device=device)[None, None, :] == pos[:, :, None]
+    if unit is None:
+        unit_mask = torch.ones(C, n_unit, dtype=torch.bool, device=device)
+    else:
+        unit_mask = torch.arange(n_unit, device=unit.device)[None, :] == unit[:, None]
+    if site == "pattern":
+        return (pos_mask[:, :, None, :] & unit_mask[:, None, :, None])[..., None]
+    if site == "attn_z":
+        return (pos_mask[:, :, :, None] & unit_mask[:, None, None, :])[..., None]
+    if site in UNIT_SITES:
+        return pos_mask[:, :, :, None] & unit_mask[:, None, None, :]
+    return pos_mask[..., None]
+
+
+def _position_dim(site: str) -> int:
+    return 2 if site == "pattern" else 1
+
+
+class PatchRunner:
+    """Base and source runs of one group of equal-length prompts, and patched runs between them.
+
+    ``stepper`` is the model's :class:`Stepper`, or ``None`` to run whole forwards with a hook.
+    ``base_logits`` / ``source_logits`` are the unpatched final-position logits ``[B, V]``.
+    """
+
+    def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor):
+        self.model, self.stepper, self.site = model, stepper, site
+        self.tokens = base_tokens
+        self.n_layers = site_lib.n_layers(model)
+        if site == "resid_mid" and getattr(model.cfg, "parallel_attn_mlp", False):
+            from arithinterp.errors import SiteError
+
+            raise SiteError("'resid_mid' does not exist in parallel attention/MLP blocks; patch attn_out or mlp_out")
+        names = [self._read_name(layer) for layer in range(self.n_layers)]
+        extra = [site_lib.hook_name("resid_pre", layer) for layer in range(self.n_layers)] if site == "resid_mid" else []
+        if stepper is not None:
+            self.base = stepper.base(base_tokens, read=names + extra)
+            self.source = stepper.base(source_tokens, read=names)
+            self.base_logits, self.source_logits = self.base.logits, self.source.logits
+            base_acts, source_acts = self.base.acts, self.source.acts
+        else:
+            self.base, self.source = None, None
+            self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra)
+            self.source_logits, source_acts = _cached_run(model, source_tokens, names)
+        self.base_acts = [self._shaped(base_acts[name]) for name in names]
+        self.source_acts = [self._shaped(source_acts[name]) for name in names]
+        self.base_resid_pre = [base_acts[name] for name in extra]
+
+    def _read_name(self, layer: int) -> str:
+        return site_lib.hook_name(self.site, layer)
+
+    def _shaped(self, activation: torch.Tensor) -> torch.Tensor:
+        """Split heads of a flat ``attn_z`` ``[B, T, H * d_head]`` (bridges fire it flat)."""
+        if self.site == "attn_z" and activation.ndim == 3:
+            return activation.unflatten(-1, (self.model.cfg.n_heads, -1))
+        return activation
+
+    @property
+    def reuses_prefix(self) -> bool:
+        return self.stepper is not None and self.stepper.reuses_prefix
+
+    def cell_states(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+        """What each cell's patch does to each pair, ``[C, B]``: ``UNCHANGED`` (the source activation
+        equals the base one where it is patched: the patched run is the base run), ``SOURCE`` (a
+        residual-stream site that then equals the source run's at every position: everything
+        downstream, the logits included, is the source run's) or ``RUN``."""
+        site = self.site
+        C = pos.shape[0] if pos is not None else len(unit) if unit is not None else 1
+        if self.stepper is None:  # whole forwards are the reference path: every cell is run
+            return torch.full((C, self.tokens.shape[0]), RUN)
+        neq = self.source_acts[layer] != self.base_acts[layer]
+        if site == "pattern":
+            per = neq.any(-1).transpose(1, 2)  # [B, T_query, H]
+        elif site == "attn_z":
+            per = neq.any(-1)  # [B, T, H]
+        elif site in UNIT_SITES:
+            per = neq  # [B, T, d_mlp]
+        else:
+            per = neq.any(-1, keepdim=True)  # [B, T, 1]
+        per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)  # [C or 1, B, T]
+        per = per.expand(C, -1, -1)
+        if pos is None:  # every position patched
+            patched, elsewhere = per.any(-1), torch.zeros(per.shape[:2], dtype=torch.bool, device=per.device)
+        else:
+            patched = per.gather(2, pos[:, :, None])[..., 0]
+            elsewhere = per.sum(-1) > patched.long()
+        states = torch.where(patched, RUN, UNCHANGED)
+        if site in RESIDUAL_SITES:
+            states = torch.where(patched & ~elsewhere, SOURCE, states)
+        return states
+
+    def patched(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+        """Final-position logits ``[C, B, V]`` of the base run with each cell's patch applied."""
+        site = self.site
+        B = self.tokens.shape[0]
+        C = len(pos) if pos is not None else len(unit) if unit is not None else 1
+        start = int(pos.min()) if pos is not None and self.reuses_prefix else 0
+        dim = _position_dim(site)
+        base = self.base_acts[layer].narrow(dim, start, self.base_acts[layer].shape[dim] - start)
+        source = self.source_acts[layer].narrow(dim, start, base.shape[dim])
+        if site == "resid_mid":  # reached through attn_out: resid_mid = resid_pre + attn_out
+            resid_pre = self.base_resid_pre[layer].narrow(1, start, base.shape[1])
+            base, source = base - resid_pre, source - resid_pre
+        mask = patch_mask(site, (C, *base.shape), start, pos, unit)
+
+        def patch(activation, hook=None):
+            stacked = activation.reshape(C, *base.shape)
+            return torch.where(mask, source[None].to(stacked.dtype), stacked).reshape(activation.shape)
+
+        if self.stepper is None:
+            name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
+            logits = self.model.run_with_hooks(self.tokens.repeat(C, 1), fwd_hooks=[(name, patch)], return_type="logits")
+            return logits[:, -1].reshape(C, B, -1)
+        stepper = self.stepper
+        if site in ("resid_pre", "resid_post"):
+            entry = layer + (site == "resid_post")
+            hidden = patch(base[None].expand(C, *base.shape)).flatten(0, 1)
+            if entry == self.n_layers:
+                logits = stepper.unembed(hidden[:, -1:])[:, 0]
+            else:
+                logits = stepper.resume(self.base, entry, hidden, start, n_stack=C)
+        else:
+            name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
+            hidden = self.base.resid[layer][:, start:].repeat(C, 1, 1)
+            logits = stepper.resume(self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C)
+        return logits.reshape(C, B, -1)
+
+
+def _cached_run(model: Any, tokens: torch.Tensor, names: list) -> tuple[torch.Tensor, dict]:
+    """Final-position logits and the named activations of one whole forward."""
+    wanted = set(names)
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in wanted)
+    logits = logits[:, -1]
+    if not torch.isfinite(logits).all():
+        from arithinterp.errors import AnalysisError
+
+        raise AnalysisError("the model's logits on the base prompts are not finite (NaN or inf): its weights or activations are broken")
+    return logits, {name: cache[name] for name in names}

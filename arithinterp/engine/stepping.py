@@ -1,0 +1,326 @@
+"""Stepping a model's own blocks from a chosen layer and position.
+
+A patched run differs from its base run only from the patched layer on, and only at positions
+from the earliest patched one on (attention is causal). So instead of a whole forward per patch,
+the engine
+
+1. runs the base prompts once through the model itself, recording what each block was called
+   with (hidden states, attention mask, rotary tables, position ids) and, through the key/value
+   cache argument every Hugging Face decoder block takes, each layer's keys and values;
+2. resumes a stack of patched runs at block ``layer``: the block is called on positions ``s:``
+   only, with the base run's keys and values of positions ``< s`` handed in as its cache, and so
+   on through the last block.
+
+Because the model's own block modules do the arithmetic, rotary embeddings, grouped-query and
+parallel attention, gated MLPs, soft-capping and extra norms come with the model. What the engine
+slices is only the per-position call arguments it recognises; a block that takes a
+position-indexed argument it does not know, or does not use the cache, is resumed from position 0
+(still from the patched layer). Every model is checked once: resuming mid-way must reproduce the
+model's own logits, else the engine says so and the caller falls back to whole forwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from arithinterp.errors import AnalysisError
+
+# call arguments that carry a position axis, and where it is
+_POSITION_AXIS = {"position_ids": -1, "cache_position": -1, "position_embeddings": -2, "attention_mask": -2}
+_CHECK_TOLERANCE = 1e-4  # relative to the logits' scale
+
+
+def _is_cache(value: Any) -> bool:
+    return hasattr(value, "update") and hasattr(value, "get_seq_length")
+
+
+class _PrefixCache:
+    """A stand-in for a Hugging Face key/value cache.
+
+    A block's attention calls ``update(keys, values, layer)`` with the keys and values of the
+    positions it computes and attends over what comes back. Here that is the stored prefix
+    (positions ``< s``) followed by the new ones; with ``record`` the full tensors are kept.
+    """
+
+    def __init__(self, prefix: Optional[dict] = None, record: bool = False):
+        self.prefix = prefix or {}
+        self.record = record
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, keys, values, layer_idx, *args, **kwargs):
+        if layer_idx in self.prefix:
+            old_k, old_v = self.prefix[layer_idx]
+            keys, values = torch.cat([old_k, keys], dim=-2), torch.cat([old_v, values], dim=-2)
+        if self.record:
+            self.kv[layer_idx] = (keys, values)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        prefix = self.prefix.get(layer_idx)
+        return 0 if prefix is None else int(prefix[0].shape[-2])
+
+
+@dataclass
+class BaseRun:
+    """What a base forward leaves behind for resuming patched runs from any layer.
+
+    ``resid[l]`` is the input of block ``l`` ``[B, T, d]`` (``resid[n_layers]`` the final
+    residual); ``calls[l]`` block ``l``'s other call arguments; ``kv[l]`` its keys and values
+    (``[B, heads, T, d_head]`` each) when the blocks use a cache; ``logits`` ``[B, V]`` at the final
+    position; ``acts`` the activations read by name.
+    """
+
+    tokens: torch.Tensor
+    resid: list
+    calls: list
+    kv: Optional[dict]
+    logits: torch.Tensor
+    acts: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+class Stepper:
+    """Runs a model's blocks from any layer and position (see the module docstring)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        blocks = getattr(model, "blocks", None)
+        if blocks is None or not hasattr(model, "unembed"):
+            raise AnalysisError("the model has no 'blocks' and 'unembed': its blocks cannot be stepped")
+        self.blocks = list(blocks)
+        self.n_layers = len(self.blocks)
+        self.final_norm = getattr(model, "ln_final", None) or torch.nn.Identity()
+        component = getattr(self.blocks[0], "original_component", self.blocks[0])
+        self._signature = inspect.signature(component.forward)
+        cap = float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+        self.logit_cap = cap if cap > 0 else None
+        self.reuses_prefix = True  # settled by check()
+
+    # --- base run -------------------------------------------------------------------------------
+
+    def base(self, tokens: torch.Tensor, read: Sequence[str] = ()) -> BaseRun:
+        """Run ``tokens [B, T]`` through the model, recording what resuming needs and ``read``."""
+        model = self.model
+        resid: list = [None] * (self.n_layers + 1)
+        calls: list = [None] * self.n_layers
+        cache = _PrefixCache(record=True)
+        acts: dict = {}
+
+        def before(layer):
+            def hook(module, args, kwargs):
+                bound = self._bind(args, kwargs)
+                resid[layer] = bound.pop("hidden_states")
+                for key, value in list(bound.items()):
+                    if _is_cache(value):
+                        bound[key] = cache
+                calls[layer] = bound
+                return (resid[layer],), bound
+
+            return hook
+
+        def after_last(module, args, output):
+            resid[self.n_layers] = output[0] if isinstance(output, tuple) else output
+
+        def keep(name):
+            def hook(activation, hook):
+                acts[name] = activation  # under the name asked for (a hook's own name may be the aliased one)
+
+            return hook
+
+        handles = [block.register_forward_pre_hook(before(i), with_kwargs=True) for i, block in enumerate(self.blocks)]
+        handles.append(self.blocks[-1].register_forward_hook(after_last))
+        try:
+            with self._cache_reaches_attention(cache), model.hooks(fwd_hooks=[(name, keep(name)) for name in read]):
+                logits = model(tokens, return_type="logits")
+        finally:
+            for handle in handles:
+                handle.remove()
+        logits = logits[:, -1]
+        if not torch.isfinite(logits).all():
+            raise AnalysisError(
+                "the model's logits on the base prompts are not finite (NaN or inf): its weights or "
+                "activations are broken, so every patching number would be NaN"
+            )
+        kv = dict(cache.kv) if len(cache.kv) == self.n_layers else None
+        if kv is None:
+            self.reuses_prefix = False
+        return BaseRun(tokens, resid, calls, kv, logits, acts)
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict:
+        bound = dict(self._signature.bind_partial(*args, **kwargs).arguments)
+        for name, parameter in self._signature.parameters.items():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in bound:
+                bound.update(bound.pop(name))
+        if "hidden_states" not in bound:  # the first parameter is the hidden state, whatever its name
+            first = next(iter(self._signature.parameters))
+            bound["hidden_states"] = bound.pop(first)
+        return bound
+
+    # --- resuming -------------------------------------------------------------------------------
+
+    def resume(
+        self,
+        base: BaseRun,
+        layer: int,
+        hidden: torch.Tensor,
+        start: int,
+        edits: Sequence[tuple[str, Callable]] = (),
+        n_stack: int = 1,
+    ) -> torch.Tensor:
+        """Final-position logits ``[n_stack * B, V]`` of patched runs entering block ``layer``.
+
+        ``hidden [n_stack * B, T - start, d]`` is the input of block ``layer`` at positions
+        ``start:`` for each stacked run (row ``c * B + b`` is run ``c`` of base prompt ``b``);
+        ``edits`` are ``(hook name, fn)`` pairs applied while the blocks run. ``layer ==
+        n_layers`` means ``hidden`` is the final residual stream.
+        """
+        if start > 0 and not self.reuses_prefix:
+            raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
+        prefix = None
+        if start > 0 and base.kv is not None:
+            prefix = {i: tuple(x[..., :start, :].repeat(n_stack, 1, 1, 1) for x in base.kv[i]) for i in range(layer, self.n_layers)}
+        cache = _PrefixCache(prefix)
+        with self._cache_reaches_attention(cache), self.model.hooks(fwd_hooks=list(edits)):
+            for i in range(layer, self.n_layers):
+                kwargs = {key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()}
+                out = self.blocks[i](hidden, **kwargs)
+                hidden = out[0] if isinstance(out, tuple) else out
+        return self.unembed(hidden[:, -1:])[:, 0]
+
+    @contextlib.contextmanager
+    def _cache_reaches_attention(self, cache: _PrefixCache):
+        """Hand ``cache`` to every attention module that is called without one.
+
+        Blocks pass their cache on under different names (``cache``, ``layer_past``,
+        ``past_key_values``) and not every attention reads the name its block uses, so the
+        attention modules themselves get it as ``past_key_values``.
+        """
+
+        def hook(module, args, kwargs):
+            if kwargs.get("past_key_values") is None and kwargs.get("layer_past") is None:
+                kwargs["past_key_values"] = cache
+            return args, kwargs
+
+        # TransformerLens's attention bridges read the cache as past_key_values / layer_past only
+        attentions = [block.attn for block in self.blocks if hasattr(getattr(block, "attn", None), "_update_kv_cache")]
+        handles = [attention.register_forward_pre_hook(hook, with_kwargs=True) for attention in attentions]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def unembed(self, resid: torch.Tensor) -> torch.Tensor:
+        """Logits of final-residual vectors ``[..., T, d]`` (the final norm, then the unembedding)."""
+        logits = self.model.unembed(self.final_norm(resid))
+        if self.logit_cap is not None:  # Gemma 2's final soft-capping
+            logits = self.logit_cap * torch.tanh(logits / self.logit_cap)
+        return logits
+
+    @staticmethod
+    def _slice(key: str, value: Any, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache) -> Any:
+        """A recorded call argument for the stacked runs at positions ``start:``."""
+        if value is cache or _is_cache(value) or isinstance(value, _PrefixCache):
+            return cache
+        if isinstance(value, tuple):
+            return tuple(Stepper._slice(key, v, start, n_stack, base, cache) for v in value)
+        if not isinstance(value, torch.Tensor):
+            return value
+        B = base.tokens.shape[0]
+        if start and key in _POSITION_AXIS:
+            axis = _POSITION_AXIS[key] if value.ndim > 1 or key != "attention_mask" else -1
+            if key == "attention_mask" and value.ndim == 2:
+                pass  # a key-padding mask covers every key position: keep it whole
+            else:
+                value = value.narrow(axis, start, value.shape[axis] - start)
+        if value.ndim and value.shape[0] == B and n_stack > 1:
+            value = value.repeat(n_stack, *[1] * (value.ndim - 1))
+        return value
+
+    # --- the one-time check ---------------------------------------------------------------------
+
+    def check(self, tokens: torch.Tensor) -> tuple[bool, str]:
+        """Whether resuming reproduces the model's logits on a few prompts; a status for the meta."""
+        sample = tokens[:4]
+        T = sample.shape[1]
+        base = self.base(sample)
+        scale = max(1.0, float(base.logits.abs().max()))
+        start = T // 2 if (self.reuses_prefix and T > 1 and all(c is not None for c in base.calls)) else 0
+        if start and any(self._unknown_position_argument(call, T) for call in base.calls):
+            self.reuses_prefix, start = False, 0
+        layer = self.n_layers // 2
+        try:
+            mine = self.resume(base, layer, base.resid[layer][:, start:], start)
+        except Exception as why:  # a family the stepping does not cover: say so, never guess
+            return False, f"blocks cannot be stepped ({type(why).__name__}: {why})"
+        error = float((mine - base.logits).abs().max())
+        if error > _CHECK_TOLERANCE * scale and start:  # try without the key/value prefix
+            self.reuses_prefix = False
+            mine = self.resume(base, layer, base.resid[layer], 0)
+            error = float((mine - base.logits).abs().max())
+        if error > _CHECK_TOLERANCE * scale:
+            return False, f"stepping the blocks differs from the model's logits by {error:.2e}"
+        reuse = "keys/values reused" if self.reuses_prefix else "every position recomputed"
+        return True, f"stepped blocks ({reuse}; max logit error {error:.1e})"
+
+    @staticmethod
+    def _unknown_position_argument(call: dict, T: int) -> bool:
+        for key, value in call.items():
+            tensors = value if isinstance(value, tuple) else (value,)
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and key not in _POSITION_AXIS and T in t.shape[1:]:
+                    return True
+        return False
+
+
+_STEPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(model) -> tuple:
+    """Changes whenever a parameter is replaced or modified in place."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def stepper_for(model: Any, tokens: torch.Tensor, engine: str = "auto") -> tuple[Optional[Stepper], str]:
+    """The model's :class:`Stepper` when stepping reproduces its logits, else ``None``, with a status.
+
+    ``engine="hooks"`` asks for whole forwards; ``"stepped"`` refuses to fall back. The check
+    runs once per model (again after its parameters change).
+    """
+    if engine == "hooks":
+        return None, "hooks: requested"
+    known = _STEPPERS.get(model)
+    if known is not None and known[0] == _fingerprint(model):
+        stepper, status = known[1], known[2]
+    else:
+        try:
+            stepper = Stepper(model)
+            with torch.inference_mode():
+                ok, status = stepper.check(tokens)
+        except AnalysisError:
+            raise
+        except Exception as why:  # noqa: BLE001 - reported, never swallowed silently
+            ok, status = False, f"blocks cannot be stepped ({type(why).__name__}: {why})"
+        if not ok:
+            stepper = None
+        try:
+            _STEPPERS[model] = (_fingerprint(model), stepper, status)
+        except TypeError:  # not weak-referenceable: check again next time
+            pass
+    if stepper is None:
+        if engine == "stepped":
+            raise AnalysisError(f"this model cannot be stepped block by block ({status}); use engine='hooks' or 'auto'")
+        import warnings
+
+        warnings.warn(f"patching falls back to whole forwards: {status}", RuntimeWarning, stacklevel=3)
+        return None, f"hooks: {status}"
+    return stepper, status
