@@ -1,0 +1,211 @@
+"""Interventions and reads as data, run in one forward (in the spirit of pyvene's configs).
+
+An :class:`Intervention` says *where* (site, layer, positions, heads or neurons) and *what*
+(a replacement value, or a function of the current value); a :class:`Read` says what to keep.
+:func:`run` applies them in one forward of the model and returns the logits and the reads. It is
+the only way the analyses run a model with something changed or read out (the patching sweeps
+use the block stepper in :mod:`~arithinterp.engine.stepping`, which goes further).
+
+Gradients: with ``grad=True`` every read is also a point the metric can be differentiated at,
+without touching the model's ``requires_grad`` flags, so frozen and half-precision models work at
+every layer (a zero tensor that requires grad is added at the read; its gradient is the
+activation's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from arithinterp import sites as site_lib
+from arithinterp.errors import AnalysisError, SiteError
+
+Value = Union[float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Replace part of one activation.
+
+    Args:
+        site, layer: where, in TransformerLens's vocabulary (``"mlp_post"``, 3).
+        positions: ``[B]`` one position per prompt, ``[B, k]`` several, or ``None`` for all.
+        units: heads (``attn_z``, ``pattern``) or neurons (``mlp_pre``, ``mlp_post``); ``None`` for all.
+        value: a number or tensor broadcast to the selected slice ``[B, (k,) (units,) ...]``, or a
+            function of that slice returning its replacement (a projection, a helix
+            reconstruction, ...).
+    """
+
+    site: str
+    layer: int = 0
+    positions: Optional[torch.Tensor] = None
+    units: Optional[Sequence[int]] = None
+    value: Value = 0.0
+
+    def hook_name(self) -> str:
+        return site_lib.hook_name(self.site, self.layer)
+
+    def apply(self, activation: torch.Tensor) -> torch.Tensor:
+        """The activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) with the slice replaced."""
+        out = activation.clone()
+        index = _slice_index(self.site, out, self.positions, self.units)
+        current = out[index]
+        new = self.value(current) if callable(self.value) else torch.as_tensor(self.value, dtype=out.dtype, device=out.device)
+        out[index] = new.to(out.dtype).expand_as(current) if isinstance(new, torch.Tensor) else new
+        return out.reshape(activation.shape)
+
+
+@dataclass(frozen=True)
+class Read:
+    """Keep one activation: ``[B, T, ...]``, or ``[B, ...]`` / ``[B, k, ...]`` at ``positions``."""
+
+    site: str
+    layer: int = 0
+    positions: Optional[torch.Tensor] = None
+
+    def hook_name(self) -> str:
+        return site_lib.hook_name(self.site, self.layer)
+
+    def take(self, activation: torch.Tensor) -> torch.Tensor:
+        if self.positions is None:
+            return activation
+        rows = torch.arange(activation.shape[0], device=activation.device)
+        pos = self.positions.to(activation.device)
+        if self.site == "pattern":
+            activation = activation.transpose(1, 2)  # [B, Tq, H, Tk]
+        return activation[rows[:, None], pos[:, None]].squeeze(1) if pos.ndim == 1 else activation[rows[:, None], pos]
+
+
+@dataclass(frozen=True)
+class Output:
+    """``logits``: ``[B, V]`` at the final position, ``[B, T, V]`` for all, or ``None``;
+    ``reads``: one tensor per :class:`Read`, in order; ``grads``: their gradients when asked."""
+
+    logits: Optional[torch.Tensor]
+    reads: list
+    grads: Optional[list] = None
+
+
+def _heads_split(site: str, n_heads: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """Wrap ``fn`` so it sees ``attn_z`` as ``[B, T, H, d_head]`` (bridges fire it flat)."""
+
+    def wrapped(activation: torch.Tensor) -> torch.Tensor:
+        if site == "attn_z" and activation.ndim == 3:
+            out = fn(activation.unflatten(-1, (n_heads, -1)))
+            return out.flatten(-2) if out.ndim == 4 and out.shape[:2] == activation.shape[:2] else out
+        return fn(activation)
+
+    return wrapped
+
+
+def _slice_index(site: str, activation: torch.Tensor, positions: Optional[torch.Tensor], units) -> tuple:
+    B = activation.shape[0]
+    rows = torch.arange(B, device=activation.device)
+    unit_index = slice(None) if units is None else torch.as_tensor(list(units), device=activation.device)
+    if site == "pattern":  # [B, H, Tq, Tk]
+        if positions is None:
+            return (slice(None), unit_index)
+        pos = positions.to(activation.device)
+        pos = pos[:, None] if pos.ndim == 1 else pos
+        if units is None:
+            return (rows[:, None], slice(None), pos)
+        return (rows[:, None, None], unit_index[None, :, None], pos[:, None, :])
+    if positions is None:
+        return (slice(None), slice(None), unit_index) if units is not None else (slice(None),)
+    pos = positions.to(activation.device)
+    pos = pos[:, None] if pos.ndim == 1 else pos
+    if units is None:
+        return (rows[:, None], pos)
+    return (rows[:, None, None], pos[:, :, None], unit_index[None, None, :])
+
+
+def run(
+    model: Any,
+    tokens: torch.Tensor,
+    interventions: Sequence[Intervention] = (),
+    reads: Sequence[Read] = (),
+    *,
+    logits: str = "final",
+    metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+) -> Output:
+    """One forward of ``tokens [B, T]`` with ``interventions`` applied and ``reads`` kept.
+
+    ``logits``: ``"final"`` (``[B, V]``, float32), ``"all"`` (``[B, T, V]``) or ``"none"``
+    (the forward stops after the last layer any read or intervention needs). With ``metric``
+    (``f(final logits [B, V]) -> [B]``), the reads' gradients of ``metric(...).sum()`` are
+    returned too; the model's parameters are left as they are (frozen models work).
+    """
+    if logits not in ("final", "all", "none"):
+        raise AnalysisError(f"logits must be 'final', 'all' or 'none', got {logits!r}")
+    for item in (*interventions, *reads):
+        site_lib.check_layers(model, item.site, [item.layer])
+    grad = metric is not None
+    kept: list = [None] * len(reads)
+    probes: list = [None] * len(reads)
+    hooks: list = []
+    n_heads = int(model.cfg.n_heads)
+    for intervention in interventions:
+        apply = _heads_split(intervention.site, n_heads, intervention.apply)
+        hooks.append((intervention.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
+    takes = [_heads_split(read.site, n_heads, read.take) for read in reads]
+    for i, read in enumerate(reads):
+
+        def keep(activation, hook=None, i=i):
+            if grad:  # a differentiable point at the read, whatever the parameters' flags
+                probes[i] = torch.zeros_like(activation, dtype=torch.float32, requires_grad=True)
+                activation = activation + probes[i].to(activation.dtype)
+            kept[i] = takes[i](activation)
+            return activation
+
+        hooks.append((read.hook_name(), keep))
+    stop = None
+    if logits == "none" and not grad:
+        deepest = max((item.layer for item in (*interventions, *reads) if item.site not in site_lib.GLOBAL_SITES), default=0)
+        stop = deepest + 1 if deepest + 1 < site_lib.n_layers(model) else None
+    context = torch.enable_grad() if grad else torch.inference_mode()
+    with context:
+        out = model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop)
+        final = None if out is None else out[:, -1].float()
+        grads = None
+        if grad:
+            assert final is not None
+            value = metric(final)
+            if not value.requires_grad:
+                raise AnalysisError("the metric does not depend on the reads' activations; nothing to differentiate")
+            used = [p for p in probes if p is not None]
+            found = torch.autograd.grad(value.sum(), used, allow_unused=True)
+            grads, it = [], iter(found)
+            for read, probe in zip(reads, probes):
+                g = next(it) if probe is not None else None
+                grads.append(None if g is None else takes[reads.index(read)](g))
+            final = final.detach()
+            kept = [k.detach() if k is not None else None for k in kept]
+    if any(k is None for k in kept):
+        missing = [r.hook_name() for r, k in zip(reads, kept) if k is None]
+        raise SiteError(f"these reads never fired (not computed by this model): {missing}")
+    if logits == "all" and out is not None:
+        return Output(out.detach().float(), kept, grads)
+    return Output(final if logits == "final" else None, kept, grads)
+
+
+def mean_activation(activations: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The one definition of a *mean ablation* value.
+
+    ``activations [N, T, ...]`` of a reference prompt set in the left-padded frame, with each
+    prompt's unpadded length in ``lengths [N]`` (``None``: all ``T``). The mean is taken per
+    position counted from the end of the prompt (the token roles of a template line up there:
+    the final token, the ``=``, the second operand ...), over the reference prompts that have that
+    position; the result ``[T, ...]`` is in the same right-aligned frame. Every analysis that
+    mean-ablates (patching, neurons, circuits) uses this.
+    """
+    if activations.ndim < 2:
+        raise AnalysisError(f"activations must be [N, T, ...], got shape {tuple(activations.shape)}")
+    N, T = activations.shape[:2]
+    if lengths is None:
+        return activations.float().mean(0)
+    present = torch.arange(T, device=activations.device)[None, :] >= (T - lengths.to(activations.device))[:, None]  # [N, T]
+    weights = present.float().reshape(N, T, *[1] * (activations.ndim - 2))
+    count = weights.sum(0).clamp_min(1)
+    return (activations.float() * weights).sum(0) / count
