@@ -26,15 +26,26 @@ _TENSOR_FILE = "tensors.safetensors"
 _JSON_FILE = "result.json"
 
 
+def transformer_lens_version() -> str:
+    """The installed TransformerLens version, from the package metadata (the module has no
+    ``__version__`` in 4.x)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("transformer-lens", "transformer_lens"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "not installed as a package"
+
+
 def build_meta(model: Any = None, **extra: Any) -> dict[str, Any]:
     """Provenance for a result: model id, TransformerLens version, compatibility mode, extras."""
-    import transformer_lens
-
     from arithinterp import __version__
 
     meta: dict[str, Any] = {
         "arithinterp_version": __version__,
-        "transformer_lens_version": getattr(transformer_lens, "__version__", "unknown"),
+        "transformer_lens_version": transformer_lens_version(),
     }
     if model is not None:
         from arithinterp.models import model_id
