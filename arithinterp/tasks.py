@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -103,9 +104,9 @@ class PromptSet:
     answer_texts: tuple[str, ...]
     positions: dict[str, torch.Tensor]
     op: str
-    template: str
+    template: Optional[str]  # None when joined (``concat``) from sets with different templates
     modulus: Optional[int] = None
-    prefix: str = ""
+    prefix: Optional[str] = ""  # None when joined from sets with different few-shot prefixes
     prepend_bos: bool = True
     scoring: str = "first_token"
     tokenizer: Any = field(default=None, repr=False, compare=False)
@@ -155,6 +156,20 @@ class PromptSet:
         if scoring not in SCORING:
             raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
         return replace(self, scoring=scoring)
+
+    @classmethod
+    def concat(cls, parts: Sequence["PromptSet"]) -> "PromptSet":
+        """Join prompt sets (e.g. built with different few-shot prefixes); see :func:`concat`."""
+        return concat(parts)
+
+    def require_one_prefix(self, purpose: str) -> None:
+        """Raise ``TaskError`` when this set joins prompts with different prefixes or templates,
+        which ``purpose`` (building new prompts like these) cannot handle."""
+        if self.prefix is None or self.template is None:
+            raise TaskError(
+                f"{purpose} needs prompts with one template and few-shot prefix, but this set joins sets "
+                f"with different ones (concat); run it on each part and concat the results"
+            )
 
     def length_groups(self) -> list[torch.Tensor]:
         """Indices of prompts grouped by token length (each group runs unpadded)."""
@@ -270,6 +285,7 @@ class PromptSet:
         seed: int = 0,
         ops: Sequence[str] = ("+", "-", "*"),
         max_tries: int = 64,
+        distinct_first_token: bool = False,
     ) -> "PromptPairs":
         """Pair every prompt with a corrupted one whose tokens align position for position.
 
@@ -279,7 +295,14 @@ class PromptSet:
         operator from ``ops``, the answer changes). Operands are drawn from the values present
         in this set. Prompts with no aligned partner after ``max_tries`` draws are dropped and
         counted in ``pairs.meta``.
+
+        Where answers span several tokens, a clean and a corrupt answer can start with the same
+        token (27 and 29 both start with "2" when digits are tokens), so a first-token metric is
+        identically 0 on that pair. Such pairs are counted in ``pairs.meta["same_first_token"]``
+        and warned about; ``distinct_first_token=True`` draws only partners whose answer starts
+        with another token (or score every answer token with ``with_scoring("full_answer")``).
         """
+        self.require_one_prefix("counterfactual()")
         if vary not in VARY:
             raise TaskError(f"unknown vary={vary!r}; accepted: {accepted(VARY)}")
         if len(self) == 0:
@@ -322,14 +345,26 @@ class PromptSet:
         )
         clean = self[clean_rows]
         aligned = _aligned(clean, corrupt)
+        if distinct_first_token and vary != "keep_answer":
+            aligned &= clean.answer_tokens[:, 0] != corrupt.answer_tokens[:, 0]
         clean, corrupt = clean[aligned], corrupt[aligned]
         dropped = len(self) - len(clean)
         if len(clean) == 0:
+            need = " and a different first answer token" if distinct_first_token else ""
             raise TaskError(
-                f"no counterfactual partner with aligned tokens could be found for vary={vary!r}; "
+                f"no counterfactual partner with aligned tokens{need} could be found for vary={vary!r}; "
                 "widen the operand ranges or use a tokenizer where the numbers are single tokens"
             )
-        return PromptPairs(clean, corrupt, vary=vary, seed=seed, meta=dict(dropped=dropped, kept=len(clean)))
+        same = int((clean.answer_tokens[:, 0] == corrupt.answer_tokens[:, 0]).sum()) if vary != "keep_answer" else 0
+        if same:
+            warnings.warn(
+                f"{same} of {len(clean)} pairs have clean and corrupt answers that start with the same first token, "
+                "so a first-token logit difference is 0 on them; pass distinct_first_token=True, or score every "
+                "answer token with prompts.with_scoring('full_answer')",
+                stacklevel=2,
+            )
+        meta = dict(dropped=dropped, kept=len(clean), same_first_token=same)
+        return PromptPairs(clean, corrupt, vary=vary, seed=seed, meta=meta)
 
 
 @dataclass(frozen=True)
@@ -348,6 +383,11 @@ class PromptPairs:
     def __getitem__(self, index) -> "PromptPairs":
         return replace(self, clean=self.clean[index], corrupt=self.corrupt[index])
 
+    @classmethod
+    def concat(cls, parts: Sequence["PromptPairs"]) -> "PromptPairs":
+        """Join pairs (e.g. built with different few-shot prefixes); see :func:`concat`."""
+        return concat(parts)
+
     @property
     def clean_answer_token(self) -> torch.Tensor:
         return self.clean.answer_tokens[:, 0]
@@ -357,7 +397,89 @@ class PromptPairs:
         return self.corrupt.answer_tokens[:, 0]
 
 
+# --- joining -------------------------------------------------------------------------------------
+
+
+def concat(parts: Sequence[Union[PromptSet, PromptPairs]]) -> Union[PromptSet, PromptPairs]:
+    """Join prompt sets, or prompt pairs, into one, in order.
+
+    The parts may differ in few-shot prefix, template and token length: the joined tokens are
+    left-padded to the longest part and every position moves with its tokens, so each position
+    still points at its operand (and clean and corrupt prompts of pairs stay aligned). The parts
+    must share the tokenizer, operator, modulus, scoring, BOS setting and position names.
+    ``meta["parts"]`` records each part's size, prefix and template; a joined set with several
+    prefixes or templates has ``prefix`` / ``template`` ``None``.
+    """
+    parts = list(parts)
+    if not parts:
+        raise TaskError("concat needs at least one PromptSet or PromptPairs")
+    if all(isinstance(p, PromptPairs) for p in parts):
+        varies = sorted({p.vary for p in parts})
+        if len(varies) > 1:
+            raise TaskError(f"concat joins pairs that vary the same thing; got vary={varies}")
+        meta = dict(dropped=sum(p.meta.get("dropped", 0) for p in parts), kept=sum(len(p) for p in parts),
+                    same_first_token=sum(p.meta.get("same_first_token", 0) for p in parts),
+                    parts=[dict(n=len(p), seed=p.seed) for p in parts])
+        return PromptPairs(_concat_sets([p.clean for p in parts]), _concat_sets([p.corrupt for p in parts]),
+                           vary=varies[0], seed=parts[0].seed, meta=meta)
+    if all(isinstance(p, PromptSet) for p in parts):
+        return _concat_sets(parts)
+    kinds = sorted({type(p).__name__ for p in parts})
+    raise TaskError(f"concat joins a list of PromptSet or a list of PromptPairs, not a mix of {kinds}")
+
+
+def _concat_sets(parts: list[PromptSet]) -> PromptSet:
+    first = parts[0]
+    for part in parts[1:]:
+        for name in ("op", "modulus", "scoring", "prepend_bos"):
+            if getattr(part, name) != getattr(first, name):
+                what = "operator" if name == "op" else name
+                raise TaskError(f"concat joins sets with the same {what}; got {getattr(first, name)!r} and {getattr(part, name)!r}")
+        if part.meta.get("answer_digits", 0) != first.meta.get("answer_digits", 0):
+            raise TaskError("concat joins sets whose answers are written alike; answer_digits differ")
+        if set(part.positions) != set(first.positions):
+            raise TaskError(f"concat joins sets with the same positions; got {sorted(first.positions)} and {sorted(part.positions)}")
+        if part.tokenizer is not first.tokenizer and part.tokenizer.get_vocab() != first.tokenizer.get_vocab():
+            raise TaskError("concat joins sets built with the same tokenizer; these tokenizers have different vocabularies")
+    length = max(p.tokens.shape[1] for p in parts)
+    k = max(p.answer_tokens.shape[1] for p in parts)
+    pad = _pad_id(first.tokenizer)
+    tokens = torch.cat([torch.cat([torch.full((len(p), length - p.tokens.shape[1]), pad, dtype=torch.long), p.tokens], 1)
+                        for p in parts])
+    answer_tokens = torch.cat([torch.cat([p.answer_tokens, torch.full((len(p), k - p.answer_tokens.shape[1]), -1,
+                                                                      dtype=torch.long)], 1) for p in parts])
+    positions = {name: torch.cat([p.positions[name] + (length - p.tokens.shape[1]) for p in parts]) for name in first.positions}
+    one = lambda values: values[0] if len(set(values)) == 1 else None  # noqa: E731
+    n_answer = torch.cat([p.n_answer_tokens for p in parts])
+    meta = dict(
+        answer_digits=first.meta.get("answer_digits", 0),
+        operand_tokens=dict(max=max(p.meta.get("operand_tokens", {}).get("max", 1) for p in parts)),
+        answer_tokens=dict(max=k, min=int(n_answer.min()) if len(n_answer) else 0),
+        n_digits=max(p.meta.get("n_digits", 1) for p in parts),
+        parts=[dict(n=len(p), prefix=p.prefix, template=p.template) for p in parts],
+    )
+    return replace(
+        first,
+        texts=sum((p.texts for p in parts), ()),
+        tokens=tokens,
+        lengths=torch.cat([p.lengths for p in parts]),
+        a=torch.cat([p.a for p in parts]),
+        b=torch.cat([p.b for p in parts]),
+        answer=torch.cat([p.answer for p in parts]),
+        answer_tokens=answer_tokens,
+        answer_texts=sum((p.answer_texts for p in parts), ()),
+        positions=positions,
+        template=one([p.template for p in parts]),
+        prefix=one([p.prefix for p in parts]),
+        meta=meta,
+    )
+
+
 # --- building ------------------------------------------------------------------------------------
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
 
 
 def _defined(op: str, b: int) -> bool:
@@ -474,7 +596,7 @@ def _build(tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bo
         rows.append(bos + ids)
         pos["final"].append(len(bos) + len(ids) - 1)
     length = max((len(r) for r in rows), default=0)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad = _pad_id(tokenizer)
     tokens = torch.full((n, length), pad, dtype=torch.long)
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
     for i, row in enumerate(rows):

@@ -34,6 +34,7 @@ def _parse_answers(tokenizer: Any, generated: torch.Tensor, n_tokens: torch.Tens
 
 def _reprefixed(prompts: Any, prefix: str, n_ctx: Optional[int]) -> Any:
     """The same prompts with ``prefix`` in place of their own prefix (positions shifted)."""
+    prompts.require_one_prefix("re-asking with a new few-shot prefix")
     tokenizer = prompts.tokenizer
     bodies = [text[len(prompts.prefix):] for text in prompts.texts]
     ids = tokenizer([prefix + body for body in bodies], add_special_tokens=False)["input_ids"]
@@ -67,6 +68,7 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
     from arithinterp.tasks import answer_text, compute
 
     def few_shot(model: Any, prompts: Any) -> torch.Tensor:
+        prompts.require_one_prefix("re-asking with a new few-shot prefix")
         rng = random.Random(seed)
         a_pool, b_pool = prompts.a.tolist(), prompts.b.tolist()
         digits = prompts.meta.get("answer_digits", 0)
