@@ -11,7 +11,8 @@ control-backed probing practice follows RECIPES §1, §4 and §8.
   standardised inside): :class:`LogisticProbe`, :class:`RidgeProbe`, :class:`CircularProbe`,
   :class:`MLPProbe`, and :func:`make_probe`. Fitted linear probes expose ``directions_``
   ``[k, n_features]`` (unit rows in the raw activation space) for patching and steering.
-* ``layer_sweep`` — :func:`sweep`: k-fold held-out score per layer x position with 95% CIs,
+* ``layer_sweep`` — :func:`sweep`: k-fold held-out score per layer x position with 95% CIs
+  (folds grouped by operand pair whenever a pair repeats; any scikit-learn estimator, cloned),
   directions fitted on all data, and controls (shuffled labels; a random-init model's
   activations) → :class:`ProbeResult`; targets via :func:`resolve_target`.
 * ``answers`` — :func:`answer_activations`: activations at the position before each answer token,
@@ -43,7 +44,7 @@ from arithinterp.probes.estimators import (
     is_classifier_kind,
     make_probe,
 )
-from arithinterp.probes.layer_sweep import CONTROLS, ProbeResult, confidence_interval, resolve_target, sweep
+from arithinterp.probes.layer_sweep import CONTROLS, ProbeResult, confidence_interval, resolve_groups, resolve_target, sweep
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "make_probe",
     "is_classifier_kind",
     "resolve_target",
+    "resolve_groups",
     "confidence_interval",
     "sweep",
     "ProbeResult",

@@ -1,7 +1,8 @@
 """Probe sweeps over layers and positions: k-fold held-out scores with controls.
 
 Targets (:func:`resolve_target`: a prompt label, the model's own answer, or an array), the
-cross-validation folds, :func:`confidence_interval`, and :func:`sweep`, which probes every
+cross-validation folds (grouped by operand pair whenever a pair repeats, so that no pair is on
+both sides of a fold), :func:`confidence_interval`, and :func:`sweep`, which probes every
 layer x position with 95% CIs, directions fitted on all data, and controls (shuffled labels; a
 random-init model's activations) → :class:`ProbeResult`.
 """
@@ -17,8 +18,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.errors import AnalysisError, ConfigError, SiteError, TaskError, accepted
-from arithinterp.probes.estimators import KINDS, _targets, _tensor, is_classifier_kind, make_probe
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError, accepted
+from arithinterp.probes.estimators import (
+    KINDS,
+    CircularProbe,
+    LogisticProbe,
+    MLPProbe,
+    RidgeProbe,
+    _targets,
+    _tensor,
+    make_probe,
+)
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 
@@ -87,8 +97,41 @@ def resolve_target(prompts: Any, target: Any, n: int, model_answer: Any = None) 
 # --- cross-validation -----------------------------------------------------------------------------
 
 
-def _folds(y: torch.Tensor, cv: int, stratify: bool, random_state: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    from sklearn.model_selection import KFold, StratifiedKFold
+def resolve_groups(prompts: Any, groups: Any, n: int) -> tuple[Optional[np.ndarray], Optional[str]]:
+    """Cross-validation groups ``[n]`` (or ``None``: no grouping) and their name.
+
+    ``groups`` is ``"auto"`` (group by operand pair when some ``(a, b)`` occurs more than once,
+    e.g. prompt sets with several few-shot prefixes pooled; else none), ``"pair"``, a label name
+    of ``prompts.label`` (``"a"`` holds out whole a values), an array of ``n`` group ids, or
+    ``None`` (plain folds).
+    """
+    if groups is None:
+        return None, None
+    if isinstance(groups, str):
+        if prompts is None:
+            if groups == "auto":
+                return None, None
+            raise AnalysisError(f"groups={groups!r} needs activations that carry their prompts; pass an array of {n} group ids")
+        if groups in ("auto", "pair"):
+            pairs = torch.stack([prompts.a, prompts.b], 1)
+            ids = torch.unique(pairs, dim=0, return_inverse=True)[1].numpy()
+            if groups == "auto" and len(np.unique(ids)) == n:
+                return None, None
+            return ids, "pair"
+        try:
+            return prompts.label(groups).numpy(), groups
+        except ArithInterpError as error:
+            raise AnalysisError(f"groups: {error}; or 'auto', 'pair', None, or an array of {n} group ids") from error
+    ids = np.asarray(_tensor(groups, "groups"))
+    if ids.ndim != 1 or len(ids) != n:
+        raise AnalysisError(f"groups must have one group per prompt ({n}), got shape {ids.shape}")
+    return ids, "custom"
+
+
+def _folds(y: torch.Tensor, cv: int, stratify: bool, random_state: int,
+           groups: Optional[np.ndarray] = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``cv`` shuffled (train, test) index splits; every member of a group in the same fold."""
+    from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold
 
     if not isinstance(cv, (int, np.integer)) or cv < 2:
         raise ConfigError(f"cv must be an integer number of folds >= 2, got {cv!r}")
@@ -96,29 +139,83 @@ def _folds(y: torch.Tensor, cv: int, stratify: bool, random_state: int) -> list[
     if n < 2 * cv:
         raise AnalysisError(f"too few samples for {cv}-fold cross-validation: {n}; need at least {2 * cv}")
     labels = y.numpy()
-    if stratify and np.unique(labels, return_counts=True)[1].min() >= cv:
-        splitter = StratifiedKFold(cv, shuffle=True, random_state=random_state)
-    else:
-        splitter = KFold(cv, shuffle=True, random_state=random_state)
-    return list(splitter.split(np.zeros(n), labels))
+    stratify = stratify and np.unique(labels, return_counts=True)[1].min() >= cv
+    if groups is None:
+        splitter = (StratifiedKFold if stratify else KFold)(cv, shuffle=True, random_state=random_state)
+        return list(splitter.split(np.zeros(n), labels))
+    n_groups = len(np.unique(groups))
+    if n_groups < cv:
+        raise AnalysisError(f"{cv}-fold cross-validation grouped by these groups needs at least {cv} groups, "
+                            f"got {n_groups} groups; lower cv or choose other groups")
+    splitter = (StratifiedGroupKFold if stratify else GroupKFold)(cv, shuffle=True, random_state=random_state)
+    return list(splitter.split(np.zeros(n), labels, groups))
 
 
-def _probe_cell(kind: str, X: torch.Tensor, label_sets: list, folds, probe_kw: dict, random_state: int, full: bool):
-    """Held-out scores ``[len(label_sets), n_folds]`` for each label set on the same folds, and
-    (when ``full``) the probe fitted on every sample of the first label set."""
-    make = lambda: make_probe(kind, random_state=random_state, **probe_kw)  # noqa: E731
-    if kind == "logistic":  # every fold of every label set (and the full fit) in one L-BFGS run
+def _fold_scheme(cv: int, stratified: bool, groups: Optional[np.ndarray], group_name: Optional[str], asked: Any) -> dict:
+    """How the folds were made, in words (``text``) and numbers, for the result's meta."""
+    info: dict[str, Any] = dict(cv=cv, stratified=stratified, groups=group_name)
+    if groups is None:
+        why = " (no pair repeats)" if asked == "auto" and group_name is None else ""
+        info["text"] = f"{cv}-fold{', stratified by label' if stratified else ''}, ungrouped{why}"
+        return info
+    counts = np.unique(groups, return_counts=True)[1]
+    info.update(n_groups=len(counts), largest_group=int(counts.max()))
+    what = "(a, b) pair" if group_name == "pair" else ("the given groups" if group_name == "custom" else f"label {group_name!r}")
+    info["text"] = (f"{cv}-fold grouped by {what} ({len(counts)} groups, up to {int(counts.max())} prompts each)"
+                    f"{', stratified by label' if stratified else ''}")
+    return info
+
+
+def _is_classifier(estimator: Any) -> bool:
+    """Whether ``estimator`` predicts discrete labels (scored by accuracy) rather than values (R²)."""
+    from sklearn.base import is_classifier
+
+    if isinstance(estimator, (LogisticProbe, CircularProbe, MLPProbe)):
+        return True
+    if isinstance(estimator, RidgeProbe):
+        return False
+    return is_classifier(estimator)
+
+
+def _as_input(estimator: Any, X: torch.Tensor) -> Any:
+    """Our probes take tensors; other scikit-learn estimators get numpy arrays."""
+    ours = (LogisticProbe, RidgeProbe, MLPProbe)
+    return X if isinstance(estimator, ours) else X.numpy()
+
+
+def _directions(probe: Any) -> Optional[torch.Tensor]:
+    """Unit read-out rows ``[k, d]`` of a fitted linear probe (``directions_`` or ``coef_``), else None."""
+    if hasattr(probe, "directions_"):
+        return probe.directions_
+    coef = getattr(probe, "coef_", None)
+    if coef is None:
+        return None
+    coef = torch.as_tensor(np.asarray(coef), dtype=torch.float32).reshape(-1, probe.n_features_in_)
+    return coef / coef.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def _probe_cell(estimator: Any, X: torch.Tensor, label_sets: list, folds, full: bool):
+    """Held-out scores ``[len(label_sets), n_folds]`` for each label set on the same folds (each
+    fit on a fresh ``clone`` of ``estimator``), and (when ``full``) the probe fitted on every
+    sample of the first label set."""
+    from sklearn.base import clone
+
+    if type(estimator) is LogisticProbe:  # every fold of every label set (and the full fit) in one L-BFGS run
         masks = torch.zeros(len(folds), len(X), dtype=torch.bool)
         for f, (train, _) in enumerate(folds):
             masks[f, train] = True
         targets = torch.cat([y.expand(len(folds), -1) for y in label_sets] + ([label_sets[0][None]] if full else []))
         masks = torch.cat([masks] * len(label_sets) + ([torch.ones(1, len(X), dtype=torch.bool)] if full else []))
-        fitted = make().fit_many(X, targets, masks)
+        fitted = clone(estimator).fit_many(X, targets, masks)
         scores = [[fitted[s * len(folds) + f].score(X[test], y[test]) for f, (_, test) in enumerate(folds)]
                   for s, y in enumerate(label_sets)]
         return torch.tensor(scores), (fitted[-1] if full else None)
-    scores = [[make().fit(X[train], y[train]).score(X[test], y[test]) for train, test in folds] for y in label_sets]
-    return torch.tensor(scores), (make().fit(X, label_sets[0]) if full and kind != "mlp" else None)
+    X_in = _as_input(estimator, X)
+    Y_in = [_as_input(estimator, y) for y in label_sets]
+    scores = [[float(clone(estimator).fit(X_in[train], y[train]).score(X_in[test], y[test])) for train, test in folds]
+              for y in Y_in]
+    full_fit = full and not isinstance(estimator, MLPProbe)  # a non-linear probe has no directions to keep
+    return torch.tensor(scores), (clone(estimator).fit(X_in, Y_in[0]) if full_fit else None)
 
 
 def confidence_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +240,9 @@ class ProbeResult(Result):
     ``fold_scores`` [L, P, folds] (accuracy, or R² for ridge), ``control_scores``
     [C, L, P, folds] for each name in ``controls`` (same folds), ``directions`` [L, P, k, d] of
     probes fitted on all prompts (``None`` for MLP probes), ``classes`` the label of each
-    direction row. ``chance`` is the majority-class accuracy (0 for R²).
+    direction row. ``chance`` is the majority-class accuracy (0 for R²). ``fold_scheme`` says
+    how the folds were made (``meta["folds"]`` has the numbers): grouped by operand pair when a
+    pair repeats, so a probe cannot score by recognising a pair it was trained on.
     """
 
     fold_scores: torch.Tensor
@@ -159,6 +258,7 @@ class ProbeResult(Result):
     metric: str
     chance: float
     meta: dict
+    fold_scheme: str = ""
 
     @property
     def mean(self) -> torch.Tensor:
@@ -216,7 +316,7 @@ class ProbeResult(Result):
                     row = dict(site=self.site, target=self.target, kind=self.kind, source=source, layer=layer,
                                position=position, metric=self.metric, score=float(mean[li, pi]),
                                ci_low=float(low[li, pi]), ci_high=float(high[li, pi]),
-                               n_folds=scores.shape[-1], chance=self.chance)
+                               n_folds=scores.shape[-1], folds=self.fold_scheme, chance=self.chance)
                     if source == "probe":
                         for c, name in enumerate(self.controls):
                             row[f"selectivity_{name}"] = float(self.selectivity[c, li, pi])
@@ -260,10 +360,29 @@ def _pick(values: Any, available: list, what: str) -> list:
     return [available[keys.index(str(v))] for v in values]
 
 
+def _resolve_estimator(kind: Optional[str], estimator: Any, probe_kw: dict, random_state: int) -> tuple[Any, str]:
+    """The estimator to clone per fold, and its name (the ``kind`` shortcut or the class name)."""
+    if estimator is None:
+        kind = "logistic" if kind is None else kind
+        if kind not in KINDS:
+            raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(KINDS)}, or pass estimator=")
+        return make_probe(kind, **dict(dict(random_state=random_state), **probe_kw)), kind
+    if kind is not None or probe_kw:
+        given = ["kind"] * (kind is not None) + list(probe_kw)
+        raise ConfigError(f"pass either estimator= or kind= with probe options, not both (got estimator and {accepted(given)}); "
+                          "set options on the estimator itself")
+    if not all(callable(getattr(estimator, m, None)) for m in ("fit", "score", "get_params")):
+        raise ConfigError(f"estimator must be a scikit-learn-style estimator with fit, score and get_params, "
+                          f"got {type(estimator).__name__}; for a named probe use kind={accepted(KINDS)}")
+    names = {cls: kind for kind, cls in (("logistic", LogisticProbe), ("ridge", RidgeProbe),
+                                         ("circular", CircularProbe), ("mlp", MLPProbe))}
+    return estimator, names.get(type(estimator), type(estimator).__name__)
+
+
 def sweep(
     acts: Any,
     target: Any,
-    kind: str = "logistic",
+    kind: Optional[str] = None,
     site: Optional[str] = None,
     layers: Optional[Sequence[int]] = None,
     positions: Optional[Sequence[Union[str, int]]] = None,
@@ -273,6 +392,8 @@ def sweep(
     model_answer: Any = None,
     random_state: int = 0,
     progress: bool = True,
+    groups: Any = "auto",
+    estimator: Any = None,
     **probe_kw: Any,
 ) -> ProbeResult:
     """Probe ``target`` at every layer × position of ``acts`` with k-fold held-out scores.
@@ -281,7 +402,18 @@ def sweep(
         acts: an ``Activations``; its ``data[site]`` is ``[N, n_layers, n_positions, *site_shape]``
             (per-head / per-neuron shapes are flattened into features).
         target: a label name (see :func:`resolve_target`) or an array of N labels.
-        kind: ``"logistic"``, ``"ridge"``, ``"circular"`` or ``"mlp"``; ``probe_kw`` go to the probe.
+        kind: a shortcut for one of our probes, ``"logistic"`` (default), ``"ridge"``,
+            ``"circular"`` or ``"mlp"``; ``probe_kw`` go to the probe.
+        estimator: instead of ``kind``, any scikit-learn-style estimator (``fit`` / ``score`` /
+            ``get_params``, e.g. ``LogisticRegression(C=0.1)`` or ``RidgeProbe(alpha=10)``); it
+            is ``clone``-d for every fit and never fitted itself. Classifiers are scored by
+            accuracy, regressors by R² (their ``score``).
+        groups: which prompts must share a fold. ``"auto"`` (default) groups by operand pair
+            ``(a, b)`` whenever a pair occurs more than once (pooled few-shot prefixes or
+            templates): a probe that recognises a pair it was trained on then cannot score.
+            ``"pair"``, a label name (``"a"`` holds out whole a values), an array of N group
+            ids, or ``None`` (plain folds, even with repeated pairs). The scheme used is in
+            ``result.fold_scheme`` and ``result.meta["folds"]``.
         controls: ``"shuffled"`` (the same probe on permuted labels) and/or ``"random_init"``
             (the same probe on ``control_acts``, the activations of a random-init copy of the model
             on the same prompts — ``arithinterp.models.random_like``); giving ``control_acts``
@@ -292,9 +424,7 @@ def sweep(
     selectivity = probe − control, and the probe directions fitted on all prompts.
     """
     _check_acts(acts)
-    if kind not in KINDS:
-        raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(KINDS)}")
-    make_probe(kind, **probe_kw)  # validates probe options before any work
+    estimator, kind = _resolve_estimator(kind, estimator, probe_kw, random_state)
     site = _pick_site(acts, site)
     layers = _pick(layers, list(acts.layers), "layers")
     positions = _pick(positions, list(acts.positions), "positions")
@@ -312,12 +442,18 @@ def sweep(
                 f"{tuple(acts.data[site].shape)}; collect them on the same prompts, layers and positions"
             )
     n = acts.data[site].shape[0]
-    y, keep, target_name = resolve_target(getattr(acts, "prompts", None), target, n, model_answer)
-    classifier = is_classifier_kind(kind)
+    prompts = getattr(acts, "prompts", None)
+    y, keep, target_name = resolve_target(prompts, target, n, model_answer)
+    group_ids, group_name = resolve_groups(prompts, groups, n)
+    if group_ids is not None:
+        group_ids = group_ids[keep.numpy()]
+    classifier = _is_classifier(estimator)
     y = _targets(y, len(y), integer=classifier)
     if classifier and len(torch.unique(y)) < 2:
         raise AnalysisError(f"target {target_name!r} has a single class {torch.unique(y).tolist()}; nothing to probe")
-    folds = _folds(y, cv, classifier, random_state)
+    folds = _folds(y, cv, classifier, random_state, group_ids)
+    stratified = classifier and bool(torch.unique(y, return_counts=True)[1].min() >= cv)
+    scheme = _fold_scheme(cv, stratified, group_ids, group_name, groups)
     shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(random_state))]
 
     def features(source, layer, position):
@@ -331,32 +467,35 @@ def sweep(
         for li, pi in tqdm(cells, desc=f"probe {target_name}", disable=not progress):
             X = features(acts, layers[li], positions[pi])
             label_sets = [y] + ([shuffled] if "shuffled" in controls else [])
-            scores, probe = _probe_cell(kind, X, label_sets, folds, probe_kw, random_state, full=True)
+            scores, probe = _probe_cell(estimator, X, label_sets, folds, full=True)
             fold_scores[li, pi] = scores[0]
             if "shuffled" in controls:
                 control_scores[controls.index("shuffled"), li, pi] = scores[1]
             if "random_init" in controls:
                 X_control = features(control_acts, layers[li], positions[pi])
                 control_scores[controls.index("random_init"), li, pi] = _probe_cell(
-                    kind, X_control, [y], folds, probe_kw, random_state, full=False)[0][0]
-            if probe is not None:
-                directions.append(probe.directions_)
-                classes = probe.classes_.tolist() if hasattr(probe, "classes_") else (["cos", "sin"] if kind == "circular" else ["value"])
-    if directions:
+                    estimator, X_control, [y], folds, full=False)[0][0]
+            read_out = _directions(probe) if probe is not None else None
+            if read_out is not None:
+                directions.append(read_out)
+                classes = (torch.as_tensor(np.asarray(probe.classes_)).tolist() if hasattr(probe, "classes_")
+                           else (["cos", "sin"] if kind == "circular" else ["value"] * len(read_out)))
+    if directions and len(directions) == len(cells):
         directions = torch.stack(directions).reshape(len(layers), len(positions), *directions[0].shape)
     else:
         directions = None
     chance = float(torch.unique(y, return_counts=True)[1].max()) / len(y) if classifier else 0.0
-    if kind == "circular":
-        chance = float(torch.bincount(y % probe_kw.get("period", 10)).max()) / len(y)
+    if isinstance(estimator, CircularProbe):
+        chance = float(torch.bincount(y % estimator.period).max()) / len(y)
+    params = {k: v for k, v in estimator.get_params(deep=False).items() if isinstance(v, (int, float, str, bool, type(None)))}
     meta = build_meta(
         target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, random_state=random_state,
-        probe=dict(kind=kind, **probe_kw), activations=dict(getattr(acts, "meta", None) or {}),
+        probe=dict(kind=kind, **params), folds=scheme, activations=dict(getattr(acts, "meta", None) or {}),
     )
     if not keep.all():
         meta["dropped"] = dict(count=int((~keep).sum()), reason="the model's generated answer is not a number")
     return ProbeResult(
         fold_scores=fold_scores, control_scores=control_scores, directions=directions, layers=list(layers),
         positions=[str(p) for p in positions], controls=controls, classes=classes, site=site, target=target_name,
-        kind=kind, metric="accuracy" if classifier else "r2", chance=chance, meta=meta,
+        kind=kind, metric="accuracy" if classifier else "r2", chance=chance, meta=meta, fold_scheme=scheme["text"],
     )
