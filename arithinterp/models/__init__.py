@@ -83,21 +83,48 @@ def model_id(model: Any) -> str:
 def random_like(model: Any, seed: int = 0) -> Any:
     """A randomly initialised model of the same architecture and tokenizer (the probe control).
 
-    Works for TransformerLens-native bridges (every zoo model); other models raise.
+    The "random-init" control of probing: what a probe reads from an untrained network of the
+    same shape is architecture, not learning (Hewitt & Liang 2019, "Designing and Interpreting
+    Probes with Control Tasks"). Works for any bridge: TransformerLens-native models (the zoo)
+    are booted fresh from their config; Hugging Face models (local folders, GGUF files, hub ids)
+    are rebuilt from their config with the architecture's own initialisation. Seeded by ``seed``
+    without touching the caller's random stream; same dtype and device as ``model``, eval mode.
     """
-    from transformer_lens.config import TransformerBridgeConfig
-
-    if getattr(model.cfg, "architecture", None) not in (None, "TransformerLensNative"):
-        raise ModelSpecError(
-            f"random_like supports TransformerLens-native models (the zoo), not {model.cfg.architecture!r}"
-        )
-    fields = {k: v for k, v in vars(model.cfg).items() if not k.startswith("_")}
-    cfg = TransformerBridgeConfig.from_dict(dict(fields, seed=seed, init_weights=True))
-    from transformer_lens.model_bridge import TransformerBridge
-
-    clone = TransformerBridge.boot_native(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not callable(getattr(model, "parameters", None)):
+        raise ModelSpecError(f"random_like needs a hooked model (a TransformerBridge with .cfg), got {type(model).__name__}")
+    if getattr(cfg, "architecture", None) in (None, "TransformerLensNative"):
+        clone = _random_native(model, seed)
+    else:
+        clone = _random_hf(model, seed)
     clone.arithinterp_spec = f"random-init({model_id(model)}, seed={seed})"
     return clone.eval()
+
+
+def _random_native(model: Any, seed: int):
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    fields = {k: v for k, v in vars(model.cfg).items() if not k.startswith("_")}
+    cfg = TransformerBridgeConfig.from_dict(dict(fields, seed=seed, init_weights=True))
+    return TransformerBridge.boot_native(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")
+
+
+def _random_hf(model: Any, seed: int):
+    import copy
+
+    hf_model = getattr(model, "original_model", None)
+    if hf_model is None or not hasattr(hf_model, "config"):
+        raise ModelSpecError(
+            f"random_like cannot rebuild a {model.cfg.architecture!r} model: it wraps no Hugging Face model "
+            "(no .original_model with a .config); pass a bridge from load_model"
+        )
+    parameter = next(hf_model.parameters())
+    with torch.random.fork_rng(devices=[]):  # HF initialises on the CPU; leave the caller's stream alone
+        torch.manual_seed(seed)
+        fresh = type(hf_model)._from_config(copy.deepcopy(hf_model.config))
+    fresh = fresh.to(device=parameter.device, dtype=parameter.dtype).eval()
+    return _boot_hf(fresh, model.tokenizer, model_id(model), None, None)
 
 
 # --- zoo -----------------------------------------------------------------------------------------
