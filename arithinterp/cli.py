@@ -69,8 +69,8 @@ def report_command(args: argparse.Namespace) -> dict:
     from arithinterp.report import report
 
     stages = args.stages.split(",") if args.stages else None
-    path = report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
-                  progress=not args.no_progress)
+    path = report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed, template=args.template,
+                  few_shot=args.few_shot, operands=args.operands, progress=not args.no_progress)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
@@ -231,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help=f"comma-separated stages to run (default: all of {','.join(STAGES)})")
     p.add_argument("--limit", type=int, default=2000, help="at most this many task prompts (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
+    p.add_argument("--template", default=None, help="prompt template with {a} and {b} (default: the zoo task's, else {a}+{b}=)")
+    p.add_argument("--few-shot", type=int, default=0, help="solved examples before each prompt (default: 0)")
+    p.add_argument("--operands", default=None, help="operand values for a and b: LO-HI (inclusive) or 1,5,9 "
+                   "(default: the zoo task's, else the single-token numbers below 100)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 

@@ -9,6 +9,11 @@ plotly.js is embedded once, so it opens with no network. Every stage is a functi
 notebook makes. A stage that does not apply to the model (an :class:`ArithInterpError` such as
 single-token answers for the digit stage, or multi-token numbers for Fourier features) is shown
 as not run, with the reason, and the others go on.
+
+Every stage states its sample size and, below the minimum in :data:`MINIMUMS`, says "not enough
+data" instead of drawing a conclusion; where a result does not beat its control, the finding
+says "no signal above the control". Nothing is clipped: effects outside their nominal range are
+quoted as they are, and answers that are not numbers are counted, not drawn as error sizes.
 """
 
 from __future__ import annotations
@@ -22,7 +27,38 @@ from typing import Any, Callable, Optional, Union
 
 from tqdm.auto import tqdm
 
-from arithinterp.errors import ArithInterpError, ConfigError, accepted
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, TaskError, accepted
+
+# The least data each stage draws a conclusion from (count, what is counted). Below it the stage
+# says "not enough data". A mean over 30 pairs has a standard error under a fifth of the spread
+# between pairs; a 3-fold probe on 60 prompts is tested on 20 per fold; the detector's balanced
+# accuracy averages two rates, each over at least 20 held-out answers; neuron heuristics are
+# scored on maps over the (a, b) grid, which 100 prompts cover only sparsely.
+MINIMUMS: dict[str, tuple[int, str]] = {
+    "patching": (30, "counterfactual pairs"),
+    "digits": (30, "correctly answered prompts"),
+    "probes": (60, "correctly answered prompts"),
+    "errors": (20, "held-out answers of the rarer kind, wrong or correct,"),
+    "helix": (30, "counterfactual pairs"),
+    "neurons": (100, "correctly answered prompts"),
+}
+
+
+class NotEnoughData(AnalysisError):
+    """A stage has fewer samples than its minimum (:data:`MINIMUMS`); it draws no conclusion."""
+
+    def __init__(self, name: str, n: int, who: str = "this stage"):
+        minimum, what = MINIMUMS[name]
+        super().__init__(f"Not enough data: {n} {what}; {who} needs at least {minimum} {what}.")
+
+
+def require(name: str, n: int, who: str = "this stage") -> str:
+    """Raise :class:`NotEnoughData` when ``n`` is below the minimum of ``name``; else the sample
+    statement (``"385 counterfactual pairs (minimum 30)"``)."""
+    minimum, what = MINIMUMS[name]
+    if n < minimum:
+        raise NotEnoughData(name, n, who)
+    return f"{n} {what} (minimum {minimum})"
 
 
 @dataclass
@@ -33,6 +69,7 @@ class Section:
     findings: list[str] = field(default_factory=list)
     figures: list[Any] = field(default_factory=list)
     seconds: float = 0.0
+    sample: str = ""  # what the findings rest on, e.g. "385 counterfactual pairs (minimum 30)"
 
 
 @dataclass
@@ -41,10 +78,10 @@ class Context:
 
     model: Any
     spec: str
-    prompts: Any  # the prompts the model answers correctly
+    prompts: Any  # the prompts the model answers correctly (may be empty)
     all_prompts: Any  # every prompt of the task, with the model's evaluation
     evaluation: Any
-    pairs: Any
+    pairs: Any  # counterfactual pairs of the correct prompts; None when there are none
     seed: int = 0
     # how much each stage looks at: sized so the whole report runs in well under 3 minutes on 2 cores
     n_pairs: int = 200
@@ -68,28 +105,44 @@ STAGE_TITLES = {
 
 
 def accuracy_stage(ctx: Context) -> Section:
+    from arithinterp.tasks import UNPARSABLE
     from arithinterp.viz import bars
 
     ev, prompts = ctx.evaluation, ctx.all_prompts
-    errors = (ev.model_answer - prompts.answer)[~ev.correct]
-    section = Section(STAGE_TITLES["accuracy"])
+    wrong = ~ev.correct
+    parsable = ev.model_answer != UNPARSABLE
+    errors = (ev.model_answer - prompts.answer)[wrong & parsable]
+    section = Section(STAGE_TITLES["accuracy"], sample=f"{len(prompts)} prompts")
     section.findings.append(
         f"The model answers {int(ev.correct.sum())} of {len(prompts)} prompts correctly "
         f"({100 * ev.accuracy:.1f}%); the analyses below use the {len(ctx.prompts)} correct ones."
     )
+    n_unparsable = int((wrong & ~parsable).sum())
+    if n_unparsable:
+        section.findings.append(
+            f"{n_unparsable} of the {int(wrong.sum())} wrong answers are not numbers; they are counted here "
+            "and kept out of the error sizes below."
+        )
     if len(errors):
         values, counts = errors.unique(return_counts=True)
-        order = counts.argsort(descending=True)[:10]
+        order = counts.argsort(descending=True)
+        shown = order[:10]
         top = ", ".join(f"{int(values[i]):+d} ({int(counts[i])}×)" for i in order[:3])
-        section.findings.append(f"Most common errors (answer − truth): {top}.")
+        section.findings.append(f"Most common errors among the {len(errors)} numeric wrong answers (answer − truth): {top}.")
+        if len(order) > len(shown):
+            rest = int(counts[order[10:]].sum())
+            section.findings.append(
+                f"The figure shows the {len(shown)} most common of {len(values)} distinct error sizes; "
+                f"the other {rest} wrong answers have rarer ones."
+            )
         section.figures.append(
             bars(
-                {f"{int(values[i]):+d}": int(counts[i]) for i in order},
-                title="Errors by offset from the true answer",
+                {f"{int(values[i]):+d}": int(counts[i]) for i in shown},
+                title="Errors by offset from the true answer (numeric answers only)",
                 y_title="wrong answers",
             )
         )
-    else:
+    elif not wrong.any():
         section.findings.append("The model makes no errors on these prompts.")
     return section
 
@@ -111,18 +164,34 @@ def _top_cells(result, k: int = 3) -> str:
     return ", ".join(f"{cells[i]} ({mean[i]:.2f})" for i in order.tolist())
 
 
+def _no_gap(result) -> bool:
+    """Whether clean and corrupt runs do not differ on the metric (|mean gap| within 2 SEM), so
+    that restoring one from the other is undefined."""
+    gap = (result.clean_baseline - result.corrupt_baseline).double()
+    sem = float(gap.std() / len(gap) ** 0.5) if len(gap) > 1 else float("inf")
+    return abs(float(gap.mean())) <= 2 * sem
+
+
 def patching_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
-    pairs = ctx.pairs[: ctx.n_pairs]
-    section = Section(STAGE_TITLES["patching"])
+    pairs = ctx.pairs[: ctx.n_pairs] if ctx.pairs is not None else None
+    section = Section(STAGE_TITLES["patching"], sample=require("patching", 0 if pairs is None else len(pairs)))
     resid = patching.sweep(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
+    if _no_gap(resid):
+        section.findings.append(
+            f"No signal above the control: on {len(pairs)} pairs the clean and corrupted prompts do not differ on "
+            f"the answer's logit difference (mean gap {float((resid.clean_baseline - resid.corrupt_baseline).mean()):.3g}, "
+            "within two standard errors of 0), so there is nothing for patching to restore."
+        )
+        section.figures.append(resid.plot())
+        return section
     heads = patching.sweep(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
     mlps = patching.sweep(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
         f"changed restores the answer most at {_top_cells(resid)} "
-        "(1 = fully restored)."
+        "(1 = fully restored; values above 1 overshoot the clean run and are shown as they are)."
     )
     section.findings.append(f"Heads (all positions at once) that restore it most: {_top_cells(heads)}.")
     section.findings.append(f"MLP outputs that restore it most: {_top_cells(mlps)}.")
@@ -136,8 +205,11 @@ def patching_stage(ctx: Context) -> Section:
 def digits_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
-    section = Section(STAGE_TITLES["digits"])
-    result = patching.digit_ablation(ctx.model, ctx.prompts[: ctx.n_digit_prompts], progress=False)
+    if int(ctx.all_prompts.n_answer_tokens.max()) < 2:  # does not apply, whatever the sample size
+        raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers (e.g. zoo:add-3digit)")
+    prompts = ctx.prompts[: ctx.n_digit_prompts]
+    section = Section(STAGE_TITLES["digits"], sample=require("digits", len(prompts)))
+    result = patching.digit_ablation(ctx.model, prompts, progress=False)
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
@@ -160,19 +232,38 @@ def probes_stage(ctx: Context) -> Section:
     from arithinterp.activations import collect
 
     prompts = ctx.prompts[: ctx.n_probe_prompts]
+    section = Section(STAGE_TITLES["probes"], sample=require("probes", len(prompts)))
     acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
-    section = Section(STAGE_TITLES["probes"])
     # whole numbers where each is one token; digit by digit (and the carry) where numbers are spelled out
     targets = ("a", "answer_digit_0", "answer") if prompts.single_token_operands else ("a_digit_0", "carry_0", "answer_digit_0")
     for target in targets:
-        result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
+        try:
+            result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
+        except AnalysisError as why:  # e.g. a target with one class among these prompts
+            section.findings.append(f"'{target}' not probed: {why}.")
+            continue
         best = result.best()
-        section.findings.append(
-            f"'{target}' is best read at layer {best['layer']}, position '{best['position']}' with held-out "
-            f"accuracy {best['score']:.2f} (shuffled-label control {best['shuffled_score']:.2f})."
-        )
+        c = result.controls.index("shuffled")
+        control_high = float(result.control_ci[1][c, result.layers.index(best["layer"]), result.positions.index(str(best["position"]))])
+        quoted = (f"best held-out accuracy {best['score']:.2f} (95% CI {best['ci_low']:.2f} to {best['ci_high']:.2f}) at layer "
+                  f"{best['layer']}, position '{best['position']}'; shuffled-label control {best['shuffled_score']:.2f}")
+        if best["ci_low"] <= control_high:
+            section.findings.append(f"'{target}': no signal above the control ({quoted}).")
+        else:
+            section.findings.append(f"'{target}' is readable: {quoted}.")
         section.figures.append(result.plot())
+    section.sample += f"; folds: {result.fold_scheme}" if section.figures else ""
     return section
+
+
+def _beats_chance(m: dict) -> bool:
+    """Whether balanced accuracy is above 0.5 (what answering always "correct" or always "wrong"
+    scores) by more than 1.96 standard errors (normal approximation over the two classes)."""
+    n_errors, n_correct = m["n_errors"], m["n"] - m["n_errors"]
+    tpr = m["recall"]  # correct answers called correct
+    tnr = 2 * m["balanced_accuracy"] - tpr  # wrong answers flagged
+    se = 0.5 * (tpr * (1 - tpr) / n_correct + tnr * (1 - tnr) / n_errors) ** 0.5
+    return m["balanced_accuracy"] - 1.96 * se > 0.5
 
 
 def error_detector_stage(ctx: Context) -> Section:
@@ -185,26 +276,32 @@ def error_detector_stage(ctx: Context) -> Section:
     section = Section(STAGE_TITLES["errors"])
     n_errors = int((~ctx.evaluation.correct).sum())
     if n_errors >= 50:
-        model, prompts, name = ctx.model, ctx.all_prompts, ctx.spec
+        model, prompts, name, evaluation = ctx.model, ctx.all_prompts, ctx.spec, ctx.evaluation
     else:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
         prompts = held_out_prompts(model, get_entry(name), limit=ctx.n_detector_prompts, seed=ctx.seed)
+        evaluation = prompts.evaluate(model)
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
             f"errors of {name}, a model stopped early so that it still errs."
         )
-    evaluation = prompts.evaluate(model)
     split = len(prompts) * 2 // 3
+    held_out = evaluation.correct[split:]
+    n_wrong, n_right = int((~held_out).sum()), int(held_out.sum())
+    require("errors", min(n_wrong, n_right))
+    section.sample = (f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; minimum "
+                      f"{MINIMUMS['errors'][0]} of each), {split} to train on")
     detector = probes.ErrorDetector(progress=False).fit(model, prompts[:split], evaluation=evaluation[:split])
     result = detector.evaluate(model, prompts[split:], evaluation=evaluation[split:])
     m = result.metrics()
+    verdict = "" if _beats_chance(m) else "No signal above the control: "
     section.findings.insert(
         0,
-        f"On {len(prompts) - split} held-out prompts of {name} (error rate {m['error_rate']:.1%}), the detector "
-        f"at layer {detector.layer_} predicts correctness with accuracy {m['accuracy']:.1%}, balanced accuracy "
-        f"{m['balanced_accuracy']:.1%} and AUROC {m['auroc']:.2f}; always answering 'correct' scores "
-        f"{m['baseline_accuracy']:.1%}.",
+        f"{verdict}On {len(prompts) - split} held-out prompts of {name} (error rate {m['error_rate']:.1%}), the detector "
+        f"at layer {detector.layer_} predicts correctness with balanced accuracy {m['balanced_accuracy']:.1%} "
+        f"(answering always 'correct' or always 'wrong' scores 50.0%), accuracy {m['accuracy']:.1%} and AUROC "
+        f"{m['auroc']:.2f}.",
     )
     section.figures.append(result.plot())
     return section
@@ -215,8 +312,9 @@ def fourier_helix_stage(ctx: Context) -> Section:
     from arithinterp.activations import collect
 
     section = Section(STAGE_TITLES["fourier"])
-    numbers = sorted(set(ctx.prompts.a.tolist()))
+    numbers = sorted(set(ctx.all_prompts.a.tolist()))
     spectrum = fourier.embedding_spectrum(ctx.model, range(numbers[0], numbers[-1] + 1))
+    section.sample = f"{spectrum.n} number embeddings"
     periods = [f"{spectrum.n / k:.3g}" for k in spectrum.key[0] if k > 0]
     if periods:
         section.findings.append(
@@ -227,20 +325,33 @@ def fourier_helix_stage(ctx: Context) -> Section:
         power = spectrum.power[0, 1:]
         k = int(power.argmax()) + 1
         section.findings.append(
-            f"The number embeddings have no key frequency (none has 10x the median power); the strongest is "
-            f"period {spectrum.n / k:.3g} with {float(power[k - 1] / power.sum()):.0%} of the non-constant power."
+            f"No signal above the control: no frequency of the number embeddings has 10× the median power; the "
+            f"strongest is period {spectrum.n / k:.3g} with {float(power[k - 1] / power.sum()):.0%} of the non-constant power."
         )
     section.figures.append(spectrum.plot())
+    pairs = ctx.pairs[: ctx.n_pairs] if ctx.pairs is not None else None
+    try:
+        section.sample += "; helix: " + require("helix", 0 if pairs is None else len(pairs), "the causal helix test")
+    except NotEnoughData as why:
+        section.findings.append(f"Helix: {why}")
+        return section
     acts = collect(ctx.model, ctx.prompts, sites="resid_pre", layers=[0], positions="a", progress=False)
     fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site="resid_pre", layer=0, position="a")
-    test = helix.patch_test(ctx.model, ctx.pairs[: ctx.n_pairs], fit, layer=0, position="a")
+    test = helix.patch_test(ctx.model, pairs, fit, layer=0, position="a")
     frac = dict(zip(test.methods, test.fraction.tolist()))
     section.findings.append(
-        f"A helix with periods 2, 5, 10, 100 fitted at layer 0 on the a token has held-out R² "
-        f"{float(fit.r2_full):.2f}; patched in at the corrupted value it restores "
+        f"A helix with periods 2, 5, 10, 100 fitted at layer 0 on the a token of {len(ctx.prompts)} prompts has held-out R² "
+        f"{float(fit.r2_full):.3g}; patched in at the corrupted value on {len(pairs)} pairs it restores "
         + ", ".join(f"{m}: {100 * f:.0f}%" for m, f in frac.items())
         + " of the full layer patch's effect."
     )
+    if "helix" in test.methods and "shuffled" in test.methods:
+        per_pair = test.per_pair.double()
+        sem = per_pair.std(1) / per_pair.shape[1] ** 0.5
+        h, c = test.methods.index("helix"), test.methods.index("shuffled")
+        if float(per_pair[h].mean() - 2 * sem[h]) <= float(per_pair[c].mean() + 2 * sem[c]):
+            section.findings.append("Helix: no signal above the control (its effect is within two standard errors "
+                                    "of a helix fitted to shuffled values).")
     section.figures += [fit.plot(), test.plot()]
     return section
 
@@ -248,12 +359,12 @@ def fourier_helix_stage(ctx: Context) -> Section:
 def neurons_stage(ctx: Context) -> Section:
     from arithinterp import neurons
 
-    section = Section(STAGE_TITLES["neurons"])
+    section = Section(STAGE_TITLES["neurons"], sample=require("neurons", len(ctx.prompts)))
     table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.top_k_neurons, pairs=ctx.pairs)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
     section.findings.append(
-        f"Of the {len(table.layer)} most important MLP neurons, {coverage} implement at least one "
-        f"heuristic (score ≥ {table.threshold})."
+        f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(ctx.prompts)} prompts), {coverage} "
+        f"implement at least one heuristic (score ≥ {table.threshold})."
     )
     histogram = table.histogram()
     if len(histogram):
@@ -281,6 +392,7 @@ body { font-family: Inter, Helvetica, Arial, sans-serif; max-width: 1100px; marg
 h1 { margin-bottom: 0.2em; } .meta { color: #666; margin-top: 0; }
 section { border-top: 1px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
 .findings li { margin: 0.3em 0; } .figure { margin: 1em 0; } .seconds { color: #999; font-size: 0.85em; }
+.sample { color: #555; font-size: 0.9em; }
 """
 
 
@@ -300,7 +412,10 @@ def render(title: str, meta: dict, sections: list[Section]) -> str:
     ]
     figure_index = 0
     for section in sections:
-        parts.append(f"<section><h2>{html.escape(section.title)}</h2><ul class='findings'>")
+        parts.append(f"<section><h2>{html.escape(section.title)}</h2>")
+        if section.sample:
+            parts.append(f"<p class='sample'>sample: {html.escape(section.sample)}</p>")
+        parts.append("<ul class='findings'>")
         parts += [f"<li>{html.escape(line)}</li>" for line in section.findings]
         parts.append("</ul>")
         for fig in section.figures:
@@ -315,6 +430,60 @@ def render(title: str, meta: dict, sections: list[Section]) -> str:
 # --- entry point ---------------------------------------------------------------------------------
 
 
+def parse_operands(operands: Any) -> list[int]:
+    """Operand values from ``"LO-HI"`` (inclusive), ``"1,5,9"``, or an iterable of ints."""
+    import re
+
+    if isinstance(operands, str):
+        text = operands.replace(" ", "")
+        span = re.fullmatch(r"(\d+)-(\d+)", text)
+        if span and int(span.group(1)) <= int(span.group(2)):
+            return list(range(int(span.group(1)), int(span.group(2)) + 1))
+        if re.fullmatch(r"\d+(,\d+)*", text):
+            return [int(v) for v in text.split(",")]
+        raise ConfigError(f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
+    try:
+        values = [int(v) for v in operands]
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"operands must be non-negative ints, 'LO-HI' or '1,5,9', got {operands!r}") from error
+    if not values or min(values) < 0:
+        raise ConfigError(f"operands must be a non-empty list of non-negative ints, got {operands!r}")
+    return values
+
+
+def _task_prompts(model: Any, spec: str, limit: int, seed: int, template: Optional[str], few_shot: Union[int, str],
+                  operands: Any):
+    """The report's prompts: the model's own task (a zoo task, else single-token addition), with
+    the template, few-shot prefix and operand values replaced where given; a seeded sample."""
+    import torch
+
+    from arithinterp.models.zoo import get_entry, task_prompts
+    from arithinterp.tasks import number_check, prompts_for_pairs
+
+    if template is None and not few_shot and operands is None:
+        return task_prompts(model, spec, limit, seed)
+    op, modulus, answer_digits, default_template = "+", None, 0, "{a}+{b}="
+    if spec.startswith("zoo:"):
+        task = get_entry(spec).task
+        op, modulus, answer_digits, default_template = task.op, task.modulus, task.answer_digits, task.template
+        values = list(range(*task.a_range))
+    else:
+        values = number_check(model, range(100))["single_token"]
+    if operands is not None:
+        values = parse_operands(operands)
+    a = torch.tensor(values).repeat_interleave(len(values))
+    b = torch.tensor(values).repeat(len(values))
+    pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit]
+    prompts = prompts_for_pairs(model, op, a[pick].tolist(), b[pick].tolist(), template or default_template,
+                                modulus=modulus, answer_digits=answer_digits, few_shot=few_shot, seed=seed)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    longest = int(prompts.lengths.max()) + prompts.answer_tokens.shape[1]
+    if n_ctx is not None and longest > n_ctx:
+        raise ConfigError(f"the prompts with their answers are up to {longest} tokens long, more than the model's context of "
+                          f"{n_ctx} tokens; use fewer few-shot examples or a shorter template")
+    return prompts
+
+
 def report(
     model: Union[str, Any] = "zoo:add-100",
     out: Union[str, Path] = "report.html",
@@ -322,6 +491,9 @@ def report(
     stages: Optional[list[str]] = None,
     limit: int = 2000,
     seed: int = 0,
+    template: Optional[str] = None,
+    few_shot: Union[int, str] = 0,
+    operands: Any = None,
     progress: bool = True,
 ) -> Path:
     """Run the standard battery on ``model`` and write a self-contained HTML report to ``out``.
@@ -330,10 +502,15 @@ def report(
         model: a model spec (``zoo:NAME``, a path, a hub id) or a loaded hooked model.
         stages: which stages to run (default: all of :data:`STAGES`, in order).
         limit: at most this many prompts of the task (a seeded sample).
+        template: the prompt template (``{a}`` and ``{b}``; default: the zoo task's, else ``"{a}+{b}="``).
+        few_shot: solved examples to prefix each prompt with (seeded), or a prefix string.
+        operands: operand values for both a and b: ``"0-99"``, ``"1,5,9"`` or ints (default: the
+            zoo task's range, else the numbers below 100 that are single tokens).
+
+    Each stage states its sample size and, below :data:`MINIMUMS`, says "not enough data".
     """
     from arithinterp import __version__
     from arithinterp.models import load_model, model_id
-    from arithinterp.models.zoo import task_prompts
 
     chosen = list(STAGES) if stages is None else list(stages)
     unknown = [s for s in chosen if s not in STAGES]
@@ -341,13 +518,20 @@ def report(
         raise ConfigError(f"unknown report stage(s) {unknown}; accepted: {accepted(STAGES)}")
     if limit < 10:
         raise ConfigError(f"limit must be at least 10 prompts, got {limit}")
+    if operands is not None:
+        parse_operands(operands)  # bad operands fail before the model loads
     start = time.perf_counter()
     loaded = load_model(model) if isinstance(model, str) else model
     spec = model if isinstance(model, str) else model_id(loaded)
-    all_prompts = task_prompts(loaded, spec, limit, seed)
+    all_prompts = _task_prompts(loaded, spec, limit, seed, template, few_shot, operands)
     evaluation = all_prompts.evaluate(loaded)
-    prompts = all_prompts.correct_only(loaded, evaluation)
-    pairs = prompts.counterfactual(vary="a", seed=seed)
+    prompts = all_prompts[evaluation.correct]  # may be empty: each stage holds itself to its minimum
+    pairs = None
+    if len(prompts) >= 2:
+        try:  # pairs whose answers start alike have a first-token logit difference of 0: leave them out
+            pairs = prompts.counterfactual(vary="a", seed=seed, distinct_first_token=True)
+        except TaskError:
+            pairs = None
     ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed)
 
     sections = []
@@ -355,6 +539,8 @@ def report(
         stage_start = time.perf_counter()
         try:
             section = STAGES[name](ctx)
+        except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
+            section = Section(STAGE_TITLES[name], findings=[str(why)])
         except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
             section = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"])
             if stages is not None:  # asked for by name: say so here too, not only in the page
@@ -365,10 +551,15 @@ def report(
         model=spec,
         prompts=len(all_prompts),
         correct=len(prompts),
-        seed=seed,
-        arithinterp=__version__,
-        seconds=round(time.perf_counter() - start, 1),
+        pairs=0 if pairs is None else len(pairs),
     )
+    if template is not None:
+        meta["template"] = template
+    if few_shot:
+        meta["few-shot"] = few_shot
+    if operands is not None:
+        meta["operands"] = operands if isinstance(operands, str) else f"{len(parse_operands(operands))} values"
+    meta.update(seed=seed, arithinterp=__version__, seconds=round(time.perf_counter() - start, 1))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(f"How does {spec} do arithmetic?", meta, sections), encoding="utf-8")

@@ -1,0 +1,129 @@
+"""The report on a model that knows nothing: every stage states its sample size and, below its
+minimum, says "not enough data" instead of drawing a conclusion.
+
+The model is a random re-initialisation of the add-100 zoo model (same shape and tokenizer): it
+answers about 1% of the problems, so a report that prints confident numbers about it is wrong.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from arithinterp.report import MINIMUMS, report
+
+
+def _sections(text: str) -> dict[str, str]:
+    return {html.unescape(title): body for title, body in re.findall(r"<section><h2>(.*?)</h2>(.*?)</section>", text, re.S)}
+
+
+@pytest.fixture(scope="module")
+def random_report(tmp_path_factory):
+    from arithinterp.models import load_model, random_like
+
+    model = random_like(load_model("zoo:add-100"), seed=0)
+    out = tmp_path_factory.mktemp("report") / "random.html"
+    report(model, out=out, limit=2000, seed=0, progress=False)
+    return out.read_text()
+
+
+def test_a_model_that_knows_nothing_gets_not_enough_data(random_report):
+    sections = _sections(random_report)
+    accuracy = re.search(r"answers (\d+) of (\d+) prompts correctly", random_report)
+    correct, total = int(accuracy.group(1)), int(accuracy.group(2))
+    assert total == 2000 and 0 < correct < 0.1 * total
+    refused = [title for title, body in sections.items() if re.search(r"<ul class='findings'>\s*<li>Not enough data", body)]
+    assert {"Activation patching", "Linear probes", "Error detection", "Heuristic neurons"} <= set(refused)
+    for title in refused:
+        body = sections[title]
+        assert "id=\"figure-" not in body  # nothing drawn from too little data
+        # the only numbers are the sample size and the minimum it is held to
+        findings = re.findall(r"<li>(.*?)</li>", body, re.S)
+        assert len(findings) == 1 and re.fullmatch(r"Not enough data: \d+ .*; this stage needs at least \d+ .*\.", findings[0])
+        for word in ("accuracy", "AUROC", "restores", "R²", "%"):
+            assert word not in findings[0]
+    # the Fourier stage keeps what needs no prompts (the embedding spectrum) but fits no helix
+    fourier = sections["Fourier features and the helix"]
+    assert "Helix: Not enough data" in fourier and "R²" not in fourier
+    assert re.search(r"Not enough data: (\d+) counterfactual pairs", sections["Activation patching"])
+    # the summary says it too
+    summary = random_report.split("<h2>Summary</h2>")[1].split("<section>")[0]
+    assert summary.count("Not enough data") >= 4
+
+
+def test_every_stage_that_ran_states_its_sample_size(random_report):
+    for title, body in _sections(random_report).items():
+        if "Not run on this model" in body:  # does not apply (single-token answers): no sample to state
+            continue
+        assert re.search(r"class='sample'>sample: \d+ |<li>Not enough data: \d+ ", body), title
+
+
+def test_unparsable_answers_stay_out_of_the_error_sizes(tiny_model):
+    import torch
+
+    from arithinterp.report import Context, accuracy_stage
+    from arithinterp.tasks import UNPARSABLE, Evaluation, arithmetic
+
+    prompts = arithmetic(tiny_model, "+", range(10), range(4))
+    answers = prompts.answer.clone()
+    answers[:6] = UNPARSABLE  # six answers that are not numbers
+    answers[6:10] += 10  # four off by +10
+    evaluation = Evaluation(answers == prompts.answer, answers, [str(v) for v in answers.tolist()],
+                            torch.zeros(len(prompts), 1, dtype=torch.long))
+    ctx = Context(tiny_model, "tiny", prompts[evaluation.correct], prompts, evaluation, None)
+    section = accuracy_stage(ctx)
+    text = " ".join(section.findings)
+    assert "6 of the 10 wrong answers are not numbers" in text and "+10 (4×)" in text
+    assert "1000000" not in text
+    assert list(section.figures[0].data[0].x) == ["+10"]  # only numeric error sizes are drawn
+    assert section.sample == f"{len(prompts)} prompts"
+
+
+def test_minimums_are_stated():
+    assert MINIMUMS["patching"][0] >= 30 and MINIMUMS["errors"][0] >= 20
+    assert all(isinstance(n, int) and isinstance(what, str) for n, what in MINIMUMS.values())
+
+
+def test_report_command_takes_template_and_operands(tmp_path):
+    from arithinterp.cli import main
+
+    out = tmp_path / "r.html"
+    code = main(["report", "zoo:add-100", "--stages", "accuracy", "--template", "{a} + {b} =",
+                 "--operands", "0-39", "--limit", "60", "--out", str(out), "--no-progress"])
+    assert code == 0
+    text = html.unescape(out.read_text())
+    assert "template: {a} + {b} =" in text and "operands: 0-39" in text
+    assert re.search(r"answers \d+ of 60 prompts correctly", text)
+
+
+def test_report_few_shot_prompts(tmp_path, tiny_model):
+    out = report(tiny_model, out=tmp_path / "r.html", stages=["accuracy"], few_shot=2, operands="10-29", limit=50,
+                 progress=False)
+    text = html.unescape(out.read_text())
+    assert "few-shot: 2" in text and re.search(r"answers \d+ of 50 prompts correctly", text)
+
+
+def test_few_shot_prompts_longer_than_the_context_are_refused(tmp_path, capsys):
+    from arithinterp.cli import main
+
+    code = main(["report", "zoo:add-100", "--stages", "accuracy", "--few-shot", "2", "--limit", "20",
+                 "--out", str(tmp_path / "r.html"), "--no-progress"])
+    assert code == 2
+    assert re.search(r"\d+ tokens long.*context of 8 tokens.*few-shot", capsys.readouterr().err)
+
+
+def test_bad_operands_are_rejected(tmp_path):
+    from arithinterp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="operands"):
+        report("zoo:add-100", out=tmp_path / "r.html", operands="ten-twenty", stages=["accuracy"], progress=False)
+
+
+def test_the_docs_state_every_minimum():
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "controls.md").read_text()
+    for name, (n, what) in MINIMUMS.items():
+        assert f"{n} {what.rstrip(',')}" in page, name
