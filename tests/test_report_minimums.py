@@ -127,3 +127,25 @@ def test_the_docs_state_every_minimum():
     page = (Path(__file__).parent.parent / "docs" / "controls.md").read_text()
     for name, (n, what) in MINIMUMS.items():
         assert f"{n} {what.rstrip(',')}" in page, name
+
+
+def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(tiny_model):
+    """A random model: its residual stream at the a token holds a's embedding (readable), but
+    nothing computes the sum (not readable)."""
+    from arithinterp.report import Context, probes_stage
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(tiny_model, "+", range(12), range(12))
+    section = probes_stage(Context(tiny_model, "tiny", prompts, prompts, prompts.evaluate(tiny_model), None))
+    findings = dict(zip(("a", "answer_digit_0", "answer"), section.findings))
+    assert findings["a"].startswith("'a' is readable")
+    assert findings["answer"].startswith("'answer': no signal above the control")
+    assert section.sample.startswith("144 correctly answered prompts (minimum 60); folds: 3-fold")
+
+
+def test_error_detector_verdict_against_chance():
+    from arithinterp.report import _beats_chance
+
+    # 40 correct and 40 wrong held-out answers: 52% balanced accuracy is chance, 80% is not
+    assert not _beats_chance(dict(n=80, n_errors=40, recall=0.54, balanced_accuracy=0.52))
+    assert _beats_chance(dict(n=80, n_errors=40, recall=0.8, balanced_accuracy=0.8))
