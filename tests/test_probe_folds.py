@@ -98,3 +98,11 @@ def test_sweep_takes_an_estimator_and_clones_it(leaky):
         probes.sweep(leaky["acts"], leaky["label"], estimator=LogisticProbe(), C=2.0, progress=False)
     with pytest.raises(ConfigError, match="fit"):
         probes.sweep(leaky["acts"], leaky["label"], estimator="logistic", progress=False)
+
+
+def test_a_binary_sklearn_classifier_keeps_one_direction_towards_its_second_class(leaky):
+    from sklearn.linear_model import LogisticRegression
+
+    binary = (leaky["label"] >= 2).long()
+    result = probes.sweep(leaky["acts"], binary, estimator=LogisticRegression(max_iter=500), groups=None, progress=False)
+    assert result.directions.shape == (1, 1, 1, D) and result.classes == [1]

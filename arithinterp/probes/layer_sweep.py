@@ -478,8 +478,10 @@ def sweep(
             read_out = _directions(probe) if probe is not None else None
             if read_out is not None:
                 directions.append(read_out)
-                classes = (torch.as_tensor(np.asarray(probe.classes_)).tolist() if hasattr(probe, "classes_")
-                           else (["cos", "sin"] if kind == "circular" else ["value"] * len(read_out)))
+                if hasattr(probe, "classes_"):  # a binary classifier has one row, towards its second class
+                    classes = torch.as_tensor(np.asarray(probe.classes_)).tolist()[-len(read_out):]
+                else:
+                    classes = ["cos", "sin"] if kind == "circular" else ["value"] * len(read_out)
     if directions and len(directions) == len(cells):
         directions = torch.stack(directions).reshape(len(layers), len(positions), *directions[0].shape)
     else:
