@@ -149,3 +149,16 @@ def test_error_detector_verdict_against_chance():
     # 40 correct and 40 wrong held-out answers: 52% balanced accuracy is chance, 80% is not
     assert not _beats_chance(dict(n=80, n_errors=40, recall=0.54, balanced_accuracy=0.52))
     assert _beats_chance(dict(n=80, n_errors=40, recall=0.8, balanced_accuracy=0.8))
+
+
+def test_patching_verdict_when_clean_and_corrupt_runs_do_not_differ():
+    from types import SimpleNamespace
+
+    import torch
+
+    from arithinterp.report import _no_gap
+
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(40, generator=g)
+    assert _no_gap(SimpleNamespace(clean_baseline=noise, corrupt_baseline=torch.randn(40, generator=g)))
+    assert not _no_gap(SimpleNamespace(clean_baseline=noise + 3.0, corrupt_baseline=noise.flip(0) - 3.0))
