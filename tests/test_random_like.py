@@ -86,3 +86,18 @@ def test_random_like_of_a_zoo_model_still_works():
 def test_random_like_rejects_what_is_not_a_model():
     with pytest.raises(ModelSpecError, match="hooked model"):
         random_like(object())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "gptj", "qwen2", "gemma2", "phi"])
+def test_random_like_on_other_decoder_families(family, tmp_path, number_tokenizer):
+    from hf_families import save_family
+
+    model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path, seed=1234)))
+    control = random_like(model, seed=0)
+    assert control.cfg.architecture == model.cfg.architecture and control.cfg.n_layers == model.cfg.n_layers
+    trained, fresh = _weights(model), _weights(control)
+    assert {k: v.shape for k, v in trained.items()} == {k: v.shape for k, v in fresh.items()}
+    assert any(not torch.equal(trained[k], fresh[k]) for k in trained)
+    tokens = model.tokenizer("12 + 34 =", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        assert torch.isfinite(control(tokens)).all()
