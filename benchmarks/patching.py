@@ -3,8 +3,16 @@
 Both run in one process on the same model and pairs, alternating, one thread:
 
 * ``zoo:add-100`` (2 layers, d_model 128, prompts ``{a}+{b}=``, 5 tokens), 200 pairs varying a;
-* a randomly initialised 4-layer model, d_model 256, 4 heads, d_mlp 1024, with a few-shot prefix
-  of solved examples (≥ 40 tokens) before each prompt.
+* a randomly initialised TransformerLens-native 4-layer model, d_model 256, 4 heads, d_mlp 1024,
+  with a few-shot prefix of solved examples (≥ 40 tokens) before each prompt;
+* Llama-architecture models (rotary positions, RMSNorm, gated MLP, grouped-query attention) saved
+  as local Hugging Face folders with random weights and loaded with ``load_model``: 4 layers,
+  d_model 256 (8 heads, 2 key/value heads, d_mlp 688), and 12 layers, d_model 768 (12 heads, 4
+  key/value heads, d_mlp 2048, fewer pairs) — the same few-shot prompts.
+
+Peak memory is the largest resident-set increase over the process's size before the call, sampled
+every millisecond. With a CUDA device present, the Llama setups run there too (peak = the largest
+CUDA allocation).
 
 For ``resid_pre`` (layer × position) and head outputs by position (``attn_z``, layer × position ×
 head) it reports the median wall time of ``--runs`` runs, the speed-up over TransformerLens, the
@@ -14,7 +22,7 @@ the *floor*: one forward per cell that starts at the patched layer and position,
 (the time of one unpatched forward is measured too). TransformerLens's time includes the clean
 ``run_with_cache`` its functions need; arithinterp's includes its clean and corrupt runs.
 
-    python benchmarks/patching.py [--runs 5] [--pairs 200] [--fewshot-pairs 4] [--write docs/benchmarks.md]
+    python benchmarks/patching.py [--runs 5] [--pairs 200] [--fewshot-pairs 4] [--deep-pairs 2] [--write docs/benchmarks.md]
     python benchmarks/patching.py --quick      # a small smoke run
 """
 
@@ -25,6 +33,7 @@ import os
 import re
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +49,42 @@ def median_time(fn, runs: int) -> tuple[float, object]:
         out = fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
+
+
+class PeakMemory:
+    """Largest resident-set (or CUDA) increase while the block runs, in MiB."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device, self.peak = device, 0.0
+
+    def __enter__(self):
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+            return self
+        import psutil
+
+        process = psutil.Process()
+        self.start, self.running = process.memory_info().rss, True
+
+        def sample():
+            while self.running:
+                self.peak = max(self.peak, (process.memory_info().rss - self.start) / 2**20)
+                time.sleep(0.001)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+            self.peak = (torch.cuda.max_memory_allocated() - self.start) / 2**20
+        else:
+            self.running = False
+            self.thread.join()
+        return False
 
 
 def logit_diff_metric(pairs):
@@ -66,13 +111,32 @@ def few_shot_model(quick: bool):
     return model
 
 
-def bench_setup(name, model, pairs, runs: int) -> list[dict]:
+def llama_model(n_layers: int, d_model: int, heads: int, kv_heads: int, d_mlp: int, device: str = "cpu"):
+    """A random-weight Llama-architecture model saved as a Hugging Face folder and loaded from it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import arithinterp as ai
+    from arithinterp.models.tokenizers import number_tokenizer
+
+    tokenizer = number_tokenizer(198)
+    directory = Path(tempfile.mkdtemp()) / f"llama-{n_layers}L-d{d_model}"
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=d_mlp, max_position_embeddings=128, initializer_range=0.1,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return ai.load_model(str(directory), device=None if device == "cpu" else device)
+
+
+def bench_setup(name, model, pairs, runs: int, device: str = "cpu") -> list[dict]:
     from transformer_lens import patching as tl_patching
 
     from arithinterp import patching
 
     metric = logit_diff_metric(pairs)
-    clean, corrupt = pairs.clean.tokens, pairs.corrupt.tokens
+    clean, corrupt = pairs.clean.tokens.to(device), pairs.corrupt.tokens.to(device)
     n_layers, length = model.cfg.n_layers, clean.shape[1]
     with torch.inference_mode():
         forward, _ = median_time(lambda: model(corrupt, return_type="logits"), max(runs, 3))
@@ -90,13 +154,17 @@ def bench_setup(name, model, pairs, runs: int) -> list[dict]:
         def run_ours():
             return patching.sweep(model, pairs, site, progress=False)
 
-        tl_times, our_times = [], []
+        tl_times, our_times, tl_peak, our_peak = [], [], [], []
         for _ in range(runs):  # alternate so both see the same machine load
-            t, tl_values = median_time(run_tl, 1)
+            with PeakMemory(device) as peak:
+                t, tl_values = median_time(run_tl, 1)
             tl_times.append(t)
-            t, ours = median_time(run_ours, 1)
+            tl_peak.append(peak.peak)
+            with PeakMemory(device) as peak:
+                t, ours = median_time(run_ours, 1)
             our_times.append(t)
-        tl_values = tl_values.permute(-1, *range(tl_values.ndim - 1))
+            our_peak.append(peak.peak)
+        tl_values = tl_values.permute(-1, *range(tl_values.ndim - 1)).cpu()
         units = model.cfg.n_heads if site == "attn_z" else 1
         work = sum((n_layers - layer) / n_layers * (length - p) / length for layer in range(n_layers) for p in range(length)) * units
         floor = work * forward
@@ -115,6 +183,9 @@ def bench_setup(name, model, pairs, runs: int) -> list[dict]:
                 floor_s=floor,
                 vs_floor=ours_t / floor,
                 max_abs_diff=float((ours.values - tl_values).abs().max()),
+                tl_mib=statistics.median(tl_peak),
+                ours_mib=statistics.median(our_peak),
+                device=device,
                 engine=ours.meta["engine"][0].split(" (")[0],
             )
         )
@@ -136,13 +207,13 @@ def table(rows: list[dict], runs: int) -> str:
         "layer's first changed position, computing only the final position in the last block, and the settled cells. "
         "TransformerLens / floor is the most any one-forward-per-cell method could gain over TransformerLens.",
         "",
-        "| setup | site | pairs × tokens | cells (run) | TransformerLens | arithinterp | speed-up | floor (est.) | TransformerLens / floor | arithinterp / floor | max abs diff |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| setup | device | site | pairs × tokens | cells (run) | TransformerLens | arithinterp | speed-up | peak MiB TL / ours | TransformerLens / floor | arithinterp / floor | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['setup']} | {r['site']} | {r['pairs']} × {r['tokens']} | {r['cells']} ({r['cells_run']}) | {r['tl_s']:.3f} s | {r['ours_s']:.3f} s | "
-            f"**{r['speedup']:.1f}×** | {r['floor_s']:.3f} s | {r['tl_s'] / r['floor_s']:.1f}× | {r['vs_floor']:.2f} | {r['max_abs_diff']:.1e} |"
+            f"| {r['setup']} | {r['device']} | {r['site']} | {r['pairs']} × {r['tokens']} | {r['cells']} ({r['cells_run']}) | {r['tl_s']:.3f} s | {r['ours_s']:.3f} s | "
+            f"**{r['speedup']:.1f}×** | {r['tl_mib']:.0f} / {r['ours_mib']:.0f} | {r['tl_s'] / r['floor_s']:.1f}× | {r['vs_floor']:.2f} | {r['max_abs_diff']:.1e} |"
         )
     return "\n".join(lines)
 
@@ -167,12 +238,13 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--fewshot-pairs", type=int, default=4)
+    parser.add_argument("--deep-pairs", type=int, default=2, help="pairs for the 12-layer d768 Llama-family model")
     parser.add_argument("--few-shot", type=int, default=9, help="solved examples in the prefix (9 give a 45-token prefix)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run: 1 run, few pairs, a 2-layer model with a short prefix")
     parser.add_argument("--write", type=Path, default=None, help="write the table into this markdown file's patching section")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs, args.pairs, args.fewshot_pairs, args.few_shot = 1, 12, 2, 3
+        args.runs, args.pairs, args.fewshot_pairs, args.few_shot, args.deep_pairs = 1, 12, 2, 3, 1
     torch.set_num_threads(1)
     rows = []
     try:
@@ -188,6 +260,16 @@ def main(argv=None) -> list[dict]:
     prefix_tokens = len(model.tokenizer(prompts.prefix, add_special_tokens=False)["input_ids"])
     pairs = prompts.counterfactual(vary="a", seed=0)[: args.fewshot_pairs]
     rows += bench_setup(f"{model.cfg.model_name}, {prefix_tokens}-token few-shot prefix", model, pairs, args.runs)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    shapes = [("Llama 4L d256", (4, 256, 8, 2, 688), args.fewshot_pairs)]
+    if not args.quick:
+        shapes.append(("Llama 12L d768", (12, 768, 12, 4, 2048), args.deep_pairs))
+    for device in devices:
+        for label, shape, n_pairs in shapes:
+            model = llama_model(*shape, device=device)
+            prompts = arithmetic(model, a=range(100), b=range(100), few_shot=args.few_shot)
+            pairs = prompts.counterfactual(vary="a", seed=0)[:n_pairs]
+            rows += bench_setup(f"{label} (HF folder), {prefix_tokens}-token few-shot prefix", model, pairs, args.runs, device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     text = table(rows, args.runs) + f"\n\nLoad average (1 min) at the end of the run: {load:.2f} on {os.cpu_count()} CPUs."
     print(text)

@@ -119,6 +119,11 @@ class PatchRunner:
             per = neq.any(-1, keepdim=True)  # [B, T, 1]
         per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)  # [C or 1, B, T]
         per = per.expand(C, -1, -1)
+        if layer == self.n_layers - 1 and site != "resid_pre":
+            # inside the last block a position's activation reaches only that position's output, and
+            # only the final position is read: patches anywhere else leave the logits as they are
+            per = per.clone()
+            per[:, :, :-1] = False
         if pos is None:  # every position patched
             patched, elsewhere = per.any(-1), torch.zeros(per.shape[:2], dtype=torch.bool, device=per.device)
         else:
