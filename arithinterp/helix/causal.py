@@ -162,7 +162,7 @@ def patch_test(
     random_state: int = 0,
     batch_size: int = 256,
 ) -> HelixPatchResult:
-    """Is the fitted helix causally sufficient? (Kantamneni & Tegmark 2025, RECIPES §1.)
+    """Is the fitted helix causally sufficient? (Kantamneni & Tegmark 2025.)
 
     Where the fit was made — its ``site``, ``layer`` and ``position`` (``fit.site``,
     ``fit.layer``, ``fit.position``; each can be overridden, and a fit to a bare tensor, which

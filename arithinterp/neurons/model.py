@@ -149,7 +149,7 @@ def importance(
     batch_size: int = 256,
     progress: bool = False,
 ) -> NeuronImportance:
-    """Rank MLP neurons by their effect on the answer (Nikankin et al. 2025, RECIPES §4).
+    """Rank MLP neurons by their effect on the answer (Nikankin et al. 2025).
 
     The metric is the logit difference clean answer − corrupt answer at the final position.
     Each method is named for what it does to a neuron's final-position ``mlp_post`` activation:
