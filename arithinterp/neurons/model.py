@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp import engine
+from arithinterp.engine.patches import UNCHANGED
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.neurons.scoring import _check_threshold, classify_maps
@@ -274,15 +275,45 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
     return out
 
 
+@torch.inference_mode()
 def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
-    """``"patching"``: each neuron set to its value on the corrupt prompt."""
+    """``"patching"``: each neuron set to its value on the corrupt prompt, ``[P, len(layers), d_mlp]``.
+
+    The engine's stacked patch cells (:class:`arithinterp.engine.PatchRunner`): one cell per
+    neuron, resumed from the patched layer at the final position with the clean run's keys and
+    values reused (whole forwards, with a warning, where the model cannot be stepped). A neuron
+    whose corrupt activation equals its clean one leaves the run unchanged: its effect is 0."""
     clean, corrupt = pairs.clean, pairs.corrupt
-
-    def corrupt_values(idx, final):
-        return engine.run(model, corrupt.unpadded(idx), reads=_final_reads(layers, final), logits="none").reads
-
-    answers = (clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0])
-    return _replacement_effects(model, clean, answers, layers, corrupt_values, batch_size, progress, "patch neurons")
+    d_mlp = int(model.cfg.d_mlp)
+    out = torch.zeros(len(clean), len(layers), d_mlp)
+    good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
+    block = max(1, batch_size // 8)
+    jobs = list(_batches(clean, block))
+    bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
+    for idx, tokens, final in jobs:
+        B = len(idx)
+        stepper, _ = engine.stepper_for(model, tokens)
+        runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx))
+        g, b = good[idx], bad[idx]
+        base = _final_metric(runner.base_logits.float(), g, b)
+        chunk = max(1, 4096 // B)
+        for i, layer in enumerate(layers):
+            for start in range(0, d_mlp, chunk):
+                neurons = torch.arange(start, min(start + chunk, d_mlp))
+                pos = final[None].expand(len(neurons), -1).to(runner.tokens.device)
+                unit = neurons.to(runner.tokens.device)
+                changed = runner.cell_states(layer, pos, unit).cpu() != UNCHANGED  # [C, B]
+                run = torch.nonzero(changed.any(1)).flatten()
+                if len(run) == 0:
+                    continue
+                logits = runner.patched(layer, pos[run], unit[run]).float()  # [C', B, V]
+                C = len(run)
+                metric = _final_metric(logits.flatten(0, 1), g.repeat(C), b.repeat(C)).view(C, B).cpu()
+                effect = torch.where(changed[run], metric - base.cpu()[None], torch.zeros(()))
+                out[idx[:, None], i, neurons[run][None, :]] = effect.T
+            bar.update(1)
+    bar.close()
+    return out
 
 
 def _mean_ablation_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
