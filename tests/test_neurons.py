@@ -275,7 +275,8 @@ def test_attribution_importance_tracks_exact_patching(tiny):
 def _hand_effects(model, pairs, values):
     """Reference: metric change when each (layer, neuron)'s final mlp_post on the clean prompt is
     set to ``values[layer]`` [P, d_mlp], one sequence per neuron, hand-written hooks."""
-    clean = pairs.clean.tokens  # one token length here
+    assert pairs.clean.uniform_length
+    clean = pairs.clean.tokens  # one token length: no padding
     good, bad = pairs.clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0]
     P, d = len(pairs), int(model.cfg.d_mlp)
     rows = torch.arange(P)
@@ -429,3 +430,26 @@ def test_add_100_last_layer_is_heuristic_and_ablation_hurts_associated_prompts_m
     result = nn.ablate_heuristic(model, prompts, table, names)
     s = result.summary()
     assert s["associated_drop"] > s["other_drop"] + 0.1  # measured 0.57 vs 0.04
+
+
+def test_importance_on_a_llama_folder_equals_hooks_and_works_frozen(number_tokenizer, tmp_path):
+    """Gated MLP, grouped-query attention, rotary: 'patching' (the engine's stacked cells resumed
+    at the patched layer) equals one hooked forward per neuron, and attribution runs frozen."""
+    from hf_families import save_family
+
+    import arithinterp as ai
+    from arithinterp.tasks import arithmetic
+
+    model = ai.load_model(str(save_family("llama", number_tokenizer, tmp_path / "llama")))
+    pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:6]
+    corrupt = pairs.corrupt.unpadded(torch.arange(len(pairs)))
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(corrupt)
+    values = [cache[f"blocks.{l}.mlp.hook_post"][:, -1] for l in range(model.cfg.n_layers)]
+    scores = nn.importance(model, pairs, method="patching", top_k=None).scores
+    assert torch.allclose(scores, _scores(_hand_effects(model, pairs, values)), atol=1e-5)
+    assert float(scores.max()) > 0.05
+    for p in model.parameters():
+        p.requires_grad_(False)
+    frozen = nn.importance(model, pairs, method="attribution", top_k=None).scores
+    assert bool((frozen > 0).any(1).all())
