@@ -228,7 +228,8 @@ def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
         corrupt_acts = engine.run(model, corrupt.unpadded(idx), reads=reads, logits="none").reads
         g, b = good[idx], bad[idx]
         clean_run = engine.run(model, tokens, reads=reads, metric=lambda logits, g=g, b=b: _final_metric(logits, g, b))
-        for i, (clean_act, grad, corrupt_act) in enumerate(zip(clean_run.reads, clean_run.grads, corrupt_acts)):
+        grads = clean_run.grads if clean_run.grads is not None else [None] * len(reads)  # always set with a metric
+        for i, (clean_act, grad, corrupt_act) in enumerate(zip(clean_run.reads, grads, corrupt_acts)):
             if grad is None:  # the metric does not depend on this layer
                 continue
             out[idx, i] = (grad * (corrupt_act - clean_act)).float().cpu()
