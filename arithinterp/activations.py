@@ -1,6 +1,7 @@
 """Collecting activations: ``collect(model, prompts, sites, ...)`` → :class:`Activations`.
 
-Only the requested hooks and positions are kept: each hook copies its slice straight into a
+Only the requested sites and positions are kept: each batch is one forward of the engine
+(:func:`arithinterp.engine.run` with reads only), whose slices are copied straight into a
 preallocated output (in memory, or a memory-mapped file in disk-backed mode), so memory is the
 size of what was asked for plus one batch's forward, not the size of a full cache. The forward
 stops after the last layer needed.
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import SiteError, accepted
 
@@ -172,17 +174,14 @@ def collect(
     if batch_size is None:
         returned = sum(t.numel() * t.element_size() for t in data.values()) if store is None else 0
         batch_size = auto_batch_size(model, prompts.tokens.shape[1], returned)
-    # where each hook's slice lands: (hook name, site, layer index)
-    targets = [(site_lib.hook_name(s, layer), s, i) for s in site_names for i, layer in enumerate(layer_lists[s])]
+    # what each read fills: (site, layer, layer index)
+    targets = [(s, layer, i) for s in site_names for i, layer in enumerate(layer_lists[s])]
     per_layer = [s for s in site_names if s not in site_lib.GLOBAL_SITES]
-    stop_at = max(chosen_layers) + 1 if per_layer else 1
-    stop_at_layer = stop_at if stop_at < site_lib.n_layers(model) else None
 
     batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
     with torch.inference_mode():
         for idx in tqdm(batches, desc="collect", disable=not progress):
             offset = prompts.offset(idx)
-            rows = torch.arange(len(idx))
             # per-prompt position of each requested position, in unpadded coordinates
             columns = torch.stack(
                 [
@@ -192,20 +191,12 @@ def collect(
                 dim=1,
             )
 
-            def keep(site, layer_i):
-                def hook(activation, hook):
-                    # some hooks (e.g. attn_z) fire on the flat [batch, pos, n_heads * d_head] tensor
-                    picked = activation[rows[:, None], columns]
-                    data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
-
-                return hook
-
-            model.run_with_hooks(
-                prompts.unpadded(idx),
-                fwd_hooks=[(name, keep(site, i)) for name, site, i in targets],
-                return_type=None,
-                stop_at_layer=stop_at_layer,
-            )
+            # reads only: the engine stops the forward after the deepest layer read
+            reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
+            out = engine.run(model, prompts.unpadded(idx), reads=reads, logits="none")
+            for (site, _, layer_i), picked in zip(targets, out.reads):
+                # attn_z may come flat ([batch, pos, n_heads * d_head]) or split into heads
+                data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
     return Activations(
         data=data,
         layers=chosen_layers if per_layer else [0],

@@ -216,22 +216,35 @@ class PromptSet:
     # --- running the model ---------------------------------------------------------------------
 
     @torch.inference_mode()
-    def evaluate(self, model: Any, batch_size: int = 512, progress: bool = False) -> Evaluation:
+    def evaluate(self, model: Any, batch_size: int = 512, progress: bool = False, interventions: Sequence[Any] = ()) -> Evaluation:
         """Greedily generate each answer's tokens and compare with the true answer.
 
         Correct means every answer token matches (for single-token answers: the argmax at the
-        final position is the answer token).
+        final position is the answer token). ``interventions``
+        (:class:`arithinterp.engine.Intervention`) are applied in every forward, through
+        :func:`arithinterp.engine.run`; their ``positions`` must be ``None`` or an int (``-1``:
+        the token being predicted), the same for every batch.
         """
         from tqdm.auto import tqdm
 
+        forward = lambda tokens: model(tokens, return_type="logits")[:, -1]  # noqa: E731
+        if interventions:
+            from arithinterp import engine
+
+            bad = [i for i in interventions if i.positions is not None and not isinstance(i.positions, int)]
+            if bad:
+                raise TaskError(
+                    f"interventions applied while evaluating must give positions as None or an int (the same in "
+                    f"every batch), not per-prompt tensors; got {type(bad[0].positions).__name__} at {bad[0].hook_name()}"
+                )
+            forward = lambda tokens: engine.run(model, tokens, interventions).logits  # noqa: E731
         n_answer = self.answer_tokens.shape[1]
         generated = torch.full((len(self), n_answer), -1, dtype=torch.long)
         groups = [g for group in self.length_groups() for g in group.split(batch_size)]
         for idx in tqdm(groups, desc="evaluate", disable=not progress):
             tokens = self.unpadded(idx)
             for step in range(n_answer):
-                logits = model(tokens, return_type="logits")[:, -1]
-                next_token = logits.argmax(-1)
+                next_token = forward(tokens).argmax(-1)
                 generated[idx, step] = next_token
                 tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         valid = self.answer_tokens >= 0

@@ -194,6 +194,99 @@ def test_patch_test_planted_helix_is_causally_sufficient(helix_model, helix_pair
     assert len(result.plot().data) == 1
 
 
+@pytest.fixture(scope="module")
+def helix_model_2layer(number_tokenizer):
+    """Two attention-only layers like ``helix_model`` (uniform attention, identity values and
+    outputs) over helix number embeddings: every residual site at an operand position is an exact
+    helix of that operand (``resid_post`` of layer 0 at ``a`` is 1.5 × its embedding), and the
+    final position reads every position, so patching any of them moves the answer."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from arithinterp.fourier import number_tokens
+
+    tok = number_tokenizer
+    cfg = TransformerBridgeConfig(d_model=64, d_head=16, n_heads=4, n_layers=2, n_ctx=8, d_mlp=128, d_vocab=len(tok),
+                                  act_fn="relu", normalization_type=None, attn_only=True, seed=0)
+    model = TransformerBridge.boot_native(cfg, tokenizer=tok).eval()
+    tokens = number_tokens(model, range(100))
+    g = torch.Generator().manual_seed(1)
+    design = hx.helix_basis(torch.arange(100).double(), PERIODS, constant=False)
+    embed = (design @ torch.randn(design.shape[1], 64, generator=g, dtype=torch.float64)).float()
+    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    state["embed.weight"][tokens] = embed
+    state["unembed.weight"][tokens] = embed
+    for layer in range(2):
+        state[f"blocks.{layer}.attn.v.weight"] = torch.eye(64)
+        state[f"blocks.{layer}.attn.o.weight"] = torch.eye(64)
+    model.load_state_dict(state)
+    return model
+
+
+def _layer_patch_effect(model, pairs, hook, position):
+    """Reference: mean corrupt-answer logit gain when ``hook`` at ``position`` takes the corrupt
+    run's value, one hand-written hook per pair set (same-length prompts)."""
+    clean, corrupt = pairs.clean.tokens, pairs.corrupt.tokens
+    rows = torch.arange(len(pairs))
+    pos = pairs.clean.positions[position]
+    _, cache = model.run_with_cache(corrupt, names_filter=lambda name: name == hook)
+    source = cache[hook][rows, pairs.corrupt.positions[position]]
+
+    def patch(act, hook):
+        act = act.clone()
+        act[rows, pos] = source
+        return act
+
+    with torch.inference_mode():
+        before = model(clean)[rows, -1, pairs.corrupt_answer_token]
+        after = model.run_with_hooks(clean, fwd_hooks=[(hook, patch)])[rows, -1, pairs.corrupt_answer_token]
+    return float((after - before).mean())
+
+
+def test_patch_test_patches_at_the_fits_site_resid_post(helix_model_2layer):
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    model = helix_model_2layer
+    prompts = arithmetic(model, "+", a=range(100), b=[0], template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    acts = collect(model, prompts, sites=["resid_post"], layers=[0], positions=["a"], progress=False)
+    fit = hx.fit(acts, "a", PERIODS)
+    assert (fit.site, fit.layer, fit.position) == ("resid_post", 0, "a")
+    result = hx.patch_test(model, pairs, fit)
+    assert (result.site, result.layer, result.position) == ("resid_post", 0, "a")
+    effect = dict(zip(result.methods, result.effect.tolist()))
+    # the layer patch is the corrupt run's resid_post at a, exactly
+    reference = _layer_patch_effect(model, pairs, "blocks.0.hook_resid_post", "a")
+    assert effect["layer patch"] == pytest.approx(reference, rel=1e-4)
+    # patching resid_pre instead moves the logits by a different amount: the site is not ignored
+    assert abs(_layer_patch_effect(model, pairs, "blocks.0.hook_resid_pre", "a") - reference) > 0.1 * abs(reference)
+    # the helix is a perfect reconstruction here, so patching it does what the layer patch does
+    assert effect["layer patch"] > 1.0
+    assert effect["helix"] == pytest.approx(effect["layer patch"], rel=0.01)
+    assert abs(effect["shuffled"]) < 0.2 * effect["layer patch"]
+
+
+def test_patch_test_patches_at_the_fits_position_b(helix_model_2layer):
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    model = helix_model_2layer
+    prompts = arithmetic(model, "+", a=[3], b=range(100), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="b", seed=0)
+    acts = collect(model, prompts, sites=["resid_pre"], layers=[1], positions=["b"], progress=False)
+    fit = hx.fit(acts, "b", PERIODS)
+    result = hx.patch_test(model, pairs, fit)
+    assert (result.site, result.layer, result.position, result.meta["value"]) == ("resid_pre", 1, "b", "b")
+    effect = dict(zip(result.methods, result.effect.tolist()))
+    reference = _layer_patch_effect(model, pairs, "blocks.1.hook_resid_pre", "b")
+    assert effect["layer patch"] == pytest.approx(reference, rel=1e-4) and abs(reference) > 1.0
+    assert effect["helix"] == pytest.approx(effect["layer patch"], rel=0.01)
+    # a is the same in clean and corrupt prompts: patching there (the old fixed position) does nothing
+    at_a = hx.patch_test(model, pairs, fit, position="a", value="b")
+    assert at_a.position == "a" and abs(float(at_a.effect[0])) < 1e-4
+
+
 def test_causal_period_search_prefers_the_planted_periods(helix_model, helix_pairs):
     from arithinterp.activations import collect
 

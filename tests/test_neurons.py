@@ -260,7 +260,7 @@ def test_attribution_importance_tracks_exact_patching(tiny):
     model, prompts = tiny
     pairs = prompts.counterfactual(vary="a", seed=0)[:12]
     attribution = nn.importance(model, pairs, method="attribution", top_k=10)
-    exact = nn.importance(model, pairs, method="ablation", top_k=10)
+    exact = nn.importance(model, pairs, method="patching", top_k=10)
     r = torch.corrcoef(torch.stack([attribution.scores.flatten(), exact.scores.flatten()]))[0, 1]
     assert r > 0.9
     assert attribution.top.shape == (model.cfg.n_layers, 10)
@@ -270,6 +270,93 @@ def test_attribution_importance_tracks_exact_patching(tiny):
         nn.importance(model, pairs, method="vibes")
     with pytest.raises(SiteError, match="out of range"):
         nn.importance(model, pairs, layers=[7])
+
+
+def _hand_effects(model, pairs, values):
+    """Reference: metric change when each (layer, neuron)'s final mlp_post on the clean prompt is
+    set to ``values[layer]`` [P, d_mlp], one sequence per neuron, hand-written hooks."""
+    assert pairs.clean.uniform_length
+    clean = pairs.clean.tokens  # one token length: no padding
+    good, bad = pairs.clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0]
+    P, d = len(pairs), int(model.cfg.d_mlp)
+    rows = torch.arange(P)
+    out = torch.zeros(P, model.cfg.n_layers, d)
+    with torch.inference_mode():
+        before = model(clean)[rows, -1]
+        base = before[rows, good] - before[rows, bad]
+        for layer in range(model.cfg.n_layers):
+            neuron = torch.arange(d).repeat_interleave(P)
+            row = rows.repeat(d)
+
+            def patch(act, hook):
+                act = act.clone()
+                act[torch.arange(len(row)), -1, neuron] = values[layer][row, neuron]
+                return act
+
+            logits = model.run_with_hooks(clean.repeat(d, 1), fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", patch)])[:, -1]
+            metric = logits[torch.arange(len(row)), good.repeat(d)] - logits[torch.arange(len(row)), bad.repeat(d)]
+            out[:, layer] = (metric - base.repeat(d)).view(d, P).T
+    return out
+
+
+def _scores(effects):
+    magnitude = effects.abs()
+    return magnitude.mean(0) + magnitude.std(0)
+
+
+def test_importance_methods_do_what_they_are_named_for(tiny):
+    model, prompts = tiny
+    pairs = prompts.counterfactual(vary="a", seed=0)[:12]
+    with torch.inference_mode():
+        _, clean_cache = model.run_with_cache(pairs.clean.tokens)
+        _, corrupt_cache = model.run_with_cache(pairs.corrupt.tokens)
+    name = "blocks.{}.mlp.hook_post"
+    corrupt = [corrupt_cache[name.format(l)][:, -1] for l in range(2)]
+    mean = [clean_cache[name.format(l)][:, -1].mean(0, keepdim=True).expand(len(pairs), -1) for l in range(2)]
+    patched = nn.importance(model, pairs, method="patching", top_k=None)
+    ablated = nn.importance(model, pairs, method="mean_ablation", top_k=None)
+    # "patching" puts the corrupt prompt's value in, "mean_ablation" the mean over the clean prompts
+    assert torch.allclose(patched.scores, _scores(_hand_effects(model, pairs, corrupt)), atol=1e-4)
+    assert torch.allclose(ablated.scores, _scores(_hand_effects(model, pairs, mean)), atol=1e-4)
+    assert not torch.allclose(patched.scores, ablated.scores, atol=1e-3)
+    assert (patched.method, ablated.method) == ("patching", "mean_ablation")
+    # the old name of "patching" still works, with a warning that says what it does
+    with pytest.warns(DeprecationWarning, match="corrupt value"):
+        old = nn.importance(model, pairs, method="ablation", top_k=None)
+    assert old.method == "patching" and torch.equal(old.scores, patched.scores)
+    with pytest.raises(ConfigError, match="mean_ablation"):
+        nn.importance(model, pairs, method="ablate")
+
+
+def test_mean_ablation_value_is_the_engines_mean(tiny):
+    from arithinterp.engine import mean_activation
+    from arithinterp.neurons.model import mean_final_activation
+
+    model, prompts = tiny
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(prompts.tokens)
+    acts = torch.stack([cache[f"blocks.{l}.mlp.hook_post"] for l in range(2)], 2)  # [P, T, L, d_mlp]
+    expected = mean_activation(acts, prompts.lengths)[-1]  # the final position of the right-aligned frame
+    assert torch.allclose(mean_final_activation(model, prompts, [0, 1]), expected, atol=1e-5)
+    assert torch.allclose(expected, acts[:, -1].mean(0), atol=1e-5)  # every prompt has a final position
+
+
+def test_attribution_works_on_a_frozen_model(tiny):
+    model, prompts = tiny
+    pairs = prompts.counterfactual(vary="a", seed=0)[:12]
+    trainable = nn.importance(model, pairs, method="attribution", top_k=None)
+    flags = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        frozen = nn.importance(model, pairs, method="attribution", top_k=None)
+        assert not any(p.requires_grad for p in model.parameters())  # left frozen
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+    assert torch.allclose(frozen.scores, trainable.scores, atol=1e-6)
+    assert float(frozen.scores.abs().sum()) > 0  # both layers get gradients
+    assert bool((frozen.scores > 0).any(1).all())
 
 
 def test_maps_are_final_position_activations_times_logit_lens(tiny):
@@ -343,3 +430,26 @@ def test_add_100_last_layer_is_heuristic_and_ablation_hurts_associated_prompts_m
     result = nn.ablate_heuristic(model, prompts, table, names)
     s = result.summary()
     assert s["associated_drop"] > s["other_drop"] + 0.1  # measured 0.57 vs 0.04
+
+
+def test_importance_on_a_llama_folder_equals_hooks_and_works_frozen(number_tokenizer, tmp_path):
+    """Gated MLP, grouped-query attention, rotary: 'patching' (the engine's stacked cells resumed
+    at the patched layer) equals one hooked forward per neuron, and attribution runs frozen."""
+    from hf_families import save_family
+
+    import arithinterp as ai
+    from arithinterp.tasks import arithmetic
+
+    model = ai.load_model(str(save_family("llama", number_tokenizer, tmp_path / "llama")))
+    pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:6]
+    corrupt = pairs.corrupt.unpadded(torch.arange(len(pairs)))
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(corrupt)
+    values = [cache[f"blocks.{l}.mlp.hook_post"][:, -1] for l in range(model.cfg.n_layers)]
+    scores = nn.importance(model, pairs, method="patching", top_k=None).scores
+    assert torch.allclose(scores, _scores(_hand_effects(model, pairs, values)), atol=1e-5)
+    assert float(scores.max()) > 0.05
+    for p in model.parameters():
+        p.requires_grad_(False)
+    frozen = nn.importance(model, pairs, method="attribution", top_k=None).scores
+    assert bool((frozen > 0).any(1).all())

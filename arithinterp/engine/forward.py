@@ -31,7 +31,9 @@ class Intervention:
 
     Args:
         site, layer: where, in TransformerLens's vocabulary (``"mlp_post"``, 3).
-        positions: ``[B]`` one position per prompt, ``[B, k]`` several, or ``None`` for all.
+        positions: ``[B]`` one position per prompt, ``[B, k]`` several, an int (the same position
+            in every prompt, negative counting from the end: ``-1`` is the last token of each
+            forward, also while generating), or ``None`` for all.
         units: heads (``attn_z``, ``pattern``) or neurons (``mlp_pre``, ``mlp_post``); ``None`` for all.
         value: a number or tensor broadcast to the selected slice ``[B, (k,) (units,) ...]``, or a
             function of that slice returning its replacement (a projection, a helix
@@ -40,7 +42,7 @@ class Intervention:
 
     site: str
     layer: int = 0
-    positions: Optional[torch.Tensor] = None
+    positions: Union[None, int, torch.Tensor] = None
     units: Optional[Sequence[int]] = None
     value: Value = 0.0
 
@@ -48,22 +50,32 @@ class Intervention:
         return site_lib.hook_name(self.site, self.layer)
 
     def apply(self, activation: torch.Tensor) -> torch.Tensor:
-        """The activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) with the slice replaced."""
+        """The activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) with the slice replaced.
+
+        With one position per prompt (``positions`` ``[B]`` or an int) the value sees the slice
+        without a position axis, ``[B, (units,) ...]``, as a :class:`Read` returns it.
+        """
         out = activation.clone()
-        index = _slice_index(self.site, out, self.positions, self.units)
+        positions = _positions_tensor(self.positions, out.shape[0], out.device)
+        index = _slice_index(self.site, out, positions, self.units)
         current = out[index]
-        new = self.value(current) if callable(self.value) else torch.as_tensor(self.value, dtype=out.dtype, device=out.device)
-        out[index] = new.to(out.dtype).expand_as(current) if isinstance(new, torch.Tensor) else new
+        single = positions is not None and positions.ndim == 1
+        k_dim = 2 if self.site == "pattern" and self.units is not None else 1
+        view = current.squeeze(k_dim) if single else current
+        new = self.value(view) if callable(self.value) else self.value
+        new = torch.as_tensor(new, device=out.device).to(out.dtype).expand_as(view)
+        out[index] = new.unsqueeze(k_dim) if single else new
         return out.reshape(activation.shape)
 
 
 @dataclass(frozen=True)
 class Read:
-    """Keep one activation: ``[B, T, ...]``, or ``[B, ...]`` / ``[B, k, ...]`` at ``positions``."""
+    """Keep one activation: ``[B, T, ...]``, or ``[B, ...]`` / ``[B, k, ...]`` at ``positions``
+    (``[B]`` or an int: one position per prompt; ``[B, k]``: several)."""
 
     site: str
     layer: int = 0
-    positions: Optional[torch.Tensor] = None
+    positions: Union[None, int, torch.Tensor] = None
 
     def hook_name(self) -> str:
         return site_lib.hook_name(self.site, self.layer)
@@ -72,7 +84,7 @@ class Read:
         if self.positions is None:
             return activation
         rows = torch.arange(activation.shape[0], device=activation.device)
-        pos = self.positions.to(activation.device)
+        pos = _positions_tensor(self.positions, activation.shape[0], activation.device)
         if self.site == "pattern":
             activation = activation.transpose(1, 2)  # [B, Tq, H, Tk]
         return activation[rows[:, None], pos[:, None]].squeeze(1) if pos.ndim == 1 else activation[rows[:, None], pos]
@@ -98,6 +110,18 @@ def _heads_split(site: str, n_heads: int, fn: Callable[[torch.Tensor], torch.Ten
         return fn(activation)
 
     return wrapped
+
+
+def _positions_tensor(positions: Union[None, int, torch.Tensor], B: int, device) -> Optional[torch.Tensor]:
+    """Positions as a tensor on ``device``: an int becomes the same position for all ``B`` prompts."""
+    if positions is None:
+        return None
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        return torch.full((B,), positions, dtype=torch.long, device=device)
+    if not isinstance(positions, torch.Tensor) or positions.ndim not in (1, 2) or positions.shape[0] != B:
+        shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise AnalysisError(f"positions must be None, an int, [B] or [B, k] with B = {B} prompts, got {shape}")
+    return positions.to(device)
 
 
 def _slice_index(site: str, activation: torch.Tensor, positions: Optional[torch.Tensor], units) -> tuple:

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.engine import Intervention
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
 from arithinterp.fourier.spectra import COMPONENT_SITES, _numbers, number_tokens
@@ -101,7 +102,9 @@ def frequency_filter(
     in ``layers`` (default all) during the forward pass and measure accuracy on ``prompts``
     and the error distribution (Zhou et al. 2024, RECIPES §2).
 
-    Each output ``h`` is replaced by ``h @ P`` with ``P`` from :func:`filter_projector` over
+    Each output ``h`` [d] at the last position of every forward (an
+    :class:`~arithinterp.engine.Intervention` whose value is the projection) is replaced by
+    ``h @ P`` with ``P`` from :func:`filter_projector` over
     the unembeddings of ``numbers`` (default 0..max answer), so that the logit lens of the
     component output has no power in the band; ``band`` is ``"low"`` / ``"high"`` (split at
     ``split_period``, see :func:`band_frequencies`) or a list of frequencies.
@@ -118,15 +121,14 @@ def frequency_filter(
         raise SiteError("frequency_filter filters the final position (where the answer is read); use position='final'")
     baseline = prompts.evaluate(model, batch_size=batch_size)
 
-    def hook(output, hook):
-        # only the scored position is filtered (the component's contribution to the answer); with
-        # greedy generation of later answer tokens, the last position is the one being read
-        last = output[:, -1]
-        output[:, -1] = (last.double() @ projector.to(output.device)).to(output.dtype)
-        return output
+    def remove_band(last: torch.Tensor) -> torch.Tensor:
+        # the component's output at the last position [B, d] -> its projection, in float64
+        return (last.double() @ projector).to(last.dtype)
 
-    with torch.inference_mode(), model.hooks(fwd_hooks=[(site_lib.hook_name(site, layer), hook) for layer in layers]):
-        filtered = prompts.evaluate(model, batch_size=batch_size)
+    # only the scored position is filtered (the component's contribution to the answer); with
+    # greedy generation of later answer tokens, the last position is the one being read
+    filters = [Intervention(site, layer, positions=-1, value=remove_band) for layer in layers]
+    filtered = prompts.evaluate(model, batch_size=batch_size, interventions=filters)
     from arithinterp.tasks import UNPARSABLE
 
     wrong = ~filtered.correct

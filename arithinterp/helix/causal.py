@@ -8,11 +8,14 @@ equal dimension and a helix fitted to shuffled values, :func:`patch_test` →
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
+from arithinterp import engine
+from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, SiteError, accepted
 from arithinterp.helix.design import _as_2d
 from arithinterp.helix.fitting import HelixFit, fit
@@ -26,44 +29,65 @@ def _groups(prompts: Any, batch_size: int):
     return [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
 
 
-@torch.inference_mode()
-def capture(model: Any, prompts: Any, hook: str, position: str, batch_size: int = 256,
-            stop_at_layer: Optional[int] = None) -> torch.Tensor:
-    """Activations [N, d] at hook ``hook`` and the named ``position`` of each prompt (the forward
-    stops before block ``stop_at_layer`` when given)."""
+def _where(hook: Union[str, tuple]) -> tuple[str, int]:
+    """``(site, layer)`` of a hook name (``"blocks.3.hook_resid_post"``) or of a ``(site, layer)`` pair."""
+    if isinstance(hook, tuple):
+        site, layer = hook
+        return site_lib.check_site(site), int(layer)
+    for site, template in site_lib.HOOKS.items():
+        match = re.fullmatch(re.escape(template).replace(re.escape("{layer}"), r"(\d+)"), str(hook))
+        if match:
+            return site, int(match.group(1)) if match.groups() else 0
+    raise SiteError(f"unknown hook {hook!r}; accepted: a (site, layer) pair or a hook name such as "
+                    f"'blocks.0.hook_resid_pre' for the sites {accepted(site_lib.HOOKS)}")
+
+
+def _position_index(prompts: Any, position: str) -> torch.Tensor:
+    """Each prompt's index [N] of ``position`` in the left-padded frame: a named position
+    (``"a"``, ``"b"``, ``"final"``) or an integer index (as ``collect`` records it, ``"3"``)."""
+    if position in prompts.positions:
+        return prompts.positions[position]
+    if re.fullmatch(r"-?\d+", str(position)):
+        width = prompts.tokens.shape[1]
+        p = int(position)
+        if not -width <= p < width:
+            raise SiteError(f"position {p} is out of range for prompts of {width} tokens")
+        return torch.full((len(prompts),), p % width, dtype=torch.long)
+    raise SiteError(f"unknown position {position!r}; accepted: {accepted(prompts.positions)} or an int index")
+
+
+def capture(model: Any, prompts: Any, hook: Union[str, tuple], position: str, batch_size: int = 256) -> torch.Tensor:
+    """Activations [N, d] at ``hook`` (a hook name or a ``(site, layer)`` pair) and ``position``
+    of each prompt, read by :func:`arithinterp.engine.run` (the forward stops after that layer)."""
+    site, layer = _where(hook)
+    index = _position_index(prompts, position)
     out = None
     for idx in _groups(prompts, batch_size):
-        columns = prompts.positions[position][idx] - prompts.offset(idx)
-        store = {}
-
-        def keep(x, hook):
-            store["x"] = x[torch.arange(len(idx)), columns].detach().float()
-
-        model.run_with_hooks(prompts.unpadded(idx), fwd_hooks=[(hook, keep)], return_type=None,
-                             stop_at_layer=stop_at_layer)
+        columns = index[idx] - prompts.offset(idx)
+        read = engine.run(model, prompts.unpadded(idx), reads=[engine.Read(site, layer, columns)], logits="none").reads[0]
+        read = read.reshape(len(idx), -1).float()
         if out is None:
-            out = torch.empty((len(prompts), store["x"].shape[-1]))
-        out[idx] = store["x"]
+            out = torch.empty((len(prompts), read.shape[-1]))
+        out[idx] = read
     return out
 
 
-@torch.inference_mode()
-def patched_logit(model: Any, prompts: Any, hook: str, position: str, replacement: Optional[torch.Tensor],
+def patched_logit(model: Any, prompts: Any, hook: Union[str, tuple], position: str, replacement: Optional[torch.Tensor],
                   tokens: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Logit [N] of ``tokens`` at the final position when the activation at ``hook`` and
-    ``position`` is replaced by ``replacement`` [N, d] (``None``: no patch)."""
+    """Logit [N] of ``tokens`` at the final position when the activation at ``hook`` (a hook name
+    or a ``(site, layer)`` pair) and ``position`` is replaced by ``replacement`` [N, d] (``None``:
+    no patch), one :func:`arithinterp.engine.run` per batch."""
+    site, layer = _where(hook)
+    index = _position_index(prompts, position)
     out = torch.empty(len(prompts))
     for idx in _groups(prompts, batch_size):
-        columns = prompts.positions[position][idx] - prompts.offset(idx)
-
-        def patch(x, hook):
-            x = x.clone()
-            x[torch.arange(len(idx)), columns] = replacement[idx].to(x.dtype).to(x.device)
-            return x
-
-        hooks = [] if replacement is None else [(hook, patch)]
-        logits = model.run_with_hooks(prompts.unpadded(idx), fwd_hooks=hooks, return_type="logits")
-        out[idx] = logits[torch.arange(len(idx)), -1, tokens[idx]].float()
+        columns = index[idx] - prompts.offset(idx)
+        patches = []
+        if replacement is not None:
+            value = replacement[idx]
+            patches = [engine.Intervention(site, layer, columns, value=lambda current, value=value: value.reshape(current.shape))]
+        logits = engine.run(model, prompts.unpadded(idx), patches).logits
+        out[idx] = logits[torch.arange(len(idx)), tokens[idx]].float()
     return out
 
 
@@ -85,6 +109,7 @@ class HelixPatchResult(Result):
     ``effect[i]`` = mean over pairs of (logit of the corrupted answer after patching − before)
     for ``methods[i]``; ``per_pair`` [M, n_pairs]; ``fraction[i]`` = ``effect[i]`` / the layer
     patch's effect. ``k`` is the PCA baseline's dimension (the helix's parameter count).
+    ``site``, ``layer`` and ``position`` say where the activations were patched.
     """
 
     methods: list
@@ -95,6 +120,7 @@ class HelixPatchResult(Result):
     layer: int
     position: str
     meta: dict
+    site: str = "resid_pre"
 
     def to_frame(self):
         import pandas as pd
@@ -127,46 +153,51 @@ def patch_test(
     pairs: Any,
     fit: HelixFit,
     layer: Optional[int] = None,
-    position: str = "a",
+    position: Optional[str] = None,
     *,
+    site: Optional[str] = None,
     value: Optional[str] = None,
     control: Optional[HelixFit] = None,
     extra: Optional[dict] = None,
     random_state: int = 0,
     batch_size: int = 256,
 ) -> HelixPatchResult:
-    """Is the fitted helix causally sufficient? (RECIPES §1.)
+    """Is the fitted helix causally sufficient? (Kantamneni & Tegmark 2025.)
 
-    At ``blocks.{layer}.hook_resid_pre`` and ``position`` of each clean prompt, replace the
-    activation by (i) the corrupt prompt's activation (``"layer patch"``), (ii) its
+    Where the fit was made — its ``site``, ``layer`` and ``position`` (``fit.site``,
+    ``fit.layer``, ``fit.position``; each can be overridden, and a fit to a bare tensor, which
+    records none, patches ``resid_pre`` at ``a`` unless told otherwise) — replace each clean
+    prompt's activation ``[d]`` by (i) the corrupt prompt's activation (``"layer patch"``), (ii) its
     reconstruction from the fit's top-k PCA components, k = ``fit.n_params`` (``"PCA-k"``),
     (iii) the fit evaluated at the corrupt value (``fit.kind``), (iv) a fit of the same kind to
     shuffled values (``"shuffled"``: ``control``, by default :func:`shuffled_control` on the
     pairs' clean and corrupt activations), (v) the fit's mean activation (``"mean"``: what
     erasing the number does, the reference for the control) and any ``extra`` fits
-    (name → ``HelixFit``).
+    (name → ``HelixFit``). The patches run through :func:`arithinterp.engine.run`.
     Metric: logit of the corrupt answer after patching − before, averaged over pairs.
-    ``value`` names the fitted variable (default: ``position``, e.g. ``"a"``).
+    ``value`` names the fitted variable (default: the fit's own, e.g. ``"a"``, else ``position``).
     """
-    from arithinterp import sites as site_lib
-
     layer = fit.layer if layer is None else layer
     if layer is None:
         raise SiteError("pass layer= (the fit does not record one)")
-    hook = site_lib.hook_name("resid_pre", site_lib.check_layers(model, "resid_pre", [layer])[0])
-    if position not in pairs.clean.positions:
-        raise SiteError(f"unknown position {position!r}; accepted: {accepted(pairs.clean.positions)}")
+    site = site or fit.site or "resid_pre"
+    if site in site_lib.GLOBAL_SITES:
+        layer = 0
+    layer = site_lib.check_layers(model, site, [layer])[0]
+    position = str(position if position is not None else (fit.position if fit.position is not None else "a"))
+    _position_index(pairs.clean, position)  # refuses an unknown or out-of-range position before any work
     if len(fit.names) != 1:
         raise AnalysisError("patch_test patches one number; fit a single-variable helix (values='a')")
-    value = value or position
+    if value is None:
+        value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else position
     clean_values = pairs.clean.label(value).double()
     corrupt_values = pairs.corrupt.label(value).double()
-    stop = layer + 1 if layer + 1 < site_lib.n_layers(model) else None
-    clean_acts = capture(model, pairs.clean, hook, position, batch_size, stop)
-    corrupt_acts = capture(model, pairs.corrupt, hook, position, batch_size, stop)
+    where = (site, layer)
+    clean_acts = capture(model, pairs.clean, where, position, batch_size)
+    corrupt_acts = capture(model, pairs.corrupt, where, position, batch_size)
     if corrupt_acts.shape[1] != fit.mean.shape[0]:
         raise AnalysisError(
-            f"the fit is {fit.mean.shape[0]}-dimensional but the activations are {corrupt_acts.shape[1]}"
+            f"the fit is {fit.mean.shape[0]}-dimensional but the activations at {site!r} are {corrupt_acts.shape[1]}"
         )
     if control is None:
         control = shuffled_control(torch.cat([clean_acts, corrupt_acts]), torch.cat([clean_values, corrupt_values]),
@@ -180,12 +211,12 @@ def patch_test(
     }
     for name, other in (extra or {}).items():
         methods[str(name)] = other.predict(corrupt_values)
-    per_pair = _stacked_effects(model, pairs, hook, position, list(methods.values()), batch_size)
+    per_pair = _stacked_effects(model, pairs, where, position, list(methods.values()), batch_size)
     effect = per_pair.mean(1)
     return HelixPatchResult(
         methods=list(methods), effect=effect, per_pair=per_pair,
         fraction=effect / effect[0] if float(effect[0]) != 0 else torch.full_like(effect, float("nan")),
-        k=fit.n_params, layer=int(layer), position=position,
+        k=fit.n_params, layer=int(layer), position=position, site=site,
         meta=build_meta(model, n_pairs=len(pairs), periods=fit.periods, kind=fit.kind, value=value,
-                        random_state=random_state),
+                        random_state=random_state, site=site),
     )

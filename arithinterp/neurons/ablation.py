@@ -10,9 +10,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.neurons.model import _batches, _check_prompts, _final_activations
+from arithinterp.neurons.model import _batches, _check_prompts, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
 
@@ -117,46 +118,44 @@ def _check_mode(mode: str) -> None:
 
 
 def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int) -> torch.Tensor:
-    """What an ablated neuron is set to: its mean final-position activation, or 0: [L, d_mlp]."""
+    """What an ablated neuron is set to, ``[L, d_mlp]``: its mean ablation value at the final
+    position (:func:`~arithinterp.neurons.model.mean_final_activation`, the engine's one
+    definition, over ``prompts``), or 0."""
     if mode == "zero":
         return torch.zeros(len(layers), int(model.cfg.d_mlp))
-    return _final_activations(model, prompts, layers, batch_size).mean(0)
+    return mean_final_activation(model, prompts, layers, batch_size)
 
 
-@torch.inference_mode()
 def _correct(model, prompts, masks: dict[int, torch.Tensor], replacement: dict[int, torch.Tensor], batch_size: int) -> torch.Tensor:
     """Whether each prompt is answered right with neurons ablated at the final position.
 
     ``masks[layer]`` is ``[d_mlp]`` (same for every prompt) or ``[P, d_mlp]`` bool. With
     ``prompts.scoring == "full_answer"`` every answer token is checked teacher-forced (equal to
-    greedy exact match); otherwise the first answer token.
+    greedy exact match); otherwise the first answer token. The ablations are
+    :class:`~arithinterp.engine.Intervention` s run by :func:`arithinterp.engine.run`.
     """
     correct = torch.zeros(len(prompts), dtype=torch.bool)
     full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
     for idx, tokens, final in _batches(prompts, batch_size):
         rows = torch.arange(len(idx))
         answer = prompts.answer_tokens[idx]
-        hooks = []
+        ablations = []
         for layer, mask in masks.items():
             m = mask[idx] if mask.ndim == 2 else mask[None].expand(len(idx), -1)
-            value = replacement[layer]
 
-            def ablate(act, hook, m=m, value=value):
-                act = act.clone()
-                here = act[rows, final]
-                act[rows, final] = torch.where(m, value.to(act.dtype)[None], here)
-                return act
+            def ablate(current, m=m, value=replacement[layer]):  # [B, d_mlp] at the final position
+                return torch.where(m.to(current.device), value.to(current.device, current.dtype)[None], current)
 
-            hooks.append((site_lib.hook_name("mlp_post", layer), ablate))
+            ablations.append(engine.Intervention("mlp_post", layer, final, value=ablate))
         if full:
             extra = answer[:, :-1].clamp(min=0)
-            logits = model.run_with_hooks(torch.cat([tokens, extra], dim=1), fwd_hooks=hooks)
+            logits = engine.run(model, torch.cat([tokens, extra], dim=1), ablations, logits="all").logits
             steps = torch.arange(answer.shape[1])
-            predicted = logits[rows[:, None], final[:, None] + steps[None]].argmax(-1)
+            predicted = logits[rows[:, None], final[:, None] + steps[None]].argmax(-1).cpu()
             correct[idx] = ((predicted == answer) | (answer < 0)).all(1)
         else:
-            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-            correct[idx] = logits[rows, final].argmax(-1) == answer[:, 0]
+            logits = engine.run(model, tokens, ablations).logits  # the final position: the prompt's last token
+            correct[idx] = logits.argmax(-1).cpu() == answer[:, 0]
     return correct
 
 
@@ -186,8 +185,9 @@ def ablate_heuristic(
     """Ablate the neurons of each heuristic; accuracy on associated vs other prompts (RECIPES §4).
 
     A prompt is associated with a heuristic when its (a, b, result) satisfies it. Neurons are
-    ablated at the final position by setting ``mlp_post`` to its mean over ``prompts``
-    (``mode="mean"``) or to zero.
+    ablated at the final position by setting ``mlp_post`` to its mean ablation value
+    (``mode="mean"``: :func:`arithinterp.engine.mean_activation` over ``prompts`` at the final
+    position, i.e. the mean over all of them) or to zero.
 
     Args:
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least

@@ -4,7 +4,7 @@ a model's important neurons."""
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
+import warnings
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -12,13 +12,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp import engine
+from arithinterp.engine.patches import UNCHANGED
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.neurons.scoring import _check_threshold, classify_maps
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
 
-IMPORTANCE_METHODS = ("attribution", "ablation")
+IMPORTANCE_METHODS = ("attribution", "patching", "mean_ablation")
+# old name -> the method it always was ("ablation" patched in the corrupt value; it never ablated)
+_DEPRECATED_METHODS = {"ablation": "patching"}
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -146,14 +150,20 @@ def importance(
     batch_size: int = 256,
     progress: bool = False,
 ) -> NeuronImportance:
-    """Rank MLP neurons by their effect on the answer (RECIPES §4).
+    """Rank MLP neurons by their effect on the answer (Nikankin et al. 2025).
 
     The metric is the logit difference clean answer − corrupt answer at the final position.
+    Each method is named for what it does to a neuron's final-position ``mlp_post`` activation:
 
-    * ``"attribution"``: attribution patching on ``mlp_post`` at the final position, effect =
-      gradient of the metric (on the clean run) × (corrupt − clean) activation.
-    * ``"ablation"``: exact activation patching of each neuron's final-position activation to
-      its corrupt value, effect = metric after − before (neurons batched together).
+    * ``"attribution"``: attribution patching (Nanda 2023; Syed et al. 2023), effect = gradient
+      of the metric on the clean run × (corrupt − clean) activation; works on frozen models.
+    * ``"patching"``: exact activation patching: the clean run with the neuron's activation set
+      to its value on the corrupt prompt, effect = metric after − before (neurons batched together).
+    * ``"mean_ablation"``: the clean run with the neuron's activation set to its mean ablation
+      value, :func:`arithinterp.engine.mean_activation` over the clean prompts at the final
+      position (the mean over all of them), effect = metric after − before.
+
+    ``"ablation"`` is a deprecated name of ``"patching"`` (it always patched in the corrupt value).
 
     A neuron's score is mean + std over prompts of ``|effect|`` (the paper's mean + std; the
     magnitude *(choice)* so neurons that push either way count). Returns the top ``top_k`` per
@@ -162,7 +172,15 @@ def importance(
     Args:
         pairs: ``PromptPairs`` (clean / corrupt prompts with aligned positions).
         layers: layers to score (default all).
+
+    Returns :class:`NeuronImportance` with ``scores`` ``[len(layers), d_mlp]``.
     """
+    if method in _DEPRECATED_METHODS:
+        warnings.warn(
+            f"importance method {method!r} is deprecated: it patches in the corrupt value; call it "
+            f"{_DEPRECATED_METHODS[method]!r} (or use 'mean_ablation' to ablate)", DeprecationWarning, stacklevel=2,
+        )
+        method = _DEPRECATED_METHODS[method]
     if method not in IMPORTANCE_METHODS:
         raise ConfigError(f"unknown importance method {method!r}; accepted: {accepted(IMPORTANCE_METHODS)}")
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
@@ -174,7 +192,12 @@ def importance(
         top_k = d_mlp
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= d_mlp:
         raise ConfigError(f"top_k must be an integer in 1..{d_mlp} (d_mlp) or None, got {top_k!r}")
-    effects = _attribution(model, pairs, chosen, batch_size, progress) if method == "attribution" else _patch_effects(model, pairs, chosen, batch_size, progress)
+    if method == "attribution":
+        effects = _attribution(model, pairs, chosen, batch_size, progress)
+    elif method == "patching":
+        effects = _patch_effects(model, pairs, chosen, batch_size, progress)
+    else:
+        effects = _mean_ablation_effects(model, pairs, chosen, batch_size, progress)
     magnitude = effects.abs()  # [P, L, d_mlp]
     scores = magnitude.mean(0) + (magnitude.std(0) if magnitude.shape[0] > 1 else 0)
     top = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :top_k]
@@ -184,90 +207,126 @@ def importance(
     )
 
 
-def _final_metric(logits: torch.Tensor, final: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    rows = torch.arange(len(final))
-    at = logits[rows, final]
-    return at[rows, good] - at[rows, bad]
+def _final_metric(logits: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """Logit difference good − bad ``[B]`` from final-position logits ``[B, V]``."""
+    rows = torch.arange(len(good))
+    return logits[rows, good] - logits[rows, bad]
+
+
+def _final_reads(layers: Sequence[int], final: torch.Tensor) -> list:
+    return [engine.Read("mlp_post", layer, final) for layer in layers]
 
 
 def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
+    """Attribution-patching effects ``[P, len(layers), d_mlp]``: the gradient is read by the
+    engine at each ``mlp_post`` (``engine.run(..., metric=...)``), so frozen models work."""
     clean, corrupt = pairs.clean, pairs.corrupt
     out = torch.zeros(len(clean), len(layers), int(model.cfg.d_mlp))
-    names = {site_lib.hook_name("mlp_post", l): i for i, l in enumerate(layers)}
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
     for idx, tokens, final in tqdm(list(_batches(clean, batch_size)), desc="attribution", disable=not progress):
-        rows = torch.arange(len(idx))
-        corrupt_acts = {}
-
-        def keep(act, hook, name):
-            corrupt_acts[name] = act[rows, final].detach().clone()
-            return act
-
-        with torch.inference_mode():
-            model.run_with_hooks(corrupt.unpadded(idx), fwd_hooks=[(n, partial(keep, name=n)) for n in names])
-        clean_acts = {}
-
-        def grab(act, hook, name):
-            if not act.requires_grad:  # frozen weights: make the graph start here
-                act = act.detach().requires_grad_(True)
-            clean_acts[name] = act
-            return act
-
-        with torch.enable_grad():
-            logits = model.run_with_hooks(tokens, fwd_hooks=[(n, partial(grab, name=n)) for n in names])
-            metric = _final_metric(logits, final, good[idx], bad[idx]).sum()
-            grads = torch.autograd.grad(metric, [clean_acts[n] for n in names], allow_unused=True)
-        for n, grad in zip(names, grads):
-            i = names[n]
-            if grad is None:
+        reads = _final_reads(layers, final)
+        corrupt_acts = engine.run(model, corrupt.unpadded(idx), reads=reads, logits="none").reads
+        g, b = good[idx], bad[idx]
+        clean_run = engine.run(model, tokens, reads=reads, metric=lambda logits, g=g, b=b: _final_metric(logits, g, b))
+        grads = clean_run.grads if clean_run.grads is not None else [None] * len(reads)  # always set with a metric
+        for i, (clean_act, grad, corrupt_act) in enumerate(zip(clean_run.reads, grads, corrupt_acts)):
+            if grad is None:  # the metric does not depend on this layer
                 continue
-            delta = corrupt_acts[n] - clean_acts[n].detach()[rows, final]
-            out[idx, i] = (grad[rows, final] * delta).float()
+            out[idx, i] = (grad * (corrupt_act - clean_act)).float().cpu()
     return out
 
 
 @torch.inference_mode()
-def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
-    clean, corrupt = pairs.clean, pairs.corrupt
+def _replacement_effects(model, prompts, answers, layers, values_for, batch_size, progress, desc) -> torch.Tensor:
+    """Effect ``[P, len(layers), d_mlp]`` of setting each neuron's final-position ``mlp_post``
+    on ``prompts`` to ``values_for(idx, final)[i]`` (``[B, d_mlp]`` for layer ``layers[i]``):
+    metric after − before, one neuron per sequence, many sequences stacked in one
+    :func:`arithinterp.engine.run`. ``answers`` is ``(good, bad)`` answer tokens ``[P]``."""
     d_mlp = int(model.cfg.d_mlp)
-    out = torch.zeros(len(clean), len(layers), d_mlp)
-    good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
+    out = torch.zeros(len(prompts), len(layers), d_mlp)
+    good, bad = answers
     # every (prompt, neuron) patch is its own sequence: batch prompts x a block of neurons
     block = max(1, batch_size // 8)
-    jobs = [(idx, tokens, final) for idx, tokens, final in _batches(clean, block)]
-    bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
+    jobs = list(_batches(prompts, block))
+    bar = tqdm(total=len(jobs) * len(layers), desc=desc, disable=not progress)
     for idx, tokens, final in jobs:
         rows = torch.arange(len(idx))
-        corrupt_acts = {}
-
-        def keep(act, hook, name):
-            corrupt_acts[name] = act[rows, final].clone()
-            return act
-
-        names = [site_lib.hook_name("mlp_post", l) for l in layers]
-        model.run_with_hooks(corrupt.unpadded(idx), fwd_hooks=[(n, partial(keep, name=n)) for n in names])
-        base = _final_metric(model(tokens), final, good[idx], bad[idx])
+        values = values_for(idx, final)
+        base = _final_metric(engine.run(model, tokens).logits, good[idx], bad[idx])
         chunk = max(1, 4096 // len(idx))
-        for i, name in enumerate(names):
+        for i, layer in enumerate(layers):
             for start in range(0, d_mlp, chunk):
                 neurons = torch.arange(start, min(start + chunk, d_mlp))
                 reps = len(neurons)
                 prow = rows.repeat(reps)
                 pneuron = neurons.repeat_interleave(len(idx))
-                pfinal = final.repeat(reps)
-                value = corrupt_acts[name][prow, pneuron]
+                value = values[i][prow, pneuron]
 
-                def patch(act, hook):
-                    act = act.clone()
-                    act[torch.arange(len(prow)), pfinal, pneuron] = value.to(act.dtype)
-                    return act
+                def set_neuron(current, pneuron=pneuron, value=value):  # [reps * B, d_mlp] at the final position
+                    current = current.clone()
+                    current[torch.arange(len(current)), pneuron.to(current.device)] = value.to(current.device, current.dtype)
+                    return current
 
-                logits = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=[(name, patch)])
-                metric = _final_metric(logits, pfinal, good[idx].repeat(reps), bad[idx].repeat(reps))
-                out[idx[:, None], i, neurons[None, :]] = (metric - base.repeat(reps)).view(reps, len(idx)).T.float()
+                patch = engine.Intervention("mlp_post", layer, final.repeat(reps), value=set_neuron)
+                logits = engine.run(model, tokens.repeat(reps, 1), [patch]).logits
+                metric = _final_metric(logits, good[idx].repeat(reps), bad[idx].repeat(reps))
+                out[idx[:, None], i, neurons[None, :]] = (metric - base.repeat(reps)).view(reps, len(idx)).T.float().cpu()
             bar.update(1)
     bar.close()
     return out
+
+
+@torch.inference_mode()
+def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
+    """``"patching"``: each neuron set to its value on the corrupt prompt, ``[P, len(layers), d_mlp]``.
+
+    The engine's stacked patch cells (:class:`arithinterp.engine.PatchRunner`): one cell per
+    neuron, resumed from the patched layer at the final position with the clean run's keys and
+    values reused (whole forwards, with a warning, where the model cannot be stepped). A neuron
+    whose corrupt activation equals its clean one leaves the run unchanged: its effect is 0."""
+    clean, corrupt = pairs.clean, pairs.corrupt
+    d_mlp = int(model.cfg.d_mlp)
+    out = torch.zeros(len(clean), len(layers), d_mlp)
+    good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
+    block = max(1, batch_size // 8)
+    jobs = list(_batches(clean, block))
+    bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
+    for idx, tokens, final in jobs:
+        B = len(idx)
+        stepper, _ = engine.stepper_for(model, tokens)
+        runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx))
+        g, b = good[idx], bad[idx]
+        base = _final_metric(runner.base_logits.float(), g, b)
+        chunk = max(1, 4096 // B)
+        for i, layer in enumerate(layers):
+            for start in range(0, d_mlp, chunk):
+                neurons = torch.arange(start, min(start + chunk, d_mlp))
+                pos = final[None].expand(len(neurons), -1).to(runner.tokens.device)
+                unit = neurons.to(runner.tokens.device)
+                changed = runner.cell_states(layer, pos, unit).cpu() != UNCHANGED  # [C, B]
+                run = torch.nonzero(changed.any(1)).flatten()
+                if len(run) == 0:
+                    continue
+                logits = runner.patched(layer, pos[run], unit[run]).float()  # [C', B, V]
+                C = len(run)
+                metric = _final_metric(logits.flatten(0, 1), g.repeat(C), b.repeat(C)).view(C, B).cpu()
+                effect = torch.where(changed[run], metric - base.cpu()[None], torch.zeros(()))
+                out[idx[:, None], i, neurons[run][None, :]] = effect.T
+            bar.update(1)
+    bar.close()
+    return out
+
+
+def _mean_ablation_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
+    """``"mean_ablation"``: each neuron set to its mean ablation value over the clean prompts."""
+    clean = pairs.clean
+    mean = mean_final_activation(model, clean, layers, batch_size)  # [L, d_mlp]
+
+    def mean_values(idx, final):
+        return [mean[i][None].expand(len(idx), -1) for i in range(len(layers))]
+
+    answers = (clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0])
+    return _replacement_effects(model, clean, answers, layers, mean_values, batch_size, progress, "mean-ablate neurons")
 
 
 def _grid_index(prompts) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
@@ -302,19 +361,24 @@ def _neuron_index(model: Any, neurons) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.inference_mode()
 def _final_activations(model, prompts, layers: list[int], batch_size: int, progress: bool = False) -> torch.Tensor:
-    """``mlp_post`` at the final position: [P, len(layers), d_mlp]."""
+    """``mlp_post`` at the final position: [P, len(layers), d_mlp] (reads of the engine)."""
     out = torch.zeros(len(prompts), len(layers), int(model.cfg.d_mlp))
-    names = {site_lib.hook_name("mlp_post", l): i for i, l in enumerate(layers)}
-    last = max(layers)
     for idx, tokens, final in tqdm(list(_batches(prompts, batch_size)), desc="activations", disable=not progress):
-        rows = torch.arange(len(idx))
-
-        def keep(act, hook, i):
-            out[idx, i] = act[rows, final].float()
-            return act
-
-        model.run_with_hooks(tokens, fwd_hooks=[(n, partial(keep, i=i)) for n, i in names.items()], stop_at_layer=last + 1)
+        reads = engine.run(model, tokens, reads=_final_reads(layers, final), logits="none").reads
+        for i, read in enumerate(reads):
+            out[idx, i] = read.float().cpu()
     return out
+
+
+def mean_final_activation(model: Any, prompts: Any, layers: Sequence[int], batch_size: int = 512) -> torch.Tensor:
+    """The mean ablation value of ``mlp_post`` at the final position, ``[len(layers), d_mlp]``.
+
+    :func:`arithinterp.engine.mean_activation` (the one definition: per position counted from
+    the end of the prompt, over the reference prompts that have it) of ``prompts``' final-position
+    activations; every prompt has a final position, so this is the mean over all of ``prompts``.
+    """
+    acts = _final_activations(model, prompts, list(layers), batch_size)  # [P, L, d_mlp]
+    return engine.mean_activation(acts[:, None])[0]  # a one-position frame: the final position
 
 
 def maps(model: Any, prompts: Any, neurons: Any, *, batch_size: int = 512, progress: bool = False) -> NeuronMaps:

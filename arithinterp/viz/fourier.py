@@ -196,7 +196,7 @@ def patch_test_figure(result: Any) -> go.Figure:
     """Mean corrupt-answer logit change per patch method, with standard errors."""
     frame = result.to_frame()
     fig = bars(dict(zip(frame["method"], frame["effect"])), errors=dict(zip(frame["method"], frame["sem"])),
-               title=f"Causal patch test at layer {result.layer}, position {result.position!r}",
+               title=f"Causal patch test at {result.site}, layer {result.layer}, position {result.position!r}",
                y_title="Δ logit of the corrupted answer")
     fig.update_traces(text=[f"{f:.0%}" for f in frame.fraction_of_layer_patch], textposition="outside")
     return fig

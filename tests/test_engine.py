@@ -1,0 +1,99 @@
+"""The engine's interventions and reads as data (arithinterp.engine.forward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arithinterp import engine
+from arithinterp.errors import AnalysisError, TaskError
+
+
+@pytest.fixture(scope="module")
+def tokens(tiny_model):
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 100, (5, 7), generator=g)
+
+
+def _hooked_logits(model, tokens, name, fn):
+    with torch.inference_mode():
+        return model.run_with_hooks(tokens, fwd_hooks=[(name, fn)])[:, -1].float()
+
+
+def test_one_position_per_prompt_takes_a_value_without_a_position_axis(tiny_model, tokens):
+    B = tokens.shape[0]
+    pos = torch.tensor([0, 2, 4, 6, 1])
+    value = torch.randn(B, 64, generator=torch.Generator().manual_seed(1))  # [B, d]: one vector per prompt
+    out = engine.run(tiny_model, tokens, [engine.Intervention("resid_pre", 1, pos, value=value)],
+                     reads=[engine.Read("resid_pre", 1, pos), engine.Read("resid_pre", 1)])
+
+    def patch(act, hook):
+        act = act.clone()
+        act[torch.arange(B), pos] = value
+        return act
+
+    assert torch.allclose(out.logits, _hooked_logits(tiny_model, tokens, "blocks.1.hook_resid_pre", patch), atol=1e-5)
+    # a read at the patched hook sees the activation before later hooks change it: the model's own
+    assert out.reads[0].shape == (B, 64) and out.reads[1].shape == (B, 7, 64)
+    assert torch.equal(out.reads[0], out.reads[1][torch.arange(B), pos])
+
+
+def test_a_function_value_sees_the_selected_units_at_one_position(tiny_model, tokens):
+    B = tokens.shape[0]
+    pos = torch.full((B,), 3)
+    seen = {}
+
+    def halve(current):
+        seen["shape"] = tuple(current.shape)
+        return current / 2
+
+    out = engine.run(tiny_model, tokens, [engine.Intervention("mlp_post", 0, pos, units=[5, 9], value=halve)])
+
+    def patch(act, hook):
+        act = act.clone()
+        act[:, 3, [5, 9]] /= 2
+        return act
+
+    assert seen["shape"] == (B, 2)
+    assert torch.allclose(out.logits, _hooked_logits(tiny_model, tokens, "blocks.0.mlp.hook_post", patch), atol=1e-5)
+
+
+def test_an_int_position_is_the_same_in_every_prompt_and_may_count_from_the_end(tiny_model, tokens):
+    zero_last = engine.Intervention("mlp_out", 1, -1, value=0.0)
+    out = engine.run(tiny_model, tokens, [zero_last], reads=[engine.Read("mlp_out", 1, -1), engine.Read("resid_post", 1, -1)])
+
+    def patch(act, hook):
+        act = act.clone()
+        act[:, -1] = 0
+        return act
+
+    assert torch.allclose(out.logits, _hooked_logits(tiny_model, tokens, "blocks.1.hook_mlp_out", patch), atol=1e-5)
+    assert out.reads[0].shape == (tokens.shape[0], 64)
+    # the same intervention on a longer input still acts on its last token
+    longer = torch.cat([tokens, tokens[:, :2]], 1)
+    again = engine.run(tiny_model, longer, [zero_last])
+    assert torch.allclose(again.logits, _hooked_logits(tiny_model, longer, "blocks.1.hook_mlp_out", patch), atol=1e-5)
+
+
+def test_positions_of_the_wrong_shape_are_refused(tiny_model, tokens):
+    with pytest.raises(AnalysisError, match="B = 5"):
+        engine.run(tiny_model, tokens, [engine.Intervention("resid_pre", 0, torch.zeros(3, dtype=torch.long))])
+    with pytest.raises(AnalysisError, match="positions must be"):
+        engine.run(tiny_model, tokens, reads=[engine.Read("resid_pre", 0, "final")], logits="none")
+
+
+def test_evaluate_applies_interventions_in_every_generated_step(tiny_digit_model):
+    from arithinterp.tasks import arithmetic
+
+    model = tiny_digit_model
+    prompts = arithmetic(model, "+", a=range(10, 20), b=range(10, 15), template="{a}+{b}=")
+    assert prompts.answer_tokens.shape[1] > 1  # several answer tokens: several forwards per prompt
+    plain = prompts.evaluate(model)
+    zeroed = prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, None, value=0.0)])
+    # with the final residual zeroed the logits no longer depend on the input: one token everywhere
+    assert plain.generated_tokens.unique().numel() > 1
+    assert zeroed.generated_tokens.unique().numel() == 1
+    same = prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, -1, value=lambda h: h)])
+    assert torch.equal(same.generated_tokens, plain.generated_tokens)
+    with pytest.raises(TaskError, match="None or an int"):
+        prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, torch.zeros(50, dtype=torch.long))])
