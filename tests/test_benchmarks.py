@@ -22,3 +22,12 @@ def test_collect_benchmark_smoke():
 def test_zoo_load_benchmark_smoke():
     out = run("zoo_load.py", "--runs", "1")
     assert out.count("| `zoo:") == 4 and "total shipped checkpoint size" in out
+
+
+def test_patching_benchmark_smoke():
+    """The quick run covers the zoo, a native few-shot model and a Llama-family folder, and the two agree."""
+    out = run("patching.py", "--quick")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "×" in line and "setup" not in line]
+    assert any("Llama 4L d256" in row for row in rows) and any("zoo:add-100" in row for row in rows)
+    for row in rows:  # max abs diff, the last column: the two implementations give the same numbers
+        assert float(row.rstrip(" |").rsplit("|", 1)[1]) <= 1e-4, row

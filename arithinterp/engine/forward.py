@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from arithinterp import sites as site_lib
+from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError, SiteError
 
 Value = Union[float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -190,7 +191,7 @@ def run(
         stop = deepest + 1 if deepest + 1 < site_lib.n_layers(model) else None
     context = torch.enable_grad() if grad else torch.inference_mode()
     with context:
-        out = model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop)
+        out = forward_with_hooks(model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop)
         final = None if out is None else out[:, -1].float()
         grads = None
         if grad:

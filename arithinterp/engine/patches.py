@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from arithinterp import sites as site_lib
+from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.engine.stepping import Stepper
 
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
@@ -154,7 +155,7 @@ class PatchRunner:
 
         if self.stepper is None:
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
-            logits = self.model.run_with_hooks(self.tokens.repeat(C, 1), fwd_hooks=[(name, patch)], return_type="logits")
+            logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), [(name, patch)], return_type="logits")
             return logits[:, -1].reshape(C, B, -1)
         stepper = self.stepper
         if site in ("resid_pre", "resid_post"):
@@ -173,9 +174,15 @@ class PatchRunner:
 
 def _cached_run(model: Any, tokens: torch.Tensor, names: list) -> tuple[torch.Tensor, dict]:
     """Final-position logits and the named activations of one whole forward."""
-    wanted = set(names)
-    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name in wanted)
-    logits = logits[:, -1]
+    cache: dict = {}
+
+    def keep(name):
+        def hook(activation, hook=None):
+            cache[name] = activation
+
+        return hook
+
+    logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits")[:, -1]
     if not torch.isfinite(logits).all():
         from arithinterp.errors import AnalysisError
 

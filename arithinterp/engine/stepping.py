@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from arithinterp.engine.hooks import hook_points, module_hooks
 from arithinterp.errors import AnalysisError
 
 # call arguments that carry a position axis, and where it is
@@ -136,14 +137,10 @@ class Stepper:
 
             return hook
 
-        handles = [block.register_forward_pre_hook(before(i), with_kwargs=True) for i, block in enumerate(self.blocks)]
-        handles.append(self.blocks[-1].register_forward_hook(after_last))
-        try:
-            with self._cache_reaches_attention(cache), model.hooks(fwd_hooks=[(name, keep(name)) for name in read]):
+        pre = [(block, before(i)) for i, block in enumerate(self.blocks)]
+        with module_hooks(pre, post=[(self.blocks[-1], after_last)]), self._cache_reaches_attention(cache):
+            with hook_points(model, [(name, keep(name)) for name in read]):
                 logits = model(tokens, return_type="logits")
-        finally:
-            for handle in handles:
-                handle.remove()
         logits = logits[:, -1]
         if not torch.isfinite(logits).all():
             raise AnalysisError(
@@ -189,7 +186,7 @@ class Stepper:
         if start > 0 and base.kv is not None:
             prefix = {i: tuple(x[..., :start, :].repeat(n_stack, 1, 1, 1) for x in base.kv[i]) for i in range(layer, self.n_layers)}
         cache = _PrefixCache(prefix)
-        with self._cache_reaches_attention(cache), self.model.hooks(fwd_hooks=list(edits)):
+        with self._cache_reaches_attention(cache), hook_points(self.model, edits):
             for i in range(layer, self.n_layers):
                 kwargs = {key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()}
                 out = self.blocks[i](hidden, **kwargs)
@@ -212,12 +209,8 @@ class Stepper:
 
         # TransformerLens's attention bridges read the cache as past_key_values / layer_past only
         attentions = [block.attn for block in self.blocks if hasattr(getattr(block, "attn", None), "_update_kv_cache")]
-        handles = [attention.register_forward_pre_hook(hook, with_kwargs=True) for attention in attentions]
-        try:
+        with module_hooks([(attention, hook) for attention in attentions]):
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
         """Logits of final-residual vectors ``[..., T, d]`` (the final norm, then the unembedding)."""
