@@ -19,13 +19,12 @@ corrupt prompt and patches in the clean activation; ``"noise"`` runs the clean p
 in the corrupt one. The *base* run is the one that is patched, the *source* run the one the patch
 comes from. Metrics are read at the final prompt position.
 
-Speed. Exact sweeps stack many patch cells along the batch dimension and, for the standard
-pre-norm decoders of the zoo and TransformerLens's native models, run a replica of the model's
-forward (:class:`Replica`) that starts at the patched layer from cached activations and, under
-causal attention, only recomputes positions from the earliest patched one on — earlier positions'
-keys and values are reused from the base run. The replica is checked against the model's own
-logits on every call; where it does not reproduce them (an architecture it does not cover), the
-sweep runs on the model itself through hooks, still many cells per forward.
+Speed. Exact sweeps stack many patch cells along the batch dimension and run them through the
+engine (:mod:`arithinterp.engine`), which resumes the model's own blocks at the patched layer and,
+where the blocks take a key/value cache (every Hugging Face decoder family), at the earliest
+patched position with earlier keys and values reused from the base run. Each model is checked once
+against its own logits; where stepping does not reproduce them the sweep says so and runs whole
+forwards, still many cells per forward.
 """
 
 from arithinterp.patching.attribution import Comparison, attribute, attribution_vs_exact, compare
