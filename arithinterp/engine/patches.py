@@ -96,6 +96,9 @@ class PatchRunner:
             return activation.unflatten(-1, (self.model.cfg.n_heads, -1))
         return activation
 
+    def _on_device(self, index: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return None if index is None else index.to(self.base_logits.device)
+
     @property
     def reuses_prefix(self) -> bool:
         return self.stepper is not None and self.stepper.reuses_prefix
@@ -107,6 +110,7 @@ class PatchRunner:
         downstream, the logits included, is the source run's) or ``RUN``."""
         site = self.site
         C = pos.shape[0] if pos is not None else len(unit) if unit is not None else 1
+        pos, unit = self._on_device(pos), self._on_device(unit)
         if self.stepper is None:  # whole forwards are the reference path: every cell is run
             return torch.full((C, self.tokens.shape[0]), RUN)
         neq = self.source_acts[layer] != self.base_acts[layer]
@@ -133,13 +137,14 @@ class PatchRunner:
         states = torch.where(patched, RUN, UNCHANGED)
         if site in RESIDUAL_SITES:
             states = torch.where(patched & ~elsewhere, SOURCE, states)
-        return states
+        return states.cpu()
 
     def patched(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
         """Final-position logits ``[C, B, V]`` of the base run with each cell's patch applied."""
         site = self.site
         B = self.tokens.shape[0]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
+        pos, unit = self._on_device(pos), self._on_device(unit)
         start = int(pos.min()) if pos is not None and self.reuses_prefix else 0
         dim = _position_dim(site)
         base = self.base_acts[layer].narrow(dim, start, self.base_acts[layer].shape[dim] - start)

@@ -279,8 +279,11 @@ class Cells:
         return torch.stack([g.reshape(-1) for g in grids], dim=1)
 
 
-def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor) -> MetricContext:
+def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor, device=None) -> MetricContext:
+    """What the metrics need for ``batch``, its tensors on ``device`` (the logits' device)."""
     clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
+    if device is not None:
+        clean_tok, corrupt_tok = clean_tok.to(device), corrupt_tok.to(device)
     base_tok, source_tok = (corrupt_tok, clean_tok) if direction == "denoise" else (clean_tok, corrupt_tok)
     probs = base_logits.float().softmax(-1)
     return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok), pick(probs, source_tok))

@@ -116,8 +116,8 @@ def sweep(
             engines.add(engine_used)
             runner = PatchRunner(model, stepper, site, base_tokens, source_tokens)
             base_logits, source_logits = runner.base_logits.float(), runner.source_logits.float()
-            ctx = metric_context(pairs[idx], direction, base_logits, source_logits)
-            base_metric, source_metric = fn(base_logits, ctx), fn(source_logits, ctx)
+            ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
+            base_metric, source_metric = fn(base_logits, ctx).float().cpu(), fn(source_logits, ctx).float().cpu()
             clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
             pos_group = None if pos_index is None else pos_index[:, idx] - offset  # [n_pos, B] unpadded
             chunk = batch_cells or max(1, ELEMENT_BUDGET // (len(idx) * length * _site_width(model, site, length)))
@@ -140,7 +140,7 @@ def sweep(
                 n_run += len(rows)
                 for part in _chunks(rows, starts, chunk, len(idx), length):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
-                    values[idx[:, None], part[None, :]] = fn(logits, ctx).T.float()
+                    values[idx[:, None], part[None, :]] = fn(logits, ctx).T.float().cpu()
                     bar.update(len(part))
         bar.close()
     values = values.reshape(n, *cells.shape())
