@@ -97,3 +97,17 @@ def test_evaluate_applies_interventions_in_every_generated_step(tiny_digit_model
     assert torch.equal(same.generated_tokens, plain.generated_tokens)
     with pytest.raises(TaskError, match="None or an int"):
         prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, torch.zeros(50, dtype=torch.long))])
+
+
+def test_run_refuses_positions_and_units_out_of_range(tiny_model):
+    """Out-of-range positions and units are refused, never wrapped around."""
+    from arithinterp.engine import Intervention, Read, run
+    from arithinterp.errors import SiteError
+
+    tokens = torch.randint(3, 50, (2, 5))
+    with pytest.raises(SiteError, match="outside prompts of 5 tokens"):
+        run(tiny_model, tokens, reads=[Read("resid_pre", 0, torch.tensor([1, 7]))])
+    with pytest.raises(SiteError, match="out of range"):
+        run(tiny_model, tokens, [Intervention("attn_z", 0, None, [99], 0.0)])
+    with pytest.raises(SiteError, match="units"):
+        run(tiny_model, tokens, [Intervention("resid_pre", 0, None, [0], 0.0)])

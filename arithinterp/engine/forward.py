@@ -164,8 +164,18 @@ def run(
     """
     if logits not in ("final", "all", "none"):
         raise AnalysisError(f"logits must be 'final', 'all' or 'none', got {logits!r}")
+    T = int(tokens.shape[-1])
     for item in (*interventions, *reads):
         site_lib.check_layers(model, item.site, [item.layer])
+        positions = _positions_tensor(item.positions, int(tokens.shape[0]), "cpu")
+        if positions is not None and positions.numel() and not (-T <= int(positions.min()) and int(positions.max()) < T):
+            raise SiteError(f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; accepted: {-T}..{T - 1}")
+        units = getattr(item, "units", None)
+        if units is not None:
+            size = int(model.cfg.n_heads) if item.site in ("attn_z", "pattern") else int(model.cfg.d_mlp or 0)
+            if item.site not in ("attn_z", "pattern", "mlp_pre", "mlp_post"):
+                raise SiteError(f"units (heads or neurons) apply to attn_z, pattern, mlp_pre and mlp_post, not {item.site!r}")
+            site_lib.check_index("head" if item.site in ("attn_z", "pattern") else "neuron", list(units), size)
     grad = metric is not None
     kept: list = [None] * len(reads)
     probes: list = [None] * len(reads)
