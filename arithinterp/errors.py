@@ -31,6 +31,10 @@ class TaskError(ArithInterpError, ValueError):
     """Bad arguments to a task builder or a prompt-set operation."""
 
 
+class PromptIndexError(TaskError, IndexError):
+    """An index past the end of a prompt set (also an ``IndexError``, so iteration stops there)."""
+
+
 class SiteError(ArithInterpError, ValueError):
     """An unknown activation site, or a layer / position / head / neuron out of range."""
 

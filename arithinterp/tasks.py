@@ -11,6 +11,7 @@ time, so padding never reaches the model.
 
 from __future__ import annotations
 
+import operator
 import random
 import re
 import warnings
@@ -19,7 +20,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.errors import TaskError, TokenizationError, accepted
+from arithinterp.errors import PromptIndexError, TaskError, TokenizationError, accepted
 
 OPERATORS: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,
@@ -28,6 +29,13 @@ OPERATORS: dict[str, Callable[[int, int], int]] = {
     "//": lambda a, b: a // b,
     "mod": lambda a, b: a % b,
 }
+# how ``{op}`` is written in a template, and the symbols that show an operator in template text
+OP_SYMBOLS: dict[str, str] = {"+": "+", "-": "-", "*": "*", "//": "//", "mod": "%"}
+_SHOWN_BY: dict[str, tuple[str, ...]] = {"+": ("+",), "-": ("-",), "*": ("*",), "//": ("//",), "mod": ("%", "mod")}
+TEMPLATE_FIELDS = ("{a}", "{b}", "{op}")
+DEFAULT_TEMPLATE = "{a}{op}{b}="
+# operands and answers are stored as int64
+_INT64 = 2**63 - 1
 SCORING = ("first_token", "full_answer")
 VARY = ("a", "b", "both", "keep_answer", "operator")
 
@@ -318,6 +326,15 @@ class PromptSet:
         self.require_one_prefix("counterfactual()")
         if vary not in VARY:
             raise TaskError(f"unknown vary={vary!r}; accepted: {accepted(VARY)}")
+        bad_ops = [op for op in ops if op not in OPERATORS] if not isinstance(ops, str) else [ops]
+        if bad_ops:
+            raise TaskError(f"unknown operator {bad_ops[0]!r} in ops; accepted: {accepted(OPERATORS)}")
+        if vary == "operator" and "{op}" not in self.template:
+            # without an {op} field the corrupt prompts would be the clean text with other labels
+            raise TaskError(
+                f"vary='operator' needs the operator in the prompt text, but template {self.template!r} has no "
+                "'{op}' field; build the prompts with a template such as '{a}{op}{b}='"
+            )
         if len(self) == 0:
             raise TaskError("cannot build counterfactuals from an empty prompt set")
         rng = random.Random(seed)
@@ -503,6 +520,8 @@ def _as_index(index, n: int) -> torch.Tensor:
     if isinstance(index, slice):
         return torch.arange(n)[index]
     if isinstance(index, int):
+        if not -n <= index < n:
+            raise PromptIndexError(f"index {index} is out of range for {n} prompts; accepted: {-n}..{n - 1}")
         return torch.tensor([index % n])
     idx = torch.as_tensor(index)
     if idx.dtype == torch.bool:
@@ -524,15 +543,64 @@ def _aligned(clean: PromptSet, corrupt: PromptSet) -> torch.Tensor:
 
 
 def _values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
-    if isinstance(values, int):
-        return [values]
+    """Operand values as a list of ints: strings and non-integers are refused, never converted."""
+    if isinstance(values, (str, bytes)):
+        raise TaskError(f"{name} must be an int or an iterable of ints, got the string {values!r}; "
+                        f"write e.g. {name}=[123] or {name}=range(100)")
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = [values]
     try:
-        out = [int(v) for v in values]
-    except (TypeError, ValueError) as error:
+        items = list(values)
+    except TypeError as error:
         raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}") from error
+    out = []
+    for v in items:
+        try:
+            if isinstance(v, (bool, str, bytes)):
+                raise TypeError
+            value = operator.index(v)  # ints and integer numpy / torch scalars, never floats
+        except TypeError as error:
+            raise TaskError(f"{name} must hold integers, got {v!r} ({type(v).__name__}); "
+                            "round or convert the values yourself") from error
+        if abs(value) > _INT64:
+            raise TaskError(f"{name}={value} does not fit in 64 bits; operands must lie within ±(2**63 - 1)")
+        out.append(value)
     if not out:
         raise TaskError(f"{name} is empty; give at least one operand value")
     return out
+
+
+def check_template(template: Any, op: str) -> str:
+    """Validate a prompt template for operator ``op``.
+
+    Fields are ``{a}``, ``{b}`` and ``{op}`` (written as :data:`OP_SYMBOLS`). A template without
+    ``{op}`` that shows another operator's symbol but not ``op``'s (``'{a}+{b}='`` for ``'-'``)
+    would label its text with the wrong answers, so it is refused.
+    """
+    if not isinstance(template, str):
+        raise TaskError(f"template must be a string such as {DEFAULT_TEMPLATE!r}, got {template!r}")
+    unknown = [f for f in re.findall(r"\{[^{}]*\}", template) if f not in TEMPLATE_FIELDS]
+    if unknown:
+        raise TaskError(f"template {template!r} has the unknown field {unknown[0]}; accepted fields: "
+                        f"{', '.join(TEMPLATE_FIELDS)}")
+    if "{a}" not in template or "{b}" not in template:
+        raise TaskError(f"template must contain '{{a}}' and '{{b}}', got {template!r}")
+    if "{op}" in template or op not in OPERATORS:
+        return template
+    text = re.sub(r"\{[ab]\}", " ", template)
+    shown = [o for o, symbols in _SHOWN_BY.items() if any(s in text for s in symbols)]
+    if shown and op not in shown:
+        raise TaskError(
+            f"template {template!r} writes the operator {shown[0]!r} but op is {op!r}, so every prompt would "
+            f"contradict its answer; use '{{op}}' in the template (e.g. {DEFAULT_TEMPLATE!r}) or write "
+            f"{OP_SYMBOLS[op]!r} in it"
+        )
+    return template
+
+
+def render(template: str, a: int, b: int, op: str) -> str:
+    """The text of one prompt: ``template`` with ``{a}``, ``{b}`` and ``{op}`` filled in."""
+    return _char_spans(template, "", a, b, op)[0]
 
 
 def _few_shot_prefix(few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0) -> str:
@@ -546,15 +614,17 @@ def _few_shot_prefix(few_shot: Union[int, str], op: str, template: str, a_vals, 
         a, b = rng.choice(a_vals), rng.choice(b_vals)
         while not _defined(op, b):
             b = rng.choice(b_vals)
-        lines.append(template.format(a=a, b=b) + answer_text(compute(op, a, b, modulus), answer_digits) + "\n")
+        lines.append(render(template, a, b, op) + answer_text(compute(op, a, b, modulus), answer_digits) + "\n")
     return "".join(lines)
 
 
-def _char_spans(template: str, prefix: str, a: int, b: int) -> tuple[str, dict[str, tuple[int, int]]]:
+def _char_spans(template: str, prefix: str, a: int, b: int, op: str = "+") -> tuple[str, dict[str, tuple[int, int]]]:
     """The prompt text and the character spans of ``{a}`` and ``{b}`` in it."""
     text, spans = prefix, {}
-    for piece in re.split(r"(\{a\}|\{b\})", template):
-        if piece in ("{a}", "{b}"):
+    for piece in re.split(r"(\{a\}|\{b\}|\{op\})", template):
+        if piece == "{op}":
+            text += OP_SYMBOLS[op]
+        elif piece in ("{a}", "{b}"):
             name = piece[1]
             value = str(a if name == "a" else b)
             spans[name] = (len(text), len(text) + len(value))
@@ -571,8 +641,12 @@ def answer_text(value: int, answer_digits: int = 0) -> str:
 
 def _build(tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bos, scoring, answer_digits=0) -> PromptSet:
     n = len(a_list)
-    texts, spans = zip(*[_char_spans(template, prefix, a, b) for a, b in zip(a_list, b_list)]) if n else ((), ())
+    texts, spans = zip(*[_char_spans(template, prefix, a, b, op) for op, a, b in zip(ops, a_list, b_list)]) if n else ((), ())
     answers = [compute(op, a, b, modulus) for op, a, b in zip(ops, a_list, b_list)]
+    too_big = [(a, op, b) for a, op, b, x in zip(a_list, ops, b_list, answers) if abs(x) > _INT64]
+    if too_big:
+        raise TaskError(f"the answer of {too_big[0][0]} {too_big[0][1]} {too_big[0][2]} does not fit in 64 bits; "
+                        "choose smaller operands (answers must lie within ±(2**63 - 1))")
     answer_texts = [answer_text(x, answer_digits) for x in answers]
     encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True) if n else {"input_ids": [], "offset_mapping": []}
     full = tokenizer([t + s for t, s in zip(texts, answer_texts)], add_special_tokens=False)["input_ids"] if n else []
@@ -652,17 +726,19 @@ def arithmetic(
     op: str = "+",
     a: Union[int, Iterable[int]] = range(10),
     b: Union[int, Iterable[int]] = range(10),
-    template: str = "{a}+{b}=",
+    template: str = DEFAULT_TEMPLATE,
     **options: Any,
 ) -> PromptSet:
-    """Every prompt ``template.format(a=a, b=b)`` over the grid ``a × b``.
+    """Every prompt of ``template`` over the grid ``a × b``.
 
     Args:
         model_or_tokenizer: a hooked model (its tokenizer and BOS setting are used) or a tokenizer.
         op: ``"+"``, ``"-"``, ``"*"``, ``"//"`` or ``"mod"`` (``a mod b``).
         a: first operand values (an int or an iterable).
         b: second operand values; every combination with ``a`` is used.
-        template: must contain ``{a}`` and ``{b}``; the answer follows it directly.
+        template: must contain ``{a}`` and ``{b}``, may contain ``{op}`` (the operator's symbol:
+            ``+ - * // %``); the answer follows it directly. A template that writes another
+            operator than ``op`` is refused (:func:`check_template`).
         **options: as for :func:`prompts_for_pairs` (``modulus``, ``few_shot``, ``scoring``,
             ``answer_digits``, ``prepend_bos``, ``require_single_tokens``, ``seed``).
 
@@ -678,7 +754,7 @@ def prompts_for_pairs(
     op: str,
     a: Sequence[int],
     b: Sequence[int],
-    template: str = "{a}+{b}=",
+    template: str = DEFAULT_TEMPLATE,
     *,
     modulus: Optional[int] = None,
     few_shot: Union[int, str] = 0,
@@ -701,8 +777,7 @@ def prompts_for_pairs(
     """
     if op not in OPERATORS:
         raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
-    if "{a}" not in template or "{b}" not in template:
-        raise TaskError(f"template must contain '{{a}}' and '{{b}}', got {template!r}")
+    check_template(template, op)
     if scoring not in SCORING:
         raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
     if modulus is not None and (not isinstance(modulus, int) or modulus < 2):
@@ -732,6 +807,7 @@ def prompts_for_pairs(
         scoring,
         answer_digits,
     )
+    _check_context(model_or_tokenizer, prompts)
     if skipped:
         prompts.meta["skipped"] = dict(count=skipped, reason=f"b == 0 is undefined for {op!r}")
     if require_single_tokens and not prompts.single_token_operands:
@@ -742,6 +818,22 @@ def prompts_for_pairs(
             "(see tasks.number_check) or use a digit-level analysis"
         )
     return prompts
+
+
+def _check_context(model_or_tokenizer: Any, prompts: PromptSet) -> None:
+    """Refuse prompts (with their fed answer tokens) longer than the model's context, now rather
+    than in the first forward pass."""
+    n_ctx = getattr(getattr(model_or_tokenizer, "cfg", None), "n_ctx", None)
+    if not isinstance(n_ctx, int):
+        return
+    needed = prompts.tokens.shape[1] + prompts.answer_tokens.shape[1] - 1
+    if needed > n_ctx:
+        few_shot = f" (of which the few-shot prefix is {len(prompts.prefix)} characters)" if prompts.prefix else ""
+        raise TaskError(
+            f"the longest prompt is {prompts.tokens.shape[1]} tokens{few_shot} and its answer feeds "
+            f"{prompts.answer_tokens.shape[1] - 1} more, {needed} in all, but the model's context (n_ctx) is "
+            f"{n_ctx} tokens; use fewer few_shot examples, a shorter template or smaller operands"
+        )
 
 
 def number_check(model_or_tokenizer: Any, numbers: Iterable[int] = range(1000)) -> dict[str, list[int]]:

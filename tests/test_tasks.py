@@ -77,7 +77,7 @@ def test_operators_and_modulus(tiny_model):
 
 @pytest.mark.parametrize("vary", ["a", "b", "both", "keep_answer", "operator"])
 def test_counterfactual_pairs_align(tiny_model, vary):
-    prompts = arithmetic(tiny_model, "+", range(1, 30), range(1, 30), "{a}+{b}=")[::7]
+    prompts = arithmetic(tiny_model, "+", range(1, 30), range(1, 30), "{a}{op}{b}=")[::7]
     pairs = prompts.counterfactual(vary=vary, seed=1)
     assert len(pairs) == len(prompts) - pairs.meta["dropped"] and len(pairs) > 0
     clean, corrupt = pairs.clean, pairs.corrupt

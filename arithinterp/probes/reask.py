@@ -65,7 +65,7 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
     as a new prefix, greedy; raises ``TaskError`` when the prefix does not fit the model."""
     import random
 
-    from arithinterp.tasks import answer_text, compute
+    from arithinterp.tasks import answer_text, compute, render
 
     def few_shot(model: Any, prompts: Any) -> torch.Tensor:
         prompts.require_one_prefix("re-asking with a new few-shot prefix")
@@ -76,7 +76,7 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
         for _ in range(n_shots):
             a, b = rng.choice(a_pool), rng.choice(b_pool)
             value = compute(prompts.op, a, b, prompts.modulus)
-            lines.append(prompts.template.format(a=a, b=b) + answer_text(value, digits) + "\n")
+            lines.append(render(prompts.template, a, b, prompts.op) + answer_text(value, digits) + "\n")
         shifted = _reprefixed(prompts, "".join(lines), getattr(model.cfg, "n_ctx", None))
         return shifted.evaluate(model).model_answer
 
