@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from arithinterp import engine
 from arithinterp import sites as site_lib
-from arithinterp.errors import SiteError, accepted
+from arithinterp.errors import ConfigError, SiteError, accepted
+from arithinterp.outputs import check_writable_dir
 
 PositionSpec = Union[str, int, Sequence[Union[str, int]]]
 
@@ -126,6 +127,22 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, store: Optional[Path],
     return torch.from_numpy(open_memmap(store / f"{name}.npy", mode="w+", dtype=np_dtype, shape=shape))
 
 
+_STORABLE = (torch.float16, torch.float32, torch.float64)  # dtypes numpy can memory-map
+
+
+def _check_storage(dtype: Any, store: Union[str, Path, None]) -> Optional[torch.dtype]:
+    """Refuse a dtype or store directory that would fail only after the forward passes began."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ConfigError(f"dtype must be a floating torch dtype such as torch.float16, got {dtype!r}")
+    if store is None:
+        return dtype
+    if dtype is not None and dtype not in _STORABLE:
+        raise ConfigError(f"dtype {dtype} cannot be stored on disk (numpy has no such type); with store= accepted: "
+                          f"{', '.join(map(str, _STORABLE))}, or drop store= to keep {dtype} in memory")
+    check_writable_dir(store, "store")
+    return dtype
+
+
 def collect(
     model: Any,
     prompts: Any,
@@ -158,6 +175,11 @@ def collect(
         raise SiteError("the prompt set is empty; nothing to collect")
     if batch_size is not None and batch_size < 1:
         raise SiteError(f"batch_size must be a positive integer, got {batch_size}")
+    if not isinstance(positions, (str, int)):
+        positions = list(positions)
+    if not isinstance(positions, (str, int)) and not positions:
+        raise SiteError("positions is empty; accepted: 'final' (alias 'last'), 'a', 'b', an int, a list of those, or 'all'")
+    dtype = _check_storage(dtype, store)
     site_names = [sites] if isinstance(sites, str) else list(sites)
     if not site_names:
         raise SiteError(f"sites is empty; accepted sites: {accepted(site_lib.HOOKS)}")

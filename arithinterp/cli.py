@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from arithinterp.errors import ArithInterpError
+from arithinterp.errors import ArithInterpError, ConfigError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
 
@@ -136,6 +136,17 @@ def fourier_command(args: argparse.Namespace) -> dict:
                                       key_fraction=round(float(result.key_fraction[0]), 4)))
 
 
+def _numbers(flag: str, text: str) -> tuple[float, ...]:
+    """Comma-separated numbers of a flag, e.g. ``--periods 2,5,10,100``."""
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(float(part))
+        except ValueError:
+            raise ConfigError(f"{flag}: {part.strip()!r} is not a number; give comma-separated numbers such as 2,5,10,100") from None
+    return tuple(values)
+
+
 @command("helix")
 def helix_command(args: argparse.Namespace) -> dict:
     """Fit a helix to the residual stream at an operand and test it causally."""
@@ -143,7 +154,7 @@ def helix_command(args: argparse.Namespace) -> dict:
     from arithinterp.activations import collect
 
     model, prompts = _model_and_prompts(args)
-    periods = tuple(float(p) for p in args.periods.split(","))
+    periods = _numbers("--periods", args.periods)
     acts = collect(model, prompts, sites="resid_pre", layers=[args.layer], positions=args.position, progress=False)
     fit = helix.fit(acts, args.position, periods=periods, kind=args.kind, site="resid_pre", layer=args.layer,
                     position=args.position)

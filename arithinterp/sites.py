@@ -7,6 +7,7 @@ these helpers so a bad site or layer fails the same way everywhere.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Iterable, Optional, Sequence
 
 from arithinterp.errors import SiteError, accepted
@@ -39,13 +40,29 @@ def n_layers(model: Any) -> int:
     return int(model.cfg.n_layers)
 
 
+def _integers(name: str, values: Any) -> list[int]:
+    """``values`` (one int or several) as ints; floats, strings and bools are refused, never truncated."""
+    if isinstance(values, (str, bytes)):
+        raise SiteError(f"{name} must be an int or a list of ints, got the string {values!r}")
+    items = [values] if not isinstance(values, Iterable) else list(values)
+    out = []
+    for v in items:
+        try:
+            if isinstance(v, (bool, str, bytes)):
+                raise TypeError
+            out.append(operator.index(v))
+        except TypeError:
+            raise SiteError(f"{name} must be whole numbers (ints), got {v!r} ({type(v).__name__})") from None
+    return out
+
+
 def check_layers(model: Any, site: str, layers: Optional[Iterable[int]]) -> list[int]:
     """Validated layer list for ``site`` (all layers when ``None``; ``[0]`` for global sites)."""
     check_site(site)
     if site in GLOBAL_SITES:
         return [0]
     total = n_layers(model)
-    chosen = list(range(total)) if layers is None else [int(x) for x in ([layers] if isinstance(layers, int) else layers)]
+    chosen = list(range(total)) if layers is None else _integers("layers", layers)
     if not chosen:
         raise SiteError("layers is empty; pass None for all layers or a list of layer indices")
     for layer in chosen:
@@ -74,7 +91,7 @@ def site_shape(model: Any, site: str) -> tuple[int, ...]:
 
 def check_index(name: str, values: Optional[Sequence[int]], size: int) -> list[int]:
     """Validate indices (heads, neurons, positions) against ``size``; ``None`` means all."""
-    chosen = list(range(size)) if values is None else [int(v) for v in ([values] if isinstance(values, int) else values)]
+    chosen = list(range(size)) if values is None else _integers(name, values)
     for v in chosen:
         if not -size <= v < size:
             raise SiteError(f"{name} {v} is out of range; accepted: 0..{size - 1}")

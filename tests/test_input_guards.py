@@ -97,3 +97,83 @@ def test_few_shot_longer_than_the_context_is_refused_when_built(number_tokenizer
     with pytest.raises(TaskError, match=r"the model's context \(n_ctx\) is 16 tokens; use fewer few_shot examples"):
         arithmetic(model, "+", a=range(3), b=range(3), few_shot=5)
     assert len(arithmetic(model, "+", a=range(3), b=range(3), few_shot=1)) == 9
+
+
+# --- layers, positions, storage, devices ----------------------------------------------------------
+
+
+def _prompts(model):
+    return arithmetic(model, "+", range(10), range(10))
+
+
+def test_fractional_layer_is_refused(tiny_model):
+    from arithinterp.activations import collect
+
+    with pytest.raises(SiteError, match=r"layers must be whole numbers \(ints\), got 0\.7 \(float\)"):
+        collect(tiny_model, _prompts(tiny_model), layers=[0.7], progress=False)
+    with pytest.raises(SiteError, match="layers must be an int or a list of ints, got the string"):
+        collect(tiny_model, _prompts(tiny_model), layers="1", progress=False)
+
+
+def test_ablation_position_past_the_prompt_is_refused(tiny_model):
+    from arithinterp import patching
+
+    prompts = _prompts(tiny_model)  # 5 tokens: BOS a + b =
+    with pytest.raises(SiteError, match=r"component 'attn0@99': position 99 is out of range for prompts of 5 tokens; "
+                                        r"accepted: 0\.\.4"):
+        patching.ablate(tiny_model, prompts, ["attn0@99"])
+    assert patching.ablate(tiny_model, prompts, ["attn0@4"]).components == ["attn0@4"]
+
+
+def test_empty_positions_are_refused(tiny_model):
+    from arithinterp.activations import collect
+
+    with pytest.raises(SiteError, match="positions is empty; accepted: 'final'"):
+        collect(tiny_model, _prompts(tiny_model), positions=[], progress=False)
+
+
+def test_bfloat16_on_disk_is_refused_before_any_forward(tiny_model, tmp_path):
+    from arithinterp.activations import collect
+
+    with pytest.raises(ArithInterpError, match=r"dtype torch\.bfloat16 cannot be stored on disk"):
+        collect(tiny_model, _prompts(tiny_model), dtype=torch.bfloat16, store=tmp_path / "acts", progress=False)
+    assert not (tmp_path / "acts").exists()
+    kept = collect(tiny_model, _prompts(tiny_model), dtype=torch.bfloat16, progress=False)  # in memory it works
+    assert kept["resid_post"].dtype == torch.bfloat16
+
+
+def test_unwritable_store_is_refused(tiny_model):
+    from arithinterp.activations import collect
+
+    with pytest.raises(ArithInterpError, match=r"store: cannot write to /proc/x \(.+\); give a path in a writable"):
+        collect(tiny_model, _prompts(tiny_model), store="/proc/x", progress=False)
+
+
+def test_cuda_without_a_gpu_is_refused(monkeypatch):
+    import arithinterp as ai
+    from arithinterp.errors import ModelSpecError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelSpecError, match=r"device 'cuda' needs a CUDA GPU, but torch sees none here"):
+        ai.load_model("zoo:add-100", device="cuda")
+    with pytest.raises(ModelSpecError, match="unknown device 'gpu0'"):
+        ai.load_model("zoo:add-100", device="gpu0")
+
+
+def test_helix_fit_on_non_finite_activations_is_refused():
+    from arithinterp import helix
+    from arithinterp.errors import AnalysisError
+
+    values = torch.arange(60).double()
+    acts = torch.randn(60, 16)
+    acts[3, 0] = float("nan")
+    acts[7, 2] = float("inf")
+    with pytest.raises(AnalysisError, match="2 of 60 activation rows hold NaN or infinite values"):
+        helix.fit(acts, values, periods=(10,))
+
+
+def test_zero_prompt_limit_is_refused(tiny_model):
+    from arithinterp.models.zoo import task_prompts
+
+    with pytest.raises(TaskError, match="limit must be a positive number of prompts"):
+        task_prompts(tiny_model, "zoo:add-100", limit=0)

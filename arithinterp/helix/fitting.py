@@ -211,6 +211,12 @@ def fit(
     names = list(names) if names is not None else default_names
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
+    bad_rows = int((~torch.isfinite(acts)).any(1).sum())
+    if bad_rows:  # the SVD behind the PCA cannot converge on them
+        raise AnalysisError(f"{bad_rows} of {acts.shape[0]} activation rows hold NaN or infinite values; a helix "
+                            "needs finite activations (check the model's weights and dtype)")
+    if not torch.isfinite(x).all():
+        raise AnalysisError("values hold NaN or infinite numbers; give one finite number per row")
     if n_pca < 1:
         raise ConfigError(f"n_pca must be ≥ 1, got {n_pca}")
     if kind not in KINDS:

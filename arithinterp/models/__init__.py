@@ -44,6 +44,26 @@ def _resolve_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype
     return _DTYPES[dtype]
 
 
+def _check_device(device: Union[str, torch.device, None]) -> None:
+    """Refuse a device torch cannot use here before any weights are read."""
+    if device is None:
+        return
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise ModelSpecError(f"unknown device {device!r}; accepted: 'cpu', 'cuda', 'cuda:N', 'mps' or a torch.device") from error
+    if where.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelSpecError(f"device {device!r} needs a CUDA GPU, but torch sees none here "
+                                 "(torch.cuda.is_available() is False); use device='cpu'")
+        if where.index is not None and where.index >= count:
+            raise ModelSpecError(f"device {device!r}: torch sees {count} CUDA GPU(s); accepted: "
+                                 f"{', '.join(f'cuda:{i}' for i in range(count))}")
+    if where.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ModelSpecError(f"device {device!r} needs Apple's MPS backend, which is not available here; use device='cpu'")
+
+
 def load_model(
     spec: str,
     *,
@@ -60,6 +80,7 @@ def load_model(
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec must be a non-empty string: {_SPEC_FORMS}; got {spec!r}")
     torch_dtype = _resolve_dtype(dtype)
+    _check_device(device)
     if spec.startswith("zoo:"):
         model = _load_zoo(spec, torch_dtype, device)
     elif spec.endswith(".gguf"):

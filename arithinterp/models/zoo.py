@@ -233,6 +233,8 @@ def task_prompts(model: Any, spec: str, limit: int = 2000, seed: int = 0):
     from arithinterp.models.train import operand_grid
     from arithinterp.tasks import number_check, prompts_for_pairs
 
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise TaskError(f"limit must be a positive number of prompts (e.g. --limit 1000), got {limit!r}")
     if spec.startswith("zoo:"):
         entry = get_entry(spec)
         a, b = operand_grid(entry.task)

@@ -33,7 +33,8 @@ class _Component:
         return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post", "embed": "resid_pre"}[self.kind]
 
 
-def parse_components(model, components: Sequence[str], allowed: Sequence[str]) -> list[_Component]:
+def parse_components(model, components: Sequence[str], allowed: Sequence[str], prompts: Any = None) -> list[_Component]:
+    """Parse component names; with ``prompts``, an integer ``@position`` must lie inside them."""
     if isinstance(components, str):
         components = [components]
     components = list(components)
@@ -65,6 +66,12 @@ def parse_components(model, components: Sequence[str], allowed: Sequence[str]) -
             raise SiteError(f"component {name!r}: neuron {unit} is out of range; accepted: 0..{cfg.d_mlp - 1}")
         if kind in ("mlp", "neuron") and getattr(cfg, "attn_only", False):
             raise SiteError(f"component {name!r} needs MLPs but this model is attention-only")
+        if prompts is not None and position is not None and re.fullmatch(r"-?\d+", position):
+            width = prompts.tokens.shape[1]
+            if not 0 <= int(position) < width:  # never wrap around to another token
+                raise SiteError(f"component {name!r}: position {position} is out of range for prompts of {width} "
+                                f"tokens; accepted: 0..{width - 1}, or a named position "
+                                f"({accepted(list(prompts.positions) + ['answer0'])})")
         parsed.append(_Component(str(name), kind, layer, unit, position))
     return parsed
 
@@ -387,7 +394,7 @@ def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mea
     check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
-    parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"))
+    parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"), prompts)
     score = token_scores(prompts)
     before = ablated_scores(model, prompts, [], mode, seed, keep=False, score=score)
     after = ablated_scores(model, prompts, parsed, mode, seed, keep=False, score=score)
@@ -466,7 +473,7 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
     check_choice("mode", mode, ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
-    parsed = parse_components(model, list(circuit), ("attn", "mlp", "head")) if len(circuit) else []
+    parsed = parse_components(model, list(circuit), ("attn", "mlp", "head"), prompts) if len(circuit) else []
     prompts = prompts.with_scoring("first_token")
 
     def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]

@@ -1,0 +1,78 @@
+"""Writing output files safely: check that a path is writable before the work that fills it, and
+write through a temp file renamed into place, so a reader never sees half a file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Union
+
+from arithinterp.errors import ConfigError
+
+PathLike = Union[str, Path]
+
+
+def _probe(directory: Path, what: str, path: PathLike) -> None:
+    """Create and remove a temp file in ``directory`` (``os.access`` is wrong on some mounts)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".arithinterp-write-check-", dir=directory)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(f"{what}: cannot write to {path} ({reason}); give a path in a writable directory") from None
+
+
+def check_writable_dir(path: PathLike, what: str = "out") -> Path:
+    """Make sure ``path`` is (or can be made) a directory this process can write in."""
+    directory = Path(path).expanduser()
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{what}: {path} exists and is not a directory; give a directory")
+    _probe(directory, what, path)
+    return directory
+
+
+def check_writable_file(path: PathLike, what: str = "out") -> Path:
+    """Make sure the file ``path`` can be (re)written: its folder is writable and it is not a folder."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(f"{what}: {path} is a directory; give a file name")
+    _probe(target.parent, what, path)
+    return target
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """Yield a temp path next to ``path``; when the block succeeds it replaces ``path`` in one step."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a normal file is what users expect
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` and move ``tmp`` onto ``path`` atomically; returns ``path``."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path).expanduser()
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; done once, at import
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
