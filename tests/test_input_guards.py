@@ -177,3 +177,72 @@ def test_zero_prompt_limit_is_refused(tiny_model):
 
     with pytest.raises(TaskError, match="limit must be a positive number of prompts"):
         task_prompts(tiny_model, "zoo:add-100", limit=0)
+
+
+# --- damaged checkpoints --------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def add100_copy(tmp_path):
+    import shutil
+
+    from arithinterp.models.zoo import get_entry
+
+    directory = tmp_path / "add-100"
+    shutil.copytree(get_entry("add-100").directory, directory, ignore=shutil.ignore_patterns("snapshots"))
+    return directory
+
+
+def _weights(directory):
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
+def _save(directory, state):
+    from safetensors.torch import save_file
+
+    save_file(state, str(directory / "model.safetensors"))
+
+
+def test_intact_copy_loads(add100_copy):
+    import arithinterp as ai
+
+    model = ai.load_model(str(add100_copy))
+    assert torch.isfinite(model.W_E).all()
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("drop_layer", r"model\.safetensors lacks 16 of the model's 37 weight tensors \(layers\.1\.ln1\.weight, "
+                   r"layers\.1\.ln1\.bias, .*partly random model"),
+    ("empty_dict", r"model\.safetensors lacks 37 of the model's 37 weight tensors"),
+    ("wrong_shape", r"model\.safetensors does not fit .*config\.json: size mismatch for layers\.0\.ln1\.weight"),
+    ("truncated", r"model\.safetensors is damaged, truncated or not a safetensors file"),
+    ("zero_bytes", r"model\.safetensors is damaged, truncated or not a safetensors file"),
+    ("bad_json", r"config\.json cannot be read as JSON"),
+    ("bad_config", r"config\.json does not describe a model TransformerLens can build"),
+    ("no_tokenizer", r"tokenizer\.json is missing; a native model directory needs tokenizer\.json"),
+])
+def test_damaged_checkpoint_is_refused_naming_the_file(add100_copy, damage, match):
+    import arithinterp as ai
+    from arithinterp.errors import ModelFileError
+
+    weights = add100_copy / "model.safetensors"
+    if damage == "drop_layer":
+        _save(add100_copy, {k: v for k, v in _weights(add100_copy).items() if not k.startswith("layers.1.")})
+    elif damage == "empty_dict":
+        _save(add100_copy, {})
+    elif damage == "wrong_shape":
+        _save(add100_copy, dict(_weights(add100_copy), **{"layers.0.ln1.weight": torch.ones(3)}))
+    elif damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "zero_bytes":
+        weights.write_bytes(b"")
+    elif damage == "bad_json":
+        (add100_copy / "config.json").write_text("{\"n_layers\": 2,")
+    elif damage == "bad_config":
+        (add100_copy / "config.json").write_text("{\"n_layers\": \"two\", \"d_model\": -1}")
+    elif damage == "no_tokenizer":
+        (add100_copy / "tokenizer.json").unlink()
+    with pytest.raises(ModelFileError, match=match):
+        ai.load_model(str(add100_copy))

@@ -159,8 +159,8 @@ def _load_zoo(spec: str, dtype, device):
             f"zoo model {name!r} has no shipped checkpoint in {entry.directory}; "
             f"train it with `arithinterp train {name}`"
         )
-    state = _snapshot_state(entry, suffix) if suffix else None
-    model = _load_native_dir(entry.directory, name, state)
+    state, source = _snapshot_state(entry, suffix) if suffix else (None, None)
+    model = _load_native_dir(entry.directory, name, state, source)
     model.arithinterp_spec = spec
     return _place(model, dtype, device)
 
@@ -170,27 +170,82 @@ def _is_native_dir(directory: Path) -> bool:
     return all((directory / f).exists() for f in ("config.json", "model.safetensors", "card.json"))
 
 
-def _load_native_dir(directory: Path, name: str, state: Optional[dict] = None):
+_RESTORE = "restore the file (reinstall the package for a zoo model, or rerun `arithinterp train`)"
+
+
+def _read_weights(path: Path) -> dict:
+    """The tensors of a safetensors file; a missing, empty, truncated or damaged file is named."""
     from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing; {_RESTORE}")
+    try:
+        return load_file(str(path))
+    except Exception as error:  # safetensors raises its own error type (and OSError) for bad files
+        raise ModelFileError(f"{path} is damaged, truncated or not a safetensors file ({error}); {_RESTORE}") from None
+
+
+def _read_native_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelFileError(f"{path} cannot be read as JSON ({error}); {_RESTORE}") from None
+    if not isinstance(config, dict):
+        raise ModelFileError(f"{path} must hold a JSON object of model settings (n_layers, d_model, ...); {_RESTORE}")
+    return config
+
+
+def _read_native_tokenizer(directory: Path):
     from transformers import PreTrainedTokenizerFast
 
-    config = json.loads((directory / "config.json").read_text())
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
-    model = _boot_native(config, tokenizer, name)
-    state = load_file(str(directory / "model.safetensors")) if state is None else state
-    # The bridge accepts the native module's own parameter names; it also lists its aliases of
-    # the same storage (and a zero unembedding bias the native model lacks) as "missing", so
-    # load non-strictly and check that every saved tensor found its place instead.
-    result = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    missing = [f for f in ("tokenizer.json", "tokenizer_config.json") if not (directory / f).is_file()]
+    if missing:
+        raise ModelFileError(f"{directory / missing[0]} is missing; a native model directory needs tokenizer.json and "
+                             f"tokenizer_config.json next to its weights; {_RESTORE}")
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    except Exception as error:  # tokenizers raises its own exception type for a damaged file
+        raise ModelFileError(f"the tokenizer files in {directory} cannot be read ({error}); {_RESTORE}") from None
+
+
+def _load_native_dir(directory: Path, name: str, state: Optional[dict] = None, source: Optional[Path] = None):
+    config_path = directory / "config.json"
+    config = _read_native_config(directory)
+    tokenizer = _read_native_tokenizer(directory)
+    try:
+        model = _boot_native(config, tokenizer, name)
+    except Exception as error:  # the config class and the model constructor raise several types
+        raise ModelFileError(f"{config_path} does not describe a model TransformerLens can build "
+                             f"({type(error).__name__}: {error}); {_RESTORE}") from None
+    if state is None:
+        source = directory / "model.safetensors"
+        state = _read_weights(source)
+    # Fill every weight with NaN first: whatever the checkpoint does not supply stays NaN, so a
+    # file missing tensors is caught instead of loading as a partly random model. (The bridge's
+    # own "missing keys" list aliases of the same storage, so it cannot tell.)
+    native = model.original_model
+    with torch.no_grad():
+        for parameter in native.parameters():
+            parameter.fill_(float("nan"))
+    try:
+        result = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    except RuntimeError as error:  # size mismatches
+        lines = [line.strip() for line in str(error).splitlines() if "size mismatch" in line]
+        detail = (lines[0] if lines else str(error)).replace("._original_component", "")
+        raise ModelFileError(f"{source} does not fit {config_path}: {detail}") from None
     if result.unexpected_keys:
-        raise ModelFileError(f"{directory} holds weights this architecture does not have: {result.unexpected_keys[:5]}")
+        raise ModelFileError(f"{source} holds weights this architecture does not have: {result.unexpected_keys[:5]}")
+    unset = [n.replace("._original_component", "") for n, p in native.named_parameters() if torch.isnan(p).all()]
+    if unset:
+        total = sum(1 for _ in native.parameters())
+        raise ModelFileError(f"{source} lacks {len(unset)} of the model's {total} weight tensors ({', '.join(unset[:4])}"
+                             f"{', ...' if len(unset) > 4 else ''}); loading it would give a partly random model; {_RESTORE}")
     model.arithinterp_spec = str(directory)
     return model
 
 
-def _snapshot_state(entry, suffix: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+def _snapshot_state(entry, suffix: str) -> tuple[dict[str, torch.Tensor], Path]:
     steps = entry.snapshot_steps()
     match = re.fullmatch(r"step=(\d+)", suffix)
     if not match:
@@ -200,7 +255,8 @@ def _snapshot_state(entry, suffix: str) -> dict[str, torch.Tensor]:
         raise ModelSpecError(
             f"zoo model {entry.name!r} has no snapshot at step {step}; shipped steps: {steps or 'none'}"
         )
-    return load_file(str(entry.directory / "snapshots" / f"step_{step}.safetensors"))
+    path = entry.directory / "snapshots" / f"step_{step}.safetensors"
+    return _read_weights(path), path
 
 
 def _boot_native(config: dict, tokenizer, name: str):
