@@ -79,6 +79,16 @@ def report_command(args: argparse.Namespace) -> dict:
 # result (``--out DIR``, reload with ``Result.load``) and optionally its figure (``--figure F.html``).
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Fail on an unwritable --out / --figure now, before the analysis runs."""
+    from arithinterp.outputs import check_writable_dir, check_writable_file
+
+    if getattr(args, "out", None):
+        check_writable_dir(args.out, "--out")
+    if getattr(args, "figure", None):
+        check_writable_file(args.figure, "--figure")
+
+
 def _model_and_prompts(args: argparse.Namespace, correct_only: bool = True):
     from arithinterp.models import load_model
     from arithinterp.models.zoo import task_prompts
@@ -89,10 +99,13 @@ def _model_and_prompts(args: argparse.Namespace, correct_only: bool = True):
 
 
 def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
+    from arithinterp.outputs import atomic_write
+
     if args.out:
         summary["result"] = str(result.save(args.out))
     if args.figure:
-        result.plot().write_html(args.figure, include_plotlyjs=True)
+        figure = result.plot()
+        atomic_write(args.figure, lambda tmp: figure.write_html(str(tmp), include_plotlyjs=True))
         summary["figure"] = args.figure
     return summary
 
@@ -222,6 +235,10 @@ def train_command(args: argparse.Namespace) -> dict:
 # --- parser --------------------------------------------------------------------------------------
 
 
+# commands whose --out is a result directory and --figure an HTML file, checked before they run
+_WRITES_OUT = ("patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "train")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from arithinterp import __version__
     from arithinterp.models.zoo import ZOO
@@ -311,20 +328,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def fail(command: str, error: BaseException, code: int, as_json: bool) -> int:
+    """Report a failed command: one line on stderr and, with ``--json``, a JSON object on stdout."""
+    print(f"arithinterp {command}: error: {error}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(dict(command=command, error=str(error), error_type=type(error).__name__, exit_code=code), indent=2))
+    return code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse has printed its usage message on stderr
+        if stop.code and "--json" in argv:
+            name = next((a for a in argv if a in COMMANDS), "")
+            print(json.dumps(dict(command=name, error="invalid arguments; see the usage message on stderr",
+                                  error_type="UsageError", exit_code=stop.code), indent=2))
+        raise
     if not args.command:
         parser.print_help()
         return 2
+    as_json = getattr(args, "json", False)
     try:
         with warnings.catch_warnings():  # one plain line per warning, not the library's source line
             warnings.showwarning = lambda message, *rest, **kw: print(f"arithinterp {args.command}: warning: {message}", file=sys.stderr)
+            if args.command in _WRITES_OUT:
+                _check_outputs(args)
             summary = COMMANDS[args.command](args)
     except ArithInterpError as error:
-        print(f"arithinterp {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    _print(summary, getattr(args, "json", False))
+        return fail(args.command, error, 2, as_json)
+    except Exception as error:
+        if not as_json:
+            raise
+        import traceback
+
+        traceback.print_exc()  # the full story on stderr; a JSON object on stdout all the same
+        return fail(args.command, error, 1, as_json)
+    _print(summary, as_json)
     return 1 if summary.get("failed") else 0  # e.g. sweep cells that failed (they retry on the next run)
 
 

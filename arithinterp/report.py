@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Union
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, TaskError, accepted
+from arithinterp.outputs import atomic_write, check_writable_file
 
 # The least data each stage draws a conclusion from (count, what is counted). Below it the stage
 # says "not enough data". A mean over 30 pairs has a standard error under a fifth of the spread
@@ -520,6 +521,7 @@ def report(
         raise ConfigError(f"limit must be at least 10 prompts, got {limit}")
     if operands is not None:
         parse_operands(operands)  # bad operands fail before the model loads
+    out = check_writable_file(out, "out")  # before minutes of analysis, not after
     start = time.perf_counter()
     loaded = load_model(model) if isinstance(model, str) else model
     spec = model if isinstance(model, str) else model_id(loaded)
@@ -560,7 +562,5 @@ def report(
     if operands is not None:
         meta["operands"] = operands if isinstance(operands, str) else f"{len(parse_operands(operands))} values"
     meta.update(seed=seed, arithinterp=__version__, seconds=round(time.perf_counter() - start, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(f"How does {spec} do arithmetic?", meta, sections), encoding="utf-8")
-    return out
+    page = render(f"How does {spec} do arithmetic?", meta, sections)
+    return atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))

@@ -81,8 +81,9 @@ class Result:
         """Write the result to directory ``path`` (created if needed); returns the path."""
         from safetensors.torch import save_file
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        from arithinterp.outputs import atomic_write, check_writable_dir
+
+        path = check_writable_dir(path, "save")
         tensors, plain = {}, {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -90,8 +91,10 @@ class Result:
                 tensors[field.name] = value.detach().cpu().contiguous()
             else:
                 plain[field.name] = _plain(value)
-        save_file(tensors, str(path / _TENSOR_FILE))
-        (path / _JSON_FILE).write_text(json.dumps({"type": type(self).__name__, "fields": plain}, indent=1))
+        text = json.dumps({"type": type(self).__name__, "fields": plain}, indent=1)
+        # tensors first, the JSON that marks a saved result last: a half-saved result never loads
+        atomic_write(path / _TENSOR_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        atomic_write(path / _JSON_FILE, lambda tmp: tmp.write_text(text))
         return path
 
     @classmethod

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from arithinterp.errors import ConfigError
+from arithinterp.outputs import atomic_write, check_writable_dir
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry
 
@@ -161,7 +162,7 @@ def train(
     steps = recipe.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps}")
-    out = Path(out) if out is not None else entry.directory
+    out = check_writable_dir(Path(out) if out is not None else entry.directory, "out")  # before training, not after
     tokenizer = toks.save_and_reload(make_tokenizer(entry), out)
     data = make_dataset(entry, tokenizer, seed)
     cfg = bridge_config(entry, len(tokenizer), seed)
@@ -208,12 +209,12 @@ def train(
             break
     wall = time.perf_counter() - start
 
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out / "model.safetensors"))
+    weights = {k: v.contiguous() for k, v in net.state_dict().items()}
+    atomic_write(out / "model.safetensors", lambda tmp: save_file(weights, str(tmp)))
     for step_run, state in snapshots.items():  # one file per step keeps every file small
-        (out / "snapshots").mkdir(exist_ok=True)
-        save_file(state, str(out / "snapshots" / f"step_{step_run}.safetensors"))
+        atomic_write(out / "snapshots" / f"step_{step_run}.safetensors", lambda tmp: save_file(state, str(tmp)))
     config = dict(entry.config, d_vocab=len(tokenizer), seed=seed, default_prepend_bos=entry.prepend_bos)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    atomic_write(out / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     card = dict(
         name=name,
         seed=seed,
@@ -228,5 +229,5 @@ def train(
         snapshot_steps=snapshot_steps,
         history=history,
     )
-    (out / "card.json").write_text(json.dumps(card, indent=2))
+    atomic_write(out / "card.json", lambda tmp: tmp.write_text(json.dumps(card, indent=2)))
     return card

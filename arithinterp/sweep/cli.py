@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from arithinterp.errors import ArithInterpError, ConfigError
+from arithinterp.outputs import check_writable_dir
 from arithinterp.sweep.config import EXECUTORS, load_config, plan
 from arithinterp.sweep.plots import plot_sweep
 from arithinterp.sweep.runner import run_sweep
@@ -39,7 +40,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 def run_cli(args: argparse.Namespace) -> dict:
     """Run the ``sweep`` subcommand; returns a JSON-able summary."""
     if args.plot and not args.config:
-        files = plot_sweep(args.plot)
+        files = plot_sweep(args.plot)  # reads the results first, then writes into args.plot/figures
         return dict(out=args.plot, figures=[str(f) for f in files])
     if not args.config:
         raise ConfigError("give a sweep config file, or --plot DIR to draw an existing sweep")
@@ -54,6 +55,8 @@ def run_cli(args: argparse.Namespace) -> dict:
                     to_run=len(cells) - finished,
                     plan=[dict(cell=c.id, analysis=c.analysis, model=c.model, task=c.task["name"],
                                params=json.dumps(c.params, sort_keys=True)) for c in cells])
+    if args.plot:  # a figures folder that cannot be written fails now, not after the sweep
+        check_writable_dir(args.plot, "--plot")
     run = run_sweep(args.config, progress=not args.no_progress, **overrides)
     summary = run.summary()
     if args.plot is not None:
@@ -67,11 +70,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
     parser.prog = "python -m arithinterp.sweep"
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from arithinterp.cli import fail
+
     try:
         summary = run_cli(args)
     except ArithInterpError as error:
-        print(f"arithinterp sweep: error: {error}", file=sys.stderr)
-        return 2
+        return fail("sweep", error, 2, args.json)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

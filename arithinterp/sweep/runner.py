@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Union
 
 from arithinterp.errors import ConfigError
+from arithinterp.outputs import check_writable_dir
 from arithinterp.results import Result, build_meta
 from arithinterp.sweep.config import SweepConfig, load_config, plan
 from arithinterp.sweep.executors import _check_picklable, _import_ray, _local, _processes, _ray
@@ -162,8 +163,7 @@ def run_sweep(
     if cfg.executor == "processes":
         _check_picklable({a["name"] for a in cfg.analyses})
     cells = plan(cfg)
-    out_dir = cfg.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_writable_dir(cfg.out_dir, "out")
     with _driver_lock(out_dir):
         return _run_cells(cfg, cells, out_dir, progress)
 
