@@ -43,6 +43,10 @@ class ConfigError(ArithInterpError, ValueError):
     """A bad configuration value (a sweep config, a CLI flag, an option)."""
 
 
+class OutputError(ArithInterpError, OSError):
+    """An output could not be written (e.g. the disk is full); what was finished is kept."""
+
+
 class AnalysisError(ArithInterpError, ValueError):
     """An analysis was given input it cannot work with (too few prompts, wrong shapes)."""
 

@@ -148,3 +148,192 @@ def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys):
     assert main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# --- sweeps: damaged files, full disks, killed drivers, huge grids ------------------------------------
+
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+SWEEP_TOML = """
+models = ["zoo:add-100"]
+[[tasks]]
+name = "add"
+a = [0, 100]
+b = [0, 100]
+limit = 60
+[[analyses]]
+name = "accuracy"
+[[analyses]]
+name = "patching"
+grid = {{ site = [{sites}], vary = ["a", "b"] }}
+"""
+
+
+def _sweep_config(tmp_path: Path, sites: str = '"resid_pre"') -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP_TOML.format(sites=sites))
+    return path
+
+
+def _cli(*args: str, wait: bool = True):
+    """The ``arithinterp sweep`` command in its own process (its stdout is the JSON summary)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "arithinterp.sweep", *args, "--no-progress", "--json"]
+    if not wait:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _cell_files(out: Path) -> dict:
+    return {p.relative_to(out): p.read_bytes() for p in sorted((out / "results").rglob("*.parquet"))}
+
+
+def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path):
+    config, out = _sweep_config(tmp_path), tmp_path / "out"
+    first = _cli(str(config), "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    original = _cell_files(out)
+    assert len(original) == 3
+    truncated, emptied = [out / p for p in list(original)[:2]]
+    truncated.write_bytes(original[truncated.relative_to(out)][:100])
+    emptied.write_bytes(b"")
+
+    plot = _cli("--plot", str(out))
+    assert plot.returncode == 2
+    error = json.loads(plot.stdout)["error"]
+    assert "is damaged: its checksum differs from the one recorded when it was written" in error
+    assert "rerun the sweep's config to recompute it" in error and "Traceback" not in plot.stderr
+
+    again = _cli(str(config), "--out", str(out))
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["done"] == 2 and summary["skipped"] == 1 and len(summary["recomputed"]) == 2
+    assert "2 finished cell file(s) failed their check and are recomputed" in again.stderr
+    assert _cell_files(out) == original  # byte-identical to the undamaged run
+
+    # with the manifest gone too, the files themselves are checked (no checksum to compare with)
+    (out / "manifest.json").unlink()
+    truncated.write_bytes(original[truncated.relative_to(out)][:100])
+    resumed = _cli(str(config), "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["done"] == 1 and summary["skipped"] == 2
+    assert "not a readable Parquet table" in summary["recomputed"][0]["reason"]
+    assert _cell_files(out) == original
+    assert _cli("--plot", str(out)).returncode == 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie holds no memory; only its exit status waits to be read
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+def test_workers_exit_when_the_driver_is_killed(tmp_path):
+    config, out = _sweep_config(tmp_path, '"resid_pre", "attn_out", "mlp_out", "resid_post"'), tmp_path / "out"
+    driver = _cli(str(config), "--out", str(out), "--executor", "processes", "--workers", "2", wait=False)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 300  # a bound so a broken run cannot hang the suite, not a speed claim
+        while time.monotonic() < deadline and driver.poll() is None:
+            workers = [p for p in _children(driver.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if len(workers) == 2 and list((out / "results").rglob("*.parquet")):
+                break  # both workers up and computing cells
+            time.sleep(0.05)
+        assert driver.poll() is None and len(workers) == 2, "the kill must land while the workers run"
+        assert all(_running(p) for p in workers)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 120
+        while any(_running(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_running(p) for p in workers), "worker processes outlived the killed driver"
+    finally:  # never leave this test's processes behind, whatever happened
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if driver.poll() is None:
+            driver.kill()
+
+
+def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from arithinterp.sweep import storage
+
+    config, out = _sweep_config(tmp_path), tmp_path / "out"
+    real_write, written = storage._atomic_write, []
+
+    def disk_fills_after_one_cell(path, write):
+        if path.suffix == ".parquet":
+            if written:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written.append(path)
+        real_write(path, write)
+
+    monkeypatch.setattr(storage, "_atomic_write", disk_fills_after_one_cell)
+    assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 2
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert error.startswith("cannot write the results of cell ") and "No space left on device" in error
+    assert "rerun the same command: finished cells are kept and the sweep resumes from this cell" in error
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+
+    monkeypatch.setattr(storage, "_atomic_write", real_write)
+    assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["skipped"] == 1 and summary["done"] == 2 and summary["failed"] == 0
+
+
+def test_huge_grid_is_sampled_without_building_it(tiny_digit_model, monkeypatch):
+    from arithinterp import tasks
+    from arithinterp.sweep import load_config
+    from arithinterp.sweep.worker import build_prompts
+
+    def whole_grid(*args, **kwargs):
+        raise AssertionError("the whole operand grid was built")
+
+    monkeypatch.setattr(tasks, "arithmetic", whole_grid)
+    cfg = load_config(dict(models=["zoo:add-100"], analyses=[dict(name="accuracy")],
+                           tasks=[dict(name="big", op="//", a=[0, 10**8], b=[0, 10**8], template="{a}/{b}=", limit=10)]))
+    task = cfg.tasks[0]
+    prompts = build_prompts(tiny_digit_model, task)
+    assert len(prompts) == 10 and len(set(zip(prompts.a.tolist(), prompts.b.tolist()))) == 10
+    assert (prompts.b > 0).all() and (prompts.a < 10**8).all() and (prompts.b < 10**8).all()
+    assert prompts.texts == build_prompts(tiny_digit_model, task).texts  # seeded
+    assert prompts.texts != build_prompts(tiny_digit_model, dict(task, seed=1)).texts
+
+
+def test_huge_grid_without_limit_is_refused_by_dry_run(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text('models = ["zoo:add-100"]\n[[tasks]]\nname = "big"\na = [0, 100000000]\nb = [0, 10]\n'
+                      '[[analyses]]\nname = "accuracy"\n')
+    assert main(["sweep", str(config), "--dry-run", "--out", str(tmp_path / "out")]) == 2
+    assert "tasks[0].limit: the operand grid has 1,000,000,000 pairs, too many to build whole" in capsys.readouterr().err
+
+
+def test_sweep_template_contradicting_the_operator_is_refused(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text('models = ["zoo:add-100"]\n[[tasks]]\nname = "sub"\nop = "-"\na = [0, 10]\nb = [0, 10]\n'
+                      '[[analyses]]\nname = "accuracy"\n')
+    assert main(["sweep", str(config), "--dry-run"]) == 2
+    assert "tasks[0].template: template '{a}+{b}=' writes the operator '+' but op is '-'" in capsys.readouterr().err

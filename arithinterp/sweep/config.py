@@ -215,6 +215,10 @@ def _resolve_path(spec: str, base: str) -> Path:
 
 def _operand_range(value: Any, where: str) -> list:
     """``n`` -> [n, n+1]; ``[start, stop]`` / ``[start, stop, step]`` as written."""
+    if isinstance(value, (int, list)) and not isinstance(value, bool):
+        ends = value if isinstance(value, list) else [value]
+        if any(isinstance(v, int) and abs(v) > 2**63 - 1 for v in ends):
+            raise ConfigError(f"{where}: operands must lie within ±(2**63 - 1), got {value!r}")
     if isinstance(value, int) and not isinstance(value, bool):
         return [value, value + 1]
     if isinstance(value, list) and len(value) in (2, 3) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
@@ -225,7 +229,8 @@ def _operand_range(value: Any, where: str) -> list:
 
 
 def _check_task(task: Any, where: str, models: list) -> dict:
-    from arithinterp.tasks import OPERATORS
+    from arithinterp.errors import TaskError
+    from arithinterp.tasks import OPERATORS, check_template
 
     _expect(task, (dict,), where)
     _unknown_keys(task, _TASK_KEYS, f"{where}.")
@@ -252,8 +257,10 @@ def _check_task(task: Any, where: str, models: list) -> dict:
         if _expect(out["op"], (str,), f"{where}.op") not in OPERATORS:
             raise ConfigError(f"{where}.op: unknown operator {out['op']!r}; accepted: {accepted(OPERATORS)}")
         template = _expect(out["template"], (str,), f"{where}.template")
-        if "{a}" not in template or "{b}" not in template:
-            raise ConfigError(f"{where}.template: must contain '{{a}}' and '{{b}}', got {template!r}")
+        try:
+            check_template(template, out["op"])
+        except TaskError as error:
+            raise ConfigError(f"{where}.template: {error}") from None
         if out["modulus"] is not None and (_expect(out["modulus"], (int,), f"{where}.modulus") < 2):
             raise ConfigError(f"{where}.modulus: must be an int >= 2, got {out['modulus']}")
         if _expect(out["answer_digits"], (int,), f"{where}.answer_digits") < 0:
@@ -264,6 +271,12 @@ def _check_task(task: Any, where: str, models: list) -> dict:
         raise ConfigError(f"{where}.limit: must be >= 1, got {out['limit']}")
     _expect(out["seed"], (int,), f"{where}.seed")
     _expect(out["correct_only"], (bool,), f"{where}.correct_only")
+    if not from_zoo and out["limit"] is None:
+        from arithinterp.sweep.worker import GRID_BUILT_WHOLE, grid_size
+
+        if grid_size(out) > GRID_BUILT_WHOLE:
+            raise ConfigError(f"{where}.limit: the operand grid has {grid_size(out):,} pairs, too many to build whole "
+                              f"(at most {GRID_BUILT_WHOLE:,}); set limit to sample that many pairs from it")
     return out
 
 

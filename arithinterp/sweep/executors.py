@@ -24,13 +24,35 @@ def _processes(jobs: list, workers: int) -> Iterator[dict]:
 
     # spawn, not fork: forking a process that already runs torch threads can deadlock
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context,
+                                                  initializer=_exit_with_parent, initargs=(os.getpid(),))
+    try:
         futures = {pool.submit(_job, payload): payload[0].id for payload in jobs}
         for future in concurrent.futures.as_completed(futures):
             try:
                 yield future.result()
             except Exception as error:  # the worker died (e.g. out of memory): this cell fails, the rest go on
                 yield _lost(futures[future], error)
+    finally:  # also when the driver stops early: drop the jobs not started instead of running them all
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _exit_with_parent(parent: int, interval: float = 0.5) -> None:
+    """Run in each worker: exit as soon as the driver process is gone.
+
+    A worker blocks on its job queue, whose pipe the other workers also hold open, so it would
+    not notice a driver killed with SIGKILL and would live on holding its model's memory. A
+    daemon thread watches the parent pid instead (portable; no signal set-up needed).
+    """
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _lost(cell_id: str, error: BaseException) -> dict:

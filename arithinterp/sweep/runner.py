@@ -8,11 +8,12 @@ import json
 import os
 import platform
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Union
 
-from arithinterp.errors import ConfigError
+from arithinterp.errors import ConfigError, OutputError
 from arithinterp.outputs import check_writable_dir
 from arithinterp.results import Result, build_meta
 from arithinterp.sweep.config import SweepConfig, load_config, plan
@@ -24,6 +25,7 @@ from arithinterp.sweep.storage import (
     _write_cell,
     _write_manifest,
     cell_path,
+    check_cell_file,
     load_results,
     read_manifest,
     versions,
@@ -64,8 +66,10 @@ class SweepRun(Result):
                              seconds=round(sum(c["seconds"] or 0 for c in mine if c["this_run"]), 2)))
         errors = [dict(cell=c["id"], analysis=c["analysis"], error=(c["error"] or "").splitlines()[0])
                   for c in self.cells if c["status"] == "failed"]
+        redone = [dict(cell=c["id"], analysis=c["analysis"], reason=c["recomputed"]) for c in self.cells if c.get("recomputed")]
         return dict(out=self.out, config_hash=self.config_hash, executor=self.executor, **self.counts(),
-                    seconds=round(self.seconds, 2), analyses=rows, **(dict(errors=errors) if errors else {}))
+                    seconds=round(self.seconds, 2), analyses=rows, **(dict(errors=errors) if errors else {}),
+                    **(dict(recomputed=redone) if redone else {}))
 
     def to_frame(self):
         """One row per cell: analysis, model, task, parameters (as JSON), status, seconds, rows."""
@@ -128,6 +132,15 @@ def _alive(pid: Any) -> bool:
     return True
 
 
+def _save_manifest(out: Path, manifest: dict) -> None:
+    try:
+        _write_manifest(out, manifest)
+    except OSError as error:
+        raise OutputError(f"cannot write {out / 'manifest.json'}: {error.strerror or error}; make room (or fix the "
+                          "folder) and rerun the same command: the finished cells' files are kept and the sweep "
+                          "resumes") from None
+
+
 def run_sweep(
     config: Union[str, Path, Mapping, SweepConfig],
     *,
@@ -177,25 +190,31 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
     with contextlib.suppress(ConfigError, json.JSONDecodeError):
         previous_manifest = read_manifest(out_dir)
     previous = previous_manifest.get("cells", {})
-    entries = {}
+    entries, damaged = {}, []
     for cell in cells:
         path = cell_path(out_dir, cell)
         old = previous.get(cell.id, {})
-        done = path.is_file()
+        done, rows, digest, recomputed = path.is_file(), None, None, None
+        if done:  # a file that fails its check (cut short, damaged, foreign) is not a finished cell
+            problem, rows, digest = check_cell_file(path, old)
+            if problem:
+                path.unlink()
+                done, recomputed = False, f"{path.relative_to(out_dir)}: {problem}"
+                damaged.append(recomputed)
         entries[cell.id] = dict(
             analysis=cell.analysis, model=cell.model, task=cell.task["name"], params=cell.params,
             path=str(path.relative_to(out_dir)), status="done" if done else ("failed" if old.get("status") == "failed" else "pending"),
-            seconds=old.get("seconds") if done else None, rows=old.get("rows") if done else None,
+            seconds=old.get("seconds") if done else None, rows=rows if done else None, sha256=digest if done else None,
             error=None if done else old.get("error"), worker=old.get("worker") if done else None, this_run=False,
+            **(dict(recomputed=recomputed) if recomputed else {}),
         )
-        if done and entries[cell.id]["rows"] is None:  # finished just before a kill, after the last manifest write
-            import pyarrow.parquet as pq
-
-            entries[cell.id]["rows"] = pq.read_metadata(path).num_rows
+    if damaged:
+        warnings.warn(f"{len(damaged)} finished cell file(s) failed their check and are recomputed: "
+                      + "; ".join(damaged[:3]) + ("; ..." if len(damaged) > 3 else ""), stacklevel=3)
     manifest = dict(config_hash=cfg.digest(), versions=versions(), executor=cfg.executor,
                     created=previous_manifest.get("created", time.time()), updated=time.time(),
                     config=dict(models=cfg.models, tasks=cfg.tasks, analyses=cfg.analyses), cells=entries)
-    _write_manifest(out_dir, manifest)
+    _save_manifest(out_dir, manifest)
     todo = [c for c in cells if entries[c.id]["status"] != "done"]
     threads = max(1, int(cfg.resources["num_cpus"])) if cfg.executor != "local" else 0
     jobs = [(c, ANALYSES[c.analysis].fn, cfg.base, cfg.device, threads) for c in todo]
@@ -206,13 +225,21 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
                   "ray": lambda: _ray(jobs, cfg.ray.get("address"), cfg.resources)}[cfg.executor]
         last_write = time.monotonic()
         bar = tqdm(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
+        stream = runner()
         try:
-            for outcome in runner():
+            for outcome in stream:
                 cell = by_id[outcome["id"]]
                 entry = entries[cell.id]
                 if outcome["status"] == "done":
                     try:
-                        entry["rows"] = _write_cell(out_dir, cell, outcome["frame"])
+                        entry["rows"], entry["sha256"] = _write_cell(out_dir, cell, outcome["frame"])
+                    except OSError as exc:  # a full disk, a lost mount: stop, keep what is finished
+                        raise OutputError(
+                            f"cannot write the results of cell {cell.id} ({cell.analysis}, model {cell.model}, task "
+                            f"{cell.task['name']}) to {cell_path(out_dir, cell)}: {exc.strerror or exc}; make room (or fix "
+                            "the folder) and rerun the same command: finished cells are kept and the sweep resumes "
+                            "from this cell"
+                        ) from None
                     except Exception as exc:  # e.g. a table Arrow cannot store: the cell fails, the sweep goes on
                         outcome.update(status="failed", error=f"cannot write the results table: {type(exc).__name__}: {exc}")
                 entry.update(status=outcome["status"], seconds=outcome["seconds"], error=outcome["error"],
@@ -220,11 +247,16 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
                 bar.update(1)
                 bar.set_postfix_str(f"{cell.analysis} {outcome['status']}")
                 if time.monotonic() - last_write > 1.0:  # Parquet files are the truth; the manifest may lag
-                    _write_manifest(out_dir, manifest)
+                    _save_manifest(out_dir, manifest)
                     last_write = time.monotonic()
-        finally:
+        except BaseException:
             bar.close()
-            _write_manifest(out_dir, manifest)
+            stream.close()  # stop the executor's pending jobs now, not when the traceback is freed
+            with contextlib.suppress(OutputError):  # the first error says the most
+                _save_manifest(out_dir, manifest)
+            raise
+        bar.close()
+        _save_manifest(out_dir, manifest)
     run = SweepRun(out=str(out_dir), config_hash=cfg.digest(),
                    cells=[dict(id=c.id, **{k: v for k, v in entries[c.id].items() if k != "path"}) for c in cells],
                    executor=cfg.executor, seconds=time.perf_counter() - start,

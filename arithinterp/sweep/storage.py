@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -65,10 +66,47 @@ def tidy(cell: Cell, frame: Any) -> Any:
     return out
 
 
-def _write_cell(out: Path, cell: Cell, frame: Any) -> int:
+def _write_cell(out: Path, cell: Cell, frame: Any) -> tuple[int, str]:
+    """Write a cell's table; returns its row count and the file's SHA-256 for the manifest."""
     table = tidy(cell, frame)
-    _atomic_write(cell_path(out, cell), lambda tmp: table.to_parquet(tmp, index=False))
-    return len(table)
+    path = cell_path(out, cell)
+    _atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
+    return len(table), file_digest(path)
+
+
+def file_digest(path: Union[str, Path]) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_cell_file(path: Path, entry: Optional[dict] = None) -> tuple[Optional[str], Optional[int], Optional[str]]:
+    """Verify a cell's Parquet file: ``(problem or None, rows, sha256)``.
+
+    Against the manifest's checksum when it has one; otherwise (a manifest lost, or a cell
+    finished just before a kill) by reading the whole table.
+    """
+    entry = entry or {}
+    try:
+        digest = file_digest(path)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror or error})", None, None
+    if entry.get("sha256"):
+        if digest != entry["sha256"]:
+            return "its checksum differs from the one recorded when it was written (damaged or cut short)", None, None
+        return None, entry.get("rows"), digest
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).num_rows
+    except Exception as error:  # Arrow raises several types for truncated or foreign files
+        return f"it is not a readable Parquet table ({type(error).__name__}: {error})", None, None
+    if entry.get("rows") is not None and rows != entry["rows"]:
+        return f"it holds {rows} rows where {entry['rows']} were written", None, None
+    return None, rows, digest
 
 
 def versions() -> dict:
@@ -93,7 +131,13 @@ def read_manifest(out: Union[str, Path]) -> dict:
     path = Path(out) / MANIFEST
     if not path.is_file():
         raise ConfigError(f"{out} is not a sweep results directory (no {MANIFEST})")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} is damaged ({error}); rerun the sweep's config to rebuild it from the result files") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("cells"), dict):
+        raise ConfigError(f"{path} is not a sweep manifest (no 'cells' table); rerun the sweep's config to rebuild it")
+    return manifest
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
@@ -114,6 +158,10 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
     for cid, entry in manifest["cells"].items():
         path = out / entry["path"]
         if path.is_file():
+            problem = check_cell_file(path, entry)[0]
+            if problem:
+                raise ConfigError(f"cell {cid} ({entry['analysis']}): {path} is damaged: {problem}; rerun the sweep's "
+                                  "config to recompute it (finished cells are kept)")
             tables.setdefault(entry["analysis"], []).append(pd.read_parquet(path))
     combined = {}
     for name, frames in tables.items():

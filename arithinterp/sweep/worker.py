@@ -40,21 +40,61 @@ def _model(spec: str, base: str, device: str) -> Any:
     return _MODELS[key]
 
 
+# Grids up to this many operand pairs are built whole and then sampled (the tables of existing
+# sweeps stay the same); larger ones are sampled by index and only the chosen prompts are built.
+GRID_BUILT_WHOLE = 2**20
+
+
+def grid_size(task: Mapping) -> int:
+    """Operand pairs in a task's grid that are defined for its operator (``b == 0`` is not for // and mod)."""
+    a, b = range(*task["a"]), range(*task["b"])
+    return _length(a) * (_length(b) - (task["op"] in ("//", "mod") and 0 in b))
+
+
+def _length(values: range) -> int:
+    """``len(values)``, also past ``sys.maxsize`` (64-bit operand ranges can be that long)."""
+    return max(0, -((values.start - values.stop) // values.step))
+
+
 def build_prompts(model: Any, task: Mapping) -> Any:
     """The task's prompts: the operand grid, a seeded ``limit`` subsample, then ``correct_only``."""
     import torch
 
     from arithinterp.tasks import arithmetic
 
-    prompts = arithmetic(model, op=task["op"], a=range(*task["a"]), b=range(*task["b"]), template=task["template"],
-                         modulus=task["modulus"], answer_digits=task["answer_digits"], few_shot=task["few_shot"],
-                         seed=task["seed"])
-    if task["limit"] is not None and task["limit"] < len(prompts):
-        pick = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(task["seed"]))[: task["limit"]]
-        prompts = prompts[pick.sort().values]
+    options = dict(modulus=task["modulus"], answer_digits=task["answer_digits"], seed=task["seed"])
+    if task["limit"] is not None and grid_size(task) > max(GRID_BUILT_WHOLE, task["limit"]):
+        prompts = _sampled_prompts(model, task, options)
+    else:
+        prompts = arithmetic(model, op=task["op"], a=range(*task["a"]), b=range(*task["b"]), template=task["template"],
+                             few_shot=task["few_shot"], **options)
+        if task["limit"] is not None and task["limit"] < len(prompts):
+            pick = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(task["seed"]))[: task["limit"]]
+            prompts = prompts[pick.sort().values]
     if task["correct_only"]:
         prompts = prompts.correct_only(model)
     return prompts
+
+
+def _sampled_prompts(model: Any, task: Mapping, options: dict) -> Any:
+    """``limit`` distinct pairs of a large grid drawn by index (seeded), never materialising the grid."""
+    from arithinterp.tasks import _few_shot_prefix, prompts_for_pairs
+
+    a, b = range(*task["a"]), range(*task["b"])
+    skip = b.index(0) if task["op"] in ("//", "mod") and 0 in b else None  # b == 0 is undefined there
+    width = _length(b) - (skip is not None)
+    rng = random.Random(task["seed"])
+    chosen: set = set()
+    while len(chosen) < task["limit"]:
+        chosen.add(rng.randrange(_length(a) * width))
+    pairs = []
+    for index in sorted(chosen):  # grid order, as when the whole grid is built
+        row, column = divmod(index, width)
+        pairs.append((a[row], b[column + (skip is not None and column >= skip)]))
+    prefix = _few_shot_prefix(task["few_shot"], task["op"], task["template"], a, b, task["modulus"], task["seed"],
+                              task["answer_digits"])
+    return prompts_for_pairs(model, task["op"], [p[0] for p in pairs], [p[1] for p in pairs], task["template"],
+                             few_shot=prefix, **options)
 
 
 def _prompts(model: Any, key: tuple, task: dict) -> Any:
