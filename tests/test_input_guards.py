@@ -246,3 +246,18 @@ def test_damaged_checkpoint_is_refused_naming_the_file(add100_copy, damage, matc
         (add100_copy / "tokenizer.json").unlink()
     with pytest.raises(ModelFileError, match=match):
         ai.load_model(str(add100_copy))
+
+
+def test_helix_fit_on_a_nan_model_is_refused(number_tokenizer):
+    from arithinterp import helix
+    from arithinterp.activations import collect
+    from arithinterp.errors import AnalysisError
+    from tests.conftest import tiny_bridge
+
+    model = tiny_bridge(number_tokenizer, seed=3)
+    with torch.no_grad():
+        model.W_E[5] = float("nan")  # the embedding of one number token
+    prompts = arithmetic(model, "+", range(20), range(5))
+    acts = collect(model, prompts, sites="resid_pre", layers=[1], positions="a", progress=False)
+    with pytest.raises(AnalysisError, match=r"activation rows hold NaN or infinite values; a helix needs finite"):
+        helix.fit(acts, "a", periods=(2, 5, 10))
