@@ -529,7 +529,7 @@ def _as_index(index, n: int) -> torch.Tensor:
             raise TaskError(f"boolean index must have shape ({n},), got {tuple(idx.shape)}")
         return torch.nonzero(idx).flatten()
     if idx.numel() and (idx.max() >= n or idx.min() < -n):
-        raise TaskError(f"index out of range for a prompt set of {n} prompts")
+        raise PromptIndexError(f"index out of range for a prompt set of {n} prompts; accepted: {-n}..{n - 1}")
     return idx.long().flatten() % max(n, 1)
 
 

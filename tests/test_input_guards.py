@@ -158,6 +158,10 @@ def test_cuda_without_a_gpu_is_refused(monkeypatch):
         ai.load_model("zoo:add-100", device="cuda")
     with pytest.raises(ModelSpecError, match="unknown device 'gpu0'"):
         ai.load_model("zoo:add-100", device="gpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ModelSpecError, match=r"device 'cuda:3': torch sees 1 CUDA GPU\(s\); accepted: cuda:0"):
+        ai.load_model("zoo:add-100", device="cuda:3")
 
 
 def test_helix_fit_on_non_finite_activations_is_refused():
