@@ -239,6 +239,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it exited meanwhile
+        return b""
+
+
 def _running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -255,7 +262,7 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
     try:
         deadline = time.monotonic() + 300  # a bound so a broken run cannot hang the suite, not a speed claim
         while time.monotonic() < deadline and driver.poll() is None:
-            workers = [p for p in _children(driver.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            workers = [p for p in _children(driver.pid) if b"spawn_main" in _cmdline(p)]
             if len(workers) == 2 and list((out / "results").rglob("*.parquet")):
                 break  # both workers up and computing cells
             time.sleep(0.05)
