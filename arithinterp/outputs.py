@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Union
 
-from arithinterp.errors import ConfigError
+from arithinterp.errors import ConfigError, OutputError
 
 PathLike = Union[str, Path]
 
@@ -63,9 +63,19 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 
 
 def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` and move ``tmp`` onto ``path`` atomically; returns ``path``."""
-    with atomic_path(path) as tmp:
-        write(tmp)
+    """Call ``write(tmp)`` and move ``tmp`` onto ``path`` atomically; returns ``path``.
+
+    A failure to write (a full disk, a lost mount) is an :class:`OutputError` naming the file;
+    whatever ``path`` held before is left as it was.
+    """
+    try:
+        with atomic_path(path) as tmp:
+            write(tmp)
+    except OutputError:
+        raise
+    except OSError as error:
+        raise OutputError(f"cannot write {path}: {error.strerror or error}; the previous file (if any) is unchanged; "
+                          "make room or choose another path and run again") from error
     return Path(path).expanduser()
 
 

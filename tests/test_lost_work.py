@@ -100,7 +100,9 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
         tmp.write_text("<html>half a rep")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError):
+    from arithinterp.errors import OutputError
+
+    with pytest.raises(OutputError, match=r"cannot write .*report\.html: No space left on device; the previous file"):
         atomic_write(target, half_then_crash)
     assert target.read_text() == "the previous report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temp file left behind
