@@ -828,11 +828,12 @@ def _check_context(model_or_tokenizer: Any, prompts: PromptSet) -> None:
         return
     needed = prompts.tokens.shape[1] + prompts.answer_tokens.shape[1] - 1
     if needed > n_ctx:
-        few_shot = f" (of which the few-shot prefix is {len(prompts.prefix)} characters)" if prompts.prefix else ""
+        examples = prompts.prefix.count("\n")
+        few_shot = f", with a few-shot prefix of {examples} solved example(s)," if prompts.prefix else ""
         raise TaskError(
-            f"the longest prompt is {prompts.tokens.shape[1]} tokens{few_shot} and its answer feeds "
-            f"{prompts.answer_tokens.shape[1] - 1} more, {needed} in all, but the model's context (n_ctx) is "
-            f"{n_ctx} tokens; use fewer few_shot examples, a shorter template or smaller operands"
+            f"the prompts need up to {needed} tokens (the longest is {prompts.tokens.shape[1]} tokens{few_shot} plus "
+            f"{prompts.answer_tokens.shape[1] - 1} fed answer tokens) but the model's context (n_ctx) is {n_ctx} "
+            "tokens; use fewer few_shot examples, a shorter template or smaller operands"
         )
 
 
