@@ -66,8 +66,10 @@ def info(args: argparse.Namespace) -> dict:
 @command("report")
 def report_command(args: argparse.Namespace) -> dict:
     """Run the standard battery on a model and write one offline HTML report."""
+    from arithinterp.outputs import check_writable_file
     from arithinterp.report import report
 
+    check_writable_file(args.out, "--out")  # report() checks too; this names the flag
     stages = args.stages.split(",") if args.stages else None
     path = report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed, template=args.template,
                   few_shot=args.few_shot, operands=args.operands, progress=not args.no_progress)

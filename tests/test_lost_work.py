@@ -59,7 +59,7 @@ def test_json_usage_error_prints_an_error_object(capsys):
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["report", "--out", f"{UNWRITABLE}/report.html"], "out"),
+    (["report", "--out", f"{UNWRITABLE}/report.html"], "--out"),
     (["patch", "--figure", f"{UNWRITABLE}/patch.html"], "--figure"),
     (["patch", "--out", f"{UNWRITABLE}/result"], "--out"),
     (["train", "add-100", "--out", f"{UNWRITABLE}/model"], "--out"),
