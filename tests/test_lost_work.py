@@ -194,7 +194,7 @@ def _cell_files(out: Path) -> dict:
     return {p.relative_to(out): p.read_bytes() for p in sorted((out / "results").rglob("*.parquet"))}
 
 
-def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path):
+def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path, capsys):
     config, out = _sweep_config(tmp_path), tmp_path / "out"
     first = _cli(str(config), "--out", str(out))
     assert first.returncode == 0, first.stderr
@@ -204,11 +204,11 @@ def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path):
     truncated.write_bytes(original[truncated.relative_to(out)][:100])
     emptied.write_bytes(b"")
 
-    plot = _cli("--plot", str(out))
-    assert plot.returncode == 2
-    error = json.loads(plot.stdout)["error"]
+    assert main(["sweep", "--plot", str(out), "--json"]) == 2
+    plot = capsys.readouterr()
+    error = json.loads(plot.out)["error"]
     assert "is damaged: its checksum differs from the one recorded when it was written" in error
-    assert "rerun the sweep's config to recompute it" in error and "Traceback" not in plot.stderr
+    assert "rerun the sweep's config to recompute it" in error and "Traceback" not in plot.err
 
     again = _cli(str(config), "--out", str(out))
     assert again.returncode == 0, again.stderr
@@ -226,7 +226,7 @@ def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path):
     assert summary["done"] == 1 and summary["skipped"] == 2
     assert "not a readable Parquet table" in summary["recomputed"][0]["reason"]
     assert _cell_files(out) == original
-    assert _cli("--plot", str(out)).returncode == 0
+    assert main(["sweep", "--plot", str(out), "--json"]) == 0
 
 
 def _children(pid: int) -> list[int]:
