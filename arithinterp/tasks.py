@@ -831,9 +831,10 @@ def _check_context(model_or_tokenizer: Any, prompts: PromptSet) -> None:
         examples = prompts.prefix.count("\n")
         few_shot = f", with a few-shot prefix of {examples} solved example(s)," if prompts.prefix else ""
         raise TaskError(
-            f"the prompts need up to {needed} tokens (the longest is {prompts.tokens.shape[1]} tokens{few_shot} plus "
-            f"{prompts.answer_tokens.shape[1] - 1} fed answer tokens) but the model's context (n_ctx) is {n_ctx} "
-            "tokens; use fewer few_shot examples, a shorter template or smaller operands"
+            f"the prompts with their fed answer tokens are up to {needed} tokens long, more than the model's context "
+            f"of {n_ctx} tokens (the longest prompt is {prompts.tokens.shape[1]} tokens{few_shot} plus "
+            f"{prompts.answer_tokens.shape[1] - 1} fed answer tokens); use fewer few-shot examples, a shorter "
+            "template or smaller operands"
         )
 
 
