@@ -7,10 +7,10 @@ neuron's cell-shuffled maps at a false-discovery rate (exact hypergeometric p-va
 Benjamini-Hochberg over neurons x heuristics). This script measures, before (``fdr=None``: the
 threshold alone) and after (``fdr=0.05``):
 
-* Gaussian-noise K and KV maps of N neurons (default 1,500) on the 10 x 10 digit grid and on the
-  100 x 100 two-digit grid, top-k only and with the bottom-k too (gated MLPs);
+* Gaussian-noise K and KV maps of N neurons (default 1,500) on the 10 x 10 digit grid, a 30 x 30
+  grid and the 100 x 100 two-digit grid, top-k only and with the bottom-k too (gated MLPs);
 * the real maps of every MLP neuron of ``zoo:add-100`` (2 x 512 neurons, 100 x 100 grid, and its
-  10 x 10 corner), and the same maps with each neuron's cells shuffled;
+  10 x 10 and 30 x 30 corners), and the same maps with each neuron's cells shuffled;
 * planted-heuristic maps (one heuristic per neuron plus noise of the same size): the share of
   planted neurons that get their planted label.
 
@@ -105,13 +105,13 @@ def main() -> None:
         print(f"| {label} | {size} x {size} | {k_maps.shape[0]:,} | {'yes' if bottom else 'no'} | "
               f"{before:.3f} | {after:.4f} | {seconds:.1f} |", flush=True)
 
-    for size in (10, 100):
+    for size in (10, 30, 100):
         k_maps, kv_maps = noise_maps(n, size, seed)
         for bottom in (False, True):
             row("Gaussian noise", k_maps, kv_maps, size, bottom)
     if not args.no_zoo:
         k_full, kv_full = zoo_maps()
-        for size in (10, 100):
+        for size in (10, 30, 100):
             k_maps, kv_maps = k_full[:, :size, :size].contiguous(), kv_full[:, :size, :size].contiguous()
             row("zoo:add-100, real", k_maps, kv_maps, size, False)
             row("zoo:add-100, cell-shuffled", shuffle_cells(k_maps, seed), shuffle_cells(kv_maps, seed + 1), size, False)
