@@ -16,7 +16,7 @@ threshold alone) and after (``fdr=0.05``):
 
 Prints one markdown table. Every random choice is seeded.
 
-    python benchmarks/null_calibration.py [--neurons 1500] [--seed 0] [--no-zoo]
+    python benchmarks/null_calibration.py [--neurons 1500] [--seed 0] [--no-zoo] [--grids 10,30,100]
 """
 
 from __future__ import annotations
@@ -92,7 +92,9 @@ def main() -> None:
     parser.add_argument("--neurons", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-zoo", action="store_true", help="skip the zoo:add-100 maps")
+    parser.add_argument("--grids", default="10,30,100", help="grid sizes, comma-separated (default 10,30,100)")
     args = parser.parse_args()
+    grids = [int(g) for g in args.grids.split(",")]
     torch.set_num_threads(1)
     n, seed = args.neurons, args.seed
 
@@ -105,13 +107,13 @@ def main() -> None:
         print(f"| {label} | {size} x {size} | {k_maps.shape[0]:,} | {'yes' if bottom else 'no'} | "
               f"{before:.3f} | {after:.4f} | {seconds:.1f} |", flush=True)
 
-    for size in (10, 30, 100):
+    for size in grids:
         k_maps, kv_maps = noise_maps(n, size, seed)
         for bottom in (False, True):
             row("Gaussian noise", k_maps, kv_maps, size, bottom)
     if not args.no_zoo:
         k_full, kv_full = zoo_maps()
-        for size in (10, 30, 100):
+        for size in grids:
             k_maps, kv_maps = k_full[:, :size, :size].contiguous(), kv_full[:, :size, :size].contiguous()
             row("zoo:add-100, real", k_maps, kv_maps, size, False)
             row("zoo:add-100, cell-shuffled", shuffle_cells(k_maps, seed), shuffle_cells(kv_maps, seed + 1), size, False)
@@ -119,7 +121,7 @@ def main() -> None:
     print()
     print("| planted maps | grid | neurons | bottom-k | amplitude / noise sd | recovered, 0.6 alone | recovered, 0.6 + FDR 0.05 |")
     print("|---|---|---:|---|---:|---:|---:|")
-    for size, amplitude in ((10, 3.0), (10, 2.0), (100, 4.0), (100, 2.0)):
+    for size, amplitude in [(s, a) for s, a in ((10, 3.0), (10, 2.0), (100, 4.0), (100, 2.0)) if s in grids]:
         k_maps, kv_maps, names = planted_maps(n, size, seed + 7, amplitude)
         for bottom in (False, True):
             before = recovery(k_maps, kv_maps, names, size, bottom, None, seed)

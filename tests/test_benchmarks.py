@@ -34,5 +34,5 @@ def test_patching_benchmark_smoke():
 
 
 def test_null_calibration_benchmark_smoke():
-    out = run("null_calibration.py", "--neurons", "60", "--no-zoo")
-    assert out.count("| Gaussian noise |") == 6 and out.count("| one heuristic per neuron |") == 8
+    out = run("null_calibration.py", "--neurons", "60", "--no-zoo", "--grids", "10")
+    assert out.count("| Gaussian noise |") == 2 and out.count("| one heuristic per neuron |") == 4
