@@ -344,6 +344,7 @@ def test_fit_layers_reports_each_kind(helix_model, helix_pairs):
     assert result.fits == ["helix", "circle", "poly", "PCA-k"] and result.r2.shape == (4, 1)
     assert float(result.r2[0, 0]) > 0.999 > float(result.r2[2, 0])
     assert len(result.plot().data) == 4
+    assert result.meta["control"]["r2_full_mean"]["helix"][0] < 0.5  # shuffled values
 
 
 # --- neuron fits ---------------------------------------------------------------------------------

@@ -391,18 +391,27 @@ def fit_layers(
     holdout: float = 0.2,
     random_state: int = 0,
 ) -> FitLayersResult:
-    """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R²."""
+    """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R².
+
+    ``meta["control"]`` gives, per layer and kind, the mean held-out R² of the same fit to
+    shuffled values (:func:`fit`'s control), and ``meta["validation"]`` the scheme used."""
     layers = list(acts.layers) if layers is None else list(layers)
     rows = {k: [] for k in kinds}
+    null = {k: [] for k in kinds}
     pca = []
+    validation = None
     for layer in layers:
         for k in kinds:
             result = fit(acts, values, periods, n_pca, holdout, k, random_state, site=site, layer=layer,
                          position=position)
             rows[k].append(result.r2_full)
+            null[k].append(result.meta["control"]["r2_full_mean"])
+            validation = result.meta["validation"]
             if k == "helix" or (k == kinds[0] and "helix" not in kinds):
                 pca.append(result.pca_r2)
+    control = dict(null="values shuffled across rows (distinct values permuted)", r2_full_mean=null)
     return FitLayersResult(
         r2=torch.tensor([rows[k] for k in kinds] + [pca]), fits=list(kinds) + ["PCA-k"], layers=layers,
-        periods=_check_periods(periods), meta=build_meta(site=site, position=position, holdout=holdout),
+        periods=_check_periods(periods),
+        meta=build_meta(site=site, position=position, holdout=holdout, validation=validation, control=control),
     )
