@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -444,7 +444,7 @@ def classify_maps(
         if t.shape != (N,):
             raise AnalysisError(f"{name} must have one entry per map ([{N}]), got shape {tuple(t.shape)}")
     keep = torch.nonzero(scored).flatten()
-    control = dict(
+    control: dict[str, Any] = dict(
         null="cell-shuffled maps: each neuron's values permuted over the legal cells",
         test="exact hypergeometric tail of the top-k hits (the cell-shuffle distribution of the score)"
         + ("; bottom-k: 2 x the better side's p" if bottom else ""),
