@@ -31,3 +31,8 @@ def test_patching_benchmark_smoke():
     assert any("Llama 4L d256" in row for row in rows) and any("zoo:add-100" in row for row in rows)
     for row in rows:  # max abs diff, the last column: the two implementations give the same numbers
         assert float(row.rstrip(" |").rsplit("|", 1)[1]) <= 1e-4, row
+
+
+def test_null_calibration_benchmark_smoke():
+    out = run("null_calibration.py", "--neurons", "60", "--no-zoo", "--grids", "10")
+    assert out.count("| Gaussian noise |") == 2 and out.count("| one heuristic per neuron |") == 4

@@ -108,6 +108,36 @@ def test_shuffled_numbers_destroy_the_planted_spectrum():
     assert float(result.key_fraction[0]) == 0.0
 
 
+def test_key_frequencies_are_calibrated_against_shuffled_numbers():
+    """A lenient rule picks frequencies out of noise; the shuffled-numbers test removes them,
+    keeps the planted ones, and the result says what the rule found on shuffled numbers."""
+    noise = torch.randn(113, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lenient = dict(rule="median", factor=3.0)
+    rule_only = fo.activation_spectrum(noise, n_shuffles=0, **lenient)
+    assert len(rule_only.key[0]) >= 2 and "control" not in rule_only.meta
+    controlled = fo.activation_spectrum(noise, **lenient)
+    control = controlled.meta["control"]
+    assert controlled.key[0] == [] and control["dropped"][0] == sorted(rule_only.key[0])
+    assert control["n_shuffles"] == 100 and control["null_keys_mean"][0] >= 1  # the rule alone fires on the null
+    planted_values = planted(113, 4, [14, 35, 41], noise=1.0)
+    found = fo.activation_spectrum(planted_values, **lenient)
+    assert sorted(found.key[0]) == [14, 35, 41]
+    assert max(found.meta["control"]["p_values"][0][k] for k in (14, 35, 41)) <= 1 / 101
+    frame = found.to_frame()
+    assert (frame.loc[frame.key, "p_value"] <= 0.05).all()
+    with pytest.raises(ConfigError, match="alpha"):
+        fo.activation_spectrum(noise, n_shuffles=10, alpha=0.01)
+
+
+def test_shuffled_power_equals_the_spectrum_of_shuffled_rows():
+    values = planted(30, 5, [4], noise=0.1)
+    null = fo.spectra.shuffled_power(values @ values.T, 3, seed=2)
+    generator = torch.Generator().manual_seed(2)
+    for r in range(3):
+        perm = torch.randperm(30, generator=generator)
+        assert torch.allclose(null[r], fo.spectrum_of(values[torch.argsort(perm)]))
+
+
 def test_spectrum_result_frame_plot_and_round_trip(tmp_path):
     result = fo.activation_spectrum(planted(20, 4, [3], noise=0.05).float(), numbers=range(10, 30))
     frame = result.to_frame()
@@ -158,6 +188,9 @@ def test_neuron_frequencies_find_planted_blocks_and_reject_noise():
     assert result.cluster_sizes() == {2: 1, 4: 1, 7: 1}
     assert result.to_frame().clustered.sum() == 3
     assert "3 / 5" in result.plot().layout.title.text
+    # control: the same grids with their cells shuffled are not clustered
+    assert result.meta["control"]["clustered_fraction"] == 0.0
+    assert result.meta["control"]["best_share_q95"] < 0.5
 
 
 # --- restricted / excluded loss ------------------------------------------------------------------

@@ -93,6 +93,32 @@ def test_planted_helix_fit_and_shuffled_control():
     assert poly.r2_full < circle.r2_full < fit.r2_full
 
 
+def test_fit_states_its_shuffled_values_control():
+    values = torch.arange(100).repeat(2)
+    fit = hx.fit(planted_helix(values), values, PERIODS)
+    control = fit.meta["control"]
+    assert control["n_shuffles"] == 5 and control["r2_full_max"] < 0.1 < fit.r2_full
+    assert fit.meta["validation"] == "0.2 of the values held out"
+
+
+def test_ten_digits_are_validated_leave_one_value_out():
+    """Ten values: a 20% split holds out two of them; each digit is held out in turn instead."""
+    digits = torch.arange(10).repeat(8)
+    acts = planted_helix(digits, (10,), d=64, noise=0.02)
+    fit = hx.fit(acts, digits, (10,))
+    assert fit.meta["validation"] == "leave-one-value-out" and fit.meta["n_folds"] == 10
+    assert fit.test_values == list(range(10))
+    assert fit.r2_full > 0.95 and fit.r2_overall > 0.95
+    assert fit.meta["control"]["r2_full_max"] < 0.3  # digits shuffled: no helix to find
+    # the default periods have as many columns as there are digits: refused, with the fix
+    with pytest.raises(AnalysisError, match="fits any function .* fewer periods"):
+        hx.fit(acts, digits, PERIODS)
+    # the search scores only subsets it can validate and beats its shuffled-values null
+    search = hx.search_periods(acts, digits, (3, 7, 10), sizes=[1, 2], progress=False)
+    assert search.meta["validation"] == "leave-one-value-out"
+    assert search.best[0] == [10.0] and search.meta["control"]["beats_null"] == [True, True]
+
+
 def test_predict_reconstructs_held_out_values_and_round_trips(tmp_path):
     values = torch.arange(100)
     acts = planted_helix(values, noise=0.0)
@@ -318,6 +344,7 @@ def test_fit_layers_reports_each_kind(helix_model, helix_pairs):
     assert result.fits == ["helix", "circle", "poly", "PCA-k"] and result.r2.shape == (4, 1)
     assert float(result.r2[0, 0]) > 0.999 > float(result.r2[2, 0])
     assert len(result.plot().data) == 4
+    assert result.meta["control"]["r2_full_mean"]["helix"][0] < 0.5  # shuffled values
 
 
 # --- neuron fits ---------------------------------------------------------------------------------

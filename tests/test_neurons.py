@@ -8,6 +8,7 @@ is shipped).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -101,6 +102,78 @@ def test_shuffled_maps_get_no_label(planted):
     assert int(table.labels.sum()) == 0, table.to_frame(labelled_only=True).heuristic.tolist()
 
 
+def test_planted_table_states_its_control(planted):
+    _, _, truth, table = planted
+    control = table.meta["control"]
+    assert control["fdr"] == 0.05 and control["threshold"] == 0.6
+    assert control["n_tests"] == table.scores.numel()
+    assert control["shuffled"]["neurons"] == len(truth) and control["shuffled"]["labelled"] == 0
+    assert control["shuffled"]["best_score_max"] < 0.6
+    frame = table.to_frame(labelled_only=True)
+    assert (frame.q_value <= 0.05).all() and (frame.score >= 0.6).all()
+
+
+# --- null calibration: noise and cell-shuffled maps of a small grid -------------------------------
+
+
+def test_noise_maps_of_a_ten_by_ten_grid_are_labelled_only_under_the_threshold_rule():
+    """On the 10 x 10 digit grid the 0.6 threshold alone labels a large share of Gaussian-noise
+    neurons (many heuristics of a few cells each); with the cell-shuffle test at FDR 0.05 at most
+    1% are labelled, on noise and on cell-shuffled structured maps, while planted neurons are."""
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(400, 10, 10, generator=g), torch.randn(400, 10, 10, generator=g)
+    plain = nn.classify_maps(*noise, range(10), range(10), "+", bottom=True, fdr=None, shuffle_control=False)
+    assert float(plain.classified.float().mean()) > 0.15  # the problem: measured ~0.3
+    table = nn.classify_maps(*noise, range(10), range(10), "+", bottom=True)
+    assert float(table.classified.float().mean()) <= 0.01
+    assert table.meta["control"]["labelled_by_threshold"] == int(plain.classified.sum())
+    assert table.meta["control"]["shuffled"]["fraction_labelled"] <= 0.01
+    # planted: one operand or result heuristic per neuron, plus noise of the same size
+    a, b = torch.meshgrid(torch.arange(10), torch.arange(10), indexing="ij")
+    masks = {"a mod 2 = 1": a % 2 == 1, "b mod 3 = 1": b % 3 == 1, "a = b": a == b,
+             "result mod 10 = 3": (a + b) % 10 == 3, "result = 12": a + b == 12}
+    k_maps, kv_maps = torch.randn(200, 10, 10, generator=g), torch.randn(200, 10, 10, generator=g)
+    names = list(masks) * 40
+    for i, name in enumerate(names):
+        target = k_maps if name[0] in "ab" else kv_maps
+        target[i] += 3 * masks[name].float()
+    planted = nn.classify_maps(k_maps, kv_maps, range(10), range(10), "+", bottom=True)
+    recall = float(torch.stack([planted.labels[i, planted.index(n)] for i, n in enumerate(names)]).float().mean())
+    assert recall >= 0.95
+    assert planted.meta["control"]["shuffled"]["fraction_labelled"] <= 0.01
+
+
+def test_shuffle_p_values_are_the_exact_hypergeometric_tail():
+    from math import comb
+
+    C = 30
+    counts = np.array([1, 4, 12, 15])
+    hits = np.array([[0, 0, 0, 0], [1, 2, 6, 9], [1, 4, 12, 15]])
+    got = nn.shuffle_p_values(hits, counts, C)
+    for i in range(hits.shape[0]):
+        for j, k in enumerate(counts):
+            expected = sum(comb(k, x) * comb(C - k, k - x) for x in range(hits[i, j], k + 1)) / comb(C, k)
+            assert got[i, j] == pytest.approx(expected, rel=1e-9)
+    # the tail is the score distribution of shuffled maps: Monte Carlo of one map agrees
+    heuristics = nn.build_heuristics(range(6), range(5), "+", families=["operand mod"])
+    g = torch.Generator().manual_seed(0)
+    shuffled = torch.randn(1, 30, generator=g).expand(4000, 30).contiguous()
+    scores, _ = nn.score_maps(shuffled, heuristics.predicates, shuffle=True, seed=1)
+    k = heuristics.counts.numpy()
+    p = nn.shuffle_p_values(np.rint(scores.numpy() * k).astype(int), k, 30)
+    # discrete tests: each column rejects with the exact size of its largest tail <= 0.05
+    sizes = [max([t for t in nn.scoring._hypergeometric_tail(int(kk), 30) if t <= 0.05], default=0.0) for kk in k]
+    assert float((p <= 0.05).mean()) == pytest.approx(float(np.mean(sizes)), abs=0.01)
+    assert float(np.mean(sizes)) <= 0.05
+
+
+def test_benjamini_hochberg_adjusts_like_the_textbook():
+    p = np.array([0.01, 0.04, 0.03, 0.005, np.nan, 0.5])
+    q = nn.benjamini_hochberg(p)
+    # sorted 0.005, 0.01, 0.03, 0.04, 0.5 with m = 5: 0.025, 0.025, 0.05, 0.05, 0.5
+    assert np.allclose(q[[3, 0, 2, 1, 5]], [0.025, 0.025, 0.05, 0.05, 0.5]) and np.isnan(q[4])
+
+
 def test_coverage_and_histogram_count_planted_types(planted):
     _, _, truth, table = planted
     n_planted = sum(t is not None for t in truth)
@@ -151,17 +224,35 @@ def test_bottom_k_finds_negative_neurons():
     assert "a mod 3 = 1" in both.neuron_labels(0)
 
 
-def test_registered_heuristic_is_scored_and_found():
-    nn.register_heuristic("a > b + 50", "custom", lambda a, b: a > b + 50, "K")
-    try:
-        maps = torch.relu((A > B + 50).float() + 0.2 * torch.randn(100, 100, generator=torch.Generator().manual_seed(3)))[None]
-        table = nn.classify_maps(maps, None, range(100), range(100), "+")
-        assert table.neuron_labels(0)[0] == "a > b + 50"
-        assert table.families[table.index("a > b + 50")] == "custom"
-    finally:
-        nn.unregister_heuristic("a > b + 50")
-    with pytest.raises(ConfigError, match="no registered heuristic"):
-        nn.unregister_heuristic("a > b + 50")
+def test_registry_object_heuristic_is_scored_and_found():
+    registry = nn.HeuristicRegistry()
+    registry.add("a > b + 50", "custom", lambda a, b: a > b + 50, "K")
+    maps = torch.relu((A > B + 50).float() + 0.2 * torch.randn(100, 100, generator=torch.Generator().manual_seed(3)))[None]
+    table = nn.classify_maps(maps, None, range(100), range(100), "+", registry=registry)
+    assert table.neuron_labels(0)[0] == "a > b + 50"
+    assert table.families[table.index("a > b + 50")] == "custom"
+    assert torch.equal(table.heuristic("a > b + 50").mask(A, B, R), A > B + 50)
+    registry.remove("a > b + 50")
+    with pytest.raises(ConfigError, match="no heuristic named"):
+        registry.remove("a > b + 50")
+
+
+def test_classification_does_not_depend_on_other_registries():
+    """No hidden state: a heuristic added to one registry is invisible to every other call."""
+    maps = torch.relu((A > B + 50).float() + 0.2 * torch.randn(100, 100, generator=torch.Generator().manual_seed(3)))[None]
+    before = nn.classify_maps(maps, None, range(100), range(100), "+", shuffle_control=False)
+    custom = nn.HeuristicRegistry()
+    custom.add("a > b + 50", "custom", lambda a, b: a > b + 50, "K")
+    extended = custom.copy()
+    extended.add_family("a > b + d", "K", lambda grid: [nn.Heuristic(f"a > b + {d}", "gap", "K", lambda a, b, d=d: a > b + d) for d in (20, 40)])
+    after = nn.classify_maps(maps, None, range(100), range(100), "+", shuffle_control=False)
+    assert after.names == before.names and torch.equal(after.scores, before.scores)
+    assert "a > b + 50" not in after.names
+    assert "a > b + 20" in nn.build_heuristics(range(100), range(100), "+", registry=extended).names
+    assert "a > b + 20" not in nn.build_heuristics(range(100), range(100), "+", registry=custom).names
+    assert "operand mod" in nn.HeuristicRegistry().families and not nn.HeuristicRegistry(families=()).families
+    with pytest.raises(ConfigError, match="HeuristicRegistry"):
+        nn.classify_maps(maps, None, range(100), range(100), "+", registry={"a > b": None})
 
 
 def test_registry_works_for_every_operator():
@@ -239,9 +330,13 @@ def test_unknown_heuristic_and_family_are_rejected(planted):
     with pytest.raises(ConfigError, match="unknown heuristic families"):
         nn.build_heuristics(range(10), range(10), "+", families=["astrology"])
     with pytest.raises(ConfigError, match="map kind"):
-        nn.register_heuristic("x", "custom", lambda a, b: a > b, "Q")
+        nn.HeuristicRegistry().add("x", "custom", lambda a, b: a > b, "Q")
     with pytest.raises(ConfigError, match="vectorised"):
-        nn.register_heuristic("scalar", "custom", lambda a, b: True, "K")
+        nn.HeuristicRegistry().add("scalar", "custom", lambda a, b: True, "K")
+    with pytest.raises(ConfigError, match="already in this registry"):
+        nn.HeuristicRegistry().add_family("value", "KV", lambda grid: [])
+    with pytest.raises(ConfigError, match="fdr must be"):
+        nn.classify_maps(torch.zeros(1, 100, 100), None, range(100), range(100), "+", fdr=1.5)
     assert issubclass(ConfigError, ArithInterpError)
 
 

@@ -18,7 +18,9 @@ from arithinterp.errors import AnalysisError, ConfigError, SiteError, Tokenizati
 from arithinterp.fourier.basis import (
     KEY_RULES,
     _check_n,
+    _pair_power,
     block_power,
+    fourier_basis,
     frequency_periods,
     key_fraction,
     key_frequencies,
@@ -93,6 +95,7 @@ class SpectrumResult(Result):
         import pandas as pd
 
         periods = self.periods
+        p_values = self.meta.get("control", {}).get("p_values")
         rows = []
         for s, name in enumerate(self.series):
             power = self.power[s].double()
@@ -112,7 +115,7 @@ class SpectrumResult(Result):
                     rows.append(
                         dict(series=name, frequency=k, period=periods[k], period_label=period_label(self.n, k),
                              power=float(power[k]), share=float(power[k]) / total if total > 0 and k else float("nan"),
-                             key=k in key)
+                             p_value=float(p_values[s][k]) if p_values else float("nan"), key=k in key)
                     )
         return pd.DataFrame(rows)
 
@@ -123,10 +126,33 @@ class SpectrumResult(Result):
 
 
 def _spectrum_result(power: torch.Tensor, series: list[str], start: int, n: int, source: str, rule: str,
-                     factor: float, fraction: float, meta: dict) -> SpectrumResult:
-    """Key frequencies per series of ``power`` [S, F] or [S, F, F] and the result around them."""
+                     factor: float, fraction: float, meta: dict, null_power: Optional[torch.Tensor] = None,
+                     alpha: float = 0.05) -> SpectrumResult:
+    """Key frequencies per series of ``power`` [S, F] or [S, F, F] and the result around them.
+
+    With ``null_power`` [R, S, F] (the 1-D power of R value-shuffled copies of each series), a
+    key frequency of the rule is kept only when its permutation p-value against the largest
+    null frequency is ≤ ``alpha``, and ``meta["control"]`` states the null and what it found.
+    """
     one_d = [block_power(p) if power.ndim == 3 else p for p in power]
-    keys = [key_frequencies(p, rule, factor=factor, fraction=fraction) for p in one_d]
+    rule_keys = [key_frequencies(p, rule, factor=factor, fraction=fraction) for p in one_d]
+    keys = rule_keys
+    if null_power is not None and null_power.shape[0]:
+        observed = torch.stack(one_d).double()
+        null = null_power.double()
+        p_values = null_control_p_values(observed, null)
+        keys = [[k for k in ks if float(p_values[s, k]) <= alpha] for s, ks in enumerate(rule_keys)]
+        share = null[:, :, 1:] / null[:, :, 1:].sum(-1, keepdim=True).clamp_min(1e-300)
+        meta = dict(meta, control=dict(
+            null="number axis shuffled: the values permuted over the numbers (seeded)",
+            n_shuffles=int(null.shape[0]), alpha=alpha,
+            test="permutation p-value of each frequency's power against the largest frequency of each shuffle",
+            rule_keys=rule_keys, dropped=[sorted(set(r) - set(k)) for r, k in zip(rule_keys, keys)],
+            null_keys_mean=[float(sum(len(key_frequencies(null[r, s], rule, factor=factor, fraction=fraction))
+                                      for r in range(null.shape[0])) / null.shape[0]) for s in range(null.shape[1])],
+            null_max_share_q95=torch.quantile(share.max(-1).values, 0.95, dim=0).tolist(),
+            p_values=p_values.tolist(),
+        ))
     fractions = torch.tensor([key_fraction(p, k) for p, k in zip(one_d, keys)])
     return SpectrumResult(
         power=power.float(),
@@ -138,6 +164,55 @@ def _spectrum_result(power: torch.Tensor, series: list[str], start: int, n: int,
         source=source,
         meta=meta,
     )
+
+
+def null_control_p_values(observed: torch.Tensor, null: torch.Tensor) -> torch.Tensor:
+    """Permutation p-values [S, F] of ``observed`` power [S, F] against ``null`` [R, S, F]: the
+    share of shuffles (plus one) whose *largest* non-constant frequency reaches the observed
+    power, so the test holds over all frequencies of a series at once (max statistic)."""
+    largest = null[:, :, 1:].max(-1).values  # [R, S]
+    exceed = (largest[:, :, None] >= observed[None]).sum(0)
+    p = (1 + exceed).double() / (null.shape[0] + 1)
+    p[:, 0] = float("nan")  # the constant is never a key frequency
+    return p
+
+
+def shuffled_power(gram: torch.Tensor, n_shuffles: int, seed: int = 0, chunk: int = 16) -> torch.Tensor:
+    """Power per frequency [R, n_freq] of data whose number axis is permuted R times.
+
+    ``gram`` [n, n] is ``X Xᵀ`` of the data ``X`` [n numbers, features] (any number of
+    features): permuting the numbers permutes the Gram matrix, and the power of basis row j is
+    ``b_j G b_jᵀ``, so no shuffle touches the features (Zhou et al. 2024 spectra, shuffled-values
+    control).
+    """
+    n = gram.shape[0]
+    basis = fourier_basis(n)
+    generator = torch.Generator().manual_seed(int(seed))
+    gram = gram.double()
+    out = []
+    for start in range(0, n_shuffles, chunk):
+        count = min(chunk, n_shuffles - start)
+        perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(count)])
+        rows = basis.matrix[:, perms].permute(1, 0, 2)  # [count, n rows, n]: each row with its numbers permuted
+        power = ((rows @ gram) * rows).sum(-1)  # [count, n rows]: b_j G b_jᵀ, already squared
+        out.append(torch.zeros(count, basis.n_freq, dtype=power.dtype).index_add_(1, basis.freqs, power))
+    return torch.cat(out) if out else torch.zeros(0, basis.n_freq, dtype=torch.float64)
+
+
+def _gram(values: torch.Tensor) -> torch.Tensor:
+    """``X Xᵀ`` [n, n] of values [n, ...] (number axis first)."""
+    flat = values.reshape(values.shape[0], -1).double()
+    return flat @ flat.T
+
+
+def _check_null(n_shuffles: int, alpha: float) -> None:
+    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
+        raise ConfigError(f"n_shuffles must be a non-negative integer (0: no shuffled-values control), got {n_shuffles!r}")
+    if n_shuffles and not (1 / (n_shuffles + 1) <= alpha < 1):
+        raise ConfigError(
+            f"alpha must be in [1 / (n_shuffles + 1), 1) = [{1 / (n_shuffles + 1):.3g}, 1) so a frequency can pass "
+            f"the shuffled-values test; got alpha={alpha!r} with n_shuffles={n_shuffles}"
+        )
 
 
 # --- model helpers -------------------------------------------------------------------------------
@@ -225,16 +300,21 @@ def grid_of(prompts: Any, acts: torch.Tensor, numbers: range) -> torch.Tensor:
 
 
 def embedding_spectrum(model: Any, numbers: Union[int, range] = 100, *, rule: str = "median",
-                       factor: float = 10.0, fraction: float = 0.9) -> SpectrumResult:
+                       factor: float = 10.0, fraction: float = 0.9, n_shuffles: int = 100, alpha: float = 0.05,
+                       seed: int = 0) -> SpectrumResult:
     """Spectrum of the number-token embeddings ``W_E[token(x)]`` for x in ``numbers``.
 
-    [n, d_model] rows → power per frequency (Zhou et al. 2024 §2; Nanda et al. 2023 §3)."""
+    [n, d_model] rows → power per frequency (Zhou et al. 2024 §2; Nanda et al. 2023 §3). Key
+    frequencies must also beat ``n_shuffles`` copies with the numbers shuffled at level
+    ``alpha`` (``meta["control"]``; ``n_shuffles=0``: the rule alone)."""
     numbers = _numbers(numbers)
     kw = _rule_kw(rule, factor, fraction)
+    _check_null(n_shuffles, alpha)
     embeddings = model.W_E.detach()[number_tokens(model, numbers)]
     power = spectrum_of(embeddings)[None]
+    null = shuffled_power(_gram(embeddings), n_shuffles, seed)[:, None]
     return _spectrum_result(power, ["embed"], numbers.start, len(numbers), "embed", **kw,
-                            meta=build_meta(model, numbers=numbers))
+                            meta=build_meta(model, numbers=numbers), null_power=null, alpha=alpha)
 
 
 def activation_spectrum(
@@ -248,6 +328,9 @@ def activation_spectrum(
     rule: str = "median",
     factor: float = 10.0,
     fraction: float = 0.9,
+    n_shuffles: int = 100,
+    alpha: float = 0.05,
+    seed: int = 0,
 ) -> SpectrumResult:
     """Spectrum of activations over a number axis.
 
@@ -255,16 +338,23 @@ def activation_spectrum(
     ``numbers`` (default ``range(n_numbers)``), or an :class:`~arithinterp.activations.Activations`
     at ``site`` / ``position``: prompts are grouped by ``values`` [N] (default: the prompts'
     label named like ``position``, e.g. ``"a"``) and averaged per number, one series per layer.
+
+    Control: a key frequency of ``rule`` must also beat ``n_shuffles`` copies with the numbers
+    shuffled (the rows permuted over the number axis) at level ``alpha``; ``meta["control"]``
+    gives the p-values, the frequencies dropped and how many key frequencies the rule finds on
+    shuffled numbers (``n_shuffles=0``: the rule alone).
     """
     kw = _rule_kw(rule, factor, fraction)
+    _check_null(n_shuffles, alpha)
     if isinstance(source, torch.Tensor):
         if source.ndim != 2:
             raise AnalysisError(f"an activation tensor must be [n_numbers, d], got shape {tuple(source.shape)}")
         numbers = _numbers(numbers, source.shape[0])
         if len(numbers) != source.shape[0]:
             raise AnalysisError(f"numbers has {len(numbers)} entries but the tensor has {source.shape[0]} rows")
+        null = shuffled_power(_gram(source), n_shuffles, seed)[:, None]
         return _spectrum_result(spectrum_of(source)[None], ["activations"], numbers.start, len(numbers),
-                                "activations", **kw, meta=build_meta(numbers=numbers))
+                                "activations", **kw, meta=build_meta(numbers=numbers), null_power=null, alpha=alpha)
     if not hasattr(source, "get") or not hasattr(source, "positions"):
         raise AnalysisError(f"source must be a tensor [n, d] or an Activations, got {type(source).__name__}")
     position = position if position is not None else source.positions[0]
@@ -275,13 +365,15 @@ def activation_spectrum(
     values = torch.as_tensor(values).long()
     numbers = _numbers(numbers, range(int(values.min()), int(values.max()) + 1))
     layers = list(source.layers) if layers is None else list(layers)
-    power = torch.stack([spectrum_of(group_by_value(values, source.get(site, layer, position), numbers))
-                         for layer in layers])
+    grouped = [group_by_value(values, source.get(site, layer, position), numbers) for layer in layers]
+    power = torch.stack([spectrum_of(g) for g in grouped])
+    null = torch.stack([shuffled_power(_gram(g), n_shuffles, seed) for g in grouped], 1)
     outside = int(((values < numbers.start) | (values >= numbers.stop)).sum())
     return _spectrum_result(power, [f"L{layer} {site}" for layer in layers], numbers.start, len(numbers),
                             f"{site} at {position}", **kw,
                             meta=build_meta(site=site, position=str(position), layers=layers,
-                                            excluded_prompts=dict(count=outside, reason=f"value outside {numbers}")))
+                                            excluded_prompts=dict(count=outside, reason=f"value outside {numbers}")),
+                            null_power=null, alpha=alpha)
 
 
 def logit_lens_spectrum(
@@ -297,16 +389,21 @@ def logit_lens_spectrum(
     factor: float = 10.0,
     fraction: float = 0.9,
     progress: bool = True,
+    n_shuffles: int = 100,
+    alpha: float = 0.05,
+    seed: int = 0,
 ) -> SpectrumResult:
-    """Zhou et al. 2024 (RECIPES §2): each component's output at ``position`` read through the
-    logit lens onto number tokens, ``L = W_U[:, tokens(numbers)]ᵀ · output`` [N, n], then a DFT
-    along the number axis; power is averaged over prompts. One series per (layer, component).
+    """Zhou et al. 2024: each component's output at ``position`` read through the logit lens
+    onto number tokens, ``L = W_U[:, tokens(numbers)]ᵀ · output`` [N, n], then a DFT along the
+    number axis; power is averaged over prompts. One series per (layer, component).
 
-    ``numbers`` defaults to 0..max answer of ``prompts``.
+    ``numbers`` defaults to 0..max answer of ``prompts``. Key frequencies must also beat the
+    number-token axis shuffled ``n_shuffles`` times at level ``alpha`` (``meta["control"]``).
     """
     from arithinterp.activations import collect
 
     kw = _rule_kw(rule, factor, fraction)
+    _check_null(n_shuffles, alpha)
     bad = [c for c in components if c not in COMPONENT_SITES]
     if bad or not components:
         raise SiteError(f"unknown components {bad}; accepted: {accepted(COMPONENT_SITES)}")
@@ -314,14 +411,16 @@ def logit_lens_spectrum(
     unembed = model.W_U.detach()[:, number_tokens(model, numbers)].double()
     acts = collect(model, prompts, sites=list(components), layers=layers, positions=position,
                    batch_size=batch_size, progress=progress)
-    series, power = [], []
+    series, power, null = [], [], []
     for layer in acts.layers:
         for component in components:
             lens = acts.get(component, layer, position).double() @ unembed  # [N, n]
             power.append(spectrum_of(lens, dim=1) / lens.shape[0])
+            null.append(shuffled_power(lens.T @ lens, n_shuffles, seed) / lens.shape[0])
             series.append(f"L{layer} {component}")
     return _spectrum_result(torch.stack(power), series, numbers.start, len(numbers), f"logit lens at {position}",
-                            **kw, meta=build_meta(model, n_prompts=len(prompts), position=position))
+                            **kw, meta=build_meta(model, n_prompts=len(prompts), position=position),
+                            null_power=torch.stack(null, 1), alpha=alpha)
 
 
 def _grid_activations(model: Any, prompts: Any, layer: int, site: str, numbers: range, batch_size: int,
@@ -348,19 +447,35 @@ def neuron_spectrum(
     factor: float = 10.0,
     fraction: float = 0.9,
     progress: bool = True,
+    n_shuffles: int = 20,
+    alpha: float = 0.05,
+    seed: int = 0,
 ) -> SpectrumResult:
     """2-D spectrum of every neuron's activation grid over ``(a, b)`` at the final position,
-    summed over neurons: power per frequency pair (Nanda et al. 2023, RECIPES §3).
+    summed over neurons: power per frequency pair (Nanda et al. 2023).
 
-    ``prompts`` must cover the grid ``numbers × numbers`` (default 0..max a) exactly once.
+    ``prompts`` must cover the grid ``numbers × numbers`` (default 0..max a) exactly once. Key
+    frequencies (of the block power) must also beat ``n_shuffles`` copies with the a values and
+    the b values shuffled at level ``alpha`` (each shuffle is a full 2-D transform of every
+    neuron, hence fewer than for 1-D spectra; ``meta["control"]``).
     """
     kw = _rule_kw(rule, factor, fraction)
+    _check_null(n_shuffles, alpha)
     numbers = _numbers(numbers, int(prompts.a.max()) + 1)
     grids = _grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
-    power = spectrum_of_2d(grids.double())[None]
+    grids = grids.double()
+    power = spectrum_of_2d(grids)[None]
+    generator = torch.Generator().manual_seed(int(seed))
+    n = grids.shape[-1]
+    null = []
+    for _ in range(n_shuffles):
+        rows, cols = torch.randperm(n, generator=generator), torch.randperm(n, generator=generator)
+        null.append(block_power(_pair_power(grids[:, rows][:, :, cols]).sum(0)))
+    null = torch.stack(null)[:, None] if null else None
     return _spectrum_result(power, [f"L{layer} {site}"], numbers.start, len(numbers), f"{site} over (a, b)", **kw,
                             meta=build_meta(model, layer=layer, site=site, n_neurons=grids.shape[0],
-                                            excluded_prompts=len(prompts) - len(numbers) ** 2))
+                                            excluded_prompts=len(prompts) - len(numbers) ** 2),
+                            null_power=null, alpha=alpha)
 
 
 def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str = "embed", **kwargs) -> SpectrumResult:

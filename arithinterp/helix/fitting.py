@@ -175,6 +175,86 @@ def _fit_core(acts, x, train, mean, comps, ev, kind, periods, degree, names, max
     return coef, r2, r2_overall, r2_full, pca_r2
 
 
+LEAVE_ONE_OUT = "leave-one-value-out"
+
+
+def _folds(x: torch.Tensor, holdout: Union[float, str], random_state: int, min_test_values: int) -> tuple[list, str]:
+    """Training masks [n] of the validation folds and the scheme's name.
+
+    A share ``holdout`` of the distinct values of the first variable is held out (one fold) unless
+    that leaves fewer than ``min_test_values`` held-out values: then, as for ``holdout="loo"``,
+    each distinct value is held out in turn (one fold per value).
+    """
+    unique = x[:, 0].unique()
+    if isinstance(holdout, str):
+        if holdout != "loo":
+            raise ConfigError(f"holdout must be a share in [0, 1) or 'loo' (leave one value out), got {holdout!r}")
+    elif isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 <= holdout < 1:
+        raise ConfigError(f"holdout must be a share in [0, 1) or 'loo' (leave one value out), got {holdout!r}")
+    elif holdout == 0:
+        return [torch.ones(x.shape[0], dtype=torch.bool)], "none (scored on the training rows)"
+    elif int(round(holdout * len(unique))) >= min_test_values:
+        return [split_by_value(x, holdout, random_state)], f"{holdout:g} of the values held out"
+    if len(unique) < 3:
+        raise AnalysisError(f"only {len(unique)} distinct values: a held-out score needs at least 3")
+    return [x[:, 0] != v for v in unique], LEAVE_ONE_OUT
+
+
+def _check_identifiable(x: torch.Tensor, folds: list, basis_kw: dict) -> None:
+    """Refuse when a fold's training values can be fitted exactly by any function: the basis then
+    interpolates whatever the activations are, and a held-out score measures nothing."""
+    for train in folds:
+        if train.all():
+            continue
+        values = x[train].unique(dim=0)
+        rank = int(torch.linalg.matrix_rank(basis(values, **basis_kw)[0]))
+        if rank >= len(values):
+            raise AnalysisError(
+                f"a validation fold trains on {len(values)} distinct values and the {basis_kw['kind']} basis "
+                f"(periods {basis_kw['periods']}) has rank {rank} on them, so it fits any function of these values "
+                "exactly and the held-out R² says nothing; use fewer periods (e.g. periods=(10,)), a smaller "
+                "kind ('circle', 'linear'), or more distinct values"
+            )
+
+
+def _fold_pcas(acts: torch.Tensor, folds: list, n_pca: int) -> list:
+    """(mean, components) of each fold's training rows."""
+    return [_pca(acts[train], n_pca)[:2] for train in folds]
+
+
+def _cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top):
+    """Held-out scores pooled over leave-one-value-out ``folds`` (each fold: its own PCA, from
+    ``pcas``, and least squares; predictions of the held-out rows in the full space), compared in
+    the final PCA (``mean``, ``comps``): per-component R², overall, full-space R², top-``n_top``
+    PCA R²."""
+    design, _ = basis(x, **basis_kw)
+    pred = torch.zeros_like(acts)
+    recon = torch.zeros_like(acts)
+    for train, (m, c) in zip(folds, pcas):
+        coef = _lstsq(design[train], ((acts - m) @ c.T)[train])
+        test = ~train
+        pred[test] = design[test] @ coef @ c + m
+        top = c[:n_top]
+        recon[test] = (acts[test] - m) @ top.T @ top + m
+    r2, r2_overall = _r2((pred - mean) @ comps.T, (acts - mean) @ comps.T)
+    _, r2_full = _r2(pred, acts)
+    _, pca_r2 = _r2(recon, acts)
+    return r2, r2_overall, r2_full, pca_r2
+
+
+def _shuffled_values(x: torch.Tensor, n_shuffles: int, random_state: int) -> list:
+    """``n_shuffles`` copies of ``x`` [n, v] whose distinct first-variable values are permuted
+    (every row of a value moves together, so a split over values stays one)."""
+    unique, inverse = x[:, 0].unique(return_inverse=True)
+    generator = torch.Generator().manual_seed(int(random_state) + 1)
+    out = []
+    for _ in range(n_shuffles):
+        shuffled = x.clone()
+        shuffled[:, 0] = unique[torch.randperm(len(unique), generator=generator)][inverse]
+        out.append(shuffled)
+    return out
+
+
 def fit(
     acts_or_tensor: Any,
     values: Values,
@@ -189,6 +269,8 @@ def fit(
     position: Optional[str] = None,
     degree: Optional[int] = None,
     names: Optional[Sequence[str]] = None,
+    min_test_values: int = 5,
+    n_shuffles: int = 5,
 ) -> HelixFit:
     """Fit a helix (or baseline) basis of ``values`` to activations (RECIPES §1).
 
@@ -200,8 +282,18 @@ def fit(
         periods: the helix periods (any positive numbers).
         n_pca: PCA components kept (capped by the training rank).
         holdout: share of distinct values of the first variable held out for R²
-            (:func:`split_by_value`); 0 scores on the training rows.
+            (:func:`split_by_value`); 0 scores on the training rows; ``"loo"`` holds out each
+            distinct value in turn (leave-one-value-out).
         kind: ``"helix"``, ``"circle"``, ``"poly"`` or ``"linear"`` (see :func:`basis`).
+        min_test_values: when the share would hold out fewer distinct values than this (ten
+            digits: 2), leave-one-value-out is used instead; ``meta["validation"]`` says which.
+        n_shuffles: the control: the same fit and validation on values shuffled across the rows
+            (distinct values permuted, seeded by ``random_state``); ``meta["control"]`` holds its
+            held-out R² (a helix of shuffled values should score about 0 or below).
+
+    Raises ``AnalysisError`` when a validation fold's training values are so few that the basis
+    fits any function of them exactly (the held-out R² would say nothing), e.g. the default
+    helix on the ten digits: use fewer periods there (``periods=(10,)``).
 
     PCA of the training activations to ``n_pca`` components, least squares from the basis to the
     PCA coordinates (no intercept), mapped back with ``C = coef @ components + mean``.
@@ -221,24 +313,47 @@ def fit(
         raise ConfigError(f"n_pca must be ≥ 1, got {n_pca}")
     if kind not in KINDS:
         raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(KINDS)}")
-    train = split_by_value(x, holdout, random_state)
+    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
+        raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
+    names = _names(names, x.shape[1])
     max_value = x.max(0).values.clamp_min(1.0).tolist()
-    mean, comps, ev = _pca(acts[train], n_pca)
-    coef, r2, r2_overall, r2_full, pca_r2 = _fit_core(acts, x, train, mean, comps, ev, kind, periods, degree,
-                                                      _names(names, x.shape[1]), max_value)
+    basis_kw = dict(kind=kind, periods=_check_periods(periods), max_value=max_value, degree=degree, names=names)
+    folds, validation = _folds(x, holdout, random_state, min_test_values)
+    _check_identifiable(x, folds, basis_kw)
+
+    everything = torch.ones(x.shape[0], dtype=torch.bool)
+    train = everything if validation == LEAVE_ONE_OUT else folds[0]
+    mean, comps, ev = _pca(acts[train], n_pca)  # the fit's PCA (all rows when every value is held out in turn)
+    pcas = _fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
+
+    def scores(values):
+        """(coef, r2, r2_overall, r2_full, pca_r2) of the fit to ``values`` and its validation."""
+        coef, *held_out = _fit_core(acts, values, train, mean, comps, ev, kind, periods, degree, names, max_value)
+        if validation == LEAVE_ONE_OUT:
+            n_top = basis(values[:1], **basis_kw)[0].shape[1] - 1
+            held_out = _cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)
+        return (coef, *held_out)
+
+    coef, r2, r2_overall, r2_full, pca_r2 = scores(x)
+    null = [scores(shuffled)[3] for shuffled in _shuffled_values(x, n_shuffles, random_state)] if holdout != 0 else []
+    control = dict(null="values shuffled across rows (distinct values permuted)", n_shuffles=len(null),
+                   r2_full_mean=float(sum(null) / len(null)) if null else None,
+                   r2_full_max=float(max(null)) if null else None)
     unique, inverse = x.unique(dim=0, return_inverse=True)
     top = ((acts - mean) @ comps[: min(10, comps.shape[0])].T)
     sums = torch.zeros((len(unique), top.shape[1]), dtype=top.dtype).index_add_(0, inverse, top)
     coords = sums / torch.bincount(inverse, minlength=len(unique))[:, None]
     split_col = x[:, 0]
+    test_rows = ~train if validation != LEAVE_ONE_OUT else torch.ones_like(train)
     return HelixFit(
         kind=kind, periods=_check_periods(periods), degree=degree, max_value=max_value, names=list(names),
         mean=mean.float(), components=comps.float(), explained_variance=ev.float(), coef=coef.float(),
         r2=r2.float(), r2_overall=r2_overall, r2_full=r2_full, pca_r2=pca_r2,
-        train_values=sorted(set(split_col[train].tolist())), test_values=sorted(set(split_col[~train].tolist())),
+        train_values=sorted(set(split_col[train].tolist())), test_values=sorted(set(split_col[test_rows].tolist())),
         unique_values=unique.float(), value_coords=coords.float(),
         site=site, layer=layer, position=position,
-        meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, random_state=random_state),
+        meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, random_state=random_state,
+                        validation=validation, n_folds=len(folds), control=control),
     )
 
 
@@ -282,18 +397,27 @@ def fit_layers(
     holdout: float = 0.2,
     random_state: int = 0,
 ) -> FitLayersResult:
-    """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R²."""
+    """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R².
+
+    ``meta["control"]`` gives, per layer and kind, the mean held-out R² of the same fit to
+    shuffled values (:func:`fit`'s control), and ``meta["validation"]`` the scheme used."""
     layers = list(acts.layers) if layers is None else list(layers)
     rows = {k: [] for k in kinds}
+    null = {k: [] for k in kinds}
     pca = []
+    validation = None
     for layer in layers:
         for k in kinds:
             result = fit(acts, values, periods, n_pca, holdout, k, random_state, site=site, layer=layer,
                          position=position)
             rows[k].append(result.r2_full)
+            null[k].append(result.meta["control"]["r2_full_mean"])
+            validation = result.meta["validation"]
             if k == "helix" or (k == kinds[0] and "helix" not in kinds):
                 pca.append(result.pca_r2)
+    control = dict(null="values shuffled across rows (distinct values permuted)", r2_full_mean=null)
     return FitLayersResult(
         r2=torch.tensor([rows[k] for k in kinds] + [pca]), fits=list(kinds) + ["PCA-k"], layers=layers,
-        periods=_check_periods(periods), meta=build_meta(site=site, position=position, holdout=holdout),
+        periods=_check_periods(periods),
+        meta=build_meta(site=site, position=position, holdout=holdout, validation=validation, control=control),
     )

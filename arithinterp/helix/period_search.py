@@ -1,4 +1,4 @@
-"""Period search (RECIPES §1): the best subset of candidate periods of each size, scored by
+"""Period search (Kantamneni & Tegmark 2025): the best subset of candidate periods of each size, scored by
 held-out R² or by the causal effect of patching the fitted helix in, :func:`search_periods` →
 :class:`PeriodSearchResult`.
 """
@@ -6,6 +6,7 @@ held-out R² or by the causal effect of patching the fitted helix in, :func:`sea
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -14,8 +15,19 @@ from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import _stacked_effects
-from arithinterp.helix.design import DEFAULT_PERIODS, _check_periods, _pca, basis, split_by_value
-from arithinterp.helix.fitting import Values, _activation_matrix, _fit_core, _resolve_values
+from arithinterp.helix.design import DEFAULT_PERIODS, _check_periods, _pca, basis
+from arithinterp.helix.fitting import (
+    LEAVE_ONE_OUT,
+    Values,
+    _activation_matrix,
+    _check_identifiable,
+    _cross_validated,
+    _fit_core,
+    _fold_pcas,
+    _folds,
+    _resolve_values,
+    _shuffled_values,
+)
 from arithinterp.results import Result, build_meta
 
 
@@ -66,13 +78,24 @@ def search_periods(
     site: Optional[str] = None,
     batch_size: int = 256,
     progress: bool = True,
+    min_test_values: int = 5,
+    n_shuffles: int = 1,
 ) -> PeriodSearchResult:
-    """The best subset of ``candidates`` of each size (default all sizes), RECIPES §1.
+    """The best subset of ``candidates`` of each size (default all sizes), as Kantamneni &
+    Tegmark 2025 choose helix periods.
 
     Without a model, subsets are scored by held-out R² in PCA space (the PCA and split are
-    shared, so the scores are comparable); with ``model`` and ``pairs``, by the causal effect of
-    patching the fitted helix in at ``blocks.{layer}.hook_resid_pre`` / ``position``
-    (the ``kind`` row of :func:`patch_test`, all subsets in one batched pass).
+    shared, so the scores are comparable; few values — fewer than ``min_test_values`` held out —
+    are validated leave-one-value-out, see :func:`fit`); with ``model`` and ``pairs``, by the
+    causal effect of patching the fitted helix in at ``blocks.{layer}.hook_resid_pre`` /
+    ``position`` (the ``kind`` row of :func:`patch_test`, all subsets in one batched pass).
+
+    A subset whose basis fits any function of a fold's training values exactly is not scored
+    (NaN): its held-out R² would say nothing. For the R² criterion the search is repeated on
+    ``n_shuffles`` copies of the values shuffled across rows (the null of the same shape), and
+    ``meta["control"]`` gives the best score of each size there and whether the real best beats
+    every null best of its size. (The causal criterion's null is :func:`patch_test`'s helix of
+    shuffled values.)
     """
     candidates = _check_periods(candidates)
     if len(set(candidates)) != len(candidates):
@@ -86,14 +109,30 @@ def search_periods(
     x, names = _resolve_values(values, prompts)
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
+    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
+        raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
     subsets = [list(s) for size in sizes for s in itertools.combinations(candidates, size)]
-    train = split_by_value(x, holdout, random_state)
+    folds, validation = _folds(x, holdout, random_state, min_test_values)
+    train = torch.ones(x.shape[0], dtype=torch.bool) if validation == LEAVE_ONE_OUT else folds[0]
     max_value = x.max(0).values.clamp_min(1.0).tolist()
     mean, comps, ev = _pca(acts[train], n_pca)
     if model is None:
-        scores = []
-        for subset in tqdm(subsets, desc="period subsets", disable=not progress):
-            scores.append(_fit_core(acts, x, train, mean, comps, ev, kind, subset, None, names, max_value)[2])
+        pcas = _fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
+
+        def held_out_r2(values, subset) -> float:
+            basis_kw = dict(kind=kind, periods=subset, max_value=max_value, degree=None, names=names)
+            try:
+                _check_identifiable(values, folds, basis_kw)
+            except AnalysisError:
+                return float("nan")
+            if validation == LEAVE_ONE_OUT:
+                n_top = basis(values[:1], **basis_kw)[0].shape[1] - 1
+                return _cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)[1]
+            return _fit_core(acts, values, train, mean, comps, ev, kind, subset, None, names, max_value)[2]
+
+        scores = [held_out_r2(x, subset) for subset in tqdm(subsets, desc="period subsets", disable=not progress)]
+        null = [[held_out_r2(shuffled, subset) for subset in subsets]
+                for shuffled in _shuffled_values(x, n_shuffles, random_state)]
         criterion = "held-out R²"
     else:
         from arithinterp import sites as site_lib
@@ -109,17 +148,33 @@ def search_periods(
             design, _ = basis(corrupt_values, kind, subset, max_value=max_value, names=names)
             replacements.append((design @ coef @ comps + mean).float())
         scores = _stacked_effects(model, pairs, hook, position, replacements, batch_size).mean(1).tolist()
+        null = []
         criterion = "causal effect"
     scores = torch.tensor(scores)
+
+    def best_of(values: torch.Tensor, size: int) -> int:
+        idx = [i for i, s in enumerate(subsets) if len(s) == size and not math.isnan(float(values[i]))]
+        if not idx:
+            raise AnalysisError(
+                f"no subset of {size} periods can be validated on these {len(x[:, 0].unique())} values (each fits "
+                "any function of a fold's training values exactly); ask for smaller sizes= or give more values"
+            )
+        return max(idx, key=lambda j: float(values[j]))
+
     best, best_scores = [], []
     for size in sizes:
-        idx = [i for i, s in enumerate(subsets) if len(s) == size]
-        i = max(idx, key=lambda j: float(scores[j]))
+        i = best_of(scores, size)
         best.append(subsets[i])
         best_scores.append(float(scores[i]))
+    control = dict(null="values shuffled across rows (distinct values permuted)", n_shuffles=len(null))
+    if null:
+        null_best = [[float(torch.tensor(n)[best_of(torch.tensor(n), size)]) for n in null] for size in sizes]
+        control.update(best_scores=[sum(b) / len(b) for b in null_best],
+                       beats_null=[best_scores[j] > max(b) for j, b in enumerate(null_best)])
     return PeriodSearchResult(
         subsets=subsets, scores=scores, sizes=sizes, best=best, best_scores=torch.tensor(best_scores),
         criterion=criterion,
         meta=build_meta(model, candidates=candidates, kind=kind, n_pca=comps.shape[0], holdout=holdout,
-                        random_state=random_state, layer=layer if model is not None else layer_found),
+                        random_state=random_state, layer=layer if model is not None else layer_found,
+                        validation=validation, control=control),
     )

@@ -1,6 +1,6 @@
 """Heuristic neurons: which MLP neurons implement which simple rule, and what ablating them does.
 
-Follows Nikankin et al. 2025, "Arithmetic Without Algorithms" (RECIPES §4):
+Follows Nikankin et al. 2025, "Arithmetic Without Algorithms":
 
 1. :func:`importance` ranks the neurons of each layer by attribution patching on ``mlp_post`` at
    the final position (gradient of the logit difference × (corrupt − clean) activation; score =
@@ -9,25 +9,29 @@ Follows Nikankin et al. 2025, "Arithmetic Without Algorithms" (RECIPES §4):
    and keeps the top-k per layer.
 2. :func:`maps` reads each neuron's **K map** (activation at the final position over the operand
    grid) and **KV map** (activation × the neuron's logit-lens value for the true answer token).
-3. :func:`classify_maps` scores every registered heuristic for every neuron: the fraction of the
-   neuron's top-k grid cells that satisfy the heuristic, with k the number of legal cells that
-   satisfy it. Operand heuristics are scored on K maps, result heuristics on KV maps. A neuron
-   implements a heuristic when the score reaches the threshold (0.6); several labels are allowed.
-   :func:`classify` runs 1–3 on a model.
+3. :func:`classify_maps` scores every heuristic of a :class:`HeuristicRegistry` for every
+   neuron: the fraction of the neuron's top-k grid cells that satisfy the heuristic, with k the
+   number of legal cells that satisfy it. Operand heuristics are scored on K maps, result
+   heuristics on KV maps. A neuron implements a heuristic when the score reaches the threshold
+   (0.6) *and* beats the neuron's cell-shuffled maps at a false-discovery rate (exact
+   hypergeometric p-values, Benjamini–Hochberg over neurons × heuristics, default 0.05); several
+   labels are allowed. :func:`classify` runs 1–3 on a model.
 4. :func:`ablate_heuristic` and :func:`ablate_for_prompt` ablate heuristic neurons and compare
    accuracy on associated prompts against non-associated prompts / a same-size random control.
 
 The heuristics are data (:class:`Heuristic`: a name, a family, a map kind and a vectorised
-predicate over the operand grid), produced per grid by the registered families
-(:data:`FAMILIES`) plus any single heuristics a user adds with :func:`register_heuristic`.
+predicate over the operand grid), produced per grid by the families of a
+:class:`HeuristicRegistry` (by default the built-in :data:`BUILTIN_FAMILIES`) plus any single
+heuristics added to that registry. The registry is an object passed to the classification;
+nothing is registered process-wide.
 
 Submodules, each importing only the ones before it:
 
 * ``heuristics`` — operators (:func:`apply_op`), :class:`Heuristic`, :class:`Grid`,
-  :class:`Family`, the built-in families, the registry and :func:`build_heuristics`.
+  :class:`Family`, the built-in families, :class:`HeuristicRegistry` and :func:`build_heuristics`.
 * ``table`` — the classification result, :class:`HeuristicTable`.
-* ``scoring`` — the pure, vectorised scoring of maps (:func:`score_maps`) and
-  :func:`classify_maps`.
+* ``scoring`` — the pure, vectorised scoring of maps (:func:`score_maps`), the cell-shuffle test
+  (:func:`shuffle_p_values`, :func:`benjamini_hochberg`) and :func:`classify_maps`.
 * ``model`` — running the model: :func:`importance`, :func:`maps`, :func:`classify`.
 * ``ablation`` — :func:`ablate_heuristic` and :func:`ablate_for_prompt`.
 """
@@ -40,19 +44,17 @@ from arithinterp.neurons.ablation import (
     ablate_heuristic,
 )
 from arithinterp.neurons.heuristics import (
+    BUILTIN_FAMILIES,
     FAMILIES,
     MAP_KINDS,
     OPS,
     Family,
     Grid,
     Heuristic,
+    HeuristicRegistry,
     HeuristicSet,
     apply_op,
     build_heuristics,
-    register_family,
-    register_heuristic,
-    registered_heuristics,
-    unregister_heuristic,
 )
 from arithinterp.neurons.model import (
     IMPORTANCE_METHODS,
@@ -62,7 +64,7 @@ from arithinterp.neurons.model import (
     importance,
     maps,
 )
-from arithinterp.neurons.scoring import classify_maps, score_maps
+from arithinterp.neurons.scoring import benjamini_hochberg, classify_maps, score_maps, shuffle_p_values
 from arithinterp.neurons.table import HeuristicTable
 
 __all__ = [
@@ -71,10 +73,10 @@ __all__ = [
     "Heuristic",
     "Family",
     "FAMILIES",
-    "register_heuristic",
-    "unregister_heuristic",
-    "register_family",
-    "registered_heuristics",
+    "BUILTIN_FAMILIES",
+    "HeuristicRegistry",
+    "shuffle_p_values",
+    "benjamini_hochberg",
     "apply_op",
     "build_heuristics",
     "HeuristicSet",

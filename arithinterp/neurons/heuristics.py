@@ -1,12 +1,14 @@
-"""Heuristics: the operators, the rules over an operand grid, their families and registry, and
-the set of heuristics evaluated on a grid."""
+"""Heuristics: the operators, the rules over an operand grid, their families, the registry object
+that holds them (:class:`HeuristicRegistry`), and the set of heuristics evaluated on a grid
+(Nikankin et al. 2025, "Arithmetic Without Algorithms")."""
 
 from __future__ import annotations
 
 import inspect
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -53,7 +55,7 @@ def apply_op(a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[int] =
     return result, defined
 
 
-# --- the heuristic registry ----------------------------------------------------------------------
+# --- heuristics and families ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,7 @@ def _value_family(grid: Grid) -> list[Heuristic]:
 def _multi_result_family(grid: Grid) -> list[Heuristic]:
     """Division's multi-result heuristics: ``result in {v, w}`` for the two results one dividend
     gives with neighbouring divisors (``a // b`` and ``a // (b + 1)``), kept when at least two
-    dividends share the pair *(choice: RECIPES §4 names the family, not its members)*."""
+    dividends share the pair *(choice: Nikankin et al. 2025 name the family, not its members)*."""
     a, b, r = grid.a, grid.b, grid.result
     # pair each cell's result with the result one divisor further: cells (a, b) and (a, b + 1)
     key = {}
@@ -244,22 +246,20 @@ def _multi_result_family(grid: Grid) -> list[Heuristic]:
     ]
 
 
-FAMILIES: dict[str, Family] = {
-    family.name: family
-    for family in [
-        Family("operand mod", "K", _mod_family),
-        Family("operand range", "K", _operand_range_family),
-        Family("identical operands", "K", _identical_family),
-        Family("result range", "KV", _result_range_family),
-        Family("result mod", "KV", _result_mod_family),
-        Family("value", "KV", _value_family),
-        Family("digit pattern", "KV", _pattern_family),
-        Family("multi-result", "KV", _multi_result_family, ops=("//",)),
-    ]
-}
-"""The built-in families (RECIPES §4), in the order their heuristics are listed."""
+BUILTIN_FAMILIES: tuple[Family, ...] = (
+    Family("operand mod", "K", _mod_family),
+    Family("operand range", "K", _operand_range_family),
+    Family("identical operands", "K", _identical_family),
+    Family("result range", "KV", _result_range_family),
+    Family("result mod", "KV", _result_mod_family),
+    Family("value", "KV", _value_family),
+    Family("digit pattern", "KV", _pattern_family),
+    Family("multi-result", "KV", _multi_result_family, ops=("//",)),
+)
+"""The built-in families of Nikankin et al. 2025, in the order their heuristics are listed."""
 
-_CUSTOM: dict[str, Heuristic] = {}
+FAMILIES: Mapping[str, Family] = MappingProxyType({family.name: family for family in BUILTIN_FAMILIES})
+"""The built-in families by name (read-only: add families to a :class:`HeuristicRegistry`)."""
 
 
 def _check_kind(map_kind: str) -> None:
@@ -267,56 +267,130 @@ def _check_kind(map_kind: str) -> None:
         raise ConfigError(f"unknown map kind {map_kind!r}; accepted: {accepted(MAP_KINDS)}")
 
 
-def register_heuristic(
-    name: str, family: str, predicate: Callable[..., torch.Tensor], map_kind: str, *, overwrite: bool = False
-) -> Heuristic:
-    """Add a heuristic to every later classification.
+class HeuristicRegistry:
+    """The heuristic families and single heuristics a classification scores.
 
-    Args:
-        name: unique label, e.g. ``"a + b = 99"``.
-        family: the heuristic type it is counted under in histograms.
-        predicate: ``predicate(a, b)`` or ``predicate(a, b, result)`` → bool mask, vectorised.
-        map_kind: ``"K"`` (scored on activation maps) or ``"KV"`` (on activation × logit maps).
-        overwrite: replace a registered heuristic of the same name.
+    A registry is a plain object passed to :func:`build_heuristics` / ``classify_maps`` /
+    ``classify`` (``registry=``); nothing is registered process-wide, so a classification
+    depends only on the registry it is given. ``HeuristicRegistry()`` holds the built-in
+    families (:data:`BUILTIN_FAMILIES`) and no single heuristic; ``HeuristicRegistry(families=())``
+    starts empty. :meth:`copy` gives an independent registry to extend.
+
+    >>> registry = HeuristicRegistry()
+    >>> registry.add("a > b + 50", "custom", lambda a, b: a > b + 50, "K")  # doctest: +ELLIPSIS
+    Heuristic(...)
     """
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"heuristic name must be a non-empty string, got {name!r}")
-    if not isinstance(family, str) or not family:
-        raise ConfigError(f"heuristic family must be a non-empty string, got {family!r}")
-    if not callable(predicate):
-        raise ConfigError(f"predicate must be callable (a, b[, result]) -> bool mask, got {type(predicate).__name__}")
-    _check_kind(map_kind)
-    if name in _CUSTOM and not overwrite:
-        raise ConfigError(f"a heuristic named {name!r} is already registered; pass overwrite=True to replace it")
-    heuristic = Heuristic(name, family, map_kind, predicate)
-    probe = torch.arange(4)
-    heuristic.mask(probe, probe, probe)  # fails early if the predicate is not vectorised
-    _CUSTOM[name] = heuristic
-    return heuristic
+
+    def __init__(self, families: Optional[Iterable[Family]] = None, heuristics: Iterable[Heuristic] = ()):
+        self._families: dict[str, Family] = {}
+        self._heuristics: dict[str, Heuristic] = {}
+        self._cache: dict[tuple, dict[str, Heuristic]] = {}
+        for family in BUILTIN_FAMILIES if families is None else families:
+            if not isinstance(family, Family):
+                raise ConfigError(f"families must be Family objects, got {type(family).__name__}")
+            self.add_family(family.name, family.map_kind, family.generate, family.ops)
+        for h in heuristics:
+            if not isinstance(h, Heuristic):
+                raise ConfigError(f"heuristics must be Heuristic objects, got {type(h).__name__}")
+            self.add(h.name, h.family, h.predicate, h.map_kind)
+
+    def __repr__(self) -> str:
+        return f"HeuristicRegistry(families={list(self._families)}, heuristics={list(self._heuristics)})"
+
+    @property
+    def families(self) -> Mapping[str, Family]:
+        """The families by name (read-only view; change it with :meth:`add_family`)."""
+        return MappingProxyType(self._families)
+
+    @property
+    def heuristics(self) -> list[Heuristic]:
+        """The single heuristics added with :meth:`add`."""
+        return list(self._heuristics.values())
+
+    def copy(self) -> "HeuristicRegistry":
+        """An independent registry with the same families and heuristics."""
+        return HeuristicRegistry(self._families.values(), self._heuristics.values())
+
+    def add(self, name: str, family: str, predicate: Callable[..., torch.Tensor], map_kind: str, *,
+            overwrite: bool = False) -> Heuristic:
+        """Add one heuristic to this registry.
+
+        Args:
+            name: unique label, e.g. ``"a > b + 50"``.
+            family: the heuristic type it is counted under in histograms.
+            predicate: ``predicate(a, b)`` or ``predicate(a, b, result)`` → bool mask, vectorised.
+            map_kind: ``"K"`` (scored on activation maps) or ``"KV"`` (on activation × logit maps).
+            overwrite: replace a heuristic of the same name.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"heuristic name must be a non-empty string, got {name!r}")
+        if not isinstance(family, str) or not family:
+            raise ConfigError(f"heuristic family must be a non-empty string, got {family!r}")
+        if not callable(predicate):
+            raise ConfigError(f"predicate must be callable (a, b[, result]) -> bool mask, got {type(predicate).__name__}")
+        _check_kind(map_kind)
+        if name in self._heuristics and not overwrite:
+            raise ConfigError(f"a heuristic named {name!r} is already in this registry; pass overwrite=True to replace it")
+        heuristic = Heuristic(name, family, map_kind, predicate)
+        probe = torch.arange(4)
+        heuristic.mask(probe, probe, probe)  # fails early if the predicate is not vectorised
+        self._heuristics[name] = heuristic
+        return heuristic
+
+    def remove(self, name: str) -> None:
+        """Remove a heuristic added with :meth:`add`."""
+        if name not in self._heuristics:
+            raise ConfigError(f"no heuristic named {name!r} in this registry; it holds: {accepted(self._heuristics) or 'none'}")
+        del self._heuristics[name]
+
+    def add_family(self, name: str, map_kind: str, generate: Callable[[Grid], list],
+                   ops: Optional[Sequence[str]] = None, *, overwrite: bool = False) -> Family:
+        """Add a family: ``generate(grid)`` returns the family's heuristics for a :class:`Grid`;
+        ``ops`` limits it to some operators (``None``: every operator)."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"family name must be a non-empty string, got {name!r}")
+        _check_kind(map_kind)
+        if not callable(generate):
+            raise ConfigError(f"generate must be callable (grid) -> list of Heuristic, got {type(generate).__name__}")
+        if name in self._families and not overwrite:
+            raise ConfigError(f"a family named {name!r} is already in this registry; pass overwrite=True to replace it")
+        if ops is not None:
+            for op in ops:
+                _check_op(op)
+        self._families[name] = Family(name, map_kind, generate, tuple(ops) if ops is not None else None)
+        self._cache.clear()
+        return self._families[name]
+
+    def remove_family(self, name: str) -> None:
+        """Remove a family from this registry."""
+        if name not in self._families:
+            raise ConfigError(f"no family named {name!r} in this registry; it holds: {accepted(self._families) or 'none'}")
+        del self._families[name]
+        self._cache.clear()
+
+    def find(self, name: str, family: str, grid: Grid) -> Optional[Heuristic]:
+        """The heuristic called ``name`` of ``family`` on ``grid`` (``None`` if this registry
+        does not produce it)."""
+        if name in self._heuristics:
+            return self._heuristics[name]
+        generator = self._families.get(family)
+        if generator is None:
+            return None
+        key = (family, grid.op, grid.modulus, grid.a_values, grid.b_values, grid.a.numpy().tobytes(),
+               grid.b.numpy().tobytes())
+        if key not in self._cache:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[key] = {h.name: h for h in generator.generate(grid)}
+        return self._cache[key].get(name)
 
 
-def unregister_heuristic(name: str) -> None:
-    """Remove a heuristic added with :func:`register_heuristic`."""
-    if name not in _CUSTOM:
-        raise ConfigError(f"no registered heuristic named {name!r}; registered: {accepted(_CUSTOM) or 'none'}")
-    del _CUSTOM[name]
-
-
-def registered_heuristics() -> list[Heuristic]:
-    """The heuristics added with :func:`register_heuristic`."""
-    return list(_CUSTOM.values())
-
-
-def register_family(name: str, map_kind: str, generate: Callable[[Grid], list], ops: Optional[Sequence[str]] = None, *, overwrite: bool = False) -> Family:
-    """Add a family: ``generate(grid)`` returns the family's heuristics for a :class:`Grid`."""
-    _check_kind(map_kind)
-    if name in FAMILIES and not overwrite:
-        raise ConfigError(f"a family named {name!r} exists; pass overwrite=True to replace it")
-    if ops is not None:
-        for op in ops:
-            _check_op(op)
-    FAMILIES[name] = Family(name, map_kind, generate, tuple(ops) if ops is not None else None)
-    return FAMILIES[name]
+def _check_registry(registry: Optional[HeuristicRegistry]) -> HeuristicRegistry:
+    if registry is None:
+        return HeuristicRegistry()
+    if not isinstance(registry, HeuristicRegistry):
+        raise ConfigError(f"registry must be a HeuristicRegistry, got {type(registry).__name__}")
+    return registry
 
 
 @dataclass(frozen=True)
@@ -374,15 +448,19 @@ def build_heuristics(
     custom: bool = True,
     min_cells: int = 3,
     max_fraction: float = 0.5,
+    registry: Optional[HeuristicRegistry] = None,
 ) -> HeuristicSet:
-    """Every heuristic of the chosen families (plus registered ones) on the grid ``a × b``.
+    """Every heuristic of the chosen families (plus the registry's single ones) on the grid ``a × b``.
 
     Args:
         a_values, b_values: the operand values along the grid's axes (``A`` and ``B`` of them).
         op, modulus: the task's operator (one of :data:`OPS`), results reduced mod ``modulus``.
         legal: ``[A, B]`` bool of usable cells (default: where the operator is defined).
-        families: family names (default all that apply to ``op``).
-        custom: include heuristics added with :func:`register_heuristic`.
+        families: family names of ``registry`` (default all that apply to ``op``).
+        custom: include the single heuristics of ``registry`` (added with
+            :meth:`HeuristicRegistry.add`).
+        registry: where the families and heuristics come from (default ``HeuristicRegistry()``:
+            the built-in families only).
         min_cells: drop heuristics held by fewer legal cells (a top-k of 1 or 2 cells says
             nothing).
         max_fraction: drop heuristics held by more than this fraction of the legal cells: any
@@ -392,14 +470,15 @@ def build_heuristics(
             ``result mod 10 = 7``). ``dropped`` counts all three reasons.
     """
     _check_op(op, modulus)
+    registry = _check_registry(registry)
     a_vals, b_vals = _values_tensor("a_values", a_values), _values_tensor("b_values", b_values)
     if families is None:
-        chosen = [f for f in FAMILIES.values() if f.ops is None or op in f.ops]
+        chosen = [f for f in registry.families.values() if f.ops is None or op in f.ops]
     else:
-        unknown = [f for f in families if f not in FAMILIES]
+        unknown = [f for f in families if f not in registry.families]
         if unknown:
-            raise ConfigError(f"unknown heuristic families {unknown}; accepted: {accepted(FAMILIES)}")
-        chosen = [FAMILIES[f] for f in families]
+            raise ConfigError(f"unknown heuristic families {unknown}; accepted: {accepted(registry.families)}")
+        chosen = [registry.families[f] for f in families]
     if not isinstance(min_cells, int) or min_cells < 1:
         raise ConfigError(f"min_cells must be a positive integer, got {min_cells!r}")
     if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 1:
@@ -422,7 +501,7 @@ def build_heuristics(
     )
     candidates = [h for family in chosen for h in family.generate(grid)]
     if custom:
-        candidates += list(_CUSTOM.values())
+        candidates += registry.heuristics
     columns, kept = [], []
     seen: set[tuple[str, bytes]] = set()
     dropped = dict(too_few_cells=0, too_many_cells=0, duplicate=0)

@@ -435,6 +435,9 @@ def classify(
     families: Optional[Sequence[str]] = None,
     min_cells: int = 3,
     max_fraction: float = 0.5,
+    fdr: Optional[float] = 0.05,
+    shuffle_control: bool = True,
+    registry: Any = None,
     seed: int = 0,
     batch_size: int = 512,
     progress: bool = False,
@@ -443,7 +446,9 @@ def classify(
 
     Runs :func:`importance` (unless ``top_k`` is None — all neurons — or ``importance_scores``
     is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed)``), :func:`maps` on
-    ``prompts`` and :func:`classify_maps`. ``bottom`` defaults to ``model.cfg.gated_mlp``.
+    ``prompts`` and :func:`classify_maps` (``fdr``, ``shuffle_control`` and ``registry`` are
+    passed on: a label needs the 0.6 threshold and the cell-shuffle test at that false-discovery
+    rate). ``bottom`` defaults to ``model.cfg.gated_mlp``.
     """
     _check_prompts(prompts)
     threshold = _check_threshold(threshold)
@@ -472,6 +477,7 @@ def classify(
         neuron_maps.k_maps, neuron_maps.kv_maps, neuron_maps.a_values, neuron_maps.b_values, prompts.op, threshold,
         modulus=prompts.modulus, families=families, bottom=bottom, min_cells=min_cells, max_fraction=max_fraction,
         layers=layer, neurons=neuron, importance=imp, seed=seed, progress=progress,
+        fdr=fdr, shuffle_control=shuffle_control, registry=registry,
         meta=build_meta(model, n_prompts=len(prompts), top_k=top_k, method=method if imp is not None else None,
                         missing_cells=neuron_maps.meta.get("missing_cells")),
     )

@@ -1,28 +1,36 @@
-"""Scoring: pure, vectorised top-k scores of neuron activation maps against heuristics, and their
-classification into a :class:`HeuristicTable`."""
+"""Scoring: pure, vectorised top-k scores of neuron activation maps against heuristics, their exact
+cell-shuffle p-values with a false-discovery-rate correction, and the classification into a
+:class:`HeuristicTable`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.neurons.heuristics import _check_op, _values_tensor, build_heuristics
+from arithinterp.neurons.heuristics import (
+    HeuristicRegistry,
+    _check_op,
+    _check_registry,
+    _values_tensor,
+    build_heuristics,
+)
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import build_meta
 
 
-def _keys(values: torch.Tensor, tiebreak: np.ndarray) -> np.ndarray:
-    """Unique int64 sort keys [n, C]: the float's order in the high 32 bits, ``tiebreak`` (a
-    permutation of 0..C-1) in the low bits, so equal activations (ReLU zeros) are ordered at
-    random and every top-k holds exactly k cells."""
-    bits = values.float().contiguous().numpy().view(np.int32).astype(np.int64)
+def _keys(values: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
+    """Unique int64 sort keys [n, C]: the float's order in the high 32 bits, ``tiebreak`` (one
+    permutation of 0..C-1 per row, [n, C]) in the low bits, so equal activations (ReLU zeros) are
+    ordered at random and every top-k holds exactly k cells."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.int32).astype(np.int64)
     bits ^= (bits >> 63) & 0x7FFFFFFF  # negative floats: reverse their bit order
-    return (bits << 32) | tiebreak[None]
+    return (bits << 32) | tiebreak
 
 
 @dataclass
@@ -133,12 +141,15 @@ def score_maps(
     seed: int = 0,
     chunk_size: int = 128,
     progress: bool = False,
+    shuffle: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Heuristic scores of every neuron map (RECIPES §4).
+    """Heuristic scores of every neuron map (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
     The score of heuristic h for a neuron is the fraction of the neuron's top-k cells that satisfy
     h, with k = the number of cells satisfying h. Ties between equal activations (ReLU zeros) are
-    broken by one seeded random permutation of the cells, so no region of the grid is favoured.
+    broken by a seeded random permutation of the cells drawn for each neuron, so no region of the
+    grid is favoured and no two neurons share a tie order (with one shared order, every sparse
+    neuron would fill its top-k with the same zero cells).
 
     How: each row is sorted once (keys made unique by the tie-breaker), which gives the threshold
     of every distinct k; a cell is in a top-k exactly when its key reaches that threshold. The
@@ -152,7 +163,11 @@ def score_maps(
         predicates: ``[C, H]`` bool, which cells satisfy each heuristic.
         atoms: optional labelings ``[C]`` of the cells (e.g. the a, b or result index of each).
         bottom: also score the bottom-k (gated MLPs, whose neurons act through negative values).
-        seed: the tie-breaking permutation.
+        seed: the tie-breaking permutations (drawn per chunk of ``chunk_size`` neurons from
+            ``seed`` and the chunk's start, so the same call gives the same scores).
+        shuffle: score cell-shuffled maps instead: each neuron's values are permuted over the C
+            cells by its own seeded permutation (the null of Nikankin-style labels: same values,
+            no grid structure).
 
     Returns:
         ``(top, bottom)`` scores, ``[N, H]`` float each (``bottom`` is ``None`` unless asked).
@@ -167,8 +182,6 @@ def score_maps(
     if (counts == 0).any():
         raise AnalysisError("every heuristic needs at least one cell; drop empty predicate columns")
     distinct, kindex = np.unique(counts.numpy(), return_inverse=True)
-    tiebreak = torch.randperm(C, generator=torch.Generator().manual_seed(seed)).numpy().astype(np.int64)
-    cell_of = np.argsort(tiebreak)  # tie-breaker value -> cell
     plans = _plans(predicates, counts.numpy(), kindex, [a.long() for a in atoms])
     H = predicates.shape[1]
     scale = counts.numpy().astype(np.float32)
@@ -176,9 +189,17 @@ def score_maps(
     low = torch.empty(N, H) if bottom else None
     starts = range(0, N, chunk_size)
     for start in tqdm(starts, desc="score heuristics", disable=not progress or len(starts) < 2):
-        keys = _keys(maps[start : start + chunk_size], tiebreak)
+        rng = np.random.default_rng([seed, start, int(shuffle)])
+        values = maps[start : start + chunk_size].float().numpy()
+        n = values.shape[0]
+        if shuffle:
+            values = rng.permuted(values, axis=1)
+        tiebreak = rng.permuted(np.tile(np.arange(C, dtype=np.int64), (n, 1)), axis=1)
+        cell_of = np.empty_like(tiebreak)  # per row: tie-breaker value -> cell
+        np.put_along_axis(cell_of, tiebreak, np.arange(C, dtype=np.int64)[None].repeat(n, 0), axis=1)
+        keys = _keys(values, tiebreak)
         ordered = np.sort(keys, axis=1)
-        cells = cell_of[ordered[:, ::-1] & 0xFFFFFFFF]  # cells by descending rank
+        cells = np.take_along_axis(cell_of, ordered[:, ::-1] & 0xFFFFFFFF, axis=1)  # cells by descending rank
         top[start : start + chunk_size] = torch.from_numpy(_hits(cells, keys, ordered[:, C - distinct], plans, H, True) / scale)
         if bottom:
             low[start : start + chunk_size] = torch.from_numpy(_hits(cells, keys, ordered[:, distinct - 1], plans, H, False) / scale)
@@ -191,6 +212,136 @@ def _check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
+def _check_fdr(fdr: Optional[float]) -> Optional[float]:
+    if fdr is None:
+        return None
+    if isinstance(fdr, bool) or not isinstance(fdr, (int, float)) or not 0 < fdr < 1:
+        raise ConfigError(f"fdr must be a number in (0, 1) (e.g. 0.05) or None for the threshold alone, got {fdr!r}")
+    return float(fdr)
+
+
+def shuffle_p_values(hits: np.ndarray, counts: np.ndarray, n_cells: int) -> np.ndarray:
+    """Exact p-values of top-k hit counts under cell shuffling.
+
+    When a neuron's values are permuted over the ``n_cells`` legal cells (ties broken at random),
+    its top-k cells are a uniformly random k-subset, so the number of them that satisfy a
+    heuristic holding k cells is hypergeometric (population ``n_cells``, k successes, k draws)
+    whatever the neuron's values are: this *is* the score distribution of that neuron's
+    cell-shuffled maps, with no sampling error and tails far below any Monte-Carlo resolution.
+
+    Args:
+        hits: ``[N, H]`` integers, top-k cells that satisfy each heuristic (score × k).
+        counts: ``[H]`` the k of each heuristic.
+        n_cells: the number of legal cells C.
+
+    Returns:
+        ``[N, H]`` float64, P(X ≥ hits) for X ~ Hypergeometric(C, k, k).
+    """
+    hits = np.asarray(hits, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if hits.ndim != 2 or counts.shape != (hits.shape[1],):
+        raise AnalysisError(f"hits must be [N, H] and counts [H]; got {hits.shape} and {counts.shape}")
+    if ((hits < 0) | (hits > counts[None])).any() or (counts > n_cells).any():
+        raise AnalysisError("hits must lie in 0..k and every k in 1..n_cells")
+    out = np.empty(hits.shape, dtype=np.float64)
+    for k in np.unique(counts).tolist():  # one tail per distinct k (a few hundred), never per neuron
+        cols = np.flatnonzero(counts == k)
+        out[:, cols] = _hypergeometric_tail(int(k), int(n_cells))[hits[:, cols]]
+    return out
+
+
+def _log_comb(n: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    inside = (r >= 0) & (r <= n)
+    value = torch.lgamma(n + 1) - torch.lgamma(r.clamp(min=0) + 1) - torch.lgamma((n - r).clamp(min=0) + 1)
+    return torch.where(inside, value, torch.full_like(value, -math.inf))
+
+
+def _hypergeometric_tail(k: int, n_cells: int) -> np.ndarray:
+    """``[k + 1]``: P(X ≥ x) for x = 0..k, X ~ Hypergeometric(n_cells, k successes, k draws)."""
+    x = torch.arange(k + 1, dtype=torch.float64)
+    n, kk = torch.tensor(float(n_cells), dtype=torch.float64), torch.tensor(float(k), dtype=torch.float64)
+    log_pmf = _log_comb(kk, x) + _log_comb(n - kk, kk - x) - _log_comb(n, kk)
+    tail = torch.logcumsumexp(log_pmf.flip(0), 0).flip(0).exp()  # log space: tails far below 1e-300 stay exact
+    return tail.clamp(max=1.0).numpy()
+
+
+def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values (q-values) of any-shaped ``p_values``, one family.
+
+    NaN entries are not tests (they keep NaN). A test is a discovery at false-discovery rate q
+    when its adjusted value is ≤ q (Benjamini & Hochberg 1995).
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    flat = p.ravel()
+    tested = np.flatnonzero(~np.isnan(flat))
+    out = np.full(flat.shape, np.nan)
+    m = tested.size
+    if m == 0:
+        return out.reshape(p.shape)
+    order = tested[np.argsort(flat[tested], kind="stable")]
+    scaled = flat[order] * m / np.arange(1, m + 1)
+    out[order] = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+    return out.reshape(p.shape)
+
+
+def _p_values(top: torch.Tensor, low: Optional[torch.Tensor], counts: torch.Tensor, n_cells: int) -> torch.Tensor:
+    """Cell-shuffle p-values [N, H] of the deciding score: the top-k, or with ``low`` the better
+    of the two sides (Bonferroni over the two: 2 × the smaller p)."""
+    k = counts.numpy().astype(np.int64)
+    scored = ~torch.isnan(top[0]).numpy() if top.shape[0] else np.zeros(len(k), bool)
+    out = np.full(tuple(top.shape), np.nan)
+    if scored.any():
+        def side(scores: torch.Tensor) -> np.ndarray:
+            hits = np.rint(scores.numpy()[:, scored].astype(np.float64) * k[scored]).astype(np.int64)
+            return shuffle_p_values(hits, k[scored], n_cells)
+
+        p = side(top)
+        if low is not None and low.numel():
+            p = np.minimum(1.0, 2 * np.minimum(p, side(low)))
+        out[:, scored] = p
+    return torch.from_numpy(out)
+
+
+def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progress, shuffle=False):
+    """Top (and bottom) scores [N, H] of the K / KV maps on their heuristics; NaN where unscored."""
+    flat = heuristics.legal.flatten()
+    N = next(m.shape[0] for m in maps_by_kind.values() if m is not None)
+    H = len(heuristics.heuristics)
+    scores = torch.full((N, H), float("nan"))
+    bottom_scores = torch.full((N, H), float("nan")) if bottom else torch.empty(0)
+    for kind, m in maps_by_kind.items():
+        cols = heuristics.kind(kind)
+        if m is None or cols.numel() == 0:
+            continue
+        top, low = score_maps(
+            m.reshape(N, -1)[:, flat].float(), heuristics.predicates[:, cols],
+            atoms=atoms[kind], bottom=bottom, seed=seed, chunk_size=chunk_size, progress=progress, shuffle=shuffle,
+        )
+        scores[:, cols] = top
+        if bottom:
+            bottom_scores[:, cols] = low
+    return scores, bottom_scores
+
+
+def _null_summary(best: torch.Tensor, q: torch.Tensor, threshold: float, fdr: Optional[float]) -> dict:
+    """What cell-shuffled maps get: how many neurons are labelled, by the threshold alone and under
+    the stated control, and quantiles of each neuron's best score."""
+    N = best.shape[0]
+    over = best >= threshold
+    labelled = over & (q <= fdr) if fdr is not None else over
+    top = best.nan_to_num(-1.0).max(1).values.double()
+    quantiles = torch.quantile(top, torch.tensor([0.5, 0.95, 0.99], dtype=torch.float64)).tolist()
+    return dict(
+        neurons=N,
+        labelled_by_threshold=int(over.any(1).sum()),
+        labelled=int(labelled.any(1).sum()),
+        fraction_labelled=float(labelled.any(1).float().mean()),
+        labels=int(labelled.sum()),
+        best_score_median=quantiles[0], best_score_q95=quantiles[1], best_score_q99=quantiles[2],
+        best_score_max=float(top.max()),
+    )
+
+
 def classify_maps(
     k_maps: Optional[torch.Tensor],
     kv_maps: Optional[torch.Tensor],
@@ -199,6 +350,9 @@ def classify_maps(
     op: str,
     threshold: float = 0.6,
     *,
+    fdr: Optional[float] = 0.05,
+    shuffle_control: bool = True,
+    registry: Optional[HeuristicRegistry] = None,
     modulus: Optional[int] = None,
     families: Optional[Sequence[str]] = None,
     bottom: bool = False,
@@ -212,7 +366,19 @@ def classify_maps(
     progress: bool = False,
     meta: Optional[dict] = None,
 ) -> "HeuristicTable":
-    """Label neurons with the heuristics their maps implement (pure; RECIPES §4).
+    """Label neurons with the heuristics their maps implement (pure; Nikankin et al. 2025).
+
+    A neuron implements heuristic h when (1) its score reaches ``threshold`` (the paper's 0.6,
+    kept as an effect-size floor) and (2) the score beats the score distribution of the neuron's
+    own cell-shuffled maps at false-discovery rate ``fdr``: the exact cell-shuffle p-value
+    (:func:`shuffle_p_values`) is adjusted by Benjamini–Hochberg over all neurons × heuristics of
+    the table (``q_values``). Without (2), noise maps of a ten-by-ten grid get a label on about a
+    fifth of their neurons at 0.6 (many heuristics, few cells each).
+
+    With ``shuffle_control`` the same classification is also run on one cell-shuffled copy of
+    every neuron's maps (a seeded permutation per neuron) and ``meta["control"]`` states what it
+    found: how many null neurons the threshold alone labels, how many the full rule labels, and
+    quantiles of their best scores, next to the rule (null, test, FDR, number of tests).
 
     Args:
         k_maps: ``[N, A, B]`` activations over the grid (operand heuristics), or ``None``.
@@ -222,14 +388,19 @@ def classify_maps(
         a_values, b_values: the operand values along axes 1 and 2.
         op, modulus: the task's operator (:data:`OPS`); result heuristics use its results.
         threshold: a neuron implements a heuristic when its score reaches this, in (0, 1].
-        families: heuristic families to score (default all that apply to ``op``).
+        fdr: false-discovery rate in (0, 1) for the shuffle test (``None``: the threshold alone,
+            as in the paper).
+        shuffle_control: also classify cell-shuffled maps and report the result in ``meta``.
+        registry: the :class:`HeuristicRegistry` to score (default: the built-in families).
+        families: heuristic families of ``registry`` to score (default all that apply to ``op``).
         bottom: also score the bottom-k and keep the better side (gated MLPs).
         min_cells, max_fraction: see :func:`build_heuristics`.
         layers, neurons: ``[N]`` model layer and neuron index of each map (default 0 and 0..N-1).
         importance: ``[N]`` importance scores kept in the table.
-        seed: tie-breaking permutation.
+        seed: tie-breaking permutations and the control's cell shuffles.
     """
     threshold = _check_threshold(threshold)
+    fdr = _check_fdr(fdr)
     _check_op(op, modulus)
     given = {name: m for name, m in (("k_maps", k_maps), ("kv_maps", kv_maps)) if m is not None}
     if not given:
@@ -251,28 +422,20 @@ def classify_maps(
     finite = torch.ones(shape[1:], dtype=torch.bool)
     for m in given.values():
         finite &= torch.isfinite(m).all(0)
+    registry = _check_registry(registry)
     heuristics = build_heuristics(a_vals, b_vals, op, modulus=modulus, legal=finite, families=families,
-                                  min_cells=min_cells, max_fraction=max_fraction)
+                                  min_cells=min_cells, max_fraction=max_fraction, registry=registry)
     flat = heuristics.legal.flatten()
+    n_legal = int(flat.sum())
     grid = heuristics.grid
     atoms = {
         "K": [_dense_ids(grid.a), _dense_ids(grid.b)],
         "KV": [_dense_ids(grid.result)],
     }
-    H = len(heuristics.heuristics)
-    scores = torch.full((N, H), float("nan"))
-    bottom_scores = torch.full((N, H), float("nan")) if bottom else torch.empty(0)
-    for kind, m in (("K", k_maps), ("KV", kv_maps)):
-        cols = heuristics.kind(kind)
-        if m is None or cols.numel() == 0:
-            continue
-        top, low = score_maps(
-            m.reshape(N, -1)[:, flat].float(), heuristics.predicates[:, cols],
-            atoms=atoms[kind], bottom=bottom, seed=seed, chunk_size=chunk_size, progress=progress,
-        )
-        scores[:, cols] = top
-        if bottom:
-            bottom_scores[:, cols] = low
+    by_kind = {"K": k_maps, "KV": kv_maps}
+    scores, bottom_scores = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, progress)
+    p_values = _p_values(scores, bottom_scores if bottom else None, heuristics.counts, n_legal)
+    q_values = torch.from_numpy(benjamini_hochberg(p_values.numpy()))
     scored = ~torch.isnan(scores[0])
     layer_t = torch.zeros(N, dtype=torch.long) if layers is None else torch.as_tensor(layers).long()
     neuron_t = torch.arange(N) if neurons is None else torch.as_tensor(neurons).long()
@@ -281,8 +444,22 @@ def classify_maps(
         if t.shape != (N,):
             raise AnalysisError(f"{name} must have one entry per map ([{N}]), got shape {tuple(t.shape)}")
     keep = torch.nonzero(scored).flatten()
+    control: dict[str, Any] = dict(
+        null="cell-shuffled maps: each neuron's values permuted over the legal cells",
+        test="exact hypergeometric tail of the top-k hits (the cell-shuffle distribution of the score)"
+        + ("; bottom-k: 2 x the better side's p" if bottom else ""),
+        correction="Benjamini-Hochberg over neurons x heuristics" if fdr is not None else "none (threshold only)",
+        fdr=fdr, threshold=threshold, n_tests=int(N * keep.numel()),
+        labelled_by_threshold=int((_best(scores, bottom_scores, bottom)[:, keep] >= threshold).any(1).sum()),
+    )
+    if shuffle_control:
+        null_top, null_bottom = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, progress, shuffle=True)
+        null_q = benjamini_hochberg(_p_values(null_top, null_bottom if bottom else None, heuristics.counts, n_legal).numpy())
+        best = _best(null_top, null_bottom, bottom)[:, keep]
+        control["shuffled"] = _null_summary(best, torch.from_numpy(null_q)[:, keep], threshold, fdr)
     extra = dict(meta or {})
-    extra.update(n_legal_cells=int(flat.sum()), n_cells=int(flat.numel()), dropped_heuristics=heuristics.dropped, seed=seed)
+    extra.update(n_legal_cells=n_legal, n_cells=int(flat.numel()), dropped_heuristics=heuristics.dropped, seed=seed,
+                 control=control)
     return HeuristicTable(
         layer=layer_t,
         neuron=neuron_t,
@@ -299,7 +476,15 @@ def classify_maps(
         b_values=b_vals.tolist(),
         legal=heuristics.legal,
         meta={**build_meta(), **extra},
+        p_values=p_values[:, keep].float(),
+        q_values=q_values[:, keep].float(),
+        fdr=fdr,
+        registry=registry,
     )
+
+
+def _best(top: torch.Tensor, low: torch.Tensor, bottom: bool) -> torch.Tensor:
+    return torch.maximum(top, low) if bottom else top
 
 
 def _dense_ids(values: torch.Tensor) -> torch.Tensor:

@@ -10,18 +10,24 @@ import pandas as pd
 import torch
 
 from arithinterp.errors import ConfigError, SiteError, accepted
-from arithinterp.neurons.heuristics import _CUSTOM, FAMILIES, Grid, Heuristic, apply_op
+from arithinterp.neurons.heuristics import Grid, Heuristic, HeuristicRegistry, apply_op
 from arithinterp.results import Result
 
 
 @dataclasses.dataclass(frozen=True)
 class HeuristicTable(Result):
-    """Which heuristics each neuron implements (RECIPES §4).
+    """Which heuristics each neuron implements (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
     ``scores[i, h]`` (``[N, H]``) is neuron i's score for heuristic h (``names[h]``, of
     ``families[h]``, scored on ``map_kinds[h]`` maps); with ``bottom_scores`` ([N, H], gated MLPs)
     the better side counts. ``layer`` / ``neuron`` ([N]) name the neurons, ``importance`` ([N])
     their attribution scores (NaN if not computed), ``legal`` ([A, B]) the cells used.
+
+    ``p_values`` ([N, H]) are the exact cell-shuffle p-values of the deciding scores and
+    ``q_values`` their Benjamini–Hochberg adjustment over the whole table; a neuron implements a
+    heuristic when its score reaches ``threshold`` and its q-value is ≤ ``fdr`` (``fdr=None``:
+    the threshold alone). ``meta["control"]`` states the rule and what it labels on cell-shuffled
+    maps. ``registry`` is the :class:`HeuristicRegistry` the table was scored with (not saved).
     """
 
     layer: torch.Tensor
@@ -39,6 +45,15 @@ class HeuristicTable(Result):
     b_values: list
     legal: torch.Tensor
     meta: dict = dataclasses.field(default_factory=dict)
+    p_values: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
+    q_values: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
+    fdr: Optional[float] = None
+    registry: Optional[HeuristicRegistry] = dataclasses.field(default=None, compare=False, repr=False)
+
+    def save(self, path):
+        """Write the table to directory ``path`` (the registry's predicates are code and are not
+        saved: pass the registry again to :meth:`heuristic` after :meth:`load` for custom ones)."""
+        return Result.save(dataclasses.replace(self, registry=None), path)
 
     @property
     def best_scores(self) -> torch.Tensor:
@@ -48,9 +63,17 @@ class HeuristicTable(Result):
         return self.scores
 
     @property
+    def significant(self) -> torch.Tensor:
+        """``[N, H]`` bool: the score beats the cell-shuffle null at the table's ``fdr`` (all
+        True when ``fdr`` is None)."""
+        if self.fdr is None or not self.q_values.numel():
+            return torch.ones_like(self.scores, dtype=torch.bool)
+        return self.q_values <= self.fdr
+
+    @property
     def labels(self) -> torch.Tensor:
-        """``[N, H]`` bool: neuron implements heuristic (score ≥ threshold)."""
-        return self.best_scores >= self.threshold
+        """``[N, H]`` bool: neuron implements heuristic (score ≥ threshold and significant)."""
+        return (self.best_scores >= self.threshold) & self.significant
 
     @property
     def classified(self) -> torch.Tensor:
@@ -62,7 +85,7 @@ class HeuristicTable(Result):
         if not 0 <= index < len(self.layer):
             raise SiteError(f"row {index} is out of range; the table has {len(self.layer)} neurons (0..{len(self.layer) - 1})")
         row = self.best_scores[index]
-        hits = torch.nonzero(row >= self.threshold).flatten()
+        hits = torch.nonzero(self.labels[index]).flatten()
         return [self.names[i] for i in hits[torch.argsort(row[hits], descending=True)].tolist()]
 
     def neurons_of(self, heuristic: str) -> torch.Tensor:
@@ -102,18 +125,33 @@ class HeuristicTable(Result):
                 rows.append(dict(layer=int(layer), family=family, neurons=int(sub.any(1).sum()), labels=int(sub.sum())))
         return pd.DataFrame(rows, columns=["layer", "family", "neurons", "labels"])
 
-    def heuristic(self, name: str) -> Heuristic:
-        """The :class:`Heuristic` object behind a column (rebuilt from the registry)."""
-        self.index(name)
-        found = _find_heuristic(name, self)
+    def heuristic(self, name: str, registry: Optional[HeuristicRegistry] = None) -> Heuristic:
+        """The :class:`Heuristic` object behind a column, rebuilt from ``registry`` (default: the
+        one the table was scored with, or the built-in families for a loaded table)."""
+        index = self.index(name)
+        registry = registry if registry is not None else (self.registry or HeuristicRegistry())
+        if not isinstance(registry, HeuristicRegistry):
+            raise ConfigError(f"registry must be a HeuristicRegistry, got {type(registry).__name__}")
+        legal = self.legal.bool()
+        A, B = torch.meshgrid(torch.tensor(self.a_values), torch.tensor(self.b_values), indexing="ij")
+        result, _ = apply_op(A, B, self.op, self.modulus)
+        grid = Grid(A[legal], B[legal], result[legal], tuple(self.a_values), tuple(self.b_values), self.op, self.modulus)
+        found = registry.find(name, self.families[index], grid)
         if found is None:
-            raise ConfigError(f"heuristic {name!r} is no longer registered; register it again to use it")
+            raise ConfigError(
+                f"heuristic {name!r} (family {self.families[index]!r}) is not in the registry given; pass "
+                "registry= the HeuristicRegistry the table was classified with"
+            )
         return found
 
     def to_frame(self, labelled_only: bool = False) -> pd.DataFrame:
-        """One row per (neuron, heuristic): layer, neuron, heuristic, family, map_kind, score, label."""
+        """One row per (neuron, heuristic): layer, neuron, heuristic, family, map_kind, score,
+        top_score, p_value / q_value (the cell-shuffle test, NaN for tables without it), label."""
         best = self.best_scores
         N, H = best.shape
+        missing = torch.full((N * H,), float("nan"))
+        p = self.p_values.flatten() if self.p_values.numel() else missing
+        q = self.q_values.flatten() if self.q_values.numel() else missing
         frame = pd.DataFrame(
             dict(
                 layer=self.layer.repeat_interleave(H).numpy(),
@@ -123,6 +161,8 @@ class HeuristicTable(Result):
                 map_kind=np.tile(np.array(self.map_kinds, dtype=object), N),
                 score=best.flatten().numpy(),
                 top_score=self.scores.flatten().numpy(),
+                p_value=p.numpy(),
+                q_value=q.numpy(),
                 label=self.labels.flatten().numpy(),
                 importance=self.importance.repeat_interleave(H).numpy(),
             )
@@ -134,25 +174,3 @@ class HeuristicTable(Result):
         from arithinterp.viz import neurons as viz
 
         return viz.table_figure(self, kind=kind, **kwargs)
-
-
-_FAMILY_CACHE: dict[tuple, dict[str, Heuristic]] = {}
-
-
-def _find_heuristic(name: str, table: HeuristicTable) -> Optional[Heuristic]:
-    if name in _CUSTOM:
-        return _CUSTOM[name]
-    family = FAMILIES.get(table.families[table.names.index(name)])
-    if family is None:
-        return None
-    legal = table.legal.bool()
-    key = (family.name, id(family.generate), table.op, table.modulus, tuple(table.a_values), tuple(table.b_values),
-           np.packbits(legal.numpy()).tobytes())
-    if key not in _FAMILY_CACHE:
-        A, B = torch.meshgrid(torch.tensor(table.a_values), torch.tensor(table.b_values), indexing="ij")
-        result, _ = apply_op(A, B, table.op, table.modulus)
-        grid = Grid(A[legal], B[legal], result[legal], tuple(table.a_values), tuple(table.b_values), table.op, table.modulus)
-        if len(_FAMILY_CACHE) > 64:
-            _FAMILY_CACHE.clear()
-        _FAMILY_CACHE[key] = {h.name: h for h in family.generate(grid)}
-    return _FAMILY_CACHE[key].get(name)
