@@ -397,3 +397,17 @@ def test_benchmark_smoke_run():
     rows = module.main(["--quick"])
     assert rows and all(row["max_abs_diff"] <= 1e-4 for row in rows)
     assert all(row["speedup"] > 0 and row["cells"] > 0 for row in rows)
+
+
+def test_a_model_with_nan_weights_is_refused_not_reported_as_nan(number_tokenizer, pairs):
+    """Non-finite logits in the base runs raise instead of filling every cell with NaN."""
+    from arithinterp.errors import AnalysisError
+
+    model = tiny_bridge(number_tokenizer, seed=3)
+    with torch.no_grad():
+        next(p for name, p in model.named_parameters() if "mlp" in name and p.ndim == 2)[0, 0] = float("nan")
+    for engine in ("stepped", "hooks"):
+        with pytest.raises(AnalysisError, match="not finite"):
+            patching.sweep(model, pairs, "resid_pre", engine=engine, progress=False)
+    with pytest.raises(AnalysisError, match="not finite"):
+        patching.attribute(model, pairs, sites=["resid_pre"], progress=False)

@@ -203,6 +203,11 @@ def run(
     with context:
         out = forward_with_hooks(model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop)
         final = None if out is None else out[:, -1].float()
+        if final is not None and not torch.isfinite(final).all():
+            raise AnalysisError(
+                "the model's logits are not finite (NaN or inf): its weights or activations are broken, "
+                "or an intervention wrote non-finite values; every number computed from them would be NaN"
+            )
         grads = None
         if grad:
             assert final is not None
