@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp import sites as site_lib
+from arithinterp.engine import Intervention, Read, Stepper, mean_activation
+from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, metric_name, pick
 from arithinterp.patching.exact import sweep
@@ -158,39 +159,41 @@ def direct_effect(
         if c.position is not None:
             raise ConfigError(f"component {c.name!r}: direct effects are taken over every position; drop the '@{c.position}'")
     last = model.cfg.n_layers - 1
-    final_name = site_lib.hook_name("resid_post", last)
-    names = {final_name, "hook_embed", "hook_pos_embed"} | {site_lib.hook_name(c.site, c.layer) for c in parsed if c.kind != "embed"}
     n = len(pairs)
     direct, total_change = torch.empty(n, len(parsed)), torch.empty(n)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
+    stepper = Stepper(model)  # the model's final norm and unembedding (and final soft-capping, if any)
 
-    def output(cache, c):
-        if c.kind == "embed":
-            return cache["hook_embed"][:, -1] + cache["hook_pos_embed"][:, -1]
-        act = cache[site_lib.hook_name(c.site, c.layer)][:, -1]
-        if c.kind == "head":  # one head's share of attn_out (the bias belongs to no head)
-            return act.reshape(act.shape[0], model.cfg.n_heads, -1)[:, c.unit] @ model.W_O[c.layer, c.unit]
-        return act
+    def outputs(run) -> torch.Tensor:  # what each component adds to the final residual stream, [C, B, d]
+        shares = []
+        for c, act in zip(parsed, run.reads[1:]):  # "embed" is the first residual stream itself
+            act = act.float()
+            if c.kind == "head":  # one head's share of attn_out (the bias belongs to no head)
+                act = act.reshape(act.shape[0], model.cfg.n_heads, -1)[:, c.unit] @ model.W_O[c.layer, c.unit].float()
+            shares.append(act)
+        return torch.stack(shares)
 
     with torch.inference_mode():
         for idx in tqdm(pairs.clean.length_groups(), desc="direct effect", disable=not progress):
-            base_logits, base_cache = model.run_with_cache(base_set.unpadded(idx), names_filter=lambda name: name in names)
-            source_logits, source_cache = model.run_with_cache(source_set.unpadded(idx), names_filter=lambda name: name in names)
-            ctx = metric_context(pairs[idx], direction, base_logits[:, -1], source_logits[:, -1])
-            base_metric = fn(base_logits[:, -1], ctx)
-            total_change[idx] = fn(source_logits[:, -1], ctx) - base_metric
-            final = base_cache[final_name][:, -1]
-            shifted = torch.stack([final + output(source_cache, c) - output(base_cache, c) for c in parsed])  # [C, B, d]
-            logits = model.ln_final(shifted) @ model.W_U + model.b_U
-            direct[idx] = (fn(logits, ctx) - base_metric).T
+            base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
+            final_pos = torch.full((len(idx),), base_tokens.shape[1] - 1)
+            reads = [Read("resid_post", last, final_pos)] + [Read(c.site, c.layer, final_pos) for c in parsed]
+            base, source = engine_run(model, base_tokens, reads=reads), engine_run(model, source_tokens, reads=reads)
+            ctx = metric_context(pairs[idx], direction, base.logits, source.logits)
+            base_metric = fn(base.logits, ctx)
+            total_change[idx] = (fn(source.logits, ctx) - base_metric).float()
+            final = base.reads[0]  # [B, d]
+            shifted = final.float() + outputs(source) - outputs(base)  # [C, B, d]
+            logits = stepper.unembed(shifted.to(final.dtype)).float()  # metrics in float32
+            direct[idx] = (fn(logits, ctx) - base_metric).T.float()
     total = torch.empty(n, len(parsed))
     for i, c in enumerate(parsed):
         kwargs = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
         if c.kind == "head":
             kwargs["heads"] = [c.unit]
         result = sweep(model, pairs, c.site, metric, **kwargs)
-        base = result.corrupt_baseline if direction == "denoise" else result.clean_baseline
-        total[:, i] = result.values.reshape(n) - base
+        unpatched = result.corrupt_baseline if direction == "denoise" else result.clean_baseline
+        total[:, i] = result.values.reshape(n) - unpatched
     return EffectResult(
         components=[c.name for c in parsed],
         direct=direct,
@@ -278,21 +281,20 @@ def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: 
     raise SiteError(f"unknown position {position!r}; accepted: {accepted(list(prompts.positions) + ['last', 'answer0'])}, 'answer{{k}}' or an int")
 
 
-def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length, keep: bool) -> dict[str, torch.Tensor]:
-    """Boolean masks ``{hook name: [B, T, ...]}`` of what to ablate.
+def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length, keep: bool) -> dict[tuple, torch.Tensor]:
+    """Boolean masks ``{(site, layer): [B, T, ...]}`` of what to ablate (``attn_z`` ``[B, T, H, 1]``).
 
     ``keep=False``: ablate the listed components. ``keep=True``: ablate every head and MLP *except*
     the listed ones (the complement of a circuit).
     """
     cfg, B = model.cfg, len(idx)
     shapes = {"attn_z": (cfg.n_heads, 1), "mlp_out": (1,), "mlp_post": (cfg.d_mlp,), "attn_out": (1,)}
-    masks: dict[str, torch.Tensor] = {}
+    masks: dict[tuple, torch.Tensor] = {}
 
     def mask_for(site, layer):
-        name = site_lib.hook_name(site, layer)
-        if name not in masks:
-            masks[name] = torch.zeros(B, length, *shapes[site], dtype=torch.bool)
-        return masks[name]
+        if (site, layer) not in masks:
+            masks[site, layer] = torch.zeros(B, length, *shapes[site], dtype=torch.bool)
+        return masks[site, layer]
 
     if keep:  # start from everything: every head (through hook_z) and every MLP
         for layer in range(cfg.n_layers):
@@ -312,53 +314,97 @@ def _n_scored(prompts) -> int:
     return prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
 
 
+def _teacher_forced(prompts, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts with all but the last scored answer token appended, in the left-padded frame:
+    tokens ``[N, T + n_scored - 1]`` and each prompt's fed length ``[N]`` (answer padding fed as 0)."""
+    fed = torch.cat([prompts.tokens, prompts.answer_tokens[:, : n_scored - 1].clamp(min=0)], dim=1)
+    return fed, prompts.lengths + n_scored - 1
+
+
+def _reference_means(model, prompts, fed, lengths, keys, means: dict, batch_size: int) -> None:
+    """Fill ``means[(site, layer)]`` (``[T_fed, ...]``, right-aligned) with the mean-ablation value:
+    :func:`arithinterp.engine.mean_activation` over these prompts, per position counted from the end."""
+    missing = [key for key in keys if key not in means]
+    if not missing:
+        return
+    width, frames = fed.shape[1], {}
+    for group in prompts.length_groups():
+        length = int(lengths[group[0]])
+        for chunk in group.split(batch_size):
+            out = engine_run(model, fed[chunk, width - length :], reads=[Read(site, layer) for site, layer in missing], logits="none")
+            for key, act in zip(missing, out.reads):
+                if key not in frames:
+                    frames[key] = act.new_zeros(len(prompts), width, *act.shape[2:])
+                frames[key][chunk.to(act.device), width - length :] = act
+    for key in missing:
+        means[key] = mean_activation(frames.pop(key), lengths)
+
+
+def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor], per_prompt: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An intervention value: ``current [B, T, ...]`` with ``replacement`` where ``mask`` is set.
+
+    ``replacement``: None (zero), one value per position ``[T, ...]`` (a mean) or, with
+    ``per_prompt``, one per prompt ``[B, T, ...]`` (resampled); ``attn_z`` may have come flat.
+    """
+
+    def value(current: torch.Tensor) -> torch.Tensor:
+        if replacement is None:
+            new = current.new_zeros(())
+        else:
+            new = replacement.to(current.device, current.dtype).reshape(current.shape if per_prompt else current.shape[1:])
+        return torch.where(mask.to(current.device), new, current)
+
+    return value
+
+
 def ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512,
                    means: Optional[dict] = None) -> torch.Tensor:
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
     complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
 
     With ``scoring="full_answer"`` the answer's tokens but the last are fed after the prompt, so the
-    logits at the last ``n_scored`` positions predict each answer token (teacher forcing).
-    ``means``: a dict kept across calls on the same prompts, so mean ablation computes each hook's
-    mean activation once.
+    logits (float32) at the last ``n_scored`` positions predict each answer token (teacher forcing).
+    ``mode``: ``"zero"``; ``"mean"``, the engine's one definition
+    (:func:`arithinterp.engine.mean_activation`: the mean over these prompts at each position
+    counted from the prompt's end, over the prompts that have it); ``"resample"``, the activation
+    of a random other prompt of the same token length (seeded). ``means``: a dict kept across calls
+    on the same prompts, so mean ablation computes each activation's mean once.
     """
     n_scored, out = _n_scored(prompts), None
     generator = torch.Generator().manual_seed(seed)
     means = {} if means is None else means
+    fed, fed_lengths = _teacher_forced(prompts, n_scored)
+    width = fed.shape[1]
     with torch.inference_mode():
-        for g, group in enumerate(prompts.length_groups()):
-            fed = torch.cat([prompts.unpadded(group), prompts.answer_tokens[group, : n_scored - 1].clamp(min=0)], dim=1)
-            offset, length = prompts.offset(group), fed.shape[1]
+        for group in prompts.length_groups():
+            length = int(fed_lengths[group[0]])
+            tokens, offset = fed[group, width - length :], prompts.offset(group)
             masks = _ablation_masks(model, prompts, parsed, group, offset, length, keep)
-            reference = {}
-            needed = [name for name in masks if mode == "resample" or (g, name) not in means] if mode != "zero" else []
-            if needed:  # the group's own activations give the mean / the resampled values
-                _, cache = model.run_with_cache(fed, names_filter=lambda name: name in needed)
-                for name in needed:
-                    act = cache[name]
-                    if mode == "mean":
-                        means[g, name] = act.mean(0, keepdim=True)
-                    else:
-                        reference[name] = act[torch.randperm(len(group), generator=generator)]
             if mode == "mean":
-                reference = {name: means[g, name].expand(len(group), *means[g, name].shape[1:]) for name in masks}
+                _reference_means(model, prompts, fed, fed_lengths, list(masks), means, batch_size)
+                reference = {key: means[key][width - length :] for key in masks}  # [length, ...]
+            elif mode == "resample" and masks:  # the group's own activations, each from another prompt
+                reads = [Read(site, layer) for site, layer in masks]
+                runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads for chunk in torch.arange(len(group)).split(batch_size)]
+                reference = {}
+                for i, key in enumerate(masks):
+                    act = torch.cat([r[i] for r in runs])
+                    reference[key] = act[torch.randperm(len(group), generator=generator).to(act.device)]
+            else:
+                reference = {key: None for key in masks}
             for chunk in torch.arange(len(group)).split(batch_size):
-
-                def hook_for(name):
-                    def hook(activation, hook):
-                        mask = masks[name][chunk]
-                        # hook_z may arrive flat ([B, T, H * d_head]); view it per head like the mask
-                        shaped = activation.reshape(*mask.shape[:-1], -1)
-                        replacement = torch.zeros_like(shaped) if mode == "zero" else reference[name][chunk].reshape(shaped.shape)
-                        return torch.where(mask, replacement, shaped).reshape(activation.shape)
-
-                    return hook
-
-                logits = model.run_with_hooks(fed[chunk], fwd_hooks=[(name, hook_for(name)) for name in masks], return_type="logits")
-                values = score(logits[:, -n_scored:], group[chunk])
+                interventions = []
+                for (site, layer), mask in masks.items():
+                    value = reference[site, layer]
+                    if value is not None and mode == "resample":
+                        value = value[chunk.to(value.device)]
+                    interventions.append(Intervention(site, layer, value=_replace_where(mask[chunk], value, mode == "resample")))
+                run = engine_run(model, tokens[chunk], interventions, logits="final" if n_scored == 1 else "all")
+                logits = run.logits[:, None] if n_scored == 1 else run.logits[:, -n_scored:]
+                values = score(logits, group[chunk])
                 if out is None:
                     out = torch.empty(len(prompts), *values.shape[1:], dtype=values.dtype)
-                out[group[chunk]] = values
+                out[group[chunk]] = values.cpu()
     return out
 
 
@@ -384,8 +430,9 @@ def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mea
         through its ``hook_z``), ``"L{l}N{n}"`` (one MLP neuron), each optionally restricted to one
         position with ``"@a"``, ``"@b"``, ``"@final"``, ``"@answer{k}"`` (the position that
         predicts answer token k) or ``"@{int}"``.
-    mode: ``"zero"``; ``"mean"`` (the mean over these prompts at each position, per token-length
-        group); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
+    mode: ``"zero"``; ``"mean"`` (:func:`arithinterp.engine.mean_activation`: the mean over these
+        prompts at each position counted from the prompt's end, over the prompts that have that
+        position); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
 
     Prompts with ``scoring="full_answer"`` (``prompts.with_scoring("full_answer")``) are scored on
     every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
