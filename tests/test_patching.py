@@ -222,6 +222,32 @@ def test_integrated_gradients_completeness(tiny_model, pairs):
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
 
+def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_model, pairs):
+    """Users load models with requires_grad=False: gradients are taken at the engine's reads, at every
+    layer including 0 (integrated gradients at resid_pre 0 too), and no flag is changed."""
+    frozen = tiny_bridge(number_tokenizer)  # the same seed: the same weights as tiny_model
+    frozen.requires_grad_(False)
+    flags = [p.requires_grad for p in tiny_model.parameters()]
+    sites = ["resid_pre", "resid_mid", "attn_z", "mlp_post"]
+    for method in ("attribution", "integrated_gradients"):
+        kwargs = dict(method=method, steps=4, neurons=[1, 2, 3], progress=False)
+        got, reference = patching.attribute(frozen, pairs, sites, **kwargs), patching.attribute(tiny_model, pairs, sites, **kwargs)
+        for site in sites:
+            assert got[site].layers == [0, 1]
+            assert torch.allclose(got[site].values, reference[site].values, atol=1e-5), (method, site)
+        # layer 0 gets a real gradient: the estimates there move away from the base run's metric
+        estimate = got["resid_pre"].values[:, 0] - got["resid_pre"].corrupt_baseline[:, None]
+        assert estimate.abs().max() > 1e-2
+    assert not any(p.requires_grad for p in frozen.parameters())
+    assert [p.requires_grad for p in tiny_model.parameters()] == flags
+    assert all(p.grad is None for p in (*frozen.parameters(), *tiny_model.parameters()))
+    # completeness of integrated gradients over the first residual stream holds on the frozen model
+    kwargs = dict(layers=[0], per_position=False, progress=False)
+    ig = patching.attribute(frozen, pairs[:6], "resid_pre", method="integrated_gradients", steps=20, **kwargs)
+    exact = patching.sweep(frozen, pairs[:6], "resid_pre", **kwargs)
+    assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
+
+
 # --- direct effect, ablation, faithfulness ---------------------------------------------------------
 
 
@@ -254,6 +280,36 @@ def test_mean_ablation_of_an_activation_shared_by_all_prompts_changes_nothing(ti
     again = patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], mode="resample", seed=3)
     assert torch.equal(again.logprob_after, patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], mode="resample", seed=3).logprob_after)
     assert len(result.to_frame()) == 2 and result.plot().data
+
+
+def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):
+    """Prompts of two lengths: the mean is taken per position counted from the prompt's end, over every
+    prompt that has that position (engine.mean_activation), not per length group."""
+    from arithinterp import engine
+
+    prompts = arithmetic(tiny_digit_model, a=range(5, 15), b=range(3))  # one- and two-digit a
+    groups = prompts.length_groups()
+    assert len(groups) == 2
+    result = patching.ablate(tiny_digit_model, prompts, ["mlp0"], mode="mean")
+    N, T = prompts.tokens.shape
+    acts = torch.zeros(N, T, tiny_digit_model.cfg.d_model)
+    for group in groups:
+        tokens = prompts.unpadded(group)
+        acts[group, T - tokens.shape[1] :] = engine.run(tiny_digit_model, tokens, reads=[engine.Read("mlp_out", 0)]).reads[0]
+
+    def logprob(mean_of):
+        out = torch.empty(N)
+        for group in groups:
+            tokens = prompts.unpadded(group)
+            value = mean_of(group)[-tokens.shape[1] :]
+            logits = engine.run(tiny_digit_model, tokens, [engine.Intervention("mlp_out", 0, value=value)]).logits
+            out[group] = logits.log_softmax(-1).gather(-1, prompts.answer_tokens[group, :1])[:, 0]
+        return out
+
+    pooled = engine.mean_activation(acts, prompts.lengths)
+    assert torch.allclose(result.logprob_after, logprob(lambda group: pooled), atol=1e-5)
+    per_group = logprob(lambda group: acts[group].mean(0))  # the definition patching used before
+    assert (result.logprob_after - per_group).abs().max() > 1e-3
 
 
 def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
@@ -328,6 +384,60 @@ def test_attribution_tracks_exact_patching_on_zoo(zoo):
     comparison = patching.attribution_vs_exact(model, zoo_pairs, ["resid_pre", "attn_out", "attn_z"], progress=False)
     assert min(comparison.correlation) > 0.8
     assert comparison.meta["n_pairs"] == len(zoo_pairs)
+
+
+# --- half precision --------------------------------------------------------------------------------
+
+
+def _every_analysis(model, digit_model):
+    """Each patching analysis on small inputs: {name: float32 tensor}."""
+    pairs = arithmetic(model, a=range(10), b=range(10)).counterfactual(vary="a", seed=0)[:12]
+    prompts = arithmetic(model, a=range(10), b=range(10))
+    digits = arithmetic(digit_model, a=range(10, 30, 3), b=range(50, 70, 7), answer_digits=3)
+    out = {f"sweep {site}": patching.sweep(model, pairs, site, neurons=[1, 2] if site == "mlp_post" else None, progress=False).values
+           for site in ("resid_pre", "attn_z", "mlp_post")}
+    attributed = patching.attribute(model, pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[1, 2], progress=False)
+    out.update({f"attribute {site}": result.values for site, result in attributed.items()})
+    out["integrated gradients"] = patching.attribute(model, pairs, "resid_pre", method="integrated_gradients", steps=4, progress=False).values
+    out["ablate"] = patching.ablate(model, prompts, ["mlp0", "L1H2@final"]).logprob_after
+    faithful = patching.faithfulness(model, prompts, ["mlp0", "attn1@final"])
+    out["faithfulness"] = torch.tensor([faithful.metric_full, faithful.metric_circuit, faithful.metric_empty])
+    out["direct effect"] = patching.direct_effect(model, pairs, progress=False).direct
+    out["digit ablation"] = patching.digit_ablation(digit_model, digits, heads=["L0H0", "L1H1"], progress=False).accuracy
+    out["ablate per digit"] = patching.ablate(digit_model, digits.with_scoring("full_answer"), ["L0H0@answer1"]).logprob_after
+    return out
+
+
+@pytest.fixture(scope="module")
+def float32_analyses(tiny_model, tiny_digit_model):
+    return _every_analysis(tiny_model, tiny_digit_model)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.1), (torch.float16, 0.02)])
+def test_every_analysis_runs_in_half_precision(number_tokenizer, digit_tokenizer, float32_analyses, dtype, tolerance):
+    """Half-precision copies give the float32 numbers within the dtype's precision (metrics in float32)."""
+    model, digit_model = tiny_bridge(number_tokenizer).to(dtype), tiny_bridge(digit_tokenizer).to(dtype)
+    assert next(model.parameters()).dtype == dtype
+    got = _every_analysis(model, digit_model)
+    for name, reference in float32_analyses.items():
+        assert got[name].dtype == torch.float32, name
+        assert got[name].shape == reference.shape, name
+        assert (got[name] - reference).abs().max() <= tolerance * reference.abs().max(), name
+
+
+def test_zoo_in_bfloat16(zoo):
+    import arithinterp as ai
+
+    model, zoo_pairs = zoo
+    half = ai.load_model("zoo:add-100", dtype="bfloat16")
+    for site in ("resid_pre", "mlp_out"):
+        exact, approx = (patching.sweep(m, zoo_pairs, site, normalize=True, progress=False) for m in (model, half))
+        assert (approx.mean - exact.mean).abs().max() <= 0.05
+        assert approx.meta["engine"][0].startswith("stepped")
+    attributed = patching.attribute(half, zoo_pairs, "resid_pre", normalize=True, progress=False)
+    assert (attributed.mean - patching.attribute(model, zoo_pairs, "resid_pre", normalize=True, progress=False).mean).abs().max() <= 0.05
+    ablated = patching.ablate(half, zoo_pairs.clean, ["mlp0"], mode="mean")
+    assert ablated.accuracy_before == 1.0 and ablated.accuracy_after < 0.2
 
 
 # --- results ---------------------------------------------------------------------------------------

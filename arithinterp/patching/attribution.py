@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union, overload
 
 import torch
 from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
+from arithinterp.engine import Intervention, Read
+from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.patching.core import (
     ATTRIBUTE_SITES,
@@ -28,10 +30,10 @@ from arithinterp.patching.core import (
 from arithinterp.patching.exact import sweep
 from arithinterp.results import Result, build_meta
 
-def _grad_hook_name(site: str, layer: int) -> str:
+def _grad_site(site: str, layer: int) -> tuple[str, int]:
     # d metric / d resid_mid equals d metric / d attn_out (resid_mid = resid_pre + attn_out); the
     # bridge's resid_mid alias only feeds ln2, so its gradient would miss the skip connection
-    return site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
+    return ("attn_out" if site == "resid_mid" else site, layer)
 
 
 def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tensor], units: list) -> torch.Tensor:
@@ -48,8 +50,24 @@ def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tens
         per = per[..., units]
     if pos is None:
         return per.sum(1)
-    rows = torch.arange(per.shape[0])[:, None]
-    return per[rows, pos.T]  # [B, n_pos, ...]
+    rows = torch.arange(per.shape[0], device=per.device)[:, None]
+    return per[rows, pos.T.to(per.device)]  # [B, n_pos, ...]
+
+
+@overload
+def attribute(
+    model: Any, pairs: Any, sites: str, method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
+    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ..., neurons: Optional[Sequence[int]] = ...,
+    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ..., progress: bool = ...,
+) -> PatchResult: ...
+
+
+@overload
+def attribute(
+    model: Any, pairs: Any, sites: Sequence[str] = ..., method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
+    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ..., neurons: Optional[Sequence[int]] = ...,
+    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ..., progress: bool = ...,
+) -> dict[str, PatchResult]: ...
 
 
 def attribute(
@@ -70,7 +88,7 @@ def attribute(
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = True,
-):
+) -> Union[PatchResult, dict[str, PatchResult]]:
     """Attribution patching: a first-order estimate of every cell of :func:`sweep` at once.
 
     ``method="attribution"``: the estimated effect of a cell is ``Σ grad · (source − base)`` over
@@ -82,7 +100,13 @@ def attribute(
     base to the source prompt (midpoint rule; the EAP-IG variant of Hanna et al. 2024).
 
     The values are ``base metric + estimated effect`` so they sit on the same scale as the exact
-    sweep's; returns one :class:`PatchResult` for a single site name, else ``{site: PatchResult}``.
+    sweep's; returns one :class:`PatchResult` for a single site name (``values [n_pairs, n_layers,
+    n_positions?, n_heads_or_neurons?]``), else ``{site: PatchResult}`` for a list of sites.
+
+    Gradients are taken at the engine's reads (:func:`arithinterp.engine.run` with ``metric``), so
+    frozen models (``requires_grad=False``) work at every layer, layer 0 included, and the model's
+    flags are left as they are; half-precision models run in their dtype with the metric, the
+    gradients and the scores in float32.
     """
     check_pairs(pairs)
     site_list = [sites] if isinstance(sites, str) else list(sites)
@@ -109,64 +133,59 @@ def attribute(
     scores = {site: torch.empty(n, len(plan[0]), *((len(plan[3]),) if plan[3] else ()), *((len(plan[2]),) if plan[2] else ())) for site, plan in plans.items()}
     clean_base, corrupt_base = torch.empty(n), torch.empty(n)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
-    read = {(site, layer): site_lib.hook_name(site, layer) for site, plan in plans.items() for layer in plan[0]}
-    grad_at = {(site, layer): _grad_hook_name(site, layer) for site, layer in read}
-    read_names, grad_names = set(read.values()), set(grad_at.values())
+    cells = [(site, layer) for site, plan in plans.items() for layer in plan[0]]
+    # the activations to difference, and the points to differentiate at (one read per hook)
+    acts = list(dict.fromkeys(cells))
+    grad_at = {cell: _grad_site(*cell) for cell in cells}
+    grad_points = list(dict.fromkeys(grad_at.values()))
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     alphas = [0.0] if method == "attribution" else [(k + 0.5) / steps for k in range(steps)]
-    keep_names = read_names | grad_names | {"hook_embed"}
     for idx in tqdm(batches, desc="attribute", disable=not progress):
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         offset = base_set.offset(idx)
-        with torch.inference_mode():
-            src_logits, src_cache = model.run_with_cache(source_tokens, names_filter=lambda name: name in keep_names)
-            src_acts = {k: src_cache[k].clone() for k in keep_names}
-            src_logits = src_logits[:, -1].clone()
-            if method == "integrated_gradients":  # the interpolated runs are not the base run: run it too
-                base_logits, base_cache = model.run_with_cache(base_tokens, names_filter=lambda name: name in keep_names)
-                base_acts = {k: base_cache[k].clone() for k in keep_names}
-                base_logits = base_logits[:, -1].clone()
-        grads: dict[str, torch.Tensor] = {}
-        ctx = None
+        interpolating = method == "integrated_gradients"
+        embed = [Read("embed")] if interpolating else []
+        source = engine_run(model, source_tokens, reads=[Read(*cell) for cell in acts] + embed)
+        source_acts = dict(zip(acts, source.reads))
+        base_acts, ctx = {}, None
+        if interpolating:  # the interpolated runs are not the base run: run it too
+            base = engine_run(model, base_tokens, reads=[Read(*cell) for cell in acts] + embed)
+            base_acts, base_logits = dict(zip(acts, base.reads)), base.logits
+            ctx = metric_context(pairs[idx], direction, base_logits, source.logits)
+            base_embed, source_embed = base.reads[-1], source.reads[-1]
+        grads: dict = {}
         for alpha in alphas:
-            stored: dict[str, torch.Tensor] = {}
+            interventions = []
+            if alpha:  # token embeddings on the straight line from the base to the source prompt
+                interventions = [Intervention("embed", 0, value=base_embed + alpha * (source_embed - base_embed))]
+            # in plain attribution the gradient run is the base run: its reads are the base activations
+            reads = grad_points + ([] if interpolating else [cell for cell in acts if cell not in grad_points])
+            box = {}
 
-            def keep(name):
-                def hook(activation, hook):
-                    stored[name] = activation
-                    return activation
+            def objective(final, box=box):  # final-position logits [B, V] (float32) -> the metric [B]
+                if "ctx" not in box:
+                    box["ctx"] = ctx if ctx is not None else metric_context(pairs[idx], direction, final.detach(), source.logits)
+                box["logits"] = final.detach()
+                return fn(final, box["ctx"])
 
-                return hook
-
-            def interpolate(activation, hook):
-                return base_acts["hook_embed"] + alpha * (src_acts["hook_embed"] - base_acts["hook_embed"])
-
-            hooks = [(name, keep(name)) for name in sorted(keep_names - {"hook_embed"} if alpha else keep_names)]
-            if alpha:
-                hooks.append(("hook_embed", interpolate))
-            with torch.enable_grad():
-                logits = model.run_with_hooks(base_tokens, fwd_hooks=hooks, return_type="logits")[:, -1]
-                if method == "attribution":  # this run is the base run: its activations are the base ones
-                    base_logits = logits.detach().clone()
-                    base_acts = {k: stored[k].detach().clone() for k in keep_names}
-                if ctx is None:
-                    ctx = metric_context(pairs[idx], direction, base_logits, src_logits)
-                total = fn(logits[None], ctx)[0].sum()
-                names = sorted(grad_names)
-                for name, grad in zip(names, torch.autograd.grad(total, [stored[k] for k in names], allow_unused=True)):
-                    if grad is not None:
-                        grad = grad.detach() / len(alphas)
-                        grads[name] = grads[name] + grad if name in grads else grad
-        base_metric, src_metric = fn(base_logits, ctx), fn(src_logits, ctx)
-        clean_base[idx], corrupt_base[idx] = (src_metric, base_metric) if direction == "denoise" else (base_metric, src_metric)
+            run = engine_run(model, base_tokens, interventions, [Read(*cell) for cell in reads], metric=objective)
+            for point, grad in zip(grad_points, run.grads):
+                if grad is not None:
+                    grads[point] = grads.get(point, 0) + grad / len(alphas)
+            if not interpolating:
+                base_acts, base_logits, ctx = dict(zip(reads, run.reads)), box["logits"], box["ctx"]
+        base_metric, source_metric = fn(base_logits, ctx).float(), fn(source.logits, ctx).float()
+        clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
         for site, (layer_list, _, units, labels, pos_index) in plans.items():
             pos = None if pos_index is None else pos_index[:, idx] - offset
             for i, layer in enumerate(layer_list):
-                name, gname = read[(site, layer)], grad_at[(site, layer)]
-                delta = src_acts[name] - base_acts[name]
-                grad = grads.get(gname, torch.zeros_like(delta))  # no gradient: nothing downstream reads it
-                contribution = grad.reshape(delta.shape) * delta
-                scores[site][idx, i] = _cell_scores(site, contribution, pos, units) + base_metric.reshape(-1, *([1] * (scores[site].ndim - 2)))
+                delta = source_acts[site, layer].float() - base_acts[site, layer].float()
+                grad = grads.get(grad_at[site, layer])  # None: nothing downstream reads it
+                contribution = torch.zeros_like(delta) if grad is None else grad.reshape(delta.shape) * delta
+                if site == "attn_z":  # per head, whether the model fired it flat or split
+                    contribution = contribution.reshape(*contribution.shape[:2], model.cfg.n_heads, -1)
+                value = _cell_scores(site, contribution, pos, units) + base_metric.reshape(-1, *([1] * (scores[site].ndim - 2)))
+                scores[site][idx, i] = value.cpu()
     results = {}
     for site, (layer_list, unit_kind, units, labels, pos_index) in plans.items():
         cells = Cells(layer_list, len(labels), units)
