@@ -2,17 +2,17 @@
 
 * :func:`sweep` — exact activation patching of one site over layers × positions (× heads or
   neurons), with per-pair values, mean, standard error and a bootstrap interval
-  (RECIPES §1, §4, §6).
+  (Kantamneni & Tegmark 2025; Nikankin et al. 2025; Stolfo et al. 2023).
 * :func:`attribute` — attribution patching, ``grad · (source − base)``, or its integrated-gradients
   variant, for every cell of several sites in a few forwards and one backward per batch; returns
   the same :class:`PatchResult` as :func:`sweep`. :func:`compare` reports how well it tracks the
   exact sweep.
 * :func:`direct_effect` — direct effect of components (their corrupt − clean output added straight
-  into the final residual stream) next to their total effect (RECIPES §1).
+  into the final residual stream) next to their total effect (Kantamneni & Tegmark 2025).
 * :func:`ablate` and :func:`faithfulness` — zero / mean / resample ablation, and the faithfulness of
-  a circuit with everything outside it mean-ablated (RECIPES §4).
+  a circuit with everything outside it mean-ablated (Nikankin et al. 2025).
 * :func:`digit_ablation` — each head ablated at each answer position alone, each answer digit
-  scored teacher-forced: which head computes which digit (RECIPES §7).
+  scored teacher-forced: which head computes which digit (Quirke & Barez 2024).
 
 Conventions (those of TransformerLens's ``patching`` module): ``direction="denoise"`` runs the
 corrupt prompt and patches in the clean activation; ``"noise"`` runs the clean prompt and patches
@@ -24,7 +24,10 @@ engine (:mod:`arithinterp.engine`), which resumes the model's own blocks at the 
 where the blocks take a key/value cache (every Hugging Face decoder family), at the earliest
 patched position with earlier keys and values reused from the base run. Each model is checked once
 against its own logits; where stepping does not reproduce them the sweep says so and runs whole
-forwards, still many cells per forward.
+forwards, still many cells per forward. The other analyses run through the engine too (reads and
+interventions as data, gradients at reads for attribution, :func:`~arithinterp.engine.mean_activation`
+the one mean-ablation value). Half-precision models run in their dtype; metrics and results are
+float32.
 """
 
 from arithinterp.patching.attribution import Comparison, attribute, attribution_vs_exact, compare

@@ -95,7 +95,7 @@ def attribute(
     the cell's activation, with the gradient of the metric taken on the base run (one forward for
     the source activations, one forward and one backward for the base run, per batch — two forwards
     and one backward for every cell of every site; Nanda 2023,
-    "Attribution patching"; RECIPES §1 and §4 rank neurons this way). ``"integrated_gradients"``:
+    "Attribution patching"; Nikankin et al. 2025 rank neurons this way). ``"integrated_gradients"``:
     the gradient is averaged over ``steps`` runs whose token embeddings are interpolated from the
     base to the source prompt (midpoint rule; the EAP-IG variant of Hanna et al. 2024).
 

@@ -89,7 +89,7 @@ def default_components(model) -> list[str]:
 
 @dataclass(frozen=True)
 class EffectResult(Result):
-    """Direct and total effect of components on the metric (RECIPES §1).
+    """Direct and total effect of components on the metric (Kantamneni & Tegmark 2025).
 
     ``direct`` and ``total`` are ``[n_pairs, n_components]`` changes of the metric relative to the
     unpatched base run; ``total_change [n_pairs]`` is the change when the whole prompt is
@@ -139,7 +139,8 @@ def direct_effect(
     *,
     progress: bool = True,
 ) -> EffectResult:
-    """Direct effect versus total effect of model components (RECIPES §1, Kantamneni & Tegmark).
+    """Direct effect versus total effect of model components (Kantamneni & Tegmark 2025, "Language Models Use
+    Trigonometry to Do Addition").
 
     Direct effect: add the component's ``source − base`` output at the final position straight into
     the base run's final residual stream (before ``ln_final``) and read the metric. Total effect:
@@ -424,7 +425,7 @@ def token_scores(prompts) -> Callable:
 
 
 def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
-    """Ablate components and measure accuracy and answer log-probability (RECIPES §4, §7).
+    """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
 
     components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
         through its ``hook_z``), ``"L{l}N{n}"`` (one MLP neuron), each optionally restricted to one
@@ -505,7 +506,7 @@ FAITHFULNESS_METRICS = ("logit", "logprob", "prob", "accuracy")
 
 
 def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str = "logit", mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
-    """Faithfulness of ``circuit`` (RECIPES §4, Nikankin et al. 2025).
+    """Faithfulness of ``circuit`` (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
     Every attention head and MLP outside the circuit is mean-ablated (``mode``: also ``"zero"``,
     ``"resample"``) and the metric on the correct answer's first token compared with the full

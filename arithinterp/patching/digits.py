@@ -1,4 +1,4 @@
-"""Which head computes which answer digit: per-head, per-digit ablation (Quirke & Barez, RECIPES §7)."""
+"""Which head computes which answer digit: per-head, per-digit ablation (Quirke & Barez 2024)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class DigitAblationResult(Result):
 def digit_ablation(
     model: Any, prompts: Any, heads: Optional[Sequence[str]] = None, mode: str = "mean", seed: int = 0, *, progress: bool = True
 ) -> DigitAblationResult:
-    """Ablate each head at each answer position alone and score that answer token (RECIPES §7).
+    """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
+    "Understanding Addition in Transformers").
 
     Quirke & Barez read a digit-addition model's heads as a staircase: each answer digit is
     computed one token before it is emitted, by heads that attend to the matching operand digits.

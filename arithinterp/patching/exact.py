@@ -1,4 +1,4 @@
-"""Exact activation patching sweeps, many cells per forward (RECIPES §1, §4, §6)."""
+"""Exact activation patching sweeps, many cells per forward (Meng et al. 2022; Heimersheim & Nanda 2024)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def sweep(
 
     Every cell is its own patch: the base run (corrupt for ``"denoise"``, clean for ``"noise"``)
     with the cell's activation replaced by the source run's, and ``metric`` read at the final
-    position (RECIPES §1 layer patch, §4/§6 component patching).
+    position (Meng et al. 2022's causal tracing; component patching as in Nikankin et al. 2025 and
+    Stolfo et al. 2023).
 
     Args:
         site: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out``, ``attn_z``
