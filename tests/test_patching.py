@@ -396,6 +396,7 @@ def _every_analysis(model, digit_model):
     digits = arithmetic(digit_model, a=range(10, 30, 3), b=range(50, 70, 7), answer_digits=3)
     out = {f"sweep {site}": patching.sweep(model, pairs, site, neurons=[1, 2] if site == "mlp_post" else None, progress=False).values
            for site in ("resid_pre", "attn_z", "mlp_post")}
+    out["sweep attn_out, whole forwards"] = patching.sweep(model, pairs, "attn_out", engine="hooks", progress=False).values
     attributed = patching.attribute(model, pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[1, 2], progress=False)
     out.update({f"attribute {site}": result.values for site, result in attributed.items()})
     out["integrated gradients"] = patching.attribute(model, pairs, "resid_pre", method="integrated_gradients", steps=4, progress=False).values

@@ -175,7 +175,7 @@ def attribute(
             if not interpolating:
                 base_acts, base_logits, ctx = dict(zip(reads, run.reads)), box["logits"], box["ctx"]
         base_metric, source_metric = fn(base_logits, ctx).float(), fn(source.logits, ctx).float()
-        clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
+        clean_base[idx], corrupt_base[idx] = (source_metric.cpu(), base_metric.cpu()) if direction == "denoise" else (base_metric.cpu(), source_metric.cpu())
         for site, (layer_list, _, units, labels, pos_index) in plans.items():
             pos = None if pos_index is None else pos_index[:, idx] - offset
             for i, layer in enumerate(layer_list):

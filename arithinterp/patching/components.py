@@ -182,11 +182,11 @@ def direct_effect(
             base, source = engine_run(model, base_tokens, reads=reads), engine_run(model, source_tokens, reads=reads)
             ctx = metric_context(pairs[idx], direction, base.logits, source.logits)
             base_metric = fn(base.logits, ctx)
-            total_change[idx] = (fn(source.logits, ctx) - base_metric).float()
+            total_change[idx] = (fn(source.logits, ctx) - base_metric).float().cpu()
             final = base.reads[0]  # [B, d]
             shifted = final.float() + outputs(source) - outputs(base)  # [C, B, d]
             logits = stepper.unembed(shifted.to(final.dtype)).float()  # metrics in float32
-            direct[idx] = (fn(logits, ctx) - base_metric).T.float()
+            direct[idx] = (fn(logits, ctx) - base_metric).T.float().cpu()
     total = torch.empty(n, len(parsed))
     for i, c in enumerate(parsed):
         kwargs = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
@@ -415,7 +415,7 @@ def token_scores(prompts) -> Callable:
     n_scored = _n_scored(prompts)
 
     def score(logits, rows):
-        answer = prompts.answer_tokens[rows, :n_scored]
+        answer = prompts.answer_tokens[rows, :n_scored].to(logits.device)
         real = answer >= 0
         logprob = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0)[..., None])[..., 0]
         correct = (logits.argmax(-1) == answer) | ~real
@@ -525,7 +525,7 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
     prompts = prompts.with_scoring("first_token")
 
     def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]
-        logits, answer = logits[:, -1], prompts.answer_tokens[rows, 0]
+        logits, answer = logits[:, -1], prompts.answer_tokens[rows, 0].to(logits.device)
         values = {
             "logit": lambda: pick(logits, answer),
             "logprob": lambda: pick(logits.float().log_softmax(-1), answer),
