@@ -248,6 +248,26 @@ def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_mod
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_gradients_and_direct_effects_on_rotary_families(family, number_tokenizer, tmp_path):
+    """A frozen Llama (rotary, grouped-query, gated MLP) or Gemma 2 (scaled embedding, soft-capped
+    logits) folder: integrated gradients at resid_pre 0 are complete, and the last MLP's direct
+    effect is its total effect (the final norm and soft-cap are the model's own)."""
+    import arithinterp as ai
+    from hf_families import save_family
+
+    model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path / family)))
+    model.requires_grad_(False)
+    family_pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:6]
+    kwargs = dict(layers=[0], per_position=False, progress=False)
+    ig = patching.attribute(model, family_pairs, "resid_pre", method="integrated_gradients", steps=16, **kwargs)
+    exact = patching.sweep(model, family_pairs, "resid_pre", **kwargs)
+    assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
+    effects = patching.direct_effect(model, family_pairs, ["embed", "attn0", "mlp1"], progress=False)
+    assert torch.allclose(effects.direct[:, 2], effects.total[:, 2], atol=1e-4)
+    assert effects.direct[:, 2].abs().max() > 1e-2
+
+
 # --- direct effect, ablation, faithfulness ---------------------------------------------------------
 
 
