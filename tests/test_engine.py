@@ -111,3 +111,26 @@ def test_run_refuses_positions_and_units_out_of_range(tiny_model):
         run(tiny_model, tokens, [Intervention("attn_z", 0, None, [99], 0.0)])
     with pytest.raises(SiteError, match="units"):
         run(tiny_model, tokens, [Intervention("resid_pre", 0, None, [0], 0.0)])
+
+
+def test_a_running_mean_over_batches_is_the_mean_activation_of_all_of_them():
+    """Batches of different widths and lengths combine, aligned from the prompts' end, into exactly
+    what mean_activation gives for the whole reference set at once."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 5, 5, 2, 4, 5, 1])
+    frame = torch.randn(7, 5, 2, 3, generator=generator)  # [N, T, ...], left-padded
+    frame[torch.arange(5)[None, :] < (5 - lengths)[:, None]] = 1e6  # padding must never count
+    expected = engine.mean_activation(frame, lengths)
+    running = engine.RunningMean()
+    for rows in ([0, 3], [1, 2, 4], [5, 6]):  # each batch unpadded to its own widest prompt
+        width = int(lengths[rows].max())
+        running.add(frame[rows, 5 - width :], lengths[rows])
+    assert running.value().shape == (5, 2, 3)
+    assert torch.allclose(running.value(), expected, atol=1e-6) and running.value().abs().max() < 10
+    # batches of one length each need no lengths: position -3 only the first batch has
+    same = engine.RunningMean().add(torch.ones(2, 3, 4)).add(3 * torch.ones(2, 2, 4))
+    assert torch.equal(same.value()[:, 0], torch.tensor([1.0, 2.0, 2.0]))
+    with pytest.raises(AnalysisError, match="do not match"):
+        same.add(torch.ones(2, 3, 5))
+    with pytest.raises(AnalysisError, match="nothing"):
+        engine.RunningMean().value()

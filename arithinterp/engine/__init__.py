@@ -6,11 +6,11 @@ Analyses say *what* to change and *what* to read; the engine decides how to run 
 :mod:`~arithinterp.engine.patches` stacks many patch cells into one resumed run.
 """
 
-from arithinterp.engine.forward import Intervention, Output, Read, mean_activation, run
+from arithinterp.engine.forward import Intervention, Output, Read, RunningMean, mean_activation, run
 from arithinterp.engine.patches import PatchRunner, patch_mask
 from arithinterp.engine.stepping import BaseRun, Stepper, stepper_for
 
 __all__ = [
-    "BaseRun", "Intervention", "Output", "PatchRunner", "Read", "Stepper",
+    "BaseRun", "Intervention", "Output", "PatchRunner", "Read", "RunningMean", "Stepper",
     "mean_activation", "patch_mask", "run", "stepper_for",
 ]

@@ -249,3 +249,49 @@ def mean_activation(activations: torch.Tensor, lengths: Optional[torch.Tensor] =
     weights = present.float().reshape(N, T, *[1] * (activations.ndim - 2))
     count = weights.sum(0).clamp_min(1)
     return (activations.float() * weights).sum(0) / count
+
+
+class RunningMean:
+    """:func:`mean_activation` over reference prompts that arrive in batches, in constant memory.
+
+    ``add(activations [n, T_b, ...], lengths [n] or None)`` takes one batch in its own left-padded
+    frame (``None``: every prompt has all ``T_b`` positions); batches of different widths line up
+    from the end. :meth:`value` is ``[T, ...]`` (``T`` the widest batch), right-aligned, float32:
+    the mean per position counted from the prompt's end over the prompts that have that position,
+    as :func:`mean_activation` gives for all the batches at once.
+    """
+
+    def __init__(self) -> None:
+        self.total: Optional[torch.Tensor] = None  # [T, ...] sums
+        self.count: Optional[torch.Tensor] = None  # [T] prompts that have each position
+
+    def add(self, activations: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> "RunningMean":
+        if activations.ndim < 2:
+            raise AnalysisError(f"activations must be [N, T, ...], got shape {tuple(activations.shape)}")
+        N, T = activations.shape[:2]
+        if lengths is None:
+            present = torch.ones(N, T, dtype=torch.bool, device=activations.device)
+        else:
+            present = torch.arange(T, device=activations.device)[None, :] >= (T - lengths.to(activations.device))[:, None]
+        weights = present.float().reshape(N, T, *[1] * (activations.ndim - 2))
+        total, count = (activations.float() * weights).sum(0), present.sum(0)
+        if self.total is None:
+            self.total, self.count = total, count
+            return self
+        if self.total.shape[1:] != total.shape[1:]:
+            raise AnalysisError(f"activations of shape [N, T, {', '.join(map(str, total.shape[1:]))}] do not match earlier batches' "
+                                f"[N, T, {', '.join(map(str, self.total.shape[1:]))}]")
+        width = max(T, self.total.shape[0])
+        self.total = _left_pad(self.total, width) + _left_pad(total.to(self.total.device), width)
+        self.count = _left_pad(self.count, width) + _left_pad(count.to(self.count.device), width)
+        return self
+
+    def value(self) -> torch.Tensor:
+        if self.total is None:
+            raise AnalysisError("no activations were added; the mean of nothing is undefined")
+        return self.total / self.count.clamp_min(1).reshape(-1, *[1] * (self.total.ndim - 1))
+
+
+def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x [T, ...]`` padded with zeros at the front to ``[width, ...]`` (frames are right-aligned)."""
+    return x if x.shape[0] == width else torch.cat([x.new_zeros(width - x.shape[0], *x.shape[1:]), x])

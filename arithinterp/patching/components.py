@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.engine import Intervention, Read, Stepper, mean_activation
+from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, metric_name, pick
@@ -323,22 +323,21 @@ def _teacher_forced(prompts, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _reference_means(model, prompts, fed, lengths, keys, means: dict, batch_size: int) -> None:
-    """Fill ``means[(site, layer)]`` (``[T_fed, ...]``, right-aligned) with the mean-ablation value:
-    :func:`arithinterp.engine.mean_activation` over these prompts, per position counted from the end."""
+    """Fill ``means[(site, layer)]`` (``[longest fed length, ...]``, right-aligned) with the mean-ablation value:
+    :func:`arithinterp.engine.mean_activation` over these prompts, per position counted from the end
+    (accumulated batch by batch with :class:`arithinterp.engine.RunningMean`)."""
     missing = [key for key in keys if key not in means]
     if not missing:
         return
-    width, frames = fed.shape[1], {}
+    width, running = fed.shape[1], {key: RunningMean() for key in missing}
     for group in prompts.length_groups():
         length = int(lengths[group[0]])
         for chunk in group.split(batch_size):
             out = engine_run(model, fed[chunk, width - length :], reads=[Read(site, layer) for site, layer in missing], logits="none")
             for key, act in zip(missing, out.reads):
-                if key not in frames:
-                    frames[key] = act.new_zeros(len(prompts), width, *act.shape[2:])
-                frames[key][chunk.to(act.device), width - length :] = act
+                running[key].add(act)
     for key in missing:
-        means[key] = mean_activation(frames.pop(key), lengths)
+        means[key] = running[key].value()  # [longest fed length, ...]
 
 
 def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor], per_prompt: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -383,7 +382,7 @@ def ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, sco
             masks = _ablation_masks(model, prompts, parsed, group, offset, length, keep)
             if mode == "mean":
                 _reference_means(model, prompts, fed, fed_lengths, list(masks), means, batch_size)
-                reference = {key: means[key][width - length :] for key in masks}  # [length, ...]
+                reference = {key: means[key][-length:] for key in masks}  # [length, ...], aligned from the end
             elif mode == "resample" and masks:  # the group's own activations, each from another prompt
                 reads = [Read(site, layer) for site, layer in masks]
                 runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads for chunk in torch.arange(len(group)).split(batch_size)]
