@@ -533,8 +533,10 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
         }[metric]()
         return torch.stack([values.float(), (logits.argmax(-1) == answer).float()], dim=1)
 
+    means: dict = {}  # the circuit and the empty run ablate the same activations: their means are taken once
+
     def mean_score(components, keep):
-        return ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score).mean(0).tolist()
+        return ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score, means=means).mean(0).tolist()
 
     # nothing ablated; everything outside the circuit; everything
     (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = mean_score([], False), mean_score(parsed, True), mean_score([], True)
