@@ -151,7 +151,7 @@ def attribute(
         if interpolating:  # the interpolated runs are not the base run: run it too
             base = engine_run(model, base_tokens, reads=[Read(*cell) for cell in acts] + embed)
             base_acts, base_logits = dict(zip(acts, base.reads)), base.logits
-            ctx = metric_context(pairs[idx], direction, base_logits, source.logits)
+            ctx = metric_context(pairs[idx], direction, base_logits, source.logits, device=base_logits.device)
             base_embed, source_embed = base.reads[-1], source.reads[-1]
         grads: dict = {}
         for alpha in alphas:
@@ -164,7 +164,7 @@ def attribute(
 
             def objective(final, box=box):  # final-position logits [B, V] (float32) -> the metric [B]
                 if "ctx" not in box:
-                    box["ctx"] = ctx if ctx is not None else metric_context(pairs[idx], direction, final.detach(), source.logits)
+                    box["ctx"] = ctx if ctx is not None else metric_context(pairs[idx], direction, final.detach(), source.logits, device=final.device)
                 box["logits"] = final.detach()
                 return fn(final, box["ctx"])
 

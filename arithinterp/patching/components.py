@@ -180,7 +180,7 @@ def direct_effect(
             final_pos = torch.full((len(idx),), base_tokens.shape[1] - 1)
             reads = [Read("resid_post", last, final_pos)] + [Read(c.site, c.layer, final_pos) for c in parsed]
             base, source = engine_run(model, base_tokens, reads=reads), engine_run(model, source_tokens, reads=reads)
-            ctx = metric_context(pairs[idx], direction, base.logits, source.logits)
+            ctx = metric_context(pairs[idx], direction, base.logits, source.logits, device=base.logits.device)
             base_metric = fn(base.logits, ctx)
             total_change[idx] = (fn(source.logits, ctx) - base_metric).float().cpu()
             final = base.reads[0]  # [B, d]
