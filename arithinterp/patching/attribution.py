@@ -133,10 +133,9 @@ def attribute(
     scores = {site: torch.empty(n, len(plan[0]), *((len(plan[3]),) if plan[3] else ()), *((len(plan[2]),) if plan[2] else ())) for site, plan in plans.items()}
     clean_base, corrupt_base = torch.empty(n), torch.empty(n)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
-    cells = [(site, layer) for site, plan in plans.items() for layer in plan[0]]
     # the activations to difference, and the points to differentiate at (one read per hook)
-    acts = list(dict.fromkeys(cells))
-    grad_at = {cell: _grad_site(*cell) for cell in cells}
+    acts = [(site, layer) for site, plan in plans.items() for layer in plan[0]]
+    grad_at = {cell: _grad_site(*cell) for cell in acts}
     grad_points = list(dict.fromkeys(grad_at.values()))
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     alphas = [0.0] if method == "attribution" else [(k + 0.5) / steps for k in range(steps)]
