@@ -84,10 +84,6 @@ class BaseRun:
     logits: torch.Tensor
     acts: dict = field(default_factory=dict)
 
-    @property
-    def length(self) -> int:
-        return int(self.tokens.shape[1])
-
 
 class Stepper:
     """Runs a model's blocks from any layer and position (see the module docstring)."""
@@ -222,19 +218,17 @@ class Stepper:
     @staticmethod
     def _slice(key: str, value: Any, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache) -> Any:
         """A recorded call argument for the stacked runs at positions ``start:``."""
-        if value is cache or _is_cache(value) or isinstance(value, _PrefixCache):
+        if _is_cache(value):
             return cache
         if isinstance(value, tuple):
             return tuple(Stepper._slice(key, v, start, n_stack, base, cache) for v in value)
         if not isinstance(value, torch.Tensor):
             return value
         B = base.tokens.shape[0]
-        if start and key in _POSITION_AXIS:
-            axis = _POSITION_AXIS[key] if value.ndim > 1 or key != "attention_mask" else -1
-            if key == "attention_mask" and value.ndim == 2:
-                pass  # a key-padding mask covers every key position: keep it whole
-            else:
-                value = value.narrow(axis, start, value.shape[axis] - start)
+        # a 2-D attention mask is a key-padding mask over every key position: it stays whole
+        if start and key in _POSITION_AXIS and not (key == "attention_mask" and value.ndim == 2):
+            axis = _POSITION_AXIS[key]
+            value = value.narrow(axis, start, value.shape[axis] - start)
         if value.ndim and value.shape[0] == B and n_stack > 1:
             value = value.repeat(n_stack, *[1] * (value.ndim - 1))
         return value
