@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_families import FAMILIES, save_family
+from test_patching import _logit_diff
 
 import arithinterp as ai
 from arithinterp import patching
@@ -33,16 +34,6 @@ def family(request, number_tokenizer, tmp_path_factory):
         for shots in (1, 2)
     ]
     return request.param, model, pair_sets
-
-
-def _logit_diff(pairs):
-    clean, corrupt = pairs.clean_answer_token, pairs.corrupt_answer_token
-
-    def metric(logits):
-        final = logits[:, -1]
-        return final.gather(-1, clean[:, None])[:, 0] - final.gather(-1, corrupt[:, None])[:, 0]
-
-    return metric
 
 
 def _reference(model, pairs, site):
