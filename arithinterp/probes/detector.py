@@ -30,7 +30,7 @@ from arithinterp.tasks import UNPARSABLE as _UNPARSABLE
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
 DETECTOR_POSITIONS = ("final", "final_only")
 THRESHOLD_RULES = ("auto", "accuracy", "balanced")
-ACCURACY_TOLERANCE = 0.01  # "auto": thresholds within this of the best accuracy count as equally accurate
+ACCURACY_TOLERANCE = 0.01  # "auto": thresholds within one point of the best accuracy count as equally accurate
 
 
 class DetectorBaselineWarning(UserWarning):
@@ -186,14 +186,6 @@ def _class_probs(probe: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return probs, torch.as_tensor(np.asarray(probe.classes_)).long()
 
 
-def _agreement(true_probe: Any, output_probe: Any, X: torch.Tensor) -> torch.Tensor:
-    """Probability that the two probes name the same value [n]."""
-    p_true, c_true = _class_probs(true_probe, X)
-    p_out, c_out = _class_probs(output_probe, X)
-    match = (c_true[:, None] == c_out[None, :]).float()  # [k_true, k_out]
-    return ((p_true @ match) * p_out).sum(-1)
-
-
 def _likelihood(probe: Any, X: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Probability the probe gives to ``value`` [n] (0 for a value it never saw)."""
     probs, classes = _class_probs(probe, X)
@@ -263,6 +255,11 @@ class ErrorDetector(BaseEstimator):
     ``validation_`` and ``meta_``; a detector whose out-of-fold accuracy does not beat the
     majority-class baseline warns (:class:`DetectorBaselineWarning`) and says so in ``meta_``.
 
+    ``truth="answer"`` (default) lets the true-digit and true-carry probes read every answer slot
+    side by side: a later position still holds what decides an earlier digit (the units sum that
+    sets the tens carry), so an answer is checked once it is written; ``truth="slot"`` reads only
+    the slot itself, as the paper does (a check before the digit is emitted).
+
     Parameters: ``probe`` a classifier estimator (``fit``, ``predict_proba``, ``classes_``, or a
     :class:`CircularProbe`), cloned per target (default ``LogisticProbe(C=0.05)``); ``layers``
     None (every layer), an int or a list; ``position`` ``"final"`` (slot j read at the final
@@ -273,7 +270,7 @@ class ErrorDetector(BaseEstimator):
 
     def __init__(self, probe: Any = None, layers: Union[None, int, Sequence[int]] = None, site: str = "resid_post",
                  position: str = "final", method: str = "auto", threshold: Union[str, float] = "auto",
-                 cv: int = 5, carries: bool = True, random_state: Optional[int] = 0, batch_size: int = 256,
+                 cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0, batch_size: int = 256,
                  progress: bool = False):
         self.probe = probe
         self.layers = layers
@@ -283,6 +280,7 @@ class ErrorDetector(BaseEstimator):
         self.threshold = threshold
         self.cv = cv
         self.carries = carries
+        self.truth = truth
         self.random_state = random_state
         self.batch_size = batch_size
         self.progress = progress
@@ -297,6 +295,8 @@ class ErrorDetector(BaseEstimator):
             raise ConfigError(f"unknown position {self.position!r}; accepted: {accepted(DETECTOR_POSITIONS)}")
         if not (isinstance(self.cv, (int, np.integer)) and self.cv >= 2):
             raise ConfigError(f"cv must be an integer >= 2 (folds), got {self.cv!r}")
+        if self.truth not in ("answer", "slot"):
+            raise ConfigError(f"truth must be 'answer' or 'slot' (what the true-value probes read), got {self.truth!r}")
         t = self.threshold
         if not (t in THRESHOLD_RULES or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)):
             raise ConfigError(f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
@@ -407,21 +407,21 @@ class ErrorDetector(BaseEstimator):
         self.slot_probes_ = []
         n = len(correct)
         agree = {name: torch.ones(n, self.n_slots_) for name in ("digit", "carry")}
+        Xd = Xs[:, self.direct_slots_].flatten(1)  # every distinct slot, side by side [N, S'·L·d]
         for s in range(self.n_slots_):
-            targets = self.slot_targets_[s]
-            labels = torch.stack([labels for _, labels, _ in targets]).repeat_interleave(len(train), 0)
-            masks = torch.stack([mask for _, _, mask in targets]).repeat_interleave(len(train), 0) & train.repeat(len(targets), 1)
-            fitted = _fit_problems(probe, Xs[:, s], labels, masks)
-            by_target = {name: fitted[t * len(train):(t + 1) * len(train)] for t, (name, _, _) in enumerate(targets)}
+            by_target = {}
+            for name, labels, mask in self.slot_targets_[s]:
+                features = Xd if (self.truth == "answer" and name.startswith("true")) else Xs[:, s]
+                by_target[name] = _fit_problems(probe, features, labels.expand(len(train), -1), mask & train)
             self.slot_probes_.append({name: models[-1] for name, models in by_target.items()})
             for f, (_, rows) in enumerate(folds):
                 rows = torch.as_tensor(rows)
                 for kind in ("digit", "carry"):
                     if f"true_{kind}" in by_target:
-                        agree[kind][rows, s] = _agreement(by_target[f"true_{kind}"][f], by_target[f"output_{kind}"][f], Xs[rows, s])
+                        agree[kind][rows, s] = self._agree(by_target[f"true_{kind}"][f], by_target[f"output_{kind}"][f],
+                                                           Xs[rows, s], Xd[rows])
         # the direct probe, class-balanced
         direct_probe = self._direct_probe(probe)
-        Xd = Xs[:, self.direct_slots_].flatten(1)
         fitted = _fit_problems(direct_probe, Xd, correct.long().expand(len(train), -1), train)
         self.direct_probe_ = fitted[-1]
         direct = torch.empty(n)
@@ -487,7 +487,7 @@ class ErrorDetector(BaseEstimator):
         scores = torch.stack([probas[m] for m in DETECTOR_METHODS], 1)
         predicted = torch.stack([probas[m] >= self.thresholds_[m] for m in DETECTOR_METHODS], 1)
         Xs = X.permute(0, 2, 1, 3).flatten(2)
-        pred_true = torch.stack([torch.as_tensor(np.asarray(p["true_digit"].predict(Xs[:, s]))).long()
+        pred_true = torch.stack([torch.as_tensor(np.asarray(p["true_digit"].predict(self._truth_X(Xs, s)))).long()
                                  for s, p in enumerate(self.slot_probes_)], 1)
         pred_output = torch.stack([torch.as_tensor(np.asarray(p["output_digit"].predict(Xs[:, s]))).long()
                                    for s, p in enumerate(self.slot_probes_)], 1)
@@ -507,10 +507,10 @@ class ErrorDetector(BaseEstimator):
         Xs = X.permute(0, 2, 1, 3).flatten(2)
         confidence = torch.ones(len(X))
         for s, probes in enumerate(self.slot_probes_):
-            p = _likelihood(probes["true_digit"], Xs[:, s], slots["output"][:, s])
+            p = _likelihood(probes["true_digit"], self._truth_X(Xs, s), slots["output"][:, s])
             confidence *= torch.where(slots["valid"][:, s], p, 1.0)
             if "true_carry" in probes and carries is not None:
-                p = _likelihood(probes["true_carry"], Xs[:, s], carries["output"][:, s])
+                p = _likelihood(probes["true_carry"], self._truth_X(Xs, s), carries["output"][:, s])
                 confidence *= torch.where(carries["valid"][:, s], p, 1.0)
         return confidence
 
@@ -562,6 +562,16 @@ class ErrorDetector(BaseEstimator):
             per_slot.append(targets)
         return per_slot
 
+    def _truth_X(self, Xs: torch.Tensor, s: int) -> torch.Tensor:
+        """What the true-value probes of slot ``s`` read: the slot [N, L·d] or the answer [N, S'·L·d]."""
+        return Xs[:, self.direct_slots_].flatten(1) if self.truth == "answer" else Xs[:, s]
+
+    def _agree(self, true_probe: Any, output_probe: Any, X_slot: torch.Tensor, X_answer: torch.Tensor) -> torch.Tensor:
+        """:func:`_agreement` with the true-value probe reading ``truth`` (its slot or the answer)."""
+        p_true, c_true = _class_probs(true_probe, X_answer if self.truth == "answer" else X_slot)
+        p_out, c_out = _class_probs(output_probe, X_slot)
+        return ((p_true @ (c_true[:, None] == c_out[None, :]).float()) * p_out).sum(-1)
+
     def _direct_probe(self, probe: Any) -> Any:
         if isinstance(probe, CircularProbe):  # an angle cannot tell two classes apart: a logistic probe does
             probe = LogisticProbe(C=0.05, random_state=self.random_state or 0)
@@ -599,12 +609,13 @@ class ErrorDetector(BaseEstimator):
                                 f"got shape {tuple(X.shape)}")
         valid = torch.ones(X.shape[0], X.shape[2], dtype=torch.bool) if valid is None else valid.bool()
         Xs = X.permute(0, 2, 1, 3).flatten(2)
+        Xd = Xs[:, self.direct_slots_].flatten(1)
         agree = {name: torch.ones(len(X), self.n_slots_) for name in ("digit", "carry")}
         for s, probes in enumerate(self.slot_probes_):
             for kind in ("digit", "carry"):
                 if f"true_{kind}" in probes:
-                    agree[kind][:, s] = _agreement(probes[f"true_{kind}"], probes[f"output_{kind}"], Xs[:, s])
-        direct = self._p_correct(self.direct_probe_, Xs[:, self.direct_slots_].flatten(1))
+                    agree[kind][:, s] = self._agree(probes[f"true_{kind}"], probes[f"output_{kind}"], Xs[:, s], Xd)
+        direct = self._p_correct(self.direct_probe_, Xd)
         features = self._method_features(agree, direct, valid)
         return {m: torch.as_tensor(self.calibrators_[m].predict_proba(features[m])[:, 1]).float() for m in DETECTOR_METHODS}
 
