@@ -25,7 +25,6 @@ from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import _n_digits, _slot_valid, answer_activations, answer_slots
 from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, _tensor
 from arithinterp.results import Result, build_meta
-from arithinterp.tasks import UNPARSABLE as _UNPARSABLE
 
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
 DETECTOR_POSITIONS = ("final", "final_only")
@@ -402,7 +401,7 @@ class ErrorDetector(BaseEstimator):
             train[f, rows] = True
         train[-1] = True
 
-        # slot probes: every target x (folds + all) in one go per slot; out-of-fold agreements
+        # slot probes: each target fitted on every fold and on all rows; agreements scored out of fold
         self.slot_targets_ = self._targets(slots, carries)
         self.slot_probes_ = []
         n = len(correct)
@@ -545,8 +544,8 @@ class ErrorDetector(BaseEstimator):
             return None
         for key in ("true", "output", "valid"):
             if key not in carries or tuple(carries[key].shape) != tuple(slots["true"].shape):
-                raise AnalysisError(f"carries must hold 'true', 'output' and 'valid' [N, S] like the slots; "
-                                    f"build them with answer_carries(prompts, slots)")
+                raise AnalysisError("carries must hold 'true', 'output' and 'valid' [N, S] like the slots; "
+                                    "build them with answer_carries(prompts, slots)")
         return carries
 
     @staticmethod
