@@ -15,7 +15,7 @@ import torch
 from arithinterp import probes
 from arithinterp.activations import Activations
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError
-from arithinterp.probes.reask import _reprefixed
+from arithinterp.probes.reask import _answer_evaluation, _reprefixed
 from arithinterp.tasks import Evaluation, arithmetic
 
 N, D = 600, 64
@@ -549,6 +549,11 @@ def test_zoo_weak_model_digit_probes_and_error_detector():
     detector = probes.ErrorDetector().fit(model, prompts[fit], sub(fit))
     metrics = detector.evaluate(model, prompts[test], sub(test)).metrics()
     assert metrics["auroc"] >= 0.9 and metrics["accuracy"] > metrics["majority_baseline"]
+    # what selective repair relies on: the detector believes the right answer more than the model's wrong one
+    wrong = test[~evaluation.correct[test]]
+    right, scorable = _answer_evaluation(prompts[wrong], prompts.answer[wrong])
+    believed = detector.answer_confidence(model, prompts[wrong], right) > detector.answer_confidence(model, prompts[wrong], sub(wrong))
+    assert scorable.all() and believed.float().mean() >= 0.9
 
 
 def test_error_detector_on_single_token_answers(tiny_model, number_tokenizer):

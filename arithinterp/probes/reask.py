@@ -177,18 +177,17 @@ def _answer_evaluation(prompts: Any, values: torch.Tensor) -> tuple[Any, torch.T
     from arithinterp.tasks import Evaluation, answer_text
 
     tokenizer, digits = prompts.tokenizer, prompts.meta.get("answer_digits", 0)
-    k = prompts.answer_tokens.shape[1]
     texts = [answer_text(int(v), digits) if int(v) != _UNPARSABLE else "?" for v in values.tolist()]
     prompt_ids = tokenizer(list(prompts.texts), add_special_tokens=False)["input_ids"]
     full = tokenizer([t + a for t, a in zip(prompts.texts, texts)], add_special_tokens=False)["input_ids"]
-    generated = prompts.answer_tokens.clone()
+    generated = prompts.answer_tokens.clamp_min(0)  # slots past a short answer are never read
     ok = torch.zeros(len(values), dtype=torch.bool)
     for i, (ids, row) in enumerate(zip(prompt_ids, full)):
         answer = row[len(ids):]
         if row[: len(ids)] == ids and len(answer) == int(prompts.n_answer_tokens[i]) and int(values[i]) != _UNPARSABLE:
-            generated[i] = torch.tensor(answer + [generated[i, -1].item()] * (k - len(answer)))[:k]
+            generated[i, : len(answer)] = torch.tensor(answer)
             ok[i] = True
-    return Evaluation(values == prompts.answer, values.clone(), texts, generated.clamp_min(0)), ok
+    return Evaluation(values == prompts.answer, values.clone(), texts, generated), ok
 
 
 def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[Callable] = None,
