@@ -300,7 +300,7 @@ def error_detector_stage(ctx: Context) -> Section:
     section.findings.insert(
         0,
         f"{verdict}On {len(prompts) - split} held-out prompts of {name} (error rate {m['error_rate']:.1%}), the detector "
-        f"at layer {detector.layer_} predicts correctness with balanced accuracy {m['balanced_accuracy']:.1%} "
+        f"at layers {detector.layers_} predicts correctness with balanced accuracy {m['balanced_accuracy']:.1%} "
         f"(answering always 'correct' or always 'wrong' scores 50.0%), accuracy {m['accuracy']:.1%} and AUROC "
         f"{m['auroc']:.2f}.",
     )

@@ -36,3 +36,8 @@ def test_patching_benchmark_smoke():
 def test_null_calibration_benchmark_smoke():
     out = run("null_calibration.py", "--neurons", "60", "--no-zoo", "--grids", "10")
     assert out.count("| Gaussian noise |") == 2 and out.count("| one heuristic per neuron |") == 4
+
+
+def test_detector_benchmark_smoke():
+    out = run("detector.py", "--fit", "600", "--test", "300", "--seeds", "11", "--no-repair")
+    assert "| 11 | 300 (" in out and "mean ± sd" in out and "baseline warnings" in out

@@ -17,9 +17,11 @@ control-backed probing practice follows RECIPES §1, §4 and §8.
   activations) → :class:`ProbeResult`; targets via :func:`resolve_target`.
 * ``answers`` — :func:`answer_activations`: activations at the position before each answer token,
   with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values.
-* ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly →
-  :class:`DetectorResult`.
-* ``reask`` — :func:`repair` re-asks only flagged prompts → :class:`RepairResult`.
+* ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly (digit and
+  carry probes, several layers, calibrated, method and threshold chosen by cross-validation) →
+  :class:`DetectorResult`; :func:`answer_carries` gives the carry labels.
+* ``reask`` — :func:`repair` re-asks only flagged prompts and keeps a new answer only when the
+  detector believes it more → :class:`RepairResult`.
 
 Imports flow one way: ``estimators`` ← ``layer_sweep``; ``answers``, ``estimators`` ←
 ``detector`` ← ``reask``.
@@ -29,8 +31,11 @@ from arithinterp.probes.answers import answer_activations, answer_slots
 from arithinterp.probes.detector import (
     DETECTOR_METHODS,
     DETECTOR_POSITIONS,
+    THRESHOLD_RULES,
+    DetectorBaselineWarning,
     DetectorResult,
     ErrorDetector,
+    answer_carries,
     best_threshold,
     detection_metrics,
 )
@@ -65,6 +70,8 @@ __all__ = [
     "best_threshold",
     "ErrorDetector",
     "DetectorResult",
+    "DetectorBaselineWarning",
+    "answer_carries",
     "few_shot_policy",
     "vote_policy",
     "repair",
@@ -73,5 +80,6 @@ __all__ = [
     "CONTROLS",
     "DETECTOR_METHODS",
     "DETECTOR_POSITIONS",
+    "THRESHOLD_RULES",
     "ArrayLike",
 ]

@@ -1,27 +1,39 @@
 """The probe-based error detector: flags prompts the model will answer wrongly.
 
-Detection metrics (:func:`detection_metrics`, :func:`best_threshold`), the slot probes'
-agreement, :class:`ErrorDetector` (output-digit / true-digit disagreement, or a direct
-correct-vs-wrong probe) and its result on a prompt set, :class:`DetectorResult`.
+Sun, Stolfo & Sachan 2025 (EMNLP) probe each answer digit twice — for the digit the model writes
+and for the true digit — and flag an answer where the two disagree; they also fit a direct
+correct-vs-wrong probe. :class:`ErrorDetector` fits both, adds carry probes (the carry a digit
+needs against the carry the model's digit implies; the make-carry / sum-9 cascades of Quirke &
+Barez 2023-24 are where small models fail), reads several layers at once, combines the per-slot
+scores with a logistic model, calibrates every method and chooses method and threshold by
+cross-validation inside ``fit``. :class:`DetectorResult` is its result on a prompt set.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator, clone
 
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import _n_digits, _slot_valid, answer_activations, answer_slots
-from arithinterp.probes.estimators import CircularProbe, _tensor, make_probe
+from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, _tensor
 from arithinterp.results import Result, build_meta
 
-DETECTOR_METHODS = ("disagreement", "direct")
+DETECTOR_METHODS = ("disagreement", "direct", "combined")
 DETECTOR_POSITIONS = ("final", "final_only")
+THRESHOLD_RULES = ("auto", "accuracy", "balanced")
+ACCURACY_TOLERANCE = 0.01  # "auto": thresholds within one point of the best accuracy count as equally accurate
+
+
+class DetectorBaselineWarning(UserWarning):
+    """The detector's cross-validated accuracy does not beat always predicting the majority class."""
 
 
 # --- where each answer slot is read ---------------------------------------------------------------
@@ -37,49 +49,121 @@ def _slot_offsets(prompts: Any, position: str) -> torch.Tensor:
     return torch.arange(k) if position == "final" else torch.zeros(k, dtype=torch.long)
 
 
-# --- error detection (pure tensor part) -----------------------------------------------------------
+def answer_carries(prompts: Any, slots: dict) -> Optional[dict]:
+    """Per answer slot: the carry into its digit that the sum needs and the one the model used.
+
+    Quirke & Barez: an answer digit is (a_i + b_i + carry_in) mod 10, and small models fail on
+    the carry, above all in sum-9 cascades. ``true`` [N, S] is the carry into the slot's digit
+    (0 / 1); ``output`` [N, S] is the carry the model's digit implies, ``(digit - a_i - b_i) mod
+    10`` (0, 1, or 2 for "neither": the digit is wrong for another reason). ``valid`` [N, S]
+    marks slots that are a digit with a carry into it. ``None`` when the prompts are not
+    addition of non-negative numbers written one digit per slot (carries are then undefined).
+    """
+    if getattr(prompts, "op", None) != "+" or getattr(prompts, "modulus", None) is not None:
+        return None
+    a, b = prompts.a.long(), prompts.b.long()
+    if (a < 0).any() or (b < 0).any():
+        return None
+    valid = slots["valid"]
+    if ((slots["true"] < 0) | (slots["true"] > 9))[valid].any():
+        return None  # a slot spells more than one digit (e.g. a BPE token "12")
+    n, n_slots = slots["true"].shape
+    if prompts.answer_tokens.shape[1] == 1:  # single-token answers: slot s is digit s (units first)
+        power = torch.arange(n_slots)[None, :].expand(n, n_slots)
+    else:  # one token per digit, most significant first
+        power = (prompts.n_answer_tokens[:, None] - 1 - torch.arange(n_slots)[None, :]).clamp_min(0)
+    scale = 10**power
+    true = ((a[:, None] % scale) + (b[:, None] % scale) >= scale).long()
+    base = (a[:, None] // scale) % 10 + (b[:, None] // scale) % 10
+    output = (slots["output"] - base) % 10
+    output = torch.where((slots["output"] >= 0) & (output <= 1), output, 2)
+    return dict(true=true, output=output, valid=valid & (power > 0))
+
+
+# --- metrics and operating points -----------------------------------------------------------------
 
 
 def detection_metrics(correct: torch.Tensor, predicted_correct: torch.Tensor, score: torch.Tensor) -> dict:
-    """Accuracy, balanced accuracy, AUROC, precision / recall / F1 with *correct* as the positive
-    class, the error rate and the trivial always-correct baseline accuracy."""
+    """Balanced accuracy first, then accuracy against the majority-class baseline, AUROC (score
+    = P(correct)), error precision / recall (flags as the positive class), precision / recall /
+    F1 with *correct* as the positive class, the error rate and the flagged fraction.
+
+    ``majority_baseline`` is the accuracy of always predicting the more frequent outcome (for a
+    model wrong 88% of the time that is "always wrong", not "always correct");
+    ``always_correct_accuracy`` is the other trivial rule. ``baseline_accuracy`` is an alias of
+    ``majority_baseline``.
+    """
     from sklearn import metrics as skm
 
     truth, pred = correct.bool().numpy(), predicted_correct.bool().numpy()
     both = len(np.unique(truth)) == 2
+    rate = float(truth.mean()) if len(truth) else float("nan")
+    flagged, wrong = ~pred, ~truth
     return dict(
-        accuracy=float((truth == pred).mean()),
         balanced_accuracy=float(skm.balanced_accuracy_score(truth, pred)) if both else float("nan"),
+        accuracy=float((truth == pred).mean()),
+        majority_baseline=max(rate, 1 - rate),
         auroc=float(skm.roc_auc_score(truth, score.double().numpy())) if both else float("nan"),
+        error_precision=float((flagged & wrong).sum() / max(flagged.sum(), 1)),
+        error_recall=float((flagged & wrong).sum() / max(wrong.sum(), 1)),
         precision=float(skm.precision_score(truth, pred, zero_division=0)),
         recall=float(skm.recall_score(truth, pred, zero_division=0)),
         f1=float(skm.f1_score(truth, pred, zero_division=0)),
-        error_rate=float(1 - truth.mean()),
-        baseline_accuracy=float(truth.mean()),
-        flagged_fraction=float(1 - pred.mean()),
+        always_correct_accuracy=rate,
+        baseline_accuracy=max(rate, 1 - rate),
+        error_rate=1 - rate,
+        flagged_fraction=float(flagged.mean()),
         n=int(len(truth)),
-        n_errors=int((~truth).sum()),
+        n_errors=int(wrong.sum()),
     )
 
 
-def best_threshold(correct: torch.Tensor, score: torch.Tensor) -> float:
-    """The score threshold (predict correct when ``score >= threshold``) with the highest accuracy."""
+def best_threshold(correct: torch.Tensor, score: torch.Tensor, rule: str = "accuracy") -> float:
+    """The score threshold (predict correct when ``score >= threshold``) chosen by ``rule``:
+    ``"accuracy"`` (the most accurate), ``"balanced"`` (the best balanced accuracy) or
+    ``"auto"`` (the best balanced accuracy among thresholds whose accuracy is within
+    ``ACCURACY_TOLERANCE`` of the best: accuracy is flat near its optimum, and this is the point
+    on that plateau that catches the most errors). Tied scores cannot be split; among equally
+    good thresholds the lowest (fewest flags) wins."""
+    if rule not in THRESHOLD_RULES:
+        raise ConfigError(f"unknown threshold rule {rule!r}; accepted: {accepted(THRESHOLD_RULES)}")
     order = score.argsort()
     s, c = score[order].double(), correct[order].double()
     zero = torch.zeros(1, dtype=torch.float64)
     wrong_below = torch.cat([zero, (1 - c).cumsum(0)])  # flagged and wrong, splitting before i
     correct_above = c.sum() - torch.cat([zero, c.cumsum(0)])
-    accuracy = wrong_below + correct_above
+    accuracy = (wrong_below + correct_above) / max(len(s), 1)
+    balanced = (wrong_below / (1 - c).sum().clamp_min(1) + correct_above / c.sum().clamp_min(1)) / 2
     splittable = torch.ones(len(s) + 1, dtype=torch.bool)
     splittable[1:-1] = s[1:] > s[:-1]  # tied scores cannot be separated
-    i = int(torch.where(splittable, accuracy, -1.0).argmax())
+    if rule == "accuracy":
+        value = torch.where(splittable, accuracy, -1.0)
+    else:
+        value = torch.where(splittable, balanced, -1.0)
+        if rule == "auto":
+            best = torch.where(splittable, accuracy, -1.0).max()
+            value = torch.where(accuracy >= best - ACCURACY_TOLERANCE, value, -1.0)
+    i = int(value.argmax())
     if i == 0:
         return float("-inf")
     return float("inf") if i == len(s) else float((s[i - 1] + s[i]) / 2)
 
 
+def _budget_flags(score: torch.Tensor, budget: float) -> torch.Tensor:
+    """The ``ceil(budget * N)`` lowest-scoring rows [N] (ties broken by order)."""
+    if not (isinstance(budget, (int, float)) and 0 < budget <= 1):
+        raise ConfigError(f"budget must be a fraction of prompts in (0, 1], got {budget!r}")
+    k = math.ceil(budget * len(score) - 1e-9)
+    flags = torch.zeros(len(score), dtype=torch.bool)
+    flags[torch.argsort(score, stable=True)[:k]] = True
+    return flags
+
+
+# --- slot probes ----------------------------------------------------------------------------------
+
+
 class _Constant:
-    """A slot whose training labels have a single value: predicts it with certainty."""
+    """A target with a single value in its training rows: predicts it with certainty."""
 
     def __init__(self, value: int):
         self.classes_ = torch.tensor([value])
@@ -91,61 +175,143 @@ class _Constant:
         return torch.ones(len(X), 1)
 
 
-def _class_probs(probe: Any, X: torch.Tensor, period: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+def _class_probs(probe: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(probs [n, k], classes [k])`` for a slot probe (a circular probe gives a soft one-hot)."""
     if isinstance(probe, CircularProbe):
         classes = torch.arange(probe.period)
         gap = probe.predict_angle(X)[:, None] - 2 * math.pi * classes[None] / probe.period
         return (probe.period * gap.cos()).softmax(-1), classes
-    return probe.predict_proba(X), probe.classes_
+    probs = torch.as_tensor(np.asarray(probe.predict_proba(X)), dtype=torch.float32)
+    return probs, torch.as_tensor(np.asarray(probe.classes_)).long()
 
 
-def _agreement(true_probe: Any, output_probe: Any, X: torch.Tensor) -> torch.Tensor:
-    """Probability that the true-digit and output-digit probes name the same value [n]."""
-    p_true, c_true = _class_probs(true_probe, X)
-    p_out, c_out = _class_probs(output_probe, X)
-    match = (c_true[:, None] == c_out[None, :]).float()  # [k_true, k_out]
-    return ((p_true @ match) * p_out).sum(-1)
+def _likelihood(probe: Any, X: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Probability the probe gives to ``value`` [n] (0 for a value it never saw)."""
+    probs, classes = _class_probs(probe, X)
+    hit = (value[:, None] == classes[None, :]).float()
+    return (probs * hit).sum(-1)
 
 
-class ErrorDetector:
-    """Flags prompts the model will answer wrongly, from its activations (RECIPES §5).
+def _fit_problems(probe: Any, X: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor) -> list:
+    """One fitted clone of ``probe`` per row of ``labels`` / ``masks`` [B, n] (the rows where the
+    mask is True); a constant where only one value is present. Logistic probes are fitted as one
+    block-separable problem (``LogisticProbe.fit_many``)."""
+    fitted: list = [None] * len(labels)
+    todo = []
+    for i in range(len(labels)):
+        values = torch.unique(labels[i][masks[i]])
+        if len(values) < 2:
+            fitted[i] = _Constant(int(values[0]) if len(values) else -1)
+        else:
+            todo.append(i)
+    if todo and type(probe) is LogisticProbe:
+        many = clone(probe).fit_many(X, labels[todo], masks[todo])
+        for i, one in zip(todo, many):
+            fitted[i] = one
+    else:
+        for i in todo:
+            fitted[i] = clone(probe).fit(X[masks[i]], labels[i][masks[i]])
+    return fitted
 
-    Two methods, both fitted: ``"disagreement"`` — per answer slot, a probe for the model's
-    output digit and one for the true digit; any slot where they disagree flags the prompt
-    (score: probability that every slot's probes agree); ``"direct"`` — a binary probe on the
-    slots' activations, concatenated, for correct vs wrong (class-balanced). With ``layer=None``
-    and/or ``method="auto"`` the layer and method with the best validation balanced accuracy are
-    chosen on a held-out ``val_frac`` of the fit prompts, then refitted on all of them.
 
-    ``position="final"`` reads slot j at the final prompt token + j with the model's own answer
-    fed back (the position before answer token j); ``"final_only"`` reads every slot at the final
-    prompt token, flagging before anything is emitted. Single-token answers are read at the final
-    token, one slot per decimal digit. ``kind`` is the slot-probe kind (``"logistic"``,
-    ``"mlp"``, ``"circular"``); the direct probe is an MLP for ``"mlp"`` and logistic otherwise.
-    ``threshold`` is the direct probe's P(correct) cut-off, or ``"auto"``: each method's score
-    threshold with the best validation accuracy (``thresholds_``).
+def _logit(p: torch.Tensor) -> torch.Tensor:
+    p = p.double().clamp(1e-6, 1 - 1e-6)
+    return (p / (1 - p)).log()
+
+
+def _calibrator():
+    """A logistic model from a method's features to P(correct) (Platt scaling for one feature,
+    stacking for several)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000))
+
+
+class ErrorDetector(BaseEstimator):
+    """Flags prompts the model answers wrongly, from its activations (Sun, Stolfo & Sachan 2025).
+
+    Per answer slot (the position before each answer token; one slot per digit for single-token
+    answers) ``probe`` is cloned and fitted to the true digit, the model's digit and — for
+    addition written digit by digit — the carry the digit needs and the carry the model's digit
+    implies (Quirke & Barez). The slot's activations are those of every layer in ``layers``
+    concatenated ([d · n_layers] features). Three methods give P(correct) per prompt:
+
+    * ``"disagreement"``: the probability that every slot's true-digit and output-digit probes
+      agree (the paper's rule), calibrated;
+    * ``"direct"``: a class-balanced binary probe on the slots' activations, calibrated;
+    * ``"combined"``: a logistic model on every slot's log digit agreement, log carry agreement
+      and the direct probe's logit (so one uncertain slot is weighed, not just "any slot
+      disagrees").
+
+    ``fit`` scores all three by ``cv``-fold cross-validation (out-of-fold features, stratified by
+    correctness, shuffled with ``random_state``), calibrates each on its out-of-fold scores,
+    picks the method with the best out-of-fold AUROC (``method="auto"``) and the threshold on
+    P(correct) by :func:`best_threshold` on the out-of-fold scores (``threshold="auto"``: the
+    most errors caught within one point of the best accuracy; ``"accuracy"``, ``"balanced"``),
+    or takes a fixed probability. The choice and the out-of-fold scores are in
+    ``validation_`` and ``meta_``; a detector whose out-of-fold accuracy does not beat the
+    majority-class baseline warns (:class:`DetectorBaselineWarning`) and says so in ``meta_``.
+
+    ``truth="answer"`` (default) lets the true-digit and true-carry probes read every answer slot
+    side by side: a later position still holds what decides an earlier digit (the units sum that
+    sets the tens carry), so an answer is checked once it is written; ``truth="slot"`` reads only
+    the slot itself, as the paper does (a check before the digit is emitted).
+
+    Parameters: ``probe`` a classifier estimator (``fit``, ``predict_proba``, ``classes_``, or a
+    :class:`CircularProbe`), cloned per target (default ``LogisticProbe(C=0.05)``); ``layers``
+    None (every layer), an int or a list; ``position`` ``"final"`` (slot j read at the final
+    prompt token + j with the model's own answer fed back) or ``"final_only"`` (every slot at the
+    final prompt token, before anything is emitted); ``carries`` adds the carry probes when the
+    prompts allow them.
     """
 
-    def __init__(self, layer: Optional[int] = None, position: str = "final", kind: str = "logistic",
-                 method: str = "auto", site: str = "resid_post", val_frac: float = 0.3,
-                 threshold: Union[float, str] = 0.5,
-                 random_state: int = 0, batch_size: int = 256, progress: bool = False, **probe_kw: Any):
-        if kind not in ("logistic", "mlp", "circular"):
-            raise ConfigError(f"ErrorDetector kind must be a classifier probe; accepted: {accepted(('logistic', 'mlp', 'circular'))}")
-        if method not in DETECTOR_METHODS + ("auto",):
-            raise ConfigError(f"unknown method {method!r}; accepted: {accepted(DETECTOR_METHODS + ('auto',))}")
-        if position not in DETECTOR_POSITIONS:
-            raise ConfigError(f"unknown position {position!r}; accepted: {accepted(DETECTOR_POSITIONS)}")
-        if not 0 < val_frac < 1:
-            raise ConfigError(f"val_frac must be in (0, 1), got {val_frac!r}")
-        if threshold != "auto" and not (isinstance(threshold, (int, float)) and 0 <= threshold <= 1):
-            raise ConfigError(f"threshold must be a probability in [0, 1] or 'auto', got {threshold!r}")
-        make_probe(kind, **probe_kw)
-        site_lib.check_site(site)
-        self.layer, self.position, self.kind, self.method, self.site = layer, position, kind, method, site
-        self.val_frac, self.threshold, self.random_state = val_frac, threshold, random_state
-        self.batch_size, self.progress, self.probe_kw = batch_size, progress, probe_kw
+    def __init__(self, probe: Any = None, layers: Union[None, int, Sequence[int]] = None, site: str = "resid_post",
+                 position: str = "final", method: str = "auto", threshold: Union[str, float] = "auto",
+                 cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0, batch_size: int = 256,
+                 progress: bool = False):
+        self.probe = probe
+        self.layers = layers
+        self.site = site
+        self.position = position
+        self.method = method
+        self.threshold = threshold
+        self.cv = cv
+        self.carries = carries
+        self.truth = truth
+        self.random_state = random_state
+        self.batch_size = batch_size
+        self.progress = progress
+
+    # -- parameters (checked when fitting, scikit-learn style) -----------------------------------
+
+    def _check_params(self) -> Any:
+        """Validate the constructor arguments; returns the probe to clone."""
+        if self.method not in DETECTOR_METHODS + ("auto",):
+            raise ConfigError(f"unknown method {self.method!r}; accepted: {accepted(DETECTOR_METHODS + ('auto',))}")
+        if self.position not in DETECTOR_POSITIONS:
+            raise ConfigError(f"unknown position {self.position!r}; accepted: {accepted(DETECTOR_POSITIONS)}")
+        if not (isinstance(self.cv, (int, np.integer)) and self.cv >= 2):
+            raise ConfigError(f"cv must be an integer >= 2 (folds), got {self.cv!r}")
+        if self.truth not in ("answer", "slot"):
+            raise ConfigError(f"truth must be 'answer' or 'slot' (what the true-value probes read), got {self.truth!r}")
+        t = self.threshold
+        if not (t in THRESHOLD_RULES or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)):
+            raise ConfigError(f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
+        site_lib.check_site(self.site)
+        probe = LogisticProbe(C=0.05, random_state=self.random_state or 0) if self.probe is None else self.probe
+        classifier = isinstance(probe, CircularProbe) or (hasattr(probe, "predict_proba") and not isinstance(probe, RidgeProbe))
+        if not (hasattr(probe, "fit") and hasattr(probe, "get_params") and classifier):
+            raise ConfigError(
+                f"probe must be a classifier estimator with fit / predict_proba (e.g. LogisticProbe(), MLPProbe(), "
+                f"CircularProbe() or a scikit-learn classifier), got {type(probe).__name__}"
+            )
+        return probe
+
+    def _layer_list(self, model: Any) -> list[int]:
+        layers = [self.layers] if isinstance(self.layers, (int, np.integer)) else self.layers
+        return site_lib.check_layers(model, self.site, None if layers is None else list(layers))
 
     # -- model-facing ----------------------------------------------------------------------------
 
@@ -156,106 +322,205 @@ class ErrorDetector:
         offsets = _slot_offsets(prompts, self.position)
         return acts.data[self.site].flatten(3)[:, :, offsets], evaluation
 
+    def _labels(self, prompts: Any, evaluation: Any) -> tuple[dict, Optional[dict]]:
+        slots = answer_slots(prompts, evaluation)
+        return slots, (answer_carries(prompts, slots) if self.carries else None)
+
     def fit(self, model: Any, prompts: Any, evaluation: Any = None) -> "ErrorDetector":
         """Evaluate the model on ``prompts`` (or use ``evaluation``), read its activations, fit."""
-        layers = None if self.layer is None else [self.layer]
+        self._check_params()
+        layers = self._layer_list(model)
         X, evaluation = self._read(model, prompts, evaluation, layers)
-        chosen = site_lib.check_layers(model, self.site, layers)
-        self.meta_ = build_meta(model, site=self.site, position=self.position, n_fit_prompts=len(prompts))
-        return self.fit_activations(X, answer_slots(prompts, evaluation), layers=chosen)
+        slots, carries = self._labels(prompts, evaluation)
+        self.fit_activations(X, slots, carries=carries, layers=layers)
+        self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)))
+        return self
 
     def evaluate(self, model: Any, prompts: Any, evaluation: Any = None) -> "DetectorResult":
-        """Detection metrics on (held-out) ``prompts`` for both methods → :class:`DetectorResult`."""
+        """Detection metrics on (held-out) ``prompts`` for every method → :class:`DetectorResult`."""
         self._check_fitted()
-        X, evaluation = self._read(model, prompts, evaluation, [self.layer_])
-        result = self.evaluate_activations(X[:, 0], answer_slots(prompts, evaluation))
+        X, evaluation = self._read(model, prompts, evaluation, self.layers_)
+        slots, carries = self._labels(prompts, evaluation)
+        result = self.evaluate_activations(X, slots, carries)
         return replace(result, meta={**result.meta, **build_meta(model, n_prompts=len(prompts))})
 
-    def flag(self, model: Any, prompts: Any, evaluation: Any = None) -> torch.Tensor:
-        """BoolTensor [N]: prompts predicted wrong (to re-check), by the selected method."""
+    def predict_proba(self, model: Any, prompts: Any, evaluation: Any = None) -> torch.Tensor:
+        """Calibrated P(correct) [N] of the selected method."""
         self._check_fitted()
-        X, _ = self._read(model, prompts, evaluation, [self.layer_])
-        return self.flag_activations(X[:, 0], _slot_valid(prompts, X.shape[2]))
+        X, _ = self._read(model, prompts, evaluation, self.layers_)
+        return self.predict_proba_activations(X, _slot_valid(prompts, X.shape[2]))
+
+    def flag(self, model: Any, prompts: Any, evaluation: Any = None, budget: Optional[float] = None) -> torch.Tensor:
+        """BoolTensor [N]: prompts predicted wrong — below the threshold, or with ``budget`` the
+        riskiest ``ceil(budget · N)`` (e.g. ``budget=0.1`` flags the 10% least likely correct)."""
+        proba = self.predict_proba(model, prompts, evaluation)
+        return self._flags(proba, budget)
+
+    def score(self, model: Any, prompts: Any, evaluation: Any = None) -> float:
+        """Balanced accuracy of the flags on ``prompts`` (scikit-learn's ``score``)."""
+        return self.evaluate(model, prompts, evaluation)["balanced_accuracy"]
+
+    def answer_confidence(self, model: Any, prompts: Any, evaluation: Any) -> torch.Tensor:
+        """How much the true-digit and true-carry probes believe the answer in ``evaluation`` [N]:
+        the product over slots of the probability they give to its digits and carries, read with
+        that answer fed back. Compares candidate answers to the same prompts (``repair``)."""
+        self._check_fitted()
+        X, evaluation = self._read(model, prompts, evaluation, self.layers_)
+        slots, carries = self._labels(prompts, evaluation)
+        return self.answer_confidence_activations(X, slots, carries)
 
     # -- tensor-facing ---------------------------------------------------------------------------
 
-    def fit_activations(self, X: torch.Tensor, slots: dict, layers: Optional[Sequence[int]] = None) -> "ErrorDetector":
-        """Fit from slot activations ``X`` [N, L, S, d] and :func:`answer_slots` labels.
-
-        ``layers`` names axis 1 (default ``0..L-1``). Picks the layer and method on a validation
-        split when ``layer`` is None or ``method="auto"``, then refits on every prompt.
-        """
+    def fit_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None,
+                        layers: Optional[Sequence[int]] = None) -> "ErrorDetector":
+        """Fit from slot activations ``X`` [N, L, S, d], :func:`answer_slots` labels and
+        (optionally) :func:`answer_carries` labels. ``layers`` names axis 1 (default ``0..L-1``)."""
+        probe = self._check_params()
         X = self._check_X(X, slots)
-        layers = list(range(X.shape[1])) if layers is None else list(layers)
-        if len(layers) != X.shape[1]:
-            raise AnalysisError(f"layers names {len(layers)} layers but X has {X.shape[1]} on axis 1")
-        correct = slots["correct"]
+        self.layers_ = list(range(X.shape[1])) if layers is None else [int(layer) for layer in layers]
+        if len(self.layers_) != X.shape[1]:
+            raise AnalysisError(f"layers names {len(self.layers_)} layers but X has {X.shape[1]} on axis 1")
+        correct = slots["correct"].bool()
         n_wrong, n_right = int((~correct).sum()), int(correct.sum())
-        if min(n_wrong, n_right) < 2:
+        if min(n_wrong, n_right) < self.cv:
             raise AnalysisError(
-                f"error detection needs at least 2 correct and 2 wrong answers to learn from; got {n_right} "
-                f"correct and {n_wrong} wrong (use more prompts or a model that still makes errors)"
+                f"error detection with cv={self.cv} folds needs at least {self.cv} correct and {self.cv} wrong answers; "
+                f"got {n_right} correct and {n_wrong} wrong (use more prompts, fewer folds or a model that still errs)"
             )
-        # slots read at the same position (single-token answers, "final_only") share one activation:
-        # the direct probe sees each distinct position once
-        self.direct_slots_ = [s for s in range(X.shape[2]) if not any(torch.equal(X[:, :, s], X[:, :, t]) for t in range(s))]
-        self.validation_ = []
-        auto = self.threshold == "auto"
-        self.thresholds_ = {"disagreement": None, "direct": None if auto else float(self.threshold)}
-        if len(layers) > 1 or self.method == "auto" or auto:
-            from sklearn.model_selection import train_test_split
+        carries = self._check_carries(carries, slots) if self.carries else None
+        Xs = X.permute(0, 2, 1, 3).flatten(2)  # [N, S, L·d]: the chosen layers side by side
+        # slots read at the same position share one activation: the direct probe sees each once
+        self.direct_slots_ = [s for s in range(Xs.shape[1]) if not any(torch.equal(Xs[:, s], Xs[:, t]) for t in range(s))]
+        self.n_slots_, self.n_features_ = Xs.shape[1], Xs.shape[2]
+        from sklearn.model_selection import StratifiedKFold
 
-            train, val = train_test_split(np.arange(len(correct)), test_size=self.val_frac,
-                                          random_state=self.random_state, stratify=correct.numpy())
-            train, val = torch.as_tensor(train), torch.as_tensor(val)
-            sub = {key: value[train] for key, value in slots.items()}
-            for li, layer in enumerate(layers):
-                models = self._fit_layer(X[train, li], sub)
-                scores, agree_all, *_ = self._score_layer(models, X[val, li], slots["valid"][val])
-                for m, method in enumerate(DETECTOR_METHODS):
-                    threshold = best_threshold(correct[val], scores[:, m]) if auto else self.thresholds_[method]
-                    predicted = agree_all if threshold is None else scores[:, m] >= threshold
-                    row = detection_metrics(correct[val], predicted, scores[:, m])
-                    self.validation_.append(dict(layer=layer, method=method, threshold=threshold, **row))
-            candidates = [r for r in self.validation_ if self.method in ("auto", r["method"])]
-            best = max(candidates, key=lambda r: (np.nan_to_num(r["balanced_accuracy"]), np.nan_to_num(r["auroc"])))
-            self.layer_, self.method_ = best["layer"], best["method"]
-            if auto:  # each method keeps the threshold it validated best with at the chosen layer
-                self.thresholds_ = {r["method"]: r["threshold"] for r in self.validation_ if r["layer"] == self.layer_}
-        else:
-            self.layer_, self.method_ = layers[0], self.method
-        self.models_ = self._fit_layer(X[:, layers.index(self.layer_)], slots)
-        self.n_slots_ = X.shape[2]
+        folds = list(StratifiedKFold(self.cv, shuffle=True, random_state=self.random_state).split(
+            np.zeros(len(correct)), correct.numpy()))
+        train = torch.zeros(len(folds) + 1, len(correct), dtype=torch.bool)  # the folds' training rows, then all
+        for f, (rows, _) in enumerate(folds):
+            train[f, rows] = True
+        train[-1] = True
+
+        # slot probes: each target fitted on every fold and on all rows; agreements scored out of fold
+        self.slot_targets_ = self._targets(slots, carries)
+        self.slot_probes_ = []
+        n = len(correct)
+        agree = {name: torch.ones(n, self.n_slots_) for name in ("digit", "carry")}
+        Xd = Xs[:, self.direct_slots_].flatten(1)  # every distinct slot, side by side [N, S'·L·d]
+        for s in range(self.n_slots_):
+            by_target = {}
+            for name, labels, mask in self.slot_targets_[s]:
+                features = Xd if (self.truth == "answer" and name.startswith("true")) else Xs[:, s]
+                by_target[name] = _fit_problems(probe, features, labels.expand(len(train), -1), mask & train)
+            self.slot_probes_.append({name: models[-1] for name, models in by_target.items()})
+            for f, (_, rows) in enumerate(folds):
+                rows = torch.as_tensor(rows)
+                for kind in ("digit", "carry"):
+                    if f"true_{kind}" in by_target:
+                        agree[kind][rows, s] = self._agree(by_target[f"true_{kind}"][f], by_target[f"output_{kind}"][f],
+                                                           Xs[rows, s], Xd[rows])
+        # the direct probe, class-balanced
+        direct_probe = self._direct_probe(probe)
+        fitted = _fit_problems(direct_probe, Xd, correct.long().expand(len(train), -1), train)
+        self.direct_probe_ = fitted[-1]
+        direct = torch.empty(n)
+        for f, (_, rows) in enumerate(folds):
+            direct[rows] = self._p_correct(fitted[f], Xd[torch.as_tensor(rows)])
+
+        # per method: out-of-fold features → calibrated out-of-fold P(correct), threshold, scores
+        valid = slots["valid"]
+        features = self._method_features(agree, direct, valid, fit=True)
+        from sklearn.model_selection import cross_val_predict
+
+        y = correct.numpy()
+        self.calibrators_, self.thresholds_, self.validation_ = {}, {}, []
+        oof = {}
+        for method in DETECTOR_METHODS:
+            F = features[method]
+            oof[method] = torch.as_tensor(cross_val_predict(_calibrator(), F, y, cv=folds, method="predict_proba")[:, 1])
+            self.calibrators_[method] = _calibrator().fit(F, y)
+            rule = self.threshold
+            threshold = best_threshold(correct, oof[method], rule) if isinstance(rule, str) else float(rule)
+            self.thresholds_[method] = threshold
+            row = detection_metrics(correct, oof[method] >= threshold, oof[method])
+            self.validation_.append(dict(method=method, threshold=threshold, **row))
+        candidates = [r for r in self.validation_ if self.method in ("auto", r["method"])]
+        best = max(candidates, key=lambda r: (np.nan_to_num(r["auroc"]), np.nan_to_num(r["balanced_accuracy"])))
+        self.method_ = best["method"]
+        beats = best["accuracy"] > best["majority_baseline"]
+        self.meta_ = build_meta(
+            method=self.method_, method_choice="best out-of-fold AUROC" if self.method == "auto" else "fixed",
+            threshold=self.thresholds_[self.method_], threshold_rule=self.threshold, cv=self.cv, layers=self.layers_,
+            site=self.site, position=self.position, probe=repr(probe), carries=carries is not None,
+            random_state=self.random_state, n_fit=n, n_fit_errors=n_wrong,
+            validation={r["method"]: {k: r[k] for k in ("balanced_accuracy", "accuracy", "majority_baseline", "auroc",
+                                                         "error_precision", "error_recall")} for r in self.validation_},
+            beats_majority_baseline=bool(beats),
+        )
+        self.oof_proba_ = oof[self.method_]
+        if not beats:
+            warnings.warn(
+                f"the error detector's cross-validated accuracy ({best['accuracy']:.3f}, {self.method_}) does not beat "
+                f"always predicting the majority class ({best['majority_baseline']:.3f}); its flags are not worth "
+                f"acting on (out-of-fold AUROC {best['auroc']:.3f}, balanced accuracy {best['balanced_accuracy']:.3f})",
+                DetectorBaselineWarning, stacklevel=2,
+            )
         return self
 
-    def evaluate_activations(self, X: torch.Tensor, slots: dict) -> "DetectorResult":
-        """Metrics from slot activations ``X`` [N, S, d] at the chosen layer."""
+    def predict_proba_activations(self, X: torch.Tensor, valid: Optional[torch.Tensor] = None,
+                                  method: Optional[str] = None) -> torch.Tensor:
+        """Calibrated P(correct) [N] from slot activations ``X`` [N, L, S, d] (the fitted layers);
+        ``valid`` [N, S] marks existing slots; ``method`` defaults to the selected one."""
+        return self._all_proba(X, valid)[method or self.method_]
+
+    def flag_activations(self, X: torch.Tensor, valid: Optional[torch.Tensor] = None,
+                         budget: Optional[float] = None) -> torch.Tensor:
+        """Flags [N] from slot activations ``X`` [N, L, S, d] (see :meth:`flag`)."""
+        return self._flags(self.predict_proba_activations(X, valid), budget)
+
+    def evaluate_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None) -> "DetectorResult":
+        """Metrics from slot activations ``X`` [N, L, S, d] and their labels → :class:`DetectorResult`."""
         self._check_fitted()
-        X = self._check_X(X[:, None], slots)[:, 0]
-        scores, predicted, pred_true, pred_output = self._predict(self.models_, X, slots["valid"])
+        X = self._check_X(X, slots)
+        probas = self._all_proba(X, slots["valid"])
+        scores = torch.stack([probas[m] for m in DETECTOR_METHODS], 1)
+        predicted = torch.stack([probas[m] >= self.thresholds_[m] for m in DETECTOR_METHODS], 1)
+        Xs = X.permute(0, 2, 1, 3).flatten(2)
+        pred_true = torch.stack([torch.as_tensor(np.asarray(p["true_digit"].predict(self._truth_X(Xs, s)))).long()
+                                 for s, p in enumerate(self.slot_probes_)], 1)
+        pred_output = torch.stack([torch.as_tensor(np.asarray(p["output_digit"].predict(Xs[:, s]))).long()
+                                   for s, p in enumerate(self.slot_probes_)], 1)
         return DetectorResult(
-            correct=slots["correct"], scores=scores, predicted_correct=predicted, methods=list(DETECTOR_METHODS),
-            method=self.method_, layer=int(self.layer_), position=self.position, true_slots=slots["true"],
+            correct=slots["correct"].bool(), scores=scores, predicted_correct=predicted, methods=list(DETECTOR_METHODS),
+            method=self.method_, layers=list(self.layers_), position=self.position, true_slots=slots["true"],
             output_slots=slots["output"], slot_valid=slots["valid"], pred_true_slots=pred_true,
             pred_output_slots=pred_output, validation=list(self.validation_),
-            meta=build_meta(kind=self.kind, site=self.site, thresholds=self.thresholds_, random_state=self.random_state),
+            meta=dict(self.meta_),
         )
 
-    def flag_activations(self, X: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Flags from slot activations ``X`` [N, S, d]; ``valid`` [N, S] marks existing slots."""
+    def answer_confidence_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None) -> torch.Tensor:
+        """:meth:`answer_confidence` from activations ``X`` [N, L, S, d] read with the answer fed
+        back and its labels (``slots["output"]`` / ``carries["output"]`` are the answer's)."""
         self._check_fitted()
-        X = _tensor(X, "X").float()
-        if X.ndim != 3 or X.shape[1] != self.n_slots_:
-            raise AnalysisError(f"X must be [n_prompts, {self.n_slots_} slots, d], got shape {tuple(X.shape)}")
-        valid = torch.ones(X.shape[:2], dtype=torch.bool) if valid is None else valid.bool()
-        _, predicted, *_ = self._predict(self.models_, X, valid)
-        return ~predicted[:, DETECTOR_METHODS.index(self.method_)]
+        X = self._check_X(X, slots)
+        Xs = X.permute(0, 2, 1, 3).flatten(2)
+        confidence = torch.ones(len(X))
+        for s, probes in enumerate(self.slot_probes_):
+            p = _likelihood(probes["true_digit"], self._truth_X(Xs, s), slots["output"][:, s])
+            confidence *= torch.where(slots["valid"][:, s], p, 1.0)
+            if "true_carry" in probes and carries is not None:
+                p = _likelihood(probes["true_carry"], self._truth_X(Xs, s), carries["output"][:, s])
+                confidence *= torch.where(carries["valid"][:, s], p, 1.0)
+        return confidence
 
     # -- internals -------------------------------------------------------------------------------
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "models_"):
+        if not hasattr(self, "calibrators_"):
             raise AnalysisError("this ErrorDetector is not fitted yet; call fit(model, prompts) first")
+
+    def _flags(self, proba: torch.Tensor, budget: Optional[float]) -> torch.Tensor:
+        return _budget_flags(proba, budget) if budget is not None else proba < self.thresholds_[self.method_]
 
     @staticmethod
     def _check_X(X: torch.Tensor, slots: dict) -> torch.Tensor:
@@ -273,56 +538,96 @@ class ErrorDetector:
             )
         return X
 
-    def _slot_probe(self, X: torch.Tensor, y: torch.Tensor):
-        if len(torch.unique(y)) < 2:
-            return _Constant(int(y[0])) if len(y) else _Constant(-1)
-        return make_probe(self.kind, random_state=self.random_state, **self.probe_kw).fit(X, y)
+    @staticmethod
+    def _check_carries(carries: Optional[dict], slots: dict) -> Optional[dict]:
+        if carries is None:
+            return None
+        for key in ("true", "output", "valid"):
+            if key not in carries or tuple(carries[key].shape) != tuple(slots["true"].shape):
+                raise AnalysisError("carries must hold 'true', 'output' and 'valid' [N, S] like the slots; "
+                                    "build them with answer_carries(prompts, slots)")
+        return carries
 
-    def _fit_layer(self, X: torch.Tensor, slots: dict) -> dict:
-        """Per-slot true / output probes and the direct probe on one layer's ``X`` [N, S, d]."""
-        true_probes, output_probes = [], []
-        for s in range(X.shape[1]):
-            rows = slots["valid"][:, s]
-            true_probes.append(self._slot_probe(X[rows, s], slots["true"][rows, s]))
-            output_probes.append(self._slot_probe(X[rows, s], slots["output"][rows, s]))
-        direct_kind = "mlp" if self.kind == "mlp" else "logistic"
-        direct_kw = {**(self.probe_kw if direct_kind == self.kind else {}), "class_weight": "balanced"}
-        direct = make_probe(direct_kind, random_state=self.random_state, **direct_kw)
-        direct.fit(X[:, self.direct_slots_].flatten(1), slots["correct"].long())
-        return dict(true=true_probes, output=output_probes, direct=direct)
+    @staticmethod
+    def _targets(slots: dict, carries: Optional[dict]) -> list[list]:
+        """Per slot: ``(name, labels [N], rows [N])`` of every probe target."""
+        per_slot = []
+        for s in range(slots["true"].shape[1]):
+            valid = slots["valid"][:, s]
+            targets = [("true_digit", slots["true"][:, s], valid), ("output_digit", slots["output"][:, s], valid)]
+            if carries is not None and carries["valid"][:, s].any():
+                rows = carries["valid"][:, s]
+                targets += [("true_carry", carries["true"][:, s], rows), ("output_carry", carries["output"][:, s], rows)]
+            per_slot.append(targets)
+        return per_slot
 
-    def _predict(self, models: dict, X: torch.Tensor, valid: torch.Tensor):
-        """``(scores [N, 2], predicted_correct [N, 2], pred_true [N, S], pred_output [N, S])``."""
-        scores, agree_all, pred_true, pred_output = self._score_layer(models, X, valid)
-        predicted = torch.stack([
-            agree_all if self.thresholds_[method] is None else scores[:, m] >= self.thresholds_[method]
-            for m, method in enumerate(DETECTOR_METHODS)
-        ], dim=1)
-        return scores, predicted, pred_true, pred_output
+    def _truth_X(self, Xs: torch.Tensor, s: int) -> torch.Tensor:
+        """What the true-value probes of slot ``s`` read: the slot [N, L·d] or the answer [N, S'·L·d]."""
+        return Xs[:, self.direct_slots_].flatten(1) if self.truth == "answer" else Xs[:, s]
 
-    def _score_layer(self, models: dict, X: torch.Tensor, valid: torch.Tensor):
-        """``(scores [N, 2], every slot's probes agree [N], pred_true [N, S], pred_output [N, S])``."""
-        agree = torch.ones(X.shape[:2])
-        pred_true = torch.full(X.shape[:2], -1, dtype=torch.long)
-        pred_output = pred_true.clone()
-        for s, (true_probe, output_probe) in enumerate(zip(models["true"], models["output"])):
-            agree[:, s] = _agreement(true_probe, output_probe, X[:, s])
-            pred_true[:, s] = true_probe.predict(X[:, s])
-            pred_output[:, s] = output_probe.predict(X[:, s])
-        agree = torch.where(valid, agree, 1.0)
-        disagreement_ok = ((pred_true == pred_output) | ~valid).all(-1)
-        direct = models["direct"].predict_proba(X[:, self.direct_slots_].flatten(1))[:, 1]  # classes_ [0, 1]: P(correct)
-        return torch.stack([agree.prod(-1), direct], dim=1), disagreement_ok, pred_true, pred_output
+    def _agree(self, true_probe: Any, output_probe: Any, X_slot: torch.Tensor, X_answer: torch.Tensor) -> torch.Tensor:
+        """:func:`_agreement` with the true-value probe reading ``truth`` (its slot or the answer)."""
+        p_true, c_true = _class_probs(true_probe, X_answer if self.truth == "answer" else X_slot)
+        p_out, c_out = _class_probs(output_probe, X_slot)
+        return ((p_true @ (c_true[:, None] == c_out[None, :]).float()) * p_out).sum(-1)
+
+    def _direct_probe(self, probe: Any) -> Any:
+        if isinstance(probe, CircularProbe):  # an angle cannot tell two classes apart: a logistic probe does
+            probe = LogisticProbe(C=0.05, random_state=self.random_state or 0)
+        probe = clone(probe)
+        if "class_weight" in probe.get_params():
+            probe.set_params(class_weight="balanced")
+        return probe
+
+    @staticmethod
+    def _p_correct(probe: Any, X: torch.Tensor) -> torch.Tensor:
+        probs, classes = _class_probs(probe, X)
+        return (probs * (classes == 1).float()[None, :]).sum(-1)
+
+    def _method_features(self, agree: dict, direct: torch.Tensor, valid: torch.Tensor, fit: bool = False) -> dict:
+        """Each method's calibrator input: ``disagreement`` [N, 1] (log P(every slot agrees)),
+        ``direct`` [N, 1] (logit), ``combined`` [N, F] (per-slot log agreements and the logit)."""
+        log_digit = torch.where(valid, agree["digit"].clamp_min(1e-6).log(), 0.0)
+        log_carry = torch.where(valid, agree["carry"].clamp_min(1e-6).log(), 0.0)
+        combined = torch.cat([log_digit, log_carry, _logit(direct)[:, None].float()], 1)
+        if fit:  # columns that never vary (a slot the model never gets wrong) carry nothing
+            self.combined_columns_ = (combined.std(0) > 1e-6).nonzero()[:, 0].tolist()
+        return dict(
+            disagreement=log_digit.sum(1, keepdim=True).double().numpy(),
+            direct=_logit(direct)[:, None].numpy(),
+            combined=combined[:, self.combined_columns_].double().numpy(),
+        )
+
+    def _all_proba(self, X: torch.Tensor, valid: Optional[torch.Tensor]) -> dict:
+        """Calibrated P(correct) [N] of every method from ``X`` [N, L, S, d]."""
+        self._check_fitted()
+        X = _tensor(X, "X").float()
+        expected = (len(self.layers_), self.n_slots_, self.n_features_ // len(self.layers_))
+        if X.ndim != 4 or tuple(X.shape[1:]) != expected:
+            raise AnalysisError(f"X must be [n_prompts, {expected[0]} layers, {expected[1]} slots, {expected[2]}], "
+                                f"got shape {tuple(X.shape)}")
+        valid = torch.ones(X.shape[0], X.shape[2], dtype=torch.bool) if valid is None else valid.bool()
+        Xs = X.permute(0, 2, 1, 3).flatten(2)
+        Xd = Xs[:, self.direct_slots_].flatten(1)
+        agree = {name: torch.ones(len(X), self.n_slots_) for name in ("digit", "carry")}
+        for s, probes in enumerate(self.slot_probes_):
+            for kind in ("digit", "carry"):
+                if f"true_{kind}" in probes:
+                    agree[kind][:, s] = self._agree(probes[f"true_{kind}"], probes[f"output_{kind}"], Xs[:, s], Xd)
+        direct = self._p_correct(self.direct_probe_, Xd)
+        features = self._method_features(agree, direct, valid)
+        return {m: torch.as_tensor(self.calibrators_[m].predict_proba(features[m])[:, 1]).float() for m in DETECTOR_METHODS}
 
 
 @dataclass(frozen=True)
 class DetectorResult(Result):
     """An :class:`ErrorDetector` on a prompt set: per-prompt scores and metrics for each method.
 
-    ``correct`` [N] (the truth), ``scores`` [N, M] (probability of a correct answer per method in
-    ``methods``), ``predicted_correct`` [N, M]; per answer slot [N, S]: ``true_slots``,
-    ``output_slots``, ``slot_valid`` and the slot probes' predictions ``pred_true_slots`` /
-    ``pred_output_slots``. ``method`` is the one ``flag`` uses; ``validation`` the selection rows.
+    ``correct`` [N] (the truth), ``scores`` [N, M] (calibrated P(correct) per method in
+    ``methods``), ``predicted_correct`` [N, M] (at each method's threshold); per answer slot
+    [N, S]: ``true_slots``, ``output_slots``, ``slot_valid`` and the slot probes' predictions
+    ``pred_true_slots`` / ``pred_output_slots``. ``method`` is the one ``flag`` uses;
+    ``validation`` the cross-validated rows it was chosen by; ``layers`` the layers read.
     """
 
     correct: torch.Tensor
@@ -330,7 +635,7 @@ class DetectorResult(Result):
     predicted_correct: torch.Tensor
     methods: list
     method: str
-    layer: int
+    layers: list
     position: str
     true_slots: torch.Tensor
     output_slots: torch.Tensor
@@ -340,13 +645,26 @@ class DetectorResult(Result):
     validation: list
     meta: dict
 
-    def metrics(self, method: Optional[str] = None) -> dict:
-        """:func:`detection_metrics` for ``method`` (default: the selected one)."""
+    def _index(self, method: Optional[str]) -> int:
         method = self.method if method is None else method
         if method not in self.methods:
             raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(self.methods)}")
-        m = self.methods.index(method)
+        return self.methods.index(method)
+
+    def metrics(self, method: Optional[str] = None) -> dict:
+        """:func:`detection_metrics` for ``method`` (default: the selected one)."""
+        m = self._index(method)
         return detection_metrics(self.correct, self.predicted_correct[:, m], self.scores[:, m])
+
+    def at_budget(self, budget: float = 0.1, method: Optional[str] = None) -> dict:
+        """Flag the riskiest ``ceil(budget · N)`` prompts: how many, and the error precision
+        (flags that are errors) and recall (errors flagged) at that operating point."""
+        m = self._index(method)
+        flags = _budget_flags(self.scores[:, m], budget)
+        wrong = ~self.correct
+        return dict(budget=budget, flagged=int(flags.sum()),
+                    error_precision=float((flags & wrong).sum() / max(int(flags.sum()), 1)),
+                    error_recall=float((flags & wrong).sum() / max(int(wrong.sum()), 1)))
 
     def __getitem__(self, key: str) -> float:
         """A metric of the selected method, e.g. ``result["auroc"]``."""
@@ -362,22 +680,29 @@ class DetectorResult(Result):
         hit_out = ((self.pred_output_slots == self.output_slots).float() * valid).sum(0) / valid.sum(0).clamp_min(1)
         return dict(true=hit_true.tolist(), output=hit_out.tolist())
 
-    def to_frame(self):
-        """One row per method with its metrics (and the layer, position, selection flag)."""
+    def to_frame(self, budget: float = 0.1):
+        """One row per method: its metrics and the error precision / recall at ``budget``."""
         import pandas as pd
 
-        return pd.DataFrame([
-            dict(method=m, selected=m == self.method, layer=self.layer, position=self.position, **self.metrics(m))
-            for m in self.methods
-        ])
+        rows = []
+        for m in self.methods:
+            at = self.at_budget(budget, m)
+            rows.append(dict(method=m, selected=m == self.method, layers=",".join(map(str, self.layers)),
+                             position=self.position, **self.metrics(m),
+                             budget=budget, error_precision_at_budget=at["error_precision"],
+                             error_recall_at_budget=at["error_recall"]))
+        return pd.DataFrame(rows)
 
     def plot(self, kind: str = "roc", slot: int = 0, probe: str = "true", **kwargs):
-        """``kind="roc"``: ROC curve per method; ``"confusion"``: predicted vs actual values of
-        the ``probe`` (``"true"`` or ``"output"``) digit probe at ``slot``."""
+        """``kind="roc"``: ROC curve per method; ``"calibration"``: reliability diagram (predicted
+        P(correct) vs observed frequency); ``"confusion"``: predicted vs actual values of the
+        ``probe`` (``"true"`` or ``"output"``) digit probe at ``slot``."""
         from arithinterp.viz import probes as viz
 
         if kind == "roc":
             return viz.roc_curve(self, **kwargs)
+        if kind == "calibration":
+            return viz.calibration_curve(self, **kwargs)
         if kind == "confusion":
             return viz.digit_confusion(self, slot=slot, probe=probe, **kwargs)
-        raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'confusion'))}")
+        raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")

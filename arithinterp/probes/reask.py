@@ -1,8 +1,10 @@
 """Re-asking flagged prompts: policies and :func:`repair`.
 
 :func:`repair` re-asks only the prompts an :class:`~arithinterp.probes.detector.ErrorDetector`
-flags, with :func:`few_shot_policy` or :func:`vote_policy`, and counts errors fixed vs correct
-answers broken → :class:`RepairResult`.
+flags, with :func:`few_shot_policy` or :func:`vote_policy`, keeps a new answer only when the
+detector believes it more than the old one (``accept="confidence"``), and counts errors fixed vs
+correct answers broken → :class:`RepairResult` (Sun, Stolfo & Sachan 2025: re-prompt only the
+flagged step).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.estimators import _tensor
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+
+ACCEPT_RULES = ("confidence", "always")
 
 
 # --- re-asking flagged prompts --------------------------------------------------------------------
@@ -115,7 +119,9 @@ def vote_policy(n_samples: int = 8, temperature: float = 1.0, seed: int = 0, bat
 
 @dataclass(frozen=True)
 class RepairResult(Result):
-    """Re-asking the flagged prompts: answers before / after and what changed, per prompt [N]."""
+    """Re-asking the flagged prompts: answers before / after and what changed, per prompt [N].
+
+    ``accepted`` [N] marks flagged prompts whose new answer was kept (under ``accept``)."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -125,7 +131,9 @@ class RepairResult(Result):
     answer_after: torch.Tensor
     correct_before: torch.Tensor
     correct_after: torch.Tensor
+    accepted: torch.Tensor
     policy: str
+    accept: str
     meta: dict
 
     @property
@@ -142,8 +150,9 @@ class RepairResult(Result):
         before, after = self.correct_before.float().mean(), self.correct_after.float().mean()
         return dict(
             n=len(self.flagged), flagged=int(self.flagged.sum()), errors_before=int((~self.correct_before).sum()),
-            errors_flagged=int((self.flagged & ~self.correct_before).sum()), fixed=self.fixed, broken=self.broken,
-            accuracy_before=float(before), accuracy_after=float(after), policy=self.policy,
+            errors_flagged=int((self.flagged & ~self.correct_before).sum()), accepted=int(self.accepted.sum()),
+            fixed=self.fixed, broken=self.broken, net=self.fixed - self.broken,
+            accuracy_before=float(before), accuracy_after=float(after), policy=self.policy, accept=self.accept,
         )
 
     def to_frame(self):
@@ -152,7 +161,7 @@ class RepairResult(Result):
 
         return pd.DataFrame(dict(
             a=self.a.numpy(), b=self.b.numpy(), answer=self.answer.numpy(), flagged=self.flagged.numpy(),
-            answer_before=self.answer_before.numpy(), answer_after=self.answer_after.numpy(),
+            answer_before=self.answer_before.numpy(), answer_after=self.answer_after.numpy(), accepted=self.accepted.numpy(),
             correct_before=self.correct_before.numpy(), correct_after=self.correct_after.numpy(),
         ))
 
@@ -162,20 +171,47 @@ class RepairResult(Result):
         return repair_outcomes(self, **kwargs)
 
 
+def _answer_evaluation(prompts: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """An ``Evaluation`` of ``prompts`` as if the model had answered ``values`` [N], and which
+    of them tokenize into the prompts' answer slots (others cannot be scored by the detector)."""
+    from arithinterp.tasks import Evaluation, answer_text
+
+    tokenizer, digits = prompts.tokenizer, prompts.meta.get("answer_digits", 0)
+    texts = [answer_text(int(v), digits) if int(v) != _UNPARSABLE else "?" for v in values.tolist()]
+    prompt_ids = tokenizer(list(prompts.texts), add_special_tokens=False)["input_ids"]
+    full = tokenizer([t + a for t, a in zip(prompts.texts, texts)], add_special_tokens=False)["input_ids"]
+    generated = prompts.answer_tokens.clamp_min(0)  # slots past a short answer are never read
+    ok = torch.zeros(len(values), dtype=torch.bool)
+    for i, (ids, row) in enumerate(zip(prompt_ids, full)):
+        answer = row[len(ids):]
+        if row[: len(ids)] == ids and len(answer) == int(prompts.n_answer_tokens[i]) and int(values[i]) != _UNPARSABLE:
+            generated[i, : len(answer)] = torch.tensor(answer)
+            ok[i] = True
+    return Evaluation(values == prompts.answer, values.clone(), texts, generated), ok
+
+
 def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[Callable] = None,
-           evaluation: Any = None) -> RepairResult:
+           evaluation: Any = None, accept: str = "confidence", budget: Optional[float] = None) -> RepairResult:
     """Re-ask only the prompts ``detector`` flags and count errors fixed vs correct answers broken.
 
     ``policy(model, flagged_prompts)`` returns the new answers (a LongTensor, or an
     ``Evaluation``). Default: :func:`few_shot_policy` when a few-shot prefix fits the model and
-    its tokenizer, else :func:`vote_policy` (the reason is kept in ``meta``). RECIPES §5.
+    its tokenizer, else :func:`vote_policy` (the reason is kept in ``meta``). ``accept``:
+    ``"confidence"`` keeps a new answer only when ``detector.answer_confidence`` is higher for it
+    than for the old one (each read with its own answer fed back); ``"always"`` keeps every
+    new answer. ``budget`` flags the riskiest fraction instead of using the threshold.
+    Sun, Stolfo & Sachan 2025: re-prompt only the flagged step.
     """
     if not isinstance(detector, ErrorDetector):
         raise AnalysisError(f"detector must be a fitted ErrorDetector, got {type(detector).__name__}")
+    if accept not in ACCEPT_RULES:
+        raise ConfigError(f"unknown accept rule {accept!r}; accepted: {', '.join(map(repr, ACCEPT_RULES))}")
     evaluation = evaluation if evaluation is not None else prompts.evaluate(model)
-    flagged = detector.flag(model, prompts, evaluation)
+    flagged = detector.flag(model, prompts, evaluation, budget=budget)
     after = evaluation.model_answer.clone()
-    meta = build_meta(model, n_prompts=len(prompts), detector_layer=detector.layer_, detector_method=detector.method_)
+    taken = torch.zeros(len(prompts), dtype=torch.bool)
+    meta = build_meta(model, n_prompts=len(prompts), detector_layers=detector.layers_, detector_method=detector.method_,
+                      budget=budget)
     name = getattr(policy, "__name__", type(policy).__name__)
     if flagged.any():
         sub = prompts[flagged]
@@ -193,10 +229,17 @@ def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[C
         new = _tensor(getattr(new, "model_answer", new), "policy answers").long()
         if new.shape != (len(sub),):
             raise AnalysisError(f"the policy must return one answer per flagged prompt ({len(sub)}), got {tuple(new.shape)}")
-        after[flagged] = new
-    correct_after = torch.where(flagged, after == prompts.answer, evaluation.correct)
+        keep = new != evaluation.model_answer[flagged]
+        if accept == "confidence" and keep.any():
+            candidate, scorable = _answer_evaluation(sub, new)
+            old = detector.answer_confidence(model, sub, evaluation[flagged])
+            confidence = detector.answer_confidence(model, sub, candidate)
+            keep &= scorable & (confidence > old)
+        after[flagged] = torch.where(keep, new, evaluation.model_answer[flagged])
+        taken[flagged] = keep
+    correct_after = torch.where(taken, after == prompts.answer, evaluation.correct.bool())
     return RepairResult(
         a=prompts.a, b=prompts.b, answer=prompts.answer, flagged=flagged, answer_before=evaluation.model_answer,
-        answer_after=after, correct_before=evaluation.correct.bool(), correct_after=correct_after,
-        policy=str(name if policy is not None else "none (nothing flagged)"), meta=meta,
+        answer_after=after, correct_before=evaluation.correct.bool(), correct_after=correct_after, accepted=taken,
+        policy=str(name if policy is not None else "none (nothing flagged)"), accept=accept, meta=meta,
     )

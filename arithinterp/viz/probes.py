@@ -1,5 +1,6 @@
 """Figures for probes and error detection: probe score over layers (with CI bands and controls),
-ROC curves of the error detector, confusion matrices of digit probes, repair outcomes."""
+ROC curves and reliability diagrams of the error detector, confusion matrices of digit probes,
+repair outcomes."""
 
 from __future__ import annotations
 
@@ -68,6 +69,32 @@ def roc_curve(result: Any, methods: Optional[list] = None) -> go.Figure:
     return fig
 
 
+def calibration_curve(result: Any, methods: Optional[list] = None, bins: int = 10) -> go.Figure:
+    """Reliability diagram: mean predicted P(correct) against the observed fraction correct, in
+    ``bins`` equal-count bins per method; the diagonal is perfect calibration."""
+    if not (isinstance(bins, int) and bins >= 2):
+        raise AnalysisError(f"bins must be an integer >= 2, got {bins!r}")
+    truth = result.correct.double().numpy()
+    fig = figure("Error detector calibration (reliability diagram)", "predicted P(correct)", "observed fraction correct")
+    for i, method in enumerate(methods or result.methods):
+        if method not in result.methods:
+            raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(result.methods)}")
+        score = result.scores[:, result.methods.index(method)].double().numpy()
+        groups = [g for g in np.array_split(np.argsort(score, kind="stable"), min(bins, len(score))) if len(g)]
+        x = [float(score[g].mean()) for g in groups]
+        y = [float(truth[g].mean()) for g in groups]
+        counts = [len(g) for g in groups]
+        fig.add_trace(go.Scatter(
+            x=x, y=y, mode="lines+markers", name=method + (" *" if method == result.method else ""),
+            line=dict(color=TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]), customdata=counts,
+            hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{customdata} prompts<extra></extra>",
+        ))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfectly calibrated", line=dict(dash="dot", color="grey")))
+    fig.update_xaxes(range=[0, 1.02])
+    fig.update_yaxes(range=[0, 1.02])
+    return fig
+
+
 def digit_confusion(result: Any, slot: int = 0, probe: str = "true", normalise: bool = True) -> go.Figure:
     """Confusion matrix of a slot probe: actual value (rows) vs predicted value (columns)."""
     if probe not in ("true", "output"):
@@ -93,8 +120,9 @@ def repair_outcomes(result: Any) -> go.Figure:
     """Counts of what re-asking the flagged prompts did."""
     s = result.summary()
     return bars(
-        {"flagged": s["flagged"], "errors flagged": s["errors_flagged"], "errors fixed": s["fixed"],
-         "correct broken": s["broken"]},
-        title=f"Re-asking flagged prompts ({s['policy']}): accuracy {s['accuracy_before']:.3f} → {s['accuracy_after']:.3f}",
+        {"flagged": s["flagged"], "errors flagged": s["errors_flagged"], "new answers accepted": s["accepted"],
+         "errors fixed": s["fixed"], "correct broken": s["broken"]},
+        title=f"Re-asking flagged prompts ({s['policy']}, accept {s['accept']}): accuracy "
+              f"{s['accuracy_before']:.3f} → {s['accuracy_after']:.3f} (net {s['net']:+d})",
         y_title="prompts",
     )
