@@ -33,7 +33,8 @@ class Activations:
     ``site_shape`` is ``(d_model,)`` for residual and output sites, ``(n_heads, d_head)`` for
     ``attn_z``, ``(d_mlp,)`` for ``mlp_pre`` / ``mlp_post``. ``layers[i]`` is the model layer of
     index ``i`` on axis 1 (``embed`` has the single layer ``0``), ``positions[j]`` names
-    position ``j`` on axis 2 (``"final"``, ``"a"``, ``"b"`` or an integer index as a string).
+    position ``j`` on axis 2 (a position spec such as ``"final"``, ``"a"``, ``"a[0]"`` or an integer
+    index as a string; see :meth:`~arithinterp.tasks.PromptSet.locate`).
     """
 
     data: dict[str, torch.Tensor]
@@ -72,34 +73,6 @@ class Activations:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.data.values())
-
-
-def _position_indices(prompts, positions: PositionSpec) -> list[Union[str, int]]:
-    """Normalise a positions argument to a list of names (``"final"``, ``"a"``) or ints."""
-    if isinstance(positions, (str, int)):
-        positions = [positions]
-    chosen: list[Union[str, int]] = []
-    for p in positions:
-        if p == "last":
-            p = "final"
-        if isinstance(p, str) and p != "all" and p not in prompts.positions:
-            raise SiteError(
-                f"unknown position {p!r}; accepted: {accepted(list(prompts.positions) + ['last', 'all'])} or an int"
-            )
-        chosen.append(p)
-    if "all" in chosen:
-        if len(chosen) > 1:
-            raise SiteError("positions='all' cannot be combined with other positions")
-        if not prompts.uniform_length:
-            raise SiteError(
-                "positions='all' needs prompts of one token length; these have lengths "
-                f"{sorted(set(prompts.lengths.tolist()))}: pick named positions ('a', 'b', 'final') instead"
-            )
-        return list(range(prompts.tokens.shape[1]))
-    for p in chosen:
-        if isinstance(p, int) and not -prompts.tokens.shape[1] <= p < prompts.tokens.shape[1]:
-            raise SiteError(f"position {p} is out of range for prompts of {prompts.tokens.shape[1]} tokens")
-    return chosen
 
 
 def forward_bytes_per_prompt(model: Any, seq_len: int) -> int:
@@ -160,8 +133,12 @@ def collect(
     Args:
         sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``).
         layers: layers to keep (default: all; ``embed`` has none).
-        positions: ``"final"`` (alias ``"last"``), ``"a"``, ``"b"``, an int index into the
-            (left-padded) prompt, a list of those, or ``"all"``.
+        positions: one position spec or a list of them, resolved by
+            :meth:`~arithinterp.tasks.PromptSet.locate`: ``"final"`` (alias ``"last"``), ``"a"`` /
+            ``"b"`` (the operand's last token), ``"a[k]"`` / ``"b[k]"`` (token k of the operand),
+            ``"answer[k]"`` (answer token k, read with the true answer fed after the prompt), a
+            name shifted by tokens (``"final-2"``), ``"all"``, or an int index into the
+            left-padded prompt (same-length prompts only).
         dtype: storage dtype, e.g. ``torch.float16`` to halve memory.
         store: a directory for disk-backed storage (memory-mapped ``.npy`` files) when the
             result does not fit in memory.
@@ -185,7 +162,9 @@ def collect(
         raise SiteError(f"sites is empty; accepted sites: {accepted(site_lib.HOOKS)}")
     layer_lists = {s: site_lib.check_layers(model, s, layers) for s in site_names}
     chosen_layers = sorted({layer for s in site_names if s not in site_lib.GLOBAL_SITES for layer in layer_lists[s]}) or [0]
-    pos = _position_indices(prompts, positions)
+    pos, index = prompts.locate(positions, answers=prompts.answer_tokens.shape[1])
+    # answer positions ("answer[k]", "final+1") read the true answer tokens fed after the prompt
+    fed = max(0, int(index.max()) + 1 - prompts.tokens.shape[1])
     dtype = dtype or torch.float32
     store = Path(store) if store is not None else None
     n = len(prompts)
@@ -195,7 +174,7 @@ def collect(
     }
     if batch_size is None:
         returned = sum(t.numel() * t.element_size() for t in data.values()) if store is None else 0
-        batch_size = auto_batch_size(model, prompts.tokens.shape[1], returned)
+        batch_size = auto_batch_size(model, prompts.tokens.shape[1] + fed, returned)
     # what each read fills: (site, layer, layer index)
     targets = [(s, layer, i) for s in site_names for i, layer in enumerate(layer_lists[s])]
     per_layer = [s for s in site_names if s not in site_lib.GLOBAL_SITES]
@@ -203,26 +182,22 @@ def collect(
     batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
     with torch.inference_mode():
         for idx in tqdm(batches, desc="collect", disable=not progress):
-            offset = prompts.offset(idx)
-            # per-prompt position of each requested position, in unpadded coordinates
-            columns = torch.stack(
-                [
-                    prompts.positions[p][idx] - offset if isinstance(p, str) else torch.full((len(idx),), p % prompts.tokens.shape[1] - offset)
-                    for p in pos
-                ],
-                dim=1,
-            )
+            # per-prompt index of each requested position, in unpadded coordinates
+            columns = index[idx] - prompts.offset(idx)
+            tokens = prompts.unpadded(idx)
+            if fed:
+                tokens = torch.cat([tokens, prompts.answer_tokens[idx, :fed].clamp(min=0)], dim=1)
 
             # reads only: the engine stops the forward after the deepest layer read
             reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
-            out = engine.run(model, prompts.unpadded(idx), reads=reads, logits="none")
+            out = engine.run(model, tokens, reads=reads, logits="none")
             for (site, _, layer_i), picked in zip(targets, out.reads):
                 # attn_z may come flat ([batch, pos, n_heads * d_head]) or split into heads
                 data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
     return Activations(
         data=data,
         layers=chosen_layers if per_layer else [0],
-        positions=[str(p) for p in pos],
+        positions=pos,
         prompts=prompts,
         meta=dict(sites=site_names, batch_size=batch_size, dtype=str(dtype), store=str(store) if store else None),
     )

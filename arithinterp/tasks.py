@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.errors import PromptIndexError, TaskError, TokenizationError, accepted
+from arithinterp.errors import PromptIndexError, SiteError, TaskError, TokenizationError, accepted
 
 OPERATORS: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,
@@ -99,7 +99,10 @@ class PromptSet:
 
     Shapes (N prompts, T tokens after left padding, K answer tokens):
     ``tokens`` [N, T], ``lengths`` [N], ``a`` / ``b`` / ``answer`` [N], ``answer_tokens`` [N, K]
-    (right-padded with -1), ``positions[name]`` [N] for ``"a"``, ``"b"``, ``"final"``.
+    (right-padded with -1), ``positions[name]`` [N] for ``"a"``, ``"b"``, ``"final"`` (``"a"`` and
+    ``"b"`` are the *last* token of each operand, ``"a[0]"`` and ``"b[0]"`` its first), all in the
+    left-padded frame. :meth:`locate` resolves every position spec (``"a[-2]"``, ``"answer[0]"``,
+    ``"final-2"``, an int) against them.
     """
 
     texts: tuple[str, ...]
@@ -191,6 +194,116 @@ class PromptSet:
     def offset(self, idx: torch.Tensor) -> int:
         """How many pad tokens precede a same-length group (to map positions to unpadded ones)."""
         return self.tokens.shape[1] - int(self.lengths[idx[0]])
+
+    # --- positions -----------------------------------------------------------------------------
+
+    def locate(self, positions: Any, *, answers: int = 0) -> tuple[list[str], torch.Tensor]:
+        """Resolve position specs to token indices in the left-padded frame.
+
+        Args:
+            positions: one spec or a list of them. A spec is a name — ``"final"`` (alias
+                ``"last"``), ``"a"`` / ``"b"`` (the operand's *last* token: where the whole number
+                has been read, as Kantamneni & Tegmark 2025 read it), ``"a[k]"`` / ``"b[k]"``
+                (token ``k`` of the operand, ``k < 0`` counting from its end), ``"answer[k]"``
+                (answer token ``k``, teacher-forced after the prompt) or any other key of
+                ``positions`` — optionally shifted by a token offset (``"final-2"``,
+                ``"a[0]-1"``); an int index into the padded frame (only when every prompt has
+                the same token length; negative counts from the end); or ``"all"`` (every
+                position, same-length prompts only).
+            answers: how many answer tokens the caller feeds after each prompt (``"answer[k]"``
+                and positions past ``"final"`` need ``k < answers``).
+
+        Returns ``(labels, index)``: a label per spec and ``index`` ``[N, n_positions]`` (long)
+        into ``tokens`` followed by the fed answer tokens. A position that falls in the left
+        padding, before the first token, past the prompt (and fed answer), or at an operand
+        token some prompt does not have is refused with a :class:`~arithinterp.errors.SiteError`,
+        never wrapped or clamped.
+        """
+        width = self.tokens.shape[1]
+        positions = list(positions) if isinstance(positions, (list, tuple)) else [positions]
+        if not positions:
+            raise SiteError(f"positions is empty; accepted: {_POSITION_FORMS}")
+        if "all" in positions:
+            if len(positions) > 1:
+                raise SiteError("positions='all' cannot be combined with other positions")
+            if not self.uniform_length:
+                raise SiteError(
+                    "positions='all' needs prompts of one token length; these have lengths "
+                    f"{sorted(set(self.lengths.tolist()))}: pick named positions ({_POSITION_FORMS}) instead"
+                )
+            positions = list(range(width))
+        labels, columns = [], []
+        for spec in positions:
+            label, column = self._locate_one(spec, width)
+            start = width - self.lengths
+            stop = width + torch.clamp(self.n_answer_tokens, max=answers)
+            bad = (column < start) | (column >= stop)
+            if bad.any():
+                i = int(torch.nonzero(bad)[0])
+                where = "the prompt and its fed answer" if answers else "the prompt"
+                past = bool(column[i] >= stop[i]) and not answers
+                hint = "; positions past 'final' need the answer tokens fed (collect feeds them)" if past else ""
+                raise SiteError(
+                    f"position {spec!r} falls outside {where} for {int(bad.sum())} of {len(self)} prompts "
+                    f"(e.g. prompt {i} {self.texts[i]!r}: index {int(column[i])}, its tokens are "
+                    f"{int(start[i])}..{int(stop[i]) - 1} of the padded frame){hint}"
+                )
+            labels.append(label)
+            columns.append(column)
+        return labels, torch.stack(columns, dim=1).long()
+
+    def _locate_one(self, spec: Any, width: int) -> tuple[str, torch.Tensor]:
+        """One spec → its label and per-prompt index [N] (range checks are the caller's)."""
+        if not isinstance(spec, (bool, str)) and hasattr(spec, "__index__"):
+            spec = int(spec.__index__())  # numpy / torch integers
+        if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+            raise SiteError(f"a position must be a name or an int, got {spec!r}; accepted: {_POSITION_FORMS}")
+        if isinstance(spec, int):
+            if not self.uniform_length:
+                raise SiteError(
+                    f"integer position {spec} reads a different token in prompts of different lengths "
+                    f"(lengths here: {sorted(set(self.lengths.tolist()))}); use a named position or one "
+                    f"relative to a name, e.g. 'final-2' or 'a[0]' ({_POSITION_FORMS})"
+                )
+            if not -width <= spec < width:
+                raise SiteError(f"position {spec} is out of range for prompts of {width} tokens; accepted: {-width}..{width - 1}")
+            return str(spec), torch.full((len(self),), spec % width, dtype=torch.long)
+        match = _POSITION_RE.fullmatch(spec.replace(" ", ""))
+        if match is None:
+            raise SiteError(f"cannot read position {spec!r}; accepted: {_POSITION_FORMS}")
+        name, operand, index, shift = match.group("name"), match.group("operand"), match.group("index"), match.group("shift")
+        label = "final" + (shift or "") if name == "last" else spec.replace(" ", "")
+        if name == "last":
+            name = "final"
+        if operand == "answer":
+            k = int(index)
+            if k < 0:
+                raise SiteError(f"answer[{k}]: answer tokens are counted from 0 (answer[0] is the first answer token)")
+            column = self.positions["final"] + 1 + k
+        elif operand is not None:
+            column = self._operand_token(operand, int(index), spec)
+        elif name in self.positions:
+            column = self.positions[name]
+        else:
+            others = [k for k in self.positions if k not in ("a", "b", "final", "a[0]", "b[0]")]
+            raise SiteError(f"unknown position {spec!r}; accepted: {_POSITION_FORMS}" + (f", or {accepted(others)}" if others else ""))
+        return label, column + (int(shift) if shift else 0)
+
+    def _operand_token(self, operand: str, k: int, spec: str) -> torch.Tensor:
+        """Index [N] of token ``k`` of an operand (``k < 0`` from its last token)."""
+        last = self.positions[operand]
+        first = self.positions.get(f"{operand}[0]", last)
+        count = last - first + 1
+        column = first + k if k >= 0 else last + 1 + k
+        missing = (k >= count) if k >= 0 else (-k > count)
+        if missing.any():
+            i = int(torch.nonzero(missing)[0])
+            raise SiteError(
+                f"position {spec!r}: {operand}={int(getattr(self, operand)[i])} in prompt {i} ({self.texts[i]!r}) has "
+                f"{int(count[i])} token(s); operands here span {sorted(set(count.tolist()))} tokens. Use "
+                f"'{operand}' (last token), '{operand}[0]' (first) or operands of one token count"
+            )
+        return column
 
     # --- labels --------------------------------------------------------------------------------
 
@@ -512,6 +625,15 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
 
 
+_POSITION_RE = re.compile(
+    r"(?P<name>(?P<operand>a|b|answer)\[(?P<index>-?\d+)\]|[A-Za-z_][\w]*)(?P<shift>[+-]\d+)?"
+)
+_POSITION_FORMS = (
+    "'final' ('last'), 'a', 'b' (last token of the operand), 'a[k]', 'b[k]' (token k, negative from the end), "
+    "'answer[k]', a name shifted by tokens ('final-2', 'a[0]-1'), 'all', or an int (same-length prompts only)"
+)
+
+
 def _defined(op: str, b: int) -> bool:
     return not (op in ("//", "mod") and b == 0)
 
@@ -651,7 +773,7 @@ def _build(tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bo
     encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True) if n else {"input_ids": [], "offset_mapping": []}
     full = tokenizer([t + s for t, s in zip(texts, answer_texts)], add_special_tokens=False)["input_ids"] if n else []
     bos = [tokenizer.bos_token_id] if prepend_bos else []
-    rows, answer_rows, pos = [], [], {"a": [], "b": [], "final": []}
+    rows, answer_rows, pos = [], [], {"a": [], "b": [], "final": [], "a[0]": [], "b[0]": []}
     max_operand_tokens = 1
     for i in range(n):
         ids, offsets = encoded["input_ids"][i], encoded["offset_mapping"][i]
@@ -680,6 +802,7 @@ def _build(tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bo
             max_operand_tokens = max(max_operand_tokens, len(covering))
             # the operand's last token: where the whole number has been read
             pos[name].append(covering[-1] + len(bos))
+            pos[f"{name}[0]"].append(covering[0] + len(bos))
         rows.append(bos + ids)
         pos["final"].append(len(bos) + len(ids) - 1)
     length = max((len(r) for r in rows), default=0)

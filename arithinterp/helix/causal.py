@@ -43,17 +43,9 @@ def _where(hook: Union[str, tuple]) -> tuple[str, int]:
 
 
 def _position_index(prompts: Any, position: str) -> torch.Tensor:
-    """Each prompt's index [N] of ``position`` in the left-padded frame: a named position
-    (``"a"``, ``"b"``, ``"final"``) or an integer index (as ``collect`` records it, ``"3"``)."""
-    if position in prompts.positions:
-        return prompts.positions[position]
-    if re.fullmatch(r"-?\d+", str(position)):
-        width = prompts.tokens.shape[1]
-        p = int(position)
-        if not -width <= p < width:
-            raise SiteError(f"position {p} is out of range for prompts of {width} tokens")
-        return torch.full((len(prompts),), p % width, dtype=torch.long)
-    raise SiteError(f"unknown position {position!r}; accepted: {accepted(prompts.positions)} or an int index")
+    """Each prompt's index [N] of ``position`` in the left-padded frame (any spec
+    :meth:`~arithinterp.tasks.PromptSet.locate` accepts: ``"a"``, ``"a[0]"``, ``"final-1"``, ``"3"``)."""
+    return prompts.locate(position)[1][:, 0]
 
 
 def capture(model: Any, prompts: Any, hook: Union[str, tuple], position: str, batch_size: int = 256) -> torch.Tensor:
@@ -188,8 +180,8 @@ def patch_test(
     _position_index(pairs.clean, position)  # refuses an unknown or out-of-range position before any work
     if len(fit.names) != 1:
         raise AnalysisError("patch_test patches one number; fit a single-variable helix (values='a')")
-    if value is None:
-        value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else position
+    if value is None:  # 'a[0]' and 'a-1' read the value of a
+        value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else re.match(r"[A-Za-z_]*", position).group(0)
     clean_values = pairs.clean.label(value).double()
     corrupt_values = pairs.corrupt.label(value).double()
     where = (site, layer)

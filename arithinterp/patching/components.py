@@ -260,26 +260,18 @@ def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: 
     """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position).
 
     ``answer{k}`` is the position whose output predicts answer token k: ``final`` for k = 0, then
-    the teacher-forced answer tokens (``scoring="full_answer"``).
+    the teacher-forced answer tokens (``scoring="full_answer"``); every other spec is resolved by
+    ``PromptSet.locate`` (``a``, ``a[0]``, ``final-1``, an int on same-length prompts).
     """
     if position is None:
         return None
-    name = "final" if position == "last" else position
-    if name in prompts.positions:
-        return prompts.positions[name][idx] - offset
-    answer = re.fullmatch(r"answer(\d+)", name)
-    if answer:
-        p = prompts.positions["final"][idx] - offset + int(answer.group(1))
-        if int(p.max()) >= length:
-            raise SiteError(f"position {position!r} is past the fed answer tokens ({length} tokens); "
-                            "answer positions beyond answer0 need prompts.with_scoring('full_answer')")
-        return p
-    if re.fullmatch(r"-?\d+", name):
-        p = int(name) % prompts.tokens.shape[1] - offset
-        if not 0 <= p < length:
-            raise SiteError(f"position {position} falls outside prompts of {length} tokens (or in their padding)")
-        return torch.full((len(idx),), p)
-    raise SiteError(f"unknown position {position!r}; accepted: {accepted(list(prompts.positions) + ['last', 'answer0'])}, 'answer{{k}}' or an int")
+    fed = length - (prompts.tokens.shape[1] - offset)
+    answer = re.fullmatch(r"answer(\d+)", position)
+    if answer and int(answer.group(1)) > fed:
+        raise SiteError(f"position {position!r} is past the fed answer tokens ({length} tokens); "
+                        "answer positions beyond answer0 need prompts.with_scoring('full_answer')")
+    spec = f"final+{answer.group(1)}" if answer else (int(position) if re.fullmatch(r"-?\d+", position) else position)
+    return prompts.locate(spec, answers=fed)[1][idx, 0] - offset
 
 
 def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length, keep: bool) -> dict[tuple, torch.Tensor]:

@@ -204,41 +204,16 @@ def check_choice(name: str, value, choices) -> None:
 
 
 def resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
-    """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``."""
+    """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``.
+
+    ``None`` means every position for same-length prompts, else the named positions (``"a"``,
+    ``"b"``, ``"final"``); anything else is resolved by ``PromptSet.locate``.
+    """
     clean = pairs.clean
-    width = clean.tokens.shape[1]
-    offsets = width - clean.lengths
     if positions is None:
-        if clean.uniform_length:
-            positions = list(range(width))
-        else:
-            positions = list(clean.positions)
-    elif isinstance(positions, (str, int)):
-        positions = [positions]
-    labels, rows = [], []
-    for p in positions:
-        if p == "last":
-            p = "final"
-        if isinstance(p, str):
-            if p not in clean.positions:
-                raise SiteError(f"unknown position {p!r}; accepted: {accepted(list(clean.positions) + ['last'])} or an int")
-            rows.append(clean.positions[p])
-        elif isinstance(p, int) and not isinstance(p, bool):
-            if not -width <= p < width:
-                raise SiteError(f"position {p} is out of range for prompts of {width} tokens; accepted: {-width}..{width - 1}")
-            index = torch.full((len(clean),), p % width)
-            if (index < offsets).any():
-                raise SiteError(
-                    f"position {p} falls in the left padding of shorter prompts (lengths "
-                    f"{sorted(set(clean.lengths.tolist()))}); use named positions ({accepted(clean.positions)})"
-                )
-            rows.append(index)
-        else:
-            raise SiteError(f"positions must be names ({accepted(clean.positions)}) or ints, got {p!r}")
-        labels.append(str(p))
-    if not labels:
-        raise SiteError("positions is empty; pass None for every position")
-    return labels, torch.stack(rows).long()
+        positions = "all" if clean.uniform_length else [name for name in clean.positions if "[" not in name]
+    labels, index = clean.locate(positions)
+    return labels, index.T.contiguous()
 
 
 def resolve_units(model, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
