@@ -336,38 +336,48 @@ class PromptSet:
 
     # --- running the model ---------------------------------------------------------------------
 
+    def _batches(self, model: Any, batch_size: Optional[int], n_read: int, n_new: int, plain: bool = False) -> list[torch.Tensor]:
+        """Same-length groups of prompt indices, each split into batches (sized from a memory
+        budget by :func:`arithinterp.engine.decode.batch_size_for` unless ``batch_size`` is given;
+        ``plain``: for the plain forward, whose logits cover every position)."""
+        from arithinterp.engine.decode import batch_size_for
+
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise TaskError(f"batch_size must be a positive integer or None (chosen from memory), got {batch_size!r}")
+        batches = []
+        for group in self.length_groups():
+            size = batch_size or batch_size_for(model, int(self.lengths[group[0]]), n_read=n_read, n_new=n_new, plain=plain)
+            batches += list(group.split(size))
+        return batches
+
     @torch.inference_mode()
-    def evaluate(self, model: Any, batch_size: int = 512, progress: bool = False, interventions: Sequence[Any] = ()) -> Evaluation:
+    def evaluate(self, model: Any, batch_size: Optional[int] = None, progress: bool = False,
+                 interventions: Sequence[Any] = ()) -> Evaluation:
         """Greedily generate each answer's tokens and compare with the true answer.
 
         Correct means every answer token matches (for single-token answers: the argmax at the
-        final position is the answer token). ``interventions``
-        (:class:`arithinterp.engine.Intervention`) are applied in every forward, through
-        :func:`arithinterp.engine.run`; their ``positions`` must be ``None`` or an int (``-1``:
-        the token being predicted), the same for every batch.
+        final position is the answer token). Decoding reads logits only at the last position and
+        reuses the key/value cache where the model has one (:mod:`arithinterp.engine.decode`);
+        ``batch_size`` defaults to one chosen from a memory budget (half the model's size).
+        ``interventions`` (:class:`arithinterp.engine.Intervention`) are applied in every forward,
+        through :func:`arithinterp.engine.run`; their ``positions`` must be ``None`` or an int
+        (``-1``: the token being predicted), the same for every batch.
         """
         from tqdm.auto import tqdm
 
-        forward = lambda tokens: model(tokens, return_type="logits")[:, -1]  # noqa: E731
-        if interventions:
-            from arithinterp import engine
+        from arithinterp.engine.decode import greedy
 
-            bad = [i for i in interventions if i.positions is not None and not isinstance(i.positions, int)]
-            if bad:
-                raise TaskError(
-                    f"interventions applied while evaluating must give positions as None or an int (the same in "
-                    f"every batch), not per-prompt tensors; got {type(bad[0].positions).__name__} at {bad[0].hook_name()}"
-                )
-            forward = lambda tokens: engine.run(model, tokens, interventions).logits  # noqa: E731
+        bad = [i for i in interventions if i.positions is not None and not isinstance(i.positions, int)]
+        if bad:
+            raise TaskError(
+                f"interventions applied while evaluating must give positions as None or an int (the same in "
+                f"every batch), not per-prompt tensors; got {type(bad[0].positions).__name__} at {bad[0].hook_name()}"
+            )
         n_answer = self.answer_tokens.shape[1]
         generated = torch.full((len(self), n_answer), -1, dtype=torch.long)
-        groups = [g for group in self.length_groups() for g in group.split(batch_size)]
-        for idx in tqdm(groups, desc="evaluate", disable=not progress):
-            tokens = self.unpadded(idx)
-            for step in range(n_answer):
-                next_token = forward(tokens).argmax(-1)
-                generated[idx, step] = next_token
-                tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        batches = self._batches(model, batch_size, 1, n_answer, plain=bool(interventions))
+        for idx in tqdm(batches, desc="evaluate", disable=not progress):
+            generated[idx] = greedy(model, self.unpadded(idx), n_answer, interventions)
         valid = self.answer_tokens >= 0
         correct = ((generated == self.answer_tokens) | ~valid).all(-1)
         texts, values = [], []
@@ -378,23 +388,20 @@ class PromptSet:
         return Evaluation(correct, torch.tensor(values), texts, generated)
 
     @torch.inference_mode()
-    def answer_logprob(self, model: Any, batch_size: int = 512) -> torch.Tensor:
+    def answer_logprob(self, model: Any, batch_size: Optional[int] = None) -> torch.Tensor:
         """Log-probability of each true answer, [N].
 
         With ``scoring="first_token"`` that of the answer's first token; with
         ``scoring="full_answer"`` the teacher-forced sum over every answer token (the answer's
-        earlier tokens are fed in, as if the model had produced them).
+        earlier tokens are fed in, as if the model had produced them). Only the scored positions
+        are unembedded.
         """
+        from arithinterp.engine.decode import teacher_forced_logprobs
+
         n_score = self.answer_tokens.shape[1] if self.scoring == "full_answer" else 1
         total = torch.zeros(len(self))
-        for group in self.length_groups():
-            for idx in group.split(batch_size):
-                answer = self.answer_tokens[idx, :n_score]
-                # feed all but the last scored answer token; -1 padding is fed as token 0 and masked out
-                fed = torch.cat([self.unpadded(idx), answer[:, :-1].clamp(min=0)], dim=1)
-                logits = model(fed, return_type="logits")[:, -n_score:].float().log_softmax(-1)
-                picked = logits.gather(-1, answer.clamp(min=0)[..., None])[..., 0]
-                total[idx] = (picked * (answer >= 0)).sum(-1)
+        for idx in self._batches(model, batch_size, n_score, n_score - 1):
+            total[idx] = teacher_forced_logprobs(model, self.unpadded(idx), self.answer_tokens[idx, :n_score]).sum(-1)
         return total
 
     def correct_only(self, model: Any, evaluation: Optional[Evaluation] = None) -> "PromptSet":

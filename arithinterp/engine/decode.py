@@ -1,0 +1,256 @@
+"""Running a model to read its answers: greedy decoding and teacher-forced scoring.
+
+Two costs dominate a naive evaluation of a real model: full-vocabulary logits at every position
+of every prompt (``[batch, tokens, vocab]`` floats, gigabytes for a 50k vocabulary), and
+re-running the whole prompt for every generated answer token. Here
+
+* only the positions that are read go through the unembedding (the final norm runs on every
+  position inside the model, the ``d_model × vocab`` product only on the read ones);
+* greedy multi-token answers reuse the model's key/value cache, so each answer token after the
+  first costs one position, not the whole prompt again;
+* :func:`batch_size_for` picks how many prompts to run at once from a memory budget.
+
+A Hugging Face model behind a ``TransformerBridge`` (``model.original_model``) is stepped through
+its decoder (``get_decoder()``), whose layers are the bridge's hooked blocks, and its output
+embedding. Which of these paths a model supports is checked once per model against its plain
+forward (:func:`decode_mode`): ``"cached"`` (decoder + key/value cache), ``"uncached"`` (decoder,
+the prefix re-run per answer token) or ``"full"`` (the plain forward's logits at the last
+position, as for TransformerLens-native models, which have no cache, and for any model while
+hooks are attached, so that hooks see exactly the shapes and positions of the plain forward).
+Every path gives the plain forward's greedy tokens; tests compare them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from contextlib import contextmanager
+from typing import Any, Optional, Sequence
+
+import torch
+
+from arithinterp.engine.forward import run
+
+__all__ = ["batch_size_for", "decode_mode", "greedy", "teacher_forced_logprobs"]
+
+MODES = ("cached", "uncached", "full")
+MIN_BUDGET = 2**28  # bytes a batch may always use (256 MB), so small models still run in large batches
+_MODES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+# --- the model's parts ---------------------------------------------------------------------------
+
+
+def _hf_parts(model: Any) -> Optional[tuple[Any, Any, Any]]:
+    """``(decoder, output embedding, config)`` of a bridged Hugging Face causal LM, else None."""
+    try:
+        hf = model.original_model
+    except AttributeError:
+        return None
+    get_decoder = getattr(hf, "get_decoder", None)
+    get_head = getattr(hf, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None or getattr(hf, "config", None) is None:
+        return None
+    decoder, head = get_decoder(), get_head()
+    if decoder is None or head is None or decoder is hf:
+        return None
+    return decoder, head, hf.config
+
+
+def _device(model: Any) -> torch.device:
+    device = getattr(getattr(model, "cfg", None), "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def _logits(head: Any, config: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The causal LM's logits from its decoder's (final-normed) hidden states ``[..., d]``.
+
+    Besides the output embedding, some families scale or soft-cap the logits (Gemma 2/3
+    ``final_logit_softcapping``, Cohere ``logit_scale``, Granite ``logits_scaling``);
+    :func:`decode_mode` checks the result against the plain forward either way.
+    """
+    logits = head(hidden)
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        logits = logits * scale
+    divisor = getattr(config, "logits_scaling", None)
+    if isinstance(divisor, (int, float)) and not isinstance(divisor, bool) and divisor:
+        logits = logits / divisor
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+@contextmanager
+def _cache_keyword(model: Any):
+    """Hand the decoder's key/value cache to the bridge's attention under both of its names.
+
+    Hugging Face decoder layers pass the cache as ``cache=`` (transformers ≥ 5.2x) where the
+    bridge's attention reads ``past_key_values=``; without this the cache stays empty. Only for
+    the duration of a decoding call.
+    """
+
+    def alias(module, args, kwargs):
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+            kwargs = dict(kwargs, past_key_values=kwargs["cache"])
+        return args, kwargs
+
+    blocks = getattr(model, "blocks", None) or []
+    handles = [b.attn.register_forward_pre_hook(alias, with_kwargs=True) for b in blocks if hasattr(b, "attn")]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hooked(model: Any) -> bool:
+    """Whether any hook point of the model has a hook attached (``model.hooks(...)``)."""
+    from transformer_lens.hook_points import HookPoint
+
+    modules = model.modules() if hasattr(model, "modules") else []
+    return any(isinstance(m, HookPoint) and (m._forward_hooks or m._forward_pre_hooks) for m in modules)
+
+
+def _decoder_step(decoder: Any, tokens: torch.Tensor, cache: Any = None, use_cache: bool = True):
+    """Hidden states ``[B, t, d]`` of ``tokens`` after the cached prefix, and the cache."""
+    keyword = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    kwargs = {keyword: cache} if cache is not None else {}
+    out = decoder(input_ids=tokens, use_cache=use_cache, **kwargs)
+    new_cache = getattr(out, "cache", None) if hasattr(out, "cache") else getattr(out, "past_key_values", None)
+    return out.last_hidden_state, new_cache
+
+
+# --- which path a model takes --------------------------------------------------------------------
+
+
+def _close(fast: Optional[torch.Tensor], full: torch.Tensor, tolerance: float) -> bool:
+    """Logits that agree with the plain forward's up to ``tolerance`` × their scale."""
+    if fast is None or fast.shape != full.shape or not bool(torch.isfinite(fast).all()):
+        return False
+    return float((fast - full).abs().max()) <= tolerance * max(1.0, float(full.abs().max()))
+
+
+def decode_mode(model: Any, tokens: Optional[torch.Tensor] = None) -> str:
+    """``"cached"``, ``"uncached"`` or ``"full"``: the fastest path whose logits match the plain
+    forward on a short probe of ``tokens`` (its first row; at least 2 tokens). Decided once per
+    model, never while hooks are attached (then ``"full"``).
+    """
+    if _hooked(model):
+        # hooks see the plain forward's shapes and positions only on the plain forward
+        return "full"
+    if model in _MODES:
+        return _MODES[model]
+    parts = _hf_parts(model)
+    mode = "full"
+    if parts is not None and tokens is not None and tokens.shape[1] >= 2:
+        decoder, head, config = parts
+        probe = tokens[:1, : min(tokens.shape[1], 8)].to(_device(model))
+        tolerance = 1e-4 if next(iter(model.parameters())).dtype == torch.float32 else 2e-2
+        with torch.inference_mode():
+            full = model(probe, return_type="logits")[0].float()
+            try:
+                with _cache_keyword(model):
+                    hidden, cache = _decoder_step(decoder, probe[:, :-1])
+                    prefix = _logits(head, config, hidden[0]).float()
+                    step, _ = _decoder_step(decoder, probe[:, -1:], cache)
+                    last = _logits(head, config, step[0, -1]).float()
+            except Exception:  # an architecture the decoder path does not fit: use the plain forward
+                prefix = last = None
+        if _close(prefix, full[:-1], tolerance):
+            mode = "cached" if _close(last, full[-1], tolerance) else "uncached"
+    _MODES[model] = mode
+    return mode
+
+
+# --- memory budget -------------------------------------------------------------------------------
+
+
+def batch_size_for(model: Any, seq_len: int, n_read: int = 1, n_new: int = 0, *, budget_bytes: Optional[float] = None,
+                   plain: bool = False, low: int = 1, high: int = 1024) -> int:
+    """Prompts per forward so that one batch's transient memory stays within ``budget_bytes``
+    (default: half the model's parameter bytes, at least :data:`MIN_BUDGET`, so the peak stays
+    within 1.5× model + batch).
+
+    Per prompt: the forward's activations (:func:`arithinterp.activations.forward_bytes_per_prompt`),
+    its key/value cache over ``seq_len + n_new`` tokens, and float32 logits at the ``n_read``
+    read positions (at every position on the ``"full"`` path, or with ``plain``).
+    """
+    from arithinterp.activations import forward_bytes_per_prompt
+
+    cfg = model.cfg
+    parameters = list(model.parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in parameters)
+    element = parameters[0].element_size() if parameters else 4
+    budget = max(0.5 * model_bytes, MIN_BUDGET) if budget_bytes is None else float(budget_bytes)
+    length = seq_len + n_new
+    kv_heads = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    kv = 2 * cfg.n_layers * kv_heads * cfg.d_head * length * element
+    vocab = getattr(cfg, "d_vocab_out", -1)
+    vocab = vocab if vocab and vocab > 0 else cfg.d_vocab
+    read = n_read if _MODES.get(model, "full") != "full" and not plain else length
+    logits = 2 * 4 * read * vocab  # the logits and their log-softmax in float32
+    per_prompt = forward_bytes_per_prompt(model, length) + kv + logits
+    return int(min(high, max(low, budget // per_prompt)))
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def greedy(model: Any, tokens: torch.Tensor, n_new: int, interventions: Sequence[Any] = ()) -> torch.Tensor:
+    """Greedily generate ``n_new`` tokens after each row of ``tokens`` ``[B, T]`` (same-length,
+    unpadded prompts) → ``[B, n_new]`` (long, on the CPU).
+
+    Identical to appending the argmax of ``model(tokens)[:, -1]`` ``n_new`` times. With
+    ``interventions`` (:class:`arithinterp.engine.Intervention`) every step is one
+    :func:`arithinterp.engine.run` of the whole sequence, so each sees the same positions.
+    """
+    if n_new < 1:
+        return torch.empty((tokens.shape[0], 0), dtype=torch.long)
+    tokens = tokens.to(_device(model))
+    mode = "full" if interventions else decode_mode(model, tokens)
+    generated = torch.empty((tokens.shape[0], n_new), dtype=torch.long, device=tokens.device)
+    if mode == "full":
+        for step in range(n_new):
+            if interventions:
+                logits = run(model, tokens, list(interventions)).logits  # [B, V] at the last position
+            else:
+                logits = model(tokens, return_type="logits")[:, -1]
+            generated[:, step] = logits.argmax(-1)
+            tokens = torch.cat([tokens, generated[:, step : step + 1]], dim=1)
+        return generated.cpu()
+    decoder, head, config = _hf_parts(model)
+    with _cache_keyword(model):
+        hidden, cache = _decoder_step(decoder, tokens, use_cache=mode == "cached")
+        for step in range(n_new):
+            generated[:, step] = _logits(head, config, hidden[:, -1]).argmax(-1)
+            if step + 1 == n_new:
+                break
+            if mode == "cached":
+                hidden, cache = _decoder_step(decoder, generated[:, step : step + 1], cache)
+            else:
+                hidden, _ = _decoder_step(decoder, torch.cat([tokens, generated[:, : step + 1]], dim=1), use_cache=False)
+    return generated.cpu()
+
+
+@torch.inference_mode()
+def teacher_forced_logprobs(model: Any, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Log-probability ``[B, K]`` of each answer token (``answer`` ``[B, K]``; −1 padding is fed
+    as token 0 and scores 0) with the earlier answer tokens fed after ``tokens`` ``[B, T]``.
+
+    One forward over ``T + K − 1`` tokens; only the last ``K`` positions are unembedded.
+    """
+    k = answer.shape[1]
+    device = _device(model)
+    fed = torch.cat([tokens, answer[:, :-1].clamp(min=0)], dim=1).to(device)
+    mode = decode_mode(model, fed)
+    if mode == "full":
+        logits = model(fed, return_type="logits")[:, -k:]
+    else:
+        decoder, head, config = _hf_parts(model)
+        hidden, _ = _decoder_step(decoder, fed, use_cache=False)
+        logits = _logits(head, config, hidden[:, -k:])
+    logprobs = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0).to(device)[..., None])[..., 0]
+    return (logprobs * (answer >= 0).to(device)).cpu()
