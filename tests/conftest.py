@@ -29,18 +29,45 @@ def digit_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bpe_tokenizer(tmp_path_factory):
     """A GPT-2-style byte-level BPE tokenizer trained here (no download): numbers split irregularly."""
-    from tokenizers import ByteLevelBPETokenizer
+    from families import bpe_tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    texts = [f"{a}+{b}={a + b}\n{a} plus {b} is {a * b}" for a in range(0, 400, 3) for b in range(0, 60, 7)]
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(texts, vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"])
     directory = tmp_path_factory.mktemp("bpe_tok")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-    tokenizer.save_pretrained(str(directory))
+    bpe_tokenizer().save_pretrained(str(directory))
     return PreTrainedTokenizerFast.from_pretrained(str(directory))
+
+
+@pytest.fixture(scope="session")
+def llama_folder(tmp_path_factory):
+    """``llama_folder(regime, **shape)`` → a saved random-weight Llama folder (``config.json``,
+    safetensors, fast tokenizer) whose tokenizer is of ``regime`` ``"number"``, ``"digit"`` or
+    ``"bpe"`` (see ``families.py``); tiny by default (2 layers, d 64). Built once per arguments."""
+    from families import save_llama, tokenizer_for
+
+    made = {}
+
+    def make(regime: str = "digit", **shape):
+        key = (regime, tuple(sorted(shape.items())))
+        if key not in made:
+            made[key] = save_llama(tmp_path_factory.mktemp(f"llama_{regime}"), tokenizer_for(regime), **shape)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_model(llama_folder):
+    """``llama_model(regime)`` → the tiny Llama folder of that regime loaded with ``load_model``."""
+    from arithinterp import load_model
+
+    loaded = {}
+
+    def load(regime: str = "digit"):
+        if regime not in loaded:
+            loaded[regime] = load_model(str(llama_folder(regime)))
+        return loaded[regime]
+
+    return load
 
 
 def tiny_bridge(tokenizer, n_layers: int = 2, d_model: int = 64, n_ctx: int = 32, seed: int = 0, norm="LN"):

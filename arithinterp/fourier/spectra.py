@@ -478,10 +478,62 @@ def neuron_spectrum(
                             null_power=null, alpha=alpha)
 
 
+CONTEXT_SITES = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+
+
+def context_spectrum(
+    model: Any,
+    numbers: Union[int, range] = 100,
+    *,
+    site: str = "resid_post",
+    layers: Optional[Sequence[int]] = None,
+    template: str = "{a}+{b}=",
+    b: int = 0,
+    position: str = "a",
+    rule: str = "median",
+    factor: float = 10.0,
+    fraction: float = 0.9,
+    progress: bool = False,
+) -> SpectrumResult:
+    """Spectrum of each number's representation read in a prompt: for every x in ``numbers`` the
+    prompt ``template`` with a = x (and ``b``), the activation at ``site`` and ``position``
+    (default ``"a"``: the number's last token, where a number split into several tokens has been
+    read whole, as Kantamneni & Tegmark 2025 read it), one series per layer.
+
+    This works for any tokenizer: one token per number, one per digit (Llama 2, Gemma, Qwen) or
+    irregular BPE pieces. With ``site="embed"`` a multi-token number is seen only through the
+    embedding of its last token (for digit-split numbers: the last digit, a pure period-10
+    signal); later layers have mixed in the earlier tokens.
+    """
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    if site not in CONTEXT_SITES:
+        raise SiteError(f"a number spectrum reads one of {accepted(CONTEXT_SITES)}, got {site!r}")
+    numbers = _numbers(numbers)
+    prompts = arithmetic(model, "+", a=numbers, b=[b], template=template)
+    acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=progress)
+    result = activation_spectrum(acts, values=prompts.a, numbers=numbers, site=site, position=acts.positions[0],
+                                 rule=rule, factor=factor, fraction=fraction)
+    result.meta.update(template=template, b=b, operand_tokens=prompts.meta["operand_tokens"]["max"])
+    return result
+
+
+def _single_tokens(model: Any, numbers: range) -> bool:
+    try:
+        number_tokens(model, numbers)
+    except TokenizationError:
+        return False
+    return True
+
+
 def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str = "embed", **kwargs) -> SpectrumResult:
     """One entry point for every spectrum:
 
-    * a model with ``site="embed"`` → :func:`embedding_spectrum`;
+    * a model with ``site="embed"`` → :func:`embedding_spectrum` when every number is one
+      token, else :func:`context_spectrum` (the embedding at each number's last token);
+    * a model with a residual or output site (``"resid_post"``, ``"mlp_out"``, ...; ``layers=``)
+      → :func:`context_spectrum`: each number read at its last token in a prompt, any tokenizer;
     * a tensor [n, d] or an ``Activations`` → :func:`activation_spectrum` (``site`` is the
       collected site to read, e.g. ``"resid_post"``);
     * a model with ``site="logit_lens"`` and ``prompts=`` → :func:`logit_lens_spectrum`;
@@ -493,8 +545,10 @@ def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str 
         return activation_spectrum(source, numbers=numbers, site=site, **kwargs)
     if not hasattr(source, "cfg"):
         raise AnalysisError(f"source must be a model, a tensor or an Activations, got {type(source).__name__}")
-    if site == "embed":
+    if site == "embed" and "prompts" not in kwargs and _single_tokens(source, _numbers(100 if numbers is None else numbers)):
         return embedding_spectrum(source, 100 if numbers is None else numbers, **kwargs)
+    if site in CONTEXT_SITES and "prompts" not in kwargs:
+        return context_spectrum(source, 100 if numbers is None else numbers, site=site, **kwargs)
     prompts = kwargs.pop("prompts", None)
     if prompts is None:
         raise AnalysisError(f"site={site!r} needs prompts= (a PromptSet)")

@@ -69,18 +69,25 @@ def load_model(
     *,
     dtype: Union[str, torch.dtype, None] = None,
     device: Union[str, torch.device, None] = None,
+    device_map: Union[str, dict, None] = None,
 ) -> Any:
     """Load a hooked model (a TransformerLens ``TransformerBridge`` in eval mode).
 
     Args:
         spec: ``zoo:NAME[@step=N]``, a local HF directory, a ``.gguf`` file, or a hub id.
-        dtype: ``"float32"`` (default for the zoo), ``"float16"``, ``"bfloat16"`` or a torch dtype.
+        dtype: ``"float32"`` (default for the zoo), ``"float16"``, ``"bfloat16"`` or a torch dtype;
+            Hugging Face weights are loaded in this dtype (no float32 copy first).
         device: e.g. ``"cpu"`` or ``"cuda"``; default CPU.
+        device_map: Hugging Face models only: passed to ``from_pretrained`` (``accelerate``), e.g.
+            ``"auto"`` to spread a model larger than one GPU over several, ``"cpu"``, or a dict
+            of module name → device. Not combined with ``device``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec must be a non-empty string: {_SPEC_FORMS}; got {spec!r}")
     torch_dtype = _resolve_dtype(dtype)
     _check_device(device)
+    if device_map is not None:
+        return _load_with_device_map(spec, torch_dtype, device, device_map)
     if spec.startswith("zoo:"):
         model = _load_zoo(spec, torch_dtype, device)
     elif spec.endswith(".gguf"):
@@ -294,7 +301,7 @@ def _boot_hf(hf_model, tokenizer, name: str, dtype, device):
     return _place(model, dtype, device)
 
 
-def _load_hf_dir(directory: Path, dtype, device):
+def _load_hf_dir(directory: Path, dtype, device, **options):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not directory.is_dir():
@@ -306,7 +313,7 @@ def _load_hf_dir(directory: Path, dtype, device):
         raise ModelFileError(f"{directory} has no weights (*.safetensors or *.bin)")
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            str(directory), torch_dtype=dtype or torch.float32, local_files_only=True, use_safetensors=None
+            str(directory), dtype=dtype or torch.float32, local_files_only=True, use_safetensors=None, **options
         )
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
@@ -314,7 +321,30 @@ def _load_hf_dir(directory: Path, dtype, device):
     return _boot_hf(hf_model, tokenizer, str(directory), None, device)
 
 
-def _load_gguf(path: Path, dtype, device):
+def _load_with_device_map(spec: str, dtype, device, device_map):
+    """A Hugging Face model placed by ``accelerate`` according to ``device_map``."""
+    if device is not None:
+        raise ModelSpecError("pass either device= or device_map=, not both (device_map places every module itself)")
+    if not isinstance(device_map, (str, dict)) or not device_map:
+        raise ModelSpecError(f"device_map must be a string such as 'auto' or 'cpu', or a dict of module -> device; got {device_map!r}")
+    path = Path(spec).expanduser()
+    if spec.startswith("zoo:") or (path.is_dir() and _is_native_dir(path)):
+        raise ModelSpecError(
+            f"device_map applies to Hugging Face models; {spec!r} is a TransformerLens-native model: use device= instead"
+        )
+    try:
+        import accelerate  # noqa: F401  (from_pretrained needs it for device_map)
+    except ImportError as error:
+        raise ModelSpecError("device_map needs the 'accelerate' package: pip install accelerate") from error
+    options = dict(device_map=device_map)
+    if spec.endswith(".gguf"):
+        return _load_gguf(path, dtype, None, **options).eval()
+    if path.exists():
+        return _load_hf_dir(path, dtype, None, **options).eval()
+    return _load_hub(spec, dtype, None, **options).eval()
+
+
+def _load_gguf(path: Path, dtype, device, **options):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = path.expanduser()
@@ -334,7 +364,7 @@ def _load_gguf(path: Path, dtype, device):
     absolute = str(path.resolve())
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=absolute, torch_dtype=dtype or torch.float32, local_files_only=True
+            str(path.parent), gguf_file=absolute, dtype=dtype or torch.float32, local_files_only=True, **options
         )
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=absolute, local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
@@ -342,12 +372,12 @@ def _load_gguf(path: Path, dtype, device):
     return _boot_hf(hf_model, tokenizer, str(path), None, device)
 
 
-def _load_hub(name: str, dtype, device):
+def _load_hub(name: str, dtype, device, **options):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=dtype or torch.float32)
+        hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or torch.float32, **options)
         tokenizer = AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as error:
         hint = " (HF_HUB_OFFLINE=1 is set, so only a locally cached copy can load)" if offline else ""
