@@ -340,12 +340,14 @@ class PromptSet:
         """Same-length groups of prompt indices, each split into batches (sized from a memory
         budget by :func:`arithinterp.engine.decode.batch_size_for` unless ``batch_size`` is given;
         ``plain``: for the plain forward, whose logits cover every position)."""
-        from arithinterp.engine.decode import batch_size_for
+        from arithinterp.engine.decode import batch_size_for, decode_mode
 
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise TaskError(f"batch_size must be a positive integer or None (chosen from memory), got {batch_size!r}")
         batches = []
         for group in self.length_groups():
+            if not plain:
+                decode_mode(model, self.unpadded(group[:1]))  # the path decides what a prompt costs
             size = batch_size or batch_size_for(model, int(self.lengths[group[0]]), n_read=n_read, n_new=n_new, plain=plain)
             batches += list(group.split(size))
         return batches

@@ -41,3 +41,9 @@ def test_null_calibration_benchmark_smoke():
 def test_detector_benchmark_smoke():
     out = run("detector.py", "--fit", "600", "--test", "300", "--seeds", "11", "--no-repair")
     assert "| 11 | 300 (" in out and "mean ± sd" in out and "baseline warnings" in out
+
+
+def test_evaluate_benchmark_smoke():
+    out = run("evaluate.py", "--prompts", "20", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
+              "--d-mlp", "128", "--vocab", "500")
+    assert "| `evaluate` |" in out and "evaluate / (3 × one forward)" in out and "decode path 'cached'" in out

@@ -184,3 +184,11 @@ def test_load_model_dtype_and_device_map(llama_folder, monkeypatch):
         load_model(path, device="cpu", device_map="cpu")
     with pytest.raises(ModelSpecError, match="TransformerLens-native"):
         load_model("zoo:add-100", device_map="cpu")
+
+
+def test_ablate_at_operand_token_positions(llama_model):
+    model = llama_model("digit")
+    prompts = arithmetic(model, a=range(10, 40, 3), b=range(10, 40, 7))
+    first = patching.ablate(model, prompts, ["attn1@a[0]", "mlp0@final-1"], mode="zero")
+    assert first.logprob_after.shape == (len(prompts),)
+    assert not torch.allclose(first.logprob_after, first.logprob_before)

@@ -17,7 +17,7 @@ from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, check_choice, 
 from arithinterp.patching.exact import sweep
 from arithinterp.results import Result, build_meta
 
-_COMPONENT = re.compile(r"^(?:(embed)|attn(\d+)|mlp(\d+)|L(\d+)H(\d+)|L(\d+)N(\d+))(?:@(\w+))?$")
+_COMPONENT = re.compile(r"^(?:(embed)|attn(\d+)|mlp(\d+)|L(\d+)H(\d+)|L(\d+)N(\d+))(?:@([\w\[\]+-]+))?$")
 COMPONENT_FORMS = "'embed', 'attn{layer}', 'mlp{layer}', 'L{layer}H{head}', 'L{layer}N{neuron}', each optionally '@position'"
 
 
