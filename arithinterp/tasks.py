@@ -232,11 +232,12 @@ class PromptSet:
                     f"{sorted(set(self.lengths.tolist()))}: pick named positions ({_POSITION_FORMS}) instead"
                 )
             positions = list(range(width))
+        # each prompt's tokens in the padded frame: [start, stop), with its fed answer tokens
+        start = width - self.lengths
+        stop = width + torch.clamp(self.n_answer_tokens, max=answers)
         labels, columns = [], []
         for spec in positions:
             label, column = self._locate_one(spec, width)
-            start = width - self.lengths
-            stop = width + torch.clamp(self.n_answer_tokens, max=answers)
             bad = (column < start) | (column >= stop)
             if bad.any():
                 i = int(torch.nonzero(bad)[0])

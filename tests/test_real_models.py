@@ -192,3 +192,13 @@ def test_ablate_at_operand_token_positions(llama_model):
     first = patching.ablate(model, prompts, ["attn1@a[0]", "mlp0@final-1"], mode="zero")
     assert first.logprob_after.shape == (len(prompts),)
     assert not torch.allclose(first.logprob_after, first.logprob_before)
+
+
+def test_batch_size_follows_the_memory_budget(llama_model):
+    model = llama_model("digit")
+    small = decode.batch_size_for(model, 40, n_new=3, budget_bytes=2**22)
+    big = decode.batch_size_for(model, 40, n_new=3, budget_bytes=2**26)
+    assert 1 <= small < big
+    assert decode.batch_size_for(model, 200, n_new=3, budget_bytes=2**26) < big  # longer prompts, fewer at once
+    with pytest.raises(Exception, match="batch_size"):
+        arithmetic(model, a=[1], b=[2]).evaluate(model, batch_size=0)
