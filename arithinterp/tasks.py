@@ -257,6 +257,8 @@ class PromptSet:
         """One spec → its label and per-prompt index [N] (range checks are the caller's)."""
         if not isinstance(spec, (bool, str)) and hasattr(spec, "__index__"):
             spec = int(spec.__index__())  # numpy / torch integers
+        if isinstance(spec, str) and re.fullmatch(r"-?\d+", spec.strip()):
+            spec = int(spec)  # "3" from a command line or a component name such as "attn0@3"
         if isinstance(spec, bool) or not isinstance(spec, (int, str)):
             raise SiteError(f"a position must be a name or an int, got {spec!r}; accepted: {_POSITION_FORMS}")
         if isinstance(spec, int):
