@@ -160,3 +160,34 @@ def test_answer_logprob_first_token_and_full_answer(tiny_digit_model):
         assert full[i].item() == pytest.approx(expected, abs=1e-4)
         assert first[i].item() == pytest.approx(float(logprobs[n - 1, answer[0]]), abs=1e-4)
     assert (full <= first + 1e-6).all()  # more tokens, less probability
+
+
+@pytest.mark.parametrize("tokenizer_name", ["number_tokenizer", "digit_tokenizer", "bpe_tokenizer"])
+def test_locate_names_every_token_of_a_number(request, tokenizer_name):
+    from arithinterp.errors import SiteError
+
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    prompts = prompts_for_pairs(tokenizer, "+", [7, 47, 128, 150], [62, 5, 25, 3], "{a}+{b}=")
+    labels, index = prompts.locate(["a[0]", "a", "a[-1]", "b[0]", "b", "final", "final-1", "last"])
+    assert labels == ["a[0]", "a", "a[-1]", "b[0]", "b", "final", "final-1", "final"]
+    assert index.shape == (4, 8)
+    for i in range(len(prompts)):
+        row = prompts.tokens[i].tolist()
+        a_tokens = tokenizer.decode(row[int(index[i, 0]) : int(index[i, 1]) + 1]).replace(" ", "")
+        b_tokens = tokenizer.decode(row[int(index[i, 3]) : int(index[i, 4]) + 1]).replace(" ", "")
+        assert (a_tokens, b_tokens) == (str(int(prompts.a[i])), str(int(prompts.b[i])))
+        assert index[i, 5] == prompts.tokens.shape[1] - 1 and index[i, 6] == index[i, 5] - 1
+    assert torch.equal(index[:, 1], index[:, 2])  # a[-1] is a's last token
+    if not prompts.uniform_length:  # integer positions would read a different token per prompt
+        with pytest.raises(SiteError, match="different lengths"):
+            prompts.locate(0)
+    spans = (prompts.positions["a"] - prompts.positions["a[0]"] + 1).tolist()
+    if max(spans) > 1:
+        with pytest.raises(SiteError, match="token"):
+            prompts.locate(f"a[{max(spans) - 1}]")  # not every a has that many tokens
+    with pytest.raises(SiteError, match="outside the prompt"):
+        prompts.locate("final+1")
+    _, answer = prompts.locate("answer[0]", answers=1)
+    assert torch.equal(answer[:, 0], prompts.positions["final"] + 1)
+    with pytest.raises(SiteError):
+        prompts.locate(1.5)
