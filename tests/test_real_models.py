@@ -202,3 +202,20 @@ def test_batch_size_follows_the_memory_budget(llama_model):
     assert decode.batch_size_for(model, 200, n_new=3, budget_bytes=2**26) < big  # longer prompts, fewer at once
     with pytest.raises(Exception, match="batch_size"):
         arithmetic(model, a=[1], b=[2]).evaluate(model, batch_size=0)
+
+
+def test_neuron_maps_of_a_two_digit_grid_are_arranged_by_value(llama_model):
+    model = llama_model("digit")
+    grid = arithmetic(model, a=range(5, 25), b=range(5, 25))  # 1- and 2-digit operands: 4 token lengths
+    assert len(set(grid.lengths.tolist())) > 1
+    result = neurons.maps(model, grid, (torch.tensor([1, 1]), torch.tensor([0, 5])))
+    acts = collect(model, grid, sites="mlp_post", layers=[1], positions="final", progress=False)
+    cells = result.k_maps[1, grid.a - 5, grid.b - 5]
+    assert torch.allclose(cells, acts["mlp_post"][:, 0, 0, 5], atol=1e-5)  # each cell is its own prompt's value
+    # a heuristic planted into one map over this grid is found (Nikankin et al. 2025)
+    A = torch.tensor(result.a_values)[:, None].expand(20, 20)
+    g = torch.Generator().manual_seed(0)
+    k_maps = result.k_maps.clone()
+    k_maps[0] = torch.relu((A % 5 == 2).float() + 0.2 * torch.randn(20, 20, generator=g))
+    table = neurons.classify_maps(k_maps, result.kv_maps, result.a_values, result.b_values, "+")
+    assert "a mod 5 = 2" in table.neuron_labels(0)
