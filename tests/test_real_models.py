@@ -219,3 +219,13 @@ def test_neuron_maps_of_a_two_digit_grid_are_arranged_by_value(llama_model):
     k_maps[0] = torch.relu((A % 5 == 2).float() + 0.2 * torch.randn(20, 20, generator=g))
     table = neurons.classify_maps(k_maps, result.kv_maps, result.a_values, result.b_values, "+")
     assert "a mod 5 = 2" in table.neuron_labels(0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "gemma2", "phi3"])
+def test_cached_greedy_decoding_in_other_families(family, tmp_path):
+    from families import save_family, tokenizer_for
+
+    model = load_model(str(save_family(tmp_path / family, family, tokenizer_for("digit"))))
+    prompts = arithmetic(model, a=range(0, 60, 7), b=range(5, 60, 11))
+    assert torch.equal(prompts.evaluate(model).generated_tokens, plain_greedy(model, prompts))
+    assert decode.decode_mode(model) == "cached"
