@@ -144,7 +144,9 @@ def decode_mode(model: Any, tokens: Optional[torch.Tensor] = None) -> str:
         return _MODES[model]
     parts = _hf_parts(model)
     mode = "full"
-    if parts is not None and tokens is not None and tokens.shape[1] >= 2:
+    if parts is not None and (tokens is None or tokens.shape[1] < 2):
+        return mode  # nothing to check the decoder path on yet: the plain forward, undecided
+    if parts is not None:
         decoder, head, config = parts
         probe = tokens[:1, : min(tokens.shape[1], 8)].to(_device(model))
         tolerance = 1e-4 if next(iter(model.parameters())).dtype == torch.float32 else 2e-2
