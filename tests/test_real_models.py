@@ -72,10 +72,12 @@ def test_evaluate_on_native_models_and_under_hooks(tiny_digit_model, llama_model
         x[:, -1] = -x[:, -1]
         return x
 
-    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", flip)]):
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", flip)]):  # earlier keys and values differ if cached
+        assert decode.decode_mode(model) == "full"  # hooks attached: the plain forward
         hooked = prompts.evaluate(model).generated_tokens
         assert torch.equal(hooked, plain_greedy(model, prompts))
     assert not torch.equal(hooked, prompts.evaluate(model).generated_tokens)
+    assert decode.decode_mode(model) == "cached"  # hooks gone: the cache again
 
 
 def test_collect_at_every_named_position(llama_model, regime):
