@@ -17,7 +17,9 @@ forward (:func:`decode_mode`): ``"cached"`` (decoder + key/value cache), ``"unca
 the prefix re-run per answer token) or ``"full"`` (the plain forward's logits at the last
 position, as for TransformerLens-native models, which have no cache, and for any model while
 hooks are attached, so that hooks see exactly the shapes and positions of the plain forward).
-Every path gives the plain forward's greedy tokens; tests compare them.
+Interventions given as data (:class:`arithinterp.engine.Intervention`) take the plain path too,
+one :func:`arithinterp.engine.run` per answer token. Every path gives the plain forward's greedy
+tokens; tests compare them.
 """
 
 from __future__ import annotations
