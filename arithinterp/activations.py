@@ -152,17 +152,13 @@ def collect(
         raise SiteError("the prompt set is empty; nothing to collect")
     if batch_size is not None and batch_size < 1:
         raise SiteError(f"batch_size must be a positive integer, got {batch_size}")
-    if not isinstance(positions, (str, int)):
-        positions = list(positions)
-    if not isinstance(positions, (str, int)) and not positions:
-        raise SiteError("positions is empty; accepted: 'final' (alias 'last'), 'a', 'b', an int, a list of those, or 'all'")
+    pos, index = prompts.locate(positions, answers=prompts.answer_tokens.shape[1])  # checked before any work
     dtype = _check_storage(dtype, store)
     site_names = [sites] if isinstance(sites, str) else list(sites)
     if not site_names:
         raise SiteError(f"sites is empty; accepted sites: {accepted(site_lib.HOOKS)}")
     layer_lists = {s: site_lib.check_layers(model, s, layers) for s in site_names}
     chosen_layers = sorted({layer for s in site_names if s not in site_lib.GLOBAL_SITES for layer in layer_lists[s]}) or [0]
-    pos, index = prompts.locate(positions, answers=prompts.answer_tokens.shape[1])
     # answer positions ("answer[k]", "final+1") read the true answer tokens fed after the prompt
     fed = max(0, int(index.max()) + 1 - prompts.tokens.shape[1])
     dtype = dtype or torch.float32

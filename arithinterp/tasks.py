@@ -269,7 +269,8 @@ class PromptSet:
                     f"relative to a name, e.g. 'final-2' or 'a[0]' ({_POSITION_FORMS})"
                 )
             if not -width <= spec < width:
-                raise SiteError(f"position {spec} is out of range for prompts of {width} tokens; accepted: {-width}..{width - 1}")
+                raise SiteError(f"position {spec} is out of range for prompts of {width} tokens; accepted: 0..{width - 1} "
+                                f"(or {-width}..-1 counted from the end), or a named position ({_POSITION_FORMS})")
             return str(spec), torch.full((len(self),), spec % width, dtype=torch.long)
         match = _POSITION_RE.fullmatch(spec.replace(" ", ""))
         if match is None:

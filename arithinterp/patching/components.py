@@ -67,12 +67,11 @@ def parse_components(model, components: Sequence[str], allowed: Sequence[str], p
             raise SiteError(f"component {name!r}: neuron {unit} is out of range; accepted: 0..{cfg.d_mlp - 1}")
         if kind in ("mlp", "neuron") and getattr(cfg, "attn_only", False):
             raise SiteError(f"component {name!r} needs MLPs but this model is attention-only")
-        if prompts is not None and position is not None and re.fullmatch(r"-?\d+", position):
-            width = prompts.tokens.shape[1]
-            if not 0 <= int(position) < width:  # never wrap around to another token
-                raise SiteError(f"component {name!r}: position {position} is out of range for prompts of {width} "
-                                f"tokens; accepted: 0..{width - 1}, or a named position "
-                                f"({accepted(list(prompts.positions) + ['answer0'])})")
+        if prompts is not None and position is not None and not re.fullmatch(r"answer\d+", position):
+            try:  # refused before any forward: never wrapped around to another token
+                prompts.locate(position, answers=_n_scored(prompts) - 1)
+            except SiteError as error:
+                raise SiteError(f"component {name!r}: {error}") from None
         parsed.append(_Component(str(name), kind, layer, unit, position))
     return parsed
 
