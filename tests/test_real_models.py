@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from hf_families import FAMILIES, save_family
 
 from arithinterp import fourier, helix, load_model, neurons, patching, probes
 from arithinterp.activations import collect
@@ -223,11 +224,11 @@ def test_neuron_maps_of_a_two_digit_grid_are_arranged_by_value(llama_model):
     assert "a mod 5 = 2" in table.neuron_labels(0)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "qwen2", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_cached_greedy_decoding_in_other_families(family, tmp_path):
-    from families import save_family, tokenizer_for
+    from families import tokenizer_for
 
-    model = load_model(str(save_family(tmp_path / family, family, tokenizer_for("digit"))))
+    model = load_model(str(save_family(family, tokenizer_for("digit"), tmp_path)))
     prompts = arithmetic(model, a=range(0, 60, 7), b=range(5, 60, 11))
     assert torch.equal(prompts.evaluate(model).generated_tokens, plain_greedy(model, prompts))
     assert decode.decode_mode(model) == "cached"
