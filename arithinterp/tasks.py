@@ -223,21 +223,23 @@ class PromptSet:
         positions = list(positions) if isinstance(positions, (list, tuple)) else [positions]
         if not positions:
             raise SiteError(f"positions is empty; accepted: {_POSITION_FORMS}")
+        one_length = len(set(self.lengths.tolist())) <= 1
         if "all" in positions:
             if len(positions) > 1:
                 raise SiteError("positions='all' cannot be combined with other positions")
-            if not self.uniform_length:
+            if not one_length:
                 raise SiteError(
                     "positions='all' needs prompts of one token length; these have lengths "
                     f"{sorted(set(self.lengths.tolist()))}: pick named positions ({_POSITION_FORMS}) instead"
                 )
-            positions = list(range(width))
+            length = int(self.lengths[0]) if len(self) else width
+            positions = list(range(width - length, width))  # the prompts' own tokens, not the padding
         # each prompt's tokens in the padded frame: [start, stop), with its fed answer tokens
         start = width - self.lengths
         stop = width + torch.clamp(self.n_answer_tokens, max=answers)
         labels, columns = [], []
         for spec in positions:
-            label, column = self._locate_one(spec, width)
+            label, column = self._locate_one(spec, width, one_length)
             bad = (column < start) | (column >= stop)
             if bad.any():
                 i = int(torch.nonzero(bad)[0])
@@ -253,7 +255,7 @@ class PromptSet:
             columns.append(column)
         return labels, torch.stack(columns, dim=1).long()
 
-    def _locate_one(self, spec: Any, width: int) -> tuple[str, torch.Tensor]:
+    def _locate_one(self, spec: Any, width: int, one_length: bool) -> tuple[str, torch.Tensor]:
         """One spec → its label and per-prompt index [N] (range checks are the caller's)."""
         if not isinstance(spec, (bool, str)) and hasattr(spec, "__index__"):
             spec = int(spec.__index__())  # numpy / torch integers
@@ -262,7 +264,7 @@ class PromptSet:
         if isinstance(spec, bool) or not isinstance(spec, (int, str)):
             raise SiteError(f"a position must be a name or an int, got {spec!r}; accepted: {_POSITION_FORMS}")
         if isinstance(spec, int):
-            if not self.uniform_length:
+            if not one_length:
                 raise SiteError(
                     f"integer position {spec} reads a different token in prompts of different lengths "
                     f"(lengths here: {sorted(set(self.lengths.tolist()))}); use a named position or one "
