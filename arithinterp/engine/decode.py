@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from arithinterp.engine.forward import run
+from arithinterp.engine.hooks import module_hooks
 
 __all__ = ["batch_size_for", "decode_mode", "greedy", "teacher_forced_logprobs"]
 
@@ -99,16 +100,12 @@ def _cache_keyword(model: Any):
         return args, kwargs
 
     blocks = getattr(model, "blocks", None) or []
-    handles = [b.attn.register_forward_pre_hook(alias, with_kwargs=True) for b in blocks if hasattr(b, "attn")]
-    try:
+    with module_hooks([(b.attn, alias) for b in blocks if hasattr(b, "attn")]):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _hooked(model: Any) -> bool:
-    """Whether any hook point of the model has a hook attached (``model.hooks(...)``)."""
+    """Whether any hook point of the model has a hook attached (a caller's own hooks context)."""
     from transformer_lens.hook_points import HookPoint
 
     modules = model.modules() if hasattr(model, "modules") else []
