@@ -164,7 +164,7 @@ def bench_setup(name, model, pairs, runs: int, device: str = "cpu", tl_cells: in
                 _, cache = model.run_with_cache(clean)
                 if sample is None:
                     return tl_fn(model, corrupt, cache, metric, reduce="none").values
-                return tl_fn(model, corrupt, cache, metric, reduce="none", index_df=index_df).values
+                return tl_fn(model, corrupt, cache, metric, reduce="none", index_axis_names=None, index_df=index_df).values
 
         def run_ours():
             return patching.sweep(model, pairs, site, progress=False)
