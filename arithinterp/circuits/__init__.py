@@ -1,0 +1,11 @@
+"""Circuit discovery: the model's graph, edge scores, circuits you can test and draw.
+
+:mod:`~arithinterp.circuits.graph` (nodes and edges as data), :mod:`~arithinterp.circuits.edges`
+(exact path patching, EAP, EAP-IG), :mod:`~arithinterp.circuits.circuit` (the :class:`Circuit`
+result, extraction, faithfulness, minimality, overlap).
+"""
+
+from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
+from arithinterp.circuits.graph import Edge, Graph, Node
+
+__all__ = ["Edge", "Graph", "Node", "attribute_edges", "patch_edges", "run_edge_sets"]

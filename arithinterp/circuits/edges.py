@@ -1,0 +1,245 @@
+"""Edge scores: exact edge (path) patching, EAP and EAP-IG, many edges per forward.
+
+* :func:`run_edge_sets` is the exact primitive: for each edge set, the base run with the edges in
+  the set carrying a fixed sender output (the source run's, the corrupt run's, or the mean) into
+  their receiver's input alone — path patching (Wang et al. 2023) and, with the complement of a
+  circuit, ACDC's ablated edges (Conmy et al. 2023). Edge sets are stacked along the batch.
+* :func:`patch_edges` scores every edge alone by exact patching (one stacked copy per edge).
+* :func:`attribute_edges` scores every edge at once: ``(source − base) sender output ·
+  ∂metric/∂receiver input`` (EAP, Syed et al. 2023), with the gradient averaged over ``steps``
+  runs whose embeddings are interpolated from the base to the source prompt (EAP-IG, Hanna et al.
+  2024): 2 forwards (and one backward) per batch for EAP, 2 + 2·steps for EAP-IG.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp.circuits.graph import Graph
+from arithinterp.engine.edges import CHANNELS, EdgeForward, sender_outputs
+from arithinterp.engine.forward import mean_activation
+from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.patching.core import DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, resolve_positions
+
+VALUES = ("source", "corrupt", "clean", "mean")
+METHODS = ("eap", "eap-ig")
+ELEMENT_BUDGET = 2**24
+
+
+def _position_onehot(graph: Graph, pairs, idx: torch.Tensor, offset: int, length: int) -> torch.Tensor:
+    """``[P, B, T]``: which token of each (unpadded) prompt each position label of the graph is."""
+    B = len(idx)
+    if graph.positions == [None]:
+        return torch.ones(1, B, length)
+    labels, pos_index = resolve_positions(pairs, graph.positions)
+    graph.check_positions(labels)
+    pos = pos_index[:, idx] - offset  # [P, B]
+    return (torch.arange(length)[None, None, :] == pos[:, :, None]).float()
+
+
+def _receivers(graph: Graph):
+    L = graph.layout
+    for layer in range(L.n_layers):
+        for channel in CHANNELS + (("mlp",) if L.has_mlp else ()):
+            yield layer, channel
+    yield L.n_layers, "logits"
+
+
+def _mean_senders(model, prompts) -> torch.Tensor:
+    """Mean sender outputs ``[T_max, S, d]`` over ``prompts``, right-aligned per position
+    (:func:`arithinterp.engine.mean_activation`, the package's one mean-ablation definition)."""
+    width = prompts.tokens.shape[1]
+    chunks, lengths = [], []
+    for idx in prompts.length_groups():
+        senders, _ = sender_outputs(model, prompts.unpadded(idx))
+        t = senders.shape[1]
+        padded = torch.zeros(len(idx), width, *senders.shape[2:])
+        padded[:, width - t:] = senders.cpu()
+        chunks.append(padded)
+        lengths.append(torch.full((len(idx),), t))
+    return mean_activation(torch.cat(chunks), torch.cat(lengths))
+
+
+def run_edge_sets(
+    model: Any,
+    pairs: Any,
+    graph: Graph,
+    edge_sets: torch.Tensor,
+    metric: Union[str, Callable] = "logit_diff",
+    *,
+    base: str = "corrupt",
+    values: str = "source",
+    batch_sets: Optional[int] = None,
+    progress: bool = False,
+) -> dict:
+    """The metric for each edge set: ``edge_sets [C, n_edges]`` (1 = the edge carries ``values``).
+
+    ``base``: the prompts run (``"corrupt"`` or ``"clean"``); ``values``: the fixed sender outputs
+    carried by the chosen edges (``"source"``: the other prompt of the pair, ``"clean"``,
+    ``"corrupt"``, or ``"mean"`` over the clean prompts). Every other edge carries the sender's
+    output in this very run. Returns ``values [N, C]`` and the unpatched metrics ``clean``,
+    ``corrupt`` ``[N]`` (and ``forwards``, the number of stacked forwards).
+    """
+    check_pairs(pairs)
+    check_choice("base", base, ("corrupt", "clean"))
+    check_choice("values", values, VALUES)
+    fn = metric_fn(metric)
+    sets = torch.as_tensor(edge_sets).float()
+    if sets.ndim != 2 or sets.shape[1] != graph.n_edges:
+        raise AnalysisError(f"edge_sets must be [n_sets, n_edges = {graph.n_edges}], got shape {tuple(sets.shape)}")
+    dense = graph.dense(sets)  # [C, P, R, S]
+    direction = "denoise" if base == "corrupt" else "noise"
+    base_set, other_set = (pairs.corrupt, pairs.clean) if base == "corrupt" else (pairs.clean, pairs.corrupt)
+    mean = _mean_senders(model, pairs.clean) if values == "mean" else None
+    engine = EdgeForward(model)
+    L = graph.layout
+    n, C = len(pairs), sets.shape[0]
+    out = torch.empty(n, C)
+    clean_m, corrupt_m = torch.empty(n), torch.empty(n)
+    forwards = 0
+    for idx in tqdm(pairs.clean.length_groups(), desc="edge sets", disable=not progress):
+        base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
+        B, T = base_tokens.shape
+        base_send, base_logits = sender_outputs(model, base_tokens)
+        other_send, other_logits = sender_outputs(model, other_tokens)
+        forwards += 2
+        ctx = metric_context(pairs[idx], direction, base_logits, other_logits, device=base_logits.device)
+        m_base, m_other = fn(base_logits, ctx).float().cpu(), fn(other_logits, ctx).float().cpu()
+        clean_m[idx], corrupt_m[idx] = (m_other, m_base) if base == "corrupt" else (m_base, m_other)
+        if values == "mean":
+            fixed = mean[-T:][None].expand(B, -1, -1, -1).to(base_send.device)
+        elif values == "source" or values != base:
+            fixed = other_send
+        else:
+            fixed = base_send
+        onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(base_send.device)
+        chunk = batch_sets or max(1, ELEMENT_BUDGET // (B * T * (L.n_senders * L.d_model + L.n_heads * L.d_model)))
+        for start in range(0, C, chunk):
+            part = dense[start:start + chunk].to(base_send.device)
+            c = part.shape[0]
+
+            def weights(layer, channel, part=part):
+                rs = graph.receiver_slice(layer, channel) if channel != "logits" else slice(L.receiver(layer, "logits"), L.receiver(layer, "logits") + 1)
+                n_up = L.senders_before(layer, channel)
+                w = part[:, :, rs, :n_up]  # [c, P, U, S_up]
+                if not bool(w.any()):
+                    return None
+                return torch.einsum("cpus,pbt->cbtus", w, onehot)
+
+            with torch.inference_mode():
+                logits = engine.run(base_tokens, copies=c, values=fixed, weights=weights)["logits"][:, :, -1].float()
+            forwards += 1
+            out[idx[:, None], torch.arange(start, start + c)[None, :]] = fn(logits, ctx).T.float().cpu()
+    return {"values": out, "clean": clean_m, "corrupt": corrupt_m, "forwards": forwards}
+
+
+def patch_edges(
+    model: Any,
+    pairs: Any,
+    graph: Optional[Graph] = None,
+    metric: Union[str, Callable] = "logit_diff",
+    direction: str = "denoise",
+    *,
+    edges: Optional[Sequence] = None,
+    batch_sets: Optional[int] = None,
+    progress: bool = True,
+) -> dict:
+    """Exact path patching of each edge alone (Wang et al. 2023): the base run with the source
+    run's sender output carried along that one edge. ``direction="denoise"`` runs the corrupt
+    prompt and carries the clean output; ``"noise"`` the reverse.
+
+    Returns ``scores [N, n_edges]`` (metric after − metric of the base run, per pair; edges not
+    in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
+    """
+    graph = graph or Graph.of(model)
+    check_choice("direction", direction, DIRECTIONS)
+    chosen = torch.arange(graph.n_edges) if edges is None else graph.index(edges)
+    sets = torch.zeros(len(chosen), graph.n_edges)
+    sets[torch.arange(len(chosen)), chosen] = 1.0
+    base = "corrupt" if direction == "denoise" else "clean"
+    got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets, progress=progress)
+    base_metric = got["corrupt"] if base == "corrupt" else got["clean"]
+    scores = torch.full((len(pairs), graph.n_edges), float("nan"))
+    scores[:, chosen] = got["values"] - base_metric[:, None]
+    return {"scores": scores, "clean": got["clean"], "corrupt": got["corrupt"], "forwards": got["forwards"]}
+
+
+def attribute_edges(
+    model: Any,
+    pairs: Any,
+    graph: Optional[Graph] = None,
+    method: str = "eap-ig",
+    steps: int = 5,
+    metric: Union[str, Callable] = "logit_diff",
+    direction: str = "denoise",
+    *,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict:
+    """Every edge's estimated effect in a few forwards and backwards per batch.
+
+    ``score(s → r, p) = Σ_d (source_s − base_s)[p, d] · g_r[p, d]``, where ``g_r`` is the gradient
+    of the metric at receiver ``r``'s input: on the base run (``"eap"``, Syed et al. 2023), or
+    averaged over ``steps`` runs whose embeddings are interpolated from base to source at the
+    midpoints ``(k + ½)/steps`` (``"eap-ig"``, Hanna et al. 2024). Passes per batch: 2 forwards
+    for the sender outputs, then one forward and one backward per gradient (EAP: the base run's
+    forward is reused for its sender outputs, so 3 passes; EAP-IG: 2 + 2·steps ≤ 2(steps + 1)).
+
+    Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
+    ``passes_per_batch`` and ``batches``.
+    """
+    check_pairs(pairs)
+    graph = graph or Graph.of(model)
+    check_choice("method", method, METHODS)
+    check_choice("direction", direction, DIRECTIONS)
+    if method == "eap-ig" and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ConfigError(f"steps must be a positive integer, got {steps!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    fn = metric_fn(metric)
+    engine = EdgeForward(model)
+    L = graph.layout
+    base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
+    scores = torch.empty(len(pairs), graph.n_edges)
+    batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
+    passes, per_batch = 0, []
+    alphas = [None] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
+    for idx in tqdm(batches, desc=method, disable=not progress):
+        base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
+        B, T = base_tokens.shape
+        count = 0
+        source_send, source_logits = sender_outputs(model, source_tokens)
+        count += 1
+        if method == "eap-ig":
+            base_send, base_logits = sender_outputs(model, base_tokens)
+            count += 1
+        grad_sum = None
+        for alpha in alphas:
+            embed = None
+            if alpha is not None:
+                embed = base_send[:, :, 0] + alpha * (source_send[:, :, 0] - base_send[:, :, 0])
+            with torch.enable_grad():
+                got = engine.run(base_tokens, probe=True, embed=embed, read_senders=alpha is None)
+                logits = got["logits"][0, :, -1].float()
+                if alpha is None:
+                    base_send, base_logits = got["senders"].detach().float(), logits.detach()
+                ctx = metric_context(pairs[idx], direction, base_logits.detach(), source_logits, device=logits.device)
+                value = fn(logits, ctx)
+                if not value.requires_grad:
+                    raise AnalysisError("the metric does not depend on the logits; nothing to differentiate")
+                keys = list(_receivers(graph))
+                grads = torch.autograd.grad(value.sum(), [got["probes"][k] for k in keys])
+            count += 2
+            g = torch.cat([x.float() for x in grads], dim=2)  # [B, T, R, d] in receiver order
+            grad_sum = g if grad_sum is None else grad_sum + g
+        g = grad_sum / len(alphas)
+        diff = (source_send - base_send).float()  # [B, T, S, d]
+        onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(g.device)
+        per = torch.einsum("btrd,btsd,pbt->bprs", g, diff, onehot)  # [B, P, R, S]
+        scores[idx] = graph.from_dense(per).cpu()
+        passes += count
+        per_batch.append(count)
+    return {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches)}

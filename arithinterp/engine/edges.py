@@ -1,0 +1,262 @@
+"""Edge-level runs: sender outputs read per head, and receiver inputs changed per edge.
+
+A *sender* writes into the residual stream: the embeddings (``blocks.0.hook_resid_pre``: token
+plus positional embedding), each attention head (its output ``z_h @ W_O[h]``, computed from
+``hook_z``; the shared ``b_O`` belongs to no head and never differs between runs) and each MLP
+(``hook_mlp_out``). A *receiver* reads the residual stream: each head's query, key and value
+input (separately), each MLP's input and the unembedding (the final residual). The input of a
+receiver is the sum of its upstream senders' outputs, so an edge ``s → r`` is changed by adding
+``value_s − current_s`` to the input of ``r`` alone (Wang et al. 2023, path patching; the edge
+formulation of Conmy et al. 2023, ACDC).
+
+Every decoder block has one norm in front of Q, K and V, so a head's own Q/K/V input does not
+exist as a tensor in the model. The receiver's projection is recomputed instead, at the
+projection's output hook (``attn.q.hook_out``): ``W_Q[h] · ln1(x + δ_h) + b_Q[h]`` with the
+model's own ``ln1`` module and weights, where ``x`` is ln1's input in this very run. With δ = 0
+this is the model's own value; the tests check that changing every edge reproduces the source
+run. MLP inputs are changed at ``ln2.hook_in`` and the unembedding's at ``ln_final.hook_in``
+(``unembed.hook_in`` in models without a final norm), so no TransformerLens option has to be
+switched on and every bridge whose attention has separate Q/K/V projections works.
+
+Tensors: sender outputs ``[B, T, S, d_model]`` (``S = 1 + n_layers·n_heads + n_mlps``, order of
+:class:`Layout`); edge weights per receiver ``[C, B, T, S]`` (``C`` stacked edge sets, each a
+copy of the batch: many edge sets run in one forward, as the patching sweeps stack cells).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from arithinterp.engine.hooks import forward_with_hooks
+from arithinterp.errors import AnalysisError
+
+CHANNELS = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each sender and receiver sits: index tables for the model's graph.
+
+    Senders: ``0`` = embeddings, then per layer its heads (``n_heads``) and its MLP (if any).
+    Receivers: per layer the q inputs of its heads, the k and v inputs of its key/value heads,
+    its MLP input (if any); last the logits.
+    """
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    has_mlp: bool
+    parallel: bool
+    d_model: int
+
+    @classmethod
+    def of(cls, model: Any) -> "Layout":
+        cfg = model.cfg
+        n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        return cls(int(cfg.n_layers), int(cfg.n_heads), int(n_kv), not bool(getattr(cfg, "attn_only", False)),
+                   bool(getattr(cfg, "parallel_attn_mlp", False)), int(cfg.d_model))
+
+    # senders -------------------------------------------------------------------------------
+    def head_sender(self, layer: int, head: int) -> int:
+        return 1 + layer * (self.n_heads + self.has_mlp) + head
+
+    def mlp_sender(self, layer: int) -> int:
+        return 1 + layer * (self.n_heads + self.has_mlp) + self.n_heads
+
+    @property
+    def n_senders(self) -> int:
+        return 1 + self.n_layers * (self.n_heads + self.has_mlp)
+
+    def senders_before(self, layer: int, channel: str) -> int:
+        """Number of senders upstream of a receiver at ``layer`` (a prefix of the sender order)."""
+        if channel == "logits":
+            return self.n_senders
+        start = 1 + layer * (self.n_heads + self.has_mlp)
+        return start + (self.n_heads if channel == "mlp" and not self.parallel else 0)
+
+    # receivers -----------------------------------------------------------------------------
+    def per_layer_receivers(self) -> int:
+        return self.n_heads + 2 * self.n_kv_heads + self.has_mlp
+
+    def receiver(self, layer: int, channel: str, head: int = 0) -> int:
+        if channel == "logits":
+            return self.n_layers * self.per_layer_receivers()
+        base = layer * self.per_layer_receivers()
+        offset = {"q": 0, "k": self.n_heads, "v": self.n_heads + self.n_kv_heads,
+                  "mlp": self.n_heads + 2 * self.n_kv_heads}[channel]
+        return base + offset + head
+
+    @property
+    def n_receivers(self) -> int:
+        return self.n_layers * self.per_layer_receivers() + 1
+
+    def units(self, channel: str) -> int:
+        return {"q": self.n_heads, "k": self.n_kv_heads, "v": self.n_kv_heads}.get(channel, 1)
+
+
+def _linear_weight(bridge: Any, n_units: int, input_side: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A projection's weight per head: ``[H, d_model, d_head]`` for Q/K/V (``input_side``), or
+    ``[H, d_head, d_model]`` for the output projection; and its bias ``[H, d_head]`` (Q/K/V only)."""
+    module = getattr(bridge, "original_component", None)
+    if module is None or not hasattr(module, "weight"):
+        raise AnalysisError(f"edge runs need separate q, k, v and o projections with weights; this attention has {type(bridge).__name__}")
+    weight = module.weight
+    # HF Conv1D stores [in, out]; nn.Linear [out, in]
+    w = weight if type(module).__name__ == "Conv1D" else weight.T  # [in, out]
+    bias = getattr(module, "bias", None)
+    if input_side:
+        w = w.reshape(w.shape[0], n_units, -1).permute(1, 0, 2)  # [H, d_model, d_head]
+        b = None if bias is None else bias.reshape(n_units, -1)
+        return w, b
+    return w.reshape(n_units, -1, w.shape[-1]), None  # [H, d_head, d_model]
+
+
+class EdgeForward:
+    """The model's hooks for edge runs: read sender outputs, change receiver inputs.
+
+    ``weights(layer, channel) -> [C, B, T, units, S_up] | None`` gives, for a stacked forward
+    of ``C`` copies of the batch, how much of ``values − current`` of each upstream sender goes
+    into each receiver (None: the receiver is untouched). ``values [B, T, S, d]`` are the fixed
+    sender outputs that edges carry (source, mean or corrupt run). With ``probe=True`` a zero
+    tensor that requires grad is added at every receiver input (``[B, T, units, d]``), for
+    gradients at receiver inputs (EAP, Syed et al. 2023; EAP-IG, Hanna et al. 2024).
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.layout = Layout.of(model)
+        L = self.layout
+        blocks = model.blocks
+        self.w_in, self.b_in, self.w_out = {}, {}, {}
+        for layer in range(L.n_layers):
+            attn = blocks[layer].attn
+            for channel in CHANNELS:
+                if not hasattr(attn, channel):
+                    raise AnalysisError(f"edge runs need separate q, k and v projections; layer {layer}'s attention ({type(attn).__name__}) has no {channel!r}")
+                self.w_in[layer, channel], self.b_in[layer, channel] = _linear_weight(getattr(attn, channel), L.units(channel), True)
+            self.w_out[layer] = _linear_weight(attn.o, L.n_heads, False)[0]
+        self.has_final_norm = hasattr(model, "ln_final")
+
+    def _ln(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        ln = getattr(self.model.blocks[layer], "ln1", None)
+        return x if ln is None else ln(x)
+
+    def run(
+        self,
+        tokens: torch.Tensor,
+        *,
+        copies: int = 1,
+        values: Optional[torch.Tensor] = None,
+        weights: Optional[Callable[[int, str], Optional[torch.Tensor]]] = None,
+        probe: bool = False,
+        embed: Optional[torch.Tensor] = None,
+        read_senders: bool = False,
+    ) -> dict:
+        """One forward of ``tokens [B, T]`` repeated ``copies`` times along the batch.
+
+        ``embed [B, T, d]`` replaces the embeddings (``blocks.0.hook_resid_pre``; integrated
+        gradients interpolate it). Returns ``logits [C, B, T, V]``, ``senders [C·B, T, S, d]``
+        when ``read_senders``, and with ``probe`` the probes ``{(layer, channel): [B, T, units, d]}``.
+        """
+        L = self.layout
+        B, T = tokens.shape
+        stacked = tokens.repeat(copies, 1)
+        current: list = [None] * L.n_senders
+        ln_in: dict = {}
+        probes: dict = {}
+        inside: list = []
+        hooks = []
+
+        def delta(layer: int, channel: str, device, dtype) -> Optional[torch.Tensor]:
+            """``[C·B, T, units, d]`` to add at the receiver's input, or None."""
+            w = None if weights is None else weights(layer, channel)
+            out = None
+            if w is not None:
+                n_up = w.shape[-1]
+                cur = torch.stack(current[:n_up], dim=2).float()  # [C·B, T, S_up, d]
+                diff = values[:, :, :n_up].float().repeat(copies, 1, 1, 1) - cur
+                out = torch.einsum("ntus,ntsd->ntud", w.reshape(copies * B, T, w.shape[-2], n_up).float(), diff)
+            if probe:
+                p = torch.zeros(copies * B, T, L.units(channel), L.d_model, device=device, requires_grad=True)
+                probes[layer, channel] = p
+                out = p if out is None else out + p
+            return out
+
+        def embed_hook(act, hook=None):
+            if embed is not None:
+                act = embed.to(act.dtype).repeat(copies, 1, 1)
+            current[0] = act
+            return act
+
+        hooks.append(("blocks.0.hook_resid_pre", embed_hook))
+        for layer in range(L.n_layers):
+
+            def keep_ln(act, hook=None, layer=layer):
+                if not inside:  # not the recomputation's own call of ln1
+                    ln_in[layer] = act
+                return act
+
+            hooks.append((f"blocks.{layer}.ln1.hook_in" if hasattr(self.model.blocks[layer], "ln1") else f"blocks.{layer}.hook_resid_pre", keep_ln))
+            for channel in CHANNELS:
+
+                def proj(act, hook=None, layer=layer, channel=channel):
+                    d = delta(layer, channel, act.device, act.dtype)
+                    if d is None:
+                        return act
+                    x = ln_in[layer][:, :, None, :] + d.to(ln_in[layer].dtype)  # [N, T, U, d]
+                    w, b = self.w_in[layer, channel], self.b_in[layer, channel]
+                    inside.append(True)
+                    try:
+                        normed = self._ln(layer, x)
+                    finally:
+                        inside.pop()
+                    new = torch.einsum("ntud,udh->ntuh", normed.to(w.dtype), w)
+                    if b is not None:
+                        new = new + b
+                    return new.to(act.dtype).reshape(act.shape)
+
+                hooks.append((f"blocks.{layer}.attn.{channel}.hook_out", proj))
+
+            def heads_out(act, hook=None, layer=layer):
+                z = act.reshape(*act.shape[:2], L.n_heads, -1)
+                result = torch.einsum("nthe,hed->nthd", z, self.w_out[layer].to(z.dtype))
+                for h in range(L.n_heads):
+                    current[L.head_sender(layer, h)] = result[:, :, h]
+                return act
+
+            hooks.append((f"blocks.{layer}.attn.hook_z", heads_out))
+            if L.has_mlp:
+
+                def mlp_in(act, hook=None, layer=layer):
+                    d = delta(layer, "mlp", act.device, act.dtype)
+                    return act if d is None else act + d[:, :, 0].to(act.dtype)
+
+                def mlp_out(act, hook=None, layer=layer):
+                    current[L.mlp_sender(layer)] = act
+                    return act
+
+                hooks.append((f"blocks.{layer}.ln2.hook_in" if hasattr(self.model.blocks[layer], "ln2") else f"blocks.{layer}.mlp.hook_in", mlp_in))
+                hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
+
+        def final(act, hook=None):
+            d = delta(L.n_layers, "logits", act.device, act.dtype)
+            return act if d is None else act + d[:, :, 0].to(act.dtype)
+
+        hooks.append(("ln_final.hook_in" if self.has_final_norm else "unembed.hook_in", final))
+        logits = forward_with_hooks(self.model, stacked, hooks, return_type="logits")
+        out = {"logits": logits.reshape(copies, B, T, -1)}
+        if read_senders:
+            out["senders"] = torch.stack(current, dim=2)
+        if probe:
+            out["probes"] = probes
+        return out
+
+
+def sender_outputs(model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sender's output on ``tokens [B, T]``: ``([B, T, S, d_model], final logits [B, V])``."""
+    with torch.inference_mode():
+        out = EdgeForward(model).run(tokens, read_senders=True)
+    return out["senders"].float(), out["logits"][0, :, -1].float()
