@@ -19,7 +19,7 @@ from arithinterp.errors import ArithInterpError  # noqa: E402
 from arithinterp.models import list_zoo, load_model  # noqa: E402
 
 _SUBMODULES = (
-    "activations", "cli", "errors", "fourier", "helix", "metrics", "models", "neurons", "patching",
+    "activations", "circuits", "cli", "errors", "fourier", "helix", "metrics", "models", "neurons", "patching",
     "probes", "results", "sites", "sweep", "tasks", "viz",
 )
 

@@ -5,7 +5,22 @@
 result, extraction, faithfulness, minimality, overlap).
 """
 
+from arithinterp.circuits.circuit import (
+    Circuit,
+    Faithfulness,
+    circuit_faithfulness,
+    faithfulness,
+    minimality,
+    overlap,
+    prune,
+    score_edges,
+    threshold,
+    top_n,
+)
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Edge, Graph, Node
 
-__all__ = ["Edge", "Graph", "Node", "attribute_edges", "patch_edges", "run_edge_sets"]
+__all__ = [
+    "Circuit", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness", "faithfulness",
+    "minimality", "overlap", "patch_edges", "prune", "run_edge_sets", "score_edges", "threshold", "top_n",
+]

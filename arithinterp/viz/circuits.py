@@ -1,0 +1,95 @@
+"""Circuit figures: the kept edges as a graph by layer and position, and faithfulness curves."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import plotly.graph_objects as go
+
+from arithinterp.viz.base import TEMPLATE, figure
+
+POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu: helps the metric / hurts it
+
+
+def _slot(kind: str, head: Optional[int], n_heads: int) -> float:
+    """Vertical slot of a node inside its layer: heads 0..H−1, the MLP above them."""
+    if kind == "head":
+        return float(head)
+    if kind == "mlp":
+        return float(n_heads) + 0.5
+    return (n_heads - 1) / 2.0  # embeddings and logits centred
+
+
+def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str] = None) -> go.Figure:
+    """The circuit's kept edges: x = layer (embeddings at −1, logits at ``n_layers``); y = head /
+    MLP slot, one band per token position when the graph has positions; line width ∝ |score|,
+    blue for edges that move the metric toward the source run, red against it; hover on an edge's
+    midpoint gives its name, channel, position and score, hover on a node its name.
+
+    ``max_edges`` draws only the largest kept edges by |score| (None: all), and says so in the title.
+    """
+    graph = circuit.graph()
+    L = graph.layout
+    labels = [p for p in graph.positions]
+    band = L.n_heads + 2.5
+    kept = [i for i, k in enumerate(circuit.kept.tolist()) if k]
+    kept.sort(key=lambda i: -abs(float(circuit.scores[i])))
+    shown = kept if max_edges is None else kept[:max_edges]
+    limit = max((abs(float(circuit.scores[i])) for i in shown), default=1.0) or 1.0
+    node_of = {n.name: n for n in graph.nodes}
+
+    def xy(name: str, position) -> tuple[float, float]:
+        node = node_of[name]
+        p = labels.index(position) if position in labels else 0
+        return float(node.layer), p * band + _slot(node.kind, node.head, L.n_heads)
+
+    heading = title or f"Circuit ({circuit.method}, {circuit.metric}): {circuit.n_kept} of {circuit.n_edges} edges"
+    if len(shown) < len(kept):
+        heading += f" — largest {len(shown)} drawn"
+    fig = figure(heading, "layer (embeddings −1, logits last)", "head / MLP" + (" by position" if labels != [None] else ""))
+    mid_x, mid_y, mid_text, mid_colour = [], [], [], []
+    for i in shown:
+        score = float(circuit.scores[i])
+        position = circuit.positions[i]
+        x0, y0 = xy(circuit.senders[i], position)
+        x1, y1 = xy(circuit.receivers[i], position)
+        colour = POSITIVE if score >= 0 else NEGATIVE
+        fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", line=dict(width=0.5 + 7.5 * abs(score) / limit, color=colour),
+                                 opacity=0.7, hoverinfo="skip", showlegend=False))
+        mid_x.append((x0 + x1) / 2)
+        mid_y.append((y0 + y1) / 2)
+        mid_text.append(f"{circuit.edges[i]}<br>channel: {circuit.channels[i]}<br>position: {position if position is not None else 'all'}<br>score: {score:.4g}")
+        mid_colour.append(colour)
+    fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=6, color=mid_colour, opacity=0.5),
+                             hovertemplate="%{text}<extra></extra>", text=mid_text, name="edges", showlegend=False))
+    used = {(circuit.senders[i], circuit.positions[i]) for i in shown} | {(circuit.receivers[i], circuit.positions[i]) for i in shown}
+    nx, ny, nt = [], [], []
+    for name, position in sorted(used, key=str):
+        x, y = xy(name, position)
+        nx.append(x)
+        ny.append(y)
+        nt.append(name + ("" if position is None else f" @ {position}"))
+    fig.add_trace(go.Scatter(x=nx, y=ny, mode="markers+text", text=nt, textposition="top center", textfont=dict(size=9),
+                             marker=dict(size=11, color=TEMPLATE.layout.colorway[2], line=dict(width=1, color="#333")),
+                             hovertemplate="%{text}<extra></extra>", name="nodes", showlegend=False))
+    ticks = list(range(-1, L.n_layers + 1))
+    fig.update_xaxes(tickmode="array", tickvals=ticks, ticktext=["embed"] + [f"L{l}" for l in range(L.n_layers)] + ["logits"])
+    if labels != [None]:
+        fig.update_yaxes(tickmode="array", tickvals=[p * band + (L.n_heads - 1) / 2 for p in range(len(labels))], ticktext=[f"position {p}" for p in labels])
+    else:
+        fig.update_yaxes(tickmode="array", tickvals=list(range(L.n_heads)) + ([L.n_heads + 0.5] if L.has_mlp else []),
+                         ticktext=[f"H{h}" for h in range(L.n_heads)] + (["MLP"] if L.has_mlp else []))
+    return fig
+
+
+def plot_faithfulness(curve, *, title: Optional[str] = None) -> go.Figure:
+    """Normalised faithfulness vs number of edges kept, with the every-edge (1) and no-edge (0) lines."""
+    fig = figure(title or f"Faithfulness ({curve.method} ranking, {curve.ablation} ablation)", "edges kept", "normalised metric restored")
+    fig.add_trace(go.Scatter(
+        x=curve.sizes.tolist(), y=curve.values.tolist(), mode="lines+markers", name="top-k edges",
+        customdata=[[float(s) / curve.n_edges, float(r)] for s, r in zip(curve.sizes.tolist(), curve.raw.tolist())],
+        hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g}<br>metric %{customdata[1]:.4g}<extra></extra>",
+    ))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
+    fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.no_edges:.3g})")
+    return fig
