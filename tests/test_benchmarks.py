@@ -47,3 +47,10 @@ def test_evaluate_benchmark_smoke():
     out = run("evaluate.py", "--prompts", "20", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
               "--d-mlp", "128", "--vocab", "500")
     assert "| `evaluate` |" in out and "evaluate / (3 × one forward)" in out and "decode path 'cached'" in out
+
+
+def test_circuits_benchmark_smoke():
+    """The quick run scores every edge of zoo:add-100 three ways and EAP-IG tracks exact patching."""
+    out = run("circuits.py", "--quick")
+    row = next(line for line in out.splitlines() if line.startswith("| eap-ig"))
+    assert float(row.split("|")[2]) > 0.8 and int(row.rstrip(" |").rsplit("|", 1)[1]) <= 2 * (5 + 1)
