@@ -218,6 +218,33 @@ def digits_command(args: argparse.Namespace) -> dict:
                                                         drop=round(float(result.drop[head, token]), 4))))
 
 
+@command("circuit")
+def circuit_command(args: argparse.Namespace) -> dict:
+    """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top)."""
+    from arithinterp import circuits
+    from arithinterp.errors import ConfigError
+
+    model, prompts = _model_and_prompts(args)
+    pairs = prompts.counterfactual(vary=args.vary, seed=args.seed)
+    positions = [p.strip() for p in args.positions.split(",") if p.strip()] if args.positions else None
+    scored = circuits.score_edges(model, pairs, args.method, positions=positions, steps=args.steps, metric=args.metric,
+                                  progress=not args.no_progress)
+    if args.top is not None:
+        size = args.top
+    else:
+        if not 0 < args.target <= 1:
+            raise ConfigError(f"--target must be in (0, 1], got {args.target}")
+        curve = circuits.faithfulness(model, pairs, scored, ablation=args.ablation)
+        size = curve.smallest(args.target)
+        size = scored.n_edges if size is None else size
+    circuit = circuits.top_n(scored, size)
+    value = circuits.circuit_faithfulness(model, pairs, circuit, ablation=args.ablation)
+    top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
+    return _finish(circuit, args, dict(method=args.method, pairs=len(pairs), edges=circuit.n_edges, kept=circuit.n_kept,
+                                       fraction_kept=round(circuit.n_kept / circuit.n_edges, 4), faithfulness=round(value, 4),
+                                       ablation=args.ablation, top_edges=top[["edge", "score"]].round(4).to_dict("records")))
+
+
 # --- train ---------------------------------------------------------------------------------------
 
 
@@ -314,6 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-answer", action="store_true", help="score every answer token, teacher-forced (multi-token answers)")
     p = analysis("digits", "which head computes which answer digit (multi-token answers)", default_model="zoo:add-3digit")
     p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
+
+    p = analysis("circuit", "score every edge (path patching, EAP, EAP-IG) and keep the smallest faithful circuit")
+    p.add_argument("--method", default="eap-ig", help="eap-ig, eap or exact (default: eap-ig)")
+    p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default: 5)")
+    p.add_argument("--positions", default=None, help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")
+    p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
+    p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep_answer, operator")
+    p.add_argument("--top", type=int, default=None, help="keep this many edges instead of searching for --target")
+    p.add_argument("--target", type=float, default=0.9, help="normalised faithfulness the kept top-k must reach (default: 0.9)")
+    p.add_argument("--ablation", default="resample", help="how edges outside the circuit are ablated: resample or mean")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")

@@ -12,7 +12,13 @@ ones, wall time (median of ``--runs``, one thread), forward/backward passes per 
 smallest top-k circuit by EAP-IG ranking whose normalised faithfulness (complement ablated by
 resampling the corrupt prompt) reaches 0.9, with its size as a fraction of all edges.
 
+Speed (``--speed``): every edge of a random-weight 4-layer d256 Llama-family model (8 heads, 2
+key/value heads, d_mlp 688; a local Hugging Face folder loaded with ``load_model``) on few-shot
+prompts, scored by EAP-IG in one batch: wall time, forward/backward passes, peak memory (the
+largest resident-set increase), and the same for exact patching of every edge.
+
     python benchmarks/circuits.py [--pairs 100] [--steps 5] [--runs 3] [--write docs/circuits.md]
+    python benchmarks/circuits.py --speed [--write-speed docs/benchmarks.md]
     python benchmarks/circuits.py --quick
 """
 
@@ -28,6 +34,7 @@ from pathlib import Path
 import torch
 
 BEGIN, END = "<!-- circuits:begin -->", "<!-- circuits:end -->"
+SPEED_BEGIN, SPEED_END = "<!-- circuits-speed:begin -->", "<!-- circuits-speed:end -->"
 
 
 def ranks(x: torch.Tensor) -> torch.Tensor:
@@ -85,6 +92,32 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
     return lines
 
 
+def speed(n_pairs: int, steps: int, few_shot: int, runs: int) -> list[str]:
+    from patching import PeakMemory, llama_model  # benchmarks/patching.py
+
+    from arithinterp.circuits import Graph, attribute_edges, patch_edges
+    from arithinterp.tasks import arithmetic
+
+    model = llama_model(4, 256, 8, 2, 688)
+    prompts = arithmetic(model, a=range(100), b=range(100), few_shot=few_shot)
+    pairs = prompts.counterfactual(vary="a", seed=0)[:n_pairs]
+    graph = Graph.of(model)
+    T = pairs.clean.tokens.shape[1]
+    lines = [f"**Llama 4L d256 (HF folder, random weights)** — {len(pairs)} pairs of {T} tokens ({few_shot}-shot prefix), "
+             f"{graph.n_edges} edges, one CPU thread, median of {runs} runs", "",
+             "| method | time (s) | passes per batch | peak memory (MiB) | Pearson vs exact |", "|---|---:|---:|---:|---:|"]
+    with PeakMemory() as mem:
+        t_exact, exact = timed(lambda: patch_edges(model, pairs, graph, progress=False), runs)
+    ref = exact["scores"].mean(0)
+    for method in ("eap", "eap-ig"):
+        with PeakMemory() as m:
+            t, got = timed(lambda: attribute_edges(model, pairs, graph, method=method, steps=steps, batch_size=len(pairs), progress=False), runs)
+        label = method if method == "eap" else f"eap-ig ({steps} steps)"
+        lines.append(f"| {label} | {t:.2f} | {got['passes_per_batch']} | {m.peak:.0f} | {pearson(got['scores'].mean(0), ref):.3f} |")
+    lines.append(f"| exact, every edge alone | {t_exact:.2f} | {exact['forwards']} stacked forwards | {mem.peak:.0f} | 1 |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100)
@@ -93,11 +126,27 @@ def main() -> None:
     parser.add_argument("--models", default="add-100,add-3digit")
     parser.add_argument("--write", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="20 pairs of zoo:add-100, one run")
+    parser.add_argument("--speed", action="store_true", help="the Llama 4L d256 speed setup instead of the zoo comparison")
+    parser.add_argument("--speed-pairs", type=int, default=16)
+    parser.add_argument("--few-shot", type=int, default=9)
+    parser.add_argument("--write-speed", type=Path, default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     if args.quick:
         args.pairs, args.runs, args.models = 20, 1, "add-100"
+    if args.speed:
+        text = "\n".join(speed(args.speed_pairs, args.steps, args.few_shot, args.runs))
+        print(text)
+        if args.write_speed:
+            doc = args.write_speed.read_text()
+            block = f"{SPEED_BEGIN}\n## Circuits: edge scores\n\nWritten by `python benchmarks/circuits.py --speed --write-speed {args.write_speed}`.\n\n{text}\n{SPEED_END}"
+            if SPEED_BEGIN in doc:
+                doc = re.sub(re.escape(SPEED_BEGIN) + ".*?" + re.escape(SPEED_END), lambda _: block, doc, flags=re.S)
+            else:
+                doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+            args.write_speed.write_text(doc)
+        return
     lines = [f"One CPU thread, torch {torch.__version__}, EAP-IG steps = {args.steps}, median of {args.runs} runs.", ""]
     for name in args.models.split(","):
         lines += bench(name, args.pairs, args.steps, args.runs)

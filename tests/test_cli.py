@@ -42,6 +42,7 @@ def test_no_command_prints_help(capsys):
         (["ablate", "--components", "mlp0"], lambda s: s["accuracy_before"] == 1.0 and s["accuracy_after"] < 0.5),
         (["ablate", "zoo:add-3digit", "--components", "L0H0@answer3", "--full-answer"],
          lambda s: s["token_accuracy_after"][:3] == [1.0, 1.0, 1.0] and s["token_accuracy_after"][3] < 0.6),
+        (["circuit", "--method", "eap"], lambda s: s["faithfulness"] >= 0.9 and 0 < s["kept"] < s["edges"]),
         (["digits"], lambda s: s["largest_drop"]["head"].startswith("L0") and s["largest_drop"]["drop"] > 0.4),
     ],
     ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else "",

@@ -225,7 +225,8 @@ def faithfulness(
     """Faithfulness curve: the normalised metric with the top-``k`` edges by |score| kept, for
     each ``k`` in ``sizes`` (default 0, 1, 2, 4, ... and every edge), the rest ablated
     (``"resample"``: the corrupt prompt's sender outputs; ``"mean"``: the clean prompts' mean).
-    All sizes run stacked in one batch of forwards."""
+    All sizes run stacked in one batch of forwards. ``metric`` defaults to the circuit's metric
+    by name; a callable metric has to be passed again (a saved circuit keeps only its name)."""
     _check_circuit(circuit)
     n = circuit.n_edges
     if sizes is None:
