@@ -116,7 +116,10 @@ def run_edge_sets(
         else:
             fixed = base_send
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(base_send.device)
-        chunk = batch_sets or max(1, ELEMENT_BUDGET // (B * T * (L.n_senders * L.d_model + L.n_heads * L.d_model)))
+        # memory per stacked set: the residual stream's activations plus the senders the set changes
+        active = int((dense[:, :, :, :].reshape(C, -1) != 0).sum(1).max()) if C else 0
+        width = L.d_model * (2 * L.n_heads + 8 + min(active, L.n_senders))
+        chunk = batch_sets or max(1, ELEMENT_BUDGET // (B * T * width))
         for start in range(0, C, chunk):
             part = dense[start:start + chunk].to(base_send.device)
             c = part.shape[0]

@@ -175,10 +175,12 @@ class EdgeForward:
             w = None if weights is None else weights(layer, channel)
             out = None
             if w is not None:
-                n_up = w.shape[-1]
-                cur = torch.stack(current[:n_up], dim=2).float()  # [C·B, T, S_up, d]
-                diff = values[:, :, :n_up].float().repeat(copies, 1, 1, 1) - cur
-                out = torch.einsum("ntus,ntsd->ntud", w.reshape(copies * B, T, w.shape[-2], n_up).float(), diff)
+                # only the senders some edge set changes here: an edge set is usually sparse
+                active = torch.nonzero(w.reshape(-1, w.shape[-1]).abs().sum(0)).flatten().tolist()
+                cur = torch.stack([current[s] for s in active], dim=2).float()  # [C·B, T, S_active, d]
+                diff = values[:, :, active].float().repeat(copies, 1, 1, 1) - cur
+                w = w[..., active].reshape(copies * B, T, w.shape[-2], len(active)).float()
+                out = torch.einsum("ntus,ntsd->ntud", w, diff)
             if probe:
                 p = torch.zeros(copies * B, T, L.units(channel), L.d_model, device=device, requires_grad=True)
                 probes[layer, channel] = p
@@ -206,8 +208,12 @@ class EdgeForward:
                     d = delta(layer, channel, act.device, act.dtype)
                     if d is None:
                         return act
-                    x = ln_in[layer][:, :, None, :] + d.to(ln_in[layer].dtype)  # [N, T, U, d]
-                    w, b = self.w_in[layer, channel], self.b_in[layer, channel]
+                    # recompute only the heads whose input changes (every head when probing)
+                    units = torch.arange(d.shape[2], device=d.device) if probe else torch.nonzero(d.detach().abs().sum((0, 1, 3))).flatten()
+                    if len(units) == 0:
+                        return act
+                    x = ln_in[layer][:, :, None, :] + d[:, :, units].to(ln_in[layer].dtype)  # [N, T, u, d]
+                    w, b = self.w_in[layer, channel][units], self.b_in[layer, channel]
                     inside.append(True)
                     try:
                         normed = self._ln(layer, x)
@@ -215,8 +221,13 @@ class EdgeForward:
                         inside.pop()
                     new = torch.einsum("ntud,udh->ntuh", normed.to(w.dtype), w)
                     if b is not None:
-                        new = new + b
-                    return new.to(act.dtype).reshape(act.shape)
+                        new = new + b[units]
+                    heads = act.reshape(*act.shape[:2], d.shape[2], -1)
+                    if len(units) == d.shape[2]:
+                        return new.to(act.dtype).reshape(act.shape)
+                    heads = heads.clone()
+                    heads[:, :, units] = new.to(act.dtype)
+                    return heads.reshape(act.shape)
 
                 hooks.append((f"blocks.{layer}.attn.{channel}.hook_out", proj))
 
