@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -212,3 +214,21 @@ def test_edge_runs_are_exact_on_hugging_face_families(family, number_tokenizer, 
     exact = patch_edges(model, pairs, graph, progress=False)["scores"].mean(0)
     ig = attribute_edges(model, pairs, graph, method="eap-ig", steps=5, progress=False)["scores"].mean(0)
     assert torch.corrcoef(torch.stack([exact, ig]))[0, 1] > 0.7
+
+
+def test_report_stage_finds_a_small_faithful_circuit_on_the_zoo_model():
+    from arithinterp.models.zoo import ZOO, zoo_prompts
+    from arithinterp.report import Context, NotEnoughData, circuits_stage
+
+    model = ai.load_model("zoo:add-100")
+    grid = [(a, b) for a in range(0, 100, 7) for b in range(3, 100, 11)]
+    prompts = zoo_prompts(model, ZOO["add-100"], [a for a, _ in grid], [b for _, b in grid])
+    prompts = prompts[prompts.evaluate(model).correct]
+    pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)
+    ctx = Context(model, "zoo:add-100", prompts, prompts, None, pairs, n_pairs=40)
+    section = circuits_stage(ctx)
+    found = re.search(r"The (\d+) top edges \(([\d.]+)% of all\) restore 0.9", " ".join(section.findings))
+    assert found and 0 < int(found.group(1)) < 110
+    assert len(section.figures) == 2 and section.sample.startswith("40 counterfactual pairs")
+    with pytest.raises(NotEnoughData):
+        circuits_stage(Context(model, "zoo:add-100", prompts, prompts, None, pairs[:10]))

@@ -67,7 +67,7 @@ def test_report_renders_in_chromium(report_file):
 def test_report_rejects_bad_stage(tmp_path):
     with pytest.raises(ConfigError, match="unknown report stage"):
         report("zoo:add-100", out=tmp_path / "r.html", stages=["patchin"])
-    assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons"}
+    assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons", "circuits"}
 
 
 def test_report_on_a_digit_model_skips_what_does_not_apply(tmp_path):
