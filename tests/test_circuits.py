@@ -232,3 +232,13 @@ def test_report_stage_finds_a_small_faithful_circuit_on_the_zoo_model():
     assert len(section.figures) == 2 and section.sample.startswith("40 counterfactual pairs")
     with pytest.raises(NotEnoughData):
         circuits_stage(Context(model, "zoo:add-100", prompts, prompts, None, pairs[:10]))
+
+
+def test_a_residual_stream_that_is_not_a_sum_of_senders_is_refused(number_tokenizer, tmp_path):
+    """Gemma-2 norms attention and MLP outputs before adding them: its graph would be wrong."""
+    from hf_families import save_family
+
+    model = ai.load_model(str(save_family("gemma2", number_tokenizer, tmp_path / "gemma2")))
+    pairs = ai.tasks.arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:4]
+    with pytest.raises(ArithInterpError, match="not the sum of the embeddings, head and MLP outputs"):
+        patch_edges(model, pairs, progress=False)

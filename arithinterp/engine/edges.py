@@ -138,6 +138,9 @@ class EdgeForward:
                     raise AnalysisError(f"edge runs need separate q, k and v projections; layer {layer}'s attention ({type(attn).__name__}) has no {channel!r}")
                 self.w_in[layer, channel], self.b_in[layer, channel] = _linear_weight(getattr(attn, channel), L.units(channel), True)
             self.w_out[layer] = _linear_weight(attn.o, L.n_heads, False)[0]
+        # the output biases belong to no head; they are the same in every run
+        biases = [getattr(blocks[layer].attn.o.original_component, "bias", None) for layer in range(L.n_layers)]
+        self.out_bias = sum((b.detach().float() for b in biases if b is not None), torch.zeros(L.d_model))
         self.has_final_norm = hasattr(model, "ln_final")
 
     def _ln(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -168,6 +171,7 @@ class EdgeForward:
         ln_in: dict = {}
         probes: dict = {}
         inside: list = []
+        residual: list = [None]
         hooks = []
 
         def delta(layer: int, channel: str, device, dtype) -> Optional[torch.Tensor]:
@@ -253,6 +257,7 @@ class EdgeForward:
                 hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
 
         def final(act, hook=None):
+            residual[0] = act
             d = delta(L.n_layers, "logits", act.device, act.dtype)
             return act if d is None else act + d[:, :, 0].to(act.dtype)
 
@@ -261,6 +266,7 @@ class EdgeForward:
         out = {"logits": logits.reshape(copies, B, T, -1)}
         if read_senders:
             out["senders"] = torch.stack(current, dim=2)
+            out["residual"] = residual[0]
         if probe:
             out["probes"] = probes
         return out
@@ -268,6 +274,19 @@ class EdgeForward:
 
 def sender_outputs(model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every sender's output on ``tokens [B, T]``: ``([B, T, S, d_model], final logits [B, V])``."""
+    engine = EdgeForward(model)
     with torch.inference_mode():
-        out = EdgeForward(model).run(tokens, read_senders=True)
-    return out["senders"].float(), out["logits"][0, :, -1].float()
+        out = engine.run(tokens, read_senders=True)
+    senders = out["senders"].float()
+    # the graph is only right where the final residual stream is the sum of the senders' outputs
+    # (not, e.g., with Gemma-2's norms after attention and MLP)
+    total = senders.sum(2) + engine.out_bias.to(senders.device)
+    final = out["residual"].float()
+    error = float((total - final).norm(dim=-1).max() / final.norm(dim=-1).max().clamp_min(1e-12))
+    if error > 1e-3:
+        raise AnalysisError(
+            f"this model's residual stream is not the sum of the embeddings, head and MLP outputs (relative gap {error:.2g}; "
+            "e.g. norms applied to attention or MLP outputs before they are added): edge graphs need blocks that add "
+            "each head's and MLP's output to the residual stream as it is"
+        )
+    return senders, out["logits"][0, :, -1].float()
