@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import CHANNELS, EdgeForward, sender_outputs
 from arithinterp.engine.forward import mean_activation
-from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.patching.core import DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, resolve_positions
 
 VALUES = ("source", "corrupt", "clean", "mean")
@@ -204,7 +204,6 @@ def attribute_edges(
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     fn = metric_fn(metric)
     engine = EdgeForward(model)
-    L = graph.layout
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
     scores = torch.empty(len(pairs), graph.n_edges)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
