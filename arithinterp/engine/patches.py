@@ -3,7 +3,8 @@
 A *cell* patches one site at one layer, at one position per pair (or every position) and for one
 head or neuron (or all of them), with the source run's value. :class:`PatchRunner` holds a base
 run and a source run of the same prompts and returns the final-position logits of a stack of cells
-``[C, B, V]``, resuming the model at the patched layer and earliest patched position
+``[C, B, V]`` (or, with ``n_last=k``, those of the last ``k`` positions ``[C, B, k, V]``: teacher-forced
+answer tokens appended to the prompts are scored there), resuming the model at the patched layer and earliest patched position
 (:mod:`arithinterp.engine.stepping`), or running whole forwards where the model cannot be stepped.
 """
 
@@ -61,12 +62,19 @@ class PatchRunner:
     """Base and source runs of one group of equal-length prompts, and patched runs between them.
 
     ``stepper`` is the model's :class:`Stepper`, or ``None`` to run whole forwards with a hook.
-    ``base_logits`` / ``source_logits`` are the unpatched final-position logits ``[B, V]``.
+    ``base_logits`` / ``source_logits`` are the unpatched final-position logits ``[B, V]``, or with
+    ``n_last=k`` the logits of the last ``k`` positions ``[B, k, V]``; :meth:`patched` returns the
+    same positions for each cell.
     """
 
-    def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor):
+    def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor,
+                 n_last: Optional[int] = None):
+        from arithinterp.engine.stepping import _check_n_last
+
+        _check_n_last(n_last, int(base_tokens.shape[1]))
         self.model, self.stepper, self.site = model, stepper, site
         self.tokens = base_tokens
+        self.n_last = n_last
         self.n_layers = site_lib.n_layers(model)
         if site == "resid_mid" and getattr(model.cfg, "parallel_attn_mlp", False):
             from arithinterp.errors import SiteError
@@ -75,14 +83,14 @@ class PatchRunner:
         names = [self._read_name(layer) for layer in range(self.n_layers)]
         extra = [site_lib.hook_name("resid_pre", layer) for layer in range(self.n_layers)] if site == "resid_mid" else []
         if stepper is not None:
-            self.base = stepper.base(base_tokens, read=names + extra)
-            self.source = stepper.base(source_tokens, read=names)
+            self.base = stepper.base(base_tokens, read=names + extra, n_last=n_last)
+            self.source = stepper.base(source_tokens, read=names, n_last=n_last)
             self.base_logits, self.source_logits = self.base.logits, self.source.logits
             base_acts, source_acts = self.base.acts, self.source.acts
         else:
             self.base, self.source = None, None
-            self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra)
-            self.source_logits, source_acts = _cached_run(model, source_tokens, names)
+            self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra, n_last)
+            self.source_logits, source_acts = _cached_run(model, source_tokens, names, n_last)
         self.base_acts = [self._shaped(base_acts[name]) for name in names]
         self.source_acts = [self._shaped(source_acts[name]) for name in names]
         self.base_resid_pre = [base_acts[name] for name in extra]
@@ -126,9 +134,9 @@ class PatchRunner:
         per = per.expand(C, -1, -1)
         if layer == self.n_layers - 1 and site != "resid_pre":
             # inside the last block a position's activation reaches only that position's output, and
-            # only the final position is read: patches anywhere else leave the logits as they are
+            # only the final position (the last n_last) is read: patches anywhere else leave the logits as they are
             per = per.clone()
-            per[:, :, :-1] = False
+            per[:, :, : -(self.n_last or 1)] = False
         if pos is None:  # every position patched
             patched, elsewhere = per.any(-1), torch.zeros(per.shape[:2], dtype=torch.bool, device=per.device)
         else:
@@ -140,7 +148,8 @@ class PatchRunner:
         return states.cpu()
 
     def patched(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
-        """Final-position logits ``[C, B, V]`` of the base run with each cell's patch applied."""
+        """Final-position logits ``[C, B, V]`` of the base run with each cell's patch applied
+        (``[C, B, k, V]`` at the last ``k`` positions when the runner was made with ``n_last=k``)."""
         site = self.site
         B = self.tokens.shape[0]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
@@ -161,24 +170,26 @@ class PatchRunner:
         if self.stepper is None:
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
             logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), [(name, patch)], return_type="logits")
-            return logits[:, -1].reshape(C, B, -1)
+            logits = logits[:, -1] if self.n_last is None else logits[:, -self.n_last:]
+            return logits.reshape(C, B, *logits.shape[1:])
         stepper = self.stepper
         if site in ("resid_pre", "resid_post"):
             entry = layer + (site == "resid_post")
             hidden = patch(base[None].expand(C, *base.shape)).flatten(0, 1)
             if entry == self.n_layers:
-                logits = stepper.unembed(hidden[:, -1:])[:, 0]
+                logits = stepper.unembed(hidden[:, -1:])[:, 0] if self.n_last is None else stepper.unembed(hidden[:, -self.n_last:])
             else:
-                logits = stepper.resume(self.base, entry, hidden, start, n_stack=C)
+                logits = stepper.resume(self.base, entry, hidden, start, n_stack=C, n_last=self.n_last)
         else:
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
             hidden = self.base.resid[layer][:, start:].repeat(C, 1, 1)
-            logits = stepper.resume(self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C)
-        return logits.reshape(C, B, -1)
+            logits = stepper.resume(self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last)
+        return logits.reshape(C, B, *logits.shape[1:])
 
 
-def _cached_run(model: Any, tokens: torch.Tensor, names: list) -> tuple[torch.Tensor, dict]:
-    """Final-position logits and the named activations of one whole forward."""
+def _cached_run(model: Any, tokens: torch.Tensor, names: list, n_last: Optional[int] = None) -> tuple[torch.Tensor, dict]:
+    """Final-position logits ``[B, V]`` (the last ``n_last`` positions' ``[B, n_last, V]``) and the
+    named activations of one whole forward."""
     cache: dict = {}
 
     def keep(name):
@@ -187,7 +198,8 @@ def _cached_run(model: Any, tokens: torch.Tensor, names: list) -> tuple[torch.Te
 
         return hook
 
-    logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits")[:, -1]
+    logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits")
+    logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
     if not torch.isfinite(logits).all():
         from arithinterp.errors import AnalysisError
 

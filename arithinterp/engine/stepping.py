@@ -74,7 +74,8 @@ class BaseRun:
     ``resid[l]`` is the input of block ``l`` ``[B, T, d]`` (``resid[n_layers]`` the final
     residual); ``calls[l]`` block ``l``'s other call arguments; ``kv[l]`` its keys and values
     (``[B, heads, T, d_head]`` each) when the blocks use a cache; ``logits`` ``[B, V]`` at the final
-    position; ``acts`` the activations read by name.
+    position (``[B, k, V]`` at the last ``k`` positions when the run was made with ``n_last=k``);
+    ``acts`` the activations read by name.
     """
 
     tokens: torch.Tensor
@@ -104,8 +105,13 @@ class Stepper:
 
     # --- base run -------------------------------------------------------------------------------
 
-    def base(self, tokens: torch.Tensor, read: Sequence[str] = ()) -> BaseRun:
-        """Run ``tokens [B, T]`` through the model, recording what resuming needs and ``read``."""
+    def base(self, tokens: torch.Tensor, read: Sequence[str] = (), n_last: Optional[int] = None) -> BaseRun:
+        """Run ``tokens [B, T]`` through the model, recording what resuming needs and ``read``.
+
+        The run's logits are ``[B, V]`` at the final position, or ``[B, n_last, V]`` at the last
+        ``n_last`` positions (teacher-forced answers, one position per answer token).
+        """
+        _check_n_last(n_last, int(tokens.shape[1]))
         model = self.model
         resid: list = [None] * (self.n_layers + 1)
         calls: list = [None] * self.n_layers
@@ -137,7 +143,7 @@ class Stepper:
         with module_hooks(pre, post=[(self.blocks[-1], after_last)]), self._cache_reaches_attention(cache):
             with hook_points(model, [(name, keep(name)) for name in read]):
                 logits = model(tokens, return_type="logits")
-        logits = logits[:, -1]
+        logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
         if not torch.isfinite(logits).all():
             raise AnalysisError(
                 "the model's logits on the base prompts are not finite (NaN or inf): its weights or "
@@ -168,14 +174,17 @@ class Stepper:
         start: int,
         edits: Sequence[tuple[str, Callable]] = (),
         n_stack: int = 1,
+        n_last: Optional[int] = None,
     ) -> torch.Tensor:
         """Final-position logits ``[n_stack * B, V]`` of patched runs entering block ``layer``.
 
         ``hidden [n_stack * B, T - start, d]`` is the input of block ``layer`` at positions
         ``start:`` for each stacked run (row ``c * B + b`` is run ``c`` of base prompt ``b``);
         ``edits`` are ``(hook name, fn)`` pairs applied while the blocks run. ``layer ==
-        n_layers`` means ``hidden`` is the final residual stream.
+        n_layers`` means ``hidden`` is the final residual stream. With ``n_last=k`` the logits are
+        ``[n_stack * B, k, V]`` at the last ``k`` positions (which must lie at ``start`` or later).
         """
+        _check_n_last(n_last, int(hidden.shape[1]), start)
         if start > 0 and not self.reuses_prefix:
             raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
         prefix = None
@@ -187,7 +196,7 @@ class Stepper:
                 kwargs = {key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()}
                 out = self.blocks[i](hidden, **kwargs)
                 hidden = out[0] if isinstance(out, tuple) else out
-        return self.unembed(hidden[:, -1:])[:, 0]
+        return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
 
     @contextlib.contextmanager
     def _cache_reaches_attention(self, cache: _PrefixCache):
@@ -267,6 +276,15 @@ class Stepper:
                 if isinstance(t, torch.Tensor) and key not in _POSITION_AXIS and T in t.shape[1:]:
                     return True
         return False
+
+
+def _check_n_last(n_last: Optional[int], width: int, start: int = 0) -> None:
+    """``n_last`` (positions whose logits are returned) must be None or 1..``width`` positions computed."""
+    if n_last is None:
+        return
+    if isinstance(n_last, bool) or not isinstance(n_last, int) or not 1 <= n_last <= width:
+        where = f" from position {start} on" if start else ""
+        raise AnalysisError(f"n_last must be None (the final position) or 1..{width} (the positions computed{where}), got {n_last!r}")
 
 
 _STEPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

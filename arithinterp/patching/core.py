@@ -20,6 +20,7 @@ from arithinterp.results import Result, build_meta
 SWEEP_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post")
 ATTRIBUTE_SITES = SWEEP_SITES
 METRICS = ("logit_diff", "prob", "logprob", "ie")
+SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
 DIRECTIONS = ("denoise", "noise")
 ENGINES = ("auto", "stepped", "hooks")
 METHODS = ("attribution", "integrated_gradients")
@@ -178,6 +179,92 @@ def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricCon
         return metric_lib.stolfo_ie(ctx.base_p_base, pick(probs, ctx.base_tok), ctx.base_p_source, pick(probs, ctx.source_tok))
 
     return ie
+
+
+def resolve_scoring(pairs, scoring: Optional[str], metric) -> str:
+    """The scoring a sweep uses: ``scoring``, or (``None``) the one the prompts carry
+    (``prompts.with_scoring(...)``) for a named metric and ``"first_token"`` for a callable;
+    ``"full_answer"`` needs a named metric."""
+    if scoring is None:  # a callable reads the final position's logits, whatever the prompts say
+        scoring = "first_token" if callable(metric) else getattr(pairs.clean, "scoring", "first_token")
+    if scoring not in SCORINGS:
+        raise ConfigError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORINGS)} or None (the prompts' own scoring)")
+    if scoring == "full_answer" and callable(metric):
+        raise ConfigError(
+            "scoring='full_answer' scores the named metrics over every answer token; a metric callable takes "
+            f"final-position logits [B, V] only. Pass one of {accepted(METRICS)}, or scoring='first_token'"
+        )
+    return scoring
+
+
+def answer_logprob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced log-probability of whole answers: ``logits [*lead, R, K, V]`` at the ``K``
+    positions that predict the answer tokens ``answers [R, K]`` (−1 padding scores 0), ``[*lead, R]``
+    (float32): ``Σ_k log P(answer_k | prompt, answer_<k)``."""
+    answers = answers.to(logits.device)
+    logprobs = logits.float().log_softmax(-1)
+    index = answers.clamp(min=0).expand(*logits.shape[:-1])[..., None]
+    picked = logprobs.gather(-1, index)[..., 0]
+    return (picked * (answers >= 0)).sum(-1)
+
+
+@dataclass
+class FullAnswer:
+    """Full-answer scoring of a named metric on a batch of ``B`` pairs.
+
+    Each answer the metric needs (``feeds``: the clean answer, and for ``logit_diff`` and ``ie``
+    the corrupt one too) is teacher-forced after both the base and the source prompt, so every
+    patched run is run once per fed answer: row ``f * B + b`` is pair ``b`` with answer ``f`` fed.
+    ``answers`` is ``[F, B, K]`` (−1 padded); :meth:`fed` the tokens appended to the prompts
+    ``[F * B, K − 1]``; :meth:`metric` maps each row's answer log-probability ``[*, F * B]`` to
+    the metric per pair ``[*, B]``.
+    """
+
+    metric: str
+    direction: str
+    answers: torch.Tensor
+    base_rows: Optional[torch.Tensor] = None  # [F * B] the unpatched base run's rows (for "ie")
+
+    @classmethod
+    def of(cls, metric: str, batch, direction: str) -> "FullAnswer":
+        clean, corrupt = batch.clean.answer_tokens, batch.corrupt.answer_tokens
+        K = max(clean.shape[1], corrupt.shape[1])
+        pad = lambda a: torch.cat([a, a.new_full((a.shape[0], K - a.shape[1]), -1)], dim=1)  # noqa: E731
+        feeds = [pad(clean)] if metric in ("prob", "logprob") else [pad(clean), pad(corrupt)]
+        return cls(metric, direction, torch.stack(feeds))
+
+    @property
+    def n_feeds(self) -> int:
+        return int(self.answers.shape[0])
+
+    @property
+    def n_answer(self) -> int:
+        return int(self.answers.shape[2])
+
+    def rows(self) -> torch.Tensor:
+        """The answer scored on each row, ``[F * B, K]``."""
+        return self.answers.flatten(0, 1)
+
+    def fed(self) -> torch.Tensor:
+        """The answer tokens appended to each row's prompt, ``[F * B, K − 1]`` (padding fed as 0)."""
+        return self.rows()[:, :-1].clamp(min=0)
+
+    def metric_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The metric per pair ``[*, B]`` from each row's answer log-probability ``rows [*, F * B]``."""
+        lp = rows.float().unflatten(-1, (self.n_feeds, -1))  # [*, F, B]
+        if self.metric == "logprob":
+            return lp[..., 0, :]
+        if self.metric == "prob":
+            return lp[..., 0, :].exp()
+        if self.metric == "logit_diff":
+            return lp[..., 0, :] - lp[..., 1, :]
+        # ie: r the base prompt's answer, r' the source's (Stolfo et al. 2023), whole answers
+        if self.base_rows is None:
+            raise AnalysisError("full-answer 'ie' needs the unpatched base run's answer log-probabilities first")
+        base = self.base_rows.float().unflatten(-1, (self.n_feeds, -1)).to(lp.device).exp()
+        b, s = (1, 0) if self.direction == "denoise" else (0, 1)  # feed index of the base / source answer
+        p = lp.exp()
+        return metric_lib.stolfo_ie(base[b], p[..., b, :], base[s], p[..., s, :])
 
 
 def metric_name(metric) -> str:

@@ -15,13 +15,16 @@ from arithinterp.patching.core import (
     ENGINES,
     SWEEP_SITES,
     Cells,
+    FullAnswer,
     PatchResult,
+    answer_logprob,
     check_choice,
     check_pairs,
     metric_context,
     metric_fn,
     patch_result,
     resolve_positions,
+    resolve_scoring,
     resolve_units,
 )
 from arithinterp.engine import PatchRunner, stepper_for
@@ -54,6 +57,7 @@ def sweep(
     per_position: bool = True,
     batch_cells: Optional[int] = None,
     engine: str = "auto",
+    scoring: Optional[str] = None,
     seed: int = 0,
     progress: bool = True,
 ) -> PatchResult:
@@ -78,6 +82,15 @@ def sweep(
         engine: ``"auto"`` (the model's own blocks stepped from the patched layer and position
             when that reproduces its logits, else whole forwards with a warning), ``"stepped"``
             (refuse to fall back) or ``"hooks"`` (whole forwards).
+        scoring: ``"first_token"`` (the metric on the final position's logits, which predict the
+            answer's first token), ``"full_answer"`` (the named metrics over every answer token,
+            teacher-forced: each answer the metric compares is appended to the base and the source
+            prompt, and ``logit_diff`` becomes ``log P(clean answer) − log P(corrupt answer)``,
+            ``logprob`` / ``prob`` those of the whole clean answer, ``ie`` Stolfo et al.'s with
+            whole-answer probabilities), or ``None``: the prompts' own ``scoring``
+            (``prompts.with_scoring("full_answer")``; a metric callable always reads the final
+            position). Patch positions stay prompt positions; ``per_position=False`` patches the
+            fed answer tokens too (the source prompt is fed the same answer).
 
     Returns a :class:`PatchResult` whose ``values`` are ``[n_pairs, n_layers, n_positions?,
     n_heads_or_neurons?]``.
@@ -89,6 +102,7 @@ def sweep(
     check_choice("direction", direction, DIRECTIONS)
     check_choice("engine", engine, ENGINES)
     fn = metric_fn(metric)
+    scoring = resolve_scoring(pairs, scoring, metric)
     layer_list = site_lib.check_layers(model, site, layers)
     unit_kind, units = resolve_units(model, site, heads, neurons)
     if per_position:
@@ -111,26 +125,46 @@ def sweep(
         bar = tqdm(total=len(table) * len(groups), desc=f"sweep {site}", disable=not progress)
         for idx in groups:
             base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
-            length = base_tokens.shape[1]
             offset = base_set.offset(idx)
+            full = None
+            if scoring == "full_answer":  # every row: a pair's prompt with one of the answers teacher-forced after it
+                full = FullAnswer.of(metric, pairs[idx], direction)
+                fed = full.fed()
+                base_tokens = torch.cat([base_tokens.repeat(full.n_feeds, 1), fed], dim=1)
+                source_tokens = torch.cat([source_tokens.repeat(full.n_feeds, 1), fed], dim=1)
+            length, n_rows = base_tokens.shape[1], base_tokens.shape[0]
             stepper, engine_used = stepper_for(model, base_tokens, engine)
             engines.add(engine_used)
-            runner = PatchRunner(model, stepper, site, base_tokens, source_tokens)
+            runner = PatchRunner(model, stepper, site, base_tokens, source_tokens, n_last=None if full is None else full.n_answer)
             base_logits, source_logits = runner.base_logits.float(), runner.source_logits.float()
-            ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
-            base_metric, source_metric = fn(base_logits, ctx).float().cpu(), fn(source_logits, ctx).float().cpu()
+            if full is None:  # rows are pairs; the metric is read straight off the final-position logits
+                ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
+                row_values = lambda logits: fn(logits, ctx)  # noqa: E731
+                per_pair = lambda rows: rows  # noqa: E731
+            else:  # rows are (answer fed, pair); a row's value is its answer's teacher-forced log-probability
+                answers = full.rows()
+                row_values = lambda logits: answer_logprob(logits, answers)  # noqa: E731
+                per_pair = full.metric_of
+            base_rows, source_rows = row_values(base_logits).float().cpu(), row_values(source_logits).float().cpu()
+            if full is not None:
+                full.base_rows = base_rows  # "ie" compares with the unpatched base run
+            base_metric, source_metric = per_pair(base_rows).float(), per_pair(source_rows).float()
             clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
             pos_group = None if pos_index is None else pos_index[:, idx] - offset  # [n_pos, B] unpadded
-            chunk = batch_cells or max(1, ELEMENT_BUDGET // (len(idx) * length * _site_width(model, site, length)))
+            if pos_group is not None and full is not None:
+                pos_group = pos_group.repeat(1, full.n_feeds)  # [n_pos, F * B]: the same prompt positions on every row
+            chunk = batch_cells or max(1, ELEMENT_BUDGET // (n_rows * length * _site_width(model, site, length)))
+            if full is not None and batch_cells is None:  # the stacked logits [C, rows, K, V] within the budget too
+                chunk = max(1, min(chunk, ELEMENT_BUDGET // (n_rows * full.n_answer * int(model.cfg.d_vocab))))
             unit_ids = torch.tensor(units, dtype=torch.long)
             cell_pos = lambda rows: None if pos_group is None else pos_group[table[rows, 1]]  # noqa: E731
             cell_unit = lambda rows: None if not units else unit_ids[table[rows, 2]]  # noqa: E731
             for layer_i, layer in enumerate(layer_list):
                 rows = torch.nonzero(table[:, 0] == layer_i).flatten()
                 # cells whose patched run is the base run or the source run for every pair are not run
-                states = runner.cell_states(layer, cell_pos(rows), cell_unit(rows))  # [C, B]
+                states = runner.cell_states(layer, cell_pos(rows), cell_unit(rows))  # [C, rows]
                 settled = (states != RUN).all(1)
-                known = torch.where(states[settled] == SOURCE, source_metric, base_metric)
+                known = per_pair(torch.where(states[settled] == SOURCE, source_rows, base_rows))
                 values[idx[:, None], rows[settled][None, :]] = known.T.float()
                 bar.update(int(settled.sum()))
                 rows = rows[~settled]
@@ -139,15 +173,16 @@ def sweep(
                     rows = rows[torch.argsort(cell_pos(rows).min(1).values, stable=True)]
                     starts = cell_pos(rows).min(1).values
                 n_run += len(rows)
-                for part in _chunks(rows, starts, chunk, len(idx), length):
+                for part in _chunks(rows, starts, chunk, n_rows, length):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
-                    values[idx[:, None], part[None, :]] = fn(logits, ctx).T.float().cpu()
+                    values[idx[:, None], part[None, :]] = per_pair(row_values(logits).float().cpu()).T.float()
                     bar.update(len(part))
         bar.close()
     values = values.reshape(n, *cells.shape())
     return patch_result(
         model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction,
-        "exact", normalize, seed, dict(engine=sorted(engines), unit=unit_kind, cells_run=n_run, cells_settled=len(table) * len(groups) - n_run),
+        "exact", normalize, seed, dict(engine=sorted(engines), unit=unit_kind, scoring=scoring, cells_run=n_run,
+                                      cells_settled=len(table) * len(groups) - n_run),
     )
 
 
