@@ -67,12 +67,12 @@ def info(args: argparse.Namespace) -> dict:
 def report_command(args: argparse.Namespace) -> dict:
     """Run the standard battery on a model and write one offline HTML report."""
     from arithinterp.outputs import check_writable_file
-    from arithinterp.report import report
+    from arithinterp.report import write_report
 
-    check_writable_file(args.out, "--out")  # report() checks too; this names the flag
+    check_writable_file(args.out, "--out")  # write_report() checks too; this names the flag
     stages = args.stages.split(",") if args.stages else None
-    path = report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed, template=args.template,
-                  few_shot=args.few_shot, operands=args.operands, progress=not args.no_progress)
+    path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed, template=args.template,
+                        few_shot=args.few_shot, operands=args.operands, progress=not args.no_progress)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 

@@ -1,6 +1,6 @@
 """The HTML report: the standard battery of analyses on one model, in one offline file.
 
-``report(model, out="report.html")`` runs each stage (accuracy and error profile, activation
+``write_report(model, out="report.html")`` runs each stage (accuracy and error profile, activation
 patching, attribution vs exact, per-digit head ablation for multi-token answers, probes and the
 error detector, Fourier spectra and helix fits with the causal test, heuristic neurons), writes a
 short summary computed from each stage's results, and saves one self-contained HTML file:
@@ -523,7 +523,7 @@ def _task_prompts(model: Any, spec: str, limit: int, seed: int, template: Option
     return prompts
 
 
-def report(
+def write_report(
     model: Union[str, Any] = "zoo:add-100",
     out: Union[str, Path] = "report.html",
     *,

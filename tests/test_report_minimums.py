@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from arithinterp.report import MINIMUMS, report
+from arithinterp.report import MINIMUMS, write_report
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -25,7 +25,7 @@ def random_report(tmp_path_factory):
 
     model = random_like(load_model("zoo:add-100"), seed=0)
     out = tmp_path_factory.mktemp("report") / "random.html"
-    report(model, out=out, limit=2000, seed=0, progress=False)
+    write_report(model, out=out, limit=2000, seed=0, progress=False)
     return out.read_text()
 
 
@@ -99,7 +99,7 @@ def test_report_command_takes_template_and_operands(tmp_path):
 
 
 def test_report_few_shot_prompts(tmp_path, tiny_model):
-    out = report(tiny_model, out=tmp_path / "r.html", stages=["accuracy"], few_shot=2, operands="10-29", limit=50,
+    out = write_report(tiny_model, out=tmp_path / "r.html", stages=["accuracy"], few_shot=2, operands="10-29", limit=50,
                  progress=False)
     text = html.unescape(out.read_text())
     assert "few-shot: 2" in text and re.search(r"answers \d+ of 50 prompts correctly", text)
@@ -118,7 +118,7 @@ def test_bad_operands_are_rejected(tmp_path):
     from arithinterp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="operands"):
-        report("zoo:add-100", out=tmp_path / "r.html", operands="ten-twenty", stages=["accuracy"], progress=False)
+        write_report("zoo:add-100", out=tmp_path / "r.html", operands="ten-twenty", stages=["accuracy"], progress=False)
 
 
 def test_the_docs_state_every_minimum():
