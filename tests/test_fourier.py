@@ -517,3 +517,11 @@ def test_modadd_progress_measures_move_before_the_test_loss():
     assert restricted[0] > 1 and restricted[1] < 0.05 and test[1] > 1  # restricted loss leads
     assert excluded[0] < 1 < 5 < excluded[1]
     assert test[2] < 1e-3 and restricted[2] < 1e-3
+
+
+def test_key_fraction_takes_any_iterable_of_frequencies():
+    power = torch.tensor([5.0, 1.0, 3.0, 0.0, 1.0])  # index 0 is the constant term, left out of the total
+    assert fo.key_fraction(power, [2]) == pytest.approx(0.6)
+    assert fo.key_fraction(power, (k for k in [2])) == pytest.approx(0.6)
+    assert fo.key_fraction(power, iter([1, 4])) == pytest.approx(0.4)
+    assert fo.key_fraction(power, []) == 0.0

@@ -228,5 +228,6 @@ def key_frequencies(
 
 def key_fraction(power: torch.Tensor, key: Iterable[int]) -> float:
     """Share of the non-constant power of ``power`` [n_freq] in the frequencies ``key``."""
+    key = list(key)  # once: ``key`` may be a generator
     total = float(power[1:].sum())
-    return float(power[list(key)].sum()) / total if total > 0 and list(key) else 0.0
+    return float(power[key].sum()) / total if total > 0 and key else 0.0
