@@ -573,3 +573,32 @@ def test_error_detector_on_single_token_answers(tiny_model, number_tokenizer):
     result = detector.evaluate(tiny_model, prompts[test], ev(test))
     assert result.true_slots.shape == (len(test), 2) and detector.direct_slots_ == [0]
     assert result.metrics("direct")["auroc"] >= 0.95 and result.metrics("direct")["accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize("class_weight", [None, "balanced"])
+def test_logistic_probe_solves_the_same_problem_as_sklearn_logistic_regression(class_weight):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    g = _gen(11)
+    X = torch.randn(300, 6, generator=g) * torch.tensor([1.0, 3.0, 0.5, 2.0, 1.0, 10.0]) + 4.0
+    score = (X[:, :3] - 4.0) @ torch.tensor([1.0, -0.4, 2.0]) + torch.randn(300, generator=g)
+    y = torch.bucketize(score, torch.tensor([-1.0, 1.0]))
+    y[:20] = 2  # unbalanced classes, so class_weight matters
+    ours = probes.LogisticProbe(C=0.3, max_iter=500, tol=1e-9, class_weight=class_weight).fit(X, y)
+    scaler = StandardScaler().fit(X.numpy())
+    theirs = LogisticRegression(C=0.3, tol=1e-10, max_iter=5000, class_weight=class_weight)
+    theirs.fit(scaler.transform(X.numpy()), y.numpy())
+    expected = torch.as_tensor(theirs.predict_proba(scaler.transform(X.numpy())), dtype=torch.float32)
+    assert torch.allclose(ours.predict_proba(X), expected, atol=2e-3)
+
+
+def test_deterministic_probes_take_no_seed_and_the_mlp_probe_honours_its_own():
+    for cls in (probes.LogisticProbe, probes.RidgeProbe, probes.CircularProbe):
+        assert "random_state" not in cls().get_params()
+    assert probes.make_probe("ridge", random_state=3).get_params() == {"alpha": 1.0}
+    assert probes.make_probe("mlp", random_state=3).random_state == 3
+    X, y = torch.randn(60, 4, generator=_gen(2)), torch.arange(60) % 2
+    first, again, other = (probes.MLPProbe(hidden=8, epochs=2, random_state=s).fit(X, y) for s in (1, 1, 2))
+    assert torch.equal(first.predict_proba(X), again.predict_proba(X))
+    assert not torch.equal(first.predict_proba(X), other.predict_proba(X))

@@ -132,13 +132,11 @@ class LogisticProbe(_Probe):
     classes inversely to their frequency (the class-balanced training of RECIPES §5).
     """
 
-    def __init__(self, C: float = 1.0, max_iter: int = 100, tol: float = 1e-5,
-                 class_weight: Optional[str] = None, random_state: int = 0):
+    def __init__(self, C: float = 1.0, max_iter: int = 100, tol: float = 1e-5, class_weight: Optional[str] = None):
         self.C = C
         self.max_iter = max_iter
         self.tol = tol
         self.class_weight = class_weight
-        self.random_state = random_state
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> "LogisticProbe":
         X = _features(X)
@@ -238,9 +236,8 @@ class RidgeProbe(_Probe):
     ``y`` may be ``[n]`` or ``[n, t]``. ``directions_`` [t, d]: unit rows in raw activation space.
     """
 
-    def __init__(self, alpha: float = 1.0, random_state: int = 0):
+    def __init__(self, alpha: float = 1.0):
         self.alpha = alpha
-        self.random_state = random_state
 
     def _solve(self, Z: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.alpha >= 0:
@@ -285,10 +282,9 @@ class CircularProbe(RidgeProbe):
     ``directions_`` [2, d]: the cos and sin read-out directions.
     """
 
-    def __init__(self, period: int = 10, alpha: float = 1.0, random_state: int = 0):
+    def __init__(self, period: int = 10, alpha: float = 1.0):
         self.period = period
         self.alpha = alpha
-        self.random_state = random_state
 
     def _angles(self, y: torch.Tensor) -> torch.Tensor:
         theta = 2 * math.pi * (y.double() % self.period) / self.period
@@ -391,12 +387,18 @@ class MLPProbe(_Probe):
 _PROBES = {"logistic": LogisticProbe, "ridge": RidgeProbe, "circular": CircularProbe, "mlp": MLPProbe}
 
 
-def make_probe(kind: str, **kwargs: Any) -> _Probe:
-    """A probe of ``kind`` (``"logistic"``, ``"ridge"``, ``"circular"``, ``"mlp"``) with ``kwargs``."""
+def make_probe(kind: str, random_state: Optional[int] = None, **kwargs: Any) -> _Probe:
+    """A probe of ``kind`` (``"logistic"``, ``"ridge"``, ``"circular"``, ``"mlp"``) with ``kwargs``.
+
+    ``random_state`` seeds the probes that draw random numbers (``"mlp"``); the linear and circular
+    probes are deterministic (full-batch L-BFGS from zero, closed-form ridge) and take no seed.
+    """
     if kind not in _PROBES:
         raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(KINDS)}")
     cls = _PROBES[kind]
     allowed = cls._get_param_names()
+    if random_state is not None and "random_state" in allowed:
+        kwargs.setdefault("random_state", random_state)
     unknown = [k for k in kwargs if k not in allowed]
     if unknown:
         raise ConfigError(f"{kind} probe has no option(s) {accepted(unknown)}; accepted: {accepted(allowed)}")
