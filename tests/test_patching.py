@@ -214,6 +214,15 @@ def test_attribution_tracks_exact_patching(tiny_model, pairs):
     assert comparison.plot().data and len(comparison.to_frame()) == sum(len(c) for c in comparison.cells)
 
 
+def test_compare_leaves_the_results_it_compares_unchanged(tiny_model, pairs):
+    exact = patching.sweep(tiny_model, pairs, "resid_pre", progress=False)
+    approx = patching.attribute(tiny_model, pairs, "resid_pre", progress=False)
+    before = (dict(exact.meta), dict(approx.meta))
+    comparison = patching.compare(exact, approx)
+    assert (exact.meta, approx.meta) == before
+    assert comparison.correlation[0] == pytest.approx(patching.attribution._pearson(exact.mean, approx.mean))
+
+
 def test_integrated_gradients_completeness(tiny_model, pairs):
     """IG over the input interpolation sums to the full swap of the first residual stream."""
     kwargs = dict(layers=[0], per_position=False, progress=False)

@@ -245,8 +245,8 @@ def compare(exact, approx) -> Comparison:
     """Correlation of an approximation with exact patching, per site.
 
     ``exact`` and ``approx`` are :class:`PatchResult` objects of the same cells (or dicts of them
-    keyed by site, as :func:`attribute` returns). The correlation is also written into each
-    approximate result's ``meta["correlation_with_exact"]``.
+    keyed by site, as :func:`attribute` returns). The inputs are left as they are: the
+    correlations live in the returned :class:`Comparison`.
     """
     exact = exact if isinstance(exact, dict) else {exact.site: exact}
     approx = approx if isinstance(approx, dict) else {approx.site: approx}
@@ -258,7 +258,6 @@ def compare(exact, approx) -> Comparison:
         if e.values.shape != a.values.shape:
             raise AnalysisError(f"site {site!r}: exact values {tuple(e.values.shape)} and approximate {tuple(a.values.shape)} differ in shape")
         r = _pearson(e.mean, a.mean)
-        a.meta["correlation_with_exact"] = r
         sites.append(site)
         corr.append(r)
         pair_corr.append(_pearson(e.values, a.values))
