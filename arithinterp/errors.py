@@ -51,6 +51,10 @@ class AnalysisError(ArithInterpError, ValueError):
     """An analysis was given input it cannot work with (too few prompts, wrong shapes)."""
 
 
+class ResultFileError(ArithInterpError, ValueError):
+    """A path does not hold a saved result, or holds a result of another type."""
+
+
 def accepted(values: Iterable[object]) -> str:
     """Format the accepted values for an error message: ``'a', 'b', 'c'``."""
     return ", ".join(repr(v) for v in values)

@@ -20,7 +20,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from arithinterp.errors import ArithInterpError
+from arithinterp.errors import ResultFileError
 
 _TENSOR_FILE = "tensors.safetensors"
 _JSON_FILE = "result.json"
@@ -104,10 +104,10 @@ class Result:
 
         path = Path(path)
         if not (path / _JSON_FILE).exists():
-            raise ArithInterpError(f"{path} is not a saved result (no {_JSON_FILE} inside)")
+            raise ResultFileError(f"{path} is not a saved result (no {_JSON_FILE} inside)")
         stored = json.loads((path / _JSON_FILE).read_text())
         if stored["type"] != cls.__name__:
-            raise ArithInterpError(f"{path} holds a {stored['type']}, not a {cls.__name__}")
+            raise ResultFileError(f"{path} holds a {stored['type']}, not a {cls.__name__}")
         values = dict(stored["fields"])
         values.update(load_file(str(path / _TENSOR_FILE)))
         names = {f.name for f in dataclasses.fields(cls)}

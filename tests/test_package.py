@@ -7,6 +7,8 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
+
 import arithinterp as ai
 
 PACKAGE = Path(ai.__file__).parent
@@ -25,3 +27,32 @@ def test_write_report_is_the_function_in_a_fresh_interpreter():
     code = "import arithinterp as ai, arithinterp.cli; print(ai.write_report.__name__, type(ai.report).__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["write_report", "module"]
+
+
+def _raised_names(tree: ast.AST) -> list[str]:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+            names.append(node.exc.func.id)
+    return names
+
+
+def test_no_module_raises_the_base_error():
+    offenders = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "ArithInterpError" in _raised_names(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+
+
+def test_loading_something_that_is_not_a_saved_result_is_explained(tmp_path):
+    from arithinterp.errors import ResultFileError
+    from arithinterp.helix import HelixFit
+
+    with pytest.raises(ResultFileError, match="is not a saved result"):
+        HelixFit.load(tmp_path)
+    (tmp_path / "result.json").write_text('{"type": "SpectrumResult", "fields": {}}')
+    with pytest.raises(ResultFileError, match="holds a SpectrumResult, not a HelixFit"):
+        HelixFit.load(tmp_path)
+    assert issubclass(ResultFileError, ValueError)
