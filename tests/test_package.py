@@ -56,3 +56,11 @@ def test_loading_something_that_is_not_a_saved_result_is_explained(tmp_path):
     with pytest.raises(ResultFileError, match="holds a SpectrumResult, not a HelixFit"):
         HelixFit.load(tmp_path)
     assert issubclass(ResultFileError, ValueError)
+
+
+def test_no_warning_category_is_ignored_wholesale(pytestconfig):
+    # a blanket "ignore::UserWarning" would hide this package's own warnings (and real ones) from every test
+    for entry in pytestconfig.getini("filterwarnings"):
+        action, message, category, module = (entry.split(":") + ["", "", "", ""])[:4]
+        if action == "ignore":
+            assert message or module, f"{entry!r} hides every {category or 'warning'}; name the message or the module"

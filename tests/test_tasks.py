@@ -154,7 +154,7 @@ def test_answer_logprob_first_token_and_full_answer(tiny_digit_model):
         start = prompts.tokens.shape[1] - int(prompts.lengths[i])
         answer = prompts.answer_tokens[i][prompts.answer_tokens[i] >= 0]
         tokens = torch.cat([prompts.tokens[i, start:], answer])[None]
-        logprobs = tiny_digit_model(tokens)[0].log_softmax(-1)
+        logprobs = tiny_digit_model(tokens)[0].log_softmax(-1).detach()
         n = int(prompts.lengths[i])
         expected = sum(float(logprobs[n - 1 + j, answer[j]]) for j in range(len(answer)))
         assert full[i].item() == pytest.approx(expected, abs=1e-4)
