@@ -48,7 +48,7 @@ def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
 
 def _tokenizer_of(model_or_tokenizer: Any):
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
-    if not callable(getattr(tokenizer, "__call__", None)) or not hasattr(tokenizer, "convert_ids_to_tokens"):
+    if not callable(tokenizer) or not hasattr(tokenizer, "convert_ids_to_tokens"):
         raise TaskError(
             "expected a hooked model with a .tokenizer or a Hugging Face tokenizer, "
             f"got {type(model_or_tokenizer).__name__}"
@@ -467,8 +467,8 @@ class PromptSet:
             raise TaskError("cannot build counterfactuals from an empty prompt set")
         rng = random.Random(seed)
         a_pool, b_pool = sorted(set(self.a.tolist())), sorted(set(self.b.tolist()))
+        other_ops = [op for op in ops if op != self.op]
         if vary == "operator":
-            other_ops = [op for op in ops if op != self.op]
             if not other_ops:
                 raise TaskError(f"vary='operator' needs another operator in ops; got {list(ops)}")
         clean_rows, corrupt_specs = [], []

@@ -52,7 +52,9 @@ class FourierBasis:
 
 def _check_n(n: Union[int, range, Sequence[int]]) -> int:
     """The size of a number axis: an int, or a range / list of consecutive numbers."""
-    if isinstance(n, (int,)) and not isinstance(n, bool):
+    if isinstance(n, bool):
+        raise AnalysisError(f"n must be an int, a range or a list of consecutive numbers, got {n!r}")
+    if isinstance(n, int):
         size = int(n)
     else:
         values = list(n)

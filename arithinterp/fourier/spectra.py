@@ -236,7 +236,7 @@ def number_tokens(model: Any, numbers: Iterable[int]) -> torch.Tensor:
     return torch.tensor([row[0] for row in ids])
 
 
-def _numbers(numbers: Union[int, range, Sequence[int], None], default: Optional[int] = None) -> range:
+def _numbers(numbers: Union[int, range, Sequence[int], None], default: Union[int, range, None] = None) -> range:
     if numbers is None:
         if default is None:
             raise AnalysisError("pass numbers=range(n) for the number axis")

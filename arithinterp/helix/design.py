@@ -10,7 +10,7 @@ tensor operations every fit is made of; no model is involved.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union, cast
 
 import torch
 
@@ -53,7 +53,7 @@ def basis(
     kind: str = "helix",
     periods: Sequence[float] = DEFAULT_PERIODS,
     *,
-    max_value: Optional[Sequence[float]] = None,
+    max_value: Union[float, Sequence[float], None] = None,
     degree: Optional[int] = None,
     names: Optional[Sequence[str]] = None,
 ) -> tuple[torch.Tensor, list[str]]:
@@ -77,7 +77,10 @@ def basis(
     names = _names(names, x.shape[1])
     if max_value is None:
         max_value = x.max(0).values.clamp_min(1.0).tolist()
-    max_value = [float(m) for m in (max_value if isinstance(max_value, (list, tuple)) else [max_value])]
+    if isinstance(max_value, (list, tuple)):
+        max_value = [float(m) for m in max_value]
+    else:
+        max_value = [float(cast(float, max_value))]
     if len(max_value) != x.shape[1] or any(m <= 0 for m in max_value):
         raise AnalysisError(f"max_value needs one positive number per variable ({x.shape[1]}), got {max_value}")
     if kind in ("helix", "circle") and not periods:

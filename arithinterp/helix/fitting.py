@@ -132,7 +132,7 @@ def _resolve_values(values: Values, prompts: Any) -> tuple[torch.Tensor, list[st
         return x, _names(None, x.shape[1])
     if prompts is None:
         raise AnalysisError("values given by name need an Activations that carries its prompts")
-    names = [values] if isinstance(values, str) else list(values)
+    names = [values] if isinstance(values, str) else [str(v) for v in values]
     columns = []
     for name in names:
         if name == "a+b":
@@ -154,7 +154,7 @@ def _activation_matrix(source: Any, site: Optional[str], layer: Optional[int], p
     if layer is None:
         if len(source.layers) != 1:
             raise SiteError(f"these activations hold layers {source.layers}; pass layer=")
-        layer = source.layers[0]
+        layer = int(source.layers[0])
     position = str(position if position is not None else source.positions[0])
     acts = source.get(site, layer, position)
     return acts.reshape(acts.shape[0], -1).double(), site, int(layer), position, source.prompts

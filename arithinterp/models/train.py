@@ -15,7 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ def bridge_config(entry: ZooEntry, d_vocab: int, seed: int):
     )
 
 
-def logits_at(net: torch.nn.Module, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def logits_at(net: Any, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``net(inputs)[:, positions]`` computed without the last block's work at other positions.
 
     Training reads logits at a few answer positions only; in the last block no other position
@@ -184,6 +184,7 @@ def train(
     start = time.perf_counter()
     bar = tqdm(range(1, steps + 1), desc=f"train {name}", disable=not progress)
     accuracy = 0.0
+    step = 0
     for step in bar:
         if recipe.batch_size is None:
             batch = data.train_idx

@@ -194,10 +194,10 @@ def zoo_prompts(model: Any, entry: ZooEntry, a: Optional[list[int]] = None, b: O
     from arithinterp.tasks import arithmetic, prompts_for_pairs
 
     task = entry.task
-    options = dict(modulus=task.modulus, answer_digits=task.answer_digits)
     if a is None or b is None:
-        return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template, **options)
-    return prompts_for_pairs(model, task.op, a, b, task.template, **options)
+        return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template,
+                          modulus=task.modulus, answer_digits=task.answer_digits)
+    return prompts_for_pairs(model, task.op, a, b, task.template, modulus=task.modulus, answer_digits=task.answer_digits)
 
 
 def held_out_prompts(model: Any, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0):
@@ -235,8 +235,8 @@ def task_prompts(model: Any, spec: str, limit: int = 2000, seed: int = 0):
 
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise TaskError(f"limit must be a positive number of prompts (e.g. --limit 1000), got {limit!r}")
-    if spec.startswith("zoo:"):
-        entry = get_entry(spec)
+    entry = get_entry(spec) if spec.startswith("zoo:") else None
+    if entry is not None:
         a, b = operand_grid(entry.task)
     else:
         single = torch.tensor(number_check(model, range(100))["single_token"])
@@ -246,6 +246,6 @@ def task_prompts(model: Any, spec: str, limit: int = 2000, seed: int = 0):
     # sample the operand grid before building prompts: a large grid (810,000 problems) never gets tokenized
     # seeded random order (not sorted): any prefix of the result is a fair sample of the task
     pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit]
-    if spec.startswith("zoo:"):
+    if entry is not None:
         return zoo_prompts(model, entry, a[pick].tolist(), b[pick].tolist())
     return prompts_for_pairs(model, "+", a[pick].tolist(), b[pick].tolist(), "{a}+{b}=")

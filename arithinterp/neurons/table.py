@@ -167,7 +167,7 @@ class HeuristicTable(Result):
                 importance=self.importance.repeat_interleave(H).numpy(),
             )
         )
-        return frame[frame.label].reset_index(drop=True) if labelled_only else frame
+        return frame.loc[frame["label"]].reset_index(drop=True) if labelled_only else frame
 
     def plot(self, kind: str = "counts", **kwargs):
         """``kind``: ``"counts"`` (heuristic types per layer), ``"coverage"`` or ``"scores"`` (heatmap)."""

@@ -105,6 +105,22 @@ def _unit_rows(coef: torch.Tensor) -> torch.Tensor:
 class _Probe(BaseEstimator):
     """Shared plumbing: standardisation and the raw-space view of a linear map."""
 
+    # set by fit
+    mean_: torch.Tensor
+    scale_: torch.Tensor
+    n_features_in_: int
+    coef_: torch.Tensor
+    intercept_: torch.Tensor
+    directions_: torch.Tensor
+    classes_: torch.Tensor
+    n_iter_: int
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "_Probe":
+        raise NotImplementedError
+
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        raise NotImplementedError
+
     def _standardised(self, X: ArrayLike) -> torch.Tensor:
         _check_fitted(self)
         X = _features(X, self.n_features_in_)
@@ -351,10 +367,9 @@ class MLPProbe(_Probe):
             y_index = y_index.clone()
             weights = _sample_weights(y_index, len(classes), self.class_weight)
             Z = self._fit_scaler(X.clone())
-            net = torch.nn.Sequential(
-                torch.nn.Linear(Z.shape[1], int(self.hidden)), torch.nn.ReLU(), torch.nn.Linear(int(self.hidden), len(classes))
-            )
-            for layer in (net[0], net[2]):  # seeded init, independent of the global RNG
+            hidden, output = torch.nn.Linear(Z.shape[1], int(self.hidden)), torch.nn.Linear(int(self.hidden), len(classes))
+            net = torch.nn.Sequential(hidden, torch.nn.ReLU(), output)
+            for layer in (hidden, output):  # seeded init, independent of the global RNG
                 bound = 1 / math.sqrt(layer.in_features)
                 with torch.no_grad():
                     layer.weight.uniform_(-bound, bound, generator=generator)

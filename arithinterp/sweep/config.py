@@ -71,7 +71,7 @@ def read_config_file(path: Union[str, Path]) -> dict:
             import tomllib
         except ImportError:  # Python 3.10
             try:
-                import tomli as tomllib
+                import tomli as tomllib  # pyright: ignore[reportMissingImports]
             except ImportError as error:
                 raise ConfigError("reading TOML on Python 3.10 needs 'tomli' (pip install tomli)") from error
         try:
@@ -237,7 +237,7 @@ def _check_task(task: Any, where: str, models: list) -> dict:
     name = _expect(task.get("name"), (str,), f"{where}.name")
     if not _NAME.fullmatch(name):
         raise ConfigError(f"{where}.name: use letters, digits, '_', '.' or '-', got {name!r}")
-    out = dict(_TASK_DEFAULTS, **task)
+    out: dict[str, Any] = dict(_TASK_DEFAULTS, **task)
     from_zoo = _expect(out.pop("from_zoo", False), (bool,), f"{where}.from_zoo")
     if from_zoo:
         clash = [k for k in ("op", "a", "b", "template", "modulus", "answer_digits") if k in task]

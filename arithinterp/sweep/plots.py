@@ -15,7 +15,8 @@ def figures(out: Union[str, Path]) -> dict:
 
     drawn = {}
     for name, frame in load_results(out).items():
-        plot = ANALYSES[name].plot if name in ANALYSES and ANALYSES[name].plot else viz.generic_figures
+        entry = ANALYSES.get(name)
+        plot = entry.plot if entry is not None and entry.plot is not None else viz.generic_figures
         drawn[name] = list(plot(frame))
     return drawn
 

@@ -110,7 +110,7 @@ def _driver_lock(out: Path) -> Iterator[None]:
                 path.unlink(missing_ok=True)
                 continue
             raise ConfigError(f"out: {out} is in use by another sweep ({holder or 'unknown holder'}); wait for it, "
-                              f"or delete {path} if that run is gone")
+                              f"or delete {path} if that run is gone") from None
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(me))
         break

@@ -22,7 +22,7 @@ def cell_path(out: Union[str, Path], cell: Cell) -> Path:
     return Path(out) / RESULTS / cell.analysis / f"{cell.id}.parquet"
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Write through a temp file in the same folder and ``os.replace`` it: readers (and a resumed
     run) see the old file or the whole new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
     out = Path(out)
     manifest = read_manifest(out)
     tables: dict[str, list] = {}
-    for cid, entry in manifest["cells"].items():
+    for entry in manifest["cells"].values():
         path = out / entry["path"]
         if path.is_file():
             problem = check_cell_file(path, entry)[0]

@@ -6,12 +6,14 @@ builders (``viz.patching``, ``viz.probes``, ``viz.fourier``, ``viz.neurons``) th
 """
 
 from arithinterp.viz.base import (  # noqa: F401
+    COLORWAY,
     NUMBER_SCALE,
     SEQUENTIAL_SCALE,
     SIGNED_SCALE,
     TEMPLATE,
     TEMPLATE_NAME,
     bars,
+    cycle_colour,
     figure,
     heatmap,
     layer_lines,
@@ -20,6 +22,6 @@ from arithinterp.viz.base import (  # noqa: F401
 )
 
 __all__ = [
-    "NUMBER_SCALE", "SEQUENTIAL_SCALE", "SIGNED_SCALE", "TEMPLATE", "TEMPLATE_NAME",
-    "bars", "figure", "heatmap", "layer_lines", "layer_position_heatmap", "position_labels",
+    "COLORWAY", "NUMBER_SCALE", "SEQUENTIAL_SCALE", "SIGNED_SCALE", "TEMPLATE", "TEMPLATE_NAME",
+    "bars", "cycle_colour", "figure", "heatmap", "layer_lines", "layer_position_heatmap", "position_labels",
 ]

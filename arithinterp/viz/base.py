@@ -6,7 +6,7 @@ plots, hover text with exact values.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -17,15 +17,22 @@ SIGNED_SCALE = "RdBu"
 SEQUENTIAL_SCALE = "Viridis"
 NUMBER_SCALE = "Turbo"
 
+COLORWAY = ("#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00")
+
 TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
-TEMPLATE.layout.update(
+cast(go.Layout, TEMPLATE.layout).update(
     font=dict(family="Inter, Helvetica, Arial, sans-serif", size=13),
     title=dict(x=0.02, xanchor="left", font=dict(size=16)),
     margin=dict(l=70, r=30, t=60, b=60),
-    colorway=["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00"],
+    colorway=list(COLORWAY),
     hoverlabel=dict(font_size=12),
 )
 pio.templates[TEMPLATE_NAME] = TEMPLATE
+
+
+def cycle_colour(i: int) -> str:
+    """The ``i``-th colour of the template's colour cycle."""
+    return COLORWAY[i % len(COLORWAY)]
 
 
 def _array(values) -> np.ndarray:
@@ -109,7 +116,7 @@ def layer_lines(
     for i, (name, values) in enumerate(series.items()):
         y = _array(values)
         x = list(range(len(y))) if layers is None else list(layers)
-        colour = TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
+        line_colour = cycle_colour(i)
         if bands and name in bands:
             low, high = (_array(v) for v in bands[name])
             fig.add_trace(
@@ -117,7 +124,7 @@ def layer_lines(
                     x=x + x[::-1],
                     y=list(high) + list(low[::-1]),
                     fill="toself",
-                    fillcolor=colour,
+                    fillcolor=line_colour,
                     opacity=0.2,
                     line=dict(width=0),
                     hoverinfo="skip",
@@ -130,7 +137,7 @@ def layer_lines(
                 y=y,
                 mode="lines+markers",
                 name=name,
-                line=dict(color=colour),
+                line=dict(color=line_colour),
                 hovertemplate=f"{name}<br>layer %{{x}}<br>{y_title}: %{{y:.4g}}<extra></extra>",
             )
         )

@@ -73,7 +73,7 @@ def neuron_frequency_figure(result: Any) -> go.Figure:
 def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
     """Progress measures (losses) over training steps."""
     fig = figure(f"Progress measures (key frequencies {result.key})", "training step", "cross-entropy loss")
-    for i, measure in enumerate(result.MEASURES):
+    for measure in result.MEASURES:
         fig.add_trace(go.Scatter(x=list(result.steps), y=_array(getattr(result, measure)), mode="lines+markers",
                                  name=measure.replace("_", " "),
                                  hovertemplate=f"{measure}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"))

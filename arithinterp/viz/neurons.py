@@ -11,14 +11,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE, TEMPLATE_NAME, bars, figure, heatmap
+from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap
 
 _TABLE_KINDS = ("counts", "coverage", "scores")
 _MAP_KINDS = ("K", "KV", "both")
-
-
-def _colour(i: int) -> str:
-    return TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
 
 
 def table_figure(table: Any, kind: str = "counts", max_heuristics: int = 40) -> go.Figure:
@@ -32,7 +28,7 @@ def table_figure(table: Any, kind: str = "counts", max_heuristics: int = 40) -> 
         fig = figure("Heuristic types per layer", "layer", "neurons with a heuristic of this type")
         for i, (family, rows) in enumerate(hist.groupby("family", sort=False)):
             fig.add_trace(go.Bar(
-                x=[f"L{l}" for l in rows.layer], y=rows.neurons, name=family, marker_color=_colour(i),
+                x=[f"L{l}" for l in rows.layer], y=rows.neurons, name=family, marker_color=cycle_colour(i),
                 customdata=rows.labels,
                 hovertemplate=f"{family}<br>%{{x}}: %{{y}} neurons, %{{customdata}} labels<extra></extra>",
             ))
@@ -68,7 +64,7 @@ def importance_figure(result: Any) -> go.Figure:
     for i, layer in enumerate(result.layers):
         scores = np.sort(result.scores[i].numpy())[::-1]
         fig.add_trace(go.Scatter(
-            x=np.arange(len(scores)), y=scores, mode="lines", name=f"L{layer}", line=dict(color=_colour(i)),
+            x=np.arange(len(scores)), y=scores, mode="lines", name=f"L{layer}", line=dict(color=cycle_colour(i)),
             hovertemplate=f"L{layer}<br>rank %{{x}}<br>score %{{y:.4g}}<extra></extra>",
         ))
     fig.add_vline(x=k - 0.5, line_dash="dot", line_color="grey", annotation_text=f"top {k}")
@@ -117,7 +113,7 @@ def heuristic_ablation_figure(result: Any, per_heuristic: bool = False, max_heur
         for i, (stage, key) in enumerate((("before", "before"), ("after ablation", "after"))):
             fig.add_trace(go.Bar(
                 x=["associated prompts", "other prompts"], y=[s[f"associated_{key}"], s[f"other_{key}"]],
-                name=stage, marker_color=_colour(i), hovertemplate=f"{stage}<br>%{{x}}: %{{y:.4g}}<extra></extra>",
+                name=stage, marker_color=cycle_colour(i), hovertemplate=f"{stage}<br>%{{x}}: %{{y:.4g}}<extra></extra>",
             ))
         fig.update_layout(barmode="group")
         fig.update_yaxes(range=[0, 1.05])
@@ -126,7 +122,7 @@ def heuristic_ablation_figure(result: Any, per_heuristic: bool = False, max_heur
     names = [result.heuristics[i] for i in order]
     fig = figure(f"Accuracy after ablating each heuristic's neurons ({result.mode} ablation)", "heuristic", "accuracy")
     for i, (arm, values) in enumerate((("associated prompts", result.associated_after), ("other prompts", result.other_after))):
-        fig.add_trace(go.Bar(x=names, y=values[order].numpy(), name=arm, marker_color=_colour(i),
+        fig.add_trace(go.Bar(x=names, y=values[order].numpy(), name=arm, marker_color=cycle_colour(i),
                              hovertemplate=f"{arm}<br>%{{x}}: %{{y:.4g}}<extra></extra>"))
     fig.update_layout(barmode="group")
     fig.update_yaxes(range=[0, 1.05])
@@ -141,7 +137,7 @@ def prompt_ablation_figure(result: Any) -> go.Figure:
     for i, (arm, values) in enumerate((("prompt's heuristic neurons", result.heuristic_correct),
                                        ("random control (same layer, same count)", result.control_correct))):
         fig.add_trace(go.Scatter(
-            x=result.ks, y=values.numpy(), mode="lines+markers", name=arm, line=dict(color=_colour(i)),
+            x=result.ks, y=values.numpy(), mode="lines+markers", name=arm, line=dict(color=cycle_colour(i)),
             customdata=result.n_ablated.numpy(),
             hovertemplate=f"{arm}<br>k=%{{x}}<br>correct %{{y:.4g}}<br>mean neurons ablated %{{customdata:.3g}}<extra></extra>",
         ))

@@ -7,7 +7,7 @@ import itertools
 import plotly.graph_objects as go
 
 from arithinterp.errors import ConfigError, accepted
-from arithinterp.viz.base import TEMPLATE, _array, bars, figure, heatmap, layer_lines
+from arithinterp.viz.base import _array, bars, cycle_colour, figure, heatmap, layer_lines
 
 _UNIT_PREFIX = {"head": "H", "neuron": "N"}
 STATISTICS = ("mean", "sem", "ci_low", "ci_high")
@@ -62,7 +62,7 @@ def plot_comparison(comparison, title: str | None = None) -> go.Figure:
     fig = figure(title or f"{comparison.method} vs exact patching", "exact patching (mean over pairs)", f"{comparison.method} (mean over pairs)")
     low, high = 0.0, 0.0
     for i, (site, exact, approx, labels, r) in enumerate(zip(comparison.sites, comparison.exact, comparison.approx, comparison.cells, comparison.correlation)):
-        colour = TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
+        line_colour = cycle_colour(i)
         fig.add_trace(
             go.Scatter(
                 x=exact,
@@ -70,7 +70,7 @@ def plot_comparison(comparison, title: str | None = None) -> go.Figure:
                 mode="markers",
                 name=f"{site} (r = {r:.3f})",
                 text=labels,
-                marker=dict(color=colour, size=7, opacity=0.8),
+                marker=dict(color=line_colour, size=7, opacity=0.8),
                 hovertemplate=f"{site} %{{text}}<br>exact %{{x:.4g}}<br>approx %{{y:.4g}}<extra></extra>",
             )
         )

@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from arithinterp.errors import AnalysisError, accepted
-from arithinterp.viz.base import TEMPLATE, bars, figure, heatmap, layer_lines
+from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
 _METRIC_NAMES = {"accuracy": "held-out accuracy", "r2": "held-out R²"}
 
@@ -34,7 +34,7 @@ def probe_layers(result: Any, position: Optional[str] = None, controls: bool = T
             control_name = f"{control} control" + (f" @ {p}" if len(positions) > 1 else "")
             series[control_name] = result.control_mean[c, :, pi]
             bands[control_name] = (control_low[c, :, pi], control_high[c, :, pi])
-    y_title = _METRIC_NAMES.get(result.metric, result.metric)
+    y_title = _METRIC_NAMES.get(result.metric, str(result.metric))
     fig = layer_lines(series, title=f"Probing {result.target} in {result.site}", y_title=y_title,
                       layers=result.layers, bands=bands)
     if chance and result.metric == "accuracy":
@@ -60,7 +60,7 @@ def roc_curve(result: Any, methods: Optional[list] = None) -> go.Figure:
         auroc = roc_auc_score(truth, score)
         fig.add_trace(go.Scatter(
             x=fpr, y=tpr, mode="lines", name=f"{method} (AUROC {auroc:.3f})" + (" *" if method == result.method else ""),
-            line=dict(color=TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]),
+            line=dict(color=cycle_colour(i)),
             customdata=thresholds, hovertemplate="FPR %{x:.3f}<br>TPR %{y:.3f}<br>threshold %{customdata:.3g}<extra></extra>",
         ))
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line=dict(dash="dot", color="grey")))

@@ -11,7 +11,7 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
-from arithinterp.viz.base import TEMPLATE, bars, figure, heatmap, layer_lines
+from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
 _IDENTITY = ("cell", "model", "task", "analysis")
 
@@ -97,7 +97,7 @@ def ablation_figures(frame) -> list[go.Figure]:
     for i, (name, rows) in enumerate([("full model", frame[frame["run"] == "full model"]),
                                       ("ablated", frame[frame["run"] != "full model"])]):
         fig.add_trace(go.Bar(x=[labels[c] for c in rows["cell"]], y=rows["accuracy"], name=name,
-                             marker_color=TEMPLATE.layout.colorway[i],
+                             marker_color=cycle_colour(i),
                              hovertemplate=f"{name}<br>%{{x}}<br>accuracy %{{y:.4g}}<extra></extra>"))
     fig.update_layout(barmode="group")
     fig.update_yaxes(range=[0, 1.02])
@@ -119,9 +119,7 @@ def probes_figures(frame) -> list[go.Figure]:
         metric = rows["metric"].iloc[0]
         fig = layer_lines(series, title=f"Probe score at position {position}", y_title=f"held-out {metric}",
                           layers=layers, bands=bands)
-        for trace in fig.data:
-            if trace.name and "control)" in trace.name:
-                trace.line.dash = "dash"
+        fig.update_traces(line_dash="dash", selector=lambda trace: bool(trace.name) and "control)" in trace.name)
         figs.append(fig)
     return figs
 
