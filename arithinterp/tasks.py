@@ -46,7 +46,7 @@ def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
     return value % modulus if modulus else value
 
 
-def _tokenizer_of(model_or_tokenizer: Any):
+def _tokenizer_of(model_or_tokenizer: Any) -> Any:  # a Hugging Face tokenizer, duck-typed
     tokenizer = getattr(model_or_tokenizer, "tokenizer", None) or model_or_tokenizer
     if not callable(tokenizer) or not hasattr(tokenizer, "convert_ids_to_tokens"):
         raise TaskError(
