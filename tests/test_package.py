@@ -64,3 +64,17 @@ def test_no_warning_category_is_ignored_wholesale(pytestconfig):
         action, message, category, module = (entry.split(":") + ["", "", "", ""])[:4]
         if action == "ignore":
             assert message or module, f"{entry!r} hides every {category or 'warning'}; name the message or the module"
+
+
+def test_modules_share_only_public_names():
+    # what one module takes from another is part of the package's inner API: it must be public
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("arithinterp")):
+                offenders += [
+                    f"{path.relative_to(PACKAGE)}: {alias.name} from {node.module}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
+    assert offenders == []

@@ -50,7 +50,7 @@ class FourierBasis:
         return self.n // 2 + 1
 
 
-def _check_n(n: Union[int, range, Sequence[int]]) -> int:
+def number_axis_size(n: Union[int, range, Sequence[int]]) -> int:
     """The size of a number axis: an int, or a range / list of consecutive numbers."""
     if isinstance(n, bool):
         raise AnalysisError(f"n must be an int, a range or a list of consecutive numbers, got {n!r}")
@@ -77,7 +77,7 @@ def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = t
     ``x`` counts from the start of the range (a shift changes phases, never powers).
     RECIPES §2 *(choice)* and §3 (Nanda et al. 2023).
     """
-    size = _check_n(n)
+    size = number_axis_size(n)
     x = torch.arange(size, dtype=dtype)
     ks = torch.arange(1, (size - 1) // 2 + 1, dtype=dtype)
     angle = 2 * math.pi * ks[:, None] * x[None, :] / size
@@ -156,10 +156,10 @@ def spectrum_of_2d(grids: torch.Tensor) -> torch.Tensor:
     Returns [n//2 + 1, n//2 + 1]: entry ``[ka, kb]`` is the power in the basis grids of
     frequency ``ka`` along a and ``kb`` along b (Nanda et al. 2023, 2-D outer-product basis).
     """
-    return _pair_power(grids.reshape(-1, *grids.shape[-2:])).sum(0)
+    return pair_power_per_grid(grids.reshape(-1, *grids.shape[-2:])).sum(0)
 
 
-def _pair_power(grids: torch.Tensor) -> torch.Tensor:
+def pair_power_per_grid(grids: torch.Tensor) -> torch.Tensor:
     """[m, n, n] grids → [m, F, F] power per frequency pair."""
     if grids.ndim != 3 or grids.shape[-1] != grids.shape[-2]:
         raise AnalysisError(f"grids must be [m, n, n], got shape {tuple(grids.shape)}")

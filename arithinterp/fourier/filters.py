@@ -15,7 +15,7 @@ import torch
 from arithinterp.engine import Intervention
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
-from arithinterp.fourier.spectra import COMPONENT_SITES, _numbers, number_tokens
+from arithinterp.fourier.spectra import COMPONENT_SITES, number_axis, number_tokens
 from arithinterp.results import Result, build_meta
 
 BANDS = ("low", "high")
@@ -114,7 +114,7 @@ def frequency_filter(
     if site not in COMPONENT_SITES:
         raise SiteError(f"frequency filters act on component outputs; accepted sites: {accepted(COMPONENT_SITES)}")
     layers = site_lib.check_layers(model, site, layers)
-    numbers = _numbers(numbers, int(prompts.answer.max()) + 1)
+    numbers = number_axis(numbers, int(prompts.answer.max()) + 1)
     removed = band_frequencies(len(numbers), band, split_period)
     projector = filter_projector(model.W_U.detach()[:, number_tokens(model, numbers)], removed)
     if position != "final":

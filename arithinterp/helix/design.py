@@ -23,7 +23,7 @@ DEFAULT_PERIODS = (2, 5, 10, 100)
 # --- the basis -----------------------------------------------------------------------------------
 
 
-def _as_2d(values: Any) -> torch.Tensor:
+def as_2d(values: Any) -> torch.Tensor:
     values = torch.as_tensor(values, dtype=torch.float64)
     if values.ndim == 1:
         values = values[:, None]
@@ -32,14 +32,14 @@ def _as_2d(values: Any) -> torch.Tensor:
     return values
 
 
-def _check_periods(periods: Sequence[float]) -> list[float]:
+def check_periods(periods: Sequence[float]) -> list[float]:
     periods = [float(T) for T in periods]
     if any(not math.isfinite(T) or T <= 0 for T in periods):
         raise ConfigError(f"periods must be positive numbers (e.g. 2, 5, 10, 100 or 113/14), got {periods}")
     return periods
 
 
-def _names(names: Optional[Sequence[str]], n_vars: int) -> list[str]:
+def variable_names(names: Optional[Sequence[str]], n_vars: int) -> list[str]:
     if names is None:
         return ["x"] if n_vars == 1 else [f"x{i}" for i in range(n_vars)]
     names = list(names)
@@ -72,9 +72,9 @@ def basis(
     """
     if kind not in KINDS:
         raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(KINDS)}")
-    x = _as_2d(values)
-    periods = _check_periods(periods)
-    names = _names(names, x.shape[1])
+    x = as_2d(values)
+    periods = check_periods(periods)
+    names = variable_names(names, x.shape[1])
     if max_value is None:
         max_value = x.max(0).values.clamp_min(1.0).tolist()
     if isinstance(max_value, (list, tuple)):
@@ -118,12 +118,12 @@ def helix_basis(values: Any, periods: Sequence[float] = DEFAULT_PERIODS, *, line
 # --- least squares, held-out splits, PCA ---------------------------------------------------------
 
 
-def _lstsq(design: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def least_squares(design: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Minimum-norm least squares (tolerates all-zero columns such as ``sin(πx)``)."""
     return torch.linalg.pinv(design, rtol=1e-10) @ target
 
 
-def _r2(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, float]:
+def r2_scores(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Per-column R² [c] and the variance-weighted overall R² of ``pred`` vs ``target`` [n, c]."""
     residual = (target - pred).pow(2).sum(0)
     total = (target - target.mean(0)).pow(2).sum(0)
@@ -135,7 +135,7 @@ def _r2(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, float]:
 def split_by_value(values: Any, holdout: float = 0.2, random_state: int = 0) -> torch.Tensor:
     """Bool [n] marking the training rows: a random ``holdout`` share of the distinct values of
     the first variable is held out with all their rows (the split is over values, not prompts)."""
-    x = _as_2d(values)
+    x = as_2d(values)
     if not 0 <= holdout < 1:
         raise ConfigError(f"holdout must be in [0, 1), got {holdout}")
     unique = x[:, 0].unique()
@@ -147,7 +147,7 @@ def split_by_value(values: Any, holdout: float = 0.2, random_state: int = 0) -> 
     return ~torch.isin(x[:, 0], test_values)
 
 
-def _pca(acts: torch.Tensor, n_pca: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pca_basis(acts: torch.Tensor, n_pca: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean [d], top components [k, d] and their variances [k] of acts [n, d]."""
     mean = acts.mean(0)
     _, singular, vh = torch.linalg.svd(acts - mean, full_matrices=False)

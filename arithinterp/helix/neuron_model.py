@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.helix.design import DEFAULT_PERIODS, _check_periods, _lstsq
+from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
 from arithinterp.results import Result, build_meta
 
 NEURON_METHODS = ("gd", "lstsq")
@@ -113,13 +113,13 @@ def fit_neurons(
         raise AnalysisError(f"a and b must be [{preacts.shape[0]}], got {tuple(a.shape)} and {tuple(b.shape)}")
     if steps < 1 or lr <= 0:
         raise ConfigError(f"steps must be ≥ 1 and lr > 0, got steps={steps}, lr={lr}")
-    periods = _check_periods(periods)
+    periods = check_periods(periods)
     design, scale = _neuron_design(a, b, periods)
     y = preacts.double()
     centre, spread = y.mean(0), y.std(0).clamp_min(1e-12)
     target = (y - centre) / spread  # standardised so one learning rate suits every neuron
     if method == "lstsq":
-        weights = _lstsq(design, target)
+        weights = least_squares(design, target)
     else:
         gram = design.T @ design / design.shape[0]
         moment = design.T @ target / design.shape[0]

@@ -31,7 +31,7 @@ def _check_evaluation(prompts: Any, evaluation: Any) -> None:
         raise AnalysisError("evaluation.generated_tokens holds negative token ids; pass prompts.evaluate(model)")
 
 
-def _n_digits(prompts: Any) -> int:
+def answer_digit_count(prompts: Any) -> int:
     return len(str(int(prompts.answer.abs().max()))) if len(prompts) else 1
 
 
@@ -84,7 +84,7 @@ def _token_values(tokenizer: Any, ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long)[inverse]
 
 
-def _slot_valid(prompts: Any, n_slots: int) -> torch.Tensor:
+def answer_slot_mask(prompts: Any, n_slots: int) -> torch.Tensor:
     """Which answer slots exist per prompt [N, S] (answer tokens past a short answer do not)."""
     if prompts.answer_tokens.shape[1] == 1:
         return torch.ones(len(prompts), n_slots, dtype=torch.bool)
@@ -102,13 +102,13 @@ def answer_slots(prompts: Any, evaluation: Any) -> dict[str, torch.Tensor]:
     _check_evaluation(prompts, evaluation)
     n, k = prompts.answer_tokens.shape
     if k == 1:
-        powers = 10 ** torch.arange(_n_digits(prompts))
+        powers = 10 ** torch.arange(answer_digit_count(prompts))
         true = (prompts.answer.abs()[:, None] // powers) % 10
         answer = evaluation.model_answer
         output = torch.where((answer != _UNPARSABLE)[:, None], (answer.abs()[:, None] // powers) % 10, -1)
         valid = torch.ones_like(true, dtype=torch.bool)
     else:
-        valid = _slot_valid(prompts, k)
+        valid = answer_slot_mask(prompts, k)
         true = torch.where(valid, _token_values(prompts.tokenizer, prompts.answer_tokens.clamp_min(0)), -1)
         output = torch.where(valid, _token_values(prompts.tokenizer, evaluation.generated_tokens), -1)
     return dict(true=true.long(), output=output.long(), valid=valid, correct=evaluation.correct.bool())

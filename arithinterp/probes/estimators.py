@@ -27,7 +27,7 @@ ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
 # --- input validation -----------------------------------------------------------------------------
 
 
-def _tensor(values: Any, name: str) -> torch.Tensor:
+def to_tensor(values: Any, name: str) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values.detach().cpu()
     try:
@@ -38,7 +38,7 @@ def _tensor(values: Any, name: str) -> torch.Tensor:
 
 def _features(X: ArrayLike, n_features: Optional[int] = None) -> torch.Tensor:
     """``X`` as a finite float32 tensor ``[n_samples, n_features]``."""
-    X = _tensor(X, "X")
+    X = to_tensor(X, "X")
     if X.ndim != 2:
         raise AnalysisError(
             f"X must be 2-d [n_samples, n_features], got shape {tuple(X.shape)}; "
@@ -56,9 +56,9 @@ def _features(X: ArrayLike, n_features: Optional[int] = None) -> torch.Tensor:
     return X
 
 
-def _targets(y: ArrayLike, n: int, *, integer: bool, allow_2d: bool = False) -> torch.Tensor:
+def as_targets(y: ArrayLike, n: int, *, integer: bool, allow_2d: bool = False) -> torch.Tensor:
     """``y`` as a tensor of ``n`` labels (long when ``integer``; else float, ``[n]`` or ``[n, t]``)."""
-    y = _tensor(y, "y")
+    y = to_tensor(y, "y")
     if y.ndim == 0 or y.shape[0] != n:
         raise AnalysisError(f"y must have one label per sample ({n}), got shape {tuple(y.shape)}")
     if y.ndim > (2 if allow_2d else 1):
@@ -156,7 +156,7 @@ class LogisticProbe(_Probe):
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> "LogisticProbe":
         X = _features(X)
-        y = _targets(y, len(X), integer=True)
+        y = as_targets(y, len(X), integer=True)
         fitted = self.fit_many(X, y[None], torch.ones(1, len(X), dtype=torch.bool))[0]
         self.__dict__.update({k: v for k, v in fitted.__dict__.items() if k.endswith("_")})
         return self
@@ -172,7 +172,7 @@ class LogisticProbe(_Probe):
         X = _features(X)
         if not self.C > 0:
             raise ConfigError(f"C must be positive (inverse L2 strength), got {self.C!r}")
-        targets, masks = _tensor(targets, "targets").long(), _tensor(masks, "masks").bool()
+        targets, masks = to_tensor(targets, "targets").long(), to_tensor(masks, "masks").bool()
         if targets.ndim != 2 or targets.shape != masks.shape or targets.shape[1] != len(X):
             raise AnalysisError(f"targets and masks must both be [B, {len(X)}], got {tuple(targets.shape)} and {tuple(masks.shape)}")
         classes = torch.unique(targets[masks])
@@ -243,7 +243,7 @@ class LogisticProbe(_Probe):
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
         """Accuracy."""
         X = _features(X)
-        return float((self.predict(X) == _targets(y, len(X), integer=True)).float().mean())
+        return float((self.predict(X) == as_targets(y, len(X), integer=True)).float().mean())
 
 
 class RidgeProbe(_Probe):
@@ -266,7 +266,7 @@ class RidgeProbe(_Probe):
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> "RidgeProbe":
         X = _features(X)
-        y = _targets(y, len(X), integer=False, allow_2d=True)
+        y = as_targets(y, len(X), integer=False, allow_2d=True)
         if len(X) < 2:
             raise AnalysisError(f"ridge regression needs at least 2 samples, got {len(X)}")
         self.output_ndim_ = y.ndim
@@ -283,7 +283,7 @@ class RidgeProbe(_Probe):
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
         """R² (averaged uniformly over outputs)."""
         X = _features(X)
-        y = _targets(y, len(X), integer=False, allow_2d=True).reshape(len(X), -1)
+        y = as_targets(y, len(X), integer=False, allow_2d=True).reshape(len(X), -1)
         pred = self.predict(X).double().reshape(len(X), -1)
         residual = ((y - pred) ** 2).sum(0)
         total = ((y - y.mean(0)) ** 2).sum(0)
@@ -310,7 +310,7 @@ class CircularProbe(RidgeProbe):
         if not (isinstance(self.period, (int, np.integer)) and self.period >= 2):
             raise ConfigError(f"period must be an integer >= 2, got {self.period!r}")
         X = _features(X)
-        y = _targets(y, len(X), integer=True)
+        y = as_targets(y, len(X), integer=True)
         if len(X) < 2:
             raise AnalysisError(f"a circular probe needs at least 2 samples, got {len(X)}")
         self.output_ndim_ = 2
@@ -334,7 +334,7 @@ class CircularProbe(RidgeProbe):
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
         """Accuracy of the rounded angle against ``y mod period``."""
         X = _features(X)
-        y = _targets(y, len(X), integer=True)
+        y = as_targets(y, len(X), integer=True)
         return float((self.predict(X) == y % self.period).float().mean())
 
 
@@ -357,7 +357,7 @@ class MLPProbe(_Probe):
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> "MLPProbe":
         X = _features(X)
-        y = _targets(y, len(X), integer=True)
+        y = as_targets(y, len(X), integer=True)
         classes, y_index = torch.unique(y, return_inverse=True)
         if len(classes) < 2:
             raise AnalysisError(f"a classifier needs at least two classes in y; got only {classes.tolist()}")
@@ -396,7 +396,7 @@ class MLPProbe(_Probe):
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
         """Accuracy."""
         X = _features(X)
-        return float((self.predict(X) == _targets(y, len(X), integer=True)).float().mean())
+        return float((self.predict(X) == as_targets(y, len(X), integer=True)).float().mean())
 
 
 _PROBES = {"logistic": LogisticProbe, "ridge": RidgeProbe, "circular": CircularProbe, "mlp": MLPProbe}

@@ -17,7 +17,7 @@ import torch
 
 from arithinterp.errors import AnalysisError, ConfigError, TaskError
 from arithinterp.probes.detector import ErrorDetector
-from arithinterp.probes.estimators import _tensor
+from arithinterp.probes.estimators import to_tensor
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 
@@ -226,7 +226,7 @@ def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[C
             name = policy.__name__
         else:
             new = policy(model, sub)
-        new = _tensor(getattr(new, "model_answer", new), "policy answers").long()
+        new = to_tensor(getattr(new, "model_answer", new), "policy answers").long()
         if new.shape != (len(sub),):
             raise AnalysisError(f"the policy must return one answer per flagged prompt ({len(sub)}), got {tuple(new.shape)}")
         keep = new != evaluation.model_answer[flagged]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from arithinterp.errors import ConfigError, accepted
-from arithinterp.sweep.registry import _NAME, ANALYSES, _is_instance, _type_names
+from arithinterp.sweep.registry import NAME_PATTERN, ANALYSES, is_instance, type_names
 
 EXECUTORS = ("local", "processes", "ray")
 DEVICES = ("cpu", "cuda", "auto")
@@ -139,8 +139,8 @@ def _unknown_keys(table: Mapping, known: Sequence[str], where: str) -> None:
 
 
 def _expect(value: Any, types: tuple, where: str) -> Any:
-    if not _is_instance(value, types):
-        raise ConfigError(f"{where}: expected {_type_names(types)}, got {type(value).__name__} {value!r}")
+    if not is_instance(value, types):
+        raise ConfigError(f"{where}: expected {type_names(types)}, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -199,7 +199,7 @@ def _check_model(spec: Any, where: str, base: str) -> str:
             raise ConfigError(f"{where}: zoo model {spec!r} has no shipped checkpoint; train it with `arithinterp train {name}`")
         return spec
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith(".gguf")
-    if _resolve_path(spec, base).exists():
+    if resolve_path(spec, base).exists():
         return spec
     if looks_like_path or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec):
         raise ConfigError(f"{where}: unknown model {spec!r}: no such file or directory (relative paths start at the "
@@ -208,7 +208,7 @@ def _check_model(spec: Any, where: str, base: str) -> str:
     return spec  # a hub id: it can only be checked by loading it
 
 
-def _resolve_path(spec: str, base: str) -> Path:
+def resolve_path(spec: str, base: str) -> Path:
     path = Path(spec).expanduser()
     return path if path.is_absolute() else Path(base) / path
 
@@ -235,7 +235,7 @@ def _check_task(task: Any, where: str, models: list) -> dict:
     _expect(task, (dict,), where)
     _unknown_keys(task, _TASK_KEYS, f"{where}.")
     name = _expect(task.get("name"), (str,), f"{where}.name")
-    if not _NAME.fullmatch(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{where}.name: use letters, digits, '_', '.' or '-', got {name!r}")
     out: dict[str, Any] = dict(_TASK_DEFAULTS, **task)
     from_zoo = _expect(out.pop("from_zoo", False), (bool,), f"{where}.from_zoo")

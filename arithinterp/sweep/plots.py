@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Union
 
 from arithinterp.sweep.registry import ANALYSES
-from arithinterp.sweep.storage import _atomic_write, load_results
+from arithinterp.sweep.storage import atomic_write, load_results
 
 
 def figures(out: Union[str, Path]) -> dict:
@@ -31,6 +31,6 @@ def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None) -> list
         parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs)]
         html = f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head><body>{''.join(parts)}</body></html>"
         path = to / f"{name}.html"
-        _atomic_write(path, lambda tmp: tmp.write_text(html))
+        atomic_write(path, lambda tmp: tmp.write_text(html))
         written.append(path)
     return written

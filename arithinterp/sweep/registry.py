@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from arithinterp.errors import ConfigError, accepted
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,15 @@ class Param:
         if value is None and not self.required and self.default is None:
             return value
         types = self.type if isinstance(self.type, tuple) else (self.type,)
-        if not _is_instance(value, types):
-            raise ConfigError(f"{where}: expected {_type_names(types)}, got {type(value).__name__} {value!r}")
+        if not is_instance(value, types):
+            raise ConfigError(f"{where}: expected {type_names(types)}, got {type(value).__name__} {value!r}")
         items = value if isinstance(value, list) else [value]
         if isinstance(value, list):
             if self.item is not None:
                 item_types = self.item if isinstance(self.item, tuple) else (self.item,)
                 for i, v in enumerate(value):
-                    if not _is_instance(v, item_types):
-                        raise ConfigError(f"{where}[{i}]: expected {_type_names(item_types)}, got {v!r}")
+                    if not is_instance(v, item_types):
+                        raise ConfigError(f"{where}[{i}]: expected {type_names(item_types)}, got {v!r}")
         choices = self.choices() if callable(self.choices) else self.choices
         if choices is not None:
             for v in items:
@@ -53,7 +53,7 @@ class Param:
         return value
 
 
-def _is_instance(value: Any, types: tuple) -> bool:
+def is_instance(value: Any, types: tuple) -> bool:
     # bool is an int in Python, but `layers = true` is a mistake, not layer 1
     if isinstance(value, bool):
         return bool in types
@@ -62,7 +62,7 @@ def _is_instance(value: Any, types: tuple) -> bool:
     return isinstance(value, types)
 
 
-def _type_names(types: tuple) -> str:
+def type_names(types: tuple) -> str:
     return " or ".join({list: "a list"}.get(t, getattr(t, "__name__", str(t))) for t in types)
 
 
@@ -103,7 +103,7 @@ def register_analysis(
         plot: ``plot(frame) -> list[plotly Figure]`` drawing the combined table.
         overwrite: replace an existing analysis of the same name.
     """
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"analysis name must be letters, digits, '_', '.' or '-', got {name!r}")
     if name in ANALYSES and not overwrite:
         raise ConfigError(f"analysis {name!r} is already registered; pass overwrite=True to replace it")

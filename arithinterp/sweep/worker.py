@@ -12,7 +12,7 @@ import traceback
 from typing import Any, Callable, Mapping
 
 from arithinterp.errors import ArithInterpError, ConfigError
-from arithinterp.sweep.config import Cell, _resolve_path
+from arithinterp.sweep.config import Cell, resolve_path
 
 _MODELS: dict = {}
 _PROMPTS: dict = {}
@@ -34,7 +34,7 @@ def _model(spec: str, base: str, device: str) -> Any:
 
         _MODELS.clear()
         _PROMPTS.clear()
-        path = _resolve_path(spec, base)
+        path = resolve_path(spec, base)
         _MODELS[key] = load_model(str(path) if not spec.startswith("zoo:") and path.exists() else spec,
                                   device=None if device == "cpu" else _device(device))
     return _MODELS[key]
@@ -135,7 +135,7 @@ def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> 
                 worker=f"{platform.node()}:{os.getpid()}")
 
 
-def _job(payload: tuple) -> dict:
+def run_job(payload: tuple) -> dict:
     cell, fn, base, device, threads = payload
     if threads:
         import torch

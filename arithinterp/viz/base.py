@@ -35,7 +35,7 @@ def cycle_colour(i: int) -> str:
     return COLORWAY[i % len(COLORWAY)]
 
 
-def _array(values) -> np.ndarray:
+def to_array(values) -> np.ndarray:
     if hasattr(values, "detach"):
         values = values.detach().float().cpu().numpy()
     return np.asarray(values, dtype=float)
@@ -65,7 +65,7 @@ def heatmap(
     signed: bool = True,
 ) -> go.Figure:
     """A heatmap ``values[y, x]``; signed values use ``RdBu`` centred at 0."""
-    z = _array(values)
+    z = to_array(values)
     fig = figure(title, x_title, y_title)
     limit = float(np.nanmax(np.abs(z))) if z.size and np.isfinite(z).any() else 1.0
     colour = (
@@ -90,7 +90,7 @@ def heatmap(
 
 def layer_position_heatmap(values, tokens: Sequence[str], *, title: str, value_name: str, layers=None) -> go.Figure:
     """``values[layer, position]`` with token strings on the position axis."""
-    z = _array(values)
+    z = to_array(values)
     layers = list(range(z.shape[0])) if layers is None else list(layers)
     return heatmap(
         z,
@@ -114,11 +114,11 @@ def layer_lines(
     """One line per named series over layers, with optional (low, high) confidence bands."""
     fig = figure(title, "layer", y_title)
     for i, (name, values) in enumerate(series.items()):
-        y = _array(values)
+        y = to_array(values)
         x = list(range(len(y))) if layers is None else list(layers)
         line_colour = cycle_colour(i)
         if bands and name in bands:
-            low, high = (_array(v) for v in bands[name])
+            low, high = (to_array(v) for v in bands[name])
             fig.add_trace(
                 go.Scatter(
                     x=x + x[::-1],

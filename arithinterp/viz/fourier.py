@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, _array, bars, figure, heatmap, layer_lines
+from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, to_array, bars, figure, heatmap, layer_lines
 
 
 def _freq_labels(result: Any) -> list[str]:
@@ -31,7 +31,7 @@ def spectrum_figure(result: Any, series: Union[int, str, None] = None, *, log: b
     labels = _freq_labels(result)
     start = 0 if include_constant else 1
     if result.is_2d:
-        power = _array(result.power[result._series_index(series or 0)])
+        power = to_array(result.power[result._series_index(series or 0)])
         z = np.log10(power + 1e-30) if log else power
         name = result.series[result._series_index(series or 0)]
         return heatmap(z[start:, start:], title=f"2-D Fourier power: {name}",
@@ -39,7 +39,7 @@ def spectrum_figure(result: Any, series: Union[int, str, None] = None, *, log: b
                        y_title="frequency along a", value_name="log10 power" if log else "power", signed=False)
     if series is not None or len(result.series) == 1:
         i = result._series_index(series or 0)
-        power = _array(result.power[i])[start:]
+        power = to_array(result.power[i])[start:]
         key = set(result.key[i])
         fig = figure(f"Fourier spectrum: {result.series[i]} ({result.source})", "frequency k (period n/k)", "power")
         colours = ["#dc3912" if k in key else "#3366cc" for k in result.frequencies[start:]]
@@ -51,7 +51,7 @@ def spectrum_figure(result: Any, series: Union[int, str, None] = None, *, log: b
                                 f"{float(result.key_fraction[i]):.1%} of non-constant power",
                            xref="paper", yref="paper", x=0, y=1.05, showarrow=False)
         return fig
-    power = _array(result.power)
+    power = to_array(result.power)
     total = power[:, 1:].sum(1, keepdims=True)
     share = power / np.where(total > 0, total, 1.0)
     return heatmap(share[:, start:], title=f"Fourier spectra ({result.source}): share of non-constant power",
@@ -74,7 +74,7 @@ def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
     """Progress measures (losses) over training steps."""
     fig = figure(f"Progress measures (key frequencies {result.key})", "training step", "cross-entropy loss")
     for measure in result.MEASURES:
-        fig.add_trace(go.Scatter(x=list(result.steps), y=_array(getattr(result, measure)), mode="lines+markers",
+        fig.add_trace(go.Scatter(x=list(result.steps), y=to_array(getattr(result, measure)), mode="lines+markers",
                                  name=measure.replace("_", " "),
                                  hovertemplate=f"{measure}<br>step %{{x}}<br>loss %{{y:.4g}}<extra></extra>"))
     if log:
@@ -100,10 +100,10 @@ def _curve_values(fit: Any, n: int = 400) -> np.ndarray:
 def helix_3d_figure(fit: Any, components: tuple[int, int, int] = (0, 1, 2)) -> go.Figure:
     """Mean activation per value in three PCA coordinates, coloured by the number, with the
     fitted curve through them."""
-    coords = _array(fit.value_coords)
+    coords = to_array(fit.value_coords)
     if coords.shape[1] < 3:
         coords = np.pad(coords, ((0, 0), (0, 3 - coords.shape[1])))
-    values = _array(fit.unique_values[:, 0])
+    values = to_array(fit.unique_values[:, 0])
     i, j, k = components
     fig = go.Figure()
     fig.update_layout(template=TEMPLATE_NAME,
@@ -116,7 +116,7 @@ def helix_3d_figure(fit: Any, components: tuple[int, int, int] = (0, 1, 2)) -> g
         hovertemplate=f"{fit.names[0]}=%{{text}}<extra></extra>"))
     if len(fit.names) == 1:
         xs = _curve_values(fit)
-        curve = (_array(fit.predict(xs)) - _array(fit.mean)) @ _array(fit.components).T
+        curve = (to_array(fit.predict(xs)) - to_array(fit.mean)) @ to_array(fit.components).T
         if curve.shape[1] < 3:
             curve = np.pad(curve, ((0, 0), (0, 3 - curve.shape[1])))
         fig.add_trace(go.Scatter3d(x=curve[:, i], y=curve[:, j], z=curve[:, k], mode="lines",
@@ -127,12 +127,12 @@ def helix_3d_figure(fit: Any, components: tuple[int, int, int] = (0, 1, 2)) -> g
 def helix_pairs_figure(fit: Any, n_components: int = 4) -> go.Figure:
     """Pairwise 2-D projections of the top ``n_components`` PCA coordinates per value, coloured
     by the number, with the fitted curve (single-variable fits)."""
-    coords = _array(fit.value_coords)
+    coords = to_array(fit.value_coords)
     n_components = max(2, min(n_components, coords.shape[1]))
-    values = _array(fit.unique_values[:, 0])
+    values = to_array(fit.unique_values[:, 0])
     curve = None
     if len(fit.names) == 1:
-        curve = (_array(fit.predict(_curve_values(fit))) - _array(fit.mean)) @ _array(fit.components).T
+        curve = (to_array(fit.predict(_curve_values(fit))) - to_array(fit.mean)) @ to_array(fit.components).T
     pairs = [(i, j) for i in range(n_components) for j in range(i + 1, n_components)]
     cols = min(3, len(pairs))
     rows = math.ceil(len(pairs) / cols)
@@ -163,9 +163,9 @@ def helix_periods_figure(fit: Any) -> go.Figure:
     if not periods:
         fig = figure("no periodic terms in this fit", "", "")
         return fig
-    coords = _array(fit.value_coords)
-    coef = _array(fit.coef)[:, : coords.shape[1]]
-    values = _array(fit.unique_values[:, 0])
+    coords = to_array(fit.value_coords)
+    coef = to_array(fit.coef)[:, : coords.shape[1]]
+    values = to_array(fit.unique_values[:, 0])
     cols = min(4, len(periods))
     rows = math.ceil(len(periods) / cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"T = {T:g}" for T in periods])
@@ -213,5 +213,5 @@ def period_search_figure(result: Any) -> go.Figure:
 def neuron_fit_figure(result: Any, *, bins: Optional[int] = 30) -> go.Figure:
     """Histogram of the neuron fits' NRMSE."""
     fig = figure(f"Neuron preactivation fits ({result.method}): NRMSE", "NRMSE = RMSE / (max − min)", "neurons")
-    fig.add_trace(go.Histogram(x=_array(result.nrmse), nbinsx=bins, hovertemplate="NRMSE %{x}: %{y}<extra></extra>"))
+    fig.add_trace(go.Histogram(x=to_array(result.nrmse), nbinsx=bins, hovertemplate="NRMSE %{x}: %{y}<extra></extra>"))
     return fig

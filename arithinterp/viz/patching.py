@@ -7,7 +7,7 @@ import itertools
 import plotly.graph_objects as go
 
 from arithinterp.errors import ConfigError, accepted
-from arithinterp.viz.base import _array, bars, cycle_colour, figure, heatmap, layer_lines
+from arithinterp.viz.base import to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
 _UNIT_PREFIX = {"head": "H", "neuron": "N"}
 STATISTICS = ("mean", "sem", "ci_low", "ci_high")
@@ -52,7 +52,7 @@ def plot_patch_result(result, statistic: str = "mean", title: str | None = None)
     if axes == ["layer", unit]:
         return heatmap(values, title=title, x_labels=[f"{prefix}{u}" for u in units], y_labels=layers, x_title=unit, y_title="layer", value_name=value_name)
     # layer × position × unit: rows are (layer, unit), columns positions
-    grid = _array(values).transpose(0, 2, 1).reshape(len(layers) * len(units), -1)
+    grid = to_array(values).transpose(0, 2, 1).reshape(len(layers) * len(units), -1)
     rows = [f"{layer}{prefix}{u}" for layer, u in itertools.product(layers, units)]
     return heatmap(grid, title=title, x_labels=_position_labels(result), y_labels=rows, x_title="position: token", y_title=f"layer, {unit}", value_name=value_name)
 
