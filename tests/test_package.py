@@ -78,3 +78,14 @@ def test_modules_share_only_public_names():
                     if alias.name.startswith("_") and not alias.name.startswith("__")
                 ]
     assert offenders == []
+
+
+def test_a_loaded_model_has_the_hooked_model_surface(tiny_model):
+    from arithinterp.types import HookedModel
+
+    members = {"cfg", "tokenizer"} | {
+        name for name, value in vars(HookedModel).items() if callable(value) and not name.startswith("_")
+    }
+    assert members == {"cfg", "tokenizer", "to_tokens", "run_with_cache", "run_with_hooks", "hooks"}
+    missing = [name for name in members if not hasattr(tiny_model, name)]
+    assert missing == [] and callable(tiny_model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
@@ -17,6 +17,10 @@ from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import _pair_power, block_power
 from arithinterp.fourier.spectra import _grid_activations, _numbers
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 
 # --- neuron frequency clusters -------------------------------------------------------------------
@@ -119,7 +123,7 @@ def neuron_frequencies(grids: torch.Tensor, threshold: float = 0.85, *, numbers:
     )
 
 
-def neuron_clusters(model: Any, prompts: Any, layer: int = 0, numbers: Union[int, range, None] = None, *,
+def neuron_clusters(model: HookedModel, prompts: PromptSet, layer: int = 0, numbers: Union[int, range, None] = None, *,
                     site: str = "mlp_post", threshold: float = 0.85, batch_size: int = 1024,
                     progress: bool = True) -> NeuronFrequencyResult:
     """:func:`neuron_frequencies` of a model's MLP neurons at the final position over the

@@ -8,7 +8,7 @@ and measures accuracy and the error distribution (:class:`FilterResult`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -17,6 +17,10 @@ from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
 from arithinterp.fourier.spectra import COMPONENT_SITES, number_axis, number_tokens
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 BANDS = ("low", "high")
 
@@ -87,8 +91,8 @@ class FilterResult(Result):
 
 
 def frequency_filter(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     band: Union[str, Iterable[int]] = "low",
     *,
     site: str = "mlp_out",

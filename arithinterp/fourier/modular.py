@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.spectra import grid_of, number_tokens
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
 
 
 # --- restricted / excluded loss (Nanda et al. 2023) ---------------------------------------------
@@ -123,7 +124,7 @@ def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def modular_logits(model: Any, p: Optional[int] = None, *, template: str = "{a} {b} =",
+def modular_logits(model: HookedModel, p: Optional[int] = None, *, template: str = "{a} {b} =",
                    batch_size: int = 4096) -> torch.Tensor:
     """Logits [p, p, p] of ``model`` over every pair ``(a, b)`` of 0..p-1, read at the final
     prompt token and restricted to the number tokens 0..p-1 (so class ``c`` = number ``c``)."""
@@ -141,7 +142,7 @@ def modular_logits(model: Any, p: Optional[int] = None, *, template: str = "{a} 
     return grid_of(prompts, out, range(p))
 
 
-def _zoo_modulus(model: Any) -> int:
+def _zoo_modulus(model: HookedModel) -> int:
     from arithinterp.models.zoo import get_entry
 
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -17,6 +17,10 @@ from tqdm.auto import tqdm
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 NEURON_METHODS = ("gd", "lstsq")
 
@@ -146,17 +150,18 @@ def fit_neurons(
     amplitude = (alpha.pow(2) + beta.pow(2)).sqrt()
     phase = torch.remainder(torch.atan2(beta, alpha) * tau / (2 * math.pi), tau)
     bias = weights[-1] + centre
+    training: dict[str, Any] = dict(steps=steps, lr=lr) if method == "gd" else {}
     return NeuronFitResult(
         neurons=list(range(m)) if neurons is None else [int(n) for n in neurons],
         nrmse=nrmse.float(), linear=linear.float(), amplitude=amplitude.float(), phase=phase.float(),
         bias=bias.float(), periods=periods, method=method,
-        meta=build_meta(n_prompts=y.shape[0], **(dict(steps=steps, lr=lr) if method == "gd" else {})),
+        meta=build_meta(n_prompts=y.shape[0], **training),
     )
 
 
 def neuron_fits(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     layer: int,
     neurons: Optional[Sequence[int]] = None,
     periods: Sequence[float] = DEFAULT_PERIODS,

@@ -24,6 +24,7 @@ import torch
 
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.models.zoo import ZOO, get_entry, list_zoo
+from arithinterp.types import HookedModel
 
 __all__ = ["load_model", "list_zoo", "ZOO", "model_id", "random_like"]
 
@@ -103,12 +104,12 @@ def load_model(
     return model.eval()
 
 
-def model_id(model: Any) -> str:
+def model_id(model: HookedModel) -> str:
     """A short human-readable id for a loaded model (the spec it was loaded from, if known)."""
     return str(getattr(model, "arithinterp_spec", None) or getattr(model.cfg, "model_name", "model"))
 
 
-def random_like(model: Any, seed: int = 0) -> Any:
+def random_like(model: HookedModel, seed: int = 0) -> Any:
     """A randomly initialised model of the same architecture and tokenizer (the probe control).
 
     The "random-init" control of probing: what a probe reads from an untrained network of the

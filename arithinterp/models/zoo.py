@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from arithinterp.errors import ModelSpecError, accepted
+from arithinterp.types import HookedModel
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
@@ -186,7 +187,7 @@ def list_zoo() -> list[dict[str, Any]]:
     return rows
 
 
-def zoo_prompts(model: Any, entry: ZooEntry, a: Optional[list[int]] = None, b: Optional[list[int]] = None):
+def zoo_prompts(model: HookedModel, entry: ZooEntry, a: Optional[list[int]] = None, b: Optional[list[int]] = None):
     """The prompts of a zoo model's task, exactly as it was trained on them.
 
     With ``a`` and ``b`` lists, those pairs; otherwise the full operand grid.
@@ -200,7 +201,7 @@ def zoo_prompts(model: Any, entry: ZooEntry, a: Optional[list[int]] = None, b: O
     return prompts_for_pairs(model, task.op, a, b, task.template, modulus=task.modulus, answer_digits=task.answer_digits)
 
 
-def held_out_prompts(model: Any, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0):
+def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0):
     """Prompts for a zoo model's held-out problems (a seeded sample of ``limit`` of them).
 
     The held-out split is the training split's complement (same seed as training), so these
@@ -218,14 +219,14 @@ def held_out_prompts(model: Any, entry: ZooEntry, limit: Optional[int] = None, s
     return zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist())
 
 
-def evaluate(entry: ZooEntry, model: Any, limit: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
+def evaluate(entry: ZooEntry, model: HookedModel, limit: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
     """Held-out accuracy of a zoo model on its task (greedy generation of every answer token)."""
     prompts = held_out_prompts(model, entry, limit, seed)
     evaluation = prompts.evaluate(model)
     return dict(held_out_problems=len(prompts), accuracy=round(evaluation.accuracy, 5))
 
 
-def task_prompts(model: Any, spec: str, limit: int = 2000, seed: int = 0):
+def task_prompts(model: HookedModel, spec: str, limit: int = 2000, seed: int = 0):
     """A seeded sample of ``limit`` prompts of the model's own task (zoo) or of single-token addition."""
     import torch
 

@@ -4,7 +4,7 @@ prompts or a same-size random control."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Sequence, Union
 
 import pandas as pd
 import torch
@@ -16,6 +16,10 @@ from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.neurons.model import _batches, _check_prompts, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 ABLATION_MODES = ("mean", "zero")
 
@@ -172,8 +176,8 @@ def _check_table(model, table) -> None:
 
 
 def ablate_heuristic(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     table: HeuristicTable,
     heuristic: Union[str, Sequence[str], None] = None,
     *,
@@ -237,8 +241,8 @@ def ablate_heuristic(
 
 
 def ablate_for_prompt(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     table: HeuristicTable,
     k: Union[int, Sequence[int]] = (1, 2, 5, 10, 20),
     *,

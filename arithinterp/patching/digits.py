@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -12,6 +12,10 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
 from arithinterp.patching.core import ABLATION_MODES, check_choice
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class DigitAblationResult(Result):
 
 
 def digit_ablation(
-    model: Any, prompts: Any, heads: Optional[Sequence[str]] = None, mode: str = "mean", seed: int = 0, *, progress: bool = True
+    model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, mode: str = "mean", seed: int = 0, *, progress: bool = True
 ) -> DigitAblationResult:
     """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
     "Understanding Addition in Transformers").

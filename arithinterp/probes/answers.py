@@ -8,18 +8,22 @@ value and whether the slot exists. Both feed probe sweeps and the error detector
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 
 # --- activations before each answer token ---------------------------------------------------------
 
 
-def _check_evaluation(prompts: Any, evaluation: Any) -> None:
+def _check_evaluation(prompts: PromptSet, evaluation: Any) -> None:
     n, k = prompts.answer_tokens.shape
     generated = getattr(evaluation, "generated_tokens", None)
     if generated is None or tuple(generated.shape) != (n, k) or tuple(evaluation.correct.shape) != (n,):
@@ -31,13 +35,13 @@ def _check_evaluation(prompts: Any, evaluation: Any) -> None:
         raise AnalysisError("evaluation.generated_tokens holds negative token ids; pass prompts.evaluate(model)")
 
 
-def answer_digit_count(prompts: Any) -> int:
+def answer_digit_count(prompts: PromptSet) -> int:
     return len(str(int(prompts.answer.abs().max()))) if len(prompts) else 1
 
 
 def answer_activations(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     evaluation: Any = None,
     site: str = "resid_post",
     layers: Optional[Sequence[int]] = None,
@@ -84,14 +88,14 @@ def _token_values(tokenizer: Any, ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long)[inverse]
 
 
-def answer_slot_mask(prompts: Any, n_slots: int) -> torch.Tensor:
+def answer_slot_mask(prompts: PromptSet, n_slots: int) -> torch.Tensor:
     """Which answer slots exist per prompt [N, S] (answer tokens past a short answer do not)."""
     if prompts.answer_tokens.shape[1] == 1:
         return torch.ones(len(prompts), n_slots, dtype=torch.bool)
     return torch.arange(n_slots)[None, :] < prompts.n_answer_tokens[:, None]
 
 
-def answer_slots(prompts: Any, evaluation: Any) -> dict[str, torch.Tensor]:
+def answer_slots(prompts: PromptSet, evaluation: Any) -> dict[str, torch.Tensor]:
     """Per answer slot: the true value, the model's value, and whether the slot exists.
 
     Single-token answers: one slot per decimal digit of the answer (units first), read from
