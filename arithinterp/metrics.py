@@ -7,6 +7,8 @@ return per-example values ``[batch]``; call ``.mean()`` for the average.
 from __future__ import annotations
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 
 from arithinterp.errors import AnalysisError
 
@@ -23,35 +25,37 @@ def _pick(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return values.gather(-1, tokens.long()[:, None])[:, 0]
 
 
-def logit_diff(logits: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+def logit_diff(
+    logits: Float[Tensor, "batch vocab"], good: Int[Tensor, " batch"], bad: Int[Tensor, " batch"]
+) -> Float[Tensor, " batch"]:
     """``logit[good] - logit[bad]`` per example: [batch]."""
     _check(logits, good, bad)
     return _pick(logits, good) - _pick(logits, bad)
 
 
-def logit(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def logit(logits: Float[Tensor, "batch vocab"], tokens: Int[Tensor, " batch"]) -> Float[Tensor, " batch"]:
     """The raw logit of ``tokens``: [batch]."""
     _check(logits, tokens)
     return _pick(logits, tokens)
 
 
-def logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def logprob(logits: Float[Tensor, "batch vocab"], tokens: Int[Tensor, " batch"]) -> Float[Tensor, " batch"]:
     """``log softmax(logits)[tokens]``: [batch]."""
     _check(logits, tokens)
     return _pick(logits.float().log_softmax(-1), tokens)
 
 
-def prob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def prob(logits: Float[Tensor, "batch vocab"], tokens: Int[Tensor, " batch"]) -> Float[Tensor, " batch"]:
     """``softmax(logits)[tokens]``: [batch]."""
     return logprob(logits, tokens).exp()
 
 
 def stolfo_ie(
-    p_clean_before: torch.Tensor,
-    p_clean_after: torch.Tensor,
-    p_corrupt_before: torch.Tensor,
-    p_corrupt_after: torch.Tensor,
-) -> torch.Tensor:
+    p_clean_before: Float[Tensor, " batch"],
+    p_clean_after: Float[Tensor, " batch"],
+    p_corrupt_before: Float[Tensor, " batch"],
+    p_corrupt_after: Float[Tensor, " batch"],
+) -> Float[Tensor, " batch"]:
     """Indirect effect of Stolfo et al. 2023 (RECIPES §4), per example.
 
     ``IE = ½[(P*(r′) − P(r′)) / P(r′) + (P(r) − P*(r)) / P*(r)]`` with P before and P* after

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 
@@ -100,7 +102,7 @@ def fourier_basis_2d(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype 
     return torch.einsum("ia,jb->ijab", basis, basis)
 
 
-def fourier_2d(grid: torch.Tensor, basis: Optional[FourierBasis] = None) -> torch.Tensor:
+def fourier_2d(grid: Float[Tensor, "*batch n n"], basis: Optional[FourierBasis] = None) -> Float[Tensor, "*batch n n"]:
     """2-D coefficients ``F · grid · Fᵀ`` of grids [..., n, n] (last two axes: a, b)."""
     if grid.ndim < 2 or grid.shape[-1] != grid.shape[-2]:
         raise AnalysisError(f"a 2-D Fourier transform needs square grids [..., n, n], got shape {tuple(grid.shape)}")
@@ -150,7 +152,7 @@ def spectrum_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return _freq_power(coefficients, basis.freqs, basis.n_freq).sum(-1)
 
 
-def spectrum_of_2d(grids: torch.Tensor) -> torch.Tensor:
+def spectrum_of_2d(grids: Float[Tensor, "*batch n n"]) -> Float[Tensor, "freq freq"]:
     """Power per frequency pair of grids [..., n, n] (axes a, b), summed over leading axes.
 
     Returns [n//2 + 1, n//2 + 1]: entry ``[ka, kb]`` is the power in the basis grids of
@@ -159,7 +161,7 @@ def spectrum_of_2d(grids: torch.Tensor) -> torch.Tensor:
     return pair_power_per_grid(grids.reshape(-1, *grids.shape[-2:])).sum(0)
 
 
-def pair_power_per_grid(grids: torch.Tensor) -> torch.Tensor:
+def pair_power_per_grid(grids: Float[Tensor, "m n n"]) -> Float[Tensor, "m freq freq"]:
     """[m, n, n] grids → [m, F, F] power per frequency pair."""
     if grids.ndim != 3 or grids.shape[-1] != grids.shape[-2]:
         raise AnalysisError(f"grids must be [m, n, n], got shape {tuple(grids.shape)}")
@@ -172,7 +174,7 @@ def pair_power_per_grid(grids: torch.Tensor) -> torch.Tensor:
     return out.index_add_(2, freqs, rows)
 
 
-def block_power(pair_power: torch.Tensor) -> torch.Tensor:
+def block_power(pair_power: Float[Tensor, "*batch freq freq"]) -> Float[Tensor, "*batch freq"]:
     """Power of each frequency block ``{const, cos k, sin k}²`` minus the constant·constant cell.
 
     ``pair_power`` [..., F, F] (from :func:`spectrum_of_2d`) → [..., F]; entry 0 is 0 and entry
@@ -228,7 +230,7 @@ def key_frequencies(
     return [int(k) + 1 for k in chosen]
 
 
-def key_fraction(power: torch.Tensor, key: Iterable[int]) -> float:
+def key_fraction(power: Float[Tensor, " freq"], key: Iterable[int]) -> float:
     """Share of the non-constant power of ``power`` [n_freq] in the frequencies ``key``."""
     key = list(key)  # once: ``key`` may be a generator
     total = float(power[1:].sum())
