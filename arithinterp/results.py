@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
 from arithinterp.errors import ResultFileError
+from arithinterp.types import HookedModel
 
 _TENSOR_FILE = "tensors.safetensors"
 _JSON_FILE = "result.json"
@@ -39,7 +40,7 @@ def transformer_lens_version() -> str:
     return "not installed as a package"
 
 
-def build_meta(model: Any = None, **extra: Any) -> dict[str, Any]:
+def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, Any]:
     """Provenance for a result: model id, TransformerLens version, compatibility mode, extras."""
     from arithinterp import __version__
 

@@ -73,7 +73,7 @@ def _reference(model, pairs, site):
 def test_sweep_equals_transformer_lens_on_every_family(family, site):
     name, model, pair_sets = family
     lengths = set()
-    for pairs, idx in [(pairs, idx) for pairs in pair_sets for idx in pairs.clean.length_groups()]:
+    for pairs, idx in [(ps, idx) for ps in pair_sets for idx in ps.clean.length_groups()]:
         group = pairs[idx]
         lengths.add(group.clean.tokens.shape[1] - pairs.clean.offset(idx))
         kwargs = dict(neurons=[0, 5]) if site == "mlp_post" else {}

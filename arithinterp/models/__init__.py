@@ -121,7 +121,9 @@ def random_like(model: HookedModel, seed: int = 0) -> Any:
     """
     cfg = getattr(model, "cfg", None)
     if cfg is None or not callable(getattr(model, "parameters", None)):
-        raise ModelSpecError(f"random_like needs a hooked model (a TransformerBridge with .cfg), got {type(model).__name__}")
+        raise ModelSpecError(
+            f"random_like needs a hooked model (a TransformerBridge with .cfg), got {type(model).__name__}"
+        )
     if getattr(cfg, "architecture", None) in (None, "TransformerLensNative"):
         clone = _random_native(model, seed)
     else:
@@ -130,16 +132,17 @@ def random_like(model: HookedModel, seed: int = 0) -> Any:
     return clone.eval()
 
 
-def _random_native(model: Any, seed: int):
+def _random_native(model: HookedModel, seed: int):
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
     fields = {k: v for k, v in vars(model.cfg).items() if not k.startswith("_")}
     cfg = TransformerBridgeConfig.from_dict(dict(fields, seed=seed, init_weights=True))
-    return TransformerBridge.boot_native(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")
+    # boot_native is attached to TransformerBridge when transformer_lens loads, so no stub declares it
+    return TransformerBridge.boot_native(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")  # pyright: ignore[reportAttributeAccessIssue]
 
 
-def _random_hf(model: Any, seed: int):
+def _random_hf(model: HookedModel, seed: int):
     import copy
 
     hf_model = getattr(model, "original_model", None)
@@ -273,7 +276,7 @@ def _boot_native(config: dict, tokenizer, name: str):
 
     cfg = TransformerBridgeConfig(**config)
     cfg.model_name = name
-    return TransformerBridge.boot_native(cfg, tokenizer=tokenizer, model_name=name)
+    return TransformerBridge.boot_native(cfg, tokenizer=tokenizer, model_name=name)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _place(model, dtype, device):

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.neurons.model import _batches, _check_prompts, mean_final_activation
+from arithinterp.neurons.model import final_position_batches, check_prompts, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
@@ -140,7 +140,7 @@ def _correct(model, prompts, masks: dict[int, torch.Tensor], replacement: dict[i
     """
     correct = torch.zeros(len(prompts), dtype=torch.bool)
     full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
-    for idx, tokens, final in _batches(prompts, batch_size):
+    for idx, tokens, final in final_position_batches(prompts, batch_size):
         rows = torch.arange(len(idx))
         answer = prompts.answer_tokens[idx]
         ablations = []
@@ -154,11 +154,13 @@ def _correct(model, prompts, masks: dict[int, torch.Tensor], replacement: dict[i
         if full:
             extra = answer[:, :-1].clamp(min=0)
             logits = engine.run(model, torch.cat([tokens, extra], dim=1), ablations, logits="all").logits
+            assert logits is not None  # asked for
             steps = torch.arange(answer.shape[1])
             predicted = logits[rows[:, None], final[:, None] + steps[None]].argmax(-1).cpu()
             correct[idx] = ((predicted == answer) | (answer < 0)).all(1)
         else:
             logits = engine.run(model, tokens, ablations).logits  # the final position: the prompt's last token
+            assert logits is not None
             correct[idx] = logits.argmax(-1).cpu() == answer[:, 0]
     return correct
 
@@ -197,7 +199,7 @@ def ablate_heuristic(
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
             ``min_neurons`` neurons.
     """
-    _check_prompts(prompts)
+    check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
     if heuristic is None:
@@ -262,7 +264,7 @@ def ablate_for_prompt(
 
     Returns the fraction of prompts still answered correctly in both arms for each ``k``.
     """
-    _check_prompts(prompts)
+    check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
     if rank_by not in ("score", "importance"):

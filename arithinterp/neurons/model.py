@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,9 +16,13 @@ from arithinterp import engine
 from arithinterp.engine.patches import UNCHANGED
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.neurons.scoring import _check_threshold, classify_maps
+from arithinterp.neurons.scoring import check_threshold, classify_maps
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs, PromptSet
 
 IMPORTANCE_METHODS = ("attribution", "patching", "mean_ablation")
 # old name -> the method it always was ("ablation" patched in the corrupt value; it never ablated)
@@ -118,11 +122,11 @@ class NeuronMaps(Result):
 # --- running the model ---------------------------------------------------------------------------
 
 
-def _check_model_layers(model: Any, layers) -> list[int]:
+def _check_model_layers(model: HookedModel, layers) -> list[int]:
     return site_lib.check_layers(model, "mlp_post", layers)
 
 
-def _batches(prompts, batch_size: int):
+def final_position_batches(prompts, batch_size: int):
     """(indices, unpadded tokens, final positions) per same-length batch."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -133,7 +137,7 @@ def _batches(prompts, batch_size: int):
             yield idx, tokens, final
 
 
-def _check_prompts(prompts, name: str = "prompts") -> None:
+def check_prompts(prompts, name: str = "prompts") -> None:
     if not all(hasattr(prompts, attr) for attr in ("tokens", "a", "b", "answer_tokens", "positions")):
         raise AnalysisError(f"{name} must be a PromptSet from arithinterp.tasks.arithmetic, got {type(prompts).__name__}")
     if len(prompts) == 0:
@@ -141,8 +145,8 @@ def _check_prompts(prompts, name: str = "prompts") -> None:
 
 
 def importance(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     layers: Optional[Iterable[int]] = None,
     method: str = "attribution",
     top_k: Optional[int] = 200,
@@ -185,7 +189,7 @@ def importance(
         raise ConfigError(f"unknown importance method {method!r}; accepted: {accepted(IMPORTANCE_METHODS)}")
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"pairs must be PromptPairs (from prompts.counterfactual()), got {type(pairs).__name__}")
-    _check_prompts(pairs.clean, "pairs.clean")
+    check_prompts(pairs.clean, "pairs.clean")
     chosen = _check_model_layers(model, layers)
     d_mlp = int(model.cfg.d_mlp)
     if top_k is None:
@@ -223,7 +227,7 @@ def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
     clean, corrupt = pairs.clean, pairs.corrupt
     out = torch.zeros(len(clean), len(layers), int(model.cfg.d_mlp))
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
-    for idx, tokens, final in tqdm(list(_batches(clean, batch_size)), desc="attribution", disable=not progress):
+    for idx, tokens, final in tqdm(list(final_position_batches(clean, batch_size)), desc="attribution", disable=not progress):
         reads = _final_reads(layers, final)
         corrupt_acts = engine.run(model, corrupt.unpadded(idx), reads=reads, logits="none").reads
         g, b = good[idx], bad[idx]
@@ -247,12 +251,14 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
     good, bad = answers
     # every (prompt, neuron) patch is its own sequence: batch prompts x a block of neurons
     block = max(1, batch_size // 8)
-    jobs = list(_batches(prompts, block))
+    jobs = list(final_position_batches(prompts, block))
     bar = tqdm(total=len(jobs) * len(layers), desc=desc, disable=not progress)
     for idx, tokens, final in jobs:
         rows = torch.arange(len(idx))
         values = values_for(idx, final)
-        base = _final_metric(engine.run(model, tokens).logits, good[idx], bad[idx])
+        base_logits = engine.run(model, tokens).logits
+        assert base_logits is not None  # the final position's, by default
+        base = _final_metric(base_logits, good[idx], bad[idx])
         chunk = max(1, 4096 // len(idx))
         for i, layer in enumerate(layers):
             for start in range(0, d_mlp, chunk):
@@ -269,6 +275,7 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
 
                 patch = engine.Intervention("mlp_post", layer, final.repeat(reps), value=set_neuron)
                 logits = engine.run(model, tokens.repeat(reps, 1), [patch]).logits
+                assert logits is not None  # the final position's, by default
                 metric = _final_metric(logits, good[idx].repeat(reps), bad[idx].repeat(reps))
                 out[idx[:, None], i, neurons[None, :]] = (metric - base.repeat(reps)).view(reps, len(idx)).T.float().cpu()
             bar.update(1)
@@ -289,7 +296,7 @@ def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
     out = torch.zeros(len(clean), len(layers), d_mlp)
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
     block = max(1, batch_size // 8)
-    jobs = list(_batches(clean, block))
+    jobs = list(final_position_batches(clean, block))
     bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
     for idx, tokens, final in jobs:
         B = len(idx)
@@ -337,7 +344,7 @@ def _grid_index(prompts) -> tuple[list[int], list[int], torch.Tensor, torch.Tens
     return a_vals.tolist(), b_vals.tolist(), ai, bi
 
 
-def _neuron_index(model: Any, neurons) -> tuple[torch.Tensor, torch.Tensor]:
+def _neuron_index(model: HookedModel, neurons) -> tuple[torch.Tensor, torch.Tensor]:
     """``neurons``: a NeuronImportance, a (layers, indices) pair, or ``[N, 2]`` (layer, neuron)."""
     if isinstance(neurons, NeuronImportance):
         layer, neuron = neurons.neurons()
@@ -360,28 +367,28 @@ def _neuron_index(model: Any, neurons) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.inference_mode()
-def _final_activations(model, prompts, layers: list[int], batch_size: int, progress: bool = False) -> torch.Tensor:
+def final_activations(model: HookedModel, prompts, layers: list[int], batch_size: int, progress: bool = False) -> torch.Tensor:
     """``mlp_post`` at the final position: [P, len(layers), d_mlp] (reads of the engine)."""
     out = torch.zeros(len(prompts), len(layers), int(model.cfg.d_mlp))
-    for idx, tokens, final in tqdm(list(_batches(prompts, batch_size)), desc="activations", disable=not progress):
+    for idx, tokens, final in tqdm(list(final_position_batches(prompts, batch_size)), desc="activations", disable=not progress):
         reads = engine.run(model, tokens, reads=_final_reads(layers, final), logits="none").reads
         for i, read in enumerate(reads):
             out[idx, i] = read.float().cpu()
     return out
 
 
-def mean_final_activation(model: Any, prompts: Any, layers: Sequence[int], batch_size: int = 512) -> torch.Tensor:
+def mean_final_activation(model: HookedModel, prompts: PromptSet, layers: Sequence[int], batch_size: int = 512) -> torch.Tensor:
     """The mean ablation value of ``mlp_post`` at the final position, ``[len(layers), d_mlp]``.
 
     :func:`arithinterp.engine.mean_activation` (the one definition: per position counted from
     the end of the prompt, over the reference prompts that have it) of ``prompts``' final-position
     activations; every prompt has a final position, so this is the mean over all of ``prompts``.
     """
-    acts = _final_activations(model, prompts, list(layers), batch_size)  # [P, L, d_mlp]
+    acts = final_activations(model, prompts, list(layers), batch_size)  # [P, L, d_mlp]
     return engine.mean_activation(acts[:, None])[0]  # a one-position frame: the final position
 
 
-def maps(model: Any, prompts: Any, neurons: Any, *, batch_size: int = 512, progress: bool = False) -> NeuronMaps:
+def maps(model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: int = 512, progress: bool = False) -> NeuronMaps:
     """K and KV maps of neurons over the operand grid of ``prompts`` (RECIPES §4).
 
     K map: the neuron's ``mlp_post`` at the final position for each (a, b). KV map: K ×
@@ -394,10 +401,10 @@ def maps(model: Any, prompts: Any, neurons: Any, *, batch_size: int = 512, progr
         neurons: a :class:`NeuronImportance` (its top-k), a ``(layers, indices)`` pair or an
             ``[N, 2]`` tensor of (layer, neuron).
     """
-    _check_prompts(prompts)
+    check_prompts(prompts)
     layer, neuron = _neuron_index(model, neurons)
     layers = sorted(set(layer.tolist()))
-    acts = _final_activations(model, prompts, layers, batch_size, progress)  # [P, L, d_mlp]
+    acts = final_activations(model, prompts, layers, batch_size, progress)  # [P, L, d_mlp]
     li = torch.tensor([layers.index(l) for l in layer.tolist()])
     k_values = acts[:, li, neuron].T  # [N, P]
     with torch.inference_mode():
@@ -421,14 +428,14 @@ def maps(model: Any, prompts: Any, neurons: Any, *, batch_size: int = 512, progr
 
 
 def classify(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     layers: Optional[Iterable[int]] = None,
     top_k: Optional[int] = 200,
     threshold: float = 0.6,
     *,
     importance_scores: Optional[NeuronImportance] = None,
-    pairs: Any = None,
+    pairs: Optional[PromptPairs] = None,
     method: str = "attribution",
     vary: str = "a",
     bottom: Optional[bool] = None,
@@ -450,8 +457,8 @@ def classify(
     passed on: a label needs the 0.6 threshold and the cell-shuffle test at that false-discovery
     rate). ``bottom`` defaults to ``model.cfg.gated_mlp``.
     """
-    _check_prompts(prompts)
-    threshold = _check_threshold(threshold)
+    check_prompts(prompts)
+    threshold = check_threshold(threshold)
     chosen = _check_model_layers(model, layers)
     if importance_scores is None and top_k is not None:
         pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed)

@@ -49,7 +49,9 @@ from arithinterp.probes.estimators import (
     is_classifier_kind,
     make_probe,
 )
-from arithinterp.probes.layer_sweep import CONTROLS, ProbeResult, confidence_interval, resolve_groups, resolve_target, sweep
+from arithinterp.probes.layer_sweep import (
+    CONTROLS, ProbeResult, confidence_interval, resolve_groups, resolve_target, sweep,
+)
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
 
 __all__ = [

@@ -25,8 +25,8 @@ from arithinterp.probes.estimators import (
     LogisticProbe,
     MLPProbe,
     RidgeProbe,
-    _targets,
-    _tensor,
+    as_targets,
+    to_tensor,
     make_probe,
 )
 from arithinterp.results import Result, build_meta
@@ -50,7 +50,7 @@ def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torc
             raise AnalysisError("model_answer=model needs activations that carry their prompts")
         model_answer = prompts.evaluate(model_answer)
     values = getattr(model_answer, "model_answer", model_answer)
-    values = _tensor(values, "model_answer").long()
+    values = to_tensor(values, "model_answer").long()
     if values.shape != (n,):
         raise AnalysisError(f"model_answer must have one answer per prompt ({n}), got shape {tuple(values.shape)}")
     return values
@@ -67,7 +67,7 @@ def resolve_target(prompts: Any, target: Any, n: int, model_answer: Any = None) 
     """
     keep = torch.ones(n, dtype=torch.bool)
     if not isinstance(target, str):
-        y = _tensor(target, "target")
+        y = to_tensor(target, "target")
         if y.ndim != 1 or len(y) != n:
             raise AnalysisError(f"a target array must have one value per prompt ({n}), got shape {tuple(y.shape)}")
         return y, keep, "custom"
@@ -122,7 +122,7 @@ def resolve_groups(prompts: Any, groups: Any, n: int) -> tuple[Optional[np.ndarr
             return prompts.label(groups).numpy(), groups
         except ArithInterpError as error:
             raise AnalysisError(f"groups: {error}; or 'auto', 'pair', None, or an array of {n} group ids") from error
-    ids = np.asarray(_tensor(groups, "groups"))
+    ids = np.asarray(to_tensor(groups, "groups"))
     if ids.ndim != 1 or len(ids) != n:
         raise AnalysisError(f"groups must have one group per prompt ({n}), got shape {ids.shape}")
     return ids, "custom"
@@ -448,7 +448,7 @@ def sweep(
     if group_ids is not None:
         group_ids = group_ids[keep.numpy()]
     classifier = _is_classifier(estimator)
-    y = _targets(y, len(y), integer=classifier)
+    y = as_targets(y, len(y), integer=classifier)
     if classifier and len(torch.unique(y)) < 2:
         raise AnalysisError(f"target {target_name!r} has a single class {torch.unique(y).tolist()}; nothing to probe")
     folds = _folds(y, cv, classifier, random_state, group_ids)
