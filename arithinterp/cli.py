@@ -119,7 +119,7 @@ def patch_command(args: argparse.Namespace) -> dict:
 
     model, prompts = _model_and_prompts(args)
     pairs = prompts.counterfactual(vary=args.vary, seed=args.seed)
-    result = patching.sweep(model, pairs, args.site, metric=args.metric, normalize=args.normalize,
+    result = patching.activation_patching(model, pairs, args.site, metric=args.metric, normalize=args.normalize,
                             direction=args.direction, progress=not args.no_progress)
     best = int(result.mean.flatten().argmax())
     return _finish(result, args, dict(site=args.site, pairs=len(pairs), metric=args.metric,
@@ -134,7 +134,7 @@ def probe_command(args: argparse.Namespace) -> dict:
 
     model, prompts = _model_and_prompts(args)
     acts = collect(model, prompts, sites=args.site, positions=args.positions.split(","), progress=not args.no_progress)
-    result = probes.sweep(acts, args.target, kind=args.kind, cv=args.cv, progress=not args.no_progress)
+    result = probes.probe_layers(acts, args.target, kind=args.kind, cv=args.cv, progress=not args.no_progress)
     return _finish(result, args, dict(target=args.target, kind=args.kind, best=result.best()))
 
 

@@ -180,7 +180,7 @@ def patching_stage(ctx: Context) -> Section:
 
     pairs = ctx.pairs[: ctx.n_pairs] if ctx.pairs is not None else None
     section = Section(STAGE_TITLES["patching"], sample=require("patching", 0 if pairs is None else len(pairs)))
-    resid = patching.sweep(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
+    resid = patching.activation_patching(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
     if _no_gap(resid):
         section.findings.append(
             f"No signal above the control: on {len(pairs)} pairs the clean and corrupted prompts do not differ on "
@@ -189,8 +189,8 @@ def patching_stage(ctx: Context) -> Section:
         )
         section.figures.append(resid.plot())
         return section
-    heads = patching.sweep(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
-    mlps = patching.sweep(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
+    heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
+    mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
         f"changed restores the answer most at {_top_cells(resid)} "
@@ -241,7 +241,7 @@ def probes_stage(ctx: Context) -> Section:
     targets = ("a", "answer_digit_0", "answer") if prompts.single_token_operands else ("a_digit_0", "carry_0", "answer_digit_0")
     for target in targets:
         try:
-            result = probes.sweep(acts, target, kind="logistic", cv=3, progress=False)
+            result = probes.probe_layers(acts, target, kind="logistic", cv=3, progress=False)
         except AnalysisError as why:  # e.g. a target with one class among these prompts
             section.findings.append(f"'{target}' not probed: {why}.")
             continue

@@ -1,4 +1,4 @@
-"""Exact activation patching: arithinterp's ``patching.sweep`` versus TransformerLens 4's functions.
+"""Exact activation patching: arithinterp's ``patching.activation_patching`` versus TransformerLens 4's functions.
 
 Both run in one process on the same model and pairs, alternating, one thread:
 
@@ -167,7 +167,7 @@ def bench_setup(name, model, pairs, runs: int, device: str = "cpu", tl_cells: in
                 return tl_fn(model, corrupt, cache, metric, reduce="none", index_axis_names=None, index_df=index_df).values
 
         def run_ours():
-            return patching.sweep(model, pairs, site, progress=False)
+            return patching.activation_patching(model, pairs, site, progress=False)
 
         tl_times, our_times, tl_peak, our_peak = [], [], [], []
         for _ in range(runs):  # alternate so both see the same machine load

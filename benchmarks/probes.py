@@ -1,7 +1,7 @@
 """Benchmark: a probe sweep over every layer of 5,000 prompts x d_model 256.
 
 Synthetic activations ``[5000, n_layers, 1, 256]`` with a 10-class label written along class
-directions at increasing strength per layer. For each probe kind, ``probes.sweep`` runs 5-fold
+directions at increasing strength per layer. For each probe kind, ``probes.probe_layers`` runs 5-fold
 cross-validation plus the shuffled-label control and the full-data fit at every layer; the median
 wall time of ``--repeats`` runs is reported. The reference is the same sweep done with
 scikit-learn (``StandardScaler`` + ``LogisticRegression(lbfgs)`` per fold, same folds and
@@ -74,13 +74,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     acts, label = synthetic(args.prompts, args.d_model, args.layers)
-    probes.sweep(acts, label, layers=[0], progress=False)  # warm-up: imports and first-call costs
+    probes.probe_layers(acts, label, layers=[0], progress=False)  # warm-up: imports and first-call costs
 
     rows = []
     for kind in args.kinds.split(","):
         target = label.float() if kind == "ridge" else label
         repeats = 1 if kind == "mlp" else args.repeats
-        seconds, result = timed(lambda: probes.sweep(acts, target, kind=kind, progress=False), repeats)
+        seconds, result = timed(lambda: probes.probe_layers(acts, target, kind=kind, progress=False), repeats)
         rows.append((f"arithinterp {kind}", seconds, repeats, result.mean[:, 0].tolist(), result.metric))
     if "logistic" in args.kinds:
         seconds, scores = timed(lambda: sklearn_sweep(acts, label), args.reference_repeats)

@@ -78,7 +78,7 @@ def test_sweep_equals_transformer_lens_on_every_family(family, site):
         lengths.add(group.clean.tokens.shape[1] - pairs.clean.offset(idx))
         kwargs = dict(neurons=[0, 5]) if site == "mlp_post" else {}
         every_position = list(range(pairs.clean.offset(idx), pairs.clean.tokens.shape[1]))
-        ours = patching.sweep(model, group, site, positions=every_position, progress=False, **kwargs)
+        ours = patching.activation_patching(model, group, site, positions=every_position, progress=False, **kwargs)
         assert ours.meta["engine"][0].startswith("stepped"), ours.meta["engine"]
         reference = _reference(model, group, site)
         assert ours.values.shape == reference.shape

@@ -89,3 +89,14 @@ def test_a_loaded_model_has_the_hooked_model_surface(tiny_model):
     assert members == {"cfg", "tokenizer", "to_tokens", "run_with_cache", "run_with_hooks", "hooks"}
     missing = [name for name in members if not hasattr(tiny_model, name)]
     assert missing == [] and callable(tiny_model)
+
+
+def test_no_two_subpackages_export_the_same_name():
+    # `probes.KINDS` and `helix.KINDS`, or `patching.sweep` and `probes.sweep`, made a reader check which was meant
+    exported: dict[str, list[str]] = {}
+    for name in ("engine", "fourier", "helix", "models", "neurons", "patching", "probes", "sweep", "viz"):
+        for public in importlib.import_module(f"arithinterp.{name}").__all__:
+            exported.setdefault(public, []).append(name)
+    assert {name: where for name, where in exported.items() if len(where) > 1} == {}
+    assert ai.patching.activation_patching is ai.patching.sweep  # the old name still works
+    assert ai.probes.probe_layers is ai.probes.sweep

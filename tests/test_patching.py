@@ -71,7 +71,7 @@ def zoo():
 @pytest.mark.parametrize("engine", ["stepped", "hooks"])
 @pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
 def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
-    ours = patching.sweep(tiny_model, pairs, site, engine=engine, progress=False)
+    ours = patching.activation_patching(tiny_model, pairs, site, engine=engine, progress=False)
     reference = _tl_values(tiny_model, pairs, site)
     assert ours.values.shape == reference.shape
     assert (ours.values - reference).abs().max() <= 1e-4
@@ -80,7 +80,7 @@ def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
 @pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
 def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
     model, zoo_pairs = zoo
-    ours = patching.sweep(model, zoo_pairs, site, progress=False)
+    ours = patching.activation_patching(model, zoo_pairs, site, progress=False)
     assert ours.meta["engine"][0].startswith("stepped")
     assert (ours.values - _tl_values(model, zoo_pairs, site)).abs().max() <= 1e-4
 
@@ -92,8 +92,8 @@ def test_replica_equals_model_hooks_for_every_site(few_shot, site):
     units = dict(neurons=[7, 100]) if site in ("mlp_pre", "mlp_post") else {}
     for kwargs in (dict(layers=[0, 2]), dict(per_position=False), dict(positions=["a", "final", 4], layers=[1])):
         kwargs = {**kwargs, **units}
-        fast = patching.sweep(model, fs_pairs, site, engine="stepped", batch_cells=3, progress=False, **kwargs)
-        slow = patching.sweep(model, fs_pairs, site, engine="hooks", progress=False, **kwargs)
+        fast = patching.activation_patching(model, fs_pairs, site, engine="stepped", batch_cells=3, progress=False, **kwargs)
+        slow = patching.activation_patching(model, fs_pairs, site, engine="hooks", progress=False, **kwargs)
         assert fast.values.shape == slow.values.shape
         assert (fast.values - slow.values).abs().max() <= 1e-4, kwargs
 
@@ -101,7 +101,7 @@ def test_replica_equals_model_hooks_for_every_site(few_shot, site):
 def test_cells_before_the_changed_token_are_no_ops(few_shot):
     """Positions before the varied operand carry identical activations: patching them does nothing."""
     model, fs_pairs = few_shot
-    result = patching.sweep(model, fs_pairs, "resid_pre", positions=list(range(5)), progress=False)
+    result = patching.activation_patching(model, fs_pairs, "resid_pre", positions=list(range(5)), progress=False)
     assert torch.equal(result.values, result.corrupt_baseline[:, None, None].expand_as(result.values))
     assert result.meta["cells_run"] == 0
 
@@ -109,7 +109,7 @@ def test_cells_before_the_changed_token_are_no_ops(few_shot):
 def test_a_residual_patch_that_makes_the_source_run_is_not_run(few_shot):
     """At layer 0 the prompts differ at the varied operand alone: patching it there gives the clean run."""
     model, fs_pairs = few_shot
-    result = patching.sweep(model, fs_pairs, "resid_pre", layers=[0], positions=["b"], progress=False)
+    result = patching.activation_patching(model, fs_pairs, "resid_pre", layers=[0], positions=["b"], progress=False)
     assert result.meta["cells_run"] == 0
     assert torch.equal(result.values[:, 0, 0], result.clean_baseline)
 
@@ -122,8 +122,8 @@ def _known_results(model, pairs):
     last = model.cfg.n_layers - 1
     values = []
     for engine in ("stepped", "hooks"):
-        operand = patching.sweep(model, pairs, "resid_pre", layers=[0], positions=["a"], normalize=True, engine=engine, progress=False)
-        final = patching.sweep(model, pairs, "resid_post", layers=[last], positions=["final"], normalize=True, engine=engine, progress=False)
+        operand = patching.activation_patching(model, pairs, "resid_pre", layers=[0], positions=["a"], normalize=True, engine=engine, progress=False)
+        final = patching.activation_patching(model, pairs, "resid_post", layers=[last], positions=["final"], normalize=True, engine=engine, progress=False)
         values += [operand.mean.item(), final.mean.item()]
     assert operand.meta["cells_run"] == 1 and final.meta["cells_run"] == 1  # hooks run every cell
     return values
@@ -139,14 +139,14 @@ def test_known_results_on_zoo(zoo):
     for value in _known_results(model, zoo_pairs):
         assert value == pytest.approx(1.0, abs=1e-4)
     # elsewhere at layer 0 nothing differs between the prompts, so nothing is restored
-    layer0 = patching.sweep(model, zoo_pairs, "resid_pre", layers=[0], normalize=True, progress=False)
+    layer0 = patching.activation_patching(model, zoo_pairs, "resid_pre", layers=[0], normalize=True, progress=False)
     others = [i for i, p in enumerate(layer0.positions) if int(p) != int(zoo_pairs.clean.positions["a"][0])]
     assert layer0.mean[0, others].abs().max() <= 1e-4
 
 
 def test_noise_direction_reaches_the_corrupt_run(tiny_model, pairs):
     last = tiny_model.cfg.n_layers - 1
-    result = patching.sweep(tiny_model, pairs, "resid_post", layers=[last], positions=["final"], direction="noise", normalize=True, progress=False)
+    result = patching.activation_patching(tiny_model, pairs, "resid_post", layers=[last], positions=["final"], direction="noise", normalize=True, progress=False)
     assert result.mean.item() == pytest.approx(0.0, abs=1e-4)
 
 
@@ -156,14 +156,14 @@ def test_noise_direction_reaches_the_corrupt_run(tiny_model, pairs):
 def test_metric_choices_agree_with_their_definitions(tiny_model, pairs):
     last = tiny_model.cfg.n_layers - 1
     kwargs = dict(layers=[last], positions=["final"], progress=False)
-    custom = patching.sweep(tiny_model, pairs, "resid_post", metric=lambda logits, batch: logits[:, 5] - logits[:, 7], **kwargs)
+    custom = patching.activation_patching(tiny_model, pairs, "resid_post", metric=lambda logits, batch: logits[:, 5] - logits[:, 7], **kwargs)
     with torch.inference_mode():
         clean_logits = tiny_model(pairs.clean.tokens)[:, -1]
     assert torch.allclose(custom.values.flatten(), clean_logits[:, 5] - clean_logits[:, 7], atol=1e-4)
-    prob = patching.sweep(tiny_model, pairs, "resid_post", metric="prob", **kwargs)
+    prob = patching.activation_patching(tiny_model, pairs, "resid_post", metric="prob", **kwargs)
     expected = clean_logits.softmax(-1).gather(-1, pairs.clean_answer_token[:, None])[:, 0]
     assert torch.allclose(prob.values.flatten(), expected, atol=1e-5)
-    ie = patching.sweep(tiny_model, pairs, "resid_post", metric="ie", **kwargs)
+    ie = patching.activation_patching(tiny_model, pairs, "resid_post", metric="ie", **kwargs)
     with torch.inference_mode():
         corrupt_probs = tiny_model(pairs.corrupt.tokens)[:, -1].softmax(-1)
     clean_probs = clean_logits.softmax(-1)
@@ -198,7 +198,7 @@ def test_attribution_is_exact_where_the_metric_is_linear(number_tokenizer):
     last = model.cfg.n_layers - 1
     kwargs = dict(layers=[last], positions=["final"], progress=False)
     approx = patching.attribute(model, linear_pairs, "resid_post", **kwargs)
-    exact = patching.sweep(model, linear_pairs, "resid_post", **kwargs)
+    exact = patching.activation_patching(model, linear_pairs, "resid_post", **kwargs)
     assert (approx.values - exact.values).abs().max() <= 1e-4
 
 
@@ -215,7 +215,7 @@ def test_attribution_tracks_exact_patching(tiny_model, pairs):
 
 
 def test_compare_leaves_the_results_it_compares_unchanged(tiny_model, pairs):
-    exact = patching.sweep(tiny_model, pairs, "resid_pre", progress=False)
+    exact = patching.activation_patching(tiny_model, pairs, "resid_pre", progress=False)
     approx = patching.attribute(tiny_model, pairs, "resid_pre", progress=False)
     before = (dict(exact.meta), dict(approx.meta))
     comparison = patching.compare(exact, approx)
@@ -227,7 +227,7 @@ def test_integrated_gradients_completeness(tiny_model, pairs):
     """IG over the input interpolation sums to the full swap of the first residual stream."""
     kwargs = dict(layers=[0], per_position=False, progress=False)
     ig = patching.attribute(tiny_model, pairs[:6], "resid_pre", method="integrated_gradients", steps=20, **kwargs)
-    exact = patching.sweep(tiny_model, pairs[:6], "resid_pre", **kwargs)
+    exact = patching.activation_patching(tiny_model, pairs[:6], "resid_pre", **kwargs)
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
 
@@ -474,15 +474,15 @@ def test_zoo_in_bfloat16(zoo):
 
 
 def test_result_frame_plot_and_round_trip(tiny_model, pairs, tmp_path):
-    result = patching.sweep(tiny_model, pairs, "resid_pre", progress=False)
+    result = patching.activation_patching(tiny_model, pairs, "resid_pre", progress=False)
     frame = result.to_frame()
     assert len(frame) == result.mean.numel() and {"layer", "position", "token", "mean", "ci_low"} <= set(frame.columns)
     figure = result.plot()
     assert isinstance(figure, go.Figure) and isinstance(figure.data[0], go.Heatmap)
     assert figure.data[0].x[1].endswith(pairs.clean.str_tokens(0)[1])  # token strings on the position axis
-    heads = patching.sweep(tiny_model, pairs, "attn_z", per_position=False, progress=False)
+    heads = patching.activation_patching(tiny_model, pairs, "attn_z", per_position=False, progress=False)
     assert heads.axes == ["layer", "head"] and list(heads.plot().data[0].y) == ["L0", "L1"]
-    by_position = patching.sweep(tiny_model, pairs, "attn_z", positions=["a", "final"], progress=False)
+    by_position = patching.activation_patching(tiny_model, pairs, "attn_z", positions=["a", "final"], progress=False)
     assert len(by_position.plot().data[0].y) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads
     loaded = type(result).load(result.save(tmp_path / "patch"))
     assert torch.equal(loaded.values, result.values) and loaded.positions == result.positions and loaded.axes == result.axes
@@ -507,12 +507,12 @@ def test_result_frame_plot_and_round_trip(tiny_model, pairs, tmp_path):
 )
 def test_bad_sweep_input_is_explained(tiny_model, pairs, kwargs, error, words):
     with pytest.raises(error, match=words):
-        patching.sweep(tiny_model, pairs, progress=False, **kwargs)
+        patching.activation_patching(tiny_model, pairs, progress=False, **kwargs)
 
 
 def test_other_bad_input_is_explained(tiny_model, pairs):
     with pytest.raises(ArithInterpError, match="empty"):
-        patching.sweep(tiny_model, pairs[[]], "resid_pre", progress=False)
+        patching.activation_patching(tiny_model, pairs[[]], "resid_pre", progress=False)
     with pytest.raises(ConfigError, match="integrated_gradients"):
         patching.attribute(tiny_model, pairs, "resid_pre", method="guess", progress=False)
     with pytest.raises(ConfigError, match="accepted forms"):
@@ -523,7 +523,7 @@ def test_other_bad_input_is_explained(tiny_model, pairs):
         patching.ablate(tiny_model, pairs.clean, ["mlp0"], mode="shuffle")
     same = type(pairs)(pairs.clean, pairs.clean)
     with pytest.raises(ArithInterpError, match="same mean"):  # nothing to find where nothing differs
-        patching.sweep(tiny_model, same, "resid_pre", normalize=True, progress=False)
+        patching.activation_patching(tiny_model, same, "resid_pre", normalize=True, progress=False)
 
 
 # --- the benchmark ---------------------------------------------------------------------------------

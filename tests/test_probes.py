@@ -46,7 +46,7 @@ def planted():
 
 
 def test_logistic_sweep_finds_planted_direction_and_shuffled_control_stays_at_chance(planted):
-    result = probes.sweep(planted["acts"], planted["label"], kind="logistic", progress=False)
+    result = probes.probe_layers(planted["acts"], planted["label"], kind="logistic", progress=False)
     low, high = result.ci
     assert result.mean[1, 0] >= 0.99 and low[1, 0] >= 0.98  # held-out, 5 folds
     assert result.mean[0, 0] < 0.2  # the noise layer reads nothing
@@ -63,7 +63,7 @@ def test_logistic_sweep_finds_planted_direction_and_shuffled_control_stays_at_ch
 
 
 def test_circular_probe_reads_value_mod_10_from_a_random_plane(planted):
-    result = probes.sweep(planted["acts"], planted["value"], kind="circular", progress=False)
+    result = probes.probe_layers(planted["acts"], planted["value"], kind="circular", progress=False)
     assert result.mean[2, 0] >= 0.99 and result.ci[0][2, 0] >= 0.98
     assert result.mean[0, 0] < 0.25 and result.mean[1, 0] < 0.25
     low, high = result.control_ci
@@ -92,7 +92,7 @@ def test_ridge_probe_recovers_a_planted_value_and_not_a_shuffled_one():
     w = torch.randn(32, generator=g)
     y = X @ w + 0.05 * torch.randn(400, generator=g)
     acts = Activations(data={"mlp_out": X[:, None, None]}, layers=[0], positions=["final"])
-    result = probes.sweep(acts, y, kind="ridge", progress=False)
+    result = probes.probe_layers(acts, y, kind="ridge", progress=False)
     assert result.metric == "r2" and result.mean[0, 0] > 0.99
     assert result.control("shuffled")[0, 0] < 0.05
     assert torch.nn.functional.cosine_similarity(result.directions[0, 0, 0], w, dim=0) > 0.99
@@ -129,7 +129,7 @@ def test_probes_are_deterministic_sklearn_estimators_with_unit_directions(plante
 def test_random_init_control_and_selectivity(planted):
     noise = torch.randn(planted["acts"].data["resid_post"].shape, generator=_gen(5))
     control = Activations(data={"resid_post": noise}, layers=[0, 1, 2], positions=["final"])
-    result = probes.sweep(planted["acts"], planted["label"], layers=[1], control_acts=control, progress=False)
+    result = probes.probe_layers(planted["acts"], planted["label"], layers=[1], control_acts=control, progress=False)
     assert result.controls == ["shuffled", "random_init"]
     assert result.control("random_init")[0, 0] < 0.2
     assert result.selectivity.shape == (2, 1, 1) and (result.selectivity > 0.8).all()
@@ -152,7 +152,7 @@ def test_label_and_model_answer_targets(number_tokenizer, tiny_model):
     assert int((~keep).sum()) == 7 and torch.equal(y, (model_answer[keep] // 10) % 10)
     correct, _, _ = probes.resolve_target(prompts, "model_correct", len(prompts), model_answer)
     assert int(correct.sum()) == len(prompts) - 20
-    result = probes.sweep(acts, "model_answer_digit_0", model_answer=model_answer, cv=3, progress=False)
+    result = probes.probe_layers(acts, "model_answer_digit_0", model_answer=model_answer, cv=3, progress=False)
     assert result.meta["dropped"]["count"] == 7 and result.meta["n_used"] == len(prompts) - 7
     # the model itself: the prompts are evaluated with it
     own, keep, _ = probes.resolve_target(prompts, "model_answer", len(prompts), tiny_model)
@@ -163,7 +163,7 @@ def test_label_and_model_answer_targets(number_tokenizer, tiny_model):
 
 
 def test_probe_result_frame_plot_and_roundtrip(planted, tmp_path):
-    result = probes.sweep(planted["acts"], planted["label"], layers=[0, 1], progress=False)
+    result = probes.probe_layers(planted["acts"], planted["label"], layers=[0, 1], progress=False)
     frame = result.to_frame()
     assert len(frame) == 2 * 1 * 2  # layers x positions x (probe + shuffled)
     row = frame[(frame.source == "probe") & (frame.layer == 1)].iloc[0]
@@ -208,30 +208,30 @@ def test_sweep_input_validation_messages(planted, number_tokenizer):
     prompts = arithmetic(number_tokenizer, a=range(20), b=range(30))
     labelled = Activations(data=acts.data, layers=acts.layers, positions=acts.positions, prompts=prompts)
     with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_digit_0.*model_answer_digit"):
-        probes.sweep(labelled, "sum", progress=False)
+        probes.probe_layers(labelled, "sum", progress=False)
     with pytest.raises(AnalysisError, match="model_answer="):
-        probes.sweep(labelled, "model_answer_digit_0", progress=False)
+        probes.probe_layers(labelled, "model_answer_digit_0", progress=False)
     with pytest.raises(AnalysisError, match="one value per prompt"):
-        probes.sweep(acts, torch.arange(10), progress=False)
+        probes.probe_layers(acts, torch.arange(10), progress=False)
     with pytest.raises(AnalysisError, match="too few samples.*need at least 10"):
         small = Activations(data={"resid_post": torch.randn(8, 1, 1, 4)}, layers=[0], positions=["final"])
-        probes.sweep(small, torch.arange(8) % 2, progress=False)
+        probes.probe_layers(small, torch.arange(8) % 2, progress=False)
     with pytest.raises(SiteError, match="collected sites: 'resid_post'"):
-        probes.sweep(acts, planted["label"], site="attn_out", progress=False)
+        probes.probe_layers(acts, planted["label"], site="attn_out", progress=False)
     with pytest.raises(SiteError, match="collected layers"):
-        probes.sweep(acts, planted["label"], layers=[7], progress=False)
+        probes.probe_layers(acts, planted["label"], layers=[7], progress=False)
     with pytest.raises(SiteError, match="collected positions"):
-        probes.sweep(acts, planted["label"], positions=["a"], progress=False)
+        probes.probe_layers(acts, planted["label"], positions=["a"], progress=False)
     with pytest.raises(ConfigError, match="accepted: 'shuffled', 'random_init'"):
-        probes.sweep(acts, planted["label"], controls=("permuted",), progress=False)
+        probes.probe_layers(acts, planted["label"], controls=("permuted",), progress=False)
     with pytest.raises(AnalysisError, match="needs control_acts"):
-        probes.sweep(acts, planted["label"], controls=("random_init",), progress=False)
+        probes.probe_layers(acts, planted["label"], controls=("random_init",), progress=False)
     with pytest.raises(ConfigError, match="cv must be"):
-        probes.sweep(acts, planted["label"], cv=1, progress=False)
+        probes.probe_layers(acts, planted["label"], cv=1, progress=False)
     with pytest.raises(AnalysisError, match="single class"):
-        probes.sweep(acts, torch.zeros(N, dtype=torch.long), progress=False)
+        probes.probe_layers(acts, torch.zeros(N, dtype=torch.long), progress=False)
     with pytest.raises(AnalysisError, match="Activations"):
-        probes.sweep(acts.data["resid_post"], planted["label"], progress=False)
+        probes.probe_layers(acts.data["resid_post"], planted["label"], progress=False)
     assert issubclass(AnalysisError, ArithInterpError)
 
 
@@ -541,7 +541,7 @@ def test_zoo_weak_model_digit_probes_and_error_detector():
     evaluation = prompts.evaluate(model)
     assert 0.7 < evaluation.accuracy < 0.97  # a model that still makes errors
     acts = probes.answer_activations(model, prompts, evaluation)
-    units = probes.sweep(acts, "answer_digit_0", positions=["answer_3"], cv=3, progress=False)
+    units = probes.probe_layers(acts, "answer_digit_0", positions=["answer_3"], cv=3, progress=False)
     assert units.mean.max() >= 0.99 and units.control("shuffled").max() < 0.2
     fit, test = torch.arange(1400), torch.arange(1400, 2000)
     sub = lambda idx: Evaluation(evaluation.correct[idx], evaluation.model_answer[idx],  # noqa: E731

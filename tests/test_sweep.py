@@ -195,7 +195,7 @@ def test_local_sweep_writes_cells_manifest_and_tables_then_skips_them(model_dir,
     accuracy = tables["accuracy"]
     assert accuracy.loc[0, "accuracy"] == pytest.approx(prompts.evaluate(model).accuracy)
     assert accuracy.loc[0, "n_prompts"] == 60 and accuracy.loc[0, "task"] == "add"
-    direct = patching.sweep(model, prompts.counterfactual(vary="a", seed=0), site="attn_out", progress=False).to_frame()
+    direct = patching.activation_patching(model, prompts.counterfactual(vary="a", seed=0), site="attn_out", progress=False).to_frame()
     swept = tables["patching"][tables["patching"]["site"] == "attn_out"].reset_index(drop=True)
     assert len(swept) == len(direct)
     torch.testing.assert_close(torch.tensor(swept["mean"].values), torch.tensor(direct["mean"].values), atol=1e-6, rtol=0)

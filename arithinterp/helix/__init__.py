@@ -32,7 +32,7 @@ Every public name is available here, e.g. ``helix.fit(...)``, ``helix.patch_test
 """
 
 from arithinterp.helix.causal import HelixPatchResult, capture, patch_test, patched_logit, shuffled_control
-from arithinterp.helix.design import DEFAULT_PERIODS, KINDS, basis, helix_basis, split_by_value
+from arithinterp.helix.design import DEFAULT_PERIODS, BASIS_KINDS, basis, helix_basis, split_by_value
 from arithinterp.helix.fitting import FitLayersResult, HelixFit, Values, fit, fit_layers
 from arithinterp.helix.neuron_model import (
     NEURON_METHODS,
@@ -48,7 +48,7 @@ __all__ = [
     "basis",
     "helix_basis",
     "split_by_value",
-    "KINDS",
+    "BASIS_KINDS",
     "DEFAULT_PERIODS",
     # fitting
     "Values",

@@ -16,7 +16,7 @@ import torch
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 
-KINDS = ("helix", "circle", "poly", "linear")
+BASIS_KINDS = ("helix", "circle", "poly", "linear")
 DEFAULT_PERIODS = (2, 5, 10, 100)
 
 
@@ -70,8 +70,8 @@ def basis(
     then one constant column. ``max_value`` per variable defaults to ``max(values)`` (at least 1).
     RECIPES §1 (Kantamneni & Tegmark 2025).
     """
-    if kind not in KINDS:
-        raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(KINDS)}")
+    if kind not in BASIS_KINDS:
+        raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(BASIS_KINDS)}")
     x = as_2d(values)
     periods = check_periods(periods)
     names = variable_names(names, x.shape[1])

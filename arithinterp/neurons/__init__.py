@@ -37,7 +37,7 @@ Submodules, each importing only the ones before it:
 """
 
 from arithinterp.neurons.ablation import (
-    ABLATION_MODES,
+    NEURON_ABLATION_MODES,
     HeuristicAblation,
     PromptAblation,
     ablate_for_prompt,
@@ -93,6 +93,6 @@ __all__ = [
     "HeuristicAblation",
     "PromptAblation",
     "Grid",
-    "ABLATION_MODES",
+    "NEURON_ABLATION_MODES",
     "IMPORTANCE_METHODS",
 ]

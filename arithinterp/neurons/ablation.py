@@ -21,7 +21,7 @@ from arithinterp.types import HookedModel
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
 
-ABLATION_MODES = ("mean", "zero")
+NEURON_ABLATION_MODES = ("mean", "zero")
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -117,8 +117,8 @@ class PromptAblation(Result):
 
 
 def _check_mode(mode: str) -> None:
-    if mode not in ABLATION_MODES:
-        raise ConfigError(f"unknown ablation mode {mode!r}; accepted: {accepted(ABLATION_MODES)}")
+    if mode not in NEURON_ABLATION_MODES:
+        raise ConfigError(f"unknown ablation mode {mode!r}; accepted: {accepted(NEURON_ABLATION_MODES)}")
 
 
 def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int) -> torch.Tensor:

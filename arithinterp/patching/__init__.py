@@ -1,11 +1,11 @@
 """Activation patching: exact sweeps, attribution patching, direct vs total effect, ablation.
 
-* :func:`sweep` — exact activation patching of one site over layers × positions (× heads or
+* :func:`activation_patching` — exact activation patching of one site over layers × positions (× heads or
   neurons), with per-pair values, mean, standard error and a bootstrap interval
   (Kantamneni & Tegmark 2025; Nikankin et al. 2025; Stolfo et al. 2023).
 * :func:`attribute` — attribution patching, ``grad · (source − base)``, or its integrated-gradients
   variant, for every cell of several sites in a few forwards and one backward per batch; returns
-  the same :class:`PatchResult` as :func:`sweep`. :func:`compare` reports how well it tracks the
+  the same :class:`PatchResult` as :func:`activation_patching`. :func:`compare` reports how well it tracks the
   exact sweep.
 * :func:`direct_effect` — direct effect of components (their corrupt − clean output added straight
   into the final residual stream) next to their total effect (Kantamneni & Tegmark 2025).
@@ -44,7 +44,7 @@ from arithinterp.patching.components import (
     faithfulness,
 )
 from arithinterp.patching.core import (
-    ABLATION_MODES,
+    COMPONENT_ABLATION_MODES,
     ATTRIBUTE_SITES,
     DIRECTIONS,
     ENGINES,
@@ -55,10 +55,12 @@ from arithinterp.patching.core import (
     summarize,
 )
 from arithinterp.patching.digits import DigitAblationResult, digit_ablation
-from arithinterp.patching.exact import sweep
+from arithinterp.patching.exact import activation_patching
+
+sweep = activation_patching  # the old name; new code says activation_patching
 
 __all__ = [
-    "sweep",
+    "activation_patching",
     "attribute",
     "compare",
     "attribution_vs_exact",
@@ -80,7 +82,7 @@ __all__ = [
     "DIRECTIONS",
     "ENGINES",
     "METHODS",
-    "ABLATION_MODES",
+    "COMPONENT_ABLATION_MODES",
     "COMPONENT_FORMS",
     "FAITHFULNESS_METRICS",
 ]

@@ -24,7 +24,7 @@ SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric sco
 DIRECTIONS = ("denoise", "noise")
 ENGINES = ("auto", "stepped", "hooks")
 METHODS = ("attribution", "integrated_gradients")
-ABLATION_MODES = ("zero", "mean", "resample")
+COMPONENT_ABLATION_MODES = ("zero", "mean", "resample")
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
 ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
 

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
-from arithinterp.patching.core import ABLATION_MODES, check_choice
+from arithinterp.patching.core import COMPONENT_ABLATION_MODES, check_choice
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
 
@@ -76,7 +76,7 @@ def digit_ablation(
             set to ``"full_answer"`` here.
         heads: ``"L{layer}H{head}"`` names (default: every head).
     """
-    check_choice("mode", mode, ABLATION_MODES)
+    check_choice("mode", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     n_answer = prompts.answer_tokens.shape[1]

@@ -42,7 +42,7 @@ def _site_width(model, site: str, length: int) -> int:
     }.get(site, cfg.d_model) + max(cfg.d_model, cfg.d_mlp or 0, cfg.n_heads * length)
 
 
-def sweep(
+def activation_patching(
     model: Any,
     pairs: Any,
     site: str,

@@ -11,7 +11,7 @@ control-backed probing practice follows RECIPES §1, §4 and §8.
   standardised inside): :class:`LogisticProbe`, :class:`RidgeProbe`, :class:`CircularProbe`,
   :class:`MLPProbe`, and :func:`make_probe`. Fitted linear probes expose ``directions_``
   ``[k, n_features]`` (unit rows in the raw activation space) for patching and steering.
-* ``layer_sweep`` — :func:`sweep`: k-fold held-out score per layer x position with 95% CIs
+* ``layer_sweep`` — :func:`probe_layers`: k-fold held-out score per layer x position with 95% CIs
   (folds grouped by operand pair whenever a pair repeats; any scikit-learn estimator, cloned),
   directions fitted on all data, and controls (shuffled labels; a random-init model's
   activations) → :class:`ProbeResult`; targets via :func:`resolve_target`.
@@ -40,7 +40,7 @@ from arithinterp.probes.detector import (
     detection_metrics,
 )
 from arithinterp.probes.estimators import (
-    KINDS,
+    PROBE_KINDS,
     ArrayLike,
     CircularProbe,
     LogisticProbe,
@@ -50,9 +50,11 @@ from arithinterp.probes.estimators import (
     make_probe,
 )
 from arithinterp.probes.layer_sweep import (
-    CONTROLS, ProbeResult, confidence_interval, resolve_groups, resolve_target, sweep,
+    CONTROLS, ProbeResult, confidence_interval, probe_layers, resolve_groups, resolve_target,
 )
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
+
+sweep = probe_layers  # the old name; new code says probe_layers
 
 __all__ = [
     "LogisticProbe",
@@ -64,7 +66,7 @@ __all__ = [
     "resolve_target",
     "resolve_groups",
     "confidence_interval",
-    "sweep",
+    "probe_layers",
     "ProbeResult",
     "answer_activations",
     "answer_slots",
@@ -78,7 +80,7 @@ __all__ = [
     "vote_policy",
     "repair",
     "RepairResult",
-    "KINDS",
+    "PROBE_KINDS",
     "CONTROLS",
     "DETECTOR_METHODS",
     "DETECTOR_POSITIONS",

@@ -19,7 +19,7 @@ from sklearn.base import BaseEstimator
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 
-KINDS = ("logistic", "ridge", "circular", "mlp")
+PROBE_KINDS = ("logistic", "ridge", "circular", "mlp")
 
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
 
@@ -409,7 +409,7 @@ def make_probe(kind: str, random_state: Optional[int] = None, **kwargs: Any) -> 
     probes are deterministic (full-batch L-BFGS from zero, closed-form ridge) and take no seed.
     """
     if kind not in _PROBES:
-        raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(KINDS)}")
+        raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(PROBE_KINDS)}")
     cls = _PROBES[kind]
     allowed = cls._get_param_names()
     if random_state is not None and "random_state" in allowed:

@@ -2,7 +2,7 @@
 
 Targets (:func:`resolve_target`: a prompt label, the model's own answer, or an array), the
 cross-validation folds (grouped by operand pair whenever a pair repeats, so that no pair is on
-both sides of a fold), :func:`confidence_interval`, and :func:`sweep`, which probes every
+both sides of a fold), :func:`confidence_interval`, and :func:`probe_layers`, which probes every
 layer x position with 95% CIs, directions fitted on all data, and controls (shuffled labels; a
 random-init model's activations) → :class:`ProbeResult`.
 """
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError, accepted
 from arithinterp.probes.estimators import (
-    KINDS,
+    PROBE_KINDS,
     CircularProbe,
     LogisticProbe,
     MLPProbe,
@@ -364,8 +364,8 @@ def _resolve_estimator(kind: Optional[str], estimator: Any, probe_kw: dict, rand
     """The estimator to clone per fold, and its name (the ``kind`` shortcut or the class name)."""
     if estimator is None:
         kind = "logistic" if kind is None else kind
-        if kind not in KINDS:
-            raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(KINDS)}, or pass estimator=")
+        if kind not in PROBE_KINDS:
+            raise ConfigError(f"unknown probe kind {kind!r}; accepted: {accepted(PROBE_KINDS)}, or pass estimator=")
         return make_probe(kind, **dict(dict(random_state=random_state), **probe_kw)), kind
     if kind is not None or probe_kw:
         given = ["kind"] * (kind is not None) + list(probe_kw)
@@ -373,13 +373,13 @@ def _resolve_estimator(kind: Optional[str], estimator: Any, probe_kw: dict, rand
                           "set options on the estimator itself")
     if not all(callable(getattr(estimator, m, None)) for m in ("fit", "score", "get_params")):
         raise ConfigError(f"estimator must be a scikit-learn-style estimator with fit, score and get_params, "
-                          f"got {type(estimator).__name__}; for a named probe use kind={accepted(KINDS)}")
+                          f"got {type(estimator).__name__}; for a named probe use kind={accepted(PROBE_KINDS)}")
     names = {cls: kind for kind, cls in (("logistic", LogisticProbe), ("ridge", RidgeProbe),
                                          ("circular", CircularProbe), ("mlp", MLPProbe))}
     return estimator, names.get(type(estimator), type(estimator).__name__)
 
 
-def sweep(
+def probe_layers(
     acts: Any,
     target: Any,
     kind: Optional[str] = None,

@@ -144,7 +144,7 @@ def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_
     from arithinterp import patching
 
     pairs = prompts.counterfactual(vary=vary, seed=seed)
-    result = patching.sweep(model, pairs, site=site, metric=metric, layers=layers, positions=positions,
+    result = patching.activation_patching(model, pairs, site=site, metric=metric, layers=layers, positions=positions,
                             direction=direction, normalize=normalize, per_position=per_position, seed=seed, progress=False)
     return result.to_frame()
 
@@ -164,7 +164,7 @@ def probes_analysis(model: Any, prompts: Any, target: str, kind: str = "logistic
     from arithinterp.activations import collect
 
     acts = collect(model, prompts, sites=[site], layers=layers, positions=positions, progress=False)
-    return probes.sweep(acts, target, kind=kind, cv=cv, random_state=seed, progress=False).to_frame()
+    return probes.probe_layers(acts, target, kind=kind, cv=cv, random_state=seed, progress=False).to_frame()
 
 
 def _builtin_plot(kind: str) -> Callable:
@@ -220,7 +220,7 @@ def _register_builtins() -> None:
         "ablation", ablation_analysis,
         dict(
             components=Param((str, list), item=str, required=True, help="'attn0,mlp1' or a list of component names"),
-            mode=Param(str, "mean", _choices("arithinterp.patching", "ABLATION_MODES", ("zero", "mean", "resample"))),
+            mode=Param(str, "mean", _choices("arithinterp.patching", "COMPONENT_ABLATION_MODES", ("zero", "mean", "resample"))),
             seed=Param(int, 0),
         ),
         plot=_builtin_plot("ablation_figures"), description="component ablation (arithinterp.patching.ablate)",
@@ -230,7 +230,7 @@ def _register_builtins() -> None:
         "probes", probes_analysis,
         dict(
             target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_digit_0, carry_0, ..."),
-            kind=Param(str, "logistic", _choices("arithinterp.probes", "KINDS", ("logistic", "ridge", "circular", "mlp"))),
+            kind=Param(str, "logistic", _choices("arithinterp.probes", "PROBE_KINDS", ("logistic", "ridge", "circular", "mlp"))),
             site=Param(str, "resid_post", sites),
             layers=Param(list, None, item=int),
             positions=Param((str, list), "final", item=(str, int)),
