@@ -56,7 +56,7 @@ def stolfo_ie(
     p_corrupt_before: Float[Tensor, " batch"],
     p_corrupt_after: Float[Tensor, " batch"],
 ) -> Float[Tensor, " batch"]:
-    """Indirect effect of Stolfo et al. 2023 (RECIPES §4), per example.
+    """Indirect effect of Stolfo et al. 2023, per example.
 
     ``IE = ½[(P*(r′) − P(r′)) / P(r′) + (P(r) − P*(r)) / P*(r)]`` with P before and P* after
     patching, r the clean answer and r′ the counterfactual answer. All inputs are [batch].

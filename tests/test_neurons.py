@@ -1,4 +1,4 @@
-"""Heuristic-neuron classification and ablation (RECIPES §4).
+"""Heuristic-neuron classification and ablation (Nikankin et al. 2025).
 
 Planted-signal tests: synthetic K / KV maps that implement known heuristics (plus noise, plus
 pure-noise neurons) are classified with precision and recall >= 0.95; the same maps with their
@@ -510,7 +510,7 @@ def _zoo(name):
 
 
 def test_add_100_last_layer_is_heuristic_and_ablation_hurts_associated_prompts_more():
-    """Known result (RECIPES §4, docs/neurons.md): the last MLP's top neurons are nearly all
+    """Known result (Nikankin et al. 2025, docs/neurons.md): the last MLP's top neurons are nearly all
     heuristic neurons, and ablating a heuristic's neurons hurts its own prompts far more."""
     from arithinterp.tasks import arithmetic
 

@@ -100,3 +100,10 @@ def test_no_two_subpackages_export_the_same_name():
     assert {name: where for name, where in exported.items() if len(where) > 1} == {}
     assert ai.patching.activation_patching is ai.patching.sweep  # the old name still works
     assert ai.probes.probe_layers is ai.probes.sweep
+
+
+def test_docstrings_cite_papers_not_a_file_that_is_not_there():
+    root = PACKAGE.parent
+    citing = [str(p.relative_to(root)) for p in sorted(PACKAGE.rglob("*.py")) + sorted((root / "docs").glob("*.md"))
+              if "RECIPES §" in p.read_text()]
+    assert citing == []

@@ -359,7 +359,7 @@ def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
 
 
 def test_add_3digit_digits_are_computed_by_layer_0_heads():
-    """The per-head staircase (RECIPES §7): a layer-0 head carries the units digit, a layer-1 head does not."""
+    """The per-head staircase (Quirke & Barez): a layer-0 head carries the units digit, a layer-1 head does not."""
     import arithinterp as ai
     from arithinterp.errors import ModelFileError
     from arithinterp.models import zoo as zoo_lib

@@ -1,4 +1,4 @@
-"""Probes, probe sweeps and the probe-based error detector (RECIPES §5).
+"""Probes, probe sweeps and the probe-based error detector (Sun, Stolfo & Sachan 2025).
 
 Planted-signal tests prove each probe finds a known direction / angle / non-linear rule, and
 shuffled controls prove nothing is found where nothing is. The detector runs end to end on a tiny

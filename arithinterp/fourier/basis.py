@@ -3,8 +3,8 @@
 A representation *along a number axis* (rows for the numbers 0..n-1 of a range) is read in the
 basis and its power split over frequencies ``k`` (period ``n / k``); no model is involved.
 
-* :func:`fourier_basis` — the orthonormal real DFT basis (RECIPES §2 choice, §3): a constant row,
-  then ``cos``/``sin`` pairs per frequency ``k`` (and a lone ``cos n/2`` row when ``n`` is even).
+* :func:`fourier_basis` — the orthonormal real DFT basis (the choice of Zhou et al. 2024, as in Nanda et al.
+  2023): a constant row, then ``cos``/``sin`` pairs per frequency ``k`` (and a lone ``cos n/2`` row when ``n`` is even).
   :func:`fourier_2d` applies it on both axes of an ``(a, b)`` grid (the outer-product basis of
   Nanda et al. 2023).
 * :func:`spectrum_of` / :func:`spectrum_of_2d` / :func:`block_power` — power per frequency,
@@ -77,7 +77,7 @@ def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = t
     Rows: constant ``1/√n``; for ``k = 1 .. ⌈n/2⌉-1`` the pair ``√(2/n)·cos(2πkx/n)``,
     ``√(2/n)·sin(2πkx/n)``; for even ``n`` one last row ``cos(πx)/√n`` (its sine is zero).
     ``x`` counts from the start of the range (a shift changes phases, never powers).
-    RECIPES §2 *(choice)* and §3 (Nanda et al. 2023).
+    Zhou et al. 2024 *(choice)* and Nanda et al. 2023.
     """
     size = number_axis_size(n)
     x = torch.arange(size, dtype=dtype)

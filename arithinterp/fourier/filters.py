@@ -104,7 +104,7 @@ def frequency_filter(
 ) -> FilterResult:
     """Remove a frequency band from ``site`` (``"mlp_out"`` or ``"attn_out"``) at ``position``
     in ``layers`` (default all) during the forward pass and measure accuracy on ``prompts``
-    and the error distribution (Zhou et al. 2024, RECIPES §2).
+    and the error distribution (Zhou et al. 2024).
 
     Each output ``h`` [d] at the last position of every forward (an
     :class:`~arithinterp.engine.Intervention` whose value is the projection) is replaced by

@@ -99,14 +99,14 @@ def full_loss(logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
 
 def restricted_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
                     mask: Optional[torch.Tensor] = None) -> float:
-    """Loss of :func:`restricted_logits` (RECIPES §3). Falls below the full loss once the
+    """Loss of :func:`restricted_logits` (Nanda et al. 2023). Falls below the full loss once the
     model's answer is carried by the key frequencies and the rest is noise."""
     return _loss(restricted_logits(logits, freqs), labels, mask)
 
 
 def excluded_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
                   mask: Optional[torch.Tensor] = None) -> float:
-    """Loss of :func:`excluded_logits` (RECIPES §3; Nanda measure it on the training pairs).
+    """Loss of :func:`excluded_logits` (Nanda et al. 2023; Nanda measure it on the training pairs).
     Rises far above the full loss as the Fourier circuit forms."""
     return _loss(excluded_logits(logits, freqs), labels, mask)
 
@@ -235,7 +235,7 @@ def progress(
     (default: all shipped, ``get_entry(name).snapshot_steps()``) and, with ``include_final``,
     the final model. Key frequencies are fixed from the final model's logits
     (:func:`sum_frequency_power` + :func:`key_frequencies`) unless ``key`` is given.
-    RECIPES §3 (Nanda et al. 2023)."""
+    Nanda et al. 2023."""
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry
 

@@ -12,7 +12,7 @@ Submodules, one concept each, each importing only the ones before it:
   (``x, x², …``) and ``"linear"``; several variables (``a, b, a+b``) concatenate their bases
   around one constant. :func:`helix_basis`, and the pure-tensor pieces of a fit: least squares,
   R², :func:`split_by_value`, PCA.
-* :mod:`~arithinterp.helix.fitting` — :func:`fit`, the recipe of RECIPES §1: PCA to ``n_pca``
+* :mod:`~arithinterp.helix.fitting` — :func:`fit`, the recipe of Kantamneni & Tegmark 2025: PCA to ``n_pca``
   components, least squares from the basis to PCA coordinates (no intercept: the basis has the
   constant), mapped back (``C = coef @ components + mean``); held-out R² over *values* not
   prompts → :class:`HelixFit`. :func:`fit_layers` — fit quality per layer (helix vs baselines)
@@ -25,7 +25,7 @@ Submodules, one concept each, each importing only the ones before it:
 * :mod:`~arithinterp.helix.period_search` — :func:`search_periods`, the best period subset of
   each size, by causal effect or held-out R² → :class:`PeriodSearchResult`.
 * :mod:`~arithinterp.helix.neuron_model` — :func:`fit_neurons` / :func:`neuron_fits`, the neuron
-  preactivation model of RECIPES §1 fitted by gradient descent on the MSE, quality as NRMSE →
+  preactivation model of Kantamneni & Tegmark 2025 fitted by gradient descent on the MSE, quality as NRMSE →
   :class:`NeuronFitResult`.
 
 Every public name is available here, e.g. ``helix.fit(...)``, ``helix.patch_test(...)``.

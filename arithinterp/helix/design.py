@@ -68,7 +68,7 @@ def basis(
     * ``"linear"``: ``x / max_x``;
 
     then one constant column. ``max_value`` per variable defaults to ``max(values)`` (at least 1).
-    RECIPES §1 (Kantamneni & Tegmark 2025).
+    Kantamneni & Tegmark 2025.
     """
     if kind not in BASIS_KINDS:
         raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(BASIS_KINDS)}")

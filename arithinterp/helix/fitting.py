@@ -1,5 +1,5 @@
 """Helix fits of activations: :func:`fit` → :class:`HelixFit`, and fit quality per layer,
-:func:`fit_layers` → :class:`FitLayersResult` (RECIPES §1, Kantamneni & Tegmark 2025).
+:func:`fit_layers` → :class:`FitLayersResult` (Kantamneni & Tegmark 2025).
 
 PCA of the training activations, least squares from the basis to the PCA coordinates, mapped
 back; held-out R² over *values* not prompts. Activations come as a tensor or an
@@ -272,7 +272,7 @@ def fit(
     min_test_values: int = 5,
     n_shuffles: int = 5,
 ) -> HelixFit:
-    """Fit a helix (or baseline) basis of ``values`` to activations (RECIPES §1).
+    """Fit a helix (or baseline) basis of ``values`` to activations (Kantamneni & Tegmark 2025).
 
     Args:
         acts_or_tensor: activations [N, d], or an ``Activations`` (read at ``site`` — default

@@ -1,4 +1,4 @@
-"""The neuron preactivation model of RECIPES §1 (Kantamneni & Tegmark 2025): each neuron's
+"""The neuron preactivation model of Kantamneni & Tegmark 2025: each neuron's
 preactivation over operands ``a``, ``b`` as a linear and periodic function of ``a``, ``b``,
 ``a+b``, fitted by gradient descent on the MSE (or exactly), quality as NRMSE,
 :func:`fit_neurons` / :func:`neuron_fits` → :class:`NeuronFitResult`.
@@ -42,7 +42,7 @@ def _neuron_design(a: torch.Tensor, b: torch.Tensor, periods: list[float]) -> tu
 
 @dataclass(frozen=True)
 class NeuronFitResult(Result):
-    """Neuron preactivation fits (RECIPES §1, Kantamneni & Tegmark 2025):
+    """Neuron preactivation fits (Kantamneni & Tegmark 2025):
 
     ``N(a, b) ≈ bias + Σ_t c_t·t + Σ_T Σ_t c_{T,t}·cos(2π/T·(t − d_{T,t}))``, t ∈ {a, b, a+b}.
 
@@ -99,7 +99,7 @@ def fit_neurons(
     neurons: Optional[Sequence[int]] = None,
     progress: bool = True,
 ) -> NeuronFitResult:
-    """Fit the RECIPES §1 preactivation model to each column of ``preacts`` [N, m] over operands
+    """Fit the Kantamneni & Tegmark 2025 preactivation model to each column of ``preacts`` [N, m] over operands
     ``a``, ``b`` [N], minimising the MSE.
 
     Every term ``c·cos(2π/T·(t − d))`` equals ``α·cos(2πt/T) + β·sin(2πt/T)`` with

@@ -188,7 +188,7 @@ def ablate_heuristic(
     batch_size: int = 512,
     progress: bool = False,
 ) -> HeuristicAblation:
-    """Ablate the neurons of each heuristic; accuracy on associated vs other prompts (RECIPES §4).
+    """Ablate the neurons of each heuristic; accuracy on associated vs other prompts (Nikankin et al. 2025).
 
     A prompt is associated with a heuristic when its (a, b, result) satisfies it. Neurons are
     ablated at the final position by setting ``mlp_post`` to its mean ablation value
@@ -260,7 +260,7 @@ def ablate_for_prompt(
     satisfies are ablated (the best first by ``rank_by``: ``"score"`` — the neuron's mean score
     over its labels the prompt satisfies — or ``"importance"``). The control ablates, for the same prompt and
     layer, the same number of neurons drawn at random (seeded) from the table's other neurons of
-    that layer (its top neurons not associated with the prompt). Follows RECIPES §4.
+    that layer (its top neurons not associated with the prompt). Follows Nikankin et al. 2025.
 
     Returns the fraction of prompts still answered correctly in both arms for each ``k``.
     """

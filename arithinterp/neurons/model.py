@@ -34,7 +34,7 @@ _DEPRECATED_METHODS = {"ablation": "patching"}
 
 @dataclasses.dataclass(frozen=True)
 class NeuronImportance(Result):
-    """Per-neuron importance for the answer, per layer (RECIPES §4).
+    """Per-neuron importance for the answer, per layer (Nikankin et al. 2025).
 
     ``scores`` is ``[len(layers), d_mlp]``: mean + std over prompts of the per-prompt effect
     magnitude. ``top`` is ``[len(layers), top_k]``: the top-k neurons of each layer, best first.
@@ -76,7 +76,7 @@ class NeuronImportance(Result):
 
 @dataclasses.dataclass(frozen=True)
 class NeuronMaps(Result):
-    """K and KV maps of neurons over an operand grid (RECIPES §4).
+    """K and KV maps of neurons over an operand grid (Nikankin et al. 2025).
 
     ``k_maps`` / ``kv_maps`` are ``[N, A, B]`` (NaN where the grid has no prompt); rows follow
     ``a_values``, columns ``b_values``; ``layer`` / ``neuron`` ([N]) name the neurons.
@@ -389,7 +389,7 @@ def mean_final_activation(model: HookedModel, prompts: PromptSet, layers: Sequen
 
 
 def maps(model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: int = 512, progress: bool = False) -> NeuronMaps:
-    """K and KV maps of neurons over the operand grid of ``prompts`` (RECIPES §4).
+    """K and KV maps of neurons over the operand grid of ``prompts`` (Nikankin et al. 2025).
 
     K map: the neuron's ``mlp_post`` at the final position for each (a, b). KV map: K ×
     ``(W_out[neuron] @ W_U)[answer token]``, the neuron's direct logit-lens contribution to the
@@ -449,7 +449,7 @@ def classify(
     batch_size: int = 512,
     progress: bool = False,
 ) -> HeuristicTable:
-    """Classify a model's important MLP neurons into heuristics (RECIPES §4).
+    """Classify a model's important MLP neurons into heuristics (Nikankin et al. 2025).
 
     Runs :func:`importance` (unless ``top_k`` is None — all neurons — or ``importance_scores``
     is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed)``), :func:`maps` on

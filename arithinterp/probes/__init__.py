@@ -3,8 +3,8 @@
 What is linearly readable where — operands, answer digits, carries, the model's *own* answer —
 and can a probe tell, before an answer digit is emitted, that the model is about to get it wrong?
 The probes, the circular digit probe, the output-digit / true-digit disagreement detector and the
-"re-ask only what is flagged" use follow Sun, Stolfo & Sachan 2025 (RECIPES §5); the held-out,
-control-backed probing practice follows RECIPES §1, §4 and §8.
+"re-ask only what is flagged" use follow Sun, Stolfo & Sachan 2025; the held-out,
+control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin et al. 2025.
 
 * ``estimators`` — probes as scikit-learn estimators (``fit(X, y)``, ``predict``, ``score``,
   ``get_params``; ``X`` is a torch tensor or numpy array ``[n_samples, n_features]``; features are

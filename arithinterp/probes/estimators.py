@@ -145,7 +145,7 @@ class LogisticProbe(_Probe):
     in torch (seconds for thousands of samples × hundreds of features). ``directions_`` [k, d]:
     one unit row per class (``classes_``), in raw activation space; ``coef_`` / ``intercept_``
     give the raw-space logits ``X @ coef_.T + intercept_``. ``class_weight="balanced"`` reweights
-    classes inversely to their frequency (the class-balanced training of RECIPES §5).
+    classes inversely to their frequency (the class-balanced training of Sun, Stolfo & Sachan 2025).
     """
 
     def __init__(self, C: float = 1.0, max_iter: int = 100, tol: float = 1e-5, class_weight: Optional[str] = None):
@@ -291,7 +291,7 @@ class RidgeProbe(_Probe):
 
 
 class CircularProbe(RidgeProbe):
-    """A 2-d linear map whose angle encodes a value mod ``period`` (RECIPES §5).
+    """A 2-d linear map whose angle encodes a value mod ``period`` (Sun, Stolfo & Sachan 2025).
 
     Fits ridge least squares from standardised features to ``(cos 2πy/m, sin 2πy/m)``; predicts
     ``round(angle · m / 2π) mod m``. ``score`` is the accuracy against ``y mod m``.

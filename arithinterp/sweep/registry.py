@@ -140,7 +140,7 @@ def accuracy_analysis(model: Any, prompts: Any) -> Any:
 def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_diff", vary: str = "a", seed: int = 0,
                       direction: str = "denoise", normalize: bool = False, layers: Optional[list] = None,
                       positions: Optional[list] = None, per_position: bool = True) -> Any:
-    """Exact activation patching of one site on ``prompts.counterfactual(vary, seed)`` (RECIPES §1)."""
+    """Exact activation patching of one site on ``prompts.counterfactual(vary, seed)`` (Kantamneni & Tegmark 2025)."""
     from arithinterp import patching
 
     pairs = prompts.counterfactual(vary=vary, seed=seed)
@@ -150,7 +150,7 @@ def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_
 
 
 def ablation_analysis(model: Any, prompts: Any, components: Union[str, list], mode: str = "mean", seed: int = 0) -> Any:
-    """Accuracy and answer log-prob with components ablated (RECIPES §4); ``"attn0,mlp1"`` or a list."""
+    """Accuracy and answer log-prob with components ablated (Nikankin et al. 2025); ``"attn0,mlp1"`` or a list."""
     from arithinterp import patching
 
     names = [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)

@@ -1,4 +1,4 @@
-"""Figures for heuristic neurons (RECIPES §4): K / KV maps over the operand grid, heuristic
+"""Figures for heuristic neurons (Nikankin et al. 2025): K / KV maps over the operand grid, heuristic
 types per layer, coverage, score heatmaps, neuron importance, and ablation bars / curves with
 their controls."""
 
