@@ -12,8 +12,8 @@ Submodules, one concept each (imports flow ``basis`` → ``spectra`` → the res
 * :mod:`~arithinterp.fourier.basis` — :func:`fourier_basis`, the orthonormal real DFT basis
   (the choice of Zhou et al. 2024, as in Nanda et al. 2023): a constant row, then ``cos``/``sin``
   pairs per frequency ``k`` (and a lone ``cos n/2`` row when ``n`` is even); :func:`fourier_2d` on
-  both axes of an ``(a, b)`` grid; pure tensor spectra :func:`spectrum_of` / :func:`spectrum_of_2d`; :func:`key_frequencies`, the
-  stated rule that picks the frequencies that matter.
+  both axes of an ``(a, b)`` grid; pure tensor spectra :func:`spectrum_of` / :func:`spectrum_of_2d`;
+  :func:`key_frequencies`, the stated rule that picks the frequencies that matter.
 * :mod:`~arithinterp.fourier.spectra` — :func:`spectrum` and the named wrappers read spectra from
   a model: number-token embeddings, residual activations over a number axis, component outputs
   through the logit lens (Zhou et al. 2024) and neuron activations over the ``(a, b)`` grid
