@@ -70,7 +70,9 @@ def stolfo_ie(
 def accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float:
     """Fraction of equal entries."""
     if predictions.shape != targets.shape:
-        raise AnalysisError(f"predictions {tuple(predictions.shape)} and targets {tuple(targets.shape)} differ in shape")
+        raise AnalysisError(
+            f"predictions {tuple(predictions.shape)} and targets {tuple(targets.shape)} differ in shape"
+        )
     if predictions.numel() == 0:
         raise AnalysisError("accuracy of an empty set is undefined")
     return float((predictions == targets).float().mean())

@@ -139,7 +139,8 @@ def _random_native(model: HookedModel, seed: int):
     fields = {k: v for k, v in vars(model.cfg).items() if not k.startswith("_")}
     cfg = TransformerBridgeConfig.from_dict(dict(fields, seed=seed, init_weights=True))
     # boot_native is attached to TransformerBridge when transformer_lens loads, so no stub declares it
-    return TransformerBridge.boot_native(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")  # pyright: ignore[reportAttributeAccessIssue]
+    boot = TransformerBridge.boot_native  # pyright: ignore[reportAttributeAccessIssue]
+    return boot(cfg, tokenizer=model.tokenizer, model_name=f"random-{seed}")
 
 
 def _random_hf(model: HookedModel, seed: int):
@@ -276,7 +277,8 @@ def _boot_native(config: dict, tokenizer, name: str):
 
     cfg = TransformerBridgeConfig(**config)
     cfg.model_name = name
-    return TransformerBridge.boot_native(cfg, tokenizer=tokenizer, model_name=name)  # pyright: ignore[reportAttributeAccessIssue]
+    boot = TransformerBridge.boot_native  # pyright: ignore[reportAttributeAccessIssue]
+    return boot(cfg, tokenizer=tokenizer, model_name=name)
 
 
 def _place(model, dtype, device):

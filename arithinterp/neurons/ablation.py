@@ -130,7 +130,9 @@ def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int) 
     return mean_final_activation(model, prompts, layers, batch_size)
 
 
-def _correct(model, prompts, masks: dict[int, torch.Tensor], replacement: dict[int, torch.Tensor], batch_size: int) -> torch.Tensor:
+def _correct(
+    model, prompts, masks: dict[int, torch.Tensor], replacement: dict[int, torch.Tensor], batch_size: int
+) -> torch.Tensor:
     """Whether each prompt is answered right with neurons ablated at the final position.
 
     ``masks[layer]`` is ``[d_mlp]`` (same for every prompt) or ``[P, d_mlp]`` bool. With
@@ -173,7 +175,9 @@ def _association(table: HeuristicTable, prompts, names: Sequence[str]) -> torch.
 
 def _check_table(model, table) -> None:
     if not isinstance(table, HeuristicTable):
-        raise AnalysisError(f"table must be a HeuristicTable (from classify / classify_maps), got {type(table).__name__}")
+        raise AnalysisError(
+            f"table must be a HeuristicTable (from classify / classify_maps), got {type(table).__name__}"
+        )
     site_lib.check_layers(model, "mlp_post", sorted(set(table.layer.tolist())))
 
 
@@ -217,7 +221,15 @@ def ablate_heuristic(
     before = _correct(model, prompts, {}, replacement, batch_size)
     associated = _association(table, prompts, names)
     d_mlp = int(model.cfg.d_mlp)
-    rows = dict(n_neurons=[], n_associated=[], n_other=[], associated_before=[], associated_after=[], other_before=[], other_after=[])
+    rows = dict(
+        n_neurons=[],
+        n_associated=[],
+        n_other=[],
+        associated_before=[],
+        associated_after=[],
+        other_before=[],
+        other_after=[],
+    )
     for j, name in enumerate(tqdm(names, desc="ablate heuristics", disable=not progress)):
         members = table.neurons_of(name)
         masks = {}

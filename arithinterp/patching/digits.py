@@ -44,7 +44,13 @@ class DigitAblationResult(Result):
         import pandas as pd
 
         rows = [
-            dict(head=head, answer_token=k, accuracy=float(self.accuracy[i, k]), baseline=float(self.baseline[k]), drop=float(self.drop[i, k]))
+            dict(
+                head=head,
+                answer_token=k,
+                accuracy=float(self.accuracy[i, k]),
+                baseline=float(self.baseline[k]),
+                drop=float(self.drop[i, k]),
+            )
             for i, head in enumerate(self.heads)
             for k in range(self.accuracy.shape[1])
         ]
@@ -60,7 +66,13 @@ class DigitAblationResult(Result):
 
 
 def digit_ablation(
-    model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, mode: str = "mean", seed: int = 0, *, progress: bool = True
+    model: HookedModel,
+    prompts: PromptSet,
+    heads: Optional[Sequence[str]] = None,
+    mode: str = "mean",
+    seed: int = 0,
+    *,
+    progress: bool = True,
 ) -> DigitAblationResult:
     """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
     "Understanding Addition in Transformers").
@@ -81,9 +93,13 @@ def digit_ablation(
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     n_answer = prompts.answer_tokens.shape[1]
     if n_answer < 2:
-        raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers (e.g. zoo:add-3digit)")
+        raise AnalysisError(
+            "the answers are single tokens; per-digit ablation needs multi-token answers (e.g. zoo:add-3digit)"
+        )
     cfg = model.cfg
-    names = [f"L{layer}H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)] if heads is None else heads
+    names = (
+        [f"L{layer}H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)] if heads is None else heads
+    )
     parsed = parse_components(model, names, ("head",))
     if any(c.position is not None for c in parsed):
         raise ConfigError("heads are ablated at each answer position in turn; name them without '@position'")

@@ -69,7 +69,9 @@ def answer_activations(
         lengths=prompts.lengths + (k - 1),
         positions={**prompts.positions, **{name: prompts.positions["final"] + j for j, name in enumerate(names)}},
     )
-    acts = collect(model, forced, sites=[site], layers=layers, positions=names, batch_size=batch_size, progress=progress)
+    acts = collect(
+        model, forced, sites=[site], layers=layers, positions=names, batch_size=batch_size, progress=progress
+    )
     acts.prompts = prompts
     acts.meta.update(teacher_forced="the model's own generated answer tokens")
     return acts

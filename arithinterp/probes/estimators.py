@@ -174,7 +174,9 @@ class LogisticProbe(_Probe):
             raise ConfigError(f"C must be positive (inverse L2 strength), got {self.C!r}")
         targets, masks = to_tensor(targets, "targets").long(), to_tensor(masks, "masks").bool()
         if targets.ndim != 2 or targets.shape != masks.shape or targets.shape[1] != len(X):
-            raise AnalysisError(f"targets and masks must both be [B, {len(X)}], got {tuple(targets.shape)} and {tuple(masks.shape)}")
+            raise AnalysisError(
+                f"targets and masks must both be [B, {len(X)}], got {tuple(targets.shape)} and {tuple(masks.shape)}"
+            )
         classes = torch.unique(targets[masks])
         index = torch.searchsorted(classes, targets.clamp(classes[0], classes[-1]))
         present = torch.zeros(len(targets), len(classes), dtype=torch.bool)
@@ -182,7 +184,9 @@ class LogisticProbe(_Probe):
         counts = present.sum(1)
         if (counts < 2).any():
             bad = int(torch.nonzero(counts < 2)[0, 0])
-            raise AnalysisError(f"a classifier needs at least two classes in y; got only {classes[present[bad]].tolist()}")
+            raise AnalysisError(
+                f"a classifier needs at least two classes in y; got only {classes[present[bad]].tolist()}"
+            )
         rows = masks.float()
         n_rows = rows.sum(1, keepdim=True)
         mean = rows @ X / n_rows  # per-problem standardisation from its own training rows
@@ -367,7 +371,10 @@ class MLPProbe(_Probe):
             y_index = y_index.clone()
             weights = _sample_weights(y_index, len(classes), self.class_weight)
             Z = self._fit_scaler(X.clone())
-            hidden, output = torch.nn.Linear(Z.shape[1], int(self.hidden)), torch.nn.Linear(int(self.hidden), len(classes))
+            hidden, output = (
+                torch.nn.Linear(Z.shape[1], int(self.hidden)),
+                torch.nn.Linear(int(self.hidden), len(classes)),
+            )
             net = torch.nn.Sequential(hidden, torch.nn.ReLU(), output)
             for layer in (hidden, output):  # seeded init, independent of the global RNG
                 bound = 1 / math.sqrt(layer.in_features)

@@ -80,7 +80,11 @@ def maps_figure(maps: Any, index: int = 0, kind: str = "both") -> go.Figure:
     if not 0 <= index < n:
         raise AnalysisError(f"map index {index} is out of range; these maps hold {n} neurons (0..{n - 1})")
     name = f"L{int(maps.layer[index])}.{int(maps.neuron[index])}"
-    chosen = {"K": [("K", maps.k_maps)], "KV": [("KV", maps.kv_maps)], "both": [("K", maps.k_maps), ("KV", maps.kv_maps)]}[kind]
+    chosen = {
+        "K": [("K", maps.k_maps)],
+        "KV": [("KV", maps.kv_maps)],
+        "both": [("K", maps.k_maps), ("KV", maps.kv_maps)],
+    }[kind]
     labels = {"K": "activation", "KV": "activation × logit of answer"}
     if len(chosen) == 1:
         which, values = chosen[0]
@@ -121,7 +125,9 @@ def heuristic_ablation_figure(result: Any, per_heuristic: bool = False, max_heur
     order = np.argsort(-result.n_associated.numpy(), kind="stable")[:max_heuristics]
     names = [result.heuristics[i] for i in order]
     fig = figure(f"Accuracy after ablating each heuristic's neurons ({result.mode} ablation)", "heuristic", "accuracy")
-    for i, (arm, values) in enumerate((("associated prompts", result.associated_after), ("other prompts", result.other_after))):
+    for i, (arm, values) in enumerate(
+        (("associated prompts", result.associated_after), ("other prompts", result.other_after))
+    ):
         fig.add_trace(go.Bar(x=names, y=values[order].numpy(), name=arm, marker_color=cycle_colour(i),
                              hovertemplate=f"{arm}<br>%{{x}}: %{{y:.4g}}<extra></extra>"))
     fig.update_layout(barmode="group")
@@ -136,11 +142,20 @@ def prompt_ablation_figure(result: Any) -> go.Figure:
                  "neurons ablated per layer (k)", "fraction of prompts still correct")
     for i, (arm, values) in enumerate((("prompt's heuristic neurons", result.heuristic_correct),
                                        ("random control (same layer, same count)", result.control_correct))):
-        fig.add_trace(go.Scatter(
-            x=result.ks, y=values.numpy(), mode="lines+markers", name=arm, line=dict(color=cycle_colour(i)),
-            customdata=result.n_ablated.numpy(),
-            hovertemplate=f"{arm}<br>k=%{{x}}<br>correct %{{y:.4g}}<br>mean neurons ablated %{{customdata:.3g}}<extra></extra>",
-        ))
-    fig.add_hline(y=result.baseline, line_dash="dot", line_color="grey", annotation_text=f"no ablation {result.baseline:.3g}")
+        fig.add_trace(
+            go.Scatter(
+                x=result.ks,
+                y=values.numpy(),
+                mode="lines+markers",
+                name=arm,
+                line=dict(color=cycle_colour(i)),
+                customdata=result.n_ablated.numpy(),
+                hovertemplate=f"{arm}<br>k=%{{x}}<br>correct %{{y:.4g}}"
+                "<br>mean neurons ablated %{customdata:.3g}<extra></extra>",
+            )
+        )
+    fig.add_hline(
+        y=result.baseline, line_dash="dot", line_color="grey", annotation_text=f"no ablation {result.baseline:.3g}"
+    )
     fig.update_yaxes(range=[0, 1.05])
     return fig

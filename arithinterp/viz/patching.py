@@ -45,23 +45,53 @@ def plot_patch_result(result, statistic: str = "mean", title: str | None = None)
             bands={value_name: (result.ci_low, result.ci_high)} if statistic == "mean" else None,
         )
     if axes == ["layer", "position"]:
-        return heatmap(values, title=title, x_labels=_position_labels(result), y_labels=layers, x_title="position: token", y_title="layer", value_name=value_name)
+        return heatmap(
+            values,
+            title=title,
+            x_labels=_position_labels(result),
+            y_labels=layers,
+            x_title="position: token",
+            y_title="layer",
+            value_name=value_name,
+        )
     unit = axes[-1]
     prefix = _UNIT_PREFIX[unit]
     units = result.axis_labels(unit)
     if axes == ["layer", unit]:
-        return heatmap(values, title=title, x_labels=[f"{prefix}{u}" for u in units], y_labels=layers, x_title=unit, y_title="layer", value_name=value_name)
+        return heatmap(
+            values,
+            title=title,
+            x_labels=[f"{prefix}{u}" for u in units],
+            y_labels=layers,
+            x_title=unit,
+            y_title="layer",
+            value_name=value_name,
+        )
     # layer × position × unit: rows are (layer, unit), columns positions
     grid = to_array(values).transpose(0, 2, 1).reshape(len(layers) * len(units), -1)
     rows = [f"{layer}{prefix}{u}" for layer, u in itertools.product(layers, units)]
-    return heatmap(grid, title=title, x_labels=_position_labels(result), y_labels=rows, x_title="position: token", y_title=f"layer, {unit}", value_name=value_name)
+    return heatmap(
+        grid,
+        title=title,
+        x_labels=_position_labels(result),
+        y_labels=rows,
+        x_title="position: token",
+        y_title=f"layer, {unit}",
+        value_name=value_name,
+    )
 
 
 def plot_comparison(comparison, title: str | None = None) -> go.Figure:
     """Scatter of approximate against exact cell means, one colour per site, with the y = x line."""
-    fig = figure(title or f"{comparison.method} vs exact patching", "exact patching (mean over pairs)", f"{comparison.method} (mean over pairs)")
+    fig = figure(
+        title or f"{comparison.method} vs exact patching",
+        "exact patching (mean over pairs)",
+        f"{comparison.method} (mean over pairs)",
+    )
     low, high = 0.0, 0.0
-    for i, (site, exact, approx, labels, r) in enumerate(zip(comparison.sites, comparison.exact, comparison.approx, comparison.cells, comparison.correlation)):
+    for i, (site, exact, approx, labels, r) in enumerate(
+        zip(comparison.sites, comparison.exact, comparison.approx, comparison.cells, comparison.correlation)
+    ):
         line_colour = cycle_colour(i)
         fig.add_trace(
             go.Scatter(
@@ -75,14 +105,27 @@ def plot_comparison(comparison, title: str | None = None) -> go.Figure:
             )
         )
         low, high = min([low, *exact, *approx]), max([high, *exact, *approx])
-    fig.add_trace(go.Scatter(x=[low, high], y=[low, high], mode="lines", name="y = x", line=dict(color="grey", dash="dash"), hoverinfo="skip"))
+    fig.add_trace(
+        go.Scatter(
+            x=[low, high],
+            y=[low, high],
+            mode="lines",
+            name="y = x",
+            line=dict(color="grey", dash="dash"),
+            hoverinfo="skip",
+        )
+    )
     return fig
 
 
 def plot_effects(effects, title: str | None = None) -> go.Figure:
     """Direct and total effect per component, mean over pairs with standard-error bars."""
     frame = effects.to_frame()
-    fig = figure(title or f"direct vs total effect on {effects.metric} ({effects.direction})", "component", f"change in {effects.metric}")
+    fig = figure(
+        title or f"direct vs total effect on {effects.metric} ({effects.direction})",
+        "component",
+        f"change in {effects.metric}",
+    )
     for column, name in (("direct", "direct effect"), ("total", "total effect")):
         fig.add_trace(
             go.Bar(
@@ -109,8 +152,13 @@ def plot_ablation(result, title: str | None = None) -> go.Figure:
 def plot_faithfulness(result, title: str | None = None) -> go.Figure:
     """The metric with nothing, everything outside the circuit, and everything ablated."""
     return bars(
-        {"full model": result.metric_full, "circuit only": result.metric_circuit, "everything ablated": result.metric_empty},
-        title=title or f"faithfulness {result.faithfulness:.3f} ({result.mode} ablation, {len(result.circuit)} components)",
+        {
+            "full model": result.metric_full,
+            "circuit only": result.metric_circuit,
+            "everything ablated": result.metric_empty,
+        },
+        title=title
+        or f"faithfulness {result.faithfulness:.3f} ({result.mode} ablation, {len(result.circuit)} components)",
         y_title=f"mean {result.metric} of the answer",
     )
 

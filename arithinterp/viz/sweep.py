@@ -25,7 +25,9 @@ def cell_labels(frame) -> dict[str, str]:
     """``{cell id: label}``, the label naming only what differs between cells (or the model/task)."""
     per_cell = frame.drop_duplicates("cell").set_index("cell")
     columns = _cell_columns(frame)
-    varying = [c for c in columns if per_cell[c].astype(str).nunique() > 1] or [c for c in ("model", "task") if c in columns]
+    varying = [c for c in columns if per_cell[c].astype(str).nunique() > 1] or [
+        c for c in ("model", "task") if c in columns
+    ]
     labels = {}
     for cid, row in per_cell.iterrows():
         parts = [str(row[c]) if c in ("model", "task") else f"{c}={row[c]}" for c in varying]
@@ -84,9 +86,17 @@ def patching_figures(frame) -> list[go.Figure]:
                                 value_name=f"mean {metric}"))
         else:
             series = rows.groupby("layer", sort=False)
-            figs.append(layer_lines({metric: series["mean"].mean().values}, title=title, y_title=f"mean {metric}",
-                                    layers=layers, bands={metric: (series["ci_low"].mean().values, series["ci_high"].mean().values)}
-                                    if "ci_low" in rows.columns else None))
+            figs.append(
+                layer_lines(
+                    {metric: series["mean"].mean().values},
+                    title=title,
+                    y_title=f"mean {metric}",
+                    layers=layers,
+                    bands={metric: (series["ci_low"].mean().values, series["ci_high"].mean().values)}
+                    if "ci_low" in rows.columns
+                    else None,
+                )
+            )
     return figs
 
 
@@ -142,7 +152,10 @@ def cell_timings(frame, **layout) -> go.Figure:
     colours = {"done": "#109618", "failed": "#dc3912", "pending": "#999999"}
     fig = figure("Sweep cells", "cell", "seconds (this run)", **layout)
     for status, rows in frame.groupby("status", sort=False):
-        text = [f"{a} · {m} · {t} · {p}" for a, m, t, p in zip(rows["analysis"], rows["model"], rows["task"], rows["params"])]
+        text = [
+            f"{a} · {m} · {t} · {p}"
+            for a, m, t, p in zip(rows["analysis"], rows["model"], rows["task"], rows["params"])
+        ]
         fig.add_trace(go.Bar(x=rows["cell"], y=rows["seconds"].fillna(0.0), name=status,
                              marker_color=colours.get(status, "#3366cc"), text=text, textposition="none",
                              hovertemplate="%{text}<br>%{y:.3g} s<extra></extra>"))
