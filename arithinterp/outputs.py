@@ -62,7 +62,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: PathLike, write: Callable[[Path], object]) -> Path:
     """Call ``write(tmp)`` and move ``tmp`` onto ``path`` atomically; returns ``path``.
 
     A failure to write (a full disk, a lost mount) is an :class:`OutputError` naming the file;

@@ -11,6 +11,7 @@ import operator
 from typing import Any, Iterable, Optional, Sequence
 
 from arithinterp.errors import SiteError, accepted
+from arithinterp.types import HookedModel
 
 # site -> hook name template; "{layer}" is filled in for per-layer sites.
 HOOKS: dict[str, str] = {
@@ -36,7 +37,7 @@ def check_site(site: str) -> str:
     return site
 
 
-def n_layers(model: Any) -> int:
+def n_layers(model: HookedModel) -> int:
     return int(model.cfg.n_layers)
 
 
@@ -56,7 +57,7 @@ def _integers(name: str, values: Any) -> list[int]:
     return out
 
 
-def check_layers(model: Any, site: str, layers: Optional[Iterable[int]]) -> list[int]:
+def check_layers(model: HookedModel, site: str, layers: Optional[Iterable[int]]) -> list[int]:
     """Validated layer list for ``site`` (all layers when ``None``; ``[0]`` for global sites)."""
     check_site(site)
     if site in GLOBAL_SITES:
@@ -77,7 +78,7 @@ def hook_name(site: str, layer: int = 0) -> str:
     return HOOKS[check_site(site)].format(layer=layer)
 
 
-def site_shape(model: Any, site: str) -> tuple[int, ...]:
+def site_shape(model: HookedModel, site: str) -> tuple[int, ...]:
     """Per-position shape of an activation at ``site`` (without batch and position)."""
     cfg = model.cfg
     if site == "attn_z":

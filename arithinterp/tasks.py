@@ -740,7 +740,7 @@ def render(template: str, a: int, b: int, op: str) -> str:
     return _char_spans(template, "", a, b, op)[0]
 
 
-def _few_shot_prefix(few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0) -> str:
+def few_shot_prefix(few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0) -> str:
     if isinstance(few_shot, str):
         return few_shot
     if not isinstance(few_shot, int) or few_shot < 0:
@@ -932,7 +932,7 @@ def prompts_for_pairs(
         raise TaskError(f"no (a, b) pair is defined for {op!r} (b must be non-zero)")
     if prepend_bos is None:
         prepend_bos = _default_prepend_bos(model_or_tokenizer, tokenizer)
-    prefix = _few_shot_prefix(few_shot, op, template, a_vals, b_vals, modulus, seed, answer_digits)
+    prefix = few_shot_prefix(few_shot, op, template, a_vals, b_vals, modulus, seed, answer_digits)
     prompts = _build(
         tokenizer,
         [op] * len(pairs),

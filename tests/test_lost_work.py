@@ -290,7 +290,7 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
     from arithinterp.sweep import storage
 
     config, out = _sweep_config(tmp_path), tmp_path / "out"
-    real_write, written = storage._atomic_write, []
+    real_write, written = storage.atomic_write, []
 
     def disk_fills_after_one_cell(path, write):
         if path.suffix == ".parquet":

@@ -253,7 +253,7 @@ def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_mod
     # completeness of integrated gradients over the first residual stream holds on the frozen model
     kwargs = dict(layers=[0], per_position=False, progress=False)
     ig = patching.attribute(frozen, pairs[:6], "resid_pre", method="integrated_gradients", steps=20, **kwargs)
-    exact = patching.sweep(frozen, pairs[:6], "resid_pre", **kwargs)
+    exact = patching.activation_patching(frozen, pairs[:6], "resid_pre", **kwargs)
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
 
@@ -270,7 +270,7 @@ def test_gradients_and_direct_effects_on_rotary_families(family, number_tokenize
     family_pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:6]
     kwargs = dict(layers=[0], per_position=False, progress=False)
     ig = patching.attribute(model, family_pairs, "resid_pre", method="integrated_gradients", steps=16, **kwargs)
-    exact = patching.sweep(model, family_pairs, "resid_pre", **kwargs)
+    exact = patching.activation_patching(model, family_pairs, "resid_pre", **kwargs)
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
     effects = patching.direct_effect(model, family_pairs, ["embed", "attn0", "mlp1"], progress=False)
     assert torch.allclose(effects.direct[:, 2], effects.total[:, 2], atol=1e-4)
@@ -423,9 +423,9 @@ def _every_analysis(model, digit_model):
     pairs = arithmetic(model, a=range(10), b=range(10)).counterfactual(vary="a", seed=0)[:12]
     prompts = arithmetic(model, a=range(10), b=range(10))
     digits = arithmetic(digit_model, a=range(10, 30, 3), b=range(50, 70, 7), answer_digits=3)
-    out = {f"sweep {site}": patching.sweep(model, pairs, site, neurons=[1, 2] if site == "mlp_post" else None, progress=False).values
+    out = {f"sweep {site}": patching.activation_patching(model, pairs, site, neurons=[1, 2] if site == "mlp_post" else None, progress=False).values
            for site in ("resid_pre", "attn_z", "mlp_post")}
-    out["sweep attn_out, whole forwards"] = patching.sweep(model, pairs, "attn_out", engine="hooks", progress=False).values
+    out["sweep attn_out, whole forwards"] = patching.activation_patching(model, pairs, "attn_out", engine="hooks", progress=False).values
     attributed = patching.attribute(model, pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[1, 2], progress=False)
     out.update({f"attribute {site}": result.values for site, result in attributed.items()})
     out["integrated gradients"] = patching.attribute(model, pairs, "resid_pre", method="integrated_gradients", steps=4, progress=False).values
@@ -461,7 +461,7 @@ def test_zoo_in_bfloat16(zoo):
     model, zoo_pairs = zoo
     half = ai.load_model("zoo:add-100", dtype="bfloat16")
     for site in ("resid_pre", "mlp_out"):
-        exact, approx = (patching.sweep(m, zoo_pairs, site, normalize=True, progress=False) for m in (model, half))
+        exact, approx = (patching.activation_patching(m, zoo_pairs, site, normalize=True, progress=False) for m in (model, half))
         assert (approx.mean - exact.mean).abs().max() <= 0.05
         assert approx.meta["engine"][0].startswith("stepped")
     attributed = patching.attribute(half, zoo_pairs, "resid_pre", normalize=True, progress=False)
@@ -548,6 +548,6 @@ def test_a_model_with_nan_weights_is_refused_not_reported_as_nan(number_tokenize
         next(p for name, p in model.named_parameters() if "mlp" in name and p.ndim == 2)[0, 0] = float("nan")
     for engine in ("stepped", "hooks"):
         with pytest.raises(AnalysisError, match="not finite"):
-            patching.sweep(model, pairs, "resid_pre", engine=engine, progress=False)
+            patching.activation_patching(model, pairs, "resid_pre", engine=engine, progress=False)
     with pytest.raises(AnalysisError, match="not finite"):
         patching.attribute(model, pairs, sites=["resid_pre"], progress=False)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Optional, Union
 import torch
 
 from arithinterp.errors import ConfigError
-from arithinterp.fourier.basis import _pair_power, block_power
-from arithinterp.fourier.spectra import _grid_activations, _numbers
+from arithinterp.fourier.basis import pair_power_per_grid, block_power
+from arithinterp.fourier.spectra import grid_activations, number_axis
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
 
@@ -80,7 +80,7 @@ class NeuronFrequencyResult(Result):
 
 def _block_shares(grids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Share of each neuron's non-constant power in each block [m, n_freq], and dead [m]."""
-    pair = _pair_power(grids)
+    pair = pair_power_per_grid(grids)
     total = pair.flatten(1).sum(1) - pair[:, 0, 0]
     dead = total <= 1e-12 * pair.flatten(1).sum(1).clamp_min(1e-300)
     shares = block_power(pair) / total.clamp_min(1e-300)[:, None]
@@ -88,8 +88,15 @@ def _block_shares(grids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return shares, dead
 
 
-def neuron_frequencies(grids: torch.Tensor, threshold: float = 0.85, *, numbers: Optional[range] = None,
-                       meta: Optional[dict] = None, shuffle_control: bool = True, seed: int = 0) -> NeuronFrequencyResult:
+def neuron_frequencies(
+    grids: torch.Tensor,
+    threshold: float = 0.85,
+    *,
+    numbers: Optional[range] = None,
+    meta: Optional[dict] = None,
+    shuffle_control: bool = True,
+    seed: int = 0,
+) -> NeuronFrequencyResult:
     """Frequency clusters of neuron activation grids [m, n, n] (axes: neuron, a, b).
 
     For each neuron, the share of its non-constant variance (total power minus the
@@ -128,7 +135,7 @@ def neuron_clusters(model: HookedModel, prompts: PromptSet, layer: int = 0, numb
                     progress: bool = True) -> NeuronFrequencyResult:
     """:func:`neuron_frequencies` of a model's MLP neurons at the final position over the
     ``(a, b)`` grid of ``prompts`` (which must cover ``numbers × numbers`` once)."""
-    numbers = _numbers(numbers, int(prompts.a.max()) + 1)
-    grids = _grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
+    numbers = number_axis(numbers, int(prompts.a.max()) + 1)
+    grids = grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
     return neuron_frequencies(grids, threshold, numbers=numbers,
                               meta=build_meta(model, layer=layer, site=site, n_neurons=grids.shape[0]))

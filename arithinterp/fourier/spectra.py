@@ -10,15 +10,15 @@ per number or onto the grid).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 import torch
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, TokenizationError, accepted
 from arithinterp.fourier.basis import (
     KEY_RULES,
-    _check_n,
-    _pair_power,
+    number_axis_size,
+    pair_power_per_grid,
     block_power,
     fourier_basis,
     frequency_periods,
@@ -29,6 +29,10 @@ from arithinterp.fourier.basis import (
     spectrum_of_2d,
 )
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 COMPONENT_SITES = ("attn_out", "mlp_out")
 
@@ -207,7 +211,9 @@ def _gram(values: torch.Tensor) -> torch.Tensor:
 
 def _check_null(n_shuffles: int, alpha: float) -> None:
     if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
-        raise ConfigError(f"n_shuffles must be a non-negative integer (0: no shuffled-values control), got {n_shuffles!r}")
+        raise ConfigError(
+            f"n_shuffles must be a non-negative integer (0: no shuffled-values control), got {n_shuffles!r}"
+        )
     if n_shuffles and not (1 / (n_shuffles + 1) <= alpha < 1):
         raise ConfigError(
             f"alpha must be in [1 / (n_shuffles + 1), 1) = [{1 / (n_shuffles + 1):.3g}, 1) so a frequency can pass "
@@ -218,7 +224,7 @@ def _check_null(n_shuffles: int, alpha: float) -> None:
 # --- model helpers -------------------------------------------------------------------------------
 
 
-def number_tokens(model: Any, numbers: Iterable[int]) -> torch.Tensor:
+def number_tokens(model: HookedModel, numbers: Iterable[int]) -> torch.Tensor:
     """Token ids [n] of ``numbers`` written without a space; each must be a single token."""
     tokenizer = getattr(model, "tokenizer", model)
     numbers = list(numbers)
@@ -236,7 +242,7 @@ def number_tokens(model: Any, numbers: Iterable[int]) -> torch.Tensor:
     return torch.tensor([row[0] for row in ids])
 
 
-def _numbers(numbers: Union[int, range, Sequence[int], None], default: Union[int, range, None] = None) -> range:
+def number_axis(numbers: Union[int, range, Sequence[int], None], default: Union[int, range, None] = None) -> range:
     if numbers is None:
         if default is None:
             raise AnalysisError("pass numbers=range(n) for the number axis")
@@ -244,7 +250,7 @@ def _numbers(numbers: Union[int, range, Sequence[int], None], default: Union[int
     if isinstance(numbers, int):
         numbers = range(numbers)
     values = list(numbers)
-    _check_n(values)
+    number_axis_size(values)
     return range(values[0], values[-1] + 1)
 
 
@@ -278,7 +284,7 @@ def group_by_value(values: torch.Tensor, acts: torch.Tensor, numbers: range) -> 
     return (sums / counts[:, None]).reshape(len(numbers), *acts.shape[1:])
 
 
-def grid_of(prompts: Any, acts: torch.Tensor, numbers: range) -> torch.Tensor:
+def grid_of(prompts: PromptSet, acts: torch.Tensor, numbers: range) -> torch.Tensor:
     """Arrange per-prompt ``acts`` [N, ...] on the ``(a, b)`` grid → [n, n, ...] (each cell once;
     prompts with an operand outside ``numbers`` are not used)."""
     n = len(numbers)
@@ -299,7 +305,7 @@ def grid_of(prompts: Any, acts: torch.Tensor, numbers: range) -> torch.Tensor:
 # --- model wrappers ------------------------------------------------------------------------------
 
 
-def embedding_spectrum(model: Any, numbers: Union[int, range] = 100, *, rule: str = "median",
+def embedding_spectrum(model: HookedModel, numbers: Union[int, range] = 100, *, rule: str = "median",
                        factor: float = 10.0, fraction: float = 0.9, n_shuffles: int = 100, alpha: float = 0.05,
                        seed: int = 0) -> SpectrumResult:
     """Spectrum of the number-token embeddings ``W_E[token(x)]`` for x in ``numbers``.
@@ -307,7 +313,7 @@ def embedding_spectrum(model: Any, numbers: Union[int, range] = 100, *, rule: st
     [n, d_model] rows → power per frequency (Zhou et al. 2024 §2; Nanda et al. 2023 §3). Key
     frequencies must also beat ``n_shuffles`` copies with the numbers shuffled at level
     ``alpha`` (``meta["control"]``; ``n_shuffles=0``: the rule alone)."""
-    numbers = _numbers(numbers)
+    numbers = number_axis(numbers)
     kw = _rule_kw(rule, factor, fraction)
     _check_null(n_shuffles, alpha)
     embeddings = model.W_E.detach()[number_tokens(model, numbers)]
@@ -349,7 +355,7 @@ def activation_spectrum(
     if isinstance(source, torch.Tensor):
         if source.ndim != 2:
             raise AnalysisError(f"an activation tensor must be [n_numbers, d], got shape {tuple(source.shape)}")
-        numbers = _numbers(numbers, source.shape[0])
+        numbers = number_axis(numbers, source.shape[0])
         if len(numbers) != source.shape[0]:
             raise AnalysisError(f"numbers has {len(numbers)} entries but the tensor has {source.shape[0]} rows")
         null = shuffled_power(_gram(source), n_shuffles, seed)[:, None]
@@ -363,7 +369,7 @@ def activation_spectrum(
             raise AnalysisError("pass values= (the number of each prompt), e.g. prompts.a for position 'a'")
         values = source.prompts.label(str(position))
     values = torch.as_tensor(values).long()
-    numbers = _numbers(numbers, range(int(values.min()), int(values.max()) + 1))
+    numbers = number_axis(numbers, range(int(values.min()), int(values.max()) + 1))
     layers = list(source.layers) if layers is None else list(layers)
     grouped = [group_by_value(values, source.get(site, layer, position), numbers) for layer in layers]
     power = torch.stack([spectrum_of(g) for g in grouped])
@@ -377,8 +383,8 @@ def activation_spectrum(
 
 
 def logit_lens_spectrum(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     numbers: Union[int, range, None] = None,
     *,
     layers: Optional[Sequence[int]] = None,
@@ -407,7 +413,7 @@ def logit_lens_spectrum(
     bad = [c for c in components if c not in COMPONENT_SITES]
     if bad or not components:
         raise SiteError(f"unknown components {bad}; accepted: {accepted(COMPONENT_SITES)}")
-    numbers = _numbers(numbers, int(prompts.answer.max()) + 1)
+    numbers = number_axis(numbers, int(prompts.answer.max()) + 1)
     unembed = model.W_U.detach()[:, number_tokens(model, numbers)].double()
     acts = collect(model, prompts, sites=list(components), layers=layers, positions=position,
                    batch_size=batch_size, progress=progress)
@@ -423,7 +429,7 @@ def logit_lens_spectrum(
                             null_power=torch.stack(null, 1), alpha=alpha)
 
 
-def _grid_activations(model: Any, prompts: Any, layer: int, site: str, numbers: range, batch_size: int,
+def grid_activations(model: HookedModel, prompts: PromptSet, layer: int, site: str, numbers: range, batch_size: int,
                       progress: bool) -> torch.Tensor:
     """Neuron activations at the final position on the (a, b) grid → [d_mlp, n, n]."""
     from arithinterp.activations import collect
@@ -436,8 +442,8 @@ def _grid_activations(model: Any, prompts: Any, layer: int, site: str, numbers: 
 
 
 def neuron_spectrum(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     layer: int = 0,
     numbers: Union[int, range, None] = None,
     *,
@@ -461,8 +467,8 @@ def neuron_spectrum(
     """
     kw = _rule_kw(rule, factor, fraction)
     _check_null(n_shuffles, alpha)
-    numbers = _numbers(numbers, int(prompts.a.max()) + 1)
-    grids = _grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
+    numbers = number_axis(numbers, int(prompts.a.max()) + 1)
+    grids = grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
     grids = grids.double()
     power = spectrum_of_2d(grids)[None]
     generator = torch.Generator().manual_seed(int(seed))
@@ -470,7 +476,7 @@ def neuron_spectrum(
     null = []
     for _ in range(n_shuffles):
         rows, cols = torch.randperm(n, generator=generator), torch.randperm(n, generator=generator)
-        null.append(block_power(_pair_power(grids[:, rows][:, :, cols]).sum(0)))
+        null.append(block_power(pair_power_per_grid(grids[:, rows][:, :, cols]).sum(0)))
     null = torch.stack(null)[:, None] if null else None
     return _spectrum_result(power, [f"L{layer} {site}"], numbers.start, len(numbers), f"{site} over (a, b)", **kw,
                             meta=build_meta(model, layer=layer, site=site, n_neurons=grids.shape[0],

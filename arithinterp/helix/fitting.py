@@ -9,24 +9,27 @@ back; held-out R² over *values* not prompts. Activations come as a tensor or an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import (
     DEFAULT_PERIODS,
-    KINDS,
-    _as_2d,
-    _check_periods,
-    _lstsq,
-    _names,
-    _pca,
-    _r2,
+    BASIS_KINDS,
+    as_2d,
+    check_periods,
+    least_squares,
+    variable_names,
+    pca_basis,
+    r2_scores,
     basis,
     split_by_value,
 )
 from arithinterp.results import Result, build_meta
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 Values = Union[torch.Tensor, Sequence[int], str, Sequence[str]]
 
@@ -86,7 +89,7 @@ class HelixFit(Result):
 
     def predict(self, values: Any) -> torch.Tensor:
         """Activations [n, d] the fit gives for ``values`` [n] (or [n, n_variables])."""
-        x = _as_2d(values)
+        x = as_2d(values)
         if x.shape[1] != len(self.names):
             raise AnalysisError(f"this fit takes {len(self.names)} variables ({self.names}), got {x.shape[1]}")
         coords = self.basis(x) @ self.coef.double()
@@ -121,15 +124,15 @@ class HelixFit(Result):
         return views[view](self, **kwargs)
 
 
-def _resolve_values(values: Values, prompts: Any) -> tuple[torch.Tensor, list[str]]:
+def resolve_values(values: Values, prompts: Optional[PromptSet]) -> tuple[torch.Tensor, list[str]]:
     """Numbers per prompt from a tensor / list, or from prompt labels by name (``"a"``,
     ``"a+b"``, ``["a", "b", "a+b"]``) → ([n, v] float64, names)."""
     is_names = isinstance(values, str) or (
         isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values)
     )
     if not is_names:
-        x = _as_2d(values)
-        return x, _names(None, x.shape[1])
+        x = as_2d(values)
+        return x, variable_names(None, x.shape[1])
     if prompts is None:
         raise AnalysisError("values given by name need an Activations that carries its prompts")
     names = [values] if isinstance(values, str) else [str(v) for v in values]
@@ -142,7 +145,7 @@ def _resolve_values(values: Values, prompts: Any) -> tuple[torch.Tensor, list[st
     return torch.stack(columns, 1).double(), names
 
 
-def _activation_matrix(source: Any, site: Optional[str], layer: Optional[int], position: Optional[str]):
+def activation_matrix(source: Any, site: Optional[str], layer: Optional[int], position: Optional[str]):
     """[N, d] activations and the (site, layer, position, prompts) they came from."""
     if isinstance(source, torch.Tensor):
         if source.ndim != 2:
@@ -160,25 +163,27 @@ def _activation_matrix(source: Any, site: Optional[str], layer: Optional[int], p
     return acts.reshape(acts.shape[0], -1).double(), site, int(layer), position, source.prompts
 
 
-def _fit_core(acts, x, train, mean, comps, ev, kind, periods, degree, names, max_value, n_params_pca=None):
+def fit_core(acts, x, train, mean, comps, ev, kind, periods, degree, names, max_value, n_params_pca=None):
     """Least squares from the basis to PCA coordinates and the held-out scores."""
     design, _ = basis(x, kind, periods, max_value=max_value, degree=degree, names=names)
     coords = (acts - mean) @ comps.T
-    coef = _lstsq(design[train], coords[train])
+    coef = least_squares(design[train], coords[train])
     test = ~train if (~train).any() else train
     pred = design[test] @ coef
-    r2, r2_overall = _r2(pred, coords[test])
-    _, r2_full = _r2(pred @ comps + mean, acts[test])
+    r2, r2_overall = r2_scores(pred, coords[test])
+    _, r2_full = r2_scores(pred @ comps + mean, acts[test])
     k = (design.shape[1] - 1) if n_params_pca is None else n_params_pca
     top = comps[:k]
-    _, pca_r2 = _r2((acts[test] - mean) @ top.T @ top + mean, acts[test])
+    _, pca_r2 = r2_scores((acts[test] - mean) @ top.T @ top + mean, acts[test])
     return coef, r2, r2_overall, r2_full, pca_r2
 
 
 LEAVE_ONE_OUT = "leave-one-value-out"
 
 
-def _folds(x: torch.Tensor, holdout: Union[float, str], random_state: int, min_test_values: int) -> tuple[list, str]:
+def value_folds(
+    x: torch.Tensor, holdout: Union[float, str], random_state: int, min_test_values: int
+) -> tuple[list, str]:
     """Training masks [n] of the validation folds and the scheme's name.
 
     A share ``holdout`` of the distinct values of the first variable is held out (one fold) unless
@@ -200,7 +205,7 @@ def _folds(x: torch.Tensor, holdout: Union[float, str], random_state: int, min_t
     return [x[:, 0] != v for v in unique], LEAVE_ONE_OUT
 
 
-def _check_identifiable(x: torch.Tensor, folds: list, basis_kw: dict) -> None:
+def check_identifiable(x: torch.Tensor, folds: list, basis_kw: dict) -> None:
     """Refuse when a fold's training values can be fitted exactly by any function: the basis then
     interpolates whatever the activations are, and a held-out score measures nothing."""
     for train in folds:
@@ -217,12 +222,12 @@ def _check_identifiable(x: torch.Tensor, folds: list, basis_kw: dict) -> None:
             )
 
 
-def _fold_pcas(acts: torch.Tensor, folds: list, n_pca: int) -> list:
+def fold_pcas(acts: torch.Tensor, folds: list, n_pca: int) -> list:
     """(mean, components) of each fold's training rows."""
-    return [_pca(acts[train], n_pca)[:2] for train in folds]
+    return [pca_basis(acts[train], n_pca)[:2] for train in folds]
 
 
-def _cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top):
+def cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top):
     """Held-out scores pooled over leave-one-value-out ``folds`` (each fold: its own PCA, from
     ``pcas``, and least squares; predictions of the held-out rows in the full space), compared in
     the final PCA (``mean``, ``comps``): per-component R², overall, full-space R², top-``n_top``
@@ -231,18 +236,18 @@ def _cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top):
     pred = torch.zeros_like(acts)
     recon = torch.zeros_like(acts)
     for train, (m, c) in zip(folds, pcas):
-        coef = _lstsq(design[train], ((acts - m) @ c.T)[train])
+        coef = least_squares(design[train], ((acts - m) @ c.T)[train])
         test = ~train
         pred[test] = design[test] @ coef @ c + m
         top = c[:n_top]
         recon[test] = (acts[test] - m) @ top.T @ top + m
-    r2, r2_overall = _r2((pred - mean) @ comps.T, (acts - mean) @ comps.T)
-    _, r2_full = _r2(pred, acts)
-    _, pca_r2 = _r2(recon, acts)
+    r2, r2_overall = r2_scores((pred - mean) @ comps.T, (acts - mean) @ comps.T)
+    _, r2_full = r2_scores(pred, acts)
+    _, pca_r2 = r2_scores(recon, acts)
     return r2, r2_overall, r2_full, pca_r2
 
 
-def _shuffled_values(x: torch.Tensor, n_shuffles: int, random_state: int) -> list:
+def shuffled_values(x: torch.Tensor, n_shuffles: int, random_state: int) -> list:
     """``n_shuffles`` copies of ``x`` [n, v] whose distinct first-variable values are permuted
     (every row of a value moves together, so a split over values stays one)."""
     unique, inverse = x[:, 0].unique(return_inverse=True)
@@ -298,8 +303,8 @@ def fit(
     PCA of the training activations to ``n_pca`` components, least squares from the basis to the
     PCA coordinates (no intercept), mapped back with ``C = coef @ components + mean``.
     """
-    acts, site, layer, position, prompts = _activation_matrix(acts_or_tensor, site, layer, position)
-    x, default_names = _resolve_values(values, prompts)
+    acts, site, layer, position, prompts = activation_matrix(acts_or_tensor, site, layer, position)
+    x, default_names = resolve_values(values, prompts)
     names = list(names) if names is not None else default_names
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
@@ -311,31 +316,31 @@ def fit(
         raise AnalysisError("values hold NaN or infinite numbers; give one finite number per row")
     if n_pca < 1:
         raise ConfigError(f"n_pca must be ≥ 1, got {n_pca}")
-    if kind not in KINDS:
-        raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(KINDS)}")
+    if kind not in BASIS_KINDS:
+        raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(BASIS_KINDS)}")
     if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
         raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
-    names = _names(names, x.shape[1])
+    names = variable_names(names, x.shape[1])
     max_value = x.max(0).values.clamp_min(1.0).tolist()
-    basis_kw = dict(kind=kind, periods=_check_periods(periods), max_value=max_value, degree=degree, names=names)
-    folds, validation = _folds(x, holdout, random_state, min_test_values)
-    _check_identifiable(x, folds, basis_kw)
+    basis_kw = dict(kind=kind, periods=check_periods(periods), max_value=max_value, degree=degree, names=names)
+    folds, validation = value_folds(x, holdout, random_state, min_test_values)
+    check_identifiable(x, folds, basis_kw)
 
     everything = torch.ones(x.shape[0], dtype=torch.bool)
     train = everything if validation == LEAVE_ONE_OUT else folds[0]
-    mean, comps, ev = _pca(acts[train], n_pca)  # the fit's PCA (all rows when every value is held out in turn)
-    pcas = _fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
+    mean, comps, ev = pca_basis(acts[train], n_pca)  # the fit's PCA (all rows when every value is held out in turn)
+    pcas = fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
 
     def scores(values):
         """(coef, r2, r2_overall, r2_full, pca_r2) of the fit to ``values`` and its validation."""
-        coef, *held_out = _fit_core(acts, values, train, mean, comps, ev, kind, periods, degree, names, max_value)
+        coef, *held_out = fit_core(acts, values, train, mean, comps, ev, kind, periods, degree, names, max_value)
         if validation == LEAVE_ONE_OUT:
             n_top = basis(values[:1], **basis_kw)[0].shape[1] - 1
-            held_out = _cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)
+            held_out = cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)
         return (coef, *held_out)
 
     coef, r2, r2_overall, r2_full, pca_r2 = scores(x)
-    null = [scores(shuffled)[3] for shuffled in _shuffled_values(x, n_shuffles, random_state)] if holdout != 0 else []
+    null = [scores(shuffled)[3] for shuffled in shuffled_values(x, n_shuffles, random_state)] if holdout != 0 else []
     control = dict(null="values shuffled across rows (distinct values permuted)", n_shuffles=len(null),
                    r2_full_mean=float(sum(null) / len(null)) if null else None,
                    r2_full_max=float(max(null)) if null else None)
@@ -346,7 +351,7 @@ def fit(
     split_col = x[:, 0]
     test_rows = ~train if validation != LEAVE_ONE_OUT else torch.ones_like(train)
     return HelixFit(
-        kind=kind, periods=_check_periods(periods), degree=degree, max_value=max_value, names=list(names),
+        kind=kind, periods=check_periods(periods), degree=degree, max_value=max_value, names=list(names),
         mean=mean.float(), components=comps.float(), explained_variance=ev.float(), coef=coef.float(),
         r2=r2.float(), r2_overall=r2_overall, r2_full=r2_full, pca_r2=pca_r2,
         train_values=sorted(set(split_col[train].tolist())), test_values=sorted(set(split_col[test_rows].tolist())),
@@ -418,6 +423,6 @@ def fit_layers(
     control = dict(null="values shuffled across rows (distinct values permuted)", r2_full_mean=null)
     return FitLayersResult(
         r2=torch.tensor([rows[k] for k in kinds] + [pca]), fits=list(kinds) + ["PCA-k"], layers=layers,
-        periods=_check_periods(periods),
+        periods=check_periods(periods),
         meta=build_meta(site=site, position=position, holdout=holdout, validation=validation, control=control),
     )

@@ -8,27 +8,31 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
-from arithinterp.helix.causal import _stacked_effects
-from arithinterp.helix.design import DEFAULT_PERIODS, _check_periods, _pca, basis
+from arithinterp.helix.causal import stacked_effects
+from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, pca_basis, basis
 from arithinterp.helix.fitting import (
     LEAVE_ONE_OUT,
     Values,
-    _activation_matrix,
-    _check_identifiable,
-    _cross_validated,
-    _fit_core,
-    _fold_pcas,
-    _folds,
-    _resolve_values,
-    _shuffled_values,
+    activation_matrix,
+    check_identifiable,
+    cross_validated,
+    fit_core,
+    fold_pcas,
+    value_folds,
+    resolve_values,
+    shuffled_values,
 )
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs
 
 
 # --- period search -------------------------------------------------------------------------------
@@ -67,8 +71,8 @@ def search_periods(
     candidates: Sequence[float] = DEFAULT_PERIODS,
     sizes: Optional[Sequence[int]] = None,
     *,
-    model: Any = None,
-    pairs: Any = None,
+    model: Optional[HookedModel] = None,
+    pairs: Optional[PromptPairs] = None,
     layer: Optional[int] = None,
     position: str = "a",
     kind: str = "helix",
@@ -97,7 +101,7 @@ def search_periods(
     every null best of its size. (The causal criterion's null is :func:`patch_test`'s helix of
     shuffled values.)
     """
-    candidates = _check_periods(candidates)
+    candidates = check_periods(candidates)
     if len(set(candidates)) != len(candidates):
         raise ConfigError(f"candidate periods repeat: {candidates}")
     sizes = list(range(1, len(candidates) + 1)) if sizes is None else sorted({int(s) for s in sizes})
@@ -105,34 +109,34 @@ def search_periods(
         raise ConfigError(f"sizes must be within 1..{len(candidates)}, got {sizes}")
     if (model is None) != (pairs is None):
         raise ConfigError("a causal search needs both model= and pairs=; pass neither to score by held-out R²")
-    acts, site, layer_found, _, prompts = _activation_matrix(acts_or_tensor, site, layer, position)
-    x, names = _resolve_values(values, prompts)
+    acts, site, layer_found, _, prompts = activation_matrix(acts_or_tensor, site, layer, position)
+    x, names = resolve_values(values, prompts)
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
     if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
         raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
     subsets = [list(s) for size in sizes for s in itertools.combinations(candidates, size)]
-    folds, validation = _folds(x, holdout, random_state, min_test_values)
+    folds, validation = value_folds(x, holdout, random_state, min_test_values)
     train = torch.ones(x.shape[0], dtype=torch.bool) if validation == LEAVE_ONE_OUT else folds[0]
     max_value = x.max(0).values.clamp_min(1.0).tolist()
-    mean, comps, ev = _pca(acts[train], n_pca)
+    mean, comps, ev = pca_basis(acts[train], n_pca)
     if model is None:
-        pcas = _fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
+        pcas = fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
 
         def held_out_r2(values, subset) -> float:
             basis_kw = dict(kind=kind, periods=subset, max_value=max_value, degree=None, names=names)
             try:
-                _check_identifiable(values, folds, basis_kw)
+                check_identifiable(values, folds, basis_kw)
             except AnalysisError:
                 return float("nan")
             if validation == LEAVE_ONE_OUT:
                 n_top = basis(values[:1], **basis_kw)[0].shape[1] - 1
-                return _cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)[1]
-            return _fit_core(acts, values, train, mean, comps, ev, kind, subset, None, names, max_value)[2]
+                return cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)[1]
+            return fit_core(acts, values, train, mean, comps, ev, kind, subset, None, names, max_value)[2]
 
         scores = [held_out_r2(x, subset) for subset in tqdm(subsets, desc="period subsets", disable=not progress)]
         null = [[held_out_r2(shuffled, subset) for subset in subsets]
-                for shuffled in _shuffled_values(x, n_shuffles, random_state)]
+                for shuffled in shuffled_values(x, n_shuffles, random_state)]
         criterion = "held-out R²"
     else:
         from arithinterp import sites as site_lib
@@ -144,10 +148,10 @@ def search_periods(
         corrupt_values = pairs.corrupt.label(position).double()
         replacements = []
         for subset in subsets:
-            coef = _fit_core(acts, x, train, mean, comps, ev, kind, subset, None, names, max_value)[0]
+            coef = fit_core(acts, x, train, mean, comps, ev, kind, subset, None, names, max_value)[0]
             design, _ = basis(corrupt_values, kind, subset, max_value=max_value, names=names)
             replacements.append((design @ coef @ comps + mean).float())
-        scores = _stacked_effects(model, pairs, hook, position, replacements, batch_size).mean(1).tolist()
+        scores = stacked_effects(model, pairs, hook, position, replacements, batch_size).mean(1).tolist()
         null = []
         criterion = "causal effect"
     scores = torch.tensor(scores)

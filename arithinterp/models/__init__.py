@@ -52,7 +52,9 @@ def _check_device(device: Union[str, torch.device, None]) -> None:
     try:
         where = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as error:
-        raise ModelSpecError(f"unknown device {device!r}; accepted: 'cpu', 'cuda', 'cuda:N', 'mps' or a torch.device") from error
+        raise ModelSpecError(
+            f"unknown device {device!r}; accepted: 'cpu', 'cuda', 'cuda:N', 'mps' or a torch.device"
+        ) from error
     if where.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -62,7 +64,9 @@ def _check_device(device: Union[str, torch.device, None]) -> None:
             raise ModelSpecError(f"device {device!r}: torch sees {count} CUDA GPU(s); accepted: "
                                  f"{', '.join(f'cuda:{i}' for i in range(count))}")
     if where.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ModelSpecError(f"device {device!r} needs Apple's MPS backend, which is not available here; use device='cpu'")
+        raise ModelSpecError(
+            f"device {device!r} needs Apple's MPS backend, which is not available here; use device='cpu'"
+        )
 
 
 def load_model(
@@ -251,8 +255,10 @@ def _load_native_dir(directory: Path, name: str, state: Optional[dict] = None, s
     unset = [n.replace("._original_component", "") for n, p in native.named_parameters() if torch.isnan(p).all()]
     if unset:
         total = sum(1 for _ in native.parameters())
-        raise ModelFileError(f"{source} lacks {len(unset)} of the model's {total} weight tensors ({', '.join(unset[:4])}"
-                             f"{', ...' if len(unset) > 4 else ''}); loading it would give a partly random model; {_RESTORE}")
+        raise ModelFileError(
+            f"{source} lacks {len(unset)} of the model's {total} weight tensors ({', '.join(unset[:4])}"
+            f"{', ...' if len(unset) > 4 else ''}); loading it would give a partly random model; {_RESTORE}"
+        )
     model.arithinterp_spec = str(directory)
     return model
 

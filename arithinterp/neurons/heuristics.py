@@ -22,7 +22,7 @@ MAP_KINDS = ("K", "KV")
 # --- operators -----------------------------------------------------------------------------------
 
 
-def _check_op(op: str, modulus: Optional[int] = None) -> None:
+def check_op(op: str, modulus: Optional[int] = None) -> None:
     if op not in OPS:
         raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPS)}")
     if modulus is not None and (not isinstance(modulus, int) or isinstance(modulus, bool) or modulus < 2):
@@ -36,7 +36,7 @@ def apply_op(a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[int] =
     Returns ``(result, defined)``, both shaped like the broadcast of ``a`` and ``b``; division by
     zero is undefined (its result is set to 0).
     """
-    _check_op(op, modulus)
+    check_op(op, modulus)
     a, b = torch.broadcast_tensors(torch.as_tensor(a).long(), torch.as_tensor(b).long())
     defined = torch.ones_like(a, dtype=torch.bool)
     if op == "+":
@@ -356,7 +356,7 @@ class HeuristicRegistry:
             raise ConfigError(f"a family named {name!r} is already in this registry; pass overwrite=True to replace it")
         if ops is not None:
             for op in ops:
-                _check_op(op)
+                check_op(op)
         self._families[name] = Family(name, map_kind, generate, tuple(ops) if ops is not None else None)
         self._cache.clear()
         return self._families[name]
@@ -385,7 +385,7 @@ class HeuristicRegistry:
         return self._cache[key].get(name)
 
 
-def _check_registry(registry: Optional[HeuristicRegistry]) -> HeuristicRegistry:
+def check_registry(registry: Optional[HeuristicRegistry]) -> HeuristicRegistry:
     if registry is None:
         return HeuristicRegistry()
     if not isinstance(registry, HeuristicRegistry):
@@ -425,7 +425,7 @@ class HeuristicSet:
         return torch.tensor([i for i, h in enumerate(self.heuristics) if h.map_kind == map_kind], dtype=torch.long)
 
 
-def _values_tensor(name: str, values) -> torch.Tensor:
+def values_tensor(name: str, values) -> torch.Tensor:
     try:
         out = torch.as_tensor(list(values) if not isinstance(values, torch.Tensor) else values).long().flatten()
     except (TypeError, ValueError) as error:
@@ -469,9 +469,9 @@ def build_heuristics(
             A heuristic whose cells equal an earlier one's is dropped too (``result ~ ..7`` is
             ``result mod 10 = 7``). ``dropped`` counts all three reasons.
     """
-    _check_op(op, modulus)
-    registry = _check_registry(registry)
-    a_vals, b_vals = _values_tensor("a_values", a_values), _values_tensor("b_values", b_values)
+    check_op(op, modulus)
+    registry = check_registry(registry)
+    a_vals, b_vals = values_tensor("a_values", a_values), values_tensor("b_values", b_values)
     if families is None:
         chosen = [f for f in registry.families.values() if f.ops is None or op in f.ops]
     else:

@@ -15,9 +15,9 @@ from tqdm.auto import tqdm
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.neurons.heuristics import (
     HeuristicRegistry,
-    _check_op,
-    _check_registry,
-    _values_tensor,
+    check_op,
+    check_registry,
+    values_tensor,
     build_heuristics,
 )
 from arithinterp.neurons.table import HeuristicTable
@@ -206,7 +206,7 @@ def score_maps(
     return top, low
 
 
-def _check_threshold(threshold: float) -> float:
+def check_threshold(threshold: float) -> float:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
         raise ConfigError(f"threshold must be a number in (0, 1], got {threshold!r}")
     return float(threshold)
@@ -399,13 +399,13 @@ def classify_maps(
         importance: ``[N]`` importance scores kept in the table.
         seed: tie-breaking permutations and the control's cell shuffles.
     """
-    threshold = _check_threshold(threshold)
+    threshold = check_threshold(threshold)
     fdr = _check_fdr(fdr)
-    _check_op(op, modulus)
+    check_op(op, modulus)
     given = {name: m for name, m in (("k_maps", k_maps), ("kv_maps", kv_maps)) if m is not None}
     if not given:
         raise AnalysisError("give k_maps, kv_maps or both")
-    a_vals, b_vals = _values_tensor("a_values", a_values), _values_tensor("b_values", b_values)
+    a_vals, b_vals = values_tensor("a_values", a_values), values_tensor("b_values", b_values)
     shape = None
     for name, m in given.items():
         if not isinstance(m, torch.Tensor) or m.ndim != 3 or m.shape[1:] != (len(a_vals), len(b_vals)):
@@ -422,7 +422,7 @@ def classify_maps(
     finite = torch.ones(shape[1:], dtype=torch.bool)
     for m in given.values():
         finite &= torch.isfinite(m).all(0)
-    registry = _check_registry(registry)
+    registry = check_registry(registry)
     heuristics = build_heuristics(a_vals, b_vals, op, modulus=modulus, legal=finite, families=families,
                                   min_cells=min_cells, max_fraction=max_fraction, registry=registry)
     flat = heuristics.legal.flatten()

@@ -83,7 +83,9 @@ class HeuristicTable(Result):
     def neuron_labels(self, index: int) -> list[str]:
         """The heuristic names of neuron ``index`` (a row of the table), best score first."""
         if not 0 <= index < len(self.layer):
-            raise SiteError(f"row {index} is out of range; the table has {len(self.layer)} neurons (0..{len(self.layer) - 1})")
+            raise SiteError(
+                f"row {index} is out of range; the table has {len(self.layer)} neurons (0..{len(self.layer) - 1})"
+            )
         row = self.best_scores[index]
         hits = torch.nonzero(self.labels[index]).flatten()
         return [self.names[i] for i in hits[torch.argsort(row[hits], descending=True)].tolist()]
@@ -135,7 +137,9 @@ class HeuristicTable(Result):
         legal = self.legal.bool()
         A, B = torch.meshgrid(torch.tensor(self.a_values), torch.tensor(self.b_values), indexing="ij")
         result, _ = apply_op(A, B, self.op, self.modulus)
-        grid = Grid(A[legal], B[legal], result[legal], tuple(self.a_values), tuple(self.b_values), self.op, self.modulus)
+        grid = Grid(
+            A[legal], B[legal], result[legal], tuple(self.a_values), tuple(self.b_values), self.op, self.modulus
+        )
         found = registry.find(name, self.families[index], grid)
         if found is None:
             raise ConfigError(

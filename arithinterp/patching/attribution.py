@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
 
 import torch
 from tqdm.auto import tqdm
@@ -27,8 +27,12 @@ from arithinterp.patching.core import (
     resolve_positions,
     resolve_units,
 )
-from arithinterp.patching.exact import sweep
+from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs
 
 def _grad_site(site: str, layer: int) -> tuple[str, int]:
     # d metric / d resid_mid equals d metric / d attn_out (resid_mid = resid_pre + attn_out); the
@@ -56,7 +60,7 @@ def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tens
 
 @overload
 def attribute(
-    model: Any, pairs: Any, sites: str, method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
+    model: HookedModel, pairs: PromptPairs, sites: str, method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
     layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ..., neurons: Optional[Sequence[int]] = ...,
     direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ..., progress: bool = ...,
 ) -> PatchResult: ...
@@ -64,15 +68,15 @@ def attribute(
 
 @overload
 def attribute(
-    model: Any, pairs: Any, sites: Sequence[str] = ..., method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
+    model: HookedModel, pairs: PromptPairs, sites: Union[list[str], tuple[str, ...]] = ..., method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
     layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ..., neurons: Optional[Sequence[int]] = ...,
     direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ..., progress: bool = ...,
 ) -> dict[str, PatchResult]: ...
 
 
 def attribute(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     sites: Union[str, Sequence[str]] = ("resid_pre",),
     method: str = "attribution",
     steps: int = 10,
@@ -89,7 +93,7 @@ def attribute(
     seed: int = 0,
     progress: bool = True,
 ) -> Union[PatchResult, dict[str, PatchResult]]:
-    """Attribution patching: a first-order estimate of every cell of :func:`sweep` at once.
+    """Attribution patching: a first-order estimate of every cell of :func:`activation_patching` at once.
 
     ``method="attribution"``: the estimated effect of a cell is ``Σ grad · (source − base)`` over
     the cell's activation, with the gradient of the metric taken on the base run (one forward for
@@ -175,7 +179,7 @@ def attribute(
                 base_acts, base_logits, ctx = dict(zip(reads, run.reads)), box["logits"], box["ctx"]
         base_metric, source_metric = fn(base_logits, ctx).float(), fn(source.logits, ctx).float()
         clean_base[idx], corrupt_base[idx] = (source_metric.cpu(), base_metric.cpu()) if direction == "denoise" else (base_metric.cpu(), source_metric.cpu())
-        for site, (layer_list, _, units, labels, pos_index) in plans.items():
+        for site, (layer_list, _, units, _labels, pos_index) in plans.items():
             pos = None if pos_index is None else pos_index[:, idx] - offset
             for i, layer in enumerate(layer_list):
                 delta = source_acts[site, layer].float() - base_acts[site, layer].float()
@@ -268,8 +272,8 @@ def compare(exact, approx) -> Comparison:
     return Comparison(sites, corr, pair_corr, ex, ap, cells, method, build_meta(n_pairs=next(iter(exact.values())).n_pairs))
 
 
-def attribution_vs_exact(model, pairs, sites=("resid_pre",), method: str = "attribution", **kwargs) -> Comparison:
-    """Run :func:`attribute` and :func:`sweep` on the same cells and :func:`compare` them."""
+def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_pre",), method: str = "attribution", **kwargs) -> Comparison:
+    """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them."""
     site_list = [sites] if isinstance(sites, str) else list(sites)
     approx = attribute(model, pairs, site_list, method=method, **kwargs)
     sweep_kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "steps")}
@@ -280,7 +284,7 @@ def attribution_vs_exact(model, pairs, sites=("resid_pre",), method: str = "attr
             site_kwargs.pop("heads", None)
         if site not in ("mlp_pre", "mlp_post"):
             site_kwargs.pop("neurons", None)
-        exact[site] = sweep(model, pairs, site, **site_kwargs)
+        exact[site] = activation_patching(model, pairs, site, **site_kwargs)
     return compare(exact, approx)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -13,9 +13,13 @@ from tqdm.auto import tqdm
 from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.patching.core import ABLATION_MODES, DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, metric_name, pick
-from arithinterp.patching.exact import sweep
+from arithinterp.patching.core import COMPONENT_ABLATION_MODES, DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, metric_name, pick
+from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs, PromptSet
 
 _COMPONENT = re.compile(r"^(?:(embed)|attn(\d+)|mlp(\d+)|L(\d+)H(\d+)|L(\d+)N(\d+))(?:@([\w\[\]+-]+))?$")
 COMPONENT_FORMS = "'embed', 'attn{layer}', 'mlp{layer}', 'L{layer}H{head}', 'L{layer}N{neuron}', each optionally '@position'"
@@ -34,7 +38,7 @@ class _Component:
         return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post", "embed": "resid_pre"}[self.kind]
 
 
-def parse_components(model, components: Sequence[str], allowed: Sequence[str], prompts: Any = None) -> list[_Component]:
+def parse_components(model: HookedModel, components: Sequence[str], allowed: Sequence[str], prompts: Optional[PromptSet] = None) -> list[_Component]:
     """Parse component names; with ``prompts``, an integer ``@position`` must lie inside them."""
     if isinstance(components, str):
         components = [components]
@@ -76,7 +80,7 @@ def parse_components(model, components: Sequence[str], allowed: Sequence[str], p
     return parsed
 
 
-def default_components(model) -> list[str]:
+def default_components(model: HookedModel) -> list[str]:
     """``embed`` plus every attention layer and MLP: their outputs sum to the final residual stream."""
     names = ["embed"]
     for layer in range(model.cfg.n_layers):
@@ -130,8 +134,8 @@ class EffectResult(Result):
 
 
 def direct_effect(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     components: Optional[Sequence[str]] = None,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "noise",
@@ -143,7 +147,7 @@ def direct_effect(
 
     Direct effect: add the component's ``source − base`` output at the final position straight into
     the base run's final residual stream (before ``ln_final``) and read the metric. Total effect:
-    activation patching of the component's output at every position (:func:`sweep` with
+    activation patching of the component's output at every position (:func:`activation_patching` with
     ``per_position=False``). Both are reported as the change from the base run's metric.
 
     components: names such as ``"embed"`` (token + positional embedding), ``"attn3"``, ``"mlp3"``,
@@ -191,7 +195,7 @@ def direct_effect(
         kwargs = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
         if c.kind == "head":
             kwargs["heads"] = [c.unit]
-        result = sweep(model, pairs, c.site, metric, **kwargs)
+        result = activation_patching(model, pairs, c.site, metric, **kwargs)
         unpatched = result.corrupt_baseline if direction == "denoise" else result.clean_baseline
         total[:, i] = result.values.reshape(n) - unpatched
     return EffectResult(
@@ -348,7 +352,7 @@ def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor], per_
     return value
 
 
-def ablated_scores(model, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512,
+def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512,
                    means: Optional[dict] = None) -> torch.Tensor:
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
     complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
@@ -414,7 +418,7 @@ def token_scores(prompts) -> Callable:
     return score
 
 
-def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
+def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
     """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
 
     components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
@@ -429,7 +433,7 @@ def ablate(model: Any, prompts: Any, components: Sequence[str], mode: str = "mea
     every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
     Barez: mean-ablate a head at the position of one answer digit and see which digit breaks).
     """
-    check_choice("mode", mode, ABLATION_MODES)
+    check_choice("mode", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"), prompts)
@@ -495,7 +499,7 @@ class FaithfulnessResult(Result):
 FAITHFULNESS_METRICS = ("logit", "logprob", "prob", "accuracy")
 
 
-def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str = "logit", mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
+def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit", mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
     """Faithfulness of ``circuit`` (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
     Every attention head and MLP outside the circuit is mean-ablated (``mode``: also ``"zero"``,
@@ -508,7 +512,7 @@ def faithfulness(model: Any, prompts: Any, circuit: Sequence[str], metric: str =
     metric: ``"logit"`` (default, *(choice)*), ``"logprob"``, ``"prob"`` or ``"accuracy"``.
     """
     check_choice("metric", metric, FAITHFULNESS_METRICS)
-    check_choice("mode", mode, ABLATION_MODES)
+    check_choice("mode", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
     parsed = parse_components(model, list(circuit), ("attn", "mlp", "head"), prompts) if len(circuit) else []

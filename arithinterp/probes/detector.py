@@ -22,8 +22,8 @@ from sklearn.base import BaseEstimator, clone
 
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.probes.answers import _n_digits, _slot_valid, answer_activations, answer_slots
-from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, _tensor
+from arithinterp.probes.answers import answer_digit_count, answer_slot_mask, answer_activations, answer_slots
+from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, to_tensor
 from arithinterp.results import Result, build_meta
 
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
@@ -45,7 +45,7 @@ def _slot_offsets(prompts: Any, position: str) -> torch.Tensor:
         raise ConfigError(f"unknown position {position!r}; accepted: {accepted(DETECTOR_POSITIONS)}")
     k = prompts.answer_tokens.shape[1]
     if k == 1:  # a single answer token: every digit of it is read where it is predicted
-        return torch.zeros(_n_digits(prompts), dtype=torch.long)
+        return torch.zeros(answer_digit_count(prompts), dtype=torch.long)
     return torch.arange(k) if position == "final" else torch.zeros(k, dtype=torch.long)
 
 
@@ -348,7 +348,7 @@ class ErrorDetector(BaseEstimator):
         """Calibrated P(correct) [N] of the selected method."""
         self._check_fitted()
         X, _ = self._read(model, prompts, evaluation, self.layers_)
-        return self.predict_proba_activations(X, _slot_valid(prompts, X.shape[2]))
+        return self.predict_proba_activations(X, answer_slot_mask(prompts, X.shape[2]))
 
     def flag(self, model: Any, prompts: Any, evaluation: Any = None, budget: Optional[float] = None) -> torch.Tensor:
         """BoolTensor [N]: prompts predicted wrong — below the threshold, or with ``budget`` the
@@ -524,7 +524,7 @@ class ErrorDetector(BaseEstimator):
 
     @staticmethod
     def _check_X(X: torch.Tensor, slots: dict) -> torch.Tensor:
-        X = _tensor(X, "X").float()
+        X = to_tensor(X, "X").float()
         if X.ndim != 4:
             raise AnalysisError(f"X must be [n_prompts, n_layers, n_slots, d], got shape {tuple(X.shape)}")
         expected = tuple(slots["true"].shape)
@@ -601,7 +601,7 @@ class ErrorDetector(BaseEstimator):
     def _all_proba(self, X: torch.Tensor, valid: Optional[torch.Tensor]) -> dict:
         """Calibrated P(correct) [N] of every method from ``X`` [N, L, S, d]."""
         self._check_fitted()
-        X = _tensor(X, "X").float()
+        X = to_tensor(X, "X").float()
         expected = (len(self.layers_), self.n_slots_, self.n_features_ // len(self.layers_))
         if X.ndim != 4 or tuple(X.shape[1:]) != expected:
             raise AnalysisError(f"X must be [n_prompts, {expected[0]} layers, {expected[1]} slots, {expected[2]}], "

@@ -6,19 +6,19 @@ Each yields one outcome per job as it finishes; workers only compute, the driver
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional
+from typing import Generator, Optional
 
 from arithinterp.errors import ConfigError
 from arithinterp.sweep.registry import ANALYSES
-from arithinterp.sweep.worker import _job
+from arithinterp.sweep.worker import run_job
 
 
-def _local(jobs: list) -> Iterator[dict]:
+def run_local(jobs: list) -> Generator[dict, None, None]:
     for payload in jobs:
-        yield _job(payload)
+        yield run_job(payload)
 
 
-def _processes(jobs: list, workers: int) -> Iterator[dict]:
+def run_processes(jobs: list, workers: int) -> Generator[dict, None, None]:
     import concurrent.futures
     import multiprocessing
 
@@ -27,7 +27,7 @@ def _processes(jobs: list, workers: int) -> Iterator[dict]:
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context,
                                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
     try:
-        futures = {pool.submit(_job, payload): payload[0].id for payload in jobs}
+        futures = {pool.submit(run_job, payload): payload[0].id for payload in jobs}
         for future in concurrent.futures.as_completed(futures):
             try:
                 yield future.result()
@@ -60,7 +60,7 @@ def _lost(cell_id: str, error: BaseException) -> dict:
                 error=f"the job was lost: {type(error).__name__}: {error}")
 
 
-def _check_picklable(names: set) -> None:
+def check_picklable(names: set) -> None:
     import pickle
 
     for name in sorted(names):
@@ -73,7 +73,7 @@ def _check_picklable(names: set) -> None:
             ) from error
 
 
-def _import_ray():
+def import_ray():
     try:
         import ray
     except ImportError as error:
@@ -81,15 +81,15 @@ def _import_ray():
     return ray
 
 
-def _ray(jobs: list, address: Optional[str], resources: dict) -> Iterator[dict]:
-    ray = _import_ray()
+def run_ray(jobs: list, address: Optional[str], resources: dict) -> Generator[dict, None, None]:
+    ray = import_ray()
     started = False
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
         started = True
     try:
         env = {k: os.environ[k] for k in ("MKL_CBWR",) if k in os.environ}
-        remote = ray.remote(_job).options(num_cpus=resources["num_cpus"], num_gpus=resources["num_gpus"], max_retries=2,
+        remote = ray.remote(run_job).options(num_cpus=resources["num_cpus"], num_gpus=resources["num_gpus"], max_retries=2,
                                           runtime_env=dict(env_vars=env))
         refs = {remote.remote(payload): payload[0].id for payload in jobs}
         pending = list(refs)

@@ -213,7 +213,7 @@ def _register_builtins() -> None:
             positions=Param(list, None, item=(str, int)),
             per_position=Param(bool, True),
         ),
-        plot=_builtin_plot("patching_figures"), description="exact activation patching (arithinterp.patching.sweep)",
+        plot=_builtin_plot("patching_figures"), description="exact activation patching (arithinterp.patching.activation_patching)",
         overwrite=True,
     )
     register_analysis(
@@ -237,7 +237,7 @@ def _register_builtins() -> None:
             cv=Param(int, 5),
             seed=Param(int, 0),
         ),
-        plot=_builtin_plot("probes_figures"), description="linear probe sweep (arithinterp.probes.sweep)",
+        plot=_builtin_plot("probes_figures"), description="linear probe sweep (arithinterp.probes.probe_layers)",
         overwrite=True,
     )
 

@@ -17,13 +17,13 @@ from arithinterp.errors import ConfigError, OutputError
 from arithinterp.outputs import check_writable_dir
 from arithinterp.results import Result, build_meta
 from arithinterp.sweep.config import SweepConfig, load_config, plan
-from arithinterp.sweep.executors import _check_picklable, _import_ray, _local, _processes, _ray
+from arithinterp.sweep.executors import check_picklable, import_ray, run_local, run_processes, run_ray
 from arithinterp.sweep.registry import ANALYSES
 from arithinterp.sweep.storage import (
     RESULTS,
-    _clean_temp_files,
-    _write_cell,
-    _write_manifest,
+    clean_temp_files,
+    write_cell,
+    write_manifest,
     cell_path,
     check_cell_file,
     load_results,
@@ -134,7 +134,7 @@ def _alive(pid: Any) -> bool:
 
 def _save_manifest(out: Path, manifest: dict) -> None:
     try:
-        _write_manifest(out, manifest)
+        write_manifest(out, manifest)
     except OSError as error:
         raise OutputError(f"cannot write {out / 'manifest.json'}: {error.strerror or error}; make room (or fix the "
                           "folder) and rerun the same command: the finished cells' files are kept and the sweep "
@@ -172,9 +172,9 @@ def run_sweep(
     except ImportError as error:
         raise ConfigError("sweeps write Parquet tables, which needs pyarrow: pip install pyarrow") from error
     if cfg.executor == "ray":
-        _import_ray()  # a missing extra fails before anything is written
+        import_ray()  # a missing extra fails before anything is written
     if cfg.executor == "processes":
-        _check_picklable({a["name"] for a in cfg.analyses})
+        check_picklable({a["name"] for a in cfg.analyses})
     cells = plan(cfg)
     out_dir = check_writable_dir(cfg.out_dir, "out")
     with _driver_lock(out_dir):
@@ -185,7 +185,7 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
     from tqdm.auto import tqdm
 
     (out_dir / RESULTS).mkdir(exist_ok=True)
-    _clean_temp_files(out_dir)
+    clean_temp_files(out_dir)
     previous_manifest = {}
     with contextlib.suppress(ConfigError, json.JSONDecodeError):
         previous_manifest = read_manifest(out_dir)
@@ -221,8 +221,8 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
     by_id = {c.id: c for c in todo}
     start = time.perf_counter()
     if jobs:
-        runner = {"local": lambda: _local(jobs), "processes": lambda: _processes(jobs, cfg.workers),
-                  "ray": lambda: _ray(jobs, cfg.ray.get("address"), cfg.resources)}[cfg.executor]
+        runner = {"local": lambda: run_local(jobs), "processes": lambda: run_processes(jobs, cfg.workers),
+                  "ray": lambda: run_ray(jobs, cfg.ray.get("address"), cfg.resources)}[cfg.executor]
         last_write = time.monotonic()
         bar = tqdm(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
         stream = runner()
@@ -232,7 +232,7 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
                 entry = entries[cell.id]
                 if outcome["status"] == "done":
                     try:
-                        entry["rows"], entry["sha256"] = _write_cell(out_dir, cell, outcome["frame"])
+                        entry["rows"], entry["sha256"] = write_cell(out_dir, cell, outcome["frame"])
                     except OSError as exc:  # a full disk, a lost mount: stop, keep what is finished
                         raise OutputError(
                             f"cannot write the results of cell {cell.id} ({cell.analysis}, model {cell.model}, task "

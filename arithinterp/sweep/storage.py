@@ -22,7 +22,7 @@ def cell_path(out: Union[str, Path], cell: Cell) -> Path:
     return Path(out) / RESULTS / cell.analysis / f"{cell.id}.parquet"
 
 
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Write through a temp file in the same folder and ``os.replace`` it: readers (and a resumed
     run) see the old file or the whole new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,11 +66,11 @@ def tidy(cell: Cell, frame: Any) -> Any:
     return out
 
 
-def _write_cell(out: Path, cell: Cell, frame: Any) -> tuple[int, str]:
+def write_cell(out: Path, cell: Cell, frame: Any) -> tuple[int, str]:
     """Write a cell's table; returns its row count and the file's SHA-256 for the manifest."""
     table = tidy(cell, frame)
     path = cell_path(out, cell)
-    _atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
+    atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
     return len(table), file_digest(path)
 
 
@@ -140,9 +140,9 @@ def read_manifest(out: Union[str, Path]) -> dict:
     return manifest
 
 
-def _write_manifest(out: Path, manifest: dict) -> None:
+def write_manifest(out: Path, manifest: dict) -> None:
     text = json.dumps(manifest, indent=1, default=str)
-    _atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(text))
+    atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(text))
 
 
 def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
@@ -155,7 +155,7 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
     out = Path(out)
     manifest = read_manifest(out)
     tables: dict[str, list] = {}
-    for entry in manifest["cells"].values():
+    for cid, entry in manifest["cells"].items():
         path = out / entry["path"]
         if path.is_file():
             problem = check_cell_file(path, entry)[0]
@@ -177,7 +177,7 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
     return combined[analysis]
 
 
-def _clean_temp_files(out: Path) -> None:
+def clean_temp_files(out: Path) -> None:
     """Remove temp files a killed run left behind (only ours: ``.<name>.tmp-<pid>``)."""
     for path in list((out / RESULTS).glob(f"*/.*{_TMP_MARK}*")) + list(out.glob(f".{MANIFEST}{_TMP_MARK}*")):
         path.unlink(missing_ok=True)

@@ -78,7 +78,7 @@ def build_prompts(model: Any, task: Mapping) -> Any:
 
 def _sampled_prompts(model: Any, task: Mapping, options: dict) -> Any:
     """``limit`` distinct pairs of a large grid drawn by index (seeded), never materialising the grid."""
-    from arithinterp.tasks import _few_shot_prefix, prompts_for_pairs
+    from arithinterp.tasks import few_shot_prefix, prompts_for_pairs
 
     a, b = range(*task["a"]), range(*task["b"])
     skip = b.index(0) if task["op"] in ("//", "mod") and 0 in b else None  # b == 0 is undefined there
@@ -91,7 +91,7 @@ def _sampled_prompts(model: Any, task: Mapping, options: dict) -> Any:
     for index in sorted(chosen):  # grid order, as when the whole grid is built
         row, column = divmod(index, width)
         pairs.append((a[row], b[column + (skip is not None and column >= skip)]))
-    prefix = _few_shot_prefix(task["few_shot"], task["op"], task["template"], a, b, task["modulus"], task["seed"],
+    prefix = few_shot_prefix(task["few_shot"], task["op"], task["template"], a, b, task["modulus"], task["seed"],
                               task["answer_digits"])
     return prompts_for_pairs(model, task["op"], [p[0] for p in pairs], [p[1] for p in pairs], task["template"],
                              few_shot=prefix, **options)

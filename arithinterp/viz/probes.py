@@ -58,11 +58,17 @@ def roc_curve(result: Any, methods: Optional[list] = None) -> go.Figure:
         score = result.scores[:, m].double().numpy()
         fpr, tpr, thresholds = sk_roc(truth, score)
         auroc = roc_auc_score(truth, score)
-        fig.add_trace(go.Scatter(
-            x=fpr, y=tpr, mode="lines", name=f"{method} (AUROC {auroc:.3f})" + (" *" if method == result.method else ""),
-            line=dict(color=cycle_colour(i)),
-            customdata=thresholds, hovertemplate="FPR %{x:.3f}<br>TPR %{y:.3f}<br>threshold %{customdata:.3g}<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=fpr,
+                y=tpr,
+                mode="lines",
+                name=f"{method} (AUROC {auroc:.3f})" + (" *" if method == result.method else ""),
+                line=dict(color=cycle_colour(i)),
+                customdata=thresholds,
+                hovertemplate="FPR %{x:.3f}<br>TPR %{y:.3f}<br>threshold %{customdata:.3g}<extra></extra>",
+            )
+        )
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line=dict(dash="dot", color="grey")))
     fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[0, 1.02])
@@ -75,7 +81,9 @@ def calibration_curve(result: Any, methods: Optional[list] = None, bins: int = 1
     if not (isinstance(bins, int) and bins >= 2):
         raise AnalysisError(f"bins must be an integer >= 2, got {bins!r}")
     truth = result.correct.double().numpy()
-    fig = figure("Error detector calibration (reliability diagram)", "predicted P(correct)", "observed fraction correct")
+    fig = figure(
+        "Error detector calibration (reliability diagram)", "predicted P(correct)", "observed fraction correct"
+    )
     for i, method in enumerate(methods or result.methods):
         if method not in result.methods:
             raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(result.methods)}")
@@ -86,10 +94,12 @@ def calibration_curve(result: Any, methods: Optional[list] = None, bins: int = 1
         counts = [len(g) for g in groups]
         fig.add_trace(go.Scatter(
             x=x, y=y, mode="lines+markers", name=method + (" *" if method == result.method else ""),
-            line=dict(color=TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]), customdata=counts,
+            line=dict(color=cycle_colour(i)), customdata=counts,
             hovertemplate="predicted %{x:.3f}<br>observed %{y:.3f}<br>%{customdata} prompts<extra></extra>",
         ))
-    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfectly calibrated", line=dict(dash="dot", color="grey")))
+    fig.add_trace(
+        go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfectly calibrated", line=dict(dash="dot", color="grey"))
+    )
     fig.update_xaxes(range=[0, 1.02])
     fig.update_yaxes(range=[0, 1.02])
     return fig
