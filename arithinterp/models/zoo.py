@@ -112,14 +112,8 @@ ZOO: dict[str, ZooEntry] = {
             config=_config(1, 128, 4, 512, 3, None),
             task=Task(op="+", a_range=(0, 113), b_range=(0, 113), template="{a} {b} =", modulus=113),
             recipe=Recipe(
-                steps=15000,
-                lr=3e-3,
-                weight_decay=1.0,
-                train_frac=0.3,
-                eval_every=100,
-                stop_at_accuracy=0.999,
-                steps_after_stop=1500,
-                snapshot_every=400,
+                steps=15000, lr=3e-3, weight_decay=1.0, train_frac=0.3, eval_every=100,
+                stop_at_accuracy=0.999, steps_after_stop=1500, snapshot_every=400,
             ),
             target="grokked: >= 99.5% on the held-out 70% of pairs",
             prepend_bos=False,
@@ -131,15 +125,8 @@ ZOO: dict[str, ZooEntry] = {
             tokenizer="number:198",
             config=_config(2, 128, 4, 512, 8, "LN"),
             task=Task(op="+", a_range=(0, 100), b_range=(0, 100), template="{a}+{b}="),
-            recipe=Recipe(
-                steps=6000,
-                lr=1e-3,
-                weight_decay=0.5,
-                train_frac=0.8,
-                batch_size=1000,
-                eval_every=100,
-                stop_at_accuracy=0.999,
-            ),
+            recipe=Recipe(steps=6000, lr=1e-3, weight_decay=0.5, train_frac=0.8, batch_size=1000, eval_every=100,
+                          stop_at_accuracy=0.999),
             target=">= 99% on held-out pairs",
         ),
         ZooEntry(
@@ -150,12 +137,7 @@ ZOO: dict[str, ZooEntry] = {
             config=_config(2, 128, 4, 512, 16, "LN"),
             task=_THREE_DIGIT,
             recipe=Recipe(
-                steps=8000,
-                lr=1e-3,
-                weight_decay=0.1,
-                train_frac=0.9,
-                batch_size=512,
-                eval_every=250,
+                steps=8000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=250,
                 stop_at_accuracy=0.995,
             ),
             target=">= 99% exact match on held-out problems, generated greedily",
@@ -168,12 +150,7 @@ ZOO: dict[str, ZooEntry] = {
             config=_config(2, 128, 4, 512, 16, "LN"),
             task=_THREE_DIGIT,
             recipe=Recipe(
-                steps=8000,
-                lr=1e-3,
-                weight_decay=0.1,
-                train_frac=0.9,
-                batch_size=512,
-                eval_every=50,
+                steps=8000, lr=1e-3, weight_decay=0.1, train_frac=0.9, batch_size=512, eval_every=50,
                 stop_at_accuracy=0.85,
             ),
             target="75-95% exact match on held-out problems",
@@ -222,9 +199,8 @@ def zoo_prompts(model: HookedModel, entry: ZooEntry, a: Optional[list[int]] = No
     if a is None or b is None:
         return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template,
                           modulus=task.modulus, answer_digits=task.answer_digits)
-    return prompts_for_pairs(
-        model, task.op, a, b, task.template, modulus=task.modulus, answer_digits=task.answer_digits
-    )
+    return prompts_for_pairs(model, task.op, a, b, task.template,
+                             modulus=task.modulus, answer_digits=task.answer_digits)
 
 
 def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import plotly.graph_objects as go
@@ -44,41 +45,19 @@ def plot_patch_result(result, statistic: str = "mean", title: str | None = None)
             layers=result.layers,
             bands={value_name: (result.ci_low, result.ci_high)} if statistic == "mean" else None,
         )
+    cells = functools.partial(heatmap, title=title, value_name=value_name)
+    positions = _position_labels(result)
     if axes == ["layer", "position"]:
-        return heatmap(
-            values,
-            title=title,
-            x_labels=_position_labels(result),
-            y_labels=layers,
-            x_title="position: token",
-            y_title="layer",
-            value_name=value_name,
-        )
+        return cells(values, x_labels=positions, y_labels=layers, x_title="position: token", y_title="layer")
     unit = axes[-1]
     prefix = _UNIT_PREFIX[unit]
     units = result.axis_labels(unit)
     if axes == ["layer", unit]:
-        return heatmap(
-            values,
-            title=title,
-            x_labels=[f"{prefix}{u}" for u in units],
-            y_labels=layers,
-            x_title=unit,
-            y_title="layer",
-            value_name=value_name,
-        )
+        return cells(values, x_labels=[f"{prefix}{u}" for u in units], y_labels=layers, x_title=unit, y_title="layer")
     # layer × position × unit: rows are (layer, unit), columns positions
     grid = to_array(values).transpose(0, 2, 1).reshape(len(layers) * len(units), -1)
     rows = [f"{layer}{prefix}{u}" for layer, u in itertools.product(layers, units)]
-    return heatmap(
-        grid,
-        title=title,
-        x_labels=_position_labels(result),
-        y_labels=rows,
-        x_title="position: token",
-        y_title=f"layer, {unit}",
-        value_name=value_name,
-    )
+    return cells(grid, x_labels=positions, y_labels=rows, x_title="position: token", y_title=f"layer, {unit}")
 
 
 def plot_comparison(comparison, title: str | None = None) -> go.Figure:
