@@ -300,7 +300,7 @@ class ErrorDetector(BaseEstimator):
         if not (t in THRESHOLD_RULES or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)):
             raise ConfigError(f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
         site_lib.check_site(self.site)
-        probe = LogisticProbe(C=0.05, random_state=self.random_state or 0) if self.probe is None else self.probe
+        probe = LogisticProbe(C=0.05) if self.probe is None else self.probe
         classifier = isinstance(probe, CircularProbe) or (hasattr(probe, "predict_proba") and not isinstance(probe, RidgeProbe))
         if not (hasattr(probe, "fit") and hasattr(probe, "get_params") and classifier):
             raise ConfigError(
@@ -573,7 +573,7 @@ class ErrorDetector(BaseEstimator):
 
     def _direct_probe(self, probe: Any) -> Any:
         if isinstance(probe, CircularProbe):  # an angle cannot tell two classes apart: a logistic probe does
-            probe = LogisticProbe(C=0.05, random_state=self.random_state or 0)
+            probe = LogisticProbe(C=0.05)
         probe = clone(probe)
         if "class_weight" in probe.get_params():
             probe.set_params(class_weight="balanced")
