@@ -299,7 +299,7 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
             written.append(path)
         real_write(path, write)
 
-    monkeypatch.setattr(storage, "_atomic_write", disk_fills_after_one_cell)
+    monkeypatch.setattr(storage, "atomic_write", disk_fills_after_one_cell)
     assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 2
     captured = capsys.readouterr()
     error = json.loads(captured.out)["error"]
@@ -307,7 +307,7 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
     assert "rerun the same command: finished cells are kept and the sweep resumes from this cell" in error
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
 
-    monkeypatch.setattr(storage, "_atomic_write", real_write)
+    monkeypatch.setattr(storage, "atomic_write", real_write)
     assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["skipped"] == 1 and summary["done"] == 2 and summary["failed"] == 0
