@@ -488,7 +488,7 @@ CONTEXT_SITES = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "m
 
 
 def context_spectrum(
-    model: Any,
+    model: HookedModel,
     numbers: Union[int, range] = 100,
     *,
     site: str = "resid_post",
@@ -516,7 +516,7 @@ def context_spectrum(
 
     if site not in CONTEXT_SITES:
         raise SiteError(f"a number spectrum reads one of {accepted(CONTEXT_SITES)}, got {site!r}")
-    numbers = _numbers(numbers)
+    numbers = number_axis(numbers)
     prompts = arithmetic(model, "+", a=numbers, b=[b], template=template)
     acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=progress)
     result = activation_spectrum(acts, values=prompts.a, numbers=numbers, site=site, position=acts.positions[0],
@@ -525,7 +525,7 @@ def context_spectrum(
     return result
 
 
-def _single_tokens(model: Any, numbers: range) -> bool:
+def _single_tokens(model: HookedModel, numbers: range) -> bool:
     try:
         number_tokens(model, numbers)
     except TokenizationError:
@@ -551,8 +551,9 @@ def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str 
         return activation_spectrum(source, numbers=numbers, site=site, **kwargs)
     if not hasattr(source, "cfg"):
         raise AnalysisError(f"source must be a model, a tensor or an Activations, got {type(source).__name__}")
-    if site == "embed" and "prompts" not in kwargs and _single_tokens(source, _numbers(100 if numbers is None else numbers)):
-        return embedding_spectrum(source, 100 if numbers is None else numbers, **kwargs)
+    if site == "embed" and "prompts" not in kwargs:
+        if _single_tokens(source, number_axis(100 if numbers is None else numbers)):
+            return embedding_spectrum(source, 100 if numbers is None else numbers, **kwargs)
     if site in CONTEXT_SITES and "prompts" not in kwargs:
         return context_spectrum(source, 100 if numbers is None else numbers, site=site, **kwargs)
     prompts = kwargs.pop("prompts", None)

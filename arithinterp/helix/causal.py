@@ -1,4 +1,4 @@
-"""The causal helix test (RECIPES §1, Kantamneni & Tegmark 2025): patch the fitted helix at the
+"""The causal helix test (Kantamneni & Tegmark 2025): patch the fitted helix at the
 corrupted value into the clean run and compare with the layer patch, a PCA reconstruction of
 equal dimension and a helix fitted to shuffled values, :func:`patch_test` →
 :class:`HelixPatchResult`; with the forward passes it is made of (:func:`capture`,
@@ -10,22 +10,26 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, SiteError, accepted
-from arithinterp.helix.design import _as_2d
+from arithinterp.helix.design import as_2d
 from arithinterp.helix.fitting import HelixFit, fit
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs, PromptSet
 
 
 # --- causal patch test ---------------------------------------------------------------------------
 
 
-def _groups(prompts: Any, batch_size: int):
+def _groups(prompts: PromptSet, batch_size: int):
     return [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
 
 
@@ -42,13 +46,14 @@ def _where(hook: Union[str, tuple]) -> tuple[str, int]:
                     f"'blocks.0.hook_resid_pre' for the sites {accepted(site_lib.HOOKS)}")
 
 
-def _position_index(prompts: Any, position: str) -> torch.Tensor:
+def _position_index(prompts: PromptSet, position: str) -> torch.Tensor:
     """Each prompt's index [N] of ``position`` in the left-padded frame (any spec
     :meth:`~arithinterp.tasks.PromptSet.locate` accepts: ``"a"``, ``"a[0]"``, ``"final-1"``, ``"3"``)."""
     return prompts.locate(position)[1][:, 0]
 
 
-def capture(model: Any, prompts: Any, hook: Union[str, tuple], position: str, batch_size: int = 256) -> torch.Tensor:
+def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
+            batch_size: int = 256) -> torch.Tensor:
     """Activations [N, d] at ``hook`` (a hook name or a ``(site, layer)`` pair) and ``position``
     of each prompt, read by :func:`arithinterp.engine.run` (the forward stops after that layer)."""
     site, layer = _where(hook)
@@ -56,15 +61,19 @@ def capture(model: Any, prompts: Any, hook: Union[str, tuple], position: str, ba
     out = None
     for idx in _groups(prompts, batch_size):
         columns = index[idx] - prompts.offset(idx)
-        read = engine.run(model, prompts.unpadded(idx), reads=[engine.Read(site, layer, columns)], logits="none").reads[0]
+        reads = [engine.Read(site, layer, columns)]
+        read = engine.run(model, prompts.unpadded(idx), reads=reads, logits="none").reads[0]
         read = read.reshape(len(idx), -1).float()
         if out is None:
             out = torch.empty((len(prompts), read.shape[-1]))
         out[idx] = read
+    if out is None:
+        raise AnalysisError("no prompts to capture activations from")
     return out
 
 
-def patched_logit(model: Any, prompts: Any, hook: Union[str, tuple], position: str, replacement: Optional[torch.Tensor],
+def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
+                  replacement: Optional[torch.Tensor],
                   tokens: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
     """Logit [N] of ``tokens`` at the final position when the activation at ``hook`` (a hook name
     or a ``(site, layer)`` pair) and ``position`` is replaced by ``replacement`` [N, d] (``None``:
@@ -77,13 +86,16 @@ def patched_logit(model: Any, prompts: Any, hook: Union[str, tuple], position: s
         patches = []
         if replacement is not None:
             value = replacement[idx]
-            patches = [engine.Intervention(site, layer, columns, value=lambda current, value=value: value.reshape(current.shape))]
+            patches = [engine.Intervention(site, layer, columns,
+                                           value=lambda current, value=value: value.reshape(current.shape))]
         logits = engine.run(model, prompts.unpadded(idx), patches).logits
+        assert logits is not None  # the final position's, by default
         out[idx] = logits[torch.arange(len(idx)), tokens[idx]].float()
     return out
 
 
-def _stacked_effects(model, pairs, hook, position, replacements: list, batch_size: int) -> torch.Tensor:
+def stacked_effects(model: HookedModel, pairs: PromptPairs, hook: Union[str, tuple], position: str, replacements: list,
+                    batch_size: int) -> torch.Tensor:
     """Effect [M, N] (corrupt-answer logit after − before) of M replacement sets in one batch."""
     tokens = pairs.corrupt_answer_token
     before = patched_logit(model, pairs.clean, hook, position, None, tokens, batch_size)
@@ -96,7 +108,7 @@ def _stacked_effects(model, pairs, hook, position, replacements: list, batch_siz
 
 @dataclass(frozen=True)
 class HelixPatchResult(Result):
-    """The causal helix test (Kantamneni & Tegmark 2025, RECIPES §1).
+    """The causal helix test (Kantamneni & Tegmark 2025).
 
     ``effect[i]`` = mean over pairs of (logit of the corrupted answer after patching − before)
     for ``methods[i]``; ``per_pair`` [M, n_pairs]; ``fraction[i]`` = ``effect[i]`` / the layer
@@ -130,8 +142,8 @@ class HelixPatchResult(Result):
 
 def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, random_state: int = 0) -> HelixFit:
     """A fit like ``like`` (kind, periods, PCA size) to ``acts`` whose values are permuted at the
-    value level (each distinct number is relabelled by another): the control of RECIPES §1."""
-    x = _as_2d(values)
+    value level (each distinct number is relabelled by another): the control of Kantamneni & Tegmark 2025."""
+    x = as_2d(values)
     unique, inverse = x[:, 0].unique(return_inverse=True)
     generator = torch.Generator().manual_seed(int(random_state))
     shuffled = x.clone()
@@ -141,8 +153,8 @@ def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, r
 
 
 def patch_test(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     fit: HelixFit,
     layer: Optional[int] = None,
     position: Optional[str] = None,
@@ -181,9 +193,9 @@ def patch_test(
     if len(fit.names) != 1:
         raise AnalysisError("patch_test patches one number; fit a single-variable helix (values='a')")
     if value is None:  # 'a[0]' and 'a-1' read the value of a
-        value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else re.match(r"[A-Za-z_]*", position).group(0)
-    clean_values = pairs.clean.label(value).double()
-    corrupt_values = pairs.corrupt.label(value).double()
+        value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else re.sub(r"[^A-Za-z_].*$", "", position)
+    clean_values = pairs.clean.label(str(value)).double()
+    corrupt_values = pairs.corrupt.label(str(value)).double()
     where = (site, layer)
     clean_acts = capture(model, pairs.clean, where, position, batch_size)
     corrupt_acts = capture(model, pairs.corrupt, where, position, batch_size)
@@ -203,7 +215,7 @@ def patch_test(
     }
     for name, other in (extra or {}).items():
         methods[str(name)] = other.predict(corrupt_values)
-    per_pair = _stacked_effects(model, pairs, where, position, list(methods.values()), batch_size)
+    per_pair = stacked_effects(model, pairs, where, position, list(methods.values()), batch_size)
     effect = per_pair.mean(1)
     return HelixPatchResult(
         methods=list(methods), effect=effect, per_pair=per_pair,

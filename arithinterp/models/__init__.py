@@ -338,11 +338,14 @@ def _load_with_device_map(spec: str, dtype, device, device_map):
     if device is not None:
         raise ModelSpecError("pass either device= or device_map=, not both (device_map places every module itself)")
     if not isinstance(device_map, (str, dict)) or not device_map:
-        raise ModelSpecError(f"device_map must be a string such as 'auto' or 'cpu', or a dict of module -> device; got {device_map!r}")
+        raise ModelSpecError(
+            f"device_map must be a string such as 'auto' or 'cpu', or a dict of module -> device; got {device_map!r}"
+        )
     path = Path(spec).expanduser()
     if spec.startswith("zoo:") or (path.is_dir() and _is_native_dir(path)):
         raise ModelSpecError(
-            f"device_map applies to Hugging Face models; {spec!r} is a TransformerLens-native model: use device= instead"
+            f"device_map applies to Hugging Face models; {spec!r} is a TransformerLens-native model: "
+            "use device= instead"
         )
     try:
         import accelerate  # noqa: F401  (from_pretrained needs it for device_map)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
 
@@ -16,6 +16,10 @@ from arithinterp import metrics as metric_lib
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.results import Result, build_meta
+from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs
 
 SWEEP_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post")
 ATTRIBUTE_SITES = SWEEP_SITES
@@ -135,7 +139,7 @@ class MetricContext:
     corrupt_tok: torch.Tensor  # [B]
     base_tok: torch.Tensor  # answer of the base (patched) prompt
     source_tok: torch.Tensor  # answer of the source prompt
-    pairs: Any  # the PromptPairs batch, for user metrics
+    pairs: PromptPairs  # the PromptPairs batch, for user metrics
     base_p_base: Optional[torch.Tensor] = None  # P(base answer) in the unpatched base run
     base_p_source: Optional[torch.Tensor] = None  # P(source answer) in the unpatched base run
 
@@ -276,7 +280,7 @@ def metric_name(metric) -> str:
 # =================================================================================================
 
 
-def check_pairs(pairs) -> None:
+def check_pairs(pairs: PromptPairs) -> None:
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
     if len(pairs) == 0:
@@ -290,7 +294,7 @@ def check_choice(name: str, value, choices) -> None:
         raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(choices)}")
 
 
-def resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
+def resolve_positions(pairs: PromptPairs, positions) -> tuple[list[str], torch.Tensor]:
     """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``.
 
     ``None`` means every position for same-length prompts, else the named positions (``"a"``,
@@ -303,7 +307,7 @@ def resolve_positions(pairs, positions) -> tuple[list[str], torch.Tensor]:
     return labels, index.T.contiguous()
 
 
-def resolve_units(model, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
+def resolve_units(model: HookedModel, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
     kind = UNIT_SITES.get(site)
     if kind is None:
         if heads is not None or neurons is not None:
@@ -351,7 +355,7 @@ def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logi
     return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok), pick(probs, source_tok))
 
 
-def patch_result(model, pairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction, method, normalize, seed, extra):
+def patch_result(model: HookedModel, pairs: PromptPairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction, method, normalize, seed, extra):
     if normalize:
         scale = clean_base.mean() - corrupt_base.mean()
         if abs(float(scale)) < 1e-8:
