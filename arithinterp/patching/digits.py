@@ -66,12 +66,7 @@ class DigitAblationResult(Result):
 
 
 def digit_ablation(
-    model: HookedModel,
-    prompts: PromptSet,
-    heads: Optional[Sequence[str]] = None,
-    mode: str = "mean",
-    seed: int = 0,
-    *,
+    model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, mode: str = "mean", seed: int = 0, *,
     progress: bool = True,
 ) -> DigitAblationResult:
     """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
