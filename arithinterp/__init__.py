@@ -6,21 +6,31 @@ linear probes and error detection, Fourier and helix fits, heuristic neurons, pl
     import arithinterp as ai
     model = ai.load_model("zoo:add-100")
     prompts = ai.tasks.arithmetic(model, "+", range(100), range(100), "{a}+{b}=")
-    ai.patching.sweep(model, prompts.counterfactual("a"), "resid_pre")
+    ai.patching.activation_patching(model, prompts.counterfactual("a"), "resid_pre")
+    ai.write_report(model, out="report.html")
 
 Submodules load on first use, so ``import arithinterp`` stays quick.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
 from arithinterp.errors import ArithInterpError  # noqa: E402
 from arithinterp.models import list_zoo, load_model  # noqa: E402
 
+if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
+    from arithinterp import (
+        activations, circuits, cli, errors, fourier, helix, metrics, models, neurons, patching, probes, report,
+        results, sites, sweep, tasks, viz,
+    )
+    from arithinterp.activations import collect
+    from arithinterp.report import write_report
+
 _SUBMODULES = (
     "activations", "circuits", "cli", "errors", "fourier", "helix", "metrics", "models", "neurons", "patching",
-    "probes", "results", "sites", "sweep", "tasks", "viz",
+    "probes", "report", "results", "sites", "sweep", "tasks", "viz",
 )
 
 
@@ -31,11 +41,15 @@ def __getattr__(name: str):
         from arithinterp.activations import collect
 
         return collect
-    if name == "report":
-        from arithinterp.report import report
+    if name == "write_report":
+        from arithinterp.report import write_report
 
-        return report
+        return write_report
     raise AttributeError(f"module 'arithinterp' has no attribute {name!r}")
 
 
-__all__ = ["ArithInterpError", "load_model", "list_zoo", "collect", "report", "__version__", *_SUBMODULES]
+__all__ = [
+    "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
+    "activations", "circuits", "cli", "errors", "fourier", "helix", "metrics", "models", "neurons", "patching",
+    "probes", "report", "results", "sites", "sweep", "tasks", "viz",
+]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from arithinterp.errors import ConfigError
-from arithinterp.report import STAGES, report
+from arithinterp.report import STAGES, write_report
 
 ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
 
@@ -15,7 +15,7 @@ ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
 @pytest.fixture(scope="module")
 def report_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.html"
-    return report("zoo:add-100", out=out, limit=400, progress=False)
+    return write_report("zoo:add-100", out=out, limit=400, progress=False)
 
 
 def test_report_is_self_contained(report_file):
@@ -66,14 +66,14 @@ def test_report_renders_in_chromium(report_file):
 
 def test_report_rejects_bad_stage(tmp_path):
     with pytest.raises(ConfigError, match="unknown report stage"):
-        report("zoo:add-100", out=tmp_path / "r.html", stages=["patchin"])
+        write_report("zoo:add-100", out=tmp_path / "r.html", stages=["patchin"])
     assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons", "circuits"}
 
 
 def test_report_on_a_digit_model_skips_what_does_not_apply(tmp_path):
     """add-3digit: its numbers are several tokens (no Fourier axis) but its answers have digits."""
     with pytest.warns(UserWarning, match="'fourier' not run"):
-        out = report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], limit=200, progress=False)
+        out = write_report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], limit=200, progress=False)
     text = out.read_text()
     assert re.search(r"Not run on this model: \d+ of these numbers are not single tokens", text)
     assert re.search(r"costs that token most for L\dH\d on answer token \d \(−\d+ points\)", text)

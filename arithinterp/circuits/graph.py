@@ -95,7 +95,7 @@ class Graph:
         self.node_index = {n.name: i for i, n in enumerate(nodes)}
         rows, edges = [], []
         for p, label in enumerate(self.positions):
-            for r, (node, channel, unit) in enumerate(receivers):
+            for r, (node, channel, _unit) in enumerate(receivers):
                 n_up = L.senders_before(node.layer, channel)
                 for s in range(n_up):
                     rows.append((p, r, s))

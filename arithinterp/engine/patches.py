@@ -69,9 +69,9 @@ class PatchRunner:
 
     def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor,
                  n_last: Optional[int] = None):
-        from arithinterp.engine.stepping import _check_n_last
+        from arithinterp.engine.stepping import check_n_last
 
-        _check_n_last(n_last, int(base_tokens.shape[1]))
+        check_n_last(n_last, int(base_tokens.shape[1]))
         self.model, self.stepper, self.site = model, stepper, site
         self.tokens = base_tokens
         self.n_last = n_last

@@ -111,7 +111,7 @@ class Stepper:
         The run's logits are ``[B, V]`` at the final position, or ``[B, n_last, V]`` at the last
         ``n_last`` positions (teacher-forced answers, one position per answer token).
         """
-        _check_n_last(n_last, int(tokens.shape[1]))
+        check_n_last(n_last, int(tokens.shape[1]))
         model = self.model
         resid: list = [None] * (self.n_layers + 1)
         calls: list = [None] * self.n_layers
@@ -184,7 +184,7 @@ class Stepper:
         n_layers`` means ``hidden`` is the final residual stream. With ``n_last=k`` the logits are
         ``[n_stack * B, k, V]`` at the last ``k`` positions (which must lie at ``start`` or later).
         """
-        _check_n_last(n_last, int(hidden.shape[1]), start)
+        check_n_last(n_last, int(hidden.shape[1]), start)
         if start > 0 and not self.reuses_prefix:
             raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
         prefix = None
@@ -278,7 +278,7 @@ class Stepper:
         return False
 
 
-def _check_n_last(n_last: Optional[int], width: int, start: int = 0) -> None:
+def check_n_last(n_last: Optional[int], width: int, start: int = 0) -> None:
     """``n_last`` (positions whose logits are returned) must be None or 1..``width`` positions computed."""
     if n_last is None:
         return

@@ -6,14 +6,14 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
-from arithinterp.viz.base import TEMPLATE, figure
+from arithinterp.viz.base import cycle_colour, figure
 
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu: helps the metric / hurts it
 
 
 def _slot(kind: str, head: Optional[int], n_heads: int) -> float:
     """Vertical slot of a node inside its layer: heads 0..H−1, the MLP above them."""
-    if kind == "head":
+    if kind == "head" and head is not None:
         return float(head)
     if kind == "mlp":
         return float(n_heads) + 0.5
@@ -70,7 +70,7 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
         ny.append(y)
         nt.append(name + ("" if position is None else f" @ {position}"))
     fig.add_trace(go.Scatter(x=nx, y=ny, mode="markers+text", text=nt, textposition="top center", textfont=dict(size=9),
-                             marker=dict(size=11, color=TEMPLATE.layout.colorway[2], line=dict(width=1, color="#333")),
+                             marker=dict(size=11, color=cycle_colour(2), line=dict(width=1, color="#333")),
                              hovertemplate="%{text}<extra></extra>", name="nodes", showlegend=False))
     ticks = list(range(-1, L.n_layers + 1))
     fig.update_xaxes(tickmode="array", tickvals=ticks, ticktext=["embed"] + [f"L{l}" for l in range(L.n_layers)] + ["logits"])
