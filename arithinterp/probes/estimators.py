@@ -9,6 +9,8 @@ steering. Also the input validation the probes share, :func:`make_probe` and
 
 from __future__ import annotations
 
+import abc
+
 import math
 from typing import Any, Optional, Sequence, Union
 
@@ -102,7 +104,7 @@ def _unit_rows(coef: torch.Tensor) -> torch.Tensor:
 # --- probes ---------------------------------------------------------------------------------------
 
 
-class _Probe(BaseEstimator):
+class _Probe(BaseEstimator, abc.ABC):
     """Shared plumbing: standardisation and the raw-space view of a linear map."""
 
     # set by fit
@@ -115,11 +117,11 @@ class _Probe(BaseEstimator):
     classes_: torch.Tensor
     n_iter_: int
 
-    def fit(self, X: ArrayLike, y: ArrayLike) -> "_Probe":
-        raise NotImplementedError
+    @abc.abstractmethod
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "_Probe": ...
 
-    def score(self, X: ArrayLike, y: ArrayLike) -> float:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def score(self, X: ArrayLike, y: ArrayLike) -> float: ...
 
     def _standardised(self, X: ArrayLike) -> torch.Tensor:
         _check_fitted(self)
@@ -158,7 +160,7 @@ class LogisticProbe(_Probe):
         X = _features(X)
         y = as_targets(y, len(X), integer=True)
         fitted = self.fit_many(X, y[None], torch.ones(1, len(X), dtype=torch.bool))[0]
-        self.__dict__.update({k: v for k, v in fitted.__dict__.items() if k.endswith("_")})
+        vars(self).update({k: v for k, v in fitted.__dict__.items() if k.endswith("_")})
         return self
 
     def fit_many(self, X: ArrayLike, targets: torch.Tensor, masks: torch.Tensor) -> list["LogisticProbe"]:
