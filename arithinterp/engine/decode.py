@@ -143,9 +143,9 @@ def decode_mode(model: Any, tokens: Optional[torch.Tensor] = None) -> str:
         return _MODES[model]
     parts = _hf_parts(model)
     mode = "full"
-    if parts is not None and (tokens is None or tokens.shape[1] < 2):
-        return mode  # nothing to check the decoder path on yet: the plain forward, undecided
     if parts is not None:
+        if tokens is None or tokens.shape[1] < 2:
+            return mode  # nothing to check the decoder path on yet: the plain forward, undecided
         decoder, head, config = parts
         probe = tokens[:1, : min(tokens.shape[1], 8)].to(_device(model))
         tolerance = 1e-4 if next(iter(model.parameters())).dtype == torch.float32 else 2e-2
@@ -217,12 +217,15 @@ def greedy(model: Any, tokens: torch.Tensor, n_new: int, interventions: Sequence
         for step in range(n_new):
             if interventions:
                 logits = run(model, tokens, list(interventions)).logits  # [B, V] at the last position
+                assert logits is not None  # run keeps the final logits unless told not to
             else:
                 logits = model(tokens, return_type="logits")[:, -1]
             generated[:, step] = logits.argmax(-1)
             tokens = torch.cat([tokens, generated[:, step : step + 1]], dim=1)
         return generated.cpu()
-    decoder, head, config = _hf_parts(model)
+    parts = _hf_parts(model)
+    assert parts is not None  # decode_mode picks "cached" or "uncached" only for models with these parts
+    decoder, head, config = parts
     with _cache_keyword(model):
         hidden, cache = _decoder_step(decoder, tokens, use_cache=mode == "cached")
         for step in range(n_new):
@@ -250,7 +253,9 @@ def teacher_forced_logprobs(model: Any, tokens: torch.Tensor, answer: torch.Tens
     if mode == "full":
         logits = model(fed, return_type="logits")[:, -k:]
     else:
-        decoder, head, config = _hf_parts(model)
+        parts = _hf_parts(model)
+        assert parts is not None  # decode_mode picks "cached" or "uncached" only for models with these parts
+        decoder, head, config = parts
         hidden, _ = _decoder_step(decoder, fed, use_cache=False)
         logits = _logits(head, config, hidden[:, -k:])
     logprobs = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0).to(device)[..., None])[..., 0]

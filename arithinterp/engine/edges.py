@@ -179,6 +179,7 @@ class EdgeForward:
             w = None if weights is None else weights(layer, channel)
             out = None
             if w is not None:
+                assert values is not None, "edge weights need the senders' values"
                 # only the senders some edge set changes here: an edge set is usually sparse
                 active = torch.nonzero(w.reshape(-1, w.shape[-1]).abs().sum(0)).flatten().tolist()
                 cur = torch.stack([current[s] for s in active], dim=2).float()  # [C·B, T, S_active, d]

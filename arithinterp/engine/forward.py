@@ -15,7 +15,7 @@ activation's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union, overload
 
 import torch
 
@@ -113,6 +113,18 @@ def _heads_split(site: str, n_heads: int, fn: Callable[[torch.Tensor], torch.Ten
     return wrapped
 
 
+@overload
+def _positions_tensor(positions: None, B: int, device) -> None: ...
+
+
+@overload
+def _positions_tensor(positions: Union[int, torch.Tensor], B: int, device) -> torch.Tensor: ...
+
+
+@overload
+def _positions_tensor(positions: Union[None, int, torch.Tensor], B: int, device) -> Optional[torch.Tensor]: ...
+
+
 def _positions_tensor(positions: Union[None, int, torch.Tensor], B: int, device) -> Optional[torch.Tensor]:
     """Positions as a tensor on ``device``: an int becomes the same position for all ``B`` prompts."""
     if positions is None:
@@ -128,20 +140,20 @@ def _positions_tensor(positions: Union[None, int, torch.Tensor], B: int, device)
 def _slice_index(site: str, activation: torch.Tensor, positions: Optional[torch.Tensor], units) -> tuple:
     B = activation.shape[0]
     rows = torch.arange(B, device=activation.device)
-    unit_index = slice(None) if units is None else torch.as_tensor(list(units), device=activation.device)
+    unit_index = None if units is None else torch.as_tensor(list(units), device=activation.device)
     if site == "pattern":  # [B, H, Tq, Tk]
         if positions is None:
-            return (slice(None), unit_index)
+            return (slice(None), slice(None) if unit_index is None else unit_index)
         pos = positions.to(activation.device)
         pos = pos[:, None] if pos.ndim == 1 else pos
-        if units is None:
+        if unit_index is None:
             return (rows[:, None], slice(None), pos)
         return (rows[:, None, None], unit_index[None, :, None], pos[:, None, :])
     if positions is None:
-        return (slice(None), slice(None), unit_index) if units is not None else (slice(None),)
+        return (slice(None), slice(None), unit_index) if unit_index is not None else (slice(None),)
     pos = positions.to(activation.device)
     pos = pos[:, None] if pos.ndim == 1 else pos
-    if units is None:
+    if unit_index is None:
         return (rows[:, None], pos)
     return (rows[:, None, None], pos[:, :, None], unit_index[None, None, :])
 
@@ -275,7 +287,7 @@ class RunningMean:
             present = torch.arange(T, device=activations.device)[None, :] >= (T - lengths.to(activations.device))[:, None]
         weights = present.float().reshape(N, T, *[1] * (activations.ndim - 2))
         total, count = (activations.float() * weights).sum(0), present.sum(0)
-        if self.total is None:
+        if self.total is None or self.count is None:  # the first batch (both are set together)
             self.total, self.count = total, count
             return self
         if self.total.shape[1:] != total.shape[1:]:
@@ -287,7 +299,7 @@ class RunningMean:
         return self
 
     def value(self) -> torch.Tensor:
-        if self.total is None:
+        if self.total is None or self.count is None:
             raise AnalysisError("no activations were added; the mean of nothing is undefined")
         return self.total / self.count.clamp_min(1).reshape(-1, *[1] * (self.total.ndim - 1))
 

@@ -167,7 +167,7 @@ class PatchRunner:
             stacked = activation.reshape(C, *base.shape)
             return torch.where(mask, source[None].to(stacked.dtype), stacked).reshape(activation.shape)
 
-        if self.stepper is None:
+        if self.stepper is None or self.base is None:  # a stepper always comes with its base run
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
             logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), [(name, patch)], return_type="logits")
             logits = logits[:, -1] if self.n_last is None else logits[:, -self.n_last:]

@@ -307,6 +307,7 @@ def stepper_for(model: Any, tokens: torch.Tensor, engine: str = "auto") -> tuple
     if known is not None and known[0] == _fingerprint(model):
         stepper, status = known[1], known[2]
     else:
+        stepper: Optional[Stepper] = None
         try:
             stepper = Stepper(model)
             with torch.inference_mode():
