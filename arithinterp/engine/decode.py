@@ -235,7 +235,8 @@ def greedy(model: Any, tokens: torch.Tensor, n_new: int, interventions: Sequence
             if mode == "cached":
                 hidden, cache = _decoder_step(decoder, generated[:, step : step + 1], cache)
             else:
-                hidden, _ = _decoder_step(decoder, torch.cat([tokens, generated[:, : step + 1]], dim=1), use_cache=False)
+                fed = torch.cat([tokens, generated[:, : step + 1]], dim=1)
+                hidden, _ = _decoder_step(decoder, fed, use_cache=False)
     return generated.cpu()
 
 

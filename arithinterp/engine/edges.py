@@ -102,7 +102,10 @@ def _linear_weight(bridge: Any, n_units: int, input_side: bool) -> tuple[torch.T
     ``[H, d_head, d_model]`` for the output projection; and its bias ``[H, d_head]`` (Q/K/V only)."""
     module = getattr(bridge, "original_component", None)
     if module is None or not hasattr(module, "weight"):
-        raise AnalysisError(f"edge runs need separate q, k, v and o projections with weights; this attention has {type(bridge).__name__}")
+        raise AnalysisError(
+            "edge runs need separate q, k, v and o projections with weights; "
+            f"this attention has {type(bridge).__name__}"
+        )
     weight = module.weight
     # HF Conv1D stores [in, out]; nn.Linear [out, in]
     w = weight if type(module).__name__ == "Conv1D" else weight.T  # [in, out]
@@ -135,8 +138,13 @@ class EdgeForward:
             attn = blocks[layer].attn
             for channel in CHANNELS:
                 if not hasattr(attn, channel):
-                    raise AnalysisError(f"edge runs need separate q, k and v projections; layer {layer}'s attention ({type(attn).__name__}) has no {channel!r}")
-                self.w_in[layer, channel], self.b_in[layer, channel] = _linear_weight(getattr(attn, channel), L.units(channel), True)
+                    raise AnalysisError(
+                        f"edge runs need separate q, k and v projections; layer {layer}'s attention "
+                        f"({type(attn).__name__}) has no {channel!r}"
+                    )
+                self.w_in[layer, channel], self.b_in[layer, channel] = _linear_weight(
+                    getattr(attn, channel), L.units(channel), True
+                )
             self.w_out[layer] = _linear_weight(attn.o, L.n_heads, False)[0]
         # the output biases belong to no head; they are the same in every run
         biases = [getattr(blocks[layer].attn.o.original_component, "bias", None) for layer in range(L.n_layers)]
@@ -206,7 +214,9 @@ class EdgeForward:
                     ln_in[layer] = act
                 return act
 
-            hooks.append((f"blocks.{layer}.ln1.hook_in" if hasattr(self.model.blocks[layer], "ln1") else f"blocks.{layer}.hook_resid_pre", keep_ln))
+            ln1_hook = (f"blocks.{layer}.ln1.hook_in" if hasattr(self.model.blocks[layer], "ln1")
+                        else f"blocks.{layer}.hook_resid_pre")
+            hooks.append((ln1_hook, keep_ln))
             for channel in CHANNELS:
 
                 def proj(act, hook=None, layer=layer, channel=channel):
@@ -214,7 +224,10 @@ class EdgeForward:
                     if d is None:
                         return act
                     # recompute only the heads whose input changes (every head when probing)
-                    units = torch.arange(d.shape[2], device=d.device) if probe else torch.nonzero(d.detach().abs().sum((0, 1, 3))).flatten()
+                    if probe:
+                        units = torch.arange(d.shape[2], device=d.device)
+                    else:
+                        units = torch.nonzero(d.detach().abs().sum((0, 1, 3))).flatten()
                     if len(units) == 0:
                         return act
                     x = ln_in[layer][:, :, None, :] + d[:, :, units].to(ln_in[layer].dtype)  # [N, T, u, d]
@@ -254,7 +267,9 @@ class EdgeForward:
                     current[L.mlp_sender(layer)] = act
                     return act
 
-                hooks.append((f"blocks.{layer}.ln2.hook_in" if hasattr(self.model.blocks[layer], "ln2") else f"blocks.{layer}.mlp.hook_in", mlp_in))
+                ln2_hook = (f"blocks.{layer}.ln2.hook_in" if hasattr(self.model.blocks[layer], "ln2")
+                            else f"blocks.{layer}.mlp.hook_in")
+                hooks.append((ln2_hook, mlp_in))
                 hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
 
         def final(act, hook=None):
@@ -286,7 +301,8 @@ def sender_outputs(model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, torc
     error = float((total - final).norm(dim=-1).max() / final.norm(dim=-1).max().clamp_min(1e-12))
     if error > 1e-3:
         raise AnalysisError(
-            f"this model's residual stream is not the sum of the embeddings, head and MLP outputs (relative gap {error:.2g}; "
+            "this model's residual stream is not the sum of the embeddings, head and MLP outputs "
+            f"(relative gap {error:.2g}; "
             "e.g. norms applied to attention or MLP outputs before they are added): edge graphs need blocks that add "
             "each head's and MLP's output to the residual stream as it is"
         )

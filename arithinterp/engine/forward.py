@@ -180,13 +180,20 @@ def run(
     for item in (*interventions, *reads):
         site_lib.check_layers(model, item.site, [item.layer])
         positions = _positions_tensor(item.positions, int(tokens.shape[0]), "cpu")
-        if positions is not None and positions.numel() and not (-T <= int(positions.min()) and int(positions.max()) < T):
-            raise SiteError(f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; accepted: {-T}..{T - 1}")
+        if positions is not None and positions.numel() and not (
+            -T <= int(positions.min()) and int(positions.max()) < T
+        ):
+            raise SiteError(
+                f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; "
+                f"accepted: {-T}..{T - 1}"
+            )
         units = getattr(item, "units", None)
         if units is not None:
             size = int(model.cfg.n_heads) if item.site in ("attn_z", "pattern") else int(model.cfg.d_mlp or 0)
             if item.site not in ("attn_z", "pattern", "mlp_pre", "mlp_post"):
-                raise SiteError(f"units (heads or neurons) apply to attn_z, pattern, mlp_pre and mlp_post, not {item.site!r}")
+                raise SiteError(
+                    f"units (heads or neurons) apply to attn_z, pattern, mlp_pre and mlp_post, not {item.site!r}"
+                )
             site_lib.check_index("head" if item.site in ("attn_z", "pattern") else "neuron", list(units), size)
     grad = metric is not None
     kept: list = [None] * len(reads)
@@ -209,11 +216,15 @@ def run(
         hooks.append((read.hook_name(), keep))
     stop = None
     if logits == "none" and not grad:
-        deepest = max((item.layer for item in (*interventions, *reads) if item.site not in site_lib.GLOBAL_SITES), default=0)
+        deepest = max(
+            (item.layer for item in (*interventions, *reads) if item.site not in site_lib.GLOBAL_SITES), default=0
+        )
         stop = deepest + 1 if deepest + 1 < site_lib.n_layers(model) else None
     context = torch.enable_grad() if grad else torch.inference_mode()
     with context:
-        out = forward_with_hooks(model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop)
+        out = forward_with_hooks(
+            model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop
+        )
         final = None if out is None else out[:, -1].float()
         if final is not None and not torch.isfinite(final).all():
             raise AnalysisError(
@@ -257,7 +268,8 @@ def mean_activation(activations: torch.Tensor, lengths: Optional[torch.Tensor] =
     N, T = activations.shape[:2]
     if lengths is None:
         return activations.float().mean(0)
-    present = torch.arange(T, device=activations.device)[None, :] >= (T - lengths.to(activations.device))[:, None]  # [N, T]
+    first_pos = T - lengths.to(activations.device)
+    present = torch.arange(T, device=activations.device)[None, :] >= first_pos[:, None]  # [N, T]
     weights = present.float().reshape(N, T, *[1] * (activations.ndim - 2))
     count = weights.sum(0).clamp_min(1)
     return (activations.float() * weights).sum(0) / count
@@ -284,14 +296,16 @@ class RunningMean:
         if lengths is None:
             present = torch.ones(N, T, dtype=torch.bool, device=activations.device)
         else:
-            present = torch.arange(T, device=activations.device)[None, :] >= (T - lengths.to(activations.device))[:, None]
+            first_pos = T - lengths.to(activations.device)
+            present = torch.arange(T, device=activations.device)[None, :] >= first_pos[:, None]
         weights = present.float().reshape(N, T, *[1] * (activations.ndim - 2))
         total, count = (activations.float() * weights).sum(0), present.sum(0)
         if self.total is None or self.count is None:  # the first batch (both are set together)
             self.total, self.count = total, count
             return self
         if self.total.shape[1:] != total.shape[1:]:
-            raise AnalysisError(f"activations of shape [N, T, {', '.join(map(str, total.shape[1:]))}] do not match earlier batches' "
+            raise AnalysisError(f"activations of shape [N, T, {', '.join(map(str, total.shape[1:]))}] "
+                                "do not match earlier batches' "
                                 f"[N, T, {', '.join(map(str, self.total.shape[1:]))}]")
         width = max(T, self.total.shape[0])
         self.total = _left_pad(self.total, width) + _left_pad(total.to(self.total.device), width)

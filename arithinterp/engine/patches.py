@@ -4,7 +4,8 @@ A *cell* patches one site at one layer, at one position per pair (or every posit
 head or neuron (or all of them), with the source run's value. :class:`PatchRunner` holds a base
 run and a source run of the same prompts and returns the final-position logits of a stack of cells
 ``[C, B, V]`` (or, with ``n_last=k``, those of the last ``k`` positions ``[C, B, k, V]``: teacher-forced
-answer tokens appended to the prompts are scored there), resuming the model at the patched layer and earliest patched position
+answer tokens appended to the prompts are scored there), resuming the model at the patched layer and earliest
+patched position
 (:mod:`arithinterp.engine.stepping`), or running whole forwards where the model cannot be stepped.
 """
 
@@ -23,7 +24,9 @@ RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstre
 UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see PatchRunner.cell_states)
 
 
-def patch_mask(site: str, shape: tuple, start: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
+def patch_mask(
+    site: str, shape: tuple, start: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]
+) -> torch.Tensor:
     """Boolean mask over an activation ``[C, B, ...]`` (positions from ``start`` on) for the patched cells.
 
     ``pos [C, B]`` is each row's patched position (None: every position), ``unit [C]`` each
@@ -67,7 +70,8 @@ class PatchRunner:
     same positions for each cell.
     """
 
-    def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor,
+    def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor,
+                 source_tokens: torch.Tensor,
                  n_last: Optional[int] = None):
         from arithinterp.engine.stepping import check_n_last
 
@@ -81,7 +85,9 @@ class PatchRunner:
 
             raise SiteError("'resid_mid' does not exist in parallel attention/MLP blocks; patch attn_out or mlp_out")
         names = [self._read_name(layer) for layer in range(self.n_layers)]
-        extra = [site_lib.hook_name("resid_pre", layer) for layer in range(self.n_layers)] if site == "resid_mid" else []
+        extra = (
+            [site_lib.hook_name("resid_pre", layer) for layer in range(self.n_layers)] if site == "resid_mid" else []
+        )
         if stepper is not None:
             self.base = stepper.base(base_tokens, read=names + extra, n_last=n_last)
             self.source = stepper.base(source_tokens, read=names, n_last=n_last)
@@ -177,17 +183,24 @@ class PatchRunner:
             entry = layer + (site == "resid_post")
             hidden = patch(base[None].expand(C, *base.shape)).flatten(0, 1)
             if entry == self.n_layers:
-                logits = stepper.unembed(hidden[:, -1:])[:, 0] if self.n_last is None else stepper.unembed(hidden[:, -self.n_last:])
+                if self.n_last is None:
+                    logits = stepper.unembed(hidden[:, -1:])[:, 0]
+                else:
+                    logits = stepper.unembed(hidden[:, -self.n_last:])
             else:
                 logits = stepper.resume(self.base, entry, hidden, start, n_stack=C, n_last=self.n_last)
         else:
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
             hidden = self.base.resid[layer][:, start:].repeat(C, 1, 1)
-            logits = stepper.resume(self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last)
+            logits = stepper.resume(
+                self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last
+            )
         return logits.reshape(C, B, *logits.shape[1:])
 
 
-def _cached_run(model: Any, tokens: torch.Tensor, names: list, n_last: Optional[int] = None) -> tuple[torch.Tensor, dict]:
+def _cached_run(
+    model: Any, tokens: torch.Tensor, names: list, n_last: Optional[int] = None
+) -> tuple[torch.Tensor, dict]:
     """Final-position logits ``[B, V]`` (the last ``n_last`` positions' ``[B, n_last, V]``) and the
     named activations of one whole forward."""
     cache: dict = {}
@@ -203,5 +216,7 @@ def _cached_run(model: Any, tokens: torch.Tensor, names: list, n_last: Optional[
     if not torch.isfinite(logits).all():
         from arithinterp.errors import AnalysisError
 
-        raise AnalysisError("the model's logits on the base prompts are not finite (NaN or inf): its weights or activations are broken")
+        raise AnalysisError(
+            "the model's logits on the base prompts are not finite (NaN or inf): its weights or activations are broken"
+        )
     return logits, {name: cache[name] for name in names}

@@ -189,11 +189,16 @@ class Stepper:
             raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
         prefix = None
         if start > 0 and base.kv is not None:
-            prefix = {i: tuple(x[..., :start, :].repeat(n_stack, 1, 1, 1) for x in base.kv[i]) for i in range(layer, self.n_layers)}
+            prefix = {
+                i: tuple(x[..., :start, :].repeat(n_stack, 1, 1, 1) for x in base.kv[i])
+                for i in range(layer, self.n_layers)
+            }
         cache = _PrefixCache(prefix)
         with self._cache_reaches_attention(cache), hook_points(self.model, edits):
             for i in range(layer, self.n_layers):
-                kwargs = {key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()}
+                kwargs = {
+                    key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()
+                }
                 out = self.blocks[i](hidden, **kwargs)
                 hidden = out[0] if isinstance(out, tuple) else out
         return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
@@ -284,7 +289,9 @@ def check_n_last(n_last: Optional[int], width: int, start: int = 0) -> None:
         return
     if isinstance(n_last, bool) or not isinstance(n_last, int) or not 1 <= n_last <= width:
         where = f" from position {start} on" if start else ""
-        raise AnalysisError(f"n_last must be None (the final position) or 1..{width} (the positions computed{where}), got {n_last!r}")
+        raise AnalysisError(
+            f"n_last must be None (the final position) or 1..{width} (the positions computed{where}), got {n_last!r}"
+        )
 
 
 _STEPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
