@@ -109,7 +109,7 @@ def run_edge_sets(
         ctx = metric_context(pairs[idx], direction, base_logits, other_logits, device=base_logits.device)
         m_base, m_other = fn(base_logits, ctx).float().cpu(), fn(other_logits, ctx).float().cpu()
         clean_m[idx], corrupt_m[idx] = (m_other, m_base) if base == "corrupt" else (m_base, m_other)
-        if values == "mean":
+        if mean is not None:  # values == "mean"
             fixed = mean[-T:][None].expand(B, -1, -1, -1).to(base_send.device)
         elif values == "source" or values != base:
             fixed = other_send
@@ -215,6 +215,9 @@ def attribute_edges(
         count = 0
         source_send, source_logits = sender_outputs(model, source_tokens)
         count += 1
+        # the base run's senders and logits: run first for EAP-IG; EAP's one gradient run is the base run
+        base_send: Optional[torch.Tensor] = None
+        base_logits: Optional[torch.Tensor] = None
         if method == "eap-ig":
             base_send, base_logits = sender_outputs(model, base_tokens)
             count += 1
@@ -222,12 +225,14 @@ def attribute_edges(
         for alpha in alphas:
             embed = None
             if alpha is not None:
+                assert base_send is not None  # EAP-IG ran the base first
                 embed = base_send[:, :, 0] + alpha * (source_send[:, :, 0] - base_send[:, :, 0])
             with torch.enable_grad():
                 got = engine.run(base_tokens, probe=True, embed=embed, read_senders=alpha is None)
                 logits = got["logits"][0, :, -1].float()
                 if alpha is None:
                     base_send, base_logits = got["senders"].detach().float(), logits.detach()
+                assert base_logits is not None
                 ctx = metric_context(pairs[idx], direction, base_logits.detach(), source_logits, device=logits.device)
                 value = fn(logits, ctx)
                 if not value.requires_grad:
@@ -237,6 +242,7 @@ def attribute_edges(
             count += 2
             g = torch.cat([x.float() for x in grads], dim=2)  # [B, T, R, d] in receiver order
             grad_sum = g if grad_sum is None else grad_sum + g
+        assert grad_sum is not None and base_send is not None  # alphas is never empty
         g = grad_sum / len(alphas)
         diff = (source_send - base_send).float()  # [B, T, S, d]
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(g.device)

@@ -149,35 +149,43 @@ def attribute(
         interpolating = method == "integrated_gradients"
         embed = [Read("embed")] if interpolating else []
         source = engine_run(model, source_tokens, reads=[Read(*cell) for cell in acts] + embed)
+        source_logits = source.logits
+        assert source_logits is not None  # engine runs keep the final logits by default
         source_acts = dict(zip(acts, source.reads))
-        base_acts, ctx = {}, None
+        base_acts, ctx, base_logits = {}, None, None
+        base_embed = source_embed = None
         if interpolating:  # the interpolated runs are not the base run: run it too
             base = engine_run(model, base_tokens, reads=[Read(*cell) for cell in acts] + embed)
             base_acts, base_logits = dict(zip(acts, base.reads)), base.logits
-            ctx = metric_context(pairs[idx], direction, base_logits, source.logits, device=base_logits.device)
+            assert base_logits is not None  # engine runs keep the final logits by default
+            ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
             base_embed, source_embed = base.reads[-1], source.reads[-1]
         grads: dict = {}
         for alpha in alphas:
             interventions = []
             if alpha:  # token embeddings on the straight line from the base to the source prompt
+                assert base_embed is not None and source_embed is not None  # alpha > 0 only when interpolating
                 interventions = [Intervention("embed", 0, value=base_embed + alpha * (source_embed - base_embed))]
             # in plain attribution the gradient run is the base run: its reads are the base activations
             reads = grad_points + ([] if interpolating else [cell for cell in acts if cell not in grad_points])
             box = {}
 
-            def objective(final, box=box):  # final-position logits [B, V] (float32) -> the metric [B]
+            def objective(final, box=box, source_logits=source_logits):  # final-position logits [B, V] (float32) -> the metric [B]
                 if "ctx" not in box:
-                    box["ctx"] = ctx if ctx is not None else metric_context(pairs[idx], direction, final.detach(), source.logits, device=final.device)
+                    box["ctx"] = ctx if ctx is not None else metric_context(pairs[idx], direction, final.detach(), source_logits, device=final.device)
                 box["logits"] = final.detach()
                 return fn(final, box["ctx"])
 
             run = engine_run(model, base_tokens, interventions, [Read(*cell) for cell in reads], metric=objective)
+            assert run.grads is not None  # a run with a metric returns the reads' gradients
             for point, grad in zip(grad_points, run.grads):
                 if grad is not None:
                     grads[point] = grads.get(point, 0) + grad / len(alphas)
             if not interpolating:
                 base_acts, base_logits, ctx = dict(zip(reads, run.reads)), box["logits"], box["ctx"]
-        base_metric, source_metric = fn(base_logits, ctx).float(), fn(source.logits, ctx).float()
+        # the base logits and context come from the base run, or from the gradient run when it is the base run
+        assert base_logits is not None and ctx is not None
+        base_metric, source_metric = fn(base_logits, ctx).float(), fn(source_logits, ctx).float()
         clean_base[idx], corrupt_base[idx] = (source_metric.cpu(), base_metric.cpu()) if direction == "denoise" else (base_metric.cpu(), source_metric.cpu())
         for site, (layer_list, _, units, _labels, pos_index) in plans.items():
             pos = None if pos_index is None else pos_index[:, idx] - offset

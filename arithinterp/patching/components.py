@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -65,9 +65,9 @@ def parse_components(model: HookedModel, components: Sequence[str], allowed: Seq
             raise ConfigError(f"component {name!r} is a {kind}; this analysis accepts {accepted(allowed)}")
         if not 0 <= layer < cfg.n_layers:
             raise SiteError(f"component {name!r}: layer {layer} is out of range; accepted: 0..{cfg.n_layers - 1}")
-        if kind == "head" and not 0 <= unit < cfg.n_heads:
+        if kind == "head" and unit is not None and not 0 <= unit < cfg.n_heads:
             raise SiteError(f"component {name!r}: head {unit} is out of range; accepted: 0..{cfg.n_heads - 1}")
-        if kind == "neuron" and not 0 <= unit < cfg.d_mlp:
+        if kind == "neuron" and unit is not None and not 0 <= unit < cfg.d_mlp:
             raise SiteError(f"component {name!r}: neuron {unit} is out of range; accepted: 0..{cfg.d_mlp - 1}")
         if kind in ("mlp", "neuron") and getattr(cfg, "attn_only", False):
             raise SiteError(f"component {name!r} needs MLPs but this model is attention-only")
@@ -183,16 +183,18 @@ def direct_effect(
             final_pos = torch.full((len(idx),), base_tokens.shape[1] - 1)
             reads = [Read("resid_post", last, final_pos)] + [Read(c.site, c.layer, final_pos) for c in parsed]
             base, source = engine_run(model, base_tokens, reads=reads), engine_run(model, source_tokens, reads=reads)
-            ctx = metric_context(pairs[idx], direction, base.logits, source.logits, device=base.logits.device)
-            base_metric = fn(base.logits, ctx)
-            total_change[idx] = (fn(source.logits, ctx) - base_metric).float().cpu()
+            base_logits, source_logits = base.logits, source.logits
+            assert base_logits is not None and source_logits is not None  # kept by default
+            ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
+            base_metric = fn(base_logits, ctx)
+            total_change[idx] = (fn(source_logits, ctx) - base_metric).float().cpu()
             final = base.reads[0]  # [B, d]
             shifted = final.float() + outputs(source) - outputs(base)  # [C, B, d]
             logits = stepper.unembed(shifted.to(final.dtype)).float()  # metrics in float32
             direct[idx] = (fn(logits, ctx) - base_metric).T.float().cpu()
     total = torch.empty(n, len(parsed))
     for i, c in enumerate(parsed):
-        kwargs = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
+        kwargs: dict[str, Any] = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
         if c.kind == "head":
             kwargs["heads"] = [c.unit]
         result = activation_patching(model, pairs, c.site, metric, **kwargs)
@@ -395,11 +397,14 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
                         value = value[chunk.to(value.device)]
                     interventions.append(Intervention(site, layer, value=_replace_where(mask[chunk], value, mode == "resample")))
                 run = engine_run(model, tokens[chunk], interventions, logits="final" if n_scored == 1 else "all")
+                assert run.logits is not None  # asked for "final" or "all"
                 logits = run.logits[:, None] if n_scored == 1 else run.logits[:, -n_scored:]
                 values = score(logits, group[chunk])
                 if out is None:
                     out = torch.empty(len(prompts), *values.shape[1:], dtype=values.dtype)
                 out[group[chunk]] = values.cpu()
+    if out is None:
+        raise AnalysisError("no prompts to score")
     return out
 
 

@@ -128,6 +128,7 @@ def activation_patching(
             offset = base_set.offset(idx)
             full = None
             if scoring == "full_answer":  # every row: a pair's prompt with one of the answers teacher-forced after it
+                assert isinstance(metric, str)  # resolve_scoring refuses full_answer with a metric callable
                 full = FullAnswer.of(metric, pairs[idx], direction)
                 fed = full.fed()
                 base_tokens = torch.cat([base_tokens.repeat(full.n_feeds, 1), fed], dim=1)
@@ -170,8 +171,8 @@ def activation_patching(
                 rows = rows[~settled]
                 starts = None
                 if pos_group is not None and runner.reuses_prefix:  # cells patched at similar positions share a start
-                    rows = rows[torch.argsort(cell_pos(rows).min(1).values, stable=True)]
-                    starts = cell_pos(rows).min(1).values
+                    rows = rows[torch.argsort(pos_group[table[rows, 1]].min(1).values, stable=True)]
+                    starts = pos_group[table[rows, 1]].min(1).values
                 n_run += len(rows)
                 for part in _chunks(rows, starts, chunk, n_rows, length):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
