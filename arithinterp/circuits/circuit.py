@@ -117,7 +117,8 @@ class Faithfulness(Result):
         import pandas as pd
 
         return pd.DataFrame(dict(edges_kept=self.sizes.tolist(), fraction=(self.sizes.float() / self.n_edges).tolist(),
-                                 faithfulness=self.values.tolist(), metric=self.raw.tolist(), ablation=self.ablation, method=self.method))
+                                 faithfulness=self.values.tolist(), metric=self.raw.tolist(), ablation=self.ablation,
+                                 method=self.method))
 
     def smallest(self, target: float = 0.9) -> Optional[int]:
         """The fewest edges whose normalised faithfulness reaches ``target`` (None if none does)."""
@@ -154,17 +155,21 @@ def score_edges(
         got = patch_edges(model, pairs, graph, metric, direction, progress=progress)
         extra = dict(forwards=got["forwards"])
     else:
-        got = attribute_edges(model, pairs, graph, method, steps, metric, direction, batch_size=batch_size, progress=progress)
-        extra = dict(passes=got["passes"], passes_per_batch=got["passes_per_batch"], batches=got["batches"], steps=steps if method == "eap-ig" else None)
+        got = attribute_edges(model, pairs, graph, method, steps, metric, direction, batch_size=batch_size,
+                              progress=progress)
+        extra = dict(passes=got["passes"], passes_per_batch=got["passes_per_batch"], batches=got["batches"],
+                     steps=steps if method == "eap-ig" else None)
     pair_scores = got["scores"].float()
     layout = graph.layout
     meta = build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), direction=direction,
                       layout=dict(n_layers=layout.n_layers, n_heads=layout.n_heads, n_kv_heads=layout.n_kv_heads,
                                   has_mlp=layout.has_mlp, parallel=layout.parallel, d_model=layout.d_model),
-                      graph_positions=None if positions is None else [str(p) for p in positions], extraction="all", **extra)
+                      graph_positions=None if positions is None else [str(p) for p in positions], extraction="all",
+                      **extra)
     return Circuit(
         scores=pair_scores.mean(0), pair_scores=pair_scores, kept=torch.ones(graph.n_edges, dtype=torch.bool),
-        edges=[e.name for e in graph.edges], senders=[e.sender for e in graph.edges], receivers=[e.receiver for e in graph.edges],
+        edges=[e.name for e in graph.edges], senders=[e.sender for e in graph.edges],
+        receivers=[e.receiver for e in graph.edges],
         channels=[e.channel for e in graph.edges], positions=[e.position for e in graph.edges],
         nodes=[n.name for n in graph.nodes], method=method, metric=metric_name(metric), meta=meta,
     )
@@ -204,12 +209,14 @@ def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: s
     graph = circuit.graph()
     every = torch.ones(1, circuit.n_edges)
     sets = torch.cat([1.0 - kept_sets.float(), every])  # ablated edges; the last set ablates all
-    got = run_edge_sets(model, pairs, graph, sets, metric, base="clean", values="corrupt" if ablation == "resample" else "mean", batch_sets=batch_sets)
+    got = run_edge_sets(model, pairs, graph, sets, metric, base="clean",
+                        values="corrupt" if ablation == "resample" else "mean", batch_sets=batch_sets)
     raw = got["values"].mean(0)
     m_all, m_none = float(got["clean"].mean()), float(raw[-1])
     if abs(m_all - m_none) < 1e-8:
         raise AnalysisError("the metric is the same with every edge and with none; faithfulness would divide by zero")
-    return dict(raw=raw[:-1], values=(raw[:-1] - m_none) / (m_all - m_none), all=m_all, none=m_none, forwards=got["forwards"])
+    return dict(raw=raw[:-1], values=(raw[:-1] - m_none) / (m_all - m_none), all=m_all, none=m_none,
+                forwards=got["forwards"])
 
 
 def faithfulness(
@@ -242,17 +249,21 @@ def faithfulness(
     return Faithfulness(
         sizes=torch.tensor(sizes), values=got["values"], raw=got["raw"], all_edges=got["all"], no_edges=got["none"],
         n_edges=n, ablation=ablation, method=circuit.method,
-        meta=build_meta(model, n_pairs=len(pairs), metric=metric_name(metric or circuit.metric), forwards=got["forwards"]),
+        meta=build_meta(model, n_pairs=len(pairs), metric=metric_name(metric or circuit.metric),
+                        forwards=got["forwards"]),
     )
 
 
 def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None) -> float:
     """Normalised faithfulness of the circuit's kept edges (complement ablated)."""
     _check_circuit(circuit)
-    return float(_ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)["values"][0])
+    return float(
+        _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)["values"][0]
+    )
 
 
-def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None, batch_sets: Optional[int] = None):
+def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None,
+               batch_sets: Optional[int] = None):
     """For each kept edge, the faithfulness lost when it alone is dropped from the circuit.
 
     Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked."""
@@ -302,11 +313,14 @@ def prune(
     for i in tqdm(key, desc="prune", disable=not progress):
         trial = kept.clone()
         trial[i] = False
-        value = float(_ablate(model, pairs, circuit, trial[None].float(), ablation, metric or circuit.metric)["values"][0])
+        value = float(
+            _ablate(model, pairs, circuit, trial[None].float(), ablation, metric or circuit.metric)["values"][0]
+        )
         if current - value < tau:
             kept, current = trial, value
     out = circuit.with_kept(kept, f"pruned tau={tau}")
-    return replace(out, meta={**out.meta, "faithfulness_before": start, "faithfulness_after": current, "ablation": ablation})
+    return replace(out, meta={**out.meta, "faithfulness_before": start, "faithfulness_after": current,
+                              "ablation": ablation})
 
 
 def overlap(a: Circuit, b: Circuit) -> dict:

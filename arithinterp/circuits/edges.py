@@ -22,7 +22,14 @@ from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import CHANNELS, EdgeForward, sender_outputs
 from arithinterp.engine.forward import mean_activation
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.patching.core import DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, resolve_positions
+from arithinterp.patching.core import (
+    DIRECTIONS,
+    check_choice,
+    check_pairs,
+    metric_context,
+    metric_fn,
+    resolve_positions,
+)
 
 VALUES = ("source", "corrupt", "clean", "mean")
 METHODS = ("eap", "eap-ig")
@@ -125,7 +132,10 @@ def run_edge_sets(
             c = part.shape[0]
 
             def weights(layer, channel, part=part):
-                rs = graph.receiver_slice(layer, channel) if channel != "logits" else slice(L.receiver(layer, "logits"), L.receiver(layer, "logits") + 1)
+                if channel != "logits":
+                    rs = graph.receiver_slice(layer, channel)
+                else:
+                    rs = slice(L.receiver(layer, "logits"), L.receiver(layer, "logits") + 1)
                 n_up = L.senders_before(layer, channel)
                 w = part[:, :, rs, :n_up]  # [c, P, U, S_up]
                 if not bool(w.any()):
@@ -163,7 +173,8 @@ def patch_edges(
     sets = torch.zeros(len(chosen), graph.n_edges)
     sets[torch.arange(len(chosen)), chosen] = 1.0
     base = "corrupt" if direction == "denoise" else "clean"
-    got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets, progress=progress)
+    got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets,
+                        progress=progress)
     base_metric = got["corrupt"] if base == "corrupt" else got["clean"]
     scores = torch.full((len(pairs), graph.n_edges), float("nan"))
     scores[:, chosen] = got["values"] - base_metric[:, None]

@@ -68,7 +68,9 @@ class Graph:
         L = layout
         self.positions: list = [None] if positions is None else [str(p) for p in positions]
         if positions is not None and not self.positions:
-            raise SiteError("positions is empty; pass None for a position-free graph or labels such as ['a', 'b', 'final']")
+            raise SiteError(
+                "positions is empty; pass None for a position-free graph or labels such as ['a', 'b', 'final']"
+            )
         senders = [Node("embed", "embed", -1)]
         receivers: list[tuple[Node, str, int]] = []  # (node, channel, unit)
         nodes = [senders[0]]
@@ -125,7 +127,9 @@ class Graph:
                 e = e.name
             if isinstance(e, str):
                 if e not in self._by_name:
-                    raise AnalysisError(f"unknown edge {e!r}; edges are named like {self.edges[0].name!r} (see Graph.edges)")
+                    raise AnalysisError(
+                        f"unknown edge {e!r}; edges are named like {self.edges[0].name!r} (see Graph.edges)"
+                    )
                 out.append(self._by_name[e])
             else:
                 i = int(e)
@@ -163,4 +167,6 @@ class Graph:
 
     def check_positions(self, labels: Sequence[str]) -> None:
         if self.positions != [None] and list(self.positions) != list(labels):
-            raise SiteError(f"graph positions {accepted(self.positions)} differ from the resolved positions {accepted(labels)}")
+            raise SiteError(
+                f"graph positions {accepted(self.positions)} differ from the resolved positions {accepted(labels)}"
+            )
