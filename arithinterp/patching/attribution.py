@@ -60,17 +60,23 @@ def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tens
 
 @overload
 def attribute(
-    model: HookedModel, pairs: PromptPairs, sites: str, method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
-    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ..., neurons: Optional[Sequence[int]] = ...,
-    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ..., progress: bool = ...,
+    model: HookedModel, pairs: PromptPairs, sites: str, method: str = ..., steps: int = ...,
+    metric: Union[str, Callable] = ...,
+    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
+    neurons: Optional[Sequence[int]] = ...,
+    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ...,
+    progress: bool = ...,
 ) -> PatchResult: ...
 
 
 @overload
 def attribute(
-    model: HookedModel, pairs: PromptPairs, sites: Union[list[str], tuple[str, ...]] = ..., method: str = ..., steps: int = ..., metric: Union[str, Callable] = ...,
-    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ..., neurons: Optional[Sequence[int]] = ...,
-    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ..., progress: bool = ...,
+    model: HookedModel, pairs: PromptPairs, sites: Union[list[str], tuple[str, ...]] = ..., method: str = ...,
+    steps: int = ..., metric: Union[str, Callable] = ...,
+    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
+    neurons: Optional[Sequence[int]] = ...,
+    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ...,
+    progress: bool = ...,
 ) -> dict[str, PatchResult]: ...
 
 
@@ -130,11 +136,15 @@ def attribute(
     plans = {}
     for site in site_list:
         layer_list = site_lib.check_layers(model, site, layers)
-        unit_kind, units = resolve_units(model, site, heads if site in ("attn_z", "pattern") else None, neurons if site in ("mlp_pre", "mlp_post") else None)
+        unit_kind, units = resolve_units(model, site, heads if site in ("attn_z", "pattern") else None,
+                                         neurons if site in ("mlp_pre", "mlp_post") else None)
         labels, pos_index = resolve_positions(pairs, positions) if per_position else ([], None)
         plans[site] = (layer_list, unit_kind, units, labels, pos_index)
     n = len(pairs)
-    scores = {site: torch.empty(n, len(plan[0]), *((len(plan[3]),) if plan[3] else ()), *((len(plan[2]),) if plan[2] else ())) for site, plan in plans.items()}
+    scores = {
+        site: torch.empty(n, len(plan[0]), *((len(plan[3]),) if plan[3] else ()), *((len(plan[2]),) if plan[2] else ()))
+        for site, plan in plans.items()
+    }
     clean_base, corrupt_base = torch.empty(n), torch.empty(n)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
     # the activations to difference, and the points to differentiate at (one read per hook)
@@ -170,9 +180,12 @@ def attribute(
             reads = grad_points + ([] if interpolating else [cell for cell in acts if cell not in grad_points])
             box = {}
 
-            def objective(final, box=box, source_logits=source_logits):  # final-position logits [B, V] (float32) -> the metric [B]
+            # final-position logits [B, V] (float32) -> the metric [B]
+            def objective(final, box=box, source_logits=source_logits):
                 if "ctx" not in box:
-                    box["ctx"] = ctx if ctx is not None else metric_context(pairs[idx], direction, final.detach(), source_logits, device=final.device)
+                    box["ctx"] = ctx if ctx is not None else metric_context(
+                        pairs[idx], direction, final.detach(), source_logits, device=final.device
+                    )
                 box["logits"] = final.detach()
                 return fn(final, box["ctx"])
 
@@ -186,7 +199,10 @@ def attribute(
         # the base logits and context come from the base run, or from the gradient run when it is the base run
         assert base_logits is not None and ctx is not None
         base_metric, source_metric = fn(base_logits, ctx).float(), fn(source_logits, ctx).float()
-        clean_base[idx], corrupt_base[idx] = (source_metric.cpu(), base_metric.cpu()) if direction == "denoise" else (base_metric.cpu(), source_metric.cpu())
+        if direction == "denoise":
+            clean_base[idx], corrupt_base[idx] = source_metric.cpu(), base_metric.cpu()
+        else:
+            clean_base[idx], corrupt_base[idx] = base_metric.cpu(), source_metric.cpu()
         for site, (layer_list, _, units, _labels, pos_index) in plans.items():
             pos = None if pos_index is None else pos_index[:, idx] - offset
             for i, layer in enumerate(layer_list):
@@ -195,7 +211,9 @@ def attribute(
                 contribution = torch.zeros_like(delta) if grad is None else grad.reshape(delta.shape) * delta
                 if site == "attn_z":  # per head, whether the model fired it flat or split
                     contribution = contribution.reshape(*contribution.shape[:2], model.cfg.n_heads, -1)
-                value = _cell_scores(site, contribution, pos, units) + base_metric.reshape(-1, *([1] * (scores[site].ndim - 2)))
+                value = _cell_scores(site, contribution, pos, units) + base_metric.reshape(
+                    -1, *([1] * (scores[site].ndim - 2))
+                )
                 scores[site][idx, i] = value.cpu()
     results = {}
     for site, (layer_list, unit_kind, units, labels, pos_index) in plans.items():
@@ -250,7 +268,10 @@ def _cell_labels(result: PatchResult) -> list[str]:
     import itertools
 
     names = {"layer": "L", "position": "pos ", "head": "H", "neuron": "N"}
-    return [" ".join(f"{names[a]}{v}" for a, v in zip(result.axes, combo)) for combo in itertools.product(*(result.axis_labels(a) for a in result.axes))]
+    return [
+        " ".join(f"{names[a]}{v}" for a, v in zip(result.axes, combo))
+        for combo in itertools.product(*(result.axis_labels(a) for a in result.axes))
+    ]
 
 
 def compare(exact, approx) -> Comparison:
@@ -268,7 +289,8 @@ def compare(exact, approx) -> Comparison:
     for site in exact:
         e, a = exact[site], approx[site]
         if e.values.shape != a.values.shape:
-            raise AnalysisError(f"site {site!r}: exact values {tuple(e.values.shape)} and approximate {tuple(a.values.shape)} differ in shape")
+            raise AnalysisError(f"site {site!r}: exact values {tuple(e.values.shape)} and approximate "
+                                f"{tuple(a.values.shape)} differ in shape")
         r = _pearson(e.mean, a.mean)
         sites.append(site)
         corr.append(r)
@@ -277,10 +299,12 @@ def compare(exact, approx) -> Comparison:
         ap.append(a.mean.flatten().tolist())
         cells.append(_cell_labels(e))
     method = next(iter(approx.values())).method
-    return Comparison(sites, corr, pair_corr, ex, ap, cells, method, build_meta(n_pairs=next(iter(exact.values())).n_pairs))
+    return Comparison(sites, corr, pair_corr, ex, ap, cells, method,
+                      build_meta(n_pairs=next(iter(exact.values())).n_pairs))
 
 
-def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_pre",), method: str = "attribution", **kwargs) -> Comparison:
+def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_pre",), method: str = "attribution",
+                         **kwargs) -> Comparison:
     """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them."""
     site_list = [sites] if isinstance(sites, str) else list(sites)
     approx = attribute(model, pairs, site_list, method=method, **kwargs)
