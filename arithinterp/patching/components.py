@@ -13,7 +13,16 @@ from tqdm.auto import tqdm
 from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.patching.core import COMPONENT_ABLATION_MODES, DIRECTIONS, check_choice, check_pairs, metric_context, metric_fn, metric_name, pick
+from arithinterp.patching.core import (
+    COMPONENT_ABLATION_MODES,
+    DIRECTIONS,
+    check_choice,
+    check_pairs,
+    metric_context,
+    metric_fn,
+    metric_name,
+    pick,
+)
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
@@ -22,7 +31,9 @@ if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
 
 _COMPONENT = re.compile(r"^(?:(embed)|attn(\d+)|mlp(\d+)|L(\d+)H(\d+)|L(\d+)N(\d+))(?:@([\w\[\]+-]+))?$")
-COMPONENT_FORMS = "'embed', 'attn{layer}', 'mlp{layer}', 'L{layer}H{head}', 'L{layer}N{neuron}', each optionally '@position'"
+COMPONENT_FORMS = (
+    "'embed', 'attn{layer}', 'mlp{layer}', 'L{layer}H{head}', 'L{layer}N{neuron}', each optionally '@position'"
+)
 
 
 @dataclass(frozen=True)
@@ -35,10 +46,12 @@ class _Component:
 
     @property
     def site(self) -> str:
-        return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post", "embed": "resid_pre"}[self.kind]
+        return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post",
+                "embed": "resid_pre"}[self.kind]
 
 
-def parse_components(model: HookedModel, components: Sequence[str], allowed: Sequence[str], prompts: Optional[PromptSet] = None) -> list[_Component]:
+def parse_components(model: HookedModel, components: Sequence[str], allowed: Sequence[str],
+                     prompts: Optional[PromptSet] = None) -> list[_Component]:
     """Parse component names; with ``prompts``, an integer ``@position`` must lie inside them."""
     if isinstance(components, str):
         components = [components]
@@ -158,10 +171,12 @@ def direct_effect(
     check_pairs(pairs)
     check_choice("direction", direction, DIRECTIONS)
     fn = metric_fn(metric)
-    parsed = parse_components(model, default_components(model) if components is None else components, ("embed", "attn", "mlp", "head"))
+    parsed = parse_components(model, default_components(model) if components is None else components,
+                              ("embed", "attn", "mlp", "head"))
     for c in parsed:
         if c.position is not None:
-            raise ConfigError(f"component {c.name!r}: direct effects are taken over every position; drop the '@{c.position}'")
+            raise ConfigError(f"component {c.name!r}: direct effects are taken over every position; "
+                              f"drop the '@{c.position}'")
     last = model.cfg.n_layers - 1
     n = len(pairs)
     direct, total_change = torch.empty(n, len(parsed)), torch.empty(n)
@@ -252,7 +267,9 @@ class AblationResult(Result):
             )
         )
         for k in range(self.token_correct_before.shape[1]):
-            frame[f"token_{k}_accuracy"] = [float(t[:, k].float().mean()) for t in (self.token_correct_before, self.token_correct_after)]
+            frame[f"token_{k}_accuracy"] = [
+                float(t[:, k].float().mean()) for t in (self.token_correct_before, self.token_correct_after)
+            ]
         return frame
 
     def plot(self, **kwargs):
@@ -261,7 +278,8 @@ class AblationResult(Result):
         return plot_ablation(self, **kwargs)
 
 
-def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int, length: int) -> Optional[torch.Tensor]:
+def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int,
+                   length: int) -> Optional[torch.Tensor]:
     """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position).
 
     ``answer{k}`` is the position whose output predicts answer token k: ``final`` for k = 0, then
@@ -279,7 +297,8 @@ def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: 
     return prompts.locate(spec, answers=fed)[1][idx, 0] - offset
 
 
-def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length, keep: bool) -> dict[tuple, torch.Tensor]:
+def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, length,
+                    keep: bool) -> dict[tuple, torch.Tensor]:
     """Boolean masks ``{(site, layer): [B, T, ...]}`` of what to ablate (``attn_z`` ``[B, T, H, 1]``).
 
     ``keep=False``: ablate the listed components. ``keep=True``: ablate every head and MLP *except*
@@ -330,14 +349,16 @@ def _reference_means(model, prompts, fed, lengths, keys, means: dict, batch_size
     for group in prompts.length_groups():
         length = int(lengths[group[0]])
         for chunk in group.split(batch_size):
-            out = engine_run(model, fed[chunk, width - length :], reads=[Read(site, layer) for site, layer in missing], logits="none")
+            out = engine_run(model, fed[chunk, width - length :], reads=[Read(site, layer) for site, layer in missing],
+                             logits="none")
             for key, act in zip(missing, out.reads):
                 running[key].add(act)
     for key in missing:
         means[key] = running[key].value()  # [longest fed length, ...]
 
 
-def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor], per_prompt: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor],
+                   per_prompt: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """An intervention value: ``current [B, T, ...]`` with ``replacement`` where ``mask`` is set.
 
     ``replacement``: None (zero), one value per position ``[T, ...]`` (a mean) or, with
@@ -348,13 +369,16 @@ def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor], per_
         if replacement is None:
             new = current.new_zeros(())
         else:
-            new = replacement.to(current.device, current.dtype).reshape(current.shape if per_prompt else current.shape[1:])
+            new = replacement.to(current.device, current.dtype).reshape(
+                current.shape if per_prompt else current.shape[1:]
+            )
         return torch.where(mask.to(current.device), new, current)
 
     return value
 
 
-def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable, batch_size: int = 512,
+def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable,
+                   batch_size: int = 512,
                    means: Optional[dict] = None) -> torch.Tensor:
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
     complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
@@ -382,7 +406,8 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
                 reference = {key: means[key][-length:] for key in masks}  # [length, ...], aligned from the end
             elif mode == "resample" and masks:  # the group's own activations, each from another prompt
                 reads = [Read(site, layer) for site, layer in masks]
-                runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads for chunk in torch.arange(len(group)).split(batch_size)]
+                runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads
+                        for chunk in torch.arange(len(group)).split(batch_size)]
                 reference = {}
                 for i, key in enumerate(masks):
                     act = torch.cat([r[i] for r in runs])
@@ -395,7 +420,8 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
                     value = reference[site, layer]
                     if value is not None and mode == "resample":
                         value = value[chunk.to(value.device)]
-                    interventions.append(Intervention(site, layer, value=_replace_where(mask[chunk], value, mode == "resample")))
+                    value_fn = _replace_where(mask[chunk], value, mode == "resample")
+                    interventions.append(Intervention(site, layer, value=value_fn))
                 run = engine_run(model, tokens[chunk], interventions, logits="final" if n_scored == 1 else "all")
                 assert run.logits is not None  # asked for "final" or "all"
                 logits = run.logits[:, None] if n_scored == 1 else run.logits[:, -n_scored:]
@@ -423,7 +449,8 @@ def token_scores(prompts) -> Callable:
     return score
 
 
-def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], mode: str = "mean", seed: int = 0) -> AblationResult:
+def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], mode: str = "mean",
+           seed: int = 0) -> AblationResult:
     """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
 
     components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
@@ -504,7 +531,8 @@ class FaithfulnessResult(Result):
 FAITHFULNESS_METRICS = ("logit", "logprob", "prob", "accuracy")
 
 
-def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit", mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
+def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit",
+                 mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
     """Faithfulness of ``circuit`` (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
     Every attention head and MLP outside the circuit is mean-ablated (``mode``: also ``"zero"``,
@@ -536,10 +564,13 @@ def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str],
     means: dict = {}  # the circuit and the empty run ablate the same activations: their means are taken once
 
     def mean_score(components, keep):
-        return ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score, means=means).mean(0).tolist()
+        scores = ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score, means=means)
+        return scores.mean(0).tolist()
 
     # nothing ablated; everything outside the circuit; everything
-    (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = mean_score([], False), mean_score(parsed, True), mean_score([], True)
+    (m_full, a_full), (m_circ, a_circ), (m_empty, a_empty) = (
+        mean_score([], False), mean_score(parsed, True), mean_score([], True)
+    )
     if abs(m_full - m_empty) < 1e-12:
         raise AnalysisError("the full model and the fully ablated model score the same; faithfulness is undefined")
     return FaithfulnessResult(
