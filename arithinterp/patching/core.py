@@ -21,7 +21,9 @@ from arithinterp.types import HookedModel
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
 
-SWEEP_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post")
+SWEEP_SITES = (
+    "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post",
+)
 ATTRIBUTE_SITES = SWEEP_SITES
 METRICS = ("logit_diff", "prob", "logprob", "ie")
 SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
@@ -95,7 +97,8 @@ class PatchResult(Result):
             row.update(mean=flat[0][i], sem=flat[1][i], ci_low=flat[2][i], ci_high=flat[3][i])
             rows.append(row)
         frame = pd.DataFrame(rows)
-        frame["site"], frame["metric"], frame["method"], frame["n_pairs"] = self.site, self.metric, self.method, self.n_pairs
+        frame["site"], frame["metric"], frame["method"] = self.site, self.metric, self.method
+        frame["n_pairs"] = self.n_pairs
         return frame
 
     def plot(self, **kwargs):
@@ -169,7 +172,9 @@ def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricCon
 
         return user
     if metric not in METRICS:
-        raise ConfigError(f"unknown metric {metric!r}; accepted: {accepted(METRICS)} or a callable f(logits [B, V], pairs) -> [B]")
+        raise ConfigError(
+            f"unknown metric {metric!r}; accepted: {accepted(METRICS)} or a callable f(logits [B, V], pairs) -> [B]"
+        )
     if metric == "logit_diff":
         return lambda logits, ctx: pick(logits, ctx.clean_tok) - pick(logits, ctx.corrupt_tok)
     if metric == "prob":
@@ -180,7 +185,8 @@ def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricCon
     def ie(logits, ctx):
         # Stolfo et al. 2023: r = the base prompt's answer, r' = the source prompt's answer
         probs = logits.float().softmax(-1)
-        return metric_lib.stolfo_ie(ctx.base_p_base, pick(probs, ctx.base_tok), ctx.base_p_source, pick(probs, ctx.source_tok))
+        return metric_lib.stolfo_ie(ctx.base_p_base, pick(probs, ctx.base_tok), ctx.base_p_source,
+                                    pick(probs, ctx.source_tok))
 
     return ie
 
@@ -192,7 +198,9 @@ def resolve_scoring(pairs, scoring: Optional[str], metric) -> str:
     if scoring is None:  # a callable reads the final position's logits, whatever the prompts say
         scoring = "first_token" if callable(metric) else getattr(pairs.clean, "scoring", "first_token")
     if scoring not in SCORINGS:
-        raise ConfigError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORINGS)} or None (the prompts' own scoring)")
+        raise ConfigError(
+            f"unknown scoring {scoring!r}; accepted: {accepted(SCORINGS)} or None (the prompts' own scoring)"
+        )
     if scoring == "full_answer" and callable(metric):
         raise ConfigError(
             "scoring='full_answer' scores the named metrics over every answer token; a metric callable takes "
@@ -285,7 +293,9 @@ def check_pairs(pairs: PromptPairs) -> None:
         raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
     if len(pairs) == 0:
         raise AnalysisError("the prompt pairs are empty; nothing to patch")
-    if pairs.clean.tokens.shape != pairs.corrupt.tokens.shape or not torch.equal(pairs.clean.lengths, pairs.corrupt.lengths):
+    if pairs.clean.tokens.shape != pairs.corrupt.tokens.shape or not torch.equal(
+        pairs.clean.lengths, pairs.corrupt.lengths
+    ):
         raise AnalysisError("clean and corrupt prompts must have identical token shapes and lengths within each pair")
 
 
@@ -311,7 +321,8 @@ def resolve_units(model: HookedModel, site: str, heads, neurons) -> tuple[Option
     kind = UNIT_SITES.get(site)
     if kind is None:
         if heads is not None or neurons is not None:
-            raise SiteError(f"site {site!r} has no heads or neurons; heads apply to 'attn_z' and 'pattern', neurons to 'mlp_pre' and 'mlp_post'")
+            raise SiteError(f"site {site!r} has no heads or neurons; heads apply to 'attn_z' and 'pattern', "
+                            "neurons to 'mlp_pre' and 'mlp_post'")
         return None, []
     if kind == "head":
         if neurons is not None:
@@ -345,28 +356,36 @@ class Cells:
         return torch.stack([g.reshape(-1) for g in grids], dim=1)
 
 
-def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor, device=None) -> MetricContext:
+def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor,
+                   device=None) -> MetricContext:
     """What the metrics need for ``batch``, its tensors on ``device`` (the logits' device)."""
     clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
     if device is not None:
         clean_tok, corrupt_tok = clean_tok.to(device), corrupt_tok.to(device)
     base_tok, source_tok = (corrupt_tok, clean_tok) if direction == "denoise" else (clean_tok, corrupt_tok)
     probs = base_logits.float().softmax(-1)
-    return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok), pick(probs, source_tok))
+    return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok),
+                         pick(probs, source_tok))
 
 
-def patch_result(model: HookedModel, pairs: PromptPairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index, site, metric, direction, method, normalize, seed, extra):
+def patch_result(model: HookedModel, pairs: PromptPairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index,
+                 site, metric, direction, method, normalize, seed, extra):
     if normalize:
         scale = clean_base.mean() - corrupt_base.mean()
         if abs(float(scale)) < 1e-8:
-            raise AnalysisError("clean and corrupt baselines have the same mean metric; normalize=True would divide by zero")
+            raise AnalysisError(
+                "clean and corrupt baselines have the same mean metric; normalize=True would divide by zero"
+            )
         # paired: each pair's change from its own corrupt run, over the mean clean - corrupt gap
         values = (values - corrupt_base.reshape(-1, *([1] * (values.ndim - 1)))) / scale
     mean, sem, low, high = summarize(values, seed=seed)
     tokens = []
     if pos_index is not None:
         first = pairs.clean.tokens[0, pos_index[:, 0]].tolist()
-        tokens = pairs.clean.tokenizer.convert_ids_to_tokens(first) if pairs.clean.tokenizer is not None else [str(t) for t in first]
+        if pairs.clean.tokenizer is not None:
+            tokens = pairs.clean.tokenizer.convert_ids_to_tokens(first)
+        else:
+            tokens = [str(t) for t in first]
     return PatchResult(
         values=values,
         mean=mean,

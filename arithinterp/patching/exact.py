@@ -136,7 +136,8 @@ def activation_patching(
             length, n_rows = base_tokens.shape[1], base_tokens.shape[0]
             stepper, engine_used = stepper_for(model, base_tokens, engine)
             engines.add(engine_used)
-            runner = PatchRunner(model, stepper, site, base_tokens, source_tokens, n_last=None if full is None else full.n_answer)
+            runner = PatchRunner(model, stepper, site, base_tokens, source_tokens,
+                                 n_last=None if full is None else full.n_answer)
             base_logits, source_logits = runner.base_logits.float(), runner.source_logits.float()
             if full is None:  # rows are pairs; the metric is read straight off the final-position logits
                 ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
@@ -150,7 +151,10 @@ def activation_patching(
             if full is not None:
                 full.base_rows = base_rows  # "ie" compares with the unpatched base run
             base_metric, source_metric = per_pair(base_rows).float(), per_pair(source_rows).float()
-            clean_base[idx], corrupt_base[idx] = (source_metric, base_metric) if direction == "denoise" else (base_metric, source_metric)
+            if direction == "denoise":
+                clean_base[idx], corrupt_base[idx] = source_metric, base_metric
+            else:
+                clean_base[idx], corrupt_base[idx] = base_metric, source_metric
             pos_group = None if pos_index is None else pos_index[:, idx] - offset  # [n_pos, B] unpadded
             if pos_group is not None and full is not None:
                 pos_group = pos_group.repeat(1, full.n_feeds)  # [n_pos, F * B]: the same prompt positions on every row
