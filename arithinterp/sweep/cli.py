@@ -23,15 +23,18 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                               "x analyses x parameters. Re-running skips finished cells.")
     p.add_argument("config", nargs="?", default=None, help="sweep config file (.toml, .yaml or .yml)")
     p.add_argument("--out", default=None, help="results directory (default: the config's 'out')")
-    p.add_argument("--executor", choices=EXECUTORS, default=None, help="where jobs run (default: the config's, else local)")
+    p.add_argument("--executor", choices=EXECUTORS, default=None,
+                   help="where jobs run (default: the config's, else local)")
     p.add_argument("--workers", type=int, default=None, help="processes for --executor processes (default: 2)")
-    p.add_argument("--address", default=None, help="Ray cluster address, e.g. ray://head:10001 (default: start a local one)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address, e.g. ray://head:10001 (default: start a local one)")
     p.add_argument("--num-cpus", type=float, default=None, help="CPUs each Ray job requests (default: 1)")
     p.add_argument("--num-gpus", type=float, default=None, help="GPUs each Ray job requests (default: 0)")
     p.add_argument("--device", default=None, help="device models load on: cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--dry-run", action="store_true", help="validate the config and list its cells without running")
     p.add_argument("--plot", nargs="?", const="", default=None, metavar="DIR",
-                   help="write HTML figures of the sweep in DIR (or, without DIR, of the config's results after running)")
+                   help="write HTML figures of the sweep in DIR "
+                        "(or, without DIR, of the config's results after running)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return p
@@ -47,7 +50,8 @@ def run_cli(args: argparse.Namespace) -> dict:
     overrides = dict(out=args.out, executor=args.executor, workers=args.workers, address=args.address,
                      num_cpus=args.num_cpus, num_gpus=args.num_gpus, device=args.device)
     if args.dry_run:
-        cfg = load_config(args.config, **{k: (str(Path(v).resolve()) if k == "out" and v else v) for k, v in overrides.items()})
+        cfg = load_config(args.config, **{k: (str(Path(v).resolve()) if k == "out" and v else v)
+                                          for k, v in overrides.items()})
         cells = plan(cfg)
         out = cfg.out_dir if cfg.out else None
         finished = sum(out is not None and cell_path(out, c).is_file() for c in cells)

@@ -121,7 +121,8 @@ def load_config(config: Union[str, Path, Mapping, SweepConfig], **overrides: Any
         elif key in ("out", "executor", "workers", "device"):
             data[key] = value
         else:
-            raise ConfigError(f"unknown override {key!r}; accepted: {accepted(('out', 'executor', 'workers', 'device', 'num_cpus', 'num_gpus', 'address'))}")
+            override_keys = ("out", "executor", "workers", "device", "num_cpus", "num_gpus", "address")
+            raise ConfigError(f"unknown override {key!r}; accepted: {accepted(override_keys)}")
     data["resources"], data["ray"] = resources, ray
     return _validate(data, base)
 
@@ -196,7 +197,8 @@ def _check_model(spec: Any, where: str, base: str) -> str:
             raise ConfigError(f"{where}: unknown model {spec!r}; accepted: {accepted('zoo:' + z for z in ZOO)}, "
                               "a local model directory, a .gguf file or a hub id")
         if not (ZOO[name].directory / "model.safetensors").exists():
-            raise ConfigError(f"{where}: zoo model {spec!r} has no shipped checkpoint; train it with `arithinterp train {name}`")
+            raise ConfigError(f"{where}: zoo model {spec!r} has no shipped checkpoint; "
+                              f"train it with `arithinterp train {name}`")
         return spec
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith(".gguf")
     if resolve_path(spec, base).exists():
@@ -221,7 +223,9 @@ def _operand_range(value: Any, where: str) -> list:
             raise ConfigError(f"{where}: operands must lie within ±(2**63 - 1), got {value!r}")
     if isinstance(value, int) and not isinstance(value, bool):
         return [value, value + 1]
-    if isinstance(value, list) and len(value) in (2, 3) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if isinstance(value, list) and len(value) in (2, 3) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
         if not range(*value):
             raise ConfigError(f"{where}: range {value} is empty")
         return list(value)
@@ -245,7 +249,8 @@ def _check_task(task: Any, where: str, models: list) -> dict:
             raise ConfigError(f"{where}.{clash[0]}: a task with from_zoo = true takes {clash[0]!r} from each zoo model")
         others = [m for m in models if not m.startswith("zoo:")]
         if others:
-            raise ConfigError(f"{where}.from_zoo: model {others[0]!r} is not a zoo model; from_zoo needs zoo models only")
+            raise ConfigError(f"{where}.from_zoo: model {others[0]!r} is not a zoo model; "
+                              "from_zoo needs zoo models only")
         for key in ("op", "a", "b", "template", "modulus", "answer_digits"):
             out[key] = None
         out["from_zoo"] = True
@@ -293,10 +298,12 @@ def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> d
         for key, value in table.items():
             if key not in schema:
                 known = accepted(schema) if schema else "none (this analysis takes no parameters)"
-                raise ConfigError(f"{where}.{section}.{key}: unknown parameter {key!r} of analysis {name!r}; accepted: {known}")
+                raise ConfigError(f"{where}.{section}.{key}: unknown parameter {key!r} of analysis {name!r}; "
+                                  f"accepted: {known}")
             if section == "grid":
                 if not isinstance(value, list) or not value:
-                    raise ConfigError(f"{where}.grid.{key}: expected a non-empty list of values to sweep, got {value!r}")
+                    raise ConfigError(f"{where}.grid.{key}: expected a non-empty list of values to sweep, "
+                                      f"got {value!r}")
                 table[key] = [schema[key].check(v, f"{where}.grid.{key}[{i}]") for i, v in enumerate(value)]
             else:
                 if key in grid:
@@ -304,13 +311,15 @@ def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> d
                 table[key] = schema[key].check(value, f"{where}.params.{key}")
     for key, param in schema.items():
         if param.required and key not in grid and key not in params:
-            raise ConfigError(f"{where}.params.{key}: analysis {name!r} needs parameter {key!r} ({param.help or 'required'})")
+            raise ConfigError(f"{where}.params.{key}: analysis {name!r} needs parameter {key!r} "
+                              f"({param.help or 'required'})")
     only_models = entry.get("models")
     if only_models is not None:
         _expect(only_models, (list,), f"{where}.models")
         for i, m in enumerate(only_models):
             if m not in models:
-                raise ConfigError(f"{where}.models[{i}]: {m!r} is not one of the sweep's models; accepted: {accepted(models)}")
+                raise ConfigError(f"{where}.models[{i}]: {m!r} is not one of the sweep's models; "
+                                  f"accepted: {accepted(models)}")
     only_tasks = entry.get("tasks")
     if only_tasks is not None:
         _expect(only_tasks, (list,), f"{where}.tasks")
@@ -318,7 +327,8 @@ def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> d
             if t not in task_names:
                 raise ConfigError(f"{where}.tasks[{i}]: unknown task {t!r}; accepted: {accepted(task_names)}")
     fixed = {k: params.get(k, p.default) for k, p in schema.items() if k not in grid}
-    return dict(name=name, grid={k: list(v) for k, v in grid.items()}, params=fixed, models=only_models, tasks=only_tasks)
+    return dict(name=name, grid={k: list(v) for k, v in grid.items()}, params=fixed, models=only_models,
+                tasks=only_tasks)
 
 
 # =================================================================================================

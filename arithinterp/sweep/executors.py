@@ -89,7 +89,8 @@ def run_ray(jobs: list, address: Optional[str], resources: dict) -> Generator[di
         started = True
     try:
         env = {k: os.environ[k] for k in ("MKL_CBWR",) if k in os.environ}
-        remote = ray.remote(run_job).options(num_cpus=resources["num_cpus"], num_gpus=resources["num_gpus"], max_retries=2,
+        remote = ray.remote(run_job).options(num_cpus=resources["num_cpus"], num_gpus=resources["num_gpus"],
+                                             max_retries=2,
                                           runtime_env=dict(env_vars=env))
         refs = {remote.remote(payload): payload[0].id for payload in jobs}
         pending = list(refs)

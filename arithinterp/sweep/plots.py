@@ -29,7 +29,8 @@ def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None) -> list
     written = []
     for name, figs in figures(out).items():
         parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs)]
-        html = f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head><body>{''.join(parts)}</body></html>"
+        html = (f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>"
+                f"<body>{''.join(parts)}</body></html>")
         path = to / f"{name}.html"
         atomic_write(path, lambda tmp: tmp.write_text(html))
         written.append(path)

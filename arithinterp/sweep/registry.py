@@ -134,7 +134,8 @@ def accuracy_analysis(model: Any, prompts: Any) -> Any:
     import pandas as pd
 
     evaluation = prompts.evaluate(model)
-    return pd.DataFrame([dict(accuracy=evaluation.accuracy, n_correct=int(evaluation.correct.sum()), n_prompts=len(prompts))])
+    return pd.DataFrame([dict(accuracy=evaluation.accuracy, n_correct=int(evaluation.correct.sum()),
+                              n_prompts=len(prompts))])
 
 
 def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_diff", vary: str = "a", seed: int = 0,
@@ -145,7 +146,8 @@ def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_
 
     pairs = prompts.counterfactual(vary=vary, seed=seed)
     result = patching.activation_patching(model, pairs, site=site, metric=metric, layers=layers, positions=positions,
-                            direction=direction, normalize=normalize, per_position=per_position, seed=seed, progress=False)
+                                          direction=direction, normalize=normalize, per_position=per_position,
+                                          seed=seed, progress=False)
     return result.to_frame()
 
 
@@ -158,7 +160,8 @@ def ablation_analysis(model: Any, prompts: Any, components: Union[str, list], mo
 
 
 def probes_analysis(model: Any, prompts: Any, target: str, kind: str = "logistic", site: str = "resid_post",
-                    layers: Optional[list] = None, positions: Union[str, list] = "final", cv: int = 5, seed: int = 0) -> Any:
+                    layers: Optional[list] = None, positions: Union[str, list] = "final", cv: int = 5,
+                    seed: int = 0) -> Any:
     """Linear probes for ``target`` at every collected layer × position, with a shuffled control."""
     from arithinterp import probes
     from arithinterp.activations import collect
@@ -203,7 +206,8 @@ def _register_builtins() -> None:
         "patching", patching_analysis,
         dict(
             site=Param(str, choices=patch_sites, required=True, help="site to patch"),
-            metric=Param(str, "logit_diff", _choices("arithinterp.patching", "METRICS", ("logit_diff", "prob", "logprob", "ie"))),
+            metric=Param(str, "logit_diff",
+                         _choices("arithinterp.patching", "METRICS", ("logit_diff", "prob", "logprob", "ie"))),
             vary=Param(str, "a", _choices("arithinterp.tasks", "VARY", ("a", "b", "both", "keep_answer", "operator")),
                        help="what the corrupt prompt changes"),
             seed=Param(int, 0, help="counterfactual draw and bootstrap seed"),
@@ -213,14 +217,16 @@ def _register_builtins() -> None:
             positions=Param(list, None, item=(str, int)),
             per_position=Param(bool, True),
         ),
-        plot=_builtin_plot("patching_figures"), description="exact activation patching (arithinterp.patching.activation_patching)",
+        plot=_builtin_plot("patching_figures"),
+        description="exact activation patching (arithinterp.patching.activation_patching)",
         overwrite=True,
     )
     register_analysis(
         "ablation", ablation_analysis,
         dict(
             components=Param((str, list), item=str, required=True, help="'attn0,mlp1' or a list of component names"),
-            mode=Param(str, "mean", _choices("arithinterp.patching", "COMPONENT_ABLATION_MODES", ("zero", "mean", "resample"))),
+            mode=Param(str, "mean",
+                       _choices("arithinterp.patching", "COMPONENT_ABLATION_MODES", ("zero", "mean", "resample"))),
             seed=Param(int, 0),
         ),
         plot=_builtin_plot("ablation_figures"), description="component ablation (arithinterp.patching.ablate)",
@@ -230,7 +236,8 @@ def _register_builtins() -> None:
         "probes", probes_analysis,
         dict(
             target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_digit_0, carry_0, ..."),
-            kind=Param(str, "logistic", _choices("arithinterp.probes", "PROBE_KINDS", ("logistic", "ridge", "circular", "mlp"))),
+            kind=Param(str, "logistic",
+                       _choices("arithinterp.probes", "PROBE_KINDS", ("logistic", "ridge", "circular", "mlp"))),
             site=Param(str, "resid_post", sites),
             layers=Param(list, None, item=int),
             positions=Param((str, list), "final", item=(str, int)),

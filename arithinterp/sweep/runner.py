@@ -66,7 +66,8 @@ class SweepRun(Result):
                              seconds=round(sum(c["seconds"] or 0 for c in mine if c["this_run"]), 2)))
         errors = [dict(cell=c["id"], analysis=c["analysis"], error=(c["error"] or "").splitlines()[0])
                   for c in self.cells if c["status"] == "failed"]
-        redone = [dict(cell=c["id"], analysis=c["analysis"], reason=c["recomputed"]) for c in self.cells if c.get("recomputed")]
+        redone = [dict(cell=c["id"], analysis=c["analysis"], reason=c["recomputed"])
+                  for c in self.cells if c.get("recomputed")]
         return dict(out=self.out, config_hash=self.config_hash, executor=self.executor, **self.counts(),
                     seconds=round(self.seconds, 2), analyses=rows, **(dict(errors=errors) if errors else {}),
                     **(dict(recomputed=redone) if redone else {}))
@@ -203,7 +204,8 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
                 damaged.append(recomputed)
         entries[cell.id] = dict(
             analysis=cell.analysis, model=cell.model, task=cell.task["name"], params=cell.params,
-            path=str(path.relative_to(out_dir)), status="done" if done else ("failed" if old.get("status") == "failed" else "pending"),
+            path=str(path.relative_to(out_dir)),
+            status="done" if done else ("failed" if old.get("status") == "failed" else "pending"),
             seconds=old.get("seconds") if done else None, rows=rows if done else None, sha256=digest if done else None,
             error=None if done else old.get("error"), worker=old.get("worker") if done else None, this_run=False,
             **(dict(recomputed=recomputed) if recomputed else {}),
@@ -236,12 +238,14 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
                     except OSError as exc:  # a full disk, a lost mount: stop, keep what is finished
                         raise OutputError(
                             f"cannot write the results of cell {cell.id} ({cell.analysis}, model {cell.model}, task "
-                            f"{cell.task['name']}) to {cell_path(out_dir, cell)}: {exc.strerror or exc}; make room (or fix "
+                            f"{cell.task['name']}) to {cell_path(out_dir, cell)}: {exc.strerror or exc}; "
+                            "make room (or fix "
                             "the folder) and rerun the same command: finished cells are kept and the sweep resumes "
                             "from this cell"
                         ) from None
                     except Exception as exc:  # e.g. a table Arrow cannot store: the cell fails, the sweep goes on
-                        outcome.update(status="failed", error=f"cannot write the results table: {type(exc).__name__}: {exc}")
+                        outcome.update(status="failed",
+                                       error=f"cannot write the results table: {type(exc).__name__}: {exc}")
                 entry.update(status=outcome["status"], seconds=outcome["seconds"], error=outcome["error"],
                              worker=outcome["worker"], this_run=True)
                 bar.update(1)

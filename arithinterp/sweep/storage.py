@@ -134,7 +134,8 @@ def read_manifest(out: Union[str, Path]) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ConfigError(f"{path} is damaged ({error}); rerun the sweep's config to rebuild it from the result files") from None
+        raise ConfigError(f"{path} is damaged ({error}); rerun the sweep's config to rebuild it "
+                          "from the result files") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("cells"), dict):
         raise ConfigError(f"{path} is not a sweep manifest (no 'cells' table); rerun the sweep's config to rebuild it")
     return manifest

@@ -130,7 +130,8 @@ def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> 
         status, error = "done", None
     except Exception as exc:  # a failing cell is recorded and retried on the next run, never fatal
         frame, status = None, "failed"
-        error = f"{type(exc).__name__}: {exc}" + ("" if isinstance(exc, ArithInterpError) else "\n" + traceback.format_exc(limit=6))
+        trace = "" if isinstance(exc, ArithInterpError) else "\n" + traceback.format_exc(limit=6)
+        error = f"{type(exc).__name__}: {exc}" + trace
     return dict(id=cell.id, status=status, seconds=round(time.perf_counter() - start, 4), frame=frame, error=error,
                 worker=f"{platform.node()}:{os.getpid()}")
 

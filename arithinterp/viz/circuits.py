@@ -46,7 +46,8 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
     heading = title or f"Circuit ({circuit.method}, {circuit.metric}): {circuit.n_kept} of {circuit.n_edges} edges"
     if len(shown) < len(kept):
         heading += f" — largest {len(shown)} drawn"
-    fig = figure(heading, "layer (embeddings −1, logits last)", "head / MLP" + (" by position" if labels != [None] else ""))
+    fig = figure(heading, "layer (embeddings −1, logits last)",
+                 "head / MLP" + (" by position" if labels != [None] else ""))
     mid_x, mid_y, mid_text, mid_colour = [], [], [], []
     for i in shown:
         score = float(circuit.scores[i])
@@ -54,15 +55,18 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
         x0, y0 = xy(circuit.senders[i], position)
         x1, y1 = xy(circuit.receivers[i], position)
         colour = POSITIVE if score >= 0 else NEGATIVE
-        fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", line=dict(width=0.5 + 7.5 * abs(score) / limit, color=colour),
+        fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines",
+                                 line=dict(width=0.5 + 7.5 * abs(score) / limit, color=colour),
                                  opacity=0.7, hoverinfo="skip", showlegend=False))
         mid_x.append((x0 + x1) / 2)
         mid_y.append((y0 + y1) / 2)
-        mid_text.append(f"{circuit.edges[i]}<br>channel: {circuit.channels[i]}<br>position: {position if position is not None else 'all'}<br>score: {score:.4g}")
+        mid_text.append(f"{circuit.edges[i]}<br>channel: {circuit.channels[i]}<br>"
+                        f"position: {position if position is not None else 'all'}<br>score: {score:.4g}")
         mid_colour.append(colour)
     fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=6, color=mid_colour, opacity=0.5),
                              hovertemplate="%{text}<extra></extra>", text=mid_text, name="edges", showlegend=False))
-    used = {(circuit.senders[i], circuit.positions[i]) for i in shown} | {(circuit.receivers[i], circuit.positions[i]) for i in shown}
+    used = ({(circuit.senders[i], circuit.positions[i]) for i in shown}
+            | {(circuit.receivers[i], circuit.positions[i]) for i in shown})
     nx, ny, nt = [], [], []
     for name, position in sorted(used, key=str):
         x, y = xy(name, position)
@@ -73,9 +77,11 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
                              marker=dict(size=11, color=cycle_colour(2), line=dict(width=1, color="#333")),
                              hovertemplate="%{text}<extra></extra>", name="nodes", showlegend=False))
     ticks = list(range(-1, L.n_layers + 1))
-    fig.update_xaxes(tickmode="array", tickvals=ticks, ticktext=["embed"] + [f"L{l}" for l in range(L.n_layers)] + ["logits"])
+    fig.update_xaxes(tickmode="array", tickvals=ticks,
+                     ticktext=["embed"] + [f"L{l}" for l in range(L.n_layers)] + ["logits"])
     if labels != [None]:
-        fig.update_yaxes(tickmode="array", tickvals=[p * band + (L.n_heads - 1) / 2 for p in range(len(labels))], ticktext=[f"position {p}" for p in labels])
+        fig.update_yaxes(tickmode="array", tickvals=[p * band + (L.n_heads - 1) / 2 for p in range(len(labels))],
+                         ticktext=[f"position {p}" for p in labels])
     else:
         fig.update_yaxes(tickmode="array", tickvals=list(range(L.n_heads)) + ([L.n_heads + 0.5] if L.has_mlp else []),
                          ticktext=[f"H{h}" for h in range(L.n_heads)] + (["MLP"] if L.has_mlp else []))
@@ -84,11 +90,13 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
 
 def plot_faithfulness(curve, *, title: Optional[str] = None) -> go.Figure:
     """Normalised faithfulness vs number of edges kept, with the every-edge (1) and no-edge (0) lines."""
-    fig = figure(title or f"Faithfulness ({curve.method} ranking, {curve.ablation} ablation)", "edges kept", "normalised metric restored")
+    fig = figure(title or f"Faithfulness ({curve.method} ranking, {curve.ablation} ablation)", "edges kept",
+                 "normalised metric restored")
     fig.add_trace(go.Scatter(
         x=curve.sizes.tolist(), y=curve.values.tolist(), mode="lines+markers", name="top-k edges",
         customdata=[[float(s) / curve.n_edges, float(r)] for s, r in zip(curve.sizes.tolist(), curve.raw.tolist())],
-        hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g}<br>metric %{customdata[1]:.4g}<extra></extra>",
+        hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g}<br>"
+                      "metric %{customdata[1]:.4g}<extra></extra>",
     ))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
     fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.no_edges:.3g})")
