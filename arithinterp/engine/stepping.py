@@ -249,6 +249,7 @@ class Stepper:
 
     # --- the one-time check ---------------------------------------------------------------------
 
+    @torch.inference_mode()
     def check(self, tokens: torch.Tensor) -> tuple[bool, str]:
         """Whether resuming reproduces the model's logits on a few prompts; a status for the meta."""
         sample = tokens[:4]
