@@ -158,7 +158,8 @@ def collect(
     if not site_names:
         raise SiteError(f"sites is empty; accepted sites: {accepted(site_lib.HOOKS)}")
     layer_lists = {s: site_lib.check_layers(model, s, layers) for s in site_names}
-    chosen_layers = sorted({layer for s in site_names if s not in site_lib.GLOBAL_SITES for layer in layer_lists[s]}) or [0]
+    chosen_layers = sorted({layer for s in site_names if s not in site_lib.GLOBAL_SITES
+                            for layer in layer_lists[s]}) or [0]
     # answer positions ("answer[k]", "final+1") read the true answer tokens fed after the prompt
     fed = max(0, int(index.max()) + 1 - prompts.tokens.shape[1])
     dtype = dtype or torch.float32

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 from arithinterp.errors import ArithInterpError, ConfigError
 
@@ -71,8 +71,9 @@ def report_command(args: argparse.Namespace) -> dict:
 
     check_writable_file(args.out, "--out")  # write_report() checks too; this names the flag
     stages = args.stages.split(",") if args.stages else None
-    path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed, template=args.template,
-                        few_shot=args.few_shot, operands=args.operands, progress=not args.no_progress)
+    path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
+                        template=args.template, few_shot=args.few_shot, operands=args.operands,
+                        progress=not args.no_progress)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
@@ -158,7 +159,8 @@ def _numbers(flag: str, text: str) -> tuple[float, ...]:
         try:
             values.append(float(part))
         except ValueError:
-            raise ConfigError(f"{flag}: {part.strip()!r} is not a number; give comma-separated numbers such as 2,5,10,100") from None
+            raise ConfigError(f"{flag}: {part.strip()!r} is not a number; "
+                              "give comma-separated numbers such as 2,5,10,100") from None
     return tuple(values)
 
 
@@ -175,8 +177,9 @@ def helix_command(args: argparse.Namespace) -> dict:
                     position=args.position)
     pairs = prompts.counterfactual(vary=args.position, seed=args.seed)
     result = helix.patch_test(model, pairs, fit, layer=args.layer, position=args.position)
+    fractions = [round(f, 4) for f in result.fraction.tolist()]
     return _finish(result, args, dict(r2_held_out=round(float(fit.r2_full), 4),
-                                      fraction_of_layer_patch=dict(zip(result.methods, [round(f, 4) for f in result.fraction.tolist()]))))
+                                      fraction_of_layer_patch=dict(zip(result.methods, fractions))))
 
 
 @command("neurons")
@@ -200,8 +203,10 @@ def ablate_command(args: argparse.Namespace) -> dict:
     components = [c.strip() for c in args.components.split(",") if c.strip()]
     result = patching.ablate(model, prompts, components, mode=args.mode, seed=args.seed)
     token_accuracy = [round(float(t), 4) for t in result.token_correct_after.float().mean(0)]
-    return _finish(result, args, dict(components=result.components, mode=args.mode, accuracy_before=round(result.accuracy_before, 4),
-                                      accuracy_after=round(result.accuracy_after, 4), token_accuracy_after=token_accuracy))
+    return _finish(result, args, dict(components=result.components, mode=args.mode,
+                                      accuracy_before=round(result.accuracy_before, 4),
+                                      accuracy_after=round(result.accuracy_after, 4),
+                                      token_accuracy_after=token_accuracy))
 
 
 @command("digits")
@@ -221,6 +226,8 @@ def digits_command(args: argparse.Namespace) -> dict:
 @command("circuit")
 def circuit_command(args: argparse.Namespace) -> dict:
     """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top)."""
+    import pandas as pd
+
     from arithinterp import circuits
     from arithinterp.errors import ConfigError
 
@@ -240,9 +247,11 @@ def circuit_command(args: argparse.Namespace) -> dict:
     circuit = circuits.top_n(scored, size)
     value = circuits.circuit_faithfulness(model, pairs, circuit, ablation=args.ablation)
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
+    # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
+    top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")
     return _finish(circuit, args, dict(method=args.method, pairs=len(pairs), edges=circuit.n_edges, kept=circuit.n_kept,
-                                       fraction_kept=round(circuit.n_kept / circuit.n_edges, 4), faithfulness=round(value, 4),
-                                       ablation=args.ablation, top_edges=top[["edge", "score"]].round(4).to_dict("records")))
+                                       fraction_kept=round(circuit.n_kept / circuit.n_edges, 4),
+                                       faithfulness=round(value, 4), ablation=args.ablation, top_edges=top_edges))
 
 
 # --- train ---------------------------------------------------------------------------------------
@@ -288,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help=f"comma-separated stages to run (default: all of {','.join(STAGES)})")
     p.add_argument("--limit", type=int, default=2000, help="at most this many task prompts (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
-    p.add_argument("--template", default=None, help="prompt template with {a} and {b} (default: the zoo task's, else {a}+{b}=)")
+    p.add_argument("--template", default=None,
+                   help="prompt template with {a} and {b} (default: the zoo task's, else {a}+{b}=)")
     p.add_argument("--few-shot", type=int, default=0, help="solved examples before each prompt (default: 0)")
     p.add_argument("--operands", default=None, help="operand values for a and b: LO-HI (inclusive) or 1,5,9 "
                    "(default: the zoo task's, else the single-token numbers below 100)")
@@ -312,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = analysis("patch", "exact activation patching of one site over layers x positions")
-    p.add_argument("--site", default="resid_pre", help="site to patch, e.g. resid_pre, attn_out, mlp_out, attn_z, mlp_post")
+    p.add_argument("--site", default="resid_pre",
+                   help="site to patch, e.g. resid_pre, attn_out, mlp_out, attn_z, mlp_post")
     p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
     p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep_answer, operator")
     p.add_argument("--direction", default="denoise", help="denoise (patch clean into corrupt) or noise")
@@ -335,21 +346,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.6, help="score needed to assign a heuristic (default: 0.6)")
 
     p = analysis("ablate", "ablate components and compare accuracy with the full model")
-    p.add_argument("--components", default="attn0", help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
+    p.add_argument("--components", default="attn0",
+                   help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
                    "@final, @answer2 or @3 (default: attn0)")
     p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
-    p.add_argument("--full-answer", action="store_true", help="score every answer token, teacher-forced (multi-token answers)")
-    p = analysis("digits", "which head computes which answer digit (multi-token answers)", default_model="zoo:add-3digit")
+    p.add_argument("--full-answer", action="store_true",
+                   help="score every answer token, teacher-forced (multi-token answers)")
+    p = analysis("digits", "which head computes which answer digit (multi-token answers)",
+                 default_model="zoo:add-3digit")
     p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
 
     p = analysis("circuit", "score every edge (path patching, EAP, EAP-IG) and keep the smallest faithful circuit")
     p.add_argument("--method", default="eap-ig", help="eap-ig, eap or exact (default: eap-ig)")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default: 5)")
-    p.add_argument("--positions", default=None, help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")
+    p.add_argument("--positions", default=None,
+                   help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")
     p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
     p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep_answer, operator")
     p.add_argument("--top", type=int, default=None, help="keep this many edges instead of searching for --target")
-    p.add_argument("--target", type=float, default=0.9, help="normalised faithfulness the kept top-k must reach (default: 0.9)")
+    p.add_argument("--target", type=float, default=0.9,
+                   help="normalised faithfulness the kept top-k must reach (default: 0.9)")
     p.add_argument("--ablation", default="resample", help="how edges outside the circuit are ablated: resample or mean")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
@@ -371,7 +387,8 @@ def fail(command: str, error: BaseException, code: int, as_json: bool) -> int:
     """Report a failed command: one line on stderr and, with ``--json``, a JSON object on stdout."""
     print(f"arithinterp {command}: error: {error}", file=sys.stderr)
     if as_json:
-        print(json.dumps(dict(command=command, error=str(error), error_type=type(error).__name__, exit_code=code), indent=2))
+        print(json.dumps(dict(command=command, error=str(error), error_type=type(error).__name__, exit_code=code),
+                         indent=2))
     return code
 
 
@@ -392,7 +409,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     as_json = getattr(args, "json", False)
     try:
         with warnings.catch_warnings():  # one plain line per warning, not the library's source line
-            warnings.showwarning = lambda message, *rest, **kw: print(f"arithinterp {args.command}: warning: {message}", file=sys.stderr)
+            warnings.showwarning = lambda message, *rest, **kw: print(
+                f"arithinterp {args.command}: warning: {message}", file=sys.stderr)
             if args.command in _WRITES_OUT:
                 _check_outputs(args)
             summary = COMMANDS[args.command](args)

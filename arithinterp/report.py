@@ -23,12 +23,15 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, TaskError, accepted
 from arithinterp.outputs import atomic_write, check_writable_file
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # The least data each stage draws a conclusion from (count, what is counted). Below it the stage
 # says "not enough data". A mean over 30 pairs has a standard error under a fifth of the spread
@@ -61,6 +64,15 @@ def require(name: str, n: int, who: str = "this stage") -> str:
     if n < minimum:
         raise NotEnoughData(name, n, who)
     return f"{n} {what} (minimum {minimum})"
+
+
+def _require_pairs(ctx: Context, name: str, who: str = "this stage") -> tuple[Any, str]:
+    """The first ``ctx.n_pairs`` counterfactual pairs and their sample statement (:func:`require`);
+    :class:`NotEnoughData` when there are none."""
+    if ctx.pairs is None:
+        raise NotEnoughData(name, 0, who)
+    pairs = ctx.pairs[: ctx.n_pairs]
+    return pairs, require(name, len(pairs), who)
 
 
 @dataclass
@@ -131,7 +143,8 @@ def accuracy_stage(ctx: Context) -> Section:
         order = counts.argsort(descending=True)
         shown = order[:10]
         top = ", ".join(f"{int(values[i]):+d} ({int(counts[i])}×)" for i in order[:3])
-        section.findings.append(f"Most common errors among the {len(errors)} numeric wrong answers (answer − truth): {top}.")
+        section.findings.append(
+            f"Most common errors among the {len(errors)} numeric wrong answers (answer − truth): {top}.")
         if len(order) > len(shown):
             rest = int(counts[order[10:]].sum())
             section.findings.append(
@@ -178,13 +191,14 @@ def _no_gap(result) -> bool:
 def patching_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
-    pairs = ctx.pairs[: ctx.n_pairs] if ctx.pairs is not None else None
-    section = Section(STAGE_TITLES["patching"], sample=require("patching", 0 if pairs is None else len(pairs)))
+    pairs, sample = _require_pairs(ctx, "patching")
+    section = Section(STAGE_TITLES["patching"], sample=sample)
     resid = patching.activation_patching(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
     if _no_gap(resid):
+        gap = float((resid.clean_baseline - resid.corrupt_baseline).mean())
         section.findings.append(
             f"No signal above the control: on {len(pairs)} pairs the clean and corrupted prompts do not differ on "
-            f"the answer's logit difference (mean gap {float((resid.clean_baseline - resid.corrupt_baseline).mean()):.3g}, "
+            f"the answer's logit difference (mean gap {gap:.3g}, "
             "within two standard errors of 0), so there is nothing for patching to restore."
         )
         section.figures.append(resid.plot())
@@ -209,14 +223,16 @@ def digits_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
     if int(ctx.all_prompts.n_answer_tokens.max()) < 2:  # does not apply, whatever the sample size
-        raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers (e.g. zoo:add-3digit)")
+        raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers "
+                            "(e.g. zoo:add-3digit)")
     prompts = ctx.prompts[: ctx.n_digit_prompts]
     section = Section(STAGE_TITLES["digits"], sample=require("digits", len(prompts)))
     result = patching.digit_ablation(ctx.model, prompts, progress=False)
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
-    top = ", ".join(f"{result.heads[i // n_answer]} on answer token {i % n_answer} (−{100 * float(drop.flatten()[i]):.0f} points)" for i in order)
+    top = ", ".join(f"{result.heads[i // n_answer]} on answer token {i % n_answer} "
+                    f"(−{100 * float(drop.flatten()[i]):.0f} points)" for i in order)
     section.findings.append(
         f"Mean-ablating one head at the position that predicts one answer token (teacher-forced, "
         f"{result.meta['n_prompts']} prompts) costs that token most for {top}."
@@ -238,7 +254,9 @@ def probes_stage(ctx: Context) -> Section:
     section = Section(STAGE_TITLES["probes"], sample=require("probes", len(prompts)))
     acts = collect(ctx.model, prompts, sites="resid_post", positions=["a", "b", "final"], progress=False)
     # whole numbers where each is one token; digit by digit (and the carry) where numbers are spelled out
-    targets = ("a", "answer_digit_0", "answer") if prompts.single_token_operands else ("a_digit_0", "carry_0", "answer_digit_0")
+    targets = (("a", "answer_digit_0", "answer") if prompts.single_token_operands
+               else ("a_digit_0", "carry_0", "answer_digit_0"))
+    fold_scheme = None  # of the last target probed
     for target in targets:
         try:
             result = probes.probe_layers(acts, target, kind="logistic", cv=3, progress=False)
@@ -247,15 +265,18 @@ def probes_stage(ctx: Context) -> Section:
             continue
         best = result.best()
         c = result.controls.index("shuffled")
-        control_high = float(result.control_ci[1][c, result.layers.index(best["layer"]), result.positions.index(str(best["position"]))])
-        quoted = (f"best held-out accuracy {best['score']:.2f} (95% CI {best['ci_low']:.2f} to {best['ci_high']:.2f}) at layer "
-                  f"{best['layer']}, position '{best['position']}'; shuffled-label control {best['shuffled_score']:.2f}")
+        li, pi = result.layers.index(best["layer"]), result.positions.index(str(best["position"]))
+        control_high = float(result.control_ci[1][c, li, pi])
+        quoted = (f"best held-out accuracy {best['score']:.2f} (95% CI {best['ci_low']:.2f} to "
+                  f"{best['ci_high']:.2f}) at layer {best['layer']}, position '{best['position']}'; "
+                  f"shuffled-label control {best['shuffled_score']:.2f}")
         if best["ci_low"] <= control_high:
             section.findings.append(f"'{target}': no signal above the control ({quoted}).")
         else:
             section.findings.append(f"'{target}' is readable: {quoted}.")
         section.figures.append(result.plot())
-    section.sample += f"; folds: {result.fold_scheme}" if section.figures else ""
+        fold_scheme = result.fold_scheme
+    section.sample += f"; folds: {fold_scheme}" if fold_scheme is not None else ""
     return section
 
 
@@ -301,8 +322,9 @@ def error_detector_stage(ctx: Context) -> Section:
     verdict = "" if _beats_chance(m) else "No signal above the control: "
     section.findings.insert(
         0,
-        f"{verdict}On {len(prompts) - split} held-out prompts of {name} (error rate {m['error_rate']:.1%}), the detector "
-        f"at layers {detector.layers_} predicts correctness with balanced accuracy {m['balanced_accuracy']:.1%} "
+        f"{verdict}On {len(prompts) - split} held-out prompts of {name} (error rate {m['error_rate']:.1%}), "
+        f"the detector at layers {detector.layers_} predicts correctness with balanced accuracy "
+        f"{m['balanced_accuracy']:.1%} "
         f"(answering always 'correct' or always 'wrong' scores 50.0%), accuracy {m['accuracy']:.1%} and AUROC "
         f"{m['auroc']:.2f}.",
     )
@@ -333,9 +355,9 @@ def fourier_helix_stage(ctx: Context) -> Section:
             f"{float(power[k - 1] / power.sum()):.0%} of the non-constant power."
         )
     section.figures.append(spectrum.plot())
-    pairs = ctx.pairs[: ctx.n_pairs] if ctx.pairs is not None else None
     try:
-        section.sample += "; helix: " + require("helix", 0 if pairs is None else len(pairs), "the causal helix test")
+        pairs, sample = _require_pairs(ctx, "helix", "the causal helix test")
+        section.sample += "; helix: " + sample
     except NotEnoughData as why:
         section.findings.append(f"Helix: {why}")
         return section
@@ -344,9 +366,9 @@ def fourier_helix_stage(ctx: Context) -> Section:
     test = helix.patch_test(ctx.model, pairs, fit, layer=0, position="a")
     frac = dict(zip(test.methods, test.fraction.tolist()))
     section.findings.append(
-        f"A helix with periods 2, 5, 10, 100 fitted at layer 0 on the a token of {len(ctx.prompts)} prompts has held-out R² "
-        f"{float(fit.r2_full):.3g} (values shuffled: {fit.meta['control']['r2_full_mean']:.3g}); patched in at the "
-        f"corrupted value on {len(pairs)} pairs it restores "
+        f"A helix with periods 2, 5, 10, 100 fitted at layer 0 on the a token of {len(ctx.prompts)} prompts "
+        f"has held-out R² {float(fit.r2_full):.3g} (values shuffled: {fit.meta['control']['r2_full_mean']:.3g}); "
+        f"patched in at the corrupted value on {len(pairs)} pairs it restores "
         + ", ".join(f"{m}: {100 * f:.0f}%" for m, f in frac.items())
         + " of the full layer patch's effect."
     )
@@ -373,8 +395,11 @@ def neurons_stage(ctx: Context) -> Section:
     )
     histogram = table.histogram()
     if len(histogram):
-        top = histogram.groupby("family")["neurons"].sum().sort_values(ascending=False).head(4)
-        section.findings.append("Most common heuristic families: " + ", ".join(f"{f} ({n})" for f, n in top.items()) + ".")
+        # one column of a groupby sums to a Series; pandas annotates the sum as any scalar or frame
+        per_family = cast("pd.Series", histogram.groupby("family")["neurons"].sum())
+        top = per_family.sort_values(ascending=False).head(4)
+        section.findings.append(
+            "Most common heuristic families: " + ", ".join(f"{f} ({n})" for f, n in top.items()) + ".")
     section.figures.append(table.plot())
     return section
 
@@ -382,14 +407,14 @@ def neurons_stage(ctx: Context) -> Section:
 def circuits_stage(ctx: Context) -> Section:
     from arithinterp import circuits
 
-    pairs = ctx.pairs[: ctx.n_pairs] if ctx.pairs is not None else None
-    section = Section(STAGE_TITLES["circuits"], sample=require("circuits", 0 if pairs is None else len(pairs)))
+    pairs, sample = _require_pairs(ctx, "circuits")
+    section = Section(STAGE_TITLES["circuits"], sample=sample)
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, progress=False)
     try:
         curve = circuits.faithfulness(ctx.model, pairs, scored)
     except AnalysisError:  # every edge and no edge give the same metric: nothing to restore
-        section.findings.append(f"No signal above the control: on {len(pairs)} pairs the clean and corrupted runs give the "
-                                "same logit difference, so no subset of edges can restore it.")
+        section.findings.append(f"No signal above the control: on {len(pairs)} pairs the clean and corrupted runs "
+                                "give the same logit difference, so no subset of edges can restore it.")
         return section
     smallest = curve.smallest(0.9)
     size = smallest if smallest is not None else scored.n_edges
@@ -397,8 +422,8 @@ def circuits_stage(ctx: Context) -> Section:
     section.findings.append(
         f"EAP-IG (Hanna et al. 2024, 5 steps) scores all {scored.n_edges} edges of the graph (embeddings, each head's "
         f"query, key and value input, MLPs, logits) on {len(pairs)} pairs whose first operand differs. "
-        + (f"The {smallest} top edges ({100 * smallest / scored.n_edges:.1f}% of all) restore 0.9 of the answer's logit "
-           "difference with every other edge resampled from the corrupted prompt."
+        + (f"The {smallest} top edges ({100 * smallest / scored.n_edges:.1f}% of all) restore 0.9 of the "
+           "answer's logit difference with every other edge resampled from the corrupted prompt."
            if smallest is not None else "No top-k subset of the edges restores 0.9 of the answer's logit difference.")
     )
     top = ", ".join(f"{e} ({float(v):.2f})" for e, v in zip(*_top_edges(circuit, 5)))
@@ -444,7 +469,9 @@ def render(title: str, meta: dict, sections: list[Section]) -> str:
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>",
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        "<p class='meta'>" + " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in meta.items()) + "</p>",
+        "<p class='meta'>"
+        + " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in meta.items())
+        + "</p>",
         "<h2>Summary</h2><ul class='findings'>",
         *[f"<li><b>{html.escape(s.title)}.</b> {html.escape(s.findings[0])}</li>" for s in sections if s.findings],
         "</ul>",
@@ -480,7 +507,8 @@ def parse_operands(operands: Any) -> list[int]:
             return list(range(int(span.group(1)), int(span.group(2)) + 1))
         if re.fullmatch(r"\d+(,\d+)*", text):
             return [int(v) for v in text.split(",")]
-        raise ConfigError(f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
+        raise ConfigError(
+            f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
     try:
         values = [int(v) for v in operands]
     except (TypeError, ValueError) as error:
@@ -518,8 +546,8 @@ def _task_prompts(model: Any, spec: str, limit: int, seed: int, template: Option
     n_ctx = getattr(model.cfg, "n_ctx", None)
     longest = int(prompts.lengths.max()) + prompts.answer_tokens.shape[1]
     if n_ctx is not None and longest > n_ctx:
-        raise ConfigError(f"the prompts with their answers are up to {longest} tokens long, more than the model's context of "
-                          f"{n_ctx} tokens; use fewer few-shot examples or a shorter template")
+        raise ConfigError(f"the prompts with their answers are up to {longest} tokens long, more than the model's "
+                          f"context of {n_ctx} tokens; use fewer few-shot examples or a shorter template")
     return prompts
 
 
@@ -587,7 +615,7 @@ def write_report(
                 warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
         section.seconds = time.perf_counter() - stage_start
         sections.append(section)
-    meta = dict(
+    meta: dict[str, Any] = dict(
         model=spec,
         prompts=len(all_prompts),
         correct=len(prompts),

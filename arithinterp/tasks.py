@@ -16,7 +16,7 @@ import random
 import re
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union, overload
 
 import torch
 
@@ -83,7 +83,8 @@ class Evaluation:
         """The evaluation of a subset of the prompts (same indexing as ``PromptSet``)."""
         idx = _as_index(index, len(self))
         return Evaluation(
-            self.correct[idx], self.model_answer[idx], [self.answer_text[i] for i in idx.tolist()], self.generated_tokens[idx]
+            self.correct[idx], self.model_answer[idx], [self.answer_text[i] for i in idx.tolist()],
+            self.generated_tokens[idx],
         )
 
     def __repr__(self) -> str:
@@ -271,13 +272,14 @@ class PromptSet:
                     f"relative to a name, e.g. 'final-2' or 'a[0]' ({_POSITION_FORMS})"
                 )
             if not -width <= spec < width:
-                raise SiteError(f"position {spec} is out of range for prompts of {width} tokens; accepted: 0..{width - 1} "
-                                f"(or {-width}..-1 counted from the end), or a named position ({_POSITION_FORMS})")
+                raise SiteError(f"position {spec} is out of range for prompts of {width} tokens; "
+                                f"accepted: 0..{width - 1} (or {-width}..-1 counted from the end), "
+                                f"or a named position ({_POSITION_FORMS})")
             return str(spec), torch.full((len(self),), spec % width, dtype=torch.long)
         match = _POSITION_RE.fullmatch(spec.replace(" ", ""))
         if match is None:
             raise SiteError(f"cannot read position {spec!r}; accepted: {_POSITION_FORMS}")
-        name, operand, index, shift = match.group("name"), match.group("operand"), match.group("index"), match.group("shift")
+        name, operand, index, shift = match.group("name", "operand", "index", "shift")
         label = "final" + (shift or "") if name == "last" else spec.replace(" ", "")
         if name == "last":
             name = "final"
@@ -292,7 +294,8 @@ class PromptSet:
             column = self.positions[name]
         else:
             others = [k for k in self.positions if k not in ("a", "b", "final", "a[0]", "b[0]")]
-            raise SiteError(f"unknown position {spec!r}; accepted: {_POSITION_FORMS}" + (f", or {accepted(others)}" if others else ""))
+            raise SiteError(f"unknown position {spec!r}; accepted: {_POSITION_FORMS}"
+                            + (f", or {accepted(others)}" if others else ""))
         return label, column + (int(shift) if shift else 0)
 
     def _operand_token(self, operand: str, k: int, spec: str) -> torch.Tensor:
@@ -342,19 +345,23 @@ class PromptSet:
 
     # --- running the model ---------------------------------------------------------------------
 
-    def _batches(self, model: Any, batch_size: Optional[int], n_read: int, n_new: int, plain: bool = False) -> list[torch.Tensor]:
+    def _batches(
+        self, model: Any, batch_size: Optional[int], n_read: int, n_new: int, plain: bool = False
+    ) -> list[torch.Tensor]:
         """Same-length groups of prompt indices, each split into batches (sized from a memory
         budget by :func:`arithinterp.engine.decode.batch_size_for` unless ``batch_size`` is given;
         ``plain``: for the plain forward, whose logits cover every position)."""
         from arithinterp.engine.decode import batch_size_for, decode_mode
 
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
             raise TaskError(f"batch_size must be a positive integer or None (chosen from memory), got {batch_size!r}")
         batches = []
         for group in self.length_groups():
             if not plain:
                 decode_mode(model, self.unpadded(group[:1]))  # the path decides what a prompt costs
-            size = batch_size or batch_size_for(model, int(self.lengths[group[0]]), n_read=n_read, n_new=n_new, plain=plain)
+            size = batch_size or batch_size_for(model, int(self.lengths[group[0]]), n_read=n_read, n_new=n_new,
+                                                plain=plain)
             batches += list(group.split(size))
         return batches
 
@@ -452,6 +459,7 @@ class PromptSet:
         with another token (or score every answer token with ``with_scoring("full_answer")``).
         """
         self.require_one_prefix("counterfactual()")
+        assert self.template is not None  # require_one_prefix() refuses a set without one
         if vary not in VARY:
             raise TaskError(f"unknown vary={vary!r}; accepted: {accepted(VARY)}")
         bad_ops = [op for op in ops if op not in OPERATORS] if not isinstance(ops, str) else [ops]
@@ -558,6 +566,12 @@ class PromptPairs:
 # --- joining -------------------------------------------------------------------------------------
 
 
+@overload
+def concat(parts: Sequence[PromptSet]) -> PromptSet: ...
+@overload
+def concat(parts: Sequence[PromptPairs]) -> PromptPairs: ...
+@overload
+def concat(parts: Sequence[Union[PromptSet, PromptPairs]]) -> Union[PromptSet, PromptPairs]: ...
 def concat(parts: Sequence[Union[PromptSet, PromptPairs]]) -> Union[PromptSet, PromptPairs]:
     """Join prompt sets, or prompt pairs, into one, in order.
 
@@ -571,17 +585,19 @@ def concat(parts: Sequence[Union[PromptSet, PromptPairs]]) -> Union[PromptSet, P
     parts = list(parts)
     if not parts:
         raise TaskError("concat needs at least one PromptSet or PromptPairs")
-    if all(isinstance(p, PromptPairs) for p in parts):
-        varies = sorted({p.vary for p in parts})
+    pairs = [p for p in parts if isinstance(p, PromptPairs)]
+    if len(pairs) == len(parts):
+        varies = sorted({p.vary for p in pairs})
         if len(varies) > 1:
             raise TaskError(f"concat joins pairs that vary the same thing; got vary={varies}")
-        meta = dict(dropped=sum(p.meta.get("dropped", 0) for p in parts), kept=sum(len(p) for p in parts),
-                    same_first_token=sum(p.meta.get("same_first_token", 0) for p in parts),
-                    parts=[dict(n=len(p), seed=p.seed) for p in parts])
-        return PromptPairs(_concat_sets([p.clean for p in parts]), _concat_sets([p.corrupt for p in parts]),
-                           vary=varies[0], seed=parts[0].seed, meta=meta)
-    if all(isinstance(p, PromptSet) for p in parts):
-        return _concat_sets(parts)
+        meta = dict(dropped=sum(p.meta.get("dropped", 0) for p in pairs), kept=sum(len(p) for p in pairs),
+                    same_first_token=sum(p.meta.get("same_first_token", 0) for p in pairs),
+                    parts=[dict(n=len(p), seed=p.seed) for p in pairs])
+        return PromptPairs(_concat_sets([p.clean for p in pairs]), _concat_sets([p.corrupt for p in pairs]),
+                           vary=varies[0], seed=pairs[0].seed, meta=meta)
+    sets = [p for p in parts if isinstance(p, PromptSet)]
+    if len(sets) == len(parts):
+        return _concat_sets(sets)
     kinds = sorted({type(p).__name__ for p in parts})
     raise TaskError(f"concat joins a list of PromptSet or a list of PromptPairs, not a mix of {kinds}")
 
@@ -592,21 +608,25 @@ def _concat_sets(parts: list[PromptSet]) -> PromptSet:
         for name in ("op", "modulus", "scoring", "prepend_bos"):
             if getattr(part, name) != getattr(first, name):
                 what = "operator" if name == "op" else name
-                raise TaskError(f"concat joins sets with the same {what}; got {getattr(first, name)!r} and {getattr(part, name)!r}")
+                raise TaskError(f"concat joins sets with the same {what}; "
+                                f"got {getattr(first, name)!r} and {getattr(part, name)!r}")
         if part.meta.get("answer_digits", 0) != first.meta.get("answer_digits", 0):
             raise TaskError("concat joins sets whose answers are written alike; answer_digits differ")
         if set(part.positions) != set(first.positions):
-            raise TaskError(f"concat joins sets with the same positions; got {sorted(first.positions)} and {sorted(part.positions)}")
+            raise TaskError(f"concat joins sets with the same positions; "
+                            f"got {sorted(first.positions)} and {sorted(part.positions)}")
         if part.tokenizer is not first.tokenizer and part.tokenizer.get_vocab() != first.tokenizer.get_vocab():
-            raise TaskError("concat joins sets built with the same tokenizer; these tokenizers have different vocabularies")
+            raise TaskError("concat joins sets built with the same tokenizer; "
+                            "these tokenizers have different vocabularies")
     length = max(p.tokens.shape[1] for p in parts)
     k = max(p.answer_tokens.shape[1] for p in parts)
     pad = _pad_id(first.tokenizer)
-    tokens = torch.cat([torch.cat([torch.full((len(p), length - p.tokens.shape[1]), pad, dtype=torch.long), p.tokens], 1)
-                        for p in parts])
+    padding = [torch.full((len(p), length - p.tokens.shape[1]), pad, dtype=torch.long) for p in parts]
+    tokens = torch.cat([torch.cat([left, p.tokens], 1) for left, p in zip(padding, parts)])
     answer_tokens = torch.cat([torch.cat([p.answer_tokens, torch.full((len(p), k - p.answer_tokens.shape[1]), -1,
                                                                       dtype=torch.long)], 1) for p in parts])
-    positions = {name: torch.cat([p.positions[name] + (length - p.tokens.shape[1]) for p in parts]) for name in first.positions}
+    positions = {name: torch.cat([p.positions[name] + (length - p.tokens.shape[1]) for p in parts])
+                 for name in first.positions}
     one = lambda values: values[0] if len(set(values)) == 1 else None  # noqa: E731
     n_answer = torch.cat([p.n_answer_tokens for p in parts])
     meta = dict(
@@ -684,7 +704,9 @@ def _values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
     if isinstance(values, (str, bytes)):
         raise TaskError(f"{name} must be an int or an iterable of ints, got the string {values!r}; "
                         f"write e.g. {name}=[123] or {name}=range(100)")
-    if isinstance(values, int) and not isinstance(values, bool):
+    if isinstance(values, bool):  # an int, but never an operand
+        raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}")
+    if isinstance(values, int):
         values = [values]
     try:
         items = list(values)
@@ -740,11 +762,14 @@ def render(template: str, a: int, b: int, op: str) -> str:
     return _char_spans(template, "", a, b, op)[0]
 
 
-def few_shot_prefix(few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0) -> str:
+def few_shot_prefix(
+    few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0
+) -> str:
     if isinstance(few_shot, str):
         return few_shot
     if not isinstance(few_shot, int) or few_shot < 0:
-        raise TaskError(f"few_shot must be a non-negative int (number of examples) or a prefix string, got {few_shot!r}")
+        raise TaskError(
+            f"few_shot must be a non-negative int (number of examples) or a prefix string, got {few_shot!r}")
     rng = random.Random(seed + 7919)
     lines = []
     for _ in range(few_shot):
@@ -776,16 +801,20 @@ def answer_text(value: int, answer_digits: int = 0) -> str:
     return f"{value:0{answer_digits}d}" if answer_digits else str(value)
 
 
-def _build(tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bos, scoring, answer_digits=0) -> PromptSet:
+def _build(
+    tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bos, scoring, answer_digits=0
+) -> PromptSet:
     n = len(a_list)
-    texts, spans = zip(*[_char_spans(template, prefix, a, b, op) for op, a, b in zip(ops, a_list, b_list)]) if n else ((), ())
+    texts, spans = (zip(*[_char_spans(template, prefix, a, b, op) for op, a, b in zip(ops, a_list, b_list)])
+                    if n else ((), ()))
     answers = [compute(op, a, b, modulus) for op, a, b in zip(ops, a_list, b_list)]
     too_big = [(a, op, b) for a, op, b, x in zip(a_list, ops, b_list, answers) if abs(x) > _INT64]
     if too_big:
         raise TaskError(f"the answer of {too_big[0][0]} {too_big[0][1]} {too_big[0][2]} does not fit in 64 bits; "
                         "choose smaller operands (answers must lie within ±(2**63 - 1))")
     answer_texts = [answer_text(x, answer_digits) for x in answers]
-    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True) if n else {"input_ids": [], "offset_mapping": []}
+    encoded = (tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True) if n
+               else {"input_ids": [], "offset_mapping": []})
     full = tokenizer([t + s for t, s in zip(texts, answer_texts)], add_special_tokens=False)["input_ids"] if n else []
     bos = [tokenizer.bos_token_id] if prepend_bos else []
     rows, answer_rows, pos = [], [], {"a": [], "b": [], "final": [], "a[0]": [], "b[0]": []}
@@ -966,7 +995,7 @@ def _check_context(model_or_tokenizer: Any, prompts: PromptSet) -> None:
         return
     needed = prompts.tokens.shape[1] + prompts.answer_tokens.shape[1] - 1
     if needed > n_ctx:
-        examples = prompts.prefix.count("\n")
+        examples = prompts.prefix.count("\n") if prompts.prefix else 0  # only said with a prefix
         few_shot = f", with a few-shot prefix of {examples} solved example(s)," if prompts.prefix else ""
         raise TaskError(
             f"the prompts with their fed answer tokens are up to {needed} tokens long, more than the model's context "

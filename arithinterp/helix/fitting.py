@@ -163,8 +163,11 @@ def activation_matrix(source: Any, site: Optional[str], layer: Optional[int], po
     return acts.reshape(acts.shape[0], -1).double(), site, int(layer), position, source.prompts
 
 
-def fit_core(acts, x, train, mean, comps, ev, kind, periods, degree, names, max_value, n_params_pca=None):
-    """Least squares from the basis to PCA coordinates and the held-out scores."""
+def fit_core(
+    acts, x, train, mean, comps, ev, kind, periods, degree, names, max_value, n_params_pca=None
+) -> tuple[torch.Tensor, torch.Tensor, float, float, float]:
+    """Least squares from the basis to PCA coordinates and the held-out scores: (coef, per-component
+    R², overall R², full-space R², top-k PCA R²)."""
     design, _ = basis(x, kind, periods, max_value=max_value, degree=degree, names=names)
     coords = (acts - mean) @ comps.T
     coef = least_squares(design[train], coords[train])
@@ -227,7 +230,7 @@ def fold_pcas(acts: torch.Tensor, folds: list, n_pca: int) -> list:
     return [pca_basis(acts[train], n_pca)[:2] for train in folds]
 
 
-def cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top):
+def cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top) -> tuple[torch.Tensor, float, float, float]:
     """Held-out scores pooled over leave-one-value-out ``folds`` (each fold: its own PCA, from
     ``pcas``, and least squares; predictions of the held-out rows in the full space), compared in
     the final PCA (``mean``, ``comps``): per-component R², overall, full-space R², top-``n_top``
@@ -322,7 +325,8 @@ def fit(
         raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
     names = variable_names(names, x.shape[1])
     max_value = x.max(0).values.clamp_min(1.0).tolist()
-    basis_kw = dict(kind=kind, periods=check_periods(periods), max_value=max_value, degree=degree, names=names)
+    basis_kw: dict[str, Any] = dict(kind=kind, periods=check_periods(periods), max_value=max_value, degree=degree,
+                                    names=names)
     folds, validation = value_folds(x, holdout, random_state, min_test_values)
     check_identifiable(x, folds, basis_kw)
 
@@ -331,13 +335,14 @@ def fit(
     mean, comps, ev = pca_basis(acts[train], n_pca)  # the fit's PCA (all rows when every value is held out in turn)
     pcas = fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
 
-    def scores(values):
+    def scores(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, float, float]:
         """(coef, r2, r2_overall, r2_full, pca_r2) of the fit to ``values`` and its validation."""
-        coef, *held_out = fit_core(acts, values, train, mean, comps, ev, kind, periods, degree, names, max_value)
+        coef, r2, r2_overall, r2_full, pca_r2 = fit_core(acts, values, train, mean, comps, ev, kind, periods, degree,
+                                                         names, max_value)
         if validation == LEAVE_ONE_OUT:
             n_top = basis(values[:1], **basis_kw)[0].shape[1] - 1
-            held_out = cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)
-        return (coef, *held_out)
+            r2, r2_overall, r2_full, pca_r2 = cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)
+        return coef, r2, r2_overall, r2_full, pca_r2
 
     coef, r2, r2_overall, r2_full, pca_r2 = scores(x)
     null = [scores(shuffled)[3] for shuffled in shuffled_values(x, n_shuffles, random_state)] if holdout != 0 else []

@@ -124,7 +124,7 @@ def search_periods(
         pcas = fold_pcas(acts, folds, n_pca) if validation == LEAVE_ONE_OUT else []
 
         def held_out_r2(values, subset) -> float:
-            basis_kw = dict(kind=kind, periods=subset, max_value=max_value, degree=None, names=names)
+            basis_kw: dict[str, Any] = dict(kind=kind, periods=subset, max_value=max_value, degree=None, names=names)
             try:
                 check_identifiable(values, folds, basis_kw)
             except AnalysisError:
@@ -141,6 +141,7 @@ def search_periods(
     else:
         from arithinterp import sites as site_lib
 
+        assert pairs is not None  # given together with model (checked above)
         layer = layer_found if layer is None else layer
         if layer is None:
             raise SiteError("a causal search needs layer=")
@@ -170,7 +171,7 @@ def search_periods(
         i = best_of(scores, size)
         best.append(subsets[i])
         best_scores.append(float(scores[i]))
-    control = dict(null="values shuffled across rows (distinct values permuted)", n_shuffles=len(null))
+    control: dict[str, Any] = dict(null="values shuffled across rows (distinct values permuted)", n_shuffles=len(null))
     if null:
         null_best = [[float(torch.tensor(n)[best_of(torch.tensor(n), size)]) for n in null] for size in sizes]
         control.update(best_scores=[sum(b) / len(b) for b in null_best],

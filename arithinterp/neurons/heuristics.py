@@ -8,7 +8,7 @@ import inspect
 import itertools
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -29,7 +29,9 @@ def check_op(op: str, modulus: Optional[int] = None) -> None:
         raise TaskError(f"modulus must be an integer >= 2 or None, got {modulus!r}")
 
 
-def apply_op(a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_op(
+    a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[int] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The task's result ``a op b`` (mod ``modulus``) and where it is defined, elementwise.
 
     ``op`` is one of :data:`OPS` (``"//"`` is integer division, ``"mod"`` is ``a mod b``).
@@ -327,10 +329,12 @@ class HeuristicRegistry:
         if not isinstance(family, str) or not family:
             raise ConfigError(f"heuristic family must be a non-empty string, got {family!r}")
         if not callable(predicate):
-            raise ConfigError(f"predicate must be callable (a, b[, result]) -> bool mask, got {type(predicate).__name__}")
+            raise ConfigError(
+                f"predicate must be callable (a, b[, result]) -> bool mask, got {type(predicate).__name__}")
         _check_kind(map_kind)
         if name in self._heuristics and not overwrite:
-            raise ConfigError(f"a heuristic named {name!r} is already in this registry; pass overwrite=True to replace it")
+            raise ConfigError(
+                f"a heuristic named {name!r} is already in this registry; pass overwrite=True to replace it")
         heuristic = Heuristic(name, family, map_kind, predicate)
         probe = torch.arange(4)
         heuristic.mask(probe, probe, probe)  # fails early if the predicate is not vectorised
@@ -340,7 +344,8 @@ class HeuristicRegistry:
     def remove(self, name: str) -> None:
         """Remove a heuristic added with :meth:`add`."""
         if name not in self._heuristics:
-            raise ConfigError(f"no heuristic named {name!r} in this registry; it holds: {accepted(self._heuristics) or 'none'}")
+            raise ConfigError(
+                f"no heuristic named {name!r} in this registry; it holds: {accepted(self._heuristics) or 'none'}")
         del self._heuristics[name]
 
     def add_family(self, name: str, map_kind: str, generate: Callable[[Grid], list],
@@ -364,7 +369,8 @@ class HeuristicRegistry:
     def remove_family(self, name: str) -> None:
         """Remove a family from this registry."""
         if name not in self._families:
-            raise ConfigError(f"no family named {name!r} in this registry; it holds: {accepted(self._families) or 'none'}")
+            raise ConfigError(
+                f"no family named {name!r} in this registry; it holds: {accepted(self._families) or 'none'}")
         del self._families[name]
         self._cache.clear()
 
@@ -438,8 +444,8 @@ def values_tensor(name: str, values) -> torch.Tensor:
 
 
 def build_heuristics(
-    a_values: Iterable[int],
-    b_values: Iterable[int],
+    a_values: Union[Iterable[int], torch.Tensor],
+    b_values: Union[Iterable[int], torch.Tensor],
     op: str,
     *,
     modulus: Optional[int] = None,

@@ -139,7 +139,8 @@ def final_position_batches(prompts, batch_size: int):
 
 def check_prompts(prompts, name: str = "prompts") -> None:
     if not all(hasattr(prompts, attr) for attr in ("tokens", "a", "b", "answer_tokens", "positions")):
-        raise AnalysisError(f"{name} must be a PromptSet from arithinterp.tasks.arithmetic, got {type(prompts).__name__}")
+        raise AnalysisError(
+            f"{name} must be a PromptSet from arithinterp.tasks.arithmetic, got {type(prompts).__name__}")
     if len(prompts) == 0:
         raise AnalysisError(f"{name} is empty")
 
@@ -227,7 +228,8 @@ def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
     clean, corrupt = pairs.clean, pairs.corrupt
     out = torch.zeros(len(clean), len(layers), int(model.cfg.d_mlp))
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
-    for idx, tokens, final in tqdm(list(final_position_batches(clean, batch_size)), desc="attribution", disable=not progress):
+    batches = list(final_position_batches(clean, batch_size))
+    for idx, tokens, final in tqdm(batches, desc="attribution", disable=not progress):
         reads = _final_reads(layers, final)
         corrupt_acts = engine.run(model, corrupt.unpadded(idx), reads=reads, logits="none").reads
         g, b = good[idx], bad[idx]
@@ -270,14 +272,16 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
 
                 def set_neuron(current, pneuron=pneuron, value=value):  # [reps * B, d_mlp] at the final position
                     current = current.clone()
-                    current[torch.arange(len(current)), pneuron.to(current.device)] = value.to(current.device, current.dtype)
+                    every_row = torch.arange(len(current))
+                    current[every_row, pneuron.to(current.device)] = value.to(current.device, current.dtype)
                     return current
 
                 patch = engine.Intervention("mlp_post", layer, final.repeat(reps), value=set_neuron)
                 logits = engine.run(model, tokens.repeat(reps, 1), [patch]).logits
                 assert logits is not None  # the final position's, by default
                 metric = _final_metric(logits, good[idx].repeat(reps), bad[idx].repeat(reps))
-                out[idx[:, None], i, neurons[None, :]] = (metric - base.repeat(reps)).view(reps, len(idx)).T.float().cpu()
+                effect = (metric - base.repeat(reps)).view(reps, len(idx)).T
+                out[idx[:, None], i, neurons[None, :]] = effect.float().cpu()
             bar.update(1)
     bar.close()
     return out
@@ -354,7 +358,8 @@ def _neuron_index(model: HookedModel, neurons) -> tuple[torch.Tensor, torch.Tens
         t = torch.as_tensor(neurons).long()
         if t.ndim != 2 or t.shape[1] != 2:
             raise SiteError(
-                f"neurons must be a NeuronImportance, a (layers, indices) pair or an [N, 2] tensor of (layer, neuron); got shape {tuple(t.shape)}"
+                "neurons must be a NeuronImportance, a (layers, indices) pair or an [N, 2] tensor of "
+                f"(layer, neuron); got shape {tuple(t.shape)}"
             )
         layer, neuron = t[:, 0], t[:, 1]
     if layer.shape != neuron.shape or layer.numel() == 0:
@@ -367,17 +372,22 @@ def _neuron_index(model: HookedModel, neurons) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.inference_mode()
-def final_activations(model: HookedModel, prompts, layers: list[int], batch_size: int, progress: bool = False) -> torch.Tensor:
+def final_activations(
+    model: HookedModel, prompts, layers: list[int], batch_size: int, progress: bool = False
+) -> torch.Tensor:
     """``mlp_post`` at the final position: [P, len(layers), d_mlp] (reads of the engine)."""
     out = torch.zeros(len(prompts), len(layers), int(model.cfg.d_mlp))
-    for idx, tokens, final in tqdm(list(final_position_batches(prompts, batch_size)), desc="activations", disable=not progress):
+    batches = list(final_position_batches(prompts, batch_size))
+    for idx, tokens, final in tqdm(batches, desc="activations", disable=not progress):
         reads = engine.run(model, tokens, reads=_final_reads(layers, final), logits="none").reads
         for i, read in enumerate(reads):
             out[idx, i] = read.float().cpu()
     return out
 
 
-def mean_final_activation(model: HookedModel, prompts: PromptSet, layers: Sequence[int], batch_size: int = 512) -> torch.Tensor:
+def mean_final_activation(
+    model: HookedModel, prompts: PromptSet, layers: Sequence[int], batch_size: int = 512
+) -> torch.Tensor:
     """The mean ablation value of ``mlp_post`` at the final position, ``[len(layers), d_mlp]``.
 
     :func:`arithinterp.engine.mean_activation` (the one definition: per position counted from
@@ -388,7 +398,9 @@ def mean_final_activation(model: HookedModel, prompts: PromptSet, layers: Sequen
     return engine.mean_activation(acts[:, None])[0]  # a one-position frame: the final position
 
 
-def maps(model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: int = 512, progress: bool = False) -> NeuronMaps:
+def maps(
+    model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: int = 512, progress: bool = False
+) -> NeuronMaps:
     """K and KV maps of neurons over the operand grid of ``prompts`` (Nikankin et al. 2025).
 
     K map: the neuron's ``mlp_post`` at the final position for each (a, b). KV map: K ×
@@ -462,11 +474,13 @@ def classify(
     chosen = _check_model_layers(model, layers)
     if importance_scores is None and top_k is not None:
         pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed)
-        importance_scores = importance(model, pairs, chosen, method=method, top_k=top_k, batch_size=batch_size, progress=progress)
+        importance_scores = importance(model, pairs, chosen, method=method, top_k=top_k, batch_size=batch_size,
+                                       progress=progress)
     if importance_scores is not None:
         missing = [l for l in chosen if l not in importance_scores.layers]
         if missing:
-            raise ConfigError(f"importance_scores has no scores for layers {missing}; it covers {importance_scores.layers}")
+            raise ConfigError(
+                f"importance_scores has no scores for layers {missing}; it covers {importance_scores.layers}")
         rows = [importance_scores.layers.index(l) for l in chosen]
         top = importance_scores.top[rows]
         layer = torch.tensor(chosen).repeat_interleave(top.shape[1])

@@ -106,7 +106,9 @@ def _plans(pred: torch.Tensor, counts: np.ndarray, kindex: np.ndarray, atom_labe
     return plans
 
 
-def _hits(cells: np.ndarray, keys: np.ndarray, thresholds: np.ndarray, plans, n_heuristics: int, top: bool) -> np.ndarray:
+def _hits(
+    cells: np.ndarray, keys: np.ndarray, thresholds: np.ndarray, plans, n_heuristics: int, top: bool
+) -> np.ndarray:
     """Cells of each heuristic inside its top-k (``top``) or bottom-k, per row: [n, H].
 
     ``cells[:, i]`` is the cell at descending rank i; ``thresholds[:, j]`` the key of the k_j-th
@@ -174,7 +176,8 @@ def score_maps(
     """
     if maps.ndim != 2 or predicates.ndim != 2 or maps.shape[1] != predicates.shape[0]:
         raise AnalysisError(
-            f"maps must be [N, C] and predicates [C, H] with the same C; got {tuple(maps.shape)} and {tuple(predicates.shape)}"
+            f"maps must be [N, C] and predicates [C, H] with the same C; "
+            f"got {tuple(maps.shape)} and {tuple(predicates.shape)}"
         )
     N, C = maps.shape
     predicates = predicates.bool()
@@ -200,9 +203,11 @@ def score_maps(
         keys = _keys(values, tiebreak)
         ordered = np.sort(keys, axis=1)
         cells = np.take_along_axis(cell_of, ordered[:, ::-1] & 0xFFFFFFFF, axis=1)  # cells by descending rank
-        top[start : start + chunk_size] = torch.from_numpy(_hits(cells, keys, ordered[:, C - distinct], plans, H, True) / scale)
-        if bottom:
-            low[start : start + chunk_size] = torch.from_numpy(_hits(cells, keys, ordered[:, distinct - 1], plans, H, False) / scale)
+        top[start : start + chunk_size] = torch.from_numpy(
+            _hits(cells, keys, ordered[:, C - distinct], plans, H, True) / scale)
+        if low is not None:  # bottom
+            low[start : start + chunk_size] = torch.from_numpy(
+                _hits(cells, keys, ordered[:, distinct - 1], plans, H, False) / scale)
     return top, low
 
 
@@ -318,7 +323,7 @@ def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progre
             atoms=atoms[kind], bottom=bottom, seed=seed, chunk_size=chunk_size, progress=progress, shuffle=shuffle,
         )
         scores[:, cols] = top
-        if bottom:
+        if low is not None:  # bottom
             bottom_scores[:, cols] = low
     return scores, bottom_scores
 
@@ -406,16 +411,19 @@ def classify_maps(
     if not given:
         raise AnalysisError("give k_maps, kv_maps or both")
     a_vals, b_vals = values_tensor("a_values", a_values), values_tensor("b_values", b_values)
-    shape = None
+    shape: Optional[torch.Size] = None
     for name, m in given.items():
         if not isinstance(m, torch.Tensor) or m.ndim != 3 or m.shape[1:] != (len(a_vals), len(b_vals)):
             got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise AnalysisError(
-                f"{name} must be a tensor [neurons, len(a_values), len(b_values)] = [N, {len(a_vals)}, {len(b_vals)}], got {got}"
+                f"{name} must be a tensor [neurons, len(a_values), len(b_values)] = "
+                f"[N, {len(a_vals)}, {len(b_vals)}], got {got}"
             )
         if shape is not None and m.shape != shape:
-            raise AnalysisError(f"k_maps and kv_maps must have the same shape, got {tuple(shape)} and {tuple(m.shape)}")
+            raise AnalysisError(
+                f"k_maps and kv_maps must have the same shape, got {tuple(shape)} and {tuple(m.shape)}")
         shape = m.shape
+    assert shape is not None  # given holds at least one map
     N = shape[0]
     if N == 0:
         raise AnalysisError("no neuron maps given (N = 0)")
@@ -454,7 +462,8 @@ def classify_maps(
     )
     if shuffle_control:
         null_top, null_bottom = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, progress, shuffle=True)
-        null_q = benjamini_hochberg(_p_values(null_top, null_bottom if bottom else None, heuristics.counts, n_legal).numpy())
+        null_p = _p_values(null_top, null_bottom if bottom else None, heuristics.counts, n_legal)
+        null_q = benjamini_hochberg(null_p.numpy())
         best = _best(null_top, null_bottom, bottom)[:, keep]
         control["shuffled"] = _null_summary(best, torch.from_numpy(null_q)[:, keep], threshold, fdr)
     extra = dict(meta or {})

@@ -18,12 +18,12 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, clone
+from sklearn.base import BaseEstimator
 
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import answer_digit_count, answer_slot_mask, answer_activations, answer_slots
-from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, to_tensor
+from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, clone_estimator, to_tensor
 from arithinterp.results import Result, build_meta
 
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
@@ -106,9 +106,10 @@ def detection_metrics(correct: torch.Tensor, predicted_correct: torch.Tensor, sc
         auroc=float(skm.roc_auc_score(truth, score.double().numpy())) if both else float("nan"),
         error_precision=float((flagged & wrong).sum() / max(flagged.sum(), 1)),
         error_recall=float((flagged & wrong).sum() / max(wrong.sum(), 1)),
-        precision=float(skm.precision_score(truth, pred, zero_division=0)),
-        recall=float(skm.recall_score(truth, pred, zero_division=0)),
-        f1=float(skm.f1_score(truth, pred, zero_division=0)),
+        # scikit-learn infers zero_division: str from its "warn" default; 0 is a documented value
+        precision=float(skm.precision_score(truth, pred, zero_division=0)),  # pyright: ignore[reportArgumentType]
+        recall=float(skm.recall_score(truth, pred, zero_division=0)),  # pyright: ignore[reportArgumentType]
+        f1=float(skm.f1_score(truth, pred, zero_division=0)),  # pyright: ignore[reportArgumentType]
         always_correct_accuracy=rate,
         baseline_accuracy=max(rate, 1 - rate),
         error_rate=1 - rate,
@@ -205,12 +206,12 @@ def _fit_problems(probe: Any, X: torch.Tensor, labels: torch.Tensor, masks: torc
         else:
             todo.append(i)
     if todo and type(probe) is LogisticProbe:
-        many = clone(probe).fit_many(X, labels[todo], masks[todo])
+        many = clone_estimator(probe).fit_many(X, labels[todo], masks[todo])
         for i, one in zip(todo, many):
             fitted[i] = one
     else:
         for i in todo:
-            fitted[i] = clone(probe).fit(X[masks[i]], labels[i][masks[i]])
+            fitted[i] = clone_estimator(probe).fit(X[masks[i]], labels[i][masks[i]])
     return fitted
 
 
@@ -269,8 +270,8 @@ class ErrorDetector(BaseEstimator):
 
     def __init__(self, probe: Any = None, layers: Union[None, int, Sequence[int]] = None, site: str = "resid_post",
                  position: str = "final", method: str = "auto", threshold: Union[str, float] = "auto",
-                 cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0, batch_size: int = 256,
-                 progress: bool = False):
+                 cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0,
+                 batch_size: int = 256, progress: bool = False):
         self.probe = probe
         self.layers = layers
         self.site = site
@@ -298,10 +299,12 @@ class ErrorDetector(BaseEstimator):
             raise ConfigError(f"truth must be 'answer' or 'slot' (what the true-value probes read), got {self.truth!r}")
         t = self.threshold
         if not (t in THRESHOLD_RULES or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)):
-            raise ConfigError(f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
+            raise ConfigError(
+                f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
         site_lib.check_site(self.site)
         probe = LogisticProbe(C=0.05) if self.probe is None else self.probe
-        classifier = isinstance(probe, CircularProbe) or (hasattr(probe, "predict_proba") and not isinstance(probe, RidgeProbe))
+        classifier = isinstance(probe, CircularProbe) or (hasattr(probe, "predict_proba")
+                                                          and not isinstance(probe, RidgeProbe))
         if not (hasattr(probe, "fit") and hasattr(probe, "get_params") and classifier):
             raise ConfigError(
                 f"probe must be a classifier estimator with fit / predict_proba (e.g. LogisticProbe(), MLPProbe(), "
@@ -384,13 +387,15 @@ class ErrorDetector(BaseEstimator):
         n_wrong, n_right = int((~correct).sum()), int(correct.sum())
         if min(n_wrong, n_right) < self.cv:
             raise AnalysisError(
-                f"error detection with cv={self.cv} folds needs at least {self.cv} correct and {self.cv} wrong answers; "
-                f"got {n_right} correct and {n_wrong} wrong (use more prompts, fewer folds or a model that still errs)"
+                f"error detection with cv={self.cv} folds needs at least {self.cv} correct and {self.cv} wrong "
+                f"answers; got {n_right} correct and {n_wrong} wrong (use more prompts, fewer folds or a model "
+                "that still errs)"
             )
         carries = self._check_carries(carries, slots) if self.carries else None
         Xs = X.permute(0, 2, 1, 3).flatten(2)  # [N, S, L·d]: the chosen layers side by side
         # slots read at the same position share one activation: the direct probe sees each once
-        self.direct_slots_ = [s for s in range(Xs.shape[1]) if not any(torch.equal(Xs[:, s], Xs[:, t]) for t in range(s))]
+        self.direct_slots_ = [s for s in range(Xs.shape[1])
+                              if not any(torch.equal(Xs[:, s], Xs[:, t]) for t in range(s))]
         self.n_slots_, self.n_features_ = Xs.shape[1], Xs.shape[2]
         from sklearn.model_selection import StratifiedKFold
 
@@ -437,7 +442,8 @@ class ErrorDetector(BaseEstimator):
         oof = {}
         for method in DETECTOR_METHODS:
             F = features[method]
-            oof[method] = torch.as_tensor(cross_val_predict(_calibrator(), F, y, cv=folds, method="predict_proba")[:, 1])
+            proba = np.asarray(cross_val_predict(_calibrator(), F, y, cv=folds, method="predict_proba"))
+            oof[method] = torch.as_tensor(proba[:, 1])
             self.calibrators_[method] = _calibrator().fit(F, y)
             rule = self.threshold
             threshold = best_threshold(correct, oof[method], rule) if isinstance(rule, str) else float(rule)
@@ -498,7 +504,9 @@ class ErrorDetector(BaseEstimator):
             meta=dict(self.meta_),
         )
 
-    def answer_confidence_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None) -> torch.Tensor:
+    def answer_confidence_activations(
+        self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None
+    ) -> torch.Tensor:
         """:meth:`answer_confidence` from activations ``X`` [N, L, S, d] read with the answer fed
         back and its labels (``slots["output"]`` / ``carries["output"]`` are the answer's)."""
         self._check_fitted()
@@ -557,7 +565,8 @@ class ErrorDetector(BaseEstimator):
             targets = [("true_digit", slots["true"][:, s], valid), ("output_digit", slots["output"][:, s], valid)]
             if carries is not None and carries["valid"][:, s].any():
                 rows = carries["valid"][:, s]
-                targets += [("true_carry", carries["true"][:, s], rows), ("output_carry", carries["output"][:, s], rows)]
+                targets += [("true_carry", carries["true"][:, s], rows),
+                            ("output_carry", carries["output"][:, s], rows)]
             per_slot.append(targets)
         return per_slot
 
@@ -574,7 +583,7 @@ class ErrorDetector(BaseEstimator):
     def _direct_probe(self, probe: Any) -> Any:
         if isinstance(probe, CircularProbe):  # an angle cannot tell two classes apart: a logistic probe does
             probe = LogisticProbe(C=0.05)
-        probe = clone(probe)
+        probe = clone_estimator(probe)
         if "class_weight" in probe.get_params():
             probe.set_params(class_weight="balanced")
         return probe
@@ -616,7 +625,8 @@ class ErrorDetector(BaseEstimator):
                     agree[kind][:, s] = self._agree(probes[f"true_{kind}"], probes[f"output_{kind}"], Xs[:, s], Xd)
         direct = self._p_correct(self.direct_probe_, Xd)
         features = self._method_features(agree, direct, valid)
-        return {m: torch.as_tensor(self.calibrators_[m].predict_proba(features[m])[:, 1]).float() for m in DETECTOR_METHODS}
+        return {m: torch.as_tensor(self.calibrators_[m].predict_proba(features[m])[:, 1]).float()
+                for m in DETECTOR_METHODS}
 
 
 @dataclass(frozen=True)

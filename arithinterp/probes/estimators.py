@@ -12,12 +12,12 @@ from __future__ import annotations
 import abc
 
 import math
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, TypeVar, Union, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 
@@ -432,3 +432,12 @@ def make_probe(kind: str, random_state: Optional[int] = None, **kwargs: Any) -> 
 def is_classifier_kind(kind: str) -> bool:
     """Whether ``kind`` predicts discrete labels (scored by accuracy) rather than values (R²)."""
     return kind != "ridge"
+
+
+Estimator = TypeVar("Estimator")
+
+
+def clone_estimator(estimator: Estimator) -> Estimator:
+    """``sklearn.base.clone``: an unfitted copy of ``estimator`` with the same parameters."""
+    # clone is unannotated; its inferred return type is a union of the containers it also copies
+    return cast(Estimator, clone(estimator))

@@ -28,6 +28,7 @@ from arithinterp.probes.estimators import (
     as_targets,
     to_tensor,
     make_probe,
+    clone_estimator,
 )
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
@@ -56,7 +57,9 @@ def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torc
     return values
 
 
-def resolve_target(prompts: Any, target: Any, n: int, model_answer: Any = None) -> tuple[torch.Tensor, torch.Tensor, str]:
+def resolve_target(
+    prompts: Any, target: Any, n: int, model_answer: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Labels for ``target``: ``(y [n_kept], keep BoolTensor [n], name)``.
 
     ``target`` is a label name of ``prompts.label`` (``"a"``, ``"answer_digit_0"``,
@@ -91,7 +94,8 @@ def resolve_target(prompts: Any, target: Any, n: int, model_answer: Any = None) 
     try:
         return prompts.label(name), keep, name
     except TaskError as error:
-        raise AnalysisError(f"{error}; or a model target {accepted(_MODEL_TARGETS)}; or an array of {n} values") from error
+        raise AnalysisError(
+            f"{error}; or a model target {accepted(_MODEL_TARGETS)}; or an array of {n} values") from error
 
 
 # --- cross-validation -----------------------------------------------------------------------------
@@ -111,7 +115,8 @@ def resolve_groups(prompts: Any, groups: Any, n: int) -> tuple[Optional[np.ndarr
         if prompts is None:
             if groups == "auto":
                 return None, None
-            raise AnalysisError(f"groups={groups!r} needs activations that carry their prompts; pass an array of {n} group ids")
+            raise AnalysisError(
+                f"groups={groups!r} needs activations that carry their prompts; pass an array of {n} group ids")
         if groups in ("auto", "pair"):
             pairs = torch.stack([prompts.a, prompts.b], 1)
             ids = torch.unique(pairs, dim=0, return_inverse=True)[1].numpy()
@@ -151,7 +156,9 @@ def _folds(y: torch.Tensor, cv: int, stratify: bool, random_state: int,
     return list(splitter.split(np.zeros(n), labels, groups))
 
 
-def _fold_scheme(cv: int, stratified: bool, groups: Optional[np.ndarray], group_name: Optional[str], asked: Any) -> dict:
+def _fold_scheme(
+    cv: int, stratified: bool, groups: Optional[np.ndarray], group_name: Optional[str], asked: Any
+) -> dict:
     """How the folds were made, in words (``text``) and numbers, for the result's meta."""
     info: dict[str, Any] = dict(cv=cv, stratified=stratified, groups=group_name)
     if groups is None:
@@ -160,7 +167,8 @@ def _fold_scheme(cv: int, stratified: bool, groups: Optional[np.ndarray], group_
         return info
     counts = np.unique(groups, return_counts=True)[1]
     info.update(n_groups=len(counts), largest_group=int(counts.max()))
-    what = "(a, b) pair" if group_name == "pair" else ("the given groups" if group_name == "custom" else f"label {group_name!r}")
+    what = ("(a, b) pair" if group_name == "pair"
+            else "the given groups" if group_name == "custom" else f"label {group_name!r}")
     info["text"] = (f"{cv}-fold grouped by {what} ({len(counts)} groups, up to {int(counts.max())} prompts each)"
                     f"{', stratified by label' if stratified else ''}")
     return info
@@ -198,24 +206,23 @@ def _probe_cell(estimator: Any, X: torch.Tensor, label_sets: list, folds, full: 
     """Held-out scores ``[len(label_sets), n_folds]`` for each label set on the same folds (each
     fit on a fresh ``clone`` of ``estimator``), and (when ``full``) the probe fitted on every
     sample of the first label set."""
-    from sklearn.base import clone
-
     if type(estimator) is LogisticProbe:  # every fold of every label set (and the full fit) in one L-BFGS run
         masks = torch.zeros(len(folds), len(X), dtype=torch.bool)
         for f, (train, _) in enumerate(folds):
             masks[f, train] = True
         targets = torch.cat([y.expand(len(folds), -1) for y in label_sets] + ([label_sets[0][None]] if full else []))
         masks = torch.cat([masks] * len(label_sets) + ([torch.ones(1, len(X), dtype=torch.bool)] if full else []))
-        fitted = clone(estimator).fit_many(X, targets, masks)
+        fitted = clone_estimator(estimator).fit_many(X, targets, masks)
         scores = [[fitted[s * len(folds) + f].score(X[test], y[test]) for f, (_, test) in enumerate(folds)]
                   for s, y in enumerate(label_sets)]
         return torch.tensor(scores), (fitted[-1] if full else None)
     X_in = _as_input(estimator, X)
     Y_in = [_as_input(estimator, y) for y in label_sets]
-    scores = [[float(clone(estimator).fit(X_in[train], y[train]).score(X_in[test], y[test])) for train, test in folds]
+    scores = [[float(clone_estimator(estimator).fit(X_in[train], y[train]).score(X_in[test], y[test]))
+               for train, test in folds]
               for y in Y_in]
     full_fit = full and not isinstance(estimator, MLPProbe)  # a non-linear probe has no directions to keep
-    return torch.tensor(scores), (clone(estimator).fit(X_in, Y_in[0]) if full_fit else None)
+    return torch.tensor(scores), (clone_estimator(estimator).fit(X_in, Y_in[0]) if full_fit else None)
 
 
 def confidence_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,7 +339,8 @@ class ProbeResult(Result):
 
 def _check_acts(acts: Any, name: str = "acts") -> None:
     if not all(hasattr(acts, attr) for attr in ("data", "layers", "positions")):
-        raise AnalysisError(f"{name} must be an Activations (from arithinterp.activations.collect), got {type(acts).__name__}")
+        raise AnalysisError(
+            f"{name} must be an Activations (from arithinterp.activations.collect), got {type(acts).__name__}")
 
 
 def _pick_site(acts: Any, site: Optional[str]) -> str:
@@ -369,8 +377,8 @@ def _resolve_estimator(kind: Optional[str], estimator: Any, probe_kw: dict, rand
         return make_probe(kind, **dict(dict(random_state=random_state), **probe_kw)), kind
     if kind is not None or probe_kw:
         given = ["kind"] * (kind is not None) + list(probe_kw)
-        raise ConfigError(f"pass either estimator= or kind= with probe options, not both (got estimator and {accepted(given)}); "
-                          "set options on the estimator itself")
+        raise ConfigError("pass either estimator= or kind= with probe options, not both "
+                          f"(got estimator and {accepted(given)}); set options on the estimator itself")
     if not all(callable(getattr(estimator, m, None)) for m in ("fit", "score", "get_params")):
         raise ConfigError(f"estimator must be a scikit-learn-style estimator with fit, score and get_params, "
                           f"got {type(estimator).__name__}; for a named probe use kind={accepted(PROBE_KINDS)}")
@@ -434,7 +442,8 @@ def probe_layers(
             raise ConfigError(f"unknown control {name!r}; accepted: {accepted(CONTROLS)}")
     if "random_init" in controls:
         if control_acts is None:
-            raise AnalysisError("control 'random_init' needs control_acts: collect(random_like(model, seed), prompts, ...)")
+            raise AnalysisError(
+                "control 'random_init' needs control_acts: collect(random_like(model, seed), prompts, ...)")
         _check_acts(control_acts, "control_acts")
         if site not in control_acts.data or tuple(control_acts.data[site].shape) != tuple(acts.data[site].shape):
             raise AnalysisError(
@@ -475,8 +484,7 @@ def probe_layers(
                 X_control = features(control_acts, layers[li], positions[pi])
                 control_scores[controls.index("random_init"), li, pi] = _probe_cell(
                     estimator, X_control, [y], folds, full=False)[0][0]
-            read_out = _directions(probe) if probe is not None else None
-            if read_out is not None:
+            if probe is not None and (read_out := _directions(probe)) is not None:
                 directions.append(read_out)
                 if hasattr(probe, "classes_"):  # a binary classifier has one row, towards its second class
                     classes = torch.as_tensor(np.asarray(probe.classes_)).tolist()[-len(read_out):]
@@ -489,7 +497,8 @@ def probe_layers(
     chance = float(torch.unique(y, return_counts=True)[1].max()) / len(y) if classifier else 0.0
     if isinstance(estimator, CircularProbe):
         chance = float(torch.bincount(y % estimator.period).max()) / len(y)
-    params = {k: v for k, v in estimator.get_params(deep=False).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    params = {k: v for k, v in estimator.get_params(deep=False).items()
+              if isinstance(v, (int, float, str, bool, type(None)))}
     meta = build_meta(
         target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, random_state=random_state,
         probe=dict(kind=kind, **params), folds=scheme, activations=dict(getattr(acts, "meta", None) or {}),

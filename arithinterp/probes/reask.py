@@ -88,7 +88,9 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
     return few_shot
 
 
-def vote_policy(n_samples: int = 8, temperature: float = 1.0, seed: int = 0, batch_size: int = 256) -> Callable[[Any, Any], torch.Tensor]:
+def vote_policy(
+    n_samples: int = 8, temperature: float = 1.0, seed: int = 0, batch_size: int = 256
+) -> Callable[[Any, Any], torch.Tensor]:
     """Re-ask by sampling ``n_samples`` answers at ``temperature`` and keeping the most frequent
     number (self-consistency); seeded. A deterministic greedy re-run could not change an answer."""
     if not (n_samples >= 1 and temperature > 0):
@@ -107,7 +109,8 @@ def vote_policy(n_samples: int = 8, temperature: float = 1.0, seed: int = 0, bat
                 nxt = torch.multinomial(probs, 1, generator=generator).to(tokens.device)
                 tokens = torch.cat([tokens, nxt], dim=1)
             generated = tokens[:, -k:].cpu()
-            parsed = _parse_answers(prompts.tokenizer, generated, prompts.n_answer_tokens[idx].repeat_interleave(n_samples))
+            n_answer = prompts.n_answer_tokens[idx].repeat_interleave(n_samples)
+            parsed = _parse_answers(prompts.tokenizer, generated, n_answer)
             values[idx] = parsed.view(len(idx), n_samples)
         # most frequent parsable value per prompt (ties: the earliest sample)
         counts = (values[:, :, None] == values[:, None, :]).sum(-1) - 0.5 * (values == _UNPARSABLE)
@@ -161,7 +164,8 @@ class RepairResult(Result):
 
         return pd.DataFrame(dict(
             a=self.a.numpy(), b=self.b.numpy(), answer=self.answer.numpy(), flagged=self.flagged.numpy(),
-            answer_before=self.answer_before.numpy(), answer_after=self.answer_after.numpy(), accepted=self.accepted.numpy(),
+            answer_before=self.answer_before.numpy(), answer_after=self.answer_after.numpy(),
+            accepted=self.accepted.numpy(),
             correct_before=self.correct_before.numpy(), correct_after=self.correct_after.numpy(),
         ))
 
@@ -228,7 +232,8 @@ def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[C
             new = policy(model, sub)
         new = to_tensor(getattr(new, "model_answer", new), "policy answers").long()
         if new.shape != (len(sub),):
-            raise AnalysisError(f"the policy must return one answer per flagged prompt ({len(sub)}), got {tuple(new.shape)}")
+            raise AnalysisError(
+                f"the policy must return one answer per flagged prompt ({len(sub)}), got {tuple(new.shape)}")
         keep = new != evaluation.model_answer[flagged]
         if accept == "confidence" and keep.any():
             candidate, scorable = _answer_evaluation(sub, new)
