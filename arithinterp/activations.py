@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -21,6 +21,10 @@ from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
+    from arithinterp.types import HookedModel
 
 PositionSpec = Union[str, int, Sequence[Union[str, int]]]
 
@@ -75,7 +79,7 @@ class Activations:
         return sum(t.numel() * t.element_size() for t in self.data.values())
 
 
-def forward_bytes_per_prompt(model: Any, seq_len: int) -> int:
+def forward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
     """Rough transient memory of one prompt's forward: residual-width and MLP-width tensors
     per layer plus attention scores (float32). Measured within ~30% on the zoo models."""
     cfg = model.cfg
@@ -83,7 +87,7 @@ def forward_bytes_per_prompt(model: Any, seq_len: int) -> int:
     return 4 * seq_len * per_token
 
 
-def auto_batch_size(model: Any, seq_len: int, returned_bytes: int, low: int = 16, high: int = 1024) -> int:
+def auto_batch_size(model: HookedModel, seq_len: int, returned_bytes: int, low: int = 16, high: int = 1024) -> int:
     """Prompts per forward so that the transient memory stays within half of (output + model)."""
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = 0.5 * (returned_bytes + model_bytes)
@@ -117,8 +121,8 @@ def _check_storage(dtype: Any, store: Union[str, Path, None]) -> Optional[torch.
 
 
 def collect(
-    model: Any,
-    prompts: Any,
+    model: HookedModel,
+    prompts: PromptSet,
     sites: Union[str, Sequence[str]] = ("resid_post",),
     layers: Optional[Sequence[int]] = None,
     positions: PositionSpec = "final",

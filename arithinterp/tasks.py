@@ -16,11 +16,14 @@ import random
 import re
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union, overload
 
 import torch
 
 from arithinterp.errors import PromptIndexError, SiteError, TaskError, TokenizationError, accepted
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 OPERATORS: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,
@@ -366,7 +369,7 @@ class PromptSet:
         return batches
 
     @torch.inference_mode()
-    def evaluate(self, model: Any, batch_size: Optional[int] = None, progress: bool = False,
+    def evaluate(self, model: HookedModel, batch_size: Optional[int] = None, progress: bool = False,
                  interventions: Sequence[Any] = ()) -> Evaluation:
         """Greedily generate each answer's tokens and compare with the true answer.
 
@@ -403,7 +406,7 @@ class PromptSet:
         return Evaluation(correct, torch.tensor(values), texts, generated)
 
     @torch.inference_mode()
-    def answer_logprob(self, model: Any, batch_size: Optional[int] = None) -> torch.Tensor:
+    def answer_logprob(self, model: HookedModel, batch_size: Optional[int] = None) -> torch.Tensor:
         """Log-probability of each true answer, [N].
 
         With ``scoring="first_token"`` that of the answer's first token; with
@@ -419,7 +422,7 @@ class PromptSet:
             total[idx] = teacher_forced_logprobs(model, self.unpadded(idx), self.answer_tokens[idx, :n_score]).sum(-1)
         return total
 
-    def correct_only(self, model: Any, evaluation: Optional[Evaluation] = None) -> "PromptSet":
+    def correct_only(self, model: HookedModel, evaluation: Optional[Evaluation] = None) -> "PromptSet":
         """Keep only the prompts the model answers correctly; ``meta`` records how many were dropped."""
         evaluation = evaluation or self.evaluate(model)
         kept = self[evaluation.correct]

@@ -16,7 +16,7 @@ clean run (every edge kept) and ``m_none`` every edge ablated.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -26,6 +26,10 @@ from arithinterp.engine.edges import Layout
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.patching.core import check_choice, metric_name
 from arithinterp.results import Result, build_meta
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs
+    from arithinterp.types import HookedModel
 
 SCORE_METHODS = ("exact", "eap", "eap-ig")
 ABLATIONS = ("resample", "mean")
@@ -132,8 +136,8 @@ class Faithfulness(Result):
 
 
 def score_edges(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     method: str = "eap-ig",
     *,
     positions: Optional[Sequence] = None,
@@ -220,8 +224,8 @@ def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: s
 
 
 def faithfulness(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     circuit: Circuit,
     sizes: Optional[Sequence[int]] = None,
     *,
@@ -283,8 +287,8 @@ def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", me
 
 
 def prune(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     circuit: Circuit,
     tau: float = 0.01,
     *,

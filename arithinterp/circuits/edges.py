@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -30,6 +30,10 @@ from arithinterp.patching.core import (
     metric_fn,
     resolve_positions,
 )
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs
+    from arithinterp.types import HookedModel
 
 VALUES = ("source", "corrupt", "clean", "mean")
 METHODS = ("eap", "eap-ig")
@@ -71,8 +75,8 @@ def _mean_senders(model, prompts) -> torch.Tensor:
 
 
 def run_edge_sets(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     graph: Graph,
     edge_sets: torch.Tensor,
     metric: Union[str, Callable] = "logit_diff",
@@ -150,8 +154,8 @@ def run_edge_sets(
 
 
 def patch_edges(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     graph: Optional[Graph] = None,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
@@ -182,8 +186,8 @@ def patch_edges(
 
 
 def attribute_edges(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     graph: Optional[Graph] = None,
     method: str = "eap-ig",
     steps: int = 5,

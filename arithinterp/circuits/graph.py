@@ -16,12 +16,15 @@ patches every position at once, and its edge ``s → r`` is the sum of the posit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
 from arithinterp.engine.edges import CHANNELS, Layout
 from arithinterp.errors import AnalysisError, SiteError, accepted
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class Graph:
         self._by_name = {e.name: i for i, e in enumerate(edges)}
 
     @classmethod
-    def of(cls, model: Any, positions: Optional[Sequence] = None) -> "Graph":
+    def of(cls, model: HookedModel, positions: Optional[Sequence] = None) -> "Graph":
         """The graph of ``model`` (anything with ``cfg.n_layers``, ``n_heads``, ...)."""
         return cls(Layout.of(model), positions)
 

@@ -27,12 +27,15 @@ from __future__ import annotations
 import inspect
 import weakref
 from contextlib import contextmanager
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
 from arithinterp.engine.forward import run
 from arithinterp.engine.hooks import module_hooks
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 __all__ = ["batch_size_for", "decode_mode", "greedy", "teacher_forced_logprobs"]
 
@@ -131,7 +134,7 @@ def _close(fast: Optional[torch.Tensor], full: torch.Tensor, tolerance: float) -
     return float((fast - full).abs().max()) <= tolerance * max(1.0, float(full.abs().max()))
 
 
-def decode_mode(model: Any, tokens: Optional[torch.Tensor] = None) -> str:
+def decode_mode(model: HookedModel, tokens: Optional[torch.Tensor] = None) -> str:
     """``"cached"``, ``"uncached"`` or ``"full"``: the fastest path whose logits match the plain
     forward on a short probe of ``tokens`` (its first row; at least 2 tokens). Decided once per
     model, never while hooks are attached (then ``"full"``).
@@ -168,8 +171,10 @@ def decode_mode(model: Any, tokens: Optional[torch.Tensor] = None) -> str:
 # --- memory budget -------------------------------------------------------------------------------
 
 
-def batch_size_for(model: Any, seq_len: int, n_read: int = 1, n_new: int = 0, *, budget_bytes: Optional[float] = None,
-                   plain: bool = False, low: int = 1, high: int = 1024) -> int:
+def batch_size_for(
+    model: HookedModel, seq_len: int, n_read: int = 1, n_new: int = 0, *, budget_bytes: Optional[float] = None,
+    plain: bool = False, low: int = 1, high: int = 1024,
+) -> int:
     """Prompts per forward so that one batch's transient memory stays within ``budget_bytes``
     (default: half the model's parameter bytes, at least :data:`MIN_BUDGET`, so the peak stays
     within 1.5× model + batch).
@@ -200,7 +205,7 @@ def batch_size_for(model: Any, seq_len: int, n_read: int = 1, n_new: int = 0, *,
 
 
 @torch.inference_mode()
-def greedy(model: Any, tokens: torch.Tensor, n_new: int, interventions: Sequence[Any] = ()) -> torch.Tensor:
+def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: Sequence[Any] = ()) -> torch.Tensor:
     """Greedily generate ``n_new`` tokens after each row of ``tokens`` ``[B, T]`` (same-length,
     unpadded prompts) → ``[B, n_new]`` (long, on the CPU).
 
@@ -241,7 +246,7 @@ def greedy(model: Any, tokens: torch.Tensor, n_new: int, interventions: Sequence
 
 
 @torch.inference_mode()
-def teacher_forced_logprobs(model: Any, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+def teacher_forced_logprobs(model: HookedModel, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """Log-probability ``[B, K]`` of each answer token (``answer`` ``[B, K]``; −1 padding is fed
     as token 0 and scores 0) with the earlier answer tokens fed after ``tokens`` ``[B, T]``.
 

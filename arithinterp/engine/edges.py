@@ -26,12 +26,15 @@ copy of the batch: many edge sets run in one forward, as the patching sweeps sta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 CHANNELS = ("q", "k", "v")
 
@@ -53,7 +56,7 @@ class Layout:
     d_model: int
 
     @classmethod
-    def of(cls, model: Any) -> "Layout":
+    def of(cls, model: HookedModel) -> "Layout":
         cfg = model.cfg
         n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
         return cls(int(cfg.n_layers), int(cfg.n_heads), int(n_kv), not bool(getattr(cfg, "attn_only", False)),
@@ -288,7 +291,7 @@ class EdgeForward:
         return out
 
 
-def sender_outputs(model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sender_outputs(model: HookedModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every sender's output on ``tokens [B, T]``: ``([B, T, S, d_model], final logits [B, V])``."""
     engine = EdgeForward(model)
     with torch.inference_mode():

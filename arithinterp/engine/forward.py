@@ -15,13 +15,16 @@ activation's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
 
 import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError, SiteError
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 Value = Union[float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
@@ -159,7 +162,7 @@ def _slice_index(site: str, activation: torch.Tensor, positions: Optional[torch.
 
 
 def run(
-    model: Any,
+    model: HookedModel,
     tokens: torch.Tensor,
     interventions: Sequence[Intervention] = (),
     reads: Sequence[Read] = (),

@@ -8,20 +8,23 @@ removed when its ``with`` block ends, whatever happens inside it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 HookList = Sequence[tuple[str, Callable]]
 
 
-def forward_with_hooks(model: Any, tokens: torch.Tensor, fwd_hooks: HookList, **kwargs: Any) -> Any:
+def forward_with_hooks(model: HookedModel, tokens: torch.Tensor, fwd_hooks: HookList, **kwargs: Any) -> Any:
     """``model(tokens)`` with TransformerLens hooks ``(name, fn(activation, hook))`` in place."""
     return model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
 
 
 @contextlib.contextmanager
-def hook_points(model: Any, fwd_hooks: HookList) -> Iterator[None]:
+def hook_points(model: HookedModel, fwd_hooks: HookList) -> Iterator[None]:
     """TransformerLens hooks in place for the ``with`` block (for calls other than a whole forward)."""
     with model.hooks(fwd_hooks=list(fwd_hooks)):
         yield

@@ -25,12 +25,15 @@ import contextlib
 import inspect
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
 from arithinterp.engine.hooks import hook_points, module_hooks
 from arithinterp.errors import AnalysisError
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 # call arguments that carry a position axis, and where it is
 _POSITION_AXIS = {"position_ids": -1, "cache_position": -1, "position_embeddings": -2, "attention_mask": -2}
@@ -303,7 +306,7 @@ def _fingerprint(model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def stepper_for(model: Any, tokens: torch.Tensor, engine: str = "auto") -> tuple[Optional[Stepper], str]:
+def stepper_for(model: HookedModel, tokens: torch.Tensor, engine: str = "auto") -> tuple[Optional[Stepper], str]:
     """The model's :class:`Stepper` when stepping reproduces its logits, else ``None``, with a status.
 
     ``engine="hooks"`` asks for whole forwards; ``"stepped"`` refuses to fall back. The check

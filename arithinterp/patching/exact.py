@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -30,6 +30,10 @@ from arithinterp.patching.core import (
 from arithinterp.engine import PatchRunner, stepper_for
 from arithinterp.engine.patches import RUN, SOURCE
 
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptPairs
+    from arithinterp.types import HookedModel
+
 
 def _site_width(model, site: str, length: int) -> int:
     """Floats per pair and position that one stacked cell holds while its run is resumed."""
@@ -43,8 +47,8 @@ def _site_width(model, site: str, length: int) -> int:
 
 
 def activation_patching(
-    model: Any,
-    pairs: Any,
+    model: HookedModel,
+    pairs: PromptPairs,
     site: str,
     metric: Union[str, Callable] = "logit_diff",
     layers: Optional[Sequence[int]] = None,

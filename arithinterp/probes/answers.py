@@ -17,6 +17,9 @@ from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer th
 from arithinterp.types import HookedModel
 
 if TYPE_CHECKING:
+    from arithinterp.tasks import Evaluation
+
+if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
 
 
@@ -42,7 +45,7 @@ def answer_digit_count(prompts: PromptSet) -> int:
 def answer_activations(
     model: HookedModel,
     prompts: PromptSet,
-    evaluation: Any = None,
+    evaluation: Optional[Evaluation] = None,
     site: str = "resid_post",
     layers: Optional[Sequence[int]] = None,
     batch_size: int = 256,
@@ -97,7 +100,7 @@ def answer_slot_mask(prompts: PromptSet, n_slots: int) -> torch.Tensor:
     return torch.arange(n_slots)[None, :] < prompts.n_answer_tokens[:, None]
 
 
-def answer_slots(prompts: PromptSet, evaluation: Any) -> dict[str, torch.Tensor]:
+def answer_slots(prompts: PromptSet, evaluation: Evaluation) -> dict[str, torch.Tensor]:
     """Per answer slot: the true value, the model's value, and whether the slot exists.
 
     Single-token answers: one slot per decimal digit of the answer (units first), read from

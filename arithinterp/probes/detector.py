@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -25,6 +25,11 @@ from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import answer_digit_count, answer_slot_mask, answer_activations, answer_slots
 from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, clone_estimator, to_tensor
 from arithinterp.results import Result, build_meta
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import Evaluation
+    from arithinterp.tasks import PromptSet
+    from arithinterp.types import HookedModel
 
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
 DETECTOR_POSITIONS = ("final", "final_only")
@@ -49,7 +54,7 @@ def _slot_offsets(prompts: Any, position: str) -> torch.Tensor:
     return torch.arange(k) if position == "final" else torch.zeros(k, dtype=torch.long)
 
 
-def answer_carries(prompts: Any, slots: dict) -> Optional[dict]:
+def answer_carries(prompts: PromptSet, slots: dict) -> Optional[dict]:
     """Per answer slot: the carry into its digit that the sum needs and the one the model used.
 
     Quirke & Barez: an answer digit is (a_i + b_i + carry_in) mod 10, and small models fail on
@@ -329,7 +334,7 @@ class ErrorDetector(BaseEstimator):
         slots = answer_slots(prompts, evaluation)
         return slots, (answer_carries(prompts, slots) if self.carries else None)
 
-    def fit(self, model: Any, prompts: Any, evaluation: Any = None) -> "ErrorDetector":
+    def fit(self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None) -> "ErrorDetector":
         """Evaluate the model on ``prompts`` (or use ``evaluation``), read its activations, fit."""
         self._check_params()
         layers = self._layer_list(model)
@@ -339,7 +344,9 @@ class ErrorDetector(BaseEstimator):
         self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)))
         return self
 
-    def evaluate(self, model: Any, prompts: Any, evaluation: Any = None) -> "DetectorResult":
+    def evaluate(
+        self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None
+    ) -> "DetectorResult":
         """Detection metrics on (held-out) ``prompts`` for every method → :class:`DetectorResult`."""
         self._check_fitted()
         X, evaluation = self._read(model, prompts, evaluation, self.layers_)
@@ -347,23 +354,28 @@ class ErrorDetector(BaseEstimator):
         result = self.evaluate_activations(X, slots, carries)
         return replace(result, meta={**result.meta, **build_meta(model, n_prompts=len(prompts))})
 
-    def predict_proba(self, model: Any, prompts: Any, evaluation: Any = None) -> torch.Tensor:
+    def predict_proba(
+        self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None
+    ) -> torch.Tensor:
         """Calibrated P(correct) [N] of the selected method."""
         self._check_fitted()
         X, _ = self._read(model, prompts, evaluation, self.layers_)
         return self.predict_proba_activations(X, answer_slot_mask(prompts, X.shape[2]))
 
-    def flag(self, model: Any, prompts: Any, evaluation: Any = None, budget: Optional[float] = None) -> torch.Tensor:
+    def flag(
+        self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None,
+        budget: Optional[float] = None,
+    ) -> torch.Tensor:
         """BoolTensor [N]: prompts predicted wrong — below the threshold, or with ``budget`` the
         riskiest ``ceil(budget · N)`` (e.g. ``budget=0.1`` flags the 10% least likely correct)."""
         proba = self.predict_proba(model, prompts, evaluation)
         return self._flags(proba, budget)
 
-    def score(self, model: Any, prompts: Any, evaluation: Any = None) -> float:
+    def score(self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None) -> float:
         """Balanced accuracy of the flags on ``prompts`` (scikit-learn's ``score``)."""
         return self.evaluate(model, prompts, evaluation)["balanced_accuracy"]
 
-    def answer_confidence(self, model: Any, prompts: Any, evaluation: Any) -> torch.Tensor:
+    def answer_confidence(self, model: HookedModel, prompts: PromptSet, evaluation: Evaluation) -> torch.Tensor:
         """How much the true-digit and true-carry probes believe the answer in ``evaluation`` [N]:
         the product over slots of the probability they give to its digits and carries, read with
         that answer fed back. Compares candidate answers to the same prompts (``repair``)."""

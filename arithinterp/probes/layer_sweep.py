@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from arithinterp.probes.estimators import (
 )
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 CONTROLS = ("shuffled", "random_init")
 _MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_digit_{i}")
@@ -58,7 +61,7 @@ def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torc
 
 
 def resolve_target(
-    prompts: Any, target: Any, n: int, model_answer: Any = None
+    prompts: Optional[PromptSet], target: Any, n: int, model_answer: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Labels for ``target``: ``(y [n_kept], keep BoolTensor [n], name)``.
 
@@ -101,7 +104,7 @@ def resolve_target(
 # --- cross-validation -----------------------------------------------------------------------------
 
 
-def resolve_groups(prompts: Any, groups: Any, n: int) -> tuple[Optional[np.ndarray], Optional[str]]:
+def resolve_groups(prompts: Optional[PromptSet], groups: Any, n: int) -> tuple[Optional[np.ndarray], Optional[str]]:
     """Cross-validation groups ``[n]`` (or ``None``: no grouping) and their name.
 
     ``groups`` is ``"auto"`` (group by operand pair when some ``(a, b)`` occurs more than once,

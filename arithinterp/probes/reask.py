@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -20,6 +20,10 @@ from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.estimators import to_tensor
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import Evaluation, PromptSet
+    from arithinterp.types import HookedModel
 
 ACCEPT_RULES = ("confidence", "always")
 
@@ -71,8 +75,10 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
 
     from arithinterp.tasks import answer_text, compute, render
 
-    def few_shot(model: Any, prompts: Any) -> torch.Tensor:
+    def few_shot(model: HookedModel, prompts: PromptSet) -> torch.Tensor:
         prompts.require_one_prefix("re-asking with a new few-shot prefix")
+        template = prompts.template
+        assert template is not None  # a set with one prefix has one template
         rng = random.Random(seed)
         a_pool, b_pool = prompts.a.tolist(), prompts.b.tolist()
         digits = prompts.meta.get("answer_digits", 0)
@@ -80,7 +86,7 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
         for _ in range(n_shots):
             a, b = rng.choice(a_pool), rng.choice(b_pool)
             value = compute(prompts.op, a, b, prompts.modulus)
-            lines.append(render(prompts.template, a, b, prompts.op) + answer_text(value, digits) + "\n")
+            lines.append(render(template, a, b, prompts.op) + answer_text(value, digits) + "\n")
         shifted = _reprefixed(prompts, "".join(lines), getattr(model.cfg, "n_ctx", None))
         return shifted.evaluate(model).model_answer
 
@@ -97,7 +103,7 @@ def vote_policy(
         raise ConfigError(f"vote_policy needs n_samples >= 1 and temperature > 0, got {n_samples}, {temperature}")
 
     @torch.inference_mode()
-    def vote(model: Any, prompts: Any) -> torch.Tensor:
+    def vote(model: HookedModel, prompts: PromptSet) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed)
         k = prompts.answer_tokens.shape[1]
         values = torch.empty(len(prompts), n_samples, dtype=torch.long)
@@ -194,8 +200,10 @@ def _answer_evaluation(prompts: Any, values: torch.Tensor) -> tuple[Any, torch.T
     return Evaluation(values == prompts.answer, values.clone(), texts, generated), ok
 
 
-def repair(model: Any, prompts: Any, detector: ErrorDetector, policy: Optional[Callable] = None,
-           evaluation: Any = None, accept: str = "confidence", budget: Optional[float] = None) -> RepairResult:
+def repair(
+    model: HookedModel, prompts: PromptSet, detector: ErrorDetector, policy: Optional[Callable] = None,
+    evaluation: Optional[Evaluation] = None, accept: str = "confidence", budget: Optional[float] = None,
+) -> RepairResult:
     """Re-ask only the prompts ``detector`` flags and count errors fixed vs correct answers broken.
 
     ``policy(model, flagged_prompts)`` returns the new answers (a LongTensor, or an

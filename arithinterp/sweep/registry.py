@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 from arithinterp.errors import ConfigError, accepted
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
+    from arithinterp.types import HookedModel
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -129,7 +133,7 @@ def register_analysis(
 # --- built-in analyses ---------------------------------------------------------------------------
 
 
-def accuracy_analysis(model: Any, prompts: Any) -> Any:
+def accuracy_analysis(model: HookedModel, prompts: PromptSet) -> Any:
     """One row: greedy accuracy of the model on the prompts (``PromptSet.evaluate``)."""
     import pandas as pd
 
@@ -138,8 +142,8 @@ def accuracy_analysis(model: Any, prompts: Any) -> Any:
                               n_prompts=len(prompts))])
 
 
-def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_diff", vary: str = "a", seed: int = 0,
-                      direction: str = "denoise", normalize: bool = False, layers: Optional[list] = None,
+def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric: str = "logit_diff", vary: str = "a",
+                      seed: int = 0, direction: str = "denoise", normalize: bool = False, layers: Optional[list] = None,
                       positions: Optional[list] = None, per_position: bool = True) -> Any:
     """Exact activation patching of one site on ``prompts.counterfactual(vary, seed)`` (Kantamneni & Tegmark 2025)."""
     from arithinterp import patching
@@ -151,7 +155,9 @@ def patching_analysis(model: Any, prompts: Any, site: str, metric: str = "logit_
     return result.to_frame()
 
 
-def ablation_analysis(model: Any, prompts: Any, components: Union[str, list], mode: str = "mean", seed: int = 0) -> Any:
+def ablation_analysis(
+    model: HookedModel, prompts: PromptSet, components: Union[str, list], mode: str = "mean", seed: int = 0
+) -> Any:
     """Accuracy and answer log-prob with components ablated (Nikankin et al. 2025); ``"attn0,mlp1"`` or a list."""
     from arithinterp import patching
 
@@ -159,9 +165,9 @@ def ablation_analysis(model: Any, prompts: Any, components: Union[str, list], mo
     return patching.ablate(model, prompts, names, mode=mode, seed=seed).to_frame()
 
 
-def probes_analysis(model: Any, prompts: Any, target: str, kind: str = "logistic", site: str = "resid_post",
-                    layers: Optional[list] = None, positions: Union[str, list] = "final", cv: int = 5,
-                    seed: int = 0) -> Any:
+def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: str = "logistic",
+                    site: str = "resid_post", layers: Optional[list] = None,
+                    positions: Union[str, list] = "final", cv: int = 5, seed: int = 0) -> Any:
     """Linear probes for ``target`` at every collected layer × position, with a shuffled control."""
     from arithinterp import probes
     from arithinterp.activations import collect

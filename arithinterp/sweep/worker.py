@@ -9,10 +9,13 @@ import platform
 import random
 import time
 import traceback
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from arithinterp.errors import ArithInterpError, ConfigError
 from arithinterp.sweep.config import Cell, resolve_path
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
 
 _MODELS: dict = {}
 _PROMPTS: dict = {}
@@ -56,7 +59,7 @@ def _length(values: range) -> int:
     return max(0, -((values.start - values.stop) // values.step))
 
 
-def build_prompts(model: Any, task: Mapping) -> Any:
+def build_prompts(model: HookedModel, task: Mapping) -> Any:
     """The task's prompts: the operand grid, a seeded ``limit`` subsample, then ``correct_only``."""
     import torch
 
