@@ -17,7 +17,8 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.engine.hooks import forward_with_hooks
-from arithinterp.engine.stepping import Stepper
+from arithinterp.engine.stepping import Stepper, check_n_last
+from arithinterp.errors import AnalysisError, SiteError
 
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
 RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstream depends on them alone
@@ -73,16 +74,12 @@ class PatchRunner:
     def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor,
                  source_tokens: torch.Tensor,
                  n_last: Optional[int] = None):
-        from arithinterp.engine.stepping import check_n_last
-
         check_n_last(n_last, int(base_tokens.shape[1]))
         self.model, self.stepper, self.site = model, stepper, site
         self.tokens = base_tokens
         self.n_last = n_last
         self.n_layers = site_lib.n_layers(model)
         if site == "resid_mid" and getattr(model.cfg, "parallel_attn_mlp", False):
-            from arithinterp.errors import SiteError
-
             raise SiteError("'resid_mid' does not exist in parallel attention/MLP blocks; patch attn_out or mlp_out")
         names = [self._read_name(layer) for layer in range(self.n_layers)]
         extra = (
@@ -214,8 +211,6 @@ def _cached_run(
     logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits")
     logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
     if not torch.isfinite(logits).all():
-        from arithinterp.errors import AnalysisError
-
         raise AnalysisError(
             "the model's logits on the base prompts are not finite (NaN or inf): its weights or activations are broken"
         )
