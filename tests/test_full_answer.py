@@ -225,3 +225,14 @@ def test_the_stepper_returns_the_last_positions_logits(llama_digits, tiny_digit_
         stepper.resume(base, 1, base.resid[1][:, start:], start, n_last=tokens.shape[1] - start + 1)
     runner = PatchRunner(model, stepper, "resid_pre", tokens, pairs.corrupt.unpadded(pairs.clean.length_groups()[0]), n_last=2)
     assert runner.patched(0, None, None).shape == (1, len(tokens), 2, model.cfg.d_vocab)
+
+
+def test_first_token_analyses_say_so_on_full_answer_prompts(tiny_digit_model):
+    """attribute and direct_effect read the final position only: on full-answer prompts they warn."""
+    from arithinterp import patching
+
+    pairs = arithmetic(tiny_digit_model, a=range(10, 14), b=range(50, 53)).with_scoring("full_answer").counterfactual("a", seed=0)
+    with pytest.warns(UserWarning, match="first answer token only"):
+        patching.attribute(tiny_digit_model, pairs, sites=["resid_pre"], progress=False)
+    with pytest.warns(UserWarning, match="first answer token only"):
+        patching.direct_effect(tiny_digit_model, pairs, progress=False)

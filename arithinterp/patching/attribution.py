@@ -26,6 +26,7 @@ from arithinterp.patching.core import (
     patch_result,
     resolve_positions,
     resolve_units,
+    warn_first_token_only,
 )
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
@@ -33,6 +34,7 @@ from arithinterp.types import HookedModel
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
+
 
 def _grad_site(site: str, layer: int) -> tuple[str, int]:
     # d metric / d resid_mid equals d metric / d attn_out (resid_mid = resid_pre + attn_out); the
@@ -119,6 +121,7 @@ def attribute(
     gradients and the scores in float32.
     """
     check_pairs(pairs)
+    warn_first_token_only(pairs, "attribute")
     site_list = [sites] if isinstance(sites, str) else list(sites)
     if not site_list:
         raise SiteError(f"sites is empty; accepted sites: {accepted(ATTRIBUTE_SITES)}")

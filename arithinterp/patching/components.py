@@ -22,6 +22,7 @@ from arithinterp.patching.core import (
     metric_fn,
     metric_name,
     pick,
+    warn_first_token_only,
 )
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
@@ -169,6 +170,7 @@ def direct_effect(
     direction: ``"noise"`` (the paper's: run clean, bring in the corrupt output) or ``"denoise"``.
     """
     check_pairs(pairs)
+    warn_first_token_only(pairs, "direct_effect")
     check_choice("direction", direction, DIRECTIONS)
     fn = metric_fn(metric)
     parsed = parse_components(model, default_components(model) if components is None else components,

@@ -209,6 +209,20 @@ def resolve_scoring(pairs, scoring: Optional[str], metric) -> str:
     return scoring
 
 
+def warn_first_token_only(pairs, what: str) -> None:
+    """Say so when prompts ask for full-answer scoring that ``what`` does not do (it reads the
+    final position's logits only)."""
+    if getattr(pairs.clean, "scoring", "first_token") == "full_answer":
+        import warnings
+
+        warnings.warn(
+            f"{what} scores the first answer token only, although these prompts ask for full-answer scoring; "
+            "patching.sweep(..., scoring='full_answer') scores every answer token",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def answer_logprob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     """Teacher-forced log-probability of whole answers: ``logits [*lead, R, K, V]`` at the ``K``
     positions that predict the answer tokens ``answers [R, K]`` (−1 padding scores 0), ``[*lead, R]``
