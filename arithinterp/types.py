@@ -26,9 +26,10 @@ class HookedModel(Protocol):
     """The hooked-model surface the analyses use.
 
     ``cfg`` (``n_layers``, ``d_model``, ``n_heads``, ``d_mlp``, ...), ``tokenizer`` (a Hugging Face
-    tokenizer), ``to_tokens``, a forward call returning logits, ``run_with_cache``,
-    ``run_with_hooks`` and ``hooks()``. Other attributes of TransformerLens models (``W_U``,
-    ``blocks``, ``ln_final``, ...) are reached through ``__getattr__``, as on any ``torch.nn.Module``.
+    tokenizer), ``to_tokens``, a forward call returning logits and ``run_with_cache``. TransformerLens's
+    hook methods are the engine's business (:mod:`arithinterp.engine.hooks`), so analyses never see
+    them here; they and the other attributes of TransformerLens models (``W_U``, ``blocks``,
+    ``ln_final``, ...) are reached through ``__getattr__``, as on any ``torch.nn.Module``.
     """
 
     cfg: Any
@@ -39,10 +40,6 @@ class HookedModel(Protocol):
     def to_tokens(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
-
-    def hooks(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def __getattr__(self, name: str) -> Any: ...
 

@@ -11,7 +11,7 @@ patched position
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -56,6 +56,19 @@ def patch_mask(
     if site in UNIT_SITES:
         return pos_mask[:, :, :, None] & unit_mask[:, None, None, :]
     return pos_mask[..., None]
+
+
+def per_unit(site: str, values: torch.Tensor, reduce: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Values shaped like an activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) reduced to
+    ``[B, T, units]``: heads for ``attn_z`` / ``pattern``, neurons for ``mlp_*``, one unit for the
+    residual and output sites. ``reduce`` is ``torch.any`` or ``torch.sum`` (taking ``(x, dim)``)."""
+    if site == "pattern":
+        return reduce(values, -1).transpose(1, 2)
+    if site == "attn_z":
+        return reduce(values, -1)
+    if site in UNIT_SITES:
+        return values
+    return reduce(values, -1)[..., None]
 
 
 def _position_dim(site: str) -> int:
@@ -124,15 +137,7 @@ class PatchRunner:
         pos, unit = self._on_device(pos), self._on_device(unit)
         if self.stepper is None:  # whole forwards are the reference path: every cell is run
             return torch.full((C, self.tokens.shape[0]), RUN)
-        neq = self.source_acts[layer] != self.base_acts[layer]
-        if site == "pattern":
-            per = neq.any(-1).transpose(1, 2)  # [B, T_query, H]
-        elif site == "attn_z":
-            per = neq.any(-1)  # [B, T, H]
-        elif site in UNIT_SITES:
-            per = neq  # [B, T, d_mlp]
-        else:
-            per = neq.any(-1, keepdim=True)  # [B, T, 1]
+        per = per_unit(site, self.source_acts[layer] != self.base_acts[layer], torch.any)  # [B, T, units]
         per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)  # [C or 1, B, T]
         per = per.expand(C, -1, -1)
         if layer == self.n_layers - 1 and site != "resid_pre":

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read
+from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.patching.core import (
@@ -44,14 +45,9 @@ def _grad_site(site: str, layer: int) -> tuple[str, int]:
 
 def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tensor], units: list) -> torch.Tensor:
     """Sum ``grad · delta`` over each cell: ``[B, T, ...]`` (patterns ``[B, H, T, T]``) -> ``[B, n_pos?, n_units?]``."""
-    if site == "pattern":
-        per = contribution.sum(-1).transpose(1, 2)  # [B, T_query, H]
-    elif site == "attn_z":
-        per = contribution.sum(-1)  # [B, T, H]
-    elif site in UNIT_SITES:
-        per = contribution  # [B, T, d_mlp]
-    else:
-        per = contribution.sum(-1)  # [B, T]
+    per = per_unit(site, contribution, torch.sum)  # [B, T, units]
+    if site not in UNIT_SITES:
+        per = per[..., 0]  # [B, T]
     if units:
         per = per[..., units]
     if pos is None:

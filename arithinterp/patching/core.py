@@ -14,6 +14,7 @@ import torch
 
 from arithinterp import metrics as metric_lib
 from arithinterp import sites as site_lib
+from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
@@ -31,7 +32,6 @@ DIRECTIONS = ("denoise", "noise")
 ENGINES = ("auto", "stepped", "hooks")
 METHODS = ("attribution", "integrated_gradients")
 COMPONENT_ABLATION_MODES = ("zero", "mean", "resample")
-UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
 ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
 
 
