@@ -70,14 +70,16 @@ def llama_model(llama_folder):
     return load
 
 
-def tiny_bridge(tokenizer, n_layers: int = 2, d_model: int = 64, n_ctx: int = 32, seed: int = 0, norm="LN"):
+def tiny_bridge(tokenizer, n_layers: int = 2, d_model: int = 64, n_ctx: int = 32, seed: int = 0, norm="LN",
+                **overrides):
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
-    cfg = TransformerBridgeConfig(
+    settings = dict(
         d_model=d_model, d_head=16, n_heads=d_model // 16, n_layers=n_layers, n_ctx=n_ctx, d_mlp=2 * d_model,
         d_vocab=len(tokenizer), act_fn="relu", normalization_type=norm, seed=seed,
     )
+    cfg = TransformerBridgeConfig(**{**settings, **overrides})
     return TransformerBridge.boot_native(cfg, tokenizer=tokenizer).eval()
 
 

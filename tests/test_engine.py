@@ -134,3 +134,31 @@ def test_a_running_mean_over_batches_is_the_mean_activation_of_all_of_them():
         same.add(torch.ones(2, 3, 5))
     with pytest.raises(AnalysisError, match="nothing"):
         engine.RunningMean().value()
+
+
+def test_native_attention_reuses_keys_and_a_wrong_cached_forward_is_caught(number_tokenizer, monkeypatch):
+    """TransformerLens-native attention resumes with the base run's keys and values; were its
+    cached forward ever to disagree with the module's own, the one-time check says so and the
+    sweep recomputes every position, with the same numbers as whole forwards."""
+    from conftest import tiny_bridge
+
+    from arithinterp import patching
+    from arithinterp.engine import native
+    from arithinterp.tasks import arithmetic
+
+    def sweep(model):
+        pairs = arithmetic(model, a=range(10), b=range(10), few_shot=2).counterfactual(vary="b", seed=0)[:3]
+        fast = patching.activation_patching(model, pairs, "attn_z", layers=[0, 2], engine="stepped", progress=False)
+        slow = patching.activation_patching(model, pairs, "attn_z", layers=[0, 2], engine="hooks", progress=False)
+        assert (fast.values - slow.values).abs().max() <= 1e-4
+        return fast.meta["engine"][0]
+
+    assert "keys/values reused" in sweep(tiny_bridge(number_tokenizer, n_layers=3, seed=2))
+    own = native._forward
+
+    def off_by_a_little(attn, layer, hidden_states, *args, **kwargs):
+        out, pattern = own(attn, layer, hidden_states, *args, **kwargs)
+        return out * (1.01 if kwargs.get("past_key_values") is not None else 1.0), pattern
+
+    monkeypatch.setattr(native, "_forward", off_by_a_little)
+    assert "every position recomputed" in sweep(tiny_bridge(number_tokenizer, n_layers=3, seed=3))

@@ -53,6 +53,18 @@ def few_shot(number_tokenizer):
 
 
 @pytest.fixture(scope="module")
+def few_shot_rotary(number_tokenizer):
+    """A Llama-shaped TransformerLens-native model: rotary positions, grouped-query attention, gated
+    MLP, RMSNorm and attention soft-capping, which the engine steps with its native key/value cache."""
+    model = tiny_bridge(
+        number_tokenizer, n_layers=3, n_ctx=32, seed=1, norm="RMS", n_key_value_heads=2, gated_mlp=True,
+        act_fn="silu", positional_embedding_type="rotary", attn_scores_soft_cap=30.0,
+    )
+    prompts = arithmetic(model, a=range(10), b=range(10), few_shot=2)
+    return model, prompts.counterfactual(vary="b", seed=0)[:3]
+
+
+@pytest.fixture(scope="module")
 def zoo():
     import arithinterp as ai
     from arithinterp.errors import ModelFileError
@@ -85,15 +97,18 @@ def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
     assert (ours.values - _tl_values(model, zoo_pairs, site)).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("model_name", ["few_shot", "few_shot_rotary"])
 @pytest.mark.parametrize("site", patching.SWEEP_SITES)
-def test_replica_equals_model_hooks_for_every_site(few_shot, site):
-    """The fast path (start at the patched layer and position, reuse keys) changes no number."""
-    model, fs_pairs = few_shot
+def test_replica_equals_model_hooks_for_every_site(request, model_name, site):
+    """The fast path (start at the patched layer and position, reuse keys, only the read positions
+    through the last block) changes no number."""
+    model, fs_pairs = request.getfixturevalue(model_name)
     units = dict(neurons=[7, 100]) if site in ("mlp_pre", "mlp_post") else {}
     for kwargs in (dict(layers=[0, 2]), dict(per_position=False), dict(positions=["a", "final", 4], layers=[1])):
         kwargs = {**kwargs, **units}
         fast = patching.activation_patching(model, fs_pairs, site, engine="stepped", batch_cells=3, progress=False, **kwargs)
         slow = patching.activation_patching(model, fs_pairs, site, engine="hooks", progress=False, **kwargs)
+        assert "keys/values reused" in fast.meta["engine"][0], fast.meta["engine"]
         assert fast.values.shape == slow.values.shape
         assert (fast.values - slow.values).abs().max() <= 1e-4, kwargs
 

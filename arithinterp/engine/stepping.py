@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import torch
 
 from arithinterp.engine.hooks import hook_points, module_hooks
+from arithinterp.engine.native import native_attention_cache
 from arithinterp.errors import AnalysisError
 
 if TYPE_CHECKING:
@@ -44,17 +46,24 @@ def _is_cache(value: Any) -> bool:
     return hasattr(value, "update") and hasattr(value, "get_seq_length")
 
 
+class _KeysValuesKept(Exception):
+    """Raised by :class:`_PrefixCache` once the keys and values it was asked to keep are in."""
+
+
 class _PrefixCache:
     """A stand-in for a Hugging Face key/value cache.
 
     A block's attention calls ``update(keys, values, layer)`` with the keys and values of the
     positions it computes and attends over what comes back. Here that is the stored prefix
-    (positions ``< s``) followed by the new ones; with ``record`` the full tensors are kept.
+    (positions ``< s``) followed by the new ones; with ``record`` the full tensors are kept. With
+    ``keep_only=layer`` that layer's keys and values become its prefix and the block stops there
+    (:class:`_KeysValuesKept`): nothing after the projections is computed.
     """
 
     def __init__(self, prefix: Optional[dict] = None, record: bool = False):
         self.prefix = prefix or {}
         self.record = record
+        self.keep_only: Optional[int] = None
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, keys, values, layer_idx, *args, **kwargs):
@@ -63,6 +72,9 @@ class _PrefixCache:
             keys, values = torch.cat([old_k, keys], dim=-2), torch.cat([old_v, values], dim=-2)
         if self.record:
             self.kv[layer_idx] = (keys, values)
+        if layer_idx == self.keep_only:
+            self.prefix[layer_idx], self.keep_only = (keys, values), None
+            raise _KeysValuesKept
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -197,8 +209,15 @@ class Stepper:
                 for i in range(layer, self.n_layers)
             }
         cache = _PrefixCache(prefix)
+        last, n_read = self.n_layers - 1, n_last or 1
+        # only the read positions leave the last block: the others need only their keys and values there
+        read_only = self.reuses_prefix and base.kv is not None and hidden.shape[1] > n_read
+        read_only = read_only and not _edits_block(edits, last)
         with self._cache_reaches_attention(cache), hook_points(self.model, edits):
             for i in range(layer, self.n_layers):
+                if i == last and read_only:
+                    self._keep_keys_values(i, hidden[:, :-n_read], start, n_stack, base, cache)
+                    hidden, start = hidden[:, -n_read:], base.tokens.shape[1] - n_read
                 kwargs = {
                     key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()
                 }
@@ -206,13 +225,31 @@ class Stepper:
                 hidden = out[0] if isinstance(out, tuple) else out
         return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
 
+    def _keep_keys_values(
+        self, layer: int, hidden: torch.Tensor, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache
+    ) -> None:
+        """Append block ``layer``'s keys and values of ``hidden`` (positions ``start:``) to its prefix
+        in ``cache``, stopping the block as soon as its attention has them."""
+        end = start + hidden.shape[1]
+        calls = base.calls[layer].items()
+        kwargs = {key: self._slice(key, value, start, n_stack, base, cache, end) for key, value in calls}
+        cache.keep_only = layer
+        try:
+            self.blocks[layer](hidden, **kwargs)
+        except _KeysValuesKept:
+            return
+        finally:
+            cache.keep_only = None
+        raise AnalysisError(f"block {layer} ran without asking its cache for keys and values")
+
     @contextlib.contextmanager
     def _cache_reaches_attention(self, cache: _PrefixCache):
         """Hand ``cache`` to every attention module that is called without one.
 
         Blocks pass their cache on under different names (``cache``, ``layer_past``,
         ``past_key_values``) and not every attention reads the name its block uses, so the
-        attention modules themselves get it as ``past_key_values``.
+        attention modules themselves get it as ``past_key_values``; TransformerLens-native
+        attention reads it through :mod:`arithinterp.engine.native`.
         """
 
         def hook(module, args, kwargs):
@@ -222,7 +259,8 @@ class Stepper:
 
         # TransformerLens's attention bridges read the cache as past_key_values / layer_past only
         attentions = [block.attn for block in self.blocks if hasattr(getattr(block, "attn", None), "_update_kv_cache")]
-        with module_hooks([(attention, hook) for attention in attentions]):
+        native = native_attention_cache(self.blocks) if self.reuses_prefix else contextlib.nullcontext()
+        with module_hooks([(attention, hook) for attention in attentions]), native:
             yield
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
@@ -233,19 +271,21 @@ class Stepper:
         return logits
 
     @staticmethod
-    def _slice(key: str, value: Any, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache) -> Any:
-        """A recorded call argument for the stacked runs at positions ``start:``."""
+    def _slice(
+        key: str, value: Any, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache, end: Optional[int] = None
+    ) -> Any:
+        """A recorded call argument for the stacked runs at positions ``start:end``."""
         if _is_cache(value):
             return cache
         if isinstance(value, tuple):
-            return tuple(Stepper._slice(key, v, start, n_stack, base, cache) for v in value)
+            return tuple(Stepper._slice(key, v, start, n_stack, base, cache, end) for v in value)
         if not isinstance(value, torch.Tensor):
             return value
-        B = base.tokens.shape[0]
+        B, T = base.tokens.shape
+        end = T if end is None else end
         # a 2-D attention mask is a key-padding mask over every key position: it stays whole
-        if start and key in _POSITION_AXIS and not (key == "attention_mask" and value.ndim == 2):
-            axis = _POSITION_AXIS[key]
-            value = value.narrow(axis, start, value.shape[axis] - start)
+        if (start or end < T) and key in _POSITION_AXIS and not (key == "attention_mask" and value.ndim == 2):
+            value = value.narrow(_POSITION_AXIS[key], start, end - start)
         if value.ndim and value.shape[0] == B and n_stack > 1:
             value = value.repeat(n_stack, *[1] * (value.ndim - 1))
         return value
@@ -254,24 +294,32 @@ class Stepper:
 
     @torch.inference_mode()
     def check(self, tokens: torch.Tensor) -> tuple[bool, str]:
-        """Whether resuming reproduces the model's logits on a few prompts; a status for the meta."""
+        """Whether resuming reproduces the model's logits on a few prompts; a status for the meta.
+
+        The reference is the model's own forward: the base run itself may go through the engine's
+        native key/value cache, which is then under test too.
+        """
         sample = tokens[:4]
         T = sample.shape[1]
+        reference = self.model(sample, return_type="logits")[:, -1]
+        scale = max(1.0, float(reference.abs().max()))
         base = self.base(sample)
-        scale = max(1.0, float(base.logits.abs().max()))
         start = T // 2 if (self.reuses_prefix and T > 1 and all(c is not None for c in base.calls)) else 0
         if start and any(self._unknown_position_argument(call, T) for call in base.calls):
             self.reuses_prefix, start = False, 0
         layer = self.n_layers // 2
-        try:
+
+        def error_of(base: BaseRun, start: int) -> float:
             mine = self.resume(base, layer, base.resid[layer][:, start:], start)
+            return float(torch.maximum((mine - reference).abs().max(), (base.logits - reference).abs().max()))
+
+        try:
+            error = error_of(base, start)
+            if error > _CHECK_TOLERANCE * scale and start:  # try without keys/values (nor the native cache)
+                self.reuses_prefix = False
+                error = error_of(self.base(sample), 0)
         except Exception as why:  # a family the stepping does not cover: say so, never guess
             return False, f"blocks cannot be stepped ({type(why).__name__}: {why})"
-        error = float((mine - base.logits).abs().max())
-        if error > _CHECK_TOLERANCE * scale and start:  # try without the key/value prefix
-            self.reuses_prefix = False
-            mine = self.resume(base, layer, base.resid[layer], 0)
-            error = float((mine - base.logits).abs().max())
         if error > _CHECK_TOLERANCE * scale:
             return False, f"stepping the blocks differs from the model's logits by {error:.2e}"
         reuse = "keys/values reused" if self.reuses_prefix else "every position recomputed"
@@ -285,6 +333,15 @@ class Stepper:
                 if isinstance(t, torch.Tensor) and key not in _POSITION_AXIS and T in t.shape[1:]:
                     return True
         return False
+
+
+def _edits_block(edits: Sequence[tuple[str, Callable]], layer: int) -> bool:
+    """Whether an edit may act inside block ``layer`` (a hook outside the blocks counts)."""
+    for name, _ in edits:
+        match = re.match(r"blocks\.(\d+)\.", name)
+        if match is None or int(match.group(1)) == layer:
+            return True
+    return False
 
 
 def check_n_last(n_last: Optional[int], width: int, start: int = 0) -> None:
