@@ -22,6 +22,8 @@ from arithinterp.errors import AnalysisError, SiteError
 
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
 RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstream depends on them alone
+# sites whose patch at one position changes their block's output at that position alone
+LOCAL_SITES = ("resid_mid", "attn_out", "mlp_out", "attn_z", "mlp_pre", "mlp_post")
 UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see PatchRunner.cell_states)
 
 
@@ -163,11 +165,14 @@ class PatchRunner:
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
         pos, unit = self._on_device(pos), self._on_device(unit)
         start = int(pos.min()) if pos is not None and self.reuses_prefix else 0
+        # one patched position in every row: the patched block runs there alone
+        local = site in LOCAL_SITES and pos is not None and self.reuses_prefix and bool((pos == start).all())
         dim = _position_dim(site)
-        base = self.base_acts[layer].narrow(dim, start, self.base_acts[layer].shape[dim] - start)
-        source = self.source_acts[layer].narrow(dim, start, base.shape[dim])
+        width = 1 if local else self.base_acts[layer].shape[dim] - start
+        base = self.base_acts[layer].narrow(dim, start, width)
+        source = self.source_acts[layer].narrow(dim, start, width)
         if site == "resid_mid":  # reached through attn_out: resid_mid = resid_pre + attn_out
-            resid_pre = self.base_resid_pre[layer].narrow(1, start, base.shape[1])
+            resid_pre = self.base_resid_pre[layer].narrow(1, start, width)
             base, source = base - resid_pre, source - resid_pre
         mask = patch_mask(site, (C, *base.shape), start, pos, unit)
 
@@ -193,9 +198,9 @@ class PatchRunner:
                 logits = stepper.resume(self.base, entry, hidden, start, n_stack=C, n_last=self.n_last)
         else:
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
-            hidden = self.base.resid[layer][:, start:].repeat(C, 1, 1)
+            hidden = self.base.resid[layer][:, start : start + width].repeat(C, 1, 1)
             logits = stepper.resume(
-                self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last
+                self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last, local=local
             )
         return logits.reshape(C, B, *logits.shape[1:])
 

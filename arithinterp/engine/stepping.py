@@ -190,6 +190,7 @@ class Stepper:
         edits: Sequence[tuple[str, Callable]] = (),
         n_stack: int = 1,
         n_last: Optional[int] = None,
+        local: bool = False,
     ) -> torch.Tensor:
         """Final-position logits ``[n_stack * B, V]`` of patched runs entering block ``layer``.
 
@@ -198,8 +199,17 @@ class Stepper:
         ``edits`` are ``(hook name, fn)`` pairs applied while the blocks run. ``layer ==
         n_layers`` means ``hidden`` is the final residual stream. With ``n_last=k`` the logits are
         ``[n_stack * B, k, V]`` at the last ``k`` positions (which must lie at ``start`` or later).
+
+        ``local=True`` says the edits change block ``layer``'s output at position ``start`` alone
+        (they act there, after its keys and values: head outputs, attention output, MLP): the
+        block then runs on that position only (``hidden [n_stack * B, 1, d]``) and the base run
+        gives the positions after it.
         """
-        check_n_last(n_last, int(hidden.shape[1]), start)
+        T = base.tokens.shape[1]
+        if hidden.shape[1] != (1 if local else T - start):
+            raise AnalysisError(f"hidden covers {hidden.shape[1]} positions; resuming at {start} needs "
+                                f"{1 if local else T - start}")
+        check_n_last(n_last, T - start, start)
         if start > 0 and not self.reuses_prefix:
             raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
         prefix = None
@@ -211,18 +221,20 @@ class Stepper:
         cache = _PrefixCache(prefix)
         last, n_read = self.n_layers - 1, n_last or 1
         # only the read positions leave the last block: the others need only their keys and values there
-        read_only = self.reuses_prefix and base.kv is not None and hidden.shape[1] > n_read
-        read_only = read_only and not _edits_block(edits, last)
+        read_only = self.reuses_prefix and base.kv is not None and T - start > n_read
+        read_only = read_only and not _edits_block(edits, last) and not (local and layer == last)
         with self._cache_reaches_attention(cache), hook_points(self.model, edits):
             for i in range(layer, self.n_layers):
                 if i == last and read_only:
                     self._keep_keys_values(i, hidden[:, :-n_read], start, n_stack, base, cache)
-                    hidden, start = hidden[:, -n_read:], base.tokens.shape[1] - n_read
-                kwargs = {
-                    key: self._slice(key, value, start, n_stack, base, cache) for key, value in base.calls[i].items()
-                }
+                    hidden, start = hidden[:, -n_read:], T - n_read
+                end = start + hidden.shape[1]
+                calls = base.calls[i].items()
+                kwargs = {key: self._slice(key, value, start, n_stack, base, cache, end) for key, value in calls}
                 out = self.blocks[i](hidden, **kwargs)
                 hidden = out[0] if isinstance(out, tuple) else out
+                if local and i == layer:  # the block's other positions are the base run's
+                    hidden = torch.cat([hidden, base.resid[i + 1][:, start + 1 :].repeat(n_stack, 1, 1)], dim=1)
         return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
 
     def _keep_keys_values(
@@ -283,8 +295,11 @@ class Stepper:
             return value
         B, T = base.tokens.shape
         end = T if end is None else end
-        # a 2-D attention mask is a key-padding mask over every key position: it stays whole
-        if (start or end < T) and key in _POSITION_AXIS and not (key == "attention_mask" and value.ndim == 2):
+        if key == "attention_mask":  # keys are positions :end; a 2-D mask is a key-padding mask
+            value = value.narrow(-1, 0, end)
+            if value.ndim == 4:  # [B, 1, queries, keys]
+                value = value.narrow(-2, start, end - start)
+        elif (start or end < T) and key in _POSITION_AXIS:
             value = value.narrow(_POSITION_AXIS[key], start, end - start)
         if value.ndim and value.shape[0] == B and n_stack > 1:
             value = value.repeat(n_stack, *[1] * (value.ndim - 1))
@@ -310,8 +325,10 @@ class Stepper:
         layer = self.n_layers // 2
 
         def error_of(base: BaseRun, start: int) -> float:
-            mine = self.resume(base, layer, base.resid[layer][:, start:], start)
-            return float(torch.maximum((mine - reference).abs().max(), (base.logits - reference).abs().max()))
+            runs = [base.logits, self.resume(base, layer, base.resid[layer][:, start:], start)]
+            if start:  # and the patched block at one position only
+                runs.append(self.resume(base, layer, base.resid[layer][:, start : start + 1], start, local=True))
+            return max(float((logits - reference).abs().max()) for logits in runs)
 
         try:
             error = error_of(base, start)

@@ -28,7 +28,7 @@ from arithinterp.patching.core import (
     resolve_units,
 )
 from arithinterp.engine import PatchRunner, stepper_for
-from arithinterp.engine.patches import RUN, SOURCE
+from arithinterp.engine.patches import LOCAL_SITES, RUN, SOURCE
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -182,7 +182,7 @@ def activation_patching(
                     rows = rows[torch.argsort(pos_group[table[rows, 1]].min(1).values, stable=True)]
                     starts = pos_group[table[rows, 1]].min(1).values
                 n_run += len(rows)
-                for part in _chunks(rows, starts, chunk, n_rows, length):
+                for part in _chunks(rows, starts, chunk, n_rows, length, one_start=site in LOCAL_SITES):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
                     values[idx[:, None], part[None, :]] = per_pair(row_values(logits).float().cpu()).T.float()
                     bar.update(len(part))
@@ -195,12 +195,15 @@ def activation_patching(
     )
 
 
-def _chunks(rows: torch.Tensor, starts: Optional[torch.Tensor], size: int, n_pairs: int, length: int) -> list:
+def _chunks(
+    rows: torch.Tensor, starts: Optional[torch.Tensor], size: int, n_pairs: int, length: int, one_start: bool = False
+) -> list:
     """Split cells (sorted by start position) into forwards of at most ``size`` cells.
 
     A chunk runs from its earliest start position, so a cell that starts later recomputes a few
     unchanged positions; a new chunk begins once that waste would pass 1/8 of the chunk's
-    positions, unless the chunk is still too small for the waste to matter.
+    positions, unless the chunk is still too small for the waste to matter. With ``one_start``
+    every chunk has one start (patches whose block then runs at that position alone).
     """
     if len(rows) == 0:
         return []
@@ -213,7 +216,8 @@ def _chunks(rows: torch.Tensor, starts: Optional[torch.Tensor], size: int, n_pai
             break
         first = int(starts[begin])
         tokens = (i - begin) * n_pairs * (length - first)
-        if i - begin >= size or (int(starts[i]) - first > (length - first) // 8 and tokens >= 2048):
+        waste = int(starts[i]) - first
+        if i - begin >= size or (waste and one_start) or (waste > (length - first) // 8 and tokens >= 2048):
             chunks.append(rows[begin:i])
             begin = i
     return chunks
