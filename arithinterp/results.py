@@ -13,6 +13,7 @@ Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -27,6 +28,7 @@ _TENSOR_FILE = "tensors.safetensors"
 _JSON_FILE = "result.json"
 
 
+@functools.lru_cache(maxsize=1)
 def transformer_lens_version() -> str:
     """The installed TransformerLens version, from the package metadata (the module has no
     ``__version__`` in 4.x)."""

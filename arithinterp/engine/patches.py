@@ -17,7 +17,7 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.engine.hooks import forward_with_hooks
-from arithinterp.engine.stepping import Stepper, check_n_last
+from arithinterp.engine.stepping import BaseRun, Stepper, check_n_last
 from arithinterp.errors import AnalysisError, SiteError
 
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
@@ -100,18 +100,21 @@ class PatchRunner:
         extra = (
             [site_lib.hook_name("resid_pre", layer) for layer in range(self.n_layers)] if site == "resid_mid" else []
         )
-        if stepper is not None:
-            self.base = stepper.base(base_tokens, read=names + extra, n_last=n_last)
-            self.source = stepper.base(source_tokens, read=names, n_last=n_last)
+        if stepper is not None:  # the stepper records the residual stream before each block itself
+            reads = [] if site == "resid_pre" else names
+            self.base = stepper.base(base_tokens, read=reads, n_last=n_last, read_only=True)
+            self.source = stepper.base(source_tokens, read=reads, n_last=n_last, read_only=True)
             self.base_logits, self.source_logits = self.base.logits, self.source.logits
-            base_acts, source_acts = self.base.acts, self.source.acts
+            self.base_acts = [self._stepped_activation(self.base, layer) for layer in range(self.n_layers)]
+            self.source_acts = [self._stepped_activation(self.source, layer) for layer in range(self.n_layers)]
+            self.base_resid_pre = self.base.resid[: self.n_layers] if extra else []
         else:
             self.base, self.source = None, None
             self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra, n_last)
             self.source_logits, source_acts = _cached_run(model, source_tokens, names, n_last)
-        self.base_acts = [self._shaped(base_acts[name]) for name in names]
-        self.source_acts = [self._shaped(source_acts[name]) for name in names]
-        self.base_resid_pre = [base_acts[name] for name in extra]
+            self.base_acts = [self._shaped(base_acts[name]) for name in names]
+            self.source_acts = [self._shaped(source_acts[name]) for name in names]
+            self.base_resid_pre = [base_acts[name] for name in extra]
 
     def _read_name(self, layer: int) -> str:
         return site_lib.hook_name(self.site, layer)
@@ -120,6 +123,22 @@ class PatchRunner:
         """Split heads of a flat ``attn_z`` ``[B, T, H * d_head]`` (bridges fire it flat)."""
         if self.site == "attn_z" and activation.ndim == 3:
             return activation.unflatten(-1, (self.model.cfg.n_heads, -1))
+        return activation
+
+    def _stepped_activation(self, run: BaseRun, layer: int) -> torch.Tensor:
+        """The site's activation in a stepped base run, ``[B, T, ...]`` (patterns ``[B, H, T, T]``).
+
+        The last block of a stepped base run computes its read positions only; its activations
+        are NaN at the others, which no cell reads (patches there leave the logits as they are).
+        """
+        if self.site == "resid_pre":
+            return run.resid[layer]
+        activation = self._shaped(run.acts[self._read_name(layer)])
+        dim, T = _position_dim(self.site), run.tokens.shape[1]
+        if activation.shape[dim] < T:
+            shape = list(activation.shape)
+            shape[dim] = T - activation.shape[dim]
+            activation = torch.cat([activation.new_full(shape, float("nan")), activation], dim)
         return activation
 
     def _on_device(self, index: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

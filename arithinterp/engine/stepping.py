@@ -46,6 +46,10 @@ def _is_cache(value: Any) -> bool:
     return hasattr(value, "update") and hasattr(value, "get_seq_length")
 
 
+class _StopBeforeLastBlock(Exception):
+    """Ends a base run's forward at the last block, which the stepper then runs itself."""
+
+
 class _KeysValuesKept(Exception):
     """Raised by :class:`_PrefixCache` once the keys and values it was asked to keep are in."""
 
@@ -120,14 +124,21 @@ class Stepper:
 
     # --- base run -------------------------------------------------------------------------------
 
-    def base(self, tokens: torch.Tensor, read: Sequence[str] = (), n_last: Optional[int] = None) -> BaseRun:
+    def base(
+        self, tokens: torch.Tensor, read: Sequence[str] = (), n_last: Optional[int] = None, read_only: bool = False
+    ) -> BaseRun:
         """Run ``tokens [B, T]`` through the model, recording what resuming needs and ``read``.
 
         The run's logits are ``[B, V]`` at the final position, or ``[B, n_last, V]`` at the last
-        ``n_last`` positions (teacher-forced answers, one position per answer token).
+        ``n_last`` positions (teacher-forced answers, one position per answer token). With
+        ``read_only`` (on a model whose keys and values are reused) the last block runs only
+        those positions, as in :meth:`resume`: activations read inside it cover them alone, and
+        ``resid[n_layers]`` is NaN at the other positions.
         """
         check_n_last(n_last, int(tokens.shape[1]))
         model = self.model
+        T, n_read, last = int(tokens.shape[1]), n_last or 1, self.n_layers - 1
+        cut = read_only and self.reuses_prefix and T > n_read
         resid: list = [None] * (self.n_layers + 1)
         calls: list = [None] * self.n_layers
         cache = _PrefixCache(record=True)
@@ -141,6 +152,8 @@ class Stepper:
                     if _is_cache(value):
                         bound[key] = cache
                 calls[layer] = bound
+                if cut and layer == last:
+                    raise _StopBeforeLastBlock
                 return (resid[layer],), bound
 
             return hook
@@ -155,10 +168,16 @@ class Stepper:
             return hook
 
         pre = [(block, before(i)) for i, block in enumerate(self.blocks)]
-        with module_hooks(pre, post=[(self.blocks[-1], after_last)]), self._cache_reaches_attention(cache):
-            with hook_points(model, [(name, keep(name)) for name in read]):
-                logits = model(tokens, return_type="logits")
-        logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
+        with self._cache_reaches_attention(cache), hook_points(model, [(name, keep(name)) for name in read]):
+            try:
+                with module_hooks(pre, post=[(self.blocks[-1], after_last)]):
+                    logits = model(tokens, return_type="logits")
+                logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
+            except _StopBeforeLastBlock:  # the last block, the read positions only
+                run = BaseRun(tokens, resid, calls, None, torch.empty(0), acts)
+                final = self._run(run, last, resid[last], 0, cache, n_read=n_read, read_only=True)
+                resid[self.n_layers] = torch.cat([torch.full_like(resid[last][:, :-n_read], float("nan")), final], 1)
+                logits = self.unembed(final[:, -1:])[:, 0] if n_last is None else self.unembed(final)
         if not torch.isfinite(logits).all():
             raise AnalysisError(
                 "the model's logits on the base prompts are not finite (NaN or inf): its weights or "
@@ -224,18 +243,29 @@ class Stepper:
         read_only = self.reuses_prefix and base.kv is not None and T - start > n_read
         read_only = read_only and not _edits_block(edits, last) and not (local and layer == last)
         with self._cache_reaches_attention(cache), hook_points(self.model, edits):
-            for i in range(layer, self.n_layers):
-                if i == last and read_only:
-                    self._keep_keys_values(i, hidden[:, :-n_read], start, n_stack, base, cache)
-                    hidden, start = hidden[:, -n_read:], T - n_read
-                end = start + hidden.shape[1]
-                calls = base.calls[i].items()
-                kwargs = {key: self._slice(key, value, start, n_stack, base, cache, end) for key, value in calls}
-                out = self.blocks[i](hidden, **kwargs)
-                hidden = out[0] if isinstance(out, tuple) else out
-                if local and i == layer:  # the block's other positions are the base run's
-                    hidden = torch.cat([hidden, base.resid[i + 1][:, start + 1 :].repeat(n_stack, 1, 1)], dim=1)
+            hidden = self._run(base, layer, hidden, start, cache, n_stack, n_read, read_only, local)
         return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
+
+    def _run(
+        self, base: BaseRun, layer: int, hidden: torch.Tensor, start: int, cache: _PrefixCache, n_stack: int = 1,
+        n_read: int = 1, read_only: bool = False, local: bool = False,
+    ) -> torch.Tensor:
+        """Blocks ``layer…`` on ``hidden`` (positions ``start:``, or ``start`` alone with ``local``;
+        see :meth:`resume`): the final residual stream from ``start`` on, or with ``read_only`` of
+        the last ``n_read`` positions only."""
+        T, last = base.tokens.shape[1], self.n_layers - 1
+        for i in range(layer, self.n_layers):
+            if i == last and read_only:
+                self._keep_keys_values(i, hidden[:, :-n_read], start, n_stack, base, cache)
+                hidden, start = hidden[:, -n_read:], T - n_read
+            end = start + hidden.shape[1]
+            calls = base.calls[i].items()
+            kwargs = {key: self._slice(key, value, start, n_stack, base, cache, end) for key, value in calls}
+            out = self.blocks[i](hidden, **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out
+            if local and i == layer:  # the block's other positions are the base run's
+                hidden = torch.cat([hidden, base.resid[i + 1][:, start + 1 :].repeat(n_stack, 1, 1)], dim=1)
+        return hidden
 
     def _keep_keys_values(
         self, layer: int, hidden: torch.Tensor, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache
@@ -326,6 +356,8 @@ class Stepper:
 
         def error_of(base: BaseRun, start: int) -> float:
             runs = [base.logits, self.resume(base, layer, base.resid[layer][:, start:], start)]
+            if self.reuses_prefix:  # and a base run whose last block runs the final position only
+                runs.append(self.base(sample, read_only=True).logits)
             if start:  # and the patched block at one position only
                 runs.append(self.resume(base, layer, base.resid[layer][:, start : start + 1], start, local=True))
             return max(float((logits - reference).abs().max()) for logits in runs)
