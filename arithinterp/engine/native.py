@@ -66,14 +66,18 @@ def _forward(
         )
     batch, seq, _ = hidden_states.shape
     start = past_key_values.get_seq_length(layer)
-    q = attn.q(hidden_states).view(batch, seq, attn.n_heads, attn.d_head).transpose(1, 2)
     k = attn.k(hidden_states).view(batch, seq, attn.n_kv_heads, attn.d_head).transpose(1, 2)
     v = attn.v(hidden_states).view(batch, seq, attn.n_kv_heads, attn.d_head).transpose(1, 2)
     if attn.rotary is not None:
         if position_ids is None:
             position_ids = torch.arange(start, start + seq, device=hidden_states.device)[None].expand(batch, -1)
-        q, k = attn.rotary.apply_rope(q, k, position_ids=position_ids)
-    k, v = past_key_values.update(k, v, layer)  # the cache keeps them before grouped heads are repeated
+        _, k = attn.rotary.apply_rope(k, k, position_ids=position_ids)
+    # keys and values first: a cache that only collects them stops the block here (the queries
+    # would be wasted); the cache keeps them before grouped heads are repeated
+    k, v = past_key_values.update(k, v, layer)
+    q = attn.q(hidden_states).view(batch, seq, attn.n_heads, attn.d_head).transpose(1, 2)
+    if attn.rotary is not None:
+        q, _ = attn.rotary.apply_rope(q, q, position_ids=position_ids)
     if attn.kv_repeats > 1:
         k = k.repeat_interleave(attn.kv_repeats, dim=1)
         v = v.repeat_interleave(attn.kv_repeats, dim=1)

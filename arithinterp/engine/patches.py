@@ -102,8 +102,9 @@ class PatchRunner:
         )
         if stepper is not None:  # the stepper records the residual stream before each block itself
             reads = [] if site == "resid_pre" else names
-            self.base = stepper.base(base_tokens, read=reads, n_last=n_last, read_only=True)
-            self.source = stepper.base(source_tokens, read=reads, n_last=n_last, read_only=True)
+            both = stepper.base(torch.cat([base_tokens, source_tokens]), read=reads, n_last=n_last, read_only=True)
+            B = base_tokens.shape[0]
+            self.base, self.source = both.rows(0, B), both.rows(B, 2 * B)
             self.base_logits, self.source_logits = self.base.logits, self.source.logits
             self.base_acts = [self._stepped_activation(self.base, layer) for layer in range(self.n_layers)]
             self.source_acts = [self._stepped_activation(self.source, layer) for layer in range(self.n_layers)]
@@ -147,6 +148,19 @@ class PatchRunner:
     @property
     def reuses_prefix(self) -> bool:
         return self.stepper is not None and self.stepper.reuses_prefix
+
+    def grouping(self, layer: int) -> str:
+        """How cells patched at ``layer`` may share a stacked run: ``"one"`` position per run (a
+        patch that runs its block at that position alone), ``"near"`` positions (the run starts
+        at the earliest), ``"any"`` (positions do not matter: whole forwards, or the last block
+        entered with one changed position per row), given the positions each cell patches."""
+        if not self.reuses_prefix:
+            return "any"
+        if self.site in LOCAL_SITES:
+            return "one"
+        if self.site in ("resid_pre", "resid_post") and layer + (self.site == "resid_post") == self.n_layers - 1:
+            return "any"
+        return "near"
 
     def cell_states(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
         """What each cell's patch does to each pair, ``[C, B]``: ``UNCHANGED`` (the source activation
@@ -213,6 +227,8 @@ class PatchRunner:
                     logits = stepper.unembed(hidden[:, -1:])[:, 0]
                 else:
                     logits = stepper.unembed(hidden[:, -self.n_last:])
+            elif entry == self.n_layers - 1 and pos is not None and self.reuses_prefix:
+                logits = stepper.resume_last(self.base, hidden, start, pos.flatten(), n_stack=C, n_last=self.n_last)
             else:
                 logits = stepper.resume(self.base, entry, hidden, start, n_stack=C, n_last=self.n_last)
         else:

@@ -104,6 +104,22 @@ class BaseRun:
     logits: torch.Tensor
     acts: dict = field(default_factory=dict)
 
+    def rows(self, start: int, stop: int) -> "BaseRun":
+        """The run of prompts ``start:stop`` alone (one base forward may serve several prompt sets)."""
+        B = self.tokens.shape[0]
+
+        def take(value):
+            if isinstance(value, (tuple, list)):
+                return type(value)(take(v) for v in value)
+            if isinstance(value, dict):
+                return {key: take(v) for key, v in value.items()}
+            if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == B:
+                return value[start:stop]
+            return value
+
+        parts = (self.tokens, self.resid, self.calls, self.kv, self.logits, self.acts)
+        return BaseRun(*(take(value) for value in parts))
+
 
 class Stepper:
     """Runs a model's blocks from any layer and position (see the module docstring)."""
@@ -246,6 +262,60 @@ class Stepper:
             hidden = self._run(base, layer, hidden, start, cache, n_stack, n_read, read_only, local)
         return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
 
+    def resume_last(
+        self, base: BaseRun, hidden: torch.Tensor, start: int, at: torch.Tensor, n_stack: int = 1,
+        n_last: Optional[int] = None,
+    ) -> torch.Tensor:
+        """Logits (as :meth:`resume`) of runs whose last block's input is the base run's but at one
+        position per row.
+
+        ``hidden [n_stack * B, T - start, d]`` is the last block's input at positions ``start:``,
+        equal to the base run's except at position ``at[r]`` of row ``r`` (``at [n_stack * B]``).
+        The last block then needs only those positions' keys and values, whatever the position of
+        each row, and its read positions: many rows patched at different positions run together.
+        """
+        T, last, n_read = base.tokens.shape[1], self.n_layers - 1, n_last or 1
+        if base.kv is None or not self.reuses_prefix:
+            raise AnalysisError("this model's blocks do not reuse keys and values; use resume()")
+        keys, values = (x[..., : T - n_read, :].repeat(n_stack, 1, 1, 1) for x in base.kv[last])
+        early = torch.nonzero(at < T - n_read)[:, 0]
+        if len(early):  # the changed positions before the read ones: their keys and values only
+            positions = at[early]
+            new_keys, new_values = self._keys_values_at(last, hidden[early, positions - start][:, None], positions,
+                                                        early % base.tokens.shape[0], base)
+            keys[early, :, positions], values[early, :, positions] = new_keys[:, :, 0], new_values[:, :, 0]
+        cache = _PrefixCache({last: (keys, values)})
+        with self._cache_reaches_attention(cache):
+            hidden = self._run(base, last, hidden[:, T - n_read - start :], T - n_read, cache, n_stack, n_read)
+        return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden)
+
+    def _keys_values_at(
+        self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, base: BaseRun
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``layer``'s keys and values ``[E, kv_heads, 1, d_head]`` of ``hidden [E, 1, d]``,
+        row ``e`` sitting at ``positions[e]`` of base prompt ``rows[e]``; the block stops as soon as
+        its attention has them."""
+        B = base.tokens.shape[0]
+        cache = _PrefixCache()
+        kwargs = {}
+        for key, value in base.calls[layer].items():
+            if _is_cache(value):
+                value = cache
+            elif key == "attention_mask" or key == "cache_position":
+                value = None  # read only after the keys and values, which is never reached here
+            else:
+                value = _take(value, key, rows, positions, B)
+            kwargs[key] = value
+        cache.keep_only = layer
+        with self._cache_reaches_attention(cache):
+            try:
+                self.blocks[layer](hidden, **kwargs)
+            except _KeysValuesKept:
+                return cache.prefix[layer]
+            finally:
+                cache.keep_only = None
+        raise AnalysisError(f"block {layer} ran without asking its cache for keys and values")
+
     def _run(
         self, base: BaseRun, layer: int, hidden: torch.Tensor, start: int, cache: _PrefixCache, n_stack: int = 1,
         n_read: int = 1, read_only: bool = False, local: bool = False,
@@ -382,6 +452,21 @@ class Stepper:
                 if isinstance(t, torch.Tensor) and key not in _POSITION_AXIS and T in t.shape[1:]:
                     return True
         return False
+
+
+def _take(value: Any, key: str, rows: torch.Tensor, positions: torch.Tensor, B: int) -> Any:
+    """A recorded call argument for rows ``rows`` of the base prompts at one position each."""
+    if isinstance(value, tuple):
+        return tuple(_take(v, key, rows, positions, B) for v in value)
+    if not isinstance(value, torch.Tensor) or not value.ndim:
+        return value
+    if key in _POSITION_AXIS:
+        axis = _POSITION_AXIS[key] % value.ndim
+        value = value.expand(B, *value.shape[1:]) if value.shape[0] == 1 else value
+        value = value[rows].movedim(axis, 1)
+        value = value[torch.arange(len(rows), device=value.device), positions.to(value.device)][:, None]
+        return value.movedim(1, axis)
+    return value[rows] if value.shape[0] == B else value
 
 
 def _edits_block(edits: Sequence[tuple[str, Callable]], layer: int) -> bool:

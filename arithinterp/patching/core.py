@@ -6,6 +6,7 @@ result type and the constants, not these helpers.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Union
@@ -108,6 +109,21 @@ class PatchResult(Result):
         return plot_patch_result(self, **kwargs)
 
 
+def _draw_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
+    """How often each of ``n`` items is drawn in each of ``n_boot`` resamples ``[n_boot, n]``."""
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(n, (n_boot, n), generator=generator)
+    return torch.zeros(n_boot, n).scatter_add_(1, draws, torch.ones(n_boot, n))
+
+
+_kept_counts = functools.lru_cache(maxsize=8)(_draw_counts)
+
+
+def _bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
+    """:func:`_draw_counts`, kept when at most 4 MB (the same for the same arguments): read-only."""
+    return _kept_counts(n, n_boot, seed) if n * n_boot <= 2**20 else _draw_counts(n, n_boot, seed)
+
+
 def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0):
     """Mean, standard error and percentile-bootstrap interval over axis 0 of ``values [N, ...]``.
 
@@ -118,9 +134,7 @@ def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1
     flat = values.reshape(n, -1).double()
     mean = flat.mean(0)
     sem = flat.std(0, unbiased=True) / math.sqrt(n) if n > 1 else torch.zeros_like(mean)
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(n, (n_boot, n), generator=generator)
-    counts = torch.zeros(n_boot, n).scatter_add_(1, draws, torch.ones(n_boot, n))
+    counts = _bootstrap_counts(n, n_boot, seed)
     # centred before the float32 product so the resampled means keep their precision
     boot = mean.float() + counts @ torch.nan_to_num(flat - mean).float() / n
     alpha = (1 - confidence) / 2

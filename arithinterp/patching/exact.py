@@ -28,7 +28,7 @@ from arithinterp.patching.core import (
     resolve_units,
 )
 from arithinterp.engine import PatchRunner, stepper_for
-from arithinterp.engine.patches import LOCAL_SITES, RUN, SOURCE
+from arithinterp.engine.patches import RUN, SOURCE
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -177,12 +177,12 @@ def activation_patching(
                 values[idx[:, None], rows[settled][None, :]] = known.T.float()
                 bar.update(int(settled.sum()))
                 rows = rows[~settled]
-                starts = None
-                if pos_group is not None and runner.reuses_prefix:  # cells patched at similar positions share a start
+                starts, grouping = None, runner.grouping(layer)
+                if pos_group is not None and grouping != "any":  # cells patched at similar positions share a start
                     rows = rows[torch.argsort(pos_group[table[rows, 1]].min(1).values, stable=True)]
                     starts = pos_group[table[rows, 1]].min(1).values
                 n_run += len(rows)
-                for part in _chunks(rows, starts, chunk, n_rows, length, one_start=site in LOCAL_SITES):
+                for part in _chunks(rows, starts, chunk, n_rows, length, one_start=grouping == "one"):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
                     values[idx[:, None], part[None, :]] = per_pair(row_values(logits).float().cpu()).T.float()
                     bar.update(len(part))
