@@ -162,3 +162,35 @@ def test_native_attention_reuses_keys_and_a_wrong_cached_forward_is_caught(numbe
 
     monkeypatch.setattr(native, "_forward", off_by_a_little)
     assert "every position recomputed" in sweep(tiny_bridge(number_tokenizer, n_layers=3, seed=3))
+
+
+def test_prompts_sharing_a_prefix_compute_it_once_with_the_same_base_run(number_tokenizer):
+    """A base run whose prompts share their first tokens (a few-shot prefix, then the first
+    operand) runs each distinct prefix once; its block inputs, keys and values, read activations
+    (attention patterns included) and logits are those of the plain run."""
+    from conftest import tiny_bridge
+
+    from arithinterp.engine import stepping
+    from arithinterp.tasks import arithmetic
+
+    model = tiny_bridge(number_tokenizer, n_layers=3, seed=4)
+    tokens = arithmetic(model, a=range(10), b=range(3), few_shot=2).tokens
+    stepper, _ = engine.stepper_for(model, tokens)
+    assert stepper is not None and stepper.shares_prefixes
+    examples = stepper._shared_prefix(tokens, 1)[0]  # the examples are worth sharing
+    assert len(torch.unique(tokens[:, :examples], dim=0)) == 1 and examples >= 8
+    split = stepping._split_at(tokens, examples + 2)  # examples, a, '+': one prefix per a
+    k, representatives, inverse = split
+    assert len(representatives) == 10 and torch.equal(tokens[representatives][inverse, :k], tokens[:, :k])
+    reads = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z", "blocks.2.mlp.hook_post"]
+    with torch.inference_mode():
+        runs = [stepper.base(tokens, read=reads, read_only=True), stepper._shared_base(tokens, reads, None, *split)]
+        stepper.shares_prefixes = False
+        plain = stepper.base(tokens, read=reads, read_only=True)
+        stepper.shares_prefixes = True
+    close = lambda x, y: torch.allclose(x, y, atol=1e-5, equal_nan=True)  # noqa: E731
+    for shared in runs:
+        assert close(shared.logits, plain.logits)
+        assert all(close(x, y) for x, y in zip(shared.resid, plain.resid))
+        assert all(close(shared.kv[i][j], plain.kv[i][j]) for i in range(3) for j in range(2))
+        assert all(close(shared.acts[name], plain.acts[name]) for name in reads)

@@ -96,3 +96,18 @@ def test_every_family_reuses_keys_and_values(family):
     pairs = pair_sets[1]
     stepper, status = stepper_for(model, pairs.corrupt.unpadded(pairs.clean.length_groups()[0]))
     assert stepper is not None and stepper.reuses_prefix, (name, status)
+    # and prompts sharing a prefix (the few-shot examples) compute it once
+    assert stepper.shares_prefixes, name
+
+
+def test_gemma2_prompts_longer_than_its_sliding_window(number_tokenizer, tmp_path):
+    """Gemma 2's sliding-window and global layers take different masks once prompts pass the
+    window (16 tokens here): stepping, shared prefixes included, still gives the hooks' numbers."""
+    model = ai.load_model(str(save_family("gemma2", number_tokenizer, tmp_path)))
+    pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=4).counterfactual(vary="a", seed=0)[:6]
+    assert pairs.clean.tokens.shape[1] > 16
+    for site in ("resid_pre", "attn_z", "mlp_out"):
+        fast = patching.activation_patching(model, pairs, site, engine="stepped", progress=False)
+        slow = patching.activation_patching(model, pairs, site, engine="hooks", progress=False)
+        assert "keys/values reused" in fast.meta["engine"][0]
+        assert (fast.values - slow.values).abs().max() <= 1e-4, site

@@ -104,7 +104,7 @@ class PatchRunner:
             reads = [] if site == "resid_pre" else names
             both = stepper.base(torch.cat([base_tokens, source_tokens]), read=reads, n_last=n_last, read_only=True)
             B = base_tokens.shape[0]
-            self.base, self.source = both.rows(0, B), both.rows(B, 2 * B)
+            self.base, self.source = both.rows(slice(0, B)), both.rows(slice(B, 2 * B))
             self.base_logits, self.source_logits = self.base.logits, self.source.logits
             self.base_acts = [self._stepped_activation(self.base, layer) for layer in range(self.n_layers)]
             self.source_acts = [self._stepped_activation(self.source, layer) for layer in range(self.n_layers)]

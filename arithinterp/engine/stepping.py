@@ -46,8 +46,8 @@ def _is_cache(value: Any) -> bool:
     return hasattr(value, "update") and hasattr(value, "get_seq_length")
 
 
-class _StopBeforeLastBlock(Exception):
-    """Ends a base run's forward at the last block, which the stepper then runs itself."""
+class _StopBeforeBlock(Exception):
+    """Ends the model's own forward before a block, which the stepper then runs itself."""
 
 
 class _KeysValuesKept(Exception):
@@ -104,8 +104,8 @@ class BaseRun:
     logits: torch.Tensor
     acts: dict = field(default_factory=dict)
 
-    def rows(self, start: int, stop: int) -> "BaseRun":
-        """The run of prompts ``start:stop`` alone (one base forward may serve several prompt sets)."""
+    def rows(self, index: Any) -> "BaseRun":
+        """The run of prompts ``index`` (a slice or index tensor) alone."""
         B = self.tokens.shape[0]
 
         def take(value):
@@ -114,7 +114,7 @@ class BaseRun:
             if isinstance(value, dict):
                 return {key: take(v) for key, v in value.items()}
             if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == B:
-                return value[start:stop]
+                return value[index]
             return value
 
         parts = (self.tokens, self.resid, self.calls, self.kv, self.logits, self.acts)
@@ -137,6 +137,7 @@ class Stepper:
         cap = float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
         self.logit_cap = cap if cap > 0 else None
         self.reuses_prefix = True  # settled by check()
+        self.shares_prefixes = False  # prompts sharing a prefix compute it once: settled by check()
 
     # --- base run -------------------------------------------------------------------------------
 
@@ -155,6 +156,9 @@ class Stepper:
         model = self.model
         T, n_read, last = int(tokens.shape[1]), n_last or 1, self.n_layers - 1
         cut = read_only and self.reuses_prefix and T > n_read
+        split = self._shared_prefix(tokens, n_read) if cut and self.shares_prefixes else None
+        if split is not None:
+            return self._checked(self._shared_base(tokens, read, n_last, *split))
         resid: list = [None] * (self.n_layers + 1)
         calls: list = [None] * self.n_layers
         cache = _PrefixCache(record=True)
@@ -169,7 +173,7 @@ class Stepper:
                         bound[key] = cache
                 calls[layer] = bound
                 if cut and layer == last:
-                    raise _StopBeforeLastBlock
+                    raise _StopBeforeBlock
                 return (resid[layer],), bound
 
             return hook
@@ -189,20 +193,103 @@ class Stepper:
                 with module_hooks(pre, post=[(self.blocks[-1], after_last)]):
                     logits = model(tokens, return_type="logits")
                 logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
-            except _StopBeforeLastBlock:  # the last block, the read positions only
+            except _StopBeforeBlock:  # the last block, the read positions only
                 run = BaseRun(tokens, resid, calls, None, torch.empty(0), acts)
                 final = self._run(run, last, resid[last], 0, cache, n_read=n_read, read_only=True)
-                resid[self.n_layers] = torch.cat([torch.full_like(resid[last][:, :-n_read], float("nan")), final], 1)
+                resid[self.n_layers] = _read_positions(final, T)
                 logits = self.unembed(final[:, -1:])[:, 0] if n_last is None else self.unembed(final)
-        if not torch.isfinite(logits).all():
+        return self._checked(BaseRun(tokens, resid, calls, dict(cache.kv), logits, acts))
+
+    def _checked(self, run: BaseRun) -> BaseRun:
+        if not torch.isfinite(run.logits).all():
             raise AnalysisError(
                 "the model's logits on the base prompts are not finite (NaN or inf): its weights or "
                 "activations are broken, so every patching number would be NaN"
             )
-        kv = dict(cache.kv) if len(cache.kv) == self.n_layers else None
-        if kv is None:
-            self.reuses_prefix = False
-        return BaseRun(tokens, resid, calls, kv, logits, acts)
+        if run.kv is None or len(run.kv) != self.n_layers:  # the blocks do not use the cache
+            run.kv, self.reuses_prefix = None, False
+        return run
+
+    # --- prompts that share their first tokens compute them once -------------------------------
+
+    def _shared_prefix(self, tokens: torch.Tensor, n_read: int) -> Optional[tuple]:
+        """``(k, representatives, inverse)`` (see :func:`_split_at`) for the prefix length ``k``
+        that saves most positions, or None when none saves a fifth of them."""
+        B, T = tokens.shape
+        order = _prefix_order(tokens)
+        first = order[0]
+        lengths = torch.arange(1, T - n_read + 1, device=tokens.device)
+        n_distinct = 1 + (first[None, :] < lengths[:, None]).sum(1)
+        cost = n_distinct * lengths + B * (T - lengths)
+        best = int(cost.argmin())
+        return _split_at(tokens, best + 1, order) if len(lengths) and cost[best] <= 0.8 * B * T else None
+
+    def _shared_base(
+        self, tokens: torch.Tensor, read: Sequence[str], n_last: Optional[int], k: int,
+        representatives: torch.Tensor, inverse: torch.Tensor,
+    ) -> BaseRun:
+        """:meth:`base` (``read_only``) with positions ``:k`` computed once per distinct prefix.
+
+        The model's own forward gives block 0's input, and on one prompt each block's call
+        arguments (the prompts have one length: the same for all); the distinct prefixes run
+        through the blocks (the last one only for its keys and values), then every prompt's
+        positions ``k:`` with its prefix's keys and values. Block inputs, keys, values and read
+        activations are put back together.
+        """
+        T, n_read = tokens.shape[1], n_last or 1
+        embedded, calls = self._block_inputs(tokens, 0), self._block_inputs(tokens[:1], self.n_layers - 1, calls=True)
+        run = BaseRun(tokens, [], calls, None, torch.empty(0))
+        fired: list = [{}, {}]  # read activations of the prefix pass, then of the rest
+
+        def keep(name):
+            def hook(activation, hook):
+                fired[-1][name] = activation
+
+            return hook
+
+        prefix_cache, prefix_inputs, inputs = _PrefixCache(record=True), [], []
+        with hook_points(self.model, [(name, keep(name)) for name in read]):
+            with self._cache_reaches_attention(prefix_cache):
+                prefix_run = run.rows(representatives)
+                self._run(prefix_run, 0, embedded[representatives, :k], 0, prefix_cache, n_read=0, read_only=True,
+                          inputs=prefix_inputs)
+            fired.append(fired.pop(0))
+            kv = {i: (keys[inverse], values[inverse]) for i, (keys, values) in prefix_cache.kv.items()}
+            cache = _PrefixCache(kv, record=True)
+            with self._cache_reaches_attention(cache):
+                final = self._run(run, 0, embedded[:, k:], k, cache, n_read=n_read, read_only=T - k > n_read,
+                                  inputs=inputs)
+        resid = [torch.cat([early[inverse], late], 1) for early, late in zip(prefix_inputs, inputs)]
+        resid.append(_read_positions(final, T))
+        prefix_acts, acts = fired
+        for name in prefix_acts.keys() & acts.keys():
+            acts[name] = _joined(name, prefix_acts[name][inverse], acts[name], T)
+        logits = self.unembed(final[:, -1:])[:, 0] if n_last is None else self.unembed(final)
+        return BaseRun(tokens, resid, run.calls, dict(cache.kv), logits, acts)
+
+    def _block_inputs(self, tokens: torch.Tensor, stop: int, calls: bool = False) -> Any:
+        """Block ``stop``'s input ``[B, T, d]`` from the model's own forward stopped there, or with
+        ``calls`` the other call arguments of blocks ``0..stop`` (a list of dicts)."""
+        found: list = []
+
+        def before(layer):
+            def hook(module, args, kwargs):
+                found.append(self._bind(args, kwargs))
+                if layer == stop:
+                    raise _StopBeforeBlock
+
+            return hook
+
+        with module_hooks([(block, before(i)) for i, block in enumerate(self.blocks[: stop + 1])]):
+            try:
+                self.model(tokens, return_type="logits")
+            except _StopBeforeBlock:
+                pass
+        if len(found) != stop + 1:
+            raise AnalysisError(f"the model's forward did not call its blocks 0..{stop} in order")
+        if not calls:
+            return found[-1]["hidden_states"]
+        return [{key: value for key, value in call.items() if key != "hidden_states"} for call in found]
 
     def _bind(self, args: tuple, kwargs: dict) -> dict:
         bound = dict(self._signature.bind_partial(*args, **kwargs).arguments)
@@ -318,16 +405,21 @@ class Stepper:
 
     def _run(
         self, base: BaseRun, layer: int, hidden: torch.Tensor, start: int, cache: _PrefixCache, n_stack: int = 1,
-        n_read: int = 1, read_only: bool = False, local: bool = False,
+        n_read: int = 1, read_only: bool = False, local: bool = False, inputs: Optional[list] = None,
     ) -> torch.Tensor:
         """Blocks ``layer…`` on ``hidden`` (positions ``start:``, or ``start`` alone with ``local``;
         see :meth:`resume`): the final residual stream from ``start`` on, or with ``read_only`` of
-        the last ``n_read`` positions only."""
+        the last ``n_read`` positions only (none: the last block only adds its keys and values to
+        ``cache``). ``inputs`` collects each block's input."""
         T, last = base.tokens.shape[1], self.n_layers - 1
         for i in range(layer, self.n_layers):
+            if inputs is not None:
+                inputs.append(hidden)
             if i == last and read_only:
-                self._keep_keys_values(i, hidden[:, :-n_read], start, n_stack, base, cache)
-                hidden, start = hidden[:, -n_read:], T - n_read
+                self._keep_keys_values(i, hidden[:, : hidden.shape[1] - n_read], start, n_stack, base, cache)
+                hidden, start = hidden[:, hidden.shape[1] - n_read :], T - n_read
+                if not n_read:
+                    break
             end = start + hidden.shape[1]
             calls = base.calls[i].items()
             kwargs = {key: self._slice(key, value, start, n_stack, base, cache, end) for key, value in calls}
@@ -426,10 +518,12 @@ class Stepper:
 
         def error_of(base: BaseRun, start: int) -> float:
             runs = [base.logits, self.resume(base, layer, base.resid[layer][:, start:], start)]
-            if self.reuses_prefix:  # and a base run whose last block runs the final position only
-                runs.append(self.base(sample, read_only=True).logits)
-            if start:  # and the patched block at one position only
+            if start:  # the patched block at one position only; the last block entered at one position per row
                 runs.append(self.resume(base, layer, base.resid[layer][:, start : start + 1], start, local=True))
+                at = torch.arange(len(sample), device=sample.device) % (T - start) + start
+                runs.append(self.resume_last(base, base.resid[-2][:, start:], start, at))
+            if self.reuses_prefix:  # a base run whose last block runs the final position only
+                runs.append(self.base(sample, read_only=True).logits)
             return max(float((logits - reference).abs().max()) for logits in runs)
 
         try:
@@ -441,6 +535,13 @@ class Stepper:
             return False, f"blocks cannot be stepped ({type(why).__name__}: {why})"
         if error > _CHECK_TOLERANCE * scale:
             return False, f"stepping the blocks differs from the model's logits by {error:.2e}"
+        if self.reuses_prefix and T > 1:  # prompts sharing a prefix compute it once, where that is exact too
+            try:
+                shared = self._shared_base(sample, (), None, *_split_at(sample, 1))
+                runs = [shared.logits, self.resume(shared, layer, shared.resid[layer][:, start:], start)]
+                self.shares_prefixes = max(float((x - reference).abs().max()) for x in runs) <= _CHECK_TOLERANCE * scale
+            except Exception:  # noqa: BLE001 - sharing is an optimisation: without it every number is the same
+                self.shares_prefixes = False
         reuse = "keys/values reused" if self.reuses_prefix else "every position recomputed"
         return True, f"stepped blocks ({reuse}; max logit error {error:.1e})"
 
@@ -452,6 +553,44 @@ class Stepper:
                 if isinstance(t, torch.Tensor) and key not in _POSITION_AXIS and T in t.shape[1:]:
                     return True
         return False
+
+
+def _prefix_order(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of ``tokens [B, T]`` in lexicographic order: for each pair of neighbours
+    the first position where they differ ``[R - 1]``, and each row's place in that order ``[B]``.
+    Rows sharing their first ``k`` tokens are neighbours, so ``1 + (first < k).sum()`` prefixes
+    of length ``k`` are distinct."""
+    distinct, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+    differs = distinct[1:] != distinct[:-1]
+    return differs.int().argmax(1), inverse  # distinct rows differ somewhere
+
+
+def _split_at(tokens: torch.Tensor, k: int, order: Optional[tuple] = None) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(k, representatives, inverse)``: one row of ``tokens`` per distinct prefix ``[:k]``, and
+    each row's prefix as an index into them (``order``: :func:`_prefix_order` of ``tokens``)."""
+    first, order = order if order is not None else _prefix_order(tokens)
+    group = torch.cat([first.new_zeros(1), (first < k).long().cumsum(0)])  # prefix of each distinct row
+    inverse = group[order]
+    representatives = torch.empty(int(group[-1]) + 1, dtype=torch.long, device=tokens.device)
+    representatives[inverse] = torch.arange(len(tokens), device=tokens.device)
+    return k, representatives, inverse
+
+
+def _read_positions(final: torch.Tensor, T: int) -> torch.Tensor:
+    """The final residual stream ``[B, T, d]`` of a run whose last block computed only its last
+    positions ``final [B, n, d]``: NaN elsewhere, so that nothing can read them unnoticed."""
+    return torch.cat([final.new_full((final.shape[0], T - final.shape[1], final.shape[2]), float("nan")), final], 1)
+
+
+def _joined(name: str, early: torch.Tensor, late: torch.Tensor, T: int) -> torch.Tensor:
+    """An activation read in two passes, positions ``:k`` (``early``) then ``k:`` (``late``), put
+    back together: along dim 1, or for attention patterns ``[B, H, query, key]`` along the query
+    axis, the early queries' missing keys (all later, so masked) given weight 0."""
+    if name.endswith(("hook_pattern", "hook_attn_scores")):
+        fill = 0.0 if name.endswith("hook_pattern") else float("-inf")
+        early = torch.nn.functional.pad(early, (0, T - early.shape[-1]), value=fill)
+        return torch.cat([early, late], 2)
+    return torch.cat([early, late], 1)
 
 
 def _take(value: Any, key: str, rows: torch.Tensor, positions: torch.Tensor, B: int) -> Any:
