@@ -108,7 +108,7 @@ class BaseRun:
         """The run of prompts ``index`` (a slice or index tensor) alone."""
         B = self.tokens.shape[0]
 
-        def take(value):
+        def take(value: Any) -> Any:
             if isinstance(value, (tuple, list)):
                 return type(value)(take(v) for v in value)
             if isinstance(value, dict):
@@ -568,9 +568,9 @@ def _prefix_order(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _split_at(tokens: torch.Tensor, k: int, order: Optional[tuple] = None) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(k, representatives, inverse)``: one row of ``tokens`` per distinct prefix ``[:k]``, and
     each row's prefix as an index into them (``order``: :func:`_prefix_order` of ``tokens``)."""
-    first, order = order if order is not None else _prefix_order(tokens)
+    first, rows = order if order is not None else _prefix_order(tokens)
     group = torch.cat([first.new_zeros(1), (first < k).long().cumsum(0)])  # prefix of each distinct row
-    inverse = group[order]
+    inverse = group[rows]
     representatives = torch.empty(int(group[-1]) + 1, dtype=torch.long, device=tokens.device)
     representatives[inverse] = torch.arange(len(tokens), device=tokens.device)
     return k, representatives, inverse
