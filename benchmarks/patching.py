@@ -223,8 +223,8 @@ def table(rows: list[dict], runs: int) -> str:
         "token the prompts share — or the source run — a residual patch that makes the whole residual stream the "
         "source's, as at layer 0 on the operand). "
         "Beating the floor comes from stacking cells into large batches, starting each at the patched layer "
-        "(and, where the blocks take a key/value cache, at its first changed position with earlier keys and values "
-        "reused), and the settled cells. "
+        "and its first changed position with earlier keys and values reused, running the last block at the final "
+        "position only and a patched block at the patched position only, and the settled cells. "
         "TransformerLens / floor is the most any one-forward-per-cell method could gain over TransformerLens. "
         "† TransformerLens ran a random sample of the cells (its cost is one whole forward per cell) and its time "
         "is extrapolated to all cells; max |diff| is over the sampled cells. Peak MiB: the largest resident-set "
@@ -240,12 +240,11 @@ def table(rows: list[dict], runs: int) -> str:
         )
     lines += [
         "",
-        "The zoo and the random native model are TransformerLens-native models, whose blocks take no key/value "
-        "cache: their resumed runs recompute every position from the patched layer on. On the zoo's 5-token prompts "
-        "the two whole base forwards (base and source) are a fixed cost that few cells cannot amortise — for "
-        "`resid_pre`, TransformerLens's 11 forwards against at least 2 of ours bound the ratio at 5.5× whatever "
-        "the cells cost. A hand-written copy of the GPT-2-style forward (removed with the engine, since it covered "
-        "no family the papers study) reached 6.6× there by computing only the final position in the last block.",
+        "The zoo and the random native model are TransformerLens-native models, whose attention takes no key/value "
+        "cache argument: the engine gives it one while it steps them (`arithinterp.engine.native`). On the zoo's "
+        "5-token prompts the base run is a fixed cost that few cells amortise (TransformerLens's `resid_pre` sweep "
+        "there is 11 forwards); it runs the base and source prompts together, computes prefixes the prompts share "
+        "once, and runs the last block at the final position only.",
     ]
     return "\n".join(lines)
 

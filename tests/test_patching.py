@@ -99,7 +99,7 @@ def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
 
 @pytest.mark.parametrize("model_name", ["few_shot", "few_shot_rotary"])
 @pytest.mark.parametrize("site", patching.SWEEP_SITES)
-def test_replica_equals_model_hooks_for_every_site(request, model_name, site):
+def test_stepped_blocks_equal_whole_forwards_for_every_site(request, model_name, site):
     """The fast path (start at the patched layer and position, reuse keys, only the read positions
     through the last block) changes no number."""
     model, fs_pairs = request.getfixturevalue(model_name)
@@ -133,7 +133,7 @@ def test_a_residual_patch_that_makes_the_source_run_is_not_run(few_shot):
 
 
 def _known_results(model, pairs):
-    """Both cells on both engines: the replica recognises them as the source run, hooks run them."""
+    """Both cells on both engines: stepping recognises them as the source run, hooks run them."""
     last = model.cfg.n_layers - 1
     values = []
     for engine in ("stepped", "hooks"):

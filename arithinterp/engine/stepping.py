@@ -11,6 +11,12 @@ the engine
    only, with the base run's keys and values of positions ``< s`` handed in as its cache, and so
    on through the last block.
 
+Where keys and values are reused the engine computes less still: the last block runs only the
+positions that are read (the others only up to their keys and values, through a cache that stops
+the block there), a patch inside one block at one position runs that block at that position alone,
+the last block entered with one changed position per row computes only those keys and values, and
+base prompts that share their first tokens compute them once.
+
 Because the model's own block modules do the arithmetic, rotary embeddings, grouped-query and
 parallel attention, gated MLPs, soft-capping and extra norms come with the model. What the engine
 slices is only the per-position call arguments it recognises; a block that takes a
@@ -237,23 +243,27 @@ class Stepper:
         activations are put back together.
         """
         T, n_read = tokens.shape[1], n_last or 1
-        embedded, calls = self._block_inputs(tokens, 0), self._block_inputs(tokens[:1], self.n_layers - 1, calls=True)
+        embedded = self._calls_until(tokens, 0)[0].pop("hidden_states")
+        calls = self._calls_until(tokens[:1], self.n_layers - 1)
+        for call in calls:
+            call.pop("hidden_states")
         run = BaseRun(tokens, [], calls, None, torch.empty(0))
-        fired: list = [{}, {}]  # read activations of the prefix pass, then of the rest
+        passes: list[dict] = []  # the activations read in each pass
 
         def keep(name):
             def hook(activation, hook):
-                fired[-1][name] = activation
+                passes[-1][name] = activation
 
             return hook
 
         prefix_cache, prefix_inputs, inputs = _PrefixCache(record=True), [], []
         with hook_points(self.model, [(name, keep(name)) for name in read]):
+            passes.append({})  # the distinct prefixes
             with self._cache_reaches_attention(prefix_cache):
                 prefix_run = run.rows(representatives)
                 self._run(prefix_run, 0, embedded[representatives, :k], 0, prefix_cache, n_read=0, read_only=True,
                           inputs=prefix_inputs)
-            fired.append(fired.pop(0))
+            passes.append({})  # every prompt's positions k:
             kv = {i: (keys[inverse], values[inverse]) for i, (keys, values) in prefix_cache.kv.items()}
             cache = _PrefixCache(kv, record=True)
             with self._cache_reaches_attention(cache):
@@ -261,20 +271,20 @@ class Stepper:
                                   inputs=inputs)
         resid = [torch.cat([early[inverse], late], 1) for early, late in zip(prefix_inputs, inputs)]
         resid.append(_read_positions(final, T))
-        prefix_acts, acts = fired
+        prefix_acts, acts = passes
         for name in prefix_acts.keys() & acts.keys():
             acts[name] = _joined(name, prefix_acts[name][inverse], acts[name], T)
         logits = self.unembed(final[:, -1:])[:, 0] if n_last is None else self.unembed(final)
         return BaseRun(tokens, resid, run.calls, dict(cache.kv), logits, acts)
 
-    def _block_inputs(self, tokens: torch.Tensor, stop: int, calls: bool = False) -> Any:
-        """Block ``stop``'s input ``[B, T, d]`` from the model's own forward stopped there, or with
-        ``calls`` the other call arguments of blocks ``0..stop`` (a list of dicts)."""
-        found: list = []
+    def _calls_until(self, tokens: torch.Tensor, stop: int) -> list[dict]:
+        """How the model's own forward on ``tokens`` calls blocks ``0..stop`` (hidden states
+        included, bound to parameter names), stopped before block ``stop`` runs."""
+        calls: list = []
 
         def before(layer):
             def hook(module, args, kwargs):
-                found.append(self._bind(args, kwargs))
+                calls.append(self._bind(args, kwargs))
                 if layer == stop:
                     raise _StopBeforeBlock
 
@@ -285,11 +295,9 @@ class Stepper:
                 self.model(tokens, return_type="logits")
             except _StopBeforeBlock:
                 pass
-        if len(found) != stop + 1:
+        if len(calls) != stop + 1:
             raise AnalysisError(f"the model's forward did not call its blocks 0..{stop} in order")
-        if not calls:
-            return found[-1]["hidden_states"]
-        return [{key: value for key, value in call.items() if key != "hidden_states"} for call in found]
+        return calls
 
     def _bind(self, args: tuple, kwargs: dict) -> dict:
         bound = dict(self._signature.bind_partial(*args, **kwargs).arguments)
@@ -393,15 +401,9 @@ class Stepper:
             else:
                 value = _take(value, key, rows, positions, B)
             kwargs[key] = value
-        cache.keep_only = layer
         with self._cache_reaches_attention(cache):
-            try:
-                self.blocks[layer](hidden, **kwargs)
-            except _KeysValuesKept:
-                return cache.prefix[layer]
-            finally:
-                cache.keep_only = None
-        raise AnalysisError(f"block {layer} ran without asking its cache for keys and values")
+            self._keys_values_only(layer, hidden, kwargs, cache)
+        return cache.prefix[layer]
 
     def _run(
         self, base: BaseRun, layer: int, hidden: torch.Tensor, start: int, cache: _PrefixCache, n_stack: int = 1,
@@ -433,10 +435,15 @@ class Stepper:
         self, layer: int, hidden: torch.Tensor, start: int, n_stack: int, base: BaseRun, cache: _PrefixCache
     ) -> None:
         """Append block ``layer``'s keys and values of ``hidden`` (positions ``start:``) to its prefix
-        in ``cache``, stopping the block as soon as its attention has them."""
+        in ``cache``."""
         end = start + hidden.shape[1]
         calls = base.calls[layer].items()
         kwargs = {key: self._slice(key, value, start, n_stack, base, cache, end) for key, value in calls}
+        self._keys_values_only(layer, hidden, kwargs, cache)
+
+    def _keys_values_only(self, layer: int, hidden: torch.Tensor, kwargs: dict, cache: _PrefixCache) -> None:
+        """Call block ``layer``, stopping it as soon as its attention hands ``cache`` its keys and
+        values (which become that layer's prefix there)."""
         cache.keep_only = layer
         try:
             self.blocks[layer](hidden, **kwargs)
