@@ -27,11 +27,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from patching import median_time  # benchmarks/patching.py: the same median timing
 
 BEGIN, END = "<!-- circuits:begin -->", "<!-- circuits:end -->"
 SPEED_BEGIN, SPEED_END = "<!-- circuits-speed:begin -->", "<!-- circuits-speed:end -->"
@@ -43,15 +42,6 @@ def ranks(x: torch.Tensor) -> torch.Tensor:
 
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([a.double(), b.double()]))[0, 1])
-
-
-def timed(fn, runs: int):
-    times, out = [], None
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
@@ -70,11 +60,11 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
     pairs = prompts.counterfactual(vary="a", seed=0)
     pairs = pairs[torch.randperm(len(pairs), generator=gen)[:n_pairs]]
     graph = Graph.of(model)
-    t_exact, exact = timed(lambda: patch_edges(model, pairs, graph, progress=False), runs)
+    t_exact, exact = median_time(lambda: patch_edges(model, pairs, graph, progress=False), runs)
     ref = exact["scores"].mean(0)
     rows = []
     for method, k in (("eap", None), ("eap-ig", steps)):
-        t, got = timed(lambda: attribute_edges(model, pairs, graph, method=method, steps=k or 1, batch_size=len(pairs), progress=False), runs)
+        t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, steps=k or 1, batch_size=len(pairs), progress=False), runs)
         est = got["scores"].mean(0)
         rows.append((method if k is None else f"{method} ({k} steps)", pearson(est, ref), pearson(ranks(est), ranks(ref)), t, got["passes_per_batch"]))
     circuit = score_edges(model, pairs, "eap-ig", steps=steps, batch_size=len(pairs), progress=False)
@@ -107,11 +97,11 @@ def speed(n_pairs: int, steps: int, few_shot: int, runs: int) -> list[str]:
              f"{graph.n_edges} edges, one CPU thread, median of {runs} runs", "",
              "| method | time (s) | passes per batch | peak memory (MiB) | Pearson vs exact |", "|---|---:|---:|---:|---:|"]
     with PeakMemory() as mem:
-        t_exact, exact = timed(lambda: patch_edges(model, pairs, graph, progress=False), runs)
+        t_exact, exact = median_time(lambda: patch_edges(model, pairs, graph, progress=False), runs)
     ref = exact["scores"].mean(0)
     for method in ("eap", "eap-ig"):
         with PeakMemory() as m:
-            t, got = timed(lambda: attribute_edges(model, pairs, graph, method=method, steps=steps, batch_size=len(pairs), progress=False), runs)
+            t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, steps=steps, batch_size=len(pairs), progress=False), runs)
         label = method if method == "eap" else f"eap-ig ({steps} steps)"
         lines.append(f"| {label} | {t:.2f} | {got['passes_per_batch']} | {m.peak:.0f} | {pearson(got['scores'].mean(0), ref):.3f} |")
     lines.append(f"| exact, every edge alone | {t_exact:.2f} | {exact['forwards']} stacked forwards | {mem.peak:.0f} | 1 |")
