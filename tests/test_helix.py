@@ -160,32 +160,37 @@ def test_fit_validates_input():
 # --- causal patch test on a model with a planted helix ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def helix_model(number_tokenizer):
-    """A 1-layer attention-only model whose number embeddings are an exact helix (periods 2, 5,
-    10, 100 + linear) and whose final position reads them back: attention is uniform, values and
-    outputs are the identity, and each number's unembedding is its own embedding. Patching the
-    a-position therefore moves the answer logits, and only the helix coordinates matter."""
+def _planted_helix_model(tok, n_layers: int, seed: int):
+    """Attention-only layers with uniform attention and identity values and outputs over number
+    embeddings that are an exact helix (periods 2, 5, 10, 100 + linear); each number's
+    unembedding is its own embedding."""
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
     from arithinterp.fourier import number_tokens
 
-    tok = number_tokenizer
-    cfg = TransformerBridgeConfig(d_model=64, d_head=16, n_heads=4, n_layers=1, n_ctx=8, d_mlp=128, d_vocab=len(tok),
-                                  act_fn="relu", normalization_type=None, attn_only=True, seed=0)
+    cfg = TransformerBridgeConfig(d_model=64, d_head=16, n_heads=4, n_layers=n_layers, n_ctx=8, d_mlp=128,
+                                  d_vocab=len(tok), act_fn="relu", normalization_type=None, attn_only=True, seed=0)
     model = TransformerBridge.boot_native(cfg, tokenizer=tok).eval()
     tokens = number_tokens(model, range(100))
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     design = hx.helix_basis(torch.arange(100).double(), PERIODS, constant=False)
     embed = (design @ torch.randn(design.shape[1], 64, generator=g, dtype=torch.float64)).float()
     state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
     state["embed.weight"][tokens] = embed
     state["unembed.weight"][tokens] = embed
-    state["blocks.0.attn.v.weight"] = torch.eye(64)
-    state["blocks.0.attn.o.weight"] = torch.eye(64)
+    for layer in range(n_layers):
+        state[f"blocks.{layer}.attn.v.weight"] = torch.eye(64)
+        state[f"blocks.{layer}.attn.o.weight"] = torch.eye(64)
     model.load_state_dict(state)
     return model
+
+
+@pytest.fixture(scope="module")
+def helix_model(number_tokenizer):
+    """A 1-layer planted-helix model whose final position reads the numbers back: patching the
+    a-position therefore moves the answer logits, and only the helix coordinates matter."""
+    return _planted_helix_model(number_tokenizer, n_layers=1, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -222,31 +227,10 @@ def test_patch_test_planted_helix_is_causally_sufficient(helix_model, helix_pair
 
 @pytest.fixture(scope="module")
 def helix_model_2layer(number_tokenizer):
-    """Two attention-only layers like ``helix_model`` (uniform attention, identity values and
-    outputs) over helix number embeddings: every residual site at an operand position is an exact
-    helix of that operand (``resid_post`` of layer 0 at ``a`` is 1.5 × its embedding), and the
-    final position reads every position, so patching any of them moves the answer."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-
-    from arithinterp.fourier import number_tokens
-
-    tok = number_tokenizer
-    cfg = TransformerBridgeConfig(d_model=64, d_head=16, n_heads=4, n_layers=2, n_ctx=8, d_mlp=128, d_vocab=len(tok),
-                                  act_fn="relu", normalization_type=None, attn_only=True, seed=0)
-    model = TransformerBridge.boot_native(cfg, tokenizer=tok).eval()
-    tokens = number_tokens(model, range(100))
-    g = torch.Generator().manual_seed(1)
-    design = hx.helix_basis(torch.arange(100).double(), PERIODS, constant=False)
-    embed = (design @ torch.randn(design.shape[1], 64, generator=g, dtype=torch.float64)).float()
-    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
-    state["embed.weight"][tokens] = embed
-    state["unembed.weight"][tokens] = embed
-    for layer in range(2):
-        state[f"blocks.{layer}.attn.v.weight"] = torch.eye(64)
-        state[f"blocks.{layer}.attn.o.weight"] = torch.eye(64)
-    model.load_state_dict(state)
-    return model
+    """Two planted-helix layers: every residual site at an operand position is an exact helix of
+    that operand (``resid_post`` of layer 0 at ``a`` is 1.5 × its embedding), and the final
+    position reads every position, so patching any of them moves the answer."""
+    return _planted_helix_model(number_tokenizer, n_layers=2, seed=1)
 
 
 def _layer_patch_effect(model, pairs, hook, position):

@@ -17,7 +17,7 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.engine.hooks import forward_with_hooks
-from arithinterp.engine.stepping import BaseRun, Stepper, check_n_last
+from arithinterp.engine.stepping import BaseRun, Stepper, check_n_last, unread_as_nan
 from arithinterp.errors import AnalysisError, SiteError
 
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}
@@ -135,12 +135,7 @@ class PatchRunner:
         if self.site == "resid_pre":
             return run.resid[layer]
         activation = self._shaped(run.acts[self._read_name(layer)])
-        dim, T = _position_dim(self.site), run.tokens.shape[1]
-        if activation.shape[dim] < T:
-            shape = list(activation.shape)
-            shape[dim] = T - activation.shape[dim]
-            activation = torch.cat([activation.new_full(shape, float("nan")), activation], dim)
-        return activation
+        return unread_as_nan(activation, run.tokens.shape[1], _position_dim(self.site))
 
     def _on_device(self, index: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if index is None else index.to(self.base_logits.device)
@@ -223,10 +218,7 @@ class PatchRunner:
             entry = layer + (site == "resid_post")
             hidden = patch(base[None].expand(C, *base.shape)).flatten(0, 1)
             if entry == self.n_layers:
-                if self.n_last is None:
-                    logits = stepper.unembed(hidden[:, -1:])[:, 0]
-                else:
-                    logits = stepper.unembed(hidden[:, -self.n_last:])
+                logits = stepper.read_logits(hidden, self.n_last)
             elif entry == self.n_layers - 1 and pos is not None and self.reuses_prefix:
                 logits = stepper.resume_last(self.base, hidden, start, pos.flatten(), n_stack=C, n_last=self.n_last)
             else:

@@ -202,8 +202,8 @@ class Stepper:
             except _StopBeforeBlock:  # the last block, the read positions only
                 run = BaseRun(tokens, resid, calls, None, torch.empty(0), acts)
                 final = self._run(run, last, resid[last], 0, cache, n_read=n_read, read_only=True)
-                resid[self.n_layers] = _read_positions(final, T)
-                logits = self.unembed(final[:, -1:])[:, 0] if n_last is None else self.unembed(final)
+                resid[self.n_layers] = unread_as_nan(final, T)
+                logits = self.read_logits(final, n_last)
         return self._checked(BaseRun(tokens, resid, calls, dict(cache.kv), logits, acts))
 
     def _checked(self, run: BaseRun) -> BaseRun:
@@ -270,11 +270,11 @@ class Stepper:
                 final = self._run(run, 0, embedded[:, k:], k, cache, n_read=n_read, read_only=T - k > n_read,
                                   inputs=inputs)
         resid = [torch.cat([early[inverse], late], 1) for early, late in zip(prefix_inputs, inputs)]
-        resid.append(_read_positions(final, T))
+        resid.append(unread_as_nan(final, T))
         prefix_acts, acts = passes
         for name in prefix_acts.keys() & acts.keys():
             acts[name] = _joined(name, prefix_acts[name][inverse], acts[name], T)
-        logits = self.unembed(final[:, -1:])[:, 0] if n_last is None else self.unembed(final)
+        logits = self.read_logits(final, n_last)
         return BaseRun(tokens, resid, run.calls, dict(cache.kv), logits, acts)
 
     def _calls_until(self, tokens: torch.Tensor, stop: int) -> list[dict]:
@@ -355,7 +355,7 @@ class Stepper:
         read_only = read_only and not _edits_block(edits, last) and not (local and layer == last)
         with self._cache_reaches_attention(cache), hook_points(self.model, edits):
             hidden = self._run(base, layer, hidden, start, cache, n_stack, n_read, read_only, local)
-        return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden[:, -n_last:])
+        return self.read_logits(hidden, n_last)
 
     def resume_last(
         self, base: BaseRun, hidden: torch.Tensor, start: int, at: torch.Tensor, n_stack: int = 1,
@@ -382,7 +382,7 @@ class Stepper:
         cache = _PrefixCache({last: (keys, values)})
         with self._cache_reaches_attention(cache):
             hidden = self._run(base, last, hidden[:, T - n_read - start :], T - n_read, cache, n_stack, n_read)
-        return self.unembed(hidden[:, -1:])[:, 0] if n_last is None else self.unembed(hidden)
+        return self.read_logits(hidden, n_last)
 
     def _keys_values_at(
         self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, base: BaseRun
@@ -473,6 +473,11 @@ class Stepper:
         native = native_attention_cache(self.blocks) if self.reuses_prefix else contextlib.nullcontext()
         with module_hooks([(attention, hook) for attention in attentions]), native:
             yield
+
+    def read_logits(self, resid: torch.Tensor, n_last: Optional[int] = None) -> torch.Tensor:
+        """Logits of the read positions of a final residual stream ``[B, S, d]``: ``[B, V]`` at the
+        final position, or ``[B, n_last, V]`` at the last ``n_last``."""
+        return self.unembed(resid[:, -1:])[:, 0] if n_last is None else self.unembed(resid[:, -n_last:])
 
     def unembed(self, resid: torch.Tensor) -> torch.Tensor:
         """Logits of final-residual vectors ``[..., T, d]`` (the final norm, then the unembedding)."""
@@ -583,10 +588,12 @@ def _split_at(tokens: torch.Tensor, k: int, order: Optional[tuple] = None) -> tu
     return k, representatives, inverse
 
 
-def _read_positions(final: torch.Tensor, T: int) -> torch.Tensor:
-    """The final residual stream ``[B, T, d]`` of a run whose last block computed only its last
-    positions ``final [B, n, d]``: NaN elsewhere, so that nothing can read them unnoticed."""
-    return torch.cat([final.new_full((final.shape[0], T - final.shape[1], final.shape[2]), float("nan")), final], 1)
+def unread_as_nan(read: torch.Tensor, T: int, dim: int = 1) -> torch.Tensor:
+    """An activation computed at the last positions only (``read``, along ``dim``) widened to
+    ``T`` positions, NaN at the others, so that nothing can read them unnoticed."""
+    shape = list(read.shape)
+    shape[dim] = T - read.shape[dim]
+    return torch.cat([read.new_full(shape, float("nan")), read], dim)
 
 
 def _joined(name: str, early: torch.Tensor, late: torch.Tensor, T: int) -> torch.Tensor:
