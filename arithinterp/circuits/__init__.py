@@ -2,7 +2,8 @@
 
 :mod:`~arithinterp.circuits.graph` (nodes and edges as data), :mod:`~arithinterp.circuits.edges`
 (exact path patching, EAP, EAP-IG), :mod:`~arithinterp.circuits.circuit` (the :class:`Circuit`
-result, extraction, faithfulness, minimality, overlap).
+result, extraction, faithfulness, minimality, overlap), :mod:`~arithinterp.circuits.digits`
+(one circuit per answer digit, teacher-forced).
 """
 
 from arithinterp.circuits.circuit import (
@@ -17,10 +18,11 @@ from arithinterp.circuits.circuit import (
     threshold,
     top_n,
 )
+from arithinterp.circuits.digits import DigitCircuits, digit_circuits
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Edge, Graph, Node
 
 __all__ = [
-    "Circuit", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness", "faithfulness",
-    "minimality", "overlap", "patch_edges", "prune", "run_edge_sets", "score_edges", "threshold", "top_n",
+    "Circuit", "DigitCircuits", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness",
+    "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "prune", "run_edge_sets", "score_edges", "threshold", "top_n",
 ]

@@ -12,7 +12,9 @@
 * :func:`ablate` and :func:`faithfulness` — zero / mean / resample ablation, and the faithfulness of
   a circuit with everything outside it mean-ablated (Nikankin et al. 2025).
 * :func:`digit_ablation` — each head ablated at each answer position alone, each answer digit
-  scored teacher-forced: which head computes which digit (Quirke & Barez 2024).
+  scored teacher-forced: which head computes which digit (Quirke & Barez 2024); :func:`digit_pairs`
+  teacher-forces pairs so any final-position analysis scores one answer digit, and :func:`vary_digit`
+  builds pairs that change one digit column of the operands.
 
 Conventions (those of TransformerLens's ``patching`` module): ``direction="denoise"`` runs the
 corrupt prompt and patches in the clean activation; ``"noise"`` runs the clean prompt and patches
@@ -54,7 +56,7 @@ from arithinterp.patching.core import (
     PatchResult,
     summarize,
 )
-from arithinterp.patching.digits import DigitAblationResult, digit_ablation
+from arithinterp.patching.digits import DigitAblationResult, digit_ablation, digit_pairs, vary_digit
 from arithinterp.patching.exact import activation_patching
 
 sweep = activation_patching  # the old name; new code says activation_patching
@@ -69,6 +71,8 @@ __all__ = [
     "ablate",
     "faithfulness",
     "digit_ablation",
+    "digit_pairs",
+    "vary_digit",
     "summarize",
     "PatchResult",
     "Comparison",

@@ -1,21 +1,32 @@
-"""Which head computes which answer digit: per-head, per-digit ablation (Quirke & Barez 2024)."""
+"""Which head computes which answer digit (Quirke & Barez 2024): per-head, per-digit ablation, and
+the teacher-forced pairs that score one answer digit at the position that emits it.
+
+* :func:`digit_ablation` — each head ablated at each answer position alone, each digit scored.
+* :func:`digit_pairs` — pairs whose prompts end with the answer's first ``k`` tokens fed, so any
+  final-position analysis (patching sweeps, edge circuits) scores answer token ``k``.
+* :func:`vary_digit` — pairs that differ in one digit column of the operands only.
+"""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
-from arithinterp.patching.core import COMPONENT_ABLATION_MODES, check_choice
+from arithinterp.patching.core import COMPONENT_ABLATION_MODES, check_choice, check_pairs
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
 
 if TYPE_CHECKING:
-    from arithinterp.tasks import PromptSet
+    from arithinterp.tasks import PromptPairs, PromptSet
+
+FEEDS = ("own", "clean")
+OPERANDS = ("a", "b", "both")
 
 
 @dataclass(frozen=True)
@@ -113,3 +124,122 @@ def digit_ablation(
         heads=[c.name for c in parsed], accuracy=accuracy, baseline=baseline, mode=mode,
         meta=build_meta(model, n_prompts=len(prompts), seed=seed),
     )
+
+
+def _fed(prompts: PromptSet, fed: torch.Tensor, k: int) -> PromptSet:
+    """``prompts`` with ``fed [N, k]`` appended (the left-padded frame keeps every position) and
+    answer token ``k`` of each prompt's own answer as the one scored at the new last position."""
+    tok = prompts.tokenizer
+    text = (lambda row: tok.decode(row)) if tok is not None else (lambda row: " ".join(map(str, row)))  # noqa: E731
+    rest = prompts.answer_tokens[:, k:]
+    meta = dict(prompts.meta)
+    n_rest = (rest >= 0).sum(1)
+    meta["answer_tokens"] = dict(max=int(n_rest.max()), min=int(n_rest.min()))
+    meta["teacher_forced"] = k
+    return replace(
+        prompts,
+        texts=tuple(t + text(row) for t, row in zip(prompts.texts, fed.tolist())),
+        tokens=torch.cat([prompts.tokens, fed], dim=1),
+        lengths=prompts.lengths + k,
+        answer_tokens=rest,
+        answer_texts=tuple(text([x for x in row if x >= 0]) for row in rest.tolist()),
+        positions={**prompts.positions, "emit": torch.full((len(prompts),), prompts.tokens.shape[1] + k - 1)},
+        scoring="first_token",
+        meta=meta,
+    )
+
+
+def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> PromptPairs:
+    """Pairs that score answer token ``answer_token`` (0 = the first emitted) at the position that
+    emits it (Quirke & Barez 2024: each answer digit is computed one token before it is emitted).
+
+    Each prompt is teacher-forced with its answer's first ``answer_token`` tokens (``feed="own"``:
+    each prompt its own answer, as :func:`digit_ablation` and generation do; ``"clean"``: the
+    clean answer after both prompts, so the pair differs only where the operands do). The new
+    prompts' answer starts at token ``answer_token``, so every final-position analysis
+    (``activation_patching``, ``circuits.score_edges``) scores that digit; the earlier positions
+    keep their labels (``"a"``, ``"final"`` is still the ``=`` token) and ``"emit"`` names the
+    new last position. Tokens ``[N, T + answer_token]``.
+
+    Pairs whose answers do not reach token ``answer_token`` are refused, not dropped.
+    ``meta["same_answer_token"]`` counts pairs whose clean and corrupt token there are equal
+    (their ``logit_diff`` is 0 by definition; ``"logprob"`` still scores them).
+    """
+    from arithinterp.tasks import PromptPairs as Pairs
+
+    check_pairs(pairs)
+    check_choice("feed", feed, FEEDS)
+    clean, corrupt = pairs.clean, pairs.corrupt
+    width = max(clean.answer_tokens.shape[1], corrupt.answer_tokens.shape[1])
+    if isinstance(answer_token, bool) or not isinstance(answer_token, int) or not 0 <= answer_token < width:
+        raise ConfigError(f"answer_token must be an integer in 0..{width - 1} (these answers have at most "
+                          f"{width} tokens), got {answer_token!r}")
+    k = answer_token
+    short = (clean.n_answer_tokens <= k) | (corrupt.n_answer_tokens <= k)
+    if short.any():
+        i = int(torch.nonzero(short)[0])
+        raise AnalysisError(
+            f"{int(short.sum())} of {len(pairs)} pairs have an answer without token {k} (e.g. "
+            f"{clean.texts[i]!r} -> {clean.answer_texts[i]!r}, {corrupt.texts[i]!r} -> {corrupt.answer_texts[i]!r}); "
+            f"keep the pairs whose answers are long enough, pairs[(pairs.clean.n_answer_tokens > {k}) & "
+            f"(pairs.corrupt.n_answer_tokens > {k})], or write answers zero-padded (answer_digits=)"
+        )
+    fed_clean = clean.answer_tokens[:, :k]
+    fed_corrupt = fed_clean if feed == "clean" else corrupt.answer_tokens[:, :k]
+    same = int((clean.answer_tokens[:, k] == corrupt.answer_tokens[:, k]).sum())
+    meta = {**pairs.meta, "answer_token": k, "feed": feed, "same_answer_token": same}
+    return Pairs(_fed(clean, fed_clean, k), _fed(corrupt, fed_corrupt, k), vary=pairs.vary, seed=pairs.seed,
+                 meta=meta)
+
+
+def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 0) -> PromptPairs:
+    """Pairs whose corrupt prompt changes digit ``column`` (0 = units) of ``operand`` (``"a"``,
+    ``"b"`` or ``"both"``) to another digit drawn at random and keeps every other digit: the
+    counterfactual that asks which circuit carries one digit column (Quirke & Barez 2024: answer
+    digit n reads operand digits n and n − 1). A leading digit never becomes 0, so each number
+    keeps its digit count. Pairs whose tokens do not align are dropped and counted in ``meta``.
+    """
+    from arithinterp.tasks import OPERATORS, PromptPairs, prompts_for_pairs
+
+    check_choice("operand", operand, OPERANDS)
+    if len(prompts) == 0:
+        raise TaskError("cannot vary a digit of an empty prompt set")
+    prompts.require_one_prefix("vary_digit()")
+    if prompts.op not in OPERATORS:
+        raise TaskError(f"vary_digit() needs prompts of one operator; these are {prompts.op!r}: "
+                        f"build one set per operator ({accepted(OPERATORS)})")
+    if isinstance(column, bool) or not isinstance(column, int) or column < 0:
+        raise ConfigError(f"column must be a digit index >= 0 (0 = units), got {column!r}")
+    names = ["a", "b"] if operand == "both" else [operand]
+    values = {name: getattr(prompts, name).tolist() for name in ("a", "b")}
+    for name in names:
+        narrow = [v for v in values[name] if v < 0 or v < 10**column and not (v == 0 and column == 0)]
+        if narrow:
+            raise TaskError(f"operand {name}={narrow[0]} has no digit {column} ({len(narrow)} of {len(prompts)} "
+                            f"prompts); vary a column every operand has, or keep operands >= {10**column}")
+    rng = random.Random(seed)
+    corrupt = {name: list(v) for name, v in values.items()}
+    for name in names:
+        for i, v in enumerate(values[name]):
+            old = v // 10**column % 10
+            leading = v < 10 ** (column + 1)
+            choices = [d for d in range(10) if d != old and not (leading and d == 0 and column > 0)]
+            corrupt[name][i] = v + (rng.choice(choices) - old) * 10**column
+    assert prompts.template is not None  # require_one_prefix() refuses a set without one
+    other = prompts_for_pairs(
+        prompts.tokenizer, prompts.op, corrupt["a"], corrupt["b"], prompts.template, modulus=prompts.modulus,
+        few_shot=prompts.prefix or "", answer_digits=prompts.meta.get("answer_digits", 0),
+        prepend_bos=prompts.prepend_bos, scoring=prompts.scoring,
+    )
+    if len(other) != len(prompts):  # b == 0 under // or mod
+        raise TaskError(f"{len(prompts) - len(other)} corrupt prompts are undefined for {prompts.op!r} (b == 0); "
+                        "vary another column or operand")
+    aligned = (other.lengths == prompts.lengths) & (other.tokens.shape == prompts.tokens.shape)
+    aligned &= torch.stack([other.positions[k] == v for k, v in prompts.positions.items() if k in other.positions]).all(0)
+    aligned &= torch.as_tensor(other.answer != prompts.answer)
+    clean, corrupt_set = prompts[aligned], other[aligned]
+    if len(clean) == 0:
+        raise TaskError(f"no prompt keeps its token positions when digit {column} of {operand} changes; "
+                        "use a tokenizer that splits numbers into digits")
+    meta = dict(dropped=len(prompts) - len(clean), kept=len(clean), column=column, operand=operand)
+    return PromptPairs(clean, corrupt_set, vary=f"{operand}_digit_{column}", seed=seed, meta=meta)

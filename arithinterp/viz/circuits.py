@@ -101,3 +101,21 @@ def plot_faithfulness(curve, *, title: Optional[str] = None) -> go.Figure:
     fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
     fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.no_edges:.3g})")
     return fig
+
+
+def plot_digit_circuits(result, *, title: Optional[str] = None) -> go.Figure:
+    """Senders × answer tokens: each sender's outgoing edge scores summed, per answer digit
+    (``DigitCircuits.sender_scores``); signed, ``RdBu`` centred at 0."""
+    from arithinterp.viz.base import heatmap
+
+    names, values = result.sender_scores()
+    return heatmap(
+        values,
+        title=title or f"{result.method} edge scores per answer token, summed per sender ({result.metric}, "
+                       f"{result.meta.get('n_pairs')} pairs, vary {result.meta.get('vary')})",
+        x_labels=[f"answer {k}" for k in result.answer_tokens],
+        y_labels=names,
+        x_title="answer token (scored where it is emitted)",
+        y_title="sender",
+        value_name=f"summed edge score ({result.metric})",
+    )
