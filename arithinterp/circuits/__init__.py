@@ -24,5 +24,6 @@ from arithinterp.circuits.graph import Edge, Graph, Node
 
 __all__ = [
     "Circuit", "DigitCircuits", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness",
-    "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "prune", "run_edge_sets", "score_edges", "threshold", "top_n",
+    "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "prune", "run_edge_sets", "score_edges",
+    "threshold", "top_n",
 ]

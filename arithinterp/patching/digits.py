@@ -234,9 +234,11 @@ def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 
     if len(other) != len(prompts):  # b == 0 under // or mod
         raise TaskError(f"{len(prompts) - len(other)} corrupt prompts are undefined for {prompts.op!r} (b == 0); "
                         "vary another column or operand")
+    # the same token positions (as counterfactual() requires), and an answer that changes
     aligned = (other.lengths == prompts.lengths) & (other.tokens.shape == prompts.tokens.shape)
-    aligned &= torch.stack([other.positions[k] == v for k, v in prompts.positions.items() if k in other.positions]).all(0)
-    aligned &= torch.as_tensor(other.answer != prompts.answer)
+    for name, index in prompts.positions.items():
+        aligned &= other.positions[name] == index if name in other.positions else False
+    aligned &= other.answer != prompts.answer
     clean, corrupt_set = prompts[aligned], other[aligned]
     if len(clean) == 0:
         raise TaskError(f"no prompt keeps its token positions when digit {column} of {operand} changes; "
