@@ -150,6 +150,28 @@ def test_a_digit_circuit_is_a_circuit_that_extracts_and_is_faithful(zoo):
     assert float(per_sender.sum()) == pytest.approx(float(result.scores.sum()), rel=1e-5)
 
 
+def test_positional_digit_edges_sit_where_the_tokens_differ(zoo):
+    """Varying a's tens digit: nothing before it changes (causal attention), so every edge at a's
+    hundreds digit scores exactly 0, while the edges at the tens digit and at the emitting position
+    carry the effect; the fed answer positions are labelled as the emitted token sees them."""
+    model, prompts = zoo
+    pairs = patching.vary_digit(prompts, 1, "a", seed=0)[:6]
+    positions = ["a[0]", "a[1]", "answer[0]", "emit"]
+    result = digit_circuits(model, pairs, "eap", answer_tokens=[2], positions=positions, progress=False)
+    size = result.scores[0].abs()
+    mass = {p: float(size[[q == p for q in result.positions]].sum()) for p in positions}
+    assert mass["a[0]"] == 0.0 and mass["a[1]"] > 1.0 and mass["emit"] > 1.0
+    flat = digit_circuits(model, pairs, "eap", answer_tokens=[2], progress=False)
+    every = ["final-8"] + [f"a[{i}]" for i in range(3)] + ["final-4", "b[0]", "b[1]", "b", "final", "answer[0]", "emit"]
+    positional = digit_circuits(model, pairs, "eap", answer_tokens=[2], positions=every, progress=False)
+    # EAP is linear: a position-free edge is the sum of its edges over every position
+    index = {name: i for i, name in enumerate(flat.edges)}
+    summed = torch.zeros(len(flat.edges))
+    for name, score in zip(positional.edges, positional.scores[0].tolist()):
+        summed[index[name.rsplit("@", 1)[0]]] += score
+    assert torch.allclose(summed, flat.scores[0], atol=1e-4) and float(summed.abs().max()) > 1.0
+
+
 def test_multi_token_answers_of_a_digit_split_llama_folder(llama_model):
     model = llama_model("digit")
     prompts = arithmetic(model, a=range(10, 40), b=[13, 24], few_shot=2)  # answers 23..63: two digit tokens

@@ -174,7 +174,9 @@ def digit_circuits(
     if not chosen or len(set(chosen)) != len(chosen):
         raise ConfigError(f"answer_tokens must be distinct answer token indices, got {answer_tokens!r}")
     graph = Graph.of(model, positions)
-    per, clean, corrupt, same, extra = [], [], [], [], {}
+    graph_meta: dict = {}  # the graph as score_edges records it (the same for every answer token)
+    per, clean, corrupt, same = [], [], [], []
+    cost = dict(forwards=0) if method == "exact" else dict(passes=0)
     for k in chosen:
         fed = digit_pairs(pairs, k, feed)  # validates k and the answers' lengths
         circuit = score_edges(model, fed, method, positions=positions, steps=steps, metric=metric,
@@ -184,11 +186,12 @@ def digit_circuits(
         clean.append(base["clean"])
         corrupt.append(base["corrupt"])
         same.append(fed.meta["same_answer_token"])
-        extra = {key: circuit.meta[key] for key in ("layout", "graph_positions", "forwards", "passes", "steps")
-                 if key in circuit.meta}
+        for key in cost:  # the scoring's own forwards (or passes), every answer token together
+            cost[key] += circuit.meta[key]
+        graph_meta = {key: circuit.meta[key] for key in ("layout", "graph_positions")}
     pair_scores = torch.stack(per)
     meta = build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), direction=direction,
-                      same_answer_token=same, **extra)
+                      same_answer_token=same, steps=steps if method == "eap-ig" else None, **graph_meta, **cost)
     return DigitCircuits(
         answer_tokens=chosen, scores=pair_scores.mean(1), pair_scores=pair_scores, clean=torch.stack(clean),
         corrupt=torch.stack(corrupt), edges=[e.name for e in graph.edges], senders=[e.sender for e in graph.edges],
