@@ -197,7 +197,8 @@ def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 
     ``"b"`` or ``"both"``) to another digit drawn at random and keeps every other digit: the
     counterfactual that asks which circuit carries one digit column (Quirke & Barez 2024: answer
     digit n reads operand digits n and n − 1). A leading digit never becomes 0, so each number
-    keeps its digit count. Pairs whose tokens do not align are dropped and counted in ``meta``.
+    keeps its digit count. Pairs whose tokens or answer lengths do not align (the sum gains a digit)
+    are dropped and counted in ``meta``.
     """
     from arithinterp.tasks import OPERATORS, PromptPairs, prompts_for_pairs
 
@@ -234,8 +235,10 @@ def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 
     if len(other) != len(prompts):  # b == 0 under // or mod
         raise TaskError(f"{len(prompts) - len(other)} corrupt prompts are undefined for {prompts.op!r} (b == 0); "
                         "vary another column or operand")
-    # the same token positions (as counterfactual() requires), and an answer that changes
+    # the same token positions and answer lengths (as counterfactual() requires: answer token k is
+    # then the same digit place in both), and an answer that changes
     aligned = (other.lengths == prompts.lengths) & (other.tokens.shape == prompts.tokens.shape)
+    aligned &= other.n_answer_tokens == prompts.n_answer_tokens
     for name, index in prompts.positions.items():
         aligned &= other.positions[name] == index if name in other.positions else False
     aligned &= other.answer != prompts.answer
