@@ -34,6 +34,8 @@ from arithinterp.patching.core import _bootstrap_counts, check_choice, metric_na
 from arithinterp.results import _JSON_FILE, _TENSOR_FILE, Result, build_meta
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from arithinterp.tasks import PromptPairs
     from arithinterp.types import HookedModel
 
@@ -401,7 +403,7 @@ def faithfulness(
     model: HookedModel,
     pairs: PromptPairs,
     circuit: Circuit,
-    sizes: Optional[Sequence[int]] = None,
+    sizes: Union[Sequence[int], torch.Tensor, np.ndarray, None] = None,
     *,
     ablation: str = "resample",
     metric: Union[str, Callable, None] = None,
