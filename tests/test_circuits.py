@@ -487,3 +487,18 @@ def test_a_damaged_saved_circuit_is_refused_naming_the_file_and_field(planted, t
     message = str(info.value)
     assert str(path) in message and ("result.json" in message or "tensors.safetensors" in message)
     assert field in message or field == "edges" and "edges" in message
+
+
+def test_report_stage_prints_no_fraction_when_nothing_is_restored(planted):
+    """Pairs varying ``b``, which the planted model ignores: the circuits stage states why there
+    is no fraction and prints none."""
+    from arithinterp.report import Context, circuits_stage
+
+    model, _ = planted
+    prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(4), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="b", seed=0)
+    section = circuits_stage(Context(model, "planted", prompts, prompts, None, pairs, n_pairs=len(pairs)))
+    text = " ".join(section.findings)
+    assert "faithfulness not reported" in text and "includes 0" in text
+    assert "restore 0.9" not in text and "top edges" not in text
+    assert len(section.figures) == 1 and "not reported" in section.figures[0].layout.title.text
