@@ -412,7 +412,7 @@ def circuits_stage(ctx: Context) -> Section:
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, progress=False)
     curve = circuits.faithfulness(ctx.model, pairs, scored)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
-        section.findings.append(f"No circuit reported on {len(pairs)} pairs: {curve.note}.")
+        section.findings.append(f"No signal above the control: on {len(pairs)} pairs, {curve.note}.")
         section.figures.append(curve.plot())
         return section
     smallest = curve.smallest(0.9)

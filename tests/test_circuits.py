@@ -499,6 +499,6 @@ def test_report_stage_prints_no_fraction_when_nothing_is_restored(planted):
     pairs = prompts.counterfactual(vary="b", seed=0)
     section = circuits_stage(Context(model, "planted", prompts, prompts, None, pairs, n_pairs=len(pairs)))
     text = " ".join(section.findings)
-    assert "faithfulness not reported" in text and "includes 0" in text
+    assert text.startswith("No signal above the control") and "faithfulness not reported" in text and "includes 0" in text
     assert "restore 0.9" not in text and "top edges" not in text
     assert len(section.figures) == 1 and "not reported" in section.figures[0].layout.title.text
