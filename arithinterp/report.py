@@ -410,21 +410,25 @@ def circuits_stage(ctx: Context) -> Section:
     pairs, sample = _require_pairs(ctx, "circuits")
     section = Section(STAGE_TITLES["circuits"], sample=sample)
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, progress=False)
-    try:
-        curve = circuits.faithfulness(ctx.model, pairs, scored)
-    except AnalysisError:  # every edge and no edge give the same metric: nothing to restore
-        section.findings.append(f"No signal above the control: on {len(pairs)} pairs the clean and corrupted runs "
-                                "give the same logit difference, so no subset of edges can restore it.")
+    curve = circuits.faithfulness(ctx.model, pairs, scored)
+    if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
+        section.findings.append(f"No signal above the control: on {len(pairs)} pairs, {curve.note}.")
+        section.figures.append(curve.plot())
         return section
     smallest = curve.smallest(0.9)
+    low, high = curve.smallest_interval(0.9)
+    interval = (f" (95% bootstrap interval over pairs: {low} to {high} edges)" if high is not None else
+                " (the 95% bootstrap interval's lower bound does not stay above 0.9 at any size, so no size is sure)")
     size = smallest if smallest is not None else scored.n_edges
     circuit = circuits.top_n(scored, size)
     section.findings.append(
         f"EAP-IG (Hanna et al. 2024, 5 steps) scores all {scored.n_edges} edges of the graph (embeddings, each head's "
         f"query, key and value input, MLPs, logits) on {len(pairs)} pairs whose first operand differs. "
         + (f"The {smallest} top edges ({100 * smallest / scored.n_edges:.1f}% of all) restore 0.9 of the "
-           "answer's logit difference with every other edge resampled from the corrupted prompt."
-           if smallest is not None else "No top-k subset of the edges restores 0.9 of the answer's logit difference.")
+           "answer's logit difference, and every larger top-k set measured does too, with every other edge "
+           f"resampled from the corrupted prompt{interval}."
+           if smallest is not None else "No top-k subset of the edges restores 0.9 of the answer's logit difference "
+           "with every larger subset measured doing so too.")
     )
     top = ", ".join(f"{e} ({float(v):.2f})" for e, v in zip(*_top_edges(circuit, 5)))
     section.findings.append(f"Largest edges (estimated logit-difference change): {top}.")

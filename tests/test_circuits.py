@@ -242,3 +242,263 @@ def test_a_residual_stream_that_is_not_a_sum_of_senders_is_refused(number_tokeni
     pairs = ai.tasks.arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:4]
     with pytest.raises(ArithInterpError, match="not the sum of the embeddings, head and MLP outputs"):
         patch_edges(model, pairs, progress=False)
+
+
+# --- faithfulness with intervals, and only when there is something to be a fraction of ---------------------
+
+
+def _curve(sizes, values, low=None, high=None, note=None):
+    """A Faithfulness result with the given curve (what ``faithfulness`` returns, minus the runs)."""
+    from arithinterp.circuits import Faithfulness
+
+    values = torch.tensor(values)
+    distinguishable = note is None
+    return Faithfulness(
+        sizes=torch.tensor(sizes), values=values, ci_low=values if low is None else torch.tensor(low),
+        ci_high=values if high is None else torch.tensor(high), raw=values, all_edges=1.0, no_edges=0.0,
+        n_edges=max(sizes), ablation="resample", method="eap-ig",
+        meta=dict(denominator=dict(distinguishable=distinguishable), note=note, confidence=0.95))
+
+
+def test_smallest_requires_the_curve_to_stay_above_the_target_not_its_first_crossing():
+    # the curve of a real model: 0.88 at 256 edges, 1.02 at 1,024, 0.85 at 4,096, 0.97 at 16,384
+    curve = _curve([0, 256, 1024, 4096, 16384, 70651], [0.0, 0.88, 1.02, 0.85, 0.97, 1.0],
+                   low=[0.0, 0.80, 0.93, 0.78, 0.91, 1.0], high=[0.0, 0.95, 1.10, 0.93, 1.03, 1.0])
+    assert curve.smallest(0.9) == 16384  # not 1,024, where it first crosses
+    assert curve.smallest(0.8) == 256
+    assert curve.smallest_interval(0.9) == (256, 16384)  # upper bounds stay above from 256, lower from 16,384
+    assert curve.smallest_interval(0.95) == (16384, 70651)  # 0.93 at 4,096 may not reach 0.95
+    assert curve.smallest(1.01) is None  # the curve does not end above the target
+    assert _curve([0, 4, 8], [0.0, 0.95, 0.99]).smallest(0.9) == 4  # a rising curve: the first crossing
+    with pytest.raises(ArithInterpError, match="target must be a finite number"):
+        curve.smallest(float("nan"))
+
+
+def test_faithfulness_sizes_are_sorted_so_smallest_is_right(planted):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap-ig", steps=3, metric=operand_logit_diff, progress=False)
+    n = circuit.n_edges
+    curve = faithfulness(model, pairs, circuit, sizes=[n, 0, 2], metric=operand_logit_diff)
+    assert curve.sizes.tolist() == [0, 2, n]
+    assert curve.values.tolist() == pytest.approx([0.0, 1.0, 1.0], abs=1e-4)
+    assert curve.smallest(0.9) == 2  # in the order given, size n would have been the first to reach it
+
+
+def test_interval_covers_the_planted_faithfulness_and_not_a_shifted_one():
+    """Pairs with a planted faithfulness f(k) and pair-to-pair noise: the 95% bootstrap intervals
+    over pairs cover f(k) in about 95% of draws; a curve shifted by 0.3 (the control) almost never."""
+    from arithinterp.circuits.circuit import _fractions
+
+    generator = torch.Generator().manual_seed(0)
+    f = torch.tensor([0.0, 0.3, 0.8, 0.95, 1.0])
+    covered, shifted, draws = torch.zeros(5), torch.zeros(5), 200
+    for seed in range(draws):
+        none = torch.randn(30, generator=generator)
+        gap = 2 + 0.8 * torch.randn(30, generator=generator)  # every edge minus none, per pair
+        pair = none[:, None] + f * gap[:, None] + 0.5 * torch.randn(30, 5, generator=generator)
+        got = _fractions(dict(pair=pair, clean=none + gap, none=none), seed=seed)
+        assert got["note"] is None and got["denominator"]["distinguishable"]
+        covered += ((got["low"] <= f) & (f <= got["high"])).float()
+        shifted += ((got["low"] <= f + 0.3) & (f + 0.3 <= got["high"])).float()
+    assert ((covered / draws) > 0.88).all() and ((covered / draws) < 0.995).all()
+    assert ((shifted / draws) < 0.1).all()
+
+
+@pytest.fixture(scope="module")
+def zoo_pairs():
+    model = ai.load_model("zoo:add-100")
+    pairs = ai.tasks.arithmetic(model, a=range(10, 30), b=range(20, 40)).counterfactual(vary="a", seed=0)
+    return model, pairs
+
+
+def test_faithfulness_from_noisy_pairs_gives_smallest_with_its_interval(zoo_pairs):
+    model, pairs = zoo_pairs
+    many, few = pairs[:48], pairs[:12]
+    circuit = score_edges(model, many, "eap-ig", steps=3, progress=False)
+    sizes = [0, 4, 8, 16, 24, 32, 48, 64, circuit.n_edges]
+    curve = faithfulness(model, many, circuit, sizes=sizes)
+    assert curve.reported and curve.meta["denominator"]["ci_low"] > 0
+    inner = slice(1, -1)
+    assert (curve.ci_low <= curve.values + 1e-6).all() and (curve.values <= curve.ci_high + 1e-6).all()
+    assert (curve.ci_high - curve.ci_low)[inner].max() > 0.01  # pairs differ: the interval has width
+    assert curve.values[0].item() == pytest.approx(0.0, abs=1e-4)
+    assert curve.values[-1].item() == pytest.approx(1.0, abs=1e-4)
+    target = 0.8
+    size = curve.smallest(target)
+    low, high = curve.smallest_interval(target)
+    assert size is not None and low is not None and high is not None
+    assert low <= size <= high
+    kept = curve.sizes >= size
+    assert (curve.values[kept] >= target).all() and not bool(curve.values[curve.sizes == sizes[sizes.index(size) - 1]]
+                                                              >= target)
+    # fewer pairs, wider intervals; the same seed, the same intervals
+    narrow = (curve.ci_high - curve.ci_low)[inner].mean()
+    wide = faithfulness(model, few, circuit, sizes=sizes)
+    assert (wide.ci_high - wide.ci_low)[inner].mean() > 1.3 * narrow
+    again = faithfulness(model, many, circuit, sizes=sizes)
+    assert torch.equal(again.ci_low, curve.ci_low) and torch.equal(again.ci_high, curve.ci_high)
+    frame = curve.to_frame()
+    assert {"ci_low", "ci_high", "note"} <= set(frame.columns) and (frame["note"] == "").all()
+    fig = curve.plot()
+    assert any(trace.fill == "toself" for trace in fig.data)  # the interval band
+    assert "95% CI" in fig.data[1].hovertemplate
+
+
+def _alternating(logits, pairs):
+    """The operand logit difference with its sign flipped on pairs whose ``b`` is odd: every pair
+    has an effect of ±10, the mean over pairs none."""
+    b = torch.tensor([int(t) for t in pairs.clean.b]).to(logits.device)
+    return operand_logit_diff(logits, pairs) * (1 - 2 * (b % 2)).to(logits.dtype)
+
+
+@pytest.mark.parametrize("case", ["no effect", "effects that cancel"])
+def test_no_fraction_when_every_edge_and_no_edge_are_indistinguishable(planted, number_tokenizer, case):
+    """Head A copies ``a``: pairs varying ``b`` change nothing the logits read (no effect), and a
+    metric whose sign follows ``b`` has per-pair effects of ±10 that average to 0. Either way the
+    curve gives no fraction, says why, and circuit_faithfulness / minimality / prune refuse."""
+    model, a_pairs = planted
+    if case == "no effect":
+        prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(4), template="{a}+{b}=")
+        pairs, metric = prompts.counterfactual(vary="b", seed=0), "logit_diff"
+    else:
+        pairs, metric = a_pairs, _alternating
+    circuit = score_edges(model, a_pairs, "eap-ig", steps=3, metric=operand_logit_diff, progress=False)
+    curve = faithfulness(model, pairs, circuit, sizes=[0, 2, circuit.n_edges], metric=metric)
+    assert not curve.reported and torch.isnan(curve.values).all() and torch.isnan(curve.ci_low).all()
+    den = curve.meta["denominator"]
+    assert den["ci_low"] <= 0 <= den["ci_high"] and not den["distinguishable"]
+    assert "faithfulness not reported" in curve.note and "includes 0" in curve.note
+    assert (curve.to_frame()["note"] == curve.note).all()
+    assert not torch.isnan(curve.raw).any()  # the mean metric is still given
+    with pytest.warns(RuntimeWarning, match="not reported"):
+        assert curve.smallest(0.9) is None
+    with pytest.warns(RuntimeWarning, match="not reported"):
+        assert curve.smallest_interval(0.9) == (None, None)
+    assert "not reported" in curve.plot().layout.title.text
+    small = top_n(circuit, 2)
+    for run in (lambda: circuit_faithfulness(model, pairs, small, metric=metric),
+                lambda: minimality(model, pairs, small, metric=metric),
+                lambda: prune(model, pairs, small, metric=metric, progress=False)):
+        with pytest.raises(ArithInterpError, match="faithfulness is undefined.*includes 0"):
+            run()
+    # the control: the same circuit on pairs varying a, with the plain metric, is a fraction
+    assert faithfulness(model, a_pairs, circuit, sizes=[2], metric=operand_logit_diff).reported
+
+
+# --- inputs that used to be accepted and give a silently wrong answer --------------------------------------
+
+
+@pytest.mark.parametrize("batch_sets", [-1, 0, 1.5, True, "2"])
+def test_batch_sets_must_be_a_positive_integer(planted, batch_sets):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    with pytest.raises(ArithInterpError, match="batch_sets must be None .* or a positive integer"):
+        faithfulness(model, pairs, circuit, sizes=[0, 2], metric=operand_logit_diff, batch_sets=batch_sets)
+    with pytest.raises(ArithInterpError, match="batch_sets must be None .* or a positive integer"):
+        minimality(model, pairs, top_n(circuit, 2), metric=operand_logit_diff, batch_sets=batch_sets)
+
+
+def test_batch_sets_larger_than_the_sets_runs_them_all(planted):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    one = faithfulness(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_sets=1)
+    many = faithfulness(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_sets=10**6)
+    assert torch.allclose(one.values, many.values, atol=1e-5) and one.sizes.tolist() == many.sizes.tolist()
+
+
+@pytest.mark.parametrize("sizes,match", [
+    (5, "sizes must be a list of whole edge counts"), ("ab", "sizes must be a list"), ([None], r"sizes\[0\] = None"),
+    ([0, 2.7], r"sizes\[1\] = 2.7 is not a whole edge count"), ([-1], r"sizes\[0\] = -1"), ([True], "sizes"),
+    ([], "sizes is empty"), ([2, 2], r"sizes \[2\] appear more than once"), ("too many", "sizes must be a list"),
+])
+def test_bad_sizes_are_refused_with_what_is_accepted(planted, sizes, match):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    with pytest.raises(ArithInterpError, match=match) as info:
+        faithfulness(model, pairs, circuit, sizes=sizes, metric=operand_logit_diff)
+    assert f"0..{circuit.n_edges}" in str(info.value) or "once" in str(info.value)
+    with pytest.raises(ArithInterpError, match=rf"sizes\[0\] = {circuit.n_edges + 1}"):
+        faithfulness(model, pairs, circuit, sizes=[circuit.n_edges + 1], metric=operand_logit_diff)
+
+
+def test_sizes_accept_numpy_and_torch_integers(planted):
+    import numpy as np
+
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    for sizes in (np.array([0, 2]), torch.tensor([0, 2]), [np.int64(0), np.int64(2)], range(0, 3, 2)):
+        assert faithfulness(model, pairs, circuit, sizes=sizes, metric=operand_logit_diff).sizes.tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("value", [float("nan"), True, -0.5, float("inf"), "0.1", None])
+def test_threshold_refuses_what_is_not_a_finite_non_negative_number(planted, value):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    with pytest.raises(ArithInterpError, match="threshold must be a finite number ≥ 0"):
+        threshold(circuit, value)
+    with pytest.raises(ArithInterpError, match="n must be an integer"):
+        top_n(circuit, True)
+
+
+@pytest.mark.parametrize("tau", [-0.1, 1.5, float("inf"), float("nan"), True])
+def test_prune_refuses_tau_outside_zero_to_one(planted, tau):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    with pytest.raises(ArithInterpError, match=r"tau .* must be a finite number in \[0, 1\]"):
+        prune(model, pairs, top_n(circuit, 3), tau=tau, metric=operand_logit_diff, progress=False)
+
+
+def test_repeated_positions_are_refused(planted):
+    model, pairs = planted
+    with pytest.raises(ArithInterpError, match=r"positions \['a'\] appear more than once"):
+        score_edges(model, pairs, "eap", positions=["a", "a"], metric=operand_logit_diff, progress=False)
+    with pytest.raises(ArithInterpError, match="positions must be a list of labels"):
+        Graph.of(model, "ab")
+
+
+def test_overlap_refuses_a_position_free_and_a_per_position_circuit(planted):
+    model, pairs = planted
+    free = top_n(score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False), 3)
+    per = top_n(score_edges(model, pairs, "eap", positions=["a", "final"], metric=operand_logit_diff, progress=False), 3)
+    with pytest.raises(ArithInterpError, match="different graphs: one is position-free"):
+        overlap(free, per)
+    def planted_at(positions):
+        exact = score_edges(model, pairs, "exact", positions=positions, metric=operand_logit_diff, progress=False)
+        return threshold(exact, 1e-3 * float(exact.scores.abs().max()))
+
+    with pytest.warns(RuntimeWarning, match="different positions"):
+        both = overlap(planted_at(["a", "final"]), planted_at(["a", "b", "final"]))
+    assert both["shared_edges"] == ["L0H0->logits@final", "embed->L0H0.v@a"]
+
+
+@pytest.mark.parametrize("field", ["scores", "pair_scores", "kept", "senders", "edges"])
+def test_a_damaged_saved_circuit_is_refused_naming_the_file_and_field(planted, tmp_path, field):
+    import dataclasses
+
+    from arithinterp.errors import ResultFileError
+
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
+    value = getattr(circuit, field)
+    short = value[..., :-3] if isinstance(value, torch.Tensor) else value[:-3]
+    path = dataclasses.replace(circuit, **{field: short}).save(tmp_path / field)
+    with pytest.raises(ResultFileError) as info:
+        Circuit.load(path)
+    message = str(info.value)
+    assert str(path) in message and ("result.json" in message or "tensors.safetensors" in message)
+    assert field in message or field == "edges" and "edges" in message
+
+
+def test_report_stage_prints_no_fraction_when_nothing_is_restored(planted):
+    """Pairs varying ``b``, which the planted model ignores: the circuits stage states why there
+    is no fraction and prints none."""
+    from arithinterp.report import Context, circuits_stage
+
+    model, _ = planted
+    prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(4), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="b", seed=0)
+    section = circuits_stage(Context(model, "planted", prompts, prompts, None, pairs, n_pairs=len(pairs)))
+    text = " ".join(section.findings)
+    assert text.startswith("No signal above the control") and "faithfulness not reported" in text and "includes 0" in text
+    assert "restore 0.9" not in text and "top edges" not in text
+    assert len(section.figures) == 1 and "not reported" in section.figures[0].layout.title.text

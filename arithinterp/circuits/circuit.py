@@ -10,12 +10,18 @@ Faithfulness follows the edge-ablation convention of Conmy et al. 2023 (ACDC) an
 (the corrupt prompt's — "resample" — or the mean over the clean prompts, computed by
 :func:`arithinterp.engine.mean_activation`) while the circuit's edges carry whatever their
 senders output in this run, and report ``(m − m_none) / (m_all − m_none)`` with ``m_all`` the
-clean run (every edge kept) and ``m_none`` every edge ablated.
+clean run (every edge kept) and ``m_none`` every edge ablated. The fraction is reported only when
+its denominator ``m_all − m_none`` is distinguishable from zero (its percentile-bootstrap interval
+over pairs excludes 0), and each value carries its bootstrap interval over pairs.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
@@ -23,11 +29,13 @@ import torch
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
-from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.patching.core import check_choice, metric_name
-from arithinterp.results import Result, build_meta
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ResultFileError
+from arithinterp.patching.core import _bootstrap_counts, check_choice, metric_name
+from arithinterp.results import _JSON_FILE, _TENSOR_FILE, Result, build_meta
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from arithinterp.tasks import PromptPairs
     from arithinterp.types import HookedModel
 
@@ -97,18 +105,51 @@ class Circuit(Result):
 
         return plot_circuit(self, **kwargs)
 
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "Circuit":
+        """Read a circuit written by :meth:`save`, checking that every per-edge field has one
+        entry per edge and that the saved layout rebuilds the same edges."""
+        circuit = super().load(path)
+        path = Path(path)
+        tensors, text = path / _TENSOR_FILE, path / _JSON_FILE
+        n = len(circuit.edges)
+        for name in ("senders", "receivers", "channels", "positions"):
+            if len(getattr(circuit, name)) != n:
+                raise ResultFileError(f"{text}: field {name!r} has {len(getattr(circuit, name))} entries for {n} "
+                                      "edges; a saved circuit has one per edge (the file is damaged)")
+        expected = {"scores": (n,), "kept": (n,), "pair_scores": (circuit.pair_scores.shape[0], n)}
+        for name, shape in expected.items():
+            got = tuple(getattr(circuit, name).shape)
+            if got != shape:
+                raise ResultFileError(f"{tensors}: tensor {name!r} has shape {list(got)}, expected {list(shape)} "
+                                      f"for the {n} edges in {text.name} (the file is damaged)")
+        try:
+            graph = circuit.graph()
+        except (KeyError, TypeError, ArithInterpError) as e:
+            raise ResultFileError(f"{text}: field 'meta.layout' does not describe a graph ({e})") from e
+        if [e.name for e in graph.edges] != list(circuit.edges):
+            raise ResultFileError(f"{text}: the {n} saved edges are not the {graph.n_edges} edges of the graph that "
+                                  "'meta.layout' and 'meta.graph_positions' describe (the file is damaged)")
+        return circuit
+
 
 @dataclass(frozen=True)
 class Faithfulness(Result):
     """Normalised metric restored vs edges kept (the top-``sizes`` edges by |score|).
 
-    ``values [K]``: ``(m − m_none) / (m_all − m_none)`` (mean over pairs); ``raw [K]`` the mean
-    metric; ``all_edges`` / ``no_edges``: the mean metric with every edge kept (the clean run) and
-    none (every edge ablated).
+    ``sizes [K]`` ascending; ``values [K]``: ``(m − m_none) / (m_all − m_none)`` of the mean
+    metrics over pairs, with ``ci_low`` / ``ci_high [K]`` its percentile-bootstrap interval over
+    pairs (pointwise, ``meta["confidence"]``); ``raw [K]`` the mean metric; ``all_edges`` /
+    ``no_edges``: the mean metric with every edge kept (the clean run) and none (every edge
+    ablated). ``meta["denominator"]`` holds ``m_all − m_none`` with its interval; when that
+    interval includes 0 the fraction is not reported: ``values`` and the bounds are NaN and
+    ``meta["note"]`` says why (:attr:`reported` is False).
     """
 
     sizes: torch.Tensor
     values: torch.Tensor
+    ci_low: torch.Tensor
+    ci_high: torch.Tensor
     raw: torch.Tensor
     all_edges: float
     no_edges: float
@@ -117,22 +158,68 @@ class Faithfulness(Result):
     method: str
     meta: dict
 
+    @property
+    def reported(self) -> bool:
+        """Whether the denominator is distinguishable from zero, so ``values`` are fractions."""
+        return bool(self.meta.get("denominator", {}).get("distinguishable", True))
+
+    @property
+    def note(self) -> str:
+        """Why the fraction is not reported ("" when it is)."""
+        return str(self.meta.get("note") or "")
+
     def to_frame(self):
+        """One row per size: edges kept, their fraction of all edges, faithfulness with its
+        interval, the raw mean metric, and ``note`` (why no fraction is given, if none is)."""
         import pandas as pd
 
         return pd.DataFrame(dict(edges_kept=self.sizes.tolist(), fraction=(self.sizes.float() / self.n_edges).tolist(),
-                                 faithfulness=self.values.tolist(), metric=self.raw.tolist(), ablation=self.ablation,
-                                 method=self.method))
+                                 faithfulness=self.values.tolist(), ci_low=self.ci_low.tolist(),
+                                 ci_high=self.ci_high.tolist(), metric=self.raw.tolist(), ablation=self.ablation,
+                                 method=self.method, note=self.note))
 
     def smallest(self, target: float = 0.9) -> Optional[int]:
-        """The fewest edges whose normalised faithfulness reaches ``target`` (None if none does)."""
-        hit = torch.nonzero(self.values >= target).flatten()
-        return None if len(hit) == 0 else int(self.sizes[hit[0]])
+        """The fewest edges from which the curve stays ≥ ``target`` at every larger size measured
+        (not its first crossing: a curve that reaches the target and dips below again is not
+        there yet). None if the curve does not end at or above ``target``, or — with a warning —
+        if the fraction is not reported (see :attr:`note`)."""
+        target = _check_target(target)
+        if not self.reported:
+            warnings.warn(f"no faithfulness size: {self.note}", RuntimeWarning, stacklevel=2)
+            return None
+        return _stays_from(self.sizes, self.values, target)
+
+    def smallest_interval(self, target: float = 0.9) -> tuple[Optional[int], Optional[int]]:
+        """``(low, high)``: the sizes from which the interval's upper bound (``low``, the
+        fewest edges that may suffice) and its lower bound (``high``, the fewest that suffice
+        with confidence) stay ≥ ``target``; either is None when no size qualifies. Intervals are
+        pointwise, so ``low ≤ smallest(target) ≤ high`` holds for the usual curve, not by
+        construction. ``(None, None)`` with a warning when the fraction is not reported."""
+        target = _check_target(target)
+        if not self.reported:
+            warnings.warn(f"no faithfulness size: {self.note}", RuntimeWarning, stacklevel=2)
+            return None, None
+        return _stays_from(self.sizes, self.ci_high, target), _stays_from(self.sizes, self.ci_low, target)
 
     def plot(self, **kwargs):
         from arithinterp.viz.circuits import plot_faithfulness
 
         return plot_faithfulness(self, **kwargs)
+
+
+def _check_target(target) -> float:
+    number = _finite(target)
+    if number is None:
+        raise ConfigError(f"target must be a finite number (a faithfulness such as 0.9), got {target!r}")
+    return number
+
+
+def _stays_from(sizes: torch.Tensor, values: torch.Tensor, target: float) -> Optional[int]:
+    """The smallest size from which every value (in size order) is ≥ ``target`` (NaN counts as below)."""
+    order = torch.argsort(sizes)
+    below = torch.nonzero(~(values[order] >= target)).flatten()
+    last = int(below[-1]) if len(below) else -1
+    return None if last == len(order) - 1 else int(sizes[order[last + 1]])
 
 
 def score_edges(
@@ -184,6 +271,54 @@ def _check_circuit(circuit) -> None:
         raise AnalysisError(f"expected a Circuit (from circuits.score_edges), got {type(circuit).__name__}")
 
 
+def _is_int(value) -> bool:
+    """A whole number as Python or numpy spells it (``True`` is not a count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_batch_sets(batch_sets) -> Optional[int]:
+    # more than the number of sets is fine: it is a cap per forward, and every set still runs
+    if batch_sets is not None and not (_is_int(batch_sets) and batch_sets >= 1):
+        raise ConfigError(f"batch_sets must be None (sized from memory) or a positive integer (edge sets per "
+                          f"stacked forward), got {batch_sets!r}")
+    return None if batch_sets is None else int(batch_sets)
+
+
+def _check_sizes(sizes, n: int) -> list[int]:
+    """Edge counts in ``0..n``, each once, returned ascending."""
+    accepted_text = f"a list of whole edge counts in 0..{n} (the number of edges), e.g. [0, 8, 64, {n}]"
+    # tensors and arrays become lists; a 0-d one (like a bare number or string) is not a list of sizes
+    values = sizes.tolist() if hasattr(sizes, "tolist") else sizes
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, range)):
+        raise ConfigError(f"sizes must be {accepted_text}; got {sizes!r} ({type(sizes).__name__})")
+    values = list(values)
+    if not values:
+        raise ConfigError(f"sizes is empty; pass {accepted_text}")
+    for i, s in enumerate(values):
+        if not _is_int(s) or not 0 <= s <= n:
+            raise ConfigError(f"sizes[{i}] = {s!r} is not a whole edge count in 0..{n}; sizes must be {accepted_text}")
+    if len(set(values)) < len(values):
+        twice = sorted({s for s in values if values.count(s) > 1})
+        raise ConfigError(f"sizes {twice} appear more than once; pass each edge count once")
+    return sorted(int(s) for s in values)
+
+
+def _finite(value) -> Optional[float]:
+    """``value`` as a float when it is a finite real number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        return None
+    return float(value)
+
+
+def _check_number(name: str, value, high: Optional[float] = None) -> float:
+    """A finite real number in ``[0, high]`` (``[0, ∞)`` without ``high``); bools refused."""
+    number = _finite(value)
+    if number is None or number < 0 or (high is not None and number > high):
+        limits = f"in [0, {high:g}]" if high is not None else "≥ 0"
+        raise ConfigError(f"{name} must be a finite number {limits}, got {value!r}")
+    return number
+
+
 def _order(circuit: Circuit) -> torch.Tensor:
     """Edge indices by decreasing |score| (ties: graph order)."""
     return torch.argsort(circuit.scores.abs().nan_to_num(-1.0), descending=True, stable=True)
@@ -192,8 +327,9 @@ def _order(circuit: Circuit) -> torch.Tensor:
 def top_n(circuit: Circuit, n: int) -> Circuit:
     """Keep the ``n`` edges with the largest |score|."""
     _check_circuit(circuit)
-    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= circuit.n_edges:
+    if not _is_int(n) or not 0 <= n <= circuit.n_edges:
         raise ConfigError(f"n must be an integer in 0..{circuit.n_edges} (the number of edges), got {n!r}")
+    n = int(n)
     kept = torch.zeros(circuit.n_edges, dtype=torch.bool)
     kept[_order(circuit)[:n]] = True
     return circuit.with_kept(kept, f"top {n}")
@@ -202,86 +338,154 @@ def top_n(circuit: Circuit, n: int) -> Circuit:
 def threshold(circuit: Circuit, value: float) -> Circuit:
     """Keep the edges with |score| ≥ ``value``."""
     _check_circuit(circuit)
-    if not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"threshold must be a number ≥ 0, got {value!r}")
+    value = _check_number("threshold", value)
     return circuit.with_kept(circuit.scores.abs() >= value, f"|score| >= {value}")
 
 
 def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: str, metric, batch_sets=None) -> dict:
-    """Mean metric per kept-set ``[C, n_edges]`` with the complement ablated, plus the end points."""
+    """Per-pair metrics with the complement of each kept set ``[C, n_edges]`` ablated: ``pair
+    [N, C]``, the clean run ``clean [N]`` (every edge kept) and every edge ablated ``none [N]``."""
     check_choice("ablation", ablation, ABLATIONS)
     graph = circuit.graph()
     every = torch.ones(1, circuit.n_edges)
     sets = torch.cat([1.0 - kept_sets.float(), every])  # ablated edges; the last set ablates all
     got = run_edge_sets(model, pairs, graph, sets, metric, base="clean",
                         values="corrupt" if ablation == "resample" else "mean", batch_sets=batch_sets)
-    raw = got["values"].mean(0)
-    m_all, m_none = float(got["clean"].mean()), float(raw[-1])
-    if abs(m_all - m_none) < 1e-8:
-        raise AnalysisError("the metric is the same with every edge and with none; faithfulness would divide by zero")
-    return dict(raw=raw[:-1], values=(raw[:-1] - m_none) / (m_all - m_none), all=m_all, none=m_none,
-                forwards=got["forwards"])
+    return dict(pair=got["values"][:, :-1], clean=got["clean"], none=got["values"][:, -1], forwards=got["forwards"])
+
+
+def _fractions(got: dict, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0,
+               intervals: bool = True) -> dict:
+    """Normalised faithfulness ``(m − m_none) / (m_all − m_none)`` of the mean metrics, each with
+    a percentile-bootstrap interval over pairs (one resample of the pair index for the numerator
+    and the denominator alike; NaN without ``intervals``), and the denominator with its interval.
+    The fractions are NaN, and ``note`` says why, when the denominator's interval includes 0
+    (beyond float round-off)."""
+    cols = torch.cat([got["pair"], got["clean"][:, None], got["none"][:, None]], 1).double()  # [N, C + 2]
+    n = cols.shape[0]
+    counts = _bootstrap_counts(n, n_boot, seed).double()
+    # resampling every set costs n_boot × C: only the end points when no interval is wanted
+    mean, boot = cols.mean(0), counts @ (cols if intervals else cols[:, -2:]) / n  # [n_boot, C + 2 or 2]
+    q = torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64)
+    m_all, m_none = float(mean[-2]), float(mean[-1])
+    den_boot = boot[:, -2] - boot[:, -1]
+    den_low, den_high = (float(v) for v in torch.quantile(den_boot, q))
+    # forwards in float32 differ by round-off even where nothing changes: not an effect
+    tol = 1e-5 * max(abs(m_all), abs(m_none)) + 1e-8
+    distinguishable = n >= 2 and (den_low > tol or den_high < -tol)
+    denominator = dict(mean=m_all - m_none, ci_low=den_low, ci_high=den_high, confidence=confidence, n_pairs=n,
+                       distinguishable=distinguishable)
+    k = cols.shape[1] - 2
+    nan = torch.full((k,), float("nan"))
+    if not distinguishable:
+        why = ("one pair gives no interval" if n < 2 else
+               f"its {100 * confidence:g}% bootstrap interval over {n} pairs, {den_low:.3g} to {den_high:.3g}, "
+               "includes 0")
+        note = (f"faithfulness not reported: the metric with every edge ({m_all:.4g}) and with none ({m_none:.4g}) "
+                f"differ by {m_all - m_none:.3g} and {why}, so a fraction of that difference would be a fraction of "
+                "noise; the mean metric per size is given instead (more pairs, or pairs whose answers differ, may "
+                "separate the two)")
+        return dict(values=nan, low=nan, high=nan, raw=mean[:-2].float(), all=m_all, none=m_none,
+                    denominator=denominator, note=note)
+    values = (mean[:-2] - m_none) / (m_all - m_none)
+    low = high = nan
+    if intervals:
+        frac = (boot[:, :-2] - boot[:, -1:]) / den_boot[:, None]
+        low, high = torch.nanquantile(frac, q, dim=0)
+    return dict(values=values.float(), low=low.float(), high=high.float(), raw=mean[:-2].float(), all=m_all,
+                none=m_none, denominator=denominator, note=None)
+
+
+def _reported(fractions: dict) -> dict:
+    """``fractions``, or the AnalysisError that a fraction of noise would deserve."""
+    if fractions["note"] is not None:
+        raise AnalysisError(fractions["note"].replace("faithfulness not reported", "faithfulness is undefined", 1)
+                            .replace("; the mean metric per size is given instead", ""))
+    return fractions
 
 
 def faithfulness(
     model: HookedModel,
     pairs: PromptPairs,
     circuit: Circuit,
-    sizes: Optional[Sequence[int]] = None,
+    sizes: Union[Sequence[int], torch.Tensor, np.ndarray, None] = None,
     *,
     ablation: str = "resample",
     metric: Union[str, Callable, None] = None,
     batch_sets: Optional[int] = None,
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
 ) -> Faithfulness:
     """Faithfulness curve: the normalised metric with the top-``k`` edges by |score| kept, for
-    each ``k`` in ``sizes`` (default 0, 1, 2, 4, ... and every edge), the rest ablated
-    (``"resample"``: the corrupt prompt's sender outputs; ``"mean"``: the clean prompts' mean).
-    All sizes run stacked in one batch of forwards. ``metric`` defaults to the circuit's metric
-    by name; a callable metric has to be passed again (a saved circuit keeps only its name)."""
+    each ``k`` in ``sizes`` (whole edge counts, each once, run and returned ascending; default 0,
+    1, 2, 4, ... and every edge), the rest ablated (``"resample"``: the corrupt prompt's sender
+    outputs; ``"mean"``: the clean prompts' mean). Each value has a ``confidence`` percentile
+    bootstrap interval over pairs (``n_boot`` resamples of the pair index, ``seed``); the curve
+    holds no fraction (NaN, with a note) when every edge and no edge are not distinguishable.
+    All sizes run stacked in one batch of forwards (at most ``batch_sets`` sets per forward).
+    ``metric`` defaults to the circuit's metric by name; a callable metric has to be passed again
+    (a saved circuit keeps only its name)."""
     _check_circuit(circuit)
     n = circuit.n_edges
+    batch_sets = _check_batch_sets(batch_sets)
+    _check_bootstrap(confidence, n_boot, seed)
     if sizes is None:
         sizes = sorted({0, n, *[2**i for i in range(n.bit_length()) if 2**i < n]})
-    sizes = [int(s) for s in sizes]
-    if not sizes or any(not 0 <= s <= n for s in sizes):
-        raise ConfigError(f"sizes must be edge counts in 0..{n}, got {sizes}")
+    sizes = _check_sizes(sizes, n)
     order = _order(circuit)
     kept = torch.zeros(len(sizes), n)
     for i, s in enumerate(sizes):
         kept[i, order[:s]] = 1.0
     got = _ablate(model, pairs, circuit, kept, ablation, metric or circuit.metric, batch_sets)
+    frac = _fractions(got, confidence=confidence, n_boot=n_boot, seed=seed)
     return Faithfulness(
-        sizes=torch.tensor(sizes), values=got["values"], raw=got["raw"], all_edges=got["all"], no_edges=got["none"],
-        n_edges=n, ablation=ablation, method=circuit.method,
+        sizes=torch.tensor(sizes), values=frac["values"], ci_low=frac["low"], ci_high=frac["high"], raw=frac["raw"],
+        all_edges=frac["all"], no_edges=frac["none"], n_edges=n, ablation=ablation, method=circuit.method,
         meta=build_meta(model, n_pairs=len(pairs), metric=metric_name(metric or circuit.metric),
-                        forwards=got["forwards"]),
+                        forwards=got["forwards"], confidence=confidence, n_boot=n_boot, seed=seed,
+                        denominator=frac["denominator"], note=frac["note"]),
     )
+
+
+def _check_bootstrap(confidence, n_boot, seed) -> None:
+    number = _finite(confidence)
+    if number is None or not 0 < number < 1:
+        raise ConfigError(f"confidence must be a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}")
+    if not _is_int(n_boot) or n_boot < 100:
+        raise ConfigError(f"n_boot must be an integer ≥ 100 (bootstrap resamples), got {n_boot!r}")
+    if not _is_int(seed) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
 
 
 def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None) -> float:
-    """Normalised faithfulness of the circuit's kept edges (complement ablated)."""
+    """Normalised faithfulness of the circuit's kept edges (complement ablated). Raises
+    AnalysisError when every edge and no edge are not distinguishable (see :func:`faithfulness`)."""
     _check_circuit(circuit)
-    return float(
-        _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)["values"][0]
-    )
+    got = _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)
+    return float(_reported(_fractions(got, intervals=False))["values"][0])
 
 
 def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None,
                batch_sets: Optional[int] = None):
     """For each kept edge, the faithfulness lost when it alone is dropped from the circuit.
 
-    Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked."""
+    Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked (at
+    most ``batch_sets`` sets per forward). Raises AnalysisError when every edge and no edge are
+    not distinguishable (see :func:`faithfulness`)."""
     import pandas as pd
 
     _check_circuit(circuit)
+    batch_sets = _check_batch_sets(batch_sets)
     ids = torch.nonzero(circuit.kept).flatten()
     if len(ids) == 0:
         raise AnalysisError("the circuit keeps no edges; nothing to drop")
     sets = circuit.kept[None].float().repeat(len(ids) + 1, 1)
     sets[torch.arange(len(ids)), ids] = 0.0
     got = _ablate(model, pairs, circuit, sets, ablation, metric or circuit.metric, batch_sets)
-    full = float(got["values"][-1])
-    without = got["values"][:-1]
+    values = _reported(_fractions(got, intervals=False))["values"]
+    full = float(values[-1])
+    without = values[:-1]
     return pd.DataFrame(dict(edge=[circuit.edges[i] for i in ids.tolist()], score=circuit.scores[ids].tolist(),
                              faithfulness_without=without.tolist(), loss=(full - without).tolist()))
 
@@ -305,21 +509,24 @@ def prune(
     from tqdm.auto import tqdm
 
     _check_circuit(circuit)
-    if not isinstance(tau, (int, float)) or tau < 0:
-        raise ConfigError(f"tau must be a number ≥ 0, got {tau!r}")
+    # a drop in normalised faithfulness: 0 keeps every edge that matters at all, 1 may drop them all
+    tau = _check_number("tau (the largest faithfulness drop accepted when removing an edge)", tau, 1.0)
     graph = circuit.graph()
     layers = torch.tensor([graph.nodes[graph.node_index[r]].layer for r in circuit.receivers])
     ids = torch.nonzero(circuit.kept).flatten()
     key = sorted(ids.tolist(), key=lambda i: (-int(layers[i]), abs(float(circuit.scores[i]))))
     kept = circuit.kept.clone()
-    current = float(_ablate(model, pairs, circuit, kept[None].float(), ablation, metric or circuit.metric)["values"][0])
+
+    def value_of(kept_set: torch.Tensor) -> float:
+        got = _ablate(model, pairs, circuit, kept_set[None].float(), ablation, metric or circuit.metric)
+        return float(_reported(_fractions(got, intervals=False))["values"][0])
+
+    current = value_of(kept)
     start = current
     for i in tqdm(key, desc="prune", disable=not progress):
         trial = kept.clone()
         trial[i] = False
-        value = float(
-            _ablate(model, pairs, circuit, trial[None].float(), ablation, metric or circuit.metric)["values"][0]
-        )
+        value = value_of(trial)
         if current - value < tau:
             kept, current = trial, value
     out = circuit.with_kept(kept, f"pruned tau={tau}")
@@ -332,6 +539,14 @@ def overlap(a: Circuit, b: Circuit) -> dict:
     Jaccard indices (|A ∩ B| / |A ∪ B|)."""
     _check_circuit(a)
     _check_circuit(b)
+    pa, pb = a.meta.get("graph_positions"), b.meta.get("graph_positions")
+    if (pa is None) != (pb is None):
+        raise AnalysisError(
+            "the circuits have different graphs: one is position-free, the other has edges per position "
+            f"{pa or pb}, so no edge name can match; score both with the same positions= (None, or the same labels)")
+    if pa is not None and pb is not None and list(pa) != list(pb):
+        warnings.warn(f"the circuits' graphs have different positions ({pa} and {pb}): only edges at the shared "
+                      "positions can match", RuntimeWarning, stacklevel=2)
     ea, eb = set(a.kept_edges), set(b.kept_edges)
     na, nb = set(a.nodes), set(b.nodes)
     jac = lambda x, y: float(len(x & y) / len(x | y)) if x | y else 1.0  # noqa: E731

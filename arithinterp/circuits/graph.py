@@ -69,11 +69,18 @@ class Graph:
     def __init__(self, layout: Layout, positions: Optional[Sequence] = None):
         self.layout = layout
         L = layout
+        if isinstance(positions, (str, bytes)):
+            raise SiteError(f"positions must be a list of labels such as ['a', 'b', 'final'] (or None), got the "
+                            f"string {positions!r}")
         self.positions: list = [None] if positions is None else [str(p) for p in positions]
         if positions is not None and not self.positions:
             raise SiteError(
                 "positions is empty; pass None for a position-free graph or labels such as ['a', 'b', 'final']"
             )
+        twice = sorted({p for p in self.positions if self.positions.count(p) > 1}, key=str)
+        if twice:
+            # a repeated label would give every edge at that position twice, counted twice in every sum
+            raise SiteError(f"positions {twice} appear more than once in {self.positions}; name each position once")
         senders = [Node("embed", "embed", -1)]
         receivers: list[tuple[Node, str, int]] = []  # (node, channel, unit)
         nodes = [senders[0]]

@@ -89,13 +89,43 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
 
 
 def plot_faithfulness(curve, *, title: Optional[str] = None) -> go.Figure:
-    """Normalised faithfulness vs number of edges kept, with the every-edge (1) and no-edge (0) lines."""
+    """Normalised faithfulness vs number of edges kept, its bootstrap interval over pairs as a
+    band, and the every-edge (1) and no-edge (0) lines. When the curve reports no fraction (the
+    two end points are not distinguishable), the mean metric per size is drawn instead, with the
+    reason in the title."""
+    sizes = curve.sizes.tolist()
+    fraction = [float(s) / curve.n_edges for s in sizes]
+    if not curve.reported:
+        fig = figure(title or f"Faithfulness not reported ({curve.method} ranking, {curve.ablation} ablation)",
+                     "edges kept", "mean metric")
+        fig.add_trace(go.Scatter(
+            x=sizes, y=curve.raw.tolist(), mode="lines+markers", name="mean metric, top-k edges",
+            customdata=fraction, hovertemplate="%{x} edges (%{customdata:.1%})<br>metric %{y:.4g}<extra></extra>",
+        ))
+        fig.add_hline(y=curve.all_edges, line_dash="dot", annotation_text=f"every edge ({curve.all_edges:.3g})")
+        fig.add_hline(y=curve.no_edges, line_dash="dot", annotation_text=f"no edge ({curve.no_edges:.3g})")
+        # the note is long: wrapped onto a few lines under the title
+        words, lines = curve.note.split(), [""]
+        for word in words:
+            lines[-1] += ("" if not lines[-1] else " ") + word
+            if len(lines[-1]) > 100:
+                lines.append("")
+        fig.add_annotation(text="<br>".join(line for line in lines if line), xref="paper", yref="paper", x=0, y=1,
+                           xanchor="left", yanchor="top", showarrow=False, align="left", font=dict(size=10))
+        return fig
+    confidence = curve.meta.get("confidence", 0.95)
     fig = figure(title or f"Faithfulness ({curve.method} ranking, {curve.ablation} ablation)", "edges kept",
                  "normalised metric restored")
+    band = f"{100 * confidence:g}% interval over pairs"
+    fig.add_trace(go.Scatter(x=sizes + sizes[::-1], y=curve.ci_high.tolist() + curve.ci_low.tolist()[::-1],
+                             fill="toself", fillcolor="rgba(33, 102, 172, 0.18)", line=dict(width=0), name=band,
+                             hoverinfo="skip"))
     fig.add_trace(go.Scatter(
-        x=curve.sizes.tolist(), y=curve.values.tolist(), mode="lines+markers", name="top-k edges",
-        customdata=[[float(s) / curve.n_edges, float(r)] for s, r in zip(curve.sizes.tolist(), curve.raw.tolist())],
-        hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g}<br>"
+        x=sizes, y=curve.values.tolist(), mode="lines+markers", name="top-k edges", line=dict(color=POSITIVE),
+        customdata=[list(row) for row in zip(fraction, curve.raw.tolist(), curve.ci_low.tolist(),
+                                             curve.ci_high.tolist())],
+        hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g} "
+                      f"({100 * confidence:g}% CI " "%{customdata[2]:.3g} to %{customdata[3]:.3g})<br>"
                       "metric %{customdata[1]:.4g}<extra></extra>",
     ))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
