@@ -59,6 +59,10 @@ class Circuit(Result):
     metric: str
     meta: dict
 
+    # checked when a saved circuit loads: the per-edge fields agree in length, the layout is there
+    _aligned = (("scores", "kept", "edges", "senders", "receivers", "channels", "positions", ("pair_scores", 1)),)
+    _required_meta = ("layout",)
+
     @property
     def n_edges(self) -> int:
         return len(self.edges)
