@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
@@ -152,6 +153,7 @@ def collect(
 
     Returns :class:`Activations` whose ``data[site]`` is ``[N, n_layers, n_positions, *site_shape]``.
     """
+    check_belongs(model, "collect", prompts=prompts)
     if len(prompts) == 0:
         raise SiteError("the prompt set is empty; nothing to collect")
     if batch_size is not None and batch_size < 1:

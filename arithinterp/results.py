@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Optional, Union
 import numpy as np
 import torch
 
+from arithinterp.checks import architecture
 from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.types import HookedModel
 
@@ -55,6 +56,7 @@ def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, A
         from arithinterp.models import model_id
 
         meta["model"] = model_id(model)
+        meta["architecture"] = architecture(model)  # what check_belongs compares when the result is reused
         meta["compatibility_mode"] = bool(getattr(model, "compatibility_mode", False))
     meta.update({k: _plain(v) for k, v in extra.items()})
     return meta
@@ -146,6 +148,11 @@ class Result:
             return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
         except (TypeError, ValueError) as error:
             raise ResultFileError(f"{path} does not hold a valid {cls.__name__}: {error}") from None
+
+
+def holds_result(path: Union[str, Path]) -> bool:
+    """Whether the folder ``path`` holds a saved result (what :meth:`Result.save` refuses to replace)."""
+    return (Path(path).expanduser() / _JSON_FILE).exists()
 
 
 # --- loading and checking saved folders ------------------------------------------------------------
@@ -243,7 +250,7 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
 
 def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:
     """Refuse to replace a saved result in ``path`` by a different one (the same one may be re-saved)."""
-    if not (path / _JSON_FILE).exists():
+    if not holds_result(path):
         return
     try:
         old = json.loads((path / _JSON_FILE).read_text())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
@@ -156,6 +157,7 @@ def score_edges(
     ``"eap"`` (Syed et al. 2023) or ``"eap-ig"`` with ``steps`` interpolations (Hanna et al.
     2024). Every edge is kept; choose a subset with :func:`top_n`, :func:`threshold`, :func:`prune`.
     """
+    check_belongs(model, "circuits.score_edges", pairs=pairs)
     check_choice("method", method, SCORE_METHODS)
     graph = Graph.of(model, positions)
     extra: dict = {}
@@ -242,6 +244,7 @@ def faithfulness(
     (``"resample"``: the corrupt prompt's sender outputs; ``"mean"``: the clean prompts' mean).
     All sizes run stacked in one batch of forwards. ``metric`` defaults to the circuit's metric
     by name; a callable metric has to be passed again (a saved circuit keeps only its name)."""
+    check_belongs(model, "circuits.faithfulness", pairs=pairs, circuit=circuit)
     _check_circuit(circuit)
     n = circuit.n_edges
     if sizes is None:
@@ -264,6 +267,7 @@ def faithfulness(
 
 def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None) -> float:
     """Normalised faithfulness of the circuit's kept edges (complement ablated)."""
+    check_belongs(model, "circuits.circuit_faithfulness", pairs=pairs, circuit=circuit)
     _check_circuit(circuit)
     return float(
         _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)["values"][0]
@@ -275,6 +279,7 @@ def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", me
     """For each kept edge, the faithfulness lost when it alone is dropped from the circuit.
 
     Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked."""
+    check_belongs(model, "circuits.minimality", pairs=pairs, circuit=circuit)
     import pandas as pd
 
     _check_circuit(circuit)
@@ -306,6 +311,7 @@ def prune(
     later layers first; within a layer, smallest |score| first) and drop an edge when the
     normalised faithfulness falls by less than ``tau``. One stacked forward per visited edge.
     """
+    check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
     from tqdm.auto import tqdm
 
     _check_circuit(circuit)
