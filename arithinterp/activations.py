@@ -22,6 +22,7 @@ from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
+from arithinterp.tasks import position_labels
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -67,7 +68,7 @@ class Activations:
         return self.layers.index(layer)
 
     def position_index(self, position: Union[str, int]) -> int:
-        key = str(position)
+        key = position_labels(position)[0] if isinstance(position, str) else str(position)  # "last" is "final"
         if key not in self.positions:
             raise SiteError(f"position {position!r} was not collected; collected positions: {self.positions}")
         return self.positions.index(key)

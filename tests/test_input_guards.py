@@ -499,3 +499,11 @@ def test_numpy_integers_are_accepted_where_ints_are(tiny_model, call):
 def test_whole_numbers_are_never_truncated(tiny_model, value, match):
     with pytest.raises(TaskError, match=match):
         arithmetic(tiny_model, "+", range(3), range(3), few_shot=value)
+
+
+def test_collected_final_position_is_read_back_as_last(tiny_model):
+    from arithinterp.activations import collect
+
+    acts = collect(tiny_model, _prompts(tiny_model), positions=["last"], progress=False)
+    assert acts.positions == ["final"]
+    assert torch.equal(acts.get("resid_post", 1, "last"), acts.get("resid_post", 1, "final"))
