@@ -507,3 +507,16 @@ def test_collected_final_position_is_read_back_as_last(tiny_model):
     acts = collect(tiny_model, _prompts(tiny_model), positions=["last"], progress=False)
     assert acts.positions == ["final"]
     assert torch.equal(acts.get("resid_post", 1, "last"), acts.get("resid_post", 1, "final"))
+
+
+def test_top_n_takes_a_numpy_integer(tiny_model):
+    import numpy as np
+
+    from arithinterp import circuits
+    from arithinterp.errors import ConfigError
+
+    circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
+    assert circuits.top_n(circuit, np.int64(5)).n_kept == 5
+    with pytest.raises(ConfigError, match=rf"n must be an integer in 0\.\.{circuit.n_edges} \(the number of edges\), "
+                                          r"got 2\.5 \(float\)"):
+        circuits.top_n(circuit, 2.5)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.checks import check_belongs
+from arithinterp.checks import check_belongs, integer
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
@@ -197,6 +197,7 @@ def _order(circuit: Circuit) -> torch.Tensor:
 
 def top_n(circuit: Circuit, n: int) -> Circuit:
     """Keep the ``n`` edges with the largest |score|."""
+    n = integer("n", n, minimum=0, maximum=getattr(circuit, "n_edges", None), hint=" (the number of edges)")
     _check_circuit(circuit)
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= circuit.n_edges:
         raise ConfigError(f"n must be an integer in 0..{circuit.n_edges} (the number of edges), got {n!r}")
