@@ -131,3 +131,16 @@ def test_saving_over_a_damaged_result_needs_overwrite(circuit, saved):
     (saved / "result.json").write_text("{")
     with pytest.raises(ResultFileError, match="already holds a saved result that differs"):
         circuit.save(saved)
+
+
+def test_a_patch_result_with_a_layer_list_of_the_wrong_length_is_refused(tiny_model, tmp_path):
+    from arithinterp import patching
+    from arithinterp.tasks import arithmetic
+
+    pairs = arithmetic(tiny_model, "+", range(10, 16), range(20, 26)).counterfactual(vary="a", seed=0)[:6]
+    folder = patching.activation_patching(tiny_model, pairs, "resid_pre", progress=False).save(tmp_path / "p")
+    assert patching.PatchResult.load(folder).layers == [0, 1]
+    _edit_json(folder, lambda stored: stored["fields"].__setitem__("layers", [0, 1, 2]))
+    with pytest.raises(ResultFileError, match=r"layers / values / mean / sem / ci_low / ci_high must have one length, "
+                                              r"got layers 3, values 2, mean 2"):
+        patching.PatchResult.load(folder)
