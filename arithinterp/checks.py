@@ -85,12 +85,15 @@ def architecture(model: Any) -> dict[str, Any]:
     """What a model's graph and activations are shaped by: layer and head counts, widths, vocabulary
     and context sizes, MLP and parallel-block flags."""
     cfg = model.cfg
-    d_mlp = getattr(cfg, "d_mlp", None)
+
+    def size(name: str) -> Optional[int]:  # None when unset (TransformerLens writes -1 for "not known yet")
+        value = getattr(cfg, name, None)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     return dict(
         n_layers=int(cfg.n_layers), d_model=int(cfg.d_model), n_heads=int(cfg.n_heads),
-        n_kv_heads=int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads),
-        d_mlp=None if d_mlp is None else int(d_mlp), d_vocab=int(getattr(cfg, "d_vocab", 0) or 0) or None,
-        n_ctx=int(getattr(cfg, "n_ctx", 0) or 0) or None, has_mlp=not bool(getattr(cfg, "attn_only", False)),
+        n_kv_heads=int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads), d_mlp=size("d_mlp"),
+        d_vocab=size("d_vocab"), n_ctx=size("n_ctx"), has_mlp=not bool(getattr(cfg, "attn_only", False)),
         parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
     )
 
