@@ -17,7 +17,9 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from arithinterp.errors import ArithInterpError, ConfigError, ModelMismatchError, ModelSpecError, SiteError
+from arithinterp.errors import (
+    AnalysisError, ArithInterpError, ConfigError, ModelMismatchError, ModelSpecError, SiteError,
+)
 
 # --- whole numbers ----------------------------------------------------------------------------------
 
@@ -193,10 +195,16 @@ def check_belongs(model: Any, where: str, **things: Any) -> None:
     for what, thing in things.items():
         if thing is None:
             continue
-        if hasattr(thing, "clean") and hasattr(thing, "corrupt"):  # PromptPairs
+        is_pairs = hasattr(thing, "clean") and hasattr(thing, "corrupt")
+        is_set = hasattr(thing, "tokens") and hasattr(thing, "lengths")
+        if (what == "pairs" and not is_pairs) or (what == "prompts" and not (is_set or is_pairs)):
+            made = "PromptSet.counterfactual" if what == "pairs" else "arithinterp.tasks.arithmetic"
+            kind = "PromptPairs" if what == "pairs" else "a PromptSet"
+            raise AnalysisError(f"{where}: {what} must be {kind} (from {made}), got {type(thing).__name__}")
+        if is_pairs:
             _check_prompt_set(model, thing.clean, what, where)
             _check_prompt_set(model, thing.corrupt, what, where)
-        elif hasattr(thing, "tokens") and hasattr(thing, "lengths"):  # PromptSet
+        elif is_set:
             _check_prompt_set(model, thing, what, where)
         meta = getattr(thing, "meta", None)
         meta = getattr(thing, "meta_", None) if not isinstance(meta, dict) else meta

@@ -520,3 +520,15 @@ def test_top_n_takes_a_numpy_integer(tiny_model):
     with pytest.raises(ConfigError, match=rf"n must be an integer in 0\.\.{circuit.n_edges} \(the number of edges\), "
                                           r"got 2\.5 \(float\)"):
         circuits.top_n(circuit, 2.5)
+
+
+def test_something_that_is_not_pairs_is_refused_at_the_entry(tiny_model):
+    from arithinterp import circuits, patching
+    from arithinterp.errors import AnalysisError
+
+    prompts = _prompts(tiny_model)
+    with pytest.raises(AnalysisError, match=r"patching.activation_patching: pairs must be PromptPairs \(from "
+                                            r"PromptSet.counterfactual\), got PromptSet"):
+        patching.activation_patching(tiny_model, prompts, "resid_pre", progress=False)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(AnalysisError, match=r"circuits.score_edges: pairs must be PromptPairs .*got list"):
+        circuits.score_edges(tiny_model, [prompts], "eap", progress=False)  # pyright: ignore[reportArgumentType]
