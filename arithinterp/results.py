@@ -5,7 +5,10 @@ A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Ever
 * ``.to_frame()`` — a tidy pandas DataFrame, one row per cell;
 * ``.plot(**kwargs)`` — a plotly ``Figure`` built by :mod:`arithinterp.viz`;
 * ``.save(path)`` / ``Result.load(path)`` — tensors in safetensors, everything else in JSON
-  (``path`` is a directory), never pickle.
+  (``path`` is a directory), never pickle. The JSON carries a format version
+  (:data:`FORMAT_VERSION`); ``load`` checks the folder and raises
+  :class:`~arithinterp.errors.ResultFileError` naming the file and field of any damage, and
+  ``save`` does not replace a different saved result unless ``overwrite=True``.
 
 Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot``.
 """
