@@ -17,10 +17,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
+from arithinterp.tasks import position_labels
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -66,7 +68,7 @@ class Activations:
         return self.layers.index(layer)
 
     def position_index(self, position: Union[str, int]) -> int:
-        key = str(position)
+        key = position_labels(position)[0] if isinstance(position, str) else str(position)  # "last" is "final"
         if key not in self.positions:
             raise SiteError(f"position {position!r} was not collected; collected positions: {self.positions}")
         return self.positions.index(key)
@@ -152,6 +154,7 @@ def collect(
 
     Returns :class:`Activations` whose ``data[site]`` is ``[N, n_layers, n_positions, *site_shape]``.
     """
+    check_belongs(model, "collect", prompts=prompts)
     if len(prompts) == 0:
         raise SiteError("the prompt set is empty; nothing to collect")
     if batch_size is not None and batch_size < 1:

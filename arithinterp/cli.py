@@ -15,11 +15,15 @@ from typing import Any, Callable, Optional, Sequence, cast
 from arithinterp.errors import ArithInterpError, ConfigError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
+# what each command writes, by flag: "result" (a folder for Result.save), "dir" or "file"; every one
+# is checked before the command starts its work, so a bad path never costs an analysis
+OUTPUTS: dict[str, dict[str, str]] = {}
 
 
-def command(name: str):
+def command(name: str, outputs: Optional[dict[str, str]] = None):
     def register(function):
         COMMANDS[name] = function
+        OUTPUTS[name] = dict(outputs or {})
         return function
 
     return register
@@ -63,7 +67,7 @@ def info(args: argparse.Namespace) -> dict:
 # --- report --------------------------------------------------------------------------------------
 
 
-@command("report")
+@command("report", outputs=dict(out="file"))
 def report_command(args: argparse.Namespace) -> dict:
     """Run the standard battery on a model and write one offline HTML report."""
     from arithinterp.outputs import check_writable_file
@@ -82,14 +86,27 @@ def report_command(args: argparse.Namespace) -> dict:
 # result (``--out DIR``, reload with ``Result.load``) and optionally its figure (``--figure F.html``).
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Fail on an unwritable --out / --figure now, before the analysis runs."""
+def check_outputs(args: argparse.Namespace) -> None:
+    """Fail on an unwritable output of any command (``OUTPUTS``) now, before its work: a file where a
+    folder is needed or the reverse, a folder that cannot be written, a result folder that already
+    holds a different result (without ``--overwrite``)."""
     from arithinterp.outputs import check_writable_dir, check_writable_file
+    from arithinterp.results import holds_result
 
-    if getattr(args, "out", None):
-        check_writable_dir(args.out, "--out")
-    if getattr(args, "figure", None):
-        check_writable_file(args.figure, "--figure")
+    for dest, kind in OUTPUTS.get(args.command, {}).items():
+        path, flag = getattr(args, dest, None), "--" + dest.replace("_", "-")
+        if not path:
+            continue
+        if kind == "file":
+            check_writable_file(path, flag)
+            continue
+        check_writable_dir(path, flag)
+        if kind == "result" and not getattr(args, "overwrite", False) and holds_result(path):
+            raise ConfigError(f"{flag}: {path} already holds a saved result; pass --overwrite to replace it, "
+                              "or give another folder")
+
+
+_ANALYSIS_OUTPUTS = dict(out="result", figure="file")
 
 
 def _model_and_prompts(args: argparse.Namespace, correct_only: bool = True):
@@ -105,7 +122,7 @@ def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
     from arithinterp.outputs import atomic_write
 
     if args.out:
-        summary["result"] = str(result.save(args.out))
+        summary["result"] = str(result.save(args.out, overwrite=args.overwrite))
     if args.figure:
         figure = result.plot()
         atomic_write(args.figure, lambda tmp: figure.write_html(str(tmp), include_plotlyjs=True))
@@ -113,7 +130,7 @@ def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
     return summary
 
 
-@command("patch")
+@command("patch", outputs=_ANALYSIS_OUTPUTS)
 def patch_command(args: argparse.Namespace) -> dict:
     """Exact activation patching of one site over layers x positions."""
     from arithinterp import patching
@@ -127,7 +144,7 @@ def patch_command(args: argparse.Namespace) -> dict:
                                       best_cell_mean=round(float(result.mean.flatten()[best]), 4)))
 
 
-@command("probe")
+@command("probe", outputs=_ANALYSIS_OUTPUTS)
 def probe_command(args: argparse.Namespace) -> dict:
     """Probe a label at every layer and position, with a shuffled-label control."""
     from arithinterp import probes
@@ -139,7 +156,7 @@ def probe_command(args: argparse.Namespace) -> dict:
     return _finish(result, args, dict(target=args.target, kind=args.kind, best=result.best()))
 
 
-@command("fourier")
+@command("fourier", outputs=_ANALYSIS_OUTPUTS)
 def fourier_command(args: argparse.Namespace) -> dict:
     """Fourier spectrum of the number-token embeddings."""
     from arithinterp import fourier
@@ -164,7 +181,7 @@ def _numbers(flag: str, text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-@command("helix")
+@command("helix", outputs=_ANALYSIS_OUTPUTS)
 def helix_command(args: argparse.Namespace) -> dict:
     """Fit a helix to the residual stream at an operand and test it causally."""
     from arithinterp import helix
@@ -182,7 +199,7 @@ def helix_command(args: argparse.Namespace) -> dict:
                                       fraction_of_layer_patch=dict(zip(result.methods, fractions))))
 
 
-@command("neurons")
+@command("neurons", outputs=_ANALYSIS_OUTPUTS)
 def neurons_command(args: argparse.Namespace) -> dict:
     """Classify the most important MLP neurons into heuristics."""
     from arithinterp import neurons
@@ -192,7 +209,7 @@ def neurons_command(args: argparse.Namespace) -> dict:
     return _finish(result, args, dict(neurons=len(result.layer), coverage=result.coverage()))
 
 
-@command("ablate")
+@command("ablate", outputs=_ANALYSIS_OUTPUTS)
 def ablate_command(args: argparse.Namespace) -> dict:
     """Ablate components and compare accuracy and answer log-probability with the full model."""
     from arithinterp import patching
@@ -209,7 +226,7 @@ def ablate_command(args: argparse.Namespace) -> dict:
                                       token_accuracy_after=token_accuracy))
 
 
-@command("digits")
+@command("digits", outputs=_ANALYSIS_OUTPUTS)
 def digits_command(args: argparse.Namespace) -> dict:
     """Ablate each head at each answer position alone and score that answer digit."""
     from arithinterp import patching
@@ -223,7 +240,7 @@ def digits_command(args: argparse.Namespace) -> dict:
                                                         drop=round(float(result.drop[head, token]), 4))))
 
 
-@command("circuit")
+@command("circuit", outputs=_ANALYSIS_OUTPUTS)
 def circuit_command(args: argparse.Namespace) -> dict:
     """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top)."""
     import pandas as pd
@@ -257,7 +274,7 @@ def circuit_command(args: argparse.Namespace) -> dict:
 # --- train ---------------------------------------------------------------------------------------
 
 
-@command("train")
+@command("train", outputs=dict(out="dir"))
 def train_command(args: argparse.Namespace) -> dict:
     """Train a zoo model from scratch with its recipe."""
     from pathlib import Path
@@ -271,10 +288,6 @@ def train_command(args: argparse.Namespace) -> dict:
 
 
 # --- parser --------------------------------------------------------------------------------------
-
-
-# commands whose --out is a result directory and --figure an HTML file, checked before they run
-_WRITES_OUT = ("patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep.add_cli(sub)
     COMMANDS["sweep"] = sweep.run_cli
+    OUTPUTS["sweep"] = {}  # the sweep checks its --out and --plot itself (a dry run creates nothing)
 
     def analysis(name: str, help: str, default_model: str = "zoo:add-100"):
         p = sub.add_parser(name, help=help)
@@ -317,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
         p.add_argument("--out", default=None, help="directory to save the result in (reload with Result.load)")
         p.add_argument("--figure", default=None, help="write the result's figure to this HTML file")
+        p.add_argument("--overwrite", action="store_true", help="replace a different result already saved in --out")
         p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
         return p
@@ -411,8 +426,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with warnings.catch_warnings():  # one plain line per warning, not the library's source line
             warnings.showwarning = lambda message, *rest, **kw: print(
                 f"arithinterp {args.command}: warning: {message}", file=sys.stderr)
-            if args.command in _WRITES_OUT:
-                _check_outputs(args)
+            check_outputs(args)
             summary = COMMANDS[args.command](args)
     except ArithInterpError as error:
         return fail(args.command, error, 2, as_json)

@@ -51,8 +51,13 @@ class AnalysisError(ArithInterpError, ValueError):
     """An analysis was given input it cannot work with (too few prompts, wrong shapes)."""
 
 
+class ModelMismatchError(AnalysisError):
+    """Prompts, pairs, a circuit or a fitted detector made for another model than the one given."""
+
+
 class ResultFileError(ArithInterpError, ValueError):
-    """A path does not hold a saved result, or holds a result of another type."""
+    """A path does not hold a saved result, holds a result of another type, is damaged (a missing or
+    unreadable file, a missing field), or already holds a different result that saving would replace."""
 
 
 def accepted(values: Iterable[object]) -> str:

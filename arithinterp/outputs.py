@@ -16,6 +16,10 @@ PathLike = Union[str, Path]
 
 def _probe(directory: Path, what: str, path: PathLike) -> None:
     """Create and remove a temp file in ``directory`` (``os.access`` is wrong on some mounts)."""
+    blocking = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(f"{what}: cannot write to {path}: {blocking} is a file, not a folder; "
+                          "give a path whose folders are folders")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".arithinterp-write-check-", dir=directory)

@@ -5,7 +5,10 @@ A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Ever
 * ``.to_frame()`` — a tidy pandas DataFrame, one row per cell;
 * ``.plot(**kwargs)`` — a plotly ``Figure`` built by :mod:`arithinterp.viz`;
 * ``.save(path)`` / ``Result.load(path)`` — tensors in safetensors, everything else in JSON
-  (``path`` is a directory), never pickle.
+  (``path`` is a directory), never pickle. The JSON carries a format version
+  (:data:`FORMAT_VERSION`); ``load`` checks the folder and raises
+  :class:`~arithinterp.errors.ResultFileError` naming the file and field of any damage, and
+  ``save`` does not replace a different saved result unless ``overwrite=True``.
 
 Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot``.
 """
@@ -16,16 +19,18 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 import numpy as np
 import torch
 
-from arithinterp.errors import ResultFileError
+from arithinterp.checks import architecture
+from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.types import HookedModel
 
 _TENSOR_FILE = "tensors.safetensors"
 _JSON_FILE = "result.json"
+FORMAT_VERSION = 1  # of the saved JSON; a newer format is refused with a clear message on load
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,6 +59,7 @@ def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, A
         from arithinterp.models import model_id
 
         meta["model"] = model_id(model)
+        meta["architecture"] = architecture(model)  # what check_belongs compares when the result is reused
         meta["compatibility_mode"] = bool(getattr(model, "compatibility_mode", False))
     meta.update({k: _plain(v) for k, v in extra.items()})
     return meta
@@ -78,14 +84,28 @@ def _plain(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """Base class: subclasses add fields (tensors, lists, numbers) and define ``to_frame`` / ``plot``."""
+    """Base class: subclasses add fields (tensors, lists, numbers) and define ``to_frame`` / ``plot``.
 
-    def save(self, path: Union[str, Path]) -> Path:
-        """Write the result to directory ``path`` (created if needed); returns the path."""
+    Subclasses may declare, for :meth:`load` to check, ``_aligned``: groups of fields that run
+    along one axis together (a name, or ``(name, axis)`` for a tensor's other axis), and
+    ``_required_meta``: keys ``meta`` must hold.
+    """
+
+    _aligned: ClassVar[tuple] = ()
+    _required_meta: ClassVar[tuple] = ()
+
+    def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
+        """Write the result to directory ``path`` (created if needed); returns the path.
+
+        A folder that already holds a *different* saved result is refused unless ``overwrite=True``
+        (saving the same result again is harmless and allowed).
+        """
         from safetensors.torch import save_file
 
         from arithinterp.outputs import atomic_write, check_writable_dir
 
+        if not isinstance(overwrite, bool):
+            raise ConfigError(f"overwrite must be True or False, got {overwrite!r}")
         path = check_writable_dir(path, "save")
         tensors, plain = {}, {}
         for field in dataclasses.fields(self):
@@ -94,7 +114,10 @@ class Result:
                 tensors[field.name] = value.detach().cpu().contiguous()
             else:
                 plain[field.name] = _plain(value)
-        text = json.dumps({"type": type(self).__name__, "fields": plain}, indent=1)
+        stored = {"type": type(self).__name__, "format": FORMAT_VERSION, "fields": plain}
+        text = json.dumps(stored, indent=1)
+        if not overwrite:
+            _refuse_other_result(path, json.loads(text), tensors)
         # tensors first, the JSON that marks a saved result last: a half-saved result never loads
         atomic_write(path / _TENSOR_FILE, lambda tmp: save_file(tensors, str(tmp)))
         atomic_write(path / _JSON_FILE, lambda tmp: tmp.write_text(text))
@@ -102,16 +125,147 @@ class Result:
 
     @classmethod
     def load(cls, path: Union[str, Path]):
-        """Read a result written by :meth:`save`."""
+        """Read a result written by :meth:`save`.
+
+        A damaged folder (a missing or unreadable file, a missing field, a field of the wrong kind,
+        fields that should be as long as each other and are not, a format newer than this version
+        reads) raises :class:`~arithinterp.errors.ResultFileError` naming the file and the field.
+        """
+        path = Path(path)
+        stored = _read_json(path)
+        kind = stored.get("type")
+        if kind != cls.__name__:
+            raise ResultFileError(f"{path} holds a {kind}, not a {cls.__name__}")
+        fields = stored.get("fields")
+        if not isinstance(fields, dict):
+            raise ResultFileError(f"{path / _JSON_FILE} has no 'fields' object; the file is damaged")
+        values = dict(fields)
+        tensors = _read_tensors(path)
+        overlap = sorted(set(values) & set(tensors))
+        if overlap:
+            raise ResultFileError(f"{path}: field {overlap[0]!r} is in both {_JSON_FILE} and {_TENSOR_FILE}; "
+                                  "the folder mixes two saved results")
+        values.update(tensors)
+        _check_fields(cls, values, path)
+        try:
+            return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
+        except (TypeError, ValueError) as error:
+            raise ResultFileError(f"{path} does not hold a valid {cls.__name__}: {error}") from None
+
+
+def holds_result(path: Union[str, Path]) -> bool:
+    """Whether the folder ``path`` holds a saved result (what :meth:`Result.save` refuses to replace)."""
+    return (Path(path).expanduser() / _JSON_FILE).exists()
+
+
+# --- loading and checking saved folders ------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict:
+    file = path / _JSON_FILE
+    if not file.exists():
+        raise ResultFileError(f"{path} is not a saved result (no {_JSON_FILE} inside)")
+    try:
+        stored = json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ResultFileError(f"{file} is damaged or truncated: it cannot be read as JSON ({error})") from None
+    if not isinstance(stored, dict) or "type" not in stored:
+        raise ResultFileError(f"{file} has no 'type' field; it is not a saved arithinterp result")
+    version = stored.get("format", 1)  # results saved before the format was written are format 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ResultFileError(f"{file}: 'format' must be a positive integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise ResultFileError(f"{file} is in result format {version}, newer than this arithinterp reads "
+                              f"(format {FORMAT_VERSION}); upgrade arithinterp to load it")
+    return stored
+
+
+def _read_tensors(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    file = path / _TENSOR_FILE
+    if not file.exists():
+        raise ResultFileError(f"{file} is missing; a saved result keeps its tensors there (was the folder copied "
+                              "in part?)")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ResultFileError(f"{file} is damaged, truncated or not a safetensors file ({error})") from None
+
+
+def _kind(annotation: Any) -> tuple[Optional[type], bool]:
+    """``(type the stored value must have, None allowed)`` from a field's annotation (a string
+    under ``from __future__ import annotations``); ``(None, True)`` when the annotation says nothing
+    checkable."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    text = text.replace(" ", "")
+    optional = text.startswith("Optional[") or "None" in text.split("|")
+    if text.startswith("Optional["):
+        text = text[len("Optional["):-1]
+    text = text.split("|")[0]
+    base = text.split("[")[0].split(".")[-1]
+    kinds = {"Tensor": torch.Tensor, "list": list, "List": list, "tuple": list, "dict": dict, "Dict": dict,
+             "str": str, "int": int, "float": (int, float), "bool": bool}
+    return kinds.get(base), optional  # type: ignore[return-value]
+
+
+def _check_fields(cls: type, values: dict, path: Path) -> None:
+    """Every field the class needs is there, of the right kind; aligned fields agree in length."""
+    for field in dataclasses.fields(cls):
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        where = _TENSOR_FILE if _kind(field.type)[0] is torch.Tensor else _JSON_FILE
+        if field.name not in values:
+            if required:
+                raise ResultFileError(f"{path / where} has no field {field.name!r}, which a {cls.__name__} needs; "
+                                      "the file is damaged or was written by another program")
+            continue
+        kind, optional = _kind(field.type)
+        value = values[field.name]
+        if kind is None or (value is None and optional):
+            continue
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            expected = "a tensor" if kind is torch.Tensor else f"a {field.type}"
+            raise ResultFileError(f"{path / where}: field {field.name!r} should be {expected}, got "
+                                  f"{type(value).__name__}; the file is damaged")
+    meta = values.get("meta")
+    for key in getattr(cls, "_required_meta", ()):
+        if not isinstance(meta, dict) or key not in meta:
+            raise ResultFileError(f"{path / _JSON_FILE}: field 'meta' has no {key!r}, which a {cls.__name__} "
+                                  "needs; the file is damaged")
+    for group in getattr(cls, "_aligned", ()):
+        lengths = {}
+        for item in group:
+            name, axis = (item, 0) if isinstance(item, str) else item
+            value = values.get(name)
+            if isinstance(value, torch.Tensor):
+                if value.ndim <= axis:
+                    raise ResultFileError(f"{path / _TENSOR_FILE}: tensor {name!r} has shape {tuple(value.shape)}, "
+                                          f"which has no axis {axis}; the file is damaged")
+                lengths[name] = int(value.shape[axis])
+            elif isinstance(value, list):
+                lengths[name] = len(value)
+        if len(set(lengths.values())) > 1:
+            described = ", ".join(f"{k} {v}" for k, v in lengths.items())
+            raise ResultFileError(f"{path} ({_JSON_FILE}, {_TENSOR_FILE}): {' / '.join(lengths)} must have one "
+                                  f"length, got {described}; the files are damaged or come from two different results")
+
+
+def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:
+    """Refuse to replace a saved result in ``path`` by a different one (the same one may be re-saved)."""
+    if not holds_result(path):
+        return
+    try:
+        old = json.loads((path / _JSON_FILE).read_text())
         from safetensors.torch import load_file
 
-        path = Path(path)
-        if not (path / _JSON_FILE).exists():
-            raise ResultFileError(f"{path} is not a saved result (no {_JSON_FILE} inside)")
-        stored = json.loads((path / _JSON_FILE).read_text())
-        if stored["type"] != cls.__name__:
-            raise ResultFileError(f"{path} holds a {stored['type']}, not a {cls.__name__}")
-        values = dict(stored["fields"])
-        values.update(load_file(str(path / _TENSOR_FILE)))
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
+        old_tensors = load_file(str(path / _TENSOR_FILE))
+    except Exception:  # noqa: BLE001 - an unreadable old result is still a result we would replace
+        old, old_tensors = None, {}
+    same = (isinstance(old, dict) and old.get("type") == stored["type"] and old.get("fields") == stored["fields"]
+            and old_tensors.keys() == tensors.keys()
+            and all(torch.equal(old_tensors[k], tensors[k]) for k in tensors))
+    if not same:
+        what = f"a saved {old.get('type')}" if isinstance(old, dict) and old.get("type") else "a saved result"
+        raise ResultFileError(f"{path} already holds {what} that differs from this {stored['type']}; "
+                              "pass overwrite=True to replace it, or save to another folder")

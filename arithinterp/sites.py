@@ -7,9 +7,9 @@ these helpers so a bad site or layer fails the same way everywhere.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Iterable, Optional, Sequence
 
+from arithinterp.checks import integers
 from arithinterp.errors import SiteError, accepted
 from arithinterp.types import HookedModel
 
@@ -43,18 +43,7 @@ def n_layers(model: HookedModel) -> int:
 
 def _integers(name: str, values: Any) -> list[int]:
     """``values`` (one int or several) as ints; floats, strings and bools are refused, never truncated."""
-    if isinstance(values, (str, bytes)):
-        raise SiteError(f"{name} must be an int or a list of ints, got the string {values!r}")
-    items = [values] if not isinstance(values, Iterable) else list(values)
-    out = []
-    for v in items:
-        try:
-            if isinstance(v, (bool, str, bytes)):
-                raise TypeError
-            out.append(operator.index(v))
-        except TypeError:
-            raise SiteError(f"{name} must be whole numbers (ints), got {v!r} ({type(v).__name__})") from None
-    return out
+    return integers(name, values, SiteError)
 
 
 def check_layers(model: HookedModel, site: str, layers: Optional[Iterable[int]]) -> list[int]:

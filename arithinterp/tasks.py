@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, U
 
 import torch
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp.errors import PromptIndexError, SiteError, TaskError, TokenizationError, accepted
 
 if TYPE_CHECKING:
@@ -356,9 +357,9 @@ class PromptSet:
         ``plain``: for the plain forward, whose logits cover every position)."""
         from arithinterp.engine.decode import batch_size_for, decode_mode
 
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise TaskError(f"batch_size must be a positive integer or None (chosen from memory), got {batch_size!r}")
+        if batch_size is not None:
+            batch_size = integer("batch_size", batch_size, minimum=1, error=TaskError,
+                                 hint=" or None (chosen from memory)")
         batches = []
         for group in self.length_groups():
             if not plain:
@@ -381,6 +382,7 @@ class PromptSet:
         through :func:`arithinterp.engine.run`; their ``positions`` must be ``None`` or an int
         (``-1``: the token being predicted), the same for every batch.
         """
+        check_belongs(model, "PromptSet.evaluate", prompts=self)
         from tqdm.auto import tqdm
 
         from arithinterp.engine.decode import greedy
@@ -414,6 +416,7 @@ class PromptSet:
         earlier tokens are fed in, as if the model had produced them). Only the scored positions
         are unembedded.
         """
+        check_belongs(model, "PromptSet.answer_logprob", prompts=self)
         from arithinterp.engine.decode import teacher_forced_logprobs
 
         n_score = self.answer_tokens.shape[1] if self.scoring == "full_answer" else 1
@@ -424,6 +427,7 @@ class PromptSet:
 
     def correct_only(self, model: HookedModel, evaluation: Optional[Evaluation] = None) -> "PromptSet":
         """Keep only the prompts the model answers correctly; ``meta`` records how many were dropped."""
+        check_belongs(model, "PromptSet.correct_only", prompts=self)
         evaluation = evaluation or self.evaluate(model)
         kept = self[evaluation.correct]
         kept.meta["filtered"] = dict(
@@ -482,6 +486,16 @@ class PromptSet:
         if vary == "operator":
             if not other_ops:
                 raise TaskError(f"vary='operator' needs another operator in ops; got {list(ops)}")
+        unk, digits, known = getattr(self.tokenizer, "unk_token_id", None), self.meta.get("answer_digits", 0), {}
+
+        def spellable(value: int) -> bool:
+            if unk is None:
+                return True
+            if value not in known:
+                ids = self.tokenizer(answer_text(value, digits), add_special_tokens=False)["input_ids"]
+                known[value] = unk not in ids
+            return known[value]
+
         clean_rows, corrupt_specs = [], []
         for i, (a, b, answer) in enumerate(zip(self.a.tolist(), self.b.tolist(), self.answer.tolist())):
             for _ in range(max_tries):
@@ -496,6 +510,8 @@ class PromptSet:
                     continue
                 new_answer = compute(new_op, new_a, new_b, self.modulus)
                 if (new_answer == answer) != (vary == "keep_answer"):
+                    continue
+                if not spellable(new_answer):  # e.g. a product past a number tokenizer's vocabulary
                     continue
                 clean_rows.append(i)
                 corrupt_specs.append((new_a, new_b, new_op))
@@ -676,6 +692,22 @@ def _defined(op: str, b: int) -> bool:
     return not (op in ("//", "mod") and b == 0)
 
 
+def position_labels(positions: Any) -> list[str]:
+    """The labels of position specs as :meth:`PromptSet.locate` names them: one spec (a string is
+    one spec, never its letters) or a list of them, spaces dropped, ``"last"`` written ``"final"``
+    (its alias), integers as their digits. For graphs and other per-position results keyed by label."""
+    specs = list(positions) if isinstance(positions, (list, tuple)) else [positions]
+    labels = []
+    for spec in specs:
+        if not isinstance(spec, (bool, str)) and hasattr(spec, "__index__"):
+            spec = int(spec.__index__())
+        if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+            raise SiteError(f"a position must be a name or an int, got {spec!r}; accepted: {_POSITION_FORMS}")
+        label = str(spec).replace(" ", "")
+        labels.append(re.sub(r"^last(?=$|[+-])", "final", label))
+    return labels
+
+
 def _as_index(index, n: int) -> torch.Tensor:
     if isinstance(index, slice):
         return torch.arange(n)[index]
@@ -770,9 +802,8 @@ def few_shot_prefix(
 ) -> str:
     if isinstance(few_shot, str):
         return few_shot
-    if not isinstance(few_shot, int) or few_shot < 0:
-        raise TaskError(
-            f"few_shot must be a non-negative int (number of examples) or a prefix string, got {few_shot!r}")
+    few_shot = integer("few_shot", few_shot, minimum=0, error=TaskError,
+                       hint=" (number of examples) or a prefix string")
     rng = random.Random(seed + 7919)
     lines = []
     for _ in range(few_shot):
@@ -835,6 +866,12 @@ def _build(
                 "token; end the template with a separator (e.g. '=' or ' =') so answers tokenize on their own"
             )
         answer_rows.append(full[i][len(ids):])
+        if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in answer_rows[-1]:
+            raise TokenizationError(
+                f"the answer {answer_texts[i]!r} of prompt {texts[i]!r} contains text the tokenizer does not know "
+                f"(it maps to {tokenizer.unk_token!r}); choose operands whose answers are within its vocabulary "
+                "(tasks.number_check lists the numbers it can spell)"
+            )
         for name, (start, end) in spans[i].items():
             covering = [j for j, (s, e) in enumerate(offsets) if s < end and e > start]
             if not covering:
@@ -950,10 +987,9 @@ def prompts_for_pairs(
     check_template(template, op)
     if scoring not in SCORING:
         raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
-    if modulus is not None and (not isinstance(modulus, int) or modulus < 2):
-        raise TaskError(f"modulus must be an integer >= 2 or None, got {modulus!r}")
-    if not isinstance(answer_digits, int) or answer_digits < 0:
-        raise TaskError(f"answer_digits must be a non-negative int, got {answer_digits!r}")
+    if modulus is not None:
+        modulus = integer("modulus", modulus, minimum=2, error=TaskError, hint=" or None")
+    answer_digits = integer("answer_digits", answer_digits, minimum=0, error=TaskError)
     tokenizer = _tokenizer_of(model_or_tokenizer)
     a_vals, b_vals = _values("a", a), _values("b", b)
     if len(a_vals) != len(b_vals):

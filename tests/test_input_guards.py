@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithinterp.errors import ArithInterpError, SiteError, TaskError
+from arithinterp.errors import ArithInterpError, SiteError, TaskError, TokenizationError
 from arithinterp.tasks import arithmetic
 
 
@@ -265,3 +265,267 @@ def test_helix_fit_on_a_nan_model_is_refused(number_tokenizer):
     acts = collect(model, prompts, sites="resid_pre", layers=[1], positions="a", progress=False)
     with pytest.raises(AnalysisError, match=r"activation rows hold NaN or infinite values; a helix needs finite"):
         helix.fit(acts, "a", periods=(2, 5, 10))
+
+
+# --- answers the tokenizer cannot spell -------------------------------------------------------------
+
+
+def test_answer_outside_the_vocabulary_is_refused(tiny_model):
+    # the number tokenizer spells 0..198 only: 99 * 99 = 9801 would become <unk>
+    with pytest.raises(TokenizationError, match=r"the answer '9801' of prompt '99\*99=' contains text the "
+                                                r"tokenizer does not know \(it maps to '<unk>'\)"):
+        arithmetic(tiny_model, "*", a=[99, 3], b=[99, 4], template="{a}*{b}=", scoring="full_answer")
+    assert arithmetic(tiny_model, "*", a=[3], b=[4], template="{a}*{b}=").answer_tokens.tolist() != [[0]]
+
+
+def test_operator_counterfactuals_never_pair_with_an_unspellable_answer(tiny_model):
+    unk = tiny_model.tokenizer.unk_token_id
+    prompts = arithmetic(tiny_model, "+", range(5, 40), range(5, 40), "{a}{op}{b}=")[::7]
+    pairs = prompts.counterfactual(vary="operator", seed=0)
+    assert len(pairs) > 20 and not (pairs.corrupt.answer_tokens == unk).any()
+    assert all(eval(t.rstrip("=")) <= 198 for t in pairs.corrupt.texts)
+
+
+# --- the model argument and what belongs to it ------------------------------------------------------
+
+
+def _pairs(model, n=6):
+    return arithmetic(model, "+", range(10, 16), range(20, 26)).counterfactual(vary="a", seed=0)[:n]
+
+
+def _entries():
+    """Public entries, each called with (model, pairs-or-prompts) as a user would."""
+    import arithinterp as ai
+
+    return {
+        "patching.activation_patching": lambda m, p: ai.patching.activation_patching(m, p, "resid_pre", progress=False),
+        "patching.attribute": lambda m, p: ai.patching.attribute(m, p, "resid_pre"),
+        "circuits.score_edges": lambda m, p: ai.circuits.score_edges(m, p, "eap", progress=False),
+        "neurons.importance": lambda m, p: ai.neurons.importance(m, p, layers=[0]),
+        "neurons.classify": lambda m, p: ai.neurons.classify(m, p.clean, layers=[0], top_k=4),
+        "collect": lambda m, p: ai.collect(m, p.clean, progress=False),
+        "PromptSet.evaluate": lambda m, p: p.clean.evaluate(m),
+        "ErrorDetector.fit": lambda m, p: ai.probes.ErrorDetector(cv=2).fit(m, p.clean),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_entries()))
+@pytest.mark.parametrize("model", ["zoo:add-100", object()], ids=["string", "object"])
+def test_something_that_is_not_a_model_is_refused_at_the_entry(tiny_model, entry, model):
+    from arithinterp.errors import ModelSpecError
+
+    match = ("model must be a loaded model, got the str 'zoo:add-100'; load it first" if isinstance(model, str)
+             else "model must be a hooked model .* got object, which lacks cfg, to_tokens, run_with_cache")
+    with pytest.raises(ModelSpecError, match=f"{entry}: {match}"):
+        _entries()[entry](model, _pairs(tiny_model))
+
+
+@pytest.mark.parametrize("entry", list(_entries()))
+def test_pairs_built_for_another_tokenizer_are_refused(tiny_model, tiny_digit_model, entry):
+    from arithinterp.errors import ModelMismatchError
+
+    with pytest.raises(ModelMismatchError, match=rf"{entry}: the (pairs|prompts) were built with another tokenizer "
+                                                 r"\(a vocabulary of \d+ tokens; this model's has 209\); build them"):
+        _entries()[entry](tiny_model, _pairs(tiny_digit_model))
+    try:
+        _entries()[entry](tiny_model, _pairs(tiny_model))  # the model's own pairs are not refused as foreign
+    except ModelMismatchError:
+        raise
+    except ArithInterpError:
+        pass  # e.g. six prompts are too few to fit a detector: another problem, reported as such
+
+
+def test_prompts_longer_than_the_context_or_past_the_vocabulary_are_refused(number_tokenizer, tiny_model):
+    from arithinterp import patching
+    from arithinterp.errors import ModelMismatchError
+    from tests.conftest import tiny_bridge
+
+    pairs = _pairs(tiny_model)  # 5 tokens, ids up to ~200
+    short = tiny_bridge(number_tokenizer, n_ctx=4)
+    with pytest.raises(ModelMismatchError, match=r"patching.activation_patching: the pairs do not fit this model: "
+                                                 r"the pairs' tokens are 5 tokens long, more than this model's "
+                                                 r"context of 4 tokens"):
+        patching.activation_patching(short, pairs, "resid_pre", progress=False)
+    small_vocab = tiny_bridge(number_tokenizer, d_vocab=20)
+    with pytest.raises(ModelMismatchError, match=r"the pairs' tokens hold the token id \d+, outside this model's "
+                                                 r"vocabulary of 20 tokens \(accepted: 0\.\.19\)"):
+        patching.activation_patching(small_vocab, pairs, "resid_pre", progress=False)
+
+
+@pytest.fixture(scope="module")
+def three_layers(number_tokenizer):
+    from tests.conftest import tiny_bridge
+
+    return tiny_bridge(number_tokenizer, n_layers=3)
+
+
+def test_circuit_from_another_model_is_refused(tiny_model, three_layers):
+    from arithinterp import circuits
+    from arithinterp.errors import ModelMismatchError
+
+    circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
+    pairs = _pairs(three_layers)
+    for call in (lambda: circuits.faithfulness(three_layers, pairs, circuit, sizes=[3]),
+                 lambda: circuits.circuit_faithfulness(three_layers, pairs, circuits.top_n(circuit, 3)),
+                 lambda: circuits.minimality(three_layers, pairs, circuits.top_n(circuit, 3)),
+                 lambda: circuits.prune(three_layers, pairs, circuit)):
+        with pytest.raises(ModelMismatchError, match=r"circuits\.\w+: the circuit was made on another model .*"
+                                                     r"n_layers 2 vs 3 \(its value vs this model's\)"):
+            call()
+    # the model it was made on takes it (6 pairs may be too few for a fraction, so the curve, which says so)
+    assert len(circuits.faithfulness(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).values) == 1
+
+
+def test_a_model_of_the_same_shape_accepts_the_circuit(tiny_model, number_tokenizer):
+    from arithinterp import circuits
+    from tests.conftest import tiny_bridge
+
+    twin = tiny_bridge(number_tokenizer, seed=5)  # other weights, same graph and vocabulary: a valid control
+    circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
+    assert len(circuits.faithfulness(twin, _pairs(twin), circuit, sizes=[3]).values) == 1
+
+
+def test_detector_fitted_on_another_model_is_refused():
+    import arithinterp as ai
+    from arithinterp import probes
+    from arithinterp.errors import ModelMismatchError
+    from tests.conftest import tiny_bridge
+
+    from arithinterp.models.zoo import task_prompts
+
+    model = ai.load_model("zoo:add-3digit-weak")  # about 90% correct: errors to detect
+    narrow = tiny_bridge(model.tokenizer, d_model=32)  # the same vocabulary, another shape
+    prompts = task_prompts(model, "zoo:add-3digit-weak", 300, 0)
+    detector = probes.ErrorDetector(cv=2, layers=[1]).fit(model, prompts)
+    with pytest.raises(ModelMismatchError, match=r"ErrorDetector.predict_proba: the detector was made on another "
+                                                 r"model \('zoo:add-3digit-weak'\): d_model 128 vs 32"):
+        detector.predict_proba(narrow, task_prompts(narrow, "zoo:add-3digit-weak", 10, 0))
+    assert detector.predict_proba(model, prompts[:10]).shape == (10,)
+
+
+# --- engine.run ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda T: dict(tokens=T.float()), r"tokens must hold integer token ids \(torch\.long\), got dtype torch\.float32"),
+    (lambda T: dict(tokens=T + 1000), r"tokens hold the token id \d+, outside this model's vocabulary of 209 tokens"),
+    (lambda T: dict(tokens=T.repeat(1, 8)), r"tokens are 40 tokens long, more than this model's context of 32 tokens"),
+    (lambda T: dict(tokens=T[0]), r"tokens must be \[batch, pos\], got shape \(5,\)"),
+    (lambda T: dict(reads=[("resid_post", 0, torch.full((len(T),), 1.0))]),
+     r"positions must hold integer token indices, got a torch\.float32 tensor"),
+    (lambda T: dict(interventions=[("resid_post", 0, -1, torch.zeros(len(T), 7))]),
+     r"intervention at resid_post layer 0: the value has shape \(\d+, 7\), which does not broadcast to the slice it "
+     r"replaces, \(\d+, 64\)"),
+    (lambda T: dict(interventions=[("resid_post", 0, -1, lambda x: x[:, :3])]),
+     r"the value function returned shape \(\d+, 3\)"),
+])
+def test_engine_run_refuses_what_it_cannot_run(tiny_model, make, match):
+    from arithinterp import engine
+
+    tokens = arithmetic(tiny_model, "+", range(4), range(4)).tokens
+    spec = make(tokens)
+    reads = [engine.Read(site, layer, positions=pos) for site, layer, pos in spec.get("reads", [])]
+    interventions = [engine.Intervention(site, layer, positions=pos, value=value)
+                     for site, layer, pos, value in spec.get("interventions", [])]
+    with pytest.raises(ArithInterpError, match=match):
+        engine.run(tiny_model, spec.get("tokens", tokens), interventions, reads)
+
+
+def test_engine_run_takes_numpy_integer_positions(tiny_model):
+    import numpy as np
+
+    from arithinterp import engine
+
+    tokens = arithmetic(tiny_model, "+", range(4), range(4)).tokens
+    read = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=np.int64(-1))]).reads[0]
+    same = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=-1)]).reads[0]
+    assert torch.equal(read, same)
+    with pytest.raises(ArithInterpError, match="interventions and reads must be Intervention and Read objects, got str"):
+        engine.run(tiny_model, tokens, reads=["resid_post"])  # pyright: ignore[reportArgumentType]
+
+
+# --- probes before fit ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["LogisticProbe", "RidgeProbe", "CircularProbe", "MLPProbe"])
+def test_probe_used_before_fit_raises_not_fitted(kind):
+    from sklearn.exceptions import NotFittedError as SklearnNotFitted
+
+    from arithinterp import probes
+
+    with pytest.raises(probes.NotFittedError, match=f"this {kind} is not fitted yet; call fit\\(X, y\\) first") as error:
+        getattr(probes, kind)().predict(torch.randn(4, 3))
+    assert isinstance(error.value, SklearnNotFitted) and isinstance(error.value, ArithInterpError)
+
+
+# --- positions and whole numbers ---------------------------------------------------------------------
+
+
+def test_graph_positions_take_the_last_alias_and_refuse_all(tiny_model):
+    from arithinterp import circuits
+
+    pairs = _pairs(tiny_model)
+    last = circuits.score_edges(tiny_model, pairs, "eap", positions=["a", "last"], progress=False)
+    final = circuits.score_edges(tiny_model, pairs, "eap", positions=["a", "final"], progress=False)
+    assert last.positions == final.positions and torch.equal(last.scores, final.scores)
+    one = circuits.score_edges(tiny_model, pairs, "eap", positions="final", progress=False)
+    assert set(one.positions) == {"final"}  # one string is one position, not its letters
+    with pytest.raises(SiteError, match=r"a per-position graph needs the positions named, not 'all'"):
+        circuits.score_edges(tiny_model, pairs, "eap", positions="all", progress=False)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, np: arithmetic(m, "+", range(3), range(3), few_shot=np.int64(1)),
+    lambda m, np: arithmetic(m, "+", range(3), range(3), modulus=np.int64(7)),
+    lambda m, np: arithmetic(m, "+", range(3), range(3)).evaluate(m, batch_size=np.int64(4)),
+    lambda m, np: __import__("arithinterp").neurons.classify(m, arithmetic(m, "+", range(5), range(5)), layers=[0],
+                                                             top_k=np.int64(3), batch_size=np.int32(8)),
+    lambda m, np: __import__("arithinterp").patching.attribute(m, _pairs(m), "resid_pre", batch_size=np.int64(2)),
+])
+def test_numpy_integers_are_accepted_where_ints_are(tiny_model, call):
+    import numpy as np
+
+    assert call(tiny_model, np) is not None
+
+
+@pytest.mark.parametrize("value, match", [
+    (2.0, r"few_shot must be an integer >= 0 \(number of examples\) or a prefix string, got 2\.0 \(float\)"),
+    (True, r"few_shot must be an integer >= 0 .*got True \(bool\)"),
+    (-1, r"few_shot must be an integer >= 0 .*got -1"),
+])
+def test_whole_numbers_are_never_truncated(tiny_model, value, match):
+    with pytest.raises(TaskError, match=match):
+        arithmetic(tiny_model, "+", range(3), range(3), few_shot=value)
+
+
+def test_collected_final_position_is_read_back_as_last(tiny_model):
+    from arithinterp.activations import collect
+
+    acts = collect(tiny_model, _prompts(tiny_model), positions=["last"], progress=False)
+    assert acts.positions == ["final"]
+    assert torch.equal(acts.get("resid_post", 1, "last"), acts.get("resid_post", 1, "final"))
+
+
+def test_top_n_takes_a_numpy_integer(tiny_model):
+    import numpy as np
+
+    from arithinterp import circuits
+    from arithinterp.errors import ConfigError
+
+    circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
+    assert circuits.top_n(circuit, np.int64(5)).n_kept == 5
+    with pytest.raises(ConfigError, match=rf"n must be an integer in 0\.\.{circuit.n_edges} \(the number of edges\), "
+                                          r"got 2\.5 \(float\)"):
+        circuits.top_n(circuit, 2.5)
+
+
+def test_something_that_is_not_pairs_is_refused_at_the_entry(tiny_model):
+    from arithinterp import circuits, patching
+    from arithinterp.errors import AnalysisError
+
+    prompts = _prompts(tiny_model)
+    with pytest.raises(AnalysisError, match=r"patching.activation_patching: pairs must be PromptPairs \(from "
+                                            r"PromptSet.counterfactual\), got PromptSet"):
+        patching.activation_patching(tiny_model, prompts, "resid_pre", progress=False)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(AnalysisError, match=r"circuits.score_edges: pairs must be PromptPairs .*got list"):
+        circuits.score_edges(tiny_model, [prompts], "eap", progress=False)  # pyright: ignore[reportArgumentType]

@@ -70,6 +70,44 @@ def test_unwritable_output_fails_before_the_work(argv, flag, no_model_loads, cap
     assert f"error: {flag}: cannot write to {UNWRITABLE}" in err and "give a path in a writable directory" in err
 
 
+ANALYSES = ["patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "circuit"]
+
+
+def test_every_command_declares_its_outputs():
+    from arithinterp.cli import COMMANDS, OUTPUTS, build_parser
+
+    build_parser()  # registers the sweep command too
+    assert set(OUTPUTS) == set(COMMANDS)
+    assert all(OUTPUTS[name] == dict(out="result", figure="file") for name in ANALYSES)
+
+
+@pytest.mark.parametrize("command", ANALYSES)
+def test_an_out_that_is_a_file_fails_before_the_analysis(command, tmp_path, no_model_loads, capsys):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("not a folder")
+    assert main([command, "--out", str(taken), "--no-progress"]) == 2
+    assert f"error: --out: {taken} exists and is not a directory; give a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ANALYSES)
+def test_a_figure_inside_a_file_fails_before_the_analysis(command, tmp_path, no_model_loads, capsys):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("not a folder")
+    assert main([command, "--figure", str(taken / "x.html"), "--no-progress"]) == 2
+    assert f"error: --figure: cannot write to {taken / 'x.html'}: {taken} is a file, not a folder" in \
+        capsys.readouterr().err
+
+
+def test_an_out_holding_a_saved_result_needs_overwrite(tmp_path, tiny_model, no_model_loads, capsys):
+    from arithinterp.tasks import arithmetic
+
+    folder = _small_result(tiny_model, arithmetic).save(tmp_path / "r")
+    assert main(["circuit", "--out", str(folder), "--no-progress"]) == 2
+    assert f"error: --out: {folder} already holds a saved result; pass --overwrite" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="loaded a model"):  # past the check: the work would start now
+        main(["circuit", "--out", str(folder), "--overwrite", "--no-progress"])
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_folder_fails_before_the_report(tmp_path, no_model_loads, capsys):
     folder = tmp_path / "ro"

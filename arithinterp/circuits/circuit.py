@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
@@ -66,6 +67,10 @@ class Circuit(Result):
     method: str
     metric: str
     meta: dict
+
+    # checked when a saved circuit loads: the per-edge fields agree in length, the layout is there
+    _aligned = (("scores", "kept", "edges", "senders", "receivers", "channels", "positions", ("pair_scores", 1)),)
+    _required_meta = ("layout",)
 
     @property
     def n_edges(self) -> int:
@@ -239,6 +244,7 @@ def score_edges(
     ``"eap"`` (Syed et al. 2023) or ``"eap-ig"`` with ``steps`` interpolations (Hanna et al.
     2024). Every edge is kept; choose a subset with :func:`top_n`, :func:`threshold`, :func:`prune`.
     """
+    check_belongs(model, "circuits.score_edges", pairs=pairs)
     check_choice("method", method, SCORE_METHODS)
     graph = Graph.of(model, positions)
     extra: dict = {}
@@ -278,10 +284,10 @@ def _is_int(value) -> bool:
 
 def _check_batch_sets(batch_sets) -> Optional[int]:
     # more than the number of sets is fine: it is a cap per forward, and every set still runs
-    if batch_sets is not None and not (_is_int(batch_sets) and batch_sets >= 1):
-        raise ConfigError(f"batch_sets must be None (sized from memory) or a positive integer (edge sets per "
-                          f"stacked forward), got {batch_sets!r}")
-    return None if batch_sets is None else int(batch_sets)
+    if batch_sets is None:
+        return None
+    return integer("batch_sets", batch_sets, minimum=1,
+                   hint=" (edge sets per stacked forward), or None (sized from memory)")
 
 
 def _check_sizes(sizes, n: int) -> list[int]:
@@ -327,9 +333,7 @@ def _order(circuit: Circuit) -> torch.Tensor:
 def top_n(circuit: Circuit, n: int) -> Circuit:
     """Keep the ``n`` edges with the largest |score|."""
     _check_circuit(circuit)
-    if not _is_int(n) or not 0 <= n <= circuit.n_edges:
-        raise ConfigError(f"n must be an integer in 0..{circuit.n_edges} (the number of edges), got {n!r}")
-    n = int(n)
+    n = integer("n", n, minimum=0, maximum=circuit.n_edges, hint=" (the number of edges)")
     kept = torch.zeros(circuit.n_edges, dtype=torch.bool)
     kept[_order(circuit)[:n]] = True
     return circuit.with_kept(kept, f"top {n}")
@@ -426,6 +430,7 @@ def faithfulness(
     All sizes run stacked in one batch of forwards (at most ``batch_sets`` sets per forward).
     ``metric`` defaults to the circuit's metric by name; a callable metric has to be passed again
     (a saved circuit keeps only its name)."""
+    check_belongs(model, "circuits.faithfulness", pairs=pairs, circuit=circuit)
     _check_circuit(circuit)
     n = circuit.n_edges
     batch_sets = _check_batch_sets(batch_sets)
@@ -461,6 +466,7 @@ def _check_bootstrap(confidence, n_boot, seed) -> None:
 def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None) -> float:
     """Normalised faithfulness of the circuit's kept edges (complement ablated). Raises
     AnalysisError when every edge and no edge are not distinguishable (see :func:`faithfulness`)."""
+    check_belongs(model, "circuits.circuit_faithfulness", pairs=pairs, circuit=circuit)
     _check_circuit(circuit)
     got = _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)
     return float(_reported(_fractions(got, intervals=False))["values"][0])
@@ -473,6 +479,7 @@ def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", me
     Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked (at
     most ``batch_sets`` sets per forward). Raises AnalysisError when every edge and no edge are
     not distinguishable (see :func:`faithfulness`)."""
+    check_belongs(model, "circuits.minimality", pairs=pairs, circuit=circuit)
     import pandas as pd
 
     _check_circuit(circuit)
@@ -506,6 +513,7 @@ def prune(
     later layers first; within a layer, smallest |score| first) and drop an edge when the
     normalised faithfulness falls by less than ``tau``. One stacked forward per visited edge.
     """
+    check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
     from tqdm.auto import tqdm
 
     _check_circuit(circuit)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import CHANNELS, EdgeForward, sender_outputs
 from arithinterp.engine.forward import mean_activation
-from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.errors import AnalysisError
 from arithinterp.patching.core import (
     DIRECTIONS,
     check_choice,
@@ -94,6 +95,7 @@ def run_edge_sets(
     output in this very run. Returns ``values [N, C]`` and the unpatched metrics ``clean``,
     ``corrupt`` ``[N]`` (and ``forwards``, the number of stacked forwards).
     """
+    check_belongs(model, "circuits.run_edge_sets", pairs=pairs)
     check_pairs(pairs)
     check_choice("base", base, ("corrupt", "clean"))
     check_choice("values", values, VALUES)
@@ -171,6 +173,7 @@ def patch_edges(
     Returns ``scores [N, n_edges]`` (metric after − metric of the base run, per pair; edges not
     in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
     """
+    check_belongs(model, "circuits.patch_edges", pairs=pairs)
     graph = graph or Graph.of(model)
     check_choice("direction", direction, DIRECTIONS)
     chosen = torch.arange(graph.n_edges) if edges is None else graph.index(edges)
@@ -209,14 +212,14 @@ def attribute_edges(
     Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
     ``passes_per_batch`` and ``batches``.
     """
+    check_belongs(model, "circuits.attribute_edges", pairs=pairs)
     check_pairs(pairs)
     graph = graph or Graph.of(model)
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method == "eap-ig" and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-        raise ConfigError(f"steps must be a positive integer, got {steps!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if method == "eap-ig":
+        steps = integer("steps", steps, minimum=1)
+    batch_size = integer("batch_size", batch_size, minimum=1)
     fn = metric_fn(metric)
     engine = EdgeForward(model)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)

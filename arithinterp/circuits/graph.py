@@ -22,6 +22,7 @@ import torch
 
 from arithinterp.engine.edges import CHANNELS, Layout
 from arithinterp.errors import AnalysisError, SiteError, accepted
+from arithinterp.tasks import position_labels
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
@@ -69,10 +70,7 @@ class Graph:
     def __init__(self, layout: Layout, positions: Optional[Sequence] = None):
         self.layout = layout
         L = layout
-        if isinstance(positions, (str, bytes)):
-            raise SiteError(f"positions must be a list of labels such as ['a', 'b', 'final'] (or None), got the "
-                            f"string {positions!r}")
-        self.positions: list = [None] if positions is None else [str(p) for p in positions]
+        self.positions: list = [None] if positions is None else position_labels(positions)
         if positions is not None and not self.positions:
             raise SiteError(
                 "positions is empty; pass None for a position-free graph or labels such as ['a', 'b', 'final']"
@@ -81,6 +79,10 @@ class Graph:
         if twice:
             # a repeated label would give every edge at that position twice, counted twice in every sum
             raise SiteError(f"positions {twice} appear more than once in {self.positions}; name each position once")
+        if "all" in self.positions:
+            raise SiteError("a per-position graph needs the positions named, not 'all'; pass labels such as "
+                            "['a', 'b', 'final'] (or token indices, e.g. list(range(5)), for prompts of one length), "
+                            "or None for a position-free graph")
         senders = [Node("embed", "embed", -1)]
         receivers: list[tuple[Node, str, int]] = []  # (node, channel, unit)
         nodes = [senders[0]]

@@ -25,11 +25,12 @@ copy of the batch: many edge sets run in one forward, as the patching sweeps sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from arithinterp.checks import architecture
 from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError
 
@@ -57,10 +58,8 @@ class Layout:
 
     @classmethod
     def of(cls, model: HookedModel) -> "Layout":
-        cfg = model.cfg
-        n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        return cls(int(cfg.n_layers), int(cfg.n_heads), int(n_kv), not bool(getattr(cfg, "attn_only", False)),
-                   bool(getattr(cfg, "parallel_attn_mlp", False)), int(cfg.d_model))
+        facts = architecture(model)
+        return cls(*(facts[f.name] for f in fields(cls)))
 
     # senders -------------------------------------------------------------------------------
     def head_sender(self, layer: int, head: int) -> int:

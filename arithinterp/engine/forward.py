@@ -14,12 +14,14 @@ activation's).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
 
 import torch
 
 from arithinterp import sites as site_lib
+from arithinterp.checks import check_model, check_tokens
 from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError, SiteError
 
@@ -67,7 +69,16 @@ class Intervention:
         k_dim = 2 if self.site == "pattern" and self.units is not None else 1
         view = current.squeeze(k_dim) if single else current
         new = self.value(view) if callable(self.value) else self.value
-        new = torch.as_tensor(new, device=out.device).to(out.dtype).expand_as(view)
+        try:
+            new = torch.as_tensor(new, device=out.device).to(out.dtype).expand_as(view)
+        except (RuntimeError, TypeError, ValueError):
+            shape = tuple(getattr(new, "shape", ())) if hasattr(new, "shape") else type(new).__name__
+            made = "the value function returned" if callable(self.value) else "the value has"
+            raise AnalysisError(
+                f"intervention at {self.site} layer {self.layer}: {made} shape {shape}, which does not broadcast to "
+                f"the slice it replaces, {tuple(view.shape)} ([batch, (positions,) (units,) ...]); give a number, "
+                "a tensor of that shape (or one that broadcasts to it), or a function returning one"
+            ) from None
         out[index] = new.unsqueeze(k_dim) if single else new
         return out.reshape(activation.shape)
 
@@ -132,8 +143,11 @@ def _positions_tensor(positions: Union[None, int, torch.Tensor], B: int, device)
     """Positions as a tensor on ``device``: an int becomes the same position for all ``B`` prompts."""
     if positions is None:
         return None
-    if isinstance(positions, int) and not isinstance(positions, bool):
-        return torch.full((B,), positions, dtype=torch.long, device=device)
+    if not isinstance(positions, (bool, torch.Tensor)) and hasattr(positions, "__index__"):
+        return torch.full((B,), operator.index(positions), dtype=torch.long, device=device)  # numpy ints too
+    if isinstance(positions, torch.Tensor) and (positions.is_floating_point() or positions.dtype == torch.bool):
+        raise SiteError(f"positions must hold integer token indices, got a {positions.dtype} tensor; "
+                        "pass a long tensor [B] or [B, k] (or one int)")
     if not isinstance(positions, torch.Tensor) or positions.ndim not in (1, 2) or positions.shape[0] != B:
         shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
         raise AnalysisError(f"positions must be None, an int, [B] or [B, k] with B = {B} prompts, got {shape}")
@@ -179,8 +193,13 @@ def run(
     """
     if logits not in ("final", "all", "none"):
         raise AnalysisError(f"logits must be 'final', 'all' or 'none', got {logits!r}")
+    check_model(model, "engine.run")
+    check_tokens(model, tokens)
     T = int(tokens.shape[-1])
     for item in (*interventions, *reads):
+        if not isinstance(item, (Intervention, Read)):
+            raise AnalysisError(f"interventions and reads must be Intervention and Read objects, got "
+                                f"{type(item).__name__}")
         site_lib.check_layers(model, item.site, [item.layer])
         positions = _positions_tensor(item.positions, int(tokens.shape[0]), "cpu")
         if positions is not None and positions.numel() and not (

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import pair_power_per_grid, block_power
 from arithinterp.fourier.spectra import grid_activations, number_axis
@@ -135,6 +136,7 @@ def neuron_clusters(model: HookedModel, prompts: PromptSet, layer: int = 0, numb
                     progress: bool = True) -> NeuronFrequencyResult:
     """:func:`neuron_frequencies` of a model's MLP neurons at the final position over the
     ``(a, b)`` grid of ``prompts`` (which must cover ``numbers × numbers`` once)."""
+    check_belongs(model, "fourier.neuron_clusters", prompts=prompts)
     numbers = number_axis(numbers, int(prompts.a.max()) + 1)
     grids = grid_activations(model, prompts, layer, site, numbers, batch_size, progress)
     return neuron_frequencies(grids, threshold, numbers=numbers,

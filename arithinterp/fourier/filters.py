@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.engine import Intervention
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
@@ -113,6 +114,7 @@ def frequency_filter(
     component output has no power in the band; ``band`` is ``"low"`` / ``"high"`` (split at
     ``split_period``, see :func:`band_frequencies`) or a list of frequencies.
     """
+    check_belongs(model, "fourier.frequency_filter", prompts=prompts)
     from arithinterp import sites as site_lib
 
     if site not in COMPONENT_SITES:

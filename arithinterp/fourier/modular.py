@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.spectra import grid_of, number_tokens
@@ -128,6 +129,7 @@ def modular_logits(model: HookedModel, p: Optional[int] = None, *, template: str
                    batch_size: int = 4096) -> torch.Tensor:
     """Logits [p, p, p] of ``model`` over every pair ``(a, b)`` of 0..p-1, read at the final
     prompt token and restricted to the number tokens 0..p-1 (so class ``c`` = number ``c``)."""
+    check_belongs(model, "fourier.modular_logits")
     from arithinterp.tasks import arithmetic
 
     if p is None:

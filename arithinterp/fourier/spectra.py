@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, TokenizationError, accepted
 from arithinterp.fourier.basis import (
     KEY_RULES,
@@ -210,10 +211,7 @@ def _gram(values: torch.Tensor) -> torch.Tensor:
 
 
 def _check_null(n_shuffles: int, alpha: float) -> None:
-    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
-        raise ConfigError(
-            f"n_shuffles must be a non-negative integer (0: no shuffled-values control), got {n_shuffles!r}"
-        )
+    integer("n_shuffles", n_shuffles, minimum=0, hint=" (0: no shuffled-values control)")
     if n_shuffles and not (1 / (n_shuffles + 1) <= alpha < 1):
         raise ConfigError(
             f"alpha must be in [1 / (n_shuffles + 1), 1) = [{1 / (n_shuffles + 1):.3g}, 1) so a frequency can pass "
@@ -226,6 +224,7 @@ def _check_null(n_shuffles: int, alpha: float) -> None:
 
 def number_tokens(model: HookedModel, numbers: Iterable[int]) -> torch.Tensor:
     """Token ids [n] of ``numbers`` written without a space; each must be a single token."""
+    check_belongs(model, "fourier.number_tokens")
     tokenizer = getattr(model, "tokenizer", model)
     numbers = list(numbers)
     if not numbers:
@@ -313,6 +312,7 @@ def embedding_spectrum(model: HookedModel, numbers: Union[int, range] = 100, *, 
     [n, d_model] rows → power per frequency (Zhou et al. 2024 §2; Nanda et al. 2023 §3). Key
     frequencies must also beat ``n_shuffles`` copies with the numbers shuffled at level
     ``alpha`` (``meta["control"]``; ``n_shuffles=0``: the rule alone)."""
+    check_belongs(model, "fourier.embedding_spectrum")
     numbers = number_axis(numbers)
     kw = _rule_kw(rule, factor, fraction)
     _check_null(n_shuffles, alpha)
@@ -406,6 +406,7 @@ def logit_lens_spectrum(
     ``numbers`` defaults to 0..max answer of ``prompts``. Key frequencies must also beat the
     number-token axis shuffled ``n_shuffles`` times at level ``alpha`` (``meta["control"]``).
     """
+    check_belongs(model, "fourier.logit_lens_spectrum", prompts=prompts)
     from arithinterp.activations import collect
 
     kw = _rule_kw(rule, factor, fraction)
@@ -465,6 +466,7 @@ def neuron_spectrum(
     the b values shuffled at level ``alpha`` (each shuffle is a full 2-D transform of every
     neuron, hence fewer than for 1-D spectra; ``meta["control"]``).
     """
+    check_belongs(model, "fourier.neuron_spectrum", prompts=prompts)
     kw = _rule_kw(rule, factor, fraction)
     _check_null(n_shuffles, alpha)
     numbers = number_axis(numbers, int(prompts.a.max()) + 1)
@@ -511,6 +513,7 @@ def context_spectrum(
     embedding of its last token (for digit-split numbers: the last digit, a pure period-10
     signal); later layers have mixed in the earlier tokens.
     """
+    check_belongs(model, "fourier.context_spectrum")
     from arithinterp.activations import collect
     from arithinterp.tasks import arithmetic
 

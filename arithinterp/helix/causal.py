@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, SiteError, accepted
@@ -56,6 +57,7 @@ def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], pos
             batch_size: int = 256) -> torch.Tensor:
     """Activations [N, d] at ``hook`` (a hook name or a ``(site, layer)`` pair) and ``position``
     of each prompt, read by :func:`arithinterp.engine.run` (the forward stops after that layer)."""
+    check_belongs(model, "helix.capture", prompts=prompts)
     site, layer = _where(hook)
     index = _position_index(prompts, position)
     out = None
@@ -78,6 +80,7 @@ def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple
     """Logit [N] of ``tokens`` at the final position when the activation at ``hook`` (a hook name
     or a ``(site, layer)`` pair) and ``position`` is replaced by ``replacement`` [N, d] (``None``:
     no patch), one :func:`arithinterp.engine.run` per batch."""
+    check_belongs(model, "helix.patched_logit", prompts=prompts)
     site, layer = _where(hook)
     index = _position_index(prompts, position)
     out = torch.empty(len(prompts))
@@ -181,6 +184,7 @@ def patch_test(
     Metric: logit of the corrupt answer after patching − before, averaged over pairs.
     ``value`` names the fitted variable (default: the fit's own, e.g. ``"a"``, else ``position``).
     """
+    check_belongs(model, "helix.patch_test", pairs=pairs, fit=fit)
     layer = fit.layer if layer is None else layer
     if layer is None:
         raise SiteError("pass layer= (the fit does not record one)")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import (
     DEFAULT_PERIODS,
@@ -321,8 +322,7 @@ def fit(
         raise ConfigError(f"n_pca must be ≥ 1, got {n_pca}")
     if kind not in BASIS_KINDS:
         raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(BASIS_KINDS)}")
-    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
-        raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
+    n_shuffles = integer("n_shuffles", n_shuffles, minimum=0)
     names = variable_names(names, x.shape[1])
     max_value = x.max(0).values.clamp_min(1.0).tolist()
     basis_kw: dict[str, Any] = dict(kind=kind, periods=check_periods(periods), max_value=max_value, degree=degree,

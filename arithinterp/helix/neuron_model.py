@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
 from arithinterp.results import Result, build_meta
@@ -174,6 +175,7 @@ def neuron_fits(
 ) -> NeuronFitResult:
     """:func:`fit_neurons` on a model's MLP preactivations at ``position`` (default the last
     token) for ``neurons`` of ``layer`` (default all)."""
+    check_belongs(model, "helix.neuron_fits", prompts=prompts)
     from arithinterp import sites as site_lib
     from arithinterp.activations import collect
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import stacked_effects
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, pca_basis, basis
@@ -113,8 +114,7 @@ def search_periods(
     x, names = resolve_values(values, prompts)
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
-    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
-        raise ConfigError(f"n_shuffles must be a non-negative integer, got {n_shuffles!r}")
+    n_shuffles = integer("n_shuffles", n_shuffles, minimum=0)
     subsets = [list(s) for size in sizes for s in itertools.combinations(candidates, size)]
     folds, validation = value_folds(x, holdout, random_state, min_test_values)
     train = torch.ones(x.shape[0], dtype=torch.bool) if validation == LEAVE_ONE_OUT else folds[0]

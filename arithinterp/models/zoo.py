@@ -236,8 +236,9 @@ def task_prompts(model: HookedModel, spec: str, limit: int = 2000, seed: int = 0
     from arithinterp.models.train import operand_grid
     from arithinterp.tasks import number_check, prompts_for_pairs
 
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not hasattr(limit, "__index__") or limit < 1:
         raise TaskError(f"limit must be a positive number of prompts (e.g. --limit 1000), got {limit!r}")
+    limit = int(limit)
     entry = get_entry(spec) if spec.startswith("zoo:") else None
     if entry is not None:
         a, b = operand_grid(entry.task)

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
@@ -203,6 +204,7 @@ def ablate_heuristic(
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
             ``min_neurons`` neurons.
     """
+    check_belongs(model, "neurons.ablate_heuristic", prompts=prompts, table=table)
     check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
@@ -276,13 +278,14 @@ def ablate_for_prompt(
 
     Returns the fraction of prompts still answered correctly in both arms for each ``k``.
     """
+    check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
     check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
     if rank_by not in ("score", "importance"):
         raise ConfigError(f"unknown rank_by {rank_by!r}; accepted: 'score', 'importance'")
-    ks = [k] if isinstance(k, int) else list(k)
-    if not ks or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in ks):
+    ks = integers("k", k, ConfigError)
+    if not ks or any(x < 1 for x in ks):
         raise ConfigError(f"k must be a positive integer or a list of them, got {k!r}")
     if rank_by == "importance" and torch.isnan(table.importance).all():
         raise ConfigError("rank_by='importance' needs a table with importance scores (classify with top_k)")

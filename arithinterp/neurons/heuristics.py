@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 
 OPS = ("+", "-", "*", "//", "mod")
@@ -25,8 +26,8 @@ MAP_KINDS = ("K", "KV")
 def check_op(op: str, modulus: Optional[int] = None) -> None:
     if op not in OPS:
         raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPS)}")
-    if modulus is not None and (not isinstance(modulus, int) or isinstance(modulus, bool) or modulus < 2):
-        raise TaskError(f"modulus must be an integer >= 2 or None, got {modulus!r}")
+    if modulus is not None:
+        integer("modulus", modulus, minimum=2, error=TaskError, hint=" or None")
 
 
 def apply_op(
@@ -485,8 +486,7 @@ def build_heuristics(
         if unknown:
             raise ConfigError(f"unknown heuristic families {unknown}; accepted: {accepted(registry.families)}")
         chosen = [registry.families[f] for f in families]
-    if not isinstance(min_cells, int) or min_cells < 1:
-        raise ConfigError(f"min_cells must be a positive integer, got {min_cells!r}")
+    min_cells = integer("min_cells", min_cells, minimum=1)
     if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 1:
         raise ConfigError(f"max_fraction must be a number in (0, 1], got {max_fraction!r}")
     A, B = torch.meshgrid(a_vals, b_vals, indexing="ij")

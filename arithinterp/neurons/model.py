@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp import engine
 from arithinterp.engine.patches import UNCHANGED
 from arithinterp import sites as site_lib
@@ -128,8 +129,7 @@ def _check_model_layers(model: HookedModel, layers) -> list[int]:
 
 def final_position_batches(prompts, batch_size: int):
     """(indices, unpadded tokens, final positions) per same-length batch."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = integer("batch_size", batch_size, minimum=1)
     for group in prompts.length_groups():
         for idx in group.split(batch_size):
             tokens = prompts.unpadded(idx)
@@ -180,6 +180,7 @@ def importance(
 
     Returns :class:`NeuronImportance` with ``scores`` ``[len(layers), d_mlp]``.
     """
+    check_belongs(model, "neurons.importance", pairs=pairs)
     if method in _DEPRECATED_METHODS:
         warnings.warn(
             f"importance method {method!r} is deprecated: it patches in the corrupt value; call it "
@@ -195,8 +196,7 @@ def importance(
     d_mlp = int(model.cfg.d_mlp)
     if top_k is None:
         top_k = d_mlp
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= d_mlp:
-        raise ConfigError(f"top_k must be an integer in 1..{d_mlp} (d_mlp) or None, got {top_k!r}")
+    top_k = integer("top_k", top_k, minimum=1, maximum=d_mlp, hint=" (d_mlp) or None")
     if method == "attribution":
         effects = _attribution(model, pairs, chosen, batch_size, progress)
     elif method == "patching":
@@ -413,6 +413,7 @@ def maps(
         neurons: a :class:`NeuronImportance` (its top-k), a ``(layers, indices)`` pair or an
             ``[N, 2]`` tensor of (layer, neuron).
     """
+    check_belongs(model, "neurons.maps", prompts=prompts)
     check_prompts(prompts)
     layer, neuron = _neuron_index(model, neurons)
     layers = sorted(set(layer.tolist()))
@@ -469,6 +470,7 @@ def classify(
     passed on: a label needs the 0.6 threshold and the cell-shuffle test at that false-discovery
     rate). ``bottom`` defaults to ``model.cfg.gated_mlp``.
     """
+    check_belongs(model, "neurons.classify", prompts=prompts, pairs=pairs)
     check_prompts(prompts)
     threshold = check_threshold(threshold)
     chosen = _check_model_layers(model, layers)

@@ -50,10 +50,10 @@ class HeuristicTable(Result):
     fdr: Optional[float] = None
     registry: Optional[HeuristicRegistry] = dataclasses.field(default=None, compare=False, repr=False)
 
-    def save(self, path):
+    def save(self, path, *, overwrite: bool = False):
         """Write the table to directory ``path`` (the registry's predicates are code and are not
         saved: pass the registry again to :meth:`heuristic` after :meth:`load` for custom ones)."""
-        return Result.save(dataclasses.replace(self, registry=None), path)
+        return Result.save(dataclasses.replace(self, registry=None), path, overwrite=overwrite)
 
     @property
     def best_scores(self) -> torch.Tensor:

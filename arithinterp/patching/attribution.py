@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read
 from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
-from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.errors import AnalysisError, SiteError, accepted
 from arithinterp.patching.core import (
     ATTRIBUTE_SITES,
     DIRECTIONS,
@@ -116,6 +117,7 @@ def attribute(
     flags are left as they are; half-precision models run in their dtype with the metric, the
     gradients and the scores in float32.
     """
+    check_belongs(model, "patching.attribute", pairs=pairs)
     check_pairs(pairs)
     warn_first_token_only(pairs, "attribute")
     site_list = [sites] if isinstance(sites, str) else list(sites)
@@ -127,10 +129,9 @@ def attribute(
             raise SiteError(f"site {site!r} cannot be attributed; accepted: {accepted(ATTRIBUTE_SITES)}")
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method == "integrated_gradients" and (not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"steps must be a positive integer, got {steps!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if method == "integrated_gradients":
+        steps = integer("steps", steps, minimum=1)
+    batch_size = integer("batch_size", batch_size, minimum=1)
     fn = metric_fn(metric)
     plans = {}
     for site in site_list:
@@ -305,6 +306,7 @@ def compare(exact, approx) -> Comparison:
 def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_pre",), method: str = "attribution",
                          **kwargs) -> Comparison:
     """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them."""
+    check_belongs(model, "patching.attribution_vs_exact", pairs=pairs)
     site_list = [sites] if isinstance(sites, str) else list(sites)
     approx = attribute(model, pairs, site_list, method=method, **kwargs)
     sweep_kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "steps")}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs
 from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
@@ -96,6 +97,7 @@ def parse_components(model: HookedModel, components: Sequence[str], allowed: Seq
 
 def default_components(model: HookedModel) -> list[str]:
     """``embed`` plus every attention layer and MLP: their outputs sum to the final residual stream."""
+    check_belongs(model, "patching.default_components")
     names = ["embed"]
     for layer in range(model.cfg.n_layers):
         names.append(f"attn{layer}")
@@ -169,6 +171,7 @@ def direct_effect(
         the final residual stream.
     direction: ``"noise"`` (the paper's: run clean, bring in the corrupt output) or ``"denoise"``.
     """
+    check_belongs(model, "patching.direct_effect", pairs=pairs)
     check_pairs(pairs)
     warn_first_token_only(pairs, "direct_effect")
     check_choice("direction", direction, DIRECTIONS)
@@ -467,6 +470,7 @@ def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], mo
     every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
     Barez: mean-ablate a head at the position of one answer digit and see which digit breaks).
     """
+    check_belongs(model, "patching.ablate", prompts=prompts)
     check_choice("mode", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
@@ -546,6 +550,7 @@ def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str],
         0, ``"mlp1"``, optionally ``"@position"`` to keep a component at one position only).
     metric: ``"logit"`` (default, *(choice)*), ``"logprob"``, ``"prob"`` or ``"accuracy"``.
     """
+    check_belongs(model, "patching.faithfulness", prompts=prompts)
     check_choice("metric", metric, FAITHFULNESS_METRICS)
     check_choice("mode", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:

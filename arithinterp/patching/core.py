@@ -75,6 +75,10 @@ class PatchResult(Result):
     normalized: bool
     meta: dict
 
+    # checked when a saved result loads: one row per pair, one summary per layer
+    _aligned = ((("values", 0), "clean_baseline", "corrupt_baseline"),
+                ("layers", ("values", 1), ("mean", 0), ("sem", 0), ("ci_low", 0), ("ci_high", 0)))
+
     @property
     def n_pairs(self) -> int:
         return int(self.values.shape[0])

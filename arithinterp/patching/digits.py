@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES, check_choice, check_pairs
@@ -94,6 +95,7 @@ def digit_ablation(
             set to ``"full_answer"`` here.
         heads: ``"L{layer}H{head}"`` names (default: every head).
     """
+    check_belongs(model, "patching.digit_ablation", prompts=prompts)
     check_choice("mode", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")

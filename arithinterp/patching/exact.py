@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.checks import check_belongs, integer
 from arithinterp import sites as site_lib
-from arithinterp.errors import ConfigError, SiteError, accepted
+from arithinterp.errors import SiteError, accepted
 from arithinterp.patching.core import (
     DIRECTIONS,
     ELEMENT_BUDGET,
@@ -99,6 +100,7 @@ def activation_patching(
     Returns a :class:`PatchResult` whose ``values`` are ``[n_pairs, n_layers, n_positions?,
     n_heads_or_neurons?]``.
     """
+    check_belongs(model, "patching.activation_patching", pairs=pairs)
     check_pairs(pairs)
     site_lib.check_site(site)
     if site not in SWEEP_SITES:
@@ -115,8 +117,8 @@ def activation_patching(
         if positions is not None:
             raise SiteError("positions cannot be given with per_position=False (every position is patched at once)")
         pos_labels, pos_index = [], None
-    if batch_cells is not None and (not isinstance(batch_cells, int) or batch_cells < 1):
-        raise ConfigError(f"batch_cells must be a positive integer or None, got {batch_cells!r}")
+    if batch_cells is not None:
+        batch_cells = integer("batch_cells", batch_cells, minimum=1, hint=" or None")
     cells = Cells(layer_list, len(pos_labels), units)
     table = cells.table()
     n = len(pairs)

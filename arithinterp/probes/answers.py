@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 from arithinterp.types import HookedModel
@@ -59,6 +60,7 @@ def answer_activations(
     ``data[site]`` ``[N, n_layers, K, *site_shape]`` whose ``prompts`` are ``prompts``;
     ``evaluation`` defaults to ``prompts.evaluate(model)``.
     """
+    check_belongs(model, "probes.answer_activations", prompts=prompts)
     from arithinterp.activations import collect
 
     evaluation = evaluation if evaluation is not None else prompts.evaluate(model, batch_size=batch_size)

@@ -20,10 +20,13 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
+from arithinterp.checks import check_belongs
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import answer_digit_count, answer_slot_mask, answer_activations, answer_slots
-from arithinterp.probes.estimators import CircularProbe, LogisticProbe, RidgeProbe, clone_estimator, to_tensor
+from arithinterp.probes.estimators import (
+    CircularProbe, LogisticProbe, NotFittedError, RidgeProbe, clone_estimator, to_tensor,
+)
 from arithinterp.results import Result, build_meta
 
 if TYPE_CHECKING:
@@ -336,6 +339,7 @@ class ErrorDetector(BaseEstimator):
 
     def fit(self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None) -> "ErrorDetector":
         """Evaluate the model on ``prompts`` (or use ``evaluation``), read its activations, fit."""
+        check_belongs(model, "ErrorDetector.fit", prompts=prompts)
         self._check_params()
         layers = self._layer_list(model)
         X, evaluation = self._read(model, prompts, evaluation, layers)
@@ -348,6 +352,7 @@ class ErrorDetector(BaseEstimator):
         self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None
     ) -> "DetectorResult":
         """Detection metrics on (held-out) ``prompts`` for every method → :class:`DetectorResult`."""
+        check_belongs(model, "ErrorDetector.evaluate", prompts=prompts, detector=self)
         self._check_fitted()
         X, evaluation = self._read(model, prompts, evaluation, self.layers_)
         slots, carries = self._labels(prompts, evaluation)
@@ -358,6 +363,7 @@ class ErrorDetector(BaseEstimator):
         self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None
     ) -> torch.Tensor:
         """Calibrated P(correct) [N] of the selected method."""
+        check_belongs(model, "ErrorDetector.predict_proba", prompts=prompts, detector=self)
         self._check_fitted()
         X, _ = self._read(model, prompts, evaluation, self.layers_)
         return self.predict_proba_activations(X, answer_slot_mask(prompts, X.shape[2]))
@@ -379,6 +385,7 @@ class ErrorDetector(BaseEstimator):
         """How much the true-digit and true-carry probes believe the answer in ``evaluation`` [N]:
         the product over slots of the probability they give to its digits and carries, read with
         that answer fed back. Compares candidate answers to the same prompts (``repair``)."""
+        check_belongs(model, "ErrorDetector.answer_confidence", prompts=prompts, detector=self)
         self._check_fitted()
         X, evaluation = self._read(model, prompts, evaluation, self.layers_)
         slots, carries = self._labels(prompts, evaluation)
@@ -537,7 +544,7 @@ class ErrorDetector(BaseEstimator):
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "calibrators_"):
-            raise AnalysisError("this ErrorDetector is not fitted yet; call fit(model, prompts) first")
+            raise NotFittedError("this ErrorDetector is not fitted yet; call fit(model, prompts) first")
 
     def _flags(self, proba: torch.Tensor, budget: Optional[float]) -> torch.Tensor:
         return _budget_flags(proba, budget) if budget is not None else proba < self.thresholds_[self.method_]

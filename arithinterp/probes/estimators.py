@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.base import BaseEstimator, clone
+from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 
@@ -76,9 +77,14 @@ def as_targets(y: ArrayLike, n: int, *, integer: bool, allow_2d: bool = False) -
     return y.long()
 
 
+class NotFittedError(AnalysisError, SklearnNotFittedError):
+    """A probe or detector used before ``fit``: scikit-learn's ``NotFittedError`` (so
+    ``sklearn.utils.validation.check_is_fitted`` callers catch it) and an ``ArithInterpError``."""
+
+
 def _check_fitted(probe: Any) -> None:
     if not hasattr(probe, "mean_"):
-        raise AnalysisError(f"this {type(probe).__name__} is not fitted yet; call fit(X, y) first")
+        raise NotFittedError(f"this {type(probe).__name__} is not fitted yet; call fit(X, y) first")
 
 
 def _standardise(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,6 +250,7 @@ class LogisticProbe(_Probe):
         return self.decision_function(X).softmax(-1)
 
     def predict(self, X: ArrayLike) -> torch.Tensor:
+        _check_fitted(self)
         return self.classes_[self.decision_function(X).argmax(-1)]
 
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
@@ -400,6 +407,7 @@ class MLPProbe(_Probe):
             return self.net_(self._standardised(X)).softmax(-1)
 
     def predict(self, X: ArrayLike) -> torch.Tensor:
+        _check_fitted(self)
         return self.classes_[self.predict_proba(X).argmax(-1)]
 
     def score(self, X: ArrayLike, y: ArrayLike) -> float:

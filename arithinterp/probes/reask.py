@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError
 from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.estimators import to_tensor
@@ -214,6 +215,7 @@ def repair(
     new answer. ``budget`` flags the riskiest fraction instead of using the threshold.
     Sun, Stolfo & Sachan 2025: re-prompt only the flagged step.
     """
+    check_belongs(model, "probes.repair", prompts=prompts, detector=detector)
     if not isinstance(detector, ErrorDetector):
         raise AnalysisError(f"detector must be a fitted ErrorDetector, got {type(detector).__name__}")
     if accept not in ACCEPT_RULES:
