@@ -178,11 +178,17 @@ def activation_patching(
                 bar.update(int(settled.sum()))
                 rows = rows[~settled]
                 starts, grouping = None, runner.grouping(layer)
-                if pos_group is not None and grouping != "any":  # cells patched at similar positions share a start
-                    rows = rows[torch.argsort(pos_group[table[rows, 1]].min(1).values, stable=True)]
-                    starts = pos_group[table[rows, 1]].min(1).values
+                if grouping != "any" and len(rows):  # cells patched at similar positions share a start
+                    # a cell patching every position starts where its patch first changes anything
+                    starts = (runner.first_changed(layer, cell_unit(rows)) if pos_group is None
+                              else pos_group[table[rows, 1]].min(1).values)
+                    order = torch.argsort(starts, stable=True)
+                    rows, starts = rows[order], starts[order]
                 n_run += len(rows)
-                for part in _chunks(rows, starts, chunk, n_rows, length, one_start=grouping == "one"):
+                size = chunk
+                if batch_cells is None and starts is not None and len(rows):  # the budget counts computed positions
+                    size = chunk * length // max(1, length - int(starts.min()))
+                for part in _chunks(rows, starts, size, n_rows, length, one_start=grouping == "one"):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
                     values[idx[:, None], part[None, :]] = per_pair(row_values(logits).float().cpu()).T.float()
                     bar.update(len(part))
