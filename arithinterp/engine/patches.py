@@ -217,9 +217,9 @@ class PatchRunner:
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
         if pos is None:  # every position patched: the run starts where the first patch changes anything
             start = min(int(self.first_changed(layer, unit).min()), int(self.tokens.shape[1]) - 1)
-        pos, unit = self._on_device(pos), self._on_device(unit)
-        if pos is not None:
+        else:
             start = int(pos.min()) if self.reuses_prefix else 0
+        pos, unit = self._on_device(pos), self._on_device(unit)
         # one patched position in every row: the patched block runs there alone
         local = site in LOCAL_SITES and pos is not None and self.reuses_prefix and bool((pos == start).all())
         dim = _position_dim(site)
