@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from hf_families import save_family
+from hf_families import FAMILIES, save_family
 
 import arithinterp as ai
 from arithinterp import patching, probes
@@ -167,6 +167,17 @@ def test_greedy_decoding_runs_the_shared_prefix_once_and_gives_the_plain_answers
     n_before = len(shared)
     assert torch.allclose(scored.answer_logprob(model), reference, atol=1e-4)
     assert len(shared) > n_before
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
+def test_greedy_decoding_with_a_shared_prefix_in_other_families(family, digit_tokenizer, tmp_path):
+    """Learned and rotary positions, parallel blocks, Gemma 2's sliding window (16 tokens, shorter
+    than these prompts): the prefix once gives the plain forward's answers."""
+    model = ai.load_model(str(save_family(family, digit_tokenizer, tmp_path)))
+    prompts = arithmetic(model, a=range(10, 60, 7), b=range(15, 60, 11), few_shot=2)
+    assert prompts.tokens.shape[1] > 16
+    assert torch.equal(prompts.evaluate(model).generated_tokens, _plain_greedy(model, prompts))
+    assert decode.decode_mode(model) == "cached" and decode._SHARES_PREFIX[model]
 
 
 def test_prompts_without_a_shared_prefix_decode_row_by_row(llama):
