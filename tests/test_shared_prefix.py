@@ -79,6 +79,20 @@ def test_sweeps_without_positions_start_after_the_shared_prefix(llama, resume_st
     assert fast.values.std() > 1e-3  # the heads do move the metric: the comparison is not of constants
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_heads_without_positions_match_whole_forwards_in_every_family(family, number_tokenizer, tmp_path):
+    model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path)))
+    prompts = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=2)
+    pairs = prompts.counterfactual(vary="b", seed=0, distinct_first_token=True)
+    pairs = pairs[pairs.clean.length_groups()[0][:4]]
+    for site in ("attn_z", "mlp_out"):
+        fast = patching.activation_patching(model, pairs, site, per_position=False, engine="stepped", progress=False)
+        assert "keys/values reused" in fast.meta["engine"][0], (family, fast.meta["engine"])
+        slow = patching.activation_patching(model, pairs, site, per_position=False, engine="hooks", progress=False)
+        assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), family
+        assert fast.values.std() > 1e-3
+
+
 def test_heads_without_positions_on_the_zoo_match_transformer_lens():
     from transformer_lens import patching as tl_patching
 
