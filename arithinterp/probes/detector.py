@@ -93,11 +93,11 @@ def _shared_prefix_slots(model: Any, prompts: Any, evaluation: Any, site: str, l
     from arithinterp.activations import forward_bytes_per_prompt
     from arithinterp.engine.decode import MIN_BUDGET
     from arithinterp.engine.stepping import read_last
-    from arithinterp.probes.answers import _check_evaluation
+    from arithinterp.probes.answers import check_evaluation
 
     if site in site_lib.GLOBAL_SITES or site == "pattern":
         return None
-    _check_evaluation(prompts, evaluation)
+    check_evaluation(prompts, evaluation)
     k, cfg = prompts.answer_tokens.shape[1], model.cfg
     names = [site_lib.hook_name(site, layer) for layer in layers]
     shape = site_lib.site_shape(model, site)
