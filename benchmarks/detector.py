@@ -12,6 +12,15 @@ format. Markdown tables go to stdout (and to ``docs/probes.md`` by hand).
 
     python benchmarks/detector.py [--fit 7790] [--test 2000] [--seeds 11 12 13] [--no-repair]
                                   [--transfer "+{a}+{b}="]
+
+``--prefix`` times instead what the detector runs the model for on one prompt set, on a
+random-weight Llama of SmolLM-135M's shape (``--prefix-layers`` of its 30 layers; built by
+``benchmarks/evaluate.py``) with 3-shot two-digit prompts: generating the answers with and without
+the shared prefix computed once (``engine.decode``), and reading every layer's slot activations
+through ``collect`` (whole forwards) and through the shared-prefix base run, side by side, medians
+of ``--runs``. The largest differences between the two ways are printed too.
+
+    python benchmarks/detector.py --prefix [--prefix-prompts 400] [--prefix-layers 8] [--runs 3]
 """
 
 from __future__ import annotations
@@ -46,6 +55,64 @@ def spread(values):
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0:.3f}"
 
 
+def bench_prefix(n_prompts: int, n_layers: int, runs: int) -> None:
+    """Generation and slot reading with and without the shared prefix computed once."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from evaluate import build, prompts_for  # the SmolLM-135M-shaped random Llama and its prompts
+
+    from arithinterp.engine import decode
+    from arithinterp.probes.detector import _shared_prefix_slots
+
+    shape = SimpleNamespace(vocab=49152, d_model=576, d_mlp=1536, layers=n_layers, heads=9, kv_heads=3)
+    folder = Path(tempfile.mkdtemp()) / "smollm-shaped"
+    build(folder, shape)
+    model = ai.load_model(str(folder))
+    prompts = prompts_for(model, n_prompts, 3)
+    prompts[:4].evaluate(model)  # warm-up and the one-time decode-path check
+    layers = list(range(n_layers))
+    times: dict = {key: [] for key in ("generate, prefix per prompt", "generate, prefix once",
+                                       "read slots, collect", "read slots, prefix once")}
+    out: dict = {}
+    for _ in range(runs):
+        for key in times:
+            decode._SHARES_PREFIX[model] = key != "generate, prefix per prompt"
+            start = time.perf_counter()
+            if key.startswith("generate"):
+                out[key] = prompts.evaluate(model)
+            elif key == "read slots, collect":
+                out[key] = probes.answer_activations(model, prompts, out["generate, prefix once"], "resid_post",
+                                                     layers).data["resid_post"]
+            else:
+                out[key] = _shared_prefix_slots(model, prompts, out["generate, prefix once"], "resid_post", layers, 256)
+            times[key].append(time.perf_counter() - start)
+    same = torch.equal(out["generate, prefix per prompt"].generated_tokens, out["generate, prefix once"].generated_tokens)
+    diff = float((out["read slots, collect"] - out["read slots, prefix once"]).abs().max())
+    median = {k: statistics.median(v) for k, v in times.items()}
+    tokens = prompts.tokens
+    shared = int((tokens == tokens[:1]).all(0).int().argmin())
+    load = os.getloadavg()[0]
+    print(f"Random-weight Llama of SmolLM-135M's shape with {n_layers} of its 30 layers, {len(prompts)} 3-shot two-digit "
+          f"prompts ({tokens.shape[1]} tokens at most, the first {shared} shared), {prompts.answer_tokens.shape[1]} answer "
+          f"tokens, every layer's resid_post read; median of {runs} alternating runs, one CPU thread; load average "
+          f"{load:.1f}.\n")
+    print("| step | median time | runs |")
+    print("|---|---|---|")
+    for key, values in times.items():
+        print(f"| {key} | {median[key]:.2f} s | {', '.join(f'{t:.2f}' for t in values)} |")
+    before = median["generate, prefix per prompt"] + median["read slots, collect"]
+    after = median["generate, prefix once"] + median["read slots, prefix once"]
+    print(f"\nper prompt set (generate, then read): {before:.2f} s before, {after:.2f} s now (**{before / after:.1f}×**); "
+          f"fit and evaluate on one set used to pay it twice ({2 * before:.2f} s), now generation once "
+          f"({after + median['read slots, prefix once']:.2f} s). Same greedy tokens: {same}; largest difference of "
+          f"the slot activations: {diff:.1e}.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", type=int, default=7790)
@@ -54,8 +121,15 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.1)
     parser.add_argument("--no-repair", action="store_true")
     parser.add_argument("--transfer", default=None, help="another template for the test problems")
+    parser.add_argument("--prefix", action="store_true", help="time generation and reading on prompts sharing a prefix")
+    parser.add_argument("--prefix-prompts", type=int, default=400)
+    parser.add_argument("--prefix-layers", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.prefix:
+        bench_prefix(args.prefix_prompts, args.prefix_layers, args.runs)
+        return
     model = ai.load_model("zoo:add-3digit-weak")
     entry = zoo.get_entry("zoo:add-3digit-weak")
 

@@ -24,6 +24,14 @@ the *floor*: one forward per cell that starts at the patched layer and position,
 
     python benchmarks/patching.py [--runs 5] [--pairs 200] [--fewshot-pairs 4] [--deep-pairs 2] [--write docs/benchmarks.md]
     python benchmarks/patching.py --quick      # a small smoke run
+
+``--prefix`` times instead, on a random-weight Llama of SmolLM-135M's shape (``--prefix-layers``
+of its 30 layers; built by ``benchmarks/evaluate.py``) with 3-shot two-digit prompts scored on
+the whole answer, head patching without positions (``attn_z``, ``per_position=False``) against the
+``resid_pre`` sweep by position on the same pairs: median of ``--runs`` alternating runs, their
+ratio, and the largest difference of the head sweep from whole forwards on a few pairs.
+
+    python benchmarks/patching.py --prefix [--prefix-pairs 48] [--prefix-layers 8] [--runs 3] [--write docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from pathlib import Path
 import torch
 
 BEGIN, END = "<!-- patching:begin -->", "<!-- patching:end -->"
+PREFIX_BEGIN, PREFIX_END = "<!-- patching-prefix:begin -->", "<!-- patching-prefix:end -->"
 
 
 def median_time(fn, runs: int) -> tuple[float, object]:
@@ -249,15 +258,81 @@ def table(rows: list[dict], runs: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace (or append) the patching section of ``path``, leaving other sections as they are."""
-    section = f"{BEGIN}\n## Activation patching\n\nWritten by `python benchmarks/patching.py --write {path}`.\n\n{body}\n{END}"
+def write_section(path: Path, body: str, markers: tuple = (BEGIN, END), title: str = "Activation patching",
+                  command: str = "python benchmarks/patching.py") -> None:
+    """Replace (or append) one section of ``path``, leaving other sections as they are."""
+    begin, end = markers
+    section = f"{begin}\n## {title}\n\nWritten by `{command} --write {path}`.\n\n{body}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S)
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
+
+
+def bench_prefix(n_pairs: int, n_layers: int, runs: int, parity_pairs: int = 3) -> str:
+    """Head patching without positions against the resid_pre sweep, prompts sharing a 3-shot prefix."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from evaluate import build, prompts_for  # the SmolLM-135M-shaped random Llama and its prompts
+
+    import arithinterp as ai
+    from arithinterp import patching
+
+    shape = argparse.Namespace(vocab=49152, d_model=576, d_mlp=1536, layers=n_layers, heads=9, kv_heads=3)
+    folder = Path(tempfile.mkdtemp()) / "smollm-shaped"
+    build(folder, shape)
+    model = ai.load_model(str(folder))
+    prompts = prompts_for(model, 400, 3)
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    pairs = pairs[pairs.clean.length_groups()[0][:n_pairs]]
+    tokens = pairs.clean.tokens
+    shared = int((tokens == tokens[:1]).all(0).int().argmin())
+    sweeps = {
+        "resid_pre": dict(per_position=True),
+        "attn_z": dict(per_position=False),
+    }
+    times: dict = {site: [] for site in sweeps}
+    results: dict = {}
+    for _ in range(runs):  # alternating, so both see the same machine load
+        for site, kwargs in sweeps.items():
+            start = time.perf_counter()
+            results[site] = patching.activation_patching(model, pairs, site, scoring="full_answer", progress=False,
+                                                         **kwargs)
+            times[site].append(time.perf_counter() - start)
+    few = pairs[: min(parity_pairs, len(pairs))]
+    fast = patching.activation_patching(model, few, "attn_z", per_position=False, scoring="full_answer", progress=False)
+    slow = patching.activation_patching(model, few, "attn_z", per_position=False, scoring="full_answer",
+                                        engine="hooks", progress=False)
+    diff = float((fast.values - slow.values).abs().max())
+    median = {site: statistics.median(t) for site, t in times.items()}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [
+        f"Random-weight Llama of SmolLM-135M's shape with {n_layers} of its 30 layers (d_model 576, 9 heads / 3 "
+        f"key-value heads, d_mlp 1536, vocabulary 49,152; `benchmarks/evaluate.py`'s `build`), {len(pairs)} pairs of "
+        f"3-shot two-digit prompts varying `a` ({tokens.shape[1]} tokens, the first {shared} shared by every "
+        f"prompt), `scoring=\"full_answer\"` (both answers teacher-forced: {2 * len(pairs)} rows per run). Median "
+        f"of {runs} alternating runs, one CPU thread; load average {load:.1f} on {os.cpu_count()} CPUs.",
+        "",
+        "| sweep | cells (run) | median time | runs |",
+        "|---|---|---|---|",
+    ]
+    for site in sweeps:
+        r = results[site]
+        label = "`resid_pre`, layer × position" if site == "resid_pre" else "`attn_z`, layer × head, `per_position=False`"
+        lines.append(f"| {label} | {r.values[0].numel()} ({r.meta['cells_run']}) | {median[site]:.2f} s | "
+                     f"{', '.join(f'{t:.2f}' for t in times[site])} |")
+    lines += [
+        "",
+        f"attn_z / resid_pre = **{median['attn_z'] / median['resid_pre']:.2f}**; the head sweep's largest difference "
+        f"from whole forwards (`engine=\"hooks\"`, {len(few)} pairs): {diff:.1e}.",
+    ]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
 
 
 def main(argv=None) -> list[dict]:
@@ -273,7 +348,18 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--few-shot", type=int, default=9, help="solved examples in the prefix (9 give a 45-token prefix)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run: 1 run, few pairs, a 2-layer model with a short prefix")
     parser.add_argument("--write", type=Path, default=None, help="write the table into this markdown file's patching section")
+    parser.add_argument("--prefix", action="store_true", help="time head patching without positions on prompts sharing a prefix")
+    parser.add_argument("--prefix-pairs", type=int, default=48)
+    parser.add_argument("--prefix-layers", type=int, default=8, help="layers of the SmolLM-135M-shaped model (30: full size)")
     args = parser.parse_args(argv)
+    if args.prefix:
+        torch.set_num_threads(1)
+        text = bench_prefix(args.prefix_pairs, args.prefix_layers, args.runs)
+        if args.write:
+            write_section(args.write, text, (PREFIX_BEGIN, PREFIX_END), "Activation patching on prompts sharing a prefix",
+                          f"python benchmarks/patching.py --prefix --prefix-layers {args.prefix_layers} "
+                          f"--prefix-pairs {args.prefix_pairs} --runs {args.runs}")
+        return []
     if args.quick:
         args.runs, args.pairs, args.fewshot_pairs, args.few_shot, args.deep_pairs = 1, 12, 2, 3, 1
     torch.set_num_threads(1)

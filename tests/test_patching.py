@@ -566,3 +566,15 @@ def test_a_model_with_nan_weights_is_refused_not_reported_as_nan(number_tokenize
             patching.activation_patching(model, pairs, "resid_pre", engine=engine, progress=False)
     with pytest.raises(AnalysisError, match="not finite"):
         patching.attribute(model, pairs, sites=["resid_pre"], progress=False)
+
+
+def test_total_effects_are_each_components_own_patch(tiny_model, pairs):
+    """direct_effect runs one sweep per site (heads per layer): each total is the component's own sweep."""
+    components = ["embed", "attn0", "mlp1", "L1H0", "L1H1", "L0H1"]
+    effects = patching.direct_effect(tiny_model, pairs, components, progress=False)
+    for i, name in enumerate(components):
+        known = {"embed": ("resid_pre", 0, None), "attn0": ("attn_out", 0, None), "mlp1": ("mlp_out", 1, None)}
+        site, layer, heads = known[name] if name in known else ("attn_z", int(name[1]), [int(name[3])])
+        own = patching.activation_patching(tiny_model, pairs, site, layers=[layer], heads=heads, per_position=False,
+                                           direction="noise", progress=False)
+        assert torch.allclose(effects.total[:, i], own.values.reshape(-1) - own.clean_baseline, atol=1e-5), name

@@ -8,6 +8,8 @@ re-running the whole prompt for every generated answer token. Here
   position inside the model, the ``d_model × vocab`` product only on the read ones);
 * greedy multi-token answers reuse the model's key/value cache, so each answer token after the
   first costs one position, not the whole prompt again;
+* prompts that share their first tokens (a few-shot prefix) run them once: the shared prefix's
+  keys and values are computed on one row and repeated for the batch;
 * :func:`batch_size_for` picks how many prompts to run at once from a memory budget.
 
 A Hugging Face model behind a ``TransformerBridge`` (``model.original_model``) is stepped through
@@ -41,7 +43,9 @@ __all__ = ["batch_size_for", "decode_mode", "greedy", "teacher_forced_logprobs"]
 
 MODES = ("cached", "uncached", "full")
 MIN_BUDGET = 2**28  # bytes a batch may always use (256 MB), so small models still run in large batches
+MIN_SHARED_SAVING = 0.2  # share a prefix once it saves this fraction of a batch's positions
 _MODES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_SHARES_PREFIX: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()  # settled by decode_mode
 
 
 # --- the model's parts ---------------------------------------------------------------------------
@@ -124,6 +128,37 @@ def _decoder_step(decoder: Any, tokens: torch.Tensor, cache: Any = None, use_cac
     return out.last_hidden_state, new_cache
 
 
+def _shared_length(tokens: torch.Tensor, n_read: int = 1) -> int:
+    """How many first tokens every row of ``tokens [B, T]`` shares (at most ``T − n_read``: the
+    read positions are computed per row), or 0 when sharing them would save too little."""
+    B, T = tokens.shape
+    if B < 2 or T <= n_read:
+        return 0
+    same = (tokens[:, : T - n_read] == tokens[:1, : T - n_read]).all(0)
+    k = int(same.int().argmin()) if not bool(same.all()) else T - n_read
+    return k if k * (B - 1) >= MIN_SHARED_SAVING * B * T else 0
+
+
+def _prefix_step(decoder: Any, tokens: torch.Tensor, k: int, use_cache: bool = True):
+    """:func:`_decoder_step` of ``tokens [B, T]`` whose rows share their first ``k`` tokens: those
+    run once, on one row, and their keys and values are repeated for every row. Hidden states
+    ``[B, T − k, d]`` of positions ``k:``, and the cache of all ``T`` positions."""
+    _, cache = _decoder_step(decoder, tokens[:1, :k])
+    if cache is None:
+        raise RuntimeError("the decoder returned no key/value cache")  # _shares_prefix then says no
+    cache.batch_repeat_interleave(tokens.shape[0])
+    return _decoder_step(decoder, tokens[:, k:], cache, use_cache=use_cache)
+
+
+def _hidden(model: Any, decoder: Any, tokens: torch.Tensor, use_cache: bool, n_read: int = 1):
+    """Hidden states of ``tokens`` (positions ``k:`` when the rows' first ``k`` are shared and
+    computed once, so at least the last ``n_read``: read them from the end) and the cache."""
+    k = _shared_length(tokens, n_read) if _SHARES_PREFIX.get(model, False) else 0
+    if k:
+        return _prefix_step(decoder, tokens, k, use_cache=use_cache)
+    return _decoder_step(decoder, tokens, use_cache=use_cache)
+
+
 # --- which path a model takes --------------------------------------------------------------------
 
 
@@ -164,8 +199,28 @@ def decode_mode(model: HookedModel, tokens: Optional[torch.Tensor] = None) -> st
                 prefix = last = None
         if _close(prefix, full[:-1], tolerance):
             mode = "cached" if _close(last, full[-1], tolerance) else "uncached"
+        if mode == "cached":
+            _SHARES_PREFIX[model] = _shares_prefix(model, decoder, head, config, probe, tolerance)
     _MODES[model] = mode
     return mode
+
+
+def _shares_prefix(model: Any, decoder: Any, head: Any, config: Any, probe: torch.Tensor, tolerance: float) -> bool:
+    """Whether two rows sharing all but their last token, run with the shared part once
+    (:func:`_prefix_step`), give the plain forward's logits at the last position."""
+    if probe.shape[1] < 2:
+        return False
+    rows = probe.repeat(2, 1)
+    rows[1, -1] = probe[0, 0]
+    with torch.inference_mode():
+        full = model(rows, return_type="logits")[:, -1].float()
+        try:
+            with _cache_keyword(model):
+                hidden, _ = _prefix_step(decoder, rows, rows.shape[1] - 1)
+            shared = _logits(head, config, hidden[:, -1]).float()
+        except Exception:  # noqa: BLE001 - a cache that cannot be repeated: every prompt runs in full
+            return False
+    return _close(shared, full, tolerance)
 
 
 # --- memory budget -------------------------------------------------------------------------------
@@ -232,7 +287,7 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
     assert parts is not None  # decode_mode picks "cached" or "uncached" only for models with these parts
     decoder, head, config = parts
     with _cache_keyword(model):
-        hidden, cache = _decoder_step(decoder, tokens, use_cache=mode == "cached")
+        hidden, cache = _hidden(model, decoder, tokens, use_cache=mode == "cached")
         for step in range(n_new):
             generated[:, step] = _logits(head, config, hidden[:, -1]).argmax(-1)
             if step + 1 == n_new:
@@ -262,7 +317,8 @@ def teacher_forced_logprobs(model: HookedModel, tokens: torch.Tensor, answer: to
         parts = _hf_parts(model)
         assert parts is not None  # decode_mode picks "cached" or "uncached" only for models with these parts
         decoder, head, config = parts
-        hidden, _ = _decoder_step(decoder, fed, use_cache=False)
+        with _cache_keyword(model):
+            hidden, _ = _hidden(model, decoder, fed, use_cache=False, n_read=k)
         logits = _logits(head, config, hidden[:, -k:])
     logprobs = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0).to(device)[..., None])[..., 0]
     return (logprobs * (answer >= 0).to(device)).cpu()

@@ -167,14 +167,7 @@ class PatchRunner:
         pos, unit = self._on_device(pos), self._on_device(unit)
         if self.stepper is None:  # whole forwards are the reference path: every cell is run
             return torch.full((C, self.tokens.shape[0]), RUN)
-        per = per_unit(site, self.source_acts[layer] != self.base_acts[layer], torch.any)  # [B, T, units]
-        per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)  # [C or 1, B, T]
-        per = per.expand(C, -1, -1)
-        if layer == self.n_layers - 1 and site != "resid_pre":
-            # inside the last block a position's activation reaches only that position's output, and
-            # only the final position (the last n_last) is read: patches anywhere else leave the logits as they are
-            per = per.clone()
-            per[:, :, : -(self.n_last or 1)] = False
+        per = self._changed(layer, unit).expand(C, -1, -1)
         if pos is None:  # every position patched
             patched, elsewhere = per.any(-1), torch.zeros(per.shape[:2], dtype=torch.bool, device=per.device)
         else:
@@ -185,14 +178,48 @@ class PatchRunner:
             states = torch.where(patched & ~elsewhere, SOURCE, states)
         return states.cpu()
 
+    def _changed(self, layer: int, unit: Optional[torch.Tensor]) -> torch.Tensor:
+        """Where patching the cells' units (``unit [C]``, None: all) at ``layer`` can change the
+        logits ``[C or 1, B, T]``: where the source activation differs from the base one, except,
+        inside the last block, at positions that are not read."""
+        per = per_unit(self.site, self.source_acts[layer] != self.base_acts[layer], torch.any)  # [B, T, units]
+        per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)
+        if layer == self.n_layers - 1 and self.site != "resid_pre":
+            # inside the last block a position's activation reaches only that position's output, and
+            # only the final position (the last n_last) is read: patches anywhere else leave the logits as they are
+            per = per.clone()
+            per[:, :, : -(self.n_last or 1)] = False
+        return per
+
+    def first_changed(self, layer: int, unit: Optional[torch.Tensor]) -> torch.Tensor:
+        """For cells that patch every position: the earliest position ``[C]`` at which any pair's
+        patch changes anything (``T`` where none does). Before it the source activation equals
+        the base one, so the patched run starts there, reusing the base run's earlier keys and
+        values, exactly as a cell patched at that position does. 0 without keys and values reused."""
+        C = len(unit) if unit is not None else 1
+        T = int(self.tokens.shape[1])
+        if not self.reuses_prefix:
+            return torch.zeros(C, dtype=torch.long)
+        changed = self._changed(self._check_layer(layer), self._on_device(unit)).any(1).expand(C, -1)  # [C, T]
+        first = torch.where(changed.any(1), changed.int().argmax(1), T)
+        return first.cpu()
+
+    def _check_layer(self, layer: int) -> int:
+        if not 0 <= layer < self.n_layers:
+            raise AnalysisError(f"layer {layer} is out of range; accepted: 0..{self.n_layers - 1}")
+        return layer
+
     def patched(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
         """Final-position logits ``[C, B, V]`` of the base run with each cell's patch applied
         (``[C, B, k, V]`` at the last ``k`` positions when the runner was made with ``n_last=k``)."""
         site = self.site
         B = self.tokens.shape[0]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
+        if pos is None:  # every position patched: the run starts where the first patch changes anything
+            start = min(int(self.first_changed(layer, unit).min()), int(self.tokens.shape[1]) - 1)
+        else:
+            start = int(pos.min()) if self.reuses_prefix else 0
         pos, unit = self._on_device(pos), self._on_device(unit)
-        start = int(pos.min()) if pos is not None and self.reuses_prefix else 0
         # one patched position in every row: the patched block runs there alone
         local = site in LOCAL_SITES and pos is not None and self.reuses_prefix and bool((pos == start).all())
         dim = _position_dim(site)

@@ -650,11 +650,20 @@ def _fingerprint(model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def stepper_for(model: HookedModel, tokens: torch.Tensor, engine: str = "auto") -> tuple[Optional[Stepper], str]:
+def model_fingerprint(model) -> tuple:
+    """Changes whenever one of the model's parameters is replaced or modified in place: a key
+    for results computed from the model (its stepper, its answers)."""
+    return _fingerprint(model)
+
+
+def stepper_for(
+    model: HookedModel, tokens: torch.Tensor, engine: str = "auto", warn: bool = True
+) -> tuple[Optional[Stepper], str]:
     """The model's :class:`Stepper` when stepping reproduces its logits, else ``None``, with a status.
 
-    ``engine="hooks"`` asks for whole forwards; ``"stepped"`` refuses to fall back. The check
-    runs once per model (again after its parameters change).
+    ``engine="hooks"`` asks for whole forwards; ``"stepped"`` refuses to fall back; ``warn=False``
+    falls back without a warning (a caller with a path of its own). The check runs once per
+    model (again after its parameters change).
     """
     if engine == "hooks":
         return None, "hooks: requested"
@@ -678,6 +687,8 @@ def stepper_for(model: HookedModel, tokens: torch.Tensor, engine: str = "auto") 
         except TypeError:  # not weak-referenceable: check again next time
             pass
     if stepper is None:
+        if not warn and engine == "auto":
+            return None, f"hooks: {status}"
         if engine == "stepped":
             raise AnalysisError(f"this model cannot be stepped block by block ({status}); use engine='hooks' or 'auto'")
         import warnings
@@ -685,3 +696,27 @@ def stepper_for(model: HookedModel, tokens: torch.Tensor, engine: str = "auto") 
         warnings.warn(f"patching falls back to whole forwards: {status}", RuntimeWarning, stacklevel=3)
         return None, f"hooks: {status}"
     return stepper, status
+
+
+@torch.inference_mode()
+def read_last(
+    model: HookedModel, tokens: torch.Tensor, names: Sequence[str], n_last: int, only_if_shared: bool = True
+) -> Optional[dict]:
+    """Activations ``names`` (hook names inside the blocks, position on dim 1) at the last
+    ``n_last`` positions of ``tokens [B, T]``, ``{name: [B, n_last, ...]}``, from a stepped base run
+    that computes the first tokens the rows share once (:meth:`Stepper.base` with ``read_only``).
+
+    ``None`` when the model's blocks cannot be stepped that way or (``only_if_shared``) when these
+    rows share no prefix worth a fifth of their positions: the caller then runs whole forwards.
+    """
+    check_n_last(n_last, int(tokens.shape[1]))
+    try:
+        stepper, _ = stepper_for(model, tokens, warn=False)
+    except AnalysisError:  # no blocks to step
+        return None
+    if stepper is None or not (stepper.reuses_prefix and stepper.shares_prefixes):
+        return None
+    if only_if_shared and stepper._shared_prefix(tokens, n_last) is None:
+        return None
+    run = stepper.base(tokens, read=names, n_last=n_last, read_only=True)
+    return {name: run.acts[name][:, -n_last:] for name in names}

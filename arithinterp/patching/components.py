@@ -213,13 +213,22 @@ def direct_effect(
             logits = stepper.unembed(shifted.to(final.dtype)).float()  # metrics in float32
             direct[idx] = (fn(logits, ctx) - base_metric).T.float().cpu()
     total = torch.empty(n, len(parsed))
+    # one sweep per site (heads: per layer) rather than per component: the base and source runs are shared
+    groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(parsed):
-        kwargs: dict[str, Any] = dict(layers=[c.layer], per_position=False, direction=direction, progress=False)
-        if c.kind == "head":
-            kwargs["heads"] = [c.unit]
-        result = activation_patching(model, pairs, c.site, metric, **kwargs)
+        groups.setdefault((c.site, c.layer if c.kind == "head" else None), []).append(i)
+    for (site, head_layer), members in groups.items():
+        kwargs: dict[str, Any] = dict(layers=sorted({parsed[i].layer for i in members}), per_position=False,
+                                      direction=direction, progress=False)
+        if head_layer is not None:
+            kwargs["heads"] = sorted({int(parsed[i].unit or 0) for i in members})
+        result = activation_patching(model, pairs, site, metric, **kwargs)
         unpatched = result.corrupt_baseline if direction == "denoise" else result.clean_baseline
-        total[:, i] = result.values.reshape(n) - unpatched
+        for i in members:
+            cell = result.values[:, result.layers.index(parsed[i].layer)]
+            if head_layer is not None:
+                cell = cell[:, result.heads.index(parsed[i].unit)]
+            total[:, i] = cell - unpatched
     return EffectResult(
         components=[c.name for c in parsed],
         direct=direct,

@@ -164,9 +164,12 @@ def activation_patching(
             pos_group = None if pos_index is None else pos_index[:, idx] - offset  # [n_pos, B] unpadded
             if pos_group is not None and full is not None:
                 pos_group = pos_group.repeat(1, full.n_feeds)  # [n_pos, F * B]: the same prompt positions on every row
-            chunk = batch_cells or max(1, ELEMENT_BUDGET // (n_rows * length * _site_width(model, site, length)))
-            if full is not None and batch_cells is None:  # the stacked logits [C, rows, K, V] within the budget too
-                chunk = max(1, min(chunk, ELEMENT_BUDGET // (n_rows * full.n_answer * int(model.cfg.d_vocab))))
+            floats_per = n_rows * _site_width(model, site, length)  # floats per cell and computed position
+            chunk = batch_cells or max(1, ELEMENT_BUDGET // (floats_per * length))
+            most = None  # the stacked logits [C, rows, K, V] within the budget too
+            if full is not None and batch_cells is None:
+                most = max(1, ELEMENT_BUDGET // (n_rows * full.n_answer * int(model.cfg.d_vocab)))
+                chunk = min(chunk, most)
             unit_ids = torch.tensor(units, dtype=torch.long)
             cell_pos = lambda rows: None if pos_group is None else pos_group[table[rows, 1]]  # noqa: E731
             cell_unit = lambda rows: None if not units else unit_ids[table[rows, 2]]  # noqa: E731
@@ -180,11 +183,18 @@ def activation_patching(
                 bar.update(int(settled.sum()))
                 rows = rows[~settled]
                 starts, grouping = None, runner.grouping(layer)
-                if pos_group is not None and grouping != "any":  # cells patched at similar positions share a start
-                    rows = rows[torch.argsort(pos_group[table[rows, 1]].min(1).values, stable=True)]
-                    starts = pos_group[table[rows, 1]].min(1).values
+                if grouping != "any" and len(rows):  # cells patched at similar positions share a start
+                    # a cell patching every position starts where its patch first changes anything
+                    starts = (runner.first_changed(layer, cell_unit(rows)) if pos_group is None
+                              else pos_group[table[rows, 1]].min(1).values)
+                    order = torch.argsort(starts, stable=True)
+                    rows, starts = rows[order], starts[order]
                 n_run += len(rows)
-                for part in _chunks(rows, starts, chunk, n_rows, length, one_start=grouping == "one"):
+                size = chunk
+                if batch_cells is None and starts is not None and len(rows):  # the budget counts computed positions
+                    size = max(1, ELEMENT_BUDGET // (floats_per * max(1, length - int(starts.min()))))
+                    size = size if most is None else min(size, most)
+                for part in _chunks(rows, starts, size, n_rows, length, one_start=grouping == "one"):
                     logits = runner.patched(layer, cell_pos(part), cell_unit(part)).float()
                     values[idx[:, None], part[None, :]] = per_pair(row_values(logits).float().cpu()).T.float()
                     bar.update(len(part))

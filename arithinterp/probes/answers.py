@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 # --- activations before each answer token ---------------------------------------------------------
 
 
-def _check_evaluation(prompts: PromptSet, evaluation: Any) -> None:
+def check_evaluation(prompts: PromptSet, evaluation: Any) -> None:
+    """Refuse an ``evaluation`` that is not ``prompts.evaluate(model)`` of these prompts."""
     n, k = prompts.answer_tokens.shape
     generated = getattr(evaluation, "generated_tokens", None)
     if generated is None or tuple(generated.shape) != (n, k) or tuple(evaluation.correct.shape) != (n,):
@@ -64,7 +65,7 @@ def answer_activations(
     from arithinterp.activations import collect
 
     evaluation = evaluation if evaluation is not None else prompts.evaluate(model, batch_size=batch_size)
-    _check_evaluation(prompts, evaluation)
+    check_evaluation(prompts, evaluation)
     k = prompts.answer_tokens.shape[1]
     names = [f"answer_{j}" for j in range(k)]
     # prompts are left-padded, so appending the generated tokens on the right keeps them aligned
@@ -110,7 +111,7 @@ def answer_slots(prompts: PromptSet, evaluation: Evaluation) -> dict[str, torch.
     token spells (one digit for digit tokenizers). Returns ``true``, ``output`` [N, S] (long),
     ``valid`` [N, S] (bool) and ``correct`` [N].
     """
-    _check_evaluation(prompts, evaluation)
+    check_evaluation(prompts, evaluation)
     n, k = prompts.answer_tokens.shape
     if k == 1:
         powers = 10 ** torch.arange(answer_digit_count(prompts))

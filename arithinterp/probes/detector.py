@@ -11,8 +11,11 @@ cross-validation inside ``fit``. :class:`DetectorResult` is its result on a prom
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -42,6 +45,85 @@ ACCURACY_TOLERANCE = 0.01  # "auto": thresholds within one point of the best acc
 
 class DetectorBaselineWarning(UserWarning):
     """The detector's cross-validated accuracy does not beat always predicting the majority class."""
+
+
+# --- the model's answers, generated once per prompt set --------------------------------------------
+
+_ANSWERS: "weakref.WeakKeyDictionary[Any, OrderedDict]" = weakref.WeakKeyDictionary()
+_ANSWERS_KEPT = 8  # prompt sets remembered per model (an Evaluation is a few integers per prompt)
+
+
+def _prompts_key(prompts: Any) -> str:
+    """A digest of what decides the model's answers and their scoring: tokens, lengths, answers."""
+    digest = hashlib.sha1()
+    for tensor in (prompts.tokens, prompts.lengths, prompts.answer_tokens):
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def model_answers(model: HookedModel, prompts: PromptSet, batch_size: Optional[int] = None) -> Evaluation:
+    """``prompts.evaluate(model)``, generated once per model and prompt set.
+
+    Greedy decoding is deterministic, so the answers are kept (for the last few prompt sets of
+    each model, keyed on the prompts' tokens and answers and on the model's parameters, which a
+    change to any weight invalidates): a detector fitted, evaluated and asked to flag on one
+    prompt set generates its answers once.
+    """
+    from arithinterp.engine.stepping import model_fingerprint
+
+    key = (model_fingerprint(model), _prompts_key(prompts))
+    try:
+        kept = _ANSWERS.setdefault(model, OrderedDict())
+    except TypeError:  # not weak-referenceable: nothing is kept
+        return prompts.evaluate(model, batch_size=batch_size)
+    if key in kept:
+        kept.move_to_end(key)
+        return kept[key]
+    evaluation = kept[key] = prompts.evaluate(model, batch_size=batch_size)
+    while len(kept) > _ANSWERS_KEPT:
+        kept.popitem(last=False)
+    return evaluation
+
+
+def _shared_prefix_slots(model: Any, prompts: Any, evaluation: Any, site: str, layers: Sequence[int],
+                         batch_size: int) -> Optional[torch.Tensor]:
+    """Activations before each answer token ``[N, L, K, *site_shape]`` with the model's own
+    answer fed back (as :func:`~arithinterp.probes.answers.answer_activations`), from stepped
+    runs that compute the prompts' shared first tokens (a few-shot prefix) once per batch;
+    ``None`` where the engine cannot do that (then the whole forwards of ``collect`` run)."""
+    from arithinterp.activations import forward_bytes_per_prompt
+    from arithinterp.engine.decode import MIN_BUDGET
+    from arithinterp.engine.stepping import read_last
+    from arithinterp.probes.answers import check_evaluation
+
+    if site in site_lib.GLOBAL_SITES or site == "pattern":
+        return None
+    check_evaluation(prompts, evaluation)
+    k, cfg = prompts.answer_tokens.shape[1], model.cfg
+    names = [site_lib.hook_name(site, layer) for layer in layers]
+    shape = site_lib.site_shape(model, site)
+    out = torch.empty(len(prompts), len(layers), k, *shape)
+    # a stepped base run keeps every block's input, keys and values and the reads: size batches for that
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    width, first = int(torch.tensor(shape).prod()), True
+    for group in prompts.length_groups():
+        tokens = torch.cat([prompts.unpadded(group), evaluation.generated_tokens[group, : k - 1]], dim=1)
+        T = tokens.shape[1]
+        kv_width = 2 * (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) * cfg.d_head
+        per_prompt = forward_bytes_per_prompt(model, T) + 4 * T * (
+            (cfg.n_layers + 1) * cfg.d_model + cfg.n_layers * kv_width + len(layers) * width)
+        size = max(1, min(batch_size, int(max(0.5 * model_bytes, MIN_BUDGET) // per_prompt)))
+        for chunk in torch.arange(len(group)).split(size):
+            rows = tokens[chunk].to(getattr(cfg, "device", None) or "cpu")
+            read = read_last(model, rows, names, k, only_if_shared=first)
+            if read is None:  # decided on the first batch: the others share the same prefix
+                return None
+            first = False
+            for i, name in enumerate(names):
+                out[group[chunk], i] = read[name].reshape(len(chunk), k, *shape).float().cpu()
+    return out
 
 
 # --- where each answer slot is read ---------------------------------------------------------------
@@ -327,11 +409,15 @@ class ErrorDetector(BaseEstimator):
     # -- model-facing ----------------------------------------------------------------------------
 
     def _read(self, model: Any, prompts: Any, evaluation: Any, layers) -> tuple[torch.Tensor, Any]:
-        """Slot activations ``[N, L, S, d]`` and the evaluation they were read under."""
-        evaluation = evaluation if evaluation is not None else prompts.evaluate(model, batch_size=self.batch_size)
-        acts = answer_activations(model, prompts, evaluation, self.site, layers, self.batch_size, self.progress)
+        """Slot activations ``[N, L, S, d]`` and the evaluation they were read under (by default
+        :func:`model_answers`: generated once per prompt set)."""
         offsets = _slot_offsets(prompts, self.position)
-        return acts.data[self.site].flatten(3)[:, :, offsets], evaluation
+        evaluation = evaluation if evaluation is not None else model_answers(model, prompts, self.batch_size)
+        acts = _shared_prefix_slots(model, prompts, evaluation, self.site, layers, self.batch_size)
+        if acts is None:
+            acts = answer_activations(model, prompts, evaluation, self.site, layers, self.batch_size,
+                                      self.progress).data[self.site]
+        return acts.flatten(3)[:, :, offsets], evaluation
 
     def _labels(self, prompts: Any, evaluation: Any) -> tuple[dict, Optional[dict]]:
         slots = answer_slots(prompts, evaluation)
