@@ -1,0 +1,97 @@
+"""Memory budgets: how many units (prompts, neurons, edge sets) one step may hold at once.
+
+Analyses over many units stream over them in chunks whose size comes from a budget in bytes
+(``max_memory=``). The default is the one evaluation uses (:func:`arithinterp.engine.decode.batch_size_for`:
+half the model's parameter bytes, at least :data:`~arithinterp.engine.decode.MIN_BUDGET`), capped at
+a quarter of the memory the machine has available now, so a run never plans to take more than the
+machine can give. The per-unit costs are estimates (:func:`backward_bytes_per_prompt` and the
+analyses' own), measured on the 135M-parameter Llama shape in ``benchmarks/memory.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+from arithinterp.engine.decode import MIN_BUDGET
+from arithinterp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
+
+__all__ = ["available_bytes", "backward_bytes_per_prompt", "chunk_for", "forward_logits_bytes_per_prompt",
+           "memory_budget", "model_bytes"]
+
+
+def model_bytes(model: HookedModel) -> int:
+    """Bytes of the model's parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def available_bytes() -> Optional[int]:
+    """Memory the machine can give now (``MemAvailable`` of ``/proc/meminfo``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_budget(model: HookedModel, max_memory: Optional[float] = None) -> int:
+    """Bytes one step of an analysis may use on top of the model (``max_memory``, validated).
+
+    ``None``: half the model's parameter bytes, at least 256 MB (as evaluation sizes its batches),
+    and at most a quarter of the machine's available memory.
+    """
+    if max_memory is None:
+        budget = max(0.5 * model_bytes(model), MIN_BUDGET)
+        free = available_bytes()
+        if free is not None:
+            budget = min(budget, max(free // 4, 2**26))
+        return int(budget)
+    if isinstance(max_memory, bool) or not isinstance(max_memory, (int, float)) or not math.isfinite(max_memory) \
+            or max_memory <= 0:
+        raise ConfigError(f"max_memory must be a positive number of bytes (e.g. 2e9) or None for a budget from "
+                          f"the model's size and the machine's available memory, got {max_memory!r}")
+    return int(max_memory)
+
+
+def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high: Optional[int] = None) -> int:
+    """How many units fit in ``budget`` bytes when each costs ``per_unit`` on top of ``fixed``.
+
+    Raises :class:`ConfigError` when not even one fits: ``what`` names the unit in the message.
+    """
+    room = budget - fixed
+    if room < per_unit:
+        need = int(math.ceil(fixed + per_unit))
+        raise ConfigError(f"max_memory={budget} bytes is too small: one {what} needs about {need} bytes "
+                          f"({need / 2**20:.1f} MiB); give max_memory >= {need} or None for the default budget")
+    n = int(room // per_unit)
+    return max(1, min(n, high) if high is not None else n)
+
+
+def backward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
+    """Rough memory of one prompt's forward kept for a backward pass, plus its logits.
+
+    Every layer's activations stay alive until the backward (the forward's transient,
+    :func:`arithinterp.activations.forward_bytes_per_prompt`, once per layer), and the model
+    returns float32 logits at every position (and their gradient).
+    """
+    from arithinterp.activations import forward_bytes_per_prompt  # one layer up, imported when used
+
+    return int(model.cfg.n_layers) * forward_bytes_per_prompt(model, seq_len) + 3 * 4 * seq_len * _vocab(model)
+
+
+def forward_logits_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
+    """One prompt's transient forward memory including float32 logits at every position."""
+    from arithinterp.activations import forward_bytes_per_prompt  # one layer up, imported when used
+
+    return forward_bytes_per_prompt(model, seq_len) + 2 * 4 * seq_len * _vocab(model)
+
+
+def _vocab(model: HookedModel) -> int:
+    vocab = getattr(model.cfg, "d_vocab_out", -1)
+    return int(vocab if vocab and vocab > 0 else model.cfg.d_vocab)
