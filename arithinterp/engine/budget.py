@@ -1,11 +1,11 @@
 """Memory budgets: how many units (prompts, neurons, edge sets) one step may hold at once.
 
 Analyses over many units stream over them in chunks whose size comes from a budget in bytes
-(``max_memory=``). The default is the one evaluation uses (:func:`arithinterp.engine.decode.batch_size_for`:
-half the model's parameter bytes, at least :data:`~arithinterp.engine.decode.MIN_BUDGET`), capped at
-a quarter of the memory the machine has available now, so a run never plans to take more than the
-machine can give. The per-unit costs are estimates (:func:`backward_bytes_per_prompt` and the
-analyses' own), measured on the 135M-parameter Llama shape in ``benchmarks/memory.py``.
+(``max_memory=``). The default follows evaluation (:func:`arithinterp.engine.decode.batch_size_for`:
+half the model's parameter bytes), with a higher floor (:data:`DEFAULT_FLOOR`), capped at a quarter
+of the memory the machine has available now, so a run never plans to take more than the machine
+can give. The per-unit costs are estimates (:func:`backward_bytes_per_prompt` and the analyses'
+own), checked on the 135M-parameter Llama shape by ``benchmarks/memory.py``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional
 
-from arithinterp.engine.decode import MIN_BUDGET
 from arithinterp.errors import ConfigError
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
+
+DEFAULT_FLOOR = 2**30  # bytes the default budget always allows (unless the machine has less than 4x that free)
 
 __all__ = ["available_bytes", "backward_bytes_per_prompt", "chunk_for", "forward_logits_bytes_per_prompt",
            "memory_budget", "model_bytes"]
@@ -43,11 +44,13 @@ def available_bytes() -> Optional[int]:
 def memory_budget(model: HookedModel, max_memory: Optional[float] = None) -> int:
     """Bytes one step of an analysis may use on top of the model (``max_memory``, validated).
 
-    ``None``: half the model's parameter bytes, at least 256 MB (as evaluation sizes its batches),
-    and at most a quarter of the machine's available memory.
+    ``None``: half the model's parameter bytes (as evaluation sizes its batches), at least
+    :data:`DEFAULT_FLOOR` (1 GiB: one prompt's backward through every receiver of a 135M-parameter
+    model's edge graph needs several hundred MB), and at most a quarter of the machine's available
+    memory.
     """
     if max_memory is None:
-        budget = max(0.5 * model_bytes(model), MIN_BUDGET)
+        budget = max(0.5 * model_bytes(model), DEFAULT_FLOOR)
         free = available_bytes()
         if free is not None:
             budget = min(budget, max(free // 4, 2**26))
