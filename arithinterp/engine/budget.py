@@ -62,14 +62,17 @@ def memory_budget(model: HookedModel, max_memory: Optional[float] = None) -> int
     return int(max_memory)
 
 
-def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high: Optional[int] = None) -> int:
-    """How many units fit in ``budget`` bytes when each costs ``per_unit`` on top of ``fixed``.
+def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high: Optional[int] = None,
+              share: float = 1.0) -> int:
+    """How many units fit in ``share`` of ``budget`` bytes when each costs ``per_unit`` on top of
+    ``fixed`` (at most ``high``).
 
-    Raises :class:`ConfigError` when not even one fits: ``what`` names the unit in the message.
+    Raises :class:`ConfigError` when not even one fits: ``what`` names the unit in the message,
+    with the whole budget that one would need.
     """
-    room = budget - fixed
+    room = budget * share - fixed
     if room < per_unit:
-        need = int(math.ceil(fixed + per_unit))
+        need = int(math.ceil((fixed + per_unit) / share))
         raise ConfigError(f"max_memory={budget} bytes is too small: one {what} needs about {need} bytes "
                           f"({need / 2**20:.1f} MiB); give max_memory >= {need} or None for the default budget")
     n = int(room // per_unit)

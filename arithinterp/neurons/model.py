@@ -156,12 +156,14 @@ def _seq_len(prompts) -> int:
     return int(prompts.tokens.shape[1])
 
 
-def _read_batch(model: HookedModel, prompts, n_layers_read: int, budget: int, batch_size: Optional[int]) -> int:
-    """Prompts per reads-only forward: the forward's transient plus the ``mlp_post`` rows read."""
+def _read_batch(model: HookedModel, prompts, n_layers_read: int, budget: int, batch_size: Optional[int],
+                share: float = 1.0) -> int:
+    """Prompts per reads-only forward in ``share`` of ``budget``: the forward's transient plus the
+    ``mlp_post`` rows read."""
     if batch_size is not None:
         return batch_size
     per_prompt = forward_bytes_per_prompt(model, _seq_len(prompts)) + 3 * 4 * n_layers_read * int(model.cfg.d_mlp)
-    return chunk_for(budget, per_prompt, "prompt's forward", high=1024)
+    return chunk_for(budget, per_prompt, "prompt's forward", high=1024, share=share)
 
 
 class _Moments:
@@ -515,9 +517,9 @@ class _MapRows:
     ``prompts`` that read only the layers those rows are in."""
 
     def __init__(self, model, prompts, layer: torch.Tensor, neuron: torch.Tensor, batch_size: Optional[int],
-                 budget: int, progress: bool = False):
+                 budget: int, progress: bool = False, share: float = 1.0):
         self.model, self.prompts, self.layer, self.neuron = model, prompts, layer, neuron
-        self.batch_size, self.budget, self.progress = batch_size, budget, progress
+        self.batch_size, self.budget, self.progress, self.share = batch_size, budget, progress, share
         self.a_values, self.b_values, self.ai, self.bi = _grid_index(prompts)
         answer = prompts.answer_tokens[:, 0]
         tokens, inverse = torch.unique(answer, return_inverse=True)
@@ -532,7 +534,7 @@ class _MapRows:
         layers = sorted(set(layer.tolist()))
         A, B = len(self.a_values), len(self.b_values)
         k_maps = torch.full((stop - start, A, B), float("nan"))
-        batch = _read_batch(self.model, self.prompts, len(layers), self.budget, self.batch_size)
+        batch = _read_batch(self.model, self.prompts, len(layers), self.budget, self.batch_size, self.share)
         for idx, reads in _final_batches(self.model, self.prompts, layers, batch, self.progress):
             ai, bi = self.ai[idx][None], self.bi[idx][None]
             for read, l in zip(reads, layers):
@@ -644,13 +646,14 @@ def classify(
         layer = torch.tensor(chosen).repeat_interleave(d_mlp)
         neuron = torch.arange(d_mlp).repeat(len(chosen))
         imp = None
-    source = _MapRows(model, prompts, layer, neuron, batch_size, budget // 2)
+    # half the budget for the forwards that read a chunk's activations, half for its maps and scores
+    source = _MapRows(model, prompts, layer, neuron, batch_size, budget, share=0.5)
     if bottom is None:
         bottom = bool(getattr(model.cfg, "gated_mlp", False))
     missing_cells = int((~source.present).sum())
     return classify_stream(
         source, len(layer), source.a_values, source.b_values, prompts.op, threshold, legal=source.present,
-        max_memory=budget - budget // 2,
+        max_memory=budget, memory_share=0.5,
         modulus=prompts.modulus, families=families, bottom=bottom, min_cells=min_cells, max_fraction=max_fraction,
         layers=layer, neurons=neuron, importance=imp, seed=seed, progress=progress,
         fdr=fdr, shuffle_control=shuffle_control, registry=registry,

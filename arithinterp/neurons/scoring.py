@@ -462,15 +462,16 @@ def check_chunk_size(chunk_size: int) -> int:
 
 
 def rows_per_chunk(n_cells: int, n_legal: int, n_heuristics: int, chunk_size: int, max_memory: Optional[float],
-                   n_rows: int) -> int:
+                   n_rows: int, share: float = 1.0) -> int:
     """Neurons scored per chunk: a multiple of ``chunk_size`` (so the seeded tie-breaks are the
-    same whatever the chunking) whose maps and scores fit in ``max_memory`` bytes."""
+    same whatever the chunking) whose maps and scores fit in ``share`` of ``max_memory`` bytes."""
     if max_memory is None:
         return max(n_rows, 1)
     # per neuron: K and KV maps (and their float copies), the sort keys and cell orders (int64),
     # and the top / bottom / null scores and p-values of every heuristic
     per_row = 4 * 4 * n_cells + 8 * 6 * n_legal + 4 * 12 * n_heuristics
-    units = chunk_for(int(max_memory), per_row * chunk_size, f"chunk of {chunk_size} neurons' maps and scores")
+    units = chunk_for(int(max_memory), per_row * chunk_size, f"chunk of {chunk_size} neurons' maps and scores",
+                      share=share)
     return units * chunk_size
 
 
@@ -498,6 +499,7 @@ def classify_stream(
     seed: int = 0,
     chunk_size: int = SCORE_CHUNK,
     max_memory: Optional[float] = None,
+    memory_share: float = 1.0,
     progress: bool = False,
     meta: Optional[dict] = None,
 ) -> "HeuristicTable":
@@ -505,7 +507,8 @@ def classify_stream(
     ``(k_maps, kv_maps)`` ``[stop - start, A, B]`` of rows ``start:stop`` (``None`` for a kind not in
     ``kinds``); ``legal`` ``[A, B]`` marks the cells to score. Only the table's
     ``[neurons, heuristics]`` scores are kept; the false-discovery correction runs over all of them
-    at the end, so the table equals the one of all maps at once."""
+    at the end, so the table equals the one of all maps at once. The chunks hold ``memory_share``
+    of ``max_memory`` bytes (``None``: one chunk)."""
     threshold = check_threshold(threshold)
     fdr = _check_fdr(fdr)
     check_op(op, modulus)
@@ -534,7 +537,8 @@ def classify_stream(
     keep = torch.tensor([i for i, h in enumerate(heuristics.heuristics) if h.map_kind in kinds], dtype=torch.long)
     counts = heuristics.counts[keep]
     K = len(keep)
-    rows = rows_per_chunk(int(flat.numel()), n_legal, len(heuristics.heuristics), chunk_size, max_memory, N)
+    rows = rows_per_chunk(int(flat.numel()), n_legal, len(heuristics.heuristics), chunk_size, max_memory, N,
+                          memory_share)
     scores = torch.empty(N, K)
     bottom_scores = torch.empty(N, K) if bottom else torch.empty(0)
     p_values = np.empty((N, K))
