@@ -296,6 +296,96 @@ def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
     return out.reshape(p.shape)
 
 
+class _RunningFDR:
+    """Benjamini–Hochberg over p-values that arrive in chunks, in memory of their distinct values.
+
+    The adjusted value of a p-value depends only on the value (tied p-values share it), so the
+    counts of each distinct value give exactly :func:`benjamini_hochberg`'s q-values; the p-values
+    here (hypergeometric tails) take few distinct values.
+    """
+
+    def __init__(self) -> None:
+        self.values = np.empty(0)
+        self.counts = np.empty(0, dtype=np.int64)
+        self._q: Optional[np.ndarray] = None
+
+    def add(self, p: np.ndarray) -> None:
+        p = np.asarray(p, dtype=np.float64).ravel()
+        values, counts = np.unique(p[~np.isnan(p)], return_counts=True)
+        merged, inverse = np.unique(np.concatenate([self.values, values]), return_inverse=True)
+        self.counts = np.bincount(inverse, weights=np.concatenate([self.counts, counts]),
+                                  minlength=len(merged)).astype(np.int64)
+        self.values, self._q = merged, None
+
+    def q_of_values(self) -> np.ndarray:
+        """The q-value of each distinct p-value (ascending)."""
+        if self._q is None:
+            m = int(self.counts.sum())
+            last_rank = np.cumsum(self.counts).astype(np.float64)  # the tie group's last rank
+            scaled = self.values * m / last_rank
+            self._q = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+        return self._q
+
+    def q(self, p: np.ndarray) -> np.ndarray:
+        """q-values of p-values that were added (NaN stays NaN)."""
+        p = np.asarray(p, dtype=np.float64)
+        out = np.full(p.shape, np.nan)
+        tested = ~np.isnan(p)
+        if len(self.values):
+            out[tested] = self.q_of_values()[np.searchsorted(self.values, p[tested])]
+        return out
+
+    def largest_discovery(self, fdr: float) -> float:
+        """The largest p-value whose q-value is ≤ ``fdr`` (−inf if none): q grows with p, so the
+        discoveries are exactly the p-values up to it."""
+        hit = np.flatnonzero(self.q_of_values() <= fdr)
+        return float(self.values[hit[-1]]) if len(hit) else -math.inf
+
+
+class _RunningNullSummary:
+    """What cell-shuffled maps get, from chunks of them: how many neurons are labelled, by the
+    threshold alone and under the stated control, and quantiles of each neuron's best score. Per
+    neuron it keeps its best score and the smallest p-value among its heuristics over the
+    threshold; of all tests, and of those over the threshold, the distinct p-values' counts."""
+
+    def __init__(self, n: int, threshold: float, fdr: Optional[float]):
+        self.threshold, self.fdr = threshold, fdr
+        self.top = torch.empty(n, dtype=torch.float64)
+        self.over_any = torch.zeros(n, dtype=torch.bool)
+        self.min_p_over = torch.full((n,), math.inf, dtype=torch.float64)
+        self.all_p, self.over_p = _RunningFDR(), _RunningFDR()
+        self.n_over = 0
+
+    def add(self, start: int, best: torch.Tensor, p: np.ndarray) -> None:
+        stop = start + best.shape[0]
+        over = (best >= self.threshold).numpy()
+        self.top[start:stop] = best.nan_to_num(-1.0).max(1).values.double()
+        self.over_any[start:stop] = torch.from_numpy(over.any(1))
+        self.min_p_over[start:stop] = torch.from_numpy(np.where(over, p, np.inf).min(1))
+        self.all_p.add(p)
+        self.over_p.add(p[over])
+        self.n_over += int(over.sum())
+
+    def summary(self) -> dict:
+        N = self.top.shape[0]
+        if self.fdr is None:
+            labelled_any, labels = self.over_any, self.n_over
+        else:
+            cut = self.all_p.largest_discovery(self.fdr)
+            labelled_any = self.min_p_over <= cut
+            labels = int(self.over_p.counts[self.over_p.values <= cut].sum())
+        quantiles = torch.quantile(self.top, torch.tensor([0.5, 0.95, 0.99], dtype=torch.float64)).tolist()
+        return dict(
+            neurons=N,
+            labelled_by_threshold=int(self.over_any.sum()),
+            labelled=int(labelled_any.sum()),
+            fraction_labelled=float(labelled_any.float().mean()),
+            labels=labels,
+            best_score_median=quantiles[0], best_score_q95=quantiles[1], best_score_q99=quantiles[2],
+            best_score_max=float(self.top.max()),
+        )
+
+
 def _p_values(top: torch.Tensor, low: Optional[torch.Tensor], counts: torch.Tensor, n_cells: int) -> torch.Tensor:
     """Cell-shuffle p-values [N, H] of the deciding score: the top-k, or with ``low`` the better
     of the two sides (Bonferroni over the two: 2 × the smaller p)."""
@@ -334,25 +424,6 @@ def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progre
         if low is not None:  # bottom
             bottom_scores[:, cols] = low
     return scores, bottom_scores
-
-
-def _null_summary(best: torch.Tensor, q: torch.Tensor, threshold: float, fdr: Optional[float]) -> dict:
-    """What cell-shuffled maps get: how many neurons are labelled, by the threshold alone and under
-    the stated control, and quantiles of each neuron's best score."""
-    N = best.shape[0]
-    over = best >= threshold
-    labelled = over & (q <= fdr) if fdr is not None else over
-    top = best.nan_to_num(-1.0).max(1).values.double()
-    quantiles = torch.quantile(top, torch.tensor([0.5, 0.95, 0.99], dtype=torch.float64)).tolist()
-    return dict(
-        neurons=N,
-        labelled_by_threshold=int(over.any(1).sum()),
-        labelled=int(labelled.any(1).sum()),
-        fraction_labelled=float(labelled.any(1).float().mean()),
-        labels=int(labelled.sum()),
-        best_score_median=quantiles[0], best_score_q95=quantiles[1], best_score_q99=quantiles[2],
-        best_score_max=float(top.max()),
-    )
 
 
 def classify_maps(
@@ -541,9 +612,9 @@ def classify_stream(
                           memory_share)
     scores = torch.empty(N, K)
     bottom_scores = torch.empty(N, K) if bottom else torch.empty(0)
-    p_values = np.empty((N, K))
-    null_best = torch.empty(N, K) if shuffle_control else None
-    null_p = np.empty((N, K)) if shuffle_control else None
+    p_values = np.empty((N, K))  # float64 until the q-values are looked up
+    fdr_p = _RunningFDR()
+    null = _RunningNullSummary(N, threshold, fdr) if shuffle_control else None
     starts = range(0, N, rows)
     for start in tqdm(starts, desc="classify neurons", disable=not progress or len(starts) < 2):
         stop = min(start + rows, N)
@@ -555,13 +626,20 @@ def classify_stream(
         if low is not None:
             bottom_scores[start:stop] = low
         p_values[start:stop] = _p_values(top, low, counts, n_legal).numpy()
-        if null_best is not None and null_p is not None:  # shuffle_control
+        fdr_p.add(p_values[start:stop])
+        if null is not None:  # shuffle_control
             n_top, n_low = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, False, shuffle=True,
                                       offset=start)
             n_top, n_low = n_top[:, keep], (n_low[:, keep] if bottom else None)
-            null_p[start:stop] = _p_values(n_top, n_low, counts, n_legal).numpy()
-            null_best[start:stop] = _best(n_top, n_low, bottom) if n_low is not None else n_top
-    q_values = torch.from_numpy(benjamini_hochberg(p_values))
+            null.add(start, _best(n_top, n_low, bottom) if n_low is not None else n_top,
+                     _p_values(n_top, n_low, counts, n_legal).numpy())
+    # Benjamini–Hochberg over every neuron x heuristic, looked up a chunk at a time
+    q_values = torch.empty(N, K)
+    p_table = torch.empty(N, K)
+    for start in range(0, N, rows):
+        q_values[start:start + rows] = torch.from_numpy(fdr_p.q(p_values[start:start + rows]))
+        p_table[start:start + rows] = torch.from_numpy(p_values[start:start + rows])
+    del p_values
     control: dict[str, Any] = dict(
         null="cell-shuffled maps: each neuron's values permuted over the legal cells",
         test="exact hypergeometric tail of the top-k hits (the cell-shuffle distribution of the score)"
@@ -570,9 +648,8 @@ def classify_stream(
         fdr=fdr, threshold=threshold, n_tests=int(N * K),
         labelled_by_threshold=int((_best(scores, bottom_scores, bottom) >= threshold).any(1).sum()),
     )
-    if null_best is not None and null_p is not None:  # shuffle_control
-        null_q = torch.from_numpy(benjamini_hochberg(null_p))
-        control["shuffled"] = _null_summary(null_best, null_q, threshold, fdr)
+    if null is not None:  # shuffle_control
+        control["shuffled"] = null.summary()
     extra = dict(meta or {})
     extra.update(n_legal_cells=n_legal, n_cells=int(flat.numel()), dropped_heuristics=heuristics.dropped, seed=seed,
                  control=control)
@@ -592,8 +669,8 @@ def classify_stream(
         b_values=b_vals.tolist(),
         legal=heuristics.legal,
         meta={**build_meta(), **extra},
-        p_values=torch.from_numpy(p_values).float(),
-        q_values=q_values.float(),
+        p_values=p_table,
+        q_values=q_values,
         fdr=fdr,
         registry=registry,
     )
