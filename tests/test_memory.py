@@ -56,7 +56,7 @@ def _same_table(a, b) -> None:
     assert a.meta["control"] == b.meta["control"]
 
 
-@pytest.mark.parametrize("which, budget", [("zoo", 12e6), ("llama", 8e6)])
+@pytest.mark.parametrize("which, budget", [("zoo", 24e6), ("llama", 12e6)])
 def test_classify_in_many_small_chunks_equals_the_default(which, budget, request, monkeypatch):
     """Every neuron of every layer: a budget that forces a chunk of 128 neurons at a time (and small
     forward batches) gives the default's table; the planted-free real maps still get labels."""
@@ -78,7 +78,7 @@ def test_classify_top_k_through_importance_is_chunk_independent(zoo):
     model, prompts = zoo
     pairs = prompts.counterfactual(vary="a", seed=0)[::3]
     default = nn.classify(model, prompts, top_k=40, pairs=pairs)
-    small = nn.classify(model, prompts, top_k=40, pairs=pairs, max_memory=12e6)
+    small = nn.classify(model, prompts, top_k=40, pairs=pairs, max_memory=24e6)
     assert torch.allclose(default.importance, small.importance, atol=1e-5)
     _same_table(default, small)
 
@@ -93,6 +93,23 @@ def test_importance_with_a_tiny_budget_equals_the_default(llama, method):
                           max_memory=4e5 if method == "attribution" else None)
     assert torch.allclose(default.scores, small.scores, atol=1e-5)
     assert float(default.scores.max()) > 0  # not vacuous: the scores are not all zero
+
+
+def test_map_rows_read_in_several_passes_equal_one_pass(llama):
+    """Activations kept for a group of neurons at a time (here 100 rows per pass over the prompts)
+    give the maps of one pass over every neuron."""
+    from arithinterp.neurons.model import _MapRows
+
+    model, prompts = llama
+    n = model.cfg.n_layers * model.cfg.d_mlp
+    layer = torch.arange(model.cfg.n_layers).repeat_interleave(model.cfg.d_mlp)
+    neuron = torch.arange(model.cfg.d_mlp).repeat(model.cfg.n_layers)
+    whole = _MapRows(model, prompts, layer, neuron, None, 10**9, buffer_share=1.0)(0, n)
+    parts = _MapRows(model, prompts, layer, neuron, None, 100 * 4 * len(prompts), buffer_share=1.0)
+    pieces = [parts(start, min(start + 64, n)) for start in range(0, n, 64)]
+    for i in range(2):
+        assert torch.allclose(torch.cat([p[i] for p in pieces]), whole[i], atol=1e-6, equal_nan=True)
+    assert int(torch.isnan(whole[0][0]).sum()) == int((~parts.present).sum())
 
 
 def test_maps_and_mean_activation_need_no_full_activation_grid(llama):

@@ -513,13 +513,20 @@ def _answer_values(model: HookedModel, layer: torch.Tensor, neuron: torch.Tensor
 
 
 class _MapRows:
-    """K and KV maps ``[n, A, B]`` of any rows of a neuron list, from reads-only forwards over
-    ``prompts`` that read only the layers those rows are in."""
+    """K and KV maps ``[n, A, B]`` of any rows of a neuron list.
+
+    The final-position activations of a group of rows (``[rows, prompts]``: as many rows as fit
+    ``buffer_share`` of the budget, at least the rows asked for) come from one pass of reads-only
+    forwards over ``prompts`` that read only those rows' layers (batches in ``forward_share``);
+    later requests inside the group are served from it, so every neuron of a model usually costs
+    one pass over the prompts, not one per chunk.
+    """
 
     def __init__(self, model, prompts, layer: torch.Tensor, neuron: torch.Tensor, batch_size: Optional[int],
-                 budget: int, progress: bool = False, share: float = 1.0):
+                 budget: int, progress: bool = False, forward_share: float = 1.0, buffer_share: float = 0.0):
         self.model, self.prompts, self.layer, self.neuron = model, prompts, layer, neuron
-        self.batch_size, self.budget, self.progress, self.share = batch_size, budget, progress, share
+        self.batch_size, self.budget, self.progress, self.forward_share = batch_size, budget, progress, forward_share
+        self.group = int(buffer_share * budget // (4 * len(prompts)))  # rows whose activations one pass keeps
         self.a_values, self.b_values, self.ai, self.bi = _grid_index(prompts)
         answer = prompts.answer_tokens[:, 0]
         tokens, inverse = torch.unique(answer, return_inverse=True)
@@ -528,25 +535,38 @@ class _MapRows:
         self.answer_cell[self.ai, self.bi] = inverse
         self.present = torch.zeros(len(self.a_values), len(self.b_values), dtype=torch.bool)
         self.present[self.ai, self.bi] = True
+        self._rows = (0, 0)
+        self._acts = torch.empty(0, len(prompts))
 
-    def __call__(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read(self, start: int, stop: int) -> torch.Tensor:
+        """``mlp_post`` at the final position of rows ``start:stop``: ``[stop - start, prompts]``."""
         layer, neuron = self.layer[start:stop], self.neuron[start:stop]
         layers = sorted(set(layer.tolist()))
-        A, B = len(self.a_values), len(self.b_values)
-        k_maps = torch.full((stop - start, A, B), float("nan"))
-        batch = _read_batch(self.model, self.prompts, len(layers), self.budget, self.batch_size, self.share)
+        acts = torch.empty(stop - start, len(self.prompts))
+        batch = _read_batch(self.model, self.prompts, len(layers), self.budget, self.batch_size, self.forward_share)
         for idx, reads in _final_batches(self.model, self.prompts, layers, batch, self.progress):
-            ai, bi = self.ai[idx][None], self.bi[idx][None]
             for read, l in zip(reads, layers):
                 rows = torch.nonzero(layer == l).flatten()
-                k_maps[rows[:, None], ai, bi] = read[:, neuron[rows]].T
-        bad = self.present[None] & ~torch.isfinite(k_maps)
-        if bad.any():
-            where = int(layer[torch.nonzero(bad.flatten(1).any(1)).flatten()[0]])
+                acts[rows[:, None], idx[None]] = read[:, neuron[rows]].T
+        if not bool(torch.isfinite(acts).all()):
+            where = int(layer[torch.nonzero(~torch.isfinite(acts).all(1)).flatten()[0]])
             raise AnalysisError(f"layer {where}'s mlp_post activations are not finite (NaN or inf) on some prompts: "
                                 "the model's weights or activations are broken; no map can be scored")
-        kv_maps = k_maps * self.value[start:stop].gather(1, self.answer_cell.flatten()[None].expand(stop - start, -1)
-                                                         ).view(-1, A, B)
+        return acts
+
+    def __call__(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = self._rows
+        if not lo <= start < stop <= hi:
+            hi = max(stop, min(len(self.layer), start + self.group))
+            self._acts = torch.empty(0)  # the old group goes before the new one is read
+            self._acts, self._rows = self._read(start, hi), (start, hi)
+            lo = start
+        acts = self._acts[start - lo:stop - lo]
+        n, A, B = stop - start, len(self.a_values), len(self.b_values)
+        k_maps = torch.full((n, A, B), float("nan"))
+        k_maps[:, self.ai, self.bi] = acts
+        value = self.value[start:stop].gather(1, self.answer_cell.flatten()[None].expand(n, -1))  # [n, A * B]
+        kv_maps = k_maps * value.view(n, A, B)
         return k_maps, kv_maps
 
 
@@ -646,14 +666,15 @@ def classify(
         layer = torch.tensor(chosen).repeat_interleave(d_mlp)
         neuron = torch.arange(d_mlp).repeat(len(chosen))
         imp = None
-    # half the budget for the forwards that read a chunk's activations, half for its maps and scores
-    source = _MapRows(model, prompts, layer, neuron, batch_size, budget, share=0.5)
+    # a quarter of the budget for the forwards' batches, half for the activations of the neurons
+    # whose maps are read in one pass, a quarter for the maps and scores of one chunk of neurons
+    source = _MapRows(model, prompts, layer, neuron, batch_size, budget, forward_share=0.25, buffer_share=0.5)
     if bottom is None:
         bottom = bool(getattr(model.cfg, "gated_mlp", False))
     missing_cells = int((~source.present).sum())
     return classify_stream(
         source, len(layer), source.a_values, source.b_values, prompts.op, threshold, legal=source.present,
-        max_memory=budget, memory_share=0.5,
+        max_memory=budget, memory_share=0.25,
         modulus=prompts.modulus, families=families, bottom=bottom, min_cells=min_cells, max_fraction=max_fraction,
         layers=layer, neurons=neuron, importance=imp, seed=seed, progress=progress,
         fdr=fdr, shuffle_control=shuffle_control, registry=registry,
