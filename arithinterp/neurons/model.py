@@ -156,13 +156,17 @@ def _seq_len(prompts) -> int:
     return int(prompts.tokens.shape[1])
 
 
-def _read_batch(model: HookedModel, prompts, n_layers_read: int, budget: int, batch_size: Optional[int],
+def _read_batch(model: HookedModel, prompts, layers: Sequence[int], budget: int, batch_size: Optional[int],
                 share: float = 1.0) -> int:
     """Prompts per reads-only forward in ``share`` of ``budget``: the forward's transient plus the
-    ``mlp_post`` rows read."""
+    ``mlp_post`` rows read. A read at the last layer runs the whole model, whose logits at every
+    position are then computed too (the forward only stops early before a later block)."""
     if batch_size is not None:
         return batch_size
-    per_prompt = forward_bytes_per_prompt(model, _seq_len(prompts)) + 3 * 4 * n_layers_read * int(model.cfg.d_mlp)
+    T = _seq_len(prompts)
+    whole = max(layers, default=0) + 1 >= site_lib.n_layers(model)
+    forward = forward_logits_bytes_per_prompt(model, T) if whole else forward_bytes_per_prompt(model, T)
+    per_prompt = forward + 3 * 4 * len(layers) * int(model.cfg.d_mlp)
     return chunk_for(budget, per_prompt, "prompt's forward", high=1024, share=share)
 
 
@@ -466,7 +470,7 @@ def final_activations(
     max_memory: Optional[float] = None,
 ) -> torch.Tensor:
     """``mlp_post`` at the final position: [P, len(layers), d_mlp] (reads of the engine)."""
-    batch_size = _read_batch(model, prompts, len(layers), memory_budget(model, max_memory), batch_size)
+    batch_size = _read_batch(model, prompts, layers, memory_budget(model, max_memory), batch_size)
     out = torch.zeros(len(prompts), len(layers), int(model.cfg.d_mlp))
     for idx, reads in _final_batches(model, prompts, layers, batch_size, progress):
         for i, read in enumerate(reads):
@@ -486,7 +490,7 @@ def mean_final_activation(
     so this is the mean over all of ``prompts``.
     """
     layers = list(layers)
-    batch_size = _read_batch(model, prompts, len(layers), memory_budget(model, max_memory), batch_size)
+    batch_size = _read_batch(model, prompts, layers, memory_budget(model, max_memory), batch_size)
     mean = engine.RunningMean()
     for _, reads in _final_batches(model, prompts, layers, batch_size, False):
         mean.add(torch.stack(reads, 1)[:, None])  # a one-position frame: the final position
@@ -543,7 +547,7 @@ class _MapRows:
         layer, neuron = self.layer[start:stop], self.neuron[start:stop]
         layers = sorted(set(layer.tolist()))
         acts = torch.empty(stop - start, len(self.prompts))
-        batch = _read_batch(self.model, self.prompts, len(layers), self.budget, self.batch_size, self.forward_share)
+        batch = _read_batch(self.model, self.prompts, layers, self.budget, self.batch_size, self.forward_share)
         for idx, reads in _final_batches(self.model, self.prompts, layers, batch, self.progress):
             for read, l in zip(reads, layers):
                 rows = torch.nonzero(layer == l).flatten()
