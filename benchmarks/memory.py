@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", nargs="*", choices=MEASUREMENTS, default=list(MEASUREMENTS))
     parser.add_argument("--before", help="git revision whose package gives the 'before' numbers")
+    parser.add_argument("--after", help="git revision whose package gives the 'after' numbers (default: this tree)")
     parser.add_argument("--before-side", type=int, help="grid side for 'before' (default --side)")
     parser.add_argument("--before-only", nargs="*", choices=MEASUREMENTS,
                         help="measurements run 'before' (default all)")
@@ -153,6 +154,8 @@ def main() -> None:
         folder = Path(tmp) / "llama"
         build(folder, args)
         before = _export(args.before, Path(tmp) / "before") if args.before else None
+        if args.after:
+            root = _export(args.after, Path(tmp) / "after")
 
         def one(what: str, package: Path, side: int) -> dict:
             command = [sys.executable, __file__, "--child", what, "--folder", str(folder), "--side", str(side),
