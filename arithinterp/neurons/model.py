@@ -548,7 +548,8 @@ class _MapRows:
         layers = sorted(set(layer.tolist()))
         acts = torch.empty(stop - start, len(self.prompts))
         batch = _read_batch(self.model, self.prompts, layers, self.budget, self.batch_size, self.forward_share)
-        for idx, reads in _final_batches(self.model, self.prompts, layers, batch, self.progress):
+        desc = f"mlp_post, layers {layers[0]}-{layers[-1]}"
+        for idx, reads in _final_batches(self.model, self.prompts, layers, batch, self.progress, desc):
             for read, l in zip(reads, layers):
                 rows = torch.nonzero(layer == l).flatten()
                 acts[rows[:, None], idx[None]] = read[:, neuron[rows]].T
@@ -672,7 +673,8 @@ def classify(
         imp = None
     # a quarter of the budget for the forwards' batches, half for the activations of the neurons
     # whose maps are read in one pass, a quarter for the maps and scores of one chunk of neurons
-    source = _MapRows(model, prompts, layer, neuron, batch_size, budget, forward_share=0.25, buffer_share=0.5)
+    source = _MapRows(model, prompts, layer, neuron, batch_size, budget, progress, forward_share=0.25,
+                      buffer_share=0.5)
     if bottom is None:
         bottom = bool(getattr(model.cfg, "gated_mlp", False))
     missing_cells = int((~source.present).sum())
