@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.circuits.graph import Graph
-from arithinterp.engine.budget import chunk_for, memory_budget
+from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
 from arithinterp.engine.edges import (
     CHANNELS,
     EdgeForward,
@@ -178,6 +178,7 @@ def run_edge_sets(
             out[idx[:, None], torch.arange(start, start + c)[None, :]] = fn(logits, ctx).T.float().cpu()
             bar.update(c)
     bar.close()
+    release_freed_memory()
     return {"values": out, "clean": clean_m, "corrupt": corrupt_m, "forwards": forwards,
             "batch_size": pair_batch, "max_memory": budget}
 
@@ -314,5 +315,6 @@ def attribute_edges(
         scores[idx] = graph.from_dense(per).cpu()
         passes += count
         per_batch.append(count)
+    release_freed_memory()  # the gradient runs are done; what runs next should not add to their peak
     return {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches),
             "batch_size": batch_size, "max_memory": budget}

@@ -10,6 +10,7 @@ own), checked on the 135M-parameter Llama shape by ``benchmarks/memory.py``.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import TYPE_CHECKING, Optional
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 DEFAULT_FLOOR = 2**30  # bytes the default budget always allows (unless the machine has less than 4x that free)
 
 __all__ = ["available_bytes", "backward_bytes_per_prompt", "chunk_for", "forward_logits_bytes_per_prompt",
-           "memory_budget", "model_bytes"]
+           "memory_budget", "model_bytes", "release_freed_memory"]
 
 
 def model_bytes(model: HookedModel) -> int:
@@ -101,3 +102,19 @@ def forward_logits_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
 def _vocab(model: HookedModel) -> int:
     vocab = getattr(model.cfg, "d_vocab_out", -1)
     return int(vocab if vocab and vocab > 0 else model.cfg.d_vocab)
+
+
+def release_freed_memory() -> None:
+    """Return memory that freed tensors left in the C heap to the operating system.
+
+    glibc keeps freed blocks below its mmap threshold in the heap, so after one phase of an
+    analysis (an importance pass with its backward) the process keeps that phase's peak and the
+    next phase's allocations add to it; measured on the 135M Llama shape, an importance pass left
+    1.5 GB resident of which ``malloc_trim`` returned 1 GB. Called between phases, never per batch.
+    Elsewhere than glibc this does nothing.
+    """
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

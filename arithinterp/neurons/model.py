@@ -19,6 +19,7 @@ from arithinterp.engine.budget import (
     chunk_for,
     forward_logits_bytes_per_prompt,
     memory_budget,
+    release_freed_memory,
 )
 from arithinterp.engine.patches import UNCHANGED
 from arithinterp import sites as site_lib
@@ -267,6 +268,7 @@ def importance(
     moments = _Moments()
     for batch in effects:  # [B, L, d_mlp] per batch of prompts
         moments.add(batch.abs())
+    release_freed_memory()  # the next phase (maps, scoring) should not add to this one's peak
     scores = moments.mean_plus_std()
     top = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :top_k]
     return NeuronImportance(
@@ -553,6 +555,7 @@ class _MapRows:
             for read, l in zip(reads, layers):
                 rows = torch.nonzero(layer == l).flatten()
                 acts[rows[:, None], idx[None]] = read[:, neuron[rows]].T
+        release_freed_memory()  # the forwards' batches are done; the scoring should not add to their peak
         if not bool(torch.isfinite(acts).all()):
             where = int(layer[torch.nonzero(~torch.isfinite(acts).all(1)).flatten()[0]])
             raise AnalysisError(f"layer {where}'s mlp_post activations are not finite (NaN or inf) on some prompts: "
