@@ -54,3 +54,13 @@ def test_circuits_benchmark_smoke():
     out = run("circuits.py", "--quick")
     row = next(line for line in out.splitlines() if line.startswith("| eap-ig"))
     assert float(row.split("|")[2]) > 0.8 and int(row.rstrip(" |").rsplit("|", 1)[1]) <= 2 * (5 + 1)
+
+
+def test_memory_benchmark_smoke():
+    """A tiny Llama: every neuron of both layers classified, each layer's top-k, and EAP-IG over every edge."""
+    out = run("memory.py", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--d-mlp", "128",
+              "--vocab", "500", "--side", "6", "--top-side", "6", "--pairs", "4", "--top-k", "10",
+              "--only", "classify-all", "classify-top", "eap-ig")
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "after" in line}
+    assert "256 neurons" in rows["classify-all"] and "20 neurons" in rows["classify-top"]
+    assert "GiB" in rows["classify-all"].rsplit("budget", 1)[1] and "edges, 1 batch(es)" in rows["eap-ig"]

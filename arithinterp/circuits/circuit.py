@@ -236,7 +236,7 @@ def score_edges(
     steps: int = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
-    batch_size: int = 64,
+    batch_size: Optional[int] = None, max_memory: Optional[float] = None,  # None: sized from the memory budget
     progress: bool = True,
 ) -> Circuit:
     """Score every edge of ``model``'s graph (per position with ``positions``, e.g.
@@ -253,7 +253,7 @@ def score_edges(
         extra = dict(forwards=got["forwards"])
     else:
         got = attribute_edges(model, pairs, graph, method, steps, metric, direction, batch_size=batch_size,
-                              progress=progress)
+                              max_memory=max_memory, progress=progress)
         extra = dict(passes=got["passes"], passes_per_batch=got["passes_per_batch"], batches=got["batches"],
                      steps=steps if method == "eap-ig" else None)
     pair_scores = got["scores"].float()

@@ -20,8 +20,16 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, integer
 from arithinterp.circuits.graph import Graph
-from arithinterp.engine.edges import CHANNELS, EdgeForward, sender_outputs
-from arithinterp.engine.forward import mean_activation
+from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
+from arithinterp.engine.edges import (
+    CHANNELS,
+    EdgeForward,
+    edge_run_bytes,
+    gradient_run_bytes,
+    sender_bytes,
+    sender_outputs,
+)
+from arithinterp.engine.forward import RunningMean
 from arithinterp.errors import AnalysisError
 from arithinterp.patching.core import (
     DIRECTIONS,
@@ -38,7 +46,6 @@ if TYPE_CHECKING:
 
 VALUES = ("source", "corrupt", "clean", "mean")
 METHODS = ("eap", "eap-ig")
-ELEMENT_BUDGET = 2**24
 
 
 def _position_onehot(graph: Graph, pairs, idx: torch.Tensor, offset: int, length: int) -> torch.Tensor:
@@ -60,19 +67,22 @@ def _receivers(graph: Graph):
     yield L.n_layers, "logits"
 
 
-def _mean_senders(model, prompts) -> torch.Tensor:
+def _mean_senders(model, prompts, budget: int) -> torch.Tensor:
     """Mean sender outputs ``[T_max, S, d]`` over ``prompts``, right-aligned per position
-    (:func:`arithinterp.engine.mean_activation`, the package's one mean-ablation definition)."""
-    width = prompts.tokens.shape[1]
-    chunks, lengths = [], []
-    for idx in prompts.length_groups():
-        senders, _ = sender_outputs(model, prompts.unpadded(idx))
-        t = senders.shape[1]
-        padded = torch.zeros(len(idx), width, *senders.shape[2:])
-        padded[:, width - t:] = senders.cpu()
-        chunks.append(padded)
-        lengths.append(torch.full((len(idx),), t))
-    return mean_activation(torch.cat(chunks), torch.cat(lengths))
+    (:class:`arithinterp.engine.RunningMean`, the running form of the package's one mean-ablation
+    definition), in batches of prompts that fit ``budget`` bytes."""
+    T = int(prompts.tokens.shape[1])
+    batch = chunk_for(budget, edge_run_bytes(model, T), "prompt's sender outputs")
+    mean = RunningMean()
+    for group in prompts.length_groups():
+        for idx in group.split(batch):
+            senders, _ = sender_outputs(model, prompts.unpadded(idx))
+            mean.add(senders.cpu())
+    return mean.value()
+
+
+def _check_count(name: str, value: Optional[int]) -> Optional[int]:
+    return None if value is None else integer(name, value, minimum=1, hint=" or None (sized from max_memory)")
 
 
 def run_edge_sets(
@@ -85,6 +95,8 @@ def run_edge_sets(
     base: str = "corrupt",
     values: str = "source",
     batch_sets: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None,
     progress: bool = False,
 ) -> dict:
     """The metric for each edge set: ``edge_sets [C, n_edges]`` (1 = the edge carries ``values``).
@@ -94,26 +106,39 @@ def run_edge_sets(
     ``"corrupt"``, or ``"mean"`` over the clean prompts). Every other edge carries the sender's
     output in this very run. Returns ``values [N, C]`` and the unpatched metrics ``clean``,
     ``corrupt`` ``[N]`` (and ``forwards``, the number of stacked forwards).
+
+    Memory: pairs run in batches of ``batch_size`` and edge sets stacked ``batch_sets`` at a time
+    (each a copy of the batch in one forward); both default to what fits in ``max_memory`` bytes
+    (:func:`arithinterp.engine.budget.memory_budget`), and only the stacked sets' slice of the
+    dense ``[sets, positions, receivers, senders]`` tensor is built at once.
     """
     check_belongs(model, "circuits.run_edge_sets", pairs=pairs)
     check_pairs(pairs)
     check_choice("base", base, ("corrupt", "clean"))
     check_choice("values", values, VALUES)
+    batch_sets, batch_size = _check_count("batch_sets", batch_sets), _check_count("batch_size", batch_size)
+    budget = memory_budget(model, max_memory)
     fn = metric_fn(metric)
     sets = torch.as_tensor(edge_sets).float()
     if sets.ndim != 2 or sets.shape[1] != graph.n_edges:
         raise AnalysisError(f"edge_sets must be [n_sets, n_edges = {graph.n_edges}], got shape {tuple(sets.shape)}")
-    dense = graph.dense(sets)  # [C, P, R, S]
     direction = "denoise" if base == "corrupt" else "noise"
     base_set, other_set = (pairs.corrupt, pairs.clean) if base == "corrupt" else (pairs.clean, pairs.corrupt)
-    mean = _mean_senders(model, pairs.clean) if values == "mean" else None
+    mean = _mean_senders(model, pairs.clean, budget) if values == "mean" else None
     engine = EdgeForward(model)
     L = graph.layout
     n, C = len(pairs), sets.shape[0]
     out = torch.empty(n, C)
     clean_m, corrupt_m = torch.empty(n), torch.empty(n)
     forwards = 0
-    for idx in tqdm(pairs.clean.length_groups(), desc="edge sets", disable=not progress):
+    T_max = int(base_set.tokens.shape[1])
+    # per pair: both runs' sender outputs (kept while its sets run) and one stacked copy of it
+    per_sequence = edge_run_bytes(model, T_max)
+    pair_batch = batch_size or chunk_for(budget, per_sequence + 2 * sender_bytes(model, T_max), "pair's edge run",
+                                         high=n)
+    batches = [b for group in pairs.clean.length_groups() for b in group.split(pair_batch)]
+    bar = tqdm(total=len(batches) * C, desc="edge sets", disable=not progress)
+    for idx in batches:
         base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
         B, T = base_tokens.shape
         base_send, base_logits = sender_outputs(model, base_tokens)
@@ -129,12 +154,11 @@ def run_edge_sets(
         else:
             fixed = base_send
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(base_send.device)
-        # memory per stacked set: the residual stream's activations plus the senders the set changes
-        active = int((dense[:, :, :, :].reshape(C, -1) != 0).sum(1).max()) if C else 0
-        width = L.d_model * (2 * L.n_heads + 8 + min(active, L.n_senders))
-        chunk = batch_sets or max(1, ELEMENT_BUDGET // (B * T * width))
+        # sets stacked per forward: what the budget leaves beside the senders held (at least one set)
+        held = 2 * B * sender_bytes(model, T)
+        chunk = batch_sets or max(1, min(C, int((budget - held) // (B * edge_run_bytes(model, T)))))
         for start in range(0, C, chunk):
-            part = dense[start:start + chunk].to(base_send.device)
+            part = graph.dense(sets[start:start + chunk]).to(base_send.device)  # [c, P, R, S]
             c = part.shape[0]
 
             def weights(layer, channel, part=part):
@@ -152,7 +176,11 @@ def run_edge_sets(
                 logits = engine.run(base_tokens, copies=c, values=fixed, weights=weights)["logits"][:, :, -1].float()
             forwards += 1
             out[idx[:, None], torch.arange(start, start + c)[None, :]] = fn(logits, ctx).T.float().cpu()
-    return {"values": out, "clean": clean_m, "corrupt": corrupt_m, "forwards": forwards}
+            bar.update(c)
+    bar.close()
+    release_freed_memory()
+    return {"values": out, "clean": clean_m, "corrupt": corrupt_m, "forwards": forwards,
+            "batch_size": pair_batch, "max_memory": budget}
 
 
 def patch_edges(
@@ -164,11 +192,14 @@ def patch_edges(
     *,
     edges: Optional[Sequence] = None,
     batch_sets: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None,
     progress: bool = True,
 ) -> dict:
     """Exact path patching of each edge alone (Wang et al. 2023): the base run with the source
     run's sender output carried along that one edge. ``direction="denoise"`` runs the corrupt
-    prompt and carries the clean output; ``"noise"`` the reverse.
+    prompt and carries the clean output; ``"noise"`` the reverse. Edges run in blocks whose one-hot
+    sets fit a quarter of ``max_memory``; each block is :func:`run_edge_sets` (same memory rules).
 
     Returns ``scores [N, n_edges]`` (metric after − metric of the base run, per pair; edges not
     in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
@@ -177,15 +208,23 @@ def patch_edges(
     graph = graph or Graph.of(model)
     check_choice("direction", direction, DIRECTIONS)
     chosen = torch.arange(graph.n_edges) if edges is None else graph.index(edges)
-    sets = torch.zeros(len(chosen), graph.n_edges)
-    sets[torch.arange(len(chosen)), chosen] = 1.0
     base = "corrupt" if direction == "denoise" else "clean"
-    got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets,
-                        progress=progress)
-    base_metric = got["corrupt"] if base == "corrupt" else got["clean"]
+    budget = memory_budget(model, max_memory)
+    # one-hot edge sets are built a block at a time: all of them at once is [n_edges, n_edges]
+    block = max(1, min(len(chosen), budget // (4 * 4 * graph.n_edges)))
     scores = torch.full((len(pairs), graph.n_edges), float("nan"))
-    scores[:, chosen] = got["values"] - base_metric[:, None]
-    return {"scores": scores, "clean": got["clean"], "corrupt": got["corrupt"], "forwards": got["forwards"]}
+    got: dict = {}
+    forwards = 0
+    for start in tqdm(range(0, len(chosen), block), desc="patch edges", disable=not progress or len(chosen) <= block):
+        ids = chosen[start:start + block]
+        sets = torch.zeros(len(ids), graph.n_edges)
+        sets[torch.arange(len(ids)), ids] = 1.0
+        got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets,
+                            batch_size=batch_size, max_memory=budget, progress=progress and len(chosen) <= block)
+        base_metric = got["corrupt"] if base == "corrupt" else got["clean"]
+        scores[:, ids] = got["values"] - base_metric[:, None]
+        forwards += got["forwards"]
+    return {"scores": scores, "clean": got["clean"], "corrupt": got["corrupt"], "forwards": forwards}
 
 
 def attribute_edges(
@@ -197,7 +236,8 @@ def attribute_edges(
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     *,
-    batch_size: int = 64,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None,
     progress: bool = True,
 ) -> dict:
     """Every edge's estimated effect in a few forwards and backwards per batch.
@@ -209,8 +249,13 @@ def attribute_edges(
     for the sender outputs, then one forward and one backward per gradient (EAP: the base run's
     forward is reused for its sender outputs, so 3 passes; EAP-IG: 2 + 2·steps ≤ 2(steps + 1)).
 
+    Memory: one prompt's gradient run holds a probe (and its gradient) at every receiver input
+    at every position, hundreds of MB on a 135M-parameter model, so prompts run in batches of
+    ``batch_size``, by default as many as fit in ``max_memory`` bytes
+    (:func:`arithinterp.engine.budget.memory_budget`); only the ``[pairs, edges]`` scores are kept.
+
     Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
-    ``passes_per_batch`` and ``batches``.
+    ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used).
     """
     check_belongs(model, "circuits.attribute_edges", pairs=pairs)
     check_pairs(pairs)
@@ -219,7 +264,11 @@ def attribute_edges(
     check_choice("direction", direction, DIRECTIONS)
     if method == "eap-ig":
         steps = integer("steps", steps, minimum=1)
-    batch_size = integer("batch_size", batch_size, minimum=1)
+    batch_size = _check_count("batch_size", batch_size)
+    budget = memory_budget(model, max_memory)
+    if batch_size is None:
+        batch_size = chunk_for(budget, gradient_run_bytes(model, int(pairs.clean.tokens.shape[1])),
+                               "prompt's gradient run at every receiver", high=len(pairs))
     fn = metric_fn(metric)
     engine = EdgeForward(model)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
@@ -268,4 +317,6 @@ def attribute_edges(
         scores[idx] = graph.from_dense(per).cpu()
         passes += count
         per_batch.append(count)
-    return {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches)}
+    release_freed_memory()  # the gradient runs are done; what runs next should not add to their peak
+    return {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches),
+            "batch_size": batch_size, "max_memory": budget}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from arithinterp.checks import architecture
+from arithinterp.engine.budget import backward_bytes_per_prompt, forward_logits_bytes_per_prompt
 from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError
 
@@ -309,3 +310,31 @@ def sender_outputs(model: HookedModel, tokens: torch.Tensor) -> tuple[torch.Tens
             "each head's and MLP's output to the residual stream as it is"
         )
     return senders, out["logits"][0, :, -1].float()
+
+
+# --- memory per unit, for budgets ------------------------------------------------------------------
+
+
+def sender_bytes(model: HookedModel, seq_len: int) -> int:
+    """One prompt's sender outputs ``[T, S, d_model]`` in float32."""
+    L = Layout.of(model)
+    return 4 * seq_len * L.n_senders * L.d_model
+
+
+def edge_run_bytes(model: HookedModel, seq_len: int) -> int:
+    """One stacked sequence of :meth:`EdgeForward.run` with edges changed: the forward and its
+    logits at every position, every sender's output kept for the receivers downstream, and at a
+    receiver the changed senders' current and fixed outputs and their difference (at most every
+    sender; measured within 10% on the 135M Llama shape)."""
+    return forward_logits_bytes_per_prompt(model, seq_len) + 4 * sender_bytes(model, seq_len)
+
+
+def gradient_run_bytes(model: HookedModel, seq_len: int) -> int:
+    """One prompt of a probed :meth:`EdgeForward.run` and its backward (EAP, EAP-IG): the model's
+    forward kept for the backward, a probe and its gradient at every receiver input with the
+    recomputed norms and projections kept for the backward (about 9 receiver-sized tensors), and
+    the source, base and difference of the sender outputs (measured within 10% on the 135M Llama
+    shape: about 430 MB per prompt of 31 tokens)."""
+    L = Layout.of(model)
+    receivers = 4 * seq_len * L.n_receivers * L.d_model
+    return backward_bytes_per_prompt(model, seq_len) + 9 * receivers + 4 * sender_bytes(model, seq_len)

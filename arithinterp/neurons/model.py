@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -14,10 +14,18 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, integer
 from arithinterp import engine
+from arithinterp.activations import forward_bytes_per_prompt
+from arithinterp.engine.budget import (
+    backward_bytes_per_prompt,
+    chunk_for,
+    forward_logits_bytes_per_prompt,
+    memory_budget,
+    release_freed_memory,
+)
 from arithinterp.engine.patches import UNCHANGED
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.neurons.scoring import check_threshold, classify_maps
+from arithinterp.neurons.scoring import check_threshold, classify_maps, classify_stream
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
@@ -145,6 +153,53 @@ def check_prompts(prompts, name: str = "prompts") -> None:
         raise AnalysisError(f"{name} is empty")
 
 
+def _seq_len(prompts) -> int:
+    return int(prompts.tokens.shape[1])
+
+
+def _read_batch(model: HookedModel, prompts, layers: Sequence[int], budget: int, batch_size: Optional[int],
+                share: float = 1.0) -> int:
+    """Prompts per reads-only forward in ``share`` of ``budget``: the forward's transient plus the
+    ``mlp_post`` rows read. A read at the last layer runs the whole model, whose logits at every
+    position are then computed too (the forward only stops early before a later block)."""
+    if batch_size is not None:
+        return batch_size
+    T = _seq_len(prompts)
+    whole = max(layers, default=0) + 1 >= site_lib.n_layers(model)
+    forward = forward_logits_bytes_per_prompt(model, T) if whole else forward_bytes_per_prompt(model, T)
+    per_prompt = forward + 3 * 4 * len(layers) * int(model.cfg.d_mlp)
+    return chunk_for(budget, per_prompt, "prompt's forward", high=1024, share=share)
+
+
+class _Moments:
+    """Running mean and (unbiased) standard deviation over prompts of ``[B, ...]`` batches, in
+    float64 (Chan et al.'s pairwise update), so no ``[prompts, ...]`` grid is kept."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean: Optional[torch.Tensor] = None
+        self.m2: Optional[torch.Tensor] = None
+
+    def add(self, batch: torch.Tensor) -> None:
+        x = batch.double()
+        n_b = x.shape[0]
+        mean_b = x.mean(0)
+        m2_b = ((x - mean_b) ** 2).sum(0)
+        if self.mean is None or self.m2 is None:
+            self.n, self.mean, self.m2 = n_b, mean_b, m2_b
+            return
+        n = self.n + n_b
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * (n_b / n)
+        self.m2 = self.m2 + m2_b + delta**2 * (self.n * n_b / n)
+        self.n = n
+
+    def mean_plus_std(self) -> torch.Tensor:
+        assert self.mean is not None and self.m2 is not None  # at least one batch was added
+        std = (self.m2 / (self.n - 1)).sqrt() if self.n > 1 else torch.zeros_like(self.mean)
+        return (self.mean + std).float()
+
+
 def importance(
     model: HookedModel,
     pairs: PromptPairs,
@@ -152,7 +207,8 @@ def importance(
     method: str = "attribution",
     top_k: Optional[int] = 200,
     *,
-    batch_size: int = 256,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None,
     progress: bool = False,
 ) -> NeuronImportance:
     """Rank MLP neurons by their effect on the answer (Nikankin et al. 2025).
@@ -171,12 +227,16 @@ def importance(
     ``"ablation"`` is a deprecated name of ``"patching"`` (it always patched in the corrupt value).
 
     A neuron's score is mean + std over prompts of ``|effect|`` (the paper's mean + std; the
-    magnitude *(choice)* so neurons that push either way count). Returns the top ``top_k`` per
-    layer (``None``: all neurons).
+    magnitude *(choice)* so neurons that push either way count), kept as running statistics over
+    batches. Returns the top ``top_k`` per layer (``None``: all neurons).
 
     Args:
         pairs: ``PromptPairs`` (clean / corrupt prompts with aligned positions).
         layers: layers to score (default all).
+        batch_size: prompts per forward (default: from ``max_memory``).
+        max_memory: bytes a batch may use on top of the model
+            (:func:`arithinterp.engine.budget.memory_budget`; default from the model's size and the
+            machine's available memory).
 
     Returns :class:`NeuronImportance` with ``scores`` ``[len(layers), d_mlp]``.
     """
@@ -192,24 +252,35 @@ def importance(
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"pairs must be PromptPairs (from prompts.counterfactual()), got {type(pairs).__name__}")
     check_prompts(pairs.clean, "pairs.clean")
+    check_batch_size(batch_size)
+    budget = memory_budget(model, max_memory)
     chosen = _check_model_layers(model, layers)
     d_mlp = int(model.cfg.d_mlp)
     if top_k is None:
         top_k = d_mlp
     top_k = integer("top_k", top_k, minimum=1, maximum=d_mlp, hint=" (d_mlp) or None")
     if method == "attribution":
-        effects = _attribution(model, pairs, chosen, batch_size, progress)
+        effects = _attribution(model, pairs, chosen, batch_size, budget, progress)
     elif method == "patching":
-        effects = _patch_effects(model, pairs, chosen, batch_size, progress)
+        effects = _patch_effects(model, pairs, chosen, batch_size, budget, progress)
     else:
-        effects = _mean_ablation_effects(model, pairs, chosen, batch_size, progress)
-    magnitude = effects.abs()  # [P, L, d_mlp]
-    scores = magnitude.mean(0) + (magnitude.std(0) if magnitude.shape[0] > 1 else 0)
+        effects = _mean_ablation_effects(model, pairs, chosen, batch_size, budget, progress)
+    moments = _Moments()
+    for batch in effects:  # [B, L, d_mlp] per batch of prompts
+        moments.add(batch.abs())
+    release_freed_memory()  # the next phase (maps, scoring) should not add to this one's peak
+    scores = moments.mean_plus_std()
     top = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :top_k]
     return NeuronImportance(
         layers=chosen, scores=scores, top=top, method=method,
-        meta=build_meta(model, n_pairs=len(pairs), top_k=top_k, vary=getattr(pairs, "vary", None), metric="logit_diff"),
+        meta=build_meta(model, n_pairs=len(pairs), top_k=top_k, vary=getattr(pairs, "vary", None), metric="logit_diff",
+                        max_memory=budget),
     )
+
+
+def check_batch_size(batch_size: Optional[int]) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ConfigError(f"batch_size must be a positive integer or None (sized from max_memory), got {batch_size!r}")
 
 
 def _final_metric(logits: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
@@ -222,14 +293,18 @@ def _final_reads(layers: Sequence[int], final: torch.Tensor) -> list:
     return [engine.Read("mlp_post", layer, final) for layer in layers]
 
 
-def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
-    """Attribution-patching effects ``[P, len(layers), d_mlp]``: the gradient is read by the
-    engine at each ``mlp_post`` (``engine.run(..., metric=...)``), so frozen models work."""
+def _attribution(model, pairs, layers, batch_size, budget, progress) -> Iterator[torch.Tensor]:
+    """Attribution-patching effects ``[B, len(layers), d_mlp]`` per batch: the gradient is read by
+    the engine at each ``mlp_post`` (``engine.run(..., metric=...)``), so frozen models work."""
     clean, corrupt = pairs.clean, pairs.corrupt
-    out = torch.zeros(len(clean), len(layers), int(model.cfg.d_mlp))
+    d_mlp = int(model.cfg.d_mlp)
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
+    if batch_size is None:  # the clean run is kept for its backward; the reads, gradients and effects per layer
+        per_prompt = backward_bytes_per_prompt(model, _seq_len(clean)) + 6 * 4 * len(layers) * d_mlp
+        batch_size = chunk_for(budget, per_prompt, "prompt's forward and backward", high=1024)
     batches = list(final_position_batches(clean, batch_size))
     for idx, tokens, final in tqdm(batches, desc="attribution", disable=not progress):
+        out = torch.zeros(len(idx), len(layers), d_mlp)
         reads = _final_reads(layers, final)
         corrupt_acts = engine.run(model, corrupt.unpadded(idx), reads=reads, logits="none").reads
         g, b = good[idx], bad[idx]
@@ -238,58 +313,65 @@ def _attribution(model, pairs, layers, batch_size, progress) -> torch.Tensor:
         for i, (clean_act, grad, corrupt_act) in enumerate(zip(clean_run.reads, grads, corrupt_acts)):
             if grad is None:  # the metric does not depend on this layer
                 continue
-            out[idx, i] = (grad * (corrupt_act - clean_act)).float().cpu()
-    return out
+            out[:, i] = (grad * (corrupt_act - clean_act)).float().cpu()
+        yield out
 
 
-@torch.inference_mode()
-def _replacement_effects(model, prompts, answers, layers, values_for, batch_size, progress, desc) -> torch.Tensor:
-    """Effect ``[P, len(layers), d_mlp]`` of setting each neuron's final-position ``mlp_post``
-    on ``prompts`` to ``values_for(idx, final)[i]`` (``[B, d_mlp]`` for layer ``layers[i]``):
-    metric after − before, one neuron per sequence, many sequences stacked in one
+def _cells_per_forward(model, seq_len: int, budget: int) -> int:
+    """Sequences (prompt copies) one stacked forward with logits at every position may hold."""
+    return chunk_for(budget, forward_logits_bytes_per_prompt(model, seq_len), "patched sequence", high=4096)
+
+
+def _replacement_effects(model, prompts, answers, layers, values_for, batch_size, budget, progress,
+                         desc) -> Iterator[torch.Tensor]:
+    """Effect ``[B, len(layers), d_mlp]`` per batch of setting each neuron's final-position
+    ``mlp_post`` on ``prompts`` to ``values_for(idx, final)[i]`` (``[B, d_mlp]`` for layer
+    ``layers[i]``): metric after − before, one neuron per sequence, many sequences stacked in one
     :func:`arithinterp.engine.run`. ``answers`` is ``(good, bad)`` answer tokens ``[P]``."""
     d_mlp = int(model.cfg.d_mlp)
-    out = torch.zeros(len(prompts), len(layers), d_mlp)
     good, bad = answers
     # every (prompt, neuron) patch is its own sequence: batch prompts x a block of neurons
-    block = max(1, batch_size // 8)
+    sequences = _cells_per_forward(model, _seq_len(prompts), budget) if batch_size is None else 4096
+    block = max(1, batch_size // 8) if batch_size is not None else min(64, sequences)
     jobs = list(final_position_batches(prompts, block))
     bar = tqdm(total=len(jobs) * len(layers), desc=desc, disable=not progress)
-    for idx, tokens, final in jobs:
-        rows = torch.arange(len(idx))
-        values = values_for(idx, final)
-        base_logits = engine.run(model, tokens).logits
-        assert base_logits is not None  # the final position's, by default
-        base = _final_metric(base_logits, good[idx], bad[idx])
-        chunk = max(1, 4096 // len(idx))
-        for i, layer in enumerate(layers):
-            for start in range(0, d_mlp, chunk):
-                neurons = torch.arange(start, min(start + chunk, d_mlp))
-                reps = len(neurons)
-                prow = rows.repeat(reps)
-                pneuron = neurons.repeat_interleave(len(idx))
-                value = values[i][prow, pneuron]
+    with torch.inference_mode():
+        for idx, tokens, final in jobs:
+            out = torch.zeros(len(idx), len(layers), d_mlp)
+            rows = torch.arange(len(idx))
+            values = values_for(idx, final)
+            base_logits = engine.run(model, tokens).logits
+            assert base_logits is not None  # the final position's, by default
+            base = _final_metric(base_logits, good[idx], bad[idx])
+            chunk = max(1, sequences // len(idx))
+            for i, layer in enumerate(layers):
+                for start in range(0, d_mlp, chunk):
+                    neurons = torch.arange(start, min(start + chunk, d_mlp))
+                    reps = len(neurons)
+                    prow = rows.repeat(reps)
+                    pneuron = neurons.repeat_interleave(len(idx))
+                    value = values[i][prow, pneuron]
 
-                def set_neuron(current, pneuron=pneuron, value=value):  # [reps * B, d_mlp] at the final position
-                    current = current.clone()
-                    every_row = torch.arange(len(current))
-                    current[every_row, pneuron.to(current.device)] = value.to(current.device, current.dtype)
-                    return current
+                    def set_neuron(current, pneuron=pneuron, value=value):  # [reps * B, d_mlp] at the final position
+                        current = current.clone()
+                        every_row = torch.arange(len(current))
+                        current[every_row, pneuron.to(current.device)] = value.to(current.device, current.dtype)
+                        return current
 
-                patch = engine.Intervention("mlp_post", layer, final.repeat(reps), value=set_neuron)
-                logits = engine.run(model, tokens.repeat(reps, 1), [patch]).logits
-                assert logits is not None  # the final position's, by default
-                metric = _final_metric(logits, good[idx].repeat(reps), bad[idx].repeat(reps))
-                effect = (metric - base.repeat(reps)).view(reps, len(idx)).T
-                out[idx[:, None], i, neurons[None, :]] = effect.float().cpu()
-            bar.update(1)
+                    patch = engine.Intervention("mlp_post", layer, final.repeat(reps), value=set_neuron)
+                    logits = engine.run(model, tokens.repeat(reps, 1), [patch]).logits
+                    assert logits is not None  # the final position's, by default
+                    metric = _final_metric(logits, good[idx].repeat(reps), bad[idx].repeat(reps))
+                    effect = (metric - base.repeat(reps)).view(reps, len(idx)).T
+                    out[:, i, neurons] = effect.float().cpu()
+                bar.update(1)
+            yield out
     bar.close()
-    return out
 
 
-@torch.inference_mode()
-def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
-    """``"patching"``: each neuron set to its value on the corrupt prompt, ``[P, len(layers), d_mlp]``.
+def _patch_effects(model, pairs, layers, batch_size, budget, progress) -> Iterator[torch.Tensor]:
+    """``"patching"``: each neuron set to its value on the corrupt prompt, ``[B, len(layers), d_mlp]``
+    per batch.
 
     The engine's stacked patch cells (:class:`arithinterp.engine.PatchRunner`): one cell per
     neuron, resumed from the patched layer at the final position with the clean run's keys and
@@ -297,47 +379,51 @@ def _patch_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
     whose corrupt activation equals its clean one leaves the run unchanged: its effect is 0."""
     clean, corrupt = pairs.clean, pairs.corrupt
     d_mlp = int(model.cfg.d_mlp)
-    out = torch.zeros(len(clean), len(layers), d_mlp)
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
-    block = max(1, batch_size // 8)
+    # a cell may be a whole forward where the model cannot be stepped: size cells as such
+    sequences = _cells_per_forward(model, _seq_len(clean), budget) if batch_size is None else 4096
+    block = max(1, batch_size // 8) if batch_size is not None else min(64, sequences)
     jobs = list(final_position_batches(clean, block))
     bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
-    for idx, tokens, final in jobs:
-        B = len(idx)
-        stepper, _ = engine.stepper_for(model, tokens)
-        runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx))
-        g, b = good[idx], bad[idx]
-        base = _final_metric(runner.base_logits.float(), g, b)
-        chunk = max(1, 4096 // B)
-        for i, layer in enumerate(layers):
-            for start in range(0, d_mlp, chunk):
-                neurons = torch.arange(start, min(start + chunk, d_mlp))
-                pos = final[None].expand(len(neurons), -1).to(runner.tokens.device)
-                unit = neurons.to(runner.tokens.device)
-                changed = runner.cell_states(layer, pos, unit).cpu() != UNCHANGED  # [C, B]
-                run = torch.nonzero(changed.any(1)).flatten()
-                if len(run) == 0:
-                    continue
-                logits = runner.patched(layer, pos[run], unit[run]).float()  # [C', B, V]
-                C = len(run)
-                metric = _final_metric(logits.flatten(0, 1), g.repeat(C), b.repeat(C)).view(C, B).cpu()
-                effect = torch.where(changed[run], metric - base.cpu()[None], torch.zeros(()))
-                out[idx[:, None], i, neurons[run][None, :]] = effect.T
-            bar.update(1)
+    with torch.inference_mode():
+        for idx, tokens, final in jobs:
+            B = len(idx)
+            out = torch.zeros(B, len(layers), d_mlp)
+            stepper, _ = engine.stepper_for(model, tokens)
+            runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx))
+            g, b = good[idx], bad[idx]
+            base = _final_metric(runner.base_logits.float(), g, b)
+            chunk = max(1, sequences // B)
+            for i, layer in enumerate(layers):
+                for start in range(0, d_mlp, chunk):
+                    neurons = torch.arange(start, min(start + chunk, d_mlp))
+                    pos = final[None].expand(len(neurons), -1).to(runner.tokens.device)
+                    unit = neurons.to(runner.tokens.device)
+                    changed = runner.cell_states(layer, pos, unit).cpu() != UNCHANGED  # [C, B]
+                    run = torch.nonzero(changed.any(1)).flatten()
+                    if len(run) == 0:
+                        continue
+                    logits = runner.patched(layer, pos[run], unit[run]).float()  # [C', B, V]
+                    C = len(run)
+                    metric = _final_metric(logits.flatten(0, 1), g.repeat(C), b.repeat(C)).view(C, B).cpu()
+                    effect = torch.where(changed[run], metric - base.cpu()[None], torch.zeros(()))
+                    out[:, i, neurons[run]] = effect.T
+                bar.update(1)
+            yield out
     bar.close()
-    return out
 
 
-def _mean_ablation_effects(model, pairs, layers, batch_size, progress) -> torch.Tensor:
+def _mean_ablation_effects(model, pairs, layers, batch_size, budget, progress) -> Iterator[torch.Tensor]:
     """``"mean_ablation"``: each neuron set to its mean ablation value over the clean prompts."""
     clean = pairs.clean
-    mean = mean_final_activation(model, clean, layers, batch_size)  # [L, d_mlp]
+    mean = mean_final_activation(model, clean, layers, batch_size, max_memory=budget)  # [L, d_mlp]
 
     def mean_values(idx, final):
         return [mean[i][None].expand(len(idx), -1) for i in range(len(layers))]
 
     answers = (clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0])
-    return _replacement_effects(model, clean, answers, layers, mean_values, batch_size, progress, "mean-ablate neurons")
+    return _replacement_effects(model, clean, answers, layers, mean_values, batch_size, budget, progress,
+                                "mean-ablate neurons")
 
 
 def _grid_index(prompts) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:
@@ -371,35 +457,130 @@ def _neuron_index(model: HookedModel, neurons) -> tuple[torch.Tensor, torch.Tens
     return layer, neuron
 
 
-@torch.inference_mode()
+def _final_batches(model, prompts, layers: list[int], batch_size: int, progress: bool,
+                   desc: str = "activations") -> Iterator[tuple[torch.Tensor, list]]:
+    """``(indices, [mlp_post [B, d_mlp] per layer])`` at the final position, batch by batch."""
+    batches = list(final_position_batches(prompts, batch_size))
+    with torch.inference_mode():
+        for idx, tokens, final in tqdm(batches, desc=desc, disable=not progress):
+            reads = engine.run(model, tokens, reads=_final_reads(layers, final), logits="none").reads
+            yield idx, [read.float().cpu() for read in reads]
+
+
 def final_activations(
-    model: HookedModel, prompts, layers: list[int], batch_size: int, progress: bool = False
+    model: HookedModel, prompts, layers: list[int], batch_size: Optional[int] = None, progress: bool = False, *,
+    max_memory: Optional[float] = None,
 ) -> torch.Tensor:
     """``mlp_post`` at the final position: [P, len(layers), d_mlp] (reads of the engine)."""
+    batch_size = _read_batch(model, prompts, layers, memory_budget(model, max_memory), batch_size)
     out = torch.zeros(len(prompts), len(layers), int(model.cfg.d_mlp))
-    batches = list(final_position_batches(prompts, batch_size))
-    for idx, tokens, final in tqdm(batches, desc="activations", disable=not progress):
-        reads = engine.run(model, tokens, reads=_final_reads(layers, final), logits="none").reads
+    for idx, reads in _final_batches(model, prompts, layers, batch_size, progress):
         for i, read in enumerate(reads):
-            out[idx, i] = read.float().cpu()
+            out[idx, i] = read
     return out
 
 
 def mean_final_activation(
-    model: HookedModel, prompts: PromptSet, layers: Sequence[int], batch_size: int = 512
+    model: HookedModel, prompts: PromptSet, layers: Sequence[int], batch_size: Optional[int] = None, *,
+    max_memory: Optional[float] = None,
 ) -> torch.Tensor:
     """The mean ablation value of ``mlp_post`` at the final position, ``[len(layers), d_mlp]``.
 
-    :func:`arithinterp.engine.mean_activation` (the one definition: per position counted from
-    the end of the prompt, over the reference prompts that have it) of ``prompts``' final-position
-    activations; every prompt has a final position, so this is the mean over all of ``prompts``.
+    :class:`arithinterp.engine.RunningMean` (the running form of the one definition,
+    :func:`arithinterp.engine.mean_activation`: per position counted from the end of the prompt)
+    of ``prompts``' final-position activations, batch by batch; every prompt has a final position,
+    so this is the mean over all of ``prompts``.
     """
-    acts = final_activations(model, prompts, list(layers), batch_size)  # [P, L, d_mlp]
-    return engine.mean_activation(acts[:, None])[0]  # a one-position frame: the final position
+    layers = list(layers)
+    batch_size = _read_batch(model, prompts, layers, memory_budget(model, max_memory), batch_size)
+    mean = engine.RunningMean()
+    for _, reads in _final_batches(model, prompts, layers, batch_size, False):
+        mean.add(torch.stack(reads, 1)[:, None])  # a one-position frame: the final position
+    return mean.value()[0]
+
+
+def _answer_values(model: HookedModel, layer: torch.Tensor, neuron: torch.Tensor,
+                   answers: torch.Tensor) -> torch.Tensor:
+    """``(W_out[neuron] @ W_U)[:, answers]`` ``[N, len(answers)]``: each neuron's logit-lens value for
+    the answer tokens only (never the ``[N, d_vocab]`` product)."""
+    with torch.inference_mode():
+        W_U = model.W_U.detach()[:, answers].float()  # [d_model, U]
+        layers = torch.unique(layer).tolist()
+        try:  # one layer's weight at a time where blocks expose it, else the stacked [n_layers, d_mlp, d_model]
+            W_outs = {l: model.blocks[l].mlp.W_out for l in layers}
+        except AttributeError:
+            stacked = model.W_out
+            W_outs = {l: stacked[l] for l in layers}
+        out = torch.empty(len(layer), len(answers))
+        for l in layers:
+            rows = torch.nonzero(layer == l).flatten()
+            out[rows] = W_outs[l].detach()[neuron[rows]].float() @ W_U
+    return out
+
+
+class _MapRows:
+    """K and KV maps ``[n, A, B]`` of any rows of a neuron list.
+
+    The final-position activations of a group of rows (``[rows, prompts]``: as many rows as fit
+    ``buffer_share`` of the budget, at least the rows asked for) come from one pass of reads-only
+    forwards over ``prompts`` that read only those rows' layers (batches in ``forward_share``);
+    later requests inside the group are served from it, so every neuron of a model usually costs
+    one pass over the prompts, not one per chunk.
+    """
+
+    def __init__(self, model, prompts, layer: torch.Tensor, neuron: torch.Tensor, batch_size: Optional[int],
+                 budget: int, progress: bool = False, forward_share: float = 1.0, buffer_share: float = 0.0):
+        self.model, self.prompts, self.layer, self.neuron = model, prompts, layer, neuron
+        self.batch_size, self.budget, self.progress, self.forward_share = batch_size, budget, progress, forward_share
+        self.group = int(buffer_share * budget // (4 * len(prompts)))  # rows whose activations one pass keeps
+        self.a_values, self.b_values, self.ai, self.bi = _grid_index(prompts)
+        answer = prompts.answer_tokens[:, 0]
+        tokens, inverse = torch.unique(answer, return_inverse=True)
+        self.value = _answer_values(model, layer, neuron, tokens)  # [N, U]
+        self.answer_cell = torch.zeros(len(self.a_values), len(self.b_values), dtype=torch.long)
+        self.answer_cell[self.ai, self.bi] = inverse
+        self.present = torch.zeros(len(self.a_values), len(self.b_values), dtype=torch.bool)
+        self.present[self.ai, self.bi] = True
+        self._rows = (0, 0)
+        self._acts = torch.empty(0, len(prompts))
+
+    def _read(self, start: int, stop: int) -> torch.Tensor:
+        """``mlp_post`` at the final position of rows ``start:stop``: ``[stop - start, prompts]``."""
+        layer, neuron = self.layer[start:stop], self.neuron[start:stop]
+        layers = sorted(set(layer.tolist()))
+        acts = torch.empty(stop - start, len(self.prompts))
+        batch = _read_batch(self.model, self.prompts, layers, self.budget, self.batch_size, self.forward_share)
+        desc = f"mlp_post, layers {layers[0]}-{layers[-1]}"
+        for idx, reads in _final_batches(self.model, self.prompts, layers, batch, self.progress, desc):
+            for read, l in zip(reads, layers):
+                rows = torch.nonzero(layer == l).flatten()
+                acts[rows[:, None], idx[None]] = read[:, neuron[rows]].T
+        release_freed_memory()  # the forwards' batches are done; the scoring should not add to their peak
+        if not bool(torch.isfinite(acts).all()):
+            where = int(layer[torch.nonzero(~torch.isfinite(acts).all(1)).flatten()[0]])
+            raise AnalysisError(f"layer {where}'s mlp_post activations are not finite (NaN or inf) on some prompts: "
+                                "the model's weights or activations are broken; no map can be scored")
+        return acts
+
+    def __call__(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = self._rows
+        if not lo <= start < stop <= hi:
+            hi = max(stop, min(len(self.layer), start + self.group))
+            self._acts = torch.empty(0)  # the old group goes before the new one is read
+            self._acts, self._rows = self._read(start, hi), (start, hi)
+            lo = start
+        acts = self._acts[start - lo:stop - lo]
+        n, A, B = stop - start, len(self.a_values), len(self.b_values)
+        k_maps = torch.full((n, A, B), float("nan"))
+        k_maps[:, self.ai, self.bi] = acts
+        value = self.value[start:stop].gather(1, self.answer_cell.flatten()[None].expand(n, -1))  # [n, A * B]
+        kv_maps = k_maps * value.view(n, A, B)
+        return k_maps, kv_maps
 
 
 def maps(
-    model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: int = 512, progress: bool = False
+    model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None, progress: bool = False,
 ) -> NeuronMaps:
     """K and KV maps of neurons over the operand grid of ``prompts`` (Nikankin et al. 2025).
 
@@ -407,6 +588,9 @@ def maps(
     ``(W_out[neuron] @ W_U)[answer token]``, the neuron's direct logit-lens contribution to the
     true answer's (first) token. Grid cells with no prompt (e.g. dropped by ``correct_only``) are
     NaN. Works for any operator: the grid is the sorted unique ``prompts.a`` × ``prompts.b``.
+    The maps are filled batch by batch (no ``[prompts, layers, d_mlp]`` grid is kept); forwards
+    are sized from ``max_memory`` (bytes on top of the model and the returned maps) unless
+    ``batch_size`` is given.
 
     Args:
         prompts: a PromptSet from :func:`arithinterp.tasks.arithmetic` covering a grid.
@@ -415,26 +599,14 @@ def maps(
     """
     check_belongs(model, "neurons.maps", prompts=prompts)
     check_prompts(prompts)
+    check_batch_size(batch_size)
+    budget = memory_budget(model, max_memory)
     layer, neuron = _neuron_index(model, neurons)
-    layers = sorted(set(layer.tolist()))
-    acts = final_activations(model, prompts, layers, batch_size, progress)  # [P, L, d_mlp]
-    li = torch.tensor([layers.index(l) for l in layer.tolist()])
-    k_values = acts[:, li, neuron].T  # [N, P]
-    with torch.inference_mode():
-        W_out = model.W_out.detach().float()  # [n_layers, d_mlp, d_model]
-        W_U = model.W_U.detach().float()  # [d_model, d_vocab]
-        value = W_out[layer, neuron] @ W_U  # [N, d_vocab]
-    answer = prompts.answer_tokens[:, 0]
-    kv_values = k_values * value[:, answer]
-    a_vals, b_vals, ai, bi = _grid_index(prompts)
-    N = len(layer)
-    k_maps = torch.full((N, len(a_vals), len(b_vals)), float("nan"))
-    kv_maps = torch.full_like(k_maps, float("nan"))
-    k_maps[:, ai, bi] = k_values
-    kv_maps[:, ai, bi] = kv_values
-    missing = int(torch.isnan(k_maps[0]).sum())
+    rows = _MapRows(model, prompts, layer, neuron, batch_size, budget, progress)
+    k_maps, kv_maps = rows(0, len(layer))
+    missing = int((~rows.present).sum())
     return NeuronMaps(
-        layer=layer, neuron=neuron, a_values=a_vals, b_values=b_vals, k_maps=k_maps, kv_maps=kv_maps,
+        layer=layer, neuron=neuron, a_values=rows.a_values, b_values=rows.b_values, k_maps=k_maps, kv_maps=kv_maps,
         op=prompts.op, modulus=prompts.modulus,
         meta=build_meta(model, n_prompts=len(prompts), missing_cells=missing, op=prompts.op, template=prompts.template),
     )
@@ -459,25 +631,36 @@ def classify(
     shuffle_control: bool = True,
     registry: Any = None,
     seed: int = 0,
-    batch_size: int = 512,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None,
     progress: bool = False,
 ) -> HeuristicTable:
     """Classify a model's important MLP neurons into heuristics (Nikankin et al. 2025).
 
     Runs :func:`importance` (unless ``top_k`` is None — all neurons — or ``importance_scores``
-    is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed)``), :func:`maps` on
-    ``prompts`` and :func:`classify_maps` (``fdr``, ``shuffle_control`` and ``registry`` are
-    passed on: a label needs the 0.6 threshold and the cell-shuffle test at that false-discovery
-    rate). ``bottom`` defaults to ``model.cfg.gated_mlp``.
+    is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed)``), then the maps and
+    :func:`classify_maps`'s scoring (``fdr``, ``shuffle_control`` and ``registry`` are passed on:
+    a label needs the 0.6 threshold and the cell-shuffle test at that false-discovery rate).
+    ``bottom`` defaults to ``model.cfg.gated_mlp``.
+
+    Memory: the neurons are streamed in chunks (a multiple of 128 neurons, layer after layer):
+    each chunk's maps are read from reads-only forwards over ``prompts`` and scored, and only the
+    table's ``[neurons, heuristics]`` scores are kept, so no ``[prompts, layers, d_mlp]`` grid or
+    ``[neurons, vocabulary]`` product exists. Chunks and forward batches are sized from
+    ``max_memory`` (bytes on top of the model and the table;
+    :func:`arithinterp.engine.budget.memory_budget` by default); ``batch_size`` fixes the prompts
+    per forward instead. The table is the same whatever the chunking.
     """
     check_belongs(model, "neurons.classify", prompts=prompts, pairs=pairs)
     check_prompts(prompts)
     threshold = check_threshold(threshold)
+    check_batch_size(batch_size)
+    budget = memory_budget(model, max_memory)
     chosen = _check_model_layers(model, layers)
     if importance_scores is None and top_k is not None:
         pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed)
         importance_scores = importance(model, pairs, chosen, method=method, top_k=top_k, batch_size=batch_size,
-                                       progress=progress)
+                                       max_memory=budget, progress=progress)
     if importance_scores is not None:
         missing = [l for l in chosen if l not in importance_scores.layers]
         if missing:
@@ -493,14 +676,19 @@ def classify(
         layer = torch.tensor(chosen).repeat_interleave(d_mlp)
         neuron = torch.arange(d_mlp).repeat(len(chosen))
         imp = None
-    neuron_maps = maps(model, prompts, (layer, neuron), batch_size=batch_size, progress=progress)
+    # a quarter of the budget for the forwards' batches, half for the activations of the neurons
+    # whose maps are read in one pass, a quarter for the maps and scores of one chunk of neurons
+    source = _MapRows(model, prompts, layer, neuron, batch_size, budget, progress, forward_share=0.25,
+                      buffer_share=0.5)
     if bottom is None:
         bottom = bool(getattr(model.cfg, "gated_mlp", False))
-    return classify_maps(
-        neuron_maps.k_maps, neuron_maps.kv_maps, neuron_maps.a_values, neuron_maps.b_values, prompts.op, threshold,
+    missing_cells = int((~source.present).sum())
+    return classify_stream(
+        source, len(layer), source.a_values, source.b_values, prompts.op, threshold, legal=source.present,
+        max_memory=budget, memory_share=0.25,
         modulus=prompts.modulus, families=families, bottom=bottom, min_cells=min_cells, max_fraction=max_fraction,
         layers=layer, neurons=neuron, importance=imp, seed=seed, progress=progress,
         fdr=fdr, shuffle_control=shuffle_control, registry=registry,
         meta=build_meta(model, n_prompts=len(prompts), top_k=top_k, method=method if imp is not None else None,
-                        missing_cells=neuron_maps.meta.get("missing_cells")),
+                        missing_cells=missing_cells, max_memory=budget),
     )

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp.engine.budget import chunk_for
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.neurons.heuristics import (
+    MAP_KINDS,
     HeuristicRegistry,
     check_op,
     check_registry,
@@ -22,6 +24,8 @@ from arithinterp.neurons.heuristics import (
 )
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import build_meta
+
+SCORE_CHUNK = 128  # neurons whose tie-breaking permutations are drawn together
 
 
 def _keys(values: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
@@ -141,9 +145,10 @@ def score_maps(
     atoms: Sequence[torch.Tensor] = (),
     bottom: bool = False,
     seed: int = 0,
-    chunk_size: int = 128,
+    chunk_size: int = SCORE_CHUNK,
     progress: bool = False,
     shuffle: bool = False,
+    offset: int = 0,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Heuristic scores of every neuron map (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
@@ -167,6 +172,8 @@ def score_maps(
         bottom: also score the bottom-k (gated MLPs, whose neurons act through negative values).
         seed: the tie-breaking permutations (drawn per chunk of ``chunk_size`` neurons from
             ``seed`` and the chunk's start, so the same call gives the same scores).
+        offset: the index of ``maps``' first row among all the neurons scored (a multiple of
+            ``chunk_size``): maps scored in parts get the permutations of one call on all of them.
         shuffle: score cell-shuffled maps instead: each neuron's values are permuted over the C
             cells by its own seeded permutation (the null of Nikankin-style labels: same values,
             no grid structure).
@@ -192,7 +199,7 @@ def score_maps(
     low = torch.empty(N, H) if bottom else None
     starts = range(0, N, chunk_size)
     for start in tqdm(starts, desc="score heuristics", disable=not progress or len(starts) < 2):
-        rng = np.random.default_rng([seed, start, int(shuffle)])
+        rng = np.random.default_rng([seed, offset + start, int(shuffle)])
         values = maps[start : start + chunk_size].float().numpy()
         n = values.shape[0]
         if shuffle:
@@ -289,6 +296,96 @@ def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
     return out.reshape(p.shape)
 
 
+class _RunningFDR:
+    """Benjamini–Hochberg over p-values that arrive in chunks, in memory of their distinct values.
+
+    The adjusted value of a p-value depends only on the value (tied p-values share it), so the
+    counts of each distinct value give exactly :func:`benjamini_hochberg`'s q-values; the p-values
+    here (hypergeometric tails) take few distinct values.
+    """
+
+    def __init__(self) -> None:
+        self.values = np.empty(0)
+        self.counts = np.empty(0, dtype=np.int64)
+        self._q: Optional[np.ndarray] = None
+
+    def add(self, p: np.ndarray) -> None:
+        p = np.asarray(p, dtype=np.float64).ravel()
+        values, counts = np.unique(p[~np.isnan(p)], return_counts=True)
+        merged, inverse = np.unique(np.concatenate([self.values, values]), return_inverse=True)
+        self.counts = np.bincount(inverse, weights=np.concatenate([self.counts, counts]),
+                                  minlength=len(merged)).astype(np.int64)
+        self.values, self._q = merged, None
+
+    def q_of_values(self) -> np.ndarray:
+        """The q-value of each distinct p-value (ascending)."""
+        if self._q is None:
+            m = int(self.counts.sum())
+            last_rank = np.cumsum(self.counts).astype(np.float64)  # the tie group's last rank
+            scaled = self.values * m / last_rank
+            self._q = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+        return self._q
+
+    def q(self, p: np.ndarray) -> np.ndarray:
+        """q-values of p-values that were added (NaN stays NaN)."""
+        p = np.asarray(p, dtype=np.float64)
+        out = np.full(p.shape, np.nan)
+        tested = ~np.isnan(p)
+        if len(self.values):
+            out[tested] = self.q_of_values()[np.searchsorted(self.values, p[tested])]
+        return out
+
+    def largest_discovery(self, fdr: float) -> float:
+        """The largest p-value whose q-value is ≤ ``fdr`` (−inf if none): q grows with p, so the
+        discoveries are exactly the p-values up to it."""
+        hit = np.flatnonzero(self.q_of_values() <= fdr)
+        return float(self.values[hit[-1]]) if len(hit) else -math.inf
+
+
+class _RunningNullSummary:
+    """What cell-shuffled maps get, from chunks of them: how many neurons are labelled, by the
+    threshold alone and under the stated control, and quantiles of each neuron's best score. Per
+    neuron it keeps its best score and the smallest p-value among its heuristics over the
+    threshold; of all tests, and of those over the threshold, the distinct p-values' counts."""
+
+    def __init__(self, n: int, threshold: float, fdr: Optional[float]):
+        self.threshold, self.fdr = threshold, fdr
+        self.top = torch.empty(n, dtype=torch.float64)
+        self.over_any = torch.zeros(n, dtype=torch.bool)
+        self.min_p_over = torch.full((n,), math.inf, dtype=torch.float64)
+        self.all_p, self.over_p = _RunningFDR(), _RunningFDR()
+        self.n_over = 0
+
+    def add(self, start: int, best: torch.Tensor, p: np.ndarray) -> None:
+        stop = start + best.shape[0]
+        over = (best >= self.threshold).numpy()
+        self.top[start:stop] = best.nan_to_num(-1.0).max(1).values.double()
+        self.over_any[start:stop] = torch.from_numpy(over.any(1))
+        self.min_p_over[start:stop] = torch.from_numpy(np.where(over, p, np.inf).min(1))
+        self.all_p.add(p)
+        self.over_p.add(p[over])
+        self.n_over += int(over.sum())
+
+    def summary(self) -> dict:
+        N = self.top.shape[0]
+        if self.fdr is None:
+            labelled_any, labels = self.over_any, self.n_over
+        else:
+            cut = self.all_p.largest_discovery(self.fdr)
+            labelled_any = self.min_p_over <= cut
+            labels = int(self.over_p.counts[self.over_p.values <= cut].sum())
+        quantiles = torch.quantile(self.top, torch.tensor([0.5, 0.95, 0.99], dtype=torch.float64)).tolist()
+        return dict(
+            neurons=N,
+            labelled_by_threshold=int(self.over_any.sum()),
+            labelled=int(labelled_any.sum()),
+            fraction_labelled=float(labelled_any.float().mean()),
+            labels=labels,
+            best_score_median=quantiles[0], best_score_q95=quantiles[1], best_score_q99=quantiles[2],
+            best_score_max=float(self.top.max()),
+        )
+
+
 def _p_values(top: torch.Tensor, low: Optional[torch.Tensor], counts: torch.Tensor, n_cells: int) -> torch.Tensor:
     """Cell-shuffle p-values [N, H] of the deciding score: the top-k, or with ``low`` the better
     of the two sides (Bonferroni over the two: 2 × the smaller p)."""
@@ -307,7 +404,7 @@ def _p_values(top: torch.Tensor, low: Optional[torch.Tensor], counts: torch.Tens
     return torch.from_numpy(out)
 
 
-def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progress, shuffle=False):
+def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progress, shuffle=False, offset=0):
     """Top (and bottom) scores [N, H] of the K / KV maps on their heuristics; NaN where unscored."""
     flat = heuristics.legal.flatten()
     N = next(m.shape[0] for m in maps_by_kind.values() if m is not None)
@@ -321,30 +418,12 @@ def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progre
         top, low = score_maps(
             m.reshape(N, -1)[:, flat].float(), heuristics.predicates[:, cols],
             atoms=atoms[kind], bottom=bottom, seed=seed, chunk_size=chunk_size, progress=progress, shuffle=shuffle,
+            offset=offset,
         )
         scores[:, cols] = top
         if low is not None:  # bottom
             bottom_scores[:, cols] = low
     return scores, bottom_scores
-
-
-def _null_summary(best: torch.Tensor, q: torch.Tensor, threshold: float, fdr: Optional[float]) -> dict:
-    """What cell-shuffled maps get: how many neurons are labelled, by the threshold alone and under
-    the stated control, and quantiles of each neuron's best score."""
-    N = best.shape[0]
-    over = best >= threshold
-    labelled = over & (q <= fdr) if fdr is not None else over
-    top = best.nan_to_num(-1.0).max(1).values.double()
-    quantiles = torch.quantile(top, torch.tensor([0.5, 0.95, 0.99], dtype=torch.float64)).tolist()
-    return dict(
-        neurons=N,
-        labelled_by_threshold=int(over.any(1).sum()),
-        labelled=int(labelled.any(1).sum()),
-        fraction_labelled=float(labelled.any(1).float().mean()),
-        labels=int(labelled.sum()),
-        best_score_median=quantiles[0], best_score_q95=quantiles[1], best_score_q99=quantiles[2],
-        best_score_max=float(top.max()),
-    )
 
 
 def classify_maps(
@@ -367,7 +446,8 @@ def classify_maps(
     neurons: Optional[torch.Tensor] = None,
     importance: Optional[torch.Tensor] = None,
     seed: int = 0,
-    chunk_size: int = 128,
+    chunk_size: int = SCORE_CHUNK,
+    max_memory: Optional[float] = None,
     progress: bool = False,
     meta: Optional[dict] = None,
 ) -> "HeuristicTable":
@@ -403,9 +483,12 @@ def classify_maps(
         layers, neurons: ``[N]`` model layer and neuron index of each map (default 0 and 0..N-1).
         importance: ``[N]`` importance scores kept in the table.
         seed: tie-breaking permutations and the control's cell shuffles.
+        max_memory: bytes the scoring may use at once on top of the maps and the table (neurons
+            are scored in chunks of ``chunk_size`` multiples; ``None``: all at once). The table is
+            the same whatever the chunking.
     """
-    threshold = check_threshold(threshold)
-    fdr = _check_fdr(fdr)
+    check_threshold(threshold)
+    _check_fdr(fdr)
     check_op(op, modulus)
     given = {name: m for name, m in (("k_maps", k_maps), ("kv_maps", kv_maps)) if m is not None}
     if not given:
@@ -424,14 +507,89 @@ def classify_maps(
                 f"k_maps and kv_maps must have the same shape, got {tuple(shape)} and {tuple(m.shape)}")
         shape = m.shape
     assert shape is not None  # given holds at least one map
-    N = shape[0]
-    if N == 0:
-        raise AnalysisError("no neuron maps given (N = 0)")
     finite = torch.ones(shape[1:], dtype=torch.bool)
     for m in given.values():
         finite &= torch.isfinite(m).all(0)
+
+    def source(start: int, stop: int):
+        return (None if k_maps is None else k_maps[start:stop], None if kv_maps is None else kv_maps[start:stop])
+
+    return classify_stream(
+        source, shape[0], a_vals.tolist(), b_vals.tolist(), op, threshold, legal=finite, kinds=tuple(
+            kind for kind, m in (("K", k_maps), ("KV", kv_maps)) if m is not None),
+        fdr=fdr, shuffle_control=shuffle_control, registry=registry, modulus=modulus, families=families,
+        bottom=bottom, min_cells=min_cells, max_fraction=max_fraction, layers=layers, neurons=neurons,
+        importance=importance, seed=seed, chunk_size=chunk_size, max_memory=max_memory, progress=progress, meta=meta,
+    )
+
+
+MapSource = Callable[[int, int], tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]
+
+
+def check_chunk_size(chunk_size: int) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a positive integer (neurons scored together), got {chunk_size!r}")
+    return chunk_size
+
+
+def rows_per_chunk(n_cells: int, n_legal: int, n_heuristics: int, chunk_size: int, max_memory: Optional[float],
+                   n_rows: int, share: float = 1.0) -> int:
+    """Neurons scored per chunk: a multiple of ``chunk_size`` (so the seeded tie-breaks are the
+    same whatever the chunking) whose maps and scores fit in ``share`` of ``max_memory`` bytes."""
+    if max_memory is None:
+        return max(n_rows, 1)
+    # per neuron: K and KV maps (and their float copies), the sort keys and cell orders (int64),
+    # and the top / bottom / null scores and p-values of every heuristic
+    per_row = 4 * 4 * n_cells + 8 * 6 * n_legal + 4 * 12 * n_heuristics
+    units = chunk_for(int(max_memory), per_row * chunk_size, f"chunk of {chunk_size} neurons' maps and scores",
+                      share=share)
+    return units * chunk_size
+
+
+def classify_stream(
+    source: MapSource,
+    n_neurons: int,
+    a_values: Iterable[int],
+    b_values: Iterable[int],
+    op: str,
+    threshold: float = 0.6,
+    *,
+    legal: torch.Tensor,
+    kinds: Sequence[str] = MAP_KINDS,
+    fdr: Optional[float] = 0.05,
+    shuffle_control: bool = True,
+    registry: Optional[HeuristicRegistry] = None,
+    modulus: Optional[int] = None,
+    families: Optional[Sequence[str]] = None,
+    bottom: bool = False,
+    min_cells: int = 3,
+    max_fraction: float = 0.5,
+    layers: Optional[torch.Tensor] = None,
+    neurons: Optional[torch.Tensor] = None,
+    importance: Optional[torch.Tensor] = None,
+    seed: int = 0,
+    chunk_size: int = SCORE_CHUNK,
+    max_memory: Optional[float] = None,
+    memory_share: float = 1.0,
+    progress: bool = False,
+    meta: Optional[dict] = None,
+) -> "HeuristicTable":
+    """:func:`classify_maps` over neurons whose maps come in chunks: ``source(start, stop)`` gives
+    ``(k_maps, kv_maps)`` ``[stop - start, A, B]`` of rows ``start:stop`` (``None`` for a kind not in
+    ``kinds``); ``legal`` ``[A, B]`` marks the cells to score. Only the table's
+    ``[neurons, heuristics]`` scores are kept; the false-discovery correction runs over all of them
+    at the end, so the table equals the one of all maps at once. The chunks hold ``memory_share``
+    of ``max_memory`` bytes (``None``: one chunk)."""
+    threshold = check_threshold(threshold)
+    fdr = _check_fdr(fdr)
+    check_op(op, modulus)
+    chunk_size = check_chunk_size(chunk_size)
+    a_vals, b_vals = values_tensor("a_values", a_values), values_tensor("b_values", b_values)
+    N = int(n_neurons)
+    if N == 0:
+        raise AnalysisError("no neuron maps given (N = 0)")
     registry = check_registry(registry)
-    heuristics = build_heuristics(a_vals, b_vals, op, modulus=modulus, legal=finite, families=families,
+    heuristics = build_heuristics(a_vals, b_vals, op, modulus=modulus, legal=legal, families=families,
                                   min_cells=min_cells, max_fraction=max_fraction, registry=registry)
     flat = heuristics.legal.flatten()
     n_legal = int(flat.sum())
@@ -440,32 +598,58 @@ def classify_maps(
         "K": [_dense_ids(grid.a), _dense_ids(grid.b)],
         "KV": [_dense_ids(grid.result)],
     }
-    by_kind = {"K": k_maps, "KV": kv_maps}
-    scores, bottom_scores = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, progress)
-    p_values = _p_values(scores, bottom_scores if bottom else None, heuristics.counts, n_legal)
-    q_values = torch.from_numpy(benjamini_hochberg(p_values.numpy()))
-    scored = ~torch.isnan(scores[0])
     layer_t = torch.zeros(N, dtype=torch.long) if layers is None else torch.as_tensor(layers).long()
     neuron_t = torch.arange(N) if neurons is None else torch.as_tensor(neurons).long()
     imp = torch.full((N,), float("nan")) if importance is None else torch.as_tensor(importance).float()
     for name, t in (("layers", layer_t), ("neurons", neuron_t), ("importance", imp)):
         if t.shape != (N,):
             raise AnalysisError(f"{name} must have one entry per map ([{N}]), got shape {tuple(t.shape)}")
-    keep = torch.nonzero(scored).flatten()
+    # the heuristics of the kinds given are scored; the others leave the table
+    keep = torch.tensor([i for i, h in enumerate(heuristics.heuristics) if h.map_kind in kinds], dtype=torch.long)
+    counts = heuristics.counts[keep]
+    K = len(keep)
+    rows = rows_per_chunk(int(flat.numel()), n_legal, len(heuristics.heuristics), chunk_size, max_memory, N,
+                          memory_share)
+    scores = torch.empty(N, K)
+    bottom_scores = torch.empty(N, K) if bottom else torch.empty(0)
+    p_values = np.empty((N, K))  # float64 until the q-values are looked up
+    fdr_p = _RunningFDR()
+    null = _RunningNullSummary(N, threshold, fdr) if shuffle_control else None
+    starts = range(0, N, rows)
+    for start in tqdm(starts, desc="classify neurons", disable=not progress or len(starts) < 2):
+        stop = min(start + rows, N)
+        k_chunk, kv_chunk = source(start, stop)
+        by_kind = {"K": k_chunk if "K" in kinds else None, "KV": kv_chunk if "KV" in kinds else None}
+        top, low = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, False, offset=start)
+        top, low = top[:, keep], (low[:, keep] if bottom else None)
+        scores[start:stop] = top
+        if low is not None:
+            bottom_scores[start:stop] = low
+        p_values[start:stop] = _p_values(top, low, counts, n_legal).numpy()
+        fdr_p.add(p_values[start:stop])
+        if null is not None:  # shuffle_control
+            n_top, n_low = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, False, shuffle=True,
+                                      offset=start)
+            n_top, n_low = n_top[:, keep], (n_low[:, keep] if bottom else None)
+            null.add(start, _best(n_top, n_low, bottom) if n_low is not None else n_top,
+                     _p_values(n_top, n_low, counts, n_legal).numpy())
+    # Benjamini–Hochberg over every neuron x heuristic, looked up a chunk at a time
+    q_values = torch.empty(N, K)
+    p_table = torch.empty(N, K)
+    for start in range(0, N, rows):
+        q_values[start:start + rows] = torch.from_numpy(fdr_p.q(p_values[start:start + rows]))
+        p_table[start:start + rows] = torch.from_numpy(p_values[start:start + rows])
+    del p_values
     control: dict[str, Any] = dict(
         null="cell-shuffled maps: each neuron's values permuted over the legal cells",
         test="exact hypergeometric tail of the top-k hits (the cell-shuffle distribution of the score)"
         + ("; bottom-k: 2 x the better side's p" if bottom else ""),
         correction="Benjamini-Hochberg over neurons x heuristics" if fdr is not None else "none (threshold only)",
-        fdr=fdr, threshold=threshold, n_tests=int(N * keep.numel()),
-        labelled_by_threshold=int((_best(scores, bottom_scores, bottom)[:, keep] >= threshold).any(1).sum()),
+        fdr=fdr, threshold=threshold, n_tests=int(N * K),
+        labelled_by_threshold=int((_best(scores, bottom_scores, bottom) >= threshold).any(1).sum()),
     )
-    if shuffle_control:
-        null_top, null_bottom = _score_all(by_kind, heuristics, atoms, bottom, seed, chunk_size, progress, shuffle=True)
-        null_p = _p_values(null_top, null_bottom if bottom else None, heuristics.counts, n_legal)
-        null_q = benjamini_hochberg(null_p.numpy())
-        best = _best(null_top, null_bottom, bottom)[:, keep]
-        control["shuffled"] = _null_summary(best, torch.from_numpy(null_q)[:, keep], threshold, fdr)
+    if null is not None:  # shuffle_control
+        control["shuffled"] = null.summary()
     extra = dict(meta or {})
     extra.update(n_legal_cells=n_legal, n_cells=int(flat.numel()), dropped_heuristics=heuristics.dropped, seed=seed,
                  control=control)
@@ -475,8 +659,8 @@ def classify_maps(
         names=[heuristics.names[i] for i in keep.tolist()],
         families=[heuristics.families[i] for i in keep.tolist()],
         map_kinds=[heuristics.map_kinds[i] for i in keep.tolist()],
-        scores=scores[:, keep],
-        bottom_scores=bottom_scores[:, keep] if bottom else bottom_scores,
+        scores=scores,
+        bottom_scores=bottom_scores,
         importance=imp,
         threshold=threshold,
         op=op,
@@ -485,8 +669,8 @@ def classify_maps(
         b_values=b_vals.tolist(),
         legal=heuristics.legal,
         meta={**build_meta(), **extra},
-        p_values=p_values[:, keep].float(),
-        q_values=q_values[:, keep].float(),
+        p_values=p_table,
+        q_values=q_values,
         fdr=fdr,
         registry=registry,
     )

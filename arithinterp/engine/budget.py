@@ -1,0 +1,120 @@
+"""Memory budgets: how many units (prompts, neurons, edge sets) one step may hold at once.
+
+Analyses over many units stream over them in chunks whose size comes from a budget in bytes
+(``max_memory=``). The default follows evaluation (:func:`arithinterp.engine.decode.batch_size_for`:
+half the model's parameter bytes), with a higher floor (:data:`DEFAULT_FLOOR`), capped at a quarter
+of the memory the machine has available now, so a run never plans to take more than the machine
+can give. The per-unit costs are estimates (:func:`backward_bytes_per_prompt` and the analyses'
+own), checked on the 135M-parameter Llama shape by ``benchmarks/memory.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import TYPE_CHECKING, Optional
+
+from arithinterp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from arithinterp.types import HookedModel
+
+DEFAULT_FLOOR = 2**30  # bytes the default budget always allows (unless the machine has less than 4x that free)
+
+__all__ = ["available_bytes", "backward_bytes_per_prompt", "chunk_for", "forward_logits_bytes_per_prompt",
+           "memory_budget", "model_bytes", "release_freed_memory"]
+
+
+def model_bytes(model: HookedModel) -> int:
+    """Bytes of the model's parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def available_bytes() -> Optional[int]:
+    """Memory the machine can give now (``MemAvailable`` of ``/proc/meminfo``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_budget(model: HookedModel, max_memory: Optional[float] = None) -> int:
+    """Bytes one step of an analysis may use on top of the model (``max_memory``, validated).
+
+    ``None``: half the model's parameter bytes (as evaluation sizes its batches), at least
+    :data:`DEFAULT_FLOOR` (1 GiB: one prompt's backward through every receiver of a 135M-parameter
+    model's edge graph needs several hundred MB), and at most a quarter of the machine's available
+    memory.
+    """
+    if max_memory is None:
+        budget = max(0.5 * model_bytes(model), DEFAULT_FLOOR)
+        free = available_bytes()
+        if free is not None:
+            budget = min(budget, max(free // 4, 2**26))
+        return int(budget)
+    if isinstance(max_memory, bool) or not isinstance(max_memory, (int, float)) or not math.isfinite(max_memory) \
+            or max_memory <= 0:
+        raise ConfigError(f"max_memory must be a positive number of bytes (e.g. 2e9) or None for a budget from "
+                          f"the model's size and the machine's available memory, got {max_memory!r}")
+    return int(max_memory)
+
+
+def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high: Optional[int] = None,
+              share: float = 1.0) -> int:
+    """How many units fit in ``share`` of ``budget`` bytes when each costs ``per_unit`` on top of
+    ``fixed`` (at most ``high``).
+
+    Raises :class:`ConfigError` when not even one fits: ``what`` names the unit in the message,
+    with the whole budget that one would need.
+    """
+    room = budget * share - fixed
+    if room < per_unit:
+        need = int(math.ceil((fixed + per_unit) / share))
+        raise ConfigError(f"max_memory={budget} bytes is too small: one {what} needs about {need} bytes "
+                          f"({need / 2**20:.1f} MiB); give max_memory >= {need} or None for the default budget")
+    n = int(room // per_unit)
+    return max(1, min(n, high) if high is not None else n)
+
+
+def backward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
+    """Rough memory of one prompt's forward kept for a backward pass, plus its logits.
+
+    Every layer's activations stay alive until the backward (the forward's transient,
+    :func:`arithinterp.activations.forward_bytes_per_prompt`, once per layer), and the model
+    returns float32 logits at every position (and their gradient).
+    """
+    from arithinterp.activations import forward_bytes_per_prompt  # one layer up, imported when used
+
+    return int(model.cfg.n_layers) * forward_bytes_per_prompt(model, seq_len) + 3 * 4 * seq_len * _vocab(model)
+
+
+def forward_logits_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
+    """One prompt's transient forward memory including float32 logits at every position."""
+    from arithinterp.activations import forward_bytes_per_prompt  # one layer up, imported when used
+
+    return forward_bytes_per_prompt(model, seq_len) + 2 * 4 * seq_len * _vocab(model)
+
+
+def _vocab(model: HookedModel) -> int:
+    vocab = getattr(model.cfg, "d_vocab_out", -1)
+    return int(vocab if vocab and vocab > 0 else model.cfg.d_vocab)
+
+
+def release_freed_memory() -> None:
+    """Return memory that freed tensors left in the C heap to the operating system.
+
+    glibc keeps freed blocks below its mmap threshold in the heap, so after one phase of an
+    analysis (an importance pass with its backward) the process keeps that phase's peak and the
+    next phase's allocations add to it; measured on the 135M Llama shape, an importance pass left
+    1.5 GB resident of which ``malloc_trim`` returned 1 GB. Called between phases, never per batch.
+    Elsewhere than glibc this does nothing.
+    """
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
