@@ -1,0 +1,146 @@
+"""Cyclic concepts: weekday / month / hour prompts, their counterfactual pairs, and the zoo model
+trained on addition and weekday / month arithmetic (accuracy, period-7 weekday features)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import arithinterp as ai
+from arithinterp import cyclic
+from arithinterp.errors import TaskError
+
+
+@pytest.fixture(scope="module")
+def calendar_tokenizer(tmp_path_factory):
+    from arithinterp.models.tokenizers import calendar_tokenizer, save_and_reload
+
+    return save_and_reload(calendar_tokenizer(198), tmp_path_factory.mktemp("calendar_tok"))
+
+
+@pytest.fixture(scope="module")
+def zoo_model():
+    return ai.load_model("zoo:add-cyclic")
+
+
+def _decode(tokenizer, ids) -> str:
+    return tokenizer.decode([int(i) for i in ids if i >= 0]).replace(" ", "")
+
+
+# --- builders ----------------------------------------------------------------------------------
+
+
+def test_weekday_and_month_answers_wrap_around(calendar_tokenizer):
+    days = cyclic.weekdays(calendar_tokenizer, offsets=range(10))
+    assert len(days) == 70 and days.modulus == 7 and days.meta["concept"] == dict(name="weekday", period=7)
+    i = days.texts.index("Monday + 3 days =")
+    assert days.answer_texts[i] == "Thursday" and int(days.answer[i]) == 3
+    i = days.texts.index("Saturday + 9 days =")  # 5 + 9 = 14 ≡ 0: wraps twice
+    assert days.answer_texts[i] == "Monday" and int(cyclic.wraps(days)[i]) == 2
+    assert (days.answer == (days.a + days.b) % 7).all()
+    months = cyclic.months(calendar_tokenizer, months=[2], offsets=[5, 11])
+    assert months.texts == ("March + 5 months =", "March + 11 months =")
+    assert months.answer_texts == ("August", "February")
+    # the position "a" holds the name's token, the answer token is the answer name
+    for i in range(len(days)):
+        assert days.str_tokens(i)[int(days.positions["a"][i]) - days.offset(torch.tensor([i]))] == cyclic.WEEKDAYS[
+            int(days.a[i])]
+        assert _decode(calendar_tokenizer, days.answer_tokens[i]) == days.answer_texts[i]
+
+
+def test_hours_are_numbers_mod_24(number_tokenizer):
+    hours = cyclic.hours(number_tokenizer, hours=[21, 23], offsets=[5, 1], template="{a}+{b}=")
+    assert dict(zip(hours.texts, hours.answer_texts)) == {"21+5=": "2", "21+1=": "22", "23+5=": "4", "23+1=": "0"}
+    assert cyclic.period_of(hours) == 24
+
+
+def test_multi_token_names_are_located_by_their_tokens(bpe_tokenizer):
+    """Under a BPE tokenizer the names split into several pieces: 'a[0]'..'a' cover exactly the name
+    and the answer tokens spell the answer name."""
+    names = [" " + n for n in cyclic.MONTHS]
+    prompts = cyclic.months(bpe_tokenizer, offsets=range(3), names=names)
+    assert prompts.meta["operand_tokens"]["max"] > 1
+    for i in range(len(prompts)):
+        first, last = int(prompts.positions["a[0]"][i]), int(prompts.positions["a"][i])
+        assert bpe_tokenizer.decode(prompts.tokens[i, first : last + 1].tolist()) == names[int(prompts.a[i])]
+        assert bpe_tokenizer.decode([t for t in prompts.answer_tokens[i].tolist() if t >= 0]) == prompts.answer_texts[i]
+    _, index = prompts.locate(["a[0]", "a", "final"])
+    assert (index[:, 0] <= index[:, 1]).all() and (index[:, 1] < index[:, 2]).all()
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda t: cyclic.cyclic(t, "year"), "unknown cyclic concept 'year'; accepted: 'weekday', 'month', 'hour'"),
+        (lambda t: cyclic.weekdays(t, days=[7]), "values must lie in 0..6, got 7"),
+        (lambda t: cyclic.weekdays(t, offsets=[-1]), "offsets must lie in >= 0, got -1"),
+        (lambda t: cyclic.months(t, names=["Jan", "Feb"]), "a month has 12 values, so names needs 12 entries"),
+        (lambda t: cyclic.weekdays(t, modulus=5), "cyclic prompts fix 'modulus'"),
+        (lambda t: cyclic.weekdays(t, days="Monday"), "must be an int or an iterable of ints"),
+        (lambda t: ai.tasks.prompts_for_pairs(t, "+", [5], [4], "{a} + {b} days =", names=cyclic.WEEKDAYS),
+         "a and every answer must lie in 0..6; 5 \\+ 4 gives 9"),
+        (lambda t: ai.tasks.prompts_for_pairs(t, "+", [0], [1], "{a} + {b} days =", names=["Monday", "Monday"],
+                                              modulus=2), "at least two distinct strings"),
+    ],
+)
+def test_bad_input_is_refused_with_the_accepted_values(calendar_tokenizer, call, match):
+    with pytest.raises(TaskError, match=match):
+        call(calendar_tokenizer)
+
+
+# --- counterfactual pairs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vary", ["a", "b"])
+def test_counterfactual_changes_the_day_or_the_offset(calendar_tokenizer, vary):
+    prompts = cyclic.weekdays(calendar_tokenizer, offsets=range(20))
+    pairs = cyclic.counterfactual(prompts, vary=vary, seed=3)
+    assert len(pairs) == len(prompts) and pairs.meta["dropped"] == 0
+    kept = "b" if vary == "a" else "a"
+    assert (getattr(pairs.clean, kept) == getattr(pairs.corrupt, kept)).all()
+    assert (getattr(pairs.clean, vary) != getattr(pairs.corrupt, vary)).all()
+    assert (pairs.clean.answer != pairs.corrupt.answer).all()
+    assert (pairs.corrupt.answer == (pairs.corrupt.a + pairs.corrupt.b) % 7).all()
+    assert all(pairs.corrupt.answer_texts[i] == cyclic.WEEKDAYS[int(x)] for i, x in enumerate(pairs.corrupt.answer))
+    # seeded: the same call gives the same pairs, another seed other ones
+    again = cyclic.counterfactual(prompts, vary=vary, seed=3)
+    assert again.corrupt.texts == pairs.corrupt.texts
+    assert cyclic.counterfactual(prompts, vary=vary, seed=4).corrupt.texts != pairs.corrupt.texts
+    # partners are spread over the candidates, not always the same one
+    assert len(set(pairs.corrupt.texts)) > len(prompts) // 2
+
+
+def test_counterfactual_pairs_multi_token_names_of_equal_length(bpe_tokenizer):
+    """PromptSet.counterfactual drops most draws under a BPE tokenizer; cyclic.counterfactual only
+    draws aligned partners, so it keeps far more pairs, all aligned."""
+    prompts = cyclic.weekdays(bpe_tokenizer, offsets=range(14), names=[" " + n for n in cyclic.WEEKDAYS])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = cyclic.counterfactual(prompts, vary="a")
+        theirs = prompts.counterfactual(vary="a")
+    assert len(ours) > 3 * len(theirs)
+    assert ours.meta["kept"] + ours.meta["dropped"] == len(prompts)
+    assert (ours.clean.lengths == ours.corrupt.lengths).all()
+    for name in ours.clean.positions:
+        assert (ours.clean.positions[name] == ours.corrupt.positions[name]).all()
+    assert (ours.clean.n_answer_tokens == ours.corrupt.n_answer_tokens).all()
+    # every answer here starts with the same space token: a first-token metric would be 0 on each pair
+    with pytest.warns(UserWarning, match="same first token"):
+        cyclic.counterfactual(prompts, vary="b")
+    with pytest.raises(TaskError, match="different first answer token"):
+        cyclic.counterfactual(prompts, vary="b", distinct_first_token=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scored over every answer token, the shared first token is no problem
+        full = cyclic.counterfactual(prompts.with_scoring("full_answer"), vary="b")
+    assert full.clean.scoring == full.corrupt.scoring == "full_answer" and full.meta["same_first_token"] == len(full)
+
+
+def test_counterfactual_refuses_a_non_cyclic_set(number_tokenizer):
+    prompts = ai.tasks.arithmetic(number_tokenizer, "+", range(5), range(5))
+    with pytest.raises(TaskError, match="no cyclic concept"):
+        cyclic.counterfactual(prompts)
+    with pytest.raises(TaskError, match="vary must be 'a'"):
+        cyclic.counterfactual(cyclic.weekdays(number_tokenizer, template="{a}+{b}=", names=[str(i) for i in range(7)]),
+                              vary="both")
