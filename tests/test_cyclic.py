@@ -78,7 +78,8 @@ def test_multi_token_names_are_located_by_their_tokens(bpe_tokenizer):
         (lambda t: cyclic.weekdays(t, offsets=[-1]), "offsets must lie in >= 0, got -1"),
         (lambda t: cyclic.months(t, names=["Jan", "Feb"]), "a month has 12 values, so names needs 12 entries"),
         (lambda t: cyclic.weekdays(t, modulus=5), "cyclic prompts fix 'modulus'"),
-        (lambda t: cyclic.weekdays(t, days="Monday"), "must be an int or an iterable of ints"),
+        (lambda t: cyclic.weekdays(t, days="Monday"),  # pyright: ignore[reportArgumentType]
+         "must be an int or an iterable of ints"),
         (lambda t: ai.tasks.prompts_for_pairs(t, "+", [5], [4], "{a} + {b} days =", names=cyclic.WEEKDAYS),
          "a and every answer must lie in 0..6; 5 \\+ 4 gives 9"),
         (lambda t: ai.tasks.prompts_for_pairs(t, "+", [0], [1], "{a} + {b} days =", names=["Monday", "Monday"],
@@ -144,3 +145,69 @@ def test_counterfactual_refuses_a_non_cyclic_set(number_tokenizer):
     with pytest.raises(TaskError, match="vary must be 'a'"):
         cyclic.counterfactual(cyclic.weekdays(number_tokenizer, template="{a}+{b}=", names=[str(i) for i in range(7)]),
                               vary="both")
+
+
+# --- the zoo model trained on addition and weekday / month arithmetic ------------------------------
+
+
+def test_zoo_model_answers_every_task_family(zoo_model):
+    from arithinterp.models.zoo import evaluate, get_entry, held_out_prompts
+
+    entry = get_entry("add-cyclic")
+    result = evaluate(entry, zoo_model, limit=500)
+    assert set(result["families"]) == {"addition", "weekday", "month"}
+    for family, measured in result["families"].items():
+        assert measured["accuracy"] >= 0.99, (family, measured)
+        assert entry.card()["families"][family]["held_out_accuracy"] >= 0.99
+    # held-out weekday problems are never training problems, and names parse back to their values
+    days = held_out_prompts(zoo_model, entry, family="weekday")
+    assert days.meta["concept"] == dict(name="weekday", period=7)
+    evaluation = days.evaluate(zoo_model)
+    assert (evaluation.model_answer[evaluation.correct] == days.answer[evaluation.correct]).all()
+    assert set(evaluation.answer_text) <= set(cyclic.WEEKDAYS)
+
+
+def _name_spectrum(model, kind: str, period: int):
+    prompts = cyclic.cyclic(model, kind, offsets=range(100))
+    acts = ai.collect(model, prompts, sites=["resid_post"], layers=[0], positions=["a"], progress=False)
+    result = ai.fourier.spectrum(acts, values=prompts.a, numbers=range(period), site="resid_post", n_shuffles=200)
+    power = result.power[0, 1:].double()
+    return power / power.sum(), torch.as_tensor(result.meta["control"]["p_values"][0][1:])
+
+
+# the shipped model's strongest frequency (docs/cyclic.md): months in calendar order (period 12); the
+# weekday circle has frequency 3 (period 7/3: Monday, Thursday, Sunday, ...), which generates the week
+# as well as frequency 1 does: nothing in arithmetic mod 7 prefers one generator to another
+LEARNED = [("weekday", 7, 3), ("month", 12, 1)]
+
+
+@pytest.mark.parametrize(("kind", "period", "frequency"), LEARNED)
+def test_name_representation_is_periodic_beyond_both_controls(zoo_model, kind, period, frequency):
+    """The residual at the day (month) token, over the 7 days (12 months): one frequency holds about
+    half of the power, is significant against shuffled days, and a random-init model of the same
+    shape has no such frequency."""
+    share, p = _name_spectrum(zoo_model, kind, period)
+    random_share, random_p = _name_spectrum(ai.models.random_like(zoo_model, seed=0), kind, period)
+    k = frequency - 1
+    assert int(share.argmax()) == k, share
+    assert share[k] >= 0.45 and p[k] <= 0.05, (share, p)
+    assert share[k] >= random_share[k] + 0.1, (share, random_share)
+    assert random_share.max() < 0.4 and (random_p > 0.05).all(), (random_share, random_p)
+
+
+def test_the_addition_circuit_carries_weekday_arithmetic(zoo_model):
+    """The top-32 edges scored on addition pairs reproduce the weekday task; 32 random edges do not."""
+    from arithinterp import circuits
+    from arithinterp.models.zoo import get_entry, zoo_prompts
+
+    entry = get_entry("add-cyclic")
+    addition = zoo_prompts(zoo_model, entry).counterfactual(vary="a", seed=0)[:60]
+    days = cyclic.counterfactual(zoo_prompts(zoo_model, entry, family="weekday"), vary="a", seed=0)[:60]
+    scored = circuits.score_edges(zoo_model, addition, "eap-ig", steps=3, progress=False)
+    top = circuits.top_n(scored, 32)
+    shuffled = scored.with_kept(torch.zeros(scored.n_edges, dtype=torch.bool).index_fill_(
+        0, torch.randperm(scored.n_edges, generator=torch.Generator().manual_seed(0))[:32], True), "random 32")
+    assert circuits.circuit_faithfulness(zoo_model, days, top) >= 0.9
+    assert circuits.circuit_faithfulness(zoo_model, days, shuffled) <= 0.5
+    day_circuit = circuits.top_n(circuits.score_edges(zoo_model, days, "eap-ig", steps=3, progress=False), 32)
+    assert circuits.overlap(top, day_circuit)["edge_jaccard"] >= 0.4

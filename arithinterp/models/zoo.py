@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from arithinterp.cyclic import MONTHS, WEEKDAYS
+from arithinterp.cyclic import CONCEPTS, MONTHS, WEEKDAYS
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.types import HookedModel
 
@@ -239,10 +239,14 @@ def zoo_prompts(model: HookedModel, entry: ZooEntry, a: Optional[list[int]] = No
 
     task = task_of(entry, family)
     if a is None or b is None:
-        return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template,
-                          modulus=task.modulus, answer_digits=task.answer_digits, names=task.names)
-    return prompts_for_pairs(model, task.op, a, b, task.template,
+        prompts = arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template,
                              modulus=task.modulus, answer_digits=task.answer_digits, names=task.names)
+    else:
+        prompts = prompts_for_pairs(model, task.op, a, b, task.template,
+                                    modulus=task.modulus, answer_digits=task.answer_digits, names=task.names)
+    if task.family in CONCEPTS and task.modulus == CONCEPTS[task.family].period:
+        prompts.meta["concept"] = dict(name=task.family, period=task.modulus)  # as arithinterp.cyclic builds it
+    return prompts
 
 
 def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0,
