@@ -70,6 +70,34 @@ def test_multi_token_names_are_located_by_their_tokens(bpe_tokenizer):
     assert (index[:, 0] <= index[:, 1]).all() and (index[:, 1] < index[:, 2]).all()
 
 
+def test_multi_token_answers_are_scored_token_by_token(bpe_tokenizer):
+    """On a model whose tokenizer splits the names, the teacher-forced log-probability of an answer
+    name is the sum over its tokens of a plain forward over prompt + answer."""
+    from conftest import tiny_bridge
+
+    model = tiny_bridge(bpe_tokenizer, n_ctx=64)
+    prompts = cyclic.months(model, months=[0, 4, 8], offsets=[1, 7], names=[" " + n for n in cyclic.MONTHS])
+    prompts = prompts.with_scoring("full_answer")
+    assert prompts.meta["answer_tokens"]["max"] > 1
+    ours = prompts.answer_logprob(model)
+    for i in range(len(prompts)):
+        prompt = prompts.tokens[i, prompts.tokens.shape[1] - int(prompts.lengths[i]) :]
+        answer = prompts.answer_tokens[i][prompts.answer_tokens[i] >= 0]
+        with torch.inference_mode():
+            logprobs = model(torch.cat([prompt, answer])[None]).log_softmax(-1)[0]
+        expected = logprobs[len(prompt) - 1 + torch.arange(len(answer)), answer].sum()
+        assert abs(float(ours[i]) - float(expected)) < 1e-4
+
+
+def test_prompt_set_counterfactual_keeps_the_names(calendar_tokenizer):
+    days = cyclic.weekdays(calendar_tokenizer, offsets=range(10))
+    pairs = days.counterfactual(vary="b", seed=0)
+    assert all(t == cyclic.WEEKDAYS[int(x)] for t, x in zip(pairs.corrupt.answer_texts, pairs.corrupt.answer))
+    assert pairs.corrupt.meta["names"] == list(cyclic.WEEKDAYS)
+    joined = ai.tasks.concat([days[:5], days[5:]])
+    assert joined.answer_texts == days.answer_texts and joined.meta["names"] == list(cyclic.WEEKDAYS)
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
