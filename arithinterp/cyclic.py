@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import torch
 
 from arithinterp.errors import TaskError, accepted
-from arithinterp.tasks import PromptPairs, PromptSet, _values, prompts_for_pairs
+from arithinterp.tasks import PromptPairs, PromptSet, operand_values, prompts_for_pairs
 
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
@@ -189,7 +189,7 @@ def wraps(prompts: PromptSet) -> torch.Tensor:
 
 
 def _in_range(name: str, values: Union[int, Iterable[int]], low: int, high: Optional[int]) -> list[int]:
-    out = _values(name, values)
+    out = operand_values(name, values)
     bad = [v for v in out if v < low or (high is not None and v >= high)]
     if bad:
         limit = f"{low}..{high - 1}" if high is not None else f">= {low}"

@@ -711,6 +711,12 @@ def _aligned(clean: PromptSet, corrupt: PromptSet) -> torch.Tensor:
     return same
 
 
+def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
+    """``values`` (an int or an iterable of ints) as a list of ints, refused with a ``TaskError``
+    naming ``name`` when they are strings, non-integers, empty or beyond 64 bits."""
+    return _values(name, values)
+
+
 def _values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
     """Operand values as a list of ints: strings and non-integers are refused, never converted."""
     if isinstance(values, (str, bytes)):
