@@ -10,9 +10,9 @@ probes (labels ``a``, ``b``, ``answer``, and ``wrap`` from :func:`wraps`), Fouri
 helix fits over ``values=prompts.a`` with period 7 / 12 / 24, patching and circuits on
 :func:`counterfactual` pairs (``vary="a"`` changes the day, ``vary="b"`` the offset).
 
-Engels et al. 2025 ("Not All Language Model Features Are One-Dimensionally Linear") find
-circular weekday and month features in Mistral and Llama; Llama-3.1-8B reuses its base-10
-number features for this arithmetic (see ``docs/cyclic.md``).
+Engels et al. (ICLR 2025, "Not All Language Model Features Are One-Dimensionally Linear") find
+circular weekday and month features in Mistral and Llama models; ``docs/cyclic.md`` asks the same
+of ``zoo:add-cyclic``, trained on addition and weekday / month arithmetic.
 """
 
 from __future__ import annotations
