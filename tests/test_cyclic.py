@@ -239,3 +239,17 @@ def test_the_addition_circuit_carries_weekday_arithmetic(zoo_model):
     assert circuits.circuit_faithfulness(zoo_model, days, shuffled) <= 0.5
     day_circuit = circuits.top_n(circuits.score_edges(zoo_model, days, "eap-ig", steps=3, progress=False), 32)
     assert circuits.overlap(top, day_circuit)["edge_jaccard"] >= 0.4
+
+
+def test_patching_finds_the_day_moved_to_the_final_token(zoo_model):
+    """Patching the residual stream on day pairs: at layer 0 the whole answer flip sits on the day
+    token, and by layer 1 layer-0 attention has moved it to the final token (nothing is left at the day)."""
+    pairs = cyclic.counterfactual(cyclic.weekdays(zoo_model, offsets=range(100)), vary="a", seed=0)[:100]
+    frame = ai.patching.activation_patching(zoo_model, pairs, "resid_pre", progress=False).to_frame()
+    effect = {(int(r.layer), int(r.position)): float(r.mean) for r in frame.itertuples()}
+    a, final = int(pairs.clean.positions["a"][0]), int(pairs.clean.positions["final"][0])
+    unpatched = effect[(0, 0)]  # the BOS token is the same in both prompts: patching it changes nothing
+    full = effect[(0, a)] - unpatched
+    assert full > 10  # the day decides the answer: several logits of difference
+    assert effect[(1, final)] - unpatched >= 0.9 * full
+    assert abs(effect[(1, a)] - unpatched) <= 0.05 * full
