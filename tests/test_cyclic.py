@@ -253,3 +253,23 @@ def test_patching_finds_the_day_moved_to_the_final_token(zoo_model):
     assert full > 10  # the day decides the answer: several logits of difference
     assert effect[(1, final)] - unpatched >= 0.9 * full
     assert abs(effect[(1, a)] - unpatched) <= 0.05 * full
+
+
+def test_training_a_multi_family_model_measures_every_family(tmp_path):
+    from arithinterp.models.train import train
+    from arithinterp.models.zoo import get_entry
+
+    card = train("add-cyclic", out=tmp_path / "m", steps=3, progress=False)
+    families = card["families"]
+    assert set(families) == {"addition", "weekday", "month"}
+    assert card["held_out_accuracy"] == min(f["held_out_accuracy"] for f in families.values())
+    assert families["weekday"]["n_train"] + families["weekday"]["n_held_out"] == 7 * 100
+    assert card["n_held_out"] == sum(f["n_held_out"] for f in families.values())
+    assert set(card["history"][-1]["families"]) == set(families)
+    # the shipped model's split: no held-out weekday problem was a training problem
+    from arithinterp.models.train import split
+
+    train_idx, test_idx = split(get_entry("add-cyclic"), task=get_entry("add-cyclic").extra_tasks[0])
+    assert len(set(train_idx.tolist()) & set(test_idx.tolist())) == 0 and len(train_idx) + len(test_idx) == 700
+    model = ai.load_model(str(tmp_path / "m"))
+    assert model.to_tokens("Monday + 3 days =", prepend_bos=False).shape[-1] == 5
