@@ -246,7 +246,8 @@ def test_patching_finds_the_day_moved_to_the_final_token(zoo_model):
     token, and by layer 1 layer-0 attention has moved it to the final token (nothing is left at the day)."""
     pairs = cyclic.counterfactual(cyclic.weekdays(zoo_model, offsets=range(100)), vary="a", seed=0)[:100]
     frame = ai.patching.activation_patching(zoo_model, pairs, "resid_pre", progress=False).to_frame()
-    effect = {(int(r.layer), int(r.position)): float(r.mean) for r in frame.itertuples()}
+    effect = {(int(layer), int(position)): float(mean)
+              for layer, position, mean in zip(frame["layer"], frame["position"], frame["mean"])}
     a, final = int(pairs.clean.positions["a"][0]), int(pairs.clean.positions["final"][0])
     unpatched = effect[(0, 0)]  # the BOS token is the same in both prompts: patching it changes nothing
     full = effect[(0, a)] - unpatched
