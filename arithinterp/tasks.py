@@ -968,7 +968,7 @@ def prompts_for_pairs(
         require_single_tokens: raise if any operand spans several tokens (analyses that read one
             operand position need this).
         names: write operand ``a`` and the answer as ``names[value]`` (weekdays, months: see
-            :mod:`arithinterp.cyclic`); every ``a`` and every answer must index into it.
+            :mod:`arithinterp.cyclic`); needs ``modulus=len(names)`` and every ``a`` below it.
     """
     if op not in OPERATORS:
         raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
@@ -989,7 +989,7 @@ def prompts_for_pairs(
         raise TaskError(f"no (a, b) pair is defined for {op!r} (b must be non-zero)")
     if prepend_bos is None:
         prepend_bos = _default_prepend_bos(model_or_tokenizer, tokenizer)
-    names = check_names(names, op, pairs, modulus)
+    names = check_names(names, a_vals, modulus)
     prefix = few_shot_prefix(few_shot, op, template, a_vals, b_vals, modulus, seed, answer_digits, names)
     prompts = _build(
         tokenizer,
@@ -1017,9 +1017,10 @@ def prompts_for_pairs(
     return prompts
 
 
-def check_names(names: Any, op: str, pairs: Sequence[tuple[int, int]], modulus: Optional[int]) -> Optional[list[str]]:
+def check_names(names: Any, a_values: Sequence[int], modulus: Optional[int]) -> Optional[list[str]]:
     """Validate ``names`` (how operand ``a`` and the answer are written): distinct non-empty
-    strings, and every ``a`` and answer of ``pairs`` an index into them."""
+    strings, one per value of the cycle (``modulus == len(names)``, so every answer — and every
+    few-shot example's — has a name), and every ``a`` an index into them."""
     if names is None:
         return None
     if isinstance(names, str) or not all(isinstance(n, str) and n.strip() for n in names):
@@ -1027,13 +1028,12 @@ def check_names(names: Any, op: str, pairs: Sequence[tuple[int, int]], modulus: 
     names = list(names)
     if len(set(names)) != len(names) or len(names) < 2:
         raise TaskError(f"names must be at least two distinct strings, got {names!r}")
-    for a, b in pairs:
-        answer = compute(op, a, b, modulus)
-        if not (0 <= a < len(names) and 0 <= answer < len(names)):
-            raise TaskError(
-                f"with {len(names)} names, a and every answer must lie in 0..{len(names) - 1}; {a} {op} {b} "
-                f"gives {answer} (modulus={modulus}); pass modulus={len(names)} or smaller values"
-            )
+    if modulus != len(names):
+        raise TaskError(f"answers written as names need modulus={len(names)} (one name per value of the cycle), "
+                        f"got modulus={modulus!r}")
+    bad = [a for a in a_values if not 0 <= a < len(names)]
+    if bad:
+        raise TaskError(f"with {len(names)} names, a must lie in 0..{len(names) - 1}, got {bad[0]}")
     return names
 
 

@@ -3,6 +3,7 @@ trained on addition and weekday / month arithmetic (accuracy, period-7 weekday f
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -43,6 +44,15 @@ def test_weekday_and_month_answers_wrap_around(calendar_tokenizer):
     months = cyclic.months(calendar_tokenizer, months=[2], offsets=[5, 11])
     assert months.texts == ("March + 5 months =", "March + 11 months =")
     assert months.answer_texts == ("August", "February")
+    # few-shot examples are written with the names too, and are right
+    shot = cyclic.weekdays(calendar_tokenizer, days=[0], offsets=[3], few_shot=3, seed=1)
+    lines = (shot.prefix or "").splitlines()
+    assert len(lines) == 3 and shot.texts[0].endswith("Monday + 3 days =")
+    for line in lines:
+        match = re.fullmatch(r"(\w+) \+ (\d+) days =(\w+)", line)
+        assert match is not None, line
+        day, offset, answer = match.groups()
+        assert cyclic.WEEKDAYS[(cyclic.WEEKDAYS.index(day) + int(offset)) % 7] == answer
     # the position "a" holds the name's token, the answer token is the answer name
     for i in range(len(days)):
         assert days.str_tokens(i)[int(days.positions["a"][i]) - days.offset(torch.tensor([i]))] == cyclic.WEEKDAYS[
@@ -109,7 +119,9 @@ def test_prompt_set_counterfactual_keeps_the_names(calendar_tokenizer):
         (lambda t: cyclic.weekdays(t, days="Monday"),  # pyright: ignore[reportArgumentType]
          "must be an int or an iterable of ints"),
         (lambda t: ai.tasks.prompts_for_pairs(t, "+", [5], [4], "{a} + {b} days =", names=cyclic.WEEKDAYS),
-         "a and every answer must lie in 0..6; 5 \\+ 4 gives 9"),
+         "answers written as names need modulus=7"),
+        (lambda t: ai.tasks.prompts_for_pairs(t, "+", [9], [4], "{a} + {b} days =", names=cyclic.WEEKDAYS,
+                                              modulus=7), "with 7 names, a must lie in 0..6, got 9"),
         (lambda t: ai.tasks.prompts_for_pairs(t, "+", [0], [1], "{a} + {b} days =", names=["Monday", "Monday"],
                                               modulus=2), "at least two distinct strings"),
     ],
