@@ -401,10 +401,14 @@ class PromptSet:
         valid = self.answer_tokens >= 0
         correct = ((generated == self.answer_tokens) | ~valid).all(-1)
         texts, values = [], []
+        names = {n.replace(" ", ""): i for i, n in enumerate(self.meta.get("names") or ())}
         for row, k in zip(generated.tolist(), self.n_answer_tokens.tolist()):
             text = self.tokenizer.decode(row[:k]).replace(" ", "")
             texts.append(text)
-            values.append(int(text) if re.fullmatch(r"-?\d+", text) else UNPARSABLE)
+            if names:  # answers written as names (weekdays, months): the value is the name's index
+                values.append(names.get(text, UNPARSABLE))
+            else:
+                values.append(int(text) if re.fullmatch(r"-?\d+", text) else UNPARSABLE)
         return Evaluation(correct, torch.tensor(values), texts, generated)
 
     @torch.inference_mode()
@@ -527,6 +531,7 @@ class PromptSet:
             self.prepend_bos,
             self.scoring,
             self.meta.get("answer_digits", 0),
+            self.meta.get("names"),
         )
         clean = self[clean_rows]
         aligned = _aligned(clean, corrupt)
@@ -631,6 +636,8 @@ def _concat_sets(parts: list[PromptSet]) -> PromptSet:
                                 f"got {getattr(first, name)!r} and {getattr(part, name)!r}")
         if part.meta.get("answer_digits", 0) != first.meta.get("answer_digits", 0):
             raise TaskError("concat joins sets whose answers are written alike; answer_digits differ")
+        if part.meta.get("names") != first.meta.get("names"):
+            raise TaskError("concat joins sets whose operands and answers are written alike; their names differ")
         if set(part.positions) != set(first.positions):
             raise TaskError(f"concat joins sets with the same positions; "
                             f"got {sorted(first.positions)} and {sorted(part.positions)}")
@@ -655,6 +662,8 @@ def _concat_sets(parts: list[PromptSet]) -> PromptSet:
         n_digits=max(p.meta.get("n_digits", 1) for p in parts),
         parts=[dict(n=len(p), prefix=p.prefix, template=p.template) for p in parts],
     )
+    if first.meta.get("names"):
+        meta["names"] = first.meta["names"]
     return replace(
         first,
         texts=sum((p.texts for p in parts), ()),
@@ -734,6 +743,12 @@ def _aligned(clean: PromptSet, corrupt: PromptSet) -> torch.Tensor:
     return same
 
 
+def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
+    """``values`` (an int or an iterable of ints) as a list of ints, refused with a ``TaskError``
+    naming ``name`` when they are strings, non-integers, empty or beyond 64 bits."""
+    return _values(name, values)
+
+
 def _values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
     """Operand values as a list of ints: strings and non-integers are refused, never converted."""
     if isinstance(values, (str, bytes)):
@@ -792,13 +807,14 @@ def check_template(template: Any, op: str) -> str:
     return template
 
 
-def render(template: str, a: int, b: int, op: str) -> str:
-    """The text of one prompt: ``template`` with ``{a}``, ``{b}`` and ``{op}`` filled in."""
-    return _char_spans(template, "", a, b, op)[0]
+def render(template: str, a: int, b: int, op: str, names: Optional[Sequence[str]] = None) -> str:
+    """The text of one prompt: ``template`` with ``{a}``, ``{b}`` and ``{op}`` filled in
+    (``a`` written as ``names[a]`` when names are given)."""
+    return _char_spans(template, "", a, b, op, names)[0]
 
 
 def few_shot_prefix(
-    few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0
+    few_shot: Union[int, str], op: str, template: str, a_vals, b_vals, modulus, seed, answer_digits=0, names=None
 ) -> str:
     if isinstance(few_shot, str):
         return few_shot
@@ -810,19 +826,22 @@ def few_shot_prefix(
         a, b = rng.choice(a_vals), rng.choice(b_vals)
         while not _defined(op, b):
             b = rng.choice(b_vals)
-        lines.append(render(template, a, b, op) + answer_text(compute(op, a, b, modulus), answer_digits) + "\n")
+        lines.append(render(template, a, b, op, names) + answer_text(compute(op, a, b, modulus), answer_digits, names)
+                     + "\n")
     return "".join(lines)
 
 
-def _char_spans(template: str, prefix: str, a: int, b: int, op: str = "+") -> tuple[str, dict[str, tuple[int, int]]]:
-    """The prompt text and the character spans of ``{a}`` and ``{b}`` in it."""
+def _char_spans(template: str, prefix: str, a: int, b: int, op: str = "+",
+                names: Optional[Sequence[str]] = None) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The prompt text and the character spans of ``{a}`` and ``{b}`` in it (``a`` written as
+    ``names[a]`` when names are given)."""
     text, spans = prefix, {}
     for piece in re.split(r"(\{a\}|\{b\}|\{op\})", template):
         if piece == "{op}":
             text += OP_SYMBOLS[op]
         elif piece in ("{a}", "{b}"):
             name = piece[1]
-            value = str(a if name == "a" else b)
+            value = names[a] if names and name == "a" else str(a if name == "a" else b)
             spans[name] = (len(text), len(text) + len(value))
             text += value
         else:
@@ -830,23 +849,25 @@ def _char_spans(template: str, prefix: str, a: int, b: int, op: str = "+") -> tu
     return text, spans
 
 
-def answer_text(value: int, answer_digits: int = 0) -> str:
-    """How an answer is written: plain, or zero-padded to ``answer_digits`` digits."""
+def answer_text(value: int, answer_digits: int = 0, names: Optional[Sequence[str]] = None) -> str:
+    """How an answer is written: plain, zero-padded to ``answer_digits`` digits, or as ``names[value]``."""
+    if names:
+        return names[value]
     return f"{value:0{answer_digits}d}" if answer_digits else str(value)
 
 
 def _build(
-    tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bos, scoring, answer_digits=0
+    tokenizer, ops, a_list, b_list, template, prefix, modulus, prepend_bos, scoring, answer_digits=0, names=None
 ) -> PromptSet:
     n = len(a_list)
-    texts, spans = (zip(*[_char_spans(template, prefix, a, b, op) for op, a, b in zip(ops, a_list, b_list)])
+    texts, spans = (zip(*[_char_spans(template, prefix, a, b, op, names) for op, a, b in zip(ops, a_list, b_list)])
                     if n else ((), ()))
     answers = [compute(op, a, b, modulus) for op, a, b in zip(ops, a_list, b_list)]
     too_big = [(a, op, b) for a, op, b, x in zip(a_list, ops, b_list, answers) if abs(x) > _INT64]
     if too_big:
         raise TaskError(f"the answer of {too_big[0][0]} {too_big[0][1]} {too_big[0][2]} does not fit in 64 bits; "
                         "choose smaller operands (answers must lie within ±(2**63 - 1))")
-    answer_texts = [answer_text(x, answer_digits) for x in answers]
+    answer_texts = [answer_text(x, answer_digits, names) for x in answers]
     encoded = (tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True) if n
                else {"input_ids": [], "offset_mapping": []})
     full = tokenizer([t + s for t, s in zip(texts, answer_texts)], add_special_tokens=False)["input_ids"] if n else []
@@ -924,6 +945,7 @@ def _build(
             operand_tokens=dict(max=max_operand_tokens),
             answer_tokens=dict(max=k, min=min((len(r) for r in answer_rows), default=0)),
             n_digits=len(str(max(max_answer, max(a_list, default=0), max(b_list, default=0)))),
+            **(dict(names=list(names)) if names else {}),
         ),
     )
 
@@ -970,6 +992,7 @@ def prompts_for_pairs(
     scoring: str = "first_token",
     require_single_tokens: bool = False,
     seed: int = 0,
+    names: Optional[Sequence[str]] = None,
 ) -> PromptSet:
     """Prompts for the explicit operand pairs ``zip(a, b)``.
 
@@ -981,6 +1004,8 @@ def prompts_for_pairs(
             ``"full_answer"`` (teacher-forced log-prob of every answer token).
         require_single_tokens: raise if any operand spans several tokens (analyses that read one
             operand position need this).
+        names: write operand ``a`` and the answer as ``names[value]`` (weekdays, months: see
+            :mod:`arithinterp.cyclic`); needs ``modulus=len(names)`` and every ``a`` below it.
     """
     if op not in OPERATORS:
         raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
@@ -1000,7 +1025,8 @@ def prompts_for_pairs(
         raise TaskError(f"no (a, b) pair is defined for {op!r} (b must be non-zero)")
     if prepend_bos is None:
         prepend_bos = _default_prepend_bos(model_or_tokenizer, tokenizer)
-    prefix = few_shot_prefix(few_shot, op, template, a_vals, b_vals, modulus, seed, answer_digits)
+    names = check_names(names, a_vals, modulus)
+    prefix = few_shot_prefix(few_shot, op, template, a_vals, b_vals, modulus, seed, answer_digits, names)
     prompts = _build(
         tokenizer,
         [op] * len(pairs),
@@ -1012,6 +1038,7 @@ def prompts_for_pairs(
         prepend_bos,
         scoring,
         answer_digits,
+        names,
     )
     _check_context(model_or_tokenizer, prompts)
     if skipped:
@@ -1024,6 +1051,26 @@ def prompts_for_pairs(
             "(see tasks.number_check) or use a digit-level analysis"
         )
     return prompts
+
+
+def check_names(names: Any, a_values: Sequence[int], modulus: Optional[int]) -> Optional[list[str]]:
+    """Validate ``names`` (how operand ``a`` and the answer are written): distinct non-empty
+    strings, one per value of the cycle (``modulus == len(names)``, so every answer — and every
+    few-shot example's — has a name), and every ``a`` an index into them."""
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise TaskError(f"names must be a sequence of non-empty strings (e.g. weekday names), got {names!r}")
+    names = list(names)
+    if len(set(names)) != len(names) or len(names) < 2:
+        raise TaskError(f"names must be at least two distinct strings, got {names!r}")
+    if modulus != len(names):
+        raise TaskError(f"answers written as names need modulus={len(names)} (one name per value of the cycle), "
+                        f"got modulus={modulus!r}")
+    bad = [a for a in a_values if not 0 <= a < len(names)]
+    if bad:
+        raise TaskError(f"with {len(names)} names, a must lie in 0..{len(names) - 1}, got {bad[0]}")
+    return names
 
 
 def _check_context(model_or_tokenizer: Any, prompts: PromptSet) -> None:

@@ -48,12 +48,20 @@ class Dataset:
 
 def make_tokenizer(entry: ZooEntry):
     kind, _, arg = entry.tokenizer.partition(":")
+    if kind == "calendar":
+        return toks.calendar_tokenizer(int(arg))
     return toks.number_tokenizer(int(arg)) if kind == "number" else toks.digit_tokenizer()
 
 
 def answer_string(task: Task, a: int, b: int) -> str:
     value = (a + b) % task.modulus if task.modulus else a + b
+    if task.names:
+        return task.names[value]
     return f"{value:0{task.answer_digits}d}" if task.answer_digits else str(value)
+
+
+def prompt_string(task: Task, a: int, b: int) -> str:
+    return task.template.format(a=task.names[a] if task.names else a, b=b)
 
 
 def operand_grid(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,26 +71,31 @@ def operand_grid(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
     return a, b
 
 
-def split(entry: ZooEntry, seed: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seeded train / held-out split of a task's operand grid: sorted index tensors."""
+def split(
+    entry: ZooEntry, seed: Optional[int] = None, task: Optional[Task] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded train / held-out split of a task's operand grid (default the main task's):
+    sorted index tensors. Each task family of a model is split by problem on its own."""
     recipe = entry.recipe
-    n = (entry.task.a_range[1] - entry.task.a_range[0]) * (entry.task.b_range[1] - entry.task.b_range[0])
+    task = entry.task if task is None else task
+    n = (task.a_range[1] - task.a_range[0]) * (task.b_range[1] - task.b_range[0])
     order = torch.randperm(n, generator=torch.Generator().manual_seed(recipe.seed if seed is None else seed))
     n_train = int(round(recipe.train_frac * n))
     return order[:n_train].sort().values, order[n_train:].sort().values
 
 
-def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None) -> Dataset:
-    """All (a, b) pairs of the task, tokenized, with the seeded train / held-out split."""
-    task = entry.task
+def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None, task: Optional[Task] = None) -> Dataset:
+    """All (a, b) pairs of the task (default the main one), tokenized, with the seeded train /
+    held-out split."""
+    task = entry.task if task is None else task
     a, b = operand_grid(task)
-    texts = [task.template.format(a=x, b=y) + answer_string(task, x, y) for x, y in zip(a.tolist(), b.tolist())]
+    texts = [prompt_string(task, x, y) + answer_string(task, x, y) for x, y in zip(a.tolist(), b.tolist())]
     ids = torch.tensor(tokenizer(texts, add_special_tokens=False)["input_ids"])
     if entry.prepend_bos:
         ids = torch.cat([torch.full((len(ids), 1), tokenizer.bos_token_id), ids], dim=1)
     n_answer = len(tokenizer(answer_string(task, 0, 0), add_special_tokens=False)["input_ids"])
     prompt_len = ids.shape[1] - n_answer
-    train_idx, test_idx = split(entry, seed)
+    train_idx, test_idx = split(entry, seed, task)
     return Dataset(
         inputs=ids[:, :-1],
         targets=ids[:, prompt_len:],
@@ -164,7 +177,11 @@ def train(
         raise ConfigError(f"steps must be a positive integer, got {steps}")
     out = check_writable_dir(Path(out) if out is not None else entry.directory, "out")  # before training, not after
     tokenizer = toks.save_and_reload(make_tokenizer(entry), out)
-    data = make_dataset(entry, tokenizer, seed)
+    # one dataset per task family (their prompts differ in length); batches draw from all of them
+    datasets = [make_dataset(entry, tokenizer, seed, task) for task in entry.tasks]
+    families = [task.family for task in entry.tasks]
+    owner = torch.cat([torch.full((len(d.train_idx),), i) for i, d in enumerate(datasets)])
+    pool = torch.cat([d.train_idx for d in datasets])
     cfg = bridge_config(entry, len(tokenizer), seed)
 
     torch.manual_seed(seed)
@@ -179,27 +196,32 @@ def train(
     snapshot_steps: list[int] = []
     stop_at_step: Optional[int] = None
     history = []
-    # periodic checks use a fixed slice of the held-out set; the card measures all of it
-    monitor_idx = data.test_idx[: recipe.monitor_size]
+    # periodic checks use a fixed slice of each held-out set; the card measures all of it
+    monitor = [d.test_idx[: recipe.monitor_size] for d in datasets]
     start = time.perf_counter()
     bar = tqdm(range(1, steps + 1), desc=f"train {name}", disable=not progress)
     accuracy = 0.0
     step = 0
     for step in bar:
         if recipe.batch_size is None:
-            batch = data.train_idx
+            pick = torch.arange(len(pool))
         else:
-            pick = torch.randint(len(data.train_idx), (recipe.batch_size,), generator=generator)
-            batch = data.train_idx[pick]
-        logits = logits_at(net, data.inputs[batch], data.answer_logit_pos)
-        loss = F.cross_entropy(logits.flatten(0, 1), data.targets[batch].flatten())
+            pick = torch.randint(len(pool), (recipe.batch_size,), generator=generator)
+        logits, targets = [], []
+        for i, data in enumerate(datasets):
+            batch = pool[pick[owner[pick] == i]]
+            logits.append(logits_at(net, data.inputs[batch], data.answer_logit_pos).flatten(0, 1))
+            targets.append(data.targets[batch].flatten())
+        loss = F.cross_entropy(torch.cat(logits), torch.cat(targets))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         schedule.step()
         if step % recipe.eval_every == 0 or step == steps:
-            accuracy = exact_match(net, data, monitor_idx)
-            history.append(dict(step=step, train_loss=loss.item(), held_out_accuracy=accuracy))
+            accuracies = [exact_match(net, data, idx) for data, idx in zip(datasets, monitor)]
+            accuracy = min(accuracies)  # every task family must reach the target
+            history.append(dict(step=step, train_loss=loss.item(), held_out_accuracy=accuracy,
+                                **(dict(families=dict(zip(families, accuracies))) if len(datasets) > 1 else {})))
             bar.set_postfix(loss=f"{loss.item():.4f}", held_out=f"{accuracy:.4f}")
         if recipe.snapshot_every and step % recipe.snapshot_every == 0:
             snapshot_steps.append(step)
@@ -216,14 +238,25 @@ def train(
         atomic_write(out / "snapshots" / f"step_{step_run}.safetensors", lambda tmp: save_file(state, str(tmp)))
     config = dict(entry.config, d_vocab=len(tokenizer), seed=seed, default_prepend_bos=entry.prepend_bos)
     atomic_write(out / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    measured = {
+        family: dict(
+            held_out_accuracy=exact_match(net, data, data.test_idx),
+            train_accuracy=exact_match(net, data, data.train_idx[:TRAIN_ACCURACY_SAMPLE]),
+            n_train=len(data.train_idx),
+            n_held_out=len(data.test_idx),
+        )
+        for family, data in zip(families, datasets)
+    }
     card = dict(
         name=name,
         seed=seed,
         steps_run=step,
-        held_out_accuracy=exact_match(net, data, data.test_idx),
-        train_accuracy=exact_match(net, data, data.train_idx[:TRAIN_ACCURACY_SAMPLE]),
-        n_train=len(data.train_idx),
-        n_held_out=len(data.test_idx),
+        # with several task families: the lowest accuracy of any, and the problem counts of all
+        held_out_accuracy=min(m["held_out_accuracy"] for m in measured.values()),
+        train_accuracy=min(m["train_accuracy"] for m in measured.values()),
+        n_train=sum(m["n_train"] for m in measured.values()),
+        n_held_out=sum(m["n_held_out"] for m in measured.values()),
+        **(dict(families=measured) if len(datasets) > 1 else {}),
         wall_seconds=round(wall, 1),
         torch_threads=torch.get_num_threads(),
         recipe=asdict(recipe),

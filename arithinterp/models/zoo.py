@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from arithinterp.cyclic import CONCEPTS, MONTHS, WEEKDAYS
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.types import HookedModel
 
@@ -25,6 +26,8 @@ class Task:
 
     ``template`` uses ``{a}`` and ``{b}``; the answer follows the template directly.
     ``answer_digits`` > 0 means the answer is written as that many zero-padded digit tokens.
+    ``names`` writes ``a`` and the answer as words (weekdays, months: :mod:`arithinterp.cyclic`);
+    ``family`` names the task in a model's card when it was trained on several.
     """
 
     op: str
@@ -33,6 +36,8 @@ class Task:
     template: str
     modulus: Optional[int] = None
     answer_digits: int = 0
+    names: Optional[tuple[str, ...]] = None
+    family: str = "addition"
 
     @property
     def op_name(self) -> str:
@@ -63,12 +68,18 @@ class ZooEntry:
     name: str
     description: str
     purpose: str
-    tokenizer: str  # "number:MAX" or "digit"
+    tokenizer: str  # "number:MAX", "calendar:MAX" (numbers, weekday and month names) or "digit"
     config: dict[str, Any]
     task: Task
     recipe: Recipe
     target: str  # what the model must reach, in words
     prepend_bos: bool = True
+    extra_tasks: tuple[Task, ...] = ()  # further task families trained into the same model
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        """Every task family the model was trained on, its main ``task`` first."""
+        return (self.task, *self.extra_tasks)
 
     @property
     def directory(self) -> Path:
@@ -130,6 +141,24 @@ ZOO: dict[str, ZooEntry] = {
             target=">= 99% on held-out pairs",
         ),
         ZooEntry(
+            name="add-cyclic",
+            description="a + b for a, b in 0..99 (`{a}+{b}=`) and weekday / month arithmetic "
+                        "(`Monday + 3 days =`, `March + 5 months =`, offsets 0..99), one vocabulary",
+            purpose="Cyclic concepts: do addition and weekday / month arithmetic share features and circuits?",
+            tokenizer="calendar:198",
+            config=_config(2, 128, 4, 512, 8, "LN"),
+            task=Task(op="+", a_range=(0, 100), b_range=(0, 100), template="{a}+{b}="),
+            extra_tasks=(
+                Task(op="+", a_range=(0, 7), b_range=(0, 100), template="{a} + {b} days =", modulus=7,
+                     names=WEEKDAYS, family="weekday"),
+                Task(op="+", a_range=(0, 12), b_range=(0, 100), template="{a} + {b} months =", modulus=12,
+                     names=MONTHS, family="month"),
+            ),
+            recipe=Recipe(steps=6000, lr=1e-3, weight_decay=0.5, train_frac=0.8, batch_size=1000, eval_every=100,
+                          stop_at_accuracy=0.999, steps_after_stop=200),
+            target=">= 99% on held-out problems of every task family",
+        ),
+        ZooEntry(
             name="add-3digit",
             description="3-digit addition over digit tokens, `123+456=` then 4 zero-padded answer digits",
             purpose="Digit-level circuits (carries), per-digit probes, multi-token answers.",
@@ -188,23 +217,42 @@ def list_zoo() -> list[dict[str, Any]]:
     return rows
 
 
-def zoo_prompts(model: HookedModel, entry: ZooEntry, a: Optional[list[int]] = None, b: Optional[list[int]] = None):
-    """The prompts of a zoo model's task, exactly as it was trained on them.
+def task_of(entry: ZooEntry, family: Optional[str] = None) -> Task:
+    """The task family ``family`` of a zoo model (default its main task)."""
+    if family is None:
+        return entry.task
+    for task in entry.tasks:
+        if task.family == family:
+            return task
+    raise ModelSpecError(f"zoo model {entry.name!r} was not trained on {family!r}; "
+                         f"its task families are {accepted([t.family for t in entry.tasks])}")
+
+
+def zoo_prompts(model: HookedModel, entry: ZooEntry, a: Optional[list[int]] = None, b: Optional[list[int]] = None,
+                family: Optional[str] = None):
+    """The prompts of a zoo model's task (``family``: one of its task families, default the main
+    one), exactly as it was trained on them.
 
     With ``a`` and ``b`` lists, those pairs; otherwise the full operand grid.
     """
     from arithinterp.tasks import arithmetic, prompts_for_pairs
 
-    task = entry.task
+    task = task_of(entry, family)
     if a is None or b is None:
-        return arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template,
-                          modulus=task.modulus, answer_digits=task.answer_digits)
-    return prompts_for_pairs(model, task.op, a, b, task.template,
-                             modulus=task.modulus, answer_digits=task.answer_digits)
+        prompts = arithmetic(model, task.op, range(*task.a_range), range(*task.b_range), task.template,
+                             modulus=task.modulus, answer_digits=task.answer_digits, names=task.names)
+    else:
+        prompts = prompts_for_pairs(model, task.op, a, b, task.template,
+                                    modulus=task.modulus, answer_digits=task.answer_digits, names=task.names)
+    if task.family in CONCEPTS and task.modulus == CONCEPTS[task.family].period:
+        prompts.meta["concept"] = dict(name=task.family, period=task.modulus)  # as arithinterp.cyclic builds it
+    return prompts
 
 
-def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0):
-    """Prompts for a zoo model's held-out problems (a seeded sample of ``limit`` of them).
+def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0,
+                     family: Optional[str] = None):
+    """Prompts for a zoo model's held-out problems (a seeded sample of ``limit`` of them) of one
+    task family (default the main one).
 
     The held-out split is the training split's complement (same seed as training), so these
     are problems the model never saw.
@@ -213,19 +261,30 @@ def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] =
 
     from arithinterp.models.train import operand_grid, split
 
-    held_out = split(entry)[1]
+    task = task_of(entry, family)
+    held_out = split(entry, task=task)[1]
     if limit is not None and limit < len(held_out):
         pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(seed))[:limit]
         held_out = held_out[pick]  # seeded random order: any prefix is a fair sample
-    a_all, b_all = operand_grid(entry.task)
-    return zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist())
+    a_all, b_all = operand_grid(task)
+    return zoo_prompts(model, entry, a_all[held_out].tolist(), b_all[held_out].tolist(), family)
 
 
 def evaluate(entry: ZooEntry, model: HookedModel, limit: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
-    """Held-out accuracy of a zoo model on its task (greedy generation of every answer token)."""
-    prompts = held_out_prompts(model, entry, limit, seed)
-    evaluation = prompts.evaluate(model)
-    return dict(held_out_problems=len(prompts), accuracy=round(evaluation.accuracy, 5))
+    """Held-out accuracy of a zoo model on its task (greedy generation of every answer token).
+
+    A model trained on several task families is measured on each (``families``, ``limit``
+    problems apiece); ``accuracy`` is then the lowest of them.
+    """
+    families = {}
+    for task in entry.tasks:
+        prompts = held_out_prompts(model, entry, limit, seed, task.family)
+        accuracy = prompts.evaluate(model).accuracy
+        families[task.family] = dict(held_out_problems=len(prompts), accuracy=round(accuracy, 5))
+    if len(families) == 1:
+        return next(iter(families.values()))
+    return dict(held_out_problems=sum(f["held_out_problems"] for f in families.values()),
+                accuracy=min(f["accuracy"] for f in families.values()), families=families)
 
 
 def task_prompts(model: HookedModel, spec: str, limit: int = 2000, seed: int = 0):
