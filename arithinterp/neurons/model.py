@@ -252,7 +252,7 @@ def importance(
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"pairs must be PromptPairs (from prompts.counterfactual()), got {type(pairs).__name__}")
     check_prompts(pairs.clean, "pairs.clean")
-    check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     budget = memory_budget(model, max_memory)
     chosen = _check_model_layers(model, layers)
     d_mlp = int(model.cfg.d_mlp)
@@ -278,9 +278,9 @@ def importance(
     )
 
 
-def check_batch_size(batch_size: Optional[int]) -> None:
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ConfigError(f"batch_size must be a positive integer or None (sized from max_memory), got {batch_size!r}")
+def check_batch_size(batch_size: Optional[int]) -> Optional[int]:
+    return None if batch_size is None else integer("batch_size", batch_size, minimum=1,
+                                                   hint=" or None (sized from max_memory)")
 
 
 def _final_metric(logits: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
@@ -599,7 +599,7 @@ def maps(
     """
     check_belongs(model, "neurons.maps", prompts=prompts)
     check_prompts(prompts)
-    check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     budget = memory_budget(model, max_memory)
     layer, neuron = _neuron_index(model, neurons)
     rows = _MapRows(model, prompts, layer, neuron, batch_size, budget, progress)
@@ -654,7 +654,7 @@ def classify(
     check_belongs(model, "neurons.classify", prompts=prompts, pairs=pairs)
     check_prompts(prompts)
     threshold = check_threshold(threshold)
-    check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     budget = memory_budget(model, max_memory)
     chosen = _check_model_layers(model, layers)
     if importance_scores is None and top_k is not None:

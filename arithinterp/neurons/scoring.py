@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.engine.budget import chunk_for
+from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.neurons.heuristics import (
     MAP_KINDS,
@@ -527,9 +528,7 @@ MapSource = Callable[[int, int], tuple[Optional[torch.Tensor], Optional[torch.Te
 
 
 def check_chunk_size(chunk_size: int) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ConfigError(f"chunk_size must be a positive integer (neurons scored together), got {chunk_size!r}")
-    return chunk_size
+    return integer("chunk_size", chunk_size, minimum=1, hint=" (neurons scored together)")
 
 
 def rows_per_chunk(n_cells: int, n_legal: int, n_heuristics: int, chunk_size: int, max_memory: Optional[float],

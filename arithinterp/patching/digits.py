@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs
+from arithinterp.checks import check_belongs, integer
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES, check_choice, check_pairs
@@ -173,10 +173,8 @@ def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> Pro
     check_choice("feed", feed, FEEDS)
     clean, corrupt = pairs.clean, pairs.corrupt
     width = max(clean.answer_tokens.shape[1], corrupt.answer_tokens.shape[1])
-    if isinstance(answer_token, bool) or not isinstance(answer_token, int) or not 0 <= answer_token < width:
-        raise ConfigError(f"answer_token must be an integer in 0..{width - 1} (these answers have at most "
-                          f"{width} tokens), got {answer_token!r}")
-    k = answer_token
+    k = integer("answer_token", answer_token, minimum=0, maximum=width - 1,
+                hint=f" (these answers have at most {width} tokens)")
     short = (clean.n_answer_tokens <= k) | (corrupt.n_answer_tokens <= k)
     if short.any():
         i = int(torch.nonzero(short)[0])
@@ -211,8 +209,7 @@ def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 
     if prompts.op not in OPERATORS:
         raise TaskError(f"vary_digit() needs prompts of one operator; these are {prompts.op!r}: "
                         f"build one set per operator ({accepted(OPERATORS)})")
-    if isinstance(column, bool) or not isinstance(column, int) or column < 0:
-        raise ConfigError(f"column must be a digit index >= 0 (0 = units), got {column!r}")
+    column = integer("column", column, minimum=0, hint=" (a digit index, 0 = units)")
     names = ["a", "b"] if operand == "both" else [operand]
     values = {name: getattr(prompts, name).tolist() for name in ("a", "b")}
     for name in names:
