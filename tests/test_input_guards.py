@@ -437,7 +437,7 @@ def test_engine_run_takes_numpy_integer_positions(tiny_model):
     from arithinterp import engine
 
     tokens = arithmetic(tiny_model, "+", range(4), range(4)).tokens
-    read = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=np.int64(-1))]).reads[0]
+    read = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=np.int64(-1))]).reads[0]  # pyright: ignore[reportArgumentType]
     same = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=-1)]).reads[0]
     assert torch.equal(read, same)
     with pytest.raises(ArithInterpError, match="interventions and reads must be Intervention and Read objects, got str"):
@@ -513,10 +513,10 @@ def test_top_n_takes_a_numpy_integer(tiny_model):
     from arithinterp.errors import ConfigError
 
     circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
-    assert circuits.top_n(circuit, np.int64(5)).n_kept == 5
+    assert circuits.top_n(circuit, np.int64(5)).n_kept == 5  # pyright: ignore[reportArgumentType]
     with pytest.raises(ConfigError, match=rf"n must be an integer in 0\.\.{circuit.n_edges} \(the number of edges\), "
                                           r"got 2\.5 \(float\)"):
-        circuits.top_n(circuit, 2.5)
+        circuits.top_n(circuit, 2.5)  # pyright: ignore[reportArgumentType]
 
 
 def test_something_that_is_not_pairs_is_refused_at_the_entry(tiny_model):
