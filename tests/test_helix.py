@@ -225,6 +225,72 @@ def test_patch_test_planted_helix_is_causally_sufficient(helix_model, helix_pair
     assert len(result.plot().data) == 1
 
 
+def test_patch_test_fractions_carry_bootstrap_intervals(helix_model, helix_pairs):
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    result = hx.patch_test(helix_model, pairs, hx.fit(acts, "a", PERIODS))
+    assert result.layer_patch_distinct and result.note == ""
+    low, high = result.fraction_ci
+    fractions = result.fractions()
+    helix_row, shuffled_row = result.methods.index("helix"), result.methods.index("shuffled")
+    assert float(low[helix_row]) <= fractions["helix"] <= float(high[helix_row])
+    assert 0.9 < float(low[helix_row]) and float(high[helix_row]) < 1.1  # a planted helix: all of the effect
+    assert float(low[shuffled_row]) < 0.3  # the shuffled control's interval reaches down to nothing
+    assert float(low[0]) == pytest.approx(1.0) == float(high[0])  # the layer patch is its own reference
+    effect_low, effect_high = result.effect_ci
+    assert bool((effect_low <= result.effect).all() and (result.effect <= effect_high).all())
+    frame = result.to_frame()
+    assert {"effect_ci_low", "effect_ci_high", "fraction_ci_low", "fraction_ci_high", "note"} <= set(frame.columns)
+    # seeded: the same call gives the same intervals
+    again = hx.patch_test(helix_model, pairs, hx.fit(acts, "a", PERIODS))
+    assert torch.equal(again.fraction_ci, result.fraction_ci)
+
+
+def test_patch_test_reports_no_fraction_of_a_zero_layer_patch(helix_model, helix_pairs):
+    """In the last layer, the a position's output reaches no later attention: patching it moves
+    nothing at the final position, so there is no layer-patch effect to take a share of."""
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_post"], layers=[0], positions=["a"], progress=False)
+    fit = hx.fit(acts, "a", PERIODS)
+    assert fit.r2_full > 0.99  # the representation there is a perfect helix, yet it does nothing causally
+    result = hx.patch_test(helix_model, pairs, fit)
+    assert abs(float(result.effect[0])) < 1e-4
+    assert not result.layer_patch_distinct
+    assert torch.isnan(result.fraction).all() and torch.isnan(result.fraction_ci).all()
+    assert result.fractions() == {}
+    assert "not distinguishable from zero" in result.note and "no fraction" in result.note
+    assert result.meta["note"] == result.note
+    frame = result.to_frame()
+    assert frame.fraction_of_layer_patch.isna().all() and (frame.note == result.note).all()
+    figure = result.plot()
+    assert "no fractions" in figure.layout.title.text and not figure.data[0].text
+
+
+def test_patch_test_refuses_a_fit_on_too_few_values(helix_model):
+    """Ten values and a 9-parameter helix: any 9-dim basis with a constant interpolates ten
+    points, so 'the helix restores the layer patch' cannot fail; refused with the reason."""
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(helix_model, "+", a=range(10), b=range(10), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    fit = hx.fit(acts, "a", PERIODS, holdout=0)  # unvalidated, so fit itself does not refuse
+    assert fit.r2_full > 0.999  # a perfect "fit" of ten points: the symptom
+    with pytest.raises(AnalysisError, match=r"only 10 distinct values.*k \+ 1 = 10.*interpolates them exactly"):
+        hx.patch_test(helix_model, pairs, fit)
+    # one period fewer leaves the basis below the number of values: the comparison runs
+    assert hx.patch_test(helix_model, pairs, hx.fit(acts, "a", (5, 10, 100), holdout=0)).k == 7
+    # an extra baseline is held to the same rule
+    poly = hx.fit(acts, "a", PERIODS, kind="poly", holdout=0)
+    with pytest.raises(AnalysisError, match="'poly' fit"):
+        hx.patch_test(helix_model, pairs, hx.fit(acts, "a", (10,), holdout=0), extra={"poly": poly})
+
+
 @pytest.fixture(scope="module")
 def helix_model_2layer(number_tokenizer):
     """Two planted-helix layers: every residual site at an operand position is an exact helix of

@@ -193,12 +193,22 @@ def fit_layers_figure(result: Any) -> go.Figure:
 
 
 def patch_test_figure(result: Any) -> go.Figure:
-    """Mean corrupt-answer logit change per patch method, with standard errors."""
+    """Mean corrupt-answer logit change per patch method with its 95% bootstrap interval over
+    pairs; bars are labelled with their fraction of the layer patch (and its interval) only when
+    the layer patch's effect is distinguishable from zero, else the title says so."""
     frame = result.to_frame()
-    fig = bars(dict(zip(frame["method"], frame["effect"])), errors=dict(zip(frame["method"], frame["sem"])),
-               title=f"Causal patch test at {result.site}, layer {result.layer}, position {result.position!r}",
-               y_title="Δ logit of the corrupted answer")
-    fig.update_traces(text=[f"{f:.0%}" for f in frame.fraction_of_layer_patch], textposition="outside")
+    title = f"Causal patch test at {result.site}, layer {result.layer}, position {result.position!r}"
+    if not getattr(result, "layer_patch_distinct", True):
+        title += "<br><sub>no fractions: " + result.note + "</sub>"
+    fig = bars(dict(zip(frame["method"], frame["effect"])), title=title, y_title="Δ logit of the corrupted answer")
+    if frame["effect_ci_low"].notna().all():
+        fig.update_traces(error_y=dict(type="data", symmetric=False,
+                                       array=(frame["effect_ci_high"] - frame["effect"]).tolist(),
+                                       arrayminus=(frame["effect"] - frame["effect_ci_low"]).tolist()))
+    if getattr(result, "layer_patch_distinct", True):
+        fig.update_traces(text=[f"{f:.0%} [{lo:.0%}, {hi:.0%}]" if math.isfinite(lo) else f"{f:.0%}" for f, lo, hi in
+                                zip(frame.fraction_of_layer_patch, frame.fraction_ci_low, frame.fraction_ci_high)],
+                          textposition="outside")
     return fig
 
 
