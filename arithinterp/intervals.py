@@ -30,6 +30,18 @@ def clip_interval(low: torch.Tensor, high: torch.Tensor, metric: str) -> tuple[t
     return low.clamp(lo, hi), high.clamp(lo, hi)
 
 
+def t_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Student-t interval of the mean over the last axis (e.g. cross-validation folds): ``(low, high)``."""
+    from scipy.stats import t as student_t
+
+    k = scores.shape[-1]
+    mean = scores.mean(-1)
+    if k < 2:
+        return mean.clone(), mean.clone()
+    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * scores.std(-1, unbiased=True) / math.sqrt(k)
+    return mean - half, mean + half
+
+
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
     """How often each of ``n`` items is drawn in each of ``n_boot`` resamples ``[n_boot, n]`` (seeded)."""
     generator = torch.Generator().manual_seed(int(seed))

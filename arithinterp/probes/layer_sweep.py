@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError, accepted
-from arithinterp.intervals import clip_interval
+from arithinterp.intervals import clip_interval, t_interval
 from arithinterp.probes.estimators import (
     PROBE_KINDS,
     CircularProbe,
@@ -234,15 +234,9 @@ def _probe_cell(estimator: Any, X: torch.Tensor, label_sets: list, folds, full: 
 
 
 def confidence_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Student-t interval of the mean over the last axis (folds): ``(low, high)``."""
-    from scipy.stats import t as student_t
-
-    k = scores.shape[-1]
-    mean = scores.mean(-1)
-    if k < 2:
-        return mean.clone(), mean.clone()
-    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * scores.std(-1, unbiased=True) / math.sqrt(k)
-    return mean - half, mean + half
+    """Student-t interval of the mean over the last axis (folds): ``(low, high)``, unclipped
+    (:attr:`ProbeResult.ci` clips it to the metric's range)."""
+    return t_interval(scores, level)
 
 
 # --- sweeps ---------------------------------------------------------------------------------------

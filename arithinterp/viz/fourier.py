@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, to_array, bars, figure, heatmap, layer_lines
+from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
 
 def _freq_labels(result: Any) -> list[str]:
@@ -209,6 +209,32 @@ def patch_test_figure(result: Any) -> go.Figure:
         fig.update_traces(text=[f"{f:.0%} [{lo:.0%}, {hi:.0%}]" if math.isfinite(lo) else f"{f:.0%}" for f, lo, hi in
                                 zip(frame.fraction_of_layer_patch, frame.fraction_ci_low, frame.fraction_ci_high)],
                           textposition="outside")
+    return fig
+
+
+def separability_figure(result: Any, series: Union[int, str] = 0) -> go.Figure:
+    """Mod-T linear separability of one series: the probe's held-out accuracy per period with its
+    95% interval, next to the random-init model, the shuffled numbers and chance (Fu et al. 2026)."""
+    s = result.series.index(series) if isinstance(series, str) else int(series)
+    periods = [f"T={T}" for T in result.periods]
+    fig = figure(f"Is x mod T linearly readable? ({result.series[s]})", "period", "held-out accuracy of x mod T")
+    acc, low, high = (to_array(t) for t in (result.accuracy[s], result.ci[0, s], result.ci[1, s]))
+    fig.add_trace(go.Bar(x=periods, y=acc, name="trained model", marker_color=cycle_colour(0),
+                         error_y=dict(type="data", symmetric=False, array=high - acc, arrayminus=acc - low),
+                         hovertemplate="%{x}: %{y:.3f}<extra>trained model</extra>"))
+    if result.random_init is not None:
+        r_acc, r_low, r_high = (to_array(t) for t in (result.random_init[s], result.random_init_ci[0, s],
+                                                      result.random_init_ci[1, s]))
+        fig.add_trace(go.Bar(x=periods, y=r_acc, name="random-init model", marker_color=cycle_colour(1),
+                             error_y=dict(type="data", symmetric=False, array=r_high - r_acc, arrayminus=r_acc - r_low),
+                             hovertemplate="%{x}: %{y:.3f}<extra>random-init model</extra>"))
+    fig.add_trace(go.Bar(x=periods, y=to_array(result.shuffled[s]), name="numbers shuffled", marker_color="lightgrey",
+                         hovertemplate="%{x}: %{y:.3f}<extra>numbers shuffled</extra>"))
+    fig.add_trace(go.Scatter(x=periods, y=to_array(result.chance), mode="markers", name="chance (largest class)",
+                             marker=dict(symbol="line-ew-open", size=30, color="black"),
+                             hovertemplate="%{x}: chance %{y:.3f}<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(range=[0, 1.05])
     return fig
 
 
