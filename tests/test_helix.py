@@ -1,6 +1,7 @@
 """Helix bases, fits with held-out R², period search, the causal patch test and neuron fits."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -289,6 +290,30 @@ def test_patch_test_refuses_a_fit_on_too_few_values(helix_model):
     poly = hx.fit(acts, "a", PERIODS, kind="poly", holdout=0)
     with pytest.raises(AnalysisError, match="'poly' fit"):
         hx.patch_test(helix_model, pairs, hx.fit(acts, "a", (10,), holdout=0), extra={"poly": poly})
+
+
+def test_report_prints_no_share_of_a_zero_layer_patch(number_tokenizer):
+    """The planted helix model with its attention output cut: the final position never sees a, so
+    the layer patch at a does nothing and the report states that instead of printing shares."""
+    from arithinterp.report import Context, fourier_helix_stage
+    from arithinterp.tasks import arithmetic
+
+    model = _planted_helix_model(number_tokenizer, n_layers=1, seed=0)
+    state = model.state_dict()
+    state["blocks.0.attn.o.weight"] = torch.zeros_like(state["blocks.0.attn.o.weight"])
+    model.load_state_dict(state)
+    prompts = arithmetic(model, "+", a=range(100), b=[0, 1], template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    section = fourier_helix_stage(Context(model, "planted", prompts, prompts, prompts.evaluate(model), pairs,
+                                          n_pairs=60))
+    helix_finding = next(f for f in section.findings if f.startswith("A helix"))
+    assert re.search(r"the layer patch moves the corrupted answer's logit by 0 \(95% CI 0 to 0\): not "
+                     r"distinguishable from zero, so no share of it is reported\.$", helix_finding)
+    assert "restore" not in helix_finding and not any("Helix: no signal" in f for f in section.findings)
+    # the embeddings are an exact helix: x mod 10 is readable there, beyond a random-init model
+    separability = next(f for f in section.findings if "x mod T" in f)
+    assert "beyond chance and a random-init model of the same architecture for T = " in separability
+    assert "10" in separability.split("for T = ")[1].split(" (")[0]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
@@ -27,6 +27,9 @@ from arithinterp.fourier.spectra import CONTEXT_SITES, group_by_value, number_ax
 from arithinterp.intervals import clip_interval, t_interval
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 
 @dataclass(frozen=True)
@@ -226,14 +229,20 @@ def number_representations(
     template: str = "{a}+{b}=",
     b: int = 0,
     position: str = "a",
+    prompts: Optional[PromptSet] = None,
+    per_number: int = 4,
+    seed: int = 0,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Each number's representation [n, d] per series (name → tensor, rows in the order of ``numbers``).
 
-    ``site="embed"`` with one token per number: the embedding rows ``W_E[token(x)]``; otherwise
-    (any tokenizer) the activation at ``site`` and ``position`` (default the number's last token)
-    of the prompt ``template`` with a = x and ``b``, one series per layer, as
-    :func:`~arithinterp.fourier.context_spectrum` reads them.
+    ``site="embed"`` with one token per number and no ``prompts``: the embedding rows
+    ``W_E[token(x)]``. Otherwise (any tokenizer) the activation at ``site`` and ``position``
+    (default ``"a"``: the number's last token, where a number of several tokens has been read
+    whole), one series per layer: in the prompt ``template`` with a = x and ``b`` (as
+    :func:`~arithinterp.fourier.context_spectrum` reads them), or — with ``prompts`` (e.g. a
+    task's own few-shot prompts) — averaged over up to ``per_number`` of those with a = x
+    (a seeded choice); every number of ``numbers`` needs one.
     """
     from arithinterp.activations import collect
     from arithinterp.errors import TokenizationError
@@ -241,13 +250,24 @@ def number_representations(
 
     if site not in CONTEXT_SITES:
         raise SiteError(f"a number representation reads one of {accepted(CONTEXT_SITES)}, got {site!r}")
+    if isinstance(per_number, bool) or not isinstance(per_number, int) or per_number < 1:
+        raise ConfigError(f"per_number must be a positive integer, got {per_number!r}")
     numbers = number_axis(numbers)
-    if site == "embed":
+    if site == "embed" and prompts is None:
         try:
             return {"embed": model.W_E.detach()[number_tokens(model, numbers)].double()}
         except TokenizationError:
             pass  # several tokens per number: read each at its last token in a prompt
-    prompts = arithmetic(model, "+", a=numbers, b=[b], template=template)
+    if prompts is None:
+        prompts = arithmetic(model, "+", a=numbers, b=[b], template=template)
+    else:
+        order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(int(seed)))
+        a = prompts.a[order]
+        rank = torch.zeros_like(a)
+        for value in a.unique():  # the how-many-th prompt with this a each one is, in the seeded order
+            same = a == value
+            rank[same] = torch.arange(int(same.sum()))
+        prompts = prompts[order[rank < per_number]]
     acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=progress)
     position = acts.positions[0]
     return {(f"L{layer} {site}" if site != "embed" else "embed"):
