@@ -326,6 +326,11 @@ def test_frequency_filter_reports_accuracy_and_errors(tiny):
     assert 0 not in result.errors
     assert result.removed == fo.band_frequencies(19, "high")
     assert result.layers == [0, 1]
+    # a random model answers (almost) nothing: no share of a zero baseline is reported
+    if result.baseline_ci[0] <= 0:
+        assert math.isnan(result.retained) and "not distinguishable from zero" in result.note
+    assert 0 <= result.accuracy_ci[0] <= result.accuracy <= result.accuracy_ci[1] <= 1
+    assert result.drop == pytest.approx(result.baseline_accuracy - result.accuracy)
     # the filter acts: removing every non-constant frequency from every component changes the logits
     everything = fo.frequency_filter(tiny, prompts, list(range(1, 10)), site="mlp_out")
     assert everything.removed == list(range(1, 10))
@@ -431,6 +436,11 @@ def test_add100_frequency_filters(add100):
     assert high.baseline_accuracy > 0.99
     assert high.accuracy < 0.1
     assert 0.3 < low.accuracy < 0.95
+    # shares of an accuracy that is there carry their bootstrap interval over prompts
+    assert low.note == "" and low.retained_ci[0] <= low.retained <= low.retained_ci[1]
+    assert low.retained == pytest.approx(low.accuracy / low.baseline_accuracy)
+    assert low.drop_ci[0] > 0.03  # removing the low band costs accuracy, beyond the noise
+    assert low.summary()["drop_ci"] == low.drop_ci
 
 
 @pytest.fixture

@@ -84,8 +84,12 @@ def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
 
 def filter_figure(result: Any) -> go.Figure:
     """Distribution of answer errors with a frequency band filtered out."""
+    def quoted(value: float, ci: Optional[list]) -> str:
+        return f"{value:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+
     fig = figure(f"Errors with {len(result.removed)} frequencies removed from {result.site} "
-                 f"(accuracy {result.accuracy:.1%} vs {result.baseline_accuracy:.1%})",
+                 f"(accuracy {quoted(result.accuracy, getattr(result, 'accuracy_ci', None))} vs "
+                 f"{quoted(result.baseline_accuracy, getattr(result, 'baseline_ci', None))})",
                  "model answer − true answer", "wrong answers")
     fig.add_trace(go.Bar(x=list(result.errors), y=list(result.counts),
                          hovertemplate="error %{x}: %{y} answers<extra></extra>"))
