@@ -490,13 +490,16 @@ def test_add100_helix_patch_test_at_the_a_position():
     fit = hx.fit(acts, "a", PERIODS, layer=0)
     result = hx.patch_test(model, pairs, fit)
     fraction = dict(zip(result.methods, result.fraction.tolist()))
-    # measured: layer patch +13.5 logits; PCA-9 61%, helix 27%, shuffled -1%
-    assert float(result.effect[0]) > 5
+    # measured: layer patch +13.7 logits (95% CI 13.3 to 14.1); PCA-9 63%, helix 30% (26% to 34%), shuffled 1%
+    assert float(result.effect[0]) > 5 and result.layer_patch_distinct
     assert 0.1 < fraction["helix"] < fraction["PCA-9"]
     assert abs(fraction["shuffled"]) < 0.1
+    helix_low, helix_high = result.fraction_ci[:, result.methods.index("helix")].tolist()
+    assert 0.1 < helix_low < fraction["helix"] < helix_high < fraction["PCA-9"]
     # by layer 1 the a position no longer matters (attention in layer 0 has moved it on)
     later = hx.patch_test(model, pairs, hx.fit(acts, "a", PERIODS, layer=1))
     assert abs(float(later.effect[0])) < 0.05 * float(result.effect[0])
+    assert not later.layer_patch_distinct and later.fractions() == {}  # measured: +0.0008 (−0.009 to 0.010)
 
 
 @pytest.mark.skipif(not _shipped("modadd-113"), reason="zoo:modadd-113 is not shipped")
