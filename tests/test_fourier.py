@@ -621,3 +621,20 @@ def test_add100_embeddings_hold_x_mod_5_beyond_a_random_init_model(add100):
     # measured: mod 5 0.59 (random-init 0.21, chance 0.20); mod 2 0.70 (0.52); mod 10 0.22 (0.11)
     assert acc[5] > 0.45 and random_init[5] < 0.35
     assert result.beats_controls()[0].tolist()[1]
+
+
+def test_separability_and_filter_results_round_trip(tmp_path, tiny):
+    from arithinterp.tasks import arithmetic
+
+    values, acts = _numbers_as(1, 8, _circle(10))
+    result = fo.separability(acts, values, (5, 10, 50), control=acts.flip(0))
+    loaded = fo.SeparabilityResult.load(result.save(tmp_path / "sep"))
+    assert torch.equal(loaded.accuracy.isnan(), result.accuracy.isnan())
+    assert torch.allclose(loaded.random_init.nan_to_num(), result.random_init.nan_to_num())
+    assert loaded.periods == [5, 10, 50] and loaded.meta["skipped"] == result.meta["skipped"]
+    no_control = fo.SeparabilityResult.load(fo.separability(acts, values, (10,)).save(tmp_path / "sep2"))
+    assert no_control.random_init is None and "random_init" not in no_control.to_frame()
+    prompts = arithmetic(tiny, "+", a=range(10), b=range(10), template="{a}+{b}=")
+    filtered = fo.frequency_filter(tiny, prompts, "high", site="attn_out")
+    again = fo.FilterResult.load(filtered.save(tmp_path / "filter"))
+    assert again.drop_ci == filtered.drop_ci and again.note == filtered.note

@@ -249,6 +249,19 @@ def test_patch_test_fractions_carry_bootstrap_intervals(helix_model, helix_pairs
     assert torch.equal(again.fraction_ci, result.fraction_ci)
 
 
+def test_patch_result_round_trips_with_its_intervals(helix_model, helix_pairs, tmp_path):
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_post"], layers=[0], positions=["a"], progress=False)
+    result = hx.patch_test(helix_model, pairs[:40], hx.fit(acts, "a", PERIODS), n_boot=200)
+    loaded = hx.HelixPatchResult.load(result.save(tmp_path / "patch"))
+    assert loaded.note == result.note != "" and loaded.layer_patch_distinct is False
+    assert torch.equal(loaded.effect_ci, result.effect_ci) and loaded.fraction_ci.isnan().all()
+    with pytest.raises(ConfigError, match="n_boot"):
+        hx.patch_test(helix_model, pairs, hx.fit(acts, "a", PERIODS), n_boot=10)
+
+
 def test_patch_test_reports_no_fraction_of_a_zero_layer_patch(helix_model, helix_pairs):
     """In the last layer, the a position's output reaches no later attention: patching it moves
     nothing at the final position, so there is no layer-patch effect to take a share of."""
