@@ -374,12 +374,22 @@ def fourier_helix_stage(ctx: Context) -> Section:
         spectrum = fourier.activation_spectrum(rows, numbers=axis, seed=ctx.seed)
         what = f"the residual stream entering layer {helix_layer} at each number's last token"
     section.sample = f"{spectrum.n} numbers ({what})"
+    # the same representation in a random-init model: periods that spike there come from the tokens
+    control_spectrum = fourier.activation_spectrum(control_rows, numbers=axis, seed=ctx.seed)
+    control_keys = set(control_spectrum.key[0]) - {0}
+    in_control = (f"a random-init model of the same architecture has {len(control_keys)} key frequencies there "
+                  f"({float(control_spectrum.key_fraction[0]):.0%} of its power)" if control_keys else
+                  "a random-init model of the same architecture has no key frequency there")
     periods = [f"{spectrum.n / k:.3g}" for k in spectrum.key[0] if k > 0]
     if periods:
         shown = ", ".join(periods[:8]) + (f" and {len(periods) - 8} more" if len(periods) > 8 else "")
+        learned = [f"{spectrum.n / k:.3g}" for k in spectrum.key[0] if k > 0 and k not in control_keys]
+        verdict = (f"period{'s' if len(learned) > 1 else ''} {', '.join(learned[:8])} "
+                   f"{'are' if len(learned) > 1 else 'is'} key only in the trained model" if learned else
+                   "every one of these periods is key there too, so the spectrum alone shows no learned period")
         section.findings.append(
             f"In {what}, {float(spectrum.key_fraction[0]):.0%} of the non-constant power lies in {len(periods)} key "
-            f"frequencies that beat the numbers shuffled (periods {shown})."
+            f"frequencies that beat the numbers shuffled (periods {shown}); {in_control}: {verdict}."
         )
     else:
         power = spectrum.power[0, 1:]
@@ -387,7 +397,7 @@ def fourier_helix_stage(ctx: Context) -> Section:
         section.findings.append(
             f"No signal above the control: no frequency of {what} has 10× the median power and beats the numbers "
             f"shuffled; the strongest is period {spectrum.n / k:.3g} with {float(power[k - 1] / power.sum()):.0%} of "
-            "the non-constant power."
+            f"the non-constant power ({in_control})."
         )
     section.figures.append(spectrum.plot())
     key_periods = fourier.integer_periods([spectrum.n / k for k in spectrum.key[0] if k > 0], spectrum.n)
