@@ -294,7 +294,8 @@ def test_patch_test_refuses_a_fit_on_too_few_values(helix_model):
     pairs = prompts.counterfactual(vary="a", seed=0)
     acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
     fit = hx.fit(acts, "a", PERIODS, holdout=0)  # unvalidated, so fit itself does not refuse
-    assert fit.r2_full > 0.999  # a perfect "fit" of ten points: the symptom
+    assert fit.r2_full > 0.999  # a perfect "fit" of ten points: the symptom, flagged on the fit itself
+    assert "interpolates any function" in fit.meta["note"]
     with pytest.raises(AnalysisError, match=r"only 10 distinct values.*k \+ 1 = 10.*interpolates them exactly"):
         hx.patch_test(helix_model, pairs, fit)
     # one period fewer leaves the basis below the number of values: the comparison runs
