@@ -180,6 +180,8 @@ def test_a_finding_must_beat_chance_and_a_random_init_model(planted):
     assert "random-init model" in finding["text"] and "chance 0.10" in finding["text"]
     assert "shuffled labels" in finding["text"] and f"{finding['random_init_score']:.2f}" in finding["text"]
     assert result.to_frame().query("source == 'probe'").beats_controls.tolist() == [False, False, True]
+    assert "finding: layer 2" in result.plot().layout.title.text
+    assert result.best()["chance"] == result.chance and "beats_controls" in result.best()
     # when the random-init model reads the label as well as the trained one, nothing is a finding
     both = probes.probe_layers(trained, label, layers=[0], control_acts=_acts_with_label_signal(label, [0, 2], 12),
                                progress=False)

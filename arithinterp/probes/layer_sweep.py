@@ -358,13 +358,16 @@ class ProbeResult(Result):
         return self.control_mean[self.controls.index(name)]
 
     def best(self) -> dict:
-        """The layer and position with the highest mean held-out score, with its CI and selectivity."""
+        """The layer and position with the highest mean held-out score, with its CI (clipped), chance,
+        the controls, selectivity and whether it beats them (:meth:`beats_controls`; the sentence
+        a reader should see is :meth:`finding`)."""
         mean = self.mean
         flat = int(mean.flatten().argmax())
         li, pi = divmod(flat, mean.shape[1])
         low, high = self.ci
         out = dict(layer=self.layers[li], position=self.positions[pi], score=float(mean[li, pi]),
-                   ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), metric=self.metric)
+                   ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), metric=self.metric, chance=self.chance,
+                   beats_controls=bool(self.beats_controls()[li, pi]))
         for c, name in enumerate(self.controls):
             out[f"{name}_score"] = float(self.control_mean[c, li, pi])
             out[f"selectivity_{name}"] = float(self.selectivity[c, li, pi])
