@@ -1,6 +1,7 @@
 """Fourier bases, spectra, key frequencies, neuron clusters, restricted / excluded loss, filters."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -326,6 +327,11 @@ def test_frequency_filter_reports_accuracy_and_errors(tiny):
     assert 0 not in result.errors
     assert result.removed == fo.band_frequencies(19, "high")
     assert result.layers == [0, 1]
+    # a random model answers (almost) nothing: no share of a zero baseline is reported
+    if result.baseline_ci[0] <= 0:
+        assert math.isnan(result.retained) and "not distinguishable from zero" in result.note
+    assert 0 <= result.accuracy_ci[0] <= result.accuracy <= result.accuracy_ci[1] <= 1
+    assert result.drop == pytest.approx(result.baseline_accuracy - result.accuracy)
     # the filter acts: removing every non-constant frequency from every component changes the logits
     everything = fo.frequency_filter(tiny, prompts, list(range(1, 10)), site="mlp_out")
     assert everything.removed == list(range(1, 10))
@@ -431,6 +437,11 @@ def test_add100_frequency_filters(add100):
     assert high.baseline_accuracy > 0.99
     assert high.accuracy < 0.1
     assert 0.3 < low.accuracy < 0.95
+    # shares of an accuracy that is there carry their bootstrap interval over prompts
+    assert low.note == "" and low.retained_ci[0] <= low.retained <= low.retained_ci[1]
+    assert low.retained == pytest.approx(low.accuracy / low.baseline_accuracy)
+    assert low.drop_ci[0] > 0.03  # removing the low band costs accuracy, beyond the noise
+    assert low.summary()["drop_ci"] == low.drop_ci
 
 
 @pytest.fixture
@@ -525,3 +536,126 @@ def test_key_fraction_takes_any_iterable_of_frequencies():
     assert fo.key_fraction(power, (k for k in [2])) == pytest.approx(0.6)
     assert fo.key_fraction(power, iter([1, 4])) == pytest.approx(0.4)
     assert fo.key_fraction(power, []) == 0.0
+
+
+# --- mod-T linear separability (Fu et al. 2026) -------------------------------------------------
+
+
+def _numbers_as(rows_per_number, d, encode, noise=0.1, seed=0):
+    """[100 · rows_per_number, d] rows: ``encode(x)`` [n, k] in a random k-plane of d dims, plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.arange(100).repeat(rows_per_number)
+    code = encode(values.double())
+    plane = torch.linalg.qr(torch.randn(d, code.shape[1], generator=g, dtype=torch.float64))[0]
+    return values, code @ plane.T + noise * torch.randn(len(values), d, generator=g, dtype=torch.float64)
+
+
+def _circle(period):
+    return lambda x: torch.stack([(2 * math.pi * x / period).cos(), (2 * math.pi * x / period).sin()], 1) * 3
+
+
+def test_separability_reads_a_planted_mod_10_circle_and_not_random_numbers():
+    values, acts = _numbers_as(2, 32, _circle(10))
+    g = torch.Generator().manual_seed(1)
+    random_init = torch.randn(100, 32, generator=g, dtype=torch.float64)[values]  # one random vector per number
+    result = fo.separability(acts, values, (2, 5, 10), control=random_init)
+    acc = dict(zip(result.periods, result.accuracy[0].tolist()))
+    assert acc[10] > 0.95  # each residue is one point of the circle
+    # x mod 5 puts opposite points of the circle in one class, x mod 2 alternates round it:
+    # no line separates either, though both periods divide 10
+    assert acc[5] < 0.35 and acc[2] < 0.75
+    assert result.chance.tolist() == pytest.approx([0.5, 0.2, 0.1])
+    assert (result.shuffled[0] < result.chance + 0.15).all()  # numbers shuffled: nothing to read
+    assert (result.random_init[0] < result.chance + 0.15).all()  # a random vector per number: nothing held out
+    assert result.beats_controls()[0].tolist() == [False, False, True]
+    assert (result.ci >= 0).all() and (result.ci <= 1).all()
+    frame = result.to_frame()
+    assert set(frame.columns) >= {"period", "accuracy", "ci_low", "ci_high", "chance", "shuffled", "random_init",
+                                  "beats_controls"}
+    assert len(result.plot().data) == 4
+
+
+def test_a_spectral_spike_need_not_be_a_mod_t_feature():
+    """One cosine of period 10: the spectrum spikes at period 10, but x and 10 − x coincide, so x mod
+    10 is only partly readable (6 of the 10 residues at best): the spike alone says too little."""
+    values, acts = _numbers_as(1, 16, lambda x: (2 * math.pi * x / 10).cos()[:, None] * 3, noise=0.05)
+    spectrum = fo.activation_spectrum(acts, numbers=range(100))
+    assert spectrum.key[0] == [10]  # period 100 / 10 = 10
+    result = fo.separability(acts, values, (10,))
+    assert 0.3 < float(result.accuracy[0, 0]) < 0.7
+
+
+def test_separability_is_seeded_and_validates_input():
+    values, acts = _numbers_as(1, 8, _circle(5))
+    first, second = fo.separability(acts, values, (5,)), fo.separability(acts, values, (5,))
+    assert torch.equal(first.accuracy, second.accuracy) and torch.equal(first.shuffled, second.shuffled)
+    with pytest.raises(ConfigError, match="whole periods"):
+        fo.separability(acts, values, (2.5,))
+    with pytest.raises(AnalysisError, match="too few for 5 folds"):
+        fo.separability(acts[:6], values[:6], (2,))
+    with pytest.raises(AnalysisError, match="shape of source"):
+        fo.separability(acts, values, (5,), control=acts[:, :4])
+    with pytest.raises(AnalysisError, match="values has 3 entries"):
+        fo.separability(acts, values[:3], (5,))
+    # a period with fewer than two training numbers per class is not scored, and says why
+    sparse = fo.separability(acts, values, (5, 50))
+    assert math.isnan(float(sparse.accuracy[0, 1])) and sparse.meta["skipped"][0]["period"] == 50
+    assert fo.integer_periods([100 / 10, 100 / 40, 100 / 3, 100], 100) == [10]
+
+
+def test_number_separability_compares_with_a_random_init_model(tiny):
+    result = fo.number_separability(tiny, range(100), (2, 5, 10))
+    assert result.series == ["embed"] and result.random_init is not None
+    # a random model against another random model: nothing the training put there
+    assert not result.beats_controls().any()
+    # several tokens per number work too: read at the number's last token in a prompt
+    layers = fo.number_representations(tiny, range(100), site="resid_post", layers=[0])
+    assert list(layers) == ["L0 resid_post"] and layers["L0 resid_post"].shape == (100, 64)
+
+
+@needs_add100
+def test_add100_embeddings_hold_x_mod_5_beyond_a_random_init_model(add100):
+    model, _ = add100
+    result = fo.number_separability(model, range(100), (2, 5, 10))
+    acc = dict(zip(result.periods, result.accuracy[0].tolist()))
+    random_init = dict(zip(result.periods, result.random_init[0].tolist()))
+    # measured: mod 5 0.59 (random-init 0.21, chance 0.20); mod 2 0.70 (0.52); mod 10 0.22 (0.11)
+    assert acc[5] > 0.45 and random_init[5] < 0.35
+    assert result.beats_controls()[0].tolist()[1]
+
+
+def test_separability_and_filter_results_round_trip(tmp_path, tiny):
+    from arithinterp.tasks import arithmetic
+
+    values, acts = _numbers_as(1, 8, _circle(10))
+    result = fo.separability(acts, values, (5, 10, 50), control=acts.flip(0))
+    loaded = fo.SeparabilityResult.load(result.save(tmp_path / "sep"))
+    assert torch.equal(loaded.accuracy.isnan(), result.accuracy.isnan())
+    assert torch.allclose(loaded.random_init.nan_to_num(), result.random_init.nan_to_num())
+    assert loaded.periods == [5, 10, 50] and loaded.meta["skipped"] == result.meta["skipped"]
+    no_control = fo.SeparabilityResult.load(fo.separability(acts, values, (10,)).save(tmp_path / "sep2"))
+    assert no_control.random_init is None and "random_init" not in no_control.to_frame()
+    prompts = arithmetic(tiny, "+", a=range(10), b=range(10), template="{a}+{b}=")
+    filtered = fo.frequency_filter(tiny, prompts, "high", site="attn_out")
+    again = fo.FilterResult.load(filtered.save(tmp_path / "filter"))
+    assert again.drop_ci == filtered.drop_ci and again.note == filtered.note
+
+
+def test_report_fourier_stage_reads_digit_split_numbers_against_a_random_init_model(llama_model):
+    """A random-weight Llama with one token per digit and a few-shot prefix: each number is read
+    at its last token; the digit token there makes periods 10, 5, 2 spike and x mod 10 readable —
+    in a random-init copy just as much, so the report calls nothing learned."""
+    from arithinterp.report import Context, fourier_helix_stage
+    from arithinterp.tasks import prompts_for_pairs
+
+    model = llama_model("digit")
+    a = [x for x in range(10, 60) for _ in range(2)]
+    prompts = prompts_for_pairs(model, "+", a, [10 + (7 * i) % 50 for i in range(len(a))], "{a}+{b}=", few_shot=2)
+    assert not prompts.single_token_operands
+    section = fourier_helix_stage(Context(model, "llama", prompts, prompts, prompts.evaluate(model), None))
+    assert section.sample.startswith("50 numbers (the residual stream entering layer 1 at each number's last token)")
+    spectrum, separability = section.findings[0], section.findings[1]
+    assert "periods 10" in spectrum and "every one of these periods is key there too" in spectrum
+    assert separability.startswith("No signal above the control: x mod T is not linearly readable")
+    assert re.search(r"T=10 \(a key period\): 1\.00 .* random-init model 1\.00", separability)
+    assert section.findings[2].startswith("Helix: Not enough data")

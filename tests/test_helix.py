@@ -1,6 +1,7 @@
 """Helix bases, fits with held-out R², period search, the causal patch test and neuron fits."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -225,6 +226,110 @@ def test_patch_test_planted_helix_is_causally_sufficient(helix_model, helix_pair
     assert len(result.plot().data) == 1
 
 
+def test_patch_test_fractions_carry_bootstrap_intervals(helix_model, helix_pairs):
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    result = hx.patch_test(helix_model, pairs, hx.fit(acts, "a", PERIODS))
+    assert result.layer_patch_distinct and result.note == ""
+    low, high = result.fraction_ci
+    fractions = result.fractions()
+    helix_row, shuffled_row = result.methods.index("helix"), result.methods.index("shuffled")
+    assert float(low[helix_row]) <= fractions["helix"] <= float(high[helix_row])
+    assert 0.9 < float(low[helix_row]) and float(high[helix_row]) < 1.1  # a planted helix: all of the effect
+    assert float(low[shuffled_row]) < 0.3  # the shuffled control's interval reaches down to nothing
+    assert float(low[0]) == pytest.approx(1.0) == float(high[0])  # the layer patch is its own reference
+    effect_low, effect_high = result.effect_ci
+    assert bool((effect_low <= result.effect).all() and (result.effect <= effect_high).all())
+    frame = result.to_frame()
+    assert {"effect_ci_low", "effect_ci_high", "fraction_ci_low", "fraction_ci_high", "note"} <= set(frame.columns)
+    # seeded: the same call gives the same intervals
+    again = hx.patch_test(helix_model, pairs, hx.fit(acts, "a", PERIODS))
+    assert torch.equal(again.fraction_ci, result.fraction_ci)
+
+
+def test_patch_result_round_trips_with_its_intervals(helix_model, helix_pairs, tmp_path):
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_post"], layers=[0], positions=["a"], progress=False)
+    result = hx.patch_test(helix_model, pairs[:40], hx.fit(acts, "a", PERIODS), n_boot=200)
+    loaded = hx.HelixPatchResult.load(result.save(tmp_path / "patch"))
+    assert loaded.note == result.note != "" and loaded.layer_patch_distinct is False
+    assert torch.equal(loaded.effect_ci, result.effect_ci) and loaded.fraction_ci.isnan().all()
+    with pytest.raises(ConfigError, match="n_boot"):
+        hx.patch_test(helix_model, pairs, hx.fit(acts, "a", PERIODS), n_boot=10)
+
+
+def test_patch_test_reports_no_fraction_of_a_zero_layer_patch(helix_model, helix_pairs):
+    """In the last layer, the a position's output reaches no later attention: patching it moves
+    nothing at the final position, so there is no layer-patch effect to take a share of."""
+    from arithinterp.activations import collect
+
+    prompts, pairs = helix_pairs
+    acts = collect(helix_model, prompts, sites=["resid_post"], layers=[0], positions=["a"], progress=False)
+    fit = hx.fit(acts, "a", PERIODS)
+    assert fit.r2_full > 0.99  # the representation there is a perfect helix, yet it does nothing causally
+    result = hx.patch_test(helix_model, pairs, fit)
+    assert abs(float(result.effect[0])) < 1e-4
+    assert not result.layer_patch_distinct
+    assert torch.isnan(result.fraction).all() and torch.isnan(result.fraction_ci).all()
+    assert result.fractions() == {}
+    assert "not distinguishable from zero" in result.note and "no fraction" in result.note
+    assert result.meta["note"] == result.note
+    frame = result.to_frame()
+    assert frame.fraction_of_layer_patch.isna().all() and (frame.note == result.note).all()
+    figure = result.plot()
+    assert "no fractions" in figure.layout.title.text and not figure.data[0].text
+
+
+def test_patch_test_refuses_a_fit_on_too_few_values(helix_model):
+    """Ten values and a 9-parameter helix: any 9-dim basis with a constant interpolates ten
+    points, so 'the helix restores the layer patch' cannot fail; refused with the reason."""
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(helix_model, "+", a=range(10), b=range(10), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    acts = collect(helix_model, prompts, sites=["resid_pre"], layers=[0], positions=["a"], progress=False)
+    fit = hx.fit(acts, "a", PERIODS, holdout=0)  # unvalidated, so fit itself does not refuse
+    assert fit.r2_full > 0.999  # a perfect "fit" of ten points: the symptom, flagged on the fit itself
+    assert "interpolates any function" in fit.meta["note"]
+    with pytest.raises(AnalysisError, match=r"only 10 distinct values.*k \+ 1 = 10.*interpolates them exactly"):
+        hx.patch_test(helix_model, pairs, fit)
+    # one period fewer leaves the basis below the number of values: the comparison runs
+    assert hx.patch_test(helix_model, pairs, hx.fit(acts, "a", (5, 10, 100), holdout=0)).k == 7
+    # an extra baseline is held to the same rule
+    poly = hx.fit(acts, "a", PERIODS, kind="poly", holdout=0)
+    with pytest.raises(AnalysisError, match="'poly' fit"):
+        hx.patch_test(helix_model, pairs, hx.fit(acts, "a", (10,), holdout=0), extra={"poly": poly})
+
+
+def test_report_prints_no_share_of_a_zero_layer_patch(number_tokenizer):
+    """The planted helix model with its attention output cut: the final position never sees a, so
+    the layer patch at a does nothing and the report states that instead of printing shares."""
+    from arithinterp.report import Context, fourier_helix_stage
+    from arithinterp.tasks import arithmetic
+
+    model = _planted_helix_model(number_tokenizer, n_layers=1, seed=0)
+    state = model.state_dict()
+    state["blocks.0.attn.o.weight"] = torch.zeros_like(state["blocks.0.attn.o.weight"])
+    model.load_state_dict(state)
+    prompts = arithmetic(model, "+", a=range(100), b=[0, 1], template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    section = fourier_helix_stage(Context(model, "planted", prompts, prompts, prompts.evaluate(model), pairs,
+                                          n_pairs=60))
+    helix_finding = next(f for f in section.findings if f.startswith("A helix"))
+    assert re.search(r"the layer patch moves the corrupted answer's logit by 0 \(95% CI 0 to 0\): not "
+                     r"distinguishable from zero, so no share of it is reported\.$", helix_finding)
+    assert "restore" not in helix_finding and not any("Helix: no signal" in f for f in section.findings)
+    # the embeddings are an exact helix: x mod 10 is readable there, beyond a random-init model
+    separability = next(f for f in section.findings if "x mod T" in f)
+    assert "beyond chance and a random-init model of the same architecture for T = " in separability
+    assert "10" in separability.split("for T = ")[1].split(" (")[0]
+
+
 @pytest.fixture(scope="module")
 def helix_model_2layer(number_tokenizer):
     """Two planted-helix layers: every residual site at an operand position is an exact helix of
@@ -399,13 +504,16 @@ def test_add100_helix_patch_test_at_the_a_position():
     fit = hx.fit(acts, "a", PERIODS, layer=0)
     result = hx.patch_test(model, pairs, fit)
     fraction = dict(zip(result.methods, result.fraction.tolist()))
-    # measured: layer patch +13.5 logits; PCA-9 61%, helix 27%, shuffled -1%
-    assert float(result.effect[0]) > 5
+    # measured: layer patch +13.7 logits (95% CI 13.3 to 14.1); PCA-9 63%, helix 30% (26% to 34%), shuffled 1%
+    assert float(result.effect[0]) > 5 and result.layer_patch_distinct
     assert 0.1 < fraction["helix"] < fraction["PCA-9"]
     assert abs(fraction["shuffled"]) < 0.1
+    helix_low, helix_high = result.fraction_ci[:, result.methods.index("helix")].tolist()
+    assert 0.1 < helix_low < fraction["helix"] < helix_high < fraction["PCA-9"]
     # by layer 1 the a position no longer matters (attention in layer 0 has moved it on)
     later = hx.patch_test(model, pairs, hx.fit(acts, "a", PERIODS, layer=1))
     assert abs(float(later.effect[0])) < 0.05 * float(result.effect[0])
+    assert not later.layer_patch_distinct and later.fractions() == {}  # measured: +0.0008 (−0.009 to 0.010)
 
 
 @pytest.mark.skipif(not _shipped("modadd-113"), reason="zoo:modadd-113 is not shipped")

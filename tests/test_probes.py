@@ -7,6 +7,7 @@ random model whose "errors" are planted in its own activations.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -134,6 +135,78 @@ def test_random_init_control_and_selectivity(planted):
     assert result.control("random_init")[0, 0] < 0.2
     assert result.selectivity.shape == (2, 1, 1) and (result.selectivity > 0.8).all()
     assert "selectivity_random_init" in result.best()
+
+
+def test_intervals_stay_inside_the_metrics_range(planted):
+    """Fold accuracies 1.0, 0.9, 1.0: a Student-t interval reaches above 1; a probe's never does."""
+    folds = torch.tensor([[[1.0, 0.9, 1.0]]])
+    raw_low, raw_high = probes.confidence_interval(folds)
+    assert float(raw_high) > 1.0 and float(raw_low) < 0.9
+    result = probes.probe_layers(planted["acts"], planted["label"], layers=[1], cv=3, progress=False)
+    result = dataclasses.replace(result, fold_scores=folds, control_scores=torch.tensor([[[[0.0, 0.1, 0.2]]]]))
+    low, high = result.ci
+    assert float(high) == 1.0 and float(low) == pytest.approx(float(raw_low))
+    c_low, c_high = result.control_ci
+    assert float(c_low) == 0.0 < float(c_high)  # ... nor below 0
+    frame = result.to_frame()
+    assert frame.ci_high.max() <= 1.0 and frame.ci_low.min() >= 0.0
+    assert f"(95% CI {float(low):.2f} to 1.00)" in result.finding()["text"]
+    # R² is bounded above by 1 only
+    ridge = dataclasses.replace(result, metric="r2", fold_scores=torch.tensor([[[1.0, 0.8, 1.0]]]),
+                                control_scores=torch.tensor([[[[-3.0, 0.0, 0.5]]]]))
+    assert float(ridge.ci[1]) == 1.0 and float(ridge.control_ci[0]) < -1.0
+
+
+def _acts_with_label_signal(label, layers_with_signal, seed, strength=3.0):
+    g = _gen(seed)
+    X = torch.randn(N, 3, 1, D, generator=g)
+    dirs = torch.randn(10, D, generator=g)
+    for layer in layers_with_signal:
+        X[:, layer, 0] += strength * dirs[label]
+    return Activations(data={"resid_post": X}, layers=[0, 1, 2], positions=["final"])
+
+
+def test_a_finding_must_beat_chance_and_a_random_init_model(planted):
+    label = planted["label"]
+    # the input already shows the label at layer 0 (a random-init model reads it there too);
+    # only the trained model has it at layer 2
+    trained = _acts_with_label_signal(label, [0, 2], seed=10)
+    random_init = _acts_with_label_signal(label, [0], seed=11)
+    result = probes.probe_layers(trained, label, control_acts=random_init, progress=False)
+    beats = result.beats_controls()
+    assert beats[:, 0].tolist() == [False, False, True]
+    finding = result.finding()
+    assert finding["verdict"] == "finding" and finding["layer"] == 2
+    assert "random-init model" in finding["text"] and "chance 0.10" in finding["text"]
+    assert "shuffled labels" in finding["text"] and f"{finding['random_init_score']:.2f}" in finding["text"]
+    assert result.to_frame().query("source == 'probe'").beats_controls.tolist() == [False, False, True]
+    assert "finding: layer 2" in result.plot().layout.title.text
+    assert result.best()["chance"] == result.chance and "beats_controls" in result.best()
+    # when the random-init model reads the label as well as the trained one, nothing is a finding
+    both = probes.probe_layers(trained, label, layers=[0], control_acts=_acts_with_label_signal(label, [0, 2], 12),
+                               progress=False)
+    assert float(both.mean[0, 0]) > 0.95 and float(both.control("random_init")[0, 0]) > 0.95
+    assert both.finding()["verdict"] == "no signal" and "no signal above chance" in both.finding()["text"]
+    # without the random-init control it is readable, but not shown to be computed
+    alone = probes.probe_layers(trained, label, layers=[2], progress=False).finding()
+    assert alone["verdict"] == "no random-init control" and "may be in the input" in alone["text"]
+    # noise: no signal against shuffled labels and chance
+    noise = probes.probe_layers(trained, torch.randperm(N, generator=_gen(13)) % 10, layers=[1], progress=False)
+    assert noise.finding()["verdict"] == "no signal"
+
+
+def test_probe_model_runs_the_random_init_control_on_the_same_prompts(tiny_digit_model):
+    """The digit token at position 'a[-1]' *is* the digit: any model of this architecture reads it
+    at layer 0, trained or not, so it is no finding about the model."""
+    prompts = arithmetic(tiny_digit_model, a=range(10, 60), b=range(10, 14))
+    result = probes.probe_model(tiny_digit_model, prompts, "a_digit_0", layers=[0], positions="a", cv=3,
+                                progress=False)
+    assert result.controls == ["shuffled", "random_init"]
+    assert float(result.mean[0, 0]) > 0.95 and float(result.control("random_init")[0, 0]) > 0.95
+    finding = result.finding()
+    assert finding["verdict"] == "no signal" and "random-init model" in finding["text"]
+    with pytest.raises(ConfigError, match="controls itself"):
+        probes.probe_model(tiny_digit_model, prompts, "a_digit_0", controls=("shuffled",), progress=False)
 
 
 # --- targets --------------------------------------------------------------------------------------

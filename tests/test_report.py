@@ -1,5 +1,6 @@
 """The HTML report: built from real results, self-contained, and rendered by a real browser."""
 
+import html
 import re
 import shutil
 from pathlib import Path
@@ -70,10 +71,12 @@ def test_report_rejects_bad_stage(tmp_path):
     assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons", "circuits"}
 
 
-def test_report_on_a_digit_model_skips_what_does_not_apply(tmp_path):
-    """add-3digit: its numbers are several tokens (no Fourier axis) but its answers have digits."""
-    with pytest.warns(UserWarning, match="'fourier' not run"):
-        out = write_report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], limit=200, progress=False)
-    text = out.read_text()
-    assert re.search(r"Not run on this model: \d+ of these numbers are not single tokens", text)
+def test_report_on_a_digit_model_reads_numbers_of_several_tokens(tmp_path):
+    """add-3digit: its numbers are several tokens, read whole at their last token for the Fourier
+    stage (where a random-init model reads the last digit as well), and its answers have digits."""
+    out = write_report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], limit=200, progress=False)
+    text = html.unescape(out.read_text())
+    assert "not single tokens" not in text
+    assert re.search(r"sample: \d+ numbers \(the residual stream entering layer 1 at each number's last token\)", text)
+    assert "No signal above the control: x mod T is not linearly readable" in text  # the digit token is the residue
     assert re.search(r"costs that token most for L\dH\d on answer token \d \(−\d+ points\)", text)

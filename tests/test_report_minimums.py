@@ -130,7 +130,8 @@ def test_the_docs_state_every_minimum():
 
 
 def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(tiny_model):
-    """A random model: its residual stream at the a token holds a's embedding (readable), but
+    """A random model: its residual stream at the a token holds a's embedding (readable), but a
+    random-init model of the same architecture reads it just as well, so it is no finding; and
     nothing computes the sum (not readable)."""
     from arithinterp.report import Context, probes_stage
     from arithinterp.tasks import arithmetic
@@ -138,9 +139,15 @@ def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(t
     prompts = arithmetic(tiny_model, "+", range(12), range(12))
     section = probes_stage(Context(tiny_model, "tiny", prompts, prompts, prompts.evaluate(tiny_model), None))
     findings = dict(zip(("a", "answer_digit_0", "answer"), section.findings))
-    assert findings["a"].startswith("'a' is readable")
-    assert findings["answer"].startswith("'answer': no signal above the control")
+    for target, text in findings.items():
+        assert text.startswith(f"'{target}': no signal above chance and the controls"), text
+        # every finding quotes chance and the random-init control, and no interval leaves [0, 1]
+        assert "chance 0." in text and "a random-init model of the same architecture" in text
+        assert all(0 <= float(v) <= 1 for v in re.findall(r"CI (-?[\d.]+) to", text) + re.findall(r"to (-?[\d.]+)\)", text))
+    assert re.search(r"held-out accuracy (0\.9\d|1\.00) .* random-init model of the same architecture (0\.9\d|1\.00)",
+                     findings["a"])
     assert section.sample.startswith("144 correctly answered prompts (minimum 60); folds: 3-fold")
+    assert section.sample.endswith("controls: chance, shuffled labels, a random-init model of the same architecture")
 
 
 def test_error_detector_verdict_against_chance():

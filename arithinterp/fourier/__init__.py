@@ -22,6 +22,10 @@ Submodules, one concept each (imports flow ``basis`` → ``spectra`` → the res
   non-constant variance in one frequency block ``{const, cos k, sin k}²`` (Nanda et al. 2023).
 * :mod:`~arithinterp.fourier.modular` — :func:`restricted_loss` / :func:`excluded_loss` /
   :func:`progress`: Nanda's progress measures for modular addition over training snapshots.
+* :mod:`~arithinterp.fourier.separability` — :func:`separability` / :func:`number_separability`:
+  the mod-T linear separability of a representation next to its key periods (Fu et al. 2026), with
+  chance, shuffled numbers and a random-init model of the same architecture →
+  :class:`SeparabilityResult`.
 * :mod:`~arithinterp.fourier.filters` — :func:`frequency_filter`: Zhou's filter ablation, which
   removes a band of frequencies from a component's output during the forward pass and measures
   accuracy and the error distribution.
@@ -58,6 +62,13 @@ from arithinterp.fourier.modular import (
     sum_directions,
     sum_frequency_power,
     train_mask,
+)
+from arithinterp.fourier.separability import (
+    SeparabilityResult,
+    integer_periods,
+    number_representations,
+    number_separability,
+    separability,
 )
 from arithinterp.fourier.spectra import (
     COMPONENT_SITES,
@@ -116,6 +127,12 @@ __all__ = [
     "modular_losses",
     "ProgressResult",
     "progress",
+    # separability
+    "SeparabilityResult",
+    "separability",
+    "number_representations",
+    "number_separability",
+    "integer_periods",
     # filters
     "band_frequencies",
     "filter_projector",

@@ -17,6 +17,7 @@ from arithinterp.engine import Intervention
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
 from arithinterp.fourier.spectra import COMPONENT_SITES, number_axis, number_tokens
+from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
 
@@ -66,6 +67,10 @@ class FilterResult(Result):
 
     ``errors`` / ``counts`` give the distribution of ``model answer − true answer`` over the
     wrong answers with the filter on (unparsable answers are counted under ``unparsable``).
+    ``accuracy_ci`` / ``baseline_ci`` are 95% percentile-bootstrap intervals over prompts,
+    ``drop`` = baseline − filtered accuracy with ``drop_ci`` (the same resampled prompts for
+    both), and ``retained`` = accuracy / baseline accuracy with ``retained_ci`` — NaN, with a
+    ``note``, when the baseline accuracy is not distinguishable from zero.
     """
 
     accuracy: float
@@ -78,6 +83,19 @@ class FilterResult(Result):
     layers: list
     numbers: list
     meta: dict
+    accuracy_ci: Optional[list] = None
+    baseline_ci: Optional[list] = None
+    drop: float = float("nan")
+    drop_ci: Optional[list] = None
+    retained: float = float("nan")
+    retained_ci: Optional[list] = None
+    note: str = ""
+
+    def summary(self) -> dict:
+        """Accuracy, baseline, drop and retained share, each with its interval, and the note."""
+        return dict(accuracy=self.accuracy, accuracy_ci=self.accuracy_ci, baseline_accuracy=self.baseline_accuracy,
+                    baseline_ci=self.baseline_ci, drop=self.drop, drop_ci=self.drop_ci, retained=self.retained,
+                    retained_ci=self.retained_ci, note=self.note)
 
     def to_frame(self):
         import pandas as pd
@@ -102,6 +120,7 @@ def frequency_filter(
     split_period: float = 10.0,
     position: str = "final",
     batch_size: int = 512,
+    seed: int = 0,
 ) -> FilterResult:
     """Remove a frequency band from ``site`` (``"mlp_out"`` or ``"attn_out"``) at ``position``
     in ``layers`` (default all) during the forward pass and measure accuracy on ``prompts``
@@ -113,6 +132,10 @@ def frequency_filter(
     the unembeddings of ``numbers`` (default 0..max answer), so that the logit lens of the
     component output has no power in the band; ``band`` is ``"low"`` / ``"high"`` (split at
     ``split_period``, see :func:`band_frequencies`) or a list of frequencies.
+
+    Accuracies, the drop and the retained share carry 95% bootstrap intervals over prompts
+    (seeded by ``seed``); the share is NaN, with a note, when the unfiltered accuracy is
+    indistinguishable from zero.
     """
     check_belongs(model, "fourier.frequency_filter", prompts=prompts)
     from arithinterp import sites as site_lib
@@ -141,7 +164,17 @@ def frequency_filter(
     parsable = wrong & (filtered.model_answer != UNPARSABLE)
     deltas = (filtered.model_answer[parsable] - prompts.answer[parsable]).tolist()
     values = sorted(set(deltas))
+    # rows: filtered, baseline, their difference per prompt; shares of the baseline (row 1)
+    after, before = filtered.correct.double(), baseline.correct.double()
+    stats = ratio_to_reference(torch.stack([after, before, before - after]), 1, seed=seed)
+    low, high = stats["mean_low"].tolist(), stats["mean_high"].tolist()
+    note = "" if stats["reference_distinct"] else (
+        f"the unfiltered accuracy {baseline.accuracy:.3g} (95% CI {low[1]:.3g} to {high[1]:.3g}) is not "
+        "distinguishable from zero, so no retained share is reported")
     return FilterResult(
+        accuracy_ci=[low[0], high[0]], baseline_ci=[low[1], high[1]], drop=float(stats["mean"][2]),
+        drop_ci=[low[2], high[2]], retained=float(stats["fraction"][0]),
+        retained_ci=[float(stats["fraction_low"][0]), float(stats["fraction_high"][0])], note=note,
         accuracy=filtered.accuracy,
         baseline_accuracy=baseline.accuracy,
         errors=values,
@@ -152,5 +185,5 @@ def frequency_filter(
         layers=list(layers),
         numbers=[numbers.start, numbers.stop],
         meta=build_meta(model, band=band if isinstance(band, str) else "custom", split_period=split_period,
-                        n_prompts=len(prompts)),
+                        n_prompts=len(prompts), interval="95% percentile bootstrap over prompts", seed=seed, note=note),
     )

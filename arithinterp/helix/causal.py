@@ -17,9 +17,10 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp import sites as site_lib
-from arithinterp.errors import AnalysisError, SiteError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import as_2d
 from arithinterp.helix.fitting import HelixFit, fit
+from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
 
@@ -114,9 +115,13 @@ class HelixPatchResult(Result):
     """The causal helix test (Kantamneni & Tegmark 2025).
 
     ``effect[i]`` = mean over pairs of (logit of the corrupted answer after patching − before)
-    for ``methods[i]``; ``per_pair`` [M, n_pairs]; ``fraction[i]`` = ``effect[i]`` / the layer
-    patch's effect. ``k`` is the PCA baseline's dimension (the helix's parameter count).
-    ``site``, ``layer`` and ``position`` say where the activations were patched.
+    for ``methods[i]``; ``per_pair`` [M, n_pairs]; ``effect_ci`` [2, M] its 95% percentile-bootstrap
+    interval over pairs. ``fraction[i]`` = ``effect[i]`` / the layer patch's effect, with
+    ``fraction_ci`` [2, M] (the same resampled pairs in numerator and denominator) — all NaN
+    when the layer patch's own interval holds 0 (``layer_patch_distinct`` is False and
+    ``note`` says so): a share of an effect that may be nothing is not reported. ``k`` is the
+    PCA baseline's dimension (the helix's parameter count). ``site``, ``layer`` and
+    ``position`` say where the activations were patched.
     """
 
     methods: list
@@ -128,14 +133,31 @@ class HelixPatchResult(Result):
     position: str
     meta: dict
     site: str = "resid_pre"
+    effect_ci: Optional[torch.Tensor] = None
+    fraction_ci: Optional[torch.Tensor] = None
+    layer_patch_distinct: bool = True
+    note: str = ""
+
+    def fractions(self) -> dict:
+        """``{method: fraction}`` of the layer patch; empty when the layer patch's effect is not
+        distinguishable from zero (then :attr:`note` says why)."""
+        if not self.layer_patch_distinct:
+            return {}
+        return dict(zip(self.methods, self.fraction.tolist()))
 
     def to_frame(self):
         import pandas as pd
 
         n = self.per_pair.shape[1]
+        nan = [float("nan")] * len(self.methods)
         sem = (self.per_pair.std(1) / math.sqrt(max(n, 1))).tolist()
+        effect_ci = self.effect_ci.tolist() if self.effect_ci is not None else [nan, nan]
+        fraction_ci = self.fraction_ci.tolist() if self.fraction_ci is not None else [nan, nan]
         return pd.DataFrame(dict(method=self.methods, effect=self.effect.tolist(), sem=sem,
-                                 fraction_of_layer_patch=self.fraction.tolist(), n_pairs=[n] * len(self.methods)))
+                                 effect_ci_low=effect_ci[0], effect_ci_high=effect_ci[1],
+                                 fraction_of_layer_patch=self.fraction.tolist(),
+                                 fraction_ci_low=fraction_ci[0], fraction_ci_high=fraction_ci[1],
+                                 n_pairs=[n] * len(self.methods), note=[self.note] * len(self.methods)))
 
     def plot(self, **kwargs):
         from arithinterp.viz.fourier import patch_test_figure
@@ -155,6 +177,24 @@ def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, r
                degree=like.degree, names=like.names)
 
 
+def check_not_interpolating(fit: HelixFit, name: str) -> None:
+    """Refuse a fit made on at most ``n_params + 1`` distinct values: its basis (with the
+    constant, ``n_params + 1`` columns) then passes through every training point whatever the
+    activations are, and a PCA of equal dimension reconstructs the per-value activations exactly,
+    so both "restore" the layer patch by construction."""
+    k = fit.n_params
+    n_values = int(fit.unique_values.shape[0])
+    if n_values <= k + 1:
+        where = f" at position {fit.position!r}" if fit.position is not None else ""
+        raise AnalysisError(
+            f"the {name} fit ({fit.kind}, periods {fit.periods}, {k} parameters){where} was made on only {n_values} "
+            f"distinct values; with at most k + 1 = {k + 1} distinct values any {k}-dimensional basis (the "
+            f"{fit.kind} and PCA-{k} alike) interpolates them exactly, so the comparison cannot fail. Fit on more "
+            f"than {k + 1} distinct values, or use fewer periods (e.g. periods=(10,)) or a smaller kind "
+            "('circle', 'linear')"
+        )
+
+
 def patch_test(
     model: HookedModel,
     pairs: PromptPairs,
@@ -168,6 +208,7 @@ def patch_test(
     extra: Optional[dict] = None,
     random_state: int = 0,
     batch_size: int = 256,
+    n_boot: int = 1000,
 ) -> HelixPatchResult:
     """Is the fitted helix causally sufficient? (Kantamneni & Tegmark 2025.)
 
@@ -183,6 +224,12 @@ def patch_test(
     (name → ``HelixFit``). The patches run through :func:`arithinterp.engine.run`.
     Metric: logit of the corrupt answer after patching − before, averaged over pairs.
     ``value`` names the fitted variable (default: the fit's own, e.g. ``"a"``, else ``position``).
+
+    Each effect and each fraction of the layer patch carries a 95% percentile-bootstrap interval
+    over the pairs (``n_boot`` resamples seeded by ``random_state``); fractions are NaN, with a
+    ``note``, when the layer patch's interval holds 0. Raises ``AnalysisError`` when the fit
+    (or an ``extra`` one) was made on at most ``n_params + 1`` distinct values: its basis and
+    PCA-k then interpolate by construction.
     """
     check_belongs(model, "helix.patch_test", pairs=pairs, fit=fit)
     layer = fit.layer if layer is None else layer
@@ -196,6 +243,13 @@ def patch_test(
     _position_index(pairs.clean, position)  # refuses an unknown or out-of-range position before any work
     if len(fit.names) != 1:
         raise AnalysisError("patch_test patches one number; fit a single-variable helix (values='a')")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
+        raise ConfigError(f"n_boot must be an integer ≥ 100 (bootstrap resamples over pairs), got {n_boot!r}")
+    if len(pairs) < 2:
+        raise AnalysisError(f"patch_test needs at least 2 pairs for an interval over pairs, got {len(pairs)}")
+    check_not_interpolating(fit, "main")
+    for name, other in (extra or {}).items():
+        check_not_interpolating(other, repr(name))
     if value is None:  # 'a[0]' and 'a-1' read the value of a
         value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else re.sub(r"[^A-Za-z_].*$", "", position)
     clean_values = pairs.clean.label(str(value)).double()
@@ -220,11 +274,19 @@ def patch_test(
     for name, other in (extra or {}).items():
         methods[str(name)] = other.predict(corrupt_values)
     per_pair = stacked_effects(model, pairs, where, position, list(methods.values()), batch_size)
-    effect = per_pair.mean(1)
+    stats = ratio_to_reference(per_pair, 0, n_boot=n_boot, seed=random_state)
+    note = ""
+    if not stats["reference_distinct"]:
+        note = (f"the layer patch's effect {float(stats['mean'][0]):.3g} (95% CI {float(stats['mean_low'][0]):.3g} to "
+                f"{float(stats['mean_high'][0]):.3g}, {len(pairs)} pairs) is not distinguishable from zero, so no "
+                "fraction of it is reported")
     return HelixPatchResult(
-        methods=list(methods), effect=effect, per_pair=per_pair,
-        fraction=effect / effect[0] if float(effect[0]) != 0 else torch.full_like(effect, float("nan")),
-        k=fit.n_params, layer=int(layer), position=position, site=site,
+        methods=list(methods), effect=per_pair.mean(1), per_pair=per_pair,
+        fraction=stats["fraction"].float(), k=fit.n_params, layer=int(layer), position=position, site=site,
+        effect_ci=torch.stack([stats["mean_low"], stats["mean_high"]]).float(),
+        fraction_ci=torch.stack([stats["fraction_low"], stats["fraction_high"]]).float(),
+        layer_patch_distinct=stats["reference_distinct"], note=note,
         meta=build_meta(model, n_pairs=len(pairs), periods=fit.periods, kind=fit.kind, value=value,
-                        random_state=random_state, site=site),
+                        random_state=random_state, site=site, n_boot=n_boot, note=note,
+                        interval="95% percentile bootstrap over pairs"),
     )

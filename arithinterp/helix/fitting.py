@@ -350,6 +350,11 @@ def fit(
                    r2_full_mean=float(sum(null) / len(null)) if null else None,
                    r2_full_max=float(max(null)) if null else None)
     unique, inverse = x.unique(dim=0, return_inverse=True)
+    n_params = basis(x[:1], **basis_kw)[0].shape[1] - 1
+    note = ""
+    if len(unique) <= n_params + 1:  # only reachable unvalidated (holdout=0): validated folds are refused above
+        note = (f"{len(unique)} distinct values and {n_params} basis parameters: the basis interpolates any function "
+                "of these values, so R² is 1 by construction and says nothing; helix.patch_test refuses this fit")
     top = ((acts - mean) @ comps[: min(10, comps.shape[0])].T)
     sums = torch.zeros((len(unique), top.shape[1]), dtype=top.dtype).index_add_(0, inverse, top)
     coords = sums / torch.bincount(inverse, minlength=len(unique))[:, None]
@@ -363,7 +368,7 @@ def fit(
         unique_values=unique.float(), value_coords=coords.float(),
         site=site, layer=layer, position=position,
         meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, random_state=random_state,
-                        validation=validation, n_folds=len(folds), control=control),
+                        validation=validation, n_folds=len(folds), control=control, note=note),
     )
 
 

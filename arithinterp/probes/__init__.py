@@ -14,7 +14,9 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
 * ``layer_sweep`` — :func:`probe_layers`: k-fold held-out score per layer x position with 95% CIs
   (folds grouped by operand pair whenever a pair repeats; any scikit-learn estimator, cloned),
   directions fitted on all data, and controls (shuffled labels; a random-init model's
-  activations) → :class:`ProbeResult`; targets via :func:`resolve_target`.
+  activations) → :class:`ProbeResult`, whose ``finding()`` names a finding only above chance and
+  every control; :func:`probe_model` collects the model and a random-init copy and probes both
+  (readable vs computed); targets via :func:`resolve_target`.
 * ``answers`` — :func:`answer_activations`: activations at the position before each answer token,
   with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values.
 * ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly (digit and
@@ -51,7 +53,7 @@ from arithinterp.probes.estimators import (
     make_probe,
 )
 from arithinterp.probes.layer_sweep import (
-    CONTROLS, ProbeResult, confidence_interval, probe_layers, resolve_groups, resolve_target,
+    CONTROLS, ProbeResult, confidence_interval, probe_layers, probe_model, resolve_groups, resolve_target,
 )
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
 
@@ -69,6 +71,7 @@ __all__ = [
     "resolve_groups",
     "confidence_interval",
     "probe_layers",
+    "probe_model",
     "ProbeResult",
     "answer_activations",
     "answer_slots",

@@ -3,8 +3,11 @@
 Targets (:func:`resolve_target`: a prompt label, the model's own answer, or an array), the
 cross-validation folds (grouped by operand pair whenever a pair repeats, so that no pair is on
 both sides of a fold), :func:`confidence_interval`, and :func:`probe_layers`, which probes every
-layer x position with 95% CIs, directions fitted on all data, and controls (shuffled labels; a
-random-init model's activations) → :class:`ProbeResult`.
+layer x position with 95% CIs (clipped to the metric's range), directions fitted on all data, and
+controls (shuffled labels; a random-init model's activations) → :class:`ProbeResult`, whose
+:meth:`~ProbeResult.finding` calls something readable only when it beats chance and every
+control. :func:`probe_model` collects the model's and a random-init copy's activations and
+probes both (readable vs computed).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError, accepted
+from arithinterp.intervals import clip_interval, t_interval
 from arithinterp.probes.estimators import (
     PROBE_KINDS,
     CircularProbe,
@@ -35,6 +39,7 @@ from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer th
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
+    from arithinterp.types import HookedModel
 
 CONTROLS = ("shuffled", "random_init")
 _MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_digit_{i}")
@@ -229,15 +234,9 @@ def _probe_cell(estimator: Any, X: torch.Tensor, label_sets: list, folds, full: 
 
 
 def confidence_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Student-t interval of the mean over the last axis (folds): ``(low, high)``."""
-    from scipy.stats import t as student_t
-
-    k = scores.shape[-1]
-    mean = scores.mean(-1)
-    if k < 2:
-        return mean.clone(), mean.clone()
-    half = float(student_t.ppf(0.5 + level / 2, k - 1)) * scores.std(-1, unbiased=True) / math.sqrt(k)
-    return mean - half, mean + half
+    """Student-t interval of the mean over the last axis (folds): ``(low, high)``, unclipped
+    (:attr:`ProbeResult.ci` clips it to the metric's range)."""
+    return t_interval(scores, level)
 
 
 # --- sweeps ---------------------------------------------------------------------------------------
@@ -277,8 +276,9 @@ class ProbeResult(Result):
 
     @property
     def ci(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """95% CI of the mean score across folds, ``(low, high)`` each [L, P]."""
-        return confidence_interval(self.fold_scores)
+        """95% CI of the mean score across folds, ``(low, high)`` each [L, P], kept inside the
+        metric's range (an accuracy interval never leaves [0, 1], an R² one never passes 1)."""
+        return clip_interval(*confidence_interval(self.fold_scores), self.metric)
 
     @property
     def control_mean(self) -> torch.Tensor:
@@ -287,7 +287,64 @@ class ProbeResult(Result):
 
     @property
     def control_ci(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return confidence_interval(self.control_scores)
+        """95% CI of each control's mean score, ``(low, high)`` each [C, L, P], clipped like :attr:`ci`."""
+        return clip_interval(*confidence_interval(self.control_scores), self.metric)
+
+    def beats_controls(self) -> torch.Tensor:
+        """[L, P] bool: the probe's CI lies above chance and above every control's CI (a
+        finding; with the ``"random_init"`` control, one the training put there)."""
+        low, _ = self.ci
+        beats = low > self.chance
+        if self.controls:
+            beats &= (low[None] > self.control_ci[1]).all(0)
+        return beats
+
+    def finding(self) -> dict:
+        """The probe's finding in words and numbers, with its controls.
+
+        The cell reported is the one with the largest margin of the probe's lower CI bound over
+        chance and every control's upper bound (the best-scoring cell when none beats them).
+        ``verdict`` is ``"finding"`` (above chance, the shuffled labels and a random-init model
+        of the same architecture on the same prompts: readable *because of training*),
+        ``"no random-init control"`` (above chance and the controls that were run, but a
+        random-init model may read it too: the input may already show it) or ``"no signal"``.
+        ``text`` quotes the score, its interval, chance and each control's score and interval.
+        """
+        low, high = self.ci
+        c_low, c_high = self.control_ci
+        floor = torch.full_like(low, self.chance)
+        if self.controls:
+            floor = torch.maximum(floor, c_high.max(0).values)
+        beats = self.beats_controls()
+        margin = torch.where(beats, low - floor, torch.full_like(low, -math.inf))
+        flat = int(margin.flatten().argmax()) if bool(beats.any()) else int(self.mean.flatten().argmax())
+        li, pi = divmod(flat, self.mean.shape[1])
+        name = "held-out accuracy" if self.metric == "accuracy" else "held-out R²"
+        quoted = (f"{name} {float(self.mean[li, pi]):.2f} (95% CI {float(low[li, pi]):.2f} to "
+                  f"{float(high[li, pi]):.2f}) at layer {self.layers[li]}, position '{self.positions[pi]}'")
+        context = [f"chance {self.chance:.2f}" if self.metric == "accuracy" else "chance 0"]
+        labels = {"shuffled": "shuffled labels", "random_init": "a random-init model of the same architecture"}
+        out: dict[str, Any] = dict(layer=self.layers[li], position=self.positions[pi], score=float(self.mean[li, pi]),
+                                   ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), chance=self.chance,
+                                   metric=self.metric)
+        for c, control in enumerate(self.controls):
+            score = float(self.control_mean[c, li, pi])
+            context.append(f"{labels.get(control, control)} {score:.2f} (95% CI {float(c_low[c, li, pi]):.2f} to "
+                           f"{float(c_high[c, li, pi]):.2f})")
+            out[f"{control}_score"] = score
+            out[f"{control}_ci_high"] = float(c_high[c, li, pi])
+        if not bool(beats[li, pi]):
+            verdict = "no signal"
+            text = f"'{self.target}': no signal above chance and the controls ({quoted}; {'; '.join(context)})."
+        elif "random_init" not in self.controls:
+            verdict = "no random-init control"
+            text = (f"'{self.target}' is readable above chance and the controls that were run, but with no random-init "
+                    f"control it may be in the input rather than computed: {quoted}; {'; '.join(context)}.")
+        else:
+            verdict = "finding"
+            text = (f"'{self.target}' is readable, above chance and a random-init model (so the training put it "
+                    f"there): {quoted}; {'; '.join(context)}.")
+        return dict(out, verdict=verdict, text=text)
 
     @property
     def selectivity(self) -> torch.Tensor:
@@ -301,26 +358,31 @@ class ProbeResult(Result):
         return self.control_mean[self.controls.index(name)]
 
     def best(self) -> dict:
-        """The layer and position with the highest mean held-out score, with its CI and selectivity."""
+        """The layer and position with the highest mean held-out score, with its CI (clipped), chance,
+        the controls, selectivity and whether it beats them (:meth:`beats_controls`; the sentence
+        a reader should see is :meth:`finding`)."""
         mean = self.mean
         flat = int(mean.flatten().argmax())
         li, pi = divmod(flat, mean.shape[1])
         low, high = self.ci
         out = dict(layer=self.layers[li], position=self.positions[pi], score=float(mean[li, pi]),
-                   ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), metric=self.metric)
+                   ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), metric=self.metric, chance=self.chance,
+                   beats_controls=bool(self.beats_controls()[li, pi]))
         for c, name in enumerate(self.controls):
             out[f"{name}_score"] = float(self.control_mean[c, li, pi])
             out[f"selectivity_{name}"] = float(self.selectivity[c, li, pi])
         return out
 
     def to_frame(self):
-        """One row per layer × position × probe (``"probe"`` or a control)."""
+        """One row per layer × position × probe (``"probe"`` or a control); intervals clipped to the
+        metric's range; ``beats_controls`` on probe rows (see :meth:`beats_controls`)."""
         import pandas as pd
 
         rows = []
         sources = [("probe", self.fold_scores)] + [(c, self.control_scores[i]) for i, c in enumerate(self.controls)]
+        beats = self.beats_controls()
         for source, scores in sources:
-            mean, (low, high) = scores.mean(-1), confidence_interval(scores)
+            mean, (low, high) = scores.mean(-1), clip_interval(*confidence_interval(scores), self.metric)
             for li, layer in enumerate(self.layers):
                 for pi, position in enumerate(self.positions):
                     row = dict(site=self.site, target=self.target, kind=self.kind, source=source, layer=layer,
@@ -330,6 +392,7 @@ class ProbeResult(Result):
                     if source == "probe":
                         for c, name in enumerate(self.controls):
                             row[f"selectivity_{name}"] = float(self.selectivity[c, li, pi])
+                        row["beats_controls"] = bool(beats[li, pi])
                     rows.append(row)
         return pd.DataFrame(rows)
 
@@ -513,3 +576,38 @@ def probe_layers(
         positions=[str(p) for p in positions], controls=controls, classes=classes, site=site, target=target_name,
         kind=kind, metric="accuracy" if classifier else "r2", chance=chance, meta=meta, fold_scheme=scheme["text"],
     )
+
+
+def probe_model(
+    model: HookedModel,
+    prompts: PromptSet,
+    target: Any,
+    *,
+    site: str = "resid_post",
+    layers: Optional[Sequence[int]] = None,
+    positions: Union[str, Sequence[Union[str, int]]] = "final",
+    seed: int = 0,
+    batch_size: Optional[int] = None,
+    progress: bool = True,
+    **kwargs: Any,
+) -> ProbeResult:
+    """Readable vs computed: :func:`probe_layers` on ``model``'s activations with the controls
+    a finding needs — shuffled labels and a random-init model of the same architecture
+    (:func:`arithinterp.models.random_like` with ``seed``) on the same prompts, sites, layers
+    and positions — so that :meth:`ProbeResult.finding` can tell a value the training computed
+    from one the input already shows (the token at position ``a`` *is* its digit, and a
+    random-init model reads it too). ``kwargs`` go to :func:`probe_layers` (``kind``, ``cv``,
+    ``groups``, ``model_answer``, ...).
+    """
+    from arithinterp.activations import collect
+    from arithinterp.models import random_like
+
+    if "control_acts" in kwargs or "controls" in kwargs:
+        raise ConfigError("probe_model runs the shuffled and random-init controls itself; "
+                          "for other controls call probe_layers(acts, target, controls=..., control_acts=...)")
+    options: dict[str, Any] = dict(sites=[site], layers=layers, positions=positions, batch_size=batch_size,
+                                   progress=progress)
+    acts = collect(model, prompts, **options)
+    control = collect(random_like(model, seed), prompts, **options)
+    return probe_layers(acts, target, site=site, controls=("shuffled", "random_init"), control_acts=control,
+                        random_state=seed, progress=progress, **kwargs)

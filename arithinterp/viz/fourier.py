@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, to_array, bars, figure, heatmap, layer_lines
+from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
 
 def _freq_labels(result: Any) -> list[str]:
@@ -84,8 +84,12 @@ def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
 
 def filter_figure(result: Any) -> go.Figure:
     """Distribution of answer errors with a frequency band filtered out."""
+    def quoted(value: float, ci: Optional[list]) -> str:
+        return f"{value:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+
     fig = figure(f"Errors with {len(result.removed)} frequencies removed from {result.site} "
-                 f"(accuracy {result.accuracy:.1%} vs {result.baseline_accuracy:.1%})",
+                 f"(accuracy {quoted(result.accuracy, getattr(result, 'accuracy_ci', None))} vs "
+                 f"{quoted(result.baseline_accuracy, getattr(result, 'baseline_ci', None))})",
                  "model answer − true answer", "wrong answers")
     fig.add_trace(go.Bar(x=list(result.errors), y=list(result.counts),
                          hovertemplate="error %{x}: %{y} answers<extra></extra>"))
@@ -193,12 +197,48 @@ def fit_layers_figure(result: Any) -> go.Figure:
 
 
 def patch_test_figure(result: Any) -> go.Figure:
-    """Mean corrupt-answer logit change per patch method, with standard errors."""
+    """Mean corrupt-answer logit change per patch method with its 95% bootstrap interval over
+    pairs; bars are labelled with their fraction of the layer patch (and its interval) only when
+    the layer patch's effect is distinguishable from zero, else the title says so."""
     frame = result.to_frame()
-    fig = bars(dict(zip(frame["method"], frame["effect"])), errors=dict(zip(frame["method"], frame["sem"])),
-               title=f"Causal patch test at {result.site}, layer {result.layer}, position {result.position!r}",
-               y_title="Δ logit of the corrupted answer")
-    fig.update_traces(text=[f"{f:.0%}" for f in frame.fraction_of_layer_patch], textposition="outside")
+    title = f"Causal patch test at {result.site}, layer {result.layer}, position {result.position!r}"
+    if not getattr(result, "layer_patch_distinct", True):
+        title += "<br><sub>no fractions: " + result.note + "</sub>"
+    fig = bars(dict(zip(frame["method"], frame["effect"])), title=title, y_title="Δ logit of the corrupted answer")
+    if frame["effect_ci_low"].notna().all():
+        fig.update_traces(error_y=dict(type="data", symmetric=False,
+                                       array=(frame["effect_ci_high"] - frame["effect"]).tolist(),
+                                       arrayminus=(frame["effect"] - frame["effect_ci_low"]).tolist()))
+    if getattr(result, "layer_patch_distinct", True):
+        fig.update_traces(text=[f"{f:.0%} [{lo:.0%}, {hi:.0%}]" if math.isfinite(lo) else f"{f:.0%}" for f, lo, hi in
+                                zip(frame.fraction_of_layer_patch, frame.fraction_ci_low, frame.fraction_ci_high)],
+                          textposition="outside")
+    return fig
+
+
+def separability_figure(result: Any, series: Union[int, str] = 0) -> go.Figure:
+    """Mod-T linear separability of one series: the probe's held-out accuracy per period with its
+    95% interval, next to the random-init model, the shuffled numbers and chance (Fu et al. 2026)."""
+    s = result.series.index(series) if isinstance(series, str) else int(series)
+    periods = [f"T={T}" for T in result.periods]
+    fig = figure(f"Is x mod T linearly readable? ({result.series[s]})", "period", "held-out accuracy of x mod T")
+    acc, low, high = (to_array(t) for t in (result.accuracy[s], result.ci[0, s], result.ci[1, s]))
+    fig.add_trace(go.Bar(x=periods, y=acc, name="trained model", marker_color=cycle_colour(0),
+                         error_y=dict(type="data", symmetric=False, array=high - acc, arrayminus=acc - low),
+                         hovertemplate="%{x}: %{y:.3f}<extra>trained model</extra>"))
+    if result.random_init is not None:
+        r_acc, r_low, r_high = (to_array(t) for t in (result.random_init[s], result.random_init_ci[0, s],
+                                                      result.random_init_ci[1, s]))
+        fig.add_trace(go.Bar(x=periods, y=r_acc, name="random-init model", marker_color=cycle_colour(1),
+                             error_y=dict(type="data", symmetric=False, array=r_high - r_acc, arrayminus=r_acc - r_low),
+                             hovertemplate="%{x}: %{y:.3f}<extra>random-init model</extra>"))
+    fig.add_trace(go.Bar(x=periods, y=to_array(result.shuffled[s]), name="numbers shuffled", marker_color="lightgrey",
+                         hovertemplate="%{x}: %{y:.3f}<extra>numbers shuffled</extra>"))
+    fig.add_trace(go.Scatter(x=periods, y=to_array(result.chance), mode="markers", name="chance (largest class)",
+                             marker=dict(symbol="line-ew-open", size=30, color="black"),
+                             hovertemplate="%{x}: chance %{y:.3f}<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(range=[0, 1.05])
     return fig
 
 

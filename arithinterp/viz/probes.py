@@ -35,8 +35,15 @@ def probe_layers(result: Any, position: Optional[str] = None, controls: bool = T
             series[control_name] = result.control_mean[c, :, pi]
             bands[control_name] = (control_low[c, :, pi], control_high[c, :, pi])
     y_title = _METRIC_NAMES.get(result.metric, str(result.metric))
-    fig = layer_lines(series, title=f"Probing {result.target} in {result.site}", y_title=y_title,
-                      layers=result.layers, bands=bands)
+    title = f"Probing {result.target} in {result.site}"
+    if hasattr(result, "finding"):  # what the controls allow to be said, under the title
+        finding = result.finding()
+        verdict = {"finding": f"finding: layer {finding['layer']}, position '{finding['position']}' beats chance "
+                              "and every control",
+                   "no random-init control": "above chance and the controls run; no random-init control",
+                   "no signal": "no cell beats chance and every control"}[finding["verdict"]]
+        title += f"<br><sub>{verdict}</sub>"
+    fig = layer_lines(series, title=title, y_title=y_title, layers=result.layers, bands=bands)
     if chance and result.metric == "accuracy":
         fig.add_hline(y=result.chance, line_dash="dot", line_color="grey",
                       annotation_text=f"chance {result.chance:.3g}", annotation_position="bottom right")
