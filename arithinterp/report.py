@@ -455,6 +455,8 @@ def error_detector_stage(ctx: Context) -> Section:
     if n_errors >= 50:
         model, prompts, name, evaluation = ctx.model, ctx.all_prompts, ctx.spec, ctx.evaluation
         # fit and evaluate each read every prompt's activations once (a forward), then fit probes
+        held_out = evaluation.correct[len(prompts) * 2 // 3:]
+        require("errors", min(int((~held_out).sum()), int(held_out.sum())))  # too few even before sampling
         rarer = min(n_errors, len(prompts) - n_errors) / len(prompts)
         # enough prompts that the held-out third holds the minimum of the rarer kind, as the whole set does
         least = min(len(prompts), math.ceil(3 * MINIMUMS["errors"][0] / max(rarer, 1e-9)))
@@ -726,7 +728,7 @@ class _Page:
         self.set(name, state)
 
     def write(self) -> Path:
-        finished = sum(1 for n in self.names[1:] if self.state[n].split(" ")[0] in ("done", "failed", "skipped"))
+        finished = sum(1 for n in self.names[1:] if self.state[n].startswith(("done", "failed", "skipped")))
         running = [STAGE_TITLES.get(n, "evaluation") for n in self.names if self.state[n].startswith("running")]
         stopped = [n for n in self.names if self.state[n].startswith("interrupted")]
         total = len(self.names) - 1
@@ -974,11 +976,11 @@ def write_report(
             if name == "accuracy":
                 section.sample = _joined(section.sample, sampled)
         except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
-            section = Section(STAGE_TITLES[name], findings=[str(why)])
+            section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "done, not enough data"
         except OverBudget as why:  # not even the minimum fits: say so rather than overrun
             section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "skipped (over budget)"
         except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
-            section = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"])
+            section, state = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"]), "done, not run"
             if stages is not None:  # asked for by name: say so here too, not only in the page
                 warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
         except KeyboardInterrupt:
