@@ -153,6 +153,11 @@ class Budget:
         return self.bytes if self.bytes is not None else int(max(MIN_BUDGET, _model_bytes(model) // 2))
 
 
+def _secs(seconds: float) -> str:
+    """``"60 s"``; below 10 s with two significant digits (``"0.31 s"``)."""
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
+
+
 def _model_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -219,14 +224,14 @@ class Context:
             per_item = (time.perf_counter() - start) / min(PILOT, n)
         left = self.seconds_left()
         fits = n if per_item <= 0 else int(max(left, 0.0) / per_item)
-        budget = f"the {self.budget.seconds:.0f} s budget"
+        budget = f"the {_secs(self.budget.seconds)} budget"
         if fits >= n:
             return items, f"all {n:,} {what} fit {budget}"
         if fits < minimum:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} would take about "
-                f"{minimum * per_item:.0f} s ({per_item:.2g} s each), more than the {max(left, 0.0):.0f} s left of "
-                f"this stage's {self.budget.seconds:.0f} s budget; give the report more time (budget=, --budget "
+                f"{_secs(minimum * per_item)} ({per_item:.2g} s each), more than the {_secs(max(left, 0.0))} left of "
+                f"this stage's {_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget "
                 "SECONDS) or fewer prompts.")
         return items[_seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
 
@@ -703,6 +708,9 @@ def render(title: str, meta: dict, sections: list[Section], status: Optional[lis
     return "\n".join(parts)
 
 
+FINISHED = ("done", "not enough data", "not run", "skipped", "failed")  # the states of a stage that has ended
+
+
 class _Page:
     """The report as it stands, rewritten to ``out`` (atomically) whenever a stage starts or ends,
     so that a run stopped at any point (killed, interrupted, out of memory) leaves a readable
@@ -728,14 +736,16 @@ class _Page:
         self.set(name, state)
 
     def write(self) -> Path:
-        finished = sum(1 for n in self.names[1:] if self.state[n].startswith(("done", "failed", "skipped")))
+        finished = sum(1 for n in self.names[1:] if self.state[n].startswith(FINISHED))
         running = [STAGE_TITLES.get(n, "evaluation") for n in self.names if self.state[n].startswith("running")]
         stopped = [n for n in self.names if self.state[n].startswith("interrupted")]
         total = len(self.names) - 1
         if stopped:
             note = f"Interrupted: {finished} of {total} stages finished before the run was stopped."
         elif finished == total:
-            note = f"Complete: all {total} stages finished."
+            failed = sum(1 for n in self.names[1:] if self.state[n].startswith("failed"))
+            note = f"Complete: all {total} stages finished" + (f"; {failed} of them failed (the reasons are below)."
+                                                                  if failed else ".")
         else:
             note = (f"Partial page: {finished} of {total} stages finished"
                     + (f", {running[0]} running" if running else "") + "; the page is rewritten as each stage ends.")
@@ -835,8 +845,8 @@ def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
     joined = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
                         [t for p in parts for t in p.answer_text], torch.cat([p.generated_tokens for p in parts]))
     evaluation = joined[where]
-    note = (f"all {n:,} prompts fit the {seconds:.0f} s budget" if len(chosen) == n else
-            f"sampled {len(chosen):,} of {n:,} prompts to fit the {seconds:.0f} s budget")
+    note = (f"all {n:,} prompts fit the {_secs(seconds)} budget" if len(chosen) == n else
+            f"sampled {len(chosen):,} of {n:,} prompts to fit the {_secs(seconds)} budget")
     return prompts[keep], evaluation, per_prompt, note
 
 
@@ -868,7 +878,7 @@ def _run_stage(ctx: Context, name: str) -> Section:
         used = getattr(ctx, knob)
     finally:
         setattr(ctx, knob, cap)
-    budget = f"the {ctx.budget.seconds:.0f} s budget"
+    budget = f"the {_secs(ctx.budget.seconds)} budget"
     section.sample = _joined(section.sample, f"all {available:,} {what} fit {budget}" if used >= available
                              else f"sampled {used:,} of {available:,} {what} to fit {budget}")
     return section
@@ -935,7 +945,7 @@ def write_report(
         meta["few-shot"] = few_shot
     if operands is not None:
         meta["operands"] = operands if isinstance(operands, str) else f"{len(parse_operands(operands))} values"
-    meta.update(seed=seed, budget=f"{total:.0f} s", memory=f"{memory / 2**20:,.0f} MiB per stage",
+    meta.update(seed=seed, budget=_secs(total), memory=f"{memory / 2**20:,.0f} MiB per stage",
                 arithinterp=__version__)
     page = _Page(out, f"How does {spec} do arithmetic?", meta, chosen)
     clock = time.perf_counter()  # the budget counts from here: loading the model is not the report's to shorten
@@ -945,7 +955,7 @@ def write_report(
         return max(left, 0.0) * WEIGHTS[name] / sum(WEIGHTS[n] for n in [name, *later])
 
     seconds = share("evaluation", chosen)
-    page.set("evaluation", f"running (budget {seconds:.0f} s)")
+    page.set("evaluation", f"running (budget {_secs(seconds)})")
     try:
         all_prompts, evaluation, per_prompt, sampled = _evaluate_within(loaded, all_prompts, seconds,
                                                                         Budget(seconds, memory), seed)
@@ -963,24 +973,24 @@ def write_report(
         except TaskError:
             pairs = None
     page.meta.update(evaluated=len(all_prompts), correct=len(prompts), pairs=0 if pairs is None else len(pairs))
-    page.set("evaluation", f"done in {time.perf_counter() - clock:.1f} s (budget {seconds:.0f} s); {sampled}")
+    page.set("evaluation", f"done: {time.perf_counter() - clock:.1f} s of its {_secs(seconds)} budget; {sampled}")
     ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed)
 
     for i, name in enumerate(tqdm(chosen, desc="report", disable=not progress)):
         seconds = share(name, chosen[i + 1:])
         ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
-        page.set(name, f"running (budget {seconds:.0f} s)")
+        page.set(name, f"running (budget {_secs(seconds)})")
         state = "done"
         try:
             section = _run_stage(ctx, name)
             if name == "accuracy":
                 section.sample = _joined(section.sample, sampled)
         except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
-            section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "done, not enough data"
+            section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "not enough data"
         except OverBudget as why:  # not even the minimum fits: say so rather than overrun
             section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "skipped (over budget)"
         except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
-            section, state = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"]), "done, not run"
+            section, state = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"]), "not run"
             if stages is not None:  # asked for by name: say so here too, not only in the page
                 warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
         except KeyboardInterrupt:
@@ -991,7 +1001,7 @@ def write_report(
             warnings.warn(f"report stage {name!r} failed: {_reason(error)}", stacklevel=2)
             gc.collect()  # what the failed stage held is garbage now; free it before the next one
         section.seconds = time.perf_counter() - ctx.stage_start
-        page.add(name, section, f"{state} in {section.seconds:.1f} s (budget {seconds:.0f} s)"
+        page.add(name, section, f"{state}: {section.seconds:.1f} s of its {_secs(seconds)} budget"
                  + (f"; {section.sample}" if state == "done" and section.sample else ""))
     return page.write()
 
