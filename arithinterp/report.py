@@ -87,7 +87,7 @@ def _require_pairs(ctx: Context, name: str, who: str = "this stage") -> tuple[An
 DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M model's report in under 10 minutes
 PILOT = 4  # items a stage times its analyses on before choosing how many fit its budget
 # each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones
-WEIGHTS = {"evaluation": 2.0, "accuracy": 0.1, "patching": 3.0, "digits": 1.0, "probes": 1.0, "errors": 1.0,
+WEIGHTS = {"evaluation": 2.0, "accuracy": 0.5, "patching": 3.0, "digits": 1.0, "probes": 1.0, "errors": 1.0,
            "fourier": 1.0, "neurons": 1.0, "circuits": 2.0}
 
 
