@@ -206,22 +206,29 @@ class Context:
         return self.budget.seconds - (time.perf_counter() - self.stage_start)
 
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
-            per_item: Optional[float] = None) -> tuple[Any, str]:
+            per_item: Optional[float] = None, prior: float = 0.0) -> tuple[Any, str]:
         """The largest seeded sample of ``items`` (prompts or pairs) that fits the time left of this
         stage's budget, and the sentence that says so ("sampled 60 of 200 pairs to fit the 45 s
         budget"). The cost per item is ``per_item`` seconds or is measured by running ``pilot``
-        (the stage's analyses) on :data:`PILOT` items and extrapolated linearly, which over-states
-        it: fixed costs and small batches are counted per item. :class:`OverBudget` when not even
-        ``minimum`` items fit."""
+        (the stage's analyses) on up to :data:`PILOT` items and extrapolated linearly, which
+        over-states it: fixed costs and small batches are counted per item. ``prior``: the
+        stage's rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps
+        the pilot within a quarter of the time left, and skips it when even the minimum would
+        take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
         n = len(items)
         if self.budget.seconds == float("inf") or n == 0:
             return items, ""
         if per_item is None:
             if pilot is None:
                 raise ConfigError("fit needs either pilot (a function to time) or per_item (seconds)")
-            start = time.perf_counter()
-            pilot(items[: min(PILOT, n)])
-            per_item = (time.perf_counter() - start) / min(PILOT, n)
+            guess = prior * self.budget.forward_seconds
+            if guess * minimum > 4 * self.seconds_left():  # hopeless: do not spend the budget finding out
+                per_item = guess
+            else:
+                k = min(PILOT, n, max(1, int(0.25 * self.seconds_left() / guess) if guess > 0 else PILOT))
+                start = time.perf_counter()
+                pilot(items[:k])
+                per_item = (time.perf_counter() - start) / k
         left = self.seconds_left()
         fits = n if per_item <= 0 else int(max(left, 0.0) / per_item)
         budget = f"the {_secs(self.budget.seconds)} budget"
@@ -341,7 +348,12 @@ def patching_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
     pairs, _ = _require_pairs(ctx, "patching")
-    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0], pilot=lambda p: _sweeps(ctx, p, check_gap=False))
+    cfg, clean = ctx.model.cfg, pairs.clean
+    swept = int(clean.tokens.shape[1]) if clean.uniform_length else sum("[" not in k for k in clean.positions)
+    # each head patched at every position is close to half a forward; a layer × position cell, a tenth
+    prior = 0.5 * cfg.n_layers * cfg.n_heads + 0.2 * cfg.n_layers * swept + 6
+    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0], pilot=lambda p: _sweeps(ctx, p, check_gap=False),
+                            prior=prior)
     section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
     resid, heads, mlps, approx = _sweeps(ctx, pairs)
     if heads is None or mlps is None or approx is None:  # no gap between the clean and corrupted runs
@@ -379,8 +391,10 @@ def digits_stage(ctx: Context) -> Section:
                             "(e.g. zoo:add-3digit)")
     prompts = ctx.prompts[: ctx.n_digit_prompts]
     require("digits", len(prompts))
+    cfg = ctx.model.cfg  # a teacher-forced forward per head and answer token
     prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["digits"][0],
-                              pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False))
+                              pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
+                              prior=cfg.n_layers * cfg.n_heads * int(prompts.answer_tokens.shape[1]))
     section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
     result = patching.digit_ablation(ctx.model, prompts, progress=False)
     drop = result.drop
@@ -590,7 +604,10 @@ def circuits_stage(ctx: Context) -> Section:
         with contextlib.suppress(AnalysisError):  # a pilot's pairs may not differ; the timing is what counts
             circuits.faithfulness(ctx.model, some, scored)
 
-    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot)
+    cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
+    edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
+    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot,
+                            prior=5 * (2 + 2 * 5 + edges.bit_length() + 2))
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, batch_size=batch, progress=False)
     try:
