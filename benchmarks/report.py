@@ -91,10 +91,22 @@ def every_prompt_run(folder: Path, budget: float) -> dict:
     return dict(rows=rows, total=total, peak=rss.peak, start=rss.start, n=len(prompts), pairs=len(pairs))
 
 
+def report_lines(run: dict, budget: float, args) -> list[str]:
+    lines = [f"`write_report` with `template=\"{{a}}+{{b}}=\", few_shot=3, operands=\"10-59\"` and a "
+             f"{budget:.0f} s budget on a random-weight Llama of {args.layers} layers, d_model {args.d_model}, "
+             f"{args.heads} heads / {args.kv_heads} key-value heads, d_mlp {args.d_mlp}, vocabulary {args.vocab} "
+             f"({run['model'] / MIB:.0f} MiB in float32); one thread: **{run['seconds']:.0f} s** in all "
+             f"({run['load']:.0f} s loading the model), peak RSS {run['peak'] / MIB:,.0f} MiB "
+             f"({(run['peak'] - run['start']) / MIB:,.0f} MiB above the start). {html.unescape(run['note'])}", "",
+             "| stage | state, seconds, budget and sample (from the page) |", "|---|---|"]
+    return lines + [f"| {name} | {state.replace('|', '/')} |" for name, state in run["stages"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--budget", type=float, default=None, help="write_report's budget (default: its default)")
     parser.add_argument("--every-prompt", action="store_true", help="also run the stages on every prompt")
+    parser.add_argument("--only-every-prompt", action="store_true", help="only the stages on every prompt")
     parser.add_argument("--write", default=None, help="append the tables to this Markdown file")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--d-model", type=int, default=576)
@@ -111,15 +123,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "llama"
         build(folder, args)
-        run = report_run(folder, budget)
-        lines += [f"`write_report` with `template=\"{{a}}+{{b}}=\", few_shot=3, operands=\"10-59\"` and a "
-                  f"{budget:.0f} s budget on a random-weight Llama of {args.layers} layers, d_model {args.d_model}, "
-                  f"{args.heads} heads / {args.kv_heads} key-value heads, d_mlp {args.d_mlp}, vocabulary {args.vocab} "
-                  f"({run['model'] / MIB:.0f} MiB in float32); one thread: **{run['seconds']:.0f} s** in all "
-                  f"({run['load']:.0f} s loading the model), peak RSS {run['peak'] / MIB:,.0f} MiB "
-                  f"({(run['peak'] - run['start']) / MIB:,.0f} MiB above the start). {html.unescape(run['note'])}", "",
-                  "| stage | state, seconds, budget and sample (from the page) |", "|---|---|"]
-        lines += [f"| {name} | {state.replace('|', '/')} |" for name, state in run["stages"]]
+        if args.only_every_prompt:
+            args.every_prompt = True
+        else:
+            lines += report_lines(report_run(folder, budget), budget, args)
         if args.every_prompt:
             every = every_prompt_run(folder, budget)
             lines += ["", f"Every stage on the same model with all {every['n']} evaluated prompts counted as correct "
