@@ -77,7 +77,7 @@ def report_command(args: argparse.Namespace) -> dict:
     stages = args.stages.split(",") if args.stages else None
     path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
                         template=args.template, few_shot=args.few_shot, operands=args.operands,
-                        progress=not args.no_progress)
+                        budget=args.budget, max_memory=args.max_memory, progress=not args.no_progress)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"arithinterp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from arithinterp.report import STAGES
+    from arithinterp.report import DEFAULT_BUDGET, STAGES
 
     p = sub.add_parser("report", help="run the standard analyses on a model and write an offline HTML report")
     p.add_argument("model", nargs="?", default="zoo:add-100", help="model spec (default: zoo:add-100)")
@@ -315,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--few-shot", type=int, default=0, help="solved examples before each prompt (default: 0)")
     p.add_argument("--operands", default=None, help="operand values for a and b: LO-HI (inclusive) or 1,5,9 "
                    "(default: the zoo task's, else the single-token numbers below 100)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help=f"seconds for the evaluation and all stages together; stages sample fewer prompts or pairs "
+                   f"to fit their share and say so (default: {DEFAULT_BUDGET:.0f})")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory each stage's batches may use beyond the model, e.g. 2GiB or 512MB "
+                   "(default: half the available memory, at most 2 GiB)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 

@@ -18,7 +18,10 @@ quoted as they are, and answers that are not numbers are counted, not drawn as e
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import html
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ MINIMUMS: dict[str, tuple[int, str]] = {
     "patching": (30, "counterfactual pairs"),
     "digits": (30, "correctly answered prompts"),
     "probes": (60, "correctly answered prompts"),
-    "errors": (20, "held-out answers of the rarer kind, wrong or correct,"),
+    "errors": (20, "held-out answers of the rarer kind, wrong or correct"),
     "helix": (30, "counterfactual pairs"),
     "neurons": (100, "correctly answered prompts"),
     "circuits": (30, "counterfactual pairs"),
@@ -55,6 +58,10 @@ class NotEnoughData(AnalysisError):
     def __init__(self, name: str, n: int, who: str = "this stage"):
         minimum, what = MINIMUMS[name]
         super().__init__(f"Not enough data: {n} {what}; {who} needs at least {minimum} {what}.")
+
+
+class OverBudget(AnalysisError):
+    """Even a stage's minimum sample would not fit the time left of its budget; it is not run."""
 
 
 def require(name: str, n: int, who: str = "this stage") -> str:
@@ -75,6 +82,82 @@ def _require_pairs(ctx: Context, name: str, who: str = "this stage") -> tuple[An
     return pairs, require(name, len(pairs), who)
 
 
+# --- budgets -------------------------------------------------------------------------------------
+
+DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M model's report in under 10 minutes
+PILOT = 4  # items a stage times its analyses on before choosing how many fit its budget
+# each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones
+WEIGHTS = {"evaluation": 2.0, "accuracy": 0.5, "patching": 3.0, "digits": 1.0, "probes": 1.0, "errors": 1.0,
+           "fourier": 1.0, "neurons": 1.0, "circuits": 2.0}
+
+
+def default_max_memory() -> int:
+    """Transient bytes a stage may use beyond the model: half the memory available now, at most
+    2 GiB (the analyses' batches, not the model's weights, which are already loaded)."""
+    from arithinterp.engine.budget import available_bytes
+
+    free = available_bytes()
+    return 2 * 2**30 if free is None else int(min(2 * 2**30, max(2**28, free // 2)))
+
+
+def parse_memory(value: Any) -> int:
+    """Bytes from an int or a size such as ``"512MB"``, ``"2GiB"``, ``"1.5G"`` (powers of 1024)."""
+    import re
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number, unit = float(value), ""
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(value), re.I)
+        if match is None:
+            raise ConfigError(f"max_memory must be bytes or a size such as '512MB' or '2GiB', got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * 1024 ** " kmgt".index(unit or " "))
+    if size < 2**24:
+        raise ConfigError(f"max_memory must be at least 16 MiB, got {value!r} ({size:,} bytes)")
+    return size
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one stage may spend: ``seconds`` of wall time and ``bytes`` of transient memory beyond
+    the model (batch sizes come from it through :func:`arithinterp.engine.decode.batch_size_for`).
+    ``forward_seconds``: one prompt's evaluation, measured at the start of the report."""
+
+    seconds: float = float("inf")
+    bytes: Optional[int] = None  # None: the engine's default (half the model's parameter bytes)
+    forward_seconds: float = 0.0
+
+    def batch_size(self, model: Any, seq_len: int, per_prompt_factor: float = 1.0, n_new: int = 0) -> int:
+        """Prompts per batch whose transient memory fits ``bytes``; ``per_prompt_factor``: how
+        many forwards' activations one prompt holds at once (e.g. 3 with a backward pass)."""
+        from arithinterp.engine.decode import batch_size_for
+
+        return batch_size_for(model, seq_len, n_new=n_new, budget_bytes=self.memory(model) / per_prompt_factor)
+
+    def memory(self, model: Any) -> int:
+        """``bytes``, or the engine's default for ``model`` (half its parameter bytes, at least
+        :data:`arithinterp.engine.decode.MIN_BUDGET`)."""
+        from arithinterp.engine.decode import MIN_BUDGET
+
+        return self.bytes if self.bytes is not None else int(max(MIN_BUDGET, _model_bytes(model) // 2))
+
+
+def _secs(seconds: float) -> str:
+    """``"60 s"``; below 10 s with two significant digits (``"0.31 s"``)."""
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
+
+
+def _model_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _seeded_pick(n: int, k: int, seed: int):
+    """``k`` of ``range(n)`` in a seeded random order, sorted (a sample that keeps the set's order)."""
+    import torch
+
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
+
+
 @dataclass
 class Section:
     """One stage of the report: findings in words, figures, and how long it took."""
@@ -88,7 +171,8 @@ class Section:
 
 @dataclass
 class Context:
-    """What every stage shares: the model, its task's prompts, and counterfactual pairs."""
+    """What every stage shares: the model, its task's prompts, counterfactual pairs, and the
+    running stage's :class:`Budget` (set by :func:`write_report` before each stage)."""
 
     model: Any
     spec: str
@@ -97,12 +181,55 @@ class Context:
     evaluation: Any
     pairs: Any  # counterfactual pairs of the correct prompts; None when there are none
     seed: int = 0
-    # how much each stage looks at: sized so the whole report runs in well under 3 minutes on 2 cores
+    # the most each stage looks at; within these, the stage's budget decides (see fit)
     n_pairs: int = 200
     n_probe_prompts: int = 1000
     n_detector_prompts: int = 6000
     n_digit_prompts: int = 500
+    n_neuron_prompts: int = 2000
     top_k_neurons: int = 50
+    budget: Budget = field(default_factory=Budget)
+    stage_start: float = field(default_factory=time.perf_counter)
+
+    def seconds_left(self) -> float:
+        return self.budget.seconds - (time.perf_counter() - self.stage_start)
+
+    def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
+            per_item: Optional[float] = None, prior: float = 0.0) -> tuple[Any, str]:
+        """The largest seeded sample of ``items`` (prompts or pairs) that fits the time left of this
+        stage's budget, and the sentence that says so ("sampled 60 of 200 pairs to fit the 45 s
+        budget"). The cost per item is ``per_item`` seconds or is measured by running ``pilot``
+        (the stage's analyses) on up to :data:`PILOT` items and extrapolated linearly, which
+        over-states it: fixed costs and small batches are counted per item. ``prior``: the
+        stage's rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps
+        the pilot within a quarter of the time left, and skips it when even the minimum would
+        take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
+        n = len(items)
+        if self.budget.seconds == float("inf") or n == 0:
+            return items, ""
+        if per_item is None:
+            if pilot is None:
+                raise ConfigError("fit needs either pilot (a function to time) or per_item (seconds)")
+            guess = prior * self.budget.forward_seconds
+            if guess * minimum > 4 * self.seconds_left():  # hopeless: do not spend the budget finding out
+                per_item = guess
+            else:
+                k = min(PILOT, n, max(1, int(0.25 * self.seconds_left() / guess) if guess > 0 else PILOT))
+                start = time.perf_counter()
+                pilot(items[:k])
+                per_item = (time.perf_counter() - start) / k
+        left = self.seconds_left()
+        fits = n if per_item <= 0 else int(max(left, 0.0) / per_item)
+        budget = f"the {_secs(self.budget.seconds)} budget"
+        if fits >= n:
+            return items, f"all {n:,} {what} fit {budget}"
+        if fits < minimum:
+            raise OverBudget(
+                f"Not run within the budget: the minimum of {minimum} {what} would take about "
+                f"{_secs(minimum * per_item)} ({per_item:.2g} s each), more than the {_secs(max(left, 0.0))} left of "
+                f"this stage's {_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget "
+                "SECONDS).")
+        return items[_seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
 
 
 # --- stages --------------------------------------------------------------------------------------
@@ -188,13 +315,37 @@ def _no_gap(result) -> bool:
     return abs(float(gap.mean())) <= 2 * sem
 
 
+def _sweeps(ctx: Context, pairs, check_gap: bool = True) -> tuple[Any, Any, Any, Any]:
+    """The patching stage's analyses on ``pairs``: exact ``resid_pre``, heads and ``mlp_out``
+    sweeps, and attribution patching of ``resid_pre`` and ``mlp_out`` (compared with the exact
+    ones). With ``check_gap``, only the first when clean and corrupted runs do not differ."""
+    from arithinterp import patching
+
+    resid = patching.activation_patching(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
+    if check_gap and _no_gap(resid):
+        return resid, None, None, None
+    heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
+    mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
+    # the gradient holds a forward's activations for the clean and the corrupt run, and the backward's
+    batch = ctx.budget.batch_size(ctx.model, int(pairs.clean.lengths.max()), per_prompt_factor=6.0)
+    approx = patching.attribute(ctx.model, pairs, ["resid_pre", "mlp_out"], normalize=True, batch_size=batch,
+                                progress=False)
+    return resid, heads, mlps, approx
+
+
 def patching_stage(ctx: Context) -> Section:
     from arithinterp import patching
 
-    pairs, sample = _require_pairs(ctx, "patching")
-    section = Section(STAGE_TITLES["patching"], sample=sample)
-    resid = patching.activation_patching(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
-    if _no_gap(resid):
+    pairs, _ = _require_pairs(ctx, "patching")
+    cfg, clean = ctx.model.cfg, pairs.clean
+    swept = int(clean.tokens.shape[1]) if clean.uniform_length else sum("[" not in k for k in clean.positions)
+    # each head patched at every position is close to half a forward; a layer × position cell, a tenth
+    prior = 0.5 * cfg.n_layers * cfg.n_heads + 0.2 * cfg.n_layers * swept + 6
+    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0], pilot=lambda p: _sweeps(ctx, p, check_gap=False),
+                            prior=prior)
+    section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
+    resid, heads, mlps, approx = _sweeps(ctx, pairs)
+    if heads is None or mlps is None or approx is None:  # no gap between the clean and corrupted runs
         gap = float((resid.clean_baseline - resid.corrupt_baseline).mean())
         section.findings.append(
             f"No signal above the control: on {len(pairs)} pairs the clean and corrupted prompts do not differ on "
@@ -203,8 +354,6 @@ def patching_stage(ctx: Context) -> Section:
         )
         section.figures.append(resid.plot())
         return section
-    heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
-    mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
         f"changed restores the answer most at {_top_cells(resid)} "
@@ -212,11 +361,15 @@ def patching_stage(ctx: Context) -> Section:
     )
     section.findings.append(f"Heads (all positions at once) that restore it most: {_top_cells(heads)}.")
     section.findings.append(f"MLP outputs that restore it most: {_top_cells(mlps)}.")
-    comparison = patching.attribution_vs_exact(ctx.model, pairs, sites=["resid_pre", "mlp_out"], normalize=True)
+    comparison = patching.compare({"resid_pre": resid, "mlp_out": mlps}, approx)
     correlations = ", ".join(f"{s}: r = {c:.2f}" for s, c in zip(comparison.sites, comparison.correlation))
     section.findings.append(f"Attribution patching tracks exact patching with {correlations}.")
     section.figures += [resid.plot(), heads.plot(), mlps.plot(), comparison.plot()]
     return section
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def digits_stage(ctx: Context) -> Section:
@@ -226,7 +379,12 @@ def digits_stage(ctx: Context) -> Section:
         raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers "
                             "(e.g. zoo:add-3digit)")
     prompts = ctx.prompts[: ctx.n_digit_prompts]
-    section = Section(STAGE_TITLES["digits"], sample=require("digits", len(prompts)))
+    require("digits", len(prompts))
+    cfg = ctx.model.cfg  # a teacher-forced forward per head and answer token
+    prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["digits"][0],
+                              pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
+                              prior=cfg.n_layers * cfg.n_heads * int(prompts.answer_tokens.shape[1]))
+    section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
     result = patching.digit_ablation(ctx.model, prompts, progress=False)
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
@@ -297,10 +455,22 @@ def error_detector_stage(ctx: Context) -> Section:
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry, held_out_prompts
 
+    import torch
+
     section = Section(STAGE_TITLES["errors"])
     n_errors = int((~ctx.evaluation.correct).sum())
+    fitted, batch_size = "", 256
     if n_errors >= 50:
         model, prompts, name, evaluation = ctx.model, ctx.all_prompts, ctx.spec, ctx.evaluation
+        # fit and evaluate each read every prompt's activations once (a forward), then fit probes
+        held_out = evaluation.correct[len(prompts) * 2 // 3:]
+        require("errors", min(int((~held_out).sum()), int(held_out.sum())))  # too few even before sampling
+        rarer = min(n_errors, len(prompts) - n_errors) / len(prompts)
+        # enough prompts that the held-out third holds the minimum of the rarer kind, as the whole set does
+        least = min(len(prompts), math.ceil(3 * MINIMUMS["errors"][0] / max(rarer, 1e-9)))
+        pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * ctx.budget.forward_seconds)
+        prompts, evaluation = prompts[pick], evaluation[pick]
+        batch_size = ctx.budget.batch_size(model, int(prompts.lengths.max()))
     else:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
@@ -314,9 +484,10 @@ def error_detector_stage(ctx: Context) -> Section:
     held_out = evaluation.correct[split:]
     n_wrong, n_right = int((~held_out).sum()), int(held_out.sum())
     require("errors", min(n_wrong, n_right))
-    section.sample = (f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; minimum "
-                      f"{MINIMUMS['errors'][0]} of each), {split} to train on")
-    detector = probes.ErrorDetector(progress=False).fit(model, prompts[:split], evaluation=evaluation[:split])
+    section.sample = _joined(f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; "
+                             f"minimum {MINIMUMS['errors'][0]} of each), {split} to train on", fitted)
+    detector = probes.ErrorDetector(batch_size=batch_size, progress=False)
+    detector.fit(model, prompts[:split], evaluation=evaluation[:split])
     result = detector.evaluate(model, prompts[split:], evaluation=evaluation[split:])
     m = result.metrics()
     verdict = "" if _beats_chance(m) else "No signal above the control: "
@@ -465,11 +636,18 @@ def fourier_helix_stage(ctx: Context) -> Section:
 def neurons_stage(ctx: Context) -> Section:
     from arithinterp import neurons
 
-    section = Section(STAGE_TITLES["neurons"], sample=require("neurons", len(ctx.prompts)))
-    table = neurons.classify(ctx.model, ctx.prompts, top_k=ctx.top_k_neurons, pairs=ctx.pairs)
+    prompts = ctx.prompts[: ctx.n_neuron_prompts]
+    require("neurons", len(prompts))
+    # per prompt: its activations (a forward) and, on its counterfactual pair, the attribution that
+    # ranks the neurons (a forward and a backward of the clean and of the corrupted prompt)
+    prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["neurons"][0], per_item=7 * ctx.budget.forward_seconds)
+    pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(prompts))]
+    section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
+    batch = ctx.budget.batch_size(ctx.model, int(prompts.lengths.max()), per_prompt_factor=6.0)
+    table = neurons.classify(ctx.model, prompts, top_k=ctx.top_k_neurons, pairs=pairs, batch_size=batch)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
     section.findings.append(
-        f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(ctx.prompts)} prompts), {coverage} "
+        f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), {coverage} "
         f"implement at least one heuristic (score ≥ {table.threshold})."
     )
     histogram = table.histogram()
@@ -486,9 +664,20 @@ def neurons_stage(ctx: Context) -> Section:
 def circuits_stage(ctx: Context) -> Section:
     from arithinterp import circuits
 
-    pairs, sample = _require_pairs(ctx, "circuits")
-    section = Section(STAGE_TITLES["circuits"], sample=sample)
-    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, progress=False)
+    pairs, _ = _require_pairs(ctx, "circuits")
+    memory = ctx.budget.memory(ctx.model)  # EAP-IG's batches and the curve's stacked edge sets fit the stage's memory
+
+    def pilot(some):
+        scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=5, max_memory=memory, progress=False)
+        with contextlib.suppress(AnalysisError):  # a pilot's pairs may not differ; the timing is what counts
+            circuits.faithfulness(ctx.model, some, scored)
+
+    cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
+    edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
+    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot,
+                            prior=5 * (2 + 2 * 5 + edges.bit_length() + 2))
+    section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
+    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, max_memory=memory, progress=False)
     curve = circuits.faithfulness(ctx.model, pairs, scored)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
         section.findings.append(f"No signal above the control: on {len(pairs)} pairs, {curve.note}.")
@@ -539,14 +728,36 @@ body { font-family: Inter, Helvetica, Arial, sans-serif; max-width: 1100px; marg
 h1 { margin-bottom: 0.2em; } .meta { color: #666; margin-top: 0; }
 section { border-top: 1px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
 .findings li { margin: 0.3em 0; } .figure { margin: 1em 0; } .seconds { color: #999; font-size: 0.85em; }
-.sample { color: #555; font-size: 0.9em; }
+.sample { color: #555; font-size: 0.9em; } .state { font-weight: bold; } .status li { margin: 0.15em 0; }
 """
 
 
-def render(title: str, meta: dict, sections: list[Section]) -> str:
-    """One self-contained HTML page; plotly.js is inlined once."""
+def section_html(section: Section, first_figure: int = 0) -> str:
+    """One section's HTML; its figures are numbered from ``first_figure`` (ids unique in the page)."""
+    parts = [f"<section><h2>{html.escape(section.title)}</h2>"]
+    if section.sample:
+        parts.append(f"<p class='sample'>sample: {html.escape(section.sample)}</p>")
+    parts.append("<ul class='findings'>")
+    parts += [f"<li>{html.escape(line)}</li>" for line in section.findings]
+    parts.append("</ul>")
+    for i, fig in enumerate(section.figures):
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{first_figure + i}")
+        parts.append(f"<div class='figure'>{div}</div>")
+    parts.append(f"<p class='seconds'>computed in {section.seconds:.1f} s</p></section>")
+    return "\n".join(parts)
+
+
+def render(title: str, meta: dict, sections: list[Section], status: Optional[list[tuple[str, str]]] = None,
+           note: str = "", bodies: Optional[list[str]] = None) -> str:
+    """One self-contained HTML page; plotly.js is inlined once. ``status``: (stage title, state)
+    lines listed under the title; ``bodies``: the sections' HTML when already rendered."""
     from plotly.offline import get_plotlyjs
 
+    if bodies is None:
+        bodies, first = [], 0
+        for section in sections:
+            bodies.append(section_html(section, first))
+            first += len(section.figures)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>",
@@ -555,25 +766,68 @@ def render(title: str, meta: dict, sections: list[Section]) -> str:
         "<p class='meta'>"
         + " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in meta.items())
         + "</p>",
+    ]
+    if note:
+        parts.append(f"<p class='state'>{html.escape(note)}</p>")
+    if status:
+        parts.append("<h2>Stages</h2><ul class='status'>")
+        parts += [f"<li><b>{html.escape(name)}</b>: {html.escape(state)}</li>" for name, state in status]
+        parts.append("</ul>")
+    parts += [
         "<h2>Summary</h2><ul class='findings'>",
         *[f"<li><b>{html.escape(s.title)}.</b> {html.escape(s.findings[0])}</li>" for s in sections if s.findings],
         "</ul>",
+        *bodies,
+        "</body></html>",
     ]
-    figure_index = 0
-    for section in sections:
-        parts.append(f"<section><h2>{html.escape(section.title)}</h2>")
-        if section.sample:
-            parts.append(f"<p class='sample'>sample: {html.escape(section.sample)}</p>")
-        parts.append("<ul class='findings'>")
-        parts += [f"<li>{html.escape(line)}</li>" for line in section.findings]
-        parts.append("</ul>")
-        for fig in section.figures:
-            div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{figure_index}")
-            parts.append(f"<div class='figure'>{div}</div>")
-            figure_index += 1
-        parts.append(f"<p class='seconds'>computed in {section.seconds:.1f} s</p></section>")
-    parts.append("</body></html>")
     return "\n".join(parts)
+
+
+FINISHED = ("done", "not enough data", "not run", "skipped", "failed")  # the states of a stage that has ended
+
+
+class _Page:
+    """The report as it stands, rewritten to ``out`` (atomically) whenever a stage starts or ends,
+    so that a run stopped at any point (killed, interrupted, out of memory) leaves a readable
+    page listing what finished, what was running and what was not yet run."""
+
+    def __init__(self, out: Path, title: str, meta: dict, names: list[str]):
+        self.out, self.title, self.meta, self.start = out, title, meta, time.perf_counter()
+        self.names = ["evaluation", *names]
+        self.state = {name: "not yet run" for name in self.names}
+        self.sections: list[Section] = []
+        self.bodies: list[str] = []
+        self.figures = 0
+        self.note = ""
+
+    def set(self, name: str, state: str) -> None:
+        self.state[name] = state
+        self.write()
+
+    def add(self, name: str, section: Section, state: str) -> None:
+        self.sections.append(section)
+        self.bodies.append(section_html(section, self.figures))  # figures rendered once, not at every write
+        self.figures += len(section.figures)
+        self.set(name, state)
+
+    def write(self) -> Path:
+        finished = sum(1 for n in self.names[1:] if self.state[n].startswith(FINISHED))
+        running = [STAGE_TITLES.get(n, "evaluation") for n in self.names if self.state[n].startswith("running")]
+        stopped = [n for n in self.names if self.state[n].startswith("interrupted")]
+        total = len(self.names) - 1
+        if stopped:
+            note = f"Interrupted: {finished} of {total} stages finished before the run was stopped."
+        elif finished == total:
+            failed = sum(1 for n in self.names[1:] if self.state[n].startswith("failed"))
+            note = f"Complete: all {total} stages finished" + (f"; {failed} of them failed (the reasons are below)."
+                                                                  if failed else ".")
+        else:
+            note = (f"Partial page: {finished} of {total} stages finished"
+                    + (f", {running[0]} running" if running else "") + "; the page is rewritten as each stage ends.")
+        meta = dict(self.meta, seconds=round(time.perf_counter() - self.start, 1))
+        status = [("Evaluating the task" if n == "evaluation" else STAGE_TITLES[n], self.state[n]) for n in self.names]
+        page = render(self.title, meta, self.sections, status, note or self.note, self.bodies)
+        return atomic_write(self.out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -634,6 +888,78 @@ def _task_prompts(model: Any, spec: str, limit: int, seed: int, template: Option
     return prompts
 
 
+def _check_budget(budget: Any) -> float:
+    if budget is None:
+        return DEFAULT_BUDGET
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+        raise ConfigError(f"budget must be a positive number of seconds (e.g. 600), got {budget!r}")
+    return float(budget)
+
+
+def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
+                     seed: int) -> tuple[Any, Any, float, str]:
+    """Evaluate a seeded sample of ``prompts`` that fits ``seconds``: the first 16 (in a seeded
+    order) are timed, and as many more are evaluated as the rest of the time allows →
+    ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``."""
+    import torch
+
+    from arithinterp.tasks import Evaluation
+
+    n = len(prompts)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
+    start = time.perf_counter()
+    first = order[: min(16, n)]
+    parts = [prompts[first].evaluate(model, batch_size=batch)]
+    per_prompt = (time.perf_counter() - start) / len(first)
+    fits = len(first) + int(max(seconds - (time.perf_counter() - start), 0.0) / max(per_prompt, 1e-9))
+    chosen = order[: min(n, fits)]
+    if len(chosen) > len(first):  # the batch again: the first call found the decode path, which sets the cost
+        batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
+        parts.append(prompts[chosen[len(first):]].evaluate(model, batch_size=batch))
+    keep, where = chosen.sort()  # the sample in the prompt set's order, and where each was evaluated
+    joined = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
+                        [t for p in parts for t in p.answer_text], torch.cat([p.generated_tokens for p in parts]))
+    evaluation = joined[where]
+    note = (f"all {n:,} prompts fit the {_secs(seconds)} budget" if len(chosen) == n else
+            f"sampled {len(chosen):,} of {n:,} prompts to fit the {_secs(seconds)} budget")
+    return prompts[keep], evaluation, per_prompt, note
+
+
+# stages whose own code takes no budget: run at the minimum first, then larger when the time allows
+KNOBS = {"probes": ("n_probe_prompts", "probes", "prompts"), "fourier": ("n_pairs", "helix", "pairs")}
+
+
+def _run_stage(ctx: Context, name: str) -> Section:
+    """One stage within ``ctx.budget``; a stage listed in :data:`KNOBS` is timed at its minimum
+    sample, then run again on as many as fit the time left (when that is at least twice as many)."""
+    if name not in KNOBS or ctx.budget.seconds == float("inf"):
+        return STAGES[name](ctx)
+    knob, minimum_of, what = KNOBS[name]
+    minimum = MINIMUMS[minimum_of][0]
+    have = len(ctx.prompts) if knob == "n_probe_prompts" else (0 if ctx.pairs is None else len(ctx.pairs))
+    cap = getattr(ctx, knob)
+    available = min(cap, have)
+    if available < 2 * minimum:
+        return STAGES[name](ctx)
+    try:
+        setattr(ctx, knob, minimum)
+        start = time.perf_counter()
+        section = STAGES[name](ctx)
+        per_item = (time.perf_counter() - start) / minimum  # fixed costs counted per item: an over-estimate
+        fits = min(available, int(max(ctx.seconds_left(), 0.0) / max(per_item, 1e-9)))
+        if fits >= 2 * minimum:
+            setattr(ctx, knob, fits)
+            section = STAGES[name](ctx)
+        used = getattr(ctx, knob)
+    finally:
+        setattr(ctx, knob, cap)
+    budget = f"the {_secs(ctx.budget.seconds)} budget"
+    section.sample = _joined(section.sample, f"all {available:,} {what} fit {budget}" if used >= available
+                             else f"sampled {used:,} of {available:,} {what} to fit {budget}")
+    return section
+
+
 def write_report(
     model: Union[str, Any] = "zoo:add-100",
     out: Union[str, Path] = "report.html",
@@ -644,6 +970,8 @@ def write_report(
     template: Optional[str] = None,
     few_shot: Union[int, str] = 0,
     operands: Any = None,
+    budget: Optional[float] = None,
+    max_memory: Any = None,
     progress: bool = True,
 ) -> Path:
     """Run the standard battery on ``model`` and write a self-contained HTML report to ``out``.
@@ -656,7 +984,16 @@ def write_report(
         few_shot: solved examples to prefix each prompt with (seeded), or a prefix string.
         operands: operand values for both a and b: ``"0-99"``, ``"1,5,9"`` or ints (default: the
             zoo task's range, else the numbers below 100 that are single tokens).
+        budget: seconds for the evaluation and all stages together (default :data:`DEFAULT_BUDGET`),
+            shared by :data:`WEIGHTS`; what a stage leaves unused goes to the later ones. A stage
+            samples fewer prompts or pairs (seeded) to fit its share and says so.
+        max_memory: transient bytes (or ``"2GiB"``) each stage's batches may use beyond the model
+            (default :func:`default_max_memory`: half the available memory, at most 2 GiB).
 
+    The page is written when the evaluation starts and rewritten as every stage starts and ends:
+    a run stopped at any point leaves a readable page that lists finished, running and unrun
+    stages. A stage that fails (any exception, e.g. ``MemoryError``) is recorded with its reason
+    and the next one runs; ``KeyboardInterrupt`` writes the page as interrupted and is re-raised.
     Each stage states its sample size and, below :data:`MINIMUMS`, says "not enough data".
     """
     from arithinterp import __version__
@@ -670,12 +1007,40 @@ def write_report(
         raise ConfigError(f"limit must be at least 10 prompts, got {limit}")
     if operands is not None:
         parse_operands(operands)  # bad operands fail before the model loads
+    total = _check_budget(budget)
+    memory = default_max_memory() if max_memory is None else parse_memory(max_memory)
     out = check_writable_file(out, "out")  # before minutes of analysis, not after
-    start = time.perf_counter()
     loaded = load_model(model) if isinstance(model, str) else model
     spec = model if isinstance(model, str) else model_id(loaded)
     all_prompts = _task_prompts(loaded, spec, limit, seed, template, few_shot, operands)
-    evaluation = all_prompts.evaluate(loaded)
+
+    meta: dict[str, Any] = dict(model=spec, prompts=len(all_prompts))
+    if template is not None:
+        meta["template"] = template
+    if few_shot:
+        meta["few-shot"] = few_shot
+    if operands is not None:
+        meta["operands"] = operands if isinstance(operands, str) else f"{len(parse_operands(operands))} values"
+    meta.update(seed=seed, budget=_secs(total), memory=f"{memory / 2**20:,.0f} MiB per stage",
+                arithinterp=__version__)
+    page = _Page(out, f"How does {spec} do arithmetic?", meta, chosen)
+    clock = time.perf_counter()  # the budget counts from here: loading the model is not the report's to shorten
+
+    def share(name: str, later: list[str]) -> float:
+        left = total - (time.perf_counter() - clock)
+        return max(left, 0.0) * WEIGHTS[name] / sum(WEIGHTS[n] for n in [name, *later])
+
+    seconds = share("evaluation", chosen)
+    page.set("evaluation", f"running (budget {_secs(seconds)})")
+    try:
+        all_prompts, evaluation, per_prompt, sampled = _evaluate_within(loaded, all_prompts, seconds,
+                                                                        Budget(seconds, memory), seed)
+    except KeyboardInterrupt:
+        page.set("evaluation", "interrupted")
+        raise
+    except Exception as error:  # nothing can run without the evaluation: say why on the page, then stop
+        page.set("evaluation", f"failed: {_reason(error)}")
+        raise
     prompts = all_prompts[evaluation.correct]  # may be empty: each stage holds itself to its minimum
     pairs = None
     if len(prompts) >= 2:
@@ -683,33 +1048,41 @@ def write_report(
             pairs = prompts.counterfactual(vary="a", seed=seed, distinct_first_token=True)
         except TaskError:
             pairs = None
+    page.meta.update(evaluated=len(all_prompts), correct=len(prompts), pairs=0 if pairs is None else len(pairs))
+    page.set("evaluation", f"done: {time.perf_counter() - clock:.1f} s of its {_secs(seconds)} budget; {sampled}")
     ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed)
 
-    sections = []
-    for name in tqdm(chosen, desc="report", disable=not progress):
-        stage_start = time.perf_counter()
+    for i, name in enumerate(tqdm(chosen, desc="report", disable=not progress)):
+        seconds = share(name, chosen[i + 1:])
+        ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
+        page.set(name, f"running (budget {_secs(seconds)})")
+        state = "done"
         try:
-            section = STAGES[name](ctx)
+            section = _run_stage(ctx, name)
+            if name == "accuracy":
+                section.sample = _joined(section.sample, sampled)
         except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
-            section = Section(STAGE_TITLES[name], findings=[str(why)])
+            section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "not enough data"
+        except OverBudget as why:  # not even the minimum fits: say so rather than overrun
+            section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "skipped (over budget)"
         except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
-            section = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"])
+            section, state = Section(STAGE_TITLES[name], findings=[f"Not run on this model: {why}"]), "not run"
             if stages is not None:  # asked for by name: say so here too, not only in the page
                 warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
-        section.seconds = time.perf_counter() - stage_start
-        sections.append(section)
-    meta: dict[str, Any] = dict(
-        model=spec,
-        prompts=len(all_prompts),
-        correct=len(prompts),
-        pairs=0 if pairs is None else len(pairs),
-    )
-    if template is not None:
-        meta["template"] = template
-    if few_shot:
-        meta["few-shot"] = few_shot
-    if operands is not None:
-        meta["operands"] = operands if isinstance(operands, str) else f"{len(parse_operands(operands))} values"
-    meta.update(seed=seed, arithinterp=__version__, seconds=round(time.perf_counter() - start, 1))
-    page = render(f"How does {spec} do arithmetic?", meta, sections)
-    return atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+        except KeyboardInterrupt:
+            page.set(name, f"interrupted after {time.perf_counter() - ctx.stage_start:.1f} s")
+            raise
+        except Exception as error:  # out of memory, a torch error, a bug: record it and go on with the next
+            section, state = Section(STAGE_TITLES[name], findings=[f"Failed: {_reason(error)}"]), "failed"
+            warnings.warn(f"report stage {name!r} failed: {_reason(error)}", stacklevel=2)
+            gc.collect()  # what the failed stage held is garbage now; free it before the next one
+        section.seconds = time.perf_counter() - ctx.stage_start
+        page.add(name, section, f"{state}: {section.seconds:.1f} s of its {_secs(seconds)} budget"
+                 + (f"; {section.sample}" if state == "done" and section.sample else ""))
+    return page.write()
+
+
+def _reason(error: BaseException) -> str:
+    """``"MemoryError: ..."``: the exception's type and message, on one line."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

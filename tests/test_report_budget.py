@@ -1,0 +1,222 @@
+"""A report that always writes a page: rewritten as each stage ends, readable when the run is
+killed, interrupted or a stage fails, and every stage within a time and memory budget that it
+meets by sampling fewer prompts or pairs, saying so."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from arithinterp.errors import ConfigError
+from arithinterp.report import (MINIMUMS, STAGE_TITLES, STAGES, Budget, Context, NotEnoughData, OverBudget,
+                                _seeded_pick, parse_memory, require, write_report)
+
+ROOT = Path(__file__).parent.parent
+VOID = {"meta", "br", "img", "input", "link", "hr", "area", "base", "col", "embed", "source", "track", "wbr"}
+
+
+class _Balance(HTMLParser):
+    """Checks that every element that opens also closes, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def assert_complete_html(text: str) -> None:
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</body></html>")
+    parser = _Balance()
+    parser.feed(text)
+    parser.close()
+    assert not parser.errors and not parser.stack, (parser.errors[:3], parser.stack)
+
+
+def stage_states(text: str) -> dict[str, str]:
+    block = text.split("<h2>Stages</h2><ul class='status'>")[1].split("</ul>")[0]
+    return {html.unescape(a): html.unescape(b) for a, b in re.findall(r"<li><b>(.*?)</b>: (.*?)</li>", block)}
+
+
+def section_titles(text: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(r"<section><h2>(.*?)</h2>", text)]
+
+
+def test_a_killed_report_leaves_a_readable_page_of_the_finished_stages(tmp_path):
+    out = tmp_path / "r.html"
+    names = ["accuracy", "patching", "probes", "neurons", "circuits"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "arithinterp.cli", "report", "zoo:add-100", "--stages", ",".join(names),
+               "--limit", "400", "--out", str(out), "--no-progress"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        done = False
+        while process.poll() is None and not done:  # until the first stage's page is on disk
+            done = out.exists() and "<b>Accuracy and error profile</b>: done" in out.read_text()
+            time.sleep(0.02)
+        assert process.poll() is None, "the report ended before the first stage's page could be seen"
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = out.read_text()
+    assert_complete_html(text)
+    states = stage_states(text)
+    assert list(states) == ["Evaluating the task", *(STAGE_TITLES[n] for n in names)]
+    assert states["Evaluating the task"].startswith("done")
+    assert states["Accuracy and error profile"].startswith("done: ")
+    finished = [t for t, s in states.items() if s.startswith("done")][1:]
+    unfinished = [t for t, s in states.items() if s.startswith(("running", "not yet run"))]
+    assert finished and unfinished and len(finished) + len(unfinished) == len(names)
+    assert section_titles(text) == finished  # the finished stages' sections, and only those
+    assert "Partial page: " in text and re.search(r"\d+ of 5 stages finished", text)
+    assert re.search(r"answers \d+ of \d+ prompts correctly", text)  # the finished stage's findings
+
+
+def _raises(error: BaseException):
+    def stage(ctx):
+        raise error
+
+    return stage
+
+
+def test_a_failing_stage_is_recorded_and_the_next_stage_runs(tmp_path, monkeypatch):
+    monkeypatch.setitem(STAGES, "patching", _raises(RuntimeError("CUDA error: out of memory")))
+    monkeypatch.setitem(STAGES, "probes", _raises(MemoryError()))
+    with pytest.warns(UserWarning, match="'patching' failed: RuntimeError: CUDA error: out of memory"):
+        out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy", "patching", "probes", "fourier"],
+                           limit=200, progress=False)
+    text = out.read_text()
+    assert_complete_html(text)
+    states = stage_states(text)
+    assert states["Activation patching"].startswith("failed: ")
+    assert states["Linear probes"].startswith("failed: ")
+    assert states["Fourier features and the helix"].startswith("done: ")  # ran after the failures
+    assert "Failed: RuntimeError: CUDA error: out of memory" in html.unescape(text)
+    assert "Failed: MemoryError" in text
+    assert "Complete: all 4 stages finished; 2 of them failed" in text
+
+
+def test_an_interrupted_report_says_so_and_stops(tmp_path, monkeypatch):
+    monkeypatch.setitem(STAGES, "probes", _raises(KeyboardInterrupt()))
+    out = tmp_path / "r.html"
+    with pytest.raises(KeyboardInterrupt):
+        write_report("zoo:add-100", out=out, stages=["accuracy", "patching", "probes", "fourier"], limit=200,
+                     progress=False)
+    text = out.read_text()
+    assert_complete_html(text)
+    states = stage_states(text)
+    assert states["Accuracy and error profile"].startswith("done") and states["Activation patching"].startswith("done")
+    assert states["Linear probes"].startswith("interrupted")
+    assert states["Fourier features and the helix"] == "not yet run"
+    assert "Interrupted: 2 of 4 stages finished before the run was stopped." in text
+    assert section_titles(text) == ["Accuracy and error profile", "Activation patching"]
+
+
+def test_fit_samples_what_the_time_left_allows_and_says_so(tiny_model):
+    items = torch.arange(1000)
+    ctx = Context(tiny_model, "tiny", None, None, None, None, seed=3, budget=Budget(seconds=1.0))
+    sample, sentence = ctx.fit(items, "pairs", 30, per_item=0.01)  # about 100 fit in the second
+    assert 90 <= len(sample) <= 100 and sentence == f"sampled {len(sample)} of 1,000 pairs to fit the 1 s budget"
+    assert torch.equal(sample, sample.unique()) and bool((sample < 1000).all())  # a sorted subset, no repeats
+    assert torch.equal(_seeded_pick(1000, 95, 3), _seeded_pick(1000, 95, 3))  # seeded: the same call, the same sample
+    assert not torch.equal(_seeded_pick(1000, 95, 3), _seeded_pick(1000, 95, 4))
+    # a pilot measures the cost: over 0.1 s per item, 30 items cannot fit in what is left of the second
+    with pytest.raises(OverBudget, match=r"the minimum of 30 pairs would take about [\d.]+ s \(0\.1\d* s each\), more"):
+        ctx.fit(items, "pairs", 30, pilot=lambda some: time.sleep(0.02 * len(some) + 0.4))
+    everything, sentence = Context(tiny_model, "tiny", None, None, None, None).fit(items, "pairs", 30, per_item=1.0)
+    assert len(everything) == 1000 and sentence == ""  # no budget given: nothing sampled
+
+
+def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
+    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["patching", "neurons", "circuits"], limit=400,
+                       budget=1.0, progress=False)
+    text = html.unescape(out.read_text())
+    assert_complete_html(text)
+    states = stage_states(out.read_text())
+    for name in ("Activation patching", "Heuristic neurons", "Circuit: edges from the operands to the answer"):
+        state = states[name]
+        sampled = re.search(r"sampled ([\d,]+) of ([\d,]+) (pairs|prompts) to fit the [\d.]+ s budget", state)
+        if sampled:  # fewer than there are, at least the minimum
+            k, n = (int(g.replace(",", "")) for g in sampled.groups()[:2])
+            assert 30 <= k < n, state
+        else:  # not even the minimum fits: the stage says so instead of overrunning
+            assert state.startswith("skipped (over budget)"), state
+            assert re.search(rf"<h2>{re.escape(name)}</h2>.*?Not run within the budget: the minimum of \d+ "
+                             r"(pairs|prompts) would take about", text, re.S)
+    assert "budget: 1 s" in text
+
+
+def test_a_random_llama_with_few_shot_prompts_gets_a_complete_page_within_a_small_budget(tmp_path, llama_folder):
+    folder = str(llama_folder("digit"))
+    out = write_report(folder, out=tmp_path / "r.html", template="{a}+{b}=", few_shot=2, operands="10-59",
+                       limit=2000, budget=3.0, max_memory="256MiB", progress=False)
+    text = out.read_text()
+    assert_complete_html(text)
+    assert "Complete: all 8 stages finished." in text
+    states = stage_states(text)
+    assert set(states) == {"Evaluating the task", *STAGE_TITLES.values()}
+    assert all(s.startswith(("done", "not enough data", "not run", "skipped")) for s in states.values()), states
+    assert all(re.search(r": [\d.]+ s of its [\d.]+ s budget", s) for s in states.values()), states
+    evaluated = re.search(r"sampled ([\d,]+) of 2,000 prompts to fit the [\d.]+ s budget",
+                          states["Evaluating the task"])
+    assert evaluated and 16 <= int(evaluated.group(1).replace(",", "")) < 2000
+    # every section says what it rests on, or why it drew nothing
+    for title, body in re.findall(r"<section><h2>(.*?)</h2>(.*?)</section>", text, re.S):
+        assert re.search(r"class='sample'>sample: \d+ |<li>(Not enough data|Not run|Failed)", body), title
+    assert "memory: 256 MiB per stage" in text
+    # a budget that fits them all evaluates every prompt
+    roomy = write_report(folder, out=tmp_path / "roomy.html", stages=["accuracy"], template="{a}+{b}=", few_shot=2,
+                         operands="10-59", limit=300, budget=10_000, progress=False)
+    assert "all 300 prompts fit the" in roomy.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(MINIMUMS))
+def test_not_enough_data_sentences_are_grammatical(name):
+    minimum, what = MINIMUMS[name]
+    sentences = [str(NotEnoughData(name, n, who)) for n in (0, minimum - 1) for who in ("this stage", "the helix test")]
+    sentences.append(require(name, minimum) + ".")
+    for sentence in sentences:
+        assert not re.search(r"[,;:]\s*[,;:.]|\.\.|\s[,;.]|\s\s|,$", sentence), sentence
+        assert sentence[0].isupper() or sentence[0].isdigit()
+        assert sentence.endswith(".") and not sentence.endswith("..")
+    assert not what.endswith((",", ";", ".")) and what == what.strip()
+
+
+def test_budget_and_memory_are_validated(tmp_path, capsys):
+    from arithinterp.cli import main
+
+    assert parse_memory("2GiB") == 2 * 2**30 and parse_memory("512MB") == 512 * 2**20 and parse_memory(2**30) == 2**30
+    for bad in ("lots", "-1GB", "1KB"):
+        with pytest.raises(ConfigError, match="max_memory"):
+            parse_memory(bad)
+    for bad in (0, -5, float("nan"), "60"):
+        with pytest.raises(ConfigError, match="budget must be a positive number of seconds"):
+            write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy"], budget=bad, progress=False)
+    code = main(["report", "zoo:add-100", "--stages", "accuracy", "--max-memory", "lots", "--out",
+                 str(tmp_path / "r.html"), "--no-progress"])
+    assert code == 2 and "max_memory must be bytes or a size such as '512MB'" in capsys.readouterr().err
+    code = main(["report", "zoo:add-100", "--stages", "accuracy", "--budget", "30", "--limit", "50", "--out",
+                 str(tmp_path / "r.html"), "--no-progress"])
+    assert code == 0 and "budget: 30 s" in (tmp_path / "r.html").read_text()
