@@ -28,8 +28,8 @@ from arithinterp.checks import architecture
 from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.types import HookedModel
 
-_TENSOR_FILE = "tensors.safetensors"
-_JSON_FILE = "result.json"
+TENSOR_FILE = "tensors.safetensors"
+JSON_FILE = "result.json"
 FORMAT_VERSION = 1  # of the saved JSON; a newer format is refused with a clear message on load
 
 
@@ -119,8 +119,8 @@ class Result:
         if not overwrite:
             _refuse_other_result(path, json.loads(text), tensors)
         # tensors first, the JSON that marks a saved result last: a half-saved result never loads
-        atomic_write(path / _TENSOR_FILE, lambda tmp: save_file(tensors, str(tmp)))
-        atomic_write(path / _JSON_FILE, lambda tmp: tmp.write_text(text))
+        atomic_write(path / TENSOR_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        atomic_write(path / JSON_FILE, lambda tmp: tmp.write_text(text))
         return path
 
     @classmethod
@@ -138,12 +138,12 @@ class Result:
             raise ResultFileError(f"{path} holds a {kind}, not a {cls.__name__}")
         fields = stored.get("fields")
         if not isinstance(fields, dict):
-            raise ResultFileError(f"{path / _JSON_FILE} has no 'fields' object; the file is damaged")
+            raise ResultFileError(f"{path / JSON_FILE} has no 'fields' object; the file is damaged")
         values = dict(fields)
         tensors = _read_tensors(path)
         overlap = sorted(set(values) & set(tensors))
         if overlap:
-            raise ResultFileError(f"{path}: field {overlap[0]!r} is in both {_JSON_FILE} and {_TENSOR_FILE}; "
+            raise ResultFileError(f"{path}: field {overlap[0]!r} is in both {JSON_FILE} and {TENSOR_FILE}; "
                                   "the folder mixes two saved results")
         values.update(tensors)
         _check_fields(cls, values, path)
@@ -155,16 +155,16 @@ class Result:
 
 def holds_result(path: Union[str, Path]) -> bool:
     """Whether the folder ``path`` holds a saved result (what :meth:`Result.save` refuses to replace)."""
-    return (Path(path).expanduser() / _JSON_FILE).exists()
+    return (Path(path).expanduser() / JSON_FILE).exists()
 
 
 # --- loading and checking saved folders ------------------------------------------------------------
 
 
 def _read_json(path: Path) -> dict:
-    file = path / _JSON_FILE
+    file = path / JSON_FILE
     if not file.exists():
-        raise ResultFileError(f"{path} is not a saved result (no {_JSON_FILE} inside)")
+        raise ResultFileError(f"{path} is not a saved result (no {JSON_FILE} inside)")
     try:
         stored = json.loads(file.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -184,7 +184,7 @@ def _read_tensors(path: Path) -> dict:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    file = path / _TENSOR_FILE
+    file = path / TENSOR_FILE
     if not file.exists():
         raise ResultFileError(f"{file} is missing; a saved result keeps its tensors there (was the folder copied "
                               "in part?)")
@@ -214,7 +214,7 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
     """Every field the class needs is there, of the right kind; aligned fields agree in length."""
     for field in dataclasses.fields(cls):
         required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
-        where = _TENSOR_FILE if _kind(field.type)[0] is torch.Tensor else _JSON_FILE
+        where = TENSOR_FILE if _kind(field.type)[0] is torch.Tensor else JSON_FILE
         if field.name not in values:
             if required:
                 raise ResultFileError(f"{path / where} has no field {field.name!r}, which a {cls.__name__} needs; "
@@ -231,7 +231,7 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
     meta = values.get("meta")
     for key in getattr(cls, "_required_meta", ()):
         if not isinstance(meta, dict) or key not in meta:
-            raise ResultFileError(f"{path / _JSON_FILE}: field 'meta' has no {key!r}, which a {cls.__name__} "
+            raise ResultFileError(f"{path / JSON_FILE}: field 'meta' has no {key!r}, which a {cls.__name__} "
                                   "needs; the file is damaged")
     for group in getattr(cls, "_aligned", ()):
         lengths = {}
@@ -240,14 +240,14 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
             value = values.get(name)
             if isinstance(value, torch.Tensor):
                 if value.ndim <= axis:
-                    raise ResultFileError(f"{path / _TENSOR_FILE}: tensor {name!r} has shape {tuple(value.shape)}, "
+                    raise ResultFileError(f"{path / TENSOR_FILE}: tensor {name!r} has shape {tuple(value.shape)}, "
                                           f"which has no axis {axis}; the file is damaged")
                 lengths[name] = int(value.shape[axis])
             elif isinstance(value, list):
                 lengths[name] = len(value)
         if len(set(lengths.values())) > 1:
             described = ", ".join(f"{k} {v}" for k, v in lengths.items())
-            raise ResultFileError(f"{path} ({_JSON_FILE}, {_TENSOR_FILE}): {' / '.join(lengths)} must have one "
+            raise ResultFileError(f"{path} ({JSON_FILE}, {TENSOR_FILE}): {' / '.join(lengths)} must have one "
                                   f"length, got {described}; the files are damaged or come from two different results")
 
 
@@ -256,10 +256,10 @@ def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:
     if not holds_result(path):
         return
     try:
-        old = json.loads((path / _JSON_FILE).read_text())
+        old = json.loads((path / JSON_FILE).read_text())
         from safetensors.torch import load_file
 
-        old_tensors = load_file(str(path / _TENSOR_FILE))
+        old_tensors = load_file(str(path / TENSOR_FILE))
     except Exception:  # noqa: BLE001 - an unreadable old result is still a result we would replace
         old, old_tensors = None, {}
     same = (isinstance(old, dict) and old.get("type") == stored["type"] and old.get("fields") == stored["fields"]

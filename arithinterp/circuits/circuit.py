@@ -31,8 +31,9 @@ from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_se
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ResultFileError
-from arithinterp.patching.core import _bootstrap_counts, check_choice, metric_name
-from arithinterp.results import _JSON_FILE, _TENSOR_FILE, Result, build_meta
+from arithinterp.intervals import bootstrap_counts
+from arithinterp.patching.core import check_choice, metric_name
+from arithinterp.results import JSON_FILE, TENSOR_FILE, Result, build_meta
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,7 +117,7 @@ class Circuit(Result):
         entry per edge and that the saved layout rebuilds the same edges."""
         circuit = super().load(path)
         path = Path(path)
-        tensors, text = path / _TENSOR_FILE, path / _JSON_FILE
+        tensors, text = path / TENSOR_FILE, path / JSON_FILE
         n = len(circuit.edges)
         for name in ("senders", "receivers", "channels", "positions"):
             if len(getattr(circuit, name)) != n:
@@ -367,7 +368,7 @@ def _fractions(got: dict, *, confidence: float = 0.95, n_boot: int = 1000, seed:
     (beyond float round-off)."""
     cols = torch.cat([got["pair"], got["clean"][:, None], got["none"][:, None]], 1).double()  # [N, C + 2]
     n = cols.shape[0]
-    counts = _bootstrap_counts(n, n_boot, seed).double()
+    counts = bootstrap_counts(n, n_boot, seed)
     # resampling every set costs n_boot × C: only the end points when no interval is wanted
     mean, boot = cols.mean(0), counts @ (cols if intervals else cols[:, -2:]) / n  # [n_boot, C + 2 or 2]
     q = torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64)

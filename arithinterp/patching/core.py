@@ -15,6 +15,7 @@ import torch
 
 from arithinterp import metrics as metric_lib
 from arithinterp import sites as site_lib
+from arithinterp.intervals import bootstrap_counts
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.results import Result, build_meta
@@ -114,10 +115,8 @@ class PatchResult(Result):
 
 
 def _draw_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
-    """How often each of ``n`` items is drawn in each of ``n_boot`` resamples ``[n_boot, n]``."""
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(n, (n_boot, n), generator=generator)
-    return torch.zeros(n_boot, n).scatter_add_(1, draws, torch.ones(n_boot, n))
+    """:func:`arithinterp.intervals.bootstrap_counts` in float32 (the resampled means are float32 products)."""
+    return bootstrap_counts(n, n_boot, seed).float()
 
 
 _kept_counts = functools.lru_cache(maxsize=8)(_draw_counts)
