@@ -46,10 +46,17 @@ def _check(dataset: InterchangeDataset, steps: int, lr: float) -> None:
 
 def train(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Interchange,
           sources: torch.Tensor, *, steps: int, lr: float, size: int, seed: int, progress: bool,
-          boundary_penalty: float = 1e-3) -> list[float]:
-    """Adam on the counterfactual cross-entropy over training pairs; returns the loss per step."""
+          boundary_penalty: float = 5e-2, boundary_lr: float = 0.1) -> list[float]:
+    """Adam on the counterfactual cross-entropy over training pairs; returns the loss per step.
+
+    Boundless DAS adds ``boundary_penalty`` × the boundary to the loss and moves the boundary with its
+    own learning rate (Adam moves it about ``boundary_lr`` dimensions a step), so it can shrink to
+    the smallest subspace that still carries the variable within the steps given."""
     params = [p for p in intervention.parameters() if p.requires_grad]
-    optimiser = torch.optim.Adam(params, lr=lr)
+    boundary = [p for n, p in intervention.named_parameters() if n == "boundary"]
+    rest = [p for n, p in intervention.named_parameters() if n != "boundary" and p.requires_grad]
+    groups = [dict(params=rest, lr=lr)] + ([dict(params=boundary, lr=boundary_lr)] if boundary else [])
+    optimiser = torch.optim.Adam(groups)
     rng = random.Random(seed)
     train_rows = dataset.train.tolist()
     history = []
