@@ -54,3 +54,8 @@ def test_circuits_benchmark_smoke():
     out = run("circuits.py", "--quick")
     row = next(line for line in out.splitlines() if line.startswith("| eap-ig"))
     assert float(row.split("|")[2]) > 0.8 and int(row.rstrip(" |").rsplit("|", 1)[1]) <= 2 * (5 + 1)
+
+
+def test_causal_benchmark_smoke():
+    out = run("causal.py", "planted", "--steps", "100")
+    assert "principal-angle cosines DAS" in out and "| das | 2 |" in out and "| random | 2 |" in out

@@ -7,9 +7,10 @@ only when its counterfactual answer differs from both the base and the source an
 copying either prompt scores nothing. Train and held-out pairs come from disjoint operand pairs
 ``(a, b)`` (neither a base nor a source of a held-out pair is seen in training).
 
-The control (``shuffle=True``) keeps the same bases and sources but takes the variable's value
-from a third, random prompt: a model that uses the variable cannot follow it, so its interchange
-accuracy stays at :attr:`InterchangeDataset.chance`.
+The control (``shuffle=True``) is a *shuffled copy* of the variable: every prompt gets the value
+of another random prompt (a permutation within each split), which the model does not compute;
+sources are drawn by that value and the label follows it. An intervention that moves the true
+variable scores :attr:`InterchangeDataset.chance` there (where the copy happens to agree).
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ class InterchangeDataset:
     the counterfactual answer and ``answer_tokens`` ``[N, K]`` its tokens (the base's and the
     source's own answers keep theirs); ``train`` / ``test`` index the pairs.
 
-    ``chance``: what an intervention that does not follow the variable scores on the held-out
-    pairs: 0 for a real variable (the balance makes copying either prompt wrong); for a shuffled
-    control, the mean over pairs of 1 / (the number of values the shuffled label could have taken),
-    the accuracy of the best guess that knows the base and the source but not the shuffle.
+    ``chance``: the held-out score of an intervention that does not follow the variable: 0 for a
+    real variable (the balance makes copying either prompt wrong); for a shuffled copy, the share
+    of pairs where moving the *true* variable from the source gives the shuffled label anyway.
     """
 
     base: PromptSet
@@ -98,7 +98,7 @@ def interchange_dataset(
             ``max_tries`` draws, or whose counterfactual answer does not tokenize like the base
             answer, are dropped and counted in ``meta``.
         test_fraction: the share of operand pairs held out.
-        shuffle: the control: the variable's value comes from another random prompt.
+        shuffle: the control: a shuffled copy of the variable (each prompt takes another's value).
     """
     if not isinstance(prompts, PromptSet):
         raise AnalysisError(f"prompts must be a PromptSet, got {type(prompts).__name__}")
@@ -125,25 +125,32 @@ def interchange_dataset(
     test_keys = set(pair_keys[:n_test])
     is_test = [(a, b) in test_keys for a, b in zip(prompts.a.tolist(), prompts.b.tolist())]
     n_answer = prompts.n_answer_tokens.tolist()
-    pools: dict[tuple, dict[int, list[int]]] = {}  # (split, length, answer tokens) -> value -> prompts
+    keys = [(is_test[i], int(prompts.lengths[i]), n_answer[i]) for i in range(len(prompts))]
+    if shuffle:  # a shuffled copy of the variable: each prompt gets another prompt's value (same pool)
+        drawn = list(value)
+        for key in set(keys):
+            members = [i for i in range(len(prompts)) if keys[i] == key]
+            permuted = members[:]
+            rng.shuffle(permuted)
+            for i, j in zip(members, permuted):
+                drawn[i] = value[j]
+    else:
+        drawn = value
+    pools: dict[tuple, dict[int, list[int]]] = {}  # (split, length, answer tokens) -> drawn value -> prompts
     for i in range(len(prompts)):
-        key = (is_test[i], int(prompts.lengths[i]), n_answer[i])
-        pools.setdefault(key, {}).setdefault(value[i], []).append(i)
+        pools.setdefault(keys[i], {}).setdefault(drawn[i], []).append(i)
     order = list(range(len(prompts)))
     rng.shuffle(order)
     want = len(prompts) if n is None else n
     bases = [order[j % len(order)] for j in range(want)]
     base_rows, source_rows, value_rows, no_source = [], [], [], 0
     for i in bases:
-        pool = pools[(is_test[i], int(prompts.lengths[i]), n_answer[i])]
+        pool = pools[keys[i]]
         others = [v for v in pool if v != value[i]]
         found = None
         for _ in range(max_tries if others else 0):
             v = rng.choice(others)
             j = rng.choice(pool[v])
-            if shuffle:  # the label comes from a third prompt of the same split, not from the source
-                third = rng.choice([u for u in pool if u != value[i]])
-                v = value[rng.choice(pool[third])]
             cf = int(causal_model.answer(prompts.a[i: i + 1], prompts.b[i: i + 1], {variable: torch.tensor([v])}))
             if cf != int(prompts.answer[i]) and cf != int(prompts.answer[j]):
                 found = (j, v)
@@ -179,9 +186,9 @@ def interchange_dataset(
     cf = cf[rows]
     test_mask = torch.tensor([is_test[base_rows[r]] for r in rows])
     chance = 0.0
-    if shuffle and test_mask.any():
-        chance = _label_free_chance(prompts, causal_model, variable, pools, is_test,
-                                    [(base_rows[r], source_rows[r]) for r in rows if is_test[base_rows[r]]])
+    if shuffle and test_mask.any():  # what moving the true variable (the source's own value) scores
+        true_cf = causal_model.answer(base.a, base.b, {variable: causal_model.values(source.a, source.b)[variable]})
+        chance = float((true_cf == cf)[test_mask].float().mean())
     meta = dict(requested=want, kept=len(rows), no_balanced_source=no_source, untokenizable_answer=untokenized,
                 test_operand_pairs=n_test, train_operand_pairs=len(pair_keys) - n_test, seed=seed)
     return InterchangeDataset(
@@ -190,18 +197,3 @@ def interchange_dataset(
         shuffled=shuffle, chance=chance, meta=meta,
     )
 
-
-def _label_free_chance(prompts: PromptSet, causal_model: CausalModel, variable: str, pools: dict,
-                       is_test: list, pairs: list) -> float:
-    """Mean of 1 / |values the shuffled label could take| over held-out ``(base, source)`` pairs."""
-    n_answer = prompts.n_answer_tokens.tolist()
-    total = 0.0
-    for i, j in pairs:
-        pool = pools[(is_test[i], int(prompts.lengths[i]), n_answer[i])]
-        base_value = int(causal_model.values(prompts.a[i: i + 1], prompts.b[i: i + 1])[variable])
-        candidates = torch.tensor([v for v in pool if v != base_value])
-        a, b = prompts.a[i].expand(len(candidates)), prompts.b[i].expand(len(candidates))
-        cf = causal_model.answer(a, b, {variable: candidates})
-        allowed = int(((cf != prompts.answer[i]) & (cf != prompts.answer[j])).sum())
-        total += 1.0 / max(1, allowed)
-    return total / max(1, len(pairs))
