@@ -61,7 +61,9 @@ def planted(steps: int) -> None:
 def zoo(model_name: str, variable: str, cells: list[tuple[int, str]], k: int, steps: int, limit: int,
         n: int, seed: int) -> None:
     model = ai.load_model(model_name)
-    entry = ai.models.zoo.get_entry(model_name)
+    from arithinterp.models.zoo import get_entry
+
+    entry = get_entry(model_name)
     rng = random.Random(seed)
     a = [rng.randrange(*entry.task.a_range) for _ in range(limit)]
     b = [rng.randrange(*entry.task.b_range) for _ in range(limit)]
@@ -87,7 +89,7 @@ def zoo(model_name: str, variable: str, cells: list[tuple[int, str]], k: int, st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="distributed alignment search: the acceptance numbers")
     parser.add_argument("part", choices=("planted", "zoo"))
     parser.add_argument("--model", default="zoo:add-3digit")
     parser.add_argument("--variable", default="carry_2")

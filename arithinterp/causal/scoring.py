@@ -82,7 +82,7 @@ def batches(dataset: InterchangeDataset, rows: torch.Tensor, position: Union[str
     for key in torch.unique(keys, dim=0):
         group = rows[(keys == key).all(1)]
         length, k = int(key[0]), int(key[1])
-        _, located = base[group].locate(position, answers=k - 1) if k > 1 else base[group].locate(position)
+        _, located = base[group].locate(position, answers=k - 1)
         pos = located[:, 0] - (base.tokens.shape[1] - length)
         for start in range(0, len(group), size):
             part = group[start: start + size]
