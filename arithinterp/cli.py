@@ -298,7 +298,9 @@ def das_command(args: argparse.Namespace) -> dict:
                                          chance=round(dataset.chance, 4)))
     if len(positions) != 1:
         raise ConfigError(f"--position takes one position without --sweep, got {args.position!r}")
-    result = causal.das(model, dataset, args.site, args.layer, positions[0], args.k, method=args.method,
+    together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
+    result = causal.das(model, dataset, args.site, args.layer, together if len(together) > 1 else together[0], args.k,
+                        method=args.method,
                         steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
     rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
     assert isinstance(rows, pd.DataFrame)
@@ -407,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "sum_mod_10, magnitude")
     p.add_argument("--site", default="resid_post", help="vector site (default: resid_post)")
     p.add_argument("--layer", type=int, default=0, help="layer (default: 0)")
-    p.add_argument("--position", default="final", help="position, e.g. final, b, answer[0]; with --sweep a "
-                   "comma-separated list (default: final)")
+    p.add_argument("--position", default="final", help="position, e.g. final, b, answer[0], or final+answer[0] "
+                   "(swapped together); with --sweep a comma-separated list (default: final)")
     p.add_argument("--k", type=int, default=2, help="dimensions interchanged (default: 2)")
     p.add_argument("--method", default="das", help="das or boundless (default: das)")
     p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")

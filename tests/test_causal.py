@@ -269,3 +269,12 @@ def test_das_command(capsys, tmp_path):
     assert causal.DASResult.load(tmp_path / "das").variable == "magnitude"
     assert main(["das", "zoo:add-100", "--variable", "carry2", "--limit", "300", "--no-progress"]) == 2
     assert "unknown variable 'carry_2'" in capsys.readouterr().err
+
+
+def test_several_positions_swap_through_one_subspace(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, ["b", "final"], 2, steps=150, progress=False)
+    assert result.position == "b+final" and result.iia >= 0.99
+    assert causal.principal_angle_cosines(result.basis, planted_plane()).min() >= 0.99
+    assert result.scores["random"]["iia"] <= 0.05 and result.scores["probe"]["k"] >= 1

@@ -12,7 +12,7 @@ random rotation of the same ``k``.
 from __future__ import annotations
 
 import random
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -22,7 +22,9 @@ from arithinterp.causal.interventions import (
     BoundlessSubspace, FixedSubspace, Interchange, RotatedSubspace, anneal, full_vector, orthonormal, random_subspace,
 )
 from arithinterp.causal.results import DASResult
-from arithinterp.causal.scoring import Site, base_values, batch_size, batches, evaluate, forward, source_values
+from arithinterp.causal.scoring import (
+    Position, Site, base_values, batch_size, batches, evaluate, forward, source_values,
+)
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
 from arithinterp.types import HookedModel
@@ -91,7 +93,7 @@ def das(
     dataset: InterchangeDataset,
     site: str = "resid_post",
     layer: int = 0,
-    position: Union[str, int] = "final",
+    position: Position = "final",
     k: int = 2,
     *,
     method: str = "das",
@@ -105,6 +107,7 @@ def das(
     """Distributed alignment search for ``dataset.variable`` at one site, layer and position.
 
     Args:
+        position: a position, or a list of them swapped together through one subspace.
         k: dimensions interchanged (DAS); for ``method="boundless"`` the boundary is learned and
             ``k`` is only the size of the random-rotation baseline (the learned one is reported).
         steps, lr: Adam steps on batches of training pairs (the batch size comes from
@@ -146,7 +149,8 @@ def das(
                       shuffled=dataset.shuffled, steps=steps, lr=lr, seed=seed, pairs=dataset.meta,
                       n_train=len(dataset.train), n_test=len(dataset.test))
     return DASResult(
-        variable=dataset.variable, site=site, layer=layer, position=str(position), method=method,
+        variable=dataset.variable, site=site, layer=layer,
+        position=str(position) if isinstance(position, (str, int)) else "+".join(map(str, position)), method=method,
         k=intervention.k, iia=scores[method]["iia"], train_iia=train_scores["iia"], chance=dataset.chance,
         scores=scores, basis=basis, history=history, meta=meta,
     )
@@ -162,8 +166,12 @@ def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: S
         out["full"] = full_vector(d)
     if "probe" in which or "pca" in which:
         acts = base_values(model, dataset, where, size, dataset.train)
+        labels = dataset.base_value[dataset.train]
+        if acts.ndim == 3:  # several positions share the subspace: fit on all of them
+            labels = labels.repeat_interleave(acts.shape[1])
+            acts = acts.flatten(0, 1)
         if "probe" in which:
-            out["probe"] = FixedSubspace(probe_span(acts, dataset.base_value[dataset.train], seed))
+            out["probe"] = FixedSubspace(probe_span(acts, labels, seed))
         if "pca" in which:
             centred = acts - acts.mean(0)
             _, _, vt = torch.linalg.svd(centred.double(), full_matrices=False)

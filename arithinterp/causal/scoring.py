@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -41,13 +41,17 @@ def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+Position = Union[str, int, Sequence[Union[str, int]]]
+
+
 @dataclass(frozen=True)
 class Site:
-    """Where an interchange happens: a vector site, a layer and a named position."""
+    """Where an interchange happens: a vector site, a layer and a named position, or several positions
+    swapped together through the same subspace (``["final", "answer[0]"]``)."""
 
     site: str
     layer: int
-    position: Union[str, int]
+    position: Position
 
     def check(self, model: HookedModel) -> int:
         """Validate against ``model``; returns the site's width ``d``."""
@@ -63,7 +67,7 @@ class Batch:
     rows: torch.Tensor  # [B] pair indices
     base_tokens: torch.Tensor  # [B, L + K - 1]
     source_tokens: torch.Tensor
-    position: torch.Tensor  # [B] in the fed frame
+    position: torch.Tensor  # [B] in the fed frame, or [B, P] for several positions
     first_answer: int  # index of the logits that predict answer token 0
     targets: torch.Tensor  # [B, K] counterfactual answer tokens
     base_targets: torch.Tensor  # [B, K] the base's own answer tokens
@@ -74,7 +78,7 @@ def _fed(tokens: torch.Tensor, length: int, answers: torch.Tensor) -> torch.Tens
     return torch.cat([tokens[:, tokens.shape[1] - length:], answers[:, :-1]], dim=1)
 
 
-def batches(dataset: InterchangeDataset, rows: torch.Tensor, position: Union[str, int], size: int) -> Iterator[Batch]:
+def batches(dataset: InterchangeDataset, rows: torch.Tensor, position: Position, size: int) -> Iterator[Batch]:
     """``rows`` of ``dataset`` grouped by prompt and answer length, in batches of ``size``."""
     base, source = dataset.base, dataset.source
     k_answer = base.n_answer_tokens
@@ -83,7 +87,8 @@ def batches(dataset: InterchangeDataset, rows: torch.Tensor, position: Union[str
         group = rows[(keys == key).all(1)]
         length, k = int(key[0]), int(key[1])
         _, located = base[group].locate(position, answers=k - 1)
-        pos = located[:, 0] - (base.tokens.shape[1] - length)
+        pos = located - (base.tokens.shape[1] - length)
+        pos = pos[:, 0] if pos.shape[1] == 1 else pos
         for start in range(0, len(group), size):
             part = group[start: start + size]
             sel = slice(start, start + size)
@@ -106,9 +111,14 @@ def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, 
     return max(1, size // 3) if training else size
 
 
+def _width(where: Site) -> tuple[int, ...]:
+    one = isinstance(where.position, (str, int)) or len(where.position) == 1
+    return () if one else (len(where.position),)
+
+
 def source_values(model: HookedModel, dataset: InterchangeDataset, where: Site, size: int) -> torch.Tensor:
-    """The source prompts' activations ``[N, d]`` at ``where`` (float32, constant)."""
-    out = torch.zeros(len(dataset), where.check(model))
+    """The source prompts' activations ``[N, (P,) d]`` at ``where`` (float32, constant)."""
+    out = torch.zeros(len(dataset), *_width(where), where.check(model))
     for batch in batches(dataset, torch.arange(len(dataset)), where.position, size):
         read = Read(where.site, where.layer, positions=batch.position)
         out[batch.rows] = run(model, batch.source_tokens, reads=[read], logits="none").reads[0].float().cpu()
@@ -117,9 +127,9 @@ def source_values(model: HookedModel, dataset: InterchangeDataset, where: Site, 
 
 def base_values(model: HookedModel, dataset: InterchangeDataset, where: Site, size: int,
                 rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The base prompts' activations ``[len(rows), d]`` at ``where`` (unpatched)."""
+    """The base prompts' activations ``[len(rows), (P,) d]`` at ``where`` (unpatched)."""
     rows = torch.arange(len(dataset)) if rows is None else rows
-    out = torch.zeros(len(dataset), where.check(model))
+    out = torch.zeros(len(dataset), *_width(where), where.check(model))
     for batch in batches(dataset, rows, where.position, size):
         read = Read(where.site, where.layer, positions=batch.position)
         out[batch.rows] = run(model, batch.base_tokens, reads=[read], logits="none").reads[0].float().cpu()
