@@ -112,8 +112,10 @@ def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, 
 
 
 def _width(where: Site) -> tuple[int, ...]:
-    one = isinstance(where.position, (str, int)) or len(where.position) == 1
-    return () if one else (len(where.position),)
+    if isinstance(where.position, (str, int)):
+        return ()
+    n = len(list(where.position))
+    return () if n == 1 else (n,)
 
 
 def source_values(model: HookedModel, dataset: InterchangeDataset, where: Site, size: int) -> torch.Tensor:
