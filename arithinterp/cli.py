@@ -290,6 +290,40 @@ def train_command(args: argparse.Namespace) -> dict:
 # --- parser --------------------------------------------------------------------------------------
 
 
+@command("das", outputs=_ANALYSIS_OUTPUTS)
+def das_command(args: argparse.Namespace) -> dict:
+    """Distributed alignment search for one causal variable at one site, or over layers x positions."""
+    import re
+
+    import pandas as pd
+
+    from arithinterp import causal
+
+    model, prompts = _model_and_prompts(args)
+    variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
+    dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle)
+    positions = [p for p in args.position.split(",") if p]
+    if args.sweep:
+        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        sweep = causal.das_sweep(model, dataset, args.site, layers, positions, args.k, steps=args.steps, lr=args.lr,
+                                 seed=args.seed, progress=not args.no_progress)
+        layer, position, iia = sweep.best()
+        return _finish(sweep, args, dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
+                                         best_layer=layer, best_position=position, best_iia=round(iia, 4),
+                                         chance=round(dataset.chance, 4)))
+    if len(positions) != 1:
+        raise ConfigError(f"--position takes one position without --sweep, got {args.position!r}")
+    together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
+    result = causal.das(model, dataset, args.site, args.layer, together if len(together) > 1 else together[0], args.k,
+                        method=args.method,
+                        steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
+    rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
+    assert isinstance(rows, pd.DataFrame)
+    return _finish(result, args, dict(variable=variable, pairs=len(dataset), held_out=len(dataset.test),
+                                      site=args.site, layer=args.layer, position=positions[0],
+                                      chance=round(dataset.chance, 4), scores=rows.to_dict("records")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from arithinterp import __version__
     from arithinterp.models.zoo import ZOO
@@ -388,6 +422,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=0.9,
                    help="normalised faithfulness the kept top-k must reach (default: 0.9)")
     p.add_argument("--ablation", default="resample", help="how edges outside the circuit are ablated: resample or mean")
+
+    p = analysis("das", "distributed alignment search: where a causal variable (a carry, a digit) is used",
+                 default_model="zoo:add-3digit")
+    p.add_argument("--variable", required=True, help="causal variable, e.g. carry_2 (or carry2), sum_digit_0, "
+                   "sum_mod_10, magnitude")
+    p.add_argument("--site", default="resid_post", help="vector site (default: resid_post)")
+    p.add_argument("--layer", type=int, default=0, help="layer (default: 0)")
+    p.add_argument("--position", default="final", help="position, e.g. final, b, answer[0], or final+answer[0] "
+                   "(swapped together); with --sweep a comma-separated list (default: final)")
+    p.add_argument("--k", type=int, default=2, help="dimensions interchanged (default: 2)")
+    p.add_argument("--method", default="das", help="das or boundless (default: das)")
+    p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")
+    p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default: 0.01)")
+    p.add_argument("--pairs", type=int, default=None, help="interchange pairs (default: one per prompt)")
+    p.add_argument("--shuffle", action="store_true", help="the control: the variable's value from a random prompt")
+    p.add_argument("--sweep", action="store_true", help="fit every layer (or --layers) x --position")
+    p.add_argument("--layers", default=None, help="with --sweep: comma-separated layers (default: all)")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")

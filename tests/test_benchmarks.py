@@ -64,3 +64,8 @@ def test_memory_benchmark_smoke():
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "after" in line}
     assert "256 neurons" in rows["classify-all"] and "20 neurons" in rows["classify-top"]
     assert "GiB" in rows["classify-all"].rsplit("budget", 1)[1] and "edges, 1 batch(es)" in rows["eap-ig"]
+
+
+def test_causal_benchmark_smoke():
+    out = run("causal.py", "planted", "--steps", "100")
+    assert "principal-angle cosines DAS" in out and "| das | 2 |" in out and "| random | 2 |" in out

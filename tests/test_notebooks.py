@@ -9,8 +9,8 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_five_notebooks():
-    assert len(NOTEBOOKS) == 5
+def test_the_numbered_notebooks_are_there():
+    assert {p.stem[:2] for p in NOTEBOOKS} >= {"01", "02", "03", "04", "05", "07"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -28,7 +28,9 @@ from arithinterp.errors import AnalysisError, SiteError
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
-Value = Union[float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+Value = Union[
+    float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class Intervention:
         value: a number or tensor broadcast to the selected slice ``[B, (k,) (units,) ...]``, or a
             function of that slice returning its replacement (a projection, a helix
             reconstruction, ...).
+        source: the same slice read from other prompts (an interchange): ``value`` is then a
+            function ``f(base slice, source slice)`` returning the replacement, e.g. a rotated
+            subspace of the source swapped into the base (distributed alignment search). Run with
+            ``run(..., train=True)`` the logits are differentiable in ``f``'s parameters.
     """
 
     site: str
@@ -51,6 +57,7 @@ class Intervention:
     positions: Union[None, int, torch.Tensor] = None
     units: Optional[Sequence[int]] = None
     value: Value = 0.0
+    source: Optional[torch.Tensor] = None
 
     def hook_name(self) -> str:
         return site_lib.hook_name(self.site, self.layer)
@@ -68,7 +75,16 @@ class Intervention:
         single = positions is not None and positions.ndim == 1
         k_dim = 2 if self.site == "pattern" and self.units is not None else 1
         view = current.squeeze(k_dim) if single else current
-        new = self.value(view) if callable(self.value) else self.value
+        if self.source is not None:
+            if not callable(self.value):
+                raise AnalysisError("an intervention with a source needs value = f(base, source), got a constant")
+            source = self.source.to(out.device)
+            if source.shape != view.shape:
+                raise AnalysisError(f"the source slice has shape {tuple(source.shape)} but the intervened slice is "
+                                    f"{tuple(view.shape)}; read the source at the same site, layer and positions")
+            new = self.value(view, source)  # type: ignore[call-arg]
+        else:
+            new = self.value(view) if callable(self.value) else self.value  # type: ignore[call-arg]
         try:
             new = torch.as_tensor(new, device=out.device).to(out.dtype).expand_as(view)
         except (RuntimeError, TypeError, ValueError):
@@ -183,6 +199,7 @@ def run(
     *,
     logits: str = "final",
     metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    train: bool = False,
 ) -> Output:
     """One forward of ``tokens [B, T]`` with ``interventions`` applied and ``reads`` kept.
 
@@ -190,6 +207,10 @@ def run(
     (the forward stops after the last layer any read or intervention needs). With ``metric``
     (``f(final logits [B, V]) -> [B]``), the reads' gradients of ``metric(...).sum()`` are
     returned too; the model's parameters are left as they are (frozen models work).
+    With ``train`` the forward keeps its autograd graph and the logits are returned attached to
+    it, so a loss on them can be differentiated in the interventions' own parameters (take it
+    with ``torch.autograd.grad(loss, those parameters)``: the model's weights and their ``.grad``
+    are never touched).
     """
     if logits not in ("final", "all", "none"):
         raise AnalysisError(f"logits must be 'final', 'all' or 'none', got {logits!r}")
@@ -218,6 +239,8 @@ def run(
                 )
             site_lib.check_index("head" if item.site in ("attn_z", "pattern") else "neuron", list(units), size)
     grad = metric is not None
+    if train and (grad or logits == "none"):
+        raise AnalysisError("train=True returns differentiable logits: it takes logits 'final' or 'all' and no metric")
     kept: list = [None] * len(reads)
     probes: list = [None] * len(reads)
     hooks: list = []
@@ -242,12 +265,17 @@ def run(
             (item.layer for item in (*interventions, *reads) if item.site not in site_lib.GLOBAL_SITES), default=0
         )
         stop = deepest + 1 if deepest + 1 < site_lib.n_layers(model) else None
-    context = torch.enable_grad() if grad else torch.inference_mode()
+    context = torch.enable_grad() if grad or train else torch.inference_mode()
     with context:
         out = forward_with_hooks(
             model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop
         )
         final = None if out is None else out[:, -1].float()
+        if train:
+            assert out is not None
+            if not torch.isfinite(out.detach()).all():
+                raise AnalysisError("the model's logits are not finite (NaN or inf) under these interventions")
+            return Output(out.float() if logits == "all" else final, kept)
         if final is not None and not torch.isfinite(final).all():
             raise AnalysisError(
                 "the model's logits are not finite (NaN or inf): its weights or activations are broken, "

@@ -1,0 +1,167 @@
+"""Interchange interventions on a subspace: ``f(base, source)`` for the engine to apply.
+
+Every intervention replaces the component of the base activation ``[B, d]`` that lies in a
+subspace by the source's component there: ``base + (source - base) Q Qᵀ`` for an orthonormal
+basis ``Q [d, k]``.
+
+* :class:`RotatedSubspace` — DAS: ``Q`` is learned, kept orthonormal by an orthogonal
+  parametrisation (the first ``k`` rows of a learned rotation; Geiger et al. 2024, as pyvene's
+  ``RotatedSpaceIntervention``).
+* :class:`BoundlessSubspace` — Boundless DAS (Wu et al. 2023): a full learned rotation and a
+  learned soft boundary that selects how many rotated dimensions are interchanged.
+* :class:`FixedSubspace` — a given basis: the full vector (``Q = I``), the span of a probe's
+  directions, the top principal components, a random rotation of the same ``k``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from arithinterp.errors import AnalysisError
+
+
+def _check_dims(d: int, k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+        raise AnalysisError(f"k (dimensions interchanged) must be an int in 1..{d} (the site's width), got {k!r}")
+
+
+def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
+    """An orthonormal basis ``[d, r]`` of the span of the rows of ``vectors [m, d]`` (rank ``r``)."""
+    if vectors.ndim != 2 or vectors.shape[0] == 0:
+        raise AnalysisError(f"vectors must be [m, d] with m >= 1, got shape {tuple(vectors.shape)}")
+    u, s, _ = torch.linalg.svd(vectors.double().T, full_matrices=False)
+    rank = int((s > tol * s.max().clamp_min(1e-30)).sum())
+    if rank == 0:
+        raise AnalysisError("the vectors are all zero; their span is empty")
+    return u[:, :rank].float()
+
+
+class Interchange(nn.Module):
+    """Base class: subclasses give ``basis() [d, k]`` (and may weight its columns by ``mask()``)."""
+
+    d: int
+
+    def basis(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mask(self) -> Optional[torch.Tensor]:
+        return None
+
+    def forward(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """``base``, ``source`` ``[B, d]`` → ``[B, d]`` with the subspace swapped."""
+        q = self.basis().to(base.dtype)
+        delta = (source - base) @ q
+        mask = self.mask()
+        if mask is not None:
+            delta = delta * mask.to(base.dtype)
+        return base + delta @ q.T
+
+    @property
+    def k(self) -> int:
+        return int(self.basis().shape[1])
+
+
+class FixedSubspace(Interchange):
+    """A fixed orthonormal basis ``[d, k]`` (the baselines)."""
+
+    def __init__(self, basis: torch.Tensor):
+        super().__init__()
+        if basis.ndim != 2 or basis.shape[1] < 1:
+            raise AnalysisError(f"a basis must be [d, k] with k >= 1, got shape {tuple(basis.shape)}")
+        gram = basis.T.double() @ basis.double()
+        if not torch.allclose(gram, torch.eye(basis.shape[1], dtype=torch.float64), atol=1e-4):
+            raise AnalysisError("a basis must have orthonormal columns; pass it through orthonormal() first")
+        self.d = int(basis.shape[0])
+        self.register_buffer("q", basis.detach().float().clone())
+
+    def basis(self) -> torch.Tensor:
+        q = self.q
+        assert isinstance(q, torch.Tensor)
+        return q
+
+
+def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
+    """A uniformly random ``k``-dimensional subspace (QR of a seeded Gaussian matrix)."""
+    _check_dims(d, k)
+    g = torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    q, _ = torch.linalg.qr(g)
+    return FixedSubspace(q.float())
+
+
+def full_vector(d: int) -> FixedSubspace:
+    """The whole activation interchanged (``Q = I``): the ceiling of any subspace at this site."""
+    return FixedSubspace(torch.eye(d))
+
+
+class RotatedSubspace(Interchange):
+    """DAS: a learned orthonormal ``Q [d, k]`` (orthogonal parametrisation, seeded initialisation)."""
+
+    def __init__(self, d: int, k: int, seed: int = 0):
+        super().__init__()
+        _check_dims(d, k)
+        self.d = d
+        layer = nn.Linear(k, d, bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(random_subspace(d, k, seed).basis())
+        self.rotate = nn.utils.parametrizations.orthogonal(layer)
+
+    def basis(self) -> torch.Tensor:
+        weight = self.rotate.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
+
+class BoundlessSubspace(Interchange):
+    """Boundless DAS: a learned rotation ``[d, d]`` and a soft boundary over its dimensions.
+
+    Dimension ``i`` of the rotated space is interchanged with weight
+    ``sigmoid((boundary - i) / temperature)``; the temperature is annealed by the trainer towards
+    a hard boundary, and a penalty on the boundary favours the smallest subspace that works.
+    :attr:`k` is the hard boundary (dimensions with weight above one half).
+    """
+
+    def __init__(self, d: int, seed: int = 0, start: Optional[float] = None):
+        super().__init__()
+        self.d = d
+        layer = nn.Linear(d, d, bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(random_subspace(d, d, seed).basis())
+        self.rotate = nn.utils.parametrizations.orthogonal(layer)
+        self.boundary = nn.Parameter(torch.tensor(float(start if start is not None else max(1.0, d / 4))))
+        self.temperature = 1.0
+
+    def basis(self) -> torch.Tensor:
+        weight = self.rotate.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
+    def mask(self) -> torch.Tensor:
+        index = torch.arange(self.d, dtype=torch.float32, device=self.boundary.device)
+        return torch.sigmoid((self.boundary - index) / self.temperature)
+
+    @property
+    def k(self) -> int:
+        return max(1, int((self.mask() > 0.5).sum()))
+
+    def hard(self) -> FixedSubspace:
+        """The subspace the boundary selects, as a fixed basis."""
+        return FixedSubspace(self.basis()[:, : self.k].detach())
+
+
+def principal_angle_cosines(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
+    """Cosines of the principal angles between the spans of orthonormal ``q1 [d, k1]`` and ``q2 [d, k2]``
+    (descending; 1 = the subspaces share that direction)."""
+    if q1.ndim != 2 or q2.ndim != 2 or q1.shape[0] != q2.shape[0]:
+        raise AnalysisError(f"bases must be [d, k] of the same d, got {tuple(q1.shape)} and {tuple(q2.shape)}")
+    s = torch.linalg.svdvals(orthonormal(q1.T).T.double() @ orthonormal(q2.T).double())
+    return s.clamp(max=1.0).float()
+
+
+def anneal(step: int, steps: int, start: float = 1.0, end: float = 0.01) -> float:
+    """Geometric temperature schedule from ``start`` to ``end`` over ``steps``."""
+    frac = step / max(1, steps - 1)
+    return float(math.exp(math.log(start) + frac * (math.log(end) - math.log(start))))

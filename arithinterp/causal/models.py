@@ -1,0 +1,165 @@
+"""Causal models of arithmetic as data: variables, their parents and functions.
+
+A :class:`CausalModel` is the high-level algorithm that distributed alignment search aligns a
+network with (Geiger et al. 2024, "Finding alignments between interpretable causal variables and
+distributed neural representations"). Its roots are the operands ``a`` and ``b``; every other
+variable is a function of its parents, evaluated on whole tensors of operands at once. Setting a
+variable to another value (an *interchange*) and recomputing its descendants gives the
+counterfactual answer the model should produce when that variable is swapped in.
+
+Built in: :func:`addition` (n-digit addition with per-column digit sums and carries),
+:func:`single_token_addition` ("sum mod 10" and "magnitude"), :func:`modular_addition`.
+User-defined models are lists of :class:`Variable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+
+from arithinterp.errors import AnalysisError, accepted
+
+ROOTS = ("a", "b")
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable: ``function(*parent values)`` maps long tensors ``[N]`` to a long tensor ``[N]``."""
+
+    name: str
+    parents: tuple[str, ...]
+    function: Callable[..., torch.Tensor] = field(compare=False)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CausalModel:
+    """Variables in dependency order (each names only roots or earlier variables); ``output`` is
+    the variable whose value is the answer."""
+
+    name: str
+    variables: tuple[Variable, ...]
+    output: str = "answer"
+
+    def __post_init__(self) -> None:
+        known: set[str] = set(ROOTS)
+        for variable in self.variables:
+            if variable.name in known:
+                raise AnalysisError(f"causal model {self.name!r}: variable {variable.name!r} is defined twice "
+                                    f"(or shadows an operand {ROOTS})")
+            unknown = [p for p in variable.parents if p not in known]
+            if unknown:
+                raise AnalysisError(
+                    f"causal model {self.name!r}: variable {variable.name!r} has parents {unknown} that are not "
+                    f"defined before it; accepted parents: {accepted(sorted(known))}"
+                )
+            known.add(variable.name)
+        if self.output not in known:
+            raise AnalysisError(f"causal model {self.name!r}: output {self.output!r} is not a variable; "
+                                f"accepted: {accepted(sorted(known))}")
+
+    @property
+    def names(self) -> list[str]:
+        return [v.name for v in self.variables]
+
+    def check_variable(self, name: str) -> None:
+        if name not in self.names or name == self.output:
+            inner = [n for n in self.names if n != self.output]
+            raise AnalysisError(f"unknown variable {name!r} of causal model {self.name!r}; accepted: {accepted(inner)}")
+
+    def values(self, a: torch.Tensor, b: torch.Tensor,
+               set_to: Optional[Mapping[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+        """Every variable's value ``[N]`` for operands ``a``, ``b`` ``[N]``; ``set_to`` fixes some
+        variables (an interchange) and their descendants are recomputed from the fixed values."""
+        set_to = dict(set_to or {})
+        for name in set_to:
+            self.check_variable(name)
+        out: dict[str, torch.Tensor] = {"a": torch.as_tensor(a).long(), "b": torch.as_tensor(b).long()}
+        for variable in self.variables:
+            if variable.name in set_to:
+                out[variable.name] = torch.as_tensor(set_to[variable.name]).long().expand_as(out["a"]).clone()
+            else:
+                out[variable.name] = torch.as_tensor(variable.function(*[out[p] for p in variable.parents])).long()
+        return out
+
+    def answer(self, a: torch.Tensor, b: torch.Tensor,
+               set_to: Optional[Mapping[str, torch.Tensor]] = None) -> torch.Tensor:
+        """The output ``[N]``, with ``set_to`` interchanged."""
+        return self.values(a, b, set_to)[self.output]
+
+
+def _digit(i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: (x.abs() // 10**i) % 10
+
+
+def addition(n_digits: int = 3) -> CausalModel:
+    """Column addition of two ``n_digits``-digit numbers.
+
+    Variables: ``a_digit_i`` / ``b_digit_i`` (0 = units), ``column_sum_i = a_i + b_i``,
+    ``carry_j`` the carry *into* column ``j`` (``carry_1`` into the tens, ``carry_2`` into the
+    hundreds; ``carry_n`` is the leading digit of the sum), ``sum_digit_i`` and ``answer``.
+    """
+    if isinstance(n_digits, bool) or not isinstance(n_digits, int) or not 1 <= n_digits <= 18:
+        raise AnalysisError(f"n_digits must be an int in 1..18, got {n_digits!r}")
+    variables: list[Variable] = []
+    for i in range(n_digits):
+        variables += [Variable(f"a_digit_{i}", ("a",), _digit(i), f"digit {i} of a"),
+                      Variable(f"b_digit_{i}", ("b",), _digit(i), f"digit {i} of b")]
+    for i in range(n_digits):
+        variables.append(Variable(f"column_sum_{i}", (f"a_digit_{i}", f"b_digit_{i}"), lambda x, y: x + y,
+                                  f"a_digit_{i} + b_digit_{i}"))
+    for i in range(n_digits):
+        inputs = (f"column_sum_{i}",) + ((f"carry_{i}",) if i else ())
+        variables.append(Variable(f"sum_digit_{i}", inputs, lambda s, c=None: (s + (0 if c is None else c)) % 10,
+                                  f"digit {i} of the sum"))
+        variables.append(Variable(f"carry_{i + 1}", inputs, lambda s, c=None: ((s + (0 if c is None else c)) >= 10),
+                                  f"the carry into column {i + 1}"))
+    parents = tuple(f"sum_digit_{i}" for i in range(n_digits)) + (f"carry_{n_digits}",)
+
+    def total(*digits: torch.Tensor) -> torch.Tensor:
+        return sum((d * 10**i for i, d in enumerate(digits)), torch.zeros_like(digits[0]))
+
+    variables.append(Variable("answer", parents, total, "the sum"))
+    return CausalModel(f"addition-{n_digits}digit", tuple(variables))
+
+
+def single_token_addition() -> CausalModel:
+    """``a + b`` read as ``sum_mod_10`` (its units digit) and ``magnitude`` (``(a + b) // 10``)."""
+    return CausalModel("single-token-addition", (
+        Variable("sum", ("a", "b"), lambda a, b: a + b, "a + b"),
+        Variable("sum_mod_10", ("sum",), lambda s: s % 10, "the units digit of the sum"),
+        Variable("magnitude", ("sum",), lambda s: s // 10, "the sum without its units digit"),
+        Variable("answer", ("sum_mod_10", "magnitude"), lambda u, m: 10 * m + u, "the sum"),
+    ))
+
+
+def modular_addition(p: int = 113) -> CausalModel:
+    """``(a + b) mod p`` as ``sum`` (unreduced) and ``wraps`` (``sum >= p``)."""
+    if isinstance(p, bool) or not isinstance(p, int) or p < 2:
+        raise AnalysisError(f"the modulus p must be an int >= 2, got {p!r}")
+    return CausalModel(f"modular-addition-{p}", (
+        Variable("sum", ("a", "b"), lambda a, b: a + b, "a + b, not reduced"),
+        Variable("wraps", ("sum",), lambda s: s >= p, f"whether a + b reaches {p}"),
+        Variable("answer", ("sum", "wraps"), lambda s, w: s - p * w, f"(a + b) mod {p}"),
+    ))
+
+
+BUILT_IN = {"addition": addition, "single_token_addition": single_token_addition, "modular_addition": modular_addition}
+
+
+def for_prompts(op: str, modulus: Optional[int], n_digits: int, single_token: bool) -> CausalModel:
+    """The built-in causal model for a prompt set: modular addition when it has a modulus, single-token
+    addition when every number is one token, else column addition with ``n_digits`` digits."""
+    if op != "+":
+        raise AnalysisError(f"the built-in causal models describe addition ('+'), not {op!r}; "
+                            "pass your own CausalModel")
+    if modulus is not None:
+        return modular_addition(modulus)
+    return single_token_addition() if single_token else addition(n_digits)
+
+
+def variables_of(model: CausalModel, exclude: Sequence[str] = ()) -> list[str]:
+    """The variables one can interchange (everything but the output and ``exclude``)."""
+    return [n for n in model.names if n != model.output and n not in exclude]

@@ -1,0 +1,108 @@
+"""The result types of causal-variable analyses (``to_frame`` / ``plot`` / ``save`` / ``load``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from arithinterp.results import Result
+
+
+@dataclass(frozen=True)
+class DASResult(Result):
+    """One fit at one site, layer and position.
+
+    ``scores[name]``: ``iia`` (held-out), its 95% Wilson interval ``low`` / ``high``, the mean
+    ``logit_diff`` (and ``logit_diff_sem``), ``n`` pairs and ``k`` dimensions, for the fitted method
+    (``"das"`` or ``"boundless"``), ``"none"`` (no intervention) and each baseline. ``basis`` ``[d, k]``
+    is the learned subspace; ``history`` the training loss per step; ``chance`` the dataset's chance IIA.
+    """
+
+    variable: str
+    site: str
+    layer: int
+    position: str
+    method: str
+    k: int
+    iia: float
+    train_iia: float
+    chance: float
+    scores: dict
+    basis: torch.Tensor
+    history: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = [dict(variable=self.variable, site=self.site, layer=self.layer, position=self.position,
+                     intervention=name, k=s["k"], iia=s["iia"], iia_low=s["low"], iia_high=s["high"],
+                     logit_diff=s["logit_diff"], logit_diff_sem=s["logit_diff_sem"], n_pairs=s["n"],
+                     chance=self.chance)
+                for name, s in self.scores.items()]
+        return pd.DataFrame(rows)
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.causal import plot_das
+
+        return plot_das(self, **kwargs)
+
+
+@dataclass(frozen=True)
+class DASSweep(Result):
+    """DAS over layers × positions: ``iia`` / ``low`` / ``high`` / ``random_iia`` / ``logit_diff`` ``[L, P]``."""
+
+    variable: str
+    site: str
+    layers: list
+    positions: list
+    k: int
+    iia: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+    random_iia: torch.Tensor
+    logit_diff: torch.Tensor
+    chance: float
+    tokens: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def best(self) -> tuple[int, str, float]:
+        """``(layer, position, iia)`` of the best cell."""
+        flat = int(torch.argmax(self.iia))
+        i, j = divmod(flat, self.iia.shape[1])
+        return int(self.layers[i]), str(self.positions[j]), float(self.iia[i, j])
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = []
+        for i, layer in enumerate(self.layers):
+            for j, position in enumerate(self.positions):
+                rows.append(dict(variable=self.variable, site=self.site, layer=int(layer), position=str(position),
+                                 k=self.k, iia=float(self.iia[i, j]), iia_low=float(self.low[i, j]),
+                                 iia_high=float(self.high[i, j]), random_iia=float(self.random_iia[i, j]),
+                                 logit_diff=float(self.logit_diff[i, j]), chance=self.chance))
+        return pd.DataFrame(rows)
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.causal import plot_das_sweep
+
+        return plot_das_sweep(self, **kwargs)
+
+
+@dataclass(frozen=True)
+class ReadableUsed(Result):
+    """Per variable and layer: probe accuracy (grouped folds, with its interval and shuffled-label
+    control), DAS IIA and random-rotation IIA (held-out, with intervals) — "readable" against "used"."""
+
+    site: str
+    position: str
+    k: int
+    rows: list
+    meta: dict = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    def plot(self, **kwargs):
+        from arithinterp.viz.causal import plot_readable_used
+
+        return plot_readable_used(self, **kwargs)

@@ -1,0 +1,185 @@
+"""Running interchange interventions through the engine and scoring them.
+
+The base prompt is fed with its *counterfactual* answer teacher-forced and the source prompt with
+its own answer, so an intervention at an answer position sees what greedy decoding would have put
+there. A pair counts as correct (interchange-intervention accuracy, IIA) when every answer token's
+argmax is the counterfactual answer's token — which, teacher-forced, is the same as the patched
+model *generating* the counterfactual answer. The logit-difference version is the logit of the
+counterfactual token minus that of the base answer's token at the first answer token where they
+differ (positive: the intervention moved the model towards the causal model's prediction).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+
+from arithinterp import sites as site_lib
+from arithinterp.causal.datasets import InterchangeDataset
+from arithinterp.causal.interventions import Interchange
+from arithinterp.engine import Intervention, Read, run
+from arithinterp.engine.decode import batch_size_for
+from arithinterp.errors import AnalysisError, SiteError
+from arithinterp.types import HookedModel
+
+VECTOR_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post")
+
+
+def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``correct / n``."""
+    if n == 0:
+        return float("nan"), float("nan")
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + level / 2))
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+Position = Union[str, int, Sequence[Union[str, int]]]
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where an interchange happens: a vector site, a layer and a named position, or several positions
+    swapped together through the same subspace (``["final", "answer[0]"]``)."""
+
+    site: str
+    layer: int
+    position: Position
+
+    def check(self, model: HookedModel) -> int:
+        """Validate against ``model``; returns the site's width ``d``."""
+        if self.site not in VECTOR_SITES:
+            raise SiteError(f"interchange interventions act on one vector per position; site {self.site!r} is not one. "
+                            f"Accepted: {', '.join(VECTOR_SITES)}")
+        site_lib.check_layers(model, self.site, [self.layer])
+        return int(model.cfg.d_mlp if self.site in ("mlp_pre", "mlp_post") else model.cfg.d_model)
+
+
+@dataclass(frozen=True)
+class Batch:
+    rows: torch.Tensor  # [B] pair indices
+    base_tokens: torch.Tensor  # [B, L + K - 1]
+    source_tokens: torch.Tensor
+    position: torch.Tensor  # [B] in the fed frame, or [B, P] for several positions
+    first_answer: int  # index of the logits that predict answer token 0
+    targets: torch.Tensor  # [B, K] counterfactual answer tokens
+    base_targets: torch.Tensor  # [B, K] the base's own answer tokens
+
+
+def _fed(tokens: torch.Tensor, length: int, answers: torch.Tensor) -> torch.Tensor:
+    """Prompt tokens of one length (unpadded) followed by all but the last answer token."""
+    return torch.cat([tokens[:, tokens.shape[1] - length:], answers[:, :-1]], dim=1)
+
+
+def batches(dataset: InterchangeDataset, rows: torch.Tensor, position: Position, size: int) -> Iterator[Batch]:
+    """``rows`` of ``dataset`` grouped by prompt and answer length, in batches of ``size``."""
+    base, source = dataset.base, dataset.source
+    k_answer = base.n_answer_tokens
+    keys = torch.stack([base.lengths[rows], k_answer[rows]], dim=1)
+    for key in torch.unique(keys, dim=0):
+        group = rows[(keys == key).all(1)]
+        length, k = int(key[0]), int(key[1])
+        _, located = base[group].locate(position, answers=k - 1)
+        pos = located - (base.tokens.shape[1] - length)
+        pos = pos[:, 0] if pos.shape[1] == 1 else pos
+        for start in range(0, len(group), size):
+            part = group[start: start + size]
+            sel = slice(start, start + size)
+            yield Batch(
+                rows=part,
+                base_tokens=_fed(base.tokens[part], length, dataset.answer_tokens[part, :k]),
+                source_tokens=_fed(source.tokens[part], length, source.answer_tokens[part, :k]),
+                position=pos[sel],
+                first_answer=length - 1,
+                targets=dataset.answer_tokens[part, :k],
+                base_targets=base.answer_tokens[part, :k],
+            )
+
+
+def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, max_memory: Optional[float]) -> int:
+    """Pairs per forward from a memory budget (bytes; default the engine's): a training step keeps the
+    activations for the backward pass, about three forwards' worth."""
+    seq = int(dataset.base.lengths.max()) + int(dataset.answer_tokens.shape[1])
+    size = batch_size_for(model, seq, n_read=seq, budget_bytes=max_memory, plain=True)
+    return max(1, size // 3) if training else size
+
+
+def _width(where: Site) -> tuple[int, ...]:
+    if isinstance(where.position, (str, int)):
+        return ()
+    n = len(list(where.position))
+    return () if n == 1 else (n,)
+
+
+def source_values(model: HookedModel, dataset: InterchangeDataset, where: Site, size: int) -> torch.Tensor:
+    """The source prompts' activations ``[N, (P,) d]`` at ``where`` (float32, constant)."""
+    out = torch.zeros(len(dataset), *_width(where), where.check(model))
+    for batch in batches(dataset, torch.arange(len(dataset)), where.position, size):
+        read = Read(where.site, where.layer, positions=batch.position)
+        out[batch.rows] = run(model, batch.source_tokens, reads=[read], logits="none").reads[0].float().cpu()
+    return out
+
+
+def base_values(model: HookedModel, dataset: InterchangeDataset, where: Site, size: int,
+                rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The base prompts' activations ``[len(rows), (P,) d]`` at ``where`` (unpatched)."""
+    rows = torch.arange(len(dataset)) if rows is None else rows
+    out = torch.zeros(len(dataset), *_width(where), where.check(model))
+    for batch in batches(dataset, rows, where.position, size):
+        read = Read(where.site, where.layer, positions=batch.position)
+        out[batch.rows] = run(model, batch.base_tokens, reads=[read], logits="none").reads[0].float().cpu()
+    return out[rows]
+
+
+def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optional[Interchange],
+            sources: torch.Tensor, train: bool) -> torch.Tensor:
+    """Logits ``[B, K, V]`` at the answer tokens with the interchange applied (``None``: unpatched)."""
+    device = next(iter(model.parameters())).device
+    interventions = []
+    if intervention is not None:
+        interventions.append(Intervention(where.site, where.layer, positions=batch.position.to(device),
+                                          value=intervention, source=sources[batch.rows].to(device)))
+    out = run(model, batch.base_tokens.to(device), interventions, logits="all", train=train)
+    assert out.logits is not None
+    k = batch.targets.shape[1]
+    return out.logits[:, batch.first_answer: batch.first_answer + k]
+
+
+def score(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per pair: ``correct [B]`` (every answer token's argmax is the counterfactual's) and the
+    logit difference ``[B]`` at the first token where the counterfactual and base answers differ."""
+    targets, base_targets = batch.targets.to(logits.device), batch.base_targets.to(logits.device)
+    correct = (logits.argmax(-1) == targets).all(-1)
+    differs = targets != base_targets
+    if not differs.any(-1).all():
+        raise AnalysisError("a counterfactual answer equals its base answer; the dataset is not balanced")
+    slot = differs.float().argmax(-1)
+    rows = torch.arange(len(slot), device=logits.device)
+    at = logits[rows, slot]
+    diff = at[rows, targets[rows, slot]] - at[rows, base_targets[rows, slot]]
+    return correct.cpu(), diff.float().cpu()
+
+
+@torch.inference_mode()
+def evaluate(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Optional[Interchange],
+             sources: torch.Tensor, rows: torch.Tensor, size: int) -> dict:
+    """IIA with its 95% Wilson interval and the mean logit difference over ``rows``."""
+    if len(rows) == 0:
+        raise AnalysisError("no pairs to score (the split is empty); use more prompts or another test_fraction")
+    correct, diffs = [], []
+    for batch in batches(dataset, rows, where.position, size):
+        c, d = score(forward(model, batch, where, intervention, sources, train=False), batch)
+        correct.append(c)
+        diffs.append(d)
+    hits = torch.cat(correct)
+    low, high = wilson(int(hits.sum()), len(hits))
+    diff = torch.cat(diffs)
+    return dict(iia=float(hits.float().mean()), low=low, high=high, logit_diff=float(diff.mean()),
+                logit_diff_sem=float(diff.std() / math.sqrt(len(diff))) if len(diff) > 1 else 0.0, n=len(hits))

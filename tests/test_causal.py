@@ -1,0 +1,280 @@
+"""Causal variables: causal models, interchange datasets, DAS on a planted model, baselines, results."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+import torch
+
+import arithinterp as ai
+from arithinterp import causal
+from arithinterp.causal.planted import planted_model, planted_plane
+from arithinterp.engine import Intervention, run
+from arithinterp.errors import AnalysisError, ArithInterpError, SiteError
+
+
+@pytest.fixture(scope="module")
+def planted(number_tokenizer):
+    model = planted_model(number_tokenizer)
+    prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(10), template="{a}+{b}=")
+    return model, prompts
+
+
+@pytest.fixture(scope="module")
+def planted_fit(planted):
+    model, prompts = planted
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, "final", 2, steps=300, progress=False)
+    return model, dataset, result, before
+
+
+# --- causal models ----------------------------------------------------------------------------------
+
+
+def test_addition_model_computes_sums_carries_and_counterfactuals():
+    model = causal.addition(3)
+    a, b = torch.tensor([155, 999, 100, 450]), torch.tensor([255, 1, 100, 550])
+    values = model.values(a, b)
+    assert values["answer"].tolist() == (a + b).tolist()
+    assert values["carry_1"].tolist() == [1, 1, 0, 0]  # into the tens: 5 + 5, 9 + 1
+    assert values["carry_2"].tolist() == [1, 1, 0, 1]  # into the hundreds
+    assert values["sum_digit_0"].tolist() == [0, 0, 0, 0]
+    # 155 + 255 = 410; without the carry into the hundreds the hundreds digit drops by one
+    assert int(model.answer(a[:1], b[:1], {"carry_2": torch.tensor([0])})) == 310
+    # the units digit set to 7 leaves every other digit
+    assert int(model.answer(a[:1], b[:1], {"sum_digit_0": torch.tensor([7])})) == 417
+
+
+def test_carry_matches_the_prompt_sets_carry_label(digit_tokenizer):
+    prompts = ai.tasks.prompts_for_pairs(digit_tokenizer, "+", [155, 199, 123, 905], [255, 802, 111, 95],
+                                         "{a}+{b}=", answer_digits=4)
+    values = causal.addition(3).values(prompts.a, prompts.b)
+    # the prompt set's carry_i is the carry *out of* column i, the causal model's carry_j the carry *into* j
+    assert torch.equal(values["carry_2"], prompts.label("carry_1"))
+
+
+def test_single_token_and_modular_models():
+    single = causal.single_token_addition()
+    a, b = torch.tensor([47, 99]), torch.tensor([38, 99])
+    assert single.values(a, b)["sum_mod_10"].tolist() == [5, 8]
+    assert single.values(a, b)["magnitude"].tolist() == [8, 19]
+    assert int(single.answer(a[:1], b[:1], {"magnitude": torch.tensor([3])})) == 35
+    modular = causal.modular_addition(113)
+    assert modular.answer(torch.tensor([100, 3]), torch.tensor([20, 4])).tolist() == [7, 7]
+
+
+def test_user_defined_models_are_checked():
+    custom = causal.CausalModel("double", (causal.Variable("twice", ("a",), lambda a: 2 * a),
+                                           causal.Variable("answer", ("twice", "b"), lambda t, b: t + b)))
+    assert custom.answer(torch.tensor([3]), torch.tensor([1])).tolist() == [7]
+    with pytest.raises(AnalysisError, match="not defined before it"):
+        causal.CausalModel("bad", (causal.Variable("answer", ("c",), lambda c: c),))
+    with pytest.raises(AnalysisError, match="unknown variable 'carry_9'.*accepted"):
+        causal.addition(2).values(torch.tensor([1]), torch.tensor([1]), {"carry_9": torch.tensor([1])})
+
+
+# --- interchange datasets -----------------------------------------------------------------------
+
+
+def test_interchange_pairs_are_balanced_and_held_out_by_operand_pair(planted):
+    _, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=3)
+    assert len(dataset) == 400 and dataset.meta["kept"] == 400
+    assert (dataset.answer != dataset.base.answer).all() and (dataset.answer != dataset.source.answer).all()
+    assert (dataset.base_value != dataset.source_value).all()
+    expected = dataset.causal_model.answer(dataset.base.a, dataset.base.b, {"sum_mod_10": dataset.source_value})
+    assert torch.equal(dataset.answer, expected)
+
+    def pairs(rows):
+        return {(int(s.a[i]), int(s.b[i])) for s in (dataset.base, dataset.source) for i in rows.tolist()}
+
+    assert not pairs(dataset.train) & pairs(dataset.test)  # no operand pair on both sides
+    assert 0.2 < len(dataset.test) / len(dataset) < 0.4
+    # the source values are spread over the other values, not one favourite
+    counts = torch.bincount(dataset.source_value, minlength=10)
+    assert counts.min() > 0 and counts.max() < 3 * counts.float().mean()
+
+
+def test_shuffled_control_labels_do_not_follow_the_source(planted):
+    _, prompts = planted
+    control = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=3, shuffle=True)
+    assert control.shuffled and (control.answer != control.base.answer).all()
+    true = control.causal_model.answer(control.base.a, control.base.b, {"sum_mod_10": control.source_value})
+    assert (true != control.answer).float().mean() > 0.7  # the label is mostly not what the source says
+    assert control.chance < 0.25  # moving the true value hits the shuffled one only by coincidence
+    # a binary variable too: its shuffled copy agrees with the true value about half the time, not always
+    binary = causal.interchange_dataset(prompts, "magnitude", n=400, seed=3, shuffle=True)
+    assert 0.2 < binary.chance < 0.8
+
+
+def test_dataset_input_errors(planted):
+    _, prompts = planted
+    with pytest.raises(AnalysisError, match="test_fraction"):
+        causal.interchange_dataset(prompts, "sum_mod_10", test_fraction=1.0)
+    with pytest.raises(AnalysisError, match="unknown variable 'carry_2'"):
+        causal.interchange_dataset(prompts, "carry_2")
+    with pytest.raises(AnalysisError, match="another answer than the prompts"):
+        causal.interchange_dataset(prompts, "wraps", causal.modular_addition(7))
+
+
+# --- DAS on the planted model -------------------------------------------------------------------
+
+
+def test_planted_model_answers_through_its_plane(planted):
+    model, prompts = planted
+    assert prompts.evaluate(model).accuracy == 1.0
+
+
+def test_das_recovers_the_planted_subspace(planted_fit):
+    model, dataset, result, before = planted_fit
+    cosines = causal.principal_angle_cosines(result.basis, planted_plane())
+    assert cosines.min() >= 0.99
+    assert result.iia >= 0.99 and result.scores["das"]["low"] > 0.95
+    assert result.scores["das"]["logit_diff"] > 5
+    # the controls: a random plane and no intervention stay at chance (0 on balanced pairs)
+    assert abs(result.scores["random"]["iia"] - result.chance) <= 0.05
+    assert result.scores["none"]["iia"] == 0.0 and result.scores["none"]["logit_diff"] < 0
+    # the whole vector also swaps the tens digit: the source's answer, never the counterfactual
+    assert result.scores["full"]["iia"] <= 0.05
+    # weights frozen and untouched, no gradients left on them
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_das_on_a_shuffled_variable_stays_at_chance(planted):
+    model, prompts = planted
+    control = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0, shuffle=True)
+    result = causal.das(model, control, "resid_post", 0, "final", 2, steps=300, baselines=(), progress=False)
+    assert result.iia <= control.chance + 0.05
+
+
+def test_das_at_a_position_without_the_variable_finds_nothing(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, "a", 2, steps=100, baselines=(), progress=False)
+    assert result.iia <= 0.05  # the operand position holds a alone, never the sum
+
+
+def test_boundless_das_finds_a_small_working_subspace(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, "final", method="boundless", steps=400, lr=2e-2,
+                        baselines=("random",), progress=False)
+    assert result.iia >= 0.95
+    assert result.k <= 4  # from a start of 16 dimensions
+    cosines = causal.principal_angle_cosines(result.basis, planted_plane())
+    assert cosines.min() >= 0.95  # the plane lies inside the learned subspace
+
+
+def test_results_frame_plot_save_load(planted_fit, tmp_path):
+    _, _, result, _ = planted_fit
+    frame = result.to_frame()
+    assert set(frame["intervention"]) == {"das", "none", "full", "probe", "pca", "random"}
+    assert {"iia", "iia_low", "iia_high", "logit_diff", "k", "chance"} <= set(frame.columns)
+    assert (frame["iia_low"] <= frame["iia"]).all() and (frame["iia"] <= frame["iia_high"]).all()
+    assert isinstance(result.plot(), go.Figure)
+    loaded = causal.DASResult.load(result.save(tmp_path / "das"))
+    assert torch.equal(loaded.basis, result.basis) and loaded.scores == result.scores
+    assert loaded.to_frame().equals(frame)
+
+
+def test_sweep_finds_the_final_position(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
+    sweep = causal.das_sweep(model, dataset, layers=[0], positions=["a", "b", "final"], k=2, steps=150,
+                             progress=False)
+    assert sweep.best()[1] == "final" and sweep.best()[2] >= 0.99
+    assert float(sweep.iia[0, :2].max()) <= 0.05 and float(sweep.random_iia.max()) <= 0.05
+    assert len(sweep.to_frame()) == 3 and isinstance(sweep.plot(), go.Figure)
+    assert "final: =" in sweep.tokens[2]
+
+
+def test_readable_vs_used_table(planted):
+    model, prompts = planted
+    table = causal.readable_vs_used(model, prompts, ["sum_mod_10", "magnitude"], layers=[0], steps=150, n=400,
+                                    progress=False)
+    rows = table.to_frame().set_index("variable")
+    assert bool((rows["das_iia"] >= 0.99).all()) and bool((rows["random_iia"] <= 0.05).all())  # both used
+    # the tens digit is one signed coordinate: readable by a linear probe, far above its shuffled control
+    assert float(rows.loc["magnitude", "probe_accuracy"]) > 0.9 > 0.75 > float(rows.loc["magnitude", "probe_control"])
+    # the units digit sits on a circle beside one-hot operands: a regularised linear probe does not read it
+    # out of held-out operand pairs, yet the interchange shows the model uses it: used without being readable
+    assert float(rows.loc["sum_mod_10", "probe_accuracy"]) < 0.5
+    assert isinstance(table.plot(), go.Figure)
+
+
+def test_das_input_errors(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=100, seed=0)
+    with pytest.raises(SiteError, match="attn_z"):
+        causal.das(model, dataset, "attn_z", 0, progress=False)
+    with pytest.raises(AnalysisError, match="k must be an int in 1..64"):
+        causal.das(model, dataset, k=65, progress=False)
+    with pytest.raises(AnalysisError, match="unknown method"):
+        causal.das(model, dataset, method="pca", progress=False)
+    with pytest.raises(SiteError, match="unknown position"):
+        causal.das(model, dataset, position="nowhere", steps=1, progress=False)
+    with pytest.raises(ArithInterpError, match="InterchangeDataset"):
+        causal.das(model, prompts, progress=False)  # type: ignore[arg-type]
+
+
+# --- the engine's interchange intervention ---------------------------------------------------------
+
+
+def test_engine_interchange_is_differentiable_in_the_intervention_only(tiny_model):
+    tokens = torch.randint(3, 50, (4, 6))
+    weight = torch.zeros(tiny_model.cfg.d_model, requires_grad=True)
+    source = torch.randn(4, tiny_model.cfg.d_model)
+
+    def swap(base, src):
+        return base + (src - base) * torch.sigmoid(weight)
+
+    iv = Intervention("resid_post", 0, positions=-1, value=swap, source=source)
+    out = run(tiny_model, tokens, [iv], logits="final", train=True)
+    assert out.logits is not None and out.logits.requires_grad
+    (grad,) = torch.autograd.grad(out.logits.sum(), [weight])
+    assert grad.abs().sum() > 0
+    assert all(p.grad is None for p in tiny_model.parameters())
+    with pytest.raises(AnalysisError, match="source slice has shape"):
+        run(tiny_model, tokens, [Intervention("resid_post", 0, positions=-1, value=swap, source=source[:2])])
+
+
+def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
+    from arithinterp import load_model
+
+    model = load_model(str(llama_folder("digit", n_layers=4)))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompts = ai.tasks.arithmetic(model, op="+", a=range(10, 40), b=range(10, 40), template="{a}+{b}=",
+                                  few_shot=2)
+    dataset = causal.interchange_dataset(prompts, "sum_digit_0", n=120, seed=0)
+    result = causal.das(model, dataset, "resid_post", 2, "final", 2, steps=5, baselines=("random", "pca"),
+                        progress=False)
+    assert 0.0 <= result.iia <= 1.0 and len(result.history) == 5
+    assert all(torch.isfinite(torch.tensor(result.history)))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_das_command(capsys, tmp_path):
+    import json
+
+    from arithinterp.cli import main
+
+    code = main(["das", "zoo:add-100", "--variable", "magnitude", "--layer", "0", "--steps", "3", "--limit", "300",
+                 "--out", str(tmp_path / "das"), "--json", "--no-progress"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["variable"] == "magnitude" and summary["pairs"] > 100
+    assert {row["intervention"] for row in summary["scores"]} == {"das", "none", "full", "probe", "pca", "random"}
+    assert causal.DASResult.load(tmp_path / "das").variable == "magnitude"
+    assert main(["das", "zoo:add-100", "--variable", "carry2", "--limit", "300", "--no-progress"]) == 2
+    assert "unknown variable 'carry_2'" in capsys.readouterr().err
+
+
+def test_several_positions_swap_through_one_subspace(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, ["b", "final"], 2, steps=150, progress=False)
+    assert result.position == "b+final" and result.iia >= 0.99
+    assert causal.principal_angle_cosines(result.basis, planted_plane()).min() >= 0.99
+    assert result.scores["random"]["iia"] <= 0.05 and result.scores["probe"]["k"] >= 1
