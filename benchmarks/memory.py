@@ -93,7 +93,8 @@ def measure(what: str, folder: str, args) -> dict:
         start = time.perf_counter()
         result: Any = run()
         seconds = time.perf_counter() - start
-    out: dict[str, Any] = dict(seconds=seconds, increase=memory.increase, model=model_bytes, n=n, load=os.getloadavg()[0])
+    out: dict[str, Any] = dict(seconds=seconds, increase=memory.increase, model=model_bytes, n=n,
+                               load=os.getloadavg()[0])
     if what.startswith("classify"):
         out.update(neurons=int(result.scores.shape[0]), heuristics=len(result.names),
                    labelled=int(result.labels.any(1).sum()), max_memory=result.meta.get("max_memory"))
