@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -90,9 +91,10 @@ def measure(what: str, folder: str, args) -> dict:
             run = lambda: circuits.faithfulness(model, pairs, circuit, sizes)  # noqa: E731
     with PeakRSS() as memory:
         start = time.perf_counter()
-        result = run()
+        result: Any = run()
         seconds = time.perf_counter() - start
-    out = dict(seconds=seconds, increase=memory.increase, model=model_bytes, n=n, load=os.getloadavg()[0])
+    out: dict[str, Any] = dict(seconds=seconds, increase=memory.increase, model=model_bytes, n=n,
+                               load=os.getloadavg()[0])
     if what.startswith("classify"):
         out.update(neurons=int(result.scores.shape[0]), heuristics=len(result.names),
                    labelled=int(result.labels.any(1).sum()), max_memory=result.meta.get("max_memory"))
@@ -114,7 +116,7 @@ def _export(revision: str, into: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--side", type=int, default=50, help="grid side of the classify prompts (side² prompts)")
     parser.add_argument("--top-k", type=int, default=50, help="neurons per layer of classify-top")
     parser.add_argument("--top-side", type=int, default=20, help="grid side of classify-top's 'after' (its importance "

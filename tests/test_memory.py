@@ -119,8 +119,10 @@ def test_maps_and_mean_activation_need_no_full_activation_grid(llama):
     small = nn.maps(model, prompts, (layer, neuron), max_memory=2e5)
     assert torch.allclose(default.k_maps, small.k_maps, atol=1e-6, equal_nan=True)
     assert torch.allclose(default.kv_maps, small.kv_maps, atol=1e-6, equal_nan=True)
-    full = nn.model.final_activations(model, prompts, [0, 1])
-    mean = nn.model.mean_final_activation(model, prompts, [0, 1], 5)
+    from arithinterp.neurons.model import final_activations, mean_final_activation
+
+    full = final_activations(model, prompts, [0, 1])
+    mean = mean_final_activation(model, prompts, [0, 1], 5)
     assert torch.allclose(mean, full.mean(0), atol=1e-5)
 
 
