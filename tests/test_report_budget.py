@@ -13,6 +13,7 @@ import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -211,6 +212,7 @@ def test_budget_and_memory_are_validated(tmp_path, capsys):
     for bad in ("lots", "-1GB", "1KB"):
         with pytest.raises(ConfigError, match="max_memory"):
             parse_memory(bad)
+    bad: Any
     for bad in (0, -5, float("nan"), "60"):
         with pytest.raises(ConfigError, match="budget must be a positive number of seconds"):
             write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy"], budget=bad, progress=False)
