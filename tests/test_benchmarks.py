@@ -20,8 +20,10 @@ def test_collect_benchmark_smoke():
 
 
 def test_zoo_load_benchmark_smoke():
+    from arithinterp.models.zoo import ZOO
+
     out = run("zoo_load.py", "--runs", "1")
-    assert out.count("| `zoo:") == 4 and "total shipped checkpoint size" in out
+    assert out.count("| `zoo:") == len(ZOO) and "total shipped checkpoint size" in out
 
 
 def test_patching_benchmark_smoke():
