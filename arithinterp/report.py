@@ -12,8 +12,9 @@ as not run, with the reason, and the others go on.
 
 Every stage states its sample size and, below the minimum in :data:`MINIMUMS`, says "not enough
 data" instead of drawing a conclusion; where a result does not beat its control, the finding
-says "no signal above the control". Nothing is clipped: effects outside their nominal range are
-quoted as they are, and answers that are not numbers are counted, not drawn as error sizes.
+says "no signal above the control". Effects are quoted as measured; only the intervals of bounded
+scores (accuracies) are clipped to their range, and answers that are not numbers are counted, not
+drawn as error sizes.
 """
 
 from __future__ import annotations
