@@ -15,6 +15,7 @@ basis ``Q [d, k]``.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Optional
 
@@ -40,13 +41,14 @@ def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
     return u[:, :rank].float()
 
 
-class Interchange(nn.Module):
+class Interchange(nn.Module, abc.ABC):
     """Base class: subclasses give ``basis() [d, k]`` (and may weight its columns by ``mask()``)."""
 
     d: int
 
+    @abc.abstractmethod
     def basis(self) -> torch.Tensor:
-        raise NotImplementedError
+        """The interchanged subspace's orthonormal columns ``[d, k]``."""
 
     def mask(self) -> Optional[torch.Tensor]:
         return None
