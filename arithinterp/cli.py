@@ -270,11 +270,20 @@ def train_command(args: argparse.Namespace) -> dict:
     return card
 
 
+@command("train-transcoders")
+def train_transcoders_command(args: argparse.Namespace) -> dict:
+    """Train a zoo model's transcoders with their seeded recipe and write them with a card."""
+    from arithinterp.features.shipped import train_shipped
+
+    return train_shipped(args.model, out=args.out, seed=args.seed, steps=args.steps,
+                         progress=not args.no_progress)[1]
+
+
 # --- parser --------------------------------------------------------------------------------------
 
 
 # commands whose --out is a result directory and --figure an HTML file, checked before they run
-_WRITES_OUT = ("patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "train")
+_WRITES_OUT = ("patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "train", "train-transcoders")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -379,6 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+    p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
+    p.add_argument("model", help="zoo model, e.g. zoo:add-100")
+    p.add_argument("--out", default=None, help="output directory (default: the package's transcoder folder)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per layer (default: the recipe's)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return parser
 

@@ -24,6 +24,7 @@ HOOKS: dict[str, str] = {
     "mlp_out": "blocks.{layer}.hook_mlp_out",
     "attn_z": "blocks.{layer}.attn.hook_z",
     "pattern": "blocks.{layer}.attn.hook_pattern",
+    "mlp_in": "blocks.{layer}.mlp.hook_in",  # the MLP's input, after its norm (what a transcoder reads)
     "mlp_pre": "blocks.{layer}.mlp.hook_pre",
     "mlp_post": "blocks.{layer}.mlp.hook_post",
 }

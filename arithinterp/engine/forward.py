@@ -42,6 +42,10 @@ class Intervention:
         value: a number or tensor broadcast to the selected slice ``[B, (k,) (units,) ...]``, or a
             function of that slice returning its replacement (a projection, a helix
             reconstruction, ...).
+        source: with a function ``value``, another site of the same layer computed earlier in the
+            same forward (``"mlp_in"`` for ``"mlp_out"``): the function then sees that site's slice
+            at the same positions instead of the current value (a transcoder replacing an MLP:
+            ``mlp_out := f(mlp_in)``). Positions only, no units.
     """
 
     site: str
@@ -49,20 +53,22 @@ class Intervention:
     positions: Union[None, int, torch.Tensor] = None
     units: Optional[Sequence[int]] = None
     value: Value = 0.0
+    source: Optional[str] = None
 
     def hook_name(self) -> str:
         return site_lib.hook_name(self.site, self.layer)
 
-    def apply(self, activation: torch.Tensor) -> torch.Tensor:
+    def apply(self, activation: torch.Tensor, source: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) with the slice replaced.
 
         With one position per prompt (``positions`` ``[B]`` or an int) the value sees the slice
-        without a position axis, ``[B, (units,) ...]``, as a :class:`Read` returns it.
+        without a position axis, ``[B, (units,) ...]``, as a :class:`Read` returns it. ``source``:
+        the :attr:`source` site's activation ``[B, T, ...]`` in this forward, sliced the same way.
         """
         out = activation.clone()
         positions = _positions_tensor(self.positions, out.shape[0], out.device)
         index = _slice_index(self.site, out, positions, self.units)
-        current = out[index]
+        current = out[index] if source is None else source[index]
         single = positions is not None and positions.ndim == 1
         k_dim = 2 if self.site == "pattern" and self.units is not None else 1
         view = current.squeeze(k_dim) if single else current
@@ -190,6 +196,14 @@ def run(
                 f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; "
                 f"accepted: {-T}..{T - 1}"
             )
+        source = getattr(item, "source", None)
+        if source is not None:
+            site_lib.check_site(source)
+            if not callable(getattr(item, "value", None)) or item.units is not None or source in site_lib.GLOBAL_SITES:
+                raise SiteError(
+                    f"an intervention with source={source!r} needs a function value, no units, and a per-layer "
+                    f"source site; got value={type(item.value).__name__}, units={item.units}"
+                )
         units = getattr(item, "units", None)
         if units is not None:
             size = int(model.cfg.n_heads) if item.site in ("attn_z", "pattern") else int(model.cfg.d_mlp or 0)
@@ -203,7 +217,25 @@ def run(
     probes: list = [None] * len(reads)
     hooks: list = []
     n_heads = int(model.cfg.n_heads)
+    sources: dict = {}  # source hook name -> its activation in this forward
     for intervention in interventions:
+        if intervention.source is not None:
+            name = site_lib.hook_name(intervention.source, intervention.layer)
+
+            def stash(activation, hook=None, name=name):
+                sources[name] = activation
+                return activation
+
+            hooks.append((name, stash))
+
+            def replace(activation, hook=None, intervention=intervention, name=name):
+                if name not in sources:
+                    raise SiteError(f"the source {name} had not fired before {intervention.hook_name()}; "
+                                    "a source must be computed earlier in the same block")
+                return intervention.apply(activation, sources[name])
+
+            hooks.append((intervention.hook_name(), replace))
+            continue
         apply = _heads_split(intervention.site, n_heads, intervention.apply)
         hooks.append((intervention.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
     takes = [_heads_split(read.site, n_heads, read.take) for read in reads]
