@@ -196,13 +196,12 @@ def run(
                 f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; "
                 f"accepted: {-T}..{T - 1}"
             )
-        source = getattr(item, "source", None)
-        if source is not None:
-            site_lib.check_site(source)
-            if not callable(getattr(item, "value", None)) or item.units is not None or source in site_lib.GLOBAL_SITES:
+        if isinstance(item, Intervention) and item.source is not None:
+            site_lib.check_site(item.source)
+            if not callable(item.value) or item.units is not None or item.source in site_lib.GLOBAL_SITES:
                 raise SiteError(
-                    f"an intervention with source={source!r} needs a function value, no units, and a per-layer "
-                    f"source site; got value={type(item.value).__name__}, units={item.units}"
+                    f"an intervention with source={item.source!r} needs a function value, no units, and a "
+                    f"per-layer source site; got value={type(item.value).__name__}, units={item.units}"
                 )
         units = getattr(item, "units", None)
         if units is not None:

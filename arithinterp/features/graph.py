@@ -71,7 +71,7 @@ class Graph(Result):
                 frame[f"{end}_{column}"] = nodes[column].to_numpy()[frame[end].to_numpy()]
         if kept_only:
             kept = nodes["kept"].to_numpy()
-            frame = frame[kept[frame["source"].to_numpy()] & kept[frame["target"].to_numpy()]]
+            frame = pd.DataFrame(frame[kept[frame["source"].to_numpy()] & kept[frame["target"].to_numpy()]])
         return frame.reset_index(drop=True)
 
     def node_frame(self) -> pd.DataFrame:

@@ -24,7 +24,7 @@ class TranscoderRecipe:
     limit: int = 5000  # task prompts (every position of each is a training row)
     n_features: int = 512
     k: int = 16
-    steps: int = 800
+    steps: int = 400
     batch_size: int = 1024
     lr: float = 2e-3
     held_out: float = 0.1

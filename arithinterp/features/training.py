@@ -181,8 +181,9 @@ def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] 
         fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
                                  f"transcoder L{layer}"))
     stacked = {name: torch.stack([f[name] for f in fitted]) for name in fitted[0]}
+    seconds = round(time.perf_counter() - start, 1)
     meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
-                      skip=skip, train_rows=int(valid[train].sum()), train_seconds=round(time.perf_counter() - start, 1))
+                      skip=skip, train_rows=int(valid[train].sum()), train_seconds=seconds)
     draft = Transcoders(layers=chosen, k=k, metrics={}, meta=meta, **stacked)
     layer_rows = []
     for i, layer in enumerate(chosen):
