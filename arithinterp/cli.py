@@ -279,11 +279,32 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
                          progress=not args.no_progress)[1]
 
 
+@command("graph")
+def graph_command(args: argparse.Namespace) -> dict:
+    """The attribution graph of one prompt over a zoo model's shipped transcoders (or --transcoders DIR)."""
+    from arithinterp.features import load_transcoders
+    from arithinterp.features.graph import attribution_graph
+    from arithinterp.models import load_model
+
+    model = load_model(args.model)
+    transcoders = load_transcoders(args.transcoders or args.model)
+    graph = attribution_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
+    if args.out:
+        graph.save(args.out)
+    if args.figure:
+        graph.plot().write_html(args.figure, include_plotlyjs=True)
+    kept = graph.node_frame().query("kept and kind == 'feature'").sort_values("influence", ascending=False)
+    return dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores,
+                top_features=kept.head(10)[["layer", "position", "token", "feature", "activation",
+                                            "influence"]].to_dict("records"))
+
+
 # --- parser --------------------------------------------------------------------------------------
 
 
 # commands whose --out is a result directory and --figure an HTML file, checked before they run
-_WRITES_OUT = ("patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "train", "train-transcoders")
+_WRITES_OUT = ("patch", "probe", "fourier", "helix", "neurons", "ablate", "digits", "train", "train-transcoders",
+               "graph")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -389,6 +410,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+    p = sub.add_parser("graph", help="attribution graph of one prompt over transcoder features")
+    p.add_argument("model", help="model spec, e.g. zoo:add-100")
+    p.add_argument("prompt", help='the prompt, e.g. "36+59="')
+    p.add_argument("--transcoders", default=None, help="saved transcoders (default: the zoo model's shipped ones)")
+    p.add_argument("--logits", type=int, default=1, help="answer tokens the graph explains (default: 1)")
+    p.add_argument("--max-nodes", type=int, default=100, help="at most this many kept nodes (default: 100)")
+    p.add_argument("--out", default=None, help="directory to save the graph in (reload with Graph.load)")
+    p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+
     p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
     p.add_argument("model", help="zoo model, e.g. zoo:add-100")
     p.add_argument("--out", default=None, help="output directory (default: the package's transcoder folder)")

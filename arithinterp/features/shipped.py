@@ -21,11 +21,11 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 @dataclass(frozen=True)
 class TranscoderRecipe:
-    limit: int = 5000  # task prompts (every position of each is a training row)
+    limit: int = 10000  # task prompts (every position of each is a training row)
     n_features: int = 512
     k: int = 16
     steps: int = 400
-    batch_size: int = 1024
+    batch_size: int = 2048
     lr: float = 2e-3
     held_out: float = 0.1
     seed: int = 0

@@ -104,7 +104,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
         W_skip = torch.linalg.lstsq(x_c, y - b_dec).solution[:d]
     else:
         W_skip = torch.zeros(d, d)
-    params = dict(W_enc=W_dec.T.clone(), b_enc=torch.zeros(n_features), W_dec=W_dec, b_dec=b_dec,
+    params = dict(W_enc=W_dec.T.clone() * 0.1, b_enc=torch.zeros(n_features), W_dec=W_dec, b_dec=b_dec,
                   W_skip=W_skip)
     tensors = {name: p.clone().requires_grad_(True) for name, p in params.items()}
     if not skip:
@@ -135,7 +135,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
-        if bool(dead.any()) and step % resample_every == resample_every - 1 and step < 0.8 * steps:
+        if bool(dead.any()) and step % resample_every == resample_every - 1 and step < 0.5 * steps:
             _resample(tensors, optimiser, dead, xb, error.detach(), generator)
             since_fired[dead] = 0
         with torch.no_grad():
