@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers 
     from arithinterp.report import write_report
 
 _SUBMODULES = (
-    "activations", "circuits", "cli", "errors", "features", "fourier", "helix", "metrics", "models", "neurons", "patching",
-    "probes", "report", "results", "sites", "sweep", "tasks", "viz",
+    "activations", "circuits", "cli", "errors", "features", "fourier", "helix", "metrics", "models", "neurons",
+    "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
 )
 
 
