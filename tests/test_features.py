@@ -250,3 +250,33 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
     pre = [tc.pre(1, base)[0, int(tgt["position"]), int(tgt["feature"])],
            tc.pre(1, moved)[0, int(tgt["position"]), int(tgt["feature"])]]
     assert float(pre[0] - pre[1]) / eps == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-3)
+
+
+def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_does_not(number_tokenizer):
+    from arithinterp.features import intervene
+
+    model, v = planted_model(number_tokenizer, 6)
+    head = next(p for k, p in model.named_parameters() if k.startswith("head"))
+    six = number_tokenizer.convert_tokens_to_ids("6")
+    with torch.no_grad():
+        head[six] += 10 * v
+    a = torch.arange(100).repeat_interleave(20)
+    b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
+    prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+    tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
+                           progress=False)
+    tokens = model.to_tokens("59+36")
+    real = run(model, tokens).logits
+    assert real is not None
+    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1) >= 0.9
+    acts = tc.encode(0, run(model, tokens, reads=[Read("mlp_in", 0)]).reads[0])[0, -1]
+    carriers = [f for f in range(tc.n_features) if aligned[f] and acts[f] > 0]
+    others = [f for f in range(tc.n_features) if not aligned[f] and acts[f] > 0][: len(carriers)]
+    assert carriers
+    unchanged = intervene(model, tokens, tc, 0, carriers, scale=1.0)
+    zeroed = intervene(model, tokens, tc, 0, carriers, scale=0.0)
+    control = intervene(model, tokens, tc, 0, others, scale=0.0) if others else real
+    assert torch.allclose(unchanged, real, atol=1e-5)  # the error term stays: no change, no effect
+    assert float(real[0, six] - zeroed[0, six]) >= 25  # the planted 5 v is worth 50 on that logit
+    assert abs(float(real[0, six] - control[0, six])) < 5
+    assert float(zeroed[0, six]) < 0.1 * float(real[0, six])
