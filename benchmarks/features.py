@@ -61,8 +61,8 @@ def zoo_rows(runs: int, held_out: int) -> None:
         graphs.append((f"zoo:{name}", model, prompt, tc))
     print()
     print("| model | prompt | tokens | graph s (median) | active features | kept nodes | kept influence | "
-          "replacement | completeness | max abs error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "replacement | completeness | exactness: features | logits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, model, prompt, tc in graphs:
         seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc), runs)
         _graph_row(label, prompt, graph, seconds)
@@ -72,7 +72,7 @@ def _graph_row(label, prompt, graph, seconds) -> None:
     s = graph.scores
     print(f"| {label} | `{prompt!r}` | {len(graph.tokens)} | {seconds:.3f} | {s['n_active_features']} | "
           f"{s['n_kept']} | {s['kept_influence']:.3f} | {s['replacement']:.3f} | {s['completeness']:.3f} | "
-          f"{s['max_abs_error']:.2e} |")
+          f"{s['max_abs_error']:.2e} | {s['max_abs_error_logits']:.2e} ({s['max_rel_error_logits']:.1e} rel) |")
 
 
 def llama_row(runs: int) -> None:
@@ -114,9 +114,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--held-out", type=int, default=2000, help="held-out problems for the replacement model")
     parser.add_argument("--no-llama", action="store_true")
+    parser.add_argument("--no-zoo", action="store_true")
     args = parser.parse_args()
-    torch.set_grad_enabled(False)
-    zoo_rows(args.runs, args.held_out)
+    if not args.no_zoo:
+        zoo_rows(args.runs, args.held_out)
     if not args.no_llama:
         llama_row(args.runs)
 
