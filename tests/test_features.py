@@ -280,3 +280,25 @@ def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_doe
     assert float(real[0, six] - zeroed[0, six]) >= 25  # the planted 5 v is worth 50 on that logit
     assert abs(float(real[0, six] - control[0, six])) < 5
     assert float(zeroed[0, six]) < 0.1 * float(real[0, six])
+
+
+def test_labels_name_the_planted_feature_and_not_shuffled_maps(planted):
+    from arithinterp.features.labels import label_features
+    from arithinterp.tasks import arithmetic
+
+    model, v, tc, _, _ = planted["planted"]
+    prompts = arithmetic(model, "+", range(100), range(100), "{a}+{b}=")
+    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1) >= 0.9
+    features = aligned.nonzero().squeeze(1).tolist()
+    table = label_features(model, tc, prompts, 0, features, position=-2)  # at b
+    frame = table.to_frame(labelled_only=True)
+    assert "b mod 10 = 6" in set(frame["heuristic"])
+    assert table.meta["control"]["shuffled"]["labelled"] == 0  # the same maps, cells shuffled: no label
+
+
+def test_lookup_table_family_marks_one_residue_pair():
+    from arithinterp.features.labels import LOOKUP_FAMILY, lookup_registry
+    from arithinterp.neurons.heuristics import build_heuristics
+
+    heuristics = build_heuristics(range(100), range(100), "+", registry=lookup_registry(), families=[LOOKUP_FAMILY])
+    assert len(heuristics.names) == 100 and "a mod 10 = 6 and b mod 10 = 9" in heuristics.names
