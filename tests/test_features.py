@@ -72,7 +72,7 @@ def planted(number_tokenizer):
         prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
         # no skip: a linear skip takes over the affine part of the planted AND, splitting the feature
         tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
-                               progress=False)
+                               encoder_scale=1.0, resample_until=0.8, progress=False)
         tokens, valid, _ = full_tokens(prompts)
         out[kind] = (model, v, tc, tokens, valid)
     return out
@@ -181,13 +181,14 @@ def _graph_through_planted(tokenizer, digit: int):
     b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
     prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
-                           progress=False)
+                           encoder_scale=1.0, resample_until=0.8, progress=False)
     graph = attribution_graph(model, "59+36", tc, n_logits=3)
     edges = graph.to_frame()
     edges = edges[(edges["source_kind"] == "feature") & (edges["target_kind"] == "logit")
                   & (edges["target_feature"] == six)]
     aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0, list(edges["source_feature"])], v[None], dim=1)
-    return graph, float(torch.tensor(edges["weight"].to_numpy())[aligned >= 0.9].sum())
+    weights = torch.tensor(edges["weight"].to_numpy())
+    return graph, float(weights[aligned >= 0.9].sum())
 
 
 def test_graph_routes_the_answer_through_the_planted_feature(number_tokenizer, tmp_path):
@@ -264,7 +265,7 @@ def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_doe
     b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
     prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
-                           progress=False)
+                           encoder_scale=1.0, resample_until=0.8, progress=False)
     tokens = model.to_tokens("59+36")
     real = run(model, tokens).logits
     assert real is not None

@@ -12,11 +12,11 @@ value. Each source's run is one row of a batched forward through the engine.
 
 Pruning follows the paper: edges are made non-negative and each target's incoming edges
 normalised to sum to 1 (``A``); a node's *influence* on the answer is ``w · (A + A² + …)`` with ``w``
-the answer logits' probabilities; features are kept in order of influence until they hold
-``node_threshold`` of the features' influence (at most ``max_nodes``). The *replacement score* is
-the share of the answer's end-to-end influence that comes from token embeddings rather than
-error nodes; *completeness* is the influence-weighted share of the nodes' incoming edges that
-come from non-error nodes.
+the answer logits' probabilities; nodes (features, error nodes and embeddings) are kept in order
+of influence until they hold ``node_threshold`` of the total (at most ``max_nodes`` with the
+logits). The *replacement score* is the share of the answer's end-to-end influence that comes
+from token embeddings rather than error nodes; *completeness* is the influence-weighted share of
+the nodes' incoming edges that come from non-error nodes.
 """
 
 from __future__ import annotations
@@ -259,17 +259,19 @@ def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: t
     is_feature = torch.tensor([k == "feature" for k in kinds])
     is_error = torch.tensor([k == "error" for k in kinds])
     is_embed = torch.tensor([k == "embedding" for k in kinds])
-    order = torch.argsort(torch.where(is_feature, influence, torch.full_like(influence, -1.0)), descending=True)
-    feature_total = float(influence[is_feature].sum())
-    kept = ~is_feature
-    running, n_kept_features = 0.0, 0
-    budget = max(0, max_nodes - int((~is_feature).sum()))
-    for i in order[: int(is_feature.sum())].tolist():
-        if feature_total <= 0 or running >= node_threshold * feature_total or n_kept_features >= budget:
+    # every node but the logits competes for the budget: long prompts have many embedding and error nodes
+    is_source = torch.arange(N) < logit_start
+    order = torch.argsort(torch.where(is_source, influence, torch.full_like(influence, -1.0)), descending=True)
+    total = float(influence[is_source].sum())
+    kept = ~is_source
+    running, n_kept = 0.0, 0
+    budget = max(0, max_nodes - int((~is_source).sum()))
+    for i in order[: int(is_source.sum())].tolist():
+        if total <= 0 or running >= node_threshold * total or n_kept >= budget:
             break
         kept[i] = True
         running += float(influence[i])
-        n_kept_features += 1
+        n_kept += 1
     for i, node in enumerate(nodes):
         node["kept"] = bool(kept[i])
     end_to_end = float(influence[is_embed].sum() + influence[is_error].sum())
@@ -281,7 +283,7 @@ def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: t
     scores = dict(
         replacement=float(influence[is_embed].sum()) / end_to_end if end_to_end > 0 else float("nan"),
         completeness=completeness,
-        kept_influence=running / feature_total if feature_total > 0 else 1.0,
+        kept_influence=running / total if total > 0 else 1.0,
         n_kept=int(kept.sum()),
         n_nodes=N,
     )

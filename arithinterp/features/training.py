@@ -93,7 +93,8 @@ def _resample(tensors: dict, optimiser: torch.optim.Optimizer, dead: torch.Tenso
 
 
 def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps: int, batch_size: int, lr: float,
-               skip: bool, generator: torch.Generator, progress: bool, desc: str) -> dict[str, torch.Tensor]:
+               skip: bool, generator: torch.Generator, progress: bool, desc: str, encoder_scale: float = 0.1,
+               resample_until: float = 0.5) -> dict[str, torch.Tensor]:
     """One TopK transcoder fitted to rows ``x [n, d] -> y [n, d]``."""
     n, d = x.shape
     W_dec = torch.randn(n_features, d, generator=generator)
@@ -104,7 +105,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
         W_skip = torch.linalg.lstsq(x_c, y - b_dec).solution[:d]
     else:
         W_skip = torch.zeros(d, d)
-    params = dict(W_enc=W_dec.T.clone() * 0.1, b_enc=torch.zeros(n_features), W_dec=W_dec, b_dec=b_dec,
+    params = dict(W_enc=W_dec.T.clone() * encoder_scale, b_enc=torch.zeros(n_features), W_dec=W_dec, b_dec=b_dec,
                   W_skip=W_skip)
     tensors = {name: p.clone().requires_grad_(True) for name, p in params.items()}
     if not skip:
@@ -135,7 +136,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
-        if bool(dead.any()) and step % resample_every == resample_every - 1 and step < 0.5 * steps:
+        if bool(dead.any()) and step % resample_every == resample_every - 1 and step < resample_until * steps:
             _resample(tensors, optimiser, dead, xb, error.detach(), generator)
             since_fired[dead] = 0
         with torch.no_grad():
@@ -147,8 +148,12 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
 
 def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] = None, *, n_features: int = 512,
                       k: int = 16, steps: int = 2000, batch_size: int = 2048, lr: float = 2e-3, skip: bool = True,
-                      held_out: float = 0.1, seed: int = 0, progress: bool = True) -> Transcoders:
+                      held_out: float = 0.1, seed: int = 0, encoder_scale: float = 0.1, resample_until: float = 0.5,
+                      progress: bool = True) -> Transcoders:
     """Train one TopK transcoder per layer on every position of ``prompts`` and measure it.
+
+    The encoder starts as ``encoder_scale`` × the decoder's transpose; dead features are resampled
+    during the first ``resample_until`` of the steps.
 
     ``held_out`` of the prompts (a seeded random split) are kept aside: FVU, L0, dead features
     and the replacement model's agreement and KL are measured on them only. Returns
@@ -179,11 +184,12 @@ def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] 
     for i, layer in enumerate(chosen):
         x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
         fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
-                                 f"transcoder L{layer}"))
+                                 f"transcoder L{layer}", encoder_scale, resample_until))
     stacked = {name: torch.stack([f[name] for f in fitted]) for name in fitted[0]}
     seconds = round(time.perf_counter() - start, 1)
     meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
-                      skip=skip, train_rows=int(valid[train].sum()), train_seconds=seconds)
+                      skip=skip, encoder_scale=encoder_scale, resample_until=resample_until,
+                      train_rows=int(valid[train].sum()), train_seconds=seconds)
     draft = Transcoders(layers=chosen, k=k, metrics={}, meta=meta, **stacked)
     layer_rows = []
     for i, layer in enumerate(chosen):
