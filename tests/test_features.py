@@ -303,3 +303,15 @@ def test_lookup_table_family_marks_one_residue_pair():
 
     heuristics = build_heuristics(range(100), range(100), "+", registry=lookup_registry(), families=[LOOKUP_FAMILY])
     assert len(heuristics.names) == 100 and "a mod 10 = 6 and b mod 10 = 9" in heuristics.names
+
+
+def test_graph_command_prints_the_scores(capsys, tmp_path):
+    import json
+
+    from arithinterp.cli import main
+
+    assert main(["graph", "zoo:add-100", "36+59=", "--json", "--out", str(tmp_path / "g")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["scores"]["max_abs_error"] <= 1e-4 and summary["scores"]["n_kept"] <= 100
+    assert summary["top_features"] and (tmp_path / "g" / "result.json").exists()
+    assert main(["graph", "zoo:modadd-113", "1 2 =", "--json"]) == 2  # no transcoders ship for it
