@@ -293,10 +293,10 @@ def graph_command(args: argparse.Namespace) -> dict:
         graph.save(args.out)
     if args.figure:
         graph.plot().write_html(args.figure, include_plotlyjs=True)
-    kept = graph.node_frame().query("kept and kind == 'feature'").sort_values("influence", ascending=False)
-    return dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores,
-                top_features=kept.head(10)[["layer", "position", "token", "feature", "activation",
-                                            "influence"]].to_dict("records"))
+    columns = ["layer", "position", "token", "feature", "activation", "influence"]
+    kept = [node for node in graph.nodes if node["kept"] and node["kind"] == "feature"]
+    top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
+    return dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
 
 
 # --- parser --------------------------------------------------------------------------------------
