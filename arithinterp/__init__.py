@@ -22,15 +22,15 @@ from arithinterp.models import list_zoo, load_model  # noqa: E402
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (
-        activations, causal, circuits, cli, cyclic, errors, fourier, helix, metrics, models, neurons, patching,
-        probes, report, results, sites, sweep, tasks, viz,
+        activations, causal, circuits, cli, cyclic, engine, errors, features, fourier, helix, metrics, models,
+        neurons, patching, probes, report, results, sites, sweep, tasks, viz,
     )
     from arithinterp.activations import collect
     from arithinterp.report import write_report
 
 _SUBMODULES = (
-    "activations", "causal", "circuits", "cli", "cyclic", "errors", "fourier", "helix", "metrics", "models", "neurons",
-    "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
+    "activations", "causal", "circuits", "cli", "cyclic", "engine", "errors", "features", "fourier", "helix",
+    "metrics", "models", "neurons", "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
 )
 
 
@@ -50,6 +50,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
-    "activations", "causal", "circuits", "cli", "cyclic", "errors", "fourier", "helix", "metrics", "models", "neurons",
-    "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
+    "activations", "causal", "circuits", "cli", "cyclic", "engine", "errors", "features", "fourier", "helix",
+    "metrics", "models", "neurons", "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
 ]

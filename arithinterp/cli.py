@@ -287,6 +287,35 @@ def train_command(args: argparse.Namespace) -> dict:
     return card
 
 
+@command("train-transcoders", outputs=dict(out="dir"))
+def train_transcoders_command(args: argparse.Namespace) -> dict:
+    """Train a zoo model's transcoders with their seeded recipe and write them with a card."""
+    from arithinterp.features.shipped import train_shipped
+
+    return train_shipped(args.model, out=args.out, seed=args.seed, steps=args.steps,
+                         progress=not args.no_progress)[1]
+
+
+@command("graph", outputs=_ANALYSIS_OUTPUTS)
+def graph_command(args: argparse.Namespace) -> dict:
+    """The attribution graph of one prompt over a zoo model's shipped transcoders (or --transcoders DIR)."""
+    from arithinterp.features import load_transcoders
+    from arithinterp.features.graph import attribution_graph
+    from arithinterp.models import load_model
+
+    model = load_model(args.model)
+    transcoders = load_transcoders(args.transcoders or args.model)
+    graph = attribution_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
+    if args.out:
+        graph.save(args.out)
+    if args.figure:
+        graph.plot().write_html(args.figure, include_plotlyjs=True)
+    columns = ["layer", "position", "token", "feature", "activation", "influence"]
+    kept = [node for node in graph.nodes if node["kept"] and node["kind"] == "feature"]
+    top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
+    return dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
+
+
 # --- parser --------------------------------------------------------------------------------------
 
 
@@ -451,6 +480,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+    p = sub.add_parser("graph", help="attribution graph of one prompt over transcoder features")
+    p.add_argument("model", help="model spec, e.g. zoo:add-100")
+    p.add_argument("prompt", help='the prompt, e.g. "36+59="')
+    p.add_argument("--transcoders", default=None, help="saved transcoders (default: the zoo model's shipped ones)")
+    p.add_argument("--logits", type=int, default=1, help="answer tokens the graph explains (default: 1)")
+    p.add_argument("--max-nodes", type=int, default=100, help="at most this many kept nodes (default: 100)")
+    p.add_argument("--out", default=None, help="directory to save the graph in (reload with Graph.load)")
+    p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
+    p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+
+    p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
+    p.add_argument("model", help="zoo model, e.g. zoo:add-100")
+    p.add_argument("--out", default=None, help="output directory (default: the package's transcoder folder)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per layer (default: the recipe's)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return parser
 

@@ -24,10 +24,14 @@ HOOKS: dict[str, str] = {
     "mlp_out": "blocks.{layer}.hook_mlp_out",
     "attn_z": "blocks.{layer}.attn.hook_z",
     "pattern": "blocks.{layer}.attn.hook_pattern",
+    "mlp_in": "blocks.{layer}.mlp.hook_in",  # the MLP's input, after its norm (what a transcoder reads)
     "mlp_pre": "blocks.{layer}.mlp.hook_pre",
     "mlp_post": "blocks.{layer}.mlp.hook_post",
+    "ln1_scale": "blocks.{layer}.ln1.hook_scale",  # the norms' divisors [B, T, 1] (frozen in attribution graphs)
+    "ln2_scale": "blocks.{layer}.ln2.hook_scale",
+    "ln_final_scale": "ln_final.hook_scale",
 }
-GLOBAL_SITES = ("embed", "pos_embed")
+GLOBAL_SITES = ("embed", "pos_embed", "ln_final_scale")
 PER_NEURON_SITES = ("mlp_pre", "mlp_post")
 
 

@@ -50,6 +50,10 @@ class Intervention:
             function ``f(base slice, source slice)`` returning the replacement, e.g. a rotated
             subspace of the source swapped into the base (distributed alignment search). Run with
             ``run(..., train=True)`` the logits are differentiable in ``f``'s parameters.
+        input_site: with a function ``value``, another site of the same layer computed earlier in the
+            same forward (``"mlp_in"`` for ``"mlp_out"``): the function then sees that site's slice
+            at the same positions instead of the current value (a transcoder replacing an MLP:
+            ``mlp_out := f(mlp_in)``). Positions only, no units.
     """
 
     site: str
@@ -58,20 +62,23 @@ class Intervention:
     units: Optional[Sequence[int]] = None
     value: Value = 0.0
     source: Optional[torch.Tensor] = None
+    input_site: Optional[str] = None
 
     def hook_name(self) -> str:
         return site_lib.hook_name(self.site, self.layer)
 
-    def apply(self, activation: torch.Tensor) -> torch.Tensor:
+    def apply(self, activation: torch.Tensor, input_activation: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) with the slice replaced.
 
         With one position per prompt (``positions`` ``[B]`` or an int) the value sees the slice
         without a position axis, ``[B, (units,) ...]``, as a :class:`Read` returns it.
+        ``input_activation``: the :attr:`input_site` activation ``[B, T, ...]`` in this forward,
+        sliced the same way.
         """
         out = activation.clone()
         positions = _positions_tensor(self.positions, out.shape[0], out.device)
         index = _slice_index(self.site, out, positions, self.units)
-        current = out[index]
+        current = out[index] if input_activation is None else input_activation[index]
         single = positions is not None and positions.ndim == 1
         k_dim = 2 if self.site == "pattern" and self.units is not None else 1
         view = current.squeeze(k_dim) if single else current
@@ -230,6 +237,13 @@ def run(
                 f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; "
                 f"accepted: {-T}..{T - 1}"
             )
+        if isinstance(item, Intervention) and item.input_site is not None:
+            site_lib.check_site(item.input_site)
+            if not callable(item.value) or item.units is not None or item.input_site in site_lib.GLOBAL_SITES:
+                raise SiteError(
+                    f"an intervention with input_site={item.input_site!r} needs a function value, no units, and a "
+                    f"per-layer input site; got value={type(item.value).__name__}, units={item.units}"
+                )
         units = getattr(item, "units", None)
         if units is not None:
             size = int(model.cfg.n_heads) if item.site in ("attn_z", "pattern") else int(model.cfg.d_mlp or 0)
@@ -245,7 +259,25 @@ def run(
     probes: list = [None] * len(reads)
     hooks: list = []
     n_heads = int(model.cfg.n_heads)
+    inputs: dict = {}  # input-site hook name -> its activation in this forward
     for intervention in interventions:
+        if intervention.input_site is not None:
+            name = site_lib.hook_name(intervention.input_site, intervention.layer)
+
+            def stash(activation, hook=None, name=name):
+                inputs[name] = activation
+                return activation
+
+            hooks.append((name, stash))
+
+            def replace(activation, hook=None, intervention=intervention, name=name):
+                if name not in inputs:
+                    raise SiteError(f"the input site {name} had not fired before {intervention.hook_name()}; "
+                                    "an input site must be computed earlier in the same block")
+                return intervention.apply(activation, inputs[name])
+
+            hooks.append((intervention.hook_name(), replace))
+            continue
         apply = _heads_split(intervention.site, n_heads, intervention.apply)
         hooks.append((intervention.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
     takes = [_heads_split(read.site, n_heads, read.take) for read in reads]

@@ -1,0 +1,290 @@
+"""Attribution graphs over transcoder features for one prompt (Ameisen et al. 2025, "Circuit Tracing").
+
+The *local replacement model* of a prompt is the model with every MLP replaced by its transcoder
+plus an *error node* (the MLP's true output minus the transcoder's, held constant), attention
+patterns and norm divisors frozen at their values on the prompt. It reproduces the model's
+activations on that prompt exactly, and it is linear in its *sources*: token embeddings, the
+active features' activations and the error nodes. So the direct effect of a source on a target
+(an active feature's pre-activation, or a demeaned answer logit) is what the target moves when
+that source alone is switched on from a state where every source is off; those effects plus the
+all-off value (the *bias*: positional embeddings, norm and layer biases) add up to the target's
+value. Each source's run is one row of a batched forward through the engine.
+
+Pruning follows the paper: edges are made non-negative and each target's incoming edges
+normalised to sum to 1 (``A``); a node's *influence* on the answer is ``w · (A + A² + …)`` with ``w``
+the answer logits' probabilities; nodes (features, error nodes and embeddings) are kept in order
+of influence until they hold ``node_threshold`` of the total (at most ``max_nodes`` with the
+logits). The *replacement score* is the share of the answer's end-to-end influence that comes
+from token embeddings rather than error nodes; *completeness* is the influence-weighted share of
+the nodes' incoming edges that come from non-error nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+import pandas as pd
+import torch
+
+from arithinterp import sites as site_lib
+from arithinterp.engine import Intervention, Read, run
+from arithinterp.engine.decode import batch_size_for
+from arithinterp.errors import AnalysisError
+from arithinterp.features.transcoder import Transcoders
+from arithinterp.results import Result, build_meta
+
+KINDS = ("embedding", "feature", "error", "logit")
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph(Result):
+    """An attribution graph of one prompt.
+
+    ``nodes``: one dict per node (``kind`` in :data:`KINDS`, ``layer`` (-1 for embeddings, the
+    number of layers for logits), ``position``, ``feature`` (the token id for logit nodes, -1
+    otherwise), ``activation`` (a feature's activation, an error node's norm, a logit's demeaned
+    value), ``token`` (the token at the position; the answer token for logits), ``influence``,
+    ``kept``, ``label``). ``edges [N, N]``: ``edges[t, s]`` the direct effect of node ``s`` on node
+    ``t`` (targets: features and logits). ``bias [N]``: each target's value with every source off.
+    ``scores``: ``replacement``, ``completeness``, ``kept_influence`` (of the pruned graph),
+    ``max_abs_error`` (the exactness check: incoming edges + bias against each active feature's own
+    pre-activation), ``max_abs_error_logits`` / ``max_rel_error_logits`` (the same for the answer logits).
+    """
+
+    nodes: list
+    edges: torch.Tensor
+    bias: torch.Tensor
+    values: torch.Tensor
+    prompt: str
+    tokens: list
+    scores: dict
+    meta: dict
+
+    def to_frame(self, kept_only: bool = False) -> pd.DataFrame:
+        """One row per edge with a non-zero weight: source and target nodes, weight (``kept_only``:
+        between kept nodes)."""
+        nodes = pd.DataFrame(self.nodes)
+        t, s = self.edges.nonzero(as_tuple=True)
+        frame = pd.DataFrame(dict(target=t.tolist(), source=s.tolist(), weight=self.edges[t, s].tolist()))
+        for end in ("source", "target"):
+            for column in ("kind", "layer", "position", "feature", "label"):
+                frame[f"{end}_{column}"] = nodes[column].to_numpy()[frame[end].to_numpy()]
+        if kept_only:
+            kept = nodes["kept"].to_numpy()
+            frame = pd.DataFrame(frame[kept[frame["source"].to_numpy()] & kept[frame["target"].to_numpy()]])
+        return frame.reset_index(drop=True)
+
+    def node_frame(self) -> pd.DataFrame:
+        """One row per node."""
+        return pd.DataFrame(self.nodes)
+
+    def plot(self, **kwargs: Any):
+        from arithinterp.viz.features import attribution_graph
+
+        return attribution_graph(self, **kwargs)
+
+
+def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[str, Any]:
+    """What the local replacement model freezes: patterns, norm divisors, MLP inputs and outputs."""
+    n_layers = site_lib.n_layers(model)
+    hooks = set(getattr(model, "hook_dict", {}))
+    frozen_sites = [("pattern", layer) for layer in range(n_layers)]
+    frozen_sites += [(site, layer) for layer in range(n_layers) for site in ("ln1_scale", "ln2_scale")
+                     if site_lib.hook_name(site, layer) in hooks]
+    if site_lib.hook_name("ln_final_scale") in hooks:
+        frozen_sites.append(("ln_final_scale", 0))
+    reads = [Read(site, layer) for site, layer in frozen_sites]
+    reads += [Read(site, layer) for layer in range(n_layers) for site in ("mlp_in", "mlp_out")]
+    out = run(model, tokens, reads=reads, logits="all")
+    got = dict(zip([(r.site, r.layer) for r in reads], out.reads))
+    return dict(frozen={key: got[key] for key in frozen_sites}, got=got, logits=out.logits)
+
+
+def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
+                      n_logits: int = 1, node_threshold: float = 0.8, max_nodes: int = 100,
+                      batch_size: Optional[int] = None, labels: Optional[dict] = None) -> Graph:
+    """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
+    ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
+    as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes."""
+    transcoders.check_model(model)
+    n_layers = site_lib.n_layers(model)
+    if sorted(transcoders.layers) != list(range(n_layers)):
+        raise AnalysisError(f"an attribution graph needs a transcoder for every layer 0..{n_layers - 1}; "
+                            f"these cover {transcoders.layers}")
+    for name, value in (("n_logits", n_logits), ("max_nodes", max_nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AnalysisError(f"{name} must be a positive int, got {value!r}")
+    if not 0.0 < node_threshold <= 1.0:
+        raise AnalysisError(f"node_threshold must be in (0, 1], got {node_threshold!r}")
+    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(1, -1)
+    if tokens.ndim != 2 or tokens.shape[0] != 1:
+        raise AnalysisError(f"one prompt at a time: got tokens of shape {tuple(tokens.shape)}")
+    T = int(tokens.shape[1])
+    state = _frozen(model, tokens, transcoders)
+    got, real_logits = state["got"], state["logits"][0, -1]
+    acts = [transcoders.encode(layer, got[("mlp_in", layer)][0]) for layer in range(n_layers)]  # [T, F]
+    errors = [got[("mlp_out", layer)][0] - transcoders.decode(layer, acts[layer], got[("mlp_in", layer)][0])
+              for layer in range(n_layers)]
+    active = [a.nonzero() for a in acts]  # [n_l, 2] (position, feature)
+    top = real_logits.topk(n_logits).indices
+    str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
+
+    # nodes: embeddings, features (by layer), errors (by layer), logits
+    nodes: list[dict] = [dict(kind="embedding", layer=-1, position=p, feature=-1, activation=0.0) for p in range(T)]
+    feature_start = []
+    for layer in range(n_layers):
+        feature_start.append(len(nodes))
+        for p, f in active[layer].tolist():
+            nodes.append(dict(kind="feature", layer=layer, position=p, feature=f, activation=float(acts[layer][p, f])))
+    error_start = len(nodes)
+    for layer in range(n_layers):
+        for p in range(T):
+            nodes.append(dict(kind="error", layer=layer, position=p, feature=-1,
+                              activation=float(errors[layer][p].norm())))
+    logit_start = len(nodes)
+    for token in top.tolist():
+        nodes.append(dict(kind="logit", layer=n_layers, position=T - 1, feature=int(token), activation=0.0))
+    N = len(nodes)
+    sources = list(range(logit_start))  # every node but the logits is a source
+    # rows: 0 = every source off, 1 + i = source i alone on
+    R = 1 + len(sources)
+    size = batch_size or max(1, batch_size_for(model, T, plain=True))
+    values = torch.zeros(R, N)  # each row's value of every target node
+    frozen = state["frozen"]
+    for start in range(0, R, size):
+        rows = torch.arange(start, min(R, start + size))
+        on = rows - 1  # the source each row switches on (-1: none)
+        values[rows] = _rows(model, tokens, transcoders, frozen, got, acts, errors, active, on, feature_start,
+                             error_start, T, top)
+    bias = values[0]
+    effects = values[1:] - bias  # [sources, N]: source i's direct effect on every target
+    edges = torch.zeros(N, N)
+    edges[:, :logit_start] = effects.T
+    is_target = torch.zeros(N, dtype=torch.bool)
+    is_target[feature_start[0]:error_start] = True
+    is_target[logit_start:] = True
+    edges[~is_target] = 0.0  # embeddings and errors have no incoming edges
+    # exactness: the model's own pre-activations and demeaned logits against edges + bias
+    own = torch.zeros(N)
+    for layer in range(n_layers):
+        pre = transcoders.pre(layer, got[("mlp_in", layer)][0])
+        p, f = active[layer].T
+        own[feature_start[layer] : feature_start[layer] + len(p)] = pre[p, f]
+    own[logit_start:] = (real_logits - real_logits.mean())[top]
+    check = (edges.sum(1) + bias) - own
+    is_feature_target = torch.zeros(N, dtype=torch.bool)
+    is_feature_target[feature_start[0]:error_start] = True
+    for i, node in enumerate(nodes):
+        if node["kind"] == "logit":
+            node["activation"] = float(own[i])
+    scores, influence = _prune_scores(edges, nodes, real_logits, top, logit_start, error_start, node_threshold,
+                                      max_nodes)
+    labels = labels or {}
+    for i, node in enumerate(nodes):
+        node["token"] = str_tokens[node["position"]] if node["kind"] != "logit" else str(
+            model.to_string(torch.tensor([node["feature"]])))
+        node["influence"] = float(influence[i])
+        node["label"] = labels.get((node["layer"], node["feature"]), "") if node["kind"] == "feature" else ""
+    # features' pre-activations (the paper's exactness check) and, separately, the answer logits, whose
+    # float32 sums over every source are larger (relative error ~1e-5 of logits ~10)
+    scores["max_abs_error"] = float(check[is_feature_target].abs().max()) if bool(is_feature_target.any()) else 0.0
+    scores["max_abs_error_logits"] = float(check[logit_start:].abs().max())
+    scores["max_rel_error_logits"] = float((check[logit_start:].abs() / own[logit_start:].abs().clamp_min(1e-6)).max())
+    scores["n_active_features"] = int(error_start - feature_start[0])
+    meta = build_meta(model, n_logits=n_logits, node_threshold=node_threshold, max_nodes=max_nodes)
+    return Graph(nodes=nodes, edges=edges, bias=bias, values=own, prompt=model.to_string(tokens[0]),
+                 tokens=str_tokens, scores=scores, meta=meta)
+
+
+def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: dict, got: dict, acts: list,
+          errors: list, active: list, on: torch.Tensor, feature_start: list, error_start: int, T: int,
+          top: torch.Tensor) -> torch.Tensor:
+    """Target values ``[r, N]`` of the frozen replacement model with, in row ``i``, only source
+    ``on[i]`` switched on (``-1``: none). Targets: active features' pre-activations, demeaned logits."""
+    r = len(on)
+    n_layers = len(acts)
+    embed_on = torch.zeros(r, T)
+    rows_with = (on >= 0) & (on < T)
+    embed_on[rows_with, on[rows_with]] = 1.0
+    interventions = [Intervention(site, layer, value=value.expand(r, *value.shape[1:]))
+                     for (site, layer), value in frozen.items()]
+    interventions.append(Intervention("embed", 0, value=lambda e: e * embed_on[..., None].to(e.dtype)))
+    pres: list = [None] * n_layers
+    for layer in range(n_layers):
+        start = feature_start[layer]
+        n_active = len(active[layer])
+        positions, features = active[layer].T
+        feat_on = torch.zeros(r, T, acts[layer].shape[-1])
+        which = (on >= start) & (on < start + n_active)
+        local = on[which] - start
+        feat_on[which.nonzero().squeeze(1), positions[local], features[local]] = 1.0
+        err_on = torch.zeros(r, T)
+        first_error = error_start + layer * T
+        which = (on >= first_error) & (on < first_error + T)
+        err_on[which, on[which] - first_error] = 1.0
+
+        def value(x: torch.Tensor, layer: int = layer, feat_on: torch.Tensor = feat_on, err_on: torch.Tensor = err_on,
+                  positions: torch.Tensor = positions, features: torch.Tensor = features) -> torch.Tensor:
+            pres[layer] = transcoders.pre(layer, x)[:, positions, features]  # [r, n_active]
+            out = transcoders.decode(layer, acts[layer][None] * feat_on, x)
+            return out + errors[layer][None] * err_on[..., None]
+
+        interventions.append(Intervention("mlp_out", layer, value=value, input_site="mlp_in"))
+    logits = run(model, tokens.expand(r, -1), interventions, logits="final").logits
+    assert logits is not None
+    demeaned = (logits - logits.mean(-1, keepdim=True))[:, top]
+    n_nodes = error_start + n_layers * T + len(top)
+    out = torch.zeros(r, n_nodes)
+    for layer in range(n_layers):
+        out[:, feature_start[layer] : feature_start[layer] + pres[layer].shape[1]] = pres[layer].float()
+    out[:, n_nodes - len(top):] = demeaned
+    return out
+
+
+def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: torch.Tensor, logit_start: int,
+                  error_start: int, node_threshold: float, max_nodes: int) -> tuple[dict, torch.Tensor]:
+    """Influence of every node on the answer logits, pruning (sets ``node["kept"]``) and the scores."""
+    N = edges.shape[0]
+    A = edges.abs()
+    totals = A.sum(1, keepdim=True)
+    A = torch.where(totals > 0, A / totals.clamp_min(1e-30), torch.zeros_like(A))
+    eye = torch.eye(N, dtype=torch.float64)
+    B = torch.linalg.solve(eye - A.double(), eye) - eye  # A + A² + …: the graph is acyclic
+    w = torch.zeros(N, dtype=torch.float64)
+    probs = logits.softmax(-1)[top].double()
+    w[logit_start:] = probs / probs.sum()
+    influence = (w @ B).float()  # [N]
+    kinds = [n["kind"] for n in nodes]
+    is_feature = torch.tensor([k == "feature" for k in kinds])
+    is_error = torch.tensor([k == "error" for k in kinds])
+    is_embed = torch.tensor([k == "embedding" for k in kinds])
+    # every node but the logits competes for the budget: long prompts have many embedding and error nodes
+    is_source = torch.arange(N) < logit_start
+    order = torch.argsort(torch.where(is_source, influence, torch.full_like(influence, -1.0)), descending=True)
+    total = float(influence[is_source].sum())
+    kept = ~is_source
+    running, n_kept = 0.0, 0
+    budget = max(0, max_nodes - int((~is_source).sum()))
+    for i in order[: int(is_source.sum())].tolist():
+        if total <= 0 or running >= node_threshold * total or n_kept >= budget:
+            break
+        kept[i] = True
+        running += float(influence[i])
+        n_kept += 1
+    for i, node in enumerate(nodes):
+        node["kept"] = bool(kept[i])
+    end_to_end = float(influence[is_embed].sum() + influence[is_error].sum())
+    target_weight = influence.clone()
+    target_weight[logit_start:] = w[logit_start:].float()
+    is_target = is_feature | (torch.arange(N) >= logit_start)
+    non_error = 1 - A[:, is_error].sum(1)
+    completeness = float((target_weight * non_error)[is_target].sum() / target_weight[is_target].sum())
+    scores = dict(
+        replacement=float(influence[is_embed].sum()) / end_to_end if end_to_end > 0 else float("nan"),
+        completeness=completeness,
+        kept_influence=running / total if total > 0 else 1.0,
+        n_kept=int(kept.sum()),
+        n_nodes=N,
+    )
+    return scores, influence

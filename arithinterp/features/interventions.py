@@ -1,0 +1,55 @@
+"""Feature interventions on the real model: clamp, scale or zero transcoder features, read the logits.
+
+The MLP's true output is kept and only the chosen features' change is added to it,
+``mlp_out + (acts' − acts) @ W_dec``, so with no change the run is the model's own (the
+transcoder's error stays in place, as in the interventions of Lindsey et al. 2025). Everything
+runs through the engine: the MLP input is seen by an identity intervention, the output changed by
+a second one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from arithinterp.engine import Intervention, run
+from arithinterp.errors import AnalysisError
+from arithinterp.features.transcoder import Transcoders
+
+
+def feature_interventions(transcoders: Transcoders, layer: int, features: Sequence[int], *, scale: float = 0.0,
+                          clamp: Optional[float] = None, positions: Optional[Sequence[int]] = None) -> list:
+    """Engine interventions setting ``features`` of layer ``layer`` to ``scale ×`` their activation
+    (0: zero them) or, with ``clamp``, to that value, at ``positions`` (None: every position)."""
+    transcoders.index(layer)
+    chosen = [int(f) for f in features]
+    if not chosen or any(not 0 <= f < transcoders.n_features for f in chosen):
+        raise AnalysisError(f"features must be a non-empty list in 0..{transcoders.n_features - 1}, got {features}")
+    seen: dict[str, torch.Tensor] = {}
+
+    def look(x: torch.Tensor) -> torch.Tensor:
+        seen["x"] = x
+        return x
+
+    def change(out: torch.Tensor) -> torch.Tensor:
+        x = seen["x"]
+        acts = transcoders.encode(layer, x)
+        edited = acts.clone()
+        where = slice(None) if positions is None else list(positions)
+        picked = edited[:, where][..., chosen]
+        edited[:, where, chosen] = torch.full_like(picked, clamp) if clamp is not None else picked * scale
+        delta = (edited - acts) @ transcoders.W_dec[transcoders.index(layer)]
+        return out + delta.to(out.dtype)
+
+    return [Intervention("mlp_in", layer, value=look), Intervention("mlp_out", layer, value=change)]
+
+
+def intervene(model: Any, tokens: torch.Tensor, transcoders: Transcoders, layer: int, features: Sequence[int],
+              **how: Any) -> torch.Tensor:
+    """Final-position logits ``[B, V]`` of ``tokens [B, T]`` with the features changed as
+    :func:`feature_interventions` says (``scale=``, ``clamp=``, ``positions=``)."""
+    transcoders.check_model(model)
+    logits = run(model, tokens, feature_interventions(transcoders, layer, features, **how)).logits
+    assert logits is not None
+    return logits

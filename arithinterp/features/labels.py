@@ -1,0 +1,77 @@
+"""Arithmetic labels for transcoder features, by the neurons' calibrated heuristic classifier.
+
+A feature's **K map** is its activation at the final position over the operand grid; its **KV
+map** that activation times its decoder row's direct logit-lens value for the true answer token
+(``(W_dec[f] @ W_U)[answer]``, the final norm left out, as for neurons). Both go to
+:func:`arithinterp.neurons.classify_maps` (score threshold plus the cell-shuffle test at a false
+discovery rate, Nikankin et al. 2025), with the built-in families and a **lookup-table** family
+("a ≡ i and b ≡ j (mod 10)", the case study's "ends in 6" + "ends in 9" features).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from arithinterp.errors import AnalysisError
+from arithinterp.features.training import mlp_activations
+from arithinterp.features.transcoder import Transcoders
+from arithinterp.neurons import HeuristicRegistry, classify_maps
+from arithinterp.neurons.heuristics import Grid, Heuristic
+
+LOOKUP_FAMILY = "operand lookup table"
+
+
+def _lookup_table(grid: Grid) -> list[Heuristic]:
+    return [Heuristic(f"a mod 10 = {i} and b mod 10 = {j}", LOOKUP_FAMILY, "K",
+                      lambda a, b, i=i, j=j: (a % 10 == i) & (b % 10 == j)) for i in range(10) for j in range(10)]
+
+
+def lookup_registry() -> HeuristicRegistry:
+    """The built-in heuristic families plus the lookup-table family."""
+    registry = HeuristicRegistry()
+    registry.add_family(LOOKUP_FAMILY, "K", _lookup_table)
+    return registry
+
+
+def feature_maps(model: Any, transcoders: Transcoders, prompts: Any, layer: int,
+                 features: Optional[Sequence[int]] = None,
+                 position: int = -1) -> tuple[torch.Tensor, torch.Tensor, list, list]:
+    """K and KV maps ``[n_features, A, B]`` of ``features`` (None: all) of ``layer`` at ``position``
+    (default the final one) over a full operand grid of single-answer-token, equal-length prompts,
+    and the grid's ``a`` and ``b`` values."""
+    a_values, b_values = sorted(set(prompts.a.tolist())), sorted(set(prompts.b.tolist()))
+    if len(prompts) != len(a_values) * len(b_values):
+        raise AnalysisError(f"prompts must be a full operand grid: {len(prompts)} prompts for "
+                            f"{len(a_values)} × {len(b_values)} operand values")
+    if bool((prompts.n_answer_tokens != 1).any()):
+        raise AnalysisError("feature maps need single-token answers (the KV map reads one answer logit)")
+    if not prompts.uniform_length:
+        raise AnalysisError("feature maps read one position of every prompt: pass prompts of one length")
+    T = int(prompts.tokens.shape[1])
+    if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
+        raise AnalysisError(f"position must be an int in {-T}..{T - 1} for prompts of {T} tokens, got {position!r}")
+    chosen = list(range(transcoders.n_features)) if features is None else [int(f) for f in features]
+    ins, _ = mlp_activations(model, prompts.tokens, [layer])
+    acts = transcoders.encode(layer, ins[0][:, position])[:, chosen]  # [N, n]
+    W_U = model.W_U.detach().float()
+    lens = (transcoders.W_dec[transcoders.index(layer), chosen] @ W_U)[:, prompts.answer_tokens[:, 0]]  # [n, N]
+    ia = torch.tensor([a_values.index(v) for v in prompts.a.tolist()])
+    ib = torch.tensor([b_values.index(v) for v in prompts.b.tolist()])
+    k_maps = torch.full((len(chosen), len(a_values), len(b_values)), float("nan"))
+    k_maps[:, ia, ib] = acts.T
+    kv_maps = torch.full_like(k_maps, float("nan"))
+    kv_maps[:, ia, ib] = acts.T * lens
+    return k_maps, kv_maps, a_values, b_values
+
+
+def label_features(model: Any, transcoders: Transcoders, prompts: Any, layer: int,
+                   features: Optional[Sequence[int]] = None, position: int = -1, **classify: Any):
+    """A :class:`~arithinterp.neurons.HeuristicTable` over ``features`` of ``layer`` at ``position``
+    (its ``neurons`` are feature indices), labelled with the built-in families plus the lookup-table
+    family; ``classify`` goes to :func:`~arithinterp.neurons.classify_maps`."""
+    chosen = list(range(transcoders.n_features)) if features is None else [int(f) for f in features]
+    k_maps, kv_maps, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
+    return classify_maps(k_maps, kv_maps, a_values, b_values, prompts.op, registry=lookup_registry(),
+                         layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), **classify)

@@ -1,0 +1,84 @@
+"""Transcoders shipped for the zoo models, and the seeded recipe that makes them.
+
+``arithinterp train-transcoders zoo:add-100`` runs :func:`train_shipped`: the recipe below on the
+first ``limit`` prompts of the model's task (a seeded sample), written to
+``features/weights/NAME/`` (a saved :class:`~arithinterp.features.Transcoders`) with ``card.json``,
+the numbers measured on the held-out prompts when it was made.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from arithinterp.errors import ModelFileError, ModelSpecError, accepted
+from arithinterp.features.transcoder import Transcoders
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+@dataclass(frozen=True)
+class TranscoderRecipe:
+    limit: int = 10000  # task prompts (every position of each is a training row)
+    n_features: int = 512
+    k: int = 16
+    steps: int = 400
+    batch_size: int = 2048
+    lr: float = 2e-3
+    held_out: float = 0.1
+    seed: int = 0
+
+
+RECIPES: dict[str, TranscoderRecipe] = {
+    "add-100": TranscoderRecipe(),
+    "add-3digit": TranscoderRecipe(),
+}
+
+
+def _name(spec: str) -> str:
+    name = spec.removeprefix("zoo:")
+    if name not in RECIPES:
+        raise ModelSpecError(f"no transcoder recipe for {spec!r}; transcoders ship for {accepted(RECIPES)}")
+    return name
+
+
+def shipped_path(spec: str) -> Path:
+    """The folder of the transcoders shipped for zoo model ``spec``."""
+    path = WEIGHTS_DIR / _name(spec)
+    if not (path / "result.json").exists():
+        raise ModelFileError(f"no transcoders are shipped for {spec} at {path}; make them with "
+                             f"`arithinterp train-transcoders {spec}`")
+    return path
+
+
+def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optional[int] = None,
+                  steps: Optional[int] = None, progress: bool = True) -> tuple[Transcoders, dict[str, Any]]:
+    """Train a zoo model's transcoders with its recipe, save them with their card; returns both."""
+    import time
+
+    from arithinterp.features.training import train_transcoders
+    from arithinterp.models import load_model
+    from arithinterp.models.zoo import task_prompts
+
+    name = _name(spec)
+    recipe = RECIPES[name]
+    seed = recipe.seed if seed is None else seed
+    steps = recipe.steps if steps is None else steps
+    model = load_model(f"zoo:{name}")
+    prompts = task_prompts(model, f"zoo:{name}", recipe.limit, seed)
+    start = time.perf_counter()
+    transcoders = train_transcoders(model, prompts, n_features=recipe.n_features, k=recipe.k, steps=steps,
+                                    batch_size=recipe.batch_size, lr=recipe.lr, held_out=recipe.held_out, seed=seed,
+                                    progress=progress)
+    wall = round(time.perf_counter() - start, 1)
+    path = transcoders.save(Path(out) if out else WEIGHTS_DIR / name)
+    import torch
+
+    card = dict(model=f"zoo:{name}", recipe={**asdict(recipe), "seed": seed, "steps": steps},
+                command=f"arithinterp train-transcoders zoo:{name}", wall_seconds=wall,
+                torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
+                replacement=transcoders.metrics["replacement"])
+    (path / "card.json").write_text(json.dumps(card, indent=1))
+    return transcoders, dict(card, out=str(path))

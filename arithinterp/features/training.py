@@ -1,0 +1,204 @@
+"""Training transcoders on activations read through the engine, and measuring them.
+
+:func:`mlp_activations` reads every layer's MLP input and output at every (unpadded) position of a
+prompt set, answer tokens teacher-forced after the prompt where the answer has several tokens.
+:func:`train_transcoders` fits one TopK transcoder per layer (Adam on the MSE, decoder rows kept
+at unit norm, the AuxK loss of Gao et al. 2024 to revive dead features, the skip initialised by
+least squares) on a seeded split of the prompts and measures it on the held-out prompts:
+FVU, L0, dead features, and the replacement model (:mod:`arithinterp.features.replacement`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp import sites as site_lib
+from arithinterp.engine import Read, run
+from arithinterp.engine.decode import batch_size_for
+from arithinterp.errors import AnalysisError
+from arithinterp.features.transcoder import Transcoders, topk_activations
+from arithinterp.results import build_meta
+
+
+def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``tokens [N, T]`` (each prompt followed by all but its last answer token, so every answer
+    token is predicted at some position), ``valid [N, T]`` (False on padding) and ``n_answer``,
+    the number of final positions that predict answer tokens."""
+    tokens, lengths = prompts.tokens, prompts.lengths
+    n_answer = prompts.n_answer_tokens
+    if len(prompts) == 0:
+        raise AnalysisError("the prompt set is empty; transcoders need prompts to read activations from")
+    if not bool((n_answer == n_answer[0]).all()):
+        raise AnalysisError("prompts have answers of different token counts; pass prompts with one answer length")
+    n = int(n_answer[0])
+    if n > 1:
+        tokens = torch.cat([tokens, prompts.answer_tokens[:, : n - 1]], 1)
+        lengths = lengths + n - 1
+    T = tokens.shape[1]
+    valid = torch.arange(T)[None, :] >= (T - lengths)[:, None]  # left-padded frame
+    return tokens, valid, n
+
+
+def mlp_activations(model: Any, tokens: torch.Tensor, layers: Sequence[int], batch_size: Optional[int] = None,
+                    progress: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer, MLP inputs and outputs ``[N, T, d]`` (float32, CPU) of ``tokens [N, T]``, read by the engine."""
+    reads = [Read(site, layer) for layer in layers for site in ("mlp_in", "mlp_out")]
+    size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=len(reads), plain=True)
+    ins: list[list[torch.Tensor]] = [[] for _ in layers]
+    outs: list[list[torch.Tensor]] = [[] for _ in layers]
+    for start in tqdm(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
+        got = run(model, tokens[start : start + size], reads=reads, logits="none").reads
+        for i in range(len(layers)):
+            ins[i].append(got[2 * i].float().cpu())
+            outs[i].append(got[2 * i + 1].float().cpu())
+    return [torch.cat(x) for x in ins], [torch.cat(y) for y in outs]
+
+
+def _fvu(y: torch.Tensor, y_hat: torch.Tensor) -> float:
+    """Fraction of variance unexplained: ``Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` over rows ``[n, d]``."""
+    total = ((y - y.mean(0)) ** 2).sum()
+    if float(total) == 0.0:
+        raise AnalysisError("the MLP output does not vary over the prompts; its FVU is undefined")
+    return float(((y - y_hat) ** 2).sum() / total)
+
+
+def _resample(tensors: dict, optimiser: torch.optim.Optimizer, dead: torch.Tensor, x: torch.Tensor,
+              error: torch.Tensor, generator: torch.Generator) -> None:
+    """Point dead features at badly reconstructed rows (Bricken et al. 2023's resampling): the
+    decoder row becomes the row's normalised error, the encoder column its normalised input,
+    scaled to the live features' encoder norm; their optimiser state restarts."""
+    index = dead.nonzero().squeeze(1)
+    weights = (error**2).sum(-1)
+    rows = torch.multinomial(weights / weights.sum(), len(index), replacement=True, generator=generator)
+    with torch.no_grad():
+        alive = ~dead
+        norm = tensors["W_enc"][:, alive].norm(dim=0).mean() if bool(alive.any()) else torch.tensor(1.0)
+        tensors["W_dec"][index] = error[rows] / error[rows].norm(dim=1, keepdim=True).clamp_min(1e-8)
+        centred = x[rows] - x.mean(0)
+        tensors["W_enc"][:, index] = (centred / centred.norm(dim=1, keepdim=True).clamp_min(1e-8)).T * norm
+        tensors["b_enc"][index] = 0.0
+    for name in ("W_enc", "b_enc", "W_dec"):
+        state = optimiser.state.get(tensors[name], {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                if name == "W_enc":
+                    state[key][:, index] = 0.0
+                else:
+                    state[key][index] = 0.0
+
+
+def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps: int, batch_size: int, lr: float,
+               skip: bool, generator: torch.Generator, progress: bool, desc: str, encoder_scale: float = 0.1,
+               resample_until: float = 0.5) -> dict[str, torch.Tensor]:
+    """One TopK transcoder fitted to rows ``x [n, d] -> y [n, d]``."""
+    n, d = x.shape
+    W_dec = torch.randn(n_features, d, generator=generator)
+    W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
+    b_dec = y.mean(0).clone()
+    if skip:  # the linear part of the MLP, by least squares: features then fit what is not linear
+        x_c = torch.cat([x - x.mean(0), torch.ones(n, 1)], 1)
+        W_skip = torch.linalg.lstsq(x_c, y - b_dec).solution[:d]
+    else:
+        W_skip = torch.zeros(d, d)
+    params = dict(W_enc=W_dec.T.clone() * encoder_scale, b_enc=torch.zeros(n_features), W_dec=W_dec, b_dec=b_dec,
+                  W_skip=W_skip)
+    tensors = {name: p.clone().requires_grad_(True) for name, p in params.items()}
+    if not skip:
+        tensors["W_skip"].requires_grad_(False)
+    optimiser = torch.optim.Adam([p for p in tensors.values() if p.requires_grad], lr=lr)
+    k_aux = min(n_features, max(2 * k, d // 2))
+    since_fired = torch.zeros(n_features)
+    dead_after = max(1, math.ceil(2 * n / batch_size))  # a feature silent over ~two passes counts as dead
+    resample_every = max(dead_after + 1, steps // 10)
+    for step in tqdm(range(steps), desc=desc, disable=not progress):
+        rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
+        xb, yb = x[rows], y[rows]
+        pre = xb @ tensors["W_enc"] + tensors["b_enc"]
+        acts = topk_activations(pre, k)
+        linear = tensors["b_dec"] + xb @ tensors["W_skip"]
+        y_hat = acts @ tensors["W_dec"] + linear
+        error = yb - y_hat
+        scale = ((yb - yb.mean(0)) ** 2).sum(-1).mean().clamp_min(1e-12)
+        loss = (error**2).sum(-1).mean() / scale
+        fired = (acts > 0).any(0)
+        since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + 1)
+        dead = since_fired > dead_after
+        if bool(dead.any()):  # AuxK: the dead features' top k_aux reconstruct the remaining error
+            aux_pre = torch.where(dead, pre, torch.full_like(pre, -torch.inf))
+            aux = topk_activations(aux_pre.nan_to_num(neginf=-1e9), min(k_aux, int(dead.sum())))
+            aux_error = error.detach() - aux @ tensors["W_dec"]
+            loss = loss + (aux_error**2).sum(-1).mean() / scale / 32
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        if bool(dead.any()) and step % resample_every == resample_every - 1 and step < resample_until * steps:
+            _resample(tensors, optimiser, dead, xb, error.detach(), generator)
+            since_fired[dead] = 0
+        with torch.no_grad():
+            tensors["W_dec"] /= tensors["W_dec"].norm(dim=1, keepdim=True).clamp_min(1e-8)
+        for group in optimiser.param_groups:  # linear decay over the last fifth
+            group["lr"] = lr * min(1.0, 5 * (1 - step / steps))
+    return {name: p.detach() for name, p in tensors.items()}
+
+
+def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] = None, *, n_features: int = 512,
+                      k: int = 16, steps: int = 2000, batch_size: int = 2048, lr: float = 2e-3, skip: bool = True,
+                      held_out: float = 0.1, seed: int = 0, encoder_scale: float = 0.1, resample_until: float = 0.5,
+                      progress: bool = True) -> Transcoders:
+    """Train one TopK transcoder per layer on every position of ``prompts`` and measure it.
+
+    The encoder starts as ``encoder_scale`` × the decoder's transpose; dead features are resampled
+    during the first ``resample_until`` of the steps.
+
+    ``held_out`` of the prompts (a seeded random split) are kept aside: FVU, L0, dead features
+    and the replacement model's agreement and KL are measured on them only. Returns
+    :class:`Transcoders` with those metrics (``metrics["layers"]``, ``metrics["replacement"]``).
+    """
+    from arithinterp.features.replacement import replacement_metrics
+
+    chosen = site_lib.check_layers(model, "mlp_out", layers)
+    for name, value, low in (("n_features", n_features, 1), ("k", k, 1), ("steps", steps, 1),
+                             ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise AnalysisError(f"{name} must be a positive int, got {value!r}")
+    if k > n_features:
+        raise AnalysisError(f"k={k} exceeds n_features={n_features}; k is how many features fire per row")
+    if not 0.0 < held_out < 1.0:
+        raise AnalysisError(f"held_out must be a fraction in (0, 1), got {held_out!r}")
+    tokens, valid, n_answer = full_tokens(prompts)
+    N = len(tokens)
+    n_test = max(1, int(round(held_out * N)))
+    if N - n_test < 1:
+        raise AnalysisError(f"{N} prompts are too few to split into training and held-out ones; pass at least 2")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(N, generator=generator)
+    test, train = order[:n_test], order[n_test:]
+    start = time.perf_counter()
+    ins, outs = mlp_activations(model, tokens, chosen, progress=progress)
+    fitted: list[dict[str, torch.Tensor]] = []
+    for i, layer in enumerate(chosen):
+        x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
+        fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
+                                 f"transcoder L{layer}", encoder_scale, resample_until))
+    stacked = {name: torch.stack([f[name] for f in fitted]) for name in fitted[0]}
+    seconds = round(time.perf_counter() - start, 1)
+    meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
+                      skip=skip, encoder_scale=encoder_scale, resample_until=resample_until,
+                      train_rows=int(valid[train].sum()), train_seconds=seconds)
+    draft = Transcoders(layers=chosen, k=k, metrics={}, meta=meta, **stacked)
+    layer_rows = []
+    for i, layer in enumerate(chosen):
+        x, y = ins[i][test][valid[test]], outs[i][test][valid[test]]
+        acts = draft.encode(layer, x)
+        fired = (acts > 0).any(0)
+        layer_rows.append(dict(fvu=round(_fvu(y, draft.decode(layer, acts, x)), 5),
+                               l0=round(float((acts > 0).sum(-1).float().mean()), 3),
+                               dead_fraction=round(1 - float(fired.float().mean()), 5)))
+    replacement = replacement_metrics(model, draft, tokens[test], n_answer)
+    return Transcoders(layers=chosen, k=k, metrics=dict(layers=layer_rows, replacement=replacement), meta=meta,
+                       **stacked)

@@ -1,0 +1,317 @@
+"""Feature circuits: transcoders recover a planted MLP feature, the replacement model, the engine's
+input-site interventions, saving and loading, and the shipped zoo transcoders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_bridge
+
+from arithinterp.engine import Intervention, Read, run
+from arithinterp.errors import AnalysisError, ModelSpecError, SiteError
+from arithinterp.features import Transcoders, load_transcoders, replacement_logits, train_transcoders
+from arithinterp.features.training import full_tokens, mlp_activations
+from arithinterp.tasks import prompts_for_pairs
+
+
+def planted_model(tokenizer, digit: int, seed: int = 0):
+    """A one-layer model without norms whose MLP computes one feature, ``[t ≡ digit (mod 10)]`` of
+    each number token ``t``, written along a fixed unit direction ``v``; attention writes nothing.
+
+    The indicator is the AND of two embedding coordinates (``e0`` marks residues ``digit - 1`` and
+    ``digit``, ``e1`` marks ``digit`` and ``digit + 1``), so it is not an affine function of the
+    MLP input and the transcoder's linear skip cannot absorb it. Returns the model and ``v``.
+    """
+    model = tiny_bridge(tokenizer, n_layers=1, norm=None, seed=seed)
+    params = dict(model.named_parameters())
+
+    def find(*parts: str) -> torch.nn.Parameter:
+        return next(p for k, p in params.items() if all(part in k for part in parts))
+
+    embed, pos = find("tok_embed"), find("pos.")
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(embed.shape[1], generator=g)
+    v = v / v.norm()
+    with torch.no_grad():
+        for p in (find("attn", ".o.", "weight"), find("attn", ".o.", "bias"), find("fc_in", "weight"),
+                  find("fc_in", "bias"), find("fc_out", "weight"), find("fc_out", "bias")):
+            p.zero_()
+        pos[:, :2] = 0.0
+        embed[:, :2] = 0.0
+        for token in range(embed.shape[0]):
+            text = tokenizer.convert_ids_to_tokens(token)
+            if text.isdigit():
+                r = int(text) % 10
+                embed[token, 0] = float(r in ((digit - 1) % 10, digit))
+                embed[token, 1] = float(r in (digit, (digit + 1) % 10))
+        find("fc_in", "weight")[0, :2] = 10.0
+        find("fc_in", "bias")[0] = -15.0  # relu(10 e0 + 10 e1 - 15): 5 where both are 1, else 0
+        find("fc_out", "weight")[:, 0] = v
+    return model, v
+
+
+def _selectivity(model, transcoders: Transcoders, tokens, valid, digit: int):
+    """Per feature: correlation of its activation with ``[token mod 10 == digit]`` over number positions."""
+    ins, _ = mlp_activations(model, tokens, [0])
+    x = ins[0][valid]
+    text = model.tokenizer.convert_ids_to_tokens(tokens[valid].tolist())
+    number = torch.tensor([t.isdigit() for t in text])
+    target = torch.tensor([t.isdigit() and int(t) % 10 == digit for t in text]).float()[number]
+    acts = transcoders.encode(0, x[number])
+    acts, target = acts - acts.mean(0), target - target.mean()
+    return (acts * target[:, None]).sum(0) / (acts.norm(dim=0) * target.norm()).clamp_min(1e-12)
+
+
+@pytest.fixture(scope="module")
+def planted(number_tokenizer):
+    a = torch.arange(100).repeat_interleave(20)
+    b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for kind, digit in (("planted", 6), ("control", 3)):
+        model, v = planted_model(number_tokenizer, digit)
+        prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+        # no skip: a linear skip takes over the affine part of the planted AND, splitting the feature
+        tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
+                               encoder_scale=1.0, resample_until=0.8, progress=False)
+        tokens, valid, _ = full_tokens(prompts)
+        out[kind] = (model, v, tc, tokens, valid)
+    return out
+
+
+def test_transcoder_recovers_the_planted_feature(planted):
+    model, v, tc, tokens, valid = planted["planted"]
+    corr = _selectivity(model, tc, tokens, valid, 6)
+    best = int(corr.argmax())
+    assert float(corr[best]) >= 0.8
+    cosine = torch.nn.functional.cosine_similarity(tc.W_dec[0, best], v, dim=0)
+    assert float(cosine) >= 0.9
+    assert tc.metrics["layers"][0]["fvu"] <= 0.05
+    assert torch.equal(tc.W_skip, torch.zeros_like(tc.W_skip))
+
+
+def test_no_feature_for_a_digit_the_mlp_does_not_compute(planted):
+    # control: the same model built around "ends in 3"; no feature tracks "ends in 6"
+    model, _, tc, tokens, valid = planted["control"]
+    assert float(_selectivity(model, tc, tokens, valid, 6).max()) < 0.5
+    assert float(_selectivity(model, tc, tokens, valid, 3).max()) >= 0.8
+
+
+def test_input_site_intervention_sees_that_site(tiny_model):
+    tokens = torch.randint(3, 100, (4, 6), generator=torch.Generator().manual_seed(0))
+    seen = []
+
+    def keep_and_zero(x):
+        seen.append(x.clone())
+        return torch.zeros_like(x)
+
+    out = run(tiny_model, tokens, [Intervention("mlp_out", 1, value=keep_and_zero, input_site="mlp_in")],
+              reads=[Read("mlp_in", 1), Read("mlp_out", 1)])
+    assert torch.allclose(seen[0], out.reads[0])
+    assert float(out.reads[1].abs().max()) == 0.0
+    zeroed = run(tiny_model, tokens, [Intervention("mlp_out", 1, value=0.0)]).logits
+    assert out.logits is not None and zeroed is not None
+    assert torch.allclose(out.logits, zeroed, atol=1e-5)
+
+
+def test_input_site_intervention_refuses_units_and_constant_values(tiny_model):
+    tokens = torch.randint(3, 100, (2, 5))
+    with pytest.raises(SiteError, match="function value"):
+        run(tiny_model, tokens, [Intervention("mlp_out", 0, value=1.0, input_site="mlp_in")])
+    with pytest.raises(SiteError, match="unknown site"):
+        run(tiny_model, tokens, [Intervention("mlp_out", 0, value=lambda x: x, input_site="mlp_nowhere")])
+
+
+def test_feature_edits_move_the_replacement_logits(planted, tmp_path):
+    model, _, tc, tokens, _ = planted["planted"]
+    batch = tokens[:16]
+    base = replacement_logits(model, tc, batch)
+    same = replacement_logits(model, tc, batch, edits={0: lambda acts: acts})
+    zero = replacement_logits(model, tc, batch, edits={0: torch.zeros_like})
+    assert torch.allclose(base, same)
+    assert float((base - zero).abs().max()) > 1e-3
+    loaded = Transcoders.load(tc.save(tmp_path / "tc"))
+    assert torch.equal(loaded.W_dec, tc.W_dec) and loaded.metrics == tc.metrics
+    frame = loaded.to_frame()
+    assert list(frame["layer"]) == [0] and {"fvu", "l0", "dead_fraction", "replacement_agreement"} <= set(frame)
+    assert len(loaded.plot().data) == 2
+
+
+def test_bad_arguments_say_what_is_accepted(planted):
+    model, _, tc, _, _ = planted["planted"]
+    prompts = prompts_for_pairs(model, "+", [1, 2, 3], [4, 5, 6], "{a}+{b}=")
+    with pytest.raises(AnalysisError, match="k=8 exceeds n_features=4"):
+        train_transcoders(model, prompts, n_features=4, k=8, progress=False)
+    with pytest.raises(AnalysisError, match="held_out"):
+        train_transcoders(model, prompts, held_out=1.5, progress=False)
+    with pytest.raises(SiteError, match="no transcoder for layer 3"):
+        tc.interventions(layers=[3])
+    with pytest.raises(ModelSpecError, match="transcoders ship for"):
+        load_transcoders("zoo:modadd-113")
+
+
+@pytest.mark.parametrize("name", ["add-100", "add-3digit"])
+def test_shipped_transcoders_replace_the_zoo_mlps(name):
+    from arithinterp.features.replacement import replacement_metrics
+    from arithinterp.models import load_model
+    from arithinterp.models.zoo import get_entry, held_out_prompts
+
+    model = load_model(f"zoo:{name}")
+    tc = load_transcoders(f"zoo:{name}")
+    card = tc.metrics
+    assert all(row["l0"] <= 32 for row in card["layers"])
+    prompts = held_out_prompts(model, get_entry(name), limit=200, seed=1)
+    tokens, _, n_answer = full_tokens(prompts)
+    measured = replacement_metrics(model, tc, tokens, n_answer)
+    assert measured["agreement"] >= 0.9
+
+
+def _graph_through_planted(tokenizer, digit: int):
+    """The graph of ``59+36`` (last token ``36``) on a planted model whose unembedding reads ``v`` as
+    the token ``6`` (planted: the MLP writes ``5 v`` there, worth 50 on that logit); returns the graph
+    and the net direct effect on the ``6`` logit of the features writing along ``v`` (0 when ``6`` is
+    not among the graph's answer logits)."""
+    from arithinterp.features.graph import attribution_graph
+
+    model, v = planted_model(tokenizer, digit)
+    head = next(p for k, p in model.named_parameters() if k.startswith("head"))
+    six = tokenizer.convert_tokens_to_ids("6")
+    with torch.no_grad():
+        head[six] += 10 * v
+    a = torch.arange(100).repeat_interleave(20)
+    b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
+    prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+    tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
+                           encoder_scale=1.0, resample_until=0.8, progress=False)
+    graph = attribution_graph(model, "59+36", tc, n_logits=3)
+    edges = graph.to_frame()
+    edges = edges[(edges["source_kind"] == "feature") & (edges["target_kind"] == "logit")
+                  & (edges["target_feature"] == six)]
+    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0, list(edges["source_feature"])], v[None], dim=1)
+    weights = torch.tensor(edges["weight"].to_numpy())
+    return graph, float(weights[aligned >= 0.9].sum())
+
+
+def test_graph_routes_the_answer_through_the_planted_feature(number_tokenizer, tmp_path):
+    graph, effect = _graph_through_planted(number_tokenizer, 6)
+    assert graph.scores["max_abs_error"] <= 1e-4  # edges + bias = each target's own value
+    assert effect >= 25, effect
+    assert graph.node_frame().query("kind == 'logit'")["token"].tolist()[0] == "6"
+    loaded = type(graph).load(graph.save(tmp_path / "graph"))
+    assert torch.equal(loaded.edges, graph.edges) and loaded.scores == graph.scores
+    assert len(loaded.plot().data) > 2
+
+
+def test_graph_of_a_model_without_the_feature_does_not(number_tokenizer):
+    # control: the MLP computes "ends in 3", which 36 does not: nothing is written along v at the last token
+    graph, effect = _graph_through_planted(number_tokenizer, 3)
+    assert graph.scores["max_abs_error"] <= 1e-4
+    assert abs(effect) < 5, effect
+
+
+def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
+    from arithinterp.features.graph import attribution_graph
+
+    a = torch.arange(100).repeat_interleave(5)
+    b = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(1))
+    prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+    tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
+    graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=2, max_nodes=30)
+    assert graph.scores["max_abs_error"] <= 1e-4
+    assert graph.scores["n_kept"] <= 30 and 0 < graph.scores["completeness"] <= 1
+    # finite differences: switching one layer-0 feature off moves a layer-1 target by its edge weight
+    frame = graph.to_frame()
+    edge = frame[(frame["source_kind"] == "feature") & (frame["target_kind"] == "feature")].iloc[0]
+    nodes = graph.node_frame()
+    src, tgt = nodes.iloc[int(edge["source"])], nodes.iloc[int(edge["target"])]
+    tokens = tiny_model.to_tokens("36+59=")
+    x0 = run(tiny_model, tokens, reads=[Read("mlp_in", 0)]).reads[0]
+    eps = 1e-3
+
+    def nudge(acts):
+        acts = acts.clone()
+        acts[0, int(src["position"]), int(src["feature"])] *= 1 - eps
+        return acts
+
+    del x0
+    from arithinterp.features.graph import _frozen
+
+    state = _frozen(tiny_model, tokens, tc)
+    frozen = [Intervention(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
+    reads = [Read("mlp_in", 1)]
+    errors = state["got"][("mlp_out", 0)] - tc(0, state["got"][("mlp_in", 0)])
+
+    def layer0(edit):
+        def value(x):
+            acts = edit(tc.encode(0, x))
+            return tc.decode(0, acts, x) + errors
+        return Intervention("mlp_out", 0, value=value, input_site="mlp_in")
+
+    base = run(tiny_model, tokens, [*frozen, layer0(lambda a: a)], reads=reads).reads[0]
+    moved = run(tiny_model, tokens, [*frozen, layer0(nudge)], reads=reads).reads[0]
+    pre = [tc.pre(1, base)[0, int(tgt["position"]), int(tgt["feature"])],
+           tc.pre(1, moved)[0, int(tgt["position"]), int(tgt["feature"])]]
+    assert float(pre[0] - pre[1]) / eps == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-3)
+
+
+def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_does_not(number_tokenizer):
+    from arithinterp.features import intervene
+
+    model, v = planted_model(number_tokenizer, 6)
+    head = next(p for k, p in model.named_parameters() if k.startswith("head"))
+    six = number_tokenizer.convert_tokens_to_ids("6")
+    with torch.no_grad():
+        head[six] += 10 * v
+    a = torch.arange(100).repeat_interleave(20)
+    b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
+    prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+    tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
+                           encoder_scale=1.0, resample_until=0.8, progress=False)
+    tokens = model.to_tokens("59+36")
+    real = run(model, tokens).logits
+    assert real is not None
+    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1) >= 0.9
+    acts = tc.encode(0, run(model, tokens, reads=[Read("mlp_in", 0)]).reads[0])[0, -1]
+    carriers = [f for f in range(tc.n_features) if aligned[f] and acts[f] > 0]
+    others = [f for f in range(tc.n_features) if not aligned[f] and acts[f] > 0][: len(carriers)]
+    assert carriers
+    unchanged = intervene(model, tokens, tc, 0, carriers, scale=1.0)
+    zeroed = intervene(model, tokens, tc, 0, carriers, scale=0.0)
+    control = intervene(model, tokens, tc, 0, others, scale=0.0) if others else real
+    assert torch.allclose(unchanged, real, atol=1e-5)  # the error term stays: no change, no effect
+    assert float(real[0, six] - zeroed[0, six]) >= 25  # the planted 5 v is worth 50 on that logit
+    assert abs(float(real[0, six] - control[0, six])) < 5
+    assert float(zeroed[0, six]) < 0.1 * float(real[0, six])
+
+
+def test_labels_name_the_planted_feature_and_not_shuffled_maps(planted):
+    from arithinterp.features.labels import label_features
+    from arithinterp.tasks import arithmetic
+
+    model, v, tc, _, _ = planted["planted"]
+    prompts = arithmetic(model, "+", range(100), range(100), "{a}+{b}=")
+    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1) >= 0.9
+    features = aligned.nonzero().squeeze(1).tolist()
+    table = label_features(model, tc, prompts, 0, features, position=-2)  # at b
+    frame = table.to_frame(labelled_only=True)
+    assert "b mod 10 = 6" in set(frame["heuristic"])
+    assert table.meta["control"]["shuffled"]["labelled"] == 0  # the same maps, cells shuffled: no label
+
+
+def test_lookup_table_family_marks_one_residue_pair():
+    from arithinterp.features.labels import LOOKUP_FAMILY, lookup_registry
+    from arithinterp.neurons.heuristics import build_heuristics
+
+    heuristics = build_heuristics(range(100), range(100), "+", registry=lookup_registry(), families=[LOOKUP_FAMILY])
+    assert len(heuristics.names) == 100 and "a mod 10 = 6 and b mod 10 = 9" in heuristics.names
+
+
+def test_graph_command_prints_the_scores(capsys, tmp_path):
+    import json
+
+    from arithinterp.cli import main
+
+    assert main(["graph", "zoo:add-100", "36+59=", "--json", "--out", str(tmp_path / "g")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["scores"]["max_abs_error"] <= 1e-4 and summary["scores"]["n_kept"] <= 100
+    assert summary["top_features"] and (tmp_path / "g" / "result.json").exists()
+    assert main(["graph", "zoo:modadd-113", "1 2 =", "--json"]) == 2  # no transcoders ship for it
