@@ -63,6 +63,16 @@ def build(folder: Path, args) -> None:
     tokenizer.save_pretrained(str(folder))
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model's shape, SmolLM-135M's by default (what :func:`build` reads)."""
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--d-model", type=int, default=576)
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--d-mlp", type=int, default=1536)
+    parser.add_argument("--vocab", type=int, default=49152)
+
+
 def prompts_for(model, n: int, shots: int):
     import random
 
@@ -110,12 +120,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--shots", type=int, default=5)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--d-model", type=int, default=576)
-    parser.add_argument("--heads", type=int, default=9)
-    parser.add_argument("--kv-heads", type=int, default=3)
-    parser.add_argument("--d-mlp", type=int, default=1536)
-    parser.add_argument("--vocab", type=int, default=49152)
+    add_shape_arguments(parser)
     parser.add_argument("--child", choices=["evaluate", "forward", "one_batch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from collect import PeakRSS, rss_bytes  # noqa: E402  (the same RSS sampler as the collect benchmark)
-from evaluate import build, prompts_for  # noqa: E402  (the 135M-shape Llama and its few-shot prompts)
+from evaluate import add_shape_arguments, build, prompts_for  # noqa: E402  (the 135M-shape Llama and its few-shot prompts)
 
 MEASUREMENTS = ("classify-all", "classify-top", "eap-ig", "faithfulness")
 
@@ -133,12 +133,7 @@ def main() -> None:
     parser.add_argument("--extra-side", type=int, nargs="*", default=[],
                         help="more grid sides measured 'after' for the classify measurements")
     parser.add_argument("--kill-at", type=float, default=8.0, help="stop a measurement past this RSS (GB)")
-    parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--d-model", type=int, default=576)
-    parser.add_argument("--heads", type=int, default=9)
-    parser.add_argument("--kv-heads", type=int, default=3)
-    parser.add_argument("--d-mlp", type=int, default=1536)
-    parser.add_argument("--vocab", type=int, default=49152)
+    add_shape_arguments(parser)
     parser.add_argument("--child", choices=MEASUREMENTS, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from collect import PeakRSS  # noqa: E402  (the RSS sampler of the collect benchmark)
-from evaluate import build  # noqa: E402  (the random 135M-shaped Llama folder)
+from evaluate import add_shape_arguments, build  # noqa: E402  (the random 135M-shaped Llama folder)
 
 MIB = 2**20
 TEMPLATE, FEW_SHOT, OPERANDS = "{a}+{b}=", 3, "10-59"
@@ -108,12 +108,7 @@ def main() -> None:
     parser.add_argument("--every-prompt", action="store_true", help="also run the stages on every prompt")
     parser.add_argument("--only-every-prompt", action="store_true", help="only the stages on every prompt")
     parser.add_argument("--write", default=None, help="append the tables to this Markdown file")
-    parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--d-model", type=int, default=576)
-    parser.add_argument("--heads", type=int, default=9)
-    parser.add_argument("--kv-heads", type=int, default=3)
-    parser.add_argument("--d-mlp", type=int, default=1536)
-    parser.add_argument("--vocab", type=int, default=49152)
+    add_shape_arguments(parser)
     args = parser.parse_args()
     from arithinterp.report import DEFAULT_BUDGET
 

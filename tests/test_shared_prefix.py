@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from hf_families import FAMILIES, save_family
+from test_real_models import plain_greedy
 
 import arithinterp as ai
 from arithinterp import patching, probes
@@ -143,16 +144,6 @@ def test_first_changed_is_where_the_source_differs(llama):
 # --- decoding -------------------------------------------------------------------------------------
 
 
-def _plain_greedy(model, prompts):
-    out = torch.empty_like(prompts.answer_tokens)
-    for group in prompts.length_groups():
-        tokens = prompts.unpadded(group)
-        for step in range(prompts.answer_tokens.shape[1]):
-            out[group, step] = model(tokens, return_type="logits")[:, -1].argmax(-1)
-            tokens = torch.cat([tokens, out[group, step : step + 1]], dim=1)
-    return out
-
-
 def test_greedy_decoding_runs_the_shared_prefix_once_and_gives_the_plain_answers(llama, monkeypatch):
     model, prompts, _ = llama
     prompts = prompts[:40]
@@ -168,7 +159,7 @@ def test_greedy_decoding_runs_the_shared_prefix_once_and_gives_the_plain_answers
     assert decode.decode_mode(model) == "cached" and decode._SHARES_PREFIX[model]
     # (the one-time check runs a 2-row probe this way too)
     assert sum(rows for rows, k in shared if k >= 10 * SHOTS // 2) == len(prompts), shared
-    assert torch.equal(evaluation.generated_tokens, _plain_greedy(model, prompts))
+    assert torch.equal(evaluation.generated_tokens, plain_greedy(model, prompts))
     # teacher-forced scoring takes the same path
     scored = prompts.with_scoring("full_answer")
     reference = torch.zeros(len(prompts))
@@ -190,7 +181,7 @@ def test_greedy_decoding_with_a_shared_prefix_in_other_families(family, digit_to
     model = ai.load_model(str(save_family(family, digit_tokenizer, tmp_path)))
     prompts = arithmetic(model, a=range(10, 60, 7), b=range(15, 60, 11), few_shot=2)
     assert prompts.tokens.shape[1] > 16
-    assert torch.equal(prompts.evaluate(model).generated_tokens, _plain_greedy(model, prompts))
+    assert torch.equal(prompts.evaluate(model).generated_tokens, plain_greedy(model, prompts))
     assert decode.decode_mode(model) == "cached" and decode._SHARES_PREFIX[model]
 
 
