@@ -1061,7 +1061,7 @@ def write_report(
         try:
             section = _run_stage(ctx, name)
             if name == "accuracy":
-                section.sample = _joined(section.sample, sampled)
+                section.sample = _joined(section.sample, f"the evaluation: {sampled}")
         except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
             section, state = Section(STAGE_TITLES[name], findings=[str(why)]), "not enough data"
         except OverBudget as why:  # not even the minimum fits: say so rather than overrun
