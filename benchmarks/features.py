@@ -12,21 +12,14 @@ replacement score, completeness and the exactness error (edges + bias against th
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-
-def median_time(fn, runs: int):
-    times, out = [], None
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+sys.path.insert(0, str(Path(__file__).parent))
+from patching import median_time  # noqa: E402  (benchmarks/patching.py: the same median timing)
 
 
 def zoo_rows(runs: int, held_out: int) -> None:

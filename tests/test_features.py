@@ -165,13 +165,8 @@ def test_shipped_transcoders_replace_the_zoo_mlps(name):
     assert measured["agreement"] >= 0.9
 
 
-def _graph_through_planted(tokenizer, digit: int):
-    """The graph of ``59+36`` (last token ``36``) on a planted model whose unembedding reads ``v`` as
-    the token ``6`` (planted: the MLP writes ``5 v`` there, worth 50 on that logit); returns the graph
-    and the net direct effect on the ``6`` logit of the features writing along ``v`` (0 when ``6`` is
-    not among the graph's answer logits)."""
-    from arithinterp.features.graph import attribution_graph
-
+def _planted_with_transcoders(tokenizer, digit: int):
+    """The planted model with its feature ``v`` wired to the ``6`` logit, and transcoders trained on it."""
     model, v = planted_model(tokenizer, digit)
     head = next(p for k, p in model.named_parameters() if k.startswith("head"))
     six = tokenizer.convert_tokens_to_ids("6")
@@ -182,6 +177,17 @@ def _graph_through_planted(tokenizer, digit: int):
     prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
                            encoder_scale=1.0, resample_until=0.8, progress=False)
+    return model, v, six, tc
+
+
+def _graph_through_planted(tokenizer, digit: int):
+    """The graph of ``59+36`` (last token ``36``) on a planted model whose unembedding reads ``v`` as
+    the token ``6`` (planted: the MLP writes ``5 v`` there, worth 50 on that logit); returns the graph
+    and the net direct effect on the ``6`` logit of the features writing along ``v`` (0 when ``6`` is
+    not among the graph's answer logits)."""
+    from arithinterp.features.graph import attribution_graph
+
+    model, v, six, tc = _planted_with_transcoders(tokenizer, digit)
     graph = attribution_graph(model, "59+36", tc, n_logits=3)
     edges = graph.to_frame()
     edges = edges[(edges["source_kind"] == "feature") & (edges["target_kind"] == "logit")
@@ -256,16 +262,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
 def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_does_not(number_tokenizer):
     from arithinterp.features import intervene
 
-    model, v = planted_model(number_tokenizer, 6)
-    head = next(p for k, p in model.named_parameters() if k.startswith("head"))
-    six = number_tokenizer.convert_tokens_to_ids("6")
-    with torch.no_grad():
-        head[six] += 10 * v
-    a = torch.arange(100).repeat_interleave(20)
-    b = torch.randint(0, 100, (2000,), generator=torch.Generator().manual_seed(1))
-    prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
-    tc = train_transcoders(model, prompts, n_features=32, k=4, steps=300, batch_size=512, skip=False, seed=0,
-                           encoder_scale=1.0, resample_until=0.8, progress=False)
+    model, v, six, tc = _planted_with_transcoders(number_tokenizer, 6)
     tokens = model.to_tokens("59+36")
     real = run(model, tokens).logits
     assert real is not None
