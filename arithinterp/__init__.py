@@ -15,10 +15,9 @@ Submodules load on first use, so ``import arithinterp`` stays quick.
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-
-from arithinterp.errors import ArithInterpError  # noqa: E402
-from arithinterp.models import list_zoo, load_model  # noqa: E402
+from arithinterp._version import __version__
+from arithinterp.errors import ArithInterpError
+from arithinterp.models import list_zoo, load_model
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (

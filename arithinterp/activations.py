@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs
 from arithinterp import engine
+from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
@@ -79,14 +80,6 @@ class Activations:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.data.values())
-
-
-def forward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
-    """Rough transient memory of one prompt's forward: residual-width and MLP-width tensors
-    per layer plus attention scores (float32). Measured within ~30% on the zoo models."""
-    cfg = model.cfg
-    per_token = 12 * cfg.d_model + 4 * (cfg.d_mlp or 4 * cfg.d_model) + 3 * cfg.n_heads * seq_len
-    return 4 * seq_len * per_token
 
 
 def auto_batch_size(model: HookedModel, seq_len: int, returned_bytes: int, low: int = 16, high: int = 1024) -> int:

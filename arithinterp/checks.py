@@ -3,9 +3,12 @@
 * :func:`integer` / :func:`integers` — whole numbers (Python, numpy or torch integers; never a
   bool, float or string, never truncated);
 * :func:`check_model` — the object passed as ``model`` is a hooked model, not a spec string;
-* :func:`architecture` — the facts about a model that results and detectors are tied to;
+* :func:`architecture` — the facts about a model that results and detectors are tied to, and
+  :func:`model_id` the name results give it;
 * :func:`check_tokens` — token ids a forward can take (integers, within the vocabulary and context);
-* :func:`check_belongs` — prompts, pairs, circuits and detectors were made for this model.
+* :func:`check_belongs` — prompts, pairs, circuits and detectors were made for this model;
+* :func:`check_pairs` — counterfactual pairs that can be patched (aligned, not empty);
+* :func:`check_choice` — one of a fixed set of names (a metric, a direction, an ablation).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from arithinterp.errors import (
-    AnalysisError, ArithInterpError, ConfigError, ModelMismatchError, ModelSpecError, SiteError,
+    AnalysisError, ArithInterpError, ConfigError, ModelMismatchError, ModelSpecError, SiteError, accepted,
 )
 
 # --- whole numbers ----------------------------------------------------------------------------------
@@ -98,6 +101,12 @@ def architecture(model: Any) -> dict[str, Any]:
         d_vocab=size("d_vocab"), n_ctx=size("n_ctx"), has_mlp=not bool(getattr(cfg, "attn_only", False)),
         parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
     )
+
+
+
+def model_id(model: Any) -> str:
+    """A short human-readable id for a loaded model (the spec it was loaded from, if known)."""
+    return str(getattr(model, "arithinterp_spec", None) or getattr(model.cfg, "model_name", "model"))
 
 
 # --- tokens -----------------------------------------------------------------------------------------
@@ -211,3 +220,25 @@ def check_belongs(model: Any, where: str, **things: Any) -> None:
         if isinstance(meta, dict):
             saved = {**(meta.get("layout") or {}), **(meta.get("architecture") or {})}
             _check_shape(model, saved, what, where, meta.get("model"))
+
+
+# --- pairs and choices --------------------------------------------------------------------------------
+
+
+def check_pairs(pairs: Any) -> None:
+    """Counterfactual pairs that can be patched: ``PromptPairs``, not empty, clean and corrupt
+    prompts of identical token shapes and lengths."""
+    if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
+        raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
+    if len(pairs) == 0:
+        raise AnalysisError("the prompt pairs are empty; nothing to patch")
+    if pairs.clean.tokens.shape != pairs.corrupt.tokens.shape or not torch.equal(
+        pairs.clean.lengths, pairs.corrupt.lengths
+    ):
+        raise AnalysisError("clean and corrupt prompts must have identical token shapes and lengths within each pair")
+
+
+def check_choice(name: str, value: Any, choices: Iterable) -> None:
+    """``value`` is one of ``choices``, else a :class:`ConfigError` naming ``name`` and the accepted ones."""
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(choices)}")

@@ -13,6 +13,7 @@ import warnings
 from typing import Any, Callable, Optional, Sequence, cast
 
 from arithinterp.errors import ArithInterpError, ConfigError
+from arithinterp.outputs import fail, print_summary
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
 # what each command writes, by flag: "result" (a folder for Result.save), "dir" or "file"; every one
@@ -27,20 +28,6 @@ def command(name: str, outputs: Optional[dict[str, str]] = None):
         return function
 
     return register
-
-
-def _print(summary: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(summary, indent=2, default=str))
-        return
-    for key, value in summary.items():
-        if isinstance(value, list) and value and isinstance(value[0], dict):
-            import pandas as pd
-
-            print(f"{key}:")
-            print(pd.DataFrame(value).to_string(index=False))
-        else:
-            print(f"{key}: {value}")
 
 
 # --- info ----------------------------------------------------------------------------------------
@@ -354,7 +341,7 @@ def das_command(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from arithinterp import __version__
+    from arithinterp._version import __version__
     from arithinterp.models.zoo import ZOO
 
     parser = argparse.ArgumentParser(
@@ -501,15 +488,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def fail(command: str, error: BaseException, code: int, as_json: bool) -> int:
-    """Report a failed command: one line on stderr and, with ``--json``, a JSON object on stdout."""
-    print(f"arithinterp {command}: error: {error}", file=sys.stderr)
-    if as_json:
-        print(json.dumps(dict(command=command, error=str(error), error_type=type(error).__name__, exit_code=code),
-                         indent=2))
-    return code
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -540,7 +518,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         traceback.print_exc()  # the full story on stderr; a JSON object on stdout all the same
         return fail(args.command, error, 1, as_json)
-    _print(summary, as_json)
+    print_summary(summary, as_json)
     return 1 if summary.get("failed") else 0  # e.g. sweep cells that failed (they retry on the next run)
 
 

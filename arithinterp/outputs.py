@@ -1,10 +1,14 @@
-"""Writing output files safely: check that a path is writable before the work that fills it, and
-write through a temp file renamed into place, so a reader never sees half a file."""
+"""Writing outputs: files safely (check that a path is writable before the work that fills it, and
+write through a temp file renamed into place, so a reader never sees half a file), and what a
+command prints (its summary, or its error) for both command lines, ``arithinterp`` and
+``python -m arithinterp.sweep``."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Union
@@ -90,3 +94,29 @@ def _umask() -> int:
 
 
 _UMASK = _umask()
+
+
+def print_summary(summary: dict, as_json: bool) -> None:
+    """A command's summary on stdout: JSON with ``as_json``, else one ``key: value`` line per entry
+    (a list of rows as a table)."""
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    for key, value in summary.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            import pandas as pd
+
+            print(f"{key}:")
+            print(pd.DataFrame(value).to_string(index=False))
+        else:
+            print(f"{key}: {value}")
+
+
+def fail(command: str, error: BaseException, code: int, as_json: bool) -> int:
+    """Report a failed command: one line on stderr and, with ``as_json``, a JSON object on stdout;
+    returns the exit ``code``."""
+    print(f"arithinterp {command}: error: {error}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(dict(command=command, error=str(error), error_type=type(error).__name__, exit_code=code),
+                         indent=2))
+    return code

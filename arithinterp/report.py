@@ -997,7 +997,7 @@ def write_report(
     and the next one runs; ``KeyboardInterrupt`` writes the page as interrupted and is re-raised.
     Each stage states its sample size and, below :data:`MINIMUMS`, says "not enough data".
     """
-    from arithinterp import __version__
+    from arithinterp._version import __version__
     from arithinterp.models import load_model, model_id
 
     chosen = list(STAGES) if stages is None else list(stages)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Optional, Union
 import numpy as np
 import torch
 
-from arithinterp.checks import architecture
+from arithinterp.checks import architecture, model_id
 from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.types import HookedModel
 
@@ -49,15 +49,13 @@ def transformer_lens_version() -> str:
 
 def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, Any]:
     """Provenance for a result: model id, TransformerLens version, compatibility mode, extras."""
-    from arithinterp import __version__
+    from arithinterp._version import __version__
 
     meta: dict[str, Any] = {
         "arithinterp_version": __version__,
         "transformer_lens_version": transformer_lens_version(),
     }
     if model is not None:
-        from arithinterp.models import model_id
-
         meta["model"] = model_id(model)
         meta["architecture"] = architecture(model)  # what check_belongs compares when the result is reused
         meta["compatibility_mode"] = bool(getattr(model, "compatibility_mode", False))

@@ -587,6 +587,19 @@ class PromptPairs:
         return self.corrupt.answer_tokens[:, 0]
 
 
+def resolve_positions(pairs: PromptPairs, positions: Any) -> tuple[list[str], torch.Tensor]:
+    """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``.
+
+    ``None`` means every position for same-length prompts, else the named positions (``"a"``,
+    ``"b"``, ``"final"``); anything else is resolved by :meth:`PromptSet.locate`.
+    """
+    clean = pairs.clean
+    if positions is None:
+        positions = "all" if clean.uniform_length else [name for name in clean.positions if "[" not in name]
+    labels, index = clean.locate(positions)
+    return labels, index.T.contiguous()
+
+
 # --- joining -------------------------------------------------------------------------------------
 
 

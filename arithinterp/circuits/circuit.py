@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs, check_choice, integer
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ResultFileError
 from arithinterp.intervals import bootstrap_counts
-from arithinterp.patching.core import check_choice, metric_name
+from arithinterp.metrics import metric_name
 from arithinterp.results import JSON_FILE, TENSOR_FILE, Result, build_meta
 
 if TYPE_CHECKING:

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.checks import check_choice, check_pairs
 from arithinterp.circuits.circuit import SCORE_METHODS, Circuit, score_edges
 from arithinterp.circuits.edges import run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.patching.core import check_choice, check_pairs, metric_name
-from arithinterp.patching.digits import FEEDS, digit_pairs
+from arithinterp.metrics import metric_name
+from arithinterp.patching import DIGIT_FEEDS, digit_pairs
 from arithinterp.results import Result, build_meta
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def digit_circuits(
     """
     check_pairs(pairs)
     check_choice("method", method, SCORE_METHODS)
-    check_choice("feed", feed, FEEDS)
+    check_choice("feed", feed, DIGIT_FEEDS)
     width = int(min(pairs.clean.n_answer_tokens.min(), pairs.corrupt.n_answer_tokens.min()))
     chosen = list(range(width)) if answer_tokens is None else list(answer_tokens)
     if not chosen or len(set(chosen)) != len(chosen):

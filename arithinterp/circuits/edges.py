@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
 from arithinterp.engine.edges import (
@@ -31,14 +31,8 @@ from arithinterp.engine.edges import (
 )
 from arithinterp.engine.forward import RunningMean
 from arithinterp.errors import AnalysisError
-from arithinterp.patching.core import (
-    DIRECTIONS,
-    check_choice,
-    check_pairs,
-    metric_context,
-    metric_fn,
-    resolve_positions,
-)
+from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.tasks import resolve_positions
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
+from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp.engine.forward import run
 from arithinterp.engine.hooks import module_hooks
 
@@ -234,12 +235,10 @@ def batch_size_for(
     (default: half the model's parameter bytes, at least :data:`MIN_BUDGET`, so the peak stays
     within 1.5× model + batch).
 
-    Per prompt: the forward's activations (:func:`arithinterp.activations.forward_bytes_per_prompt`),
+    Per prompt: the forward's activations (:func:`arithinterp.engine.budget.forward_bytes_per_prompt`),
     its key/value cache over ``seq_len + n_new`` tokens, and float32 logits at the ``n_read``
     read positions (at every position on the ``"full"`` path, or with ``plain``).
     """
-    from arithinterp.activations import forward_bytes_per_prompt
-
     cfg = model.cfg
     parameters = list(model.parameters())
     model_bytes = sum(p.numel() * p.element_size() for p in parameters)

@@ -19,7 +19,8 @@ from arithinterp.features.interventions import feature_interventions, intervene
 from arithinterp.features.labels import feature_maps, label_features, lookup_registry
 from arithinterp.features.replacement import replacement_logits, replacement_metrics
 from arithinterp.features.training import mlp_activations, train_transcoders
-from arithinterp.features.transcoder import Transcoders, load_transcoders, topk_activations
+from arithinterp.features.shipped import load_transcoders
+from arithinterp.features.transcoder import Transcoders, topk_activations
 
 __all__ = [
     "Graph", "Transcoders", "attribution_graph", "feature_interventions", "feature_maps", "intervene",

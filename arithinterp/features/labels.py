@@ -17,8 +17,7 @@ import torch
 from arithinterp.errors import AnalysisError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.neurons import HeuristicRegistry, classify_maps
-from arithinterp.neurons.heuristics import Grid, Heuristic
+from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, classify_maps
 
 LOOKUP_FAMILY = "operand lookup table"
 

@@ -53,6 +53,14 @@ def shipped_path(spec: str) -> Path:
     return path
 
 
+def load_transcoders(path: Union[str, Any]) -> Transcoders:
+    """:class:`Transcoders` saved with ``.save(path)``, or shipped ones by zoo name (``"zoo:add-100"``)."""
+    if isinstance(path, str) and path.startswith("zoo:"):
+        path = shipped_path(path)
+    return Transcoders.load(Path(path))
+
+
+
 def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optional[int] = None,
                   steps: Optional[int] = None, progress: bool = True) -> tuple[Transcoders, dict[str, Any]]:
     """Train a zoo model's transcoders with its recipe, save them with their card; returns both."""

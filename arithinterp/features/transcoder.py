@@ -17,7 +17,7 @@ they were trained, and builds the engine interventions that swap MLPs for transc
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -127,14 +127,3 @@ class Transcoders(Result):
                 f"these transcoders read d_model={int(self.W_enc.shape[1])} at layers {self.layers}; "
                 f"the model has d_model={d} and {int(model.cfg.n_layers)} layers"
             )
-
-
-def load_transcoders(path: Union[str, Any]) -> Transcoders:
-    """:class:`Transcoders` saved with ``.save(path)``, or shipped ones by zoo name (``"zoo:add-100"``)."""
-    from pathlib import Path
-
-    if isinstance(path, str) and path.startswith("zoo:"):
-        from arithinterp.features.shipped import shipped_path
-
-        path = shipped_path(path)
-    return Transcoders.load(Path(path))

@@ -158,7 +158,7 @@ def _zoo_modulus(model: HookedModel) -> int:
 
 def train_mask(name: str = "modadd-113") -> torch.Tensor:
     """Bool [p, p]: the (a, b) pairs zoo model ``name`` was trained on (its seeded split)."""
-    from arithinterp.models.train import split
+    from arithinterp.models.zoo import split
     from arithinterp.models.zoo import get_entry
 
     entry = get_entry(name)

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from arithinterp.checks import model_id
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.models.zoo import ZOO, get_entry, list_zoo
 from arithinterp.types import HookedModel
@@ -106,11 +107,6 @@ def load_model(
     else:
         raise ModelFileError(f"no such model file or directory: {spec!r}; accepted specs: {_SPEC_FORMS}")
     return model.eval()
-
-
-def model_id(model: HookedModel) -> str:
-    """A short human-readable id for a loaded model (the spec it was loaded from, if known)."""
-    return str(getattr(model, "arithinterp_spec", None) or getattr(model.cfg, "model_name", "model"))
 
 
 def random_like(model: HookedModel, seed: int = 0) -> Any:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from arithinterp.errors import ConfigError
 from arithinterp.outputs import atomic_write, check_writable_dir
 from arithinterp.models import tokenizers as toks
-from arithinterp.models.zoo import Task, ZooEntry, get_entry
+from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
 
 
 TRAIN_ACCURACY_SAMPLE = 20_000  # training problems re-checked for the card (all of them for small tasks)
@@ -62,26 +62,6 @@ def answer_string(task: Task, a: int, b: int) -> str:
 
 def prompt_string(task: Task, a: int, b: int) -> str:
     return task.template.format(a=task.names[a] if task.names else a, b=b)
-
-
-def operand_grid(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every (a, b) of a task, a-major: two [N] tensors."""
-    a = torch.arange(*task.a_range).repeat_interleave(task.b_range[1] - task.b_range[0])
-    b = torch.arange(*task.b_range).repeat(task.a_range[1] - task.a_range[0])
-    return a, b
-
-
-def split(
-    entry: ZooEntry, seed: Optional[int] = None, task: Optional[Task] = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seeded train / held-out split of a task's operand grid (default the main task's):
-    sorted index tensors. Each task family of a model is split by problem on its own."""
-    recipe = entry.recipe
-    task = entry.task if task is None else task
-    n = (task.a_range[1] - task.a_range[0]) * (task.b_range[1] - task.b_range[0])
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(recipe.seed if seed is None else seed))
-    n_train = int(round(recipe.train_frac * n))
-    return order[:n_train].sort().values, order[n_train:].sort().values
 
 
 def make_dataset(entry: ZooEntry, tokenizer, seed: Optional[int] = None, task: Optional[Task] = None) -> Dataset:

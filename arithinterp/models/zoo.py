@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from arithinterp.cyclic import CONCEPTS, MONTHS, WEEKDAYS
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.types import HookedModel
@@ -249,6 +251,26 @@ def zoo_prompts(model: HookedModel, entry: ZooEntry, a: Optional[list[int]] = No
     return prompts
 
 
+def operand_grid(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (a, b) of a task, a-major: two [N] tensors."""
+    a = torch.arange(*task.a_range).repeat_interleave(task.b_range[1] - task.b_range[0])
+    b = torch.arange(*task.b_range).repeat(task.a_range[1] - task.a_range[0])
+    return a, b
+
+
+def split(
+    entry: ZooEntry, seed: Optional[int] = None, task: Optional[Task] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded train / held-out split of a task's operand grid (default the main task's):
+    sorted index tensors. Each task family of a model is split by problem on its own."""
+    recipe = entry.recipe
+    task = entry.task if task is None else task
+    n = (task.a_range[1] - task.a_range[0]) * (task.b_range[1] - task.b_range[0])
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(recipe.seed if seed is None else seed))
+    n_train = int(round(recipe.train_frac * n))
+    return order[:n_train].sort().values, order[n_train:].sort().values
+
+
 def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] = None, seed: int = 0,
                      family: Optional[str] = None):
     """Prompts for a zoo model's held-out problems (a seeded sample of ``limit`` of them) of one
@@ -257,10 +279,6 @@ def held_out_prompts(model: HookedModel, entry: ZooEntry, limit: Optional[int] =
     The held-out split is the training split's complement (same seed as training), so these
     are problems the model never saw.
     """
-    import torch
-
-    from arithinterp.models.train import operand_grid, split
-
     task = task_of(entry, family)
     held_out = split(entry, task=task)[1]
     if limit is not None and limit < len(held_out):
@@ -289,10 +307,7 @@ def evaluate(entry: ZooEntry, model: HookedModel, limit: Optional[int] = None, s
 
 def task_prompts(model: HookedModel, spec: str, limit: int = 2000, seed: int = 0):
     """A seeded sample of ``limit`` prompts of the model's own task (zoo) or of single-token addition."""
-    import torch
-
     from arithinterp.errors import TaskError
-    from arithinterp.models.train import operand_grid
     from arithinterp.tasks import number_check, prompts_for_pairs
 
     if isinstance(limit, bool) or not hasattr(limit, "__index__") or limit < 1:

@@ -14,10 +14,10 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, integer
 from arithinterp import engine
-from arithinterp.activations import forward_bytes_per_prompt
 from arithinterp.engine.budget import (
     backward_bytes_per_prompt,
     chunk_for,
+    forward_bytes_per_prompt,
     forward_logits_bytes_per_prompt,
     memory_budget,
     release_freed_memory,

@@ -45,17 +45,17 @@ from arithinterp.patching.components import (
     direct_effect,
     faithfulness,
 )
+from arithinterp.metrics import DIRECTIONS, METRICS
 from arithinterp.patching.core import (
     COMPONENT_ABLATION_MODES,
     ATTRIBUTE_SITES,
-    DIRECTIONS,
     ENGINES,
     METHODS,
-    METRICS,
     SWEEP_SITES,
     PatchResult,
     summarize,
 )
+from arithinterp.patching.digits import FEEDS as DIGIT_FEEDS
 from arithinterp.patching.digits import DigitAblationResult, digit_ablation, digit_pairs, vary_digit
 from arithinterp.patching.exact import activation_patching
 
@@ -89,4 +89,5 @@ __all__ = [
     "COMPONENT_ABLATION_MODES",
     "COMPONENT_FORMS",
     "FAITHFULNESS_METRICS",
+    "DIGIT_FEEDS",
 ]

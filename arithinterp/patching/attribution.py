@@ -8,30 +8,26 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read
 from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, SiteError, accepted
+from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.patching.core import (
     ATTRIBUTE_SITES,
-    DIRECTIONS,
     METHODS,
     UNIT_SITES,
     Cells,
     PatchResult,
-    check_choice,
-    check_pairs,
-    metric_context,
-    metric_fn,
     patch_result,
-    resolve_positions,
     resolve_units,
     warn_first_token_only,
 )
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
+from arithinterp.tasks import resolve_positions
 from arithinterp.types import HookedModel
 
 if TYPE_CHECKING:

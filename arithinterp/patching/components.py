@@ -10,21 +10,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.patching.core import (
-    COMPONENT_ABLATION_MODES,
-    DIRECTIONS,
-    check_choice,
-    check_pairs,
-    metric_context,
-    metric_fn,
-    metric_name,
-    pick,
-    warn_first_token_only,
-)
+from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn, metric_name, pick
+from arithinterp.patching.core import COMPONENT_ABLATION_MODES, warn_first_token_only
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel

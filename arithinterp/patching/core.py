@@ -9,13 +9,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from arithinterp import metrics as metric_lib
 from arithinterp import sites as site_lib
 from arithinterp.intervals import bootstrap_counts
+from arithinterp.metrics import METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.results import Result, build_meta
@@ -28,9 +28,7 @@ SWEEP_SITES = (
     "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post",
 )
 ATTRIBUTE_SITES = SWEEP_SITES
-METRICS = ("logit_diff", "prob", "logprob", "ie")
 SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
-DIRECTIONS = ("denoise", "noise")
 ENGINES = ("auto", "stepped", "hooks")
 METHODS = ("attribution", "integrated_gradients")
 COMPONENT_ABLATION_MODES = ("zero", "mean", "resample")
@@ -151,63 +149,6 @@ def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1
 # =================================================================================================
 
 
-@dataclass
-class MetricContext:
-    """What a metric needs about a batch of pairs: answer tokens and the base run's probabilities."""
-
-    clean_tok: torch.Tensor  # [B]
-    corrupt_tok: torch.Tensor  # [B]
-    base_tok: torch.Tensor  # answer of the base (patched) prompt
-    source_tok: torch.Tensor  # answer of the source prompt
-    pairs: PromptPairs  # the PromptPairs batch, for user metrics
-    base_p_base: Optional[torch.Tensor] = None  # P(base answer) in the unpatched base run
-    base_p_source: Optional[torch.Tensor] = None  # P(source answer) in the unpatched base run
-
-
-def pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``logits[..., b, tokens[b]]`` for logits ``[*lead, B, V]``: ``[*lead, B]``."""
-    index = tokens.view(*([1] * (logits.ndim - 2)), -1, 1).expand(*logits.shape[:-1], 1)
-    return logits.gather(-1, index)[..., 0]
-
-
-def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricContext], torch.Tensor]:
-    """A function ``(logits [*lead, B, V], ctx) -> [*lead, B]`` for a metric name or callable."""
-    if callable(metric):
-
-        def user(logits, ctx):
-            flat = logits.reshape(-1, *logits.shape[-2:])
-            out = []
-            for chunk in flat:
-                value = torch.as_tensor(metric(chunk, ctx.pairs))
-                if value.shape != (chunk.shape[0],):
-                    raise AnalysisError(
-                        f"a metric callable must return one value per pair, shape [{chunk.shape[0]}]; "
-                        f"got shape {tuple(value.shape)}"
-                    )
-                out.append(value.float())
-            return torch.stack(out).reshape(logits.shape[:-1])
-
-        return user
-    if metric not in METRICS:
-        raise ConfigError(
-            f"unknown metric {metric!r}; accepted: {accepted(METRICS)} or a callable f(logits [B, V], pairs) -> [B]"
-        )
-    if metric == "logit_diff":
-        return lambda logits, ctx: pick(logits, ctx.clean_tok) - pick(logits, ctx.corrupt_tok)
-    if metric == "prob":
-        return lambda logits, ctx: pick(logits.float().softmax(-1), ctx.clean_tok)
-    if metric == "logprob":
-        return lambda logits, ctx: pick(logits.float().log_softmax(-1), ctx.clean_tok)
-
-    def ie(logits, ctx):
-        # Stolfo et al. 2023: r = the base prompt's answer, r' = the source prompt's answer
-        probs = logits.float().softmax(-1)
-        return metric_lib.stolfo_ie(ctx.base_p_base, pick(probs, ctx.base_tok), ctx.base_p_source,
-                                    pick(probs, ctx.source_tok))
-
-    return ie
-
-
 def resolve_scoring(pairs, scoring: Optional[str], metric) -> str:
     """The scoring a sweep uses: ``scoring``, or (``None``) the one the prompts carry
     (``prompts.with_scoring(...)``) for a named metric and ``"first_token"`` for a callable;
@@ -307,45 +248,12 @@ class FullAnswer:
         base = self.base_rows.float().unflatten(-1, (self.n_feeds, -1)).to(lp.device).exp()
         b, s = (1, 0) if self.direction == "denoise" else (0, 1)  # feed index of the base / source answer
         p = lp.exp()
-        return metric_lib.stolfo_ie(base[b], p[..., b, :], base[s], p[..., s, :])
-
-
-def metric_name(metric) -> str:
-    return metric if isinstance(metric, str) else getattr(metric, "__name__", "custom")
+        return stolfo_ie(base[b], p[..., b, :], base[s], p[..., s, :])
 
 
 # =================================================================================================
 # Validation
 # =================================================================================================
-
-
-def check_pairs(pairs: PromptPairs) -> None:
-    if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
-        raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
-    if len(pairs) == 0:
-        raise AnalysisError("the prompt pairs are empty; nothing to patch")
-    if pairs.clean.tokens.shape != pairs.corrupt.tokens.shape or not torch.equal(
-        pairs.clean.lengths, pairs.corrupt.lengths
-    ):
-        raise AnalysisError("clean and corrupt prompts must have identical token shapes and lengths within each pair")
-
-
-def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(choices)}")
-
-
-def resolve_positions(pairs: PromptPairs, positions) -> tuple[list[str], torch.Tensor]:
-    """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``.
-
-    ``None`` means every position for same-length prompts, else the named positions (``"a"``,
-    ``"b"``, ``"final"``); anything else is resolved by ``PromptSet.locate``.
-    """
-    clean = pairs.clean
-    if positions is None:
-        positions = "all" if clean.uniform_length else [name for name in clean.positions if "[" not in name]
-    labels, index = clean.locate(positions)
-    return labels, index.T.contiguous()
 
 
 def resolve_units(model: HookedModel, site: str, heads, neurons) -> tuple[Optional[str], list[int]]:
@@ -385,18 +293,6 @@ class Cells:
             indexing="ij",
         )
         return torch.stack([g.reshape(-1) for g in grids], dim=1)
-
-
-def metric_context(batch, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor,
-                   device=None) -> MetricContext:
-    """What the metrics need for ``batch``, its tensors on ``device`` (the logits' device)."""
-    clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
-    if device is not None:
-        clean_tok, corrupt_tok = clean_tok.to(device), corrupt_tok.to(device)
-    base_tok, source_tok = (corrupt_tok, clean_tok) if direction == "denoise" else (clean_tok, corrupt_tok)
-    probs = base_logits.float().softmax(-1)
-    return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok),
-                         pick(probs, source_tok))
 
 
 def patch_result(model: HookedModel, pairs: PromptPairs, values, clean_base, corrupt_base, cells, pos_labels, pos_index,

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
-from arithinterp.patching.core import COMPONENT_ABLATION_MODES, check_choice, check_pairs
+from arithinterp.patching.core import COMPONENT_ABLATION_MODES
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
 

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp import sites as site_lib
 from arithinterp.errors import SiteError, accepted
+from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.patching.core import (
-    DIRECTIONS,
     ELEMENT_BUDGET,
     ENGINES,
     SWEEP_SITES,
@@ -19,17 +19,13 @@ from arithinterp.patching.core import (
     FullAnswer,
     PatchResult,
     answer_logprob,
-    check_choice,
-    check_pairs,
-    metric_context,
-    metric_fn,
     patch_result,
-    resolve_positions,
     resolve_scoring,
     resolve_units,
 )
 from arithinterp.engine import PatchRunner, stepper_for
 from arithinterp.engine.patches import RUN, SOURCE
+from arithinterp.tasks import resolve_positions
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs

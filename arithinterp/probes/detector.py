@@ -93,7 +93,7 @@ def _shared_prefix_slots(model: Any, prompts: Any, evaluation: Any, site: str, l
     answer fed back (as :func:`~arithinterp.probes.answers.answer_activations`), from stepped
     runs that compute the prompts' shared first tokens (a few-shot prefix) once per batch;
     ``None`` where the engine cannot do that (then the whole forwards of ``collect`` run)."""
-    from arithinterp.activations import forward_bytes_per_prompt
+    from arithinterp.engine.budget import forward_bytes_per_prompt
     from arithinterp.engine.decode import MIN_BUDGET
     from arithinterp.engine.stepping import read_last
     from arithinterp.probes.answers import check_evaluation

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from arithinterp.errors import ArithInterpError, ConfigError
-from arithinterp.outputs import check_writable_dir
+from arithinterp.outputs import check_writable_dir, fail, print_summary
 from arithinterp.sweep.config import EXECUTORS, load_config, plan
 from arithinterp.sweep.plots import plot_sweep
 from arithinterp.sweep.runner import run_sweep
@@ -74,20 +74,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
     parser.prog = "python -m arithinterp.sweep"
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from arithinterp.cli import fail
-
     try:
         summary = run_cli(args)
     except ArithInterpError as error:
         return fail("sweep", error, 2, args.json)
-    if args.json:
-        print(json.dumps(summary, indent=2, default=str))
-    else:
-        import pandas as pd
-
-        for key, value in summary.items():
-            if isinstance(value, list) and value and isinstance(value[0], dict):
-                print(f"{key}:\n{pd.DataFrame(value).to_string(index=False)}")
-            else:
-                print(f"{key}: {value}")
+    print_summary(summary, args.json)
     return 1 if summary.get("failed") else 0

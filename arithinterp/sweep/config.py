@@ -232,6 +232,22 @@ def _operand_range(value: Any, where: str) -> list:
     raise ConfigError(f"{where}: expected an int or a range [start, stop] / [start, stop, step] of ints, got {value!r}")
 
 
+# Grids up to this many operand pairs are built whole and then sampled (the tables of existing
+# sweeps stay the same); larger ones are sampled by index and only the chosen prompts are built.
+GRID_BUILT_WHOLE = 2**20
+
+
+def grid_size(task: Mapping) -> int:
+    """Operand pairs in a task's grid that are defined for its operator (``b == 0`` is not for // and mod)."""
+    a, b = range(*task["a"]), range(*task["b"])
+    return range_length(a) * (range_length(b) - (task["op"] in ("//", "mod") and 0 in b))
+
+
+def range_length(values: range) -> int:
+    """``len(values)``, also past ``sys.maxsize`` (64-bit operand ranges can be that long)."""
+    return max(0, -((values.start - values.stop) // values.step))
+
+
 def _check_task(task: Any, where: str, models: list) -> dict:
     from arithinterp.errors import TaskError
     from arithinterp.tasks import OPERATORS, check_template
@@ -277,8 +293,6 @@ def _check_task(task: Any, where: str, models: list) -> dict:
     _expect(out["seed"], (int,), f"{where}.seed")
     _expect(out["correct_only"], (bool,), f"{where}.correct_only")
     if not from_zoo and out["limit"] is None:
-        from arithinterp.sweep.worker import GRID_BUILT_WHOLE, grid_size
-
         if grid_size(out) > GRID_BUILT_WHOLE:
             raise ConfigError(f"{where}.limit: the operand grid has {grid_size(out):,} pairs, too many to build whole "
                               f"(at most {GRID_BUILT_WHOLE:,}); set limit to sample that many pairs from it")

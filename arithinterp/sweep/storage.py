@@ -112,7 +112,7 @@ def check_cell_file(path: Path, entry: Optional[dict] = None) -> tuple[Optional[
 def versions() -> dict:
     import torch
 
-    from arithinterp import __version__
+    from arithinterp._version import __version__
 
     return dict(arithinterp=__version__, torch=torch.__version__, transformer_lens=_package_version("transformer-lens"),
                 pyarrow=_package_version("pyarrow"), python=platform.python_version())

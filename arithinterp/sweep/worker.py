@@ -12,7 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from arithinterp.errors import ArithInterpError, ConfigError
-from arithinterp.sweep.config import Cell, resolve_path
+from arithinterp.sweep.config import GRID_BUILT_WHOLE, Cell, grid_size, range_length, resolve_path
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
@@ -43,22 +43,6 @@ def _model(spec: str, base: str, device: str) -> Any:
     return _MODELS[key]
 
 
-# Grids up to this many operand pairs are built whole and then sampled (the tables of existing
-# sweeps stay the same); larger ones are sampled by index and only the chosen prompts are built.
-GRID_BUILT_WHOLE = 2**20
-
-
-def grid_size(task: Mapping) -> int:
-    """Operand pairs in a task's grid that are defined for its operator (``b == 0`` is not for // and mod)."""
-    a, b = range(*task["a"]), range(*task["b"])
-    return _length(a) * (_length(b) - (task["op"] in ("//", "mod") and 0 in b))
-
-
-def _length(values: range) -> int:
-    """``len(values)``, also past ``sys.maxsize`` (64-bit operand ranges can be that long)."""
-    return max(0, -((values.start - values.stop) // values.step))
-
-
 def build_prompts(model: HookedModel, task: Mapping) -> Any:
     """The task's prompts: the operand grid, a seeded ``limit`` subsample, then ``correct_only``."""
     import torch
@@ -85,11 +69,11 @@ def _sampled_prompts(model: Any, task: Mapping, options: dict) -> Any:
 
     a, b = range(*task["a"]), range(*task["b"])
     skip = b.index(0) if task["op"] in ("//", "mod") and 0 in b else None  # b == 0 is undefined there
-    width = _length(b) - (skip is not None)
+    width = range_length(b) - (skip is not None)
     rng = random.Random(task["seed"])
     chosen: set = set()
     while len(chosen) < task["limit"]:
-        chosen.add(rng.randrange(_length(a) * width))
+        chosen.add(rng.randrange(range_length(a) * width))
     pairs = []
     for index in sorted(chosen):  # grid order, as when the whole grid is built
         row, column = divmod(index, width)

@@ -1,0 +1,62 @@
+"""Old names that keep working for a while: each use warns with a ``DeprecationWarning`` that
+names the new one (as scikit-learn's ``deprecated`` does), so code can move before they go.
+
+* :func:`deprecated` — an old function name: a wrapper that warns, then calls the new function;
+* :func:`renamed_keyword` — an old keyword argument: its value, taken with a warning;
+* :func:`renamed_value` — an old value of a keyword (an old method or metric name): the new value,
+  with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, Mapping, TypeVar
+
+from arithinterp.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def warn_renamed(old: str, new: str, stacklevel: int = 1) -> None:
+    """Warn that ``old`` is deprecated in favour of ``new``; ``stacklevel`` counts from the caller."""
+    warnings.warn(f"{old} is deprecated; use {new} instead", DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def deprecated(old: str, new: str) -> Callable[[F], F]:
+    """Decorate the new function into its old name: ``sweep = deprecated("patching.sweep",
+    "patching.activation_patching")(activation_patching)`` is a function that warns on each call
+    and returns what the new one returns."""
+
+    def wrap(function: F) -> F:
+        @functools.wraps(function)
+        def alias(*args: Any, **kwargs: Any) -> Any:
+            warn_renamed(old, new, stacklevel=2)
+            return function(*args, **kwargs)
+
+        alias.__name__ = alias.__qualname__ = old.rsplit(".", 1)[-1]
+        alias.__doc__ = f"Deprecated: use :func:`{new}` (this old name warns and calls it)."
+        return alias  # type: ignore[return-value]
+
+    return wrap
+
+
+def renamed_keyword(where: str, old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+    """The value of keyword ``new`` of ``where``, or of its old name ``old`` when that was given
+    (``old_value`` not None), with a warning; giving both with different values is refused."""
+    if old_value is None:
+        return new_value
+    warn_renamed(f"{where}({old}=...)", f"{where}({new}=...)", stacklevel=3)
+    if new_value != default and new_value != old_value:
+        raise ConfigError(f"{where}: {old}= is the old name of {new}=; give {new}= alone, got "
+                          f"{new}={new_value!r} and {old}={old_value!r}")
+    return old_value
+
+
+def renamed_value(where: str, keyword: str, value: Any, renamed: Mapping[Any, Any]) -> Any:
+    """``renamed[value]`` when ``value`` is an old name of a ``keyword`` value of ``where`` (with a
+    warning naming the new one), else ``value``."""
+    if isinstance(value, str) and value in renamed:
+        warn_renamed(f"{where}({keyword}={value!r})", f"{where}({keyword}={renamed[value]!r})", stacklevel=3)
+        return renamed[value]
+    return value
