@@ -21,15 +21,18 @@ from arithinterp.models import list_zoo, load_model
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (
-        activations, causal, circuits, cli, cyclic, engine, errors, features, fourier, helix, metrics, models,
-        neurons, patching, probes, report, results, sites, sweep, tasks, viz,
+        activations, causal, checks, circuits, cli, cyclic, deprecation, engine, errors, features, fourier, helix,
+        intervals, metrics, models, neurons, outputs, patching, probes, report, results, sites, sweep, tasks, types,
+        viz,
     )
     from arithinterp.activations import collect
     from arithinterp.report import write_report
 
+# every public module and subpackage, reachable as an attribute (tests/test_package.py checks the list is whole)
 _SUBMODULES = (
-    "activations", "causal", "circuits", "cli", "cyclic", "engine", "errors", "features", "fourier", "helix",
-    "metrics", "models", "neurons", "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
+    "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
+    "fourier", "helix", "intervals", "metrics", "models", "neurons", "outputs", "patching", "probes", "report",
+    "results", "sites", "sweep", "tasks", "types", "viz",
 )
 
 
@@ -49,6 +52,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
-    "activations", "causal", "circuits", "cli", "cyclic", "engine", "errors", "features", "fourier", "helix",
-    "metrics", "models", "neurons", "patching", "probes", "report", "results", "sites", "sweep", "tasks", "viz",
+    "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
+    "fourier", "helix", "intervals", "metrics", "models", "neurons", "outputs", "patching", "probes", "report",
+    "results", "sites", "sweep", "tasks", "types", "viz",
 ]

@@ -205,12 +205,21 @@ def ablate_command(args: argparse.Namespace) -> dict:
     if args.full_answer:
         prompts = prompts.with_scoring("full_answer")
     components = [c.strip() for c in args.components.split(",") if c.strip()]
-    result = patching.ablate(model, prompts, components, mode=args.mode, seed=args.seed)
+    ablation = _ablation(args)
+    result = patching.ablate(model, prompts, components, ablation=ablation, seed=args.seed)
     token_accuracy = [round(float(t), 4) for t in result.token_correct_after.float().mean(0)]
-    return _finish(result, args, dict(components=result.components, mode=args.mode,
+    return _finish(result, args, dict(components=result.components, ablation=ablation,
                                       accuracy_before=round(result.accuracy_before, 4),
                                       accuracy_after=round(result.accuracy_after, 4),
                                       token_accuracy_after=token_accuracy))
+
+
+def _ablation(args: argparse.Namespace) -> str:
+    """``--ablation``, or its old name ``--mode`` (with a warning)."""
+    if args.mode is None:
+        return args.ablation
+    warnings.warn("--mode is deprecated; use --ablation instead", FutureWarning, stacklevel=2)
+    return args.mode
 
 
 @command("digits", outputs=_ANALYSIS_OUTPUTS)
@@ -219,7 +228,8 @@ def digits_command(args: argparse.Namespace) -> dict:
     from arithinterp import patching
 
     model, prompts = _model_and_prompts(args)
-    result = patching.digit_ablation(model, prompts, mode=args.mode, seed=args.seed, progress=not args.no_progress)
+    result = patching.digit_ablation(model, prompts, ablation=_ablation(args), seed=args.seed,
+                                     progress=not args.no_progress)
     worst = int(result.drop.flatten().argmax())
     head, token = divmod(worst, result.drop.shape[1])
     return _finish(result, args, dict(prompts=len(prompts), baseline=[round(float(v), 4) for v in result.baseline],
@@ -420,12 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--components", default="attn0",
                    help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
                    "@final, @answer2 or @3 (default: attn0)")
-    p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
+    p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
+    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # the old name of --ablation
     p.add_argument("--full-answer", action="store_true",
                    help="score every answer token, teacher-forced (multi-token answers)")
     p = analysis("digits", "which head computes which answer digit (multi-token answers)",
                  default_model="zoo:add-3digit")
-    p.add_argument("--mode", default="mean", help="zero, mean or resample (default: mean)")
+    p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
+    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # the old name of --ablation
 
     p = analysis("circuit", "score every edge (path patching, EAP, EAP-IG) and keep the smallest faithful circuit")
     p.add_argument("--method", default="eap-ig", help="eap-ig, eap or exact (default: eap-ig)")

@@ -482,7 +482,7 @@ def test_classify_and_ablations_run_on_a_model(tiny):
     assert set(table.layer.tolist()) == {0, 1}
     assert not torch.isnan(table.importance).any()
     name = table.names[int(torch.argmax(table.labels.sum(0)))]
-    result = nn.ablate_heuristic(model, prompts, table, name, mode="zero")
+    result = nn.ablate_heuristic(model, prompts, table, name, ablation="zero")
     satisfied = table.heuristic(name).mask(prompts.a, prompts.b, prompts.answer)
     assert int(result.n_associated[0]) == int(satisfied.sum())
     assert int(result.n_associated[0] + result.n_other[0]) == len(prompts)
@@ -496,6 +496,13 @@ def test_classify_and_ablations_run_on_a_model(tiny):
     with pytest.raises(ConfigError, match="unknown heuristic"):
         nn.ablate_heuristic(model, prompts, table, "result = 9999")
     with pytest.raises(ConfigError, match="ablation mode"):
+        nn.ablate_for_prompt(model, prompts, table, ablation="half")
+    with pytest.warns(DeprecationWarning, match=r"neurons\.ablate_heuristic\(mode=\.\.\.\) is deprecated; use "
+                                                r"neurons\.ablate_heuristic\(ablation=\.\.\.\)"):
+        old = nn.ablate_heuristic(model, prompts, table, name, mode="zero")
+    assert torch.equal(old.associated_after, result.associated_after) and old.mode == "zero"
+    with pytest.warns(DeprecationWarning, match=r"neurons\.ablate_for_prompt\(mode="), \
+            pytest.raises(ConfigError, match="ablation mode"):
         nn.ablate_for_prompt(model, prompts, table, mode="half")
 
 

@@ -317,13 +317,30 @@ def test_direct_effects_are_the_whole_story_without_a_final_norm(number_tokenize
 
 def test_mean_ablation_of_an_activation_shared_by_all_prompts_changes_nothing(tiny_model):
     prompts = arithmetic(tiny_model, a=range(10), b=range(10))
-    result = patching.ablate(tiny_model, prompts, ["mlp0@0", "L1H2@0", "attn0@0"], mode="mean")  # position 0 is BOS
+    result = patching.ablate(tiny_model, prompts, ["mlp0@0", "L1H2@0", "attn0@0"], ablation="mean")  # position 0 is BOS
     assert torch.allclose(result.logprob_after, result.logprob_before, atol=1e-5)
-    changed = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], mode="zero")
+    changed = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], ablation="zero")
     assert (changed.logprob_after - changed.logprob_before).abs().max() > 1e-3
-    again = patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], mode="resample", seed=3)
-    assert torch.equal(again.logprob_after, patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], mode="resample", seed=3).logprob_after)
+    again = patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], ablation="resample", seed=3)
+    assert torch.equal(again.logprob_after, patching.ablate(tiny_model, prompts, ["mlp0", "L1N3"], ablation="resample", seed=3).logprob_after)
     assert len(result.to_frame()) == 2 and result.plot().data
+
+
+def test_the_old_ablation_keyword_warns_and_gives_the_same_numbers(tiny_model):
+    prompts = arithmetic(tiny_model, a=range(10), b=range(10))
+    new = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], ablation="zero")
+    with pytest.warns(DeprecationWarning, match=r"patching\.ablate\(mode=\.\.\.\) is deprecated; use "
+                                                r"patching\.ablate\(ablation=\.\.\.\)"):
+        old = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], mode="zero")
+    assert torch.equal(old.logprob_after, new.logprob_after) and old.mode == "zero"
+    circuit = ["mlp0", "attn1"]
+    with pytest.warns(DeprecationWarning, match=r"patching\.component_faithfulness\(mode="):
+        old = patching.component_faithfulness(tiny_model, prompts, circuit, mode="zero")
+    assert old.faithfulness == patching.component_faithfulness(tiny_model, prompts, circuit, ablation="zero").faithfulness
+    with pytest.warns(DeprecationWarning, match=r"patching\.faithfulness is deprecated; use patching\.component_faithfulness"):
+        assert patching.faithfulness(tiny_model, prompts, circuit, ablation="zero").faithfulness == old.faithfulness
+    with pytest.raises(ConfigError, match="accepted: 'zero', 'mean', 'resample'"):
+        patching.ablate(tiny_model, prompts, ["mlp0"], ablation="half")
 
 
 def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):
@@ -334,7 +351,7 @@ def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):
     prompts = arithmetic(tiny_digit_model, a=range(5, 15), b=range(3))  # one- and two-digit a
     groups = prompts.length_groups()
     assert len(groups) == 2
-    result = patching.ablate(tiny_digit_model, prompts, ["mlp0"], mode="mean")
+    result = patching.ablate(tiny_digit_model, prompts, ["mlp0"], ablation="mean")
     N, T = prompts.tokens.shape
     acts = torch.zeros(N, T, tiny_digit_model.cfg.d_model)
     for group in groups:
@@ -360,14 +377,14 @@ def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
     """Full-answer scoring feeds the answer digits; an ablation at digit k's position leaves the
     digits before it exactly as they were (causal attention) and changes digit k."""
     prompts = arithmetic(tiny_digit_model, a=range(10, 40, 3), b=range(50, 90, 7), answer_digits=3).with_scoring("full_answer")
-    result = patching.ablate(tiny_digit_model, prompts, ["attn0@answer2", "mlp0@answer2"], mode="zero")
+    result = patching.ablate(tiny_digit_model, prompts, ["attn0@answer2", "mlp0@answer2"], ablation="zero")
     assert result.token_correct_before.shape == (len(prompts), 3) and result.scoring == "full_answer"
     assert torch.allclose(result.logprob_before, prompts.answer_logprob(tiny_digit_model), atol=1e-4)
     assert torch.equal(result.token_correct_after[:, :2], result.token_correct_before[:, :2])
     assert not torch.allclose(result.logprob_after, result.logprob_before, atol=1e-3)
     assert torch.equal(result.correct_after, result.token_correct_after.all(1))
     assert list(result.to_frame().columns[-3:]) == ["token_0_accuracy", "token_1_accuracy", "token_2_accuracy"]
-    first = patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer0"], mode="zero")
+    first = patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer0"], ablation="zero")
     assert first.token_correct_before.shape == (len(prompts), 1)
     with pytest.raises(SiteError, match="full_answer"):
         patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer2"])
@@ -408,9 +425,9 @@ def test_digit_ablation_shapes_and_input_checks(tiny_model, tiny_digit_model):
 
 def test_faithfulness_bounds(tiny_model):
     prompts = arithmetic(tiny_model, a=range(10), b=range(10))
-    everything = patching.faithfulness(tiny_model, prompts, patching.default_components(tiny_model)[1:])
+    everything = patching.component_faithfulness(tiny_model, prompts, patching.default_components(tiny_model)[1:])
     assert everything.faithfulness == pytest.approx(1.0, abs=1e-6)
-    nothing = patching.faithfulness(tiny_model, prompts, [])
+    nothing = patching.component_faithfulness(tiny_model, prompts, [])
     assert nothing.faithfulness == pytest.approx(0.0, abs=1e-6)
     assert len(nothing.to_frame()) == 3 and nothing.plot().data
 
@@ -418,9 +435,9 @@ def test_faithfulness_bounds(tiny_model):
 def test_zoo_needs_its_mlps(zoo):
     model, zoo_pairs = zoo
     prompts = zoo_pairs.clean
-    ablated = patching.ablate(model, prompts, ["mlp0"], mode="mean")
+    ablated = patching.ablate(model, prompts, ["mlp0"], ablation="mean")
     assert ablated.accuracy_before == 1.0 and ablated.accuracy_after < 0.2
-    assert patching.faithfulness(model, prompts, ["attn0", "attn1", "mlp0", "mlp1"]).faithfulness == pytest.approx(1.0, abs=1e-6)
+    assert patching.component_faithfulness(model, prompts, ["attn0", "attn1", "mlp0", "mlp1"]).faithfulness == pytest.approx(1.0, abs=1e-6)
 
 
 def test_attribution_tracks_exact_patching_on_zoo(zoo):
@@ -445,7 +462,7 @@ def _every_analysis(model, digit_model):
     out.update({f"attribute {site}": result.values for site, result in attributed.items()})
     out["integrated gradients"] = patching.attribute(model, pairs, "resid_pre", method="integrated_gradients", steps=4, progress=False).values
     out["ablate"] = patching.ablate(model, prompts, ["mlp0", "L1H2@final"]).logprob_after
-    faithful = patching.faithfulness(model, prompts, ["mlp0", "attn1@final"])
+    faithful = patching.component_faithfulness(model, prompts, ["mlp0", "attn1@final"])
     out["faithfulness"] = torch.tensor([faithful.metric_full, faithful.metric_circuit, faithful.metric_empty])
     out["direct effect"] = patching.direct_effect(model, pairs, progress=False).direct
     out["digit ablation"] = patching.digit_ablation(digit_model, digits, heads=["L0H0", "L1H1"], progress=False).accuracy
@@ -481,7 +498,7 @@ def test_zoo_in_bfloat16(zoo):
         assert approx.meta["engine"][0].startswith("stepped")
     attributed = patching.attribute(half, zoo_pairs, "resid_pre", normalize=True, progress=False)
     assert (attributed.mean - patching.attribute(model, zoo_pairs, "resid_pre", normalize=True, progress=False).mean).abs().max() <= 0.05
-    ablated = patching.ablate(half, zoo_pairs.clean, ["mlp0"], mode="mean")
+    ablated = patching.ablate(half, zoo_pairs.clean, ["mlp0"], ablation="mean")
     assert ablated.accuracy_before == 1.0 and ablated.accuracy_after < 0.2
 
 
@@ -535,7 +552,7 @@ def test_other_bad_input_is_explained(tiny_model, pairs):
     with pytest.raises(SiteError, match="0..1"):
         patching.direct_effect(tiny_model, pairs, ["attn5"], progress=False)
     with pytest.raises(ConfigError, match="resample"):
-        patching.ablate(tiny_model, pairs.clean, ["mlp0"], mode="shuffle")
+        patching.ablate(tiny_model, pairs.clean, ["mlp0"], ablation="shuffle")
     same = type(pairs)(pairs.clean, pairs.clean)
     with pytest.raises(ArithInterpError, match="same mean"):  # nothing to find where nothing differs
         patching.activation_patching(tiny_model, same, "resid_pre", normalize=True, progress=False)

@@ -192,7 +192,7 @@ def test_load_model_dtype_and_device_map(llama_folder, monkeypatch):
 def test_ablate_at_operand_token_positions(llama_model):
     model = llama_model("digit")
     prompts = arithmetic(model, a=range(10, 40, 3), b=range(10, 40, 7))
-    first = patching.ablate(model, prompts, ["attn1@a[0]", "mlp0@final-1"], mode="zero")
+    first = patching.ablate(model, prompts, ["attn1@a[0]", "mlp0@final-1"], ablation="zero")
     assert first.logprob_after.shape == (len(prompts),)
     assert not torch.allclose(first.logprob_after, first.logprob_before)
 

@@ -4,7 +4,7 @@ prompts or a same-size random control."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
 from arithinterp import sites as site_lib
+from arithinterp.deprecation import renamed_keyword
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.neurons.model import final_position_batches, check_prompts, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
@@ -188,7 +189,8 @@ def ablate_heuristic(
     table: HeuristicTable,
     heuristic: Union[str, Sequence[str], None] = None,
     *,
-    mode: str = "mean",
+    ablation: str = "mean",
+    mode: Optional[str] = None,
     min_neurons: int = 1,
     batch_size: int = 512,
     progress: bool = False,
@@ -197,14 +199,16 @@ def ablate_heuristic(
 
     A prompt is associated with a heuristic when its (a, b, result) satisfies it. Neurons are
     ablated at the final position by setting ``mlp_post`` to its mean ablation value
-    (``mode="mean"``: :func:`arithinterp.engine.mean_activation` over ``prompts`` at the final
-    position, i.e. the mean over all of them) or to zero.
+    (``ablation="mean"``: :func:`arithinterp.engine.mean_activation` over ``prompts`` at the final
+    position, i.e. the mean over all of them) or to zero (``"zero"``); ``mode=`` is the deprecated
+    old name of ``ablation=``.
 
     Args:
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
             ``min_neurons`` neurons.
     """
     check_belongs(model, "neurons.ablate_heuristic", prompts=prompts, table=table)
+    mode = renamed_keyword("neurons.ablate_heuristic", "mode", mode, "ablation", ablation, "mean")
     check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
@@ -262,7 +266,8 @@ def ablate_for_prompt(
     table: HeuristicTable,
     k: Union[int, Sequence[int]] = (1, 2, 5, 10, 20),
     *,
-    mode: str = "mean",
+    ablation: str = "mean",
+    mode: Optional[str] = None,
     rank_by: str = "score",
     seed: int = 0,
     batch_size: int = 512,
@@ -279,6 +284,7 @@ def ablate_for_prompt(
     Returns the fraction of prompts still answered correctly in both arms for each ``k``.
     """
     check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
+    mode = renamed_keyword("neurons.ablate_for_prompt", "mode", mode, "ablation", ablation, "mean")
     check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)

@@ -9,8 +9,9 @@
   exact sweep.
 * :func:`direct_effect` — direct effect of components (their corrupt − clean output added straight
   into the final residual stream) next to their total effect (Kantamneni & Tegmark 2025).
-* :func:`ablate` and :func:`faithfulness` — zero / mean / resample ablation, and the faithfulness of
-  a circuit with everything outside it mean-ablated (Nikankin et al. 2025).
+* :func:`ablate` and :func:`component_faithfulness` — zero / mean / resample ablation of heads and
+  MLPs, and the faithfulness of a circuit of components (nodes) with everything outside it
+  mean-ablated (Nikankin et al. 2025); edge-level circuits are :mod:`arithinterp.circuits`.
 * :func:`digit_ablation` — each head ablated at each answer position alone, each answer digit
   scored teacher-forced: which head computes which digit (Quirke & Barez 2024); :func:`digit_pairs`
   teacher-forces pairs so any final-position analysis scores one answer digit, and :func:`vary_digit`
@@ -43,8 +44,9 @@ from arithinterp.patching.components import (
     ablate,
     default_components,
     direct_effect,
-    faithfulness,
+    component_faithfulness,
 )
+from arithinterp.deprecation import deprecated
 from arithinterp.metrics import DIRECTIONS, METRICS
 from arithinterp.patching.core import (
     COMPONENT_ABLATION_MODES,
@@ -59,7 +61,9 @@ from arithinterp.patching.digits import FEEDS as DIGIT_FEEDS
 from arithinterp.patching.digits import DigitAblationResult, digit_ablation, digit_pairs, vary_digit
 from arithinterp.patching.exact import activation_patching
 
-sweep = activation_patching  # the old name; new code says activation_patching
+# old names: each call warns and names the new one
+sweep = deprecated("patching.sweep", "patching.activation_patching")(activation_patching)
+faithfulness = deprecated("patching.faithfulness", "patching.component_faithfulness")(component_faithfulness)
 
 __all__ = [
     "activation_patching",
@@ -69,7 +73,7 @@ __all__ = [
     "direct_effect",
     "default_components",
     "ablate",
-    "faithfulness",
+    "component_faithfulness",
     "digit_ablation",
     "digit_pairs",
     "vary_digit",

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
+from arithinterp import metrics as metric_lib
 from arithinterp.checks import check_belongs, check_choice, check_pairs
+from arithinterp.deprecation import renamed_keyword
 from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn, metric_name, pick
+from arithinterp.metrics import ANSWER_METRICS, DIRECTIONS, metric_context, metric_fn, metric_name
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES, warn_first_token_only
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
@@ -454,24 +456,26 @@ def token_scores(prompts) -> Callable:
     return score
 
 
-def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], mode: str = "mean",
-           seed: int = 0) -> AblationResult:
+def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], ablation: str = "mean",
+           seed: int = 0, *, mode: Optional[str] = None) -> AblationResult:
     """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
 
     components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
         through its ``hook_z``), ``"L{l}N{n}"`` (one MLP neuron), each optionally restricted to one
         position with ``"@a"``, ``"@b"``, ``"@final"``, ``"@answer{k}"`` (the position that
         predicts answer token k) or ``"@{int}"``.
-    mode: ``"zero"``; ``"mean"`` (:func:`arithinterp.engine.mean_activation`: the mean over these
+    ablation: ``"zero"``; ``"mean"`` (:func:`arithinterp.engine.mean_activation`: the mean over these
         prompts at each position counted from the prompt's end, over the prompts that have that
         position); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
+        ``mode=`` is its deprecated old name.
 
     Prompts with ``scoring="full_answer"`` (``prompts.with_scoring("full_answer")``) are scored on
     every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
     Barez: mean-ablate a head at the position of one answer digit and see which digit breaks).
     """
     check_belongs(model, "patching.ablate", prompts=prompts)
-    check_choice("mode", mode, COMPONENT_ABLATION_MODES)
+    mode = renamed_keyword("patching.ablate", "mode", mode, "ablation", ablation, "mean")
+    check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"), prompts)
@@ -534,25 +538,30 @@ class FaithfulnessResult(Result):
         return plot_faithfulness(self, **kwargs)
 
 
-FAITHFULNESS_METRICS = ("logit", "logprob", "prob", "accuracy")
+FAITHFULNESS_METRICS = ANSWER_METRICS  # a prompt's own answer: no counterfactual to compare with
 
 
-def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit",
-                 mode: str = "mean", seed: int = 0) -> FaithfulnessResult:
-    """Faithfulness of ``circuit`` (Nikankin et al. 2025, "Arithmetic Without Algorithms").
+def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit",
+                           ablation: str = "mean", seed: int = 0, *, mode: Optional[str] = None) -> FaithfulnessResult:
+    """Faithfulness of a circuit of components (nodes: heads and MLPs; Nikankin et al. 2025,
+    "Arithmetic Without Algorithms"). The faithfulness curve of an edge-level circuit is
+    :func:`arithinterp.circuits.faithfulness`; this function was called ``patching.faithfulness``.
 
-    Every attention head and MLP outside the circuit is mean-ablated (``mode``: also ``"zero"``,
-    ``"resample"``) and the metric on the correct answer's first token compared with the full
-    model and with everything ablated: ``(m(circuit) − m(empty)) / (m(full) − m(empty))`` — 1 is
-    fully faithful, 0 no better than the ablation baseline.
+    Every attention head and MLP outside the circuit is mean-ablated (``ablation``: also ``"zero"``,
+    ``"resample"``; ``mode=`` is its deprecated old name) and the metric on the correct answer's
+    first token compared with the full model and with everything ablated:
+    ``(m(circuit) − m(empty)) / (m(full) − m(empty))`` — 1 is fully faithful, 0 no better than the
+    ablation baseline.
 
     circuit: component names as in :func:`ablate` (``"L2H1"``, ``"attn0"`` = every head of layer
         0, ``"mlp1"``, optionally ``"@position"`` to keep a component at one position only).
-    metric: ``"logit"`` (default, *(choice)*), ``"logprob"``, ``"prob"`` or ``"accuracy"``.
+    metric: one of :data:`arithinterp.metrics.ANSWER_METRICS`: ``"logit"`` (default, *(choice)*),
+        ``"logprob"``, ``"prob"`` or ``"accuracy"``.
     """
-    check_belongs(model, "patching.faithfulness", prompts=prompts)
+    check_belongs(model, "patching.component_faithfulness", prompts=prompts)
+    mode = renamed_keyword("patching.component_faithfulness", "mode", mode, "ablation", ablation, "mean")
     check_choice("metric", metric, FAITHFULNESS_METRICS)
-    check_choice("mode", mode, COMPONENT_ABLATION_MODES)
+    check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
     parsed = parse_components(model, list(circuit), ("attn", "mlp", "head"), prompts) if len(circuit) else []
@@ -561,9 +570,9 @@ def faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str],
     def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]
         logits, answer = logits[:, -1], prompts.answer_tokens[rows, 0].to(logits.device)
         values = {
-            "logit": lambda: pick(logits, answer),
-            "logprob": lambda: pick(logits.float().log_softmax(-1), answer),
-            "prob": lambda: pick(logits.float().softmax(-1), answer),
+            "logit": lambda: metric_lib.logit(logits, answer),
+            "logprob": lambda: metric_lib.logprob(logits, answer),
+            "prob": lambda: metric_lib.prob(logits, answer),
             "accuracy": lambda: (logits.argmax(-1) == answer).float(),
         }[metric]()
         return torch.stack([values.float(), (logits.argmax(-1) == answer).float()], dim=1)

@@ -175,7 +175,7 @@ def warn_first_token_only(pairs, what: str) -> None:
 
         warnings.warn(
             f"{what} scores the first answer token only, although these prompts ask for full-answer scoring; "
-            "patching.sweep(..., scoring='full_answer') scores every answer token",
+            "patching.activation_patching(..., scoring='full_answer') scores every answer token",
             UserWarning,
             stacklevel=3,
         )

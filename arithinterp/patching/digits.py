@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
+from arithinterp.deprecation import renamed_keyword
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp.patching.components import ablated_scores, parse_components, token_scores
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES
@@ -78,17 +79,17 @@ class DigitAblationResult(Result):
 
 
 def digit_ablation(
-    model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, mode: str = "mean", seed: int = 0, *,
-    progress: bool = True,
+    model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, ablation: str = "mean",
+    seed: int = 0, *, progress: bool = True, mode: Optional[str] = None,
 ) -> DigitAblationResult:
     """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
     "Understanding Addition in Transformers").
 
     Quirke & Barez read a digit-addition model's heads as a staircase: each answer digit is
     computed one token before it is emitted, by heads that attend to the matching operand digits.
-    This measures it: for every head and every answer token k, the head is ablated (``mode``:
-    ``"mean"``, ``"zero"`` or ``"resample"``) at the position that predicts token k, the answer
-    is teacher-forced, and token k's accuracy is read.
+    This measures it: for every head and every answer token k, the head is ablated (``ablation``:
+    ``"mean"``, ``"zero"`` or ``"resample"``; ``mode=`` is its deprecated old name) at the position
+    that predicts token k, the answer is teacher-forced, and token k's accuracy is read.
 
     Args:
         prompts: a PromptSet with multi-token answers (e.g. ``zoo:add-3digit``'s); its scoring is
@@ -96,7 +97,8 @@ def digit_ablation(
         heads: ``"L{layer}H{head}"`` names (default: every head).
     """
     check_belongs(model, "patching.digit_ablation", prompts=prompts)
-    check_choice("mode", mode, COMPONENT_ABLATION_MODES)
+    mode = renamed_keyword("patching.digit_ablation", "mode", mode, "ablation", ablation, "mean")
+    check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     n_answer = prompts.answer_tokens.shape[1]

@@ -29,6 +29,7 @@ Imports flow one way: ``estimators`` ← ``layer_sweep``; ``answers``, ``estimat
 ``detector`` ← ``reask``.
 """
 
+from arithinterp.deprecation import deprecated
 from arithinterp.probes.answers import answer_activations, answer_slots
 from arithinterp.probes.detector import (
     DETECTOR_METHODS,
@@ -57,7 +58,8 @@ from arithinterp.probes.layer_sweep import (
 )
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
 
-sweep = probe_layers  # the old name; new code says probe_layers
+# the old name: each call warns and names the new one
+sweep = deprecated("probes.sweep", "probes.probe_layers")(probe_layers)
 
 __all__ = [
     "LogisticProbe",

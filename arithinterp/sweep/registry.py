@@ -162,7 +162,7 @@ def ablation_analysis(
     from arithinterp import patching
 
     names = [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)
-    return patching.ablate(model, prompts, names, mode=mode, seed=seed).to_frame()
+    return patching.ablate(model, prompts, names, ablation=mode, seed=seed).to_frame()
 
 
 def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: str = "logistic",
