@@ -59,3 +59,28 @@ def test_analysis_commands_write_results_and_figures(command, check, tmp_path, c
 def test_analysis_command_bad_site_exits_2(capsys):
     assert main(["patch", "--site", "resid_psot", "--limit", "50", "--no-progress"]) == 2
     assert "resid_pre" in capsys.readouterr().err
+
+
+def test_both_command_lines_print_through_one_summary_printer_and_error_reporter(capsys):
+    from arithinterp import cli, outputs
+    from arithinterp.sweep import cli as sweep_cli
+
+    assert cli.fail is sweep_cli.fail is outputs.fail
+    assert cli.print_summary is sweep_cli.print_summary is outputs.print_summary
+    outputs.print_summary(dict(cells=2, plan=[dict(cell="c1", analysis="ablation")]), as_json=False)
+    assert capsys.readouterr().out.splitlines() == ["cells: 2", "plan:", "cell analysis", "  c1 ablation"]
+    assert sweep_cli.main(["no-such-config.toml", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("arithinterp sweep: error: ")
+    assert json.loads(captured.out)["exit_code"] == 2
+
+
+def test_the_old_mode_flag_still_works_and_says_its_new_name(capsys):
+    args = ["ablate", "--components", "mlp0", "--limit", "50", "--no-progress", "--json"]
+    assert main([*args, "--ablation", "zero"]) == 0
+    new = json.loads(capsys.readouterr().out)
+    assert main([*args, "--mode", "zero"]) == 0
+    captured = capsys.readouterr()
+    assert "--mode is deprecated; use --ablation instead" in captured.err
+    old = json.loads(captured.out)
+    assert old["ablation"] == new["ablation"] == "zero" and old["accuracy_after"] == new["accuracy_after"]

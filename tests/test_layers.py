@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,11 @@ def test_the_version_needs_no_import_of_the_package_root():
     from arithinterp._version import __version__
 
     assert ai.__version__ == __version__
+    # written once: the package metadata reads it from the same module
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "arithinterp._version.__version__"}
 
 
 # the checker itself: each rule fires on a planted import, and stays quiet on allowed ones

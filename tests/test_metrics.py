@@ -31,3 +31,22 @@ def test_metrics_validate_shapes():
     with pytest.raises(AnalysisError, match="empty"):
         metrics.accuracy(torch.tensor([]), torch.tensor([]))
     assert metrics.accuracy(torch.tensor([1, 2, 3]), torch.tensor([1, 0, 3])) == pytest.approx(2 / 3)
+
+
+def test_metrics_score_stacked_runs_and_are_what_patching_scores_with():
+    # [runs, batch, vocab]: the patching and circuit analyses score many stacked runs at once
+    from arithinterp.metrics import MetricContext, metric_fn
+
+    logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0))
+    good, bad = torch.tensor([0, 1, 2, 3]), torch.tensor([6, 5, 4, 3])
+    stacked = metrics.logit_diff(logits, good, bad)
+    assert stacked.shape == (3, 4)
+    assert torch.equal(stacked[1], metrics.logit_diff(logits[1], good, bad))
+    ctx = MetricContext(good, bad, bad, good, pairs=None)
+    assert torch.equal(metric_fn("logit_diff")(logits, ctx), stacked)
+    assert torch.equal(metric_fn("prob")(logits, ctx), metrics.prob(logits, good))
+    assert torch.equal(metric_fn("logprob")(logits, ctx), metrics.logprob(logits, good))
+    expected = logits.softmax(-1).gather(-1, good.expand(3, 4)[..., None])[..., 0]
+    assert torch.allclose(metrics.prob(logits, good), expected)
+    with pytest.raises(AnalysisError, match=r"token ids must be \[batch\]=4"):
+        metrics.logit(logits, torch.tensor([0, 1]))
