@@ -2,20 +2,19 @@
 names the new one (as scikit-learn's ``deprecated`` does), so code can move before they go.
 
 * :func:`deprecated` — an old function name: a wrapper that warns, then calls the new function;
-* :func:`renamed_keyword` — an old keyword argument: its value, taken with a warning;
-* :func:`renamed_value` — an old value of a keyword (an old method or metric name): the new value,
-  with a warning.
+* :func:`renamed_keyword` — an old keyword argument: its value, taken with a warning.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from arithinterp.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def warn_renamed(old: str, new: str, stacklevel: int = 1) -> None:
@@ -41,7 +40,7 @@ def deprecated(old: str, new: str) -> Callable[[F], F]:
     return wrap
 
 
-def renamed_keyword(where: str, old: str, old_value: Any, new: str, new_value: Any, default: Any) -> Any:
+def renamed_keyword(where: str, old: str, old_value: Optional[T], new: str, new_value: T, default: T) -> T:
     """The value of keyword ``new`` of ``where``, or of its old name ``old`` when that was given
     (``old_value`` not None), with a warning; giving both with different values is refused."""
     if old_value is None:
@@ -52,11 +51,3 @@ def renamed_keyword(where: str, old: str, old_value: Any, new: str, new_value: A
                           f"{new}={new_value!r} and {old}={old_value!r}")
     return old_value
 
-
-def renamed_value(where: str, keyword: str, value: Any, renamed: Mapping[Any, Any]) -> Any:
-    """``renamed[value]`` when ``value`` is an old name of a ``keyword`` value of ``where`` (with a
-    warning naming the new one), else ``value``."""
-    if isinstance(value, str) and value in renamed:
-        warn_renamed(f"{where}({keyword}={value!r})", f"{where}({keyword}={renamed[value]!r})", stacklevel=3)
-        return renamed[value]
-    return value
