@@ -1,7 +1,10 @@
-"""Shared pieces of the patching analyses: the result type, metrics, input checks, the cell grid.
+"""Shared pieces of the patching analyses: the result type, its summary, scoring of whole answers,
+the cell grid.
 
 The functions here are the patching package's own building blocks; the package exports the
-result type and the constants, not these helpers.
+result type and the constants, not these helpers. What other analyses share with patching lives
+lower down: the metric vocabulary in :mod:`arithinterp.metrics`, the pair checks in
+:mod:`arithinterp.checks`, position resolution in :mod:`arithinterp.tasks`.
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1
 
 
 # =================================================================================================
-# Metrics
+# Scoring (the metric names and functions are arithinterp.metrics)
 # =================================================================================================
 
 
@@ -252,7 +255,7 @@ class FullAnswer:
 
 
 # =================================================================================================
-# Validation
+# Units and cells
 # =================================================================================================
 
 
