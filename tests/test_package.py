@@ -95,7 +95,7 @@ def test_a_loaded_model_has_the_hooked_model_surface(tiny_model):
 SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
 PUBLIC_MODULES = sorted({p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("_")} | set(SUBPACKAGES))
 # names two subpackages still share; a new clash fails, and so does one that is gone (then drop it here)
-KNOWN_CLASHES = {"Graph": ["circuits", "features"], "METHODS": ["causal", "patching"]}
+KNOWN_CLASHES = {"Graph": ["circuits", "features"]}
 
 
 def test_no_two_subpackages_export_the_same_name():
@@ -141,6 +141,13 @@ def test_old_function_names_warn_and_name_the_new_one(old, new):
         with pytest.raises(ai.errors.ArithInterpError):
             alias(None, None, None)
     assert name not in getattr(ai, module).__all__  # the old name is not part of the surface
+
+
+def test_the_old_name_of_the_attribution_methods_warns():
+    with pytest.warns(DeprecationWarning, match=r"patching\.METHODS is deprecated; use patching\.ATTRIBUTION_METHODS"):
+        assert ai.patching.METHODS == ai.patching.ATTRIBUTION_METHODS == ("attribution", "integrated_gradients")
+    with pytest.raises(AttributeError, match="no attribute 'NOPE'"):
+        ai.patching.NOPE  # noqa: B018
 
 
 def test_a_warning_points_at_the_callers_line():

@@ -46,13 +46,13 @@ from arithinterp.patching.components import (
     direct_effect,
     component_faithfulness,
 )
-from arithinterp.deprecation import deprecated
+from arithinterp.deprecation import deprecated, warn_renamed
 from arithinterp.metrics import DIRECTIONS, METRICS
 from arithinterp.patching.core import (
     COMPONENT_ABLATION_MODES,
     ATTRIBUTE_SITES,
+    ATTRIBUTION_METHODS,
     ENGINES,
-    METHODS,
     SWEEP_SITES,
     PatchResult,
     summarize,
@@ -89,9 +89,16 @@ __all__ = [
     "METRICS",
     "DIRECTIONS",
     "ENGINES",
-    "METHODS",
+    "ATTRIBUTION_METHODS",
     "COMPONENT_ABLATION_MODES",
     "COMPONENT_FORMS",
     "FAITHFULNESS_METRICS",
     "DIGIT_FEEDS",
 ]
+
+
+def __getattr__(name: str):
+    if name == "METHODS":  # the old name, which causal.METHODS (the DAS methods) shared
+        warn_renamed("patching.METHODS", "patching.ATTRIBUTION_METHODS", stacklevel=2)
+        return ATTRIBUTION_METHODS
+    raise AttributeError(f"module 'arithinterp.patching' has no attribute {name!r}")

@@ -17,7 +17,7 @@ from arithinterp.errors import AnalysisError, SiteError, accepted
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.patching.core import (
     ATTRIBUTE_SITES,
-    METHODS,
+    ATTRIBUTION_METHODS,
     UNIT_SITES,
     Cells,
     PatchResult,
@@ -123,7 +123,7 @@ def attribute(
         site_lib.check_site(site)
         if site not in ATTRIBUTE_SITES:
             raise SiteError(f"site {site!r} cannot be attributed; accepted: {accepted(ATTRIBUTE_SITES)}")
-    check_choice("method", method, METHODS)
+    check_choice("method", method, ATTRIBUTION_METHODS)
     check_choice("direction", direction, DIRECTIONS)
     if method == "integrated_gradients":
         steps = integer("steps", steps, minimum=1)
