@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 VALUES = ("source", "corrupt", "clean", "mean")
-METHODS = ("eap", "eap-ig")
+METHODS = ("eap", "eap-ig", "eap-ig-activations")
 
 
 def _position_onehot(graph: Graph, pairs, idx: torch.Tensor, offset: int, length: int) -> torch.Tensor:
@@ -262,7 +262,7 @@ def attribute_edges(
     graph = graph or Graph.of(model)
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method == "eap-ig":
+    if method in ("eap-ig", "eap-ig-activations"):
         steps = integer("steps", steps, minimum=1)
     batch_size = _check_count("batch_size", batch_size)
     budget = memory_budget(model, max_memory)
@@ -279,6 +279,16 @@ def attribute_edges(
     for idx in tqdm(batches, desc=method, disable=not progress):
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
+        if method == "eap-ig-activations":  # integrated over each sender group's outputs
+            from arithinterp.circuits.ig_activations import activation_ig_batch
+
+            onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T)
+            per, count = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn, pairs[idx], direction,
+                                             base_tokens, source_tokens, onehot, steps)
+            scores[idx] = graph.from_dense(per).cpu()
+            passes += count
+            per_batch.append(count)
+            continue
         count = 0
         source_send, source_logits = sender_outputs(model, source_tokens)
         count += 1
