@@ -157,13 +157,15 @@ def lbfgs_rows(fun: Any, x0: torch.Tensor, max_iter: int = 100, tol: float = 1e-
             slope = (g * d).sum(1)
         d[~active] = 0.0
         t = torch.ones(B)
+        x_new = x + d
+        f_new, g_new, size_new = fun(x_new)
         for _ in range(40):  # halve each row's step until it decreases its objective enough
-            x_new = x + t[:, None] * d
-            f_new, g_new, size_new = fun(x_new)
             ok = (f_new <= f + 1e-4 * t * slope) | ~active
             if bool(ok.all()):
                 break
             t = torch.where(ok, t, 0.5 * t)
+            x_new = x + t[:, None] * d
+            f_new, g_new, size_new = fun(x_new)
         s, y = x_new - x, g_new - g
         sy = (s * y).sum(1)
         rho = torch.where(active & (sy > 1e-10), 1.0 / sy.clamp_min(1e-30), 0.0)
