@@ -239,6 +239,7 @@ def attribute_edges(
     batch_size: Optional[int] = None,
     max_memory: Optional[float] = None,
     progress: bool = True,
+    neurons: Optional[dict] = None,
 ) -> dict:
     """Every edge's estimated effect in a few forwards and backwards per batch.
 
@@ -253,6 +254,12 @@ def attribute_edges(
     at every position, hundreds of MB on a 135M-parameter model, so prompts run in batches of
     ``batch_size``, by default as many as fit in ``max_memory`` bytes
     (:func:`arithinterp.engine.budget.memory_budget`); only the ``[pairs, edges]`` scores are kept.
+
+    ``method="eap-ig-activations"`` integrates over each sender group's outputs instead of the
+    input (:mod:`arithinterp.circuits.ig_activations`). ``neurons`` (``{layer: [neuron ids] or
+    "all"}``) also scores those MLP neurons as senders of their own
+    (:mod:`arithinterp.circuits.neurons`): ``neuron_scores [N, n_neuron_edges]`` and
+    ``neuron_edges`` (names such as ``MLP0N5->L1H2.q``), two more forwards per batch.
 
     Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
     ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used).
@@ -276,6 +283,13 @@ def attribute_edges(
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     passes, per_batch = 0, []
     alphas = [None] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
+    senders, neuron_index, neuron_names, neuron_out = [], torch.zeros(0, 3, dtype=torch.long), [], None
+    if neurons is not None:  # MLP neurons as senders of their own
+        from arithinterp.circuits.neurons import check_neurons, neuron_edges, neuron_scores
+
+        senders = check_neurons(model, graph, neurons)
+        neuron_names, neuron_index = neuron_edges(graph, senders)
+        neuron_out = torch.empty(len(pairs), len(neuron_names))
     for idx in tqdm(batches, desc=method, disable=not progress):
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
@@ -283,9 +297,15 @@ def attribute_edges(
             from arithinterp.circuits.ig_activations import activation_ig_batch
 
             onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T)
-            per, count = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn, pairs[idx], direction,
-                                             base_tokens, source_tokens, onehot, steps)
+            mlps = sorted({graph.layout.mlp_sender(layer) for layer, _ in senders})
+            per, count, kept = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn, pairs[idx],
+                                                   direction, base_tokens, source_tokens, onehot, steps, keep=mlps)
             scores[idx] = graph.from_dense(per).cpu()
+            if neuron_out is not None:
+                neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index,
+                                                lambda layer: kept[graph.layout.mlp_sender(layer)],
+                                                base_tokens, source_tokens, onehot)
+                count += 2
             passes += count
             per_batch.append(count)
             continue
@@ -325,8 +345,15 @@ def attribute_edges(
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(g.device)
         per = torch.einsum("btrd,btsd,pbt->bprs", g, diff, onehot)  # [B, P, R, S]
         scores[idx] = graph.from_dense(per).cpu()
+        if neuron_out is not None:
+            neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index, lambda layer, g=g: g,
+                                            base_tokens, source_tokens, onehot)
+            count += 2
         passes += count
         per_batch.append(count)
     release_freed_memory()  # the gradient runs are done; what runs next should not add to their peak
-    return {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches),
-            "batch_size": batch_size, "max_memory": budget}
+    out = {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches),
+           "batch_size": batch_size, "max_memory": budget}
+    if neuron_out is not None:
+        out.update(neuron_scores=neuron_out, neuron_edges=neuron_names)
+    return out

@@ -20,7 +20,7 @@ output interpolated (the senders of a group read only upstream senders, which ar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import torch
 
@@ -50,8 +50,10 @@ def sender_groups(layout: Layout) -> list[list[int]]:
 
 def activation_ig_batch(model, engine: EdgeForward, graph: Graph, receivers: list, fn: Callable,
                         pairs_batch, direction: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor,
-                        onehot: torch.Tensor, steps: int) -> tuple[torch.Tensor, int]:
-    """Edge scores ``[B, P, R, S]`` of one batch (dense layout) and the passes it took.
+                        onehot: torch.Tensor, steps: int, keep: Sequence[int] = ()) -> tuple[torch.Tensor, int, dict]:
+    """Edge scores ``[B, P, R, S]`` of one batch (dense layout), the passes it took and the
+    averaged receiver gradients ``[B, T, R, d]`` of the groups holding the senders in ``keep``
+    (by sender index; the MLPs whose neurons are scored too).
 
     The base run's gradient (α = 0) is the same for every group, so it runs once: 2 forwards for
     the sender outputs, then ``1 + (steps − 1) · n_groups`` gradient runs (a forward and a
@@ -91,10 +93,12 @@ def activation_ig_batch(model, engine: EdgeForward, graph: Graph, receivers: lis
     base_grad = gradient(None, 0.0)
     passes += 2
     per = torch.zeros(B, onehot.shape[0], L.n_receivers, L.n_senders, device=base_grad.device)
+    kept: dict = {}
     for group in sender_groups(L):
         total = base_grad.clone()
         for k in range(1, steps):
             total += gradient(group, k / steps)
             passes += 2
         per[..., group] = torch.einsum("btrd,btsd,pbt->bprs", total / steps, diff[:, :, group], onehot)
-    return per, passes
+        kept.update({s: total / steps for s in group if s in keep})
+    return per, passes, kept
