@@ -20,6 +20,8 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, integer
 from arithinterp.circuits.graph import Graph
+from arithinterp.circuits.ig_activations import activation_ig_batch
+from arithinterp.circuits.neurons import check_neurons, neuron_edges, neuron_scores
 from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
 from arithinterp.engine.edges import (
     CHANNELS,
@@ -285,8 +287,6 @@ def attribute_edges(
     alphas = [None] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
     senders, neuron_index, neuron_names, neuron_out = [], torch.zeros(0, 3, dtype=torch.long), [], None
     if neurons is not None:  # MLP neurons as senders of their own
-        from arithinterp.circuits.neurons import check_neurons, neuron_edges, neuron_scores
-
         senders = check_neurons(model, graph, neurons)
         neuron_names, neuron_index = neuron_edges(graph, senders)
         neuron_out = torch.empty(len(pairs), len(neuron_names))
@@ -294,8 +294,6 @@ def attribute_edges(
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
         if method == "eap-ig-activations":  # integrated over each sender group's outputs
-            from arithinterp.circuits.ig_activations import activation_ig_batch
-
             onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T)
             mlps = sorted({graph.layout.mlp_sender(layer) for layer, _ in senders})
             per, count, kept = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn, pairs[idx],
