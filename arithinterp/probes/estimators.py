@@ -316,6 +316,9 @@ class LogisticProbe(_Probe):
             raise AnalysisError(
                 f"targets and masks must both be [B, {len(X)}], got {tuple(targets.shape)} and {tuple(masks.shape)}"
             )
+        if eigenbasis is not None and (len(eigenbasis) != 2 or tuple(eigenbasis[1].shape) != (X.shape[1],) * 2):
+            raise AnalysisError(f"eigenbasis must be (eigenvalues, vectors) of features with {X.shape[1]} columns "
+                                "(estimators.feature_eigenbasis(X))")
         if init is not None and len(init) != len(targets):
             raise AnalysisError(f"init must hold one fitted probe (or None) per row of targets ({len(targets)}), "
                                 f"got {len(init)}")
@@ -399,10 +402,6 @@ class LogisticProbe(_Probe):
                     spread = ((probs * (1 - probs)).sum(-1) * weights).sum(1) / total
                     if eigenbasis is None:
                         eigenbasis = feature_eigenbasis(X)
-                    elif tuple(eigenbasis[1].shape) != (d, d):
-                        raise AnalysisError(
-                            f"eigenbasis must come from features with {d} columns (feature_eigenbasis(X)), "
-                            f"got vectors of shape {tuple(eigenbasis[1].shape)}")
                     basis = _CurvatureBasis(eigenbasis, spread, 1.0 / (self.C * total), K)
 
                     def scaled(theta_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
