@@ -13,6 +13,7 @@ ones, wall time (median of ``--runs``, one thread) and passes per batch. Markdow
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
 import torch
 from circuits import pearson, ranks  # benchmarks/circuits.py: the same correlations
@@ -39,9 +40,10 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> None:
     print("| method | Pearson vs exact | Spearman vs exact | time (s) | passes per batch |")
     print("|---|---:|---:|---:|---:|")
     for method in METHODS:
-        seconds, got = median_time(
+        seconds, result = median_time(
             lambda method=method: attribute_edges(model, pairs, method=method, steps=steps, batch_size=len(pairs),
                                                   progress=False), runs)
+        got = cast(dict, result)  # what attribute_edges returns
         scores = got["scores"].mean(0)
         label = method if method == "eap" else f"{method} ({steps} steps)"
         print(f"| {label} | {pearson(exact, scores):.3f} | {pearson(ranks(exact), ranks(scores)):.3f} "
@@ -49,7 +51,7 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
