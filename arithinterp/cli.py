@@ -440,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # the old name of --ablation
 
     p = analysis("circuit", "score every edge (path patching, EAP, EAP-IG) and keep the smallest faithful circuit")
-    p.add_argument("--method", default="eap-ig", help="eap-ig, eap or exact (default: eap-ig)")
+    p.add_argument("--method", default="eap-ig", help="eap-ig, eap-ig-activations, eap or exact (default: eap-ig)")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default: 5)")
     p.add_argument("--positions", default=None,
                    help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")

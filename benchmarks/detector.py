@@ -21,11 +21,20 @@ through ``collect`` (whole forwards) and through the shared-prefix base run, sid
 of ``--runs``. The largest differences between the two ways are printed too.
 
     python benchmarks/detector.py --prefix [--prefix-prompts 400] [--prefix-layers 8] [--runs 3]
+
+``--speed`` times ``ErrorDetector.fit`` itself on ``--fit`` problems of each seed (the model's
+answers given, as above): the batched solver (every probe of a feature set in one vectorised
+L-BFGS, the default) against the per-target one it replaced (one joint L-BFGS per target), in
+alternating runs in one process, with the cross-validated scores both ways and their largest
+difference.
+
+    python benchmarks/detector.py --speed [--fit 7790] [--seeds 11 12 13] [--runs 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -57,7 +66,6 @@ def spread(values):
 
 def bench_prefix(n_prompts: int, n_layers: int, runs: int) -> None:
     """Generation and slot reading with and without the shared prefix computed once."""
-    import os
     import sys
     import tempfile
     from pathlib import Path
@@ -113,6 +121,44 @@ def bench_prefix(n_prompts: int, n_layers: int, runs: int) -> None:
           f"the slot activations: {diff:.1e}.")
 
 
+SCORES = ("balanced_accuracy", "accuracy", "auroc")
+
+
+def bench_speed(model, entry, seeds, size: int, runs: int) -> None:
+    """``fit`` with ``solver="batched"`` against ``"per-target"``: time, choice, validation scores."""
+    times: dict = {"per-target": [], "batched": []}
+    rows = []
+    for seed, prompts in samples(model, entry, seeds, size):
+        evaluation = prompts.evaluate(model)
+        fitted: dict = {}
+        for _ in range(runs):
+            for solver in times:
+                start = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", probes.DetectorBaselineWarning)
+                    fitted[solver] = probes.ErrorDetector(random_state=seed, solver=solver).fit(model, prompts, evaluation)
+                times[solver].append(time.perf_counter() - start)
+                print(f"seed {seed} {solver}: {times[solver][-1]:.1f} s", flush=True)
+        ref, fast = fitted["per-target"], fitted["batched"]
+        gap = max(abs(fast.meta_["validation"][m][k] - ref.meta_["validation"][m][k])
+                  for m in probes.detector.DETECTOR_METHODS for k in SCORES)
+        rows.append(dict(seed=seed, ref=ref, fast=fast, gap=gap))
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n`ErrorDetector().fit` on {size:,} problems of `zoo:add-3digit-weak` (answers given), one CPU thread, "
+          f"median of {len(times['batched'])} fits each way, load average {os.getloadavg()[0]:.1f}: per-target "
+          f"{median['per-target']:.1f} s, batched {median['batched']:.1f} s (**{median['per-target'] / median['batched']:.1f}×**)."
+          f"\n")
+    print("| seed | solver | chosen (threshold) | " + " | ".join(
+        f"{m} bal. acc. / acc. / AUROC" for m in probes.detector.DETECTOR_METHODS) + " | largest difference |")
+    print("|---|---|---|" + "---|" * len(probes.detector.DETECTOR_METHODS) + "---:|")
+    for r in rows:
+        for solver, det in (("per-target", r["ref"]), ("batched", r["fast"])):
+            cells = " | ".join(" / ".join(f"{det.meta_['validation'][m][k]:.4f}" for k in SCORES)
+                               for m in probes.detector.DETECTOR_METHODS)
+            gap = f"{r['gap']:.4f}" if solver == "batched" else ""
+            print(f"| {r['seed']} | {solver} | {det.method_} ({det.thresholds_[det.method_]:.3f}) | {cells} | {gap} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", type=int, default=7790)
@@ -125,6 +171,7 @@ def main() -> None:
     parser.add_argument("--prefix-prompts", type=int, default=400)
     parser.add_argument("--prefix-layers", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--speed", action="store_true", help="time fit: batched against per-target solver")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.prefix:
@@ -132,6 +179,9 @@ def main() -> None:
         return
     model = ai.load_model("zoo:add-3digit-weak")
     entry = zoo.get_entry("zoo:add-3digit-weak")
+    if args.speed:
+        bench_speed(model, entry, args.seeds, args.fit, args.runs)
+        return
 
     rows, repairs, transfers = [], [], []
     for seed, prompts in samples(model, entry, args.seeds, args.fit + args.test):

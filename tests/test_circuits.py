@@ -501,3 +501,95 @@ def test_report_stage_prints_no_fraction_when_nothing_is_restored(planted):
     assert text.startswith("No signal above the control") and "faithfulness not reported" in text and "includes 0" in text
     assert "restore 0.9" not in text and "top edges" not in text
     assert len(section.figures) == 1 and "not reported" in section.figures[0].layout.title.text
+
+
+# --- EAP-IG on activations ------------------------------------------------------------------------
+
+
+def test_eap_ig_on_activations_ranks_the_planted_edges_first(planted):
+    model, pairs = planted
+    circuit = score_edges(model, pairs, "eap-ig-activations", steps=4, metric=operand_logit_diff, progress=False)
+    assert set(top_n(circuit, 2).kept_edges) == PLANTED
+    assert circuit.method == "eap-ig-activations" and circuit.meta["steps"] == 4
+    # one layer: the embeddings and the heads are the sender groups; the base run's gradient is shared
+    assert circuit.meta["passes_per_batch"] == 2 + 2 * (1 + 3 * 2)
+
+
+def test_eap_ig_on_activations_at_one_step_is_eap(tiny_model):
+    prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    eap = attribute_edges(tiny_model, pairs, method="eap", progress=False)["scores"]
+    one = attribute_edges(tiny_model, pairs, method="eap-ig-activations", steps=1, progress=False)["scores"]
+    assert (one - eap).abs().max() <= 1e-5 * eap.abs().max()
+    five = attribute_edges(tiny_model, pairs, method="eap-ig-activations", steps=5, progress=False)["scores"]
+    assert (five - eap).abs().max() > 1e-3 * eap.abs().max()  # more steps do move away from the base gradient
+
+
+def test_eap_ig_on_activations_tracks_exact_patching_on_the_zoo():
+    """On zoo:add-100 integrating over the senders' outputs follows exact edge patching at least as
+    closely as integrating over the input does (measured: Pearson 0.989 against 0.971 on 40 pairs)."""
+    from arithinterp.models.zoo import ZOO, zoo_prompts
+
+    model = ai.load_model("zoo:add-100")
+    pairs = zoo_prompts(model, ZOO["add-100"]).correct_only(model).counterfactual(vary="a", seed=0)[:24]
+    exact = patch_edges(model, pairs, progress=False)["scores"].mean(0)
+    r, scores = {}, torch.empty(0)
+    for method in ("eap-ig", "eap-ig-activations"):
+        scores = attribute_edges(model, pairs, method=method, steps=5, progress=False)["scores"].mean(0)
+        r[method] = float(torch.corrcoef(torch.stack([exact, scores]))[0, 1])
+    assert r["eap-ig-activations"] > 0.95 and r["eap-ig-activations"] >= r["eap-ig"] - 0.01
+    shuffled = scores[torch.randperm(len(scores), generator=torch.Generator().manual_seed(0))]
+    assert abs(float(torch.corrcoef(torch.stack([exact, shuffled]))[0, 1])) < 0.5  # the control
+
+
+# --- MLP neurons as senders -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "eap-ig-activations"])
+def test_neuron_edges_add_up_to_their_mlp_edge(tiny_model, method):
+    prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    graph = Graph.of(tiny_model)
+    got = attribute_edges(tiny_model, pairs, graph, method=method, steps=3, progress=False, neurons={0: "all", 1: "all"})
+    names, per_neuron = got["neuron_edges"], got["neuron_scores"]
+    assert per_neuron.shape == (len(pairs), len(names)) and len(set(names)) == len(names)
+    for i, edge in enumerate(graph.edges):
+        if edge.sender.startswith("MLP"):
+            target = edge.name.split("->")[1]
+            cols = [j for j, n in enumerate(names) if n.startswith(edge.sender + "N") and n.split("->")[1] == target]
+            assert len(cols) == tiny_model.cfg.d_mlp
+            gap = (per_neuron[:, cols].sum(1) - got["scores"][:, i]).abs().max()
+            assert gap <= 1e-5 * got["scores"].abs().max()
+
+
+def test_a_planted_neuron_ranks_top_and_a_silenced_one_scores_zero(number_tokenizer):
+    """Neuron 7 of layer 0 is given an output along the unembedding of token 5 (the metric is that
+    token's logit): its edge into the logits is the top neuron edge. The control neuron 3 has its
+    output weights zeroed: every edge of it scores exactly 0; in the unplanted model neuron 7 is
+    nowhere near the top."""
+    from conftest import tiny_bridge
+
+    def scores(model):
+        prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(4), template="{a}+{b}=")
+        pairs = prompts.counterfactual(vary="a", seed=0)
+        got = attribute_edges(model, pairs, method="eap-ig", steps=3, metric=lambda logits, ctx: logits[:, 5],
+                              progress=False, neurons={0: "all"})
+        return got["neuron_edges"], got["neuron_scores"].mean(0)
+
+    before_names, before = scores(tiny_bridge(number_tokenizer))
+    model = tiny_bridge(number_tokenizer)
+    with torch.no_grad():
+        W_out, W_U = model.blocks[0].mlp.W_out, model.W_U
+        W_out[7] = 4.0 * W_U[:, 5] / W_U[:, 5].norm()
+        W_out[3] = 0.0
+    names, planted_scores = scores(model)
+    assert names == before_names
+    top = names[int(planted_scores.abs().argmax())]
+    assert top == "MLP0N7->logits"
+    silenced = [j for j, n in enumerate(names) if n.startswith("MLP0N3->")]
+    assert silenced and bool((planted_scores[silenced] == 0).all())
+    seven = [j for j, n in enumerate(names) if n.startswith("MLP0N7->")]
+    assert before[seven].abs().max() < 0.1 * planted_scores.abs().max()  # the control: unplanted, it is no outlier
+    with pytest.raises(ArithInterpError, match="accepted"):
+        attribute_edges(model, ai.tasks.arithmetic(model, a=range(3), b=range(2)).counterfactual(vary="a", seed=0),
+                        neurons={0: [model.cfg.d_mlp]}, progress=False)

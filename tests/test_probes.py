@@ -675,3 +675,65 @@ def test_deterministic_probes_take_no_seed_and_the_mlp_probe_honours_its_own():
     first, again, other = (probes.MLPProbe(hidden=8, epochs=2, random_state=s).fit(X, y) for s in (1, 1, 2))
     assert torch.equal(first.predict_proba(X), again.predict_proba(X))
     assert not torch.equal(first.predict_proba(X), other.predict_proba(X))
+
+
+# --- the batched solver: every probe its own L-BFGS, evaluated together --------------------------
+
+
+def test_row_solver_reaches_the_joint_optimum_and_keeps_rows_independent():
+    """``fit_many(solver="rows")`` solves each problem on its own: the same optimum as the joint
+    L-BFGS run to convergence, a row's solution not changed by the rows beside it, and a warm start
+    from the solution stopping at once."""
+    g = _gen(3)
+    X = torch.randn(500, 30, generator=g) * torch.linspace(0.1, 3, 30)
+    y = (X[:, :4] @ torch.randn(4, 3, generator=g)).argmax(1)
+    targets = torch.stack([y, torch.randint(0, 3, (500,), generator=g), (X[:, 5] > 0).long()])  # planted, noise, binary
+    masks = torch.rand(3, 500, generator=g) > 0.25
+    probe = probes.LogisticProbe(C=0.1, max_iter=500, tol=1e-6)
+    rows = probe.fit_many(X, targets, masks, solver="rows")
+    joint = probe.fit_many(X, targets, masks)
+    for a, b in zip(rows, joint):
+        assert torch.allclose(a.decision_function(X).softmax(-1), b.decision_function(X).softmax(-1), atol=2e-3)
+    alone = probe.fit_many(X, targets[:1], masks[:1], solver="rows")[0]
+    # alone or beside others: the same path up to float rounding (the product's width differs)
+    assert torch.allclose(alone.coef_, rows[0].coef_, atol=1e-3) and abs(alone.n_iter_ - rows[0].n_iter_) <= 3
+    assert rows[0].score(X[masks[0]], y[masks[0]]) > 0.9 and rows[1].score(X[~masks[1]], targets[1][~masks[1]]) < 0.5
+    warm = probe.fit_many(X, targets, masks, solver="rows", init=rows)
+    assert max(p.n_iter_ for p in warm) <= 3
+    with pytest.raises(ConfigError, match="accepted"):
+        probe.fit_many(X, targets, masks, solver="adam")
+    with pytest.raises(AnalysisError, match="one fitted probe"):
+        probe.fit_many(X, targets, masks, solver="rows", init=rows[:1])
+
+
+def test_batched_detector_makes_the_reference_choice_with_the_same_scores():
+    """On zoo:add-3digit-weak (600 problems, last layer) the batched fit chooses the method the
+    per-target fit chooses, with every cross-validated score within 0.005 and the same flags."""
+    import warnings
+
+    import arithinterp as ai
+    from arithinterp.errors import ModelFileError
+    from arithinterp.tasks import prompts_for_pairs
+
+    try:
+        model = ai.load_model("zoo:add-3digit-weak")
+    except ModelFileError:
+        pytest.skip("zoo:add-3digit-weak is not shipped yet")
+    a, b = torch.randint(100, 1000, (2, 600), generator=_gen(0))
+    prompts = prompts_for_pairs(model, "+", a.tolist(), b.tolist(), "{a}+{b}=", answer_digits=4)
+    evaluation = prompts.evaluate(model)
+    fitted = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probes.DetectorBaselineWarning)
+        for solver in ("per-target", "batched"):
+            fitted[solver] = probes.ErrorDetector(layers=[1], solver=solver).fit(model, prompts, evaluation)
+    ref, fast = fitted["per-target"], fitted["batched"]
+    assert fast.method_ == ref.method_ and fast.layers_ == ref.layers_
+    for method in probes.DETECTOR_METHODS:
+        for key in ("balanced_accuracy", "accuracy", "auroc"):
+            assert abs(fast.meta_["validation"][method][key] - ref.meta_["validation"][method][key]) <= 0.005
+        assert abs(fast.thresholds_[method] - ref.thresholds_[method]) < 0.02
+    agree = (fast.flag(model, prompts, evaluation) == ref.flag(model, prompts, evaluation)).float().mean()
+    assert agree >= 0.99
+    with pytest.raises(ConfigError, match="accepted"):
+        probes.ErrorDetector(solver="sgd").fit(model, prompts, evaluation)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
     from arithinterp.types import HookedModel
 
-SCORE_METHODS = ("exact", "eap", "eap-ig")
+SCORE_METHODS = ("exact", "eap", "eap-ig", "eap-ig-activations")
 ABLATIONS = ("resample", "mean")
 
 
@@ -256,7 +256,7 @@ def score_edges(
         got = attribute_edges(model, pairs, graph, method, steps, metric, direction, batch_size=batch_size,
                               max_memory=max_memory, progress=progress)
         extra = dict(passes=got["passes"], passes_per_batch=got["passes_per_batch"], batches=got["batches"],
-                     steps=steps if method == "eap-ig" else None)
+                     steps=steps if method.startswith("eap-ig") else None)
     pair_scores = got["scores"].float()
     layout = graph.layout
     meta = build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), direction=direction,

@@ -192,7 +192,8 @@ def digit_circuits(
         graph_meta = {key: circuit.meta[key] for key in ("layout", "graph_positions")}
     pair_scores = torch.stack(per)
     meta = build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), direction=direction,
-                      same_answer_token=same, steps=steps if method == "eap-ig" else None, **graph_meta, **cost)
+                      same_answer_token=same, steps=steps if method.startswith("eap-ig") else None, **graph_meta,
+                      **cost)
     return DigitCircuits(
         answer_tokens=chosen, scores=pair_scores.mean(1), pair_scores=pair_scores, clean=torch.stack(clean),
         corrupt=torch.stack(corrupt), edges=[e.name for e in graph.edges], senders=[e.sender for e in graph.edges],

@@ -20,6 +20,8 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp.circuits.graph import Graph
+from arithinterp.circuits.ig_activations import activation_ig_batch
+from arithinterp.circuits.neurons import check_neurons, neuron_edges, neuron_scores
 from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
 from arithinterp.engine.edges import (
     CHANNELS,
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 VALUES = ("source", "corrupt", "clean", "mean")
-METHODS = ("eap", "eap-ig")
+METHODS = ("eap", "eap-ig", "eap-ig-activations")
 
 
 def _position_onehot(graph: Graph, pairs, idx: torch.Tensor, offset: int, length: int) -> torch.Tensor:
@@ -233,6 +235,7 @@ def attribute_edges(
     batch_size: Optional[int] = None,
     max_memory: Optional[float] = None,
     progress: bool = True,
+    neurons: Optional[dict] = None,
 ) -> dict:
     """Every edge's estimated effect in a few forwards and backwards per batch.
 
@@ -248,6 +251,12 @@ def attribute_edges(
     ``batch_size``, by default as many as fit in ``max_memory`` bytes
     (:func:`arithinterp.engine.budget.memory_budget`); only the ``[pairs, edges]`` scores are kept.
 
+    ``method="eap-ig-activations"`` integrates over each sender group's outputs instead of the
+    input (:mod:`arithinterp.circuits.ig_activations`). ``neurons`` (``{layer: [neuron ids] or
+    "all"}``) also scores those MLP neurons as senders of their own
+    (:mod:`arithinterp.circuits.neurons`): ``neuron_scores [N, n_neuron_edges]`` and
+    ``neuron_edges`` (names such as ``MLP0N5->L1H2.q``), two more forwards per batch.
+
     Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
     ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used).
     """
@@ -256,7 +265,7 @@ def attribute_edges(
     graph = graph or Graph.of(model)
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method == "eap-ig":
+    if method in ("eap-ig", "eap-ig-activations"):
         steps = integer("steps", steps, minimum=1)
     batch_size = _check_count("batch_size", batch_size)
     budget = memory_budget(model, max_memory)
@@ -270,9 +279,28 @@ def attribute_edges(
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     passes, per_batch = 0, []
     alphas = [None] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
+    senders, neuron_index, neuron_names, neuron_out = [], torch.zeros(0, 3, dtype=torch.long), [], None
+    if neurons is not None:  # MLP neurons as senders of their own
+        senders = check_neurons(model, graph, neurons)
+        neuron_names, neuron_index = neuron_edges(graph, senders)
+        neuron_out = torch.empty(len(pairs), len(neuron_names))
     for idx in tqdm(batches, desc=method, disable=not progress):
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
+        if method == "eap-ig-activations":  # integrated over each sender group's outputs
+            onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T)
+            mlps = sorted({graph.layout.mlp_sender(layer) for layer, _ in senders})
+            per, count, kept = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn, pairs[idx],
+                                                   direction, base_tokens, source_tokens, onehot, steps, keep=mlps)
+            scores[idx] = graph.from_dense(per).cpu()
+            if neuron_out is not None:
+                neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index,
+                                                lambda layer: kept[graph.layout.mlp_sender(layer)],
+                                                base_tokens, source_tokens, onehot)
+                count += 2
+            passes += count
+            per_batch.append(count)
+            continue
         count = 0
         source_send, source_logits = sender_outputs(model, source_tokens)
         count += 1
@@ -309,8 +337,15 @@ def attribute_edges(
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(g.device)
         per = torch.einsum("btrd,btsd,pbt->bprs", g, diff, onehot)  # [B, P, R, S]
         scores[idx] = graph.from_dense(per).cpu()
+        if neuron_out is not None:
+            neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index, lambda layer, g=g: g,
+                                            base_tokens, source_tokens, onehot)
+            count += 2
         passes += count
         per_batch.append(count)
     release_freed_memory()  # the gradient runs are done; what runs next should not add to their peak
-    return {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches),
-            "batch_size": batch_size, "max_memory": budget}
+    out = {"scores": scores, "passes": passes, "passes_per_batch": max(per_batch), "batches": len(batches),
+           "batch_size": batch_size, "max_memory": budget}
+    if neuron_out is not None:
+        out.update(neuron_scores=neuron_out, neuron_edges=neuron_names)
+    return out

@@ -28,7 +28,7 @@ from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import answer_digit_count, answer_slot_mask, answer_activations, answer_slots
 from arithinterp.probes.estimators import (
-    CircularProbe, LogisticProbe, NotFittedError, RidgeProbe, clone_estimator, to_tensor,
+    CircularProbe, LogisticProbe, NotFittedError, RidgeProbe, clone_estimator, feature_eigenbasis, to_tensor,
 )
 from arithinterp.results import Result, build_meta
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
 DETECTOR_POSITIONS = ("final", "final_only")
 THRESHOLD_RULES = ("auto", "accuracy", "balanced")
+DETECTOR_SOLVERS = ("batched", "per-target")
 ACCURACY_TOLERANCE = 0.01  # "auto": thresholds within one point of the best accuracy count as equally accurate
 
 
@@ -305,6 +306,39 @@ def _fit_problems(probe: Any, X: torch.Tensor, labels: torch.Tensor, masks: torc
     return fitted
 
 
+def _fit_batched(probe: Any, problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[list]:
+    """:func:`_fit_problems` for many problems at once, for a :class:`LogisticProbe`.
+
+    ``problems``: ``(features [n, d], labels [B, n], masks [B, n])``. Every row of every problem
+    with the same features and the same classes is fitted in one ``fit_many(solver="rows")``
+    call: each its own L-BFGS, one matrix product per step for all of them. (Folds are not
+    started from the fit on every row: that fit has seen the fold's held-out rows, and a fold
+    stopped before convergence would remember them.) Returns one list of B fitted probes (or
+    constants) per problem.
+    """
+    fitted: list[list] = [[None] * len(labels) for _, labels, _ in problems]
+    groups: dict = {}  # (features, classes) -> [(problem, row)]
+    for i, (features, labels, masks) in enumerate(problems):
+        for b in range(len(labels)):
+            values = torch.unique(labels[b][masks[b]])
+            if len(values) < 2:
+                fitted[i][b] = _Constant(int(values[0]) if len(values) else -1)
+            else:
+                groups.setdefault((id(features), tuple(values.tolist())), []).append((i, b))
+    eigen: dict = {}  # one eigenbasis per feature matrix, for every group reading it
+    for members in groups.values():
+        features = problems[members[0][0]][0]
+        targets = torch.stack([problems[i][1][b] for i, b in members])
+        masks = torch.stack([problems[i][2][b] for i, b in members])
+        if id(features) not in eigen:
+            eigen[id(features)] = feature_eigenbasis(features)
+        models = clone_estimator(probe).fit_many(features, targets, masks, solver="rows",
+                                                 eigenbasis=eigen[id(features)])
+        for (i, b), model in zip(members, models):
+            fitted[i][b] = model
+    return fitted
+
+
 def _logit(p: torch.Tensor) -> torch.Tensor:
     p = p.double().clamp(1e-6, 1 - 1e-6)
     return (p / (1 - p)).log()
@@ -355,13 +389,17 @@ class ErrorDetector(BaseEstimator):
     None (every layer), an int or a list; ``position`` ``"final"`` (slot j read at the final
     prompt token + j with the model's own answer fed back) or ``"final_only"`` (every slot at the
     final prompt token, before anything is emitted); ``carries`` adds the carry probes when the
-    prompts allow them.
+    prompts allow them; ``solver`` (for the default :class:`LogisticProbe`) ``"batched"`` fits
+    every probe of a feature set, folds included, in one vectorised L-BFGS with its own path
+    and stopping per probe (:func:`~arithinterp.probes.estimators.lbfgs_rows`), or
+    ``"per-target"`` one joint L-BFGS per target and its folds (the earlier path). Other probes
+    are fitted one target at a time either way.
     """
 
     def __init__(self, probe: Any = None, layers: Union[None, int, Sequence[int]] = None, site: str = "resid_post",
                  position: str = "final", method: str = "auto", threshold: Union[str, float] = "auto",
                  cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0,
-                 batch_size: int = 256, progress: bool = False):
+                 batch_size: int = 256, progress: bool = False, solver: str = "batched"):
         self.probe = probe
         self.layers = layers
         self.site = site
@@ -374,6 +412,7 @@ class ErrorDetector(BaseEstimator):
         self.random_state = random_state
         self.batch_size = batch_size
         self.progress = progress
+        self.solver = solver
 
     # -- parameters (checked when fitting, scikit-learn style) -----------------------------------
 
@@ -385,6 +424,8 @@ class ErrorDetector(BaseEstimator):
             raise ConfigError(f"unknown position {self.position!r}; accepted: {accepted(DETECTOR_POSITIONS)}")
         if not (isinstance(self.cv, (int, np.integer)) and self.cv >= 2):
             raise ConfigError(f"cv must be an integer >= 2 (folds), got {self.cv!r}")
+        if self.solver not in DETECTOR_SOLVERS:
+            raise ConfigError(f"unknown solver {self.solver!r}; accepted: {accepted(DETECTOR_SOLVERS)}")
         if self.truth not in ("answer", "slot"):
             raise ConfigError(f"truth must be 'answer' or 'slot' (what the true-value probes read), got {self.truth!r}")
         t = self.threshold
@@ -517,11 +558,23 @@ class ErrorDetector(BaseEstimator):
         n = len(correct)
         agree = {name: torch.ones(n, self.n_slots_) for name in ("digit", "carry")}
         Xd = Xs[:, self.direct_slots_].flatten(1)  # every distinct slot, side by side [N, S'·L·d]
+        slot_features = [Xs[:, s].contiguous() for s in range(self.n_slots_)]
+        keys, problems = [], []
         for s in range(self.n_slots_):
-            by_target = {}
             for name, labels, mask in self.slot_targets_[s]:
-                features = Xd if (self.truth == "answer" and name.startswith("true")) else Xs[:, s]
-                by_target[name] = _fit_problems(probe, features, labels.expand(len(train), -1), mask & train)
+                features = Xd if (self.truth == "answer" and name.startswith("true")) else slot_features[s]
+                keys.append((s, name))
+                problems.append((features, labels.expand(len(train), -1), mask & train))
+        direct_probe = self._direct_probe(probe)
+        direct_problem = (Xd, correct.long().expand(len(train), -1), train)
+        if self.solver == "batched" and type(probe) is LogisticProbe:
+            fits = dict(zip(keys, _fit_batched(probe, problems)))
+            fitted = _fit_batched(direct_probe, [direct_problem])[0]
+        else:
+            fits = {key: _fit_problems(probe, *problem) for key, problem in zip(keys, problems)}
+            fitted = _fit_problems(direct_probe, *direct_problem)
+        for s in range(self.n_slots_):
+            by_target = {name: fits[s, name] for name, _, _ in self.slot_targets_[s]}
             self.slot_probes_.append({name: models[-1] for name, models in by_target.items()})
             for f, (_, rows) in enumerate(folds):
                 rows = torch.as_tensor(rows)
@@ -530,8 +583,6 @@ class ErrorDetector(BaseEstimator):
                         agree[kind][rows, s] = self._agree(by_target[f"true_{kind}"][f], by_target[f"output_{kind}"][f],
                                                            Xs[rows, s], Xd[rows])
         # the direct probe, class-balanced
-        direct_probe = self._direct_probe(probe)
-        fitted = _fit_problems(direct_probe, Xd, correct.long().expand(len(train), -1), train)
         self.direct_probe_ = fitted[-1]
         direct = torch.empty(n)
         for f, (_, rows) in enumerate(folds):

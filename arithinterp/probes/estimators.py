@@ -107,6 +107,126 @@ def _unit_rows(coef: torch.Tensor) -> torch.Tensor:
     return coef / coef.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
+# --- one L-BFGS per row, evaluated together ------------------------------------------------------
+
+LOGISTIC_SOLVERS = ("joint", "rows")
+
+
+def lbfgs_rows(fun: Any, x0: torch.Tensor, max_iter: int = 100, tol: float = 1e-5, history: int = 20,
+               ftol: float = 1e-9, skip: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Minimise B independent problems at once: ``fun(x [B, m]) -> (f [B], grad [B, m],
+    size [B])``, ``size`` the gradient's size that the stopping test compares with ``tol``.
+
+    Every row runs its own L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5: the two-loop recursion
+    over the row's last ``history`` steps and a backtracking Armijo line search), so a row's
+    path does not depend on the others; only the evaluations are shared, one call of ``fun``
+    for every row per trial step (one matrix product for many probes). A row stops after
+    ``max_iter`` iterations, when its gradient's ``size`` is at most ``tol`` or when its
+    objective changes by at most ``ftol`` (relative); rows marked in ``skip`` [B] do not move.
+    Returns the solutions [B, m] and each row's iterations [B].
+    """
+    x = x0.detach().clone()
+    f, g, size = fun(x)
+    B = x.shape[0]
+    steps: list = []  # (s, y, rho) per past iteration, [B, m], [B, m], [B]; rho = 0 where a row skipped it
+    active = size > tol
+    if skip is not None:
+        active &= ~skip
+    iters = torch.zeros(B, dtype=torch.long)
+    for _ in range(int(max_iter)):
+        if not bool(active.any()):
+            break
+        q, alphas = g.clone(), []
+        for s, y, rho in reversed(steps):
+            a = rho * (s * q).sum(1)
+            alphas.append(a)
+            q -= a[:, None] * y
+        # initial Hessian scale: s'y / y'y of the row's last kept step, else a unit-length first step
+        gamma = 1.0 / g.norm(dim=1).clamp_min(1.0)
+        for s, y, rho in reversed(steps):
+            gamma = torch.where(rho > 0, (s * y).sum(1) / (y * y).sum(1).clamp_min(1e-30), gamma)
+            break
+        q *= gamma[:, None]
+        for (s, y, rho), a in zip(steps, reversed(alphas)):
+            q += s * (a - rho * (y * q).sum(1))[:, None]
+        d = -q
+        slope = (g * d).sum(1)
+        uphill = slope >= 0  # a stale history: restart that row along the gradient
+        if bool(uphill.any()):
+            d[uphill] = -g[uphill] / g[uphill].norm(dim=1, keepdim=True).clamp_min(1.0)
+            slope = (g * d).sum(1)
+        d[~active] = 0.0
+        t = torch.ones(B)
+        x_new = x + d
+        f_new, g_new, size_new = fun(x_new)
+        for _ in range(40):  # halve each row's step until it decreases its objective enough
+            ok = (f_new <= f + 1e-4 * t * slope) | ~active
+            if bool(ok.all()):
+                break
+            t = torch.where(ok, t, 0.5 * t)
+            x_new = x + t[:, None] * d
+            f_new, g_new, size_new = fun(x_new)
+        s, y = x_new - x, g_new - g
+        sy = (s * y).sum(1)
+        rho = torch.where(active & (sy > 1e-10), 1.0 / sy.clamp_min(1e-30), 0.0)
+        steps.append((torch.where(rho[:, None] > 0, s, 0.0), torch.where(rho[:, None] > 0, y, 0.0), rho))
+        if len(steps) > history:
+            steps.pop(0)
+        change = (f - f_new).abs() / f_new.abs().clamp_min(1e-12)
+        x, f, g = x_new, f_new, g_new
+        iters += active.long()
+        active = active & (size_new > tol) & (change > ftol)
+    return x, iters
+
+
+PLAIN_ITERATIONS = 10  # "rows": iterations in the probe's own weights before the curvature is estimated
+
+
+def feature_eigenbasis(X: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues [d] and eigenvectors [d, d] of the covariance of ``X`` [n, d] standardised:
+    what ``LogisticProbe.fit_many(solver="rows")`` scales its steps by (pass it as
+    ``eigenbasis=`` to reuse it for several calls on the same features)."""
+    Z = _features(X)
+    Z = (Z - Z.mean(0)) / Z.std(0, unbiased=False).clamp_min(1e-8)
+    eigenvalues, vectors = torch.linalg.eigh(Z.T @ Z / len(Z))
+    return eigenvalues, vectors
+
+
+class _CurvatureBasis:
+    """A change of variables ``weight = Q (theta / curvature) Vᵀ`` for B logistic probes with K
+    classes on d standardised features that makes each objective roughly isotropic (the optimum
+    is the same; the steps are better scaled).
+
+    ``V`` [d, d]: the eigenbasis of the features' covariance (eigenvalues λ); ``Q`` [K, K]: an
+    orthonormal basis of the classes whose first column is their mean. Problem b's mean
+    cross-entropy has a Hessian of about ``c_b · λ`` along each feature direction of the K − 1
+    class contrasts, with ``c_b`` [B] its samples' mean ``Σ_k p_k (1 − p_k)`` at the current
+    fit, and none along the classes' mean (adding one vector to every class changes no
+    probability); the L2 term adds ``1 / (C · n_b)`` everywhere.
+    """
+
+    def __init__(self, eigen: tuple[torch.Tensor, torch.Tensor], spread: torch.Tensor, ridge: torch.Tensor, K: int):
+        eigenvalues, self.V = eigen
+        first = torch.eye(K, dtype=torch.float64)
+        first[:, 0] = 1.0
+        self.Q = torch.linalg.qr(first)[0].float()  # column 0 is ±1/sqrt(K)
+        contrast = torch.ones(K, 1, dtype=torch.float64)
+        contrast[0] = 0.0
+        curvature = spread.double()[:, None, None] * contrast[None] * eigenvalues.double().clamp_min(0)[None, None]
+        self.curvature = (curvature + ridge.double()[:, None, None]).sqrt().float()  # [B, K, d]
+
+    def weight(self, theta: torch.Tensor) -> torch.Tensor:
+        """``theta`` [B, K, d] -> weight [B, K, d]."""
+        return self.Q @ (theta / self.curvature) @ self.V.T
+
+    def theta(self, weight: torch.Tensor) -> torch.Tensor:
+        return (self.Q.T @ weight @ self.V) * self.curvature
+
+    def weight_gradient(self, grad_theta: torch.Tensor) -> torch.Tensor:
+        """The gradient in ``weight`` from the gradient in ``theta`` (for the stopping test)."""
+        return self.Q @ (grad_theta * self.curvature) @ self.V.T
+
+
 # --- probes ---------------------------------------------------------------------------------------
 
 
@@ -169,22 +289,39 @@ class LogisticProbe(_Probe):
         vars(self).update({k: v for k, v in fitted.__dict__.items() if k.endswith("_")})
         return self
 
-    def fit_many(self, X: ArrayLike, targets: torch.Tensor, masks: torch.Tensor) -> list["LogisticProbe"]:
+    def fit_many(self, X: ArrayLike, targets: torch.Tensor, masks: torch.Tensor, *, solver: str = "joint",
+                 init: Optional[Sequence[Optional["LogisticProbe"]]] = None,
+                 eigenbasis: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> list["LogisticProbe"]:
         """Fit one probe (with these parameters) per row of ``targets`` [B, n] on the samples
         where ``masks`` [B, n] is True, all sharing the features ``X`` [n, d].
 
-        The B problems are independent (each has its own standardisation, classes and weights)
-        but are solved as one block-separable L-BFGS run: cross-validation folds and controls
-        of a probe sweep cost one optimisation instead of B. Returns B fitted probes.
+        The B problems are independent (each has its own standardisation, classes and weights).
+        ``solver="joint"`` solves them as one block-separable L-BFGS run (cross-validation folds
+        and controls of a probe sweep cost one optimisation instead of B). ``solver="rows"``
+        gives every problem its own L-BFGS (its own history, line search and stopping, each
+        after at most ``max_iter`` iterations), all evaluated together in one matrix product per
+        step: :func:`lbfgs_rows`. ``init`` (one fitted probe or None per row) starts a row from
+        that probe's raw-space solution (a warm start). After :data:`PLAIN_ITERATIONS` steps a
+        row still running continues in a basis scaled to its curvature (``_CurvatureBasis``),
+        built from ``eigenbasis`` (:func:`feature_eigenbasis` of ``X``; computed when None).
+        Returns B fitted probes.
         """
         X = _features(X)
         if not self.C > 0:
             raise ConfigError(f"C must be positive (inverse L2 strength), got {self.C!r}")
+        if solver not in LOGISTIC_SOLVERS:
+            raise ConfigError(f"unknown solver {solver!r}; accepted: {accepted(LOGISTIC_SOLVERS)}")
         targets, masks = to_tensor(targets, "targets").long(), to_tensor(masks, "masks").bool()
         if targets.ndim != 2 or targets.shape != masks.shape or targets.shape[1] != len(X):
             raise AnalysisError(
                 f"targets and masks must both be [B, {len(X)}], got {tuple(targets.shape)} and {tuple(masks.shape)}"
             )
+        if eigenbasis is not None and (len(eigenbasis) != 2 or tuple(eigenbasis[1].shape) != (X.shape[1],) * 2):
+            raise AnalysisError(f"eigenbasis must be (eigenvalues, vectors) of features with {X.shape[1]} columns "
+                                "(estimators.feature_eigenbasis(X))")
+        if init is not None and len(init) != len(targets):
+            raise AnalysisError(f"init must hold one fitted probe (or None) per row of targets ({len(targets)}), "
+                                f"got {len(init)}")
         classes = torch.unique(targets[masks])
         index = torch.searchsorted(classes, targets.clamp(classes[0], classes[-1]))
         present = torch.zeros(len(targets), len(classes), dtype=torch.bool)
@@ -209,36 +346,106 @@ class LogisticProbe(_Probe):
             balance = n_rows / (counts[:, None] * per_class.clamp_min(1))
             weights = rows * balance.gather(1, index)
         absent = torch.where(present, 0.0, -1e9)[:, None, :]  # classes a problem never sees
+        start_w, start_b = self._initial(init, classes, mean, scale, X.shape[1])
         with torch.inference_mode(False), torch.enable_grad():  # callers may be in inference mode
             X, index, weights, mean, scale, absent = (t.clone() for t in (X, index, weights, mean, scale, absent))
             total = weights.sum(1)
-            weight = torch.zeros(len(targets), len(classes), X.shape[1], requires_grad=True)
-            bias = torch.zeros(len(targets), len(classes), requires_grad=True)
-            optimizer = torch.optim.LBFGS(
-                [weight, bias], lr=1.0, max_iter=int(self.max_iter), tolerance_grad=self.tol,
-                tolerance_change=1e-9, history_size=20, line_search_fn="strong_wolfe",
-            )
+            B, K, d = len(targets), len(classes), X.shape[1]
 
-            def closure():
-                optimizer.zero_grad()
+            def objective(weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                """Each problem's mean weighted cross-entropy and its L2 penalty ([B] each)."""
                 raw = weight / scale[:, None, :]  # logits of standardised features, from raw X
-                logits = torch.einsum("nd,bkd->bnk", X, raw) + (bias - (raw * mean[:, None, :]).sum(-1))[:, None, :]
+                if solver == "joint":
+                    logits = torch.einsum("nd,bkd->bnk", X, raw)
+                else:  # every problem's classes in one product [n, d] @ [d, B·K]
+                    logits = (X @ raw.reshape(B * K, d).T).reshape(-1, B, K).transpose(0, 1)
+                logits = logits + (bias - (raw * mean[:, None, :]).sum(-1))[:, None, :]
                 loss = F.cross_entropy((logits + absent).transpose(1, 2), index, reduction="none")
-                loss = ((loss * weights).sum(1) / total).sum()
-                loss = loss + ((weight**2).sum((1, 2)) / (2.0 * self.C * total)).sum()
-                loss.backward()
-                return loss
+                return (loss * weights).sum(1) / total, (weight**2).sum((1, 2)) / (2.0 * self.C * total)
 
-            optimizer.step(closure)
-            n_iter = int(optimizer.state[optimizer._params[0]].get("n_iter", 0))
+            if solver == "joint":
+                weight = start_w.clone().requires_grad_(True)
+                bias = start_b.clone().requires_grad_(True)
+                optimizer = torch.optim.LBFGS(
+                    [weight, bias], lr=1.0, max_iter=int(self.max_iter), tolerance_grad=self.tol,
+                    tolerance_change=1e-9, history_size=20, line_search_fn="strong_wolfe",
+                )
+
+                def closure():
+                    optimizer.zero_grad()
+                    data, penalty = objective(weight, bias)
+                    loss = data.sum() + penalty.sum()
+                    loss.backward()
+                    return loss
+
+                optimizer.step(closure)
+                n_iter = [int(optimizer.state[optimizer._params[0]].get("n_iter", 0))] * B
+                weight, bias = weight.detach(), bias.detach()
+            else:
+                def plain(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    flat = flat.detach().requires_grad_(True)
+                    data, penalty = objective(flat[:, : K * d].reshape(B, K, d), flat[:, K * d:])
+                    (grad,) = torch.autograd.grad((data + penalty).sum(), flat)  # the problems are separable
+                    return (data + penalty).detach(), grad, grad.abs().amax(1)
+
+                # a few steps in the probe's own weights, then the rest in a basis scaled to the
+                # curvature there (each row stops by the same test on its own weights' gradient)
+                first = min(PLAIN_ITERATIONS, int(self.max_iter))
+                flat, iters = lbfgs_rows(plain, torch.cat([start_w.reshape(B, -1), start_b], 1), max_iter=first,
+                                         tol=self.tol)
+                weight, bias = flat[:, : K * d].reshape(B, K, d), flat[:, K * d:]
+                todo = iters == first
+                if int(self.max_iter) > first and bool(todo.any()):
+                    raw = weight / scale[:, None, :]
+                    logits = torch.einsum("nd,bkd->bnk", X, raw) + (bias - (raw * mean[:, None, :]).sum(-1))[:, None, :]
+                    probs = (logits + absent).softmax(-1)
+                    spread = ((probs * (1 - probs)).sum(-1) * weights).sum(1) / total
+                    if eigenbasis is None:
+                        eigenbasis = feature_eigenbasis(X)
+                    basis = _CurvatureBasis(eigenbasis, spread, 1.0 / (self.C * total), K)
+
+                    def scaled(theta_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        theta_flat = theta_flat.detach().requires_grad_(True)
+                        data, penalty = objective(basis.weight(theta_flat[:, : K * d].reshape(B, K, d)),
+                                                  theta_flat[:, K * d:])
+                        (grad,) = torch.autograd.grad((data + penalty).sum(), theta_flat)
+                        own = basis.weight_gradient(grad[:, : K * d].reshape(B, K, d)).abs().amax((1, 2))
+                        return (data + penalty).detach(), grad, torch.maximum(own, grad[:, K * d:].abs().amax(1))
+
+                    start = torch.cat([basis.theta(weight).reshape(B, -1), bias], 1)
+                    theta_flat, more = lbfgs_rows(scaled, start, max_iter=int(self.max_iter) - first, tol=self.tol,
+                                                  skip=~todo)
+                    weight = torch.where(todo[:, None, None], basis.weight(theta_flat[:, : K * d].reshape(B, K, d)),
+                                         weight)
+                    bias = torch.where(todo[:, None], theta_flat[:, K * d:], bias)
+                    iters = iters + more
+                n_iter = iters.tolist()
+                weight, bias = weight.detach(), bias.detach()
         probes = []
         for b in range(len(targets)):
             probe = type(self)(**self.get_params())
             probe.classes_ = classes[present[b]]
-            probe.mean_, probe.scale_, probe.n_features_in_, probe.n_iter_ = mean[b], scale[b], X.shape[1], n_iter
-            probe._set_linear(weight[b, present[b]].detach(), bias[b, present[b]].detach())
+            probe.mean_, probe.scale_, probe.n_features_in_, probe.n_iter_ = mean[b], scale[b], X.shape[1], n_iter[b]
+            probe._set_linear(weight[b, present[b]], bias[b, present[b]])
             probes.append(probe)
         return probes
+
+    @staticmethod
+    def _initial(init: Optional[Sequence[Optional["LogisticProbe"]]], classes: torch.Tensor, mean: torch.Tensor,
+                 scale: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Starting weights [B, K, d] and biases [B, K] on each problem's standardised features:
+        zero, or a fitted probe's raw-space map ``X @ coef_.T + intercept_`` re-expressed there."""
+        weight, bias = torch.zeros(len(mean), len(classes), d), torch.zeros(len(mean), len(classes))
+        for b, probe in enumerate(init or []):
+            if probe is None:
+                continue
+            if not isinstance(probe, LogisticProbe) or getattr(probe, "n_features_in_", None) != d:
+                raise AnalysisError(f"init[{b}] must be a LogisticProbe fitted on {d} features, got {probe!r}")
+            at = torch.searchsorted(classes, probe.classes_.clamp(classes[0], classes[-1]))
+            keep = classes[at] == probe.classes_  # classes this problem also has
+            weight[b, at[keep]] = probe.coef_[keep] * scale[b]
+            bias[b, at[keep]] = probe.intercept_[keep] + probe.coef_[keep] @ mean[b]
+        return weight, bias
 
     def decision_function(self, X: ArrayLike) -> torch.Tensor:
         """Logits ``[n, k]``."""
