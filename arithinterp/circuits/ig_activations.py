@@ -26,7 +26,7 @@ import torch
 
 from arithinterp.engine.edges import EdgeForward, Layout, sender_outputs
 from arithinterp.errors import AnalysisError
-from arithinterp.patching.core import metric_context
+from arithinterp.metrics import metric_context
 
 if TYPE_CHECKING:
     from arithinterp.circuits.graph import Graph
