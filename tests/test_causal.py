@@ -142,6 +142,7 @@ def test_das_recovers_the_planted_subspace(planted_fit):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_das_on_a_shuffled_variable_stays_at_chance(planted):
     model, prompts = planted
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0, shuffle=True)
@@ -156,6 +157,7 @@ def test_das_at_a_position_without_the_variable_finds_nothing(planted):
     assert result.iia <= 0.05  # the operand position holds a alone, never the sum
 
 
+@pytest.mark.slow
 def test_boundless_das_finds_a_small_working_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
@@ -179,6 +181,7 @@ def test_results_frame_plot_save_load(planted_fit, tmp_path):
     assert loaded.to_frame().equals(frame)
 
 
+@pytest.mark.slow
 def test_sweep_finds_the_final_position(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
@@ -190,6 +193,7 @@ def test_sweep_finds_the_final_position(planted):
     assert "final: =" in sweep.tokens[2]
 
 
+@pytest.mark.slow
 def test_readable_vs_used_table(planted):
     model, prompts = planted
     table = causal.readable_vs_used(model, prompts, ["sum_mod_10", "magnitude"], layers=[0], steps=150, n=400,
@@ -271,6 +275,7 @@ def test_das_command(capsys, tmp_path):
     assert "unknown variable 'carry_2'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_several_positions_swap_through_one_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)

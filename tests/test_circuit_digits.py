@@ -123,6 +123,7 @@ def test_exact_digit_edges_equal_hand_patched_paths(zoo):
         assert node.abs().max() > 0.1  # L0H3 carries the hundreds column: the check is not comparing zeros
 
 
+@pytest.mark.slow
 def test_eap_ig_tracks_exact_patching_on_every_digit_the_pairs_move(zoo):
     model, prompts = zoo
     pairs = patching.vary_digit(prompts, 1, "a", seed=0)[:12]

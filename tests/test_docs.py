@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")

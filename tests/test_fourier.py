@@ -509,6 +509,7 @@ def test_modadd_embeddings_and_neurons_use_a_few_key_frequencies(modadd):
     assert set(clusters.cluster_sizes()) <= FIVE
 
 
+@pytest.mark.slow
 @needs_modadd
 def test_modadd_restricted_and_excluded_loss(modadd):
     model, _ = modadd
@@ -519,6 +520,7 @@ def test_modadd_restricted_and_excluded_loss(modadd):
     assert losses["excluded_loss"] > 2.0 and losses["excluded_loss"] > 1e4 * losses["train_loss"]
 
 
+@pytest.mark.slow
 @needs_modadd
 def test_modadd_progress_measures_move_before_the_test_loss():
     result = fo.progress([400, 4400], progress=False)

@@ -84,6 +84,7 @@ def digit_pairs(tiny_digit_model):
     return pairs[:6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", ["resid_pre", "attn_z"])
 def test_full_answer_sweep_equals_a_cell_by_cell_reference(tiny_digit_model, digit_pairs, site):
     ours = patching.activation_patching(tiny_digit_model, digit_pairs, site, scoring="full_answer", progress=False)
@@ -183,6 +184,7 @@ def llama_digits(digit_tokenizer, tmp_path_factory):
     return model, pairs[pairs.clean.length_groups()[0][:3]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", ["resid_pre", "attn_z"])
 def test_full_answer_on_a_llama_with_reused_keys_and_values(llama_digits, site):
     model, pairs = llama_digits

@@ -65,6 +65,7 @@ def test_basis_validates_input():
 # --- planted helix -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_planted_helix_is_recovered_as_the_best_period_subset():
     values = torch.arange(100).repeat(2)
     acts = planted_helix(values)

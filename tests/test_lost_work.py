@@ -232,6 +232,7 @@ def _cell_files(out: Path) -> dict:
     return {p.relative_to(out): p.read_bytes() for p in sorted((out / "results").rglob("*.parquet"))}
 
 
+@pytest.mark.slow
 def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path, capsys):
     config, out = _sweep_config(tmp_path), tmp_path / "out"
     first = _cli(str(config), "--out", str(out))
@@ -294,6 +295,7 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie holds no memory; only its exit status waits to be read
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
 def test_workers_exit_when_the_driver_is_killed(tmp_path):
     config, out = _sweep_config(tmp_path, '"resid_pre", "attn_out", "mlp_out", "resid_post"'), tmp_path / "out"
@@ -322,6 +324,7 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
             driver.kill()
 
 
+@pytest.mark.slow
 def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, capsys):
     import errno
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
@@ -539,19 +537,6 @@ def test_other_bad_input_is_explained(tiny_model, pairs):
     same = type(pairs)(pairs.clean, pairs.clean)
     with pytest.raises(ArithInterpError, match="same mean"):  # nothing to find where nothing differs
         patching.activation_patching(tiny_model, same, "resid_pre", normalize=True, progress=False)
-
-
-# --- the benchmark ---------------------------------------------------------------------------------
-
-
-def test_benchmark_smoke_run():
-    path = Path(__file__).parent.parent / "benchmarks" / "patching.py"
-    spec = importlib.util.spec_from_file_location("patching_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rows = module.main(["--quick"])
-    assert rows and all(row["max_abs_diff"] <= 1e-4 for row in rows)
-    assert all(row["speedup"] > 0 and row["cells"] > 0 for row in rows)
 
 
 def test_a_model_with_nan_weights_is_refused_not_reported_as_nan(number_tokenizer, pairs):
