@@ -150,6 +150,7 @@ def test_das_on_a_shuffled_variable_stays_at_chance(planted):
     assert result.iia <= control.chance + 0.05
 
 
+@pytest.mark.slow
 def test_das_at_a_position_without_the_variable_finds_nothing(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
@@ -244,6 +245,7 @@ def test_engine_interchange_is_differentiable_in_the_intervention_only(tiny_mode
         run(tiny_model, tokens, [Intervention("resid_post", 0, positions=-1, value=swap, source=source[:2])])
 
 
+@pytest.mark.slow
 def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
     from arithinterp import load_model
 
@@ -260,6 +262,7 @@ def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_das_command(capsys, tmp_path):
     import json
 

@@ -197,6 +197,7 @@ def test_bad_input_is_refused_with_what_is_accepted(planted):
         top_n(circuit, circuit.n_edges + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gptj"])
 def test_edge_runs_are_exact_on_hugging_face_families(family, number_tokenizer, tmp_path):
     """Joint-QKV (GPT-2), rotary with grouped-query attention and RMSNorm (Llama), parallel blocks
@@ -311,6 +312,7 @@ def zoo_pairs():
     return model, pairs
 
 
+@pytest.mark.slow
 def test_faithfulness_from_noisy_pairs_gives_smallest_with_its_interval(zoo_pairs):
     model, pairs = zoo_pairs
     many, few = pairs[:48], pairs[:12]

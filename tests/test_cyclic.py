@@ -221,6 +221,7 @@ def _name_spectrum(model, kind: str, period: int):
 LEARNED = [("weekday", 7, 3), ("month", 12, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "period", "frequency"), LEARNED)
 def test_name_representation_is_periodic_beyond_both_controls(zoo_model, kind, period, frequency):
     """The residual at the day (month) token, over the 7 days (12 months): one frequency holds about

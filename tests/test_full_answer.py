@@ -138,6 +138,7 @@ def test_single_token_answers_score_as_the_first_token(tiny_model):
     assert (first.values - full.values).abs().max() <= 1e-4 and first.values.std() > 1e-3
 
 
+@pytest.mark.slow
 def test_answers_of_different_token_counts_are_each_scored_on_their_own_tokens(tiny_digit_model):
     prompts = arithmetic(tiny_digit_model, a=range(1, 10), b=range(1, 10))  # 1+1=2 .. 9+9=18: one or two tokens
     n = prompts.n_answer_tokens

@@ -128,6 +128,7 @@ def test_maps_and_mean_activation_need_no_full_activation_grid(llama):
     assert torch.allclose(mean, full.mean(0), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["zoo", "llama"])
 def test_eap_ig_one_pair_per_batch_equals_the_default(which, request):
     model, prompts = request.getfixturevalue(which)
