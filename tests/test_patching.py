@@ -270,6 +270,7 @@ def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_mod
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_gradients_and_direct_effects_on_rotary_families(family, number_tokenizer, tmp_path):
     """A frozen Llama (rotary, grouped-query, gated MLP) or Gemma 2 (scaled embedding, soft-capped

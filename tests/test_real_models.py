@@ -224,6 +224,7 @@ def test_neuron_maps_of_a_two_digit_grid_are_arranged_by_value(llama_model):
     assert "a mod 5 = 2" in table.neuron_labels(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_cached_greedy_decoding_in_other_families(family, tmp_path):
     from families import tokenizer_for

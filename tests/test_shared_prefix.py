@@ -80,6 +80,7 @@ def test_sweeps_without_positions_start_after_the_shared_prefix(llama, resume_st
     assert fast.values.std() > 1e-3  # the heads do move the metric: the comparison is not of constants
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_heads_without_positions_match_whole_forwards_in_every_family(family, number_tokenizer, tmp_path):
     model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path)))
@@ -174,6 +175,7 @@ def test_greedy_decoding_runs_the_shared_prefix_once_and_gives_the_plain_answers
     assert len(shared) > n_before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_greedy_decoding_with_a_shared_prefix_in_other_families(family, digit_tokenizer, tmp_path):
     """Learned and rotary positions, parallel blocks, Gemma 2's sliding window (16 tokens, shorter
@@ -220,6 +222,7 @@ def test_read_last_declines_rows_without_a_shared_prefix(llama, tiny_digit_model
         read_last(model, tokens, ["blocks.0.hook_resid_post"], 13)
 
 
+@pytest.mark.slow
 def test_detector_generates_once_per_prompt_set(llama, monkeypatch):
     """fit, evaluate, flag and predict_proba on one prompt set generate its answers once; another
     set, or changed weights, generates again."""
