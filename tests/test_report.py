@@ -19,6 +19,7 @@ def report_file(tmp_path_factory):
     return write_report("zoo:add-100", out=out, limit=400, progress=False)
 
 
+@pytest.mark.slow
 def test_report_is_self_contained(report_file):
     text = report_file.read_text()
     assert text.count("<script type='text/javascript'>") == 1  # plotly.js inlined exactly once
@@ -35,6 +36,7 @@ def test_report_is_self_contained(report_file):
     assert len(re.findall(r"id=\"figure-\d+\"", text)) >= 8
 
 
+@pytest.mark.slow
 def test_report_renders_in_chromium(report_file):
     sync_api = pytest.importorskip("playwright.sync_api")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -62,6 +62,7 @@ def section_titles(text: str) -> list[str]:
     return [html.unescape(t) for t in re.findall(r"<section><h2>(.*?)</h2>", text)]
 
 
+@pytest.mark.slow
 def test_a_killed_report_leaves_a_readable_page_of_the_finished_stages(tmp_path):
     out = tmp_path / "r.html"
     names = ["accuracy", "patching", "probes", "neurons", "circuits"]
