@@ -41,15 +41,25 @@ def _shared_length(tokens: torch.Tensor) -> int:
 
 @pytest.fixture
 def resume_starts(monkeypatch):
-    """The positions every stepped patched run starts at."""
-    starts = []
-    original = Stepper.resume
+    """The positions every stepped patched run starts at (not the runs of the stepper's own check,
+    which resumes mid-prompt on each new prompt length)."""
+    starts, checking = [], []
+    original, original_check = Stepper.resume, Stepper.check
 
     def spy(self, base, layer, hidden, start, *args, **kwargs):
-        starts.append(start)
+        if not checking:
+            starts.append(start)
         return original(self, base, layer, hidden, start, *args, **kwargs)
 
+    def check(self, tokens):
+        checking.append(True)
+        try:
+            return original_check(self, tokens)
+        finally:
+            checking.pop()
+
     monkeypatch.setattr(Stepper, "resume", spy)
+    monkeypatch.setattr(Stepper, "check", check)
     return starts
 
 
