@@ -96,6 +96,7 @@ def test_interchange_pairs_are_balanced_and_held_out_by_operand_pair(planted):
     assert counts.min() > 0 and counts.max() < 3 * counts.float().mean()
 
 
+@pytest.mark.slow
 def test_shuffled_control_labels_do_not_follow_the_source(planted):
     _, prompts = planted
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=3, shuffle=True)
@@ -126,6 +127,7 @@ def test_planted_model_answers_through_its_plane(planted):
     assert prompts.evaluate(model).accuracy == 1.0
 
 
+@pytest.mark.slow
 def test_das_recovers_the_planted_subspace(planted_fit):
     model, dataset, result, before = planted_fit
     cosines = causal.principal_angle_cosines(result.basis, planted_plane())
@@ -170,6 +172,7 @@ def test_boundless_das_finds_a_small_working_subspace(planted):
     assert cosines.min() >= 0.95  # the plane lies inside the learned subspace
 
 
+@pytest.mark.slow
 def test_results_frame_plot_save_load(planted_fit, tmp_path):
     _, _, result, _ = planted_fit
     frame = result.to_frame()

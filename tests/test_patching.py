@@ -87,6 +87,7 @@ def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
     assert (ours.values - reference).abs().max() <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
 def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
     model, zoo_pairs = zoo
@@ -372,6 +373,7 @@ def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
         patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer2"])
 
 
+@pytest.mark.slow
 def test_add_3digit_digits_are_computed_by_layer_0_heads():
     """The per-head staircase (Quirke & Barez): a layer-0 head carries the units digit, a layer-1 head does not."""
     import arithinterp as ai
@@ -457,6 +459,7 @@ def float32_analyses(tiny_model, tiny_digit_model):
     return _every_analysis(tiny_model, tiny_digit_model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.1), (torch.float16, 0.02)])
 def test_every_analysis_runs_in_half_precision(number_tokenizer, digit_tokenizer, float32_analyses, dtype, tolerance):
     """Half-precision copies give the float32 numbers within the dtype's precision (metrics in float32)."""

@@ -118,6 +118,7 @@ def test_positions_that_do_not_exist_are_refused(llama_model):
     assert same.locate(-1)[1].tolist() == same.locate("final")[1].tolist()
 
 
+@pytest.mark.slow
 def test_patching_probes_helix_fourier_neurons_run(llama_model, regime):
     model = llama_model(regime)
     prompts = arithmetic(model, a=range(100), b=[3, 14])

@@ -73,6 +73,7 @@ def test_report_rejects_bad_stage(tmp_path):
     assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons", "circuits"}
 
 
+@pytest.mark.slow
 def test_report_on_a_digit_model_reads_numbers_of_several_tokens(tmp_path):
     """add-3digit: its numbers are several tokens, read whole at their last token for the Fourier
     stage (where a random-init model reads the last digit as well), and its answers have digits."""

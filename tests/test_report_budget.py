@@ -103,6 +103,7 @@ def _raises(error: BaseException):
     return stage
 
 
+@pytest.mark.slow
 def test_a_failing_stage_is_recorded_and_the_next_stage_runs(tmp_path, monkeypatch):
     monkeypatch.setitem(STAGES, "patching", _raises(RuntimeError("CUDA error: out of memory")))
     monkeypatch.setitem(STAGES, "probes", _raises(MemoryError()))

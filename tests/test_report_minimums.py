@@ -129,6 +129,7 @@ def test_the_docs_state_every_minimum():
         assert f"{n} {what.rstrip(',')}" in page, name
 
 
+@pytest.mark.slow
 def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(tiny_model):
     """A random model: its residual stream at the a token holds a's embedding (readable), but a
     random-init model of the same architecture reads it just as well, so it is no finding; and

@@ -194,6 +194,7 @@ def test_cell_ids_are_stable_hashes_of_the_full_spec(model_dir, tmp_path):
 # --- running locally -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_sweep_writes_cells_manifest_and_tables_then_skips_them(model_dir, tmp_path):
     from arithinterp import patching
     from arithinterp.models import load_model
@@ -359,6 +360,7 @@ def reference(model_dir, tmp_path_factory):
     return config_path, S.load_results(root / "out")
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     """Killed with SIGKILL mid-run (local executor), resumed on a process pool: the tables equal
     the uninterrupted local run's row for row, which also shows the pool matches the local executor."""
@@ -386,6 +388,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     tables_equal(S.load_results(out), expected)  # row for row, bit for bit
 
 
+@pytest.mark.slow
 def test_ray_executor_matches_local(reference, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arithinterp[ray]')")
     config_path, expected = reference
