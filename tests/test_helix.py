@@ -491,6 +491,7 @@ def _shipped(name):
     return (get_entry(name).directory / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _shipped("add-100"), reason="zoo:add-100 is not shipped")
 def test_add100_helix_patch_test_at_the_a_position():
     import arithinterp as ai

@@ -171,6 +171,7 @@ def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
     assert "budget: 1 s" in text
 
 
+@pytest.mark.slow
 def test_a_random_llama_with_few_shot_prompts_gets_a_complete_page_within_a_small_budget(tmp_path, llama_folder):
     folder = str(llama_folder("digit"))
     out = write_report(folder, out=tmp_path / "r.html", template="{a}+{b}=", few_shot=2, operands="10-59",

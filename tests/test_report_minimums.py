@@ -29,6 +29,7 @@ def random_report(tmp_path_factory):
     return out.read_text()
 
 
+@pytest.mark.slow
 def test_a_model_that_knows_nothing_gets_not_enough_data(random_report):
     sections = _sections(random_report)
     accuracy = re.search(r"answers (\d+) of (\d+) prompts correctly", random_report)
@@ -53,6 +54,7 @@ def test_a_model_that_knows_nothing_gets_not_enough_data(random_report):
     assert summary.count("Not enough data") >= 4
 
 
+@pytest.mark.slow
 def test_every_stage_that_ran_states_its_sample_size(random_report):
     for title, body in _sections(random_report).items():
         if "Not run on this model" in body:  # does not apply (single-token answers): no sample to state

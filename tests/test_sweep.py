@@ -234,6 +234,7 @@ def test_local_sweep_writes_cells_manifest_and_tables_then_skips_them(model_dir,
     assert summary["skipped"] == 3 and [r["analysis"] for r in summary["analyses"]] == ["accuracy", "patching"]
 
 
+@pytest.mark.slow
 def test_every_random_choice_is_seeded_from_the_cell_spec(model_dir, tmp_path):
     """An analysis that draws unseeded random numbers still gives the same table on every run,
     and different draws in cells that differ (the sweep seeds each cell from its spec)."""
