@@ -8,4 +8,6 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # runs offline.
 .venv/bin/ruff check .
 .venv/bin/basedpyright
-.venv/bin/python -m pytest -q "$@"
+# Every test, spread over the machine's cores (pytest-xdist: two workers on a 2-core machine; pass -n 0 to run
+# them in one process). `pytest -m "not slow"` is the quick loop while developing (README, "Developing").
+.venv/bin/python -m pytest -q -n auto --dist worksteal "$@"

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # workers share the cores: so do the processes a test starts
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # (benchmark scripts, notebook kernels, sweep workers)
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
 torch.set_num_threads(1)  # the models are tiny: one thread avoids contention overhead
 
 

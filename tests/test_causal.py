@@ -96,6 +96,7 @@ def test_interchange_pairs_are_balanced_and_held_out_by_operand_pair(planted):
     assert counts.min() > 0 and counts.max() < 3 * counts.float().mean()
 
 
+@pytest.mark.slow
 def test_shuffled_control_labels_do_not_follow_the_source(planted):
     _, prompts = planted
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=3, shuffle=True)
@@ -126,6 +127,7 @@ def test_planted_model_answers_through_its_plane(planted):
     assert prompts.evaluate(model).accuracy == 1.0
 
 
+@pytest.mark.slow
 def test_das_recovers_the_planted_subspace(planted_fit):
     model, dataset, result, before = planted_fit
     cosines = causal.principal_angle_cosines(result.basis, planted_plane())
@@ -142,6 +144,7 @@ def test_das_recovers_the_planted_subspace(planted_fit):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_das_on_a_shuffled_variable_stays_at_chance(planted):
     model, prompts = planted
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0, shuffle=True)
@@ -149,6 +152,7 @@ def test_das_on_a_shuffled_variable_stays_at_chance(planted):
     assert result.iia <= control.chance + 0.05
 
 
+@pytest.mark.slow
 def test_das_at_a_position_without_the_variable_finds_nothing(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
@@ -156,6 +160,7 @@ def test_das_at_a_position_without_the_variable_finds_nothing(planted):
     assert result.iia <= 0.05  # the operand position holds a alone, never the sum
 
 
+@pytest.mark.slow
 def test_boundless_das_finds_a_small_working_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
@@ -167,6 +172,7 @@ def test_boundless_das_finds_a_small_working_subspace(planted):
     assert cosines.min() >= 0.95  # the plane lies inside the learned subspace
 
 
+@pytest.mark.slow
 def test_results_frame_plot_save_load(planted_fit, tmp_path):
     _, _, result, _ = planted_fit
     frame = result.to_frame()
@@ -179,6 +185,7 @@ def test_results_frame_plot_save_load(planted_fit, tmp_path):
     assert loaded.to_frame().equals(frame)
 
 
+@pytest.mark.slow
 def test_sweep_finds_the_final_position(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
@@ -190,6 +197,7 @@ def test_sweep_finds_the_final_position(planted):
     assert "final: =" in sweep.tokens[2]
 
 
+@pytest.mark.slow
 def test_readable_vs_used_table(planted):
     model, prompts = planted
     table = causal.readable_vs_used(model, prompts, ["sum_mod_10", "magnitude"], layers=[0], steps=150, n=400,
@@ -240,6 +248,7 @@ def test_engine_interchange_is_differentiable_in_the_intervention_only(tiny_mode
         run(tiny_model, tokens, [Intervention("resid_post", 0, positions=-1, value=swap, source=source[:2])])
 
 
+@pytest.mark.slow
 def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
     from arithinterp import load_model
 
@@ -256,6 +265,7 @@ def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_das_command(capsys, tmp_path):
     import json
 
@@ -271,6 +281,7 @@ def test_das_command(capsys, tmp_path):
     assert "unknown variable 'carry_2'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_several_positions_swap_through_one_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)

@@ -67,6 +67,7 @@ def test_vary_digit_changes_one_column_only(zoo):
     assert not torch.equal(again.corrupt.a, other.corrupt.a)
 
 
+@pytest.mark.slow
 def test_varying_one_column_moves_its_answer_digit_and_not_the_far_ones(zoo):
     """The planted property of digit addition: the units answer digit reads the units column (and
     only carries leave it), the hundreds column never reaches the units digit. Scored with the
@@ -84,6 +85,7 @@ def test_varying_one_column_moves_its_answer_digit_and_not_the_far_ones(zoo):
     assert int(mass[0].argmax()) == units and int(mass[2].argmax()) == hundreds
 
 
+@pytest.mark.slow
 def test_exact_digit_edges_equal_hand_patched_paths(zoo):
     """Exact scores against references built by hand with hooks on the teacher-forced tokens: a
     last-layer head's direct path into the logits, and every outgoing edge of a layer-0 head
@@ -123,6 +125,7 @@ def test_exact_digit_edges_equal_hand_patched_paths(zoo):
         assert node.abs().max() > 0.1  # L0H3 carries the hundreds column: the check is not comparing zeros
 
 
+@pytest.mark.slow
 def test_eap_ig_tracks_exact_patching_on_every_digit_the_pairs_move(zoo):
     model, prompts = zoo
     pairs = patching.vary_digit(prompts, 1, "a", seed=0)[:12]
@@ -172,6 +175,7 @@ def test_positional_digit_edges_sit_where_the_tokens_differ(zoo):
     assert torch.allclose(summed, flat.scores[0], atol=1e-4) and float(summed.abs().max()) > 1.0
 
 
+@pytest.mark.slow
 def test_multi_token_answers_of_a_digit_split_llama_folder(llama_model):
     model = llama_model("digit")
     prompts = arithmetic(model, a=range(10, 40), b=[13, 24], few_shot=2)  # answers 23..63: two digit tokens

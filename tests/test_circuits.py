@@ -134,6 +134,7 @@ def test_attribution_ranks_the_planted_edges_first(planted, method):
     assert passes <= 2 * (4 + 1)
 
 
+@pytest.mark.slow
 def test_eap_ig_agrees_with_exact_patching_on_a_random_model(tiny_model):
     prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
     pairs = prompts.counterfactual(vary="a", seed=0)
@@ -197,6 +198,7 @@ def test_bad_input_is_refused_with_what_is_accepted(planted):
         top_n(circuit, circuit.n_edges + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gptj"])
 def test_edge_runs_are_exact_on_hugging_face_families(family, number_tokenizer, tmp_path):
     """Joint-QKV (GPT-2), rotary with grouped-query attention and RMSNorm (Llama), parallel blocks
@@ -216,6 +218,7 @@ def test_edge_runs_are_exact_on_hugging_face_families(family, number_tokenizer, 
     assert torch.corrcoef(torch.stack([exact, ig]))[0, 1] > 0.7
 
 
+@pytest.mark.slow
 def test_report_stage_finds_a_small_faithful_circuit_on_the_zoo_model():
     from arithinterp.models.zoo import ZOO, zoo_prompts
     from arithinterp.report import Context, NotEnoughData, circuits_stage
@@ -311,6 +314,7 @@ def zoo_pairs():
     return model, pairs
 
 
+@pytest.mark.slow
 def test_faithfulness_from_noisy_pairs_gives_smallest_with_its_interval(zoo_pairs):
     model, pairs = zoo_pairs
     many, few = pairs[:48], pairs[:12]

@@ -31,6 +31,7 @@ def test_no_command_prints_help(capsys):
     assert "usage" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command, check",
     [

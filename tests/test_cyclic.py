@@ -221,6 +221,7 @@ def _name_spectrum(model, kind: str, period: int):
 LEARNED = [("weekday", 7, 3), ("month", 12, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "period", "frequency"), LEARNED)
 def test_name_representation_is_periodic_beyond_both_controls(zoo_model, kind, period, frequency):
     """The residual at the day (month) token, over the 7 days (12 months): one frequency holds about
@@ -235,6 +236,7 @@ def test_name_representation_is_periodic_beyond_both_controls(zoo_model, kind, p
     assert random_share.max() < 0.4 and (random_p > 0.05).all(), (random_share, random_p)
 
 
+@pytest.mark.slow
 def test_the_addition_circuit_carries_weekday_arithmetic(zoo_model):
     """The top-32 edges scored on addition pairs reproduce the weekday task; 32 random edges do not."""
     from arithinterp import circuits
@@ -268,6 +270,7 @@ def test_patching_finds_the_day_moved_to_the_final_token(zoo_model):
     assert abs(effect[(1, a)] - unpatched) <= 0.05 * full
 
 
+@pytest.mark.slow
 def test_training_a_multi_family_model_measures_every_family(tmp_path):
     from arithinterp.models.train import train
     from arithinterp.models.zoo import get_entry

@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
@@ -35,3 +36,42 @@ def test_every_docs_page_is_in_the_nav():
     listed = set(pages(nav))
     on_disk = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert on_disk == listed, on_disk ^ listed
+
+
+def _api_docs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("api_docs", ROOT / "scripts" / "api_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_api_page_is_generated_from_every_public_module():
+    """docs/api.md is what scripts/api_docs.py writes: every public module with its exported names."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    assert _api_docs().render() == text, "docs/api.md is out of date: run python scripts/api_docs.py"
+    for name in ("patching", "probes", "fourier", "helix", "neurons", "circuits", "engine", "engine.decode",
+                 "features", "causal", "tasks", "activations", "models", "sweep", "viz", "report", "metrics"):
+        assert f"## `arithinterp.{name}`" in text, name
+    assert "::: arithinterp.patching.activation_patching\n" in text and "::: arithinterp.engine.Stepper\n" in text
+
+
+def test_the_api_page_goes_out_of_date_when_a_module_exports_more(monkeypatch):
+    from arithinterp import patching
+    from arithinterp.patching.core import check_choice
+
+    api_docs = _api_docs()
+    assert "check_choice" not in api_docs.public_names(patching)
+    monkeypatch.setattr(patching, "check_choice", check_choice, raising=False)
+    monkeypatch.setattr(patching, "__all__", [*patching.__all__, "check_choice"])
+    after = api_docs.render()
+    assert "::: arithinterp.patching.check_choice\n" in after and after != (ROOT / "docs" / "api.md").read_text()
+
+
+def test_the_report_page_lists_every_notebook():
+    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    text = (ROOT / "docs" / "report.md").read_text()
+    assert f"holds {words[len(notebooks)]} notebooks" in text
+    assert all(f"`{stem}`" in text for stem in notebooks), [s for s in notebooks if f"`{s}`" not in text]

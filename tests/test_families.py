@@ -17,6 +17,8 @@ import arithinterp as ai
 from arithinterp import patching
 from arithinterp.tasks import arithmetic
 
+pytestmark = pytest.mark.slow  # seven decoder families, each loaded from a folder: not in the quick loop
+
 TL_FUNCTIONS = {
     "resid_pre": "get_act_patch_resid_pre",
     "attn_z": "get_act_patch_attn_head_out_by_pos",

@@ -78,6 +78,7 @@ def planted(number_tokenizer):
     return out
 
 
+@pytest.mark.slow
 def test_transcoder_recovers_the_planted_feature(planted):
     model, v, tc, tokens, valid = planted["planted"]
     corr = _selectivity(model, tc, tokens, valid, 6)
@@ -89,6 +90,7 @@ def test_transcoder_recovers_the_planted_feature(planted):
     assert torch.equal(tc.W_skip, torch.zeros_like(tc.W_skip))
 
 
+@pytest.mark.slow
 def test_no_feature_for_a_digit_the_mlp_does_not_compute(planted):
     # control: the same model built around "ends in 3"; no feature tracks "ends in 6"
     model, _, tc, tokens, valid = planted["control"]
@@ -121,6 +123,7 @@ def test_input_site_intervention_refuses_units_and_constant_values(tiny_model):
         run(tiny_model, tokens, [Intervention("mlp_out", 0, value=lambda x: x, input_site="mlp_nowhere")])
 
 
+@pytest.mark.slow
 def test_feature_edits_move_the_replacement_logits(planted, tmp_path):
     model, _, tc, tokens, _ = planted["planted"]
     batch = tokens[:16]
@@ -136,6 +139,7 @@ def test_feature_edits_move_the_replacement_logits(planted, tmp_path):
     assert len(loaded.plot().data) == 2
 
 
+@pytest.mark.slow
 def test_bad_arguments_say_what_is_accepted(planted):
     model, _, tc, _, _ = planted["planted"]
     prompts = prompts_for_pairs(model, "+", [1, 2, 3], [4, 5, 6], "{a}+{b}=")
@@ -197,6 +201,7 @@ def _graph_through_planted(tokenizer, digit: int):
     return graph, float(weights[aligned >= 0.9].sum())
 
 
+@pytest.mark.slow
 def test_graph_routes_the_answer_through_the_planted_feature(number_tokenizer, tmp_path):
     graph, effect = _graph_through_planted(number_tokenizer, 6)
     assert graph.scores["max_abs_error"] <= 1e-4  # edges + bias = each target's own value
@@ -207,6 +212,7 @@ def test_graph_routes_the_answer_through_the_planted_feature(number_tokenizer, t
     assert len(loaded.plot().data) > 2
 
 
+@pytest.mark.slow
 def test_graph_of_a_model_without_the_feature_does_not(number_tokenizer):
     # control: the MLP computes "ends in 3", which 36 does not: nothing is written along v at the last token
     graph, effect = _graph_through_planted(number_tokenizer, 3)
@@ -259,6 +265,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
     assert float(pre[0] - pre[1]) / eps == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_does_not(number_tokenizer):
     from arithinterp.features import intervene
 
@@ -280,6 +287,7 @@ def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_doe
     assert float(zeroed[0, six]) < 0.1 * float(real[0, six])
 
 
+@pytest.mark.slow
 def test_labels_name_the_planted_feature_and_not_shuffled_maps(planted):
     from arithinterp.features.labels import label_features
     from arithinterp.tasks import arithmetic

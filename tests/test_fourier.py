@@ -403,6 +403,7 @@ def add100():
     return model, prompts
 
 
+@pytest.mark.slow
 @needs_add100
 def test_add100_embeddings_spread_over_many_frequencies(add100):
     model, _ = add100
@@ -414,6 +415,7 @@ def test_add100_embeddings_spread_over_many_frequencies(add100):
     assert len(fo.key_frequencies(power, "fraction", fraction=0.9)) > 30
 
 
+@pytest.mark.slow
 @needs_add100
 def test_add100_final_residual_after_layer_0_is_low_frequency_in_the_sum(add100):
     from arithinterp.activations import collect
@@ -427,6 +429,7 @@ def test_add100_final_residual_after_layer_0_is_low_frequency_in_the_sum(add100)
     assert float(power[1:3].sum() / power[1:].sum()) > 0.5
 
 
+@pytest.mark.slow
 @needs_add100
 def test_add100_frequency_filters(add100):
     model, prompts = add100
@@ -496,6 +499,7 @@ def modadd():
     return model, prompts
 
 
+@pytest.mark.slow
 @needs_modadd
 def test_modadd_embeddings_and_neurons_use_a_few_key_frequencies(modadd):
     model, prompts = modadd
@@ -509,6 +513,7 @@ def test_modadd_embeddings_and_neurons_use_a_few_key_frequencies(modadd):
     assert set(clusters.cluster_sizes()) <= FIVE
 
 
+@pytest.mark.slow
 @needs_modadd
 def test_modadd_restricted_and_excluded_loss(modadd):
     model, _ = modadd
@@ -519,6 +524,7 @@ def test_modadd_restricted_and_excluded_loss(modadd):
     assert losses["excluded_loss"] > 2.0 and losses["excluded_loss"] > 1e4 * losses["train_loss"]
 
 
+@pytest.mark.slow
 @needs_modadd
 def test_modadd_progress_measures_move_before_the_test_loss():
     result = fo.progress([400, 4400], progress=False)
@@ -554,6 +560,7 @@ def _circle(period):
     return lambda x: torch.stack([(2 * math.pi * x / period).cos(), (2 * math.pi * x / period).sin()], 1) * 3
 
 
+@pytest.mark.slow
 def test_separability_reads_a_planted_mod_10_circle_and_not_random_numbers():
     values, acts = _numbers_as(2, 32, _circle(10))
     g = torch.Generator().manual_seed(1)
@@ -603,6 +610,7 @@ def test_separability_is_seeded_and_validates_input():
     assert fo.integer_periods([100 / 10, 100 / 40, 100 / 3, 100], 100) == [10]
 
 
+@pytest.mark.slow
 def test_number_separability_compares_with_a_random_init_model(tiny):
     result = fo.number_separability(tiny, range(100), (2, 5, 10))
     assert result.series == ["embed"] and result.random_init is not None
@@ -613,6 +621,7 @@ def test_number_separability_compares_with_a_random_init_model(tiny):
     assert list(layers) == ["L0 resid_post"] and layers["L0 resid_post"].shape == (100, 64)
 
 
+@pytest.mark.slow
 @needs_add100
 def test_add100_embeddings_hold_x_mod_5_beyond_a_random_init_model(add100):
     model, _ = add100
@@ -641,6 +650,7 @@ def test_separability_and_filter_results_round_trip(tmp_path, tiny):
     assert again.drop_ci == filtered.drop_ci and again.note == filtered.note
 
 
+@pytest.mark.slow
 def test_report_fourier_stage_reads_digit_split_numbers_against_a_random_init_model(llama_model):
     """A random-weight Llama with one token per digit and a few-shot prefix: each number is read
     at its last token; the digit token there makes periods 10, 5, 2 spike and x mod 10 readable —

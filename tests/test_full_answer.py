@@ -84,6 +84,7 @@ def digit_pairs(tiny_digit_model):
     return pairs[:6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", ["resid_pre", "attn_z"])
 def test_full_answer_sweep_equals_a_cell_by_cell_reference(tiny_digit_model, digit_pairs, site):
     ours = patching.activation_patching(tiny_digit_model, digit_pairs, site, scoring="full_answer", progress=False)
@@ -137,6 +138,7 @@ def test_single_token_answers_score_as_the_first_token(tiny_model):
     assert (first.values - full.values).abs().max() <= 1e-4 and first.values.std() > 1e-3
 
 
+@pytest.mark.slow
 def test_answers_of_different_token_counts_are_each_scored_on_their_own_tokens(tiny_digit_model):
     prompts = arithmetic(tiny_digit_model, a=range(1, 10), b=range(1, 10))  # 1+1=2 .. 9+9=18: one or two tokens
     n = prompts.n_answer_tokens
@@ -183,6 +185,7 @@ def llama_digits(digit_tokenizer, tmp_path_factory):
     return model, pairs[pairs.clean.length_groups()[0][:3]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", ["resid_pre", "attn_z"])
 def test_full_answer_on_a_llama_with_reused_keys_and_values(llama_digits, site):
     model, pairs = llama_digits

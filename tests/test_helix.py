@@ -65,6 +65,7 @@ def test_basis_validates_input():
 # --- planted helix -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_planted_helix_is_recovered_as_the_best_period_subset():
     values = torch.arange(100).repeat(2)
     acts = planted_helix(values)
@@ -451,6 +452,7 @@ def planted_neurons():
     return neurons, a, b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["gd", "lstsq"])
 def test_neuron_fits_recover_planted_preactivations(method):
     neurons, a, b = planted_neurons()
@@ -489,6 +491,7 @@ def _shipped(name):
     return (get_entry(name).directory / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _shipped("add-100"), reason="zoo:add-100 is not shipped")
 def test_add100_helix_patch_test_at_the_a_position():
     import arithinterp as ai
@@ -516,6 +519,7 @@ def test_add100_helix_patch_test_at_the_a_position():
     assert not later.layer_patch_distinct and later.fractions() == {}  # measured: +0.0008 (−0.009 to 0.010)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _shipped("modadd-113"), reason="zoo:modadd-113 is not shipped")
 def test_modadd_key_frequency_circle_is_causally_sufficient():
     import arithinterp as ai

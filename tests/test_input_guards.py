@@ -385,6 +385,7 @@ def test_a_model_of_the_same_shape_accepts_the_circuit(tiny_model, number_tokeni
     assert len(circuits.faithfulness(twin, _pairs(twin), circuit, sizes=[3]).values) == 1
 
 
+@pytest.mark.slow
 def test_detector_fitted_on_another_model_is_refused():
     import arithinterp as ai
     from arithinterp import probes

@@ -232,10 +232,18 @@ def _cell_files(out: Path) -> dict:
     return {p.relative_to(out): p.read_bytes() for p in sorted((out / "results").rglob("*.parquet"))}
 
 
+def _sweep(capsys, *args: str) -> tuple[int, str, str]:
+    """The ``arithinterp sweep`` command run in this process: its exit code, stdout (the JSON summary) and stderr."""
+    code = main(["sweep", *args, "--no-progress", "--json"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.slow
 def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path, capsys):
     config, out = _sweep_config(tmp_path), tmp_path / "out"
-    first = _cli(str(config), "--out", str(out))
-    assert first.returncode == 0, first.stderr
+    code, _, err = _sweep(capsys, str(config), "--out", str(out))
+    assert code == 0, err
     original = _cell_files(out)
     assert len(original) == 3
     truncated, emptied = [out / p for p in list(original)[:2]]
@@ -248,19 +256,19 @@ def test_damaged_cell_files_are_caught_and_recomputed_through_the_cli(tmp_path, 
     assert "is damaged: its checksum differs from the one recorded when it was written" in error
     assert "rerun the sweep's config to recompute it" in error and "Traceback" not in plot.err
 
-    again = _cli(str(config), "--out", str(out))
-    assert again.returncode == 0, again.stderr
-    summary = json.loads(again.stdout)
+    code, stdout, err = _sweep(capsys, str(config), "--out", str(out))
+    assert code == 0, err
+    summary = json.loads(stdout)
     assert summary["done"] == 2 and summary["skipped"] == 1 and len(summary["recomputed"]) == 2
-    assert "2 finished cell file(s) failed their check and are recomputed" in again.stderr
+    assert "2 finished cell file(s) failed their check and are recomputed" in err
     assert _cell_files(out) == original  # byte-identical to the undamaged run
 
     # with the manifest gone too, the files themselves are checked (no checksum to compare with)
     (out / "manifest.json").unlink()
     truncated.write_bytes(original[truncated.relative_to(out)][:100])
-    resumed = _cli(str(config), "--out", str(out))
-    assert resumed.returncode == 0, resumed.stderr
-    summary = json.loads(resumed.stdout)
+    code, stdout, err = _sweep(capsys, str(config), "--out", str(out))
+    assert code == 0, err
+    summary = json.loads(stdout)
     assert summary["done"] == 1 and summary["skipped"] == 2
     assert "not a readable Parquet table" in summary["recomputed"][0]["reason"]
     assert _cell_files(out) == original
@@ -294,6 +302,7 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie holds no memory; only its exit status waits to be read
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
 def test_workers_exit_when_the_driver_is_killed(tmp_path):
     config, out = _sweep_config(tmp_path, '"resid_pre", "attn_out", "mlp_out", "resid_post"'), tmp_path / "out"
@@ -322,6 +331,7 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
             driver.kill()
 
 
+@pytest.mark.slow
 def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, capsys):
     import errno
 

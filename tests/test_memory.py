@@ -56,6 +56,7 @@ def _same_table(a, b) -> None:
     assert a.meta["control"] == b.meta["control"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which, budget", [("zoo", 24e6), ("llama", 12e6)])
 def test_classify_in_many_small_chunks_equals_the_default(which, budget, request, monkeypatch):
     """Every neuron of every layer: a budget that forces a chunk of 128 neurons at a time (and small
@@ -95,6 +96,7 @@ def test_importance_with_a_tiny_budget_equals_the_default(llama, method):
     assert float(default.scores.max()) > 0  # not vacuous: the scores are not all zero
 
 
+@pytest.mark.slow
 def test_map_rows_read_in_several_passes_equal_one_pass(llama):
     """Activations kept for a group of neurons at a time (here 100 rows per pass over the prompts)
     give the maps of one pass over every neuron."""
@@ -126,6 +128,7 @@ def test_maps_and_mean_activation_need_no_full_activation_grid(llama):
     assert torch.allclose(mean, full.mean(0), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["zoo", "llama"])
 def test_eap_ig_one_pair_per_batch_equals_the_default(which, request):
     model, prompts = request.getfixturevalue(which)

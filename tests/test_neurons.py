@@ -516,6 +516,7 @@ def _zoo(name):
     return ai.load_model(f"zoo:{name}")
 
 
+@pytest.mark.slow
 def test_add_100_last_layer_is_heuristic_and_ablation_hurts_associated_prompts_more():
     """Known result (Nikankin et al. 2025, docs/neurons.md): the last MLP's top neurons are nearly all
     heuristic neurons, and ablating a heuristic's neurons hurts its own prompts far more."""

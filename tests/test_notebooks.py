@@ -21,6 +21,7 @@ def test_notebook_committed_without_outputs(path):
             assert not cell.get("outputs"), f"{path.name} has outputs: clear them before committing"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, tmp_path):
     nbformat = pytest.importorskip("nbformat")

@@ -23,6 +23,7 @@ def test_report_function_survives_importing_the_report_module():
     assert ai.write_report is ai.report.write_report
 
 
+@pytest.mark.slow
 def test_write_report_is_the_function_in_a_fresh_interpreter():
     code = "import arithinterp as ai, arithinterp.cli; print(ai.write_report.__name__, type(ai.report).__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
@@ -89,6 +87,7 @@ def test_sweep_matches_transformer_lens(tiny_model, pairs, site, engine):
     assert (ours.values - reference).abs().max() <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", sorted(TL_FUNCTIONS))
 def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
     model, zoo_pairs = zoo
@@ -272,6 +271,7 @@ def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_mod
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_gradients_and_direct_effects_on_rotary_families(family, number_tokenizer, tmp_path):
     """A frozen Llama (rotary, grouped-query, gated MLP) or Gemma 2 (scaled embedding, soft-capped
@@ -390,6 +390,7 @@ def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
         patching.ablate(tiny_digit_model, prompts.with_scoring("first_token"), ["attn0@answer2"])
 
 
+@pytest.mark.slow
 def test_add_3digit_digits_are_computed_by_layer_0_heads():
     """The per-head staircase (Quirke & Barez): a layer-0 head carries the units digit, a layer-1 head does not."""
     import arithinterp as ai
@@ -475,6 +476,7 @@ def float32_analyses(tiny_model, tiny_digit_model):
     return _every_analysis(tiny_model, tiny_digit_model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.1), (torch.float16, 0.02)])
 def test_every_analysis_runs_in_half_precision(number_tokenizer, digit_tokenizer, float32_analyses, dtype, tolerance):
     """Half-precision copies give the float32 numbers within the dtype's precision (metrics in float32)."""
@@ -556,19 +558,6 @@ def test_other_bad_input_is_explained(tiny_model, pairs):
     same = type(pairs)(pairs.clean, pairs.clean)
     with pytest.raises(ArithInterpError, match="same mean"):  # nothing to find where nothing differs
         patching.activation_patching(tiny_model, same, "resid_pre", normalize=True, progress=False)
-
-
-# --- the benchmark ---------------------------------------------------------------------------------
-
-
-def test_benchmark_smoke_run():
-    path = Path(__file__).parent.parent / "benchmarks" / "patching.py"
-    spec = importlib.util.spec_from_file_location("patching_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rows = module.main(["--quick"])
-    assert rows and all(row["max_abs_diff"] <= 1e-4 for row in rows)
-    assert all(row["speedup"] > 0 and row["cells"] > 0 for row in rows)
 
 
 def test_a_model_with_nan_weights_is_refused_not_reported_as_nan(number_tokenizer, pairs):

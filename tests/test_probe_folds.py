@@ -56,6 +56,7 @@ def test_distinct_pairs_keep_plain_folds(tiny_model):
     assert result.meta["folds"]["groups"] is None and "no pair repeats" in result.fold_scheme
 
 
+@pytest.mark.slow
 def test_groups_by_a_named_label_or_an_array(leaky):
     by_a = probes.probe_layers(leaky["acts"], leaky["label"], groups="a", progress=False)
     a_values = leaky["prompts"].a
@@ -80,6 +81,7 @@ def test_bad_groups_are_rejected(leaky):
         probes.probe_layers(bare, leaky["label"], groups="pair", progress=False)
 
 
+@pytest.mark.slow
 def test_sweep_takes_an_estimator_and_clones_it(leaky):
     from sklearn.linear_model import LogisticRegression
 

@@ -166,6 +166,7 @@ def _acts_with_label_signal(label, layers_with_signal, seed, strength=3.0):
     return Activations(data={"resid_post": X}, layers=[0, 1, 2], positions=["final"])
 
 
+@pytest.mark.slow
 def test_a_finding_must_beat_chance_and_a_random_init_model(planted):
     label = planted["label"]
     # the input already shows the label at layer 0 (a random-init model reads it there too);
@@ -353,6 +354,7 @@ def test_answer_activations_teacher_force_the_models_own_answer(tiny_digit_model
             assert torch.allclose(acts.get("resid_post", 1, f"answer_{j}")[i], expected, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_error_detector_flags_planted_errors_on_held_out_prompts(planted_errors):
     p, train, test = planted_errors["prompts"], planted_errors["train"], planted_errors["test"]
     model, evaluation, wrong = planted_errors["model"], planted_errors["evaluation"], planted_errors["wrong"]
@@ -408,6 +410,7 @@ def test_planted_error_direction_is_found_and_shuffled_labels_stay_at_chance():
         assert held_out.metrics(method)["balanced_accuracy"] < 0.6
 
 
+@pytest.mark.slow
 def test_baseline_warning_fires_on_a_model_without_signal(planted_errors):
     """A real (tiny random) model whose errors are unrelated to its activations."""
     p, train = planted_errors["prompts"], planted_errors["train"]
@@ -418,6 +421,7 @@ def test_baseline_warning_fires_on_a_model_without_signal(planted_errors):
     assert detector.meta_["beats_majority_baseline"] is False
 
 
+@pytest.mark.slow
 def test_detector_takes_an_estimator_clones_it_and_honours_random_state():
     from sklearn.base import clone
 
@@ -513,6 +517,7 @@ def test_detector_validation_messages(planted_errors):
         probes.best_threshold(torch.ones(3, dtype=torch.bool), torch.rand(3), rule="f1")
 
 
+@pytest.mark.slow
 def test_repair_counts_fixed_and_broken(planted_errors, tmp_path):
     p, test, model = planted_errors["prompts"], planted_errors["test"], planted_errors["model"]
     detector = probes.ErrorDetector(layers=1, method="direct", cv=3).fit(model, p[planted_errors["train"]],
@@ -543,6 +548,7 @@ def test_repair_counts_fixed_and_broken(planted_errors, tmp_path):
         probes.repair(model, p[test], detector, policy=oracle, evaluation=evaluation, accept="sometimes")
 
 
+@pytest.mark.slow
 def test_selective_repair_keeps_only_answers_the_detector_believes_more(planted_errors, monkeypatch):
     p, test, model = planted_errors["prompts"], planted_errors["test"], planted_errors["model"]
     detector = probes.ErrorDetector(layers=1, method="direct", cv=3).fit(model, p[planted_errors["train"]],
@@ -597,6 +603,7 @@ def test_best_threshold_rules():
     assert accuracy(auto) >= accuracy(acc) - 0.01 and auto >= acc  # auto: most errors within 1 point
 
 
+@pytest.mark.slow
 def test_zoo_weak_model_digit_probes_and_error_detector():
     """Known result on zoo:add-3digit-weak (skipped until it ships): every answer digit is
     linearly readable before it is emitted, and the detector beats chance on held-out prompts."""
@@ -629,6 +636,7 @@ def test_zoo_weak_model_digit_probes_and_error_detector():
     assert scorable.all() and believed.float().mean() >= 0.9
 
 
+@pytest.mark.slow
 def test_error_detector_on_single_token_answers(tiny_model, number_tokenizer):
     """Numbers as single tokens (like zoo:add-100): every digit is read at the final token, the
     direct probe sees that one activation once, and planted errors are found."""

@@ -88,6 +88,7 @@ def test_random_like_rejects_what_is_not_a_model():
         random_like(object())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "gptj", "qwen2", "gemma2", "phi"])
 def test_random_like_on_other_decoder_families(family, tmp_path, number_tokenizer):
     from hf_families import save_family

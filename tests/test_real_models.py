@@ -118,6 +118,7 @@ def test_positions_that_do_not_exist_are_refused(llama_model):
     assert same.locate(-1)[1].tolist() == same.locate("final")[1].tolist()
 
 
+@pytest.mark.slow
 def test_patching_probes_helix_fourier_neurons_run(llama_model, regime):
     model = llama_model(regime)
     prompts = arithmetic(model, a=range(100), b=[3, 14])
@@ -224,6 +225,7 @@ def test_neuron_maps_of_a_two_digit_grid_are_arranged_by_value(llama_model):
     assert "a mod 5 = 2" in table.neuron_labels(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_cached_greedy_decoding_in_other_families(family, tmp_path):
     from families import tokenizer_for

@@ -19,6 +19,7 @@ def report_file(tmp_path_factory):
     return write_report("zoo:add-100", out=out, limit=400, progress=False)
 
 
+@pytest.mark.slow
 def test_report_is_self_contained(report_file):
     text = report_file.read_text()
     assert text.count("<script type='text/javascript'>") == 1  # plotly.js inlined exactly once
@@ -35,6 +36,7 @@ def test_report_is_self_contained(report_file):
     assert len(re.findall(r"id=\"figure-\d+\"", text)) >= 8
 
 
+@pytest.mark.slow
 def test_report_renders_in_chromium(report_file):
     sync_api = pytest.importorskip("playwright.sync_api")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -71,6 +73,7 @@ def test_report_rejects_bad_stage(tmp_path):
     assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons", "circuits"}
 
 
+@pytest.mark.slow
 def test_report_on_a_digit_model_reads_numbers_of_several_tokens(tmp_path):
     """add-3digit: its numbers are several tokens, read whole at their last token for the Fourier
     stage (where a random-init model reads the last digit as well), and its answers have digits."""

@@ -62,6 +62,7 @@ def section_titles(text: str) -> list[str]:
     return [html.unescape(t) for t in re.findall(r"<section><h2>(.*?)</h2>", text)]
 
 
+@pytest.mark.slow
 def test_a_killed_report_leaves_a_readable_page_of_the_finished_stages(tmp_path):
     out = tmp_path / "r.html"
     names = ["accuracy", "patching", "probes", "neurons", "circuits"]
@@ -102,6 +103,7 @@ def _raises(error: BaseException):
     return stage
 
 
+@pytest.mark.slow
 def test_a_failing_stage_is_recorded_and_the_next_stage_runs(tmp_path, monkeypatch):
     monkeypatch.setitem(STAGES, "patching", _raises(RuntimeError("CUDA error: out of memory")))
     monkeypatch.setitem(STAGES, "probes", _raises(MemoryError()))
@@ -169,6 +171,7 @@ def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
     assert "budget: 1 s" in text
 
 
+@pytest.mark.slow
 def test_a_random_llama_with_few_shot_prompts_gets_a_complete_page_within_a_small_budget(tmp_path, llama_folder):
     folder = str(llama_folder("digit"))
     out = write_report(folder, out=tmp_path / "r.html", template="{a}+{b}=", few_shot=2, operands="10-59",

@@ -29,6 +29,7 @@ def random_report(tmp_path_factory):
     return out.read_text()
 
 
+@pytest.mark.slow
 def test_a_model_that_knows_nothing_gets_not_enough_data(random_report):
     sections = _sections(random_report)
     accuracy = re.search(r"answers (\d+) of (\d+) prompts correctly", random_report)
@@ -53,6 +54,7 @@ def test_a_model_that_knows_nothing_gets_not_enough_data(random_report):
     assert summary.count("Not enough data") >= 4
 
 
+@pytest.mark.slow
 def test_every_stage_that_ran_states_its_sample_size(random_report):
     for title, body in _sections(random_report).items():
         if "Not run on this model" in body:  # does not apply (single-token answers): no sample to state
@@ -129,6 +131,7 @@ def test_the_docs_state_every_minimum():
         assert f"{n} {what.rstrip(',')}" in page, name
 
 
+@pytest.mark.slow
 def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(tiny_model):
     """A random model: its residual stream at the a token holds a's embedding (readable), but a
     random-init model of the same architecture reads it just as well, so it is no finding; and

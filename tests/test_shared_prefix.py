@@ -41,15 +41,25 @@ def _shared_length(tokens: torch.Tensor) -> int:
 
 @pytest.fixture
 def resume_starts(monkeypatch):
-    """The positions every stepped patched run starts at."""
-    starts = []
-    original = Stepper.resume
+    """The positions every stepped patched run starts at (not the runs of the stepper's own check,
+    which resumes mid-prompt on each new prompt length)."""
+    starts, checking = [], []
+    original, original_check = Stepper.resume, Stepper.check
 
     def spy(self, base, layer, hidden, start, *args, **kwargs):
-        starts.append(start)
+        if not checking:
+            starts.append(start)
         return original(self, base, layer, hidden, start, *args, **kwargs)
 
+    def check(self, tokens):
+        checking.append(True)
+        try:
+            return original_check(self, tokens)
+        finally:
+            checking.pop()
+
     monkeypatch.setattr(Stepper, "resume", spy)
+    monkeypatch.setattr(Stepper, "check", check)
     return starts
 
 
@@ -80,6 +90,7 @@ def test_sweeps_without_positions_start_after_the_shared_prefix(llama, resume_st
     assert fast.values.std() > 1e-3  # the heads do move the metric: the comparison is not of constants
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_heads_without_positions_match_whole_forwards_in_every_family(family, number_tokenizer, tmp_path):
     model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path)))
@@ -174,6 +185,7 @@ def test_greedy_decoding_runs_the_shared_prefix_once_and_gives_the_plain_answers
     assert len(shared) > n_before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_greedy_decoding_with_a_shared_prefix_in_other_families(family, digit_tokenizer, tmp_path):
     """Learned and rotary positions, parallel blocks, Gemma 2's sliding window (16 tokens, shorter
@@ -220,6 +232,7 @@ def test_read_last_declines_rows_without_a_shared_prefix(llama, tiny_digit_model
         read_last(model, tokens, ["blocks.0.hook_resid_post"], 13)
 
 
+@pytest.mark.slow
 def test_detector_generates_once_per_prompt_set(llama, monkeypatch):
     """fit, evaluate, flag and predict_proba on one prompt set generate its answers once; another
     set, or changed weights, generates again."""

@@ -128,6 +128,29 @@ def test_yaml_and_toml_configs_are_the_same_sweep(model_dir, tmp_path):
         S.read_config_file(json_path)
 
 
+def test_toml_configs_have_their_reader_on_every_supported_python():
+    """``requires-python`` admits 3.10, whose standard library has no TOML reader: the package
+    declares ``tomli`` there (and only there)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the dependency under test
+        import tomli as tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    oldest = min(v for v in ("3.8", "3.9", "3.10", "3.11", "3.12") if v in SpecifierSet(project["requires-python"]))
+    assert oldest == "3.10"
+
+    def required(python: str) -> set:
+        needs = [Requirement(line) for line in project["dependencies"]]
+        return {r.name for r in needs if r.marker is None or r.marker.evaluate({"python_version": python})}
+
+    assert "tomli" in required("3.10")
+    assert "tomli" not in required("3.11") and "tomli" not in required("3.13")
+
+
 def test_example_config_validates():
     example = Path(__file__).parent.parent / "examples" / "sweep.toml"
     cfg = S.load_config(example)
@@ -171,6 +194,7 @@ def test_cell_ids_are_stable_hashes_of_the_full_spec(model_dir, tmp_path):
 # --- running locally -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_sweep_writes_cells_manifest_and_tables_then_skips_them(model_dir, tmp_path):
     from arithinterp import patching
     from arithinterp.models import load_model
@@ -210,6 +234,7 @@ def test_local_sweep_writes_cells_manifest_and_tables_then_skips_them(model_dir,
     assert summary["skipped"] == 3 and [r["analysis"] for r in summary["analyses"]] == ["accuracy", "patching"]
 
 
+@pytest.mark.slow
 def test_every_random_choice_is_seeded_from_the_cell_spec(model_dir, tmp_path):
     """An analysis that draws unseeded random numbers still gives the same table on every run,
     and different draws in cells that differ (the sweep seeds each cell from its spec)."""
@@ -260,6 +285,25 @@ def test_register_analysis_rejects_bad_input():
         S.register_analysis("notfn", 3)
     with pytest.raises(ConfigError, match="expected a Param"):
         S.register_analysis("badschema", lambda m, p: None, dict(k=3))
+
+
+def test_accepted_values_are_the_analysis_modules_own(monkeypatch):
+    """The built-in analyses accept what the analysis modules define, read from them directly: a
+    constant that is renamed or removed is an error, not a silently stale copy."""
+    from arithinterp import patching, probes, tasks
+
+    own = {("patching", "site"): patching.SWEEP_SITES, ("patching", "metric"): patching.METRICS,
+           ("patching", "vary"): tasks.VARY, ("patching", "direction"): patching.DIRECTIONS,
+           ("ablation", "mode"): patching.COMPONENT_ABLATION_MODES, ("probes", "kind"): probes.PROBE_KINDS}
+    for (analysis, name), values in own.items():
+        param = S.ANALYSES[analysis].params[name]
+        assert tuple(param.choices()) == tuple(values)
+    metric = S.ANALYSES["patching"].params["metric"]
+    monkeypatch.setattr(patching, "METRICS", (*patching.METRICS, "new_metric"))
+    assert metric.check("new_metric", "metric") == "new_metric"
+    monkeypatch.delattr(patching, "METRICS")
+    with pytest.raises(ImportError, match="METRICS"):
+        metric.check("prob", "metric")
 
 
 # --- figures and CLI -----------------------------------------------------------------------------
@@ -317,6 +361,7 @@ def reference(model_dir, tmp_path_factory):
     return config_path, S.load_results(root / "out")
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     """Killed with SIGKILL mid-run (local executor), resumed on a process pool: the tables equal
     the uninterrupted local run's row for row, which also shows the pool matches the local executor."""
@@ -344,6 +389,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     tables_equal(S.load_results(out), expected)  # row for row, bit for bit
 
 
+@pytest.mark.slow
 def test_ray_executor_matches_local(reference, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arithinterp[ray]')")
     config_path, expected = reference

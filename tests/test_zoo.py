@@ -24,6 +24,7 @@ def test_every_zoo_model_has_a_target():
     assert set(TARGETS) == set(ZOO)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_model_reaches_its_target(name):
     entry = get_entry(name)
@@ -74,6 +75,7 @@ def test_shipped_checkpoints_are_small():
     assert total < 15 * 2**20
 
 
+@pytest.mark.slow
 def test_train_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "add-100"
     assert main(["train", "add-100", "--steps", "30", "--out", str(out), "--no-progress", "--json"]) == 0

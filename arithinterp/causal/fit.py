@@ -110,8 +110,9 @@ def das(
         position: a position, or a list of them swapped together through one subspace.
         k: dimensions interchanged (DAS); for ``method="boundless"`` the boundary is learned and
             ``k`` is only the size of the random-rotation baseline (the learned one is reported).
-        steps, lr: Adam steps on batches of training pairs (the batch size comes from
+        steps: Adam steps on batches of training pairs (the batch size comes from
             ``max_memory`` bytes, default the engine's budget).
+        lr: Adam's learning rate.
         baselines: which of ``"full"``, ``"probe"``, ``"pca"``, ``"random"`` to score beside it.
 
     Returns a :class:`DASResult`: held-out IIA with its 95% interval and logit difference for DAS

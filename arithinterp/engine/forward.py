@@ -38,7 +38,8 @@ class Intervention:
     """Replace part of one activation.
 
     Args:
-        site, layer: where, in TransformerLens's vocabulary (``"mlp_post"``, 3).
+        site: where, in TransformerLens's vocabulary (``"mlp_post"``).
+        layer: the block (``3``).
         positions: ``[B]`` one position per prompt, ``[B, k]`` several, an int (the same position
             in every prompt, negative counting from the end: ``-1`` is the last token of each
             forward, also while generating), or ``None`` for all.

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from transformer_lens.utilities.activation_functions import apply_softcap
+
+from arithinterp.errors import AnalysisError
 
 
 def _native_attention(block: Any) -> Optional[torch.nn.Module]:
@@ -26,20 +30,45 @@ def _native_attention(block: Any) -> Optional[torch.nn.Module]:
     return attention if type(attention).__name__ == "NativeAttention" else None
 
 
+# attention module -> (its layer, how many native_attention_cache contexts are open on it); the
+# cache-reading forward stays while any is open, so nested and concurrent uses each keep it
+_USERS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, int]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def native_attention_cache(blocks: Sequence[Any]) -> Iterator[None]:
-    """Give every native attention in ``blocks`` a cache-reading forward while the block runs."""
-    patched = []
-    for layer, block in enumerate(blocks):
-        attention = _native_attention(block)
-        if attention is not None:
-            attention.forward = functools.partial(_forward, attention, layer)
-            patched.append(attention)
+    """Give every native attention in ``blocks`` a cache-reading forward while the block runs.
+
+    Re-entrant: contexts may nest or overlap (threads); the module's own forward comes back when
+    the last one closes. Block ``l`` of ``blocks`` must be layer ``l`` in every open context.
+    """
+    attentions = [(layer, attention) for layer, block in enumerate(blocks)
+                  if (attention := _native_attention(block)) is not None]
+    with _LOCK:
+        for layer, attention in attentions:
+            known, _ = _USERS.get(attention, (layer, 0))
+            if known != layer:
+                raise AnalysisError(
+                    f"an attention module is already stepped as layer {known} and cannot be layer {layer} at the same "
+                    "time: pass the model's blocks in order, from block 0"
+                )
+        for layer, attention in attentions:
+            _, users = _USERS.get(attention, (layer, 0))
+            if not users:
+                attention.forward = functools.partial(_forward, attention, layer)
+            _USERS[attention] = (layer, users + 1)
     try:
         yield
     finally:
-        for attention in patched:
-            del attention.forward  # back to the class's own forward
+        with _LOCK:
+            for layer, attention in attentions:
+                users = _USERS[attention][1] - 1
+                if users:
+                    _USERS[attention] = (layer, users)
+                else:
+                    del _USERS[attention]
+                    del attention.forward  # back to the class's own forward
 
 
 def _forward(

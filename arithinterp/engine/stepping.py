@@ -131,7 +131,9 @@ class Stepper:
     """Runs a model's blocks from any layer and position (see the module docstring)."""
 
     def __init__(self, model: Any):
-        self.model = model
+        # weakly: the cache of steppers is keyed on the model, and a stepper holding its model
+        # would keep every model ever stepped alive
+        self._model = weakref.ref(model)
         blocks = getattr(model, "blocks", None)
         if blocks is None or not hasattr(model, "unembed"):
             raise AnalysisError("the model has no 'blocks' and 'unembed': its blocks cannot be stepped")
@@ -144,6 +146,13 @@ class Stepper:
         self.logit_cap = cap if cap > 0 else None
         self.reuses_prefix = True  # settled by check()
         self.shares_prefixes = False  # prompts sharing a prefix compute it once: settled by check()
+
+    @property
+    def model(self) -> Any:
+        model = self._model()
+        if model is None:
+            raise AnalysisError("the model this stepper stepped has been freed; get a stepper for a live model")
+        return model
 
     # --- base run -------------------------------------------------------------------------------
 
@@ -642,6 +651,8 @@ def check_n_last(n_last: Optional[int], width: int, start: int = 0) -> None:
         )
 
 
+# model -> (parameter fingerprint, {length class: (checked stepper or None, status)}); weak keys, so a
+# model is freed with its steppers
 _STEPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -662,30 +673,13 @@ def stepper_for(
     """The model's :class:`Stepper` when stepping reproduces its logits, else ``None``, with a status.
 
     ``engine="hooks"`` asks for whole forwards; ``"stepped"`` refuses to fall back; ``warn=False``
-    falls back without a warning (a caller with a path of its own). The check runs once per
-    model (again after its parameters change).
+    falls back without a warning (a caller with a path of its own). A model without blocks to step
+    falls back too. The check runs once per model and prompt-length class (:func:`length_class`),
+    and again after the model's parameters change.
     """
     if engine == "hooks":
         return None, "hooks: requested"
-    known = _STEPPERS.get(model)
-    if known is not None and known[0] == _fingerprint(model):
-        stepper, status = known[1], known[2]
-    else:
-        stepper: Optional[Stepper] = None
-        try:
-            stepper = Stepper(model)
-            with torch.inference_mode():
-                ok, status = stepper.check(tokens)
-        except AnalysisError:
-            raise
-        except Exception as why:  # noqa: BLE001 - reported, never swallowed silently
-            ok, status = False, f"blocks cannot be stepped ({type(why).__name__}: {why})"
-        if not ok:
-            stepper = None
-        try:
-            _STEPPERS[model] = (_fingerprint(model), stepper, status)
-        except TypeError:  # not weak-referenceable: check again next time
-            pass
+    stepper, status = _checked_stepper(model, tokens)
     if stepper is None:
         if not warn and engine == "auto":
             return None, f"hooks: {status}"
@@ -696,6 +690,53 @@ def stepper_for(
         warnings.warn(f"patching falls back to whole forwards: {status}", RuntimeWarning, stacklevel=3)
         return None, f"hooks: {status}"
     return stepper, status
+
+
+def length_class(model: HookedModel, length: int) -> tuple:
+    """Prompt lengths the one-time check treats alike: those in one power-of-two range, on the
+    same side of every attention window the model's config names. Whether stepping is exact can
+    depend on the length (a sliding window masks differently past its width, a block may take a
+    length-dependent argument the engine does not know), so a length checked once does not vouch
+    for one many times longer."""
+    cfg = getattr(model, "cfg", None)
+    windows = sorted({w for w in (getattr(cfg, name, None) for name in ("window_size", "sliding_window"))
+                      if isinstance(w, int) and not isinstance(w, bool) and w > 0})
+    return (int(length).bit_length(), tuple(length > w for w in windows))
+
+
+def _checked_stepper(model: HookedModel, tokens: torch.Tensor) -> tuple[Optional[Stepper], str]:
+    """The checked stepper (or None) and status for ``tokens``' length class, from the cache."""
+    fingerprint = _fingerprint(model)
+    known = _STEPPERS.get(model)
+    if known is None or known[0] != fingerprint:
+        known = (fingerprint, {})
+        try:
+            _STEPPERS[model] = known
+        except TypeError:  # not weak-referenceable: checked again next time
+            pass
+    by_length = known[1]
+    key = length_class(model, int(tokens.shape[-1]))
+    if key not in by_length:
+        by_length[key] = _new_stepper(model, tokens)
+    return by_length[key]
+
+
+def _new_stepper(model: HookedModel, tokens: torch.Tensor) -> tuple[Optional[Stepper], str]:
+    """A new stepper for ``model`` checked on ``tokens`` (None where the check fails), and its status."""
+    try:
+        stepper = Stepper(model)
+    except AnalysisError as why:  # no blocks to step: whole forwards still work through the hooks
+        return None, str(why)
+    except Exception as why:  # noqa: BLE001 - reported, never swallowed silently
+        return None, f"blocks cannot be stepped ({type(why).__name__}: {why})"
+    try:
+        with torch.inference_mode():
+            ok, status = stepper.check(tokens)
+    except AnalysisError:  # the model itself is broken (non-finite logits): no engine would help
+        raise
+    except Exception as why:  # noqa: BLE001 - reported, never swallowed silently
+        ok, status = False, f"blocks cannot be stepped ({type(why).__name__}: {why})"
+    return (stepper if ok else None), status
 
 
 @torch.inference_mode()

@@ -460,8 +460,10 @@ def build_heuristics(
     """Every heuristic of the chosen families (plus the registry's single ones) on the grid ``a × b``.
 
     Args:
-        a_values, b_values: the operand values along the grid's axes (``A`` and ``B`` of them).
-        op, modulus: the task's operator (one of :data:`OPS`), results reduced mod ``modulus``.
+        a_values: the first operand's values along the grid's first axis (``A`` of them).
+        b_values: the second operand's values along its second axis (``B`` of them).
+        op: the task's operator (one of :data:`OPS`).
+        modulus: results are reduced mod ``modulus`` (``None``: not reduced).
         legal: ``[A, B]`` bool of usable cells (default: where the operator is defined).
         families: family names of ``registry`` (default all that apply to ``op``).
         custom: include the single heuristics of ``registry`` (added with

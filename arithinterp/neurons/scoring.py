@@ -471,8 +471,10 @@ def classify_maps(
         kv_maps: ``[N, A, B]`` activation × logit-lens value (result heuristics), or ``None``.
             NaN marks a missing cell (a prompt left out); a cell missing for any neuron, or where
             the operator is undefined, is illegal for all.
-        a_values, b_values: the operand values along axes 1 and 2.
-        op, modulus: the task's operator (:data:`OPS`); result heuristics use its results.
+        a_values: the first operand's values along axis 1.
+        b_values: the second operand's values along axis 2.
+        op: the task's operator (:data:`OPS`); result heuristics use its results.
+        modulus: results are reduced mod ``modulus`` (``None``: not reduced).
         threshold: a neuron implements a heuristic when its score reaches this, in (0, 1].
         fdr: false-discovery rate in (0, 1) for the shuffle test (``None``: the threshold alone,
             as in the paper).
@@ -480,8 +482,10 @@ def classify_maps(
         registry: the :class:`HeuristicRegistry` to score (default: the built-in families).
         families: heuristic families of ``registry`` to score (default all that apply to ``op``).
         bottom: also score the bottom-k and keep the better side (gated MLPs).
-        min_cells, max_fraction: see :func:`build_heuristics`.
-        layers, neurons: ``[N]`` model layer and neuron index of each map (default 0 and 0..N-1).
+        min_cells: see :func:`build_heuristics`.
+        max_fraction: see :func:`build_heuristics`.
+        layers: ``[N]`` model layer of each map (default 0).
+        neurons: ``[N]`` neuron index of each map (default 0..N-1).
         importance: ``[N]`` importance scores kept in the table.
         seed: tie-breaking permutations and the control's cell shuffles.
         max_memory: bytes the scoring may use at once on top of the maps and the table (neurons

@@ -49,7 +49,7 @@ def activation_patching(
     site: str,
     metric: Union[str, Callable] = "logit_diff",
     layers: Optional[Sequence[int]] = None,
-    positions=None,
+    positions: Optional[Sequence[Union[str, int]]] = None,
     heads: Optional[Sequence[int]] = None,
     neurons: Optional[Sequence[int]] = None,
     direction: str = "denoise",

@@ -186,38 +186,36 @@ def _builtin_plot(kind: str) -> Callable:
     return plot
 
 
-def _choices(module: str, name: str, fallback: tuple) -> Callable[[], tuple]:
-    """Accepted values as the analysis module states them (read when a config is checked, so
-    importing the sweep module stays light); ``fallback`` where that module is missing."""
+def _accepted() -> dict[str, tuple]:
+    """Accepted values of the built-in analyses' parameters, as the analysis modules state them
+    (imported directly, so a renamed constant fails here and in type checking, never silently;
+    read when a config is checked, so importing the sweep module stays light)."""
+    from arithinterp.patching import COMPONENT_ABLATION_MODES, DIRECTIONS, METRICS, SWEEP_SITES
+    from arithinterp.probes import PROBE_KINDS
+    from arithinterp.tasks import VARY
 
-    def resolve() -> tuple:
-        import importlib
+    return dict(site=SWEEP_SITES, metric=METRICS, vary=VARY, direction=DIRECTIONS, mode=COMPONENT_ABLATION_MODES,
+                kind=PROBE_KINDS)
 
-        try:
-            return tuple(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            return fallback
 
-    return resolve
+def _choices(name: str) -> Callable[[], tuple]:
+    return lambda: tuple(_accepted()[name])
 
 
 def _register_builtins() -> None:
     from arithinterp.sites import HOOKS
 
     sites = tuple(HOOKS)
-    patch_sites = _choices("arithinterp.patching", "SWEEP_SITES", sites)
     register_analysis("accuracy", accuracy_analysis, {}, plot=_builtin_plot("accuracy_figures"),
                       description="greedy accuracy of the model on the task", overwrite=True)
     register_analysis(
         "patching", patching_analysis,
         dict(
-            site=Param(str, choices=patch_sites, required=True, help="site to patch"),
-            metric=Param(str, "logit_diff",
-                         _choices("arithinterp.patching", "METRICS", ("logit_diff", "prob", "logprob", "ie"))),
-            vary=Param(str, "a", _choices("arithinterp.tasks", "VARY", ("a", "b", "both", "keep_answer", "operator")),
-                       help="what the corrupt prompt changes"),
+            site=Param(str, choices=_choices("site"), required=True, help="site to patch"),
+            metric=Param(str, "logit_diff", _choices("metric")),
+            vary=Param(str, "a", _choices("vary"), help="what the corrupt prompt changes"),
             seed=Param(int, 0, help="counterfactual draw and bootstrap seed"),
-            direction=Param(str, "denoise", _choices("arithinterp.patching", "DIRECTIONS", ("denoise", "noise"))),
+            direction=Param(str, "denoise", _choices("direction")),
             normalize=Param(bool, False),
             layers=Param(list, None, item=int),
             positions=Param(list, None, item=(str, int)),
@@ -231,8 +229,7 @@ def _register_builtins() -> None:
         "ablation", ablation_analysis,
         dict(
             components=Param((str, list), item=str, required=True, help="'attn0,mlp1' or a list of component names"),
-            mode=Param(str, "mean",
-                       _choices("arithinterp.patching", "COMPONENT_ABLATION_MODES", ("zero", "mean", "resample"))),
+            mode=Param(str, "mean", _choices("mode")),
             seed=Param(int, 0),
         ),
         plot=_builtin_plot("ablation_figures"), description="component ablation (arithinterp.patching.ablate)",
@@ -242,8 +239,7 @@ def _register_builtins() -> None:
         "probes", probes_analysis,
         dict(
             target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_digit_0, carry_0, ..."),
-            kind=Param(str, "logistic",
-                       _choices("arithinterp.probes", "PROBE_KINDS", ("logistic", "ridge", "circular", "mlp"))),
+            kind=Param(str, "logistic", _choices("kind")),
             site=Param(str, "resid_post", sites),
             layers=Param(list, None, item=int),
             positions=Param((str, list), "final", item=(str, int)),
