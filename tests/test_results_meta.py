@@ -36,7 +36,9 @@ def test_meta_names_the_installed_versions():
     assert meta["transformer_lens_version"] == installed
     declared = next(r for r in map(Requirement, PYPROJECT["dependencies"]) if r.name == "transformer-lens")
     assert Version(meta["transformer_lens_version"]) in declared.specifier  # a parseable version the package accepts
-    assert meta["arithinterp_version"] == PYPROJECT["version"]
+    from arithinterp._version import __version__
+
+    assert meta["arithinterp_version"] == __version__ == importlib.metadata.version("arithinterp")
 
 
 def test_meta_says_when_transformer_lens_is_not_installed_as_a_package(monkeypatch):
