@@ -246,6 +246,7 @@ def patch_edges(
     check_belongs(model, "circuits.patch_edges", pairs=pairs)
     graph = graph or Graph.of(model)
     check_choice("direction", direction, DIRECTIONS)
+    check_choice("engine", engine, ENGINES)
     chosen = torch.arange(graph.n_edges) if edges is None else graph.index(edges)
     base = "corrupt" if direction == "denoise" else "clean"
     budget = memory_budget(model, max_memory)

@@ -24,7 +24,6 @@ circuits functions); the tests pin the two to each other.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -32,7 +31,7 @@ import torch
 
 from arithinterp.engine.budget import forward_logits_bytes_per_prompt
 from arithinterp.engine.edges import CHANNELS, EdgeForward, Layout, check_additive
-from arithinterp.engine.hooks import hook_points
+from arithinterp.engine.hooks import hook_points, module_hooks
 from arithinterp.errors import AnalysisError
 
 if TYPE_CHECKING:
@@ -40,6 +39,10 @@ if TYPE_CHECKING:
 
 RECEIVER_CHANNELS = CHANNELS + ("mlp", "logits")
 _PIECE = 2**23  # floats in one gathered piece of sender differences (32 MB)
+# floats in the largest tensor of one stacked run (the keys or values repeated per query head, the MLP's
+# hidden layer): larger stacks are not faster on a CPU, whose caches they outgrow (measured on the
+# 4-layer d256 Llama: 32 sets of 16 prompts per stack ran in 0.75 of the time of 128)
+STACK_FLOATS = 2**23
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ class SteppedEdges:
             group = runs[key == value]
             layer, start = divmod(int(value), T + 1)
             per = B * stepped_row_bytes(self.model, T, start, layer)
-            size = max(1, int(budget // per))
+            size = max(1, min(int(budget // per), STACK_FLOATS // (B * self._largest(T, start))))
             size = min(size, batch_sets) if batch_sets is not None else size
             for part in group.split(size):
                 spans = [torch.arange(int(bounds[c]), int(bounds[c + 1]), device=device) for c in part.tolist()]
@@ -191,6 +194,12 @@ class SteppedEdges:
                 chosen = EdgeEntries(local, chosen.pos, chosen.receiver, chosen.sender, chosen.weight)
                 logits = self._run(layer, start, len(part), chosen, values, diff, onehot)
                 yield part.cpu(), logits, True
+
+    def _largest(self, T: int, start: int) -> int:
+        """Floats per stacked sequence in the largest tensor of a run from ``start``."""
+        cfg, L = self.model.cfg, self.layout
+        d_head = int(getattr(cfg, "d_head", 0) or L.d_model // L.n_heads)
+        return max(L.n_heads * T * d_head, (T - start) * max(L.d_model, int(getattr(cfg, "d_mlp", 0) or 0)))
 
     # --- one stacked run ----------------------------------------------------------------------------
 
@@ -219,21 +228,36 @@ class SteppedEdges:
         # the senders computed in this run that some edge reads, and for which copies
         needed = {int(s): torch.unique(entries.set[entries.sender == s])
                   for s in torch.unique(entries.sender[entries.sender >= first_run]).tolist()}
-        current: dict[int, torch.Tensor] = {}  # run sender -> its output for the copies needing it [n, B, w, d]
+        # run sender -> its output for the copies needing it [n, B, w, d] and the first position it covers
+        current: dict[int, tuple[torch.Tensor, int]] = {}
         ln_in: dict[int, torch.Tensor] = {}
         inside: list = []
+        last = L.n_layers - 1
+        # the positions (of the run's) that the current call of each block computes: every one, except
+        # in a last block the stepper runs in two calls (keys and values of all but the read position,
+        # then the read position alone), which happens when no hook of the stepper's own sits there
+        split_last = self.stepper.reuses_prefix and self.run.kv is not None and width > 1 and layer <= last
+        window = {j: (0, width) for j in range(layer, L.n_layers + 1)}
+        calls = [0]
 
-        def delta(group: tuple, units: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        def last_block_call(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            w = int(hidden.shape[1])
+            window[last] = (0, w) if calls[0] == 0 and w < width else (width - w, width)
+            calls[0] += 1
+
+        def delta(group: tuple, units: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
             """The changed (copy, unit) pairs ``keys [K]`` (``copy·units + unit``) and what is added
-            to their input at the last ``w`` positions of the run ``[K, B, w, d]``."""
+            to their input at positions ``lo:hi`` of the run ``[K, B, hi - lo, d]``."""
             c, p, u, s, weight = group
+            w = hi - lo
             keys, inverse = torch.unique(c * units + u, return_inverse=True)
             out = torch.zeros(len(keys), B, w, d, device=device)
-            mask = onehot[:, :, width - w:]  # [P, B, w]
+            mask = onehot[:, :, lo:hi]  # [P, B, w]
             base = torch.nonzero(s < first_run).flatten()
             if len(base):
                 senders, s_index = torch.unique(s[base], return_inverse=True)
-                diffs = diff[:, width - w:]
+                diffs = diff[:, lo:hi]
                 if 4 * len(base) >= len(keys) * len(senders):  # dense edge sets: one product per label
                     table = torch.zeros(len(keys), mask.shape[0], len(senders), device=device)
                     table.index_put_((inverse[base], p[base], s_index), weight[base], accumulate=True)
@@ -250,13 +274,16 @@ class SteppedEdges:
             for sender in torch.unique(s[s >= first_run]).tolist():
                 sel = torch.nonzero(s == sender).flatten()
                 where = torch.searchsorted(needed[sender], c[sel])
-                carried = values[None, :, width - w:, sender] - current[sender][where][:, :, -w:].float()
+                output, first = current[sender]
+                carried = values[None, :, lo:hi, sender] - output[where][:, :, lo - first:hi - first].float()
                 scale = weight[sel][:, None, None] * (1.0 if everywhere else mask[p[sel]])
                 out.index_add_(0, inverse[sel], carried * scale[..., None])
             return keys, out
 
-        block_hooks: list = []
+        block_hooks: list = []  # hooks the stepper installs; the last block's go with `after` where it is split
+        after: list = []  # hooks in place for the whole run, the final norm's included
         for j in range(layer, L.n_layers):
+            hooks = after if split_last and j == last else block_hooks
             if any((j, ch) in groups for ch in CHANNELS):
 
                 def keep_ln(act, hook=None, j=j):
@@ -264,14 +291,14 @@ class SteppedEdges:
                         ln_in[j] = act
                     return act
 
-                block_hooks.append((edges.ln1_hook(j), keep_ln))
+                hooks.append((edges.ln1_hook(j), keep_ln))
             for ch in CHANNELS:
                 if (j, ch) not in groups:
                     continue
 
                 def proj(act, hook=None, j=j, ch=ch, group=groups[j, ch]):
                     units, w = L.units(ch), act.shape[1]
-                    keys, added = delta(group, units, w)
+                    keys, added = delta(group, units, *window[j])
                     rows = _rows(keys // units, B)
                     x = ln_in[j][rows] + added.reshape(-1, w, d).to(ln_in[j].dtype)
                     inside.append(True)
@@ -290,7 +317,7 @@ class SteppedEdges:
                         heads[rows.reshape(len(keys), B)[mine].flatten(), :, unit] = new.to(heads.dtype)
                     return heads.reshape(act.shape)
 
-                block_hooks.append((f"blocks.{j}.attn.{ch}.hook_out", proj))
+                hooks.append((f"blocks.{j}.attn.{ch}.hook_out", proj))
             heads = [(h, L.head_sender(j, h)) for h in range(L.n_heads) if L.head_sender(j, h) in needed]
             if heads:
 
@@ -299,35 +326,35 @@ class SteppedEdges:
                     for h, sender in heads:
                         copies = needed[sender]
                         out = z[_rows(copies, B), :, h] @ edges.w_out[j][h].to(z.dtype)  # [n·B, w, d]
-                        current[sender] = out.reshape(len(copies), B, act.shape[1], d)
+                        current[sender] = out.reshape(len(copies), B, act.shape[1], d), window[j][0]
                     return act
 
-                block_hooks.append((f"blocks.{j}.attn.hook_z", heads_out))
+                hooks.append((f"blocks.{j}.attn.hook_z", heads_out))
             if (j, "mlp") in groups:
 
-                def mlp_in(act, hook=None, group=groups[j, "mlp"]):
-                    keys, added = delta(group, 1, act.shape[1])
+                def mlp_in(act, hook=None, j=j, group=groups[j, "mlp"]):
+                    keys, added = delta(group, 1, *window[j])
                     return act.index_add(0, _rows(keys, B), added.reshape(-1, act.shape[1], d).to(act.dtype))
 
-                block_hooks.append((edges.mlp_in_hook(j), mlp_in))
+                hooks.append((edges.mlp_in_hook(j), mlp_in))
             if L.has_mlp and L.mlp_sender(j) in needed:
 
-                def mlp_out(act, hook=None, sender=L.mlp_sender(j)):
-                    current[sender] = act.reshape(n_copies, B, act.shape[1], d)[needed[sender]]
+                def mlp_out(act, hook=None, j=j, sender=L.mlp_sender(j)):
+                    current[sender] = act.reshape(n_copies, B, act.shape[1], d)[needed[sender]], window[j][0]
                     return act
 
-                block_hooks.append((f"blocks.{j}.hook_mlp_out", mlp_out))
-        after: list = []  # the logits receiver: the final norm's input, read after the blocks
-        if (L.n_layers, "logits") in groups:
+                hooks.append((f"blocks.{j}.hook_mlp_out", mlp_out))
+        if (L.n_layers, "logits") in groups:  # the final norm's input, at the read position
 
             def final(act, hook=None, group=groups[L.n_layers, "logits"]):
-                keys, added = delta(group, 1, act.shape[1])
+                keys, added = delta(group, 1, width - act.shape[1], width)
                 return act.index_add(0, _rows(keys, B), added.reshape(-1, act.shape[1], d).to(act.dtype))
 
             after.append((edges.final_hook, final))
         run = self.run
         hidden = run.resid[layer][:, start:].repeat(n_copies, 1, 1)
-        with torch.inference_mode(), hook_points(self.model, after) if after else contextlib.nullcontext():
+        tracked = [(self.stepper.blocks[last], last_block_call)] if split_last else []
+        with torch.inference_mode(), hook_points(self.model, after), module_hooks(tracked):
             logits = self.stepper.resume(run, layer, hidden, start, edits=block_hooks, n_stack=n_copies)
         if logits.shape[0] != n_copies * B:
             raise AnalysisError(f"a stepped edge run returned {logits.shape[0]} rows for {n_copies * B}")
