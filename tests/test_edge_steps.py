@@ -126,7 +126,8 @@ def test_faithfulness_minimality_and_pruning_equal_whole_forwards(zoo):
     small = top_n(circuit, 5)
     fast_min, slow_min = (minimality(model, pairs, small, engine=e) for e in ("auto", "hooks"))
     assert _gap(torch.tensor(fast_min["loss"].values), torch.tensor(slow_min["loss"].values)) <= TOL
-    fast_pruned, slow_pruned = (prune(model, pairs, small, tau=0.02, engine=e, progress=False) for e in ("auto", "hooks"))
+    fast_pruned, slow_pruned = (prune(model, pairs, small, tau=0.02, engine=e, progress=False)
+                                for e in ("auto", "hooks"))
     assert fast_pruned.kept_edges == slow_pruned.kept_edges
     assert fast_pruned.meta["faithfulness_after"] == pytest.approx(slow_pruned.meta["faithfulness_after"], abs=1e-5)
 

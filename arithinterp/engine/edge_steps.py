@@ -337,9 +337,10 @@ class SteppedEdges:
                     return act.index_add(0, _rows(keys, B), added.reshape(-1, act.shape[1], d).to(act.dtype))
 
                 hooks.append((edges.mlp_in_hook(j), mlp_in))
-            if L.has_mlp and L.mlp_sender(j) in needed:
+            mlp_sender = L.mlp_sender(j) if L.has_mlp else -1
+            if mlp_sender in needed:
 
-                def mlp_out(act, hook=None, j=j, sender=L.mlp_sender(j)):
+                def mlp_out(act, hook=None, j=j, sender=mlp_sender):
                     current[sender] = act.reshape(n_copies, B, act.shape[1], d)[needed[sender]], window[j][0]
                     return act
 

@@ -161,10 +161,12 @@ class EdgeForward:
     # where receiver inputs are read and changed (the same hook points for whole and stepped runs)
     def ln1_hook(self, layer: int) -> str:
         """The input of the norm in front of Q, K and V (the block's input where there is none)."""
-        return f"blocks.{layer}.ln1.hook_in" if hasattr(self.model.blocks[layer], "ln1") else f"blocks.{layer}.hook_resid_pre"
+        block = self.model.blocks[layer]
+        return f"blocks.{layer}.ln1.hook_in" if hasattr(block, "ln1") else f"blocks.{layer}.hook_resid_pre"
 
     def mlp_in_hook(self, layer: int) -> str:
-        return f"blocks.{layer}.ln2.hook_in" if hasattr(self.model.blocks[layer], "ln2") else f"blocks.{layer}.mlp.hook_in"
+        block = self.model.blocks[layer]
+        return f"blocks.{layer}.ln2.hook_in" if hasattr(block, "ln2") else f"blocks.{layer}.mlp.hook_in"
 
     @property
     def final_hook(self) -> str:
