@@ -352,7 +352,7 @@ def threshold(circuit: Circuit, value: float) -> Circuit:
 
 
 def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: str, metric, batch_sets=None,
-            engine: str = "auto", max_memory: Optional[float] = None) -> dict:
+            engine: str = "auto", max_memory: Optional[float] = None, runs: Optional[dict] = None) -> dict:
     """Per-pair metrics with the complement of each kept set ``[C, n_edges]`` ablated: ``pair
     [N, C]``, the clean run ``clean [N]`` (every edge kept) and every edge ablated ``none [N]``."""
     check_choice("ablation", ablation, ABLATIONS)
@@ -361,7 +361,7 @@ def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: s
     sets = torch.cat([1.0 - kept_sets.float(), every])  # ablated edges; the last set ablates all
     got = run_edge_sets(model, pairs, graph, sets, metric, base="clean",
                         values="corrupt" if ablation == "resample" else "mean", batch_sets=batch_sets,
-                        max_memory=max_memory, engine=engine)
+                        max_memory=max_memory, engine=engine, _runs=runs)
     return dict(pair=got["values"][:, :-1], clean=got["clean"], none=got["values"][:, -1], forwards=got["forwards"],
                 engine=got["engine"])
 
@@ -543,9 +543,10 @@ def prune(
 
     def value_of(kept_set: torch.Tensor) -> float:
         got = _ablate(model, pairs, circuit, kept_set[None].float(), ablation, metric or circuit.metric,
-                      engine=engine)
+                      engine=engine, runs=runs)
         return float(_reported(_fractions(got, intervals=False))["values"][0])
 
+    runs: dict = {}  # the unpatched runs (and mean senders), the same for every visited edge
     current = value_of(kept)
     start = current
     for i in tqdm(key, desc="prune", disable=not progress):

@@ -109,6 +109,7 @@ def run_edge_sets(
     max_memory: Optional[float] = None,
     engine: str = "auto",
     progress: bool = False,
+    _runs: Optional[dict] = None,
 ) -> dict:
     """The metric for each edge set: ``edge_sets [C, n_edges]`` (1 = the edge carries ``values``).
 
@@ -128,7 +129,9 @@ def run_edge_sets(
     where one of its edges carries a value other than the base run's, reusing the base run's
     keys and values before it; where stepping does not reproduce the model's logits, whole
     forwards with a warning. ``"stepped"`` refuses to fall back; ``"hooks"`` runs every stack as
-    a whole forward (the reference). ``engine`` in the result names what ran.
+    a whole forward (the reference). ``engine`` in the result names what ran. (``_runs``: a dict
+    the caller keeps to reuse the unpatched stepped runs over calls on the same model, pairs and
+    arguments, as pruning does.)
     """
     check_belongs(model, "circuits.run_edge_sets", pairs=pairs)
     check_pairs(pairs)
@@ -143,7 +146,10 @@ def run_edge_sets(
         raise AnalysisError(f"edge_sets must be [n_sets, n_edges = {graph.n_edges}], got shape {tuple(sets.shape)}")
     direction = "denoise" if base == "corrupt" else "noise"
     base_set, other_set = (pairs.corrupt, pairs.clean) if base == "corrupt" else (pairs.clean, pairs.corrupt)
-    mean = _mean_senders(model, pairs.clean, budget) if values == "mean" else None
+    runs = {} if _runs is None else _runs
+    if values == "mean" and "mean" not in runs:
+        runs["mean"] = _mean_senders(model, pairs.clean, budget)
+    mean = runs.get("mean") if values == "mean" else None
     forward = EdgeForward(model)
     entries = _entries(graph, sets)
     engines: set = set()
@@ -162,13 +168,20 @@ def run_edge_sets(
     for idx in batches:
         base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
         B, T = base_tokens.shape
-        stepper, status = stepper_for(model, base_tokens, engine) if engine != "hooks" else (None, "hooks: requested")
+        key = (base, tuple(idx.tolist()))
+        if key in runs:  # the unpatched runs of an earlier call
+            runner, status = runs[key]
+        else:
+            stepper, status = (None, "hooks: requested") if engine == "hooks" else stepper_for(model, base_tokens,
+                                                                                                  engine)
+            runner = None if stepper is None else SteppedEdges(model, stepper, base_tokens, other_tokens)
+            forwards += runner is not None
+            if runner is not None and _runs is not None:
+                runs[key] = runner, status
         engines.add(status)
-        runner = None if stepper is None else SteppedEdges(model, stepper, base_tokens, other_tokens)
         if runner is not None:  # both runs in one stacked forward
             base_send, base_logits = runner.base_senders, runner.base_logits
             other_send, other_logits = runner.other_senders, runner.other_logits
-            forwards += 1
         else:
             base_send, base_logits = sender_outputs(model, base_tokens)
             other_send, other_logits = sender_outputs(model, other_tokens)
