@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 RECEIVER_CHANNELS = CHANNELS + ("mlp", "logits")
 _PIECE = 2**23  # floats in one gathered piece of sender differences (32 MB)
 # floats in the largest tensor of one stacked run (the keys or values repeated per query head, the MLP's
-# hidden layer): larger stacks are not faster on a CPU, whose caches they outgrow (measured on the
-# 4-layer d256 Llama: 32 sets of 16 prompts per stack ran in 0.75 of the time of 128)
-STACK_FLOATS = 2**23
+# hidden layer): larger stacks are slower on a CPU, whose caches they outgrow (measured on the 4-layer
+# d256 Llama, every edge alone: stacks of 16 MB ran in 0.6-0.8 of the time of 32 MB ones, and faster
+# than 4 or 8 MB ones; medians of 3, alternating)
+STACK_FLOATS = 2**22
 
 
 @dataclass(frozen=True)
