@@ -671,7 +671,7 @@ def circuits_stage(ctx: Context) -> Section:
     def pilot(some):
         scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=5, max_memory=memory, progress=False)
         with contextlib.suppress(AnalysisError):  # a pilot's pairs may not differ; the timing is what counts
-            circuits.faithfulness(ctx.model, some, scored)
+            circuits.faithfulness(ctx.model, some, scored, max_memory=memory)
 
     cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
     edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
@@ -679,7 +679,7 @@ def circuits_stage(ctx: Context) -> Section:
                             prior=5 * (2 + 2 * 5 + edges.bit_length() + 2))
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, max_memory=memory, progress=False)
-    curve = circuits.faithfulness(ctx.model, pairs, scored)
+    curve = circuits.faithfulness(ctx.model, pairs, scored, max_memory=memory)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
         section.findings.append(f"No signal above the control: on {len(pairs)} pairs, {curve.note}.")
         section.figures.append(curve.plot())

@@ -17,8 +17,15 @@ key/value heads, d_mlp 688; a local Hugging Face folder loaded with ``load_model
 prompts, scored by EAP-IG in one batch: wall time, forward/backward passes, peak memory (the
 largest resident-set increase), and the same for exact patching of every edge.
 
+Exact edges, before and after (``--exact``): exact patching of every edge alone
+(``circuits.patch_edges``) and a faithfulness curve (``circuits.faithfulness``, complement
+resampled) with whole stacked forwards (``engine="hooks"``, the reference) and through the block
+stepper (the default), side by side in one process, on that Llama setup and on a zoo model:
+medians of ``--runs`` repeats, their ratio, and the largest score difference.
+
     python benchmarks/circuits.py [--pairs 100] [--steps 5] [--runs 3] [--write docs/circuits.md]
     python benchmarks/circuits.py --speed [--write-speed docs/benchmarks.md]
+    python benchmarks/circuits.py --exact [--runs 3] [--write-exact docs/benchmarks.md]
     python benchmarks/circuits.py --quick
 """
 
@@ -34,6 +41,7 @@ from patching import median_time  # benchmarks/patching.py: the same median timi
 
 BEGIN, END = "<!-- circuits:begin -->", "<!-- circuits:end -->"
 SPEED_BEGIN, SPEED_END = "<!-- circuits-speed:begin -->", "<!-- circuits-speed:end -->"
+EXACT_BEGIN, EXACT_END = "<!-- circuits-exact:begin -->", "<!-- circuits-exact:end -->"
 
 
 def ranks(x: torch.Tensor) -> torch.Tensor:
@@ -108,6 +116,78 @@ def speed(n_pairs: int, steps: int, few_shot: int, runs: int) -> list[str]:
     return lines
 
 
+def exact_cases(n_pairs: int, few_shot: int, zoo_pairs: int):
+    """(label, model, pairs): the Llama 4L d256 speed setup and ``zoo:add-3digit``."""
+    from patching import llama_model  # benchmarks/patching.py
+
+    import arithinterp as ai
+    from arithinterp.models.zoo import ZOO, zoo_prompts
+    from arithinterp.tasks import arithmetic
+
+    model = llama_model(4, 256, 8, 2, 688)
+    prompts = arithmetic(model, a=range(100), b=range(100), few_shot=few_shot)
+    yield "Llama 4L d256 (HF folder, random weights)", model, prompts.counterfactual(vary="a", seed=0)[:n_pairs]
+    model = ai.load_model("zoo:add-3digit")
+    entry = ZOO["add-3digit"]
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(entry.task.a_range[0], entry.task.a_range[1], (4 * zoo_pairs,), generator=gen).tolist()
+    b = torch.randint(entry.task.b_range[0], entry.task.b_range[1], (4 * zoo_pairs,), generator=gen).tolist()
+    pairs = zoo_prompts(model, entry, a, b).correct_only(model).counterfactual(vary="a", seed=0)[:zoo_pairs]
+    yield "`zoo:add-3digit`", model, pairs
+
+
+def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int) -> list[str]:
+    """Whole forwards (``engine="hooks"``) against the stepped default, repeat by repeat."""
+    import statistics
+    import time
+
+    from arithinterp.circuits import Graph, faithfulness, patch_edges, score_edges
+
+    lines = [f"One CPU thread, torch {torch.__version__}; each repeat times the whole-forward reference and the "
+             f"stepped default one after the other; medians of {runs} repeats.", "",
+             "| model | prompts | analysis | whole forwards (s) | stepped (s) | speed-up | forwards (whole / stepped) "
+             "| largest score difference |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for label, model, pairs in exact_cases(n_pairs, few_shot, zoo_pairs):
+        graph = Graph.of(model)
+        T = pairs.clean.tokens.shape[1]
+        circuit = score_edges(model, pairs, "eap", progress=False)
+        n = circuit.n_edges
+        sizes = sorted({0, n, *[2**i for i in range(n.bit_length()) if 2**i < n]})
+        analyses = (
+            (f"every edge alone ({graph.n_edges} edges)",
+             lambda engine: patch_edges(model, pairs, graph, engine=engine, progress=False),
+             lambda got: got["scores"], lambda got: got["forwards"]),
+            (f"faithfulness, {len(sizes)} sizes",
+             lambda engine: faithfulness(model, pairs, circuit, sizes=sizes, engine=engine),
+             lambda got: got.raw, lambda got: got.meta["forwards"]),
+        )
+        patch_edges(model, pairs, graph, edges=[0], progress=False)  # the stepper's one-time check
+        for name, fn, scores, forwards in analyses:
+            times: dict = {"hooks": [], "auto": []}
+            got: dict = {}
+            for _ in range(runs):
+                for engine in ("hooks", "auto"):
+                    start = time.perf_counter()
+                    got[engine] = fn(engine)
+                    times[engine].append(time.perf_counter() - start)
+            slow, fast = statistics.median(times["hooks"]), statistics.median(times["auto"])
+            gap = float((scores(got["auto"]) - scores(got["hooks"])).abs().max())
+            lines.append(f"| {label} | {len(pairs)} pairs of {T} tokens | {name} | {slow:.2f} | {fast:.2f} | "
+                         f"**{slow / fast:.1f}×** | {forwards(got['hooks'])} / {forwards(got['auto'])} | {gap:.1e} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def write_block(path: Path, begin: str, end: str, text: str) -> None:
+    doc = path.read_text()
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc:
+        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(doc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100)
@@ -120,9 +200,20 @@ def main() -> None:
     parser.add_argument("--speed-pairs", type=int, default=16)
     parser.add_argument("--few-shot", type=int, default=9)
     parser.add_argument("--write-speed", type=Path, default=None)
+    parser.add_argument("--exact", action="store_true", help="exact edges: whole forwards against the stepped default")
+    parser.add_argument("--zoo-pairs", type=int, default=50)
+    parser.add_argument("--write-exact", type=Path, default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
+    if args.exact:
+        text = "\n".join(exact_speed(args.speed_pairs, args.few_shot, args.zoo_pairs, args.runs))
+        print(text)
+        if args.write_exact:
+            write_block(args.write_exact, EXACT_BEGIN, EXACT_END, "## Circuits: exact edges through the stepper\n\n"
+                        f"Written by `python benchmarks/circuits.py --exact --runs {args.runs} --write-exact "
+                        f"{args.write_exact}`.\n\n{text}")
+        return
     if args.quick:
         args.pairs, args.runs, args.models = 20, 1, "add-100"
     if args.speed:

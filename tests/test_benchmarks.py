@@ -65,6 +65,17 @@ def test_circuits_benchmark_smoke():
     assert float(row.split("|")[2]) > 0.8 and int(row.rstrip(" |").rsplit("|", 1)[1]) <= 2 * (5 + 1)
 
 
+@pytest.mark.slow
+def test_exact_edges_benchmark_smoke():
+    """Whole forwards against the stepped default on the Llama setup and the zoo: the same scores."""
+    out = run("circuits.py", "--exact", "--runs", "1", "--speed-pairs", "2", "--few-shot", "1", "--zoo-pairs", "4")
+    # each row is printed as it comes, then in the whole table
+    rows = {line for line in out.splitlines() if line.startswith("| ") and "×" in line}
+    assert len(rows) == 4 and any("823 edges" in row for row in rows) and any("zoo:add-3digit" in row for row in rows)
+    for row in rows:  # the largest score difference, the last column
+        assert float(row.rstrip(" |").rsplit("|", 1)[1]) <= 1e-4, row
+
+
 def test_memory_benchmark_smoke():
     """A tiny Llama: every neuron of both layers classified, each layer's top-k, and EAP-IG over every edge."""
     out = run("memory.py", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--d-mlp", "128",

@@ -30,6 +30,7 @@ from arithinterp.checks import check_belongs, check_choice, integer
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Graph
 from arithinterp.engine.edges import Layout
+from arithinterp.engine.stepping import ENGINES
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ResultFileError
 from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import metric_name
@@ -238,20 +239,24 @@ def score_edges(
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     batch_size: Optional[int] = None, max_memory: Optional[float] = None,  # None: sized from the memory budget
+    engine: str = "auto",
     progress: bool = True,
 ) -> Circuit:
     """Score every edge of ``model``'s graph (per position with ``positions``, e.g.
     ``["a", "b", "final"]``): ``"exact"`` path patching of each edge alone (Wang et al. 2023),
     ``"eap"`` (Syed et al. 2023) or ``"eap-ig"`` with ``steps`` interpolations (Hanna et al.
     2024). Every edge is kept; choose a subset with :func:`top_n`, :func:`threshold`, :func:`prune`.
+    ``engine`` chooses how exact patching runs (see :func:`~arithinterp.circuits.run_edge_sets`).
     """
     check_belongs(model, "circuits.score_edges", pairs=pairs)
     check_choice("method", method, SCORE_METHODS)
+    check_choice("engine", engine, ENGINES)
     graph = Graph.of(model, positions)
     extra: dict = {}
     if method == "exact":
-        got = patch_edges(model, pairs, graph, metric, direction, progress=progress)
-        extra = dict(forwards=got["forwards"])
+        got = patch_edges(model, pairs, graph, metric, direction, max_memory=max_memory, engine=engine,
+                          progress=progress)
+        extra = dict(forwards=got["forwards"], engine=got["engine"])
     else:
         got = attribute_edges(model, pairs, graph, method, steps, metric, direction, batch_size=batch_size,
                               max_memory=max_memory, progress=progress)
@@ -347,7 +352,8 @@ def threshold(circuit: Circuit, value: float) -> Circuit:
     return circuit.with_kept(circuit.scores.abs() >= value, f"|score| >= {value}")
 
 
-def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: str, metric, batch_sets=None) -> dict:
+def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: str, metric, batch_sets=None,
+            engine: str = "auto", max_memory: Optional[float] = None, runs: Optional[dict] = None) -> dict:
     """Per-pair metrics with the complement of each kept set ``[C, n_edges]`` ablated: ``pair
     [N, C]``, the clean run ``clean [N]`` (every edge kept) and every edge ablated ``none [N]``."""
     check_choice("ablation", ablation, ABLATIONS)
@@ -355,8 +361,10 @@ def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: s
     every = torch.ones(1, circuit.n_edges)
     sets = torch.cat([1.0 - kept_sets.float(), every])  # ablated edges; the last set ablates all
     got = run_edge_sets(model, pairs, graph, sets, metric, base="clean",
-                        values="corrupt" if ablation == "resample" else "mean", batch_sets=batch_sets)
-    return dict(pair=got["values"][:, :-1], clean=got["clean"], none=got["values"][:, -1], forwards=got["forwards"])
+                        values="corrupt" if ablation == "resample" else "mean", batch_sets=batch_sets,
+                        max_memory=max_memory, engine=engine, _runs=runs)
+    return dict(pair=got["values"][:, :-1], clean=got["clean"], none=got["values"][:, -1], forwards=got["forwards"],
+                engine=got["engine"])
 
 
 def _fractions(got: dict, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0,
@@ -418,6 +426,8 @@ def faithfulness(
     ablation: str = "resample",
     metric: Union[str, Callable, None] = None,
     batch_sets: Optional[int] = None,
+    max_memory: Optional[float] = None,
+    engine: str = "auto",
     confidence: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
@@ -428,7 +438,9 @@ def faithfulness(
     outputs; ``"mean"``: the clean prompts' mean). Each value has a ``confidence`` percentile
     bootstrap interval over pairs (``n_boot`` resamples of the pair index, ``seed``); the curve
     holds no fraction (NaN, with a note) when every edge and no edge are not distinguishable.
-    All sizes run stacked in one batch of forwards (at most ``batch_sets`` sets per forward).
+    All sizes run stacked in one batch of forwards (at most ``batch_sets`` sets per forward), pair
+    batches and stacks sized from ``max_memory`` bytes (:func:`arithinterp.engine.budget.memory_budget`);
+    ``engine`` as in :func:`~arithinterp.circuits.run_edge_sets` (``"hooks"``: whole forwards).
     ``metric`` defaults to the circuit's metric by name; a callable metric has to be passed again
     (a saved circuit keeps only its name)."""
     check_belongs(model, "circuits.faithfulness", pairs=pairs, circuit=circuit)
@@ -443,14 +455,14 @@ def faithfulness(
     kept = torch.zeros(len(sizes), n)
     for i, s in enumerate(sizes):
         kept[i, order[:s]] = 1.0
-    got = _ablate(model, pairs, circuit, kept, ablation, metric or circuit.metric, batch_sets)
+    got = _ablate(model, pairs, circuit, kept, ablation, metric or circuit.metric, batch_sets, engine, max_memory)
     frac = _fractions(got, confidence=confidence, n_boot=n_boot, seed=seed)
     return Faithfulness(
         sizes=torch.tensor(sizes), values=frac["values"], ci_low=frac["low"], ci_high=frac["high"], raw=frac["raw"],
         all_edges=frac["all"], no_edges=frac["none"], n_edges=n, ablation=ablation, method=circuit.method,
         meta=build_meta(model, n_pairs=len(pairs), metric=metric_name(metric or circuit.metric),
-                        forwards=got["forwards"], confidence=confidence, n_boot=n_boot, seed=seed,
-                        denominator=frac["denominator"], note=frac["note"]),
+                        forwards=got["forwards"], engine=got["engine"], confidence=confidence, n_boot=n_boot,
+                        seed=seed, denominator=frac["denominator"], note=frac["note"]),
     )
 
 
@@ -464,17 +476,19 @@ def _check_bootstrap(confidence, n_boot, seed) -> None:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
 
 
-def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None) -> float:
+def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None,
+                         engine: str = "auto") -> float:
     """Normalised faithfulness of the circuit's kept edges (complement ablated). Raises
     AnalysisError when every edge and no edge are not distinguishable (see :func:`faithfulness`)."""
     check_belongs(model, "circuits.circuit_faithfulness", pairs=pairs, circuit=circuit)
     _check_circuit(circuit)
-    got = _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric)
+    got = _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric,
+                  engine=engine)
     return float(_reported(_fractions(got, intervals=False))["values"][0])
 
 
 def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None,
-               batch_sets: Optional[int] = None):
+               batch_sets: Optional[int] = None, engine: str = "auto"):
     """For each kept edge, the faithfulness lost when it alone is dropped from the circuit.
 
     Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked (at
@@ -490,7 +504,7 @@ def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", me
         raise AnalysisError("the circuit keeps no edges; nothing to drop")
     sets = circuit.kept[None].float().repeat(len(ids) + 1, 1)
     sets[torch.arange(len(ids)), ids] = 0.0
-    got = _ablate(model, pairs, circuit, sets, ablation, metric or circuit.metric, batch_sets)
+    got = _ablate(model, pairs, circuit, sets, ablation, metric or circuit.metric, batch_sets, engine)
     values = _reported(_fractions(got, intervals=False))["values"]
     full = float(values[-1])
     without = values[:-1]
@@ -506,13 +520,15 @@ def prune(
     *,
     ablation: str = "resample",
     metric=None,
+    engine: str = "auto",
     progress: bool = True,
 ) -> Circuit:
     """Greedy ACDC-style pruning verified by exact patching (Conmy et al. 2023).
 
     Starting from the circuit's kept edges, visit them from the logits backwards (receivers of
     later layers first; within a layer, smallest |score| first) and drop an edge when the
-    normalised faithfulness falls by less than ``tau``. One stacked forward per visited edge.
+    normalised faithfulness falls by less than ``tau``. One stacked run per visited edge
+    (``engine`` as in :func:`~arithinterp.circuits.run_edge_sets`).
     """
     check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
     from tqdm.auto import tqdm
@@ -527,9 +543,11 @@ def prune(
     kept = circuit.kept.clone()
 
     def value_of(kept_set: torch.Tensor) -> float:
-        got = _ablate(model, pairs, circuit, kept_set[None].float(), ablation, metric or circuit.metric)
+        got = _ablate(model, pairs, circuit, kept_set[None].float(), ablation, metric or circuit.metric,
+                      engine=engine, runs=runs)
         return float(_reported(_fractions(got, intervals=False))["values"][0])
 
+    runs: dict = {}  # the unpatched runs (and mean senders), the same for every visited edge
     current = value_of(kept)
     start = current
     for i in tqdm(key, desc="prune", disable=not progress):

@@ -23,6 +23,7 @@ from arithinterp.circuits.graph import Graph
 from arithinterp.circuits.ig_activations import activation_ig_batch
 from arithinterp.circuits.neurons import check_neurons, neuron_edges, neuron_scores
 from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
+from arithinterp.engine.edge_steps import EdgeEntries, SteppedEdges
 from arithinterp.engine.edges import (
     CHANNELS,
     EdgeForward,
@@ -32,6 +33,7 @@ from arithinterp.engine.edges import (
     sender_outputs,
 )
 from arithinterp.engine.forward import RunningMean
+from arithinterp.engine.stepping import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.tasks import resolve_positions
@@ -81,6 +83,13 @@ def _check_count(name: str, value: Optional[int]) -> Optional[int]:
     return None if value is None else integer(name, value, minimum=1, hint=" or None (sized from max_memory)")
 
 
+def _entries(graph: Graph, sets: torch.Tensor) -> EdgeEntries:
+    """The edges of ``sets [C, n_edges]`` as a list (the engine's sparse form of edge sets)."""
+    c, e = torch.nonzero(sets, as_tuple=True)
+    p, r, s = graph.edge_index[e].T
+    return EdgeEntries(c, p, r, s, sets[c, e])
+
+
 def run_edge_sets(
     model: HookedModel,
     pairs: PromptPairs,
@@ -93,7 +102,9 @@ def run_edge_sets(
     batch_sets: Optional[int] = None,
     batch_size: Optional[int] = None,
     max_memory: Optional[float] = None,
+    engine: str = "auto",
     progress: bool = False,
+    _runs: Optional[dict] = None,
 ) -> dict:
     """The metric for each edge set: ``edge_sets [C, n_edges]`` (1 = the edge carries ``values``).
 
@@ -107,11 +118,21 @@ def run_edge_sets(
     (each a copy of the batch in one forward); both default to what fits in ``max_memory`` bytes
     (:func:`arithinterp.engine.budget.memory_budget`), and only the stacked sets' slice of the
     dense ``[sets, positions, receivers, senders]`` tensor is built at once.
+
+    ``engine``: ``"auto"`` steps the model's own blocks (:mod:`arithinterp.engine.edge_steps`):
+    each stack of sets starts at the layer of its first changed receiver and the first position
+    where one of its edges carries a value other than the base run's, reusing the base run's
+    keys and values before it; where stepping does not reproduce the model's logits, whole
+    forwards with a warning. ``"stepped"`` refuses to fall back; ``"hooks"`` runs every stack as
+    a whole forward (the reference). ``engine`` in the result names what ran. (``_runs``: a dict
+    the caller keeps to reuse the unpatched stepped runs over calls on the same model, pairs and
+    arguments, as pruning does.)
     """
     check_belongs(model, "circuits.run_edge_sets", pairs=pairs)
     check_pairs(pairs)
     check_choice("base", base, ("corrupt", "clean"))
     check_choice("values", values, VALUES)
+    check_choice("engine", engine, ENGINES)
     batch_sets, batch_size = _check_count("batch_sets", batch_sets), _check_count("batch_size", batch_size)
     budget = memory_budget(model, max_memory)
     fn = metric_fn(metric)
@@ -120,8 +141,13 @@ def run_edge_sets(
         raise AnalysisError(f"edge_sets must be [n_sets, n_edges = {graph.n_edges}], got shape {tuple(sets.shape)}")
     direction = "denoise" if base == "corrupt" else "noise"
     base_set, other_set = (pairs.corrupt, pairs.clean) if base == "corrupt" else (pairs.clean, pairs.corrupt)
-    mean = _mean_senders(model, pairs.clean, budget) if values == "mean" else None
-    engine = EdgeForward(model)
+    runs = {} if _runs is None else _runs
+    if values == "mean" and "mean" not in runs:
+        runs["mean"] = _mean_senders(model, pairs.clean, budget)
+    mean = runs.get("mean") if values == "mean" else None
+    forward = EdgeForward(model)
+    entries = _entries(graph, sets)
+    engines: set = set()
     L = graph.layout
     n, C = len(pairs), sets.shape[0]
     out = torch.empty(n, C)
@@ -137,9 +163,24 @@ def run_edge_sets(
     for idx in batches:
         base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
         B, T = base_tokens.shape
-        base_send, base_logits = sender_outputs(model, base_tokens)
-        other_send, other_logits = sender_outputs(model, other_tokens)
-        forwards += 2
+        key = (base, tuple(idx.tolist()))
+        if key in runs:  # the unpatched runs of an earlier call
+            runner, status = runs[key]
+        else:
+            stepper, status = (None, "hooks: requested") if engine == "hooks" else stepper_for(model, base_tokens,
+                                                                                                  engine)
+            runner = None if stepper is None else SteppedEdges(model, stepper, base_tokens, other_tokens)
+            forwards += runner is not None
+            if runner is not None and _runs is not None:
+                runs[key] = runner, status
+        engines.add(status)
+        if runner is not None:  # both runs in one stacked forward
+            base_send, base_logits = runner.base_senders, runner.base_logits
+            other_send, other_logits = runner.other_senders, runner.other_logits
+        else:
+            base_send, base_logits = sender_outputs(model, base_tokens)
+            other_send, other_logits = sender_outputs(model, other_tokens)
+            forwards += 2
         ctx = metric_context(pairs[idx], direction, base_logits, other_logits, device=base_logits.device)
         m_base, m_other = fn(base_logits, ctx).float().cpu(), fn(other_logits, ctx).float().cpu()
         clean_m[idx], corrupt_m[idx] = (m_other, m_base) if base == "corrupt" else (m_base, m_other)
@@ -150,6 +191,13 @@ def run_edge_sets(
         else:
             fixed = base_send
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(base_send.device)
+        if runner is not None:  # the senders held: both runs', the fixed values and their difference
+            room = max(budget - 4 * B * sender_bytes(model, T), 1)
+            for ids, logits, ran in runner.sets(entries, C, fixed, onehot, budget=room, batch_sets=batch_sets):
+                out[idx[:, None], ids[None, :]] = fn(logits, ctx).T.float().cpu()
+                forwards += ran
+                bar.update(len(ids))
+            continue
         # sets stacked per forward: what the budget leaves beside the senders held (at least one set)
         held = 2 * B * sender_bytes(model, T)
         chunk = batch_sets or max(1, min(C, int((budget - held) // (B * edge_run_bytes(model, T)))))
@@ -169,14 +217,14 @@ def run_edge_sets(
                 return torch.einsum("cpus,pbt->cbtus", w, onehot)
 
             with torch.inference_mode():
-                logits = engine.run(base_tokens, copies=c, values=fixed, weights=weights)["logits"][:, :, -1].float()
+                logits = forward.run(base_tokens, copies=c, values=fixed, weights=weights)["logits"][:, :, -1].float()
             forwards += 1
             out[idx[:, None], torch.arange(start, start + c)[None, :]] = fn(logits, ctx).T.float().cpu()
             bar.update(c)
     bar.close()
     release_freed_memory()
     return {"values": out, "clean": clean_m, "corrupt": corrupt_m, "forwards": forwards,
-            "batch_size": pair_batch, "max_memory": budget}
+            "batch_size": pair_batch, "max_memory": budget, "engine": sorted(engines)}
 
 
 def patch_edges(
@@ -190,19 +238,23 @@ def patch_edges(
     batch_sets: Optional[int] = None,
     batch_size: Optional[int] = None,
     max_memory: Optional[float] = None,
+    engine: str = "auto",
     progress: bool = True,
 ) -> dict:
     """Exact path patching of each edge alone (Wang et al. 2023): the base run with the source
     run's sender output carried along that one edge. ``direction="denoise"`` runs the corrupt
     prompt and carries the clean output; ``"noise"`` the reverse. Edges run in blocks whose one-hot
-    sets fit a quarter of ``max_memory``; each block is :func:`run_edge_sets` (same memory rules).
+    sets fit a quarter of ``max_memory``; each block is :func:`run_edge_sets` (same memory and
+    ``engine`` rules: by default each edge's run starts at its receiver's layer and the first
+    position where its sender's output differs between the two prompts).
 
     Returns ``scores [N, n_edges]`` (metric after − metric of the base run, per pair; edges not
-    in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
+    in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]``, ``forwards`` and ``engine``.
     """
     check_belongs(model, "circuits.patch_edges", pairs=pairs)
     graph = graph or Graph.of(model)
     check_choice("direction", direction, DIRECTIONS)
+    check_choice("engine", engine, ENGINES)
     chosen = torch.arange(graph.n_edges) if edges is None else graph.index(edges)
     base = "corrupt" if direction == "denoise" else "clean"
     budget = memory_budget(model, max_memory)
@@ -210,17 +262,20 @@ def patch_edges(
     block = max(1, min(len(chosen), budget // (4 * 4 * graph.n_edges)))
     scores = torch.full((len(pairs), graph.n_edges), float("nan"))
     got: dict = {}
-    forwards = 0
+    forwards, engines = 0, set()
     for start in tqdm(range(0, len(chosen), block), desc="patch edges", disable=not progress or len(chosen) <= block):
         ids = chosen[start:start + block]
         sets = torch.zeros(len(ids), graph.n_edges)
         sets[torch.arange(len(ids)), ids] = 1.0
         got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets,
-                            batch_size=batch_size, max_memory=budget, progress=progress and len(chosen) <= block)
+                            batch_size=batch_size, max_memory=budget, engine=engine,
+                            progress=progress and len(chosen) <= block)
         base_metric = got["corrupt"] if base == "corrupt" else got["clean"]
         scores[:, ids] = got["values"] - base_metric[:, None]
         forwards += got["forwards"]
-    return {"scores": scores, "clean": got["clean"], "corrupt": got["corrupt"], "forwards": forwards}
+        engines.update(got["engine"])
+    return {"scores": scores, "clean": got["clean"], "corrupt": got["corrupt"], "forwards": forwards,
+            "engine": sorted(engines)}
 
 
 def attribute_edges(

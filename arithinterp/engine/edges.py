@@ -158,6 +158,26 @@ class EdgeForward:
         ln = getattr(self.model.blocks[layer], "ln1", None)
         return x if ln is None else ln(x)
 
+    # where receiver inputs are read and changed (the same hook points for whole and stepped runs)
+    def ln1_hook(self, layer: int) -> str:
+        """The input of the norm in front of Q, K and V (the block's input where there is none)."""
+        block = self.model.blocks[layer]
+        return f"blocks.{layer}.ln1.hook_in" if hasattr(block, "ln1") else f"blocks.{layer}.hook_resid_pre"
+
+    def mlp_in_hook(self, layer: int) -> str:
+        block = self.model.blocks[layer]
+        return f"blocks.{layer}.ln2.hook_in" if hasattr(block, "ln2") else f"blocks.{layer}.mlp.hook_in"
+
+    @property
+    def final_hook(self) -> str:
+        """The unembedding's input before the final norm (the logits receiver)."""
+        return "ln_final.hook_in" if self.has_final_norm else "unembed.hook_in"
+
+    def head_outputs(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """Each head's output ``z_h @ W_O[h]`` ``[N, T, H, d_model]`` from ``hook_z`` ``[N, T, H·d_head]``."""
+        z = z.reshape(*z.shape[:2], self.layout.n_heads, -1)
+        return torch.einsum("nthe,hed->nthd", z, self.w_out[layer].to(z.dtype))
+
     def run(
         self,
         tokens: torch.Tensor,
@@ -217,9 +237,7 @@ class EdgeForward:
                     ln_in[layer] = act
                 return act
 
-            ln1_hook = (f"blocks.{layer}.ln1.hook_in" if hasattr(self.model.blocks[layer], "ln1")
-                        else f"blocks.{layer}.hook_resid_pre")
-            hooks.append((ln1_hook, keep_ln))
+            hooks.append((self.ln1_hook(layer), keep_ln))
             for channel in CHANNELS:
 
                 def proj(act, hook=None, layer=layer, channel=channel):
@@ -253,8 +271,7 @@ class EdgeForward:
                 hooks.append((f"blocks.{layer}.attn.{channel}.hook_out", proj))
 
             def heads_out(act, hook=None, layer=layer):
-                z = act.reshape(*act.shape[:2], L.n_heads, -1)
-                result = torch.einsum("nthe,hed->nthd", z, self.w_out[layer].to(z.dtype))
+                result = self.head_outputs(layer, act)
                 for h in range(L.n_heads):
                     current[L.head_sender(layer, h)] = result[:, :, h]
                 return act
@@ -270,9 +287,7 @@ class EdgeForward:
                     current[L.mlp_sender(layer)] = act
                     return act
 
-                ln2_hook = (f"blocks.{layer}.ln2.hook_in" if hasattr(self.model.blocks[layer], "ln2")
-                            else f"blocks.{layer}.mlp.hook_in")
-                hooks.append((ln2_hook, mlp_in))
+                hooks.append((self.mlp_in_hook(layer), mlp_in))
                 hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
 
         def final(act, hook=None):
@@ -280,7 +295,7 @@ class EdgeForward:
             d = delta(L.n_layers, "logits", act.device, act.dtype)
             return act if d is None else act + d[:, :, 0].to(act.dtype)
 
-        hooks.append(("ln_final.hook_in" if self.has_final_norm else "unembed.hook_in", final))
+        hooks.append((self.final_hook, final))
         logits = forward_with_hooks(self.model, stacked, hooks, return_type="logits")
         out = {"logits": logits.reshape(copies, B, T, -1)}
         if read_senders:
@@ -297,10 +312,17 @@ def sender_outputs(model: HookedModel, tokens: torch.Tensor) -> tuple[torch.Tens
     with torch.inference_mode():
         out = engine.run(tokens, read_senders=True)
     senders = out["senders"].float()
-    # the graph is only right where the final residual stream is the sum of the senders' outputs
-    # (not, e.g., with Gemma-2's norms after attention and MLP)
+    check_additive(engine, senders, out["residual"])
+    return senders, out["logits"][0, :, -1].float()
+
+
+def check_additive(engine: EdgeForward, senders: torch.Tensor, final: torch.Tensor) -> None:
+    """Refuse a model whose final residual stream ``[B, T, d]`` is not the sum of the senders'
+    outputs ``[B, T, S, d]`` (and the output biases): its edge graph would be wrong."""
+    # not, e.g., with Gemma-2's norms after attention and MLP: a head's output reaches the residual
+    # stream only through a norm of the sum of every head's, so it is no term of any receiver's input
     total = senders.sum(2) + engine.out_bias.to(senders.device)
-    final = out["residual"].float()
+    final = final.float()
     error = float((total - final).norm(dim=-1).max() / final.norm(dim=-1).max().clamp_min(1e-12))
     if error > 1e-3:
         raise AnalysisError(
@@ -309,7 +331,6 @@ def sender_outputs(model: HookedModel, tokens: torch.Tensor) -> tuple[torch.Tens
             "e.g. norms applied to attention or MLP outputs before they are added): edge graphs need blocks that add "
             "each head's and MLP's output to the residual stream as it is"
         )
-    return senders, out["logits"][0, :, -1].float()
 
 
 # --- memory per unit, for budgets ------------------------------------------------------------------

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 # call arguments that carry a position axis, and where it is
+# How an analysis runs its patched forwards: stepped, whole forwards with hooks, or "auto" (stepped where exact).
+ENGINES = ("auto", "stepped", "hooks")
 _POSITION_AXIS = {"position_ids": -1, "cache_position": -1, "position_embeddings": -2, "attention_mask": -2}
 _CHECK_TOLERANCE = 1e-4  # relative to the logits' scale
 

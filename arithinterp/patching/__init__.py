@@ -48,11 +48,11 @@ from arithinterp.patching.components import (
 )
 from arithinterp.deprecation import deprecated, warn_renamed
 from arithinterp.metrics import DIRECTIONS, METRICS
+from arithinterp.engine.stepping import ENGINES
 from arithinterp.patching.core import (
     COMPONENT_ABLATION_MODES,
     ATTRIBUTE_SITES,
     ATTRIBUTION_METHODS,
-    ENGINES,
     SWEEP_SITES,
     PatchResult,
     summarize,

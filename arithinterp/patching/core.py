@@ -32,7 +32,6 @@ SWEEP_SITES = (
 )
 ATTRIBUTE_SITES = SWEEP_SITES
 SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
-ENGINES = ("auto", "stepped", "hooks")
 ATTRIBUTION_METHODS = ("attribution", "integrated_gradients")
 COMPONENT_ABLATION_MODES = ("zero", "mean", "resample")
 ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
