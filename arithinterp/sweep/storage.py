@@ -114,7 +114,7 @@ def versions() -> dict:
 
     from arithinterp import __version__
 
-    return dict(arithinterp=__version__, torch=torch.__version__, transformer_lens=_package_version("transformer-lens"),
+    return dict(arithinterp=__version__, torch=str(torch.__version__), transformer_lens=_package_version("transformer-lens"),
                 pyarrow=_package_version("pyarrow"), python=platform.python_version())
 
 
