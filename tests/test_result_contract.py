@@ -143,6 +143,12 @@ def _patch(i: Instances):
     return i.exact
 
 
+def _patch_per_head(i: Instances):
+    from arithinterp import patching
+
+    return patching.activation_patching(i.model, i.pairs, "attn_z", progress=False)
+
+
 def _comparison(i: Instances):
     from arithinterp import patching
 
@@ -184,11 +190,10 @@ def _faithfulness(i: Instances):
 
 
 def _digit_circuits(i: Instances):
-    from arithinterp import circuits
-    from arithinterp.tasks import arithmetic
+    from arithinterp import circuits, patching
 
-    pairs = arithmetic(i.digit_model, a=range(10, 30, 3), b=range(50, 70, 7), answer_digits=3)
-    return circuits.digit_circuits(i.digit_model, pairs.counterfactual(vary="a", seed=0)[:4], "eap", progress=False)
+    pairs = patching.vary_digit(i.digit_prompts[:16], 0, "a", seed=0)[:4]
+    return circuits.digit_circuits(i.digit_model, pairs, "eap", metric="logprob", progress=False)
 
 
 def _probe(i: Instances):
@@ -255,6 +260,18 @@ def _separability(i: Instances):
 
     x = i.acts.data["resid_pre"][:, 0, 0]
     return fourier.separability(x, i.prompts.a, (2, 5), cv=3)
+
+
+def _separability_with_control(i: Instances):
+    """With a random-init model's representations as the control (``random_init`` filled)."""
+    from conftest import tiny_bridge
+
+    from arithinterp import fourier
+    from arithinterp.activations import collect
+
+    control = collect(tiny_bridge(i.model.tokenizer, seed=7), i.prompts, sites=["resid_pre"], layers=[0],
+                      positions=["a"], progress=False).data["resid_pre"][:, 0, 0]
+    return fourier.separability(i.acts.data["resid_pre"][:, 0, 0], i.prompts.a, (2, 5), control=control, cv=3)
 
 
 def _helix_fit(i: Instances):
@@ -409,6 +426,12 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "SweepRun": _sweep_run,
 }
 
+# further instances that fill the optional fields the first leaves empty
+MORE_BUILDERS: dict[str, tuple[Callable[[Instances], Result], ...]] = {
+    "PatchResult": (_patch_per_head,),
+    "SeparabilityResult": (_separability_with_control,),
+}
+
 
 # --- the checks ----------------------------------------------------------------------------------
 
@@ -420,16 +443,22 @@ def instances(tiny_model, tiny_digit_model, digit_tokenizer, tmp_path_factory):
     return Instances(tiny_model, tiny_digit_model, digit_tokenizer, tmp_path_factory)
 
 
-def build(cls: type, instances: Instances) -> Result:
+def examples(cls: type, instances: Instances) -> list[Result]:
+    """The instances of ``cls`` the checks run on: its builder's, then those of ``MORE_BUILDERS``."""
     if cls not in instances.built:
         builder = BUILDERS.get(cls.__name__)
         if builder is None:
             pytest.fail(f"{cls.__module__}.{cls.__name__} is a Result with no example builder: add one to BUILDERS in "
                         f"{__file__} that makes a small real {cls.__name__}, so the result contract is checked on it")
-        result = builder(instances)
-        assert type(result) is cls, f"the builder for {cls.__name__} made a {type(result).__name__}"
-        instances.built[cls] = result
+        made = [make(instances) for make in (builder, *MORE_BUILDERS.get(cls.__name__, ()))]
+        for result in made:
+            assert type(result) is cls, f"the builder for {cls.__name__} made a {type(result).__name__}"
+        instances.built[cls] = made
     return instances.built[cls]
+
+
+def build(cls: type, instances: Instances) -> Result:
+    return examples(cls, instances)[0]
 
 
 def same(a, b, where: str = "") -> None:
@@ -474,28 +503,113 @@ def check_tidy(frame, name: str) -> None:
 
 @pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
 def test_save_then_load_gives_an_equal_result(cls, instances, tmp_path):
-    result = build(cls, instances)
-    loaded = cls.load(result.save(tmp_path / cls.__name__))
-    same(result, loaded, cls.__name__)
-    pd.testing.assert_frame_equal(result.to_frame(), loaded.to_frame())
+    for k, result in enumerate(examples(cls, instances)):
+        loaded = cls.load(result.save(tmp_path / f"{cls.__name__}{k}"))
+        same(result, loaded, cls.__name__)
+        pd.testing.assert_frame_equal(result.to_frame(), loaded.to_frame())
 
 
 @pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
 def test_to_frame_is_tidy(cls, instances):
-    check_tidy(build(cls, instances).to_frame(), cls.__name__)
+    for result in examples(cls, instances):
+        check_tidy(result.to_frame(), cls.__name__)
 
 
 @pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
 def test_plot_returns_a_figure(cls, instances, tmp_path):
-    result = build(cls, instances)
-    figure = result.plot()
-    assert isinstance(figure, go.Figure), f"{cls.__name__}.plot() returned a {type(figure).__name__}"
-    assert len(figure.data) > 0, f"{cls.__name__}.plot() draws nothing"
-    loaded = cls.load(result.save(tmp_path / cls.__name__))
-    assert isinstance(loaded.plot(), go.Figure)
+    for k, result in enumerate(examples(cls, instances)):
+        figure = result.plot()
+        assert isinstance(figure, go.Figure), f"{cls.__name__}.plot() returned a {type(figure).__name__}"
+        assert len(figure.data) > 0, f"{cls.__name__}.plot() draws nothing"
+        loaded = cls.load(result.save(tmp_path / f"{cls.__name__}{k}"))
+        assert isinstance(loaded.plot(), go.Figure)
 
 
 def test_every_result_type_has_a_builder_and_every_builder_a_type():
     names = {cls.__name__ for cls in RESULT_TYPES}
     assert len(names) == len(RESULT_TYPES), "two Result subclasses share a name: saved files could not tell them apart"
     assert set(BUILDERS) <= names, f"builders for types that no longer exist: {sorted(set(BUILDERS) - names)}"
+
+
+
+def test_result_declares_the_contract_and_every_type_keeps_it():
+    import inspect
+
+    assert Result.__abstractmethods__ == frozenset({"to_frame", "plot"})
+    assert [cls.__name__ for cls in RESULT_TYPES if inspect.isabstract(cls)] == []
+
+    @dataclasses.dataclass(frozen=True)
+    class NoPlot(Result):
+        value: int
+
+        def to_frame(self):
+            return pd.DataFrame({"value": [self.value]})
+
+    with pytest.raises(TypeError, match="abstract method plot"):
+        NoPlot(1)  # pyright: ignore[reportAbstractUsage]
+
+
+# --- older folders ---------------------------------------------------------------------------------
+
+
+def _rewrite(folder, change: Callable[[dict], None]) -> None:
+    import json
+
+    stored = json.loads((folder / "result.json").read_text())
+    change(stored)
+    (folder / "result.json").write_text(json.dumps(stored))
+
+
+@pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
+def test_a_folder_saved_before_the_format_field_existed_loads(cls, instances, tmp_path):
+    result = build(cls, instances)
+    folder = result.save(tmp_path / cls.__name__)
+    _rewrite(folder, lambda stored: stored.pop("format"))
+    same(result, cls.load(folder), cls.__name__)
+
+
+def _defaulted(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+
+
+@pytest.mark.parametrize("cls", [cls for cls in RESULT_TYPES if _defaulted(cls)], ids=lambda cls: cls.__name__)
+def test_a_folder_saved_before_its_defaulted_fields_existed_loads_and_draws(cls, instances, tmp_path):
+    """Fields with a default are the ones a type gained after its first release: a folder without
+    them loads with the defaults, and its frame and figure still come out."""
+    from safetensors.torch import load_file, save_file
+
+    fullest = examples(cls, instances)[-1]
+    folder = fullest.save(tmp_path / cls.__name__)
+    names = {f.name for f in _defaulted(cls)}
+    _rewrite(folder, lambda stored: [stored["fields"].pop(name, None) for name in names])
+    tensors = load_file(str(folder / "tensors.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k not in names}, str(folder / "tensors.safetensors"))
+    loaded = cls.load(folder)
+    for field in _defaulted(cls):
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        same(default, getattr(loaded, field.name), f"{cls.__name__}.{field.name}")
+    check_tidy(loaded.to_frame(), cls.__name__)
+    assert isinstance(loaded.plot(), go.Figure)
+
+
+def test_the_checks_catch_a_lossy_save_and_an_untidy_frame(instances):
+    """Controls for the checks above: a changed dtype, a changed value, a tuple read back as a list and
+    a list in a frame cell are each caught."""
+    result = build(arithinterp.patching.PatchResult, instances)
+    for changed in (dataclasses.replace(result, values=result.values.double()),
+                    dataclasses.replace(result, mean=result.mean + 1e-6),
+                    dataclasses.replace(result, layers=tuple(result.layers)),
+                    dataclasses.replace(result, meta={**result.meta, "n_pairs": float(result.meta["n_pairs"])})):
+        with pytest.raises(AssertionError):
+            same(changed, result, "PatchResult")
+    frame = result.to_frame()
+    check_tidy(frame, "PatchResult")
+    frame["cells"] = [[1, 2]] * len(frame)
+    with pytest.raises(AssertionError, match="column 'cells' holds a list"):
+        check_tidy(frame, "PatchResult")
+
+
+def test_the_further_instances_fill_the_fields_they_are_for(instances):
+    assert examples(arithinterp.patching.PatchResult, instances)[1].heads != []
+    assert examples(arithinterp.fourier.SeparabilityResult, instances)[1].random_init is not None
