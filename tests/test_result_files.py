@@ -128,9 +128,9 @@ def test_a_folder_from_an_older_version_without_a_field_says_what_to_do(circuit,
         stored["fields"]["meta"]["arithinterp_version"] = "0.0.1"
 
     _edit_json(saved, older)
-    with pytest.raises(ResultFileError, match=rf"has no field 'channels', which a Circuit needs; the result was saved by "
-                                              rf"arithinterp 0\.0\.1, before this version \({__version__}\) added the "
-                                              r"field: recompute it with this version, or load it with arithinterp 0\.0\.1"):
+    advice = (rf"the result was saved by arithinterp 0\.0\.1, before this version \({__version__}\) added the field: "
+              r"recompute it with this version, or load it with arithinterp 0\.0\.1")
+    with pytest.raises(ResultFileError, match="has no field 'channels', which a Circuit needs; " + advice):
         Circuit.load(saved)
 
 
