@@ -613,3 +613,68 @@ def test_the_checks_catch_a_lossy_save_and_an_untidy_frame(instances):
 def test_the_further_instances_fill_the_fields_they_are_for(instances):
     assert examples(arithinterp.patching.PatchResult, instances)[1].heads != []
     assert examples(arithinterp.fourier.SeparabilityResult, instances)[1].random_init is not None
+
+
+# --- the figure builders -------------------------------------------------------------------------
+
+VIZ_MODULES = ["causal", "circuits", "features", "fourier", "neurons", "patching", "probes", "sweep"]
+
+
+def _viz_functions():
+    import inspect
+
+    for name in VIZ_MODULES:
+        module = importlib.import_module(f"arithinterp.viz.{name}")
+        for attr, value in vars(module).items():
+            if inspect.isfunction(value) and value.__module__ == module.__name__ and not attr.startswith("_"):
+                yield module, attr, value
+
+
+def test_viz_functions_share_one_name_style_and_take_the_result_types():
+    """Every figure builder is ``plot_<what>``; one drawing a result says which result type it takes
+    (the sweep's builders take the sweep's tidy tables)."""
+    import inspect
+
+    names = {cls.__name__ for cls in RESULT_TYPES}
+    helpers = {("sweep", "cell_labels")}  # labels, not a figure
+    typed = set()
+    for module, attr, function in _viz_functions():
+        short = module.__name__.rsplit(".", 1)[1]
+        if (short, attr) in helpers:
+            continue
+        assert attr.startswith("plot_"), f"{module.__name__}.{attr}: figure builders are named plot_<what>"
+        first = next(iter(inspect.signature(function).parameters.values()))
+        annotation = str(first.annotation)
+        if short == "sweep" or annotation == "pd.DataFrame":
+            continue
+        assert annotation in names, f"{module.__name__}.{attr}({first.name}: {annotation}) should take a result type"
+        typed.add(annotation)
+    drawn_by_sweep_tables = {"SweepRun", "Transcoders"}  # their plot() draws their own to_frame()
+    assert names - typed == drawn_by_sweep_tables
+
+
+RENAMED = {
+    "fourier": {"spectrum_figure": "plot_spectrum", "patch_test_figure": "plot_helix_patch",
+                "helix_3d_figure": "plot_helix_3d", "neuron_fit_figure": "plot_neuron_fits"},
+    "neurons": {"table_figure": "plot_heuristic_table", "maps_figure": "plot_maps"},
+    "probes": {"probe_layers": "plot_probe_layers", "roc_curve": "plot_roc", "repair_outcomes": "plot_repair"},
+    "features": {"attribution_graph": "plot_attribution_graph", "transcoder_metrics": "plot_transcoder_metrics"},
+    "sweep": {"generic_figures": "plot_sweep_columns", "cell_timings": "plot_sweep_cells"},
+}
+
+
+@pytest.mark.parametrize("module, old, new", [(m, o, n) for m, names in RENAMED.items() for o, n in names.items()])
+def test_old_viz_names_still_work_and_warn_with_the_new_name(module, old, new):
+    viz = importlib.import_module(f"arithinterp.viz.{module}")
+    with pytest.warns(DeprecationWarning, match=rf"arithinterp\.viz\.{module}\.{old} is deprecated and will be "
+                                                rf"removed; use arithinterp\.viz\.{module}\.{new}"):
+        assert getattr(viz, old) is getattr(viz, new)
+    with pytest.raises(AttributeError, match="has no attribute 'plot_nothing'"):
+        viz.plot_nothing  # noqa: B018
+
+
+def test_a_renamed_viz_function_imported_by_its_old_name_draws_the_same_figure(instances):
+    result = build(arithinterp.fourier.SpectrumResult, instances)
+    with pytest.warns(DeprecationWarning, match="use arithinterp.viz.fourier.plot_spectrum"):
+        from arithinterp.viz.fourier import spectrum_figure  # pyright: ignore[reportAttributeAccessIssue]
+    assert spectrum_figure(result).to_dict() == result.plot().to_dict()
