@@ -19,6 +19,7 @@ import math
 import pkgutil
 from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,10 +50,11 @@ def result_types() -> list[type]:
 class Instances:
     """Lazily built inputs shared by the builders: a tiny number-token model, its prompts and pairs."""
 
-    def __init__(self, model, digit_model, digit_tokenizer, tmp_path_factory):
+    def __init__(self, model, digit_model, digit_tokenizer, llama_folder, tmp_path_factory):
         self.model, self.digit_model, self.digit_tokenizer = model, digit_model, digit_tokenizer
+        self.llama_folder = llama_folder
         self.tmp = tmp_path_factory
-        self.built: dict[type, Result] = {}
+        self.built: dict[type, list[Result]] = {}
 
     @cached_property
     def prompts(self):
@@ -363,31 +365,13 @@ def _readable_used(i: Instances):
 
 
 def _sweep_run(i: Instances):
-    """A two-cell sweep (accuracy, resid_pre patching) over a tiny random model saved as a folder."""
-    import json
-
-    from safetensors.torch import save_file
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import NativeModel, initialize_native_model
-
+    """A two-cell sweep (accuracy, resid_pre patching) over the tiny random Llama folder of ``conftest``."""
     from arithinterp import sweep
-    from arithinterp.models.tokenizers import number_tokenizer, save_and_reload
 
-    folder = i.tmp.mktemp("sweep_model") / "add-tiny"
-    tokenizer = save_and_reload(number_tokenizer(198), folder)
-    config = dict(n_layers=1, d_model=16, n_heads=1, d_head=16, d_mlp=32, n_ctx=8, act_fn="relu",
-                  normalization_type="LN", positional_embedding_type="standard", d_vocab=len(tokenizer), seed=0,
-                  default_prepend_bos=True)
-    torch.manual_seed(0)
-    cfg = TransformerBridgeConfig(**config)
-    net = NativeModel(cfg)
-    initialize_native_model(net, cfg)
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(config))
     task = dict(name="add", op="+", a=[0, 20], b=[0, 20], template="{a}+{b}=", limit=30)
     analyses = [dict(name="accuracy"), dict(name="patching", grid=dict(site=["resid_pre"]))]
-    return sweep.run_sweep(dict(out=str(i.tmp.mktemp("sweep_out")), models=[str(folder)], tasks=[task],
-                                analyses=analyses), progress=False)
+    return sweep.run_sweep(dict(out=str(i.tmp.mktemp("sweep_out")), models=[str(i.llama_folder("number"))],
+                                tasks=[task], analyses=analyses), progress=False)
 
 
 BUILDERS: dict[str, Callable[[Instances], Result]] = {
@@ -439,8 +423,8 @@ RESULT_TYPES = result_types()
 
 
 @pytest.fixture(scope="session")
-def instances(tiny_model, tiny_digit_model, digit_tokenizer, tmp_path_factory):
-    return Instances(tiny_model, tiny_digit_model, digit_tokenizer, tmp_path_factory)
+def instances(tiny_model, tiny_digit_model, digit_tokenizer, llama_folder, tmp_path_factory):
+    return Instances(tiny_model, tiny_digit_model, digit_tokenizer, llama_folder, tmp_path_factory)
 
 
 def examples(cls: type, instances: Instances) -> list[Result]:
@@ -520,13 +504,14 @@ def test_plot_returns_a_figure(cls, instances, tmp_path):
     for k, result in enumerate(examples(cls, instances)):
         figure = result.plot()
         assert isinstance(figure, go.Figure), f"{cls.__name__}.plot() returned a {type(figure).__name__}"
-        assert len(figure.data) > 0, f"{cls.__name__}.plot() draws nothing"
+        assert len(tuple(figure.data)) > 0, f"{cls.__name__}.plot() draws nothing"
         loaded = cls.load(result.save(tmp_path / f"{cls.__name__}{k}"))
         assert isinstance(loaded.plot(), go.Figure)
 
 
 def test_every_result_type_has_a_builder_and_every_builder_a_type():
     names = {cls.__name__ for cls in RESULT_TYPES}
+    assert {"PatchResult", "Circuit", "HelixFit", "ProbeResult", "DASResult", "Graph", "SweepRun"} <= names
     assert len(names) == len(RESULT_TYPES), "two Result subclasses share a name: saved files could not tell them apart"
     assert set(BUILDERS) <= names, f"builders for types that no longer exist: {sorted(set(BUILDERS) - names)}"
 
@@ -582,7 +567,12 @@ def test_a_folder_saved_before_its_defaulted_fields_existed_loads_and_draws(cls,
     fullest = examples(cls, instances)[-1]
     folder = fullest.save(tmp_path / cls.__name__)
     names = {f.name for f in _defaulted(cls)}
-    _rewrite(folder, lambda stored: [stored["fields"].pop(name, None) for name in names])
+
+    def drop(stored: dict) -> None:
+        for name in names:
+            stored["fields"].pop(name, None)
+
+    _rewrite(folder, drop)
     tensors = load_file(str(folder / "tensors.safetensors"))
     save_file({k: v for k, v in tensors.items() if k not in names}, str(folder / "tensors.safetensors"))
     loaded = cls.load(folder)
@@ -596,7 +586,7 @@ def test_a_folder_saved_before_its_defaulted_fields_existed_loads_and_draws(cls,
 def test_the_checks_catch_a_lossy_save_and_an_untidy_frame(instances):
     """Controls for the checks above: a changed dtype, a changed value, a tuple read back as a list and
     a list in a frame cell are each caught."""
-    result = build(arithinterp.patching.PatchResult, instances)
+    result: Any = build(arithinterp.patching.PatchResult, instances)
     for changed in (dataclasses.replace(result, values=result.values.double()),
                     dataclasses.replace(result, mean=result.mean + 1e-6),
                     dataclasses.replace(result, layers=tuple(result.layers)),
@@ -611,8 +601,9 @@ def test_the_checks_catch_a_lossy_save_and_an_untidy_frame(instances):
 
 
 def test_the_further_instances_fill_the_fields_they_are_for(instances):
-    assert examples(arithinterp.patching.PatchResult, instances)[1].heads != []
-    assert examples(arithinterp.fourier.SeparabilityResult, instances)[1].random_init is not None
+    patch: Any = examples(arithinterp.patching.PatchResult, instances)[1]
+    separability: Any = examples(arithinterp.fourier.SeparabilityResult, instances)[1]
+    assert patch.heads != [] and separability.random_init is not None
 
 
 # --- the figure builders -------------------------------------------------------------------------
@@ -678,3 +669,18 @@ def test_a_renamed_viz_function_imported_by_its_old_name_draws_the_same_figure(i
     with pytest.warns(DeprecationWarning, match="use arithinterp.viz.fourier.plot_spectrum"):
         from arithinterp.viz.fourier import spectrum_figure  # pyright: ignore[reportAttributeAccessIssue]
     assert spectrum_figure(result).to_dict() == result.plot().to_dict()
+
+
+def test_a_result_type_without_a_builder_fails_saying_to_add_one(instances):
+    @dataclasses.dataclass(frozen=True)
+    class Unbuilt(Result):
+        value: int
+
+        def to_frame(self):
+            return pd.DataFrame({"value": [self.value]})
+
+        def plot(self, **kwargs):
+            return go.Figure()
+
+    with pytest.raises(pytest.fail.Exception, match="Unbuilt is a Result with no example builder: add one to BUILDERS"):
+        examples(Unbuilt, instances)
