@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
@@ -267,15 +268,30 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
 
 
 def _missing_field_advice(meta: Any) -> str:
-    """What to do about a missing field: a folder saved by another arithinterp version predates the
-    field (recompute, or load it with that version); otherwise the file is damaged."""
+    """What to do about a missing field: a folder saved by an older arithinterp predates the field
+    (recompute, or load it with that version), one saved by a newer one dropped it (load it with
+    that version); otherwise the file is damaged."""
     from arithinterp import __version__
 
     saved = meta.get("arithinterp_version") if isinstance(meta, dict) else None
-    if isinstance(saved, str) and saved != __version__:
+    if not isinstance(saved, str) or saved == __version__:
+        return "the file is damaged or was written by another program"
+    if _release(saved) < _release(__version__):
         return (f"the result was saved by arithinterp {saved}, before this version ({__version__}) added the field: "
                 f"recompute it with this version, or load it with arithinterp {saved}")
-    return "the file is damaged or was written by another program"
+    return (f"the result was saved by arithinterp {saved}, newer than this version ({__version__}): "
+            f"load it with arithinterp {saved} or later")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.1.0rc1"`` -> ``(0, 1, 0)``: the release numbers, enough to order two versions."""
+    parts = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:

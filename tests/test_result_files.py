@@ -134,6 +134,19 @@ def test_a_folder_from_an_older_version_without_a_field_says_what_to_do(circuit,
         Circuit.load(saved)
 
 
+def test_a_folder_from_a_newer_version_without_a_field_says_to_load_it_there(saved):
+    from arithinterp.circuits import Circuit
+
+    def newer(stored):
+        stored["fields"].pop("channels")
+        stored["fields"]["meta"]["arithinterp_version"] = "99.0.0"
+
+    _edit_json(saved, newer)
+    with pytest.raises(ResultFileError, match=r"the result was saved by arithinterp 99\.0\.0, newer than this version "
+                                              r"\(.*\): load it with arithinterp 99\.0\.0 or later"):
+        Circuit.load(saved)
+
+
 def test_a_field_missing_from_a_folder_of_this_version_is_damage(saved):
     from arithinterp.circuits import Circuit
 
