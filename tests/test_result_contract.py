@@ -7,7 +7,8 @@ real instance from a tiny model; a type without one fails here, saying so. For e
 
 * ``save`` then ``load`` gives an equal result: every field equal (tensors in value, dtype and shape,
   plain values in value and kind), the same ``to_frame()``;
-* ``to_frame()`` is a tidy pandas DataFrame: rows, string column names, one scalar per cell;
+* ``to_frame()`` is a tidy pandas DataFrame: rows, string column names, one scalar per cell, no
+  row twice;
 * ``plot()`` returns a plotly ``Figure`` with something drawn, before and after the round trip.
 """
 
@@ -479,6 +480,7 @@ def check_tidy(frame, name: str) -> None:
     assert len(frame) > 0 and len(frame.columns) > 0, f"{name}.to_frame() is empty"
     assert all(isinstance(c, str) for c in frame.columns), f"{name}.to_frame() has non-string columns"
     assert not isinstance(frame.columns, pd.MultiIndex) and frame.columns.is_unique
+    assert not frame.duplicated().any(), f"{name}.to_frame() repeats a row: each row should be one observation"
     for column in frame.columns:
         for value in frame[column]:
             assert value is None or isinstance(value, (str, bool, int, float, np.generic, pd.Timestamp)), \
@@ -595,6 +597,8 @@ def test_the_checks_catch_a_lossy_save_and_an_untidy_frame(instances):
             same(changed, result, "PatchResult")
     frame = result.to_frame()
     check_tidy(frame, "PatchResult")
+    with pytest.raises(AssertionError, match="repeats a row"):
+        check_tidy(pd.concat([frame, frame.iloc[:1]]), "PatchResult")
     frame["cells"] = [[1, 2]] * len(frame)
     with pytest.raises(AssertionError, match="column 'cells' holds a list"):
         check_tidy(frame, "PatchResult")
