@@ -480,11 +480,11 @@ def check_tidy(frame, name: str) -> None:
     assert len(frame) > 0 and len(frame.columns) > 0, f"{name}.to_frame() is empty"
     assert all(isinstance(c, str) for c in frame.columns), f"{name}.to_frame() has non-string columns"
     assert not isinstance(frame.columns, pd.MultiIndex) and frame.columns.is_unique
-    assert not frame.duplicated().any(), f"{name}.to_frame() repeats a row: each row should be one observation"
     for column in frame.columns:
         for value in frame[column]:
             assert value is None or isinstance(value, (str, bool, int, float, np.generic, pd.Timestamp)), \
                 f"{name}.to_frame() column {column!r} holds a {type(value).__name__} ({value!r:.80}): one scalar a cell"
+    assert not frame.duplicated().any(), f"{name}.to_frame() repeats a row: each row should be one observation"
 
 
 @pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
