@@ -114,21 +114,14 @@ class Instances:
     def detector_inputs(self):
         """The digit model with planted "errors": the last digit is off by one on the fifth of prompts
         furthest along a random direction of the layer-1 activation (as in ``test_probes``)."""
-        from arithinterp import probes
-        from arithinterp.tasks import Evaluation
+        from test_probes import _synthetic_evaluation
 
-        prompts, tokenizer = self.digit_prompts, self.digit_tokenizer
-        digit_ids = torch.tensor(tokenizer.convert_tokens_to_ids([str(i) for i in range(10)]))
-        digit_of = torch.full((len(tokenizer),), -1)
-        digit_of[digit_ids] = torch.arange(10)
+        from arithinterp import probes
+
+        prompts = self.digit_prompts
 
         def evaluation(idx, wrong):
-            sub = prompts[idx]
-            wrong = wrong[idx]
-            generated = sub.answer_tokens.clone()
-            generated[wrong, -1] = digit_ids[(digit_of[generated[wrong, -1]] + 1) % 10]
-            answer = torch.where(wrong, sub.answer - sub.answer % 10 + (sub.answer % 10 + 1) % 10, sub.answer)
-            return Evaluation(~wrong, answer, [str(x) for x in answer.tolist()], generated)
+            return _synthetic_evaluation(prompts[idx], self.digit_tokenizer, wrong[idx])
 
         everything = torch.arange(len(prompts))
         clean = evaluation(everything, torch.zeros(len(prompts), dtype=torch.bool))
