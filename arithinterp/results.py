@@ -10,16 +10,20 @@ A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Ever
   :class:`~arithinterp.errors.ResultFileError` naming the file and field of any damage, and
   ``save`` does not replace a different saved result unless ``overwrite=True``.
 
-Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot``.
+Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot`` (abstract
+here: a subclass without them cannot be made). ``tests/test_result_contract.py`` checks the whole
+contract on every subclass in the package.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
+import itertools
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
 
 import numpy as np
 import torch
@@ -27,6 +31,10 @@ import torch
 from arithinterp.checks import architecture, model_id
 from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.types import HookedModel
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
 
 TENSOR_FILE = "tensors.safetensors"
 JSON_FILE = "result.json"
@@ -81,7 +89,7 @@ def _plain(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class Result:
+class Result(abc.ABC):
     """Base class: subclasses add fields (tensors, lists, numbers) and define ``to_frame`` / ``plot``.
 
     Subclasses may declare, for :meth:`load` to check, ``_aligned``: groups of fields that run
@@ -91,6 +99,14 @@ class Result:
 
     _aligned: ClassVar[tuple] = ()
     _required_meta: ClassVar[tuple] = ()
+
+    @abc.abstractmethod
+    def to_frame(self) -> pd.DataFrame:
+        """The result as a tidy DataFrame: one row per cell, string column names, one scalar per cell."""
+
+    @abc.abstractmethod
+    def plot(self, **kwargs: Any) -> go.Figure:
+        """The result's figure, drawn by :mod:`arithinterp.viz`."""
 
     def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
         """Write the result to directory ``path`` (created if needed); returns the path.
@@ -216,8 +232,8 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
         if field.name not in values:
             if required:
                 raise ResultFileError(f"{path / where} has no field {field.name!r}, which a {cls.__name__} needs; "
-                                      "the file is damaged or was written by another program")
-            continue
+                                      + _missing_field_advice(values.get("meta")))
+            continue  # a field added since the folder was saved: it takes its default
         kind, optional = _kind(field.type)
         value = values[field.name]
         if kind is None or (value is None and optional):
@@ -247,6 +263,33 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
             described = ", ".join(f"{k} {v}" for k, v in lengths.items())
             raise ResultFileError(f"{path} ({JSON_FILE}, {TENSOR_FILE}): {' / '.join(lengths)} must have one "
                                   f"length, got {described}; the files are damaged or come from two different results")
+
+
+def _missing_field_advice(meta: Any) -> str:
+    """What to do about a missing field: a folder saved by an older arithinterp predates the field
+    (recompute, or load it with that version), one saved by a newer one dropped it (load it with
+    that version); otherwise the file is damaged."""
+    from arithinterp._version import __version__
+
+    saved = meta.get("arithinterp_version") if isinstance(meta, dict) else None
+    if not isinstance(saved, str) or saved == __version__:
+        return "the file is damaged or was written by another program"
+    if _release(saved) < _release(__version__):
+        return (f"the result was saved by arithinterp {saved}, before this version ({__version__}) added the field: "
+                f"recompute it with this version, or load it with arithinterp {saved}")
+    return (f"the result was saved by arithinterp {saved}, newer than this version ({__version__}): "
+            f"load it with arithinterp {saved} or later")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.1.0rc1"`` -> ``(0, 1, 0)``: the release numbers, enough to order two versions."""
+    parts = []
+    for part in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:

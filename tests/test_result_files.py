@@ -36,7 +36,9 @@ def test_intact_folder_loads_the_same_circuit(circuit, saved):
 
     loaded = Circuit.load(saved)
     assert loaded.edges == circuit.edges and torch.equal(loaded.scores, circuit.scores)
-    assert json.loads((saved / "result.json").read_text())["format"] == 1
+    from arithinterp.results import FORMAT_VERSION
+
+    assert json.loads((saved / "result.json").read_text())["format"] == FORMAT_VERSION == 1
 
 
 def _drop(key):
@@ -112,6 +114,45 @@ def test_a_result_saved_without_a_format_reads_as_format_1(circuit, saved):
 
     _edit_json(saved, lambda stored: stored.pop("format"))
     assert Circuit.load(saved).edges == circuit.edges
+
+
+def test_a_folder_from_an_older_version_without_a_field_says_what_to_do(circuit, saved):
+    """A folder an earlier arithinterp saved before a field the class now needs existed: the error
+    names the version that saved it and what to do (recompute, or load it with that version)."""
+    from arithinterp import __version__
+    from arithinterp.circuits import Circuit
+
+    def older(stored):
+        stored.pop("format")  # saved before the format was written, too
+        stored["fields"].pop("channels")
+        stored["fields"]["meta"]["arithinterp_version"] = "0.0.1"
+
+    _edit_json(saved, older)
+    advice = (rf"the result was saved by arithinterp 0\.0\.1, before this version \({__version__}\) added the field: "
+              r"recompute it with this version, or load it with arithinterp 0\.0\.1")
+    with pytest.raises(ResultFileError, match="has no field 'channels', which a Circuit needs; " + advice):
+        Circuit.load(saved)
+
+
+def test_a_folder_from_a_newer_version_without_a_field_says_to_load_it_there(saved):
+    from arithinterp.circuits import Circuit
+
+    def newer(stored):
+        stored["fields"].pop("channels")
+        stored["fields"]["meta"]["arithinterp_version"] = "99.0.0"
+
+    _edit_json(saved, newer)
+    with pytest.raises(ResultFileError, match=r"the result was saved by arithinterp 99\.0\.0, newer than this version "
+                                              r"\(.*\): load it with arithinterp 99\.0\.0 or later"):
+        Circuit.load(saved)
+
+
+def test_a_field_missing_from_a_folder_of_this_version_is_damage(saved):
+    from arithinterp.circuits import Circuit
+
+    _edit_json(saved, _drop("channels"))
+    with pytest.raises(ResultFileError, match="has no field 'channels', which a Circuit needs; the file is damaged"):
+        Circuit.load(saved)
 
 
 def test_saving_over_a_different_result_needs_overwrite(circuit, saved):

@@ -80,9 +80,9 @@ class Graph(Result):
         return pd.DataFrame(self.nodes)
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import attribution_graph
+        from arithinterp.viz.features import plot_attribution_graph
 
-        return attribution_graph(self, **kwargs)
+        return plot_attribution_graph(self, **kwargs)
 
 
 def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[str, Any]:

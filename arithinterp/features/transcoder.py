@@ -115,9 +115,9 @@ class Transcoders(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import transcoder_metrics
+        from arithinterp.viz.features import plot_transcoder_metrics
 
-        return transcoder_metrics(self.to_frame(), title=kwargs.get("title"))
+        return plot_transcoder_metrics(self.to_frame(), title=kwargs.get("title"))
 
     def check_model(self, model: Any) -> None:
         """Raise unless the transcoders fit ``model`` (its width and layers)."""

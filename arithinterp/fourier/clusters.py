@@ -74,9 +74,9 @@ class NeuronFrequencyResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import neuron_frequency_figure
+        from arithinterp.viz.fourier import plot_neuron_frequencies
 
-        return neuron_frequency_figure(self, **kwargs)
+        return plot_neuron_frequencies(self, **kwargs)
 
 
 def _block_shares(grids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -104,9 +104,9 @@ class FilterResult(Result):
                                  share=[c / max(sum(self.counts), 1) for c in self.counts]))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import filter_figure
+        from arithinterp.viz.fourier import plot_frequency_filter
 
-        return filter_figure(self, **kwargs)
+        return plot_frequency_filter(self, **kwargs)
 
 
 def frequency_filter(

@@ -217,9 +217,9 @@ class ProgressResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import progress_figure
+        from arithinterp.viz.fourier import plot_progress
 
-        return progress_figure(self, **kwargs)
+        return plot_progress(self, **kwargs)
 
 
 def progress(

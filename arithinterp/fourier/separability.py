@@ -82,9 +82,9 @@ class SeparabilityResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import separability_figure
+        from arithinterp.viz.fourier import plot_separability
 
-        return separability_figure(self, **kwargs)
+        return plot_separability(self, **kwargs)
 
 
 def _value_folds(values: torch.Tensor, cv: int, seed: int) -> list[torch.Tensor]:

@@ -125,9 +125,9 @@ class SpectrumResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import spectrum_figure
+        from arithinterp.viz.fourier import plot_spectrum
 
-        return spectrum_figure(self, **kwargs)
+        return plot_spectrum(self, **kwargs)
 
 
 def _spectrum_result(power: torch.Tensor, series: list[str], start: int, n: int, source: str, rule: str,

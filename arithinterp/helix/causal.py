@@ -160,9 +160,9 @@ class HelixPatchResult(Result):
                                  n_pairs=[n] * len(self.methods), note=[self.note] * len(self.methods)))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import patch_test_figure
+        from arithinterp.viz.fourier import plot_helix_patch
 
-        return patch_test_figure(self, **kwargs)
+        return plot_helix_patch(self, **kwargs)
 
 
 def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, random_state: int = 0) -> HelixFit:

@@ -119,7 +119,7 @@ class HelixFit(Result):
         period's (cos, sin) plane, one panel per period. Points are coloured by the number."""
         from arithinterp.viz import fourier as viz
 
-        views = {"3d": viz.helix_3d_figure, "pairs": viz.helix_pairs_figure, "periods": viz.helix_periods_figure}
+        views = {"3d": viz.plot_helix_3d, "pairs": viz.plot_helix_pairs, "periods": viz.plot_helix_periods}
         if view not in views:
             raise ConfigError(f"unknown view {view!r}; accepted: {accepted(views)}")
         return views[view](self, **kwargs)
@@ -394,9 +394,9 @@ class FitLayersResult(Result):
                              for i, f in enumerate(self.fits) for j, layer in enumerate(self.layers)])
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import fit_layers_figure
+        from arithinterp.viz.fourier import plot_fit_layers
 
-        return fit_layers_figure(self, **kwargs)
+        return plot_fit_layers(self, **kwargs)
 
 
 def fit_layers(

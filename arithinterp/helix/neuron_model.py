@@ -83,9 +83,9 @@ class NeuronFitResult(Result):
         ))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import neuron_fit_figure
+        from arithinterp.viz.fourier import plot_neuron_fits
 
-        return neuron_fit_figure(self, **kwargs)
+        return plot_neuron_fits(self, **kwargs)
 
 
 def fit_neurons(

@@ -61,9 +61,9 @@ class PeriodSearchResult(Result):
                                   best_of_size=tuple(s) in best) for i, s in enumerate(self.subsets)])
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import period_search_figure
+        from arithinterp.viz.fourier import plot_period_search
 
-        return period_search_figure(self, **kwargs)
+        return plot_period_search(self, **kwargs)
 
 
 def search_periods(

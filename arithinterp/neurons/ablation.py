@@ -80,7 +80,7 @@ class HeuristicAblation(Result):
     def plot(self, **kwargs):
         from arithinterp.viz import neurons as viz
 
-        return viz.heuristic_ablation_figure(self, **kwargs)
+        return viz.plot_heuristic_ablation(self, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +112,7 @@ class PromptAblation(Result):
     def plot(self, **kwargs):
         from arithinterp.viz import neurons as viz
 
-        return viz.prompt_ablation_figure(self, **kwargs)
+        return viz.plot_prompt_ablation(self, **kwargs)
 
 
 # --- ablations -----------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class NeuronImportance(Result):
     def plot(self, **kwargs):
         from arithinterp.viz import neurons as viz
 
-        return viz.importance_figure(self, **kwargs)
+        return viz.plot_importance(self, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ class NeuronMaps(Result):
         """Heatmaps of row ``index``'s maps over (a, b); ``kind``: ``"K"``, ``"KV"`` or ``"both"``."""
         from arithinterp.viz import neurons as viz
 
-        return viz.maps_figure(self, index=index, kind=kind, **kwargs)
+        return viz.plot_maps(self, index=index, kind=kind, **kwargs)
 
     def classify(self, threshold: float = 0.6, **kwargs) -> HeuristicTable:
         """:func:`classify_maps` on these maps."""

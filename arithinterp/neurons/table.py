@@ -177,4 +177,4 @@ class HeuristicTable(Result):
         """``kind``: ``"counts"`` (heuristic types per layer), ``"coverage"`` or ``"scores"`` (heatmap)."""
         from arithinterp.viz import neurons as viz
 
-        return viz.table_figure(self, kind=kind, **kwargs)
+        return viz.plot_heuristic_table(self, kind=kind, **kwargs)

@@ -866,9 +866,9 @@ class DetectorResult(Result):
         from arithinterp.viz import probes as viz
 
         if kind == "roc":
-            return viz.roc_curve(self, **kwargs)
+            return viz.plot_roc(self, **kwargs)
         if kind == "calibration":
-            return viz.calibration_curve(self, **kwargs)
+            return viz.plot_calibration(self, **kwargs)
         if kind == "confusion":
-            return viz.digit_confusion(self, slot=slot, probe=probe, **kwargs)
+            return viz.plot_digit_confusion(self, slot=slot, probe=probe, **kwargs)
         raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")

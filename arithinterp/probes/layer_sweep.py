@@ -398,9 +398,9 @@ class ProbeResult(Result):
 
     def plot(self, position: Optional[str] = None, **kwargs):
         """Score over layers with 95% CI bands, the controls and chance (see ``viz.probes``)."""
-        from arithinterp.viz.probes import probe_layers
+        from arithinterp.viz.probes import plot_probe_layers
 
-        return probe_layers(self, position=position, **kwargs)
+        return plot_probe_layers(self, position=position, **kwargs)
 
 
 def _check_acts(acts: Any, name: str = "acts") -> None:

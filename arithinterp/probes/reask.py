@@ -177,9 +177,9 @@ class RepairResult(Result):
         ))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.probes import repair_outcomes
+        from arithinterp.viz.probes import plot_repair
 
-        return repair_outcomes(self, **kwargs)
+        return plot_repair(self, **kwargs)
 
 
 def _answer_evaluation(prompts: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:

@@ -16,7 +16,7 @@ def figures(out: Union[str, Path]) -> dict:
     drawn = {}
     for name, frame in load_results(out).items():
         entry = ANALYSES.get(name)
-        plot = entry.plot if entry is not None and entry.plot is not None else viz.generic_figures
+        plot = entry.plot if entry is not None and entry.plot is not None else viz.plot_sweep_columns
         drawn[name] = list(plot(frame))
     return drawn
 

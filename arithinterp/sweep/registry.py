@@ -206,7 +206,7 @@ def _register_builtins() -> None:
     from arithinterp.sites import HOOKS
 
     sites = tuple(HOOKS)
-    register_analysis("accuracy", accuracy_analysis, {}, plot=_builtin_plot("accuracy_figures"),
+    register_analysis("accuracy", accuracy_analysis, {}, plot=_builtin_plot("plot_sweep_accuracy"),
                       description="greedy accuracy of the model on the task", overwrite=True)
     register_analysis(
         "patching", patching_analysis,
@@ -221,7 +221,7 @@ def _register_builtins() -> None:
             positions=Param(list, None, item=(str, int)),
             per_position=Param(bool, True),
         ),
-        plot=_builtin_plot("patching_figures"),
+        plot=_builtin_plot("plot_sweep_patching"),
         description="exact activation patching (arithinterp.patching.activation_patching)",
         overwrite=True,
     )
@@ -232,7 +232,7 @@ def _register_builtins() -> None:
             mode=Param(str, "mean", _choices("mode")),
             seed=Param(int, 0),
         ),
-        plot=_builtin_plot("ablation_figures"), description="component ablation (arithinterp.patching.ablate)",
+        plot=_builtin_plot("plot_sweep_ablation"), description="component ablation (arithinterp.patching.ablate)",
         overwrite=True,
     )
     register_analysis(
@@ -246,7 +246,7 @@ def _register_builtins() -> None:
             cv=Param(int, 5),
             seed=Param(int, 0),
         ),
-        plot=_builtin_plot("probes_figures"), description="linear probe sweep (arithinterp.probes.probe_layers)",
+        plot=_builtin_plot("plot_sweep_probes"), description="linear probe sweep (arithinterp.probes.probe_layers)",
         overwrite=True,
     )
 

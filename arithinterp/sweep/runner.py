@@ -81,10 +81,10 @@ class SweepRun(Result):
                                   this_run=c["this_run"], seconds=c["seconds"], rows=c["rows"]) for c in self.cells])
 
     def plot(self, **kwargs):
-        """Seconds per cell, coloured by status (see ``viz.sweep.cell_timings``)."""
-        from arithinterp.viz.sweep import cell_timings
+        """Seconds per cell, coloured by status (see ``viz.sweep.plot_sweep_cells``)."""
+        from arithinterp.viz.sweep import plot_sweep_cells
 
-        return cell_timings(self.to_frame(), **kwargs)
+        return plot_sweep_cells(self.to_frame(), **kwargs)
 
     def results(self, analysis: Optional[str] = None):
         return load_results(self.out, analysis)

@@ -114,8 +114,9 @@ def versions() -> dict:
 
     from arithinterp._version import __version__
 
-    return dict(arithinterp=__version__, torch=torch.__version__, transformer_lens=_package_version("transformer-lens"),
-                pyarrow=_package_version("pyarrow"), python=platform.python_version())
+    return dict(arithinterp=__version__, torch=str(torch.__version__),  # a plain str, as it reads back from JSON
+                transformer_lens=_package_version("transformer-lens"), pyarrow=_package_version("pyarrow"),
+                python=platform.python_version())
 
 
 def _package_version(name: str) -> str:

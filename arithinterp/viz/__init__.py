@@ -1,8 +1,10 @@
 """Every plotly figure arithinterp draws, in one template.
 
 ``base`` holds the template and the shared helpers; each analysis has its own module of figure
-builders (``viz.patching``, ``viz.probes``, ``viz.fourier``, ``viz.neurons``) that its results'
-``.plot()`` methods call. Analyses never build figures inline.
+builders (``viz.patching``, ``viz.probes``, ``viz.fourier``, ``viz.neurons``, ``viz.circuits``,
+``viz.features``, ``viz.causal``, ``viz.sweep``) that its results' ``.plot()`` methods call.
+Analyses never build figures inline. Every builder is named ``plot_<what>`` and takes the result
+type it draws (the sweep's take its tidy tables); earlier names warn and name the new one.
 """
 
 from arithinterp.viz.base import (  # noqa: F401

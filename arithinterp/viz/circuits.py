@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import plotly.graph_objects as go
 
 from arithinterp.viz.base import cycle_colour, figure
+
+if TYPE_CHECKING:
+    from arithinterp.circuits.circuit import Circuit, Faithfulness
+    from arithinterp.circuits.digits import DigitCircuits
 
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu: helps the metric / hurts it
 
@@ -20,7 +24,7 @@ def _slot(kind: str, head: Optional[int], n_heads: int) -> float:
     return (n_heads - 1) / 2.0  # embeddings and logits centred
 
 
-def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str] = None) -> go.Figure:
+def plot_circuit(circuit: Circuit, *, max_edges: Optional[int] = 300, title: Optional[str] = None) -> go.Figure:
     """The circuit's kept edges: x = layer (embeddings at −1, logits at ``n_layers``); y = head /
     MLP slot, one band per token position when the graph has positions; line width ∝ |score|,
     blue for edges that move the metric toward the source run, red against it; hover on an edge's
@@ -88,7 +92,7 @@ def plot_circuit(circuit, *, max_edges: Optional[int] = 300, title: Optional[str
     return fig
 
 
-def plot_faithfulness(curve, *, title: Optional[str] = None) -> go.Figure:
+def plot_faithfulness(curve: Faithfulness, *, title: Optional[str] = None) -> go.Figure:
     """Normalised faithfulness vs number of edges kept, its bootstrap interval over pairs as a
     band, and the every-edge (1) and no-edge (0) lines. When the curve reports no fraction (the
     two end points are not distinguishable), the mean metric per size is drawn instead, with the
@@ -133,7 +137,7 @@ def plot_faithfulness(curve, *, title: Optional[str] = None) -> go.Figure:
     return fig
 
 
-def plot_digit_circuits(result, *, title: Optional[str] = None) -> go.Figure:
+def plot_digit_circuits(result: DigitCircuits, *, title: Optional[str] = None) -> go.Figure:
     """Senders × answer tokens: each sender's outgoing edge scores summed, per answer digit
     (``DigitCircuits.sender_scores``); signed, ``RdBu`` centred at 0."""
     from arithinterp.viz.base import heatmap

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pandas as pd
 
-from arithinterp.viz.base import figure
+from arithinterp.viz.base import figure, renamed
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from arithinterp.features.graph import Graph
 
 
-def transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None):
+def plot_transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None) -> go.Figure:
     """Grouped bars per layer of a transcoder table (``Transcoders.to_frame()``): FVU and dead fraction."""
     import plotly.graph_objects as go
 
@@ -21,13 +26,13 @@ def transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None):
     return fig
 
 
-def attribution_graph(graph, kept_only: bool = True, title: Optional[str] = None):
+def plot_attribution_graph(graph: Graph, kept_only: bool = True, title: Optional[str] = None) -> go.Figure:
     """An attribution graph drawn as positions × layers: nodes sized by influence, edges as lines
     whose width is the edge weight (blue positive, red negative); hover gives each node's kind,
     label, activation and influence."""
     import plotly.graph_objects as go
 
-    nodes = graph.node_frame()
+    nodes: Any = graph.node_frame()  # Any: pandas' stubs cannot follow the column arithmetic below
     keep = nodes["kept"] if kept_only else nodes["kind"].notna()
     shown = nodes[keep]
     # features of one layer and position are spread a little along x so they do not overlap
@@ -37,7 +42,7 @@ def attribution_graph(graph, kept_only: bool = True, title: Optional[str] = None
     y = shown["layer"].astype(float) + shown["kind"].map({"error": 0.3}).fillna(0.0)
     where = dict(zip(shown.index, zip(x, y)))
     fig = figure(title or f"Attribution graph of {graph.prompt!r}", "position (token)", "layer (-1: embeddings)")
-    frame = graph.to_frame(kept_only=kept_only)
+    frame: Any = graph.to_frame(kept_only=kept_only)
     scale = float(frame["weight"].abs().max()) if len(frame) else 1.0
     for row in frame.itertuples():
         if row.source not in where or row.target not in where:
@@ -60,3 +65,10 @@ def attribution_graph(graph, kept_only: bool = True, title: Optional[str] = None
     fig.update_xaxes(tickvals=list(range(len(graph.tokens))),
                      ticktext=[f"{i}: {t}" for i, t in enumerate(graph.tokens)])
     return fig
+
+
+# the old names still work, with a DeprecationWarning naming the new one
+__getattr__ = renamed(__name__, {
+    "transcoder_metrics": "plot_transcoder_metrics",
+    "attribution_graph": "plot_attribution_graph",
+})

@@ -7,21 +7,42 @@ number they represent (``NUMBER_SCALE``).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from arithinterp.viz.base import NUMBER_SCALE, TEMPLATE_NAME, to_array, bars, cycle_colour, figure, heatmap, layer_lines
+from arithinterp.viz.base import (
+    NUMBER_SCALE,
+    TEMPLATE_NAME,
+    bars,
+    cycle_colour,
+    figure,
+    heatmap,
+    layer_lines,
+    renamed,
+    to_array,
+)
+
+if TYPE_CHECKING:
+    from arithinterp.fourier.clusters import NeuronFrequencyResult
+    from arithinterp.fourier.filters import FilterResult
+    from arithinterp.fourier.modular import ProgressResult
+    from arithinterp.fourier.separability import SeparabilityResult
+    from arithinterp.fourier.spectra import SpectrumResult
+    from arithinterp.helix.causal import HelixPatchResult
+    from arithinterp.helix.fitting import FitLayersResult, HelixFit
+    from arithinterp.helix.neuron_model import NeuronFitResult
+    from arithinterp.helix.period_search import PeriodSearchResult
 
 
-def _freq_labels(result: Any) -> list[str]:
+def _freq_labels(result: SpectrumResult) -> list[str]:
     return [f"k={k} (T={label})" if k else "const" for k, label in zip(result.frequencies, result.period_labels)]
 
 
-def spectrum_figure(result: Any, series: Union[int, str, None] = None, *, log: bool = True,
-                    include_constant: bool = False) -> go.Figure:
+def plot_spectrum(result: SpectrumResult, series: Union[int, str, None] = None, *, log: bool = True,
+                  include_constant: bool = False) -> go.Figure:
     """A :class:`~arithinterp.fourier.SpectrumResult` as a figure.
 
     One 1-D series: bars of power per frequency (key frequencies highlighted). Several series:
@@ -59,18 +80,18 @@ def spectrum_figure(result: Any, series: Union[int, str, None] = None, *, log: b
                    y_title="series", value_name="share", signed=False)
 
 
-def neuron_frequency_figure(result: Any) -> go.Figure:
+def plot_neuron_frequencies(result: NeuronFrequencyResult) -> go.Figure:
     """Clustered neurons per frequency (share of variance in one block above the threshold)."""
     sizes = result.cluster_sizes()
-    values = {f"k={k} (T={result.n / k:.3g})": v for k, v in sizes.items()}
-    fig = bars(values or {"none": 0}, title=(f"Neurons with > {result.threshold:.0%} of their variance in one "
+    values = {f"k={k} (T={result.n / k:.3g})": float(v) for k, v in sizes.items()}
+    fig = bars(values or {"none": 0.0}, title=(f"Neurons with > {result.threshold:.0%} of their variance in one "
                                              f"frequency: {int(result.clustered.sum())} / {len(result.best_k)}"),
                y_title="neurons")
     fig.update_xaxes(title="frequency block")
     return fig
 
 
-def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
+def plot_progress(result: ProgressResult, *, log: bool = True) -> go.Figure:
     """Progress measures (losses) over training steps."""
     fig = figure(f"Progress measures (key frequencies {result.key})", "training step", "cross-entropy loss")
     for measure in result.MEASURES:
@@ -82,7 +103,7 @@ def progress_figure(result: Any, *, log: bool = True) -> go.Figure:
     return fig
 
 
-def filter_figure(result: Any) -> go.Figure:
+def plot_frequency_filter(result: FilterResult) -> go.Figure:
     """Distribution of answer errors with a frequency band filtered out."""
     def quoted(value: float, ci: Optional[list]) -> str:
         return f"{value:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
@@ -96,12 +117,12 @@ def filter_figure(result: Any) -> go.Figure:
     return fig
 
 
-def _curve_values(fit: Any, n: int = 400) -> np.ndarray:
+def _curve_values(fit: HelixFit, n: int = 400) -> np.ndarray:
     low, high = float(fit.unique_values[:, 0].min()), float(fit.unique_values[:, 0].max())
     return np.linspace(low, high, n)
 
 
-def helix_3d_figure(fit: Any, components: tuple[int, int, int] = (0, 1, 2)) -> go.Figure:
+def plot_helix_3d(fit: HelixFit, components: tuple[int, int, int] = (0, 1, 2)) -> go.Figure:
     """Mean activation per value in three PCA coordinates, coloured by the number, with the
     fitted curve through them."""
     coords = to_array(fit.value_coords)
@@ -128,7 +149,7 @@ def helix_3d_figure(fit: Any, components: tuple[int, int, int] = (0, 1, 2)) -> g
     return fig
 
 
-def helix_pairs_figure(fit: Any, n_components: int = 4) -> go.Figure:
+def plot_helix_pairs(fit: HelixFit, n_components: int = 4) -> go.Figure:
     """Pairwise 2-D projections of the top ``n_components`` PCA coordinates per value, coloured
     by the number, with the fitted curve (single-variable fits)."""
     coords = to_array(fit.value_coords)
@@ -159,7 +180,7 @@ def helix_pairs_figure(fit: Any, n_components: int = 4) -> go.Figure:
     return fig
 
 
-def helix_periods_figure(fit: Any) -> go.Figure:
+def plot_helix_periods(fit: HelixFit) -> go.Figure:
     """For each period T, the activations projected onto the fit's (cos T, sin T) plane
     (least squares onto the two coefficient directions), coloured by the number."""
     labels = fit.labels
@@ -189,14 +210,14 @@ def helix_periods_figure(fit: Any) -> go.Figure:
     return fig
 
 
-def fit_layers_figure(result: Any) -> go.Figure:
+def plot_fit_layers(result: FitLayersResult) -> go.Figure:
     """Held-out R² of each fit per layer."""
     return layer_lines({name: result.r2[i] for i, name in enumerate(result.fits)}, layers=result.layers,
                        title=f"Held-out R² per layer (periods {', '.join(f'{T:g}' for T in result.periods)})",
                        y_title="held-out R² (full space)")
 
 
-def patch_test_figure(result: Any) -> go.Figure:
+def plot_helix_patch(result: HelixPatchResult) -> go.Figure:
     """Mean corrupt-answer logit change per patch method with its 95% bootstrap interval over
     pairs; bars are labelled with their fraction of the layer patch (and its interval) only when
     the layer patch's effect is distinguishable from zero, else the title says so."""
@@ -205,7 +226,7 @@ def patch_test_figure(result: Any) -> go.Figure:
     if not getattr(result, "layer_patch_distinct", True):
         title += "<br><sub>no fractions: " + result.note + "</sub>"
     fig = bars(dict(zip(frame["method"], frame["effect"])), title=title, y_title="Δ logit of the corrupted answer")
-    if frame["effect_ci_low"].notna().all():
+    if bool(frame["effect_ci_low"].notna().all()):
         fig.update_traces(error_y=dict(type="data", symmetric=False,
                                        array=(frame["effect_ci_high"] - frame["effect"]).tolist(),
                                        arrayminus=(frame["effect"] - frame["effect_ci_low"]).tolist()))
@@ -216,7 +237,7 @@ def patch_test_figure(result: Any) -> go.Figure:
     return fig
 
 
-def separability_figure(result: Any, series: Union[int, str] = 0) -> go.Figure:
+def plot_separability(result: SeparabilityResult, series: Union[int, str] = 0) -> go.Figure:
     """Mod-T linear separability of one series: the probe's held-out accuracy per period with its
     95% interval, next to the random-init model, the shuffled numbers and chance (Fu et al. 2026)."""
     s = result.series.index(series) if isinstance(series, str) else int(series)
@@ -226,7 +247,7 @@ def separability_figure(result: Any, series: Union[int, str] = 0) -> go.Figure:
     fig.add_trace(go.Bar(x=periods, y=acc, name="trained model", marker_color=cycle_colour(0),
                          error_y=dict(type="data", symmetric=False, array=high - acc, arrayminus=acc - low),
                          hovertemplate="%{x}: %{y:.3f}<extra>trained model</extra>"))
-    if result.random_init is not None:
+    if result.random_init is not None and result.random_init_ci is not None:
         r_acc, r_low, r_high = (to_array(t) for t in (result.random_init[s], result.random_init_ci[0, s],
                                                       result.random_init_ci[1, s]))
         fig.add_trace(go.Bar(x=periods, y=r_acc, name="random-init model", marker_color=cycle_colour(1),
@@ -242,7 +263,7 @@ def separability_figure(result: Any, series: Union[int, str] = 0) -> go.Figure:
     return fig
 
 
-def period_search_figure(result: Any) -> go.Figure:
+def plot_period_search(result: PeriodSearchResult) -> go.Figure:
     """Best score per subset size, labelled with the winning periods."""
     values = {f"{len(s)}: {', '.join(f'{T:g}' for T in s)}": float(v) for s, v in zip(result.best, result.best_scores)}
     fig = bars(values, title="Best period subset of each size", y_title=result.criterion)
@@ -250,8 +271,25 @@ def period_search_figure(result: Any) -> go.Figure:
     return fig
 
 
-def neuron_fit_figure(result: Any, *, bins: Optional[int] = 30) -> go.Figure:
+def plot_neuron_fits(result: NeuronFitResult, *, bins: Optional[int] = 30) -> go.Figure:
     """Histogram of the neuron fits' NRMSE."""
     fig = figure(f"Neuron preactivation fits ({result.method}): NRMSE", "NRMSE = RMSE / (max − min)", "neurons")
     fig.add_trace(go.Histogram(x=to_array(result.nrmse), nbinsx=bins, hovertemplate="NRMSE %{x}: %{y}<extra></extra>"))
     return fig
+
+
+# the old names still work, with a DeprecationWarning naming the new one
+__getattr__ = renamed(__name__, {
+    "spectrum_figure": "plot_spectrum",
+    "neuron_frequency_figure": "plot_neuron_frequencies",
+    "progress_figure": "plot_progress",
+    "filter_figure": "plot_frequency_filter",
+    "helix_3d_figure": "plot_helix_3d",
+    "helix_pairs_figure": "plot_helix_pairs",
+    "helix_periods_figure": "plot_helix_periods",
+    "fit_layers_figure": "plot_fit_layers",
+    "patch_test_figure": "plot_helix_patch",
+    "separability_figure": "plot_separability",
+    "period_search_figure": "plot_period_search",
+    "neuron_fit_figure": "plot_neuron_fits",
+})

@@ -4,20 +4,25 @@ their controls."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap
+from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap, renamed
+
+if TYPE_CHECKING:
+    from arithinterp.neurons.ablation import HeuristicAblation, PromptAblation
+    from arithinterp.neurons.model import NeuronImportance, NeuronMaps
+    from arithinterp.neurons.table import HeuristicTable
 
 _TABLE_KINDS = ("counts", "coverage", "scores")
 _MAP_KINDS = ("K", "KV", "both")
 
 
-def table_figure(table: Any, kind: str = "counts", max_heuristics: int = 40) -> go.Figure:
+def plot_heuristic_table(table: HeuristicTable, kind: str = "counts", max_heuristics: int = 40) -> go.Figure:
     """``"counts"``: neurons per heuristic type, stacked per layer; ``"coverage"``: fraction of the
     important neurons classified per layer; ``"scores"``: neuron × heuristic score heatmap of the
     ``max_heuristics`` heuristics with the most neurons."""
@@ -56,7 +61,7 @@ def table_figure(table: Any, kind: str = "counts", max_heuristics: int = 40) -> 
     )
 
 
-def importance_figure(result: Any) -> go.Figure:
+def plot_importance(result: NeuronImportance) -> go.Figure:
     """Neuron scores of each layer sorted high to low; the selected top-k in front of a marker."""
     fig = figure(f"Neuron importance ({result.method})", "neuron rank within layer",
                  "importance (mean + std of |effect|, logit diff)")
@@ -71,7 +76,7 @@ def importance_figure(result: Any) -> go.Figure:
     return fig
 
 
-def maps_figure(maps: Any, index: int = 0, kind: str = "both") -> go.Figure:
+def plot_maps(maps: NeuronMaps, index: int = 0, kind: str = "both") -> go.Figure:
     """Neuron ``index``'s K map (activation) and/or KV map (activation × logit-lens value of the
     true answer) over the operand grid, rows a and columns b, RdBu centred at 0."""
     if kind not in _MAP_KINDS:
@@ -107,7 +112,8 @@ def maps_figure(maps: Any, index: int = 0, kind: str = "both") -> go.Figure:
     return fig
 
 
-def heuristic_ablation_figure(result: Any, per_heuristic: bool = False, max_heuristics: int = 30) -> go.Figure:
+def plot_heuristic_ablation(result: HeuristicAblation, per_heuristic: bool = False,
+                            max_heuristics: int = 30) -> go.Figure:
     """Accuracy remaining after ablating each heuristic's neurons, on its associated prompts vs
     the other prompts: the mean over heuristics (default) or one pair of bars per heuristic."""
     if not per_heuristic:
@@ -135,7 +141,7 @@ def heuristic_ablation_figure(result: Any, per_heuristic: bool = False, max_heur
     return fig
 
 
-def prompt_ablation_figure(result: Any) -> go.Figure:
+def plot_prompt_ablation(result: PromptAblation) -> go.Figure:
     """Fraction of prompts still correct vs neurons ablated per layer: the prompt's own heuristic
     neurons against a same-size random control; the unablated accuracy dotted."""
     fig = figure(f"Per-prompt ablation of heuristic neurons ({result.mode} ablation)",
@@ -159,3 +165,13 @@ def prompt_ablation_figure(result: Any) -> go.Figure:
     )
     fig.update_yaxes(range=[0, 1.05])
     return fig
+
+
+# the old names still work, with a DeprecationWarning naming the new one
+__getattr__ = renamed(__name__, {
+    "table_figure": "plot_heuristic_table",
+    "importance_figure": "plot_importance",
+    "maps_figure": "plot_maps",
+    "heuristic_ablation_figure": "plot_heuristic_ablation",
+    "prompt_ablation_figure": "plot_prompt_ablation",
+})

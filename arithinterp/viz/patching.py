@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import functools
 import itertools
 
@@ -10,20 +12,26 @@ import plotly.graph_objects as go
 from arithinterp.errors import ConfigError, accepted
 from arithinterp.viz.base import to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
+if TYPE_CHECKING:
+    from arithinterp.patching.attribution import Comparison
+    from arithinterp.patching.components import AblationResult, EffectResult, FaithfulnessResult
+    from arithinterp.patching.core import PatchResult
+    from arithinterp.patching.digits import DigitAblationResult
+
 _UNIT_PREFIX = {"head": "H", "neuron": "N"}
 STATISTICS = ("mean", "sem", "ci_low", "ci_high")
 
 
-def _value_name(result) -> str:
+def _value_name(result: PatchResult) -> str:
     name = result.metric + (" (normalised)" if result.normalized else "")
     return name if result.method == "exact" else f"{name}, {result.method}"
 
 
-def _position_labels(result) -> list[str]:
+def _position_labels(result: PatchResult) -> list[str]:
     return [f"{p}: {t}" if t and t != p else str(p) for p, t in zip(result.positions, result.tokens)]
 
 
-def plot_patch_result(result, statistic: str = "mean", title: str | None = None) -> go.Figure:
+def plot_patch_result(result: PatchResult, statistic: str = "mean", title: str | None = None) -> go.Figure:
     """The figure that fits the result's cells.
 
     layer × position: heatmap with token strings on the position axis; layer × head (or neuron):
@@ -60,7 +68,7 @@ def plot_patch_result(result, statistic: str = "mean", title: str | None = None)
     return cells(grid, x_labels=positions, y_labels=rows, x_title="position: token", y_title=f"layer, {unit}")
 
 
-def plot_comparison(comparison, title: str | None = None) -> go.Figure:
+def plot_comparison(comparison: Comparison, title: str | None = None) -> go.Figure:
     """Scatter of approximate against exact cell means, one colour per site, with the y = x line."""
     fig = figure(
         title or f"{comparison.method} vs exact patching",
@@ -97,7 +105,7 @@ def plot_comparison(comparison, title: str | None = None) -> go.Figure:
     return fig
 
 
-def plot_effects(effects, title: str | None = None) -> go.Figure:
+def plot_effects(effects: EffectResult, title: str | None = None) -> go.Figure:
     """Direct and total effect per component, mean over pairs with standard-error bars."""
     frame = effects.to_frame()
     fig = figure(
@@ -119,7 +127,7 @@ def plot_effects(effects, title: str | None = None) -> go.Figure:
     return fig
 
 
-def plot_ablation(result, title: str | None = None) -> go.Figure:
+def plot_ablation(result: AblationResult, title: str | None = None) -> go.Figure:
     """Accuracy of the full model and of the ablated one."""
     return bars(
         {"full model": result.accuracy_before, f"{result.mode}-ablated": result.accuracy_after},
@@ -128,7 +136,7 @@ def plot_ablation(result, title: str | None = None) -> go.Figure:
     )
 
 
-def plot_faithfulness(result, title: str | None = None) -> go.Figure:
+def plot_faithfulness(result: FaithfulnessResult, title: str | None = None) -> go.Figure:
     """The metric with nothing, everything outside the circuit, and everything ablated."""
     return bars(
         {
@@ -142,7 +150,7 @@ def plot_faithfulness(result, title: str | None = None) -> go.Figure:
     )
 
 
-def plot_digit_ablation(result, title: str | None = None) -> go.Figure:
+def plot_digit_ablation(result: DigitAblationResult, title: str | None = None) -> go.Figure:
     """Heads × answer tokens: how much each token's accuracy drops with the head ablated there."""
     return heatmap(
         result.drop,

@@ -4,18 +4,24 @@ repair outcomes."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import plotly.graph_objects as go
 
 from arithinterp.errors import AnalysisError, accepted
-from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
+from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines, renamed
+
+if TYPE_CHECKING:
+    from arithinterp.probes.detector import DetectorResult
+    from arithinterp.probes.layer_sweep import ProbeResult
+    from arithinterp.probes.reask import RepairResult
 
 _METRIC_NAMES = {"accuracy": "held-out accuracy", "r2": "held-out R²"}
 
 
-def probe_layers(result: Any, position: Optional[str] = None, controls: bool = True, chance: bool = True) -> go.Figure:
+def plot_probe_layers(result: ProbeResult, position: Optional[str] = None, controls: bool = True,
+                      chance: bool = True) -> go.Figure:
     """Mean held-out score over layers with 95% CI bands, one line per position (or ``position``)
     and one per control; a dotted line at chance (majority-class accuracy)."""
     positions = list(result.positions) if position is None else [str(position)]
@@ -50,7 +56,7 @@ def probe_layers(result: Any, position: Optional[str] = None, controls: bool = T
     return fig
 
 
-def roc_curve(result: Any, methods: Optional[list] = None) -> go.Figure:
+def plot_roc(result: DetectorResult, methods: Optional[list] = None) -> go.Figure:
     """ROC curve of each detector method (correct = positive class), AUROC in the legend."""
     from sklearn.metrics import roc_auc_score
     from sklearn.metrics import roc_curve as sk_roc
@@ -82,7 +88,7 @@ def roc_curve(result: Any, methods: Optional[list] = None) -> go.Figure:
     return fig
 
 
-def calibration_curve(result: Any, methods: Optional[list] = None, bins: int = 10) -> go.Figure:
+def plot_calibration(result: DetectorResult, methods: Optional[list] = None, bins: int = 10) -> go.Figure:
     """Reliability diagram: mean predicted P(correct) against the observed fraction correct, in
     ``bins`` equal-count bins per method; the diagonal is perfect calibration."""
     if not (isinstance(bins, int) and bins >= 2):
@@ -112,7 +118,8 @@ def calibration_curve(result: Any, methods: Optional[list] = None, bins: int = 1
     return fig
 
 
-def digit_confusion(result: Any, slot: int = 0, probe: str = "true", normalise: bool = True) -> go.Figure:
+def plot_digit_confusion(result: DetectorResult, slot: int = 0, probe: str = "true",
+                         normalise: bool = True) -> go.Figure:
     """Confusion matrix of a slot probe: actual value (rows) vs predicted value (columns)."""
     if probe not in ("true", "output"):
         raise AnalysisError(f"probe must be 'true' or 'output', got {probe!r}")
@@ -133,7 +140,7 @@ def digit_confusion(result: Any, slot: int = 0, probe: str = "true", normalise: 
                    value_name="fraction of row" if normalise else "count", signed=False)
 
 
-def repair_outcomes(result: Any) -> go.Figure:
+def plot_repair(result: RepairResult) -> go.Figure:
     """Counts of what re-asking the flagged prompts did."""
     s = result.summary()
     return bars(
@@ -143,3 +150,13 @@ def repair_outcomes(result: Any) -> go.Figure:
               f"{s['accuracy_before']:.3f} → {s['accuracy_after']:.3f} (net {s['net']:+d})",
         y_title="prompts",
     )
+
+
+# the old names still work, with a DeprecationWarning naming the new one
+__getattr__ = renamed(__name__, {
+    "probe_layers": "plot_probe_layers",
+    "roc_curve": "plot_roc",
+    "calibration_curve": "plot_calibration",
+    "digit_confusion": "plot_digit_confusion",
+    "repair_outcomes": "plot_repair",
+})

@@ -11,7 +11,7 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
-from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
+from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines, renamed
 
 _IDENTITY = ("cell", "model", "task", "analysis")
 
@@ -48,7 +48,7 @@ def _cells(frame):
         yield labels[cid], rows.dropna(axis=1, how="all")
 
 
-def accuracy_figures(frame) -> list[go.Figure]:
+def plot_sweep_accuracy(frame) -> list[go.Figure]:
     """One bar per cell: greedy accuracy on the task."""
     labels = cell_labels(frame)
     values = {labels[c]: float(v) for c, v in frame.groupby("cell", sort=False)["accuracy"].mean().items()}
@@ -64,7 +64,7 @@ def _position_label(rows) -> list[str]:
     return [str(p) for p in firsts["position"]]
 
 
-def patching_figures(frame) -> list[go.Figure]:
+def plot_sweep_patching(frame) -> list[go.Figure]:
     """Per cell: layer × position heatmap, layer × head / neuron heatmap, or mean effect per layer."""
     figs = []
     for label, rows in _cells(frame):
@@ -100,7 +100,7 @@ def patching_figures(frame) -> list[go.Figure]:
     return figs
 
 
-def ablation_figures(frame) -> list[go.Figure]:
+def plot_sweep_ablation(frame) -> list[go.Figure]:
     """Accuracy of the full and the ablated model, side by side for every cell."""
     labels = cell_labels(frame)
     fig = figure("Accuracy with components ablated", "cell", "accuracy (fraction correct)")
@@ -114,7 +114,7 @@ def ablation_figures(frame) -> list[go.Figure]:
     return [fig]
 
 
-def probes_figures(frame) -> list[go.Figure]:
+def plot_sweep_probes(frame) -> list[go.Figure]:
     """Per position: held-out probe score over layers, one line per cell, controls dashed."""
     labels = cell_labels(frame)
     figs = []
@@ -134,7 +134,7 @@ def probes_figures(frame) -> list[go.Figure]:
     return figs
 
 
-def generic_figures(frame, value_columns: Optional[list] = None) -> list[go.Figure]:
+def plot_sweep_columns(frame, value_columns: Optional[list] = None) -> list[go.Figure]:
     """For any analysis: one bar chart per numeric result column, its mean per cell."""
     labels = cell_labels(frame)
     identity = set(_IDENTITY) | set(_cell_columns(frame))
@@ -147,7 +147,7 @@ def generic_figures(frame, value_columns: Optional[list] = None) -> list[go.Figu
     return figs
 
 
-def cell_timings(frame, **layout) -> go.Figure:
+def plot_sweep_cells(frame, **layout) -> go.Figure:
     """Seconds each cell took this run, coloured by status (a :class:`SweepRun` table)."""
     colours = {"done": "#109618", "failed": "#dc3912", "pending": "#999999"}
     fig = figure("Sweep cells", "cell", "seconds (this run)", **layout)
@@ -161,3 +161,14 @@ def cell_timings(frame, **layout) -> go.Figure:
                              hovertemplate="%{text}<br>%{y:.3g} s<extra></extra>"))
     fig.update_xaxes(type="category")
     return fig
+
+
+# the old names still work, with a DeprecationWarning naming the new one
+__getattr__ = renamed(__name__, {
+    "accuracy_figures": "plot_sweep_accuracy",
+    "patching_figures": "plot_sweep_patching",
+    "ablation_figures": "plot_sweep_ablation",
+    "probes_figures": "plot_sweep_probes",
+    "generic_figures": "plot_sweep_columns",
+    "cell_timings": "plot_sweep_cells",
+})
