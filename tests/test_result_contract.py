@@ -166,7 +166,7 @@ def _ablation(i: Instances):
 def _component_faithfulness(i: Instances):
     from arithinterp import patching
 
-    return patching.faithfulness(i.model, i.prompts[:24], ["attn0", "mlp1"])
+    return patching.component_faithfulness(i.model, i.prompts[:24], ["attn0", "mlp1"])
 
 
 def _digit_ablation(i: Instances):
@@ -317,7 +317,7 @@ def _table(i: Instances):
 def _heuristic_ablation(i: Instances):
     from arithinterp import neurons
 
-    return neurons.ablate_heuristic(i.model, i.prompts[:40], i.table, mode="zero")
+    return neurons.ablate_heuristic(i.model, i.prompts[:40], i.table, ablation="zero")
 
 
 def _prompt_ablation(i: Instances):
