@@ -35,6 +35,9 @@ from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
 
 KINDS = ("embedding", "feature", "error", "logit")
+# A source is switched on at PROBE times its value: the frozen replacement model is affine, so the
+# effect is (row − bias) / PROBE, and float32 rounding of the bias is divided by PROBE (a power of 2).
+PROBE = 4096.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +153,7 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     # rows: 0 = every source off, 1 + i = source i alone on
     R = 1 + len(sources)
     size = batch_size or max(1, batch_size_for(model, T, plain=True))
-    values = torch.zeros(R, N)  # each row's value of every target node
+    values = torch.zeros(R, N, dtype=torch.float64)  # each row's value of every target node
     frozen = state["frozen"]
     for start in range(0, R, size):
         rows = torch.arange(start, min(R, start + size))
@@ -158,15 +161,15 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
         values[rows] = _rows(model, tokens, transcoders, frozen, got, acts, errors, active, on, feature_start,
                              error_start, T, top)
     bias = values[0]
-    effects = values[1:] - bias  # [sources, N]: source i's direct effect on every target
-    edges = torch.zeros(N, N)
+    effects = (values[1:] - bias) / PROBE  # [sources, N]: source i's direct effect on every target
+    edges = torch.zeros(N, N, dtype=torch.float64)
     edges[:, :logit_start] = effects.T
     is_target = torch.zeros(N, dtype=torch.bool)
     is_target[feature_start[0]:error_start] = True
     is_target[logit_start:] = True
     edges[~is_target] = 0.0  # embeddings and errors have no incoming edges
     # exactness: the model's own pre-activations and demeaned logits against edges + bias
-    own = torch.zeros(N)
+    own = torch.zeros(N, dtype=torch.float64)
     for layer in range(n_layers):
         pre = transcoders.pre(layer, got[("mlp_in", layer)][0])
         p, f = active[layer].T
@@ -186,15 +189,15 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
             model.to_string(torch.tensor([node["feature"]])))
         node["influence"] = float(influence[i])
         node["label"] = labels.get((node["layer"], node["feature"]), "") if node["kind"] == "feature" else ""
-    # features' pre-activations (the paper's exactness check) and, separately, the answer logits, whose
-    # float32 sums over every source are larger (relative error ~1e-5 of logits ~10)
+    # features' pre-activations (the paper's exactness check) and, separately, the answer logits; sums in float64
     scores["max_abs_error"] = float(check[is_feature_target].abs().max()) if bool(is_feature_target.any()) else 0.0
     scores["max_abs_error_logits"] = float(check[logit_start:].abs().max())
     scores["max_rel_error_logits"] = float((check[logit_start:].abs() / own[logit_start:].abs().clamp_min(1e-6)).max())
     scores["n_active_features"] = int(error_start - feature_start[0])
     meta = build_meta(model, n_logits=n_logits, node_threshold=node_threshold, max_nodes=max_nodes)
-    return Graph(nodes=nodes, edges=edges, bias=bias, values=own, prompt=model.to_string(tokens[0]),
-                 tokens=str_tokens, scores=scores, meta=meta)
+    # stored in float32 (the check above is on the float64 sums)
+    return Graph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
+                 prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
 
 
 def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: dict, got: dict, acts: list,
@@ -206,7 +209,7 @@ def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: di
     n_layers = len(acts)
     embed_on = torch.zeros(r, T)
     rows_with = (on >= 0) & (on < T)
-    embed_on[rows_with, on[rows_with]] = 1.0
+    embed_on[rows_with, on[rows_with]] = PROBE
     interventions = [Intervention(site, layer, value=value.expand(r, *value.shape[1:]))
                      for (site, layer), value in frozen.items()]
     interventions.append(Intervention("embed", 0, value=lambda e: e * embed_on[..., None].to(e.dtype)))
@@ -218,15 +221,17 @@ def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: di
         feat_on = torch.zeros(r, T, acts[layer].shape[-1])
         which = (on >= start) & (on < start + n_active)
         local = on[which] - start
-        feat_on[which.nonzero().squeeze(1), positions[local], features[local]] = 1.0
+        feat_on[which.nonzero().squeeze(1), positions[local], features[local]] = PROBE
         err_on = torch.zeros(r, T)
         first_error = error_start + layer * T
         which = (on >= first_error) & (on < first_error + T)
-        err_on[which, on[which] - first_error] = 1.0
+        err_on[which, on[which] - first_error] = PROBE
 
         def value(x: torch.Tensor, layer: int = layer, feat_on: torch.Tensor = feat_on, err_on: torch.Tensor = err_on,
                   positions: torch.Tensor = positions, features: torch.Tensor = features) -> torch.Tensor:
-            pres[layer] = transcoders.pre(layer, x)[:, positions, features]  # [r, n_active]
+            i = transcoders.index(layer)  # only the active features' pre-activations: [r, n_active]
+            w = transcoders.W_enc[i][:, features].T.to(x.dtype)
+            pres[layer] = (x[:, positions] * w).sum(-1) + transcoders.b_enc[i][features].to(x.dtype)
             out = transcoders.decode(layer, acts[layer][None] * feat_on, x)
             return out + errors[layer][None] * err_on[..., None]
 
@@ -235,7 +240,7 @@ def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: di
     assert logits is not None
     demeaned = (logits - logits.mean(-1, keepdim=True))[:, top]
     n_nodes = error_start + n_layers * T + len(top)
-    out = torch.zeros(r, n_nodes)
+    out = torch.zeros(r, n_nodes, dtype=torch.float64)
     for layer in range(n_layers):
         out[:, feature_start[layer] : feature_start[layer] + pres[layer].shape[1]] = pres[layer].float()
     out[:, n_nodes - len(top):] = demeaned
