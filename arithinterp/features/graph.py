@@ -155,11 +155,12 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     size = batch_size or max(1, batch_size_for(model, T, plain=True))
     values = torch.zeros(R, N, dtype=torch.float64)  # each row's value of every target node
     frozen = state["frozen"]
+    plans = [_plan(transcoders, layer, active[layer], acts[layer], T) for layer in range(n_layers)]
     for start in range(0, R, size):
         rows = torch.arange(start, min(R, start + size))
         on = rows - 1  # the source each row switches on (-1: none)
-        values[rows] = _rows(model, tokens, transcoders, frozen, got, acts, errors, active, on, feature_start,
-                             error_start, T, top)
+        values[rows] = _rows(model, tokens, frozen, plans, transcoders, errors, on, feature_start, error_start, T,
+                             top)
     bias = values[0]
     effects = (values[1:] - bias) / PROBE  # [sources, N]: source i's direct effect on every target
     edges = torch.zeros(N, N, dtype=torch.float64)
@@ -168,6 +169,11 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     is_target[feature_start[0]:error_start] = True
     is_target[logit_start:] = True
     edges[~is_target] = 0.0  # embeddings and errors have no incoming edges
+    # a source reaches only later layers at the same or later positions; elsewhere its effect is zero
+    # by construction, and anything there is rounding (rows run in batches of different sizes)
+    layer_of = torch.tensor([n["layer"] for n in nodes])
+    position_of = torch.tensor([n["position"] for n in nodes])
+    edges[(layer_of[None, :] >= layer_of[:, None]) | (position_of[None, :] > position_of[:, None])] = 0.0
     # exactness: the model's own pre-activations and demeaned logits against edges + bias
     own = torch.zeros(N, dtype=torch.float64)
     for layer in range(n_layers):
@@ -200,13 +206,30 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
                  prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
 
 
-def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: dict, got: dict, acts: list,
-          errors: list, active: list, on: torch.Tensor, feature_start: list, error_start: int, T: int,
-          top: torch.Tensor) -> torch.Tensor:
+def _plan(transcoders: Transcoders, layer: int, active: torch.Tensor, acts: torch.Tensor, T: int) -> tuple:
+    """What a layer's rows need, once per graph: the active features' encoder columns padded per
+    position (``W_pad [T, d, k]``, ``b_pad [T, k]``), each active feature's ``positions`` and ``slots``
+    in that padding, and what each writes when on (``writes [n_active, d]``: activation × decoder row)."""
+    i = transcoders.index(layer)
+    positions, features = active.T
+    counts = torch.bincount(positions, minlength=T)
+    first = torch.cumsum(counts, 0) - counts
+    slots = torch.arange(len(positions)) - first[positions]  # nonzero() lists features position by position
+    width = max(1, int(counts.max()) if len(counts) else 1)
+    W_pad = torch.zeros(T, transcoders.W_enc.shape[1], width, dtype=transcoders.W_enc.dtype)
+    b_pad = torch.zeros(T, width, dtype=transcoders.b_enc.dtype)
+    W_pad[positions, :, slots] = transcoders.W_enc[i][:, features].T
+    b_pad[positions, slots] = transcoders.b_enc[i][features]
+    writes = acts[positions, features][:, None] * transcoders.W_dec[i][features]
+    return W_pad, b_pad, positions, slots, writes
+
+
+def _rows(model: Any, tokens: torch.Tensor, frozen: dict, plans: list, transcoders: Transcoders, errors: list,
+          on: torch.Tensor, feature_start: list, error_start: int, T: int, top: torch.Tensor) -> torch.Tensor:
     """Target values ``[r, N]`` of the frozen replacement model with, in row ``i``, only source
     ``on[i]`` switched on (``-1``: none). Targets: active features' pre-activations, demeaned logits."""
     r = len(on)
-    n_layers = len(acts)
+    n_layers = len(plans)
     embed_on = torch.zeros(r, T)
     rows_with = (on >= 0) & (on < T)
     embed_on[rows_with, on[rows_with]] = PROBE
@@ -214,26 +237,26 @@ def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: di
                      for (site, layer), value in frozen.items()]
     interventions.append(Intervention("embed", 0, value=lambda e: e * embed_on[..., None].to(e.dtype)))
     pres: list = [None] * n_layers
+    rows = torch.arange(r)
     for layer in range(n_layers):
         start = feature_start[layer]
-        n_active = len(active[layer])
-        positions, features = active[layer].T
-        feat_on = torch.zeros(r, T, acts[layer].shape[-1])
-        which = (on >= start) & (on < start + n_active)
-        local = on[which] - start
-        feat_on[which.nonzero().squeeze(1), positions[local], features[local]] = PROBE
-        err_on = torch.zeros(r, T)
+        which = (on >= start) & (on < start + len(plans[layer][2]))
+        feature_rows, feature_local = rows[which], on[which] - start
         first_error = error_start + layer * T
         which = (on >= first_error) & (on < first_error + T)
-        err_on[which, on[which] - first_error] = PROBE
+        error_rows, error_positions = rows[which], on[which] - first_error
 
-        def value(x: torch.Tensor, layer: int = layer, feat_on: torch.Tensor = feat_on, err_on: torch.Tensor = err_on,
-                  positions: torch.Tensor = positions, features: torch.Tensor = features) -> torch.Tensor:
-            i = transcoders.index(layer)  # only the active features' pre-activations: [r, n_active]
-            w = transcoders.W_enc[i][:, features].T.to(x.dtype)
-            pres[layer] = (x[:, positions] * w).sum(-1) + transcoders.b_enc[i][features].to(x.dtype)
-            out = transcoders.decode(layer, acts[layer][None] * feat_on, x)
-            return out + errors[layer][None] * err_on[..., None]
+        def value(x: torch.Tensor, layer: int = layer, plan: tuple = plans[layer],
+                  on_rows: tuple = (feature_rows, feature_local, error_rows, error_positions)) -> torch.Tensor:
+            W_pad, b_pad, positions, slots, writes = plan
+            feature_rows, feature_local, error_rows, error_positions = on_rows
+            # the active features' pre-activations only, position by position: [r, n_active]
+            pre = torch.einsum("rtd,tdk->rtk", x, W_pad.to(x.dtype)) + b_pad.to(x.dtype)
+            pres[layer] = pre[:, positions, slots]
+            out = transcoders.linear(layer, x).clone()  # every feature and error off, then each row's one source
+            out[feature_rows, positions[feature_local]] += PROBE * writes[feature_local].to(out.dtype)
+            out[error_rows, error_positions] += PROBE * errors[layer][error_positions].to(out.dtype)
+            return out
 
         interventions.append(Intervention("mlp_out", layer, value=value, input_site="mlp_in"))
     logits = run(model, tokens.expand(r, -1), interventions, logits="final").logits
@@ -254,12 +277,15 @@ def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: t
     A = edges.abs()
     totals = A.sum(1, keepdim=True)
     A = torch.where(totals > 0, A / totals.clamp_min(1e-30), torch.zeros_like(A))
-    eye = torch.eye(N, dtype=torch.float64)
-    B = torch.linalg.solve(eye - A.double(), eye) - eye  # A + A² + …: the graph is acyclic
     w = torch.zeros(N, dtype=torch.float64)
     probs = logits.softmax(-1)[top].double()
     w[logit_start:] = probs / probs.sum()
-    influence = (w @ B).float()  # [N]
+    # w (A + A² + …): edges only go to later layers, so the series ends after one term per layer
+    influence, reach = torch.zeros(N, dtype=torch.float64), w
+    while bool(reach.any()):
+        reach = reach @ A
+        influence += reach
+    influence = influence.float()  # [N]
     kinds = [n["kind"] for n in nodes]
     is_feature = torch.tensor([k == "feature" for k in kinds])
     is_error = torch.tensor([k == "error" for k in kinds])
