@@ -26,6 +26,7 @@ from typing import Any, Optional, Union
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read, run
@@ -106,7 +107,8 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
 
 def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
                       n_logits: int = 1, node_threshold: float = 0.8, max_nodes: int = 100,
-                      batch_size: Optional[int] = None, labels: Optional[dict] = None) -> Graph:
+                      batch_size: Optional[int] = None, labels: Optional[dict] = None,
+                      progress: bool = True) -> Graph:
     """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
     ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
     as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes."""
@@ -149,20 +151,25 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     for token in top.tolist():
         nodes.append(dict(kind="logit", layer=n_layers, position=T - 1, feature=int(token), activation=0.0))
     N = len(nodes)
-    sources = list(range(logit_start))  # every node but the logits is a source
-    # rows: 0 = every source off, 1 + i = source i alone on
-    R = 1 + len(sources)
+    # the last layer's features and error nodes reach only the logits: one backward per logit gives their
+    # effects; every other source gets a row of its own (0 = every source off, then one source on per row)
+    last = n_layers - 1
+    is_last = torch.zeros(logit_start, dtype=torch.bool)
+    is_last[feature_start[last]:error_start] = True
+    is_last[error_start + last * T:] = True
+    on_all = torch.cat([torch.tensor([-1]), (~is_last).nonzero().squeeze(1)])
     size = batch_size or max(1, batch_size_for(model, T, plain=True))
-    values = torch.zeros(R, N, dtype=torch.float64)  # each row's value of every target node
+    values = torch.zeros(len(on_all), N, dtype=torch.float64)  # each row's value of every target node
     frozen = state["frozen"]
     plans = [_plan(transcoders, layer, active[layer], acts[layer], T) for layer in range(n_layers)]
-    for start in range(0, R, size):
-        rows = torch.arange(start, min(R, start + size))
-        on = rows - 1  # the source each row switches on (-1: none)
-        values[rows] = _rows(model, tokens, frozen, plans, transcoders, errors, on, feature_start, error_start, T,
-                             top)
+    for start in tqdm(range(0, len(on_all), size), desc="graph rows", disable=None if progress else True):
+        on = on_all[start : start + size]
+        values[start : start + len(on)] = _rows(model, tokens, frozen, plans, transcoders, errors, on, feature_start,
+                                                error_start, T, top)
     bias = values[0]
-    effects = (values[1:] - bias) / PROBE  # [sources, N]: source i's direct effect on every target
+    effects = torch.zeros(logit_start, N, dtype=torch.float64)  # [sources, N]: each source's direct effects
+    effects[on_all[1:]] = (values[1:] - bias) / PROBE
+    effects[is_last, logit_start:] = _last_layer_effects(model, tokens, frozen, plans[last], errors[last], top).T
     edges = torch.zeros(N, N, dtype=torch.float64)
     edges[:, :logit_start] = effects.T
     is_target = torch.zeros(N, dtype=torch.bool)
@@ -204,6 +211,27 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     # stored in float32 (the check above is on the float64 sums)
     return Graph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
                  prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
+
+
+def _last_layer_effects(model: Any, tokens: torch.Tensor, frozen: dict, plan: tuple, errors: torch.Tensor,
+                        top: torch.Tensor) -> torch.Tensor:
+    """Direct effects ``[n_top, n_active + T]`` of the last layer's active features and error nodes
+    on the demeaned answer logits, from the gradient of each logit at that layer's MLP output (the
+    frozen model after it is linear, so the gradient is the same with every source on or off)."""
+    n = len(top)
+    interventions = [Intervention(site, layer, value=value.expand(n, *value.shape[1:]))
+                     for (site, layer), value in frozen.items()]
+    last = site_lib.n_layers(model) - 1
+
+    def metric(final: torch.Tensor) -> torch.Tensor:  # row i: the demeaned logit of answer token top[i]
+        return (final - final.mean(-1, keepdim=True))[torch.arange(n), top]
+
+    out = run(model, tokens.expand(n, -1), interventions, [Read("mlp_out", last)], logits="final", metric=metric)
+    assert out.grads is not None and out.grads[0] is not None
+    grad = out.grads[0].double()  # [n, T, d]
+    _, _, positions, _, writes = plan
+    features = (grad[:, positions] * writes.double()[None]).sum(-1)
+    return torch.cat([features, (grad * errors.double()[None]).sum(-1)], 1)
 
 
 def _plan(transcoders: Transcoders, layer: int, active: torch.Tensor, acts: torch.Tensor, T: int) -> tuple:

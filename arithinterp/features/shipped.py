@@ -22,18 +22,20 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 @dataclass(frozen=True)
 class TranscoderRecipe:
     limit: int = 10000  # task prompts (every position of each is a training row)
-    n_features: int = 512
+    n_features: int = 96
     k: int = 16
-    steps: int = 400
+    steps: int = 800
     batch_size: int = 2048
     lr: float = 2e-3
     held_out: float = 0.1
     seed: int = 0
 
 
+# dictionary sizes fitted to what the tasks hold (add-100: ~18,000 distinct MLP inputs per layer):
+# larger dictionaries leave features that fire on a handful of training rows and never on held-out ones
 RECIPES: dict[str, TranscoderRecipe] = {
-    "add-100": TranscoderRecipe(),
-    "add-3digit": TranscoderRecipe(),
+    "add-100": TranscoderRecipe(n_features=64, steps=400),
+    "add-3digit": TranscoderRecipe(n_features=96, steps=800),
 }
 
 
