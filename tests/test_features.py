@@ -311,3 +311,29 @@ def test_graph_command_prints_the_scores(capsys, tmp_path):
     assert summary["scores"]["max_abs_error"] <= 1e-4 and summary["scores"]["n_kept"] <= 100
     assert summary["top_features"] and (tmp_path / "g" / "result.json").exists()
     assert main(["graph", "zoo:modadd-113", "1 2 =", "--json"]) == 2  # no transcoders ship for it
+
+
+def test_report_stage_shows_the_shipped_transcoders_and_a_graph(tmp_path):
+    import html
+    import re
+
+    from arithinterp.report import write_report
+
+    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["features"], limit=200, progress=False)
+    text = html.unescape(out.read_text())
+    agreement = re.search(r"top-1 agreement with the model (\d\.\d+)", text)
+    exact = re.search(r"edges \+ bias match each feature's pre-activation within (\S+)\.", text)
+    assert agreement and float(agreement.group(1)) >= 0.9
+    assert exact and float(exact.group(1)) <= 1e-4
+    assert re.search(r"Attribution graph of '\d+\+\d+=' .*: \d+ active features", text)
+    assert text.count("class='figure'") == 2
+
+
+def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_model):
+    from arithinterp.errors import ModelSpecError
+    from arithinterp.report import Context, features_stage
+
+    with pytest.raises(ModelSpecError, match=r"ship only for the zoo models .*zoo:add-100.*, not for 'tiny'"):
+        features_stage(Context(tiny_model, "tiny", None, None, None, None))
+    with pytest.raises(ModelSpecError, match="no transcoder recipe for 'zoo:modadd-113'"):
+        features_stage(Context(tiny_model, "zoo:modadd-113", None, None, None, None))
