@@ -10,19 +10,21 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
 * ``graph`` — :func:`attribution_graph`: the :class:`Graph` of one prompt over the local replacement model.
 * ``interventions`` — :func:`intervene`: clamp, scale or zero features in the real model, read the logits.
 * ``labels`` — :func:`label_features`: the neurons' calibrated heuristic classifier on feature maps,
-  plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)").
+  plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)"); :func:`plot_feature_grids` draws features
+  over the operand grid.
 * ``shipped`` — transcoders trained for the zoo models, shipped in the package, and their recipe.
 """
 
 from arithinterp.features.graph import Graph, attribution_graph
 from arithinterp.features.interventions import feature_interventions, intervene
-from arithinterp.features.labels import feature_maps, label_features, lookup_registry
+from arithinterp.features.labels import feature_maps, label_features, lookup_registry, plot_feature_grids
 from arithinterp.features.replacement import replacement_logits, replacement_metrics
 from arithinterp.features.training import mlp_activations, train_transcoders
 from arithinterp.features.transcoder import Transcoders, load_transcoders, topk_activations
 
 __all__ = [
     "Graph", "Transcoders", "attribution_graph", "feature_interventions", "feature_maps", "intervene",
-    "label_features", "load_transcoders", "lookup_registry", "mlp_activations", "replacement_logits",
+    "label_features", "load_transcoders", "lookup_registry", "mlp_activations", "plot_feature_grids",
+    "replacement_logits",
     "replacement_metrics", "topk_activations", "train_transcoders",
 ]

@@ -75,7 +75,8 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                                     batch_size=recipe.batch_size, lr=recipe.lr, held_out=recipe.held_out, seed=seed,
                                     progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(Path(out) if out else WEIGHTS_DIR / name)
+    # the package's own folder is this command's to remake; a folder the user names is not overwritten
+    path = transcoders.save(Path(out) if out else WEIGHTS_DIR / name, overwrite=out is None)
     import torch
 
     card = dict(model=f"zoo:{name}", recipe={**asdict(recipe), "seed": seed, "steps": steps},

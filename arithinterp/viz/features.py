@@ -60,3 +60,40 @@ def attribution_graph(graph, kept_only: bool = True, title: Optional[str] = None
     fig.update_xaxes(tickvals=list(range(len(graph.tokens))),
                      ticktext=[f"{i}: {t}" for i, t in enumerate(graph.tokens)])
     return fig
+
+
+def feature_grids(k_maps, a_values, b_values, layer: int, features, labels=None, title: Optional[str] = None):
+    """Operand-grid heatmaps (rows a, columns b) of features' activations ``k_maps [n, A, B]``, one
+    panel per feature in a row of at most four (the "Biology" case study's operand plots); sequential
+    colour from 0 (activations are non-negative), hover with the exact value."""
+    import math
+
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from arithinterp.errors import AnalysisError
+    from arithinterp.viz.base import SEQUENTIAL_SCALE, TEMPLATE_NAME
+
+    features = [int(f) for f in features]
+    if len(features) == 0 or len(features) != int(k_maps.shape[0]):
+        raise AnalysisError(f"one map per feature: got {int(k_maps.shape[0])} maps for features {features}")
+    labels = list(labels) if labels is not None else [""] * len(features)
+    cols = min(4, len(features))
+    rows = math.ceil(len(features) / cols)
+    names = [f"L{layer} f{f}" + (f": {label}" if label else "") for f, label in zip(features, labels)]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.06, vertical_spacing=0.12)
+    top = float(np.nanmax(np.asarray(k_maps, dtype=float))) if np.isfinite(np.asarray(k_maps, dtype=float)).any() else 1
+    for i, f in enumerate(features):
+        row, col = i // cols + 1, i % cols + 1
+        fig.add_trace(go.Heatmap(
+            z=np.asarray(k_maps[i], dtype=float), x=[str(b) for b in b_values], y=[str(a) for a in a_values],
+            colorscale=SEQUENTIAL_SCALE, zmin=0.0, zmax=max(top, 1e-12), showscale=i == 0,
+            colorbar=dict(title="activation"),
+            hovertemplate=f"feature {f}<br>a: %{{y}}<br>b: %{{x}}<br>activation: %{{z:.4g}}<extra></extra>",
+        ), row=row, col=col)
+        fig.update_xaxes(title_text="b", type="category", row=row, col=col)
+        fig.update_yaxes(title_text="a", type="category", autorange="reversed", row=row, col=col)
+    fig.update_layout(template=TEMPLATE_NAME, height=320 * rows + 80,
+                      title=title or f"Layer {layer} features over the operand grid")
+    return fig
