@@ -766,7 +766,7 @@ STAGES: dict[str, Callable[[Context], Section]] = {
     "circuits": circuits_stage,
 }
 STAGE_TITLES["features"] = "Feature circuits: transcoders and an attribution graph"
-STAGES["features"], WEIGHTS["features"], MINIMUMS["features"] = features_stage, 0.5, (1, "correctly answered prompts")
+STAGES["features"], WEIGHTS["features"], MINIMUMS["features"] = features_stage, 0.5, (1, "correctly answered prompt")
 
 
 # --- HTML ----------------------------------------------------------------------------------------
