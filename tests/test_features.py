@@ -157,12 +157,12 @@ def test_shipped_transcoders_replace_the_zoo_mlps(name):
 
     model = load_model(f"zoo:{name}")
     tc = load_transcoders(f"zoo:{name}")
-    card = tc.metrics
-    assert all(row["l0"] <= 32 for row in card["layers"])
+    card = tc.metrics  # measured on the recipe's held-out prompts when they were made
+    assert all(row["l0"] <= 32 and row["fvu"] <= 0.10 and row["dead_fraction"] < 0.05 for row in card["layers"])
     prompts = held_out_prompts(model, get_entry(name), limit=200, seed=1)
     tokens, _, n_answer = full_tokens(prompts)
     measured = replacement_metrics(model, tc, tokens, n_answer)
-    assert measured["agreement"] >= 0.9
+    assert measured["agreement"] >= 0.95
 
 
 def _planted_with_transcoders(tokenizer, digit: int):
@@ -222,7 +222,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
     prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
     graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=2, max_nodes=30)
-    assert graph.scores["max_abs_error"] <= 1e-4
+    assert graph.scores["max_abs_error"] <= 1e-5 and graph.scores["max_rel_error_logits"] <= 1e-5
     assert graph.scores["n_kept"] <= 30 and 0 < graph.scores["completeness"] <= 1
     # finite differences: switching one layer-0 feature off moves a layer-1 target by its edge weight
     frame = graph.to_frame()
@@ -355,3 +355,42 @@ def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
     assert float(z.std(0).max()) < 1e-5  # and the same for every a: attention writes nothing in this model
     with pytest.raises(AnalysisError, match="one label per feature"):
         plot_feature_grids(model, tc, prompts, 0, [best], labels=["a", "b"])
+
+
+def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model):
+    """The last layer's feature → logit edges come from a backward, not from rows: switching such a
+    feature off in the frozen model (linear there, so no step size to pick) moves the demeaned logit
+    by its edge weight."""
+    from arithinterp.features.graph import _frozen, attribution_graph
+
+    a = torch.arange(100).repeat_interleave(5)
+    b = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(1))
+    prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+    tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
+    graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=1, progress=False)
+    frame = graph.to_frame()
+    last = frame[(frame["source_kind"] == "feature") & (frame["source_layer"] == 1) & (frame["target_kind"] == "logit")]
+    assert len(last) > 0
+    edge = last.loc[last["weight"].abs().idxmax()]
+    src = graph.node_frame().iloc[int(edge["source"])]
+    tokens = tiny_model.to_tokens("36+59=")
+    state = _frozen(tiny_model, tokens, tc)
+    frozen = [Intervention(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
+    errors = [state["got"][("mlp_out", layer)] - tc(layer, state["got"][("mlp_in", layer)]) for layer in (0, 1)]
+    acts0 = tc.encode(0, state["got"][("mlp_in", 0)])  # layer 0 held at its own activations
+
+    def replaced(scale: float):
+        def value0(x):
+            return tc.decode(0, acts0, x) + errors[0]
+
+        def value1(x):
+            acts = tc.encode(1, x).clone()
+            acts[0, int(src["position"]), int(src["feature"])] *= scale
+            return tc.decode(1, acts, x) + errors[1]
+
+        out = run(tiny_model, tokens, [*frozen, Intervention("mlp_out", 0, value=value0, input_site="mlp_in"),
+                                       Intervention("mlp_out", 1, value=value1, input_site="mlp_in")]).logits
+        assert out is not None
+        return float((out[0] - out[0].mean())[int(edge["target_feature"])])
+
+    assert replaced(1.0) - replaced(0.0) == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-4)
