@@ -8,7 +8,9 @@ active features' activations and the error nodes. So the direct effect of a sour
 (an active feature's pre-activation, or a demeaned answer logit) is what the target moves when
 that source alone is switched on from a state where every source is off; those effects plus the
 all-off value (the *bias*: positional embeddings, norm and layer biases) add up to the target's
-value. Each source's run is one row of a batched forward through the engine.
+value. Each source before the last layer is one row of a batched forward through the engine,
+switched on at :data:`PROBE` × its value; the last layer's features and error nodes, which reach
+only the logits, get their edges from one backward per answer logit. Sums are in float64.
 
 Pruning follows the paper: edges are made non-negative and each target's incoming edges
 normalised to sum to 1 (``A``); a node's *influence* on the answer is ``w · (A + A² + …)`` with ``w``
