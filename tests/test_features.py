@@ -394,3 +394,52 @@ def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model)
         return float((out[0] - out[0].mean())[int(edge["target_feature"])])
 
     assert replaced(1.0) - replaced(0.0) == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-4)
+
+
+def test_path_labels_sort_into_last_digit_and_magnitude():
+    from arithinterp.features.labels import LOOKUP_FAMILY
+    from arithinterp.features.paths import LAST_DIGIT, MAGNITUDE, path_of
+
+    assert path_of("a mod 10 = 6", "operand mod") == LAST_DIGIT
+    assert path_of("a,b mod 5 = 4", "operand mod") == LAST_DIGIT  # mod 5 is decided by the last digit
+    assert path_of("a mod 3 = 1", "operand mod") is None  # mod 3 is not
+    assert path_of("result mod 10 = 5", "result mod") == LAST_DIGIT
+    assert path_of("a mod 10 = 6 and b mod 10 = 9", LOOKUP_FAMILY) == LAST_DIGIT
+    assert path_of("result ~ ..5", "digit pattern") == LAST_DIGIT
+    assert path_of("result ~ 09.", "digit pattern") == MAGNITUDE
+    assert path_of("result ~ .92", "digit pattern") is None  # tens and units: neither path alone
+    assert path_of("a in [0, 50)", "operand range") == MAGNITUDE
+    assert path_of("result = 95", "value") is None
+
+
+def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_features(number_tokenizer, tmp_path):
+    from arithinterp.features import PathAblation, graph_sample, path_ablation
+    from arithinterp.features.sample import GraphSample
+
+    model, v, six, tc = _planted_with_transcoders(number_tokenizer, 6)
+    cosine = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1).abs()
+    carriers = [f for f in range(tc.n_features) if cosine[f] >= 0.9]
+    texts = [f"{a}+{b}" for a, b in zip(range(10, 40), range(6, 100, 10))]  # b ends in 6: the feature fires
+    tokens = torch.cat([model.to_tokens(t) for t in texts])
+    answers = torch.full((len(texts),), six)
+    result = path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, n_random=3)
+    frame = result.to_frame().set_index("arm")
+    planted_left = frame.loc["zero planted", "share"]
+    random_left = frame.loc["random, as many as planted", "share"]
+    assert frame.loc["none", "share"] == pytest.approx(1.0)
+    assert planted_left < 0.6 and random_left > 0.9  # the planted 5 v is most of the "6" logit
+    assert frame.loc["zero planted", "share_high"] < frame.loc["random, as many as planted", "share_low"]
+    loaded = PathAblation.load(result.save(tmp_path / "paths"))
+    assert torch.equal(loaded.logits, result.logits) and len(loaded.plot().data) == 1
+    with pytest.raises(AnalysisError, match="non-empty"):
+        path_ablation(model, tc, tokens, answers, {"planted": {0: []}})
+    # the same prompts' graphs: the features kept at the last position are the carriers (each number
+    # token has carriers of its own, so no one feature is kept in every graph)
+    sample = graph_sample(model, texts[:6], tc, n_logits=3, progress=False)
+    last = sample.to_frame().query("position == -1 and kept > 0")
+    along = last["feature"].isin(carriers)
+    assert int(last[along]["kept"].sum()) >= 6
+    assert float(last[along]["mean_influence"].sum()) > 5 * float(last[~along]["mean_influence"].sum())
+    assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
+    with pytest.raises(AnalysisError, match="list of strings"):
+        graph_sample(model, [], tc)

@@ -97,3 +97,32 @@ def feature_grids(k_maps, a_values, b_values, layer: int, features, labels=None,
     fig.update_layout(template=TEMPLATE_NAME, height=320 * rows + 80,
                       title=title or f"Layer {layer} features over the operand grid")
     return fig
+
+
+def path_ablation(frame: pd.DataFrame, title: Optional[str] = None):
+    """Bars per arm of a path ablation (``PathAblation.to_frame()``): the answer logit left, as a
+    share of the unablated one, with its bootstrap interval."""
+    import plotly.graph_objects as go
+
+    fig = figure(title or "Path ablation: share of the answer logit left", "features zeroed",
+                 "share of the answer logit (1 = unchanged)")
+    labels = [f"{arm} ({n})" for arm, n in zip(frame["arm"], frame["n_features"])]
+    fig.add_trace(go.Bar(x=labels, y=frame["share"], name="share",
+                         error_y=dict(type="data", symmetric=False, array=frame["share_high"] - frame["share"],
+                                      arrayminus=frame["share"] - frame["share_low"]),
+                         hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
+    return fig
+
+
+def graph_sample(frame: pd.DataFrame, top: int = 20, title: Optional[str] = None):
+    """Bars of the features most often kept in a sample's pruned graphs (``GraphSample.to_frame()``)."""
+    import plotly.graph_objects as go
+
+    shown = frame.nlargest(top, "kept_fraction")
+    fig = figure(title or "Features kept in the pruned graphs of a prompt sample", "feature",
+                 "fraction of prompts whose pruned graph keeps it")
+    names = [f"L{layer} #{f} pos {p}" for layer, f, p in zip(shown["layer"], shown["feature"], shown["position"])]
+    text = [f"{label}<br>mean influence {inf:.4g}" for label, inf in zip(shown["label"], shown["mean_influence"])]
+    fig.add_trace(go.Bar(x=names, y=shown["kept_fraction"], text=text, hovertemplate="%{x}: %{y:.3f}<br>%{text}"
+                         "<extra></extra>"))
+    return fig
