@@ -117,6 +117,31 @@ def main() -> None:
             print(f"| {layer} | {family} | {len(feats)} | {len(with_family)} | {float(near):.3f} "
                   f"| {float(torch.stack(draws).mean()):.3f} |")
 
+    # (4) the EAP-IG component circuit (as in docs/circuits.md) and the MLPs the graphs' features sit in
+    from arithinterp import circuits
+    from arithinterp.models.zoo import ZOO, zoo_prompts
+
+    pairs = zoo_prompts(model, ZOO["add-100"]).correct_only(model).counterfactual(vary="a", seed=0)[:100]
+    scored = circuits.score_edges(model, pairs, "eap-ig", steps=5, progress=False)
+    top = circuits.top_n(scored, 32)
+    magnitude = scored.scores.abs()
+    print("\n## EAP-IG component circuit (100 pairs varying a, top 32 edges) and the graphs' features\n")
+    print(f"nodes of the top-32 circuit: {', '.join(top.nodes)}\n")
+    print("| sender | share of all edges' abs EAP-IG score | share of top-32 edges | share of the graphs' "
+          "feature influence |")
+    print("|---|---|---|---|")
+    feature_influence: dict[int, float] = {}
+    for layer, influence in zip(frame["layer"].tolist(), frame["mean_influence"].tolist()):
+        feature_influence[int(layer)] = feature_influence.get(int(layer), 0.0) + float(influence)
+    for sender in dict.fromkeys(scored.senders):
+        mask = torch.tensor([s == sender for s in scored.senders])
+        graph_share = ""
+        if sender.startswith("MLP"):
+            layer = int(sender[3:])
+            graph_share = f"{feature_influence.get(layer, 0.0) / sum(feature_influence.values()):.3f}"
+        print(f"| {sender} | {float(magnitude[mask].sum() / magnitude.sum()):.3f} "
+              f"| {int((mask & top.kept).sum())} of 32 | {graph_share or '—'} |")
+
 
 if __name__ == "__main__":
     main()
