@@ -433,13 +433,16 @@ def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_feature
     assert torch.equal(loaded.logits, result.logits) and len(loaded.plot().data) == 1
     with pytest.raises(AnalysisError, match="non-empty"):
         path_ablation(model, tc, tokens, answers, {"planted": {0: []}})
+    with pytest.raises(AnalysisError, match="positions must be"):
+        path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, positions=[99])
     # the same prompts' graphs: the features kept at the last position are the carriers (each number
     # token has carriers of its own, so no one feature is kept in every graph)
     sample = graph_sample(model, texts[:6], tc, n_logits=3, progress=False)
     last = sample.to_frame().query("position == -1 and kept > 0")
     along = last["feature"].isin(carriers)
-    assert int(last[along]["kept"].sum()) >= 6
-    assert float(last[along]["mean_influence"].sum()) > 5 * float(last[~along]["mean_influence"].sum())
+    influence = last["mean_influence"].to_numpy()
+    assert int(last["kept"].to_numpy()[along.to_numpy()].sum()) >= 6
+    assert influence[along.to_numpy()].sum() > 5 * influence[~along.to_numpy()].sum()
     assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
     with pytest.raises(AnalysisError, match="list of strings"):
         graph_sample(model, [], tc)

@@ -135,6 +135,12 @@ def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, an
     for features in paths.values():
         for layer in features:
             transcoders.index(layer)
+    T, V = int(tokens.shape[1]), int(model.W_U.shape[-1])
+    if positions is not None and (not len(positions) or any(isinstance(p, bool) or not isinstance(p, int)
+                                                             or not -T <= p < T for p in positions)):
+        raise AnalysisError(f"positions must be None or a non-empty list of ints in {-T}..{T - 1}, got {positions!r}")
+    if bool(((answers < 0) | (answers >= V)).any()):
+        raise AnalysisError(f"answers must be token ids in 0..{V - 1}")
     where = None if positions is None else [int(p) for p in positions]
     generator = torch.Generator().manual_seed(seed)
 
