@@ -57,7 +57,7 @@ def zoo_rows(runs: int, held_out: int) -> None:
           "replacement | completeness | exactness: features | logits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, model, prompt, tc in graphs:
-        seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc), runs)
+        seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc, progress=False), runs)
         _graph_row(label, prompt, graph, seconds)
 
 
@@ -97,7 +97,7 @@ def llama_row(runs: int) -> None:
                                                          (17, 17), (60, 9)])
     prompt = shots + "36+59="
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc), runs)
+    seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc, progress=False), runs)
     untouched = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     _graph_row(f"Llama 4L d256 (weights untouched: {untouched})", "8-shot 36+59=", graph, seconds)
 

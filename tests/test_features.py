@@ -161,12 +161,12 @@ def test_shipped_transcoders_replace_the_zoo_mlps(name):
 
     model = load_model(f"zoo:{name}")
     tc = load_transcoders(f"zoo:{name}")
-    card = tc.metrics
-    assert all(row["l0"] <= 32 for row in card["layers"])
+    card = tc.metrics  # measured on the recipe's held-out prompts when they were made
+    assert all(row["l0"] <= 32 and row["fvu"] <= 0.10 and row["dead_fraction"] < 0.05 for row in card["layers"])
     prompts = held_out_prompts(model, get_entry(name), limit=200, seed=1)
     tokens, _, n_answer = full_tokens(prompts)
     measured = replacement_metrics(model, tc, tokens, n_answer)
-    assert measured["agreement"] >= 0.9
+    assert measured["agreement"] >= 0.95
 
 
 def _planted_with_transcoders(tokenizer, digit: int):
@@ -228,7 +228,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
     prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
     graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=2, max_nodes=30)
-    assert graph.scores["max_abs_error"] <= 1e-4
+    assert graph.scores["max_abs_error"] <= 1e-5 and graph.scores["max_rel_error_logits"] <= 1e-5
     assert graph.scores["n_kept"] <= 30 and 0 < graph.scores["completeness"] <= 1
     # finite differences: switching one layer-0 feature off moves a layer-1 target by its edge weight
     frame = graph.to_frame()
@@ -273,18 +273,17 @@ def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_doe
     tokens = model.to_tokens("59+36")
     real = run(model, tokens).logits
     assert real is not None
-    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1) >= 0.9
-    acts = tc.encode(0, run(model, tokens, reads=[Read("mlp_in", 0)]).reads[0])[0, -1]
-    carriers = [f for f in range(tc.n_features) if aligned[f] and acts[f] > 0]
-    others = [f for f in range(tc.n_features) if not aligned[f] and acts[f] > 0][: len(carriers)]
-    assert carriers
+    cosine = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1).abs()  # along v, either sign
+    acts = tc.encode(0, run(model, tokens, reads=[Read("mlp_in", 0)]).reads[0])[0]  # [T, F]
+    carriers = [f for f in range(tc.n_features) if cosine[f] >= 0.9 and acts[-1, f] > 0]
+    others = [f for f in range(tc.n_features) if cosine[f] < 0.5 and bool((acts[:, f] > 0).any())]
+    assert carriers and others  # the control zeroes features active in the prompt that write across v
     unchanged = intervene(model, tokens, tc, 0, carriers, scale=1.0)
     zeroed = intervene(model, tokens, tc, 0, carriers, scale=0.0)
-    control = intervene(model, tokens, tc, 0, others, scale=0.0) if others else real
+    control = intervene(model, tokens, tc, 0, others, scale=0.0)
     assert torch.allclose(unchanged, real, atol=1e-5)  # the error term stays: no change, no effect
     assert float(real[0, six] - zeroed[0, six]) >= 25  # the planted 5 v is worth 50 on that logit
     assert abs(float(real[0, six] - control[0, six])) < 5
-    assert float(zeroed[0, six]) < 0.1 * float(real[0, six])
 
 
 @pytest.mark.slow
@@ -320,3 +319,138 @@ def test_graph_command_prints_the_scores(capsys, tmp_path):
     assert summary["scores"]["max_abs_error"] <= 1e-4 and summary["scores"]["n_kept"] <= 100
     assert summary["top_features"] and (tmp_path / "g" / "result.json").exists()
     assert main(["graph", "zoo:modadd-113", "1 2 =", "--json"]) == 2  # no transcoders ship for it
+
+
+def test_report_stage_shows_the_shipped_transcoders_and_a_graph(tmp_path):
+    import html
+    import re
+
+    from arithinterp.report import write_report
+
+    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["features"], limit=200, progress=False)
+    text = html.unescape(out.read_text())
+    agreement = re.search(r"top-1 agreement with the model (\d\.\d+)", text)
+    exact = re.search(r"edges \+ bias match each feature's pre-activation within (\S+)\.", text)
+    assert agreement and float(agreement.group(1)) >= 0.9
+    assert exact and float(exact.group(1)) <= 1e-4
+    assert re.search(r"Attribution graph of '\d+\+\d+=' .*: \d+ active features", text)
+    assert text.count("class='figure'") == 2
+
+
+def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_model):
+    from arithinterp.errors import ModelSpecError
+    from arithinterp.report import Context, features_stage
+
+    with pytest.raises(ModelSpecError, match=r"ship only for the zoo models .*zoo:add-100.*, not for 'tiny'"):
+        features_stage(Context(tiny_model, "tiny", None, None, None, None))
+    with pytest.raises(ModelSpecError, match="no transcoder recipe for 'zoo:modadd-113'"):
+        features_stage(Context(tiny_model, "zoo:modadd-113", None, None, None, None))
+
+
+def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
+    from arithinterp.errors import AnalysisError
+    from arithinterp.features import plot_feature_grids
+    from arithinterp.tasks import arithmetic
+
+    model, v, tc, _, _ = planted["planted"]
+    prompts = arithmetic(model, "+", range(20), range(20), "{a}+{b}=")
+    aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1)
+    best, other = int(aligned.argmax()), int(aligned.abs().argmin())
+    fig = plot_feature_grids(model, tc, prompts, 0, [best, other], position=-2, labels=["b ends in 6", ""])
+    assert len(fig.data) == 2 and fig.layout.annotations[0].text == f"L0 f{best}: b ends in 6"
+    z = torch.tensor(fig.data[0].z)  # rows a, columns b = 0..19, read at b's own token
+    assert int(z.mean(0).argmax()) % 10 == 6  # strongest where b ends in 6
+    assert float(z.std(0).max()) < 1e-5  # and the same for every a: attention writes nothing in this model
+    with pytest.raises(AnalysisError, match="one label per feature"):
+        plot_feature_grids(model, tc, prompts, 0, [best], labels=["a", "b"])
+
+
+def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model):
+    """The last layer's feature → logit edges come from a backward, not from rows: switching such a
+    feature off in the frozen model (linear there, so no step size to pick) moves the demeaned logit
+    by its edge weight."""
+    from arithinterp.features.graph import _frozen, attribution_graph
+
+    a = torch.arange(100).repeat_interleave(5)
+    b = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(1))
+    prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
+    tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
+    graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=1, progress=False)
+    frame = graph.to_frame()
+    last = frame[(frame["source_kind"] == "feature") & (frame["source_layer"] == 1) & (frame["target_kind"] == "logit")]
+    assert len(last) > 0
+    edge = last.loc[last["weight"].abs().idxmax()]
+    src = graph.node_frame().iloc[int(edge["source"])]
+    tokens = tiny_model.to_tokens("36+59=")
+    state = _frozen(tiny_model, tokens, tc)
+    frozen = [Intervention(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
+    errors = [state["got"][("mlp_out", layer)] - tc(layer, state["got"][("mlp_in", layer)]) for layer in (0, 1)]
+    acts0 = tc.encode(0, state["got"][("mlp_in", 0)])  # layer 0 held at its own activations
+
+    def replaced(scale: float):
+        def value0(x):
+            return tc.decode(0, acts0, x) + errors[0]
+
+        def value1(x):
+            acts = tc.encode(1, x).clone()
+            acts[0, int(src["position"]), int(src["feature"])] *= scale
+            return tc.decode(1, acts, x) + errors[1]
+
+        out = run(tiny_model, tokens, [*frozen, Intervention("mlp_out", 0, value=value0, input_site="mlp_in"),
+                                       Intervention("mlp_out", 1, value=value1, input_site="mlp_in")]).logits
+        assert out is not None
+        return float((out[0] - out[0].mean())[int(edge["target_feature"])])
+
+    assert replaced(1.0) - replaced(0.0) == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-4)
+
+
+def test_path_labels_sort_into_last_digit_and_magnitude():
+    from arithinterp.features.labels import LOOKUP_FAMILY
+    from arithinterp.features.paths import LAST_DIGIT, MAGNITUDE, path_of
+
+    assert path_of("a mod 10 = 6", "operand mod") == LAST_DIGIT
+    assert path_of("a,b mod 5 = 4", "operand mod") == LAST_DIGIT  # mod 5 is decided by the last digit
+    assert path_of("a mod 3 = 1", "operand mod") is None  # mod 3 is not
+    assert path_of("result mod 10 = 5", "result mod") == LAST_DIGIT
+    assert path_of("a mod 10 = 6 and b mod 10 = 9", LOOKUP_FAMILY) == LAST_DIGIT
+    assert path_of("result ~ ..5", "digit pattern") == LAST_DIGIT
+    assert path_of("result ~ 09.", "digit pattern") == MAGNITUDE
+    assert path_of("result ~ .92", "digit pattern") is None  # tens and units: neither path alone
+    assert path_of("a in [0, 50)", "operand range") == MAGNITUDE
+    assert path_of("result = 95", "value") is None
+
+
+def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_features(number_tokenizer, tmp_path):
+    from arithinterp.features import PathAblation, graph_sample, path_ablation
+    from arithinterp.features.sample import GraphSample
+
+    model, v, six, tc = _planted_with_transcoders(number_tokenizer, 6)
+    cosine = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1).abs()
+    carriers = [f for f in range(tc.n_features) if cosine[f] >= 0.9]
+    texts = [f"{a}+{b}" for a, b in zip(range(10, 40), range(6, 100, 10))]  # b ends in 6: the feature fires
+    tokens = torch.cat([model.to_tokens(t) for t in texts])
+    answers = torch.full((len(texts),), six)
+    result = path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, n_random=3)
+    frame = result.to_frame().set_index("arm")
+    planted_left = frame.loc["zero planted", "share"]
+    random_left = frame.loc["random, as many as planted", "share"]
+    assert frame.loc["none", "share"] == pytest.approx(1.0)
+    assert planted_left < 0.6 and random_left > 0.9  # the planted 5 v is most of the "6" logit
+    assert frame.loc["zero planted", "share_high"] < frame.loc["random, as many as planted", "share_low"]
+    loaded = PathAblation.load(result.save(tmp_path / "paths"))
+    assert torch.equal(loaded.logits, result.logits) and len(loaded.plot().data) == 1
+    with pytest.raises(AnalysisError, match="non-empty"):
+        path_ablation(model, tc, tokens, answers, {"planted": {0: []}})
+    with pytest.raises(AnalysisError, match="positions must be"):
+        path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, positions=[99])
+    # the same prompts' graphs: the features kept at the last position are the carriers (each number
+    # token has carriers of its own, so no one feature is kept in every graph)
+    sample = graph_sample(model, texts[:6], tc, n_logits=3, progress=False)
+    last = sample.to_frame().query("position == -1 and kept > 0")
+    along = last["feature"].isin(carriers)
+    influence = last["mean_influence"].to_numpy()
+    assert int(last["kept"].to_numpy()[along.to_numpy()].sum()) >= 6
+    assert influence[along.to_numpy()].sum() > 5 * influence[~along.to_numpy()].sum()
+    assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
+    with pytest.raises(AnalysisError, match="list of strings"):
+        graph_sample(model, [], tc)

@@ -624,7 +624,8 @@ def test_viz_functions_share_one_name_style_and_take_the_result_types():
     import inspect
 
     names = {cls.__name__ for cls in RESULT_TYPES}
-    helpers = {("sweep", "cell_labels")}  # labels, not a figure
+    helpers = {("sweep", "cell_labels"),  # labels, not a figure
+               ("features", "plot_feature_grids")}  # draws activation maps over the operand grid, no result
     typed = set()
     for module, attr, function in _viz_functions():
         short = module.__name__.rsplit(".", 1)[1]

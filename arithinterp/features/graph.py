@@ -8,7 +8,9 @@ active features' activations and the error nodes. So the direct effect of a sour
 (an active feature's pre-activation, or a demeaned answer logit) is what the target moves when
 that source alone is switched on from a state where every source is off; those effects plus the
 all-off value (the *bias*: positional embeddings, norm and layer biases) add up to the target's
-value. Each source's run is one row of a batched forward through the engine.
+value. Each source before the last layer is one row of a batched forward through the engine,
+switched on at :data:`PROBE` × its value; the last layer's features and error nodes, which reach
+only the logits, get their edges from one backward per answer logit. Sums are in float64.
 
 Pruning follows the paper: edges are made non-negative and each target's incoming edges
 normalised to sum to 1 (``A``); a node's *influence* on the answer is ``w · (A + A² + …)`` with ``w``
@@ -26,6 +28,7 @@ from typing import Any, Optional, Union
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read, run
@@ -35,6 +38,9 @@ from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
 
 KINDS = ("embedding", "feature", "error", "logit")
+# A source is switched on at PROBE times its value: the frozen replacement model is affine, so the
+# effect is (row − bias) / PROBE, and float32 rounding of the bias is divided by PROBE (a power of 2).
+PROBE = 4096.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +109,8 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
 
 def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
                       n_logits: int = 1, node_threshold: float = 0.8, max_nodes: int = 100,
-                      batch_size: Optional[int] = None, labels: Optional[dict] = None) -> Graph:
+                      batch_size: Optional[int] = None, labels: Optional[dict] = None,
+                      progress: bool = True) -> Graph:
     """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
     ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
     as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes."""
@@ -146,27 +153,38 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     for token in top.tolist():
         nodes.append(dict(kind="logit", layer=n_layers, position=T - 1, feature=int(token), activation=0.0))
     N = len(nodes)
-    sources = list(range(logit_start))  # every node but the logits is a source
-    # rows: 0 = every source off, 1 + i = source i alone on
-    R = 1 + len(sources)
+    # the last layer's features and error nodes reach only the logits: one backward per logit gives their
+    # effects; every other source gets a row of its own (0 = every source off, then one source on per row)
+    last = n_layers - 1
+    is_last = torch.zeros(logit_start, dtype=torch.bool)
+    is_last[feature_start[last]:error_start] = True
+    is_last[error_start + last * T:] = True
+    on_all = torch.cat([torch.tensor([-1]), (~is_last).nonzero().squeeze(1)])
     size = batch_size or max(1, batch_size_for(model, T, plain=True))
-    values = torch.zeros(R, N)  # each row's value of every target node
+    values = torch.zeros(len(on_all), N, dtype=torch.float64)  # each row's value of every target node
     frozen = state["frozen"]
-    for start in range(0, R, size):
-        rows = torch.arange(start, min(R, start + size))
-        on = rows - 1  # the source each row switches on (-1: none)
-        values[rows] = _rows(model, tokens, transcoders, frozen, got, acts, errors, active, on, feature_start,
-                             error_start, T, top)
+    plans = [_plan(transcoders, layer, active[layer], acts[layer], T) for layer in range(n_layers)]
+    for start in tqdm(range(0, len(on_all), size), desc="graph rows", disable=None if progress else True):
+        on = on_all[start : start + size]
+        values[start : start + len(on)] = _rows(model, tokens, frozen, plans, transcoders, errors, on, feature_start,
+                                                error_start, T, top)
     bias = values[0]
-    effects = values[1:] - bias  # [sources, N]: source i's direct effect on every target
-    edges = torch.zeros(N, N)
+    effects = torch.zeros(logit_start, N, dtype=torch.float64)  # [sources, N]: each source's direct effects
+    effects[on_all[1:]] = (values[1:] - bias) / PROBE
+    effects[is_last, logit_start:] = _last_layer_effects(model, tokens, frozen, plans[last], errors[last], top).T
+    edges = torch.zeros(N, N, dtype=torch.float64)
     edges[:, :logit_start] = effects.T
     is_target = torch.zeros(N, dtype=torch.bool)
     is_target[feature_start[0]:error_start] = True
     is_target[logit_start:] = True
     edges[~is_target] = 0.0  # embeddings and errors have no incoming edges
+    # a source reaches only later layers at the same or later positions; elsewhere its effect is zero
+    # by construction, and anything there is rounding (rows run in batches of different sizes)
+    layer_of = torch.tensor([n["layer"] for n in nodes])
+    position_of = torch.tensor([n["position"] for n in nodes])
+    edges[(layer_of[None, :] >= layer_of[:, None]) | (position_of[None, :] > position_of[:, None])] = 0.0
     # exactness: the model's own pre-activations and demeaned logits against edges + bias
-    own = torch.zeros(N)
+    own = torch.zeros(N, dtype=torch.float64)
     for layer in range(n_layers):
         pre = transcoders.pre(layer, got[("mlp_in", layer)][0])
         p, f = active[layer].T
@@ -186,56 +204,96 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
             model.to_string(torch.tensor([node["feature"]])))
         node["influence"] = float(influence[i])
         node["label"] = labels.get((node["layer"], node["feature"]), "") if node["kind"] == "feature" else ""
-    # features' pre-activations (the paper's exactness check) and, separately, the answer logits, whose
-    # float32 sums over every source are larger (relative error ~1e-5 of logits ~10)
+    # features' pre-activations (the paper's exactness check) and, separately, the answer logits; sums in float64
     scores["max_abs_error"] = float(check[is_feature_target].abs().max()) if bool(is_feature_target.any()) else 0.0
     scores["max_abs_error_logits"] = float(check[logit_start:].abs().max())
     scores["max_rel_error_logits"] = float((check[logit_start:].abs() / own[logit_start:].abs().clamp_min(1e-6)).max())
     scores["n_active_features"] = int(error_start - feature_start[0])
     meta = build_meta(model, n_logits=n_logits, node_threshold=node_threshold, max_nodes=max_nodes)
-    return Graph(nodes=nodes, edges=edges, bias=bias, values=own, prompt=model.to_string(tokens[0]),
-                 tokens=str_tokens, scores=scores, meta=meta)
+    # stored in float32 (the check above is on the float64 sums)
+    return Graph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
+                 prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
 
 
-def _rows(model: Any, tokens: torch.Tensor, transcoders: Transcoders, frozen: dict, got: dict, acts: list,
-          errors: list, active: list, on: torch.Tensor, feature_start: list, error_start: int, T: int,
-          top: torch.Tensor) -> torch.Tensor:
+def _last_layer_effects(model: Any, tokens: torch.Tensor, frozen: dict, plan: tuple, errors: torch.Tensor,
+                        top: torch.Tensor) -> torch.Tensor:
+    """Direct effects ``[n_top, n_active + T]`` of the last layer's active features and error nodes
+    on the demeaned answer logits, from the gradient of each logit at that layer's MLP output (the
+    frozen model after it is linear, so the gradient is the same with every source on or off)."""
+    n = len(top)
+    interventions = [Intervention(site, layer, value=value.expand(n, *value.shape[1:]))
+                     for (site, layer), value in frozen.items()]
+    last = site_lib.n_layers(model) - 1
+
+    def metric(final: torch.Tensor) -> torch.Tensor:  # row i: the demeaned logit of answer token top[i]
+        return (final - final.mean(-1, keepdim=True))[torch.arange(n), top]
+
+    out = run(model, tokens.expand(n, -1), interventions, [Read("mlp_out", last)], logits="final", metric=metric)
+    assert out.grads is not None and out.grads[0] is not None
+    grad = out.grads[0].double()  # [n, T, d]
+    _, _, positions, _, writes = plan
+    features = (grad[:, positions] * writes.double()[None]).sum(-1)
+    return torch.cat([features, (grad * errors.double()[None]).sum(-1)], 1)
+
+
+def _plan(transcoders: Transcoders, layer: int, active: torch.Tensor, acts: torch.Tensor, T: int) -> tuple:
+    """What a layer's rows need, once per graph: the active features' encoder columns padded per
+    position (``W_pad [T, d, k]``, ``b_pad [T, k]``), each active feature's ``positions`` and ``slots``
+    in that padding, and what each writes when on (``writes [n_active, d]``: activation × decoder row)."""
+    i = transcoders.index(layer)
+    positions, features = active.T
+    counts = torch.bincount(positions, minlength=T)
+    first = torch.cumsum(counts, 0) - counts
+    slots = torch.arange(len(positions)) - first[positions]  # nonzero() lists features position by position
+    width = max(1, int(counts.max()) if len(counts) else 1)
+    W_pad = torch.zeros(T, transcoders.W_enc.shape[1], width, dtype=transcoders.W_enc.dtype)
+    b_pad = torch.zeros(T, width, dtype=transcoders.b_enc.dtype)
+    W_pad[positions, :, slots] = transcoders.W_enc[i][:, features].T
+    b_pad[positions, slots] = transcoders.b_enc[i][features]
+    writes = acts[positions, features][:, None] * transcoders.W_dec[i][features]
+    return W_pad, b_pad, positions, slots, writes
+
+
+def _rows(model: Any, tokens: torch.Tensor, frozen: dict, plans: list, transcoders: Transcoders, errors: list,
+          on: torch.Tensor, feature_start: list, error_start: int, T: int, top: torch.Tensor) -> torch.Tensor:
     """Target values ``[r, N]`` of the frozen replacement model with, in row ``i``, only source
     ``on[i]`` switched on (``-1``: none). Targets: active features' pre-activations, demeaned logits."""
     r = len(on)
-    n_layers = len(acts)
+    n_layers = len(plans)
     embed_on = torch.zeros(r, T)
     rows_with = (on >= 0) & (on < T)
-    embed_on[rows_with, on[rows_with]] = 1.0
+    embed_on[rows_with, on[rows_with]] = PROBE
     interventions = [Intervention(site, layer, value=value.expand(r, *value.shape[1:]))
                      for (site, layer), value in frozen.items()]
     interventions.append(Intervention("embed", 0, value=lambda e: e * embed_on[..., None].to(e.dtype)))
     pres: list = [None] * n_layers
+    rows = torch.arange(r)
     for layer in range(n_layers):
         start = feature_start[layer]
-        n_active = len(active[layer])
-        positions, features = active[layer].T
-        feat_on = torch.zeros(r, T, acts[layer].shape[-1])
-        which = (on >= start) & (on < start + n_active)
-        local = on[which] - start
-        feat_on[which.nonzero().squeeze(1), positions[local], features[local]] = 1.0
-        err_on = torch.zeros(r, T)
+        which = (on >= start) & (on < start + len(plans[layer][2]))
+        feature_rows, feature_local = rows[which], on[which] - start
         first_error = error_start + layer * T
         which = (on >= first_error) & (on < first_error + T)
-        err_on[which, on[which] - first_error] = 1.0
+        error_rows, error_positions = rows[which], on[which] - first_error
 
-        def value(x: torch.Tensor, layer: int = layer, feat_on: torch.Tensor = feat_on, err_on: torch.Tensor = err_on,
-                  positions: torch.Tensor = positions, features: torch.Tensor = features) -> torch.Tensor:
-            pres[layer] = transcoders.pre(layer, x)[:, positions, features]  # [r, n_active]
-            out = transcoders.decode(layer, acts[layer][None] * feat_on, x)
-            return out + errors[layer][None] * err_on[..., None]
+        def value(x: torch.Tensor, layer: int = layer, plan: tuple = plans[layer],
+                  on_rows: tuple = (feature_rows, feature_local, error_rows, error_positions)) -> torch.Tensor:
+            W_pad, b_pad, positions, slots, writes = plan
+            feature_rows, feature_local, error_rows, error_positions = on_rows
+            # the active features' pre-activations only, position by position: [r, n_active]
+            pre = torch.einsum("rtd,tdk->rtk", x, W_pad.to(x.dtype)) + b_pad.to(x.dtype)
+            pres[layer] = pre[:, positions, slots]
+            out = transcoders.linear(layer, x).clone()  # every feature and error off, then each row's one source
+            out[feature_rows, positions[feature_local]] += PROBE * writes[feature_local].to(out.dtype)
+            out[error_rows, error_positions] += PROBE * errors[layer][error_positions].to(out.dtype)
+            return out
 
         interventions.append(Intervention("mlp_out", layer, value=value, input_site="mlp_in"))
     logits = run(model, tokens.expand(r, -1), interventions, logits="final").logits
     assert logits is not None
     demeaned = (logits - logits.mean(-1, keepdim=True))[:, top]
     n_nodes = error_start + n_layers * T + len(top)
-    out = torch.zeros(r, n_nodes)
+    out = torch.zeros(r, n_nodes, dtype=torch.float64)
     for layer in range(n_layers):
         out[:, feature_start[layer] : feature_start[layer] + pres[layer].shape[1]] = pres[layer].float()
     out[:, n_nodes - len(top):] = demeaned
@@ -249,12 +307,15 @@ def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: t
     A = edges.abs()
     totals = A.sum(1, keepdim=True)
     A = torch.where(totals > 0, A / totals.clamp_min(1e-30), torch.zeros_like(A))
-    eye = torch.eye(N, dtype=torch.float64)
-    B = torch.linalg.solve(eye - A.double(), eye) - eye  # A + A² + …: the graph is acyclic
     w = torch.zeros(N, dtype=torch.float64)
     probs = logits.softmax(-1)[top].double()
     w[logit_start:] = probs / probs.sum()
-    influence = (w @ B).float()  # [N]
+    # w (A + A² + …): edges only go to later layers, so the series ends after one term per layer
+    influence, reach = torch.zeros(N, dtype=torch.float64), w
+    while bool(reach.any()):
+        reach = reach @ A
+        influence += reach
+    influence = influence.float()  # [N]
     kinds = [n["kind"] for n in nodes]
     is_feature = torch.tensor([k == "feature" for k in kinds])
     is_error = torch.tensor([k == "error" for k in kinds])

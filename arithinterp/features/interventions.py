@@ -35,10 +35,12 @@ def feature_interventions(transcoders: Transcoders, layer: int, features: Sequen
     def change(out: torch.Tensor) -> torch.Tensor:
         x = seen["x"]
         acts = transcoders.encode(layer, x)
-        edited = acts.clone()
-        where = slice(None) if positions is None else list(positions)
-        picked = edited[:, where][..., chosen]
-        edited[:, where, chosen] = torch.full_like(picked, clamp) if clamp is not None else picked * scale
+        # a mask, not fancy indexing: positions and features as two index lists would pair up elementwise
+        mask = torch.zeros(acts.shape[1:], dtype=torch.bool, device=acts.device)  # [T, F]
+        rows = torch.arange(acts.shape[1]) if positions is None else torch.as_tensor(list(positions))
+        mask[rows[:, None], torch.tensor(chosen)[None, :]] = True
+        target = torch.full_like(acts, clamp) if clamp is not None else acts * scale
+        edited = torch.where(mask, target, acts)
         delta = (edited - acts) @ transcoders.W_dec[transcoders.index(layer)]
         return out + delta.to(out.dtype)
 

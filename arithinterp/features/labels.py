@@ -74,3 +74,18 @@ def label_features(model: Any, transcoders: Transcoders, prompts: Any, layer: in
     k_maps, kv_maps, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
     return classify_maps(k_maps, kv_maps, a_values, b_values, prompts.op, registry=lookup_registry(),
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), **classify)
+
+
+def plot_feature_grids(model: Any, transcoders: Transcoders, prompts: Any, layer: int, features: Sequence[int],
+                       position: int = -1, labels: Optional[Sequence[str]] = None):
+    """Operand-grid heatmaps of ``features`` of ``layer`` at ``position`` over a full grid of prompts
+    (as :func:`feature_maps`), one panel each; ``labels`` are shown in the panels' titles."""
+    from arithinterp.viz.features import plot_feature_grids as draw_grids
+
+    chosen = [int(f) for f in features]
+    if not chosen or any(not 0 <= f < transcoders.n_features for f in chosen):
+        raise AnalysisError(f"features must be a non-empty list in 0..{transcoders.n_features - 1}, got {features}")
+    if labels is not None and len(labels) != len(chosen):
+        raise AnalysisError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")
+    k_maps, _, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
+    return draw_grids(k_maps, a_values, b_values, layer, chosen, labels)

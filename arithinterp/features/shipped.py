@@ -22,18 +22,20 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 @dataclass(frozen=True)
 class TranscoderRecipe:
     limit: int = 10000  # task prompts (every position of each is a training row)
-    n_features: int = 512
+    n_features: int = 96
     k: int = 16
-    steps: int = 400
+    steps: int = 800
     batch_size: int = 2048
     lr: float = 2e-3
     held_out: float = 0.1
     seed: int = 0
 
 
+# dictionary sizes fitted to what the tasks hold (add-100: ~18,000 distinct MLP inputs per layer):
+# larger dictionaries leave features that fire on a handful of training rows and never on held-out ones
 RECIPES: dict[str, TranscoderRecipe] = {
-    "add-100": TranscoderRecipe(),
-    "add-3digit": TranscoderRecipe(),
+    "add-100": TranscoderRecipe(n_features=64, steps=400),
+    "add-3digit": TranscoderRecipe(n_features=96, steps=800),
 }
 
 
@@ -81,7 +83,8 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                                     batch_size=recipe.batch_size, lr=recipe.lr, held_out=recipe.held_out, seed=seed,
                                     progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(Path(out) if out else WEIGHTS_DIR / name)
+    # the package's own folder is this command's to remake; a folder the user names is not overwritten
+    path = transcoders.save(Path(out) if out else WEIGHTS_DIR / name, overwrite=out is None)
     import torch
 
     card = dict(model=f"zoo:{name}", recipe={**asdict(recipe), "seed": seed, "steps": steps},

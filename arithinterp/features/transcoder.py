@@ -74,10 +74,14 @@ class Transcoders(Result):
         """Feature activations ``[..., F]`` (k non-zero per row) of MLP inputs ``x [..., d]``."""
         return topk_activations(self.pre(layer, x), self.k)
 
+    def linear(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """The part of the output ``[..., d]`` that no feature writes: ``b_dec + x @ W_skip``."""
+        i = self.index(layer)
+        return self.b_dec[i] + x.to(self.W_skip.dtype) @ self.W_skip[i]
+
     def decode(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The transcoder's MLP output ``[..., d]`` from activations ``acts [..., F]`` and inputs ``x``."""
-        i = self.index(layer)
-        return acts @ self.W_dec[i] + self.b_dec[i] + x.to(self.W_skip.dtype) @ self.W_skip[i]
+        return acts @ self.W_dec[self.index(layer)] + self.linear(layer, x)
 
     def __call__(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.decode(layer, self.encode(layer, x), x)

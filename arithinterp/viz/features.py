@@ -1,4 +1,5 @@
-"""Figures of feature circuits: transcoder quality per layer."""
+"""Figures of feature circuits: transcoder quality per layer, attribution graphs, operand grids,
+path ablations and graphs over a prompt sample."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from arithinterp.features.graph import Graph
+    from arithinterp.features.paths import PathAblation
+    from arithinterp.features.sample import GraphSample
 
 
 def plot_transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None) -> go.Figure:
@@ -64,6 +67,73 @@ def plot_attribution_graph(graph: Graph, kept_only: bool = True, title: Optional
                                  marker=dict(symbol=symbol, size=8 + 30 * part["influence"].clip(lower=0) ** 0.5)))
     fig.update_xaxes(tickvals=list(range(len(graph.tokens))),
                      ticktext=[f"{i}: {t}" for i, t in enumerate(graph.tokens)])
+    return fig
+
+
+def plot_feature_grids(k_maps, a_values, b_values, layer: int, features, labels=None, title: Optional[str] = None):
+    """Operand-grid heatmaps (rows a, columns b) of features' activations ``k_maps [n, A, B]``, one
+    panel per feature in a row of at most four (the "Biology" case study's operand plots); sequential
+    colour from 0 (activations are non-negative), hover with the exact value."""
+    import math
+
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from arithinterp.errors import AnalysisError
+    from arithinterp.viz.base import SEQUENTIAL_SCALE, TEMPLATE_NAME
+
+    features = [int(f) for f in features]
+    if len(features) == 0 or len(features) != int(k_maps.shape[0]):
+        raise AnalysisError(f"one map per feature: got {int(k_maps.shape[0])} maps for features {features}")
+    labels = list(labels) if labels is not None else [""] * len(features)
+    cols = min(4, len(features))
+    rows = math.ceil(len(features) / cols)
+    names = [f"L{layer} f{f}" + (f": {label}" if label else "") for f, label in zip(features, labels)]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.06, vertical_spacing=0.12)
+    top = float(np.nanmax(np.asarray(k_maps, dtype=float))) if np.isfinite(np.asarray(k_maps, dtype=float)).any() else 1
+    for i, f in enumerate(features):
+        row, col = i // cols + 1, i % cols + 1
+        fig.add_trace(go.Heatmap(
+            z=np.asarray(k_maps[i], dtype=float), x=[str(b) for b in b_values], y=[str(a) for a in a_values],
+            colorscale=SEQUENTIAL_SCALE, zmin=0.0, zmax=max(top, 1e-12), showscale=i == 0,
+            colorbar=dict(title="activation"),
+            hovertemplate=f"feature {f}<br>a: %{{y}}<br>b: %{{x}}<br>activation: %{{z:.4g}}<extra></extra>",
+        ), row=row, col=col)
+        fig.update_xaxes(title_text="b", type="category", row=row, col=col)
+        fig.update_yaxes(title_text="a", type="category", autorange="reversed", row=row, col=col)
+    fig.update_layout(template=TEMPLATE_NAME, height=320 * rows + 80,
+                      title=title or f"Layer {layer} features over the operand grid")
+    return fig
+
+
+def plot_path_ablation(result: PathAblation, title: Optional[str] = None):
+    """Bars per arm of a path ablation (its ``to_frame()`` rows): the answer logit left, as a
+    share of the unablated one, with its bootstrap interval."""
+    import plotly.graph_objects as go
+
+    frame = result.to_frame()
+    fig = figure(title or "Path ablation: share of the answer logit left", "features zeroed",
+                 "share of the answer logit (1 = unchanged)")
+    labels = [f"{arm} ({n})" for arm, n in zip(frame["arm"], frame["n_features"])]
+    fig.add_trace(go.Bar(x=labels, y=frame["share"], name="share",
+                         error_y=dict(type="data", symmetric=False, array=frame["share_high"] - frame["share"],
+                                      arrayminus=frame["share"] - frame["share_low"]),
+                         hovertemplate="%{x}: %{y:.3f}<extra></extra>"))
+    return fig
+
+
+def plot_graph_sample(result: GraphSample, top: int = 20, title: Optional[str] = None):
+    """Bars of the features most often kept in a sample's pruned graphs (its ``to_frame()`` rows)."""
+    import plotly.graph_objects as go
+
+    shown = result.to_frame().nlargest(top, "kept_fraction")
+    fig = figure(title or "Features kept in the pruned graphs of a prompt sample", "feature",
+                 "fraction of prompts whose pruned graph keeps it")
+    names = [f"L{layer} #{f} pos {p}" for layer, f, p in zip(shown["layer"], shown["feature"], shown["position"])]
+    text = [f"{label}<br>mean influence {inf:.4g}" for label, inf in zip(shown["label"], shown["mean_influence"])]
+    fig.add_trace(go.Bar(x=names, y=shown["kept_fraction"], text=text, hovertemplate="%{x}: %{y:.3f}<br>%{text}"
+                         "<extra></extra>"))
     return fig
 
 

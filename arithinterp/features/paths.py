@@ -1,0 +1,193 @@
+"""The case study's two paths (Lindsey et al. 2025, "On the Biology of a Large Language Model", addition):
+a **last-digit** path (features labelled by a residue the last digit decides: ``a``/``b``/result
+mod 10, 5 or 2, a result pattern fixing only its last digit, the lookup table "a ≡ i and b ≡ j
+(mod 10)") and a **magnitude** path (operand and result ranges, result patterns leaving the last
+digit free).
+
+:func:`feature_paths` sorts labelled features into the two; :func:`path_ablation` zeroes one path's
+features in the real model (through :func:`~arithinterp.features.feature_interventions`) and
+measures what is left of the demeaned answer logit, beside zeroing as many random features of the
+same layers, with bootstrap intervals over prompts (:func:`arithinterp.intervals.ratio_to_reference`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from arithinterp.engine import run
+from arithinterp.errors import AnalysisError
+from arithinterp.features.interventions import feature_interventions
+from arithinterp.features.labels import LOOKUP_FAMILY
+from arithinterp.features.transcoder import Transcoders
+from arithinterp.intervals import ratio_to_reference
+from arithinterp.results import Result, build_meta
+
+LAST_DIGIT, MAGNITUDE = "last digit", "magnitude"
+PATHS = (LAST_DIGIT, MAGNITUDE)
+# residues the last digit alone decides (n divides 10)
+_LAST_DIGIT_MODULI = (2, 5, 10)
+
+
+def path_of(name: str, family: str) -> Optional[str]:
+    """The path a heuristic label belongs to (:data:`LAST_DIGIT`, :data:`MAGNITUDE`) or None
+    (exact values, other residues, identical operands)."""
+    if family == LOOKUP_FAMILY:
+        return LAST_DIGIT
+    if family in ("operand mod", "result mod"):
+        match = re.search(r"mod (\d+) =", name)
+        return LAST_DIGIT if match and int(match.group(1)) in _LAST_DIGIT_MODULI else None
+    if family in ("operand range", "result range"):
+        return MAGNITUDE
+    if family == "digit pattern":  # "result ~ ..5": the last character fixed and nothing else → last digit
+        pattern = name.split("~", 1)[-1].strip()
+        if pattern.endswith(".") and pattern.strip("."):
+            return MAGNITUDE
+        if pattern[:-1].strip(".") == "":
+            return LAST_DIGIT
+    return None
+
+
+def feature_paths(tables: Sequence[Any]) -> dict[str, dict[int, list[int]]]:
+    """``{path: {layer: [features]}}`` from :func:`~arithinterp.features.label_features` tables (one
+    per layer). A feature goes to a path when all of its labels that belong to a path belong to
+    that one; features with labels of both paths (or of neither) are left out."""
+    out: dict[str, dict[int, list[int]]] = {p: {} for p in PATHS}
+    for table in tables:
+        labels = table.labels
+        for row in range(len(table.neuron)):
+            found = {path_of(table.names[h], table.families[h]) for h in labels[row].nonzero().flatten().tolist()}
+            found.discard(None)
+            if len(found) == 1:
+                path = found.pop()
+                assert path is not None
+                out[path].setdefault(int(table.layer[row]), []).append(int(table.neuron[row]))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PathAblation(Result):
+    """Demeaned answer logits ``logits [M arms, N prompts]`` and top-1 correctness ``correct [M, N]``
+    with each arm's features zeroed (arm 0: nothing zeroed); ``n_features [M]`` zeroed per arm.
+    ``share`` / ``share_low`` / ``share_high`` ``[M]``: mean logit as a fraction of arm 0's, with a
+    paired bootstrap interval over prompts (NaN when arm 0's mean is not distinct from 0)."""
+
+    arms: list
+    logits: torch.Tensor
+    correct: torch.Tensor
+    n_features: torch.Tensor
+    share: torch.Tensor
+    share_low: torch.Tensor
+    share_high: torch.Tensor
+    meta: dict
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per arm: features zeroed, mean logit, its share of the unablated one (with the
+        interval) and top-1 accuracy."""
+        return pd.DataFrame(dict(
+            arm=self.arms, n_features=self.n_features.tolist(), mean_logit=self.logits.mean(1).tolist(),
+            share=self.share.tolist(), share_low=self.share_low.tolist(), share_high=self.share_high.tolist(),
+            accuracy=self.correct.float().mean(1).tolist()))
+
+    def plot(self, **kwargs: Any):
+        from arithinterp.viz.features import plot_path_ablation
+
+        return plot_path_ablation(self, **kwargs)
+
+
+def _count(features: dict[int, list[int]]) -> int:
+    return sum(len(v) for v in features.values())
+
+
+def _interventions(transcoders: Transcoders, features: dict[int, list[int]], positions: Optional[list[int]]) -> list:
+    out = []
+    for layer, chosen in sorted(features.items()):
+        if chosen:
+            out += feature_interventions(transcoders, layer, chosen, scale=0.0, positions=positions)
+    return out
+
+
+def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, answers: torch.Tensor,
+                  paths: dict[str, dict[int, list[int]]], *, n_random: int = 5,
+                  positions: Optional[Sequence[int]] = (-1,),
+                  confidence: float = 0.95, n_boot: int = 1000, seed: int = 0, batch_size: int = 256) -> PathAblation:
+    """Zero each path's features (``paths``: ``{name: {layer: [features]}}``, e.g. from
+    :func:`feature_paths`) at ``positions`` (default the final one; None: every position) of
+    ``tokens [N, T]`` and read the demeaned logit of ``answers [N]`` (token ids) at the final
+    position. Arms: none zeroed; each path; every path at once; and for each path ``n_random``
+    draws of as many features per layer from the features of that layer outside it (seeded), their
+    logits averaged per prompt."""
+    transcoders.check_model(model)
+    tokens = torch.as_tensor(tokens)
+    answers = torch.as_tensor(answers).long()
+    if tokens.ndim != 2 or answers.shape != (tokens.shape[0],) or tokens.shape[0] < 2:
+        raise AnalysisError(f"tokens must be [N ≥ 2, T] and answers [N]; got {tuple(tokens.shape)} and "
+                            f"{tuple(answers.shape)}")
+    if not paths or any(_count(f) == 0 for f in paths.values()):
+        raise AnalysisError(f"paths must map each name to a non-empty {{layer: [features]}}; got sizes "
+                            f"{ {k: _count(v) for k, v in paths.items()} }")
+    if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 1:
+        raise AnalysisError(f"n_random must be a positive int, got {n_random!r}")
+    for features in paths.values():
+        for layer in features:
+            transcoders.index(layer)
+    T, V = int(tokens.shape[1]), int(model.W_U.shape[-1])
+    if positions is not None and (not len(positions) or any(isinstance(p, bool) or not isinstance(p, int)
+                                                             or not -T <= p < T for p in positions)):
+        raise AnalysisError(f"positions must be None or a non-empty list of ints in {-T}..{T - 1}, got {positions!r}")
+    if bool(((answers < 0) | (answers >= V)).any()):
+        raise AnalysisError(f"answers must be token ids in 0..{V - 1}")
+    where = None if positions is None else [int(p) for p in positions]
+    generator = torch.Generator().manual_seed(seed)
+
+    def measure(features: dict[int, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        interventions = _interventions(transcoders, features, where)
+        logits, correct = [], []
+        for start in range(0, len(tokens), batch_size):
+            out = run(model, tokens[start:start + batch_size], interventions, logits="final").logits
+            assert out is not None
+            rows = torch.arange(len(out))
+            logits.append((out - out.mean(-1, keepdim=True))[rows, answers[start:start + batch_size]].double())
+            correct.append(out.argmax(-1) == answers[start:start + batch_size])
+        return torch.cat(logits), torch.cat(correct)
+
+    arms, counts, results = ["none"], [0], [measure({})]
+    for name, features in paths.items():
+        arms.append(f"zero {name}")
+        counts.append(_count(features))
+        results.append(measure(features))
+    if len(paths) > 1:
+        every: dict[int, list[int]] = {}
+        for features in paths.values():
+            for layer, chosen in features.items():
+                every[layer] = sorted(set(every.get(layer, [])) | set(chosen))
+        arms.append("zero all paths")
+        counts.append(_count(every))
+        results.append(measure(every))
+    for name, features in paths.items():
+        draws = []
+        for _ in range(n_random):
+            random: dict[int, list[int]] = {}
+            for layer, chosen in features.items():
+                outside = torch.tensor([f for f in range(transcoders.n_features) if f not in set(chosen)])
+                if len(outside) < len(chosen):
+                    raise AnalysisError(f"layer {layer} has {len(outside)} features outside path {name!r}, fewer "
+                                        f"than its {len(chosen)}: no random control of the same size")
+                random[layer] = outside[torch.randperm(len(outside), generator=generator)[:len(chosen)]].tolist()
+            draws.append(measure(random))
+        arms.append(f"random, as many as {name}")
+        counts.append(_count(features))
+        results.append((torch.stack([d[0] for d in draws]).mean(0), torch.stack([d[1].float() for d in draws]).mean(0)))
+    logits = torch.stack([r[0] for r in results])
+    correct = torch.stack([r[1].float() for r in results])
+    shares = ratio_to_reference(logits, 0, confidence=confidence, n_boot=n_boot, seed=seed)
+    meta = build_meta(model, paths={k: {str(layer): v for layer, v in f.items()} for k, f in paths.items()},
+                      positions=where, n_random=n_random, confidence=confidence, n_boot=n_boot, seed=seed,
+                      reference_distinct=shares["reference_distinct"])
+    return PathAblation(arms=arms, logits=logits.float(), correct=correct, n_features=torch.tensor(counts),
+                        share=shares["fraction"].float(), share_low=shares["fraction_low"].float(),
+                        share_high=shares["fraction_high"].float(), meta=meta)
