@@ -27,7 +27,7 @@ from arithinterp.errors import AnalysisError, SiteError, accepted
 
 ABLATION_SITES = ("attn_z", "mlp_pre", "mlp_post", "attn_out", "mlp_out")  # their edit at a position stays there
 _UNIT_SITES = ("attn_z", "mlp_pre", "mlp_post")
-DEFAULT_STACK_BYTES = 2**28  # memory one stacked run may take when the caller gives no budget
+DEFAULT_STACK_BYTES = 2**26  # memory one stacked run may take by default (larger stacks ran no faster)
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class AblationRunner:
         """Logits of each cell's ablated run, ``[C, B, V]`` (``[C, B, n_last, V]`` with ``n_last``),
         or ``score(logits [c, B, ...]) -> [c, B, ...]`` of them, chunk by chunk (``score`` keeps
         the ``[C, B, V]`` logits from ever being held at once). A cell with no ablation is the
-        base run. ``max_memory``: bytes one stacked run may take (default 256 MiB)."""
+        base run. ``max_memory``: bytes one stacked run may take (default 64 MiB)."""
         T = int(self.tokens.shape[1])
         check_n_last(n_last, T)
         n_read = n_last or 1
@@ -274,7 +274,11 @@ class AblationRunner:
                                     f"{start}..{start + act.shape[1] - 1} this run computes")
             device = act.device
             where = (rows.to(device), index.to(device)) + (() if units is None else (units.to(device),))
-            act = act.index_put(where, values.to(device, act.dtype))
+            values_ = values.to(device, act.dtype)
+            if act.requires_grad:
+                act = act.index_put(where, values_)
+            else:  # written in place: the hook's output replaces the activation either way
+                act.index_put_(where, values_)
             return act.flatten(-2) if flat else act
 
         return edit

@@ -656,6 +656,9 @@ def model_fingerprint(model) -> tuple:
     return _fingerprint(model)
 
 
+ENGINES = ("auto", "stepped", "hooks")  # the engine choices of stepper_for, which analyses pass on
+
+
 def stepper_for(
     model: HookedModel, tokens: torch.Tensor, engine: str = "auto", warn: bool = True
 ) -> tuple[Optional[Stepper], str]:
