@@ -183,6 +183,7 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
         stepper, _ = stepper_for(model, tokens, engine, warn=False)
         if stepper is None:
             return None
+        shuffled: dict = {}
         if mode == "resample":  # the group's own head outputs, each prompt given another's (ablated_scores' draw)
             reads = [Read("attn_z", layer) for layer in layers]
             with torch.inference_mode():
@@ -215,6 +216,7 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
         baseline[rows] = score(runner.base_logits.float(), rows).cpu()
         for k in range(n_answer):
             positions = _position_rows(prompts, f"answer{k}", rows, offset, length)  # [B], unpadded
+            assert positions is not None  # a named position always resolves to one per prompt
             cell_list, order = [], []
             for layer, members in by_layer.items():
                 if mode == "mean":
