@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from evaluate import digit_tokenizer  # noqa: E402  (the digit-split tokenizer of the evaluate benchmark)
-from patching import median_time, write_section  # noqa: E402
+from patching import write_section  # noqa: E402
 
 BEGIN, END = "<!-- ablations:begin -->", "<!-- ablations:end -->"
 SECTIONS = ("digits", "neurons", "decode")
@@ -85,6 +87,18 @@ def zoo(name: str):
         return None
 
 
+def side_by_side(fast, slow, runs: int) -> tuple[float, object, float, object]:
+    """Medians of ``runs`` alternating calls of ``fast`` and ``slow``: ``(fast s, its result, slow s, its result)``."""
+    times: dict = {"fast": [], "slow": []}
+    out: dict = {}
+    for _ in range(runs):
+        for name, fn in (("fast", fast), ("slow", slow)):
+            start = time.perf_counter()
+            out[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["fast"]), out["fast"], statistics.median(times["slow"]), out["slow"]
+
+
 def row(what: str, setup: str, slow: float, fast: float, diff: float, note: str = "") -> dict:
     return dict(what=what, setup=setup, slow=slow, fast=fast, diff=diff, note=note)
 
@@ -112,9 +126,7 @@ def bench_digits(args) -> list[dict]:
         def run(choice, model=model, prompts=prompts, parsed=parsed):
             return digit_scores(model, prompts, parsed, "mean", 0, engine=choice)
 
-        fast, stepped = median_time(lambda: run("stepped"), args.runs)
-        slow, hooked = median_time(lambda: run("hooks"), args.runs)
-        assert stepped is not None and hooked is not None
+        fast, stepped, slow, hooked = side_by_side(lambda: run("stepped"), lambda: run("hooks"), args.runs)
         diff = float((stepped[1][..., 1] - hooked[1][..., 1]).abs().max())
         cells = len(parsed) * prompts.answer_tokens.shape[1]
         T = int(prompts.tokens.shape[1])
@@ -143,8 +155,7 @@ def bench_neurons(args) -> list[dict]:
             return neurons.importance(model, pairs, method="mean_ablation", top_k=None, engine=choice).scores
 
         run("stepped")
-        fast, stepped = median_time(lambda: run("stepped"), args.runs)
-        slow, hooked = median_time(lambda: run("hooks"), args.runs)
+        fast, stepped, slow, hooked = side_by_side(lambda: run("stepped"), lambda: run("hooks"), args.runs)
         n = model.cfg.n_layers * model.cfg.d_mlp
         rows.append(row("`neurons.importance` (mean_ablation)", label, slow, fast,
                         float((stepped - hooked).abs().max()),
@@ -160,8 +171,8 @@ def bench_neurons(args) -> list[dict]:
             return torch.stack([result.associated_after, result.other_after]).nan_to_num(-1)
 
         heuristics("stepped")
-        fast, stepped = median_time(lambda: heuristics("stepped"), args.runs)
-        slow, hooked = median_time(lambda: heuristics("hooks"), args.runs)
+        fast, stepped, slow, hooked = side_by_side(lambda: heuristics("stepped"), lambda: heuristics("hooks"),
+                                                   args.runs)
         rows.append(row("`neurons.ablate_heuristic`", "zoo:add-100", slow, fast,
                         float((stepped - hooked).abs().max()), f"{len(prompts)} prompts, {len(names)} heuristics"))
     return rows
@@ -187,13 +198,17 @@ def bench_decode(args) -> list[dict]:
                 for group in prompts.length_groups():
                     model(prompts.unpadded(group))
 
+        def evaluate(mode, model=model, prompts=prompts):
+            decode._MODES[model] = mode  # "full": the plain forward, the prompt re-run for every answer token
+            try:
+                return prompts.evaluate(model).generated_tokens
+            finally:
+                decode._MODES[model] = "stepped"
+
         prompts.evaluate(model)
         assert decode.decode_mode(model) == "stepped"
-        fast, stepped = median_time(lambda: prompts.evaluate(model).generated_tokens, args.runs)
-        one, _ = median_time(forward, args.runs)
-        decode._MODES[model] = "full"  # the plain forward, the prompt re-run for every answer token
-        slow, plain = median_time(lambda: prompts.evaluate(model).generated_tokens, args.runs)
-        decode._MODES[model] = "stepped"
+        fast, stepped, slow, plain = side_by_side(lambda: evaluate("stepped"), lambda: evaluate("full"), args.runs)
+        one, _, _, _ = side_by_side(forward, lambda: None, args.runs)
         k = prompts.answer_tokens.shape[1]
         rows.append(row("`PromptSet.evaluate`", label, slow, fast, float((stepped != plain).sum()),
                         f"{len(prompts)} prompts of {prompts.tokens.shape[1]} tokens, {k} answer tokens; one forward "
