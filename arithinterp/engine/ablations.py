@@ -181,6 +181,9 @@ class AblationRunner:
         T = int(self.tokens.shape[1])
         check_n_last(n_last, T)
         n_read = n_last or 1
+        if n_read > (self.n_last or 1):  # the base run's final residual stream covers its own read positions only
+            raise AnalysisError(f"the base run read the last {self.n_last or 1} positions; n_last={n_last} needs a "
+                                f"runner made with n_last >= {n_last}")
         parsed = [[self._checked(a) for a in cell] for cell in cells]
         groups: dict[tuple, list[int]] = {}
         for c, cell in enumerate(parsed):
