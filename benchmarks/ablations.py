@@ -15,7 +15,8 @@ difference between the two results.
   every labelled heuristic of ``zoo:add-100`` (difference = accuracies);
 * ``decode``: ``PromptSet.evaluate`` on ``zoo:add-3digit`` and on a random-weight
   TransformerLens-native model (4 layers, d_model 256, digit tokenizer, few-shot prompts),
-  against one plain forward of the prompts (difference = generated tokens that differ).
+  against one plain forward of the prompts in the same batches (difference = generated tokens
+  that differ).
 
     python benchmarks/ablations.py [--only digits neurons decode] [--runs 3] [--quick] [--write docs/benchmarks.md]
 """
@@ -193,10 +194,10 @@ def bench_decode(args) -> list[dict]:
     setups.append((model, label, prompts[: 40 if args.quick else 400]))
     rows = []
     for model, label, prompts in setups:
-        def forward(model=model, prompts=prompts):
+        def forward(model=model, prompts=prompts):  # one plain forward of every prompt, in evaluate's batches
             with torch.inference_mode():
-                for group in prompts.length_groups():
-                    model(prompts.unpadded(group))
+                for idx in prompts._batches(model, None, 1, prompts.answer_tokens.shape[1]):
+                    model(prompts.unpadded(idx))
 
         def evaluate(mode, model=model, prompts=prompts):
             decode._MODES[model] = mode  # "full": the plain forward, the prompt re-run for every answer token
