@@ -89,3 +89,15 @@ def test_memory_benchmark_smoke():
 def test_causal_benchmark_smoke():
     out = run("causal.py", "planted", "--steps", "100")
     assert "principal-angle cosines DAS" in out and "| das | 2 |" in out and "| random | 2 |" in out
+
+
+@pytest.mark.slow
+def test_ablations_benchmark_smoke():
+    """The quick run times digit ablation, neuron ablation and native decoding both ways, with the same results."""
+    out = run("ablations.py", "--quick")
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    assert {row.split("|")[1].strip() for row in rows} == {
+        "`patching.digit_ablation` (mean)", "`neurons.importance` (mean_ablation)", "`neurons.ablate_heuristic`",
+        "`PromptSet.evaluate`"}
+    for row in rows:  # max diff: the stepped and whole-forward paths give the same numbers
+        assert float(row.split("|")[6]) <= 1e-4, row

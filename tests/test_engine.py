@@ -194,3 +194,135 @@ def test_prompts_sharing_a_prefix_compute_it_once_with_the_same_base_run(number_
         assert all(close(x, y) for x, y in zip(shared.resid, plain.resid))
         assert all(close(shared.kv[i][j], plain.kv[i][j]) for i in range(3) for j in range(2))
         assert all(close(shared.acts[name], plain.acts[name]) for name in reads)
+
+
+# --- stacked ablations (arithinterp.engine.ablations) ----------------------------------------------
+
+
+def _by_hand(model, tokens, cell, n_last):
+    """One cell's logits at the last ``n_last`` positions, ``[B, n_last, V]``: one whole forward with
+    a hand-written hook per ablation (site, layer, position per row, unit index or all, value)."""
+    hooks = []
+    for site, layer, pos, unit, value in cell:
+        name = {"attn_z": f"blocks.{layer}.attn.hook_z", "mlp_post": f"blocks.{layer}.mlp.hook_post",
+                "attn_out": f"blocks.{layer}.hook_attn_out", "mlp_out": f"blocks.{layer}.hook_mlp_out"}[site]
+
+        def hook(act, hook, pos=pos, unit=unit, value=value, site=site):
+            act = act.clone()
+            view = act.unflatten(-1, (model.cfg.n_heads, -1)) if site == "attn_z" and act.ndim == 3 else act
+            rows = torch.arange(len(pos))
+            if unit is None:
+                view[rows, pos] = value
+            else:
+                view[rows, pos, unit] = value[:, unit]
+            return view.flatten(-2) if view is not act else act
+
+        hooks.append((name, hook))
+    with torch.inference_mode():
+        return model.run_with_hooks(tokens, fwd_hooks=hooks)[:, -n_last:].float()
+
+
+def _ablation_cells(model, B, T, seed=0):
+    """Cells over every ablation site: single heads and neurons at per-row positions, whole outputs,
+    two layers at once, zero and per-prompt values; as (engine cells, hand-written specs)."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.cfg
+    H, dh, d, dm = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
+    late = torch.randint(T // 2, T, (B,), generator=g)
+    last = torch.full((B,), T - 1)
+    specs = [
+        [("attn_z", 0, late, 1, torch.randn(B, H, dh, generator=g))],
+        [("attn_z", 1, last, 3, torch.zeros(B, H, dh))],
+        [("mlp_post", 0, late, 5, torch.randn(B, dm, generator=g)), ("mlp_post", 1, last, 7, torch.zeros(B, dm))],
+        [("attn_out", 1, late, None, torch.randn(B, d, generator=g))],
+        [("mlp_out", 0, last, None, torch.zeros(B, d)), ("attn_z", 1, late, 0, torch.randn(B, H, dh, generator=g))],
+        [],
+    ]
+    cells = [[engine.Ablation(site, layer, pos, None if unit is None else torch.tensor([unit]), value)
+              for site, layer, pos, unit, value in cell] for cell in specs]
+    return cells, specs
+
+
+def test_stacked_ablations_equal_hand_hooked_forwards(tiny_model):
+    """Every cell of a stack, resumed at its ablated layer and first position with the base run's
+    keys and values, equals one whole forward with hand-written hooks (≤ 1e-5), at the last
+    positions asked for; whole stacked forwards (no stepper) too; ablating changes the logits."""
+    tokens = torch.randint(0, 100, (6, 9), generator=torch.Generator().manual_seed(3))
+    cells, specs = _ablation_cells(tiny_model, 6, 9)
+    stepper, status = engine.stepper_for(tiny_model, tokens, engine="stepped")
+    assert "keys/values reused" in status
+    reference = torch.stack([_by_hand(tiny_model, tokens, spec, 2) for spec in specs])
+    for runner in (engine.AblationRunner(tiny_model, stepper, tokens, n_last=2),
+                   engine.AblationRunner(tiny_model, None, tokens, n_last=2)):
+        logits = runner.run(cells, n_last=2).float()
+        assert logits.shape == (len(cells), 6, 2, tiny_model.cfg.d_vocab)
+        assert (logits - reference).abs().max() <= 1e-5
+        final = runner.run(cells).float()  # the final position only
+        assert (final - reference[:, :, -1]).abs().max() <= 1e-5
+    assert all((reference[i] - reference[-1]).abs().max() > 1e-3 for i in range(len(cells) - 1))
+
+
+def test_stacked_ablations_take_unit_masks_and_score_in_chunks(tiny_model):
+    """A per-prompt neuron mask writes only the chosen neurons of each prompt; a score function
+    sees the logits chunk by chunk (a tiny memory budget: one cell per stack) with the same result."""
+    tokens = torch.randint(0, 100, (4, 6), generator=torch.Generator().manual_seed(4))
+    dm = tiny_model.cfg.d_mlp
+    mask = torch.zeros(4, dm, dtype=torch.bool)
+    mask[0, [1, 2]] = mask[2, 9] = True  # prompts 1 and 3: nothing ablated
+    value = torch.randn(dm, generator=torch.Generator().manual_seed(5))
+    runner = engine.AblationRunner(tiny_model, engine.stepper_for(tiny_model, tokens)[0], tokens)
+    cells = [[engine.Ablation("mlp_post", 0, 5, mask, value)], [engine.Ablation("mlp_post", 0, 5, torch.tensor([1, 2]), value)]]
+    logits = runner.run(cells).float()
+    by_hand = _by_hand(tiny_model, tokens[:1], [("mlp_post", 0, torch.tensor([5]), [1, 2], value[None])], 1)[:, 0]
+    assert (logits[0, 0] - by_hand[0]).abs().max() <= 1e-5 and (logits[1, 0] - by_hand[0]).abs().max() <= 1e-5
+    assert (logits[0, [1, 3]] - runner.base_logits[[1, 3]].float()).abs().max() <= 1e-5  # unmasked prompts
+    assert (logits[0, 2] - runner.base_logits[2].float()).abs().max() > 1e-4
+    scored = runner.run(cells, score=lambda x: x.argmax(-1), max_memory=1)
+    assert torch.equal(scored, logits.argmax(-1))
+
+
+def test_stacked_ablations_refuse_what_they_cannot_do(tiny_model):
+    from arithinterp.errors import SiteError
+
+    tokens = torch.randint(0, 100, (3, 5), generator=torch.Generator().manual_seed(6))
+    runner = engine.AblationRunner(tiny_model, None, tokens)
+    dm = tiny_model.cfg.d_mlp
+    with pytest.raises(SiteError, match="resid_pre"):
+        runner.run([[engine.Ablation("resid_pre", 0, 4)]])
+    with pytest.raises(SiteError, match="fall outside"):
+        runner.run([[engine.Ablation("mlp_post", 0, 5, torch.tensor([0]))]])
+    with pytest.raises(SiteError, match=f"0..{dm - 1}"):
+        runner.run([[engine.Ablation("mlp_post", 0, 4, torch.tensor([dm]))]])
+    with pytest.raises(SiteError, match="value"):
+        runner.run([[engine.Ablation("mlp_post", 1, 4, torch.tensor([0]), torch.zeros(3))]])
+    with pytest.raises(SiteError, match="units"):
+        runner.run([[engine.Ablation("attn_out", 1, 4, torch.tensor([0]))]])
+    with pytest.raises(SiteError, match="positions"):
+        runner.run([[engine.Ablation("attn_z", 1, torch.tensor([1.0, 2.0, 3.0]))]])
+    with pytest.raises(AnalysisError, match="n_last"):
+        runner.run([[]], n_last=2)  # the base run read the final position only
+
+
+def test_native_models_decode_through_the_stepper_with_the_plain_answers(number_tokenizer):
+    """Greedy decoding on a TransformerLens-native model runs each token after the first at its
+    own position (the native key/value cache): the plain forward's tokens and logits; under the
+    caller's hooks, the plain forward."""
+    from conftest import tiny_bridge
+
+    from arithinterp.engine import decode
+
+    model = tiny_bridge(number_tokenizer, n_layers=3, seed=7, positional_embedding_type="rotary")
+    tokens = torch.randint(0, 150, (5, 6), generator=torch.Generator().manual_seed(8))
+    assert decode.decode_mode(model, tokens) == "stepped"
+    generated = decode.greedy(model, tokens, 4)
+    plain = tokens
+    with torch.inference_mode():
+        for _ in range(4):
+            plain = torch.cat([plain, model(plain)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        stepper, _ = engine.stepper_for(model, tokens)
+        _, logits = stepper.greedy(tokens, 4)
+        reference = model(plain[:, :-1])[:, -4:]
+    assert torch.equal(generated, plain[:, 6:])
+    assert (logits - reference).abs().max() <= 1e-5
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x)]):
+        assert decode.decode_mode(model, tokens) == "full"

@@ -113,3 +113,60 @@ def test_gemma2_prompts_longer_than_its_sliding_window(number_tokenizer, tmp_pat
         slow = patching.activation_patching(model, pairs, site, engine="hooks", progress=False)
         assert "keys/values reused" in fast.meta["engine"][0]
         assert (fast.values - slow.values).abs().max() <= 1e-4, site
+
+
+# --- ablations and decoding through the stepper ------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt_neox", "gemma2"])
+def digit_family(request, digit_tokenizer, tmp_path_factory):
+    """A random-weight folder with a digit tokenizer (multi-token answers) and one-shot prompts."""
+    directory = save_family(request.param, digit_tokenizer, tmp_path_factory.mktemp(f"{request.param}_digits"))
+    model = ai.load_model(str(directory))
+    prompts = arithmetic(model, a=range(10, 70, 7), b=range(50, 99, 9), answer_digits=3, few_shot=1)
+    return request.param, model, prompts
+
+
+def _close(fast, slow, tolerance=1e-5):
+    return float(((fast - slow).abs() / slow.abs().clamp(min=1)).max()) <= tolerance
+
+
+@pytest.mark.slow
+def test_stacked_ablations_equal_whole_forwards_on_every_family(digit_family):
+    """Digit ablation (heads stacked per layer and answer position), mean-ablation importance and the
+    engine's stacked ablation cells equal whole forwards, cell for cell (≤ 1e-5 of their scale)."""
+    from test_engine import _ablation_cells
+
+    from arithinterp import engine, neurons
+    from arithinterp.patching.components import parse_components
+    from arithinterp.patching.digits import digit_scores
+
+    name, model, prompts = digit_family
+    parsed = parse_components(model, ["L0H0", "L0H2", "L1H1", "L1H3"], ("head",))
+    fast = digit_scores(model, prompts, parsed, "mean", 0, engine="stepped")
+    slow = digit_scores(model, prompts, parsed, "mean", 0, engine="hooks")
+    assert torch.equal(fast[1][..., 0], slow[1][..., 0]) and _close(fast[1][..., 1], slow[1][..., 1]), name
+    pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)[:6]
+    scores = [neurons.importance(model, pairs, method="mean_ablation", top_k=None, engine=choice).scores
+              for choice in ("stepped", "hooks")]
+    assert _close(*scores) and float(scores[1].max()) > 1e-3, name
+    tokens = prompts.unpadded(prompts.length_groups()[0])[:5]
+    cells, _ = _ablation_cells(model, 5, tokens.shape[1])
+    stepper, status = engine.stepper_for(model, tokens, engine="stepped")
+    stacked = engine.AblationRunner(model, stepper, tokens, n_last=3).run(cells, n_last=3)
+    whole = engine.AblationRunner(model, None, tokens, n_last=3).run(cells, n_last=3)
+    assert "keys/values reused" in status and _close(stacked.float(), whole.float()), name
+
+
+def test_stepped_greedy_decoding_on_every_family(digit_family):
+    """The stepper's greedy continuation (each token after the first at its own position) gives the
+    plain forward's tokens and logits on every family."""
+    from arithinterp import engine
+
+    name, model, prompts = digit_family
+    tokens = prompts.unpadded(prompts.length_groups()[0])[:6]
+    stepper, _ = engine.stepper_for(model, tokens)
+    with torch.inference_mode():
+        generated, logits = stepper.greedy(tokens, 4)
+        reference = model(torch.cat([tokens, generated[:, :-1]], 1))[:, -4:].float()
+    assert torch.equal(generated, reference.argmax(-1)) and _close(logits.float(), reference), name

@@ -556,3 +556,52 @@ def test_importance_on_a_llama_folder_equals_hooks_and_works_frozen(number_token
         p.requires_grad_(False)
     frozen = nn.importance(model, pairs, method="attribution", top_k=None).scores
     assert bool((frozen > 0).any(1).all())
+
+
+def _own_answers(model, prompts):
+    """``prompts`` with the model's own greedy answers as the answers: a random model then answers
+    every prompt right, so an ablation's accuracy drop can be seen."""
+    import dataclasses
+
+    generated = prompts.evaluate(model).generated_tokens
+    return dataclasses.replace(prompts, answer_tokens=torch.where(prompts.answer_tokens >= 0, generated, -1))
+
+
+def test_stacked_mean_ablation_importance_equals_whole_forwards(tiny):
+    """Mean-ablation importance through the engine's stacked cells (each layer's neurons resumed at
+    that layer and the final position) equals one whole forward per neuron (≤ 1e-5), and the
+    hand-written reference; the scores are not all alike."""
+    model, prompts = tiny
+    pairs = prompts.counterfactual(vary="a", seed=0)[:12]
+    fast = nn.importance(model, pairs, method="mean_ablation", top_k=None, engine="stepped")
+    slow = nn.importance(model, pairs, method="mean_ablation", top_k=None, engine="hooks")
+    assert (fast.scores - slow.scores).abs().max() <= 1e-5
+    assert torch.equal(fast.top, slow.top) or (fast.scores - slow.scores).abs().max() <= 1e-6
+    assert float(fast.scores.std()) > 1e-3
+    with pytest.raises(ConfigError, match="engine"):
+        nn.importance(model, pairs, method="mean_ablation", engine="fast")
+
+
+@pytest.mark.parametrize("scoring", ["first_token", "full_answer"])
+def test_stacked_neuron_ablations_give_the_same_accuracies(tiny, tiny_digit_model, scoring):
+    """ablate_heuristic and ablate_for_prompt with every heuristic (and every k and arm) stacked give
+    the accuracies of one whole forward per cell; with full answers every token is checked."""
+    from arithinterp.tasks import arithmetic
+
+    model, prompts = tiny
+    if scoring == "full_answer":
+        model = tiny_digit_model
+        prompts = arithmetic(model, a=range(10, 40, 2), b=range(50, 70, 3), answer_digits=3).with_scoring(scoring)
+    prompts = _own_answers(model, prompts)
+    table = nn.classify(model, prompts, top_k=16)
+    names = [table.names[i] for i in torch.argsort(table.labels.sum(0), descending=True)[:6].tolist()]
+    fast = nn.ablate_heuristic(model, prompts, table, names, engine="stepped")
+    slow = nn.ablate_heuristic(model, prompts, table, names, engine="hooks")
+    for field in ("associated_before", "associated_after", "other_before", "other_after"):
+        assert torch.equal(getattr(fast, field).nan_to_num(-1), getattr(slow, field).nan_to_num(-1)), field
+    fast_k = nn.ablate_for_prompt(model, prompts, table, k=[1, 4], engine="stepped")
+    slow_k = nn.ablate_for_prompt(model, prompts, table, k=[1, 4], engine="hooks")
+    assert torch.equal(fast_k.heuristic_correct, slow_k.heuristic_correct)
+    assert torch.equal(fast_k.control_correct, slow_k.control_correct) and fast_k.baseline == slow_k.baseline
+    assert float(fast.associated_before.nan_to_num(1).min()) == 1.0  # the model's own answers
+    assert float(fast.associated_after.nan_to_num(1).min()) < 1.0 and float(fast_k.heuristic_correct.min()) < 1.0

@@ -424,6 +424,54 @@ def test_digit_ablation_shapes_and_input_checks(tiny_model, tiny_digit_model):
         patching.digit_ablation(tiny_digit_model, prompts, heads=["L9H0"], progress=False)
 
 
+def _close_scores(fast, slow):
+    """Per-prompt (correct, log-probability) scores equal: the same argmaxes, log-probabilities
+    within 1e-5 of their scale."""
+    assert torch.equal(fast[..., 0], slow[..., 0])
+    assert ((fast[..., 1] - slow[..., 1]).abs() / slow[..., 1].abs().clamp(min=1)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("mode", ["mean", "zero", "resample"])
+def test_stepped_digit_ablation_equals_one_forward_per_cell(tiny_digit_model, mode):
+    """Each layer's heads stacked per answer position and resumed there score every prompt's
+    answer tokens as one whole forward per head and position does; ablating changes them."""
+    from arithinterp.patching.components import parse_components
+    from arithinterp.patching.digits import digit_scores
+
+    prompts = arithmetic(tiny_digit_model, a=range(10, 60, 3), b=range(50, 99, 7), answer_digits=3)
+    parsed = parse_components(tiny_digit_model, ["L0H0", "L0H3", "L1H1", "L1H2"], ("head",))
+    base_fast, fast, used = digit_scores(tiny_digit_model, prompts, parsed, mode, seed=1, engine="stepped")
+    base_slow, slow, reference = digit_scores(tiny_digit_model, prompts, parsed, mode, seed=1, engine="hooks")
+    assert (used, reference) == ("stepped", "hooks")
+    _close_scores(base_fast, base_slow)
+    _close_scores(fast, slow)
+    assert (fast[..., 1] - base_fast[..., 1].T[None]).abs().amax((1, 2)).min() > 1e-3  # every head moves a digit
+    result = patching.digit_ablation(tiny_digit_model, prompts, heads=["L0H0", "L1H1"], mode=mode, seed=1,
+                                     progress=False)
+    assert result.meta["engine"] == "stepped" and torch.equal(result.accuracy, slow[[0, 2], ..., 0].mean(-1))
+
+
+def test_stepped_digit_ablation_on_zoo_add_3digit():
+    import arithinterp as ai
+    from arithinterp.errors import ModelFileError
+    from arithinterp.models import zoo as zoo_lib
+    from arithinterp.patching.components import parse_components
+    from arithinterp.patching.digits import digit_scores
+
+    try:
+        model = ai.load_model("zoo:add-3digit")
+    except ModelFileError:
+        pytest.skip("zoo:add-3digit is not shipped in this checkout")
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=60)
+    parsed = parse_components(model, [f"L{l}H{h}" for l in range(2) for h in range(4)], ("head",))
+    fast = digit_scores(model, prompts, parsed, "mean", 0, engine="stepped")
+    slow = digit_scores(model, prompts, parsed, "mean", 0, engine="hooks")
+    _close_scores(fast[0], slow[0])
+    _close_scores(fast[1], slow[1])
+    with pytest.raises(ConfigError, match="engine"):
+        patching.digit_ablation(model, prompts, engine="fast", progress=False)
+
+
 def test_faithfulness_bounds(tiny_model):
     prompts = arithmetic(tiny_model, a=range(10), b=range(10))
     everything = patching.component_faithfulness(tiny_model, prompts, patching.default_components(tiny_model)[1:])

@@ -109,3 +109,27 @@ def test_reasking_with_a_new_prefix_refuses_a_joined_set(tiny_model):
 
     with pytest.raises(TaskError, match="each part"):
         few_shot_policy(2)(tiny_model, concat(_parts(tiny_model)))
+
+
+@pytest.mark.parametrize("name", ["add-3digit", "add-100"])
+def test_evaluate_on_the_zoo_decodes_through_the_stepper_with_the_plain_answers(name, monkeypatch):
+    """The zoo (TransformerLens-native) decodes each answer token after the first at its own
+    position with the stepper's key/value cache: the same answers as re-running the whole prompt
+    per token, and the same teacher-forced scores."""
+    import arithinterp as ai
+    from arithinterp.engine import decode
+    from arithinterp.errors import ModelFileError
+    from arithinterp.models import zoo as zoo_lib
+
+    try:
+        model = ai.load_model(f"zoo:{name}")
+    except ModelFileError:
+        pytest.skip(f"zoo:{name} is not shipped in this checkout")
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry(name), limit=300)
+    stepped = prompts.evaluate(model)
+    assert decode.decode_mode(model) == "stepped"
+    scores = prompts.with_scoring("full_answer").answer_logprob(model)
+    monkeypatch.setitem(decode._MODES, model, "full")  # the plain forward per answer token
+    plain = prompts.evaluate(model)
+    assert torch.equal(stepped.generated_tokens, plain.generated_tokens) and stepped.accuracy > 0.9
+    assert torch.allclose(prompts.with_scoring("full_answer").answer_logprob(model), scores, atol=1e-5)

@@ -3,14 +3,16 @@
 Analyses say *what* to change and *what* to read; the engine decides how to run the forward:
 :mod:`~arithinterp.engine.forward` runs interventions and reads given as data in one forward,
 :mod:`~arithinterp.engine.stepping` resumes the model's own blocks from any layer and position,
-:mod:`~arithinterp.engine.patches` stacks many patch cells into one resumed run.
+:mod:`~arithinterp.engine.patches` stacks many patch cells into one resumed run,
+:mod:`~arithinterp.engine.ablations` many ablation cells.
 """
 
+from arithinterp.engine.ablations import Ablation, AblationRunner
 from arithinterp.engine.forward import Intervention, Output, Read, RunningMean, mean_activation, run
 from arithinterp.engine.patches import PatchRunner, patch_mask
 from arithinterp.engine.stepping import BaseRun, Stepper, stepper_for
 
 __all__ = [
-    "BaseRun", "Intervention", "Output", "PatchRunner", "Read", "RunningMean", "Stepper",
+    "Ablation", "AblationRunner", "BaseRun", "Intervention", "Output", "PatchRunner", "Read", "RunningMean", "Stepper",
     "mean_activation", "patch_mask", "run", "stepper_for",
 ]

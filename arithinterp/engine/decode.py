@@ -16,9 +16,11 @@ A Hugging Face model behind a ``TransformerBridge`` (``model.original_model``) i
 its decoder (``get_decoder()``), whose layers are the bridge's hooked blocks, and its output
 embedding. Which of these paths a model supports is checked once per model against its plain
 forward (:func:`decode_mode`): ``"cached"`` (decoder + key/value cache), ``"uncached"`` (decoder,
-the prefix re-run per answer token) or ``"full"`` (the plain forward's logits at the last
-position, as for TransformerLens-native models, which have no cache, and for any model while
-hooks are attached, so that hooks see exactly the shapes and positions of the plain forward).
+the prefix re-run per answer token), ``"stepped"`` (TransformerLens-native models, which have no
+cache of their own: the engine's stepper runs each answer token after the first at its own
+position, with the key/value cache it hands native attention, :meth:`Stepper.greedy`) or
+``"full"`` (the plain forward's logits at the last position, for any model while hooks are
+attached, so that hooks see exactly the shapes and positions of the plain forward).
 Interventions given as data (:class:`arithinterp.engine.Intervention`) take the plain path too,
 one :func:`arithinterp.engine.run` per answer token. Every path gives the plain forward's greedy
 tokens; tests compare them.
@@ -36,13 +38,15 @@ import torch
 from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp.engine.forward import run
 from arithinterp.engine.hooks import module_hooks
+from arithinterp.engine.stepping import Stepper, stepper_for
+from arithinterp.errors import AnalysisError
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 __all__ = ["batch_size_for", "decode_mode", "greedy", "teacher_forced_logprobs"]
 
-MODES = ("cached", "uncached", "full")
+MODES = ("cached", "uncached", "stepped", "full")
 MIN_BUDGET = 2**28  # bytes a batch may always use (256 MB), so small models still run in large batches
 MIN_SHARED_SAVING = 0.2  # share a prefix once it saves this fraction of a batch's positions
 _MODES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
@@ -182,7 +186,11 @@ def decode_mode(model: HookedModel, tokens: Optional[torch.Tensor] = None) -> st
         return _MODES[model]
     parts = _hf_parts(model)
     mode = "full"
-    if parts is not None:
+    if parts is None:  # TransformerLens-native: the engine's stepper, with its own key/value cache
+        if tokens is None or tokens.shape[1] < 2:
+            return mode  # nothing to check the stepped path on yet: the plain forward, undecided
+        mode = "stepped" if _steps_greedily(model, tokens[:1, : min(tokens.shape[1], 8)].to(_device(model))) else mode
+    else:
         if tokens is None or tokens.shape[1] < 2:
             return mode  # nothing to check the decoder path on yet: the plain forward, undecided
         decoder, head, config = parts
@@ -204,6 +212,33 @@ def decode_mode(model: HookedModel, tokens: Optional[torch.Tensor] = None) -> st
             _SHARES_PREFIX[model] = _shares_prefix(model, decoder, head, config, probe, tolerance)
     _MODES[model] = mode
     return mode
+
+
+def _stepper(model: Any, tokens: torch.Tensor) -> Optional[Stepper]:
+    """The model's stepper when its blocks can be stepped with keys and values reused, else None."""
+    try:
+        stepper, _ = stepper_for(model, tokens, warn=False)
+    except AnalysisError:  # no blocks to step
+        return None
+    return stepper if stepper is not None and stepper.reuses_prefix else None
+
+
+def _steps_greedily(model: Any, probe: torch.Tensor) -> bool:
+    """Whether :meth:`Stepper.greedy` gives the plain forward's logits: two rows that differ in their
+    last token, continued by three tokens, against the plain forward of what was generated."""
+    rows = probe.repeat(2, 1)
+    rows[1, -1] = probe[0, 0]
+    tolerance = 1e-4 if next(iter(model.parameters())).dtype == torch.float32 else 2e-2
+    with torch.inference_mode():
+        stepper = _stepper(model, rows)
+        if stepper is None:
+            return False
+        try:
+            generated, logits = stepper.greedy(rows, 3)
+        except Exception:  # noqa: BLE001 - a model the stepped decoding does not fit: the plain forward
+            return False
+        full = model(torch.cat([rows, generated[:, :-1]], dim=1), return_type="logits")[:, -3:].float()
+    return _close(logits.float(), full, tolerance)
 
 
 def _shares_prefix(model: Any, decoder: Any, head: Any, config: Any, probe: torch.Tensor, tolerance: float) -> bool:
@@ -249,7 +284,8 @@ def batch_size_for(
     kv = 2 * cfg.n_layers * kv_heads * cfg.d_head * length * element
     vocab = getattr(cfg, "d_vocab_out", -1)
     vocab = vocab if vocab and vocab > 0 else cfg.d_vocab
-    read = n_read if _MODES.get(model, "full") != "full" and not plain else length
+    # the stepped path's teacher-forced scoring is the plain forward: logits at every position
+    read = n_read if _MODES.get(model, "full") in ("cached", "uncached") and not plain else length
     logits = 2 * 4 * read * vocab  # the logits and their log-softmax in float32
     per_prompt = forward_bytes_per_prompt(model, length) + kv + logits
     return int(min(high, max(low, budget // per_prompt)))
@@ -271,6 +307,11 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
         return torch.empty((tokens.shape[0], 0), dtype=torch.long)
     tokens = tokens.to(_device(model))
     mode = "full" if interventions else decode_mode(model, tokens)
+    if mode == "stepped":
+        stepper = _stepper(model, tokens)
+        if stepper is not None:  # None once the weights changed so that stepping no longer matches
+            return stepper.greedy(tokens, n_new)[0].cpu()
+        mode = "full"
     generated = torch.empty((tokens.shape[0], n_new), dtype=torch.long, device=tokens.device)
     if mode == "full":
         for step in range(n_new):
@@ -310,7 +351,7 @@ def teacher_forced_logprobs(model: HookedModel, tokens: torch.Tensor, answer: to
     device = _device(model)
     fed = torch.cat([tokens, answer[:, :-1].clamp(min=0)], dim=1).to(device)
     mode = decode_mode(model, fed)
-    if mode == "full":
+    if mode in ("full", "stepped"):  # one forward either way
         logits = model(fed, return_type="logits")[:, -k:]
     else:
         parts = _hf_parts(model)

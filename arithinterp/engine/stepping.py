@@ -520,6 +520,39 @@ class Stepper:
             value = value.repeat(n_stack, *[1] * (value.ndim - 1))
         return value
 
+    # --- greedy continuation --------------------------------------------------------------------
+
+    def greedy(self, tokens: torch.Tensor, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedily continue ``tokens [B, T]`` (same-length, unpadded prompts) by ``n_new`` tokens:
+        ``(generated [B, n_new], logits [B, n_new, V])``, the logits each token was the argmax of.
+
+        The prompt runs once (:meth:`base`, keys and values kept); each later token runs the blocks
+        at its own position only, attending over every earlier position's keys and values. Block
+        call arguments (positions, masks, rotary tables) come from one row of the longest fed
+        sequence, as for prompts that share a prefix: the same for every row of unpadded prompts.
+        """
+        if not self.reuses_prefix:
+            raise AnalysisError("this model's blocks do not reuse keys and values; decode with whole forwards")
+        run = self.base(tokens, read_only=True)  # the last block's other positions: keys and values only
+        logits = [run.logits]
+        if n_new > 1:
+            longest = torch.cat([tokens[:1], tokens[:1, -1:].expand(1, n_new - 1)], dim=1)
+            calls = self._calls_until(longest, self.n_layers - 1)
+            for call in calls:
+                call.pop("hidden_states")
+            kv, fed = dict(run.kv or {}), tokens
+            for _ in range(n_new - 1):
+                fed = torch.cat([fed, logits[-1].argmax(-1)[:, None]], dim=1)
+                at = fed.shape[1] - 1
+                hidden = self._calls_until(fed, 0)[0]["hidden_states"][:, at:]  # block 0's input there
+                cache = _PrefixCache(kv, record=True)
+                with self._cache_reaches_attention(cache):
+                    final = self._run(BaseRun(fed, [], calls, None, torch.empty(0)), 0, hidden, at, cache)
+                kv = cache.kv
+                logits.append(self.read_logits(final))
+        stacked = torch.stack(logits, 1)
+        return stacked.argmax(-1), stacked
+
     # --- the one-time check ---------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -667,6 +700,9 @@ def model_fingerprint(model) -> tuple:
     """Changes whenever one of the model's parameters is replaced or modified in place: a key
     for results computed from the model (its stepper, its answers)."""
     return _fingerprint(model)
+
+
+ENGINES = ("auto", "stepped", "hooks")  # the engine choices of stepper_for, which analyses pass on
 
 
 def stepper_for(

@@ -15,7 +15,9 @@ from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.deprecation import renamed_keyword
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.neurons.model import final_position_batches, check_prompts, mean_final_activation
+from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
+from arithinterp.engine.budget import memory_budget
+from arithinterp.neurons.model import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
@@ -169,6 +171,47 @@ def _correct(
     return correct
 
 
+def _correct_many(
+    model, prompts, cells: Sequence[dict[int, torch.Tensor]], replacement: dict[int, torch.Tensor], batch_size: int,
+    choice: str = "auto",
+) -> torch.Tensor:
+    """:func:`_correct` of every cell's masks, ``[len(cells), P]`` bool.
+
+    ``choice="hooks"`` (or a model whose blocks cannot be stepped, under ``"auto"``) runs
+    :func:`_correct` cell by cell, whole forwards; otherwise each batch of prompts runs once and
+    the cells are stacked from their lowest ablated layer at the final position
+    (:class:`arithinterp.engine.AblationRunner`), the earlier positions' keys and values reused.
+    """
+    first = next(iter(final_position_batches(prompts, 1)))[1]
+    stepper = None if choice == "hooks" else engine.stepper_for(model, first, choice, warn=False)[0]
+    if stepper is None:
+        return torch.stack([_correct(model, prompts, masks, replacement, batch_size) for masks in cells]) if cells \
+            else torch.zeros(0, len(prompts), dtype=torch.bool)
+    correct = torch.zeros(len(cells), len(prompts), dtype=torch.bool)
+    full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
+    for idx, tokens, final in final_position_batches(prompts, batch_size):
+        answer = prompts.answer_tokens[idx]
+        n_answer = answer.shape[1] if full else 1
+        if full:
+            tokens = torch.cat([tokens, answer[:, :-1].clamp(min=0)], dim=1)
+        T = tokens.shape[1]
+        n_last = T - int(final.min())  # from the earliest final position on: every answer token's logits
+        step = (final - (T - n_last))[:, None] + torch.arange(n_answer)[None]  # [B, n_answer] among those
+        stepper, _ = engine.stepper_for(model, tokens, choice, warn=False)
+        runner = engine.AblationRunner(model, stepper, tokens, n_last=n_last)
+        stacked = [[engine.Ablation("mlp_post", layer, final, mask[idx] if mask.ndim == 2 else mask[None].expand(
+            len(idx), -1), replacement[layer]) for layer, mask in masks.items()] for masks in cells]
+
+        def right(logits, step=step, answer=answer[:, :n_answer]):  # [c, B, n_last, V] -> [c, B]
+            rows = torch.arange(logits.shape[1], device=logits.device)
+            predicted = logits[:, rows[:, None], step.to(logits.device)].argmax(-1).cpu()
+            return ((predicted == answer) | (answer < 0)).all(-1)
+
+        correct[:, idx] = runner.run(stacked, n_last=n_last, score=right,
+                                     max_memory=min(memory_budget(model), DEFAULT_STACK_BYTES))
+    return correct
+
+
 def _association(table: HeuristicTable, prompts, names: Sequence[str]) -> torch.Tensor:
     """``[P, len(names)]`` bool: prompt's (a, b, result) satisfies each heuristic."""
     result = prompts.answer  # the task's result, reduced mod the modulus when there is one
@@ -193,6 +236,7 @@ def ablate_heuristic(
     mode: Optional[str] = None,
     min_neurons: int = 1,
     batch_size: int = 512,
+    engine: str = "auto",
     progress: bool = False,
 ) -> HeuristicAblation:
     """Ablate the neurons of each heuristic; accuracy on associated vs other prompts (Nikankin et al. 2025).
@@ -206,12 +250,17 @@ def ablate_heuristic(
     Args:
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
             ``min_neurons`` neurons.
+        engine: ``"auto"`` (the heuristics stacked and resumed from their lowest ablated layer at the
+            final position, each batch of prompts run once, where the model's blocks can be stepped;
+            else whole forwards), ``"stepped"`` (refuse to fall back) or ``"hooks"`` (one whole
+            forward per heuristic and batch, the reference).
     """
     check_belongs(model, "neurons.ablate_heuristic", prompts=prompts, table=table)
     mode = renamed_keyword("neurons.ablate_heuristic", "mode", mode, "ablation", ablation, "mean")
     check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
+    check_engine(engine)
     if heuristic is None:
         counts = table.labels.sum(0)
         names = [n for n, c in zip(table.names, counts.tolist()) if c >= min_neurons]
@@ -224,7 +273,6 @@ def ablate_heuristic(
     layers = sorted(set(table.layer.tolist()))
     fill = _replacement(model, prompts, layers, mode, batch_size)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
-    before = _correct(model, prompts, {}, replacement, batch_size)
     associated = _association(table, prompts, names)
     d_mlp = int(model.cfg.d_mlp)
     rows = dict(
@@ -236,14 +284,22 @@ def ablate_heuristic(
         other_before=[],
         other_after=[],
     )
-    for j, name in enumerate(tqdm(names, desc="ablate heuristics", disable=not progress)):
+    cells = []  # the neurons of each heuristic, per layer
+    for name in names:
         members = table.neurons_of(name)
         masks = {}
         for l in layers:
             chosen = table.neuron[members][table.layer[members] == l]
             if chosen.numel():
                 masks[l] = torch.zeros(d_mlp, dtype=torch.bool).index_fill_(0, chosen, True)
-        after = _correct(model, prompts, masks, replacement, batch_size) if masks else before
+        cells.append(masks)
+    # nothing ablated first; a heuristic without neurons leaves the run as it is
+    results = _correct_many(model, prompts, [{}] + [masks for masks in cells if masks], replacement, batch_size,
+                            engine)
+    before, runs = results[0], iter(results[1:])
+    for j, name in enumerate(tqdm(names, desc="ablate heuristics", disable=not progress)):
+        members = table.neurons_of(name)
+        after = next(runs) if cells[j] else before
         assoc = associated[:, j]
         rows["n_neurons"].append(len(members))
         rows["n_associated"].append(int(assoc.sum()))
@@ -271,6 +327,7 @@ def ablate_for_prompt(
     rank_by: str = "score",
     seed: int = 0,
     batch_size: int = 512,
+    engine: str = "auto",
     progress: bool = False,
 ) -> PromptAblation:
     """For each prompt, ablate the neurons whose heuristics it satisfies, vs a random control.
@@ -282,12 +339,14 @@ def ablate_for_prompt(
     that layer (its top neurons not associated with the prompt). Follows Nikankin et al. 2025.
 
     Returns the fraction of prompts still answered correctly in both arms for each ``k``.
+    ``engine``: as in :func:`ablate_heuristic` (every ``k`` and arm stacked; ``"hooks"`` the reference).
     """
     check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
     mode = renamed_keyword("neurons.ablate_for_prompt", "mode", mode, "ablation", ablation, "mean")
     check_prompts(prompts)
     _check_table(model, table)
     _check_mode(mode)
+    check_engine(engine)
     if rank_by not in ("score", "importance"):
         raise ConfigError(f"unknown rank_by {rank_by!r}; accepted: 'score', 'importance'")
     ks = integers("k", k, ConfigError)
@@ -312,10 +371,9 @@ def ablate_for_prompt(
     layers = sorted(set(table.layer.tolist()))
     fill = _replacement(model, prompts, layers, mode, batch_size)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
-    baseline = _correct(model, prompts, {}, replacement, batch_size)
     d_mlp = int(model.cfg.d_mlp)
     P = len(prompts)
-    heur, ctrl, sizes = [], [], []
+    cells, sizes = [{}], []  # nothing ablated, then each k's heuristic and control masks
     for kk in tqdm(ks, desc="ablate per prompt", disable=not progress):
         masks_h, masks_c, total = {}, {}, torch.zeros(P)
         for l in layers:
@@ -330,15 +388,16 @@ def ablate_for_prompt(
             masks_h[l] = _scatter_mask(pick, table.neuron[cols], d_mlp)
             masks_c[l] = _scatter_mask(pick_c, table.neuron[cols], d_mlp)
             total += pick.sum(1)
-        heur.append(float(_correct(model, prompts, masks_h, replacement, batch_size).float().mean()))
-        ctrl.append(float(_correct(model, prompts, masks_c, replacement, batch_size).float().mean()))
+        cells += [masks_h, masks_c]
         sizes.append(float(total.mean()))
+    accuracy = _correct_many(model, prompts, cells, replacement, batch_size, engine).float().mean(1)
+    baseline = accuracy[0]
     return PromptAblation(
         ks=ks,
-        heuristic_correct=torch.tensor(heur),
-        control_correct=torch.tensor(ctrl),
+        heuristic_correct=accuracy[1::2].clone(),
+        control_correct=accuracy[2::2].clone(),
         n_ablated=torch.tensor(sizes),
-        baseline=float(baseline.float().mean()),
+        baseline=float(baseline),
         n_prompts=P,
         mode=mode,
         meta=build_meta(model, n_prompts=P, rank_by=rank_by, seed=seed, threshold=table.threshold),

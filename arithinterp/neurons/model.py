@@ -23,6 +23,8 @@ from arithinterp.engine.budget import (
     release_freed_memory,
 )
 from arithinterp.engine.patches import UNCHANGED
+from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
+from arithinterp.engine.stepping import ENGINES
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.neurons.scoring import check_threshold, classify_maps, classify_stream
@@ -209,6 +211,7 @@ def importance(
     *,
     batch_size: Optional[int] = None,
     max_memory: Optional[float] = None,
+    engine: str = "auto",
     progress: bool = False,
 ) -> NeuronImportance:
     """Rank MLP neurons by their effect on the answer (Nikankin et al. 2025).
@@ -237,6 +240,10 @@ def importance(
         max_memory: bytes a batch may use on top of the model
             (:func:`arithinterp.engine.budget.memory_budget`; default from the model's size and the
             machine's available memory).
+        engine: for ``"patching"`` and ``"mean_ablation"``: ``"auto"`` (one stacked run per layer
+            and block of neurons, resumed at that layer and the final position with the prompts'
+            keys and values reused, where the model's blocks can be stepped; else whole forwards),
+            ``"stepped"`` (refuse to fall back) or ``"hooks"`` (whole forwards, the reference).
 
     Returns :class:`NeuronImportance` with ``scores`` ``[len(layers), d_mlp]``.
     """
@@ -249,6 +256,7 @@ def importance(
         method = _DEPRECATED_METHODS[method]
     if method not in IMPORTANCE_METHODS:
         raise ConfigError(f"unknown importance method {method!r}; accepted: {accepted(IMPORTANCE_METHODS)}")
+    check_engine(engine)
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"pairs must be PromptPairs (from prompts.counterfactual()), got {type(pairs).__name__}")
     check_prompts(pairs.clean, "pairs.clean")
@@ -262,9 +270,9 @@ def importance(
     if method == "attribution":
         effects = _attribution(model, pairs, chosen, batch_size, budget, progress)
     elif method == "patching":
-        effects = _patch_effects(model, pairs, chosen, batch_size, budget, progress)
+        effects = _patch_effects(model, pairs, chosen, batch_size, budget, progress, engine)
     else:
-        effects = _mean_ablation_effects(model, pairs, chosen, batch_size, budget, progress)
+        effects = _mean_ablation_effects(model, pairs, chosen, batch_size, budget, progress, engine)
     moments = _Moments()
     for batch in effects:  # [B, L, d_mlp] per batch of prompts
         moments.add(batch.abs())
@@ -276,6 +284,12 @@ def importance(
         meta=build_meta(model, n_pairs=len(pairs), top_k=top_k, vary=getattr(pairs, "vary", None), metric="logit_diff",
                         max_memory=budget),
     )
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; accepted: {accepted(ENGINES)}")
+    return engine
 
 
 def check_batch_size(batch_size: Optional[int]) -> Optional[int]:
@@ -369,7 +383,7 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
     bar.close()
 
 
-def _patch_effects(model, pairs, layers, batch_size, budget, progress) -> Iterator[torch.Tensor]:
+def _patch_effects(model, pairs, layers, batch_size, budget, progress, choice="auto") -> Iterator[torch.Tensor]:
     """``"patching"``: each neuron set to its value on the corrupt prompt, ``[B, len(layers), d_mlp]``
     per batch.
 
@@ -389,7 +403,7 @@ def _patch_effects(model, pairs, layers, batch_size, budget, progress) -> Iterat
         for idx, tokens, final in jobs:
             B = len(idx)
             out = torch.zeros(B, len(layers), d_mlp)
-            stepper, _ = engine.stepper_for(model, tokens)
+            stepper, _ = engine.stepper_for(model, tokens, choice)
             runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx))
             g, b = good[idx], bad[idx]
             base = _final_metric(runner.base_logits.float(), g, b)
@@ -413,17 +427,55 @@ def _patch_effects(model, pairs, layers, batch_size, budget, progress) -> Iterat
     bar.close()
 
 
-def _mean_ablation_effects(model, pairs, layers, batch_size, budget, progress) -> Iterator[torch.Tensor]:
+def _mean_ablation_effects(model, pairs, layers, batch_size, budget, progress, choice="auto") -> Iterator[torch.Tensor]:
     """``"mean_ablation"``: each neuron set to its mean ablation value over the clean prompts."""
     clean = pairs.clean
     mean = mean_final_activation(model, clean, layers, batch_size, max_memory=budget)  # [L, d_mlp]
+    answers = (clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0])
+    if choice != "hooks":
+        first = next(iter(final_position_batches(clean, 1)))[1]
+        stepper, _ = engine.stepper_for(model, first, choice, warn=False)
+        if stepper is not None:
+            return _stacked_ablation_effects(model, clean, answers, layers, mean, batch_size, budget, progress, choice)
 
     def mean_values(idx, final):
         return [mean[i][None].expand(len(idx), -1) for i in range(len(layers))]
 
-    answers = (clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0])
     return _replacement_effects(model, clean, answers, layers, mean_values, batch_size, budget, progress,
                                 "mean-ablate neurons")
+
+
+def _stacked_ablation_effects(model, prompts, answers, layers, mean, batch_size, budget, progress,
+                              choice) -> Iterator[torch.Tensor]:
+    """:func:`_replacement_effects` with the same value for every prompt (``mean [L, d_mlp]``),
+    through the engine's stacked ablations (:class:`arithinterp.engine.AblationRunner`): per batch
+    of prompts one base run, then per layer one stack of single-neuron cells, resumed at that layer
+    and the final position with the base run's keys and values of the earlier positions."""
+    d_mlp = int(model.cfg.d_mlp)
+    good, bad = answers
+    block = max(1, batch_size // 8) if batch_size is not None else 64
+    jobs = list(final_position_batches(prompts, block))
+    bar = tqdm(total=len(jobs) * len(layers), desc="mean-ablate neurons", disable=not progress)
+    with torch.inference_mode():
+        for idx, tokens, final in jobs:
+            stepper, _ = engine.stepper_for(model, tokens, choice, warn=False)
+            runner = engine.AblationRunner(model, stepper, tokens)
+            g, b = good[idx], bad[idx]
+            base = _final_metric(runner.base_logits.float(), g, b)
+
+            def effect(logits, g=g, b=b, base=base):  # [c, B, V] -> metric after - before, [c, B]
+                c = logits.shape[0]
+                metric = _final_metric(logits.flatten(0, 1).float(), g.repeat(c), b.repeat(c)).view(c, -1)
+                return (metric - base[None]).cpu()
+
+            out = torch.zeros(len(idx), len(layers), d_mlp)
+            for i, layer in enumerate(layers):
+                cells = [[engine.Ablation("mlp_post", layer, final, torch.tensor([n]), mean[i])]
+                         for n in range(d_mlp)]
+                out[:, i] = runner.run(cells, score=effect, max_memory=min(budget, DEFAULT_STACK_BYTES)).T.float()
+                bar.update(1)
+            yield out
+    bar.close()
 
 
 def _grid_index(prompts) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor]:

@@ -447,13 +447,19 @@ def token_scores(prompts) -> Callable:
     n_scored = _n_scored(prompts)
 
     def score(logits, rows):
-        answer = prompts.answer_tokens[rows, :n_scored].to(logits.device)
-        real = answer >= 0
-        logprob = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0)[..., None])[..., 0]
-        correct = (logits.argmax(-1) == answer) | ~real
-        return torch.stack([correct.float(), logprob * real], dim=-1)
+        return answer_scores(logits, prompts.answer_tokens[rows, :n_scored])
 
     return score
+
+
+def answer_scores(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Argmax correct and log-probability of ``answer [...]`` under ``logits [..., V]``, ``[..., 2]``
+    (a padded answer token, −1, counts as correct with log-probability 0)."""
+    answer = answer.to(logits.device)
+    real = answer >= 0
+    logprob = logits.float().log_softmax(-1).gather(-1, answer.clamp(min=0)[..., None])[..., 0]
+    correct = (logits.argmax(-1) == answer) | ~real
+    return torch.stack([correct.float(), logprob * real], dim=-1)
 
 
 def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], ablation: str = "mean",

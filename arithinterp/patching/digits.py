@@ -19,7 +19,19 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp.deprecation import renamed_keyword
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
-from arithinterp.patching.components import ablated_scores, parse_components, token_scores
+from arithinterp import sites as site_lib
+from arithinterp.engine import AblationRunner, Ablation, Read, RunningMean, stepper_for
+from arithinterp.engine.budget import memory_budget
+from arithinterp.engine import run as engine_run
+from arithinterp.patching.components import (
+    _position_rows,
+    _teacher_forced,
+    ablated_scores,
+    answer_scores,
+    parse_components,
+    token_scores,
+)
+from arithinterp.engine.stepping import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel
@@ -80,7 +92,7 @@ class DigitAblationResult(Result):
 
 def digit_ablation(
     model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, ablation: str = "mean",
-    seed: int = 0, *, progress: bool = True, mode: Optional[str] = None,
+    seed: int = 0, *, engine: str = "auto", progress: bool = True, mode: Optional[str] = None,
 ) -> DigitAblationResult:
     """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
     "Understanding Addition in Transformers").
@@ -95,10 +107,15 @@ def digit_ablation(
         prompts: a PromptSet with multi-token answers (e.g. ``zoo:add-3digit``'s); its scoring is
             set to ``"full_answer"`` here.
         heads: ``"L{layer}H{head}"`` names (default: every head).
+        engine: ``"auto"`` (the heads of one layer at one answer position stacked and resumed at
+            that layer and position, the teacher-forced prompts' base run reused, when the model's
+            blocks can be stepped; else whole forwards), ``"stepped"`` (refuse to fall back) or
+            ``"hooks"`` (one whole forward per head and answer position).
     """
     check_belongs(model, "patching.digit_ablation", prompts=prompts)
     mode = renamed_keyword("patching.digit_ablation", "mode", mode, "ablation", ablation, "mean")
     check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
+    check_choice("engine", engine, ENGINES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     n_answer = prompts.answer_tokens.shape[1]
@@ -113,21 +130,126 @@ def digit_ablation(
     parsed = parse_components(model, names, ("head",))
     if any(c.position is not None for c in parsed):
         raise ConfigError("heads are ablated at each answer position in turn; name them without '@position'")
+    baseline, cells, used = digit_scores(model, prompts, parsed, mode, seed, engine=engine, progress=progress)
+    return DigitAblationResult(
+        heads=[c.name for c in parsed], accuracy=cells[..., 0].mean(-1), baseline=baseline[..., 0].mean(0), mode=mode,
+        meta=build_meta(model, n_prompts=len(prompts), seed=seed, engine=used),
+    )
+
+
+def digit_scores(
+    model: HookedModel, prompts: PromptSet, parsed: list, mode: str, seed: int, *, engine: str = "auto",
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Per-prompt scores behind :func:`digit_ablation`: ``(baseline [N, n_answer, 2], cells [n_heads,
+    n_answer, N, 2], engine used)``, the last axis (argmax correct, log-probability) of answer token
+    k, teacher-forced, with head ``parsed[i]`` ablated at the position predicting token k (cells) or
+    nothing ablated (baseline). ``engine="hooks"`` runs one whole forward per cell (the reference)."""
     prompts = prompts.with_scoring("full_answer")
+    n_answer = prompts.answer_tokens.shape[1]
+    if engine != "hooks":
+        stepped = _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress)
+        if stepped is not None:
+            return (*stepped, "stepped")
     score, means = token_scores(prompts), {}  # each layer's mean head output is computed once
 
-    def correct(components) -> torch.Tensor:  # [n_prompts, n_answer] whether each token is the argmax
-        return ablated_scores(model, prompts, components, mode, seed, keep=False, score=score, means=means)[..., 0]
+    def scores(components) -> torch.Tensor:  # [n_prompts, n_answer, 2]
+        return ablated_scores(model, prompts, components, mode, seed, keep=False, score=score, means=means)
 
-    baseline = correct([]).mean(0)
-    accuracy = torch.empty(len(parsed), n_answer)
-    cells = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
-    for i, k in tqdm(cells, desc="digit ablation", disable=not progress):
-        accuracy[i, k] = correct([replace(parsed[i], position=f"answer{k}")])[:, k].mean()
-    return DigitAblationResult(
-        heads=[c.name for c in parsed], accuracy=accuracy, baseline=baseline, mode=mode,
-        meta=build_meta(model, n_prompts=len(prompts), seed=seed),
-    )
+    baseline = scores([])
+    cells = torch.empty(len(parsed), n_answer, len(prompts), 2)
+    jobs = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
+    for i, k in tqdm(jobs, desc="digit ablation", disable=not progress):
+        cells[i, k] = scores([replace(parsed[i], position=f"answer{k}")])[:, k]
+    return baseline, cells, "hooks"
+
+
+def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, batch_size: int = 512):
+    """:func:`digit_scores` through the engine's stacked ablations (:class:`arithinterp.engine.AblationRunner`):
+    per batch of equal-length prompts, one base run of the teacher-forced prompts, then per layer and
+    answer position one run of that layer's heads stacked, resumed at that layer and position. The
+    ablation values are those of :func:`~arithinterp.patching.components.ablated_scores`: the mean
+    over the prompts at each answer position (read from the base runs; every prompt has the answer
+    positions), zero, or the same resampling draws. None when the model cannot be stepped
+    (``engine="auto"``)."""
+    n_answer = prompts.answer_tokens.shape[1]
+    fed, fed_lengths = _teacher_forced(prompts, n_answer)
+    width = fed.shape[1]
+    layers = sorted({c.layer for c in parsed})
+    names = {layer: site_lib.hook_name("attn_z", layer) for layer in layers}
+    generator = torch.Generator().manual_seed(seed)
+    score = token_scores(prompts)
+    batches = []  # (rows, tokens, offset, length, stepper) per batch of equal-length prompts
+    for group in prompts.length_groups():
+        length = int(fed_lengths[group[0]])
+        tokens = fed[group, width - length :]
+        stepper, _ = stepper_for(model, tokens, engine, warn=False)
+        if stepper is None:
+            return None
+        shuffled: dict = {}
+        if mode == "resample":  # the group's own head outputs, each prompt given another's (ablated_scores' draw)
+            reads = [Read("attn_z", layer) for layer in layers]
+            with torch.inference_mode():
+                runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads
+                        for chunk in torch.arange(len(group)).split(batch_size)]
+            order = torch.randperm(len(group), generator=generator)
+            shuffled = {layer: torch.cat([r[j] for r in runs]).float().cpu()[order] for j, layer in enumerate(layers)}
+        for chunk in torch.arange(len(group)).split(batch_size):
+            values = {layer: shuffled[layer][chunk] for layer in layers} if mode == "resample" else None
+            batches.append((group[chunk], tokens[chunk], prompts.offset(group), length, stepper, values))
+    # base runs: kept for the ablations when they fit the memory budget, else run again
+    keep = len(fed) * _base_run_bytes(model, width) <= memory_budget(model)
+    runners: list = []
+    means = {layer: RunningMean() for layer in layers}
+    for _rows, tokens, _, _, stepper, _ in batches:
+        runner = AblationRunner(model, stepper, tokens, n_last=n_answer, read=list(names.values()))
+        for layer in layers:  # the answer positions: a one-frame mean over every prompt
+            means[layer].add(_heads(model, runner.read[names[layer]]).float().cpu())
+        runners.append(runner if keep else None)
+    mean = {layer: means[layer].value() for layer in layers}  # [n_answer, H, d_head]
+    baseline = torch.empty(len(prompts), n_answer, 2)
+    cells = torch.empty(len(parsed), n_answer, len(prompts), 2)
+    by_layer: dict[int, list[int]] = {}
+    for i, c in enumerate(parsed):
+        by_layer.setdefault(c.layer, []).append(i)
+    for j, (rows, tokens, offset, length, stepper, shuffled) in enumerate(tqdm(batches, desc="digit ablation",
+                                                                               disable=not progress)):
+        runner = runners[j] or AblationRunner(model, stepper, tokens, n_last=n_answer)
+        runners[j] = None
+        baseline[rows] = score(runner.base_logits.float(), rows).cpu()
+        for k in range(n_answer):
+            positions = _position_rows(prompts, f"answer{k}", rows, offset, length)  # [B], unpadded
+            assert positions is not None  # a named position always resolves to one per prompt
+            cell_list, order = [], []
+            for layer, members in by_layer.items():
+                if mode == "mean":
+                    value = mean[layer][positions - (length - n_answer)]  # [B, H, d_head]
+                elif mode == "resample":
+                    value = _heads(model, shuffled[layer])[torch.arange(len(rows)), positions]
+                else:
+                    value = None
+                for i in members:
+                    cell_list.append([Ablation("attn_z", layer, positions, torch.tensor([parsed[i].unit]), value)])
+                    order.append(i)
+
+            def token_k(logits, k=k, rows=rows):  # [c, B, n_answer - k, V] -> [c, B, 2] of token k
+                return answer_scores(logits[:, :, 0], prompts.answer_tokens[rows, k].expand(len(logits), -1)).cpu()
+
+            cells[torch.tensor(order)[:, None], k, rows[None]] = runner.run(cell_list, n_last=n_answer - k,
+                                                                           score=token_k)
+    return baseline, cells
+
+
+def _base_run_bytes(model, T: int) -> int:
+    """Rough bytes a stepped base run keeps per prompt: every block's input, keys and values."""
+    cfg = model.cfg
+    kv_heads = int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
+    return 4 * T * int(cfg.n_layers) * (int(cfg.d_model) + 2 * kv_heads * int(cfg.d_head))
+
+
+def _heads(model, activation: torch.Tensor) -> torch.Tensor:
+    """``attn_z`` ``[B, T, H, d_head]`` (bridges fire it flat)."""
+    return activation.unflatten(-1, (int(model.cfg.n_heads), -1)) if activation.ndim == 3 else activation
 
 
 def _fed(prompts: PromptSet, fed: torch.Tensor, k: int) -> PromptSet:
