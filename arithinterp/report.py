@@ -207,13 +207,13 @@ class Context:
         return self.control
 
     def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
-                   pilot: Callable[[Any, list[int]], object]) -> tuple[Any, list[int], str]:
+                   pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT) -> tuple[Any, list[int], str]:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
-        measured by ``pilot(items, layers)`` on up to :data:`PILOT` items at one and at two layers
+        measured by ``pilot(items, layers)`` on up to ``pilot_items`` items at one and at two layers
         (a fixed cost per item plus one per layer); :class:`OverBudget` when not even one layer fits."""
-        k = min(PILOT, len(items))
+        k = min(pilot_items, len(items))
         times = []
         for layers in ([n_layers - 1], [0, n_layers - 1]):
             start = time.perf_counter()
@@ -747,8 +747,13 @@ def neurons_stage(ctx: Context) -> Section:
     try:
         prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["neurons"][0], per_item=7 * ctx.budget.forward_seconds)
     except OverBudget:  # the neurons of a sample of the layers rather than none
+        def pilot(some, layers: list[int]):
+            with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
+                classify(some, layers)
+
+        # 25 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
         prompts, layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], ctx.model.cfg.n_layers,
-                                                 pilot=classify)
+                                                 pilot=pilot, pilot_items=25)
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
     table = classify(prompts, layers)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
