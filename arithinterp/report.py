@@ -840,18 +840,19 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], s
     start = time.perf_counter()
     with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
         circuits.faithfulness(ctx.model, few, scored, [0, scored.n_edges])
-    per_size = (time.perf_counter() - start) / (2 * len(few))
+    # the two sizes, every edge ablated and the clean run: four edge-set runs per pair
+    per_size = (time.perf_counter() - start) / (4 * len(few))
     default = sorted({0, scored.n_edges, *[2**i for i in range(scored.n_edges.bit_length()) if 2**i < scored.n_edges]})
     left = ctx.seconds_left() - len(chosen) * per_score
-    n_curve = min(len(chosen), int(max(left, 0.0) / (per_size * CURVE_SIZES)))
+    n_curve = min(len(chosen), int(max(left, 0.0) / (per_size * (CURVE_SIZES + 2))))
     if n_curve < CURVE_PAIRS:
+        least = len(chosen) * per_score + CURVE_PAIRS * (CURVE_SIZES + 2) * per_size
         raise OverBudget(
             f"Not run within the budget: EAP-IG on the minimum of {minimum} pairs ({per_score:.2g} s each) and a "
             f"faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} of them ({per_size:.2g} s per pair and size) "
-            f"would take about {_secs(len(chosen) * per_score + CURVE_PAIRS * CURVE_SIZES * per_size)}, more than the "
-            f"{_secs(max(ctx.seconds_left(), 0.0))} left of this stage's {_secs(ctx.budget.seconds)} budget; give the "
-            "report more time (budget=, --budget SECONDS).")
-    n_sizes = min(len(default), int(left / (per_size * n_curve)))
+            f"would take about {_secs(least)}, more than the {_secs(max(ctx.seconds_left(), 0.0))} left of this "
+            f"stage's {_secs(ctx.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
+    n_sizes = min(len(default), int(left / (per_size * n_curve)) - 2)
     sizes = [default[i] for i in spread(len(default), n_sizes)]
     curve_pairs = chosen[: n_curve]
     sentence = (f"sampled {len(chosen):,} of {n:,} pairs to fit the {_secs(ctx.budget.seconds)} budget; the "
