@@ -207,12 +207,22 @@ class Context:
         return self.control
 
     def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
-                   pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT) -> tuple[Any, list[int], str]:
+                   pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT,
+                   prior: float = 0.0) -> tuple[Any, list[int], str]:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
         measured by ``pilot(items, layers)`` on up to ``pilot_items`` items at one and at two layers
-        (a fixed cost per item plus one per layer); :class:`OverBudget` when not even one layer fits."""
+        (a fixed cost per item plus one per layer); :class:`OverBudget` when not even one layer fits,
+        without a pilot when ``prior`` (prompt evaluations per item at one layer) puts the minimum
+        at one layer above twice the time left."""
+        guess = prior * self.budget.forward_seconds * minimum
+        if guess > 2 * self.seconds_left():
+            raise OverBudget(
+                f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
+                f"{_secs(guess)} (estimated from the evaluation's time per prompt), more than the "
+                f"{_secs(max(self.seconds_left(), 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; "
+                "give the report more time (budget=, --budget SECONDS).")
         k = min(pilot_items, len(items))
         times = []
         for layers in ([n_layers - 1], [0, n_layers - 1]):
@@ -417,7 +427,8 @@ def patching_stage(ctx: Context) -> Section:
         positions = [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
         pairs, layers, fitted = ctx.fit_layers(
             pairs, "pairs", MINIMUMS["patching"][0], cfg.n_layers,
-            pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions))
+            pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions),
+            pilot_items=8)  # 8 pairs, not 4: the base runs and the attribution batch better, as in the real run
         fitted += f"; positions {', '.join(positions)} only"
     section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
     resid, heads, mlps, approx = _sweeps(ctx, pairs, layers=layers, positions=positions)
@@ -469,7 +480,8 @@ def digits_stage(ctx: Context) -> Section:
     except OverBudget:  # the heads of a sample of the layers rather than none
         prompts, layers, fitted = ctx.fit_layers(
             prompts, "prompts", MINIMUMS["digits"][0], cfg.n_layers,
-            pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False))
+            pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
+            prior=cfg.n_heads * int(prompts.answer_tokens.shape[1]))  # a teacher-forced forward per head and token
     section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
     result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     drop = result.drop
@@ -786,9 +798,12 @@ def circuits_stage(ctx: Context) -> Section:
     cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
     edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
     curve_pairs, sizes = None, None
+    prior = 5 * (2 + 2 * 5 + edges.bit_length() + 2)
     try:
-        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot,
-                                prior=5 * (2 + 2 * 5 + edges.bit_length() + 2))
+        if prior * ctx.budget.forward_seconds * MINIMUMS["circuits"][0] > ctx.seconds_left():
+            # a pilot of the whole curve would itself take much of the time: time its parts on two pairs instead
+            raise OverBudget("the whole curve does not fit")
+        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
     except OverBudget:  # every edge scored on the minimum of pairs; the curve at fewer sizes, on fewer pairs
         pairs, curve_pairs, sizes, fitted = _fit_curve(ctx, pairs, memory)
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
@@ -1056,8 +1071,10 @@ def _check_budget(budget: Any) -> float:
 def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
                      seed: int) -> tuple[Any, Any, float, str]:
     """Evaluate a seeded sample of ``prompts`` that fits ``seconds``: the first 16 (in a seeded
-    order) are timed, and as many more are evaluated as the rest of the time allows →
-    ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``."""
+    order) are timed, then as many more as the rest of the time allows at that rate, and again at
+    the rate of the larger batch just measured (the first batch pays one-off costs, so its rate
+    under-fills the time) → ``(prompts evaluated, their evaluation, seconds per prompt, sample
+    sentence)``; seconds per prompt is the last rate measured."""
     import torch
 
     from arithinterp.tasks import Evaluation
@@ -1069,11 +1086,19 @@ def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
     first = order[: min(16, n)]
     parts = [prompts[first].evaluate(model, batch_size=batch)]
     per_prompt = (time.perf_counter() - start) / len(first)
-    fits = len(first) + int(max(seconds - (time.perf_counter() - start), 0.0) / max(per_prompt, 1e-9))
-    chosen = order[: min(n, fits)]
-    if len(chosen) > len(first):  # the batch again: the first call found the decode path, which sets the cost
+    done = len(first)
+    for _ in range(2):  # the second round corrects the first round's rate
+        fits = done + int(max(seconds - (time.perf_counter() - start), 0.0) / max(per_prompt, 1e-9))
+        more = order[done: min(n, fits)]
+        if len(more) == 0:
+            break
+        # the batch again: the first call found the decode path, which sets the cost
         batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
-        parts.append(prompts[chosen[len(first):]].evaluate(model, batch_size=batch))
+        begin = time.perf_counter()
+        parts.append(prompts[more].evaluate(model, batch_size=batch))
+        per_prompt = (time.perf_counter() - begin) / len(more)
+        done += len(more)
+    chosen = order[:done]
     keep, where = chosen.sort()  # the sample in the prompt set's order, and where each was evaluated
     joined = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
                         [t for p in parts for t in p.answer_text], torch.cat([p.generated_tokens for p in parts]))
@@ -1244,6 +1269,9 @@ def write_report(
             warnings.warn(f"report stage {name!r} failed: {_reason(error)}", stacklevel=2)
             gc.collect()  # what the failed stage held is garbage now; free it before the next one
         section.seconds = time.perf_counter() - ctx.stage_start
+        if not correct_only:  # the minimums count correct prompts; here every evaluated prompt is used
+            section.sample = section.sample.replace("correctly answered prompts", "prompts, answered correctly or not")
+            section.findings = [f.replace("correctly answered prompts", "prompts") for f in section.findings]
         page.add(name, section, f"{state}: {section.seconds:.1f} s of its {_secs(seconds)} budget"
                  + (f"; {section.sample}" if state == "done" and section.sample else ""))
     return page.write()
