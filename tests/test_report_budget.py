@@ -252,7 +252,9 @@ def test_a_random_llama_with_few_shot_prompts_gets_a_complete_page_within_a_smal
     assert all(re.search(r": [\d.]+ s of its [\d.]+ s budget", s) for s in states.values()), states
     evaluated = re.search(r"sampled ([\d,]+) of 2,000 prompts to fit the [\d.]+ s budget",
                           states["Evaluating the task"])
-    assert evaluated and 16 <= int(evaluated.group(1).replace(",", "")) < 2000
+    # a tiny model may evaluate every prompt within its share (measured at the second round's rate)
+    assert (evaluated and 16 <= int(evaluated.group(1).replace(",", "")) < 2000) or re.search(
+        r"all 2,000 prompts fit the [\d.]+ s budget", states["Evaluating the task"]), states["Evaluating the task"]
     # every section says what it rests on, or why it drew nothing
     for title, body in re.findall(r"<section><h2>(.*?)</h2>(.*?)</section>", text, re.S):
         assert re.search(r"class='sample'>sample: \d+ |<li>(Not enough data|Not run|Failed)", body), title
