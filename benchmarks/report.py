@@ -10,7 +10,7 @@ budget and sample (read from the page's stage list) and the process's peak resid
 every analysis says "not enough data"; ``--all-prompts`` (``correct_only=False``, the CLI's
 ``--all-prompts``) runs every stage on every evaluated prompt — the heavy stages at full size.
 
-    python benchmarks/report.py [--budget 480] [--all-prompts] [--write docs/benchmarks.md]
+    python benchmarks/report.py [--budget 480] [--all-prompts] [--folder DIR] [--page PAGE.html] [--write FILE.md]
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="write_report's budget (default: its default)")
     parser.add_argument("--all-prompts", action="store_true", help="every evaluated prompt (correct_only=False)")
     parser.add_argument("--page", default=None, help="also save the report page here")
+    parser.add_argument("--folder", default=None, help="build the random-weight model here and keep it")
     parser.add_argument("--write", default=None, help="append the table to this Markdown file")
     add_shape_arguments(parser)
     args = parser.parse_args()
@@ -83,7 +84,7 @@ def main() -> None:
     budget = DEFAULT_BUDGET if args.budget is None else args.budget
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "llama"
+        folder = Path(args.folder) if args.folder else Path(tmp) / "llama"
         build(folder, args)
         run = report_run(folder, budget, correct_only=not args.all_prompts)
     if args.page:
