@@ -251,7 +251,6 @@ class Context:
             f"({', '.join(map(str, layers))}) to fit the {_secs(self.budget.seconds)} budget: every layer would take "
             f"about {_secs(len(chosen) * (fixed + per_layer * n_layers))}")
 
-
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
             per_item: Optional[float] = None, prior: float = 0.0) -> tuple[Any, str]:
         """The largest seeded sample of ``items`` (prompts or pairs) that fits the time left of this
