@@ -426,8 +426,7 @@ def patching_stage(ctx: Context) -> Section:
         positions = [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
         pairs, layers, fitted = ctx.fit_layers(
             pairs, "pairs", MINIMUMS["patching"][0], cfg.n_layers,
-            pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions),
-            pilot_items=8)  # 8 pairs, not 4: the base runs and the attribution batch better, as in the real run
+            pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions))
         fitted += f"; positions {', '.join(positions)} only"
     section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
     resid, heads, mlps, approx = _sweeps(ctx, pairs, layers=layers, positions=positions)
@@ -1070,10 +1069,11 @@ def _check_budget(budget: Any) -> float:
 def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
                      seed: int) -> tuple[Any, Any, float, str]:
     """Evaluate a seeded sample of ``prompts`` that fits ``seconds``: the first 16 (in a seeded
-    order) are timed, then as many more as the rest of the time allows at that rate, and again at
-    the rate of the larger batch just measured (the first batch pays one-off costs, so its rate
-    under-fills the time) → ``(prompts evaluated, their evaluation, seconds per prompt, sample
-    sentence)``; seconds per prompt is the last rate measured."""
+    order) are timed, and as many more are evaluated as the rest of the time allows →
+    ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``. The first
+    batch pays one-off costs, so the rate over-states the cost and the share is under-filled: the
+    cheaper error, since a second round at the larger batch's rate evaluates nearly every prompt
+    and the stages that use every evaluated prompt (the helix fit) then overrun their shares."""
     import torch
 
     from arithinterp.tasks import Evaluation
@@ -1085,19 +1085,11 @@ def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
     first = order[: min(16, n)]
     parts = [prompts[first].evaluate(model, batch_size=batch)]
     per_prompt = (time.perf_counter() - start) / len(first)
-    done = len(first)
-    for _ in range(2):  # the second round corrects the first round's rate
-        fits = done + int(max(seconds - (time.perf_counter() - start), 0.0) / max(per_prompt, 1e-9))
-        more = order[done: min(n, fits)]
-        if len(more) == 0:
-            break
-        # the batch again: the first call found the decode path, which sets the cost
+    fits = len(first) + int(max(seconds - (time.perf_counter() - start), 0.0) / max(per_prompt, 1e-9))
+    chosen = order[: min(n, fits)]
+    if len(chosen) > len(first):  # the batch again: the first call found the decode path, which sets the cost
         batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
-        begin = time.perf_counter()
-        parts.append(prompts[more].evaluate(model, batch_size=batch))
-        per_prompt = (time.perf_counter() - begin) / len(more)
-        done += len(more)
-    chosen = order[:done]
+        parts.append(prompts[chosen[len(first):]].evaluate(model, batch_size=batch))
     keep, where = chosen.sort()  # the sample in the prompt set's order, and where each was evaluated
     joined = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
                         [t for p in parts for t in p.answer_text], torch.cat([p.generated_tokens for p in parts]))
