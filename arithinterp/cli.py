@@ -64,7 +64,8 @@ def report_command(args: argparse.Namespace) -> dict:
     stages = args.stages.split(",") if args.stages else None
     path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
                         template=args.template, few_shot=args.few_shot, operands=args.operands,
-                        budget=args.budget, max_memory=args.max_memory, progress=not args.no_progress)
+                        budget=args.budget, max_memory=args.max_memory, correct_only=not args.all_prompts,
+                        progress=not args.no_progress)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
@@ -381,6 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-memory", default=None, metavar="SIZE",
                    help="memory each stage's batches may use beyond the model, e.g. 2GiB or 512MB "
                    "(default: half the available memory, at most 2 GiB)")
+    p.add_argument("--all-prompts", action="store_true",
+                   help="analyse every evaluated prompt, not only the correctly answered ones (e.g. a random model)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 

@@ -191,9 +191,65 @@ class Context:
     top_k_neurons: int = 50
     budget: Budget = field(default_factory=Budget)
     stage_start: float = field(default_factory=time.perf_counter)
+    control: Any = None  # the random-init model of the same architecture, built once (control_model)
+    correct_only: bool = True  # False: prompts and pairs include the wrongly answered prompts
 
     def seconds_left(self) -> float:
         return self.budget.seconds - (time.perf_counter() - self.stage_start)
+
+    def control_model(self) -> Any:
+        """A random-init model of the same architecture (seeded), built on first use and shared by
+        every stage that needs the control (probes, Fourier)."""
+        if self.control is None:
+            from arithinterp.models import random_like
+
+            self.control = random_like(self.model, self.seed)
+        return self.control
+
+    def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
+                   pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT,
+                   prior: float = 0.0) -> tuple[Any, list[int], str]:
+        """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
+        fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
+        layers as fit, the first and last among them, and the sentence that says so. The cost is
+        measured by ``pilot(items, layers)`` on up to ``pilot_items`` items at one and at two layers
+        (a fixed cost per item plus one per layer); :class:`OverBudget` when not even one layer fits,
+        without a pilot when ``prior`` (prompt evaluations per item at one layer) puts the minimum
+        at one layer above twice the time left."""
+        guess = prior * self.budget.forward_seconds * minimum
+        if guess > 2 * self.seconds_left():
+            raise OverBudget(
+                f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
+                f"{_secs(guess)} (estimated from the evaluation's time per prompt), more than the "
+                f"{_secs(max(self.seconds_left(), 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; "
+                "give the report more time (budget=, --budget SECONDS).")
+        k = min(pilot_items, len(items))
+        times = []
+        for layers in ([n_layers - 1], [0, n_layers - 1]):
+            start = time.perf_counter()
+            pilot(items[:k], layers)
+            times.append((time.perf_counter() - start) / k)
+        per_layer = max(times[1] - times[0], 0.1 * times[0])  # timing noise must not make a layer free
+        fixed = max(times[0] - per_layer, 0.0)
+        left = max(self.seconds_left(), 0.0)
+        fits = min(n_layers, int((left / minimum - fixed) / per_layer))
+        if fits < 1:
+            raise OverBudget(
+                f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
+                f"{_secs(minimum * (fixed + per_layer))}, more than the {_secs(left)} left of this stage's "
+                f"{_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
+        layers = spread(n_layers, fits)
+        n = len(items)
+        if fits == n_layers:  # every layer fits after all (the estimate that sent us here was high)
+            count = min(n, max(minimum, int(left / (fixed + per_layer * n_layers))))
+            chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
+                items[_seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
+            return chosen, layers, f"{sentence} the {_secs(self.budget.seconds)} budget"
+        chosen = items[_seeded_pick(n, minimum, self.seed)] if n > minimum else items
+        return chosen, layers, (
+            f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
+            f"({', '.join(map(str, layers))}) to fit the {_secs(self.budget.seconds)} budget: every layer would take "
+            f"about {_secs(len(chosen) * (fixed + per_layer * n_layers))}")
 
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
             per_item: Optional[float] = None, prior: float = 0.0) -> tuple[Any, str]:
@@ -233,6 +289,15 @@ class Context:
         return items[_seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
 
 
+def spread(n: int, k: int) -> list[int]:
+    """``k`` evenly spread values of ``range(n)``, the first and the last among them (``k ≥ 2``)."""
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
 # --- stages --------------------------------------------------------------------------------------
 
 STAGE_TITLES = {
@@ -258,7 +323,10 @@ def accuracy_stage(ctx: Context) -> Section:
     section = Section(STAGE_TITLES["accuracy"], sample=f"{len(prompts)} prompts")
     section.findings.append(
         f"The model answers {int(ev.correct.sum())} of {len(prompts)} prompts correctly "
-        f"({100 * ev.accuracy:.1f}%); the analyses below use the {len(ctx.prompts)} correct ones."
+        f"({100 * ev.accuracy:.1f}%); "
+        + (f"the analyses below use the {len(ctx.prompts)} correct ones." if ctx.correct_only else
+           f"the analyses below use all {len(ctx.prompts)}, answered correctly or not (correct_only=False), "
+           "each scored on the true answers.")
     )
     n_unparsable = int((wrong & ~parsable).sum())
     if n_unparsable:
@@ -316,25 +384,32 @@ def _no_gap(result) -> bool:
     return abs(float(gap.mean())) <= 2 * sem
 
 
-def _sweeps(ctx: Context, pairs, check_gap: bool = True) -> tuple[Any, Any, Any, Any]:
+def _sweeps(ctx: Context, pairs, check_gap: bool = True, layers: Optional[list[int]] = None,
+            positions: Optional[list[str]] = None) -> tuple[Any, Any, Any, Any]:
     """The patching stage's analyses on ``pairs``: exact ``resid_pre``, heads and ``mlp_out``
     sweeps, and attribution patching of ``resid_pre`` and ``mlp_out`` (compared with the exact
-    ones). With ``check_gap``, only the first when clean and corrupted runs do not differ."""
+    ones), at ``layers`` and ``positions`` (default: all). With ``check_gap``, only the first when
+    clean and corrupted runs do not differ."""
     from arithinterp import patching
 
-    resid = patching.activation_patching(ctx.model, pairs, "resid_pre", normalize=True, progress=False)
+    where: dict[str, Any] = dict(layers=layers, positions=positions)
+    resid = patching.activation_patching(ctx.model, pairs, "resid_pre", normalize=True, progress=False, **where)
     if check_gap and _no_gap(resid):
         return resid, None, None, None
-    heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False, progress=False)
-    mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False)
+    heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False,
+                                         layers=layers, progress=False)
+    mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False, **where)
     # the gradient holds a forward's activations for the clean and the corrupt run, and the backward's
     batch = ctx.budget.batch_size(ctx.model, int(pairs.clean.lengths.max()), per_prompt_factor=6.0)
     approx = patching.attribute(ctx.model, pairs, ["resid_pre", "mlp_out"], normalize=True, batch_size=batch,
-                                progress=False)
+                                progress=False, **where)
     return resid, heads, mlps, approx
 
 
 def patching_stage(ctx: Context) -> Section:
+    """Patching sweeps over every layer and position; when not even the minimum of pairs fits the
+    budget that way, the named positions (the operands' tokens and the final one) at as many evenly
+    spread layers as fit (:meth:`Context.fit_layers`), and the sample says so."""
     from arithinterp import patching
 
     pairs, _ = _require_pairs(ctx, "patching")
@@ -342,10 +417,19 @@ def patching_stage(ctx: Context) -> Section:
     swept = int(clean.tokens.shape[1]) if clean.uniform_length else sum("[" not in k for k in clean.positions)
     # each head patched at every position is close to half a forward; a layer × position cell, a tenth
     prior = 0.5 * cfg.n_layers * cfg.n_heads + 0.2 * cfg.n_layers * swept + 6
-    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0], pilot=lambda p: _sweeps(ctx, p, check_gap=False),
-                            prior=prior)
+    layers: Optional[list[int]] = None
+    positions: Optional[list[str]] = None
+    try:
+        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0],
+                                pilot=lambda p: _sweeps(ctx, p, check_gap=False), prior=prior)
+    except OverBudget:  # fewer cells instead of no page section: the named positions, a sample of the layers
+        positions = [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
+        pairs, layers, fitted = ctx.fit_layers(
+            pairs, "pairs", MINIMUMS["patching"][0], cfg.n_layers,
+            pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions))
+        fitted += f"; positions {', '.join(positions)} only"
     section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
-    resid, heads, mlps, approx = _sweeps(ctx, pairs)
+    resid, heads, mlps, approx = _sweeps(ctx, pairs, layers=layers, positions=positions)
     if heads is None or mlps is None or approx is None:  # no gap between the clean and corrupted runs
         gap = float((resid.clean_baseline - resid.corrupt_baseline).mean())
         section.findings.append(
@@ -382,11 +466,22 @@ def digits_stage(ctx: Context) -> Section:
     prompts = ctx.prompts[: ctx.n_digit_prompts]
     require("digits", len(prompts))
     cfg = ctx.model.cfg  # a teacher-forced forward per head and answer token
-    prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["digits"][0],
-                              pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
-                              prior=cfg.n_layers * cfg.n_heads * int(prompts.answer_tokens.shape[1]))
+
+    def heads_of(layers: list[int]) -> list[str]:
+        return [f"L{layer}H{head}" for layer in layers for head in range(cfg.n_heads)]
+
+    layers = list(range(cfg.n_layers))
+    try:
+        prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["digits"][0],
+                                  pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
+                                  prior=cfg.n_layers * cfg.n_heads * int(prompts.answer_tokens.shape[1]))
+    except OverBudget:  # the heads of a sample of the layers rather than none
+        prompts, layers, fitted = ctx.fit_layers(
+            prompts, "prompts", MINIMUMS["digits"][0], cfg.n_layers,
+            pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
+            prior=cfg.n_heads * int(prompts.answer_tokens.shape[1]))  # a teacher-forced forward per head and token
     section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
-    result = patching.digit_ablation(ctx.model, prompts, progress=False)
+    result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
@@ -396,10 +491,10 @@ def digits_stage(ctx: Context) -> Section:
         f"Mean-ablating one head at the position that predicts one answer token (teacher-forced, "
         f"{result.meta['n_prompts']} prompts) costs that token most for {top}."
     )
-    per_layer = drop.reshape(ctx.model.cfg.n_layers, -1).max(1).values  # the heads come layer by layer
+    per_layer = drop.reshape(len(layers), -1).max(1).values  # the heads come layer by layer
     section.findings.append(
         "Largest drop by any head of each layer: "
-        + ", ".join(f"layer {layer}: {100 * float(v):.0f} points" for layer, v in enumerate(per_layer)) + "."
+        + ", ".join(f"layer {layer}: {100 * float(v):.0f} points" for layer, v in zip(layers, per_layer)) + "."
     )
     section.figures.append(result.plot())
     return section
@@ -411,21 +506,32 @@ def probes_stage(ctx: Context) -> Section:
     (readable because of training, not because the input shows it)."""
     from arithinterp import probes
     from arithinterp.activations import collect
-    from arithinterp.models import random_like
 
     prompts = ctx.prompts[: ctx.n_probe_prompts]
     section = Section(STAGE_TITLES["probes"], sample=require("probes", len(prompts)))
     where: dict[str, Any] = dict(sites="resid_post", positions=["a", "b", "final"], progress=False)
     acts = collect(ctx.model, prompts, **where)
-    control = collect(random_like(ctx.model, ctx.seed), prompts, **where)
+    control = collect(ctx.control_model(), prompts, **where)
     # whole numbers where each is one token; digit by digit (and the carry) where numbers are spelled out
     targets = (("a", "answer_digit_0", "answer") if prompts.single_token_operands
                else ("a_digit_0", "carry_0", "answer_digit_0"))
+    probe: dict[str, Any] = dict(kind="logistic", cv=3, control_acts=control, random_state=ctx.seed, progress=False)
+    layers = list(acts.layers)
+    if ctx.budget.seconds != float("inf"):  # one target at one layer timed: as many evenly spread layers as fit
+        start = time.perf_counter()
+        with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
+            probes.probe_layers(acts, targets[0], layers=layers[-1:], **probe)
+        per_layer = time.perf_counter() - start
+        fits = max(1, int(max(ctx.seconds_left(), 0.0) / (per_layer * len(targets))))
+        if fits < len(layers):
+            layers = [layers[i] for i in spread(len(layers), fits)]
+            shown = ", ".join(map(str, layers))
+            section.sample += (f"; probed at {len(layers)} of {len(acts.layers)} layers ({shown}) to fit the "
+                               f"{_secs(ctx.budget.seconds)} budget")
     fold_scheme = None  # of the last target probed
     for target in targets:
         try:
-            result = probes.probe_layers(acts, target, kind="logistic", cv=3, control_acts=control,
-                                         random_state=ctx.seed, progress=False)
+            result = probes.probe_layers(acts, target, layers=layers, **probe)
         except AnalysisError as why:  # e.g. a target with one class among these prompts
             section.findings.append(f"'{target}' not probed: {str(why).rstrip('.')}.")
             continue
@@ -521,11 +627,10 @@ def fourier_helix_stage(ctx: Context) -> Section:
 
     from arithinterp import fourier, helix
     from arithinterp.activations import collect
-    from arithinterp.models import random_like
 
     section = Section(STAGE_TITLES["fourier"])
     axis = range(int(ctx.all_prompts.a.min()), int(ctx.all_prompts.a.max()) + 1)
-    control_model = random_like(ctx.model, ctx.seed)
+    control_model = ctx.control_model()
     if ctx.all_prompts.single_token_operands:
         spectrum = fourier.embedding_spectrum(ctx.model, axis, seed=ctx.seed)
         rows = fourier.number_representations(ctx.model, axis)["embed"]
@@ -639,13 +744,28 @@ def neurons_stage(ctx: Context) -> Section:
 
     prompts = ctx.prompts[: ctx.n_neuron_prompts]
     require("neurons", len(prompts))
+    batch = ctx.budget.batch_size(ctx.model, int(prompts.lengths.max()), per_prompt_factor=6.0)
+
+    def classify(some, layers: Optional[list[int]] = None):
+        pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(some))]
+        return neurons.classify(ctx.model, some, layers=layers, top_k=ctx.top_k_neurons, pairs=pairs,
+                                batch_size=batch, progress=False)
+
     # per prompt: its activations (a forward) and, on its counterfactual pair, the attribution that
     # ranks the neurons (a forward and a backward of the clean and of the corrupted prompt)
-    prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["neurons"][0], per_item=7 * ctx.budget.forward_seconds)
-    pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(prompts))]
+    layers: Optional[list[int]] = None
+    try:
+        prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["neurons"][0], per_item=7 * ctx.budget.forward_seconds)
+    except OverBudget:  # the neurons of a sample of the layers rather than none
+        def pilot(some, layers: list[int]):
+            with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
+                classify(some, layers)
+
+        # 25 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
+        prompts, layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], ctx.model.cfg.n_layers,
+                                                 pilot=pilot, pilot_items=25)
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
-    batch = ctx.budget.batch_size(ctx.model, int(prompts.lengths.max()), per_prompt_factor=6.0)
-    table = neurons.classify(ctx.model, prompts, top_k=ctx.top_k_neurons, pairs=pairs, batch_size=batch)
+    table = classify(prompts, layers)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
     section.findings.append(
         f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), {coverage} "
@@ -675,11 +795,19 @@ def circuits_stage(ctx: Context) -> Section:
 
     cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
     edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
-    pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot,
-                            prior=5 * (2 + 2 * 5 + edges.bit_length() + 2))
+    curve_pairs, sizes = None, None
+    prior = 5 * (2 + 2 * 5 + edges.bit_length() + 2)
+    try:
+        if prior * ctx.budget.forward_seconds * MINIMUMS["circuits"][0] > ctx.seconds_left():
+            # a pilot of the whole curve would itself take much of the time: time its parts on two pairs instead
+            raise OverBudget("the whole curve does not fit")
+        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
+    except OverBudget:  # every edge scored on the minimum of pairs; the curve at fewer sizes, on fewer pairs
+        pairs, curve_pairs, sizes, fitted = _fit_curve(ctx, pairs, memory)
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, max_memory=memory, progress=False)
-    curve = circuits.faithfulness(ctx.model, pairs, scored, max_memory=memory)
+    curve = circuits.faithfulness(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
+                                  max_memory=memory)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
         section.findings.append(f"No signal above the control: on {len(pairs)} pairs, {curve.note}.")
         section.figures.append(curve.plot())
@@ -703,6 +831,48 @@ def circuits_stage(ctx: Context) -> Section:
     section.findings.append(f"Largest edges (estimated logit-difference change): {top}.")
     section.figures += [curve.plot(), circuit.plot(max_edges=60)]
     return section
+
+
+CURVE_PAIRS = 10  # the fewest pairs a sampled faithfulness curve rests on (its intervals say how sure it is)
+CURVE_SIZES = 4  # the fewest sizes a sampled curve measures (no edge, every edge and two between)
+
+
+def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], str]:
+    """When EAP-IG with the whole faithfulness curve on the minimum of pairs does not fit: EAP-IG
+    on the minimum of pairs (seeded) and the curve at as many sizes (evenly spread over the default
+    ones) on as many of those pairs as fit, at least :data:`CURVE_SIZES` sizes on
+    :data:`CURVE_PAIRS` pairs → ``(pairs, curve pairs, sizes, sentence)``. Timed on two pairs:
+    scoring, and the curve at no edge and every edge; :class:`OverBudget` when even that is too much."""
+    from arithinterp import circuits
+
+    minimum, n = MINIMUMS["circuits"][0], len(pairs)
+    chosen = pairs[_seeded_pick(n, minimum, ctx.seed)] if n > minimum else pairs
+    few = chosen[: min(2, len(chosen))]
+    start = time.perf_counter()
+    scored = circuits.score_edges(ctx.model, few, "eap-ig", steps=5, max_memory=memory, progress=False)
+    per_score = (time.perf_counter() - start) / len(few)
+    start = time.perf_counter()
+    with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
+        circuits.faithfulness(ctx.model, few, scored, [0, scored.n_edges])
+    # the two sizes, every edge ablated and the clean run: four edge-set runs per pair
+    per_size = (time.perf_counter() - start) / (4 * len(few))
+    default = sorted({0, scored.n_edges, *[2**i for i in range(scored.n_edges.bit_length()) if 2**i < scored.n_edges]})
+    left = ctx.seconds_left() - len(chosen) * per_score
+    n_curve = min(len(chosen), int(max(left, 0.0) / (per_size * (CURVE_SIZES + 2))))
+    if n_curve < CURVE_PAIRS:
+        least = len(chosen) * per_score + CURVE_PAIRS * (CURVE_SIZES + 2) * per_size
+        raise OverBudget(
+            f"Not run within the budget: EAP-IG on the minimum of {minimum} pairs ({per_score:.2g} s each) and a "
+            f"faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} of them ({per_size:.2g} s per pair and size) "
+            f"would take about {_secs(least)}, more than the {_secs(max(ctx.seconds_left(), 0.0))} left of this "
+            f"stage's {_secs(ctx.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
+    n_sizes = min(len(default), int(left / (per_size * n_curve)) - 2)
+    sizes = [default[i] for i in spread(len(default), n_sizes)]
+    curve_pairs = chosen[: n_curve]
+    sentence = (f"sampled {len(chosen):,} of {n:,} pairs to fit the {_secs(ctx.budget.seconds)} budget; the "
+                f"faithfulness curve on {n_curve} of them at {len(sizes)} of {len(default)} sizes "
+                f"({', '.join(f'{k:,}' for k in sizes)} edges), its intervals over those pairs")
+    return chosen, curve_pairs, sizes, sentence
 
 
 def _top_edges(circuit, k: int):
@@ -948,7 +1118,10 @@ def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
                      seed: int) -> tuple[Any, Any, float, str]:
     """Evaluate a seeded sample of ``prompts`` that fits ``seconds``: the first 16 (in a seeded
     order) are timed, and as many more are evaluated as the rest of the time allows →
-    ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``."""
+    ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``. The first
+    batch pays one-off costs, so the rate over-states the cost and the share is under-filled: the
+    cheaper error, since a second round at the larger batch's rate evaluates nearly every prompt
+    and the stages that use every evaluated prompt (the helix fit) then overrun their shares."""
     import torch
 
     from arithinterp.tasks import Evaluation
@@ -1020,6 +1193,7 @@ def write_report(
     operands: Any = None,
     budget: Optional[float] = None,
     max_memory: Any = None,
+    correct_only: bool = True,
     progress: bool = True,
 ) -> Path:
     """Run the standard battery on ``model`` and write a self-contained HTML report to ``out``.
@@ -1037,6 +1211,9 @@ def write_report(
             samples fewer prompts or pairs (seeded) to fit its share and says so.
         max_memory: transient bytes (or ``"2GiB"``) each stage's batches may use beyond the model
             (default :func:`default_max_memory`: half the available memory, at most 2 GiB).
+        correct_only: analyse only the prompts the model answers correctly (the default, as the
+            papers do); ``False`` analyses every evaluated prompt, scored on the true answers — for
+            a model that answers few correctly, such as a random-init control.
 
     The page is written when the evaluation starts and rewritten as every stage starts and ends:
     a run stopped at any point leaves a readable page that lists finished, running and unrun
@@ -1055,6 +1232,8 @@ def write_report(
         raise ConfigError(f"limit must be at least 10 prompts, got {limit}")
     if operands is not None:
         parse_operands(operands)  # bad operands fail before the model loads
+    if not isinstance(correct_only, bool):
+        raise ConfigError(f"correct_only must be True or False, got {correct_only!r}")
     total = _check_budget(budget)
     memory = default_max_memory() if max_memory is None else parse_memory(max_memory)
     out = check_writable_file(out, "out")  # before minutes of analysis, not after
@@ -1069,6 +1248,8 @@ def write_report(
         meta["few-shot"] = few_shot
     if operands is not None:
         meta["operands"] = operands if isinstance(operands, str) else f"{len(parse_operands(operands))} values"
+    if not correct_only:
+        meta["prompts analysed"] = "all, answered correctly or not"
     meta.update(seed=seed, budget=_secs(total), memory=f"{memory / 2**20:,.0f} MiB per stage",
                 arithinterp=__version__)
     page = _Page(out, f"How does {spec} do arithmetic?", meta, chosen)
@@ -1089,16 +1270,18 @@ def write_report(
     except Exception as error:  # nothing can run without the evaluation: say why on the page, then stop
         page.set("evaluation", f"failed: {_reason(error)}")
         raise
-    prompts = all_prompts[evaluation.correct]  # may be empty: each stage holds itself to its minimum
+    # may be empty: each stage holds itself to its minimum
+    prompts = all_prompts[evaluation.correct] if correct_only else all_prompts
     pairs = None
     if len(prompts) >= 2:
         try:  # pairs whose answers start alike have a first-token logit difference of 0: leave them out
             pairs = prompts.counterfactual(vary="a", seed=seed, distinct_first_token=True)
         except TaskError:
             pairs = None
-    page.meta.update(evaluated=len(all_prompts), correct=len(prompts), pairs=0 if pairs is None else len(pairs))
+    page.meta.update(evaluated=len(all_prompts), correct=int(evaluation.correct.sum()),
+                     pairs=0 if pairs is None else len(pairs))
     page.set("evaluation", f"done: {time.perf_counter() - clock:.1f} s of its {_secs(seconds)} budget; {sampled}")
-    ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed)
+    ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed, correct_only=correct_only)
 
     for i, name in enumerate(tqdm(chosen, desc="report", disable=not progress)):
         seconds = share(name, chosen[i + 1:])
@@ -1125,6 +1308,9 @@ def write_report(
             warnings.warn(f"report stage {name!r} failed: {_reason(error)}", stacklevel=2)
             gc.collect()  # what the failed stage held is garbage now; free it before the next one
         section.seconds = time.perf_counter() - ctx.stage_start
+        if not correct_only:  # the minimums count correct prompts; here every evaluated prompt is used
+            section.sample = section.sample.replace("correctly answered prompts", "prompts, answered correctly or not")
+            section.findings = [f.replace("correctly answered prompts", "prompts") for f in section.findings]
         page.add(name, section, f"{state}: {section.seconds:.1f} s of its {_secs(seconds)} budget"
                  + (f"; {section.sample}" if state == "done" and section.sample else ""))
     return page.write()

@@ -215,9 +215,10 @@ def _name_spectrum(model, kind: str, period: int):
     return power / power.sum(), torch.as_tensor(result.meta["control"]["p_values"][0][1:])
 
 
-# the shipped model's strongest frequency (docs/cyclic.md): months in calendar order (period 12); the
-# weekday circle has frequency 3 (period 7/3: Monday, Thursday, Sunday, ...), which generates the week
-# as well as frequency 1 does: nothing in arithmetic mod 7 prefers one generator to another
+# the shipped model's strongest frequency at the name's token (docs/cyclic.md): months in calendar order
+# (period 12); the day token's circle has frequency 3 (period 7/3: Monday, Thursday, Sunday, ...), which
+# generates the week as well as frequency 1 does. The computed day (the answer, at the final token) is the
+# period-7 circle: test_the_answer_day_lies_on_a_period_7_circle
 LEARNED = [("weekday", 7, 3), ("month", 12, 1)]
 
 
@@ -234,6 +235,57 @@ def test_name_representation_is_periodic_beyond_both_controls(zoo_model, kind, p
     assert share[k] >= 0.45 and p[k] <= 0.05, (share, p)
     assert share[k] >= random_share[k] + 0.1, (share, random_share)
     assert random_share.max() < 0.4 and (random_p > 0.05).all(), (random_share, random_p)
+
+
+def _answer_day_shares(model, values=None):
+    """Variance shares [3] of frequencies 1..3 over the 7 answer days of the last layer's residual at
+    the final token, and the number-axis-shuffled p-values; 14 whole weeks of offsets (balanced)."""
+    days = cyclic.weekdays(model, offsets=range(98))
+    acts = ai.collect(model, days, sites=["resid_post"], layers=[1], positions=["final"], progress=False)
+    frame = ai.fourier.spectrum(acts, values=days.answer if values is None else values(days.answer),
+                                numbers=range(7), site="resid_post", n_shuffles=200).to_frame()
+    frame = frame[frame.frequency > 0]
+    return torch.tensor(frame.variance_share.to_numpy()), torch.tensor(frame.p_value.to_numpy())
+
+
+def test_the_answer_day_lies_on_a_period_7_circle(zoo_model):
+    """Where the model holds the day it computed (the final token, last layer), a period-7 circle in
+    calendar order (frequency 1 of the 7 days) explains about half of the residual's variance: the
+    strongest frequency, significant against shuffled days, and absent from a random-init model of the
+    same shape (whose final token barely depends on the answer day) and from shuffled answers."""
+    share, p = _answer_day_shares(zoo_model)
+    assert int(share.argmax()) == 0 and share[0] >= 0.45 and p[0] <= 0.05, (share, p)
+    perm = torch.randperm(7 * 98, generator=torch.Generator().manual_seed(0))
+    shuffled, _ = _answer_day_shares(zoo_model, values=lambda answer: answer[perm])
+    assert shuffled.max() <= 0.02, shuffled
+    for seed in (0, 1):
+        random_share, _ = _answer_day_shares(ai.models.random_like(zoo_model, seed=seed))
+        assert random_share.max() <= 0.02 and share[0] >= random_share[0] + 0.4, (share, random_share)
+
+
+def test_variance_shares_see_what_scale_free_power_shares_miss():
+    """Planted: the answer day y = (a + b) mod 7 over a 7 × 98 grid, a period-7 circle of y plus a
+    large term that depends on the offset b alone (balanced: it cancels in the per-day means). With a
+    strong circle the variance share is the circle's fraction of the variance; with the circle 1000×
+    weaker the power share of the per-day means still says 'all at period 7' (it is scale-free), while
+    the variance share is about 0 — the random-init model's situation at the final token."""
+    from arithinterp.fourier.basis import spectrum_of
+    from arithinterp.fourier.spectra import group_by_value, variance_shares
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.arange(7).repeat_interleave(98), torch.arange(98).repeat(7)
+    y = (a + b) % 7
+    angle = 2 * torch.pi * y.double() / 7
+    circle = torch.stack([angle.cos(), angle.sin()], 1) @ torch.randn(2, 16, generator=generator, dtype=torch.float64)
+    offset_term = torch.randn(98, 16, generator=generator, dtype=torch.float64)[b]
+    strong = variance_shares(y, circle + 0.5 * offset_term, range(7))
+    expected = float(circle.var(0).sum() / (circle + 0.5 * offset_term).var(0).sum())
+    assert abs(float(strong[1]) - expected) < 0.02 and float(strong[2:].max()) < 0.01, strong
+    weak_acts = 1e-3 * circle + offset_term
+    power = spectrum_of(group_by_value(y, weak_acts, range(7)))[1:]
+    assert float(power[0] / power.sum()) > 0.99  # the per-day means hold only the tiny circle
+    weak = variance_shares(y, weak_acts, range(7))
+    assert float(weak[1:].max()) < 1e-4, weak
 
 
 @pytest.mark.slow

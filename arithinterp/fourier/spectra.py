@@ -51,6 +51,9 @@ class SpectrumResult(Result):
     axis (``n = stop - start``, period of frequency ``k`` = ``n / k``). ``key[s]`` lists series
     ``s``'s key frequencies under ``rule`` (:func:`key_frequencies`; for 2-D spectra applied to
     :func:`block_power`) and ``key_fraction[s]`` the share of its non-constant power they hold.
+    Spectra of per-prompt activations also give ``meta["variance_share"]`` [n_series][n_freq]:
+    the share of the activations' whole variance each frequency explains (:func:`variance_shares`;
+    the ``variance_share`` column of :meth:`to_frame`).
     """
 
     power: torch.Tensor
@@ -101,6 +104,7 @@ class SpectrumResult(Result):
 
         periods = self.periods
         p_values = self.meta.get("control", {}).get("p_values")
+        variance = self.meta.get("variance_share")
         rows = []
         for s, name in enumerate(self.series):
             power = self.power[s].double()
@@ -120,6 +124,7 @@ class SpectrumResult(Result):
                     rows.append(
                         dict(series=name, frequency=k, period=periods[k], period_label=period_label(self.n, k),
                              power=float(power[k]), share=float(power[k]) / total if total > 0 and k else float("nan"),
+                             variance_share=float(variance[s][k]) if variance else float("nan"),
                              p_value=float(p_values[s][k]) if p_values else float("nan"), key=k in key)
                     )
         return pd.DataFrame(rows)
@@ -371,15 +376,48 @@ def activation_spectrum(
     values = torch.as_tensor(values).long()
     numbers = number_axis(numbers, range(int(values.min()), int(values.max()) + 1))
     layers = list(source.layers) if layers is None else list(layers)
-    grouped = [group_by_value(values, source.get(site, layer, position), numbers) for layer in layers]
+    per_layer = [source.get(site, layer, position) for layer in layers]
+    grouped = [group_by_value(values, acts, numbers) for acts in per_layer]
     power = torch.stack([spectrum_of(g) for g in grouped])
     null = torch.stack([shuffled_power(_gram(g), n_shuffles, seed) for g in grouped], 1)
     outside = int(((values < numbers.start) | (values >= numbers.stop)).sum())
+    shares = torch.stack([variance_shares(values, acts, numbers) for acts in per_layer])
     return _spectrum_result(power, [f"L{layer} {site}" for layer in layers], numbers.start, len(numbers),
                             f"{site} at {position}", **kw,
                             meta=build_meta(site=site, position=str(position), layers=layers,
-                                            excluded_prompts=dict(count=outside, reason=f"value outside {numbers}")),
+                                            excluded_prompts=dict(count=outside, reason=f"value outside {numbers}"),
+                                            variance_share=shares.tolist()),
                             null_power=null, alpha=alpha)
+
+
+def variance_shares(values: torch.Tensor, acts: torch.Tensor, numbers: range) -> torch.Tensor:
+    """Share [n_freq] of the variance of ``acts`` [N, ...] over *all* prompts that each frequency
+    of ``numbers``' Fourier basis explains, the basis evaluated at each prompt's value (the R² of a
+    least-squares fit on that frequency's cos / sin columns; NaN for the constant).
+
+    Power shares of the per-number means are scale-free: a representation that barely depends on
+    the value (a random-init model) can still put most of its tiny between-number power at one
+    frequency. This share counts the variance the value does not explain too, so it is comparable
+    across models. Prompts whose value lies outside ``numbers`` are not used.
+    """
+    values = torch.as_tensor(values).long()
+    index = values - numbers.start
+    inside = (index >= 0) & (index < len(numbers))
+    flat = acts[inside].reshape(int(inside.sum()), -1).double()
+    flat = flat - flat.mean(0)
+    total = float((flat**2).sum())
+    basis = fourier_basis(len(numbers))
+    columns = basis.matrix[:, index[inside]].T  # [N, n]: every basis row at each prompt's value
+    columns = columns - columns.mean(0)
+    shares = torch.full((basis.n_freq,), float("nan"), dtype=torch.float64)
+    for k in range(1, basis.n_freq):
+        design = columns[:, basis.freqs == k]
+        if total <= 0 or float((design**2).sum()) <= 0:
+            shares[k] = 0.0
+            continue
+        fitted = design @ torch.linalg.lstsq(design, flat).solution
+        shares[k] = float((fitted**2).sum()) / total
+    return shares
 
 
 def logit_lens_spectrum(
