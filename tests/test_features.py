@@ -349,20 +349,21 @@ def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_mo
 
 def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
     from arithinterp.errors import AnalysisError
-    from arithinterp.features import plot_feature_grids
+    from arithinterp.features import feature_grids
     from arithinterp.tasks import arithmetic
 
     model, v, tc, _, _ = planted["planted"]
     prompts = arithmetic(model, "+", range(20), range(20), "{a}+{b}=")
     aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1)
     best, other = int(aligned.argmax()), int(aligned.abs().argmin())
-    fig = plot_feature_grids(model, tc, prompts, 0, [best, other], position=-2, labels=["b ends in 6", ""])
+    grids = feature_grids(model, tc, prompts, 0, [best, other], position=-2, labels=["b ends in 6", ""])
+    fig = grids.plot()
     assert len(fig.data) == 2 and fig.layout.annotations[0].text == f"L0 f{best}: b ends in 6"
     z = torch.tensor(fig.data[0].z)  # rows a, columns b = 0..19, read at b's own token
     assert int(z.mean(0).argmax()) % 10 == 6  # strongest where b ends in 6
     assert float(z.std(0).max()) < 1e-5  # and the same for every a: attention writes nothing in this model
     with pytest.raises(AnalysisError, match="one label per feature"):
-        plot_feature_grids(model, tc, prompts, 0, [best], labels=["a", "b"])
+        feature_grids(model, tc, prompts, 0, [best], labels=["a", "b"])
 
 
 def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model):

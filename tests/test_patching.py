@@ -446,7 +446,7 @@ def test_stepped_digit_ablation_equals_one_forward_per_cell(tiny_digit_model, mo
     _close_scores(base_fast, base_slow)
     _close_scores(fast, slow)
     assert (fast[..., 1] - base_fast[..., 1].T[None]).abs().amax((1, 2)).min() > 1e-3  # every head moves a digit
-    result = patching.digit_ablation(tiny_digit_model, prompts, heads=["L0H0", "L1H1"], mode=mode, seed=1,
+    result = patching.digit_ablation(tiny_digit_model, prompts, heads=["L0H0", "L1H1"], ablation=mode, seed=1,
                                      progress=False)
     assert result.meta["engine"] == "stepped" and torch.equal(result.accuracy, slow[[0, 2], ..., 0].mean(-1))
 

@@ -336,6 +336,27 @@ def _graph(i: Instances):
     return features.attribution_graph(i.model, "12+23=", i.transcoders, n_logits=2, max_nodes=10)
 
 
+def _feature_grids(i: Instances):
+    from arithinterp import features
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(i.model, "+", range(5), range(4), "{a}+{b}=")
+    return features.feature_grids(i.model, i.transcoders, prompts, 0, [0, 1], labels=["first", ""])
+
+
+def _path_ablation(i: Instances):
+    from arithinterp import features
+
+    return features.path_ablation(i.model, i.transcoders, i.prompts.tokens[:30], i.prompts.answer_tokens[:30, 0],
+                                  {"first": {0: [0, 1]}, "second": {1: [2]}}, n_random=2, n_boot=50)
+
+
+def _graph_sample(i: Instances):
+    from arithinterp import features
+
+    return features.graph_sample(i.model, ["12+23=", "31+4="], i.transcoders, progress=False, n_logits=2, max_nodes=10)
+
+
 def _das(i: Instances):
     from arithinterp import causal
 
@@ -397,6 +418,9 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "HeuristicAblation": _heuristic_ablation,
     "PromptAblation": _prompt_ablation,
     "Transcoders": _transcoders,
+    "FeatureGrids": _feature_grids,
+    "PathAblation": _path_ablation,
+    "GraphSample": _graph_sample,
     "Graph": _graph,
     "DASResult": _das,
     "DASSweep": _das_sweep,
@@ -624,8 +648,7 @@ def test_viz_functions_share_one_name_style_and_take_the_result_types():
     import inspect
 
     names = {cls.__name__ for cls in RESULT_TYPES}
-    helpers = {("sweep", "cell_labels"),  # labels, not a figure
-               ("features", "plot_feature_grids")}  # draws activation maps over the operand grid, no result
+    helpers = {("sweep", "cell_labels")}  # labels, not a figure
     typed = set()
     for module, attr, function in _viz_functions():
         short = module.__name__.rsplit(".", 1)[1]

@@ -10,7 +10,7 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
 * ``graph`` — :func:`attribution_graph`: the :class:`Graph` of one prompt over the local replacement model.
 * ``interventions`` — :func:`intervene`: clamp, scale or zero features in the real model, read the logits.
 * ``labels`` — :func:`label_features`: the neurons' calibrated heuristic classifier on feature maps,
-  plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)"); :func:`plot_feature_grids` draws features
+  plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)"); :func:`feature_grids` draws features
   over the operand grid.
 * ``paths`` — :func:`feature_paths` sorts labelled features into a last-digit and a magnitude path;
   :func:`path_ablation` zeroes one and measures the answer logit left, beside a random control.
@@ -20,7 +20,7 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
 
 from arithinterp.features.graph import Graph, attribution_graph
 from arithinterp.features.interventions import feature_interventions, intervene
-from arithinterp.features.labels import feature_maps, label_features, lookup_registry, plot_feature_grids
+from arithinterp.features.labels import FeatureGrids, feature_grids, feature_maps, label_features, lookup_registry
 from arithinterp.features.paths import PathAblation, feature_paths, path_ablation, path_of
 from arithinterp.features.replacement import replacement_logits, replacement_metrics
 from arithinterp.features.sample import GraphSample, graph_sample
@@ -29,8 +29,8 @@ from arithinterp.features.shipped import load_transcoders
 from arithinterp.features.transcoder import Transcoders, topk_activations
 
 __all__ = [
-    "Graph", "GraphSample", "PathAblation", "Transcoders", "attribution_graph", "feature_interventions",
-    "feature_maps", "feature_paths", "graph_sample", "intervene", "label_features", "load_transcoders",
-    "lookup_registry", "mlp_activations", "path_ablation", "path_of", "plot_feature_grids", "replacement_logits",
+    "FeatureGrids", "Graph", "GraphSample", "PathAblation", "Transcoders", "attribution_graph", "feature_grids",
+    "feature_interventions", "feature_maps", "feature_paths", "graph_sample", "intervene", "label_features",
+    "load_transcoders", "lookup_registry", "mlp_activations", "path_ablation", "path_of", "replacement_logits",
     "replacement_metrics", "topk_activations", "train_transcoders",
 ]

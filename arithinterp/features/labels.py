@@ -10,14 +10,17 @@ discovery rate, Nikankin et al. 2025), with the built-in families and a **lookup
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, Sequence
 
+import pandas as pd
 import torch
 
 from arithinterp.errors import AnalysisError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, classify_maps
+from arithinterp.results import Result, build_meta
 
 LOOKUP_FAMILY = "operand lookup table"
 
@@ -76,16 +79,47 @@ def label_features(model: Any, transcoders: Transcoders, prompts: Any, layer: in
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), **classify)
 
 
-def plot_feature_grids(model: Any, transcoders: Transcoders, prompts: Any, layer: int, features: Sequence[int],
-                       position: int = -1, labels: Optional[Sequence[str]] = None):
-    """Operand-grid heatmaps of ``features`` of ``layer`` at ``position`` over a full grid of prompts
-    (as :func:`feature_maps`), one panel each; ``labels`` are shown in the panels' titles."""
-    from arithinterp.viz.features import plot_feature_grids as draw_grids
+@dataclasses.dataclass(frozen=True)
+class FeatureGrids(Result):
+    """Activations ``maps [n_features, A, B]`` of ``features`` of ``layer`` over the operand grid (rows
+    ``a_values``, columns ``b_values``), the "Biology" case study's operand plots; ``labels`` name them."""
 
+    layer: int
+    features: list
+    labels: list
+    a_values: list
+    b_values: list
+    maps: torch.Tensor
+    meta: dict
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per feature and operand pair: its activation."""
+        n, n_a, n_b = self.maps.shape
+        return pd.DataFrame(dict(
+            layer=self.layer,
+            feature=[f for f in self.features for _ in range(n_a * n_b)],
+            label=[label for label in self.labels for _ in range(n_a * n_b)],
+            a=[a for _ in range(n) for a in self.a_values for _ in range(n_b)],
+            b=[b for _ in range(n * n_a) for b in self.b_values],
+            activation=self.maps.flatten().tolist()))
+
+    def plot(self, **kwargs: Any):
+        from arithinterp.viz.features import plot_feature_grids
+
+        return plot_feature_grids(self, **kwargs)
+
+
+def feature_grids(model: Any, transcoders: Transcoders, prompts: Any, layer: int, features: Sequence[int],
+                  position: int = -1, labels: Optional[Sequence[str]] = None) -> FeatureGrids:
+    """``features`` of ``layer`` at ``position`` over a full grid of prompts (as :func:`feature_maps`);
+    ``.plot()`` draws one operand-grid heatmap per feature, ``labels`` in the panels' titles."""
     chosen = [int(f) for f in features]
     if not chosen or any(not 0 <= f < transcoders.n_features for f in chosen):
         raise AnalysisError(f"features must be a non-empty list in 0..{transcoders.n_features - 1}, got {features}")
     if labels is not None and len(labels) != len(chosen):
         raise AnalysisError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")
     k_maps, _, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
-    return draw_grids(k_maps, a_values, b_values, layer, chosen, labels)
+    return FeatureGrids(layer=int(layer), features=chosen, labels=[str(x) for x in labels or [""] * len(chosen)],
+                        a_values=[int(a) for a in a_values], b_values=[int(b) for b in b_values],
+                        maps=torch.as_tensor(k_maps, dtype=torch.float32),
+                        meta=build_meta(model, position=int(position)))

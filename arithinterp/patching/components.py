@@ -285,7 +285,7 @@ class AblationResult(Result):
         return plot_ablation(self, **kwargs)
 
 
-def _position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int,
+def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int,
                    length: int) -> Optional[torch.Tensor]:
     """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position).
 
@@ -328,7 +328,7 @@ def _ablation_masks(model, prompts, parsed: list[_Component], idx, offset, lengt
     for c in parsed:
         site = {"attn": "attn_z", "head": "attn_z", "mlp": "mlp_out", "neuron": "mlp_post"}[c.kind]
         mask = mask_for(site, c.layer)
-        pos = _position_rows(prompts, c.position, idx, offset, length)
+        pos = position_rows(prompts, c.position, idx, offset, length)
         where = (slice(None), slice(None)) if pos is None else (torch.arange(B), pos)
         mask[where + ((slice(None),) if c.unit is None else (c.unit,))] = not keep
     return masks
@@ -338,7 +338,7 @@ def _n_scored(prompts) -> int:
     return prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
 
 
-def _teacher_forced(prompts, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forced(prompts, n_scored: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompts with all but the last scored answer token appended, in the left-padded frame:
     tokens ``[N, T + n_scored - 1]`` and each prompt's fed length ``[N]`` (answer padding fed as 0)."""
     fed = torch.cat([prompts.tokens, prompts.answer_tokens[:, : n_scored - 1].clamp(min=0)], dim=1)
@@ -401,7 +401,7 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
     n_scored, out = _n_scored(prompts), None
     generator = torch.Generator().manual_seed(seed)
     means = {} if means is None else means
-    fed, fed_lengths = _teacher_forced(prompts, n_scored)
+    fed, fed_lengths = teacher_forced(prompts, n_scored)
     width = fed.shape[1]
     with torch.inference_mode():
         for group in prompts.length_groups():

@@ -24,8 +24,8 @@ from arithinterp.engine import AblationRunner, Ablation, Read, RunningMean, step
 from arithinterp.engine.budget import memory_budget
 from arithinterp.engine import run as engine_run
 from arithinterp.patching.components import (
-    _position_rows,
-    _teacher_forced,
+    position_rows,
+    teacher_forced,
     ablated_scores,
     answer_scores,
     parse_components,
@@ -173,7 +173,7 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
     positions), zero, or the same resampling draws. None when the model cannot be stepped
     (``engine="auto"``)."""
     n_answer = prompts.answer_tokens.shape[1]
-    fed, fed_lengths = _teacher_forced(prompts, n_answer)
+    fed, fed_lengths = teacher_forced(prompts, n_answer)
     width = fed.shape[1]
     layers = sorted({c.layer for c in parsed})
     names = {layer: site_lib.hook_name("attn_z", layer) for layer in layers}
@@ -218,7 +218,7 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
         runners[j] = None
         baseline[rows] = score(runner.base_logits.float(), rows).cpu()
         for k in range(n_answer):
-            positions = _position_rows(prompts, f"answer{k}", rows, offset, length)  # [B], unpadded
+            positions = position_rows(prompts, f"answer{k}", rows, offset, length)  # [B], unpadded
             assert positions is not None  # a named position always resolves to one per prompt
             cell_list, order = [], []
             for layer, members in by_layer.items():

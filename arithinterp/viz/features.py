@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from arithinterp.features.graph import Graph
+    from arithinterp.features.labels import FeatureGrids
     from arithinterp.features.paths import PathAblation
     from arithinterp.features.sample import GraphSample
 
@@ -70,23 +71,20 @@ def plot_attribution_graph(graph: Graph, kept_only: bool = True, title: Optional
     return fig
 
 
-def plot_feature_grids(k_maps, a_values, b_values, layer: int, features, labels=None, title: Optional[str] = None):
-    """Operand-grid heatmaps (rows a, columns b) of features' activations ``k_maps [n, A, B]``, one
-    panel per feature in a row of at most four (the "Biology" case study's operand plots); sequential
-    colour from 0 (activations are non-negative), hover with the exact value."""
+def plot_feature_grids(grids: FeatureGrids, title: Optional[str] = None) -> go.Figure:
+    """Operand-grid heatmaps (rows a, columns b) of features' activations, one panel per feature in a
+    row of at most four (the "Biology" case study's operand plots); sequential colour from 0
+    (activations are non-negative), hover with the exact value."""
     import math
 
     import numpy as np
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from arithinterp.errors import AnalysisError
     from arithinterp.viz.base import SEQUENTIAL_SCALE, TEMPLATE_NAME
 
-    features = [int(f) for f in features]
-    if len(features) == 0 or len(features) != int(k_maps.shape[0]):
-        raise AnalysisError(f"one map per feature: got {int(k_maps.shape[0])} maps for features {features}")
-    labels = list(labels) if labels is not None else [""] * len(features)
+    k_maps, a_values, b_values, layer = grids.maps, grids.a_values, grids.b_values, grids.layer
+    features, labels = grids.features, grids.labels
     cols = min(4, len(features))
     rows = math.ceil(len(features) / cols)
     names = [f"L{layer} f{f}" + (f": {label}" if label else "") for f, label in zip(features, labels)]
