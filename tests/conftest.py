@@ -16,6 +16,12 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # the models are tiny: one thread avoids contention overhead
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The notebooks (each a minute of work on one core) run first, so that the workers share out
+    the shorter tests behind them instead of one worker finishing a notebook alone at the end."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/test_notebooks.py"))
+
+
 @pytest.fixture(scope="session")
 def number_tokenizer(tmp_path_factory):
     from arithinterp.models.tokenizers import number_tokenizer, save_and_reload

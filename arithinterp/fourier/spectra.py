@@ -51,7 +51,7 @@ class SpectrumResult(Result):
     axis (``n = stop - start``, period of frequency ``k`` = ``n / k``). ``key[s]`` lists series
     ``s``'s key frequencies under ``rule`` (:func:`key_frequencies`; for 2-D spectra applied to
     :func:`block_power`) and ``key_fraction[s]`` the share of its non-constant power they hold.
-    Spectra of per-prompt activations also give ``meta["variance_share"]`` [n_series][n_freq]:
+    Spectra of per-prompt activations also give ``meta["variance_share"]`` ``[n_series][n_freq]``:
     the share of the activations' whole variance each frequency explains (:func:`variance_shares`;
     the ``variance_share`` column of :meth:`to_frame`).
     """
