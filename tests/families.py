@@ -50,3 +50,18 @@ def save_llama(directory: Path, tokenizer, *, n_layers: int = 2, d_model: int = 
 
     directory.mkdir(parents=True, exist_ok=True)
     return save_family("llama", tokenizer, directory, seed=seed, n_layers=n_layers, d_model=d_model, n_ctx=n_ctx)
+
+
+def modadd_entry(name: str, modulus: int, d_model: int, steps: int, every: int, purpose: str):
+    """A one-layer zoo entry learning (a + b) mod ``modulus`` (number tokens), trained for ``steps``
+    with an evaluation and snapshot every ``every`` steps: small enough to train inside a test."""
+    from arithinterp.models import zoo
+
+    return zoo.ZooEntry(
+        name=name, description=f"(a + b) mod {modulus}", purpose=purpose, tokenizer="number:10",
+        config=zoo._config(1, d_model, 2, 2 * d_model, 3, None),
+        task=zoo.Task(op="+", a_range=(0, modulus), b_range=(0, modulus), template="{a} {b} =", modulus=modulus),
+        recipe=zoo.Recipe(steps=steps, lr=3e-3, weight_decay=1.0, train_frac=0.5, eval_every=every,
+                          snapshot_every=every),
+        target="", prepend_bos=False,
+    )

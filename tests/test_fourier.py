@@ -454,14 +454,10 @@ def small_modadd(tmp_path, monkeypatch):
     from arithinterp.models import zoo
     from arithinterp.models.train import train
 
+    from families import modadd_entry
+
     name = "modadd-11"
-    entry = zoo.ZooEntry(
-        name=name, description="(a + b) mod 11", purpose="progress-measure test", tokenizer="number:10",
-        config=zoo._config(1, 32, 2, 64, 3, None),
-        task=zoo.Task(op="+", a_range=(0, 11), b_range=(0, 11), template="{a} {b} =", modulus=11),
-        recipe=zoo.Recipe(steps=150, lr=3e-3, weight_decay=1.0, train_frac=0.5, eval_every=50, snapshot_every=50),
-        target="", prepend_bos=False,
-    )
+    entry = modadd_entry(name, 11, 32, steps=150, every=50, purpose="progress-measure test")
     monkeypatch.setattr(zoo, "CHECKPOINT_DIR", tmp_path)  # undone after the test
     monkeypatch.setitem(zoo.ZOO, name, entry)
     train(name, progress=False)

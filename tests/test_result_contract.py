@@ -236,14 +236,10 @@ def _progress(i: Instances):
     from arithinterp.models import zoo
     from arithinterp.models.train import train
 
+    from families import modadd_entry
+
     name = "modadd-5-contract"
-    entry = zoo.ZooEntry(
-        name=name, description="(a + b) mod 5", purpose="result-contract test", tokenizer="number:10",
-        config=zoo._config(1, 16, 2, 32, 3, None),
-        task=zoo.Task(op="+", a_range=(0, 5), b_range=(0, 5), template="{a} {b} =", modulus=5),
-        recipe=zoo.Recipe(steps=20, lr=3e-3, weight_decay=1.0, train_frac=0.5, eval_every=10, snapshot_every=10),
-        target="", prepend_bos=False,
-    )
+    entry = modadd_entry(name, 5, 16, steps=20, every=10, purpose="result-contract test")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(zoo, "CHECKPOINT_DIR", i.tmp.mktemp("zoo"))
         patch.setitem(zoo.ZOO, name, entry)
