@@ -52,10 +52,10 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([a.double(), b.double()]))[0, 1])
 
 
-def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
+def zoo_pairs(name: str, n_pairs: int):
+    """The zoo model ``name`` and ``n_pairs`` seeded counterfactual pairs varying ``a``, drawn from
+    its correctly answered prompts (also the pairs ``benchmarks/ig_activations.py`` scores)."""
     import arithinterp as ai
-    from arithinterp.circuits import Graph, attribute_edges, faithfulness, patch_edges, score_edges
-
     from arithinterp.models.zoo import ZOO, zoo_prompts
 
     model = ai.load_model(f"zoo:{name}")
@@ -64,9 +64,14 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(task.a_range[0], task.a_range[1], (4 * n_pairs,), generator=gen).tolist()
     b = torch.randint(task.b_range[0], task.b_range[1], (4 * n_pairs,), generator=gen).tolist()
-    prompts = zoo_prompts(model, entry, a, b).correct_only(model)
-    pairs = prompts.counterfactual(vary="a", seed=0)
-    pairs = pairs[torch.randperm(len(pairs), generator=gen)[:n_pairs]]
+    pairs = zoo_prompts(model, entry, a, b).correct_only(model).counterfactual(vary="a", seed=0)
+    return model, pairs[torch.randperm(len(pairs), generator=gen)[:n_pairs]]
+
+
+def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
+    from arithinterp.circuits import Graph, attribute_edges, faithfulness, patch_edges, score_edges
+
+    model, pairs = zoo_pairs(name, n_pairs)
     graph = Graph.of(model)
     t_exact, exact = median_time(lambda: patch_edges(model, pairs, graph, progress=False), runs)
     ref = exact["scores"].mean(0)

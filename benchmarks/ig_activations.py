@@ -16,25 +16,16 @@ import argparse
 from typing import cast
 
 import torch
-from circuits import pearson, ranks  # benchmarks/circuits.py: the same correlations
+from circuits import pearson, ranks, zoo_pairs  # benchmarks/circuits.py: the same pairs and correlations
 from patching import median_time  # benchmarks/patching.py: the same median timing
 
 METHODS = ("eap", "eap-ig", "eap-ig-activations")
 
 
 def bench(name: str, n_pairs: int, steps: int, runs: int) -> None:
-    import arithinterp as ai
     from arithinterp.circuits import attribute_edges, patch_edges
-    from arithinterp.models.zoo import ZOO, zoo_prompts
 
-    model = ai.load_model(f"zoo:{name}")
-    entry = ZOO[name]
-    task = entry.task
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randint(task.a_range[0], task.a_range[1], (4 * n_pairs,), generator=gen).tolist()
-    b = torch.randint(task.b_range[0], task.b_range[1], (4 * n_pairs,), generator=gen).tolist()
-    pairs = zoo_prompts(model, entry, a, b).correct_only(model).counterfactual(vary="a", seed=0)
-    pairs = pairs[torch.randperm(len(pairs), generator=gen)[:n_pairs]]  # the pairs benchmarks/circuits.py draws
+    model, pairs = zoo_pairs(name, n_pairs)
     exact = patch_edges(model, pairs, progress=False)["scores"].mean(0)
     print(f"\n**`zoo:{name}`** — {len(pairs)} pairs, {len(exact)} edges\n")
     print("| method | Pearson vs exact | Spearman vs exact | time (s) | passes per batch |")
