@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -100,7 +101,8 @@ def print_summary(summary: dict, as_json: bool) -> None:
     """A command's summary on stdout: JSON with ``as_json``, else one ``key: value`` line per entry
     (a list of rows as a table)."""
     if as_json:
-        print(json.dumps(summary, indent=2, default=str))
+        # JSON has no NaN: a number that was not measured (a fraction of a zero effect) is null.
+        print(json.dumps(_json_safe(summary), indent=2, default=str, allow_nan=False))
         return
     for key, value in summary.items():
         if isinstance(value, list) and value and isinstance(value[0], dict):
@@ -110,6 +112,17 @@ def print_summary(summary: dict, as_json: bool) -> None:
             print(pd.DataFrame(value).to_string(index=False))
         else:
             print(f"{key}: {value}")
+
+
+def _json_safe(value):
+    """``value`` with every non-finite float replaced by ``None``, through dicts, lists and tuples."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def fail(command: str, error: BaseException, code: int, as_json: bool) -> int:

@@ -85,3 +85,10 @@ def test_the_old_mode_flag_still_works_and_says_its_new_name(capsys):
     assert "--mode is deprecated; use --ablation instead" in captured.err
     old = json.loads(captured.out)
     assert old["ablation"] == new["ablation"] == "zero" and old["accuracy_after"] == new["accuracy_after"]
+
+
+def test_json_summaries_write_an_unmeasured_number_as_null(capsys):
+    from arithinterp import outputs
+
+    outputs.print_summary(dict(fraction=dict(helix=float("nan"), pca=0.5), effects=[float("inf"), 1.0]), as_json=True)
+    assert json.loads(capsys.readouterr().out) == dict(fraction=dict(helix=None, pca=0.5), effects=[None, 1.0])
