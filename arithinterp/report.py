@@ -939,8 +939,8 @@ STAGE_TITLES["features"] = "Feature circuits: transcoders and an attribution gra
 STAGES["features"], WEIGHTS["features"], MINIMUMS["features"] = features_stage, 0.5, (1, "correctly answered prompt")
 
 
-CAUSAL_PAIRS = 600  # interchange pairs per variable at most (about 30% held out by operand pair and scored)
-CAUSAL_STEPS = 150  # DAS training steps per cell when the budget allows (fewer, and said so, when not)
+CAUSAL_PAIRS = 400  # interchange pairs per variable at most (about 30% held out by operand pair and scored)
+CAUSAL_STEPS = 100  # DAS training steps per cell when the budget allows (fewer, and said so, when not)
 CAUSAL_MIN_STEPS = 30  # below this a fit says little: fewer cells first, then "over budget"
 CAUSAL_K = 4  # dimensions interchanged
 CAUSAL_LOCALISED = 0.9  # IIA from which a finding calls the variable localised at a cell

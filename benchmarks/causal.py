@@ -168,7 +168,7 @@ def planted_helix(steps: int, ks: list[int], n: int) -> None:
         oracle["k"] = truth.shape[1]
         name = f"{variable} (base {base})"
         print(f"| {name} " + row("planted subspace", oracle) + " 1 |")
-        for k in ks:
+        for k in sorted({truth.shape[1], *ks}):  # the planted dimension and the ones asked for
             fit = causal.das(model, dataset, "resid_post", 0, "final", k, steps=steps, baselines=("random",),
                              progress=False)
             cos = causal.principal_angle_cosines(fit.basis, truth)
