@@ -66,7 +66,7 @@ def planted(steps: int) -> None:
 
 def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], ks: list[int], steps: int, limit: int,
         n: int, seed: int, base: int = 10, lr: float = 1e-2, baselines: tuple[str, ...] = causal.BASELINES,
-        boundless: bool = False, history: bool = False) -> None:
+        boundless: bool = False, history: bool = False, control: bool = True) -> None:
     model = ai.load_model(model_name)
     from arithinterp.models.zoo import get_entry
 
@@ -97,12 +97,13 @@ def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], ks: l
                 marks = ", ".join(f"{t}: {h[t]:.2f}" for t in sorted({0, len(h) // 4, len(h) // 2, 3 * len(h) // 4,
                                                                       len(h) - 1}))
                 print(cell + f"| loss (k={k}, step: loss) {marks}; train IIA {fit.train_iia:.3f} | | | | |")
-        if i == 0:
-            control = causal.interchange_dataset(prompts, variable, causal_model, n=n, seed=seed, shuffle=True)
-            shuffled = causal.das(model, control, site, layer, position, ks[0], steps=steps, lr=lr, seed=seed,
+        if i == 0 and control:
+            shuffled_set = causal.interchange_dataset(prompts, variable, causal_model, n=n, seed=seed, shuffle=True)
+            shuffled = causal.das(model, shuffled_set, site, layer, position, ks[0], steps=steps, lr=lr, seed=seed,
                                   baselines=(), progress=False)
-            print(cell + row(f"das, shuffled {variable} (chance {control.chance:.3f})", shuffled.scores["das"])
+            print(cell + row(f"das, shuffled {variable} (chance {shuffled_set.chance:.3f})", shuffled.scores["das"])
                   + " |")
+        if i == 0:
             if boundless:
                 fit = causal.das(model, dataset, site, layer, position, method="boundless", steps=2 * steps, lr=lr,
                                  baselines=(), seed=seed, progress=False)
@@ -142,7 +143,7 @@ def separability(model_name: str, limit: int) -> None:
                   f"{r2(total % 100, total // 100):.3f} |")
 
 
-def planted_helix(steps: int, ks: list[int], n: int) -> None:
+def planted_helix(steps: int, ks: list[int], n: int, only: str = "") -> None:
     """DAS on :func:`arithinterp.causal.planted.planted_helix_model`: the planted subspaces against
     the learned ones, and each split's IIA (the units digit's 5 planted dims cap it below 1)."""
     import tempfile
@@ -158,6 +159,8 @@ def planted_helix(steps: int, ks: list[int], n: int) -> None:
     print("|---|---|---|---|---|---|")
     for base, variable, planted_name in ((10, "sum_mod_10", "sum_mod_10"), (100, "magnitude", "hundreds"),
                                          (100, "sum_mod_100", "sum_mod_100")):
+        if only and variable != only:
+            continue
         dataset = causal.interchange_dataset(prompts, variable, causal.single_token_addition(base), n=n, seed=0)
         truth = planted_helix_subspace(planted_name)
         where = causal.Site("resid_post", 0, "final")
@@ -193,6 +196,7 @@ def main() -> None:
     parser.add_argument("--baselines", default=",".join(causal.BASELINES), help="baselines at each cell's first k")
     parser.add_argument("--boundless", action="store_true", help="Boundless DAS at the first cell too")
     parser.add_argument("--history", action="store_true", help="print the training loss of each fit")
+    parser.add_argument("--no-control", action="store_true", help="skip the shuffled-variable control")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
     if args.part == "planted":
@@ -202,7 +206,8 @@ def main() -> None:
         separability(args.model, args.limit)
         return
     if args.part == "planted-helix":
-        planted_helix(args.steps, ks, args.pairs)
+        names = ("sum_mod_10", "magnitude", "sum_mod_100")  # --variable picks one of them (default: all)
+        planted_helix(args.steps, ks, args.pairs, args.variable if args.variable in names else "")
         return
     cells = []
     for c in args.cells.split(","):
@@ -211,7 +216,7 @@ def main() -> None:
         cells.append((site, int(layer), position))
     baselines = tuple(b for b in args.baselines.split(",") if b)
     zoo(args.model, args.variable, cells, ks, args.steps, args.limit, args.pairs, args.seed, args.base, args.lr,
-        baselines, args.boundless, args.history)
+        baselines, args.boundless, args.history, not args.no_control)
 
 
 if __name__ == "__main__":
