@@ -1,13 +1,16 @@
-"""A hand-built model whose answer goes through a variable stored in a known 2-D subspace.
+"""Hand-built models whose answer goes through variables stored in known subspaces.
 
-The validation target of distributed alignment search: ``a + b`` for ``a, b`` in ``0..9`` over
-single number tokens (prompt ``{a}+{b}=``). One layer, no norms, ``d_model`` 64. Head 0 copies
+:func:`planted_model`, the validation target of distributed alignment search: ``a + b`` for ``a, b``
+in ``0..9`` over single number tokens (prompt ``{a}+{b}=``). One layer, no norms, ``d_model`` 64. Head 0 copies
 the first operand one-hot into dims 0..9 of the final position, head 1 the second into dims
 10..19; MLP neuron ``(a, b)`` fires only when both are present and writes the units digit of the
 sum as a point on a circle in dims 20, 21 (``cos, sin(2π u / 10)``) and the tens digit as ``±1`` in
 dim 22. The unembedding reads only dims 20..22, so ``sum_mod_10`` lives exactly in
 ``span(e20, e21)`` at ``resid_post`` of layer 0, final position: DAS with ``k = 2`` should recover
 that plane and a random plane should do nothing.
+
+:func:`planted_helix_model` holds the sum of two numbers 0..99 on a helix of periods 2, 5, 10 and 100
+instead (see its docstring): the ceiling of a units-digit interchange in such a code.
 """
 
 from __future__ import annotations
