@@ -8,7 +8,9 @@ import torch
 
 import arithinterp as ai
 from arithinterp import causal
-from arithinterp.causal.planted import planted_model, planted_plane
+from arithinterp.causal.planted import (
+    HELIX_DIMS, HUNDREDS_DIM, planted_helix_model, planted_helix_subspace, planted_model, planted_plane,
+)
 from arithinterp.engine import Intervention, run
 from arithinterp.errors import AnalysisError, ArithInterpError, SiteError
 
@@ -62,6 +64,17 @@ def test_single_token_and_modular_models():
     assert int(single.answer(a[:1], b[:1], {"magnitude": torch.tensor([3])})) == 35
     modular = causal.modular_addition(113)
     assert modular.answer(torch.tensor([100, 3]), torch.tensor([20, 4])).tolist() == [7, 7]
+
+
+def test_single_token_addition_splits_at_another_base():
+    hundreds = causal.single_token_addition(base=100)
+    a, b = torch.tensor([47, 99]), torch.tensor([38, 99])
+    assert hundreds.values(a, b)["sum_mod_100"].tolist() == [85, 98]
+    assert hundreds.values(a, b)["magnitude"].tolist() == [0, 1]
+    assert int(hundreds.answer(a[:1], b[:1], {"magnitude": torch.tensor([1])})) == 185
+    assert causal.single_token_addition().names == ["sum", "sum_mod_10", "magnitude", "answer"]  # the default
+    with pytest.raises(AnalysisError, match="base must be an int >= 2"):
+        causal.single_token_addition(base=1)
 
 
 def test_user_defined_models_are_checked():
@@ -289,3 +302,45 @@ def test_several_positions_swap_through_one_subspace(planted):
     assert result.position == "b+final" and result.iia >= 0.99
     assert causal.principal_angle_cosines(result.basis, planted_plane()).min() >= 0.99
     assert result.scores["random"]["iia"] <= 0.05 and result.scores["probe"]["k"] >= 1
+
+
+@pytest.fixture(scope="module")
+def planted_helix(number_tokenizer):
+    model = planted_helix_model(number_tokenizer)
+    prompts = ai.tasks.arithmetic(model, op="+", a=range(100), b=range(100), template="{a}+{b}=")
+    return model, prompts[torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0))[:600].tolist()]
+
+
+def _oracle(model, dataset, variable):
+    from arithinterp.causal.scoring import evaluate, source_values
+
+    where = causal.Site("resid_post", 0, "final")
+    sources = source_values(model, dataset, where, 256)
+    return evaluate(model, dataset, where, causal.FixedSubspace(planted_helix_subspace(variable)), sources,
+                    dataset.test, 256)["iia"]
+
+
+@pytest.mark.slow
+def test_a_helix_of_the_sum_splits_at_100_but_not_at_10(planted_helix):
+    """The sum on a helix of periods 2, 5, 10, 100 (Kantamneni & Tegmark 2025): the model answers it,
+    swapping the flag or the periodic part moves exactly the hundreds or the rest; the units digit's
+    5 planted dims cannot move it alone, because the period 100 carries the base's tens and units."""
+    model, prompts = planted_helix
+    assert len(prompts.correct_only(model)) == len(prompts)
+    hundreds = causal.single_token_addition(base=100)
+    assert _oracle(model, causal.interchange_dataset(prompts, "magnitude", hundreds, n=300), "hundreds") == 1.0
+    assert _oracle(model, causal.interchange_dataset(prompts, "sum_mod_100", hundreds, n=300), "sum_mod_100") == 1.0
+    units = _oracle(model, causal.interchange_dataset(prompts, "sum_mod_10", n=300), "sum_mod_10")
+    assert 0.4 <= units <= 0.8  # the nearest decade wins when the units move by 5 or more: about 2/3
+
+
+@pytest.mark.slow
+def test_das_recovers_a_planted_helix_flag(planted_helix):
+    model, prompts = planted_helix
+    dataset = causal.interchange_dataset(prompts, "magnitude", causal.single_token_addition(base=100), n=300)
+    result = causal.das(model, dataset, "resid_post", 0, "final", 1, steps=60, baselines=("random",), progress=False)
+    assert result.iia >= 0.95 and result.scores["random"]["iia"] <= 0.05
+    # within the dims the unembedding reads (the code and the flag) the learned direction is the flag; the
+    # rest of the residual stream is read by nothing, so DAS gets no gradient to turn away from it
+    read = result.basis[HELIX_DIMS: HUNDREDS_DIM + 1, 0]
+    assert abs(float(read[-1])) / float(read.norm()) >= 0.99

@@ -71,7 +71,7 @@ def test_report_rejects_bad_stage(tmp_path):
     with pytest.raises(ConfigError, match="unknown report stage"):
         write_report("zoo:add-100", out=tmp_path / "r.html", stages=["patchin"])
     assert set(STAGES) == {"accuracy", "patching", "digits", "probes", "errors", "fourier", "neurons", "circuits",
-                           "features"}
+                           "features", "causal"}
 
 
 @pytest.mark.slow

@@ -125,13 +125,22 @@ def addition(n_digits: int = 3) -> CausalModel:
     return CausalModel(f"addition-{n_digits}digit", tuple(variables))
 
 
-def single_token_addition() -> CausalModel:
-    """``a + b`` read as ``sum_mod_10`` (its units digit) and ``magnitude`` (``(a + b) // 10``)."""
-    return CausalModel("single-token-addition", (
+def single_token_addition(base: int = 10) -> CausalModel:
+    """``a + b`` read as ``sum_mod_10`` (its units digit) and ``magnitude`` (``(a + b) // 10``).
+
+    ``base`` splits the sum elsewhere: ``base=100`` gives ``sum_mod_100`` and ``magnitude`` =
+    ``(a + b) // 100`` (whether the sum reaches 100), the split a helix of periods dividing 100
+    keeps apart (every periodic feature is a function of ``sum mod 100``)."""
+    if isinstance(base, bool) or not isinstance(base, int) or base < 2:
+        raise AnalysisError(f"base must be an int >= 2 (the sum is split into sum // base and sum mod base), "
+                            f"got {base!r}")
+    name = "single-token-addition" if base == 10 else f"single-token-addition-base-{base}"
+    return CausalModel(name, (
         Variable("sum", ("a", "b"), lambda a, b: a + b, "a + b"),
-        Variable("sum_mod_10", ("sum",), lambda s: s % 10, "the units digit of the sum"),
-        Variable("magnitude", ("sum",), lambda s: s // 10, "the sum without its units digit"),
-        Variable("answer", ("sum_mod_10", "magnitude"), lambda u, m: 10 * m + u, "the sum"),
+        Variable(f"sum_mod_{base}", ("sum",), lambda s: s % base, f"the sum mod {base}"
+                 + (" (its units digit)" if base == 10 else "")),
+        Variable("magnitude", ("sum",), lambda s: s // base, f"the sum // {base}"),
+        Variable("answer", (f"sum_mod_{base}", "magnitude"), lambda u, m: base * m + u, "the sum"),
     ))
 
 

@@ -1,13 +1,16 @@
-"""A hand-built model whose answer goes through a variable stored in a known 2-D subspace.
+"""Hand-built models whose answer goes through variables stored in known subspaces.
 
-The validation target of distributed alignment search: ``a + b`` for ``a, b`` in ``0..9`` over
-single number tokens (prompt ``{a}+{b}=``). One layer, no norms, ``d_model`` 64. Head 0 copies
+:func:`planted_model`, the validation target of distributed alignment search: ``a + b`` for ``a, b``
+in ``0..9`` over single number tokens (prompt ``{a}+{b}=``). One layer, no norms, ``d_model`` 64. Head 0 copies
 the first operand one-hot into dims 0..9 of the final position, head 1 the second into dims
 10..19; MLP neuron ``(a, b)`` fires only when both are present and writes the units digit of the
 sum as a point on a circle in dims 20, 21 (``cos, sin(2π u / 10)``) and the tens digit as ``±1`` in
 dim 22. The unembedding reads only dims 20..22, so ``sum_mod_10`` lives exactly in
 ``span(e20, e21)`` at ``resid_post`` of layer 0, final position: DAS with ``k = 2`` should recover
 that plane and a random plane should do nothing.
+
+:func:`planted_helix_model` holds the sum of two numbers 0..99 on a helix of periods 2, 5, 10 and 100
+instead (see its docstring): the ceiling of a units-digit interchange in such a code.
 """
 
 from __future__ import annotations
@@ -69,4 +72,83 @@ def planted_plane(d: int = 64) -> torch.Tensor:
     """The true subspace ``[d, 2]`` of ``sum_mod_10``."""
     basis = torch.zeros(d, 2)
     basis[PLANE[0], 0] = basis[PLANE[1], 1] = 1.0
+    return basis
+
+
+# --- a planted helix: the sum of two numbers 0..99 on a helix (periods 2, 5, 10, 100) ---------------
+
+HELIX_PERIODS = (100, 10, 5)  # each a (cos, sin) pair; period 2 adds cos(π s) (its sine is 0 on integers)
+HELIX_DIMS = 200  # the helix starts here: cos, sin of each period, cos(π s), then the hundreds flag
+HUNDREDS_DIM = HELIX_DIMS + 2 * len(HELIX_PERIODS) + 1
+
+
+def _helix(s: int) -> list[float]:
+    """The planted code of ``s``: ``cos, sin(2π s / T)`` for ``T`` in :data:`HELIX_PERIODS`, ``cos(π s)``."""
+    out = []
+    for period in HELIX_PERIODS:
+        out += [math.cos(2 * math.pi * s / period), math.sin(2 * math.pi * s / period)]
+    return out + [math.cos(math.pi * s)]
+
+
+def planted_helix_model(tokenizer, scale: float = 10.0):
+    """``a + b`` for ``a, b`` in ``0..99`` (prompt ``{a}+{b}=``) through a planted helix of the sum.
+
+    One layer, no norms, ``d_model`` 256. Head 0 copies ``a`` one-hot into dims 0..99 of the final
+    position, head 1 ``b`` into dims 100..199; MLP neuron ``(a, b)`` (10,000 of them) writes the
+    helix of ``s = a + b`` — ``cos, sin(2π s / T)`` for ``T`` = 100, 10, 5 and ``cos(π s)`` in dims
+    200..206 — and the hundreds flag ``±1`` (``s ≥ 100``) in dim 207. The unembedding reads token
+    ``n`` with the same code of ``n``, so the answer's logit is ``Σ_T cos(2π (n − s) / T)`` plus the
+    flags' product: the sum is represented as the Fourier features of Kantamneni & Tegmark 2025.
+
+    Every feature but the flag is a function of ``s mod 100``, so ``sum_mod_100`` and the
+    hundreds (``single_token_addition(base=100)``) lie in orthogonal subspaces; the periods 2, 5
+    and 10 are functions of ``s mod 10`` (5 dims, :func:`planted_helix_subspace`), but the period
+    100 mixes the units and the tens: no subspace separates ``sum_mod_10`` from ``s // 10``. Needs a
+    number tokenizer whose numbers ``0..198`` are single tokens."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    positions = HUNDREDS_DIM + 1  # positional one-hots after the code
+    cfg = TransformerBridgeConfig(d_model=256, d_head=128, n_heads=2, n_layers=1, n_ctx=8, d_vocab=len(tokenizer),
+                                  d_mlp=10000, normalization_type=None, seed=0, act_fn="relu",
+                                  positional_embedding_type="standard")
+    boot = TransformerBridge.boot_native  # pyright: ignore[reportAttributeAccessIssue]
+    model = boot(cfg, tokenizer=tokenizer).eval()
+    number = torch.tensor([tokenizer.convert_tokens_to_ids(str(n)) for n in range(199)])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.embed.original_component.weight[number[:100], torch.arange(100)] = 1.0  # 0..99 one-hot in dims 0..99
+        model.pos_embed.original_component.weight[torch.arange(8), positions + torch.arange(8)] = 1.0
+        attn = model.blocks[0].attn
+        q, k, v, o = (getattr(attn, n).original_component.weight for n in "qkvo")  # [out, in]
+        # prompt tokens: <bos> a + b = → a at position 1, b at 3, the final position 4
+        q[0, positions + 4], k[0, positions + 1] = scale, scale  # head 0: the final position attends to a
+        q[128, positions + 4], k[128, positions + 3] = scale, scale  # head 1: the final position attends to b
+        v[torch.arange(100), torch.arange(100)] = 1.0
+        v[128 + torch.arange(100), torch.arange(100)] = 1.0
+        o[torch.arange(100), torch.arange(100)] = 1.0  # a → dims 0..99
+        o[100 + torch.arange(100), 128 + torch.arange(100)] = 1.0  # b → dims 100..199
+        mlp = model.blocks[0].mlp.original_component
+        w_in, b_in, w_out = mlp.fc_in.weight, mlp.fc_in.bias, mlp.fc_out.weight  # [10000, 256], [10000], [256, 10000]
+        a, b = torch.arange(100).repeat_interleave(100), torch.arange(100).repeat(100)
+        neuron = torch.arange(10000)
+        w_in[neuron, a], w_in[neuron, 100 + b], b_in[:] = 1.0, 1.0, -1.5  # 0.5 only when both are present
+        code = torch.tensor([_helix(s) + [1.0 if s >= 100 else -1.0] for s in range(199)])  # [199, 8]
+        w_out[HELIX_DIMS: HUNDREDS_DIM + 1] = 2 * code[a + b].T
+        model.unembed.original_component.weight[number, HELIX_DIMS: HUNDREDS_DIM + 1] = scale * code
+    return model
+
+
+def planted_helix_subspace(variable: str, d: int = 256) -> torch.Tensor:
+    """The planted helix's subspace ``[d, k]`` of ``variable``: ``"sum_mod_10"`` (periods 10, 5, 2:
+    5 dims), ``"sum_mod_100"`` (every period: 7 dims) or ``"hundreds"`` (the flag: 1 dim)."""
+    dims = {"sum_mod_10": list(range(HELIX_DIMS + 2, HUNDREDS_DIM)),
+            "sum_mod_100": list(range(HELIX_DIMS, HUNDREDS_DIM)), "hundreds": [HUNDREDS_DIM]}
+    if variable not in dims:
+        from arithinterp.errors import AnalysisError
+
+        raise AnalysisError(f"the planted helix stores {', '.join(dims)}; got {variable!r}")
+    basis = torch.zeros(d, len(dims[variable]))
+    basis[dims[variable], torch.arange(len(dims[variable]))] = 1.0
     return basis

@@ -75,11 +75,14 @@ def readable_vs_used(
     k: int = 2,
     steps: int = 200,
     n: Optional[int] = None,
+    lr: float = 1e-2,
+    max_memory: Optional[float] = None,
     seed: int = 0,
     progress: bool = True,
 ) -> ReadableUsed:
     """Per variable and layer: probe accuracy with folds grouped by operand pair (readable) beside
-    held-out DAS IIA and random-rotation IIA (used) at ``site`` and ``position``."""
+    held-out DAS IIA and random-rotation IIA (used) at ``site`` and ``position``; ``steps``, ``lr`` and
+    ``max_memory`` are passed to each :func:`das` fit."""
     from arithinterp.activations import collect
     from arithinterp.probes import probe_layers
 
@@ -96,8 +99,8 @@ def readable_vs_used(
             readable = probe_layers(acts, labels, kind="logistic", site=site, groups="pair", random_state=seed,
                                     progress=False).to_frame()
         for layer in layers:
-            fit = das(model, dataset, site, layer, position, k, steps=steps, baselines=("random",), seed=seed,
-                      progress=False)
+            fit = das(model, dataset, site, layer, position, k, steps=steps, lr=lr, baselines=("random",),
+                      max_memory=max_memory, seed=seed, progress=False)
             row = dict(variable=variable, layer=layer, das_iia=fit.iia, das_low=fit.scores["das"]["low"],
                        das_high=fit.scores["das"]["high"], random_iia=fit.scores["random"]["iia"], chance=fit.chance,
                        probe_accuracy=float("nan"), probe_low=float("nan"), probe_high=float("nan"),
@@ -109,5 +112,5 @@ def readable_vs_used(
                            probe_high=float(probe["ci_high"]),
                            probe_control=float(control["score"]) if control else float("nan"))
             rows.append(row)
-    meta = build_meta(model, steps=steps, seed=seed, variables=list(variables))
+    meta = build_meta(model, steps=steps, lr=lr, seed=seed, variables=list(variables))
     return ReadableUsed(site=site, position=str(position), k=k, rows=rows, meta=meta)
