@@ -16,7 +16,7 @@ variable scores :attr:`InterchangeDataset.chance` there (where the copy happens 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -59,6 +59,15 @@ class InterchangeDataset:
     @property
     def source_value(self) -> torch.Tensor:
         return self.causal_model.values(self.source.a, self.source.b)[self.variable]
+
+    def chance_over(self, rows: torch.Tensor) -> float:
+        """:attr:`chance` over the pairs ``rows`` only (0 for a real variable; for a shuffled copy, the
+        share of them where moving the true variable from the source gives the shuffled label)."""
+        if not self.shuffled or len(rows) == 0:
+            return 0.0
+        base = self.base[rows]
+        true_cf = self.causal_model.answer(base.a, base.b, {self.variable: self.source_value[rows]})
+        return float((true_cf == self.answer[rows]).float().mean())
 
 
 def _answer_tokens(prompts: PromptSet, rows: list[int], answers: list[int]) -> list[Optional[list[int]]]:
@@ -185,15 +194,13 @@ def interchange_dataset(
     source = prompts[[source_rows[r] for r in rows]]
     cf = cf[rows]
     test_mask = torch.tensor([is_test[base_rows[r]] for r in rows])
-    chance = 0.0
-    if shuffle and test_mask.any():  # what moving the true variable (the source's own value) scores
-        true_cf = causal_model.answer(base.a, base.b, {variable: causal_model.values(source.a, source.b)[variable]})
-        chance = float((true_cf == cf)[test_mask].float().mean())
     meta = dict(requested=want, kept=len(rows), no_balanced_source=no_source, untokenizable_answer=untokenized,
                 test_operand_pairs=n_test, train_operand_pairs=len(pair_keys) - n_test, seed=seed)
-    return InterchangeDataset(
+    dataset = InterchangeDataset(
         base=base, source=source, variable=variable, causal_model=causal_model, answer=cf,
         answer_tokens=answer_tokens, train=torch.nonzero(~test_mask).flatten(), test=torch.nonzero(test_mask).flatten(),
-        shuffled=shuffle, chance=chance, meta=meta,
+        shuffled=shuffle, meta=meta,
     )
+    # what moving the true variable (the source's own value) scores on the held-out pairs
+    return replace(dataset, chance=dataset.chance_over(dataset.test))
 
