@@ -4,12 +4,14 @@ Parts (each prints a markdown table; run them one at a time, they are short):
 
 * ``planted`` — the hand-built model of ``arithinterp.causal.planted`` (``sum_mod_10`` in a known
   plane): principal-angle cosines, IIA of DAS / Boundless DAS / each baseline, the shuffled control.
-* ``zoo`` — one zoo model and variable at the given ``layer:position`` cells: held-out IIA with its
-  95% interval for DAS and every baseline, the shuffled control at the first cell, and the seconds
-  per fit (one fit = training + scoring DAS and the baselines).
+* ``zoo`` — one zoo model and variable at the given ``[site:]layer:position`` cells (``+`` joins
+  positions swapped together): held-out IIA with its 95% interval for DAS and every baseline, the
+  controls at the first cell (the shuffled copy; for a carry also the parity of a·b), and the
+  seconds per fit (one fit = training + scoring DAS and the baselines).
 
     python benchmarks/causal.py planted
     python benchmarks/causal.py zoo --model zoo:add-3digit --variable carry_2 --cells 0:b[1],1:answer[0] --k 2
+    python benchmarks/causal.py zoo --variable carry_2 --cells "mlp_post:0:b[1]+answer[0]" --k 4 --per-position
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import Optional
 
 import arithinterp as ai
 from arithinterp import causal
@@ -58,8 +61,8 @@ def planted(steps: int) -> None:
     print(f"\nchance (balanced pairs): {dataset.chance:.3f}")
 
 
-def zoo(model_name: str, variable: str, cells: list[tuple[int, str]], k: int, steps: int, limit: int,
-        n: int, seed: int) -> None:
+def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], k: int, steps: int, limit: int,
+        n: int, seed: int, per_position: bool = False, reachable_only: bool = False) -> None:
     model = ai.load_model(model_name)
     from arithinterp.models.zoo import get_entry
 
@@ -71,21 +74,37 @@ def zoo(model_name: str, variable: str, cells: list[tuple[int, str]], k: int, st
                                          answer_digits=entry.task.answer_digits).correct_only(model)
     dataset = causal.interchange_dataset(prompts, variable, n=n, seed=seed)
     print(f"{model_name} {variable}: {len(prompts)} correct prompts, {len(dataset.train)} train / "
-          f"{len(dataset.test)} held-out pairs, k={k}, {steps} steps")
-    print("\n| layer @ position | intervention | k | held-out IIA [95% CI] | logit diff | s / fit |")
+          f"{len(dataset.test)} held-out pairs, k={k}, {steps} steps, per_position={per_position}, "
+          f"reachable_only={reachable_only}")
+    print("\n| site L @ position | intervention | k | held-out IIA [95% CI] | logit diff | s / fit |")
     print("|---|---|---|---|---|---|")
-    for i, (layer, position) in enumerate(cells):
+    for i, (site, layer, spec) in enumerate(cells):
+        position = spec.split("+") if "+" in spec else spec
+        separate = per_position and isinstance(position, list)
+
+        def fit_on(pairs: causal.InterchangeDataset, baselines: tuple[str, ...] = causal.BASELINES) -> causal.DASResult:
+            return causal.das(model, pairs, site, layer, position, k, steps=steps, seed=seed, baselines=baselines,
+                              reachable_only=reachable_only, per_position=separate, progress=False)
+
+        cell = f"| {site} L{layer} @{spec} "
         start = time.perf_counter()
-        fit = causal.das(model, dataset, "resid_post", layer, position, k, steps=steps, seed=seed, progress=False)
+        fit = fit_on(dataset)
         seconds = time.perf_counter() - start
         for name, s in fit.scores.items():
-            print(f"| L{layer} @{position} " + row(name, s) + (f" {seconds:.1f} |" if name == "das" else " |"))
-        if i == 0:
-            control = causal.interchange_dataset(prompts, variable, n=n, seed=seed, shuffle=True)
-            shuffled = causal.das(model, control, "resid_post", layer, position, k, steps=steps, seed=seed,
-                                  baselines=(), progress=False)
-            print(f"| L{layer} @{position} " + row(f"das, shuffled {variable} (chance {control.chance:.3f})",
-                                                   shuffled.scores["das"]) + " |")
+            print(cell + row(name, s) + (f" {seconds:.1f} |" if name == "das" else " |"))
+        if fit.meta["unreachable"]["test"]:
+            print(f"{cell}| unreachable pairs left out: {fit.meta['unreachable']} |")
+        if i > 0:
+            continue
+        controls: dict[str, Optional[str]] = {"shuffled copy": None}  # label -> value_from (None: shuffled)
+        if variable.startswith("carry_") and "product_parity" in dataset.causal_model.names:
+            controls["parity of a·b"] = "product_parity"
+        for label, source in controls.items():
+            control = causal.interchange_dataset(prompts, variable, n=n, seed=seed, shuffle=source is None,
+                                                 value_from=source)
+            result = fit_on(control, ("random",))
+            print(cell + row(f"das on the {label} (chance {result.chance:.3f})", result.scores["das"]) + " |")
+            print(cell + row(f"random on the {label}", result.scores["random"]) + " |")
 
 
 def main() -> None:
@@ -99,12 +118,18 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2000, help="prompts drawn before keeping the correct ones")
     parser.add_argument("--pairs", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-position", action="store_true", help="each joined position its own subspace")
+    parser.add_argument("--reachable-only", action="store_true", help="score only the pairs a cell can reach")
     args = parser.parse_args()
     if args.part == "planted":
         planted(args.steps)
         return
-    cells = [(int(c.split(":", 1)[0]), c.split(":", 1)[1]) for c in args.cells.split(",")]
-    zoo(args.model, args.variable, cells, args.k, args.steps, args.limit, args.pairs, args.seed)
+    cells = []
+    for c in args.cells.split(","):
+        parts = c.split(":", 2) if not c.split(":", 1)[0].isdigit() else ["resid_post"] + c.split(":", 1)
+        cells.append((parts[0], int(parts[1]), parts[2]))
+    zoo(args.model, args.variable, cells, args.k, args.steps, args.limit, args.pairs, args.seed,
+        per_position=args.per_position, reachable_only=args.reachable_only)
 
 
 if __name__ == "__main__":
