@@ -17,7 +17,8 @@ class DASResult(Result):
     ``scores[name]``: ``iia`` (held-out), its 95% Wilson interval ``low`` / ``high``, the mean
     ``logit_diff`` (and ``logit_diff_sem``), ``n`` pairs and ``k`` dimensions, for the fitted method
     (``"das"`` or ``"boundless"``), ``"none"`` (no intervention) and each baseline. ``basis`` ``[d, k]``
-    is the learned subspace; ``history`` the training loss per step; ``chance`` the dataset's chance IIA.
+    is the learned subspace (``[P, d, k]``, one per position, with ``per_position``); ``history`` the
+    training loss per step; ``chance`` the dataset's chance IIA.
     """
 
     variable: str
