@@ -365,6 +365,12 @@ def test_reachable_only_leaves_out_the_same_pairs_for_every_intervention(llama_f
                           reachable_only=True, progress=False)
     rows = control.test[reachable(control, control.test, "answer[0]")]
     assert shuffled.chance == control.chance_over(rows)  # the chance level over the pairs scored
+    # a sweep cell no held-out pair is reachable from has no score (NaN), and best() passes over it
+    sweep = causal.das_sweep(model, dataset, layers=[1], positions=["final", "answer[1]"], k=2, steps=1,
+                             reachable_only=True, progress=False)
+    assert bool(torch.isnan(sweep.iia[0, 1])) and not bool(torch.isnan(sweep.iia[0, 0]))
+    assert sweep.best()[1] == "final" and sweep.meta["n_test_per_cell"] == [[len(dataset.test), 0]]
+    assert isinstance(sweep.plot(), go.Figure)
 
 
 def test_one_heads_output_is_interchanged(planted):

@@ -68,8 +68,8 @@ class DASSweep(Result):
     meta: dict = field(default_factory=dict)
 
     def best(self) -> tuple[int, str, float]:
-        """``(layer, position, iia)`` of the best cell."""
-        flat = int(torch.argmax(self.iia))
+        """``(layer, position, iia)`` of the best cell (cells without a score, NaN, are passed over)."""
+        flat = int(torch.argmax(torch.nan_to_num(self.iia, nan=-1.0)))
         i, j = divmod(flat, self.iia.shape[1])
         return int(self.layers[i]), str(self.positions[j]), float(self.iia[i, j])
 

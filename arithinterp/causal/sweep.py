@@ -17,6 +17,7 @@ from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
 from arithinterp.causal.fit import das
 from arithinterp.causal.models import CausalModel
 from arithinterp.causal.results import DASSweep, ReadableUsed
+from arithinterp.causal.scoring import reachable
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
@@ -41,7 +42,8 @@ def das_sweep(
     """One DAS fit per layer × position (each with its random-rotation control) → :class:`DASSweep`.
 
     ``reachable_only``: each cell trains and scores only the pairs its position can reach (see
-    :func:`das`); the held-out pairs scored per cell are in ``n_test`` ``[L, P]``."""
+    :func:`das`); a position that reaches no held-out pair gets NaN; the held-out pairs scored per
+    cell are in ``meta["n_test_per_cell"]`` ``[L, P]``."""
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     positions = list(positions)
     if not layers or not positions:
@@ -51,6 +53,10 @@ def das_sweep(
     n_test = torch.zeros(shape, dtype=torch.long)
     cells = [(i, j) for i in range(len(layers)) for j in range(len(positions))]
     for i, j in tqdm(cells, desc="DAS sweep", disable=not progress):
+        if reachable_only and not bool(reachable(dataset, dataset.test, positions[j]).any()):
+            for grid in grids.values():  # no held-out pair can be reached from here: no score, not a zero
+                grid[i, j] = float("nan")
+            continue
         fit = das(model, dataset, site, layers[i], positions[j], k, steps=steps, lr=lr, baselines=("random",),
                   reachable_only=reachable_only, max_memory=max_memory, seed=seed, progress=False)
         n_test[i, j] = fit.scores["das"]["n"]
