@@ -328,12 +328,13 @@ def das_command(args: argparse.Namespace) -> dict:
 
     model, prompts = _model_and_prompts(args)
     variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
-    dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle)
+    dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
+                                         value_from=args.value_from)
     positions = [p for p in args.position.split(",") if p]
     if args.sweep:
         layers = [int(x) for x in args.layers.split(",")] if args.layers else None
         sweep = causal.das_sweep(model, dataset, args.site, layers, positions, args.k, steps=args.steps, lr=args.lr,
-                                 seed=args.seed, progress=not args.no_progress)
+                                 reachable_only=args.reachable_only, seed=args.seed, progress=not args.no_progress)
         layer, position, iia = sweep.best()
         return _finish(sweep, args, dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
                                          best_layer=layer, best_position=position, best_iia=round(iia, 4),
@@ -342,13 +343,15 @@ def das_command(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--position takes one position without --sweep, got {args.position!r}")
     together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
     result = causal.das(model, dataset, args.site, args.layer, together if len(together) > 1 else together[0], args.k,
-                        method=args.method,
+                        method=args.method, reachable_only=args.reachable_only, head=args.head,
+                        per_position=args.per_position,
                         steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
     rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
     assert isinstance(rows, pd.DataFrame)
     return _finish(result, args, dict(variable=variable, pairs=len(dataset), held_out=len(dataset.test),
-                                      site=args.site, layer=args.layer, position=positions[0],
-                                      chance=round(dataset.chance, 4), scores=rows.to_dict("records")))
+                                      site=result.site, layer=args.layer, position=positions[0],
+                                      chance=round(result.chance, 4), unreachable=result.meta["unreachable"],
+                                      scores=rows.to_dict("records")))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -468,6 +471,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default: 0.01)")
     p.add_argument("--pairs", type=int, default=None, help="interchange pairs (default: one per prompt)")
     p.add_argument("--shuffle", action="store_true", help="the control: the variable's value from a random prompt")
+    p.add_argument("--value-from", default=None, help="the other control: the variable's value from another variable "
+                   "(product_parity for a carry)")
+    p.add_argument("--reachable-only", action="store_true", help="train and score only the pairs the position can "
+                   "reach (counterfactual equal to the base before it)")
+    p.add_argument("--head", type=int, default=None, help="with --site attn_z: the head whose output is swapped")
+    p.add_argument("--per-position", action="store_true", help="with a+b positions: each its own subspace")
     p.add_argument("--sweep", action="store_true", help="fit every layer (or --layers) x --position")
     p.add_argument("--layers", default=None, help="with --sweep: comma-separated layers (default: all)")
 

@@ -4,16 +4,19 @@ Parts (each prints a markdown table; run them one at a time, they are short):
 
 * ``planted`` — the hand-built model of ``arithinterp.causal.planted`` (``sum_mod_10`` in a known
   plane): principal-angle cosines, IIA of DAS / Boundless DAS / each baseline, the shuffled control.
-* ``zoo`` — one zoo model and variable at the given ``[site:]layer:position`` cells and each ``k``:
-  held-out IIA with its 95% interval for DAS and every baseline, the shuffled control (and with
-  ``--boundless`` Boundless DAS) at the first cell, and the seconds per fit (one fit = training +
-  scoring DAS and the baselines); ``--history`` prints the training loss.
+* ``zoo`` — one zoo model and variable at the given ``[site:]layer:position`` cells (``+`` joins
+  positions swapped together; ``--per-position`` gives each its own subspace) and each ``k``:
+  held-out IIA with its 95% interval for DAS and every baseline, the controls at the first cell (the
+  shuffled copy; for a carry also the parity of a·b; with ``--boundless`` Boundless DAS), and the
+  seconds per fit (one fit = training + scoring DAS and the baselines); ``--history`` prints the
+  training loss, ``--reachable-only`` scores only the pairs a cell can reach.
 * ``separability`` — how far the sum's representation splits into a units and a tens part.
 * ``planted-helix`` — DAS on a planted helix of the sum (:func:`~arithinterp.causal.planted.planted_helix_model`).
 
     python benchmarks/causal.py planted
     python benchmarks/causal.py zoo --model zoo:add-3digit --variable carry_2 --cells 0:b[1],1:answer[0] --k 2
     python benchmarks/causal.py zoo --model zoo:add-100 --variable sum_mod_10 --cells resid_post:1:final --k 2,4,5
+    python benchmarks/causal.py zoo --variable carry_2 --cells "mlp_post:0:b[1]+answer[0]" --k 4 --per-position
     python benchmarks/causal.py separability --model zoo:add-100
     python benchmarks/causal.py planted-helix --k 5,1 --steps 150 --pairs 800
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import Optional
 
 import arithinterp as ai
 from arithinterp import causal
@@ -66,7 +70,8 @@ def planted(steps: int) -> None:
 
 def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], ks: list[int], steps: int, limit: int,
         n: int, seed: int, base: int = 10, lr: float = 1e-2, baselines: tuple[str, ...] = causal.BASELINES,
-        boundless: bool = False, history: bool = False, control: bool = True) -> None:
+        boundless: bool = False, history: bool = False, control: bool = True, per_position: bool = False,
+        reachable_only: bool = False) -> None:
     model = ai.load_model(model_name)
     from arithinterp.models.zoo import get_entry
 
@@ -79,35 +84,49 @@ def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], ks: l
     causal_model = causal.single_token_addition(base) if base != 10 else None
     dataset = causal.interchange_dataset(prompts, variable, causal_model, n=n, seed=seed)
     print(f"{model_name} {variable}: {len(prompts)} correct prompts, {len(dataset.train)} train / "
-          f"{len(dataset.test)} held-out pairs ({dataset.meta}), k={ks}, {steps} steps, lr {lr}")
+          f"{len(dataset.test)} held-out pairs ({dataset.meta}), k={ks}, {steps} steps, lr {lr}, "
+          f"per_position={per_position}, reachable_only={reachable_only}")
     print("\n| site L @ position | intervention | k | held-out IIA [95% CI] | logit diff | s / fit |")
     print("|---|---|---|---|---|---|")
-    for i, (site, layer, position) in enumerate(cells):
-        cell = f"| {site} L{layer} @{position} "
+    for i, (site, layer, spec) in enumerate(cells):
+        position = spec.split("+") if "+" in spec else spec
+        separate = per_position and isinstance(position, list)
+
+        def fit_on(pairs: causal.InterchangeDataset, k: int, baselines: tuple[str, ...]) -> causal.DASResult:
+            return causal.das(model, pairs, site, layer, position, k, steps=steps, lr=lr, seed=seed,
+                              baselines=baselines, reachable_only=reachable_only, per_position=separate,
+                              progress=False)
+
+        cell = f"| {site} L{layer} @{spec} "
         for j, k in enumerate(ks):
             start = time.perf_counter()
-            fit = causal.das(model, dataset, site, layer, position, k, steps=steps, lr=lr, seed=seed,
-                             baselines=baselines if j == 0 else ("random",), progress=False)
+            fit = fit_on(dataset, k, baselines if j == 0 else ("random",))
             seconds = time.perf_counter() - start
             for name, s in fit.scores.items():
                 if j == 0 or name in ("das", "random"):
                     print(cell + row(name, s) + (f" {seconds:.1f} |" if name == "das" else " |"))
+            if fit.meta["unreachable"]["test"]:
+                print(f"{cell}| unreachable pairs left out: {fit.meta['unreachable']} |")
             if history:  # the training loss, to see whether it converged
                 h = fit.history
                 marks = ", ".join(f"{t}: {h[t]:.2f}" for t in sorted({0, len(h) // 4, len(h) // 2, 3 * len(h) // 4,
                                                                       len(h) - 1}))
                 print(cell + f"| loss (k={k}, step: loss) {marks}; train IIA {fit.train_iia:.3f} | | | | |")
-        if i == 0 and control:
-            shuffled_set = causal.interchange_dataset(prompts, variable, causal_model, n=n, seed=seed, shuffle=True)
-            shuffled = causal.das(model, shuffled_set, site, layer, position, ks[0], steps=steps, lr=lr, seed=seed,
-                                  baselines=(), progress=False)
-            print(cell + row(f"das, shuffled {variable} (chance {shuffled_set.chance:.3f})", shuffled.scores["das"])
-                  + " |")
-        if i == 0:
-            if boundless:
-                fit = causal.das(model, dataset, site, layer, position, method="boundless", steps=2 * steps, lr=lr,
-                                 baselines=(), seed=seed, progress=False)
-                print(cell + row("boundless", fit.scores["boundless"]) + " |")
+        if i > 0:
+            continue
+        controls: dict[str, Optional[str]] = {"shuffled copy": None} if control else {}  # label -> value_from
+        if control and variable.startswith("carry_") and "product_parity" in dataset.causal_model.names:
+            controls["parity of a·b"] = "product_parity"
+        for label, source in controls.items():
+            pairs = causal.interchange_dataset(prompts, variable, causal_model, n=n, seed=seed,
+                                               shuffle=source is None, value_from=source)
+            result = fit_on(pairs, ks[0], ("random",))
+            print(cell + row(f"das on the {label} (chance {result.chance:.3f})", result.scores["das"]) + " |")
+            print(cell + row(f"random on the {label}", result.scores["random"]) + " |")
+        if boundless:
+            fit = causal.das(model, dataset, site, layer, position, method="boundless", steps=2 * steps, lr=lr,
+                             baselines=(), seed=seed, progress=False)
+            print(cell + row("boundless", fit.scores["boundless"]) + " |")
 
 
 def separability(model_name: str, limit: int) -> None:
@@ -196,7 +215,9 @@ def main() -> None:
     parser.add_argument("--baselines", default=",".join(causal.BASELINES), help="baselines at each cell's first k")
     parser.add_argument("--boundless", action="store_true", help="Boundless DAS at the first cell too")
     parser.add_argument("--history", action="store_true", help="print the training loss of each fit")
-    parser.add_argument("--no-control", action="store_true", help="skip the shuffled-variable control")
+    parser.add_argument("--no-control", action="store_true", help="skip the controls (shuffled copy, parity of a·b)")
+    parser.add_argument("--per-position", action="store_true", help="each joined position its own subspace")
+    parser.add_argument("--reachable-only", action="store_true", help="score only the pairs a cell can reach")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
     if args.part == "planted":
@@ -216,7 +237,7 @@ def main() -> None:
         cells.append((site, int(layer), position))
     baselines = tuple(b for b in args.baselines.split(",") if b)
     zoo(args.model, args.variable, cells, ks, args.steps, args.limit, args.pairs, args.seed, args.base, args.lr,
-        baselines, args.boundless, args.history, not args.no_control)
+        baselines, args.boundless, args.history, not args.no_control, args.per_position, args.reachable_only)
 
 
 if __name__ == "__main__":

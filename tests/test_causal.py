@@ -292,6 +292,12 @@ def test_das_command(capsys, tmp_path):
     assert causal.DASResult.load(tmp_path / "das").variable == "magnitude"
     assert main(["das", "zoo:add-100", "--variable", "carry2", "--limit", "300", "--no-progress"]) == 2
     assert "unknown variable 'carry_2'" in capsys.readouterr().err
+    code = main(["das", "zoo:add-3digit", "--variable", "carry2", "--site", "mlp_post", "--position", "b[1]+answer[0]",
+                 "--per-position", "--reachable-only", "--value-from", "product_parity", "--k", "2", "--steps", "2",
+                 "--limit", "300", "--json", "--no-progress"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["unreachable"] == {"train": 0, "test": 0}  # b[1] comes before every answer digit
+    assert 0.2 < summary["chance"] < 0.8  # the parity label: the true carry agrees with it by coincidence
 
 
 @pytest.mark.slow
@@ -344,3 +350,111 @@ def test_das_recovers_a_planted_helix_flag(planted_helix):
     # rest of the residual stream is read by nothing, so DAS gets no gradient to turn away from it
     read = result.basis[HELIX_DIMS: HUNDREDS_DIM + 1, 0]
     assert abs(float(read[-1])) / float(read.norm()) >= 0.99
+
+
+# --- reachable pairs, per-head and per-position interchanges, the parity control ------------------
+
+
+@pytest.fixture(scope="module")
+def three_digit(digit_tokenizer):
+    import random
+
+    rng = random.Random(0)
+    a = [rng.randrange(100, 1000) for _ in range(400)]
+    b = [rng.randrange(100, 1000) for _ in range(400)]
+    return ai.tasks.prompts_for_pairs(digit_tokenizer, "+", a, b, "{a}+{b}=", answer_digits=4)
+
+
+def test_reachable_pairs_agree_with_the_base_before_the_intervened_position(three_digit):
+    from arithinterp.causal.scoring import reachable
+
+    dataset = causal.interchange_dataset(three_digit, "carry_2", n=300, seed=0)
+    rows = torch.arange(len(dataset))
+    same_thousands = dataset.answer // 1000 == dataset.base.answer // 1000
+    assert 0 < int((~same_thousands).sum()) < len(dataset)  # some counterfactuals change the thousands digit
+    # the thousands digit is predicted at "=": answer[0] cannot reach a pair whose thousands digit changes
+    assert torch.equal(reachable(dataset, rows, "answer[0]"), same_thousands)
+    assert bool(reachable(dataset, rows, "final").all()) and bool(reachable(dataset, rows, "b[1]").all())
+    assert bool(reachable(dataset, rows, ["final", "answer[0]"]).all())  # the earliest position counts
+    assert not bool(reachable(dataset, rows, "answer[1]").any())  # the hundreds digit always changes
+
+
+def test_parity_of_the_product_is_a_control_label(three_digit):
+    model = causal.addition(3)
+    a, b = torch.tensor([3, 4, 5]), torch.tensor([5, 5, 2])
+    assert model.values(a, b)["product_parity"].tolist() == [1, 0, 0]
+    assert torch.equal(model.answer(a, b, {"product_parity": torch.tensor([0, 1, 1])}), a + b)  # the sum ignores it
+    control = causal.interchange_dataset(three_digit, "carry_2", value_from="product_parity", n=300, seed=0)
+    parity = control.causal_model.values(control.source.a, control.source.b)["product_parity"]
+    # sources are drawn by their parity, and the label sets the carry to it
+    expected = control.causal_model.answer(control.base.a, control.base.b, {"carry_2": parity})
+    assert torch.equal(control.answer, expected) and (parity != control.base_value).all()
+    assert 0.2 < control.chance < 0.8  # the true carry agrees with the parity label only by coincidence
+    with pytest.raises(AnalysisError, match="another variable"):
+        causal.interchange_dataset(three_digit, "carry_2", value_from="carry_2")
+    with pytest.raises(AnalysisError, match="one control at a time"):
+        causal.interchange_dataset(three_digit, "carry_2", value_from="product_parity", shuffle=True)
+    with pytest.raises(AnalysisError, match="unknown variable 'parity'"):
+        causal.interchange_dataset(three_digit, "carry_2", value_from="parity")
+
+
+@pytest.mark.slow
+def test_reachable_only_leaves_out_the_same_pairs_for_every_intervention(llama_folder):
+    from arithinterp import load_model
+    from arithinterp.causal.scoring import reachable
+
+    model = load_model(str(llama_folder("digit")))
+    a, b = torch.randint(100, 1000, (2, 300), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = ai.tasks.prompts_for_pairs(model, "+", a, b, "{a}+{b}=", answer_digits=4)
+    dataset = causal.interchange_dataset(prompts, "carry_2", n=200, seed=0)
+    kept = int(reachable(dataset, dataset.test, "answer[0]").sum())
+    assert 0 < kept < len(dataset.test)
+    fit = causal.das(model, dataset, "resid_post", 1, "answer[0]", 2, steps=2, reachable_only=True, progress=False)
+    assert fit.meta["unreachable"]["test"] == len(dataset.test) - kept
+    assert {s["n"] for s in fit.scores.values()} == {kept}  # DAS, no intervention and every baseline alike
+    everything = causal.das(model, dataset, "resid_post", 1, "answer[0]", 2, steps=2, baselines=("random",),
+                            progress=False)
+    assert everything.scores["das"]["n"] == len(dataset.test) and everything.meta["unreachable"]["test"] == 0
+    control = causal.interchange_dataset(prompts, "carry_2", n=200, seed=0, shuffle=True)
+    shuffled = causal.das(model, control, "resid_post", 1, "answer[0]", 2, steps=2, baselines=(),
+                          reachable_only=True, progress=False)
+    rows = control.test[reachable(control, control.test, "answer[0]")]
+    assert shuffled.chance == control.chance_over(rows)  # the chance level over the pairs scored
+    # a sweep cell no held-out pair is reachable from has no score (NaN), and best() passes over it
+    sweep = causal.das_sweep(model, dataset, layers=[1], positions=["final", "answer[1]"], k=2, steps=1,
+                             reachable_only=True, progress=False)
+    assert bool(torch.isnan(sweep.iia[0, 1])) and not bool(torch.isnan(sweep.iia[0, 0]))
+    assert sweep.best()[1] == "final" and sweep.meta["n_test_per_cell"] == [[len(dataset.test), 0]]
+    assert isinstance(sweep.plot(), go.Figure)
+
+
+def test_one_heads_output_is_interchanged(planted):
+    model, prompts = planted
+    copy_b = causal.CausalModel("copy-b", (causal.Variable("b_value", ("b",), lambda b: b),
+                                           causal.Variable("answer", ("a", "b_value"), lambda a, b: a + b)))
+    dataset = causal.interchange_dataset(prompts, "b_value", copy_b, n=300, seed=0)
+    # head 1 alone copies b to the final position: its whole output vector carries the variable, head 0's does not
+    head1 = causal.das(model, dataset, "attn_z", 0, "final", 2, head=1, steps=1, baselines=("full",), progress=False)
+    head0 = causal.das(model, dataset, "attn_z", 0, "final", 2, head=0, steps=1, baselines=("full",), progress=False)
+    assert head1.site == "attn_z[1]" and head1.basis.shape == (model.cfg.d_head, 2)
+    assert head1.scores["full"]["iia"] == 1.0 and head0.scores["full"]["iia"] <= 0.2
+    with pytest.raises(SiteError, match="pass head"):
+        causal.das(model, dataset, "attn_z", 0, "final", 2, head=2, progress=False)
+    with pytest.raises(SiteError, match="only for the per-head sites"):
+        causal.das(model, dataset, "resid_post", 0, "final", 2, head=1, progress=False)
+
+
+@pytest.mark.slow
+def test_each_position_can_swap_its_own_subspace(planted):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, ["b", "final"], 2, steps=150, per_position=True,
+                        progress=False)
+    assert result.iia >= 0.99 and result.basis.shape == (2, 64, 2)
+    assert causal.principal_angle_cosines(result.basis[1], planted_plane()).min() >= 0.99  # the final position's
+    assert result.scores["random"]["iia"] <= 0.05 and result.scores["probe"]["k"] >= 1
+    with pytest.raises(AnalysisError, match="at least 2 positions"):
+        causal.das(model, dataset, "resid_post", 0, "final", 2, per_position=True, progress=False)
+    with pytest.raises(AnalysisError, match="method='das'"):
+        causal.das(model, dataset, "resid_post", 0, ["b", "final"], method="boundless", per_position=True,
+                   progress=False)

@@ -9,8 +9,9 @@ interchange between two prompts makes the model answer what the causal model pre
   :func:`single_token_addition`, :func:`modular_addition`, or your own.
 * ``datasets`` — :func:`interchange_dataset`: balanced base/source pairs with counterfactual
   answers, held out by operand pair, with a shuffled-variable control.
-* ``interventions`` — DAS (:class:`RotatedSubspace`), Boundless DAS (:class:`BoundlessSubspace`)
-  and fixed baselines (full vector, probe span, PCA, random rotation).
+* ``interventions`` — DAS (:class:`RotatedSubspace`), Boundless DAS (:class:`BoundlessSubspace`),
+  fixed baselines (full vector, probe span, PCA, random rotation) and one subspace per position
+  (:class:`PerPosition`).
 * ``scoring`` — interchange runs through the engine; IIA and its logit-difference version.
 * ``fit`` — :func:`das` (one site) → :class:`DASResult`.
 * ``sweep`` — :func:`das_sweep` (layers × positions) → :class:`DASSweep`;
@@ -20,7 +21,7 @@ interchange between two prompts makes the model answer what the causal model pre
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
 from arithinterp.causal.fit import BASELINES, METHODS, baseline_subspaces, das, probe_span
 from arithinterp.causal.interventions import (
-    BoundlessSubspace, FixedSubspace, Interchange, RotatedSubspace, full_vector, orthonormal,
+    BoundlessSubspace, FixedSubspace, Interchange, PerPosition, RotatedSubspace, full_vector, orthonormal,
     principal_angle_cosines, random_subspace,
 )
 from arithinterp.causal.models import (
@@ -32,8 +33,8 @@ from arithinterp.causal.sweep import das_sweep, readable_vs_used
 
 __all__ = [
     "BASELINES", "METHODS", "BoundlessSubspace", "CausalModel", "DASResult", "DASSweep", "FixedSubspace",
-    "Interchange", "InterchangeDataset", "ReadableUsed", "RotatedSubspace", "Site", "Variable", "addition",
-    "baseline_subspaces", "das", "das_sweep", "for_prompts", "full_vector", "interchange_dataset",
+    "Interchange", "InterchangeDataset", "PerPosition", "ReadableUsed", "RotatedSubspace", "Site", "Variable",
+    "addition", "baseline_subspaces", "das", "das_sweep", "for_prompts", "full_vector", "interchange_dataset",
     "modular_addition", "orthonormal", "principal_angle_cosines", "probe_span", "random_subspace",
     "readable_vs_used", "single_token_addition", "variables_of", "wilson",
 ]

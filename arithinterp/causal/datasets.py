@@ -10,13 +10,15 @@ copying either prompt scores nothing. Train and held-out pairs come from disjoin
 The control (``shuffle=True``) is a *shuffled copy* of the variable: every prompt gets the value
 of another random prompt (a permutation within each split), which the model does not compute;
 sources are drawn by that value and the label follows it. An intervention that moves the true
-variable scores :attr:`InterchangeDataset.chance` there (where the copy happens to agree).
+variable scores :attr:`InterchangeDataset.chance` there (where the copy happens to agree). The
+other control, ``value_from="product_parity"``, takes the label from another variable the model
+has no reason to compute (the parity of ``a·b`` for a carry) in the same way.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -48,6 +50,7 @@ class InterchangeDataset:
     shuffled: bool = False
     chance: float = 0.0
     meta: dict = field(default_factory=dict, compare=False)
+    value_from: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.base)
@@ -59,6 +62,15 @@ class InterchangeDataset:
     @property
     def source_value(self) -> torch.Tensor:
         return self.causal_model.values(self.source.a, self.source.b)[self.variable]
+
+    def chance_over(self, rows: torch.Tensor) -> float:
+        """:attr:`chance` over the pairs ``rows`` only (0 for a real variable; for a shuffled copy, the
+        share of them where moving the true variable from the source gives the shuffled label)."""
+        if not (self.shuffled or self.value_from) or len(rows) == 0:
+            return 0.0
+        base = self.base[rows]
+        true_cf = self.causal_model.answer(base.a, base.b, {self.variable: self.source_value[rows]})
+        return float((true_cf == self.answer[rows]).float().mean())
 
 
 def _answer_tokens(prompts: PromptSet, rows: list[int], answers: list[int]) -> list[Optional[list[int]]]:
@@ -85,6 +97,7 @@ def interchange_dataset(
     n: Optional[int] = None,
     test_fraction: float = 0.3,
     shuffle: bool = False,
+    value_from: Optional[str] = None,
     seed: int = 0,
     max_tries: int = 32,
 ) -> InterchangeDataset:
@@ -99,6 +112,9 @@ def interchange_dataset(
             answer, are dropped and counted in ``meta``.
         test_fraction: the share of operand pairs held out.
         shuffle: the control: a shuffled copy of the variable (each prompt takes another's value).
+        value_from: the other control: each prompt's value of ``variable`` is taken from this
+            variable of the causal model instead (``"product_parity"`` for a carry: the same values,
+            a function of the operands the sum does not use); sources and labels follow it.
     """
     if not isinstance(prompts, PromptSet):
         raise AnalysisError(f"prompts must be a PromptSet, got {type(prompts).__name__}")
@@ -112,6 +128,11 @@ def interchange_dataset(
         causal_model = for_prompts(prompts.op, prompts.modulus, int(prompts.meta.get("n_digits", 1)),
                                    prompts.single_token_operands and int(prompts.meta.get("answer_digits", 0)) == 0)
     causal_model.check_variable(variable)
+    if value_from is not None:
+        causal_model.check_variable(value_from)
+        if value_from == variable or shuffle:
+            raise AnalysisError(f"value_from={value_from!r} is a control label for {variable!r}: it must name another "
+                                "variable, and it replaces shuffle=True (use one control at a time)")
     rng = random.Random(seed)
     values = causal_model.values(prompts.a, prompts.b)
     if not torch.equal(values[causal_model.output], prompts.answer):
@@ -134,6 +155,8 @@ def interchange_dataset(
             rng.shuffle(permuted)
             for i, j in zip(members, permuted):
                 drawn[i] = value[j]
+    elif value_from is not None:  # another variable's value stands in for this one's
+        drawn = values[value_from].tolist()
     else:
         drawn = value
     pools: dict[tuple, dict[int, list[int]]] = {}  # (split, length, answer tokens) -> drawn value -> prompts
@@ -185,15 +208,13 @@ def interchange_dataset(
     source = prompts[[source_rows[r] for r in rows]]
     cf = cf[rows]
     test_mask = torch.tensor([is_test[base_rows[r]] for r in rows])
-    chance = 0.0
-    if shuffle and test_mask.any():  # what moving the true variable (the source's own value) scores
-        true_cf = causal_model.answer(base.a, base.b, {variable: causal_model.values(source.a, source.b)[variable]})
-        chance = float((true_cf == cf)[test_mask].float().mean())
     meta = dict(requested=want, kept=len(rows), no_balanced_source=no_source, untokenizable_answer=untokenized,
                 test_operand_pairs=n_test, train_operand_pairs=len(pair_keys) - n_test, seed=seed)
-    return InterchangeDataset(
+    dataset = InterchangeDataset(
         base=base, source=source, variable=variable, causal_model=causal_model, answer=cf,
         answer_tokens=answer_tokens, train=torch.nonzero(~test_mask).flatten(), test=torch.nonzero(test_mask).flatten(),
-        shuffled=shuffle, chance=chance, meta=meta,
+        shuffled=shuffle, meta=meta, value_from=value_from,
     )
+    # what moving the true variable (the source's own value) scores on the held-out pairs
+    return replace(dataset, chance=dataset.chance_over(dataset.test))
 

@@ -19,11 +19,12 @@ from tqdm.auto import tqdm
 
 from arithinterp.causal.datasets import InterchangeDataset
 from arithinterp.causal.interventions import (
-    BoundlessSubspace, FixedSubspace, Interchange, RotatedSubspace, anneal, full_vector, orthonormal, random_subspace,
+    BoundlessSubspace, FixedSubspace, Interchange, PerPosition, RotatedSubspace, anneal, full_vector, orthonormal,
+    random_subspace,
 )
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import (
-    Position, Site, base_values, batch_size, batches, evaluate, forward, source_values,
+    Position, Site, base_values, batch_size, batches, evaluate, forward, reachable, source_values,
 )
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
@@ -48,19 +49,23 @@ def _check(dataset: InterchangeDataset, steps: int, lr: float) -> None:
 
 def train(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Interchange,
           sources: torch.Tensor, *, steps: int, lr: float, size: int, seed: int, progress: bool,
-          boundary_penalty: float = 5e-2, boundary_lr: float = 0.1) -> list[float]:
+          boundary_penalty: float = 5e-2, boundary_lr: float = 0.1,
+          rows: Optional[torch.Tensor] = None) -> list[float]:
     """Adam on the counterfactual cross-entropy over training pairs; returns the loss per step.
 
     Boundless DAS adds ``boundary_penalty`` × the boundary to the loss and moves the boundary with its
     own learning rate (Adam moves it about ``boundary_lr`` dimensions a step), so it can shrink to
-    the smallest subspace that still carries the variable within the steps given."""
+    the smallest subspace that still carries the variable within the steps given. ``rows``: the
+    training pairs to draw from (default ``dataset.train``)."""
     params = [p for p in intervention.parameters() if p.requires_grad]
     boundary = [p for n, p in intervention.named_parameters() if n == "boundary"]
     rest = [p for n, p in intervention.named_parameters() if n != "boundary" and p.requires_grad]
     groups = [dict(params=rest, lr=lr)] + ([dict(params=boundary, lr=boundary_lr)] if boundary else [])
     optimiser = torch.optim.Adam(groups)
     rng = random.Random(seed)
-    train_rows = dataset.train.tolist()
+    train_rows = (dataset.train if rows is None else rows).tolist()
+    if len(train_rows) < 2:
+        raise AnalysisError(f"{len(train_rows)} training pairs left to fit on; DAS needs at least 2: use more pairs")
     history = []
     device = next(iter(model.parameters())).device
     intervention.to(device)
@@ -100,6 +105,9 @@ def das(
     steps: int = 200,
     lr: float = 1e-2,
     baselines: Sequence[str] = BASELINES,
+    reachable_only: bool = False,
+    head: Optional[int] = None,
+    per_position: bool = False,
     max_memory: Optional[float] = None,
     seed: int = 0,
     progress: bool = True,
@@ -114,6 +122,15 @@ def das(
             ``max_memory`` bytes, default the engine's budget).
         lr: Adam's learning rate.
         baselines: which of ``"full"``, ``"probe"``, ``"pca"``, ``"random"`` to score beside it.
+        reachable_only: train and score only the pairs the site can reach (``scoring.reachable``:
+            the counterfactual answer agrees with the base answer at every token predicted before
+            the earliest intervened position), for DAS, the baselines and the chance level alike;
+            the pairs left out are counted in ``meta["unreachable"]``. Default: every pair (a pair
+            the site cannot reach counts as wrong).
+        head: with ``site="attn_z"``, the head whose output vector ``[d_head]`` is interchanged.
+        per_position: with several positions, each gets its own learned ``k``-dimensional subspace
+            (and so does each baseline: a probe, PCA and random subspace per position) instead of
+            one shared by all; ``basis`` is then ``[P, d, k]``. Default: one shared subspace.
 
     Returns a :class:`DASResult`: held-out IIA with its 95% interval and logit difference for DAS
     and each baseline, the chance level, the learned basis ``[d, k]`` and the loss history.
@@ -124,61 +141,96 @@ def das(
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise AnalysisError(f"unknown baselines {unknown}; accepted: {', '.join(BASELINES)}")
-    where = Site(site, layer, position)
+    where = Site(site, layer, position, head)
     d = where.check(model)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
         raise AnalysisError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
+    n_positions = 1 if isinstance(position, (str, int)) else len(list(position))
+    if per_position and (n_positions < 2 or method != "das"):
+        raise AnalysisError(f"per_position gives each of several positions its own subspace: it needs method='das' "
+                            f"and at least 2 positions, got method={method!r} and {n_positions} position(s)")
     size_eval = batch_size(model, dataset, training=False, max_memory=max_memory)
     size_train = batch_size(model, dataset, training=True, max_memory=max_memory)
     sources = source_values(model, dataset, where, size_eval)
+    train_rows, test_rows, unreachable = dataset.train, dataset.test, dict(train=0, test=0)
+    if reachable_only:
+        keep_train, keep_test = reachable(dataset, train_rows, position), reachable(dataset, test_rows, position)
+        unreachable = dict(train=int((~keep_train).sum()), test=int((~keep_test).sum()))
+        train_rows, test_rows = train_rows[keep_train], test_rows[keep_test]
+        if len(test_rows) < 1:
+            raise AnalysisError(f"no held-out pair is reachable from {position!r}: every counterfactual answer differs "
+                                "at a token predicted before it; intervene earlier")
     torch.manual_seed(seed)
     intervention: Interchange = RotatedSubspace(d, k, seed) if method == "das" else BoundlessSubspace(d, seed)
+    if per_position:
+        intervention = PerPosition([RotatedSubspace(d, k, seed + i) for i in range(n_positions)])
     history = train(model, dataset, where, intervention, sources, steps=steps, lr=lr, size=min(size_train, 256),
-                    seed=seed, progress=progress)
+                    seed=seed, progress=progress, rows=train_rows)
     if isinstance(intervention, BoundlessSubspace):
         intervention = intervention.hard()
-    scores = {method: evaluate(model, dataset, where, intervention, sources, dataset.test, size_eval)}
+    scores = {method: evaluate(model, dataset, where, intervention, sources, test_rows, size_eval)}
     scores[method]["k"] = intervention.k
-    train_scores = evaluate(model, dataset, where, intervention, sources, dataset.train, size_eval)
-    scores["none"] = evaluate(model, dataset, where, None, sources, dataset.test, size_eval)
+    train_scores = evaluate(model, dataset, where, intervention, sources, train_rows, size_eval)
+    scores["none"] = evaluate(model, dataset, where, None, sources, test_rows, size_eval)
     scores["none"]["k"] = 0
-    for name, fixed in baseline_subspaces(model, dataset, where, k, baselines, size_eval, seed).items():
-        scores[name] = evaluate(model, dataset, where, fixed, sources, dataset.test, size_eval)
+    fixed_subspaces = baseline_subspaces(model, dataset, where, k, baselines, size_eval, seed, rows=train_rows,
+                                         per_position=per_position)
+    for name, fixed in fixed_subspaces.items():
+        scores[name] = evaluate(model, dataset, where, fixed, sources, test_rows, size_eval)
         scores[name]["k"] = fixed.k
     basis = intervention.basis().detach().float().cpu()
     meta = build_meta(model, variable=dataset.variable, causal_model=dataset.causal_model.name,
                       shuffled=dataset.shuffled, steps=steps, lr=lr, seed=seed, pairs=dataset.meta,
-                      n_train=len(dataset.train), n_test=len(dataset.test))
+                      n_train=len(train_rows), n_test=len(test_rows), reachable_only=reachable_only,
+                      unreachable=unreachable, head=head, per_position=per_position)
     return DASResult(
-        variable=dataset.variable, site=site, layer=layer,
+        variable=dataset.variable, site=site if head is None else f"{site}[{head}]", layer=layer,
         position=str(position) if isinstance(position, (str, int)) else "+".join(map(str, position)), method=method,
-        k=intervention.k, iia=scores[method]["iia"], train_iia=train_scores["iia"], chance=dataset.chance,
+        k=intervention.k, iia=scores[method]["iia"], train_iia=train_scores["iia"],
+        chance=dataset.chance_over(test_rows) if reachable_only else dataset.chance,
         scores=scores, basis=basis, history=history, meta=meta,
     )
 
 
 def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: Site, k: int,
-                       which: Sequence[str], size: int, seed: int = 0) -> dict[str, FixedSubspace]:
+                       which: Sequence[str], size: int, seed: int = 0, rows: Optional[torch.Tensor] = None,
+                       per_position: bool = False) -> dict[str, Interchange]:
     """The fixed subspaces at ``where``: full vector, probe span, PCA top-``k``, random ``k``; the probe and
-    the PCA are fitted on the training pairs' base activations only."""
+    the PCA are fitted on the training pairs' base activations only (``rows``, default ``dataset.train``).
+    ``per_position``: with several positions, a probe, PCA and random subspace for each position."""
+    rows = dataset.train if rows is None else rows
     d = where.check(model)
-    out: dict[str, FixedSubspace] = {}
+    out: dict[str, Interchange] = {}
     if "full" in which:
         out["full"] = full_vector(d)
     if "probe" in which or "pca" in which:
-        acts = base_values(model, dataset, where, size, dataset.train)
-        labels = dataset.base_value[dataset.train]
-        if acts.ndim == 3:  # several positions share the subspace: fit on all of them
-            labels = labels.repeat_interleave(acts.shape[1])
-            acts = acts.flatten(0, 1)
-        if "probe" in which:
-            out["probe"] = FixedSubspace(probe_span(acts, labels, seed))
-        if "pca" in which:
-            centred = acts - acts.mean(0)
-            _, _, vt = torch.linalg.svd(centred.double(), full_matrices=False)
-            out["pca"] = FixedSubspace(vt[: min(k, vt.shape[0])].T.float().contiguous())
+        acts = base_values(model, dataset, where, size, rows)
+        labels = dataset.base_value[rows]
+        if acts.ndim == 3 and per_position:
+            fitted = [_fitted(acts[:, i], labels, k, which, seed) for i in range(acts.shape[1])]
+            out.update({name: PerPosition([f[name] for f in fitted]) for name in fitted[0]})
+        else:
+            if acts.ndim == 3:  # several positions share the subspace: fit on all of them
+                labels = labels.repeat_interleave(acts.shape[1])
+                acts = acts.flatten(0, 1)
+            out.update(_fitted(acts, labels, k, which, seed))
     if "random" in which:
-        out["random"] = random_subspace(d, k, seed + 1)
+        n = 1 if isinstance(where.position, (str, int)) else len(list(where.position))
+        out["random"] = (PerPosition([random_subspace(d, k, seed + 1 + i) for i in range(n)])
+                         if per_position and n > 1 else random_subspace(d, k, seed + 1))
+    return out
+
+
+def _fitted(acts: torch.Tensor, labels: torch.Tensor, k: int, which: Sequence[str],
+            seed: int) -> dict[str, Interchange]:
+    """The probe span and PCA top-``k`` of ``acts [N, d]``."""
+    out: dict[str, Interchange] = {}
+    if "probe" in which:
+        out["probe"] = FixedSubspace(probe_span(acts, labels, seed))
+    if "pca" in which:
+        centred = acts - acts.mean(0)
+        _, _, vt = torch.linalg.svd(centred.double(), full_matrices=False)
+        out["pca"] = FixedSubspace(vt[: min(k, vt.shape[0])].T.float().contiguous())
     return out
 
 

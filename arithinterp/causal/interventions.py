@@ -11,6 +11,8 @@ basis ``Q [d, k]``.
   learned soft boundary that selects how many rotated dimensions are interchanged.
 * :class:`FixedSubspace` — a given basis: the full vector (``Q = I``), the span of a probe's
   directions, the top principal components, a random rotation of the same ``k``.
+* :class:`PerPosition` — one of the above per position, for a variable the model computes at
+  several tokens in different directions (each position swaps its own ``k`` dimensions).
 """
 
 from __future__ import annotations
@@ -152,6 +154,39 @@ class BoundlessSubspace(Interchange):
     def hard(self) -> FixedSubspace:
         """The subspace the boundary selects, as a fixed basis."""
         return FixedSubspace(self.basis()[:, : self.k].detach())
+
+
+class PerPosition(Interchange):
+    """One interchange per position: ``base``, ``source`` ``[B, P, d]``, position ``p`` swapped
+    through ``parts[p]`` (each its own ``k``-dimensional subspace). :meth:`basis` stacks theirs
+    ``[P, d, k]``; :attr:`k` is the dimensions swapped at each position."""
+
+    def __init__(self, parts: list[Interchange]):
+        super().__init__()
+        if len(parts) < 2:
+            raise AnalysisError(f"PerPosition needs an interchange for each of at least 2 positions, got {len(parts)}")
+        widths = {part.d for part in parts}
+        if len(widths) != 1:
+            raise AnalysisError(f"the positions' interchanges act on different widths {sorted(widths)}; "
+                                "they must share one site")
+        self.d = widths.pop()
+        self.parts = nn.ModuleList(parts)
+
+    def basis(self) -> torch.Tensor:
+        bases = [part.basis() for part in self.parts]  # type: ignore[operator]
+        if len({b.shape[1] for b in bases}) != 1:
+            raise AnalysisError("the positions' subspaces have different sizes; read each part's basis()")
+        return torch.stack(bases)
+
+    def forward(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        if base.ndim != 3 or base.shape[1] != len(self.parts):
+            raise AnalysisError(f"a per-position interchange over {len(self.parts)} positions needs [B, "
+                                f"{len(self.parts)}, d] activations, got {tuple(base.shape)}")
+        return torch.stack([part(base[:, i], source[:, i]) for i, part in enumerate(self.parts)], dim=1)
+
+    @property
+    def k(self) -> int:
+        return max(part.k for part in self.parts)  # type: ignore[attr-defined]
 
 
 def principal_angle_cosines(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:

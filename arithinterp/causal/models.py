@@ -99,7 +99,9 @@ def addition(n_digits: int = 3) -> CausalModel:
 
     Variables: ``a_digit_i`` / ``b_digit_i`` (0 = units), ``column_sum_i = a_i + b_i``,
     ``carry_j`` the carry *into* column ``j`` (``carry_1`` into the tens, ``carry_2`` into the
-    hundreds; ``carry_n`` is the leading digit of the sum), ``sum_digit_i`` and ``answer``.
+    hundreds; ``carry_n`` is the leading digit of the sum), ``sum_digit_i`` and ``answer``; and
+    ``product_parity`` (``a·b mod 2``), which the answer does not depend on: a label for the
+    control ``interchange_dataset(..., value_from="product_parity")``.
     """
     if isinstance(n_digits, bool) or not isinstance(n_digits, int) or not 1 <= n_digits <= 18:
         raise AnalysisError(f"n_digits must be an int in 1..18, got {n_digits!r}")
@@ -116,6 +118,8 @@ def addition(n_digits: int = 3) -> CausalModel:
                                   f"digit {i} of the sum"))
         variables.append(Variable(f"carry_{i + 1}", inputs, lambda s, c=None: ((s + (0 if c is None else c)) >= 10),
                                   f"the carry into column {i + 1}"))
+    variables.append(Variable("product_parity", ("a", "b"), lambda a, b: (a * b) % 2,
+                              "a·b mod 2 (no part of the sum: a control label)"))
     parents = tuple(f"sum_digit_{i}" for i in range(n_digits)) + (f"carry_{n_digits}",)
 
     def total(*digits: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,8 @@ class DASResult(Result):
     ``scores[name]``: ``iia`` (held-out), its 95% Wilson interval ``low`` / ``high``, the mean
     ``logit_diff`` (and ``logit_diff_sem``), ``n`` pairs and ``k`` dimensions, for the fitted method
     (``"das"`` or ``"boundless"``), ``"none"`` (no intervention) and each baseline. ``basis`` ``[d, k]``
-    is the learned subspace; ``history`` the training loss per step; ``chance`` the dataset's chance IIA.
+    is the learned subspace (``[P, d, k]``, one per position, with ``per_position``); ``history`` the
+    training loss per step; ``chance`` the dataset's chance IIA.
     """
 
     variable: str
@@ -67,8 +68,8 @@ class DASSweep(Result):
     meta: dict = field(default_factory=dict)
 
     def best(self) -> tuple[int, str, float]:
-        """``(layer, position, iia)`` of the best cell."""
-        flat = int(torch.argmax(self.iia))
+        """``(layer, position, iia)`` of the best cell (cells without a score, NaN, are passed over)."""
+        flat = int(torch.argmax(torch.nan_to_num(self.iia, nan=-1.0)))
         i, j = divmod(flat, self.iia.shape[1])
         return int(self.layers[i]), str(self.positions[j]), float(self.iia[i, j])
 

@@ -7,6 +7,14 @@ argmax is the counterfactual answer's token — which, teacher-forced, is the sa
 model *generating* the counterfactual answer. The logit-difference version is the logit of the
 counterfactual token minus that of the base answer's token at the first answer token where they
 differ (positive: the intervention moved the model towards the causal model's prediction).
+
+*Reachable pairs*: an intervention at position ``p`` changes only the logits at ``p`` and after, so
+it cannot change an answer token predicted before ``p`` (the thousands digit of a sum is predicted
+at ``=``, before ``answer[0]``). :func:`reachable` marks the pairs whose counterfactual answer agrees
+with the base answer at every token predicted before the earliest intervened position; on those
+the teacher-forced tokens up to ``p`` are the base's own, so nothing of the counterfactual leaks in
+before the intervention either. Scoring only reachable pairs is a rule about the site, not the
+method: it is applied to DAS, every baseline and the control alike.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.types import HookedModel
 
 VECTOR_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post")
+HEAD_SITES = ("attn_z",)  # one vector per position *and head*: name the head
 
 
 def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -47,19 +56,39 @@ Position = Union[str, int, Sequence[Union[str, int]]]
 @dataclass(frozen=True)
 class Site:
     """Where an interchange happens: a vector site, a layer and a named position, or several positions
-    swapped together through the same subspace (``["final", "answer[0]"]``)."""
+    swapped together through the same subspace (``["final", "answer[0]"]``); for ``attn_z`` also the
+    ``head`` whose output vector (before ``W_O``) is interchanged."""
 
     site: str
     layer: int
     position: Position
+    head: Optional[int] = None
 
     def check(self, model: HookedModel) -> int:
         """Validate against ``model``; returns the site's width ``d``."""
-        if self.site not in VECTOR_SITES:
+        if self.site in HEAD_SITES:
+            n_heads = int(model.cfg.n_heads)
+            if isinstance(self.head, bool) or not isinstance(self.head, int) or not 0 <= self.head < n_heads:
+                raise SiteError(f"site {self.site!r} holds one vector per head: pass head as an int in "
+                                f"0..{n_heads - 1}, got {self.head!r}")
+        elif self.site not in VECTOR_SITES:
             raise SiteError(f"interchange interventions act on one vector per position; site {self.site!r} is not one. "
-                            f"Accepted: {', '.join(VECTOR_SITES)}")
+                            f"Accepted: {', '.join(VECTOR_SITES)}, or {', '.join(HEAD_SITES)} with a head")
+        elif self.head is not None:
+            raise SiteError(f"head={self.head!r} is only for the per-head sites {', '.join(HEAD_SITES)}, "
+                            f"not {self.site!r}")
         site_lib.check_layers(model, self.site, [self.layer])
+        if self.site in HEAD_SITES:
+            return int(model.cfg.d_head)
         return int(model.cfg.d_mlp if self.site in ("mlp_pre", "mlp_post") else model.cfg.d_model)
+
+    def take(self, read: torch.Tensor) -> torch.Tensor:
+        """A read of this site ``[B, (P,) (H,) d]`` → this site's vectors ``[B, (P,) d]``."""
+        return read if self.head is None else read[..., self.head, :]
+
+    @property
+    def units(self) -> Optional[list[int]]:
+        return None if self.head is None else [self.head]
 
 
 @dataclass(frozen=True)
@@ -103,6 +132,17 @@ def batches(dataset: InterchangeDataset, rows: torch.Tensor, position: Position,
             )
 
 
+def reachable(dataset: InterchangeDataset, rows: torch.Tensor, position: Position) -> torch.Tensor:
+    """``[len(rows)]`` bool: whether an intervention at ``position`` (the earliest, for several) can
+    reach every answer token where the pair's counterfactual differs from its base answer."""
+    out = torch.zeros(len(dataset), dtype=torch.bool)
+    for batch in batches(dataset, rows, position, max(1, len(rows))):
+        first_diff = (batch.targets != batch.base_targets).float().argmax(-1)  # balanced: some token differs
+        earliest = batch.position if batch.position.ndim == 1 else batch.position.min(-1).values
+        out[batch.rows] = earliest <= batch.first_answer + first_diff  # the logits at q predict token q + 1
+    return out[rows]
+
+
 def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, max_memory: Optional[float]) -> int:
     """Pairs per forward from a memory budget (bytes; default the engine's): a training step keeps the
     activations for the backward pass, about three forwards' worth."""
@@ -123,7 +163,8 @@ def source_values(model: HookedModel, dataset: InterchangeDataset, where: Site, 
     out = torch.zeros(len(dataset), *_width(where), where.check(model))
     for batch in batches(dataset, torch.arange(len(dataset)), where.position, size):
         read = Read(where.site, where.layer, positions=batch.position)
-        out[batch.rows] = run(model, batch.source_tokens, reads=[read], logits="none").reads[0].float().cpu()
+        values = run(model, batch.source_tokens, reads=[read], logits="none").reads[0]
+        out[batch.rows] = where.take(values).float().cpu()
     return out
 
 
@@ -134,7 +175,7 @@ def base_values(model: HookedModel, dataset: InterchangeDataset, where: Site, si
     out = torch.zeros(len(dataset), *_width(where), where.check(model))
     for batch in batches(dataset, rows, where.position, size):
         read = Read(where.site, where.layer, positions=batch.position)
-        out[batch.rows] = run(model, batch.base_tokens, reads=[read], logits="none").reads[0].float().cpu()
+        out[batch.rows] = where.take(run(model, batch.base_tokens, reads=[read], logits="none").reads[0]).float().cpu()
     return out[rows]
 
 
@@ -144,8 +185,10 @@ def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optiona
     device = next(iter(model.parameters())).device
     interventions = []
     if intervention is not None:
+        source = sources[batch.rows].to(device)
         interventions.append(Intervention(where.site, where.layer, positions=batch.position.to(device),
-                                          value=intervention, source=sources[batch.rows].to(device)))
+                                          units=where.units, value=intervention,
+                                          source=source if where.head is None else source.unsqueeze(-2)))
     out = run(model, batch.base_tokens.to(device), interventions, logits="all", train=train)
     assert out.logits is not None
     k = batch.targets.shape[1]

@@ -17,6 +17,7 @@ from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
 from arithinterp.causal.fit import das
 from arithinterp.causal.models import CausalModel
 from arithinterp.causal.results import DASSweep, ReadableUsed
+from arithinterp.causal.scoring import reachable
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
@@ -33,21 +34,32 @@ def das_sweep(
     *,
     steps: int = 200,
     lr: float = 1e-2,
+    reachable_only: bool = False,
     max_memory: Optional[float] = None,
     seed: int = 0,
     progress: bool = True,
 ) -> DASSweep:
-    """One DAS fit per layer × position (each with its random-rotation control) → :class:`DASSweep`."""
+    """One DAS fit per layer × position (each with its random-rotation control) → :class:`DASSweep`.
+
+    ``reachable_only``: each cell trains and scores only the pairs its position can reach (see
+    :func:`das`); a position that reaches no held-out pair gets NaN; the held-out pairs scored per
+    cell are in ``meta["n_test_per_cell"]`` ``[L, P]``."""
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     positions = list(positions)
     if not layers or not positions:
         raise AnalysisError("das_sweep needs at least one layer and one position")
     shape = (len(layers), len(positions))
     grids = {name: torch.zeros(shape) for name in ("iia", "low", "high", "random_iia", "logit_diff")}
+    n_test = torch.zeros(shape, dtype=torch.long)
     cells = [(i, j) for i in range(len(layers)) for j in range(len(positions))]
     for i, j in tqdm(cells, desc="DAS sweep", disable=not progress):
+        if reachable_only and not bool(reachable(dataset, dataset.test, positions[j]).any()):
+            for grid in grids.values():  # no held-out pair can be reached from here: no score, not a zero
+                grid[i, j] = float("nan")
+            continue
         fit = das(model, dataset, site, layers[i], positions[j], k, steps=steps, lr=lr, baselines=("random",),
-                  max_memory=max_memory, seed=seed, progress=False)
+                  reachable_only=reachable_only, max_memory=max_memory, seed=seed, progress=False)
+        n_test[i, j] = fit.scores["das"]["n"]
         s = fit.scores["das"]
         grids["iia"][i, j], grids["low"][i, j], grids["high"][i, j] = s["iia"], s["low"], s["high"]
         grids["logit_diff"][i, j] = s["logit_diff"]
@@ -58,7 +70,8 @@ def das_sweep(
     offset = dataset.base.tokens.shape[1] - int(dataset.base.lengths[0])
     names = [f"{p}: {tokens[int(c) - offset]}" if 0 <= int(c) - offset < len(tokens) else str(p)
              for p, c in zip(labels, index[0].tolist())]
-    meta = build_meta(model, variable=dataset.variable, steps=steps, lr=lr, seed=seed, n_test=len(dataset.test))
+    meta = build_meta(model, variable=dataset.variable, steps=steps, lr=lr, seed=seed, n_test=len(dataset.test),
+                      reachable_only=reachable_only, n_test_per_cell=n_test.tolist())
     return DASSweep(variable=dataset.variable, site=site, layers=layers, positions=[str(p) for p in positions], k=k,
                     chance=dataset.chance, tokens=names, meta=meta, **grids)
 
