@@ -86,7 +86,10 @@ def _require_pairs(ctx: Context, name: str, who: str = "this stage") -> tuple[An
 # --- budgets -------------------------------------------------------------------------------------
 
 DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M model's report in under 10 minutes
-PILOT = 4  # items a stage times its analyses on before choosing how many fit its budget
+PILOT = 4  # items a stage times its analyses on (and on half as many) before choosing how many fit its budget
+PILOT_SHARE = 0.2  # at most this share of the time left goes to a pilot (by the stage's prior cost)
+SLOPE_FLOOR = 0.02  # a pilot's cost per item is at least this share of its cost per item with the fixed cost
+MARGIN = 0.9  # share of the time left that a measured cost may fill (the pilots' timing noise)
 # each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones
 WEIGHTS = {"evaluation": 2.0, "accuracy": 0.5, "patching": 3.0, "digits": 1.0, "probes": 1.0, "errors": 1.0,
            "fourier": 1.0, "neurons": 1.0, "circuits": 2.0}
@@ -152,6 +155,34 @@ def _model_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def _timed(run: Callable[..., object], *args: Any) -> float:
+    start = time.perf_counter()
+    run(*args)
+    return time.perf_counter() - start
+
+
+def pilot_cost(pilot: Callable[[Any], object], items: Any, k: int) -> tuple[float, float]:
+    """``(seconds per call, seconds per item)`` of ``pilot``, timed on the first ``k`` items and
+    then on ``k // 2``: a straight line through the two, so that what a call pays once (base
+    runs, building the graph, small batches) is not counted per item, as one timing divided by
+    ``k`` would count it. The larger size runs first: what only a first call pays then raises the
+    slope, over- rather than under-stating the cost per item. The slope is kept at least
+    :data:`SLOPE_FLOOR` of the larger pilot's cost per item (timing noise must not make an item
+    free); ``k < 2`` times one size and counts it all per item."""
+    big = _timed(pilot, items[:k])
+    if k < 2:
+        return 0.0, big / max(k, 1)
+    small_k = k // 2
+    small = _timed(pilot, items[:small_k])
+    per_item = max((big - small) / (k - small_k), SLOPE_FLOOR * big / k)
+    return max(big - per_item * k, 0.0), per_item
+
+
+def _each(fixed: float, per_item: float) -> str:
+    """``"0.5 s each"``, or with a fixed cost ``"3 s, then 0.5 s each"``."""
+    return f"{_secs(fixed)}, then {per_item:.2g} s each" if fixed >= 0.05 else f"{per_item:.2g} s each"
+
+
 def _seeded_pick(n: int, k: int, seed: int):
     """``k`` of ``range(n)`` in a seeded random order, sorted (a sample that keeps the set's order)."""
     import torch
@@ -212,10 +243,11 @@ class Context:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
-        measured by ``pilot(items, layers)`` on up to ``pilot_items`` items at one and at two layers
-        (a fixed cost per item plus one per layer); :class:`OverBudget` when not even one layer fits,
-        without a pilot when ``prior`` (prompt evaluations per item at one layer) puts the minimum
-        at one layer above twice the time left."""
+        a call's fixed cost plus, per item, a fixed cost and one per layer, measured by
+        ``pilot(items, layers)`` on up to ``pilot_items`` items at two layers and at one, and on
+        half as many at one layer (:func:`pilot_cost`'s line, per layer); :class:`OverBudget` when
+        not even one layer fits, without a pilot when ``prior`` (prompt evaluations per item at one
+        layer) puts the minimum at one layer above twice the time left."""
         guess = prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
@@ -224,24 +256,23 @@ class Context:
                 f"{_secs(max(self.seconds_left(), 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; "
                 "give the report more time (budget=, --budget SECONDS).")
         k = min(pilot_items, len(items))
-        times = []
-        for layers in ([n_layers - 1], [0, n_layers - 1]):
-            start = time.perf_counter()
-            pilot(items[:k], layers)
-            times.append((time.perf_counter() - start) / k)
-        per_layer = max(times[1] - times[0], 0.1 * times[0])  # timing noise must not make a layer free
-        fixed = max(times[0] - per_layer, 0.0)
-        left = max(self.seconds_left(), 0.0)
-        fits = min(n_layers, int((left / minimum - fixed) / per_layer))
+        last = [n_layers - 1]
+        two = _timed(pilot, items[:k], [0, n_layers - 1])  # first: a first call's one-off costs count per layer
+        fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer
+        per_layer = min(max((two - (fixed + per_item * k)) / k, 0.1 * per_item), per_item)
+        item_fixed = per_item - per_layer  # what an item costs whatever the layers
+        left = max(self.seconds_left(), 0.0) * MARGIN
+        fits = min(n_layers, int(((left - fixed) / minimum - item_fixed) / per_layer))
         if fits < 1:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{_secs(minimum * (fixed + per_layer))}, more than the {_secs(left)} left of this stage's "
+                f"{_secs(fixed + minimum * per_item)}, more than the {_secs(left)} left of this stage's "
                 f"{_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
         layers = spread(n_layers, fits)
         n = len(items)
+        every = item_fixed + per_layer * n_layers  # an item at every layer
         if fits == n_layers:  # every layer fits after all (the estimate that sent us here was high)
-            count = min(n, max(minimum, int(left / (fixed + per_layer * n_layers))))
+            count = min(n, max(minimum, int((left - fixed) / every)))
             chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
                 items[_seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
             return chosen, layers, f"{sentence} the {_secs(self.budget.seconds)} budget"
@@ -249,43 +280,43 @@ class Context:
         return chosen, layers, (
             f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
             f"({', '.join(map(str, layers))}) to fit the {_secs(self.budget.seconds)} budget: every layer would take "
-            f"about {_secs(len(chosen) * (fixed + per_layer * n_layers))}")
+            f"about {_secs(fixed + len(chosen) * every)}")
 
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
-            per_item: Optional[float] = None, prior: float = 0.0) -> tuple[Any, str]:
+            per_item: Optional[float] = None, prior: float = 0.0, fixed: float = 0.0) -> tuple[Any, str]:
         """The largest seeded sample of ``items`` (prompts or pairs) that fits the time left of this
         stage's budget, and the sentence that says so ("sampled 60 of 200 pairs to fit the 45 s
-        budget"). The cost per item is ``per_item`` seconds or is measured by running ``pilot``
-        (the stage's analyses) on up to :data:`PILOT` items and extrapolated linearly, which
-        over-states it: fixed costs and small batches are counted per item. ``prior``: the
-        stage's rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps
-        the pilot within a quarter of the time left, and skips it when even the minimum would
-        take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
+        budget"). The cost is ``fixed`` seconds plus ``per_item`` seconds per item, or is measured
+        by running ``pilot`` (the stage's analyses) on up to :data:`PILOT` items and on half as
+        many (:func:`pilot_cost`: a fixed cost per call and one per item). ``prior``: the stage's
+        rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps the
+        pilot within :data:`PILOT_SHARE` of the time left, and skips it when even the minimum
+        would take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
         n = len(items)
         if self.budget.seconds == float("inf") or n == 0:
             return items, ""
+        measured = per_item is None
         if per_item is None:
             if pilot is None:
                 raise ConfigError("fit needs either pilot (a function to time) or per_item (seconds)")
             guess = prior * self.budget.forward_seconds
             if guess * minimum > 4 * self.seconds_left():  # hopeless: do not spend the budget finding out
                 per_item = guess
-            else:
-                k = min(PILOT, n, max(1, int(0.25 * self.seconds_left() / guess) if guess > 0 else PILOT))
-                start = time.perf_counter()
-                pilot(items[:k])
-                per_item = (time.perf_counter() - start) / k
+            else:  # the two pilots together cost about 1.5 times the larger one
+                k = min(PILOT, n, max(1, int(PILOT_SHARE / 1.5 * self.seconds_left() / guess) if guess > 0 else PILOT))
+                fixed, per_item = pilot_cost(pilot, items, k)
         left = self.seconds_left()
-        fits = n if per_item <= 0 else int(max(left, 0.0) / per_item)
+        usable = left * (MARGIN if measured else 1.0)
+        fits = n if per_item <= 0 else int(max(usable - fixed, 0.0) / per_item)
         budget = f"the {_secs(self.budget.seconds)} budget"
         if fits >= n:
             return items, f"all {n:,} {what} fit {budget}"
         if fits < minimum:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} would take about "
-                f"{_secs(minimum * per_item)} ({per_item:.2g} s each), more than the {_secs(max(left, 0.0))} left of "
-                f"this stage's {_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget "
-                "SECONDS).")
+                f"{_secs(fixed + minimum * per_item)} ({_each(fixed, per_item)}), more than the "
+                f"{_secs(max(left, 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; give the report "
+                "more time (budget=, --budget SECONDS).")
         return items[_seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
 
 
@@ -406,28 +437,58 @@ def _sweeps(ctx: Context, pairs, check_gap: bool = True, layers: Optional[list[i
     return resid, heads, mlps, approx
 
 
+def _changing_span(pairs) -> Optional[int]:
+    """For pairs of same-length prompts, the first position at which any pair's clean and corrupted
+    prompts differ (every patch before it is the corrupted run exactly, see
+    :meth:`arithinterp.engine.PatchRunner.cell_states`); None when the prompts differ in length
+    or already at position 0."""
+    clean, corrupt = pairs.clean, pairs.corrupt
+    if not (clean.uniform_length and corrupt.uniform_length) or clean.tokens.shape != corrupt.tokens.shape:
+        return None
+    first = int((clean.tokens != corrupt.tokens).any(0).int().argmax())
+    return first or None
+
+
 def patching_stage(ctx: Context) -> Section:
-    """Patching sweeps over every layer and position; when not even the minimum of pairs fits the
-    budget that way, the named positions (the operands' tokens and the final one) at as many evenly
-    spread layers as fit (:meth:`Context.fit_layers`), and the sample says so."""
+    """Patching sweeps over every layer, at the positions from the first one where the pairs differ
+    (a few-shot prefix shared by clean and corrupted prompts cannot change anything: those cells
+    are the corrupted run exactly); when not even the minimum of pairs fits the budget that way,
+    the named positions (the operands' tokens and the final one) at as many evenly spread layers
+    as fit (:meth:`Context.fit_layers`), and the sample says so."""
     from arithinterp import patching
 
     pairs, _ = _require_pairs(ctx, "patching")
     cfg, clean = ctx.model.cfg, pairs.clean
-    swept = int(clean.tokens.shape[1]) if clean.uniform_length else sum("[" not in k for k in clean.positions)
-    # each head patched at every position is close to half a forward; a layer × position cell, a tenth
-    prior = 0.5 * cfg.n_layers * cfg.n_heads + 0.2 * cfg.n_layers * swept + 6
+    width = int(clean.tokens.shape[1])
+    first = _changing_span(pairs)
     layers: Optional[list[int]] = None
-    positions: Optional[list[str]] = None
+    positions: Optional[list[Any]] = None
+    span = ""
+    if first is not None:
+        positions = list(range(first, width))
+        span = (f"positions {first} to {width - 1}, from the first token where the pairs differ (a patch in the "
+                f"{first} tokens before, which clean and corrupted prompts share, is the corrupted run exactly)")
+    swept = (width - first) if first is not None else width if clean.uniform_length else sum(
+        "[" not in k for k in clean.positions)
+    # in prompt evaluations per pair: a head patched at every position resumes from its layer at the
+    # positions that differ (about half a forward's layers, the changing share of its positions); a
+    # layer × position cell, a tenth; measured on a 135M-shaped model within a factor of two
+    share = swept / width
+    prior = 0.5 * cfg.n_layers * cfg.n_heads * share + 0.2 * cfg.n_layers * swept + 6
+    minimum = MINIMUMS["patching"][0]
     try:
-        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0],
-                                pilot=lambda p: _sweeps(ctx, p, check_gap=False), prior=prior)
+        if prior * ctx.budget.forward_seconds * minimum > ctx.seconds_left():  # a whole-sweep pilot would be wasted
+            raise OverBudget("every layer does not fit")
+        pairs, fitted = ctx.fit(pairs, "pairs", minimum,
+                                pilot=lambda p: _sweeps(ctx, p, check_gap=False, positions=positions), prior=prior)
     except OverBudget:  # fewer cells instead of no page section: the named positions, a sample of the layers
         positions = [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
+        span = ""
         pairs, layers, fitted = ctx.fit_layers(
-            pairs, "pairs", MINIMUMS["patching"][0], cfg.n_layers,
+            pairs, "pairs", minimum, cfg.n_layers,
             pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions))
         fitted += f"; positions {', '.join(positions)} only"
+    fitted = _joined(fitted, span)
     section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
     resid, heads, mlps, approx = _sweeps(ctx, pairs, layers=layers, positions=positions)
     if heads is None or mlps is None or approx is None:  # no gap between the clean and corrupted runs

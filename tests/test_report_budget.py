@@ -146,11 +146,36 @@ def test_fit_samples_what_the_time_left_allows_and_says_so(tiny_model):
     assert torch.equal(sample, sample.unique()) and bool((sample < 1000).all())  # a sorted subset, no repeats
     assert torch.equal(_seeded_pick(1000, 95, 3), _seeded_pick(1000, 95, 3))  # seeded: the same call, the same sample
     assert not torch.equal(_seeded_pick(1000, 95, 3), _seeded_pick(1000, 95, 4))
-    # a pilot measures the cost: over 0.1 s per item, 30 items cannot fit in what is left of the second
-    with pytest.raises(OverBudget, match=r"the minimum of 30 pairs would take about [\d.]+ s \(0\.1\d* s each\), more"):
+    # a pilot measures the cost: 0.4 s a call and 0.02 s an item; 30 items cannot fit in what is left of the second
+    with pytest.raises(OverBudget, match=r"the minimum of 30 pairs would take about [\d.]+ s \([\d.]+ s, then "
+                                         r"[\d.]+ s each\), more"):
         ctx.fit(items, "pairs", 30, pilot=lambda some: time.sleep(0.02 * len(some) + 0.4))
     everything, sentence = Context(tiny_model, "tiny", None, None, None, None).fit(items, "pairs", 30, per_item=1.0)
     assert len(everything) == 1000 and sentence == ""  # no budget given: nothing sampled
+
+
+def test_a_pilot_counts_a_calls_fixed_cost_once_not_per_item(tiny_model, monkeypatch):
+    """EAP-IG-like costs (a large cost per call, a small one per item): a pilot timed at two sizes
+    fits far more items than one timing divided by its size would, and no more than fit."""
+    import arithinterp.report as report
+
+    now = [0.0]  # a clock the pilot advances: exact costs, whatever the machine's load
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    calls = []
+
+    def pilot(some):  # 5 s a call, 0.1 s an item
+        calls.append(len(some))
+        now[0] += 5.0 + 0.1 * len(some)
+
+    assert report.pilot_cost(pilot, torch.arange(100), 4) == pytest.approx((5.0, 0.1))
+    assert calls == [4, 2]  # the larger first: a first call's one-off costs raise the slope, not lower it
+    ctx = Context(tiny_model, "tiny", None, None, None, None, seed=0, budget=Budget(seconds=60.0))
+    ctx.stage_start = now[0]
+    sample, sentence = ctx.fit(torch.arange(1000), "pairs", 30, pilot=pilot)
+    # the pilots took 10.6 s; of the 49.4 s left 0.9 (the margin for timing noise): (44.46 s − 5 s) / 0.1 s = 394
+    # fit, where one timing divided by its items (1.35 s each) would have fitted 36
+    assert len(sample) == 394 and sentence == "sampled 394 of 1,000 pairs to fit the 60 s budget"
+    assert 5.0 + 0.1 * len(sample) <= ctx.seconds_left() + 1e-9  # the run itself fits what is left
 
 
 def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypatch):
@@ -170,9 +195,10 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
     ctx.stage_start = now[0] - 1.0  # 1 s of the 2 s already spent
     sample, layers, sentence = ctx.fit_layers(items, "pairs", 30, 30, pilot)
     assert len(sample) == 30 and torch.equal(sample, sample.unique()) and bool((sample < 200).all())
-    # the pilot (4 items at one and at two layers) took 32 ms: (0.968 s / 30 − 1 ms) / 2 ms = 15.6 layers
-    assert layers == spread(30, 15) and layers[0] == 0 and layers[-1] == 29
-    assert sentence == (f"sampled 30 of 200 pairs and 15 of 30 layers ({', '.join(map(str, layers))}) to fit the 2 s "
+    # the pilots (4 items at two layers and at one, 2 at one) took 38 ms; of the 0.962 s left, 0.9 (the
+    # margin for timing noise): (0.866 s / 30 − 1 ms) / 2 ms = 13.9 layers
+    assert layers == spread(30, 13) and layers[0] == 0 and layers[-1] == 29
+    assert sentence == (f"sampled 30 of 200 pairs and 13 of 30 layers ({', '.join(map(str, layers))}) to fit the 2 s "
                         "budget: every layer would take about 1.8 s")
     ctx.stage_start = now[0] - 1.99
     with pytest.raises(OverBudget, match=r"the minimum of 30 pairs at a single layer would take about 0.09 s, more"):
