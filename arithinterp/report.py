@@ -90,9 +90,11 @@ PILOT = 4  # items a stage times its analyses on (and on half as many) before ch
 PILOT_SHARE = 0.2  # at most this share of the time left goes to a pilot (by the stage's prior cost)
 SLOPE_FLOOR = 0.02  # a pilot's cost per item is at least this share of its cost per item with the fixed cost
 MARGIN = 0.9  # share of the time left that a measured cost may fill (the pilots' timing noise)
-# each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones
-WEIGHTS = {"evaluation": 2.0, "accuracy": 0.5, "patching": 3.0, "digits": 1.0, "probes": 1.0, "errors": 1.0,
-           "fourier": 1.0, "neurons": 1.0, "circuits": 2.0}
+# each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones.
+# Sized from what each needs at its minimum sample on a 135M-shaped model: circuits (EAP-IG and the
+# faithfulness curve) the most, the evaluation little (a few hundred prompts serve every stage's minimum)
+WEIGHTS = {"evaluation": 1.0, "accuracy": 0.25, "patching": 2.5, "digits": 1.0, "probes": 1.5, "errors": 1.0,
+           "fourier": 2.0, "neurons": 1.5, "circuits": 3.5}
 
 
 def default_max_memory() -> int:
@@ -178,9 +180,9 @@ def pilot_cost(pilot: Callable[[Any], object], items: Any, k: int) -> tuple[floa
     return max(big - per_item * k, 0.0), per_item
 
 
-def _each(fixed: float, per_item: float) -> str:
+def _each(fixed: float, per_item: float, unit: str = "each") -> str:
     """``"0.5 s each"``, or with a fixed cost ``"3 s, then 0.5 s each"``."""
-    return f"{_secs(fixed)}, then {per_item:.2g} s each" if fixed >= 0.05 else f"{per_item:.2g} s each"
+    return f"{_secs(fixed)}, then {per_item:.2g} s {unit}" if fixed >= 0.05 else f"{per_item:.2g} s {unit}"
 
 
 def _seeded_pick(n: int, k: int, seed: int):
@@ -244,7 +246,8 @@ class Context:
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
         a call's fixed cost plus, per item, a fixed cost and one per layer, measured by
-        ``pilot(items, layers)`` on up to ``pilot_items`` items at two layers and at one, and on
+        ``pilot(items, layers)`` on up to ``pilot_items`` items at two layers (the middle and the
+        last) and at one (the last), and on
         half as many at one layer (:func:`pilot_cost`'s line, per layer); :class:`OverBudget` when
         not even one layer fits, without a pilot when ``prior`` (prompt evaluations per item at one
         layer) puts the minimum at one layer above twice the time left."""
@@ -257,7 +260,10 @@ class Context:
                 "give the report more time (budget=, --budget SECONDS).")
         k = min(pilot_items, len(items))
         last = [n_layers - 1]
-        two = _timed(pilot, items[:k], [0, n_layers - 1])  # first: a first call's one-off costs count per layer
+        # a middle layer and the last: a run resumed at a layer costs what the layers after it do, so a
+        # middle layer's cost is about the mean over the spread layers; first, so that a first call's
+        # one-off costs count per layer (an over-estimate)
+        two = _timed(pilot, items[:k], sorted({n_layers // 2, n_layers - 1}))
         fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer
         per_layer = min(max((two - (fixed + per_item * k)) / k, 0.1 * per_item), per_item)
         item_fixed = per_item - per_layer  # what an item costs whatever the layers
@@ -532,15 +538,21 @@ def digits_stage(ctx: Context) -> Section:
         return [f"L{layer}H{head}" for layer in layers for head in range(cfg.n_heads)]
 
     layers = list(range(cfg.n_layers))
+    # in prompt evaluations per prompt and layer: the heads of a layer ablated at one position and
+    # resumed from there (about 4 on a 135M-shaped model; whole forwards would be heads × answer tokens)
+    per_layer = 4
+    minimum = MINIMUMS["digits"][0]
     try:
-        prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["digits"][0],
+        if per_layer * cfg.n_layers * ctx.budget.forward_seconds * minimum > ctx.seconds_left():
+            raise OverBudget("every layer does not fit")  # a pilot at every layer would be wasted
+        prompts, fitted = ctx.fit(prompts, "prompts", minimum,
                                   pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
-                                  prior=cfg.n_layers * cfg.n_heads * int(prompts.answer_tokens.shape[1]))
+                                  prior=per_layer * cfg.n_layers)
     except OverBudget:  # the heads of a sample of the layers rather than none
         prompts, layers, fitted = ctx.fit_layers(
-            prompts, "prompts", MINIMUMS["digits"][0], cfg.n_layers,
+            prompts, "prompts", minimum, cfg.n_layers,
             pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
-            prior=cfg.n_heads * int(prompts.answer_tokens.shape[1]))  # a teacher-forced forward per head and token
+            prior=per_layer)
     section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
     result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     drop = result.drop
@@ -822,9 +834,9 @@ def neurons_stage(ctx: Context) -> Section:
             with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
                 classify(some, layers)
 
-        # 25 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
+        # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
         prompts, layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], ctx.model.cfg.n_layers,
-                                                 pilot=pilot, pilot_items=25)
+                                                 pilot=pilot, pilot_items=16)
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
     table = classify(prompts, layers)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
@@ -850,23 +862,23 @@ def circuits_stage(ctx: Context) -> Section:
     memory = ctx.budget.memory(ctx.model)  # EAP-IG's batches and the curve's stacked edge sets fit the stage's memory
 
     def pilot(some):
-        scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=5, max_memory=memory, progress=False)
+        scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=STEPS, max_memory=memory, progress=False)
         with contextlib.suppress(AnalysisError):  # a pilot's pairs may not differ; the timing is what counts
             circuits.faithfulness(ctx.model, some, scored, max_memory=memory)
 
     cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
     edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
-    curve_pairs, sizes = None, None
-    prior = 5 * (2 + 2 * 5 + edges.bit_length() + 2)
+    curve_pairs, sizes, steps = None, None, STEPS
+    prior = 5 * (2 + 2 * STEPS + edges.bit_length() + 2)
     try:
         if prior * ctx.budget.forward_seconds * MINIMUMS["circuits"][0] > ctx.seconds_left():
-            # a pilot of the whole curve would itself take much of the time: time its parts on two pairs instead
+            # a pilot of the whole curve would itself take much of the time: time its parts instead
             raise OverBudget("the whole curve does not fit")
         pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
-    except OverBudget:  # every edge scored on the minimum of pairs; the curve at fewer sizes, on fewer pairs
-        pairs, curve_pairs, sizes, fitted = _fit_curve(ctx, pairs, memory)
+    except OverBudget:  # every edge scored on the minimum of pairs, fewer steps; the curve at fewer sizes and pairs
+        pairs, curve_pairs, sizes, steps, fitted = _fit_curve(ctx, pairs, memory)
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
-    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, max_memory=memory, progress=False)
+    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=steps, max_memory=memory, progress=False)
     curve = circuits.faithfulness(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
                                   max_memory=memory)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
@@ -880,7 +892,8 @@ def circuits_stage(ctx: Context) -> Section:
     size = smallest if smallest is not None else scored.n_edges
     circuit = circuits.top_n(scored, size)
     section.findings.append(
-        f"EAP-IG (Hanna et al. 2024, 5 steps) scores all {scored.n_edges} edges of the graph (embeddings, each head's "
+        f"EAP-IG (Hanna et al. 2024, {steps} step{'s' if steps > 1 else ''}) scores all {scored.n_edges} edges of "
+        "the graph (embeddings, each head's "
         f"query, key and value input, MLPs, logits) on {len(pairs)} pairs whose first operand differs. "
         + (f"The {smallest} top edges ({100 * smallest / scored.n_edges:.1f}% of all) restore 0.9 of the "
            "answer's logit difference, and every larger top-k set measured does too, with every other edge "
@@ -894,46 +907,69 @@ def circuits_stage(ctx: Context) -> Section:
     return section
 
 
+STEPS = 5  # EAP-IG's integration steps (Hanna et al. 2024), when they fit the budget
 CURVE_PAIRS = 10  # the fewest pairs a sampled faithfulness curve rests on (its intervals say how sure it is)
 CURVE_SIZES = 4  # the fewest sizes a sampled curve measures (no edge, every edge and two between)
 
 
-def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], str]:
+def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], int, str]:
     """When EAP-IG with the whole faithfulness curve on the minimum of pairs does not fit: EAP-IG
-    on the minimum of pairs (seeded) and the curve at as many sizes (evenly spread over the default
-    ones) on as many of those pairs as fit, at least :data:`CURVE_SIZES` sizes on
-    :data:`CURVE_PAIRS` pairs → ``(pairs, curve pairs, sizes, sentence)``. Timed on two pairs:
-    scoring, and the curve at no edge and every edge; :class:`OverBudget` when even that is too much."""
+    on the minimum of pairs (seeded) with as many integration steps as fit (1 to :data:`STEPS`),
+    and the curve at as many sizes (evenly spread over the default ones) on as many of those
+    pairs as fit, at least :data:`CURVE_SIZES` sizes on :data:`CURVE_PAIRS` pairs →
+    ``(pairs, curve pairs, sizes, steps, sentence)``. Timed on two pairs and on one
+    (:func:`pilot_cost`): EAP-IG at one step (its 4 passes; each step adds 2), and the curve at no
+    edge and every edge (4 edge-set runs a pair); :class:`OverBudget` when not even one step and
+    the smallest curve fit."""
     from arithinterp import circuits
 
     minimum, n = MINIMUMS["circuits"][0], len(pairs)
     chosen = pairs[_seeded_pick(n, minimum, ctx.seed)] if n > minimum else pairs
-    few = chosen[: min(2, len(chosen))]
-    start = time.perf_counter()
-    scored = circuits.score_edges(ctx.model, few, "eap-ig", steps=5, max_memory=memory, progress=False)
-    per_score = (time.perf_counter() - start) / len(few)
-    start = time.perf_counter()
-    with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
-        circuits.faithfulness(ctx.model, few, scored, [0, scored.n_edges])
-    # the two sizes, every edge ablated and the clean run: four edge-set runs per pair
-    per_size = (time.perf_counter() - start) / (4 * len(few))
-    default = sorted({0, scored.n_edges, *[2**i for i in range(scored.n_edges.bit_length()) if 2**i < scored.n_edges]})
-    left = ctx.seconds_left() - len(chosen) * per_score
-    n_curve = min(len(chosen), int(max(left, 0.0) / (per_size * (CURVE_SIZES + 2))))
-    if n_curve < CURVE_PAIRS:
-        least = len(chosen) * per_score + CURVE_PAIRS * (CURVE_SIZES + 2) * per_size
+    k = min(2, len(chosen))
+    kept: list[Any] = []
+
+    def score(some):
+        kept.append(circuits.score_edges(ctx.model, some, "eap-ig", steps=1, max_memory=memory, progress=False))
+
+    score_fixed, per_pass = pilot_cost(score, chosen, k)
+    per_pass /= 4  # EAP-IG's passes per pair: 2 + 2·steps
+    n_edges = kept[0].n_edges
+
+    def curve(some):
+        with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
+            circuits.faithfulness(ctx.model, some, kept[0], [0, n_edges], max_memory=memory)
+
+    curve_fixed, per_size = pilot_cost(curve, chosen, k)
+    per_size /= 4  # the two sizes, every edge ablated and the clean run: four edge-set runs per pair
+    default = sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
+
+    def scoring(steps: int) -> float:
+        return score_fixed + len(chosen) * per_pass * (2 + 2 * steps)
+
+    def curving(n_pairs: int, n_sizes: int) -> float:
+        return curve_fixed + n_pairs * (n_sizes + 2) * per_size
+
+    left = max(ctx.seconds_left(), 0.0) * MARGIN
+    least = scoring(1) + curving(CURVE_PAIRS, CURVE_SIZES)
+    if least > left:
         raise OverBudget(
-            f"Not run within the budget: EAP-IG on the minimum of {minimum} pairs ({per_score:.2g} s each) and a "
-            f"faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} of them ({per_size:.2g} s per pair and size) "
-            f"would take about {_secs(least)}, more than the {_secs(max(ctx.seconds_left(), 0.0))} left of this "
-            f"stage's {_secs(ctx.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
-    n_sizes = min(len(default), int(left / (per_size * n_curve)) - 2)
+            f"Not run within the budget: EAP-IG at one step on the minimum of {minimum} pairs "
+            f"({_each(score_fixed, 4 * per_pass)}) and a faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} "
+            f"of them ({_each(curve_fixed, per_size, 'per pair and size')}) would take about {_secs(least)}, more than "
+            f"the {_secs(max(ctx.seconds_left(), 0.0))} left of this stage's {_secs(ctx.budget.seconds)} budget; "
+            "give the report more time (budget=, --budget SECONDS).")
+    # the scores first (up to the default steps), then the curve's pairs, then its sizes
+    steps = max(s for s in range(1, STEPS + 1) if scoring(s) + curving(CURVE_PAIRS, CURVE_SIZES) <= left)
+    rest = left - scoring(steps) - curve_fixed
+    n_curve = min(len(chosen), int(rest / (per_size * (CURVE_SIZES + 2))))
+    n_sizes = min(len(default), max(CURVE_SIZES, int(rest / (per_size * n_curve)) - 2))
     sizes = [default[i] for i in spread(len(default), n_sizes)]
-    curve_pairs = chosen[: n_curve]
-    sentence = (f"sampled {len(chosen):,} of {n:,} pairs to fit the {_secs(ctx.budget.seconds)} budget; the "
+    curve_pairs = chosen[:n_curve]
+    fewer = "" if steps == STEPS else f" with {steps} of EAP-IG's {STEPS} default integration steps"
+    sentence = (f"sampled {len(chosen):,} of {n:,} pairs{fewer} to fit the {_secs(ctx.budget.seconds)} budget; the "
                 f"faithfulness curve on {n_curve} of them at {len(sizes)} of {len(default)} sizes "
                 f"({', '.join(f'{k:,}' for k in sizes)} edges), its intervals over those pairs")
-    return chosen, curve_pairs, sizes, sentence
+    return chosen, curve_pairs, sizes, steps, sentence
 
 
 def _top_edges(circuit, k: int):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from arithinterp.errors import ConfigError
-from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, Budget, Context,
+from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, STEPS, Budget, Context,
                                 NotEnoughData, OverBudget, _fit_curve, _seeded_pick, parse_memory, require, spread,
                                 write_report)
 
@@ -217,14 +217,45 @@ def test_a_sampled_faithfulness_curve_keeps_no_edge_every_edge_and_says_so(tiny_
     prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
     pairs = prompts.counterfactual(vary="a", seed=0)
     ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=10_000.0))
-    chosen, curve_pairs, sizes, sentence = _fit_curve(ctx, pairs, 2**28)
-    assert len(chosen) == MINIMUMS["circuits"][0] and len(curve_pairs) == len(chosen)
+    chosen, curve_pairs, sizes, steps, sentence = _fit_curve(ctx, pairs, 2**28)
+    assert len(chosen) == MINIMUMS["circuits"][0] and len(curve_pairs) == len(chosen) and steps == STEPS
     assert sizes[0] == 0 and sizes[-1] > 2 ** (sizes[-1].bit_length() - 1) and len(sizes) >= CURVE_SIZES
     assert re.fullmatch(rf"sampled 30 of {len(pairs):,} pairs to fit the [\d,]+ s budget; the faithfulness curve on 30 "
                         rf"of them at {len(sizes)} of {len(sizes)} sizes \(0, 1, .*\), its intervals over those pairs",
                         sentence), sentence
     ctx.budget = Budget(seconds=0.01)
     with pytest.raises(OverBudget, match=rf"a faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} of them"):
+        _fit_curve(ctx, pairs, 2**28)
+
+
+def test_circuits_shrink_the_integration_steps_before_skipping(tiny_model, monkeypatch):
+    """EAP-IG on the minimum of pairs at every default step and the smallest curve do not fit:
+    fewer integration steps instead of no section, and the sentence says how many."""
+    import arithinterp.report as report
+    from arithinterp import tasks
+
+    monkeypatch.setattr(report.time, "perf_counter", lambda: 0.0)  # a stopped clock: the costs below are all
+    costs = [(1.0, 0.4), (1.0, 0.4)]  # EAP-IG at one step (1 s, then 0.1 s a pass and pair), the curve (0.1 s a run)
+
+    def measured(run, items, k):
+        run(items[:1])  # the scores the curve's pilot reads
+        return costs.pop(0)
+
+    monkeypatch.setattr(report, "pilot_cost", measured)
+    prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=40.0))
+    ctx.stage_start = 0.0
+    chosen, curve_pairs, sizes, steps, sentence = _fit_curve(ctx, pairs, 2**28)
+    # 0.9 of 40 s: EAP-IG at s steps on 30 pairs takes 1 + 3·(2 + 2s) s and the smallest curve 7 s: s = 3;
+    # the 10 s left after 3 steps and the curve's fixed second: 16 pairs at 4 sizes (6 runs of 0.1 s a pair)
+    assert steps == 3 and len(chosen) == 30 and len(curve_pairs) == 16 and len(sizes) == CURVE_SIZES
+    assert f"sampled 30 of {len(pairs):,} pairs with 3 of EAP-IG's 5 default integration steps to fit" in sentence
+    costs[:] = [(1.0, 0.4), (1.0, 0.4)]
+    ctx.budget = Budget(seconds=20.0)  # not even one step and the smallest curve: skipped, with the estimate
+    with pytest.raises(OverBudget, match=r"EAP-IG at one step on the minimum of 30 pairs \(1 s, then 0.4 s each\) "
+                                         r"and a faithfulness curve of 4 sizes on 10 of them \(1 s, then 0.1 s per "
+                                         r"pair and size\) would take about 20 s"):
         _fit_curve(ctx, pairs, 2**28)
 
 
