@@ -354,3 +354,77 @@ def test_budget_and_memory_are_validated(tmp_path, capsys):
     code = main(["report", "zoo:add-100", "--stages", "accuracy", "--budget", "30", "--limit", "50", "--out",
                  str(tmp_path / "r.html"), "--no-progress"])
     assert code == 0 and "budget: 30 s" in (tmp_path / "r.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def six_layer_llama(tmp_path_factory):
+    """A random 6-layer Llama (digit tokens) and its few-shot 2-digit prompts, every one analysed."""
+    from families import save_llama, tokenizer_for
+
+    from arithinterp.models import load_model
+    from arithinterp.report import _task_prompts
+
+    folder = save_llama(tmp_path_factory.mktemp("llama6"), tokenizer_for("digit"), n_layers=6)
+    model = load_model(str(folder))
+    prompts = _task_prompts(model, "llama6", 300, 0, "{a}+{b}=", 2, "10-59")
+    pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)
+    return model, prompts, pairs
+
+
+def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six_layer_llama, monkeypatch):
+    """Each heavy stage is given a share in which its minimum fits at a few layers (or a few steps)
+    but not at all of them: it runs, on the minimum of items over a sample of the layers (circuits:
+    fewer integration steps), and its sample line says exactly what. The costs are a clock the
+    analyses advance (a fixed cost per call plus one per item and layer), so the choices are exact
+    whatever the machine's load; the analyses themselves run for real on the small model."""
+    import arithinterp.report as report
+    from arithinterp import circuits, neurons, patching
+
+    model, prompts, pairs = six_layer_llama
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+
+    def costly(module, name, cost):
+        real = getattr(module, name)
+
+        def run(*args, **kwargs):
+            now[0] += cost(*args, **kwargs)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, run)
+
+    def layers_of(kwargs):
+        return len(kwargs.get("layers") or range(n_layers))
+
+    costly(patching, "activation_patching", lambda m, p, site, **kw: 1 + 0.1 * len(p) * layers_of(kw))
+    costly(patching, "attribute", lambda m, p, sites, **kw: 0.1 * len(p))
+    costly(patching, "digit_ablation", lambda m, p, heads=None, **kw: 1 + 0.2 * len(p) * (
+        n_layers if heads is None else len(heads) // n_heads))
+    costly(neurons, "classify", lambda m, p, layers=None, **kw: 2 + 0.05 * len(p) * len(layers or range(n_layers)))
+    costly(circuits, "score_edges", lambda m, p, method, steps=5, **kw: 1 + 0.1 * len(p) * (2 + 2 * steps))
+    costly(circuits, "faithfulness", lambda m, p, c, sizes=None, **kw: 1 + 0.05 * len(p) * (
+        (len(sizes) if sizes is not None else 16) + 2))
+
+    evaluation = prompts.evaluate(model)
+    ctx = Context(model, "llama6", prompts, prompts, evaluation, pairs, seed=0, correct_only=False)
+    sections = {}
+    for name, seconds in (("patching", 70.0), ("digits", 40.0), ("neurons", 30.0), ("circuits", 40.0)):
+        ctx.budget, ctx.stage_start = Budget(seconds, forward_seconds=0.1), now[0]
+        sections[name] = report.STAGES[name](ctx)
+        spent = now[0] - ctx.stage_start
+        assert spent <= seconds, (name, spent, sections[name].sample)  # within its budget, pilots included
+    for name, what in (("patching", "pairs"), ("digits", "prompts"), ("neurons", "prompts")):
+        sample = sections[name].sample
+        found = re.search(rf"sampled {MINIMUMS[name][0]} of [\d,]+ {what} and (\d) of {n_layers} layers \(([\d, ]+)\)",
+                          sample)
+        assert found and 1 <= int(found.group(1)) < n_layers, (name, sample)
+        assert [int(v) for v in found.group(2).split(", ")] == spread(n_layers, int(found.group(1)))
+        assert sections[name].findings and sections[name].figures  # it ran: findings and figures, not a skip
+    # patching says which positions it swept: from the first token where the pairs differ, then the named ones
+    assert "positions a, b, final, a[0], b[0] only" in sections["patching"].sample
+    circuit = sections["circuits"].sample
+    steps = re.search(r"sampled 30 of [\d,]+ pairs with (\d) of EAP-IG's 5 default integration steps", circuit)
+    assert steps and 1 <= int(steps.group(1)) < 5, circuit
+    assert re.search(r"the faithfulness curve on \d+ of them at \d+ of \d+ sizes", circuit), circuit
+    assert sections["circuits"].findings
