@@ -590,12 +590,13 @@ def probes_stage(ctx: Context) -> Section:
                else ("a_digit_0", "carry_0", "answer_digit_0"))
     probe: dict[str, Any] = dict(kind="logistic", cv=3, control_acts=control, random_state=ctx.seed, progress=False)
     layers = list(acts.layers)
-    if ctx.budget.seconds != float("inf"):  # one target at one layer timed: as many evenly spread layers as fit
+    if ctx.budget.seconds != float("inf"):  # every target at one layer timed: as many evenly spread layers as fit
         start = time.perf_counter()
-        with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
-            probes.probe_layers(acts, targets[0], layers=layers[-1:], **probe)
+        for target in targets:  # each: its classes set the probe's cost (ten digits cost more than a carry)
+            with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
+                probes.probe_layers(acts, target, layers=layers[-1:], **probe)
         per_layer = time.perf_counter() - start
-        fits = max(1, int(max(ctx.seconds_left(), 0.0) / (per_layer * len(targets))))
+        fits = max(1, int(MARGIN * max(ctx.seconds_left(), 0.0) / per_layer))
         if fits < len(layers):
             layers = [layers[i] for i in spread(len(layers), fits)]
             shown = ", ".join(map(str, layers))
