@@ -825,19 +825,21 @@ def neurons_stage(ctx: Context) -> Section:
         return neurons.classify(ctx.model, some, layers=layers, top_k=ctx.top_k_neurons, pairs=pairs,
                                 batch_size=batch, progress=False)
 
-    # per prompt: its activations (a forward) and, on its counterfactual pair, the attribution that
-    # ranks the neurons (a forward and a backward of the clean and of the corrupted prompt)
+    # timed, not estimated from the evaluation: ranking the neurons (a forward and a backward of each
+    # pair), reading their maps and scoring them with the shuffle control cost many forwards' worth
+    # per prompt and layer, most of it fixed per call
     layers: Optional[list[int]] = None
-    try:
-        prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["neurons"][0], per_item=7 * ctx.budget.forward_seconds)
-    except OverBudget:  # the neurons of a sample of the layers rather than none
+    fitted = ""
+    if ctx.budget.seconds != float("inf"):
         def pilot(some, layers: list[int]):
             with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
                 classify(some, layers)
 
         # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
-        prompts, layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], ctx.model.cfg.n_layers,
-                                                 pilot=pilot, pilot_items=16)
+        n_layers = ctx.model.cfg.n_layers
+        prompts, fitted_layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], n_layers,
+                                                        pilot=pilot, pilot_items=16)
+        layers = None if len(fitted_layers) == n_layers else fitted_layers
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
     table = classify(prompts, layers)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
