@@ -247,10 +247,9 @@ class Context:
         layers as fit, the first and last among them, and the sentence that says so. The cost is
         a call's fixed cost plus, per item, a fixed cost and one per layer, measured by
         ``pilot(items, layers)`` on up to ``pilot_items`` items at two layers (the middle and the
-        last) and at one (the last), and on
-        half as many at one layer (:func:`pilot_cost`'s line, per layer); :class:`OverBudget` when
-        not even one layer fits, without a pilot when ``prior`` (prompt evaluations per item at one
-        layer) puts the minimum at one layer above twice the time left."""
+        last) and at one (the last), and on half as many at one layer (:func:`pilot_cost`'s line);
+        :class:`OverBudget` when not even one layer fits, without a pilot when ``prior`` (prompt
+        evaluations per item at one layer) puts the minimum at one layer above twice the time left."""
         guess = prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
@@ -272,7 +271,8 @@ class Context:
         if fits < 1:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{_secs(fixed + minimum * per_item)}, more than the {_secs(left)} left of this stage's "
+                f"{_secs(fixed + minimum * per_item)}, more than the {_secs(max(self.seconds_left(), 0.0))} left of "
+                "this stage's "
                 f"{_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
         layers = spread(n_layers, fits)
         n = len(items)
