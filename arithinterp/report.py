@@ -245,11 +245,12 @@ class Context:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
-        a call's fixed cost plus, per item, a fixed cost and one per layer, measured by
-        ``pilot(items, layers)`` on up to ``pilot_items`` items at two layers (the middle and the
-        last) and at one (the last), and on half as many at one layer (:func:`pilot_cost`'s line);
-        :class:`OverBudget` when not even one layer fits, without a pilot when ``prior`` (prompt
-        evaluations per item at one layer) puts the minimum at one layer above twice the time left."""
+        a fixed cost per call and per item, and per layer a cost per call (its stacked runs,
+        whatever the items) and per item, measured by ``pilot(items, layers)`` at two layers (the
+        middle and the last) and at one (the last), each on up to ``pilot_items`` items and on half
+        as many (:func:`pilot_cost`'s lines); :class:`OverBudget` when not even one layer fits,
+        without a pilot when ``prior`` (prompt evaluations per item at one layer) puts the minimum
+        at one layer above twice the time left."""
         guess = prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
@@ -258,27 +259,40 @@ class Context:
                 f"{_secs(max(self.seconds_left(), 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; "
                 "give the report more time (budget=, --budget SECONDS).")
         k = min(pilot_items, len(items))
-        last = [n_layers - 1]
+        last, two_layers = [n_layers - 1], sorted({n_layers // 2, n_layers - 1})
         # a middle layer and the last: a run resumed at a layer costs what the layers after it do, so a
-        # middle layer's cost is about the mean over the spread layers; first, so that a first call's
-        # one-off costs count per layer (an over-estimate)
-        two = _timed(pilot, items[:k], sorted({n_layers // 2, n_layers - 1}))
-        fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer
-        per_layer = min(max((two - (fixed + per_item * k)) / k, 0.1 * per_item), per_item)
-        item_fixed = per_item - per_layer  # what an item costs whatever the layers
+        # middle layer's cost is about the mean over the spread layers. The larger pilot at two layers
+        # first, so that a first call's one-off costs count per layer (an over-estimate)
+        two = _timed(pilot, items[:k], two_layers)
+        fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
+        # a layer more: a cost per call (its stacked runs, whatever the items) and one per item
+        added = two - (fixed + per_item * k)
+        half = k // 2
+        if 1 <= half < k:
+            added_half = _timed(pilot, items[:half], two_layers) - (fixed + per_item * half)
+            layer_item = max((added - added_half) / (k - half), SLOPE_FLOOR * max(added, 0.0) / k)
+        else:
+            layer_item = max(added, 0.0) / max(k, 1)
+        layer_item = max(layer_item, 1e-9)
+        layer_call = max(added - layer_item * k, 0.0)
         left = max(self.seconds_left(), 0.0) * MARGIN
-        fits = min(n_layers, int(((left - fixed) / minimum - item_fixed) / per_layer))
+
+        def cost(count: int, n_cover: int) -> float:  # ``count`` items over ``n_cover`` layers
+            return fixed + per_item * count + (n_cover - 1) * (layer_call + layer_item * count)
+
+        fits = 0 if cost(minimum, 1) > left else min(
+            n_layers, 1 + int((left - cost(minimum, 1)) / (layer_call + layer_item * minimum)))
         if fits < 1:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{_secs(fixed + minimum * per_item)}, more than the {_secs(max(self.seconds_left(), 0.0))} left of "
+                f"{_secs(cost(minimum, 1))}, more than the {_secs(max(self.seconds_left(), 0.0))} left of "
                 "this stage's "
                 f"{_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
         layers = spread(n_layers, fits)
         n = len(items)
-        every = item_fixed + per_layer * n_layers  # an item at every layer
         if fits == n_layers:  # every layer fits after all (the estimate that sent us here was high)
-            count = min(n, max(minimum, int((left - fixed) / every)))
+            every = per_item + (n_layers - 1) * layer_item  # an item at every layer
+            count = min(n, max(minimum, int((left - fixed - (n_layers - 1) * layer_call) / every)))
             chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
                 items[_seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
             return chosen, layers, f"{sentence} the {_secs(self.budget.seconds)} budget"
@@ -286,7 +300,7 @@ class Context:
         return chosen, layers, (
             f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
             f"({', '.join(map(str, layers))}) to fit the {_secs(self.budget.seconds)} budget: every layer would take "
-            f"about {_secs(fixed + len(chosen) * every)}")
+            f"about {_secs(cost(len(chosen), n_layers))}")
 
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
             per_item: Optional[float] = None, prior: float = 0.0, fixed: float = 0.0) -> tuple[Any, str]:

@@ -195,14 +195,24 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
     ctx.stage_start = now[0] - 1.0  # 1 s of the 2 s already spent
     sample, layers, sentence = ctx.fit_layers(items, "pairs", 30, 30, pilot)
     assert len(sample) == 30 and torch.equal(sample, sample.unique()) and bool((sample < 200).all())
-    # the pilots (4 items at two layers and at one, 2 at one) took 38 ms; of the 0.962 s left, 0.9 (the
-    # margin for timing noise): (0.866 s / 30 − 1 ms) / 2 ms = 13.9 layers
+    # the pilots (4 items and 2 at two layers and at one) took 48 ms; of the 0.952 s left, 0.9 (the margin
+    # for timing noise): one layer takes 90 ms, each more 60 ms: 1 + (0.857 s − 90 ms) / 60 ms = 13.8 layers
     assert layers == spread(30, 13) and layers[0] == 0 and layers[-1] == 29
     assert sentence == (f"sampled 30 of 200 pairs and 13 of 30 layers ({', '.join(map(str, layers))}) to fit the 2 s "
                         "budget: every layer would take about 1.8 s")
     ctx.stage_start = now[0] - 1.99
     with pytest.raises(OverBudget, match=r"the minimum of 30 pairs at a single layer would take about 0.09 s, more"):
         ctx.fit_layers(items, "pairs", 30, 30, pilot)
+
+    def stacked(some, layers):  # each layer 50 ms a call (its stacked runs) and 1 ms an item
+        now[0] += len(layers) * (0.05 + 0.001 * len(some))
+
+    # a layer's cost per call is not counted per item: the pilots take 0.318 s, and of the 1.68 s left 0.9:
+    # 1 + (1.51 s − 80 ms) / 80 ms = 18 layers, where 13.5 ms an item and layer (the added layer's
+    # pilot divided by its 4 items) would have put 0.4 s on each layer and fitted 4
+    ctx.stage_start = now[0]
+    _, layers, _ = ctx.fit_layers(items, "pairs", 30, 30, stacked)
+    assert layers == spread(30, 18), layers
     # a prior that puts one layer far beyond the time left: no pilot is run
     ctx = Context(tiny_model, "tiny", None, None, None, None, budget=Budget(seconds=2.0, forward_seconds=0.1))
     ctx.stage_start = now[0]
