@@ -567,8 +567,15 @@ def digits_stage(ctx: Context) -> Section:
             prompts, "prompts", minimum, cfg.n_layers,
             pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
             prior=per_layer)
+    if len(layers) < cfg.n_layers:  # in groups, coarse to fine, while the time lasts: estimates can be low
+        result, covered = _ablate_while_time_lasts(ctx, prompts, layers, heads_of)
+        if len(covered) < len(layers):
+            fitted += (f"; stopped after {len(covered)} of those layers ({', '.join(map(str, covered))}): the "
+                       "next ones would not have fitted the time left")
+        layers = covered
+    else:
+        result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
-    result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
@@ -585,6 +592,42 @@ def digits_stage(ctx: Context) -> Section:
     )
     section.figures.append(result.plot())
     return section
+
+
+def coarse_to_fine(layers: list[int]) -> list[int]:
+    """``layers`` reordered so that every prefix is spread over them: the last, the first, the
+    middle, then the quarters, ... (:func:`spread` of more and more)."""
+    order: list[int] = []
+    for k in range(1, len(layers) + 1):
+        order += [layers[i] for i in spread(len(layers), k) if layers[i] not in order]
+    return order
+
+
+def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int],
+                             heads_of: Callable[[list[int]], list[str]]) -> tuple[Any, list[int]]:
+    """Per-digit ablation of the heads of ``layers`` in four groups, coarse to fine
+    (:func:`coarse_to_fine`), each run only when the time the groups so far took per layer says
+    it fits the time left → ``(result over the covered layers, covered layers ascending)``."""
+    import dataclasses
+
+    import torch
+
+    from arithinterp import patching
+
+    order = coarse_to_fine(layers)
+    size = max(1, math.ceil(len(order) / 4))
+    parts, covered, start = [], [], time.perf_counter()
+    for group in (order[i:i + size] for i in range(0, len(order), size)):
+        if covered and (time.perf_counter() - start) / len(covered) * len(group) > ctx.seconds_left():
+            break
+        parts.append(patching.digit_ablation(ctx.model, prompts, heads=heads_of(sorted(group)), progress=False))
+        covered += sorted(group)
+    heads = [h for part in parts for h in part.heads]
+    accuracy = torch.cat([part.accuracy for part in parts])
+    rank = {h: i for i, h in enumerate(heads_of(sorted(covered)))}  # layer by layer, as one call returns them
+    keep = sorted(range(len(heads)), key=lambda i: rank[heads[i]])
+    merged = dataclasses.replace(parts[0], heads=[heads[i] for i in keep], accuracy=accuracy[keep])
+    return merged, sorted(covered)
 
 
 def probes_stage(ctx: Context) -> Section:
