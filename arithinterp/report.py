@@ -1000,7 +1000,10 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
             circuits.faithfulness(ctx.model, some, kept[0], [0, n_edges], max_memory=memory)
 
     curve_fixed, per_size = pilot_cost(curve, chosen, k)
-    per_size /= 4  # the two sizes, every edge ablated and the clean run: four edge-set runs per pair
+    # the two sizes, every edge ablated and the clean run: four edge-set runs per pair, each a patched
+    # forward, so at least one of EAP-IG's passes (a pilot on one or two pairs that stops early, or
+    # fits one stacked forward, would make a run look free: 19 sizes on 30 pairs then took minutes)
+    per_size = max(per_size / 4, per_pass)
     default = sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
 
     def scoring(steps: int) -> float:
@@ -1023,6 +1026,9 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
     rest = left - scoring(steps) - curve_fixed
     n_curve = min(len(chosen), int(rest / (per_size * (CURVE_SIZES + 2))))
     n_sizes = min(len(default), max(CURVE_SIZES, int(rest / (per_size * n_curve)) - 2))
+    # a curve that fills the time on an estimate from one or two pairs is kept to 4 times the smallest
+    if curving(n_curve, n_sizes) > 0.5 * left and n_curve * (n_sizes + 2) > 4 * CURVE_PAIRS * (CURVE_SIZES + 2):
+        n_sizes = min(n_sizes, max(CURVE_SIZES, 4 * CURVE_PAIRS * (CURVE_SIZES + 2) // n_curve - 2))
     sizes = [default[i] for i in spread(len(default), n_sizes)]
     curve_pairs = chosen[:n_curve]
     fewer = "" if steps == STEPS else f" with {steps} of EAP-IG's {STEPS} default integration steps"

@@ -300,7 +300,7 @@ def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
                             state)
         if sampled:  # fewer than there are, at least the minimum
             k, n = (int(g.replace(",", "")) for g in sampled.groups()[:2])
-            assert 30 <= k < n, state
+            assert 30 <= k < n or (sampled.group(4) and 30 <= k <= n), state  # fewer items, or fewer layers
         elif state.startswith("not enough data"):  # a loaded machine evaluates fewer prompts in the 1 s
             assert re.search(rf"<h2>{re.escape(name)}</h2>.*?Not enough data: \d+ ", text, re.S)
         else:  # not even the minimum fits: the stage says so instead of overrunning
