@@ -441,3 +441,27 @@ def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six
     assert steps and 1 <= int(steps.group(1)) < 5, circuit
     assert re.search(r"the faithfulness curve on \d+ of them at \d+ of \d+ sizes", circuit), circuit
     assert sections["circuits"].findings
+
+
+def test_per_digit_ablation_stops_between_groups_when_the_time_runs_out(six_layer_llama, monkeypatch):
+    """Estimates can be low: sampled layers are ablated in groups, coarse to fine, and a group that
+    the time so far says would not fit is not started; the result covers the layers that ran."""
+    import arithinterp.report as report
+    from arithinterp import patching
+
+    model, prompts, pairs = six_layer_llama
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    real = patching.digit_ablation
+
+    def slow(*args, **kwargs):  # 10 s a group, whatever the estimate said
+        now[0] += 10.0
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patching, "digit_ablation", slow)
+    ctx = Context(model, "llama6", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=25.0))
+    ctx.stage_start = 0.0
+    heads_of = lambda layers: [f"L{layer}H{h}" for layer in layers for h in range(model.cfg.n_heads)]  # noqa: E731
+    result, covered = report._ablate_while_time_lasts(ctx, prompts[:8], [0, 1, 3, 5], heads_of)
+    assert covered == [0, 5]  # the last and the first ran; a third group (10 s) would not fit the 5 s left
+    assert result.heads == heads_of([0, 5]) and result.accuracy.shape[0] == 2 * model.cfg.n_heads
