@@ -86,10 +86,15 @@ def _require_pairs(ctx: Context, name: str, who: str = "this stage") -> tuple[An
 # --- budgets -------------------------------------------------------------------------------------
 
 DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M model's report in under 10 minutes
-PILOT = 4  # items a stage times its analyses on before choosing how many fit its budget
-# each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones
-WEIGHTS = {"evaluation": 2.0, "accuracy": 0.5, "patching": 3.0, "digits": 1.0, "probes": 1.0, "errors": 1.0,
-           "fourier": 1.0, "neurons": 1.0, "circuits": 2.0}
+PILOT = 4  # items a stage times its analyses on (and on half as many) before choosing how many fit its budget
+PILOT_SHARE = 0.2  # at most this share of the time left goes to a pilot (by the stage's prior cost)
+SLOPE_FLOOR = 0.02  # a pilot's cost per item is at least this share of its cost per item with the fixed cost
+MARGIN = 0.9  # share of the time left that a measured cost may fill (the pilots' timing noise)
+# each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones.
+# Sized from what each needs at its minimum sample on a 135M-shaped model: circuits (EAP-IG and the
+# faithfulness curve) the most, the evaluation little (a few hundred prompts serve every stage's minimum)
+WEIGHTS = {"evaluation": 1.0, "accuracy": 0.25, "patching": 2.5, "digits": 1.0, "probes": 1.5, "errors": 1.0,
+           "fourier": 2.0, "neurons": 1.5, "circuits": 3.5}
 
 
 def default_max_memory() -> int:
@@ -152,6 +157,34 @@ def _model_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def _timed(run: Callable[..., object], *args: Any) -> float:
+    start = time.perf_counter()
+    run(*args)
+    return time.perf_counter() - start
+
+
+def pilot_cost(pilot: Callable[[Any], object], items: Any, k: int) -> tuple[float, float]:
+    """``(seconds per call, seconds per item)`` of ``pilot``, timed on the first ``k`` items and
+    then on ``k // 2``: a straight line through the two, so that what a call pays once (base
+    runs, building the graph, small batches) is not counted per item, as one timing divided by
+    ``k`` would count it. The larger size runs first: what only a first call pays then raises the
+    slope, over- rather than under-stating the cost per item. The slope is kept at least
+    :data:`SLOPE_FLOOR` of the larger pilot's cost per item (timing noise must not make an item
+    free); ``k < 2`` times one size and counts it all per item."""
+    big = _timed(pilot, items[:k])
+    if k < 2:
+        return 0.0, big / max(k, 1)
+    small_k = k // 2
+    small = _timed(pilot, items[:small_k])
+    per_item = max((big - small) / (k - small_k), SLOPE_FLOOR * big / k)
+    return max(big - per_item * k, 0.0), per_item
+
+
+def _each(fixed: float, per_item: float, unit: str = "each") -> str:
+    """``"0.5 s each"``, or with a fixed cost ``"3 s, then 0.5 s each"``."""
+    return f"{_secs(fixed)}, then {per_item:.2g} s {unit}" if fixed >= 0.05 else f"{per_item:.2g} s {unit}"
+
+
 def _seeded_pick(n: int, k: int, seed: int):
     """``k`` of ``range(n)`` in a seeded random order, sorted (a sample that keeps the set's order)."""
     import torch
@@ -212,8 +245,10 @@ class Context:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
-        measured by ``pilot(items, layers)`` on up to ``pilot_items`` items at one and at two layers
-        (a fixed cost per item plus one per layer); :class:`OverBudget` when not even one layer fits,
+        a fixed cost per call and per item, and per layer a cost per call (its stacked runs,
+        whatever the items) and per item, measured by ``pilot(items, layers)`` at two layers (the
+        middle and the last) and at one (the last), each on up to ``pilot_items`` items and on half
+        as many (:func:`pilot_cost`'s lines); :class:`OverBudget` when not even one layer fits,
         without a pilot when ``prior`` (prompt evaluations per item at one layer) puts the minimum
         at one layer above twice the time left."""
         guess = prior * self.budget.forward_seconds * minimum
@@ -224,24 +259,40 @@ class Context:
                 f"{_secs(max(self.seconds_left(), 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; "
                 "give the report more time (budget=, --budget SECONDS).")
         k = min(pilot_items, len(items))
-        times = []
-        for layers in ([n_layers - 1], [0, n_layers - 1]):
-            start = time.perf_counter()
-            pilot(items[:k], layers)
-            times.append((time.perf_counter() - start) / k)
-        per_layer = max(times[1] - times[0], 0.1 * times[0])  # timing noise must not make a layer free
-        fixed = max(times[0] - per_layer, 0.0)
-        left = max(self.seconds_left(), 0.0)
-        fits = min(n_layers, int((left / minimum - fixed) / per_layer))
+        last, two_layers = [n_layers - 1], sorted({n_layers // 2, n_layers - 1})
+        # a middle layer and the last: a run resumed at a layer costs what the layers after it do, so a
+        # middle layer's cost is about the mean over the spread layers. The larger pilot at two layers
+        # first, so that a first call's one-off costs count per layer (an over-estimate)
+        two = _timed(pilot, items[:k], two_layers)
+        fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
+        # a layer more: a cost per call (its stacked runs, whatever the items) and one per item
+        added = two - (fixed + per_item * k)
+        half = k // 2
+        if 1 <= half < k:
+            added_half = _timed(pilot, items[:half], two_layers) - (fixed + per_item * half)
+            layer_item = max((added - added_half) / (k - half), SLOPE_FLOOR * max(added, 0.0) / k)
+        else:
+            layer_item = max(added, 0.0) / max(k, 1)
+        layer_item = max(layer_item, 1e-9)
+        layer_call = max(added - layer_item * k, 0.0)
+        left = max(self.seconds_left(), 0.0) * MARGIN
+
+        def cost(count: int, n_cover: int) -> float:  # ``count`` items over ``n_cover`` layers
+            return fixed + per_item * count + (n_cover - 1) * (layer_call + layer_item * count)
+
+        fits = 0 if cost(minimum, 1) > left else min(
+            n_layers, 1 + int((left - cost(minimum, 1)) / (layer_call + layer_item * minimum)))
         if fits < 1:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{_secs(minimum * (fixed + per_layer))}, more than the {_secs(left)} left of this stage's "
+                f"{_secs(cost(minimum, 1))}, more than the {_secs(max(self.seconds_left(), 0.0))} left of "
+                "this stage's "
                 f"{_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
         layers = spread(n_layers, fits)
         n = len(items)
         if fits == n_layers:  # every layer fits after all (the estimate that sent us here was high)
-            count = min(n, max(minimum, int(left / (fixed + per_layer * n_layers))))
+            every = per_item + (n_layers - 1) * layer_item  # an item at every layer
+            count = min(n, max(minimum, int((left - fixed - (n_layers - 1) * layer_call) / every)))
             chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
                 items[_seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
             return chosen, layers, f"{sentence} the {_secs(self.budget.seconds)} budget"
@@ -249,43 +300,43 @@ class Context:
         return chosen, layers, (
             f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
             f"({', '.join(map(str, layers))}) to fit the {_secs(self.budget.seconds)} budget: every layer would take "
-            f"about {_secs(len(chosen) * (fixed + per_layer * n_layers))}")
+            f"about {_secs(cost(len(chosen), n_layers))}")
 
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
-            per_item: Optional[float] = None, prior: float = 0.0) -> tuple[Any, str]:
+            per_item: Optional[float] = None, prior: float = 0.0, fixed: float = 0.0) -> tuple[Any, str]:
         """The largest seeded sample of ``items`` (prompts or pairs) that fits the time left of this
         stage's budget, and the sentence that says so ("sampled 60 of 200 pairs to fit the 45 s
-        budget"). The cost per item is ``per_item`` seconds or is measured by running ``pilot``
-        (the stage's analyses) on up to :data:`PILOT` items and extrapolated linearly, which
-        over-states it: fixed costs and small batches are counted per item. ``prior``: the
-        stage's rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps
-        the pilot within a quarter of the time left, and skips it when even the minimum would
-        take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
+        budget"). The cost is ``fixed`` seconds plus ``per_item`` seconds per item, or is measured
+        by running ``pilot`` (the stage's analyses) on up to :data:`PILOT` items and on half as
+        many (:func:`pilot_cost`: a fixed cost per call and one per item). ``prior``: the stage's
+        rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps the
+        pilot within :data:`PILOT_SHARE` of the time left, and skips it when even the minimum
+        would take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
         n = len(items)
         if self.budget.seconds == float("inf") or n == 0:
             return items, ""
+        measured = per_item is None
         if per_item is None:
             if pilot is None:
                 raise ConfigError("fit needs either pilot (a function to time) or per_item (seconds)")
             guess = prior * self.budget.forward_seconds
             if guess * minimum > 4 * self.seconds_left():  # hopeless: do not spend the budget finding out
                 per_item = guess
-            else:
-                k = min(PILOT, n, max(1, int(0.25 * self.seconds_left() / guess) if guess > 0 else PILOT))
-                start = time.perf_counter()
-                pilot(items[:k])
-                per_item = (time.perf_counter() - start) / k
+            else:  # the two pilots together cost about 1.5 times the larger one
+                k = min(PILOT, n, max(1, int(PILOT_SHARE / 1.5 * self.seconds_left() / guess) if guess > 0 else PILOT))
+                fixed, per_item = pilot_cost(pilot, items, k)
         left = self.seconds_left()
-        fits = n if per_item <= 0 else int(max(left, 0.0) / per_item)
+        usable = left * (MARGIN if measured else 1.0)
+        fits = n if per_item <= 0 else int(max(usable - fixed, 0.0) / per_item)
         budget = f"the {_secs(self.budget.seconds)} budget"
         if fits >= n:
             return items, f"all {n:,} {what} fit {budget}"
         if fits < minimum:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} would take about "
-                f"{_secs(minimum * per_item)} ({per_item:.2g} s each), more than the {_secs(max(left, 0.0))} left of "
-                f"this stage's {_secs(self.budget.seconds)} budget; give the report more time (budget=, --budget "
-                "SECONDS).")
+                f"{_secs(fixed + minimum * per_item)} ({_each(fixed, per_item)}), more than the "
+                f"{_secs(max(left, 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; give the report "
+                "more time (budget=, --budget SECONDS).")
         return items[_seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
 
 
@@ -406,28 +457,58 @@ def _sweeps(ctx: Context, pairs, check_gap: bool = True, layers: Optional[list[i
     return resid, heads, mlps, approx
 
 
+def _changing_span(pairs) -> Optional[int]:
+    """For pairs of same-length prompts, the first position at which any pair's clean and corrupted
+    prompts differ (every patch before it is the corrupted run exactly, see
+    :meth:`arithinterp.engine.PatchRunner.cell_states`); None when the prompts differ in length
+    or already at position 0."""
+    clean, corrupt = pairs.clean, pairs.corrupt
+    if not (clean.uniform_length and corrupt.uniform_length) or clean.tokens.shape != corrupt.tokens.shape:
+        return None
+    first = int((clean.tokens != corrupt.tokens).any(0).int().argmax())
+    return first or None
+
+
 def patching_stage(ctx: Context) -> Section:
-    """Patching sweeps over every layer and position; when not even the minimum of pairs fits the
-    budget that way, the named positions (the operands' tokens and the final one) at as many evenly
-    spread layers as fit (:meth:`Context.fit_layers`), and the sample says so."""
+    """Patching sweeps over every layer, at the positions from the first one where the pairs differ
+    (a few-shot prefix shared by clean and corrupted prompts cannot change anything: those cells
+    are the corrupted run exactly); when not even the minimum of pairs fits the budget that way,
+    the named positions (the operands' tokens and the final one) at as many evenly spread layers
+    as fit (:meth:`Context.fit_layers`), and the sample says so."""
     from arithinterp import patching
 
     pairs, _ = _require_pairs(ctx, "patching")
     cfg, clean = ctx.model.cfg, pairs.clean
-    swept = int(clean.tokens.shape[1]) if clean.uniform_length else sum("[" not in k for k in clean.positions)
-    # each head patched at every position is close to half a forward; a layer × position cell, a tenth
-    prior = 0.5 * cfg.n_layers * cfg.n_heads + 0.2 * cfg.n_layers * swept + 6
+    width = int(clean.tokens.shape[1])
+    first = _changing_span(pairs)
     layers: Optional[list[int]] = None
-    positions: Optional[list[str]] = None
+    positions: Optional[list[Any]] = None
+    span = ""
+    if first is not None:
+        positions = list(range(first, width))
+        span = (f"positions {first} to {width - 1}, from the first token where the pairs differ (a patch in the "
+                f"{first} tokens before, which clean and corrupted prompts share, is the corrupted run exactly)")
+    swept = (width - first) if first is not None else width if clean.uniform_length else sum(
+        "[" not in k for k in clean.positions)
+    # in prompt evaluations per pair: a head patched at every position resumes from its layer at the
+    # positions that differ (about half a forward's layers, the changing share of its positions); a
+    # layer × position cell, a tenth; measured on a 135M-shaped model within a factor of two
+    share = swept / width
+    prior = 0.5 * cfg.n_layers * cfg.n_heads * share + 0.2 * cfg.n_layers * swept + 6
+    minimum = MINIMUMS["patching"][0]
     try:
-        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["patching"][0],
-                                pilot=lambda p: _sweeps(ctx, p, check_gap=False), prior=prior)
+        if prior * ctx.budget.forward_seconds * minimum > ctx.seconds_left():  # a whole-sweep pilot would be wasted
+            raise OverBudget("every layer does not fit")
+        pairs, fitted = ctx.fit(pairs, "pairs", minimum,
+                                pilot=lambda p: _sweeps(ctx, p, check_gap=False, positions=positions), prior=prior)
     except OverBudget:  # fewer cells instead of no page section: the named positions, a sample of the layers
         positions = [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
+        span = ""
         pairs, layers, fitted = ctx.fit_layers(
-            pairs, "pairs", MINIMUMS["patching"][0], cfg.n_layers,
+            pairs, "pairs", minimum, cfg.n_layers,
             pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions))
         fitted += f"; positions {', '.join(positions)} only"
+    fitted = _joined(fitted, span)
     section = Section(STAGE_TITLES["patching"], sample=_joined(require("patching", len(pairs)), fitted))
     resid, heads, mlps, approx = _sweeps(ctx, pairs, layers=layers, positions=positions)
     if heads is None or mlps is None or approx is None:  # no gap between the clean and corrupted runs
@@ -471,17 +552,30 @@ def digits_stage(ctx: Context) -> Section:
         return [f"L{layer}H{head}" for layer in layers for head in range(cfg.n_heads)]
 
     layers = list(range(cfg.n_layers))
+    # in prompt evaluations per prompt and layer: the heads of a layer ablated at one position and
+    # resumed from there (about 4 on a 135M-shaped model; whole forwards would be heads × answer tokens)
+    per_layer = 4
+    minimum = MINIMUMS["digits"][0]
     try:
-        prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["digits"][0],
+        if per_layer * cfg.n_layers * ctx.budget.forward_seconds * minimum > ctx.seconds_left():
+            raise OverBudget("every layer does not fit")  # a pilot at every layer would be wasted
+        prompts, fitted = ctx.fit(prompts, "prompts", minimum,
                                   pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
-                                  prior=cfg.n_layers * cfg.n_heads * int(prompts.answer_tokens.shape[1]))
+                                  prior=per_layer * cfg.n_layers)
     except OverBudget:  # the heads of a sample of the layers rather than none
         prompts, layers, fitted = ctx.fit_layers(
-            prompts, "prompts", MINIMUMS["digits"][0], cfg.n_layers,
+            prompts, "prompts", minimum, cfg.n_layers,
             pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
-            prior=cfg.n_heads * int(prompts.answer_tokens.shape[1]))  # a teacher-forced forward per head and token
+            prior=per_layer)
+    if len(layers) < cfg.n_layers:  # in groups, coarse to fine, while the time lasts: estimates can be low
+        result, covered = _ablate_while_time_lasts(ctx, prompts, layers, heads_of)
+        if len(covered) < len(layers):
+            fitted += (f"; stopped after {len(covered)} of those layers ({', '.join(map(str, covered))}): the "
+                       "next ones would not have fitted the time left")
+        layers = covered
+    else:
+        result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     section = Section(STAGE_TITLES["digits"], sample=_joined(require("digits", len(prompts)), fitted))
-    result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
@@ -498,6 +592,42 @@ def digits_stage(ctx: Context) -> Section:
     )
     section.figures.append(result.plot())
     return section
+
+
+def coarse_to_fine(layers: list[int]) -> list[int]:
+    """``layers`` reordered so that every prefix is spread over them: the last, the first, the
+    middle, then the quarters, ... (:func:`spread` of more and more)."""
+    order: list[int] = []
+    for k in range(1, len(layers) + 1):
+        order += [layers[i] for i in spread(len(layers), k) if layers[i] not in order]
+    return order
+
+
+def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int],
+                             heads_of: Callable[[list[int]], list[str]]) -> tuple[Any, list[int]]:
+    """Per-digit ablation of the heads of ``layers`` in four groups, coarse to fine
+    (:func:`coarse_to_fine`), each run only when the time the groups so far took per layer says
+    it fits the time left → ``(result over the covered layers, covered layers ascending)``."""
+    import dataclasses
+
+    import torch
+
+    from arithinterp import patching
+
+    order = coarse_to_fine(layers)
+    size = max(1, math.ceil(len(order) / 4))
+    parts, covered, start = [], [], time.perf_counter()
+    for group in (order[i:i + size] for i in range(0, len(order), size)):
+        if covered and (time.perf_counter() - start) / len(covered) * len(group) > ctx.seconds_left():
+            break
+        parts.append(patching.digit_ablation(ctx.model, prompts, heads=heads_of(sorted(group)), progress=False))
+        covered += sorted(group)
+    heads = [h for part in parts for h in part.heads]
+    accuracy = torch.cat([part.accuracy for part in parts])
+    rank = {h: i for i, h in enumerate(heads_of(sorted(covered)))}  # layer by layer, as one call returns them
+    keep = sorted(range(len(heads)), key=lambda i: rank[heads[i]])
+    merged = dataclasses.replace(parts[0], heads=[heads[i] for i in keep], accuracy=accuracy[keep])
+    return merged, sorted(covered)
 
 
 def probes_stage(ctx: Context) -> Section:
@@ -517,12 +647,13 @@ def probes_stage(ctx: Context) -> Section:
                else ("a_digit_0", "carry_0", "answer_digit_0"))
     probe: dict[str, Any] = dict(kind="logistic", cv=3, control_acts=control, random_state=ctx.seed, progress=False)
     layers = list(acts.layers)
-    if ctx.budget.seconds != float("inf"):  # one target at one layer timed: as many evenly spread layers as fit
+    if ctx.budget.seconds != float("inf"):  # every target at one layer timed: as many evenly spread layers as fit
         start = time.perf_counter()
-        with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
-            probes.probe_layers(acts, targets[0], layers=layers[-1:], **probe)
+        for target in targets:  # each: its classes set the probe's cost (ten digits cost more than a carry)
+            with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
+                probes.probe_layers(acts, target, layers=layers[-1:], **probe)
         per_layer = time.perf_counter() - start
-        fits = max(1, int(max(ctx.seconds_left(), 0.0) / (per_layer * len(targets))))
+        fits = max(1, int(MARGIN * max(ctx.seconds_left(), 0.0) / per_layer))
         if fits < len(layers):
             layers = [layers[i] for i in spread(len(layers), fits)]
             shown = ", ".join(map(str, layers))
@@ -751,19 +882,21 @@ def neurons_stage(ctx: Context) -> Section:
         return neurons.classify(ctx.model, some, layers=layers, top_k=ctx.top_k_neurons, pairs=pairs,
                                 batch_size=batch, progress=False)
 
-    # per prompt: its activations (a forward) and, on its counterfactual pair, the attribution that
-    # ranks the neurons (a forward and a backward of the clean and of the corrupted prompt)
+    # timed, not estimated from the evaluation: ranking the neurons (a forward and a backward of each
+    # pair), reading their maps and scoring them with the shuffle control cost many forwards' worth
+    # per prompt and layer, most of it fixed per call
     layers: Optional[list[int]] = None
-    try:
-        prompts, fitted = ctx.fit(prompts, "prompts", MINIMUMS["neurons"][0], per_item=7 * ctx.budget.forward_seconds)
-    except OverBudget:  # the neurons of a sample of the layers rather than none
+    fitted = ""
+    if ctx.budget.seconds != float("inf"):
         def pilot(some, layers: list[int]):
             with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
                 classify(some, layers)
 
-        # 25 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
-        prompts, layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], ctx.model.cfg.n_layers,
-                                                 pilot=pilot, pilot_items=25)
+        # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
+        n_layers = ctx.model.cfg.n_layers
+        prompts, fitted_layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], n_layers,
+                                                        pilot=pilot, pilot_items=16)
+        layers = None if len(fitted_layers) == n_layers else fitted_layers
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
     table = classify(prompts, layers)
     coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
@@ -789,23 +922,23 @@ def circuits_stage(ctx: Context) -> Section:
     memory = ctx.budget.memory(ctx.model)  # EAP-IG's batches and the curve's stacked edge sets fit the stage's memory
 
     def pilot(some):
-        scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=5, max_memory=memory, progress=False)
+        scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=STEPS, max_memory=memory, progress=False)
         with contextlib.suppress(AnalysisError):  # a pilot's pairs may not differ; the timing is what counts
             circuits.faithfulness(ctx.model, some, scored, max_memory=memory)
 
     cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
     edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
-    curve_pairs, sizes = None, None
-    prior = 5 * (2 + 2 * 5 + edges.bit_length() + 2)
+    curve_pairs, sizes, steps = None, None, STEPS
+    prior = 5 * (2 + 2 * STEPS + edges.bit_length() + 2)
     try:
         if prior * ctx.budget.forward_seconds * MINIMUMS["circuits"][0] > ctx.seconds_left():
-            # a pilot of the whole curve would itself take much of the time: time its parts on two pairs instead
+            # a pilot of the whole curve would itself take much of the time: time its parts instead
             raise OverBudget("the whole curve does not fit")
         pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
-    except OverBudget:  # every edge scored on the minimum of pairs; the curve at fewer sizes, on fewer pairs
-        pairs, curve_pairs, sizes, fitted = _fit_curve(ctx, pairs, memory)
+    except OverBudget:  # every edge scored on the minimum of pairs, fewer steps; the curve at fewer sizes and pairs
+        pairs, curve_pairs, sizes, steps, fitted = _fit_curve(ctx, pairs, memory)
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
-    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=5, max_memory=memory, progress=False)
+    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=steps, max_memory=memory, progress=False)
     curve = circuits.faithfulness(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
                                   max_memory=memory)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
@@ -819,7 +952,8 @@ def circuits_stage(ctx: Context) -> Section:
     size = smallest if smallest is not None else scored.n_edges
     circuit = circuits.top_n(scored, size)
     section.findings.append(
-        f"EAP-IG (Hanna et al. 2024, 5 steps) scores all {scored.n_edges} edges of the graph (embeddings, each head's "
+        f"EAP-IG (Hanna et al. 2024, {steps} step{'s' if steps > 1 else ''}) scores all {scored.n_edges} edges of "
+        "the graph (embeddings, each head's "
         f"query, key and value input, MLPs, logits) on {len(pairs)} pairs whose first operand differs. "
         + (f"The {smallest} top edges ({100 * smallest / scored.n_edges:.1f}% of all) restore 0.9 of the "
            "answer's logit difference, and every larger top-k set measured does too, with every other edge "
@@ -833,46 +967,75 @@ def circuits_stage(ctx: Context) -> Section:
     return section
 
 
+STEPS = 5  # EAP-IG's integration steps (Hanna et al. 2024), when they fit the budget
 CURVE_PAIRS = 10  # the fewest pairs a sampled faithfulness curve rests on (its intervals say how sure it is)
 CURVE_SIZES = 4  # the fewest sizes a sampled curve measures (no edge, every edge and two between)
 
 
-def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], str]:
+def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], int, str]:
     """When EAP-IG with the whole faithfulness curve on the minimum of pairs does not fit: EAP-IG
-    on the minimum of pairs (seeded) and the curve at as many sizes (evenly spread over the default
-    ones) on as many of those pairs as fit, at least :data:`CURVE_SIZES` sizes on
-    :data:`CURVE_PAIRS` pairs → ``(pairs, curve pairs, sizes, sentence)``. Timed on two pairs:
-    scoring, and the curve at no edge and every edge; :class:`OverBudget` when even that is too much."""
+    on the minimum of pairs (seeded) with as many integration steps as fit (1 to :data:`STEPS`),
+    and the curve at as many sizes (evenly spread over the default ones) on as many of those
+    pairs as fit, at least :data:`CURVE_SIZES` sizes on :data:`CURVE_PAIRS` pairs →
+    ``(pairs, curve pairs, sizes, steps, sentence)``. Timed on two pairs and on one
+    (:func:`pilot_cost`): EAP-IG at one step (its 4 passes; each step adds 2), and the curve at no
+    edge and every edge (4 edge-set runs a pair); :class:`OverBudget` when not even one step and
+    the smallest curve fit."""
     from arithinterp import circuits
 
     minimum, n = MINIMUMS["circuits"][0], len(pairs)
     chosen = pairs[_seeded_pick(n, minimum, ctx.seed)] if n > minimum else pairs
-    few = chosen[: min(2, len(chosen))]
-    start = time.perf_counter()
-    scored = circuits.score_edges(ctx.model, few, "eap-ig", steps=5, max_memory=memory, progress=False)
-    per_score = (time.perf_counter() - start) / len(few)
-    start = time.perf_counter()
-    with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
-        circuits.faithfulness(ctx.model, few, scored, [0, scored.n_edges])
-    # the two sizes, every edge ablated and the clean run: four edge-set runs per pair
-    per_size = (time.perf_counter() - start) / (4 * len(few))
-    default = sorted({0, scored.n_edges, *[2**i for i in range(scored.n_edges.bit_length()) if 2**i < scored.n_edges]})
-    left = ctx.seconds_left() - len(chosen) * per_score
-    n_curve = min(len(chosen), int(max(left, 0.0) / (per_size * (CURVE_SIZES + 2))))
-    if n_curve < CURVE_PAIRS:
-        least = len(chosen) * per_score + CURVE_PAIRS * (CURVE_SIZES + 2) * per_size
+    k = min(2, len(chosen))
+    kept: list[Any] = []
+
+    def score(some):
+        kept.append(circuits.score_edges(ctx.model, some, "eap-ig", steps=1, max_memory=memory, progress=False))
+
+    score_fixed, per_pass = pilot_cost(score, chosen, k)
+    per_pass /= 4  # EAP-IG's passes per pair: 2 + 2·steps
+    n_edges = kept[0].n_edges
+
+    def curve(some):
+        with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
+            circuits.faithfulness(ctx.model, some, kept[0], [0, n_edges], max_memory=memory)
+
+    curve_fixed, per_size = pilot_cost(curve, chosen, k)
+    # the two sizes, every edge ablated and the clean run: four edge-set runs per pair, each a patched
+    # forward, so at least one of EAP-IG's passes (a pilot on one or two pairs that stops early, or
+    # fits one stacked forward, would make a run look free: 19 sizes on 30 pairs then took minutes)
+    per_size = max(per_size / 4, per_pass)
+    default = sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
+
+    def scoring(steps: int) -> float:
+        return score_fixed + len(chosen) * per_pass * (2 + 2 * steps)
+
+    def curving(n_pairs: int, n_sizes: int) -> float:
+        return curve_fixed + n_pairs * (n_sizes + 2) * per_size
+
+    left = max(ctx.seconds_left(), 0.0) * MARGIN
+    least = scoring(1) + curving(CURVE_PAIRS, CURVE_SIZES)
+    if least > left:
         raise OverBudget(
-            f"Not run within the budget: EAP-IG on the minimum of {minimum} pairs ({per_score:.2g} s each) and a "
-            f"faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} of them ({per_size:.2g} s per pair and size) "
-            f"would take about {_secs(least)}, more than the {_secs(max(ctx.seconds_left(), 0.0))} left of this "
-            f"stage's {_secs(ctx.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
-    n_sizes = min(len(default), int(left / (per_size * n_curve)) - 2)
+            f"Not run within the budget: EAP-IG at one step on the minimum of {minimum} pairs "
+            f"({_each(score_fixed, 4 * per_pass)}) and a faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} "
+            f"of them ({_each(curve_fixed, per_size, 'per pair and size')}) would take about {_secs(least)}, more than "
+            f"the {_secs(max(ctx.seconds_left(), 0.0))} left of this stage's {_secs(ctx.budget.seconds)} budget; "
+            "give the report more time (budget=, --budget SECONDS).")
+    # the scores first (up to the default steps), then the curve's pairs, then its sizes
+    steps = max(s for s in range(1, STEPS + 1) if scoring(s) + curving(CURVE_PAIRS, CURVE_SIZES) <= left)
+    rest = left - scoring(steps) - curve_fixed
+    n_curve = min(len(chosen), int(rest / (per_size * (CURVE_SIZES + 2))))
+    n_sizes = min(len(default), max(CURVE_SIZES, int(rest / (per_size * n_curve)) - 2))
+    # a curve that fills the time on an estimate from one or two pairs is kept to 4 times the smallest
+    if curving(n_curve, n_sizes) > 0.5 * left and n_curve * (n_sizes + 2) > 4 * CURVE_PAIRS * (CURVE_SIZES + 2):
+        n_sizes = min(n_sizes, max(CURVE_SIZES, 4 * CURVE_PAIRS * (CURVE_SIZES + 2) // n_curve - 2))
     sizes = [default[i] for i in spread(len(default), n_sizes)]
-    curve_pairs = chosen[: n_curve]
-    sentence = (f"sampled {len(chosen):,} of {n:,} pairs to fit the {_secs(ctx.budget.seconds)} budget; the "
+    curve_pairs = chosen[:n_curve]
+    fewer = "" if steps == STEPS else f" with {steps} of EAP-IG's {STEPS} default integration steps"
+    sentence = (f"sampled {len(chosen):,} of {n:,} pairs{fewer} to fit the {_secs(ctx.budget.seconds)} budget; the "
                 f"faithfulness curve on {n_curve} of them at {len(sizes)} of {len(default)} sizes "
                 f"({', '.join(f'{k:,}' for k in sizes)} edges), its intervals over those pairs")
-    return chosen, curve_pairs, sizes, sentence
+    return chosen, curve_pairs, sizes, steps, sentence
 
 
 def _top_edges(circuit, k: int):

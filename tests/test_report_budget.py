@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from arithinterp.errors import ConfigError
-from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, Budget, Context,
+from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, STEPS, Budget, Context,
                                 NotEnoughData, OverBudget, _fit_curve, _seeded_pick, parse_memory, require, spread,
                                 write_report)
 
@@ -146,11 +146,36 @@ def test_fit_samples_what_the_time_left_allows_and_says_so(tiny_model):
     assert torch.equal(sample, sample.unique()) and bool((sample < 1000).all())  # a sorted subset, no repeats
     assert torch.equal(_seeded_pick(1000, 95, 3), _seeded_pick(1000, 95, 3))  # seeded: the same call, the same sample
     assert not torch.equal(_seeded_pick(1000, 95, 3), _seeded_pick(1000, 95, 4))
-    # a pilot measures the cost: over 0.1 s per item, 30 items cannot fit in what is left of the second
-    with pytest.raises(OverBudget, match=r"the minimum of 30 pairs would take about [\d.]+ s \(0\.1\d* s each\), more"):
+    # a pilot measures the cost: 0.4 s a call and 0.02 s an item; 30 items cannot fit in what is left of the second
+    with pytest.raises(OverBudget, match=r"the minimum of 30 pairs would take about [\d.]+ s \([\d.]+ s, then "
+                                         r"[\d.]+ s each\), more"):
         ctx.fit(items, "pairs", 30, pilot=lambda some: time.sleep(0.02 * len(some) + 0.4))
     everything, sentence = Context(tiny_model, "tiny", None, None, None, None).fit(items, "pairs", 30, per_item=1.0)
     assert len(everything) == 1000 and sentence == ""  # no budget given: nothing sampled
+
+
+def test_a_pilot_counts_a_calls_fixed_cost_once_not_per_item(tiny_model, monkeypatch):
+    """EAP-IG-like costs (a large cost per call, a small one per item): a pilot timed at two sizes
+    fits far more items than one timing divided by its size would, and no more than fit."""
+    import arithinterp.report as report
+
+    now = [0.0]  # a clock the pilot advances: exact costs, whatever the machine's load
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    calls = []
+
+    def pilot(some):  # 5 s a call, 0.1 s an item
+        calls.append(len(some))
+        now[0] += 5.0 + 0.1 * len(some)
+
+    assert report.pilot_cost(pilot, torch.arange(100), 4) == pytest.approx((5.0, 0.1))
+    assert calls == [4, 2]  # the larger first: a first call's one-off costs raise the slope, not lower it
+    ctx = Context(tiny_model, "tiny", None, None, None, None, seed=0, budget=Budget(seconds=60.0))
+    ctx.stage_start = now[0]
+    sample, sentence = ctx.fit(torch.arange(1000), "pairs", 30, pilot=pilot)
+    # the pilots took 10.6 s; of the 49.4 s left 0.9 (the margin for timing noise): (44.46 s − 5 s) / 0.1 s = 394
+    # fit, where one timing divided by its items (1.35 s each) would have fitted 36
+    assert len(sample) == 394 and sentence == "sampled 394 of 1,000 pairs to fit the 60 s budget"
+    assert 5.0 + 0.1 * len(sample) <= ctx.seconds_left() + 1e-9  # the run itself fits what is left
 
 
 def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypatch):
@@ -159,6 +184,9 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
     import arithinterp.report as report
 
     assert spread(30, 4) == [0, 10, 19, 29] and spread(30, 1) == [29] and spread(5, 9) == [0, 1, 2, 3, 4]
+    # stages that run their layers in groups while the time lasts cover them coarse to fine
+    assert report.coarse_to_fine([0, 2, 5, 7]) == [7, 0, 5, 2]
+    assert sorted(report.coarse_to_fine(list(range(9)))) == list(range(9))
     now = [100.0]  # a clock the pilot advances: the costs are exact, whatever the machine's load
     monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
     items = torch.arange(200)
@@ -170,13 +198,24 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
     ctx.stage_start = now[0] - 1.0  # 1 s of the 2 s already spent
     sample, layers, sentence = ctx.fit_layers(items, "pairs", 30, 30, pilot)
     assert len(sample) == 30 and torch.equal(sample, sample.unique()) and bool((sample < 200).all())
-    # the pilot (4 items at one and at two layers) took 32 ms: (0.968 s / 30 − 1 ms) / 2 ms = 15.6 layers
-    assert layers == spread(30, 15) and layers[0] == 0 and layers[-1] == 29
-    assert sentence == (f"sampled 30 of 200 pairs and 15 of 30 layers ({', '.join(map(str, layers))}) to fit the 2 s "
+    # the pilots (4 items and 2 at two layers and at one) took 48 ms; of the 0.952 s left, 0.9 (the margin
+    # for timing noise): one layer takes 90 ms, each more 60 ms: 1 + (0.857 s − 90 ms) / 60 ms = 13.8 layers
+    assert layers == spread(30, 13) and layers[0] == 0 and layers[-1] == 29
+    assert sentence == (f"sampled 30 of 200 pairs and 13 of 30 layers ({', '.join(map(str, layers))}) to fit the 2 s "
                         "budget: every layer would take about 1.8 s")
     ctx.stage_start = now[0] - 1.99
     with pytest.raises(OverBudget, match=r"the minimum of 30 pairs at a single layer would take about 0.09 s, more"):
         ctx.fit_layers(items, "pairs", 30, 30, pilot)
+
+    def stacked(some, layers):  # each layer 50 ms a call (its stacked runs) and 1 ms an item
+        now[0] += len(layers) * (0.05 + 0.001 * len(some))
+
+    # a layer's cost per call is not counted per item: the pilots take 0.318 s, and of the 1.68 s left 0.9:
+    # 1 + (1.51 s − 80 ms) / 80 ms = 18 layers, where 13.5 ms an item and layer (the added layer's
+    # pilot divided by its 4 items) would have put 0.4 s on each layer and fitted 4
+    ctx.stage_start = now[0]
+    _, layers, _ = ctx.fit_layers(items, "pairs", 30, 30, stacked)
+    assert layers == spread(30, 18), layers
     # a prior that puts one layer far beyond the time left: no pilot is run
     ctx = Context(tiny_model, "tiny", None, None, None, None, budget=Budget(seconds=2.0, forward_seconds=0.1))
     ctx.stage_start = now[0]
@@ -191,14 +230,45 @@ def test_a_sampled_faithfulness_curve_keeps_no_edge_every_edge_and_says_so(tiny_
     prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
     pairs = prompts.counterfactual(vary="a", seed=0)
     ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=10_000.0))
-    chosen, curve_pairs, sizes, sentence = _fit_curve(ctx, pairs, 2**28)
-    assert len(chosen) == MINIMUMS["circuits"][0] and len(curve_pairs) == len(chosen)
+    chosen, curve_pairs, sizes, steps, sentence = _fit_curve(ctx, pairs, 2**28)
+    assert len(chosen) == MINIMUMS["circuits"][0] and len(curve_pairs) == len(chosen) and steps == STEPS
     assert sizes[0] == 0 and sizes[-1] > 2 ** (sizes[-1].bit_length() - 1) and len(sizes) >= CURVE_SIZES
     assert re.fullmatch(rf"sampled 30 of {len(pairs):,} pairs to fit the [\d,]+ s budget; the faithfulness curve on 30 "
                         rf"of them at {len(sizes)} of {len(sizes)} sizes \(0, 1, .*\), its intervals over those pairs",
                         sentence), sentence
     ctx.budget = Budget(seconds=0.01)
     with pytest.raises(OverBudget, match=rf"a faithfulness curve of {CURVE_SIZES} sizes on {CURVE_PAIRS} of them"):
+        _fit_curve(ctx, pairs, 2**28)
+
+
+def test_circuits_shrink_the_integration_steps_before_skipping(tiny_model, monkeypatch):
+    """EAP-IG on the minimum of pairs at every default step and the smallest curve do not fit:
+    fewer integration steps instead of no section, and the sentence says how many."""
+    import arithinterp.report as report
+    from arithinterp import tasks
+
+    monkeypatch.setattr(report.time, "perf_counter", lambda: 0.0)  # a stopped clock: the costs below are all
+    costs = [(1.0, 0.4), (1.0, 0.4)]  # EAP-IG at one step (1 s, then 0.1 s a pass and pair), the curve (0.1 s a run)
+
+    def measured(run, items, k):
+        run(items[:1])  # the scores the curve's pilot reads
+        return costs.pop(0)
+
+    monkeypatch.setattr(report, "pilot_cost", measured)
+    prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=40.0))
+    ctx.stage_start = 0.0
+    chosen, curve_pairs, sizes, steps, sentence = _fit_curve(ctx, pairs, 2**28)
+    # 0.9 of 40 s: EAP-IG at s steps on 30 pairs takes 1 + 3·(2 + 2s) s and the smallest curve 7 s: s = 3;
+    # the 10 s left after 3 steps and the curve's fixed second: 16 pairs at 4 sizes (6 runs of 0.1 s a pair)
+    assert steps == 3 and len(chosen) == 30 and len(curve_pairs) == 16 and len(sizes) == CURVE_SIZES
+    assert f"sampled 30 of {len(pairs):,} pairs with 3 of EAP-IG's 5 default integration steps to fit" in sentence
+    costs[:] = [(1.0, 0.4), (1.0, 0.4)]
+    ctx.budget = Budget(seconds=20.0)  # not even one step and the smallest curve: skipped, with the estimate
+    with pytest.raises(OverBudget, match=r"EAP-IG at one step on the minimum of 30 pairs \(1 s, then 0.4 s each\) "
+                                         r"and a faithfulness curve of 4 sizes on 10 of them \(1 s, then 0.1 s per "
+                                         r"pair and size\) would take about 20 s"):
         _fit_curve(ctx, pairs, 2**28)
 
 
@@ -230,14 +300,14 @@ def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
                             state)
         if sampled:  # fewer than there are, at least the minimum
             k, n = (int(g.replace(",", "")) for g in sampled.groups()[:2])
-            assert 30 <= k < n, state
+            assert 30 <= k < n or (sampled.group(4) and 30 <= k <= n), state  # fewer items, or fewer layers
         elif state.startswith("not enough data"):  # a loaded machine evaluates fewer prompts in the 1 s
             assert re.search(rf"<h2>{re.escape(name)}</h2>.*?Not enough data: \d+ ", text, re.S)
         else:  # not even the minimum fits: the stage says so instead of overrunning
             assert state.startswith("skipped (over budget)"), state
             assert re.search(rf"<h2>{re.escape(name)}</h2>.*?Not run within the budget: (the minimum of \d+ "
-                             r"(pairs|prompts)( at a single layer)? would take about|EAP-IG on the minimum of \d+ "
-                             r"pairs \([\d.e+-]+ s each\) and a faithfulness curve)", text, re.S)
+                             r"(pairs|prompts)( at a single layer)? would take about|EAP-IG at one step on the "
+                             r"minimum of \d+ pairs \([^)]*\) and a faithfulness curve)", text, re.S)
     assert "budget: 1 s" in text
 
 
@@ -297,3 +367,101 @@ def test_budget_and_memory_are_validated(tmp_path, capsys):
     code = main(["report", "zoo:add-100", "--stages", "accuracy", "--budget", "30", "--limit", "50", "--out",
                  str(tmp_path / "r.html"), "--no-progress"])
     assert code == 0 and "budget: 30 s" in (tmp_path / "r.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def six_layer_llama(tmp_path_factory):
+    """A random 6-layer Llama (digit tokens) and its few-shot 2-digit prompts, every one analysed."""
+    from families import save_llama, tokenizer_for
+
+    from arithinterp.models import load_model
+    from arithinterp.report import _task_prompts
+
+    folder = save_llama(tmp_path_factory.mktemp("llama6"), tokenizer_for("digit"), n_layers=6)
+    model = load_model(str(folder))
+    prompts = _task_prompts(model, "llama6", 300, 0, "{a}+{b}=", 2, "10-59")
+    pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)
+    return model, prompts, pairs
+
+
+def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six_layer_llama, monkeypatch):
+    """Each heavy stage is given a share in which its minimum fits at a few layers (or a few steps)
+    but not at all of them: it runs, on the minimum of items over a sample of the layers (circuits:
+    fewer integration steps), and its sample line says exactly what. The costs are a clock the
+    analyses advance (a fixed cost per call plus one per item and layer), so the choices are exact
+    whatever the machine's load; the analyses themselves run for real on the small model."""
+    import arithinterp.report as report
+    from arithinterp import circuits, neurons, patching
+
+    model, prompts, pairs = six_layer_llama
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+
+    def costly(module, name, cost):
+        real = getattr(module, name)
+
+        def run(*args, **kwargs):
+            now[0] += cost(*args, **kwargs)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, run)
+
+    def layers_of(kwargs):
+        return len(kwargs.get("layers") or range(n_layers))
+
+    costly(patching, "activation_patching", lambda m, p, site, **kw: 1 + 0.1 * len(p) * layers_of(kw))
+    costly(patching, "attribute", lambda m, p, sites, **kw: 0.1 * len(p))
+    costly(patching, "digit_ablation", lambda m, p, heads=None, **kw: 1 + 0.2 * len(p) * (
+        n_layers if heads is None else len(heads) // n_heads))
+    costly(neurons, "classify", lambda m, p, layers=None, **kw: 2 + 0.05 * len(p) * len(layers or range(n_layers)))
+    costly(circuits, "score_edges", lambda m, p, method, steps=5, **kw: 1 + 0.1 * len(p) * (2 + 2 * steps))
+    costly(circuits, "faithfulness", lambda m, p, c, sizes=None, **kw: 1 + 0.05 * len(p) * (
+        (len(sizes) if sizes is not None else 16) + 2))
+
+    evaluation = prompts.evaluate(model)
+    ctx = Context(model, "llama6", prompts, prompts, evaluation, pairs, seed=0, correct_only=False)
+    sections = {}
+    for name, seconds in (("patching", 70.0), ("digits", 40.0), ("neurons", 30.0), ("circuits", 40.0)):
+        ctx.budget, ctx.stage_start = Budget(seconds, forward_seconds=0.1), now[0]
+        sections[name] = report.STAGES[name](ctx)
+        spent = now[0] - ctx.stage_start
+        assert spent <= seconds, (name, spent, sections[name].sample)  # within its budget, pilots included
+    for name, what in (("patching", "pairs"), ("digits", "prompts"), ("neurons", "prompts")):
+        sample = sections[name].sample
+        found = re.search(rf"sampled {MINIMUMS[name][0]} of [\d,]+ {what} and (\d) of {n_layers} layers \(([\d, ]+)\)",
+                          sample)
+        assert found and 1 <= int(found.group(1)) < n_layers, (name, sample)
+        assert [int(v) for v in found.group(2).split(", ")] == spread(n_layers, int(found.group(1)))
+        assert sections[name].findings and sections[name].figures  # it ran: findings and figures, not a skip
+    # patching says which positions it swept: from the first token where the pairs differ, then the named ones
+    assert "positions a, b, final, a[0], b[0] only" in sections["patching"].sample
+    circuit = sections["circuits"].sample
+    steps = re.search(r"sampled 30 of [\d,]+ pairs with (\d) of EAP-IG's 5 default integration steps", circuit)
+    assert steps and 1 <= int(steps.group(1)) < 5, circuit
+    assert re.search(r"the faithfulness curve on \d+ of them at \d+ of \d+ sizes", circuit), circuit
+    assert sections["circuits"].findings
+
+
+def test_per_digit_ablation_stops_between_groups_when_the_time_runs_out(six_layer_llama, monkeypatch):
+    """Estimates can be low: sampled layers are ablated in groups, coarse to fine, and a group that
+    the time so far says would not fit is not started; the result covers the layers that ran."""
+    import arithinterp.report as report
+    from arithinterp import patching
+
+    model, prompts, pairs = six_layer_llama
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    real = patching.digit_ablation
+
+    def slow(*args, **kwargs):  # 10 s a group, whatever the estimate said
+        now[0] += 10.0
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patching, "digit_ablation", slow)
+    ctx = Context(model, "llama6", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=25.0))
+    ctx.stage_start = 0.0
+    heads_of = lambda layers: [f"L{layer}H{h}" for layer in layers for h in range(model.cfg.n_heads)]  # noqa: E731
+    result, covered = report._ablate_while_time_lasts(ctx, prompts[:8], [0, 1, 3, 5], heads_of)
+    assert covered == [0, 5]  # the last and the first ran; a third group (10 s) would not fit the 5 s left
+    assert result.heads == heads_of([0, 5]) and result.accuracy.shape[0] == 2 * model.cfg.n_heads

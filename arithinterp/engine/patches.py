@@ -93,6 +93,11 @@ class PatchRunner:
         self.model, self.stepper, self.site = model, stepper, site
         self.tokens = base_tokens
         self.n_last = n_last
+        # [B, T]: the base and source prompts agree on every token up to and including this position.
+        # Attention is causal, so every activation there is the same in both runs whatever the model
+        # computes: a patch there changes nothing, provably, without comparing activations (which
+        # whole forwards of different batches need not reproduce bit for bit)
+        self.shared = (base_tokens == source_tokens).int().cumprod(1).bool()
         self.n_layers = site_lib.n_layers(model)
         if site == "resid_mid" and getattr(model.cfg, "parallel_attn_mlp", False):
             raise SiteError("'resid_mid' does not exist in parallel attention/MLP blocks; patch attn_out or mlp_out")
@@ -159,15 +164,19 @@ class PatchRunner:
 
     def cell_states(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
         """What each cell's patch does to each pair, ``[C, B]``: ``UNCHANGED`` (the source activation
-        equals the base one where it is patched: the patched run is the base run), ``SOURCE`` (a
+        equals the base one where it is patched, or the two prompts agree on every token up to
+        there: the patched run is the base run, on both engines), ``SOURCE`` (a
         residual-stream site that then equals the source run's at every position: everything
         downstream, the logits included, is the source run's) or ``RUN``."""
         site = self.site
         C = pos.shape[0] if pos is not None else len(unit) if unit is not None else 1
         pos, unit = self._on_device(pos), self._on_device(unit)
-        if self.stepper is None:  # whole forwards are the reference path: every cell is run
-            return torch.full((C, self.tokens.shape[0]), RUN)
-        per = self._changed(layer, unit).expand(C, -1, -1)
+        if self.stepper is None:  # whole forwards: every cell is run unless its positions are all shared
+            per = (~self.shared)[None].expand(C, -1, -1)
+            if layer == self.n_layers - 1 and self.site != "resid_pre":
+                per = self._read_only(per)
+        else:
+            per = self._changed(layer, unit).expand(C, -1, -1)
         if pos is None:  # every position patched
             patched, elsewhere = per.any(-1), torch.zeros(per.shape[:2], dtype=torch.bool, device=per.device)
         else:
@@ -180,15 +189,21 @@ class PatchRunner:
 
     def _changed(self, layer: int, unit: Optional[torch.Tensor]) -> torch.Tensor:
         """Where patching the cells' units (``unit [C]``, None: all) at ``layer`` can change the
-        logits ``[C or 1, B, T]``: where the source activation differs from the base one, except,
-        inside the last block, at positions that are not read."""
+        logits ``[C or 1, B, T]``: where the source activation differs from the base one, except in
+        the prompts' shared prefix and, inside the last block, at positions that are not read."""
         per = per_unit(self.site, self.source_acts[layer] != self.base_acts[layer], torch.any)  # [B, T, units]
         per = per.any(-1)[None] if unit is None else per[:, :, unit].permute(2, 0, 1)
+        per = per & ~self.shared.to(per.device)[None]  # a shared prefix is the same run, bit for bit or not
         if layer == self.n_layers - 1 and self.site != "resid_pre":
-            # inside the last block a position's activation reaches only that position's output, and
-            # only the final position (the last n_last) is read: patches anywhere else leave the logits as they are
-            per = per.clone()
-            per[:, :, : -(self.n_last or 1)] = False
+            per = self._read_only(per)
+        return per
+
+    def _read_only(self, per: torch.Tensor) -> torch.Tensor:
+        """``per [C, B, T]`` with the positions that are not read set False: inside the last block a
+        position's activation reaches only that position's output, and only the final position (the
+        last ``n_last``) is read, so patches anywhere else leave the logits as they are."""
+        per = per.clone()
+        per[:, :, : -(self.n_last or 1)] = False
         return per
 
     def first_changed(self, layer: int, unit: Optional[torch.Tensor]) -> torch.Tensor:
