@@ -8,9 +8,33 @@ PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+# The installs take seconds even when there is nothing to do, so they are skipped when nothing they depend on
+# changed since the last set-up that finished here: the same pyproject.toml and this script, and arithinterp
+# still installed (editable, from this checkout) at the version the source gives.
+stamp=.venv/.arithinterp-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $PWD"
+installed() {
+  .venv/bin/python -I - "$PWD" <<'PY' 2>/dev/null
+import json, re, sys
+from importlib import metadata
+from pathlib import Path
+
+root = Path(sys.argv[1])
+dist = metadata.distribution("arithinterp")
+source = re.search(r'__version__ = "([^"]+)"', (root / "arithinterp" / "_version.py").read_text())
+url = json.loads(dist.read_text("direct_url.json") or "{}")
+ok = (source is not None and dist.version == source.group(1) and url.get("dir_info", {}).get("editable")
+      and url.get("url") == root.as_uri())
+sys.exit(0 if ok else 1)
+PY
+}
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! installed; then
+  rm -f "$stamp"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet "torch==2.13.0"
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
 # The report's browser test drives Debian's Chromium (Playwright never downloads a browser here).
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
