@@ -391,7 +391,8 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
 def test_ray_executor_matches_local(reference, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arithinterp[ray]')")
     config_path, expected = reference
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # one CPU: one worker process imports the package and loads the model (the cells queue on it)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         run = S.run_sweep(config_path, out=tmp_path / "out", executor="ray", num_cpus=1, progress=False)
     finally:
