@@ -87,7 +87,7 @@ def test_memory_benchmark_smoke():
 
 
 def test_causal_benchmark_smoke():
-    out = run("causal.py", "planted", "--steps", "100")
+    out = run("causal.py", "planted", "--steps", "20")
     assert "principal-angle cosines DAS" in out and "| das | 2 |" in out and "| random | 2 |" in out
 
 
