@@ -40,7 +40,7 @@ def run(script, *args):
     finally:
         os.chdir(cwd)
         sys.argv, sys.path[:] = saved_argv, saved_path
-        for name in set(sys.modules) - modules:  # e.g. `collect`, imported by another script from benchmarks/
+        for name in set(sys.modules) - modules:  # e.g. `patching`, which circuits.py imports from benchmarks/
             if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(path.parent)):
                 del sys.modules[name]
         torch.set_rng_state(rng)
