@@ -1,5 +1,6 @@
 """The HTML report: built from real results, self-contained, and rendered by a real browser."""
 
+import functools
 import html
 import re
 import shutil
@@ -15,8 +16,17 @@ ARTIFACTS = Path(__file__).parent.parent / "test-artifacts"
 
 @pytest.fixture(scope="module")
 def report_file(tmp_path_factory):
+    """The whole report on zoo:add-100. The page is what these tests check, so the two stages whose
+    samples do not shrink with ``limit`` take smaller ones: the probes 120 prompts (still timed at
+    their minimum of 60 first, then run on all 120) and the error detector 1,500 problems of
+    zoo:add-3digit-weak instead of 6,000 (its held-out third still has more than the minimum of
+    each kind); the detector and the probes themselves are tested on their own."""
+    from arithinterp import report
+
     out = tmp_path_factory.mktemp("report") / "report.html"
-    return write_report("zoo:add-100", out=out, limit=400, progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report, "Context", functools.partial(report.Context, n_probe_prompts=120, n_detector_prompts=1500))
+        return write_report("zoo:add-100", out=out, limit=400, progress=False)
 
 
 @pytest.mark.slow
@@ -77,10 +87,15 @@ def test_report_rejects_bad_stage(tmp_path):
 @pytest.mark.slow
 def test_report_on_a_digit_model_reads_numbers_of_several_tokens(tmp_path):
     """add-3digit: its numbers are several tokens, read whole at their last token for the Fourier
-    stage (where a random-init model reads the last digit as well), and its answers have digits."""
-    out = write_report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], limit=200, progress=False)
+    stage (where a random-init model reads the last digit as well), and its answers have digits.
+    A third of its operand range, three tokens each (the spectrum's shuffled-numbers control costs the
+    cube of the number of numbers), whose sums cross 1000 so that pairs differ in the first answer
+    token and the helix is fitted and tested too."""
+    out = write_report("zoo:add-3digit", out=tmp_path / "r.html", stages=["digits", "fourier"], operands="400-699",
+                       limit=200, progress=False)
     text = html.unescape(out.read_text())
     assert "not single tokens" not in text
     assert re.search(r"sample: \d+ numbers \(the residual stream entering layer 1 at each number's last token\)", text)
     assert "No signal above the control: x mod T is not linearly readable" in text  # the digit token is the residue
     assert re.search(r"costs that token most for L\dH\d on answer token \d \(−\d+ points\)", text)
+    assert "A helix with periods 2, 5, 10, 100 fitted at resid_pre of layer 1 on the a token" in text

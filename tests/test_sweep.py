@@ -350,14 +350,12 @@ def _sweep_process(config_path: Path, out: Path, *flags: str) -> subprocess.Pope
 
 @pytest.fixture(scope="module")
 def reference(model_dir, tmp_path_factory):
-    """An uninterrupted local run in a fresh process: (config path, its tables)."""
+    """An uninterrupted local run (in this process, one thread like the sweeps the tests start):
+    (config path, its tables)."""
     root = tmp_path_factory.mktemp("sweep_reference")
     config_path = write_toml(root / "sweep.toml", model_dir, root / "unused")
-    process = _sweep_process(config_path, root / "out")
-    stdout, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stderr
-    summary = json.loads(stdout)
-    assert summary["done"] == summary["total"] == 7
+    run = S.run_sweep(config_path, out=root / "out", progress=False)
+    assert run.counts() == dict(total=7, done=7, skipped=0, failed=0, pending=0), run.summary()
     return config_path, S.load_results(root / "out")
 
 
@@ -393,7 +391,8 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
 def test_ray_executor_matches_local(reference, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arithinterp[ray]')")
     config_path, expected = reference
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # one CPU: one worker process imports the package and loads the model (the cells queue on it)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         run = S.run_sweep(config_path, out=tmp_path / "out", executor="ray", num_cpus=1, progress=False)
     finally:
