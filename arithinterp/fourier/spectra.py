@@ -198,13 +198,18 @@ def shuffled_power(gram: torch.Tensor, n_shuffles: int, seed: int = 0, chunk: in
     n = gram.shape[0]
     basis = fourier_basis(n)
     generator = torch.Generator().manual_seed(int(seed))
-    gram = gram.double()
+    # G = F Fᵀ with F [n, rank] from G's eigenvectors: b_j P G Pᵀ b_jᵀ = |b_j P F|², so each shuffle
+    # costs n²·rank instead of n³ (the rank is at most the data's width). Eigenvalues at rounding level
+    # carry no power and are dropped.
+    values, vectors = torch.linalg.eigh(gram.double())
+    keep = values > values.abs().max().clamp_min(1e-300) * n * torch.finfo(torch.float64).eps
+    factor = vectors[:, keep] * values[keep].sqrt()
     out = []
     for start in range(0, n_shuffles, chunk):
         count = min(chunk, n_shuffles - start)
         perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(count)])
-        rows = basis.matrix[:, perms].permute(1, 0, 2)  # [count, n rows, n]: each row with its numbers permuted
-        power = ((rows @ gram) * rows).sum(-1)  # [count, n rows]: b_j G b_jᵀ, already squared
+        # row m of the shuffled data is number perm⁻¹[m]'s (as the permuted Gram's columns were)
+        power = (basis.matrix @ factor[perms.argsort(dim=1)]).square().sum(-1)  # [count, n rows]: |b_j P F|²
         out.append(torch.zeros(count, basis.n_freq, dtype=power.dtype).index_add_(1, basis.freqs, power))
     return torch.cat(out) if out else torch.zeros(0, basis.n_freq, dtype=torch.float64)
 
