@@ -250,6 +250,7 @@ def patch_neuron_edges(
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch)]
     forwards = 0
     offsets = torch.cumsum(torch.tensor([0] + [inputs.units(layer) for layer in inputs.layers]), 0)
+    pos_index = None
     if graph.positions != [None]:
         labels, pos_index = resolve_positions(pairs, graph.positions)
         graph.check_positions(labels)
@@ -263,7 +264,7 @@ def patch_neuron_edges(
         ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
         m_base, m_source = fn(base_logits, ctx).float().cpu(), fn(source_logits, ctx).float().cpu()
         clean_m[idx], corrupt_m[idx] = (m_source, m_base) if direction == "denoise" else (m_base, m_source)
-        if graph.positions == [None]:
+        if pos_index is None:
             onehot = torch.ones(1, B, T)
         else:
             pos = pos_index[:, idx] - base_set.offset(idx)

@@ -26,7 +26,7 @@ copy of the batch: many edge sets run in one forward, as the patching sweeps sta
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import torch
 
@@ -310,13 +310,14 @@ class EdgeForward:
                 hooks.append((self.mlp_in_hook(layer), mlp_in))
                 hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
 
-        for layer in ([] if neurons is None else neurons.layers):
-            for proj in neurons.projections(layer):
+        inputs = cast(Any, neurons)  # a NeuronInputs (not imported here: it builds on this module)
+        for layer in ([] if neurons is None else cast(Any, neurons).layers):
+            for proj in inputs.projections(layer):
 
                 def neuron_in(act, hook=None, layer=layer, proj=proj):
                     if layer not in neuron_normed:  # the layer's first projection: the neurons' own inputs
                         w = None if neuron_weights is None else neuron_weights(layer)
-                        units = torch.arange(neurons.units(layer))
+                        units = torch.arange(inputs.units(layer))
                         if w is not None and not probe:  # recompute only the neurons some edge set changes
                             units = torch.nonzero(w.abs().sum((0, 1, 2, 4))).flatten().cpu()
                             w = w[..., units.to(w.device), :]
@@ -325,14 +326,14 @@ class EdgeForward:
                         if d is not None:
                             inside.append(True)
                             try:
-                                normed = neurons.normed(layer, mlp_x[layer][:, :, None, :] + d.to(mlp_x[layer].dtype))
+                                normed = inputs.normed(layer, mlp_x[layer][:, :, None, :] + d.to(mlp_x[layer].dtype))
                             finally:
                                 inside.pop()
                         neuron_normed[layer] = normed, units
                     normed, units = neuron_normed[layer]
-                    return act if normed is None else neurons.replace(layer, proj, act, normed, units)
+                    return act if normed is None else inputs.replace(layer, proj, act, normed, units)
 
-                hooks.append((neurons.hook(layer, proj), neuron_in))
+                hooks.append((inputs.hook(layer, proj), neuron_in))
 
         def final(act, hook=None):
             residual[0] = act
