@@ -714,6 +714,7 @@ def test_row_solver_reaches_the_joint_optimum_and_keeps_rows_independent():
         probe.fit_many(X, targets, masks, solver="rows", init=rows[:1])
 
 
+@pytest.mark.slow
 def test_batched_detector_makes_the_reference_choice_with_the_same_scores():
     """On zoo:add-3digit-weak (600 problems, last layer) the batched fit chooses the method that a
     tightly converged reference (the per-target solver, 1,000 iterations, gradient tolerance 1e-7)
