@@ -161,3 +161,15 @@ def test_neuron_edge_input_is_checked(tiny_model):
         patch_neuron_edges(tiny_model, pairs, {1: [tiny_model.cfg.d_mlp]}, progress=False)
     with pytest.raises(ArithInterpError, match="accepted"):
         patch_neuron_edges(tiny_model, pairs, {1: [3]}, direction="sideways", progress=False)
+
+
+def test_neurons_as_senders_only_when_asked(tiny_model):
+    pairs = _pairs(tiny_model, 4, 2)
+    both = attribute_edges(tiny_model, pairs, method="eap", progress=False, neurons={1: [3, 4]})
+    senders = attribute_edges(tiny_model, pairs, method="eap", progress=False, neurons={1: [3, 4]},
+                              neuron_receivers=False)
+    assert "neuron_receiver_scores" in both and "neuron_receiver_scores" not in senders
+    for key in ("neuron_scores", "scores"):  # the recomputed projections are the model's own, to rounding
+        assert (both[key] - senders[key]).abs().max() <= 1e-5 * senders[key].abs().max()
+    with pytest.raises(ArithInterpError, match="True or False"):
+        attribute_edges(tiny_model, pairs, method="eap", progress=False, neurons={1: [3]}, neuron_receivers="yes")

@@ -41,6 +41,7 @@ from arithinterp.engine.edges import (
     sender_outputs,
 )
 from arithinterp.engine.forward import RunningMean
+from arithinterp.engine.neuron_inputs import neuron_input_bytes
 from arithinterp.engine.stepping import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
@@ -299,6 +300,7 @@ def attribute_edges(
     max_memory: Optional[float] = None,
     progress: bool = True,
     neurons: Optional[dict] = None,
+    neuron_receivers: bool = True,
 ) -> dict:
     """Every edge's estimated effect in a few forwards and backwards per batch.
 
@@ -322,7 +324,9 @@ def attribute_edges(
     ``"eap"`` and ``"eap-ig"`` those neurons are receivers too, scored with the gradient at each
     one's own input (:mod:`arithinterp.engine.neuron_inputs`): ``neuron_receiver_scores [N, E_r]``
     and ``neuron_receiver_edges`` (``L0H2->MLP1N5``, ``MLP0->MLP1N5``, ``MLP0N3->MLP1N5``; exact
-    reference: :func:`~arithinterp.circuits.neurons.patch_neuron_edges`).
+    reference: :func:`~arithinterp.circuits.neurons.patch_neuron_edges`). Each receiver neuron
+    holds its own copy of the MLP input in the gradient run (``[batch, T, neurons, d_model]``,
+    counted in the batch size); ``neuron_receivers=False`` scores the neurons as senders only.
 
     Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
     ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used).
@@ -335,10 +339,17 @@ def attribute_edges(
     if method in ("eap-ig", "eap-ig-activations"):
         steps = integer("steps", steps, minimum=1)
     batch_size = _check_count("batch_size", batch_size)
+    if not isinstance(neuron_receivers, bool):
+        raise AnalysisError(f"neuron_receivers must be True or False, got {neuron_receivers!r}")
     budget = memory_budget(model, max_memory)
+    chosen = [] if neurons is None else check_neurons(model, graph, neurons)
+    receiving = neuron_receivers and bool(chosen) and method != "eap-ig-activations"
     if batch_size is None:
-        batch_size = chunk_for(budget, gradient_run_bytes(model, int(pairs.clean.tokens.shape[1])),
-                               "prompt's gradient run at every receiver", high=len(pairs))
+        T_max = int(pairs.clean.tokens.shape[1])
+        per_prompt = gradient_run_bytes(model, T_max)
+        if receiving:  # each receiver neuron's own copy of its MLP's input
+            per_prompt += neuron_input_bytes(model, T_max, len(chosen))
+        batch_size = chunk_for(budget, per_prompt, "prompt's gradient run at every receiver", high=len(pairs))
     fn = metric_fn(metric)
     engine = EdgeForward(model)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
@@ -349,10 +360,10 @@ def attribute_edges(
     senders, neuron_index, neuron_names, neuron_out = [], torch.zeros(0, 3, dtype=torch.long), [], None
     inputs, receiver_names, receiver_index, receiver_out = None, [], torch.zeros(0, 4, dtype=torch.long), None
     if neurons is not None:  # MLP neurons as senders of their own
-        senders = check_neurons(model, graph, neurons)
+        senders = chosen
         neuron_names, neuron_index = neuron_edges(graph, senders)
         neuron_out = torch.empty(len(pairs), len(neuron_names))
-        if method != "eap-ig-activations":  # and as receivers: the gradient at each one's own input
+        if receiving:  # and as receivers: the gradient at each one's own input
             inputs = neuron_inputs(model, senders)
             receiver_names, receiver_index = neuron_receiver_edges(graph, senders, senders)
             receiver_out = torch.empty(len(pairs), len(receiver_names))

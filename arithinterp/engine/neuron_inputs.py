@@ -81,3 +81,9 @@ class NeuronInputs:
         out = act.clone()
         out[..., self.ids[layer][units].to(act.device)] = new.to(act.dtype)
         return out
+
+
+def neuron_input_bytes(model: HookedModel, seq_len: int, n_neurons: int) -> int:
+    """One prompt's receiver neurons in a probed run and its backward: about 6 tensors
+    ``[T, n_neurons, d_model]`` in float32 (the input copies, their norm, the probe, gradients)."""
+    return 6 * 4 * seq_len * n_neurons * int(model.cfg.d_model)
