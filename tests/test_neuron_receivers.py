@@ -172,4 +172,4 @@ def test_neurons_as_senders_only_when_asked(tiny_model):
     for key in ("neuron_scores", "scores"):  # the recomputed projections are the model's own, to rounding
         assert (both[key] - senders[key]).abs().max() <= 1e-5 * senders[key].abs().max()
     with pytest.raises(ArithInterpError, match="True or False"):
-        attribute_edges(tiny_model, pairs, method="eap", progress=False, neurons={1: [3]}, neuron_receivers="yes")
+        attribute_edges(tiny_model, pairs, method="eap", progress=False, neurons={1: [3]}, neuron_receivers="yes")  # pyright: ignore[reportArgumentType]
