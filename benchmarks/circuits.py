@@ -27,6 +27,14 @@ medians of ``--runs`` repeats, their ratio, and the largest score difference.
     python benchmarks/circuits.py --speed [--write-speed docs/benchmarks.md]
     python benchmarks/circuits.py --exact [--runs 3] [--write-exact docs/benchmarks.md]
     python benchmarks/circuits.py --quick
+
+Neurons as receivers (``--neurons``): on each zoo model, every edge into every ``--neuron-step``-th
+neuron of the last MLP (from the embeddings, every head and the earlier MLPs) patched exactly
+alone (``circuits.patch_neuron_edges``) and scored by EAP and EAP-IG (``attribute_edges(neurons=...)``):
+Pearson and Spearman of the pair-mean scores, and the exactness of the exact path (every sender's
+edge into one neuron at once against a whole forward with that neuron's activation patched).
+
+    python benchmarks/circuits.py --neurons [--zoo-pairs 50] [--neuron-step 4]
 """
 
 from __future__ import annotations
@@ -193,6 +201,57 @@ def write_block(path: Path, begin: str, end: str, text: str) -> None:
     path.write_text(doc)
 
 
+def neuron_receivers(models: list, n_pairs: int, step: int, steps: int) -> list[str]:
+    """EAP / EAP-IG of the edges into MLP neurons against exact patching of each (see the docstring)."""
+    import time
+
+    from arithinterp.circuits import attribute_edges, patch_neuron_edges
+    from arithinterp.circuits.neurons import neuron_inputs
+    from arithinterp.engine import Intervention, Read, run
+    from arithinterp.engine.edges import EdgeForward, Layout, sender_outputs
+
+    lines = [f"One CPU thread, {n_pairs} pairs per model (varying `a`, correctly answered), `logit_diff`, position-free "
+             f"graph, EAP-IG steps = {steps}; every {step}th neuron of the last MLP as a receiver.", "",
+             "| model | edges into neurons | Pearson EAP / EAP-IG | Spearman EAP / EAP-IG | exact path (s) "
+             "| EAP / EAP-IG (s) | exactness |", "|---|---:|---|---|---:|---|---:|"]
+    for name in models:
+        model, pairs = zoo_pairs(name, n_pairs)
+        layer = model.cfg.n_layers - 1
+        chosen = {layer: list(range(0, model.cfg.d_mlp, step))}
+        start = time.perf_counter()
+        exact = patch_neuron_edges(model, pairs, chosen, progress=False)
+        exact_s = time.perf_counter() - start
+        ref = exact["scores"].mean(0)
+        got, seconds = {}, {}
+        for method in ("eap", "eap-ig"):
+            start = time.perf_counter()
+            out = attribute_edges(model, pairs, method=method, steps=steps, progress=False, neurons=chosen)
+            seconds[method] = time.perf_counter() - start
+            col = {e: i for i, e in enumerate(out["neuron_receiver_edges"])}
+            got[method] = out["neuron_receiver_scores"][:, [col[e] for e in exact["edges"]]].mean(0)
+        # exactness: every sender's edge into one neuron at once = patching its activation from the clean run
+        idx = torch.arange(len(pairs))
+        base, source = pairs.corrupt.unpadded(idx), pairs.clean.unpadded(idx)
+        n_up = Layout.of(model).senders_before(layer, "mlp")
+        source_send, _ = sender_outputs(model, source)
+        B, T = base.shape
+        neuron = chosen[layer][1]
+        with torch.inference_mode():
+            every = EdgeForward(model).run(base, values=source_send, neurons=neuron_inputs(model, [(layer, neuron)]),
+                                           neuron_weights=lambda _l: torch.ones(1, B, T, 1, n_up))["logits"][0, :, -1]
+            post = run(model, source, reads=[Read("mlp_post", layer)], logits="none").reads[0]
+            patched = run(model, base, interventions=[Intervention("mlp_post", layer, units=[neuron],
+                                                                   value=post[:, :, [neuron]])]).logits
+        assert patched is not None
+        gap = float((every.float() - patched.float()).abs().max() / patched.float().abs().max())
+        lines.append(
+            f"| zoo:{name} | {len(ref):,} | {pearson(got['eap'], ref):.3f} / {pearson(got['eap-ig'], ref):.3f} "
+            f"| {pearson(ranks(got['eap']), ranks(ref)):.3f} / {pearson(ranks(got['eap-ig']), ranks(ref)):.3f} "
+            f"| {exact_s:.1f} | {seconds['eap']:.1f} / {seconds['eap-ig']:.1f} | {gap:.1e} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100)
@@ -208,9 +267,14 @@ def main() -> None:
     parser.add_argument("--exact", action="store_true", help="exact edges: whole forwards against the stepped default")
     parser.add_argument("--zoo-pairs", type=int, default=50)
     parser.add_argument("--write-exact", type=Path, default=None)
+    parser.add_argument("--neurons", action="store_true", help="MLP neurons as receivers: attribution against exact")
+    parser.add_argument("--neuron-step", type=int, default=4)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
+    if args.neurons:
+        print("\n".join(neuron_receivers(args.models.split(","), args.zoo_pairs, args.neuron_step, args.steps)))
+        return
     if args.exact:
         text = "\n".join(exact_speed(args.speed_pairs, args.few_shot, args.zoo_pairs, args.runs))
         print(text)

@@ -80,8 +80,8 @@ def llama_model(llama_folder):
     return load
 
 
-def tiny_bridge(tokenizer, n_layers: int = 2, d_model: int = 64, n_ctx: int = 32, seed: int = 0, norm="LN",
-                **overrides):
+def tiny_bridge(tokenizer, n_layers: int = 2, d_model: int = 64, n_ctx: int = 32, seed: int = 0,
+                norm: "str | None" = "LN", **overrides):
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 

@@ -95,6 +95,19 @@ def test_circuits_benchmark_smoke():
     assert float(row.split("|")[2]) > 0.8 and int(row.rstrip(" |").rsplit("|", 1)[1]) <= 2 * (5 + 1)
 
 
+def test_neuron_receivers_benchmark_smoke():
+    """Edges into neurons of zoo:add-100: attribution against exact patching, and the exact path exact."""
+    out = run("circuits.py", "--neurons", "--models", "add-100", "--zoo-pairs", "4", "--neuron-step", "64")
+    row = next(line for line in out.splitlines() if line.startswith("| zoo:add-100"))
+    assert int(row.split("|")[2].replace(",", "")) == 80 and float(row.rstrip(" |").rsplit("|", 1)[1]) <= 1e-5
+
+
+def test_detector_speed_benchmark_smoke():
+    """Both solvers and the tightly converged reference on a small sample: a time row and score rows."""
+    out = run("detector.py", "--speed", "--fit", "600", "--seeds", "11", "--runs", "1")
+    assert "| **median** |" in out and out.count("| 11 | reference |") == 1 and out.count("| 11 | batched |") == 1
+
+
 @pytest.mark.slow
 def test_exact_edges_benchmark_smoke():
     """Whole forwards against the stepped default on the Llama setup and the zoo: the same scores."""

@@ -1,7 +1,8 @@
 """Circuit discovery: the model's graph, edge scores, circuits you can test and draw.
 
 :mod:`~arithinterp.circuits.graph` (nodes and edges as data), :mod:`~arithinterp.circuits.edges`
-(exact path patching, EAP, EAP-IG), :mod:`~arithinterp.circuits.circuit` (the :class:`Circuit`
+(exact path patching, EAP, EAP-IG), :mod:`~arithinterp.circuits.neurons` (MLP neurons as
+senders and receivers), :mod:`~arithinterp.circuits.circuit` (the :class:`Circuit`
 result, extraction, faithfulness, minimality, overlap), :mod:`~arithinterp.circuits.digits`
 (one circuit per answer digit, teacher-forced).
 """
@@ -21,9 +22,10 @@ from arithinterp.circuits.circuit import (
 from arithinterp.circuits.digits import DigitCircuits, digit_circuits
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
 from arithinterp.circuits.graph import Edge, Graph, Node
+from arithinterp.circuits.neurons import patch_neuron_edges
 
 __all__ = [
     "Circuit", "DigitCircuits", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness",
-    "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "prune", "run_edge_sets", "score_edges",
-    "threshold", "top_n",
+    "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "patch_neuron_edges", "prune",
+    "run_edge_sets", "score_edges", "threshold", "top_n",
 ]

@@ -21,7 +21,15 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp.circuits.graph import Graph
 from arithinterp.circuits.ig_activations import activation_ig_batch
-from arithinterp.circuits.neurons import check_neurons, neuron_edges, neuron_scores
+from arithinterp.circuits.neurons import (
+    check_neurons,
+    neuron_edges,
+    neuron_inputs,
+    neuron_post,
+    neuron_receiver_edges,
+    neuron_receiver_scores,
+    neuron_scores,
+)
 from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
 from arithinterp.engine.edge_steps import EdgeEntries, SteppedEdges
 from arithinterp.engine.edges import (
@@ -33,6 +41,7 @@ from arithinterp.engine.edges import (
     sender_outputs,
 )
 from arithinterp.engine.forward import RunningMean
+from arithinterp.engine.neuron_inputs import neuron_input_bytes
 from arithinterp.engine.stepping import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
@@ -291,6 +300,7 @@ def attribute_edges(
     max_memory: Optional[float] = None,
     progress: bool = True,
     neurons: Optional[dict] = None,
+    neuron_receivers: bool = True,
 ) -> dict:
     """Every edge's estimated effect in a few forwards and backwards per batch.
 
@@ -310,7 +320,13 @@ def attribute_edges(
     input (:mod:`arithinterp.circuits.ig_activations`). ``neurons`` (``{layer: [neuron ids] or
     "all"}``) also scores those MLP neurons as senders of their own
     (:mod:`arithinterp.circuits.neurons`): ``neuron_scores [N, n_neuron_edges]`` and
-    ``neuron_edges`` (names such as ``MLP0N5->L1H2.q``), two more forwards per batch.
+    ``neuron_edges`` (names such as ``MLP0N5->L1H2.q``), two more forwards per batch; with
+    ``"eap"`` and ``"eap-ig"`` those neurons are receivers too, scored with the gradient at each
+    one's own input (:mod:`arithinterp.engine.neuron_inputs`): ``neuron_receiver_scores [N, E_r]``
+    and ``neuron_receiver_edges`` (``L0H2->MLP1N5``, ``MLP0->MLP1N5``, ``MLP0N3->MLP1N5``; exact
+    reference: :func:`~arithinterp.circuits.neurons.patch_neuron_edges`). Each receiver neuron
+    holds its own copy of the MLP input in the gradient run (``[batch, T, neurons, d_model]``,
+    counted in the batch size); ``neuron_receivers=False`` scores the neurons as senders only.
 
     Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
     ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used).
@@ -323,10 +339,17 @@ def attribute_edges(
     if method in ("eap-ig", "eap-ig-activations"):
         steps = integer("steps", steps, minimum=1)
     batch_size = _check_count("batch_size", batch_size)
+    if not isinstance(neuron_receivers, bool):
+        raise AnalysisError(f"neuron_receivers must be True or False, got {neuron_receivers!r}")
     budget = memory_budget(model, max_memory)
+    chosen = [] if neurons is None else check_neurons(model, graph, neurons)
+    receiving = neuron_receivers and bool(chosen) and method != "eap-ig-activations"
     if batch_size is None:
-        batch_size = chunk_for(budget, gradient_run_bytes(model, int(pairs.clean.tokens.shape[1])),
-                               "prompt's gradient run at every receiver", high=len(pairs))
+        T_max = int(pairs.clean.tokens.shape[1])
+        per_prompt = gradient_run_bytes(model, T_max)
+        if receiving:  # each receiver neuron's own copy of its MLP's input
+            per_prompt += neuron_input_bytes(model, T_max, len(chosen))
+        batch_size = chunk_for(budget, per_prompt, "prompt's gradient run at every receiver", high=len(pairs))
     fn = metric_fn(metric)
     engine = EdgeForward(model)
     base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
@@ -335,10 +358,15 @@ def attribute_edges(
     passes, per_batch = 0, []
     alphas = [None] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
     senders, neuron_index, neuron_names, neuron_out = [], torch.zeros(0, 3, dtype=torch.long), [], None
+    inputs, receiver_names, receiver_index, receiver_out = None, [], torch.zeros(0, 4, dtype=torch.long), None
     if neurons is not None:  # MLP neurons as senders of their own
-        senders = check_neurons(model, graph, neurons)
+        senders = chosen
         neuron_names, neuron_index = neuron_edges(graph, senders)
         neuron_out = torch.empty(len(pairs), len(neuron_names))
+        if receiving:  # and as receivers: the gradient at each one's own input
+            inputs = neuron_inputs(model, senders)
+            receiver_names, receiver_index = neuron_receiver_edges(graph, senders, senders)
+            receiver_out = torch.empty(len(pairs), len(receiver_names))
     for idx in tqdm(batches, desc=method, disable=not progress):
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
@@ -365,14 +393,14 @@ def attribute_edges(
         if method == "eap-ig":
             base_send, base_logits = sender_outputs(model, base_tokens)
             count += 1
-        grad_sum = None
+        grad_sum, neuron_grad_sum = None, None
         for alpha in alphas:
             embed = None
             if alpha is not None:
                 assert base_send is not None  # EAP-IG ran the base first
                 embed = base_send[:, :, 0] + alpha * (source_send[:, :, 0] - base_send[:, :, 0])
             with torch.enable_grad():
-                got = engine.run(base_tokens, probe=True, embed=embed, read_senders=alpha is None)
+                got = engine.run(base_tokens, probe=True, embed=embed, read_senders=alpha is None, neurons=inputs)
                 logits = got["logits"][0, :, -1].float()
                 if alpha is None:
                     base_send, base_logits = got["senders"].detach().float(), logits.detach()
@@ -382,10 +410,16 @@ def attribute_edges(
                 if not value.requires_grad:
                     raise AnalysisError("the metric does not depend on the logits; nothing to differentiate")
                 keys = list(_receivers(graph))
-                grads = torch.autograd.grad(value.sum(), [got["probes"][k] for k in keys])
+                wanted = [got["probes"][k] for k in keys]
+                if inputs is not None:
+                    wanted += [got["neuron_probes"][layer] for layer in inputs.layers]
+                grads = torch.autograd.grad(value.sum(), wanted)
             count += 2
-            g = torch.cat([x.float() for x in grads], dim=2)  # [B, T, R, d] in receiver order
+            g = torch.cat([x.float() for x in grads[: len(keys)]], dim=2)  # [B, T, R, d] in receiver order
             grad_sum = g if grad_sum is None else grad_sum + g
+            if inputs is not None:  # [B, T, K, d] at each receiver neuron's own input
+                gn = torch.cat([x.float() for x in grads[len(keys):]], dim=2)
+                neuron_grad_sum = gn if neuron_grad_sum is None else neuron_grad_sum + gn
         assert grad_sum is not None and base_send is not None  # alphas is never empty
         g = grad_sum / len(alphas)
         diff = (source_send - base_send).float()  # [B, T, S, d]
@@ -393,9 +427,14 @@ def attribute_edges(
         per = torch.einsum("btrd,btsd,pbt->bprs", g, diff, onehot)  # [B, P, R, S]
         scores[idx] = graph.from_dense(per).cpu()
         if neuron_out is not None:
+            layers = sorted({layer for layer, _ in senders})
+            post = (neuron_post(model, base_tokens, layers), neuron_post(model, source_tokens, layers))
             neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index, lambda layer, g=g: g,
-                                            base_tokens, source_tokens, onehot)
+                                            base_tokens, source_tokens, onehot, post=post)
             count += 2
+            if receiver_out is not None and neuron_grad_sum is not None:
+                receiver_out[idx] = neuron_receiver_scores(model, senders, senders, receiver_index,
+                                                           neuron_grad_sum / len(alphas), diff, onehot, post=post)
         passes += count
         per_batch.append(count)
     release_freed_memory()  # the gradient runs are done; what runs next should not add to their peak
@@ -403,4 +442,6 @@ def attribute_edges(
            "batch_size": batch_size, "max_memory": budget}
     if neuron_out is not None:
         out.update(neuron_scores=neuron_out, neuron_edges=neuron_names)
+    if receiver_out is not None:
+        out.update(neuron_receiver_scores=receiver_out, neuron_receiver_edges=receiver_names)
     return out

@@ -1,4 +1,4 @@
-"""MLP neurons as senders of the edge-attribution graph.
+"""MLP neurons as nodes of the edge-attribution graph: senders and receivers.
 
 An MLP's output is the sum of its neurons' outputs, ``post_n · W_out[n]`` (plus a bias that is
 the same in every run), so each neuron is a sender of its own: the edge ``MLP{l}N{n} → r`` is the
@@ -9,21 +9,36 @@ gradient at ``r``'s input that :func:`~arithinterp.circuits.edges.attribute_edge
     score(MLP{l}N{n} → r, p) = Σ_t∈p (source − base)post_n[t] · (W_out[n] · ∂metric/∂input_r[t]).
 
 The neurons' activations (``mlp_post``) are read by the engine (:func:`arithinterp.engine.run`).
-Receivers stay whole components (a neuron's own input is not a tensor of the model).
+
+A neuron is also a receiver: its pre-activation (and gate) reads ``ln2`` of the MLP's input, the
+sum of the upstream senders' outputs, so the edge ``s → MLP{l}N{n}`` changes that neuron's own
+copy of the input (:mod:`arithinterp.engine.neuron_inputs`). Attribution scores it with the
+gradient at that copy, ``g_n``; :func:`patch_neuron_edges` patches it exactly:
+
+    score(s → MLP{l}N{n}, p) = Σ_t∈p (source − base)_s[t] · g_n[t]
+    score(MLP{k}N{m} → MLP{l}N{n}, p) = Σ_t∈p (source − base)post_m[t] · (W_out[m] · g_n[t])   (k < l)
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
+from tqdm.auto import tqdm
+
 import torch
 
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.engine import Read
 from arithinterp.engine import run as engine_run
+from arithinterp.engine.budget import chunk_for, memory_budget
+from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
+from arithinterp.engine.neuron_inputs import NeuronInputs
 from arithinterp.errors import AnalysisError, SiteError
+from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 
 if TYPE_CHECKING:
     from arithinterp.circuits.graph import Graph
+    from arithinterp.tasks import PromptPairs
     from arithinterp.types import HookedModel
 
 
@@ -110,3 +125,172 @@ def neuron_scores(model: HookedModel, graph: Graph, senders: Sequence[tuple[int,
         p, r, k = index[rows].T
         out[:, rows] = per[:, p, r, local[k]].cpu()
     return out
+
+
+# --- neurons as receivers --------------------------------------------------------------------------
+
+
+def neuron_inputs(model: HookedModel, receivers: Sequence[tuple[int, int]]) -> NeuronInputs:
+    """The engine's view of the receiver neurons ``[(layer, neuron)]`` (in that sorted order)."""
+    by_layer: dict = {}
+    for layer, n in receivers:
+        by_layer.setdefault(layer, []).append(n)
+    return NeuronInputs(model, by_layer)
+
+
+def neuron_receiver_edges(graph: Graph, receivers: Sequence[tuple[int, int]],
+                          senders: Sequence[tuple[int, int]] = ()) -> tuple[list[str], torch.Tensor]:
+    """Names of every edge into a receiver neuron and its index ``[E, 4]`` (position, receiver
+    neuron, graph sender or −1, neuron sender or −1): from each sender of ``graph`` upstream of the
+    neuron's MLP (embeddings, heads, earlier MLPs) and from each neuron of ``senders`` in an
+    earlier MLP, at every position of ``graph``."""
+    L = graph.layout
+    names, rows = [], []
+    for p, label in enumerate(graph.positions):
+        at = "" if label is None else f"@{label}"
+        for k, (layer, n) in enumerate(receivers):
+            n_up = L.senders_before(layer, "mlp")
+            for s in range(n_up):
+                rows.append((p, k, s, -1))
+                names.append(f"{graph.senders[s].name}->MLP{layer}N{n}{at}")
+            for j, (sl, sn) in enumerate(senders):
+                if L.mlp_sender(sl) < n_up:
+                    rows.append((p, k, -1, j))
+                    names.append(f"MLP{sl}N{sn}->MLP{layer}N{n}{at}")
+    return names, torch.tensor(rows, dtype=torch.long).reshape(-1, 4)
+
+
+def neuron_receiver_scores(model: HookedModel, receivers: Sequence[tuple[int, int]],
+                           senders: Sequence[tuple[int, int]], index: torch.Tensor, gradient: torch.Tensor,
+                           diff: torch.Tensor, onehot: torch.Tensor, post: Optional[tuple[dict, dict]] = None
+                           ) -> torch.Tensor:
+    """Scores ``[B, E]`` of one batch's edges into receiver neurons (``index`` from
+    :func:`neuron_receiver_edges`): ``gradient`` ``[B, T, K, d]`` at each receiver neuron's input,
+    ``diff`` ``[B, T, S, d]`` the graph senders' source − base outputs, ``onehot`` ``[P, B, T]``,
+    ``post`` the base and source ``mlp_post`` of the sender neurons' layers."""
+    g = gradient.float()
+    onehot = onehot.to(g.device)
+    per = torch.einsum("btkd,btsd,pbt->bpks", g, diff.float().to(g.device), onehot)  # [B, P, K, S]
+    out = torch.zeros(g.shape[0], len(index))
+    rows = torch.nonzero(index[:, 2] >= 0).flatten()
+    p, k, s = index[rows, 0], index[rows, 1], index[rows, 2]
+    out[:, rows] = per[:, p, k, s].cpu()
+    if senders and bool((index[:, 3] >= 0).any()):
+        assert post is not None, "neuron senders need their activations"
+        base, source = post
+        for layer in sorted({sl for sl, _ in senders}):
+            js = [j for j, (sl, _) in enumerate(senders) if sl == layer]
+            ids = torch.tensor([senders[j][1] for j in js])
+            change = (source[layer] - base[layer])[..., ids].to(g.device)  # [B, T, m]
+            along = torch.einsum("btkd,md->btkm", g, _w_out(model, layer)[ids].to(g.device))
+            per_n = torch.einsum("btm,btkm,pbt->bpkm", change, along, onehot)  # [B, P, K, m]
+            local = torch.full((len(senders),), -1, dtype=torch.long)
+            local[torch.tensor(js)] = torch.arange(len(js))
+            rows = torch.nonzero((index[:, 3] >= 0) & (local[index[:, 3].clamp_min(0)] >= 0)).flatten()
+            p, k, j = index[rows, 0], index[rows, 1], index[rows, 3]
+            out[:, rows] = per_n[:, p, k, local[j]].cpu()
+    return out
+
+
+def patch_neuron_edges(
+    model: HookedModel,
+    pairs: PromptPairs,
+    neurons: Mapping[int, Union[str, Sequence[int]]],
+    graph: Optional[Graph] = None,
+    metric: Union[str, Callable] = "logit_diff",
+    direction: str = "denoise",
+    *,
+    edges: Optional[Sequence[str]] = None,
+    batch_sets: Optional[int] = None,
+    max_memory: Optional[float] = None,
+    progress: bool = True,
+) -> dict:
+    """Exact path patching of each edge into an MLP neuron alone (Wang et al. 2023): the base run
+    with the source run's sender output carried into that one neuron's own input, every other
+    neuron and receiver reading the base run's stream. The reference that attribution of neuron
+    receiver edges (:func:`~arithinterp.circuits.edges.attribute_edges` with ``neurons``) is
+    checked against.
+
+    ``neurons`` ``{layer: [ids] or "all"}`` names the receiver neurons; edges come from every
+    sender of ``graph`` upstream of their MLP (embeddings, heads, earlier MLPs), at each of the
+    graph's positions; ``edges`` picks some by name (``"L0H1->MLP1N5"``). ``direction="denoise"``
+    runs the corrupt prompt and carries the clean run's output. Whole forwards, each edge one
+    stacked copy of the batch (``batch_sets`` per forward, by default what ``max_memory`` allows).
+
+    Returns ``scores [N, E]`` (metric after − metric of the base run), ``edges`` (names),
+    ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
+    """
+    from arithinterp.circuits.graph import Graph
+    from arithinterp.tasks import resolve_positions
+
+    check_belongs(model, "circuits.patch_neuron_edges", pairs=pairs)
+    check_pairs(pairs)
+    check_choice("direction", direction, DIRECTIONS)
+    graph = graph or Graph.of(model)
+    receivers = check_neurons(model, graph, neurons)
+    names, index = neuron_receiver_edges(graph, receivers)
+    chosen = torch.arange(len(names))
+    if edges is not None:
+        where = {name: i for i, name in enumerate(names)}
+        unknown = [e for e in edges if e not in where]
+        if unknown or not edges:
+            raise AnalysisError(f"unknown neuron edges {unknown[:3]}; edges into these neurons are named like "
+                                f"{names[0]!r} (every sender of the graph upstream of the neuron's MLP)")
+        chosen = torch.tensor([where[e] for e in edges])
+    fn = metric_fn(metric)
+    budget = memory_budget(model, max_memory)
+    forward = EdgeForward(model)
+    inputs = neuron_inputs(model, receivers)
+    L = graph.layout
+    base_set, source_set = (pairs.corrupt, pairs.clean) if direction == "denoise" else (pairs.clean, pairs.corrupt)
+    scores = torch.empty(len(pairs), len(chosen))
+    clean_m, corrupt_m = torch.empty(len(pairs)), torch.empty(len(pairs))
+    T_max = int(base_set.tokens.shape[1])
+    batch = chunk_for(budget, 3 * edge_run_bytes(model, T_max), "pair's neuron edge run", high=len(pairs))
+    batches = [b for group in pairs.clean.length_groups() for b in group.split(batch)]
+    forwards = 0
+    offsets = torch.cumsum(torch.tensor([0] + [inputs.units(layer) for layer in inputs.layers]), 0)
+    pos_index = None
+    if graph.positions != [None]:
+        labels, pos_index = resolve_positions(pairs, graph.positions)
+        graph.check_positions(labels)
+    bar = tqdm(total=len(batches) * len(chosen), desc="neuron edges", disable=not progress)
+    for idx in batches:
+        base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
+        B, T = base_tokens.shape
+        base_send, base_logits = sender_outputs(model, base_tokens)
+        source_send, source_logits = sender_outputs(model, source_tokens)
+        forwards += 2
+        ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
+        m_base, m_source = fn(base_logits, ctx).float().cpu(), fn(source_logits, ctx).float().cpu()
+        clean_m[idx], corrupt_m[idx] = (m_source, m_base) if direction == "denoise" else (m_base, m_source)
+        if pos_index is None:
+            onehot = torch.ones(1, B, T)
+        else:
+            pos = pos_index[:, idx] - base_set.offset(idx)
+            onehot = (torch.arange(T)[None, None, :] == pos[:, :, None]).float()
+        chunk = batch_sets or max(1, min(len(chosen), int(budget // (B * edge_run_bytes(model, T)))))
+        for start in range(0, len(chosen), chunk):
+            ids = chosen[start:start + chunk]
+            c = len(ids)
+            dense = torch.zeros(c, len(graph.positions), len(receivers), L.n_senders)
+            p, k, s = index[ids, 0], index[ids, 1], index[ids, 2]
+            dense[torch.arange(c), p, k, s] = 1.0
+
+            def weights(layer, dense=dense):
+                k0, k1 = int(offsets[inputs.layers.index(layer)]), int(offsets[inputs.layers.index(layer) + 1])
+                w = dense[:, :, k0:k1, : L.senders_before(layer, "mlp")]  # [c, P, u, S_up]
+                if not bool(w.any()):
+                    return None
+                return torch.einsum("cpus,pbt->cbtus", w, onehot).to(base_send.device)
+
+            with torch.inference_mode():
+                logits = forward.run(base_tokens, copies=c, values=source_send, neurons=inputs,
+                                     neuron_weights=weights)["logits"][:, :, -1].float()
+            forwards += 1
+            scores[idx[:, None], torch.arange(start, start + c)[None, :]] = (fn(logits, ctx).T.float().cpu()
+                                                                            - m_base[:, None])
+            bar.update(c)
+    bar.close()
+    return {"scores": scores, "edges": [names[int(i)] for i in chosen], "clean": clean_m, "corrupt": corrupt_m,
+            "forwards": forwards}

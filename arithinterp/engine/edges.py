@@ -26,7 +26,7 @@ copy of the batch: many edge sets run in one forward, as the patching sweeps sta
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import torch
 
@@ -100,7 +100,7 @@ class Layout:
         return {"q": self.n_heads, "k": self.n_kv_heads, "v": self.n_kv_heads}.get(channel, 1)
 
 
-def _linear_weight(bridge: Any, n_units: int, input_side: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def linear_weight(bridge: Any, n_units: int, input_side: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """A projection's weight per head: ``[H, d_model, d_head]`` for Q/K/V (``input_side``), or
     ``[H, d_head, d_model]`` for the output projection; and its bias ``[H, d_head]`` (Q/K/V only)."""
     module = getattr(bridge, "original_component", None)
@@ -145,10 +145,10 @@ class EdgeForward:
                         f"edge runs need separate q, k and v projections; layer {layer}'s attention "
                         f"({type(attn).__name__}) has no {channel!r}"
                     )
-                self.w_in[layer, channel], self.b_in[layer, channel] = _linear_weight(
+                self.w_in[layer, channel], self.b_in[layer, channel] = linear_weight(
                     getattr(attn, channel), L.units(channel), True
                 )
-            self.w_out[layer] = _linear_weight(attn.o, L.n_heads, False)[0]
+            self.w_out[layer] = linear_weight(attn.o, L.n_heads, False)[0]
         # the output biases belong to no head; they are the same in every run
         biases = [getattr(blocks[layer].attn.o.original_component, "bias", None) for layer in range(L.n_layers)]
         self.out_bias = sum((b.detach().float() for b in biases if b is not None), torch.zeros(L.d_model))
@@ -188,12 +188,20 @@ class EdgeForward:
         probe: bool = False,
         embed: Optional[torch.Tensor] = None,
         read_senders: bool = False,
+        neurons: Any = None,
+        neuron_weights: Optional[Callable[[int], Optional[torch.Tensor]]] = None,
     ) -> dict:
         """One forward of ``tokens [B, T]`` repeated ``copies`` times along the batch.
 
         ``embed [B, T, d]`` replaces the embeddings (``blocks.0.hook_resid_pre``; integrated
         gradients interpolate it). Returns ``logits [C, B, T, V]``, ``senders [C·B, T, S, d]``
         when ``read_senders``, and with ``probe`` the probes ``{(layer, channel): [B, T, units, d]}``.
+
+        ``neurons`` (a :class:`~arithinterp.engine.neuron_inputs.NeuronInputs`) makes its MLP
+        neurons receivers of their own: ``neuron_weights(layer) -> [C, B, T, u, S_up] | None``
+        says how much of each upstream sender's ``values − current`` goes into each chosen
+        neuron's own input, and with ``probe`` a zero probe ``[C·B, T, u, d]`` is added there
+        (returned as ``neuron_probes`` ``{layer: probe}``).
         """
         L = self.layout
         B, T = tokens.shape
@@ -205,9 +213,9 @@ class EdgeForward:
         residual: list = [None]
         hooks = []
 
-        def delta(layer: int, channel: str, device, dtype) -> Optional[torch.Tensor]:
-            """``[C·B, T, units, d]`` to add at the receiver's input, or None."""
-            w = None if weights is None else weights(layer, channel)
+        def carried(w: Optional[torch.Tensor], units: int, device, kept: dict, key) -> Optional[torch.Tensor]:
+            """``[C·B, T, units, d]`` to add at a receiver's input (``w`` [C, B, T, units, S_up]
+            of each upstream sender's ``values − current``, and a probe), or None."""
             out = None
             if w is not None:
                 assert values is not None, "edge weights need the senders' values"
@@ -218,10 +226,18 @@ class EdgeForward:
                 w = w[..., active].reshape(copies * B, T, w.shape[-2], len(active)).float()
                 out = torch.einsum("ntus,ntsd->ntud", w, diff)
             if probe:
-                p = torch.zeros(copies * B, T, L.units(channel), L.d_model, device=device, requires_grad=True)
-                probes[layer, channel] = p
+                p = torch.zeros(copies * B, T, units, L.d_model, device=device, requires_grad=True)
+                kept[key] = p
                 out = p if out is None else out + p
             return out
+
+        def delta(layer: int, channel: str, device, dtype) -> Optional[torch.Tensor]:
+            w = None if weights is None else weights(layer, channel)
+            return carried(w, L.units(channel), device, probes, (layer, channel))
+
+        mlp_x: dict = {}  # each MLP's input in this run (what its neurons' own inputs start from)
+        neuron_probes: dict = {}
+        neuron_normed: dict = {}
 
         def embed_hook(act, hook=None):
             if embed is not None:
@@ -280,8 +296,12 @@ class EdgeForward:
             if L.has_mlp:
 
                 def mlp_in(act, hook=None, layer=layer):
+                    if inside:  # the recomputation of a neuron's own input calls ln2 again
+                        return act
                     d = delta(layer, "mlp", act.device, act.dtype)
-                    return act if d is None else act + d[:, :, 0].to(act.dtype)
+                    act = act if d is None else act + d[:, :, 0].to(act.dtype)
+                    mlp_x[layer] = act
+                    return act
 
                 def mlp_out(act, hook=None, layer=layer):
                     current[L.mlp_sender(layer)] = act
@@ -289,6 +309,31 @@ class EdgeForward:
 
                 hooks.append((self.mlp_in_hook(layer), mlp_in))
                 hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
+
+        inputs = cast(Any, neurons)  # a NeuronInputs (not imported here: it builds on this module)
+        for layer in ([] if neurons is None else cast(Any, neurons).layers):
+            for proj in inputs.projections(layer):
+
+                def neuron_in(act, hook=None, layer=layer, proj=proj):
+                    if layer not in neuron_normed:  # the layer's first projection: the neurons' own inputs
+                        w = None if neuron_weights is None else neuron_weights(layer)
+                        units = torch.arange(inputs.units(layer))
+                        if w is not None and not probe:  # recompute only the neurons some edge set changes
+                            units = torch.nonzero(w.abs().sum((0, 1, 2, 4))).flatten().cpu()
+                            w = w[..., units.to(w.device), :]
+                        d = carried(w, len(units), act.device, neuron_probes, layer) if len(units) else None
+                        normed = None
+                        if d is not None:
+                            inside.append(True)
+                            try:
+                                normed = inputs.normed(layer, mlp_x[layer][:, :, None, :] + d.to(mlp_x[layer].dtype))
+                            finally:
+                                inside.pop()
+                        neuron_normed[layer] = normed, units
+                    normed, units = neuron_normed[layer]
+                    return act if normed is None else inputs.replace(layer, proj, act, normed, units)
+
+                hooks.append((inputs.hook(layer, proj), neuron_in))
 
         def final(act, hook=None):
             residual[0] = act
@@ -303,6 +348,8 @@ class EdgeForward:
             out["residual"] = residual[0]
         if probe:
             out["probes"] = probes
+            if neurons is not None:
+                out["neuron_probes"] = neuron_probes
         return out
 
 

@@ -114,20 +114,22 @@ LOGISTIC_SOLVERS = ("joint", "rows")
 
 def lbfgs_rows(fun: Any, x0: torch.Tensor, max_iter: int = 100, tol: float = 1e-5, history: int = 20,
                ftol: float = 1e-9, skip: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Minimise B independent problems at once: ``fun(x [B, m]) -> (f [B], grad [B, m],
-    size [B])``, ``size`` the gradient's size that the stopping test compares with ``tol``.
+    """Minimise B independent problems at once: ``fun(x [A, m], rows [A]) -> (f [A], grad [A, m],
+    size [A])`` evaluates the problems ``rows`` (indices into the B) at ``x``; ``size`` is the
+    gradient's size that the stopping test compares with ``tol``.
 
     Every row runs its own L-BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5: the two-loop recursion
     over the row's last ``history`` steps and a backtracking Armijo line search), so a row's
     path does not depend on the others; only the evaluations are shared, one call of ``fun``
-    for every row per trial step (one matrix product for many probes). A row stops after
+    for the rows still running per trial step (one matrix product for many probes; a row that
+    has stopped, or has already accepted its step, is not evaluated again). A row stops after
     ``max_iter`` iterations, when its gradient's ``size`` is at most ``tol`` or when its
     objective changes by at most ``ftol`` (relative); rows marked in ``skip`` [B] do not move.
     Returns the solutions [B, m] and each row's iterations [B].
     """
     x = x0.detach().clone()
-    f, g, size = fun(x)
     B = x.shape[0]
+    f, g, size = fun(x, torch.arange(B))
     steps: list = []  # (s, y, rho) per past iteration, [B, m], [B, m], [B]; rho = 0 where a row skipped it
     active = size > tol
     if skip is not None:
@@ -157,15 +159,16 @@ def lbfgs_rows(fun: Any, x0: torch.Tensor, max_iter: int = 100, tol: float = 1e-
             slope = (g * d).sum(1)
         d[~active] = 0.0
         t = torch.ones(B)
-        x_new = x + d
-        f_new, g_new, size_new = fun(x_new)
-        for _ in range(40):  # halve each row's step until it decreases its objective enough
-            ok = (f_new <= f + 1e-4 * t * slope) | ~active
-            if bool(ok.all()):
+        x_new, f_new, g_new, size_new = x.clone(), f.clone(), g.clone(), size.clone()
+        trying = active.clone()
+        for _ in range(41):  # halve each row's step until it decreases its objective enough
+            rows = trying.nonzero()[:, 0]
+            x_new[rows] = x[rows] + t[rows, None] * d[rows]
+            f_new[rows], g_new[rows], size_new[rows] = fun(x_new[rows], rows)
+            trying[rows] = f_new[rows] > f[rows] + 1e-4 * t[rows] * slope[rows]
+            if not bool(trying.any()):
                 break
-            t = torch.where(ok, t, 0.5 * t)
-            x_new = x + t[:, None] * d
-            f_new, g_new, size_new = fun(x_new)
+            t = torch.where(trying, 0.5 * t, t)
         s, y = x_new - x, g_new - g
         sy = (s * y).sum(1)
         rho = torch.where(active & (sy > 1e-10), 1.0 / sy.clamp_min(1e-30), 0.0)
@@ -173,9 +176,9 @@ def lbfgs_rows(fun: Any, x0: torch.Tensor, max_iter: int = 100, tol: float = 1e-
         if len(steps) > history:
             steps.pop(0)
         change = (f - f_new).abs() / f_new.abs().clamp_min(1e-12)
-        x, f, g = x_new, f_new, g_new
+        x, f, g, size = x_new, f_new, g_new, size_new
         iters += active.long()
-        active = active & (size_new > tol) & (change > ftol)
+        active = active & (size > tol) & (change > ftol)
     return x, iters
 
 
@@ -215,16 +218,17 @@ class _CurvatureBasis:
         curvature = spread.double()[:, None, None] * contrast[None] * eigenvalues.double().clamp_min(0)[None, None]
         self.curvature = (curvature + ridge.double()[:, None, None]).sqrt().float()  # [B, K, d]
 
-    def weight(self, theta: torch.Tensor) -> torch.Tensor:
-        """``theta`` [B, K, d] -> weight [B, K, d]."""
-        return self.Q @ (theta / self.curvature) @ self.V.T
+    def weight(self, theta: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``theta`` [A, K, d] of problems ``rows`` (default all B) -> weight [A, K, d]."""
+        curvature = self.curvature if rows is None else self.curvature[rows]
+        return self.Q @ (theta / curvature) @ self.V.T
 
     def theta(self, weight: torch.Tensor) -> torch.Tensor:
         return (self.Q.T @ weight @ self.V) * self.curvature
 
-    def weight_gradient(self, grad_theta: torch.Tensor) -> torch.Tensor:
-        """The gradient in ``weight`` from the gradient in ``theta`` (for the stopping test)."""
-        return self.Q @ (grad_theta * self.curvature) @ self.V.T
+    def theta_gradient(self, grad_weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The gradient in ``theta`` [A, K, d] from the gradient in ``weight`` of problems ``rows``."""
+        return (self.Q.T @ grad_weight @ self.V) / self.curvature[rows]
 
 
 # --- probes ---------------------------------------------------------------------------------------
@@ -382,11 +386,33 @@ class LogisticProbe(_Probe):
                 n_iter = [int(optimizer.state[optimizer._params[0]].get("n_iter", 0))] * B
                 weight, bias = weight.detach(), bias.detach()
             else:
-                def plain(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                    flat = flat.detach().requires_grad_(True)
-                    data, penalty = objective(flat[:, : K * d].reshape(B, K, d), flat[:, K * d:])
-                    (grad,) = torch.autograd.grad((data + penalty).sum(), flat)  # the problems are separable
-                    return (data + penalty).detach(), grad, grad.abs().amax(1)
+                # one layout for every problem's classes: logits [n, K, B] from one product [n, d] @ [d, K·B]
+                # (classes in the middle: a softmax over a short inner axis is several times slower)
+                per_row = (weights / total[:, None]).T.contiguous()[:, None, :]  # [n, 1, B]
+                target = index.T.contiguous()[:, None, :]  # [n, 1, B]
+                shut = absent[:, 0, :].T  # [K, B]
+                ridge = 1.0 / (self.C * total)
+
+                def value_grad(weight: torch.Tensor, bias: torch.Tensor, rows: torch.Tensor):
+                    """Problems ``rows``' objectives [A] and gradients in ``weight`` [A, K, d] and ``bias``
+                    [A, K] (the softmax cross-entropy's gradient in closed form: one product each way)."""
+                    A = len(rows)
+                    raw = (weight / scale[rows, None, :]).transpose(0, 1)  # [K, A, d] on raw X
+                    offset = (bias - (weight * (mean / scale)[rows, None, :]).sum(-1)).T + shut[:, rows]  # [K, A]
+                    logp = ((X @ raw.reshape(K * A, d).T).view(-1, K, A) + offset).log_softmax(1)
+                    at, w = target[:, :, rows], per_row[:, :, rows]
+                    value = -(logp.gather(1, at)[:, 0] * w[:, 0]).sum(0) + (weight**2).sum((1, 2)) * ridge[rows] / 2
+                    grad = logp.exp_().scatter_add_(1, at, torch.full_like(at, -1.0, dtype=logp.dtype))
+                    grad *= w  # d(mean loss) / d(logits) [n, K, A]
+                    grad_offset = grad.sum(0).T  # [A, K]
+                    grad_raw = (grad.view(-1, K * A).T @ X).view(K, A, d).transpose(0, 1)
+                    grad_raw = grad_raw - grad_offset[:, :, None] * mean[rows, None, :]
+                    return value, grad_raw / scale[rows, None, :] + weight * ridge[rows, None, None], grad_offset
+
+                def plain(flat: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    value, grad_w, grad_b = value_grad(flat[:, : K * d].reshape(-1, K, d), flat[:, K * d:], rows)
+                    grad = torch.cat([grad_w.flatten(1), grad_b], 1)
+                    return value, grad, grad.abs().amax(1)
 
                 # a few steps in the probe's own weights, then the rest in a basis scaled to the
                 # curvature there (each row stops by the same test on its own weights' gradient)
@@ -404,13 +430,11 @@ class LogisticProbe(_Probe):
                         eigenbasis = feature_eigenbasis(X)
                     basis = _CurvatureBasis(eigenbasis, spread, 1.0 / (self.C * total), K)
 
-                    def scaled(theta_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                        theta_flat = theta_flat.detach().requires_grad_(True)
-                        data, penalty = objective(basis.weight(theta_flat[:, : K * d].reshape(B, K, d)),
-                                                  theta_flat[:, K * d:])
-                        (grad,) = torch.autograd.grad((data + penalty).sum(), theta_flat)
-                        own = basis.weight_gradient(grad[:, : K * d].reshape(B, K, d)).abs().amax((1, 2))
-                        return (data + penalty).detach(), grad, torch.maximum(own, grad[:, K * d:].abs().amax(1))
+                    def scaled(theta_flat: torch.Tensor, rows: torch.Tensor):
+                        weight = basis.weight(theta_flat[:, : K * d].reshape(-1, K, d), rows)
+                        value, grad_w, grad_b = value_grad(weight, theta_flat[:, K * d:], rows)
+                        grad = torch.cat([basis.theta_gradient(grad_w, rows).flatten(1), grad_b], 1)
+                        return value, grad, torch.maximum(grad_w.abs().amax((1, 2)), grad_b.abs().amax(1))
 
                     start = torch.cat([basis.theta(weight).reshape(B, -1), bias], 1)
                     theta_flat, more = lbfgs_rows(scaled, start, max_iter=int(self.max_iter) - first, tol=self.tol,
