@@ -81,7 +81,7 @@ class _PrefixCache:
     def update(self, keys, values, layer_idx, *args, **kwargs):
         if layer_idx in self.prefix:
             old_k, old_v = self.prefix[layer_idx]
-            keys, values = torch.cat([old_k, keys], dim=-2), torch.cat([old_v, values], dim=-2)
+            keys, values = _stacked_cat([old_k, keys], -2), _stacked_cat([old_v, values], -2)
         if self.record:
             self.kv[layer_idx] = (keys, values)
         if layer_idx == self.keep_only:
@@ -92,6 +92,34 @@ class _PrefixCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         prefix = self.prefix.get(layer_idx)
         return 0 if prefix is None else int(prefix[0].shape[-2])
+
+
+def _stacked_cat(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat(parts, dim)`` for stacked runs (row ``c * B + b`` is run ``c`` of prompt ``b``),
+    where a part with ``B`` rows instead of ``n * B`` is the base run's, shared by all ``n`` runs.
+
+    The shared part is written straight into each run's slot of the output (one copy), never
+    tiled first: the base run's keys and values of the reused prefix, its block outputs after a
+    patched position.
+    """
+    N = max(int(p.shape[0]) for p in parts)
+    if all(p.shape[0] == N for p in parts):
+        return torch.cat(list(parts), dim)
+    B = min(int(p.shape[0]) for p in parts)
+    n, rest = divmod(N, B)
+    if rest or any(p.shape[0] not in (B, N) for p in parts):
+        raise AnalysisError(f"parts of {sorted({int(p.shape[0]) for p in parts})} rows are not all {B} prompts or "
+                            f"whole stacks of them")
+    dim = dim % parts[0].ndim
+    shape = list(parts[0].shape)
+    shape[0], shape[dim] = B, sum(int(p.shape[dim]) for p in parts)
+    out = parts[0].new_empty(n, *shape)
+    at = 0
+    for part in parts:
+        width = int(part.shape[dim])
+        out.narrow(dim + 1, at, width).copy_(part if part.shape[0] == B else part.reshape(n, B, *part.shape[1:]))
+        at += width
+    return out.view(N, *shape[1:])
 
 
 @dataclass
@@ -355,10 +383,8 @@ class Stepper:
             raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
         prefix = None
         if start > 0 and base.kv is not None:
-            prefix = {
-                i: tuple(x[..., :start, :].repeat(n_stack, 1, 1, 1) for x in base.kv[i])
-                for i in range(layer, self.n_layers)
-            }
+            # the base run's own rows: each stacked run's attention reads them without a tiled copy
+            prefix = {i: tuple(x[..., :start, :] for x in base.kv[i]) for i in range(layer, self.n_layers)}
         cache = _PrefixCache(prefix)
         last, n_read = self.n_layers - 1, n_last or 1
         # only the read positions leave the last block: the others need only their keys and values there
@@ -439,7 +465,7 @@ class Stepper:
             out = self.blocks[i](hidden, **kwargs)
             hidden = out[0] if isinstance(out, tuple) else out
             if local and i == layer:  # the block's other positions are the base run's
-                hidden = torch.cat([hidden, base.resid[i + 1][:, start + 1 :].repeat(n_stack, 1, 1)], dim=1)
+                hidden = _stacked_cat([hidden, base.resid[i + 1][:, start + 1 :]], 1)
         return hidden
 
     def _keep_keys_values(
