@@ -443,12 +443,11 @@ def test_stepped_mean_ablation_value_equals_whole_forwards(tiny, tiny_digit_mode
     from arithinterp.neurons.model import mean_final_activation
     from arithinterp.tasks import arithmetic
 
-    model, prompts = tiny
     few_shot = arithmetic(tiny_digit_model, a=range(10, 40, 3), b=range(50, 70, 4), few_shot=2)
-    for model, prompts in ((model, prompts), (tiny_digit_model, few_shot)):
-        stepped = _stepped_mean(model, prompts, [0, 1], 7)  # several batches
+    for model, prompt_set in (tiny, (tiny_digit_model, few_shot)):
+        stepped = _stepped_mean(model, prompt_set, [0, 1], 7)  # several batches
         assert stepped is not None
-        expected = mean_final_activation(model, prompts, [0, 1])
+        expected = mean_final_activation(model, prompt_set, [0, 1])
         assert (stepped - expected).abs().max() <= 1e-5 and float(expected.std()) > 1e-3
 
 

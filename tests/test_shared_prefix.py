@@ -58,7 +58,14 @@ def resume_starts(monkeypatch):
         finally:
             checking.pop()
 
+    original_split = Stepper.resume_split
+
+    def split_spy(self, base, layer, first, rest, start, *args, **kwargs):
+        starts.append(start)
+        return original_split(self, base, layer, first, rest, start, *args, **kwargs)
+
     monkeypatch.setattr(Stepper, "resume", spy)
+    monkeypatch.setattr(Stepper, "resume_split", split_spy)
     monkeypatch.setattr(Stepper, "check", check)
     return starts
 
@@ -101,6 +108,39 @@ def test_heads_without_positions_match_whole_forwards_in_every_family(family, nu
         fast = patching.activation_patching(model, pairs, site, per_position=False, engine="stepped", progress=False)
         assert "keys/values reused" in fast.meta["engine"][0], (family, fast.meta["engine"])
         slow = patching.activation_patching(model, pairs, site, per_position=False, engine="hooks", progress=False)
+        assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), family
+        assert fast.values.std() > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_teacher_forced_answers_share_their_prompt_in_every_family(family, number_tokenizer, tmp_path, monkeypatch):
+    """With ``full_answer`` scoring every pair is a row per fed answer; the patched runs compute the
+    prompt's positions once per pair (``Stepper.resume_split``) and give the whole forwards' numbers
+    (≤ 1e-5), for heads without positions and the residual stream by position (3 layers: a
+    residual patch at layer 0 makes the run the source's, one entering the last block takes
+    ``resume_last``)."""
+    model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path, n_layers=3)))
+    prompts = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # first answer tokens shared by some pairs: full_answer scores them
+        pairs = prompts.counterfactual(vary="b", seed=0)
+    pairs = pairs[pairs.clean.length_groups()[0][:4]]
+    splits = []
+    original = Stepper.resume_split
+
+    def spy(self, *args, **kwargs):
+        splits.append(args[4])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Stepper, "resume_split", spy)
+    for site, per_position in (("attn_z", False), ("resid_pre", True)):
+        splits.clear()
+        fast = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full_answer",
+                                            engine="stepped", progress=False)
+        assert splits, (family, site)  # the split path ran
+        slow = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full_answer",
+                                            engine="hooks", progress=False)
         assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), family
         assert fast.values.std() > 1e-3
 

@@ -421,6 +421,62 @@ class Stepper:
             hidden = self._run(base, last, hidden[:, T - n_read - start :], T - n_read, cache, n_stack, n_read)
         return self.read_logits(hidden, n_last)
 
+    def resume_split(
+        self, base: BaseRun, layer: int, first: torch.Tensor, rest: torch.Tensor, start: int, split: tuple[int, int],
+        edits: Sequence[tuple[str, Callable, Callable]] = (), n_stack: int = 1, n_last: Optional[int] = None,
+    ) -> torch.Tensor:
+        """:meth:`resume` of runs whose rows repeat the same prompts up to position ``P``.
+
+        ``split = (P, B1)``: row ``f * B1 + b`` of the base prompts equals row ``b`` before
+        position ``P`` (prompts with different teacher-forced answers appended, say), and so do the
+        stacked runs' inputs and patches. Positions ``start:P`` then run on the ``B1`` distinct
+        rows alone (``first [n_stack * B1, P - start, d]``) and positions ``P:`` on every row
+        (``rest [n_stack * B, T - P, d]``), block by block, each row attending over its distinct
+        row's keys and values. ``edits`` are ``(hook name, fn for the first part, fn for the
+        rest)``. Logits as :meth:`resume`.
+        """
+        T, B, last, n_read = base.tokens.shape[1], base.tokens.shape[0], self.n_layers - 1, n_last or 1
+        P, B1 = split
+        check_n_last(n_last, T - P, P)
+        if base.kv is None or not self.reuses_prefix or B % B1 or not start < P <= T - n_read or layer > last:
+            raise AnalysisError(f"cannot split runs of {B} rows at position {P} into {B1} distinct rows from "
+                                f"position {start} (keys and values must be reused, {start} < P <= {T - n_read})")
+        head = base.rows(slice(0, B1))
+        head_kv = head.kv or {}
+        rows = torch.arange(n_stack * B, device=first.device)
+        gather = (rows // B) * B1 + rows % B1  # each stacked row's distinct row
+        part = [1]
+
+        def dispatch(first_fn, rest_fn):
+            return lambda activation, hook=None: (first_fn if part[0] == 1 else rest_fn)(activation, hook)
+
+        cache = _PrefixCache()
+        hooks = [(name, dispatch(first_fn, rest_fn)) for name, first_fn, rest_fn in edits]
+        with self._cache_reaches_attention(cache), hook_points(self.model, hooks):
+            for i in range(layer, self.n_layers):
+                part[0], cache.record = 1, True
+                if start:
+                    cache.prefix[i] = tuple(x[..., :start, :] for x in head_kv[i])
+                kwargs = {key: self._slice(key, value, start, n_stack, head, cache, P) for key, value in
+                          head.calls[i].items()}
+                if i == last:  # the distinct rows' last block: only its keys and values are read
+                    self._keys_values_only(i, first, kwargs, cache)
+                else:
+                    out = self.blocks[i](first, **kwargs)
+                    first = out[0] if isinstance(out, tuple) else out
+                keys, values = cache.kv.pop(i)
+                part[0], cache.record = 2, False
+                cache.prefix[i] = (keys[gather], values[gather])
+                at = P
+                if i == last and T - P > n_read:  # the last block: the read positions only
+                    self._keep_keys_values(i, rest[:, : rest.shape[1] - n_read], P, n_stack, base, cache)
+                    rest, at = rest[:, rest.shape[1] - n_read :], T - n_read
+                kwargs = {key: self._slice(key, value, at, n_stack, base, cache, T) for key, value in
+                          base.calls[i].items()}
+                out = self.blocks[i](rest, **kwargs)
+                rest = out[0] if isinstance(out, tuple) else out
+        return self.read_logits(rest, n_last)
+
     def _keys_values_at(
         self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, base: BaseRun
     ) -> tuple[torch.Tensor, torch.Tensor]:
