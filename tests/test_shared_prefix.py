@@ -145,6 +145,35 @@ def test_teacher_forced_answers_share_their_prompt_in_every_family(family, numbe
         assert fast.values.std() > 1e-3
 
 
+@pytest.mark.slow
+def test_teacher_forced_sweeps_on_the_zoo_match_whole_forwards(monkeypatch):
+    """The zoo's native attention through the split runs too; and an MLP neuron whose patch first
+    changes anything after the first read position (inside the fed answer) is run from that read
+    position, not refused."""
+    from arithinterp.errors import ModelFileError
+    from arithinterp.models import zoo as zoo_lib
+
+    try:
+        model = ai.load_model("zoo:add-3digit")
+    except ModelFileError:
+        pytest.skip("zoo:add-3digit is not shipped in this checkout")
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=40).with_scoring("full_answer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pairs = prompts.counterfactual(vary="b", seed=0)[:6]
+    splits = []
+    original = Stepper.resume_split
+    monkeypatch.setattr(Stepper, "resume_split", lambda self, *a, **k: splits.append(a[4]) or original(self, *a, **k))
+    for site, per_position in (("attn_z", False), ("resid_pre", True), ("mlp_post", False)):
+        fast = patching.activation_patching(model, pairs, site, per_position=per_position, engine="stepped",
+                                            progress=False)
+        slow = patching.activation_patching(model, pairs, site, per_position=per_position, engine="hooks",
+                                            progress=False)
+        assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), site
+        assert fast.values.std() > 1e-3
+    assert splits
+
+
 def test_heads_without_positions_on_the_zoo_match_transformer_lens():
     from transformer_lens import patching as tl_patching
 

@@ -220,7 +220,8 @@ class PatchRunner:
         B = self.tokens.shape[0]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
         if pos is None:  # every position patched: the run starts where the first patch changes anything
-            start = min(int(self.first_changed(layer, unit).min()), int(self.tokens.shape[1]) - 1)
+            # (at the first read position at the latest: the run computes every position it reads)
+            start = min(int(self.first_changed(layer, unit).min()), int(self.tokens.shape[1]) - (self.n_last or 1))
         else:
             start = int(pos.min()) if self.reuses_prefix else 0
         pos, unit = self._on_device(pos), self._on_device(unit)
