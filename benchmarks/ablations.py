@@ -12,7 +12,8 @@ difference between the two results.
   digit tokenizer) with few-shot prompts; difference = per-prompt log-probability of the digit;
 * ``neurons``: ``neurons.importance(method="mean_ablation")`` over every neuron of every layer
   (difference = scores) on ``zoo:add-100`` and the Llama folder; ``neurons.ablate_heuristic`` over
-  every labelled heuristic of ``zoo:add-100`` (difference = accuracies);
+  every labelled heuristic of ``zoo:add-100``, and ``neurons.ablate_for_prompt`` (five k, both
+  arms) on ``zoo:add-100`` and on 900 few-shot prompts of the Llama folder (difference = accuracies);
 * ``decode``: ``PromptSet.evaluate`` on ``zoo:add-3digit`` and on a random-weight
   TransformerLens-native model (4 layers, d_model 256, digit tokenizer, few-shot prompts),
   against one plain forward of the prompts in the same batches (difference = generated tokens
@@ -176,7 +177,27 @@ def bench_neurons(args) -> list[dict]:
                                                    args.runs)
         rows.append(row("`neurons.ablate_heuristic`", "zoo:add-100", slow, fast,
                         float((stepped - hooked).abs().max()), f"{len(prompts)} prompts, {len(names)} heuristics"))
+        rows.append(for_prompt_row(model, "zoo:add-100", prompts, table, args.runs))
+    model, label = llama_digits(args.quick)
+    step = 9 if args.quick else 3
+    prompts = arithmetic(model, a=range(10, 99, step), b=range(10, 99, step), few_shot=3)
+    table = neurons.classify(model, prompts, top_k=20 if args.quick else 50)
+    rows.append(for_prompt_row(model, label, prompts, table, args.runs))
     return rows
+
+
+def for_prompt_row(model, label: str, prompts, table, runs: int) -> dict:
+    """``neurons.ablate_for_prompt`` (k = 1, 2, 5, 10, 20: ten cells and the unablated run) both ways."""
+    from arithinterp import neurons
+
+    def for_prompt(choice):
+        result = neurons.ablate_for_prompt(model, prompts, table, engine=choice)
+        return torch.stack([result.heuristic_correct, result.control_correct])
+
+    for_prompt("stepped")
+    fast, stepped, slow, hooked = side_by_side(lambda: for_prompt("stepped"), lambda: for_prompt("hooks"), runs)
+    return row("`neurons.ablate_for_prompt`", label, slow, fast, float((stepped - hooked).abs().max()),
+               f"{len(prompts)} prompts of {prompts.tokens.shape[1]} tokens, 5 k × 2 arms")
 
 
 def bench_decode(args) -> list[dict]:

@@ -141,6 +141,6 @@ def test_ablations_benchmark_smoke():
     rows = [line for line in out.splitlines() if line.startswith("| `")]
     assert {row.split("|")[1].strip() for row in rows} == {
         "`patching.digit_ablation` (mean)", "`neurons.importance` (mean_ablation)", "`neurons.ablate_heuristic`",
-        "`PromptSet.evaluate`"}
+        "`neurons.ablate_for_prompt`", "`PromptSet.evaluate`"}
     for row in rows:  # max diff: the stepped and whole-forward paths give the same numbers
         assert float(row.split("|")[6]) <= 1e-4, row

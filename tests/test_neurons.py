@@ -436,6 +436,21 @@ def test_mean_ablation_value_is_the_engines_mean(tiny):
     assert torch.allclose(expected, acts[:, -1].mean(0), atol=1e-5)  # every prompt has a final position
 
 
+def test_stepped_mean_ablation_value_equals_whole_forwards(tiny, tiny_digit_model):
+    """The stacked ablations' mean value, read from stepped base runs (the last block at the final
+    position only, a shared few-shot prefix computed once), is the whole-forward mean (≤ 1e-5)."""
+    from arithinterp.neurons.ablation import _stepped_mean
+    from arithinterp.neurons.model import mean_final_activation
+    from arithinterp.tasks import arithmetic
+
+    few_shot = arithmetic(tiny_digit_model, a=range(10, 40, 3), b=range(50, 70, 4), few_shot=2)
+    for model, prompt_set in (tiny, (tiny_digit_model, few_shot)):
+        stepped = _stepped_mean(model, prompt_set, [0, 1], 7)  # several batches
+        assert stepped is not None
+        expected = mean_final_activation(model, prompt_set, [0, 1])
+        assert (stepped - expected).abs().max() <= 1e-5 and float(expected.std()) > 1e-3
+
+
 def test_attribution_works_on_a_frozen_model(tiny):
     model, prompts = tiny
     pairs = prompts.counterfactual(vary="a", seed=0)[:12]

@@ -58,7 +58,14 @@ def resume_starts(monkeypatch):
         finally:
             checking.pop()
 
+    original_split = Stepper.resume_split
+
+    def split_spy(self, base, layer, first, rest, start, *args, **kwargs):
+        starts.append(start)
+        return original_split(self, base, layer, first, rest, start, *args, **kwargs)
+
     monkeypatch.setattr(Stepper, "resume", spy)
+    monkeypatch.setattr(Stepper, "resume_split", split_spy)
     monkeypatch.setattr(Stepper, "check", check)
     return starts
 
@@ -103,6 +110,68 @@ def test_heads_without_positions_match_whole_forwards_in_every_family(family, nu
         slow = patching.activation_patching(model, pairs, site, per_position=False, engine="hooks", progress=False)
         assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), family
         assert fast.values.std() > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_teacher_forced_answers_share_their_prompt_in_every_family(family, number_tokenizer, tmp_path, monkeypatch):
+    """With ``full_answer`` scoring every pair is a row per fed answer; the patched runs compute the
+    prompt's positions once per pair (``Stepper.resume_split``) and give the whole forwards' numbers
+    (≤ 1e-5), for heads without positions and the residual stream by position (3 layers: a
+    residual patch at layer 0 makes the run the source's, one entering the last block takes
+    ``resume_last``)."""
+    model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path, n_layers=3)))
+    prompts = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # first answer tokens shared by some pairs: full_answer scores them
+        pairs = prompts.counterfactual(vary="b", seed=0)
+    pairs = pairs[pairs.clean.length_groups()[0][:4]]
+    splits = []
+    original = Stepper.resume_split
+
+    def spy(self, *args, **kwargs):
+        splits.append(args[4])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Stepper, "resume_split", spy)
+    for site, per_position in (("attn_z", False), ("resid_pre", True)):
+        splits.clear()
+        fast = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full_answer",
+                                            engine="stepped", progress=False)
+        assert splits, (family, site)  # the split path ran
+        slow = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full_answer",
+                                            engine="hooks", progress=False)
+        assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), family
+        assert fast.values.std() > 1e-3
+
+
+@pytest.mark.slow
+def test_teacher_forced_sweeps_on_the_zoo_match_whole_forwards(monkeypatch):
+    """The zoo's native attention through the split runs too; and an MLP neuron whose patch first
+    changes anything after the first read position (inside the fed answer) is run from that read
+    position, not refused."""
+    from arithinterp.errors import ModelFileError
+    from arithinterp.models import zoo as zoo_lib
+
+    try:
+        model = ai.load_model("zoo:add-3digit")
+    except ModelFileError:
+        pytest.skip("zoo:add-3digit is not shipped in this checkout")
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=40).with_scoring("full_answer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pairs = prompts.counterfactual(vary="b", seed=0)[:6]
+    splits = []
+    original = Stepper.resume_split
+    monkeypatch.setattr(Stepper, "resume_split", lambda self, *a, **k: splits.append(a[4]) or original(self, *a, **k))
+    for site, per_position in (("attn_z", False), ("resid_pre", True), ("mlp_post", False)):
+        fast = patching.activation_patching(model, pairs, site, per_position=per_position, engine="stepped",
+                                            progress=False)
+        slow = patching.activation_patching(model, pairs, site, per_position=per_position, engine="hooks",
+                                            progress=False)
+        assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), site
+        assert fast.values.std() > 1e-3
+    assert splits
 
 
 def test_heads_without_positions_on_the_zoo_match_transformer_lens():

@@ -24,6 +24,8 @@ UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_pos
 RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post")  # everything downstream depends on them alone
 # sites whose patch at one position changes their block's output at that position alone
 LOCAL_SITES = ("resid_mid", "attn_out", "mlp_out", "attn_z", "mlp_pre", "mlp_post")
+# sites whose patched runs may compute repeated prompts' shared positions once (PatchRunner.split)
+SPLIT_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z", "mlp_pre", "mlp_post")
 UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see PatchRunner.cell_states)
 
 
@@ -114,6 +116,7 @@ class PatchRunner:
             self.base_acts = [self._stepped_activation(self.base, layer) for layer in range(self.n_layers)]
             self.source_acts = [self._stepped_activation(self.source, layer) for layer in range(self.n_layers)]
             self.base_resid_pre = self.base.resid[: self.n_layers] if extra else []
+            self.split = repeated_rows(base_tokens, source_tokens, n_last) if stepper.reuses_prefix else None
         else:
             self.base, self.source = None, None
             self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra, n_last)
@@ -121,6 +124,7 @@ class PatchRunner:
             self.base_acts = [self._shaped(base_acts[name]) for name in names]
             self.source_acts = [self._shaped(source_acts[name]) for name in names]
             self.base_resid_pre = [base_acts[name] for name in extra]
+            self.split = None
 
     def _read_name(self, layer: int) -> str:
         return site_lib.hook_name(self.site, layer)
@@ -231,7 +235,8 @@ class PatchRunner:
         B = self.tokens.shape[0]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
         if pos is None:  # every position patched: the run starts where the first patch changes anything
-            start = min(int(self.first_changed(layer, unit).min()), int(self.tokens.shape[1]) - 1)
+            # (at the first read position at the latest: the run computes every position it reads)
+            start = min(int(self.first_changed(layer, unit).min()), int(self.tokens.shape[1]) - (self.n_last or 1))
         else:
             start = int(pos.min()) if self.reuses_prefix else 0
         pos, unit = self._on_device(pos), self._on_device(unit)
@@ -244,11 +249,7 @@ class PatchRunner:
         if site == "resid_mid":  # reached through attn_out: resid_mid = resid_pre + attn_out
             resid_pre = self.base_resid_pre[layer].narrow(1, start, width)
             base, source = base - resid_pre, source - resid_pre
-        mask = patch_mask(site, (C, *base.shape), start, pos, unit)
-
-        def patch(activation, hook=None):
-            stacked = activation.reshape(C, *base.shape)
-            return torch.where(mask, source[None].to(stacked.dtype), stacked).reshape(activation.shape)
+        patch = self._patch_fn(base, source, C, start, pos, unit)
 
         if self.stepper is None or self.base is None:  # a stepper always comes with its base run
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
@@ -256,8 +257,10 @@ class PatchRunner:
             logits = logits[:, -1] if self.n_last is None else logits[:, -self.n_last:]
             return logits.reshape(C, B, *logits.shape[1:])
         stepper = self.stepper
-        if site in ("resid_pre", "resid_post"):
-            entry = layer + (site == "resid_post")
+        entry = layer + (site == "resid_post")
+        if self._splits(site, entry, start, local, pos):
+            logits = self._patched_split(layer, entry, start, base, source, patch, pos, unit, C)
+        elif site in ("resid_pre", "resid_post"):
             hidden = patch(base[None].expand(C, *base.shape)).flatten(0, 1)
             if entry == self.n_layers:
                 logits = stepper.read_logits(hidden, self.n_last)
@@ -272,6 +275,75 @@ class PatchRunner:
                 self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last, local=local
             )
         return logits.reshape(C, B, *logits.shape[1:])
+
+    def _splits(self, site: str, entry: int, start: int, local: bool, pos: Optional[torch.Tensor]) -> bool:
+        """Whether a stack of cells runs through :meth:`_patched_split`: the rows repeat prompts
+        from before ``start`` on, every repeat is patched at the same position, and the run is
+        not a one-position block or the last block entered through the residual stream."""
+        if self.split is None or local or site not in SPLIT_SITES or start >= self.split[0]:
+            return False
+        if site in RESIDUAL_SITES and entry >= self.n_layers - 1:
+            return False
+        B1 = self.split[1]
+        return pos is None or bool((pos.reshape(pos.shape[0], -1, B1) == pos[:, None, :B1]).all())
+
+    def _patch_fn(self, base: torch.Tensor, source: torch.Tensor, C: int, start: int, pos: Optional[torch.Tensor],
+                  unit: Optional[torch.Tensor]) -> Callable:
+        """The hook writing the source activation into the patched cells of ``base`` (``[B, S, ...]``
+        from position ``start``: the stacked activation's rows and positions)."""
+        mask = patch_mask(self.site, (C, *base.shape), start, pos, unit)
+
+        def patch(activation, hook=None):
+            stacked = activation.reshape(C, *base.shape)
+            return torch.where(mask, source[None].to(stacked.dtype), stacked).reshape(activation.shape)
+
+        return patch
+
+    def _patched_split(self, layer: int, entry: int, start: int, base: torch.Tensor, source: torch.Tensor,
+                       patch: Callable, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor],
+                       C: int) -> torch.Tensor:
+        """:meth:`patched` through :meth:`Stepper.resume_split`: rows that repeat a prompt (with
+        different answers fed after it) compute the positions before ``P`` once per prompt."""
+        assert self.stepper is not None and self.base is not None and self.split is not None
+        P, B1 = self.split
+        cut = P - start
+        first_pos = None if pos is None else pos[:, :B1]
+        if self.site in RESIDUAL_SITES:  # the patched residual stream is the input of block ``entry``
+            hidden = patch(base[None].expand(C, *base.shape)).reshape(C, *base.shape)
+            first = hidden[:, :B1, :cut].flatten(0, 1)
+            rest = hidden[:, :, cut:].flatten(0, 1)
+            edits = []
+        else:
+            first = self.base.resid[layer][:B1, start:P].repeat(C, 1, 1)
+            rest = self.base.resid[layer][:, P:].repeat(C, 1, 1)
+            name = site_lib.hook_name(self.site, layer)
+            first_fn = self._patch_fn(base[:B1, :cut], source[:B1, :cut], C, start, first_pos, unit)
+            rest_fn = self._patch_fn(base[:, cut:], source[:, cut:], C, P, pos, unit)
+            edits = [(name, first_fn, rest_fn)]
+        return self.stepper.resume_split(self.base, entry, first, rest, start, (P, B1), edits, n_stack=C,
+                                         n_last=self.n_last)
+
+
+def repeated_rows(base_tokens: torch.Tensor, source_tokens: torch.Tensor,
+                  n_last: Optional[int]) -> Optional[tuple[int, int]]:
+    """``(P, B1)`` when the rows of both token sets are ``F > 1`` copies of their first ``B1`` rows
+    up to position ``P`` (prompts with different answers fed after them), capped at the first read
+    position: the split with the largest ``P`` (a patched run starts late in the prompts, so only
+    the positions just before ``P`` are saved; a few-shot prefix every row shares comes earlier),
+    or None when the rows repeat nothing."""
+    N, T = base_tokens.shape
+    best, saved = None, (0, 0)
+    for F in range(2, N + 1):
+        if N % F:
+            continue
+        B1 = N // F
+        same = torch.ones(T, dtype=torch.bool, device=base_tokens.device)
+        for tokens in (base_tokens, source_tokens):
+            same &= (tokens.view(F, B1, T) == tokens[None, :B1]).all(1).all(0)
+        P = min(int(same.int().argmin()) if not bool(same.all()) else T, T - (n_last or 1))
+        if P > 0 and (P, (F - 1) * B1) > saved:  # the most positions repeated, then the most rows
+            best, saved = (P, B1), (P, (F - 1) * B1)
+    return best
 
 
 def _cached_run(

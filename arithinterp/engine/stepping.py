@@ -81,7 +81,7 @@ class _PrefixCache:
     def update(self, keys, values, layer_idx, *args, **kwargs):
         if layer_idx in self.prefix:
             old_k, old_v = self.prefix[layer_idx]
-            keys, values = torch.cat([old_k, keys], dim=-2), torch.cat([old_v, values], dim=-2)
+            keys, values = _stacked_cat([old_k, keys], -2), _stacked_cat([old_v, values], -2)
         if self.record:
             self.kv[layer_idx] = (keys, values)
         if layer_idx == self.keep_only:
@@ -92,6 +92,34 @@ class _PrefixCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         prefix = self.prefix.get(layer_idx)
         return 0 if prefix is None else int(prefix[0].shape[-2])
+
+
+def _stacked_cat(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat(parts, dim)`` for stacked runs (row ``c * B + b`` is run ``c`` of prompt ``b``),
+    where a part with ``B`` rows instead of ``n * B`` is the base run's, shared by all ``n`` runs.
+
+    The shared part is written straight into each run's slot of the output (one copy), never
+    tiled first: the base run's keys and values of the reused prefix, its block outputs after a
+    patched position.
+    """
+    N = max(int(p.shape[0]) for p in parts)
+    if all(p.shape[0] == N for p in parts):
+        return torch.cat(list(parts), dim)
+    B = min(int(p.shape[0]) for p in parts)
+    n, rest = divmod(N, B)
+    if rest or any(p.shape[0] not in (B, N) for p in parts):
+        raise AnalysisError(f"parts of {sorted({int(p.shape[0]) for p in parts})} rows are not all {B} prompts or "
+                            f"whole stacks of them")
+    dim = dim % parts[0].ndim
+    shape = list(parts[0].shape)
+    shape[0], shape[dim] = B, sum(int(p.shape[dim]) for p in parts)
+    out = parts[0].new_empty(n, *shape)
+    at = 0
+    for part in parts:
+        width = int(part.shape[dim])
+        out.narrow(dim + 1, at, width).copy_(part if part.shape[0] == B else part.reshape(n, B, *part.shape[1:]))
+        at += width
+    return out.view(N, *shape[1:])
 
 
 @dataclass
@@ -355,10 +383,8 @@ class Stepper:
             raise AnalysisError("this model's blocks do not reuse keys and values; resume from position 0")
         prefix = None
         if start > 0 and base.kv is not None:
-            prefix = {
-                i: tuple(x[..., :start, :].repeat(n_stack, 1, 1, 1) for x in base.kv[i])
-                for i in range(layer, self.n_layers)
-            }
+            # the base run's own rows: each stacked run's attention reads them without a tiled copy
+            prefix = {i: tuple(x[..., :start, :] for x in base.kv[i]) for i in range(layer, self.n_layers)}
         cache = _PrefixCache(prefix)
         last, n_read = self.n_layers - 1, n_last or 1
         # only the read positions leave the last block: the others need only their keys and values there
@@ -394,6 +420,62 @@ class Stepper:
         with self._cache_reaches_attention(cache):
             hidden = self._run(base, last, hidden[:, T - n_read - start :], T - n_read, cache, n_stack, n_read)
         return self.read_logits(hidden, n_last)
+
+    def resume_split(
+        self, base: BaseRun, layer: int, first: torch.Tensor, rest: torch.Tensor, start: int, split: tuple[int, int],
+        edits: Sequence[tuple[str, Callable, Callable]] = (), n_stack: int = 1, n_last: Optional[int] = None,
+    ) -> torch.Tensor:
+        """:meth:`resume` of runs whose rows repeat the same prompts up to position ``P``.
+
+        ``split = (P, B1)``: row ``f * B1 + b`` of the base prompts equals row ``b`` before
+        position ``P`` (prompts with different teacher-forced answers appended, say), and so do the
+        stacked runs' inputs and patches. Positions ``start:P`` then run on the ``B1`` distinct
+        rows alone (``first [n_stack * B1, P - start, d]``) and positions ``P:`` on every row
+        (``rest [n_stack * B, T - P, d]``), block by block, each row attending over its distinct
+        row's keys and values. ``edits`` are ``(hook name, fn for the first part, fn for the
+        rest)``. Logits as :meth:`resume`.
+        """
+        T, B, last, n_read = base.tokens.shape[1], base.tokens.shape[0], self.n_layers - 1, n_last or 1
+        P, B1 = split
+        check_n_last(n_last, T - P, P)
+        if base.kv is None or not self.reuses_prefix or B % B1 or not start < P <= T - n_read or layer > last:
+            raise AnalysisError(f"cannot split runs of {B} rows at position {P} into {B1} distinct rows from "
+                                f"position {start} (keys and values must be reused, {start} < P <= {T - n_read})")
+        head = base.rows(slice(0, B1))
+        head_kv = head.kv or {}
+        rows = torch.arange(n_stack * B, device=first.device)
+        gather = (rows // B) * B1 + rows % B1  # each stacked row's distinct row
+        part = [1]
+
+        def dispatch(first_fn, rest_fn):
+            return lambda activation, hook=None: (first_fn if part[0] == 1 else rest_fn)(activation, hook)
+
+        cache = _PrefixCache()
+        hooks = [(name, dispatch(first_fn, rest_fn)) for name, first_fn, rest_fn in edits]
+        with self._cache_reaches_attention(cache), hook_points(self.model, hooks):
+            for i in range(layer, self.n_layers):
+                part[0], cache.record = 1, True
+                if start:
+                    cache.prefix[i] = tuple(x[..., :start, :] for x in head_kv[i])
+                kwargs = {key: self._slice(key, value, start, n_stack, head, cache, P) for key, value in
+                          head.calls[i].items()}
+                if i == last:  # the distinct rows' last block: only its keys and values are read
+                    self._keys_values_only(i, first, kwargs, cache)
+                else:
+                    out = self.blocks[i](first, **kwargs)
+                    first = out[0] if isinstance(out, tuple) else out
+                keys, values = cache.kv.pop(i)
+                part[0], cache.record = 2, False
+                cache.prefix[i] = (keys[gather], values[gather])
+                at = P
+                if i == last and T - P > n_read:  # the last block: the read positions only
+                    self._keep_keys_values(i, rest[:, : rest.shape[1] - n_read], P, n_stack, base, cache)
+                    rest, at = rest[:, rest.shape[1] - n_read :], T - n_read
+                kwargs = {key: self._slice(key, value, at, n_stack, base, cache, T) for key, value in
+                          base.calls[i].items()}
+                out = self.blocks[i](rest, **kwargs)
+                rest = out[0] if isinstance(out, tuple) else out
+        return self.read_logits(rest, n_last)
 
     def _keys_values_at(
         self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, base: BaseRun
@@ -439,7 +521,7 @@ class Stepper:
             out = self.blocks[i](hidden, **kwargs)
             hidden = out[0] if isinstance(out, tuple) else out
             if local and i == layer:  # the block's other positions are the base run's
-                hidden = torch.cat([hidden, base.resid[i + 1][:, start + 1 :].repeat(n_stack, 1, 1)], dim=1)
+                hidden = _stacked_cat([hidden, base.resid[i + 1][:, start + 1 :]], 1)
         return hidden
 
     def _keep_keys_values(

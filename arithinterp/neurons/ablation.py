@@ -125,13 +125,35 @@ def _check_mode(mode: str) -> None:
         raise ConfigError(f"unknown ablation mode {mode!r}; accepted: {accepted(NEURON_ABLATION_MODES)}")
 
 
-def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int) -> torch.Tensor:
+def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int, choice: str = "hooks") -> torch.Tensor:
     """What an ablated neuron is set to, ``[L, d_mlp]``: its mean ablation value at the final
     position (:func:`~arithinterp.neurons.model.mean_final_activation`, the engine's one
-    definition, over ``prompts``), or 0."""
+    definition, over ``prompts``), or 0. Unless ``choice`` is ``"hooks"`` the activations come
+    from stepped base runs where the model allows (:func:`_stepped_mean`)."""
     if mode == "zero":
         return torch.zeros(len(layers), int(model.cfg.d_mlp))
-    return mean_final_activation(model, prompts, layers, batch_size)
+    stepped = None if choice == "hooks" else _stepped_mean(model, prompts, layers, batch_size)
+    return stepped if stepped is not None else mean_final_activation(model, prompts, layers, batch_size)
+
+
+def _stepped_mean(model, prompts, layers: list[int], batch_size: int) -> Optional[torch.Tensor]:
+    """:func:`~arithinterp.neurons.model.mean_final_activation` from stepped base runs
+    (:func:`arithinterp.engine.stepping.read_last`): the last block runs the final position only and
+    the first tokens the prompts share are computed once, where a whole forward computes every
+    position. ``None`` when a batch cannot be read that way (padded rows, blocks that cannot be
+    stepped): the caller then runs whole forwards. The same batches as the ablations that follow."""
+    from arithinterp.engine.stepping import read_last
+
+    names = [site_lib.hook_name("mlp_post", layer) for layer in layers]
+    mean = engine.RunningMean()
+    for _, tokens, final in final_position_batches(prompts, batch_size):
+        if bool((final != tokens.shape[1] - 1).any()):
+            return None
+        reads = read_last(model, tokens, names, 1, only_if_shared=False)
+        if reads is None:
+            return None
+        mean.add(torch.stack([reads[name][:, 0].float().cpu() for name in names], 1)[:, None])
+    return mean.value()[0]
 
 
 def _correct(
@@ -271,7 +293,7 @@ def ablate_heuristic(
         for n in names:
             table.index(n)
     layers = sorted(set(table.layer.tolist()))
-    fill = _replacement(model, prompts, layers, mode, batch_size)
+    fill = _replacement(model, prompts, layers, mode, batch_size, engine)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
     associated = _association(table, prompts, names)
     d_mlp = int(model.cfg.d_mlp)
@@ -369,7 +391,7 @@ def ablate_for_prompt(
         priority = table.importance[None].expand(len(prompts), -1)
     generator = torch.Generator().manual_seed(seed)
     layers = sorted(set(table.layer.tolist()))
-    fill = _replacement(model, prompts, layers, mode, batch_size)
+    fill = _replacement(model, prompts, layers, mode, batch_size, engine)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
     d_mlp = int(model.cfg.d_mlp)
     P = len(prompts)
