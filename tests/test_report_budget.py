@@ -294,8 +294,12 @@ def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
     text = html.unescape(out.read_text())
     assert_complete_html(text)
     states = stage_states(out.read_text())
+    whole = 0  # stages whose every item fitted (the engine is fast enough for some on a quiet machine)
     for name in ("Activation patching", "Heuristic neurons", "Circuit: edges from the operands to the answer"):
         state = states[name]
+        if re.search(r"all [\d,]+ (pairs|prompts) fit the [\d.]+ s budget", state):
+            whole += 1
+            continue
         sampled = re.search(r"sampled ([\d,]+) of ([\d,]+) (pairs|prompts)( and \d+ of \d+ layers \([\d, ]+\))?[ ;]",
                             state)
         if sampled:  # fewer than there are, at least the minimum
@@ -308,6 +312,7 @@ def test_a_small_budget_samples_the_heavy_stages_and_says_so(tmp_path):
             assert re.search(rf"<h2>{re.escape(name)}</h2>.*?Not run within the budget: (the minimum of \d+ "
                              r"(pairs|prompts)( at a single layer)? would take about|EAP-IG at one step on the "
                              r"minimum of \d+ pairs \([^)]*\) and a faithfulness curve)", text, re.S)
+    assert whole < 3, states  # a 1 s budget cannot hold all three at full size
     assert "budget: 1 s" in text
 
 

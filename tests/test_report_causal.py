@@ -46,7 +46,7 @@ def test_causal_stage_is_not_run_without_a_built_in_causal_model(tiny_model):
 
 @pytest.mark.slow
 def test_causal_stage_on_a_zoo_model_fits_its_budget_and_says_so(tmp_path):
-    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["causal"], limit=300, budget=20,
+    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["causal"], limit=300, budget=6,
                        progress=False)
     text = html.unescape(out.read_text())
     state = re.search(rf"<li><b>{re.escape(STAGE_TITLES['causal'])}</b>: (.*?)</li>", text)

@@ -350,12 +350,15 @@ def _sweep_process(config_path: Path, out: Path, *flags: str) -> subprocess.Pope
 
 @pytest.fixture(scope="module")
 def reference(model_dir, tmp_path_factory):
-    """An uninterrupted local run (in this process, one thread like the sweeps the tests start):
-    (config path, its tables)."""
+    """An uninterrupted local run in a fresh process, like the runs it is compared with (in the test
+    process the thread count and reduction order can differ in the last digits): (config path, its tables)."""
     root = tmp_path_factory.mktemp("sweep_reference")
     config_path = write_toml(root / "sweep.toml", model_dir, root / "unused")
-    run = S.run_sweep(config_path, out=root / "out", progress=False)
-    assert run.counts() == dict(total=7, done=7, skipped=0, failed=0, pending=0), run.summary()
+    process = _sweep_process(config_path, root / "out")
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["done"] == summary["total"] == 7
     return config_path, S.load_results(root / "out")
 
 
