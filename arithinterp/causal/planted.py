@@ -23,20 +23,27 @@ PLANE = (20, 21)  # where sum_mod_10 is stored
 TENS_DIM = 22
 
 
-def planted_model(tokenizer, scale: float = 10.0):
-    """The planted model over a number tokenizer whose numbers ``0..19`` are single tokens."""
+def _blank_model(tokenizer, d_model: int, d_mlp: int):
+    """A one-layer, two-head ReLU bridge model with every weight zero, to be written by hand."""
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
-    cfg = TransformerBridgeConfig(d_model=64, d_head=32, n_heads=2, n_layers=1, n_ctx=8, d_vocab=len(tokenizer),
-                                  d_mlp=100, normalization_type=None, seed=0, act_fn="relu",
-                                  positional_embedding_type="standard")
+    cfg = TransformerBridgeConfig(d_model=d_model, d_head=d_model // 2, n_heads=2, n_layers=1, n_ctx=8,
+                                  d_vocab=len(tokenizer), d_mlp=d_mlp, normalization_type=None, seed=0,
+                                  act_fn="relu", positional_embedding_type="standard")
     boot = TransformerBridge.boot_native  # pyright: ignore[reportAttributeAccessIssue]
     model = boot(cfg, tokenizer=tokenizer).eval()
-    number = torch.tensor([tokenizer.convert_tokens_to_ids(str(n)) for n in range(20)])
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
+    return model
+
+
+def planted_model(tokenizer, scale: float = 10.0):
+    """The planted model over a number tokenizer whose numbers ``0..19`` are single tokens."""
+    model = _blank_model(tokenizer, d_model=64, d_mlp=100)
+    number = torch.tensor([tokenizer.convert_tokens_to_ids(str(n)) for n in range(20)])
+    with torch.no_grad():
         emb = model.embed.original_component.weight
         emb[number[:10], torch.arange(10)] = 1.0  # digit tokens one-hot in dims 0..9
         model.pos_embed.original_component.weight[torch.arange(8), 23 + torch.arange(8)] = 1.0  # positions 23..30
@@ -105,19 +112,10 @@ def planted_helix_model(tokenizer, scale: float = 10.0):
     and 10 are functions of ``s mod 10`` (5 dims, :func:`planted_helix_subspace`), but the period
     100 mixes the units and the tens: no subspace separates ``sum_mod_10`` from ``s // 10``. Needs a
     number tokenizer whose numbers ``0..198`` are single tokens."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-
     positions = HUNDREDS_DIM + 1  # positional one-hots after the code
-    cfg = TransformerBridgeConfig(d_model=256, d_head=128, n_heads=2, n_layers=1, n_ctx=8, d_vocab=len(tokenizer),
-                                  d_mlp=10000, normalization_type=None, seed=0, act_fn="relu",
-                                  positional_embedding_type="standard")
-    boot = TransformerBridge.boot_native  # pyright: ignore[reportAttributeAccessIssue]
-    model = boot(cfg, tokenizer=tokenizer).eval()
+    model = _blank_model(tokenizer, d_model=256, d_mlp=10000)
     number = torch.tensor([tokenizer.convert_tokens_to_ids(str(n)) for n in range(199)])
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
         model.embed.original_component.weight[number[:100], torch.arange(100)] = 1.0  # 0..99 one-hot in dims 0..99
         model.pos_embed.original_component.weight[torch.arange(8), positions + torch.arange(8)] = 1.0
         attn = model.blocks[0].attn
