@@ -105,20 +105,28 @@ def row(what: str, setup: str, slow: float, fast: float, diff: float, note: str 
     return dict(what=what, setup=setup, slow=slow, fast=fast, diff=diff, note=note)
 
 
-def bench_digits(args) -> list[dict]:
+def digit_setups(zoo_limit: int, other: tuple, steps: tuple[int, int], few_shot: int, n: int) -> list[tuple]:
+    """(model, label, prompts): zoo:add-3digit's held-out problems (when shipped), then ``other``
+    (a (model, label) built here) on ``n`` few-shot 2-digit problems, operands 10..98 in ``steps``."""
     from arithinterp.models import zoo as zoo_lib
-    from arithinterp.patching.components import parse_components
-    from arithinterp.patching.digits import digit_scores
     from arithinterp.tasks import arithmetic
 
     setups = []
     model = zoo("add-3digit")
     if model is not None:
-        prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=40 if args.quick else 500)
-        setups.append((model, "zoo:add-3digit", prompts))
-    model, label = llama_digits(args.quick)
-    prompts = arithmetic(model, a=range(10, 99, 7), b=range(10, 99, 11), few_shot=3, answer_digits=3)
-    setups.append((model, label, prompts[: 8 if args.quick else 24]))
+        setups.append((model, "zoo:add-3digit",
+                       zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=zoo_limit)))
+    model, label = other
+    prompts = arithmetic(model, a=range(10, 99, steps[0]), b=range(10, 99, steps[1]), few_shot=few_shot,
+                         answer_digits=3)
+    return setups + [(model, label, prompts[:n])]
+
+
+def bench_digits(args) -> list[dict]:
+    from arithinterp.patching.components import parse_components
+    from arithinterp.patching.digits import digit_scores
+
+    setups = digit_setups(40 if args.quick else 500, llama_digits(args.quick), (7, 11), 3, 8 if args.quick else 24)
     rows = []
     for model, label, prompts in setups:
         cfg = model.cfg
@@ -202,17 +210,8 @@ def for_prompt_row(model, label: str, prompts, table, runs: int) -> dict:
 
 def bench_decode(args) -> list[dict]:
     from arithinterp.engine import decode
-    from arithinterp.models import zoo as zoo_lib
-    from arithinterp.tasks import arithmetic
 
-    setups = []
-    model = zoo("add-3digit")
-    if model is not None:
-        prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=100 if args.quick else 2000)
-        setups.append((model, "zoo:add-3digit", prompts))
-    model, label = native_digits(args.quick)
-    prompts = arithmetic(model, a=range(10, 99, 3), b=range(10, 99, 3), few_shot=5, answer_digits=3)
-    setups.append((model, label, prompts[: 40 if args.quick else 400]))
+    setups = digit_setups(100 if args.quick else 2000, native_digits(args.quick), (3, 3), 5, 40 if args.quick else 400)
     rows = []
     for model, label, prompts in setups:
         def forward(model=model, prompts=prompts):  # one plain forward of every prompt, in evaluate's batches
