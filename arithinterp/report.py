@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from tqdm.auto import tqdm
 
+from arithinterp.engine.budget import release_freed_memory
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ModelSpecError, TaskError, accepted
 from arithinterp.outputs import atomic_write, check_writable_file
 
@@ -133,12 +134,12 @@ class Budget:
     bytes: Optional[int] = None  # None: the engine's default (half the model's parameter bytes)
     forward_seconds: float = 0.0
 
-    def batch_size(self, model: Any, seq_len: int, per_prompt_factor: float = 1.0, n_new: int = 0) -> int:
-        """Prompts per batch whose transient memory fits ``bytes``; ``per_prompt_factor``: how
-        many forwards' activations one prompt holds at once (e.g. 3 with a backward pass)."""
+    def batch_size(self, model: Any, seq_len: int, n_new: int = 0) -> int:
+        """Prompts per forward-only batch whose transient memory fits ``bytes`` (analyses with a
+        backward size their own batches from :meth:`memory`)."""
         from arithinterp.engine.decode import batch_size_for
 
-        return batch_size_for(model, seq_len, n_new=n_new, budget_bytes=self.memory(model) / per_prompt_factor)
+        return batch_size_for(model, seq_len, n_new=n_new, budget_bytes=self.memory(model))
 
     def memory(self, model: Any) -> int:
         """``bytes``, or the engine's default for ``model`` (half its parameter bytes, at least
@@ -450,10 +451,8 @@ def _sweeps(ctx: Context, pairs, check_gap: bool = True, layers: Optional[list[i
     heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False,
                                          layers=layers, progress=False)
     mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False, **where)
-    # the gradient holds a forward's activations for the clean and the corrupt run, and the backward's
-    batch = ctx.budget.batch_size(ctx.model, int(pairs.clean.lengths.max()), per_prompt_factor=6.0)
-    approx = patching.attribute(ctx.model, pairs, ["resid_pre", "mlp_out"], normalize=True, batch_size=batch,
-                                progress=False, **where)
+    approx = patching.attribute(ctx.model, pairs, ["resid_pre", "mlp_out"], normalize=True,
+                                max_memory=ctx.budget.memory(ctx.model), progress=False, **where)
     return resid, heads, mlps, approx
 
 
@@ -875,12 +874,12 @@ def neurons_stage(ctx: Context) -> Section:
 
     prompts = ctx.prompts[: ctx.n_neuron_prompts]
     require("neurons", len(prompts))
-    batch = ctx.budget.batch_size(ctx.model, int(prompts.lengths.max()), per_prompt_factor=6.0)
+    memory = ctx.budget.memory(ctx.model)  # classify sizes each phase's batches (a backward in the ranking) from it
 
     def classify(some, layers: Optional[list[int]] = None):
         pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(some))]
         return neurons.classify(ctx.model, some, layers=layers, top_k=ctx.top_k_neurons, pairs=pairs,
-                                batch_size=batch, progress=False)
+                                max_memory=memory, progress=False)
 
     # timed, not estimated from the evaluation: ranking the neurons (a forward and a backward of each
     # pair), reading their maps and scoring them with the shuffle control cost many forwards' worth
@@ -1555,6 +1554,7 @@ def write_report(
         seconds = share(name, chosen[i + 1:])
         ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
         page.set(name, f"running (budget {_secs(seconds)})")
+        release_freed_memory()  # what the last stage freed goes back to the system, not onto this one's peak
         state = "done"
         try:
             section = _run_stage(ctx, name)

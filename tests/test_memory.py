@@ -3,6 +3,8 @@ large ones, and refuse a budget that is invalid or too small to hold one unit.""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -190,3 +192,29 @@ def test_a_budget_too_small_for_one_unit_is_refused_with_the_size_needed(zoo):
     graph = circuits.Graph.of(model)
     with pytest.raises(ConfigError, match=r"too small: one pair's edge run needs"):
         circuits.run_edge_sets(model, pairs, graph, torch.ones(1, graph.n_edges), max_memory=1000)
+
+
+
+def test_attribution_patching_in_one_pair_batches_equals_the_default(llama, monkeypatch):
+    """``attribute`` sizes its batches from ``max_memory``: a budget too small for one pair is
+    refused with the size one needs, and a budget of 1.5 pairs runs one pair per batch with the
+    same cells as the default."""
+    from arithinterp.patching import attribution
+
+    model, prompts = llama
+    pairs = prompts.counterfactual(vary="a", seed=0)[:6]
+    kwargs = dict(sites=["resid_pre", "mlp_out"], method="integrated_gradients", steps=2, progress=False)
+    with pytest.raises(ConfigError, match=r"max_memory=1000 bytes is too small: one pair's forward and backward") \
+            as refused:
+        ai.patching.attribute(model, pairs, max_memory=1000, **kwargs)
+    one_pair = int(re.search(r"needs about (\d+) bytes", str(refused.value)).group(1))
+    default = ai.patching.attribute(model, pairs, **kwargs)
+    batches: list = []
+    original = attribution.engine_run
+    monkeypatch.setattr(attribution, "engine_run", lambda m, tokens, *a, **k: (batches.append(len(tokens)),
+                                                                                 original(m, tokens, *a, **k))[1])
+    small = ai.patching.attribute(model, pairs, max_memory=1.5 * one_pair, **kwargs)
+    assert batches and max(batches) == 1
+    for site in kwargs["sites"]:
+        assert torch.allclose(default[site].values, small[site].values, atol=1e-5)
+    assert float((default["resid_pre"].values - default["resid_pre"].corrupt_baseline.reshape(-1, 1, 1)).abs().max()) > 0

@@ -470,3 +470,22 @@ def test_per_digit_ablation_stops_between_groups_when_the_time_runs_out(six_laye
     result, covered = report._ablate_while_time_lasts(ctx, prompts[:8], [0, 1, 3, 5], heads_of)
     assert covered == [0, 5]  # the last and the first ran; a third group (10 s) would not fit the 5 s left
     assert result.heads == heads_of([0, 5]) and result.accuracy.shape[0] == 2 * model.cfg.n_heads
+
+
+def test_the_neurons_stage_hands_its_memory_budget_to_the_classification(tmp_path, monkeypatch):
+    """The ranking runs a backward: its batches are sized by ``classify`` from the stage's
+    ``max_memory``, not fixed by the report from a forward-only estimate."""
+    from arithinterp import neurons
+    from arithinterp.errors import AnalysisError
+
+    calls: list = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        raise AnalysisError("recorded")  # the call is what this test checks; the stage then says "not run"
+
+    monkeypatch.setattr(neurons, "classify", spy)
+    with pytest.warns(UserWarning, match="recorded"):
+        write_report("zoo:add-100", out=tmp_path / "r.html", stages=["neurons"], limit=300, budget=10_000,
+                     max_memory="64MiB", progress=False)
+    assert calls and all(c.get("max_memory") == 64 * 2**20 and c.get("batch_size") is None for c in calls), calls

@@ -170,6 +170,7 @@ def run_edge_sets(
     batches = [b for group in pairs.clean.length_groups() for b in group.split(pair_batch)]
     bar = tqdm(total=len(batches) * C, desc="edge sets", disable=not progress)
     for idx in batches:
+        runner = base_send = other_send = fixed = None  # free the last batch's senders before building these
         base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
         B, T = base_tokens.shape
         key = (base, tuple(idx.tolist()))
@@ -368,6 +369,8 @@ def attribute_edges(
             receiver_names, receiver_index = neuron_receiver_edges(graph, senders, senders)
             receiver_out = torch.empty(len(pairs), len(receiver_names))
     for idx in tqdm(batches, desc=method, disable=not progress):
+        # the last batch's senders, runs and gradients go before this batch's are built, not onto its peak
+        source_send = base_send = grad_sum = neuron_grad_sum = g = diff = per = got = grads = wanted = post = None
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
         if method == "eap-ig-activations":  # integrated over each sender group's outputs
@@ -388,7 +391,6 @@ def attribute_edges(
         source_send, source_logits = sender_outputs(model, source_tokens)
         count += 1
         # the base run's senders and logits: run first for EAP-IG; EAP's one gradient run is the base run
-        base_send: Optional[torch.Tensor] = None
         base_logits: Optional[torch.Tensor] = None
         if method == "eap-ig":
             base_send, base_logits = sender_outputs(model, base_tokens)

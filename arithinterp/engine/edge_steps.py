@@ -120,12 +120,17 @@ class SteppedEdges:
         names += [f"blocks.{layer}.hook_mlp_out" for layer in range(L.n_layers)] if L.has_mlp else []
         with torch.inference_mode():
             run = stepper.base(torch.cat([base_tokens, other_tokens]), read=names)
-            senders = [run.resid[0]]  # block 0's input: the embeddings
+            embed = run.resid[0]  # block 0's input: the embeddings
+            # filled in place, sender by sender: a list of the outputs stacked at the end would hold them twice
+            stacked = torch.empty(*embed.shape[:2], L.n_senders, L.d_model, device=embed.device)
+            stacked[:, :, 0] = embed
+            s = 1
             for layer in range(L.n_layers):
-                senders += list(self.edges.head_outputs(layer, run.acts[names[layer]]).unbind(2))
+                stacked[:, :, s:s + L.n_heads] = self.edges.head_outputs(layer, run.acts.pop(names[layer]))
+                s += L.n_heads
                 if L.has_mlp:
-                    senders.append(run.acts[names[L.n_layers + layer]])
-            stacked = torch.stack(senders, 2).float()
+                    stacked[:, :, s] = run.acts.pop(names[L.n_layers + layer])
+                    s += 1
             check_additive(self.edges, stacked, run.resid[L.n_layers])
         self.run = run.rows(slice(0, B))
         self.base_senders, self.other_senders = stacked[:B], stacked[B:]

@@ -313,8 +313,11 @@ def _attribution(model, pairs, layers, batch_size, budget, progress) -> Iterator
     clean, corrupt = pairs.clean, pairs.corrupt
     d_mlp = int(model.cfg.d_mlp)
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
-    if batch_size is None:  # the clean run is kept for its backward; the reads, gradients and effects per layer
-        per_prompt = backward_bytes_per_prompt(model, _seq_len(clean)) + 6 * 4 * len(layers) * d_mlp
+    if batch_size is None:
+        # the clean run is kept for its backward, and each layer's read point adds four [T, d_mlp]
+        # tensors to it (the engine's zero probe, the activation plus probe, the gradient, the reads)
+        T = _seq_len(clean)
+        per_prompt = backward_bytes_per_prompt(model, T) + 4 * 4 * len(layers) * T * d_mlp
         batch_size = chunk_for(budget, per_prompt, "prompt's forward and backward", high=1024)
     batches = list(final_position_batches(clean, batch_size))
     for idx, tokens, final in tqdm(batches, desc="attribution", disable=not progress):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
 
@@ -13,6 +14,12 @@ from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read
 from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
+from arithinterp.engine.budget import (
+    backward_bytes_per_prompt,
+    chunk_for,
+    forward_logits_bytes_per_prompt,
+    memory_budget,
+)
 from arithinterp.errors import AnalysisError, SiteError, accepted
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.patching.core import (
@@ -53,14 +60,26 @@ def _cell_scores(site: str, contribution: torch.Tensor, pos: Optional[torch.Tens
     return per[rows, pos.T.to(per.device)]  # [B, n_pos, ...]
 
 
+def _pairs_per_batch(model: HookedModel, sites: list[str], n_reads: int, pairs: PromptPairs, budget: int) -> int:
+    """Pairs whose forward kept for the backward, the source run and the reads fit ``budget`` bytes:
+    each of ``n_reads`` site-layers holds four float32 activations (the source's, the base's, and
+    the gradient run's zero probe and gradient)."""
+    seq_len = max(int(pairs.clean.lengths.max()), int(pairs.corrupt.lengths.max()))
+    widest = max(seq_len * model.cfg.n_heads if site == "pattern" else math.prod(site_lib.site_shape(model, site))
+                 for site in sites)
+    per_pair = (backward_bytes_per_prompt(model, seq_len) + forward_logits_bytes_per_prompt(model, seq_len)
+                + 4 * 4 * n_reads * seq_len * widest)
+    return chunk_for(budget, per_pair, "pair's forward and backward", high=1024)
+
+
 @overload
 def attribute(
     model: HookedModel, pairs: PromptPairs, sites: str, method: str = ..., steps: int = ...,
     metric: Union[str, Callable] = ...,
     layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
     neurons: Optional[Sequence[int]] = ...,
-    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ...,
-    progress: bool = ...,
+    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: Optional[int] = ...,
+    max_memory: Optional[float] = ..., seed: int = ..., progress: bool = ...,
 ) -> PatchResult: ...
 
 
@@ -70,8 +89,8 @@ def attribute(
     steps: int = ..., metric: Union[str, Callable] = ...,
     layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
     neurons: Optional[Sequence[int]] = ...,
-    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: int = ..., seed: int = ...,
-    progress: bool = ...,
+    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: Optional[int] = ...,
+    max_memory: Optional[float] = ..., seed: int = ..., progress: bool = ...,
 ) -> dict[str, PatchResult]: ...
 
 
@@ -90,7 +109,8 @@ def attribute(
     normalize: bool = False,
     *,
     per_position: bool = True,
-    batch_size: int = 64,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[float] = None,
     seed: int = 0,
     progress: bool = True,
 ) -> Union[PatchResult, dict[str, PatchResult]]:
@@ -112,6 +132,10 @@ def attribute(
     frozen models (``requires_grad=False``) work at every layer, layer 0 included, and the model's
     flags are left as they are; half-precision models run in their dtype with the metric, the
     gradients and the scores in float32.
+
+    ``batch_size`` pairs per batch, or None: as many as fit ``max_memory`` bytes
+    (:func:`arithinterp.engine.budget.memory_budget`; default from the model's size and the machine's
+    available memory) with a forward kept for the backward and every site's reads four times over.
     """
     check_belongs(model, "patching.attribute", pairs=pairs)
     check_pairs(pairs)
@@ -127,7 +151,9 @@ def attribute(
     check_choice("direction", direction, DIRECTIONS)
     if method == "integrated_gradients":
         steps = integer("steps", steps, minimum=1)
-    batch_size = integer("batch_size", batch_size, minimum=1)
+    if batch_size is not None:
+        batch_size = integer("batch_size", batch_size, minimum=1, hint=" or None (sized from max_memory)")
+    budget = memory_budget(model, max_memory)
     fn = metric_fn(metric)
     plans = {}
     for site in site_list:
@@ -147,9 +173,14 @@ def attribute(
     acts = [(site, layer) for site, plan in plans.items() for layer in plan[0]]
     grad_at = {cell: _grad_site(*cell) for cell in acts}
     grad_points = list(dict.fromkeys(grad_at.values()))
+    if batch_size is None:
+        batch_size = _pairs_per_batch(model, site_list, len(acts), pairs, budget)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     alphas = [0.0] if method == "attribution" else [(k + 0.5) / steps for k in range(steps)]
     for idx in tqdm(batches, desc="attribute", disable=not progress):
+        # the last batch's reads and gradients go before this batch's are taken, not onto its peak
+        source = source_acts = run = base_acts = None
+        grads: dict = {}
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         offset = base_set.offset(idx)
         interpolating = method == "integrated_gradients"
@@ -166,7 +197,6 @@ def attribute(
             assert base_logits is not None  # engine runs keep the final logits by default
             ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
             base_embed, source_embed = base.reads[-1], source.reads[-1]
-        grads: dict = {}
         for alpha in alphas:
             interventions = []
             if alpha:  # token embeddings on the straight line from the base to the source prompt
@@ -305,7 +335,7 @@ def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_p
     check_belongs(model, "patching.attribution_vs_exact", pairs=pairs)
     site_list = [sites] if isinstance(sites, str) else list(sites)
     approx = attribute(model, pairs, site_list, method=method, **kwargs)
-    sweep_kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "steps")}
+    sweep_kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "max_memory", "steps")}
     exact = {}
     for site in site_list:
         site_kwargs = dict(sweep_kwargs)
