@@ -90,7 +90,7 @@ DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M mod
 PILOT = 4  # items a stage times its analyses on (and on half as many) before choosing how many fit its budget
 PILOT_SHARE = 0.2  # at most this share of the time left goes to a pilot (by the stage's prior cost)
 SLOPE_FLOOR = 0.02  # a pilot's cost per item is at least this share of its cost per item with the fixed cost
-MARGIN = 0.9  # share of the time left that a measured cost may fill (the pilots' timing noise)
+MARGIN = 0.85  # share of the time left that a measured cost may fill (the pilots' timing noise)
 # each stage's share of the budget (the evaluation's too); what a stage leaves unused goes to the later ones.
 # Sized from what each needs at its minimum sample on a 135M-shaped model: circuits (EAP-IG and the
 # faithfulness curve) the most, the evaluation little (a few hundred prompts serve every stage's minimum)
@@ -249,9 +249,10 @@ class Context:
         a fixed cost per call and per item, and per layer a cost per call (its stacked runs,
         whatever the items) and per item, measured by ``pilot(items, layers)`` at two layers (the
         middle and the last) and at one (the last), each on up to ``pilot_items`` items and on half
-        as many (:func:`pilot_cost`'s lines); :class:`OverBudget` when not even one layer fits,
-        without a pilot when ``prior`` (prompt evaluations per item at one layer) puts the minimum
-        at one layer above twice the time left."""
+        as many (:func:`pilot_cost`'s lines), after one item at the last layer (its first-call
+        costs); :class:`OverBudget` when not even one layer fits, without a pilot when ``prior``
+        (prompt evaluations per item at one layer) puts the minimum at one layer above twice the
+        time left."""
         guess = prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
@@ -262,8 +263,10 @@ class Context:
         k = min(pilot_items, len(items))
         last, two_layers = [n_layers - 1], sorted({n_layers // 2, n_layers - 1})
         # a middle layer and the last: a run resumed at a layer costs what the layers after it do, so a
-        # middle layer's cost is about the mean over the spread layers. The larger pilot at two layers
-        # first, so that a first call's one-off costs count per layer (an over-estimate)
+        # middle layer's cost is about the mean over the spread layers. One item at the last layer
+        # first: what only a first call pays (the engine's one-off checks of the model) would otherwise
+        # be counted once per layer, and the stage would cover a tenth of the layers that fit
+        pilot(items[:1], last)
         two = _timed(pilot, items[:k], two_layers)
         fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
         # a layer more: a cost per call (its stacked runs, whatever the items) and one per item
@@ -933,7 +936,12 @@ def circuits_stage(ctx: Context) -> Section:
         if prior * ctx.budget.forward_seconds * MINIMUMS["circuits"][0] > ctx.seconds_left():
             # a pilot of the whole curve would itself take much of the time: time its parts instead
             raise OverBudget("the whole curve does not fit")
-        pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
+        fitted_pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
+        if len(fitted_pairs) < len(pairs):
+            # a sample: the whole curve, extrapolated from a pilot on a few pairs, is what limits it, and
+            # such an estimate ran over (216 s of 192 s on a 135M-shaped model); plan it by its parts
+            raise OverBudget("the whole curve does not fit every pair")
+        pairs = fitted_pairs
     except OverBudget:  # every edge scored on the minimum of pairs, fewer steps; the curve at fewer sizes and pairs
         pairs, curve_pairs, sizes, steps, fitted = _fit_curve(ctx, pairs, memory)
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
