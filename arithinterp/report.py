@@ -944,8 +944,19 @@ def circuits_stage(ctx: Context) -> Section:
         pairs = fitted_pairs
     except OverBudget:  # every edge scored on the minimum of pairs, fewer steps; the curve at fewer sizes and pairs
         pairs, curve_pairs, sizes, steps, fitted = _fit_curve(ctx, pairs, memory)
-    section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
+    start = time.perf_counter()
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=steps, max_memory=memory, progress=False)
+    if curve_pairs is not None and sizes is not None:
+        # the curve's sizes again, at EAP-IG's cost per pass measured on every pair (a run of an edge set
+        # costs at least one pass): the pilots' one or two pairs can under-state it (222 s of 203 s before)
+        per_pass = (time.perf_counter() - start) / (len(pairs) * (2 + 2 * steps))
+        room = int(max(ctx.seconds_left(), 0.0) * MARGIN / (per_pass * len(curve_pairs))) - 2
+        if room < len(sizes):
+            kept = [sizes[i] for i in spread(len(sizes), max(room, min(CURVE_SIZES, len(sizes))))]
+            fitted = fitted.replace(_curve_phrase(len(curve_pairs), sizes, scored.n_edges),
+                                    _curve_phrase(len(curve_pairs), kept, scored.n_edges))
+            sizes = kept
+    section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
     curve = circuits.faithfulness(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
                                   max_memory=memory)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
@@ -1011,7 +1022,7 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
     # forward, so at least one of EAP-IG's passes (a pilot on one or two pairs that stops early, or
     # fits one stacked forward, would make a run look free: 19 sizes on 30 pairs then took minutes)
     per_size = max(per_size / 4, per_pass)
-    default = sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
+    default = circuits.curve_sizes(n_edges)
 
     def scoring(steps: int) -> float:
         return score_fixed + len(chosen) * per_pass * (2 + 2 * steps)
@@ -1039,10 +1050,16 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
     sizes = [default[i] for i in spread(len(default), n_sizes)]
     curve_pairs = chosen[:n_curve]
     fewer = "" if steps == STEPS else f" with {steps} of EAP-IG's {STEPS} default integration steps"
-    sentence = (f"sampled {len(chosen):,} of {n:,} pairs{fewer} to fit the {_secs(ctx.budget.seconds)} budget; the "
-                f"faithfulness curve on {n_curve} of them at {len(sizes)} of {len(default)} sizes "
-                f"({', '.join(f'{k:,}' for k in sizes)} edges), its intervals over those pairs")
+    sentence = (f"sampled {len(chosen):,} of {n:,} pairs{fewer} to fit the {_secs(ctx.budget.seconds)} budget; "
+                f"{_curve_phrase(n_curve, sizes, n_edges)}")
     return chosen, curve_pairs, sizes, steps, sentence
+
+
+def _curve_phrase(n_pairs: int, sizes: list[int], n_edges: int) -> str:
+    from arithinterp.circuits import curve_sizes
+
+    return (f"the faithfulness curve on {n_pairs} of them at {len(sizes)} of {len(curve_sizes(n_edges))} sizes "
+            f"({', '.join(f'{k:,}' for k in sizes)} edges), its intervals over those pairs")
 
 
 def _top_edges(circuit, k: int):

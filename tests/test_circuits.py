@@ -597,3 +597,12 @@ def test_a_planted_neuron_ranks_top_and_a_silenced_one_scores_zero(number_tokeni
     with pytest.raises(ArithInterpError, match="accepted"):
         attribute_edges(model, ai.tasks.arithmetic(model, a=range(3), b=range(2)).counterfactual(vary="a", seed=0),
                         neurons={0: [model.cfg.d_mlp]}, progress=False)
+
+
+def test_curve_sizes_are_no_edge_the_powers_of_two_and_every_edge():
+    circuits = ai.circuits
+    sizes = circuits.curve_sizes(70_651)
+    assert sizes[:3] == [0, 1, 2] and sizes[-2:] == [65_536, 70_651] and len(sizes) == 19
+    assert circuits.curve_sizes(8) == [0, 1, 2, 4, 8] and circuits.curve_sizes(0) == [0]
+    with pytest.raises(ArithInterpError, match="n_edges"):
+        circuits.curve_sizes(-1)

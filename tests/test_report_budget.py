@@ -536,3 +536,48 @@ def test_circuits_plan_the_curve_by_its_parts_when_not_every_pair_fits(tiny_mode
     with pytest.raises(OverBudget, match="scored"):
         report.circuits_stage(ctx)
     assert len(planned) == 1
+
+
+def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, monkeypatch):
+    """The curve's sizes are planned again from EAP-IG's cost per pass measured on every pair: when
+    the scoring took longer than its pilot said, the curve keeps fewer sizes (no edge and every edge
+    among them) and the sentence names them."""
+    import arithinterp.report as report
+    from arithinterp import circuits, tasks
+
+    prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    n_edges = circuits.Graph.of(tiny_model).n_edges
+    planned = circuits.curve_sizes(n_edges)
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=100.0))
+    ctx.stage_start = 0.0
+    sentence = f"sampled 30 of {len(pairs):,} pairs; " + report._curve_phrase(10, planned, n_edges)
+    monkeypatch.setattr(report, "_fit_curve", lambda ctx, p, memory: (p[:30], p[:10], planned, 1, sentence))
+    original = circuits.score_edges
+
+    def slow_scores(*args, **kwargs):  # 0.25 s a pass: 4 passes on each of 30 pairs take 30 s
+        now[0] += 30.0
+        return original(*args, **kwargs)
+
+    curves: list = []
+
+    def curve(model, some, scored, sizes, **kwargs):
+        curves.append(list(sizes))
+        raise OverBudget("recorded")
+
+    monkeypatch.setattr(circuits, "score_edges", slow_scores)
+    monkeypatch.setattr(circuits, "faithfulness", curve)
+    monkeypatch.setattr(Context, "fit", lambda self, *a, **k: (_ for _ in ()).throw(OverBudget("by parts")))
+    with pytest.raises(OverBudget, match="recorded"):
+        report.circuits_stage(ctx)
+    # 70 s left, 0.85 of it, at 0.25 s a pair and size on 10 pairs: 23 runs a pair, the 2 fixed ones and 21 sizes
+    fits = int(0.85 * 70 / (0.25 * 10)) - 2
+    assert len(curves[0]) == min(len(planned), fits)
+    now[0] = 0.0
+    ctx.budget = Budget(seconds=40.0)  # 10 s left: 1 size fits, so the smallest curve
+    with pytest.raises(OverBudget, match="recorded"):
+        report.circuits_stage(ctx)
+    assert curves[1] == [planned[i] for i in spread(len(planned), CURVE_SIZES)]
+    assert curves[1][0] == 0 and curves[1][-1] == n_edges

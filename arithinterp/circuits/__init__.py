@@ -11,6 +11,7 @@ from arithinterp.circuits.circuit import (
     Circuit,
     Faithfulness,
     circuit_faithfulness,
+    curve_sizes,
     faithfulness,
     minimality,
     overlap,
@@ -26,6 +27,7 @@ from arithinterp.circuits.neurons import patch_neuron_edges
 
 __all__ = [
     "Circuit", "DigitCircuits", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness",
+    "curve_sizes",
     "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "patch_neuron_edges", "prune",
     "run_edge_sets", "score_edges", "threshold", "top_n",
 ]

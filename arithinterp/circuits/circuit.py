@@ -417,6 +417,12 @@ def _reported(fractions: dict) -> dict:
     return fractions
 
 
+def curve_sizes(n_edges: int) -> list[int]:
+    """The faithfulness curve's default sizes: no edge, every power of two below ``n_edges``, every edge."""
+    n_edges = integer("n_edges", n_edges, minimum=0)
+    return sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
+
+
 def faithfulness(
     model: HookedModel,
     pairs: PromptPairs,
@@ -449,7 +455,7 @@ def faithfulness(
     batch_sets = _check_batch_sets(batch_sets)
     _check_bootstrap(confidence, n_boot, seed)
     if sizes is None:
-        sizes = sorted({0, n, *[2**i for i in range(n.bit_length()) if 2**i < n]})
+        sizes = curve_sizes(n)
     sizes = _check_sizes(sizes, n)
     order = _order(circuit)
     kept = torch.zeros(len(sizes), n)
