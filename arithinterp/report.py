@@ -947,10 +947,11 @@ def circuits_stage(ctx: Context) -> Section:
     start = time.perf_counter()
     scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=steps, max_memory=memory, progress=False)
     if curve_pairs is not None and sizes is not None:
-        # the curve's sizes again, at EAP-IG's cost per pass measured on every pair (a run of an edge set
-        # costs at least one pass): the pilots' one or two pairs can under-state it (222 s of 203 s before)
-        per_pass = (time.perf_counter() - start) / (len(pairs) * (2 + 2 * steps))
-        room = int(max(ctx.seconds_left(), 0.0) * MARGIN / (per_pass * len(curve_pairs))) - 2
+        # the curve's sizes again, at EAP-IG's cost per pass measured on every pair: the pilots' one or two
+        # pairs can under-state it (222 s of 203 s before). A pair's run of an edge set cost 1.09 passes on
+        # the 135M shape at 5 sizes and more with the larger sets of a longer curve, so 1.5
+        per_run = 1.5 * (time.perf_counter() - start) / (len(pairs) * (2 + 2 * steps))
+        room = int(max(ctx.seconds_left(), 0.0) * MARGIN / (per_run * len(curve_pairs))) - 2
         if room < len(sizes):
             kept = [sizes[i] for i in spread(len(sizes), max(room, min(CURVE_SIZES, len(sizes))))]
             fitted = fitted.replace(_curve_phrase(len(curve_pairs), sizes, scored.n_edges),

@@ -572,8 +572,9 @@ def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, 
     monkeypatch.setattr(Context, "fit", lambda self, *a, **k: (_ for _ in ()).throw(OverBudget("by parts")))
     with pytest.raises(OverBudget, match="recorded"):
         report.circuits_stage(ctx)
-    # 70 s left, 0.85 of it, at 0.25 s a pair and size on 10 pairs: 23 runs a pair, the 2 fixed ones and 21 sizes
-    fits = int(0.85 * 70 / (0.25 * 10)) - 2
+    # 70 s left, 0.85 of it, at 1.5 passes (0.375 s) a pair and size on 10 pairs: 15 runs a pair, the 2
+    # fixed ones and 13 sizes
+    fits = int(0.85 * 70 / (1.5 * 0.25 * 10)) - 2
     assert len(curves[0]) == min(len(planned), fits)
     now[0] = 0.0
     ctx.budget = Budget(seconds=40.0)  # 10 s left: 1 size fits, so the smallest curve
