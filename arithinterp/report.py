@@ -431,6 +431,16 @@ def _top_cells(result, k: int = 3) -> str:
     return ", ".join(f"{cells[i]} ({mean[i]:.2f})" for i in order.tolist())
 
 
+def _points(drop: float) -> str:
+    """An accuracy drop (a fraction) in percentage points, e.g. ``"−12 points"``, ``"−0.4 points"``,
+    ``"no drop"`` (never a signed zero)."""
+    value = 100 * drop
+    if abs(value) < 0.05:
+        return "no drop"
+    sign = "−" if value > 0 else "+"
+    return f"{sign}{abs(value):.0f} points" if abs(value) >= 10 else f"{sign}{abs(value):.1f} points"
+
+
 def _no_gap(result) -> bool:
     """Whether clean and corrupt runs do not differ on the metric (|mean gap| within 2 SEM), so
     that restoring one from the other is undefined."""
@@ -581,17 +591,19 @@ def digits_stage(ctx: Context) -> Section:
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
-    top = ", ".join(f"{result.heads[i // n_answer]} on answer token {i % n_answer} "
-                    f"(−{100 * float(drop.flatten()[i]):.0f} points)" for i in order)
-    section.findings.append(
-        f"Mean-ablating one head at the position that predicts one answer token (teacher-forced, "
-        f"{result.meta['n_prompts']} prompts) costs that token most for {top}."
-    )
-    per_layer = drop.reshape(len(layers), -1).max(1).values  # the heads come layer by layer
-    section.findings.append(
-        "Largest drop by any head of each layer: "
-        + ", ".join(f"layer {layer}: {100 * float(v):.0f} points" for layer, v in zip(layers, per_layer)) + "."
-    )
+    ablating = (f"Mean-ablating one head at the position that predicts one answer token (teacher-forced, "
+                f"{result.meta['n_prompts']} prompts)")
+    if float(drop.max()) * 100 < 0.05:  # a model that gets no token right has nothing to lose
+        section.findings.append(f"{ablating} costs no answer token any accuracy, at any head of the layers ablated.")
+    else:
+        top = ", ".join(f"{result.heads[i // n_answer]} on answer token {i % n_answer} "
+                        f"({_points(float(drop.flatten()[i]))})" for i in order)
+        section.findings.append(f"{ablating} costs that token most for {top}.")
+        per_layer = drop.reshape(len(layers), -1).max(1).values  # the heads come layer by layer
+        section.findings.append(
+            "Largest drop by any head of each layer: "
+            + ", ".join(f"layer {layer}: {_points(float(v))}" for layer, v in zip(layers, per_layer)) + "."
+        )
     section.figures.append(result.plot())
     return section
 

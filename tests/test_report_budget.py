@@ -582,3 +582,10 @@ def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, 
         report.circuits_stage(ctx)
     assert curves[1] == [planned[i] for i in spread(len(planned), CURVE_SIZES)]
     assert curves[1][0] == 0 and curves[1][-1] == n_edges
+
+
+def test_accuracy_drops_read_as_points_never_as_a_signed_zero():
+    from arithinterp.report import _points
+
+    assert _points(0.123) == "−12 points" and _points(0.004) == "−0.4 points" and _points(-0.02) == "+2.0 points"
+    assert _points(0.0) == _points(-0.0) == _points(0.0004) == "no drop"
