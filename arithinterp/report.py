@@ -965,10 +965,8 @@ def circuits_stage(ctx: Context) -> Section:
         per_run = 1.5 * (time.perf_counter() - start) / (len(pairs) * (2 + 2 * steps))
         room = int(max(ctx.seconds_left(), 0.0) * MARGIN / (per_run * len(curve_pairs))) - 2
         if room < len(sizes):
-            kept = [sizes[i] for i in spread(len(sizes), max(room, min(CURVE_SIZES, len(sizes))))]
-            fitted = fitted.replace(_curve_phrase(len(curve_pairs), sizes, scored.n_edges),
-                                    _curve_phrase(len(curve_pairs), kept, scored.n_edges))
-            sizes = kept
+            sizes = [sizes[i] for i in spread(len(sizes), max(room, min(CURVE_SIZES, len(sizes))))]
+        fitted += f"; {_curve_phrase(len(curve_pairs), sizes, scored.n_edges)}"
     section = Section(STAGE_TITLES["circuits"], sample=_joined(require("circuits", len(pairs)), fitted))
     curve = circuits.faithfulness(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
                                   max_memory=memory)
@@ -1008,7 +1006,8 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
     on the minimum of pairs (seeded) with as many integration steps as fit (1 to :data:`STEPS`),
     and the curve at as many sizes (evenly spread over the default ones) on as many of those
     pairs as fit, at least :data:`CURVE_SIZES` sizes on :data:`CURVE_PAIRS` pairs →
-    ``(pairs, curve pairs, sizes, steps, sentence)``. Timed on two pairs and on one
+    ``(pairs, curve pairs, sizes, steps, sentence)`` (the sentence says what was sampled; the stage
+    adds the curve's pairs and sizes, :func:`_curve_phrase`, once it has fixed them). Timed on two pairs and on one
     (:func:`pilot_cost`): EAP-IG at one step (its 4 passes; each step adds 2), and the curve at no
     edge and every edge (4 edge-set runs a pair); :class:`OverBudget` when not even one step and
     the smallest curve fit."""
@@ -1063,8 +1062,7 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
     sizes = [default[i] for i in spread(len(default), n_sizes)]
     curve_pairs = chosen[:n_curve]
     fewer = "" if steps == STEPS else f" with {steps} of EAP-IG's {STEPS} default integration steps"
-    sentence = (f"sampled {len(chosen):,} of {n:,} pairs{fewer} to fit the {_secs(ctx.budget.seconds)} budget; "
-                f"{_curve_phrase(n_curve, sizes, n_edges)}")
+    sentence = f"sampled {len(chosen):,} of {n:,} pairs{fewer} to fit the {_secs(ctx.budget.seconds)} budget"
     return chosen, curve_pairs, sizes, steps, sentence
 
 
