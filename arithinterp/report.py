@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from tqdm.auto import tqdm
 
-from arithinterp.engine.budget import release_freed_memory
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ModelSpecError, TaskError, accepted
 from arithinterp.outputs import atomic_write, check_writable_file
 
@@ -950,8 +949,8 @@ def circuits_stage(ctx: Context) -> Section:
             raise OverBudget("the whole curve does not fit")
         fitted_pairs, fitted = ctx.fit(pairs, "pairs", MINIMUMS["circuits"][0], pilot=pilot, prior=prior)
         if len(fitted_pairs) < len(pairs):
-            # a sample: the whole curve, extrapolated from a pilot on a few pairs, is what limits it, and
-            # such an estimate ran over (216 s of 192 s on a 135M-shaped model); plan it by its parts
+            # a sample: the whole curve, extrapolated from a pilot on a few pairs, decides it; plan EAP-IG
+            # and the curve by their parts instead, the curve re-planned from EAP-IG's measured cost below
             raise OverBudget("the whole curve does not fit every pair")
         pairs = fitted_pairs
     except OverBudget:  # every edge scored on the minimum of pairs, fewer steps; the curve at fewer sizes and pairs
@@ -1590,7 +1589,6 @@ def write_report(
         seconds = share(name, chosen[i + 1:])
         ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
         page.set(name, f"running (budget {_secs(seconds)})")
-        release_freed_memory()  # what the last stage freed goes back to the system, not onto this one's peak
         state = "done"
         try:
             section = _run_stage(ctx, name)

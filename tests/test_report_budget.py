@@ -505,7 +505,7 @@ def test_the_neurons_stage_hands_its_memory_budget_to_the_classification(tmp_pat
 
 def test_circuits_plan_the_curve_by_its_parts_when_not_every_pair_fits(tiny_model, monkeypatch):
     """The whole curve timed on a few pairs decides the sample only when every pair fits; when it
-    would sample, the stage plans EAP-IG and the curve separately (an extrapolated whole curve ran over)."""
+    would sample, the stage plans EAP-IG and the curve separately."""
     import arithinterp.report as report
     from arithinterp import tasks
 
