@@ -241,7 +241,7 @@ class Context:
 
     def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
                    pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT,
-                   prior: float = 0.0) -> tuple[Any, list[int], str]:
+                   prior: float = 0.0, shared: bool = False) -> tuple[Any, list[int], str]:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
@@ -249,9 +249,11 @@ class Context:
         whatever the items) and per item, measured by ``pilot(items, layers)`` at two layers (the
         middle and the last) and at one (the last), each on up to ``pilot_items`` items and on half
         as many (:func:`pilot_cost`'s lines), after one item at the last layer (its first-call
-        costs); :class:`OverBudget` when not even one layer fits, without a pilot when ``prior``
-        (prompt evaluations per item at one layer) puts the minimum at one layer above twice the
-        time left."""
+        costs). ``shared``: the layers share most of the cost (one backward reaches them all), so a
+        second layer costs far more than each one after it: timed at every layer instead of two,
+        and the difference spread over the layers added. :class:`OverBudget` when not even one
+        layer fits, without a pilot when ``prior`` (prompt evaluations per item at one layer) puts
+        the minimum at one layer above twice the time left."""
         guess = prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
@@ -260,11 +262,13 @@ class Context:
                 f"{_secs(max(self.seconds_left(), 0.0))} left of this stage's {_secs(self.budget.seconds)} budget; "
                 "give the report more time (budget=, --budget SECONDS).")
         k = min(pilot_items, len(items))
-        last, two_layers = [n_layers - 1], sorted({n_layers // 2, n_layers - 1})
+        last = [n_layers - 1]
         # a middle layer and the last: a run resumed at a layer costs what the layers after it do, so a
-        # middle layer's cost is about the mean over the spread layers. One item at the last layer
+        # middle layer's cost is about the mean over the spread layers (with a shared cost, every layer:
+        # the middle one would carry half of what all of them share). One item at the last layer
         # first: what only a first call pays (the engine's one-off checks of the model) would otherwise
         # be counted once per layer, and the stage would cover a tenth of the layers that fit
+        two_layers = list(range(n_layers)) if shared else sorted({n_layers // 2, n_layers - 1})
         pilot(items[:1], last)
         two = _timed(pilot, items[:k], two_layers)
         fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
@@ -276,8 +280,9 @@ class Context:
             layer_item = max((added - added_half) / (k - half), SLOPE_FLOOR * max(added, 0.0) / k)
         else:
             layer_item = max(added, 0.0) / max(k, 1)
-        layer_item = max(layer_item, 1e-9)
         layer_call = max(added - layer_item * k, 0.0)
+        added_layers = max(len(two_layers) - 1, 1)  # what the pilot's layers beyond the last cost, each
+        layer_item, layer_call = max(layer_item / added_layers, 1e-9), layer_call / added_layers
         left = max(self.seconds_left(), 0.0) * MARGIN
 
         def cost(count: int, n_cover: int) -> float:  # ``count`` items over ``n_cover`` layers
@@ -905,10 +910,12 @@ def neurons_stage(ctx: Context) -> Section:
             with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
                 classify(some, layers)
 
-        # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover
+        # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover. Shared: the
+        # ranking's forward and backward of each pair reach every layer at once and are most of the cost
+        # (135M shape, 100 prompts: 35 s at every layer, 34 s at the first and last, 28 s at the last alone)
         n_layers = ctx.model.cfg.n_layers
         prompts, fitted_layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], n_layers,
-                                                        pilot=pilot, pilot_items=16)
+                                                        pilot=pilot, pilot_items=16, shared=True)
         layers = None if len(fitted_layers) == n_layers else fitted_layers
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
     table = classify(prompts, layers)
