@@ -158,6 +158,23 @@ def test_das_recovers_the_planted_subspace(planted_fit):
 
 
 @pytest.mark.slow
+def test_das_fits_a_half_precision_model(number_tokenizer):
+    """A bfloat16 copy of the planted model: the rotation (float32) still finds the plane, the
+    interchange runs in float32 and returns the model's dtype, and the weights stay untouched."""
+    model = planted_model(number_tokenizer).to(torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(10), template="{a}+{b}=")
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
+    result = causal.das(model, dataset, "resid_post", 0, "final", 2, steps=150, baselines=("random",), progress=False)
+    assert causal.principal_angle_cosines(result.basis, planted_plane()).min() >= 0.98
+    assert result.iia >= 0.95 and abs(result.scores["random"]["iia"] - result.chance) <= 0.05
+    assert result.basis.dtype == torch.float32 and all(torch.isfinite(torch.tensor(result.history)))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.slow
 def test_das_on_a_shuffled_variable_stays_at_chance(planted):
     model, prompts = planted
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0, shuffle=True)

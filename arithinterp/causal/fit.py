@@ -77,7 +77,7 @@ def train(model: HookedModel, dataset: InterchangeDataset, where: Site, interven
         count = 0
         for batch in batches(dataset, rows, where.position, size):
             logits = forward(model, batch, where, intervention, sources, train=True)
-            ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets.to(device).flatten(),
+            ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch.targets.to(device).flatten(),
                                                    reduction="sum")
             loss = loss + ce / batch.targets.shape[1]
             count += len(batch.rows)

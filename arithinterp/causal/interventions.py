@@ -56,13 +56,14 @@ class Interchange(nn.Module, abc.ABC):
         return None
 
     def forward(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """``base``, ``source`` ``[B, d]`` → ``[B, d]`` with the subspace swapped."""
-        q = self.basis().to(base.dtype)
-        delta = (source - base) @ q
+        """``base``, ``source`` ``[B, d]`` → ``[B, d]`` with the subspace swapped, in ``base``'s dtype
+        (computed in float32: a half-precision rotation would lose the small angles training moves)."""
+        q = self.basis().float()
+        delta = (source.float() - base.float()) @ q
         mask = self.mask()
         if mask is not None:
-            delta = delta * mask.to(base.dtype)
-        return base + delta @ q.T
+            delta = delta * mask.float()
+        return (base.float() + delta @ q.T).to(base.dtype)
 
     @property
     def k(self) -> int:

@@ -205,9 +205,9 @@ def score(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tenso
         raise AnalysisError("a counterfactual answer equals its base answer; the dataset is not balanced")
     slot = differs.float().argmax(-1)
     rows = torch.arange(len(slot), device=logits.device)
-    at = logits[rows, slot]
+    at = logits[rows, slot].float()  # a half-precision model's difference in float32
     diff = at[rows, targets[rows, slot]] - at[rows, base_targets[rows, slot]]
-    return correct.cpu(), diff.float().cpu()
+    return correct.cpu(), diff.cpu()
 
 
 @torch.inference_mode()
