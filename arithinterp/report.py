@@ -268,20 +268,20 @@ class Context:
         # the middle one would carry half of what all of them share). One item at the last layer
         # first: what only a first call pays (the engine's one-off checks of the model) would otherwise
         # be counted once per layer, and the stage would cover a tenth of the layers that fit
-        two_layers = list(range(n_layers)) if shared else sorted({n_layers // 2, n_layers - 1})
+        wide_layers = list(range(n_layers)) if shared else sorted({n_layers // 2, n_layers - 1})
         pilot(items[:1], last)
-        two = _timed(pilot, items[:k], two_layers)
+        wide = _timed(pilot, items[:k], wide_layers)
         fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
         # a layer more: a cost per call (its stacked runs, whatever the items) and one per item
-        added = two - (fixed + per_item * k)
+        added = wide - (fixed + per_item * k)
         half = k // 2
         if 1 <= half < k:
-            added_half = _timed(pilot, items[:half], two_layers) - (fixed + per_item * half)
+            added_half = _timed(pilot, items[:half], wide_layers) - (fixed + per_item * half)
             layer_item = max((added - added_half) / (k - half), SLOPE_FLOOR * max(added, 0.0) / k)
         else:
             layer_item = max(added, 0.0) / max(k, 1)
         layer_call = max(added - layer_item * k, 0.0)
-        added_layers = max(len(two_layers) - 1, 1)  # what the pilot's layers beyond the last cost, each
+        added_layers = max(len(wide_layers) - 1, 1)  # what the pilot's layers beyond the last cost, each
         layer_item, layer_call = max(layer_item / added_layers, 1e-9), layer_call / added_layers
         left = max(self.seconds_left(), 0.0) * MARGIN
 

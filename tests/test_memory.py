@@ -161,6 +161,33 @@ def test_edge_set_runs_in_small_stacks_equal_the_default(llama, ablation):
     assert float((default["values"] - default["clean"][:, None]).abs().max()) > 1e-3  # the sets change the metric
 
 
+def test_the_runs_kept_between_calls_fit_the_memory_budget(llama):
+    """Pruning reuses the unpatched runs over its visits: only as many pairs' as fit ``max_memory``
+    are kept (the others run again), and the metrics are the same either way."""
+    model, prompts = llama
+    pairs = prompts.counterfactual(vary="a", seed=0)[:6]
+    graph = circuits.Graph.of(model)
+    sets = (torch.rand(3, graph.n_edges, generator=torch.Generator().manual_seed(0)) < 0.3).float()
+    every: dict = {}
+    circuits.run_edge_sets(model, pairs, graph, sets, base="clean", batch_size=1, _runs=every)
+    assert sum(isinstance(key, tuple) for key in every) == len(pairs)  # the default budget holds them all
+    budget = 2.5 * every["bytes"] / len(pairs)  # two pairs' runs (batches of one pair)
+    kept: dict = {}
+    first = circuits.run_edge_sets(model, pairs, graph, sets, base="clean", max_memory=budget, batch_size=1, _runs=kept)
+    batches = [key for key in kept if isinstance(key, tuple)]
+    assert len(batches) == 2 and kept["bytes"] <= budget
+    again = circuits.run_edge_sets(model, pairs, graph, sets, base="clean", max_memory=budget, batch_size=1, _runs=kept)
+    assert again["forwards"] == first["forwards"] - len(batches)  # the kept runs are not run again
+    assert torch.equal(first["values"], again["values"])
+
+
+def test_held_bytes_counts_each_storage_once():
+    from arithinterp.engine.budget import held_bytes
+
+    x = torch.zeros(10, 4)  # 160 bytes
+    assert held_bytes(x, x[:5], [x[5:], {"y": torch.zeros(3, dtype=torch.float64)}], (None, "text")) == 160 + 24
+
+
 def test_exact_patching_builds_its_edge_sets_in_blocks(llama):
     model, prompts = llama
     pairs = prompts.counterfactual(vary="a", seed=0)[:3]

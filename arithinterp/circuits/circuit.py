@@ -527,6 +527,7 @@ def prune(
     ablation: str = "resample",
     metric=None,
     engine: str = "auto",
+    max_memory: Optional[float] = None,
     progress: bool = True,
 ) -> Circuit:
     """Greedy ACDC-style pruning verified by exact patching (Conmy et al. 2023).
@@ -534,7 +535,9 @@ def prune(
     Starting from the circuit's kept edges, visit them from the logits backwards (receivers of
     later layers first; within a layer, smallest |score| first) and drop an edge when the
     normalised faithfulness falls by less than ``tau``. One stacked run per visited edge
-    (``engine`` as in :func:`~arithinterp.circuits.run_edge_sets`).
+    (``engine`` as in :func:`~arithinterp.circuits.run_edge_sets`); the unpatched runs are kept
+    between visits for as many pairs as fit ``max_memory`` bytes (default: the engine's budget),
+    the others run again at each visit.
     """
     check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
     from tqdm.auto import tqdm
@@ -550,7 +553,7 @@ def prune(
 
     def value_of(kept_set: torch.Tensor) -> float:
         got = _ablate(model, pairs, circuit, kept_set[None].float(), ablation, metric or circuit.metric,
-                      engine=engine, runs=runs)
+                      engine=engine, max_memory=max_memory, runs=runs)
         return float(_reported(_fractions(got, intervals=False))["values"][0])
 
     runs: dict = {}  # the unpatched runs (and mean senders), the same for every visited edge

@@ -30,7 +30,7 @@ from arithinterp.circuits.neurons import (
     neuron_receiver_scores,
     neuron_scores,
 )
-from arithinterp.engine.budget import chunk_for, memory_budget, release_freed_memory
+from arithinterp.engine.budget import chunk_for, held_bytes, memory_budget, release_freed_memory
 from arithinterp.engine.edge_steps import EdgeEntries, SteppedEdges
 from arithinterp.engine.edges import (
     CHANNELS,
@@ -135,7 +135,7 @@ def run_edge_sets(
     forwards with a warning. ``"stepped"`` refuses to fall back; ``"hooks"`` runs every stack as
     a whole forward (the reference). ``engine`` in the result names what ran. (``_runs``: a dict
     the caller keeps to reuse the unpatched stepped runs over calls on the same model, pairs and
-    arguments, as pruning does.)
+    arguments, as pruning does: as many batches' as fit ``max_memory``, the others run again.)
     """
     check_belongs(model, "circuits.run_edge_sets", pairs=pairs)
     check_pairs(pairs)
@@ -181,8 +181,14 @@ def run_edge_sets(
                                                                                                   engine)
             runner = None if stepper is None else SteppedEdges(model, stepper, base_tokens, other_tokens)
             forwards += runner is not None
+            # kept for the next call while the kept runs (both prompts' senders, logits, residual stream,
+            # keys and values) fit the memory budget; the rest run again (pruning on many pairs must not
+            # hold them all)
             if runner is not None and _runs is not None:
-                runs[key] = runner, status
+                kept = runs.get("bytes", 0) + held_bytes(runner.run, runner.base_senders, runner.other_senders,
+                                                          runner.base_logits, runner.other_logits)
+                if kept <= budget:
+                    runs[key], runs["bytes"] = (runner, status), kept
         engines.add(status)
         if runner is not None:  # both runs in one stacked forward
             base_send, base_logits = runner.base_senders, runner.base_logits

@@ -22,12 +22,36 @@ if TYPE_CHECKING:
 DEFAULT_FLOOR = 2**30  # bytes the default budget always allows (unless the machine has less than 4x that free)
 
 __all__ = ["available_bytes", "backward_bytes_per_prompt", "chunk_for", "forward_bytes_per_prompt",
-           "forward_logits_bytes_per_prompt", "memory_budget", "model_bytes", "release_freed_memory"]
+           "forward_logits_bytes_per_prompt", "held_bytes", "memory_budget", "model_bytes", "release_freed_memory"]
 
 
 def model_bytes(model: HookedModel) -> int:
     """Bytes of the model's parameters."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def held_bytes(*values: object) -> int:
+    """Bytes of the distinct tensor storages in ``values`` and the tuples, lists, dicts and
+    dataclasses inside them (a view shares its base's storage and counts once; modules and other
+    objects are not entered)."""
+    import dataclasses
+
+    import torch
+
+    storages: dict[int, int] = {}
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, (tuple, list)):
+            stack += value
+        elif isinstance(value, dict):
+            stack += value.values()
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            stack += [getattr(value, f.name) for f in dataclasses.fields(value)]
+    return sum(storages.values())
 
 
 def available_bytes() -> Optional[int]:
