@@ -419,7 +419,9 @@ def accuracy_stage(ctx: Context) -> Section:
 
 
 def _top_cells(result, k: int = 3) -> str:
-    """The k cells with the largest mean effect, e.g. ``L0 'a' (0.92)``."""
+    """The (at most) k cells with the largest mean effect whose 95% interval over pairs lies above
+    0 and which show as more than 0.00, e.g. ``L0 'a' (0.92)``: a cell that restores nothing beyond
+    noise, or too little to print, is not a finding."""
     from itertools import product
 
     def label(axis, value):
@@ -430,9 +432,17 @@ def _top_cells(result, k: int = 3) -> str:
 
     cells = [" ".join(label(a, v) for a, v in zip(result.axes, combo))
              for combo in product(*(result.axis_labels(a) for a in result.axes))]
-    mean = result.mean.flatten()
-    order = mean.argsort(descending=True)[:k]
-    return ", ".join(f"{cells[i]} ({mean[i]:.2f})" for i in order.tolist())
+    mean, low = result.mean.flatten(), result.ci_low.flatten()
+    order = [i for i in mean.argsort(descending=True).tolist() if low[i] > 0 and mean[i] >= 0.005][:k]
+    return ", ".join(f"{cells[i]} ({mean[i]:.2f})" for i in order)
+
+
+NONE_ABOVE_NOISE = "none beyond noise (every cell's 95% interval over pairs reaches 0)"
+
+
+def _restoring(what: str, result) -> str:
+    """``"<what> that restore it most: <cells>."``, or none beyond noise."""
+    return f"{what} that restore it most: {_top_cells(result) or NONE_ABOVE_NOISE}."
 
 
 def _points(drop: float) -> str:
@@ -538,11 +548,11 @@ def patching_stage(ctx: Context) -> Section:
         return section
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
-        f"changed restores the answer most at {_top_cells(resid)} "
+        f"changed restores the answer most at {_top_cells(resid) or NONE_ABOVE_NOISE} "
         "(1 = fully restored; values above 1 overshoot the clean run and are shown as they are)."
     )
-    section.findings.append(f"Heads (all positions at once) that restore it most: {_top_cells(heads)}.")
-    section.findings.append(f"MLP outputs that restore it most: {_top_cells(mlps)}.")
+    section.findings.append(_restoring("Heads (all positions at once)", heads))
+    section.findings.append(_restoring("MLP outputs", mlps))
     comparison = patching.compare({"resid_pre": resid, "mlp_out": mlps}, approx)
     correlations = ", ".join(f"{s}: r = {c:.2f}" for s, c in zip(comparison.sites, comparison.correlation))
     section.findings.append(f"Attribution patching tracks exact patching with {correlations}.")

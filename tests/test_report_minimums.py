@@ -172,3 +172,26 @@ def test_patching_verdict_when_clean_and_corrupt_runs_do_not_differ():
     noise = torch.randn(40, generator=g)
     assert _no_gap(SimpleNamespace(clean_baseline=noise, corrupt_baseline=torch.randn(40, generator=g)))
     assert not _no_gap(SimpleNamespace(clean_baseline=noise + 3.0, corrupt_baseline=noise.flip(0) - 3.0))
+
+
+def test_top_cells_are_only_those_above_noise():
+    """A patching finding names the cells that restore the answer beyond noise (95% interval above
+    0), largest first: a cell with a large mean but an interval reaching 0, or one too small to
+    print, is not listed; with none left the sentence says so."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from arithinterp.report import _restoring, _top_cells
+
+    result = SimpleNamespace(axes=["layer", "position"], positions=["a", "final"], tokens=["7", "="],
+                             axis_labels=lambda axis: [0, 1] if axis == "layer" else ["a", "final"],
+                             mean=torch.tensor([[0.9, 0.004], [1.4, 0.3]]),
+                             ci_low=torch.tensor([[0.8, 0.001], [-0.1, 0.05]]))
+    # L1 '7': mean 1.4 but its interval reaches 0; L0 '=': above 0 but it would print as 0.00
+    assert _top_cells(result) == "L0 '7' (0.90), L1 '=' (0.30)"
+    assert _restoring("MLP outputs", result) == "MLP outputs that restore it most: L0 '7' (0.90), L1 '=' (0.30)."
+    nothing = SimpleNamespace(**{**vars(result), "ci_low": torch.zeros(2, 2)})
+    assert _top_cells(nothing) == ""
+    assert _restoring("MLP outputs", nothing) == (
+        "MLP outputs that restore it most: none beyond noise (every cell's 95% interval over pairs reaches 0).")
