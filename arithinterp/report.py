@@ -268,7 +268,7 @@ class Context:
         # the middle one would carry half of what all of them share). One item at the last layer
         # first: what only a first call pays (the engine's one-off checks of the model) would otherwise
         # be counted once per layer, and the stage would cover a tenth of the layers that fit
-        wide_layers = list(range(n_layers)) if shared else sorted({n_layers // 2, n_layers - 1})
+        wide_layers = list(range(n_layers)) if shared else sorted({(n_layers - 1) // 2, n_layers - 1})
         pilot(items[:1], last)
         wide = _timed(pilot, items[:k], wide_layers)
         fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
