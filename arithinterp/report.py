@@ -922,7 +922,8 @@ def neurons_stage(ctx: Context) -> Section:
 
         # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover. Shared: the
         # ranking's forward and backward of each pair reach every layer at once and are most of the cost
-        # (135M shape, 100 prompts, top 100 neurons: 35 s at every layer, 34 s at the first and last, 28 s at the last alone)
+        # (135M shape, 100 prompts, top 100 neurons: 35 s at every layer, 34 s at the first and last, 28 s at
+        # the last alone)
         n_layers = ctx.model.cfg.n_layers
         prompts, fitted_layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUMS["neurons"][0], n_layers,
                                                         pilot=pilot, pilot_items=16, shared=True)
