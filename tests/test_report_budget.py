@@ -607,3 +607,31 @@ def test_accuracy_drops_read_as_points_never_as_a_signed_zero():
 
     assert _points(0.123) == "−12 points" and _points(0.004) == "−0.4 points" and _points(-0.02) == "+2.0 points"
     assert _points(0.0) == _points(-0.0) == _points(0.0004) == "no drop"
+
+
+def test_a_stage_timed_at_its_minimum_runs_again_on_what_fits(tiny_model, monkeypatch):
+    """Probes (and the helix test) run at their minimum sample first, then on as many prompts as
+    that run's time per prompt says fit the time left, and the sample line says how many."""
+    import arithinterp.report as report
+
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    runs = []
+
+    def probes(ctx):  # 0.1 s a prompt
+        runs.append(ctx.n_probe_prompts)
+        now[0] += 0.1 * ctx.n_probe_prompts
+        return report.Section("probes", sample=f"{ctx.n_probe_prompts} prompts")
+
+    monkeypatch.setitem(report.STAGES, "probes", probes)
+    prompts = torch.arange(500)
+    ctx = Context(tiny_model, "tiny", prompts, prompts, None, None, budget=Budget(seconds=36.0))
+    ctx.stage_start = now[0]
+    section = report._run_stage(ctx, "probes")
+    # 6 s at the minimum of 60; the 30 s left hold 300 more at 0.1 s each
+    assert runs == [60, 300] and ctx.n_probe_prompts == 1000  # the knob is restored
+    assert section.sample == "300 prompts; sampled 300 of 500 prompts to fit the 36 s budget"
+    runs.clear()
+    ctx.budget, ctx.stage_start = Budget(seconds=10.0), now[0]
+    assert report._run_stage(ctx, "probes").sample.endswith("sampled 60 of 500 prompts to fit the 10 s budget")
+    assert runs == [60]  # 40 more would fit, fewer than twice the minimum: the first run stands
