@@ -232,7 +232,7 @@ class Context:
 
     def control_model(self) -> Any:
         """A random-init model of the same architecture (seeded), built on first use and shared by
-        every stage that needs the control (probes, Fourier)."""
+        every stage that needs the control (probes, Fourier, neurons)."""
         if self.control is None:
             from arithinterp.models import random_like
 
@@ -898,17 +898,40 @@ def fourier_helix_stage(ctx: Context) -> Section:
     return section
 
 
+def _coverage(table) -> str:
+    """Per-layer shares of labelled neurons: each layer's for a few layers, else their range."""
+    shares = table.coverage()
+    if len(shares) <= 4:
+        return ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in shares.items())
+    low, high = min(shares, key=shares.__getitem__), max(shares, key=shares.__getitem__)
+    return f"from {100 * shares[low]:.0f}% (layer {low}) to {100 * shares[high]:.0f}% (layer {high}) per layer"
+
+
+def _more_often(a, b) -> bool:
+    """Whether table ``a`` labels a larger share of its neurons than ``b`` by more than 1.96
+    standard errors (two-proportion test, pooled)."""
+    n_a, n_b = len(a.layer), len(b.layer)
+    k_a, k_b = int(a.classified.sum()), int(b.classified.sum())
+    pooled = (k_a + k_b) / (n_a + n_b)
+    se = (pooled * (1 - pooled) * (1 / n_a + 1 / n_b)) ** 0.5
+    return k_a / n_a - k_b / n_b > 1.96 * se if se > 0 else k_a / n_a > k_b / n_b
+
+
 def neurons_stage(ctx: Context) -> Section:
+    """Heuristic neurons of the trained model against a random-init model of the same
+    architecture, ranked and classified the same way on the same prompts and layers when the time
+    left holds it: the share that implement a heuristic is a finding only when it beats the
+    control's (a neuron of any model that reads digit tokens follows some operand rule)."""
     from arithinterp import neurons
 
     prompts = ctx.prompts[: ctx.n_neuron_prompts]
     require("neurons", len(prompts))
     memory = ctx.budget.memory(ctx.model)  # classify sizes each phase's batches (a backward in the ranking) from it
 
-    def classify(some, layers: Optional[list[int]] = None):
+    def classify(some, layers: Optional[list[int]] = None, model: Any = None):
         pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(some))]
-        return neurons.classify(ctx.model, some, layers=layers, top_k=ctx.top_k_neurons, pairs=pairs,
-                                max_memory=memory, progress=False)
+        return neurons.classify(ctx.model if model is None else model, some, layers=layers, top_k=ctx.top_k_neurons,
+                                pairs=pairs, max_memory=memory, progress=False)
 
     # timed, not estimated from the evaluation: ranking the neurons (a forward and a backward of each
     # pair), reading their maps and scoring them with the shuffle control cost many forwards' worth
@@ -929,14 +952,27 @@ def neurons_stage(ctx: Context) -> Section:
                                                         pilot=pilot, pilot_items=16, shared=True)
         layers = None if len(fitted_layers) == n_layers else fitted_layers
     section = Section(STAGE_TITLES["neurons"], sample=_joined(require("neurons", len(prompts)), fitted))
+    start = time.perf_counter()
     table = classify(prompts, layers)
-    coverage = ", ".join(f"{100 * v:.0f}% in layer {layer}" for layer, v in table.coverage().items())
-    section.findings.append(
-        f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), {coverage} "
-        f"implement at least one heuristic (score ≥ {table.threshold})."
-    )
+    took = time.perf_counter() - start
+    counts = (f"of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), "
+              f"{100 * float(table.classified.float().mean()):.0f}% implement at least one heuristic (score ≥ "
+              f"{table.threshold}): {_coverage(table)}")
+    above = False
+    if MARGIN * ctx.seconds_left() < took:  # the control costs what the model did: the same prompts and layers
+        section.findings.append(
+            f"{counts[0].upper()}{counts[1:]}. The random-init control did not fit the time left, so this share "
+            "is not compared with it (a neuron of any model that reads digit tokens follows some operand rule); "
+            "give the report more time (--budget SECONDS).")
+    else:
+        control = classify(prompts, layers, ctx.control_model())
+        counts += (f"; a random-init model of the same architecture, ranked and scored the same way: "
+                   f"{100 * float(control.classified.float().mean()):.0f}% ({_coverage(control)})")
+        above = _more_often(table, control)
+        section.findings.append(f"{counts[0].upper()}{counts[1:]} — more than the control: training put them there."
+                                if above else f"No signal above the control: {counts}.")
     histogram = table.histogram()
-    if len(histogram):
+    if above and len(histogram):
         # one column of a groupby sums to a Series; pandas annotates the sum as any scalar or frame
         per_family = cast("pd.Series", histogram.groupby("family")["neurons"].sum())
         top = per_family.sort_values(ascending=False).head(4)

@@ -43,6 +43,9 @@ def test_report_is_self_contained(report_file):
     assert "Not run on this model: the answers are single tokens" in text
     # the summary quotes measured numbers, not canned text
     assert re.search(r"answers \d+ of \d+ prompts correctly \(\d+\.\d%\)", text)
+    # the trained model's neurons implement heuristics more often than a random-init model's
+    assert re.search(r"\d+% implement at least one heuristic .*a random-init model of the same architecture, ranked "
+                     r"and scored the same way: \d+% .* — more than the control: training put them there", text)
     assert len(re.findall(r"id=\"figure-\d+\"", text)) >= 8
 
 

@@ -635,3 +635,35 @@ def test_a_stage_timed_at_its_minimum_runs_again_on_what_fits(tiny_model, monkey
     ctx.budget, ctx.stage_start = Budget(seconds=10.0), now[0]
     assert report._run_stage(ctx, "probes").sample.endswith("sampled 60 of 500 prompts to fit the 10 s budget")
     assert runs == [60]  # 40 more would fit, fewer than twice the minimum: the first run stands
+
+
+def test_the_neurons_control_runs_only_when_the_time_left_holds_it(monkeypatch):
+    """The random-init control costs what the model's classification did (same prompts and
+    layers): when the time left does not hold that, the page gives the share without a verdict and
+    says it was not compared, instead of overrunning the stage."""
+    import arithinterp as ai
+    import arithinterp.report as report
+    from arithinterp import neurons
+
+    model = ai.load_model("zoo:add-100")
+    prompts = ai.tasks.arithmetic(model, "+", range(0, 100, 7), range(0, 100, 7)).correct_only(model)
+    pairs = prompts.counterfactual(vary="a", seed=0)
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    real, calls = neurons.classify, []
+
+    def classify(m, p, **kwargs):  # pilots (16 prompts or fewer) cost nothing; a full run 40 s
+        calls.append(m is model)
+        now[0] += 40.0 if len(p) >= MINIMUMS["neurons"][0] else 0.0
+        return real(m, p, **kwargs)
+
+    monkeypatch.setattr(neurons, "classify", classify)
+    for seconds, control in ((60.0, False), (200.0, True)):
+        calls.clear()
+        ctx = Context(model, "zoo:add-100", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds))
+        ctx.stage_start = now[0]
+        finding = report.STAGES["neurons"](ctx).findings[0]
+        assert now[0] - ctx.stage_start <= seconds
+        assert calls[-1] is (not control)  # the last classification: the control's, or the model's own
+        assert ("The random-init control did not fit the time left" in finding) is (not control), finding
+        assert ("a random-init model of the same architecture, ranked and scored the same way" in finding) is control

@@ -195,3 +195,37 @@ def test_top_cells_are_only_those_above_noise():
     assert _top_cells(nothing) == ""
     assert _restoring("MLP outputs", nothing) == (
         "MLP outputs that restore it most: none beyond noise (every cell's 95% interval over pairs reaches 0).")
+
+
+def test_a_random_models_heuristic_neurons_are_no_signal(tmp_path):
+    """Every prompt of a random-init model, answered correctly or not: its neurons follow operand
+    rules about as often as another random-init model's, so the page states no finding (and no
+    heuristic families)."""
+    from arithinterp.models import load_model, random_like
+
+    model = random_like(load_model("zoo:add-100"), seed=3)
+    out = write_report(model, out=tmp_path / "r.html", stages=["neurons"], limit=400, correct_only=False,
+                       progress=False)
+    body = _sections(out.read_text())["Heuristic neurons"]
+    assert "No signal above the control: of the " in body and "a random-init model of the same architecture" in body
+    assert "Most common heuristic families" not in body
+
+
+def test_neuron_coverage_in_words_and_the_two_proportion_test():
+    from types import SimpleNamespace
+
+    import torch
+
+    from arithinterp.report import _coverage, _more_often
+
+    def table(labelled_per_layer, n=50):
+        layer = torch.arange(len(labelled_per_layer)).repeat_interleave(n)
+        classified = torch.cat([torch.arange(n) < k for k in labelled_per_layer])
+        return SimpleNamespace(layer=layer, classified=classified,
+                               coverage=lambda: {i: k / n for i, k in enumerate(labelled_per_layer)})
+
+    assert _coverage(table([7, 46])) == "14% in layer 0, 92% in layer 1"
+    assert _coverage(table([48, 50, 49, 45, 50, 47])) == "from 90% (layer 3) to 100% (layer 1) per layer"
+    assert _more_often(table([25, 25]), table([10, 10]))  # 50% vs 20% of 100: far beyond 1.96 standard errors
+    assert not _more_often(table([25, 25]), table([23, 22]))  # 50% vs 45%: within noise
+    assert not _more_often(table([10, 10]), table([25, 25]))  # fewer than the control is never "more"
