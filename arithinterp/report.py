@@ -437,12 +437,12 @@ def _top_cells(result, k: int = 3) -> str:
     return ", ".join(f"{cells[i]} ({mean[i]:.2f})" for i in order)
 
 
-NONE_ABOVE_NOISE = "none beyond noise (every cell's 95% interval over pairs reaches 0)"
+_NONE_ABOVE_NOISE = "none beyond noise (every cell's 95% interval over pairs reaches 0)"
 
 
 def _restoring(what: str, result) -> str:
     """``"<what> that restore it most: <cells>."``, or none beyond noise."""
-    return f"{what} that restore it most: {_top_cells(result) or NONE_ABOVE_NOISE}."
+    return f"{what} that restore it most: {_top_cells(result) or _NONE_ABOVE_NOISE}."
 
 
 def _points(drop: float) -> str:
@@ -548,7 +548,7 @@ def patching_stage(ctx: Context) -> Section:
         return section
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
-        f"changed restores the answer most at {_top_cells(resid) or NONE_ABOVE_NOISE} "
+        f"changed restores the answer most at {_top_cells(resid) or _NONE_ABOVE_NOISE} "
         "(1 = fully restored; values above 1 overshoot the clean run and are shown as they are)."
     )
     section.findings.append(_restoring("Heads (all positions at once)", heads))
