@@ -914,7 +914,7 @@ def _more_often(a, b) -> bool:
     k_a, k_b = int(a.classified.sum()), int(b.classified.sum())
     pooled = (k_a + k_b) / (n_a + n_b)
     se = (pooled * (1 - pooled) * (1 / n_a + 1 / n_b)) ** 0.5
-    return k_a / n_a - k_b / n_b > 1.96 * se if se > 0 else k_a / n_a > k_b / n_b
+    return se > 0 and k_a / n_a - k_b / n_b > 1.96 * se  # se = 0: both shares 0 or both 1, equal
 
 
 def neurons_stage(ctx: Context) -> Section:
@@ -955,13 +955,13 @@ def neurons_stage(ctx: Context) -> Section:
     start = time.perf_counter()
     table = classify(prompts, layers)
     took = time.perf_counter() - start
-    counts = (f"of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), "
+    counts = (f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), "
               f"{100 * float(table.classified.float().mean()):.0f}% implement at least one heuristic (score ≥ "
               f"{table.threshold}): {_coverage(table)}")
     above = False
     if MARGIN * ctx.seconds_left() < took:  # the control costs what the model did: the same prompts and layers
         section.findings.append(
-            f"{counts[0].upper()}{counts[1:]}. The random-init control did not fit the time left, so this share "
+            f"{counts}. The random-init control did not fit the time left, so this share "
             "is not compared with it (a neuron of any model that reads digit tokens follows some operand rule); "
             "give the report more time (--budget SECONDS).")
     else:
@@ -969,8 +969,8 @@ def neurons_stage(ctx: Context) -> Section:
         counts += (f"; a random-init model of the same architecture, ranked and scored the same way: "
                    f"{100 * float(control.classified.float().mean()):.0f}% ({_coverage(control)})")
         above = _more_often(table, control)
-        section.findings.append(f"{counts[0].upper()}{counts[1:]} — more than the control: training put them there."
-                                if above else f"No signal above the control: {counts}.")
+        section.findings.append(f"{counts} — more than the control: training put them there." if above
+                                else f"No signal above the control: {counts[0].lower()}{counts[1:]}.")
     histogram = table.histogram()
     if above and len(histogram):
         # one column of a groupby sums to a Series; pandas annotates the sum as any scalar or frame
