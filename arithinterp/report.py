@@ -741,7 +741,17 @@ def error_detector_stage(ctx: Context) -> Section:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
         prompts = held_out_prompts(model, get_entry(name), limit=ctx.n_detector_prompts, seed=ctx.seed)
-        evaluation = prompts.evaluate(model)
+        if ctx.budget.seconds != float("inf"):  # sampled to the stage's share like the main model's prompts:
+            # a quarter of the time left evaluates them, the rest fits the detector (about three forwards each)
+            seconds = max(ctx.seconds_left(), 0.0) / 4
+            prompts, evaluation, per_prompt, _ = _evaluate_within(model, prompts, seconds, seconds,
+                                                                  Budget(seconds, ctx.budget.bytes), ctx.seed)
+            rarer = min(int((~evaluation.correct).sum()), int(evaluation.correct.sum())) / len(prompts)
+            least = min(len(prompts), math.ceil(3 * MINIMUMS["errors"][0] / max(rarer, 1e-9)))
+            pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * per_prompt)
+            prompts, evaluation = prompts[pick], evaluation[pick]
+        else:
+            evaluation = prompts.evaluate(model)
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
             f"errors of {name}, a model stopped early so that it still errs."
@@ -798,6 +808,10 @@ def fourier_helix_stage(ctx: Context) -> Section:
     else:  # several tokens per number: each is read whole at its last token, entering the middle layer
         helix_site, helix_layer = "resid_pre", ctx.model.cfg.n_layers // 2
         from arithinterp.tasks import prompts_for_pairs
+
+        if len(axis) < 100:  # a spectrum sees periods up to its length: the whole hundred the operands lie in
+            low = axis.start // 100 * 100
+            axis = range(low, max(low + 100, axis.stop))
 
         # one prompt per number, in the report's template and few-shot prefix: what comes before a
         # number's last token is the same whatever b and the operator are
@@ -1384,6 +1398,31 @@ class _Page:
         self.figures += len(section.figures)
         self.set(name, state)
 
+    def outcome(self) -> str:
+        """The closing line of a finished run: how many stages reached a finding, and for the rest
+        why not and what to change. "Complete" only when every stage ran on enough data."""
+        states = [self.state[n] for n in self.names[1:]]
+        counts = {kind: sum(1 for st in states if st.startswith(kind)) for kind in FINISHED}
+        total = len(states)
+        if counts["done"] + counts["not run"] == total:
+            return (f"Complete: all {total} stages ran and state their findings below." if not counts["not run"] else
+                    f"Complete: {counts['done']} of {total} stages state findings; {counts['not run']} do not apply "
+                    "to this model (their sections say why).")
+        missing = [f"{counts[kind]} {label}" for kind, label in (
+            ("not enough data", "had not enough data"), ("skipped", "did not fit the budget"),
+            ("failed", "failed"), ("not run", "do not apply to this model")) if counts[kind]]
+        advice = []
+        if counts["not enough data"]:
+            advice.append("too few correctly answered prompts: give the report more time (--budget), more prompts "
+                          "(--limit, --operands) or an easier task (smaller operands, more --few-shot examples)")
+        if counts["skipped"]:
+            advice.append("over budget: give the report more time (--budget)")
+        if counts["failed"]:
+            advice.append("failed: the reasons are in their sections")
+        text = "; ".join(advice)
+        return (f"Finished with gaps: {counts['done']} of {total} stages state findings; " + ", ".join(missing)
+                + (f". {text[:1].upper()}{text[1:]}." if text else "."))
+
     def write(self) -> Path:
         finished = sum(1 for n in self.names[1:] if self.state[n].startswith(FINISHED))
         running = [STAGE_TITLES.get(n, "evaluation") for n in self.names if self.state[n].startswith("running")]
@@ -1392,9 +1431,7 @@ class _Page:
         if stopped:
             note = f"Interrupted: {finished} of {total} stages finished before the run was stopped."
         elif finished == total:
-            failed = sum(1 for n in self.names[1:] if self.state[n].startswith("failed"))
-            note = f"Complete: all {total} stages finished" + (f"; {failed} of them failed (the reasons are below)."
-                                                                  if failed else ".")
+            note = self.outcome()
         else:
             note = (f"Partial page: {finished} of {total} stages finished"
                     + (f", {running[0]} running" if running else "") + "; the page is rewritten as each stage ends.")
@@ -1470,14 +1507,34 @@ def _check_budget(budget: Any) -> float:
     return float(budget)
 
 
-def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
-                     seed: int) -> tuple[Any, Any, float, str]:
-    """Evaluate a seeded sample of ``prompts`` that fits ``seconds``: the first 16 (in a seeded
-    order) are timed, and as many more are evaluated as the rest of the time allows →
-    ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``. The first
-    batch pays one-off costs, so the rate over-states the cost and the share is under-filled: the
-    cheaper error, since a second round at the larger batch's rate evaluates nearly every prompt
-    and the stages that use every evaluated prompt (the helix fit) then overrun their shares."""
+WARM_UP = 8  # prompts evaluated first, untimed: they pay the one-off costs (the engine's checks of the model)
+EVAL_CHUNK = 64  # prompts per later round of the evaluation; each round's time gives the rate per prompt
+EVAL_CAP = 0.5  # the largest share of the whole budget the evaluation may take to reach the stages' minimums
+
+
+def correct_needed(stages: list[str]) -> int:
+    """The correctly answered prompts the evaluation aims for: every chosen stage's minimum that
+    counts them (probes, neurons, digits), and twice the pair minimum for the stages that use
+    counterfactual pairs (a correct prompt gives at most one pair, and pairs whose answers start
+    with the same token are left out). 0 when no chosen stage uses correct prompts."""
+    needs = [MINIMUMS[name][0] for name in ("digits", "probes", "neurons") if name in stages]
+    if any(name in stages for name in ("patching", "fourier", "circuits", "features", "causal")):
+        needs.append(2 * MINIMUMS["patching"][0])
+    if "errors" in stages:  # a third is held out, and it needs the minimum of each kind
+        needs.append(3 * MINIMUMS["errors"][0])
+    return max(needs, default=0)
+
+
+def _evaluate_within(model: Any, prompts: Any, seconds: float, cap: float, budget: Budget, seed: int,
+                     need: int = 0) -> tuple[Any, Any, float, str]:
+    """Evaluate a seeded sample of ``prompts``: rounds of :data:`EVAL_CHUNK` prompts (in a seeded
+    order) while the ``seconds`` of the evaluation's share last, and past them, up to ``cap``
+    seconds, until ``need`` prompts are answered correctly (the stages' minimums,
+    :func:`correct_needed`). The first :data:`WARM_UP` prompts pay the one-off costs and are not
+    timed; the rate per prompt comes from the later rounds (``0`` prompts: the warm-up's).
+
+    Returns ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``; when
+    ``need`` is not reached, the sentence says how many prompts it would take and how long."""
     import torch
 
     from arithinterp.tasks import Evaluation
@@ -1486,20 +1543,47 @@ def _evaluate_within(model: Any, prompts: Any, seconds: float, budget: Budget,
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
     start = time.perf_counter()
-    first = order[: min(16, n)]
-    parts = [prompts[first].evaluate(model, batch_size=batch)]
-    per_prompt = (time.perf_counter() - start) / len(first)
-    fits = len(first) + int(max(seconds - (time.perf_counter() - start), 0.0) / max(per_prompt, 1e-9))
-    chosen = order[: min(n, fits)]
-    if len(chosen) > len(first):  # the batch again: the first call found the decode path, which sets the cost
-        batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
-        parts.append(prompts[chosen[len(first):]].evaluate(model, batch_size=batch))
+    parts = [prompts[order[:WARM_UP]].evaluate(model, batch_size=batch)]
+    done, timed, timed_seconds = min(WARM_UP, n), 0, 0.0
+    per_prompt = (time.perf_counter() - start) / done  # until a timed round: an over-estimate
+
+    def n_correct() -> int:
+        return sum(int(part.correct.sum()) for part in parts)
+
+    while done < n:
+        elapsed = time.perf_counter() - start
+        limit = seconds if n_correct() >= need else cap
+        # the first timed round small; later ones a batch, but a quarter of the share at most: a round
+        # that ends far past the stages' minimums, or past the share, is time the stages do not get
+        size = min(max(EVAL_CHUNK, min(batch, int(0.25 * seconds / per_prompt))) if timed else WARM_UP, n - done)
+        if timed and elapsed + size * per_prompt > limit:  # the next round would overrun: a smaller last one, or stop
+            size = int(max(limit - elapsed, 0.0) / per_prompt)
+            if size < min(EVAL_CHUNK, n - done) // 4:
+                break
+        round_start = time.perf_counter()
+        parts.append(prompts[order[done:done + size]].evaluate(model, batch_size=batch))
+        timed, timed_seconds, done = timed + size, timed_seconds + time.perf_counter() - round_start, done + size
+        per_prompt = timed_seconds / timed
+    chosen = order[:done]
     keep, where = chosen.sort()  # the sample in the prompt set's order, and where each was evaluated
     joined = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
                         [t for p in parts for t in p.answer_text], torch.cat([p.generated_tokens for p in parts]))
     evaluation = joined[where]
-    note = (f"all {n:,} prompts fit the {_secs(seconds)} budget" if len(chosen) == n else
-            f"sampled {len(chosen):,} of {n:,} prompts to fit the {_secs(seconds)} budget")
+    took = time.perf_counter() - start
+    note = (f"all {n:,} prompts evaluated in {_secs(took)}" if done == n else
+            f"sampled {done:,} of {n:,} prompts in {_secs(took)} ({_secs(seconds)} budget"
+            + (f", extended up to {_secs(cap)} to reach {need} correct)" if took > seconds else ")"))
+    correct = int(evaluation.correct.sum())
+    if correct < need:
+        accuracy = max(correct, 1) / done
+        wanted = math.ceil(need / accuracy)
+        note += (f"; {correct} answered correctly, fewer than the {need} the stages need"
+                 + (f": at this accuracy ({accuracy:.1%}) that takes about {wanted:,} prompts "
+                    f"(about {_secs(wanted * per_prompt)} to evaluate); give the report more time (--budget) "
+                    if wanted <= n else
+                    f", and all {n:,} prompts hold only {correct} (about {wanted:,} would be needed at "
+                    f"{accuracy:.1%}): use more operand values (--operands), more prompts (--limit) ")
+                 + "or an easier task (smaller operands, more --few-shot examples)")
     return prompts[keep], evaluation, per_prompt, note
 
 
@@ -1618,8 +1702,9 @@ def write_report(
     seconds = share("evaluation", chosen)
     page.set("evaluation", f"running (budget {_secs(seconds)})")
     try:
-        all_prompts, evaluation, per_prompt, sampled = _evaluate_within(loaded, all_prompts, seconds,
-                                                                        Budget(seconds, memory), seed)
+        all_prompts, evaluation, per_prompt, sampled = _evaluate_within(
+            loaded, all_prompts, seconds, max(seconds, EVAL_CAP * total), Budget(seconds, memory), seed,
+            need=correct_needed(chosen) if correct_only else 0)
     except KeyboardInterrupt:
         page.set("evaluation", "interrupted")
         raise

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("gpt2", "gpt_neox", "gptj", "llama", "qwen2", "gemma2", "phi")
+FAMILIES = ("gpt2", "gpt_neox", "gptj", "llama", "qwen2", "gemma2", "gemma3", "phi")
 
 
 def family_config(family: str, vocab_size: int, n_layers: int = 2, d_model: int = 64, n_ctx: int = 128):
@@ -37,6 +37,13 @@ def family_config(family: str, vocab_size: int, n_layers: int = 2, d_model: int 
         return T.Gemma2Config(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                               intermediate_size=2 * d_model, max_position_embeddings=n_ctx, attn_logit_softcapping=50.0,
                               final_logit_softcapping=30.0, sliding_window=16, **common)
+    if family == "gemma3":  # QK-norm, post-norms on both branches, sliding/global layers with their own rope bases
+        return T.Gemma3TextConfig(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=1,
+                                  head_dim=16, intermediate_size=2 * d_model, max_position_embeddings=n_ctx, sliding_window=16,
+                                  layer_types=["sliding_attention", "full_attention"] * (n_layers // 2) + ["sliding_attention"] * (n_layers % 2),
+                                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                   "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+                                  query_pre_attn_scalar=16, **common)
     if family == "phi":  # parallel blocks, partial rotary, dense biases
         return T.PhiConfig(hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=4, intermediate_size=2 * d_model,
                            partial_rotary_factor=0.5, max_position_embeddings=n_ctx, **common)

@@ -1,6 +1,6 @@
 """The engine on every decoder family: patching sweeps equal TransformerLens's, cell for cell.
 
-Random-weight folders of GPT-2, GPT-NeoX, GPT-J, Llama, Qwen2, Gemma 2 and Phi (see
+Random-weight folders of GPT-2, GPT-NeoX, GPT-J, Llama, Qwen2, Gemma 2, Gemma 3 and Phi (see
 ``hf_families``), few-shot prompts of two different lengths; each length group is compared with
 TransformerLens 4's ``get_act_patch_*`` on the same prompts (a one-cell-at-a-time hooks loop for
 ``attn_out`` / ``mlp_post``, which it has no function for on bridges).
@@ -102,10 +102,12 @@ def test_every_family_reuses_keys_and_values(family):
     assert stepper.shares_prefixes, name
 
 
-def test_gemma2_prompts_longer_than_its_sliding_window(number_tokenizer, tmp_path):
-    """Gemma 2's sliding-window and global layers take different masks once prompts pass the
-    window (16 tokens here): stepping, shared prefixes included, still gives the hooks' numbers."""
-    model = ai.load_model(str(save_family("gemma2", number_tokenizer, tmp_path)))
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_gemma_prompts_longer_than_the_sliding_window(name, number_tokenizer, tmp_path):
+    """Gemma's sliding-window and global layers take different masks (and, in Gemma 3, different
+    rotary bases) once prompts pass the window (16 tokens here): stepping, shared prefixes
+    included, still gives the hooks' numbers."""
+    model = ai.load_model(str(save_family(name, number_tokenizer, tmp_path)))
     pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=4).counterfactual(vary="a", seed=0)[:6]
     assert pairs.clean.tokens.shape[1] > 16
     for site in ("resid_pre", "attn_z", "mlp_out"):

@@ -297,6 +297,10 @@ def _place(model, dtype, device):
 def _boot_hf(hf_model, tokenizer, name: str, dtype, device):
     from transformer_lens.model_bridge import TransformerBridge
 
+    # TransformerLens picks its bridge from `config.architectures`; configs read from a GGUF file (and some
+    # hand-written ones) leave it empty, though the loaded class says what the model is.
+    if not getattr(hf_model.config, "architectures", None):
+        hf_model.config.architectures = [type(hf_model).__name__]
     try:
         model = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer)
     except Exception as error:  # TransformerLens raises several types for unsupported models

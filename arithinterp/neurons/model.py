@@ -693,7 +693,8 @@ def classify(
     """Classify a model's important MLP neurons into heuristics (Nikankin et al. 2025).
 
     Runs :func:`importance` (unless ``top_k`` is None — all neurons — or ``importance_scores``
-    is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed)``), then the maps and
+    is given) on ``pairs`` (default ``prompts.counterfactual(vary, seed, distinct_first_token=True)``: pairs
+    whose answers share their first token would score 0), then the maps and
     :func:`classify_maps`'s scoring (``fdr``, ``shuffle_control`` and ``registry`` are passed on:
     a label needs the 0.6 threshold and the cell-shuffle test at that false-discovery rate).
     ``bottom`` defaults to ``model.cfg.gated_mlp``.
@@ -713,7 +714,9 @@ def classify(
     budget = memory_budget(model, max_memory)
     chosen = _check_model_layers(model, layers)
     if importance_scores is None and top_k is not None:
-        pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed)
+        # partners whose answer starts with another token: a pair sharing the first answer token has a
+        # first-token logit difference of 0 and would rank nothing (a third of 2-digit sums share a tens digit)
+        pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed, distinct_first_token=True)
         importance_scores = importance(model, pairs, chosen, method=method, top_k=top_k, batch_size=batch_size,
                                        max_memory=budget, progress=progress)
     if importance_scores is not None:
