@@ -69,3 +69,26 @@ def test_hub_id_offline_fails_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ArithInterpError, match="Zoo models"):
         ai.load_model("no-such-org/no-such-model")
+
+
+def test_a_config_without_architectures_loads_by_its_class(tmp_path, number_tokenizer):
+    """GGUF files (Gemma 3 270M's among them) give a config with no ``architectures``: the bridge is
+    chosen from the class transformers loaded, and the model computes what that class does."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_families import save_family
+
+    directory = save_family("gemma3", number_tokenizer, tmp_path / "gemma3")
+    config = json.loads((directory / "config.json").read_text())
+    config.pop("architectures")
+    (directory / "config.json").write_text(json.dumps(config))
+    model = ai.load_model(str(directory))
+    reference = AutoModelForCausalLM.from_pretrained(str(directory)).eval()
+    tokens = model.to_tokens("12+34=")
+    with torch.inference_mode():
+        assert torch.allclose(model(tokens), reference(tokens).logits, atol=1e-5)
