@@ -264,8 +264,8 @@ def circuit_command(args: argparse.Namespace) -> dict:
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
     # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
     top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")
-    return _finish(circuit, args, dict(method=args.method, pairs=len(pairs), edges=circuit.n_edges, kept=circuit.n_kept,
-                                       fraction_kept=round(circuit.n_kept / circuit.n_edges, 4),
+    return _finish(circuit, args, dict(method=circuit.method, pairs=len(pairs), edges=circuit.n_edges,
+                                       kept=circuit.n_kept, fraction_kept=round(circuit.n_kept / circuit.n_edges, 4),
                                        faithfulness=round(value, 4), ablation=args.ablation, top_edges=top_edges))
 
 
@@ -446,7 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # the old name of --ablation
 
     p = analysis("circuit", "score every edge (path patching, EAP, EAP-IG) and keep the smallest faithful circuit")
-    p.add_argument("--method", default="eap-ig", help="eap-ig, eap-ig-activations, eap or exact (default: eap-ig)")
+    p.add_argument("--method", default="eap-ig",
+                   help="eap-ig, eap-ig-activations, eap, exact or auto (exact where it costs about as much as "
+                        "eap-ig; default: eap-ig)")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default: 5)")
     p.add_argument("--positions", default=None,
                    help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")

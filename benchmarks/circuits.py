@@ -233,7 +233,7 @@ def neuron_receivers(models: list, n_pairs: int, step: int, steps: int) -> list[
         idx = torch.arange(len(pairs))
         base, source = pairs.corrupt.unpadded(idx), pairs.clean.unpadded(idx)
         n_up = Layout.of(model).senders_before(layer, "mlp")
-        source_send, _ = sender_outputs(model, source)
+        source_send, _, _ = sender_outputs(model, source)
         B, T = base.shape
         neuron = chosen[layer][1]
         with torch.inference_mode():

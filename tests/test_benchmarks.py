@@ -95,6 +95,16 @@ def test_circuits_benchmark_smoke():
     assert float(row.split("|")[2]) > 0.8 and int(row.rstrip(" |").rsplit("|", 1)[1]) <= 2 * (5 + 1)
 
 
+def test_post_norms_benchmark_smoke():
+    """Gemma 2 and 3 folders: EAP-IG tracks exact edges through the frozen branch norms, and auto patches exactly."""
+    out = run("post_norms.py", "--quick")
+    rows = sorted({line for line in out.splitlines() if line.startswith("| Gemma")})  # printed as they come, then all
+    assert len(rows) == 2
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip(" |").split("|")]
+        assert float(cells[4].split("/")[0]) > 0.7 and cells[-1] == "exact"
+
+
 def test_neuron_receivers_benchmark_smoke():
     """Edges into neurons of zoo:add-100: attribution against exact patching, and the exact path exact."""
     out = run("circuits.py", "--neurons", "--models", "add-100", "--zoo-pairs", "4", "--neuron-step", "64")

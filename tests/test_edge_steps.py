@@ -3,8 +3,10 @@
 The stepped path starts each stack of edge sets at the layer of its first changed receiver and the
 first position where one of its edges carries a value other than the base run's; the whole forward
 is the reference. Both run on the zoo model (TransformerLens-native attention) and on random-weight
-Llama (rotary, grouped-query attention, RMSNorm) and GPT-NeoX (parallel attention and MLP, partial
-rotary) folders with few-shot prompts, whose shared prefix the stepped path reuses.
+Llama (rotary, grouped-query attention, RMSNorm), GPT-NeoX (parallel attention and MLP, partial
+rotary), Gemma 2 and Gemma 3 (norms on the attention and MLP outputs, frozen at the base run's
+scales; Gemma 3's QK-norm and two rotary bases) folders with few-shot prompts, whose shared prefix
+the stepped path reuses.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def zoo():
     return model, prompts.counterfactual(vary="a", seed=0)[:10]
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt_neox"])
+@pytest.fixture(scope="module", params=["llama", "gpt_neox", "gemma2", "gemma3"])
 def family(request, number_tokenizer, tmp_path_factory):
     model = ai.load_model(str(save_family(request.param, number_tokenizer, tmp_path_factory.mktemp(request.param))))
     pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=2).counterfactual(vary="a", seed=0)[:6]
@@ -151,16 +153,6 @@ def test_an_unknown_engine_is_refused_with_the_accepted_ones(zoo):
     circuit = score_edges(model, pairs, "eap", progress=False)
     with pytest.raises(ArithInterpError, match="engine"):
         faithfulness(model, pairs, circuit, sizes=[0, 4], engine="fast")
-
-
-@pytest.mark.parametrize("engine", ["auto", "hooks"])
-def test_gemma2_edges_are_refused_by_both_engines(engine, number_tokenizer, tmp_path):
-    """Gemma 2 norms the attention and MLP outputs before adding them: a head's output is no term of
-    any receiver's input, so there is no edge to patch (see docs/circuits.md)."""
-    model = ai.load_model(str(save_family("gemma2", number_tokenizer, tmp_path / "gemma2")))
-    pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:4]
-    with pytest.raises(ArithInterpError, match="not the sum of the embeddings, head and MLP outputs"):
-        patch_edges(model, pairs, engine=engine, progress=False)
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ def _exactness(model, pairs, layer, neuron):
 
     idx = torch.arange(len(pairs))
     base, source = pairs.corrupt.unpadded(idx), pairs.clean.unpadded(idx)
-    source_send, _ = sender_outputs(model, source)
+    source_send, _, _ = sender_outputs(model, source)
     B, T = base.shape
     inputs = neuron_inputs(model, [(layer, neuron)])
     with torch.inference_mode():

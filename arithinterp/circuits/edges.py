@@ -83,7 +83,7 @@ def _mean_senders(model, prompts, budget: int) -> torch.Tensor:
     mean = RunningMean()
     for group in prompts.length_groups():
         for idx in group.split(batch):
-            senders, _ = sender_outputs(model, prompts.unpadded(idx))
+            senders, _, _ = sender_outputs(model, prompts.unpadded(idx))
             mean.add(senders.cpu())
     return mean.value()
 
@@ -170,7 +170,7 @@ def run_edge_sets(
     batches = [b for group in pairs.clean.length_groups() for b in group.split(pair_batch)]
     bar = tqdm(total=len(batches) * C, desc="edge sets", disable=not progress)
     for idx in batches:
-        runner = base_send = other_send = fixed = None  # free the last batch's senders before building these
+        runner = base_send = other_send = fixed = base_scales = None  # free the last batch's senders first
         base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
         B, T = base_tokens.shape
         key = (base, tuple(idx.tolist()))
@@ -194,8 +194,8 @@ def run_edge_sets(
             base_send, base_logits = runner.base_senders, runner.base_logits
             other_send, other_logits = runner.other_senders, runner.other_logits
         else:
-            base_send, base_logits = sender_outputs(model, base_tokens)
-            other_send, other_logits = sender_outputs(model, other_tokens)
+            base_send, base_logits, base_scales = sender_outputs(model, base_tokens)
+            other_send, other_logits, _ = sender_outputs(model, other_tokens)
             forwards += 2
         ctx = metric_context(pairs[idx], direction, base_logits, other_logits, device=base_logits.device)
         m_base, m_other = fn(base_logits, ctx).float().cpu(), fn(other_logits, ctx).float().cpu()
@@ -233,7 +233,8 @@ def run_edge_sets(
                 return torch.einsum("cpus,pbt->cbtus", w, onehot)
 
             with torch.inference_mode():
-                logits = forward.run(base_tokens, copies=c, values=fixed, weights=weights)["logits"][:, :, -1].float()
+                logits = forward.run(base_tokens, copies=c, values=fixed, weights=weights,
+                                     scales=base_scales)["logits"][:, :, -1].float()
             forwards += 1
             out[idx[:, None], torch.arange(start, start + c)[None, :]] = fn(logits, ctx).T.float().cpu()
             bar.update(c)
@@ -382,24 +383,26 @@ def attribute_edges(
         if method == "eap-ig-activations":  # integrated over each sender group's outputs
             onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T)
             mlps = sorted({graph.layout.mlp_sender(layer) for layer, _ in senders})
-            per, count, kept = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn, pairs[idx],
-                                                   direction, base_tokens, source_tokens, onehot, steps, keep=mlps)
+            per, count, kept, both = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn,
+                                                         pairs[idx], direction, base_tokens, source_tokens, onehot,
+                                                         steps, keep=mlps)
             scores[idx] = graph.from_dense(per).cpu()
             if neuron_out is not None:
                 neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index,
                                                 lambda layer: kept[graph.layout.mlp_sender(layer)],
-                                                base_tokens, source_tokens, onehot)
+                                                base_tokens, source_tokens, onehot, scales=both)
                 count += 2
             passes += count
             per_batch.append(count)
             continue
         count = 0
-        source_send, source_logits = sender_outputs(model, source_tokens)
+        source_send, source_logits, source_scales = sender_outputs(model, source_tokens)
         count += 1
         # the base run's senders and logits: run first for EAP-IG; EAP's one gradient run is the base run
         base_logits: Optional[torch.Tensor] = None
+        base_scales: Optional[torch.Tensor] = None
         if method == "eap-ig":
-            base_send, base_logits = sender_outputs(model, base_tokens)
+            base_send, base_logits, base_scales = sender_outputs(model, base_tokens)
             count += 1
         grad_sum, neuron_grad_sum = None, None
         for alpha in alphas:
@@ -408,10 +411,13 @@ def attribute_edges(
                 assert base_send is not None  # EAP-IG ran the base first
                 embed = base_send[:, :, 0] + alpha * (source_send[:, :, 0] - base_send[:, :, 0])
             with torch.enable_grad():
-                got = engine.run(base_tokens, probe=True, embed=embed, read_senders=alpha is None, neurons=inputs)
+                # branch norms divide by the base run's denominators in every run (EAP's one run is the base run)
+                got = engine.run(base_tokens, probe=True, embed=embed, read_senders=alpha is None, neurons=inputs,
+                                 scales=base_scales)
                 logits = got["logits"][0, :, -1].float()
                 if alpha is None:
                     base_send, base_logits = got["senders"].detach().float(), logits.detach()
+                    base_scales = got["scales"]
                 assert base_logits is not None
                 ctx = metric_context(pairs[idx], direction, base_logits.detach(), source_logits, device=logits.device)
                 value = fn(logits, ctx)
@@ -437,12 +443,14 @@ def attribute_edges(
         if neuron_out is not None:
             layers = sorted({layer for layer, _ in senders})
             post = (neuron_post(model, base_tokens, layers), neuron_post(model, source_tokens, layers))
+            both = None if base_scales is None or source_scales is None else (base_scales, source_scales)
             neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index, lambda layer, g=g: g,
-                                            base_tokens, source_tokens, onehot, post=post)
+                                            base_tokens, source_tokens, onehot, post=post, scales=both)
             count += 2
             if receiver_out is not None and neuron_grad_sum is not None:
                 receiver_out[idx] = neuron_receiver_scores(model, senders, senders, receiver_index,
-                                                           neuron_grad_sum / len(alphas), diff, onehot, post=post)
+                                                           neuron_grad_sum / len(alphas), diff, onehot, post=post,
+                                                           scales=both)
         passes += count
         per_batch.append(count)
     release_freed_memory()  # the gradient runs are done; what runs next should not add to their peak

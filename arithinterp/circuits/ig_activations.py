@@ -20,7 +20,7 @@ output interpolated (the senders of a group read only upstream senders, which ar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -50,18 +50,21 @@ def sender_groups(layout: Layout) -> list[list[int]]:
 
 def activation_ig_batch(model, engine: EdgeForward, graph: Graph, receivers: list, fn: Callable,
                         pairs_batch, direction: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor,
-                        onehot: torch.Tensor, steps: int, keep: Sequence[int] = ()) -> tuple[torch.Tensor, int, dict]:
-    """Edge scores ``[B, P, R, S]`` of one batch (dense layout), the passes it took and the
+                        onehot: torch.Tensor, steps: int, keep: Sequence[int] = ()
+                        ) -> tuple[torch.Tensor, int, dict, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    """Edge scores ``[B, P, R, S]`` of one batch (dense layout), the passes it took, the
     averaged receiver gradients ``[B, T, R, d]`` of the groups holding the senders in ``keep``
-    (by sender index; the MLPs whose neurons are scored too).
+    (by sender index; the MLPs whose neurons are scored too) and the base and source runs'
+    branch-norm denominators ``[B, T, n_layers, 2]`` (None without branch norms; every gradient
+    run divides by the base run's, frozen).
 
     The base run's gradient (α = 0) is the same for every group, so it runs once: 2 forwards for
     the sender outputs, then ``1 + (steps − 1) · n_groups`` gradient runs (a forward and a
     backward each).
     """
     L = graph.layout
-    source_send, source_logits = sender_outputs(model, source_tokens)
-    base_send, base_logits = sender_outputs(model, base_tokens)
+    source_send, source_logits, source_scales = sender_outputs(model, source_tokens)
+    base_send, base_logits, base_scales = sender_outputs(model, base_tokens)
     passes = 2
     diff = (source_send - base_send).float()  # [B, T, S, d]
     ctx = metric_context(pairs_batch, direction, base_logits, source_logits, device=base_logits.device)
@@ -83,7 +86,7 @@ def activation_ig_batch(model, engine: EdgeForward, graph: Graph, receivers: lis
             return w.expand(1, B, T, L.units(channel) if channel != "logits" else 1, n_up)
 
         with torch.enable_grad():
-            got = engine.run(base_tokens, probe=True, values=source_send, weights=weights)
+            got = engine.run(base_tokens, probe=True, values=source_send, weights=weights, scales=base_scales)
             value = fn(got["logits"][0, :, -1].float(), ctx)
             if not value.requires_grad:
                 raise AnalysisError("the metric does not depend on the logits; nothing to differentiate")
@@ -101,4 +104,5 @@ def activation_ig_batch(model, engine: EdgeForward, graph: Graph, receivers: lis
             passes += 2
         per[..., group] = torch.einsum("btrd,btsd,pbt->bprs", total / steps, diff[:, :, group], onehot)
         kept.update({s: total / steps for s in group if s in keep})
-    return per, passes, kept
+    scales = None if base_scales is None or source_scales is None else (base_scales, source_scales)
+    return per, passes, kept, scales

@@ -9,6 +9,10 @@ gradient at ``r``'s input that :func:`~arithinterp.circuits.edges.attribute_edge
     score(MLP{l}N{n} → r, p) = Σ_t∈p (source − base)post_n[t] · (W_out[n] · ∂metric/∂input_r[t]).
 
 The neurons' activations (``mlp_post``) are read by the engine (:func:`arithinterp.engine.run`).
+With a norm on the MLP's output (Gemma 2 and 3), frozen at each run's own denominator ``f`` as the
+edge engine freezes it (:mod:`arithinterp.engine.branch_norms`), a neuron's output in a run is
+``post_n / f · (W_out[n] ⊙ g)``, so ``(source − base)post_n`` above reads
+``post_n / f`` of the source run minus that of the base run, and ``W_out[n]`` reads ``W_out[n] ⊙ g``.
 
 A neuron is also a receiver: its pre-activation (and gate) reads ``ln2`` of the MLP's input, the
 sum of the upstream senders' outputs, so the edge ``s → MLP{l}N{n}`` changes that neuron's own
@@ -30,6 +34,7 @@ import torch
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.engine import Read
 from arithinterp.engine import run as engine_run
+from arithinterp.engine.branch_norms import BranchNorms
 from arithinterp.engine.budget import chunk_for, memory_budget
 from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
 from arithinterp.engine.neuron_inputs import NeuronInputs
@@ -99,13 +104,29 @@ def neuron_post(model: HookedModel, tokens: torch.Tensor, layers: Sequence[int])
     return {layer: x.float() for layer, x in zip(layers, out.reads)}
 
 
+def _neuron_change(model: HookedModel, layer: int, ids: torch.Tensor, base: torch.Tensor, source: torch.Tensor,
+                   scales: Optional[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The neurons ``ids`` of ``layer`` as senders: ``(change [B, T, n], direction [n, d_model])``, whose
+    product is each neuron's source − base output. ``base`` / ``source``: ``mlp_post [B, T, d_mlp]``;
+    ``scales``: both runs' branch-norm denominators ``[B, T, n_layers, 2]`` (None: no branch norms)."""
+    direction = _w_out(model, layer)[ids]
+    norms = None if scales is None else BranchNorms.of(model)
+    if scales is None or norms is None or not norms.has(layer, "mlp"):
+        return (source - base)[..., ids], direction
+    f_base, f_source = (s[:, :, layer, 1, None].to(base.device) for s in scales)
+    return (source[..., ids] / f_source - base[..., ids] / f_base), direction * norms.gain[layer, "mlp"]
+
+
 def neuron_scores(model: HookedModel, graph: Graph, senders: Sequence[tuple[int, int]], index: torch.Tensor,
                   gradient: Callable[[int], torch.Tensor], base_tokens: torch.Tensor, source_tokens: torch.Tensor,
-                  onehot: torch.Tensor, post: Optional[tuple[dict, dict]] = None) -> torch.Tensor:
+                  onehot: torch.Tensor, post: Optional[tuple[dict, dict]] = None,
+                  scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """Scores ``[B, E]`` of one batch's neuron edges (``index`` from :func:`neuron_edges`).
 
     ``gradient(layer)`` is the (averaged) gradient at every receiver input ``[B, T, R, d]`` that
-    scores the senders of that layer's MLP; ``onehot [P, B, T]`` the graph's positions.
+    scores the senders of that layer's MLP; ``onehot [P, B, T]`` the graph's positions;
+    ``scales`` the base and source runs' branch-norm denominators ``[B, T, n_layers, 2]`` (from
+    :func:`~arithinterp.engine.edges.sender_outputs`; required on a model with branch norms).
     """
     layers = sorted({layer for layer, _ in senders})
     base, source = post if post is not None else (neuron_post(model, base_tokens, layers),
@@ -116,8 +137,9 @@ def neuron_scores(model: HookedModel, graph: Graph, senders: Sequence[tuple[int,
         ks = [k for k, (l, _) in enumerate(senders) if l == layer]
         ids = torch.tensor([senders[k][1] for k in ks])
         g = gradient(layer)
-        diff = (source[layer] - base[layer])[..., ids].to(g.device)  # [B, T, n]
-        along = torch.einsum("btrd,nd->btrn", g, _w_out(model, layer)[ids].to(g.device))  # W_out[n] · grad
+        change, direction = _neuron_change(model, layer, ids, base[layer], source[layer], scales)
+        diff = change.to(g.device)  # [B, T, n]
+        along = torch.einsum("btrd,nd->btrn", g, direction.to(g.device))  # W_out[n] · grad
         per = torch.einsum("btn,btrn,pbt->bprn", diff, along, onehot.to(g.device))  # [B, P, R, n]
         local = torch.full((len(senders),), -1, dtype=torch.long)
         local[torch.tensor(ks)] = torch.arange(len(ks))
@@ -162,12 +184,13 @@ def neuron_receiver_edges(graph: Graph, receivers: Sequence[tuple[int, int]],
 
 def neuron_receiver_scores(model: HookedModel, receivers: Sequence[tuple[int, int]],
                            senders: Sequence[tuple[int, int]], index: torch.Tensor, gradient: torch.Tensor,
-                           diff: torch.Tensor, onehot: torch.Tensor, post: Optional[tuple[dict, dict]] = None
-                           ) -> torch.Tensor:
+                           diff: torch.Tensor, onehot: torch.Tensor, post: Optional[tuple[dict, dict]] = None,
+                           scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """Scores ``[B, E]`` of one batch's edges into receiver neurons (``index`` from
     :func:`neuron_receiver_edges`): ``gradient`` ``[B, T, K, d]`` at each receiver neuron's input,
     ``diff`` ``[B, T, S, d]`` the graph senders' source − base outputs, ``onehot`` ``[P, B, T]``,
-    ``post`` the base and source ``mlp_post`` of the sender neurons' layers."""
+    ``post`` the base and source ``mlp_post`` of the sender neurons' layers, ``scales`` both runs'
+    branch-norm denominators (as in :func:`neuron_scores`)."""
     g = gradient.float()
     onehot = onehot.to(g.device)
     per = torch.einsum("btkd,btsd,pbt->bpks", g, diff.float().to(g.device), onehot)  # [B, P, K, S]
@@ -181,8 +204,9 @@ def neuron_receiver_scores(model: HookedModel, receivers: Sequence[tuple[int, in
         for layer in sorted({sl for sl, _ in senders}):
             js = [j for j, (sl, _) in enumerate(senders) if sl == layer]
             ids = torch.tensor([senders[j][1] for j in js])
-            change = (source[layer] - base[layer])[..., ids].to(g.device)  # [B, T, m]
-            along = torch.einsum("btkd,md->btkm", g, _w_out(model, layer)[ids].to(g.device))
+            change, direction = _neuron_change(model, layer, ids, base[layer], source[layer], scales)
+            change = change.to(g.device)  # [B, T, m]
+            along = torch.einsum("btkd,md->btkm", g, direction.to(g.device))
             per_n = torch.einsum("btm,btkm,pbt->bpkm", change, along, onehot)  # [B, P, K, m]
             local = torch.full((len(senders),), -1, dtype=torch.long)
             local[torch.tensor(js)] = torch.arange(len(js))
@@ -258,8 +282,8 @@ def patch_neuron_edges(
     for idx in batches:
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape
-        base_send, base_logits = sender_outputs(model, base_tokens)
-        source_send, source_logits = sender_outputs(model, source_tokens)
+        base_send, base_logits, base_scales = sender_outputs(model, base_tokens)
+        source_send, source_logits, _ = sender_outputs(model, source_tokens)
         forwards += 2
         ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
         m_base, m_source = fn(base_logits, ctx).float().cpu(), fn(source_logits, ctx).float().cpu()
@@ -285,7 +309,7 @@ def patch_neuron_edges(
                 return torch.einsum("cpus,pbt->cbtus", w, onehot).to(base_send.device)
 
             with torch.inference_mode():
-                logits = forward.run(base_tokens, copies=c, values=source_send, neurons=inputs,
+                logits = forward.run(base_tokens, copies=c, values=source_send, neurons=inputs, scales=base_scales,
                                      neuron_weights=weights)["logits"][:, :, -1].float()
             forwards += 1
             scores[idx[:, None], torch.arange(start, start + c)[None, :]] = (fn(logits, ctx).T.float().cpu()

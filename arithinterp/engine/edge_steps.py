@@ -20,6 +20,10 @@ sparsely: an edge set is a list of its edges (:class:`EdgeEntries`), each receiv
 the (set, unit) pairs some edge touches, and a head's output is formed only for the sets whose
 later receivers read it. The whole forward stays the reference (``engine="hooks"`` in the
 circuits functions); the tests pin the two to each other.
+
+On a model with norms on its branches (Gemma 2 and 3) the base and source runs read each norm's
+denominator too, and every block a stack runs divides its branch outputs by the base run's,
+frozen (:mod:`arithinterp.engine.branch_norms`), as the whole forward does.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
+from arithinterp.engine.branch_norms import BRANCHES
 from arithinterp.engine.budget import forward_logits_bytes_per_prompt
 from arithinterp.engine.edges import CHANNELS, EdgeForward, Layout, check_additive
 from arithinterp.engine.hooks import hook_points, module_hooks
@@ -106,7 +111,9 @@ class SteppedEdges:
 
     ``base_senders`` / ``other_senders`` ``[B, T, S, d]`` are every sender's output in the base
     and the other run (float32), ``base_logits`` / ``other_logits`` ``[B, V]`` their final-position
-    logits. Refuses a model whose residual stream is not the sum of its senders' outputs.
+    logits, ``base_scales`` / ``other_scales`` ``[B, T, n_layers, 2]`` their branch norms'
+    denominators (None on a model without branch norms). Refuses a model whose residual stream is
+    not the sum of its senders' outputs.
     """
 
     def __init__(self, model: Any, stepper: Stepper, base_tokens: torch.Tensor, other_tokens: torch.Tensor):
@@ -116,25 +123,42 @@ class SteppedEdges:
         self.receivers = _Receivers.of(L)
         B = int(base_tokens.shape[0])
         self.tokens = base_tokens
+        self.norms = norms = self.edges.norms
         names = [f"blocks.{layer}.attn.hook_z" for layer in range(L.n_layers)]
-        names += [f"blocks.{layer}.hook_mlp_out" for layer in range(L.n_layers)] if L.has_mlp else []
+        # an MLP's output, or with a norm on it that norm's input (divided by its denominator below)
+        names += [f"blocks.{layer}.hook_mlp_out" if norms is None or not norms.has(layer, "mlp")
+                  else norms.hook(layer, "mlp", "hook_in") for layer in range(L.n_layers)] if L.has_mlp else []
+        scale_names = [] if norms is None else [norms.hook(layer, b, "hook_scale") for layer, b in norms.keys]
         with torch.inference_mode():
-            run = stepper.base(torch.cat([base_tokens, other_tokens]), read=names)
+            run = stepper.base(torch.cat([base_tokens, other_tokens]), read=names + scale_names)
             embed = run.resid[0]  # block 0's input: the embeddings
+            scales = None
+            if norms is not None:
+                scales = norms.ones(*embed.shape[:2], device=embed.device)
+                for (layer, branch), name in zip(norms.keys, scale_names):
+                    scales[:, :, layer, BRANCHES.index(branch)] = run.acts.pop(name)[..., 0].float()
             # filled in place, sender by sender: a list of the outputs stacked at the end would hold them twice
             stacked = torch.empty(*embed.shape[:2], L.n_senders, L.d_model, device=embed.device)
             stacked[:, :, 0] = embed
             s = 1
             for layer in range(L.n_layers):
-                stacked[:, :, s:s + L.n_heads] = self.edges.head_outputs(layer, run.acts.pop(names[layer]))
+                heads = self.edges.head_outputs(layer, run.acts.pop(names[layer]))
+                if norms is not None and scales is not None and norms.has(layer, "attn"):
+                    heads = norms.apply(heads, layer, "attn", scales[:, :, layer, 0, None, None])
+                stacked[:, :, s:s + L.n_heads] = heads
                 s += L.n_heads
                 if L.has_mlp:
-                    stacked[:, :, s] = run.acts.pop(names[L.n_layers + layer])
+                    out = run.acts.pop(names[L.n_layers + layer])
+                    if norms is not None and scales is not None and norms.has(layer, "mlp"):
+                        out = norms.apply(out, layer, "mlp", scales[:, :, layer, 1, None])
+                    stacked[:, :, s] = out
                     s += 1
             check_additive(self.edges, stacked, run.resid[L.n_layers])
         self.run = run.rows(slice(0, B))
         self.base_senders, self.other_senders = stacked[:B], stacked[B:]
         self.base_logits, self.other_logits = run.logits[:B].float(), run.logits[B:].float()
+        self.base_scales = None if scales is None else scales[:B]
+        self.other_scales = None if scales is None else scales[B:]
 
     # --- planning -----------------------------------------------------------------------------------
 
@@ -286,10 +310,36 @@ class SteppedEdges:
                 out.index_add_(0, inverse[sel], carried * scale[..., None])
             return keys, out
 
+        norms, frozen = self.norms, None if self.base_scales is None else self.base_scales[:, start:]
+        branch_in: dict = {}
+
+        def scale(j: int, branch: str, copies: int) -> torch.Tensor:
+            """The base run's denominators at block ``j``'s positions, per stacked row ``[copies·B, w, 1]``."""
+            assert frozen is not None
+            lo, hi = window[j]
+            return frozen[:, lo:hi, j, BRANCHES.index(branch)].repeat(copies, 1)[..., None]
+
         block_hooks: list = []  # hooks the stepper installs; the last block's go with `after` where it is split
         after: list = []  # hooks in place for the whole run, the final norm's included
         for j in range(layer, L.n_layers):
             hooks = after if split_last and j == last else block_hooks
+            mlp_sender = L.mlp_sender(j) if L.has_mlp else -1
+            # every block the stacks run divides its branches by the base run's denominators, frozen
+            for branch in [] if norms is None else norms.branches(j):
+
+                def keep_in(act, hook=None, key=(j, branch)):
+                    branch_in[key] = act
+                    return act
+
+                def frozen_norm(act, hook=None, j=j, branch=branch, sender=mlp_sender):
+                    assert norms is not None
+                    out = norms.apply(branch_in.pop((j, branch)), j, branch, scale(j, branch, n_copies))
+                    if branch == "mlp" and sender in needed:
+                        current[sender] = out.reshape(n_copies, B, act.shape[1], d)[needed[sender]], window[j][0]
+                    return out.to(act.dtype)
+
+                assert norms is not None
+                hooks += [(norms.hook(j, branch, "hook_in"), keep_in), (norms.hook(j, branch, "hook_out"), frozen_norm)]
             if any((j, ch) in groups for ch in CHANNELS):
 
                 def keep_ln(act, hook=None, j=j):
@@ -332,6 +382,8 @@ class SteppedEdges:
                     for h, sender in heads:
                         copies = needed[sender]
                         out = z[_rows(copies, B), :, h] @ edges.w_out[j][h].to(z.dtype)  # [n·B, w, d]
+                        if norms is not None and norms.has(j, "attn"):
+                            out = norms.apply(out, j, "attn", scale(j, "attn", len(copies)))
                         current[sender] = out.reshape(len(copies), B, act.shape[1], d), window[j][0]
                     return act
 
@@ -343,8 +395,7 @@ class SteppedEdges:
                     return act.index_add(0, _rows(keys, B), added.reshape(-1, act.shape[1], d).to(act.dtype))
 
                 hooks.append((edges.mlp_in_hook(j), mlp_in))
-            mlp_sender = L.mlp_sender(j) if L.has_mlp else -1
-            if mlp_sender in needed:
+            if mlp_sender in needed and (norms is None or not norms.has(j, "mlp")):  # else its norm's hook keeps it
 
                 def mlp_out(act, hook=None, j=j, sender=mlp_sender):
                     current[sender] = act.reshape(n_copies, B, act.shape[1], d)[needed[sender]], window[j][0]

@@ -18,6 +18,14 @@ run. MLP inputs are changed at ``ln2.hook_in`` and the unembedding's at ``ln_fin
 (``unembed.hook_in`` in models without a final norm), so no TransformerLens option has to be
 switched on and every bridge whose attention has separate Q/K/V projections works.
 
+Norms on the branches (Gemma 2 and 3 norm each attention and MLP output before adding it): a
+head's output reaches the residual stream only through its layer's norm, whose denominator is the
+rms of every head's output together. Edges there are computed with the branch norms' scales frozen
+(:mod:`arithinterp.engine.branch_norms`, as circuit-tracer does for Gemma 2): a sender's output is
+its term of the branch divided by its own run's denominator, and an edge run divides by the base
+run's (``scales``), so the stream is again the sum of the senders and an edge patch does not
+re-normalise the branch.
+
 Tensors: sender outputs ``[B, T, S, d_model]`` (``S = 1 + n_layers·n_heads + n_mlps``, order of
 :class:`Layout`); edge weights per receiver ``[C, B, T, S]`` (``C`` stacked edge sets, each a
 copy of the batch: many edge sets run in one forward, as the patching sweeps stack cells).
@@ -31,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 import torch
 
 from arithinterp.checks import architecture
+from arithinterp.engine.branch_norms import BRANCHES, BranchNorms
 from arithinterp.engine.budget import backward_bytes_per_prompt, forward_logits_bytes_per_prompt
 from arithinterp.engine.hooks import forward_with_hooks
 from arithinterp.errors import AnalysisError
@@ -151,6 +160,16 @@ class EdgeForward:
             self.w_out[layer] = linear_weight(attn.o, L.n_heads, False)[0]
         # the output biases belong to no head; they are the same in every run
         biases = [getattr(blocks[layer].attn.o.original_component, "bias", None) for layer in range(L.n_layers)]
+        self.norms = BranchNorms.of(model)
+        if self.norms is not None:
+            normed = [layer for layer in range(L.n_layers)
+                      if self.norms.has(layer, "attn") and biases[layer] is not None]
+            if normed:
+                # through a frozen norm the bias's term would differ between runs with different scales
+                raise AnalysisError(
+                    f"layer {normed[0]} norms its attention output and its output projection has a bias: edge runs "
+                    "need a branch norm's input to be the sum of its heads' outputs alone"
+                )
         self.out_bias = sum((b.detach().float() for b in biases if b is not None), torch.zeros(L.d_model))
         self.has_final_norm = hasattr(model, "ln_final")
 
@@ -190,12 +209,20 @@ class EdgeForward:
         read_senders: bool = False,
         neurons: Any = None,
         neuron_weights: Optional[Callable[[int], Optional[torch.Tensor]]] = None,
+        scales: Optional[torch.Tensor] = None,
     ) -> dict:
         """One forward of ``tokens [B, T]`` repeated ``copies`` times along the batch.
 
         ``embed [B, T, d]`` replaces the embeddings (``blocks.0.hook_resid_pre``; integrated
         gradients interpolate it). Returns ``logits [C, B, T, V]``, ``senders [C·B, T, S, d]``
         when ``read_senders``, and with ``probe`` the probes ``{(layer, channel): [B, T, units, d]}``.
+
+        On a model with norms on its branches (:mod:`~arithinterp.engine.branch_norms`) each norm
+        divides by ``scales [B, T, n_layers, 2]``, the base run's denominators, frozen (for every
+        copy); without ``scales``, by this run's own, detached (the model's own forward, whose
+        gradients are those of the norms frozen there). Runs that change receivers' inputs need
+        ``scales``. ``scales [C·B, T, n_layers, 2]``, the denominators used, are returned with
+        ``senders`` (None on models without branch norms).
 
         ``neurons`` (a :class:`~arithinterp.engine.neuron_inputs.NeuronInputs`) makes its MLP
         neurons receivers of their own: ``neuron_weights(layer) -> [C, B, T, u, S_up] | None``
@@ -205,6 +232,14 @@ class EdgeForward:
         """
         L = self.layout
         B, T = tokens.shape
+        norms = self.norms
+        if norms is not None and scales is None and (weights is not None or neuron_weights is not None):
+            raise AnalysisError("edge runs on a model with norms on its branches need the base run's scales "
+                                "(from sender_outputs), so that an edge patch does not re-normalise the branch")
+        frozen = None if scales is None else scales.float().repeat(copies, 1, 1, 1)  # [C·B, T, n_layers, 2]
+        used: dict = {}  # (layer, branch) -> the denominators this run divided by [C·B, T, 1]
+        branch_in: dict = {}  # (layer, branch) -> the norm's input
+        raw_heads: dict = {}  # layer -> each head's output before its layer's norm [C·B, T, H, d]
         stacked = tokens.repeat(copies, 1)
         current: list = [None] * L.n_senders
         ln_in: dict = {}
@@ -288,11 +323,43 @@ class EdgeForward:
 
             def heads_out(act, hook=None, layer=layer):
                 result = self.head_outputs(layer, act)
+                if norms is not None and norms.has(layer, "attn"):  # terms of the norm's input, divided there
+                    raw_heads[layer] = result
+                    return act
                 for h in range(L.n_heads):
                     current[L.head_sender(layer, h)] = result[:, :, h]
                 return act
 
             hooks.append((f"blocks.{layer}.attn.hook_z", heads_out))
+            for branch in [] if norms is None else norms.branches(layer):
+
+                def keep_in(act, hook=None, key=(layer, branch)):
+                    branch_in[key] = act
+                    return act
+
+                def own_scale(act, hook=None, key=(layer, branch)):
+                    used[key] = act.detach().float()
+                    return act
+
+                def frozen_norm(act, hook=None, layer=layer, branch=branch):
+                    assert norms is not None
+                    key = (layer, branch)
+                    f = used[key] if frozen is None else frozen[:, :, layer, BRANCHES.index(branch), None]
+                    used[key] = f
+                    out = norms.apply(branch_in.pop(key), layer, branch, f)
+                    if branch == "attn":
+                        heads = norms.apply(raw_heads.pop(layer), layer, branch, f[:, :, None])
+                        for h in range(L.n_heads):
+                            current[L.head_sender(layer, h)] = heads[:, :, h]
+                    else:
+                        current[L.mlp_sender(layer)] = out
+                    return out.to(act.dtype)
+
+                assert norms is not None
+                hooks.append((norms.hook(layer, branch, "hook_in"), keep_in))
+                if frozen is None:
+                    hooks.append((norms.hook(layer, branch, "hook_scale"), own_scale))
+                hooks.append((norms.hook(layer, branch, "hook_out"), frozen_norm))
             if L.has_mlp:
 
                 def mlp_in(act, hook=None, layer=layer):
@@ -308,7 +375,8 @@ class EdgeForward:
                     return act
 
                 hooks.append((self.mlp_in_hook(layer), mlp_in))
-                hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
+                if norms is None or not norms.has(layer, "mlp"):  # else its norm's hook keeps it
+                    hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_out))
 
         inputs = cast(Any, neurons)  # a NeuronInputs (not imported here: it builds on this module)
         for layer in ([] if neurons is None else cast(Any, neurons).layers):
@@ -346,6 +414,12 @@ class EdgeForward:
         if read_senders:
             out["senders"] = torch.stack(current, dim=2)
             out["residual"] = residual[0]
+            out["scales"] = None
+            if norms is not None:
+                got = norms.ones(copies * B, T, device=residual[0].device)
+                for (layer, branch), f in used.items():
+                    got[:, :, layer, BRANCHES.index(branch)] = f[..., 0]
+                out["scales"] = got
         if probe:
             out["probes"] = probes
             if neurons is not None:
@@ -353,30 +427,42 @@ class EdgeForward:
         return out
 
 
-def sender_outputs(model: HookedModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sender's output on ``tokens [B, T]``: ``([B, T, S, d_model], final logits [B, V])``."""
+def sender_outputs(
+    model: HookedModel, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Every sender's output on ``tokens [B, T]``.
+
+    Returns:
+        ``(senders [B, T, S, d_model], final logits [B, V], scales)``: ``scales [B, T, n_layers, 2]``
+        are the branch norms' denominators of this run (:mod:`~arithinterp.engine.branch_norms`),
+        which edge runs on these prompts freeze; None on a model without branch norms.
+
+    Raises:
+        AnalysisError: the final residual stream is not the sum of the senders' outputs.
+    """
     engine = EdgeForward(model)
     with torch.inference_mode():
         out = engine.run(tokens, read_senders=True)
     senders = out["senders"].float()
     check_additive(engine, senders, out["residual"])
-    return senders, out["logits"][0, :, -1].float()
+    return senders, out["logits"][0, :, -1].float(), out["scales"]
 
 
 def check_additive(engine: EdgeForward, senders: torch.Tensor, final: torch.Tensor) -> None:
     """Refuse a model whose final residual stream ``[B, T, d]`` is not the sum of the senders'
-    outputs ``[B, T, S, d]`` (and the output biases): its edge graph would be wrong."""
-    # not, e.g., with Gemma-2's norms after attention and MLP: a head's output reaches the residual
-    # stream only through a norm of the sum of every head's, so it is no term of any receiver's input
+    outputs ``[B, T, S, d]`` (and the output biases): its edge graph would be wrong.
+
+    Norms on the branches pass with their scales frozen (the senders are then the normed terms);
+    a block that adds its branches to the stream any other way than as they are does not."""
     total = senders.sum(2) + engine.out_bias.to(senders.device)
     final = final.float()
     error = float((total - final).norm(dim=-1).max() / final.norm(dim=-1).max().clamp_min(1e-12))
     if error > 1e-3:
         raise AnalysisError(
             "this model's residual stream is not the sum of the embeddings, head and MLP outputs "
-            f"(relative gap {error:.2g}; "
-            "e.g. norms applied to attention or MLP outputs before they are added): edge graphs need blocks that add "
-            "each head's and MLP's output to the residual stream as it is"
+            f"(relative gap {error:.2g}): edge graphs need blocks that add each head's and MLP's output to the "
+            "residual stream as it is, or through an RMSNorm on the branch (whose scale edge runs freeze), not "
+            "scaled or mixed with the stream in any other way"
         )
 
 
