@@ -997,8 +997,14 @@ def neurons_stage(ctx: Context) -> Section:
 
 
 def circuits_stage(ctx: Context) -> Section:
-    from arithinterp import circuits
+    import torch
 
+    from arithinterp import circuits
+    from arithinterp.engine.edges import sender_outputs
+
+    # whether edges apply to this architecture, before whether there are pairs enough: a model whose
+    # stream is no sum of its parts is "not run", whatever the data (one prompt's senders, a forward)
+    sender_outputs(ctx.model, ctx.all_prompts.unpadded(torch.arange(1)))
     pairs, _ = _require_pairs(ctx, "circuits")
     memory = ctx.budget.memory(ctx.model)  # EAP-IG's batches and the curve's stacked edge sets fit the stage's memory
 

@@ -731,3 +731,24 @@ def test_the_evaluation_goes_on_past_its_share_until_the_stages_have_their_corre
     few = prompts[prompts.a < 20]  # 800 prompts, 80 of them correct
     _, evaluation, _, note = _evaluate_within(model, few, 2.0, 600.0, Budget(2.0), seed=0, need=100)
     assert len(evaluation) == 800 and "all 800 prompts hold only 80" in note and "--operands" in note
+
+
+def test_a_stage_refusing_the_architecture_says_so_before_counting_data(add100, monkeypatch):
+    """With no correctly answered prompts, a model whose residual stream is no sum of its parts gets
+    "not run on this model" from the circuits stage, not "not enough data" (more data would not help)."""
+    from arithinterp import report
+    from arithinterp.engine import edges
+    from arithinterp.errors import AnalysisError
+
+    model, prompts = add100
+    ctx = Context(model, "zoo:add-100", prompts[:0], prompts, None, None)
+    with pytest.raises(NotEnoughData):  # the zoo model's edges apply: then the data is counted
+        report.circuits_stage(ctx)
+
+    def refuse(model, tokens):
+        raise AnalysisError("this model's residual stream is not the sum of the embeddings, head and MLP outputs")
+
+    monkeypatch.setattr(edges, "sender_outputs", refuse)
+    with pytest.raises(AnalysisError, match="not the sum") as raised:
+        report.circuits_stage(ctx)
+    assert not isinstance(raised.value, NotEnoughData)
