@@ -24,7 +24,7 @@ from arithinterp.causal.interventions import (
 )
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import (
-    Position, Site, base_values, batch_size, batches, evaluate, forward, reachable, source_values,
+    Position, Runs, Site, base_values, batch_size, batches, evaluate, forward, pairs_per_step, reachable,
 )
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
@@ -50,13 +50,14 @@ def _check(dataset: InterchangeDataset, steps: int, lr: float) -> None:
 def train(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Interchange,
           sources: torch.Tensor, *, steps: int, lr: float, size: int, seed: int, progress: bool,
           boundary_penalty: float = 5e-2, boundary_lr: float = 0.1,
-          rows: Optional[torch.Tensor] = None) -> list[float]:
+          rows: Optional[torch.Tensor] = None, runs: Optional[Runs] = None) -> list[float]:
     """Adam on the counterfactual cross-entropy over training pairs; returns the loss per step.
 
     Boundless DAS adds ``boundary_penalty`` × the boundary to the loss and moves the boundary with its
     own learning rate (Adam moves it about ``boundary_lr`` dimensions a step), so it can shrink to
     the smallest subspace that still carries the variable within the steps given. ``rows``: the
-    training pairs to draw from (default ``dataset.train``)."""
+    training pairs to draw from (default ``dataset.train``). ``runs``: the fit's resumed runs
+    (:class:`~arithinterp.causal.scoring.Runs`; default whole forwards)."""
     params = [p for p in intervention.parameters() if p.requires_grad]
     boundary = [p for n, p in intervention.named_parameters() if n == "boundary"]
     rest = [p for n, p in intervention.named_parameters() if n != "boundary" and p.requires_grad]
@@ -76,7 +77,8 @@ def train(model: HookedModel, dataset: InterchangeDataset, where: Site, interven
         loss = torch.zeros((), device=device)
         count = 0
         for batch in batches(dataset, rows, where.position, size):
-            logits = forward(model, batch, where, intervention, sources, train=True)
+            logits = forward(model, batch, where, intervention, sources, train=True, runs=runs)
+            logits.register_hook(_flush_subnormal)
             ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch.targets.to(device).flatten(),
                                                    reduction="sum")
             loss = loss + ce / batch.targets.shape[1]
@@ -91,6 +93,16 @@ def train(model: HookedModel, dataset: InterchangeDataset, where: Site, interven
         optimiser.zero_grad(set_to_none=True)
         history.append(float(loss.detach()))
     return history
+
+
+def _flush_subnormal(grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of the loss in the logits with its subnormal entries set to zero.
+
+    The softmax of a large vocabulary puts probabilities below the smallest normal float32 on many
+    tokens, and arithmetic on subnormal numbers is many times slower on CPUs (the backward product
+    through a 262,144-token unembedding, 64 rows of random logits: ten times). Dropping values below
+    1.2e-38 changes no sum they enter (each term is below the float32 resolution of the rest)."""
+    return grad.masked_fill(grad.abs() < torch.finfo(grad.dtype).tiny, 0.0)
 
 
 def das(
@@ -111,6 +123,7 @@ def das(
     max_memory: Optional[float] = None,
     seed: int = 0,
     progress: bool = True,
+    engine: str = "auto",
 ) -> DASResult:
     """Distributed alignment search for ``dataset.variable`` at one site, layer and position.
 
@@ -131,6 +144,11 @@ def das(
         per_position: with several positions, each gets its own learned ``k``-dimensional subspace
             (and so does each baseline: a probe, PCA and random subspace per position) instead of
             one shared by all; ``basis`` is then ``[P, d, k]``. Default: one shared subspace.
+        engine: ``"auto"``: the base prompts run once and every interchange (training steps,
+            scoring, baselines) resumes at the intervened layer and position, unembedding the
+            answer positions alone, where the model's blocks step exactly
+            (:mod:`~arithinterp.engine.interchange`; else whole forwards); ``"hooks"``: one whole
+            forward per interchange (the reference; the same numbers). ``meta["engine"]`` says which ran.
 
     Returns a :class:`DASResult`: held-out IIA with its 95% interval and logit difference for DAS
     and each baseline, the chance level, the learned basis ``[d, k]`` and the loss history.
@@ -149,9 +167,10 @@ def das(
     if per_position and (n_positions < 2 or method != "das"):
         raise AnalysisError(f"per_position gives each of several positions its own subspace: it needs method='das' "
                             f"and at least 2 positions, got method={method!r} and {n_positions} position(s)")
+    if engine not in ("auto", "hooks"):
+        raise AnalysisError(f"unknown engine {engine!r}; accepted: auto, hooks")
     size_eval = batch_size(model, dataset, training=False, max_memory=max_memory)
-    size_train = batch_size(model, dataset, training=True, max_memory=max_memory)
-    sources = source_values(model, dataset, where, size_eval)
+    size_train = pairs_per_step(model, dataset, max_memory)
     train_rows, test_rows, unreachable = dataset.train, dataset.test, dict(train=0, test=0)
     if reachable_only:
         keep_train, keep_test = reachable(dataset, train_rows, position), reachable(dataset, test_rows, position)
@@ -160,29 +179,34 @@ def das(
         if len(test_rows) < 1:
             raise AnalysisError(f"no held-out pair is reachable from {position!r}: every counterfactual answer differs "
                                 "at a token predicted before it; intervene earlier")
+    runs = Runs(model, dataset, where, torch.cat([train_rows, test_rows]), max_memory=max_memory, engine=engine)
+    sources = runs.source_values(size_eval)
+    if runs.stepped:  # resumed runs are small: score many pairs per batch (the runs split it to fit memory)
+        size_eval = max(size_eval, runs.eval_size)
     torch.manual_seed(seed)
     intervention: Interchange = RotatedSubspace(d, k, seed) if method == "das" else BoundlessSubspace(d, seed)
     if per_position:
         intervention = PerPosition([RotatedSubspace(d, k, seed + i) for i in range(n_positions)])
-    history = train(model, dataset, where, intervention, sources, steps=steps, lr=lr, size=min(size_train, 256),
-                    seed=seed, progress=progress, rows=train_rows)
+    history = train(model, dataset, where, intervention, sources, steps=steps, lr=lr, size=size_train,
+                    seed=seed, progress=progress, rows=train_rows, runs=runs)
     if isinstance(intervention, BoundlessSubspace):
         intervention = intervention.hard()
-    scores = {method: evaluate(model, dataset, where, intervention, sources, test_rows, size_eval)}
+    scores = {method: evaluate(model, dataset, where, intervention, sources, test_rows, size_eval, runs)}
     scores[method]["k"] = intervention.k
-    train_scores = evaluate(model, dataset, where, intervention, sources, train_rows, size_eval)
-    scores["none"] = evaluate(model, dataset, where, None, sources, test_rows, size_eval)
+    train_scores = evaluate(model, dataset, where, intervention, sources, train_rows, size_eval, runs)
+    scores["none"] = evaluate(model, dataset, where, None, sources, test_rows, size_eval, runs)
     scores["none"]["k"] = 0
     fixed_subspaces = baseline_subspaces(model, dataset, where, k, baselines, size_eval, seed, rows=train_rows,
-                                         per_position=per_position)
+                                         per_position=per_position, runs=runs)
     for name, fixed in fixed_subspaces.items():
-        scores[name] = evaluate(model, dataset, where, fixed, sources, test_rows, size_eval)
+        scores[name] = evaluate(model, dataset, where, fixed, sources, test_rows, size_eval, runs)
         scores[name]["k"] = fixed.k
     basis = intervention.basis().detach().float().cpu()
     meta = build_meta(model, variable=dataset.variable, causal_model=dataset.causal_model.name,
                       shuffled=dataset.shuffled, steps=steps, lr=lr, seed=seed, pairs=dataset.meta,
                       n_train=len(train_rows), n_test=len(test_rows), reachable_only=reachable_only,
-                      unreachable=unreachable, head=head, per_position=per_position)
+                      unreachable=unreachable, head=head, per_position=per_position,
+                      engine="stepped" if runs.stepped else "hooks")
     return DASResult(
         variable=dataset.variable, site=site if head is None else f"{site}[{head}]", layer=layer,
         position=str(position) if isinstance(position, (str, int)) else "+".join(map(str, position)), method=method,
@@ -194,9 +218,10 @@ def das(
 
 def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: Site, k: int,
                        which: Sequence[str], size: int, seed: int = 0, rows: Optional[torch.Tensor] = None,
-                       per_position: bool = False) -> dict[str, Interchange]:
+                       per_position: bool = False, runs: Optional[Runs] = None) -> dict[str, Interchange]:
     """The fixed subspaces at ``where``: full vector, probe span, PCA top-``k``, random ``k``; the probe and
-    the PCA are fitted on the training pairs' base activations only (``rows``, default ``dataset.train``).
+    the PCA are fitted on the training pairs' base activations only (``rows``, default ``dataset.train``;
+    read from ``runs``' kept base runs when given, else by forwards of their own).
     ``per_position``: with several positions, a probe, PCA and random subspace for each position."""
     rows = dataset.train if rows is None else rows
     d = where.check(model)
@@ -204,7 +229,7 @@ def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: S
     if "full" in which:
         out["full"] = full_vector(d)
     if "probe" in which or "pca" in which:
-        acts = base_values(model, dataset, where, size, rows)
+        acts = base_values(model, dataset, where, size, rows) if runs is None else runs.base_values(rows, size)
         labels = dataset.base_value[rows]
         if acts.ndim == 3 and per_position:
             fitted = [_fitted(acts[:, i], labels, k, which, seed) for i in range(acts.shape[1])]

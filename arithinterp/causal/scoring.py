@@ -30,6 +30,7 @@ from arithinterp.causal.datasets import InterchangeDataset
 from arithinterp.causal.interventions import Interchange
 from arithinterp.engine import Intervention, Read, run
 from arithinterp.engine.decode import batch_size_for
+from arithinterp.engine.interchange import ResumedRuns, resumed_runs
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.types import HookedModel
 
@@ -151,6 +152,16 @@ def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, 
     return max(1, size // 3) if training else size
 
 
+def pairs_per_step(model: HookedModel, dataset: InterchangeDataset, max_memory: Optional[float]) -> int:
+    """Training pairs drawn for each Adam step (at most 256): a third of the pairs whose whole forward,
+    logits at every position included, fits ``max_memory``. A setting of the fit, not of how its
+    forwards run: resumed runs that unembed the answer positions alone draw the same number, so a
+    fit gives the same result on either path."""
+    seq = int(dataset.base.lengths.max()) + int(dataset.answer_tokens.shape[1])
+    size = batch_size_for(model, seq, n_read=seq, budget_bytes=max_memory, plain=True)
+    return min(max(1, size // 3), 256)
+
+
 def _width(where: Site) -> tuple[int, ...]:
     if isinstance(where.position, (str, int)):
         return ()
@@ -159,12 +170,23 @@ def _width(where: Site) -> tuple[int, ...]:
 
 
 def source_values(model: HookedModel, dataset: InterchangeDataset, where: Site, size: int) -> torch.Tensor:
-    """The source prompts' activations ``[N, (P,) d]`` at ``where`` (float32, constant)."""
+    """The source prompts' activations ``[N, (P,) d]`` at ``where`` (float32, constant).
+
+    A source prompt drawn for several pairs (with the same fed tokens and positions) runs once; the
+    forward stops after ``where.layer`` and builds no logits."""
     out = torch.zeros(len(dataset), *_width(where), where.check(model))
-    for batch in batches(dataset, torch.arange(len(dataset)), where.position, size):
-        read = Read(where.site, where.layer, positions=batch.position)
-        values = run(model, batch.source_tokens, reads=[read], logits="none").reads[0]
-        out[batch.rows] = where.take(values).float().cpu()
+    for batch in batches(dataset, torch.arange(len(dataset)), where.position, len(dataset)):
+        keys = torch.cat([batch.source_tokens, batch.position.reshape(len(batch.rows), -1)], dim=1)
+        distinct, inverse = torch.unique(keys, dim=0, return_inverse=True)
+        first = torch.full((len(distinct),), len(keys), dtype=torch.long).scatter_reduce(
+            0, inverse, torch.arange(len(keys)), reduce="amin")  # one row of each distinct source
+        values = torch.zeros(len(distinct), *out.shape[1:])
+        for start in range(0, len(first), size):
+            part = first[start: start + size]
+            read = Read(where.site, where.layer, positions=batch.position[part])
+            got = run(model, batch.source_tokens[part], reads=[read], logits="none").reads[0]
+            values[start: start + size] = where.take(got).float().cpu()
+        out[batch.rows] = values[inverse]
     return out
 
 
@@ -180,8 +202,11 @@ def base_values(model: HookedModel, dataset: InterchangeDataset, where: Site, si
 
 
 def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optional[Interchange],
-            sources: torch.Tensor, train: bool) -> torch.Tensor:
-    """Logits ``[B, K, V]`` at the answer tokens with the interchange applied (``None``: unpatched)."""
+            sources: torch.Tensor, train: bool, runs: Optional["Runs"] = None) -> torch.Tensor:
+    """Logits ``[B, K, V]`` at the answer tokens with the interchange applied (``None``: unpatched).
+
+    With ``runs`` (:class:`Runs`) the patched run resumes at the intervened layer from the base run
+    kept there; otherwise (or where the model's blocks cannot be stepped) it is one whole forward."""
     device = next(iter(model.parameters())).device
     interventions = []
     if intervention is not None:
@@ -189,10 +214,100 @@ def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optiona
         interventions.append(Intervention(where.site, where.layer, positions=batch.position.to(device),
                                           units=where.units, value=intervention,
                                           source=source if where.head is None else source.unsqueeze(-2)))
+    k = batch.targets.shape[1]
+    if batch.first_answer + k != batch.base_tokens.shape[1]:
+        raise AnalysisError(f"the answer logits {batch.first_answer}..{batch.first_answer + k - 1} are not the last "
+                            f"{k} positions of {batch.base_tokens.shape[1]} fed tokens")
+    resumed = None if runs is None else runs.of(batch)
+    if resumed is not None:
+        group, rows = resumed
+        with torch.enable_grad() if train else torch.inference_mode():
+            return group.logits(rows, interventions)
     out = run(model, batch.base_tokens.to(device), interventions, logits="all", train=train)
     assert out.logits is not None
-    k = batch.targets.shape[1]
     return out.logits[:, batch.first_answer: batch.first_answer + k]
+
+
+class Runs:
+    """The interchanged runs of one fit at ``where``: for each group of pairs of one prompt length
+    (and answer length), the base and source prompts' runs kept once
+    (:func:`~arithinterp.engine.interchange.resumed_runs`), so that every training step, evaluation
+    and baseline resumes at the intervened layer and position and unembeds the answer positions
+    alone, and the source values and the probe's base activations are read on the way. A prompt
+    drawn for several pairs runs once. Where the model's blocks cannot be stepped exactly (or
+    ``engine="hooks"``) every group runs whole forwards instead (:func:`forward` without runs).
+
+    Args:
+        rows: the pairs that will be run (train and held-out); the others are never run.
+    """
+
+    def __init__(self, model: HookedModel, dataset: InterchangeDataset, where: Site, rows: torch.Tensor, *,
+                 max_memory: Optional[float] = None, engine: str = "auto"):
+        self.model, self.dataset, self.where = model, dataset, where
+        self.rows = torch.unique(rows)
+        # pair -> the row of its base prompt, and of its source prompt, in its group's runs
+        self.base_row = torch.full((len(dataset),), -1, dtype=torch.long)
+        self.source_row = torch.full((len(dataset),), -1, dtype=torch.long)
+        self.groups: dict[tuple[int, int], Optional[ResumedRuns]] = {}
+        self.sizes: list[int] = []
+        for batch in batches(dataset, self.rows, where.position, max(1, len(dataset))):
+            T, k, n = int(batch.base_tokens.shape[1]), int(batch.targets.shape[1]), len(batch.rows)
+            positions = torch.cat([batch.position, batch.position])
+            fed = torch.cat([batch.base_tokens, batch.source_tokens])
+            distinct, inverse = torch.unique(torch.cat([fed, positions.reshape(2 * n, -1)], dim=1), dim=0,
+                                             return_inverse=True)
+            first = torch.full((len(distinct),), 2 * n, dtype=torch.long).scatter_reduce(
+                0, inverse, torch.arange(2 * n), reduce="amin")  # one row of each distinct prompt and position
+            size = max(1, batch_size_for(model, T, n_read=k, budget_bytes=max_memory))
+            start = min(int(batch.position.min()), T - k)  # the scored positions are recomputed too
+            group = resumed_runs(model, fed[first], where.site, where.layer, start, k, read_positions=positions[first],
+                                 batch_size=size, engine=engine)
+            self.groups[(T, k)] = group
+            self.base_row[batch.rows], self.source_row[batch.rows] = inverse[:n], inverse[n:]
+            self.sizes.append(size)
+
+    @property
+    def stepped(self) -> bool:
+        """Whether every group resumes at the intervened layer (else every one runs whole forwards)."""
+        return bool(self.groups) and all(group is not None for group in self.groups.values())
+
+    @property
+    def eval_size(self) -> int:
+        """Pairs per scoring batch (each group's runs split it further to fit the memory budget)."""
+        return max(self.sizes, default=1)
+
+    def of(self, batch: Batch) -> Optional[tuple[ResumedRuns, torch.Tensor]]:
+        """The group's runs and the batch's base prompts' rows in them, or ``None`` (whole forwards)."""
+        group = self.groups.get((int(batch.base_tokens.shape[1]), int(batch.targets.shape[1])))
+        if group is None or not self.stepped:
+            return None
+        rows = self.base_row[batch.rows]
+        if bool((rows < 0).any()):
+            raise AnalysisError("a pair outside the rows these runs were made for was asked for")
+        return group, rows
+
+    def _read(self, rows: torch.Tensor, source: bool) -> torch.Tensor:
+        out = torch.zeros(len(self.dataset), *_width(self.where), self.where.check(self.model))
+        index = self.source_row if source else self.base_row
+        for batch in batches(self.dataset, rows, self.where.position, max(1, len(rows))):
+            group = self.groups[(int(batch.base_tokens.shape[1]), int(batch.targets.shape[1]))]
+            assert group is not None  # callers check stepped
+            out[batch.rows] = self.where.take(group.base_reads(index[batch.rows])).float().cpu()
+        return out
+
+    def source_values(self, size: int) -> torch.Tensor:
+        """The source prompts' activations ``[N, (P,) d]`` at ``where``, as :func:`source_values` gives
+        them (zero for pairs outside ``rows``), read from the kept runs."""
+        if not self.stepped:
+            return source_values(self.model, self.dataset, self.where, size)
+        return self._read(self.rows, source=True)
+
+    def base_values(self, rows: torch.Tensor, size: int) -> torch.Tensor:
+        """The base prompts' activations ``[len(rows), (P,) d]`` at ``where`` (unpatched), as
+        :func:`base_values` gives them, read from the kept runs."""
+        if not self.stepped:
+            return base_values(self.model, self.dataset, self.where, size, rows)
+        return self._read(rows, source=False)[rows]
 
 
 def score(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,13 +327,14 @@ def score(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tenso
 
 @torch.inference_mode()
 def evaluate(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Optional[Interchange],
-             sources: torch.Tensor, rows: torch.Tensor, size: int) -> dict:
-    """IIA with its 95% Wilson interval and the mean logit difference over ``rows``."""
+             sources: torch.Tensor, rows: torch.Tensor, size: int, runs: Optional[Runs] = None) -> dict:
+    """IIA with its 95% Wilson interval and the mean logit difference over ``rows`` (``runs``: resumed
+    runs, see :func:`forward`)."""
     if len(rows) == 0:
         raise AnalysisError("no pairs to score (the split is empty); use more prompts or another test_fraction")
     correct, diffs = [], []
     for batch in batches(dataset, rows, where.position, size):
-        c, d = score(forward(model, batch, where, intervention, sources, train=False), batch)
+        c, d = score(forward(model, batch, where, intervention, sources, train=False, runs=runs), batch)
         correct.append(c)
         diffs.append(d)
     hits = torch.cat(correct)
