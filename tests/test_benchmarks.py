@@ -14,7 +14,7 @@ import torch
 pytestmark = pytest.mark.slow  # each runs a whole benchmark script
 
 ROOT = Path(__file__).parent.parent
-FRESH = {"collect.py", "evaluate.py", "memory.py"}  # they measure memory in processes of their own
+FRESH = {"big_vocab.py", "collect.py", "evaluate.py", "memory.py"}  # they measure memory in processes of their own
 
 
 def run(script, *args):
@@ -51,6 +51,12 @@ def run(script, *args):
 def test_collect_benchmark_smoke():
     out = run("collect.py", "--runs", "1", "--prompts", "200")
     assert "| `collect` (batch auto)" in out and "run_with_cache" in out
+
+
+def test_big_vocab_benchmark_smoke():
+    out = run("big_vocab.py", "--model", "zoo:add-100", "--few-shot", "0", "--prompts", "60", "--patch-prompts", "30",
+              "--runs", "1")
+    assert "last / before last:" in out and "patch_test:" in out and "probes:" in out
 
 
 def test_zoo_load_benchmark_smoke():

@@ -84,3 +84,22 @@ def test_last_layer_reads_equal_the_cache(gemma3):
     group = prompts.length_groups()[0]
     expected = cache["blocks.17.hook_resid_post"][:, -1]
     assert torch.allclose(acts["resid_post"][group, 0, 0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_reads_and_final_logits_unembed_only_what_they_use(gemma3):
+    """On the 262,144-token vocabulary: a last-layer read runs no unembedding, and the final
+    position's logits (what every metric scores) are the full forward's, unembedded there alone."""
+    from arithinterp import engine
+    from arithinterp.activations import collect
+    from arithinterp.engine.hooks import module_hooks
+
+    prompts = arithmetic(gemma3, a=range(10, 14), b=range(20, 22), **PROMPTS)
+    tokens = prompts.unpadded(prompts.length_groups()[0])
+    shapes = []
+    with module_hooks(post=[(gemma3.unembed, lambda module, args, out: shapes.append(tuple(out.shape)))]):
+        collect(gemma3, prompts, sites=["resid_post"], layers=[17], progress=False)
+        final = engine.run(gemma3, tokens).logits
+    assert shapes == [(len(tokens), 1, 262144)]
+    with torch.inference_mode():
+        full = gemma3(tokens, return_type="logits")[:, -1].float()
+    assert final is not None and float((final - full).abs().max()) <= 1e-5 * float(full.abs().max())

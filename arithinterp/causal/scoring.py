@@ -148,7 +148,7 @@ def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, 
     """Pairs per forward from a memory budget (bytes; default the engine's): a training step keeps the
     activations for the backward pass, about three forwards' worth."""
     seq = int(dataset.base.lengths.max()) + int(dataset.answer_tokens.shape[1])
-    size = batch_size_for(model, seq, n_read=seq, budget_bytes=max_memory, plain=True)
+    size = batch_size_for(model, seq, n_read=int(dataset.answer_tokens.shape[1]), budget_bytes=max_memory)
     return max(1, size // 3) if training else size
 
 
@@ -223,9 +223,9 @@ def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optiona
         group, rows = resumed
         with torch.enable_grad() if train else torch.inference_mode():
             return group.logits(rows, interventions)
-    out = run(model, batch.base_tokens.to(device), interventions, logits="all", train=train)
+    out = run(model, batch.base_tokens.to(device), interventions, logits=k, train=train)  # the answers' alone
     assert out.logits is not None
-    return out.logits[:, batch.first_answer: batch.first_answer + k]
+    return out.logits
 
 
 class Runs:

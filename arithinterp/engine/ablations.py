@@ -102,7 +102,8 @@ class AblationRunner:
 
                     return hook
 
-                logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in read], return_type="logits")
+                logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in read], return_type="logits",
+                                            last=n_read)
                 self.base_logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
         missing = [name for name in read if name not in acts]
         if missing:
@@ -245,7 +246,8 @@ class AblationRunner:
         edits = [(site_lib.hook_name(site, lay), self._edit(site, entries, offset))
                  for (site, lay), entries in writes.items()]
         if self.stepper is None or self.base is None:
-            logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), edits, return_type="logits")
+            logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), edits, return_type="logits",
+                                        last=n_last or 1)
             logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
         else:
             width = 1 if local else T - start

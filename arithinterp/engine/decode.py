@@ -37,7 +37,7 @@ import torch
 
 from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp.engine.forward import run
-from arithinterp.engine.hooks import module_hooks
+from arithinterp.engine.hooks import module_hooks, unembed_last
 from arithinterp.engine.stepping import Stepper, stepper_for
 from arithinterp.errors import AnalysisError
 
@@ -237,7 +237,8 @@ def _steps_greedily(model: Any, probe: torch.Tensor) -> bool:
             generated, logits = stepper.greedy(rows, 3)
         except Exception:  # noqa: BLE001 - a model the stepped decoding does not fit: the plain forward
             return False
-        full = model(torch.cat([rows, generated[:, :-1]], dim=1), return_type="logits")[:, -3:].float()
+        with unembed_last(model, 3):
+            full = model(torch.cat([rows, generated[:, :-1]], dim=1), return_type="logits")[:, -3:].float()
     return _close(logits.float(), full, tolerance)
 
 
@@ -249,7 +250,8 @@ def _shares_prefix(model: Any, decoder: Any, head: Any, config: Any, probe: torc
     rows = probe.repeat(2, 1)
     rows[1, -1] = probe[0, 0]
     with torch.inference_mode():
-        full = model(rows, return_type="logits")[:, -1].float()
+        with unembed_last(model, 1):
+            full = model(rows, return_type="logits")[:, -1].float()
         try:
             with _cache_keyword(model):
                 hidden, _ = _prefix_step(decoder, rows, rows.shape[1] - 1)
@@ -272,7 +274,7 @@ def batch_size_for(
 
     Per prompt: the forward's activations (:func:`arithinterp.engine.budget.forward_bytes_per_prompt`),
     its key/value cache over ``seq_len + n_new`` tokens, and float32 logits at the ``n_read``
-    read positions (at every position on the ``"full"`` path, or with ``plain``).
+    read positions (at every position with ``plain``: a caller's own forward of the whole model).
     """
     cfg = model.cfg
     parameters = list(model.parameters())
@@ -284,8 +286,8 @@ def batch_size_for(
     kv = 2 * cfg.n_layers * kv_heads * cfg.d_head * length * element
     vocab = getattr(cfg, "d_vocab_out", -1)
     vocab = vocab if vocab and vocab > 0 else cfg.d_vocab
-    # the stepped path's teacher-forced scoring is the plain forward: logits at every position
-    read = n_read if _MODES.get(model, "full") in ("cached", "uncached") and not plain else length
+    # every path unembeds the read positions alone (engine.hooks.unembed_last); a plain forward all
+    read = length if plain else n_read
     logits = 2 * 4 * read * vocab  # the logits and their log-softmax in float32
     per_prompt = forward_bytes_per_prompt(model, length) + kv + logits
     return int(min(high, max(low, budget // per_prompt)))
@@ -319,7 +321,8 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
                 logits = run(model, tokens, list(interventions)).logits  # [B, V] at the last position
                 assert logits is not None  # run keeps the final logits unless told not to
             else:
-                logits = model(tokens, return_type="logits")[:, -1]
+                with unembed_last(model, 1):  # the last position's alone
+                    logits = model(tokens, return_type="logits")[:, -1]
             generated[:, step] = logits.argmax(-1)
             tokens = torch.cat([tokens, generated[:, step : step + 1]], dim=1)
         return generated.cpu()
@@ -351,8 +354,9 @@ def teacher_forced_logprobs(model: HookedModel, tokens: torch.Tensor, answer: to
     device = _device(model)
     fed = torch.cat([tokens, answer[:, :-1].clamp(min=0)], dim=1).to(device)
     mode = decode_mode(model, fed)
-    if mode in ("full", "stepped"):  # one forward either way
-        logits = model(fed, return_type="logits")[:, -k:]
+    if mode in ("full", "stepped"):  # one forward either way, unembedding the last k positions alone
+        with unembed_last(model, k):
+            logits = model(fed, return_type="logits")[:, -k:]
     else:
         parts = _hf_parts(model)
         assert parts is not None  # decode_mode picks "cached" or "uncached" only for models with these parts

@@ -214,7 +214,9 @@ class EdgeForward:
         """One forward of ``tokens [B, T]`` repeated ``copies`` times along the batch.
 
         ``embed [B, T, d]`` replaces the embeddings (``blocks.0.hook_resid_pre``; integrated
-        gradients interpolate it). Returns ``logits [C, B, T, V]``, ``senders [C·B, T, S, d]``
+        gradients interpolate it). Returns ``logits [C, B, 1, V]`` at the final position (the
+        unembedding runs there alone; ``[C, B, T, V]`` in a model without a final norm, whose
+        unembedding's own input is the logits receiver), ``senders [C·B, T, S, d]``
         when ``read_senders``, and with ``probe`` the probes ``{(layer, channel): [B, T, units, d]}``.
 
         On a model with norms on its branches (:mod:`~arithinterp.engine.branch_norms`) each norm
@@ -409,8 +411,9 @@ class EdgeForward:
             return act if d is None else act + d[:, :, 0].to(act.dtype)
 
         hooks.append((self.final_hook, final))
-        logits = forward_with_hooks(self.model, stacked, hooks, return_type="logits")
-        out = {"logits": logits.reshape(copies, B, T, -1)}
+        # the final position's logits alone (every position's if a hook watches the unembedding itself)
+        logits = forward_with_hooks(self.model, stacked, hooks, return_type="logits", last=1)
+        out = {"logits": logits.reshape(copies, B, logits.shape[1], -1)}
         if read_senders:
             out["senders"] = torch.stack(current, dim=2)
             out["residual"] = residual[0]

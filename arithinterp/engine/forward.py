@@ -28,6 +28,9 @@ from arithinterp.errors import AnalysisError, SiteError
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
+# global sites computed after the last block (the final norm's): a read there runs every block
+_AFTER_BLOCKS = ("ln_final_scale",)
+
 Value = Union[
     float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ]
@@ -131,7 +134,8 @@ class Read:
 
 @dataclass(frozen=True)
 class Output:
-    """``logits``: ``[B, V]`` at the final position, ``[B, T, V]`` for all, or ``None``;
+    """``logits``: ``[B, V]`` at the final position, ``[B, k, V]`` at the last ``k``, ``[B, T, V]``
+    for all, or ``None``;
     ``reads``: one tensor per :class:`Read`, in order; ``grads``: their gradients when asked."""
 
     logits: Optional[torch.Tensor]
@@ -205,14 +209,17 @@ def run(
     interventions: Sequence[Intervention] = (),
     reads: Sequence[Read] = (),
     *,
-    logits: str = "final",
+    logits: Union[str, int] = "final",
     metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     train: bool = False,
 ) -> Output:
     """One forward of ``tokens [B, T]`` with ``interventions`` applied and ``reads`` kept.
 
-    ``logits``: ``"final"`` (``[B, V]``, float32), ``"all"`` (``[B, T, V]``) or ``"none"``
-    (the forward stops after the last layer any read or intervention needs). With ``metric``
+    ``logits``: ``"final"`` (``[B, V]``, float32; the unembedding runs on the final position
+    alone), an int ``k`` (``[B, k, V]`` at the last ``k`` positions, teacher-forced answers: the
+    unembedding runs on those alone), ``"all"`` (``[B, T, V]``) or ``"none"`` (the forward stops
+    after the last layer any read or intervention needs, and never runs the unembedding: a read of
+    the last layer builds no logits). With ``metric``
     (``f(final logits [B, V]) -> [B]``), the reads' gradients of ``metric(...).sum()`` are
     returned too; the model's parameters are left as they are (frozen models work).
     With ``train`` the forward keeps its autograd graph and the logits are returned attached to
@@ -220,11 +227,17 @@ def run(
     with ``torch.autograd.grad(loss, those parameters)``: the model's weights and their ``.grad``
     are never touched).
     """
-    if logits not in ("final", "all", "none"):
-        raise AnalysisError(f"logits must be 'final', 'all' or 'none', got {logits!r}")
     check_model(model, "engine.run")
     check_tokens(model, tokens)
     T = int(tokens.shape[-1])
+    # an int: that many last positions (a bool is no count)
+    last: Optional[int] = logits if isinstance(logits, int) and not isinstance(logits, bool) else None
+    if not (logits in ("final", "all", "none") or (last is not None and 1 <= last <= T)):
+        raise AnalysisError(f"logits must be 'final', 'all', 'none' or a number of last positions 1..{T}, "
+                            f"got {logits!r}")
+    several = logits == "all" or last is not None  # logits [B, k or T, V] come back
+    if logits in ("final", "none"):  # "none" with a metric still scores the final position
+        last = 1
     for item in (*interventions, *reads):
         if not isinstance(item, (Intervention, Read)):
             raise AnalysisError(f"interventions and reads must be Intervention and Read objects, got "
@@ -294,21 +307,24 @@ def run(
         hooks.append((read.hook_name(), keep))
     stop = None
     if logits == "none" and not grad:
-        deepest = max(
-            (item.layer for item in (*interventions, *reads) if item.site not in site_lib.GLOBAL_SITES), default=0
-        )
-        stop = deepest + 1 if deepest + 1 < site_lib.n_layers(model) else None
+        items = (*interventions, *reads)
+        deepest = max((item.layer for item in items if item.site not in site_lib.GLOBAL_SITES), default=0)
+        after_blocks = any(item.site in _AFTER_BLOCKS for item in items)
+        stop = None if after_blocks or deepest + 1 >= site_lib.n_layers(model) else deepest + 1
     context = torch.enable_grad() if grad or train else torch.inference_mode()
     with context:
+        # only the logits used are built: none (the forward stops before the unembedding, or after
+        # the deepest block needed), the final position's, or every position's for "all"
         out = forward_with_hooks(
-            model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop
+            model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop,
+            last=last,
         )
         final = None if out is None else out[:, -1].float()
         if train:
             assert out is not None
             if not torch.isfinite(out.detach()).all():
                 raise AnalysisError("the model's logits are not finite (NaN or inf) under these interventions")
-            return Output(out.float() if logits == "all" else final, kept)
+            return Output(out.float() if several else final, kept)
         if final is not None and not torch.isfinite(final).all():
             raise AnalysisError(
                 "the model's logits are not finite (NaN or inf): its weights or activations are broken, "
@@ -331,7 +347,7 @@ def run(
     if any(k is None for k in kept):
         missing = [r.hook_name() for r, k in zip(reads, kept) if k is None]
         raise SiteError(f"these reads never fired (not computed by this model): {missing}")
-    if logits == "all" and out is not None:
+    if several and out is not None:
         return Output(out.detach().float(), kept, grads)
     return Output(final if logits == "final" else None, kept, grads)
 

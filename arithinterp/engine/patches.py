@@ -253,7 +253,8 @@ class PatchRunner:
 
         if self.stepper is None or self.base is None:  # a stepper always comes with its base run
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
-            logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), [(name, patch)], return_type="logits")
+            logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), [(name, patch)], return_type="logits",
+                                        last=self.n_last or 1)
             logits = logits[:, -1] if self.n_last is None else logits[:, -self.n_last:]
             return logits.reshape(C, B, *logits.shape[1:])
         stepper = self.stepper
@@ -359,7 +360,8 @@ def _cached_run(
 
         return hook
 
-    logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits")
+    logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits",
+                                last=n_last or 1)
     logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
     if not torch.isfinite(logits).all():
         raise AnalysisError(

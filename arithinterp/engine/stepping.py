@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 
-from arithinterp.engine.hooks import hook_points, module_hooks
+from arithinterp.engine.hooks import hook_points, module_hooks, unembed_last
 from arithinterp.engine.native import native_attention_cache
 from arithinterp.errors import AnalysisError
 
@@ -187,7 +187,8 @@ class Stepper:
     # --- base run -------------------------------------------------------------------------------
 
     def base(
-        self, tokens: torch.Tensor, read: Sequence[str] = (), n_last: Optional[int] = None, read_only: bool = False
+        self, tokens: torch.Tensor, read: Sequence[str] = (), n_last: Optional[int] = None, read_only: bool = False,
+        with_logits: bool = True,
     ) -> BaseRun:
         """Run ``tokens [B, T]`` through the model, recording what resuming needs and ``read``.
 
@@ -195,7 +196,8 @@ class Stepper:
         ``n_last`` positions (teacher-forced answers, one position per answer token). With
         ``read_only`` (on a model whose keys and values are reused) the last block runs only
         those positions, as in :meth:`resume`: activations read inside it cover them alone, and
-        ``resid[n_layers]`` is NaN at the other positions.
+        ``resid[n_layers]`` is NaN at the other positions. ``with_logits=False`` (with ``read_only``):
+        only the reads are wanted, and the run's logits are left empty (nothing is unembedded).
         """
         check_n_last(n_last, int(tokens.shape[1]))
         model = self.model
@@ -203,7 +205,7 @@ class Stepper:
         cut = read_only and self.reuses_prefix and T > n_read
         split = self._shared_prefix(tokens, n_read) if cut and self.shares_prefixes else None
         if split is not None:
-            return self._checked(self._shared_base(tokens, read, n_last, *split))
+            return self._checked(self._shared_base(tokens, read, n_last, *split, with_logits=with_logits))
         resid: list = [None] * (self.n_layers + 1)
         calls: list = [None] * self.n_layers
         cache = _PrefixCache(record=True)
@@ -235,14 +237,14 @@ class Stepper:
         pre = [(block, before(i)) for i, block in enumerate(self.blocks)]
         with self._cache_reaches_attention(cache), hook_points(model, [(name, keep(name)) for name in read]):
             try:
-                with module_hooks(pre, post=[(self.blocks[-1], after_last)]):
-                    logits = model(tokens, return_type="logits")
+                with module_hooks(pre, post=[(self.blocks[-1], after_last)]), unembed_last(model, n_read):
+                    logits = model(tokens, return_type="logits")  # the read positions' alone
                 logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
             except _StopBeforeBlock:  # the last block, the read positions only
                 run = BaseRun(tokens, resid, calls, None, torch.empty(0), acts)
                 final = self._run(run, last, resid[last], 0, cache, n_read=n_read, read_only=True)
                 resid[self.n_layers] = unread_as_nan(final, T)
-                logits = self.read_logits(final, n_last)
+                logits = self.read_logits(final, n_last) if with_logits else torch.empty(0)
         return self._checked(BaseRun(tokens, resid, calls, dict(cache.kv), logits, acts))
 
     def _checked(self, run: BaseRun) -> BaseRun:
@@ -271,7 +273,7 @@ class Stepper:
 
     def _shared_base(
         self, tokens: torch.Tensor, read: Sequence[str], n_last: Optional[int], k: int,
-        representatives: torch.Tensor, inverse: torch.Tensor,
+        representatives: torch.Tensor, inverse: torch.Tensor, with_logits: bool = True,
     ) -> BaseRun:
         """:meth:`base` (``read_only``) with positions ``:k`` computed once per distinct prefix.
 
@@ -313,8 +315,8 @@ class Stepper:
         prefix_acts, acts = passes
         for name in prefix_acts.keys() & acts.keys():
             acts[name] = _joined(name, prefix_acts[name][inverse], acts[name], T)
-        logits = self.read_logits(final, n_last)
-        return BaseRun(tokens, resid, run.calls, dict(cache.kv), logits, acts)
+        return BaseRun(tokens, resid, run.calls, dict(cache.kv), self.read_logits(final, n_last) if with_logits else
+                       torch.empty(0), acts)
 
     def _calls_until(self, tokens: torch.Tensor, stop: int) -> list[dict]:
         """How the model's own forward on ``tokens`` calls blocks ``0..stop`` (hidden states
@@ -646,7 +648,8 @@ class Stepper:
         """
         sample = tokens[:4]
         T = sample.shape[1]
-        reference = self.model(sample, return_type="logits")[:, -1]
+        with unembed_last(self.model, 1):
+            reference = self.model(sample, return_type="logits")[:, -1]
         scale = max(1.0, float(reference.abs().max()))
         base = self.base(sample)
         start = T // 2 if (self.reuses_prefix and T > 1 and all(c is not None for c in base.calls)) else 0
@@ -879,5 +882,6 @@ def read_last(
         return None
     if only_if_shared and stepper._shared_prefix(tokens, n_last) is None:
         return None
-    run = stepper.base(tokens, read=names, n_last=n_last, read_only=True)
+    # reads only: nothing is unembedded
+    run = stepper.base(tokens, read=names, n_last=n_last, read_only=True, with_logits=False)
     return {name: run.acts[name][:, -n_last:] for name in names}

@@ -102,7 +102,7 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
         frozen_sites.append(("ln_final_scale", 0))
     reads = [Read(site, layer) for site, layer in frozen_sites]
     reads += [Read(site, layer) for layer in range(n_layers) for site in ("mlp_in", "mlp_out")]
-    out = run(model, tokens, reads=reads, logits="all")
+    out = run(model, tokens, reads=reads)  # the final position's logits alone
     got = dict(zip([(r.site, r.layer) for r in reads], out.reads))
     return dict(frozen={key: got[key] for key in frozen_sites}, got=got, logits=out.logits)
 
@@ -129,7 +129,7 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
         raise AnalysisError(f"one prompt at a time: got tokens of shape {tuple(tokens.shape)}")
     T = int(tokens.shape[1])
     state = _frozen(model, tokens, transcoders)
-    got, real_logits = state["got"], state["logits"][0, -1]
+    got, real_logits = state["got"], state["logits"][0]
     acts = [transcoders.encode(layer, got[("mlp_in", layer)][0]) for layer in range(n_layers)]  # [T, F]
     errors = [got[("mlp_out", layer)][0] - transcoders.decode(layer, acts[layer], got[("mlp_in", layer)][0])
               for layer in range(n_layers)]

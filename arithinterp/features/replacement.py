@@ -23,9 +23,9 @@ def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tenso
     """Logits ``[B, n_last, V]`` of the replacement model at the last ``n_last`` positions of ``tokens [B, T]``
     (``edits``: feature edits per layer, see :meth:`Transcoders.interventions`)."""
     transcoders.check_model(model)
-    out = run(model, tokens, transcoders.interventions(edits=edits), logits="all").logits
+    out = run(model, tokens, transcoders.interventions(edits=edits), logits=n_last).logits  # those positions' alone
     assert out is not None
-    return out[:, -n_last:]
+    return out
 
 
 def replacement_metrics(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
@@ -33,13 +33,12 @@ def replacement_metrics(model: Any, transcoders: Transcoders, tokens: torch.Tens
     """Top-1 agreement and mean KL(real ‖ replacement) over the last ``n_last`` positions of ``tokens [N, T]``."""
     if len(tokens) == 0:
         raise AnalysisError("no prompts to compare the replacement model on")
-    size = batch_size or batch_size_for(model, int(tokens.shape[1]), plain=True)
+    size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=n_last)
     agree, kl, count = 0, 0.0, 0
     for start in range(0, len(tokens), size):
         batch = tokens[start : start + size]
-        real = run(model, batch, logits="all").logits
+        real = run(model, batch, logits=n_last).logits
         assert real is not None
-        real = real[:, -n_last:]
         repl = replacement_logits(model, transcoders, batch, n_last)
         agree += int((real.argmax(-1) == repl.argmax(-1)).sum())
         p_log, q_log = real.log_softmax(-1), repl.log_softmax(-1)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
@@ -139,7 +140,8 @@ def modular_logits(model: HookedModel, p: Optional[int] = None, *, template: str
     out = torch.empty((len(prompts), p))
     for group in prompts.length_groups():
         for idx in group.split(batch_size):
-            logits = model(prompts.unpadded(idx), return_type="logits")[:, -1]
+            logits = engine.run(model, prompts.unpadded(idx)).logits  # the final position's alone
+            assert logits is not None  # run keeps the final logits unless told not to
             out[idx] = logits[:, tokens].float()
     return grid_of(prompts, out, range(p))
 

@@ -181,10 +181,14 @@ def _correct(
             ablations.append(engine.Intervention("mlp_post", layer, final, value=ablate))
         if full:
             extra = answer[:, :-1].clamp(min=0)
-            logits = engine.run(model, torch.cat([tokens, extra], dim=1), ablations, logits="all").logits
+            k = answer.shape[1]
+            # each answer token is predicted at the prompt's final position and the k - 1 fed after it
+            ends = bool((final == tokens.shape[1] - 1).all())
+            logits = engine.run(model, torch.cat([tokens, extra], dim=1), ablations, logits=k if ends else "all").logits
             assert logits is not None  # asked for
-            steps = torch.arange(answer.shape[1])
-            predicted = logits[rows[:, None], final[:, None] + steps[None]].argmax(-1).cpu()
+            steps = torch.arange(k)
+            at = final[:, None] + steps[None] - (tokens.shape[1] - 1 if ends else 0)
+            predicted = logits[rows[:, None], at].argmax(-1).cpu()
             correct[idx] = ((predicted == answer) | (answer < 0)).all(1)
         else:
             logits = engine.run(model, tokens, ablations).logits  # the final position: the prompt's last token

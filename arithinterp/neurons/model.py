@@ -162,14 +162,12 @@ def _seq_len(prompts) -> int:
 def _read_batch(model: HookedModel, prompts, layers: Sequence[int], budget: int, batch_size: Optional[int],
                 share: float = 1.0) -> int:
     """Prompts per reads-only forward in ``share`` of ``budget``: the forward's transient plus the
-    ``mlp_post`` rows read. A read at the last layer runs the whole model, whose logits at every
-    position are then computed too (the forward only stops early before a later block)."""
+    ``mlp_post`` rows read (a reads-only forward never runs the unembedding, even for a read at the
+    last layer: :func:`arithinterp.engine.run` with ``logits="none"``)."""
     if batch_size is not None:
         return batch_size
     T = _seq_len(prompts)
-    whole = max(layers, default=0) + 1 >= site_lib.n_layers(model)
-    forward = forward_logits_bytes_per_prompt(model, T) if whole else forward_bytes_per_prompt(model, T)
-    per_prompt = forward + 3 * 4 * len(layers) * int(model.cfg.d_mlp)
+    per_prompt = forward_bytes_per_prompt(model, T) + 3 * 4 * len(layers) * int(model.cfg.d_mlp)
     return chunk_for(budget, per_prompt, "prompt's forward", high=1024, share=share)
 
 

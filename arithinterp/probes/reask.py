@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError
 from arithinterp.probes.detector import ErrorDetector
@@ -111,7 +112,8 @@ def vote_policy(
         for idx in [g for group in prompts.length_groups() for g in group.split(max(1, batch_size // n_samples))]:
             tokens = prompts.unpadded(idx).repeat_interleave(n_samples, 0)
             for _ in range(k):
-                logits = model(tokens, return_type="logits")[:, -1].float()
+                logits = engine.run(model, tokens).logits  # the final position's alone, float32
+                assert logits is not None  # run keeps the final logits unless told not to
                 probs = (logits / temperature).softmax(-1).cpu()  # the seeded generator lives on the CPU
                 nxt = torch.multinomial(probs, 1, generator=generator).to(tokens.device)
                 tokens = torch.cat([tokens, nxt], dim=1)
