@@ -22,14 +22,29 @@ of ``--runs``. The largest differences between the two ways are printed too.
 
     python benchmarks/detector.py --prefix [--prefix-prompts 400] [--prefix-layers 8] [--runs 3]
 
-``--speed`` times ``ErrorDetector.fit`` itself on ``--fit`` problems of each seed (the model's
-answers given, as above): the batched solver (every probe of a feature set in one vectorised
+``--speed`` times ``ErrorDetector(layers=None).fit`` itself (every layer side by side, no layer
+search) on ``--fit`` problems of each seed (the model's answers given, as above): the batched solver (every probe of a feature set in one vectorised
 L-BFGS, the default) against the per-target one it replaced (one joint L-BFGS per target), in
 alternating runs in one process, with the cross-validated scores both ways against a tightly
 converged reference fit (gradient tolerance 1e-7, at most 1,000 iterations) and their largest
 difference from it.
 
     python benchmarks/detector.py --speed [--fit 7790] [--seeds 11 12 13] [--runs 1]
+
+``--slices K`` measures the detector the way the report's error stage builds it: ``K`` disjoint
+slices of ``--size`` held-out problems (consecutive slices of one seeded order), each fitted on
+its first two thirds and scored on the last third, with the earlier defaults
+(``layers=None, threshold="auto"``: every layer side by side, the threshold within one point of
+the best accuracy) and the current ones side by side, fit times included.
+
+    python benchmarks/detector.py --slices 5 [--size 6000]
+
+``--gemma GGUF`` measures it on a real model's own errors: Gemma 3 270M on the 900 prompts
+``{a}+{b}=`` (a, b in 10..39, three solved examples before each), scored on three disjoint
+thirds for each of ``--seeds`` (fitted on the other two thirds), with a bootstrap 95% interval
+of each third's balanced accuracy and AUROC.
+
+    python benchmarks/detector.py --gemma /path/to/gemma-3-270m-q4_k_m.gguf [--seeds 0 1]
 """
 
 from __future__ import annotations
@@ -138,12 +153,14 @@ def bench_speed(model, entry, seeds, size: int, runs: int) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", probes.DetectorBaselineWarning)
             start = time.perf_counter()
-            fitted["reference"] = probes.ErrorDetector(random_state=seed, probe=tight_probe).fit(model, prompts, evaluation)
+            fitted["reference"] = probes.ErrorDetector(random_state=seed, probe=tight_probe, layers=None).fit(
+                model, prompts, evaluation)
             print(f"seed {seed} reference: {time.perf_counter() - start:.1f} s", flush=True)
             for _ in range(runs):
                 for solver in times:
                     start = time.perf_counter()
-                    fitted[solver] = probes.ErrorDetector(random_state=seed, solver=solver).fit(model, prompts, evaluation)
+                    fitted[solver] = probes.ErrorDetector(random_state=seed, solver=solver, layers=None).fit(
+                        model, prompts, evaluation)
                     times[solver].append(time.perf_counter() - start)
                     print(f"seed {seed} {solver}: {times[solver][-1]:.1f} s", flush=True)
         ref = fitted["reference"]
@@ -173,6 +190,100 @@ def bench_speed(model, entry, seeds, size: int, runs: int) -> None:
             print(f"| {r['seed']} | {solver} | {det.method_} ({det.thresholds_[det.method_]:.3f}) | {cells} | {gap} |")
 
 
+def _row(detector, result) -> dict:
+    m = result.metrics()
+    return dict(layers=detector.layers_, method=detector.method_, balanced=m["balanced_accuracy"], auroc=m["auroc"],
+                accuracy=m["accuracy"], majority=m["majority_baseline"], n=m["n"], errors=m["n_errors"],
+                beats=detector.meta_["beats_majority_baseline"])
+
+
+def _bootstrap(result, draws: int = 1000, seed: int = 0) -> dict:
+    """95% percentile intervals of balanced accuracy and AUROC over resampled prompts."""
+    import numpy as np
+    from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+
+    column = result.methods.index(result.method)
+    correct = result.correct.numpy()
+    called, score = result.predicted_correct[:, column].numpy(), result.scores[:, column].numpy()
+    rng, balanced, auroc = np.random.default_rng(seed), [], []
+    for _ in range(draws):
+        i = rng.integers(0, len(correct), len(correct))
+        if correct[i].all() or not correct[i].any():
+            continue
+        balanced.append(balanced_accuracy_score(correct[i], called[i]))
+        auroc.append(roc_auc_score(correct[i], score[i]))
+    return dict(balanced_ci=np.percentile(balanced, [2.5, 97.5]), auroc_ci=np.percentile(auroc, [2.5, 97.5]))
+
+
+EARLIER = dict(layers=None, threshold="auto")  # the defaults before the layer search and the balanced threshold
+
+
+def bench_slices(model, entry, slices: int, size: int) -> None:
+    """The report's construction on disjoint slices, earlier defaults against current ones."""
+    prompts = zoo.held_out_prompts(model, entry, limit=slices * size, seed=0)
+    evaluation = prompts.evaluate(model)
+    rows = []
+    for k in range(slices):
+        part = torch.arange(k * size, (k + 1) * size)
+        fit, test = part[: size * 2 // 3], part[size * 2 // 3:]
+        for name, params in (("earlier", EARLIER), ("current", {})):
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", probes.DetectorBaselineWarning)
+                detector = probes.ErrorDetector(**params).fit(model, prompts[fit], evaluation[fit])
+            seconds = time.perf_counter() - start
+            rows.append(dict(slice=k, defaults=name, seconds=seconds,
+                             **_row(detector, detector.evaluate(model, prompts[test], evaluation[test]))))
+            print(rows[-1], flush=True)
+    print(f"\n{slices} disjoint slices of {size:,} held-out problems of `zoo:add-3digit-weak`, fitted on "
+          f"{size * 2 // 3:,}, scored on {size - size * 2 // 3:,}; one CPU thread, load average "
+          f"{os.getloadavg()[0]:.1f}.\n")
+    print("| slice | defaults | layers | scored (errors) | balanced accuracy | AUROC | accuracy | majority baseline "
+          "| fit |\n|---|---|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['slice']} | {r['defaults']} | {r['layers']} | {r['n']} ({r['errors']}) | {r['balanced']:.3f} "
+              f"| {r['auroc']:.3f} | {r['accuracy']:.3f} | {r['majority']:.3f} | {r['seconds']:.1f} s |")
+    for name in ("earlier", "current"):
+        sel = [r for r in rows if r["defaults"] == name]
+        print(f"- {name}: balanced accuracy mean {statistics.mean(r['balanced'] for r in sel):.3f}, min "
+              f"{min(r['balanced'] for r in sel):.3f}; AUROC mean {statistics.mean(r['auroc'] for r in sel):.3f}; "
+              f"median fit {statistics.median(r['seconds'] for r in sel):.1f} s")
+
+
+def bench_gemma(path: str, seeds) -> None:
+    """Gemma 3 270M's own errors on two-digit addition, three disjoint thirds per seed."""
+    from arithinterp.tasks import arithmetic
+
+    model = ai.load_model(path)
+    prompts = arithmetic(model, a=range(10, 40), b=range(10, 40), template="{a}+{b}=", few_shot=3)
+    evaluation = prompts.evaluate(model)
+    n, rows = len(prompts), []
+    for seed in seeds:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        for third in range(3):
+            test = order[third * n // 3:(third + 1) * n // 3]
+            fit = torch.cat([order[: third * n // 3], order[(third + 1) * n // 3:]])
+            start = time.perf_counter()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", probes.DetectorBaselineWarning)
+                detector = probes.ErrorDetector().fit(model, prompts[fit], evaluation[fit])
+            seconds = time.perf_counter() - start
+            result = detector.evaluate(model, prompts[test], evaluation[test])
+            rows.append(dict(seed=seed, third=third, seconds=seconds, warned=bool(caught), **_row(detector, result),
+                             **_bootstrap(result)))
+            print(rows[-1], flush=True)
+    print(f"\nGemma 3 270M, {n} prompts, accuracy {evaluation.accuracy:.3f}; one CPU thread.\n")
+    print("| seed | third | layers | method | scored (errors) | balanced accuracy [95% CI] | AUROC [95% CI] | accuracy "
+          "| majority baseline | fit |\n|---|---|---|---|---|---|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['seed']} | {r['third']} | {r['layers']} | {r['method']} | {r['n']} ({r['errors']}) "
+              f"| {r['balanced']:.3f} [{r['balanced_ci'][0]:.3f}, {r['balanced_ci'][1]:.3f}] "
+              f"| {r['auroc']:.3f} [{r['auroc_ci'][0]:.3f}, {r['auroc_ci'][1]:.3f}] | {r['accuracy']:.3f} "
+              f"| {r['majority']:.3f} | {r['seconds']:.0f} s |")
+    print(f"- balanced accuracy {spread([r['balanced'] for r in rows])} (min {min(r['balanced'] for r in rows):.3f}); "
+          f"AUROC {spread([r['auroc'] for r in rows])} (min {min(r['auroc'] for r in rows):.3f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", type=int, default=7790)
@@ -186,15 +297,24 @@ def main() -> None:
     parser.add_argument("--prefix-layers", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--speed", action="store_true", help="time fit: batched against per-target solver")
+    parser.add_argument("--slices", type=int, default=0, help="the report's construction on this many slices")
+    parser.add_argument("--size", type=int, default=6000, help="problems per slice (--slices)")
+    parser.add_argument("--gemma", default=None, help="a Gemma 3 270M GGUF file: its own errors")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.prefix:
         bench_prefix(args.prefix_prompts, args.prefix_layers, args.runs)
         return
+    if args.gemma:
+        bench_gemma(args.gemma, args.seeds if args.seeds != [11, 12, 13] else [0, 1])
+        return
     model = ai.load_model("zoo:add-3digit-weak")
     entry = zoo.get_entry("zoo:add-3digit-weak")
     if args.speed:
         bench_speed(model, entry, args.seeds, args.fit, args.runs)
+        return
+    if args.slices:
+        bench_slices(model, entry, args.slices, args.size)
         return
 
     rows, repairs, transfers = [], [], []

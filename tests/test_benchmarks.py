@@ -88,6 +88,15 @@ def test_detector_benchmark_smoke():
     assert "| 11 | 300 (" in out and "mean ± sd" in out and "baseline warnings" in out
 
 
+@pytest.mark.slow
+def test_detector_slices_benchmark_smoke():
+    """The report's construction on disjoint slices: earlier and current defaults side by side."""
+    out = run("detector.py", "--slices", "2", "--size", "600")
+    rows = [line for line in out.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    assert len(rows) == 4 and sum("| earlier |" in row for row in rows) == 2
+    assert "- current: balanced accuracy mean" in out
+
+
 def test_evaluate_benchmark_smoke():
     out = run("evaluate.py", "--prompts", "20", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
               "--d-mlp", "128", "--vocab", "500")

@@ -39,6 +39,7 @@ from arithinterp.probes.detector import (
     DetectorResult,
     ErrorDetector,
     answer_carries,
+    balanced_accuracy_interval,
     best_threshold,
     detection_metrics,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "answer_slots",
     "detection_metrics",
     "best_threshold",
+    "balanced_accuracy_interval",
     "ErrorDetector",
     "DetectorResult",
     "DetectorBaselineWarning",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 import warnings
 import weakref
 from collections import OrderedDict
@@ -28,7 +29,8 @@ from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import answer_digit_count, answer_slot_mask, answer_activations, answer_slots
 from arithinterp.probes.estimators import (
-    CircularProbe, LogisticProbe, NotFittedError, RidgeProbe, clone_estimator, feature_eigenbasis, to_tensor,
+    CircularProbe, LogisticProbe, MonotoneLogistic, NotFittedError, RidgeProbe, clone_estimator, feature_eigenbasis,
+    to_tensor,
 )
 from arithinterp.results import Result, build_meta
 
@@ -42,6 +44,8 @@ DETECTOR_POSITIONS = ("final", "final_only")
 THRESHOLD_RULES = ("auto", "accuracy", "balanced")
 DETECTOR_SOLVERS = ("batched", "per-target")
 ACCURACY_TOLERANCE = 0.01  # "auto": thresholds within one point of the best accuracy count as equally accurate
+JOINT_MAX_FEATURES = 4096  # layers="auto" also tries all layers side by side up to this many direct-probe features
+Z_95 = 1.959964  # two-sided 95% normal quantile
 
 
 class DetectorBaselineWarning(UserWarning):
@@ -190,8 +194,9 @@ def detection_metrics(correct: torch.Tensor, predicted_correct: torch.Tensor, sc
     both = len(np.unique(truth)) == 2
     rate = float(truth.mean()) if len(truth) else float("nan")
     flagged, wrong = ~pred, ~truth
+    balanced, low, high = balanced_accuracy_interval(correct, predicted_correct)
     return dict(
-        balanced_accuracy=float(skm.balanced_accuracy_score(truth, pred)) if both else float("nan"),
+        balanced_accuracy=balanced,
         accuracy=float((truth == pred).mean()),
         majority_baseline=max(rate, 1 - rate),
         auroc=float(skm.roc_auc_score(truth, score.double().numpy())) if both else float("nan"),
@@ -207,16 +212,45 @@ def detection_metrics(correct: torch.Tensor, predicted_correct: torch.Tensor, sc
         flagged_fraction=float(flagged.mean()),
         n=int(len(truth)),
         n_errors=int(wrong.sum()),
+        balanced_accuracy_low=low,
+        balanced_accuracy_high=high,
+        beats_chance=bool(low > 0.5),
     )
+
+
+def balanced_accuracy_interval(correct: torch.Tensor, predicted_correct: torch.Tensor) -> tuple[float, float, float]:
+    """Balanced accuracy and its 95% interval (normal approximation over the two classes).
+
+    Balanced accuracy is the mean of the two recalls, correct answers called correct (``tpr``) and
+    wrong answers flagged (``tnr``), each a proportion over its own class, so its standard error
+    is ``0.5 · sqrt(tpr (1 − tpr) / n_correct + tnr (1 − tnr) / n_wrong)``. Always answering
+    "correct" or always "wrong" scores 0.5: a detector beats both when the lower end is above it.
+
+    Args:
+        correct: BoolTensor [N], the truth.
+        predicted_correct: BoolTensor [N], the detector's call.
+
+    Returns:
+        ``(balanced_accuracy, low, high)``; all NaN when one class is missing.
+    """
+    truth, pred = correct.bool(), predicted_correct.bool()
+    n_right, n_wrong = int(truth.sum()), int((~truth).sum())
+    if n_right == 0 or n_wrong == 0:
+        return float("nan"), float("nan"), float("nan")
+    tpr = float((pred & truth).sum()) / n_right
+    tnr = float((~pred & ~truth).sum()) / n_wrong
+    balanced = (tpr + tnr) / 2
+    se = 0.5 * math.sqrt(tpr * (1 - tpr) / n_right + tnr * (1 - tnr) / n_wrong)
+    return balanced, balanced - Z_95 * se, balanced + Z_95 * se
 
 
 def best_threshold(correct: torch.Tensor, score: torch.Tensor, rule: str = "accuracy") -> float:
     """The score threshold (predict correct when ``score >= threshold``) chosen by ``rule``:
-    ``"accuracy"`` (the most accurate), ``"balanced"`` (the best balanced accuracy) or
-    ``"auto"`` (the best balanced accuracy among thresholds whose accuracy is within
-    ``ACCURACY_TOLERANCE`` of the best: accuracy is flat near its optimum, and this is the point
-    on that plateau that catches the most errors). Tied scores cannot be split; among equally
-    good thresholds the lowest (fewest flags) wins."""
+    ``"balanced"`` (the best balanced accuracy: errors and correct answers weigh the same however
+    rare either is), ``"accuracy"`` (the most accurate; with few errors that is close to never
+    flagging, with many close to always) or ``"auto"`` (the best balanced accuracy among
+    thresholds whose accuracy is within ``ACCURACY_TOLERANCE`` of the best). Tied scores cannot
+    be split; among equally good thresholds the lowest (fewest flags) wins."""
     if rule not in THRESHOLD_RULES:
         raise ConfigError(f"unknown threshold rule {rule!r}; accepted: {accepted(THRESHOLD_RULES)}")
     order = score.argsort()
@@ -252,6 +286,20 @@ def _budget_flags(score: torch.Tensor, budget: float) -> torch.Tensor:
 
 
 # --- slot probes ----------------------------------------------------------------------------------
+
+
+def fold_predictions(correct: torch.Tensor, score: torch.Tensor, folds: Sequence[tuple[Any, Any]],
+                     rule: Union[str, float]) -> torch.Tensor:
+    """Out-of-fold calls [N]: each fold's rows thresholded where ``rule`` puts the threshold on
+    the *other* folds' scores (:func:`best_threshold`; a number is a fixed threshold), so the
+    metrics of these calls are not flattered by choosing the threshold on the rows they score."""
+    if not isinstance(rule, str):
+        return score >= float(rule)
+    predicted = torch.zeros(len(score), dtype=torch.bool)
+    for train, test in folds:
+        train, test = torch.as_tensor(train), torch.as_tensor(test)
+        predicted[test] = score[test] >= best_threshold(correct[train], score[train], rule)
+    return predicted
 
 
 class _Constant:
@@ -344,14 +392,20 @@ def _logit(p: torch.Tensor) -> torch.Tensor:
     return (p / (1 - p)).log()
 
 
-def _calibrator():
-    """A logistic model from a method's features to P(correct) (Platt scaling for one feature,
-    stacking for several)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+def _rank(row: dict) -> tuple[float, float]:
+    """How cross-validated rows are compared: out-of-fold AUROC, then balanced accuracy."""
+    return float(np.nan_to_num(row["auroc"])), float(np.nan_to_num(row["balanced_accuracy"]))
 
-    return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000))
+
+def _selected_row(detector: "ErrorDetector") -> dict:
+    """The cross-validated row of the method a fitted detector selected."""
+    return next(r for r in detector.validation_ if r["method"] == detector.method_)
+
+
+def _calibrator() -> MonotoneLogistic:
+    """A logistic model from a method's features to P(correct) that can only rise with them (Platt
+    scaling for one feature, stacking for several)."""
+    return MonotoneLogistic(C=1.0)
 
 
 class ErrorDetector(BaseEstimator):
@@ -370,14 +424,27 @@ class ErrorDetector(BaseEstimator):
       and the direct probe's logit (so one uncertain slot is weighed, not just "any slot
       disagrees").
 
+    Every calibrator is a :class:`MonotoneLogistic`: P(correct) may only rise with its features,
+    so a feature without signal is left out rather than turned around.
+
     ``fit`` scores all three by ``cv``-fold cross-validation (out-of-fold features, stratified by
-    correctness, shuffled with ``random_state``), calibrates each on its out-of-fold scores,
-    picks the method with the best out-of-fold AUROC (``method="auto"``) and the threshold on
-    P(correct) by :func:`best_threshold` on the out-of-fold scores (``threshold="auto"``: the
-    most errors caught within one point of the best accuracy; ``"accuracy"``, ``"balanced"``),
-    or takes a fixed probability. The choice and the out-of-fold scores are in
-    ``validation_`` and ``meta_``; a detector whose out-of-fold accuracy does not beat the
-    majority-class baseline warns (:class:`DetectorBaselineWarning`) and says so in ``meta_``.
+    correctness, shuffled with ``random_state``), calibrates each on its out-of-fold scores and
+    picks the method with the best out-of-fold AUROC (``method="auto"``). The threshold on
+    P(correct) comes from the out-of-fold scores by :func:`best_threshold`: ``"balanced"``
+    (default: the best balanced accuracy, so a rare class — the errors of a good model, the
+    correct answers of a weak one — is not traded away for accuracy), ``"auto"`` (the most errors
+    caught within one point of the best accuracy), ``"accuracy"``, or a fixed probability. The
+    cross-validated rows in ``validation_`` threshold each fold where the other folds put it.
+
+    ``layers="auto"`` (default) chooses what is read by the same cross-validation, on the
+    training prompts only: every layer on its own and, when the direct probe then reads at most
+    :data:`JOINT_MAX_FEATURES` features, every layer side by side; the candidate whose selected
+    method has the best out-of-fold AUROC is kept. Every candidate's scores are in
+    ``meta_["layer_search"]``. A detector whose cross-validated balanced accuracy is not above
+    0.5 (what always predicting either outcome scores) by more than its 95% interval, widened
+    for the number of methods and layer sets compared (Bonferroni), warns
+    (:class:`DetectorBaselineWarning`, naming the layers and positions tried) and says so in
+    ``meta_["beats_majority_baseline"]``.
 
     ``truth="answer"`` (default) lets the true-digit and true-carry probes read every answer slot
     side by side: a later position still holds what decides an earlier digit (the units sum that
@@ -386,18 +453,20 @@ class ErrorDetector(BaseEstimator):
 
     Parameters: ``probe`` a classifier estimator (``fit``, ``predict_proba``, ``classes_``, or a
     :class:`CircularProbe`), cloned per target (default ``LogisticProbe(C=0.05)``); ``layers``
-    None (every layer), an int or a list; ``position`` ``"final"`` (slot j read at the final
-    prompt token + j with the model's own answer fed back) or ``"final_only"`` (every slot at the
-    final prompt token, before anything is emitted); ``carries`` adds the carry probes when the
-    prompts allow them; ``solver`` (for the default :class:`LogisticProbe`) ``"batched"`` fits
-    every probe of a feature set, folds included, in one vectorised L-BFGS with its own path
-    and stopping per probe (:func:`~arithinterp.probes.estimators.lbfgs_rows`), or
-    ``"per-target"`` one joint L-BFGS per target and its folds (the earlier path). Other probes
-    are fitted one target at a time either way.
+    ``"auto"`` (chosen as above), None (every layer side by side), an int or a list;
+    ``position`` ``"final"`` (slot j read at the final prompt token + j with the model's own
+    answer fed back) or ``"final_only"`` (every slot at the final prompt token, before anything is
+    emitted); ``carries`` adds the carry probes when the prompts allow them; ``solver`` (for the
+    default :class:`LogisticProbe`) ``"batched"`` fits every probe of a feature set, folds
+    included, in one vectorised L-BFGS with its own path and stopping per probe
+    (:func:`~arithinterp.probes.estimators.lbfgs_rows`), or ``"per-target"`` one joint L-BFGS per
+    target and its folds (the earlier path). Other probes are fitted one target at a time either
+    way.
     """
 
-    def __init__(self, probe: Any = None, layers: Union[None, int, Sequence[int]] = None, site: str = "resid_post",
-                 position: str = "final", method: str = "auto", threshold: Union[str, float] = "auto",
+    def __init__(self, probe: Any = None, layers: Union[None, str, int, Sequence[int]] = "auto",
+                 site: str = "resid_post", position: str = "final", method: str = "auto",
+                 threshold: Union[str, float] = "balanced",
                  cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0,
                  batch_size: int = 256, progress: bool = False, solver: str = "batched"):
         self.probe = probe
@@ -432,6 +501,9 @@ class ErrorDetector(BaseEstimator):
         if not (t in THRESHOLD_RULES or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)):
             raise ConfigError(
                 f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
+        if isinstance(self.layers, str) and self.layers != "auto":
+            raise ConfigError(f"layers must be 'auto', None (every layer), a layer index or a list of them, "
+                              f"got {self.layers!r}")
         site_lib.check_site(self.site)
         probe = LogisticProbe(C=0.05) if self.probe is None else self.probe
         classifier = isinstance(probe, CircularProbe) or (hasattr(probe, "predict_proba")
@@ -444,8 +516,11 @@ class ErrorDetector(BaseEstimator):
         return probe
 
     def _layer_list(self, model: Any) -> list[int]:
+        """The layers ``fit`` reads: every layer for ``"auto"`` (the search picks among them)."""
+        if self.layers is None or isinstance(self.layers, str):  # None, "auto" (other strings are refused)
+            return site_lib.check_layers(model, self.site, None)
         layers = [self.layers] if isinstance(self.layers, (int, np.integer)) else self.layers
-        return site_lib.check_layers(model, self.site, None if layers is None else list(layers))
+        return site_lib.check_layers(model, self.site, list(layers))
 
     # -- model-facing ----------------------------------------------------------------------------
 
@@ -523,12 +598,14 @@ class ErrorDetector(BaseEstimator):
     def fit_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None,
                         layers: Optional[Sequence[int]] = None) -> "ErrorDetector":
         """Fit from slot activations ``X`` [N, L, S, d], :func:`answer_slots` labels and
-        (optionally) :func:`answer_carries` labels. ``layers`` names axis 1 (default ``0..L-1``)."""
+        (optionally) :func:`answer_carries` labels. ``layers`` names axis 1 (default ``0..L-1``);
+        with ``layers="auto"`` in the constructor the detector is fitted on each candidate set of
+        them (:meth:`layer_candidates`) and the best by out-of-fold AUROC is kept."""
         probe = self._check_params()
         X = self._check_X(X, slots)
-        self.layers_ = list(range(X.shape[1])) if layers is None else [int(layer) for layer in layers]
-        if len(self.layers_) != X.shape[1]:
-            raise AnalysisError(f"layers names {len(self.layers_)} layers but X has {X.shape[1]} on axis 1")
+        names = list(range(X.shape[1])) if layers is None else [int(layer) for layer in layers]
+        if len(names) != X.shape[1]:
+            raise AnalysisError(f"layers names {len(names)} layers but X has {X.shape[1]} on axis 1")
         correct = slots["correct"].bool()
         n_wrong, n_right = int((~correct).sum()), int(correct.sum())
         if min(n_wrong, n_right) < self.cv:
@@ -538,6 +615,54 @@ class ErrorDetector(BaseEstimator):
                 "that still errs)"
             )
         carries = self._check_carries(carries, slots) if self.carries else None
+        distinct = sum(not any(torch.equal(X[:, 0, s], X[:, 0, t]) for t in range(s)) for s in range(X.shape[2]))
+        candidates = self.layer_candidates(names, distinct, X.shape[3]) if self.layers == "auto" else [names]
+        search, fitted = [], None
+        for chosen in candidates:
+            columns = [names.index(layer) for layer in chosen]
+            detector = self if len(candidates) == 1 else clone_estimator(self).set_params(layers=list(chosen))
+            detector._fit_layers(probe, X[:, columns], slots, carries, chosen)
+            row = _selected_row(detector)
+            search.append(dict(layers=list(chosen), method=detector.method_,
+                               **{k: row[k] for k in ("auroc", "balanced_accuracy", "balanced_accuracy_low",
+                                                      "accuracy", "majority_baseline")}))
+            if fitted is None or _rank(row) > _rank(_selected_row(fitted)):
+                fitted = detector
+        assert fitted is not None
+        self.fit_layers_ = names  # what axis 1 held at fit: the tensor-facing methods take X like it, too
+        if fitted is not self:  # keep the chosen candidate's fitted state
+            for key, value in vars(fitted).items():
+                if key.endswith("_") and not key.startswith("_"):
+                    setattr(self, key, value)
+        self._finish(probe, carries is not None, n_wrong, len(correct), search, len(candidates) > 1)
+        return self
+
+    @staticmethod
+    def layer_candidates(layers: Sequence[int], n_slots: int, width: int) -> list[list[int]]:
+        """What ``layers="auto"`` tries: every layer on its own, then (for several layers) all of
+        them side by side when the direct probe would read at most :data:`JOINT_MAX_FEATURES`
+        features (``n_slots`` distinct slots x layers x ``width``): a probe over many more
+        features than there are prompts overfits, and its fit grows with their cube.
+
+        Args:
+            layers: the layers read (axis 1 of the slot activations).
+            n_slots: distinct answer slots (slots read at one position count once).
+            width: features per slot and layer (``d_model`` for ``resid_post``).
+
+        Returns:
+            The candidate layer lists, singles first.
+        """
+        singles = [[int(layer)] for layer in layers]
+        if len(layers) > 1 and n_slots * len(layers) * width <= JOINT_MAX_FEATURES:
+            return singles + [[int(layer) for layer in layers]]
+        return singles
+
+    def _fit_layers(self, probe: Any, X: torch.Tensor, slots: dict, carries: Optional[dict],
+                    layers: Sequence[int]) -> None:
+        """Fit every probe, calibrator and threshold on ``X`` [N, L, S, d] (the layers ``layers``);
+        sets the fitted attributes except ``meta_``."""
+        self.layers_ = [int(layer) for layer in layers]
+        correct = slots["correct"].bool()
         Xs = X.permute(0, 2, 1, 3).flatten(2)  # [N, S, L·d]: the chosen layers side by side
         # slots read at the same position share one activation: the direct probe sees each once
         self.direct_slots_ = [s for s in range(Xs.shape[1])
@@ -596,38 +721,63 @@ class ErrorDetector(BaseEstimator):
         y = correct.numpy()
         self.calibrators_, self.thresholds_, self.validation_ = {}, {}, []
         oof = {}
+        rule = self.threshold
         for method in DETECTOR_METHODS:
             F = features[method]
             proba = np.asarray(cross_val_predict(_calibrator(), F, y, cv=folds, method="predict_proba"))
             oof[method] = torch.as_tensor(proba[:, 1])
             self.calibrators_[method] = _calibrator().fit(F, y)
-            rule = self.threshold
             threshold = best_threshold(correct, oof[method], rule) if isinstance(rule, str) else float(rule)
             self.thresholds_[method] = threshold
-            row = detection_metrics(correct, oof[method] >= threshold, oof[method])
+            # each fold thresholded where the other folds put it: the rows scored never chose it
+            row = detection_metrics(correct, fold_predictions(correct, oof[method], folds, rule), oof[method])
             self.validation_.append(dict(method=method, threshold=threshold, **row))
         candidates = [r for r in self.validation_ if self.method in ("auto", r["method"])]
-        best = max(candidates, key=lambda r: (np.nan_to_num(r["auroc"]), np.nan_to_num(r["balanced_accuracy"])))
-        self.method_ = best["method"]
-        beats = best["accuracy"] > best["majority_baseline"]
+        self.method_ = max(candidates, key=_rank)["method"]
+        self.oof_proba_ = oof[self.method_]
+
+    def _finish(self, probe: Any, carries: bool, n_wrong: int, n: int, search: list, searched: bool) -> None:
+        """``meta_`` of the fitted detector, and the warning when it does not beat chance."""
+        best = _selected_row(self)
+        # the selected row is the best of every method and layer candidate compared: its interval is
+        # widened for that many comparisons (Bonferroni), so a search over noise does not pass
+        compared = (len(DETECTOR_METHODS) if self.method == "auto" else 1) * len(search)
+        z = statistics.NormalDist().inv_cdf(1 - 0.025 / compared)
+        se = (best["balanced_accuracy"] - best["balanced_accuracy_low"]) / Z_95
+        bound = best["balanced_accuracy"] - z * se
+        beats = bool(bound > 0.5)
+        where = self._where()
         self.meta_ = build_meta(
             method=self.method_, method_choice="best out-of-fold AUROC" if self.method == "auto" else "fixed",
             threshold=self.thresholds_[self.method_], threshold_rule=self.threshold, cv=self.cv, layers=self.layers_,
-            site=self.site, position=self.position, probe=repr(probe), carries=carries is not None,
+            layer_choice="best out-of-fold AUROC" if searched else "fixed", layer_search=search,
+            site=self.site, position=self.position, positions_read=where, probe=repr(probe), carries=carries,
             random_state=self.random_state, n_fit=n, n_fit_errors=n_wrong,
-            validation={r["method"]: {k: r[k] for k in ("balanced_accuracy", "accuracy", "majority_baseline", "auroc",
-                                                         "error_precision", "error_recall")} for r in self.validation_},
-            beats_majority_baseline=bool(beats),
+            validation={r["method"]: {k: r[k] for k in ("balanced_accuracy", "balanced_accuracy_low",
+                                                         "balanced_accuracy_high", "accuracy", "majority_baseline",
+                                                         "auroc", "error_precision", "error_recall")}
+                        for r in self.validation_},
+            chance_bound=float(bound), compared=compared,
+            beats_majority_baseline=beats, beats_majority_accuracy=bool(best["accuracy"] > best["majority_baseline"]),
         )
-        self.oof_proba_ = oof[self.method_]
         if not beats:
+            tried = ", ".join(str(r["layers"]) for r in search)
             warnings.warn(
-                f"the error detector's cross-validated accuracy ({best['accuracy']:.3f}, {self.method_}) does not beat "
-                f"always predicting the majority class ({best['majority_baseline']:.3f}); its flags are not worth "
-                f"acting on (out-of-fold AUROC {best['auroc']:.3f}, balanced accuracy {best['balanced_accuracy']:.3f})",
-                DetectorBaselineWarning, stacklevel=2,
+                f"the error detector does not beat always predicting the majority class: its cross-validated "
+                f"balanced accuracy ({best['balanced_accuracy']:.3f}, {self.method_}; the lower end of its 95% "
+                f"interval, widened for the {compared} methods and layer sets compared, is {bound:.3f}) is not above "
+                f"the 0.5 that always answering 'correct' or 'wrong' "
+                f"scores (accuracy {best['accuracy']:.3f} against the majority's {best['majority_baseline']:.3f}, "
+                f"out-of-fold AUROC {best['auroc']:.3f}); tried {self.site} at layers {tried}, read at {where}; "
+                "its flags are not worth acting on",
+                DetectorBaselineWarning, stacklevel=3,
             )
-        return self
+
+    def _where(self) -> str:
+        """The positions the slots are read at, in words."""
+        if self.position == "final_only" or self.n_slots_ == 1:
+            return "the final prompt token"
+        return f"the position before each of the {self.n_slots_} answer tokens (the model's own answer fed back)"
 
     def predict_proba_activations(self, X: torch.Tensor, valid: Optional[torch.Tensor] = None,
                                   method: Optional[str] = None) -> torch.Tensor:
@@ -643,7 +793,7 @@ class ErrorDetector(BaseEstimator):
     def evaluate_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict] = None) -> "DetectorResult":
         """Metrics from slot activations ``X`` [N, L, S, d] and their labels → :class:`DetectorResult`."""
         self._check_fitted()
-        X = self._check_X(X, slots)
+        X = self._chosen_layers(self._check_X(X, slots))
         probas = self._all_proba(X, slots["valid"])
         scores = torch.stack([probas[m] for m in DETECTOR_METHODS], 1)
         predicted = torch.stack([probas[m] >= self.thresholds_[m] for m in DETECTOR_METHODS], 1)
@@ -666,7 +816,7 @@ class ErrorDetector(BaseEstimator):
         """:meth:`answer_confidence` from activations ``X`` [N, L, S, d] read with the answer fed
         back and its labels (``slots["output"]`` / ``carries["output"]`` are the answer's)."""
         self._check_fitted()
-        X = self._check_X(X, slots)
+        X = self._chosen_layers(self._check_X(X, slots))
         Xs = X.permute(0, 2, 1, 3).flatten(2)
         confidence = torch.ones(len(X))
         for s, probes in enumerate(self.slot_probes_):
@@ -678,6 +828,13 @@ class ErrorDetector(BaseEstimator):
         return confidence
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _chosen_layers(self, X: torch.Tensor) -> torch.Tensor:
+        """``X`` [N, L, S, d] with the layers the detector reads: X holds just those (``layers_``),
+        or every layer it was fitted from (``fit_layers_``, e.g. all of them with ``layers="auto"``)."""
+        if X.ndim == 4 and X.shape[1] != len(self.layers_) and X.shape[1] == len(getattr(self, "fit_layers_", ())):
+            return X[:, [self.fit_layers_.index(layer) for layer in self.layers_]]
+        return X
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "calibrators_"):
@@ -766,7 +923,7 @@ class ErrorDetector(BaseEstimator):
     def _all_proba(self, X: torch.Tensor, valid: Optional[torch.Tensor]) -> dict:
         """Calibrated P(correct) [N] of every method from ``X`` [N, L, S, d]."""
         self._check_fitted()
-        X = to_tensor(X, "X").float()
+        X = self._chosen_layers(to_tensor(X, "X").float())
         expected = (len(self.layers_), self.n_slots_, self.n_features_ // len(self.layers_))
         if X.ndim != 4 or tuple(X.shape[1:]) != expected:
             raise AnalysisError(f"X must be [n_prompts, {expected[0]} layers, {expected[1]} slots, {expected[2]}], "
@@ -838,6 +995,36 @@ class DetectorResult(Result):
         if key not in values:
             raise AnalysisError(f"unknown metric {key!r}; accepted: {accepted(values)}")
         return values[key]
+
+    def finding(self, method: Optional[str] = None) -> dict:
+        """The detector's result in words and numbers, against always answering one way.
+
+        ``verdict`` is ``"finding"`` when balanced accuracy's 95% interval lies above 0.5 (what
+        always answering "correct" or always "wrong" scores, whatever the error rate), else
+        ``"no signal"``. ``text`` quotes balanced accuracy with its interval, AUROC, accuracy
+        against the majority outcome's, the layers read and, from the fit, every layer set tried
+        (compared out of fold on the fitting prompts) and the positions read.
+        """
+        m = self.metrics(method)
+        tried = [r["layers"] for r in self.meta.get("layer_search", [])] or [list(self.layers)]
+        where = self.meta.get("positions_read", self.position)
+        site = self.meta.get("site", "resid_post")
+        finding = bool(m["beats_chance"])
+        quoted = (f"balanced accuracy {m['balanced_accuracy']:.2f} (95% CI {m['balanced_accuracy_low']:.2f} to "
+                  f"{m['balanced_accuracy_high']:.2f}) on {m['n']} prompts ({m['n_errors']} wrong), AUROC "
+                  f"{m['auroc']:.2f}, accuracy {m['accuracy']:.2f} against {m['majority_baseline']:.2f} for always "
+                  f"answering '{'correct' if m['always_correct_accuracy'] >= 0.5 else 'wrong'}'")
+        searched = (f"{site} at layers {', '.join(map(str, tried))} tried (out of fold on the fitting prompts), "
+                    f"read at {where}")
+        if finding:
+            text = f"The error detector at layers {list(self.layers)} flags errors: {quoted}; {searched}."
+        else:
+            text = (f"No signal above always answering one way (balanced accuracy 0.5): {quoted}; {searched}; "
+                    f"none beats it.")
+        return dict(verdict="finding" if finding else "no signal", balanced_accuracy=m["balanced_accuracy"],
+                    ci_low=m["balanced_accuracy_low"], ci_high=m["balanced_accuracy_high"], auroc=m["auroc"],
+                    accuracy=m["accuracy"], majority_baseline=m["majority_baseline"], layers=list(self.layers),
+                    layers_tried=tried, positions=where, text=text)
 
     def slot_accuracy(self) -> dict:
         """Held-out accuracy of the true-digit and output-digit probes per slot."""

@@ -3,7 +3,8 @@
 ``fit(X, y)``, ``predict``, ``score``, ``get_params``; ``X`` is a torch tensor or numpy array
 ``[n_samples, n_features]``; features are standardised inside. Fitted linear probes expose
 ``directions_`` ``[k, n_features]`` (unit rows in the raw activation space) for patching and
-steering. Also the input validation the probes share, :func:`make_probe` and
+steering. Also :class:`MonotoneLogistic` (a logistic model with non-negative weights, the error
+detector's calibrator), the input validation the probes share, :func:`make_probe` and
 :func:`is_classifier_kind`.
 """
 
@@ -648,6 +649,62 @@ class MLPProbe(_Probe):
 
 
 _PROBES = {"logistic": LogisticProbe, "ridge": RidgeProbe, "circular": CircularProbe, "mlp": MLPProbe}
+
+
+class MonotoneLogistic(BaseEstimator):
+    """Logistic regression whose coefficients may not be negative: P(class 1) can only rise with
+    each feature. The error detector calibrates with it (its features — log agreements, the direct
+    probe's logit — all say "more likely correct" as they grow).
+
+    A plain logistic calibrator fitted on out-of-fold scores can learn a negative slope where a
+    probe without signal over-fits (its out-of-fold scores then run slightly *against* the
+    labels), and so turns an AUROC below 0.5 into one above it on the same rows; on new prompts
+    the flip buys nothing. Bounding the slopes at zero leaves such a feature out instead.
+    Features are standardised; the L2 penalty is scikit-learn's (``C`` times the summed log
+    loss plus half the squared weights; the intercept is not penalised).
+
+    Args:
+        C: inverse regularisation strength.
+    """
+
+    def __init__(self, C: float = 1.0):
+        self.C = C
+
+    def fit(self, X: Any, y: Any) -> "MonotoneLogistic":
+        """Fit on features ``X`` [n, d] and binary labels ``y`` [n]."""
+        from scipy.optimize import minimize
+
+        X, y = np.asarray(X, dtype=np.float64), np.asarray(y).astype(np.float64)
+        self.classes_ = np.array([0, 1])
+        self.mean_, self.scale_ = X.mean(0), X.std(0)
+        self.scale_[self.scale_ < 1e-12] = 1.0
+        Z = (X - self.mean_) / self.scale_
+        d = Z.shape[1]
+
+        def objective(w: np.ndarray) -> tuple[float, np.ndarray]:
+            z = Z @ w[:d] + w[d]
+            p = 1.0 / (1.0 + np.exp(-z))
+            loss = self.C * float(np.sum(np.logaddexp(0.0, z) - y * z)) + 0.5 * float(w[:d] @ w[:d])
+            grad = np.concatenate([self.C * (Z.T @ (p - y)) + w[:d], [self.C * float(np.sum(p - y))]])
+            return loss, grad
+
+        rate = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
+        start = np.concatenate([np.zeros(d), [np.log(rate / (1 - rate))]])
+        bounds = [(0.0, None)] * d + [(None, None)]
+        solution = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds,
+                            options=dict(maxiter=1000))
+        self.coef_, self.intercept_ = solution.x[:d], float(solution.x[d])
+        return self
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """``[n, 2]``: P(class 0), P(class 1)."""
+        Z = (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
+        p = 1.0 / (1.0 + np.exp(-(Z @ self.coef_ + self.intercept_)))
+        return np.stack([1 - p, p], 1)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """``[n]``: 1 where P(class 1) is at least one half."""
+        return (self.predict_proba(X)[:, 1] >= 0.5).astype(np.int64)
 
 
 def make_probe(kind: str, random_state: Optional[int] = None, **kwargs: Any) -> _Probe:
