@@ -648,9 +648,9 @@ def test_separability_and_filter_results_round_trip(tmp_path, tiny):
 
 @pytest.mark.slow
 def test_report_fourier_stage_reads_digit_split_numbers_against_a_random_init_model(llama_model):
-    """A random-weight Llama with one token per digit and a few-shot prefix: each number is read
-    at its last token; the digit token there makes periods 10, 5, 2 spike and x mod 10 readable —
-    in a random-init copy just as much, so the report calls nothing learned."""
+    """A random-weight Llama with one token per digit and a few-shot prefix: each number of the hundred the
+    operands lie in (0..99) is read at its last token; the digit token there makes periods 10, 5, 2 spike and
+    x mod 10 readable — in a random-init copy just as much, so the report calls nothing learned."""
     from arithinterp.report import Context, fourier_helix_stage
     from arithinterp.tasks import prompts_for_pairs
 
@@ -659,9 +659,10 @@ def test_report_fourier_stage_reads_digit_split_numbers_against_a_random_init_mo
     prompts = prompts_for_pairs(model, "+", a, [10 + (7 * i) % 50 for i in range(len(a))], "{a}+{b}=", few_shot=2)
     assert not prompts.single_token_operands
     section = fourier_helix_stage(Context(model, "llama", prompts, prompts, prompts.evaluate(model), None))
-    assert section.sample.startswith("50 numbers (the residual stream entering layer 1 at each number's last token)")
+    assert section.sample.startswith("100 numbers (the residual stream entering layer 1 at each number's last token)")
     spectrum, separability = section.findings[0], section.findings[1]
     assert "periods 10" in spectrum and "every one of these periods is key there too" in spectrum
     assert separability.startswith("No signal above the control: x mod T is not linearly readable")
-    assert re.search(r"T=10 \(a key period\): 1\.00 .* random-init model 1\.00", separability)
+    readable = re.search(r"T=10 \(a key period\): (\d\.\d\d) .* random-init model (\d\.\d\d)", separability)
+    assert readable is not None and float(readable.group(1)) >= 0.95 and float(readable.group(2)) >= 0.95
     assert section.findings[2].startswith("Helix: Not enough data")

@@ -51,12 +51,18 @@ def test_causal_stage_on_a_zoo_model_fits_its_budget_and_says_so(tmp_path):
     text = html.unescape(out.read_text())
     state = re.search(rf"<li><b>{re.escape(STAGE_TITLES['causal'])}</b>: (.*?)</li>", text)
     assert state is not None and state.group(1).startswith("done: "), state
-    # the budget cut the training steps (or the layers) and the sample says by how much
+    # the sample says what the budget bought: every layer at full training, or how far it cut steps and layers
+    # (which one depends on this machine's speed, so both are accepted, each checked against the rows below)
     cut = re.search(rf"(\d+) of {CAUSAL_STEPS} training steps per fit at (\d) of 2 layers", state.group(1))
-    assert cut is not None and 30 <= int(cut.group(1)) < CAUSAL_STEPS
+    if cut is None:
+        assert f"every layer at {CAUSAL_STEPS} training steps per fit" in state.group(1), state.group(1)
+        n_layers = 2
+    else:
+        assert 30 <= int(cut.group(1)) <= CAUSAL_STEPS
+        n_layers = int(cut.group(2))
     findings = re.findall(r"<li>(.*?)</li>", text.split(f"<h2>{STAGE_TITLES['causal']}</h2>")[1])
     rows = _rows(findings)
-    assert {r[0] for r in rows} == {"sum_mod_10", "magnitude"} and len(rows) == 2 * int(cut.group(2))
+    assert {r[0] for r in rows} == {"sum_mod_10", "magnitude"} and len(rows) == 2 * n_layers
     for row in rows:
         iia, low, high, random_iia = map(float, row[4:8])
         assert low <= iia <= high

@@ -143,7 +143,7 @@ class Output:
     grads: Optional[list] = None
 
 
-def _heads_split(site: str, n_heads: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+def heads_split(site: str, n_heads: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     """Wrap ``fn`` so it sees ``attn_z`` as ``[B, T, H, d_head]`` (bridges fire it flat)."""
 
     def wrapped(activation: torch.Tensor) -> torch.Tensor:
@@ -292,9 +292,9 @@ def run(
 
             hooks.append((intervention.hook_name(), replace))
             continue
-        apply = _heads_split(intervention.site, n_heads, intervention.apply)
+        apply = heads_split(intervention.site, n_heads, intervention.apply)
         hooks.append((intervention.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
-    takes = [_heads_split(read.site, n_heads, read.take) for read in reads]
+    takes = [heads_split(read.site, n_heads, read.take) for read in reads]
     for i, read in enumerate(reads):
 
         def keep(activation, hook=None, i=i):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from arithinterp import sites as site_lib
-from arithinterp.engine.forward import Intervention, Read, _heads_split
+from arithinterp.engine.forward import Intervention, Read, heads_split
 from arithinterp.engine.hooks import module_hooks
 from arithinterp.engine.stepping import BaseRun, Stepper, check_n_last, stepper_for
 from arithinterp.errors import AnalysisError, SiteError
@@ -125,7 +125,7 @@ class ResumedRuns:
         else:
             n_heads = int(self.model.cfg.n_heads)
             for item in shifted:
-                apply = _heads_split(item.site, n_heads, item.apply)
+                apply = heads_split(item.site, n_heads, item.apply)
                 edits.append((item.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
         if self.entry == self.stepper.n_layers:  # resid_post of the last block: the final residual stream
             return self.stepper.read_logits(hidden, self.n_last)
@@ -279,5 +279,5 @@ def _first_blocks(
     read = None
     if positions is not None:
         read = Read(site, layer, positions=positions - start)
-        read = _heads_split(site, int(stepper.model.cfg.n_heads), read.take)(got["read"]).detach().clone()
+        read = heads_split(site, int(stepper.model.cfg.n_heads), read.take)(got["read"]).detach().clone()
     return got["entry"].detach().clone(), read
