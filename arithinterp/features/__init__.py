@@ -16,9 +16,13 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
   :func:`path_ablation` zeroes one and measures the answer logit left, beside a random control.
 * ``sample`` — :func:`graph_sample`: graphs over a sample of prompts, aggregated per feature.
 * ``shipped`` — transcoders trained for the zoo models, shipped in the package, and their recipe.
+* ``transcoder_files`` — transcoders and SAEs in circuit-tracer's and SAELens's layouts, read onto a
+  model (hook points mapped, checked by FVU on the model's prompts) and written.
+* ``graph_files`` — graphs as circuit-tracer's viewer JSON (pruned as it prunes) and read from its ``.pt``.
 """
 
 from arithinterp.features.graph import Graph, attribution_graph
+from arithinterp.features.graph_files import read_circuit_tracer_graph, write_circuit_tracer_graph
 from arithinterp.features.interventions import feature_interventions, intervene
 from arithinterp.features.labels import FeatureGrids, feature_grids, feature_maps, label_features, lookup_registry
 from arithinterp.features.paths import PathAblation, feature_paths, path_ablation, path_of
@@ -27,10 +31,19 @@ from arithinterp.features.sample import GraphSample, graph_sample
 from arithinterp.features.training import mlp_activations, train_transcoders
 from arithinterp.features.shipped import load_transcoders
 from arithinterp.features.transcoder import Transcoders, topk_activations
+from arithinterp.features.transcoder_files import (
+    read_circuit_tracer_transcoders,
+    read_saelens,
+    transcoder_fvu,
+    write_circuit_tracer_transcoders,
+    write_saelens,
+)
 
 __all__ = [
     "FeatureGrids", "Graph", "GraphSample", "PathAblation", "Transcoders", "attribution_graph", "feature_grids",
     "feature_interventions", "feature_maps", "feature_paths", "graph_sample", "intervene", "label_features",
-    "load_transcoders", "lookup_registry", "mlp_activations", "path_ablation", "path_of", "replacement_logits",
-    "replacement_metrics", "topk_activations", "train_transcoders",
+    "load_transcoders", "lookup_registry", "mlp_activations", "path_ablation", "path_of", "read_circuit_tracer_graph",
+    "read_circuit_tracer_transcoders", "read_saelens", "replacement_logits", "replacement_metrics", "topk_activations",
+    "train_transcoders", "transcoder_fvu", "write_circuit_tracer_graph", "write_circuit_tracer_transcoders",
+    "write_saelens",
 ]

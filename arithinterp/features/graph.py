@@ -19,12 +19,23 @@ of influence until they hold ``node_threshold`` of the total (at most ``max_node
 logits). The *replacement score* is the share of the answer's end-to-end influence that comes
 from token embeddings rather than error nodes; *completeness* is the influence-weighted share of
 the nodes' incoming edges that come from non-error nodes.
+
+Two options follow circuit-tracer (``circuit_tracer`` 0.5.0, ``attribute`` and
+``compute_graph_scores``): ``zero_positions`` — circuit-tracer zeroes the features and the error
+nodes at position 0 (``<bos>``) by default: their MLP output is held constant (it joins the
+bias), so they have no node of their own; ``zero_positions=(0,)`` does the same here (the default
+here zeroes nothing). ``completeness`` — ``"features"`` (the default) averages the non-error share
+of incoming edges over the feature and logit nodes, weighted by influence (logits by their
+probability); ``"all_nodes"`` is circuit-tracer's: the average over *every* node, weighted by
+influence plus the logit weights, where embedding and error nodes, which have no incoming edges,
+count as complete. ``scores`` holds both (``completeness_features``, ``completeness_all_nodes``);
+``scores["completeness"]`` is the one asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import pandas as pd
 import torch
@@ -38,6 +49,7 @@ from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
 
 KINDS = ("embedding", "feature", "error", "logit")
+COMPLETENESS = ("features", "all_nodes")
 # A source is switched on at PROBE times its value: the frozen replacement model is affine, so the
 # effect is (row − bias) / PROBE, and float32 rounding of the bias is divided by PROBE (a power of 2).
 PROBE = 4096.0
@@ -50,8 +62,9 @@ class Graph(Result):
     ``nodes``: one dict per node (``kind`` in :data:`KINDS`, ``layer`` (-1 for embeddings, the
     number of layers for logits), ``position``, ``feature`` (the token id for logit nodes, -1
     otherwise), ``activation`` (a feature's activation, an error node's norm, a logit's demeaned
-    value), ``token`` (the token at the position; the answer token for logits), ``influence``,
-    ``kept``, ``label``). ``edges [N, N]``: ``edges[t, s]`` the direct effect of node ``s`` on node
+    value), ``token`` (the token at the position; the answer token for logits), ``token_id``,
+    ``influence``, ``kept``, ``label``; logits also ``probability``).
+    ``edges [N, N]``: ``edges[t, s]`` the direct effect of node ``s`` on node
     ``t`` (targets: features and logits). ``bias [N]``: each target's value with every source off.
     ``scores``: ``replacement``, ``completeness``, ``kept_influence`` (of the pruned graph),
     ``max_abs_error`` (the exactness check: incoming edges + bias against each active feature's own
@@ -90,6 +103,16 @@ class Graph(Result):
 
         return plot_attribution_graph(self, **kwargs)
 
+    def to_circuit_tracer(self, path: Union[str, Any], *, slug: Optional[str] = None, scan: Optional[str] = None,
+                          node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Any:
+        """Write the graph JSON circuit-tracer's ``create_graph_files`` writes (its viewer and
+        Neuronpedia read it), pruned as circuit-tracer prunes; see
+        :func:`arithinterp.features.graph_files.write_circuit_tracer_graph`. Returns the file's path."""
+        from arithinterp.features.graph_files import write_circuit_tracer_graph
+
+        return write_circuit_tracer_graph(self, path, slug=slug, scan=scan, node_threshold=node_threshold,
+                                          edge_threshold=edge_threshold)
+
 
 def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[str, Any]:
     """What the local replacement model freezes: patterns, norm divisors, MLP inputs and outputs."""
@@ -110,11 +133,20 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
 def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
                       n_logits: int = 1, node_threshold: float = 0.8, max_nodes: int = 100,
                       batch_size: Optional[int] = None, labels: Optional[dict] = None,
+                      zero_positions: Sequence[int] = (), completeness: str = "features",
                       progress: bool = True) -> Graph:
     """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
     ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
-    as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes."""
+    as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes.
+    ``zero_positions``: positions whose features and error nodes are held constant (``(0,)`` as
+    circuit-tracer does); ``completeness``: which definition ``scores["completeness"]`` uses, one
+    of :data:`COMPLETENESS` (see the module docstring)."""
     transcoders.check_model(model)
+    if (transcoders.input_site, transcoders.output_site) != ("mlp_in", "mlp_out"):
+        raise AnalysisError(f"an attribution graph needs transcoders from mlp_in to mlp_out; these read "
+                            f"{transcoders.input_site} and write {transcoders.output_site}")
+    if completeness not in COMPLETENESS:
+        raise AnalysisError(f"completeness must be one of {COMPLETENESS}, got {completeness!r}")
     n_layers = site_lib.n_layers(model)
     if sorted(transcoders.layers) != list(range(n_layers)):
         raise AnalysisError(f"an attribution graph needs a transcoder for every layer 0..{n_layers - 1}; "
@@ -128,11 +160,21 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     if tokens.ndim != 2 or tokens.shape[0] != 1:
         raise AnalysisError(f"one prompt at a time: got tokens of shape {tuple(tokens.shape)}")
     T = int(tokens.shape[1])
+    zeroed = list(zero_positions)
+    if any(isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < T for p in zeroed):
+        raise AnalysisError(f"zero_positions must be positions in 0..{T - 1}, got {zero_positions!r}")
     state = _frozen(model, tokens, transcoders)
     got, real_logits = state["got"], state["logits"][0]
     acts = [transcoders.encode(layer, got[("mlp_in", layer)][0]) for layer in range(n_layers)]  # [T, F]
+    for a in acts:
+        a[zeroed] = 0.0
     errors = [got[("mlp_out", layer)][0] - transcoders.decode(layer, acts[layer], got[("mlp_in", layer)][0])
               for layer in range(n_layers)]
+    # zeroed positions: what their features and error write is held constant (part of the bias)
+    held = [torch.zeros_like(e) for e in errors]
+    for e, h in zip(errors, held):
+        h[zeroed] = e[zeroed]
+        e[zeroed] = 0.0
     active = [a.nonzero() for a in acts]  # [n_l, 2] (position, feature)
     top = real_logits.topk(n_logits).indices
     str_tokens = [str(t) for t in model.to_str_tokens(tokens[0])]
@@ -167,7 +209,7 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     for start in tqdm(range(0, len(on_all), size), desc="graph rows", disable=None if progress else True):
         on = on_all[start : start + size]
         values[start : start + len(on)] = _rows(model, tokens, frozen, plans, transcoders, errors, on, feature_start,
-                                                error_start, T, top)
+                                                error_start, T, top, held=held)
     bias = values[0]
     effects = torch.zeros(logit_start, N, dtype=torch.float64)  # [sources, N]: each source's direct effects
     effects[on_all[1:]] = (values[1:] - bias) / PROBE
@@ -198,10 +240,15 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
             node["activation"] = float(own[i])
     scores, influence = _prune_scores(edges, nodes, real_logits, top, logit_start, error_start, node_threshold,
                                       max_nodes)
+    scores["completeness"] = scores[f"completeness_{completeness}"]
+    probs = real_logits.float().softmax(-1)
     labels = labels or {}
     for i, node in enumerate(nodes):
         node["token"] = str_tokens[node["position"]] if node["kind"] != "logit" else str(
             model.to_string(torch.tensor([node["feature"]])))
+        node["token_id"] = int(node["feature"]) if node["kind"] == "logit" else int(tokens[0, node["position"]])
+        if node["kind"] == "logit":
+            node["probability"] = float(probs[node["feature"]])
         node["influence"] = float(influence[i])
         node["label"] = labels.get((node["layer"], node["feature"]), "") if node["kind"] == "feature" else ""
     # features' pre-activations (the paper's exactness check) and, separately, the answer logits; sums in float64
@@ -209,7 +256,8 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     scores["max_abs_error_logits"] = float(check[logit_start:].abs().max())
     scores["max_rel_error_logits"] = float((check[logit_start:].abs() / own[logit_start:].abs().clamp_min(1e-6)).max())
     scores["n_active_features"] = int(error_start - feature_start[0])
-    meta = build_meta(model, n_logits=n_logits, node_threshold=node_threshold, max_nodes=max_nodes)
+    meta = build_meta(model, n_logits=n_logits, node_threshold=node_threshold, max_nodes=max_nodes,
+                      zero_positions=zeroed, completeness=completeness)
     # stored in float32 (the check above is on the float64 sums)
     return Graph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
                  prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
@@ -255,7 +303,8 @@ def _plan(transcoders: Transcoders, layer: int, active: torch.Tensor, acts: torc
 
 
 def _rows(model: Any, tokens: torch.Tensor, frozen: dict, plans: list, transcoders: Transcoders, errors: list,
-          on: torch.Tensor, feature_start: list, error_start: int, T: int, top: torch.Tensor) -> torch.Tensor:
+          on: torch.Tensor, feature_start: list, error_start: int, T: int, top: torch.Tensor,
+          held: Optional[list] = None) -> torch.Tensor:
     """Target values ``[r, N]`` of the frozen replacement model with, in row ``i``, only source
     ``on[i]`` switched on (``-1``: none). Targets: active features' pre-activations, demeaned logits."""
     r = len(on)
@@ -284,6 +333,8 @@ def _rows(model: Any, tokens: torch.Tensor, frozen: dict, plans: list, transcode
             pre = torch.einsum("rtd,tdk->rtk", x, W_pad.to(x.dtype)) + b_pad.to(x.dtype)
             pres[layer] = pre[:, positions, slots]
             out = transcoders.linear(layer, x).clone()  # every feature and error off, then each row's one source
+            if held is not None:
+                out += held[layer].to(out.dtype)
             out[feature_rows, positions[feature_local]] += PROBE * writes[feature_local].to(out.dtype)
             out[error_rows, error_positions] += PROBE * errors[layer][error_positions].to(out.dtype)
             return out
@@ -341,9 +392,14 @@ def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: t
     is_target = is_feature | (torch.arange(N) >= logit_start)
     non_error = 1 - A[:, is_error].sum(1)
     completeness = float((target_weight * non_error)[is_target].sum() / target_weight[is_target].sum())
+    # circuit-tracer's: every node, weighted by influence plus the logit weights (nodes with no incoming edges count 1)
+    output_influence = influence.double() + w
+    all_nodes = float((non_error * output_influence).sum() / output_influence.sum())
     scores = dict(
         replacement=float(influence[is_embed].sum()) / end_to_end if end_to_end > 0 else float("nan"),
         completeness=completeness,
+        completeness_features=completeness,
+        completeness_all_nodes=all_nodes,
         kept_influence=running / total if total > 0 else 1.0,
         n_kept=int(kept.sum()),
         n_nodes=N,

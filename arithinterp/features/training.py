@@ -204,7 +204,7 @@ def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] 
         x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
         fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
                                  f"transcoder L{layer}", encoder_scale, resample_until, min_frequency))
-    stacked = {name: torch.stack([f[name] for f in fitted]) for name in fitted[0]}
+    stacked: dict[str, Any] = {name: torch.stack([f[name] for f in fitted]) for name in fitted[0]}
     seconds = round(time.perf_counter() - start, 1)
     meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
                       skip=skip, encoder_scale=encoder_scale, resample_until=resample_until,

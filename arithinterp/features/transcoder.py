@@ -1,11 +1,17 @@
-"""Per-layer TopK transcoders: an MLP's input mapped to its output through sparse features.
+"""Per-layer transcoders: an MLP's input mapped to its output through sparse features.
 
 A transcoder of layer ``l`` reads the MLP's input ``x`` (after its norm, site ``mlp_in``,
 ``[..., d_model]``) and writes the MLP's output (site ``mlp_out``) as
 
     pre  = x @ W_enc + b_enc                       [..., F]
-    acts = TopK(ReLU(pre), k)                      [..., F]  (all but the k largest set to 0)
+    acts = act(pre)                                [..., F]
     out  = acts @ W_dec + b_dec + x @ W_skip       [..., d_model]
+
+with ``act`` one of :data:`ACTIVATIONS`: ``"topk"`` (``TopK(ReLU(pre), k)``: all but the k largest
+set to 0, as this package trains them and as SAELens runs TopK), ``"topk_signed"`` (the k largest
+whatever their sign, no ReLU: circuit-tracer's ``TopK``), ``"relu"``, or ``"jumprelu"`` (``pre`` where
+``pre > threshold``, else 0: Rajamanoharan et al. 2024, as Gemma Scope's transcoders). A set read from
+another tool's files may read and write other sites (an SAE reads and writes the same one).
 
 (Dunefsky et al. 2024, "Transcoders find interpretable LLM feature circuits"; TopK as in Gao et
 al. 2024, "Scaling and evaluating sparse autoencoders"; the linear skip as in Ameisen et al. 2025,
@@ -29,20 +35,43 @@ from arithinterp.results import Result
 Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F]
 
 
+ACTIVATIONS = ("topk", "topk_signed", "relu", "jumprelu")
+
+
 def topk_activations(pre: torch.Tensor, k: int) -> torch.Tensor:
     """``ReLU(pre)`` ``[..., F]`` with all but its ``k`` largest entries per row set to zero."""
     values, index = torch.relu(pre).topk(k, dim=-1)
     return torch.zeros_like(pre).scatter(-1, index, values)
 
 
+def activate(pre: torch.Tensor, activation: str, k: int, threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Feature activations ``[..., F]`` from pre-activations ``pre [..., F]`` under ``activation``
+    (one of :data:`ACTIVATIONS`; ``threshold [F]`` for ``"jumprelu"``)."""
+    if activation == "topk":
+        return topk_activations(pre, k)
+    if activation == "topk_signed":
+        values, index = pre.topk(k, dim=-1)
+        return torch.zeros_like(pre).scatter(-1, index, values)
+    if activation == "relu":
+        return torch.relu(pre)
+    if activation == "jumprelu":
+        if threshold is None:
+            raise AnalysisError("a 'jumprelu' transcoder needs a threshold per feature; none was given")
+        return pre * (pre > threshold.to(pre.dtype))
+    raise AnalysisError(f"unknown activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Transcoders(Result):
-    """One TopK transcoder per layer of a model (stacked over ``layers``).
+    """One transcoder per layer of a model (stacked over ``layers``).
 
-    Tensors: ``W_enc [L, d, F]``, ``b_enc [L, F]``, ``W_dec [L, F, d]`` (unit rows), ``b_dec [L, d]``,
-    ``W_skip [L, d, d]`` (zeros without a skip). ``metrics``: one dict per layer measured on held-out
-    prompts (``fvu``, ``l0``, ``dead_fraction``) and model-level ``replacement`` numbers (top-1
-    agreement and KL of the replacement model against the real one). ``meta``: provenance.
+    Tensors: ``W_enc [L, d, F]``, ``b_enc [L, F]``, ``W_dec [L, F, d]`` (unit rows when trained
+    here), ``b_dec [L, d]``, ``W_skip [L, d, d]`` (zeros without a skip). ``metrics``: one dict per
+    layer measured on held-out prompts (``fvu``, ``l0``, ``dead_fraction``) and model-level
+    ``replacement`` numbers (top-1 agreement and KL of the replacement model against the real one).
+    ``meta``: provenance. ``activation``: one of :data:`ACTIVATIONS` (``k`` is used by the TopK
+    ones), ``threshold [L, F]`` for ``"jumprelu"``. ``input_site`` / ``output_site``: the sites read
+    and written (``mlp_in`` → ``mlp_out`` for a transcoder).
     """
 
     W_enc: torch.Tensor
@@ -54,6 +83,17 @@ class Transcoders(Result):
     k: int
     metrics: dict
     meta: dict
+    activation: str = "topk"
+    threshold: Optional[torch.Tensor] = None
+    input_site: str = "mlp_in"
+    output_site: str = "mlp_out"
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise AnalysisError(f"unknown activation {self.activation!r}; accepted: {', '.join(ACTIVATIONS)}")
+        if self.activation == "jumprelu" and (self.threshold is None or self.threshold.shape != self.b_enc.shape):
+            raise AnalysisError(f"a 'jumprelu' set needs threshold [L, F] = {tuple(self.b_enc.shape)}, got "
+                                f"{None if self.threshold is None else tuple(self.threshold.shape)}")
 
     @property
     def n_features(self) -> int:
@@ -71,8 +111,9 @@ class Transcoders(Result):
         return x.to(self.W_enc.dtype) @ self.W_enc[i] + self.b_enc[i]
 
     def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Feature activations ``[..., F]`` (k non-zero per row) of MLP inputs ``x [..., d]``."""
-        return topk_activations(self.pre(layer, x), self.k)
+        """Feature activations ``[..., F]`` of MLP inputs ``x [..., d]`` (k non-zero per row for TopK)."""
+        threshold = None if self.threshold is None else self.threshold[self.index(layer)]
+        return activate(self.pre(layer, x), self.activation, self.k, threshold)
 
     def linear(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """The part of the output ``[..., d]`` that no feature writes: ``b_dec + x @ W_skip``."""
@@ -105,7 +146,7 @@ class Transcoders(Result):
                     acts = edit(acts)
                 return self.decode(layer, acts, x)
 
-            out.append(Intervention("mlp_out", layer, value=value, input_site="mlp_in"))
+            out.append(Intervention(self.output_site, layer, value=value, input_site=self.input_site))
         return out
 
     def to_frame(self) -> pd.DataFrame:
@@ -113,7 +154,7 @@ class Transcoders(Result):
         replacement = self.metrics.get("replacement", {})
         rows = []
         for layer, row in zip(self.layers, self.metrics.get("layers", [])):
-            rows.append(dict(layer=layer, n_features=self.n_features, k=self.k, **row,
+            rows.append(dict(layer=layer, n_features=self.n_features, k=self.k, activation=self.activation, **row,
                              replacement_agreement=replacement.get("agreement"),
                              replacement_kl=replacement.get("kl")))
         return pd.DataFrame(rows)

@@ -1,0 +1,320 @@
+"""Attribution graphs in circuit-tracer's files: the viewer's JSON out, its ``Graph.to_pt`` file in.
+
+The format is circuit-tracer 0.5.0's (``circuit_tracer/frontend/graph_models.py``,
+``utils/create_graph_files.py``, ``graph.py``):
+
+* **JSON** (what ``create_graph_files`` writes and its local viewer and Neuronpedia read):
+  ``{"metadata": {slug, scan, transcoder_list, prompt_tokens, prompt, node_threshold,
+  schema_version}, "qParams": {...}, "nodes": [...], "links": [{source, target, weight}]}``. A
+  node has ``node_id`` (``"{layer}_{feature}_{pos}"`` for features, ``"0_{layer}_{pos}"`` for
+  error nodes, ``"E_{token id}_{pos}"`` for embeddings, ``"{n_layers + 1}_{token id}_{pos}"`` for
+  logits), ``feature`` (Cantor pairing of layer and feature index; the position for embeddings;
+  the token id for logits; -1 for errors), ``layer`` (a string, ``"E"`` for embeddings),
+  ``ctx_idx`` (the position), ``feature_type``, ``jsNodeId``, ``influence`` (the cumulative share
+  of influence at this node's rank, as ``prune_graph`` returns it), ``activation``, and for logits
+  ``token_prob``, ``is_target_logit`` and ``clerp``. Only the nodes and links circuit-tracer's
+  pruning keeps are written (``node_threshold`` on node influence, ``edge_threshold`` on edge
+  influence, then nodes left without incoming or outgoing edges dropped), so a graph written here
+  holds what circuit-tracer would write for the same edges.
+* **.pt** (``Graph.to_pt``, a pickled dict): ``adjacency_matrix [N, N]`` (rows targets, columns
+  sources) over nodes ordered ``[selected features, error nodes (layer-major), embeddings,
+  logits]``, ``active_features [n, 3]`` (layer, position, feature), ``selected_features``,
+  ``activation_values``, ``logit_targets`` (``LogitTarget(token_str, vocab_idx)``),
+  ``logit_probabilities``, ``input_tokens``, ``input_string``, ``cfg`` (``UnifiedConfig``),
+  ``scan``, ``vocab_size``. It is read with ``torch.load(weights_only=True)``: circuit-tracer's two
+  classes are allowed by name onto plain stand-ins, nothing else is unpickled.
+
+This package's :class:`~arithinterp.features.Graph` orders nodes ``[embeddings, features, error
+nodes, logits]``; both files are converted by permutation, the edges themselves are the same
+quantity (the direct effect of a source on a target's pre-activation or demeaned logit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Union
+
+import torch
+
+from arithinterp.errors import AnalysisError, ResultFileError
+from arithinterp.features.graph import Graph
+
+PathLike = Union[str, Path]
+FORMAT_VERSION = "circuit-tracer 0.5.0"
+
+
+def cantor_pairing(x: int, y: int) -> int:
+    """circuit-tracer's ``feature`` number of a feature node: a unique int for (layer, feature)."""
+    return (x + y) * (x + y + 1) // 2 + y
+
+
+# ---- circuit-tracer's pruning (graph.py), on its node order --------------------------------------
+
+
+def _normalize(matrix: torch.Tensor) -> torch.Tensor:
+    normalized = matrix.abs()
+    return normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-10)
+
+
+def _influence(A: torch.Tensor, logit_weights: torch.Tensor) -> torch.Tensor:
+    current = logit_weights @ A
+    influence = current.clone()
+    for _ in range(A.shape[0] + 1):  # edges go to later layers only: the series ends
+        if not bool(current.any()):
+            return influence
+        current = current @ A
+        influence += current
+    raise AnalysisError("the graph's influence did not converge: its edges form a cycle")
+
+
+def _threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    ordered = torch.sort(scores, descending=True).values
+    cumulative = torch.cumsum(ordered, dim=0) / torch.sum(ordered)
+    index = min(int(torch.searchsorted(cumulative, threshold).item()), len(cumulative) - 1)
+    return ordered[index]
+
+
+def circuit_tracer_prune(adjacency: torch.Tensor, logit_probabilities: torch.Tensor, n_features: int,
+                         n_tokens: int, node_threshold: float = 0.8,
+                         edge_threshold: float = 0.98) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """circuit-tracer's ``prune_graph`` on an adjacency ``[N, N]`` in its node order: the node mask
+    ``[N]``, edge mask ``[N, N]`` and each node's cumulative influence score ``[N]``."""
+    for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if not 0.0 <= value <= 1.0:
+            raise AnalysisError(f"{name} must be in [0, 1], got {value!r}")
+    n_logits = len(logit_probabilities)
+    weights = torch.zeros(adjacency.shape[0], dtype=adjacency.dtype)
+    weights[-n_logits:] = logit_probabilities.to(adjacency.dtype)
+    node_influence = _influence(_normalize(adjacency), weights)
+    node_mask = node_influence >= _threshold(node_influence, node_threshold)
+    node_mask[-n_logits - n_tokens:] = True
+    pruned = adjacency.clone()
+    pruned[~node_mask] = 0
+    pruned[:, ~node_mask] = 0
+    normalized = _normalize(pruned)
+    edge_scores = normalized * (_influence(normalized, weights) + weights)[:, None]
+    edge_mask = edge_scores >= _threshold(edge_scores.flatten(), edge_threshold)
+    old = node_mask.clone()
+    node_mask[: -n_logits - n_tokens] &= edge_mask[:, : -n_logits - n_tokens].any(0)
+    node_mask[:n_features] &= edge_mask[:n_features].any(1)
+    while not bool(torch.all(node_mask == old)):
+        old[:] = node_mask
+        edge_mask[~node_mask] = False
+        edge_mask[:, ~node_mask] = False
+        node_mask[: -n_logits - n_tokens] &= edge_mask[:, : -n_logits - n_tokens].any(0)
+        node_mask[:n_features] &= edge_mask[:n_features].any(1)
+    ordered, order = torch.sort(node_influence, descending=True)
+    scores = torch.zeros_like(node_influence)
+    scores[order] = torch.cumsum(ordered, dim=0) / torch.sum(ordered)
+    return node_mask, edge_mask, scores
+
+
+# ---- out: the viewer's JSON -----------------------------------------------------------------------
+
+
+def circuit_tracer_order(graph: Graph) -> torch.Tensor:
+    """Indices into ``graph.nodes`` in circuit-tracer's order: features, error nodes, embeddings, logits."""
+    by_kind: dict[str, list[int]] = {kind: [] for kind in ("feature", "error", "embedding", "logit")}
+    for i, node in enumerate(graph.nodes):
+        by_kind[node["kind"]].append(i)
+    by_kind["feature"].sort(key=lambda i: (graph.nodes[i]["layer"], graph.nodes[i]["position"],
+                                           graph.nodes[i]["feature"]))
+    by_kind["error"].sort(key=lambda i: (graph.nodes[i]["layer"], graph.nodes[i]["position"]))
+    by_kind["embedding"].sort(key=lambda i: graph.nodes[i]["position"])
+    return torch.tensor(by_kind["feature"] + by_kind["error"] + by_kind["embedding"] + by_kind["logit"])
+
+
+def write_circuit_tracer_graph(graph: Graph, path: PathLike, *, slug: Optional[str] = None,
+                               scan: Optional[str] = None, node_threshold: float = 0.8,
+                               edge_threshold: float = 0.98) -> Path:
+    """Write ``graph`` as circuit-tracer's viewer JSON (see the module docstring), pruned as
+    ``create_graph_files(..., node_threshold, edge_threshold)`` prunes.
+
+    ``path``: a ``.json`` file, or a folder (the file is ``{slug}.json`` there, as circuit-tracer
+    writes it); ``graph-metadata.json`` beside it lists the graph (the viewer's index, merged by
+    slug). ``scan`` names the transcoders (default: ``meta['transcoders']`` or the model's id).
+    Returns the JSON file's path.
+    """
+    from arithinterp.outputs import check_writable_dir
+
+    if not isinstance(graph, Graph):
+        raise AnalysisError(f"graph must be a features.Graph, got {type(graph).__name__}")
+    missing = [n for n in graph.nodes if "token_id" not in n or (n["kind"] == "logit" and "probability" not in n)]
+    if missing:
+        raise AnalysisError("this graph's nodes carry no token ids or logit probabilities (it was made by an "
+                            "older version); make it again with attribution_graph to write it for circuit-tracer")
+    target = Path(path)
+    if target.suffix == ".json":
+        folder = check_writable_dir(target.parent, "write the graph")
+        slug = slug or target.stem
+        file = target
+    else:
+        folder = check_writable_dir(target, "write the graph")
+        slug = slug or "graph-" + hashlib.sha1(graph.prompt.encode()).hexdigest()[:8]
+        file = folder / f"{slug}.json"
+    order = circuit_tracer_order(graph)
+    nodes = [graph.nodes[i] for i in order.tolist()]
+    adjacency = graph.edges.float()[order][:, order]
+    n_features = sum(n["kind"] == "feature" for n in nodes)
+    n_tokens = sum(n["kind"] == "embedding" for n in nodes)
+    logits = [n for n in nodes if n["kind"] == "logit"]
+    probabilities = torch.tensor([n["probability"] for n in logits], dtype=torch.float32)
+    node_mask, edge_mask, cumulative = circuit_tracer_prune(adjacency, probabilities, n_features, n_tokens,
+                                                            node_threshold, edge_threshold)
+    n_layers = max(n["layer"] for n in nodes if n["kind"] != "logit") + 1
+    written: dict[int, dict] = {}
+    for i in node_mask.nonzero().flatten().tolist():
+        written[i] = _node(nodes[i], float(cumulative[i]), n_layers, first_logit=nodes[i] is logits[0])
+    dsts, srcs = edge_mask.nonzero(as_tuple=True)
+    weights = adjacency[dsts, srcs].tolist()
+    links = [dict(source=written[s]["node_id"], target=written[t]["node_id"], weight=w)
+             for s, t, w in zip(srcs.tolist(), dsts.tolist(), weights) if s in written and t in written]
+    connected = {link["source"] for link in links} | {link["target"] for link in links}
+    used = [n for n in written.values() if n["node_id"] in connected or n["feature_type"] in ("embedding", "logit")]
+    scan = scan or str(graph.meta.get("transcoders") or graph.meta.get("model", "arithinterp"))
+    metadata = dict(slug=slug, scan=scan,
+                    transcoder_list=[], prompt_tokens=list(graph.tokens), prompt=graph.prompt,
+                    node_threshold=node_threshold, schema_version=1)
+    document = dict(metadata=metadata,
+                    qParams=dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos=""),
+                    nodes=used, links=links)
+    file.write_text(json.dumps(document, indent=2))
+    index_file = folder / "graph-metadata.json"
+    index = json.loads(index_file.read_text()) if index_file.is_file() else {"graphs": []}
+    index["graphs"] = [g for g in index.get("graphs", []) if g.get("slug") != slug] + [metadata]
+    index_file.write_text(json.dumps(index, indent=2))
+    return file
+
+
+def _node(node: dict, influence: float, n_layers: int, first_logit: bool) -> dict:
+    """One node as circuit-tracer's ``Node`` model dumps it (its fields, in its order)."""
+    layer, position, kind = node["layer"], node["position"], node["kind"]
+    base = dict(token_prob=0.0, is_target_logit=False, run_idx=0, reverse_ctx_idx=0)
+    if kind == "feature":
+        f = node["feature"]
+        return dict(node_id=f"{layer}_{f}_{position}", feature=cantor_pairing(layer, f), layer=str(layer),
+                    ctx_idx=position, feature_type="cross layer transcoder", **base, jsNodeId=f"{layer}_{f}-0",
+                    clerp=node.get("label", "") or "", influence=influence, activation=float(node["activation"]))
+    if kind == "error":
+        return dict(node_id=f"0_{layer}_{position}", feature=-1, layer=str(layer), ctx_idx=position,
+                    feature_type="mlp reconstruction error", **base, jsNodeId=f"{layer}_{position}-0", clerp="",
+                    influence=influence, activation=None)
+    if kind == "embedding":
+        token = node["token_id"]
+        return dict(node_id=f"E_{token}_{position}", feature=position, layer="E", ctx_idx=position,
+                    feature_type="embedding", **base, jsNodeId=f"E_{token}-{position}", clerp="",
+                    influence=influence, activation=None)
+    token, p = node["token_id"], float(node["probability"])
+    out_layer = str(n_layers + 1)
+    return dict(node_id=f"{out_layer}_{token}_{position}", feature=token, layer=out_layer, ctx_idx=position,
+                feature_type="logit", token_prob=p, is_target_logit=first_logit, run_idx=0, reverse_ctx_idx=0,
+                jsNodeId=f"L_{token}-{position}", clerp=f'Output "{node["token"]}" (p={p:.3f})', influence=None,
+                activation=None)
+
+
+# ---- in: circuit-tracer's .pt ------------------------------------------------------------------
+
+
+class LogitTarget(NamedTuple):
+    """Stand-in for ``circuit_tracer.attribution.targets.LogitTarget`` when reading a ``.pt``."""
+
+    token_str: str
+    vocab_idx: int
+
+
+class UnifiedConfig:
+    """Stand-in for circuit-tracer's model config when reading a ``.pt``: its fields as attributes."""
+
+
+STAND_INS = [(LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
+             (UnifiedConfig, "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig")]
+
+
+def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_threshold: float = 0.8) -> Graph:
+    """A :class:`~arithinterp.features.Graph` from a circuit-tracer ``Graph.to_pt`` file.
+
+    Edges are circuit-tracer's, permuted into this package's node order; ``kept`` is circuit-tracer's
+    pruning at ``node_threshold``; ``influence`` each node's influence on the logits. ``bias`` and
+    ``values`` are not in the file (zero and the sum of incoming edges). ``model`` (optional) gives
+    token strings; without it they are the token ids written out.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ResultFileError(f"no circuit-tracer graph file at {file}")
+    try:
+        with torch.serialization.safe_globals(STAND_INS):
+            d = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # the unpickler raises several types for a file that is not this format
+        raise ResultFileError(f"{file} is not a circuit-tracer graph that loads safely ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''})") from None
+    needed = ("adjacency_matrix", "active_features", "selected_features", "activation_values", "logit_targets",
+              "logit_probabilities", "input_tokens", "cfg")
+    if not isinstance(d, dict) or any(key not in d for key in needed):
+        raise ResultFileError(f"{file} is not a circuit-tracer graph: it needs the keys {', '.join(needed)}")
+    adjacency = d["adjacency_matrix"].float()
+    tokens = d["input_tokens"].flatten().tolist()
+    n_pos = len(tokens)
+    n_layers = int(d["cfg"].n_layers)
+    selected = d["selected_features"].long()
+    features = d["active_features"][selected].long()  # [n, 3] (layer, position, feature)
+    activations = d["activation_values"][selected].float()
+    targets = d["logit_targets"]
+    if isinstance(targets, torch.Tensor):  # graphs written before LogitTarget
+        targets = [LogitTarget("", int(i)) for i in targets.tolist()]
+    n_f, n_logits = len(features), len(targets)
+    if adjacency.shape != (n_f + (n_layers + 1) * n_pos + n_logits,) * 2:
+        raise ResultFileError(f"{file}: adjacency {tuple(adjacency.shape)} does not fit {n_f} features, "
+                              f"{n_layers} layers × {n_pos} positions and {n_logits} logits")
+    probabilities = d["logit_probabilities"].float()
+    strings = ([str(model.to_string(torch.tensor([t]))) for t in tokens] if model is not None
+               else [str(t) for t in tokens])
+    # circuit-tracer's order -> ours: embeddings, features, errors, logits
+    ct_nodes: list[dict] = []
+    for (layer, pos, f), a in zip(features.tolist(), activations.tolist()):
+        ct_nodes.append(dict(kind="feature", layer=layer, position=pos, feature=f, activation=a))
+    for layer in range(n_layers):
+        for pos in range(n_pos):
+            ct_nodes.append(dict(kind="error", layer=layer, position=pos, feature=-1, activation=0.0))
+    for pos in range(n_pos):
+        ct_nodes.append(dict(kind="embedding", layer=-1, position=pos, feature=-1, activation=0.0))
+    for target, p in zip(targets, probabilities.tolist()):
+        ct_nodes.append(dict(kind="logit", layer=n_layers, position=n_pos - 1, feature=int(target.vocab_idx),
+                             activation=0.0, probability=p, token=str(target.token_str)))
+    node_mask, _, _ = circuit_tracer_prune(adjacency, probabilities, n_f, n_pos, node_threshold, 0.98)
+    weights = torch.zeros(len(ct_nodes))
+    weights[-n_logits:] = probabilities
+    influence = _influence(_normalize(adjacency.double()), weights.double()).float()
+    for i, node in enumerate(ct_nodes):
+        node["influence"] = float(influence[i])
+        node["kept"] = bool(node_mask[i])
+        node["label"] = ""
+        node["token_id"] = node["feature"] if node["kind"] == "logit" else tokens[node["position"]]
+        if node["kind"] != "logit" or not node.get("token"):
+            node["token"] = strings[node["position"]] if node["kind"] != "logit" else (
+                str(model.to_string(torch.tensor([node["feature"]]))) if model is not None else str(node["feature"]))
+    kinds = {"embedding": 0, "feature": 1, "error": 2, "logit": 3}
+    ours = sorted(range(len(ct_nodes)), key=lambda i: (kinds[ct_nodes[i]["kind"]], i))
+    order = torch.tensor(ours)
+    edges = adjacency[order][:, order]
+    nodes = [ct_nodes[i] for i in ours]
+    replacement, completeness = _scores(adjacency, weights, n_f, n_layers * n_pos, n_pos)
+    scores = dict(replacement=replacement, completeness=completeness, completeness_all_nodes=completeness,
+                  n_kept=int(node_mask.sum()), n_nodes=len(nodes), n_active_features=n_f)
+    cfg = {k: v for k, v in vars(d["cfg"]).items() if isinstance(v, (str, int, float, bool)) or v is None}
+    meta = dict(source=FORMAT_VERSION, path=str(file), scan=d.get("scan"), model=cfg.get("model_name"), cfg=cfg,
+                node_threshold=node_threshold, completeness="all_nodes")
+    return Graph(nodes=nodes, edges=edges, bias=torch.zeros(len(nodes)), values=edges.sum(1),
+                 prompt=str(d.get("input_string", "")), tokens=strings, scores=scores, meta=meta)
+
+
+def _scores(adjacency: torch.Tensor, weights: torch.Tensor, n_f: int, n_errors: int, n_pos: int) -> tuple[float, float]:
+    """circuit-tracer's ``compute_graph_scores``: replacement and completeness (every node)."""
+    normalized = _normalize(adjacency.double())
+    influence = _influence(normalized, weights.double())
+    token = influence[n_f + n_errors : n_f + n_errors + n_pos].sum()
+    error = influence[n_f : n_f + n_errors].sum()
+    non_error = 1 - normalized[:, n_f : n_f + n_errors].sum(-1)
+    output = influence + weights.double()
+    return float(token / (token + error)), float((non_error * output).sum() / output.sum())

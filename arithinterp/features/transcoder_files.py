@@ -1,0 +1,488 @@
+"""Transcoders and SAEs in other tools' files: circuit-tracer's layout and SAELens's.
+
+**circuit-tracer** (0.5.0, ``circuit_tracer/transcoder/single_layer_transcoder.py``): a folder of
+``layer_{i}.safetensors``, one per layer, with ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc [F]``,
+``b_dec [d]``, optionally ``W_skip [d, d]`` and ``activation_function.threshold [F]`` (a JumpReLU;
+without it, ReLU), plus ``config.yaml`` naming ``feature_input_hook`` / ``feature_output_hook``
+(TransformerLens hook names below ``blocks.{i}.``, e.g. ``mlp.hook_in`` and ``hook_mlp_out``).
+Its conventions differ from this package's: it applies ``x @ W_enc.T`` and ``x @ W_skip.T`` (this
+package stores ``W_enc [d, F]`` and ``W_skip [d, d]`` applied as ``x @ W``), and its ``TopK`` keeps
+the k largest pre-activations whatever their sign (``activation="topk_signed"`` here). Its files
+carry no TopK; this package writes ``activation_function`` and ``k`` into ``config.yaml`` (a key
+circuit-tracer does not read) so that a TopK set reads back as it was saved.
+
+**SAELens** (6.x, ``sae_lens/saes/``): one folder per hook point with ``cfg.json``
+(``architecture``, ``d_in``, ``d_sae``, ``d_out`` for transcoders, ``metadata.hook_name`` and
+``metadata.hook_name_out``) and ``sae_weights.safetensors`` with ``W_enc [d_in, d_sae]``,
+``b_enc``, ``W_dec [d_sae, d_out]``, ``b_dec``, ``W_skip [d_out, d_in]`` (applied as ``x @ W_skip.T``)
+and ``threshold`` (JumpReLU). Architectures read: ``transcoder``, ``skip_transcoder``,
+``jumprelu_transcoder``, ``jumprelu_skip_transcoder`` (MLP input → MLP output) and the SAEs
+``standard``, ``topk``, ``jumprelu`` (one site → the same site; ``apply_b_dec_to_input`` and
+``rescale_acts_by_decoder_norm`` are folded into the weights, exactly). SAELens has no TopK
+transcoder: a TopK set is written as ``topk_transcoder`` / ``topk_skip_transcoder`` with its
+``k``, names SAELens 6 does not register, so it refuses the folder instead of running it as ReLU.
+
+Hook names map to this package's sites by :data:`HOOK_SITES`; a loaded set is checked on the
+model's own prompts (:func:`transcoder_fvu`): each layer must reproduce what it writes to an FVU at
+most ``max_fvu``, or the error names the layer, the hook point and the convention that fits better.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from arithinterp import sites as site_lib
+from arithinterp.engine import Read, run
+from arithinterp.engine.decode import batch_size_for
+from arithinterp.errors import AnalysisError, ModelFileError, accepted
+from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
+
+PathLike = Union[str, Path]
+
+# TransformerLens hook names (below ``blocks.{i}.``) -> this package's sites. ``ln2.hook_normalized``
+# is the MLP's input only where the norm has no weight of its own (folded): the FVU check tells.
+HOOK_SITES: dict[str, str] = {
+    "mlp.hook_in": "mlp_in",
+    "ln2.hook_normalized": "mlp_in",
+    "hook_resid_mid": "resid_mid",
+    "hook_resid_pre": "resid_pre",
+    "hook_resid_post": "resid_post",
+    "hook_mlp_out": "mlp_out",
+    "mlp.hook_out": "mlp_out",
+    "hook_attn_out": "attn_out",
+    "mlp.hook_pre": "mlp_pre",
+    "mlp.hook_post": "mlp_post",
+}
+# the name each site is written under (circuit-tracer's ReplacementModel and TransformerLens 4 both have these)
+SITE_HOOKS: dict[str, str] = {"mlp_in": "mlp.hook_in", "mlp_out": "hook_mlp_out", "resid_mid": "hook_resid_mid",
+                              "resid_pre": "hook_resid_pre", "resid_post": "hook_resid_post",
+                              "attn_out": "hook_attn_out", "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post"}
+SAELENS_TRANSCODERS = ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder",
+                       "topk_transcoder", "topk_skip_transcoder")
+SAELENS_SAES = ("standard", "topk", "jumprelu")
+SAELENS_FORMAT = "6.54.12"  # the SAELens version whose cfg.json layout is written
+DEFAULT_MAX_FVU = 0.5
+
+
+def hook_site(hook: str) -> tuple[str, Optional[int]]:
+    """This package's site and the layer (``None`` when the name has no ``blocks.{i}.``) of a
+    TransformerLens hook name (``"blocks.3.hook_mlp_out"`` → ``("mlp_out", 3)``)."""
+    if not isinstance(hook, str):
+        raise AnalysisError(f"a hook name must be a string, got {hook!r}")
+    match = re.fullmatch(r"blocks\.(\d+)\.(.+)", hook)
+    layer, name = (int(match.group(1)), match.group(2)) if match else (None, hook)
+    if name not in HOOK_SITES:
+        raise AnalysisError(f"hook point {hook!r} has no site in this package; hook names read: {accepted(HOOK_SITES)}")
+    return HOOK_SITES[name], layer
+
+
+def _stack(layers: list[int], parts: list[dict], activation: str, k: int, meta: dict,
+           input_site: str, output_site: str, fvu: Optional[list] = None) -> Transcoders:
+    order = sorted(range(len(layers)), key=lambda i: layers[i])
+    layers = [layers[i] for i in order]
+    parts = [parts[i] for i in order]
+    if len(set(layers)) != len(layers):
+        raise ModelFileError(f"two files give the same layer: layers {layers}")
+    shapes = {(tuple(p["W_enc"].shape), tuple(p["W_dec"].shape)) for p in parts}
+    if len(shapes) != 1:
+        raise ModelFileError(f"the layers' weights differ in shape ({sorted(shapes)}); a set needs one shape")
+    d = int(parts[0]["W_enc"].shape[0])
+    stacked = {name: torch.stack([p[name].float() for p in parts]) for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    skip = [p.get("W_skip") for p in parts]
+    stacked["W_skip"] = torch.stack([torch.zeros(d, d) if s is None else s.float() for s in skip])
+    threshold = torch.stack([p["threshold"].float() for p in parts]) if activation == "jumprelu" else None
+    # the FVU the files say the set was trained to (written by this package) sets the check's limit
+    known = bool(fvu) and all(isinstance(v, (int, float)) for v in fvu or [])
+    metrics = {"layers": [{"fvu": float(v)} for v in fvu or []]} if known else {}
+    return Transcoders(**stacked, layers=layers, k=int(k), metrics=metrics, meta=meta, activation=activation,
+                       threshold=threshold, input_site=input_site, output_site=output_site)
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise ModelFileError(f"no weights file at {path}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise ModelFileError(f"{path} is not a readable safetensors file ({error})") from None
+
+
+def _need(tensors: dict, names: Sequence[str], path: Path) -> None:
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise ModelFileError(f"{path} has no {missing[0]!r}; it holds {sorted(tensors)}")
+
+
+# ---- circuit-tracer ---------------------------------------------------------------------------
+
+
+def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, feature_input_hook: Optional[str] = None,
+                                    feature_output_hook: Optional[str] = None, activation: Optional[str] = None,
+                                    k: Optional[int] = None, prompts: Any = None,
+                                    max_fvu: Optional[float] = None) -> Transcoders:
+    """Transcoders from a folder in circuit-tracer's per-layer layout (see the module docstring).
+
+    The hooks and activation come from ``config.yaml`` when it has them, else from the arguments
+    (``activation``: one of :data:`ACTIVATIONS`; a file with ``activation_function.threshold`` is a
+    JumpReLU, one without and with no other word a ReLU; ``topk`` needs ``k``). With ``model``, the
+    set is checked on its own prompts by :func:`transcoder_fvu` (``prompts``: a ``PromptSet`` or
+    token ids ``[N, T]``; default the zoo model's task prompts) and an :class:`AnalysisError` says
+    which layer, hook point or convention does not match.
+    """
+    import yaml
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelFileError(f"{folder} is not a folder; circuit-tracer's layout is a folder of "
+                             "layer_{i}.safetensors")
+    config: dict = {}
+    if (folder / "config.yaml").is_file():
+        config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+        if not isinstance(config, dict):
+            raise ModelFileError(f"{folder / 'config.yaml'} is not a mapping")
+        kind = config.get("model_kind", "transcoder_set")
+        if kind != "transcoder_set":
+            raise ModelFileError(f"{folder / 'config.yaml'} holds a {kind!r}; per-layer transcoders "
+                                 "('transcoder_set') are read, cross-layer transcoders are not")
+    files = config.get("transcoders") or sorted(folder.glob("layer_*.safetensors"),
+                                                key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    if not files:
+        raise ModelFileError(f"{folder} has no layer_{{i}}.safetensors files")
+    paths = [Path(f) if Path(f).is_absolute() else folder / Path(f).name for f in files]
+    input_hook = feature_input_hook or config.get("feature_input_hook")
+    output_hook = feature_output_hook or config.get("feature_output_hook")
+    if not input_hook or not output_hook:
+        raise ModelFileError(f"{folder} does not say which hooks its transcoders read and write (config.yaml's "
+                             "feature_input_hook / feature_output_hook); pass feature_input_hook= and "
+                             "feature_output_hook=, e.g. 'mlp.hook_in' and 'hook_mlp_out'")
+    input_site, _ = hook_site(input_hook)
+    output_site, _ = hook_site(output_hook)
+    parts = []
+    for file in paths:
+        tensors = _tensors(file)
+        _need(tensors, ("W_enc", "W_dec", "b_enc", "b_dec"), file)
+        part = dict(W_enc=tensors["W_enc"].T, W_dec=tensors["W_dec"], b_enc=tensors["b_enc"], b_dec=tensors["b_dec"])
+        if "W_skip" in tensors:
+            part["W_skip"] = tensors["W_skip"].T
+        if "activation_function.threshold" in tensors:
+            part["threshold"] = tensors["activation_function.threshold"]
+        parts.append(part)
+    has_threshold = ["threshold" in p for p in parts]
+    chosen = activation or config.get("activation_function") or ("jumprelu" if all(has_threshold) else "relu")
+    if chosen not in ACTIVATIONS:
+        raise ModelFileError(f"activation {chosen!r} is not one this package runs; accepted: {accepted(ACTIVATIONS)}")
+    if chosen == "jumprelu" and not all(has_threshold):
+        raise ModelFileError(f"a JumpReLU set needs activation_function.threshold in every file; "
+                             f"{paths[has_threshold.index(False)]} has none")
+    k_value = k if k is not None else config.get("k")
+    if chosen.startswith("topk") and not isinstance(k_value, int):
+        raise ModelFileError(f"a TopK set needs k (config.yaml's 'k' or k=); got {k_value!r}")
+    meta = dict(source="circuit-tracer", path=str(folder), feature_input_hook=input_hook,
+                feature_output_hook=output_hook, model_name=config.get("model_name"), scan=config.get("scan"))
+    fvu = config.get("fvu")
+    out = _stack(list(range(len(parts))), parts, chosen, int(k_value or 0), meta, input_site, output_site,
+                 fvu if isinstance(fvu, list) and len(fvu) == len(parts) else None)
+    if model is not None:
+        transcoder_fvu(model, out, prompts, max_fvu=max_fvu)
+    return out
+
+
+def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *, model_name: str = "",
+                                     scan: Optional[str] = None) -> Path:
+    """Write ``transcoders`` in circuit-tracer's layout (``layer_{i}.safetensors`` + ``config.yaml``).
+
+    circuit-tracer reads it with ``load_transcoder_set({i: path/layer_{i}.safetensors}, scan,
+    feature_input_hook, feature_output_hook)``; a TopK set then needs its activation set by hand
+    (circuit-tracer's loader knows ReLU and JumpReLU only; for ``activation="topk"`` that is
+    ``ReLU(TopK(k))``, for ``"topk_signed"`` its own ``TopK(k)``). Returns the folder.
+    """
+    from safetensors.torch import save_file
+
+    from arithinterp.outputs import check_writable_dir
+
+    if not isinstance(transcoders, Transcoders):
+        raise AnalysisError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
+    if transcoders.layers != list(range(len(transcoders.layers))):
+        raise AnalysisError(f"circuit-tracer's layout needs a transcoder for every layer from 0; these cover "
+                            f"{transcoders.layers}")
+    folder = check_writable_dir(path, "write transcoders")
+    names = []
+    skip = bool(transcoders.W_skip.abs().sum() > 0)
+    for i, layer in enumerate(transcoders.layers):
+        tensors = {"W_enc": transcoders.W_enc[i].T, "W_dec": transcoders.W_dec[i], "b_enc": transcoders.b_enc[i],
+                   "b_dec": transcoders.b_dec[i]}
+        if skip:
+            tensors["W_skip"] = transcoders.W_skip[i].T
+        if transcoders.activation == "jumprelu":
+            assert transcoders.threshold is not None
+            tensors["activation_function.threshold"] = transcoders.threshold[i]
+        name = f"layer_{layer}.safetensors"
+        save_file({key: value.detach().float().contiguous() for key, value in tensors.items()}, str(folder / name))
+        names.append(name)
+    config = dict(model_kind="transcoder_set", model_name=model_name or transcoders.meta.get("model", ""),
+                  scan=scan or f"arithinterp-{transcoders.meta.get('model', 'transcoders')}",
+                  feature_input_hook=SITE_HOOKS[transcoders.input_site],
+                  feature_output_hook=SITE_HOOKS[transcoders.output_site], transcoders=names,
+                  activation_function=transcoders.activation, k=transcoders.k)
+    trained = [row.get("fvu") for row in transcoders.metrics.get("layers", [])]
+    if len(trained) == len(transcoders.layers):
+        config["fvu"] = trained
+    (folder / "config.yaml").write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
+    return folder
+
+
+# ---- SAELens ----------------------------------------------------------------------------------
+
+
+def read_saelens(paths: Union[PathLike, Sequence[PathLike]], model: Any = None, *, prompts: Any = None,
+                 max_fvu: Optional[float] = None) -> Transcoders:
+    """Transcoders (or SAEs) from SAELens folders (``cfg.json`` + ``sae_weights.safetensors``): one
+    folder, a list of them, or a folder whose subfolders each hold one. The layer and sites come
+    from ``metadata.hook_name`` / ``hook_name_out``; with ``model`` the set is checked as in
+    :func:`read_circuit_tracer_transcoders`."""
+    if isinstance(paths, (str, Path)):
+        root = Path(paths)
+        folders = [root] if (root / "cfg.json").is_file() else sorted(p.parent for p in root.glob("*/cfg.json"))
+        if not folders:
+            raise ModelFileError(f"{root} holds no cfg.json, nor do its subfolders; SAELens's layout is "
+                                 "cfg.json + sae_weights.safetensors per hook point")
+    else:
+        folders = [Path(p) for p in paths]
+    layers, parts, kinds, sites_seen, fvu = [], [], set(), set(), []
+    for folder in folders:
+        layer, part, kind, sites = _read_saelens_folder(folder)
+        fvu.append(part.pop("fvu", None))
+        layers.append(layer)
+        parts.append(part)
+        kinds.add(kind)
+        sites_seen.add(sites)
+    if len(kinds) != 1 or len(sites_seen) != 1:
+        raise ModelFileError(f"the folders mix activations {sorted(kinds)} or sites {sorted(sites_seen)}; "
+                             "one set has one of each")
+    (activation, k), (input_site, output_site) = kinds.pop(), sites_seen.pop()
+    meta = dict(source="saelens", path=[str(f) for f in folders])
+    out = _stack(layers, parts, activation, k, meta, input_site, output_site,
+                 [fvu[i] for i in sorted(range(len(layers)), key=lambda i: layers[i])])
+    if model is not None:
+        transcoder_fvu(model, out, prompts, max_fvu=max_fvu)
+    return out
+
+
+def _read_saelens_folder(folder: Path) -> tuple[int, dict, tuple[str, int], tuple[str, str]]:
+    cfg_path = folder / "cfg.json"
+    if not cfg_path.is_file():
+        raise ModelFileError(f"{folder} has no cfg.json")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ModelFileError(f"{cfg_path} is not JSON ({error})") from None
+    meta = cfg.get("metadata") or {}
+    arch = cfg.get("architecture", "standard")
+    if arch not in SAELENS_TRANSCODERS + SAELENS_SAES:
+        raise ModelFileError(f"{cfg_path}: architecture {arch!r} is not read; accepted: "
+                             f"{accepted(SAELENS_TRANSCODERS + SAELENS_SAES)}")
+    if cfg.get("normalize_activations", "none") != "none":
+        raise ModelFileError(f"{cfg_path}: normalize_activations={cfg['normalize_activations']!r} rescales inputs at "
+                             "run time, which a fixed transcoder cannot hold; fold it first (SAELens's "
+                             "fold_activation_norm_scaling_factor) or save with normalize_activations='none'")
+    hook_in = meta.get("hook_name") or cfg.get("hook_name")
+    if not hook_in:
+        raise ModelFileError(f"{cfg_path} names no hook point (metadata.hook_name)")
+    input_site, layer = hook_site(hook_in)
+    is_transcoder = arch in SAELENS_TRANSCODERS
+    hook_out = (meta.get("hook_name_out") or cfg.get("hook_name_out")) if is_transcoder else hook_in
+    if not hook_out:
+        raise ModelFileError(f"{cfg_path}: a transcoder needs metadata.hook_name_out")
+    output_site, layer_out = hook_site(hook_out)
+    if layer is None or (layer_out is not None and layer_out != layer):
+        raise ModelFileError(f"{cfg_path}: hooks {hook_in!r} → {hook_out!r} must name one layer (blocks.{{i}}.)")
+    weights = folder / "sae_weights.safetensors"
+    tensors = _tensors(weights)
+    _need(tensors, ("W_enc", "W_dec", "b_enc", "b_dec"), weights)
+    W_enc, b_enc, W_dec, b_dec = (tensors[n].double() for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
+    if not is_transcoder and cfg.get("apply_b_dec_to_input", True):
+        b_enc = b_enc - b_dec @ W_enc  # (x − b_dec) W_enc + b_enc, folded
+    if cfg.get("rescale_acts_by_decoder_norm"):
+        norms = W_dec.norm(dim=-1)  # pre scaled by the norms, decoded acts divided by them: fold both
+        W_enc, b_enc, W_dec = W_enc * norms, b_enc * norms, W_dec / norms[:, None]
+    part: dict = dict(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec, fvu=meta.get("fvu"))
+    if "W_skip" in tensors:
+        part["W_skip"] = tensors["W_skip"].T
+    if "jumprelu" in arch:
+        _need(tensors, ("threshold",), weights)
+        # SAELens runs ReLU(pre)·[pre > t]: the same as pre·[pre > max(t, 0)]
+        part["threshold"] = tensors["threshold"].clamp_min(0)
+        kind = ("jumprelu", 0)
+    elif "topk" in arch:
+        k = cfg.get("k")
+        if not isinstance(k, int):
+            raise ModelFileError(f"{cfg_path}: a TopK architecture needs an int 'k', got {k!r}")
+        kind = ("topk", k)  # SAELens's TopK applies ReLU to the k largest: this package's "topk"
+    else:
+        kind = ("relu", 0)
+    return layer, part, kind, (input_site, output_site)
+
+
+def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str = "") -> Path:
+    """Write ``transcoders`` in SAELens's layout, one folder per layer (``path/layer_{i}/cfg.json``
+    and ``sae_weights.safetensors``); returns ``path``. A set reading and writing the same site is
+    written as an SAE (``standard`` / ``topk`` / ``jumprelu``, ``apply_b_dec_to_input=False``), a
+    transcoder as ``[jumprelu_|topk_][skip_]transcoder``."""
+    from safetensors.torch import save_file
+
+    from arithinterp.outputs import check_writable_dir
+
+    if not isinstance(transcoders, Transcoders):
+        raise AnalysisError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
+    if transcoders.activation == "topk_signed":
+        raise AnalysisError("SAELens has no TopK without ReLU; a 'topk_signed' set can be written in "
+                            "circuit-tracer's layout only")
+    root = check_writable_dir(path, "write transcoders")
+    is_sae = transcoders.input_site == transcoders.output_site
+    skip = bool(transcoders.W_skip.abs().sum() > 0)
+    if is_sae and skip:
+        raise AnalysisError("an SAE (one site read and written) has no skip connection; this set has one")
+    base = {"topk": "topk", "relu": "standard", "jumprelu": "jumprelu"}[transcoders.activation]
+    if not is_sae:
+        prefix = {"topk": "topk_", "relu": "", "jumprelu": "jumprelu_"}[transcoders.activation]
+        base = f"{prefix}{'skip_' if skip else ''}transcoder"
+    d, F = int(transcoders.W_enc.shape[1]), transcoders.n_features
+    trained = [row.get("fvu") for row in transcoders.metrics.get("layers", [])]
+    for i, layer in enumerate(transcoders.layers):
+        folder = check_writable_dir(root / f"layer_{layer}", "write transcoders")
+        tensors = {"W_enc": transcoders.W_enc[i], "b_enc": transcoders.b_enc[i], "W_dec": transcoders.W_dec[i],
+                   "b_dec": transcoders.b_dec[i]}
+        if skip:
+            tensors["W_skip"] = transcoders.W_skip[i].T
+        if transcoders.activation == "jumprelu":
+            assert transcoders.threshold is not None
+            tensors["threshold"] = transcoders.threshold[i]
+        save_file({k: v.detach().float().contiguous() for k, v in tensors.items()},
+                  str(folder / "sae_weights.safetensors"))
+        metadata = dict(sae_lens_version=SAELENS_FORMAT, sae_lens_training_version=SAELENS_FORMAT,
+                        model_name=model_name or transcoders.meta.get("model", ""),
+                        hook_name=f"blocks.{layer}.{SITE_HOOKS[transcoders.input_site]}", hook_head_index=None,
+                        prepend_bos=True)
+        if len(trained) == len(transcoders.layers):
+            metadata["fvu"] = trained[i]  # SAELens keeps unknown metadata keys
+        cfg: dict = dict(architecture=base, d_in=d, d_sae=F, dtype="float32", device="cpu",
+                         apply_b_dec_to_input=False, normalize_activations="none", reshape_activations="none",
+                         metadata=metadata)
+        if not is_sae:
+            cfg["d_out"] = d
+            metadata["hook_name_out"] = f"blocks.{layer}.{SITE_HOOKS[transcoders.output_site]}"
+            metadata["hook_head_index_out"] = None
+        if transcoders.activation == "topk":
+            cfg.update(k=transcoders.k, rescale_acts_by_decoder_norm=False)
+        (folder / "cfg.json").write_text(json.dumps(cfg, indent=1))
+    return root
+
+
+# ---- the check ---------------------------------------------------------------------------------
+
+
+def transcoder_fvu(model: Any, transcoders: Transcoders, prompts: Any = None, *,
+                   max_fvu: Optional[float] = None, raise_above: bool = True) -> dict[int, float]:
+    """FVU per layer (``Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` over every position) of ``transcoders`` on
+    ``prompts`` (a ``PromptSet``, token ids ``[N, T]``, or ``None``: the zoo model's task prompts,
+    500 of them), reading and writing the sites the set names.
+
+    With ``raise_above`` a layer above ``max_fvu`` (default: twice the FVU the set was trained to
+    when its metrics say, else :data:`DEFAULT_MAX_FVU`) raises an :class:`AnalysisError` naming the
+    layer, the hook points and, when one fits better, the reading site or convention that does.
+    """
+    transcoders.check_model(model)
+    for site in (transcoders.input_site, transcoders.output_site):
+        site_lib.check_site(site)
+    tokens = _prompt_tokens(model, prompts)
+    sites = sorted({transcoders.input_site, transcoders.output_site, "mlp_in", "resid_mid"})
+    reads = [Read(site, layer) for layer in transcoders.layers for site in sites]
+    size = batch_size_for(model, int(tokens.shape[1]), n_read=len(reads), plain=True)
+    got: dict = {}
+    with torch.inference_mode():
+        for start in range(0, len(tokens), size):
+            values = run(model, tokens[start : start + size], reads=reads, logits="none").reads
+            for read, value in zip(reads, values):
+                got.setdefault((read.site, read.layer), []).append(value.float().reshape(-1, value.shape[-1]))
+    got = {key: torch.cat(value) for key, value in got.items()}
+    trained = [row.get("fvu") for row in transcoders.metrics.get("layers", [])]
+    out: dict[int, float] = {}
+    for i, layer in enumerate(transcoders.layers):
+        x, y = got[(transcoders.input_site, layer)], got[(transcoders.output_site, layer)]
+        fvu = _fvu(y, transcoders(layer, x))
+        out[layer] = fvu
+        limit = max_fvu if max_fvu is not None else (
+            max(2 * trained[i], 0.05) if i < len(trained) and trained[i] is not None else DEFAULT_MAX_FVU)
+        if raise_above and not fvu <= limit:
+            raise AnalysisError(_mismatch(transcoders, layer, fvu, limit, got, x, y))
+    return out
+
+
+def _fvu(y: torch.Tensor, y_hat: torch.Tensor) -> float:
+    total = ((y - y.mean(0)) ** 2).sum()
+    if float(total) == 0.0:
+        raise AnalysisError("the output does not vary over the prompts; its FVU is undefined")
+    return float(((y - y_hat.float()) ** 2).sum() / total)
+
+
+def _mismatch(transcoders: Transcoders, layer: int, fvu: float, limit: float, got: dict, x: torch.Tensor,
+              y: torch.Tensor) -> str:
+    """The error for a layer above the limit, with the alternative reading that fits best."""
+    i = transcoders.index(layer)
+    tries: dict[str, float] = {}
+    for site in ("mlp_in", "resid_mid"):
+        if site != transcoders.input_site and (site, layer) in got:
+            tries[f"reading {site} ({SITE_HOOKS[site]}) instead of {transcoders.input_site}"] = _fvu(
+                y, transcoders(layer, got[(site, layer)]))
+    pre = x @ transcoders.W_enc[i] + transcoders.b_enc[i]
+    linear = transcoders.b_dec[i] + x @ transcoders.W_skip[i]
+    if transcoders.W_skip.abs().sum() > 0:
+        acts = transcoders.encode(layer, x)
+        tries["W_skip transposed (x @ W_skip.T against x @ W_skip)"] = _fvu(
+            y, acts @ transcoders.W_dec[i] + transcoders.b_dec[i] + x @ transcoders.W_skip[i].T)
+    for name in ACTIVATIONS:
+        if name != transcoders.activation and (name != "jumprelu" or transcoders.threshold is not None):
+            threshold = None if transcoders.threshold is None else transcoders.threshold[i]
+            from arithinterp.features.transcoder import activate
+
+            acts = activate(pre, name, max(transcoders.k, 1), threshold)
+            tries[f"activation {name!r} instead of {transcoders.activation!r}"] = _fvu(
+                y, acts @ transcoders.W_dec[i] + linear)
+    hooks = f"{SITE_HOOKS[transcoders.input_site]} → {SITE_HOOKS[transcoders.output_site]}"
+    message = (f"layer {layer}: the transcoder reproduces what it writes to FVU {fvu:.4g}, above {limit:.4g}, "
+               f"reading blocks.{layer}.{hooks} with activation {transcoders.activation!r}")
+    if tries:
+        best = min(tries, key=lambda key: tries[key])
+        if tries[best] <= limit:
+            return message + f"; {best} gives FVU {tries[best]:.4g}: the files likely follow that convention"
+    return message + ("; no other reading site, skip orientation or activation fits better: check that the set "
+                      "was trained on this model and these hook points")
+
+
+def _prompt_tokens(model: Any, prompts: Any) -> torch.Tensor:
+    if isinstance(prompts, torch.Tensor):
+        if prompts.ndim != 2 or prompts.dtype not in (torch.int64, torch.int32):
+            raise AnalysisError(f"prompts as token ids must be an int tensor [N, T], got {tuple(prompts.shape)}")
+        return prompts
+    if prompts is None:
+        from arithinterp.models.zoo import task_prompts
+
+        name = str(getattr(model.cfg, "model_name", ""))
+        spec = name if name.startswith("zoo:") else f"zoo:{name}"
+        try:
+            prompts = task_prompts(model, spec, 500)
+        except Exception as error:  # not a zoo model: the caller must say which prompts
+            raise AnalysisError(f"no prompts were given and {name!r} has no task of its own ({error}); pass "
+                                "prompts= (a PromptSet or token ids [N, T]) to check the transcoders on") from None
+    tokens = getattr(prompts, "tokens", None)
+    if not isinstance(tokens, torch.Tensor):
+        raise AnalysisError(f"prompts must be a PromptSet or token ids [N, T], got {type(prompts).__name__}")
+    return tokens
