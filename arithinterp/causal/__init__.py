@@ -16,6 +16,9 @@ interchange between two prompts makes the model answer what the causal model pre
 * ``fit`` — :func:`das` (one site) → :class:`DASResult`.
 * ``sweep`` — :func:`das_sweep` (layers × positions) → :class:`DASSweep`;
   :func:`readable_vs_used` → :class:`ReadableUsed`.
+* ``subspace_files`` — a fit's subspace as a pyvene ``LowRankRotatedSpaceIntervention`` save
+  (:func:`write_pyvene`, one intervention per position for a per-position fit, the site mapping
+  beside it) and back (:func:`read_pyvene`); :func:`score_subspace` scores a given subspace.
 """
 
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
@@ -29,6 +32,7 @@ from arithinterp.causal.models import (
 )
 from arithinterp.causal.results import DASResult, DASSweep, ReadableUsed
 from arithinterp.causal.scoring import Site, wilson
+from arithinterp.causal.subspace_files import read_pyvene, score_subspace, write_pyvene
 from arithinterp.causal.sweep import das_sweep, readable_vs_used
 
 __all__ = [
@@ -36,5 +40,6 @@ __all__ = [
     "Interchange", "InterchangeDataset", "PerPosition", "ReadableUsed", "RotatedSubspace", "Site", "Variable",
     "addition", "baseline_subspaces", "das", "das_sweep", "for_prompts", "full_vector", "interchange_dataset",
     "modular_addition", "orthonormal", "principal_angle_cosines", "probe_span", "random_subspace",
-    "readable_vs_used", "single_token_addition", "variables_of", "wilson",
+    "read_pyvene", "readable_vs_used", "score_subspace", "single_token_addition", "variables_of", "wilson",
+    "write_pyvene",
 ]
