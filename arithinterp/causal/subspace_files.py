@@ -15,9 +15,9 @@ keeps, so this module builds the same parametrisation to write and read it.
 
 A per-position fit becomes one intervention per position (keys ``…#0``, ``…#1`` in position
 order). ``arithinterp_site.json`` beside them maps the site: this package's site and layer,
-pyvene's component for Hugging Face models (:data:`PYVENE_COMPONENTS`: ``resid_post`` →
-``block_output``, ``mlp_post`` → ``mlp_activation``, …) and the module path for a TransformerLens
-model (``blocks[1].hook_resid_post.output``), the positions by name, the variable and the IIA.
+pyvene's component (:data:`PYVENE_COMPONENTS`: ``resid_post`` → ``block_output``, ``mlp_post`` →
+``mlp_activation``, …; the names its model mappings use) and the hook of a TransformerLens
+model (``blocks.1.hook_resid_post``), the positions by name, the variable and the IIA.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def basis_from_state(state: dict) -> torch.Tensor:
 
 def write_pyvene(result: DASResult, path: PathLike) -> Path:
     """Write ``result``'s subspace as a pyvene ``IntervenableModel`` save (see the module docstring);
-    returns the folder. pyvene reads it with ``IntervenableModel.load(path, model)``."""
+    returns the folder. pyvene reads it with ``IntervenableModel.load(path, model)``: for a model
+    family pyvene knows, the component names (``block_output``, …) find the module; for a
+    TransformerLens model register its hooks first (``pyvene.type_to_module_mapping[type(model)]``
+    and ``type_to_dimension_mapping``, with the hook names ``arithinterp_site.json`` lists)."""
     from arithinterp.outputs import check_writable_dir
 
     if not isinstance(result, DASResult):
@@ -112,14 +115,14 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
     per_position = result.basis.ndim == 3
     folder = check_writable_dir(path, "write the subspace")
     component = PYVENE_COMPONENTS.get(site)
+    if component is None:
+        raise AnalysisError(f"pyvene has no component for site {site!r}; accepted: {accepted(PYVENE_COMPONENTS)}")
     representations, keys = [], []
     for i, basis in enumerate(bases):
         d, k = (int(n) for n in basis.shape)
-        comp = component or f"blocks[{result.layer}].{TL_HOOKS[site]}.output"
-        representations.append([result.layer, comp, "pos", 1, k, None, None, None, None, None, None, None, None,
+        representations.append([result.layer, component, "pos", 1, k, None, None, None, None, None, None, None, None,
                                 None])
-        key = (f"layer_{result.layer}_comp_{comp}_unit_pos_nunit_1#{i}" if "." not in comp else
-               f"comp_{comp.replace('.', '_')}_unit_pos_nunit_1#{i}")
+        key = f"layer_{result.layer}_comp_{component}_unit_pos_nunit_1#{i}"  # pyvene's key for it
         keys.append(key)
         torch.save(pyvene_state(basis), folder / f"intkey_{key}.bin")
     d = int(bases[0].shape[0])
@@ -129,7 +132,7 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     mapping = dict(format=f"pyvene {PYVENE_VERSION}", site=site, head=int(head.rstrip("]")) if head else None,
                    layer=result.layer, pyvene_component=component,
-                   transformer_lens_component=f"blocks[{result.layer}].{TL_HOOKS[site]}.output",
+                   transformer_lens_hook=f"blocks.{result.layer}.{TL_HOOKS[site]}",
                    positions=positions, per_position=per_position, keys=keys, k=result.k, variable=result.variable,
                    iia=result.iia, model=result.meta.get("model"))
     (folder / SITE_FILE).write_text(json.dumps(mapping, indent=2))
