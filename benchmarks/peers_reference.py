@@ -35,9 +35,9 @@ CHECKPOINTS = ROOT / "arithinterp" / "models" / "checkpoints"
 
 def hooked_transformer(name: str):
     """A zoo model as a TransformerLens 2.x HookedTransformer (weights mapped from the native layout)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
     import tempfile
 
+    from transformer_lens import HookedTransformerConfig
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     folder = CHECKPOINTS / name
@@ -103,7 +103,8 @@ def circuit_tracer_part(out: Path) -> tuple:
     ours = load_file(str(out / "logits.safetensors"))
     with torch.inference_mode():
         theirs = model(ours["tokens"])
-    print(f"zoo:add-100 as a HookedTransformer: logits max abs difference {float((theirs - ours['logits']).abs().max()):.3g}\n")
+    gap = float((theirs - ours["logits"]).abs().max())
+    print(f"zoo:add-100 as a HookedTransformer: logits max abs difference {gap:.3g}\n")
     summary = json.loads((out / "ours.json").read_text())
     (out / "reference").mkdir(exist_ok=True)
     print("| prompt | our JSON valid in circuit-tracer's Model | nodes ours / theirs | max abs edge difference "
@@ -129,7 +130,8 @@ def circuit_tracer_part(out: Path) -> tuple:
         ref_links = {(link["source"], link["target"]): link["weight"] for link in ref["links"]}
         my_links = {(link["source"], link["target"]): link["weight"] for link in mine["links"]}
         same_links = set(ref_links) == set(my_links)
-        link_diff = max((abs(ref_links[key] - my_links[key]) for key in ref_links.keys() & my_links.keys()), default=0.0)
+        link_diff = max((abs(ref_links[key] - my_links[key]) for key in ref_links.keys() & my_links.keys()),
+                        default=0.0)
         replacement, completeness = compute_graph_scores(graph)
         print(f"| {entry['prompt']} | {valid} | {exported['edges'].shape[0]} / {theirs_edges.shape[0]} | {diff:.3g} "
               f"| {same_nodes}, {same_links} ({len(ref['nodes'])} nodes, {len(ref['links'])} links) | {link_diff:.3g} "
@@ -175,10 +177,8 @@ def saelens_part(out: Path, model, transcoders) -> None:
             return cls(TopKSkipTranscoderConfig.from_dict(config_dict))
 
     register_sae_class("topk_skip_transcoder", TopKSkipTranscoder, TopKSkipTranscoderConfig)
-    tokens = load_file(str(out / "das_pairs.safetensors"))  # any prompts; the graphs' will do too
-    prompts = torch.cat([load_file(str(out / "logits.safetensors"))["tokens"]])
+    prompts = load_file(str(out / "logits.safetensors"))["tokens"]  # the graphs' prompts
     _, cache = model.run_with_cache(prompts)
-    del tokens
     print("| layer | SAELens output vs circuit-tracer transcoder (max abs) | FVU against the MLP output (SAELens) |")
     print("|---|---|---|")
     for folder in folders:
@@ -237,7 +237,8 @@ def pyvene_part(out: Path) -> None:
     print("| DAS fit | pairs | IIA here | IIA in pyvene 0.1.8 |")
     print("|---|---|---|---|")
     print(f"| {summary['model']} {summary['variable']} at {summary['site']} L{summary['layer']} "
-          f"{summary['position']}, k={summary['k']} per position | {len(position)} | {summary['iia']:.4f} | {iia:.4f} |")
+          f"{summary['position']}, k={summary['k']} per position | {len(position)} | {summary['iia']:.4f} "
+          f"| {iia:.4f} |")
 
 
 def main() -> None:
