@@ -18,11 +18,13 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
 * ``shipped`` — transcoders trained for the zoo models, shipped in the package, and their recipe.
 * ``transcoder_files`` — transcoders and SAEs in circuit-tracer's and SAELens's layouts, read onto a
   model (hook points mapped, checked by FVU on the model's prompts) and written.
-* ``graph_files`` — graphs as circuit-tracer's viewer JSON (pruned as it prunes) and read from its ``.pt``.
+* ``graph_files`` — graphs as circuit-tracer's viewer JSON (pruned as it prunes);
+  ``graph_reader`` — graphs read from its ``.pt``.
 """
 
 from arithinterp.features.graph import Graph, attribution_graph
-from arithinterp.features.graph_files import read_circuit_tracer_graph, write_circuit_tracer_graph
+from arithinterp.features.graph_files import write_circuit_tracer_graph
+from arithinterp.features.graph_reader import read_circuit_tracer_graph
 from arithinterp.features.interventions import feature_interventions, intervene
 from arithinterp.features.labels import FeatureGrids, feature_grids, feature_maps, label_features, lookup_registry
 from arithinterp.features.paths import PathAblation, feature_paths, path_ablation, path_of

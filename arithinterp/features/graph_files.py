@@ -1,4 +1,4 @@
-"""Attribution graphs in circuit-tracer's files: the viewer's JSON out, its ``Graph.to_pt`` file in.
+"""Attribution graphs in circuit-tracer's files: the viewer's JSON, and its pruning and scores.
 
 The format is circuit-tracer 0.5.0's (``circuit_tracer/frontend/graph_models.py``,
 ``utils/create_graph_files.py``, ``graph.py``):
@@ -16,13 +16,13 @@ The format is circuit-tracer 0.5.0's (``circuit_tracer/frontend/graph_models.py`
   pruning keeps are written (``node_threshold`` on node influence, ``edge_threshold`` on edge
   influence, then nodes left without incoming or outgoing edges dropped), so a graph written here
   holds what circuit-tracer would write for the same edges.
-* **.pt** (``Graph.to_pt``, a pickled dict): ``adjacency_matrix [N, N]`` (rows targets, columns
+* **.pt** (``Graph.to_pt``, a pickled dict; read by
+  :mod:`~arithinterp.features.graph_reader`): ``adjacency_matrix [N, N]`` (rows targets, columns
   sources) over nodes ordered ``[selected features, error nodes (layer-major), embeddings,
   logits]``, ``active_features [n, 3]`` (layer, position, feature), ``selected_features``,
   ``activation_values``, ``logit_targets`` (``LogitTarget(token_str, vocab_idx)``),
   ``logit_probabilities``, ``input_tokens``, ``input_string``, ``cfg`` (``UnifiedConfig``),
-  ``scan``, ``vocab_size``. It is read with ``torch.load(weights_only=True)``: circuit-tracer's two
-  classes are allowed by name onto plain stand-ins, nothing else is unpickled.
+  ``scan``, ``vocab_size``.
 
 This package's :class:`~arithinterp.features.Graph` orders nodes ``[embeddings, features, error
 nodes, logits]``; both files are converted by permutation, the edges themselves are the same
@@ -34,12 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
-from arithinterp.errors import AnalysisError, ResultFileError
-from arithinterp.features.graph import Graph
+from arithinterp.errors import AnalysisError
 
 PathLike = Union[str, Path]
 FORMAT_VERSION = "circuit-tracer 0.5.0"
@@ -53,12 +52,14 @@ def cantor_pairing(x: int, y: int) -> int:
 # ---- circuit-tracer's pruning (graph.py), on its node order --------------------------------------
 
 
-def _normalize(matrix: torch.Tensor) -> torch.Tensor:
+def normalize_rows(matrix: torch.Tensor) -> torch.Tensor:
+    """``|matrix|`` with each row scaled to sum to 1 (rows of zeros stay zero)."""
     normalized = matrix.abs()
     return normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-10)
 
 
-def _influence(A: torch.Tensor, logit_weights: torch.Tensor) -> torch.Tensor:
+def influence_series(A: torch.Tensor, logit_weights: torch.Tensor) -> torch.Tensor:
+    """``w (A + A² + …)``: every node's influence on the weighted logits ``[N]``."""
     current = logit_weights @ A
     influence = current.clone()
     for _ in range(A.shape[0] + 1):  # edges go to later layers only: the series ends
@@ -87,14 +88,14 @@ def circuit_tracer_prune(adjacency: torch.Tensor, logit_probabilities: torch.Ten
     n_logits = len(logit_probabilities)
     weights = torch.zeros(adjacency.shape[0], dtype=adjacency.dtype)
     weights[-n_logits:] = logit_probabilities.to(adjacency.dtype)
-    node_influence = _influence(_normalize(adjacency), weights)
+    node_influence = influence_series(normalize_rows(adjacency), weights)
     node_mask = node_influence >= _threshold(node_influence, node_threshold)
     node_mask[-n_logits - n_tokens:] = True
     pruned = adjacency.clone()
     pruned[~node_mask] = 0
     pruned[:, ~node_mask] = 0
-    normalized = _normalize(pruned)
-    edge_scores = normalized * (_influence(normalized, weights) + weights)[:, None]
+    normalized = normalize_rows(pruned)
+    edge_scores = normalized * (influence_series(normalized, weights) + weights)[:, None]
     edge_mask = edge_scores >= _threshold(edge_scores.flatten(), edge_threshold)
     old = node_mask.clone()
     node_mask[: -n_logits - n_tokens] &= edge_mask[:, : -n_logits - n_tokens].any(0)
@@ -114,7 +115,7 @@ def circuit_tracer_prune(adjacency: torch.Tensor, logit_probabilities: torch.Ten
 # ---- out: the viewer's JSON -----------------------------------------------------------------------
 
 
-def circuit_tracer_order(graph: Graph) -> torch.Tensor:
+def circuit_tracer_order(graph: Any) -> torch.Tensor:
     """Indices into ``graph.nodes`` in circuit-tracer's order: features, error nodes, embeddings, logits."""
     by_kind: dict[str, list[int]] = {kind: [] for kind in ("feature", "error", "embedding", "logit")}
     for i, node in enumerate(graph.nodes):
@@ -126,7 +127,7 @@ def circuit_tracer_order(graph: Graph) -> torch.Tensor:
     return torch.tensor(by_kind["feature"] + by_kind["error"] + by_kind["embedding"] + by_kind["logit"])
 
 
-def write_circuit_tracer_graph(graph: Graph, path: PathLike, *, slug: Optional[str] = None,
+def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str] = None,
                                scan: Optional[str] = None, node_threshold: float = 0.8,
                                edge_threshold: float = 0.98) -> Path:
     """Write ``graph`` as circuit-tracer's viewer JSON (see the module docstring), pruned as
@@ -139,7 +140,7 @@ def write_circuit_tracer_graph(graph: Graph, path: PathLike, *, slug: Optional[s
     """
     from arithinterp.outputs import check_writable_dir
 
-    if not isinstance(graph, Graph):
+    if not all(hasattr(graph, name) for name in ("nodes", "edges", "tokens", "prompt", "meta")):
         raise AnalysisError(f"graph must be a features.Graph, got {type(graph).__name__}")
     missing = [n for n in graph.nodes if "token_id" not in n or (n["kind"] == "logit" and "probability" not in n)]
     if missing:
@@ -212,109 +213,3 @@ def _node(node: dict, influence: float, n_layers: int, first_logit: bool) -> dic
                 feature_type="logit", token_prob=p, is_target_logit=first_logit, run_idx=0, reverse_ctx_idx=0,
                 jsNodeId=f"L_{token}-{position}", clerp=f'Output "{node["token"]}" (p={p:.3f})', influence=None,
                 activation=None)
-
-
-# ---- in: circuit-tracer's .pt ------------------------------------------------------------------
-
-
-class LogitTarget(NamedTuple):
-    """Stand-in for ``circuit_tracer.attribution.targets.LogitTarget`` when reading a ``.pt``."""
-
-    token_str: str
-    vocab_idx: int
-
-
-class UnifiedConfig:
-    """Stand-in for circuit-tracer's model config when reading a ``.pt``: its fields as attributes."""
-
-
-STAND_INS = [(LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
-             (UnifiedConfig, "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig")]
-
-
-def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_threshold: float = 0.8) -> Graph:
-    """A :class:`~arithinterp.features.Graph` from a circuit-tracer ``Graph.to_pt`` file.
-
-    Edges are circuit-tracer's, permuted into this package's node order; ``kept`` is circuit-tracer's
-    pruning at ``node_threshold``; ``influence`` each node's influence on the logits. ``bias`` and
-    ``values`` are not in the file (zero and the sum of incoming edges). ``model`` (optional) gives
-    token strings; without it they are the token ids written out.
-    """
-    file = Path(path)
-    if not file.is_file():
-        raise ResultFileError(f"no circuit-tracer graph file at {file}")
-    try:
-        with torch.serialization.safe_globals(STAND_INS):
-            d = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as error:  # the unpickler raises several types for a file that is not this format
-        raise ResultFileError(f"{file} is not a circuit-tracer graph that loads safely ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''})") from None
-    needed = ("adjacency_matrix", "active_features", "selected_features", "activation_values", "logit_targets",
-              "logit_probabilities", "input_tokens", "cfg")
-    if not isinstance(d, dict) or any(key not in d for key in needed):
-        raise ResultFileError(f"{file} is not a circuit-tracer graph: it needs the keys {', '.join(needed)}")
-    adjacency = d["adjacency_matrix"].float()
-    tokens = d["input_tokens"].flatten().tolist()
-    n_pos = len(tokens)
-    n_layers = int(d["cfg"].n_layers)
-    selected = d["selected_features"].long()
-    features = d["active_features"][selected].long()  # [n, 3] (layer, position, feature)
-    activations = d["activation_values"][selected].float()
-    targets = d["logit_targets"]
-    if isinstance(targets, torch.Tensor):  # graphs written before LogitTarget
-        targets = [LogitTarget("", int(i)) for i in targets.tolist()]
-    n_f, n_logits = len(features), len(targets)
-    if adjacency.shape != (n_f + (n_layers + 1) * n_pos + n_logits,) * 2:
-        raise ResultFileError(f"{file}: adjacency {tuple(adjacency.shape)} does not fit {n_f} features, "
-                              f"{n_layers} layers × {n_pos} positions and {n_logits} logits")
-    probabilities = d["logit_probabilities"].float()
-    strings = ([str(model.to_string(torch.tensor([t]))) for t in tokens] if model is not None
-               else [str(t) for t in tokens])
-    # circuit-tracer's order -> ours: embeddings, features, errors, logits
-    ct_nodes: list[dict] = []
-    for (layer, pos, f), a in zip(features.tolist(), activations.tolist()):
-        ct_nodes.append(dict(kind="feature", layer=layer, position=pos, feature=f, activation=a))
-    for layer in range(n_layers):
-        for pos in range(n_pos):
-            ct_nodes.append(dict(kind="error", layer=layer, position=pos, feature=-1, activation=0.0))
-    for pos in range(n_pos):
-        ct_nodes.append(dict(kind="embedding", layer=-1, position=pos, feature=-1, activation=0.0))
-    for target, p in zip(targets, probabilities.tolist()):
-        ct_nodes.append(dict(kind="logit", layer=n_layers, position=n_pos - 1, feature=int(target.vocab_idx),
-                             activation=0.0, probability=p, token=str(target.token_str)))
-    node_mask, _, _ = circuit_tracer_prune(adjacency, probabilities, n_f, n_pos, node_threshold, 0.98)
-    weights = torch.zeros(len(ct_nodes))
-    weights[-n_logits:] = probabilities
-    influence = _influence(_normalize(adjacency.double()), weights.double()).float()
-    for i, node in enumerate(ct_nodes):
-        node["influence"] = float(influence[i])
-        node["kept"] = bool(node_mask[i])
-        node["label"] = ""
-        node["token_id"] = node["feature"] if node["kind"] == "logit" else tokens[node["position"]]
-        if node["kind"] != "logit" or not node.get("token"):
-            node["token"] = strings[node["position"]] if node["kind"] != "logit" else (
-                str(model.to_string(torch.tensor([node["feature"]]))) if model is not None else str(node["feature"]))
-    kinds = {"embedding": 0, "feature": 1, "error": 2, "logit": 3}
-    ours = sorted(range(len(ct_nodes)), key=lambda i: (kinds[ct_nodes[i]["kind"]], i))
-    order = torch.tensor(ours)
-    edges = adjacency[order][:, order]
-    nodes = [ct_nodes[i] for i in ours]
-    replacement, completeness = _scores(adjacency, weights, n_f, n_layers * n_pos, n_pos)
-    scores = dict(replacement=replacement, completeness=completeness, completeness_all_nodes=completeness,
-                  n_kept=int(node_mask.sum()), n_nodes=len(nodes), n_active_features=n_f)
-    cfg = {k: v for k, v in vars(d["cfg"]).items() if isinstance(v, (str, int, float, bool)) or v is None}
-    meta = dict(source=FORMAT_VERSION, path=str(file), scan=d.get("scan"), model=cfg.get("model_name"), cfg=cfg,
-                node_threshold=node_threshold, completeness="all_nodes")
-    return Graph(nodes=nodes, edges=edges, bias=torch.zeros(len(nodes)), values=edges.sum(1),
-                 prompt=str(d.get("input_string", "")), tokens=strings, scores=scores, meta=meta)
-
-
-def _scores(adjacency: torch.Tensor, weights: torch.Tensor, n_f: int, n_errors: int, n_pos: int) -> tuple[float, float]:
-    """circuit-tracer's ``compute_graph_scores``: replacement and completeness (every node)."""
-    normalized = _normalize(adjacency.double())
-    influence = _influence(normalized, weights.double())
-    token = influence[n_f + n_errors : n_f + n_errors + n_pos].sum()
-    error = influence[n_f : n_f + n_errors].sum()
-    non_error = 1 - normalized[:, n_f : n_f + n_errors].sum(-1)
-    output = influence + weights.double()
-    return float(token / (token + error)), float((non_error * output).sum() / output.sum())
