@@ -81,6 +81,20 @@ class Activations:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.data.values())
 
+    def subset(self, index: Any) -> "Activations":
+        """The activations (and prompts) of the prompts ``index`` selects: a ``[k]`` index or a
+        ``[n_prompts]`` boolean mask, as for a ``PromptSet``."""
+        index = torch.as_tensor(index)
+        if index.dtype == torch.bool and index.shape != (self.n_prompts,):
+            raise ConfigError(f"a mask must have one entry per prompt ({self.n_prompts}), got shape {tuple(index.shape)}")
+        if index.dtype != torch.bool and (index.ndim != 1 or index.is_floating_point()):
+            raise ConfigError(f"index must be a 1-d tensor of prompt indices or a boolean mask, got {index!r}")
+        if index.dtype != torch.bool and len(index) and not -self.n_prompts <= int(index.min()) <= int(
+                index.max()) < self.n_prompts:
+            raise ConfigError(f"prompt indices must lie in [0, {self.n_prompts}), got {index.min()} to {index.max()}")
+        return Activations({site: t[index] for site, t in self.data.items()}, list(self.layers), list(self.positions),
+                           None if self.prompts is None else self.prompts[index], dict(self.meta))
+
 
 def auto_batch_size(model: HookedModel, seq_len: int, returned_bytes: int, low: int = 16, high: int = 1024) -> int:
     """Prompts per forward so that the transient memory stays within half of (output + model)."""

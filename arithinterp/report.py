@@ -658,39 +658,65 @@ def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int],
     return merged, sorted(covered)
 
 
+PROBE_LAYERS = 4  # the fewest layers the probes stage covers before it samples fewer prompts instead
+
+
+def _probe_targets(prompts: Any) -> tuple[str, ...]:
+    """Whole numbers where each is one token; where numbers are spelled out digit by digit, a's
+    units digit, the carry out of the units, and the answer's leading digit (the first token the
+    model writes) and units digit (written last: read at the prompt's end, it is computed ahead)."""
+    if prompts.single_token_operands:
+        return ("a", "answer_digit_0", "answer")
+    varying = [i for i in range(1, 4) if f"answer_digit_{i}" in prompts.label_names()
+               and len(prompts.label(f"answer_digit_{i}").unique()) > 1]
+    return ("a_digit_0", "carry_0") + ((f"answer_digit_{max(varying)}",) if varying else ()) + ("answer_digit_0",)
+
+
 def probes_stage(ctx: Context) -> Section:
     """Probes per target, each against chance, shuffled labels and a random-init model of the
     same architecture on the same prompts: a finding only when the trained model beats all three
-    (readable because of training, not because the input shows it)."""
+    (readable because of training, not because the input shows it).
+
+    Within a budget, prompts come before layers: every prompt is probed (narrower intervals; a
+    few dozen prompts leave a real difference from the random-init model inside the noise) at as
+    many evenly spread layers as fit, and prompts are sampled only when not even
+    :data:`PROBE_LAYERS` layers fit with all of them."""
     from arithinterp import probes
     from arithinterp.activations import collect
 
     prompts = ctx.prompts[: ctx.n_probe_prompts]
-    section = Section(STAGE_TITLES["probes"], sample=require("probes", len(prompts)))
+    require("probes", len(prompts))
     where: dict[str, Any] = dict(sites="resid_post", positions=["a", "b", "final"], progress=False)
     acts = collect(ctx.model, prompts, **where)
     control = collect(ctx.control_model(), prompts, **where)
-    # whole numbers where each is one token; digit by digit (and the carry) where numbers are spelled out
-    targets = (("a", "answer_digit_0", "answer") if prompts.single_token_operands
-               else ("a_digit_0", "carry_0", "answer_digit_0"))
-    probe: dict[str, Any] = dict(kind="logistic", cv=3, control_acts=control, random_state=ctx.seed, progress=False)
-    layers = list(acts.layers)
-    if ctx.budget.seconds != float("inf"):  # every target at one layer timed: as many evenly spread layers as fit
+    targets = _probe_targets(prompts)
+    # five folds when there are prompts enough: a fold-mean's t interval with 2 degrees of freedom is 1.5 times as wide
+    folds = 5 if len(prompts) >= 100 else 3
+    probe: dict[str, Any] = dict(kind="logistic", cv=folds, random_state=ctx.seed, progress=False)
+    layers, fitted = list(acts.layers), ""
+    if ctx.budget.seconds != float("inf"):  # every target at one layer timed on every prompt
         start = time.perf_counter()
         for target in targets:  # each: its classes set the probe's cost (ten digits cost more than a carry)
             with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
-                probes.probe_layers(acts, target, layers=layers[-1:], **probe)
+                probes.probe_layers(acts, target, layers=layers[-1:], control_acts=control, **probe)
         per_layer = time.perf_counter() - start
-        fits = max(1, int(MARGIN * max(ctx.seconds_left(), 0.0) / per_layer))
+        fits = int(MARGIN * max(ctx.seconds_left(), 0.0) / per_layer)
+        if fits < min(PROBE_LAYERS, len(layers)):  # a probe's cost grows about linearly with its prompts
+            keep = max(MINIMUMS["probes"][0], int(len(prompts) * fits / PROBE_LAYERS))
+            if keep < len(prompts):
+                pick = _seeded_pick(len(prompts), keep, ctx.seed)
+                fitted = f"sampled {keep} of {len(prompts)} prompts to fit the {_secs(ctx.budget.seconds)} budget"
+                prompts, acts, control = prompts[pick], acts.subset(pick), control.subset(pick)
+            fits = PROBE_LAYERS
         if fits < len(layers):
             layers = [layers[i] for i in spread(len(layers), fits)]
-            shown = ", ".join(map(str, layers))
-            section.sample += (f"; probed at {len(layers)} of {len(acts.layers)} layers ({shown}) to fit the "
-                               f"{_secs(ctx.budget.seconds)} budget")
+            fitted = _joined(fitted, f"probed at {len(layers)} of {len(acts.layers)} layers "
+                                     f"({', '.join(map(str, layers))}) to fit the {_secs(ctx.budget.seconds)} budget")
+    section = Section(STAGE_TITLES["probes"], sample=_joined(require("probes", len(prompts)), fitted))
     fold_scheme = None  # of the last target probed
     for target in targets:
         try:
-            result = probes.probe_layers(acts, target, layers=layers, **probe)
+            result = probes.probe_layers(acts, target, layers=layers, control_acts=control, **probe)
         except AnalysisError as why:  # e.g. a target with one class among these prompts
             section.findings.append(f"'{target}' not probed: {str(why).rstrip('.')}.")
             continue
@@ -953,9 +979,10 @@ def neurons_stage(ctx: Context) -> Section:
     layers: Optional[list[int]] = None
     fitted = ""
     if ctx.budget.seconds != float("inf"):
-        def pilot(some, layers: list[int]):
-            with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
-                classify(some, layers)
+        def pilot(some, layers: list[int]):  # the model and its random-init control: the page compares the two
+            for model in (ctx.model, ctx.control_model()):
+                with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
+                    classify(some, layers, model)
 
         # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover. Shared: the
         # ranking's forward and backward of each pair reach every layer at once and are most of the cost
@@ -1410,13 +1437,14 @@ class _Page:
         states = [self.state[n] for n in self.names[1:]]
         counts = {kind: sum(1 for st in states if st.startswith(kind)) for kind in FINISHED}
         total = len(states)
+        apply = "does not apply" if counts["not run"] == 1 else "do not apply"
         if counts["done"] + counts["not run"] == total:
             return (f"Complete: all {total} stages ran and state their findings below." if not counts["not run"] else
-                    f"Complete: {counts['done']} of {total} stages state findings; {counts['not run']} do not apply "
+                    f"Complete: {counts['done']} of {total} stages state findings; {counts['not run']} {apply} "
                     "to this model (their sections say why).")
         missing = [f"{counts[kind]} {label}" for kind, label in (
             ("not enough data", "had not enough data"), ("skipped", "did not fit the budget"),
-            ("failed", "failed"), ("not run", "do not apply to this model")) if counts[kind]]
+            ("failed", "failed"), ("not run", f"{apply} to this model")) if counts[kind]]
         advice = []
         if counts["not enough data"]:
             advice.append("too few correctly answered prompts: give the report more time (--budget), more prompts "
@@ -1594,7 +1622,7 @@ def _evaluate_within(model: Any, prompts: Any, seconds: float, cap: float, budge
 
 
 # stages whose own code takes no budget: run at the minimum first, then larger when the time allows
-KNOBS = {"probes": ("n_probe_prompts", "probes", "prompts"), "fourier": ("n_pairs", "helix", "pairs")}
+KNOBS = {"fourier": ("n_pairs", "helix", "pairs")}
 
 
 def _run_stage(ctx: Context, name: str) -> Section:

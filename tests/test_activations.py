@@ -86,3 +86,22 @@ def test_every_site_names_a_real_hook(tiny_model):
     hooks = set(tiny_model.hook_dict)
     for site in HOOKS:
         assert hook_name(site, 1) in hooks, site
+
+
+def test_a_subset_keeps_each_prompts_rows_and_labels(tiny_model, prompts):
+    """``subset`` selects prompts the way a PromptSet does: the same rows of every site and the
+    same prompts (so labels follow), by index or mask; anything else is refused."""
+    from arithinterp.errors import ConfigError
+
+    acts = collect(tiny_model, prompts, sites=["resid_post", "mlp_out"], positions=["a", "final"], progress=False)
+    pick = torch.tensor([5, 0, 3])
+    some = acts.subset(pick)
+    for site in acts.sites:
+        assert torch.equal(some[site], acts[site][pick])
+    assert torch.equal(some.prompts.label("a"), prompts.label("a")[pick])
+    assert (some.layers, some.positions) == (acts.layers, acts.positions)
+    mask = prompts.label("a") % 2 == 0
+    assert torch.equal(acts.subset(mask)["resid_post"], acts["resid_post"][mask])
+    for bad in (torch.tensor([0.5]), torch.ones(2, dtype=torch.bool), torch.tensor([len(prompts)])):
+        with pytest.raises(ConfigError):
+            acts.subset(bad)

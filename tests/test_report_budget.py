@@ -461,7 +461,8 @@ def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six
     evaluation = prompts.evaluate(model)
     ctx = Context(model, "llama6", prompts, prompts, evaluation, pairs, seed=0, correct_only=False)
     sections = {}
-    for name, seconds in (("patching", 70.0), ("digits", 40.0), ("neurons", 30.0), ("circuits", 40.0)):
+    # neurons: the model and its random-init control, each costing the same
+    for name, seconds in (("patching", 70.0), ("digits", 40.0), ("neurons", 60.0), ("circuits", 40.0)):
         ctx.budget, ctx.stage_start = Budget(seconds, forward_seconds=0.1), now[0]
         sections[name] = report.STAGES[name](ctx)
         spent = now[0] - ctx.stage_start
@@ -612,31 +613,68 @@ def test_accuracy_drops_read_as_points_never_as_a_signed_zero():
 
 
 def test_a_stage_timed_at_its_minimum_runs_again_on_what_fits(tiny_model, monkeypatch):
-    """Probes (and the helix test) run at their minimum sample first, then on as many prompts as
-    that run's time per prompt says fit the time left, and the sample line says how many."""
+    """The helix test runs at its minimum sample first, then on as many pairs as that run's time
+    per pair says fit the time left, and the sample line says how many."""
     import arithinterp.report as report
 
     now = [0.0]
     monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
     runs = []
+    minimum = MINIMUMS["helix"][0]
 
-    def probes(ctx):  # 0.1 s a prompt
-        runs.append(ctx.n_probe_prompts)
-        now[0] += 0.1 * ctx.n_probe_prompts
-        return report.Section("probes", sample=f"{ctx.n_probe_prompts} prompts")
+    def fourier(ctx):  # 0.1 s a pair
+        runs.append(ctx.n_pairs)
+        now[0] += 0.1 * ctx.n_pairs
+        return report.Section("fourier", sample=f"{ctx.n_pairs} pairs")
 
-    monkeypatch.setitem(report.STAGES, "probes", probes)
-    prompts = torch.arange(500)
-    ctx = Context(tiny_model, "tiny", prompts, prompts, None, None, budget=Budget(seconds=36.0))
+    monkeypatch.setitem(report.STAGES, "fourier", fourier)
+    pairs = torch.arange(500)
+    ctx = Context(tiny_model, "tiny", pairs, pairs, None, pairs, budget=Budget(seconds=18.0), n_pairs=200)
     ctx.stage_start = now[0]
-    section = report._run_stage(ctx, "probes")
-    # 6 s at the minimum of 60; the 30 s left hold 300 more at 0.1 s each
-    assert runs == [60, 300] and ctx.n_probe_prompts == 1000  # the knob is restored
-    assert section.sample == "300 prompts; sampled 300 of 500 prompts to fit the 36 s budget"
+    section = report._run_stage(ctx, "fourier")
+    # 3 s at the minimum of 30; the 15 s left hold 150 at 0.1 s each
+    assert runs == [minimum, 150] and ctx.n_pairs == 200  # the knob is restored
+    assert section.sample == "150 pairs; sampled 150 of 200 pairs to fit the 18 s budget"
     runs.clear()
-    ctx.budget, ctx.stage_start = Budget(seconds=10.0), now[0]
-    assert report._run_stage(ctx, "probes").sample.endswith("sampled 60 of 500 prompts to fit the 10 s budget")
-    assert runs == [60]  # 40 more would fit, fewer than twice the minimum: the first run stands
+    ctx.budget, ctx.stage_start = Budget(seconds=8.0), now[0]
+    assert report._run_stage(ctx, "fourier").sample.endswith(f"sampled {minimum} of 200 pairs to fit the 8 s budget")
+    assert runs == [minimum]  # 50 more would fit, fewer than twice the minimum: the first run stands
+
+
+def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_tokenizer, monkeypatch):
+    """A probe's cost per layer is timed on every prompt; the stage covers as many spread layers as
+    fit with all of them, and samples prompts only when not even PROBE_LAYERS layers fit."""
+    import arithinterp.report as report
+    from arithinterp import probes
+    from arithinterp.tasks import arithmetic
+
+    from conftest import tiny_bridge
+
+    model = tiny_bridge(digit_tokenizer, n_layers=8)
+    prompts = arithmetic(model, "+", range(10, 40), range(10, 40))[:300]
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    real, seen = probes.probe_layers, []
+
+    def probe_layers(acts, target, layers=None, **kwargs):  # 0.01 s per prompt and layer
+        seen.append((acts.n_prompts, len(layers)))
+        now[0] += 0.01 * acts.n_prompts * len(layers)
+        return real(acts, target, layers=layers, **kwargs)
+
+    monkeypatch.setattr(probes, "probe_layers", probe_layers)
+    n_layers = model.cfg.n_layers
+    # the timing: 3 targets x 3 s at one layer with 300 prompts, then what is left at 3 s a layer per target
+    for seconds, n_prompts, n_probed in ((1e4, 300, n_layers), ((9 + 9 * 5) / report.MARGIN + 1, 300, 5),
+                                         ((9 + 9 * 2) / report.MARGIN + 1, 150, report.PROBE_LAYERS)):
+        seen.clear()
+        ctx = Context(model, "tiny", prompts, prompts, None, None, seed=0, budget=Budget(seconds))
+        ctx.stage_start = now[0]
+        section = report.probes_stage(ctx)
+        assert section.sample.startswith(f"{n_prompts} correctly answered prompts"), section.sample
+        assert seen[-1] == (n_prompts, n_probed), (seconds, seen)
+        assert ("sampled" in section.sample) is (n_prompts < len(prompts))
+        assert ("probed at" in section.sample) is (n_probed < n_layers)
+        assert "folds: 5-fold" in section.sample
 
 
 def test_the_neurons_control_runs_only_when_the_time_left_holds_it(monkeypatch):
