@@ -29,6 +29,9 @@ HOOKS: dict[str, str] = {
     "mlp_post": "blocks.{layer}.mlp.hook_post",
     "ln1_scale": "blocks.{layer}.ln1.hook_scale",  # the norms' divisors [B, T, 1] (frozen in attribution graphs)
     "ln2_scale": "blocks.{layer}.ln2.hook_scale",
+    # the branch norms' divisors (Gemma 2 / 3 norm each attention and MLP output before the residual)
+    "ln1_post_scale": "blocks.{layer}.ln1_post.hook_scale",
+    "ln2_post_scale": "blocks.{layer}.ln2_post.hook_scale",
     "ln_final_scale": "ln_final.hook_scale",
 }
 GLOBAL_SITES = ("embed", "pos_embed", "ln_final_scale")

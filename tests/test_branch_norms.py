@@ -266,3 +266,22 @@ def test_auto_picks_eap_ig_where_every_edge_is_a_whole_forward(gemma):
         score_edges(model, pairs, "fastest", progress=False)
     with pytest.raises(ArithInterpError, match="steps"):
         score_edges(model, pairs, "auto", steps=0, progress=False)
+
+
+def test_attribution_graphs_are_exact_through_the_branch_norms(gemma):
+    """An attribution graph freezes each branch norm's divisor with the other norms': edges plus
+    bias give every active feature's pre-activation (Gemma 2 and 3), and on Gemma 3 the answer
+    logits too. Gemma 2 soft-caps its logits (``tanh``), which no frozen divisor makes linear, so its
+    logits are checked to differ: the check would catch a graph that is not exact."""
+    from arithinterp.features import attribution_graph, train_transcoders
+
+    family, model = gemma
+    prompts = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 2), few_shot=2)
+    transcoders = train_transcoders(model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
+    graph = attribution_graph(model, model.to_string(prompts.tokens[0]), transcoders, n_logits=2, progress=False)
+    assert graph.scores["n_active_features"] > 40
+    assert graph.scores["max_abs_error"] <= 1e-5
+    if family == "gemma3":
+        assert graph.scores["max_rel_error_logits"] <= 1e-5
+    else:
+        assert graph.scores["max_rel_error_logits"] > 1e-3

@@ -119,7 +119,9 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
     n_layers = site_lib.n_layers(model)
     hooks = set(getattr(model, "hook_dict", {}))
     frozen_sites = [("pattern", layer) for layer in range(n_layers)]
-    frozen_sites += [(site, layer) for layer in range(n_layers) for site in ("ln1_scale", "ln2_scale")
+    # the branch norms (Gemma 2 / 3) too: an attention output's norm divides it by its own rms
+    frozen_sites += [(site, layer) for layer in range(n_layers)
+                     for site in ("ln1_scale", "ln1_post_scale", "ln2_scale", "ln2_post_scale")
                      if site_lib.hook_name(site, layer) in hooks]
     if site_lib.hook_name("ln_final_scale") in hooks:
         frozen_sites.append(("ln_final_scale", 0))
