@@ -24,6 +24,7 @@ from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
 from arithinterp.tasks import position_labels
+from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -96,8 +97,11 @@ class Activations:
                            None if self.prompts is None else self.prompts[index], dict(self.meta))
 
 
-def auto_batch_size(model: HookedModel, seq_len: int, returned_bytes: int, low: int = 16, high: int = 1024) -> int:
+@checked
+def auto_batch_size(model: HookedModel, seq_len: PositiveInt, returned_bytes: NonNegativeInt, low: PositiveInt = 16,
+                    high: PositiveInt = 1024) -> int:
     """Prompts per forward so that the transient memory stays within half of (output + model)."""
+    check_belongs(model, "auto_batch_size")
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = 0.5 * (returned_bytes + model_bytes)
     return int(min(high, max(low, budget // forward_bytes_per_prompt(model, seq_len))))
@@ -129,6 +133,7 @@ def _check_storage(dtype: Any, store: Union[str, Path, None]) -> Optional[torch.
     return dtype
 
 
+@checked
 def collect(
     model: HookedModel,
     prompts: PromptSet,

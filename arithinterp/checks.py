@@ -5,7 +5,10 @@
 * :func:`check_model` — the object passed as ``model`` is a hooked model, not a spec string;
 * :func:`architecture` — the facts about a model that results and detectors are tied to, and
   :func:`model_id` the name results give it;
-* :func:`check_tokens` — token ids a forward can take (integers, within the vocabulary and context);
+* :func:`check_tokens` — token ids a forward can take (integers, within the vocabulary and context),
+  and :func:`prompt_tokens` one prompt exactly as given (not empty, no unknown tokens, not cut);
+* :func:`fingerprint` — a hash of a model's weights, which parts and results made on it record and
+  :func:`check_fingerprint` compares;
 * :func:`check_belongs` — prompts, pairs, circuits and detectors were made for this model;
 * :func:`check_pairs` — counterfactual pairs that can be patched (aligned, not empty);
 * :func:`check_choice` — one of a fixed set of names (a metric, a direction, an ablation).
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import os
 import weakref
@@ -20,8 +24,10 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from arithinterp.types import HookedModel
 from arithinterp.errors import (
-    AnalysisError, ArithInterpError, ConfigError, ModelMismatchError, ModelSpecError, SiteError, accepted,
+    AnalysisError, ArithInterpError, ConfigError, ModelMismatchError, ModelSpecError, SiteError, TokenizationError,
+    accepted,
 )
 
 # --- whole numbers ----------------------------------------------------------------------------------
@@ -104,12 +110,94 @@ def architecture(model: Any) -> dict[str, Any]:
 
 
 
-def model_id(model: Any) -> str:
+def model_id(model: HookedModel) -> str:
     """A short human-readable id for a loaded model (the spec it was loaded from, if known)."""
+    check_model(model, "model_id")
     return str(getattr(model, "arithinterp_spec", None) or getattr(model.cfg, "model_name", "model"))
 
 
+_WEIGHTS: "weakref.WeakKeyDictionary[Any, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+_SAMPLE = 256  # values read from each parameter
+
+
+def fingerprint(model: Any) -> str:
+    """A hash of ``model``'s weights (16 hex digits): every parameter's shape and ``_SAMPLE`` values
+    strided across it, rounded to bfloat16 so that the same weights in another dtype or on another
+    device agree. Two models of one shape and vocabulary with different weights get different
+    fingerprints; parts and results made on one carry it (``meta["fingerprint"]``) and are refused on
+    the other. Cached per model until a parameter is changed in place."""
+    parameters = list(model.parameters()) if hasattr(model, "parameters") else []
+    versions = tuple(int(getattr(p, "_version", 0)) for p in parameters)
+    try:
+        cached = _WEIGHTS.get(model)
+    except TypeError:  # not weak-referenceable
+        cached = None
+    if cached is not None and cached[0] == versions:
+        return cached[1]
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for p in parameters:
+            flat = p.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // _SAMPLE)][:_SAMPLE]
+            digest.update(str(tuple(p.shape)).encode())
+            digest.update(sample.to(torch.bfloat16).float().cpu().numpy().tobytes())
+    found = digest.hexdigest()[:16]
+    try:
+        _WEIGHTS[model] = (versions, found)
+    except TypeError:
+        pass
+    return found
+
+
+def check_fingerprint(model: Any, saved: Optional[str], what: str, where: str, origin: Any = None) -> None:
+    """Refuse a part or result whose recorded fingerprint (``saved``; None: made before fingerprints
+    were recorded, not checked) is not ``model``'s."""
+    if saved is None or not hasattr(model, "parameters"):
+        return
+    mine = fingerprint(model)
+    if str(saved) != mine:
+        made_on = f" ({origin})" if origin else ""
+        raise ModelMismatchError(f"{where}: the {what} came from another model{made_on}: its weights' fingerprint "
+                                 f"is {saved}, this model's is {mine}; a model of the same shape is not enough — "
+                                 "make it again on this model")
+
+
 # --- tokens -----------------------------------------------------------------------------------------
+
+
+def prompt_tokens(model: Any, prompt: Any, where: str) -> torch.Tensor:
+    """One prompt as token ids ``[1, T]``, exactly as given: a non-empty string every piece of which
+    the tokenizer knows (no unknown tokens), or token ids ``[T]`` / ``[1, T]`` in the vocabulary;
+    never cut to the context (a longer prompt is refused). Other types are refused."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise TokenizationError(f"{where}: the prompt is empty; give the text to analyse, e.g. '36+59='")
+        try:
+            tokens = model.to_tokens(prompt, truncate=False)
+        except TypeError:  # a model whose to_tokens has no truncate option
+            tokens = model.to_tokens(prompt)
+        unk = getattr(getattr(model, "tokenizer", None), "unk_token_id", None)
+        if unk is not None and bool((tokens == unk).any()):
+            n = int((tokens == unk).sum())
+            raise TokenizationError(f"{where}: {n} piece(s) of the prompt {prompt!r} are not in this model's "
+                                    "vocabulary (they would be read as the unknown token); use only text its "
+                                    "tokenizer knows")
+    elif isinstance(prompt, torch.Tensor) and not isinstance(prompt, bool):
+        tokens = prompt.reshape(1, -1) if prompt.ndim == 1 else prompt
+        if tokens.ndim != 2 or tokens.shape[0] != 1:
+            raise TokenizationError(f"{where}: one prompt at a time: token ids [T] or [1, T], got shape "
+                                    f"{tuple(prompt.shape)}")
+        if tokens.shape[1] == 0:
+            raise TokenizationError(f"{where}: the prompt has no tokens")
+    else:
+        raise TokenizationError(f"{where}: a prompt is a string or a tensor of token ids, got "
+                                f"{type(prompt).__name__} {prompt!r:.60}")
+    try:
+        check_tokens(model, tokens, "the prompt's tokens")
+    except SiteError as error:
+        raise TokenizationError(f"{where}: {error}") from None
+    return tokens
+
 
 
 def check_tokens(model: Any, tokens: Any, what: str = "tokens", extra: int = 0) -> None:
@@ -220,6 +308,7 @@ def check_belongs(model: Any, where: str, **things: Any) -> None:
         if isinstance(meta, dict):
             saved = {**(meta.get("layout") or {}), **(meta.get("architecture") or {})}
             _check_shape(model, saved, what, where, meta.get("model"))
+            check_fingerprint(model, meta.get("fingerprint"), what, where, meta.get("model"))
 
 
 # --- pairs and choices --------------------------------------------------------------------------------

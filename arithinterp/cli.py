@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from typing import Any, Callable, Optional, Sequence, cast
 
-from arithinterp.errors import ArithInterpError, ConfigError
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
 from arithinterp.outputs import fail, print_summary
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
@@ -78,7 +79,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     """Fail on an unwritable output of any command (``OUTPUTS``) now, before its work: a file where a
     folder is needed or the reverse, a folder that cannot be written, a result folder that already
     holds a different result (without ``--overwrite``)."""
-    from arithinterp.outputs import check_writable_dir, check_writable_file
+    from arithinterp.outputs import check_free_dir, check_writable_dir, check_writable_file
     from arithinterp.results import holds_result
 
     for dest, kind in OUTPUTS.get(args.command, {}).items():
@@ -89,6 +90,8 @@ def check_outputs(args: argparse.Namespace) -> None:
             check_writable_file(path, flag)
             continue
         check_writable_dir(path, flag)
+        if kind == "dir":
+            check_free_dir(path, flag, getattr(args, "overwrite", False))
         if kind == "result" and not getattr(args, "overwrite", False) and holds_result(path):
             raise ConfigError(f"{flag}: {path} already holds a saved result; pass --overwrite to replace it, "
                               "or give another folder")
@@ -280,7 +283,7 @@ def train_command(args: argparse.Namespace) -> dict:
     from arithinterp.models.train import train
 
     card = train(args.name, out=Path(args.out) if args.out else None, seed=args.seed, steps=args.steps,
-                 progress=not args.no_progress)
+                 progress=not args.no_progress, overwrite=args.overwrite)
     card.pop("history", None)
     return card
 
@@ -291,7 +294,7 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
     from arithinterp.features.shipped import train_shipped
 
     return train_shipped(args.model, out=args.out, seed=args.seed, steps=args.steps,
-                         progress=not args.no_progress)[1]
+                         progress=not args.no_progress, overwrite=args.overwrite)[1]
 
 
 @command("graph", outputs=_ANALYSIS_OUTPUTS)
@@ -320,25 +323,27 @@ def graph_command(args: argparse.Namespace) -> dict:
 @command("das", outputs=_ANALYSIS_OUTPUTS)
 def das_command(args: argparse.Namespace) -> dict:
     """Distributed alignment search for one causal variable at one site, or over layers x positions."""
-    import re
-
     import pandas as pd
 
     from arithinterp import causal
 
+    layers = _int_list(args.layers, "--layers") if args.sweep and args.layers else None  # before any work
     model, prompts = _model_and_prompts(args)
     variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
     dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
                                          value_from=args.value_from)
     positions = [p for p in args.position.split(",") if p]
     if args.sweep:
-        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
         sweep = causal.das_sweep(model, dataset, args.site, layers, positions, args.k, steps=args.steps, lr=args.lr,
                                  reachable_only=args.reachable_only, seed=args.seed, progress=not args.no_progress)
-        layer, position, iia = sweep.best()
-        return _finish(sweep, args, dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
-                                         best_layer=layer, best_position=position, best_iia=round(iia, 4),
-                                         chance=round(dataset.chance, 4)))
+        summary: dict[str, Any] = dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
+                                       chance=round(dataset.chance, 4))
+        try:
+            layer, position, iia = sweep.best()
+            summary.update(best_layer=layer, best_position=position, best_iia=round(iia, 4))
+        except AnalysisError as error:  # every cell NaN: the sweep is saved, and the run says it found nothing
+            summary.update(best_layer=None, best_position=None, best_iia=None, failed=str(error))
+        return _finish(sweep, args, summary)
     if len(positions) != 1:
         raise ConfigError(f"--position takes one position without --sweep, got {args.position!r}")
     together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
@@ -352,6 +357,14 @@ def das_command(args: argparse.Namespace) -> dict:
                                       site=result.site, layer=args.layer, position=positions[0],
                                       chance=round(result.chance, 4), unreachable=result.meta["unreachable"],
                                       scores=rows.to_dict("records")))
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    """A comma-separated list of ints from a flag (``0,2,5``), else a ConfigError naming the flag."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(re.fullmatch(r"-?\d+", p) for p in parts):
+        raise ConfigError(f"{flag} takes comma-separated whole numbers, e.g. 0,1,2; got {text!r}")
+    return [int(p) for p in parts]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -489,7 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a zoo model from scratch with its recipe")
     p.add_argument("name", choices=sorted(ZOO), help="zoo model to train")
-    p.add_argument("--out", default=None, help="output directory (default: the package's checkpoint folder)")
+    p.add_argument("--out", default=None, help="output directory (default: the package's checkpoint folder, "
+                   "replaced only with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -506,7 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
     p.add_argument("model", help="zoo model, e.g. zoo:add-100")
-    p.add_argument("--out", default=None, help="output directory (default: the package's transcoder folder)")
+    p.add_argument("--out", default=None, help="output directory (default: the package's shipped weights, "
+                   "replaced only with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per layer (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")

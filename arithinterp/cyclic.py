@@ -25,6 +25,7 @@ import torch
 
 from arithinterp.errors import TaskError, accepted
 from arithinterp.tasks import PromptPairs, PromptSet, operand_values, prompts_for_pairs
+from arithinterp.types import checked
 
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
@@ -49,6 +50,7 @@ CONCEPTS: dict[str, Concept] = {
 }
 
 
+@checked
 def concept(name: str) -> Concept:
     """The :class:`Concept` called ``name`` (``"weekday"``, ``"month"``, ``"hour"``)."""
     if name not in CONCEPTS:
@@ -56,6 +58,7 @@ def concept(name: str) -> Concept:
     return CONCEPTS[name]
 
 
+@checked
 def cyclic(
     model_or_tokenizer: Any,
     kind: str = "weekday",
@@ -102,6 +105,7 @@ def cyclic(
     return prompts
 
 
+@checked
 def weekdays(model_or_tokenizer: Any, days: Optional[Iterable[int]] = None,
              offsets: Union[int, Iterable[int], None] = None, template: Optional[str] = None,
              **options: Any) -> PromptSet:
@@ -109,6 +113,7 @@ def weekdays(model_or_tokenizer: Any, days: Optional[Iterable[int]] = None,
     return cyclic(model_or_tokenizer, "weekday", days, offsets, template, **options)
 
 
+@checked
 def months(model_or_tokenizer: Any, months: Optional[Iterable[int]] = None,
            offsets: Union[int, Iterable[int], None] = None, template: Optional[str] = None,
            **options: Any) -> PromptSet:
@@ -116,6 +121,7 @@ def months(model_or_tokenizer: Any, months: Optional[Iterable[int]] = None,
     return cyclic(model_or_tokenizer, "month", months, offsets, template, **options)
 
 
+@checked
 def hours(model_or_tokenizer: Any, hours: Optional[Iterable[int]] = None,
           offsets: Union[int, Iterable[int], None] = None, template: Optional[str] = None,
           **options: Any) -> PromptSet:
@@ -124,6 +130,7 @@ def hours(model_or_tokenizer: Any, hours: Optional[Iterable[int]] = None,
     return cyclic(model_or_tokenizer, "hour", hours, offsets, template, **options)
 
 
+@checked
 def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
                    distinct_first_token: bool = False) -> PromptPairs:
     """Pair every prompt with another prompt *of the same set* that changes the value (``vary="a"``:
@@ -174,6 +181,7 @@ def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
     return PromptPairs(clean, corrupt, vary=vary, seed=seed, meta=meta)
 
 
+@checked
 def period_of(prompts: PromptSet) -> int:
     """The period of a cyclic prompt set (7, 12, 24): the axis length for Fourier and helix fits."""
     info = prompts.meta.get("concept")
@@ -182,6 +190,7 @@ def period_of(prompts: PromptSet) -> int:
     return int(info["period"])
 
 
+@checked
 def wraps(prompts: PromptSet) -> torch.Tensor:
     """How often each prompt wraps around the cycle, ``(a + b) // period`` [N] — the cyclic
     analogue of a carry (``"Saturday + 3 days"`` wraps once); a probe label."""

@@ -44,6 +44,16 @@ def check_writable_dir(path: PathLike, what: str = "out") -> Path:
     return directory
 
 
+def check_free_dir(path: PathLike, what: str = "out", overwrite: bool = False) -> Path:
+    """:func:`check_writable_dir`, and refuse a folder that already holds files unless ``overwrite``:
+    checked before any work, so that nothing is computed that could not be saved."""
+    directory = check_writable_dir(path, what)
+    if not overwrite and directory.is_dir() and any(directory.iterdir()):
+        raise ConfigError(f"{what}: {path} already holds files; pass overwrite=True (--overwrite) to replace them, "
+                          "or give another folder")
+    return directory
+
+
 def check_writable_file(path: PathLike, what: str = "out") -> Path:
     """Make sure the file ``path`` can be (re)written: its folder is writable and it is not a folder."""
     target = Path(path).expanduser()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
 import numpy as np
 import torch
 
-from arithinterp.checks import architecture, model_id
+from arithinterp.checks import architecture, fingerprint, model_id
 from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.types import HookedModel
 
@@ -66,6 +66,7 @@ def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, A
     if model is not None:
         meta["model"] = model_id(model)
         meta["architecture"] = architecture(model)  # what check_belongs compares when the result is reused
+        meta["fingerprint"] = fingerprint(model)  # the weights it was made on (a model of the same shape is not it)
         meta["compatibility_mode"] = bool(getattr(model, "compatibility_mode", False))
     meta.update({k: _plain(v) for k, v in extra.items()})
     return meta
@@ -107,6 +108,16 @@ class Result(abc.ABC):
     @abc.abstractmethod
     def plot(self, **kwargs: Any) -> go.Figure:
         """The result's figure, drawn by :mod:`arithinterp.viz`."""
+
+    def on_model(self, model: HookedModel) -> "Result":
+        """This result declared for use on ``model``, another model of the same shape (a control with
+        other weights, another checkpoint): a copy whose ``meta["fingerprint"]`` is ``model``'s, the
+        one it was made on kept in ``meta["made_on_fingerprint"]``. Without it a result or part made
+        on one model is refused on another (:class:`~arithinterp.errors.ModelMismatchError`)."""
+        meta = dict(getattr(self, "meta", None) or {})
+        meta["made_on_fingerprint"] = meta.get("made_on_fingerprint", meta.get("fingerprint"))
+        meta["fingerprint"] = fingerprint(model)
+        return dataclasses.replace(self, meta=meta)  # pyright: ignore[reportCallIssue]
 
     def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
         """Write the result to directory ``path`` (created if needed); returns the path.

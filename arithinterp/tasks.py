@@ -22,6 +22,7 @@ import torch
 
 from arithinterp.checks import check_belongs, integer
 from arithinterp.errors import PromptIndexError, SiteError, TaskError, TokenizationError, accepted
+from arithinterp.types import NonNegativeInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
@@ -587,6 +588,7 @@ class PromptPairs:
         return self.corrupt.answer_tokens[:, 0]
 
 
+@checked
 def resolve_positions(pairs: PromptPairs, positions: Any) -> tuple[list[str], torch.Tensor]:
     """Position labels and their per-pair indices in the padded frame: ``[n_pos, N]``.
 
@@ -609,6 +611,7 @@ def concat(parts: Sequence[PromptSet]) -> PromptSet: ...
 def concat(parts: Sequence[PromptPairs]) -> PromptPairs: ...
 @overload
 def concat(parts: Sequence[Union[PromptSet, PromptPairs]]) -> Union[PromptSet, PromptPairs]: ...
+@checked
 def concat(parts: Sequence[Union[PromptSet, PromptPairs]]) -> Union[PromptSet, PromptPairs]:
     """Join prompt sets, or prompt pairs, into one, in order.
 
@@ -963,6 +966,7 @@ def _build(
     )
 
 
+@checked
 def arithmetic(
     model_or_tokenizer: Any,
     op: str = "+",
@@ -991,6 +995,7 @@ def arithmetic(
     return prompts_for_pairs(model_or_tokenizer, op, [p[0] for p in grid], [p[1] for p in grid], template, **options)
 
 
+@checked
 def prompts_for_pairs(
     model_or_tokenizer: Any,
     op: str,
@@ -999,7 +1004,7 @@ def prompts_for_pairs(
     template: str = DEFAULT_TEMPLATE,
     *,
     modulus: Optional[int] = None,
-    few_shot: Union[int, str] = 0,
+    few_shot: Union[NonNegativeInt, str] = 0,
     answer_digits: int = 0,
     prepend_bos: Optional[bool] = None,
     scoring: str = "first_token",
@@ -1104,6 +1109,7 @@ def _check_context(model_or_tokenizer: Any, prompts: PromptSet) -> None:
         )
 
 
+@checked
 def number_check(model_or_tokenizer: Any, numbers: Iterable[int] = range(1000)) -> dict[str, list[int]]:
     """Which numbers are one token for this tokenizer (written without a leading space).
 

@@ -12,7 +12,7 @@ from arithinterp.causal.planted import (
     HELIX_DIMS, HUNDREDS_DIM, planted_helix_model, planted_helix_subspace, planted_model, planted_plane,
 )
 from arithinterp.engine import Intervention, run
-from arithinterp.errors import AnalysisError, ArithInterpError, SiteError
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError
 
 
 @pytest.fixture(scope="module")
@@ -249,14 +249,14 @@ def test_das_input_errors(planted):
         causal.das(model, dataset, "attn_z", 0, progress=False)
     with pytest.raises(AnalysisError, match="k must be an int in 1..64"):
         causal.das(model, dataset, k=65, progress=False)
-    with pytest.raises(AnalysisError, match="unknown method"):
-        causal.das(model, dataset, method="pca", progress=False)
+    with pytest.raises(ConfigError, match=r"das: method='pca' is not accepted .*accepts one of 'das', 'boundless'"):
+        causal.das(model, dataset, method="pca", progress=False)  # pyright: ignore[reportArgumentType]
     with pytest.raises(SiteError, match="unknown position"):
         causal.das(model, dataset, position="nowhere", steps=1, progress=False)
     with pytest.raises(ArithInterpError, match="InterchangeDataset"):
         causal.das(model, prompts, progress=False)  # type: ignore[arg-type]
-    with pytest.raises(AnalysisError, match="unknown engine 'stepped'; accepted: auto, hooks"):
-        causal.das(model, dataset, engine="stepped", progress=False)
+    with pytest.raises(ConfigError, match=r"engine='stepped' is not accepted .*engine accepts one of 'auto', 'hooks'"):
+        causal.das(model, dataset, engine="stepped", progress=False)  # pyright: ignore[reportArgumentType]
 
 
 # --- the engine's interchange intervention ---------------------------------------------------------

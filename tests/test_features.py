@@ -453,5 +453,5 @@ def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_feature
     assert int(last["kept"].to_numpy()[along.to_numpy()].sum()) >= 6
     assert influence[along.to_numpy()].sum() > 5 * influence[~along.to_numpy()].sum()
     assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
-    with pytest.raises(AnalysisError, match="list of strings"):
+    with pytest.raises(AnalysisError, match="prompts is empty"):
         graph_sample(model, [], tc)

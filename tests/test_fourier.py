@@ -592,7 +592,7 @@ def test_separability_is_seeded_and_validates_input():
     values, acts = _numbers_as(1, 8, _circle(5))
     first, second = fo.separability(acts, values, (5,)), fo.separability(acts, values, (5,))
     assert torch.equal(first.accuracy, second.accuracy) and torch.equal(first.shuffled, second.shuffled)
-    with pytest.raises(ConfigError, match="whole periods"):
+    with pytest.raises(ConfigError, match="whole periods|periods=.* is not accepted"):
         fo.separability(acts, values, (2.5,))
     with pytest.raises(AnalysisError, match="too few for 5 folds"):
         fo.separability(acts[:6], values[:6], (2,))

@@ -109,9 +109,9 @@ def _prompts(model):
 def test_fractional_layer_is_refused(tiny_model):
     from arithinterp.activations import collect
 
-    with pytest.raises(SiteError, match=r"layers must be whole numbers \(ints\), got 0\.7 \(float\)"):
+    with pytest.raises(ArithInterpError, match=r"layers=\[0\.7\] \(item \[0\]: 0\.7\) is not accepted"):
         collect(tiny_model, _prompts(tiny_model), layers=[0.7], progress=False)
-    with pytest.raises(SiteError, match="layers must be an int or a list of ints, got the string"):
+    with pytest.raises(ArithInterpError, match="layers='1' is not accepted .*str' instances are not allowed"):
         collect(tiny_model, _prompts(tiny_model), layers="1", progress=False)
 
 
@@ -376,13 +376,18 @@ def test_circuit_from_another_model_is_refused(tiny_model, three_layers):
     assert len(circuits.faithfulness(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).values) == 1
 
 
-def test_a_model_of_the_same_shape_accepts_the_circuit(tiny_model, number_tokenizer):
+def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_model, number_tokenizer):
     from arithinterp import circuits
     from tests.conftest import tiny_bridge
 
-    twin = tiny_bridge(number_tokenizer, seed=5)  # other weights, same graph and vocabulary: a valid control
+    from arithinterp.errors import ModelMismatchError
+
+    twin = tiny_bridge(number_tokenizer, seed=5)  # other weights, same graph and vocabulary
     circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
-    assert len(circuits.faithfulness(twin, _pairs(twin), circuit, sizes=[3]).values) == 1
+    with pytest.raises(ModelMismatchError, match="fingerprint"):  # the weights differ: not the model it was made on
+        circuits.faithfulness(twin, _pairs(twin), circuit, sizes=[3])
+    # a control on purpose: the circuit declared for the twin
+    assert len(circuits.faithfulness(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).values) == 1
 
 
 @pytest.mark.slow
@@ -490,12 +495,12 @@ def test_numpy_integers_are_accepted_where_ints_are(tiny_model, call):
 
 
 @pytest.mark.parametrize("value, match", [
-    (2.0, r"few_shot must be an integer >= 0 \(number of examples\) or a prefix string, got 2\.0 \(float\)"),
-    (True, r"few_shot must be an integer >= 0 .*got True \(bool\)"),
-    (-1, r"few_shot must be an integer >= 0 .*got -1"),
+    (2.0, r"few_shot=2\.0 is not accepted .*few_shot accepts a non-negative int .* or a string"),
+    (True, r"few_shot=True is not accepted .*few_shot accepts a non-negative int"),
+    (-1, r"few_shot=-1 is not accepted .*few_shot accepts a non-negative int"),
 ])
 def test_whole_numbers_are_never_truncated(tiny_model, value, match):
-    with pytest.raises(TaskError, match=match):
+    with pytest.raises(ArithInterpError, match=match):
         arithmetic(tiny_model, "+", range(3), range(3), few_shot=value)
 
 
@@ -515,9 +520,11 @@ def test_top_n_takes_a_numpy_integer(tiny_model):
 
     circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
     assert circuits.top_n(circuit, np.int64(5)).n_kept == 5  # pyright: ignore[reportArgumentType]
-    with pytest.raises(ConfigError, match=rf"n must be an integer in 0\.\.{circuit.n_edges} \(the number of edges\), "
-                                          r"got 2\.5 \(float\)"):
+    with pytest.raises(ConfigError, match=r"top_n: n=2\.5 is not accepted .*n accepts a non-negative int"):
         circuits.top_n(circuit, 2.5)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ConfigError, match=rf"n must be an integer in 0\.\.{circuit.n_edges} \(the number of edges\), "
+                                          rf"got {circuit.n_edges + 1}"):
+        circuits.top_n(circuit, circuit.n_edges + 1)
 
 
 def test_something_that_is_not_pairs_is_refused_at_the_entry(tiny_model):

@@ -26,6 +26,7 @@ import torch
 from arithinterp.causal.models import CausalModel, for_prompts
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import PromptSet, answer_text
+from arithinterp.types import checked
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ def _answer_tokens(prompts: PromptSet, rows: list[int], answers: list[int]) -> l
     return out
 
 
+@checked
 def interchange_dataset(
     prompts: PromptSet,
     variable: str,

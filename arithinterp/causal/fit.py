@@ -12,7 +12,7 @@ random rotation of the same ``k``.
 from __future__ import annotations
 
 import random
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -26,25 +26,21 @@ from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import (
     Position, Runs, Site, base_values, batch_size, batches, evaluate, forward, pairs_per_step, reachable,
 )
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import (
+    ByteSize, HookedModel, NonNegativeInt, PositiveFiniteFloat, PositiveInt, Seed, checked,
+)
 
 METHODS = ("das", "boundless")
 BASELINES = ("full", "probe", "pca", "random")
 
 
-def _check(dataset: InterchangeDataset, steps: int, lr: float) -> None:
-    if not isinstance(dataset, InterchangeDataset):
-        raise AnalysisError(f"dataset must be an InterchangeDataset (interchange_dataset(...)), got "
-                            f"{type(dataset).__name__}")
+def _check(dataset: InterchangeDataset) -> None:
     if len(dataset.train) < 2 or len(dataset.test) < 1:
         raise AnalysisError(f"the dataset has {len(dataset.train)} training and {len(dataset.test)} held-out pairs; "
                             "DAS needs at least 2 and 1: use more prompts")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise AnalysisError(f"steps must be a positive int, got {steps!r}")
-    if not lr > 0:
-        raise AnalysisError(f"lr must be positive, got {lr!r}")
 
 
 def train(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Interchange,
@@ -105,25 +101,26 @@ def _flush_subnormal(grad: torch.Tensor) -> torch.Tensor:
     return grad.masked_fill(grad.abs() < torch.finfo(grad.dtype).tiny, 0.0)
 
 
+@checked
 def das(
     model: HookedModel,
     dataset: InterchangeDataset,
     site: str = "resid_post",
-    layer: int = 0,
+    layer: NonNegativeInt = 0,
     position: Position = "final",
-    k: int = 2,
+    k: PositiveInt = 2,
     *,
-    method: str = "das",
-    steps: int = 200,
-    lr: float = 1e-2,
-    baselines: Sequence[str] = BASELINES,
+    method: Literal["das", "boundless"] = "das",
+    steps: PositiveInt = 200,
+    lr: PositiveFiniteFloat = 1e-2,
+    baselines: Sequence[Literal["full", "probe", "pca", "random"]] = BASELINES,
     reachable_only: bool = False,
-    head: Optional[int] = None,
+    head: Optional[NonNegativeInt] = None,
     per_position: bool = False,
-    max_memory: Optional[float] = None,
-    seed: int = 0,
+    max_memory: Optional[ByteSize] = None,
+    seed: Seed = 0,
     progress: bool = True,
-    engine: str = "auto",
+    engine: Literal["auto", "hooks"] = "auto",
 ) -> DASResult:
     """Distributed alignment search for ``dataset.variable`` at one site, layer and position.
 
@@ -153,22 +150,16 @@ def das(
     Returns a :class:`DASResult`: held-out IIA with its 95% interval and logit difference for DAS
     and each baseline, the chance level, the learned basis ``[d, k]`` and the loss history.
     """
-    _check(dataset, steps, lr)
-    if method not in METHODS:
-        raise AnalysisError(f"unknown method {method!r}; accepted: {', '.join(METHODS)}")
-    unknown = [b for b in baselines if b not in BASELINES]
-    if unknown:
-        raise AnalysisError(f"unknown baselines {unknown}; accepted: {', '.join(BASELINES)}")
+    _check(dataset)
+    check_belongs(model, "das", prompts=dataset.base)
     where = Site(site, layer, position, head)
     d = where.check(model)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+    if k > d:
         raise AnalysisError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
     n_positions = 1 if isinstance(position, (str, int)) else len(list(position))
     if per_position and (n_positions < 2 or method != "das"):
         raise AnalysisError(f"per_position gives each of several positions its own subspace: it needs method='das' "
                             f"and at least 2 positions, got method={method!r} and {n_positions} position(s)")
-    if engine not in ("auto", "hooks"):
-        raise AnalysisError(f"unknown engine {engine!r}; accepted: auto, hooks")
     size_eval = batch_size(model, dataset, training=False, max_memory=max_memory)
     size_train = pairs_per_step(model, dataset, max_memory)
     train_rows, test_rows, unreachable = dataset.train, dataset.test, dict(train=0, test=0)
@@ -179,6 +170,9 @@ def das(
         if len(test_rows) < 1:
             raise AnalysisError(f"no held-out pair is reachable from {position!r}: every counterfactual answer differs "
                                 "at a token predicted before it; intervene earlier")
+    if "probe" in baselines and len(torch.unique(dataset.base_value[train_rows])) < 2:  # before training, not after
+        raise AnalysisError(f"{dataset.variable!r} takes one value on the training pairs, so the probe baseline has no "
+                            "direction to fit; leave 'probe' out of baselines, or choose a variable that varies")
     runs = Runs(model, dataset, where, torch.cat([train_rows, test_rows]), max_memory=max_memory, engine=engine)
     sources = runs.source_values(size_eval)
     if runs.stepped:  # resumed runs are small: score many pairs per batch (the runs split it to fit memory)
@@ -216,6 +210,7 @@ def das(
     )
 
 
+@checked
 def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: Site, k: int,
                        which: Sequence[str], size: int, seed: int = 0, rows: Optional[torch.Tensor] = None,
                        per_position: bool = False, runs: Optional[Runs] = None) -> dict[str, Interchange]:
@@ -259,6 +254,7 @@ def _fitted(acts: torch.Tensor, labels: torch.Tensor, k: int, which: Sequence[st
     return out
 
 
+@checked
 def probe_span(acts: torch.Tensor, labels: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """An orthonormal basis ``[d, r]`` of the directions of a logistic probe for ``labels`` fitted on ``acts``."""
     from arithinterp.probes import LogisticProbe

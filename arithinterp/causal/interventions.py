@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from arithinterp.errors import AnalysisError
+from arithinterp.types import checked
 
 
 def _check_dims(d: int, k: int) -> None:
@@ -32,6 +33,7 @@ def _check_dims(d: int, k: int) -> None:
         raise AnalysisError(f"k (dimensions interchanged) must be an int in 1..{d} (the site's width), got {k!r}")
 
 
+@checked
 def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
     """An orthonormal basis ``[d, r]`` of the span of the rows of ``vectors [m, d]`` (rank ``r``)."""
     if vectors.ndim != 2 or vectors.shape[0] == 0:
@@ -89,6 +91,7 @@ class FixedSubspace(Interchange):
         return q
 
 
+@checked
 def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
     """A uniformly random ``k``-dimensional subspace (QR of a seeded Gaussian matrix)."""
     _check_dims(d, k)
@@ -97,6 +100,7 @@ def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
     return FixedSubspace(q.float())
 
 
+@checked
 def full_vector(d: int) -> FixedSubspace:
     """The whole activation interchanged (``Q = I``): the ceiling of any subspace at this site."""
     return FixedSubspace(torch.eye(d))
@@ -190,6 +194,7 @@ class PerPosition(Interchange):
         return max(part.k for part in self.parts)  # type: ignore[attr-defined]
 
 
+@checked
 def principal_angle_cosines(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
     """Cosines of the principal angles between the spans of orthonormal ``q1 [d, k1]`` and ``q2 [d, k2]``
     (descending; 1 = the subspaces share that direction)."""

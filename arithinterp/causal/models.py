@@ -15,11 +15,13 @@ User-defined models are lists of :class:`Variable`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Annotated, Any, Callable, Mapping, Optional, Sequence
 
 import torch
+from pydantic import Field
 
 from arithinterp.errors import AnalysisError, accepted
+from arithinterp.types import Accepts, checked
 
 ROOTS = ("a", "b")
 
@@ -81,7 +83,8 @@ class CausalModel:
             if variable.name in set_to:
                 out[variable.name] = torch.as_tensor(set_to[variable.name]).long().expand_as(out["a"]).clone()
             else:
-                out[variable.name] = torch.as_tensor(variable.function(*[out[p] for p in variable.parents])).long()
+                out[variable.name] = _whole(variable.function(*[out[p] for p in variable.parents]), variable.name,
+                                            self.name)
         return out
 
     def answer(self, a: torch.Tensor, b: torch.Tensor,
@@ -91,10 +94,26 @@ class CausalModel:
 
 
 def _digit(i: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: (x.abs() // 10**i) % 10
+    def digit(x: torch.Tensor) -> torch.Tensor:
+        if bool((x < 0).any()):  # column addition is defined on the digits of non-negative numbers
+            raise AnalysisError(f"column addition reads the digits of non-negative operands; got {int(x.min())}")
+        return (x // 10**i) % 10
+
+    return digit
 
 
-def addition(n_digits: int = 3) -> CausalModel:
+def _whole(value: Any, name: str, model: str) -> torch.Tensor:
+    """A variable's values as a long tensor; values that are not whole numbers are refused, not truncated."""
+    value = torch.as_tensor(value)
+    if value.is_floating_point() or value.is_complex():
+        if not bool(torch.isfinite(value).all()) or not bool((value == value.round()).all()):
+            raise AnalysisError(f"causal model {model!r}: variable {name!r} gave values that are not whole numbers "
+                                f"(e.g. {value.reshape(-1)[0].item()!r}); a variable's function must return integers")
+    return value.long()
+
+
+@checked
+def addition(n_digits: Annotated[int, Field(ge=1, le=18), Accepts("an int in 1..18")] = 3) -> CausalModel:
     """Column addition of two ``n_digits``-digit numbers.
 
     Variables: ``a_digit_i`` / ``b_digit_i`` (0 = units), ``column_sum_i = a_i + b_i``,
@@ -103,8 +122,6 @@ def addition(n_digits: int = 3) -> CausalModel:
     ``product_parity`` (``a·b mod 2``), which the answer does not depend on: a label for the
     control ``interchange_dataset(..., value_from="product_parity")``.
     """
-    if isinstance(n_digits, bool) or not isinstance(n_digits, int) or not 1 <= n_digits <= 18:
-        raise AnalysisError(f"n_digits must be an int in 1..18, got {n_digits!r}")
     variables: list[Variable] = []
     for i in range(n_digits):
         variables += [Variable(f"a_digit_{i}", ("a",), _digit(i), f"digit {i} of a"),
@@ -129,6 +146,7 @@ def addition(n_digits: int = 3) -> CausalModel:
     return CausalModel(f"addition-{n_digits}digit", tuple(variables))
 
 
+@checked
 def single_token_addition(base: int = 10) -> CausalModel:
     """``a + b`` read as ``sum_mod_10`` (its units digit) and ``magnitude`` (``(a + b) // 10``).
 
@@ -148,6 +166,7 @@ def single_token_addition(base: int = 10) -> CausalModel:
     ))
 
 
+@checked
 def modular_addition(p: int = 113) -> CausalModel:
     """``(a + b) mod p`` as ``sum`` (unreduced) and ``wraps`` (``sum >= p``)."""
     if isinstance(p, bool) or not isinstance(p, int) or p < 2:
@@ -162,6 +181,7 @@ def modular_addition(p: int = 113) -> CausalModel:
 BUILT_IN = {"addition": addition, "single_token_addition": single_token_addition, "modular_addition": modular_addition}
 
 
+@checked
 def for_prompts(op: str, modulus: Optional[int], n_digits: int, single_token: bool) -> CausalModel:
     """The built-in causal model for a prompt set: modular addition when it has a modulus, single-token
     addition when every number is one token, else column addition with ``n_digits`` digits."""
@@ -173,6 +193,7 @@ def for_prompts(op: str, modulus: Optional[int], n_digits: int, single_token: bo
     return single_token_addition() if single_token else addition(n_digits)
 
 
+@checked
 def variables_of(model: CausalModel, exclude: Sequence[str] = ()) -> list[str]:
     """The variables one can interchange (everything but the output and ``exclude``)."""
     return [n for n in model.names if n != model.output and n not in exclude]

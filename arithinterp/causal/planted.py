@@ -16,8 +16,12 @@ instead (see its docstring): the ceiling of a units-digit interchange in such a 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+
+from arithinterp.errors import TokenizationError
+from arithinterp.types import PositiveFiniteFloat, checked
 
 PLANE = (20, 21)  # where sum_mod_10 is stored
 TENS_DIM = 22
@@ -39,10 +43,24 @@ def _blank_model(tokenizer, d_model: int, d_mlp: int):
     return model
 
 
-def planted_model(tokenizer, scale: float = 10.0):
-    """The planted model over a number tokenizer whose numbers ``0..19`` are single tokens."""
+def _number_ids(tokenizer: Any, n: int, where: str) -> list[int]:
+    """The token ids of the numbers ``0..n-1``; a tokenizer without one of them as a token is refused."""
+    ids = [tokenizer.convert_tokens_to_ids(str(i)) for i in range(n)]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    missing = [i for i, token in enumerate(ids) if token is None or token == unk]
+    if missing:
+        raise TokenizationError(f"{where} needs the numbers 0..{n - 1} as single tokens; this tokenizer lacks "
+                                f"{missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return ids
+
+
+@checked
+def planted_model(tokenizer: Any, scale: PositiveFiniteFloat = 10.0):
+    """The planted model over a number tokenizer whose numbers ``0..19`` are single tokens (a
+    tokenizer without them is refused: the model would answer its unknown token)."""
+    ids = _number_ids(tokenizer, 20, "planted_model")
     model = _blank_model(tokenizer, d_model=64, d_mlp=100)
-    number = torch.tensor([tokenizer.convert_tokens_to_ids(str(n)) for n in range(20)])
+    number = torch.tensor(ids)
     with torch.no_grad():
         emb = model.embed.original_component.weight
         emb[number[:10], torch.arange(10)] = 1.0  # digit tokens one-hot in dims 0..9
@@ -97,7 +115,8 @@ def _helix(s: int) -> list[float]:
     return out + [math.cos(math.pi * s)]
 
 
-def planted_helix_model(tokenizer, scale: float = 10.0):
+@checked
+def planted_helix_model(tokenizer: Any, scale: PositiveFiniteFloat = 10.0):
     """``a + b`` for ``a, b`` in ``0..99`` (prompt ``{a}+{b}=``) through a planted helix of the sum.
 
     One layer, no norms, ``d_model`` 256. Head 0 copies ``a`` one-hot into dims 0..99 of the final
@@ -114,7 +133,7 @@ def planted_helix_model(tokenizer, scale: float = 10.0):
     number tokenizer whose numbers ``0..198`` are single tokens."""
     positions = HUNDREDS_DIM + 1  # positional one-hots after the code
     model = _blank_model(tokenizer, d_model=256, d_mlp=10000)
-    number = torch.tensor([tokenizer.convert_tokens_to_ids(str(n)) for n in range(199)])
+    number = torch.tensor(_number_ids(tokenizer, 199, "planted_helix_model"))
     with torch.no_grad():
         model.embed.original_component.weight[number[:100], torch.arange(100)] = 1.0  # 0..99 one-hot in dims 0..99
         model.pos_embed.original_component.weight[torch.arange(8), positions + torch.arange(8)] = 1.0

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from arithinterp.errors import AnalysisError
 from arithinterp.results import Result
 
 
@@ -68,7 +69,12 @@ class DASSweep(Result):
     meta: dict = field(default_factory=dict)
 
     def best(self) -> tuple[int, str, float]:
-        """``(layer, position, iia)`` of the best cell (cells without a score, NaN, are passed over)."""
+        """``(layer, position, iia)`` of the best cell (cells without a score, NaN, are passed over).
+
+        Raises :class:`~arithinterp.errors.AnalysisError` when no cell has a score: there is no best one."""
+        if not bool(torch.isfinite(self.iia).any()):
+            raise AnalysisError(f"no cell of this sweep has a score (all {self.iia.numel()} are NaN: no held-out pair "
+                                "reachable from any of its positions), so none is best")
         flat = int(torch.argmax(torch.nan_to_num(self.iia, nan=-1.0)))
         i, j = divmod(flat, self.iia.shape[1])
         return int(self.layers[i]), str(self.positions[j]), float(self.iia[i, j])

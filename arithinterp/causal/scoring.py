@@ -32,12 +32,13 @@ from arithinterp.engine import Intervention, Read, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.engine.interchange import ResumedRuns, resumed_runs
 from arithinterp.errors import AnalysisError, SiteError
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 VECTOR_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post")
 HEAD_SITES = ("attn_z",)  # one vector per position *and head*: name the head
 
 
+@checked
 def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval of a proportion ``correct / n``."""
     if n == 0:

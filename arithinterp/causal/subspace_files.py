@@ -34,6 +34,7 @@ from arithinterp.causal.interventions import FixedSubspace, Interchange, PerPosi
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import Runs, Site, batch_size, evaluate
 from arithinterp.errors import AnalysisError, ResultFileError, accepted
+from arithinterp.types import checked
 
 PathLike = Union[str, Path]
 # this package's site -> pyvene's component name (its Hugging Face model mappings, e.g. GPT-2's)
@@ -97,6 +98,7 @@ def basis_from_state(state: dict) -> torch.Tensor:
         return layer.weight.detach().clone()
 
 
+@checked
 def write_pyvene(result: DASResult, path: PathLike) -> Path:
     """Write ``result``'s subspace as a pyvene ``IntervenableModel`` save (see the module docstring);
     returns the folder. pyvene reads it with ``IntervenableModel.load(path, model)``: for a model
@@ -139,6 +141,7 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
     return folder
 
 
+@checked
 def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[int] = None,
                 positions: Optional[list] = None) -> tuple[Interchange, Site]:
     """A pyvene save of ``LowRankRotatedSpaceIntervention`` s back as this package's interchange
@@ -176,6 +179,7 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
     return intervention, Site(site, int(layer), position, mapping.get("head"))
 
 
+@checked
 def score_subspace(model: Any, dataset: InterchangeDataset, intervention: Interchange, where: Site, *,
                    rows: Optional[torch.Tensor] = None, max_memory: Optional[float] = None) -> dict:
     """IIA (with its 95% interval and logit difference) of a given subspace on ``dataset``'s held-out

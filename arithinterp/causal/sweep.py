@@ -17,26 +17,42 @@ from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
 from arithinterp.causal.fit import das
 from arithinterp.causal.models import CausalModel
 from arithinterp.causal.results import DASSweep, ReadableUsed
-from arithinterp.causal.scoring import reachable
+from arithinterp.causal.scoring import Site, reachable
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
-from arithinterp.types import HookedModel
+from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFiniteFloat, PositiveInt, Seed, checked
 
 
+def _check_cells(model: HookedModel, dataset: InterchangeDataset, site: str, layers: list, positions: list,
+                 k: int) -> None:
+    """Every layer × position a sweep will fit exists on this model and these prompts, and ``k`` fits the
+    site: a misspelt position or a layer past the model fails here, not after the cells before it."""
+    check_belongs(model, "das_sweep", prompts=dataset.base)
+    answers = max(0, int(dataset.base.n_answer_tokens.max()) - 1)
+    for prompts in (dataset.base, dataset.source):
+        prompts.locate(positions, answers=answers)
+    for layer in layers:
+        d = Site(site, layer, positions[0], None).check(model)
+        if k > d:
+            raise AnalysisError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
+
+
+@checked
 def das_sweep(
     model: HookedModel,
     dataset: InterchangeDataset,
     site: str = "resid_post",
-    layers: Optional[Sequence[int]] = None,
+    layers: Optional[IntList] = None,
     positions: Sequence[Union[str, int]] = ("final",),
-    k: int = 2,
+    k: PositiveInt = 2,
     *,
-    steps: int = 200,
-    lr: float = 1e-2,
+    steps: PositiveInt = 200,
+    lr: PositiveFiniteFloat = 1e-2,
     reachable_only: bool = False,
-    max_memory: Optional[float] = None,
-    seed: int = 0,
+    max_memory: Optional[ByteSize] = None,
+    seed: Seed = 0,
     progress: bool = True,
 ) -> DASSweep:
     """One DAS fit per layer × position (each with its random-rotation control) → :class:`DASSweep`.
@@ -44,10 +60,12 @@ def das_sweep(
     ``reachable_only``: each cell trains and scores only the pairs its position can reach (see
     :func:`das`); a position that reaches no held-out pair gets NaN; the held-out pairs scored per
     cell are in ``meta["n_test_per_cell"]`` ``[L, P]``."""
+    check_belongs(model, "das_sweep", prompts=dataset.base)
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     positions = list(positions)
     if not layers or not positions:
         raise AnalysisError("das_sweep needs at least one layer and one position")
+    _check_cells(model, dataset, site, layers, positions, k)  # every cell before the first fit
     shape = (len(layers), len(positions))
     grids = {name: torch.zeros(shape) for name in ("iia", "low", "high", "random_iia", "logit_diff")}
     n_test = torch.zeros(shape, dtype=torch.long)
@@ -76,6 +94,7 @@ def das_sweep(
                     chance=dataset.chance, tokens=names, meta=meta, **grids)
 
 
+@checked
 def readable_vs_used(
     model: HookedModel,
     prompts: PromptSet,
@@ -83,14 +102,14 @@ def readable_vs_used(
     causal_model: Optional[CausalModel] = None,
     *,
     site: str = "resid_post",
-    layers: Optional[Sequence[int]] = None,
+    layers: Optional[IntList] = None,
     position: Union[str, int] = "final",
-    k: int = 2,
-    steps: int = 200,
-    n: Optional[int] = None,
-    lr: float = 1e-2,
-    max_memory: Optional[float] = None,
-    seed: int = 0,
+    k: PositiveInt = 2,
+    steps: PositiveInt = 200,
+    n: Optional[PositiveInt] = None,
+    lr: PositiveFiniteFloat = 1e-2,
+    max_memory: Optional[ByteSize] = None,
+    seed: Seed = 0,
     progress: bool = True,
 ) -> ReadableUsed:
     """Per variable and layer: probe accuracy with folds grouped by operand pair (readable) beside
@@ -101,11 +120,20 @@ def readable_vs_used(
 
     if not variables:
         raise AnalysisError("readable_vs_used needs at least one variable")
+    if len(set(variables)) != len(variables):
+        raise AnalysisError(f"variables names one more than once: {list(variables)}")
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
+    if not layers:
+        raise AnalysisError("readable_vs_used needs at least one layer")
+    # every variable's dataset and every cell are checked before the first fit
+    datasets = {variable: interchange_dataset(prompts, variable, causal_model, n=n, seed=seed)
+                for variable in variables}
+    for dataset in datasets.values():
+        _check_cells(model, dataset, site, layers, [position], k)
     acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=False)
     rows = []
     for variable in tqdm(list(variables), desc="readable vs used", disable=not progress):
-        dataset = interchange_dataset(prompts, variable, causal_model, n=n, seed=seed)
+        dataset = datasets[variable]
         labels = dataset.causal_model.values(prompts.a, prompts.b)[variable]
         readable = None
         if len(torch.unique(labels)) >= 2:

@@ -22,9 +22,10 @@ import numbers
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Annotated, Callable, Optional, Sequence, Union
 
 import torch
+from pydantic import Field
 
 from arithinterp.checks import check_belongs, check_choice, integer
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
@@ -36,9 +37,12 @@ from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, Res
 from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import metric_name
 from arithinterp.results import JSON_FILE, TENSOR_FILE, Result, build_meta
+from arithinterp.types import (
+    Accepts, ByteSize, IndexList, NonNegativeFiniteFloat, NonNegativeInt, OpenUnitFloat, PositiveInt, Probability,
+    checked,
+)
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from arithinterp.tasks import PromptPairs
     from arithinterp.types import HookedModel
@@ -231,6 +235,7 @@ def _stays_from(sizes: torch.Tensor, values: torch.Tensor, target: float) -> Opt
     return None if last == len(order) - 1 else int(sizes[order[last + 1]])
 
 
+@checked
 def score_edges(
     model: HookedModel,
     pairs: PromptPairs,
@@ -306,41 +311,19 @@ def score_edges(
     )
 
 
-def _check_circuit(circuit) -> None:
-    if not isinstance(circuit, Circuit):
-        raise AnalysisError(f"expected a Circuit (from circuits.score_edges), got {type(circuit).__name__}")
-
-
-def _is_int(value) -> bool:
-    """A whole number as Python or numpy spells it (``True`` is not a count)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_batch_sets(batch_sets) -> Optional[int]:
-    # more than the number of sets is fine: it is a cap per forward, and every set still runs
-    if batch_sets is None:
-        return None
-    return integer("batch_sets", batch_sets, minimum=1,
-                   hint=" (edge sets per stacked forward), or None (sized from memory)")
-
-
-def _check_sizes(sizes, n: int) -> list[int]:
-    """Edge counts in ``0..n``, each once, returned ascending."""
+def _check_sizes(sizes: Sequence[int], n: int) -> list[int]:
+    """Edge counts (declared non-negative ints) in ``0..n``, each once, returned ascending."""
     accepted_text = f"a list of whole edge counts in 0..{n} (the number of edges), e.g. [0, 8, 64, {n}]"
-    # tensors and arrays become lists; a 0-d one (like a bare number or string) is not a list of sizes
-    values = sizes.tolist() if hasattr(sizes, "tolist") else sizes
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, range)):
-        raise ConfigError(f"sizes must be {accepted_text}; got {sizes!r} ({type(sizes).__name__})")
-    values = list(values)
+    values = [int(s) for s in sizes]
     if not values:
         raise ConfigError(f"sizes is empty; pass {accepted_text}")
     for i, s in enumerate(values):
-        if not _is_int(s) or not 0 <= s <= n:
+        if s > n:
             raise ConfigError(f"sizes[{i}] = {s!r} is not a whole edge count in 0..{n}; sizes must be {accepted_text}")
     if len(set(values)) < len(values):
         twice = sorted({s for s in values if values.count(s) > 1})
         raise ConfigError(f"sizes {twice} appear more than once; pass each edge count once")
-    return sorted(int(s) for s in values)
+    return sorted(values)
 
 
 def _finite(value) -> Optional[float]:
@@ -350,33 +333,23 @@ def _finite(value) -> Optional[float]:
     return float(value)
 
 
-def _check_number(name: str, value, high: Optional[float] = None) -> float:
-    """A finite real number in ``[0, high]`` (``[0, ∞)`` without ``high``); bools refused."""
-    number = _finite(value)
-    if number is None or number < 0 or (high is not None and number > high):
-        limits = f"in [0, {high:g}]" if high is not None else "≥ 0"
-        raise ConfigError(f"{name} must be a finite number {limits}, got {value!r}")
-    return number
-
-
 def _order(circuit: Circuit) -> torch.Tensor:
     """Edge indices by decreasing |score| (ties: graph order)."""
     return torch.argsort(circuit.scores.abs().nan_to_num(-1.0), descending=True, stable=True)
 
 
-def top_n(circuit: Circuit, n: int) -> Circuit:
+@checked
+def top_n(circuit: Circuit, n: NonNegativeInt) -> Circuit:
     """Keep the ``n`` edges with the largest |score|."""
-    _check_circuit(circuit)
     n = integer("n", n, minimum=0, maximum=circuit.n_edges, hint=" (the number of edges)")
     kept = torch.zeros(circuit.n_edges, dtype=torch.bool)
     kept[_order(circuit)[:n]] = True
     return circuit.with_kept(kept, f"top {n}")
 
 
-def threshold(circuit: Circuit, value: float) -> Circuit:
+@checked
+def threshold(circuit: Circuit, value: NonNegativeFiniteFloat) -> Circuit:
     """Keep the edges with |score| ≥ ``value``."""
-    _check_circuit(circuit)
-    value = _check_number("threshold", value)
     return circuit.with_kept(circuit.scores.abs() >= value, f"|score| >= {value}")
 
 
@@ -445,26 +418,28 @@ def _reported(fractions: dict) -> dict:
     return fractions
 
 
+@checked
 def curve_sizes(n_edges: int) -> list[int]:
     """The faithfulness curve's default sizes: no edge, every power of two below ``n_edges``, every edge."""
     n_edges = integer("n_edges", n_edges, minimum=0)
     return sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
 
 
+@checked
 def faithfulness(
     model: HookedModel,
     pairs: PromptPairs,
     circuit: Circuit,
-    sizes: Union[Sequence[int], torch.Tensor, np.ndarray, None] = None,
+    sizes: Optional[IndexList] = None,
     *,
     ablation: str = "resample",
     metric: Union[str, Callable, None] = None,
-    batch_sets: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    batch_sets: Optional[PositiveInt] = None,
+    max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
-    confidence: float = 0.95,
-    n_boot: int = 1000,
-    seed: int = 0,
+    confidence: OpenUnitFloat = 0.95,
+    n_boot: Annotated[int, Field(ge=100), Accepts("an int >= 100 (bootstrap resamples)")] = 1000,
+    seed: NonNegativeInt = 0,
 ) -> Faithfulness:
     """Faithfulness curve: the normalised metric with the top-``k`` edges by |score| kept, for
     each ``k`` in ``sizes`` (whole edge counts, each once, run and returned ascending; default 0,
@@ -478,10 +453,7 @@ def faithfulness(
     ``metric`` defaults to the circuit's metric by name; a callable metric has to be passed again
     (a saved circuit keeps only its name)."""
     check_belongs(model, "circuits.faithfulness", pairs=pairs, circuit=circuit)
-    _check_circuit(circuit)
     n = circuit.n_edges
-    batch_sets = _check_batch_sets(batch_sets)
-    _check_bootstrap(confidence, n_boot, seed)
     if sizes is None:
         sizes = curve_sizes(n)
     sizes = _check_sizes(sizes, n)
@@ -500,29 +472,21 @@ def faithfulness(
     )
 
 
-def _check_bootstrap(confidence, n_boot, seed) -> None:
-    number = _finite(confidence)
-    if number is None or not 0 < number < 1:
-        raise ConfigError(f"confidence must be a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}")
-    if not _is_int(n_boot) or n_boot < 100:
-        raise ConfigError(f"n_boot must be an integer ≥ 100 (bootstrap resamples), got {n_boot!r}")
-    if not _is_int(seed) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-
-
-def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None,
+@checked
+def circuit_faithfulness(model, pairs, circuit: Circuit, *, ablation: str = "resample",
+                         metric: Union[str, Callable, None] = None,
                          engine: str = "auto") -> float:
     """Normalised faithfulness of the circuit's kept edges (complement ablated). Raises
     AnalysisError when every edge and no edge are not distinguishable (see :func:`faithfulness`)."""
     check_belongs(model, "circuits.circuit_faithfulness", pairs=pairs, circuit=circuit)
-    _check_circuit(circuit)
     got = _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric,
                   engine=engine)
     return float(_reported(_fractions(got, intervals=False))["values"][0])
 
 
-def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric=None,
-               batch_sets: Optional[int] = None, engine: str = "auto"):
+@checked
+def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", metric: Union[str, Callable, None] = None,
+               batch_sets: Optional[PositiveInt] = None, engine: str = "auto"):
     """For each kept edge, the faithfulness lost when it alone is dropped from the circuit.
 
     Returns a DataFrame (edge, score, faithfulness without it, loss); all drops run stacked (at
@@ -531,8 +495,6 @@ def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", me
     check_belongs(model, "circuits.minimality", pairs=pairs, circuit=circuit)
     import pandas as pd
 
-    _check_circuit(circuit)
-    batch_sets = _check_batch_sets(batch_sets)
     ids = torch.nonzero(circuit.kept).flatten()
     if len(ids) == 0:
         raise AnalysisError("the circuit keeps no edges; nothing to drop")
@@ -546,16 +508,18 @@ def minimality(model, pairs, circuit: Circuit, *, ablation: str = "resample", me
                              faithfulness_without=without.tolist(), loss=(full - without).tolist()))
 
 
+@checked
 def prune(
     model: HookedModel,
     pairs: PromptPairs,
     circuit: Circuit,
-    tau: float = 0.01,
+    tau: Annotated[Probability, Accepts("a number in [0, 1]: the largest faithfulness drop accepted when removing "
+                                        "an edge")] = 0.01,
     *,
     ablation: str = "resample",
-    metric=None,
+    metric: Union[str, Callable, None] = None,
     engine: str = "auto",
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     progress: bool = True,
 ) -> Circuit:
     """Greedy ACDC-style pruning verified by exact patching (Conmy et al. 2023).
@@ -570,9 +534,6 @@ def prune(
     check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
     from tqdm.auto import tqdm
 
-    _check_circuit(circuit)
-    # a drop in normalised faithfulness: 0 keeps every edge that matters at all, 1 may drop them all
-    tau = _check_number("tau (the largest faithfulness drop accepted when removing an edge)", tau, 1.0)
     graph = circuit.graph()
     layers = torch.tensor([graph.nodes[graph.node_index[r]].layer for r in circuit.receivers])
     ids = torch.nonzero(circuit.kept).flatten()
@@ -598,11 +559,10 @@ def prune(
                               "ablation": ablation})
 
 
+@checked
 def overlap(a: Circuit, b: Circuit) -> dict:
     """Shared kept edges and nodes of two circuits (e.g. of two operators or models): counts and
     Jaccard indices (|A ∩ B| / |A ∪ B|)."""
-    _check_circuit(a)
-    _check_circuit(b)
     pa, pb = a.meta.get("graph_positions"), b.meta.get("graph_positions")
     if (pa is None) != (pb is None):
         raise AnalysisError(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.checks import check_choice, check_pairs
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.circuits.circuit import SCORE_METHODS, Circuit, score_edges
 from arithinterp.circuits.edges import run_edge_sets
 from arithinterp.circuits.graph import Graph
@@ -25,6 +25,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.metrics import metric_name
 from arithinterp.patching import DIGIT_FEEDS, digit_pairs
 from arithinterp.results import Result, build_meta
+from arithinterp.types import IndexList, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -142,18 +143,19 @@ class DigitCircuits(Result):
         return plot_digit_circuits(self, **kwargs)
 
 
+@checked
 def digit_circuits(
     model: HookedModel,
     pairs: PromptPairs,
     method: str = "eap-ig",
     *,
-    answer_tokens: Optional[Sequence[int]] = None,
+    answer_tokens: Optional[IndexList] = None,
     feed: str = "own",
     positions: Optional[Sequence] = None,
-    steps: int = 5,
+    steps: PositiveInt = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
-    batch_size: int = 64,
+    batch_size: PositiveInt = 64,
     progress: bool = True,
 ) -> DigitCircuits:
     """Score every edge once per answer token (default: every token the answers have).
@@ -167,6 +169,7 @@ def digit_circuits(
     ``"prob"``), or is a callable. ``positions`` (e.g. ``["a[0]", "a[1]", "a", "emit"]``) makes
     the edges positional.
     """
+    check_belongs(model, "circuits.digit_circuits", pairs=pairs)
     check_pairs(pairs)
     check_choice("method", method, SCORE_METHODS)
     check_choice("feed", feed, DIGIT_FEEDS)
@@ -174,12 +177,17 @@ def digit_circuits(
     chosen = list(range(width)) if answer_tokens is None else list(answer_tokens)
     if not chosen or len(set(chosen)) != len(chosen):
         raise ConfigError(f"answer_tokens must be distinct answer token indices, got {answer_tokens!r}")
+    outside = [k for k in chosen if k >= width]
+    if outside:
+        raise ConfigError(f"answer_tokens {outside} are past the answers: every pair's answers have {width} token(s), "
+                          f"so the accepted indices are 0..{width - 1}")
     graph = Graph.of(model, positions)
+    feds = {k: digit_pairs(pairs, k, feed) for k in chosen}  # every answer token is checked before the first scoring
     graph_meta: dict = {}  # the graph as score_edges records it (the same for every answer token)
     per, clean, corrupt, same = [], [], [], []
     cost = dict(forwards=0) if method == "exact" else dict(passes=0)
     for k in chosen:
-        fed = digit_pairs(pairs, k, feed)  # validates k and the answers' lengths
+        fed = feds[k]
         circuit = score_edges(model, fed, method, positions=positions, steps=steps, metric=metric,
                               direction=direction, batch_size=batch_size, progress=progress)
         base = run_edge_sets(model, fed, graph, torch.zeros(0, graph.n_edges), metric)  # unpatched runs only

@@ -46,6 +46,7 @@ from arithinterp.engine.stepping import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.tasks import resolve_positions
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -99,6 +100,7 @@ def _entries(graph: Graph, sets: torch.Tensor) -> EdgeEntries:
     return EdgeEntries(c, p, r, s, sets[c, e])
 
 
+@checked
 def run_edge_sets(
     model: HookedModel,
     pairs: PromptPairs,
@@ -244,6 +246,7 @@ def run_edge_sets(
             "batch_size": pair_batch, "max_memory": budget, "engine": sorted(engines)}
 
 
+@checked
 def patch_edges(
     model: HookedModel,
     pairs: PromptPairs,
@@ -295,6 +298,7 @@ def patch_edges(
             "engine": sorted(engines)}
 
 
+@checked
 def attribute_edges(
     model: HookedModel,
     pairs: PromptPairs,

@@ -40,6 +40,7 @@ from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
 from arithinterp.engine.neuron_inputs import NeuronInputs
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.circuits.graph import Graph
@@ -216,6 +217,7 @@ def neuron_receiver_scores(model: HookedModel, receivers: Sequence[tuple[int, in
     return out
 
 
+@checked
 def patch_neuron_edges(
     model: HookedModel,
     pairs: PromptPairs,

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from arithinterp.errors import ConfigError
+from arithinterp.types import byte_size
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
@@ -66,7 +67,7 @@ def available_bytes() -> Optional[int]:
     return None
 
 
-def memory_budget(model: HookedModel, max_memory: Optional[float] = None) -> int:
+def memory_budget(model: HookedModel, max_memory: Union[float, str, None] = None) -> int:
     """Bytes one step of an analysis may use on top of the model (``max_memory``, validated).
 
     ``None``: half the model's parameter bytes (as evaluation sizes its batches), at least
@@ -80,11 +81,7 @@ def memory_budget(model: HookedModel, max_memory: Optional[float] = None) -> int
         if free is not None:
             budget = min(budget, max(free // 4, 2**26))
         return int(budget)
-    if isinstance(max_memory, bool) or not isinstance(max_memory, (int, float)) or not math.isfinite(max_memory) \
-            or max_memory <= 0:
-        raise ConfigError(f"max_memory must be a positive number of bytes (e.g. 2e9) or None for a budget from "
-                          f"the model's size and the machine's available memory, got {max_memory!r}")
-    return int(max_memory)
+    return byte_size(max_memory)  # None above: a budget from the model's size and the machine's memory
 
 
 def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high: Optional[int] = None,

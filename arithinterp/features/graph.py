@@ -35,7 +35,7 @@ count as complete. ``scores`` holds both (``completeness_features``, ``completen
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Union
 
 import pandas as pd
 import torch
@@ -44,9 +44,11 @@ from tqdm.auto import tqdm
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read, run
 from arithinterp.engine.decode import batch_size_for
+from arithinterp.checks import prompt_tokens
 from arithinterp.errors import AnalysisError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
+from arithinterp.types import IndexList, PositiveInt, PositiveProbability, checked
 
 KINDS = ("embedding", "feature", "error", "logit")
 COMPLETENESS = ("features", "all_nodes")
@@ -132,38 +134,35 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
     return dict(frozen={key: got[key] for key in frozen_sites}, got=got, logits=out.logits)
 
 
+@checked
 def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
-                      n_logits: int = 1, node_threshold: float = 0.8, max_nodes: int = 100,
-                      batch_size: Optional[int] = None, labels: Optional[dict] = None,
-                      zero_positions: Sequence[int] = (), completeness: str = "features",
-                      progress: bool = True) -> Graph:
+                      n_logits: PositiveInt = 1, node_threshold: PositiveProbability = 0.8,
+                      max_nodes: PositiveInt = 100, batch_size: Optional[PositiveInt] = None,
+                      labels: Optional[dict] = None, zero_positions: IndexList = (),
+                      completeness: Literal["features", "all_nodes"] = "features", progress: bool = True) -> Graph:
     """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
     ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
     as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes.
     ``zero_positions``: positions whose features and error nodes are held constant (``(0,)`` as
     circuit-tracer does); ``completeness``: which definition ``scores["completeness"]`` uses, one
-    of :data:`COMPLETENESS` (see the module docstring)."""
+    of :data:`COMPLETENESS` (see the module docstring). The prompt is analysed exactly as given: an
+    empty one, one with pieces the tokenizer does not know, or one longer than the model's context
+    is refused (a :class:`~arithinterp.errors.TokenizationError`), never cut."""
     transcoders.check_model(model)
     if (transcoders.input_site, transcoders.output_site) != ("mlp_in", "mlp_out"):
         raise AnalysisError(f"an attribution graph needs transcoders from mlp_in to mlp_out; these read "
                             f"{transcoders.input_site} and write {transcoders.output_site}")
-    if completeness not in COMPLETENESS:
-        raise AnalysisError(f"completeness must be one of {COMPLETENESS}, got {completeness!r}")
     n_layers = site_lib.n_layers(model)
     if sorted(transcoders.layers) != list(range(n_layers)):
         raise AnalysisError(f"an attribution graph needs a transcoder for every layer 0..{n_layers - 1}; "
                             f"these cover {transcoders.layers}")
-    for name, value in (("n_logits", n_logits), ("max_nodes", max_nodes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise AnalysisError(f"{name} must be a positive int, got {value!r}")
-    if not 0.0 < node_threshold <= 1.0:
-        raise AnalysisError(f"node_threshold must be in (0, 1], got {node_threshold!r}")
-    tokens = model.to_tokens(prompt) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(1, -1)
-    if tokens.ndim != 2 or tokens.shape[0] != 1:
-        raise AnalysisError(f"one prompt at a time: got tokens of shape {tuple(tokens.shape)}")
+    tokens = prompt_tokens(model, prompt, "attribution_graph")
     T = int(tokens.shape[1])
+    vocab = int(model.W_U.shape[-1])
+    if n_logits > vocab:
+        raise AnalysisError(f"n_logits={n_logits} is more answer tokens than the vocabulary's {vocab}")
     zeroed = list(zero_positions)
-    if any(isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < T for p in zeroed):
+    if any(not p < T for p in zeroed):
         raise AnalysisError(f"zero_positions must be positions in 0..{T - 1}, got {zero_positions!r}")
     state = _frozen(model, tokens, transcoders)
     got, real_logits = state["got"], state["logits"][0]

@@ -39,6 +39,7 @@ from typing import Any, Optional, Union
 import torch
 
 from arithinterp.errors import AnalysisError
+from arithinterp.types import checked
 
 PathLike = Union[str, Path]
 FORMAT_VERSION = "circuit-tracer 0.5.0"
@@ -127,6 +128,7 @@ def circuit_tracer_order(graph: Any) -> torch.Tensor:
     return torch.tensor(by_kind["feature"] + by_kind["error"] + by_kind["embedding"] + by_kind["logit"])
 
 
+@checked
 def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str] = None,
                                scan: Optional[str] = None, node_threshold: float = 0.8,
                                edge_threshold: float = 0.98) -> Path:

@@ -16,6 +16,7 @@ import torch
 from arithinterp.errors import ResultFileError
 from arithinterp.features.graph import Graph
 from arithinterp.features.graph_files import FORMAT_VERSION, circuit_tracer_prune, influence_series, normalize_rows
+from arithinterp.types import checked
 
 PathLike = Union[str, Path]
 
@@ -35,6 +36,7 @@ STAND_INS = [(LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
              (UnifiedConfig, "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig")]
 
 
+@checked
 def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_threshold: float = 0.8) -> Graph:
     """A :class:`~arithinterp.features.Graph` from a circuit-tracer ``Graph.to_pt`` file.
 

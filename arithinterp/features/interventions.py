@@ -9,23 +9,28 @@ a second one.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
 from arithinterp.engine import Intervention, run
-from arithinterp.errors import AnalysisError
+from arithinterp.checks import check_tokens
+from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.types import IndexList, IntList, NonNegativeInt, checked
 
 
-def feature_interventions(transcoders: Transcoders, layer: int, features: Sequence[int], *, scale: float = 0.0,
-                          clamp: Optional[float] = None, positions: Optional[Sequence[int]] = None) -> list:
+@checked
+def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, features: IndexList, *,
+                          scale: float = 0.0, clamp: Optional[float] = None,
+                          positions: Optional[IntList] = None) -> list:
     """Engine interventions setting ``features`` of layer ``layer`` to ``scale ×`` their activation
-    (0: zero them) or, with ``clamp``, to that value, at ``positions`` (None: every position)."""
+    (0: zero them) or, with ``clamp``, to that value, at ``positions`` (None: every position; each
+    must lie inside the prompts the interventions are run on, as :func:`intervene` checks)."""
     transcoders.index(layer)
-    chosen = [int(f) for f in features]
-    if not chosen or any(not 0 <= f < transcoders.n_features for f in chosen):
-        raise AnalysisError(f"features must be a non-empty list in 0..{transcoders.n_features - 1}, got {features}")
+    chosen = transcoders.features_of(features)
+    if positions is not None and not len(positions):
+        raise AnalysisError("positions is empty; give None for every position, or the positions to change")
     seen: dict[str, torch.Tensor] = {}
 
     def look(x: torch.Tensor) -> torch.Tensor:
@@ -47,11 +52,19 @@ def feature_interventions(transcoders: Transcoders, layer: int, features: Sequen
     return [Intervention("mlp_in", layer, value=look), Intervention("mlp_out", layer, value=change)]
 
 
-def intervene(model: Any, tokens: torch.Tensor, transcoders: Transcoders, layer: int, features: Sequence[int],
-              **how: Any) -> torch.Tensor:
+@checked
+def intervene(model: Any, tokens: torch.Tensor, transcoders: Transcoders, layer: NonNegativeInt,
+              features: IndexList, *, scale: float = 0.0, clamp: Optional[float] = None,
+              positions: Optional[IntList] = None) -> torch.Tensor:
     """Final-position logits ``[B, V]`` of ``tokens [B, T]`` with the features changed as
-    :func:`feature_interventions` says (``scale=``, ``clamp=``, ``positions=``)."""
+    :func:`feature_interventions` says (``scale``, ``clamp``, ``positions`` in ``-T..T-1``)."""
     transcoders.check_model(model)
-    logits = run(model, tokens, feature_interventions(transcoders, layer, features, **how)).logits
+    check_tokens(model, tokens)
+    T = int(tokens.shape[1])
+    if positions is not None and any(not -T <= int(p) < T for p in positions):
+        raise SiteError(f"positions {list(positions)} are not all positions of prompts of {T} tokens "
+                        f"(accepted: {-T}..{T - 1})")
+    interventions = feature_interventions(transcoders, layer, features, scale=scale, clamp=clamp, positions=positions)
+    logits = run(model, tokens, interventions).logits
     assert logits is not None
     return logits

@@ -16,11 +16,14 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, classify_maps
 from arithinterp.results import Result, build_meta
+from arithinterp.tasks import PromptSet
+from arithinterp.types import IndexList, NonNegativeInt, checked
 
 LOOKUP_FAMILY = "operand lookup table"
 
@@ -30,6 +33,7 @@ def _lookup_table(grid: Grid) -> list[Heuristic]:
                       lambda a, b, i=i, j=j: (a % 10 == i) & (b % 10 == j)) for i in range(10) for j in range(10)]
 
 
+@checked
 def lookup_registry() -> HeuristicRegistry:
     """The built-in heuristic families plus the lookup-table family."""
     registry = HeuristicRegistry()
@@ -37,12 +41,16 @@ def lookup_registry() -> HeuristicRegistry:
     return registry
 
 
-def feature_maps(model: Any, transcoders: Transcoders, prompts: Any, layer: int,
-                 features: Optional[Sequence[int]] = None,
+@checked
+def feature_maps(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
+                 features: Optional[IndexList] = None,
                  position: int = -1) -> tuple[torch.Tensor, torch.Tensor, list, list]:
     """K and KV maps ``[n_features, A, B]`` of ``features`` (None: all) of ``layer`` at ``position``
     (default the final one) over a full operand grid of single-answer-token, equal-length prompts,
     and the grid's ``a`` and ``b`` values."""
+    check_belongs(model, "feature_maps", prompts=prompts)
+    transcoders.check_model(model)
+    transcoders.index(layer)
     a_values, b_values = sorted(set(prompts.a.tolist())), sorted(set(prompts.b.tolist()))
     if len(prompts) != len(a_values) * len(b_values):
         raise AnalysisError(f"prompts must be a full operand grid: {len(prompts)} prompts for "
@@ -52,9 +60,9 @@ def feature_maps(model: Any, transcoders: Transcoders, prompts: Any, layer: int,
     if not prompts.uniform_length:
         raise AnalysisError("feature maps read one position of every prompt: pass prompts of one length")
     T = int(prompts.tokens.shape[1])
-    if isinstance(position, bool) or not isinstance(position, int) or not -T <= position < T:
+    if not -T <= position < T:
         raise AnalysisError(f"position must be an int in {-T}..{T - 1} for prompts of {T} tokens, got {position!r}")
-    chosen = list(range(transcoders.n_features)) if features is None else [int(f) for f in features]
+    chosen = list(range(transcoders.n_features)) if features is None else transcoders.features_of(features)
     ins, _ = mlp_activations(model, prompts.tokens, [layer])
     acts = transcoders.encode(layer, ins[0][:, position])[:, chosen]  # [N, n]
     W_U = model.W_U.detach().float()
@@ -68,12 +76,13 @@ def feature_maps(model: Any, transcoders: Transcoders, prompts: Any, layer: int,
     return k_maps, kv_maps, a_values, b_values
 
 
-def label_features(model: Any, transcoders: Transcoders, prompts: Any, layer: int,
-                   features: Optional[Sequence[int]] = None, position: int = -1, **classify: Any):
+@checked
+def label_features(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
+                   features: Optional[IndexList] = None, position: int = -1, **classify: Any):
     """A :class:`~arithinterp.neurons.HeuristicTable` over ``features`` of ``layer`` at ``position``
     (its ``neurons`` are feature indices), labelled with the built-in families plus the lookup-table
     family; ``classify`` goes to :func:`~arithinterp.neurons.classify_maps`."""
-    chosen = list(range(transcoders.n_features)) if features is None else [int(f) for f in features]
+    chosen = list(range(transcoders.n_features)) if features is None else transcoders.features_of(features)
     k_maps, kv_maps, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
     return classify_maps(k_maps, kv_maps, a_values, b_values, prompts.op, registry=lookup_registry(),
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), **classify)
@@ -109,13 +118,12 @@ class FeatureGrids(Result):
         return plot_feature_grids(self, **kwargs)
 
 
-def feature_grids(model: Any, transcoders: Transcoders, prompts: Any, layer: int, features: Sequence[int],
-                  position: int = -1, labels: Optional[Sequence[str]] = None) -> FeatureGrids:
+@checked
+def feature_grids(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
+                  features: IndexList, position: int = -1, labels: Optional[Sequence[str]] = None) -> FeatureGrids:
     """``features`` of ``layer`` at ``position`` over a full grid of prompts (as :func:`feature_maps`);
     ``.plot()`` draws one operand-grid heatmap per feature, ``labels`` in the panels' titles."""
-    chosen = [int(f) for f in features]
-    if not chosen or any(not 0 <= f < transcoders.n_features for f in chosen):
-        raise AnalysisError(f"features must be a non-empty list in 0..{transcoders.n_features - 1}, got {features}")
+    chosen = transcoders.features_of(features)
     if labels is not None and len(labels) != len(chosen):
         raise AnalysisError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")
     k_maps, _, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 import torch
 
+from arithinterp.checks import check_tokens
 from arithinterp.engine import run
 from arithinterp.errors import AnalysisError
 from arithinterp.features.interventions import feature_interventions
 from arithinterp.features.labels import LOOKUP_FAMILY
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.intervals import ratio_to_reference
+from arithinterp.neurons import HeuristicTable
 from arithinterp.results import Result, build_meta
+from arithinterp.types import IndexList, IntList, NonNegativeInt, OpenUnitFloat, PositiveInt, Seed, checked
 
 LAST_DIGIT, MAGNITUDE = "last digit", "magnitude"
 PATHS = (LAST_DIGIT, MAGNITUDE)
@@ -33,6 +36,7 @@ PATHS = (LAST_DIGIT, MAGNITUDE)
 _LAST_DIGIT_MODULI = (2, 5, 10)
 
 
+@checked
 def path_of(name: str, family: str) -> Optional[str]:
     """The path a heuristic label belongs to (:data:`LAST_DIGIT`, :data:`MAGNITUDE`) or None
     (exact values, other residues, identical operands)."""
@@ -52,7 +56,8 @@ def path_of(name: str, family: str) -> Optional[str]:
     return None
 
 
-def feature_paths(tables: Sequence[Any]) -> dict[str, dict[int, list[int]]]:
+@checked
+def feature_paths(tables: Sequence[HeuristicTable]) -> dict[str, dict[int, list[int]]]:
     """``{path: {layer: [features]}}`` from :func:`~arithinterp.features.label_features` tables (one
     per layer). A feature goes to a path when all of its labels that belong to a path belong to
     that one; features with labels of both paths (or of neither) are left out."""
@@ -99,11 +104,12 @@ class PathAblation(Result):
         return plot_path_ablation(self, **kwargs)
 
 
-def _count(features: dict[int, list[int]]) -> int:
+def _count(features: Mapping[int, Sequence[int]]) -> int:
     return sum(len(v) for v in features.values())
 
 
-def _interventions(transcoders: Transcoders, features: dict[int, list[int]], positions: Optional[list[int]]) -> list:
+def _interventions(transcoders: Transcoders, features: Mapping[int, Sequence[int]],
+                   positions: Optional[list[int]]) -> list:
     out = []
     for layer, chosen in sorted(features.items()):
         if chosen:
@@ -111,10 +117,11 @@ def _interventions(transcoders: Transcoders, features: dict[int, list[int]], pos
     return out
 
 
+@checked
 def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, answers: torch.Tensor,
-                  paths: dict[str, dict[int, list[int]]], *, n_random: int = 5,
-                  positions: Optional[Sequence[int]] = (-1,),
-                  confidence: float = 0.95, n_boot: int = 1000, seed: int = 0, batch_size: int = 256) -> PathAblation:
+                  paths: dict[str, dict[NonNegativeInt, IndexList]], *, n_random: PositiveInt = 5,
+                  positions: Optional[IntList] = (-1,), confidence: OpenUnitFloat = 0.95,
+                  n_boot: PositiveInt = 1000, seed: Seed = 0, batch_size: PositiveInt = 256) -> PathAblation:
     """Zero each path's features (``paths``: ``{name: {layer: [features]}}``, e.g. from
     :func:`feature_paths`) at ``positions`` (default the final one; None: every position) of
     ``tokens [N, T]`` and read the demeaned logit of ``answers [N]`` (token ids) at the final
@@ -122,29 +129,28 @@ def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, an
     draws of as many features per layer from the features of that layer outside it (seeded), their
     logits averaged per prompt."""
     transcoders.check_model(model)
-    tokens = torch.as_tensor(tokens)
-    answers = torch.as_tensor(answers).long()
+    check_tokens(model, tokens)
+    if answers.dtype == torch.bool or answers.is_floating_point() or answers.is_complex():
+        raise AnalysisError(f"answers must be integer token ids, got dtype {answers.dtype}")
+    answers = answers.long()
     if tokens.ndim != 2 or answers.shape != (tokens.shape[0],) or tokens.shape[0] < 2:
         raise AnalysisError(f"tokens must be [N ≥ 2, T] and answers [N]; got {tuple(tokens.shape)} and "
                             f"{tuple(answers.shape)}")
     if not paths or any(_count(f) == 0 for f in paths.values()):
         raise AnalysisError(f"paths must map each name to a non-empty {{layer: [features]}}; got sizes "
                             f"{ {k: _count(v) for k, v in paths.items()} }")
-    if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 1:
-        raise AnalysisError(f"n_random must be a positive int, got {n_random!r}")
-    for features in paths.values():
-        for layer in features:
-            transcoders.index(layer)
+    paths = {name: {layer: transcoders.features_of(chosen, f"path {name!r} at layer {layer}")
+                    for layer, chosen in features.items() if transcoders.index(layer) >= 0}
+             for name, features in paths.items()}
     T, V = int(tokens.shape[1]), int(model.W_U.shape[-1])
-    if positions is not None and (not len(positions) or any(isinstance(p, bool) or not isinstance(p, int)
-                                                             or not -T <= p < T for p in positions)):
+    if positions is not None and (not len(positions) or any(not -T <= p < T for p in positions)):
         raise AnalysisError(f"positions must be None or a non-empty list of ints in {-T}..{T - 1}, got {positions!r}")
     if bool(((answers < 0) | (answers >= V)).any()):
         raise AnalysisError(f"answers must be token ids in 0..{V - 1}")
     where = None if positions is None else [int(p) for p in positions]
     generator = torch.Generator().manual_seed(seed)
 
-    def measure(features: dict[int, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def measure(features: Mapping[int, Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         interventions = _interventions(transcoders, features, where)
         logits, correct = [], []
         for start in range(0, len(tokens), batch_size):

@@ -16,8 +16,10 @@ from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.types import checked
 
 
+@checked
 def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
                        edits: Optional[dict] = None) -> torch.Tensor:
     """Logits ``[B, n_last, V]`` of the replacement model at the last ``n_last`` positions of ``tokens [B, T]``
@@ -28,6 +30,7 @@ def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tenso
     return out
 
 
+@checked
 def replacement_metrics(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
                         batch_size: Optional[int] = None) -> dict[str, Any]:
     """Top-1 agreement and mean KL(real ‖ replacement) over the last ``n_last`` positions of ``tokens [N, T]``."""

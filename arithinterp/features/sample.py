@@ -5,15 +5,18 @@ find the features a task reuses)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Optional, Sequence
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from arithinterp.errors import AnalysisError
+from arithinterp.checks import check_fingerprint, prompt_tokens
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.graph import attribution_graph
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
+from arithinterp.types import PositiveFiniteFloat, checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,28 +52,73 @@ class GraphSample(Result):
         return plot_graph_sample(self, **kwargs)
 
 
+@checked
 def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *, labels: Optional[dict] = None,
+                 max_seconds: Optional[PositiveFiniteFloat] = None, resume: Optional[GraphSample] = None,
                  progress: bool = True, **graph: Any) -> GraphSample:
     """The :func:`~arithinterp.features.attribution_graph` of each of ``prompts`` (strings;
     ``graph`` goes to it, e.g. ``node_threshold``), aggregated per feature and position from the
-    end. ``labels``: ``{(layer, feature): text}``."""
+    end. ``labels``: ``{(layer, feature): text}``.
+
+    Every prompt is checked (as ``attribution_graph`` checks one) before the first graph. Graphs
+    are slow on large models, so the work can stop early and go on later: with ``max_seconds`` no
+    new graph starts once that much time has passed (the first always runs), and Ctrl-C
+    (``KeyboardInterrupt``) stops after the graphs finished so far; either way the result holds the
+    prompts done (``meta["n_done"]`` of ``meta["n_requested"]``, ``meta["stopped"]`` says why) and
+    ``resume=`` that result continues with the rest.
+    """
+    import time
+    import warnings
+
     prompts = list(prompts)
-    if not prompts or not all(isinstance(p, str) for p in prompts):
-        raise AnalysisError(f"prompts must be a non-empty list of strings, got {prompts[:3]!r}")
+    if not prompts:
+        raise AnalysisError("prompts is empty; give at least one prompt")
+    unknown = sorted(set(graph) - set(inspect.signature(attribution_graph).parameters) - {"progress", "labels"})
+    if unknown:
+        raise ConfigError(f"graph_sample: unknown option(s) {unknown} for attribution_graph")
+    transcoders.check_model(model)
+    for i, prompt in enumerate(prompts):
+        prompt_tokens(model, prompt, f"graph_sample: prompts[{i}]")
     seen: dict[tuple, dict] = {}
-    scores = []
-    for prompt in tqdm(prompts, desc="graphs", disable=None if progress else True):
-        g = attribution_graph(model, prompt, transcoders, labels=labels, progress=False, **graph)
-        T = len(g.tokens)
-        scores.append({k: v for k, v in g.scores.items()})
-        for node in g.nodes:
-            if node["kind"] != "feature":
-                continue
-            key = (node["layer"], node["feature"], node["position"] - T)
-            row = seen.setdefault(key, dict(layer=key[0], feature=key[1], position=key[2], active=0, kept=0,
-                                            sum_influence=0.0, label=node["label"]))
-            row["active"] += 1
-            row["kept"] += int(node["kept"])
-            row["sum_influence"] += float(node["influence"])
-    meta = build_meta(model, n_prompts=len(prompts), **{k: v for k, v in graph.items() if isinstance(v, (int, float))})
-    return GraphSample(prompts=prompts, features=list(seen.values()), scores=scores, meta=meta)
+    scores: list = []
+    done = 0
+    if resume is not None:
+        if list(resume.prompts) != prompts[: len(resume.prompts)]:
+            raise AnalysisError("resume holds graphs of other prompts: its prompts must be the first of these")
+        check_fingerprint(model, resume.meta.get("fingerprint"), "graph sample to resume", "graph_sample")
+        done = len(resume.prompts)
+        scores = [dict(s) for s in resume.scores]
+        seen = {(row["layer"], row["feature"], row["position"]): dict(row) for row in resume.features}
+    start, stopped = time.perf_counter(), None
+    bar = tqdm(total=len(prompts), initial=done, desc="graphs", disable=None if progress else True)
+    try:
+        for prompt in prompts[done:]:
+            if max_seconds is not None and done > 0 and time.perf_counter() - start > max_seconds:
+                stopped = "max_seconds"
+                break
+            g = attribution_graph(model, prompt, transcoders, labels=labels, progress=False, **graph)
+            T = len(g.tokens)
+            for node in g.nodes:
+                if node["kind"] != "feature":
+                    continue
+                key = (node["layer"], node["feature"], node["position"] - T)
+                row = seen.setdefault(key, dict(layer=key[0], feature=key[1], position=key[2], active=0, kept=0,
+                                                sum_influence=0.0, label=node["label"]))
+                row["active"] += 1
+                row["kept"] += int(node["kept"])
+                row["sum_influence"] += float(node["influence"])
+            scores.append({k: v for k, v in g.scores.items()})  # last: a prompt counts once all of it is in
+            done += 1
+            bar.update(1)
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    finally:
+        bar.close()
+    if stopped is not None:
+        if done == 0:
+            raise AnalysisError(f"graph_sample stopped ({stopped}) before its first graph was finished")
+        warnings.warn(f"graph_sample stopped ({stopped}) after {done} of {len(prompts)} prompts; pass the result as "
+                      "resume= to go on with the rest", stacklevel=2)
+    meta = build_meta(model, n_prompts=done, n_requested=len(prompts), n_done=done, stopped=stopped,
+                      **{k: v for k, v in graph.items() if isinstance(v, (int, float))})
+    return GraphSample(prompts=prompts[:done], features=list(seen.values()), scores=scores, meta=meta)

@@ -1,9 +1,10 @@
 """Transcoders shipped for the zoo models, and the seeded recipe that makes them.
 
 ``arithinterp train-transcoders zoo:add-100`` runs :func:`train_shipped`: the recipe below on the
-first ``limit`` prompts of the model's task (a seeded sample), written to
-``features/weights/NAME/`` (a saved :class:`~arithinterp.features.Transcoders`) with ``card.json``,
-the numbers measured on the held-out prompts when it was made.
+first ``limit`` prompts of the model's task (a seeded sample), written to ``--out`` (default
+``features/weights/NAME/``, which ships filled: it is replaced only with ``--overwrite``) as a saved
+:class:`~arithinterp.features.Transcoders` with ``card.json``, the numbers measured on the held-out
+prompts when it was made.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any, Optional, Union
 
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.outputs import check_free_dir
+from arithinterp.types import PathLike, checked
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -55,7 +58,8 @@ def shipped_path(spec: str) -> Path:
     return path
 
 
-def load_transcoders(path: Union[str, Any]) -> Transcoders:
+@checked
+def load_transcoders(path: PathLike) -> Transcoders:
     """:class:`Transcoders` saved with ``.save(path)``, or shipped ones by zoo name (``"zoo:add-100"``)."""
     if isinstance(path, str) and path.startswith("zoo:"):
         path = shipped_path(path)
@@ -64,8 +68,13 @@ def load_transcoders(path: Union[str, Any]) -> Transcoders:
 
 
 def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optional[int] = None,
-                  steps: Optional[int] = None, progress: bool = True) -> tuple[Transcoders, dict[str, Any]]:
-    """Train a zoo model's transcoders with its recipe, save them with their card; returns both."""
+                  steps: Optional[int] = None, progress: bool = True,
+                  overwrite: bool = False) -> tuple[Transcoders, dict[str, Any]]:
+    """Train a zoo model's transcoders with its recipe, save them with their card; returns both.
+
+    ``out``: the folder to write (default: the package's ``features/weights/NAME``). A folder that
+    already holds files — the shipped weights, which every later user of the package reads,
+    included — is refused before training unless ``overwrite=True``."""
     import time
 
     from arithinterp.features.training import train_transcoders
@@ -74,6 +83,7 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
 
     name = _name(spec)
     recipe = RECIPES[name]
+    target = check_free_dir(Path(out) if out else WEIGHTS_DIR / name, "out", overwrite)  # before training
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(f"zoo:{name}")
@@ -83,8 +93,7 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                                     batch_size=recipe.batch_size, lr=recipe.lr, held_out=recipe.held_out, seed=seed,
                                     progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    # the package's own folder is this command's to remake; a folder the user names is not overwritten
-    path = transcoders.save(Path(out) if out else WEIGHTS_DIR / name, overwrite=out is None)
+    path = transcoders.save(target, overwrite=overwrite)
     import torch
 
     card = dict(model=f"zoo:{name}", recipe={**asdict(recipe), "seed": seed, "steps": steps},

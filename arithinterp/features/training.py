@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Optional, Sequence
+from typing import Annotated, Any, Optional, Sequence
 
 import torch
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
+from arithinterp.checks import check_belongs
 from arithinterp.engine import Read, run
+from arithinterp.engine.budget import memory_budget
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError
 from arithinterp.features.transcoder import Transcoders, topk_activations
 from arithinterp.results import build_meta
+from arithinterp.tasks import PromptSet
+from arithinterp.types import (
+    Accepts, ByteSize, IntList, OpenUnitFloat, PositiveFiniteFloat, PositiveInt, Probability, Seed, checked,
+)
 
 
 def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -44,6 +51,7 @@ def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     return tokens, valid, n
 
 
+@checked
 def mlp_activations(model: Any, tokens: torch.Tensor, layers: Sequence[int], batch_size: Optional[int] = None,
                     progress: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per layer, MLP inputs and outputs ``[N, T, d]`` (float32, CPU) of ``tokens [N, T]``, read by the engine."""
@@ -161,10 +169,16 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     return {name: p.detach() for name, p in tensors.items()}
 
 
-def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] = None, *, n_features: int = 512,
-                      k: int = 16, steps: int = 2000, batch_size: int = 2048, lr: float = 2e-3, skip: bool = True,
-                      held_out: float = 0.1, seed: int = 0, encoder_scale: float = 0.1, resample_until: float = 0.0,
-                      min_frequency: float = 1e-3, progress: bool = True) -> Transcoders:
+Frequency = Annotated[Probability, Field(lt=1), Accepts("a number in [0, 1)")]  # a share of rows, below all
+
+
+@checked
+def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] = None, *,
+                      n_features: PositiveInt = 512, k: PositiveInt = 16, steps: PositiveInt = 2000,
+                      batch_size: PositiveInt = 2048, lr: PositiveFiniteFloat = 2e-3, skip: bool = True,
+                      held_out: OpenUnitFloat = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
+                      resample_until: Probability = 0.0, min_frequency: Frequency = 1e-3,
+                      max_memory: Optional[ByteSize] = None, progress: bool = True) -> Transcoders:
     """Train one TopK transcoder per layer on every position of ``prompts`` and measure it.
 
     The encoder starts as ``encoder_scale`` × the decoder's transpose, centred on the inputs' mean;
@@ -177,18 +191,18 @@ def train_transcoders(model: Any, prompts: Any, layers: Optional[Sequence[int]] 
     """
     from arithinterp.features.replacement import replacement_metrics
 
+    check_belongs(model, "train_transcoders", prompts=prompts)
     chosen = site_lib.check_layers(model, "mlp_out", layers)
-    for name, value, low in (("n_features", n_features, 1), ("k", k, 1), ("steps", steps, 1),
-                             ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise AnalysisError(f"{name} must be a positive int, got {value!r}")
     if k > n_features:
         raise AnalysisError(f"k={k} exceeds n_features={n_features}; k is how many features fire per row")
-    if not 0.0 <= min_frequency < 1.0 or not 0.0 <= resample_until <= 1.0:
-        raise AnalysisError(f"min_frequency must be in [0, 1) and resample_until in [0, 1], got {min_frequency!r} "
-                            f"and {resample_until!r}")
-    if not 0.0 < held_out < 1.0:
-        raise AnalysisError(f"held_out must be a fraction in (0, 1), got {held_out!r}")
+    # one layer trains at a time: its weights, their gradients and Adam's two moments, and a batch's rows
+    d = int(model.cfg.d_model)
+    need = 4 * (4 * (2 * d * n_features + n_features + d + d * d) + 6 * batch_size * (n_features + d))
+    budget = memory_budget(model, max_memory)
+    if need > budget:
+        raise AnalysisError(f"training one layer's transcoder with n_features={n_features} and batch_size={batch_size} "
+                            f"needs about {need / 2**20:.0f} MiB, more than the budget of {budget / 2**20:.0f} MiB "
+                            "(max_memory); use fewer features or a smaller batch, or raise max_memory")
     tokens, valid, n_answer = full_tokens(prompts)
     N = len(tokens)
     n_test = max(1, int(round(held_out * N)))

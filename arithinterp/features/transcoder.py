@@ -29,7 +29,8 @@ import pandas as pd
 import torch
 
 from arithinterp.engine import Intervention
-from arithinterp.errors import AnalysisError, SiteError
+from arithinterp.checks import check_fingerprint, check_model
+from arithinterp.errors import AnalysisError, ModelMismatchError, SiteError
 from arithinterp.results import Result
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F]
@@ -165,10 +166,29 @@ class Transcoders(Result):
         return plot_transcoder_metrics(self.to_frame(), title=kwargs.get("title"))
 
     def check_model(self, model: Any) -> None:
-        """Raise unless the transcoders fit ``model`` (its width and layers)."""
+        """Raise unless the transcoders fit ``model`` (its width and layers) and were made on it: a
+        :class:`~arithinterp.errors.ModelMismatchError` when ``meta["fingerprint"]`` (the weights they
+        were trained or read on) is another model's."""
+        check_model(model, "transcoders")
         d = int(model.cfg.d_model)
         if int(self.W_enc.shape[1]) != d or max(self.layers) >= int(model.cfg.n_layers):
-            raise AnalysisError(
+            raise ModelMismatchError(
                 f"these transcoders read d_model={int(self.W_enc.shape[1])} at layers {self.layers}; "
                 f"the model has d_model={d} and {int(model.cfg.n_layers)} layers"
             )
+        check_fingerprint(model, self.meta.get("fingerprint"), "transcoders", "transcoders", self.meta.get("model"))
+
+    def features_of(self, features: Any, what: str = "features") -> list[int]:
+        """``features`` (already declared non-negative ints) as a list, each one a feature these
+        transcoders have and none twice."""
+        chosen = [int(f) for f in features]
+        if not chosen:
+            raise AnalysisError(f"{what} is empty; name at least one feature in 0..{self.n_features - 1}")
+        outside = [f for f in chosen if f >= self.n_features]
+        if outside:
+            raise AnalysisError(f"{what} {outside[:5]} are not features of these transcoders (accepted: "
+                                f"0..{self.n_features - 1})")
+        if len(set(chosen)) != len(chosen):
+            twice = sorted({f for f in chosen if chosen.count(f) > 1})
+            raise AnalysisError(f"{what} names {twice[:5]} more than once; name each feature once")
+        return chosen

@@ -41,6 +41,7 @@ from arithinterp.engine import Read, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ModelFileError, accepted
 from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
+from arithinterp.types import checked
 
 PathLike = Union[str, Path]
 
@@ -124,6 +125,7 @@ def _need(tensors: dict, names: Sequence[str], path: Path) -> None:
 # ---- circuit-tracer ---------------------------------------------------------------------------
 
 
+@checked
 def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, feature_input_hook: Optional[str] = None,
                                     feature_output_hook: Optional[str] = None, activation: Optional[str] = None,
                                     k: Optional[int] = None, prompts: Any = None,
@@ -195,6 +197,7 @@ def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, featur
     return out
 
 
+@checked
 def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *, model_name: str = "",
                                      scan: Optional[str] = None) -> Path:
     """Write ``transcoders`` in circuit-tracer's layout (``layer_{i}.safetensors`` + ``config.yaml``).
@@ -242,6 +245,7 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
 # ---- SAELens ----------------------------------------------------------------------------------
 
 
+@checked
 def read_saelens(paths: Union[PathLike, Sequence[PathLike]], model: Any = None, *, prompts: Any = None,
                  max_fvu: Optional[float] = None) -> Transcoders:
     """Transcoders (or SAEs) from SAELens folders (``cfg.json`` + ``sae_weights.safetensors``): one
@@ -331,6 +335,7 @@ def _read_saelens_folder(folder: Path) -> tuple[int, dict, tuple[str, int], tupl
     return layer, part, kind, (input_site, output_site)
 
 
+@checked
 def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str = "") -> Path:
     """Write ``transcoders`` in SAELens's layout, one folder per layer (``path/layer_{i}/cfg.json``
     and ``sae_weights.safetensors``); returns ``path``. A set reading and writing the same site is
@@ -389,6 +394,7 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
 # ---- the check ---------------------------------------------------------------------------------
 
 
+@checked
 def transcoder_fvu(model: Any, transcoders: Transcoders, prompts: Any = None, *,
                    max_fvu: Optional[float] = None, raise_above: bool = True) -> dict[int, float]:
     """FVU per layer (``Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` over every position) of ``transcoders`` on

@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.types import checked
 
 KEY_RULES = ("median", "fraction")
 
@@ -71,6 +72,7 @@ def number_axis_size(n: Union[int, range, Sequence[int]]) -> int:
     return size
 
 
+@checked
 def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = torch.float64) -> FourierBasis:
     """The orthonormal real DFT basis over ``n`` numbers (an int or a range of consecutive ints).
 
@@ -94,6 +96,7 @@ def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = t
     return FourierBasis(torch.cat(rows), labels, torch.tensor(freqs))
 
 
+@checked
 def fourier_basis_2d(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The 2-D basis over an ``n × n`` grid as the outer product: [n, n, n, n] where
     ``out[i, j]`` is the grid ``basis[i] ⊗ basis[j]`` (Nanda et al. 2023). Memory grows as n⁴;
@@ -102,6 +105,7 @@ def fourier_basis_2d(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype 
     return torch.einsum("ia,jb->ijab", basis, basis)
 
 
+@checked
 def fourier_2d(grid: Float[Tensor, "*batch n n"], basis: Optional[FourierBasis] = None) -> Float[Tensor, "*batch n n"]:
     """2-D coefficients ``F · grid · Fᵀ`` of grids [..., n, n] (last two axes: a, b)."""
     if grid.ndim < 2 or grid.shape[-1] != grid.shape[-2]:
@@ -111,11 +115,13 @@ def fourier_2d(grid: Float[Tensor, "*batch n n"], basis: Optional[FourierBasis] 
     return matrix @ grid.to(matrix.dtype) @ matrix.T
 
 
+@checked
 def frequency_periods(n: int) -> list[float]:
     """Period ``n / k`` of each frequency ``k = 0 .. n//2`` (``inf`` for the constant)."""
     return [math.inf] + [n / k for k in range(1, n // 2 + 1)]
 
 
+@checked
 def period_label(n: int, k: int) -> str:
     """Readable period of frequency ``k``: ``"const"``, ``"10"``, ``"113/14 ≈ 8.07"``."""
     if k == 0:
@@ -135,6 +141,7 @@ def _freq_power(coefficients: torch.Tensor, freqs: torch.Tensor, n_freq: int) ->
 # --- pure spectra -------------------------------------------------------------------------------
 
 
+@checked
 def spectrum_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Power per frequency of ``values`` along its number axis ``dim``.
 
@@ -152,6 +159,7 @@ def spectrum_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return _freq_power(coefficients, basis.freqs, basis.n_freq).sum(-1)
 
 
+@checked
 def spectrum_of_2d(grids: Float[Tensor, "*batch n n"]) -> Float[Tensor, "freq freq"]:
     """Power per frequency pair of grids [..., n, n] (axes a, b), summed over leading axes.
 
@@ -174,6 +182,7 @@ def pair_power_per_grid(grids: Float[Tensor, "m n n"]) -> Float[Tensor, "m freq 
     return out.index_add_(2, freqs, rows)
 
 
+@checked
 def block_power(pair_power: Float[Tensor, "*batch freq freq"]) -> Float[Tensor, "*batch freq"]:
     """Power of each frequency block ``{const, cos k, sin k}²`` minus the constant·constant cell.
 
@@ -186,6 +195,7 @@ def block_power(pair_power: Float[Tensor, "*batch freq freq"]) -> Float[Tensor, 
     return blocks
 
 
+@checked
 def key_frequencies(
     power: torch.Tensor,
     rule: str = "median",
@@ -230,6 +240,7 @@ def key_frequencies(
     return [int(k) + 1 for k in chosen]
 
 
+@checked
 def key_fraction(power: Float[Tensor, " freq"], key: Iterable[int]) -> float:
     """Share of the non-constant power of ``power`` [n_freq] in the frequencies ``key``."""
     key = list(key)  # once: ``key`` may be a generator

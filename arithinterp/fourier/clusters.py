@@ -18,7 +18,7 @@ from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import pair_power_per_grid, block_power
 from arithinterp.fourier.spectra import grid_activations, number_axis
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -89,6 +89,7 @@ def _block_shares(grids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return shares, dead
 
 
+@checked
 def neuron_frequencies(
     grids: torch.Tensor,
     threshold: float = 0.85,
@@ -131,6 +132,7 @@ def neuron_frequencies(
     )
 
 
+@checked
 def neuron_clusters(model: HookedModel, prompts: PromptSet, layer: int = 0, numbers: Union[int, range, None] = None, *,
                     site: str = "mlp_post", threshold: float = 0.85, batch_size: int = 1024,
                     progress: bool = True) -> NeuronFrequencyResult:

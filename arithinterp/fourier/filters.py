@@ -19,7 +19,7 @@ from arithinterp.fourier.basis import fourier_basis
 from arithinterp.fourier.spectra import COMPONENT_SITES, number_axis, number_tokens
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import IntList, HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -30,7 +30,8 @@ BANDS = ("low", "high")
 # --- frequency filter (Zhou et al. 2024) --------------------------------------------------------
 
 
-def band_frequencies(n: int, band: Union[str, Iterable[int]], split_period: float = 10.0) -> list[int]:
+@checked
+def band_frequencies(n: int, band: Union[str, IntList], split_period: float = 10.0) -> list[int]:
     """Frequencies ``k`` of a band over ``n`` numbers: ``"low"`` = period ``n/k`` above
     ``split_period``, ``"high"`` = period at most ``split_period``, or explicit ``k``s.
     The constant (``k = 0``) is never in a band."""
@@ -46,6 +47,7 @@ def band_frequencies(n: int, band: Union[str, Iterable[int]], split_period: floa
     return ks
 
 
+@checked
 def filter_projector(unembed: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
     """[d, d] projector onto the null space of ``M = B·F·unembedᵀ`` (Zhou et al. 2024).
 
@@ -109,10 +111,11 @@ class FilterResult(Result):
         return plot_frequency_filter(self, **kwargs)
 
 
+@checked
 def frequency_filter(
     model: HookedModel,
     prompts: PromptSet,
-    band: Union[str, Iterable[int]] = "low",
+    band: Union[str, IntList] = "low",
     *,
     site: str = "mlp_out",
     layers: Optional[Sequence[int]] = None,

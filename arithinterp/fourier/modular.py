@@ -21,7 +21,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.spectra import grid_of, number_tokens
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import IntList, PositiveInt, HookedModel, checked
 
 
 # --- restricted / excluded loss (Nanda et al. 2023) ---------------------------------------------
@@ -35,7 +35,8 @@ def _check_logits(logits: torch.Tensor) -> int:
     return logits.shape[0]
 
 
-def sum_directions(p: int, freqs: Iterable[int], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+@checked
+def sum_directions(p: PositiveInt, freqs: IntList, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Orthonormal directions ``cos / sin(2πk(a+b)/p)`` over the p² pairs for each ``k``: [p², 2K].
 
     Directions that vanish (``sin`` at ``k = p/2``) are dropped.
@@ -57,10 +58,11 @@ def _key_part(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
     """Projection of logits [p, p, C] onto the key ``cos / sin(w_k(a+b))`` directions."""
     p = logits.shape[0]
     flat = logits.reshape(p * p, -1).double()
-    directions = sum_directions(p, freqs).to(flat.device)
+    directions = sum_directions(p, list(freqs)).to(flat.device)
     return (directions @ (directions.T @ flat)).reshape(logits.shape)
 
 
+@checked
 def restricted_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
     """Logits [p, p, C] kept only in the key directions ``cos / sin(w_k(a+b))`` plus the
     per-class mean over pairs (Nanda et al. 2023 restricted logits)."""
@@ -68,6 +70,7 @@ def restricted_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tenso
     return logits.double().mean(dim=(0, 1), keepdim=True) + _key_part(logits, freqs)
 
 
+@checked
 def excluded_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
     """Logits [p, p, C] with the key directions ``cos / sin(w_k(a+b))`` removed (Nanda et al. 2023)."""
     _check_logits(logits)
@@ -92,6 +95,7 @@ def _loss(logits: torch.Tensor, labels: Optional[torch.Tensor], mask: Optional[t
     return float(F.cross_entropy(logits.double()[mask], labels[mask]))
 
 
+@checked
 def full_loss(logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
               mask: Optional[torch.Tensor] = None) -> float:
     """Cross-entropy of logits [p, p, C] against ``labels`` [p, p] (default ``(a + b) mod p``)
@@ -99,6 +103,7 @@ def full_loss(logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
     return _loss(logits, labels, mask)
 
 
+@checked
 def restricted_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
                     mask: Optional[torch.Tensor] = None) -> float:
     """Loss of :func:`restricted_logits` (Nanda et al. 2023). Falls below the full loss once the
@@ -106,6 +111,7 @@ def restricted_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional
     return _loss(restricted_logits(logits, freqs), labels, mask)
 
 
+@checked
 def excluded_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
                   mask: Optional[torch.Tensor] = None) -> float:
     """Loss of :func:`excluded_logits` (Nanda et al. 2023; Nanda measure it on the training pairs).
@@ -113,6 +119,7 @@ def excluded_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[t
     return _loss(excluded_logits(logits, freqs), labels, mask)
 
 
+@checked
 def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
     """Power of logits [p, p, C] in each ``cos / sin(w_k(a+b))`` pair of directions: [p//2 + 1]
     (index ``k``; index 0 = the per-class mean). Its key frequencies (:func:`key_frequencies`)
@@ -126,6 +133,7 @@ def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
+@checked
 def modular_logits(model: HookedModel, p: Optional[int] = None, *, template: str = "{a} {b} =",
                    batch_size: int = 4096) -> torch.Tensor:
     """Logits [p, p, p] of ``model`` over every pair ``(a, b)`` of 0..p-1, read at the final
@@ -158,6 +166,7 @@ def _zoo_modulus(model: HookedModel) -> int:
     return int(modulus)
 
 
+@checked
 def train_mask(name: str = "modadd-113") -> torch.Tensor:
     """Bool [p, p]: the (a, b) pairs zoo model ``name`` was trained on (its seeded split)."""
     from arithinterp.models.zoo import split
@@ -172,6 +181,7 @@ def train_mask(name: str = "modadd-113") -> torch.Tensor:
     return mask.reshape(p, p)
 
 
+@checked
 def modular_losses(logits: torch.Tensor, freqs: Sequence[int], mask: Optional[torch.Tensor] = None) -> dict[str, float]:
     """Full, restricted and excluded loss of logits [p, p, p] on the train pairs (``mask``) and
     the rest. Restricted loss is reported on all pairs and held-out pairs, excluded loss on the
@@ -224,6 +234,7 @@ class ProgressResult(Result):
         return plot_progress(self, **kwargs)
 
 
+@checked
 def progress(
     snapshots: Optional[Sequence[int]] = None,
     name: str = "modadd-113",

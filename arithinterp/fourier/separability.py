@@ -26,7 +26,8 @@ from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.spectra import CONTEXT_SITES, group_by_value, number_axis, number_tokens
 from arithinterp.intervals import clip_interval, t_interval
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.checks import check_belongs
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -136,6 +137,7 @@ def _as_series(source: Any, what: str) -> tuple[list[torch.Tensor], list[str]]:
         f"{what} must be a tensor [N, d] or a dict of them (name → [N, d]), got {type(source).__name__}")
 
 
+@checked
 def separability(
     source: Union[torch.Tensor, dict],
     values: Optional[Any] = None,
@@ -220,6 +222,7 @@ def separability(
     )
 
 
+@checked
 def number_representations(
     model: HookedModel,
     numbers: Union[int, range] = 100,
@@ -275,6 +278,7 @@ def number_representations(
             for layer in acts.layers}
 
 
+@checked
 def number_separability(
     model: HookedModel,
     numbers: Union[int, range] = 100,
@@ -296,6 +300,8 @@ def number_separability(
     model."""
     from arithinterp.models import random_like
 
+    check_belongs(model, "fourier.number_separability")
+
     kw: dict[str, Any] = dict(site=site, layers=layers, template=template, b=b, position=position, progress=progress)
     trained = number_representations(model, numbers, **kw)
     control = number_representations(random_like(model, seed), numbers, **kw)
@@ -305,6 +311,7 @@ def number_separability(
     return result
 
 
+@checked
 def integer_periods(periods: Sequence[float], n: int, tolerance: float = 1e-6) -> list[int]:
     """The whole periods among ``periods`` (e.g. a spectrum's key periods ``n / k``) that leave
     at least two numbers per residue class over ``n`` numbers, in order."""

@@ -10,7 +10,7 @@ per number or onto the grid).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
@@ -30,7 +30,7 @@ from arithinterp.fourier.basis import (
     spectrum_of_2d,
 )
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, IntList, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -232,7 +232,8 @@ def _check_null(n_shuffles: int, alpha: float) -> None:
 # --- model helpers -------------------------------------------------------------------------------
 
 
-def number_tokens(model: HookedModel, numbers: Iterable[int]) -> torch.Tensor:
+@checked
+def number_tokens(model: HookedModel, numbers: IntList) -> torch.Tensor:
     """Token ids [n] of ``numbers`` written without a space; each must be a single token."""
     check_belongs(model, "fourier.number_tokens")
     tokenizer = getattr(model, "tokenizer", model)
@@ -269,6 +270,7 @@ def _rule_kw(rule: str, factor: float, fraction: float) -> dict:
     return dict(rule=rule, factor=factor, fraction=fraction)
 
 
+@checked
 def group_by_value(values: torch.Tensor, acts: torch.Tensor, numbers: range) -> torch.Tensor:
     """Mean of ``acts`` [N, ...] over the prompts of each number of ``numbers`` → [n, ...].
 
@@ -293,6 +295,7 @@ def group_by_value(values: torch.Tensor, acts: torch.Tensor, numbers: range) -> 
     return (sums / counts[:, None]).reshape(len(numbers), *acts.shape[1:])
 
 
+@checked
 def grid_of(prompts: PromptSet, acts: torch.Tensor, numbers: range) -> torch.Tensor:
     """Arrange per-prompt ``acts`` [N, ...] on the ``(a, b)`` grid → [n, n, ...] (each cell once;
     prompts with an operand outside ``numbers`` are not used)."""
@@ -314,6 +317,7 @@ def grid_of(prompts: PromptSet, acts: torch.Tensor, numbers: range) -> torch.Ten
 # --- model wrappers ------------------------------------------------------------------------------
 
 
+@checked
 def embedding_spectrum(model: HookedModel, numbers: Union[int, range] = 100, *, rule: str = "median",
                        factor: float = 10.0, fraction: float = 0.9, n_shuffles: int = 100, alpha: float = 0.05,
                        seed: int = 0) -> SpectrumResult:
@@ -333,6 +337,7 @@ def embedding_spectrum(model: HookedModel, numbers: Union[int, range] = 100, *, 
                             meta=build_meta(model, numbers=numbers), null_power=null, alpha=alpha)
 
 
+@checked
 def activation_spectrum(
     source: Any,
     values: Optional[torch.Tensor] = None,
@@ -425,6 +430,7 @@ def variance_shares(values: torch.Tensor, acts: torch.Tensor, numbers: range) ->
     return shares
 
 
+@checked
 def logit_lens_spectrum(
     model: HookedModel,
     prompts: PromptSet,
@@ -485,6 +491,7 @@ def grid_activations(model: HookedModel, prompts: PromptSet, layer: int, site: s
     return grid_of(prompts, acts.get(site, layer, "final"), numbers).permute(2, 0, 1)
 
 
+@checked
 def neuron_spectrum(
     model: HookedModel,
     prompts: PromptSet,
@@ -532,6 +539,7 @@ def neuron_spectrum(
 CONTEXT_SITES = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 
 
+@checked
 def context_spectrum(
     model: HookedModel,
     numbers: Union[int, range] = 100,
@@ -579,6 +587,7 @@ def _single_tokens(model: HookedModel, numbers: range) -> bool:
     return True
 
 
+@checked
 def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str = "embed", **kwargs) -> SpectrumResult:
     """One entry point for every spectrum:
 

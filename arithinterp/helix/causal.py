@@ -22,7 +22,7 @@ from arithinterp.helix.design import as_2d
 from arithinterp.helix.fitting import HelixFit, fit
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
@@ -54,6 +54,7 @@ def _position_index(prompts: PromptSet, position: str) -> torch.Tensor:
     return prompts.locate(position)[1][:, 0]
 
 
+@checked
 def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
             batch_size: int = 256) -> torch.Tensor:
     """Activations [N, d] at ``hook`` (a hook name or a ``(site, layer)`` pair) and ``position``
@@ -75,6 +76,7 @@ def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], pos
     return out
 
 
+@checked
 def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
                   replacement: Optional[torch.Tensor],
                   tokens: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
@@ -165,6 +167,7 @@ class HelixPatchResult(Result):
         return plot_helix_patch(self, **kwargs)
 
 
+@checked
 def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, random_state: int = 0) -> HelixFit:
     """A fit like ``like`` (kind, periods, PCA size) to ``acts`` whose values are permuted at the
     value level (each distinct number is relabelled by another): the control of Kantamneni & Tegmark 2025."""
@@ -195,6 +198,7 @@ def check_not_interpolating(fit: HelixFit, name: str) -> None:
         )
 
 
+@checked
 def patch_test(
     model: HookedModel,
     pairs: PromptPairs,

@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence, Union, cast
 
+import numpy as np
 import torch
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.types import checked
+
+#: Numbers to fit on: a tensor, an array, or a list of numbers (``[N]`` or ``[N, n_values]``).
+Values = Union[torch.Tensor, np.ndarray, Sequence[object]]
 
 BASIS_KINDS = ("helix", "circle", "poly", "linear")
 DEFAULT_PERIODS = (2, 5, 10, 100)
@@ -48,8 +53,9 @@ def variable_names(names: Optional[Sequence[str]], n_vars: int) -> list[str]:
     return names
 
 
+@checked
 def basis(
-    values: Any,
+    values: Values,
     kind: str = "helix",
     periods: Sequence[float] = DEFAULT_PERIODS,
     *,
@@ -108,7 +114,8 @@ def basis(
     return torch.stack(columns, dim=1), labels
 
 
-def helix_basis(values: Any, periods: Sequence[float] = DEFAULT_PERIODS, *, linear: bool = True,
+@checked
+def helix_basis(values: Values, periods: Sequence[float] = DEFAULT_PERIODS, *, linear: bool = True,
                 constant: bool = True, max_value: Optional[Sequence[float]] = None) -> torch.Tensor:
     """The helix basis [n, 2·len(periods) (+1 linear) (+1 constant)] of values [n] (or [n, v])."""
     matrix, _ = basis(values, "helix" if linear else "circle", periods, max_value=max_value)
@@ -132,7 +139,8 @@ def r2_scores(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, f
     return per, overall
 
 
-def split_by_value(values: Any, holdout: float = 0.2, random_state: int = 0) -> torch.Tensor:
+@checked
+def split_by_value(values: Values, holdout: float = 0.2, random_state: int = 0) -> torch.Tensor:
     """Bool [n] marking the training rows: a random ``holdout`` share of the distinct values of
     the first variable is held out with all their rows (the split is over values, not prompts)."""
     x = as_2d(values)

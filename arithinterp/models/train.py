@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from arithinterp.errors import ConfigError
-from arithinterp.outputs import atomic_write, check_writable_dir
+from arithinterp.outputs import atomic_write, check_free_dir
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
 
@@ -142,8 +142,11 @@ def train(
     seed: Optional[int] = None,
     steps: Optional[int] = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
-    """Train zoo model ``name`` from scratch with its recipe and save it to ``out``.
+    """Train zoo model ``name`` from scratch with its recipe and save it to ``out`` (default: the zoo
+    entry's checkpoint folder). A folder that already holds files — the checkpoint the package ships,
+    which every later user loads, included — is refused before training unless ``overwrite=True``.
 
     Returns the card (measured held-out accuracy, wall time, steps run).
     """
@@ -155,7 +158,7 @@ def train(
     steps = recipe.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps}")
-    out = check_writable_dir(Path(out) if out is not None else entry.directory, "out")  # before training, not after
+    out = check_free_dir(Path(out) if out is not None else entry.directory, "out", overwrite)  # before training
     tokenizer = toks.save_and_reload(make_tokenizer(entry), out)
     # one dataset per task family (their prompts differ in length); batches draw from all of them
     datasets = [make_dataset(entry, tokenizer, seed, task) for task in entry.tasks]

@@ -17,7 +17,7 @@ import torch
 
 from arithinterp.cyclic import CONCEPTS, MONTHS, WEEKDAYS
 from arithinterp.errors import ModelSpecError, accepted
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
@@ -198,6 +198,7 @@ def get_entry(name: str) -> ZooEntry:
     return ZOO[name]
 
 
+@checked
 def list_zoo() -> list[dict[str, Any]]:
     """One row per zoo model: name, task, architecture, measured accuracy."""
     rows = []

@@ -20,7 +20,7 @@ from arithinterp.engine.budget import memory_budget
 from arithinterp.neurons.model import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -252,6 +252,7 @@ def _check_table(model, table) -> None:
     site_lib.check_layers(model, "mlp_post", sorted(set(table.layer.tolist())))
 
 
+@checked
 def ablate_heuristic(
     model: HookedModel,
     prompts: PromptSet,
@@ -342,6 +343,7 @@ def ablate_heuristic(
     )
 
 
+@checked
 def ablate_for_prompt(
     model: HookedModel,
     prompts: PromptSet,

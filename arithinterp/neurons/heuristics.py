@@ -15,6 +15,7 @@ import torch
 
 from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
+from arithinterp.types import checked
 
 OPS = ("+", "-", "*", "//", "mod")
 MAP_KINDS = ("K", "KV")
@@ -30,6 +31,7 @@ def check_op(op: str, modulus: Optional[int] = None) -> None:
         integer("modulus", modulus, minimum=2, error=TaskError, hint=" or None")
 
 
+@checked
 def apply_op(
     a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[int] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -444,6 +446,7 @@ def values_tensor(name: str, values) -> torch.Tensor:
     return out
 
 
+@checked
 def build_heuristics(
     a_values: Union[Iterable[int], torch.Tensor],
     b_values: Union[Iterable[int], torch.Tensor],

@@ -30,7 +30,7 @@ from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.neurons.scoring import check_threshold, classify_maps, classify_stream
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
@@ -200,6 +200,7 @@ class _Moments:
         return (self.mean + std).float()
 
 
+@checked
 def importance(
     model: HookedModel,
     pairs: PromptPairs,
@@ -631,6 +632,7 @@ class _MapRows:
         return k_maps, kv_maps
 
 
+@checked
 def maps(
     model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: Optional[int] = None,
     max_memory: Optional[float] = None, progress: bool = False,
@@ -665,6 +667,7 @@ def maps(
     )
 
 
+@checked
 def classify(
     model: HookedModel,
     prompts: PromptSet,

@@ -25,6 +25,7 @@ from arithinterp.neurons.heuristics import (
 )
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import build_meta
+from arithinterp.types import checked
 
 SCORE_CHUNK = 128  # neurons whose tie-breaking permutations are drawn together
 
@@ -139,6 +140,7 @@ def _hits(
     return out
 
 
+@checked
 def score_maps(
     maps: torch.Tensor,
     predicates: torch.Tensor,
@@ -233,6 +235,7 @@ def _check_fdr(fdr: Optional[float]) -> Optional[float]:
     return float(fdr)
 
 
+@checked
 def shuffle_p_values(hits: np.ndarray, counts: np.ndarray, n_cells: int) -> np.ndarray:
     """Exact p-values of top-k hit counts under cell shuffling.
 
@@ -278,6 +281,7 @@ def _hypergeometric_tail(k: int, n_cells: int) -> np.ndarray:
     return tail.clamp(max=1.0).numpy()
 
 
+@checked
 def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
     """Benjamini–Hochberg adjusted p-values (q-values) of any-shaped ``p_values``, one family.
 
@@ -427,6 +431,7 @@ def _score_all(maps_by_kind, heuristics, atoms, bottom, seed, chunk_size, progre
     return scores, bottom_scores
 
 
+@checked
 def classify_maps(
     k_maps: Optional[torch.Tensor],
     kv_maps: Optional[torch.Tensor],

@@ -35,7 +35,7 @@ from arithinterp.patching.core import (
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -94,6 +94,7 @@ def attribute(
 ) -> dict[str, PatchResult]: ...
 
 
+@checked
 def attribute(
     model: HookedModel,
     pairs: PromptPairs,
@@ -300,6 +301,7 @@ def _cell_labels(result: PatchResult) -> list[str]:
     ]
 
 
+@checked
 def compare(exact, approx) -> Comparison:
     """Correlation of an approximation with exact patching, per site.
 
@@ -329,6 +331,7 @@ def compare(exact, approx) -> Comparison:
                       build_meta(n_pairs=next(iter(exact.values())).n_pairs))
 
 
+@checked
 def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_pre",), method: str = "attribution",
                          **kwargs) -> Comparison:
     """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them."""

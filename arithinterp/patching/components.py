@@ -20,7 +20,7 @@ from arithinterp.metrics import ANSWER_METRICS, DIRECTIONS, metric_context, metr
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES, warn_first_token_only
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
@@ -88,6 +88,7 @@ def parse_components(model: HookedModel, components: Sequence[str], allowed: Seq
     return parsed
 
 
+@checked
 def default_components(model: HookedModel) -> list[str]:
     """``embed`` plus every attention layer and MLP: their outputs sum to the final residual stream."""
     check_belongs(model, "patching.default_components")
@@ -142,6 +143,7 @@ class EffectResult(Result):
         return plot_effects(self, **kwargs)
 
 
+@checked
 def direct_effect(
     model: HookedModel,
     pairs: PromptPairs,
@@ -462,6 +464,7 @@ def answer_scores(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     return torch.stack([correct.float(), logprob * real], dim=-1)
 
 
+@checked
 def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], ablation: str = "mean",
            seed: int = 0, *, mode: Optional[str] = None) -> AblationResult:
     """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
@@ -547,6 +550,7 @@ class FaithfulnessResult(Result):
 FAITHFULNESS_METRICS = ANSWER_METRICS  # a prompt's own answer: no counterfactual to compare with
 
 
+@checked
 def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit",
                            ablation: str = "mean", seed: int = 0, *, mode: Optional[str] = None) -> FaithfulnessResult:
     """Faithfulness of a circuit of components (nodes: heads and MLPs; Nikankin et al. 2025,

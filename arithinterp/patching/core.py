@@ -22,7 +22,7 @@ from arithinterp.metrics import METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -127,6 +127,7 @@ def _bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
     return _kept_counts(n, n_boot, seed) if n * n_boot <= 2**20 else _draw_counts(n, n_boot, seed)
 
 
+@checked
 def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0):
     """Mean, standard error and percentile-bootstrap interval over axis 0 of ``values [N, ...]``.
 

@@ -34,7 +34,7 @@ from arithinterp.patching.components import (
 from arithinterp.engine.stepping import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES
 from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
@@ -90,6 +90,7 @@ class DigitAblationResult(Result):
         return plot_digit_ablation(self, **kwargs)
 
 
+@checked
 def digit_ablation(
     model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, ablation: str = "mean",
     seed: int = 0, *, engine: str = "auto", progress: bool = True, mode: Optional[str] = None,
@@ -275,6 +276,7 @@ def _fed(prompts: PromptSet, fed: torch.Tensor, k: int) -> PromptSet:
     )
 
 
+@checked
 def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> PromptPairs:
     """Pairs that score answer token ``answer_token`` (0 = the first emitted) at the position that
     emits it (Quirke & Barez 2024: each answer digit is computed one token before it is emitted).
@@ -316,6 +318,7 @@ def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> Pro
                  meta=meta)
 
 
+@checked
 def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 0) -> PromptPairs:
     """Pairs whose corrupt prompt changes digit ``column`` (0 = units) of ``operand`` (``"a"``,
     ``"b"`` or ``"both"``) to another digit drawn at random and keeps every other digit: the

@@ -26,6 +26,7 @@ from arithinterp.patching.core import (
 from arithinterp.engine import PatchRunner, stepper_for
 from arithinterp.engine.patches import RUN, SOURCE
 from arithinterp.tasks import resolve_positions
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -43,6 +44,7 @@ def _site_width(model, site: str, length: int) -> int:
     }.get(site, cfg.d_model) + max(cfg.d_model, cfg.d_mlp or 0, cfg.n_heads * length)
 
 
+@checked
 def activation_patching(
     model: HookedModel,
     pairs: PromptPairs,

@@ -15,13 +15,12 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
-from arithinterp.types import HookedModel
+from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation
 
-if TYPE_CHECKING:
-    from arithinterp.tasks import PromptSet
+from arithinterp.tasks import PromptSet  # noqa: E402 - declared parameter types are checked at run time
 
 
 # --- activations before each answer token ---------------------------------------------------------
@@ -44,6 +43,7 @@ def answer_digit_count(prompts: PromptSet) -> int:
     return len(str(int(prompts.answer.abs().max()))) if len(prompts) else 1
 
 
+@checked
 def answer_activations(
     model: HookedModel,
     prompts: PromptSet,
@@ -103,6 +103,7 @@ def answer_slot_mask(prompts: PromptSet, n_slots: int) -> torch.Tensor:
     return torch.arange(n_slots)[None, :] < prompts.n_answer_tokens[:, None]
 
 
+@checked
 def answer_slots(prompts: PromptSet, evaluation: Evaluation) -> dict[str, torch.Tensor]:
     """Per answer slot: the true value, the model's value, and whether the slot exists.
 

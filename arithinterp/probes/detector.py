@@ -33,6 +33,7 @@ from arithinterp.probes.estimators import (
     to_tensor,
 )
 from arithinterp.results import Result, build_meta
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation
@@ -144,6 +145,7 @@ def _slot_offsets(prompts: Any, position: str) -> torch.Tensor:
     return torch.arange(k) if position == "final" else torch.zeros(k, dtype=torch.long)
 
 
+@checked
 def answer_carries(prompts: PromptSet, slots: dict) -> Optional[dict]:
     """Per answer slot: the carry into its digit that the sum needs and the one the model used.
 
@@ -178,6 +180,7 @@ def answer_carries(prompts: PromptSet, slots: dict) -> Optional[dict]:
 # --- metrics and operating points -----------------------------------------------------------------
 
 
+@checked
 def detection_metrics(correct: torch.Tensor, predicted_correct: torch.Tensor, score: torch.Tensor) -> dict:
     """Balanced accuracy first, then accuracy against the majority-class baseline, AUROC (score
     = P(correct)), error precision / recall (flags as the positive class), precision / recall /
@@ -218,6 +221,7 @@ def detection_metrics(correct: torch.Tensor, predicted_correct: torch.Tensor, sc
     )
 
 
+@checked
 def balanced_accuracy_interval(correct: torch.Tensor, predicted_correct: torch.Tensor) -> tuple[float, float, float]:
     """Balanced accuracy and its 95% interval (normal approximation over the two classes).
 
@@ -244,6 +248,7 @@ def balanced_accuracy_interval(correct: torch.Tensor, predicted_correct: torch.T
     return balanced, balanced - Z_95 * se, balanced + Z_95 * se
 
 
+@checked
 def best_threshold(correct: torch.Tensor, score: torch.Tensor, rule: str = "accuracy") -> float:
     """The score threshold (predict correct when ``score >= threshold``) chosen by ``rule``:
     ``"balanced"`` (the best balanced accuracy: errors and correct answers weigh the same however

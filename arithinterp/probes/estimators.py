@@ -22,6 +22,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.types import checked
 
 PROBE_KINDS = ("logistic", "ridge", "circular", "mlp")
 
@@ -707,6 +708,7 @@ class MonotoneLogistic(BaseEstimator):
         return (self.predict_proba(X)[:, 1] >= 0.5).astype(np.int64)
 
 
+@checked
 def make_probe(kind: str, random_state: Optional[int] = None, **kwargs: Any) -> _Probe:
     """A probe of ``kind`` (``"logistic"``, ``"ridge"``, ``"circular"``, ``"mlp"``) with ``kwargs``.
 
@@ -725,6 +727,7 @@ def make_probe(kind: str, random_state: Optional[int] = None, **kwargs: Any) -> 
     return cls(**kwargs)
 
 
+@checked
 def is_classifier_kind(kind: str) -> bool:
     """Whether ``kind`` predicts discrete labels (scored by accuracy) rather than values (R²)."""
     return kind != "ridge"

@@ -36,6 +36,7 @@ from arithinterp.probes.estimators import (
 )
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -65,6 +66,7 @@ def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torc
     return values
 
 
+@checked
 def resolve_target(
     prompts: Optional[PromptSet], target: Any, n: int, model_answer: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -109,6 +111,7 @@ def resolve_target(
 # --- cross-validation -----------------------------------------------------------------------------
 
 
+@checked
 def resolve_groups(prompts: Optional[PromptSet], groups: Any, n: int) -> tuple[Optional[np.ndarray], Optional[str]]:
     """Cross-validation groups ``[n]`` (or ``None``: no grouping) and their name.
 
@@ -233,6 +236,7 @@ def _probe_cell(estimator: Any, X: torch.Tensor, label_sets: list, folds, full: 
     return torch.tensor(scores), (clone_estimator(estimator).fit(X_in, Y_in[0]) if full_fit else None)
 
 
+@checked
 def confidence_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Student-t interval of the mean over the last axis (folds): ``(low, high)``, unclipped
     (:attr:`ProbeResult.ci` clips it to the metric's range)."""
@@ -453,6 +457,7 @@ def _resolve_estimator(kind: Optional[str], estimator: Any, probe_kw: dict, rand
     return estimator, names.get(type(estimator), type(estimator).__name__)
 
 
+@checked
 def probe_layers(
     acts: Any,
     target: Any,
@@ -578,6 +583,7 @@ def probe_layers(
     )
 
 
+@checked
 def probe_model(
     model: HookedModel,
     prompts: PromptSet,

@@ -22,6 +22,7 @@ from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.estimators import to_tensor
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation, PromptSet
@@ -70,6 +71,7 @@ def _reprefixed(prompts: Any, prefix: str, n_ctx: Optional[int]) -> Any:
     )
 
 
+@checked
 def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], torch.Tensor]:
     """Re-ask with ``n_shots`` solved examples (drawn with ``seed`` from the prompts' operands)
     as a new prefix, greedy; raises ``TaskError`` when the prefix does not fit the model."""
@@ -96,6 +98,7 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
     return few_shot
 
 
+@checked
 def vote_policy(
     n_samples: int = 8, temperature: float = 1.0, seed: int = 0, batch_size: int = 256
 ) -> Callable[[Any, Any], torch.Tensor]:
@@ -203,6 +206,7 @@ def _answer_evaluation(prompts: Any, values: torch.Tensor) -> tuple[Any, torch.T
     return Evaluation(values == prompts.answer, values.clone(), texts, generated), ok
 
 
+@checked
 def repair(
     model: HookedModel, prompts: PromptSet, detector: ErrorDetector, policy: Optional[Callable] = None,
     evaluation: Optional[Evaluation] = None, accept: str = "confidence", budget: Optional[float] = None,

@@ -1,0 +1,240 @@
+"""Careless input to the newer parts (features, causal, digit circuits, the commands that write) is
+refused with an ``ArithInterpError`` before any work, never answered with a silently wrong result:
+declared parameter types, prompts analysed exactly as given, every cell of a sweep checked before
+the first fit, parts refused on a model they were not made on, shipped data not replaced."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ModelMismatchError, TokenizationError
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_model):
+    from arithinterp.features import train_transcoders
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(tiny_model, "+", range(10, 16), range(20, 26))
+    transcoders = train_transcoders(tiny_model, prompts, n_features=16, k=2, steps=3, batch_size=64, progress=False)
+    return prompts, transcoders
+
+
+# --- declared parameters ----------------------------------------------------------------------------------
+
+
+def test_a_negative_batch_size_is_refused_not_turned_into_a_wrong_graph(tiny_model, parts):
+    from arithinterp.features import attribution_graph
+
+    _, transcoders = parts
+    with pytest.raises(ConfigError, match=r"attribution_graph: batch_size=-3 is not accepted .*positive int"):
+        attribution_graph(tiny_model, "12+21=", transcoders, batch_size=-3, progress=False)
+
+
+@pytest.mark.parametrize("features, match", [
+    ("12", r"features='12' is not accepted .*str' instances are not allowed"),  # not features 1 and 2
+    ([1.7], r"features=\[1\.7\] \(item \[0\]: 1\.7\) is not accepted"),  # not feature 1
+    ([-1], r"features=\[-1\] \(item \[0\]: -1\) is not accepted .*non-negative"),  # not the last feature
+    ([3, 3], r"names \[3\] more than once"),
+    ([99], r"\[99\] are not features of these transcoders"),
+])
+def test_feature_lists_are_taken_as_written(tiny_model, parts, features, match):
+    from arithinterp.features import intervene, label_features
+
+    prompts, transcoders = parts
+    with pytest.raises(ArithInterpError, match=match):
+        intervene(tiny_model, prompts.tokens[:2], transcoders, 0, features)
+    with pytest.raises(ArithInterpError, match=match):
+        label_features(tiny_model, transcoders, prompts, 0, features)
+
+
+def test_a_path_naming_a_feature_twice_is_refused(tiny_model, parts):
+    from arithinterp.features import path_ablation
+
+    prompts, transcoders = parts
+    answers = prompts.answer_tokens[:4, 0]
+    with pytest.raises(AnalysisError, match=r"names \[2\] more than once"):
+        path_ablation(tiny_model, transcoders, prompts.tokens[:4], answers, {"p": {0: [2, 2]}}, n_random=1)
+
+
+def test_seeds_sizes_and_rates_are_never_coerced(tiny_model, parts):
+    from arithinterp import cyclic
+    from arithinterp.features import train_transcoders
+
+    prompts, _ = parts
+    with pytest.raises(ConfigError, match=r"counterfactual: seed=1\.5 is not accepted"):
+        cyclic.counterfactual(prompts, seed=1.5)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ConfigError, match=r"lr=nan is not accepted .*finite number > 0"):
+        train_transcoders(tiny_model, prompts, lr=math.nan)
+    with pytest.raises(AnalysisError, match=r"n_features=300000 .* needs about .* MiB, more than the budget"):
+        train_transcoders(tiny_model, prompts, n_features=300000, k=2, steps=1, max_memory="64MiB")
+    with pytest.raises(ConfigError, match=r"load_transcoders: path=None is not accepted"):
+        __import__("arithinterp").features.load_transcoders(None)
+
+
+def test_a_byte_size_is_read_wherever_max_memory_is(tiny_model):
+    from arithinterp.engine.budget import memory_budget
+    from arithinterp.types import byte_size
+
+    assert memory_budget(tiny_model, "1GiB") == 2**30 == byte_size(2.0**30)
+    with pytest.raises(ConfigError, match=r"max_memory='lots' is not accepted"):
+        memory_budget(tiny_model, "lots")
+
+
+# --- prompts exactly as given -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt, error, match", [
+    ("1+" * 30 + "1=", TokenizationError, "more than this model's context"),  # not cut to n_ctx
+    ("", TokenizationError, "the prompt is empty"),
+    ("hello", TokenizationError, "not in this model's vocabulary"),  # not a graph of <unk> tokens
+    (5, ConfigError, r"prompt=5 is not accepted"),  # not token id 5
+])
+def test_a_prompt_is_analysed_as_given_or_refused(tiny_model, parts, prompt, error, match):
+    from arithinterp.features import attribution_graph, graph_sample
+
+    _, transcoders = parts
+    with pytest.raises(error, match=match):
+        attribution_graph(tiny_model, prompt, transcoders, progress=False)
+    if isinstance(prompt, str):
+        with pytest.raises(error, match=match):
+            graph_sample(tiny_model, ["12+21=", prompt], transcoders, progress=False)  # before the first graph
+
+
+def test_one_string_is_not_a_list_of_prompts(tiny_model, parts):
+    from arithinterp.features import graph_sample
+
+    _, transcoders = parts
+    with pytest.raises(ConfigError, match=r"graph_sample: prompts='12\+21=' is not accepted"):
+        graph_sample(tiny_model, "12+21=", transcoders)  # pyright: ignore[reportArgumentType]
+
+
+def test_more_answer_logits_than_the_vocabulary_is_refused(tiny_model, parts):
+    from arithinterp.features import attribution_graph
+
+    _, transcoders = parts
+    with pytest.raises(AnalysisError, match="more answer tokens than the vocabulary"):
+        attribution_graph(tiny_model, "12+21=", transcoders, n_logits=10**6, progress=False)
+
+
+def test_a_position_past_the_prompt_is_refused(tiny_model, parts):
+    from arithinterp.features import intervene
+
+    prompts, transcoders = parts
+    with pytest.raises(ArithInterpError, match=r"positions \[99\] are not all positions"):
+        intervene(tiny_model, prompts.tokens[:2], transcoders, 0, [1], positions=[99])
+
+
+# --- a long sample stops and goes on ----------------------------------------------------------------------
+
+
+def test_a_graph_sample_stops_at_its_budget_and_resumes(tiny_model, parts):
+    from arithinterp.features import graph_sample
+
+    _, transcoders = parts
+    texts = ["12+21=", "13+22=", "14+23="]
+    with pytest.warns(UserWarning, match="stopped"):
+        first = graph_sample(tiny_model, texts, transcoders, max_seconds=1e-9, progress=False)
+    assert first.meta["n_done"] == 1 and first.meta["stopped"] == "max_seconds" and first.prompts == texts[:1]
+    whole = graph_sample(tiny_model, texts, transcoders, resume=first, progress=False)
+    again = graph_sample(tiny_model, texts, transcoders, progress=False)
+    assert whole.meta["n_done"] == 3 and whole.features == again.features and whole.scores == again.scores
+
+
+# --- causal models ----------------------------------------------------------------------------------------
+
+
+def test_planted_models_need_their_numbers_and_a_finite_scale(digit_tokenizer, number_tokenizer):
+    from arithinterp.causal.planted import planted_model
+
+    with pytest.raises(TokenizationError, match=r"needs the numbers 0\.\.19 as single tokens; this tokenizer lacks"):
+        planted_model(digit_tokenizer)
+    with pytest.raises(ConfigError, match=r"scale=nan is not accepted"):
+        planted_model(number_tokenizer, scale=math.nan)
+
+
+def test_causal_variables_are_whole_numbers_of_non_negative_operands():
+    from arithinterp.causal import CausalModel, Variable, addition
+
+    half = CausalModel("halves", (Variable("half", ("a",), lambda a: a / 2),
+                                  Variable("answer", ("half",), lambda h: h)))
+    with pytest.raises(AnalysisError, match="'half' gave values that are not whole numbers"):
+        half.values(torch.tensor([1, 2]), torch.tensor([0, 0]))  # 0.5 is not read as 0
+    with pytest.raises(AnalysisError, match="non-negative operands"):
+        addition(2).values(torch.tensor([-12]), torch.tensor([3]))  # -12 is not read as 12
+
+
+def test_a_sweep_without_a_score_has_no_best_cell():
+    from arithinterp.causal import DASSweep
+
+    nan = torch.full((2, 1), math.nan)
+    sweep = DASSweep(variable="v", site="resid_post", layers=[0, 1], positions=["final"], k=2, iia=nan, low=nan,
+                     high=nan, random_iia=nan, logit_diff=nan, chance=0.0)
+    with pytest.raises(AnalysisError, match="no cell of this sweep has a score"):
+        sweep.best()
+
+
+# --- parts belong to one model ----------------------------------------------------------------------------
+
+
+def test_transcoders_refuse_a_model_of_the_same_shape_with_other_weights(number_tokenizer, tiny_model, parts):
+    from arithinterp.features import replacement_metrics
+    from tests.conftest import tiny_bridge
+
+    prompts, transcoders = parts
+    twin = tiny_bridge(number_tokenizer, seed=5)
+    with pytest.raises(ModelMismatchError, match="came from another model.*fingerprint"):
+        replacement_metrics(twin, transcoders, prompts.tokens[:4])
+    assert replacement_metrics(tiny_model, transcoders, prompts.tokens[:4])["agreement"] >= 0.0
+    on_twin = transcoders.on_model(twin)  # declared on purpose
+    assert replacement_metrics(twin, on_twin, prompts.tokens[:4])["agreement"] >= 0.0
+
+
+def test_a_fingerprint_survives_a_save_and_follows_the_weights(tiny_model, parts, tmp_path):
+    from arithinterp.checks import fingerprint
+    from arithinterp.features import load_transcoders
+
+    _, transcoders = parts
+    loaded = load_transcoders(transcoders.save(tmp_path / "tc"))
+    assert loaded.meta["fingerprint"] == fingerprint(tiny_model) == transcoders.meta["fingerprint"]
+
+
+def test_the_shipped_transcoders_carry_their_models_fingerprint():
+    from arithinterp.features.shipped import WEIGHTS_DIR
+
+    for name in ("add-100", "add-3digit"):
+        meta = json.loads((WEIGHTS_DIR / name / "result.json").read_text())["fields"]["meta"]
+        assert len(meta["fingerprint"]) == 16
+
+
+# --- writing commands -------------------------------------------------------------------------------------
+
+
+def test_shipped_transcoders_are_not_replaced_without_overwrite(tmp_path):
+    from arithinterp.features.shipped import WEIGHTS_DIR, train_shipped
+
+    before = (WEIGHTS_DIR / "add-100" / "tensors.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match="already holds files; pass overwrite=True"):
+        train_shipped("zoo:add-100", steps=1, progress=False)  # refused before the model is even loaded
+    assert (WEIGHTS_DIR / "add-100" / "tensors.safetensors").read_bytes() == before
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="already holds files"):
+        train_shipped("zoo:add-100", out=occupied, steps=1, progress=False)
+
+
+def test_commands_check_their_outputs_and_numbers_before_work(tmp_path, capsys):
+    from arithinterp.cli import main
+
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    assert main(["train-transcoders", "zoo:add-100", "--out", str(occupied), "--steps", "1", "--json"]) == 2
+    assert "already holds files" in json.loads(capsys.readouterr().out)["error"]
+    assert main(["das", "zoo:add-100", "--variable", "sum", "--sweep", "--layers", "0,x", "--json"]) == 2
+    assert "--layers takes comma-separated whole numbers" in json.loads(capsys.readouterr().out)["error"]
