@@ -172,8 +172,15 @@ OpenUnitFloat = Annotated[float, BeforeValidator(_as_float), Field(gt=0, lt=1),
 #: A positive number of bytes: an int, a whole float (``2e9``) or a size string (``"1GiB"``, ``"512MB"``).
 ByteSize = Annotated[int, BeforeValidator(_as_bytes), Field(gt=0),
                      Accepts("a positive number of bytes, or a size such as '512MiB' or '1GiB'")]
-#: A file-system path: a ``str`` or any ``os.PathLike`` (kept as given).
-PathLike = Annotated[Union[str, os.PathLike], Accepts("a path (a str or a pathlib.Path)")]
+def _named(path: Any) -> Any:
+    if isinstance(path, str) and not path.strip():  # "" would be the working directory, unasked
+        raise ValueError("an empty path names no file or folder")
+    return path
+
+
+#: A file-system path: a non-empty ``str`` or any ``os.PathLike`` (kept as given).
+PathLike = Annotated[Union[str, os.PathLike], AfterValidator(_named), Accepts("a path (a non-empty str or a "
+                                                                               "pathlib.Path)")]
 #: A random seed: an int.
 Seed = Annotated[int, BeforeValidator(_as_int), Accepts("an int seed")]
 #: A list of ints (a ``range``, an integer array or tensor also); never a string.

@@ -77,7 +77,10 @@ FUNCTIONS = public_functions()
 #: Known to fail the fuzz still (an argument declared ``Any`` reaches code that assumes its type); each is a
 #: finding to fix, run but allowed to fail until then.
 KNOWN = {"arithinterp.neurons.model.maps", "arithinterp.patching.attribution.compare",
-         "arithinterp.fourier.separability.number_representations", "arithinterp.patching.digits.vary_digit"}
+         "arithinterp.fourier.separability.number_representations", "arithinterp.patching.digits.vary_digit",
+         # an absurd size reaches an allocation (MemoryError)
+         "arithinterp.fourier.modular.modular_logits", "arithinterp.fourier.spectra.spectrum",
+         "arithinterp.patching.attribution.attribution_vs_exact"}
 CHECKED = [fn for fn in FUNCTIONS if getattr(fn, "__arithinterp_checked__", False)
            and f"{fn.__module__}.{fn.__qualname__}" not in NOT_FUZZED]
 
@@ -226,7 +229,8 @@ FUZZED = [pytest.param(fn, marks=pytest.mark.xfail(reason="a known finding", str
 @settings(max_examples=6, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
-def test_a_careless_call_gives_a_result_or_an_arithinterp_error(fn, world, data):
+def test_a_careless_call_gives_a_result_or_an_arithinterp_error(fn, world, data, tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path_factory.getbasetemp())  # a relative path a call writes lands in the test's folder
     arguments = _arguments(fn, world)
     names = [p.name for p in inspect.signature(fn).parameters.values()
              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
