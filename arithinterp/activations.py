@@ -86,13 +86,14 @@ class Activations:
         """The activations (and prompts) of the prompts ``index`` selects: a ``[k]`` index or a
         ``[n_prompts]`` boolean mask, as for a ``PromptSet``."""
         index = torch.as_tensor(index)
-        if index.dtype == torch.bool and index.shape != (self.n_prompts,):
-            raise ConfigError(f"a mask must have one entry per prompt ({self.n_prompts}), got shape {tuple(index.shape)}")
-        if index.dtype != torch.bool and (index.ndim != 1 or index.is_floating_point()):
+        n = self.n_prompts
+        if index.dtype == torch.bool:
+            if index.shape != (n,):
+                raise ConfigError(f"a mask must have one entry per prompt ({n}), got shape {tuple(index.shape)}")
+        elif index.ndim != 1 or index.is_floating_point():
             raise ConfigError(f"index must be a 1-d tensor of prompt indices or a boolean mask, got {index!r}")
-        if index.dtype != torch.bool and len(index) and not -self.n_prompts <= int(index.min()) <= int(
-                index.max()) < self.n_prompts:
-            raise ConfigError(f"prompt indices must lie in [0, {self.n_prompts}), got {index.min()} to {index.max()}")
+        elif len(index) and not (-n <= int(index.min()) and int(index.max()) < n):
+            raise ConfigError(f"prompt indices must lie in [-{n}, {n}), got {int(index.min())} to {int(index.max())}")
         return Activations({site: t[index] for site, t in self.data.items()}, list(self.layers), list(self.positions),
                            None if self.prompts is None else self.prompts[index], dict(self.meta))
 

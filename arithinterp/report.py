@@ -672,14 +672,31 @@ def _probe_targets(prompts: Any) -> tuple[str, ...]:
     return ("a_digit_0", "carry_0") + ((f"answer_digit_{max(varying)}",) if varying else ()) + ("answer_digit_0",)
 
 
+def _merged_over_layers(parts: list) -> Any:
+    """One probe result from results at one layer each (the same target, prompts and positions)."""
+    import dataclasses
+
+    import torch
+
+    parts = sorted(parts, key=lambda part: part.layers[0])
+    first = parts[0]
+    return dataclasses.replace(
+        first, layers=[layer for part in parts for layer in part.layers],
+        fold_scores=torch.cat([part.fold_scores for part in parts]),
+        control_scores=torch.cat([part.control_scores for part in parts], dim=1),
+        directions=None if first.directions is None else torch.cat([part.directions for part in parts]))
+
+
 def probes_stage(ctx: Context) -> Section:
     """Probes per target, each against chance, shuffled labels and a random-init model of the
     same architecture on the same prompts: a finding only when the trained model beats all three
     (readable because of training, not because the input shows it).
 
     Within a budget, prompts come before layers: every prompt is probed (narrower intervals; a
-    few dozen prompts leave a real difference from the random-init model inside the noise) at as
-    many evenly spread layers as fit, and prompts are sampled only when not even
+    few dozen prompts leave a real difference from the random-init model inside the noise), one
+    layer at a time coarse to fine (:func:`coarse_to_fine`) while the time the layers so far took
+    says the next fits — a probe's cost differs from layer to layer, so no single layer's timing
+    predicts the rest. Prompts are sampled only when the first layer says that not even
     :data:`PROBE_LAYERS` layers fit with all of them."""
     from arithinterp import probes
     from arithinterp.activations import collect
@@ -691,35 +708,53 @@ def probes_stage(ctx: Context) -> Section:
     control = collect(ctx.control_model(), prompts, **where)
     targets = _probe_targets(prompts)
     # five folds when there are prompts enough: a fold-mean's t interval with 2 degrees of freedom is 1.5 times as wide
-    folds = 5 if len(prompts) >= 100 else 3
-    probe: dict[str, Any] = dict(kind="logistic", cv=folds, random_state=ctx.seed, progress=False)
-    layers, fitted = list(acts.layers), ""
-    if ctx.budget.seconds != float("inf"):  # every target at one layer timed on every prompt
-        start = time.perf_counter()
-        for target in targets:  # each: its classes set the probe's cost (ten digits cost more than a carry)
-            with contextlib.suppress(AnalysisError):  # a target that cannot be probed still gives the timing
-                probes.probe_layers(acts, target, layers=layers[-1:], control_acts=control, **probe)
-        per_layer = time.perf_counter() - start
-        fits = int(MARGIN * max(ctx.seconds_left(), 0.0) / per_layer)
-        if fits < min(PROBE_LAYERS, len(layers)):  # a probe's cost grows about linearly with its prompts
-            keep = max(MINIMUMS["probes"][0], int(len(prompts) * fits / PROBE_LAYERS))
-            if keep < len(prompts):
-                pick = _seeded_pick(len(prompts), keep, ctx.seed)
-                fitted = f"sampled {keep} of {len(prompts)} prompts to fit the {_secs(ctx.budget.seconds)} budget"
-                prompts, acts, control = prompts[pick], acts.subset(pick), control.subset(pick)
-            fits = PROBE_LAYERS
-        if fits < len(layers):
-            layers = [layers[i] for i in spread(len(layers), fits)]
-            fitted = _joined(fitted, f"probed at {len(layers)} of {len(acts.layers)} layers "
-                                     f"({', '.join(map(str, layers))}) to fit the {_secs(ctx.budget.seconds)} budget")
-    section = Section(STAGE_TITLES["probes"], sample=_joined(require("probes", len(prompts)), fitted))
+    probe: dict[str, Any] = dict(kind="logistic", cv=5 if len(prompts) >= 100 else 3, random_state=ctx.seed,
+                                 progress=False)
+    order = coarse_to_fine(list(acts.layers))
+    least = min(PROBE_LAYERS, len(order))
+    timed = ctx.budget.seconds != float("inf")
+    parts: dict[str, list] = {target: [] for target in targets}
+    refused: dict[str, str] = {}  # target -> why it cannot be probed (e.g. one class among these prompts)
+    covered: list[int] = []
+
+    def probe_at(layer: int) -> None:
+        for target in targets:
+            if target not in refused:
+                try:
+                    parts[target].append(probes.probe_layers(acts, target, layers=[layer], control_acts=control,
+                                                             **probe))
+                except AnalysisError as why:
+                    refused[target] = str(why).rstrip(".")
+        covered.append(layer)
+
+    sampled, start = "", time.perf_counter()
+    probe_at(order[0])
+    took = time.perf_counter() - start
+    left = MARGIN * max(ctx.seconds_left(), 0.0)
+    if timed and took * (least - 1) > left:  # a probe's cost grows about linearly with its prompts
+        keep = max(MINIMUMS["probes"][0], int(len(prompts) * (left + took) / (least * took)))
+        if keep < len(prompts):
+            pick = _seeded_pick(len(prompts), keep, ctx.seed)
+            sampled = f"sampled {keep} of {len(prompts)} prompts to fit the {_secs(ctx.budget.seconds)} budget"
+            prompts, acts, control = prompts[pick], acts.subset(pick), control.subset(pick)
+            parts, covered, start = {target: [] for target in targets}, [], time.perf_counter()
+            probe_at(order[0])
+    for layer in order[1:]:
+        per_layer = (time.perf_counter() - start) / len(covered)
+        if timed and len(covered) >= least and per_layer > MARGIN * ctx.seconds_left():
+            break
+        probe_at(layer)
+    layers = sorted(covered)
+    fitted = "" if len(layers) == len(order) else (
+        f"probed at {len(layers)} of {len(order)} layers ({', '.join(map(str, layers))}) to fit the "
+        f"{_secs(ctx.budget.seconds)} budget")
+    section = Section(STAGE_TITLES["probes"], sample=_joined(require("probes", len(prompts)), sampled, fitted))
     fold_scheme = None  # of the last target probed
     for target in targets:
-        try:
-            result = probes.probe_layers(acts, target, layers=layers, control_acts=control, **probe)
-        except AnalysisError as why:  # e.g. a target with one class among these prompts
-            section.findings.append(f"'{target}' not probed: {str(why).rstrip('.')}.")
+        if target in refused:
+            section.findings.append(f"'{target}' not probed: {refused[target]}.")
             continue
+        result = _merged_over_layers(parts[target])
         section.findings.append(result.finding()["text"])
         section.figures.append(result.plot())
         fold_scheme = result.fold_scheme

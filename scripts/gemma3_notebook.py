@@ -61,19 +61,22 @@ print(f"{len(correct)} of {len(prompts)} answered correctly; {len(pairs)} pairs 
       repr(pairs.clean.texts[0][-8:]), "->", repr(pairs.corrupt.texts[0][-8:]))
 wrong = ~evaluation.correct
 sizes, counts = (evaluation.model_answer[wrong] - prompts.answer[wrong]).unique(return_counts=True)
-print("most common errors (answer - truth):", {int(sizes[i]): int(counts[i]) for i in counts.argsort(descending=True)[:3]})"""),
+common = counts.argsort(descending=True)[:3]
+print("most common errors (answer - truth):", {int(sizes[i]): int(counts[i]) for i in common})"""),
     ("md", """## Where the first operand moves (activation patching)
 
 The clean residual stream patched into prompts whose first operand was changed (1 = the clean
 answer fully restored, 0 = the corrupted run). The control is built in: before the operand's first
 token nothing can change."""),
-    ("code", """resid = patching.activation_patching(model, pairs, "resid_pre", positions=["a[0]", "a", "b[0]", "b", "final"],
-                                     normalize=True, progress=False)
+    ("code", """positions = ["a[0]", "a", "b[0]", "b", "final"]
+resid = patching.activation_patching(model, pairs, "resid_pre", positions=positions, normalize=True, progress=False)
 show(resid.plot())
 resid.to_frame().pivot(index="layer", columns="position", values="mean").round(2)"""),
-    ("code", """heads = patching.activation_patching(model, pairs, "attn_z", per_position=False, normalize=True, progress=False)
+    ("code", """heads = patching.activation_patching(model, pairs, "attn_z", per_position=False, normalize=True,
+                                     progress=False)
 show(heads.plot())
-heads.to_frame().sort_values("mean", ascending=False).head(5)[["layer", "head", "mean", "ci_low", "ci_high"]].round(3)"""),
+top = heads.to_frame().sort_values("mean", ascending=False).head(5)
+top[["layer", "head", "mean", "ci_low", "ci_high"]].round(3)"""),
     ("md", """## Which head computes which answer digit
 
 Each head mean-ablated alone at the position that predicts one answer token (teacher-forced); the
@@ -98,8 +101,8 @@ second."""),
 The carry into the tens (`carry_1`) at b's units digit, layer 6: a learned 4-dimensional subspace
 swapped from a source prompt; held-out interchange-intervention accuracy (IIA) beside a random
 rotation and the probe (`docs/causal.md` has the sweep over all 18 layers)."""),
-    ("code", """used = causal.readable_vs_used(model, correct, ["carry_1"], layers=[6, 12], position="b[1]", k=4, steps=60,
-                              n=300, progress=False)
+    ("code", """used = causal.readable_vs_used(model, correct, ["carry_1"], layers=[6, 12], position="b[1]", k=4,
+                              steps=60, n=300, progress=False)
 used.to_frame().round(3)"""),
     ("md", """## How numbers are represented (Fourier), against the random-init model
 

@@ -85,6 +85,8 @@ def test_collect_rejects_empty_prompt_set(tiny_model, prompts):
 def test_every_site_names_a_real_hook(tiny_model):
     hooks = set(tiny_model.hook_dict)
     for site in HOOKS:
+        if site.endswith("_post_scale"):  # only models with norms after their branches (Gemma 2, 3) have them
+            continue  # (attribution graphs read them there: tests/test_branch_norms.py)
         assert hook_name(site, 1) in hooks, site
 
 

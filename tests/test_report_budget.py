@@ -642,39 +642,53 @@ def test_a_stage_timed_at_its_minimum_runs_again_on_what_fits(tiny_model, monkey
 
 
 def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_tokenizer, monkeypatch):
-    """A probe's cost per layer is timed on every prompt; the stage covers as many spread layers as
-    fit with all of them, and samples prompts only when not even PROBE_LAYERS layers fit."""
+    """Layers are probed one at a time, coarse to fine, while the time per layer so far fits the time
+    left, on every prompt; prompts are sampled only when the first layer says not even PROBE_LAYERS
+    layers fit. The layers probed one by one give the result one call over them gives."""
     import arithinterp.report as report
     from arithinterp import probes
+    from arithinterp.activations import collect
     from arithinterp.tasks import arithmetic
-
     from conftest import tiny_bridge
 
     model = tiny_bridge(digit_tokenizer, n_layers=8)
     prompts = arithmetic(model, "+", range(10, 40), range(10, 40))[:300]
     now = [0.0]
     monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
-    real, seen = probes.probe_layers, []
+    real, calls = probes.probe_layers, []
 
     def probe_layers(acts, target, layers=None, **kwargs):  # 0.01 s per prompt and layer
-        seen.append((acts.n_prompts, len(layers)))
+        calls.append(acts.n_prompts)
         now[0] += 0.01 * acts.n_prompts * len(layers)
         return real(acts, target, layers=layers, **kwargs)
 
     monkeypatch.setattr(probes, "probe_layers", probe_layers)
-    n_layers = model.cfg.n_layers
-    # the timing: 3 targets x 3 s at one layer with 300 prompts, then what is left at 3 s a layer per target
-    for seconds, n_prompts, n_probed in ((1e4, 300, n_layers), ((9 + 9 * 5) / report.MARGIN + 1, 300, 5),
-                                         ((9 + 9 * 2) / report.MARGIN + 1, 150, report.PROBE_LAYERS)):
-        seen.clear()
+    targets = report._probe_targets(prompts)
+    assert targets == ("a_digit_0", "carry_0", "answer_digit_1", "answer_digit_0")
+    per_layer = len(targets) * 3.0  # every target at one layer on 300 prompts
+    # unlimited: every layer; 68 s: 5 layers (the sixth's 12 s no longer fits 85% of what is left);
+    # 30 s: the first layer (12 s) says 4 layers do not fit, so 170 prompts (0.85 * 18 + 12 = 27.3 s
+    # for 4 layers at 12 s each: 300 * 27.3 / 48), then at least 4 layers
+    for seconds, n_prompts, n_layers in ((float("inf"), 300, 8), (5 * per_layer + 8, 300, 5), (30.0, 170, 4)):
+        calls.clear()
         ctx = Context(model, "tiny", prompts, prompts, None, None, seed=0, budget=Budget(seconds))
         ctx.stage_start = now[0]
         section = report.probes_stage(ctx)
         assert section.sample.startswith(f"{n_prompts} correctly answered prompts"), section.sample
-        assert seen[-1] == (n_prompts, n_probed), (seconds, seen)
-        assert ("sampled" in section.sample) is (n_prompts < len(prompts))
-        assert ("probed at" in section.sample) is (n_probed < n_layers)
-        assert "folds: 5-fold" in section.sample
+        assert calls[-len(targets) * n_layers:] == [n_prompts] * len(targets) * n_layers
+        assert ("sampled" in section.sample) is (n_prompts < len(prompts)), section.sample
+        layers = report.coarse_to_fine(list(range(8)))[:n_layers]
+        assert (f"probed at {n_layers} of 8 layers ({', '.join(map(str, sorted(layers)))})" in section.sample) is (
+            n_layers < 8), section.sample
+        assert "folds: 5-fold" in section.sample and len(section.findings) == len(targets)
+    # the merged per-layer results are the one-call result
+    acts = collect(model, prompts[:120], sites="resid_post", positions=["a", "b", "final"], progress=False)
+    one = real(acts, "carry_0", layers=[1, 4, 6], cv=5, progress=False)
+    merged = report._merged_over_layers([real(acts, "carry_0", layers=[layer], cv=5, progress=False)
+                                         for layer in (6, 1, 4)])
+    assert merged.layers == [1, 4, 6]
+    assert torch.equal(merged.fold_scores, one.fold_scores) and torch.equal(merged.control_scores, one.control_scores)
+    assert merged.finding() == one.finding()
 
 
 def test_the_neurons_control_runs_only_when_the_time_left_holds_it(monkeypatch):
