@@ -455,3 +455,39 @@ def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_feature
     assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
     with pytest.raises(AnalysisError, match="prompts is empty"):
         graph_sample(model, [], tc)
+
+
+def test_a_ridge_skip_stays_small_off_the_inputs_few_directions():
+    """Inputs spanning 4 of 32 directions (a narrow task's few thousand distinct rows): the plain
+    least-squares skip gives huge gains along the others, so an input drifted 5% off them (as the
+    replacement model's are, once earlier MLPs are replaced) moves the output by about its own size;
+    the ridge skip moves it by less than 5%."""
+    from arithinterp.features.training import _fit_layer
+
+    generator = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(32, 32, generator=generator)).Q
+    x = torch.randn(2000, 4, generator=generator) @ basis[:, :4].T + 1e-4 * torch.randn(2000, 32, generator=generator)
+    W = torch.randn(32, 32, generator=generator) / 32**0.5
+    y = torch.relu(x @ W) + 0.5 * x @ W
+    drift = 0.05 * x.norm(dim=1, keepdim=True) * torch.nn.functional.normalize(
+        torch.randn(2000, 28, generator=generator) @ basis[:, 4:].T, dim=1)
+    errors = {}
+    for ridge in (0.0, 1e-3):
+        t = _fit_layer(x, y, 16, 4, 50, 256, 1e-3, True, torch.Generator().manual_seed(1), False, "", skip_ridge=ridge,
+                       train_skip=False)
+        moved = drift @ t["W_skip"]  # what the skip adds to the output for the drift
+        errors[ridge] = float((moved.norm(dim=1) / y.norm(dim=1)).median())
+    assert errors[0.0] > 0.5 and errors[1e-3] < 0.05, errors
+
+
+def test_distinct_rows_train_each_shared_prefix_row_once(tiny_model):
+    prompts = prompts_for_pairs(tiny_model, "+", list(range(10, 40)), list(range(40, 70)), "{a}+{b}=", few_shot=2)
+    kwargs = dict(layers=[0], n_features=16, k=4, steps=5, batch_size=64, progress=False)
+    every = train_transcoders(tiny_model, prompts, **kwargs)
+    once = train_transcoders(tiny_model, prompts, distinct=True, **kwargs)
+    per_prompt = int(prompts.lengths[0])
+    prefix = per_prompt - 4  # the two-shot prefix (and <bos>) repeats; a, '+', b, '=' are the prompt's own
+    n_train = every.meta["train_rows"] // per_prompt
+    assert once.meta["train_rows"] == every.meta["train_rows"] - (n_train - 1) * prefix
+    row = once.metrics["layers"][0]
+    assert 0 <= row["fvu_after_first"] and row["fvu"] != row["fvu_after_first"]

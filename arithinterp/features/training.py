@@ -4,8 +4,10 @@
 prompt set, answer tokens teacher-forced after the prompt where the answer has several tokens.
 :func:`train_transcoders` fits one TopK transcoder per layer (Adam on the MSE, decoder rows kept
 at unit norm, the AuxK loss of Gao et al. 2024 to revive dead features, the skip initialised by
-least squares) on a seeded split of the prompts and measures it on the held-out prompts:
-FVU, L0, dead features, and the replacement model (:mod:`arithinterp.features.replacement`).
+least squares, ridge-regularised where ``skip_ridge`` > 0) on a seeded split of the prompts and
+measures it on the held-out prompts: FVU (over every position, and after each prompt's first,
+where Gemma's ``<bos>`` alone can hold most of the variance), L0, dead features, and the replacement
+model (:mod:`arithinterp.features.replacement`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from arithinterp.features.transcoder import Transcoders, topk_activations
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (
-    Accepts, ByteSize, IntList, OpenUnitFloat, PositiveFiniteFloat, PositiveInt, Probability, Seed, checked,
+    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveInt, Probability,
+    Seed, checked,
 )
 
 
@@ -75,6 +78,16 @@ def _fvu(y: torch.Tensor, y_hat: torch.Tensor) -> float:
     return float(((y - y_hat) ** 2).sum() / total)
 
 
+def _distinct_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of ``x [n, d]`` in their first order of appearance, and where each first
+    appears ``[m]`` (prompts sharing a prefix give equal MLP inputs at its positions)."""
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)
+    seen = torch.full((int(inverse.max()) + 1,), len(x), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(x)), reduce="amin")
+    first = seen.sort().values
+    return x[first], first
+
+
 def _resample(tensors: dict, optimiser: torch.optim.Optimizer, dead: torch.Tensor, x: torch.Tensor,
               error: torch.Tensor, generator: torch.Generator) -> None:
     """Point dead features at badly reconstructed rows (Bricken et al. 2023's resampling): the
@@ -102,8 +115,15 @@ def _resample(tensors: dict, optimiser: torch.optim.Optimizer, dead: torch.Tenso
 
 def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps: int, batch_size: int, lr: float,
                skip: bool, generator: torch.Generator, progress: bool, desc: str, encoder_scale: float = 0.1,
-               resample_until: float = 0.0, min_frequency: float = 1e-3) -> dict[str, torch.Tensor]:
+               resample_until: float = 0.0, min_frequency: float = 1e-3, skip_ridge: float = 0.0,
+               train_skip: bool = True) -> dict[str, torch.Tensor]:
     """One TopK transcoder fitted to rows ``x [n, d] -> y [n, d]``.
+
+    The skip starts at the least-squares fit of ``y`` on ``x``, with ``skip_ridge`` × the inputs'
+    mean variance added to each direction's (ridge regression): inputs that span few directions
+    (a few thousand distinct rows of a narrow task) leave the plain fit huge gains along directions
+    the rows barely vary in, which inputs the replacement model drifts into then hit. With
+    ``train_skip`` False the skip stays there and Adam trains the features alone.
 
     Against dead features (Gao et al. 2024): the encoder starts as the decoder's transpose with
     the inputs' mean subtracted (the pre-bias, folded into ``b_enc``), and the AuxK loss trains the
@@ -118,7 +138,13 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
     x_mean = x.mean(0)
     b_dec = y.mean(0).clone()
-    if skip:  # the linear part of the MLP, by least squares: features then fit what is not linear
+    if skip and skip_ridge > 0:  # ridge: (C + λ I) W = C_xy, λ relative to the inputs' mean variance
+        x_c, y_c = x - x_mean, y - b_dec
+        covariance = x_c.T @ x_c / n
+        ridge = skip_ridge * float(covariance.diagonal().mean())
+        W_skip = torch.linalg.solve(covariance + ridge * torch.eye(d), x_c.T @ y_c / n)
+        b_dec = b_dec - x_mean @ W_skip
+    elif skip:  # the linear part of the MLP, by least squares: features then fit what is not linear
         x_c = torch.cat([x - x_mean, torch.ones(n, 1)], 1)
         W_skip = torch.linalg.lstsq(x_c, y - b_dec).solution[:d]
         b_dec = b_dec - x_mean @ W_skip  # the skip reads x, not x - mean
@@ -127,7 +153,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     W_enc = W_dec.T.clone() * encoder_scale
     params = dict(W_enc=W_enc, b_enc=-(x_mean @ W_enc), W_dec=W_dec, b_dec=b_dec, W_skip=W_skip)
     tensors = {name: p.clone().requires_grad_(True) for name, p in params.items()}
-    if not skip:
+    if not skip or not train_skip:
         tensors["W_skip"].requires_grad_(False)
     optimiser = torch.optim.Adam([p for p in tensors.values() if p.requires_grad], lr=lr)
     k_aux = min(n_features, max(2 * k, d // 2))
@@ -178,12 +204,16 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
                       batch_size: PositiveInt = 2048, lr: PositiveFiniteFloat = 2e-3, skip: bool = True,
                       held_out: OpenUnitFloat = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
                       resample_until: Probability = 0.0, min_frequency: Frequency = 1e-3,
+                      skip_ridge: NonNegativeFiniteFloat = 0.0, train_skip: bool = True, distinct: bool = False,
                       max_memory: Optional[ByteSize] = None, progress: bool = True) -> Transcoders:
     """Train one TopK transcoder per layer on every position of ``prompts`` and measure it.
 
     The encoder starts as ``encoder_scale`` × the decoder's transpose, centred on the inputs' mean;
     features silent for ~two passes or firing on fewer than ``min_frequency`` of the rows are trained
     by the AuxK loss, and (``resample_until`` > 0) resampled during that first share of the steps.
+    ``skip_ridge`` > 0 fits the skip by ridge regression (its strength × the inputs' mean variance),
+    ``train_skip`` False keeps it there; ``distinct`` trains on each distinct MLP input once (prompts
+    that share a few-shot prefix repeat its rows in every prompt).
 
     ``held_out`` of the prompts (a seeded random split) are kept aside: FVU, L0, dead features
     and the replacement model's agreement and KL are measured on them only. Returns
@@ -204,6 +234,8 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
                             f"needs about {need / 2**20:.0f} MiB, more than the budget of {budget / 2**20:.0f} MiB "
                             "(max_memory); use fewer features or a smaller batch, or raise max_memory")
     tokens, valid, n_answer = full_tokens(prompts)
+    first = valid.float().argmax(1)  # the first unpadded position of each prompt
+    after_first = valid & (torch.arange(tokens.shape[1])[None, :] > first[:, None])
     N = len(tokens)
     n_test = max(1, int(round(held_out * N)))
     if N - n_test < 1:
@@ -214,22 +246,37 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
     start = time.perf_counter()
     ins, outs = mlp_activations(model, tokens, chosen, progress=progress)
     fitted: list[dict[str, torch.Tensor]] = []
-    for i, layer in enumerate(chosen):
-        x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
-        fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
-                                 f"transcoder L{layer}", encoder_scale, resample_until, min_frequency))
+    train_rows = 0
+    flush = torch.set_flush_denormal(True)  # subnormal gradients slow CPU training about threefold
+    try:
+        for i, layer in enumerate(chosen):
+            x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
+            if distinct:
+                x, first = _distinct_rows(x)
+                y = y[first]
+            train_rows = len(x)
+            fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
+                                     f"transcoder L{layer}", encoder_scale, resample_until, min_frequency,
+                                     skip_ridge, train_skip))
+    finally:
+        if flush:
+            torch.set_flush_denormal(False)
     stacked: dict[str, Any] = {name: torch.stack([f[name] for f in fitted]) for name in fitted[0]}
     seconds = round(time.perf_counter() - start, 1)
     meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
                       skip=skip, encoder_scale=encoder_scale, resample_until=resample_until,
-                      min_frequency=min_frequency, train_rows=int(valid[train].sum()), train_seconds=seconds)
+                      min_frequency=min_frequency, skip_ridge=skip_ridge, train_skip=train_skip, distinct=distinct,
+                      train_rows=train_rows, train_seconds=seconds)
     draft = Transcoders(layers=chosen, k=k, metrics={}, meta=meta, **stacked)
     layer_rows = []
     for i, layer in enumerate(chosen):
         x, y = ins[i][test][valid[test]], outs[i][test][valid[test]]
         acts = draft.encode(layer, x)
         fired = (acts > 0).any(0)
-        layer_rows.append(dict(fvu=round(_fvu(y, draft.decode(layer, acts, x)), 5),
+        y_hat = draft.decode(layer, acts, x)
+        later = after_first[test][valid[test]]  # every position but each prompt's first (<bos>)
+        layer_rows.append(dict(fvu=round(_fvu(y, y_hat), 5),
+                               fvu_after_first=round(_fvu(y[later], y_hat[later]), 5) if bool(later.any()) else None,
                                l0=round(float((acts > 0).sum(-1).float().mean()), 3),
                                dead_fraction=round(1 - float(fired.float().mean()), 5)))
     replacement = replacement_metrics(model, draft, tokens[test], n_answer)
