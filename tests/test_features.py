@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_bridge
 
 from arithinterp.engine import Intervention, Read, run
-from arithinterp.errors import AnalysisError, ModelSpecError, SiteError
+from arithinterp.errors import AnalysisError, ConfigError, ModelSpecError, SiteError
 from arithinterp.features import Transcoders, load_transcoders, replacement_logits, train_transcoders
 from arithinterp.features.training import full_tokens, mlp_activations
 from arithinterp.tasks import prompts_for_pairs
@@ -145,7 +145,7 @@ def test_bad_arguments_say_what_is_accepted(planted):
     prompts = prompts_for_pairs(model, "+", [1, 2, 3], [4, 5, 6], "{a}+{b}=")
     with pytest.raises(AnalysisError, match="k=8 exceeds n_features=4"):
         train_transcoders(model, prompts, n_features=4, k=8, progress=False)
-    with pytest.raises(AnalysisError, match="held_out"):
+    with pytest.raises(ConfigError, match="held_out"):
         train_transcoders(model, prompts, held_out=1.5, progress=False)
     with pytest.raises(SiteError, match="no transcoder for layer 3"):
         tc.interventions(layers=[3])

@@ -163,7 +163,7 @@ def test_scoring_defaults_to_the_prompts_own(tiny_digit_model, digit_pairs):
     "kwargs, words",
     [
         (dict(scoring="whole"), ["unknown scoring 'whole'", "first_token", "full_answer"]),
-        (dict(scoring=1), ["unknown scoring 1"]),
+        (dict(scoring=1), ["scoring=1 is not accepted", "scoring accepts a string"]),
         (dict(scoring="full_answer", metric=lambda logits, pairs: logits[:, 0]), ["metric callable", "logit_diff"]),
     ],
 )

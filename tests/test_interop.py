@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from arithinterp import causal
-from arithinterp.errors import AnalysisError, ModelFileError, ResultFileError
+from arithinterp.errors import AnalysisError, ConfigError, ModelFileError, ResultFileError
 from arithinterp.features import (
     attribution_graph, load_transcoders, read_circuit_tracer_graph, read_circuit_tracer_transcoders, read_saelens,
     transcoder_fvu, write_circuit_tracer_transcoders, write_saelens,
@@ -162,7 +162,7 @@ def test_zero_positions_hold_position_0_constant_and_stay_exact(zoo, graph):
     assert both.scores["completeness"] == both.scores["completeness_all_nodes"]
     # embedding and error nodes count as complete there: the average over every node is higher
     assert both.scores["completeness_all_nodes"] > both.scores["completeness_features"]
-    with pytest.raises(AnalysisError, match="completeness"):
+    with pytest.raises(ConfigError, match="completeness"):
         attribution_graph(model, "36+59=", tc, completeness="every", progress=False)
 
 

@@ -200,12 +200,12 @@ def test_exact_patching_builds_its_edge_sets_in_blocks(llama):
     assert int(torch.isfinite(small["scores"][0]).sum()) == len(edges)
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1GB", True])
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "lots", True])
 def test_an_invalid_budget_is_refused_with_what_is_accepted(zoo, bad):
     model, prompts = zoo
-    with pytest.raises(ConfigError, match="max_memory must be a positive number of bytes"):
+    with pytest.raises(ConfigError, match="max_memory.* accepts a positive number of bytes"):
         memory_budget(model, bad)
-    with pytest.raises(ConfigError, match="max_memory must be a positive number of bytes"):
+    with pytest.raises(ConfigError, match="max_memory.* accepts a positive number of bytes"):
         nn.classify(model, prompts, top_k=None, max_memory=bad)
 
 

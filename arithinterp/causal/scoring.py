@@ -32,7 +32,7 @@ from arithinterp.engine import Intervention, Read, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.engine.interchange import ResumedRuns, resumed_runs
 from arithinterp.errors import AnalysisError, SiteError
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, checked
 
 VECTOR_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post")
 HEAD_SITES = ("attn_z",)  # one vector per position *and head*: name the head
@@ -145,7 +145,7 @@ def reachable(dataset: InterchangeDataset, rows: torch.Tensor, position: Positio
     return out[rows]
 
 
-def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, max_memory: Optional[float]) -> int:
+def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, max_memory: Optional[ByteSize]) -> int:
     """Pairs per forward from a memory budget (bytes; default the engine's): a training step keeps the
     activations for the backward pass, about three forwards' worth."""
     seq = int(dataset.base.lengths.max()) + int(dataset.answer_tokens.shape[1])
@@ -153,7 +153,7 @@ def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, 
     return max(1, size // 3) if training else size
 
 
-def pairs_per_step(model: HookedModel, dataset: InterchangeDataset, max_memory: Optional[float]) -> int:
+def pairs_per_step(model: HookedModel, dataset: InterchangeDataset, max_memory: Optional[ByteSize]) -> int:
     """Training pairs drawn for each Adam step (at most 256): a third of the pairs whose whole forward,
     logits at every position included, fits ``max_memory``. A setting of the fit, not of how its
     forwards run: resumed runs that unembed the answer positions alone draw the same number, so a
@@ -243,7 +243,7 @@ class Runs:
     """
 
     def __init__(self, model: HookedModel, dataset: InterchangeDataset, where: Site, rows: torch.Tensor, *,
-                 max_memory: Optional[float] = None, engine: str = "auto"):
+                 max_memory: Optional[ByteSize] = None, engine: str = "auto"):
         self.model, self.dataset, self.where = model, dataset, where
         self.rows = torch.unique(rows)
         # pair -> the row of its base prompt, and of its source prompt, in its group's runs

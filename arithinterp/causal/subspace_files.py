@@ -34,7 +34,7 @@ from arithinterp.causal.interventions import FixedSubspace, Interchange, PerPosi
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import Runs, Site, batch_size, evaluate
 from arithinterp.errors import AnalysisError, ResultFileError, accepted
-from arithinterp.types import checked
+from arithinterp.types import ByteSize, checked
 
 PathLike = Union[str, Path]
 # this package's site -> pyvene's component name (its Hugging Face model mappings, e.g. GPT-2's)
@@ -181,7 +181,7 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
 
 @checked
 def score_subspace(model: Any, dataset: InterchangeDataset, intervention: Interchange, where: Site, *,
-                   rows: Optional[torch.Tensor] = None, max_memory: Optional[float] = None) -> dict:
+                   rows: Optional[torch.Tensor] = None, max_memory: Optional[ByteSize] = None) -> dict:
     """IIA (with its 95% interval and logit difference) of a given subspace on ``dataset``'s held-out
     pairs (``rows``: others), as :func:`~arithinterp.causal.das` scores its fit."""
     where.check(model)

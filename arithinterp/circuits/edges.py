@@ -46,7 +46,7 @@ from arithinterp.engine.stepping import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import checked
+from arithinterp.types import ByteSize, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -112,7 +112,7 @@ def run_edge_sets(
     values: str = "source",
     batch_sets: Optional[int] = None,
     batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = False,
     _runs: Optional[dict] = None,
@@ -257,7 +257,7 @@ def patch_edges(
     edges: Optional[Sequence] = None,
     batch_sets: Optional[int] = None,
     batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = True,
 ) -> dict:
@@ -309,7 +309,7 @@ def attribute_edges(
     direction: str = "denoise",
     *,
     batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     progress: bool = True,
     neurons: Optional[dict] = None,
     neuron_receivers: bool = True,

@@ -40,7 +40,7 @@ from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
 from arithinterp.engine.neuron_inputs import NeuronInputs
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
-from arithinterp.types import checked
+from arithinterp.types import ByteSize, checked
 
 if TYPE_CHECKING:
     from arithinterp.circuits.graph import Graph
@@ -228,7 +228,7 @@ def patch_neuron_edges(
     *,
     edges: Optional[Sequence[str]] = None,
     batch_sets: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     progress: bool = True,
 ) -> dict:
     """Exact path patching of each edge into an MLP neuron alone (Wang et al. 2023): the base run

@@ -25,7 +25,7 @@ from arithinterp.neurons.heuristics import (
 )
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import build_meta
-from arithinterp.types import checked
+from arithinterp.types import ByteSize, checked
 
 SCORE_CHUNK = 128  # neurons whose tie-breaking permutations are drawn together
 
@@ -453,7 +453,7 @@ def classify_maps(
     importance: Optional[torch.Tensor] = None,
     seed: int = 0,
     chunk_size: int = SCORE_CHUNK,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     progress: bool = False,
     meta: Optional[dict] = None,
 ) -> "HeuristicTable":
@@ -540,7 +540,7 @@ def check_chunk_size(chunk_size: int) -> int:
     return integer("chunk_size", chunk_size, minimum=1, hint=" (neurons scored together)")
 
 
-def rows_per_chunk(n_cells: int, n_legal: int, n_heuristics: int, chunk_size: int, max_memory: Optional[float],
+def rows_per_chunk(n_cells: int, n_legal: int, n_heuristics: int, chunk_size: int, max_memory: Optional[ByteSize],
                    n_rows: int, share: float = 1.0) -> int:
     """Neurons scored per chunk: a multiple of ``chunk_size`` (so the seeded tie-breaks are the
     same whatever the chunking) whose maps and scores fit in ``share`` of ``max_memory`` bytes."""
@@ -577,7 +577,7 @@ def classify_stream(
     importance: Optional[torch.Tensor] = None,
     seed: int = 0,
     chunk_size: int = SCORE_CHUNK,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     memory_share: float = 1.0,
     progress: bool = False,
     meta: Optional[dict] = None,
