@@ -11,8 +11,9 @@ A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Ever
   ``save`` does not replace a different saved result unless ``overwrite=True``.
 
 Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot`` (abstract
-here: a subclass without them cannot be made). ``tests/test_result_contract.py`` checks the whole
-contract on every subclass in the package.
+here: a subclass without them cannot be made), and declare their saved folders' invariants for
+``load`` to check (``_shapes``, ``_legal``: see :class:`Result`). ``tests/test_result_contract.py``
+checks the whole contract on every subclass in the package, damaging each field of a saved folder.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import functools
 import itertools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Union
 
 import numpy as np
 import torch
@@ -93,12 +94,21 @@ def _plain(value: Any) -> Any:
 class Result(abc.ABC):
     """Base class: subclasses add fields (tensors, lists, numbers) and define ``to_frame`` / ``plot``.
 
-    Subclasses may declare, for :meth:`load` to check, ``_aligned``: groups of fields that run
-    along one axis together (a name, or ``(name, axis)`` for a tensor's other axis), and
-    ``_required_meta``: keys ``meta`` must hold.
+    Subclasses declare, for :meth:`load` to check (a folder that breaks them raises
+    :class:`~arithinterp.errors.ResultFileError` naming the field):
+
+    * ``_shapes``: field -> its axes by name, e.g. ``{"values": "pair layer ...", "layers": "layer"}``.
+      Fields that name one axis share its length; ``...`` (last) stands for any further axes; a
+      number is a fixed length. A list's length is its one axis; an int field named by one axis is
+      that axis's length (``{"basis": "d k", "k": "k"}``).
+    * ``_legal``: field -> the values it may take: a tuple of the accepted values (a list field:
+      each item), or a :class:`Rule` or list of rules (:data:`PROBABILITY`, :data:`NON_NEGATIVE`,
+      :data:`INCREASING`, ...) the value keeps.
+    * ``_required_meta``: keys ``meta`` must hold.
     """
 
-    _aligned: ClassVar[tuple] = ()
+    _shapes: ClassVar[dict[str, str]] = {}
+    _legal: ClassVar[dict[str, Any]] = {}
     _required_meta: ClassVar[tuple] = ()
 
     @abc.abstractmethod
@@ -183,6 +193,117 @@ def holds_result(path: Union[str, Path]) -> bool:
     return (Path(path).expanduser() / JSON_FILE).exists()
 
 
+# --- what a saved result's values may be ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A condition a field's value keeps (``Result._legal``): ``test(value)`` is true of a legal value;
+    ``description`` says what is accepted, in the error a damaged folder raises."""
+
+    description: str
+    test: Callable[[Any], bool]
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+def _numbers(value: Any) -> torch.Tensor:
+    """Every number in ``value`` (a number, a tensor, or lists / dicts of them; ``None`` skipped) as one
+    float64 tensor; a string or other non-number inside raises ``TypeError``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(-1).double()
+    if isinstance(value, (bool, int, float)):
+        return torch.tensor([float(value)], dtype=torch.float64)
+    if isinstance(value, (list, tuple, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        parts = [_numbers(v) for v in items if v is not None]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    raise TypeError(f"{type(value).__name__} is not a number")
+
+
+def _each(description: str, test: Callable[[torch.Tensor], torch.Tensor]) -> Rule:
+    """A rule every number of the value keeps (NaN allowed: a score that could not be computed)."""
+    def check(value: Any) -> bool:
+        x = _numbers(value)
+        return bool((test(x) | x.isnan()).all())
+
+    return Rule(description, check)
+
+
+# float32 sums can land a hair past a bound (a mean of probabilities at 1.0000001)
+_SLACK = 1e-5
+PROBABILITY = _each("numbers in [0, 1] (or NaN)", lambda x: (x >= -_SLACK) & (x <= 1 + _SLACK))
+CORRELATION = _each("numbers in [-1, 1] (or NaN)", lambda x: x.abs() <= 1 + _SLACK)
+NON_NEGATIVE = _each("numbers >= 0 (or NaN)", lambda x: x >= 0)
+POSITIVE = _each("numbers > 0 (or NaN)", lambda x: x > 0)
+INTEGRAL = _each("whole numbers", lambda x: x == x.round())
+INCREASING = Rule("a strictly increasing list (each value once, in order)",
+                  lambda value: all(a < b for a, b in zip(value, value[1:])))
+DISTINCT = Rule("a list with each value once", lambda value: len({repr(v) for v in value}) == len(value))
+
+
+def _axes(value: Any) -> Optional[list[int]]:
+    """The lengths ``_shapes`` compares: a tensor's shape, a list's length, an int's value."""
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (list, tuple)):
+        return [len(value)]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return None
+
+
+def _check_shapes(cls: type, values: dict, path: Path) -> None:
+    """Fields that name an axis share its length; each field has the axes it declares."""
+    seen: dict[str, tuple[int, str]] = {}
+    for name, spec in getattr(cls, "_shapes", {}).items():
+        sizes = _axes(values.get(name))
+        if sizes is None:
+            continue  # absent (defaulted), None (optional) or of a wrong kind (reported by _check_fields)
+        axes = spec.split()
+        open_ended = axes[-1:] == ["..."]
+        axes = axes[:-1] if open_ended else axes
+        if len(sizes) < len(axes) or (not open_ended and len(sizes) != len(axes)):
+            raise ResultFileError(f"{path}: field {name!r} should have axes ({spec}), got shape {tuple(sizes)}; "
+                                  "the file is damaged")
+        for axis, size in zip(axes, sizes):
+            if axis.isdigit():
+                if size != int(axis):
+                    raise ResultFileError(f"{path}: field {name!r} should have {axis} along its axes ({spec}), got "
+                                          f"shape {tuple(sizes)}; the file is damaged")
+                continue
+            first = seen.setdefault(axis, (size, name))
+            if first[0] != size:
+                raise ResultFileError(f"{path} ({JSON_FILE}, {TENSOR_FILE}): {first[1]!r} and {name!r} share the "
+                                      f"{axis!r} axis but have {first[0]} and {size} along it; the files are "
+                                      "damaged or come from two different results")
+
+
+def _check_legal(cls: type, values: dict, path: Path) -> None:
+    """Each declared field holds values it may take."""
+    for name, legal in getattr(cls, "_legal", {}).items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if isinstance(legal, tuple):
+            items = value if isinstance(value, list) else [value]
+            bad = [v for v in items if not any(type(v) is type(x) and v == x for x in legal)]
+            if bad:
+                raise ResultFileError(f"{path / JSON_FILE}: field {name!r} holds {bad[0]!r}; accepted: "
+                                      f"{', '.join(map(repr, legal))}; the file is damaged")
+            continue
+        for rule in legal if isinstance(legal, list) else [legal]:
+            try:
+                kept = rule.test(value)
+            except (TypeError, ValueError, RuntimeError):
+                kept = False
+            if not kept:
+                shown = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+                raise ResultFileError(f"{path}: field {name!r} should hold {rule.description}, got {shown:.200}; "
+                                      "the file is damaged")
+
+
 # --- loading and checking saved folders ------------------------------------------------------------
 
 
@@ -258,22 +379,8 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
         if not isinstance(meta, dict) or key not in meta:
             raise ResultFileError(f"{path / JSON_FILE}: field 'meta' has no {key!r}, which a {cls.__name__} "
                                   "needs; the file is damaged")
-    for group in getattr(cls, "_aligned", ()):
-        lengths = {}
-        for item in group:
-            name, axis = (item, 0) if isinstance(item, str) else item
-            value = values.get(name)
-            if isinstance(value, torch.Tensor):
-                if value.ndim <= axis:
-                    raise ResultFileError(f"{path / TENSOR_FILE}: tensor {name!r} has shape {tuple(value.shape)}, "
-                                          f"which has no axis {axis}; the file is damaged")
-                lengths[name] = int(value.shape[axis])
-            elif isinstance(value, list):
-                lengths[name] = len(value)
-        if len(set(lengths.values())) > 1:
-            described = ", ".join(f"{k} {v}" for k, v in lengths.items())
-            raise ResultFileError(f"{path} ({JSON_FILE}, {TENSOR_FILE}): {' / '.join(lengths)} must have one "
-                                  f"length, got {described}; the files are damaged or come from two different results")
+    _check_shapes(cls, values, path)
+    _check_legal(cls, values, path)
 
 
 def _missing_field_advice(meta: Any) -> str:

@@ -701,3 +701,150 @@ def test_a_result_type_without_a_builder_fails_saying_to_add_one(instances):
 
     with pytest.raises(pytest.fail.Exception, match="Unbuilt is a Result with no example builder: add one to BUILDERS"):
         examples(Unbuilt, instances)
+
+
+# --- saved folders keep their declared invariants ------------------------------------------------
+
+NOT_DAMAGED = "damaged"  # a string where another kind belongs
+
+
+def _stored(result: Result, folder) -> tuple[dict, dict]:
+    import json
+
+    from safetensors.torch import load_file
+
+    result.save(folder)
+    return json.loads((folder / "result.json").read_text()), load_file(str(folder / "tensors.safetensors"))
+
+
+def _write(folder, stored: dict, tensors: dict) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps(stored))
+    save_file(tensors, str(folder / "tensors.safetensors"))
+
+
+def _resized(value):
+    """``value`` one shorter along its first axis (one longer when empty; an int one larger)."""
+    if isinstance(value, torch.Tensor):
+        return value[:-1] if len(value) else torch.zeros((1, *value.shape[1:]), dtype=value.dtype)
+    if isinstance(value, list):
+        return value[:-1] if value else [0]
+    return value + 1
+
+
+def _illegal(value, legal):
+    """A value of the same kind as ``value`` that ``legal`` refuses."""
+    from arithinterp import results as r
+
+    if isinstance(legal, tuple):
+        return [*value[:-1], "not accepted"] if isinstance(value, list) else "not accepted"
+    rule = legal[0] if isinstance(legal, list) else legal
+    if rule in (r.INCREASING, r.DISTINCT):
+        return [*value[:-1], value[0]] if len(value) > 1 else [*value, *value]
+    bad = {r.PROBABILITY.description: 2, r.CORRELATION.description: 2, r.NON_NEGATIVE.description: -1,
+           r.POSITIVE.description: -1}[rule.description]
+    if isinstance(value, torch.Tensor):
+        return torch.full_like(value, bad)
+    if isinstance(value, list):
+        return [bad] * max(len(value), 1)
+    return float(bad) if isinstance(value, float) else bad
+
+
+def _shared_axes(cls, result: Result) -> dict[str, int]:
+    """How many present fields name each axis (a fixed length counts as shared with the spec)."""
+    counts: dict[str, int] = {}
+    for name, spec in cls._shapes.items():
+        if getattr(result, name) is not None:
+            for axis in spec.split():
+                counts[axis] = counts.get(axis, 0) + (2 if axis.isdigit() else 1)
+    return counts
+
+
+def damages(cls, result: Result):
+    """``(field, what, value)`` for every damage of a saved ``result``: each field of another kind;
+    each declared field resized along its first shared axis; each legal-value field given one it
+    may not take."""
+    shared = _shared_axes(cls, result)
+    for field in dataclasses.fields(cls):
+        if not field.compare:  # code, not saved (a heuristic registry)
+            continue
+        value = getattr(result, field.name)
+        yield field.name, "another kind", 12345 if isinstance(value, str) else NOT_DAMAGED
+        spec = cls._shapes.get(field.name)
+        if spec is not None and value is not None:
+            axes = [a for a in spec.split() if a != "..."]
+            if shared.get(axes[0], 0) > 1:
+                yield field.name, f"resized along {axes[0]!r}", _resized(value)
+            elif len(axes) > 1 and isinstance(value, torch.Tensor):
+                yield field.name, "an axis dropped", value[0]
+        if field.name in cls._legal and value is not None:
+            yield field.name, "an illegal value", _illegal(value, cls._legal[field.name])
+
+
+def _damaged_folder(folder, stored: dict, tensors: dict, field: str, value):
+    fields, tensors = dict(stored["fields"]), dict(tensors)
+    fields.pop(field, None)
+    tensors.pop(field, None)
+    if isinstance(value, torch.Tensor):
+        tensors[field] = value.contiguous()
+    else:
+        from arithinterp.results import _plain
+
+        fields[field] = _plain(value)
+    _write(folder, {**stored, "fields": fields}, tensors)
+    return folder
+
+
+@pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
+def test_every_damaged_field_of_a_saved_folder_is_refused_naming_the_field(cls, instances, tmp_path):
+    from arithinterp.errors import ResultFileError
+
+    result = build(cls, instances)
+    stored, tensors = _stored(result, tmp_path / "saved")
+    missed = []
+    for k, (field, what, value) in enumerate(damages(cls, result)):
+        folder = _damaged_folder(tmp_path / f"damaged{k}", stored, tensors, field, value)
+        try:
+            cls.load(folder)
+            missed.append(f"{field} ({what}): loaded")
+        except ResultFileError as error:
+            if repr(field) not in str(error):
+                missed.append(f"{field} ({what}): the error does not name the field: {error}")
+        except Exception as error:  # noqa: BLE001 - any other exception is what the test is for
+            missed.append(f"{field} ({what}): raised {type(error).__name__}: {error}")
+    assert not missed, f"{cls.__name__}: " + "; ".join(missed)
+
+
+@pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
+def test_every_type_declares_its_invariants_on_its_own_fields(cls):
+    from arithinterp.results import Rule
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    assert cls._shapes or cls._legal, f"{cls.__name__} declares no _shapes and no _legal for load to check"
+    assert set(cls._shapes) <= names and set(cls._legal) <= names, \
+        f"{cls.__name__} declares invariants of fields it lacks: {sorted((set(cls._shapes) | set(cls._legal)) - names)}"
+    for name, legal in cls._legal.items():
+        rules = legal if isinstance(legal, list) else [legal]
+        assert isinstance(legal, tuple) or all(isinstance(rule, Rule) for rule in rules), \
+            f"{cls.__name__}._legal[{name!r}] is neither a tuple of values nor rules"
+
+
+def test_the_issues_damaged_folders_are_refused(instances, tmp_path):
+    """A Transcoders folder with ``layers`` reordered (it gave a wrong graph), a Graph cut short (an
+    IndexError later) and a DASSweep whose shapes disagree (a row dropped silently)."""
+    from arithinterp.errors import ResultFileError
+
+    cases = [(arithinterp.features.Transcoders, "layers", lambda v: v[::-1], "strictly increasing"),
+             (arithinterp.features.Graph, "nodes", lambda v: v[:-3], "share the 'node' axis"),
+             (arithinterp.causal.DASSweep, "iia", lambda v: v[:1], "share the 'layer' axis")]
+    for cls, field, change, message in cases:
+        result = build(cls, instances)
+        stored, tensors = _stored(result, tmp_path / cls.__name__)
+        folder = _damaged_folder(tmp_path / f"{cls.__name__}-damaged", stored, tensors, field,
+                                 change(getattr(result, field)))
+        with pytest.raises(ResultFileError, match=message):
+            cls.load(folder)

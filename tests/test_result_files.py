@@ -63,8 +63,7 @@ def _shorten(key):
     ("no_fields", r"result\.json has no 'fields' object"),
     ("no_edges", r"result\.json has no field 'edges', which a Circuit needs"),
     ("no_layout", r"result\.json: field 'meta' has no 'layout', which a Circuit needs"),
-    ("short_senders", r"scores / kept / edges / senders .* must have one length, got scores \d+, kept \d+, edges \d+, "
-                      r"senders \d+"),
+    ("short_senders", r"'scores' and 'senders' share the 'edge' axis but have (\d+) and (?!\1)\d+ along it"),
     ("edges_not_a_list", r"result\.json: field 'edges' should be a list, got str"),
     ("newer_format", r"result format 2, newer than this arithinterp reads \(format 1\); upgrade arithinterp"),
     ("bad_format", r"'format' must be a positive integer, got 'one'"),
@@ -182,6 +181,6 @@ def test_a_patch_result_with_a_layer_list_of_the_wrong_length_is_refused(tiny_mo
     folder = patching.activation_patching(tiny_model, pairs, "resid_pre", progress=False).save(tmp_path / "p")
     assert patching.PatchResult.load(folder).layers == [0, 1]
     _edit_json(folder, lambda stored: stored["fields"].__setitem__("layers", [0, 1, 2]))
-    with pytest.raises(ResultFileError, match=r"layers / values / mean / sem / ci_low / ci_high must have one length, "
-                                              r"got layers 3, values 2, mean 2"):
+    with pytest.raises(ResultFileError, match=r"'values' and 'layers' share the 'layer' axis but have 2 and 3 "
+                                              r"along it"):
         patching.PatchResult.load(folder)

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from arithinterp.errors import AnalysisError
-from arithinterp.results import Result
+from arithinterp.results import DISTINCT, NON_NEGATIVE, POSITIVE, PROBABILITY, Result
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class DASResult(Result):
     basis: torch.Tensor
     history: list = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"basis": "d k", "k": "k"}
+    _legal = {"layer": NON_NEGATIVE, "k": POSITIVE, "iia": PROBABILITY, "train_iia": PROBABILITY, "chance": PROBABILITY}
 
     def to_frame(self) -> pd.DataFrame:
         rows = [dict(variable=self.variable, site=self.site, layer=self.layer, position=self.position,
@@ -67,6 +71,13 @@ class DASSweep(Result):
     chance: float
     tokens: list = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"iia": "layer position", "low": "layer position", "high": "layer position",
+               "random_iia": "layer position", "logit_diff": "layer position", "layers": "layer",
+               "positions": "position", "tokens": "position"}
+    _legal = {"layers": [NON_NEGATIVE, DISTINCT], "positions": DISTINCT, "k": POSITIVE, "iia": PROBABILITY,
+              "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
 
     def best(self) -> tuple[int, str, float]:
         """``(layer, position, iia)`` of the best cell (cells without a score, NaN, are passed over).
@@ -105,6 +116,9 @@ class ReadableUsed(Result):
     k: int
     rows: list
     meta: dict = field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _legal = {"k": POSITIVE}
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)

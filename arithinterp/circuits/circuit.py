@@ -36,7 +36,7 @@ from arithinterp.engine.stepping import ENGINES
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, ResultFileError
 from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import metric_name
-from arithinterp.results import JSON_FILE, TENSOR_FILE, Result, build_meta
+from arithinterp.results import DISTINCT, JSON_FILE, NON_NEGATIVE, TENSOR_FILE, Result, build_meta
 from arithinterp.types import (
     Accepts, ByteSize, IndexList, NonNegativeFiniteFloat, NonNegativeInt, OpenUnitFloat, PositiveInt, Probability,
     checked,
@@ -76,8 +76,10 @@ class Circuit(Result):
     metric: str
     meta: dict
 
-    # checked when a saved circuit loads: the per-edge fields agree in length, the layout is there
-    _aligned = (("scores", "kept", "edges", "senders", "receivers", "channels", "positions", ("pair_scores", 1)),)
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"scores": "edge", "pair_scores": "pair edge", "kept": "edge", "edges": "edge", "senders": "edge",
+               "receivers": "edge", "channels": "edge", "positions": "edge"}
+    _legal = {"nodes": DISTINCT}
     _required_meta = ("layout",)
 
     @property
@@ -171,6 +173,10 @@ class Faithfulness(Result):
     method: str
     meta: dict
 
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"sizes": "size", "values": "size", "ci_low": "size", "ci_high": "size", "raw": "size"}
+    _legal = {"sizes": NON_NEGATIVE, "n_edges": NON_NEGATIVE}
+
     @property
     def reported(self) -> bool:
         """Whether the denominator is distinguishable from zero, so ``values`` are fractions."""
@@ -245,7 +251,7 @@ def score_edges(
     steps: int = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
-    batch_size: Optional[int] = None, max_memory: Optional[float] = None,  # None: sized from the memory budget
+    batch_size: Optional[int] = None, max_memory: Optional[ByteSize] = None,  # None: sized from the memory budget
     engine: str = "auto",
     progress: bool = True,
 ) -> Circuit:
@@ -354,7 +360,7 @@ def threshold(circuit: Circuit, value: NonNegativeFiniteFloat) -> Circuit:
 
 
 def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: str, metric, batch_sets=None,
-            engine: str = "auto", max_memory: Optional[float] = None, runs: Optional[dict] = None) -> dict:
+            engine: str = "auto", max_memory: Optional[ByteSize] = None, runs: Optional[dict] = None) -> dict:
     """Per-pair metrics with the complement of each kept set ``[C, n_edges]`` ablated: ``pair
     [N, C]``, the clean run ``clean [N]`` (every edge kept) and every edge ablated ``none [N]``."""
     check_choice("ablation", ablation, ABLATIONS)

@@ -24,7 +24,7 @@ from arithinterp.circuits.graph import Graph
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.metrics import metric_name
 from arithinterp.patching import DIGIT_FEEDS, digit_pairs
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IndexList, PositiveInt, checked
 
 if TYPE_CHECKING:
@@ -57,6 +57,12 @@ class DigitCircuits(Result):
     metric: str
     feed: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"answer_tokens": "digit", "scores": "digit edge", "pair_scores": "digit pair edge",
+               "clean": "digit pair", "corrupt": "digit pair", "edges": "edge", "senders": "edge", "receivers": "edge",
+               "channels": "edge", "positions": "edge"}
+    _legal = {"answer_tokens": NON_NEGATIVE, "feed": DIGIT_FEEDS}
 
     def _row(self, answer_token: int) -> int:
         if answer_token not in self.answer_tokens:

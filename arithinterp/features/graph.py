@@ -82,6 +82,9 @@ class Graph(Result):
     scores: dict
     meta: dict
 
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"nodes": "node", "edges": "node node", "bias": "node", "values": "node"}
+
     def to_frame(self, kept_only: bool = False) -> pd.DataFrame:
         """One row per edge with a non-zero weight: source and target nodes, weight (``kept_only``:
         between kept nodes)."""

@@ -21,7 +21,7 @@ from arithinterp.errors import AnalysisError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, classify_maps
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import IndexList, NonNegativeInt, checked
 
@@ -100,6 +100,10 @@ class FeatureGrids(Result):
     b_values: list
     maps: torch.Tensor
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"features": "feature", "labels": "feature", "a_values": "a", "b_values": "b", "maps": "feature a b"}
+    _legal = {"layer": NON_NEGATIVE, "features": NON_NEGATIVE}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per feature and operand pair: its activation."""

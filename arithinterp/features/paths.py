@@ -27,7 +27,7 @@ from arithinterp.features.labels import LOOKUP_FAMILY
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.neurons import HeuristicTable
-from arithinterp.results import Result, build_meta
+from arithinterp.results import DISTINCT, NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import IndexList, IntList, NonNegativeInt, OpenUnitFloat, PositiveInt, Seed, checked
 
 LAST_DIGIT, MAGNITUDE = "last digit", "magnitude"
@@ -89,6 +89,11 @@ class PathAblation(Result):
     share_low: torch.Tensor
     share_high: torch.Tensor
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"arms": "arm", "logits": "arm prompt", "correct": "arm prompt", "n_features": "arm", "share": "arm",
+               "share_low": "arm", "share_high": "arm"}
+    _legal = {"arms": DISTINCT, "correct": PROBABILITY, "n_features": NON_NEGATIVE}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per arm: features zeroed, mean logit, its share of the unablated one (with the

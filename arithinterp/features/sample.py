@@ -30,6 +30,9 @@ class GraphSample(Result):
     scores: list
     meta: dict
 
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"prompts": "prompt", "scores": "prompt"}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per feature and position: ``kept_fraction`` (of the prompts), ``active_fraction``,
         ``mean_influence`` (over all prompts, 0 where inactive), most often kept first."""

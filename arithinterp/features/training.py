@@ -25,7 +25,7 @@ from arithinterp.checks import check_belongs
 from arithinterp.engine import Read, run
 from arithinterp.engine.budget import memory_budget
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.transcoder import Transcoders, topk_activations
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
@@ -222,7 +222,9 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
     from arithinterp.features.replacement import replacement_metrics
 
     check_belongs(model, "train_transcoders", prompts=prompts)
-    chosen = site_lib.check_layers(model, "mlp_out", layers)
+    chosen = sorted(site_lib.check_layers(model, "mlp_out", layers))  # stacked in layer order, as load checks
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError(f"layers {layers} names a layer twice; each layer has one transcoder")
     if k > n_features:
         raise AnalysisError(f"k={k} exceeds n_features={n_features}; k is how many features fire per row")
     # one layer trains at a time: its weights, their gradients and Adam's two moments, and a batch's rows

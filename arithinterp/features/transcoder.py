@@ -31,7 +31,7 @@ import torch
 from arithinterp.engine import Intervention
 from arithinterp.checks import check_fingerprint, check_model
 from arithinterp.errors import AnalysisError, ModelMismatchError, SiteError
-from arithinterp.results import Result
+from arithinterp.results import INCREASING, NON_NEGATIVE, POSITIVE, Result
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F]
 
@@ -88,6 +88,11 @@ class Transcoders(Result):
     threshold: Optional[torch.Tensor] = None
     input_site: str = "mlp_in"
     output_site: str = "mlp_out"
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"W_enc": "layer d feature", "b_enc": "layer feature", "W_dec": "layer feature d", "b_dec": "layer d",
+               "W_skip": "layer d d", "threshold": "layer feature", "layers": "layer"}
+    _legal = {"layers": [NON_NEGATIVE, INCREASING], "k": POSITIVE, "activation": ACTIVATIONS}
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

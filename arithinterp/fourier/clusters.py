@@ -17,7 +17,7 @@ from arithinterp.checks import check_belongs
 from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import pair_power_per_grid, block_power
 from arithinterp.fourier.spectra import grid_activations, number_axis
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -45,6 +45,10 @@ class NeuronFrequencyResult(Result):
     threshold: float
     numbers: list
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"shares": "neuron frequency", "best_k": "neuron", "fraction": "neuron", "dead": "neuron"}
+    _legal = {"shares": PROBABILITY, "fraction": PROBABILITY, "best_k": NON_NEGATIVE, "threshold": PROBABILITY}
 
     @property
     def n(self) -> int:

@@ -18,7 +18,7 @@ from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
 from arithinterp.fourier.spectra import COMPONENT_SITES, number_axis, number_tokens
 from arithinterp.intervals import ratio_to_reference
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import IntList, HookedModel, checked
 
 if TYPE_CHECKING:
@@ -92,6 +92,13 @@ class FilterResult(Result):
     retained: float = float("nan")
     retained_ci: Optional[list] = None
     note: str = ""
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"errors": "error", "counts": "error", "accuracy_ci": "2", "baseline_ci": "2", "drop_ci": "2",
+               "retained_ci": "2"}
+    _legal = {"accuracy": PROBABILITY, "baseline_accuracy": PROBABILITY, "counts": NON_NEGATIVE,
+              "unparsable": NON_NEGATIVE, "layers": NON_NEGATIVE, "accuracy_ci": PROBABILITY,
+              "baseline_ci": PROBABILITY}
 
     def summary(self) -> dict:
         """Accuracy, baseline, drop and retained share, each with its interval, and the note."""

@@ -20,7 +20,7 @@ from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.spectra import grid_of, number_tokens
-from arithinterp.results import Result, build_meta
+from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IntList, PositiveInt, HookedModel, checked
 
 
@@ -219,6 +219,12 @@ class ProgressResult(Result):
 
     MEASURES = ("train_loss", "test_loss", "restricted_loss", "restricted_test_loss", "excluded_loss",
                 "excluded_test_loss")
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"steps": "checkpoint", "train_loss": "checkpoint", "test_loss": "checkpoint",
+               "restricted_loss": "checkpoint", "restricted_test_loss": "checkpoint", "excluded_loss": "checkpoint",
+               "excluded_test_loss": "checkpoint"}
+    _legal = {"steps": [NON_NEGATIVE, INCREASING]}
 
     def to_frame(self):
         import pandas as pd

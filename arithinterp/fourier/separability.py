@@ -25,7 +25,7 @@ import torch
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.spectra import CONTEXT_SITES, group_by_value, number_axis, number_tokens
 from arithinterp.intervals import clip_interval, t_interval
-from arithinterp.results import Result, build_meta
+from arithinterp.results import POSITIVE, PROBABILITY, Result, build_meta
 from arithinterp.checks import check_belongs
 from arithinterp.types import HookedModel, checked
 
@@ -55,6 +55,13 @@ class SeparabilityResult(Result):
     meta: dict
     random_init: Optional[torch.Tensor] = None
     random_init_ci: Optional[torch.Tensor] = None
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"accuracy": "series period", "ci": "2 series period", "chance": "period", "shuffled": "series period",
+               "periods": "period", "series": "series", "random_init": "series period",
+               "random_init_ci": "2 series period"}
+    _legal = {"accuracy": PROBABILITY, "ci": PROBABILITY, "chance": PROBABILITY, "shuffled": PROBABILITY,
+              "random_init": PROBABILITY, "random_init_ci": PROBABILITY, "periods": POSITIVE}
 
     def beats_controls(self) -> torch.Tensor:
         """[S, P] bool: the interval's low end is above chance, the shuffled control and (when run)

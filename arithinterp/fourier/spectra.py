@@ -29,7 +29,7 @@ from arithinterp.fourier.basis import (
     spectrum_of,
     spectrum_of_2d,
 )
-from arithinterp.results import Result, build_meta
+from arithinterp.results import DISTINCT, NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, IntList, checked
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ class SpectrumResult(Result):
     rule: dict
     source: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"power": "series frequency", "series": "series", "key": "series", "key_fraction": "series"}
+    _legal = {"power": NON_NEGATIVE, "key_fraction": PROBABILITY, "series": DISTINCT}
 
     @property
     def n(self) -> int:

@@ -21,7 +21,7 @@ from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import as_2d
 from arithinterp.helix.fitting import HelixFit, fit
 from arithinterp.intervals import ratio_to_reference
-from arithinterp.results import Result, build_meta
+from arithinterp.results import DISTINCT, NON_NEGATIVE, POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -139,6 +139,11 @@ class HelixPatchResult(Result):
     fraction_ci: Optional[torch.Tensor] = None
     layer_patch_distinct: bool = True
     note: str = ""
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"methods": "method", "effect": "method", "per_pair": "method pair", "fraction": "method",
+               "effect_ci": "2 method", "fraction_ci": "2 method"}
+    _legal = {"methods": DISTINCT, "k": POSITIVE, "layer": NON_NEGATIVE}
 
     def fractions(self) -> dict:
         """``{method: fraction}`` of the layer patch; empty when the layer patch's effect is not

@@ -27,7 +27,7 @@ from arithinterp.helix.design import (
     basis,
     split_by_value,
 )
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta
 from arithinterp.types import checked
 
 if TYPE_CHECKING:
@@ -71,6 +71,12 @@ class HelixFit(Result):
     layer: Optional[int]
     position: Optional[str]
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"mean": "d", "components": "component d", "explained_variance": "component", "coef": "term component",
+               "r2": "component", "value_coords": "value component", "unique_values": "value variable",
+               "names": "variable", "max_value": "variable"}
+    _legal = {"kind": BASIS_KINDS, "periods": POSITIVE, "explained_variance": NON_NEGATIVE, "layer": NON_NEGATIVE}
 
     @property
     def labels(self) -> list[str]:
@@ -388,6 +394,10 @@ class FitLayersResult(Result):
     layers: list
     periods: list
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"r2": "fit layer", "fits": "fit", "layers": "layer"}
+    _legal = {"layers": NON_NEGATIVE, "periods": POSITIVE}
 
     def to_frame(self):
         import pandas as pd

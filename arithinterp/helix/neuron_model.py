@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -61,6 +61,11 @@ class NeuronFitResult(Result):
     periods: list
     method: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"neurons": "neuron", "nrmse": "neuron", "linear": "neuron ...", "amplitude": "neuron period ...",
+               "phase": "neuron period ...", "bias": "neuron", "periods": "period"}
+    _legal = {"method": NEURON_METHODS, "nrmse": NON_NEGATIVE, "amplitude": NON_NEGATIVE, "periods": POSITIVE}
 
     def predict(self, a: Any, b: Any) -> torch.Tensor:
         """Preactivations [n, m] the fits give at operands ``a``, ``b`` [n]."""

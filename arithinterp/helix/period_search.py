@@ -29,7 +29,7 @@ from arithinterp.helix.fitting import (
     resolve_values,
     shuffled_values,
 )
-from arithinterp.results import Result, build_meta
+from arithinterp.results import POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -52,6 +52,10 @@ class PeriodSearchResult(Result):
     best_scores: torch.Tensor
     criterion: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"subsets": "subset", "scores": "subset", "sizes": "size", "best": "size", "best_scores": "size"}
+    _legal = {"sizes": POSITIVE}
 
     def to_frame(self):
         import pandas as pd

@@ -19,7 +19,7 @@ from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.budget import memory_budget
 from arithinterp.neurons.model import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, POSITIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -50,6 +50,14 @@ class HeuristicAblation(Result):
     other_after: torch.Tensor
     mode: str
     meta: dict = dataclasses.field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"heuristics": "heuristic", "families": "heuristic", "n_neurons": "heuristic",
+               "n_associated": "heuristic", "n_other": "heuristic", "associated_before": "heuristic",
+               "associated_after": "heuristic", "other_before": "heuristic", "other_after": "heuristic"}
+    _legal = {"n_neurons": NON_NEGATIVE, "n_associated": NON_NEGATIVE, "n_other": NON_NEGATIVE,
+              "associated_before": PROBABILITY, "associated_after": PROBABILITY, "other_before": PROBABILITY,
+              "other_after": PROBABILITY}
 
     def summary(self) -> dict[str, float]:
         """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops."""
@@ -103,6 +111,11 @@ class PromptAblation(Result):
     n_prompts: int
     mode: str
     meta: dict = dataclasses.field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"ks": "k", "heuristic_correct": "k", "control_correct": "k", "n_ablated": "k"}
+    _legal = {"ks": POSITIVE, "heuristic_correct": PROBABILITY, "control_correct": PROBABILITY,
+              "n_ablated": NON_NEGATIVE, "baseline": PROBABILITY, "n_prompts": NON_NEGATIVE}
 
     def to_frame(self) -> pd.DataFrame:
         rows = []

@@ -29,8 +29,8 @@ from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.neurons.scoring import check_threshold, classify_maps, classify_stream
 from arithinterp.neurons.table import HeuristicTable
-from arithinterp.results import Result, build_meta
-from arithinterp.types import HookedModel, checked
+from arithinterp.results import NON_NEGATIVE, Result, build_meta
+from arithinterp.types import ByteSize, HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
@@ -56,6 +56,10 @@ class NeuronImportance(Result):
     top: torch.Tensor
     method: str
     meta: dict = dataclasses.field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"layers": "layer", "scores": "layer neuron", "top": "layer top"}
+    _legal = {"layers": NON_NEGATIVE, "top": NON_NEGATIVE}
 
     def neurons(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(layer, neuron)`` LongTensors of every selected neuron, layer by layer."""
@@ -102,6 +106,11 @@ class NeuronMaps(Result):
     op: str
     modulus: Optional[int]
     meta: dict = dataclasses.field(default_factory=dict)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"layer": "map", "neuron": "map", "a_values": "a", "b_values": "b", "k_maps": "map a b",
+               "kv_maps": "map a b"}
+    _legal = {"layer": NON_NEGATIVE, "neuron": NON_NEGATIVE}
 
     def to_frame(self) -> pd.DataFrame:
         N, A, B = self.k_maps.shape
@@ -209,7 +218,7 @@ def importance(
     top_k: Optional[int] = 200,
     *,
     batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = False,
 ) -> NeuronImportance:
@@ -523,7 +532,7 @@ def _final_batches(model, prompts, layers: list[int], batch_size: int, progress:
 
 def final_activations(
     model: HookedModel, prompts, layers: list[int], batch_size: Optional[int] = None, progress: bool = False, *,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
 ) -> torch.Tensor:
     """``mlp_post`` at the final position: [P, len(layers), d_mlp] (reads of the engine)."""
     batch_size = _read_batch(model, prompts, layers, memory_budget(model, max_memory), batch_size)
@@ -536,7 +545,7 @@ def final_activations(
 
 def mean_final_activation(
     model: HookedModel, prompts: PromptSet, layers: Sequence[int], batch_size: Optional[int] = None, *,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
 ) -> torch.Tensor:
     """The mean ablation value of ``mlp_post`` at the final position, ``[len(layers), d_mlp]``.
 
@@ -635,7 +644,7 @@ class _MapRows:
 @checked
 def maps(
     model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None, progress: bool = False,
+    max_memory: Optional[ByteSize] = None, progress: bool = False,
 ) -> NeuronMaps:
     """K and KV maps of neurons over the operand grid of ``prompts`` (Nikankin et al. 2025).
 
@@ -688,7 +697,7 @@ def classify(
     registry: Any = None,
     seed: int = 0,
     batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     progress: bool = False,
 ) -> HeuristicTable:
     """Classify a model's important MLP neurons into heuristics (Nikankin et al. 2025).

@@ -11,7 +11,7 @@ import torch
 
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.neurons.heuristics import Grid, Heuristic, HeuristicRegistry, apply_op
-from arithinterp.results import Result
+from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,13 @@ class HeuristicTable(Result):
     q_values: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
     fdr: Optional[float] = None
     registry: Optional[HeuristicRegistry] = dataclasses.field(default=None, compare=False, repr=False)
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"layer": "neuron", "neuron": "neuron", "names": "heuristic", "families": "heuristic",
+               "map_kinds": "heuristic", "scores": "neuron heuristic", "importance": "neuron", "a_values": "a",
+               "b_values": "b", "legal": "a b", "p_values": "neuron heuristic", "q_values": "neuron heuristic"}
+    _legal = {"layer": NON_NEGATIVE, "neuron": NON_NEGATIVE, "threshold": PROBABILITY, "p_values": PROBABILITY,
+              "q_values": PROBABILITY, "fdr": PROBABILITY}
 
     def save(self, path, *, overwrite: bool = False):
         """Write the table to directory ``path`` (the registry's predicates are code and are not

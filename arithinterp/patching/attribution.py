@@ -33,9 +33,9 @@ from arithinterp.patching.core import (
     warn_first_token_only,
 )
 from arithinterp.patching.exact import activation_patching
-from arithinterp.results import Result, build_meta
+from arithinterp.results import CORRELATION, Result, build_meta
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -79,7 +79,7 @@ def attribute(
     layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
     neurons: Optional[Sequence[int]] = ...,
     direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: Optional[int] = ...,
-    max_memory: Optional[float] = ..., seed: int = ..., progress: bool = ...,
+    max_memory: Optional[ByteSize] = ..., seed: int = ..., progress: bool = ...,
 ) -> PatchResult: ...
 
 
@@ -90,7 +90,7 @@ def attribute(
     layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
     neurons: Optional[Sequence[int]] = ...,
     direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: Optional[int] = ...,
-    max_memory: Optional[float] = ..., seed: int = ..., progress: bool = ...,
+    max_memory: Optional[ByteSize] = ..., seed: int = ..., progress: bool = ...,
 ) -> dict[str, PatchResult]: ...
 
 
@@ -111,7 +111,7 @@ def attribute(
     *,
     per_position: bool = True,
     batch_size: Optional[int] = None,
-    max_memory: Optional[float] = None,
+    max_memory: Optional[ByteSize] = None,
     seed: int = 0,
     progress: bool = True,
 ) -> Union[PatchResult, dict[str, PatchResult]]:
@@ -269,6 +269,11 @@ class Comparison(Result):
     cells: list
     method: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"sites": "site", "correlation": "site", "pair_correlation": "site", "exact": "site", "approx": "site",
+               "cells": "site"}
+    _legal = {"correlation": CORRELATION, "pair_correlation": CORRELATION}
 
     def to_frame(self):
         import pandas as pd

@@ -17,9 +17,9 @@ from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.metrics import ANSWER_METRICS, DIRECTIONS, metric_context, metric_fn, metric_name
-from arithinterp.patching.core import COMPONENT_ABLATION_MODES, warn_first_token_only
+from arithinterp.patching.core import COMPONENT_ABLATION_MODES, SCORINGS, warn_first_token_only
 from arithinterp.patching.exact import activation_patching
-from arithinterp.results import Result, build_meta
+from arithinterp.results import PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -119,6 +119,11 @@ class EffectResult(Result):
     metric: str
     direction: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"components": "component", "direct": "pair component", "total": "pair component", "total_change": "pair",
+               "remainder": "pair"}
+    _legal = {"direction": DIRECTIONS}
 
     def to_frame(self):
         import pandas as pd
@@ -262,6 +267,12 @@ class AblationResult(Result):
     logprob_before: torch.Tensor
     logprob_after: torch.Tensor
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"correct_before": "prompt", "correct_after": "prompt", "token_correct_before": "prompt token",
+               "token_correct_after": "prompt token", "logprob_before": "prompt", "logprob_after": "prompt"}
+    _legal = {"mode": COMPONENT_ABLATION_MODES, "scoring": SCORINGS, "accuracy_before": PROBABILITY,
+              "accuracy_after": PROBABILITY}
 
     def to_frame(self):
         """One row per run (full model, ablated): accuracy, mean answer log-prob, per-token accuracy."""
@@ -528,6 +539,10 @@ class FaithfulnessResult(Result):
     metric: str
     mode: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _legal = {"mode": COMPONENT_ABLATION_MODES, "accuracy_full": PROBABILITY, "accuracy_circuit": PROBABILITY,
+              "accuracy_empty": PROBABILITY}
 
     def to_frame(self):
         import pandas as pd

@@ -18,10 +18,10 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.intervals import bootstrap_counts
-from arithinterp.metrics import METRICS, metric_name, stolfo_ie
+from arithinterp.metrics import DIRECTIONS, METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -76,9 +76,12 @@ class PatchResult(Result):
     normalized: bool
     meta: dict
 
-    # checked when a saved result loads: one row per pair, one summary per layer
-    _aligned = ((("values", 0), "clean_baseline", "corrupt_baseline"),
-                ("layers", ("values", 1), ("mean", 0), ("sem", 0), ("ci_low", 0), ("ci_high", 0)))
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"values": "pair layer ...", "mean": "layer ...", "sem": "layer ...", "ci_low": "layer ...",
+               "ci_high": "layer ...", "clean_baseline": "pair", "corrupt_baseline": "pair", "layers": "layer",
+               "positions": "position", "tokens": "position"}
+    _legal = {"axes": ("layer", "position", "head", "neuron"), "layers": NON_NEGATIVE, "heads": NON_NEGATIVE,
+              "neurons": NON_NEGATIVE, "sem": NON_NEGATIVE, "direction": DIRECTIONS}
 
     @property
     def n_pairs(self) -> int:

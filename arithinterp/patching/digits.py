@@ -33,7 +33,7 @@ from arithinterp.patching.components import (
 )
 from arithinterp.engine.stepping import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES
-from arithinterp.results import Result, build_meta
+from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -58,6 +58,10 @@ class DigitAblationResult(Result):
     baseline: torch.Tensor
     mode: str
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"heads": "head", "accuracy": "head digit", "baseline": "digit"}
+    _legal = {"accuracy": PROBABILITY, "baseline": PROBABILITY, "heads": DISTINCT}
 
     @property
     def drop(self) -> torch.Tensor:

@@ -32,7 +32,7 @@ from arithinterp.probes.estimators import (
     CircularProbe, LogisticProbe, MonotoneLogistic, NotFittedError, RidgeProbe, clone_estimator, feature_eigenbasis,
     to_tensor,
 )
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.types import checked
 
 if TYPE_CHECKING:
@@ -972,6 +972,13 @@ class DetectorResult(Result):
     pred_output_slots: torch.Tensor
     validation: list
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"correct": "prompt", "scores": "prompt method", "predicted_correct": "prompt method",
+               "methods": "method", "true_slots": "prompt slot", "output_slots": "prompt slot",
+               "slot_valid": "prompt slot", "pred_true_slots": "prompt slot", "pred_output_slots": "prompt slot"}
+    _legal = {"methods": DETECTOR_METHODS, "method": DETECTOR_METHODS, "position": DETECTOR_POSITIONS,
+              "layers": NON_NEGATIVE}
 
     def _index(self, method: Optional[str]) -> int:
         method = self.method if method is None else method

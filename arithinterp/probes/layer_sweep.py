@@ -34,7 +34,7 @@ from arithinterp.probes.estimators import (
     make_probe,
     clone_estimator,
 )
-from arithinterp.results import Result, build_meta
+from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 from arithinterp.types import checked
 
@@ -272,6 +272,11 @@ class ProbeResult(Result):
     chance: float
     meta: dict
     fold_scheme: str = ""
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"fold_scores": "layer position fold", "control_scores": "control layer position fold",
+               "directions": "layer position ...", "layers": "layer", "positions": "position", "controls": "control"}
+    _legal = {"kind": PROBE_KINDS, "controls": CONTROLS, "layers": NON_NEGATIVE, "chance": PROBABILITY}
 
     @property
     def mean(self) -> torch.Tensor:

@@ -151,6 +151,11 @@ class RepairResult(Result):
     accept: str
     meta: dict
 
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"a": "prompt", "b": "prompt", "answer": "prompt", "flagged": "prompt", "answer_before": "prompt",
+               "answer_after": "prompt", "correct_before": "prompt", "correct_after": "prompt", "accepted": "prompt"}
+    _legal = {"accept": ACCEPT_RULES}
+
     @property
     def fixed(self) -> int:
         """Wrong answers the re-ask made right."""

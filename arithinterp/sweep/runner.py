@@ -15,8 +15,8 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 from arithinterp.errors import ConfigError, OutputError
 from arithinterp.outputs import check_writable_dir
-from arithinterp.results import Result, build_meta
-from arithinterp.sweep.config import SweepConfig, load_config, plan
+from arithinterp.results import NON_NEGATIVE, Result, build_meta
+from arithinterp.sweep.config import EXECUTORS, SweepConfig, load_config, plan
 from arithinterp.sweep.executors import check_picklable, import_ray, run_local, run_processes, run_ray
 from arithinterp.sweep.registry import ANALYSES
 from arithinterp.sweep.storage import (
@@ -42,6 +42,9 @@ class SweepRun(Result):
     executor: str
     seconds: float
     meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _legal = {"executor": EXECUTORS, "seconds": NON_NEGATIVE}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}={v}" for k, v in self.counts().items())
