@@ -168,6 +168,22 @@ def test_causal_variables_are_whole_numbers_of_non_negative_operands():
         addition(2).values(torch.tensor([-12]), torch.tensor([3]))  # -12 is not read as 12
 
 
+def test_a_control_label_that_never_varies_is_refused_before_training(tiny_digit_model, monkeypatch):
+    """``value_from="product_parity"`` on operands whose product is always even: the probe baseline
+    has nothing to fit, which used to surface only after the whole fit had trained."""
+    from arithinterp import causal
+    from arithinterp.causal import fit
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(tiny_digit_model, a=range(100, 140, 2), b=range(100, 130))  # a even: a*b mod 2 is always 0
+    dataset = causal.interchange_dataset(prompts, "carry_1", value_from="product_parity", n=60, seed=0)
+    trained = []
+    monkeypatch.setattr(fit, "train", lambda *args, **kwargs: trained.append(1) or [])
+    with pytest.raises(AnalysisError, match="takes one value on the training pairs.*leave 'probe' out of baselines"):
+        causal.das(tiny_digit_model, dataset, "resid_post", 0, "final", 2, steps=5, progress=False)
+    assert trained == []
+
+
 def test_a_sweep_without_a_score_has_no_best_cell():
     from arithinterp.causal import DASSweep
 
@@ -201,6 +217,39 @@ def test_a_fingerprint_survives_a_save_and_follows_the_weights(tiny_model, parts
     _, transcoders = parts
     loaded = load_transcoders(transcoders.save(tmp_path / "tc"))
     assert loaded.meta["fingerprint"] == fingerprint(tiny_model) == transcoders.meta["fingerprint"]
+
+
+def test_an_error_detector_refuses_a_model_of_the_same_shape_with_other_weights(tiny_digit_model, digit_tokenizer):
+    from test_probes import _synthetic_evaluation
+
+    from arithinterp import probes
+    from arithinterp.tasks import arithmetic
+    from tests.conftest import tiny_bridge
+
+    prompts = arithmetic(tiny_digit_model, a=range(100, 120), b=range(100, 110))
+    evaluation = _synthetic_evaluation(prompts, digit_tokenizer, torch.arange(len(prompts)) % 5 == 0)
+    detector = probes.ErrorDetector(layers=1, method="direct", cv=2).fit(tiny_digit_model, prompts, evaluation)
+    twin = tiny_bridge(digit_tokenizer, seed=5)  # the same shape and vocabulary, other weights
+    with pytest.raises(ModelMismatchError, match="the detector came from another model.*fingerprint"):
+        detector.predict_proba(twin, prompts, evaluation)
+    assert detector.predict_proba(tiny_digit_model, prompts, evaluation).shape == (len(prompts),)
+
+
+def test_a_das_subspace_read_back_from_pyvene_files_refuses_another_model(number_tokenizer, tiny_model, tmp_path):
+    from arithinterp import causal
+    from arithinterp.checks import fingerprint
+    from arithinterp.tasks import arithmetic
+    from tests.conftest import tiny_bridge
+
+    dataset = causal.interchange_dataset(arithmetic(tiny_model, "+", range(10, 22), range(20, 32)), "sum_mod_10",
+                                         n=60, seed=0)
+    fit = causal.das(tiny_model, dataset, "resid_post", 0, "final", 2, steps=3, baselines=(), progress=False)
+    subspace, where = causal.read_pyvene(causal.write_pyvene(fit, tmp_path / "pyvene"))
+    assert subspace.meta["fingerprint"] == fingerprint(tiny_model)
+    twin = tiny_bridge(number_tokenizer, seed=5)
+    with pytest.raises(ModelMismatchError, match="score_subspace: the subspace came from another model.*fingerprint"):
+        causal.score_subspace(twin, dataset, subspace, where)
+    assert causal.score_subspace(tiny_model, dataset, subspace, where)["iia"] == fit.iia
 
 
 def test_the_shipped_transcoders_carry_their_models_fingerprint():

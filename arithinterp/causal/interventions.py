@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -46,9 +46,14 @@ def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
 
 
 class Interchange(nn.Module, abc.ABC):
-    """Base class: subclasses give ``basis() [d, k]`` (and may weight its columns by ``mask()``)."""
+    """Base class: subclasses give ``basis() [d, k]`` (and may weight its columns by ``mask()``).
+
+    ``meta``: where a subspace read from a file was made (``model``, ``fingerprint``,
+    ``architecture``), for the model it is scored on to be checked against; absent otherwise.
+    """
 
     d: int
+    meta: dict[str, Any]
 
     @abc.abstractmethod
     def basis(self) -> torch.Tensor:

@@ -33,6 +33,7 @@ from arithinterp.causal.datasets import InterchangeDataset
 from arithinterp.causal.interventions import FixedSubspace, Interchange, PerPosition
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import Runs, Site, batch_size, evaluate
+from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ResultFileError, accepted
 from arithinterp.types import ByteSize, checked
 
@@ -55,6 +56,7 @@ TL_HOOKS: dict[str, str] = {
 }
 INTERVENTION_TYPE = "<class 'pyvene.models.interventions.LowRankRotatedSpaceIntervention'>"
 SITE_FILE = "arithinterp_site.json"
+_PROVENANCE = ("model", "fingerprint", "architecture")  # the model a subspace was fitted on, kept in SITE_FILE
 PYVENE_VERSION = "0.1.8"
 
 
@@ -104,7 +106,9 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
     returns the folder. pyvene reads it with ``IntervenableModel.load(path, model)``: for a model
     family pyvene knows, the component names (``block_output``, …) find the module; for a
     TransformerLens model register its hooks first (``pyvene.type_to_module_mapping[type(model)]``
-    and ``type_to_dimension_mapping``, with the hook names ``arithinterp_site.json`` lists)."""
+    and ``type_to_dimension_mapping``, with the hook names ``arithinterp_site.json`` lists).
+    ``arithinterp_site.json`` also keeps the fingerprint of the model the subspace was fitted on:
+    :func:`read_pyvene` gives it back and :func:`score_subspace` refuses another model."""
     from arithinterp.outputs import check_writable_dir
 
     if not isinstance(result, DASResult):
@@ -136,7 +140,7 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
                    layer=result.layer, pyvene_component=component,
                    transformer_lens_hook=f"blocks.{result.layer}.{TL_HOOKS[site]}",
                    positions=positions, per_position=per_position, keys=keys, k=result.k, variable=result.variable,
-                   iia=result.iia, model=result.meta.get("model"))
+                   iia=result.iia, **{key: result.meta.get(key) for key in _PROVENANCE})
     (folder / SITE_FILE).write_text(json.dumps(mapping, indent=2))
     return folder
 
@@ -147,7 +151,9 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
     """A pyvene save of ``LowRankRotatedSpaceIntervention`` s back as this package's interchange
     (a :class:`FixedSubspace`, or a :class:`PerPosition` of them for several interventions) and
     the :class:`Site` it acts on (from ``arithinterp_site.json``, or from ``site``, ``layer`` and
-    ``positions`` for a folder pyvene wrote)."""
+    ``positions`` for a folder pyvene wrote). The interchange's ``meta`` holds the fingerprint of
+    the model it was fitted on (from ``arithinterp_site.json``; a folder pyvene wrote has none),
+    which :func:`score_subspace` checks."""
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ResultFileError(f"{folder} has no config.json; a pyvene save is config.json + intkey_*.bin")
@@ -176,6 +182,7 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
     position = [int(p) if str(p).lstrip("-").isdigit() else p for p in names] if len(names) > 1 else (
         int(position) if str(position).lstrip("-").isdigit() else position)
     intervention = parts[0] if len(parts) == 1 else PerPosition(parts)
+    intervention.meta = {key: mapping[key] for key in _PROVENANCE if mapping.get(key) is not None}
     return intervention, Site(site, int(layer), position, mapping.get("head"))
 
 
@@ -183,7 +190,10 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
 def score_subspace(model: Any, dataset: InterchangeDataset, intervention: Interchange, where: Site, *,
                    rows: Optional[torch.Tensor] = None, max_memory: Optional[ByteSize] = None) -> dict:
     """IIA (with its 95% interval and logit difference) of a given subspace on ``dataset``'s held-out
-    pairs (``rows``: others), as :func:`~arithinterp.causal.das` scores its fit."""
+    pairs (``rows``: others), as :func:`~arithinterp.causal.das` scores its fit. A subspace read by
+    :func:`read_pyvene` from a fit on another model (another weight fingerprint) raises
+    :class:`~arithinterp.errors.ModelMismatchError`."""
+    check_belongs(model, "causal.score_subspace", subspace=intervention)
     where.check(model)
     rows = dataset.test if rows is None else rows
     runs = Runs(model, dataset, where, rows, max_memory=max_memory)
