@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ import torch
 
 from arithinterp.errors import ConfigError
 from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, STEPS, Budget, Context,
-                                NotEnoughData, OverBudget, _fit_curve, _seeded_pick, parse_memory, require, spread,
-                                write_report)
+                                NotEnoughData, OverBudget, parse_memory, require, spread, write_report)
+from arithinterp.report.budget import seeded_pick as _seeded_pick
+from arithinterp.report.stages import circuits as circuits_module, digits as digits_module, probes as probes_module
+from arithinterp.report.stages.circuits import _fit_curve
 
 ROOT = Path(__file__).parent.parent
 VOID = {"meta", "br", "img", "input", "link", "hr", "area", "base", "col", "embed", "source", "track", "wbr"}
@@ -97,17 +100,18 @@ def test_a_killed_report_leaves_a_readable_page_of_the_finished_stages(tmp_path)
     assert re.search(r"answers \d+ of \d+ prompts correctly", text)  # the finished stage's findings
 
 
-def _raises(error: BaseException):
-    def stage(ctx):
+def _raises(name: str, error: BaseException):
+    """The stage ``name`` with a run that raises ``error``."""
+    def run(ctx):
         raise error
 
-    return stage
+    return replace(STAGES[name], run=run)
 
 
 @pytest.mark.slow
 def test_a_failing_stage_is_recorded_and_the_next_stage_runs(tmp_path, monkeypatch):
-    monkeypatch.setitem(STAGES, "patching", _raises(RuntimeError("CUDA error: out of memory")))
-    monkeypatch.setitem(STAGES, "probes", _raises(MemoryError()))
+    monkeypatch.setitem(STAGES, "patching", _raises("patching", RuntimeError("CUDA error: out of memory")))
+    monkeypatch.setitem(STAGES, "probes", _raises("probes", MemoryError()))
     with pytest.warns(UserWarning, match="'patching' failed: RuntimeError: CUDA error: out of memory"):
         out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy", "patching", "probes", "fourier"],
                            limit=200, progress=False)
@@ -124,7 +128,7 @@ def test_a_failing_stage_is_recorded_and_the_next_stage_runs(tmp_path, monkeypat
 
 
 def test_an_interrupted_report_says_so_and_stops(tmp_path, monkeypatch):
-    monkeypatch.setitem(STAGES, "probes", _raises(KeyboardInterrupt()))
+    monkeypatch.setitem(STAGES, "probes", _raises("probes", KeyboardInterrupt()))
     out = tmp_path / "r.html"
     with pytest.raises(KeyboardInterrupt):
         write_report("zoo:add-100", out=out, stages=["accuracy", "patching", "probes", "fourier"], limit=200,
@@ -287,7 +291,7 @@ def test_circuits_shrink_the_integration_steps_before_skipping(tiny_model, monke
         run(items[:1])  # the scores the curve's pilot reads
         return costs.pop(0)
 
-    monkeypatch.setattr(report, "pilot_cost", measured)
+    monkeypatch.setattr(circuits_module, "pilot_cost", measured)
     prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
     pairs = prompts.counterfactual(vary="a", seed=0)
     ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=40.0))
@@ -414,11 +418,11 @@ def six_layer_llama(tmp_path_factory):
     from families import save_llama, tokenizer_for
 
     from arithinterp.models import load_model
-    from arithinterp.report import _task_prompts
+    from arithinterp.report.evaluation import report_prompts
 
     folder = save_llama(tmp_path_factory.mktemp("llama6"), tokenizer_for("digit"), n_layers=6)
     model = load_model(str(folder))
-    prompts = _task_prompts(model, "llama6", 300, 0, "{a}+{b}=", 2, "10-59")
+    prompts = report_prompts(model, "llama6", 300, 0, "{a}+{b}=", 2, "10-59")
     pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)
     return model, prompts, pairs
 
@@ -464,7 +468,7 @@ def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six
     # neurons: the model and its random-init control, each costing the same
     for name, seconds in (("patching", 70.0), ("digits", 40.0), ("neurons", 60.0), ("circuits", 40.0)):
         ctx.budget, ctx.stage_start = Budget(seconds, forward_seconds=0.1), now[0]
-        sections[name] = report.STAGES[name](ctx)
+        sections[name] = report.STAGES[name].run(ctx)
         spent = now[0] - ctx.stage_start
         assert spent <= seconds, (name, spent, sections[name].sample)  # within its budget, pilots included
     for name, what in (("patching", "pairs"), ("digits", "prompts"), ("neurons", "prompts")):
@@ -502,7 +506,7 @@ def test_per_digit_ablation_stops_between_groups_when_the_time_runs_out(six_laye
     ctx = Context(model, "llama6", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=25.0))
     ctx.stage_start = 0.0
     heads_of = lambda layers: [f"L{layer}H{h}" for layer in layers for h in range(model.cfg.n_heads)]  # noqa: E731
-    result, covered = report._ablate_while_time_lasts(ctx, prompts[:8], [0, 1, 3, 5], heads_of)
+    result, covered = digits_module._ablate_while_time_lasts(ctx, prompts[:8], [0, 1, 3, 5], heads_of)
     assert covered == [0, 5]  # the last and the first ran; a third group (10 s) would not fit the 5 s left
     assert result.heads == heads_of([0, 5]) and result.accuracy.shape[0] == 2 * model.cfg.n_heads
 
@@ -541,7 +545,7 @@ def test_circuits_plan_the_curve_by_its_parts_when_not_every_pair_fits(tiny_mode
         planned.append(len(pairs))
         raise OverBudget("recorded")
 
-    monkeypatch.setattr(report, "_fit_curve", by_parts)
+    monkeypatch.setattr(circuits_module, "_fit_curve", by_parts)
     monkeypatch.setattr(Context, "fit", lambda self, items, *a, **k: (items[:40], "sampled 40 of them"))
     with pytest.raises(OverBudget, match="recorded"):
         report.circuits_stage(ctx)
@@ -575,7 +579,7 @@ def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, 
     ctx = Context(tiny_model, "tiny", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds=100.0))
     ctx.stage_start = 0.0
     sentence = f"sampled 30 of {len(pairs):,} pairs"
-    monkeypatch.setattr(report, "_fit_curve", lambda ctx, p, memory: (p[:30], p[:10], planned, 1, sentence))
+    monkeypatch.setattr(circuits_module, "_fit_curve", lambda ctx, p, memory: (p[:30], p[:10], planned, 1, sentence))
     original = circuits.score_edges
 
     def slow_scores(*args, **kwargs):  # 0.25 s a pass: 4 passes on each of 30 pairs take 30 s
@@ -606,7 +610,7 @@ def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, 
 
 
 def test_accuracy_drops_read_as_points_never_as_a_signed_zero():
-    from arithinterp.report import _points
+    from arithinterp.report.stages.digits import _points
 
     assert _points(0.123) == "−12 points" and _points(0.004) == "−0.4 points" and _points(-0.02) == "+2.0 points"
     assert _points(0.0) == _points(-0.0) == _points(0.0004) == "no drop"
@@ -627,7 +631,7 @@ def test_a_stage_timed_at_its_minimum_runs_again_on_what_fits(tiny_model, monkey
         now[0] += 0.1 * ctx.n_pairs
         return report.Section("fourier", sample=f"{ctx.n_pairs} pairs")
 
-    monkeypatch.setitem(report.STAGES, "fourier", fourier)
+    monkeypatch.setitem(report.STAGES, "fourier", replace(report.STAGES["fourier"], run=fourier))
     pairs = torch.arange(500)
     ctx = Context(tiny_model, "tiny", pairs, pairs, None, pairs, budget=Budget(seconds=18.0), n_pairs=200)
     ctx.stage_start = now[0]
@@ -663,7 +667,7 @@ def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_toke
         return real(acts, target, layers=layers, **kwargs)
 
     monkeypatch.setattr(probes, "probe_layers", probe_layers)
-    targets = report._probe_targets(prompts)
+    targets = probes_module._probe_targets(prompts)
     assert targets == ("a_digit_0", "carry_0", "answer_digit_1", "answer_digit_0")
     per_layer = len(targets) * 3.0  # every target at one layer on 300 prompts
     # unlimited: every layer; 68 s: 5 layers (the sixth's 12 s no longer fits 85% of what is left);
@@ -684,7 +688,7 @@ def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_toke
     # the merged per-layer results are the one-call result
     acts = collect(model, prompts[:120], sites="resid_post", positions=["a", "b", "final"], progress=False)
     one = real(acts, "carry_0", layers=[1, 4, 6], cv=5, progress=False)
-    merged = report._merged_over_layers([real(acts, "carry_0", layers=[layer], cv=5, progress=False)
+    merged = probes_module._merged_over_layers([real(acts, "carry_0", layers=[layer], cv=5, progress=False)
                                          for layer in (6, 1, 4)])
     assert merged.layers == [1, 4, 6]
     assert torch.equal(merged.fold_scores, one.fold_scores) and torch.equal(merged.control_scores, one.control_scores)
@@ -716,7 +720,7 @@ def test_the_neurons_control_runs_only_when_the_time_left_holds_it(monkeypatch):
         calls.clear()
         ctx = Context(model, "zoo:add-100", prompts, prompts, None, pairs, seed=0, budget=Budget(seconds))
         ctx.stage_start = now[0]
-        finding = report.STAGES["neurons"](ctx).findings[0]
+        finding = report.STAGES["neurons"].run(ctx).findings[0]
         assert now[0] - ctx.stage_start <= seconds
         assert calls[-1] is (not control)  # the last classification: the control's, or the model's own
         assert ("The random-init control did not fit the time left" in finding) is (not control), finding
@@ -755,7 +759,7 @@ def add100():
 def test_the_evaluation_rate_leaves_out_one_off_costs(add100, monkeypatch):
     """A first call that pays 5 s once must not be charged per prompt: at 0.01 s a prompt, the
     4,000 prompts (40 s) fill a 30 s share to about 2,500, not the 16 × (5 s / 16) rate's few."""
-    from arithinterp.report import _evaluate_within
+    from arithinterp.report.evaluation import evaluate_within as _evaluate_within
 
     model, prompts = add100
     _clocked_evaluation(monkeypatch, one_off=5.0, per_prompt=0.01, accuracy_every=1)
@@ -768,7 +772,7 @@ def test_the_evaluation_rate_leaves_out_one_off_costs(add100, monkeypatch):
 def test_the_evaluation_goes_on_past_its_share_until_the_stages_have_their_correct_prompts(add100, monkeypatch):
     """At 10% accuracy, 100 correct prompts take about 1,000 prompts: past a 2 s share, within the
     cap; with a cap too small the sentence says how many prompts and how long it would take."""
-    from arithinterp.report import _evaluate_within
+    from arithinterp.report.evaluation import evaluate_within as _evaluate_within
 
     model, prompts = add100
     _clocked_evaluation(monkeypatch, one_off=1.0, per_prompt=0.01, accuracy_every=10)

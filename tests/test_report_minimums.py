@@ -154,7 +154,7 @@ def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(t
 
 
 def test_error_detector_verdict_against_chance():
-    from arithinterp.report import _beats_chance
+    from arithinterp.report.stages.errors import _beats_chance
 
     # 40 correct and 40 wrong held-out answers: 52% balanced accuracy is chance, 80% is not
     assert not _beats_chance(dict(n=80, n_errors=40, recall=0.54, balanced_accuracy=0.52))
@@ -166,7 +166,7 @@ def test_patching_verdict_when_clean_and_corrupt_runs_do_not_differ():
 
     import torch
 
-    from arithinterp.report import _no_gap
+    from arithinterp.report.stages.patching import _no_gap
 
     g = torch.Generator().manual_seed(0)
     noise = torch.randn(40, generator=g)
@@ -182,7 +182,7 @@ def test_top_cells_are_only_those_above_noise():
 
     import torch
 
-    from arithinterp.report import _restoring, _top_cells
+    from arithinterp.report.stages.patching import _restoring, _top_cells
 
     result = SimpleNamespace(axes=["layer", "position"], positions=["a", "final"], tokens=["7", "="],
                              axis_labels=lambda axis: [0, 1] if axis == "layer" else ["a", "final"],
@@ -216,7 +216,7 @@ def test_neuron_coverage_in_words_and_the_two_proportion_test():
 
     import torch
 
-    from arithinterp.report import _coverage, _more_often
+    from arithinterp.report.stages.neurons import _coverage, _more_often
 
     def table(labelled_per_layer, n=50):
         layer = torch.arange(len(labelled_per_layer)).repeat_interleave(n)

@@ -1,0 +1,106 @@
+"""What a stage of the report is: one :class:`Stage` object declaring its name, title, place on
+the page, share of the budget, minimum sample and ``run``, and the :class:`Section` it returns.
+
+Each module of :mod:`arithinterp.report.stages` declares one stage as its ``STAGE``; the registry
+(:data:`arithinterp.report.stages.STAGES`) is built from those modules, so adding a stage is adding
+one module. The minimums are looked up in that registry by name (:func:`require`), when a stage
+runs: the registry imports the stage modules, which import this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
+
+from arithinterp.errors import AnalysisError
+
+if TYPE_CHECKING:
+    from arithinterp.report.budget import Context
+    from arithinterp.tasks import PromptPairs
+
+
+@dataclass
+class Section:
+    """One stage of the report: findings in words, figures, and how long it took."""
+
+    title: str
+    findings: list[str] = field(default_factory=list)
+    figures: list[Any] = field(default_factory=list)
+    seconds: float = 0.0
+    sample: str = ""  # what the findings rest on, e.g. "385 counterfactual pairs (minimum 30)"
+
+
+class Knob(NamedTuple):
+    """A sample size that the stage's own code does not fit to its budget: the runner runs the
+    stage at the minimum first, then again on as many as fit the time left (``write_report``)."""
+
+    field: str  # the Context field the runner sets, e.g. "n_pairs"
+    minimum: str  # whose minimum it starts at (a name in MINIMUMS), e.g. "helix"
+    what: str  # what it counts, for the sample line, e.g. "pairs"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the report, declared once in its own module of :mod:`arithinterp.report.stages`.
+
+    Attributes:
+        name: the stage's name (``write_report(stages=[...])``, ``--stages``).
+        title: its section's heading on the page.
+        order: where it goes on the page and in the default run: the registry sorts by it.
+        weight: its share of the budget, against the others' and the evaluation's
+            (:data:`arithinterp.report.budget.EVALUATION_WEIGHT`); what a stage leaves unused goes
+            to the later ones. Sized from what each needs at its minimum sample on a 135M-shaped
+            model: circuits (EAP-IG and the faithfulness curve) the most.
+        run: ``run(ctx) -> Section``, within ``ctx.budget``.
+        minimum: the least data it draws a conclusion from, ``(count, what is counted)``; below it
+            the stage says "not enough data". None: no minimum.
+        minimum_name: the name the minimum is known by in :data:`MINIMUMS` when it is not the
+            stage's (the Fourier stage's minimum is its helix test's).
+        knob: a sample size the runner fits for the stage (:class:`Knob`), or None.
+    """
+
+    name: str
+    title: str
+    order: float
+    weight: float
+    run: Callable[[Context], Section]
+    minimum: Optional[tuple[int, str]] = None
+    minimum_name: str = ""
+    knob: Optional[Knob] = None
+
+
+def _minimums() -> dict[str, tuple[int, str]]:
+    from arithinterp.report.stages import MINIMUMS  # the registry imports this module: looked up when used
+
+    return MINIMUMS
+
+
+class NotEnoughData(AnalysisError):
+    """A stage has fewer samples than its minimum (:data:`MINIMUMS`); it draws no conclusion."""
+
+    def __init__(self, name: str, n: int, who: str = "this stage"):
+        minimum, what = _minimums()[name]
+        super().__init__(f"Not enough data: {n} {what}; {who} needs at least {minimum} {what}.")
+
+
+def require(name: str, n: int, who: str = "this stage") -> str:
+    """Raise :class:`NotEnoughData` when ``n`` is below the minimum of ``name``; else the sample
+    statement (``"385 counterfactual pairs (minimum 30)"``)."""
+    minimum, what = _minimums()[name]
+    if n < minimum:
+        raise NotEnoughData(name, n, who)
+    return f"{n} {what} (minimum {minimum})"
+
+
+def require_pairs(ctx: Context, name: str, who: str = "this stage") -> tuple[PromptPairs, str]:
+    """The first ``ctx.n_pairs`` counterfactual pairs and their sample statement (:func:`require`);
+    :class:`NotEnoughData` when there are none."""
+    if ctx.pairs is None:
+        raise NotEnoughData(name, 0, who)
+    pairs = ctx.pairs[: ctx.n_pairs]
+    return pairs, require(name, len(pairs), who)
+
+
+def joined(*parts: str) -> str:
+    """The non-empty ``parts`` joined by ``"; "`` (a sample line from its pieces)."""
+    return "; ".join(p for p in parts if p)

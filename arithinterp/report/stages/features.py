@@ -1,0 +1,61 @@
+"""The features stage: the transcoders shipped for a zoo model, the replacement model on the
+report's prompts, and the attribution graph of one correctly answered prompt."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from arithinterp.errors import ModelSpecError, accepted
+from arithinterp.report.stage import Section, Stage, joined, require
+
+if TYPE_CHECKING:
+    from arithinterp.report.budget import Context
+
+
+def features_stage(ctx: Context) -> Section:
+    """The transcoders shipped for a zoo model: their card, the replacement model on the report's
+    prompts, and the attribution graph of one correctly answered prompt. Other models: not run, with
+    the reason (no transcoders ship for them; ``arithinterp.features.train_transcoders`` makes some)."""
+    from arithinterp.features import attribution_graph, load_transcoders, replacement_metrics
+    from arithinterp.features.training import full_tokens
+
+    from arithinterp.features.shipped import RECIPES
+
+    if not ctx.spec.startswith("zoo:"):  # the report shows the reason as "not run on this model"
+        raise ModelSpecError(f"transcoders ship only for the zoo models {accepted(['zoo:' + n for n in RECIPES])}, "
+                             f"not for {ctx.spec!r}; train some with arithinterp.features.train_transcoders")
+    transcoders = load_transcoders(ctx.spec)  # a zoo model without them: ModelSpecError, which says so
+    transcoders.check_model(ctx.model)
+    require("features", 0 if ctx.prompts is None else len(ctx.prompts), "the graph of a correctly answered prompt")
+    correct = ctx.prompts
+    assert correct is not None  # require() counted them
+    prompt, width = correct.texts[0], int(correct.tokens.shape[1])
+    graph = attribution_graph(ctx.model, correct.tokens[0][width - int(correct.lengths[0]):], transcoders,
+                              progress=False)  # the first correctly answered prompt, its padding dropped
+    prompts, fitted = ctx.fit(ctx.all_prompts, "prompts", 30, per_item=2 * ctx.budget.forward_seconds)
+    tokens, _, n_answer = full_tokens(prompts)
+    measured = replacement_metrics(ctx.model, transcoders, tokens, n_answer)
+    section = Section(STAGE.title,
+                      sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", fitted))
+    rows = transcoders.metrics.get("layers", [])
+    per_layer = "; ".join(f"layer {layer}: FVU {r['fvu']:.3f}, L0 {r['l0']:.1f}, dead {100 * r['dead_fraction']:.1f}%"
+                          for layer, r in zip(transcoders.layers, rows))
+    section.findings.append(
+        f"Shipped transcoders for {ctx.spec} ({transcoders.n_features} TopK features per layer, k={transcoders.k}, "
+        f"made by `arithinterp train-transcoders {ctx.spec}`), on their own held-out prompts: {per_layer}.")
+    section.findings.append(
+        f"Replacement model (every MLP replaced by its transcoder, no error term) on {measured['n_positions']:,} "
+        f"answer positions: top-1 agreement with the model {measured['agreement']:.3f}, "
+        f"KL {measured['kl']:.3f} nats.")
+    s = graph.scores
+    section.findings.append(
+        f"Attribution graph of {prompt!r} (Ameisen et al. 2025): {s['n_active_features']} active features; the pruned "
+        f"graph keeps {s['n_kept']} nodes holding {s['kept_influence']:.2f} of the influence on the answer; "
+        f"replacement score {s['replacement']:.3f}, completeness {s['completeness']:.3f}; edges + bias match each "
+        f"feature's pre-activation within {s['max_abs_error']:.1e}.")
+    section.figures += [transcoders.plot(), graph.plot()]
+    return section
+
+
+STAGE = Stage(name="features", title="Feature circuits: transcoders and an attribution graph", order=90, weight=0.5,
+              minimum=(1, "correctly answered prompt"), run=features_stage)
