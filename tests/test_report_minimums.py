@@ -149,7 +149,7 @@ def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(t
         assert all(0 <= float(v) <= 1 for v in re.findall(r"CI (-?[\d.]+) to", text) + re.findall(r"to (-?[\d.]+)\)", text))
     assert re.search(r"held-out accuracy (0\.9\d|1\.00) .* random-init model of the same architecture (0\.9\d|1\.00)",
                      findings["a"])
-    assert section.sample.startswith("144 correctly answered prompts (minimum 60); folds: 3-fold")
+    assert section.sample.startswith("144 correctly answered prompts (minimum 60); folds: 5-fold")
     assert section.sample.endswith("controls: chance, shuffled labels, a random-init model of the same architecture")
 
 
