@@ -74,13 +74,6 @@ def public_functions() -> list[Callable]:
 
 
 FUNCTIONS = public_functions()
-#: Known to fail the fuzz still (an argument declared ``Any`` reaches code that assumes its type); each is a
-#: finding to fix, run but allowed to fail until then.
-KNOWN = {"arithinterp.neurons.model.maps", "arithinterp.patching.attribution.compare",
-         "arithinterp.fourier.separability.number_representations", "arithinterp.patching.digits.vary_digit",
-         # an absurd size reaches an allocation (MemoryError)
-         "arithinterp.fourier.modular.modular_logits", "arithinterp.fourier.spectra.spectrum",
-         "arithinterp.patching.attribution.attribution_vs_exact"}
 CHECKED = [fn for fn in FUNCTIONS if getattr(fn, "__arithinterp_checked__", False)
            and f"{fn.__module__}.{fn.__qualname__}" not in NOT_FUZZED]
 
@@ -221,8 +214,7 @@ def _name(fn: Callable) -> str:
     return f"{fn.__module__.removeprefix('arithinterp.')}.{fn.__name__}"
 
 
-FUZZED = [pytest.param(fn, marks=pytest.mark.xfail(reason="a known finding", strict=False), id=_name(fn))
-          if f"{fn.__module__}.{fn.__qualname__}" in KNOWN else pytest.param(fn, id=_name(fn)) for fn in CHECKED]
+FUZZED = [pytest.param(fn, id=_name(fn)) for fn in CHECKED]
 
 
 @pytest.mark.parametrize("fn", FUZZED)

@@ -59,6 +59,8 @@ def number_axis_size(n: Union[int, range, Sequence[int]]) -> int:
         raise AnalysisError(f"n must be an int, a range or a list of consecutive numbers, got {n!r}")
     if isinstance(n, int):
         size = int(n)
+    elif isinstance(n, range) and n.step == 1:
+        size = len(n)  # consecutive by construction, and never listed (it may be huge)
     else:
         values = list(n)
         if values and any(b - a != 1 for a, b in zip(values, values[1:])):

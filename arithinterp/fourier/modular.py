@@ -134,8 +134,8 @@ def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 @checked
-def modular_logits(model: HookedModel, p: Optional[int] = None, *, template: str = "{a} {b} =",
-                   batch_size: int = 4096) -> torch.Tensor:
+def modular_logits(model: HookedModel, p: Optional[PositiveInt] = None, *, template: str = "{a} {b} =",
+                   batch_size: PositiveInt = 4096) -> torch.Tensor:
     """Logits [p, p, p] of ``model`` over every pair ``(a, b)`` of 0..p-1, read at the final
     prompt token and restricted to the number tokens 0..p-1 (so class ``c`` = number ``c``)."""
     check_belongs(model, "fourier.modular_logits")
@@ -143,6 +143,10 @@ def modular_logits(model: HookedModel, p: Optional[int] = None, *, template: str
 
     if p is None:
         p = _zoo_modulus(model)
+    vocabulary = int(model.cfg.d_vocab)
+    if p > vocabulary:  # before the p x p prompts are built: each of 0..p-1 must be a token
+        raise ConfigError(f"p={p} needs the numbers 0..{p - 1} as tokens, more than this model's vocabulary of "
+                          f"{vocabulary} tokens holds")
     prompts = arithmetic(model, "+", a=range(p), b=range(p), template=template, modulus=p)
     tokens = number_tokens(model, range(p))
     out = torch.empty((len(prompts), p))

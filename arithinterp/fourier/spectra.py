@@ -263,9 +263,20 @@ def number_axis(numbers: Union[int, range, Sequence[int], None], default: Union[
         numbers = default
     if isinstance(numbers, int):
         numbers = range(numbers)
-    values = list(numbers)
+    values = numbers if isinstance(numbers, range) else list(numbers)  # a range is never listed: it may be huge
     number_axis_size(values)
     return range(values[0], values[-1] + 1)
+
+
+def _check_fits(model: HookedModel, numbers: range) -> None:
+    """Refuse, before any prompt is built, a number axis whose vectors (one row of ``d_model`` floats
+    per number) alone would not fit in the memory an analysis step may use."""
+    from arithinterp.engine.budget import memory_budget
+
+    need, budget = 4 * len(numbers) * int(model.cfg.d_model), memory_budget(model)
+    if need > budget:
+        raise ConfigError(f"{len(numbers)} numbers need {need / 2**30:.3g} GiB for their vectors alone, more than the "
+                          f"{budget / 2**30:.3g} GiB an analysis step may use; pass fewer numbers")
 
 
 def _rule_kw(rule: str, factor: float, fraction: float) -> dict:
@@ -610,6 +621,7 @@ def spectrum(source: Any, numbers: Union[int, range, None] = None, *, site: str 
         return activation_spectrum(source, numbers=numbers, site=site, **kwargs)
     if not hasattr(source, "cfg"):
         raise AnalysisError(f"source must be a model, a tensor or an Activations, got {type(source).__name__}")
+    _check_fits(source, number_axis(100 if numbers is None else numbers))
     if site == "embed" and "prompts" not in kwargs:
         if _single_tokens(source, number_axis(100 if numbers is None else numbers)):
             return embedding_spectrum(source, 100 if numbers is None else numbers, **kwargs)

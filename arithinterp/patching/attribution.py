@@ -307,13 +307,18 @@ def _cell_labels(result: PatchResult) -> list[str]:
 
 
 @checked
-def compare(exact, approx) -> Comparison:
+def compare(exact: Union[PatchResult, dict], approx: Union[PatchResult, dict]) -> Comparison:
     """Correlation of an approximation with exact patching, per site.
 
     ``exact`` and ``approx`` are :class:`PatchResult` objects of the same cells (or dicts of them
     keyed by site, as :func:`attribute` returns). The inputs are left as they are: the
     correlations live in the returned :class:`Comparison`.
     """
+    for name, given in (("exact", exact), ("approx", approx)):
+        parts = given.values() if isinstance(given, dict) else [given]
+        if not parts or not all(isinstance(part, PatchResult) for part in parts):
+            raise AnalysisError(f"{name} must be a PatchResult or a non-empty dict of them keyed by site, got "
+                                f"{type(given).__name__}")
     exact = exact if isinstance(exact, dict) else {exact.site: exact}
     approx = approx if isinstance(approx, dict) else {approx.site: approx}
     if set(exact) != set(approx):
@@ -337,7 +342,8 @@ def compare(exact, approx) -> Comparison:
 
 
 @checked
-def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites=("resid_pre",), method: str = "attribution",
+def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites: Union[str, Sequence[str]] = ("resid_pre",),
+                         method: str = "attribution",
                          **kwargs) -> Comparison:
     """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them."""
     check_belongs(model, "patching.attribution_vs_exact", pairs=pairs)

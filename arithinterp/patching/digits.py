@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -36,8 +36,7 @@ from arithinterp.patching.core import COMPONENT_ABLATION_MODES
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
-if TYPE_CHECKING:
-    from arithinterp.tasks import PromptPairs, PromptSet
+from arithinterp.tasks import PromptPairs, PromptSet  # at run time: @checked enforces them
 
 FEEDS = ("own", "clean")
 OPERANDS = ("a", "b", "both")
