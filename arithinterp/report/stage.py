@@ -69,24 +69,24 @@ class Stage:
     knob: Optional[Knob] = None
 
 
-def _minimums() -> dict[str, tuple[int, str]]:
-    from arithinterp.report.stages import MINIMUMS  # the registry imports this module: looked up when used
-
-    return MINIMUMS
+# The least data each stage draws a conclusion from (count, what is counted), by the name each is
+# known by (the Fourier stage's is its helix test's); below it the stage says "not enough data".
+# Filled by the registry (arithinterp.report.stages) from the stages' declarations as it collects them.
+MINIMUMS: dict[str, tuple[int, str]] = {}
 
 
 class NotEnoughData(AnalysisError):
     """A stage has fewer samples than its minimum (:data:`MINIMUMS`); it draws no conclusion."""
 
     def __init__(self, name: str, n: int, who: str = "this stage"):
-        minimum, what = _minimums()[name]
+        minimum, what = MINIMUMS[name]
         super().__init__(f"Not enough data: {n} {what}; {who} needs at least {minimum} {what}.")
 
 
 def require(name: str, n: int, who: str = "this stage") -> str:
     """Raise :class:`NotEnoughData` when ``n`` is below the minimum of ``name``; else the sample
     statement (``"385 counterfactual pairs (minimum 30)"``)."""
-    minimum, what = _minimums()[name]
+    minimum, what = MINIMUMS[name]
     if n < minimum:
         raise NotEnoughData(name, n, who)
     return f"{n} {what} (minimum {minimum})"

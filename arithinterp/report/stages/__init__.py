@@ -14,7 +14,7 @@ import sys
 from types import ModuleType
 
 from arithinterp.report.budget import EVALUATION_WEIGHT
-from arithinterp.report.stage import Knob, Stage
+from arithinterp.report.stage import MINIMUMS, Knob, Stage
 
 
 def collect(*packages: ModuleType) -> dict[str, Stage]:
@@ -25,10 +25,8 @@ def collect(*packages: ModuleType) -> dict[str, Stage]:
 
 
 STAGES: dict[str, Stage] = collect(sys.modules[__name__])
-# The least data each stage draws a conclusion from (count, what is counted), by the name each is
-# known by (the Fourier stage's is its helix test's). Below it the stage says "not enough data".
-MINIMUMS: dict[str, tuple[int, str]] = {
-    stage.minimum_name or stage.name: stage.minimum for stage in STAGES.values() if stage.minimum is not None}
+MINIMUMS.update({stage.minimum_name or stage.name: stage.minimum for stage in STAGES.values()
+                 if stage.minimum is not None})
 # each stage's share of the budget, and the evaluation's (what a stage leaves unused goes to the later ones)
 WEIGHTS: dict[str, float] = {"evaluation": EVALUATION_WEIGHT, **{name: s.weight for name, s in STAGES.items()}}
 STAGE_TITLES: dict[str, str] = {name: stage.title for name, stage in STAGES.items()}
