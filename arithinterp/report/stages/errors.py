@@ -12,18 +12,9 @@ from arithinterp.report.stage import Section, Stage, joined, require
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
-    from arithinterp.types import HookedModel
 
 # the detector's balanced accuracy averages two rates, each over at least 20 held-out answers
 MINIMUM = (20, "held-out answers of the rarer kind, wrong or correct")
-
-
-def detector_forwards(model: HookedModel) -> float:
-    """What fitting and scoring the detector costs per prompt, in prompt evaluations: reading its
-    activations (about three forwards) and the layer search's probes, one per layer (about a tenth of
-    a forward each per prompt). On Gemma 3 270M's 18 layers: 0.071 s a prompt against 0.017 s for an
-    evaluation, where three forwards alone planned 0.052 s and the stage overran its share by 45%."""
-    return 3.0 + 0.1 * int(model.cfg.n_layers)
 
 
 def _beats_chance(m: dict) -> bool:
@@ -58,8 +49,7 @@ def error_detector_stage(ctx: Context) -> Section:
         rarer = min(n_errors, len(prompts) - n_errors) / len(prompts)
         # enough prompts that the held-out third holds the minimum of the rarer kind, as the whole set does
         least = min(len(prompts), math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
-        pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least,
-                               per_item=detector_forwards(model) * ctx.budget.forward_seconds)
+        pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * ctx.budget.forward_seconds)
         prompts, evaluation = prompts[pick], evaluation[pick]
         batch_size = ctx.budget.batch_size(model, int(prompts.lengths.max()))
     else:
@@ -73,8 +63,7 @@ def error_detector_stage(ctx: Context) -> Section:
                                                                   Budget(seconds, ctx.budget.bytes), ctx.seed)
             rarer = min(int((~evaluation.correct).sum()), int(evaluation.correct.sum())) / len(prompts)
             least = min(len(prompts), math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
-            pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least,
-                                   per_item=detector_forwards(model) * per_prompt)
+            pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * per_prompt)
             prompts, evaluation = prompts[pick], evaluation[pick]
         else:
             evaluation = prompts.evaluate(model)
