@@ -197,6 +197,21 @@ def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, featur
     return out
 
 
+def _layer_tensors(transcoders: Transcoders, i: int, skip: bool, *, encoder_rows: bool,
+                   threshold_key: str) -> dict[str, torch.Tensor]:
+    """Layer ``i``'s weights as one file of either layout stores them: the encoder as ``[F, d]`` rows
+    (circuit-tracer, ``x @ W_enc.T``) or ``[d, F]`` columns (SAELens), the skip as ``[d_out, d_in]``,
+    the JumpReLU threshold under ``threshold_key``; float32 and contiguous, as safetensors needs."""
+    tensors = {"W_enc": transcoders.W_enc[i].T if encoder_rows else transcoders.W_enc[i],
+               "b_enc": transcoders.b_enc[i], "W_dec": transcoders.W_dec[i], "b_dec": transcoders.b_dec[i]}
+    if skip:
+        tensors["W_skip"] = transcoders.W_skip[i].T
+    if transcoders.activation == "jumprelu":
+        assert transcoders.threshold is not None
+        tensors[threshold_key] = transcoders.threshold[i]
+    return {key: value.detach().float().contiguous() for key, value in tensors.items()}
+
+
 @checked
 def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *, model_name: str = "",
                                      scan: Optional[str] = None) -> Path:
@@ -220,15 +235,9 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
     names = []
     skip = bool(transcoders.W_skip.abs().sum() > 0)
     for i, layer in enumerate(transcoders.layers):
-        tensors = {"W_enc": transcoders.W_enc[i].T, "W_dec": transcoders.W_dec[i], "b_enc": transcoders.b_enc[i],
-                   "b_dec": transcoders.b_dec[i]}
-        if skip:
-            tensors["W_skip"] = transcoders.W_skip[i].T
-        if transcoders.activation == "jumprelu":
-            assert transcoders.threshold is not None
-            tensors["activation_function.threshold"] = transcoders.threshold[i]
         name = f"layer_{layer}.safetensors"
-        save_file({key: value.detach().float().contiguous() for key, value in tensors.items()}, str(folder / name))
+        save_file(_layer_tensors(transcoders, i, skip, encoder_rows=True,
+                                 threshold_key="activation_function.threshold"), str(folder / name))
         names.append(name)
     config = dict(model_kind="transcoder_set", model_name=model_name or transcoders.meta.get("model", ""),
                   scan=scan or f"arithinterp-{transcoders.meta.get('model', 'transcoders')}",
@@ -363,14 +372,7 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
     trained = [row.get("fvu") for row in transcoders.metrics.get("layers", [])]
     for i, layer in enumerate(transcoders.layers):
         folder = check_writable_dir(root / f"layer_{layer}", "write transcoders")
-        tensors = {"W_enc": transcoders.W_enc[i], "b_enc": transcoders.b_enc[i], "W_dec": transcoders.W_dec[i],
-                   "b_dec": transcoders.b_dec[i]}
-        if skip:
-            tensors["W_skip"] = transcoders.W_skip[i].T
-        if transcoders.activation == "jumprelu":
-            assert transcoders.threshold is not None
-            tensors["threshold"] = transcoders.threshold[i]
-        save_file({k: v.detach().float().contiguous() for k, v in tensors.items()},
+        save_file(_layer_tensors(transcoders, i, skip, encoder_rows=False, threshold_key="threshold"),
                   str(folder / "sae_weights.safetensors"))
         metadata = dict(sae_lens_version=SAELENS_FORMAT, sae_lens_training_version=SAELENS_FORMAT,
                         model_name=model_name or transcoders.meta.get("model", ""),
