@@ -43,12 +43,19 @@ class Activations:
     index ``i`` on axis 1 (``embed`` has the single layer ``0``), ``positions[j]`` names
     position ``j`` on axis 2 (a position spec such as ``"final"``, ``"a"``, ``"a[0]"`` or an integer
     index as a string; see :meth:`~arithinterp.tasks.PromptSet.locate`).
+
+    Attributes:
+        data (dict[str, Float[Tensor, "prompt layer position *site_shape"]]): The activations by site.
+        layers: The model layer of each index on axis 1.
+        positions: The position spec of each index on axis 2.
+        prompts (PromptSet | None): The prompt set they came from (labels for probes).
+        meta: How they were collected (sites, batch size, dtype, store).
     """
 
     data: dict[str, torch.Tensor]
     layers: list[int]
     positions: list[str]
-    prompts: Any = None  # the PromptSet they came from (labels for probes)
+    prompts: Any = None
     meta: dict = field(default_factory=dict)
 
     def __getitem__(self, site: str) -> torch.Tensor:
@@ -58,33 +65,83 @@ class Activations:
 
     @property
     def sites(self) -> list[str]:
+        """The collected sites, in the order collected."""
         return list(self.data)
 
     @property
     def n_prompts(self) -> int:
+        """The number of prompts (axis 0)."""
         return next(iter(self.data.values())).shape[0]
 
     def layer_index(self, layer: int) -> int:
+        """Where a model layer lies on axis 1.
+
+        Args:
+            layer: A collected model layer.
+
+        Returns:
+            Its index into :attr:`layers`.
+
+        Raises:
+            SiteError: The layer was not collected.
+        """
         if layer not in self.layers:
             raise SiteError(f"layer {layer} was not collected; collected layers: {self.layers}")
         return self.layers.index(layer)
 
     def position_index(self, position: Union[str, int]) -> int:
+        """Where a position lies on axis 2.
+
+        Args:
+            position: A collected position spec (``"last"`` reads as ``"final"``) or int index.
+
+        Returns:
+            Its index into :attr:`positions`.
+
+        Raises:
+            SiteError: The position was not collected.
+        """
         key = position_labels(position)[0] if isinstance(position, str) else str(position)  # "last" is "final"
         if key not in self.positions:
             raise SiteError(f"position {position!r} was not collected; collected positions: {self.positions}")
         return self.positions.index(key)
 
     def get(self, site: str, layer: int, position: Union[str, int]) -> torch.Tensor:
-        """``[n_prompts, *site_shape]`` at one layer and position."""
+        """The activations at one site, layer and position.
+
+        Args:
+            site: A collected site.
+            layer: A collected model layer.
+            position: A collected position spec or int index.
+
+        Returns:
+            Float[Tensor, "prompt *site_shape"]: A view into :attr:`data`.
+
+        Raises:
+            SiteError: The site, layer or position was not collected.
+        """
         return self[site][:, self.layer_index(layer), self.position_index(position)]
 
     def nbytes(self) -> int:
+        """The bytes the activations occupy (in memory or on disk).
+
+        Returns:
+            The sum over sites of elements × element size.
+        """
         return sum(t.numel() * t.element_size() for t in self.data.values())
 
     def subset(self, index: Any) -> "Activations":
-        """The activations (and prompts) of the prompts ``index`` selects: a ``[k]`` index or a
-        ``[n_prompts]`` boolean mask, as for a ``PromptSet``."""
+        """The activations (and prompts) of some of the prompts.
+
+        Args:
+            index: Prompt indices ``[k]`` or a boolean mask ``[n_prompts]``, as for a ``PromptSet``.
+
+        Returns:
+            A new :class:`Activations` with the selected prompts on axis 0.
+
+        Raises:
+            ConfigError: A mask of the wrong length, a non-integer index, or an index out of range.
+        """
         index = torch.as_tensor(index)
         n = self.n_prompts
         if index.dtype == torch.bool:
@@ -101,7 +158,18 @@ class Activations:
 @checked
 def auto_batch_size(model: HookedModel, seq_len: PositiveInt, returned_bytes: NonNegativeInt, low: PositiveInt = 16,
                     high: PositiveInt = 1024) -> int:
-    """Prompts per forward so that the transient memory stays within half of (output + model)."""
+    """Prompts per forward so that the transient memory stays within half of (output + model).
+
+    Args:
+        model: The hooked model.
+        seq_len: Tokens per prompt.
+        returned_bytes: The bytes of what the pass returns (kept in memory beside the model).
+        low: The smallest batch size to return.
+        high: The largest batch size to return.
+
+    Returns:
+        The batch size, in ``low..high``.
+    """
     check_belongs(model, "auto_batch_size")
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     budget = 0.5 * (returned_bytes + model_bytes)
@@ -150,6 +218,8 @@ def collect(
     """Run ``prompts`` through ``model`` and keep only the requested activations.
 
     Args:
+        model: the hooked model.
+        prompts: the prompt set to run.
         sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``).
         layers: layers to keep (default: all; ``embed`` has none).
         positions: one position spec or a list of them, resolved by
@@ -164,8 +234,16 @@ def collect(
         batch_size: prompts per forward; by default chosen so that one forward's transient
             memory stays within half of (returned tensors + model), keeping the peak within
             1.5x of what was asked for.
+        progress: show a progress bar.
 
-    Returns :class:`Activations` whose ``data[site]`` is ``[N, n_layers, n_positions, *site_shape]``.
+    Returns:
+        The activations; ``data[site]`` is ``[n_prompts, n_layers, n_positions, *site_shape]``.
+
+    Raises:
+        SiteError: An empty prompt set or site list, an unknown site, a layer or position out of
+            range, or a batch size below 1.
+        ConfigError: A non-floating ``dtype``, or a ``store`` that cannot be written or cannot hold ``dtype``.
+        ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "collect", prompts=prompts)
     if len(prompts) == 0:

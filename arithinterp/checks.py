@@ -35,9 +35,23 @@ from arithinterp.errors import (
 
 def integer(name: str, value: Any, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
             error: type[ArithInterpError] = ConfigError, hint: str = "") -> int:
-    """``value`` as an int. Python, numpy and torch integers (and 0-d integer tensors) are accepted;
-    bools, floats and strings are refused, never truncated; ``minimum`` / ``maximum`` are inclusive.
-    ``hint`` ends the message (what the number means, another accepted form)."""
+    """Read a whole number. Python, numpy and torch integers (and 0-d integer tensors) are accepted;
+    bools, floats and strings are refused, never truncated.
+
+    Args:
+        name: The parameter to name in the error message.
+        value: The value to read.
+        minimum: The smallest accepted value (inclusive); ``None`` for no bound.
+        maximum: The largest accepted value (inclusive); ``None`` for no bound.
+        error: The error class to raise.
+        hint: Text that ends the message (what the number means, another accepted form).
+
+    Returns:
+        ``value`` as an int.
+
+    Raises:
+        ArithInterpError: ``error``, when ``value`` is not an integer or is out of bounds.
+    """
     low, high = ("" if minimum is None else str(minimum)), ("" if maximum is None else str(maximum))
     span = f" in {low}..{high}" if low and high else (f" >= {low}" if low else (f" <= {high}" if high else ""))
     problem = f"{name} must be an integer{span}{hint}, got {value!r}"
@@ -53,7 +67,19 @@ def integer(name: str, value: Any, *, minimum: Optional[int] = None, maximum: Op
 
 
 def integers(name: str, values: Any, error: type[ArithInterpError] = SiteError) -> list[int]:
-    """``values`` (one integer or several) as ints; floats, strings and bools are refused, never truncated."""
+    """Read one integer or several; floats, strings and bools are refused, never truncated.
+
+    Args:
+        name: The parameter to name in the error message.
+        values: An integer, an iterable of integers, or an integer tensor (flattened).
+        error: The error class to raise.
+
+    Returns:
+        The values as a list of ints.
+
+    Raises:
+        ArithInterpError: ``error``, when a value is not an integer.
+    """
     if isinstance(values, (str, bytes)):
         raise error(f"{name} must be an int or a list of ints, got the string {values!r}")
     if isinstance(values, torch.Tensor):
@@ -77,7 +103,16 @@ _MODEL_SURFACE = ("cfg", "to_tokens", "run_with_cache")
 
 
 def check_model(model: Any, where: str) -> None:
-    """Refuse anything that is not a hooked model (a spec string, a path, another object)."""
+    """Refuse anything that is not a hooked model (a spec string, a path, another object).
+
+    Args:
+        model: The object passed as ``model``.
+        where: The function to name in the error message.
+
+    Raises:
+        ModelSpecError: ``model`` is a string or path, or lacks ``cfg``, ``to_tokens``,
+            ``run_with_cache`` or the config's layer, width and head counts.
+    """
     if isinstance(model, (str, bytes, os.PathLike)):
         raise ModelSpecError(f"{where}: model must be a loaded model, got the {type(model).__name__} {str(model)!r}; "
                              f"load it first: model = arithinterp.load_model({str(model)!r})")
@@ -93,8 +128,15 @@ def check_model(model: Any, where: str) -> None:
 
 
 def architecture(model: Any) -> dict[str, Any]:
-    """What a model's graph and activations are shaped by: layer and head counts, widths, vocabulary
-    and context sizes, MLP and parallel-block flags."""
+    """What a model's graph and activations are shaped by.
+
+    Args:
+        model: A hooked model.
+
+    Returns:
+        ``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``d_mlp``, ``d_vocab``, ``n_ctx``
+        (``None`` when unset), ``has_mlp`` and ``parallel`` (attention and MLP read the same input).
+    """
     cfg = model.cfg
 
     def size(name: str) -> Optional[int]:  # None when unset (TransformerLens writes -1 for "not known yet")
@@ -111,7 +153,17 @@ def architecture(model: Any) -> dict[str, Any]:
 
 
 def model_id(model: HookedModel) -> str:
-    """A short human-readable id for a loaded model (the spec it was loaded from, if known)."""
+    """A short human-readable id for a loaded model.
+
+    Args:
+        model: A hooked model.
+
+    Returns:
+        The spec it was loaded from when known, else ``cfg.model_name``.
+
+    Raises:
+        ModelSpecError: ``model`` is not a hooked model.
+    """
     check_model(model, "model_id")
     return str(getattr(model, "arithinterp_spec", None) or getattr(model.cfg, "model_name", "model"))
 
@@ -121,11 +173,19 @@ _SAMPLE = 256  # values read from each parameter
 
 
 def fingerprint(model: Any) -> str:
-    """A hash of ``model``'s weights (16 hex digits): every parameter's shape and ``_SAMPLE`` values
-    strided across it, rounded to bfloat16 so that the same weights in another dtype or on another
-    device agree. Two models of one shape and vocabulary with different weights get different
-    fingerprints; parts and results made on one carry it (``meta["fingerprint"]``) and are refused on
-    the other. Cached per model until a parameter is changed in place."""
+    """A hash of a model's weights: every parameter's shape and 256 values strided across it, rounded
+    to bfloat16 so that the same weights in another dtype or on another device agree.
+
+    Two models of one shape and vocabulary with different weights get different fingerprints; parts
+    and results made on one carry it (``meta["fingerprint"]``) and are refused on the other. Cached
+    per model until a parameter is changed in place.
+
+    Args:
+        model: A model with ``parameters()`` (anything else hashes as having no weights).
+
+    Returns:
+        16 hex digits.
+    """
     parameters = list(model.parameters()) if hasattr(model, "parameters") else []
     versions = tuple(int(getattr(p, "_version", 0)) for p in parameters)
     try:
@@ -150,8 +210,18 @@ def fingerprint(model: Any) -> str:
 
 
 def check_fingerprint(model: Any, saved: Optional[str], what: str, where: str, origin: Any = None) -> None:
-    """Refuse a part or result whose recorded fingerprint (``saved``; None: made before fingerprints
-    were recorded, not checked) is not ``model``'s."""
+    """Refuse a part or result whose recorded fingerprint is not ``model``'s.
+
+    Args:
+        model: The model it is used on.
+        saved: The fingerprint it records; ``None`` (none recorded) is not checked.
+        what: What it is, for the message (``"circuit"``, ``"detector"``).
+        where: The function to name in the message.
+        origin: The model it was made on, for the message.
+
+    Raises:
+        ModelMismatchError: The fingerprints differ.
+    """
     if saved is None or not hasattr(model, "parameters"):
         return
     mine = fingerprint(model)
@@ -166,9 +236,21 @@ def check_fingerprint(model: Any, saved: Optional[str], what: str, where: str, o
 
 
 def prompt_tokens(model: Any, prompt: Any, where: str) -> torch.Tensor:
-    """One prompt as token ids ``[1, T]``, exactly as given: a non-empty string every piece of which
-    the tokenizer knows (no unknown tokens), or token ids ``[T]`` / ``[1, T]`` in the vocabulary;
-    never cut to the context (a longer prompt is refused). Other types are refused."""
+    """One prompt as token ids, exactly as given; never cut to the context.
+
+    Args:
+        model: The hooked model whose tokenizer reads the prompt.
+        prompt: A non-empty string every piece of which the tokenizer knows, or token ids
+            ``[pos]`` / ``[1, pos]`` in the vocabulary.
+        where: The function to name in the error message.
+
+    Returns:
+        Int[Tensor, "1 pos"]: The prompt's token ids.
+
+    Raises:
+        TokenizationError: The prompt is empty, of another type, holds unknown tokens or ids
+            outside the vocabulary, or is longer than the context.
+    """
     if isinstance(prompt, str):
         if not prompt.strip():
             raise TokenizationError(f"{where}: the prompt is empty; give the text to analyse, e.g. '36+59='")
@@ -201,8 +283,18 @@ def prompt_tokens(model: Any, prompt: Any, where: str) -> torch.Tensor:
 
 
 def check_tokens(model: Any, tokens: Any, what: str = "tokens", extra: int = 0) -> None:
-    """``tokens [B, T]`` can be fed to ``model``: an integer tensor, ids in ``0..d_vocab-1``, and
-    ``T + extra`` (``extra`` tokens fed after the prompt) within the context ``n_ctx``."""
+    """Check that token ids can be fed to a model.
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "batch pos"]): Token ids.
+        what: What they are, for the message.
+        extra: Tokens fed after the prompt (teacher-forced answer tokens), counted against the context.
+
+    Raises:
+        SiteError: ``tokens`` is not a 2-D integer tensor, holds ids outside ``0..d_vocab - 1``, or
+            ``pos + extra`` exceeds the context ``n_ctx``.
+    """
     if not isinstance(tokens, torch.Tensor):
         raise SiteError(f"{what} must be a torch tensor of token ids [batch, pos], got {type(tokens).__name__}")
     if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
@@ -286,7 +378,18 @@ def check_belongs(model: Any, where: str, **things: Any) -> None:
     Each keyword names what is checked (``pairs=...``, ``prompts=...``, ``circuit=...``,
     ``detector=...``): prompt sets must share this model's vocabulary and fit its context; a
     result or estimator must come from a model of the same shape (``meta["architecture"]``, or a
-    circuit's ``meta["layout"]``). ``None`` values are skipped. The model itself is checked first.
+    circuit's ``meta["layout"]``) and, when it records one, the same weights' fingerprint.
+
+    Args:
+        model: The model they are used on; checked first.
+        where: The function to name in the error message.
+        **things: What to check, by name (``pairs=...``, ``prompts=...``, ``circuit=...``,
+            ``detector=...``); ``None`` values are skipped.
+
+    Raises:
+        ModelSpecError: ``model`` is not a hooked model.
+        AnalysisError: ``pairs`` is not PromptPairs, or ``prompts`` not a PromptSet.
+        ModelMismatchError: A thing was made for another model (vocabulary, context, shape or weights).
     """
     check_model(model, where)
     for what, thing in things.items():
@@ -315,8 +418,15 @@ def check_belongs(model: Any, where: str, **things: Any) -> None:
 
 
 def check_pairs(pairs: Any) -> None:
-    """Counterfactual pairs that can be patched: ``PromptPairs``, not empty, clean and corrupt
-    prompts of identical token shapes and lengths."""
+    """Check that counterfactual pairs can be patched.
+
+    Args:
+        pairs: The pairs.
+
+    Raises:
+        AnalysisError: ``pairs`` is not ``PromptPairs``, is empty, or its clean and corrupt prompts
+            differ in token shape or lengths.
+    """
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"expected PromptPairs (from PromptSet.counterfactual), got {type(pairs).__name__}")
     if len(pairs) == 0:
@@ -328,6 +438,15 @@ def check_pairs(pairs: Any) -> None:
 
 
 def check_choice(name: str, value: Any, choices: Iterable) -> None:
-    """``value`` is one of ``choices``, else a :class:`ConfigError` naming ``name`` and the accepted ones."""
+    """Check that a value is one of a fixed set of names.
+
+    Args:
+        name: The parameter to name in the error message.
+        value: The value given.
+        choices: The accepted values.
+
+    Raises:
+        ConfigError: ``value`` is not one of ``choices``; the message lists them.
+    """
     if value not in choices:
         raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(choices)}")

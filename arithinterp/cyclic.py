@@ -34,8 +34,14 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
 
 @dataclass(frozen=True)
 class Concept:
-    """A cyclic concept: its period, how its values are written (``None``: as numbers) and the
-    default template (``{a}`` the value, ``{b}`` the offset)."""
+    """A cyclic concept.
+
+    Attributes:
+        name: ``"weekday"``, ``"month"`` or ``"hour"``.
+        period: The number of values (7, 12, 24).
+        names: How its values are written, ``period`` entries; ``None`` writes them as numbers.
+        template: The default template (``{a}`` the value, ``{b}`` the offset).
+    """
 
     name: str
     period: int
@@ -52,7 +58,17 @@ CONCEPTS: dict[str, Concept] = {
 
 @checked
 def concept(name: str) -> Concept:
-    """The :class:`Concept` called ``name`` (``"weekday"``, ``"month"``, ``"hour"``)."""
+    """The cyclic concept of a name.
+
+    Args:
+        name: ``"weekday"``, ``"month"`` or ``"hour"``.
+
+    Returns:
+        The :class:`Concept`.
+
+    Raises:
+        TaskError: ``name`` is not a known concept.
+    """
     if name not in CONCEPTS:
         raise TaskError(f"unknown cyclic concept {name!r}; accepted: {accepted(CONCEPTS)}")
     return CONCEPTS[name]
@@ -85,8 +101,13 @@ def cyclic(
         **options: as for :func:`~arithinterp.tasks.prompts_for_pairs` (``few_shot``,
             ``scoring``, ``prepend_bos``, ``seed``).
 
-    Returns a ``PromptSet`` with ``a`` = value, ``b`` = offset, ``answer`` = ``(a + b) mod
-    period``, ``modulus`` = period and ``meta["concept"]`` naming the concept and its period.
+    Returns:
+        A ``PromptSet`` with ``a`` = value, ``b`` = offset, ``answer`` = ``(a + b) mod period``,
+        ``modulus`` = period and ``meta["concept"]`` naming the concept and its period.
+
+    Raises:
+        TaskError: An unknown ``kind``, ``names`` of the wrong length, a value out of range, or
+            ``op`` / ``modulus`` / ``answer_digits`` among the options.
     """
     spec = concept(kind)
     for bad in ("op", "modulus", "answer_digits"):
@@ -109,7 +130,18 @@ def cyclic(
 def weekdays(model_or_tokenizer: Any, days: Optional[Iterable[int]] = None,
              offsets: Union[int, Iterable[int], None] = None, template: Optional[str] = None,
              **options: Any) -> PromptSet:
-    """Weekday arithmetic, ``"Monday + 3 days ="`` → ``"Thursday"`` (Monday = 0); see :func:`cyclic`."""
+    """Weekday arithmetic, ``"Monday + 3 days ="`` → ``"Thursday"`` (Monday = 0); see :func:`cyclic`.
+
+    Args:
+        model_or_tokenizer: A hooked model or a Hugging Face tokenizer.
+        days: The days, ``0..6`` (default: all of them).
+        offsets: Non-negative offsets (default ``range(7)``).
+        template: The template (default ``"{a} + {b} days ="``).
+        **options: As for :func:`cyclic` (``names``, ``few_shot``, ``scoring``, ``prepend_bos``, ``seed``).
+
+    Returns:
+        The prompt set.
+    """
     return cyclic(model_or_tokenizer, "weekday", days, offsets, template, **options)
 
 
@@ -117,7 +149,18 @@ def weekdays(model_or_tokenizer: Any, days: Optional[Iterable[int]] = None,
 def months(model_or_tokenizer: Any, months: Optional[Iterable[int]] = None,
            offsets: Union[int, Iterable[int], None] = None, template: Optional[str] = None,
            **options: Any) -> PromptSet:
-    """Month arithmetic, ``"March + 5 months ="`` → ``"August"`` (January = 0); see :func:`cyclic`."""
+    """Month arithmetic, ``"March + 5 months ="`` → ``"August"`` (January = 0); see :func:`cyclic`.
+
+    Args:
+        model_or_tokenizer: A hooked model or a Hugging Face tokenizer.
+        months: The months, ``0..11`` (default: all of them).
+        offsets: Non-negative offsets (default ``range(12)``).
+        template: The template (default ``"{a} + {b} months ="``).
+        **options: As for :func:`cyclic`.
+
+    Returns:
+        The prompt set.
+    """
     return cyclic(model_or_tokenizer, "month", months, offsets, template, **options)
 
 
@@ -125,8 +168,19 @@ def months(model_or_tokenizer: Any, months: Optional[Iterable[int]] = None,
 def hours(model_or_tokenizer: Any, hours: Optional[Iterable[int]] = None,
           offsets: Union[int, Iterable[int], None] = None, template: Optional[str] = None,
           **options: Any) -> PromptSet:
-    """Clock arithmetic mod 24, ``"21 + 5 hours ="`` → ``"2"``; see :func:`cyclic` (``names=`` writes
-    hours otherwise, e.g. ``[f"{h}h" for h in range(24)]``)."""
+    """Clock arithmetic mod 24, ``"21 + 5 hours ="`` → ``"2"``; see :func:`cyclic`.
+
+    Args:
+        model_or_tokenizer: A hooked model or a Hugging Face tokenizer.
+        hours: The hours, ``0..23`` (default: all of them).
+        offsets: Non-negative offsets (default ``range(24)``).
+        template: The template (default ``"{a} + {b} hours ="``).
+        **options: As for :func:`cyclic`; ``names=`` writes hours otherwise, e.g.
+            ``[f"{h}h" for h in range(24)]``.
+
+    Returns:
+        The prompt set.
+    """
     return cyclic(model_or_tokenizer, "hour", hours, offsets, template, **options)
 
 
@@ -140,9 +194,23 @@ def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
     do not line up, the partner is drawn (seeded) among every prompt of the set whose tokens align
     position for position — names of different token counts ("May" and "September" under a BPE
     tokenizer) pair with names of their own count. Prompts with no aligned partner are dropped and
-    counted in ``pairs.meta``. ``distinct_first_token``: only partners whose answer starts with
-    another token (names that share a leading piece, such as a space token, make first-token
-    metrics 0 — or score every answer token with ``prompts.with_scoring("full_answer")``).
+    counted in ``pairs.meta``.
+
+    Args:
+        prompts: A cyclic prompt set (from :func:`cyclic`).
+        vary: ``"a"`` (another value, same offset) or ``"b"`` (same value, another offset).
+        seed: Seeds the choice of partners.
+        distinct_first_token: Only partners whose answer starts with another token (names that share
+            a leading piece, such as a space token, make first-token metrics 0; alternatively score
+            every answer token with ``prompts.with_scoring("full_answer")``).
+
+    Returns:
+        The pairs; ``meta`` counts the dropped and kept prompts and the pairs whose answers share a
+        first token.
+
+    Raises:
+        TaskError: ``vary`` is not ``"a"`` or ``"b"``, the set is not cyclic or has fewer than two
+            prompts, or no prompt has an aligned partner.
     """
     if vary not in ("a", "b"):
         raise TaskError(f"vary must be 'a' (change the value, e.g. the day) or 'b' (change the offset), got {vary!r}")
@@ -183,7 +251,17 @@ def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
 
 @checked
 def period_of(prompts: PromptSet) -> int:
-    """The period of a cyclic prompt set (7, 12, 24): the axis length for Fourier and helix fits."""
+    """The period of a cyclic prompt set: the axis length for Fourier and helix fits.
+
+    Args:
+        prompts: A prompt set from :func:`cyclic`.
+
+    Returns:
+        The period (7, 12, 24).
+
+    Raises:
+        TaskError: The prompts carry no cyclic concept.
+    """
     info = prompts.meta.get("concept")
     if not info:
         raise TaskError("these prompts carry no cyclic concept; build them with arithinterp.cyclic.cyclic()")
@@ -192,8 +270,18 @@ def period_of(prompts: PromptSet) -> int:
 
 @checked
 def wraps(prompts: PromptSet) -> torch.Tensor:
-    """How often each prompt wraps around the cycle, ``(a + b) // period`` [N] — the cyclic
-    analogue of a carry (``"Saturday + 3 days"`` wraps once); a probe label."""
+    """How often each prompt wraps around the cycle: the cyclic analogue of a carry
+    (``"Saturday + 3 days"`` wraps once), a probe label.
+
+    Args:
+        prompts: A prompt set from :func:`cyclic`.
+
+    Returns:
+        Int[Tensor, "prompt"]: ``(a + b) // period``.
+
+    Raises:
+        TaskError: The prompts carry no cyclic concept.
+    """
     return (prompts.a + prompts.b) // period_of(prompts)
 
 

@@ -61,5 +61,12 @@ class ResultFileError(ArithInterpError, ValueError):
 
 
 def accepted(values: Iterable[object]) -> str:
-    """Format the accepted values for an error message: ``'a', 'b', 'c'``."""
+    """Format the accepted values for an error message: ``'a', 'b', 'c'``.
+
+    Args:
+        values: The accepted values, in the order to list them.
+
+    Returns:
+        Their ``repr``s joined by ``", "``.
+    """
     return ", ".join(repr(v) for v in values)

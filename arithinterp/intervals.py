@@ -23,7 +23,19 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {
 
 
 def clip_interval(low: torch.Tensor, high: torch.Tensor, metric: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(low, high)`` clipped to the range of ``metric`` (``"accuracy"``: [0, 1]; ``"r2"``: ≤ 1)."""
+    """Clip an interval to the range a metric lives in.
+
+    Args:
+        low: Lower bounds, any shape.
+        high: Upper bounds, the shape of ``low``.
+        metric: A key of :data:`METRIC_RANGES` (``"accuracy"``: [0, 1]; ``"r2"``: ≤ 1).
+
+    Returns:
+        ``(low, high)``, clamped.
+
+    Raises:
+        ConfigError: ``metric`` has no known range.
+    """
     if metric not in METRIC_RANGES:
         raise ConfigError(f"unknown metric {metric!r} for an interval; accepted: {', '.join(map(repr, METRIC_RANGES))}")
     lo, hi = METRIC_RANGES[metric]
@@ -31,7 +43,15 @@ def clip_interval(low: torch.Tensor, high: torch.Tensor, metric: str) -> tuple[t
 
 
 def t_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Student-t interval of the mean over the last axis (e.g. cross-validation folds): ``(low, high)``."""
+    """Student-t interval of the mean over the last axis (e.g. cross-validation folds).
+
+    Args:
+        scores (Float[Tensor, "... k"]): Scores, the repeated measurements on the last axis.
+        level: The confidence level.
+
+    Returns:
+        ``(low, high)``, each of shape ``[...]``; both equal the mean when ``k < 2``.
+    """
     from scipy.stats import t as student_t
 
     k = scores.shape[-1]
@@ -43,7 +63,16 @@ def t_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor,
 
 
 def bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
-    """How often each of ``n`` items is drawn in each of ``n_boot`` resamples ``[n_boot, n]`` (seeded)."""
+    """How often each of ``n`` items is drawn in each of ``n_boot`` resamples with replacement.
+
+    Args:
+        n: The number of items.
+        n_boot: The number of resamples.
+        seed: Seeds the draws.
+
+    Returns:
+        Float[Tensor, "n_boot n"]: Draw counts (float64); each row sums to ``n``.
+    """
     generator = torch.Generator().manual_seed(int(seed))
     draws = torch.randint(n, (n_boot, n), generator=generator)
     ones = torch.ones(n_boot, n, dtype=torch.float64)
@@ -51,7 +80,16 @@ def bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
 
 
 def bootstrap_means(values: torch.Tensor, n_boot: int = 1000, seed: int = 0) -> torch.Tensor:
-    """Means over the last axis of ``values`` [..., N] in ``n_boot`` resamples of the N items → [n_boot, ...]."""
+    """Bootstrap means over the last axis.
+
+    Args:
+        values (Float[Tensor, "... n"]): Values, the resampled items on the last axis.
+        n_boot: The number of resamples.
+        seed: Seeds the resamples (the same seed draws the same items for every leading index).
+
+    Returns:
+        Float[Tensor, "n_boot ..."]: The mean of each resample (float64).
+    """
     n = values.shape[-1]
     counts = bootstrap_counts(n, n_boot, seed)
     return torch.einsum("bn,...n->b...", counts, values.double()) / n
@@ -59,13 +97,26 @@ def bootstrap_means(values: torch.Tensor, n_boot: int = 1000, seed: int = 0) -> 
 
 def ratio_to_reference(per_item: torch.Tensor, reference: int = 0, *, confidence: float = 0.95, n_boot: int = 1000,
                        seed: int = 0) -> dict:
-    """Means of ``per_item`` [M, N] (M quantities measured on the same N pairs) as fractions of row
-    ``reference``'s mean, each with a paired percentile-bootstrap interval over the pairs.
+    """Means of M quantities measured on the same N pairs, as fractions of one of them, each with a
+    paired percentile-bootstrap interval over the pairs.
 
-    Returns a dict of tensors [M] — ``mean``, ``mean_low``, ``mean_high``, ``fraction``,
-    ``fraction_low``, ``fraction_high`` — and ``reference_distinct`` (bool): whether the
-    reference's interval excludes 0. When it does not, every fraction and its interval is NaN:
-    a share of an effect that may be zero is not a number worth printing.
+    When the reference's interval holds 0, every fraction and its interval is NaN: a share of an
+    effect that may be zero is not a number worth printing.
+
+    Args:
+        per_item (Float[Tensor, "m n"]): One row per quantity, one column per pair.
+        reference: The row the others are fractions of.
+        confidence: The interval's confidence level, in (0, 1).
+        n_boot: The number of bootstrap resamples.
+        seed: Seeds the resamples.
+
+    Returns:
+        A dict of float64 tensors ``[m]``: ``mean``, ``mean_low``, ``mean_high``, ``fraction``,
+        ``fraction_low``, ``fraction_high``; and ``reference_distinct`` (bool), whether the
+        reference's interval excludes 0.
+
+    Raises:
+        ConfigError: ``per_item`` is not 2-D with at least two pairs, or ``confidence`` is outside (0, 1).
     """
     if per_item.ndim != 2 or per_item.shape[1] < 2:
         raise ConfigError(f"per_item must be [M quantities, N ≥ 2 pairs], got shape {tuple(per_item.shape)}")

@@ -48,7 +48,15 @@ def _check(logits: torch.Tensor, *tokens: torch.Tensor) -> None:
 
 
 def pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``logits[..., b, tokens[b]]`` for logits ``[*lead, B, V]``: ``[*lead, B]``."""
+    """Each example's logit of its own token: ``logits[..., b, tokens[b]]``.
+
+    Args:
+        logits (Float[Tensor, "*lead batch vocab"]): Logits (or probabilities) at the scored position.
+        tokens (Int[Tensor, "batch"]): One token id per example.
+
+    Returns:
+        Float[Tensor, "*lead batch"]: The picked entries.
+    """
     index = tokens.long().view(*([1] * (logits.ndim - 2)), -1, 1).expand(*logits.shape[:-1], 1)
     return logits.gather(-1, index)[..., 0]
 
@@ -56,25 +64,70 @@ def pick(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def logit_diff(
     logits: Float[Tensor, "*lead batch vocab"], good: Int[Tensor, " batch"], bad: Int[Tensor, " batch"]
 ) -> Float[Tensor, "*lead batch"]:
-    """``logit[good] - logit[bad]`` per example: [batch]."""
+    """``logit[good] - logit[bad]`` per example.
+
+    Args:
+        logits: Logits at the scored position.
+        good: The token whose logit counts positively (the clean answer).
+        bad: The token whose logit counts negatively (the corrupt answer).
+
+    Returns:
+        The logit difference per example.
+
+    Raises:
+        AnalysisError: ``logits`` has fewer than two axes or the token ids are not ``[batch]``.
+    """
     _check(logits, good, bad)
     return pick(logits, good) - pick(logits, bad)
 
 
 def logit(logits: Float[Tensor, "*lead batch vocab"], tokens: Int[Tensor, " batch"]) -> Float[Tensor, "*lead batch"]:
-    """The raw logit of ``tokens``: [batch]."""
+    """The raw logit of each example's token.
+
+    Args:
+        logits: Logits at the scored position.
+        tokens: One token id per example.
+
+    Returns:
+        The logit per example.
+
+    Raises:
+        AnalysisError: ``logits`` has fewer than two axes or ``tokens`` is not ``[batch]``.
+    """
     _check(logits, tokens)
     return pick(logits, tokens)
 
 
 def logprob(logits: Float[Tensor, "*lead batch vocab"], tokens: Int[Tensor, " batch"]) -> Float[Tensor, "*lead batch"]:
-    """``log softmax(logits)[tokens]``: [batch]."""
+    """``log_softmax(logits)[tokens]`` per example, computed in float32.
+
+    Args:
+        logits: Logits at the scored position.
+        tokens: One token id per example.
+
+    Returns:
+        The log-probability of each example's token.
+
+    Raises:
+        AnalysisError: ``logits`` has fewer than two axes or ``tokens`` is not ``[batch]``.
+    """
     _check(logits, tokens)
     return pick(logits.float().log_softmax(-1), tokens)
 
 
 def prob(logits: Float[Tensor, "*lead batch vocab"], tokens: Int[Tensor, " batch"]) -> Float[Tensor, "*lead batch"]:
-    """``softmax(logits)[tokens]``: [batch]."""
+    """``softmax(logits)[tokens]`` per example, computed in float32.
+
+    Args:
+        logits: Logits at the scored position.
+        tokens: One token id per example.
+
+    Returns:
+        The probability of each example's token.
+
+    Raises:
+        AnalysisError: ``logits`` has fewer than two axes or ``tokens`` is not ``[batch]``.
+    """
     _check(logits, tokens)
     return pick(logits.float().softmax(-1), tokens)
 
@@ -88,7 +141,16 @@ def stolfo_ie(
     """Indirect effect of Stolfo et al. 2023, per example.
 
     ``IE = ½[(P*(r′) − P(r′)) / P(r′) + (P(r) − P*(r)) / P*(r)]`` with P before and P* after
-    patching, r the clean answer and r′ the counterfactual answer. All inputs are [batch].
+    patching, r the clean answer and r′ the counterfactual answer.
+
+    Args:
+        p_clean_before: P(r), the clean answer's probability in the unpatched run.
+        p_clean_after: P*(r), the clean answer's probability in the patched run.
+        p_corrupt_before: P(r′), the counterfactual answer's probability in the unpatched run.
+        p_corrupt_after: P*(r′), the counterfactual answer's probability in the patched run.
+
+    Returns:
+        The indirect effect per example.
     """
     return 0.5 * (
         (p_corrupt_after - p_corrupt_before) / p_corrupt_before
@@ -97,7 +159,18 @@ def stolfo_ie(
 
 
 def accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float:
-    """Fraction of equal entries."""
+    """The fraction of equal entries.
+
+    Args:
+        predictions: Predicted values, any shape.
+        targets: True values, the shape of ``predictions``.
+
+    Returns:
+        The fraction of positions where they agree, in ``[0, 1]``.
+
+    Raises:
+        AnalysisError: The shapes differ or the tensors are empty.
+    """
     if predictions.shape != targets.shape:
         raise AnalysisError(
             f"predictions {tuple(predictions.shape)} and targets {tuple(targets.shape)} differ in shape"
@@ -109,20 +182,42 @@ def accuracy(predictions: torch.Tensor, targets: torch.Tensor) -> float:
 
 @dataclass
 class MetricContext:
-    """What a metric needs about a batch of pairs: answer tokens and the base run's probabilities."""
+    """What a metric needs about a batch of pairs: answer tokens and the base run's probabilities.
 
-    clean_tok: torch.Tensor  # [B]
-    corrupt_tok: torch.Tensor  # [B]
-    base_tok: torch.Tensor  # answer of the base (patched) prompt
-    source_tok: torch.Tensor  # answer of the source prompt
-    pairs: PromptPairs  # the PromptPairs batch, for user metrics
-    base_p_base: Optional[torch.Tensor] = None  # P(base answer) in the unpatched base run
-    base_p_source: Optional[torch.Tensor] = None  # P(source answer) in the unpatched base run
+    Attributes:
+        clean_tok (Int[Tensor, "batch"]): The clean prompts' answer tokens.
+        corrupt_tok (Int[Tensor, "batch"]): The corrupt prompts' answer tokens.
+        base_tok (Int[Tensor, "batch"]): The answer of the base (patched) prompt.
+        source_tok (Int[Tensor, "batch"]): The answer of the source prompt.
+        pairs (PromptPairs): The batch of pairs, for user metrics.
+        base_p_base (Float[Tensor, "batch"] | None): P(base answer) in the unpatched base run.
+        base_p_source (Float[Tensor, "batch"] | None): P(source answer) in the unpatched base run.
+    """
+
+    clean_tok: torch.Tensor
+    corrupt_tok: torch.Tensor
+    base_tok: torch.Tensor
+    source_tok: torch.Tensor
+    pairs: PromptPairs
+    base_p_base: Optional[torch.Tensor] = None
+    base_p_source: Optional[torch.Tensor] = None
 
 
 def metric_context(batch: PromptPairs, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor,
                    device=None) -> MetricContext:
-    """What the metrics need for ``batch``, its tensors on ``device`` (the logits' device)."""
+    """What the metrics need for a batch of pairs.
+
+    Args:
+        batch (PromptPairs): The pairs.
+        direction: ``"denoise"`` (the corrupt prompt is the base run) or ``"noise"`` (the clean one is).
+        base_logits (Float[Tensor, "batch vocab"]): The unpatched base run's logits at the scored position.
+        source_logits (Float[Tensor, "batch vocab"]): The source run's logits (unused by the built-in
+            metrics).
+        device: Where to put the answer tokens (the logits' device); ``None`` leaves them where they are.
+
+    Returns:
+        The context, with the base run's probabilities of both answers.
+    """
     clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
     if device is not None:
         clean_tok, corrupt_tok = clean_tok.to(device), corrupt_tok.to(device)
@@ -133,8 +228,18 @@ def metric_context(batch: PromptPairs, direction: str, base_logits: torch.Tensor
 
 
 def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricContext], torch.Tensor]:
-    """A function ``(logits [*lead, B, V], ctx) -> [*lead, B]`` for a metric of :data:`METRICS` or a callable
-    ``f(logits [B, V], pairs) -> [B]`` (called once per stacked run)."""
+    """The scoring function of a pair metric.
+
+    Args:
+        metric: A name of :data:`METRICS`, or a callable ``f(logits [batch, vocab], pairs) -> [batch]``
+            (called once per stacked run).
+
+    Returns:
+        A function ``(logits [*lead, batch, vocab], ctx: MetricContext) -> [*lead, batch]``.
+
+    Raises:
+        ConfigError: ``metric`` is neither a known name nor a callable.
+    """
     if callable(metric):
 
         def user(logits, ctx):
@@ -171,5 +276,12 @@ def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricCon
 
 
 def metric_name(metric: Union[str, Callable]) -> str:
-    """The name a result records for ``metric`` (a callable's ``__name__``, else ``"custom"``)."""
+    """The name a result records for a metric.
+
+    Args:
+        metric: A metric name or a callable.
+
+    Returns:
+        The name itself, a callable's ``__name__``, or ``"custom"`` when it has none.
+    """
     return metric if isinstance(metric, str) else getattr(metric, "__name__", "custom")

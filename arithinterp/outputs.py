@@ -36,7 +36,18 @@ def _probe(directory: Path, what: str, path: PathLike) -> None:
 
 
 def check_writable_dir(path: PathLike, what: str = "out") -> Path:
-    """Make sure ``path`` is (or can be made) a directory this process can write in."""
+    """Make sure ``path`` is (or can be made) a directory this process can write in.
+
+    Args:
+        path: The directory; created, with its parents, when missing.
+        what: The option to name in the error message (``"out"``, ``"--out"``).
+
+    Returns:
+        The directory, ``~`` expanded.
+
+    Raises:
+        ConfigError: ``path`` is a file, lies under a file, or is not writable.
+    """
     directory = Path(path).expanduser()
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{what}: {path} exists and is not a directory; give a directory")
@@ -46,7 +57,19 @@ def check_writable_dir(path: PathLike, what: str = "out") -> Path:
 
 def check_free_dir(path: PathLike, what: str = "out", overwrite: bool = False) -> Path:
     """:func:`check_writable_dir`, and refuse a folder that already holds files unless ``overwrite``:
-    checked before any work, so that nothing is computed that could not be saved."""
+    checked before any work, so that nothing is computed that could not be saved.
+
+    Args:
+        path: The directory.
+        what: The option to name in the error message.
+        overwrite: Accept a folder that already holds files.
+
+    Returns:
+        The directory, ``~`` expanded.
+
+    Raises:
+        ConfigError: The directory is not writable, or holds files and ``overwrite`` is false.
+    """
     directory = check_writable_dir(path, what)
     if not overwrite and directory.is_dir() and any(directory.iterdir()):
         raise ConfigError(f"{what}: {path} already holds files; pass overwrite=True (--overwrite) to replace them, "
@@ -55,7 +78,18 @@ def check_free_dir(path: PathLike, what: str = "out", overwrite: bool = False) -
 
 
 def check_writable_file(path: PathLike, what: str = "out") -> Path:
-    """Make sure the file ``path`` can be (re)written: its folder is writable and it is not a folder."""
+    """Make sure the file ``path`` can be (re)written: its folder is writable and it is not a folder.
+
+    Args:
+        path: The file.
+        what: The option to name in the error message.
+
+    Returns:
+        The file's path, ``~`` expanded.
+
+    Raises:
+        ConfigError: ``path`` is a directory or its folder is not writable.
+    """
     target = Path(path).expanduser()
     if target.is_dir():
         raise ConfigError(f"{what}: {path} is a directory; give a file name")
@@ -65,7 +99,14 @@ def check_writable_file(path: PathLike, what: str = "out") -> Path:
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temp path next to ``path``; when the block succeeds it replaces ``path`` in one step."""
+    """A temp path next to ``path`` that replaces ``path`` in one step when the block succeeds.
+
+    Args:
+        path: The file to write; its folder is created when missing.
+
+    Yields:
+        The temp file to write to; removed when the block fails.
+    """
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -82,10 +123,17 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 
 
 def atomic_write(path: PathLike, write: Callable[[Path], object]) -> Path:
-    """Call ``write(tmp)`` and move ``tmp`` onto ``path`` atomically; returns ``path``.
+    """Call ``write(tmp)`` and move ``tmp`` onto ``path`` atomically.
 
-    A failure to write (a full disk, a lost mount) is an :class:`OutputError` naming the file;
-    whatever ``path`` held before is left as it was.
+    Args:
+        path: The file to write.
+        write: Writes the content to the temp path it is given.
+
+    Returns:
+        ``path``, ``~`` expanded.
+
+    Raises:
+        OutputError: Writing failed (a full disk, a lost mount); whatever ``path`` held is left as it is.
     """
     try:
         with atomic_path(path) as tmp:
@@ -108,8 +156,12 @@ _UMASK = _umask()
 
 
 def print_summary(summary: dict, as_json: bool) -> None:
-    """A command's summary on stdout: JSON with ``as_json``, else one ``key: value`` line per entry
-    (a list of rows as a table)."""
+    """Print a command's summary on stdout.
+
+    Args:
+        summary: The summary; a value that is a list of dicts prints as a table.
+        as_json: Print JSON (non-finite numbers as ``null``) instead of one ``key: value`` line per entry.
+    """
     if as_json:
         # JSON has no NaN: a number that was not measured (a fraction of a zero effect) is null.
         print(json.dumps(_json_safe(summary), indent=2, default=str, allow_nan=False))
@@ -136,8 +188,17 @@ def _json_safe(value):
 
 
 def fail(command: str, error: BaseException, code: int, as_json: bool) -> int:
-    """Report a failed command: one line on stderr and, with ``as_json``, a JSON object on stdout;
-    returns the exit ``code``."""
+    """Report a failed command: one line on stderr and, with ``as_json``, a JSON object on stdout.
+
+    Args:
+        command: The command's name, for the message.
+        error: What went wrong.
+        code: The exit code to return.
+        as_json: Also print ``{command, error, error_type, exit_code}`` as JSON on stdout.
+
+    Returns:
+        ``code``.
+    """
     print(f"arithinterp {command}: error: {error}", file=sys.stderr)
     if as_json:
         print(json.dumps(dict(command=command, error=str(error), error_type=type(error).__name__, exit_code=code),

@@ -57,7 +57,17 @@ def transformer_lens_version() -> str:
 
 
 def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, Any]:
-    """Provenance for a result: model id, TransformerLens version, compatibility mode, extras."""
+    """Provenance for a result's ``meta``.
+
+    Args:
+        model: The model the result was made on; ``None`` records the versions only.
+        **extra: Further entries (the analysis's arguments), made JSON-friendly (tensors and ranges
+            as lists).
+
+    Returns:
+        The arithinterp and TransformerLens versions and, with a model, its id, architecture,
+        weight fingerprint and compatibility mode, then ``extra``.
+    """
     from arithinterp._version import __version__
 
     meta: dict[str, Any] = {
@@ -105,11 +115,25 @@ class Result(abc.ABC):
       each item), or a :class:`Rule` or list of rules (:data:`PROBABILITY`, :data:`NON_NEGATIVE`,
       :data:`INCREASING`, ...) the value keeps.
     * ``_required_meta``: keys ``meta`` must hold.
+
+    and, for folders that spell the type, a field or a value another way (the package's names are
+    one per concept; a folder written under another name still loads):
+
+    * ``_saved_names``: other type names a folder of this type may carry (``("Graph",)`` for
+      :class:`~arithinterp.features.AttributionGraph`);
+    * ``_field_names``: a field's other name in a folder -> the field (``{"mode": "ablation"}``);
+    * ``_value_names``: field -> {another spelling of a value: the value} (``{"method":
+      {"integrated_gradients": "integrated-gradients"}}``).
+
+    Subclasses are frozen dataclasses; each lists its fields under ``Attributes:``.
     """
 
     _shapes: ClassVar[dict[str, str]] = {}
     _legal: ClassVar[dict[str, Any]] = {}
     _required_meta: ClassVar[tuple] = ()
+    _saved_names: ClassVar[tuple[str, ...]] = ()
+    _field_names: ClassVar[dict[str, str]] = {}
+    _value_names: ClassVar[dict[str, dict[str, str]]] = {}
 
     @abc.abstractmethod
     def to_frame(self) -> pd.DataFrame:
@@ -117,23 +141,47 @@ class Result(abc.ABC):
 
     @abc.abstractmethod
     def plot(self, **kwargs: Any) -> go.Figure:
-        """The result's figure, drawn by :mod:`arithinterp.viz`."""
+        """The result's figure, drawn by :mod:`arithinterp.viz`.
+
+        Args:
+            **kwargs: Options of the result's figure builder.
+
+        Returns:
+            A plotly figure.
+        """
 
     def on_model(self, model: HookedModel) -> "Result":
         """This result declared for use on ``model``, another model of the same shape (a control with
         other weights, another checkpoint): a copy whose ``meta["fingerprint"]`` is ``model``'s, the
         one it was made on kept in ``meta["made_on_fingerprint"]``. Without it a result or part made
-        on one model is refused on another (:class:`~arithinterp.errors.ModelMismatchError`)."""
+        on one model is refused on another (:class:`~arithinterp.errors.ModelMismatchError`).
+
+        Args:
+            model: The model to declare the result for.
+
+        Returns:
+            A copy of the result with the new fingerprint.
+        """
         meta = dict(getattr(self, "meta", None) or {})
         meta["made_on_fingerprint"] = meta.get("made_on_fingerprint", meta.get("fingerprint"))
         meta["fingerprint"] = fingerprint(model)
         return dataclasses.replace(self, meta=meta)  # pyright: ignore[reportCallIssue]
 
     def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
-        """Write the result to directory ``path`` (created if needed); returns the path.
+        """Write the result to a directory: tensors to ``tensors.safetensors``, the rest to ``result.json``.
 
-        A folder that already holds a *different* saved result is refused unless ``overwrite=True``
-        (saving the same result again is harmless and allowed).
+        Args:
+            path: The directory, created when missing.
+            overwrite: Replace a *different* saved result in the folder (saving the same result again
+                is always allowed).
+
+        Returns:
+            The directory.
+
+        Raises:
+            ConfigError: ``overwrite`` is not a bool, or the folder is not writable.
+            ResultFileError: The folder holds a different result and ``overwrite`` is false.
+            OutputError: A file could not be written.
         """
         from safetensors.torch import save_file
 
@@ -162,14 +210,22 @@ class Result(abc.ABC):
     def load(cls, path: Union[str, Path]):
         """Read a result written by :meth:`save`.
 
-        A damaged folder (a missing or unreadable file, a missing field, a field of the wrong kind,
-        fields that should be as long as each other and are not, a format newer than this version
-        reads) raises :class:`~arithinterp.errors.ResultFileError` naming the file and the field.
+        Args:
+            path: The directory :meth:`save` wrote.
+
+        Returns:
+            The result, of this class.
+
+        Raises:
+            ResultFileError: The folder holds another type of result, or is damaged (a missing or
+                unreadable file, a missing field, a field of the wrong kind, fields that should be as
+                long as each other and are not, a format newer than this version reads); the message
+                names the file and the field.
         """
         path = Path(path)
         stored = _read_json(path)
         kind = stored.get("type")
-        if kind != cls.__name__:
+        if kind != cls.__name__ and kind not in cls._saved_names:
             raise ResultFileError(f"{path} holds a {kind}, not a {cls.__name__}")
         fields = stored.get("fields")
         if not isinstance(fields, dict):
@@ -181,6 +237,7 @@ class Result(abc.ABC):
             raise ResultFileError(f"{path}: field {overlap[0]!r} is in both {JSON_FILE} and {TENSOR_FILE}; "
                                   "the folder mixes two saved results")
         values.update(tensors)
+        _read_other_names(cls, values)
         _check_fields(cls, values, path)
         try:
             return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
@@ -189,7 +246,14 @@ class Result(abc.ABC):
 
 
 def holds_result(path: Union[str, Path]) -> bool:
-    """Whether the folder ``path`` holds a saved result (what :meth:`Result.save` refuses to replace)."""
+    """Whether a folder holds a saved result (what :meth:`Result.save` refuses to replace).
+
+    Args:
+        path: The folder.
+
+    Returns:
+        True when it holds a ``result.json``.
+    """
     return (Path(path).expanduser() / JSON_FILE).exists()
 
 
@@ -198,8 +262,12 @@ def holds_result(path: Union[str, Path]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A condition a field's value keeps (``Result._legal``): ``test(value)`` is true of a legal value;
-    ``description`` says what is accepted, in the error a damaged folder raises."""
+    """A condition a field's value keeps (``Result._legal``).
+
+    Attributes:
+        description: What is accepted, in the error a damaged folder raises.
+        test: True of a legal value.
+    """
 
     description: str
     test: Callable[[Any], bool]
@@ -354,6 +422,20 @@ def _kind(annotation: Any) -> tuple[Optional[type], bool]:
     kinds = {"Tensor": torch.Tensor, "list": list, "List": list, "tuple": list, "dict": dict, "Dict": dict,
              "str": str, "int": int, "float": (int, float), "bool": bool}
     return kinds.get(base), optional  # type: ignore[return-value]
+
+
+def _read_other_names(cls: type, values: dict) -> None:
+    """Give the fields and values a folder spells another way (``_field_names``, ``_value_names``)
+    the class's names, in place."""
+    for saved, name in getattr(cls, "_field_names", {}).items():
+        if saved in values and name not in values:
+            values[name] = values.pop(saved)
+    for name, spellings in getattr(cls, "_value_names", {}).items():
+        value = values.get(name)
+        if isinstance(value, str):
+            values[name] = spellings.get(value, value)
+        elif isinstance(value, list):
+            values[name] = [spellings.get(v, v) if isinstance(v, str) else v for v in value]
 
 
 def _check_fields(cls: type, values: dict, path: Path) -> None:

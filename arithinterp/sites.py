@@ -39,12 +39,31 @@ PER_NEURON_SITES = ("mlp_pre", "mlp_post")
 
 
 def check_site(site: str) -> str:
+    """Check that ``site`` is a known activation site.
+
+    Args:
+        site: A key of :data:`HOOKS` (``"resid_pre"``, ``"attn_z"``, ``"mlp_post"``, ...).
+
+    Returns:
+        ``site``, unchanged.
+
+    Raises:
+        SiteError: ``site`` is not a known site; the message lists the accepted ones.
+    """
     if site not in HOOKS:
         raise SiteError(f"unknown site {site!r}; accepted sites: {accepted(HOOKS)}")
     return site
 
 
 def n_layers(model: HookedModel) -> int:
+    """The number of transformer blocks of a model.
+
+    Args:
+        model: A hooked model.
+
+    Returns:
+        ``model.cfg.n_layers``.
+    """
     return int(model.cfg.n_layers)
 
 
@@ -54,7 +73,21 @@ def _integers(name: str, values: Any) -> list[int]:
 
 
 def check_layers(model: HookedModel, site: str, layers: Optional[Iterable[int]]) -> list[int]:
-    """Validated layer list for ``site`` (all layers when ``None``; ``[0]`` for global sites)."""
+    """The validated layers to read or patch ``site`` at.
+
+    Args:
+        model: The hooked model the layers belong to.
+        site: The activation site (a key of :data:`HOOKS`).
+        layers: Layer indices, or ``None`` for every layer.
+
+    Returns:
+        The layers as ints: every layer when ``layers`` is ``None``, ``[0]`` for a global site
+        (``embed``, ``pos_embed``, ``ln_final_scale``).
+
+    Raises:
+        SiteError: The site is unknown, ``layers`` is empty or holds a non-integer or an index out of
+            range, or the site needs MLPs and the model is attention-only.
+    """
     check_site(site)
     if site in GLOBAL_SITES:
         return [0]
@@ -71,11 +104,35 @@ def check_layers(model: HookedModel, site: str, layers: Optional[Iterable[int]])
 
 
 def hook_name(site: str, layer: int = 0) -> str:
+    """The TransformerLens hook name of a site at a layer.
+
+    Args:
+        site: The activation site (a key of :data:`HOOKS`).
+        layer: The block index; ignored by global sites.
+
+    Returns:
+        The hook name, e.g. ``"blocks.3.hook_resid_pre"``.
+
+    Raises:
+        SiteError: ``site`` is not a known site.
+    """
     return HOOKS[check_site(site)].format(layer=layer)
 
 
 def site_shape(model: HookedModel, site: str) -> tuple[int, ...]:
-    """Per-position shape of an activation at ``site`` (without batch and position)."""
+    """The per-position shape of an activation at ``site``, without the batch and position axes.
+
+    Args:
+        model: The hooked model.
+        site: The activation site.
+
+    Returns:
+        ``(n_heads, d_head)`` for ``attn_z``, ``(d_mlp,)`` for the neuron sites, ``(d_model,)``
+        otherwise.
+
+    Raises:
+        SiteError: ``site`` is ``"pattern"``, which is indexed by query and key position.
+    """
     cfg = model.cfg
     if site == "attn_z":
         return (cfg.n_heads, cfg.d_head)
@@ -87,7 +144,19 @@ def site_shape(model: HookedModel, site: str) -> tuple[int, ...]:
 
 
 def check_index(name: str, values: Optional[Sequence[int]], size: int) -> list[int]:
-    """Validate indices (heads, neurons, positions) against ``size``; ``None`` means all."""
+    """Validate indices (heads, neurons, positions) against an axis of ``size`` entries.
+
+    Args:
+        name: The parameter to name in the error message (``"heads"``, ``"neurons"``, ...).
+        values: Indices, negative ones counting from the end, or ``None`` for all of them.
+        size: The length of the axis.
+
+    Returns:
+        The indices as non-negative ints, in the given order.
+
+    Raises:
+        SiteError: An index is not an integer or lies outside ``-size..size - 1``.
+    """
     chosen = list(range(size)) if values is None else _integers(name, values)
     for v in chosen:
         if not -size <= v < size:

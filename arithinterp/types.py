@@ -194,8 +194,19 @@ Name = Annotated[str, Field(min_length=1), Accepts("a non-empty string")]
 
 
 def byte_size(value: Any, name: str = "max_memory") -> int:
-    """``value`` read as a :data:`ByteSize` (``"1GiB"``, ``2e9``, ``1 << 30``), else a ConfigError naming
-    ``name`` — for code that receives a size other than through a declared parameter."""
+    """Read ``value`` as a :data:`ByteSize`, for code that receives a size other than through a declared
+    parameter.
+
+    Args:
+        value: A number of bytes (``2e9``, ``1 << 30``) or a string with a unit (``"1GiB"``, ``"512MB"``).
+        name: The parameter to name in the error message.
+
+    Returns:
+        The size in bytes, positive.
+
+    Raises:
+        ConfigError: ``value`` is not a positive size; the message names ``name``.
+    """
     try:
         return int(_BYTES.validate_python(value))
     except ValidationError as error:
@@ -379,6 +390,13 @@ def checked(fn: _F) -> _F:
     :class:`~arithinterp.errors.ConfigError` (the library's error converted) naming the function,
     the parameter, the value and what is accepted. Decorate public entry points only: the check costs
     microseconds per call, not nothing.
+
+    Args:
+        fn: The function whose annotations to enforce.
+
+    Returns:
+        ``fn`` wrapped (``functools.wraps``) so that every call validates its arguments first; the
+        wrapper raises :class:`~arithinterp.errors.ConfigError` on a violation.
     """
     declared = _Signature(fn)
 
