@@ -249,6 +249,14 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
     sample, layers, sentence = ctx.fit_layers(items, "pairs", 30, 30, backward, shared=True)
     assert layers == list(range(30)) and len(sample) > 30, sentence
     assert 0.016 * len(sample) <= ctx.seconds_left()  # the run at every layer fits what is left
+    # the stage runs the timed work twice (the model and its control): half as many items, and both runs fit;
+    # the minimum fits at every layer, so only the every-layer pilots ran (one item first, then 4 and 2)
+    calls: list[int] = []
+    ctx.stage_start = now[0]
+    twice, layers, _ = ctx.fit_layers(items, "pairs", 30, 30, lambda some, layers: (
+        calls.append(len(some)), backward(some, layers)), shared=True, copies=2)
+    assert layers == list(range(30)) and calls == [1, 4, 2]
+    assert abs(len(twice) - len(sample) / 2) <= 2 and 2 * 0.016 * len(twice) <= ctx.seconds_left()
     # two layers: the pilot times both (the middle of 2 is layer 0), so the second one is not free: 30 items take
     # 0.3 s at one layer and 0.6 s at both, and of the 0.61 s left after the pilots, 0.85 (0.52 s) holds one
     ctx.stage_start = now[0] - 1.2
@@ -572,7 +580,7 @@ def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, 
 
     prompts = tasks.arithmetic(tiny_model, "+", range(20), range(20))
     pairs = prompts.counterfactual(vary="a", seed=0)
-    n_edges = circuits.Graph.of(tiny_model).n_edges
+    n_edges = circuits.EdgeGraph.of(tiny_model).n_edges
     planned = circuits.curve_sizes(n_edges)
     now = [0.0]
     monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])

@@ -165,7 +165,7 @@ class Context:
 
     def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
                    pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT,
-                   prior: float = 0.0, shared: bool = False) -> tuple[Any, list[int], str]:
+                   prior: float = 0.0, shared: bool = False, copies: int = 1) -> tuple[Any, list[int], str]:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
@@ -175,10 +175,13 @@ class Context:
         as many (:func:`pilot_cost`'s lines), after one item at the last layer (its first-call
         costs). ``shared``: the layers share most of the cost (one backward reaches them all), so a
         second layer costs far more than each one after it: timed at every layer instead of two,
-        and the difference spread over the layers added. :class:`OverBudget` when not even one
-        layer fits, without a pilot when ``prior`` (prompt evaluations per item at one layer) puts
-        the minimum at one layer above twice the time left."""
-        guess = prior * self.budget.forward_seconds * minimum
+        and the difference spread over the layers added; when the minimum fits at every layer by
+        that timing, the single-layer timings are skipped. ``copies``: the stage runs what the
+        pilot times this many times (the model and its random-init control, whose cost is the
+        same architecture's), so the pilot times one and the plan counts ``copies``.
+        :class:`OverBudget` when not even one layer fits, without a pilot when ``prior`` (prompt
+        evaluations per item at one layer) puts the minimum at one layer above twice the time left."""
+        guess = copies * prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
@@ -194,20 +197,32 @@ class Context:
         # be counted once per layer, and the stage would cover a tenth of the layers that fit
         wide_layers = list(range(n_layers)) if shared else sorted({(n_layers - 1) // 2, n_layers - 1})
         pilot(items[:1], last)
+        half = k // 2
         wide = _timed(pilot, items[:k], wide_layers)
+        wide_half = _timed(pilot, items[:half], wide_layers) if 1 <= half < k else None
+        left = max(self.seconds_left(), 0.0) * MARGIN
+        n = len(items)
+        if shared and wide_half is not None:  # every layer timed: when the minimum fits there, that is the plan
+            every = max((wide - wide_half) / (k - half), SLOPE_FLOOR * wide / k)  # an item at every layer
+            base = max(wide - every * k, 0.0)
+            if copies * (base + every * minimum) <= left:
+                count = n if every <= 0 else min(n, max(minimum, int((left / copies - base) / every)))
+                chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
+                    items[seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
+                return chosen, list(range(n_layers)), f"{sentence} the {secs(self.budget.seconds)} budget"
         fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
         # a layer more: a cost per call (its stacked runs, whatever the items) and one per item
         added = wide - (fixed + per_item * k)
-        half = k // 2
-        if 1 <= half < k:
-            added_half = _timed(pilot, items[:half], wide_layers) - (fixed + per_item * half)
+        if wide_half is not None:
+            added_half = wide_half - (fixed + per_item * half)
             layer_item = max((added - added_half) / (k - half), SLOPE_FLOOR * max(added, 0.0) / k)
         else:
             layer_item = max(added, 0.0) / max(k, 1)
         layer_call = max(added - layer_item * k, 0.0)
         added_layers = max(len(wide_layers) - 1, 1)  # what the pilot's layers beyond the last cost, each
         layer_item, layer_call = max(layer_item / added_layers, 1e-9), layer_call / added_layers
-        left = max(self.seconds_left(), 0.0) * MARGIN
+        fixed, per_item, layer_item, layer_call = (copies * c for c in (fixed, per_item, layer_item, layer_call))
+        left = max(self.seconds_left(), 0.0) * MARGIN  # after the single-layer timings
 
         def cost(count: int, n_cover: int) -> float:  # ``count`` items over ``n_cover`` layers
             return fixed + per_item * count + (n_cover - 1) * (layer_call + layer_item * count)
@@ -221,7 +236,6 @@ class Context:
                 "this stage's "
                 f"{secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
         layers = spread(n_layers, fits)
-        n = len(items)
         if fits == n_layers:  # every layer fits after all (the estimate that sent us here was high)
             every = per_item + (n_layers - 1) * layer_item  # an item at every layer
             count = min(n, max(minimum, int((left - fixed - (n_layers - 1) * layer_call) / every)))

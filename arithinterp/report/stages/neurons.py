@@ -61,10 +61,9 @@ def neurons_stage(ctx: Context) -> Section:
     layers: Optional[list[int]] = None
     fitted = ""
     if ctx.budget.seconds != float("inf"):
-        def pilot(some, layers: list[int]):  # the model and its random-init control: the page compares the two
-            for model in (ctx.model, ctx.control_model()):
-                with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
-                    classify(some, layers, model)
+        def pilot(some, layers: list[int]):  # the model; its random-init control costs the same (copies=2)
+            with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
+                classify(some, layers)
 
         # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover. Shared: the
         # ranking's forward and backward of each pair reach every layer at once and are most of the cost
@@ -72,7 +71,7 @@ def neurons_stage(ctx: Context) -> Section:
         # the last alone)
         n_layers = ctx.model.cfg.n_layers
         prompts, fitted_layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUM[0], n_layers,
-                                                        pilot=pilot, pilot_items=16, shared=True)
+                                                        pilot=pilot, pilot_items=16, shared=True, copies=2)
         layers = None if len(fitted_layers) == n_layers else fitted_layers
     section = Section(STAGE.title, sample=joined(require("neurons", len(prompts)), fitted))
     start = time.perf_counter()
