@@ -34,11 +34,17 @@ DEFAULT_STACK_BYTES = 2**26  # memory one stacked run may take by default (large
 class Ablation:
     """Set ``site`` of block ``layer`` at one position per prompt.
 
-    ``positions``: an int or ``[B]`` (the tokens' frame). ``units``: ``None`` (the whole
-    activation there), ``[k]`` unit indices (heads of ``attn_z``, neurons of ``mlp_*``; the same for
-    every prompt) or a ``[B, n_units]`` bool mask (per prompt). ``value``: ``None`` (zero), one
-    position's activation ``[n_units, ...]`` (``attn_z`` ``[H, d_head]``, ``mlp_post`` ``[d_mlp]``,
-    ``attn_out`` ``[d_model]``) or one per prompt ``[B, n_units, ...]``; only the chosen units are read.
+    Attributes:
+        site: One of :data:`ABLATION_SITES` (``attn_z``, ``mlp_pre``, ``mlp_post``, ``attn_out``, ``mlp_out``).
+        layer: The block.
+        positions (int | Int[Tensor, "batch"]): One position for every prompt, or one per prompt
+            (the tokens' frame).
+        units (Int[Tensor, "k"] | Bool[Tensor, "batch n_units"] | None): ``None`` (the whole
+            activation there), unit indices (heads of ``attn_z``, neurons of ``mlp_*``; the same for
+            every prompt) or a per-prompt mask.
+        value (Float[Tensor, "n_units ..."] | None): ``None`` (zero), one position's activation
+            (``attn_z`` ``[n_heads, d_head]``, ``mlp_post`` ``[d_mlp]``, ``attn_out`` ``[d_model]``) or
+            one per prompt ``[batch, n_units, ...]``; only the chosen units are read.
     """
 
     site: str
@@ -70,13 +76,24 @@ class _Entries:
 
 
 class AblationRunner:
-    """A base run of ``tokens [B, T]`` and ablated runs of it, stacked.
+    """A base run of some prompts and ablated runs of it, stacked.
 
-    ``stepper``: the model's :class:`Stepper` (from :func:`arithinterp.engine.stepper_for`), or
-    ``None`` for whole forwards. ``n_last``: the positions whose logits the base run reads
-    (``None``: the final one); :attr:`base_logits` ``[B, V]`` or ``[B, n_last, V]``. ``read``: hook
-    names (position on dim 1) whose base-run activations at those positions are kept in
-    :attr:`read` (``{name: [B, n_last or 1, ...]}``).
+    Args:
+        model: The hooked model.
+        stepper: The model's :class:`Stepper` (from :func:`arithinterp.engine.stepper_for`), or
+            ``None`` for whole forwards.
+        tokens (Int[Tensor, "batch pos"]): Same-length prompts.
+        n_last: The positions whose logits the base run reads (``None``: the final one).
+        read: Hook names (position on dim 1) whose base-run activations at those positions are kept.
+
+    Attributes:
+        base_logits (Float[Tensor, "batch vocab"]): The base run's logits (``[batch, n_last, vocab]``
+            with ``n_last``).
+        read (dict[str, Tensor]): ``{name: [batch, n_last or 1, ...]}``, the base run's activations.
+
+    Raises:
+        SiteError: A read never fired.
+        AnalysisError: The base run's logits are not finite.
     """
 
     def __init__(self, model: Any, stepper: Optional[Stepper], tokens: torch.Tensor, n_last: Optional[int] = None,
@@ -175,10 +192,25 @@ class AblationRunner:
         self, cells: Sequence[Sequence[Ablation]], n_last: Optional[int] = None,
         score: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, max_memory: Optional[float] = None,
     ) -> torch.Tensor:
-        """Logits of each cell's ablated run, ``[C, B, V]`` (``[C, B, n_last, V]`` with ``n_last``),
-        or ``score(logits [c, B, ...]) -> [c, B, ...]`` of them, chunk by chunk (``score`` keeps
-        the ``[C, B, V]`` logits from ever being held at once). A cell with no ablation is the
-        base run. ``max_memory``: bytes one stacked run may take (default 64 MiB)."""
+        """The logits of each cell's ablated run, or a score of them, computed chunk by chunk.
+
+        Args:
+            cells: One sequence of :class:`Ablation` s per cell, applied together; a cell with no
+                ablation is the base run.
+            n_last: Score the last ``n_last`` positions (at most the runner's own ``n_last``).
+            score: ``f(logits [c, batch, ...]) -> [c, batch, ...]``, applied per chunk, so that the
+                ``[cell, batch, vocab]`` logits are never held at once.
+            max_memory: Bytes one stacked run may take (default 64 MiB).
+
+        Returns:
+            Float[Tensor, "cell batch vocab"]: The logits (``[cell, batch, n_last, vocab]`` with
+            ``n_last``), or what ``score`` returns, stacked over cells.
+
+        Raises:
+            SiteError: An ablation at an unsupported site, or positions, units or values out of shape.
+            AnalysisError: A cell holds something other than Ablations, or ``n_last`` exceeds what
+                the base run read.
+        """
         T = int(self.tokens.shape[1])
         check_n_last(n_last, T)
         n_read = n_last or 1

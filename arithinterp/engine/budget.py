@@ -27,14 +27,28 @@ __all__ = ["available_bytes", "backward_bytes_per_prompt", "chunk_for", "forward
 
 
 def model_bytes(model: HookedModel) -> int:
-    """Bytes of the model's parameters."""
+    """Bytes of the model's parameters.
+
+    Args:
+        model: The hooked model.
+
+    Returns:
+        The sum over parameters of elements × element size.
+    """
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def held_bytes(*values: object) -> int:
     """Bytes of the distinct tensor storages in ``values`` and the tuples, lists, dicts and
     dataclasses inside them (a view shares its base's storage and counts once; modules and other
-    objects are not entered)."""
+    objects are not entered).
+
+    Args:
+        *values: Tensors, or containers holding them.
+
+    Returns:
+        The bytes of the storages found.
+    """
     import dataclasses
 
     import torch
@@ -56,7 +70,11 @@ def held_bytes(*values: object) -> int:
 
 
 def available_bytes() -> Optional[int]:
-    """Memory the machine can give now (``MemAvailable`` of ``/proc/meminfo``), or None where unknown."""
+    """Memory the machine can give now.
+
+    Returns:
+        ``MemAvailable`` of ``/proc/meminfo`` in bytes, or ``None`` where it cannot be read.
+    """
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -68,12 +86,20 @@ def available_bytes() -> Optional[int]:
 
 
 def memory_budget(model: HookedModel, max_memory: Union[float, str, None] = None) -> int:
-    """Bytes one step of an analysis may use on top of the model (``max_memory``, validated).
+    """Bytes one step of an analysis may use on top of the model.
 
-    ``None``: half the model's parameter bytes (as evaluation sizes its batches), at least
-    :data:`DEFAULT_FLOOR` (1 GiB: one prompt's backward through every receiver of a 135M-parameter
-    model's edge graph needs several hundred MB), and at most a quarter of the machine's available
-    memory.
+    Args:
+        model: The hooked model.
+        max_memory: A size in bytes or with a unit (``"2GiB"``). ``None``: half the model's
+            parameter bytes (as evaluation sizes its batches), at least :data:`DEFAULT_FLOOR` (1 GiB:
+            one prompt's backward through every receiver of a 135M-parameter model's edge graph
+            needs several hundred MB), and at most a quarter of the machine's available memory.
+
+    Returns:
+        The budget in bytes.
+
+    Raises:
+        ConfigError: ``max_memory`` is not a positive size.
     """
     if max_memory is None:
         budget = max(0.5 * model_bytes(model), DEFAULT_FLOOR)
@@ -86,11 +112,21 @@ def memory_budget(model: HookedModel, max_memory: Union[float, str, None] = None
 
 def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high: Optional[int] = None,
               share: float = 1.0) -> int:
-    """How many units fit in ``share`` of ``budget`` bytes when each costs ``per_unit`` on top of
-    ``fixed`` (at most ``high``).
+    """How many units fit in a share of a memory budget.
 
-    Raises :class:`ConfigError` when not even one fits: ``what`` names the unit in the message,
-    with the whole budget that one would need.
+    Args:
+        budget: The budget in bytes.
+        per_unit: The bytes each unit costs.
+        what: The unit, for the message (``"prompt"``, ``"edge set"``).
+        fixed: Bytes taken whatever the number of units.
+        high: The most units to return; ``None`` for no cap.
+        share: The fraction of ``budget`` the units may use.
+
+    Returns:
+        The number of units, at least 1.
+
+    Raises:
+        ConfigError: Not even one unit fits; the message gives the budget one would need.
     """
     room = budget * share - fixed
     if room < per_unit:
@@ -103,7 +139,15 @@ def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high
 
 def forward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
     """Rough transient memory of one prompt's forward: residual-width and MLP-width tensors
-    per layer plus attention scores (float32). Measured within ~30% on the zoo models."""
+    per layer plus attention scores (float32). Measured within ~30% on the zoo models.
+
+    Args:
+        model: The hooked model.
+        seq_len: Tokens in the prompt.
+
+    Returns:
+        The estimate in bytes.
+    """
     cfg = model.cfg
     per_token = 12 * cfg.d_model + 4 * (cfg.d_mlp or 4 * cfg.d_model) + 3 * cfg.n_heads * seq_len
     return 4 * seq_len * per_token
@@ -115,12 +159,27 @@ def backward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
     Every layer's activations stay alive until the backward (the forward's transient,
     :func:`forward_bytes_per_prompt`, once per layer), and the model
     returns float32 logits at every position (and their gradient).
+
+    Args:
+        model: The hooked model.
+        seq_len: Tokens in the prompt.
+
+    Returns:
+        The estimate in bytes.
     """
     return int(model.cfg.n_layers) * forward_bytes_per_prompt(model, seq_len) + 3 * 4 * seq_len * _vocab(model)
 
 
 def forward_logits_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
-    """One prompt's transient forward memory including float32 logits at every position."""
+    """One prompt's transient forward memory including float32 logits at every position.
+
+    Args:
+        model: The hooked model.
+        seq_len: Tokens in the prompt.
+
+    Returns:
+        The estimate in bytes.
+    """
     return forward_bytes_per_prompt(model, seq_len) + 2 * 4 * seq_len * _vocab(model)
 
 

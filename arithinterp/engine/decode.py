@@ -175,9 +175,20 @@ def _close(fast: Optional[torch.Tensor], full: torch.Tensor, tolerance: float) -
 
 
 def decode_mode(model: HookedModel, tokens: Optional[torch.Tensor] = None) -> str:
-    """``"cached"``, ``"uncached"`` or ``"full"``: the fastest path whose logits match the plain
-    forward on a short probe of ``tokens`` (its first row; at least 2 tokens). Decided once per
-    model, never while hooks are attached (then ``"full"``).
+    """The fastest decoding path whose logits match the plain forward on a short probe of ``tokens``.
+
+    Decided once per model, never while hooks are attached (then ``"full"``).
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "batch pos"] | None): Prompts to probe with (the first row, its first 8
+            tokens); with fewer than 2 tokens, or ``None``, the mode stays undecided and ``"full"`` is
+            returned.
+
+    Returns:
+        ``"stepped"`` (a TransformerLens-native model stepped by the engine with its key/value cache),
+        ``"cached"`` or ``"uncached"`` (a Hugging Face decoder with or without its cache), or
+        ``"full"`` (the plain forward).
     """
     if _hooked(model):
         # hooks see the plain forward's shapes and positions only on the plain forward
@@ -268,13 +279,24 @@ def batch_size_for(
     model: HookedModel, seq_len: int, n_read: int = 1, n_new: int = 0, *, budget_bytes: Optional[float] = None,
     plain: bool = False, low: int = 1, high: int = 1024,
 ) -> int:
-    """Prompts per forward so that one batch's transient memory stays within ``budget_bytes``
-    (default: half the model's parameter bytes, at least :data:`MIN_BUDGET`, so the peak stays
-    within 1.5× model + batch).
+    """Prompts per forward so that one batch's transient memory stays within a budget.
 
     Per prompt: the forward's activations (:func:`arithinterp.engine.budget.forward_bytes_per_prompt`),
-    its key/value cache over ``seq_len + n_new`` tokens, and float32 logits at the ``n_read``
-    read positions (at every position with ``plain``: a caller's own forward of the whole model).
+    its key/value cache over ``seq_len + n_new`` tokens, and float32 logits at the read positions.
+
+    Args:
+        model: The hooked model.
+        seq_len: Tokens per prompt.
+        n_read: Positions whose logits are read.
+        n_new: Tokens generated after the prompt.
+        budget_bytes: The budget; ``None``: half the model's parameter bytes, at least
+            :data:`MIN_BUDGET` (the peak stays within 1.5× model + batch).
+        plain: Count logits at every position (a caller's own forward of the whole model).
+        low: The smallest batch size to return.
+        high: The largest batch size to return.
+
+    Returns:
+        The batch size, in ``low..high``.
     """
     cfg = model.cfg
     parameters = list(model.parameters())
@@ -298,12 +320,20 @@ def batch_size_for(
 
 @torch.inference_mode()
 def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: Sequence[Any] = ()) -> torch.Tensor:
-    """Greedily generate ``n_new`` tokens after each row of ``tokens`` ``[B, T]`` (same-length,
-    unpadded prompts) → ``[B, n_new]`` (long, on the CPU).
+    """Greedily generate tokens after each prompt.
 
-    Identical to appending the argmax of ``model(tokens)[:, -1]`` ``n_new`` times. With
-    ``interventions`` (:class:`arithinterp.engine.Intervention`) every step is one
-    :func:`arithinterp.engine.run` of the whole sequence, so each sees the same positions.
+    Identical to appending the argmax of ``model(tokens)[:, -1]`` ``n_new`` times, through the
+    fastest path :func:`decode_mode` finds.
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "batch pos"]): Same-length, unpadded prompts.
+        n_new: The number of tokens to generate.
+        interventions: :class:`arithinterp.engine.Intervention` s applied at every step; each step is
+            then one :func:`arithinterp.engine.run` of the whole sequence, so each sees the same positions.
+
+    Returns:
+        Int[Tensor, "batch n_new"]: The generated token ids (long, on the CPU).
     """
     if n_new < 1:
         return torch.empty((tokens.shape[0], 0), dtype=torch.long)
@@ -345,10 +375,17 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
 
 @torch.inference_mode()
 def teacher_forced_logprobs(model: HookedModel, tokens: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
-    """Log-probability ``[B, K]`` of each answer token (``answer`` ``[B, K]``; −1 padding is fed
-    as token 0 and scores 0) with the earlier answer tokens fed after ``tokens`` ``[B, T]``.
+    """The log-probability of each answer token, with the earlier answer tokens fed after the prompt.
 
-    One forward over ``T + K − 1`` tokens; only the last ``K`` positions are unembedded.
+    One forward over ``pos + k − 1`` tokens; only the last ``k`` positions are unembedded.
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "batch pos"]): Same-length, unpadded prompts.
+        answer (Int[Tensor, "batch k"]): The answer tokens; −1 padding is fed as token 0 and scores 0.
+
+    Returns:
+        Float[Tensor, "batch k"]: Log-probabilities (float32, on the CPU).
     """
     k = answer.shape[1]
     device = _device(model)

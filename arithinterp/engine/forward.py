@@ -40,7 +40,7 @@ Value = Union[
 class Intervention:
     """Replace part of one activation.
 
-    Args:
+    Attributes:
         site: where, in TransformerLens's vocabulary (``"mlp_post"``).
         layer: the block (``3``).
         positions: ``[B]`` one position per prompt, ``[B, k]`` several, an int (the same position
@@ -69,15 +69,31 @@ class Intervention:
     input_site: Optional[str] = None
 
     def hook_name(self) -> str:
+        """The TransformerLens hook name of the site and layer.
+
+        Returns:
+            E.g. ``"blocks.3.mlp.hook_post"``.
+        """
         return site_lib.hook_name(self.site, self.layer)
 
     def apply(self, activation: torch.Tensor, input_activation: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The activation ``[B, T, ...]`` (patterns ``[B, H, Tq, Tk]``) with the slice replaced.
+        """The activation with the slice replaced.
 
         With one position per prompt (``positions`` ``[B]`` or an int) the value sees the slice
         without a position axis, ``[B, (units,) ...]``, as a :class:`Read` returns it.
-        ``input_activation``: the :attr:`input_site` activation ``[B, T, ...]`` in this forward,
-        sliced the same way.
+
+        Args:
+            activation (Float[Tensor, "batch pos ..."]): The activation at the hook (patterns
+                ``[batch, head, query, key]``).
+            input_activation (Float[Tensor, "batch pos ..."] | None): The :attr:`input_site`
+                activation in this forward, sliced the same way; ``None`` without an input site.
+
+        Returns:
+            Float[Tensor, "batch pos ..."]: A copy of ``activation`` with the slice replaced.
+
+        Raises:
+            AnalysisError: A source without a function value, a source slice of another shape, or a
+                value that does not broadcast to the slice.
         """
         out = activation.clone()
         positions = _positions_tensor(self.positions, out.shape[0], out.device)
@@ -112,17 +128,37 @@ class Intervention:
 
 @dataclass(frozen=True)
 class Read:
-    """Keep one activation: ``[B, T, ...]``, or ``[B, ...]`` / ``[B, k, ...]`` at ``positions``
-    (``[B]`` or an int: one position per prompt; ``[B, k]``: several)."""
+    """Keep one activation: ``[B, T, ...]``, or ``[B, ...]`` / ``[B, k, ...]`` at ``positions``.
+
+    Attributes:
+        site: Where, in TransformerLens's vocabulary (``"resid_post"``).
+        layer: The block.
+        positions: ``[B]`` or an int (one position per prompt, negative counting from the end),
+            ``[B, k]`` (several), or ``None`` for all.
+    """
 
     site: str
     layer: int = 0
     positions: Union[None, int, torch.Tensor] = None
 
     def hook_name(self) -> str:
+        """The TransformerLens hook name of the site and layer.
+
+        Returns:
+            E.g. ``"blocks.3.hook_resid_post"``.
+        """
         return site_lib.hook_name(self.site, self.layer)
 
     def take(self, activation: torch.Tensor) -> torch.Tensor:
+        """The kept part of an activation.
+
+        Args:
+            activation (Float[Tensor, "batch pos ..."]): The activation at the hook.
+
+        Returns:
+            ``activation`` itself without positions, ``[batch, ...]`` with one position per prompt,
+            ``[batch, k, ...]`` with several.
+        """
         if self.positions is None:
             return activation
         rows = torch.arange(activation.shape[0], device=activation.device)
@@ -134,9 +170,14 @@ class Read:
 
 @dataclass(frozen=True)
 class Output:
-    """``logits``: ``[B, V]`` at the final position, ``[B, k, V]`` at the last ``k``, ``[B, T, V]``
-    for all, or ``None``;
-    ``reads``: one tensor per :class:`Read`, in order; ``grads``: their gradients when asked."""
+    """What :func:`run` returns.
+
+    Attributes:
+        logits (Float[Tensor, "batch vocab"] | None): At the final position (``[batch, k, vocab]``
+            at the last ``k``, ``[batch, pos, vocab]`` for all), or ``None``.
+        reads (list[Tensor]): One tensor per :class:`Read`, in order.
+        grads (list[Tensor | None] | None): The reads' gradients of the metric, when one was given.
+    """
 
     logits: Optional[torch.Tensor]
     reads: list
@@ -213,19 +254,35 @@ def run(
     metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     train: bool = False,
 ) -> Output:
-    """One forward of ``tokens [B, T]`` with ``interventions`` applied and ``reads`` kept.
+    """One forward with interventions applied and activations read.
 
-    ``logits``: ``"final"`` (``[B, V]``, float32; the unembedding runs on the final position
-    alone), an int ``k`` (``[B, k, V]`` at the last ``k`` positions, teacher-forced answers: the
-    unembedding runs on those alone), ``"all"`` (``[B, T, V]``) or ``"none"`` (the forward stops
-    after the last layer any read or intervention needs, and never runs the unembedding: a read of
-    the last layer builds no logits). With ``metric``
-    (``f(final logits [B, V]) -> [B]``), the reads' gradients of ``metric(...).sum()`` are
-    returned too; the model's parameters are left as they are (frozen models work).
-    With ``train`` the forward keeps its autograd graph and the logits are returned attached to
-    it, so a loss on them can be differentiated in the interventions' own parameters (take it
-    with ``torch.autograd.grad(loss, those parameters)``: the model's weights and their ``.grad``
-    are never touched).
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "batch pos"]): The prompts.
+        interventions: What to replace, applied in order.
+        reads: What to keep.
+        logits: ``"final"`` (``[batch, vocab]``, float32; the unembedding runs on the final
+            position alone), an int ``k`` (``[batch, k, vocab]`` at the last ``k`` positions,
+            teacher-forced answers: the unembedding runs on those alone), ``"all"``
+            (``[batch, pos, vocab]``) or ``"none"`` (the forward stops after the last layer any read
+            or intervention needs and never runs the unembedding).
+        metric: ``f(final logits [batch, vocab]) -> [batch]``; the reads' gradients of
+            ``metric(...).sum()`` are returned too. The model's parameters are left as they are
+            (frozen models work).
+        train: Keep the autograd graph and return the logits attached to it, so a loss on them can
+            be differentiated in the interventions' own parameters (with
+            ``torch.autograd.grad(loss, those parameters)``: the model's weights and their ``.grad``
+            are never touched).
+
+    Returns:
+        The logits, the reads and, with a metric, their gradients.
+
+    Raises:
+        SiteError: An unknown site, a layer, position, head or neuron out of range, units at a site
+            without units, or a read that never fired.
+        AnalysisError: An invalid ``logits``, an object that is not an Intervention or Read,
+            ``train`` with a metric or no logits, a metric that does not depend on the reads, or
+            non-finite logits.
     """
     check_model(model, "engine.run")
     check_tokens(model, tokens)
@@ -359,8 +416,18 @@ def mean_activation(activations: torch.Tensor, lengths: Optional[torch.Tensor] =
     prompt's unpadded length in ``lengths [N]`` (``None``: all ``T``). The mean is taken per
     position counted from the end of the prompt (the token roles of a template line up there:
     the final token, the ``=``, the second operand ...), over the reference prompts that have that
-    position; the result ``[T, ...]`` is in the same right-aligned frame. Every analysis that
-    mean-ablates (patching, neurons, circuits) uses this.
+    position. Every analysis that mean-ablates (patching, neurons, circuits) uses this.
+
+    Args:
+        activations (Float[Tensor, "prompt pos ..."]): A reference prompt set's activations in the
+            left-padded frame.
+        lengths (Int[Tensor, "prompt"] | None): Each prompt's unpadded length; ``None``: all ``pos``.
+
+    Returns:
+        Float[Tensor, "pos ..."]: The mean per position, in the same right-aligned frame (float32).
+
+    Raises:
+        AnalysisError: ``activations`` has fewer than two axes.
     """
     if activations.ndim < 2:
         raise AnalysisError(f"activations must be [N, T, ...], got shape {tuple(activations.shape)}")
@@ -389,6 +456,19 @@ class RunningMean:
         self.count: Optional[torch.Tensor] = None  # [T] prompts that have each position
 
     def add(self, activations: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> "RunningMean":
+        """Take one batch of reference activations.
+
+        Args:
+            activations (Float[Tensor, "prompt pos ..."]): The batch, in its own left-padded frame.
+            lengths (Int[Tensor, "prompt"] | None): Each prompt's unpadded length; ``None``: all ``pos``.
+
+        Returns:
+            This running mean.
+
+        Raises:
+            AnalysisError: ``activations`` has fewer than two axes, or trailing axes unlike the
+                batches added so far.
+        """
         if activations.ndim < 2:
             raise AnalysisError(f"activations must be [N, T, ...], got shape {tuple(activations.shape)}")
         N, T = activations.shape[:2]
@@ -412,6 +492,14 @@ class RunningMean:
         return self
 
     def value(self) -> torch.Tensor:
+        """The mean so far.
+
+        Returns:
+            Float[Tensor, "pos ..."]: Right-aligned, ``pos`` the widest batch's width.
+
+        Raises:
+            AnalysisError: No batch was added.
+        """
         if self.total is None or self.count is None:
             raise AnalysisError("no activations were added; the mean of nothing is undefined")
         return self.total / self.count.clamp_min(1).reshape(-1, *[1] * (self.total.ndim - 1))

@@ -32,11 +32,19 @@ UNCHANGED, SOURCE, RUN = 0, 1, 2  # what patching a cell does to a pair (see Pat
 def patch_mask(
     site: str, shape: tuple, start: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]
 ) -> torch.Tensor:
-    """Boolean mask over an activation ``[C, B, ...]`` (positions from ``start`` on) for the patched cells.
+    """Boolean mask over a stacked activation for the patched cells.
 
-    ``pos [C, B]`` is each row's patched position (None: every position), ``unit [C]`` each
-    cell's head or neuron (None: all of them). Activations are ``[C, B, S, ...]``; attention
-    patterns ``[C, B, H, S, T]`` (query positions on dim 3); ``attn_z`` ``[C, B, S, H, d_head]``.
+    Args:
+        site: The patched site.
+        shape: The stacked activation's shape: ``[cell, batch, pos, ...]``; attention patterns
+            ``[cell, batch, head, pos, key]`` (query positions on dim 3); ``attn_z``
+            ``[cell, batch, pos, head, d_head]``. ``pos`` counts positions from ``start`` on.
+        start: The absolute position of the activation's first position.
+        pos (Int[Tensor, "cell batch"] | None): Each row's patched position; ``None``: every position.
+        unit (Int[Tensor, "cell"] | None): Each cell's head or neuron; ``None``: all of them.
+
+    Returns:
+        Bool[Tensor, "cell batch ..."]: True where the source value is written; broadcastable to ``shape``.
     """
     C, B = shape[0], shape[1]
     if site == "pattern":
@@ -82,10 +90,20 @@ def _position_dim(site: str) -> int:
 class PatchRunner:
     """Base and source runs of one group of equal-length prompts, and patched runs between them.
 
-    ``stepper`` is the model's :class:`Stepper`, or ``None`` to run whole forwards with a hook.
-    ``base_logits`` / ``source_logits`` are the unpatched final-position logits ``[B, V]``, or with
-    ``n_last=k`` the logits of the last ``k`` positions ``[B, k, V]``; :meth:`patched` returns the
-    same positions for each cell.
+    ``base_logits`` / ``source_logits`` are the unpatched final-position logits ``[batch, vocab]``,
+    or with ``n_last=k`` the logits of the last ``k`` positions ``[batch, k, vocab]``;
+    :meth:`patched` returns the same positions for each cell.
+
+    Args:
+        model: The hooked model.
+        stepper: The model's :class:`Stepper`, or ``None`` to run whole forwards with a hook.
+        site: The patched site.
+        base_tokens (Int[Tensor, "batch pos"]): The prompts patched into.
+        source_tokens (Int[Tensor, "batch pos"]): The prompts whose activations are patched in.
+        n_last: Score the last ``n_last`` positions (teacher-forced answer tokens) instead of the final one.
+
+    Raises:
+        SiteError: ``resid_mid`` on a model with parallel attention and MLP blocks.
     """
 
     def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor,
@@ -151,13 +169,21 @@ class PatchRunner:
 
     @property
     def reuses_prefix(self) -> bool:
+        """Whether patched runs resume from the base run's keys and values."""
         return self.stepper is not None and self.stepper.reuses_prefix
 
     def grouping(self, layer: int) -> str:
         """How cells patched at ``layer`` may share a stacked run: ``"one"`` position per run (a
         patch that runs its block at that position alone), ``"near"`` positions (the run starts
         at the earliest), ``"any"`` (positions do not matter: whole forwards, or the last block
-        entered with one changed position per row), given the positions each cell patches."""
+        entered with one changed position per row), given the positions each cell patches.
+
+        Args:
+            layer: The patched layer.
+
+        Returns:
+            ``"one"``, ``"near"`` or ``"any"``.
+        """
         if not self.reuses_prefix:
             return "any"
         if self.site in LOCAL_SITES:
@@ -171,7 +197,16 @@ class PatchRunner:
         equals the base one where it is patched, or the two prompts agree on every token up to
         there: the patched run is the base run, on both engines), ``SOURCE`` (a
         residual-stream site that then equals the source run's at every position: everything
-        downstream, the logits included, is the source run's) or ``RUN``."""
+        downstream, the logits included, is the source run's) or ``RUN``.
+
+        Args:
+            layer: The patched layer.
+            pos (Int[Tensor, "cell batch"] | None): Each row's patched position; ``None``: every position.
+            unit (Int[Tensor, "cell"] | None): Each cell's head or neuron; ``None``: all of them.
+
+        Returns:
+            Int[Tensor, "cell batch"]: The state of each cell and pair (on the CPU).
+        """
         site = self.site
         C = pos.shape[0] if pos is not None else len(unit) if unit is not None else 1
         pos, unit = self._on_device(pos), self._on_device(unit)
@@ -214,7 +249,19 @@ class PatchRunner:
         """For cells that patch every position: the earliest position ``[C]`` at which any pair's
         patch changes anything (``T`` where none does). Before it the source activation equals
         the base one, so the patched run starts there, reusing the base run's earlier keys and
-        values, exactly as a cell patched at that position does. 0 without keys and values reused."""
+        values, exactly as a cell patched at that position does.
+
+        Args:
+            layer: The patched layer.
+            unit (Int[Tensor, "cell"] | None): Each cell's head or neuron; ``None``: all of them.
+
+        Returns:
+            Int[Tensor, "cell"]: The earliest changed position (on the CPU); 0 without keys and
+            values reused.
+
+        Raises:
+            AnalysisError: ``layer`` is out of range.
+        """
         C = len(unit) if unit is not None else 1
         T = int(self.tokens.shape[1])
         if not self.reuses_prefix:
@@ -229,8 +276,17 @@ class PatchRunner:
         return layer
 
     def patched(self, layer: int, pos: Optional[torch.Tensor], unit: Optional[torch.Tensor]) -> torch.Tensor:
-        """Final-position logits ``[C, B, V]`` of the base run with each cell's patch applied
-        (``[C, B, k, V]`` at the last ``k`` positions when the runner was made with ``n_last=k``)."""
+        """The base run's logits with each cell's patch applied.
+
+        Args:
+            layer: The patched layer.
+            pos (Int[Tensor, "cell batch"] | None): Each row's patched position; ``None``: every position.
+            unit (Int[Tensor, "cell"] | None): Each cell's head or neuron; ``None``: all of them.
+
+        Returns:
+            Float[Tensor, "cell batch vocab"]: Final-position logits (``[cell, batch, k, vocab]`` at
+            the last ``k`` positions when the runner was made with ``n_last=k``).
+        """
         site = self.site
         B = self.tokens.shape[0]
         C = len(pos) if pos is not None else len(unit) if unit is not None else 1
