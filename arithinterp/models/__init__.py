@@ -95,6 +95,14 @@ def load_model(
         device_map: Hugging Face models only: passed to ``from_pretrained`` (``accelerate``), e.g.
             ``"auto"`` to spread a model larger than one GPU over several, ``"cpu"``, or a dict
             of module name → device. Not combined with ``device``.
+
+    Returns:
+        The model in eval mode, its spec in ``arithinterp_spec`` where it is one the zoo or package knows.
+
+    Raises:
+        ModelSpecError: A malformed or unknown spec, an unusable dtype or device, ``device`` with
+            ``device_map``, or a missing optional dependency (``gguf``, ``accelerate``).
+        ModelFileError: A local file or directory that is missing or incomplete.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec must be a non-empty string: {_SPEC_FORMS}; got {spec!r}")
@@ -125,9 +133,16 @@ def packaged_path(spec: str) -> Path:
     """The model file of a ``pkg:NAME`` spec (:data:`PACKAGED`), assembled from its installed
     packages on first use (into their own cache folder, sha256-checked).
 
+    Args:
+        spec: ``pkg:NAME``, NAME a key of :data:`PACKAGED` (``pkg:gemma-3-270m``).
+
+    Returns:
+        The path of the assembled model file.
+
     Raises:
-        ModelSpecError: an unknown name, or its packages are not installed (the message gives the
+        ModelSpecError: An unknown name, or its packages are not installed (the message gives the
             ``pip install`` command).
+        ModelFileError: The installed files are incomplete or fail their checksum.
     """
     name = spec.removeprefix("pkg:")
     if name not in PACKAGED:
@@ -154,8 +169,18 @@ def random_like(model: HookedModel, seed: int = 0) -> Any:
     same shape is architecture, not learning (Hewitt & Liang 2019, "Designing and Interpreting
     Probes with Control Tasks"). Works for any bridge: TransformerLens-native models (the zoo)
     are booted fresh from their config; Hugging Face models (local folders, GGUF files, hub ids)
-    are rebuilt from their config with the architecture's own initialisation. Seeded by ``seed``
-    without touching the caller's random stream; same dtype and device as ``model``, eval mode.
+    are rebuilt from their config with the architecture's own initialisation.
+
+    Args:
+        model: The trained model to copy the shape of.
+        seed: Seeds the initialisation, without touching the caller's random stream.
+
+    Returns:
+        The random model: same dtype and device as ``model``, eval mode, its spec
+        ``random-init(<model id>, seed=<seed>)``.
+
+    Raises:
+        ModelSpecError: ``model`` is not a hooked model.
     """
     cfg = getattr(model, "cfg", None)
     if cfg is None or not callable(getattr(model, "parameters", None)):

@@ -200,7 +200,12 @@ def get_entry(name: str) -> ZooEntry:
 
 @checked
 def list_zoo() -> list[dict[str, Any]]:
-    """One row per zoo model: name, task, architecture, measured accuracy."""
+    """The zoo's models, one row each.
+
+    Returns:
+        Dicts of ``name``, ``description``, ``layers``, ``d_model``, ``heads``, ``d_mlp``,
+        ``held_out_accuracy`` (from the model card) and ``shipped`` (whether the weights are in the package).
+    """
     rows = []
     for entry in ZOO.values():
         card = entry.card()
