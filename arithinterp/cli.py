@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transcoders", default=None, help="saved transcoders (default: the zoo model's shipped ones)")
     p.add_argument("--logits", type=int, default=1, help="answer tokens the graph explains (default: 1)")
     p.add_argument("--max-nodes", type=int, default=100, help="at most this many kept nodes (default: 100)")
-    p.add_argument("--out", default=None, help="directory to save the graph in (reload with Graph.load)")
+    p.add_argument("--out", default=None, help="directory to save the graph in (reload with AttributionGraph.load)")
     p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 

@@ -77,10 +77,10 @@ def zoo_pairs(name: str, n_pairs: int):
 
 
 def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
-    from arithinterp.circuits import Graph, attribute_edges, faithfulness, patch_edges, score_edges
+    from arithinterp.circuits import EdgeGraph, attribute_edges, faithfulness, patch_edges, score_edges
 
     model, pairs = zoo_pairs(name, n_pairs)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     t_exact, exact = median_time(lambda: patch_edges(model, pairs, graph, progress=False), runs)
     ref = exact["scores"].mean(0)
     rows = []
@@ -106,13 +106,13 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
 def speed(n_pairs: int, steps: int, few_shot: int, runs: int) -> list[str]:
     from patching import PeakMemory, llama_model  # benchmarks/patching.py
 
-    from arithinterp.circuits import Graph, attribute_edges, patch_edges
+    from arithinterp.circuits import EdgeGraph, attribute_edges, patch_edges
     from arithinterp.tasks import arithmetic
 
     model = llama_model(4, 256, 8, 2, 688)
     prompts = arithmetic(model, a=range(100), b=range(100), few_shot=few_shot)
     pairs = prompts.counterfactual(vary="a", seed=0)[:n_pairs]
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     T = pairs.clean.tokens.shape[1]
     lines = [f"**Llama 4L d256 (HF folder, random weights)** — {len(pairs)} pairs of {T} tokens ({few_shot}-shot prefix), "
              f"{graph.n_edges} edges, one CPU thread, median of {runs} runs", "",
@@ -154,14 +154,14 @@ def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int) -> list[
     import statistics
     import time
 
-    from arithinterp.circuits import Graph, faithfulness, patch_edges, score_edges
+    from arithinterp.circuits import EdgeGraph, faithfulness, patch_edges, score_edges
 
     lines = [f"One CPU thread, torch {torch.__version__}; each repeat times the whole-forward reference and the "
              f"stepped default one after the other; medians of {runs} repeats.", "",
              "| model | prompts | analysis | whole forwards (s) | stepped (s) | speed-up | forwards (whole / stepped) "
              "| largest score difference |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for label, model, pairs in exact_cases(n_pairs, few_shot, zoo_pairs):
-        graph = Graph.of(model)
+        graph = EdgeGraph.of(model)
         T = pairs.clean.tokens.shape[1]
         circuit = score_edges(model, pairs, "eap", progress=False)
         n = circuit.n_edges

@@ -93,7 +93,7 @@ def compare(model, pairs, graph, steps: int, runs: int) -> dict:
 
 
 def agreement(n_pairs: int, steps: int, runs: int, shapes: list) -> list[str]:
-    from arithinterp.circuits import Graph
+    from arithinterp.circuits import EdgeGraph
     from arithinterp.tasks import arithmetic
 
     lines = [f"One CPU thread, torch {torch.__version__}, EAP-IG steps = {steps}, times are medians of {runs} runs; "
@@ -105,7 +105,7 @@ def agreement(n_pairs: int, steps: int, runs: int, shapes: list) -> list[str]:
             model = gemma_model(family, n_layers, d_model)
             prompts = arithmetic(model, a=range(60, 100, 3), b=range(40, 100, 5), few_shot=few_shot)
             pairs = prompts.counterfactual(vary="a", seed=1)[:n_pairs]
-            got = compare(model, pairs, Graph.of(model), steps, runs)
+            got = compare(model, pairs, EdgeGraph.of(model), steps, runs)
             eap, ig = got["eap"], got["eap-ig"]
             name = {"gemma2": "Gemma 2", "gemma3": "Gemma 3"}[family]
             lines.append(f"| {name} {n_layers}L d{d_model} (random) | {len(pairs)} pairs of "
@@ -118,7 +118,7 @@ def agreement(n_pairs: int, steps: int, runs: int, shapes: list) -> list[str]:
 
 
 def auto_table(steps: int, runs: int) -> list[str]:
-    from arithinterp.circuits import Graph
+    from arithinterp.circuits import EdgeGraph
     from arithinterp.tasks import arithmetic
 
     def cases():
@@ -137,7 +137,7 @@ def auto_table(steps: int, runs: int) -> list[str]:
              "| `auto` picks |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for label, model, pairs in cases():
         for positions in (None, POSITIONS):
-            got = compare(model, pairs, Graph.of(model, positions), steps, runs)
+            got = compare(model, pairs, EdgeGraph.of(model, positions), steps, runs)
             ig = got["eap-ig"]
             lines.append(f"| {label} | {len(pairs)} pairs of {pairs.clean.tokens.shape[1]} tokens | "
                          f"{'position-free' if positions is None else ', '.join(positions)} | {got['edges']} | "
@@ -151,7 +151,7 @@ def real(path: str, n_pairs: int, steps: int, n_checked: int = 300) -> list[str]
     """Gemma 3 270M: what ``auto`` picks, the time of what it runs, its top edges, and exact patching of
     ``n_checked`` edges (the top third by that score and the rest drawn at random) against it."""
     import arithinterp as ai
-    from arithinterp.circuits import Graph, patch_edges, score_edges
+    from arithinterp.circuits import EdgeGraph, patch_edges, score_edges
     from arithinterp.circuits.planning import edge_costs
     from arithinterp.tasks import arithmetic
 
@@ -163,7 +163,7 @@ def real(path: str, n_pairs: int, steps: int, n_checked: int = 300) -> list[str]
     sample = prompts[torch.randperm(len(prompts), generator=gen)[:15 * n_pairs]]
     correct = sample.correct_only(model)
     pairs = correct.counterfactual(vary="a", seed=0)[:n_pairs]
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     costs = edge_costs(model, pairs, graph, steps)
     start = time.perf_counter()
     circuit = score_edges(model, pairs, "auto", steps=steps, progress=False)

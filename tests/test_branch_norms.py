@@ -14,7 +14,7 @@ import torch
 from hf_families import save_family
 
 import arithinterp as ai
-from arithinterp.circuits import Graph, attribute_edges, patch_edges, score_edges
+from arithinterp.circuits import EdgeGraph, attribute_edges, patch_edges, score_edges
 from arithinterp.errors import ArithInterpError
 from arithinterp.tasks import arithmetic
 
@@ -117,7 +117,7 @@ def _reference(model, pairs) -> dict:
 
     unpatched = metric([])
     scores = {}
-    for edge in Graph.of(model).edges:
+    for edge in EdgeGraph.of(model).edges:
         delta = source_send[edge.sender] - base_send[edge.sender]
         scores[edge.name] = metric(receiver_hooks(edge.receiver, edge.channel, delta)) - unpatched
     return scores
@@ -128,7 +128,7 @@ def test_exact_edges_equal_a_reference_written_by_hand(gemma, engine):
     """Both engines, every edge alone, against the hand-written reference with frozen scales (≤ 1e-4)."""
     _, model = gemma
     pairs = _pairs(model)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     reference = _reference(model, pairs)
     got = patch_edges(model, pairs, graph, answer_logit_diff, engine=engine, progress=False)
     expected = torch.stack([reference[e.name] for e in graph.edges], dim=1)  # [N, n_edges]
@@ -141,7 +141,7 @@ def test_every_edge_carries_the_source_run_and_no_edge_the_base_run(gemma):
     run's logits: each receiver's input is the clean run's, and so is each norm's denominator."""
     _, model = gemma
     pairs = _pairs(model)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     for engine in ("auto", "hooks"):
         got = ai.circuits.run_edge_sets(model, pairs, graph, torch.stack([torch.ones(graph.n_edges),
                                                                           torch.zeros(graph.n_edges)]), engine=engine)
@@ -158,7 +158,7 @@ def test_eap_ig_follows_exact_edges_on_held_out_pairs(gemma):
     shuffled control."""
     _, model = gemma
     pairs = arithmetic(model, a=range(60, 99, 3), b=range(40, 80, 5), few_shot=2).counterfactual(vary="a", seed=1)[:12]
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     exact = patch_edges(model, pairs, graph, progress=False)["scores"].mean(0)
     ig = attribute_edges(model, pairs, graph, method="eap-ig", steps=5, progress=False)["scores"].mean(0)
     assert float(torch.corrcoef(torch.stack([exact, ig]))[0, 1]) > 0.7
@@ -210,7 +210,7 @@ def test_neuron_edges_add_up_to_their_mlp_edge_through_the_frozen_norm(gemma, me
     edges into a receiver add up to its MLP's edge."""
     _, model = gemma
     pairs = _pairs(model, n=4)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     got = attribute_edges(model, pairs, graph, method=method, steps=2, progress=False, neurons={0: "all"})
     names, per_neuron = got["neuron_edges"], got["neuron_scores"]
     checked = 0
@@ -235,7 +235,7 @@ def test_auto_picks_exact_edges_where_they_cost_about_as_much_as_eap_ig(gemma):
 
     _, model = gemma
     pairs = _pairs(model)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     costs = edge_costs(model, pairs, graph, steps=5)
     assert costs.stepped and costs.ratio < 1.0
     circuit = score_edges(model, pairs, "auto", progress=False)
@@ -253,7 +253,7 @@ def test_auto_picks_eap_ig_where_every_edge_is_a_whole_forward(gemma):
 
     _, model = gemma
     pairs = _pairs(model)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     costs = edge_costs(model, pairs, graph, steps=5, engine="hooks")
     assert not costs.stepped
     assert costs.ratio == pytest.approx((2 + graph.n_edges) / (2 + 3 * 5), rel=1e-6)

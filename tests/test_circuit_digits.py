@@ -9,7 +9,7 @@ import torch
 
 import arithinterp as ai
 from arithinterp import circuits, patching
-from arithinterp.circuits import DigitCircuits, Graph, digit_circuits, run_edge_sets
+from arithinterp.circuits import DigitCircuits, EdgeGraph, digit_circuits, run_edge_sets
 from arithinterp.errors import ArithInterpError
 from arithinterp.tasks import arithmetic
 
@@ -77,7 +77,7 @@ def test_varying_one_column_moves_its_answer_digit_and_not_the_far_ones(zoo):
     for column in (0, 2):
         pairs = patching.vary_digit(prompts, column, "a", seed=0)[:16]
         result = digit_circuits(model, pairs, "eap-ig", metric="logprob", steps=4, progress=False)
-        assert result.answer_tokens == [0, 1, 2, 3] and result.scores.shape == (4, Graph.of(model).n_edges)
+        assert result.answer_tokens == [0, 1, 2, 3] and result.scores.shape == (4, EdgeGraph.of(model).n_edges)
         mass[column] = result.scores.abs().sum(1)  # [4]: thousands, hundreds, tens, units
     units, hundreds = 3, 1
     assert mass[0][units] > 50 * mass[0][hundreds]  # units column -> units digit, not hundreds
@@ -93,7 +93,7 @@ def test_exact_digit_edges_equal_hand_patched_paths(zoo):
     model, prompts = zoo
     pairs = patching.vary_digit(prompts, 2, "a", seed=0)[:6]
     result = digit_circuits(model, pairs, "exact", answer_tokens=[0, 1], progress=False)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     last = model.cfg.n_layers - 1
     for k in (0, 1):
         fed = patching.digit_pairs(pairs, k)
@@ -186,7 +186,7 @@ def test_multi_token_answers_of_a_digit_split_llama_folder(llama_model):
     pairs = pairs[:6]
     exact = digit_circuits(model, pairs, "exact", progress=False)
     ig = digit_circuits(model, pairs, "eap-ig", steps=3, progress=False)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     assert exact.scores.shape == ig.scores.shape == (2, graph.n_edges) and torch.isfinite(ig.pair_scores).all()
     for k in (0, 1):  # every outgoing edge of a head together = patching that head, by another engine
         fed = patching.digit_pairs(pairs, k)

@@ -10,7 +10,7 @@ import torch
 import arithinterp as ai
 from arithinterp.circuits import (
     Circuit,
-    Graph,
+    EdgeGraph,
     attribute_edges,
     circuit_faithfulness,
     faithfulness,
@@ -81,7 +81,7 @@ def test_planted_model_copies_the_operand(planted):
 
 def test_path_patching_recovers_exactly_the_planted_edges(planted):
     model, pairs = planted
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     got = patch_edges(model, pairs, graph, operand_logit_diff, progress=False)
     gap = (got["clean"] - got["corrupt"]).mean()
     scores = got["scores"].mean(0)
@@ -97,7 +97,7 @@ def test_control_head_carries_the_operand_but_no_edge_of_it_matters(planted):
 
     clean, _, _ = sender_outputs(model, pairs.clean.tokens)
     corrupt, _, _ = sender_outputs(model, pairs.corrupt.tokens)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     head_b = graph.layout.head_sender(0, 1)
     assert (clean[:, -1, head_b] - corrupt[:, -1, head_b]).abs().max() > 0.5  # B moves the operand
     scores = patch_edges(model, pairs, graph, operand_logit_diff, progress=False)["scores"].mean(0)
@@ -108,7 +108,7 @@ def test_control_head_carries_the_operand_but_no_edge_of_it_matters(planted):
 def test_every_edge_restores_one_and_no_edge_zero(planted):
     model, pairs = planted
     for positions in (None, ["a", "b", "final"]):
-        graph = Graph.of(model, positions)
+        graph = EdgeGraph.of(model, positions)
         sets = torch.stack([torch.ones(graph.n_edges), torch.zeros(graph.n_edges)])
         got = run_edge_sets(model, pairs, graph, sets, operand_logit_diff)
         norm = (got["values"].mean(0) - got["corrupt"].mean()) / (got["clean"].mean() - got["corrupt"].mean())
@@ -188,7 +188,7 @@ def test_bad_input_is_refused_with_what_is_accepted(planted):
         attribute_edges(model, pairs, steps=0)
     with pytest.raises(ArithInterpError, match="unknown position"):
         score_edges(model, pairs, "eap", positions=["c"], metric=operand_logit_diff)
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     with pytest.raises(ArithInterpError, match="unknown edge"):
         graph.index(["embed->nowhere"])
     with pytest.raises(ArithInterpError, match="n_edges"):
@@ -209,7 +209,7 @@ def test_edge_runs_are_exact_on_hugging_face_families(family, number_tokenizer, 
 
     model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path / family)))
     pairs = ai.tasks.arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:6]
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     got = run_edge_sets(model, pairs, graph, torch.stack([torch.ones(graph.n_edges), torch.zeros(graph.n_edges)]))
     gap = (got["clean"] - got["corrupt"]).abs().mean()
     assert (got["values"][:, 0] - got["clean"]).abs().max() < 1e-4 * gap
@@ -452,7 +452,7 @@ def test_repeated_positions_are_refused(planted):
     model, pairs = planted
     with pytest.raises(ArithInterpError, match=r"positions \['a'\] appear more than once"):
         score_edges(model, pairs, "eap", positions=["a", "a"], metric=operand_logit_diff, progress=False)
-    assert Graph.of(model, "final").positions == ["final"]  # a string is one position, never its letters
+    assert EdgeGraph.of(model, "final").positions == ["final"]  # a string is one position, never its letters
 
 
 def test_overlap_refuses_a_position_free_and_a_per_position_circuit(planted):
@@ -549,7 +549,7 @@ def test_eap_ig_on_activations_tracks_exact_patching_on_the_zoo():
 def test_neuron_edges_add_up_to_their_mlp_edge(tiny_model, method):
     prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
     pairs = prompts.counterfactual(vary="a", seed=0)
-    graph = Graph.of(tiny_model)
+    graph = EdgeGraph.of(tiny_model)
     got = attribute_edges(tiny_model, pairs, graph, method=method, steps=3, progress=False, neurons={0: "all", 1: "all"})
     names, per_neuron = got["neuron_edges"], got["neuron_scores"]
     assert per_neuron.shape == (len(pairs), len(names)) and len(set(names)) == len(names)

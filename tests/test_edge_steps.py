@@ -17,7 +17,7 @@ from hf_families import save_family
 
 import arithinterp as ai
 from arithinterp.circuits import (
-    Graph,
+    EdgeGraph,
     faithfulness,
     minimality,
     patch_edges,
@@ -36,7 +36,7 @@ def _gap(fast: torch.Tensor, slow: torch.Tensor) -> float:
     return float((fast - slow).abs().max() / slow.abs().max().clamp_min(1.0))
 
 
-def _random_sets(graph: Graph, n: int, seed: int = 0) -> torch.Tensor:
+def _random_sets(graph: EdgeGraph, n: int, seed: int = 0) -> torch.Tensor:
     """``n`` random edge sets (each edge in with probability ½), every edge and no edge."""
     sets = (torch.rand(n, graph.n_edges, generator=torch.Generator().manual_seed(seed)) < 0.5).float()
     return torch.cat([sets, torch.ones(1, graph.n_edges), torch.zeros(1, graph.n_edges)])
@@ -62,7 +62,7 @@ def family(request, number_tokenizer, tmp_path_factory):
 @pytest.mark.parametrize("positions", [None, ["a", "b", "final"]])
 def test_every_edge_alone_equals_whole_forwards_on_the_zoo(zoo, positions):
     model, pairs = zoo
-    graph = Graph.of(model, positions)
+    graph = EdgeGraph.of(model, positions)
     fast = patch_edges(model, pairs, graph, progress=False)
     slow = patch_edges(model, pairs, graph, engine="hooks", progress=False)
     assert fast["engine"][0].startswith("stepped blocks") and slow["engine"] == ["hooks: requested"]
@@ -74,7 +74,7 @@ def test_every_edge_alone_equals_whole_forwards_on_the_zoo(zoo, positions):
 
 def test_every_edge_alone_equals_whole_forwards_on_hugging_face_families(family):
     model, pairs = family
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     fast = patch_edges(model, pairs, graph, progress=False)
     slow = patch_edges(model, pairs, graph, engine="hooks", progress=False)
     assert "keys/values reused" in fast["engine"][0]  # the few-shot prefix is computed once
@@ -88,7 +88,7 @@ def test_edge_sets_with_the_rest_ablated_equal_whole_forwards(family, values, po
     """Many edges per set (as faithfulness ablates a circuit's complement): each receiver's input
     depends on senders the same run has changed, through every layer."""
     model, pairs = family
-    graph = Graph.of(model, positions)
+    graph = EdgeGraph.of(model, positions)
     sets = _random_sets(graph, 4)
     fast = run_edge_sets(model, pairs, graph, sets, base="clean", values=values)
     slow = run_edge_sets(model, pairs, graph, sets, base="clean", values=values, engine="hooks")
@@ -101,7 +101,7 @@ def test_edge_sets_with_the_rest_ablated_equal_whole_forwards(family, values, po
 
 def test_stacks_of_any_size_give_the_same_numbers(zoo):
     model, pairs = zoo
-    graph = Graph.of(model, ["a", "b", "final"])
+    graph = EdgeGraph.of(model, ["a", "b", "final"])
     sets = _random_sets(graph, 6, seed=1)
     default = run_edge_sets(model, pairs, graph, sets, base="clean", values="corrupt")
     one = run_edge_sets(model, pairs, graph, sets, base="clean", values="corrupt", batch_sets=1, batch_size=3)
@@ -112,7 +112,7 @@ def test_stacks_of_any_size_give_the_same_numbers(zoo):
 def test_sets_that_change_nothing_run_no_forward_and_give_the_base_run(zoo):
     """Edges carrying the base run's own outputs change no receiver's input: the sets are not run."""
     model, pairs = zoo
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     got = run_edge_sets(model, pairs, graph, _random_sets(graph, 3), base="clean", values="clean")
     assert got["forwards"] == len(pairs.clean.length_groups())  # the base runs alone
     assert torch.equal(got["values"], got["clean"][:, None].expand_as(got["values"]))
@@ -163,7 +163,7 @@ def test_every_edge_alone_equals_whole_forwards_on_a_deeper_llama(number_tokeniz
 
     model = ai.load_model(str(save_llama(tmp_path / "llama4", number_tokenizer, n_layers=4, d_model=64)))
     pairs = arithmetic(model, a=range(100), b=range(100), few_shot=9).counterfactual(vary="a", seed=0)[:6]
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     fast = patch_edges(model, pairs, graph, progress=False)
     slow = patch_edges(model, pairs, graph, engine="hooks", progress=False)
     assert _gap(fast["scores"], slow["scores"]) <= TOL

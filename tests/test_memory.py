@@ -149,7 +149,7 @@ def test_edge_set_runs_in_small_stacks_equal_the_default(llama, ablation):
     forward (a budget that holds no more) give the same metrics as the default."""
     model, prompts = llama
     pairs = prompts.counterfactual(vary="a", seed=0)[:6]
-    graph = circuits.Graph.of(model)
+    graph = circuits.EdgeGraph.of(model)
     generator = torch.Generator().manual_seed(0)
     sets = (torch.rand(5, graph.n_edges, generator=generator) < 0.3).float()
     values = "corrupt" if ablation == "resample" else "mean"
@@ -166,7 +166,7 @@ def test_the_runs_kept_between_calls_fit_the_memory_budget(llama):
     are kept (the others run again), and the metrics are the same either way."""
     model, prompts = llama
     pairs = prompts.counterfactual(vary="a", seed=0)[:6]
-    graph = circuits.Graph.of(model)
+    graph = circuits.EdgeGraph.of(model)
     sets = (torch.rand(3, graph.n_edges, generator=torch.Generator().manual_seed(0)) < 0.3).float()
     every: dict = {}
     circuits.run_edge_sets(model, pairs, graph, sets, base="clean", batch_size=1, _runs=every)
@@ -191,7 +191,7 @@ def test_held_bytes_counts_each_storage_once():
 def test_exact_patching_builds_its_edge_sets_in_blocks(llama):
     model, prompts = llama
     pairs = prompts.counterfactual(vary="a", seed=0)[:3]
-    graph = circuits.Graph.of(model)
+    graph = circuits.EdgeGraph.of(model)
     edges = list(range(0, graph.n_edges, 7))
     default = circuits.patch_edges(model, pairs, graph, edges=edges, progress=False)
     small = circuits.patch_edges(model, pairs, graph, edges=edges, max_memory=4 * 4 * graph.n_edges * 5,
@@ -216,7 +216,7 @@ def test_a_budget_too_small_for_one_unit_is_refused_with_the_size_needed(zoo):
         nn.classify(model, prompts, top_k=None, max_memory=1000)
     with pytest.raises(ConfigError, match=r"too small: one prompt's gradient run at every receiver needs"):
         circuits.score_edges(model, pairs, "eap-ig", max_memory=1000, progress=False)
-    graph = circuits.Graph.of(model)
+    graph = circuits.EdgeGraph.of(model)
     with pytest.raises(ConfigError, match=r"too small: one pair's edge run needs"):
         circuits.run_edge_sets(model, pairs, graph, torch.ones(1, graph.n_edges), max_memory=1000)
 

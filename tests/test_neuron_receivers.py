@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import arithinterp as ai
-from arithinterp.circuits import Graph, attribute_edges, patch_neuron_edges
+from arithinterp.circuits import EdgeGraph, attribute_edges, patch_neuron_edges
 from arithinterp.engine import Intervention, Read, run
 from arithinterp.errors import ArithInterpError
 
@@ -20,7 +20,7 @@ def _pairs(model, n_a=8, n_b=3):
 def _exactness(model, pairs, layer, neuron):
     """Every upstream sender's edge into the neuron carrying the clean output, against the whole
     forward with the neuron's activation patched from the clean run: the largest logit gap."""
-    graph = Graph.of(model)
+    graph = EdgeGraph.of(model)
     n_up = graph.layout.senders_before(layer, "mlp")
     edges = [f"{graph.senders[s].name}->MLP{layer}N{neuron}" for s in range(n_up)]
     got = patch_neuron_edges(model, pairs, {layer: [neuron]}, edges=edges, progress=False)

@@ -417,7 +417,7 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "FeatureGrids": _feature_grids,
     "PathAblation": _path_ablation,
     "GraphSample": _graph_sample,
-    "Graph": _graph,
+    "AttributionGraph": _graph,
     "DASResult": _das,
     "DASSweep": _das_sweep,
     "ReadableUsed": _readable_used,
@@ -526,7 +526,7 @@ def test_plot_returns_a_figure(cls, instances, tmp_path):
 
 def test_every_result_type_has_a_builder_and_every_builder_a_type():
     names = {cls.__name__ for cls in RESULT_TYPES}
-    assert {"PatchResult", "Circuit", "HelixFit", "ProbeResult", "DASResult", "Graph", "SweepRun"} <= names
+    assert {"PatchResult", "Circuit", "HelixFit", "ProbeResult", "DASResult", "AttributionGraph", "SweepRun"} <= names
     assert len(names) == len(RESULT_TYPES), "two Result subclasses share a name: saved files could not tell them apart"
     assert set(BUILDERS) <= names, f"builders for types that no longer exist: {sorted(set(BUILDERS) - names)}"
 
@@ -566,6 +566,42 @@ def test_a_folder_saved_before_the_format_field_existed_loads(cls, instances, tm
     folder = result.save(tmp_path / cls.__name__)
     _rewrite(folder, lambda stored: stored.pop("format"))
     same(result, cls.load(folder), cls.__name__)
+
+
+def _spelled_otherwise(cls) -> bool:
+    return bool(cls._saved_names or cls._field_names or cls._value_names)
+
+
+@pytest.mark.parametrize("cls", [cls for cls in RESULT_TYPES if _spelled_otherwise(cls)], ids=lambda cls: cls.__name__)
+def test_a_folder_that_spells_the_type_fields_or_values_another_way_loads(cls, instances, tmp_path):
+    """A folder written under another type name (``Graph`` for ``AttributionGraph``), with a field under
+    another name (``mode`` for ``ablation``) or a value spelled another way (``integrated_gradients``)
+    loads as the type, equal to the result saved."""
+    from safetensors.torch import load_file, save_file
+
+    result = build(cls, instances)
+    for k, type_name in enumerate((cls.__name__, *cls._saved_names)):
+        folder = result.save(tmp_path / f"{cls.__name__}{k}")
+        tensors = load_file(str(folder / "tensors.safetensors"))
+        spellings = {name: {new: old for old, new in table.items()} for name, table in cls._value_names.items()}
+
+        def respell(stored: dict, type_name: str = type_name, spellings: dict = spellings) -> None:
+            stored["type"] = type_name
+            fields = stored["fields"]
+            for name, table in spellings.items():
+                value = fields.get(name)
+                fields[name] = ([table.get(v, v) for v in value] if isinstance(value, list)
+                                else table.get(value, value))
+            for saved, name in cls._field_names.items():
+                if name in fields:
+                    fields[saved] = fields.pop(name)
+
+        _rewrite(folder, respell)
+        for saved, name in cls._field_names.items():
+            if name in tensors:
+                tensors[saved] = tensors.pop(name)
+        save_file(tensors, str(folder / "tensors.safetensors"))
+        same(result, cls.load(folder), f"{cls.__name__} saved as {type_name}")
 
 
 def _defaulted(cls) -> list[dataclasses.Field]:
@@ -834,12 +870,12 @@ def test_every_type_declares_its_invariants_on_its_own_fields(cls):
 
 
 def test_the_issues_damaged_folders_are_refused(instances, tmp_path):
-    """A Transcoders folder with ``layers`` reordered (it gave a wrong graph), a Graph cut short (an
+    """A Transcoders folder with ``layers`` reordered (it gave a wrong graph), an AttributionGraph cut short (an
     IndexError later) and a DASSweep whose shapes disagree (a row dropped silently)."""
     from arithinterp.errors import ResultFileError
 
     cases = [(arithinterp.features.Transcoders, "layers", lambda v: v[::-1], "strictly increasing"),
-             (arithinterp.features.Graph, "nodes", lambda v: v[:-3], "share the 'node' axis"),
+             (arithinterp.features.AttributionGraph, "nodes", lambda v: v[:-3], "share the 'node' axis"),
              (arithinterp.causal.DASSweep, "iia", lambda v: v[:1], "share the 'layer' axis")]
     for cls, field, change, message in cases:
         result = build(cls, instances)

@@ -22,11 +22,11 @@ from arithinterp.circuits.circuit import (
 )
 from arithinterp.circuits.digits import DigitCircuits, digit_circuits
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
-from arithinterp.circuits.graph import Edge, Graph, Node
+from arithinterp.circuits.graph import Edge, EdgeGraph, Node
 from arithinterp.circuits.neurons import patch_neuron_edges
 
 __all__ = [
-    "Circuit", "DigitCircuits", "Edge", "Faithfulness", "Graph", "Node", "attribute_edges", "circuit_faithfulness",
+    "Circuit", "DigitCircuits", "Edge", "EdgeGraph", "Faithfulness", "Node", "attribute_edges", "circuit_faithfulness",
     "curve_sizes",
     "digit_circuits", "faithfulness", "minimality", "overlap", "patch_edges", "patch_neuron_edges", "prune",
     "run_edge_sets", "score_edges", "threshold", "top_n",

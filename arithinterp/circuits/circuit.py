@@ -29,7 +29,7 @@ from pydantic import Field
 
 from arithinterp.checks import check_belongs, check_choice, integer
 from arithinterp.circuits.edges import attribute_edges, patch_edges, run_edge_sets
-from arithinterp.circuits.graph import Graph
+from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.circuits.planning import AUTO_RATIO, choose_method, edge_costs
 from arithinterp.engine.edges import Layout
 from arithinterp.engine.stepping import ENGINES
@@ -94,9 +94,9 @@ class Circuit(Result):
     def kept_edges(self) -> list:
         return [e for e, k in zip(self.edges, self.kept.tolist()) if k]
 
-    def graph(self) -> Graph:
+    def graph(self) -> EdgeGraph:
         """The graph the edges index (rebuilt from ``meta``)."""
-        return Graph(Layout(**self.meta["layout"]), self.meta.get("graph_positions"))
+        return EdgeGraph(Layout(**self.meta["layout"]), self.meta.get("graph_positions"))
 
     def with_kept(self, kept: torch.Tensor, how: str) -> "Circuit":
         kept = torch.as_tensor(kept, dtype=torch.bool)
@@ -285,7 +285,7 @@ def score_edges(
     check_belongs(model, "circuits.score_edges", pairs=pairs)
     check_choice("method", method, SCORE_METHODS + (AUTO,))
     check_choice("engine", engine, ENGINES)
-    graph = Graph.of(model, positions)
+    graph = EdgeGraph.of(model, positions)
     extra: dict = {}
     if method == AUTO:
         steps = integer("steps", steps, minimum=1)

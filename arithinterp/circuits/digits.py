@@ -20,7 +20,7 @@ import torch
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.circuits.circuit import SCORE_METHODS, Circuit, score_edges
 from arithinterp.circuits.edges import run_edge_sets
-from arithinterp.circuits.graph import Graph
+from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.metrics import metric_name
 from arithinterp.patching import DIGIT_FEEDS, digit_pairs
@@ -69,10 +69,10 @@ class DigitCircuits(Result):
             raise ConfigError(f"answer token {answer_token!r} was not scored; accepted: {self.answer_tokens}")
         return self.answer_tokens.index(answer_token)
 
-    def graph(self) -> Graph:
+    def graph(self) -> EdgeGraph:
         from arithinterp.engine.edges import Layout
 
-        return Graph(Layout(**self.meta["layout"]), self.meta.get("graph_positions"))
+        return EdgeGraph(Layout(**self.meta["layout"]), self.meta.get("graph_positions"))
 
     def circuit(self, answer_token: int) -> Circuit:
         """The :class:`~arithinterp.circuits.Circuit` of one answer token (every edge kept): extract
@@ -187,7 +187,7 @@ def digit_circuits(
     if outside:
         raise ConfigError(f"answer_tokens {outside} are past the answers: every pair's answers have {width} token(s), "
                           f"so the accepted indices are 0..{width - 1}")
-    graph = Graph.of(model, positions)
+    graph = EdgeGraph.of(model, positions)
     feds = {k: digit_pairs(pairs, k, feed) for k in chosen}  # every answer token is checked before the first scoring
     graph_meta: dict = {}  # the graph as score_edges records it (the same for every answer token)
     per, clean, corrupt, same = [], [], [], []

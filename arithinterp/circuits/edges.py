@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
-from arithinterp.circuits.graph import Graph
+from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.circuits.ig_activations import activation_ig_batch
 from arithinterp.circuits.neurons import (
     check_neurons,
@@ -56,7 +56,7 @@ VALUES = ("source", "corrupt", "clean", "mean")
 METHODS = ("eap", "eap-ig", "eap-ig-activations")
 
 
-def _position_onehot(graph: Graph, pairs, idx: torch.Tensor, offset: int, length: int) -> torch.Tensor:
+def _position_onehot(graph: EdgeGraph, pairs, idx: torch.Tensor, offset: int, length: int) -> torch.Tensor:
     """``[P, B, T]``: which token of each (unpadded) prompt each position label of the graph is."""
     B = len(idx)
     if graph.positions == [None]:
@@ -67,7 +67,7 @@ def _position_onehot(graph: Graph, pairs, idx: torch.Tensor, offset: int, length
     return (torch.arange(length)[None, None, :] == pos[:, :, None]).float()
 
 
-def _receivers(graph: Graph):
+def _receivers(graph: EdgeGraph):
     L = graph.layout
     for layer in range(L.n_layers):
         for channel in CHANNELS + (("mlp",) if L.has_mlp else ()):
@@ -93,7 +93,7 @@ def _check_count(name: str, value: Optional[int]) -> Optional[int]:
     return None if value is None else integer(name, value, minimum=1, hint=" or None (sized from max_memory)")
 
 
-def _entries(graph: Graph, sets: torch.Tensor) -> EdgeEntries:
+def _entries(graph: EdgeGraph, sets: torch.Tensor) -> EdgeEntries:
     """The edges of ``sets [C, n_edges]`` as a list (the engine's sparse form of edge sets)."""
     c, e = torch.nonzero(sets, as_tuple=True)
     p, r, s = graph.edge_index[e].T
@@ -104,7 +104,7 @@ def _entries(graph: Graph, sets: torch.Tensor) -> EdgeEntries:
 def run_edge_sets(
     model: HookedModel,
     pairs: PromptPairs,
-    graph: Graph,
+    graph: EdgeGraph,
     edge_sets: torch.Tensor,
     metric: Union[str, Callable] = "logit_diff",
     *,
@@ -250,7 +250,7 @@ def run_edge_sets(
 def patch_edges(
     model: HookedModel,
     pairs: PromptPairs,
-    graph: Optional[Graph] = None,
+    graph: Optional[EdgeGraph] = None,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     *,
@@ -272,7 +272,7 @@ def patch_edges(
     in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]``, ``forwards`` and ``engine``.
     """
     check_belongs(model, "circuits.patch_edges", pairs=pairs)
-    graph = graph or Graph.of(model)
+    graph = graph or EdgeGraph.of(model)
     check_choice("direction", direction, DIRECTIONS)
     check_choice("engine", engine, ENGINES)
     chosen = torch.arange(graph.n_edges) if edges is None else graph.index(edges)
@@ -302,7 +302,7 @@ def patch_edges(
 def attribute_edges(
     model: HookedModel,
     pairs: PromptPairs,
-    graph: Optional[Graph] = None,
+    graph: Optional[EdgeGraph] = None,
     method: str = "eap-ig",
     steps: int = 5,
     metric: Union[str, Callable] = "logit_diff",
@@ -345,7 +345,7 @@ def attribute_edges(
     """
     check_belongs(model, "circuits.attribute_edges", pairs=pairs)
     check_pairs(pairs)
-    graph = graph or Graph.of(model)
+    graph = graph or EdgeGraph.of(model)
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
     if method in ("eap-ig", "eap-ig-activations"):

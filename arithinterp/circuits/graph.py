@@ -59,7 +59,7 @@ def _head(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-class Graph:
+class EdgeGraph:
     """Every node and edge of ``model``'s graph, with index tables into the dense edge tensor.
 
     The dense layout is ``[P, R, S]``: position labels × receiver inputs × senders (see
@@ -119,7 +119,7 @@ class Graph:
         self._by_name = {e.name: i for i, e in enumerate(edges)}
 
     @classmethod
-    def of(cls, model: HookedModel, positions: Optional[Sequence] = None) -> "Graph":
+    def of(cls, model: HookedModel, positions: Optional[Sequence] = None) -> "EdgeGraph":
         """The graph of ``model`` (anything with ``cfg.n_layers``, ``n_heads``, ...)."""
         return cls(Layout.of(model), positions)
 
@@ -140,7 +140,7 @@ class Graph:
             if isinstance(e, str):
                 if e not in self._by_name:
                     raise AnalysisError(
-                        f"unknown edge {e!r}; edges are named like {self.edges[0].name!r} (see Graph.edges)"
+                        f"unknown edge {e!r}; edges are named like {self.edges[0].name!r} (see EdgeGraph.edges)"
                     )
                 out.append(self._by_name[e])
             else:

@@ -29,7 +29,7 @@ from arithinterp.errors import AnalysisError
 from arithinterp.metrics import metric_context
 
 if TYPE_CHECKING:
-    from arithinterp.circuits.graph import Graph
+    from arithinterp.circuits.graph import EdgeGraph
 
 
 def sender_groups(layout: Layout) -> list[list[int]]:
@@ -48,7 +48,7 @@ def sender_groups(layout: Layout) -> list[list[int]]:
     return groups
 
 
-def activation_ig_batch(model, engine: EdgeForward, graph: Graph, receivers: list, fn: Callable,
+def activation_ig_batch(model, engine: EdgeForward, graph: EdgeGraph, receivers: list, fn: Callable,
                         pairs_batch, direction: str, base_tokens: torch.Tensor, source_tokens: torch.Tensor,
                         onehot: torch.Tensor, steps: int, keep: Sequence[int] = ()
                         ) -> tuple[torch.Tensor, int, dict, Optional[tuple[torch.Tensor, torch.Tensor]]]:

@@ -43,12 +43,12 @@ from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.types import ByteSize, checked
 
 if TYPE_CHECKING:
-    from arithinterp.circuits.graph import Graph
+    from arithinterp.circuits.graph import EdgeGraph
     from arithinterp.tasks import PromptPairs
     from arithinterp.types import HookedModel
 
 
-def check_neurons(model: HookedModel, graph: Graph,
+def check_neurons(model: HookedModel, graph: EdgeGraph,
                   neurons: Mapping[int, Union[str, Sequence[int]]]) -> list[tuple[int, int]]:
     """``{layer: neuron ids or "all"}`` as a sorted list of ``(layer, neuron)`` senders."""
     if not isinstance(neurons, Mapping) or not neurons:
@@ -74,7 +74,7 @@ def check_neurons(model: HookedModel, graph: Graph,
     return sorted(out)
 
 
-def neuron_edges(graph: Graph, senders: Sequence[tuple[int, int]]) -> tuple[list[str], torch.Tensor]:
+def neuron_edges(graph: EdgeGraph, senders: Sequence[tuple[int, int]]) -> tuple[list[str], torch.Tensor]:
     """Names of every neuron edge and its index ``[E, 3]`` (position, receiver, neuron sender):
     each neuron into every receiver downstream of its MLP, at every position of ``graph``."""
     L = graph.layout
@@ -118,7 +118,7 @@ def _neuron_change(model: HookedModel, layer: int, ids: torch.Tensor, base: torc
     return (source[..., ids] / f_source - base[..., ids] / f_base), direction * norms.gain[layer, "mlp"]
 
 
-def neuron_scores(model: HookedModel, graph: Graph, senders: Sequence[tuple[int, int]], index: torch.Tensor,
+def neuron_scores(model: HookedModel, graph: EdgeGraph, senders: Sequence[tuple[int, int]], index: torch.Tensor,
                   gradient: Callable[[int], torch.Tensor], base_tokens: torch.Tensor, source_tokens: torch.Tensor,
                   onehot: torch.Tensor, post: Optional[tuple[dict, dict]] = None,
                   scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
@@ -161,7 +161,7 @@ def neuron_inputs(model: HookedModel, receivers: Sequence[tuple[int, int]]) -> N
     return NeuronInputs(model, by_layer)
 
 
-def neuron_receiver_edges(graph: Graph, receivers: Sequence[tuple[int, int]],
+def neuron_receiver_edges(graph: EdgeGraph, receivers: Sequence[tuple[int, int]],
                           senders: Sequence[tuple[int, int]] = ()) -> tuple[list[str], torch.Tensor]:
     """Names of every edge into a receiver neuron and its index ``[E, 4]`` (position, receiver
     neuron, graph sender or −1, neuron sender or −1): from each sender of ``graph`` upstream of the
@@ -222,7 +222,7 @@ def patch_neuron_edges(
     model: HookedModel,
     pairs: PromptPairs,
     neurons: Mapping[int, Union[str, Sequence[int]]],
-    graph: Optional[Graph] = None,
+    graph: Optional[EdgeGraph] = None,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     *,
@@ -246,13 +246,13 @@ def patch_neuron_edges(
     Returns ``scores [N, E]`` (metric after − metric of the base run), ``edges`` (names),
     ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
     """
-    from arithinterp.circuits.graph import Graph
+    from arithinterp.circuits.graph import EdgeGraph
     from arithinterp.tasks import resolve_positions
 
     check_belongs(model, "circuits.patch_neuron_edges", pairs=pairs)
     check_pairs(pairs)
     check_choice("direction", direction, DIRECTIONS)
-    graph = graph or Graph.of(model)
+    graph = graph or EdgeGraph.of(model)
     receivers = check_neurons(model, graph, neurons)
     names, index = neuron_receiver_edges(graph, receivers)
     chosen = torch.arange(len(names))

@@ -25,7 +25,7 @@ import torch
 from arithinterp.engine.stepping import stepper_for
 
 if TYPE_CHECKING:
-    from arithinterp.circuits.graph import Graph
+    from arithinterp.circuits.graph import EdgeGraph
     from arithinterp.tasks import PromptPairs
 
 # ``method="auto"`` patches exactly while that is estimated to cost at most this many times EAP-IG: where
@@ -69,7 +69,7 @@ def _block_costs(model: Any, context: int) -> tuple[float, float]:
     return float(attention + mlp), float(keys_values)
 
 
-def edge_costs(model: Any, pairs: PromptPairs, graph: Graph, steps: int, engine: str = "auto") -> EdgeCosts:
+def edge_costs(model: Any, pairs: PromptPairs, graph: EdgeGraph, steps: int, engine: str = "auto") -> EdgeCosts:
     """The estimated cost of scoring every edge of ``graph`` on ``pairs``, both ways.
 
     Args:

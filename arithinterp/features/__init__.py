@@ -7,7 +7,7 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
 * ``training`` — :func:`train_transcoders`: activations read through the engine, fitted, measured
   on held-out prompts (FVU, L0, dead features).
 * ``replacement`` — the replacement model (every MLP replaced, no error term): top-1 agreement and KL.
-* ``graph`` — :func:`attribution_graph`: the :class:`Graph` of one prompt over the local replacement model.
+* ``graph`` — :func:`attribution_graph`: the :class:`AttributionGraph` of one prompt over the local replacement model.
 * ``interventions`` — :func:`intervene`: clamp, scale or zero features in the real model, read the logits.
 * ``labels`` — :func:`label_features`: the neurons' calibrated heuristic classifier on feature maps,
   plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)"); :func:`feature_grids` draws features
@@ -22,7 +22,7 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
   ``graph_reader`` — graphs read from its ``.pt``.
 """
 
-from arithinterp.features.graph import Graph, attribution_graph
+from arithinterp.features.graph import AttributionGraph, attribution_graph
 from arithinterp.features.graph_files import write_circuit_tracer_graph
 from arithinterp.features.graph_reader import read_circuit_tracer_graph
 from arithinterp.features.interventions import feature_interventions, intervene
@@ -42,8 +42,9 @@ from arithinterp.features.transcoder_files import (
 )
 
 __all__ = [
-    "FeatureGrids", "Graph", "GraphSample", "PathAblation", "Transcoders", "attribution_graph", "feature_grids",
-    "feature_interventions", "feature_maps", "feature_paths", "graph_sample", "intervene", "label_features",
+    "AttributionGraph", "FeatureGrids", "GraphSample", "PathAblation", "Transcoders", "attribution_graph",
+    "feature_grids", "feature_interventions", "feature_maps", "feature_paths", "graph_sample", "intervene",
+    "label_features",
     "load_transcoders", "lookup_registry", "mlp_activations", "path_ablation", "path_of", "read_circuit_tracer_graph",
     "read_circuit_tracer_transcoders", "read_saelens", "replacement_logits", "replacement_metrics", "topk_activations",
     "train_transcoders", "transcoder_fvu", "write_circuit_tracer_graph", "write_circuit_tracer_transcoders",

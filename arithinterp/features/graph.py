@@ -58,7 +58,7 @@ PROBE = 4096.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Graph(Result):
+class AttributionGraph(Result):
     """An attribution graph of one prompt.
 
     ``nodes``: one dict per node (``kind`` in :data:`KINDS`, ``layer`` (-1 for embeddings, the
@@ -84,6 +84,7 @@ class Graph(Result):
 
     # what load checks: the axes fields share and the values they may take
     _shapes = {"nodes": "node", "edges": "node node", "bias": "node", "values": "node"}
+    _saved_names = ("Graph",)  # the type name in folders written under the name circuits' layout shares
 
     def to_frame(self, kept_only: bool = False) -> pd.DataFrame:
         """One row per edge with a non-zero weight: source and target nodes, weight (``kept_only``:
@@ -142,7 +143,8 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
                       n_logits: PositiveInt = 1, node_threshold: PositiveProbability = 0.8,
                       max_nodes: PositiveInt = 100, batch_size: Optional[PositiveInt] = None,
                       labels: Optional[dict] = None, zero_positions: IndexList = (),
-                      completeness: Literal["features", "all_nodes"] = "features", progress: bool = True) -> Graph:
+                      completeness: Literal["features", "all_nodes"] = "features",
+                      progress: bool = True) -> AttributionGraph:
     """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
     ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
     as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes.
@@ -263,7 +265,7 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     meta = build_meta(model, n_logits=n_logits, node_threshold=node_threshold, max_nodes=max_nodes,
                       zero_positions=zeroed, completeness=completeness)
     # stored in float32 (the check above is on the float64 sums)
-    return Graph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
+    return AttributionGraph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
                  prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
 
 

@@ -24,7 +24,7 @@ The format is circuit-tracer 0.5.0's (``circuit_tracer/frontend/graph_models.py`
   ``logit_probabilities``, ``input_tokens``, ``input_string``, ``cfg`` (``UnifiedConfig``),
   ``scan``, ``vocab_size``.
 
-This package's :class:`~arithinterp.features.Graph` orders nodes ``[embeddings, features, error
+This package's :class:`~arithinterp.features.AttributionGraph` orders nodes ``[embeddings, features, error
 nodes, logits]``; both files are converted by permutation, the edges themselves are the same
 quantity (the direct effect of a source on a target's pre-activation or demeaned logit).
 """
@@ -143,7 +143,7 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
     from arithinterp.outputs import check_writable_dir
 
     if not all(hasattr(graph, name) for name in ("nodes", "edges", "tokens", "prompt", "meta")):
-        raise AnalysisError(f"graph must be a features.Graph, got {type(graph).__name__}")
+        raise AnalysisError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
     missing = [n for n in graph.nodes if "token_id" not in n or (n["kind"] == "logit" and "probability" not in n)]
     if missing:
         raise AnalysisError("this graph's nodes carry no token ids or logit probabilities (it was made by an "

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Union
 import torch
 
 from arithinterp.errors import ResultFileError
-from arithinterp.features.graph import Graph
+from arithinterp.features.graph import AttributionGraph
 from arithinterp.features.graph_files import FORMAT_VERSION, circuit_tracer_prune, influence_series, normalize_rows
 from arithinterp.types import checked
 
@@ -37,8 +37,8 @@ STAND_INS = [(LogitTarget, "circuit_tracer.attribution.targets.LogitTarget"),
 
 
 @checked
-def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_threshold: float = 0.8) -> Graph:
-    """A :class:`~arithinterp.features.Graph` from a circuit-tracer ``Graph.to_pt`` file.
+def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_threshold: float = 0.8) -> AttributionGraph:
+    """A :class:`~arithinterp.features.AttributionGraph` from a circuit-tracer ``Graph.to_pt`` file.
 
     Edges are circuit-tracer's, permuted into this package's node order; ``kept`` is circuit-tracer's
     pruning at ``node_threshold``; ``influence`` each node's influence on the logits. ``bias`` and
@@ -110,7 +110,7 @@ def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_thresho
     cfg = {k: v for k, v in vars(d["cfg"]).items() if isinstance(v, (str, int, float, bool)) or v is None}
     meta = dict(source=FORMAT_VERSION, path=str(file), scan=d.get("scan"), model=cfg.get("model_name"), cfg=cfg,
                 node_threshold=node_threshold, completeness="all_nodes")
-    return Graph(nodes=nodes, edges=edges, bias=torch.zeros(len(nodes)), values=edges.sum(1),
+    return AttributionGraph(nodes=nodes, edges=edges, bias=torch.zeros(len(nodes)), values=edges.sum(1),
                  prompt=str(d.get("input_string", "")), tokens=strings, scores=scores, meta=meta)
 
 

@@ -12,7 +12,7 @@ from arithinterp.viz.base import figure, renamed
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from arithinterp.features.graph import Graph
+    from arithinterp.features.graph import AttributionGraph
     from arithinterp.features.labels import FeatureGrids
     from arithinterp.features.paths import PathAblation
     from arithinterp.features.sample import GraphSample
@@ -30,7 +30,7 @@ def plot_transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None) ->
     return fig
 
 
-def plot_attribution_graph(graph: Graph, kept_only: bool = True, title: Optional[str] = None) -> go.Figure:
+def plot_attribution_graph(graph: AttributionGraph, kept_only: bool = True, title: Optional[str] = None) -> go.Figure:
     """An attribution graph drawn as positions × layers: nodes sized by influence, edges as lines
     whose width is the edge weight (blue positive, red negative); hover gives each node's kind,
     label, activation and influence."""
