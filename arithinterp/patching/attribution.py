@@ -126,17 +126,41 @@ def attribute(
     base to the source prompt (midpoint rule; the EAP-IG variant of Hanna et al. 2024).
 
     The values are ``base metric + estimated effect`` so they sit on the same scale as the exact
-    sweep's; returns one :class:`PatchResult` for a single site name (``values [n_pairs, n_layers,
-    n_positions?, n_heads_or_neurons?]``), else ``{site: PatchResult}`` for a list of sites.
+    sweep's. Gradients are taken at the engine's reads (:func:`arithinterp.engine.run` with
+    ``metric``), so frozen models (``requires_grad=False``) work at every layer, layer 0 included,
+    and the model's flags are left as they are; half-precision models run in their dtype with the
+    metric, the gradients and the scores in float32.
 
-    Gradients are taken at the engine's reads (:func:`arithinterp.engine.run` with ``metric``), so
-    frozen models (``requires_grad=False``) work at every layer, layer 0 included, and the model's
-    flags are left as they are; half-precision models run in their dtype with the metric, the
-    gradients and the scores in float32.
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt prompt pairs.
+        sites: One site name, or several (any of :data:`ATTRIBUTE_SITES`).
+        method: ``"attribution"`` or ``"integrated_gradients"``.
+        steps: Interpolation steps of ``"integrated_gradients"``.
+        metric: As for :func:`activation_patching`.
+        layers: Layers to score (default: all).
+        positions: As for :func:`activation_patching`.
+        heads: Heads to score at ``attn_z`` / ``pattern`` (default: all).
+        neurons: Neurons to score at ``mlp_pre`` / ``mlp_post`` (default: all).
+        direction: ``"denoise"`` or ``"noise"``.
+        normalize: Normalize as :func:`activation_patching` does.
+        per_position: False scores every position at once (no position axis).
+        batch_size: Pairs per batch, or None: as many as fit ``max_memory`` with a forward kept for
+            the backward and every site's reads four times over.
+        max_memory: Bytes one batch may use (:func:`arithinterp.engine.budget.memory_budget`; default
+            from the model's size and the machine's available memory).
+        seed: Seeds the bootstrap interval.
+        progress: Show a progress bar.
 
-    ``batch_size`` pairs per batch, or None: as many as fit ``max_memory`` bytes
-    (:func:`arithinterp.engine.budget.memory_budget`; default from the model's size and the machine's
-    available memory) with a forward kept for the backward and every site's reads four times over.
+    Returns:
+        One :class:`PatchResult` for a single site name (``values [pair, layer, position?,
+        head_or_neuron?]``), else ``{site: PatchResult}`` for a list of sites.
+
+    Raises:
+        SiteError: An empty or unknown site list, or a layer, position, head or neuron out of range.
+        ConfigError: An unknown method, direction or metric, or a batch too large for ``max_memory``.
+        AnalysisError: Pairs that cannot be patched.
+        ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "patching.attribute", pairs=pairs)
     check_pairs(pairs)
@@ -256,9 +280,15 @@ def attribute(
 class Comparison(Result):
     """How well an approximation (attribution) tracks exact patching, per site.
 
-    ``correlation[i]`` is the Pearson correlation of the cell means of site ``sites[i]``;
-    ``pair_correlation[i]`` that of every (pair, cell) value. ``exact`` / ``approx`` hold the
-    cell means (flattened) and ``cells`` their labels, for the scatter plot.
+    Attributes:
+        sites: The compared sites.
+        correlation: Per site, the Pearson correlation of the cell means.
+        pair_correlation: Per site, the Pearson correlation of every (pair, cell) value.
+        exact: Per site, the exact cell means, flattened.
+        approx: Per site, the approximate cell means, flattened.
+        cells: Per site, the cells' labels (``"L3 pos a"``), for the scatter plot.
+        method: The approximation's method.
+        meta: Provenance and the number of pairs.
     """
 
     sites: list
@@ -310,9 +340,17 @@ def _cell_labels(result: PatchResult) -> list[str]:
 def compare(exact: Union[PatchResult, dict], approx: Union[PatchResult, dict]) -> Comparison:
     """Correlation of an approximation with exact patching, per site.
 
-    ``exact`` and ``approx`` are :class:`PatchResult` objects of the same cells (or dicts of them
-    keyed by site, as :func:`attribute` returns). The inputs are left as they are: the
-    correlations live in the returned :class:`Comparison`.
+    Args:
+        exact: A :class:`PatchResult` of exact patching, or a dict of them keyed by site.
+        approx: The approximation's results of the same cells, in the same form (as :func:`attribute`
+            returns them).
+
+    Returns:
+        The correlations; the inputs are left as they are.
+
+    Raises:
+        AnalysisError: An input is not a PatchResult (or a non-empty dict of them), or the two
+            cover different sites or cells.
     """
     for name, given in (("exact", exact), ("approx", approx)):
         parts = given.values() if isinstance(given, dict) else [given]
@@ -345,7 +383,21 @@ def compare(exact: Union[PatchResult, dict], approx: Union[PatchResult, dict]) -
 def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites: Union[str, Sequence[str]] = ("resid_pre",),
                          method: str = "attribution",
                          **kwargs) -> Comparison:
-    """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them."""
+    """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them.
+
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt prompt pairs.
+        sites: One site name or several.
+        method: ``"attribution"`` or ``"integrated_gradients"``.
+        **kwargs: Options of :func:`attribute`; those :func:`activation_patching` shares go to it too.
+
+    Returns:
+        The comparison.
+
+    Raises:
+        ModelMismatchError: The pairs were built for another model.
+    """
     check_belongs(model, "patching.attribution_vs_exact", pairs=pairs)
     site_list = [sites] if isinstance(sites, str) else list(sites)
     approx = attribute(model, pairs, site_list, method=method, **kwargs)

@@ -46,14 +46,31 @@ ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32
 class PatchResult(Result):
     """Patching (or attribution) effects of one site, per pair and per cell.
 
-    ``values`` is ``[n_pairs, *cell_shape]``; ``axes`` names the cell axes, a subset of
-    ``("layer", "position", "head", "neuron")`` in that order, labelled by ``layers``,
-    ``positions`` (names such as ``"a"`` or integer indices as strings), ``heads`` and
-    ``neurons``. ``mean``, ``sem``, ``ci_low`` and ``ci_high`` are ``[*cell_shape]`` summaries over
-    pairs (bootstrap percentile interval). ``clean_baseline`` and ``corrupt_baseline`` are the
-    metric on the unpatched runs, ``[n_pairs]``. With ``normalized`` the values are
-    ``(v − corrupt) / (mean clean − mean corrupt)``, each pair against its own corrupt run: a cell
-    at 0 does what the corrupt run does, one at 1 restores the clean run on average.
+    The cell axes are a subset of ``("layer", "position", "head", "neuron")`` in that order
+    (``cell_shape``). With ``normalized`` the values are ``(v − corrupt) / (mean clean − mean
+    corrupt)``, each pair against its own corrupt run: a cell at 0 does what the corrupt run does,
+    one at 1 restores the clean run on average.
+
+    Attributes:
+        values (Float[Tensor, "pair *cell_shape"]): The metric of each pair's patched run, per cell.
+        mean (Float[Tensor, "*cell_shape"]): The mean over pairs.
+        sem (Float[Tensor, "*cell_shape"]): Its standard error.
+        ci_low (Float[Tensor, "*cell_shape"]): The lower end of the bootstrap percentile interval.
+        ci_high (Float[Tensor, "*cell_shape"]): The upper end.
+        clean_baseline (Float[Tensor, "pair"]): The metric on the unpatched clean runs.
+        corrupt_baseline (Float[Tensor, "pair"]): The metric on the unpatched corrupt runs.
+        axes: The names of the cell axes.
+        layers: The label of each layer index.
+        positions: Position names (``"a"``, ``"final"``) or integer indices as strings.
+        heads: The head labels (empty without a head axis).
+        neurons: The neuron labels (empty without a neuron axis).
+        tokens: The token string at each entry of ``positions`` (the first pair's clean prompt).
+        site: The patched site.
+        metric: The metric's name.
+        direction: ``"denoise"`` or ``"noise"``.
+        method: ``"exact"``, ``"attribution"`` or ``"integrated_gradients"``.
+        normalized: Whether the values are normalized as above.
+        meta: Provenance (:func:`arithinterp.results.build_meta`) and the analysis's arguments.
     """
 
     values: torch.Tensor
@@ -68,7 +85,7 @@ class PatchResult(Result):
     positions: list
     heads: list
     neurons: list
-    tokens: list  # token string at each entry of ``positions`` (first pair's clean prompt)
+    tokens: list
     site: str
     metric: str
     direction: str
@@ -85,9 +102,18 @@ class PatchResult(Result):
 
     @property
     def n_pairs(self) -> int:
+        """The number of pairs (axis 0 of :attr:`values`)."""
         return int(self.values.shape[0])
 
     def axis_labels(self, axis: str) -> list:
+        """The labels of one cell axis.
+
+        Args:
+            axis: ``"layer"``, ``"position"``, ``"head"`` or ``"neuron"``.
+
+        Returns:
+            :attr:`layers`, :attr:`positions`, :attr:`heads` or :attr:`neurons`.
+        """
         return {"layer": self.layers, "position": self.positions, "head": self.heads, "neuron": self.neurons}[axis]
 
     def to_frame(self):
@@ -111,7 +137,14 @@ class PatchResult(Result):
         return frame
 
     def plot(self, **kwargs):
-        """Layer × position heatmap, layer × head grid, or per-layer lines (see viz.patching)."""
+        """Layer × position heatmap, layer × head grid, or per-layer lines.
+
+        Args:
+            **kwargs: Options of :func:`arithinterp.viz.patching.plot_patch_result`.
+
+        Returns:
+            The plotly figure.
+        """
         from arithinterp.viz.patching import plot_patch_result
 
         return plot_patch_result(self, **kwargs)
@@ -132,10 +165,19 @@ def _bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
 
 @checked
 def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0):
-    """Mean, standard error and percentile-bootstrap interval over axis 0 of ``values [N, ...]``.
+    """Mean, standard error and percentile-bootstrap interval over axis 0.
 
     Resampling is done with multinomial counts (``counts @ values``), so memory is
     ``n_boot × cells`` rather than ``n_boot × N × cells``.
+
+    Args:
+        values (Float[Tensor, "n ..."]): Per-pair values.
+        confidence: The interval's confidence level.
+        n_boot: The number of bootstrap resamples.
+        seed: Seeds the resamples.
+
+    Returns:
+        ``(mean, sem, ci_low, ci_high)``, each ``[...]`` float32; the standard error is 0 for one pair.
     """
     n = values.shape[0]
     flat = values.reshape(n, -1).double()

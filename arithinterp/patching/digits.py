@@ -46,10 +46,17 @@ OPERANDS = ("a", "b", "both")
 class DigitAblationResult(Result):
     """Accuracy of each answer token with one head ablated at the position that predicts it.
 
-    ``accuracy [n_heads, n_answer_tokens]``: the fraction of prompts whose answer token k is still
-    the argmax (teacher-forced) when head ``heads[i]`` is ablated at position ``answer{k}`` alone;
-    ``baseline [n_answer_tokens]`` the same with nothing ablated. Causal attention keeps the
-    earlier tokens as they were, so ``baseline − accuracy`` is the head's share at that step.
+    Causal attention keeps the earlier tokens as they were, so ``baseline − accuracy`` is the
+    head's share at that step.
+
+    Attributes:
+        heads: ``"L{layer}H{head}"`` names.
+        accuracy (Float[Tensor, "head answer_token"]): The fraction of prompts whose answer token k
+            is still the argmax (teacher-forced) when head ``heads[i]`` is ablated at the position
+            that predicts token k alone.
+        baseline (Float[Tensor, "answer_token"]): The same with nothing ablated.
+        mode: The ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
+        meta: Provenance, the number of prompts, the seed and the engine used.
     """
 
     heads: list
@@ -108,13 +115,26 @@ def digit_ablation(
     that predicts token k, the answer is teacher-forced, and token k's accuracy is read.
 
     Args:
-        prompts: a PromptSet with multi-token answers (e.g. ``zoo:add-3digit``'s); its scoring is
+        model: The hooked model.
+        prompts: A PromptSet with multi-token answers (e.g. ``zoo:add-3digit``'s); its scoring is
             set to ``"full_answer"`` here.
         heads: ``"L{layer}H{head}"`` names (default: every head).
+        ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
+        seed: Seeds the resample ablation.
         engine: ``"auto"`` (the heads of one layer at one answer position stacked and resumed at
             that layer and position, the teacher-forced prompts' base run reused, when the model's
             blocks can be stepped; else whole forwards), ``"stepped"`` (refuse to fall back) or
             ``"hooks"`` (one whole forward per head and answer position).
+        progress: Show a progress bar.
+        mode: Deprecated alias of ``ablation`` (warns).
+
+    Returns:
+        The accuracy of each answer token with each head ablated, and the baseline.
+
+    Raises:
+        ConfigError: An unknown ablation or engine, or a head named with ``@position``.
+        AnalysisError: An empty prompt set, or single-token answers.
+        ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "patching.digit_ablation", prompts=prompts)
     mode = renamed_keyword("patching.digit_ablation", "mode", mode, "ablation", ablation, "mean")
@@ -292,9 +312,20 @@ def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> Pro
     keep their labels (``"a"``, ``"final"`` is still the ``=`` token) and ``"emit"`` names the
     new last position. Tokens ``[N, T + answer_token]``.
 
-    Pairs whose answers do not reach token ``answer_token`` are refused, not dropped.
-    ``meta["same_answer_token"]`` counts pairs whose clean and corrupt token there are equal
-    (their ``logit_diff`` is 0 by definition; ``"logprob"`` still scores them).
+    Args:
+        pairs: Clean / corrupt pairs with multi-token answers.
+        answer_token: The answer token to score, 0 = the first emitted.
+        feed: ``"own"`` (each prompt its own answer) or ``"clean"`` (the clean answer after both).
+
+    Returns:
+        The teacher-forced pairs, tokens ``[pair, pos + answer_token]``;
+        ``meta["same_answer_token"]`` counts pairs whose clean and corrupt token there are equal
+        (their ``logit_diff`` is 0 by definition; ``"logprob"`` still scores them).
+
+    Raises:
+        ConfigError: An unknown ``feed`` or an ``answer_token`` beyond the longest answer.
+        AnalysisError: Pairs that cannot be patched, or whose answers do not reach token
+            ``answer_token`` (refused, not dropped).
     """
     from arithinterp.tasks import PromptPairs as Pairs
 
@@ -327,8 +358,22 @@ def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 
     ``"b"`` or ``"both"``) to another digit drawn at random and keeps every other digit: the
     counterfactual that asks which circuit carries one digit column (Quirke & Barez 2024: answer
     digit n reads operand digits n and n − 1). A leading digit never becomes 0, so each number
-    keeps its digit count. Pairs whose tokens or answer lengths do not align (the sum gains a digit)
-    are dropped and counted in ``meta``.
+    keeps its digit count.
+
+    Args:
+        prompts: Prompts of one operator and one template.
+        column: The digit to change, 0 = units.
+        operand: ``"a"``, ``"b"`` or ``"both"``.
+        seed: Seeds the new digits.
+
+    Returns:
+        The pairs; those whose tokens or answer lengths do not align (the sum gains a digit) are
+        dropped and counted in ``meta``.
+
+    Raises:
+        ConfigError: An unknown ``operand`` or a negative ``column``.
+        TaskError: An empty set, mixed operators or prefixes, an operand without that digit,
+            undefined corrupt prompts, or no prompt that keeps its token positions.
     """
     from arithinterp.tasks import OPERATORS, PromptPairs, prompts_for_pairs
 

@@ -72,14 +72,21 @@ def activation_patching(
     Stolfo et al. 2023).
 
     Args:
+        model: The hooked model.
+        pairs: Clean / corrupt prompt pairs (:meth:`PromptSet.counterfactual`).
         site: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out``, ``attn_z``
             (per head), ``pattern`` (per head; positions are query positions), ``mlp_pre`` /
             ``mlp_post`` (per neuron).
         metric: ``"logit_diff"`` (clean answer − corrupt answer logit), ``"prob"`` / ``"logprob"``
             of the clean answer, ``"ie"`` (Stolfo et al. 2023; r the base prompt's answer, r′ the
             source's), or ``f(logits [B, V], pairs) -> [B]``.
+        layers: Layers to patch (default: all).
         positions: None (every position, or the named positions ``a``, ``b``, ``final`` when the
             pairs differ in length), names, or ints in the left-padded frame.
+        heads: Heads to patch at ``attn_z`` / ``pattern`` (default: all).
+        neurons: Neurons to patch at ``mlp_pre`` / ``mlp_post`` (default: all).
+        direction: ``"denoise"`` (patch clean activations into the corrupt run) or ``"noise"`` (the reverse).
+        normalize: Report ``(v − corrupt) / (mean clean − mean corrupt)`` instead of the raw metric.
         per_position: False patches every position at once (no position axis).
         batch_cells: cells stacked per forward (default: as many as fit a 64 MB activation).
         engine: ``"auto"`` (the model's own blocks stepped from the patched layer and position
@@ -94,9 +101,19 @@ def activation_patching(
             (``prompts.with_scoring("full_answer")``; a metric callable always reads the final
             position). Patch positions stay prompt positions; ``per_position=False`` patches the
             fed answer tokens too (the source prompt is fed the same answer).
+        seed: Seeds the bootstrap interval.
+        progress: Show a progress bar.
 
-    Returns a :class:`PatchResult` whose ``values`` are ``[n_pairs, n_layers, n_positions?,
-    n_heads_or_neurons?]``.
+    Returns:
+        A :class:`PatchResult` whose ``values`` are ``[pair, layer, position?, head_or_neuron?]``.
+
+    Raises:
+        SiteError: A site that cannot be swept, a layer, position, head or neuron out of range, or
+            units given for a site without them.
+        ConfigError: An unknown metric, direction, engine or scoring.
+        AnalysisError: Pairs that cannot be patched (empty, misaligned), or ``engine="stepped"``
+            where stepping does not reproduce the model's logits.
+        ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "patching.activation_patching", pairs=pairs)
     check_pairs(pairs)
