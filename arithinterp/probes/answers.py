@@ -57,9 +57,25 @@ def answer_activations(
 
     Position ``"answer_j"`` is the final prompt token + j with the model's first j generated
     answer tokens appended (teacher forcing its *own* answer, so the activation is the one it
-    had when it emitted token j). Returns an ``Activations`` (via ``collect``) with
-    ``data[site]`` ``[N, n_layers, K, *site_shape]`` whose ``prompts`` are ``prompts``;
-    ``evaluation`` defaults to ``prompts.evaluate(model)``.
+    had when it emitted token j).
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        evaluation: The model's answers to them; ``None`` runs ``prompts.evaluate(model)``.
+        site: The site to read.
+        layers: The layers to read (default: all).
+        batch_size: Prompts per forward.
+        progress: Show a progress bar.
+
+    Returns:
+        Activations (via :func:`~arithinterp.activations.collect`) whose ``data[site]`` is
+        ``[prompt, layer, answer_token, *site_shape]``, positions ``answer_0 ... answer_{k-1}``, and
+        whose ``prompts`` are ``prompts``.
+
+    Raises:
+        AnalysisError: ``evaluation`` does not belong to ``prompts``.
+        ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "probes.answer_activations", prompts=prompts)
     from arithinterp.activations import collect
@@ -109,8 +125,19 @@ def answer_slots(prompts: PromptSet, evaluation: Evaluation) -> dict[str, torch.
 
     Single-token answers: one slot per decimal digit of the answer (units first), read from
     the answer value. Multi-token answers: one slot per answer token, valued as the number the
-    token spells (one digit for digit tokenizers). Returns ``true``, ``output`` [N, S] (long),
-    ``valid`` [N, S] (bool) and ``correct`` [N].
+    token spells (one digit for digit tokenizers).
+
+    Args:
+        prompts: The prompts.
+        evaluation: The model's answers to them (``prompts.evaluate(model)``).
+
+    Returns:
+        ``true`` and ``output`` (Int[Tensor, "prompt slot"], −1 where a slot does not exist or the
+        answer does not parse), ``valid`` (Bool[Tensor, "prompt slot"]) and ``correct``
+        (Bool[Tensor, "prompt"]).
+
+    Raises:
+        AnalysisError: ``evaluation`` does not belong to ``prompts``.
     """
     check_evaluation(prompts, evaluation)
     n, k = prompts.answer_tokens.shape

@@ -73,8 +73,16 @@ def _reprefixed(prompts: Any, prefix: str, n_ctx: Optional[int]) -> Any:
 
 @checked
 def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], torch.Tensor]:
-    """Re-ask with ``n_shots`` solved examples (drawn with ``seed`` from the prompts' operands)
-    as a new prefix, greedy; raises ``TaskError`` when the prefix does not fit the model."""
+    """A re-ask policy: greedy, with solved examples as a new few-shot prefix.
+
+    Args:
+        n_shots: The number of solved examples.
+        seed: Seeds the examples' draw from the prompts' operands.
+
+    Returns:
+        ``policy(model, prompts) -> Int[Tensor, "prompt"]``, the new answers; it raises
+        ``TaskError`` when the prompts mix prefixes or the prefix does not fit the model.
+    """
     import random
 
     from arithinterp.tasks import answer_text, compute, render
@@ -102,8 +110,21 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
 def vote_policy(
     n_samples: int = 8, temperature: float = 1.0, seed: int = 0, batch_size: int = 256
 ) -> Callable[[Any, Any], torch.Tensor]:
-    """Re-ask by sampling ``n_samples`` answers at ``temperature`` and keeping the most frequent
-    number (self-consistency); seeded. A deterministic greedy re-run could not change an answer."""
+    """A re-ask policy: sample several answers and keep the most frequent number (self-consistency).
+    A deterministic greedy re-run could not change an answer.
+
+    Args:
+        n_samples: Answers sampled per prompt.
+        temperature: The sampling temperature, > 0.
+        seed: Seeds the sampling.
+        batch_size: Sampled rows per forward.
+
+    Returns:
+        ``policy(model, prompts) -> Int[Tensor, "prompt"]``, the new answers.
+
+    Raises:
+        ConfigError: ``n_samples < 1`` or ``temperature <= 0``.
+    """
     if not (n_samples >= 1 and temperature > 0):
         raise ConfigError(f"vote_policy needs n_samples >= 1 and temperature > 0, got {n_samples}, {temperature}")
 
@@ -134,9 +155,22 @@ def vote_policy(
 
 @dataclass(frozen=True)
 class RepairResult(Result):
-    """Re-asking the flagged prompts: answers before / after and what changed, per prompt [N].
+    """Re-asking the flagged prompts: answers before and after, and what changed.
 
-    ``accepted`` [N] marks flagged prompts whose new answer was kept (under ``accept``)."""
+    Attributes:
+        a (Int[Tensor, "prompt"]): The first operands.
+        b (Int[Tensor, "prompt"]): The second operands.
+        answer (Int[Tensor, "prompt"]): The true answers.
+        flagged (Bool[Tensor, "prompt"]): The prompts the detector flagged.
+        answer_before (Int[Tensor, "prompt"]): The model's answers.
+        answer_after (Int[Tensor, "prompt"]): The answers after the re-ask.
+        correct_before (Bool[Tensor, "prompt"]): Whether ``answer_before`` is right.
+        correct_after (Bool[Tensor, "prompt"]): Whether ``answer_after`` is right.
+        accepted (Bool[Tensor, "prompt"]): Flagged prompts whose new answer was kept (under ``accept``).
+        policy: The re-ask policy's name.
+        accept: ``"confidence"`` or ``"always"``.
+        meta: Provenance, the detector's layers and method, the budget.
+    """
 
     a: torch.Tensor
     b: torch.Tensor
@@ -167,6 +201,12 @@ class RepairResult(Result):
         return int((self.flagged & self.correct_before & ~self.correct_after).sum())
 
     def summary(self) -> dict:
+        """Counts and accuracies.
+
+        Returns:
+            ``n``, ``flagged``, ``errors_before``, ``errors_flagged``, ``accepted``, ``fixed``,
+            ``broken``, ``net``, ``accuracy_before``, ``accuracy_after``, ``policy`` and ``accept``.
+        """
         before, after = self.correct_before.float().mean(), self.correct_after.float().mean()
         return dict(
             n=len(self.flagged), flagged=int(self.flagged.sum()), errors_before=int((~self.correct_before).sum()),
@@ -223,8 +263,25 @@ def repair(
     its tokenizer, else :func:`vote_policy` (the reason is kept in ``meta``). ``accept``:
     ``"confidence"`` keeps a new answer only when ``detector.answer_confidence`` is higher for it
     than for the old one (each read with its own answer fed back); ``"always"`` keeps every
-    new answer. ``budget`` flags the riskiest fraction instead of using the threshold.
-    Sun, Stolfo & Sachan 2025: re-prompt only the flagged step.
+    new answer. Sun, Stolfo & Sachan 2025: re-prompt only the flagged step.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        detector: A fitted :class:`ErrorDetector`.
+        policy: ``policy(model, flagged_prompts)`` returning the new answers.
+        evaluation: The model's answers (default ``prompts.evaluate(model)``).
+        accept: ``"confidence"`` or ``"always"``.
+        budget: Flag the riskiest fraction of prompts instead of using the threshold.
+
+    Returns:
+        Per prompt, the answers before and after and whether each new answer was kept.
+
+    Raises:
+        ConfigError: An unknown ``accept`` rule.
+        AnalysisError: ``detector`` is not an ErrorDetector, or the policy returns the wrong number
+            of answers.
+        ModelMismatchError: The prompts or detector belong to another model.
     """
     check_belongs(model, "probes.repair", prompts=prompts, detector=detector)
     if not isinstance(detector, ErrorDetector):
