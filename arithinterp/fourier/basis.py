@@ -35,9 +35,12 @@ KEY_RULES = ("median", "fraction")
 class FourierBasis:
     """The orthonormal real DFT basis over ``n`` consecutive numbers.
 
-    ``matrix`` [n, n] has one basis vector per row (``matrix @ matrix.T == I``); row ``j`` is
-    ``labels[j]`` (``"const"``, ``"cos 3"``, ``"sin 3"``) of frequency ``freqs[j]`` (0 for the
-    constant). Coefficients of a signal ``x`` [n, ...] are ``matrix @ x``.
+    Coefficients of a signal ``x`` ``[n, ...]`` are ``matrix @ x``.
+
+    Attributes:
+        matrix (Float[Tensor, "n n"]): One basis vector per row (``matrix @ matrix.T == I``).
+        labels: The name of each row: ``"const"``, ``"cos 3"``, ``"sin 3"``.
+        freqs (Int[Tensor, "n"]): The frequency of each row (0 for the constant).
     """
 
     matrix: torch.Tensor
@@ -46,10 +49,12 @@ class FourierBasis:
 
     @property
     def n(self) -> int:
+        """The number of numbers on the axis."""
         return self.matrix.shape[0]
 
     @property
     def n_freq(self) -> int:
+        """The number of frequencies, ``n // 2 + 1`` (the constant included)."""
         return self.n // 2 + 1
 
 
@@ -82,6 +87,16 @@ def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = t
     ``√(2/n)·sin(2πkx/n)``; for even ``n`` one last row ``cos(πx)/√n`` (its sine is zero).
     ``x`` counts from the start of the range (a shift changes phases, never powers).
     Zhou et al. 2024 *(choice)* and Nanda et al. 2023.
+
+    Args:
+        n: The number of numbers, or a range / list of consecutive ints.
+        dtype: The basis's dtype.
+
+    Returns:
+        The basis, ``matrix`` ``[n, n]``.
+
+    Raises:
+        AnalysisError: Fewer than 2 numbers, or numbers that are not consecutive.
     """
     size = number_axis_size(n)
     x = torch.arange(size, dtype=dtype)
@@ -100,16 +115,37 @@ def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = t
 
 @checked
 def fourier_basis_2d(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The 2-D basis over an ``n × n`` grid as the outer product: [n, n, n, n] where
-    ``out[i, j]`` is the grid ``basis[i] ⊗ basis[j]`` (Nanda et al. 2023). Memory grows as n⁴;
-    use :func:`fourier_2d` to transform grids without building it."""
+    """The 2-D basis over an ``n × n`` grid as the outer product (Nanda et al. 2023). Memory grows
+    as n⁴; use :func:`fourier_2d` to transform grids without building it.
+
+    Args:
+        n: The number of numbers per axis, or a range / list of consecutive ints.
+        dtype: The basis's dtype.
+
+    Returns:
+        Float[Tensor, "n n n n"]: ``out[i, j]`` is the grid ``basis[i] ⊗ basis[j]``.
+
+    Raises:
+        AnalysisError: Fewer than 2 numbers, or numbers that are not consecutive.
+    """
     basis = fourier_basis(n, dtype=dtype).matrix
     return torch.einsum("ia,jb->ijab", basis, basis)
 
 
 @checked
 def fourier_2d(grid: Float[Tensor, "*batch n n"], basis: Optional[FourierBasis] = None) -> Float[Tensor, "*batch n n"]:
-    """2-D coefficients ``F · grid · Fᵀ`` of grids [..., n, n] (last two axes: a, b)."""
+    """2-D Fourier coefficients ``F · grid · Fᵀ`` of grids.
+
+    Args:
+        grid: Grids, the last two axes ``a`` and ``b``.
+        basis: The basis over ``n`` (default: :func:`fourier_basis` of ``n``).
+
+    Returns:
+        The coefficients, in the basis's dtype.
+
+    Raises:
+        AnalysisError: The last two axes are not square.
+    """
     if grid.ndim < 2 or grid.shape[-1] != grid.shape[-2]:
         raise AnalysisError(f"a 2-D Fourier transform needs square grids [..., n, n], got shape {tuple(grid.shape)}")
     basis = basis or fourier_basis(grid.shape[-1])
@@ -119,13 +155,28 @@ def fourier_2d(grid: Float[Tensor, "*batch n n"], basis: Optional[FourierBasis] 
 
 @checked
 def frequency_periods(n: int) -> list[float]:
-    """Period ``n / k`` of each frequency ``k = 0 .. n//2`` (``inf`` for the constant)."""
+    """The period of each frequency.
+
+    Args:
+        n: The number of numbers on the axis.
+
+    Returns:
+        ``n / k`` for ``k = 0 .. n // 2`` (``inf`` for the constant).
+    """
     return [math.inf] + [n / k for k in range(1, n // 2 + 1)]
 
 
 @checked
 def period_label(n: int, k: int) -> str:
-    """Readable period of frequency ``k``: ``"const"``, ``"10"``, ``"113/14 ≈ 8.07"``."""
+    """A readable period of a frequency.
+
+    Args:
+        n: The number of numbers on the axis.
+        k: The frequency.
+
+    Returns:
+        ``"const"`` for 0, ``"10"`` for a whole period, ``"113/14 ≈ 8.07"`` otherwise.
+    """
     if k == 0:
         return "const"
     if n % k == 0:
@@ -147,9 +198,18 @@ def _freq_power(coefficients: torch.Tensor, freqs: torch.Tensor, n_freq: int) ->
 def spectrum_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Power per frequency of ``values`` along its number axis ``dim``.
 
-    ``values`` has the numbers 0..n-1 (of a range) along ``dim``; every other axis (features,
-    prompts) is summed over. Returns [n // 2 + 1] with index ``k`` = frequency ``k`` (0 = the
-    constant, i.e. ``n · |mean|²``); the entries sum to ``‖values‖²`` (Parseval).
+    Args:
+        values (Float[Tensor, "... n ..."]): The numbers 0..n-1 (of a range) along ``dim``; every
+            other axis (features, prompts) is summed over.
+        dim: The number axis.
+
+    Returns:
+        Float[Tensor, "freq"]: ``n // 2 + 1`` powers (float64), index ``k`` = frequency ``k``
+        (0 = the constant, i.e. ``n · |mean|²``); they sum to ``‖values‖²`` (Parseval).
+
+    Raises:
+        AnalysisError: ``values`` is not a tensor, ``dim`` is out of range, or the axis has fewer
+            than 2 numbers.
     """
     if not isinstance(values, torch.Tensor) or values.ndim < 1:
         raise AnalysisError(f"values must be a tensor with a number axis, got {type(values).__name__}")
@@ -165,8 +225,15 @@ def spectrum_of(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def spectrum_of_2d(grids: Float[Tensor, "*batch n n"]) -> Float[Tensor, "freq freq"]:
     """Power per frequency pair of grids [..., n, n] (axes a, b), summed over leading axes.
 
-    Returns [n//2 + 1, n//2 + 1]: entry ``[ka, kb]`` is the power in the basis grids of
-    frequency ``ka`` along a and ``kb`` along b (Nanda et al. 2023, 2-D outer-product basis).
+    Args:
+        grids: Grids, the last two axes ``a`` and ``b``.
+
+    Returns:
+        Entry ``[ka, kb]`` is the power in the basis grids of frequency ``ka`` along a and ``kb``
+        along b (Nanda et al. 2023, 2-D outer-product basis); ``freq = n // 2 + 1``.
+
+    Raises:
+        AnalysisError: The last two axes are not square.
     """
     return pair_power_per_grid(grids.reshape(-1, *grids.shape[-2:])).sum(0)
 
@@ -188,8 +255,12 @@ def pair_power_per_grid(grids: Float[Tensor, "m n n"]) -> Float[Tensor, "m freq 
 def block_power(pair_power: Float[Tensor, "*batch freq freq"]) -> Float[Tensor, "*batch freq"]:
     """Power of each frequency block ``{const, cos k, sin k}²`` minus the constant·constant cell.
 
-    ``pair_power`` [..., F, F] (from :func:`spectrum_of_2d`) → [..., F]; entry 0 is 0 and entry
-    ``k ≥ 1`` is ``P[0, k] + P[k, 0] + P[k, k]`` (Nanda et al. 2023's 3×3 neuron block).
+    Args:
+        pair_power: Power per frequency pair (from :func:`spectrum_of_2d`).
+
+    Returns:
+        Entry 0 is 0 and entry ``k ≥ 1`` is ``P[0, k] + P[k, 0] + P[k, k]`` (Nanda et al. 2023's
+        3×3 neuron block).
     """
     diagonal = pair_power.diagonal(dim1=-2, dim2=-1).clone()
     blocks = diagonal + pair_power[..., 0, :] + pair_power[..., :, 0]
@@ -219,7 +290,18 @@ def key_frequencies(
       ``fraction`` of the non-constant power (always non-empty; near-uniform noise needs most
       frequencies to reach it).
 
-    Returns the chosen ``k`` sorted by decreasing power.
+    Args:
+        power (Float[Tensor, "freq"]): A power spectrum (:func:`spectrum_of`).
+        rule: ``"median"`` or ``"fraction"``.
+        factor: The ``"median"`` rule's multiple of the median.
+        fraction: The ``"fraction"`` rule's share of the non-constant power, in (0, 1].
+
+    Returns:
+        The chosen ``k``, sorted by decreasing power (empty when there is no non-constant power).
+
+    Raises:
+        ConfigError: An unknown rule, ``factor <= 0`` or ``fraction`` outside (0, 1].
+        AnalysisError: ``power`` is not 1-D with at least 2 entries.
     """
     if rule not in KEY_RULES:
         raise ConfigError(f"unknown key-frequency rule {rule!r}; accepted: {accepted(KEY_RULES)}")
@@ -244,7 +326,15 @@ def key_frequencies(
 
 @checked
 def key_fraction(power: Float[Tensor, " freq"], key: Iterable[int]) -> float:
-    """Share of the non-constant power of ``power`` [n_freq] in the frequencies ``key``."""
+    """The share of the non-constant power in some frequencies.
+
+    Args:
+        power: A power spectrum.
+        key: The frequencies (``k ≥ 1``).
+
+    Returns:
+        Their share, in [0, 1]; 0 when ``key`` is empty or there is no non-constant power.
+    """
     key = list(key)  # once: ``key`` may be a generator
     total = float(power[1:].sum())
     return float(power[key].sum()) / total if total > 0 and key else 0.0

@@ -32,10 +32,17 @@ class NeuronFrequencyResult(Result):
     """Per neuron, how much of its non-constant variance over the ``(a, b)`` grid lies in one
     frequency block ``{const, cos k, sin k}²`` (Nanda et al. 2023).
 
-    ``shares`` [m, n_freq]: share of neuron ``i``'s non-constant variance in block ``k``
-    (column 0 unused, 0); ``best_k`` [m] the block with the largest share, ``fraction`` [m]
-    that share; a neuron is *clustered* when ``fraction > threshold``. ``dead`` [m] marks
-    neurons with (near) zero variance, which are never clustered.
+    A neuron is *clustered* when ``fraction > threshold`` and it is not dead.
+
+    Attributes:
+        shares (Float[Tensor, "neuron freq"]): The share of each neuron's non-constant variance in
+            block ``k`` (column 0 unused, 0).
+        best_k (Int[Tensor, "neuron"]): The block with the largest share.
+        fraction (Float[Tensor, "neuron"]): That share.
+        dead (Bool[Tensor, "neuron"]): Neurons with (near) zero variance, never clustered.
+        threshold: The share a clustered neuron exceeds.
+        numbers: ``[start, stop]`` of the number axis.
+        meta: Provenance and, with the shuffle control, ``meta["control"]``.
     """
 
     shares: torch.Tensor
@@ -52,10 +59,12 @@ class NeuronFrequencyResult(Result):
 
     @property
     def n(self) -> int:
+        """The number of numbers on each grid axis."""
         return int(self.numbers[1] - self.numbers[0])
 
     @property
     def clustered(self) -> torch.Tensor:
+        """Bool[Tensor, "neuron"]: ``fraction > threshold`` and not dead."""
         return (self.fraction > self.threshold) & ~self.dead
 
     @property
@@ -103,15 +112,27 @@ def neuron_frequencies(
     shuffle_control: bool = True,
     seed: int = 0,
 ) -> NeuronFrequencyResult:
-    """Frequency clusters of neuron activation grids [m, n, n] (axes: neuron, a, b).
+    """Frequency clusters of neuron activation grids.
 
     For each neuron, the share of its non-constant variance (total power minus the
     constant·constant coefficient) in each block ``{const, cos k, sin k}²`` (:func:`block_power`),
     the best ``k`` and its share (Nanda et al. 2023: 433 / 512 neurons above 0.85).
 
-    With ``shuffle_control``, ``meta["control"]`` states what the same rule finds on cell-shuffled
-    grids (each neuron's cells permuted by its own seeded permutation): the fraction of neurons
-    clustered and the 95th percentile of their best share, next to the threshold.
+    Args:
+        grids (Float[Tensor, "neuron n n"]): Each neuron's activation over the ``(a, b)`` grid.
+        threshold: The share a clustered neuron exceeds, in (0, 1).
+        numbers: The number axis (default ``range(n)``).
+        meta: The result's meta (default: provenance and the neuron count).
+        shuffle_control: Add ``meta["control"]``: what the same rule finds on cell-shuffled grids
+            (each neuron's cells permuted by its own seeded permutation), the fraction of neurons
+            clustered and the 95th percentile of their best share.
+        seed: Seeds the shuffle.
+
+    Returns:
+        The shares, best frequency and clustering of each neuron.
+
+    Raises:
+        ConfigError: ``threshold`` is outside (0, 1).
     """
     if not 0 < threshold < 1:
         raise ConfigError(f"threshold must be in (0, 1), got {threshold}")
@@ -141,7 +162,25 @@ def neuron_clusters(model: HookedModel, prompts: PromptSet, layer: int = 0, numb
                     site: str = "mlp_post", threshold: float = 0.85, batch_size: int = 1024,
                     progress: bool = True) -> NeuronFrequencyResult:
     """:func:`neuron_frequencies` of a model's MLP neurons at the final position over the
-    ``(a, b)`` grid of ``prompts`` (which must cover ``numbers × numbers`` once)."""
+    ``(a, b)`` grid of the prompts.
+
+    Args:
+        model: The hooked model.
+        prompts: Prompts that cover ``numbers × numbers`` once.
+        layer: The MLP's layer.
+        numbers: The number axis (default ``range(max(a) + 1)``).
+        site: ``"mlp_post"`` or ``"mlp_pre"``.
+        threshold: The share a clustered neuron exceeds.
+        batch_size: Prompts per forward.
+        progress: Show a progress bar.
+
+    Returns:
+        The neurons' frequency clusters.
+
+    Raises:
+        AnalysisError: The prompts do not cover the grid once.
+        ModelMismatchError: The prompts were built for another model.
+    """
     check_belongs(model, "fourier.neuron_clusters", prompts=prompts)
     numbers = number_axis(numbers, int(prompts.a.max()) + 1)
     grids = grid_activations(model, prompts, layer, site, numbers, batch_size, progress)

@@ -32,9 +32,20 @@ BANDS = ("low", "high")
 
 @checked
 def band_frequencies(n: int, band: Union[str, IntList], split_period: float = 10.0) -> list[int]:
-    """Frequencies ``k`` of a band over ``n`` numbers: ``"low"`` = period ``n/k`` above
-    ``split_period``, ``"high"`` = period at most ``split_period``, or explicit ``k``s.
-    The constant (``k = 0``) is never in a band."""
+    """The frequencies of a band over ``n`` numbers. The constant (``k = 0``) is never in a band.
+
+    Args:
+        n: The number of numbers on the axis.
+        band: ``"low"`` (period ``n / k`` above ``split_period``), ``"high"`` (period at most
+            ``split_period``), or explicit frequencies ``1..n // 2``.
+        split_period: The period that splits low from high.
+
+    Returns:
+        The band's frequencies ``k``, ascending.
+
+    Raises:
+        ConfigError: An unknown band name, or explicit frequencies that are empty or out of range.
+    """
     if isinstance(band, str):
         if band not in BANDS:
             raise ConfigError(f"unknown band {band!r}; accepted: {accepted(BANDS)} or a list of frequencies")
@@ -51,9 +62,18 @@ def band_frequencies(n: int, band: Union[str, IntList], split_period: float = 10
 def filter_projector(unembed: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
     """[d, d] projector onto the null space of ``M = B·F·unembedᵀ`` (Zhou et al. 2024).
 
-    ``unembed`` [d, n] are the unembedding columns of the numbers 0..n-1 of the axis, ``F``
-    the Fourier basis over them and ``B`` selects the rows of frequencies ``freqs``. For any
-    ``h``, the logit lens of ``h @ P`` onto the numbers has no power at ``freqs``.
+    ``F`` is the Fourier basis over the numbers and ``B`` selects the rows of frequencies
+    ``freqs``. For any ``h``, the logit lens of ``h @ P`` onto the numbers has no power at ``freqs``.
+
+    Args:
+        unembed (Float[Tensor, "d n"]): The unembedding columns of the numbers 0..n-1 of the axis.
+        freqs: The frequencies to remove.
+
+    Returns:
+        Float[Tensor, "d d"]: The projector ``P`` (float64).
+
+    Raises:
+        AnalysisError: ``unembed`` is not 2-D.
     """
     if unembed.ndim != 2:
         raise AnalysisError(f"unembed must be [d, n], got shape {tuple(unembed.shape)}")
@@ -67,12 +87,28 @@ def filter_projector(unembed: torch.Tensor, freqs: Iterable[int]) -> torch.Tenso
 class FilterResult(Result):
     """Accuracy with a frequency band removed from some component outputs (Zhou et al. 2024).
 
-    ``errors`` / ``counts`` give the distribution of ``model answer − true answer`` over the
-    wrong answers with the filter on (unparsable answers are counted under ``unparsable``).
-    ``accuracy_ci`` / ``baseline_ci`` are 95% percentile-bootstrap intervals over prompts,
-    ``drop`` = baseline − filtered accuracy with ``drop_ci`` (the same resampled prompts for
-    both), and ``retained`` = accuracy / baseline accuracy with ``retained_ci`` — NaN, with a
-    ``note``, when the baseline accuracy is not distinguishable from zero.
+    Intervals are 95% percentile-bootstrap intervals over prompts, ``[low, high]``, the same
+    resampled prompts for every quantity.
+
+    Attributes:
+        accuracy: The accuracy with the filter on.
+        baseline_accuracy: The accuracy without it.
+        errors: The values of ``model answer − true answer`` among the wrong parsable answers.
+        counts: How often each of ``errors`` occurs.
+        unparsable: Wrong answers that do not parse as a number.
+        removed: The removed frequencies.
+        site: ``"mlp_out"`` or ``"attn_out"``.
+        layers: The filtered layers.
+        numbers: ``[start, stop]`` of the number axis.
+        meta: Provenance, the band, the split period, the prompt count, the seed.
+        accuracy_ci: The interval of ``accuracy``.
+        baseline_ci: The interval of ``baseline_accuracy``.
+        drop: Baseline − filtered accuracy.
+        drop_ci: Its interval.
+        retained: Accuracy / baseline accuracy; NaN, with a ``note``, when the baseline accuracy is
+            not distinguishable from zero.
+        retained_ci: Its interval.
+        note: Why a share is missing, or empty.
     """
 
     accuracy: float
@@ -132,20 +168,35 @@ def frequency_filter(
     batch_size: int = 512,
     seed: int = 0,
 ) -> FilterResult:
-    """Remove a frequency band from ``site`` (``"mlp_out"`` or ``"attn_out"``) at ``position``
-    in ``layers`` (default all) during the forward pass and measure accuracy on ``prompts``
+    """Remove a frequency band from component outputs during the forward pass and measure accuracy
     and the error distribution (Zhou et al. 2024).
 
-    Each output ``h`` [d] at the last position of every forward (an
+    Each output ``h`` ``[d_model]`` at the last position of every forward (an
     :class:`~arithinterp.engine.Intervention` whose value is the projection) is replaced by
-    ``h @ P`` with ``P`` from :func:`filter_projector` over
-    the unembeddings of ``numbers`` (default 0..max answer), so that the logit lens of the
-    component output has no power in the band; ``band`` is ``"low"`` / ``"high"`` (split at
-    ``split_period``, see :func:`band_frequencies`) or a list of frequencies.
+    ``h @ P`` with ``P`` from :func:`filter_projector` over the unembeddings of ``numbers``, so
+    that the logit lens of the component output has no power in the band.
 
-    Accuracies, the drop and the retained share carry 95% bootstrap intervals over prompts
-    (seeded by ``seed``); the share is NaN, with a note, when the unfiltered accuracy is
-    indistinguishable from zero.
+    Args:
+        model: The hooked model.
+        prompts: The prompts to evaluate.
+        band: ``"low"`` / ``"high"`` (split at ``split_period``, see :func:`band_frequencies`) or a
+            list of frequencies.
+        site: ``"mlp_out"`` or ``"attn_out"``.
+        layers: The filtered layers (default: all).
+        numbers: The number axis (default ``0..max answer``).
+        split_period: The period that splits low from high.
+        position: ``"final"``, the only position filtered.
+        batch_size: Prompts per forward.
+        seed: Seeds the bootstrap intervals.
+
+    Returns:
+        Accuracies with and without the filter, the drop and the retained share with their
+        intervals, and the error distribution.
+
+    Raises:
+        SiteError: A site other than a component output, a layer out of range, or another position.
+        ConfigError: An unknown band or invalid frequencies.
+        ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "fourier.frequency_filter", prompts=prompts)
     from arithinterp import sites as site_lib

@@ -37,9 +37,19 @@ def _check_logits(logits: torch.Tensor) -> int:
 
 @checked
 def sum_directions(p: PositiveInt, freqs: IntList, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Orthonormal directions ``cos / sin(2πk(a+b)/p)`` over the p² pairs for each ``k``: [p², 2K].
+    """Orthonormal directions ``cos / sin(2πk(a+b)/p)`` over the p² pairs.
 
-    Directions that vanish (``sin`` at ``k = p/2``) are dropped.
+    Args:
+        p: The modulus.
+        freqs: The frequencies ``k``, in ``1..p // 2``.
+        dtype: The directions' dtype.
+
+    Returns:
+        Float[Tensor, "pair direction"]: ``[p², 2K]`` for K frequencies, less the directions that
+        vanish (``sin`` at ``k = p/2``).
+
+    Raises:
+        AnalysisError: A frequency out of range.
     """
     freqs = [int(k) for k in freqs]
     bad = [k for k in freqs if not 1 <= k <= p // 2]
@@ -64,15 +74,37 @@ def _key_part(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
 
 @checked
 def restricted_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
-    """Logits [p, p, C] kept only in the key directions ``cos / sin(w_k(a+b))`` plus the
-    per-class mean over pairs (Nanda et al. 2023 restricted logits)."""
+    """Logits kept only in the key directions ``cos / sin(w_k(a+b))`` plus the per-class mean over
+    pairs (Nanda et al. 2023 restricted logits).
+
+    Args:
+        logits (Float[Tensor, "p p classes"]): Logits over every pair ``(a, b)``.
+        freqs: The key frequencies.
+
+    Returns:
+        Float[Tensor, "p p classes"]: The restricted logits (float64).
+
+    Raises:
+        AnalysisError: ``logits`` is not ``[p, p, classes]``, or a frequency is out of range.
+    """
     _check_logits(logits)
     return logits.double().mean(dim=(0, 1), keepdim=True) + _key_part(logits, freqs)
 
 
 @checked
 def excluded_logits(logits: torch.Tensor, freqs: Iterable[int]) -> torch.Tensor:
-    """Logits [p, p, C] with the key directions ``cos / sin(w_k(a+b))`` removed (Nanda et al. 2023)."""
+    """Logits with the key directions ``cos / sin(w_k(a+b))`` removed (Nanda et al. 2023).
+
+    Args:
+        logits (Float[Tensor, "p p classes"]): Logits over every pair ``(a, b)``.
+        freqs: The key frequencies.
+
+    Returns:
+        Float[Tensor, "p p classes"]: The excluded logits (float64).
+
+    Raises:
+        AnalysisError: ``logits`` is not ``[p, p, classes]``, or a frequency is out of range.
+    """
     _check_logits(logits)
     return logits.double() - _key_part(logits, freqs)
 
@@ -98,8 +130,20 @@ def _loss(logits: torch.Tensor, labels: Optional[torch.Tensor], mask: Optional[t
 @checked
 def full_loss(logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
               mask: Optional[torch.Tensor] = None) -> float:
-    """Cross-entropy of logits [p, p, C] against ``labels`` [p, p] (default ``(a + b) mod p``)
-    over the pairs in ``mask`` [p, p] (default all)."""
+    """Cross-entropy of logits over a set of pairs.
+
+    Args:
+        logits (Float[Tensor, "p p classes"]): Logits over every pair ``(a, b)``.
+        labels (Int[Tensor, "p p"] | None): The classes (default ``(a + b) mod p``).
+        mask (Bool[Tensor, "p p"] | None): The pairs to score (default: all).
+
+    Returns:
+        The mean cross-entropy.
+
+    Raises:
+        AnalysisError: Shapes that do not match, fewer than ``p`` classes with the default labels,
+            or an empty mask.
+    """
     return _loss(logits, labels, mask)
 
 
@@ -107,7 +151,20 @@ def full_loss(logits: torch.Tensor, labels: Optional[torch.Tensor] = None,
 def restricted_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
                     mask: Optional[torch.Tensor] = None) -> float:
     """Loss of :func:`restricted_logits` (Nanda et al. 2023). Falls below the full loss once the
-    model's answer is carried by the key frequencies and the rest is noise."""
+    model's answer is carried by the key frequencies and the rest is noise.
+
+    Args:
+        logits (Float[Tensor, "p p classes"]): Logits over every pair ``(a, b)``.
+        freqs: The key frequencies.
+        labels (Int[Tensor, "p p"] | None): The classes (default ``(a + b) mod p``).
+        mask (Bool[Tensor, "p p"] | None): The pairs to score (default: all).
+
+    Returns:
+        The mean cross-entropy.
+
+    Raises:
+        AnalysisError: As for :func:`full_loss`.
+    """
     return _loss(restricted_logits(logits, freqs), labels, mask)
 
 
@@ -115,15 +172,37 @@ def restricted_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional
 def excluded_loss(logits: torch.Tensor, freqs: Iterable[int], labels: Optional[torch.Tensor] = None,
                   mask: Optional[torch.Tensor] = None) -> float:
     """Loss of :func:`excluded_logits` (Nanda et al. 2023; Nanda measure it on the training pairs).
-    Rises far above the full loss as the Fourier circuit forms."""
+    Rises far above the full loss as the Fourier circuit forms.
+
+    Args:
+        logits (Float[Tensor, "p p classes"]): Logits over every pair ``(a, b)``.
+        freqs: The key frequencies.
+        labels (Int[Tensor, "p p"] | None): The classes (default ``(a + b) mod p``).
+        mask (Bool[Tensor, "p p"] | None): The pairs to score (default: all).
+
+    Returns:
+        The mean cross-entropy.
+
+    Raises:
+        AnalysisError: As for :func:`full_loss`.
+    """
     return _loss(excluded_logits(logits, freqs), labels, mask)
 
 
 @checked
 def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
-    """Power of logits [p, p, C] in each ``cos / sin(w_k(a+b))`` pair of directions: [p//2 + 1]
-    (index ``k``; index 0 = the per-class mean). Its key frequencies (:func:`key_frequencies`)
-    are the frequencies the logits are built from."""
+    """Power of logits in each ``cos / sin(w_k(a+b))`` pair of directions. Its key frequencies
+    (:func:`key_frequencies`) are the frequencies the logits are built from.
+
+    Args:
+        logits (Float[Tensor, "p p classes"]): Logits over every pair ``(a, b)``.
+
+    Returns:
+        Float[Tensor, "freq"]: ``p // 2 + 1`` powers (float64), index ``k``; index 0 is the per-class mean.
+
+    Raises:
+        AnalysisError: ``logits`` is not ``[p, p, classes]``.
+    """
     p = _check_logits(logits)
     flat = logits.reshape(p * p, -1).double()
     power = [flat.mean(0).pow(2).sum() * p * p]
@@ -136,8 +215,22 @@ def sum_frequency_power(logits: torch.Tensor) -> torch.Tensor:
 @checked
 def modular_logits(model: HookedModel, p: Optional[PositiveInt] = None, *, template: str = "{a} {b} =",
                    batch_size: PositiveInt = 4096) -> torch.Tensor:
-    """Logits [p, p, p] of ``model`` over every pair ``(a, b)`` of 0..p-1, read at the final
-    prompt token and restricted to the number tokens 0..p-1 (so class ``c`` = number ``c``)."""
+    """A model's logits over every pair ``(a, b)`` of ``0..p-1``, read at the final prompt token and
+    restricted to the number tokens ``0..p-1`` (so class ``c`` = number ``c``).
+
+    Args:
+        model: The hooked model.
+        p: The modulus; ``None`` reads it from a zoo modular-addition model.
+        template: The prompt template.
+        batch_size: Prompts per forward.
+
+    Returns:
+        Float[Tensor, "p p p"]: The logits (float32).
+
+    Raises:
+        AnalysisError: ``p`` is not given and the model is not a zoo modular-addition model.
+        ConfigError: ``p`` exceeds the vocabulary.
+    """
     check_belongs(model, "fourier.modular_logits")
     from arithinterp.tasks import arithmetic
 
@@ -172,7 +265,18 @@ def _zoo_modulus(model: HookedModel) -> int:
 
 @checked
 def train_mask(name: str = "modadd-113") -> torch.Tensor:
-    """Bool [p, p]: the (a, b) pairs zoo model ``name`` was trained on (its seeded split)."""
+    """The ``(a, b)`` pairs a zoo model was trained on (its seeded split).
+
+    Args:
+        name: A zoo modular-addition model.
+
+    Returns:
+        Bool[Tensor, "p p"]: True at the training pairs.
+
+    Raises:
+        ModelSpecError: An unknown zoo name.
+        AnalysisError: The model is not a modular-addition model over ``0..p-1``.
+    """
     from arithinterp.models.zoo import split
     from arithinterp.models.zoo import get_entry
 
@@ -187,9 +291,22 @@ def train_mask(name: str = "modadd-113") -> torch.Tensor:
 
 @checked
 def modular_losses(logits: torch.Tensor, freqs: Sequence[int], mask: Optional[torch.Tensor] = None) -> dict[str, float]:
-    """Full, restricted and excluded loss of logits [p, p, p] on the train pairs (``mask``) and
-    the rest. Restricted loss is reported on all pairs and held-out pairs, excluded loss on the
-    training pairs (Nanda et al. 2023)."""
+    """Full, restricted and excluded loss on the training pairs and the rest (Nanda et al. 2023).
+
+    Args:
+        logits (Float[Tensor, "p p p"]): Logits over every pair ``(a, b)``.
+        freqs: The key frequencies.
+        mask (Bool[Tensor, "p p"] | None): The training pairs (default: all; the held-out losses are
+            then over all pairs too).
+
+    Returns:
+        ``train_loss`` and ``test_loss`` (full loss); ``restricted_loss`` (all pairs) and
+        ``restricted_test_loss`` (held out); ``excluded_loss`` (training pairs) and
+        ``excluded_test_loss`` (held out).
+
+    Raises:
+        AnalysisError: ``logits`` is not ``[p, p, p]``.
+    """
     p = _check_logits(logits)
     mask = torch.ones((p, p), dtype=torch.bool) if mask is None else mask
     held_out = ~mask if (~mask).any() else mask
@@ -207,8 +324,18 @@ def modular_losses(logits: torch.Tensor, freqs: Sequence[int], mask: Optional[to
 class ProgressResult(Result):
     """Nanda et al. 2023 progress measures over training snapshots.
 
-    Each measure is [n_steps], in the order of ``steps``; key frequencies ``key`` are fixed
-    (from the final model unless given). See :func:`modular_losses` for the definitions.
+    See :func:`modular_losses` for the definitions of the measures.
+
+    Attributes:
+        steps: The training steps measured, ascending.
+        train_loss (Float[Tensor, "checkpoint"]): Full loss on the training pairs.
+        test_loss (Float[Tensor, "checkpoint"]): Full loss on the held-out pairs.
+        restricted_loss (Float[Tensor, "checkpoint"]): Restricted loss on all pairs.
+        restricted_test_loss (Float[Tensor, "checkpoint"]): Restricted loss on the held-out pairs.
+        excluded_loss (Float[Tensor, "checkpoint"]): Excluded loss on the training pairs.
+        excluded_test_loss (Float[Tensor, "checkpoint"]): Excluded loss on the held-out pairs.
+        key: The key frequencies, fixed for every step.
+        meta: Provenance, the zoo model, ``p`` and the number of training pairs.
     """
 
     steps: list
@@ -260,7 +387,25 @@ def progress(
     (default: all shipped, ``get_entry(name).snapshot_steps()``) and, with ``include_final``,
     the final model. Key frequencies are fixed from the final model's logits
     (:func:`sum_frequency_power` + :func:`key_frequencies`) unless ``key`` is given.
-    Nanda et al. 2023."""
+    Nanda et al. 2023.
+
+    Args:
+        snapshots: The training steps to measure (default: every shipped snapshot).
+        name: A zoo modular-addition model.
+        key: The key frequencies; ``None`` picks them from the final model with ``rule``.
+        rule: The :func:`key_frequencies` rule.
+        factor: Its ``"median"`` factor.
+        fraction: Its ``"fraction"`` share.
+        include_final: Measure the final model too.
+        progress: Show a progress bar.
+
+    Returns:
+        The measures per step.
+
+    Raises:
+        AnalysisError: ``name`` is not a modular-addition model.
+        ConfigError: A snapshot that is not shipped, or nothing to measure.
+    """
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry
 

@@ -37,13 +37,20 @@ if TYPE_CHECKING:
 class SeparabilityResult(Result):
     """Cross-validated accuracy of ``x mod T`` from a representation, per series and period.
 
-    ``accuracy`` [S, P] for ``series`` × ``periods`` (mean over ``cv`` folds that hold out whole
-    numbers), ``ci`` [2, S, P] its 95% Student-t interval over folds clipped to [0, 1],
-    ``chance`` [P] the largest residue class's share of the rows (about ``1/T``),
-    ``shuffled`` [S, P] the same probe with the numbers permuted over the rows (every row of a
-    number moves together), and ``random_init`` / ``random_init_ci`` the same for a random-init
-    model of the same architecture (``None`` when no control representation was given).
     Periods with fewer than two numbers per residue class in training are NaN (``meta["skipped"]``).
+
+    Attributes:
+        accuracy (Float[Tensor, "series period"]): The mean over ``cv`` folds that hold out whole numbers.
+        ci (Float[Tensor, "2 series period"]): Its 95% Student-t interval over folds, clipped to [0, 1].
+        chance (Float[Tensor, "period"]): The largest residue class's share of the rows (about ``1/T``).
+        shuffled (Float[Tensor, "series period"]): The same probe with the numbers permuted over the
+            rows (every row of a number moves together).
+        periods: The periods ``T``.
+        series: The series' names (``"embed"``, ``"L3 resid_post"``).
+        meta: Provenance, the folds, the probe, the controls and the skipped periods.
+        random_init (Float[Tensor, "series period"] | None): The accuracy on a random-init model of
+            the same architecture; ``None`` when no control representation was given.
+        random_init_ci (Float[Tensor, "2 series period"] | None): Its interval.
     """
 
     accuracy: torch.Tensor
@@ -64,8 +71,12 @@ class SeparabilityResult(Result):
               "random_init": PROBABILITY, "random_init_ci": PROBABILITY, "periods": POSITIVE}
 
     def beats_controls(self) -> torch.Tensor:
-        """[S, P] bool: the interval's low end is above chance, the shuffled control and (when run)
-        the random-init model's interval."""
+        """Where the representation beats every control.
+
+        Returns:
+            Bool[Tensor, "series period"]: The interval's low end is above chance, the shuffled
+            control and (when run) the random-init model's interval.
+        """
         beats = (self.ci[0] > self.chance[None]) & (self.ci[0] > self.shuffled)
         if self.random_init_ci is not None:
             beats &= self.ci[0] > self.random_init_ci[1]
@@ -155,7 +166,7 @@ def separability(
     C: float = 1.0,
     seed: int = 0,
 ) -> SeparabilityResult:
-    """Mod-T linear separability of a representation (Fu et al. 2026) → :class:`SeparabilityResult`.
+    """Mod-T linear separability of a representation (Fu et al. 2026).
 
     Args:
         source: the representation [N, d] (one row per number; several prompts per number are
@@ -168,6 +179,14 @@ def separability(
         cv: folds over the distinct numbers (a number's rows are all on one side).
         C: inverse L2 strength of the logistic probe (features standardised).
         seed: folds, the shuffled control and the probe.
+
+    Returns:
+        The cross-validated accuracies and their controls, per series and period.
+
+    Raises:
+        AnalysisError: Series of different row counts, ``values`` of the wrong length, too few
+            distinct numbers for the folds, a ``control`` of another shape, or non-finite values.
+        ConfigError: ``cv`` is not an integer ≥ 2, or a period is not a whole number ≥ 2.
     """
     series, names = _as_series(source, "source")
     n = series[0].shape[0]
@@ -244,15 +263,37 @@ def number_representations(
     seed: int = 0,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Each number's representation [n, d] per series (name → tensor, rows in the order of ``numbers``).
+    """Each number's representation, per series.
 
     ``site="embed"`` with one token per number and no ``prompts``: the embedding rows
-    ``W_E[token(x)]``. Otherwise (any tokenizer) the activation at ``site`` and ``position``
-    (default ``"a"``: the number's last token, where a number of several tokens has been read
-    whole), one series per layer: in the prompt ``template`` with a = x and ``b`` (as
-    :func:`~arithinterp.fourier.context_spectrum` reads them), or — with ``prompts`` (e.g. a
-    task's own few-shot prompts) — averaged over up to ``per_number`` of those with a = x
-    (a seeded choice); every number of ``numbers`` needs one.
+    ``W_E[token(x)]``. Otherwise (any tokenizer) the activation at ``site`` and ``position``, one
+    series per layer: in the prompt ``template`` with a = x and ``b`` (as
+    :func:`~arithinterp.fourier.context_spectrum` reads them), or, with ``prompts``, averaged over
+    up to ``per_number`` of those with a = x.
+
+    Args:
+        model: The hooked model.
+        numbers: The number axis (an int ``n`` for ``range(n)``).
+        site: The site to read (``"embed"``, a residual or component output site).
+        layers: The layers to read (default: all).
+        template: The prompt template when no ``prompts`` are given.
+        b: The second operand in that template.
+        position: The position read (default ``"a"``: the number's last token, where a number of
+            several tokens has been read whole).
+        prompts: Prompts to read instead (e.g. a task's own few-shot prompts); every number of
+            ``numbers`` needs one with a = x.
+        per_number: The most prompts averaged per number.
+        seed: Seeds the choice of those prompts.
+        progress: Show a progress bar.
+
+    Returns:
+        ``{series name: Float[Tensor, "number d"]}`` (float64 for the embedding), rows in the order
+        of ``numbers``; names ``"embed"`` or ``"L{layer} {site}"``.
+
+    Raises:
+        SiteError: A site that holds no number representation.
+        ConfigError: ``per_number`` is not a positive integer.
+        AnalysisError: A number without a prompt.
     """
     from arithinterp.activations import collect
     from arithinterp.errors import TokenizationError
@@ -302,9 +343,26 @@ def number_separability(
 ) -> SeparabilityResult:
     """:func:`separability` of each number's representation in ``model``
     (:func:`number_representations`) against the same representation in
-    ``random_like(model, seed)`` — a spectrum's spike at period T is a finding about the trained
+    ``random_like(model, seed)``: a spectrum's spike at period T is a finding about the trained
     model only when ``x mod T`` is readable there beyond chance, shuffled numbers and the random-init
-    model."""
+    model.
+
+    Args:
+        model: The hooked model.
+        numbers: The number axis.
+        periods: Whole periods ``T``.
+        site: As for :func:`number_representations`.
+        layers: As for :func:`number_representations`.
+        template: As for :func:`number_representations`.
+        b: As for :func:`number_representations`.
+        position: As for :func:`number_representations`.
+        cv: Folds over the distinct numbers.
+        seed: Seeds the random-init model, the folds and the probe.
+        progress: Show a progress bar.
+
+    Returns:
+        The separability result, ``random_init`` filled.
+    """
     from arithinterp.models import random_like
 
     check_belongs(model, "fourier.number_separability")
@@ -320,8 +378,16 @@ def number_separability(
 
 @checked
 def integer_periods(periods: Sequence[float], n: int, tolerance: float = 1e-6) -> list[int]:
-    """The whole periods among ``periods`` (e.g. a spectrum's key periods ``n / k``) that leave
-    at least two numbers per residue class over ``n`` numbers, in order."""
+    """The whole periods that leave at least two numbers per residue class.
+
+    Args:
+        periods: Candidate periods (e.g. a spectrum's key periods ``n / k``).
+        n: The number of numbers.
+        tolerance: How far from a whole number a period may be.
+
+    Returns:
+        The whole periods in ``2..n // 2``, in order, each once.
+    """
     out = []
     for T in periods:
         rounded = round(float(T))
