@@ -39,9 +39,10 @@ WALKED = ("activations", "causal", "circuits", "cyclic", "features", "fourier", 
 #: cost more than the work), and helpers that take the package's own objects only.
 UNCHECKED = {
     "arithinterp.features.transcoder.topk_activations",  # per encode, inside training and graphs
-    "arithinterp.tasks.compute", "arithinterp.tasks.render", "arithinterp.tasks.answer_text",  # per prompt
-    "arithinterp.tasks.few_shot_prefix", "arithinterp.tasks.operand_values", "arithinterp.tasks.check_template",
-    "arithinterp.tasks.check_names", "arithinterp.tasks.position_labels",
+    "arithinterp.tasks.operators.compute", "arithinterp.tasks.templates.render",  # per prompt
+    "arithinterp.tasks.templates.answer_text", "arithinterp.tasks.templates.few_shot_prefix",
+    "arithinterp.tasks.operators.operand_values", "arithinterp.tasks.templates.check_template",
+    "arithinterp.tasks.templates.check_names", "arithinterp.tasks.positions.position_labels",
     "arithinterp.checks.model_id",  # in every result's build_meta; it checks its model by hand
 }
 #: Counts of iterations: any size is legal (the work grows with it, behind a progress bar), so they

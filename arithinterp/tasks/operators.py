@@ -1,0 +1,97 @@
+"""The arithmetic of the tasks: operators, true answers, and the operand values they take.
+
+Operands and answers are stored as int64, so both must lie within ±(2**63 − 1); values are ints
+(or integer numpy / torch scalars), never strings or floats converted on the way in.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Iterable, Optional, Union
+
+from arithinterp.errors import TaskError
+
+OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "mod": lambda a, b: a % b,
+}
+#: The largest operand or answer magnitude: operands and answers are stored as int64.
+INT64_MAX = 2**63 - 1
+
+
+def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
+    """The true answer of ``a op b`` (reduced mod ``modulus`` when given).
+
+    Args:
+        op: A key of :data:`OPERATORS` (``"+"``, ``"-"``, ``"*"``, ``"//"``, ``"mod"``).
+        a: The first operand.
+        b: The second operand.
+        modulus: Reduce the answer mod this; ``None`` (or 0) leaves it as is.
+
+    Returns:
+        The answer as a Python int.
+
+    Raises:
+        KeyError: ``op`` is not an operator.
+        ZeroDivisionError: ``b == 0`` for ``"//"`` or ``"mod"``.
+    """
+    value = OPERATORS[op](a, b)
+    return value % modulus if modulus else value
+
+
+def defined(op: str, b: int) -> bool:
+    """Whether ``a op b`` is defined for every ``a``: ``//`` and ``mod`` need ``b != 0``.
+
+    Args:
+        op: A key of :data:`OPERATORS`.
+        b: The second operand.
+
+    Returns:
+        ``False`` for a division or remainder by zero, else ``True``.
+    """
+    return not (op in ("//", "mod") and b == 0)
+
+
+def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
+    """``values`` (an int or an iterable of ints) as a list of ints: strings and non-integers are
+    refused, never converted.
+
+    Args:
+        name: The parameter's name, for the error message (``"a"``, ``"b"``, ``"numbers"``).
+        values: One int, or an iterable of ints (integer numpy / torch scalars included).
+
+    Returns:
+        The values as Python ints, in order.
+
+    Raises:
+        TaskError: ``values`` is a string, holds a non-integer, is empty, or holds a value beyond 64 bits.
+    """
+    if isinstance(values, (str, bytes)):
+        raise TaskError(f"{name} must be an int or an iterable of ints, got the string {values!r}; "
+                        f"write e.g. {name}=[123] or {name}=range(100)")
+    if isinstance(values, bool):  # an int, but never an operand
+        raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}")
+    if isinstance(values, int):
+        values = [values]
+    try:
+        items = list(values)
+    except TypeError as error:
+        raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}") from error
+    out = []
+    for v in items:
+        try:
+            if isinstance(v, (bool, str, bytes)):
+                raise TypeError
+            value = operator.index(v)  # ints and integer numpy / torch scalars, never floats
+        except TypeError as error:
+            raise TaskError(f"{name} must hold integers, got {v!r} ({type(v).__name__}); "
+                            "round or convert the values yourself") from error
+        if abs(value) > INT64_MAX:
+            raise TaskError(f"{name}={value} does not fit in 64 bits; operands must lie within ±(2**63 - 1)")
+        out.append(value)
+    if not out:
+        raise TaskError(f"{name} is empty; give at least one operand value")
+    return out
