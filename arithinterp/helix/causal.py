@@ -57,8 +57,24 @@ def _position_index(prompts: PromptSet, position: str) -> torch.Tensor:
 @checked
 def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
             batch_size: int = 256) -> torch.Tensor:
-    """Activations [N, d] at ``hook`` (a hook name or a ``(site, layer)`` pair) and ``position``
-    of each prompt, read by :func:`arithinterp.engine.run` (the forward stops after that layer)."""
+    """Each prompt's activation at one site, layer and position, read by
+    :func:`arithinterp.engine.run` (the forward stops after that layer).
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        hook: A hook name or a ``(site, layer)`` pair.
+        position: A position name of the prompts (``"a"``, ``"final"``).
+        batch_size: Prompts per forward.
+
+    Returns:
+        Float[Tensor, "prompt d"]: The activations, flattened per prompt (float32).
+
+    Raises:
+        AnalysisError: No prompts.
+        SiteError: An unknown hook or position.
+        ModelMismatchError: The prompts were built for another model.
+    """
     check_belongs(model, "helix.capture", prompts=prompts)
     site, layer = _where(hook)
     index = _position_index(prompts, position)
@@ -80,9 +96,25 @@ def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], pos
 def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
                   replacement: Optional[torch.Tensor],
                   tokens: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Logit [N] of ``tokens`` at the final position when the activation at ``hook`` (a hook name
-    or a ``(site, layer)`` pair) and ``position`` is replaced by ``replacement`` [N, d] (``None``:
-    no patch), one :func:`arithinterp.engine.run` per batch."""
+    """The final-position logit of one token per prompt with an activation replaced, one
+    :func:`arithinterp.engine.run` per batch.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        hook: A hook name or a ``(site, layer)`` pair.
+        position: A position name of the prompts.
+        replacement (Float[Tensor, "prompt d"] | None): The activation to write; ``None``: no patch.
+        tokens (Int[Tensor, "prompt"]): The token whose logit is read.
+        batch_size: Prompts per forward.
+
+    Returns:
+        Float[Tensor, "prompt"]: The logits.
+
+    Raises:
+        SiteError: An unknown hook or position.
+        ModelMismatchError: The prompts were built for another model.
+    """
     check_belongs(model, "helix.patched_logit", prompts=prompts)
     site, layer = _where(hook)
     index = _position_index(prompts, position)
@@ -116,14 +148,25 @@ def stacked_effects(model: HookedModel, pairs: PromptPairs, hook: Union[str, tup
 class HelixPatchResult(Result):
     """The causal helix test (Kantamneni & Tegmark 2025).
 
-    ``effect[i]`` = mean over pairs of (logit of the corrupted answer after patching − before)
-    for ``methods[i]``; ``per_pair`` [M, n_pairs]; ``effect_ci`` [2, M] its 95% percentile-bootstrap
-    interval over pairs. ``fraction[i]`` = ``effect[i]`` / the layer patch's effect, with
-    ``fraction_ci`` [2, M] (the same resampled pairs in numerator and denominator) — all NaN
-    when the layer patch's own interval holds 0 (``layer_patch_distinct`` is False and
-    ``note`` says so): a share of an effect that may be nothing is not reported. ``k`` is the
-    PCA baseline's dimension (the helix's parameter count). ``site``, ``layer`` and
-    ``position`` say where the activations were patched.
+    Attributes:
+        methods: The replacements: ``"layer patch"``, ``"PCA-k"``, the fit's kind, ``"shuffled"``,
+            ``"mean"`` and any extra fits.
+        effect (Float[Tensor, "method"]): The mean over pairs of (logit of the corrupted answer
+            after patching − before).
+        per_pair (Float[Tensor, "method pair"]): The effect per pair.
+        fraction (Float[Tensor, "method"]): ``effect`` / the layer patch's effect; NaN when the
+            layer patch's own interval holds 0 (a share of an effect that may be nothing is not reported).
+        k: The PCA baseline's dimension (the helix's parameter count).
+        layer: The patched layer.
+        position: The patched position.
+        meta: Provenance, the fit's periods and kind, the variable, the bootstrap settings.
+        site: The patched site.
+        effect_ci (Float[Tensor, "2 method"] | None): The 95% percentile-bootstrap interval of
+            ``effect`` over pairs.
+        fraction_ci (Float[Tensor, "2 method"] | None): That of ``fraction`` (the same resampled
+            pairs in numerator and denominator).
+        layer_patch_distinct: Whether the layer patch's interval excludes 0.
+        note: Why fractions are missing, or empty.
     """
 
     methods: list
@@ -146,8 +189,12 @@ class HelixPatchResult(Result):
     _legal = {"methods": DISTINCT, "k": POSITIVE, "layer": NON_NEGATIVE}
 
     def fractions(self) -> dict:
-        """``{method: fraction}`` of the layer patch; empty when the layer patch's effect is not
-        distinguishable from zero (then :attr:`note` says why)."""
+        """Each method's fraction of the layer patch's effect.
+
+        Returns:
+            ``{method: fraction}``; empty when the layer patch's effect is not distinguishable
+            from zero (then :attr:`note` says why).
+        """
         if not self.layer_patch_distinct:
             return {}
         return dict(zip(self.methods, self.fraction.tolist()))
@@ -174,8 +221,18 @@ class HelixPatchResult(Result):
 
 @checked
 def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, random_state: int = 0) -> HelixFit:
-    """A fit like ``like`` (kind, periods, PCA size) to ``acts`` whose values are permuted at the
-    value level (each distinct number is relabelled by another): the control of Kantamneni & Tegmark 2025."""
+    """The control fit of Kantamneni & Tegmark 2025: a fit like another to values permuted at the
+    value level (each distinct number is relabelled by another).
+
+    Args:
+        acts (Float[Tensor, "n d"]): Activations.
+        values (Float[Tensor, "n"]): Their numbers (the first column is permuted when 2-D).
+        like: The fit whose kind, periods and PCA size to copy.
+        random_state: Seeds the permutation.
+
+    Returns:
+        The control fit (scored on its training rows).
+    """
     x = as_2d(values)
     unique, inverse = x[:, 0].unique(return_inverse=True)
     generator = torch.Generator().manual_seed(int(random_state))
@@ -235,10 +292,32 @@ def patch_test(
     ``value`` names the fitted variable (default: the fit's own, e.g. ``"a"``, else ``position``).
 
     Each effect and each fraction of the layer patch carries a 95% percentile-bootstrap interval
-    over the pairs (``n_boot`` resamples seeded by ``random_state``); fractions are NaN, with a
-    ``note``, when the layer patch's interval holds 0. Raises ``AnalysisError`` when the fit
-    (or an ``extra`` one) was made on at most ``n_params + 1`` distinct values: its basis and
-    PCA-k then interpolate by construction.
+    over the pairs; fractions are NaN, with a ``note``, when the layer patch's interval holds 0.
+
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt pairs.
+        fit: A single-variable fit.
+        layer: The layer to patch (default ``fit.layer``).
+        position: The position to patch (default ``fit.position``, else ``"a"``).
+        site: The site to patch (default ``fit.site``, else ``"resid_pre"``).
+        value: The fitted variable's label (default: the fit's own, e.g. ``"a"``, else ``position``).
+        control: The shuffled-values fit (default :func:`shuffled_control` on the pairs' activations).
+        extra: Further fits to test, by name.
+        random_state: Seeds the control and the bootstrap.
+        batch_size: Prompts per forward.
+        n_boot: Bootstrap resamples, at least 100.
+
+    Returns:
+        The effects, their fractions of the layer patch and their intervals.
+
+    Raises:
+        SiteError: No layer known, or an unknown site or position.
+        ConfigError: ``n_boot`` below 100.
+        AnalysisError: A multi-variable fit, fewer than 2 pairs, a fit (or an ``extra`` one) made on
+            at most ``n_params + 1`` distinct values (its basis and PCA-k then interpolate by
+            construction), or a fit of another width than the activations.
+        ModelMismatchError: The pairs or fit belong to another model.
     """
     check_belongs(model, "helix.patch_test", pairs=pairs, fit=fit)
     layer = fit.layer if layer is None else layer

@@ -63,18 +63,34 @@ def basis(
     degree: Optional[int] = None,
     names: Optional[Sequence[str]] = None,
 ) -> tuple[torch.Tensor, list[str]]:
-    """Basis columns for ``values`` [n] or [n, n_variables] → ([n, n_columns], column labels).
+    """Basis columns for numbers (Kantamneni & Tegmark 2025).
 
     ``kind``:
 
     * ``"helix"``: per variable ``cos / sin(2πx/T)`` for each period, then ``x / max_x``;
     * ``"circle"``: the periodic columns only;
-    * ``"poly"``: ``(x / max_x)^j`` for ``j = 1..degree`` (default: the helix's column count
-      ``2·len(periods) + 1``, so both have as many parameters);
+    * ``"poly"``: ``(x / max_x)^j`` for ``j = 1..degree``;
     * ``"linear"``: ``x / max_x``;
 
-    then one constant column. ``max_value`` per variable defaults to ``max(values)`` (at least 1).
-    Kantamneni & Tegmark 2025.
+    then one constant column.
+
+    Args:
+        values: The numbers, ``[n]`` or ``[n, n_variables]``.
+        kind: ``"helix"``, ``"circle"``, ``"poly"`` or ``"linear"``.
+        periods: The periods ``T`` of the periodic columns.
+        max_value: The scale of each variable (default ``max(values)``, at least 1).
+        degree: The ``"poly"`` degree (default: the helix's column count ``2·len(periods) + 1``,
+            so both have as many parameters).
+        names: One name per variable, for the labels (default ``x`` or ``x0, x1, ...``).
+
+    Returns:
+        ``(matrix, labels)``: the columns Float[Tensor, "n column"] (float64) and their labels
+        (``"cos(2πx/10)"``, ``"x/99"``, ``"1"``).
+
+    Raises:
+        ConfigError: An unknown kind, non-positive periods, no period for a periodic kind, or a
+            poly degree below 1.
+        AnalysisError: Empty values, a ``max_value`` or ``names`` per variable of the wrong length.
     """
     if kind not in BASIS_KINDS:
         raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(BASIS_KINDS)}")
@@ -117,7 +133,19 @@ def basis(
 @checked
 def helix_basis(values: Values, periods: Sequence[float] = DEFAULT_PERIODS, *, linear: bool = True,
                 constant: bool = True, max_value: Optional[Sequence[float]] = None) -> torch.Tensor:
-    """The helix basis [n, 2·len(periods) (+1 linear) (+1 constant)] of values [n] (or [n, v])."""
+    """The helix basis of numbers.
+
+    Args:
+        values: The numbers, ``[n]`` or ``[n, n_variables]``.
+        periods: The periods ``T``.
+        linear: Include the ``x / max_x`` column.
+        constant: Include the constant column.
+        max_value: The scale of each variable (default ``max(values)``, at least 1).
+
+    Returns:
+        Float[Tensor, "n column"]: ``2·len(periods)`` periodic columns per variable (+1 linear)
+        (+1 constant), float64.
+    """
     matrix, _ = basis(values, "helix" if linear else "circle", periods, max_value=max_value)
     return matrix if constant else matrix[:, :-1]
 
@@ -141,8 +169,21 @@ def r2_scores(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, f
 
 @checked
 def split_by_value(values: Values, holdout: float = 0.2, random_state: int = 0) -> torch.Tensor:
-    """Bool [n] marking the training rows: a random ``holdout`` share of the distinct values of
-    the first variable is held out with all their rows (the split is over values, not prompts)."""
+    """A train / test split over values, not prompts: a random share of the distinct values of the
+    first variable is held out with all their rows.
+
+    Args:
+        values: The numbers, ``[n]`` or ``[n, n_variables]``.
+        holdout: The share of distinct values held out, in [0, 1).
+        random_state: Seeds the choice.
+
+    Returns:
+        Bool[Tensor, "n"]: True at the training rows.
+
+    Raises:
+        ConfigError: ``holdout`` outside [0, 1).
+        AnalysisError: The split leaves an empty train or test set.
+    """
     x = as_2d(values)
     if not 0 <= holdout < 1:
         raise ConfigError(f"holdout must be in [0, 1), got {holdout}")

@@ -40,14 +40,33 @@ Values = Union[torch.Tensor, Sequence[int], str, Sequence[str]]
 class HelixFit(Result):
     """A fitted map from a number basis to activations (Kantamneni & Tegmark 2025).
 
-    Activations ≈ ``basis(values) @ coef @ components + mean``. ``components`` [k, d] and
-    ``mean`` [d] are the PCA of the training activations, ``coef`` [n_columns, k]. Held-out
-    quality over unseen *values*: ``r2`` [k] per PCA component, ``r2_overall`` (all PCA
-    coordinates, variance weighted), ``r2_full`` (in the full activation space) and
-    ``pca_r2`` (the full-space R² of the held-out activations' own reconstruction from the top
-    ``n_params`` components: the best any ``n_params``-dim subspace of this PCA does).
-    ``unique_values`` [u, v] / ``value_coords`` [u, ≤10] are the mean top PCA coordinates per
-    distinct value (for plots). ``train_values`` / ``test_values`` are the split values.
+    Activations ≈ ``basis(values) @ coef @ components + mean``; quality is held out over unseen
+    *values*.
+
+    Attributes:
+        kind: The basis kind (:func:`basis`).
+        periods: The periods ``T``.
+        degree: The ``"poly"`` degree, or ``None``.
+        max_value: The scale of each variable.
+        names: The variables' names.
+        mean (Float[Tensor, "d"]): The training activations' mean.
+        components (Float[Tensor, "k d"]): Their top PCA components.
+        explained_variance (Float[Tensor, "k"]): The components' variances.
+        coef (Float[Tensor, "column k"]): The least-squares map from the basis to PCA coordinates.
+        r2 (Float[Tensor, "k"]): Held-out R² per PCA component.
+        r2_overall: Held-out R² of all PCA coordinates, variance weighted.
+        r2_full: Held-out R² in the full activation space.
+        pca_r2: The full-space R² of the held-out activations' own reconstruction from the top
+            ``n_params`` components: the best any ``n_params``-dim subspace of this PCA does.
+        train_values: The training values of the first variable.
+        test_values: The held-out values.
+        unique_values (Float[Tensor, "value variable"]): The distinct values.
+        value_coords (Float[Tensor, "value component"]): The mean top (≤ 10) PCA coordinates per
+            distinct value, for plots.
+        site: The site read, when fitted on Activations.
+        layer: The layer read.
+        position: The position read.
+        meta: Provenance, the validation scheme, folds and the shuffled-values control.
     """
 
     kind: str
@@ -80,6 +99,7 @@ class HelixFit(Result):
 
     @property
     def labels(self) -> list[str]:
+        """The basis columns' labels."""
         return basis(torch.zeros(1, len(self.names)), **self._basis_kw())[1]
 
     @property
@@ -92,11 +112,28 @@ class HelixFit(Result):
                     names=self.names)
 
     def basis(self, values: Any) -> torch.Tensor:
-        """The fit's basis at ``values`` [n] / [n, v] → [n, n_columns]."""
+        """The fit's basis at some values.
+
+        Args:
+            values: The numbers, ``[n]`` or ``[n, n_variables]``.
+
+        Returns:
+            Float[Tensor, "n column"]: The basis columns (float64).
+        """
         return basis(values, **self._basis_kw())[0]
 
     def predict(self, values: Any) -> torch.Tensor:
-        """Activations [n, d] the fit gives for ``values`` [n] (or [n, n_variables])."""
+        """The activations the fit gives for some values.
+
+        Args:
+            values: The numbers, ``[n]`` or ``[n, n_variables]``.
+
+        Returns:
+            Float[Tensor, "n d"]: The predicted activations.
+
+        Raises:
+            AnalysisError: The number of variables differs from the fit's.
+        """
         x = as_2d(values)
         if x.shape[1] != len(self.names):
             raise AnalysisError(f"this fit takes {len(self.names)} variables ({self.names}), got {x.shape[1]}")
@@ -104,7 +141,15 @@ class HelixFit(Result):
         return (coords @ self.components.double() + self.mean.double()).float()
 
     def pca_reconstruct(self, acts: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
-        """``acts`` [n, d] projected onto the top ``k`` (default ``n_params``) PCA components."""
+        """Activations projected onto the fit's top PCA components.
+
+        Args:
+            acts (Float[Tensor, "n d"]): Activations.
+            k: The number of components (default :attr:`n_params`).
+
+        Returns:
+            Float[Tensor, "n d"]: The reconstruction.
+        """
         k = self.n_params if k is None else int(k)
         top = self.components[:k].double()
         centred = acts.double() - self.mean.double()
@@ -123,7 +168,18 @@ class HelixFit(Result):
     def plot(self, view: str = "3d", **kwargs):
         """``view="3d"``: the top three PCA coordinates per value with the fitted curve;
         ``"pairs"``: pairwise 2-D projections of the top PCA coordinates; ``"periods"``: each
-        period's (cos, sin) plane, one panel per period. Points are coloured by the number."""
+        period's (cos, sin) plane, one panel per period. Points are coloured by the number.
+
+        Args:
+            view: ``"3d"``, ``"pairs"`` or ``"periods"``.
+            **kwargs: Options of the figure builder.
+
+        Returns:
+            The plotly figure.
+
+        Raises:
+            ConfigError: An unknown view.
+        """
         from arithinterp.viz import fourier as viz
 
         views = {"3d": viz.plot_helix_3d, "pairs": viz.plot_helix_pairs, "periods": viz.plot_helix_periods}
@@ -291,6 +347,9 @@ def fit(
 ) -> HelixFit:
     """Fit a helix (or baseline) basis of ``values`` to activations (Kantamneni & Tegmark 2025).
 
+    PCA of the training activations to ``n_pca`` components, least squares from the basis to the
+    PCA coordinates (no intercept), mapped back with ``C = coef @ components + mean``.
+
     Args:
         acts_or_tensor: activations [N, d], or an ``Activations`` (read at ``site`` — default
             ``resid_pre`` when collected —, ``layer`` and ``position``).
@@ -302,18 +361,27 @@ def fit(
             (:func:`split_by_value`); 0 scores on the training rows; ``"loo"`` holds out each
             distinct value in turn (leave-one-value-out).
         kind: ``"helix"``, ``"circle"``, ``"poly"`` or ``"linear"`` (see :func:`basis`).
+        random_state: seeds the split and the shuffled-values control.
+        site: the site to read from an ``Activations``.
+        layer: the layer to read from an ``Activations``.
+        position: the position to read from an ``Activations``.
+        degree: the ``"poly"`` degree (see :func:`basis`).
+        names: one name per variable, for the basis labels.
         min_test_values: when the share would hold out fewer distinct values than this (ten
             digits: 2), leave-one-value-out is used instead; ``meta["validation"]`` says which.
         n_shuffles: the control: the same fit and validation on values shuffled across the rows
             (distinct values permuted, seeded by ``random_state``); ``meta["control"]`` holds its
             held-out R² (a helix of shuffled values should score about 0 or below).
 
-    Raises ``AnalysisError`` when a validation fold's training values are so few that the basis
-    fits any function of them exactly (the held-out R² would say nothing), e.g. the default
-    helix on the ten digits: use fewer periods there (``periods=(10,)``).
+    Returns:
+        The fit, with its held-out R² and the control in ``meta``.
 
-    PCA of the training activations to ``n_pca`` components, least squares from the basis to the
-    PCA coordinates (no intercept), mapped back with ``C = coef @ components + mean``.
+    Raises:
+        AnalysisError: A validation fold's training values are so few that the basis fits any
+            function of them exactly (the held-out R² would say nothing), e.g. the default helix on
+            the ten digits (use fewer periods there: ``periods=(10,)``); rows of values and
+            activations that differ in number; non-finite activations or values.
+        ConfigError: ``n_pca < 1``, an unknown kind, or invalid periods.
     """
     acts, site, layer, position, prompts = activation_matrix(acts_or_tensor, site, layer, position)
     x, default_names = resolve_values(values, prompts)
@@ -385,9 +453,16 @@ def fit(
 
 @dataclass(frozen=True)
 class FitLayersResult(Result):
-    """Held-out R² (full activation space) per layer: ``r2[i, j]`` for ``fits[i]`` at
-    ``layers[j]``; the last row ``"PCA-k"`` is the top-k PCA reconstruction with k the helix's
-    parameter count."""
+    """Held-out R² (full activation space) per basis kind and layer.
+
+    Attributes:
+        r2 (Float[Tensor, "fit layer"]): ``r2[i, j]`` for ``fits[i]`` at ``layers[j]``.
+        fits: The basis kinds, then ``"PCA-k"``: the top-k PCA reconstruction with k the helix's
+            parameter count.
+        layers: The layers.
+        periods: The periods ``T``.
+        meta: Provenance, the validation scheme and the shuffled-values control per layer and kind.
+    """
 
     r2: torch.Tensor
     fits: list
@@ -427,8 +502,22 @@ def fit_layers(
 ) -> FitLayersResult:
     """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R².
 
-    ``meta["control"]`` gives, per layer and kind, the mean held-out R² of the same fit to
-    shuffled values (:func:`fit`'s control), and ``meta["validation"]`` the scheme used."""
+    Args:
+        acts: An ``Activations``.
+        values: As for :func:`fit`.
+        periods: The periods ``T``.
+        kinds: The basis kinds to fit.
+        layers: The layers (default: every collected layer).
+        site: The site to read.
+        position: The position to read.
+        n_pca: PCA components kept.
+        holdout: As for :func:`fit`.
+        random_state: Seeds the splits and the controls.
+
+    Returns:
+        The R² table; ``meta["control"]`` gives, per layer and kind, the mean held-out R² of the
+        same fit to shuffled values (:func:`fit`'s control), and ``meta["validation"]`` the scheme used.
+    """
     layers = list(acts.layers) if layers is None else list(layers)
     rows = {k: [] for k in kinds}
     null = {k: [] for k in kinds}

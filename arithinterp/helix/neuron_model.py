@@ -47,9 +47,16 @@ class NeuronFitResult(Result):
 
     ``N(a, b) ≈ bias + Σ_t c_t·t + Σ_T Σ_t c_{T,t}·cos(2π/T·(t − d_{T,t}))``, t ∈ {a, b, a+b}.
 
-    ``linear`` [m, 3] = ``c_t`` (per unit of t), ``amplitude`` / ``phase`` [m, nT, 3] =
-    ``c_{T,t}`` ≥ 0 / ``d_{T,t}`` in ``[0, T)``, ``bias`` [m]; ``nrmse`` [m] =
-    RMSE / (max − min) of each neuron's preactivation over the prompts.
+    Attributes:
+        neurons: The fitted neurons' indices.
+        nrmse (Float[Tensor, "neuron"]): RMSE / (max − min) of each neuron's preactivation over the prompts.
+        linear (Float[Tensor, "neuron 3"]): ``c_t`` per unit of t, for t = a, b, a+b.
+        amplitude (Float[Tensor, "neuron period 3"]): ``c_{T,t}`` ≥ 0.
+        phase (Float[Tensor, "neuron period 3"]): ``d_{T,t}`` in ``[0, T)``.
+        bias (Float[Tensor, "neuron"]): The constant term.
+        periods: The periods ``T``.
+        method: ``"gd"`` or ``"lstsq"``.
+        meta: Provenance, the prompt count and the optimiser's settings.
     """
 
     neurons: list
@@ -68,7 +75,15 @@ class NeuronFitResult(Result):
     _legal = {"method": NEURON_METHODS, "nrmse": NON_NEGATIVE, "amplitude": NON_NEGATIVE, "periods": POSITIVE}
 
     def predict(self, a: Any, b: Any) -> torch.Tensor:
-        """Preactivations [n, m] the fits give at operands ``a``, ``b`` [n]."""
+        """The preactivations the fits give at some operands.
+
+        Args:
+            a (Int[Tensor, "n"]): First operands.
+            b (Int[Tensor, "n"]): Second operands.
+
+        Returns:
+            Float[Tensor, "n neuron"]: The predicted preactivations.
+        """
         ts = torch.stack([torch.as_tensor(a), torch.as_tensor(b), torch.as_tensor(a) + torch.as_tensor(b)], 1).double()
         periods = torch.tensor(self.periods, dtype=torch.float64)
         angle = 2 * math.pi / periods[None, None, :, None] * (ts[:, None, None, :] - self.phase.double()[None])
@@ -106,14 +121,30 @@ def fit_neurons(
     neurons: Optional[Sequence[int]] = None,
     progress: bool = True,
 ) -> NeuronFitResult:
-    """Fit the Kantamneni & Tegmark 2025 preactivation model to each column of ``preacts`` [N, m] over operands
-    ``a``, ``b`` [N], minimising the MSE.
+    """Fit the Kantamneni & Tegmark 2025 preactivation model to each neuron, minimising the MSE.
 
     Every term ``c·cos(2π/T·(t − d))`` equals ``α·cos(2πt/T) + β·sin(2πt/T)`` with
     ``c = √(α² + β²)``, ``d = T·atan2(β, α)/2π``, so the model is linear in (α, β, c_t, bias)
-    and its MSE is convex. ``method="gd"`` runs full-batch Adam on that MSE (all neurons at
-    once, through the Gram matrix, deterministic: it starts from zero); ``"lstsq"`` solves it
-    exactly. Both report c and d in the paper's form.
+    and its MSE is convex. Both methods report c and d in the paper's form.
+
+    Args:
+        preacts (Float[Tensor, "prompt neuron"]): Each neuron's preactivation per prompt.
+        a (Int[Tensor, "prompt"]): First operands.
+        b (Int[Tensor, "prompt"]): Second operands.
+        periods: The periods ``T``.
+        method: ``"gd"`` (full-batch Adam on the MSE, all neurons at once through the Gram matrix,
+            deterministic: it starts from zero) or ``"lstsq"`` (the exact solution).
+        steps: Adam steps of ``"gd"``.
+        lr: Its learning rate (on standardised preactivations).
+        neurons: The neurons' indices, for the result (default ``0..m-1``).
+        progress: Show a progress bar.
+
+    Returns:
+        The fitted coefficients and each neuron's normalised RMSE.
+
+    Raises:
+        ConfigError: An unknown method, ``steps < 1``, ``lr <= 0`` or invalid periods.
+        AnalysisError: ``preacts`` is not 2-D, or ``a`` / ``b`` do not match its rows.
     """
     if method not in NEURON_METHODS:
         raise ConfigError(f"unknown method {method!r}; accepted: {accepted(NEURON_METHODS)}")
@@ -180,8 +211,27 @@ def neuron_fits(
     progress: bool = True,
     **kwargs: Any,
 ) -> NeuronFitResult:
-    """:func:`fit_neurons` on a model's MLP preactivations at ``position`` (default the last
-    token) for ``neurons`` of ``layer`` (default all)."""
+    """:func:`fit_neurons` on a model's MLP preactivations.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts (their operands ``a`` and ``b`` are the variables).
+        layer: The MLP's layer.
+        neurons: The neurons to fit (default: all).
+        periods: The periods ``T``.
+        site: ``"mlp_pre"`` or ``"mlp_post"``.
+        position: The position read (default the last token).
+        batch_size: Prompts per forward.
+        progress: Show progress bars.
+        **kwargs: Options of :func:`fit_neurons` (``method``, ``steps``, ``lr``).
+
+    Returns:
+        The fits, with the model's provenance in ``meta``.
+
+    Raises:
+        SiteError: Another site, or a layer or neuron out of range.
+        ModelMismatchError: The prompts were built for another model.
+    """
     check_belongs(model, "helix.neuron_fits", prompts=prompts)
     from arithinterp import sites as site_lib
     from arithinterp.activations import collect

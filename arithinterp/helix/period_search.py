@@ -41,9 +41,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PeriodSearchResult(Result):
-    """Score of every period subset tried (``subsets[i]``, ``scores[i]``) and the best subset of
-    each size (``best[size]`` in ``sizes`` order). ``criterion`` is ``"held-out R²"`` or
-    ``"causal effect"`` (mean corrupt-answer logit change when the fitted helix is patched in)."""
+    """The score of every period subset tried, and the best subset of each size.
+
+    Attributes:
+        subsets: The period subsets tried.
+        scores (Float[Tensor, "subset"]): Their scores (NaN where the basis interpolates a fold).
+        sizes: The subset sizes searched.
+        best: The best subset of each size, in ``sizes`` order.
+        best_scores (Float[Tensor, "size"]): Their scores.
+        criterion: ``"held-out R²"`` or ``"causal effect"`` (mean corrupt-answer logit change when
+            the fitted helix is patched in).
+        meta: Provenance, the validation scheme and, for the R² criterion, the shuffled-values control.
+    """
 
     subsets: list
     scores: torch.Tensor
@@ -106,6 +115,33 @@ def search_periods(
     ``meta["control"]`` gives the best score of each size there and whether the real best beats
     every null best of its size. (The causal criterion's null is :func:`patch_test`'s helix of
     shuffled values.)
+
+    Args:
+        acts_or_tensor: Activations ``[n, d]`` or an ``Activations``, as for :func:`fit`.
+        values: As for :func:`fit`.
+        candidates: The candidate periods, each once.
+        sizes: The subset sizes to search (default: all).
+        model: The hooked model, for the causal criterion (with ``pairs``).
+        pairs: Clean / corrupt pairs, for the causal criterion (with ``model``).
+        layer: The layer read and, causally, patched at ``resid_pre``.
+        position: The position read and patched.
+        kind: The basis kind.
+        n_pca: PCA components kept.
+        holdout: As for :func:`fit`.
+        random_state: Seeds the split and the controls.
+        site: The site to read from an ``Activations``.
+        batch_size: Prompts per forward of the causal criterion.
+        progress: Show a progress bar.
+        min_test_values: As for :func:`fit`.
+        n_shuffles: Copies of shuffled values searched as the R² criterion's null.
+
+    Returns:
+        Every subset's score and the best subset of each size.
+
+    Raises:
+        ConfigError: Repeated candidates, sizes out of range, or only one of ``model`` / ``pairs``.
+        AnalysisError: Rows of values and activations that differ in number.
+        SiteError: A causal search without a layer.
     """
     candidates = check_periods(candidates)
     if len(set(candidates)) != len(candidates):
