@@ -35,8 +35,19 @@ NEURON_ABLATION_MODES = ("mean", "zero")
 class HeuristicAblation(Result):
     """Accuracy after ablating each heuristic's neurons, on associated vs other prompts.
 
-    One entry per heuristic in ``heuristics``: ``n_neurons``, ``n_associated`` / ``n_other``
-    prompts, and accuracy before (``*_before``) and after (``*_after``) the ablation.
+    Attributes:
+        heuristics: The ablated heuristics' names.
+        families: Their families.
+        n_neurons (Int[Tensor, "heuristic"]): The neurons each labels.
+        n_associated (Int[Tensor, "heuristic"]): The prompts whose (a, b, result) satisfy it.
+        n_other (Int[Tensor, "heuristic"]): The other prompts.
+        associated_before (Float[Tensor, "heuristic"]): Accuracy on associated prompts, nothing ablated.
+        associated_after (Float[Tensor, "heuristic"]): Accuracy on associated prompts with the
+            heuristic's neurons ablated.
+        other_before (Float[Tensor, "heuristic"]): Accuracy on the other prompts, nothing ablated.
+        other_after (Float[Tensor, "heuristic"]): Accuracy on the other prompts, neurons ablated.
+        mode: ``"mean"`` or ``"zero"``.
+        meta: Provenance, the prompt count and the table's threshold.
     """
 
     heuristics: list
@@ -60,7 +71,12 @@ class HeuristicAblation(Result):
               "other_after": PROBABILITY}
 
     def summary(self) -> dict[str, float]:
-        """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops."""
+        """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops.
+
+        Returns:
+            ``heuristics`` (those with associated prompts), ``associated_before``,
+            ``associated_after``, ``other_before``, ``other_after``, ``associated_drop``, ``other_drop``.
+        """
         ok = self.n_associated > 0
         return dict(
             heuristics=int(ok.sum()),
@@ -97,10 +113,17 @@ class HeuristicAblation(Result):
 class PromptAblation(Result):
     """Per-prompt ablation of each prompt's own heuristic neurons vs a random control.
 
-    For each ``k`` in ``ks`` (neurons per layer): ``heuristic_correct`` / ``control_correct``
-    ([len(ks)]) are the fractions of prompts still answered correctly; ``n_ablated`` ([len(ks)])
-    the mean number of neurons ablated per prompt (the same for both arms); ``baseline`` the
-    accuracy with nothing ablated.
+    Attributes:
+        ks: The numbers of neurons ablated per layer.
+        heuristic_correct (Float[Tensor, "k"]): The fraction of prompts still answered correctly
+            with their own heuristic neurons ablated.
+        control_correct (Float[Tensor, "k"]): The same with as many random neurons ablated.
+        n_ablated (Float[Tensor, "k"]): The mean number of neurons ablated per prompt (the same for
+            both arms).
+        baseline: The accuracy with nothing ablated.
+        n_prompts: The number of prompts.
+        mode: ``"mean"`` or ``"zero"``.
+        meta: Provenance, ``rank_by``, the seed and the table's threshold.
     """
 
     ks: list
@@ -284,16 +307,31 @@ def ablate_heuristic(
     A prompt is associated with a heuristic when its (a, b, result) satisfies it. Neurons are
     ablated at the final position by setting ``mlp_post`` to its mean ablation value
     (``ablation="mean"``: :func:`arithinterp.engine.mean_activation` over ``prompts`` at the final
-    position, i.e. the mean over all of them) or to zero (``"zero"``); ``mode=`` is the deprecated
-    old name of ``ablation=``.
+    position, i.e. the mean over all of them) or to zero (``"zero"``).
 
     Args:
+        model: the hooked model.
+        prompts: the prompts to score.
+        table: the classification (:func:`classify`) whose neurons are ablated.
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
             ``min_neurons`` neurons.
+        ablation: ``"mean"`` or ``"zero"``.
+        mode: deprecated alias of ``ablation`` (warns).
+        min_neurons: with ``heuristic=None``, the fewest neurons a heuristic must label.
+        batch_size: prompts per forward.
         engine: ``"auto"`` (the heuristics stacked and resumed from their lowest ablated layer at the
             final position, each batch of prompts run once, where the model's blocks can be stepped;
             else whole forwards), ``"stepped"`` (refuse to fall back) or ``"hooks"`` (one whole
             forward per heuristic and batch, the reference).
+        progress: show a progress bar.
+
+    Returns:
+        Per heuristic, the accuracy on associated and other prompts before and after.
+
+    Raises:
+        ConfigError: An unknown ablation or engine, or an unknown heuristic name.
+        AnalysisError: No heuristic labels ``min_neurons`` neurons, or a table of another model.
+        ModelMismatchError: The prompts or table belong to another model.
     """
     check_belongs(model, "neurons.ablate_heuristic", prompts=prompts, table=table)
     mode = renamed_keyword("neurons.ablate_heuristic", "mode", mode, "ablation", ablation, "mean")
@@ -379,8 +417,27 @@ def ablate_for_prompt(
     layer, the same number of neurons drawn at random (seeded) from the table's other neurons of
     that layer (its top neurons not associated with the prompt). Follows Nikankin et al. 2025.
 
-    Returns the fraction of prompts still answered correctly in both arms for each ``k``.
-    ``engine``: as in :func:`ablate_heuristic` (every ``k`` and arm stacked; ``"hooks"`` the reference).
+    Args:
+        model: The hooked model.
+        prompts: The prompts to score.
+        table: The classification whose neurons are ablated.
+        k: Neurons ablated per prompt and layer, one number or several.
+        ablation: ``"mean"`` or ``"zero"``.
+        mode: Deprecated alias of ``ablation`` (warns).
+        rank_by: ``"score"`` or ``"importance"``.
+        seed: Seeds the control's draw.
+        batch_size: Prompts per forward.
+        engine: As in :func:`ablate_heuristic` (every ``k`` and arm stacked; ``"hooks"`` the reference).
+        progress: Show a progress bar.
+
+    Returns:
+        The fraction of prompts still answered correctly in both arms for each ``k``.
+
+    Raises:
+        ConfigError: An unknown ablation, engine or ``rank_by``, a ``k`` below 1, or
+            ``rank_by="importance"`` without importance scores.
+        AnalysisError: No neuron in the table has a label.
+        ModelMismatchError: The prompts or table belong to another model.
     """
     check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
     mode = renamed_keyword("neurons.ablate_for_prompt", "mode", mode, "ablation", ablation, "mean")

@@ -18,16 +18,30 @@ from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result
 class HeuristicTable(Result):
     """Which heuristics each neuron implements (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
-    ``scores[i, h]`` (``[N, H]``) is neuron i's score for heuristic h (``names[h]``, of
-    ``families[h]``, scored on ``map_kinds[h]`` maps); with ``bottom_scores`` ([N, H], gated MLPs)
-    the better side counts. ``layer`` / ``neuron`` ([N]) name the neurons, ``importance`` ([N])
-    their attribution scores (NaN if not computed), ``legal`` ([A, B]) the cells used.
+    A neuron implements a heuristic when its score reaches ``threshold`` and its q-value is
+    ≤ ``fdr`` (``fdr=None``: the threshold alone).
 
-    ``p_values`` ([N, H]) are the exact cell-shuffle p-values of the deciding scores and
-    ``q_values`` their Benjamini–Hochberg adjustment over the whole table; a neuron implements a
-    heuristic when its score reaches ``threshold`` and its q-value is ≤ ``fdr`` (``fdr=None``:
-    the threshold alone). ``meta["control"]`` states the rule and what it labels on cell-shuffled
-    maps. ``registry`` is the :class:`HeuristicRegistry` the table was scored with (not saved).
+    Attributes:
+        layer (Int[Tensor, "neuron"]): Each row's layer.
+        neuron (Int[Tensor, "neuron"]): Each row's neuron index in its layer.
+        names: The heuristics' names.
+        families: Each heuristic's family.
+        map_kinds: The map each is scored on (``"K"`` operand heuristics, ``"KV"`` result heuristics).
+        scores (Float[Tensor, "neuron heuristic"]): Each neuron's top-k score for each heuristic.
+        bottom_scores (Float[Tensor, "neuron heuristic"]): The bottom-k scores (gated MLPs; empty
+            otherwise); the better side counts.
+        importance (Float[Tensor, "neuron"]): The attribution scores (NaN if not computed).
+        threshold: The score a label needs.
+        op: The operator of the prompts.
+        modulus: Their modulus, or ``None``.
+        a_values: The first operand's grid values.
+        b_values: The second operand's grid values.
+        legal (Bool[Tensor, "a b"]): The grid cells used.
+        meta: Provenance; ``meta["control"]`` states the rule and what it labels on cell-shuffled maps.
+        p_values (Float[Tensor, "neuron heuristic"]): The exact cell-shuffle p-values of the deciding scores.
+        q_values (Float[Tensor, "neuron heuristic"]): Their Benjamini–Hochberg adjustment over the table.
+        fdr: The false-discovery rate, or ``None``.
+        registry: The :class:`HeuristicRegistry` the table was scored with (not saved).
     """
 
     layer: torch.Tensor
@@ -58,8 +72,16 @@ class HeuristicTable(Result):
               "q_values": PROBABILITY, "fdr": PROBABILITY}
 
     def save(self, path, *, overwrite: bool = False):
-        """Write the table to directory ``path`` (the registry's predicates are code and are not
-        saved: pass the registry again to :meth:`heuristic` after :meth:`load` for custom ones)."""
+        """Write the table to a directory (the registry's predicates are code and are not saved: pass
+        the registry again to :meth:`heuristic` after :meth:`load` for custom ones).
+
+        Args:
+            path: The directory.
+            overwrite: Replace a different saved result there.
+
+        Returns:
+            The directory.
+        """
         return Result.save(dataclasses.replace(self, registry=None), path, overwrite=overwrite)
 
     @property
@@ -88,7 +110,17 @@ class HeuristicTable(Result):
         return self.labels.any(1)
 
     def neuron_labels(self, index: int) -> list[str]:
-        """The heuristic names of neuron ``index`` (a row of the table), best score first."""
+        """The heuristics one neuron implements.
+
+        Args:
+            index: A row of the table.
+
+        Returns:
+            Their names, best score first.
+
+        Raises:
+            SiteError: ``index`` is out of range.
+        """
         if not 0 <= index < len(self.layer):
             raise SiteError(
                 f"row {index} is out of range; the table has {len(self.layer)} neurons (0..{len(self.layer) - 1})"
@@ -98,10 +130,31 @@ class HeuristicTable(Result):
         return [self.names[i] for i in hits[torch.argsort(row[hits], descending=True)].tolist()]
 
     def neurons_of(self, heuristic: str) -> torch.Tensor:
-        """Rows of the neurons labelled with ``heuristic``: LongTensor."""
+        """The neurons labelled with a heuristic.
+
+        Args:
+            heuristic: A heuristic name.
+
+        Returns:
+            Int[Tensor, "k"]: Their rows.
+
+        Raises:
+            ConfigError: An unknown heuristic.
+        """
         return torch.nonzero(self.labels[:, self.index(heuristic)]).flatten()
 
     def index(self, heuristic: str) -> int:
+        """The column of a heuristic.
+
+        Args:
+            heuristic: A heuristic name.
+
+        Returns:
+            Its index into :attr:`names`.
+
+        Raises:
+            ConfigError: An unknown heuristic; the message suggests close names.
+        """
         if heuristic not in self.names:
             close = [n for n in self.names if heuristic.split(" ")[0] in n][:8]
             raise ConfigError(
@@ -135,8 +188,19 @@ class HeuristicTable(Result):
         return pd.DataFrame(rows, columns=["layer", "family", "neurons", "labels"])
 
     def heuristic(self, name: str, registry: Optional[HeuristicRegistry] = None) -> Heuristic:
-        """The :class:`Heuristic` object behind a column, rebuilt from ``registry`` (default: the
-        one the table was scored with, or the built-in families for a loaded table)."""
+        """The :class:`Heuristic` object behind a column.
+
+        Args:
+            name: A heuristic name.
+            registry: The registry to rebuild it from (default: the one the table was scored with,
+                or the built-in families for a loaded table).
+
+        Returns:
+            The heuristic, over the table's grid.
+
+        Raises:
+            ConfigError: An unknown name, a registry of another type, or one without the heuristic.
+        """
         index = self.index(name)
         registry = registry if registry is not None else (self.registry or HeuristicRegistry())
         if not isinstance(registry, HeuristicRegistry):
@@ -157,7 +221,14 @@ class HeuristicTable(Result):
 
     def to_frame(self, labelled_only: bool = False) -> pd.DataFrame:
         """One row per (neuron, heuristic): layer, neuron, heuristic, family, map_kind, score,
-        top_score, p_value / q_value (the cell-shuffle test, NaN for tables without it), label."""
+        top_score, p_value / q_value (the cell-shuffle test, NaN for tables without it), label.
+
+        Args:
+            labelled_only: Keep the rows whose label is True.
+
+        Returns:
+            The table as a DataFrame.
+        """
         best = self.best_scores
         N, H = best.shape
         missing = torch.full((N * H,), float("nan"))
@@ -181,7 +252,15 @@ class HeuristicTable(Result):
         return frame.loc[frame["label"]].reset_index(drop=True) if labelled_only else frame
 
     def plot(self, kind: str = "counts", **kwargs):
-        """``kind``: ``"counts"`` (heuristic types per layer), ``"coverage"`` or ``"scores"`` (heatmap)."""
+        """Draw the table.
+
+        Args:
+            kind: ``"counts"`` (heuristic types per layer), ``"coverage"`` or ``"scores"`` (heatmap).
+            **kwargs: Options of :func:`arithinterp.viz.neurons.plot_heuristic_table`.
+
+        Returns:
+            The plotly figure.
+        """
         from arithinterp.viz import neurons as viz
 
         return viz.plot_heuristic_table(self, kind=kind, **kwargs)
