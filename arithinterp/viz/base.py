@@ -47,7 +47,14 @@ def renamed(module: str, names: dict[str, str]) -> Callable[[str], Any]:
 
 
 def cycle_colour(i: int) -> str:
-    """The ``i``-th colour of the template's colour cycle."""
+    """A colour of the template's colour cycle.
+
+    Args:
+        i: The index; it wraps around the cycle.
+
+    Returns:
+        The colour, as a CSS colour string.
+    """
     return COLORWAY[i % len(COLORWAY)]
 
 
@@ -58,14 +65,31 @@ def to_array(values) -> np.ndarray:
 
 
 def figure(title: str, x_title: str, y_title: str, **layout) -> go.Figure:
-    """An empty figure in the package template with labelled axes."""
+    """An empty figure in the package template with labelled axes.
+
+    Args:
+        title: The figure's title.
+        x_title: The x axis's title.
+        y_title: The y axis's title.
+        **layout: Further ``update_layout`` options.
+
+    Returns:
+        The figure.
+    """
     fig = go.Figure()
     fig.update_layout(template=TEMPLATE_NAME, title=title, xaxis_title=x_title, yaxis_title=y_title, **layout)
     return fig
 
 
 def position_labels(tokens: Sequence[str]) -> list[str]:
-    """Unique axis labels for token strings: ``'3: +'`` (plotly merges duplicate categories)."""
+    """Unique axis labels for token strings (plotly merges duplicate categories).
+
+    Args:
+        tokens: The token strings, one per position.
+
+    Returns:
+        ``"{position}: {token}"`` labels, e.g. ``'3: +'``.
+    """
     return [f"{i}: {t}" for i, t in enumerate(tokens)]
 
 
@@ -80,7 +104,21 @@ def heatmap(
     value_name: str,
     signed: bool = True,
 ) -> go.Figure:
-    """A heatmap ``values[y, x]``; signed values use ``RdBu`` centred at 0."""
+    """A heatmap of a matrix.
+
+    Args:
+        values (Float[Tensor, "y x"]): The matrix (a tensor or array).
+        title: The figure's title.
+        x_labels: One label per column.
+        y_labels: One label per row (drawn top to bottom).
+        x_title: The x axis's title.
+        y_title: The y axis's title.
+        value_name: The colour bar's title.
+        signed: Use the diverging ``RdBu`` scale centred at 0; else a sequential one.
+
+    Returns:
+        The figure.
+    """
     z = to_array(values)
     fig = figure(title, x_title, y_title)
     limit = float(np.nanmax(np.abs(z))) if z.size and np.isfinite(z).any() else 1.0
@@ -105,7 +143,18 @@ def heatmap(
 
 
 def layer_position_heatmap(values, tokens: Sequence[str], *, title: str, value_name: str, layers=None) -> go.Figure:
-    """``values[layer, position]`` with token strings on the position axis."""
+    """A layer × position heatmap with token strings on the position axis.
+
+    Args:
+        values (Float[Tensor, "layer position"]): The values.
+        tokens: One token string per position.
+        title: The figure's title.
+        value_name: The colour bar's title.
+        layers: The layer of each row (default ``0..n-1``).
+
+    Returns:
+        The figure.
+    """
     z = to_array(values)
     layers = list(range(z.shape[0])) if layers is None else list(layers)
     return heatmap(
@@ -127,7 +176,18 @@ def layer_lines(
     layers=None,
     bands: Optional[dict[str, tuple[object, object]]] = None,
 ) -> go.Figure:
-    """One line per named series over layers, with optional (low, high) confidence bands."""
+    """One line per named series over layers, with optional confidence bands.
+
+    Args:
+        series: ``{name: values over layers}``.
+        title: The figure's title.
+        y_title: The y axis's title.
+        layers: The x value of each point (default ``0..n-1``).
+        bands: ``{name: (low, high)}`` drawn as shaded bands around the named series.
+
+    Returns:
+        The figure.
+    """
     fig = figure(title, "layer", y_title)
     for i, (name, values) in enumerate(series.items()):
         y = to_array(values)
@@ -162,7 +222,17 @@ def layer_lines(
 
 
 def bars(values: dict[str, float], *, title: str, y_title: str, errors: Optional[dict[str, float]] = None) -> go.Figure:
-    """A bar per named value, with optional error bars."""
+    """A bar per named value, with optional error bars.
+
+    Args:
+        values: ``{name: value}``.
+        title: The figure's title.
+        y_title: The y axis's title.
+        errors: ``{name: error}``, the half-width of each bar's error bar.
+
+    Returns:
+        The figure.
+    """
     fig = figure(title, "", y_title)
     names = list(values)
     fig.add_trace(
