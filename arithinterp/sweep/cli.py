@@ -17,7 +17,14 @@ from arithinterp.sweep.storage import cell_path
 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``sweep`` subcommand to an argparse subparsers object; returns its parser."""
+    """Add the ``sweep`` subcommand to an argparse subparsers object.
+
+    Args:
+        subparsers: What ``ArgumentParser.add_subparsers()`` returns.
+
+    Returns:
+        The subcommand's parser.
+    """
     p = subparsers.add_parser("sweep", help="run a config-driven, resumable sweep (or plot one with --plot)",
                               description="Run every unfinished cell of a sweep config (TOML or YAML): models x tasks "
                               "x analyses x parameters. Re-running skips finished cells.")
@@ -41,7 +48,17 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_cli(args: argparse.Namespace) -> dict:
-    """Run the ``sweep`` subcommand; returns a JSON-able summary."""
+    """Run the ``sweep`` subcommand: the sweep, a dry run's plan, or the figures of ``--plot``.
+
+    Args:
+        args: The parsed arguments of the ``sweep`` subcommand.
+
+    Returns:
+        A JSON-able summary (the output directory, cell counts, or the figures written).
+
+    Raises:
+        ConfigError: No config and no ``--plot``, or a bad config or flag.
+    """
     if args.plot and not args.config:
         files = plot_sweep(args.plot)  # reads the results first, then writes into args.plot/figures
         return dict(out=args.plot, figures=[str(f) for f in files])
@@ -69,8 +86,14 @@ def run_cli(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m arithinterp.sweep CONFIG [flags]``: exit 0 when every cell finished, 1 when some
-    failed, 2 on a bad config."""
+    """``python -m arithinterp.sweep CONFIG [flags]``.
+
+    Args:
+        argv: The arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 when every cell finished, 1 when some failed, 2 on a bad config.
+    """
     parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
     parser.prog = "python -m arithinterp.sweep"
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

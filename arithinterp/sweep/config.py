@@ -29,8 +29,20 @@ _TASK_DEFAULTS = dict(op="+", template="{a}+{b}=", modulus=None, answer_digits=0
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """A validated sweep config. ``models`` are specs, ``tasks`` and ``analyses`` dicts with every
-    default filled in; ``base`` is the folder relative paths (``out``, model dirs) resolve against."""
+    """A validated sweep config.
+
+    Attributes:
+        out: The results directory, or ``None`` when not given yet.
+        models: Model specs.
+        tasks: Task dicts, every default filled in.
+        analyses: Analysis dicts (name, params, grid, models, tasks), every default filled in.
+        executor: ``"local"``, ``"processes"`` or ``"ray"``.
+        workers: Processes of the ``"processes"`` executor.
+        device: Where models run (``"cpu"``, ``"cuda"``).
+        resources: Per-job Ray requests (``num_cpus``, ``num_gpus``).
+        ray: Ray options (``address``).
+        base: The folder relative paths (``out``, model dirs) resolve against.
+    """
 
     out: Optional[str]
     models: list
@@ -45,13 +57,18 @@ class SweepConfig:
 
     @property
     def out_dir(self) -> Path:
+        """The results directory, resolved against :attr:`base`; a ConfigError when ``out`` is unset."""
         if self.out is None:
             raise ConfigError("out: no results directory given; set 'out' in the config or pass --out")
         path = Path(self.out).expanduser()
         return path if path.is_absolute() else Path(self.base) / path
 
     def digest(self) -> str:
-        """Hash of what determines the results (models, tasks, analyses), not of how they run."""
+        """Hash of what determines the results (models, tasks, analyses), not of how they run.
+
+        Returns:
+            16 hex digits.
+        """
         return _digest(dict(models=self.models, tasks=self.tasks, analyses=self.analyses))
 
 
@@ -60,7 +77,18 @@ def _digest(value: Any, n: int = 16) -> str:
 
 
 def read_config_file(path: Union[str, Path]) -> dict:
-    """Parse a ``.toml`` or ``.yaml`` / ``.yml`` sweep config into a dict (not yet validated)."""
+    """Parse a sweep config file into a dict, not yet validated.
+
+    Args:
+        path: A ``.toml``, ``.yaml`` or ``.yml`` file.
+
+    Returns:
+        The config's top-level table.
+
+    Raises:
+        ConfigError: A missing file, an unknown suffix, invalid TOML / YAML, a missing parser, or a
+            top level that is not a table.
+    """
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"no such sweep config file: {path}")
@@ -97,9 +125,17 @@ def read_config_file(path: Union[str, Path]) -> dict:
 def load_config(config: Union[str, Path, Mapping, SweepConfig], **overrides: Any) -> SweepConfig:
     """Read and validate a sweep config (a path, a dict or a ``SweepConfig``).
 
-    ``overrides`` (``out``, ``executor``, ``workers``, ``device``, ``num_cpus``, ``num_gpus``,
-    ``address``) replace config values; ``None`` leaves a value alone. Every error names the bad
-    key (``analyses[1].name``, ``tasks[0].a``, ...) and what is accepted.
+    Args:
+        config: A config file's path, a dict, or a ``SweepConfig``.
+        **overrides: ``out``, ``executor``, ``workers``, ``device``, ``num_cpus``, ``num_gpus``,
+            ``address``: they replace config values; ``None`` leaves a value alone.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: A bad config or override; every error names the bad key
+            (``analyses[1].name``, ``tasks[0].a``, ...) and what is accepted.
     """
     if isinstance(config, SweepConfig):
         data, base = _config_dict(config), config.base
@@ -352,7 +388,14 @@ def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> d
 
 @dataclass(frozen=True)
 class Cell:
-    """One job: a model, a task (fully resolved), an analysis and its parameters. ``id`` hashes them."""
+    """One job: a model, a task, an analysis and its parameters.
+
+    Attributes:
+        model: The model spec.
+        task: The task, fully resolved.
+        analysis: The analysis's registered name.
+        params: Its parameters, sorted by name.
+    """
 
     model: str
     task: dict
@@ -361,10 +404,12 @@ class Cell:
 
     @property
     def spec(self) -> dict:
+        """The cell's full spec: model, task, analysis and parameters."""
         return dict(model=self.model, task=self.task, analysis=self.analysis, params=self.params)
 
     @property
     def id(self) -> str:
+        """A stable hash of :attr:`spec` (16 hex digits): the cell's file name."""
         return _digest(self.spec)
 
     @property
@@ -384,7 +429,17 @@ def _resolve_task(task: dict, model: str) -> dict:
 
 
 def plan(config: Union[SweepConfig, Mapping, str, Path]) -> list[Cell]:
-    """Every cell of the sweep in a stable order (model, task, analysis, grid values)."""
+    """Every cell of the sweep in a stable order (model, task, analysis, grid values).
+
+    Args:
+        config: A ``SweepConfig``, or what :func:`load_config` reads.
+
+    Returns:
+        The cells, each once.
+
+    Raises:
+        ConfigError: An invalid config.
+    """
     config = config if isinstance(config, SweepConfig) else load_config(config)
     cells = []
     for model in config.models:

@@ -10,7 +10,14 @@ from arithinterp.sweep.storage import atomic_write, load_results
 
 
 def figures(out: Union[str, Path]) -> dict:
-    """``{analysis: [Figure, ...]}`` for every analysis with finished cells in ``out``."""
+    """The figures of a sweep's results, drawn by each analysis's ``plot`` (or one figure per column).
+
+    Args:
+        out: The sweep's results directory.
+
+    Returns:
+        ``{analysis: [Figure, ...]}`` for every analysis with finished cells.
+    """
     from arithinterp.viz import sweep as viz
 
     drawn = {}
@@ -22,8 +29,18 @@ def figures(out: Union[str, Path]) -> dict:
 
 
 def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None) -> list[Path]:
-    """Write each analysis's figures into one self-contained HTML file ``<to>/<analysis>.html``
-    (default ``to``: ``OUT/figures``); returns the files written."""
+    """Write each analysis's figures into one self-contained HTML file ``<to>/<analysis>.html``.
+
+    Args:
+        out: The sweep's results directory.
+        to: The folder for the HTML files (default ``OUT/figures``).
+
+    Returns:
+        The files written.
+
+    Raises:
+        OutputError: A file could not be written.
+    """
     out = Path(out)
     to = Path(to) if to is not None else out / "figures"
     written = []

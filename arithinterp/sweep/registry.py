@@ -20,9 +20,13 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 class Param:
     """One analysis parameter: accepted types, default, accepted values.
 
-    ``type`` is a Python type or a tuple of them (``list`` for sequences, whose items must be of
-    ``item``); ``choices`` lists accepted values (for lists: accepted items), or is a function
-    returning them; ``None`` is accepted when it is the default.
+    Attributes:
+        type: A Python type or a tuple of them (``list`` for sequences, whose items must be of ``item``).
+        default: The value when a config omits it; ``None`` is accepted when it is the default.
+        choices: The accepted values (for lists: accepted items), or a function returning them.
+        item: The accepted type(s) of a list's items.
+        required: Whether a config must give it.
+        help: What it means, for listings.
     """
 
     type: Any
@@ -33,8 +37,19 @@ class Param:
     help: str = ""
 
     def check(self, value: Any, where: str) -> Any:
-        """``value`` as the cell spec stores it (``1`` as ``1.0`` for a float parameter, so both
-        give one cell id); raises :class:`ConfigError` naming ``where`` if it is not acceptable."""
+        """Check a value of the parameter.
+
+        Args:
+            value: The value a config gives.
+            where: The config key, for the message (``analyses[0].params.site``).
+
+        Returns:
+            ``value`` as the cell spec stores it (``1`` as ``1.0`` for a float parameter, so both give
+            one cell id).
+
+        Raises:
+            ConfigError: A value of the wrong type, or not among the choices.
+        """
         if value is None and not self.required and self.default is None:
             return value
         types = self.type if isinstance(self.type, tuple) else (self.type,)
@@ -72,9 +87,14 @@ def type_names(types: tuple) -> str:
 
 @dataclass(frozen=True)
 class Analysis:
-    """A registered analysis: ``fn(model, prompts, **params) -> DataFrame`` and its parameters.
+    """A registered analysis.
 
-    ``plot(frame) -> list[Figure]`` draws the combined table (default: one bar chart per metric).
+    Attributes:
+        name: The name configs use.
+        fn: ``fn(model, prompts, **params) -> DataFrame``.
+        params: ``{name: Param}``.
+        plot: ``plot(frame) -> list[Figure]`` drawing the combined table (default: one bar chart per metric).
+        description: One line, for listings.
     """
 
     name: str
@@ -105,7 +125,15 @@ def register_analysis(
         params_schema: ``{param: Param | dict | type}`` — a dict is ``Param(**dict)``, a bare type
             ``Param(type)``; a parameter named ``seed`` is how a cell's randomness is varied.
         plot: ``plot(frame) -> list[plotly Figure]`` drawing the combined table.
+        description: one line, for listings.
         overwrite: replace an existing analysis of the same name.
+
+    Returns:
+        The registered analysis (also in :data:`ANALYSES`).
+
+    Raises:
+        ConfigError: A bad name or parameter schema, a callable missing, or a name already
+            registered without ``overwrite``.
     """
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"analysis name must be letters, digits, '_', '.' or '-', got {name!r}")
@@ -134,7 +162,15 @@ def register_analysis(
 
 
 def accuracy_analysis(model: HookedModel, prompts: PromptSet) -> Any:
-    """One row: greedy accuracy of the model on the prompts (``PromptSet.evaluate``)."""
+    """The built-in ``accuracy`` analysis: greedy accuracy of the model on the prompts.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+
+    Returns:
+        One row: ``accuracy``, ``n_correct``, ``n_prompts``.
+    """
     import pandas as pd
 
     evaluation = prompts.evaluate(model)
@@ -145,7 +181,25 @@ def accuracy_analysis(model: HookedModel, prompts: PromptSet) -> Any:
 def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric: str = "logit_diff", vary: str = "a",
                       seed: int = 0, direction: str = "denoise", normalize: bool = False, layers: Optional[list] = None,
                       positions: Optional[list] = None, per_position: bool = True) -> Any:
-    """Exact activation patching of one site on ``prompts.counterfactual(vary, seed)`` (Kantamneni & Tegmark 2025)."""
+    """The built-in ``patching`` analysis: exact activation patching of one site on
+    ``prompts.counterfactual(vary, seed)`` (Kantamneni & Tegmark 2025).
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts to pair.
+        site: The site to patch.
+        metric: The pair metric.
+        vary: What the corrupt prompt changes.
+        seed: Seeds the counterfactual draw and the bootstrap.
+        direction: ``"denoise"`` or ``"noise"``.
+        normalize: Normalize the values.
+        layers: The layers (default: all).
+        positions: The positions (default: all).
+        per_position: False patches every position at once.
+
+    Returns:
+        :meth:`PatchResult.to_frame`: one row per cell.
+    """
     from arithinterp import patching
 
     pairs = prompts.counterfactual(vary=vary, seed=seed)
@@ -158,7 +212,19 @@ def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric:
 def ablation_analysis(
     model: HookedModel, prompts: PromptSet, components: Union[str, list], mode: str = "mean", seed: int = 0
 ) -> Any:
-    """Accuracy and answer log-prob with components ablated (Nikankin et al. 2025); ``"attn0,mlp1"`` or a list."""
+    """The built-in ``ablation`` analysis: accuracy and answer log-prob with components ablated
+    (Nikankin et al. 2025).
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        components: ``"attn0,mlp1"`` or a list of component names.
+        mode: ``"mean"``, ``"zero"`` or ``"resample"``.
+        seed: Seeds the resample ablation.
+
+    Returns:
+        The ablation result's table.
+    """
     from arithinterp import patching
 
     names = [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)
@@ -168,7 +234,23 @@ def ablation_analysis(
 def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: str = "logistic",
                     site: str = "resid_post", layers: Optional[list] = None,
                     positions: Union[str, list] = "final", cv: int = 5, seed: int = 0) -> Any:
-    """Linear probes for ``target`` at every collected layer × position, with a shuffled control."""
+    """The built-in ``probes`` analysis: linear probes for a label at every layer × position, with a
+    shuffled control.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        target: A PromptSet label (``a``, ``answer_digit_0``, ``carry_0``, ...).
+        kind: The probe kind.
+        site: The site to read.
+        layers: The layers (default: all).
+        positions: One position spec or several.
+        cv: Cross-validation folds.
+        seed: Seeds the folds and probes.
+
+    Returns:
+        The probe result's table: one row per layer and position.
+    """
     from arithinterp import probes
     from arithinterp.activations import collect
 

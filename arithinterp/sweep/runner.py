@@ -34,11 +34,21 @@ from arithinterp.sweep.storage import (
 
 @dataclass(frozen=True)
 class SweepRun(Result):
-    """What a sweep run did: one entry per cell (status, seconds, rows, error) and the totals."""
+    """What a sweep run did: one entry per cell and the totals.
+
+    Attributes:
+        out: The results directory.
+        config_hash: :meth:`SweepConfig.digest` of the config.
+        cells: One dict per cell: ``id``, ``analysis``, ``model``, ``task``, ``params``, ``status``
+            (``"done"``, ``"failed"``, ``"pending"``), ``seconds``, ``rows``, ``error``, ``this_run``.
+        executor: ``"local"``, ``"processes"`` or ``"ray"``.
+        seconds: The run's wall time.
+        meta: Versions and the config.
+    """
 
     out: str
     config_hash: str
-    cells: list  # [{id, analysis, model, task, params, status, seconds, rows, error, this_run}]
+    cells: list
     executor: str
     seconds: float
     meta: dict
@@ -51,6 +61,11 @@ class SweepRun(Result):
         return f"SweepRun(out={self.out!r}, executor={self.executor!r}, {counts}, seconds={self.seconds:.1f})"
 
     def counts(self) -> dict:
+        """Cells by outcome.
+
+        Returns:
+            ``total``, ``done`` (this run), ``skipped`` (done earlier), ``failed`` and ``pending``.
+        """
         ran = [c for c in self.cells if c["this_run"]]
         return dict(total=len(self.cells), done=sum(c["status"] == "done" for c in ran),
                     skipped=sum(not c["this_run"] and c["status"] == "done" for c in self.cells),
@@ -90,6 +105,14 @@ class SweepRun(Result):
         return plot_sweep_cells(self.to_frame(), **kwargs)
 
     def results(self, analysis: Optional[str] = None):
+        """The sweep's results (:func:`load_results`).
+
+        Args:
+            analysis: One analysis's name, or ``None`` for all.
+
+        Returns:
+            One DataFrame for an analysis, else ``{analysis: DataFrame}``.
+        """
         return load_results(self.out, analysis)
 
 
@@ -164,6 +187,24 @@ def run_sweep(
     override the config (``executor``: ``"local"``, ``"processes"`` or ``"ray"``; ``address``:
     a Ray cluster such as ``"ray://head:10001"``; ``num_cpus`` / ``num_gpus``: per Ray job).
     One driver may use a results directory at a time (``OUT/.lock``).
+
+    Args:
+        config: A config file's path, a dict or a ``SweepConfig``.
+        out: The results directory (default: the config's ``out``).
+        executor: ``"local"``, ``"processes"`` or ``"ray"``.
+        workers: Processes of the ``"processes"`` executor.
+        address: A Ray cluster's address (default: start a local one).
+        num_cpus: CPUs each Ray job requests.
+        num_gpus: GPUs each Ray job requests.
+        device: Where models run (``"cpu"``, ``"cuda"``).
+        progress: Show a progress bar.
+
+    Returns:
+        What the run did, per cell.
+
+    Raises:
+        ConfigError: An invalid config, a missing extra (pyarrow, ray), an analysis that cannot be
+            pickled for ``"processes"``, or a results directory locked by another driver.
     """
     cfg = load_config(config, out=None if out is None else str(Path(out).expanduser().resolve()), executor=executor,
                       workers=workers, device=device, num_cpus=num_cpus, num_gpus=num_gpus, address=address)

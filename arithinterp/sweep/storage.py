@@ -19,6 +19,15 @@ _TMP_MARK = ".tmp-"
 
 
 def cell_path(out: Union[str, Path], cell: Cell) -> Path:
+    """Where a cell's table is written.
+
+    Args:
+        out: The results directory.
+        cell: The cell.
+
+    Returns:
+        ``OUT/results/<analysis>/<cell id>.parquet``.
+    """
     return Path(out) / RESULTS / cell.analysis / f"{cell.id}.parquet"
 
 
@@ -51,6 +60,14 @@ def tidy(cell: Cell, frame: Any) -> Any:
     """The cell's table with its identity in front: ``cell``, ``model``, ``task``, ``analysis``, params.
 
     A parameter the analysis already reports as a column (e.g. ``site``) keeps the analysis's column.
+
+    Args:
+        cell: The cell.
+        frame: The table its analysis returned.
+
+    Returns:
+        The table with the identity columns in front and one Arrow type per column (lists and dicts
+        as JSON, mixed types as strings).
     """
     import pandas as pd
 
@@ -110,6 +127,11 @@ def check_cell_file(path: Path, entry: Optional[dict] = None) -> tuple[Optional[
 
 
 def versions() -> dict:
+    """The versions a sweep's manifest records.
+
+    Returns:
+        ``arithinterp``, ``torch``, ``transformer_lens``, ``pyarrow`` and ``python`` versions, as strings.
+    """
     import torch
 
     from arithinterp._version import __version__
@@ -129,6 +151,17 @@ def _package_version(name: str) -> str:
 
 
 def read_manifest(out: Union[str, Path]) -> dict:
+    """Read a sweep's manifest.
+
+    Args:
+        out: The results directory.
+
+    Returns:
+        The manifest: the config hash, the versions and a ``cells`` table by cell id.
+
+    Raises:
+        ConfigError: No manifest, a damaged one, or one without a ``cells`` table.
+    """
     path = Path(out) / MANIFEST
     if not path.is_file():
         raise ConfigError(f"{out} is not a sweep results directory (no {MANIFEST})")
@@ -151,6 +184,17 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
     """The combined tidy table of each analysis: ``{analysis: DataFrame}`` (or one DataFrame).
 
     Rows are the finished cells of the sweep last run in ``out``, in the sweep's cell order.
+
+    Args:
+        out: The results directory.
+        analysis: One analysis's name, or ``None`` for all.
+
+    Returns:
+        ``{analysis: DataFrame}``, or the one DataFrame of ``analysis``; ``attrs["cell_columns"]``
+        names the columns that say what a cell is.
+
+    Raises:
+        ConfigError: No manifest, a damaged cell file, or no finished cell of ``analysis``.
     """
     import pandas as pd
 

@@ -44,7 +44,16 @@ def _model(spec: str, base: str, device: str) -> Any:
 
 
 def build_prompts(model: HookedModel, task: Mapping) -> Any:
-    """The task's prompts: the operand grid, a seeded ``limit`` subsample, then ``correct_only``."""
+    """The task's prompts: the operand grid, a seeded ``limit`` subsample, then ``correct_only``.
+
+    Args:
+        model: The hooked model.
+        task: A resolved task of the config (``op``, ``a``, ``b``, ``template``, ``few_shot``,
+            ``modulus``, ``answer_digits``, ``limit``, ``seed``, ``correct_only``).
+
+    Returns:
+        The prompt set.
+    """
     import torch
 
     from arithinterp.tasks import arithmetic
@@ -101,7 +110,18 @@ def _seed_everything(seed: int) -> None:
 
 
 def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> dict:
-    """Run one cell; returns ``{id, status, seconds, frame, error}`` (never raises for the cell's own errors)."""
+    """Run one cell in this process: load the model (cached), build the prompts (cached), seed, run.
+
+    Args:
+        cell: The cell.
+        fn: Its analysis's function.
+        base: The folder relative model paths resolve against.
+        device: Where the model runs.
+
+    Returns:
+        ``{id, status, seconds, frame, error, worker}``; the cell's own errors are recorded in
+        ``error`` (with ``status="failed"``), never raised.
+    """
     import pandas as pd
     import torch
 
