@@ -64,7 +64,7 @@ def concept(name: str) -> Concept:
         name: ``"weekday"``, ``"month"`` or ``"hour"``.
 
     Returns:
-        The :class:`Concept`.
+        The concept, a :class:`Concept`.
 
     Raises:
         TaskError: ``name`` is not a known concept.

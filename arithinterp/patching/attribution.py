@@ -153,7 +153,7 @@ def attribute(
         progress: Show a progress bar.
 
     Returns:
-        One :class:`PatchResult` for a single site name (``values [pair, layer, position?,
+        For a single site name one :class:`PatchResult` (``values [pair, layer, position?,
         head_or_neuron?]``), else ``{site: PatchResult}`` for a list of sites.
 
     Raises:

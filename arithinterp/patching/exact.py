@@ -105,7 +105,7 @@ def activation_patching(
         progress: Show a progress bar.
 
     Returns:
-        A :class:`PatchResult` whose ``values`` are ``[pair, layer, position?, head_or_neuron?]``.
+        The result, a :class:`PatchResult` whose ``values`` are ``[pair, layer, position?, head_or_neuron?]``.
 
     Raises:
         SiteError: A site that cannot be swept, a layer, position, head or neuron out of range, or
