@@ -36,11 +36,11 @@ from typing import Any, Optional, Union
 
 from tqdm.auto import tqdm
 
-from arithinterp.errors import ArithInterpError, ConfigError, TaskError, accepted
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, MemoryBudgetError, TaskError, accepted
 from arithinterp.outputs import check_writable_file
 from arithinterp.report.budget import (
-    DEFAULT_BUDGET, EVALUATION_WEIGHT, MARGIN, PILOT, PILOT_SHARE, SLOPE_FLOOR, Budget, Context, OverBudget,
-    coarse_to_fine, default_max_memory, parse_memory, pilot_cost, secs, spread,
+    DEFAULT_BUDGET, EVALUATION_WEIGHT, MARGIN, MAX_BUDGET, MIN_BUDGET, PILOT, PILOT_SHARE, SLOPE_FLOOR, Budget,
+    Context, OverBudget, coarse_to_fine, default_max_memory, parse_memory, pilot_cost, secs, spread,
 )
 from arithinterp.report.evaluation import (
     EVAL_CAP, EVAL_CHUNK, WARM_UP, correct_needed, evaluate_within, parse_operands, report_prompts,
@@ -62,8 +62,9 @@ from arithinterp.report.stages.patching import patching_stage
 from arithinterp.report.stages.probes import PROBE_LAYERS, probes_stage
 
 __all__ = [
-    "write_report", "STAGES", "Stage", "Knob", "Section", "Context", "Budget", "NotEnoughData", "OverBudget",
-    "MINIMUMS", "WEIGHTS", "STAGE_TITLES", "KNOBS", "require", "DEFAULT_BUDGET", "EVALUATION_WEIGHT", "PILOT",
+    "write_report", "StageFailed", "STAGES", "Stage", "Knob", "Section", "Context", "Budget", "NotEnoughData",
+    "OverBudget", "MINIMUMS", "WEIGHTS", "STAGE_TITLES", "KNOBS", "require", "DEFAULT_BUDGET", "MIN_BUDGET",
+    "MAX_BUDGET", "EVALUATION_WEIGHT", "PILOT",
     "PILOT_SHARE", "SLOPE_FLOOR", "MARGIN", "default_max_memory", "parse_memory", "pilot_cost", "spread",
     "coarse_to_fine", "accuracy_stage", "patching_stage", "digits_stage", "probes_stage", "error_detector_stage",
     "fourier_helix_stage", "neurons_stage", "circuits_stage", "features_stage", "causal_stage", "PROBE_LAYERS",
@@ -76,9 +77,15 @@ __all__ = [
 def _check_budget(budget: Any) -> float:
     if budget is None:
         return DEFAULT_BUDGET
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-        raise ConfigError(f"budget must be a positive number of seconds (e.g. 600), got {budget!r}")
+    if (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget)
+            or not MIN_BUDGET <= budget <= MAX_BUDGET):
+        raise ConfigError(f"budget must be seconds from {MIN_BUDGET:.0f} (the evaluation alone) to {MAX_BUDGET:,.0f} "
+                          f"(a week), e.g. 600; got {budget!r}")
     return float(budget)
+
+
+class StageFailed(AnalysisError):
+    """A report stage failed (out of memory, a bug); the page is written and names it."""
 
 
 def _run_stage(ctx: Context, name: str) -> Section:
@@ -127,13 +134,17 @@ def write_report(
     max_memory: Any = None,
     correct_only: bool = True,
     progress: bool = True,
+    overwrite: bool = False,
+    raise_on_failure: bool = False,
 ) -> Path:
     """Run the standard battery on ``model`` and write a self-contained HTML report to ``out``.
 
     Args:
         model: a model spec (``zoo:NAME``, a path, a hub id) or a loaded hooked model.
+        out: the HTML file to write.
         stages: which stages to run (default: all of :data:`STAGES`, in order).
         limit: at most this many prompts of the task (a seeded sample).
+        seed: seeds every sample and analysis.
         template: the prompt template (``{a}`` and ``{b}``; default: the zoo task's, else ``"{a}+{b}="``).
         few_shot: solved examples to prefix each prompt with (seeded), or a prefix string.
         operands: operand values for both a and b: ``"0-99"``, ``"1,5,9"`` or ints (default: the
@@ -146,6 +157,20 @@ def write_report(
         correct_only: analyse only the prompts the model answers correctly (the default, as the
             papers do); ``False`` analyses every evaluated prompt, scored on the true answers — for
             a model that answers few correctly, such as a random-init control.
+        progress: show a progress bar over the stages.
+        overwrite: replace ``out`` when it exists (checked before any work).
+        raise_on_failure: raise :class:`StageFailed` after the page is written when a stage
+            failed (the command line's exit status).
+
+    Returns:
+        ``out``, the written page.
+
+    Raises:
+        ConfigError: a bad option, before the model loads: an unknown or empty list of stages, a
+            budget outside :data:`MIN_BUDGET`..:data:`MAX_BUDGET`, ``out`` taken without
+            ``overwrite``. :class:`MemoryBudgetError` when ``max_memory`` cannot hold one
+            prompt's forward of the model.
+        StageFailed: with ``raise_on_failure``, when a stage failed.
 
     The page is written when the evaluation starts and rewritten as every stage starts and ends:
     a run stopped at any point leaves a readable page that lists finished, running and unrun
@@ -157,6 +182,8 @@ def write_report(
     from arithinterp.models import load_model, model_id
 
     chosen = list(STAGES) if stages is None else list(stages)
+    if not chosen:
+        raise ConfigError(f"stages names no stage; give some of {accepted(STAGES)}, or None for all of them")
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise ConfigError(f"unknown report stage(s) {unknown}; accepted: {accepted(STAGES)}")
@@ -168,10 +195,11 @@ def write_report(
         raise ConfigError(f"correct_only must be True or False, got {correct_only!r}")
     total = _check_budget(budget)
     memory = default_max_memory() if max_memory is None else parse_memory(max_memory)
-    out = check_writable_file(out, "out")  # before minutes of analysis, not after
+    out = check_writable_file(out, "out", overwrite)  # before minutes of analysis, not after
     loaded = load_model(model) if isinstance(model, str) else model
     spec = model if isinstance(model, str) else model_id(loaded)
     all_prompts = report_prompts(loaded, spec, limit, seed, template, few_shot, operands)
+    _check_memory(loaded, spec, all_prompts, memory)
 
     meta: dict[str, Any] = dict(model=spec, prompts=len(all_prompts))
     if template is not None:
@@ -228,6 +256,11 @@ def write_report(
             section = _run_stage(ctx, name)
             if name == "accuracy":
                 section.sample = joined(section.sample, f"the evaluation: {sampled}")
+        except (MemoryBudgetError, MemoryError) as error:  # failed, not "does not apply": more memory would run it
+            reason = f"Failed for lack of memory ({_reason(error)}); give the report more (--max-memory)"
+            section, state = Section(STAGES[name].title, findings=[reason]), "failed"
+            warnings.warn(f"report stage {name!r} failed: {reason}", stacklevel=2)
+            gc.collect()
         except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
             section, state = Section(STAGES[name].title, findings=[str(why)]), "not enough data"
         except OverBudget as why:  # not even the minimum fits: say so rather than overrun
@@ -247,9 +280,29 @@ def write_report(
         if not correct_only:  # the minimums count correct prompts; here every evaluated prompt is used
             section.sample = section.sample.replace("correctly answered prompts", "prompts, answered correctly or not")
             section.findings = [f.replace("correctly answered prompts", "prompts") for f in section.findings]
-        page.add(name, section, f"{state}: {section.seconds:.1f} s of its {secs(seconds)} budget"
-                 + (f"; {section.sample}" if state == "done" and section.sample else ""))
-    return page.write()
+        try:
+            page.add(name, section, f"{state}: {section.seconds:.1f} s of its {secs(seconds)} budget"
+                     + (f"; {section.sample}" if state == "done" and section.sample else ""))
+        except KeyboardInterrupt:  # while the page was written: write it again, with the stage just finished
+            page.interrupted = True
+            page.write()
+            raise
+    path = page.write()
+    failed = [name for name in chosen if page.state[name].startswith("failed")]
+    if raise_on_failure and failed:
+        raise StageFailed(f"{len(failed)} report stage(s) failed ({', '.join(failed)}); their sections in {path} say "
+                          "why, and the other stages' findings are there")
+    return path
+
+
+def _check_memory(model: Any, spec: str, prompts: Any, memory: int) -> None:
+    """Refuse a memory budget in which no stage can run: one prompt's forward does not fit it."""
+    from arithinterp.engine.budget import forward_bytes_per_prompt
+
+    need = forward_bytes_per_prompt(model, int(prompts.lengths.max()))
+    if memory < need:
+        raise MemoryBudgetError(f"max_memory {memory / 2**20:,.0f} MiB cannot hold one prompt's forward of {spec} "
+                                f"(about {need / 2**20:,.0f} MiB): no stage could run; give at least that")
 
 
 def _reason(error: BaseException) -> str:

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M model's report in under 10 minutes
+MIN_BUDGET = 1.0  # seconds: less does not hold the evaluation's warm-up
+MAX_BUDGET = 7 * 24 * 3600.0  # a week: more is a mistake (a budget in milliseconds, an exponent)
 PILOT = 4  # items a stage times its analyses on (and on half as many) before choosing how many fit its budget
 PILOT_SHARE = 0.2  # at most this share of the time left goes to a pilot (by the stage's prior cost)
 SLOPE_FLOOR = 0.02  # a pilot's cost per item is at least this share of its cost per item with the fixed cost
@@ -33,7 +35,11 @@ class OverBudget(AnalysisError):
 
 def default_max_memory() -> int:
     """Transient bytes a stage may use beyond the model: half the memory available now, at most
-    2 GiB (the analyses' batches, not the model's weights, which are already loaded)."""
+    2 GiB (the analyses' batches, not the model's weights, which are already loaded).
+
+    Returns:
+        The bytes, at least 256 MiB; 2 GiB where the available memory cannot be read.
+    """
     from arithinterp.engine.budget import available_bytes
 
     free = available_bytes()
@@ -41,7 +47,17 @@ def default_max_memory() -> int:
 
 
 def parse_memory(value: Any) -> int:
-    """Bytes from an int or a size such as ``"512MB"``, ``"2GiB"``, ``"1.5G"`` (powers of 1024)."""
+    """Bytes from an int or a size such as ``"512MB"``, ``"2GiB"``, ``"1.5G"`` (powers of 1024).
+
+    Args:
+        value: A number of bytes or a size string.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ConfigError: A malformed size, or one below 16 MiB.
+    """
     import re
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -104,7 +120,16 @@ def pilot_cost(pilot: Callable[[Any], object], items: Any, k: int) -> tuple[floa
     ``k`` would count it. The larger size runs first: what only a first call pays then raises the
     slope, over- rather than under-stating the cost per item. The slope is kept at least
     :data:`SLOPE_FLOOR` of the larger pilot's cost per item (timing noise must not make an item
-    free); ``k < 2`` times one size and counts it all per item."""
+    free); ``k < 2`` times one size and counts it all per item.
+
+    Args:
+        pilot: Runs the analysis on some items.
+        items: The items (sliceable).
+        k: The larger pilot's item count.
+
+    Returns:
+        ``(seconds per call, seconds per item)``.
+    """
     big = _timed(pilot, items[:k])
     if k < 2:
         return 0.0, big / max(k, 1)
@@ -287,7 +312,16 @@ class Context:
 
 
 def spread(n: int, k: int) -> list[int]:
-    """``k`` evenly spread values of ``range(n)``, the first and the last among them (``k ≥ 2``)."""
+    """Evenly spread values of ``range(n)``.
+
+    Args:
+        n: The range's length.
+        k: How many values; every value when ``k >= n``.
+
+    Returns:
+        The values, ascending; the first and the last among them when ``k ≥ 2``, the last alone
+        when ``k == 1``.
+    """
     if k >= n:
         return list(range(n))
     if k == 1:
@@ -297,7 +331,14 @@ def spread(n: int, k: int) -> list[int]:
 
 def coarse_to_fine(layers: list[int]) -> list[int]:
     """``layers`` reordered so that every prefix is spread over them: the last, the first, the
-    middle, then the quarters, ... (:func:`spread` of more and more)."""
+    middle, then the quarters, ... (:func:`spread` of more and more).
+
+    Args:
+        layers: The layers, in order.
+
+    Returns:
+        The same layers, reordered.
+    """
     order: list[int] = []
     for k in range(1, len(layers) + 1):
         order += [layers[i] for i in spread(len(layers), k) if layers[i] not in order]

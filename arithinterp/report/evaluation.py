@@ -18,7 +18,17 @@ if TYPE_CHECKING:
 
 
 def parse_operands(operands: Any) -> list[int]:
-    """Operand values from ``"LO-HI"`` (inclusive), ``"1,5,9"``, or an iterable of ints."""
+    """Operand values from a range, a list, or ints.
+
+    Args:
+        operands: ``"LO-HI"`` (inclusive), ``"1,5,9"``, or an iterable of non-negative ints.
+
+    Returns:
+        The values.
+
+    Raises:
+        ConfigError: Another form, or an empty or negative list.
+    """
     import re
 
     if isinstance(operands, str):
@@ -81,7 +91,14 @@ def correct_needed(stages: list[str]) -> int:
     """The correctly answered prompts the evaluation aims for: every chosen stage's minimum that
     counts them (probes, neurons, digits), and twice the pair minimum for the stages that use
     counterfactual pairs (a correct prompt gives at most one pair, and pairs whose answers start
-    with the same token are left out). 0 when no chosen stage uses correct prompts."""
+    with the same token are left out).
+
+    Args:
+        stages: The chosen stages' names.
+
+    Returns:
+        The number of correct prompts; 0 when no chosen stage uses them.
+    """
     from arithinterp.report.stages import MINIMUMS  # the stages import this module
 
     needs = [MINIMUMS[name][0] for name in ("digits", "probes", "neurons") if name in stages]

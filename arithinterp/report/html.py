@@ -22,7 +22,15 @@ section { border-top: 1px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
 
 
 def section_html(section: Section, first_figure: int = 0) -> str:
-    """One section's HTML; its figures are numbered from ``first_figure`` (ids unique in the page)."""
+    """One section's HTML.
+
+    Args:
+        section: The stage's section.
+        first_figure: The number of its first figure (figure ids are unique in the page).
+
+    Returns:
+        The ``<section>`` element.
+    """
     parts = [f"<section><h2>{html.escape(section.title)}</h2>"]
     if section.sample:
         parts.append(f"<p class='sample'>sample: {html.escape(section.sample)}</p>")
@@ -38,8 +46,19 @@ def section_html(section: Section, first_figure: int = 0) -> str:
 
 def render(title: str, meta: dict, sections: list[Section], status: Optional[list[tuple[str, str]]] = None,
            note: str = "", bodies: Optional[list[str]] = None) -> str:
-    """One self-contained HTML page; plotly.js is inlined once. ``status``: (stage title, state)
-    lines listed under the title; ``bodies``: the sections' HTML when already rendered."""
+    """One self-contained HTML page; plotly.js is inlined once.
+
+    Args:
+        title: The page's title.
+        meta: Provenance, listed under the title.
+        sections: The stages' sections.
+        status: ``(stage title, state)`` lines listed under the title.
+        note: A paragraph under the title.
+        bodies: The sections' HTML when already rendered (:func:`section_html`).
+
+    Returns:
+        The page's HTML.
+    """
     from plotly.offline import get_plotlyjs
 
     if bodies is None:
@@ -90,14 +109,16 @@ class Page:
         self.bodies: list[str] = []
         self.figures = 0
         self.note = ""
+        self.interrupted = False  # stopped between stages (Ctrl-C while the page was written)
 
     def set(self, name: str, state: str) -> None:
         self.state[name] = state
         self.write()
 
     def add(self, name: str, section: Section, state: str) -> None:
+        body = section_html(section, self.figures)  # figures rendered once, not at every write
         self.sections.append(section)
-        self.bodies.append(section_html(section, self.figures))  # figures rendered once, not at every write
+        self.bodies.append(body)
         self.figures += len(section.figures)
         self.set(name, state)
 
@@ -132,7 +153,7 @@ class Page:
         running = [self.titles.get(n, "evaluation") for n in self.names if self.state[n].startswith("running")]
         stopped = [n for n in self.names if self.state[n].startswith("interrupted")]
         total = len(self.names) - 1
-        if stopped:
+        if stopped or self.interrupted:
             note = f"Interrupted: {finished} of {total} stages finished before the run was stopped."
         elif finished == total:
             note = self.outcome()

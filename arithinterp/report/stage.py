@@ -84,8 +84,19 @@ class NotEnoughData(AnalysisError):
 
 
 def require(name: str, n: int, who: str = "this stage") -> str:
-    """Raise :class:`NotEnoughData` when ``n`` is below the minimum of ``name``; else the sample
-    statement (``"385 counterfactual pairs (minimum 30)"``)."""
+    """Check a stage's sample against its minimum.
+
+    Args:
+        name: The stage (a key of the minimums).
+        n: The sample's size.
+        who: What needs it, for the message.
+
+    Returns:
+        The sample statement, e.g. ``"385 counterfactual pairs (minimum 30)"``.
+
+    Raises:
+        NotEnoughData: ``n`` is below the minimum.
+    """
     minimum, what = MINIMUMS[name]
     if n < minimum:
         raise NotEnoughData(name, n, who)

@@ -11,6 +11,14 @@ if TYPE_CHECKING:
 
 
 def accuracy_stage(ctx: Context) -> Section:
+    """How many prompts the model answers correctly, and its most common errors.
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp.tasks import UNPARSABLE
     from arithinterp.viz import bars
 

@@ -46,7 +46,14 @@ def causal_stage(ctx: Context) -> Section:
     """Distributed alignment search (Geiger et al. 2024) for the variables of the task's built-in
     causal model at the final position: per variable and layer, probe accuracy with folds grouped
     by operand pair (readable) beside held-out DAS IIA and a random rotation's (used). Cells and
-    training steps are cut to the budget (timed on the first variable's fit) and the sample says so."""
+    training steps are cut to the budget (timed on the first variable's fit) and the sample says so.
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp import causal
 
     prompts = ctx.prompts

@@ -18,6 +18,15 @@ MINIMUM = (30, "counterfactual pairs")
 
 
 def circuits_stage(ctx: Context) -> Section:
+    """EAP-IG scores for every edge of the model's graph and the faithfulness curve of the top-k
+    circuits, on as many pairs as the budget holds.
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     import torch
 
     from arithinterp import circuits
@@ -30,9 +39,9 @@ def circuits_stage(ctx: Context) -> Section:
     memory = ctx.budget.memory(ctx.model)  # EAP-IG's batches and the curve's stacked edge sets fit the stage's memory
 
     def pilot(some):
-        scored = circuits.score_edges(ctx.model, some, "eap-ig", steps=STEPS, max_memory=memory, progress=False)
+        scored = circuits.score_edges(ctx.model, some, "eap-ig", ig_steps=STEPS, max_memory=memory, progress=False)
         with contextlib.suppress(AnalysisError):  # a pilot's pairs may not differ; the timing is what counts
-            circuits.faithfulness(ctx.model, some, scored, max_memory=memory)
+            circuits.faithfulness_curve(ctx.model, some, scored, max_memory=memory)
 
     cfg = ctx.model.cfg  # EAP-IG's 2 + 2·steps passes and a stacked forward per curve size, 5× (measured)
     edges = (1 + cfg.n_layers * (cfg.n_heads + 1)) * (cfg.n_layers * (3 * cfg.n_heads + 1) + 1) // 2
@@ -51,7 +60,7 @@ def circuits_stage(ctx: Context) -> Section:
     except OverBudget:  # every edge scored on the minimum of pairs, fewer steps; the curve at fewer sizes and pairs
         pairs, curve_pairs, sizes, steps, fitted = _fit_curve(ctx, pairs, memory)
     start = time.perf_counter()
-    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", steps=steps, max_memory=memory, progress=False)
+    scored = circuits.score_edges(ctx.model, pairs, "eap-ig", ig_steps=steps, max_memory=memory, progress=False)
     if curve_pairs is not None and sizes is not None:
         # the curve's sizes again, at EAP-IG's cost per pass measured on every pair: the pilots' one or two
         # pairs can under-state it (222 s of 203 s before). A pair's run of an edge set cost 1.09 passes on
@@ -62,7 +71,7 @@ def circuits_stage(ctx: Context) -> Section:
             sizes = [sizes[i] for i in spread(len(sizes), max(room, min(CURVE_SIZES, len(sizes))))]
         fitted += f"; {_curve_phrase(len(curve_pairs), sizes, scored.n_edges)}"
     section = Section(STAGE.title, sample=joined(require("circuits", len(pairs)), fitted))
-    curve = circuits.faithfulness(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
+    curve = circuits.faithfulness_curve(ctx.model, pairs if curve_pairs is None else curve_pairs, scored, sizes,
                                   max_memory=memory)
     if not curve.reported:  # every edge and no edge are not distinguishable: nothing to restore a fraction of
         section.findings.append(f"No signal above the control: on {len(pairs)} pairs, {curve.note}.")
@@ -113,7 +122,7 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
     kept: list[Any] = []
 
     def score(some):
-        kept.append(circuits.score_edges(ctx.model, some, "eap-ig", steps=1, max_memory=memory, progress=False))
+        kept.append(circuits.score_edges(ctx.model, some, "eap-ig", ig_steps=1, max_memory=memory, progress=False))
 
     score_fixed, per_pass = pilot_cost(score, chosen, k)
     per_pass /= 4  # EAP-IG's passes per pair: 2 + 2·steps
@@ -121,7 +130,7 @@ def _fit_curve(ctx: Context, pairs, memory: int) -> tuple[Any, Any, list[int], i
 
     def curve(some):
         with contextlib.suppress(AnalysisError):  # the pilot's pairs may not differ; the timing is what counts
-            circuits.faithfulness(ctx.model, some, kept[0], [0, n_edges], max_memory=memory)
+            circuits.faithfulness_curve(ctx.model, some, kept[0], [0, n_edges], max_memory=memory)
 
     curve_fixed, per_size = pilot_cost(curve, chosen, k)
     # the two sizes, every edge ablated and the clean run: four edge-set runs per pair, each a patched

@@ -28,6 +28,15 @@ def _points(drop: float) -> str:
 
 
 def digits_stage(ctx: Context) -> Section:
+    """Which head computes which answer token: each head mean-ablated at the position that predicts
+    one answer token (multi-token answers only).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp import patching
 
     if int(ctx.all_prompts.n_answer_tokens.max()) < 2:  # does not apply, whatever the sample size

@@ -31,7 +31,14 @@ def _beats_chance(m: dict) -> bool:
 
 def error_detector_stage(ctx: Context) -> Section:
     """Probe-based error detection on the main model if it errs often enough, else on the zoo's
-    deliberately imperfect model (and the finding says which)."""
+    deliberately imperfect model (and the finding says which).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp import probes
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry, held_out_prompts

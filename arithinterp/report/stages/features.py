@@ -15,7 +15,14 @@ if TYPE_CHECKING:
 def features_stage(ctx: Context) -> Section:
     """The transcoders shipped for a zoo model: their card, the replacement model on the report's
     prompts, and the attribution graph of one correctly answered prompt. Other models: not run, with
-    the reason (no transcoders ship for them; ``arithinterp.features.train_transcoders`` makes some)."""
+    the reason (no transcoders ship for them; ``arithinterp.features.train_transcoders`` makes some).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp.features import attribution_graph, load_transcoders, replacement_metrics
     from arithinterp.features.training import full_tokens
 

@@ -24,7 +24,14 @@ def fourier_helix_stage(ctx: Context) -> Section:
     of the same architecture (Fu et al. 2026); and the helix fit with its causal test, whose
     shares of the layer patch are printed only when the layer patch is distinguishable from zero.
     Single-token numbers are read from the embeddings; numbers of several tokens from the residual
-    stream at their last token in a middle layer of the report's own prompts."""
+    stream at their last token in a middle layer of the report's own prompts.
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     import math
 
     from arithinterp import fourier, helix

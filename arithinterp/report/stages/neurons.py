@@ -43,7 +43,14 @@ def neurons_stage(ctx: Context) -> Section:
     """Heuristic neurons of the trained model against a random-init model of the same
     architecture, ranked and classified the same way on the same prompts and layers when the time
     left holds it: the share that implement a heuristic is a finding only when it beats the
-    control's (a neuron of any model that reads digit tokens follows some operand rule)."""
+    control's (a neuron of any model that reads digit tokens follows some operand rule).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp import neurons
 
     prompts = ctx.prompts[: ctx.n_neuron_prompts]

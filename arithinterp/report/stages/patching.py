@@ -87,7 +87,14 @@ def patching_stage(ctx: Context) -> Section:
     (a few-shot prefix shared by clean and corrupted prompts cannot change anything: those cells
     are the corrupted run exactly); when not even the minimum of pairs fits the budget that way,
     the named positions (the operands' tokens and the final one) at as many evenly spread layers
-    as fit (:meth:`Context.fit_layers`), and the sample says so."""
+    as fit (:meth:`Context.fit_layers`), and the sample says so.
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     from arithinterp import patching
 
     pairs, _ = require_pairs(ctx, "patching")

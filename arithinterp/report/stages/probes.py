@@ -55,7 +55,14 @@ def probes_stage(ctx: Context) -> Section:
     layer at a time coarse to fine (:func:`coarse_to_fine`) while the time the layers so far took
     says the next fits — a probe's cost differs from layer to layer, so no single layer's timing
     predicts the rest. Prompts are sampled only when a pilot on a sample of them (at the first
-    layer) says that not even :data:`PROBE_LAYERS` layers fit with all of them."""
+    layer) says that not even :data:`PROBE_LAYERS` layers fit with all of them.
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
     import torch
 
     from arithinterp import probes
