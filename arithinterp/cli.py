@@ -23,6 +23,17 @@ OUTPUTS: dict[str, dict[str, str]] = {}
 
 
 def command(name: str, outputs: Optional[dict[str, str]] = None):
+    """Register a function as a subcommand.
+
+    Args:
+        name: The subcommand's name (``arithinterp NAME``).
+        outputs: ``{argument: "file" | "dir" | "result"}``: the outputs :func:`check_outputs`
+            checks before the command runs.
+
+    Returns:
+        A decorator that records the function in :data:`COMMANDS` and returns it unchanged.
+    """
+
     def register(function):
         COMMANDS[name] = function
         OUTPUTS[name] = dict(outputs or {})
@@ -36,7 +47,14 @@ def command(name: str, outputs: Optional[dict[str, str]] = None):
 
 @command("info")
 def info(args: argparse.Namespace) -> dict:
-    """List the zoo and evaluate a model on its task."""
+    """List the zoo and evaluate a model on its task.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp.models import list_zoo, load_model
     from arithinterp.models.zoo import evaluate, get_entry
 
@@ -57,16 +75,23 @@ def info(args: argparse.Namespace) -> dict:
 
 @command("report", outputs=dict(out="file"))
 def report_command(args: argparse.Namespace) -> dict:
-    """Run the standard battery on a model and write one offline HTML report."""
+    """Run the standard battery on a model and write one offline HTML report.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp.outputs import check_writable_file
     from arithinterp.report import write_report
 
-    check_writable_file(args.out, "--out")  # write_report() checks too; this names the flag
-    stages = args.stages.split(",") if args.stages else None
+    check_writable_file(args.out, "--out", args.overwrite)  # write_report() checks too; this names the flag
+    stages = None if args.stages is None else [name.strip() for name in args.stages.split(",") if name.strip()]
     path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
                         template=args.template, few_shot=args.few_shot, operands=args.operands,
                         budget=args.budget, max_memory=args.max_memory, correct_only=not args.all_prompts,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, overwrite=args.overwrite, raise_on_failure=True)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
@@ -78,7 +103,14 @@ def report_command(args: argparse.Namespace) -> dict:
 def check_outputs(args: argparse.Namespace) -> None:
     """Fail on an unwritable output of any command (``OUTPUTS``) now, before its work: a file where a
     folder is needed or the reverse, a folder that cannot be written, a result folder that already
-    holds a different result (without ``--overwrite``)."""
+    holds a different result (without ``--overwrite``).
+
+    Args:
+        args: The parsed command line.
+
+    Raises:
+        ConfigError: An output that cannot be written.
+    """
     from arithinterp.outputs import check_free_dir, check_writable_dir, check_writable_file
     from arithinterp.results import holds_result
 
@@ -87,7 +119,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         if not path:
             continue
         if kind == "file":
-            check_writable_file(path, flag)
+            check_writable_file(path, flag, getattr(args, "overwrite", False))
             continue
         check_writable_dir(path, flag)
         if kind == "dir":
@@ -123,7 +155,14 @@ def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
 
 @command("patch", outputs=_ANALYSIS_OUTPUTS)
 def patch_command(args: argparse.Namespace) -> dict:
-    """Exact activation patching of one site over layers x positions."""
+    """Exact activation patching of one site over layers x positions.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import patching
 
     model, prompts = _model_and_prompts(args)
@@ -137,7 +176,14 @@ def patch_command(args: argparse.Namespace) -> dict:
 
 @command("probe", outputs=_ANALYSIS_OUTPUTS)
 def probe_command(args: argparse.Namespace) -> dict:
-    """Probe a label at every layer and position, with a shuffled-label control."""
+    """Probe a label at every layer and position, with a shuffled-label control.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import probes
     from arithinterp.activations import collect
 
@@ -149,7 +195,14 @@ def probe_command(args: argparse.Namespace) -> dict:
 
 @command("fourier", outputs=_ANALYSIS_OUTPUTS)
 def fourier_command(args: argparse.Namespace) -> dict:
-    """Fourier spectrum of the number-token embeddings."""
+    """Fourier spectrum of the number-token embeddings.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import fourier
     from arithinterp.models import load_model
 
@@ -174,7 +227,14 @@ def _numbers(flag: str, text: str) -> tuple[float, ...]:
 
 @command("helix", outputs=_ANALYSIS_OUTPUTS)
 def helix_command(args: argparse.Namespace) -> dict:
-    """Fit a helix to the residual stream at an operand and test it causally."""
+    """Fit a helix to the residual stream at an operand and test it causally.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import helix
     from arithinterp.activations import collect
 
@@ -192,7 +252,14 @@ def helix_command(args: argparse.Namespace) -> dict:
 
 @command("neurons", outputs=_ANALYSIS_OUTPUTS)
 def neurons_command(args: argparse.Namespace) -> dict:
-    """Classify the most important MLP neurons into heuristics."""
+    """Classify the most important MLP neurons into heuristics.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import neurons
 
     model, prompts = _model_and_prompts(args)
@@ -202,7 +269,14 @@ def neurons_command(args: argparse.Namespace) -> dict:
 
 @command("ablate", outputs=_ANALYSIS_OUTPUTS)
 def ablate_command(args: argparse.Namespace) -> dict:
-    """Ablate components and compare accuracy and answer log-probability with the full model."""
+    """Ablate components and compare accuracy and answer log-probability with the full model.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import patching
 
     model, prompts = _model_and_prompts(args)
@@ -228,7 +302,14 @@ def _ablation(args: argparse.Namespace) -> str:
 
 @command("digits", outputs=_ANALYSIS_OUTPUTS)
 def digits_command(args: argparse.Namespace) -> dict:
-    """Ablate each head at each answer position alone and score that answer digit."""
+    """Ablate each head at each answer position alone and score that answer digit.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp import patching
 
     model, prompts = _model_and_prompts(args)
@@ -243,7 +324,14 @@ def digits_command(args: argparse.Namespace) -> dict:
 
 @command("circuit", outputs=_ANALYSIS_OUTPUTS)
 def circuit_command(args: argparse.Namespace) -> dict:
-    """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top)."""
+    """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top).
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     import pandas as pd
 
     from arithinterp import circuits
@@ -252,18 +340,18 @@ def circuit_command(args: argparse.Namespace) -> dict:
     model, prompts = _model_and_prompts(args)
     pairs = prompts.counterfactual(vary=args.vary, seed=args.seed)
     positions = [p.strip() for p in args.positions.split(",") if p.strip()] if args.positions else None
-    scored = circuits.score_edges(model, pairs, args.method, positions=positions, steps=args.steps, metric=args.metric,
-                                  progress=not args.no_progress)
+    scored = circuits.score_edges(model, pairs, args.method, positions=positions, ig_steps=args.ig_steps,
+                                  metric=args.metric, progress=not args.no_progress)
     if args.top is not None:
         size = args.top
     else:
         if not 0 < args.target <= 1:
             raise ConfigError(f"--target must be in (0, 1], got {args.target}")
-        curve = circuits.faithfulness(model, pairs, scored, ablation=args.ablation)
+        curve = circuits.faithfulness_curve(model, pairs, scored, ablation=args.ablation)
         size = curve.smallest(args.target)
         size = scored.n_edges if size is None else size
     circuit = circuits.top_n(scored, size)
-    value = circuits.circuit_faithfulness(model, pairs, circuit, ablation=args.ablation)
+    value = circuits.edge_faithfulness(model, pairs, circuit, ablation=args.ablation).value
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
     # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
     top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")
@@ -277,7 +365,14 @@ def circuit_command(args: argparse.Namespace) -> dict:
 
 @command("train", outputs=dict(out="dir"))
 def train_command(args: argparse.Namespace) -> dict:
-    """Train a zoo model from scratch with its recipe."""
+    """Train a zoo model from scratch with its recipe.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from pathlib import Path
 
     from arithinterp.models.train import train
@@ -290,7 +385,14 @@ def train_command(args: argparse.Namespace) -> dict:
 
 @command("train-transcoders", outputs=dict(out="dir"))
 def train_transcoders_command(args: argparse.Namespace) -> dict:
-    """Train a zoo model's transcoders with their seeded recipe and write them with a card."""
+    """Train a zoo model's transcoders with their seeded recipe and write them with a card.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp.features.shipped import train_shipped
 
     return train_shipped(args.model, out=args.out, seed=args.seed, steps=args.steps,
@@ -299,7 +401,14 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
 
 @command("graph", outputs=_ANALYSIS_OUTPUTS)
 def graph_command(args: argparse.Namespace) -> dict:
-    """The attribution graph of one prompt over a zoo model's shipped transcoders (or --transcoders DIR)."""
+    """The attribution graph of one prompt over a zoo model's shipped transcoders (or --transcoders DIR).
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     from arithinterp.features import load_transcoders
     from arithinterp.features.graph import attribution_graph
     from arithinterp.models import load_model
@@ -322,7 +431,14 @@ def graph_command(args: argparse.Namespace) -> dict:
 
 @command("das", outputs=_ANALYSIS_OUTPUTS)
 def das_command(args: argparse.Namespace) -> dict:
-    """Distributed alignment search for one causal variable at one site, or over layers x positions."""
+    """Distributed alignment search for one causal variable at one site, or over layers x positions.
+
+    Args:
+        args: The parsed command line (:func:`build_parser`).
+
+    Returns:
+        The command's JSON-able summary, printed by :func:`main`.
+    """
     import pandas as pd
 
     from arithinterp import causal
@@ -368,6 +484,11 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``arithinterp`` command line: one subparser per command of :data:`COMMANDS`.
+
+    Returns:
+        The parser.
+    """
     from arithinterp._version import __version__
     from arithinterp.models.zoo import ZOO
 
@@ -384,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="run the standard analyses on a model and write an offline HTML report")
     p.add_argument("model", nargs="?", default="zoo:add-100", help="model spec (default: zoo:add-100)")
     p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     p.add_argument("--stages", default=None, help=f"comma-separated stages to run (default: all of {','.join(STAGES)})")
     p.add_argument("--limit", type=int, default=2000, help="at most this many task prompts (default: 2000)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
@@ -416,7 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
         p.add_argument("--out", default=None, help="directory to save the result in (reload with Result.load)")
         p.add_argument("--figure", default=None, help="write the result's figure to this HTML file")
-        p.add_argument("--overwrite", action="store_true", help="replace a different result already saved in --out")
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace a different result already saved in --out, and an existing --figure file")
         p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
         p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
         return p
@@ -462,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="eap-ig",
                    help="eap-ig, eap-ig-activations, eap, exact or auto (exact where it costs about as much as "
                         "eap-ig; default: eap-ig)")
-    p.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps (default: 5)")
+    p.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default: 5)")
     p.add_argument("--positions", default=None,
                    help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")
     p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
@@ -532,6 +655,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``arithinterp`` command.
+
+    Args:
+        argv: The arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 2 on a library error or no command, 1 on another error with
+        ``--json``, 130 when interrupted.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -552,6 +684,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"arithinterp {args.command}: warning: {message}", file=sys.stderr)
             check_outputs(args)
             summary = COMMANDS[args.command](args)
+    except KeyboardInterrupt:  # what was finished is kept (the report's page, a sweep's cells): no traceback
+        print(f"arithinterp {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ArithInterpError as error:
         return fail(args.command, error, 2, as_json)
     except Exception as error:

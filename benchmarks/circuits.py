@@ -18,7 +18,7 @@ prompts, scored by EAP-IG in one batch: wall time, forward/backward passes, peak
 largest resident-set increase), and the same for exact patching of every edge.
 
 Exact edges, before and after (``--exact``): exact patching of every edge alone
-(``circuits.patch_edges``) and a faithfulness curve (``circuits.faithfulness``, complement
+(``circuits.patch_edges``) and a faithfulness curve (``circuits.faithfulness_curve``, complement
 resampled) with whole stacked forwards (``engine="hooks"``, the reference) and through the block
 stepper (the default), side by side in one process, on that Llama setup and on a zoo model:
 medians of ``--runs`` repeats, their ratio, and the largest score difference.
@@ -77,7 +77,7 @@ def zoo_pairs(name: str, n_pairs: int):
 
 
 def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
-    from arithinterp.circuits import EdgeGraph, attribute_edges, faithfulness, patch_edges, score_edges
+    from arithinterp.circuits import EdgeGraph, attribute_edges, faithfulness_curve, patch_edges, score_edges
 
     model, pairs = zoo_pairs(name, n_pairs)
     graph = EdgeGraph.of(model)
@@ -85,13 +85,13 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
     ref = exact["scores"].mean(0)
     rows = []
     for method, k in (("eap", None), ("eap-ig", steps)):
-        t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, steps=k or 1, batch_size=len(pairs), progress=False), runs)
+        t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, ig_steps=k or 1, batch_size=len(pairs), progress=False), runs)
         est = got["scores"].mean(0)
         rows.append((method if k is None else f"{method} ({k} steps)", pearson(est, ref), pearson(ranks(est), ranks(ref)), t, got["passes_per_batch"]))
-    circuit = score_edges(model, pairs, "eap-ig", steps=steps, batch_size=len(pairs), progress=False)
+    circuit = score_edges(model, pairs, "eap-ig", ig_steps=steps, batch_size=len(pairs), progress=False)
     n = circuit.n_edges
     sizes = sorted({0, n, *[max(1, round(n * f)) for f in (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5)]})
-    curve = faithfulness(model, pairs, circuit, sizes=sizes)
+    curve = faithfulness_curve(model, pairs, circuit, sizes=sizes)
     smallest = curve.smallest(0.9)
     lines = [f"**`zoo:{name}`** — {len(pairs)} pairs, {graph.n_edges} edges, exact patching {t_exact:.2f} s ({exact['forwards']} stacked forwards)", "",
              "| method | Pearson vs exact | Spearman vs exact | time (s) | passes per batch |", "|---|---:|---:|---:|---:|"]
@@ -122,7 +122,7 @@ def speed(n_pairs: int, steps: int, few_shot: int, runs: int) -> list[str]:
     ref = exact["scores"].mean(0)
     for method in ("eap", "eap-ig"):
         with PeakMemory() as m:
-            t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, steps=steps, batch_size=len(pairs), progress=False), runs)
+            t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, ig_steps=steps, batch_size=len(pairs), progress=False), runs)
         label = method if method == "eap" else f"eap-ig ({steps} steps)"
         lines.append(f"| {label} | {t:.2f} | {got['passes_per_batch']} | {m.peak:.0f} | {pearson(got['scores'].mean(0), ref):.3f} |")
     lines.append(f"| exact, every edge alone | {t_exact:.2f} | {exact['forwards']} stacked forwards | {mem.peak:.0f} | 1 |")
@@ -154,7 +154,7 @@ def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int) -> list[
     import statistics
     import time
 
-    from arithinterp.circuits import EdgeGraph, faithfulness, patch_edges, score_edges
+    from arithinterp.circuits import EdgeGraph, faithfulness_curve, patch_edges, score_edges
 
     lines = [f"One CPU thread, torch {torch.__version__}; each repeat times the whole-forward reference and the "
              f"stepped default one after the other; medians of {runs} repeats.", "",
@@ -171,7 +171,7 @@ def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int) -> list[
              lambda engine: patch_edges(model, pairs, graph, engine=engine, progress=False),
              lambda got: got["scores"], lambda got: got["forwards"]),
             (f"faithfulness, {len(sizes)} sizes",
-             lambda engine: faithfulness(model, pairs, circuit, sizes=sizes, engine=engine),
+             lambda engine: faithfulness_curve(model, pairs, circuit, sizes=sizes, engine=engine),
              lambda got: got.raw, lambda got: got.meta["forwards"]),
         )
         patch_edges(model, pairs, graph, edges=[0], progress=False)  # the stepper's one-time check
@@ -225,7 +225,7 @@ def neuron_receivers(models: list, n_pairs: int, step: int, steps: int) -> list[
         got, seconds = {}, {}
         for method in ("eap", "eap-ig"):
             start = time.perf_counter()
-            out = attribute_edges(model, pairs, method=method, steps=steps, progress=False, neurons=chosen)
+            out = attribute_edges(model, pairs, method=method, ig_steps=steps, progress=False, neurons=chosen)
             seconds[method] = time.perf_counter() - start
             col = {e: i for i, e in enumerate(out["neuron_receiver_edges"])}
             got[method] = out["neuron_receiver_scores"][:, [col[e] for e in exact["edges"]]].mean(0)

@@ -32,7 +32,7 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> None:
     print("|---|---:|---:|---:|---:|")
     for method in METHODS:
         seconds, result = median_time(
-            lambda method=method: attribute_edges(model, pairs, method=method, steps=steps, batch_size=len(pairs),
+            lambda method=method: attribute_edges(model, pairs, method=method, ig_steps=steps, batch_size=len(pairs),
                                                   progress=False), runs)
         got = cast(dict, result)  # what attribute_edges returns
         scores = got["scores"].mean(0)

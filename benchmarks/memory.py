@@ -9,7 +9,7 @@ download), digit-split tokenizer, two-digit addition with a few-shot prefix:
 * ``classify-top``: ``neurons.classify(model, prompts, top_k=50)`` — every layer's attribution-ranked
   top-k (``--top-k``), importance included (on the grid of side ``--top-side``);
 * ``eap-ig``: ``circuits.score_edges(model, pairs, "eap-ig")`` over every edge (16 pairs);
-* ``faithfulness``: ``circuits.faithfulness`` of that circuit over 10 sizes (exact edge runs).
+* ``faithfulness``: ``circuits.faithfulness_curve`` of that circuit over 10 sizes (exact edge runs).
 
 Each measurement runs in a fresh process and reports its peak resident set size increase over
 the loaded model (sampled every 0.2 ms, ``benchmarks/collect.py``'s ``PeakRSS``) and its time.
@@ -88,7 +88,7 @@ def measure(what: str, folder: str, args) -> dict:
         else:  # the curve of an EAP circuit (scored 2 pairs at a time in both versions: not what is measured)
             circuit = circuits.score_edges(model, pairs, "eap", batch_size=2, progress=False)
             sizes = [int(round(circuit.n_edges ** (i / 9))) for i in range(10)]
-            run = lambda: circuits.faithfulness(model, pairs, circuit, sizes)  # noqa: E731
+            run = lambda: circuits.faithfulness_curve(model, pairs, circuit, sizes)  # noqa: E731
     with PeakRSS() as memory:
         start = time.perf_counter()
         result: Any = run()

@@ -83,7 +83,7 @@ def compare(model, pairs, graph, steps: int, runs: int) -> dict:
     ref = exact["scores"].mean(0)
     out = dict(exact=t_exact, edges=graph.n_edges)
     for method in ("eap", "eap-ig"):
-        t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, steps=steps,
+        t, got = median_time(lambda: attribute_edges(model, pairs, graph, method=method, ig_steps=steps,
                                                      progress=False), runs)
         est = got["scores"].mean(0)
         out[method] = dict(time=t, pearson=pearson(est, ref), spearman=pearson(ranks(est), ranks(ref)))
@@ -166,7 +166,7 @@ def real(path: str, n_pairs: int, steps: int, n_checked: int = 300) -> list[str]
     graph = EdgeGraph.of(model)
     costs = edge_costs(model, pairs, graph, steps)
     start = time.perf_counter()
-    circuit = score_edges(model, pairs, "auto", steps=steps, progress=False)
+    circuit = score_edges(model, pairs, "auto", ig_steps=steps, progress=False)
     took = time.perf_counter() - start
     scores = circuit.scores
     top = torch.argsort(scores.abs(), descending=True)[:n_checked // 3]

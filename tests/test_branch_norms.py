@@ -160,7 +160,7 @@ def test_eap_ig_follows_exact_edges_on_held_out_pairs(gemma):
     pairs = arithmetic(model, a=range(60, 99, 3), b=range(40, 80, 5), few_shot=2).counterfactual(vary="a", seed=1)[:12]
     graph = EdgeGraph.of(model)
     exact = patch_edges(model, pairs, graph, progress=False)["scores"].mean(0)
-    ig = attribute_edges(model, pairs, graph, method="eap-ig", steps=5, progress=False)["scores"].mean(0)
+    ig = attribute_edges(model, pairs, graph, method="eap-ig", ig_steps=5, progress=False)["scores"].mean(0)
     assert float(torch.corrcoef(torch.stack([exact, ig]))[0, 1]) > 0.7
     shuffled = ig[torch.randperm(len(ig), generator=torch.Generator().manual_seed(0))]
     assert abs(float(torch.corrcoef(torch.stack([exact, shuffled]))[0, 1])) < 0.5
@@ -211,7 +211,7 @@ def test_neuron_edges_add_up_to_their_mlp_edge_through_the_frozen_norm(gemma, me
     _, model = gemma
     pairs = _pairs(model, n=4)
     graph = EdgeGraph.of(model)
-    got = attribute_edges(model, pairs, graph, method=method, steps=2, progress=False, neurons={0: "all"})
+    got = attribute_edges(model, pairs, graph, method=method, ig_steps=2, progress=False, neurons={0: "all"})
     names, per_neuron = got["neuron_edges"], got["neuron_scores"]
     checked = 0
     for i, edge in enumerate(graph.edges):
@@ -258,14 +258,14 @@ def test_auto_picks_eap_ig_where_every_edge_is_a_whole_forward(gemma):
     assert not costs.stepped
     assert costs.ratio == pytest.approx((2 + graph.n_edges) / (2 + 3 * 5), rel=1e-6)
     circuit = score_edges(model, pairs, "auto", engine="hooks", progress=False)
-    assert circuit.method == "eap-ig" and circuit.meta["steps"] == 5 and circuit.meta["method_requested"] == "auto"
+    assert circuit.method == "eap-ig" and circuit.meta["ig_steps"] == 5 and circuit.meta["method_requested"] == "auto"
     # more steps make EAP-IG dearer: exact patching again
     many = edge_costs(model, pairs, graph, steps=40, engine="hooks")
     assert many.ratio < 2.0
     with pytest.raises(ArithInterpError, match="method"):
         score_edges(model, pairs, "fastest", progress=False)
     with pytest.raises(ArithInterpError, match="steps"):
-        score_edges(model, pairs, "auto", steps=0, progress=False)
+        score_edges(model, pairs, "auto", ig_steps=0, progress=False)
 
 
 def test_attribution_graphs_are_exact_through_the_branch_norms(gemma):

@@ -76,7 +76,7 @@ def test_varying_one_column_moves_its_answer_digit_and_not_the_far_ones(zoo):
     mass = {}
     for column in (0, 2):
         pairs = patching.vary_digit(prompts, column, "a", seed=0)[:16]
-        result = digit_circuits(model, pairs, "eap-ig", metric="logprob", steps=4, progress=False)
+        result = digit_circuits(model, pairs, "eap-ig", metric="logprob", ig_steps=4, progress=False)
         assert result.answer_tokens == [0, 1, 2, 3] and result.scores.shape == (4, EdgeGraph.of(model).n_edges)
         mass[column] = result.scores.abs().sum(1)  # [4]: thousands, hundreds, tens, units
     units, hundreds = 3, 1
@@ -130,7 +130,7 @@ def test_eap_ig_tracks_exact_patching_on_every_digit_the_pairs_move(zoo):
     model, prompts = zoo
     pairs = patching.vary_digit(prompts, 1, "a", seed=0)[:12]
     exact = digit_circuits(model, pairs, "exact", answer_tokens=[1, 2], progress=False)
-    ig = digit_circuits(model, pairs, "eap-ig", answer_tokens=[1, 2], steps=5, progress=False)
+    ig = digit_circuits(model, pairs, "eap-ig", answer_tokens=[1, 2], ig_steps=5, progress=False)
     table = ig.agreement(exact)
     assert list(table.answer_token) == [1, 2] and (table.pearson > 0.9).all()
     generator = torch.Generator().manual_seed(0)
@@ -142,11 +142,11 @@ def test_eap_ig_tracks_exact_patching_on_every_digit_the_pairs_move(zoo):
 def test_a_digit_circuit_is_a_circuit_that_extracts_and_is_faithful(zoo):
     model, prompts = zoo
     pairs = patching.vary_digit(prompts, 0, "a", seed=0)[:8]
-    result = digit_circuits(model, pairs, "eap-ig", answer_tokens=[3], steps=3, progress=False)
+    result = digit_circuits(model, pairs, "eap-ig", answer_tokens=[3], ig_steps=3, progress=False)
     circuit = circuits.top_n(result.circuit(3), 20)
     assert circuit.n_kept == 20 and circuit.meta["answer_token"] == 3
     fed = patching.digit_pairs(pairs, 3)
-    curve = circuits.faithfulness(model, fed, result.circuit(3), sizes=[0, 20, circuit.n_edges])
+    curve = circuits.faithfulness_curve(model, fed, result.circuit(3), sizes=[0, 20, circuit.n_edges])
     assert float(curve.values[-1]) == pytest.approx(1.0, abs=1e-5) and float(curve.values[1]) > 0.5
     names, per_sender = result.sender_scores()
     assert per_sender.shape == (len(names), 1)
@@ -185,7 +185,7 @@ def test_multi_token_answers_of_a_digit_split_llama_folder(llama_model):
     assert torch.equal(pairs.clean.n_answer_tokens, pairs.corrupt.n_answer_tokens)  # sums of 3 digits dropped
     pairs = pairs[:6]
     exact = digit_circuits(model, pairs, "exact", progress=False)
-    ig = digit_circuits(model, pairs, "eap-ig", steps=3, progress=False)
+    ig = digit_circuits(model, pairs, "eap-ig", ig_steps=3, progress=False)
     graph = EdgeGraph.of(model)
     assert exact.scores.shape == ig.scores.shape == (2, graph.n_edges) and torch.isfinite(ig.pair_scores).all()
     for k in (0, 1):  # every outgoing edge of a head together = patching that head, by another engine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -12,8 +13,8 @@ from arithinterp.circuits import (
     Circuit,
     EdgeGraph,
     attribute_edges,
-    circuit_faithfulness,
-    faithfulness,
+    edge_faithfulness,
+    faithfulness_curve,
     minimality,
     overlap,
     patch_edges,
@@ -127,7 +128,7 @@ def test_positional_edges_find_the_operand_and_final_positions(planted):
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
 def test_attribution_ranks_the_planted_edges_first(planted, method):
     model, pairs = planted
-    circuit = score_edges(model, pairs, method, steps=4, metric=operand_logit_diff, progress=False)
+    circuit = score_edges(model, pairs, method, ig_steps=4, metric=operand_logit_diff, progress=False)
     assert set(top_n(circuit, 2).kept_edges) == PLANTED
     passes = circuit.meta["passes_per_batch"]
     assert passes == (3 if method == "eap" else 2 + 2 * 4)
@@ -139,7 +140,7 @@ def test_eap_ig_agrees_with_exact_patching_on_a_random_model(tiny_model):
     prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
     pairs = prompts.counterfactual(vary="a", seed=0)
     exact = patch_edges(tiny_model, pairs, progress=False)["scores"].mean(0)
-    ig = attribute_edges(tiny_model, pairs, method="eap-ig", steps=5, progress=False)["scores"].mean(0)
+    ig = attribute_edges(tiny_model, pairs, method="eap-ig", ig_steps=5, progress=False)["scores"].mean(0)
     assert torch.corrcoef(torch.stack([exact, ig]))[0, 1] > 0.9
     shuffled = ig[torch.randperm(len(ig), generator=torch.Generator().manual_seed(0))]
     assert abs(torch.corrcoef(torch.stack([exact, shuffled]))[0, 1]) < 0.5  # the control
@@ -147,22 +148,22 @@ def test_eap_ig_agrees_with_exact_patching_on_a_random_model(tiny_model):
 
 def test_faithfulness_curve_minimality_pruning_and_overlap(planted):
     model, pairs = planted
-    circuit = score_edges(model, pairs, "eap-ig", steps=3, metric=operand_logit_diff, progress=False)
-    curve = faithfulness(model, pairs, circuit, sizes=[0, 1, 2, 5, circuit.n_edges], metric=operand_logit_diff)
+    circuit = score_edges(model, pairs, "eap-ig", ig_steps=3, metric=operand_logit_diff, progress=False)
+    curve = faithfulness_curve(model, pairs, circuit, sizes=[0, 1, 2, 5, circuit.n_edges], metric=operand_logit_diff)
     assert curve.values[0].item() == pytest.approx(0.0, abs=1e-4)
     assert curve.values[2].item() == pytest.approx(1.0, abs=1e-4)  # the two planted edges suffice
     assert curve.values[-1].item() == pytest.approx(1.0, abs=1e-4)
     assert curve.smallest(0.9) == 2
-    mean_curve = faithfulness(model, pairs, circuit, sizes=[2], ablation="mean", metric=operand_logit_diff)
+    mean_curve = faithfulness_curve(model, pairs, circuit, sizes=[2], ablation="mean", metric=operand_logit_diff)
     assert mean_curve.values[0].item() == pytest.approx(1.0, abs=1e-4)
     small = top_n(circuit, 2)
     drops = minimality(model, pairs, small, metric=operand_logit_diff)
-    assert (drops["loss"] > 0.99).all()  # each planted edge is necessary
+    assert (drops.loss > 0.99).all()  # each planted edge is necessary
     pruned = prune(model, pairs, top_n(circuit, 6), tau=0.01, metric=operand_logit_diff, progress=False)
     assert set(pruned.kept_edges) == PLANTED
-    assert circuit_faithfulness(model, pairs, pruned, metric=operand_logit_diff) == pytest.approx(1.0, abs=1e-4)
+    assert edge_faithfulness(model, pairs, pruned, metric=operand_logit_diff).value == pytest.approx(1.0, abs=1e-4)
     both = overlap(pruned, top_n(circuit, 3))
-    assert both["edges_shared"] == 2 and both["edge_jaccard"] == pytest.approx(2 / 3)
+    assert both.edges_shared == 2 and both.edge_jaccard == pytest.approx(2 / 3)
 
 
 def test_circuit_result_round_trips_and_plots(planted, tmp_path):
@@ -176,7 +177,7 @@ def test_circuit_result_round_trips_and_plots(planted, tmp_path):
     fig = loaded.plot()
     hover = " ".join(str(t) for trace in fig.data for t in (trace.text or []))
     assert "embed->L0H0.v@a" in hover and "score" in hover
-    curve = faithfulness(model, pairs, circuit, sizes=[0, 3], metric=operand_logit_diff)
+    curve = faithfulness_curve(model, pairs, circuit, sizes=[0, 3], metric=operand_logit_diff)
     assert curve.plot().layout.xaxis.title.text == "edges kept"
 
 
@@ -185,7 +186,7 @@ def test_bad_input_is_refused_with_what_is_accepted(planted):
     with pytest.raises(ArithInterpError, match="accepted"):
         score_edges(model, pairs, "acdc")
     with pytest.raises(ArithInterpError, match="steps"):
-        attribute_edges(model, pairs, steps=0)
+        attribute_edges(model, pairs, ig_steps=0)
     with pytest.raises(ArithInterpError, match="unknown position"):
         score_edges(model, pairs, "eap", positions=["c"], metric=operand_logit_diff)
     graph = EdgeGraph.of(model)
@@ -215,7 +216,7 @@ def test_edge_runs_are_exact_on_hugging_face_families(family, number_tokenizer, 
     assert (got["values"][:, 0] - got["clean"]).abs().max() < 1e-4 * gap
     assert (got["values"][:, 1] - got["corrupt"]).abs().max() < 1e-4 * gap
     exact = patch_edges(model, pairs, graph, progress=False)["scores"].mean(0)
-    ig = attribute_edges(model, pairs, graph, method="eap-ig", steps=5, progress=False)["scores"].mean(0)
+    ig = attribute_edges(model, pairs, graph, method="eap-ig", ig_steps=5, progress=False)["scores"].mean(0)
     assert torch.corrcoef(torch.stack([exact, ig]))[0, 1] > 0.7
 
 
@@ -242,12 +243,12 @@ def test_report_stage_finds_a_small_faithful_circuit_on_the_zoo_model():
 
 
 def _curve(sizes, values, low=None, high=None, note=None):
-    """A Faithfulness result with the given curve (what ``faithfulness`` returns, minus the runs)."""
-    from arithinterp.circuits import Faithfulness
+    """A FaithfulnessCurveResult with the given curve (what ``faithfulness_curve`` returns, minus the runs)."""
+    from arithinterp.circuits import FaithfulnessCurveResult
 
     values = torch.tensor(values)
     distinguishable = note is None
-    return Faithfulness(
+    return FaithfulnessCurveResult(
         sizes=torch.tensor(sizes), values=values, ci_low=values if low is None else torch.tensor(low),
         ci_high=values if high is None else torch.tensor(high), raw=values, all_edges=1.0, no_edges=0.0,
         n_edges=max(sizes), ablation="resample", method="eap-ig",
@@ -270,9 +271,9 @@ def test_smallest_requires_the_curve_to_stay_above_the_target_not_its_first_cros
 
 def test_faithfulness_sizes_are_sorted_so_smallest_is_right(planted):
     model, pairs = planted
-    circuit = score_edges(model, pairs, "eap-ig", steps=3, metric=operand_logit_diff, progress=False)
+    circuit = score_edges(model, pairs, "eap-ig", ig_steps=3, metric=operand_logit_diff, progress=False)
     n = circuit.n_edges
-    curve = faithfulness(model, pairs, circuit, sizes=[n, 0, 2], metric=operand_logit_diff)
+    curve = faithfulness_curve(model, pairs, circuit, sizes=[n, 0, 2], metric=operand_logit_diff)
     assert curve.sizes.tolist() == [0, 2, n]
     assert curve.values.tolist() == pytest.approx([0.0, 1.0, 1.0], abs=1e-4)
     assert curve.smallest(0.9) == 2  # in the order given, size n would have been the first to reach it
@@ -281,7 +282,7 @@ def test_faithfulness_sizes_are_sorted_so_smallest_is_right(planted):
 def test_interval_covers_the_planted_faithfulness_and_not_a_shifted_one():
     """Pairs with a planted faithfulness f(k) and pair-to-pair noise: the 95% bootstrap intervals
     over pairs cover f(k) in about 95% of draws; a curve shifted by 0.3 (the control) almost never."""
-    from arithinterp.circuits.circuit import _fractions
+    from arithinterp.circuits.evaluation import _fractions
 
     generator = torch.Generator().manual_seed(0)
     f = torch.tensor([0.0, 0.3, 0.8, 0.95, 1.0])
@@ -309,9 +310,9 @@ def zoo_pairs():
 def test_faithfulness_from_noisy_pairs_gives_smallest_with_its_interval(zoo_pairs):
     model, pairs = zoo_pairs
     many, few = pairs[:48], pairs[:12]
-    circuit = score_edges(model, many, "eap-ig", steps=3, progress=False)
+    circuit = score_edges(model, many, "eap-ig", ig_steps=3, progress=False)
     sizes = [0, 4, 8, 16, 24, 32, 48, 64, circuit.n_edges]
-    curve = faithfulness(model, many, circuit, sizes=sizes)
+    curve = faithfulness_curve(model, many, circuit, sizes=sizes)
     assert curve.reported and curve.meta["denominator"]["ci_low"] > 0
     inner = slice(1, -1)
     assert (curve.ci_low <= curve.values + 1e-6).all() and (curve.values <= curve.ci_high + 1e-6).all()
@@ -328,9 +329,9 @@ def test_faithfulness_from_noisy_pairs_gives_smallest_with_its_interval(zoo_pair
                                                               >= target)
     # fewer pairs, wider intervals; the same seed, the same intervals
     narrow = (curve.ci_high - curve.ci_low)[inner].mean()
-    wide = faithfulness(model, few, circuit, sizes=sizes)
+    wide = faithfulness_curve(model, few, circuit, sizes=sizes)
     assert (wide.ci_high - wide.ci_low)[inner].mean() > 1.3 * narrow
-    again = faithfulness(model, many, circuit, sizes=sizes)
+    again = faithfulness_curve(model, many, circuit, sizes=sizes)
     assert torch.equal(again.ci_low, curve.ci_low) and torch.equal(again.ci_high, curve.ci_high)
     frame = curve.to_frame()
     assert {"ci_low", "ci_high", "note"} <= set(frame.columns) and (frame["note"] == "").all()
@@ -350,15 +351,15 @@ def _alternating(logits, pairs):
 def test_no_fraction_when_every_edge_and_no_edge_are_indistinguishable(planted, number_tokenizer, case):
     """Head A copies ``a``: pairs varying ``b`` change nothing the logits read (no effect), and a
     metric whose sign follows ``b`` has per-pair effects of ±10 that average to 0. Either way the
-    curve gives no fraction, says why, and circuit_faithfulness / minimality / prune refuse."""
+    curve, the kept edges' faithfulness and minimality give no fraction and say why; prune refuses."""
     model, a_pairs = planted
     if case == "no effect":
         prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(4), template="{a}+{b}=")
         pairs, metric = prompts.counterfactual(vary="b", seed=0), "logit_diff"
     else:
         pairs, metric = a_pairs, _alternating
-    circuit = score_edges(model, a_pairs, "eap-ig", steps=3, metric=operand_logit_diff, progress=False)
-    curve = faithfulness(model, pairs, circuit, sizes=[0, 2, circuit.n_edges], metric=metric)
+    circuit = score_edges(model, a_pairs, "eap-ig", ig_steps=3, metric=operand_logit_diff, progress=False)
+    curve = faithfulness_curve(model, pairs, circuit, sizes=[0, 2, circuit.n_edges], metric=metric)
     assert not curve.reported and torch.isnan(curve.values).all() and torch.isnan(curve.ci_low).all()
     den = curve.meta["denominator"]
     assert den["ci_low"] <= 0 <= den["ci_high"] and not den["distinguishable"]
@@ -371,33 +372,35 @@ def test_no_fraction_when_every_edge_and_no_edge_are_indistinguishable(planted, 
         assert curve.smallest_interval(0.9) == (None, None)
     assert "not reported" in curve.plot().layout.title.text
     small = top_n(circuit, 2)
-    for run in (lambda: circuit_faithfulness(model, pairs, small, metric=metric),
-                lambda: minimality(model, pairs, small, metric=metric),
-                lambda: prune(model, pairs, small, metric=metric, progress=False)):
-        with pytest.raises(ArithInterpError, match="faithfulness is undefined.*includes 0"):
-            run()
+    kept = edge_faithfulness(model, pairs, small, metric=metric)
+    assert not kept.reported and math.isnan(kept.value) and "includes 0" in kept.note
+    assert kept.to_frame()["note"].tolist() == [kept.note] and not math.isnan(kept.raw)
+    drops = minimality(model, pairs, small, metric=metric)
+    assert not drops.reported and torch.isnan(drops.loss).all() and "includes 0" in drops.meta["note"]
+    with pytest.raises(ArithInterpError, match="faithfulness is undefined.*includes 0"):
+        prune(model, pairs, small, metric=metric, progress=False)
     # the control: the same circuit on pairs varying a, with the plain metric, is a fraction
-    assert faithfulness(model, a_pairs, circuit, sizes=[2], metric=operand_logit_diff).reported
+    assert faithfulness_curve(model, a_pairs, circuit, sizes=[2], metric=operand_logit_diff).reported
 
 
 # --- inputs that used to be accepted and give a silently wrong answer --------------------------------------
 
 
-@pytest.mark.parametrize("batch_sets", [-1, 0, 1.5, True, "2"])
-def test_batch_sets_must_be_a_positive_integer(planted, batch_sets):
+@pytest.mark.parametrize("batch_cells", [-1, 0, 1.5, True, "2"])
+def test_batch_cells_must_be_a_positive_integer(planted, batch_cells):
     model, pairs = planted
     circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
-    with pytest.raises(ArithInterpError, match=r"batch_sets=.* is not accepted .*batch_sets accepts a positive int .* or None"):
-        faithfulness(model, pairs, circuit, sizes=[0, 2], metric=operand_logit_diff, batch_sets=batch_sets)
-    with pytest.raises(ArithInterpError, match=r"batch_sets=.* is not accepted .*batch_sets accepts a positive int .* or None"):
-        minimality(model, pairs, top_n(circuit, 2), metric=operand_logit_diff, batch_sets=batch_sets)
+    with pytest.raises(ArithInterpError, match=r"batch_cells=.* is not accepted .*batch_cells accepts a positive int .* or None"):
+        faithfulness_curve(model, pairs, circuit, sizes=[0, 2], metric=operand_logit_diff, batch_cells=batch_cells)
+    with pytest.raises(ArithInterpError, match=r"batch_cells=.* is not accepted .*batch_cells accepts a positive int .* or None"):
+        minimality(model, pairs, top_n(circuit, 2), metric=operand_logit_diff, batch_cells=batch_cells)
 
 
-def test_batch_sets_larger_than_the_sets_runs_them_all(planted):
+def test_batch_cells_larger_than_the_sets_runs_them_all(planted):
     model, pairs = planted
     circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
-    one = faithfulness(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_sets=1)
-    many = faithfulness(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_sets=10**6)
+    one = faithfulness_curve(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_cells=1)
+    many = faithfulness_curve(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_cells=10**6)
     assert torch.allclose(one.values, many.values, atol=1e-5) and one.sizes.tolist() == many.sizes.tolist()
 
 
@@ -414,11 +417,11 @@ def test_bad_sizes_are_refused_with_what_is_accepted(planted, sizes, match):
     model, pairs = planted
     circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
     with pytest.raises(ArithInterpError, match=match) as info:
-        faithfulness(model, pairs, circuit, sizes=sizes, metric=operand_logit_diff)
+        faithfulness_curve(model, pairs, circuit, sizes=sizes, metric=operand_logit_diff)
     said = str(info.value)
     assert f"0..{circuit.n_edges}" in said or "once" in said or DECLARED_SIZES in said
     with pytest.raises(ArithInterpError, match=rf"sizes\[0\] = {circuit.n_edges + 1}"):
-        faithfulness(model, pairs, circuit, sizes=[circuit.n_edges + 1], metric=operand_logit_diff)
+        faithfulness_curve(model, pairs, circuit, sizes=[circuit.n_edges + 1], metric=operand_logit_diff)
 
 
 def test_sizes_accept_numpy_and_torch_integers(planted):
@@ -427,7 +430,7 @@ def test_sizes_accept_numpy_and_torch_integers(planted):
     model, pairs = planted
     circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
     for sizes in (np.array([0, 2]), torch.tensor([0, 2]), [np.int64(0), np.int64(2)], range(0, 3, 2)):
-        assert faithfulness(model, pairs, circuit, sizes=sizes, metric=operand_logit_diff).sizes.tolist() == [0, 2]
+        assert faithfulness_curve(model, pairs, circuit, sizes=sizes, metric=operand_logit_diff).sizes.tolist() == [0, 2]
 
 
 @pytest.mark.parametrize("value", [float("nan"), True, -0.5, float("inf"), "0.1", None])
@@ -467,7 +470,7 @@ def test_overlap_refuses_a_position_free_and_a_per_position_circuit(planted):
 
     with pytest.warns(RuntimeWarning, match="different positions"):
         both = overlap(planted_at(["a", "final"]), planted_at(["a", "b", "final"]))
-    assert both["shared_edges"] == ["L0H0->logits@final", "embed->L0H0.v@a"]
+    assert both.shared_edges == ["L0H0->logits@final", "embed->L0H0.v@a"]
 
 
 @pytest.mark.parametrize("field", ["scores", "pair_scores", "kept", "senders", "edges"])
@@ -508,9 +511,9 @@ def test_report_stage_prints_no_fraction_when_nothing_is_restored(planted):
 
 def test_eap_ig_on_activations_ranks_the_planted_edges_first(planted):
     model, pairs = planted
-    circuit = score_edges(model, pairs, "eap-ig-activations", steps=4, metric=operand_logit_diff, progress=False)
+    circuit = score_edges(model, pairs, "eap-ig-activations", ig_steps=4, metric=operand_logit_diff, progress=False)
     assert set(top_n(circuit, 2).kept_edges) == PLANTED
-    assert circuit.method == "eap-ig-activations" and circuit.meta["steps"] == 4
+    assert circuit.method == "eap-ig-activations" and circuit.meta["ig_steps"] == 4
     # one layer: the embeddings and the heads are the sender groups; the base run's gradient is shared
     assert circuit.meta["passes_per_batch"] == 2 + 2 * (1 + 3 * 2)
 
@@ -519,9 +522,9 @@ def test_eap_ig_on_activations_at_one_step_is_eap(tiny_model):
     prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
     pairs = prompts.counterfactual(vary="a", seed=0)
     eap = attribute_edges(tiny_model, pairs, method="eap", progress=False)["scores"]
-    one = attribute_edges(tiny_model, pairs, method="eap-ig-activations", steps=1, progress=False)["scores"]
+    one = attribute_edges(tiny_model, pairs, method="eap-ig-activations", ig_steps=1, progress=False)["scores"]
     assert (one - eap).abs().max() <= 1e-5 * eap.abs().max()
-    five = attribute_edges(tiny_model, pairs, method="eap-ig-activations", steps=5, progress=False)["scores"]
+    five = attribute_edges(tiny_model, pairs, method="eap-ig-activations", ig_steps=5, progress=False)["scores"]
     assert (five - eap).abs().max() > 1e-3 * eap.abs().max()  # more steps do move away from the base gradient
 
 
@@ -535,7 +538,7 @@ def test_eap_ig_on_activations_tracks_exact_patching_on_the_zoo():
     exact = patch_edges(model, pairs, progress=False)["scores"].mean(0)
     r, scores = {}, torch.empty(0)
     for method in ("eap-ig", "eap-ig-activations"):
-        scores = attribute_edges(model, pairs, method=method, steps=5, progress=False)["scores"].mean(0)
+        scores = attribute_edges(model, pairs, method=method, ig_steps=5, progress=False)["scores"].mean(0)
         r[method] = float(torch.corrcoef(torch.stack([exact, scores]))[0, 1])
     assert r["eap-ig-activations"] > 0.95 and r["eap-ig-activations"] >= r["eap-ig"] - 0.01
     shuffled = scores[torch.randperm(len(scores), generator=torch.Generator().manual_seed(0))]
@@ -550,7 +553,7 @@ def test_neuron_edges_add_up_to_their_mlp_edge(tiny_model, method):
     prompts = ai.tasks.arithmetic(tiny_model, op="+", a=range(8), b=range(3), template="{a}+{b}=")
     pairs = prompts.counterfactual(vary="a", seed=0)
     graph = EdgeGraph.of(tiny_model)
-    got = attribute_edges(tiny_model, pairs, graph, method=method, steps=3, progress=False, neurons={0: "all", 1: "all"})
+    got = attribute_edges(tiny_model, pairs, graph, method=method, ig_steps=3, progress=False, neurons={0: "all", 1: "all"})
     names, per_neuron = got["neuron_edges"], got["neuron_scores"]
     assert per_neuron.shape == (len(pairs), len(names)) and len(set(names)) == len(names)
     for i, edge in enumerate(graph.edges):
@@ -572,7 +575,7 @@ def test_a_planted_neuron_ranks_top_and_a_silenced_one_scores_zero(number_tokeni
     def scores(model):
         prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(4), template="{a}+{b}=")
         pairs = prompts.counterfactual(vary="a", seed=0)
-        got = attribute_edges(model, pairs, method="eap-ig", steps=3, metric=lambda logits, ctx: logits[:, 5],
+        got = attribute_edges(model, pairs, method="eap-ig", ig_steps=3, metric=lambda logits, ctx: logits[:, 5],
                               progress=False, neurons={0: "all"})
         return got["neuron_edges"], got["neuron_scores"].mean(0)
 

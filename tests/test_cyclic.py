@@ -297,14 +297,14 @@ def test_the_addition_circuit_carries_weekday_arithmetic(zoo_model):
     entry = get_entry("add-cyclic")
     addition = zoo_prompts(zoo_model, entry).counterfactual(vary="a", seed=0)[:60]
     days = cyclic.counterfactual(zoo_prompts(zoo_model, entry, family="weekday"), vary="a", seed=0)[:60]
-    scored = circuits.score_edges(zoo_model, addition, "eap-ig", steps=3, progress=False)
+    scored = circuits.score_edges(zoo_model, addition, "eap-ig", ig_steps=3, progress=False)
     top = circuits.top_n(scored, 32)
     shuffled = scored.with_kept(torch.zeros(scored.n_edges, dtype=torch.bool).index_fill_(
         0, torch.randperm(scored.n_edges, generator=torch.Generator().manual_seed(0))[:32], True), "random 32")
-    assert circuits.circuit_faithfulness(zoo_model, days, top) >= 0.9
-    assert circuits.circuit_faithfulness(zoo_model, days, shuffled) <= 0.5
-    day_circuit = circuits.top_n(circuits.score_edges(zoo_model, days, "eap-ig", steps=3, progress=False), 32)
-    assert circuits.overlap(top, day_circuit)["edge_jaccard"] >= 0.4
+    assert circuits.edge_faithfulness(zoo_model, days, top).value >= 0.9
+    assert circuits.edge_faithfulness(zoo_model, days, shuffled).value <= 0.5
+    day_circuit = circuits.top_n(circuits.score_edges(zoo_model, days, "eap-ig", ig_steps=3, progress=False), 32)
+    assert circuits.overlap(top, day_circuit).edge_jaccard >= 0.4
 
 
 def test_patching_finds_the_day_moved_to_the_final_token(zoo_model):

@@ -18,7 +18,7 @@ from hf_families import save_family
 import arithinterp as ai
 from arithinterp.circuits import (
     EdgeGraph,
-    faithfulness,
+    faithfulness_curve,
     minimality,
     patch_edges,
     prune,
@@ -104,7 +104,7 @@ def test_stacks_of_any_size_give_the_same_numbers(zoo):
     graph = EdgeGraph.of(model, ["a", "b", "final"])
     sets = _random_sets(graph, 6, seed=1)
     default = run_edge_sets(model, pairs, graph, sets, base="clean", values="corrupt")
-    one = run_edge_sets(model, pairs, graph, sets, base="clean", values="corrupt", batch_sets=1, batch_size=3)
+    one = run_edge_sets(model, pairs, graph, sets, base="clean", values="corrupt", batch_cells=1, batch_size=3)
     assert one["forwards"] > default["forwards"]
     assert _gap(one["values"], default["values"]) <= TOL
 
@@ -122,12 +122,12 @@ def test_faithfulness_minimality_and_pruning_equal_whole_forwards(zoo):
     model, pairs = zoo
     circuit = score_edges(model, pairs, "eap", progress=False)
     sizes = [0, 2, 8, 32, circuit.n_edges]
-    fast, slow = (faithfulness(model, pairs, circuit, sizes=sizes, engine=e) for e in ("auto", "hooks"))
+    fast, slow = (faithfulness_curve(model, pairs, circuit, sizes=sizes, engine=e) for e in ("auto", "hooks"))
     assert fast.meta["engine"][0].startswith("stepped blocks")
     assert _gap(fast.raw, slow.raw) <= TOL and _gap(fast.values, slow.values) <= TOL
     small = top_n(circuit, 5)
     fast_min, slow_min = (minimality(model, pairs, small, engine=e) for e in ("auto", "hooks"))
-    assert _gap(torch.tensor(fast_min["loss"].values), torch.tensor(slow_min["loss"].values)) <= TOL
+    assert _gap(fast_min.loss, slow_min.loss) <= TOL
     fast_pruned, slow_pruned = (prune(model, pairs, small, tau=0.02, engine=e, progress=False)
                                 for e in ("auto", "hooks"))
     assert fast_pruned.kept_edges == slow_pruned.kept_edges
@@ -138,12 +138,12 @@ def test_faithfulness_takes_a_memory_budget(zoo):
     model, pairs = zoo
     circuit = score_edges(model, pairs, "eap", progress=False)
     sizes = [0, 4, circuit.n_edges]
-    default = faithfulness(model, pairs, circuit, sizes=sizes)
-    small = faithfulness(model, pairs, circuit, sizes=sizes, max_memory=2e6)
+    default = faithfulness_curve(model, pairs, circuit, sizes=sizes)
+    small = faithfulness_curve(model, pairs, circuit, sizes=sizes, max_memory=2e6)
     assert small.meta["forwards"] > default.meta["forwards"]  # smaller batches of pairs
     assert _gap(small.raw, default.raw) <= TOL
     with pytest.raises(ConfigError, match="max_memory.* accepts a positive number of bytes"):
-        faithfulness(model, pairs, circuit, sizes=sizes, max_memory=-1)
+        faithfulness_curve(model, pairs, circuit, sizes=sizes, max_memory=-1)
 
 
 def test_an_unknown_engine_is_refused_with_the_accepted_ones(zoo):
@@ -152,7 +152,7 @@ def test_an_unknown_engine_is_refused_with_the_accepted_ones(zoo):
         patch_edges(model, pairs, engine="forward", progress=False)
     circuit = score_edges(model, pairs, "eap", progress=False)
     with pytest.raises(ArithInterpError, match="engine"):
-        faithfulness(model, pairs, circuit, sizes=[0, 4], engine="fast")
+        faithfulness_curve(model, pairs, circuit, sizes=[0, 4], engine="fast")
 
 
 @pytest.mark.slow

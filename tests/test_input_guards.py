@@ -365,15 +365,15 @@ def test_circuit_from_another_model_is_refused(tiny_model, three_layers):
 
     circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
     pairs = _pairs(three_layers)
-    for call in (lambda: circuits.faithfulness(three_layers, pairs, circuit, sizes=[3]),
-                 lambda: circuits.circuit_faithfulness(three_layers, pairs, circuits.top_n(circuit, 3)),
+    for call in (lambda: circuits.faithfulness_curve(three_layers, pairs, circuit, sizes=[3]),
+                 lambda: circuits.edge_faithfulness(three_layers, pairs, circuits.top_n(circuit, 3)),
                  lambda: circuits.minimality(three_layers, pairs, circuits.top_n(circuit, 3)),
                  lambda: circuits.prune(three_layers, pairs, circuit)):
         with pytest.raises(ModelMismatchError, match=r"circuits\.\w+: the circuit was made on another model .*"
                                                      r"n_layers 2 vs 3 \(its value vs this model's\)"):
             call()
     # the model it was made on takes it (6 pairs may be too few for a fraction, so the curve, which says so)
-    assert len(circuits.faithfulness(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).values) == 1
+    assert len(circuits.faithfulness_curve(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).values) == 1
 
 
 def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_model, number_tokenizer):
@@ -385,9 +385,9 @@ def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_mod
     twin = tiny_bridge(number_tokenizer, seed=5)  # other weights, same graph and vocabulary
     circuit = circuits.score_edges(tiny_model, _pairs(tiny_model), "eap", progress=False)
     with pytest.raises(ModelMismatchError, match="fingerprint"):  # the weights differ: not the model it was made on
-        circuits.faithfulness(twin, _pairs(twin), circuit, sizes=[3])
+        circuits.faithfulness_curve(twin, _pairs(twin), circuit, sizes=[3])
     # a control on purpose: the circuit declared for the twin
-    assert len(circuits.faithfulness(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).values) == 1
+    assert len(circuits.faithfulness_curve(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).values) == 1
 
 
 @pytest.mark.slow

@@ -195,7 +195,7 @@ def test_exact_patching_builds_its_edge_sets_in_blocks(llama):
     edges = list(range(0, graph.n_edges, 7))
     default = circuits.patch_edges(model, pairs, graph, edges=edges, progress=False)
     small = circuits.patch_edges(model, pairs, graph, edges=edges, max_memory=4 * 4 * graph.n_edges * 5,
-                                 batch_size=1, batch_sets=3, progress=False)
+                                 batch_size=1, batch_cells=3, progress=False)
     assert torch.allclose(default["scores"], small["scores"], atol=1e-5, equal_nan=True)
     assert int(torch.isfinite(small["scores"][0]).sum()) == len(edges)
 

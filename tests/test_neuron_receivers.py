@@ -72,7 +72,8 @@ def test_attribution_of_neuron_receiver_edges_follows_exact_patching(tiny_model)
     pairs = _pairs(tiny_model)
     exact = patch_neuron_edges(tiny_model, pairs, {1: list(range(0, 128, 8))}, progress=False)
     for method in ("eap", "eap-ig"):
-        got = attribute_edges(tiny_model, pairs, method=method, steps=5, progress=False, neurons={0: "all", 1: "all"})
+        got = attribute_edges(tiny_model, pairs, method=method, ig_steps=5, progress=False,
+                              neurons={0: "all", 1: "all"})
         names, scores = got["neuron_receiver_edges"], got["neuron_receiver_scores"]
         assert scores.shape == (len(pairs), len(names)) and len(set(names)) == len(names)
         col = {n: i for i, n in enumerate(names)}
@@ -133,7 +134,7 @@ def test_a_neuron_that_reads_one_head_has_it_as_its_top_sender(number_tokenizer)
         exact = patch_neuron_edges(model, pairs, {1: [5]}, metric=metric, progress=False)
         out = {"exact": (exact["edges"], exact["scores"].mean(0))}
         for method in ("eap", "eap-ig"):
-            got = attribute_edges(model, pairs, method=method, steps=3, metric=metric, progress=False,
+            got = attribute_edges(model, pairs, method=method, ig_steps=3, metric=metric, progress=False,
                                   neurons={1: [5, 6]})
             keep = [i for i, e in enumerate(got["neuron_receiver_edges"]) if e.endswith("->MLP1N5")]
             names = [got["neuron_receiver_edges"][i] for i in keep]

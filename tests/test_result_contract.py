@@ -68,6 +68,11 @@ class Instances:
         return self.prompts.counterfactual(vary="a", seed=0)[:8]
 
     @cached_property
+    def more_pairs(self):
+        """Enough pairs for every edge and no edge to be told apart (a faithfulness is then defined)."""
+        return self.prompts.counterfactual(vary="a", seed=0)[:64]
+
+    @cached_property
     def acts(self):
         from arithinterp.activations import collect
 
@@ -182,7 +187,25 @@ def _circuit(i: Instances):
 def _faithfulness(i: Instances):
     from arithinterp import circuits
 
-    return circuits.faithfulness(i.model, i.pairs, i.circuit, sizes=[1, 4, 16], n_boot=100)
+    return circuits.faithfulness_curve(i.model, i.pairs, i.circuit, sizes=[1, 4, 16], n_boot=100)
+
+
+def _edge_faithfulness(i: Instances):
+    from arithinterp import circuits
+
+    return circuits.edge_faithfulness(i.model, i.more_pairs, circuits.top_n(i.circuit, 16), n_boot=100)
+
+
+def _minimality(i: Instances):
+    from arithinterp import circuits
+
+    return circuits.minimality(i.model, i.more_pairs, circuits.top_n(i.circuit, 4))
+
+
+def _overlap(i: Instances):
+    from arithinterp import circuits
+
+    return circuits.overlap(circuits.top_n(i.circuit, 8), circuits.top_n(i.circuit, 4))
 
 
 def _digit_circuits(i: Instances):
@@ -393,7 +416,10 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "FaithfulnessResult": _component_faithfulness,
     "DigitAblationResult": _digit_ablation,
     "Circuit": _circuit,
-    "Faithfulness": _faithfulness,
+    "FaithfulnessCurveResult": _faithfulness,
+    "EdgeFaithfulnessResult": _edge_faithfulness,
+    "MinimalityResult": _minimality,
+    "OverlapResult": _overlap,
     "DigitCircuits": _digit_circuits,
     "ProbeResult": _probe,
     "DetectorResult": _detector,

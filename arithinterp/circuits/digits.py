@@ -158,7 +158,7 @@ def digit_circuits(
     answer_tokens: Optional[IndexList] = None,
     feed: str = "own",
     positions: Optional[Sequence] = None,
-    steps: PositiveInt = 5,
+    ig_steps: PositiveInt = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     batch_size: PositiveInt = 64,
@@ -170,7 +170,7 @@ def digit_circuits(
     (``feed``: ``"own"`` answer per prompt, or the ``"clean"`` one after both; see
     :func:`arithinterp.patching.digits.digit_pairs`) and :func:`arithinterp.circuits.score_edges`
     scores the edges at the position that emits token ``k``: ``method`` ``"exact"`` path
-    patching, ``"eap"`` or ``"eap-ig"`` (``steps`` interpolations); ``metric`` compares the clean
+    patching, ``"eap"`` or ``"eap-ig"`` (``ig_steps`` interpolations); ``metric`` compares the clean
     and corrupt answers' token ``k`` (``"logit_diff"``), or scores the clean one (``"logprob"``,
     ``"prob"``), or is a callable. ``positions`` (e.g. ``["a[0]", "a[1]", "a", "emit"]``) makes
     the edges positional.
@@ -194,7 +194,7 @@ def digit_circuits(
     cost = dict(forwards=0) if method == "exact" else dict(passes=0)
     for k in chosen:
         fed = feds[k]
-        circuit = score_edges(model, fed, method, positions=positions, steps=steps, metric=metric,
+        circuit = score_edges(model, fed, method, positions=positions, ig_steps=ig_steps, metric=metric,
                               direction=direction, batch_size=batch_size, progress=progress)
         base = run_edge_sets(model, fed, graph, torch.zeros(0, graph.n_edges), metric)  # unpatched runs only
         per.append(circuit.pair_scores)
@@ -206,7 +206,7 @@ def digit_circuits(
         graph_meta = {key: circuit.meta[key] for key in ("layout", "graph_positions")}
     pair_scores = torch.stack(per)
     meta = build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), direction=direction,
-                      same_answer_token=same, steps=steps if method.startswith("eap-ig") else None, **graph_meta,
+                      same_answer_token=same, ig_steps=ig_steps if method.startswith("eap-ig") else None, **graph_meta,
                       **cost)
     return DigitCircuits(
         answer_tokens=chosen, scores=pair_scores.mean(1), pair_scores=pair_scores, clean=torch.stack(clean),

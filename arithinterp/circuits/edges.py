@@ -6,9 +6,9 @@
   circuit, ACDC's ablated edges (Conmy et al. 2023). Edge sets are stacked along the batch.
 * :func:`patch_edges` scores every edge alone by exact patching (one stacked copy per edge).
 * :func:`attribute_edges` scores every edge at once: ``(source − base) sender output ·
-  ∂metric/∂receiver input`` (EAP, Syed et al. 2023), with the gradient averaged over ``steps``
+  ∂metric/∂receiver input`` (EAP, Syed et al. 2023), with the gradient averaged over ``ig_steps``
   runs whose embeddings are interpolated from the base to the source prompt (EAP-IG, Hanna et al.
-  2024): 2 forwards (and one backward) per batch for EAP, 2 + 2·steps for EAP-IG.
+  2024): 2 forwards (and one backward) per batch for EAP, 2 + 2·ig_steps for EAP-IG.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def run_edge_sets(
     *,
     base: str = "corrupt",
     values: str = "source",
-    batch_sets: Optional[int] = None,
+    batch_cells: Optional[int] = None,
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
@@ -125,7 +125,7 @@ def run_edge_sets(
     output in this very run. Returns ``values [N, C]`` and the unpatched metrics ``clean``,
     ``corrupt`` ``[N]`` (and ``forwards``, the number of stacked forwards).
 
-    Memory: pairs run in batches of ``batch_size`` and edge sets stacked ``batch_sets`` at a time
+    Memory: pairs run in batches of ``batch_size`` and edge sets stacked ``batch_cells`` at a time
     (each a copy of the batch in one forward); both default to what fits in ``max_memory`` bytes
     (:func:`arithinterp.engine.budget.memory_budget`), and only the stacked sets' slice of the
     dense ``[sets, positions, receivers, senders]`` tensor is built at once.
@@ -144,7 +144,7 @@ def run_edge_sets(
     check_choice("base", base, ("corrupt", "clean"))
     check_choice("values", values, VALUES)
     check_choice("engine", engine, ENGINES)
-    batch_sets, batch_size = _check_count("batch_sets", batch_sets), _check_count("batch_size", batch_size)
+    batch_cells, batch_size = _check_count("batch_cells", batch_cells), _check_count("batch_size", batch_size)
     budget = memory_budget(model, max_memory)
     fn = metric_fn(metric)
     sets = torch.as_tensor(edge_sets).float()
@@ -211,14 +211,14 @@ def run_edge_sets(
         onehot = _position_onehot(graph, pairs, idx, base_set.offset(idx), T).to(base_send.device)
         if runner is not None:  # the senders held: both runs', the fixed values and their difference
             room = max(budget - 4 * B * sender_bytes(model, T), 1)
-            for ids, logits, ran in runner.sets(entries, C, fixed, onehot, budget=room, batch_sets=batch_sets):
+            for ids, logits, ran in runner.sets(entries, C, fixed, onehot, budget=room, batch_cells=batch_cells):
                 out[idx[:, None], ids[None, :]] = fn(logits, ctx).T.float().cpu()
                 forwards += ran
                 bar.update(len(ids))
             continue
         # sets stacked per forward: what the budget leaves beside the senders held (at least one set)
         held = 2 * B * sender_bytes(model, T)
-        chunk = batch_sets or max(1, min(C, int((budget - held) // (B * edge_run_bytes(model, T)))))
+        chunk = batch_cells or max(1, min(C, int((budget - held) // (B * edge_run_bytes(model, T)))))
         for start in range(0, C, chunk):
             part = graph.dense(sets[start:start + chunk]).to(base_send.device)  # [c, P, R, S]
             c = part.shape[0]
@@ -255,7 +255,7 @@ def patch_edges(
     direction: str = "denoise",
     *,
     edges: Optional[Sequence] = None,
-    batch_sets: Optional[int] = None,
+    batch_cells: Optional[int] = None,
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
@@ -287,7 +287,7 @@ def patch_edges(
         ids = chosen[start:start + block]
         sets = torch.zeros(len(ids), graph.n_edges)
         sets[torch.arange(len(ids)), ids] = 1.0
-        got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_sets=batch_sets,
+        got = run_edge_sets(model, pairs, graph, sets, metric, base=base, values="source", batch_cells=batch_cells,
                             batch_size=batch_size, max_memory=budget, engine=engine,
                             progress=progress and len(chosen) <= block)
         base_metric = got["corrupt"] if base == "corrupt" else got["clean"]
@@ -304,7 +304,7 @@ def attribute_edges(
     pairs: PromptPairs,
     graph: Optional[EdgeGraph] = None,
     method: str = "eap-ig",
-    steps: int = 5,
+    ig_steps: int = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     *,
@@ -318,10 +318,10 @@ def attribute_edges(
 
     ``score(s → r, p) = Σ_d (source_s − base_s)[p, d] · g_r[p, d]``, where ``g_r`` is the gradient
     of the metric at receiver ``r``'s input: on the base run (``"eap"``, Syed et al. 2023), or
-    averaged over ``steps`` runs whose embeddings are interpolated from base to source at the
-    midpoints ``(k + ½)/steps`` (``"eap-ig"``, Hanna et al. 2024). Passes per batch: 2 forwards
+    averaged over ``ig_steps`` runs whose embeddings are interpolated from base to source at the
+    midpoints ``(k + ½)/ig_steps`` (``"eap-ig"``, Hanna et al. 2024). Passes per batch: 2 forwards
     for the sender outputs, then one forward and one backward per gradient (EAP: the base run's
-    forward is reused for its sender outputs, so 3 passes; EAP-IG: 2 + 2·steps ≤ 2(steps + 1)).
+    forward is reused for its sender outputs, so 3 passes; EAP-IG: 2 + 2·ig_steps ≤ 2(ig_steps + 1)).
 
     Memory: one prompt's gradient run holds a probe (and its gradient) at every receiver input
     at every position, hundreds of MB on a 135M-parameter model, so prompts run in batches of
@@ -349,7 +349,7 @@ def attribute_edges(
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
     if method in ("eap-ig", "eap-ig-activations"):
-        steps = integer("steps", steps, minimum=1)
+        ig_steps = integer("ig_steps", ig_steps, minimum=1)
     batch_size = _check_count("batch_size", batch_size)
     if not isinstance(neuron_receivers, bool):
         raise AnalysisError(f"neuron_receivers must be True or False, got {neuron_receivers!r}")
@@ -368,7 +368,7 @@ def attribute_edges(
     scores = torch.empty(len(pairs), graph.n_edges)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     passes, per_batch = 0, []
-    alphas = [None] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
+    alphas = [None] if method == "eap" else [(k + 0.5) / ig_steps for k in range(ig_steps)]
     senders, neuron_index, neuron_names, neuron_out = [], torch.zeros(0, 3, dtype=torch.long), [], None
     inputs, receiver_names, receiver_index, receiver_out = None, [], torch.zeros(0, 4, dtype=torch.long), None
     if neurons is not None:  # MLP neurons as senders of their own
@@ -389,7 +389,7 @@ def attribute_edges(
             mlps = sorted({graph.layout.mlp_sender(layer) for layer, _ in senders})
             per, count, kept, both = activation_ig_batch(model, engine, graph, list(_receivers(graph)), fn,
                                                          pairs[idx], direction, base_tokens, source_tokens, onehot,
-                                                         steps, keep=mlps)
+                                                         ig_steps, keep=mlps)
             scores[idx] = graph.from_dense(per).cpu()
             if neuron_out is not None:
                 neuron_out[idx] = neuron_scores(model, graph, senders, neuron_index,

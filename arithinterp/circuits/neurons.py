@@ -227,7 +227,7 @@ def patch_neuron_edges(
     direction: str = "denoise",
     *,
     edges: Optional[Sequence[str]] = None,
-    batch_sets: Optional[int] = None,
+    batch_cells: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     progress: bool = True,
 ) -> dict:
@@ -241,7 +241,7 @@ def patch_neuron_edges(
     sender of ``graph`` upstream of their MLP (embeddings, heads, earlier MLPs), at each of the
     graph's positions; ``edges`` picks some by name (``"L0H1->MLP1N5"``). ``direction="denoise"``
     runs the corrupt prompt and carries the clean run's output. Whole forwards, each edge one
-    stacked copy of the batch (``batch_sets`` per forward, by default what ``max_memory`` allows).
+    stacked copy of the batch (``batch_cells`` per forward, by default what ``max_memory`` allows).
 
     Returns ``scores [N, E]`` (metric after − metric of the base run), ``edges`` (names),
     ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
@@ -295,7 +295,7 @@ def patch_neuron_edges(
         else:
             pos = pos_index[:, idx] - base_set.offset(idx)
             onehot = (torch.arange(T)[None, None, :] == pos[:, :, None]).float()
-        chunk = batch_sets or max(1, min(len(chosen), int(budget // (B * edge_run_bytes(model, T)))))
+        chunk = batch_cells or max(1, min(len(chosen), int(budget // (B * edge_run_bytes(model, T)))))
         for start in range(0, len(chosen), chunk):
             ids = chosen[start:start + chunk]
             c = len(ids)

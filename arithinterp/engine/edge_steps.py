@@ -164,14 +164,14 @@ class SteppedEdges:
 
     def sets(
         self, entries: EdgeEntries, n_sets: int, values: torch.Tensor, onehot: torch.Tensor, *, budget: float,
-        batch_sets: Optional[int] = None,
+        batch_cells: Optional[int] = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, bool]]:
         """Run ``n_sets`` edge sets given as ``entries``: the base run with each set's edges carrying
         ``values [B, T, S, d]`` (the fixed sender outputs) into their receivers at the positions
         ``onehot [P, B, T]`` marks for their label. Yields ``(set ids [c], final-position logits
         [c, B, V])`` until every set has run; sets that change nothing get the base run's logits.
 
-        Stacks hold at most ``batch_sets`` sets, and as many as fit in ``budget`` bytes.
+        Stacks hold at most ``batch_cells`` sets, and as many as fit in ``budget`` bytes.
         """
         L, (B, T) = self.layout, self.tokens.shape
         device = self.base_senders.device
@@ -215,7 +215,7 @@ class SteppedEdges:
             layer, start = divmod(int(value), T + 1)
             per = B * stepped_row_bytes(self.model, T, start, layer)
             size = max(1, min(int(budget // per), STACK_FLOATS // (B * self._largest(T, start))))
-            size = min(size, batch_sets) if batch_sets is not None else size
+            size = min(size, batch_cells) if batch_cells is not None else size
             for part in group.split(size):
                 spans = [torch.arange(int(bounds[c]), int(bounds[c + 1]), device=device) for c in part.tolist()]
                 chosen = entries.take(torch.cat(spans))

@@ -1,4 +1,5 @@
-"""Circuit figures: the kept edges as a graph by layer and position, and faithfulness curves."""
+"""Circuit figures: the kept edges as a graph by layer and position, faithfulness (a curve, or the kept
+edges against every edge and none), minimality and overlap."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import plotly.graph_objects as go
 from arithinterp.viz.base import cycle_colour, figure
 
 if TYPE_CHECKING:
-    from arithinterp.circuits.circuit import Circuit, Faithfulness
+    from arithinterp.circuits.circuit import Circuit
+    from arithinterp.circuits.evaluation import (
+        EdgeFaithfulnessResult, FaithfulnessCurveResult, MinimalityResult, OverlapResult,
+    )
     from arithinterp.circuits.digits import DigitCircuits
 
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu: helps the metric / hurts it
@@ -92,7 +96,7 @@ def plot_circuit(circuit: Circuit, *, max_edges: Optional[int] = 300, title: Opt
     return fig
 
 
-def plot_faithfulness(curve: Faithfulness, *, title: Optional[str] = None) -> go.Figure:
+def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[str] = None) -> go.Figure:
     """Normalised faithfulness vs number of edges kept, its bootstrap interval over pairs as a
     band, and the every-edge (1) and no-edge (0) lines. When the curve reports no fraction (the
     two end points are not distinguishable), the mean metric per size is drawn instead, with the
@@ -134,6 +138,57 @@ def plot_faithfulness(curve: Faithfulness, *, title: Optional[str] = None) -> go
     ))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
     fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.no_edges:.3g})")
+    return fig
+
+
+def plot_edge_faithfulness(result: EdgeFaithfulnessResult, *, title: Optional[str] = None) -> go.Figure:
+    """The mean metric with no edge, with the circuit's kept edges and with every edge (the other
+    edges ablated), the faithfulness and its interval over pairs in the title."""
+    confidence = result.meta.get("confidence", 0.95)
+    names = ["no edge", f"{result.n_kept} kept edges", "every edge"]
+    values = [result.no_edges, result.raw, result.all_edges]
+    fig = figure(title or f"Faithfulness of {result.n_kept} of {result.n_edges} edges: {result.value:.3g} "
+                          f"({100 * confidence:g}% CI {result.ci_low:.3g} to {result.ci_high:.3g}; "
+                          f"{result.ablation} ablation)", "edges kept", f"mean metric ({result.meta.get('metric')})")
+    fig.add_trace(go.Bar(x=names, y=values, marker_color=[cycle_colour(1), POSITIVE, cycle_colour(2)],
+                         hovertemplate="%{x}<br>metric %{y:.4g}<extra></extra>", name="mean metric"))
+    return fig
+
+
+def plot_minimality(result: MinimalityResult, *, max_edges: Optional[int] = 40,
+                    title: Optional[str] = None) -> go.Figure:
+    """The faithfulness each kept edge adds (lost when it alone is dropped), largest first;
+    ``max_edges`` draws the largest only (None: all)."""
+    order = sorted(range(len(result.edges)), key=lambda i: -float(result.loss[i]))
+    shown = order if max_edges is None else order[:max_edges]
+    heading = title or (f"Minimality: faithfulness lost per dropped edge (circuit {result.faithfulness:.3g}, "
+                        f"{result.ablation} ablation)")
+    if len(shown) < len(order):
+        heading += f" — largest {len(shown)} of {len(order)}"
+    fig = figure(heading, "edge", "faithfulness lost")
+    fig.add_trace(go.Bar(x=[result.edges[i] for i in shown], y=[float(result.loss[i]) for i in shown],
+                         customdata=[[float(result.scores[i]), float(result.without[i])] for i in shown],
+                         marker_color=[POSITIVE if float(result.loss[i]) >= 0 else NEGATIVE for i in shown],
+                         hovertemplate="%{x}<br>lost %{y:.4g}<br>score %{customdata[0]:.4g}<br>"
+                                       "faithfulness without it %{customdata[1]:.4g}<extra></extra>",
+                         name="loss"))
+    return fig
+
+
+def plot_overlap(result: OverlapResult, *, title: Optional[str] = None) -> go.Figure:
+    """Edges and nodes kept by the first circuit only, by both, and by the second only (stacked),
+    with the Jaccard indices in the title."""
+    units = ["edges", "nodes"]
+    a = [result.edges_a - result.edges_shared, result.nodes_a - result.nodes_shared]
+    both = [result.edges_shared, result.nodes_shared]
+    b = [result.edges_b - result.edges_shared, result.nodes_b - result.nodes_shared]
+    fig = figure(title or f"Overlap of two circuits: edge Jaccard {result.edge_jaccard:.3g}, "
+                          f"node Jaccard {result.node_jaccard:.3g}", "", "count")
+    for name, values, colour in (("first only", a, cycle_colour(0)), ("both", both, POSITIVE),
+                                 ("second only", b, cycle_colour(1))):
+        fig.add_trace(go.Bar(x=units, y=values, name=name, marker_color=colour,
+                             hovertemplate=f"{name}: " + "%{y} %{x}<extra></extra>"))
+    fig.update_layout(barmode="stack")
     return fig
 
 
