@@ -43,6 +43,10 @@ class ConfigError(ArithInterpError, ValueError):
     """A bad configuration value (a sweep config, a CLI flag, an option)."""
 
 
+class MemoryBudgetError(ConfigError):
+    """``max_memory`` is too small for even one unit of an analysis's work (one prompt, one edge set)."""
+
+
 class OutputError(ArithInterpError, OSError):
     """An output could not be written (e.g. the disk is full); what was finished is kept."""
 

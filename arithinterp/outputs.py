@@ -77,22 +77,28 @@ def check_free_dir(path: PathLike, what: str = "out", overwrite: bool = False) -
     return directory
 
 
-def check_writable_file(path: PathLike, what: str = "out") -> Path:
-    """Make sure the file ``path`` can be (re)written: its folder is writable and it is not a folder.
+def check_writable_file(path: PathLike, what: str = "out", overwrite: bool = True) -> Path:
+    """Make sure the file ``path`` can be written: its folder is writable, it is not a folder, and
+    (unless ``overwrite``) it does not exist yet.
 
     Args:
         path: The file.
         what: The option to name in the error message.
+        overwrite: Whether an existing file may be replaced.
 
     Returns:
         The file's path, ``~`` expanded.
 
     Raises:
-        ConfigError: ``path`` is a directory or its folder is not writable.
+        ConfigError: ``path`` is a directory, its folder is not writable, or it exists and
+            ``overwrite`` is false.
     """
     target = Path(path).expanduser()
     if target.is_dir():
         raise ConfigError(f"{what}: {path} is a directory; give a file name")
+    if not overwrite and target.exists():
+        hint = "--overwrite" if what.startswith("--") else "overwrite=True"
+        raise ConfigError(f"{what}: {path} already exists; pass {hint} to replace it, or give another file")
     _probe(target.parent, what, path)
     return target
 

@@ -122,7 +122,7 @@ def test_a_failing_stage_is_recorded_and_the_next_stage_runs(tmp_path, monkeypat
     assert states["Linear probes"].startswith("failed: ")
     assert states["Fourier features and the helix"].startswith("done: ")  # ran after the failures
     assert "Failed: RuntimeError: CUDA error: out of memory" in html.unescape(text)
-    assert "Failed: MemoryError" in text
+    assert "Failed for lack of memory (MemoryError); give the report more (--max-memory)" in html.unescape(text)
     assert ("Finished with gaps: 2 of 4 stages state findings; 2 failed. Failed: the reasons are in their sections."
             in text)
 
@@ -410,7 +410,7 @@ def test_budget_and_memory_are_validated(tmp_path, capsys):
             parse_memory(bad)
     bad: Any
     for bad in (0, -5, float("nan"), "60"):
-        with pytest.raises(ConfigError, match="budget must be a positive number of seconds"):
+        with pytest.raises(ConfigError, match="budget must be seconds from 1"):
             write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy"], budget=bad, progress=False)
     code = main(["report", "zoo:add-100", "--stages", "accuracy", "--max-memory", "lots", "--out",
                  str(tmp_path / "r.html"), "--no-progress"])

@@ -14,7 +14,7 @@ import ctypes
 import math
 from typing import TYPE_CHECKING, Optional, Union
 
-from arithinterp.errors import ConfigError
+from arithinterp.errors import MemoryBudgetError
 from arithinterp.types import byte_size
 
 if TYPE_CHECKING:
@@ -126,12 +126,12 @@ def chunk_for(budget: int, per_unit: float, what: str, *, fixed: float = 0, high
         The number of units, at least 1.
 
     Raises:
-        ConfigError: Not even one unit fits; the message gives the budget one would need.
+        MemoryBudgetError: Not even one unit fits; the message gives the budget one would need.
     """
     room = budget * share - fixed
     if room < per_unit:
         need = int(math.ceil((fixed + per_unit) / share))
-        raise ConfigError(f"max_memory={budget} bytes is too small: one {what} needs about {need} bytes "
+        raise MemoryBudgetError(f"max_memory={budget} bytes is too small: one {what} needs about {need} bytes "
                           f"({need / 2**20:.1f} MiB); give max_memory >= {need} or None for the default budget")
     n = int(room // per_unit)
     return max(1, min(n, high) if high is not None else n)
