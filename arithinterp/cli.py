@@ -644,8 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
     p.add_argument("model", help="zoo model, e.g. zoo:add-100")
-    p.add_argument("--out", default=None, help="output directory (default: the package's shipped weights, "
-                   "replaced only with --overwrite)")
+    p.add_argument("--out", default=None, help="output directory (default: transcoders/NAME here; the package's "
+                   "shipped weights are replaced only when --out names them and --overwrite is given)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per layer (default: the recipe's)")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -263,12 +265,16 @@ def test_the_shipped_transcoders_carry_their_models_fingerprint():
 # --- writing commands -------------------------------------------------------------------------------------
 
 
-def test_shipped_transcoders_are_not_replaced_without_overwrite(tmp_path):
+def test_shipped_transcoders_are_not_replaced_without_overwrite(tmp_path, monkeypatch):
     from arithinterp.features.shipped import WEIGHTS_DIR, train_shipped
 
     before = (WEIGHTS_DIR / "add-100" / "tensors.safetensors").read_bytes()
     with pytest.raises(ConfigError, match="already holds files; pass overwrite=True"):
-        train_shipped("zoo:add-100", steps=1, progress=False)  # refused before the model is even loaded
+        train_shipped("zoo:add-100", out=WEIGHTS_DIR / "add-100", steps=1, progress=False)  # before the model loads
+    monkeypatch.chdir(tmp_path)  # by default, a folder of the user's: transcoders/NAME here
+    _, card = train_shipped("zoo:add-100", steps=1, progress=False)
+    assert Path(card["out"]).resolve() == (tmp_path / "transcoders" / "add-100").resolve()
+    assert (tmp_path / "transcoders" / "add-100" / "tensors.safetensors").exists()
     assert (WEIGHTS_DIR / "add-100" / "tensors.safetensors").read_bytes() == before
     occupied = tmp_path / "occupied"
     occupied.mkdir()

@@ -72,9 +72,9 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                   overwrite: bool = False) -> tuple[Transcoders, dict[str, Any]]:
     """Train a zoo model's transcoders with its recipe, save them with their card; returns both.
 
-    ``out``: the folder to write (default: the package's ``features/weights/NAME``). A folder that
-    already holds files — the shipped weights, which every later user of the package reads,
-    included — is refused before training unless ``overwrite=True``."""
+    ``out``: the folder to write (default: ``transcoders/NAME`` in the current directory: the
+    package's shipped weights, which every later user reads, are replaced only when ``out`` names
+    them). A folder that already holds files is refused before training unless ``overwrite=True``."""
     import time
 
     from arithinterp.features.training import train_transcoders
@@ -83,7 +83,7 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
 
     name = _name(spec)
     recipe = RECIPES[name]
-    target = check_free_dir(Path(out) if out else WEIGHTS_DIR / name, "out", overwrite)  # before training
+    target = check_free_dir(Path(out) if out else Path("transcoders") / name, "out", overwrite)  # before training
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(f"zoo:{name}")
