@@ -31,13 +31,24 @@ from arithinterp.types import checked
 
 @dataclass(frozen=True)
 class InterchangeDataset:
-    """``base`` and ``source`` prompt sets of N aligned pairs (same token length); ``answer`` ``[N]``
-    the counterfactual answer and ``answer_tokens`` ``[N, K]`` its tokens (the base's and the
-    source's own answers keep theirs); ``train`` / ``test`` index the pairs.
+    """Interchange pairs for one variable: base and source prompts and the counterfactual answer.
 
-    ``chance``: the held-out score of an intervention that does not follow the variable: 0 for a
-    real variable (the balance makes copying either prompt wrong); for a shuffled copy, the share
-    of pairs where moving the *true* variable from the source gives the shuffled label anyway.
+    Attributes:
+        base: The base prompts, N of them, aligned with the sources (same token length).
+        source: The source prompts, whose value of the variable is moved into the base.
+        variable: The interchanged variable.
+        causal_model: The causal model it belongs to.
+        answer (Int[Tensor, "pair"]): The counterfactual answer (the base's and the source's own
+            answers keep theirs).
+        answer_tokens (Int[Tensor, "pair k"]): Its tokens.
+        train (Int[Tensor, "n_train"]): The training pairs' indices.
+        test (Int[Tensor, "n_test"]): The held-out pairs' indices (held out by operand pair).
+        shuffled: Whether the variable is a shuffled copy (the control).
+        chance: The held-out score of an intervention that does not follow the variable: 0 for a
+            real variable (the balance makes copying either prompt wrong); for a shuffled copy, the
+            share of pairs where moving the *true* variable from the source gives the shuffled label anyway.
+        meta: How the pairs were drawn and how many were dropped.
+        value_from: The variable whose values stand in for ``variable`` (the other control), or ``None``.
     """
 
     base: PromptSet
@@ -58,15 +69,24 @@ class InterchangeDataset:
 
     @property
     def base_value(self) -> torch.Tensor:
+        """Int[Tensor, "pair"]: The variable's value in each base prompt."""
         return self.causal_model.values(self.base.a, self.base.b)[self.variable]
 
     @property
     def source_value(self) -> torch.Tensor:
+        """Int[Tensor, "pair"]: The variable's value in each source prompt."""
         return self.causal_model.values(self.source.a, self.source.b)[self.variable]
 
     def chance_over(self, rows: torch.Tensor) -> float:
-        """:attr:`chance` over the pairs ``rows`` only (0 for a real variable; for a shuffled copy, the
-        share of them where moving the true variable from the source gives the shuffled label)."""
+        """:attr:`chance` over some of the pairs.
+
+        Args:
+            rows (Int[Tensor, "k"]): The pairs' indices.
+
+        Returns:
+            0 for a real variable; for a shuffled copy, the share of the rows where moving the true
+            variable from the source gives the shuffled label.
+        """
         if not (self.shuffled or self.value_from) or len(rows) == 0:
             return 0.0
         base = self.base[rows]
@@ -108,6 +128,7 @@ def interchange_dataset(
     Args:
         prompts: the prompts (use ``correct_only(model)`` first: a pair the model gets wrong
             unpatched says nothing about a variable).
+        variable: the variable to interchange (:func:`variables_of` lists them).
         causal_model: defaults to the built-in model for these prompts (:func:`for_prompts`).
         n: pairs to draw (default: one per prompt); pairs with no balanced source after
             ``max_tries`` draws, or whose counterfactual answer does not tokenize like the base
@@ -117,6 +138,16 @@ def interchange_dataset(
         value_from: the other control: each prompt's value of ``variable`` is taken from this
             variable of the causal model instead (``"product_parity"`` for a carry: the same values,
             a function of the operands the sum does not use); sources and labels follow it.
+        seed: seeds the draws and the split.
+        max_tries: draws of a balanced source per base before the pair is dropped.
+
+    Returns:
+        The pairs, their counterfactual answers and the train / test split.
+
+    Raises:
+        AnalysisError: Fewer than 4 prompts, a bad ``test_fraction`` or ``n``, an unknown variable,
+            a causal model whose output disagrees with the prompts' answers, a misused control, or
+            too few pairs left.
     """
     if not isinstance(prompts, PromptSet):
         raise AnalysisError(f"prompts must be a PromptSet, got {type(prompts).__name__}")

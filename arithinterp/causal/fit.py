@@ -125,11 +125,16 @@ def das(
     """Distributed alignment search for ``dataset.variable`` at one site, layer and position.
 
     Args:
+        model: the hooked model.
+        dataset: the interchange pairs (:func:`interchange_dataset`).
+        site: the site whose vector is interchanged (``"resid_post"``, ``"attn_z"``, ...).
+        layer: the block.
         position: a position, or a list of them swapped together through one subspace.
         k: dimensions interchanged (DAS); for ``method="boundless"`` the boundary is learned and
             ``k`` is only the size of the random-rotation baseline (the learned one is reported).
         steps: Adam steps on batches of training pairs (the batch size comes from
             ``max_memory`` bytes, default the engine's budget).
+        method: ``"das"`` (a fixed ``k``) or ``"boundless"`` (Boundless DAS: the boundary is learned).
         lr: Adam's learning rate.
         baselines: which of ``"full"``, ``"probe"``, ``"pca"``, ``"random"`` to score beside it.
         reachable_only: train and score only the pairs the site can reach (``scoring.reachable``:
@@ -141,14 +146,23 @@ def das(
         per_position: with several positions, each gets its own learned ``k``-dimensional subspace
             (and so does each baseline: a probe, PCA and random subspace per position) instead of
             one shared by all; ``basis`` is then ``[P, d, k]``. Default: one shared subspace.
+        max_memory: bytes one training or scoring batch may use (default: the engine's budget).
+        seed: seeds the rotation's initialisation, the batches and the baselines.
+        progress: show a progress bar.
         engine: ``"auto"``: the base prompts run once and every interchange (training steps,
             scoring, baselines) resumes at the intervened layer and position, unembedding the
             answer positions alone, where the model's blocks step exactly
             (:mod:`~arithinterp.engine.interchange`; else whole forwards); ``"hooks"``: one whole
             forward per interchange (the reference; the same numbers). ``meta["engine"]`` says which ran.
 
-    Returns a :class:`DASResult`: held-out IIA with its 95% interval and logit difference for DAS
-    and each baseline, the chance level, the learned basis ``[d, k]`` and the loss history.
+    Returns:
+        The fit, a :class:`DASResult`: held-out IIA with its 95% interval and logit difference for
+        DAS and each baseline, the chance level, the learned basis ``[d, k]`` and the loss history.
+
+    Raises:
+        AnalysisError: ``k`` wider than the site, ``per_position`` with one position or Boundless
+            DAS, an empty dataset, or no reachable pair.
+        ModelMismatchError: The dataset's prompts belong to another model.
     """
     _check(dataset)
     check_belongs(model, "das", prompts=dataset.base)
@@ -217,7 +231,25 @@ def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: S
     """The fixed subspaces at ``where``: full vector, probe span, PCA top-``k``, random ``k``; the probe and
     the PCA are fitted on the training pairs' base activations only (``rows``, default ``dataset.train``;
     read from ``runs``' kept base runs when given, else by forwards of their own).
-    ``per_position``: with several positions, a probe, PCA and random subspace for each position."""
+
+    Args:
+        model: The hooked model.
+        dataset: The interchange pairs.
+        where: The intervened site, layer and position(s).
+        k: The dimension of the PCA and random subspaces.
+        which: Which of ``"full"``, ``"probe"``, ``"pca"``, ``"random"`` to build.
+        size: Pairs per forward when reading activations.
+        seed: Seeds the probe and the random rotation.
+        rows (Int[Tensor, "n"] | None): The pairs to fit on (default ``dataset.train``).
+        per_position: With several positions, a probe, PCA and random subspace for each position.
+        runs: Kept base runs to read the activations from.
+
+    Returns:
+        ``{name: Interchange}`` for each subspace built.
+
+    Raises:
+        AnalysisError: The variable takes one value on the training pairs (no probe direction).
+    """
     rows = dataset.train if rows is None else rows
     d = where.check(model)
     out: dict[str, Interchange] = {}
@@ -256,7 +288,19 @@ def _fitted(acts: torch.Tensor, labels: torch.Tensor, k: int, which: Sequence[st
 
 @checked
 def probe_span(acts: torch.Tensor, labels: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """An orthonormal basis ``[d, r]`` of the directions of a logistic probe for ``labels`` fitted on ``acts``."""
+    """An orthonormal basis of the directions of a logistic probe.
+
+    Args:
+        acts (Float[Tensor, "n d"]): Activations.
+        labels (Int[Tensor, "n"]): The variable's value per row.
+        seed: Unused: the probe is fitted by full-batch L-BFGS, deterministically.
+
+    Returns:
+        Float[Tensor, "d r"]: The basis, ``r`` up to the number of classes.
+
+    Raises:
+        AnalysisError: ``labels`` takes one value.
+    """
     from arithinterp.probes import LogisticProbe
 
     if len(torch.unique(labels)) < 2:

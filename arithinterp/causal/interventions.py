@@ -35,7 +35,18 @@ def _check_dims(d: int, k: int) -> None:
 
 @checked
 def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
-    """An orthonormal basis ``[d, r]`` of the span of the rows of ``vectors [m, d]`` (rank ``r``)."""
+    """An orthonormal basis of the span of some vectors.
+
+    Args:
+        vectors (Float[Tensor, "m d"]): The vectors, one per row.
+        tol: Singular values below ``tol`` × the largest count as zero.
+
+    Returns:
+        Float[Tensor, "d r"]: The basis, ``r`` the vectors' rank.
+
+    Raises:
+        AnalysisError: ``vectors`` is not 2-D with a row, or is all zero.
+    """
     if vectors.ndim != 2 or vectors.shape[0] == 0:
         raise AnalysisError(f"vectors must be [m, d] with m >= 1, got shape {tuple(vectors.shape)}")
     u, s, _ = torch.linalg.svd(vectors.double().T, full_matrices=False)
@@ -60,11 +71,21 @@ class Interchange(nn.Module, abc.ABC):
         """The interchanged subspace's orthonormal columns ``[d, k]``."""
 
     def mask(self) -> Optional[torch.Tensor]:
+        """Weights of the basis's columns ``[k]`` in the swap, or ``None`` (every column fully)."""
         return None
 
     def forward(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """``base``, ``source`` ``[B, d]`` → ``[B, d]`` with the subspace swapped, in ``base``'s dtype
-        (computed in float32: a half-precision rotation would lose the small angles training moves)."""
+        """Swap the subspace from the source into the base (computed in float32: a half-precision
+        rotation would lose the small angles training moves).
+
+        Args:
+            base (Float[Tensor, "batch d"]): The base run's vectors.
+            source (Float[Tensor, "batch d"]): The source run's vectors.
+
+        Returns:
+            Float[Tensor, "batch d"]: ``base`` with its component in the subspace replaced by
+            ``source``'s, in ``base``'s dtype.
+        """
         q = self.basis().float()
         delta = (source.float() - base.float()) @ q
         mask = self.mask()
@@ -74,11 +95,19 @@ class Interchange(nn.Module, abc.ABC):
 
     @property
     def k(self) -> int:
+        """The number of dimensions swapped."""
         return int(self.basis().shape[1])
 
 
 class FixedSubspace(Interchange):
-    """A fixed orthonormal basis ``[d, k]`` (the baselines)."""
+    """A fixed orthonormal basis (the baselines).
+
+    Args:
+        basis (Float[Tensor, "d k"]): Orthonormal columns, ``k >= 1``.
+
+    Raises:
+        AnalysisError: ``basis`` is not ``[d, k]`` or its columns are not orthonormal.
+    """
 
     def __init__(self, basis: torch.Tensor):
         super().__init__()
@@ -98,7 +127,19 @@ class FixedSubspace(Interchange):
 
 @checked
 def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
-    """A uniformly random ``k``-dimensional subspace (QR of a seeded Gaussian matrix)."""
+    """A uniformly random subspace (QR of a seeded Gaussian matrix).
+
+    Args:
+        d: The site's width.
+        k: The subspace's dimension, in ``1..d``.
+        seed: Seeds the Gaussian matrix.
+
+    Returns:
+        The subspace, a basis ``[d, k]``.
+
+    Raises:
+        AnalysisError: ``k`` outside ``1..d``.
+    """
     _check_dims(d, k)
     g = torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     q, _ = torch.linalg.qr(g)
@@ -107,12 +148,28 @@ def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
 
 @checked
 def full_vector(d: int) -> FixedSubspace:
-    """The whole activation interchanged (``Q = I``): the ceiling of any subspace at this site."""
+    """The whole activation interchanged (``Q = I``): the ceiling of any subspace at this site.
+
+    Args:
+        d: The site's width.
+
+    Returns:
+        The identity basis ``[d, d]``.
+    """
     return FixedSubspace(torch.eye(d))
 
 
 class RotatedSubspace(Interchange):
-    """DAS: a learned orthonormal ``Q [d, k]`` (orthogonal parametrisation, seeded initialisation)."""
+    """DAS: a learned orthonormal ``Q [d, k]`` (orthogonal parametrisation).
+
+    Args:
+        d: The site's width.
+        k: The subspace's dimension, in ``1..d``.
+        seed: Seeds the initial rotation (:func:`random_subspace`).
+
+    Raises:
+        AnalysisError: ``k`` outside ``1..d``.
+    """
 
     def __init__(self, d: int, k: int, seed: int = 0):
         super().__init__()
@@ -136,6 +193,11 @@ class BoundlessSubspace(Interchange):
     ``sigmoid((boundary - i) / temperature)``; the temperature is annealed by the trainer towards
     a hard boundary, and a penalty on the boundary favours the smallest subspace that works.
     :attr:`k` is the hard boundary (dimensions with weight above one half).
+
+    Args:
+        d: The site's width.
+        seed: Seeds the initial rotation.
+        start: The boundary's initial value (default ``max(1, d / 4)``).
     """
 
     def __init__(self, d: int, seed: int = 0, start: Optional[float] = None):
@@ -154,6 +216,7 @@ class BoundlessSubspace(Interchange):
         return weight
 
     def mask(self) -> torch.Tensor:
+        """Float[Tensor, "d"]: Each rotated dimension's weight in the swap."""
         index = torch.arange(self.d, dtype=torch.float32, device=self.boundary.device)
         return torch.sigmoid((self.boundary - index) / self.temperature)
 
@@ -169,7 +232,14 @@ class BoundlessSubspace(Interchange):
 class PerPosition(Interchange):
     """One interchange per position: ``base``, ``source`` ``[B, P, d]``, position ``p`` swapped
     through ``parts[p]`` (each its own ``k``-dimensional subspace). :meth:`basis` stacks theirs
-    ``[P, d, k]``; :attr:`k` is the dimensions swapped at each position."""
+    ``[P, d, k]``; :attr:`k` is the dimensions swapped at each position.
+
+    Args:
+        parts: One interchange per position, at least 2, all of one width.
+
+    Raises:
+        AnalysisError: Fewer than 2 parts, or parts of different widths.
+    """
 
     def __init__(self, parts: list[Interchange]):
         super().__init__()
@@ -201,8 +271,18 @@ class PerPosition(Interchange):
 
 @checked
 def principal_angle_cosines(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
-    """Cosines of the principal angles between the spans of orthonormal ``q1 [d, k1]`` and ``q2 [d, k2]``
-    (descending; 1 = the subspaces share that direction)."""
+    """Cosines of the principal angles between two subspaces.
+
+    Args:
+        q1 (Float[Tensor, "d k1"]): A basis of the first (orthonormalised here).
+        q2 (Float[Tensor, "d k2"]): A basis of the second.
+
+    Returns:
+        Float[Tensor, "min_k"]: The cosines, descending; 1 = the subspaces share that direction.
+
+    Raises:
+        AnalysisError: Bases that are not 2-D or of different ``d``.
+    """
     if q1.ndim != 2 or q2.ndim != 2 or q1.shape[0] != q2.shape[0]:
         raise AnalysisError(f"bases must be [d, k] of the same d, got {tuple(q1.shape)} and {tuple(q2.shape)}")
     s = torch.linalg.svdvals(orthonormal(q1.T).T.double() @ orthonormal(q2.T).double())

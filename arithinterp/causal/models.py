@@ -28,7 +28,14 @@ ROOTS = ("a", "b")
 
 @dataclass(frozen=True)
 class Variable:
-    """One variable: ``function(*parent values)`` maps long tensors ``[N]`` to a long tensor ``[N]``."""
+    """One variable of a causal model.
+
+    Attributes:
+        name: The variable's name.
+        parents: The operands (``"a"``, ``"b"``) or earlier variables it is computed from.
+        function: ``function(*parent values)`` maps long tensors ``[N]`` to a long tensor ``[N]``.
+        description: What it is, in words.
+    """
 
     name: str
     parents: tuple[str, ...]
@@ -38,8 +45,17 @@ class Variable:
 
 @dataclass(frozen=True)
 class CausalModel:
-    """Variables in dependency order (each names only roots or earlier variables); ``output`` is
-    the variable whose value is the answer."""
+    """A causal model of a task: variables in dependency order.
+
+    Attributes:
+        name: The model's name.
+        variables: The variables, each naming only the operands or earlier variables as parents.
+        output: The variable whose value is the answer.
+
+    Raises:
+        AnalysisError: A variable defined twice, a parent not defined before its child, or an
+            unknown output.
+    """
 
     name: str
     variables: tuple[Variable, ...]
@@ -73,8 +89,21 @@ class CausalModel:
 
     def values(self, a: torch.Tensor, b: torch.Tensor,
                set_to: Optional[Mapping[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
-        """Every variable's value ``[N]`` for operands ``a``, ``b`` ``[N]``; ``set_to`` fixes some
-        variables (an interchange) and their descendants are recomputed from the fixed values."""
+        """Every variable's value for some operands.
+
+        Args:
+            a (Int[Tensor, "n"]): First operands.
+            b (Int[Tensor, "n"]): Second operands.
+            set_to: Variables fixed to given values (an interchange); their descendants are
+                recomputed from the fixed values.
+
+        Returns:
+            ``{name: Int[Tensor, "n"]}`` for the operands and every variable.
+
+        Raises:
+            AnalysisError: An unknown variable in ``set_to``, or a function that returns values
+                that are not whole numbers.
+        """
         set_to = dict(set_to or {})
         for name in set_to:
             self.check_variable(name)
@@ -89,7 +118,16 @@ class CausalModel:
 
     def answer(self, a: torch.Tensor, b: torch.Tensor,
                set_to: Optional[Mapping[str, torch.Tensor]] = None) -> torch.Tensor:
-        """The output ``[N]``, with ``set_to`` interchanged."""
+        """The output variable's value.
+
+        Args:
+            a (Int[Tensor, "n"]): First operands.
+            b (Int[Tensor, "n"]): Second operands.
+            set_to: Variables fixed to given values, as in :meth:`values`.
+
+        Returns:
+            Int[Tensor, "n"]: The answer.
+        """
         return self.values(a, b, set_to)[self.output]
 
 
@@ -121,6 +159,12 @@ def addition(n_digits: Annotated[int, Field(ge=1, le=18), Accepts("an int in 1..
     hundreds; ``carry_n`` is the leading digit of the sum), ``sum_digit_i`` and ``answer``; and
     ``product_parity`` (``a·b mod 2``), which the answer does not depend on: a label for the
     control ``interchange_dataset(..., value_from="product_parity")``.
+
+    Args:
+        n_digits: The operands' digit count, 1..18.
+
+    Returns:
+        The causal model ``addition-{n_digits}digit``.
     """
     variables: list[Variable] = []
     for i in range(n_digits):
@@ -152,7 +196,17 @@ def single_token_addition(base: int = 10) -> CausalModel:
 
     ``base`` splits the sum elsewhere: ``base=100`` gives ``sum_mod_100`` and ``magnitude`` =
     ``(a + b) // 100`` (whether the sum reaches 100), the split a helix of periods dividing 100
-    keeps apart (every periodic feature is a function of ``sum mod 100``)."""
+    keeps apart (every periodic feature is a function of ``sum mod 100``).
+
+    Args:
+        base: Where the sum is split, at least 2.
+
+    Returns:
+        The causal model.
+
+    Raises:
+        AnalysisError: ``base`` is not an int ≥ 2.
+    """
     if isinstance(base, bool) or not isinstance(base, int) or base < 2:
         raise AnalysisError(f"base must be an int >= 2 (the sum is split into sum // base and sum mod base), "
                             f"got {base!r}")
@@ -168,7 +222,17 @@ def single_token_addition(base: int = 10) -> CausalModel:
 
 @checked
 def modular_addition(p: int = 113) -> CausalModel:
-    """``(a + b) mod p`` as ``sum`` (unreduced) and ``wraps`` (``sum >= p``)."""
+    """``(a + b) mod p`` as ``sum`` (unreduced) and ``wraps`` (``sum >= p``).
+
+    Args:
+        p: The modulus, at least 2.
+
+    Returns:
+        The causal model ``modular-addition-{p}``.
+
+    Raises:
+        AnalysisError: ``p`` is not an int ≥ 2.
+    """
     if isinstance(p, bool) or not isinstance(p, int) or p < 2:
         raise AnalysisError(f"the modulus p must be an int >= 2, got {p!r}")
     return CausalModel(f"modular-addition-{p}", (
@@ -184,7 +248,20 @@ BUILT_IN = {"addition": addition, "single_token_addition": single_token_addition
 @checked
 def for_prompts(op: str, modulus: Optional[int], n_digits: int, single_token: bool) -> CausalModel:
     """The built-in causal model for a prompt set: modular addition when it has a modulus, single-token
-    addition when every number is one token, else column addition with ``n_digits`` digits."""
+    addition when every number is one token, else column addition with ``n_digits`` digits.
+
+    Args:
+        op: The prompts' operator; only ``"+"`` has built-in models.
+        modulus: The prompts' modulus, or ``None``.
+        n_digits: The operands' digit count, for column addition.
+        single_token: Whether every number is one token.
+
+    Returns:
+        The causal model.
+
+    Raises:
+        AnalysisError: An operator other than ``"+"``.
+    """
     if op != "+":
         raise AnalysisError(f"the built-in causal models describe addition ('+'), not {op!r}; "
                             "pass your own CausalModel")
@@ -195,5 +272,13 @@ def for_prompts(op: str, modulus: Optional[int], n_digits: int, single_token: bo
 
 @checked
 def variables_of(model: CausalModel, exclude: Sequence[str] = ()) -> list[str]:
-    """The variables one can interchange (everything but the output and ``exclude``)."""
+    """The variables one can interchange.
+
+    Args:
+        model: The causal model.
+        exclude: Variables to leave out.
+
+    Returns:
+        Every variable's name but the output's and those of ``exclude``, in dependency order.
+    """
     return [n for n in model.names if n != model.output and n not in exclude]

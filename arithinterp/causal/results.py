@@ -15,11 +15,23 @@ from arithinterp.results import DISTINCT, NON_NEGATIVE, POSITIVE, PROBABILITY, R
 class DASResult(Result):
     """One fit at one site, layer and position.
 
-    ``scores[name]``: ``iia`` (held-out), its 95% Wilson interval ``low`` / ``high``, the mean
-    ``logit_diff`` (and ``logit_diff_sem``), ``n`` pairs and ``k`` dimensions, for the fitted method
-    (``"das"`` or ``"boundless"``), ``"none"`` (no intervention) and each baseline. ``basis`` ``[d, k]``
-    is the learned subspace (``[P, d, k]``, one per position, with ``per_position``); ``history`` the
-    training loss per step; ``chance`` the dataset's chance IIA.
+    Attributes:
+        variable: The interchanged variable.
+        site: The site (``"attn_z[3]"`` for a head).
+        layer: The block.
+        position: The position, or positions joined by ``+``.
+        method: ``"das"`` or ``"boundless"``.
+        k: Dimensions interchanged (the learned boundary for Boundless DAS).
+        iia: The fitted method's held-out interchange intervention accuracy.
+        train_iia: Its accuracy on the training pairs.
+        chance: The dataset's chance IIA.
+        scores: ``scores[name]``: ``iia`` (held-out), its 95% Wilson interval ``low`` / ``high``, the
+            mean ``logit_diff`` (and ``logit_diff_sem``), ``n`` pairs and ``k`` dimensions, for the
+            fitted method, ``"none"`` (no intervention) and each baseline.
+        basis (Float[Tensor, "d k"]): The learned subspace (``[position, d, k]``, one per position,
+            with ``per_position``).
+        history: The training loss per step.
+        meta: Provenance and the fit's settings.
     """
 
     variable: str
@@ -56,7 +68,23 @@ class DASResult(Result):
 
 @dataclass(frozen=True)
 class DASSweep(Result):
-    """DAS over layers × positions: ``iia`` / ``low`` / ``high`` / ``random_iia`` / ``logit_diff`` ``[L, P]``."""
+    """DAS over layers × positions.
+
+    Attributes:
+        variable: The interchanged variable.
+        site: The site.
+        layers: The layers.
+        positions: The positions.
+        k: Dimensions interchanged.
+        iia (Float[Tensor, "layer position"]): Held-out IIA (NaN where no held-out pair is reachable).
+        low (Float[Tensor, "layer position"]): Its 95% Wilson interval's low end.
+        high (Float[Tensor, "layer position"]): Its high end.
+        random_iia (Float[Tensor, "layer position"]): A random rotation's held-out IIA.
+        logit_diff (Float[Tensor, "layer position"]): The mean logit difference.
+        chance: The dataset's chance IIA.
+        tokens: Each position's label with its token (``"final: ="``).
+        meta: Provenance, the fits' settings and ``n_test_per_cell``.
+    """
 
     variable: str
     site: str
@@ -80,9 +108,14 @@ class DASSweep(Result):
               "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
 
     def best(self) -> tuple[int, str, float]:
-        """``(layer, position, iia)`` of the best cell (cells without a score, NaN, are passed over).
+        """The best cell (cells without a score, NaN, are passed over).
 
-        Raises :class:`~arithinterp.errors.AnalysisError` when no cell has a score: there is no best one."""
+        Returns:
+            ``(layer, position, iia)``.
+
+        Raises:
+            AnalysisError: No cell has a score: there is no best one.
+        """
         if not bool(torch.isfinite(self.iia).any()):
             raise AnalysisError(f"no cell of this sweep has a score (all {self.iia.numel()} are NaN: no held-out pair "
                                 "reachable from any of its positions), so none is best")
@@ -109,7 +142,16 @@ class DASSweep(Result):
 @dataclass(frozen=True)
 class ReadableUsed(Result):
     """Per variable and layer: probe accuracy (grouped folds, with its interval and shuffled-label
-    control), DAS IIA and random-rotation IIA (held-out, with intervals) — "readable" against "used"."""
+    control), DAS IIA and random-rotation IIA (held-out, with intervals): "readable" against "used".
+
+    Attributes:
+        site: The site.
+        position: The position.
+        k: Dimensions interchanged.
+        rows: One dict per variable and layer: the probe's accuracy, interval and control, and the
+            DAS and random-rotation IIA with intervals.
+        meta: Provenance and the settings.
+    """
 
     site: str
     position: str

@@ -40,7 +40,16 @@ HEAD_SITES = ("attn_z",)  # one vector per position *and head*: name the head
 
 @checked
 def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``correct / n``."""
+    """Wilson score interval of a proportion ``correct / n``.
+
+    Args:
+        correct: The successes.
+        n: The trials.
+        level: The confidence level.
+
+    Returns:
+        ``(low, high)`` within [0, 1]; ``(nan, nan)`` when ``n`` is 0.
+    """
     if n == 0:
         return float("nan"), float("nan")
     from scipy.stats import norm
@@ -59,7 +68,14 @@ Position = Union[str, int, Sequence[Union[str, int]]]
 class Site:
     """Where an interchange happens: a vector site, a layer and a named position, or several positions
     swapped together through the same subspace (``["final", "answer[0]"]``); for ``attn_z`` also the
-    ``head`` whose output vector (before ``W_O``) is interchanged."""
+    ``head`` whose output vector (before ``W_O``) is interchanged.
+
+    Attributes:
+        site: A vector site (``"resid_post"``, ``"mlp_out"``, ...) or ``"attn_z"`` with a head.
+        layer: The block.
+        position: A position name or int, or a list of them swapped together.
+        head: The head, for ``attn_z``; ``None`` otherwise.
+    """
 
     site: str
     layer: int
@@ -67,7 +83,18 @@ class Site:
     head: Optional[int] = None
 
     def check(self, model: HookedModel) -> int:
-        """Validate against ``model``; returns the site's width ``d``."""
+        """Validate the site against a model.
+
+        Args:
+            model: The hooked model.
+
+        Returns:
+            The site's width ``d`` (``d_head`` for a head, ``d_mlp`` for the neuron sites, else ``d_model``).
+
+        Raises:
+            SiteError: A site without one vector per position, a missing or out-of-range head, a
+                head for a site without heads, or a layer out of range.
+        """
         if self.site in HEAD_SITES:
             n_heads = int(model.cfg.n_heads)
             if isinstance(self.head, bool) or not isinstance(self.head, int) or not 0 <= self.head < n_heads:
@@ -85,7 +112,14 @@ class Site:
         return int(model.cfg.d_mlp if self.site in ("mlp_pre", "mlp_post") else model.cfg.d_model)
 
     def take(self, read: torch.Tensor) -> torch.Tensor:
-        """A read of this site ``[B, (P,) (H,) d]`` → this site's vectors ``[B, (P,) d]``."""
+        """This site's vectors from a read of its hook.
+
+        Args:
+            read (Float[Tensor, "batch ... d"]): The read ``[batch, (position,) (head,) d]``.
+
+        Returns:
+            Float[Tensor, "batch ... d"]: ``[batch, (position,) d]``: the head's vectors for ``attn_z``.
+        """
         return read if self.head is None else read[..., self.head, :]
 
     @property

@@ -108,7 +108,19 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
     TransformerLens model register its hooks first (``pyvene.type_to_module_mapping[type(model)]``
     and ``type_to_dimension_mapping``, with the hook names ``arithinterp_site.json`` lists).
     ``arithinterp_site.json`` also keeps the fingerprint of the model the subspace was fitted on:
-    :func:`read_pyvene` gives it back and :func:`score_subspace` refuses another model."""
+    :func:`read_pyvene` gives it back and :func:`score_subspace` refuses another model.
+
+    Args:
+        result: A DAS fit.
+        path: The folder to write (``config.json``, ``intkey_*.bin``, ``arithinterp_site.json``).
+
+    Returns:
+        The folder.
+
+    Raises:
+        AnalysisError: ``result`` is not a DASResult, or its site has no pyvene component.
+        ConfigError: The folder cannot be written.
+    """
     from arithinterp.outputs import check_writable_dir
 
     if not isinstance(result, DASResult):
@@ -153,7 +165,21 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
     the :class:`Site` it acts on (from ``arithinterp_site.json``, or from ``site``, ``layer`` and
     ``positions`` for a folder pyvene wrote). The interchange's ``meta`` holds the fingerprint of
     the model it was fitted on (from ``arithinterp_site.json``; a folder pyvene wrote has none),
-    which :func:`score_subspace` checks."""
+    which :func:`score_subspace` checks.
+
+    Args:
+        path: The pyvene save's folder.
+        site: The site, for a folder without ``arithinterp_site.json``.
+        layer: The layer, likewise.
+        positions: The positions (this package's names), likewise.
+
+    Returns:
+        ``(intervention, site)``.
+
+    Raises:
+        ResultFileError: No ``config.json``, interventions of another type, a missing
+            ``intkey_*.bin``, no interventions, or no site known.
+    """
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ResultFileError(f"{folder} has no config.json; a pyvene save is config.json + intkey_*.bin")
@@ -191,8 +217,23 @@ def score_subspace(model: Any, dataset: InterchangeDataset, intervention: Interc
                    rows: Optional[torch.Tensor] = None, max_memory: Optional[ByteSize] = None) -> dict:
     """IIA (with its 95% interval and logit difference) of a given subspace on ``dataset``'s held-out
     pairs (``rows``: others), as :func:`~arithinterp.causal.das` scores its fit. A subspace read by
-    :func:`read_pyvene` from a fit on another model (another weight fingerprint) raises
-    :class:`~arithinterp.errors.ModelMismatchError`."""
+    :func:`read_pyvene` from a fit on another model (another weight fingerprint) is refused.
+
+    Args:
+        model: The hooked model.
+        dataset: The interchange pairs.
+        intervention: The subspace.
+        where: The site, layer and position(s) it acts on.
+        rows (Int[Tensor, "n"] | None): The pairs to score (default ``dataset.test``).
+        max_memory: Bytes one batch may use.
+
+    Returns:
+        ``iia``, its interval ``low`` / ``high``, ``logit_diff`` and the pair counts.
+
+    Raises:
+        ModelMismatchError: The subspace was fitted on another model.
+        SiteError: An invalid site for this model.
+    """
     check_belongs(model, "causal.score_subspace", subspace=intervention)
     where.check(model)
     rows = dataset.test if rows is None else rows

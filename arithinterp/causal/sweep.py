@@ -55,11 +55,31 @@ def das_sweep(
     seed: Seed = 0,
     progress: bool = True,
 ) -> DASSweep:
-    """One DAS fit per layer × position (each with its random-rotation control) → :class:`DASSweep`.
+    """One DAS fit per layer × position, each with its random-rotation control.
 
-    ``reachable_only``: each cell trains and scores only the pairs its position can reach (see
-    :func:`das`); a position that reaches no held-out pair gets NaN; the held-out pairs scored per
-    cell are in ``meta["n_test_per_cell"]`` ``[L, P]``."""
+    Args:
+        model: The hooked model.
+        dataset: The interchange pairs.
+        site: The site whose vector is interchanged.
+        layers: The layers (default: all).
+        positions: The positions, each fitted on its own.
+        k: Dimensions interchanged.
+        steps: Adam steps per fit.
+        lr: Adam's learning rate.
+        reachable_only: Each cell trains and scores only the pairs its position can reach (see
+            :func:`das`); a position that reaches no held-out pair gets NaN; the held-out pairs
+            scored per cell are in ``meta["n_test_per_cell"]`` ``[layer, position]``.
+        max_memory: Bytes one batch may use.
+        seed: Seeds every fit.
+        progress: Show a progress bar.
+
+    Returns:
+        The held-out IIA grid ``[layer, position]`` with its interval and the random rotation's.
+
+    Raises:
+        AnalysisError: No layer or position, or an invalid cell (checked before the first fit).
+        ModelMismatchError: The dataset's prompts belong to another model.
+    """
     check_belongs(model, "das_sweep", prompts=dataset.base)
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     positions = list(positions)
@@ -113,8 +133,30 @@ def readable_vs_used(
     progress: bool = True,
 ) -> ReadableUsed:
     """Per variable and layer: probe accuracy with folds grouped by operand pair (readable) beside
-    held-out DAS IIA and random-rotation IIA (used) at ``site`` and ``position``; ``steps``, ``lr`` and
-    ``max_memory`` are passed to each :func:`das` fit."""
+    held-out DAS IIA and random-rotation IIA (used) at one site and position.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts (correctly answered ones).
+        variables: The causal variables.
+        causal_model: Their causal model (default: the built-in one for the prompts).
+        site: The site read and interchanged.
+        layers: The layers (default: all).
+        position: The position.
+        k: Dimensions interchanged.
+        steps: Adam steps per :func:`das` fit.
+        n: Pairs per variable's dataset (default: one per prompt).
+        lr: Adam's learning rate.
+        max_memory: Bytes one batch may use.
+        seed: Seeds the datasets, probes and fits.
+        progress: Show a progress bar.
+
+    Returns:
+        Per variable and layer, the probe accuracy beside the DAS and random-rotation IIA.
+
+    Raises:
+        AnalysisError: No variables or layers, a variable named twice, or an invalid cell.
+    """
     from arithinterp.activations import collect
     from arithinterp.probes import probe_layers
 
