@@ -174,6 +174,27 @@ def digit_circuits(
     and corrupt answers' token ``k`` (``"logit_diff"``), or scores the clean one (``"logprob"``,
     ``"prob"``), or is a callable. ``positions`` (e.g. ``["a[0]", "a[1]", "a", "emit"]``) makes
     the edges positional.
+
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt pairs with multi-token answers.
+        method: ``"exact"``, ``"eap"`` or ``"eap-ig"``.
+        answer_tokens: The answer tokens to score (default: every token all answers have).
+        feed: ``"own"`` or ``"clean"``.
+        positions: Position names that make the edges positional (default: edges over all positions).
+        ig_steps: Interpolation steps of ``"eap-ig"``.
+        metric: The pair metric, or a callable.
+        direction: ``"denoise"`` or ``"noise"``.
+        batch_size: Pairs per batch.
+        progress: Show progress bars.
+
+    Returns:
+        One circuit's edge scores per answer token, with each token's unpatched baselines.
+
+    Raises:
+        ConfigError: An unknown method or feed, or answer tokens repeated or past the answers.
+        AnalysisError: Pairs that cannot be patched.
+        ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "circuits.digit_circuits", pairs=pairs)
     check_pairs(pairs)

@@ -117,13 +117,8 @@ def run_edge_sets(
     progress: bool = False,
     _runs: Optional[dict] = None,
 ) -> dict:
-    """The metric for each edge set: ``edge_sets [C, n_edges]`` (1 = the edge carries ``values``).
-
-    ``base``: the prompts run (``"corrupt"`` or ``"clean"``); ``values``: the fixed sender outputs
-    carried by the chosen edges (``"source"``: the other prompt of the pair, ``"clean"``,
-    ``"corrupt"``, or ``"mean"`` over the clean prompts). Every other edge carries the sender's
-    output in this very run. Returns ``values [N, C]`` and the unpatched metrics ``clean``,
-    ``corrupt`` ``[N]`` (and ``forwards``, the number of stacked forwards).
+    """The metric for each edge set, its chosen edges carrying fixed sender outputs. Every other
+    edge carries the sender's output in this very run.
 
     Memory: pairs run in batches of ``batch_size`` and edge sets stacked ``batch_cells`` at a time
     (each a copy of the batch in one forward); both default to what fits in ``max_memory`` bytes
@@ -138,6 +133,30 @@ def run_edge_sets(
     a whole forward (the reference). ``engine`` in the result names what ran. (``_runs``: a dict
     the caller keeps to reuse the unpatched stepped runs over calls on the same model, pairs and
     arguments, as pruning does: as many batches' as fit ``max_memory``, the others run again.)
+
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt pairs.
+        graph: The model's edge graph.
+        edge_sets (Float[Tensor, "set edge"]): 1 where the edge carries ``values``.
+        metric: The pair metric, or a callable.
+        base: The prompts run: ``"corrupt"`` or ``"clean"``.
+        values: The fixed sender outputs carried by the chosen edges: ``"source"`` (the other
+            prompt of the pair), ``"clean"``, ``"corrupt"``, or ``"mean"`` over the clean prompts.
+        batch_cells: Edge sets stacked per forward (default: as many as fit ``max_memory``).
+        batch_size: Pairs per batch (default: as many as fit ``max_memory``).
+        max_memory: Bytes one stacked forward may use.
+        engine: ``"auto"``, ``"stepped"`` or ``"hooks"``, as above.
+        progress: Show a progress bar.
+
+    Returns:
+        ``values`` ``[pair, set]``, the unpatched metrics ``clean`` and ``corrupt`` ``[pair]``,
+        ``forwards`` (the number of stacked forwards) and ``engine`` (what ran).
+
+    Raises:
+        ConfigError: An unknown base, values, engine or metric, or counts below 1.
+        AnalysisError: Pairs that cannot be patched, or edge sets of another width.
+        ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "circuits.run_edge_sets", pairs=pairs)
     check_pairs(pairs)
@@ -268,8 +287,26 @@ def patch_edges(
     ``engine`` rules: by default each edge's run starts at its receiver's layer and the first
     position where its sender's output differs between the two prompts).
 
-    Returns ``scores [N, n_edges]`` (metric after − metric of the base run, per pair; edges not
-    in ``edges`` are NaN), ``clean`` / ``corrupt`` ``[N]``, ``forwards`` and ``engine``.
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt pairs.
+        graph: The model's edge graph (default ``EdgeGraph.of(model)``).
+        metric: The pair metric, or a callable.
+        direction: ``"denoise"`` or ``"noise"``.
+        edges: The edges to patch, by name or index (default: all).
+        batch_cells: As for :func:`run_edge_sets`.
+        batch_size: As for :func:`run_edge_sets`.
+        max_memory: As for :func:`run_edge_sets`.
+        engine: As for :func:`run_edge_sets`.
+        progress: Show a progress bar.
+
+    Returns:
+        ``scores`` ``[pair, edge]`` (metric after − metric of the base run; edges not patched are
+        NaN), ``clean`` / ``corrupt`` ``[pair]``, ``forwards`` and ``engine``.
+
+    Raises:
+        ConfigError: An unknown direction, engine or edge.
+        ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "circuits.patch_edges", pairs=pairs)
     graph = graph or EdgeGraph.of(model)
@@ -340,8 +377,29 @@ def attribute_edges(
     holds its own copy of the MLP input in the gradient run (``[batch, T, neurons, d_model]``,
     counted in the batch size); ``neuron_receivers=False`` scores the neurons as senders only.
 
-    Returns ``scores [N, n_edges]``, ``passes`` (forwards + backwards, all batches),
-    ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used).
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt pairs.
+        graph: The model's edge graph (default ``EdgeGraph.of(model)``).
+        method: ``"eap"``, ``"eap-ig"`` or ``"eap-ig-activations"``.
+        ig_steps: Interpolation steps of the integrated-gradient methods.
+        metric: The pair metric, or a callable.
+        direction: ``"denoise"`` or ``"noise"``.
+        batch_size: Pairs per batch (default: as many as fit ``max_memory``).
+        max_memory: Bytes one batch may use.
+        progress: Show a progress bar.
+        neurons: ``{layer: [neuron ids] or "all"}``: MLP neurons scored as senders (and receivers).
+        neuron_receivers: Score those neurons as receivers too.
+
+    Returns:
+        ``scores`` ``[pair, edge]``, ``passes`` (forwards + backwards, all batches),
+        ``passes_per_batch``, ``batches``, ``batch_size`` and ``max_memory`` (the budget used), and
+        with ``neurons`` the neuron edges' scores and names.
+
+    Raises:
+        ConfigError: An unknown method, metric or direction, or a batch too large for ``max_memory``.
+        AnalysisError: Pairs that cannot be patched, or a graph of another model.
+        ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "circuits.attribute_edges", pairs=pairs)
     check_pairs(pairs)

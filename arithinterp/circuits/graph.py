@@ -30,8 +30,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Node:
-    """``kind`` is ``"embed"``, ``"head"``, ``"mlp"`` or ``"logits"``; embeddings sit at layer −1
-    and the logits at ``n_layers`` (for drawing by layer)."""
+    """A node of a model's graph.
+
+    Attributes:
+        name: ``"embed"``, ``"L3H1"``, ``"MLP2"`` or ``"logits"``.
+        kind: ``"embed"``, ``"head"``, ``"mlp"`` or ``"logits"``.
+        layer: The block; embeddings sit at layer −1 and the logits at ``n_layers`` (for drawing by layer).
+        head: The head's index, for a head.
+    """
 
     name: str
     kind: str
@@ -41,8 +47,14 @@ class Node:
 
 @dataclass(frozen=True)
 class Edge:
-    """``sender`` → ``receiver`` (node names) into its ``channel`` input (``q``, ``k``, ``v``,
-    ``mlp``, ``logits``) at ``position`` (a label, or None for every position)."""
+    """An edge of a model's graph.
+
+    Attributes:
+        sender: The sending node's name.
+        receiver: The receiving node's name.
+        channel: The receiver's input: ``q``, ``k``, ``v``, ``mlp`` or ``logits``.
+        position: A position label, or ``None`` for every position.
+    """
 
     sender: str
     receiver: str
@@ -51,6 +63,7 @@ class Edge:
 
     @property
     def name(self) -> str:
+        """The edge's name, e.g. ``"L0H1->L2H3.q"`` or ``"MLP0->logits@final"``."""
         target = f"{self.receiver}.{self.channel}" if self.channel in CHANNELS else self.receiver
         return f"{self.sender}->{target}" + ("" if self.position is None else f"@{self.position}")
 
@@ -65,6 +78,13 @@ class EdgeGraph:
     The dense layout is ``[P, R, S]``: position labels × receiver inputs × senders (see
     :class:`~arithinterp.engine.edges.Layout` for the receiver and sender order). ``edge_index``
     is ``[n_edges, 3]`` (p, r, s) for the edges that exist (a sender upstream of the receiver).
+
+    Args:
+        layout: The model's receiver and sender layout (:meth:`of` builds it from a model).
+        positions: Position labels for a positional graph, or ``None`` for edges over all positions.
+
+    Raises:
+        SiteError: Positions that are empty, repeated, or ``"all"``.
     """
 
     def __init__(self, layout: Layout, positions: Optional[Sequence] = None):
@@ -120,19 +140,39 @@ class EdgeGraph:
 
     @classmethod
     def of(cls, model: HookedModel, positions: Optional[Sequence] = None) -> "EdgeGraph":
-        """The graph of ``model`` (anything with ``cfg.n_layers``, ``n_heads``, ...)."""
+        """The graph of a model.
+
+        Args:
+            model: Anything with ``cfg.n_layers``, ``n_heads``, ...
+            positions: Position labels for a positional graph, or ``None``.
+
+        Returns:
+            The graph.
+        """
         return cls(Layout.of(model), positions)
 
     @property
     def n_edges(self) -> int:
+        """The number of edges."""
         return len(self.edges)
 
     @property
     def dense_shape(self) -> tuple[int, int, int]:
+        """``(positions, receivers, senders)``, the dense edge tensor's shape."""
         return (len(self.positions), self.layout.n_receivers, self.layout.n_senders)
 
     def index(self, edges) -> torch.Tensor:
-        """Edge indices ``[k]`` for edge names, :class:`Edge` objects or indices."""
+        """Edge indices for edge names, :class:`Edge` objects or indices.
+
+        Args:
+            edges: The edges.
+
+        Returns:
+            Int[Tensor, "k"]: Their indices.
+
+        Raises:
+            AnalysisError: An unknown name or an index out of range.
+        """
         out = []
         for e in edges:
             if isinstance(e, Edge):
@@ -151,7 +191,17 @@ class EdgeGraph:
         return torch.tensor(out, dtype=torch.long)
 
     def dense(self, chosen: torch.Tensor) -> torch.Tensor:
-        """Per-edge values ``[C, n_edges]`` (or ``[n_edges]``) as the dense ``[C, P, R, S]`` tensor."""
+        """Per-edge values as the dense tensor.
+
+        Args:
+            chosen (Float[Tensor, "set edge"]): Per-edge values (or ``[edge]``).
+
+        Returns:
+            Float[Tensor, "set position receiver sender"]: Zero where no edge exists.
+
+        Raises:
+            AnalysisError: The last axis is not ``n_edges`` long.
+        """
         chosen = torch.as_tensor(chosen)
         if chosen.shape[-1] != self.n_edges:
             raise AnalysisError(f"edge values must end in n_edges = {self.n_edges}, got shape {tuple(chosen.shape)}")
@@ -162,18 +212,40 @@ class EdgeGraph:
         return out
 
     def from_dense(self, dense: torch.Tensor) -> torch.Tensor:
-        """``[..., P, R, S]`` -> ``[..., n_edges]`` (the inverse of :meth:`dense` on existing edges)."""
+        """The per-edge values of a dense tensor (the inverse of :meth:`dense` on existing edges).
+
+        Args:
+            dense (Float[Tensor, "... position receiver sender"]): The dense tensor.
+
+        Returns:
+            Float[Tensor, "... edge"]: The values at the existing edges.
+        """
         p, r, s = self.edge_index.T
         return dense[..., p, r, s]
 
     def receiver_slice(self, layer: int, channel: str) -> slice:
-        """The receivers of one layer and channel, as a slice of the dense ``R`` axis."""
+        """The receivers of one layer and channel.
+
+        Args:
+            layer: The block.
+            channel: ``q``, ``k``, ``v``, ``mlp`` or ``logits``.
+
+        Returns:
+            A slice of the dense receiver axis.
+        """
         L = self.layout
         start = L.receiver(layer, channel)
         return slice(start, start + L.units(channel))
 
     def nodes_of(self, edge_ids: torch.Tensor) -> list[str]:
-        """Names of the nodes the given edges touch, in graph order."""
+        """The nodes some edges touch.
+
+        Args:
+            edge_ids (Int[Tensor, "k"]): Edge indices.
+
+        Returns:
+            The nodes' names, in graph order.
+        """
         names = {self.edges[int(i)].sender for i in edge_ids} | {self.edges[int(i)].receiver for i in edge_ids}
         return [n.name for n in self.nodes if n.name in names]
 

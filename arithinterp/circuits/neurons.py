@@ -243,8 +243,27 @@ def patch_neuron_edges(
     runs the corrupt prompt and carries the clean run's output. Whole forwards, each edge one
     stacked copy of the batch (``batch_cells`` per forward, by default what ``max_memory`` allows).
 
-    Returns ``scores [N, E]`` (metric after − metric of the base run), ``edges`` (names),
-    ``clean`` / ``corrupt`` ``[N]`` and ``forwards``.
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt pairs.
+        neurons: ``{layer: [ids] or "all"}``, the receiver neurons.
+        graph: The model's edge graph (default ``EdgeGraph.of(model)``).
+        metric: The pair metric, or a callable.
+        direction: ``"denoise"`` or ``"noise"``.
+        edges: Edges to patch, by name (default: every edge into the neurons).
+        batch_cells: Edges stacked per forward (default: as many as fit ``max_memory``).
+        max_memory: Bytes one stacked forward may use.
+        progress: Show a progress bar.
+
+    Returns:
+        ``scores`` ``[pair, edge]`` (metric after − metric of the base run), ``edges`` (names),
+        ``clean`` / ``corrupt`` ``[pair]`` and ``forwards``.
+
+    Raises:
+        ConfigError: An unknown direction or metric.
+        AnalysisError: An unknown edge name.
+        SiteError: A layer or neuron out of range.
+        ModelMismatchError: The pairs were built for another model.
     """
     from arithinterp.circuits.graph import EdgeGraph
     from arithinterp.tasks import resolve_positions
