@@ -91,7 +91,7 @@ def bench_prefix(n_prompts: int, n_layers: int, runs: int) -> None:
     from evaluate import build, prompts_for  # the SmolLM-135M-shaped random Llama and its prompts
 
     from arithinterp.engine import decode
-    from arithinterp.probes.detector import _shared_prefix_slots
+    from arithinterp.probes.slots import shared_prefix_slots
 
     shape = SimpleNamespace(vocab=49152, d_model=576, d_mlp=1536, layers=n_layers, heads=9, kv_heads=3)
     folder = Path(tempfile.mkdtemp()) / "smollm-shaped"
@@ -113,7 +113,7 @@ def bench_prefix(n_prompts: int, n_layers: int, runs: int) -> None:
                 out[key] = probes.answer_activations(model, prompts, out["generate, prefix once"], "resid_post",
                                                      layers).data["resid_post"]
             else:
-                out[key] = _shared_prefix_slots(model, prompts, out["generate, prefix once"], "resid_post", layers, 256)
+                out[key] = shared_prefix_slots(model, prompts, out["generate, prefix once"], "resid_post", layers, 256)
             times[key].append(time.perf_counter() - start)
     same = torch.equal(out["generate, prefix per prompt"].generated_tokens, out["generate, prefix once"].generated_tokens)
     diff = float((out["read slots, collect"] - out["read slots, prefix once"]).abs().max())
@@ -165,7 +165,7 @@ def bench_speed(model, entry, seeds, size: int, runs: int) -> None:
                     print(f"seed {seed} {solver}: {times[solver][-1]:.1f} s", flush=True)
         ref = fitted["reference"]
         gap = {solver: max(abs(fitted[solver].meta_["validation"][m][k] - ref.meta_["validation"][m][k])
-                           for m in probes.detector.DETECTOR_METHODS for k in SCORES) for solver in times}
+                           for m in probes.DETECTOR_METHODS for k in SCORES) for solver in times}
         rows.append(dict(seed=seed, fitted=fitted, gap=gap))
     median = {k: statistics.median(v) for k, v in times.items()}
     print(f"\n`ErrorDetector().fit` on {size:,} problems of `zoo:add-3digit-weak` (answers given), one CPU thread, "
@@ -179,13 +179,13 @@ def bench_speed(model, entry, seeds, size: int, runs: int) -> None:
     print(f"| **median** | **{median['per-target']:.1f} s** | **{median['batched']:.1f} s** "
           f"| **{median['per-target'] / median['batched']:.2f}** |\n")
     print("| seed | fit | chosen (threshold) | " + " | ".join(
-        f"{m} bal. acc. / acc. / AUROC" for m in probes.detector.DETECTOR_METHODS) + " | largest difference from the reference |")
-    print("|---|---|---|" + "---|" * len(probes.detector.DETECTOR_METHODS) + "---:|")
+        f"{m} bal. acc. / acc. / AUROC" for m in probes.DETECTOR_METHODS) + " | largest difference from the reference |")
+    print("|---|---|---|" + "---|" * len(probes.DETECTOR_METHODS) + "---:|")
     for r in rows:
         for solver in ("reference", "per-target", "batched"):
             det = r["fitted"][solver]
             cells = " | ".join(" / ".join(f"{det.meta_['validation'][m][k]:.4f}" for k in SCORES)
-                               for m in probes.detector.DETECTOR_METHODS)
+                               for m in probes.DETECTOR_METHODS)
             gap = f"{r['gap'][solver]:.4f}" if solver in r["gap"] else ""
             print(f"| {r['seed']} | {solver} | {det.method_} ({det.thresholds_[det.method_]:.3f}) | {cells} | {gap} |")
 

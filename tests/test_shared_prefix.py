@@ -284,7 +284,7 @@ def test_detector_reads_with_the_shared_prefix_equal_collects(llama):
     prompts = prompts[:30]
     evaluation = prompts.evaluate(model)
     for site in ("resid_post", "attn_z", "mlp_post"):
-        fast = probes.detector._shared_prefix_slots(model, prompts, evaluation, site, [0, 2], batch_size=7)
+        fast = probes.slots.shared_prefix_slots(model, prompts, evaluation, site, [0, 2], batch_size=7)
         assert fast is not None
         slow = probes.answer_activations(model, prompts, evaluation, site, [0, 2]).data[site]
         assert fast.shape == slow.shape
@@ -337,4 +337,4 @@ def test_detector_generates_once_per_prompt_set(llama, monkeypatch):
         next(model.parameters()).add_(0.0)
     detector.flag(model, prompts)
     assert calls == [60, 30, 60]
-    assert probes.detector.model_answers(model, prompts) is probes.detector.model_answers(model, prompts)
+    assert probes.slots.model_answers(model, prompts) is probes.slots.model_answers(model, prompts)

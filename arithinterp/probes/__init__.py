@@ -21,28 +21,23 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
   with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values.
 * ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly (digit and
   carry probes, several layers, calibrated, method and threshold chosen by cross-validation) →
-  :class:`DetectorResult`; :func:`answer_carries` gives the carry labels.
+  :class:`DetectorResult` (``detector_result``). It stands on ``slots`` (the model's answers
+  generated once per prompt set, where each slot is read, :func:`answer_carries` for the carry
+  labels), ``slot_probes`` (the slot probes and each method's features), ``detector_fit`` (the
+  fit on one set of layers) and ``operating_points`` (:func:`detection_metrics`, thresholds,
+  budgets).
 * ``reask`` — :func:`repair` re-asks only flagged prompts and keeps a new answer only when the
   detector believes it more → :class:`RepairResult`.
 
-Imports flow one way: ``estimators`` ← ``layer_sweep``; ``answers``, ``estimators`` ←
-``detector`` ← ``reask``.
+Imports flow one way: ``estimators`` ← ``layer_sweep``; ``answers``, ``estimators`` ← ``slots``,
+``slot_probes``, ``operating_points`` ← ``detector_fit``, ``detector_result`` ← ``detector`` ← ``reask``.
 """
 
 from arithinterp.deprecation import deprecated
 from arithinterp.probes.answers import answer_activations, answer_slots
-from arithinterp.probes.detector import (
-    DETECTOR_METHODS,
-    DETECTOR_POSITIONS,
-    THRESHOLD_RULES,
-    DetectorBaselineWarning,
-    DetectorResult,
-    ErrorDetector,
-    answer_carries,
-    balanced_accuracy_interval,
-    best_threshold,
-    detection_metrics,
-)
+from arithinterp.probes.detector import ErrorDetector
+from arithinterp.probes.detector_fit import DetectorBaselineWarning
+from arithinterp.probes.detector_result import DetectorResult
 from arithinterp.probes.estimators import (
     PROBE_KINDS,
     ArrayLike,
@@ -57,7 +52,15 @@ from arithinterp.probes.estimators import (
 from arithinterp.probes.layer_sweep import (
     CONTROLS, ProbeResult, confidence_interval, probe_layers, probe_model, resolve_groups, resolve_target,
 )
+from arithinterp.probes.operating_points import (
+    THRESHOLD_RULES,
+    balanced_accuracy_interval,
+    best_threshold,
+    detection_metrics,
+)
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
+from arithinterp.probes.slot_probes import DETECTOR_METHODS
+from arithinterp.probes.slots import DETECTOR_POSITIONS, answer_carries
 
 # the old name: each call warns and names the new one
 sweep = deprecated("probes.sweep", "probes.probe_layers")(probe_layers)
