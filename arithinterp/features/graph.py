@@ -61,16 +61,24 @@ PROBE = 4096.0
 class AttributionGraph(Result):
     """An attribution graph of one prompt.
 
-    ``nodes``: one dict per node (``kind`` in :data:`KINDS`, ``layer`` (-1 for embeddings, the
-    number of layers for logits), ``position``, ``feature`` (the token id for logit nodes, -1
-    otherwise), ``activation`` (a feature's activation, an error node's norm, a logit's demeaned
-    value), ``token`` (the token at the position; the answer token for logits), ``token_id``,
-    ``influence``, ``kept``, ``label``; logits also ``probability``).
-    ``edges [N, N]``: ``edges[t, s]`` the direct effect of node ``s`` on node
-    ``t`` (targets: features and logits). ``bias [N]``: each target's value with every source off.
-    ``scores``: ``replacement``, ``completeness``, ``kept_influence`` (of the pruned graph),
-    ``max_abs_error`` (the exactness check: incoming edges + bias against each active feature's own
-    pre-activation), ``max_abs_error_logits`` / ``max_rel_error_logits`` (the same for the answer logits).
+    Attributes:
+        nodes: One dict per node: ``kind`` in :data:`KINDS`, ``layer`` (-1 for embeddings, the
+            number of layers for logits), ``position``, ``feature`` (the token id for logit nodes, -1
+            otherwise), ``activation`` (a feature's activation, an error node's norm, a logit's
+            demeaned value), ``token`` (the token at the position; the answer token for logits),
+            ``token_id``, ``influence``, ``kept``, ``label``; logits also ``probability``.
+        edges (Float[Tensor, "node node"]): ``edges[t, s]`` the direct effect of node ``s`` on node
+            ``t`` (targets: features and logits).
+        bias (Float[Tensor, "node"]): Each target's value with every source off.
+        values (Float[Tensor, "node"]): Each target's own value (a feature's pre-activation, a
+            logit's demeaned value; 0 for sources).
+        prompt: The prompt's text.
+        tokens: The prompt's token strings.
+        scores: ``replacement``, ``completeness``, ``kept_influence`` (of the pruned graph),
+            ``max_abs_error`` (the exactness check: incoming edges + bias against each active
+            feature's own pre-activation), ``max_abs_error_logits`` / ``max_rel_error_logits`` (the
+            same for the answer logits).
+        meta: Provenance and the graph's settings.
     """
 
     nodes: list
@@ -145,14 +153,33 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
                       labels: Optional[dict] = None, zero_positions: IndexList = (),
                       completeness: Literal["features", "all_nodes"] = "features",
                       progress: bool = True) -> AttributionGraph:
-    """The attribution graph of ``prompt`` (a string, or token ids ``[T]`` / ``[1, T]``) over
-    ``transcoders`` (one per layer), with the top ``n_logits`` answer tokens at the final position
-    as its outputs. ``labels``: ``{(layer, feature): text}`` shown on feature nodes.
-    ``zero_positions``: positions whose features and error nodes are held constant (``(0,)`` as
-    circuit-tracer does); ``completeness``: which definition ``scores["completeness"]`` uses, one
-    of :data:`COMPLETENESS` (see the module docstring). The prompt is analysed exactly as given: an
-    empty one, one with pieces the tokenizer does not know, or one longer than the model's context
-    is refused (a :class:`~arithinterp.errors.TokenizationError`), never cut."""
+    """The attribution graph of one prompt over transcoders (one per layer), with the top answer
+    tokens at the final position as its outputs. The prompt is analysed exactly as given, never cut.
+
+    Args:
+        model: The hooked model.
+        prompt: A string, or token ids ``[pos]`` / ``[1, pos]``.
+        transcoders: Transcoders from ``mlp_in`` to ``mlp_out`` for every layer.
+        n_logits: The answer tokens (most probable first) that are the graph's outputs.
+        node_threshold: Nodes are kept in order of influence until they hold this share of the total.
+        max_nodes: The most nodes kept, the logits included.
+        batch_size: Sources per batched forward (default: what the engine's budget allows).
+        labels: ``{(layer, feature): text}`` shown on feature nodes.
+        zero_positions: Positions whose features and error nodes are held constant (``(0,)`` as
+            circuit-tracer does).
+        completeness: Which definition ``scores["completeness"]`` uses, one of :data:`COMPLETENESS`
+            (see the module docstring).
+        progress: Show a progress bar.
+
+    Returns:
+        The pruned graph: its nodes, edges, replacement and completeness scores.
+
+    Raises:
+        TokenizationError: An empty prompt, one with pieces the tokenizer does not know, or one
+            longer than the model's context.
+        AnalysisError: Transcoders that do not map ``mlp_in`` to ``mlp_out``.
+        ModelMismatchError: Transcoders made for another model.
+    """
     transcoders.check_model(model)
     if (transcoders.input_site, transcoders.output_site) != ("mlp_in", "mlp_out"):
         raise AnalysisError(f"an attribution graph needs transcoders from mlp_in to mlp_out; these read "

@@ -135,10 +135,24 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
     """Write ``graph`` as circuit-tracer's viewer JSON (see the module docstring), pruned as
     ``create_graph_files(..., node_threshold, edge_threshold)`` prunes.
 
-    ``path``: a ``.json`` file, or a folder (the file is ``{slug}.json`` there, as circuit-tracer
-    writes it); ``graph-metadata.json`` beside it lists the graph (the viewer's index, merged by
-    slug). ``scan`` names the transcoders (default: ``meta['transcoders']`` or the model's id).
-    Returns the JSON file's path.
+    ``graph-metadata.json`` beside the file lists the graph (the viewer's index, merged by slug).
+
+    Args:
+        graph: An :class:`~arithinterp.features.AttributionGraph`.
+        path: A ``.json`` file, or a folder (the file is ``{slug}.json`` there, as circuit-tracer
+            writes it).
+        slug: The graph's name in the viewer (default: the file's stem, or one made from the prompt).
+        scan: Names the transcoders (default: ``meta['transcoders']`` or the model's id).
+        node_threshold: circuit-tracer's node pruning threshold.
+        edge_threshold: circuit-tracer's edge pruning threshold.
+
+    Returns:
+        The JSON file's path.
+
+    Raises:
+        AnalysisError: ``graph`` is not an AttributionGraph, or its nodes lack token ids or logit
+            probabilities.
+        ConfigError: The folder cannot be written.
     """
     from arithinterp.outputs import check_writable_dir
 

@@ -42,8 +42,18 @@ def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_thresho
 
     Edges are circuit-tracer's, permuted into this package's node order; ``kept`` is circuit-tracer's
     pruning at ``node_threshold``; ``influence`` each node's influence on the logits. ``bias`` and
-    ``values`` are not in the file (zero and the sum of incoming edges). ``model`` (optional) gives
-    token strings; without it they are the token ids written out.
+    ``values`` are not in the file (zero and the sum of incoming edges).
+
+    Args:
+        path: The ``.pt`` file.
+        model: The hooked model, for token strings; without it they are the token ids written out.
+        node_threshold: circuit-tracer's node pruning threshold, for ``kept``.
+
+    Returns:
+        The graph.
+
+    Raises:
+        ResultFileError: No such file, or one that is not a circuit-tracer graph that loads safely.
     """
     file = Path(path)
     if not file.is_file():

@@ -24,9 +24,25 @@ from arithinterp.types import IndexList, IntList, NonNegativeInt, checked
 def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, features: IndexList, *,
                           scale: float = 0.0, clamp: Optional[float] = None,
                           positions: Optional[IntList] = None) -> list:
-    """Engine interventions setting ``features`` of layer ``layer`` to ``scale ×`` their activation
-    (0: zero them) or, with ``clamp``, to that value, at ``positions`` (None: every position; each
-    must lie inside the prompts the interventions are run on, as :func:`intervene` checks)."""
+    """Engine interventions that change some transcoder features of one layer: the MLP output moves
+    by the change of their decoded contribution.
+
+    Args:
+        transcoders: The transcoders.
+        layer: The layer.
+        features: The features' indices.
+        scale: Set the features to ``scale ×`` their activation (0: zero them).
+        clamp: Set them to this value instead.
+        positions: The positions to change (None: every position; each must lie inside the prompts
+            the interventions are run on, as :func:`intervene` checks).
+
+    Returns:
+        Two :class:`~arithinterp.engine.Intervention` s: one reading ``mlp_in``, one changing
+        ``mlp_out``, to run together.
+
+    Raises:
+        AnalysisError: An empty ``positions``, a layer without a transcoder, or unknown features.
+    """
     transcoders.index(layer)
     chosen = transcoders.features_of(features)
     if positions is not None and not len(positions):
@@ -56,8 +72,25 @@ def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, featu
 def intervene(model: Any, tokens: torch.Tensor, transcoders: Transcoders, layer: NonNegativeInt,
               features: IndexList, *, scale: float = 0.0, clamp: Optional[float] = None,
               positions: Optional[IntList] = None) -> torch.Tensor:
-    """Final-position logits ``[B, V]`` of ``tokens [B, T]`` with the features changed as
-    :func:`feature_interventions` says (``scale``, ``clamp``, ``positions`` in ``-T..T-1``)."""
+    """The final-position logits with some features changed, as :func:`feature_interventions` says.
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "batch pos"]): The prompts.
+        transcoders: The transcoders.
+        layer: The layer.
+        features: The features' indices.
+        scale: As for :func:`feature_interventions`.
+        clamp: As for :func:`feature_interventions`.
+        positions: The positions to change, in ``-pos..pos-1`` (None: every position).
+
+    Returns:
+        Float[Tensor, "batch vocab"]: The logits.
+
+    Raises:
+        SiteError: Positions outside the prompts.
+        ModelMismatchError: Transcoders made for another model.
+    """
     transcoders.check_model(model)
     check_tokens(model, tokens)
     T = int(tokens.shape[1])

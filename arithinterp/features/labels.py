@@ -35,7 +35,11 @@ def _lookup_table(grid: Grid) -> list[Heuristic]:
 
 @checked
 def lookup_registry() -> HeuristicRegistry:
-    """The built-in heuristic families plus the lookup-table family."""
+    """The built-in heuristic families plus the lookup-table family.
+
+    Returns:
+        A new registry.
+    """
     registry = HeuristicRegistry()
     registry.add_family(LOOKUP_FAMILY, "K", _lookup_table)
     return registry
@@ -45,9 +49,26 @@ def lookup_registry() -> HeuristicRegistry:
 def feature_maps(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
                  features: Optional[IndexList] = None,
                  position: int = -1) -> tuple[torch.Tensor, torch.Tensor, list, list]:
-    """K and KV maps ``[n_features, A, B]`` of ``features`` (None: all) of ``layer`` at ``position``
-    (default the final one) over a full operand grid of single-answer-token, equal-length prompts,
-    and the grid's ``a`` and ``b`` values."""
+    """K and KV maps of transcoder features over a full operand grid.
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        prompts: A full operand grid of single-answer-token, equal-length prompts.
+        layer: The layer.
+        features: The features' indices (None: all).
+        position: The position read (default the final one).
+
+    Returns:
+        ``(k_maps, kv_maps, a_values, b_values)``: the maps Float[Tensor, "feature a b"]
+        (activation, and activation × the feature's logit-lens value of the answer) and the grid's
+        operand values.
+
+    Raises:
+        AnalysisError: Prompts that are not a full grid, multi-token answers, prompts of several
+            lengths, or a position outside them.
+        ModelMismatchError: Prompts or transcoders made for another model.
+    """
     check_belongs(model, "feature_maps", prompts=prompts)
     transcoders.check_model(model)
     transcoders.index(layer)
@@ -81,7 +102,20 @@ def label_features(model: Any, transcoders: Transcoders, prompts: PromptSet, lay
                    features: Optional[IndexList] = None, position: int = -1, **classify: Any):
     """A :class:`~arithinterp.neurons.HeuristicTable` over ``features`` of ``layer`` at ``position``
     (its ``neurons`` are feature indices), labelled with the built-in families plus the lookup-table
-    family; ``classify`` goes to :func:`~arithinterp.neurons.classify_maps`."""
+    family.
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        prompts: A full operand grid, as for :func:`feature_maps`.
+        layer: The layer.
+        features: The features' indices (None: all).
+        position: The position read.
+        **classify: Options of :func:`~arithinterp.neurons.classify_maps`.
+
+    Returns:
+        The labelled table.
+    """
     chosen = list(range(transcoders.n_features)) if features is None else transcoders.features_of(features)
     k_maps, kv_maps, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
     return classify_maps(k_maps, kv_maps, a_values, b_values, prompts.op, registry=lookup_registry(),
@@ -90,8 +124,17 @@ def label_features(model: Any, transcoders: Transcoders, prompts: PromptSet, lay
 
 @dataclasses.dataclass(frozen=True)
 class FeatureGrids(Result):
-    """Activations ``maps [n_features, A, B]`` of ``features`` of ``layer`` over the operand grid (rows
-    ``a_values``, columns ``b_values``), the "Biology" case study's operand plots; ``labels`` name them."""
+    """Transcoder features' activations over the operand grid: the "Biology" case study's operand plots.
+
+    Attributes:
+        layer: The layer.
+        features: The features' indices.
+        labels: A name per feature, for the panels' titles.
+        a_values: The grid's rows.
+        b_values: The grid's columns.
+        maps (Float[Tensor, "feature a b"]): The activations.
+        meta: Provenance and the position read.
+    """
 
     layer: int
     features: list
@@ -126,7 +169,23 @@ class FeatureGrids(Result):
 def feature_grids(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
                   features: IndexList, position: int = -1, labels: Optional[Sequence[str]] = None) -> FeatureGrids:
     """``features`` of ``layer`` at ``position`` over a full grid of prompts (as :func:`feature_maps`);
-    ``.plot()`` draws one operand-grid heatmap per feature, ``labels`` in the panels' titles."""
+    ``.plot()`` draws one operand-grid heatmap per feature.
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        prompts: A full operand grid.
+        layer: The layer.
+        features: The features' indices.
+        position: The position read.
+        labels: One per feature, in the panels' titles.
+
+    Returns:
+        The grids.
+
+    Raises:
+        AnalysisError: A label count unlike the feature count, or prompts :func:`feature_maps` refuses.
+    """
     chosen = transcoders.features_of(features)
     if labels is not None and len(labels) != len(chosen):
         raise AnalysisError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")

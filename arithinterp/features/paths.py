@@ -38,8 +38,15 @@ _LAST_DIGIT_MODULI = (2, 5, 10)
 
 @checked
 def path_of(name: str, family: str) -> Optional[str]:
-    """The path a heuristic label belongs to (:data:`LAST_DIGIT`, :data:`MAGNITUDE`) or None
-    (exact values, other residues, identical operands)."""
+    """The path a heuristic label belongs to.
+
+    Args:
+        name: The heuristic's name (``"a mod 10 = 3"``, ``"result in [20, 30)"``).
+        family: Its family.
+
+    Returns:
+        :data:`LAST_DIGIT`, :data:`MAGNITUDE`, or ``None`` (exact values, other residues, identical operands).
+    """
     if family == LOOKUP_FAMILY:
         return LAST_DIGIT
     if family in ("operand mod", "result mod"):
@@ -60,7 +67,14 @@ def path_of(name: str, family: str) -> Optional[str]:
 def feature_paths(tables: Sequence[HeuristicTable]) -> dict[str, dict[int, list[int]]]:
     """``{path: {layer: [features]}}`` from :func:`~arithinterp.features.label_features` tables (one
     per layer). A feature goes to a path when all of its labels that belong to a path belong to
-    that one; features with labels of both paths (or of neither) are left out."""
+    that one; features with labels of both paths (or of neither) are left out.
+
+    Args:
+        tables: Labelled tables, one per layer.
+
+    Returns:
+        ``{path: {layer: [features]}}`` for every path of :data:`PATHS`.
+    """
     out: dict[str, dict[int, list[int]]] = {p: {} for p in PATHS}
     for table in tables:
         labels = table.labels
@@ -76,10 +90,19 @@ def feature_paths(tables: Sequence[HeuristicTable]) -> dict[str, dict[int, list[
 
 @dataclasses.dataclass(frozen=True)
 class PathAblation(Result):
-    """Demeaned answer logits ``logits [M arms, N prompts]`` and top-1 correctness ``correct [M, N]``
-    with each arm's features zeroed (arm 0: nothing zeroed); ``n_features [M]`` zeroed per arm.
-    ``share`` / ``share_low`` / ``share_high`` ``[M]``: mean logit as a fraction of arm 0's, with a
-    paired bootstrap interval over prompts (NaN when arm 0's mean is not distinct from 0)."""
+    """The answer logit with each arm's features zeroed (arm 0: nothing zeroed).
+
+    Attributes:
+        arms: The arms' names.
+        logits (Float[Tensor, "arm prompt"]): The demeaned answer logits.
+        correct (Bool[Tensor, "arm prompt"]): Top-1 correctness.
+        n_features (Int[Tensor, "arm"]): Features zeroed per arm.
+        share (Float[Tensor, "arm"]): Mean logit as a fraction of arm 0's (NaN when arm 0's mean is
+            not distinct from 0).
+        share_low (Float[Tensor, "arm"]): Its paired bootstrap interval's low end, over prompts.
+        share_high (Float[Tensor, "arm"]): Its high end.
+        meta: Provenance and the settings.
+    """
 
     arms: list
     logits: torch.Tensor
@@ -132,7 +155,29 @@ def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, an
     ``tokens [N, T]`` and read the demeaned logit of ``answers [N]`` (token ids) at the final
     position. Arms: none zeroed; each path; every path at once; and for each path ``n_random``
     draws of as many features per layer from the features of that layer outside it (seeded), their
-    logits averaged per prompt."""
+    logits averaged per prompt.
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        tokens (Int[Tensor, "prompt pos"]): The prompts, at least 2.
+        answers (Int[Tensor, "prompt"]): The answer token ids.
+        paths: ``{name: {layer: [features]}}``, e.g. from :func:`feature_paths`.
+        n_random: Random draws per path.
+        positions: The positions to zero at (default the final one; None: every position).
+        confidence: The intervals' confidence level.
+        n_boot: Bootstrap resamples.
+        seed: Seeds the random draws and the bootstrap.
+        batch_size: Prompts per forward.
+
+    Returns:
+        The logits, correctness and shares of every arm.
+
+    Raises:
+        AnalysisError: Answers that are not token ids, mismatched shapes, fewer than 2 prompts, or
+            an empty path.
+        ModelMismatchError: Transcoders made for another model.
+    """
     transcoders.check_model(model)
     check_tokens(model, tokens)
     if answers.dtype == torch.bool or answers.is_floating_point() or answers.is_complex():

@@ -22,8 +22,21 @@ from arithinterp.types import checked
 @checked
 def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
                        edits: Optional[dict] = None) -> torch.Tensor:
-    """Logits ``[B, n_last, V]`` of the replacement model at the last ``n_last`` positions of ``tokens [B, T]``
-    (``edits``: feature edits per layer, see :meth:`Transcoders.interventions`)."""
+    """The replacement model's logits: every MLP replaced by its transcoder.
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        tokens (Int[Tensor, "batch pos"]): The prompts.
+        n_last: The last positions read.
+        edits: Feature edits per layer, see :meth:`Transcoders.interventions`.
+
+    Returns:
+        Float[Tensor, "batch n_last vocab"]: The logits.
+
+    Raises:
+        ModelMismatchError: Transcoders made for another model.
+    """
     transcoders.check_model(model)
     out = run(model, tokens, transcoders.interventions(edits=edits), logits=n_last).logits  # those positions' alone
     assert out is not None
@@ -33,7 +46,21 @@ def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tenso
 @checked
 def replacement_metrics(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
                         batch_size: Optional[int] = None) -> dict[str, Any]:
-    """Top-1 agreement and mean KL(real ‖ replacement) over the last ``n_last`` positions of ``tokens [N, T]``."""
+    """How closely the replacement model follows the real one.
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        tokens (Int[Tensor, "prompt pos"]): The prompts.
+        n_last: The last positions compared.
+        batch_size: Prompts per forward (default: what the engine's budget allows).
+
+    Returns:
+        ``agreement`` (top-1), ``kl`` (mean KL(real ‖ replacement)) and ``n_positions``.
+
+    Raises:
+        AnalysisError: No prompts.
+    """
     if len(tokens) == 0:
         raise AnalysisError("no prompts to compare the replacement model on")
     size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=n_last)

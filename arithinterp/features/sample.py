@@ -21,9 +21,15 @@ from arithinterp.types import PositiveFiniteFloat, checked
 
 @dataclasses.dataclass(frozen=True)
 class GraphSample(Result):
-    """Feature nodes of the graphs of ``prompts``: ``features`` one dict per (layer, feature,
-    position counted from the end, ``-1`` the last) with ``active`` / ``kept`` (in how many graphs),
-    ``sum_influence`` and ``label``; ``scores`` one dict per prompt (the graph's scores)."""
+    """Feature nodes of the graphs of several prompts.
+
+    Attributes:
+        prompts: The prompts done.
+        features: One dict per (layer, feature, position counted from the end, ``-1`` the last)
+            with ``active`` / ``kept`` (in how many graphs), ``sum_influence`` and ``label``.
+        scores: One dict per prompt: the graph's scores.
+        meta: Provenance, ``n_done`` of ``n_requested`` and why the work stopped.
+    """
 
     prompts: list
     features: list
@@ -69,6 +75,22 @@ def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *
     (``KeyboardInterrupt``) stops after the graphs finished so far; either way the result holds the
     prompts done (``meta["n_done"]`` of ``meta["n_requested"]``, ``meta["stopped"]`` says why) and
     ``resume=`` that result continues with the rest.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts, as strings.
+        transcoders: The transcoders.
+        labels: ``{(layer, feature): text}``.
+        max_seconds: No new graph starts once this much time has passed.
+        resume: A partial result to continue.
+        progress: Show a progress bar.
+        **graph: Options of :func:`~arithinterp.features.attribution_graph` (``node_threshold``, ...).
+
+    Returns:
+        The aggregate over the prompts done.
+
+    Raises:
+        TokenizationError: A prompt :func:`~arithinterp.features.attribution_graph` refuses.
     """
     import time
     import warnings

@@ -60,7 +60,18 @@ def shipped_path(spec: str) -> Path:
 
 @checked
 def load_transcoders(path: PathLike) -> Transcoders:
-    """:class:`Transcoders` saved with ``.save(path)``, or shipped ones by zoo name (``"zoo:add-100"``)."""
+    """Load transcoders saved with ``.save(path)``, or shipped ones by zoo name.
+
+    Args:
+        path: The folder ``.save`` wrote, or ``"zoo:NAME"`` (``"zoo:add-100"``).
+
+    Returns:
+        The transcoders.
+
+    Raises:
+        ModelFileError: No transcoders are shipped for that zoo model.
+        ResultFileError: The folder does not hold transcoders, or is damaged.
+    """
     if isinstance(path, str) and path.startswith("zoo:"):
         path = shipped_path(path)
     return Transcoders.load(Path(path))

@@ -57,7 +57,18 @@ def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
 @checked
 def mlp_activations(model: Any, tokens: torch.Tensor, layers: Sequence[int], batch_size: Optional[int] = None,
                     progress: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per layer, MLP inputs and outputs ``[N, T, d]`` (float32, CPU) of ``tokens [N, T]``, read by the engine."""
+    """Each layer's MLP inputs and outputs, read by the engine.
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "prompt pos"]): The prompts.
+        layers: The layers.
+        batch_size: Prompts per forward (default: what the engine's budget allows).
+        progress: Show a progress bar.
+
+    Returns:
+        ``(inputs, outputs)``: per layer, Float[Tensor, "prompt pos d_model"] (float32, on the CPU).
+    """
     reads = [Read(site, layer) for layer in layers for site in ("mlp_in", "mlp_out")]
     size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=len(reads), plain=True)
     ins: list[list[torch.Tensor]] = [[] for _ in layers]
@@ -216,8 +227,37 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
     that share a few-shot prefix repeat its rows in every prompt).
 
     ``held_out`` of the prompts (a seeded random split) are kept aside: FVU, L0, dead features
-    and the replacement model's agreement and KL are measured on them only. Returns
-    :class:`Transcoders` with those metrics (``metrics["layers"]``, ``metrics["replacement"]``).
+    and the replacement model's agreement and KL are measured on them only.
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts; every position of each is a training row.
+        layers: The layers (default: all).
+        n_features: Features per transcoder.
+        k: Features that fire per row (TopK).
+        steps: Adam steps per layer.
+        batch_size: Rows per step.
+        lr: Adam's learning rate.
+        skip: Add a linear skip from the MLP input to its output, started at the least-squares fit.
+        held_out: The share of prompts kept aside for the metrics.
+        seed: Seeds the split, the initialisation and the batches.
+        encoder_scale: The encoder's initial scale relative to the decoder's transpose.
+        resample_until: The first share of the steps during which dead features are resampled.
+        min_frequency: Features firing on fewer rows than this share are trained by the AuxK loss.
+        skip_ridge: The skip's ridge strength (× the inputs' mean variance); 0 for least squares.
+        train_skip: Train the skip with the features; False keeps it at its fit.
+        distinct: Train on each distinct MLP input once.
+        max_memory: Bytes one layer's training may use.
+        progress: Show progress bars.
+
+    Returns:
+        The transcoders, with the held-out metrics (``metrics["layers"]``, ``metrics["replacement"]``).
+
+    Raises:
+        ConfigError: A layer named twice.
+        AnalysisError: ``k`` above ``n_features``, a training step beyond ``max_memory``, or too few
+            prompts to split.
+        ModelMismatchError: The prompts were built for another model.
     """
     from arithinterp.features.replacement import replacement_metrics
 

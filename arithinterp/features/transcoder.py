@@ -40,7 +40,15 @@ ACTIVATIONS = ("topk", "topk_signed", "relu", "jumprelu")
 
 
 def topk_activations(pre: torch.Tensor, k: int) -> torch.Tensor:
-    """``ReLU(pre)`` ``[..., F]`` with all but its ``k`` largest entries per row set to zero."""
+    """The TopK activation: ``ReLU(pre)`` with all but its ``k`` largest entries per row set to zero.
+
+    Args:
+        pre (Float[Tensor, "... feature"]): Pre-activations.
+        k: Entries kept per row.
+
+    Returns:
+        Float[Tensor, "... feature"]: The activations.
+    """
     values, index = torch.relu(pre).topk(k, dim=-1)
     return torch.zeros_like(pre).scatter(-1, index, values)
 
@@ -66,13 +74,25 @@ def activate(pre: torch.Tensor, activation: str, k: int, threshold: Optional[tor
 class Transcoders(Result):
     """One transcoder per layer of a model (stacked over ``layers``).
 
-    Tensors: ``W_enc [L, d, F]``, ``b_enc [L, F]``, ``W_dec [L, F, d]`` (unit rows when trained
-    here), ``b_dec [L, d]``, ``W_skip [L, d, d]`` (zeros without a skip). ``metrics``: one dict per
-    layer measured on held-out prompts (``fvu``, ``l0``, ``dead_fraction``) and model-level
-    ``replacement`` numbers (top-1 agreement and KL of the replacement model against the real one).
-    ``meta``: provenance. ``activation``: one of :data:`ACTIVATIONS` (``k`` is used by the TopK
-    ones), ``threshold [L, F]`` for ``"jumprelu"``. ``input_site`` / ``output_site``: the sites read
-    and written (``mlp_in`` → ``mlp_out`` for a transcoder).
+    Attributes:
+        W_enc (Float[Tensor, "layer d_model feature"]): Encoders.
+        b_enc (Float[Tensor, "layer feature"]): Encoder biases.
+        W_dec (Float[Tensor, "layer feature d_model"]): Decoders (unit rows when trained here).
+        b_dec (Float[Tensor, "layer d_model"]): Decoder biases.
+        W_skip (Float[Tensor, "layer d_model d_model"]): Linear skips (zeros without a skip).
+        layers: The model layers, ascending.
+        k: Features per row, used by the TopK activations.
+        metrics: One dict per layer measured on held-out prompts (``fvu``, ``l0``,
+            ``dead_fraction``) and model-level ``replacement`` numbers (top-1 agreement and KL of
+            the replacement model against the real one).
+        meta: Provenance.
+        activation: One of :data:`ACTIVATIONS`.
+        threshold (Float[Tensor, "layer feature"] | None): The thresholds of ``"jumprelu"``.
+        input_site: The site read (``mlp_in`` for a transcoder).
+        output_site: The site written (``mlp_out`` for a transcoder).
+
+    Raises:
+        AnalysisError: An unknown activation, or ``"jumprelu"`` without thresholds of ``b_enc``'s shape.
     """
 
     W_enc: torch.Tensor

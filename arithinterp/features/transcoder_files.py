@@ -138,6 +138,23 @@ def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, featur
     set is checked on its own prompts by :func:`transcoder_fvu` (``prompts``: a ``PromptSet`` or
     token ids ``[N, T]``; default the zoo model's task prompts) and an :class:`AnalysisError` says
     which layer, hook point or convention does not match.
+
+    Args:
+        path: The folder (``layer_{i}.safetensors``, optionally ``config.yaml``).
+        model: The hooked model to check the set on.
+        feature_input_hook: The hook the features read, when ``config.yaml`` does not say.
+        feature_output_hook: The hook they write, likewise.
+        activation: One of :data:`ACTIVATIONS`, likewise.
+        k: Features per row, for a TopK activation.
+        prompts: The prompts to check on (default: the zoo model's task prompts).
+        max_fvu: The highest FVU accepted per layer (see :func:`transcoder_fvu`).
+
+    Returns:
+        The transcoders.
+
+    Raises:
+        ModelFileError: Not a folder, or files missing or unreadable.
+        AnalysisError: A layer, hook point or convention that does not match the model.
     """
     import yaml
 
@@ -220,7 +237,20 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
     circuit-tracer reads it with ``load_transcoder_set({i: path/layer_{i}.safetensors}, scan,
     feature_input_hook, feature_output_hook)``; a TopK set then needs its activation set by hand
     (circuit-tracer's loader knows ReLU and JumpReLU only; for ``activation="topk"`` that is
-    ``ReLU(TopK(k))``, for ``"topk_signed"`` its own ``TopK(k)``). Returns the folder.
+    ``ReLU(TopK(k))``, for ``"topk_signed"`` its own ``TopK(k)``).
+
+    Args:
+        transcoders: A transcoder for every layer from 0.
+        path: The folder to write.
+        model_name: The model's name, for ``config.yaml``.
+        scan: The set's name in circuit-tracer (default ``arithinterp-<model id>``).
+
+    Returns:
+        The folder.
+
+    Raises:
+        AnalysisError: Not Transcoders, or layers missing from 0 on.
+        ConfigError: The folder cannot be written.
     """
     from safetensors.torch import save_file
 
@@ -259,8 +289,21 @@ def read_saelens(paths: Union[PathLike, Sequence[PathLike]], model: Any = None, 
                  max_fvu: Optional[float] = None) -> Transcoders:
     """Transcoders (or SAEs) from SAELens folders (``cfg.json`` + ``sae_weights.safetensors``): one
     folder, a list of them, or a folder whose subfolders each hold one. The layer and sites come
-    from ``metadata.hook_name`` / ``hook_name_out``; with ``model`` the set is checked as in
-    :func:`read_circuit_tracer_transcoders`."""
+    from ``metadata.hook_name`` / ``hook_name_out``.
+
+    Args:
+        paths: One folder, a list of them, or a folder whose subfolders each hold one.
+        model: The hooked model to check the set on, as in :func:`read_circuit_tracer_transcoders`.
+        prompts: The prompts to check on.
+        max_fvu: The highest FVU accepted per layer.
+
+    Returns:
+        The transcoders (or SAEs).
+
+    Raises:
+        ModelFileError: No ``cfg.json`` found, or folders that mix activations or sites.
+        AnalysisError: A layer, hook point or convention that does not match the model.
+    """
     if isinstance(paths, (str, Path)):
         root = Path(paths)
         folders = [root] if (root / "cfg.json").is_file() else sorted(p.parent for p in root.glob("*/cfg.json"))
@@ -347,9 +390,22 @@ def _read_saelens_folder(folder: Path) -> tuple[int, dict, tuple[str, int], tupl
 @checked
 def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str = "") -> Path:
     """Write ``transcoders`` in SAELens's layout, one folder per layer (``path/layer_{i}/cfg.json``
-    and ``sae_weights.safetensors``); returns ``path``. A set reading and writing the same site is
-    written as an SAE (``standard`` / ``topk`` / ``jumprelu``, ``apply_b_dec_to_input=False``), a
-    transcoder as ``[jumprelu_|topk_][skip_]transcoder``."""
+    and ``sae_weights.safetensors``). A set reading and writing the same site is written as an SAE
+    (``standard`` / ``topk`` / ``jumprelu``, ``apply_b_dec_to_input=False``), a transcoder as
+    ``[jumprelu_|topk_][skip_]transcoder``.
+
+    Args:
+        transcoders: The transcoders.
+        path: The folder to write.
+        model_name: The model's name, for ``cfg.json``.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        AnalysisError: Not Transcoders, or a ``"topk_signed"`` set (SAELens has no TopK without ReLU).
+        ConfigError: The folder cannot be written.
+    """
     from safetensors.torch import save_file
 
     from arithinterp.outputs import check_writable_dir
@@ -403,9 +459,22 @@ def transcoder_fvu(model: Any, transcoders: Transcoders, prompts: Any = None, *,
     ``prompts`` (a ``PromptSet``, token ids ``[N, T]``, or ``None``: the zoo model's task prompts,
     500 of them), reading and writing the sites the set names.
 
-    With ``raise_above`` a layer above ``max_fvu`` (default: twice the FVU the set was trained to
-    when its metrics say, else :data:`DEFAULT_MAX_FVU`) raises an :class:`AnalysisError` naming the
-    layer, the hook points and, when one fits better, the reading site or convention that does.
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        prompts: A ``PromptSet``, token ids ``[N, T]``, or ``None``: the zoo model's task prompts
+            (500 of them).
+        max_fvu: The highest FVU accepted (default: twice the FVU the set was trained to when its
+            metrics say, else :data:`DEFAULT_MAX_FVU`).
+        raise_above: Raise when a layer is above ``max_fvu``.
+
+    Returns:
+        ``{layer: FVU}``.
+
+    Raises:
+        AnalysisError: With ``raise_above``, a layer above ``max_fvu``: the message names the
+            layer, the hook points and, when one fits better, the reading site or convention that does.
+        ModelMismatchError: Transcoders made for another model.
     """
     transcoders.check_model(model)
     for site in (transcoders.input_site, transcoders.output_site):
