@@ -15,7 +15,7 @@ import torch
 
 from arithinterp.engine import Intervention, run
 from arithinterp.checks import check_tokens
-from arithinterp.errors import AnalysisError, SiteError
+from arithinterp.errors import ConfigError, SiteError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.types import IndexList, IntList, NonNegativeInt, checked
 
@@ -37,8 +37,8 @@ def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, featu
             the interventions are run on, as :func:`intervene` checks).
 
     Returns:
-        Two :class:`~arithinterp.engine.Intervention` s: one reading ``mlp_in``, one changing
-        ``mlp_out``, to run together.
+        The interventions to run together, two :class:`~arithinterp.engine.Intervention` s: one
+        reading ``mlp_in``, one changing ``mlp_out``.
 
     Raises:
         AnalysisError: An empty ``positions``, a layer without a transcoder, or unknown features.
@@ -46,7 +46,7 @@ def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, featu
     transcoders.index(layer)
     chosen = transcoders.features_of(features)
     if positions is not None and not len(positions):
-        raise AnalysisError("positions is empty; give None for every position, or the positions to change")
+        raise ConfigError("positions is empty; give None for every position, or the positions to change")
     seen: dict[str, torch.Tensor] = {}
 
     def look(x: torch.Tensor) -> torch.Tensor:
