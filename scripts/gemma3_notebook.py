@@ -1,19 +1,20 @@
-"""Build notebooks/08_gemma3_270m.ipynb and execute it, keeping its outputs (static PNG figures).
+"""Build notebooks/08_gemma3_270m.ipynb, execute it keeping its outputs (static PNG figures), and render
+its page docs/notebooks/08_gemma3_270m.md.
 
     python scripts/gemma3_notebook.py          # needs pip install -e '.[gemma3,notebooks]'
 
-The notebook is stored executed so that a reader sees every number and figure without running it.
+The notebook is stored executed so that a reader sees every number and figure without running it;
+``scripts/execute_notebooks.py`` executes and renders it as it does every notebook.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+from execute_notebooks import NOTEBOOKS, check_png_export, execute, write_page
 
-PATH = Path(__file__).parent.parent / "notebooks" / "08_gemma3_270m.ipynb"
+PATH = NOTEBOOKS / "08_gemma3_270m.ipynb"
 
 CELLS = [
     ("md", """# A pretrained model: Gemma 3 270M
@@ -27,20 +28,14 @@ reads these results."""),
     ("code", """import time
 
 import torch
-from IPython.display import Image, display
 
 import arithinterp as ai
 from arithinterp import causal, circuits, fourier, neurons, patching, probes
 from arithinterp.models import random_like
 from arithinterp.tasks import arithmetic
+from arithinterp.viz import show_static  # figures as PNG images, shown wherever the notebook is read
 
 torch.manual_seed(0)
-
-
-def show(fig):
-    \"\"\"The figure as a static image, so that it shows wherever the notebook is read.\"\"\"
-    display(Image(fig.to_image(format="png", width=900, height=420)))
-
 
 start = time.perf_counter()
 model = ai.load_model("pkg:gemma-3-270m")
@@ -70,11 +65,11 @@ answer fully restored, 0 = the corrupted run). The control is built in: before t
 token nothing can change."""),
     ("code", """positions = ["a[0]", "a", "b[0]", "b", "final"]
 resid = patching.activation_patching(model, pairs, "resid_pre", positions=positions, normalize=True, progress=False)
-show(resid.plot())
+show_static(resid.plot())
 resid.to_frame().pivot(index="layer", columns="position", values="mean").round(2)"""),
     ("code", """heads = patching.activation_patching(model, pairs, "attn_z", per_position=False, normalize=True,
                                      progress=False)
-show(heads.plot())
+show_static(heads.plot())
 top = heads.to_frame().sort_values("mean", ascending=False).head(5)
 top[["layer", "head", "mean", "ci_low", "ci_high"]].round(3)"""),
     ("md", """## Which head computes which answer digit
@@ -118,7 +113,7 @@ print("key periods:", [round(100 / k, 2) for k in spectrum.key[0] if k > 0],
       f"holding {float(spectrum.key_fraction[0]):.0%} of the power; random-init:",
       [round(100 / k, 2) for k in control_spectrum.key[0] if k > 0],
       f"holding {float(control_spectrum.key_fraction[0]):.0%}")
-show(spectrum.plot())"""),
+show_static(spectrum.plot())"""),
     ("md", """## Heuristic neurons, against the random-init model
 
 The most important MLP neurons (attribution on the counterfactual pairs), each classified into
@@ -138,7 +133,7 @@ from the corrupted prompt (0 = no edge kept, 1 = the whole model)."""),
     ("code", """edges = circuits.score_edges(model, pairs[:30], "eap-ig", steps=5, progress=False)
 curve = circuits.faithfulness(model, pairs[:30], edges, sizes=[0, 16, 64, 256, 1024, 2048, 4096, edges.n_edges])
 print({size: round(value, 2) for size, value in zip(curve.sizes.tolist(), curve.values.tolist())})
-show(curve.plot())
+show_static(curve.plot())
 edges.to_frame().sort_values("score", key=abs, ascending=False).head(8)"""),
     ("md", """## Error detection on its own errors
 
@@ -163,22 +158,14 @@ def build() -> nbformat.NotebookNode:
     return notebook
 
 
-def without_progress_bars(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook without its stderr streams (progress bars and library warnings): what is stored
-    is the results."""
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
-    return notebook
-
-
-def main(execute: bool = True) -> Path:
+def main(run: bool = True) -> None:
     notebook = build()
-    if execute:
-        NotebookClient(notebook, timeout=1800, kernel_name="python3").execute()
-    nbformat.write(without_progress_bars(notebook), str(PATH))
-    return PATH
+    if run:
+        check_png_export()
+        notebook = execute(notebook)
+    nbformat.write(notebook, str(PATH))
+    print(PATH, write_page(PATH), sep="\n")
 
 
 if __name__ == "__main__":
-    print(main(execute="--no-execute" not in sys.argv))
+    main(run="--no-execute" not in sys.argv)

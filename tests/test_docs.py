@@ -34,7 +34,7 @@ def test_every_docs_page_is_in_the_nav():
                 yield from (pages(value) if isinstance(value, list) else [value])
 
     listed = set(pages(nav))
-    on_disk = {p.name for p in (ROOT / "docs").glob("*.md")}
+    on_disk = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     assert on_disk == listed, on_disk ^ listed
 
 

@@ -5,6 +5,7 @@ builders (``viz.patching``, ``viz.probes``, ``viz.fourier``, ``viz.neurons``, ``
 ``viz.features``, ``viz.causal``, ``viz.sweep``) that its results' ``.plot()`` methods call.
 Analyses never build figures inline. Every builder is named ``plot_<what>`` and takes the result
 type it draws (the sweep's take its tidy tables); earlier names warn and name the new one.
+``notebook`` shows a figure in a notebook as a static image (``show_static``).
 """
 
 from arithinterp.viz.base import (  # noqa: F401
@@ -22,8 +23,10 @@ from arithinterp.viz.base import (  # noqa: F401
     layer_position_heatmap,
     position_labels,
 )
+from arithinterp.viz.notebook import show_static  # noqa: F401
 
 __all__ = [
     "COLORWAY", "NUMBER_SCALE", "SEQUENTIAL_SCALE", "SIGNED_SCALE", "TEMPLATE", "TEMPLATE_NAME",
     "bars", "cycle_colour", "figure", "heatmap", "layer_lines", "layer_position_heatmap", "position_labels",
+    "show_static",
 ]
