@@ -170,16 +170,16 @@ def test_prompts_sharing_a_prefix_compute_it_once_with_the_same_base_run(number_
     (attention patterns included) and logits are those of the plain run."""
     from conftest import tiny_bridge
 
-    from arithinterp.engine import stepping
+    from arithinterp.engine import shared_prefixes
     from arithinterp.tasks import arithmetic
 
     model = tiny_bridge(number_tokenizer, n_layers=3, seed=4)
     tokens = arithmetic(model, a=range(10), b=range(3), few_shot=2).tokens
     stepper, _ = engine.stepper_for(model, tokens)
     assert stepper is not None and stepper.shares_prefixes
-    examples = stepper._shared_prefix(tokens, 1)[0]  # the examples are worth sharing
+    examples = shared_prefixes.shared_prefix(tokens, 1)[0]  # the examples are worth sharing
     assert len(torch.unique(tokens[:, :examples], dim=0)) == 1 and examples >= 8
-    split = stepping._split_at(tokens, examples + 2)  # examples, a, '+': one prefix per a
+    split = shared_prefixes.split_at(tokens, examples + 2)  # examples, a, '+': one prefix per a
     k, representatives, inverse = split
     assert len(representatives) == 10 and torch.equal(tokens[representatives][inverse, :k], tokens[:, :k])
     reads = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z", "blocks.2.mlp.hook_post"]

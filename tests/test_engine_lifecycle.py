@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_bridge
 
 from arithinterp import engine, patching
-from arithinterp.engine import native, stepping
+from arithinterp.engine import native, stepping, steppers
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import arithmetic
 
@@ -88,7 +88,7 @@ def test_every_prompt_length_class_is_checked(number_tokenizer, monkeypatch):
     model = tiny_bridge(number_tokenizer, n_layers=3, seed=6)
     short, long = _pairs(model, few_shot=0), _pairs(model, few_shot=3)
     assert short.clean.tokens.shape[1] <= 6 and long.clean.tokens.shape[1] > 12
-    assert stepping.length_class(model, short.clean.tokens.shape[1]) != stepping.length_class(
+    assert steppers.length_class(model, short.clean.tokens.shape[1]) != steppers.length_class(
         model, long.clean.tokens.shape[1])
     statuses = []
     for pairs in (short, long, short):
@@ -101,10 +101,10 @@ def test_every_prompt_length_class_is_checked(number_tokenizer, monkeypatch):
 
 
 def test_a_length_class_is_a_power_of_two_range_and_a_side_of_each_window(tiny_model, monkeypatch):
-    classes = [stepping.length_class(tiny_model, n) for n in (5, 7, 8, 15, 16)]
+    classes = [steppers.length_class(tiny_model, n) for n in (5, 7, 8, 15, 16)]
     assert classes[0] == classes[1] and classes[2] == classes[3] != classes[1] and classes[4] != classes[3]
     monkeypatch.setattr(tiny_model.cfg, "window_size", 6, raising=False)
-    assert stepping.length_class(tiny_model, 5) != stepping.length_class(tiny_model, 7)
+    assert steppers.length_class(tiny_model, 5) != steppers.length_class(tiny_model, 7)
 
 
 def _cache_reading(attention):

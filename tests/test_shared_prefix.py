@@ -14,7 +14,8 @@ from test_real_models import plain_greedy
 import arithinterp as ai
 from arithinterp import patching, probes
 from arithinterp.engine import decode, stepper_for
-from arithinterp.engine.stepping import Stepper, read_last
+from arithinterp.engine.stepping import Stepper
+from arithinterp.engine.steppers import read_last
 from arithinterp.tasks import PromptSet, arithmetic
 
 SHOTS = 3

@@ -154,7 +154,7 @@ def test_a_hook_on_the_unembedding_sees_every_position(number_tokenizer):
 
 def test_stepped_reads_of_the_last_positions_unembed_nothing(model):
     """read_last (the error detector's and the neuron means' reads) keeps activations, not logits."""
-    from arithinterp.engine.stepping import read_last
+    from arithinterp.engine.steppers import read_last
 
     prompts = arithmetic(model, a=range(10, 30), b=range(10, 12), few_shot=_shots(model))
     tokens = prompts.unpadded(torch.arange(len(prompts)))

@@ -19,7 +19,7 @@ from arithinterp.circuits.edges import attribute_edges, patch_edges
 from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.circuits.planning import AUTO_RATIO, choose_method, edge_costs
 from arithinterp.engine.edges import Layout
-from arithinterp.engine.stepping import ENGINES
+from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import ArithInterpError, ResultFileError
 from arithinterp.metrics import metric_name
 from arithinterp.results import DISTINCT, JSON_FILE, TENSOR_FILE, Result, build_meta

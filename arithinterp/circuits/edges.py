@@ -42,7 +42,7 @@ from arithinterp.engine.edges import (
 )
 from arithinterp.engine.forward import RunningMean
 from arithinterp.engine.neuron_inputs import neuron_input_bytes
-from arithinterp.engine.stepping import ENGINES, stepper_for
+from arithinterp.engine.steppers import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.tasks import resolve_positions

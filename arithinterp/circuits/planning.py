@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from arithinterp.engine.stepping import stepper_for
+from arithinterp.engine.steppers import stepper_for
 
 if TYPE_CHECKING:
     from arithinterp.circuits.graph import EdgeGraph

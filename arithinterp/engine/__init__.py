@@ -10,7 +10,9 @@ Analyses say *what* to change and *what* to read; the engine decides how to run 
 from arithinterp.engine.ablations import Ablation, AblationRunner
 from arithinterp.engine.forward import Intervention, Output, Read, RunningMean, mean_activation, run
 from arithinterp.engine.patches import PatchRunner, patch_mask
-from arithinterp.engine.stepping import BaseRun, Stepper, stepper_for
+from arithinterp.engine.base_run import BaseRun
+from arithinterp.engine.stepping import Stepper
+from arithinterp.engine.steppers import stepper_for
 
 __all__ = [
     "Ablation", "AblationRunner", "BaseRun", "Intervention", "Output", "PatchRunner", "Read", "RunningMean", "Stepper",

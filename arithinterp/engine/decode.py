@@ -38,7 +38,8 @@ import torch
 from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp.engine.forward import run
 from arithinterp.engine.hooks import module_hooks, unembed_last
-from arithinterp.engine.stepping import Stepper, stepper_for
+from arithinterp.engine.stepping import Stepper
+from arithinterp.engine.steppers import stepper_for
 from arithinterp.errors import AnalysisError
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ unembedding (and soft-cap, where the model has one), so a 262,144-token vocabula
 The runs are differentiable in an intervention's own parameters when called with autograd on
 (the kept tensors carry no graph, so only the intervention gets gradients; the model's weights and
 ``.grad`` are never touched). Where the model's blocks cannot be stepped exactly
-(:func:`~arithinterp.engine.stepping.stepper_for`), or resuming a few of these prompts unpatched
+(:func:`~arithinterp.engine.steppers.stepper_for`), or resuming a few of these prompts unpatched
 does not reproduce the model's own logits, :func:`resumed_runs` returns ``None`` and the caller
 runs whole forwards (:func:`~arithinterp.engine.forward.run`).
 """
@@ -38,7 +38,9 @@ import torch
 from arithinterp import sites as site_lib
 from arithinterp.engine.forward import Intervention, Read, heads_split
 from arithinterp.engine.hooks import module_hooks
-from arithinterp.engine.stepping import BaseRun, Stepper, check_n_last, stepper_for
+from arithinterp.engine.base_run import BaseRun
+from arithinterp.engine.stepping import Stepper, check_n_last
+from arithinterp.engine.steppers import stepper_for
 from arithinterp.errors import AnalysisError, SiteError
 
 if TYPE_CHECKING:

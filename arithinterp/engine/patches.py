@@ -17,7 +17,8 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.engine.hooks import forward_with_hooks
-from arithinterp.engine.stepping import BaseRun, Stepper, check_n_last, unread_as_nan
+from arithinterp.engine.base_run import BaseRun
+from arithinterp.engine.stepping import Stepper, check_n_last, unread_as_nan
 from arithinterp.errors import AnalysisError, SiteError
 
 UNIT_SITES = {"attn_z": "head", "pattern": "head", "mlp_pre": "neuron", "mlp_post": "neuron"}

@@ -174,11 +174,11 @@ def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int, 
 
 def _stepped_mean(model, prompts, layers: list[int], batch_size: int) -> Optional[torch.Tensor]:
     """:func:`~arithinterp.neurons.model.mean_final_activation` from stepped base runs
-    (:func:`arithinterp.engine.stepping.read_last`): the last block runs the final position only and
+    (:func:`arithinterp.engine.steppers.read_last`): the last block runs the final position only and
     the first tokens the prompts share are computed once, where a whole forward computes every
     position. ``None`` when a batch cannot be read that way (padded rows, blocks that cannot be
     stepped): the caller then runs whole forwards. The same batches as the ablations that follow."""
-    from arithinterp.engine.stepping import read_last
+    from arithinterp.engine.steppers import read_last
 
     names = [site_lib.hook_name("mlp_post", layer) for layer in layers]
     mean = engine.RunningMean()

@@ -24,7 +24,7 @@ from arithinterp.engine.budget import (
 )
 from arithinterp.engine.patches import UNCHANGED
 from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
-from arithinterp.engine.stepping import ENGINES
+from arithinterp.engine.steppers import ENGINES
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.neurons.scoring import check_threshold, classify_maps, classify_stream

@@ -48,7 +48,7 @@ from arithinterp.patching.components import (
 )
 from arithinterp.deprecation import deprecated, warn_renamed
 from arithinterp.metrics import DIRECTIONS, METRICS
-from arithinterp.engine.stepping import ENGINES
+from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import (
     COMPONENT_ABLATION_MODES,
     ATTRIBUTE_SITES,

@@ -31,7 +31,7 @@ from arithinterp.patching.components import (
     parse_components,
     token_scores,
 )
-from arithinterp.engine.stepping import ENGINES
+from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATION_MODES
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked

@@ -11,7 +11,7 @@ from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp import sites as site_lib
 from arithinterp.errors import SiteError, accepted
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
-from arithinterp.engine.stepping import ENGINES
+from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import (
     ELEMENT_BUDGET,
     SWEEP_SITES,

@@ -60,7 +60,7 @@ def model_answers(model: HookedModel, prompts: PromptSet, batch_size: Optional[i
     Returns:
         The model's evaluation on ``prompts`` (the same object on a repeated call).
     """
-    from arithinterp.engine.stepping import model_fingerprint
+    from arithinterp.engine.steppers import model_fingerprint
 
     key = (model_fingerprint(model), _prompts_key(prompts))
     try:
@@ -99,7 +99,7 @@ def shared_prefix_slots(model: Any, prompts: Any, evaluation: Any, site: str, la
     """
     from arithinterp.engine.budget import forward_bytes_per_prompt
     from arithinterp.engine.decode import MIN_BUDGET
-    from arithinterp.engine.stepping import read_last
+    from arithinterp.engine.steppers import read_last
     from arithinterp.probes.answers import check_evaluation
 
     if site in site_lib.GLOBAL_SITES or site == "pattern":
