@@ -41,7 +41,8 @@ def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, featu
         reading ``mlp_in``, one changing ``mlp_out``.
 
     Raises:
-        AnalysisError: An empty ``positions``, a layer without a transcoder, or unknown features.
+        SiteError: A layer without a transcoder.
+        ConfigError: An empty ``positions``, or features that are empty, unknown or repeated.
     """
     transcoders.index(layer)
     chosen = transcoders.features_of(features)
