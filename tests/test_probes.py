@@ -844,23 +844,23 @@ def test_batched_detector_makes_the_reference_choice_with_the_same_scores():
 def test_a_small_logistic_fit_runs_on_one_thread_and_restores_the_pool(monkeypatch):
     """A probe's optimisation on a small problem runs on one thread (a busy machine's cores stall a
     thread pool's synchronisation on matrices this size) and gives the threads back, even on error."""
-    import arithinterp.probes.estimators as estimators
+    import arithinterp.probes.logistic as logistic
 
-    seen, real = [], estimators.LogisticProbe._fit_many
+    seen, real = [], logistic.LogisticProbe._fit_many
 
     def fit_many(*args, **kwargs):  # the optimisation itself
         seen.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(estimators.LogisticProbe, "_fit_many", fit_many)
+    monkeypatch.setattr(logistic.LogisticProbe, "_fit_many", fit_many)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         X, y = torch.randn(40, 8), torch.arange(40) % 2
-        estimators.LogisticProbe().fit(X, y)
+        logistic.LogisticProbe().fit(X, y)
         assert seen and set(seen) == {1} and torch.get_num_threads() == 2
-        with pytest.raises(estimators.AnalysisError):  # one class: refused inside, the pool still restored
-            estimators.LogisticProbe().fit(X, torch.zeros(40, dtype=torch.long))
+        with pytest.raises(logistic.AnalysisError):  # one class: refused inside, the pool still restored
+            logistic.LogisticProbe().fit(X, torch.zeros(40, dtype=torch.long))
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -11,6 +11,8 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
   standardised inside): :class:`LogisticProbe`, :class:`RidgeProbe`, :class:`CircularProbe`,
   :class:`MLPProbe`, and :func:`make_probe`. Fitted linear probes expose ``directions_``
   ``[k, n_features]`` (unit rows in the raw activation space) for patching and steering.
+  :class:`LogisticProbe` lives in ``logistic``, its row-wise L-BFGS in ``lbfgs``, and the input
+  validation and standardisation every probe shares in ``probe_base``.
 * ``layer_sweep`` — :func:`probe_layers`: k-fold held-out score per layer x position with 95% CIs
   (folds grouped by operand pair whenever a pair repeats; any scikit-learn estimator, cloned),
   directions fitted on all data, and controls (shuffled labels; a random-init model's
@@ -29,7 +31,8 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
 * ``reask`` — :func:`repair` re-asks only flagged prompts and keeps a new answer only when the
   detector believes it more → :class:`RepairResult`.
 
-Imports flow one way: ``estimators`` ← ``layer_sweep``; ``answers``, ``estimators`` ← ``slots``,
+Imports flow one way: ``probe_base`` ← ``lbfgs`` ← ``logistic`` ← ``estimators`` ← ``layer_sweep``;
+``answers``, ``estimators`` ← ``slots``,
 ``slot_probes``, ``operating_points`` ← ``detector_fit``, ``detector_result`` ← ``detector`` ← ``reask``.
 """
 
@@ -40,18 +43,17 @@ from arithinterp.probes.detector_fit import DetectorBaselineWarning
 from arithinterp.probes.detector_result import DetectorResult
 from arithinterp.probes.estimators import (
     PROBE_KINDS,
-    ArrayLike,
     CircularProbe,
-    LogisticProbe,
     MLPProbe,
-    NotFittedError,
     RidgeProbe,
     is_classifier_kind,
     make_probe,
 )
+from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.layer_sweep import (
     CONTROLS, ProbeResult, confidence_interval, probe_layers, probe_model, resolve_groups, resolve_target,
 )
+from arithinterp.probes.probe_base import ArrayLike, NotFittedError
 from arithinterp.probes.operating_points import (
     THRESHOLD_RULES,
     balanced_accuracy_interval,

@@ -30,7 +30,7 @@ from arithinterp.errors import AnalysisError
 from arithinterp.probes.answers import answer_activations, answer_slot_mask, answer_slots
 from arithinterp.probes.detector_fit import check_params, fit_candidate, fit_meta, rank, selected_row
 from arithinterp.probes.detector_result import DetectorResult
-from arithinterp.probes.estimators import NotFittedError, clone_estimator, to_tensor
+from arithinterp.probes.probe_base import NotFittedError, clone_estimator, to_tensor
 from arithinterp.probes.operating_points import budget_flags
 from arithinterp.probes.slot_probes import DETECTOR_METHODS, agreement, likelihood, method_features, p_correct
 from arithinterp.probes.slots import (
@@ -107,7 +107,7 @@ class ErrorDetector(BaseEstimator):
         progress: show progress bars.
         solver: (for the default :class:`LogisticProbe`) ``"batched"`` fits every probe of a
             feature set, folds included, in one vectorised L-BFGS with its own path and stopping
-            per probe (:func:`~arithinterp.probes.estimators.lbfgs_rows`), or ``"per-target"`` one
+            per probe (:func:`~arithinterp.probes.lbfgs.lbfgs_rows`), or ``"per-target"`` one
             joint L-BFGS per target and its folds. Other probes are fitted one target at a time
             either way.
     """

@@ -18,7 +18,8 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, accepted
-from arithinterp.probes.estimators import CircularProbe, LogisticProbe, MonotoneLogistic, RidgeProbe
+from arithinterp.probes.estimators import CircularProbe, MonotoneLogistic, RidgeProbe
+from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.operating_points import (
     THRESHOLD_RULES, Z_95, best_threshold, detection_metrics, fold_predictions,
 )

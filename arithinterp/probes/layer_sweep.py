@@ -23,17 +23,9 @@ from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError, accepted
 from arithinterp.intervals import clip_interval, t_interval
-from arithinterp.probes.estimators import (
-    PROBE_KINDS,
-    CircularProbe,
-    LogisticProbe,
-    MLPProbe,
-    RidgeProbe,
-    as_targets,
-    to_tensor,
-    make_probe,
-    clone_estimator,
-)
+from arithinterp.probes.estimators import PROBE_KINDS, CircularProbe, MLPProbe, RidgeProbe, make_probe
+from arithinterp.probes.logistic import LogisticProbe
+from arithinterp.probes.probe_base import as_targets, clone_estimator, to_tensor
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 from arithinterp.types import checked

@@ -19,7 +19,7 @@ from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError
 from arithinterp.probes.detector import ErrorDetector
-from arithinterp.probes.estimators import to_tensor
+from arithinterp.probes.probe_base import to_tensor
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 from arithinterp.types import checked

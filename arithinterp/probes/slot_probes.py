@@ -13,7 +13,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from arithinterp.probes.estimators import CircularProbe, LogisticProbe, clone_estimator, feature_eigenbasis
+from arithinterp.probes.estimators import CircularProbe
+from arithinterp.probes.lbfgs import feature_eigenbasis
+from arithinterp.probes.logistic import LogisticProbe
+from arithinterp.probes.probe_base import clone_estimator
 
 DETECTOR_METHODS = ("disagreement", "direct", "combined")
 

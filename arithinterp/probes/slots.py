@@ -18,7 +18,7 @@ import torch
 from arithinterp import sites as site_lib
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.answers import answer_digit_count
-from arithinterp.probes.estimators import to_tensor
+from arithinterp.probes.probe_base import to_tensor
 from arithinterp.types import checked
 
 if TYPE_CHECKING:
