@@ -21,7 +21,7 @@ import torch
 
 from arithinterp import probes
 from arithinterp.activations import Activations
-from arithinterp.probes.layer_sweep import _folds
+from arithinterp.probes.cross_validation import make_folds
 
 
 def synthetic(n: int, d: int, n_layers: int, seed: int = 0) -> tuple[Activations, torch.Tensor]:
@@ -50,7 +50,7 @@ def sklearn_sweep(acts: Activations, label: torch.Tensor, cv: int = 5, seed: int
     from sklearn.preprocessing import StandardScaler
 
     y = label.numpy()
-    folds = _folds(label, cv, True, seed)
+    folds = make_folds(label, cv, True, seed)
     shuffled = label[torch.randperm(len(label), generator=torch.Generator().manual_seed(seed))].numpy()
     scores = []
     for layer in range(acts.data["resid_post"].shape[1]):

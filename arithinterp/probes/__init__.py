@@ -16,9 +16,10 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
 * ``layer_sweep`` — :func:`probe_layers`: k-fold held-out score per layer x position with 95% CIs
   (folds grouped by operand pair whenever a pair repeats; any scikit-learn estimator, cloned),
   directions fitted on all data, and controls (shuffled labels; a random-init model's
-  activations) → :class:`ProbeResult`, whose ``finding()`` names a finding only above chance and
-  every control; :func:`probe_model` collects the model and a random-init copy and probes both
-  (readable vs computed); targets via :func:`resolve_target`.
+  activations) → :class:`ProbeResult` (``probe_result``), whose ``finding()`` names a finding
+  only above chance and every control; :func:`probe_model` collects the model and a random-init
+  copy and probes both (readable vs computed); targets via :func:`resolve_target` (``targets``),
+  folds and per-cell scores in ``cross_validation``.
 * ``answers`` — :func:`answer_activations`: activations at the position before each answer token,
   with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values.
 * ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly (digit and
@@ -31,7 +32,8 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
 * ``reask`` — :func:`repair` re-asks only flagged prompts and keeps a new answer only when the
   detector believes it more → :class:`RepairResult`.
 
-Imports flow one way: ``probe_base`` ← ``lbfgs`` ← ``logistic`` ← ``estimators`` ← ``layer_sweep``;
+Imports flow one way: ``probe_base`` ← ``lbfgs`` ← ``logistic`` ← ``estimators`` ← ``targets``,
+``cross_validation`` ← ``probe_result`` ← ``layer_sweep``;
 ``answers``, ``estimators`` ← ``slots``,
 ``slot_probes``, ``operating_points`` ← ``detector_fit``, ``detector_result`` ← ``detector`` ← ``reask``.
 """
@@ -50,9 +52,10 @@ from arithinterp.probes.estimators import (
     make_probe,
 )
 from arithinterp.probes.logistic import LogisticProbe
-from arithinterp.probes.layer_sweep import (
-    CONTROLS, ProbeResult, confidence_interval, probe_layers, probe_model, resolve_groups, resolve_target,
-)
+from arithinterp.probes.cross_validation import confidence_interval, resolve_groups
+from arithinterp.probes.layer_sweep import probe_layers, probe_model
+from arithinterp.probes.probe_result import CONTROLS, ProbeResult
+from arithinterp.probes.targets import resolve_target
 from arithinterp.probes.probe_base import ArrayLike, NotFittedError
 from arithinterp.probes.operating_points import (
     THRESHOLD_RULES,

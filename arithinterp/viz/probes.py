@@ -13,8 +13,8 @@ from arithinterp.errors import AnalysisError, accepted
 from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines, renamed
 
 if TYPE_CHECKING:
-    from arithinterp.probes.detector import DetectorResult
-    from arithinterp.probes.layer_sweep import ProbeResult
+    from arithinterp.probes.detector_result import DetectorResult
+    from arithinterp.probes.probe_result import ProbeResult
     from arithinterp.probes.reask import RepairResult
 
 _METRIC_NAMES = {"accuracy": "held-out accuracy", "r2": "held-out R²"}

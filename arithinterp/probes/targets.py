@@ -1,0 +1,97 @@
+"""What a probe is fitted to: a prompt label, the model's own answer, or an array of values.
+
+:func:`resolve_target` turns a target name (``"a"``, ``"answer_digit_0"``, ``"carry_1"``,
+``"model_answer"``, ``"model_correct"``, ``"model_answer_digit_{i}"``) or an array into labels, and
+says which prompts it keeps (those whose generated answer is a number, for model targets).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from arithinterp.errors import AnalysisError, TaskError, accepted
+from arithinterp.probes.probe_base import to_tensor
+from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+from arithinterp.types import checked
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
+
+_MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_digit_{i}")
+
+
+def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torch.Tensor:
+    """The model's answer per prompt, from the model (which evaluates ``prompts``), an
+    ``Evaluation`` or a tensor [n].
+    """
+    if model_answer is None:
+        raise AnalysisError(
+            "targets about the model's own answer need model_answer=: pass the model, "
+            "prompts.evaluate(model) (an Evaluation) or its .model_answer tensor"
+        )
+    if hasattr(model_answer, "cfg") and callable(model_answer):  # a model: evaluate the prompts with it
+        if prompts is None:
+            raise AnalysisError("model_answer=model needs activations that carry their prompts")
+        model_answer = prompts.evaluate(model_answer)
+    values = getattr(model_answer, "model_answer", model_answer)
+    values = to_tensor(values, "model_answer").long()
+    if values.shape != (n,):
+        raise AnalysisError(f"model_answer must have one answer per prompt ({n}), got shape {tuple(values.shape)}")
+    return values
+
+
+@checked
+def resolve_target(
+    prompts: Optional[PromptSet], target: Any, n: int, model_answer: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Labels for ``target``.
+
+    Prompts whose generated answer is not a number are left out of model-answer targets (``keep``).
+
+    Args:
+        prompts: The prompts the activations were read on (``None``: only an array target works).
+        target: A label name of ``prompts.label`` (``"a"``, ``"answer_digit_0"``, ``"carry_1"``,
+            ...), ``"model_answer"``, ``"model_correct"``, ``"model_answer_digit_{i}"`` or an
+            array of ``n`` values.
+        n: How many prompts there are.
+        model_answer: For model targets: the model (which evaluates ``prompts``), an
+            ``Evaluation`` or a tensor ``[n]``.
+
+    Returns:
+        ``(y [n_kept], keep BoolTensor [n], name)``.
+
+    Raises:
+        AnalysisError: the target is unknown, has the wrong length, or needs prompts or
+            ``model_answer`` that are missing.
+    """
+    keep = torch.ones(n, dtype=torch.bool)
+    if not isinstance(target, str):
+        y = to_tensor(target, "target")
+        if y.ndim != 1 or len(y) != n:
+            raise AnalysisError(f"a target array must have one value per prompt ({n}), got shape {tuple(y.shape)}")
+        return y, keep, "custom"
+    name = re.sub(r"^sum_digit_", "answer_digit_", target)
+    if name.startswith("model_"):
+        match = re.fullmatch(r"model_answer_digit_(\d+)", name)
+        if name not in ("model_answer", "model_correct") and not match:
+            raise AnalysisError(f"unknown target {target!r}; model targets: {accepted(_MODEL_TARGETS)}")
+        values = _model_answer_values(model_answer, n, prompts)
+        if name == "model_correct":
+            if prompts is None:
+                raise AnalysisError("target 'model_correct' needs the prompts (acts.prompts) for the true answers")
+            return (values == prompts.answer).long(), keep, name
+        keep = values != _UNPARSABLE
+        values = values[keep]
+        if match:
+            values = (values.abs() // 10 ** int(match.group(1))) % 10
+        return values, keep, name
+    if prompts is None:
+        raise AnalysisError(f"target {target!r} names a label but these activations carry no prompts; pass an array")
+    try:
+        return prompts.label(name), keep, name
+    except TaskError as error:
+        raise AnalysisError(
+            f"{error}; or a model target {accepted(_MODEL_TARGETS)}; or an array of {n} values") from error
