@@ -283,21 +283,13 @@ def ablate_command(args: argparse.Namespace) -> dict:
     if args.full_answer:
         prompts = prompts.with_scoring("full_answer")
     components = [c.strip() for c in args.components.split(",") if c.strip()]
-    ablation = _ablation(args)
+    ablation = args.ablation
     result = patching.ablate(model, prompts, components, ablation=ablation, seed=args.seed)
     token_accuracy = [round(float(t), 4) for t in result.token_correct_after.float().mean(0)]
     return _finish(result, args, dict(components=result.components, ablation=ablation,
                                       accuracy_before=round(result.accuracy_before, 4),
                                       accuracy_after=round(result.accuracy_after, 4),
                                       token_accuracy_after=token_accuracy))
-
-
-def _ablation(args: argparse.Namespace) -> str:
-    """``--ablation``, or its old name ``--mode`` (with a warning)."""
-    if args.mode is None:
-        return args.ablation
-    warnings.warn("--mode is deprecated; use --ablation instead", FutureWarning, stacklevel=2)
-    return args.mode
 
 
 @command("digits", outputs=_ANALYSIS_OUTPUTS)
@@ -313,7 +305,7 @@ def digits_command(args: argparse.Namespace) -> dict:
     from arithinterp import patching
 
     model, prompts = _model_and_prompts(args)
-    result = patching.digit_ablation(model, prompts, ablation=_ablation(args), seed=args.seed,
+    result = patching.digit_ablation(model, prompts, ablation=args.ablation, seed=args.seed,
                                      progress=not args.no_progress)
     worst = int(result.drop.flatten().argmax())
     head, token = divmod(worst, result.drop.shape[1])
@@ -443,28 +435,29 @@ def das_command(args: argparse.Namespace) -> dict:
 
     from arithinterp import causal
 
-    layers = _int_list(args.layers, "--layers") if args.sweep and args.layers else None  # before any work
+    layers = _int_list(args.layers, "--layers") if args.every_layer and args.layers else None  # before any work
     model, prompts = _model_and_prompts(args)
     variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
     dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
                                          value_from=args.value_from)
     positions = [p for p in args.position.split(",") if p]
-    if args.sweep:
-        sweep = causal.das_sweep(model, dataset, args.site, layers, positions, args.k, steps=args.steps, lr=args.lr,
-                                 reachable_only=args.reachable_only, seed=args.seed, progress=not args.no_progress)
+    if args.every_layer:
+        fits = causal.das_layers(model, dataset, args.site, args.k, layers=layers, positions=positions,
+                                 steps=args.steps, lr=args.lr, reachable_only=args.reachable_only, seed=args.seed,
+                                 progress=not args.no_progress)
         summary: dict[str, Any] = dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
                                        chance=round(dataset.chance, 4))
         try:
-            layer, position, iia = sweep.best()
+            layer, position, iia = fits.best()
             summary.update(best_layer=layer, best_position=position, best_iia=round(iia, 4))
-        except AnalysisError as error:  # every cell NaN: the sweep is saved, and the run says it found nothing
+        except AnalysisError as error:  # every cell NaN: the fits are saved, and the run says it found nothing
             summary.update(best_layer=None, best_position=None, best_iia=None, failed=str(error))
-        return _finish(sweep, args, summary)
+        return _finish(fits, args, summary)
     if len(positions) != 1:
-        raise ConfigError(f"--position takes one position without --sweep, got {args.position!r}")
+        raise ConfigError(f"--position takes one position without --every-layer, got {args.position!r}")
     together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
-    result = causal.das(model, dataset, args.site, args.layer, together if len(together) > 1 else together[0], args.k,
-                        method=args.method, reachable_only=args.reachable_only, head=args.head,
+    result = causal.das(model, dataset, args.site, args.layer, args.k,
+                        positions=together if len(together) > 1 else together[0], method=args.method, reachable_only=args.reachable_only, head=args.head,
                         per_position=args.per_position,
                         steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
     rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
@@ -573,13 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
                    "@final, @answer2 or @3 (default: attn0)")
     p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
-    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # the old name of --ablation
     p.add_argument("--full-answer", action="store_true",
                    help="score every answer token, teacher-forced (multi-token answers)")
     p = analysis("digits", "which head computes which answer digit (multi-token answers)",
                  default_model="zoo:add-3digit")
     p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
-    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # the old name of --ablation
 
     p = analysis("circuit", "score every edge (path patching, EAP, EAP-IG) and keep the smallest faithful circuit")
     p.add_argument("--method", default="eap-ig",
@@ -602,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", default="resid_post", help="vector site (default: resid_post)")
     p.add_argument("--layer", type=int, default=0, help="layer (default: 0)")
     p.add_argument("--position", default="final", help="position, e.g. final, b, answer[0], or final+answer[0] "
-                   "(swapped together); with --sweep a comma-separated list (default: final)")
+                   "(swapped together); with --every-layer a comma-separated list (default: final)")
     p.add_argument("--k", type=int, default=2, help="dimensions interchanged (default: 2)")
     p.add_argument("--method", default="das", help="das or boundless (default: das)")
     p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")
@@ -615,8 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "reach (counterfactual equal to the base before it)")
     p.add_argument("--head", type=int, default=None, help="with --site attn_z: the head whose output is swapped")
     p.add_argument("--per-position", action="store_true", help="with a+b positions: each its own subspace")
-    p.add_argument("--sweep", action="store_true", help="fit every layer (or --layers) x --position")
-    p.add_argument("--layers", default=None, help="with --sweep: comma-separated layers (default: all)")
+    p.add_argument("--every-layer", action="store_true", help="fit every layer (or --layers) x --position")
+    p.add_argument("--layers", default=None, help="with --every-layer: comma-separated layers (default: all)")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")

@@ -48,12 +48,13 @@ def planted(steps: int) -> None:
     prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(10), template="{a}+{b}=")
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
     start = time.perf_counter()
-    fit = causal.das(model, dataset, "resid_post", 0, "final", 2, steps=steps, progress=False)
+    fit = causal.das(model, dataset, "resid_post", 0, 2, positions="final", steps=steps, progress=False)
     seconds = time.perf_counter() - start
-    boundless = causal.das(model, dataset, "resid_post", 0, "final", method="boundless", steps=400, lr=2e-2,
+    boundless = causal.das(model, dataset, "resid_post", 0, positions="final", method="boundless", steps=400, lr=2e-2,
                            baselines=(), progress=False)
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0, shuffle=True)
-    shuffled = causal.das(model, control, "resid_post", 0, "final", 2, steps=steps, baselines=(), progress=False)
+    shuffled = causal.das(model, control, "resid_post", 0, 2, positions="final", steps=steps, baselines=(),
+                          progress=False)
     cos = causal.principal_angle_cosines(fit.basis, planted_plane())
     cos_b = causal.principal_angle_cosines(boundless.basis, planted_plane())
     print(f"planted sum_mod_10, resid_post L0 @final, {len(dataset.test)} held-out pairs, {steps} steps, "
@@ -93,9 +94,8 @@ def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], ks: l
         separate = per_position and isinstance(position, list)
 
         def fit_on(pairs: causal.InterchangeDataset, k: int, baselines: tuple[str, ...]) -> causal.DASResult:
-            return causal.das(model, pairs, site, layer, position, k, steps=steps, lr=lr, seed=seed,
-                              baselines=baselines, reachable_only=reachable_only, per_position=separate,
-                              progress=False)
+            return causal.das(model, pairs, site, layer, k, positions=position, steps=steps, lr=lr, seed=seed,
+                              baselines=baselines, reachable_only=reachable_only, per_position=separate, progress=False)
 
         cell = f"| {site} L{layer} @{spec} "
         for j, k in enumerate(ks):
@@ -124,8 +124,8 @@ def zoo(model_name: str, variable: str, cells: list[tuple[str, int, str]], ks: l
             print(cell + row(f"das on the {label} (chance {result.chance:.3f})", result.scores["das"]) + " |")
             print(cell + row(f"random on the {label}", result.scores["random"]) + " |")
         if boundless:
-            fit = causal.das(model, dataset, site, layer, position, method="boundless", steps=2 * steps, lr=lr,
-                             baselines=(), seed=seed, progress=False)
+            fit = causal.das(model, dataset, site, layer, positions=position, method="boundless", steps=2 * steps,
+                             lr=lr, baselines=(), seed=seed, progress=False)
             print(cell + row("boundless", fit.scores["boundless"]) + " |")
 
 
@@ -191,7 +191,7 @@ def planted_helix(steps: int, ks: list[int], n: int, only: str = "") -> None:
         name = f"{variable} (base {base})"
         print(f"| {name} " + row("planted subspace", oracle) + " 1 |")
         for k in sorted({truth.shape[1], *ks}):  # the planted dimension and the ones asked for
-            fit = causal.das(model, dataset, "resid_post", 0, "final", k, steps=steps, baselines=("random",),
+            fit = causal.das(model, dataset, "resid_post", 0, k, positions="final", steps=steps, baselines=("random",),
                              progress=False)
             cos = causal.principal_angle_cosines(fit.basis, truth)
             print(f"| {name} " + row("das", fit.scores["das"]) + f" {', '.join(f'{c:.3f}' for c in cos)} |")

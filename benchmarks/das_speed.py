@@ -1,4 +1,4 @@
-"""Benchmark: one distributed-alignment-search fit on a real-sized model, and a layers × positions sweep.
+"""Benchmark: one distributed-alignment-search fit on a real-sized model, and DAS at every layer × position.
 
 ``das(...)`` trains a rotation through patched runs of the same base prompts, scores it and the
 baselines on held-out pairs. With ``engine="auto"`` the base and source prompts run once and every
@@ -7,13 +7,13 @@ interchange resumes at the intervened layer and position, unembedding the answer
 (the reference). This times one fit with the baselines (full vector, probe span, PCA, random
 rotation) and without (``baselines=()``), medians of ``--runs`` runs after a first fit that also
 pays the engine's one-time check of the model, one CPU thread, and prints the scores of each
-engine (the same but for the learned rotation's float rounding). ``--sweep`` instead runs
-:func:`arithinterp.causal.das_sweep` over ``--layers`` × ``--positions`` (each cell with its
+engine (the same but for the learned rotation's float rounding). ``--every-layer`` instead runs
+:func:`arithinterp.causal.das_layers` over ``--layers`` × ``--positions`` (each cell with its
 random-rotation control) and prints the IIA grid.
 
     python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_1 \\
         --site resid_post --layer 6 --k 4 --steps 40 --pairs 400 --runs 3
-    python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_1 --sweep \\
+    python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_1 --every-layer \\
         --layers 0-17 --positions "b[1],final" --k 4 --steps 40 --pairs 400
     python benchmarks/das_speed.py --model zoo:add-3digit --variable carry_2 --layer 0 --position "b[1]" --runs 1
 """
@@ -45,7 +45,7 @@ def prompts_for(model, spec: str, few_shot: int, limit: int):
 def fit_times(model, dataset, args, position, engine: str) -> None:
     def fit(baselines):
         start = time.perf_counter()
-        result = causal.das(model, dataset, args.site, args.layer, position, args.k, steps=args.steps,
+        result = causal.das(model, dataset, args.site, args.layer, args.k, positions=position, steps=args.steps,
                             baselines=baselines, seed=args.seed, progress=False, engine=engine)
         return time.perf_counter() - start, result
 
@@ -77,9 +77,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed fits per engine and setting, after the first")
     parser.add_argument("--engines", default="auto", help="comma-separated: auto, hooks")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sweep", action="store_true", help="a layers × positions sweep instead of one fit")
-    parser.add_argument("--layers", default="0-1", help="for --sweep: 'a-b' or a comma-separated list")
-    parser.add_argument("--positions", default="final", help="for --sweep: comma-separated")
+    parser.add_argument("--every-layer", action="store_true", help="every layer × position instead of one fit")
+    parser.add_argument("--layers", default="0-1", help="for --every-layer: 'a-b' or a comma-separated list")
+    parser.add_argument("--positions", default="final", help="for --every-layer: comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -92,7 +92,7 @@ def main() -> None:
     print(f"{args.model}: loaded in {loaded:.0f} s; {len(prompts)} correct prompts of {prompts.tokens.shape[1]} "
           f"tokens ({time.perf_counter() - start:.0f} s); {args.variable}: {len(dataset.train)} train / "
           f"{len(dataset.test)} held-out pairs; k = {args.k}, {args.steps} steps; one CPU thread", flush=True)
-    if args.sweep:
+    if args.every_layer:
         if "-" in args.layers:
             low, high = map(int, args.layers.split("-"))
             layers = list(range(low, high + 1))
@@ -100,16 +100,16 @@ def main() -> None:
             layers = [int(x) for x in args.layers.split(",")]
         positions = args.positions.split(",")
         start = time.perf_counter()
-        sweep = causal.das_sweep(model, dataset, args.site, layers, positions, args.k, steps=args.steps,
-                                 seed=args.seed, progress=False)
+        fits = causal.das_layers(model, dataset, args.site, args.k, layers=layers, positions=positions,
+                                  steps=args.steps, seed=args.seed, progress=False)
         seconds = time.perf_counter() - start
         print(f"\n{args.site}, {len(layers)} layers × {len(positions)} positions in {seconds:.0f} s "
-              f"({seconds / (len(layers) * len(positions)):.1f} s per cell); chance {sweep.chance:.3f}\n")
+              f"({seconds / (len(layers) * len(positions)):.1f} s per cell); chance {fits.chance:.3f}\n")
         print("| layer | " + " | ".join(f"{p}: DAS [95% CI] | random" for p in positions) + " |")
         print("|---|" + "---|---|" * len(positions))
         for i, layer in enumerate(layers):
-            cells = [f"{float(sweep.iia[i, j]):.3f} [{float(sweep.low[i, j]):.3f}, {float(sweep.high[i, j]):.3f}] | "
-                     f"{float(sweep.random_iia[i, j]):.3f}" for j in range(len(positions))]
+            cells = [f"{float(fits.iia[i, j]):.3f} [{float(fits.low[i, j]):.3f}, {float(fits.high[i, j]):.3f}] | "
+                     f"{float(fits.random_iia[i, j]):.3f}" for j in range(len(positions))]
             print(f"| {layer} | " + " | ".join(cells) + " |")
     else:
         position = args.position.split("+") if "+" in args.position else args.position

@@ -59,8 +59,8 @@ def export(out: Path, steps: int) -> None:
     prompts = task_prompts(model3, "zoo:add-3digit", limit=2000).correct_only(model3)
     dataset = causal.interchange_dataset(prompts, "carry_2", n=1200, seed=0)
     position = ["b[1]", "answer[0]"]
-    fit = causal.das(model3, dataset, site="mlp_post", layer=0, position=position, k=4, per_position=True,
-                     steps=steps, baselines=(), progress=False)
+    fit = causal.das(model3, dataset, site="mlp_post", layer=0, positions=position, k=4, per_position=True, steps=steps,
+                     baselines=(), progress=False)
     causal.write_pyvene(fit, out / "das")
     rows = {name: [] for name in ("base", "source", "position", "target")}
     first = set()

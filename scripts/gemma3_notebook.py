@@ -96,7 +96,7 @@ second."""),
 The carry into the tens (`carry_1`) at b's units digit, layer 6: a learned 4-dimensional subspace
 swapped from a source prompt; held-out interchange-intervention accuracy (IIA) beside a random
 rotation and the probe (`docs/causal.md` has the sweep over all 18 layers)."""),
-    ("code", """used = causal.readable_vs_used(model, correct, ["carry_1"], layers=[6, 12], position="b[1]", k=4,
+    ("code", """used = causal.readable_vs_used(model, correct, ["carry_1"], layers=[6, 12], positions="b[1]", k=4,
                               steps=60, n=300, progress=False)
 used.to_frame().round(3)"""),
     ("md", """## How numbers are represented (Fourier), against the random-init model
@@ -130,8 +130,8 @@ table.histogram().groupby("family")["neurons"].sum().sort_values(ascending=False
 
 EAP-IG scores every edge; the faithfulness curve keeps the top edges and resamples every other one
 from the corrupted prompt (0 = no edge kept, 1 = the whole model)."""),
-    ("code", """edges = circuits.score_edges(model, pairs[:30], "eap-ig", steps=5, progress=False)
-curve = circuits.faithfulness(model, pairs[:30], edges, sizes=[0, 16, 64, 256, 1024, 2048, 4096, edges.n_edges])
+    ("code", """edges = circuits.score_edges(model, pairs[:30], "eap-ig", ig_steps=5, progress=False)
+curve = circuits.faithfulness_curve(model, pairs[:30], edges, sizes=[0, 16, 64, 256, 1024, 2048, 4096, edges.n_edges])
 print({size: round(value, 2) for size, value in zip(curve.sizes.tolist(), curve.values.tolist())})
 show_static(curve.plot())
 edges.to_frame().sort_values("score", key=abs, ascending=False).head(8)"""),

@@ -27,7 +27,7 @@ def planted_fit(planted):
     model, prompts = planted
     before = {k: v.clone() for k, v in model.state_dict().items()}
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
-    result = causal.das(model, dataset, "resid_post", 0, "final", 2, steps=300, progress=False)
+    result = causal.das(model, dataset, "resid_post", 0, 2, positions="final", steps=300, progress=False)
     return model, dataset, result, before
 
 
@@ -73,7 +73,7 @@ def test_single_token_addition_splits_at_another_base():
     assert hundreds.values(a, b)["magnitude"].tolist() == [0, 1]
     assert int(hundreds.answer(a[:1], b[:1], {"magnitude": torch.tensor([1])})) == 185
     assert causal.single_token_addition().names == ["sum", "sum_mod_10", "magnitude", "answer"]  # the default
-    with pytest.raises(AnalysisError, match="base must be an int >= 2"):
+    with pytest.raises(ConfigError, match="base must be an int >= 2"):
         causal.single_token_addition(base=1)
 
 
@@ -83,7 +83,7 @@ def test_user_defined_models_are_checked():
     assert custom.answer(torch.tensor([3]), torch.tensor([1])).tolist() == [7]
     with pytest.raises(AnalysisError, match="not defined before it"):
         causal.CausalModel("bad", (causal.Variable("answer", ("c",), lambda c: c),))
-    with pytest.raises(AnalysisError, match="unknown variable 'carry_9'.*accepted"):
+    with pytest.raises(ConfigError, match="unknown variable 'carry_9'.*accepted"):
         causal.addition(2).values(torch.tensor([1]), torch.tensor([1]), {"carry_9": torch.tensor([1])})
 
 
@@ -124,9 +124,9 @@ def test_shuffled_control_labels_do_not_follow_the_source(planted):
 
 def test_dataset_input_errors(planted):
     _, prompts = planted
-    with pytest.raises(AnalysisError, match="test_fraction"):
+    with pytest.raises(ConfigError, match="test_fraction"):
         causal.interchange_dataset(prompts, "sum_mod_10", test_fraction=1.0)
-    with pytest.raises(AnalysisError, match="unknown variable 'carry_2'"):
+    with pytest.raises(ConfigError, match="unknown variable 'carry_2'"):
         causal.interchange_dataset(prompts, "carry_2")
     with pytest.raises(AnalysisError, match="another answer than the prompts"):
         causal.interchange_dataset(prompts, "wraps", causal.modular_addition(7))
@@ -166,7 +166,8 @@ def test_das_fits_a_half_precision_model(number_tokenizer):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     prompts = ai.tasks.arithmetic(model, op="+", a=range(10), b=range(10), template="{a}+{b}=")
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
-    result = causal.das(model, dataset, "resid_post", 0, "final", 2, steps=150, baselines=("random",), progress=False)
+    result = causal.das(model, dataset, "resid_post", 0, 2, positions="final", steps=150, baselines=("random",),
+                        progress=False)
     assert causal.principal_angle_cosines(result.basis, planted_plane()).min() >= 0.98
     assert result.iia >= 0.95 and abs(result.scores["random"]["iia"] - result.chance) <= 0.05
     assert result.basis.dtype == torch.float32 and all(torch.isfinite(torch.tensor(result.history)))
@@ -178,7 +179,7 @@ def test_das_fits_a_half_precision_model(number_tokenizer):
 def test_das_on_a_shuffled_variable_stays_at_chance(planted):
     model, prompts = planted
     control = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0, shuffle=True)
-    result = causal.das(model, control, "resid_post", 0, "final", 2, steps=300, baselines=(), progress=False)
+    result = causal.das(model, control, "resid_post", 0, 2, positions="final", steps=300, baselines=(), progress=False)
     assert result.iia <= control.chance + 0.05
 
 
@@ -186,7 +187,7 @@ def test_das_on_a_shuffled_variable_stays_at_chance(planted):
 def test_das_at_a_position_without_the_variable_finds_nothing(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
-    result = causal.das(model, dataset, "resid_post", 0, "a", 2, steps=100, baselines=(), progress=False)
+    result = causal.das(model, dataset, "resid_post", 0, 2, positions="a", steps=100, baselines=(), progress=False)
     assert result.iia <= 0.05  # the operand position holds a alone, never the sum
 
 
@@ -194,7 +195,7 @@ def test_das_at_a_position_without_the_variable_finds_nothing(planted):
 def test_boundless_das_finds_a_small_working_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=600, seed=0)
-    result = causal.das(model, dataset, "resid_post", 0, "final", method="boundless", steps=400, lr=2e-2,
+    result = causal.das(model, dataset, "resid_post", 0, positions="final", method="boundless", steps=400, lr=2e-2,
                         baselines=("random",), progress=False)
     assert result.iia >= 0.95
     assert result.k <= 4  # from a start of 16 dimensions
@@ -219,8 +220,7 @@ def test_results_frame_plot_save_load(planted_fit, tmp_path):
 def test_sweep_finds_the_final_position(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
-    sweep = causal.das_sweep(model, dataset, layers=[0], positions=["a", "b", "final"], k=2, steps=150,
-                             progress=False)
+    sweep = causal.das_layers(model, dataset, layers=[0], positions=["a", "b", "final"], k=2, steps=150, progress=False)
     assert sweep.best()[1] == "final" and sweep.best()[2] >= 0.99
     assert float(sweep.iia[0, :2].max()) <= 0.05 and float(sweep.random_iia.max()) <= 0.05
     assert len(sweep.to_frame()) == 3 and isinstance(sweep.plot(), go.Figure)
@@ -247,12 +247,12 @@ def test_das_input_errors(planted):
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=100, seed=0)
     with pytest.raises(SiteError, match="attn_z"):
         causal.das(model, dataset, "attn_z", 0, progress=False)
-    with pytest.raises(AnalysisError, match="k must be an int in 1..64"):
+    with pytest.raises(ConfigError, match="k must be an int in 1..64"):
         causal.das(model, dataset, k=65, progress=False)
     with pytest.raises(ConfigError, match=r"das: method='pca' is not accepted .*accepts one of 'das', 'boundless'"):
         causal.das(model, dataset, method="pca", progress=False)  # pyright: ignore[reportArgumentType]
     with pytest.raises(SiteError, match="unknown position"):
-        causal.das(model, dataset, position="nowhere", steps=1, progress=False)
+        causal.das(model, dataset, positions="nowhere", steps=1, progress=False)
     with pytest.raises(ArithInterpError, match="InterchangeDataset"):
         causal.das(model, prompts, progress=False)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"engine='stepped' is not accepted .*engine accepts one of 'auto', 'hooks'"):
@@ -289,7 +289,7 @@ def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
     prompts = ai.tasks.arithmetic(model, op="+", a=range(10, 40), b=range(10, 40), template="{a}+{b}=",
                                   few_shot=2)
     dataset = causal.interchange_dataset(prompts, "sum_digit_0", n=120, seed=0)
-    result = causal.das(model, dataset, "resid_post", 2, "final", 2, steps=5, baselines=("random", "pca"),
+    result = causal.das(model, dataset, "resid_post", 2, 2, positions="final", steps=5, baselines=("random", "pca"),
                         progress=False)
     assert 0.0 <= result.iia <= 1.0 and len(result.history) == 5
     assert all(torch.isfinite(torch.tensor(result.history)))
@@ -323,7 +323,7 @@ def test_das_command(capsys, tmp_path):
 def test_several_positions_swap_through_one_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
-    result = causal.das(model, dataset, "resid_post", 0, ["b", "final"], 2, steps=150, progress=False)
+    result = causal.das(model, dataset, "resid_post", 0, 2, positions=["b", "final"], steps=150, progress=False)
     assert result.position == "b+final" and result.iia >= 0.99
     assert causal.principal_angle_cosines(result.basis, planted_plane()).min() >= 0.99
     assert result.scores["random"]["iia"] <= 0.05 and result.scores["probe"]["k"] >= 1
@@ -363,7 +363,8 @@ def test_a_helix_of_the_sum_splits_at_100_but_not_at_10(planted_helix):
 def test_das_recovers_a_planted_helix_flag(planted_helix):
     model, prompts = planted_helix
     dataset = causal.interchange_dataset(prompts, "magnitude", causal.single_token_addition(base=100), n=300)
-    result = causal.das(model, dataset, "resid_post", 0, "final", 1, steps=60, baselines=("random",), progress=False)
+    result = causal.das(model, dataset, "resid_post", 0, 1, positions="final", steps=60, baselines=("random",),
+                        progress=False)
     assert result.iia >= 0.95 and result.scores["random"]["iia"] <= 0.05
     # within the dims the unembedding reads (the code and the flag) the learned direction is the flag; the
     # rest of the residual stream is read by nothing, so DAS gets no gradient to turn away from it
@@ -409,11 +410,11 @@ def test_parity_of_the_product_is_a_control_label(three_digit):
     expected = control.causal_model.answer(control.base.a, control.base.b, {"carry_2": parity})
     assert torch.equal(control.answer, expected) and (parity != control.base_value).all()
     assert 0.2 < control.chance < 0.8  # the true carry agrees with the parity label only by coincidence
-    with pytest.raises(AnalysisError, match="another variable"):
+    with pytest.raises(ConfigError, match="another variable"):
         causal.interchange_dataset(three_digit, "carry_2", value_from="carry_2")
-    with pytest.raises(AnalysisError, match="one control at a time"):
+    with pytest.raises(ConfigError, match="one control at a time"):
         causal.interchange_dataset(three_digit, "carry_2", value_from="product_parity", shuffle=True)
-    with pytest.raises(AnalysisError, match="unknown variable 'parity'"):
+    with pytest.raises(ConfigError, match="unknown variable 'parity'"):
         causal.interchange_dataset(three_digit, "carry_2", value_from="parity")
 
 
@@ -428,20 +429,21 @@ def test_reachable_only_leaves_out_the_same_pairs_for_every_intervention(llama_f
     dataset = causal.interchange_dataset(prompts, "carry_2", n=200, seed=0)
     kept = int(reachable(dataset, dataset.test, "answer[0]").sum())
     assert 0 < kept < len(dataset.test)
-    fit = causal.das(model, dataset, "resid_post", 1, "answer[0]", 2, steps=2, reachable_only=True, progress=False)
+    fit = causal.das(model, dataset, "resid_post", 1, 2, positions="answer[0]", steps=2, reachable_only=True,
+                     progress=False)
     assert fit.meta["unreachable"]["test"] == len(dataset.test) - kept
     assert {s["n"] for s in fit.scores.values()} == {kept}  # DAS, no intervention and every baseline alike
-    everything = causal.das(model, dataset, "resid_post", 1, "answer[0]", 2, steps=2, baselines=("random",),
+    everything = causal.das(model, dataset, "resid_post", 1, 2, positions="answer[0]", steps=2, baselines=("random",),
                             progress=False)
     assert everything.scores["das"]["n"] == len(dataset.test) and everything.meta["unreachable"]["test"] == 0
     control = causal.interchange_dataset(prompts, "carry_2", n=200, seed=0, shuffle=True)
-    shuffled = causal.das(model, control, "resid_post", 1, "answer[0]", 2, steps=2, baselines=(),
+    shuffled = causal.das(model, control, "resid_post", 1, 2, positions="answer[0]", steps=2, baselines=(),
                           reachable_only=True, progress=False)
     rows = control.test[reachable(control, control.test, "answer[0]")]
     assert shuffled.chance == control.chance_over(rows)  # the chance level over the pairs scored
     # a sweep cell no held-out pair is reachable from has no score (NaN), and best() passes over it
-    sweep = causal.das_sweep(model, dataset, layers=[1], positions=["final", "answer[1]"], k=2, steps=1,
-                             reachable_only=True, progress=False)
+    sweep = causal.das_layers(model, dataset, layers=[1], positions=["final", "answer[1]"], k=2, steps=1,
+                              reachable_only=True, progress=False)
     assert bool(torch.isnan(sweep.iia[0, 1])) and not bool(torch.isnan(sweep.iia[0, 0]))
     assert sweep.best()[1] == "final" and sweep.meta["n_test_per_cell"] == [[len(dataset.test), 0]]
     assert isinstance(sweep.plot(), go.Figure)
@@ -453,29 +455,31 @@ def test_one_heads_output_is_interchanged(planted):
                                            causal.Variable("answer", ("a", "b_value"), lambda a, b: a + b)))
     dataset = causal.interchange_dataset(prompts, "b_value", copy_b, n=300, seed=0)
     # head 1 alone copies b to the final position: its whole output vector carries the variable, head 0's does not
-    head1 = causal.das(model, dataset, "attn_z", 0, "final", 2, head=1, steps=1, baselines=("full",), progress=False)
-    head0 = causal.das(model, dataset, "attn_z", 0, "final", 2, head=0, steps=1, baselines=("full",), progress=False)
+    head1 = causal.das(model, dataset, "attn_z", 0, 2, positions="final", head=1, steps=1, baselines=("full",),
+                       progress=False)
+    head0 = causal.das(model, dataset, "attn_z", 0, 2, positions="final", head=0, steps=1, baselines=("full",),
+                       progress=False)
     assert head1.site == "attn_z[1]" and head1.basis.shape == (model.cfg.d_head, 2)
     assert head1.scores["full"]["iia"] == 1.0 and head0.scores["full"]["iia"] <= 0.2
     with pytest.raises(SiteError, match="pass head"):
-        causal.das(model, dataset, "attn_z", 0, "final", 2, head=2, progress=False)
+        causal.das(model, dataset, "attn_z", 0, 2, positions="final", head=2, progress=False)
     with pytest.raises(SiteError, match="only for the per-head sites"):
-        causal.das(model, dataset, "resid_post", 0, "final", 2, head=1, progress=False)
+        causal.das(model, dataset, "resid_post", 0, 2, positions="final", head=1, progress=False)
 
 
 @pytest.mark.slow
 def test_each_position_can_swap_its_own_subspace(planted):
     model, prompts = planted
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=400, seed=0)
-    result = causal.das(model, dataset, "resid_post", 0, ["b", "final"], 2, steps=150, per_position=True,
+    result = causal.das(model, dataset, "resid_post", 0, 2, positions=["b", "final"], steps=150, per_position=True,
                         progress=False)
     assert result.iia >= 0.99 and result.basis.shape == (2, 64, 2)
     assert causal.principal_angle_cosines(result.basis[1], planted_plane()).min() >= 0.99  # the final position's
     assert result.scores["random"]["iia"] <= 0.05 and result.scores["probe"]["k"] >= 1
-    with pytest.raises(AnalysisError, match="at least 2 positions"):
-        causal.das(model, dataset, "resid_post", 0, "final", 2, per_position=True, progress=False)
-    with pytest.raises(AnalysisError, match="method='das'"):
-        causal.das(model, dataset, "resid_post", 0, ["b", "final"], method="boundless", per_position=True,
+    with pytest.raises(ConfigError, match="at least 2 positions"):
+        causal.das(model, dataset, "resid_post", 0, 2, positions="final", per_position=True, progress=False)
+    with pytest.raises(ConfigError, match="method='das'"):
+        causal.das(model, dataset, "resid_post", 0, positions=["b", "final"], method="boundless", per_position=True,
                    progress=False)
 
 
@@ -512,8 +516,8 @@ def test_resumed_das_scores_what_whole_forwards_score(add_3digit, cell):
     model, prompts = add_3digit
     variable, site, layer, position, options = cell
     dataset = causal.interchange_dataset(prompts, variable, n=300, seed=0)
-    fits = {engine: causal.das(model, dataset, site, layer, position, 4, steps=8, progress=False, engine=engine,
-                               **options) for engine in ("hooks", "auto")}
+    fits = {engine: causal.das(model, dataset, site, layer, 4, positions=position, steps=8, progress=False,
+                               engine=engine, **options) for engine in ("hooks", "auto")}
     assert fits["hooks"].meta["engine"] == "hooks" and fits["auto"].meta["engine"] == "stepped"
     for name in ("none", "full", "probe", "pca", "random"):
         hooks, auto = fits["hooks"].scores[name], fits["auto"].scores[name]
@@ -546,7 +550,8 @@ def test_resumed_das_on_a_few_shot_gemma3_scores_what_whole_forwards_score(digit
     prompts = ai.tasks.arithmetic(model, op="+", a=range(10, 40), b=range(10, 40), template="{a}+{b}=", few_shot=2)
     dataset = causal.interchange_dataset(prompts, "carry_1", n=160, seed=0)
     for site, layer, position in (("resid_post", 1, "final"), ("mlp_post", 3, ["b[1]", "final"])):
-        fits = {engine: causal.das(model, dataset, site, layer, position, 2, steps=4, progress=False, engine=engine)
+        fits = {engine: causal.das(model, dataset, site, layer, 2, positions=position, steps=4, progress=False,
+                                   engine=engine)
                 for engine in ("hooks", "auto")}
         assert fits["auto"].meta["engine"] == "stepped"
         for name, hooks in fits["hooks"].scores.items():

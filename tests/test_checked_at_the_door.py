@@ -59,7 +59,7 @@ def test_a_path_naming_a_feature_twice_is_refused(tiny_model, parts):
 
     prompts, transcoders = parts
     answers = prompts.answer_tokens[:4, 0]
-    with pytest.raises(AnalysisError, match=r"names \[2\] more than once"):
+    with pytest.raises(ConfigError, match=r"names \[2\] more than once"):
         path_ablation(tiny_model, transcoders, prompts.tokens[:4], answers, {"p": {0: [2, 2]}}, n_random=1)
 
 
@@ -119,7 +119,7 @@ def test_more_answer_logits_than_the_vocabulary_is_refused(tiny_model, parts):
     from arithinterp.features import attribution_graph
 
     _, transcoders = parts
-    with pytest.raises(AnalysisError, match="more answer tokens than the vocabulary"):
+    with pytest.raises(ConfigError, match="more answer tokens than the vocabulary"):
         attribution_graph(tiny_model, "12+21=", transcoders, n_logits=10**6, progress=False)
 
 
@@ -182,18 +182,18 @@ def test_a_control_label_that_never_varies_is_refused_before_training(tiny_digit
     trained = []
     monkeypatch.setattr(fit, "train", lambda *args, **kwargs: trained.append(1) or [])
     with pytest.raises(AnalysisError, match="takes one value on the training pairs.*leave 'probe' out of baselines"):
-        causal.das(tiny_digit_model, dataset, "resid_post", 0, "final", 2, steps=5, progress=False)
+        causal.das(tiny_digit_model, dataset, "resid_post", 0, 2, positions="final", steps=5, progress=False)
     assert trained == []
 
 
-def test_a_sweep_without_a_score_has_no_best_cell():
-    from arithinterp.causal import DASSweep
+def test_fits_without_a_score_have_no_best_cell():
+    from arithinterp.causal import DASLayersResult
 
     nan = torch.full((2, 1), math.nan)
-    sweep = DASSweep(variable="v", site="resid_post", layers=[0, 1], positions=["final"], k=2, iia=nan, low=nan,
-                     high=nan, random_iia=nan, logit_diff=nan, chance=0.0)
-    with pytest.raises(AnalysisError, match="no cell of this sweep has a score"):
-        sweep.best()
+    fits = DASLayersResult(variable="v", site="resid_post", layers=[0, 1], positions=["final"], k=2, iia=nan, low=nan,
+                           high=nan, random_iia=nan, logit_diff=nan, chance=0.0)
+    with pytest.raises(AnalysisError, match="no cell of these fits has a score"):
+        fits.best()
 
 
 # --- parts belong to one model ----------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_a_das_subspace_read_back_from_pyvene_files_refuses_another_model(number
 
     dataset = causal.interchange_dataset(arithmetic(tiny_model, "+", range(10, 22), range(20, 32)), "sum_mod_10",
                                          n=60, seed=0)
-    fit = causal.das(tiny_model, dataset, "resid_post", 0, "final", 2, steps=3, baselines=(), progress=False)
+    fit = causal.das(tiny_model, dataset, "resid_post", 0, 2, positions="final", steps=3, baselines=(), progress=False)
     subspace, where = causal.read_pyvene(causal.write_pyvene(fit, tmp_path / "pyvene"))
     assert subspace.meta["fingerprint"] == fingerprint(tiny_model)
     twin = tiny_bridge(number_tokenizer, seed=5)
@@ -291,5 +291,5 @@ def test_commands_check_their_outputs_and_numbers_before_work(tmp_path, capsys):
     (occupied / "notes.txt").write_text("mine")
     assert main(["train-transcoders", "zoo:add-100", "--out", str(occupied), "--steps", "1", "--json"]) == 2
     assert "already holds files" in json.loads(capsys.readouterr().out)["error"]
-    assert main(["das", "zoo:add-100", "--variable", "sum", "--sweep", "--layers", "0,x", "--json"]) == 2
+    assert main(["das", "zoo:add-100", "--variable", "sum", "--every-layer", "--layers", "0,x", "--json"]) == 2
     assert "--layers takes comma-separated whole numbers" in json.loads(capsys.readouterr().out)["error"]

@@ -76,15 +76,13 @@ def test_both_command_lines_print_through_one_summary_printer_and_error_reporter
     assert json.loads(captured.out)["exit_code"] == 2
 
 
-def test_the_old_mode_flag_still_works_and_says_its_new_name(capsys):
+def test_the_ablation_has_one_flag(capsys):
     args = ["ablate", "--components", "mlp0", "--limit", "50", "--no-progress", "--json"]
     assert main([*args, "--ablation", "zero"]) == 0
-    new = json.loads(capsys.readouterr().out)
-    assert main([*args, "--mode", "zero"]) == 0
-    captured = capsys.readouterr()
-    assert "--mode is deprecated; use --ablation instead" in captured.err
-    old = json.loads(captured.out)
-    assert old["ablation"] == new["ablation"] == "zero" and old["accuracy_after"] == new["accuracy_after"]
+    assert json.loads(capsys.readouterr().out)["ablation"] == "zero"
+    with pytest.raises(SystemExit):
+        main([*args, "--mode", "zero"])  # no second name for it
+    assert "unrecognized arguments: --mode" in capsys.readouterr().err
 
 
 def test_json_summaries_write_an_unmeasured_number_as_null(capsys):

@@ -143,7 +143,7 @@ def test_feature_edits_move_the_replacement_logits(planted, tmp_path):
 def test_bad_arguments_say_what_is_accepted(planted):
     model, _, tc, _, _ = planted["planted"]
     prompts = prompts_for_pairs(model, "+", [1, 2, 3], [4, 5, 6], "{a}+{b}=")
-    with pytest.raises(AnalysisError, match="k=8 exceeds n_features=4"):
+    with pytest.raises(ConfigError, match="k=8 exceeds n_features=4"):
         train_transcoders(model, prompts, n_features=4, k=8, progress=False)
     with pytest.raises(ConfigError, match="held_out"):
         train_transcoders(model, prompts, held_out=1.5, progress=False)
@@ -362,7 +362,7 @@ def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
     z = torch.tensor(fig.data[0].z)  # rows a, columns b = 0..19, read at b's own token
     assert int(z.mean(0).argmax()) % 10 == 6  # strongest where b ends in 6
     assert float(z.std(0).max()) < 1e-5  # and the same for every a: attention writes nothing in this model
-    with pytest.raises(AnalysisError, match="one label per feature"):
+    with pytest.raises(ConfigError, match="one label per feature"):
         feature_grids(model, tc, prompts, 0, [best], labels=["a", "b"])
 
 
@@ -440,9 +440,9 @@ def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_feature
     assert frame.loc["zero planted", "share_high"] < frame.loc["random, as many as planted", "share_low"]
     loaded = PathAblation.load(result.save(tmp_path / "paths"))
     assert torch.equal(loaded.logits, result.logits) and len(loaded.plot().data) == 1
-    with pytest.raises(AnalysisError, match="non-empty"):
+    with pytest.raises(ConfigError, match="non-empty"):
         path_ablation(model, tc, tokens, answers, {"planted": {0: []}})
-    with pytest.raises(AnalysisError, match="positions must be"):
+    with pytest.raises(ConfigError, match="positions must be"):
         path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, positions=[99])
     # the same prompts' graphs: the features kept at the last position are the carriers (each number
     # token has carriers of its own, so no one feature is kept in every graph)
@@ -453,7 +453,7 @@ def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_feature
     assert int(last["kept"].to_numpy()[along.to_numpy()].sum()) >= 6
     assert influence[along.to_numpy()].sum() > 5 * influence[~along.to_numpy()].sum()
     assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
-    with pytest.raises(AnalysisError, match="prompts is empty"):
+    with pytest.raises(ConfigError, match="prompts is empty"):
         graph_sample(model, [], tc)
 
 

@@ -236,6 +236,6 @@ def test_first_token_analyses_say_so_on_full_answer_prompts(tiny_digit_model):
 
     pairs = arithmetic(tiny_digit_model, a=range(10, 14), b=range(50, 53)).with_scoring("full_answer").counterfactual("a", seed=0)
     with pytest.warns(UserWarning, match="first answer token only"):
-        patching.attribute(tiny_digit_model, pairs, sites=["resid_pre"], progress=False)
+        patching.attribute(tiny_digit_model, pairs, "resid_pre", progress=False)
     with pytest.warns(UserWarning, match="first answer token only"):
         patching.direct_effect(tiny_digit_model, pairs, progress=False)

@@ -90,7 +90,7 @@ def test_a_mismatched_hook_point_or_convention_is_named(zoo, tmp_path):
                   str(folder / f"layer_{layer}.safetensors"))
     with pytest.raises(AnalysisError, match="W_skip transposed"):
         read_circuit_tracer_transcoders(folder, model)
-    with pytest.raises(AnalysisError, match="has no site"):
+    with pytest.raises(ConfigError, match="has no site"):
         read_circuit_tracer_transcoders(folder, feature_input_hook="attn.hook_q", feature_output_hook="hook_mlp_out")
 
 
@@ -259,7 +259,7 @@ def test_a_das_subspace_round_trips_through_pyvenes_format_with_the_same_iia(zoo
     model, _ = zoo
     prompts = task_prompts(model, "zoo:add-100", limit=600).correct_only(model)
     dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=300, seed=0)
-    fit = causal.das(model, dataset, site="mlp_post", layer=0, position=["b", "final"], k=2, steps=5,
+    fit = causal.das(model, dataset, site="mlp_post", layer=0, positions=["b", "final"], k=2, steps=5,
                      per_position=True, baselines=(), progress=False)
     folder = causal.write_pyvene(fit, tmp_path)
     config = json.loads((folder / "config.json").read_text())

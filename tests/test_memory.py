@@ -35,16 +35,16 @@ def llama(number_tokenizer, tmp_path_factory):
 
 def _count_chunks(monkeypatch) -> list:
     """Record the (start, stop) row range of every chunk of neuron maps the classification reads."""
-    from arithinterp.neurons import model as neuron_model
+    from arithinterp.neurons import maps as neuron_maps
 
     seen: list = []
-    original = neuron_model._MapRows.__call__
+    original = neuron_maps.MapRows.__call__
 
     def spy(self, start, stop):
         seen.append((start, stop))
         return original(self, start, stop)
 
-    monkeypatch.setattr(neuron_model._MapRows, "__call__", spy)
+    monkeypatch.setattr(neuron_maps.MapRows, "__call__", spy)
     return seen
 
 
@@ -102,14 +102,14 @@ def test_importance_with_a_tiny_budget_equals_the_default(llama, method):
 def test_map_rows_read_in_several_passes_equal_one_pass(llama):
     """Activations kept for a group of neurons at a time (here 100 rows per pass over the prompts)
     give the maps of one pass over every neuron."""
-    from arithinterp.neurons.model import _MapRows
+    from arithinterp.neurons.maps import MapRows
 
     model, prompts = llama
     n = model.cfg.n_layers * model.cfg.d_mlp
     layer = torch.arange(model.cfg.n_layers).repeat_interleave(model.cfg.d_mlp)
     neuron = torch.arange(model.cfg.d_mlp).repeat(model.cfg.n_layers)
-    whole = _MapRows(model, prompts, layer, neuron, None, 10**9, buffer_share=1.0)(0, n)
-    parts = _MapRows(model, prompts, layer, neuron, None, 100 * 4 * len(prompts), buffer_share=1.0)
+    whole = MapRows(model, prompts, layer, neuron, None, 10**9, buffer_share=1.0)(0, n)
+    parts = MapRows(model, prompts, layer, neuron, None, 100 * 4 * len(prompts), buffer_share=1.0)
     pieces = [parts(start, min(start + 64, n)) for start in range(0, n, 64)]
     for i in range(2):
         assert torch.allclose(torch.cat([p[i] for p in pieces]), whole[i], atol=1e-6, equal_nan=True)
@@ -123,7 +123,7 @@ def test_maps_and_mean_activation_need_no_full_activation_grid(llama):
     small = nn.maps(model, prompts, (layer, neuron), max_memory=2e5)
     assert torch.allclose(default.k_maps, small.k_maps, atol=1e-6, equal_nan=True)
     assert torch.allclose(default.kv_maps, small.kv_maps, atol=1e-6, equal_nan=True)
-    from arithinterp.neurons.model import final_activations, mean_final_activation
+    from arithinterp.neurons.final_reads import final_activations, mean_final_activation
 
     full = final_activations(model, prompts, [0, 1])
     mean = mean_final_activation(model, prompts, [0, 1], 5)
@@ -230,17 +230,17 @@ def test_attribution_patching_in_one_pair_batches_equals_the_default(llama, monk
 
     model, prompts = llama
     pairs = prompts.counterfactual(vary="a", seed=0)[:6]
-    kwargs = dict(sites=["resid_pre", "mlp_out"], method="integrated_gradients", steps=2, progress=False)
+    kwargs = dict(sites=["resid_pre", "mlp_out"], method="integrated-gradients", ig_steps=2, progress=False)
     with pytest.raises(ConfigError, match=r"max_memory=1000 bytes is too small: one pair's forward and backward") \
             as refused:
-        ai.patching.attribute(model, pairs, max_memory=1000, **kwargs)
+        ai.patching.attribute_sites(model, pairs, max_memory=1000, **kwargs)
     one_pair = int(re.search(r"needs about (\d+) bytes", str(refused.value)).group(1))
-    default = ai.patching.attribute(model, pairs, **kwargs)
+    default = ai.patching.attribute_sites(model, pairs, **kwargs)
     batches: list = []
     original = attribution.engine_run
     monkeypatch.setattr(attribution, "engine_run", lambda m, tokens, *a, **k: (batches.append(len(tokens)),
                                                                                  original(m, tokens, *a, **k))[1])
-    small = ai.patching.attribute(model, pairs, max_memory=1.5 * one_pair, **kwargs)
+    small = ai.patching.attribute_sites(model, pairs, max_memory=1.5 * one_pair, **kwargs)
     assert batches and max(batches) == 1
     for site in kwargs["sites"]:
         assert torch.allclose(default[site].values, small[site].values, atol=1e-5)

@@ -426,7 +426,7 @@ def test_importance_methods_do_what_they_are_named_for(tiny):
 
 def test_mean_ablation_value_is_the_engines_mean(tiny):
     from arithinterp.engine import mean_activation
-    from arithinterp.neurons.model import mean_final_activation
+    from arithinterp.neurons.final_reads import mean_final_activation
 
     model, prompts = tiny
     with torch.inference_mode():
@@ -441,7 +441,7 @@ def test_stepped_mean_ablation_value_equals_whole_forwards(tiny, tiny_digit_mode
     """The stacked ablations' mean value, read from stepped base runs (the last block at the final
     position only, a shared few-shot prefix computed once), is the whole-forward mean (≤ 1e-5)."""
     from arithinterp.neurons.ablation import _stepped_mean
-    from arithinterp.neurons.model import mean_final_activation
+    from arithinterp.neurons.final_reads import mean_final_activation
     from arithinterp.tasks import arithmetic
 
     few_shot = arithmetic(tiny_digit_model, a=range(10, 40, 3), b=range(50, 70, 4), few_shot=2)
@@ -511,15 +511,11 @@ def test_classify_and_ablations_run_on_a_model(tiny):
     assert len(per_prompt.plot().data) == 2 and len(result.plot().data) == 2
     with pytest.raises(ConfigError, match="unknown heuristic"):
         nn.ablate_heuristic(model, prompts, table, "result = 9999")
-    with pytest.raises(ConfigError, match="ablation mode"):
+    with pytest.raises(ConfigError, match="unknown ablation 'half'; accepted: 'mean', 'zero'"):
         nn.ablate_for_prompt(model, prompts, table, ablation="half")
-    with pytest.warns(DeprecationWarning, match=r"neurons\.ablate_heuristic\(mode=\.\.\.\) is deprecated; use "
-                                                r"neurons\.ablate_heuristic\(ablation=\.\.\.\)"):
-        old = nn.ablate_heuristic(model, prompts, table, name, mode="zero")
-    assert torch.equal(old.associated_after, result.associated_after) and old.mode == "zero"
-    with pytest.warns(DeprecationWarning, match=r"neurons\.ablate_for_prompt\(mode="), \
-            pytest.raises(ConfigError, match="ablation mode"):
-        nn.ablate_for_prompt(model, prompts, table, mode="half")
+    assert result.ablation == "zero" and per_prompt.ablation == "mean"  # one word, in the call and the result
+    with pytest.raises(ConfigError, match="mode"):
+        nn.ablate_heuristic(model, prompts, table, name, mode="zero")
 
 
 def _zoo(name):

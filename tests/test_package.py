@@ -128,27 +128,12 @@ def test_engine_is_an_attribute_of_a_fresh_import():
     assert out.split() == ["arithinterp.engine", "True"]
 
 
-@pytest.mark.parametrize("old, new", [
-    ("patching.sweep", "patching.activation_patching"),
-    ("patching.faithfulness", "patching.component_faithfulness"),
-    ("probes.sweep", "probes.probe_layers"),
-])
-def test_old_function_names_warn_and_name_the_new_one(old, new):
+@pytest.mark.parametrize("old", ["patching.sweep", "patching.faithfulness", "patching.METHODS", "probes.sweep",
+                                 "circuits.faithfulness", "circuits.circuit_faithfulness", "causal.das_sweep"])
+def test_renamed_functions_have_no_old_name(old):
+    # no release has had the old names, so there is no alias: one name per concept
     module, name = old.split(".")
-    alias, target = getattr(getattr(ai, module), name), getattr(getattr(ai, module), new.split(".")[1])
-    assert alias is not target and alias.__wrapped__ is target
-    # the warning comes before the call's own input checks, so a bad call shows both
-    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated; use {new} instead"):
-        with pytest.raises(ai.errors.ArithInterpError):
-            alias(None, None, None)
-    assert name not in getattr(ai, module).__all__  # the old name is not part of the surface
-
-
-def test_the_old_name_of_the_attribution_methods_warns():
-    with pytest.warns(DeprecationWarning, match=r"patching\.METHODS is deprecated; use patching\.ATTRIBUTION_METHODS"):
-        assert ai.patching.METHODS == ai.patching.ATTRIBUTION_METHODS == ("attribution", "integrated_gradients")
-    with pytest.raises(AttributeError, match="no attribute 'NOPE'"):
-        ai.patching.NOPE  # noqa: B018
+    assert not hasattr(getattr(ai, module), name)
 
 
 def test_a_warning_points_at_the_callers_line():

@@ -241,7 +241,7 @@ def test_compare_leaves_the_results_it_compares_unchanged(tiny_model, pairs):
 def test_integrated_gradients_completeness(tiny_model, pairs):
     """IG over the input interpolation sums to the full swap of the first residual stream."""
     kwargs = dict(layers=[0], per_position=False, progress=False)
-    ig = patching.attribute(tiny_model, pairs[:6], "resid_pre", method="integrated_gradients", steps=20, **kwargs)
+    ig = patching.attribute(tiny_model, pairs[:6], "resid_pre", method="integrated-gradients", ig_steps=20, **kwargs)
     exact = patching.activation_patching(tiny_model, pairs[:6], "resid_pre", **kwargs)
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
@@ -253,9 +253,10 @@ def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_mod
     frozen.requires_grad_(False)
     flags = [p.requires_grad for p in tiny_model.parameters()]
     sites = ["resid_pre", "resid_mid", "attn_z", "mlp_post"]
-    for method in ("attribution", "integrated_gradients"):
-        kwargs = dict(method=method, steps=4, neurons=[1, 2, 3], progress=False)
-        got, reference = patching.attribute(frozen, pairs, sites, **kwargs), patching.attribute(tiny_model, pairs, sites, **kwargs)
+    for method in ("attribution", "integrated-gradients"):
+        kwargs = dict(method=method, ig_steps=4, neurons=[1, 2, 3], progress=False)
+        got, reference = (patching.attribute_sites(frozen, pairs, sites, **kwargs),
+                          patching.attribute_sites(tiny_model, pairs, sites, **kwargs))
         for site in sites:
             assert got[site].layers == [0, 1]
             assert torch.allclose(got[site].values, reference[site].values, atol=1e-5), (method, site)
@@ -267,7 +268,7 @@ def test_attribution_on_a_frozen_model_at_every_layer(number_tokenizer, tiny_mod
     assert all(p.grad is None for p in (*frozen.parameters(), *tiny_model.parameters()))
     # completeness of integrated gradients over the first residual stream holds on the frozen model
     kwargs = dict(layers=[0], per_position=False, progress=False)
-    ig = patching.attribute(frozen, pairs[:6], "resid_pre", method="integrated_gradients", steps=20, **kwargs)
+    ig = patching.attribute(frozen, pairs[:6], "resid_pre", method="integrated-gradients", ig_steps=20, **kwargs)
     exact = patching.activation_patching(frozen, pairs[:6], "resid_pre", **kwargs)
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
 
@@ -285,7 +286,7 @@ def test_gradients_and_direct_effects_on_rotary_families(family, number_tokenize
     model.requires_grad_(False)
     family_pairs = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=1).counterfactual(vary="a", seed=0)[:6]
     kwargs = dict(layers=[0], per_position=False, progress=False)
-    ig = patching.attribute(model, family_pairs, "resid_pre", method="integrated_gradients", steps=16, **kwargs)
+    ig = patching.attribute(model, family_pairs, "resid_pre", method="integrated-gradients", ig_steps=16, **kwargs)
     exact = patching.activation_patching(model, family_pairs, "resid_pre", **kwargs)
     assert (ig.values - exact.values).abs().max() <= 0.03 * exact.values.abs().max()
     effects = patching.direct_effect(model, family_pairs, ["embed", "attn0", "mlp1"], progress=False)
@@ -327,21 +328,24 @@ def test_mean_ablation_of_an_activation_shared_by_all_prompts_changes_nothing(ti
     assert len(result.to_frame()) == 2 and result.plot().data
 
 
-def test_the_old_ablation_keyword_warns_and_gives_the_same_numbers(tiny_model):
+def test_the_ablation_is_one_keyword_and_one_result_field(tiny_model, tmp_path):
     prompts = arithmetic(tiny_model, a=range(10), b=range(10))
-    new = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], ablation="zero")
-    with pytest.warns(DeprecationWarning, match=r"patching\.ablate\(mode=\.\.\.\) is deprecated; use "
-                                                r"patching\.ablate\(ablation=\.\.\.\)"):
-        old = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], mode="zero")
-    assert torch.equal(old.logprob_after, new.logprob_after) and old.mode == "zero"
-    circuit = ["mlp0", "attn1"]
-    with pytest.warns(DeprecationWarning, match=r"patching\.component_faithfulness\(mode="):
-        old = patching.component_faithfulness(tiny_model, prompts, circuit, mode="zero")
-    assert old.faithfulness == patching.component_faithfulness(tiny_model, prompts, circuit, ablation="zero").faithfulness
-    with pytest.warns(DeprecationWarning, match=r"patching\.faithfulness is deprecated; use patching\.component_faithfulness"):
-        assert patching.faithfulness(tiny_model, prompts, circuit, ablation="zero").faithfulness == old.faithfulness
+    result = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], ablation="zero")
+    assert result.ablation == "zero" and "zero-ablated" in result.to_frame()["run"].tolist()
+    with pytest.raises(ConfigError, match="mode"):
+        patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], mode="zero")
+    faithful = patching.component_faithfulness(tiny_model, prompts, ["mlp0", "attn1"], ablation="zero")
+    assert faithful.ablation == "zero"
     with pytest.raises(ConfigError, match="accepted: 'zero', 'mean', 'resample'"):
         patching.ablate(tiny_model, prompts, ["mlp0"], ablation="half")
+    # a folder that calls the field mode, under the type's other name, loads with it as ablation
+    import json
+
+    folder = faithful.save(tmp_path / "faithful")
+    stored = json.loads((folder / "result.json").read_text())
+    stored["type"], stored["fields"]["mode"] = "FaithfulnessResult", stored["fields"].pop("ablation")
+    (folder / "result.json").write_text(json.dumps(stored))
+    assert patching.ComponentFaithfulnessResult.load(folder).ablation == "zero"
 
 
 def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):
@@ -508,9 +512,9 @@ def _every_analysis(model, digit_model):
     out = {f"sweep {site}": patching.activation_patching(model, pairs, site, neurons=[1, 2] if site == "mlp_post" else None, progress=False).values
            for site in ("resid_pre", "attn_z", "mlp_post")}
     out["sweep attn_out, whole forwards"] = patching.activation_patching(model, pairs, "attn_out", engine="hooks", progress=False).values
-    attributed = patching.attribute(model, pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[1, 2], progress=False)
-    out.update({f"attribute {site}": result.values for site, result in attributed.items()})
-    out["integrated gradients"] = patching.attribute(model, pairs, "resid_pre", method="integrated_gradients", steps=4, progress=False).values
+    attributed = patching.attribute_sites(model, pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[1, 2], progress=False)
+    out.update({f"attribute {site}": attributed[site].values for site in attributed.sites})
+    out["integrated gradients"] = patching.attribute(model, pairs, "resid_pre", method="integrated-gradients", ig_steps=4, progress=False).values
     out["ablate"] = patching.ablate(model, prompts, ["mlp0", "L1H2@final"]).logprob_after
     faithful = patching.component_faithfulness(model, prompts, ["mlp0", "attn1@final"])
     out["faithfulness"] = torch.tensor([faithful.metric_full, faithful.metric_circuit, faithful.metric_empty])
@@ -596,8 +600,9 @@ def test_bad_sweep_input_is_explained(tiny_model, pairs, kwargs, error, words):
 def test_other_bad_input_is_explained(tiny_model, pairs):
     with pytest.raises(ArithInterpError, match="empty"):
         patching.activation_patching(tiny_model, pairs[[]], "resid_pre", progress=False)
-    with pytest.raises(ConfigError, match="integrated_gradients"):
-        patching.attribute(tiny_model, pairs, "resid_pre", method="guess", progress=False)
+    for old in ("guess", "integrated_gradients"):  # one spelling: lower case, words joined by hyphens
+        with pytest.raises(ConfigError, match="'attribution', 'integrated-gradients'"):
+            patching.attribute(tiny_model, pairs, "resid_pre", method=old, progress=False)
     with pytest.raises(ConfigError, match="accepted forms"):
         patching.ablate(tiny_model, pairs.clean, ["mlp"])
     with pytest.raises(SiteError, match="0..1"):
@@ -620,7 +625,7 @@ def test_a_model_with_nan_weights_is_refused_not_reported_as_nan(number_tokenize
         with pytest.raises(AnalysisError, match="not finite"):
             patching.activation_patching(model, pairs, "resid_pre", engine=engine, progress=False)
     with pytest.raises(AnalysisError, match="not finite"):
-        patching.attribute(model, pairs, sites=["resid_pre"], progress=False)
+        patching.attribute(model, pairs, site="resid_pre", progress=False)
 
 
 def test_total_effects_are_each_components_own_patch(tiny_model, pairs):

@@ -156,6 +156,13 @@ def _comparison(i: Instances):
     return patching.compare(i.exact, patching.attribute(i.model, i.pairs, "resid_pre", progress=False))
 
 
+def _attribution(i: Instances):
+    from arithinterp import patching
+
+    return patching.attribute_sites(i.model, i.pairs, ["resid_pre", "attn_z", "mlp_post"], neurons=[0, 3],
+                                    progress=False)
+
+
 def _effects(i: Instances):
     from arithinterp import patching
 
@@ -380,14 +387,14 @@ def _das(i: Instances):
     from arithinterp import causal
 
     dataset = causal.interchange_dataset(i.prompts, "sum_mod_10", n=60, seed=0)
-    return causal.das(i.model, dataset, "resid_post", 0, "final", 2, steps=5, progress=False)
+    return causal.das(i.model, dataset, "resid_post", 0, 2, positions="final", steps=5, progress=False)
 
 
-def _das_sweep(i: Instances):
+def _das_layers(i: Instances):
     from arithinterp import causal
 
     dataset = causal.interchange_dataset(i.prompts, "sum_mod_10", n=60, seed=0)
-    return causal.das_sweep(i.model, dataset, "resid_post", layers=[0, 1], positions=["final"], k=2, steps=5,
+    return causal.das_layers(i.model, dataset, "resid_post", layers=[0, 1], positions=["final"], k=2, steps=5,
                             progress=False)
 
 
@@ -410,10 +417,11 @@ def _sweep_run(i: Instances):
 
 BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "PatchResult": _patch,
-    "Comparison": _comparison,
+    "ComparisonResult": _comparison,
+    "AttributionResult": _attribution,
     "EffectResult": _effects,
     "AblationResult": _ablation,
-    "FaithfulnessResult": _component_faithfulness,
+    "ComponentFaithfulnessResult": _component_faithfulness,
     "DigitAblationResult": _digit_ablation,
     "Circuit": _circuit,
     "FaithfulnessCurveResult": _faithfulness,
@@ -437,16 +445,16 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "NeuronImportance": _importance,
     "NeuronMaps": _maps,
     "HeuristicTable": _table,
-    "HeuristicAblation": _heuristic_ablation,
-    "PromptAblation": _prompt_ablation,
+    "HeuristicAblationResult": _heuristic_ablation,
+    "PromptAblationResult": _prompt_ablation,
     "Transcoders": _transcoders,
     "FeatureGrids": _feature_grids,
     "PathAblation": _path_ablation,
     "GraphSample": _graph_sample,
     "AttributionGraph": _graph,
     "DASResult": _das,
-    "DASSweep": _das_sweep,
-    "ReadableUsed": _readable_used,
+    "DASLayersResult": _das_layers,
+    "ReadableUsedResult": _readable_used,
     "SweepRun": _sweep_run,
 }
 
@@ -897,12 +905,12 @@ def test_every_type_declares_its_invariants_on_its_own_fields(cls):
 
 def test_the_issues_damaged_folders_are_refused(instances, tmp_path):
     """A Transcoders folder with ``layers`` reordered (it gave a wrong graph), an AttributionGraph cut short (an
-    IndexError later) and a DASSweep whose shapes disagree (a row dropped silently)."""
+    IndexError later) and a DASLayersResult whose shapes disagree (a row dropped silently)."""
     from arithinterp.errors import ResultFileError
 
     cases = [(arithinterp.features.Transcoders, "layers", lambda v: v[::-1], "strictly increasing"),
              (arithinterp.features.AttributionGraph, "nodes", lambda v: v[:-3], "share the 'node' axis"),
-             (arithinterp.causal.DASSweep, "iia", lambda v: v[:1], "share the 'layer' axis")]
+             (arithinterp.causal.DASLayersResult, "iia", lambda v: v[:1], "share the 'layer' axis")]
     for cls, field, change, message in cases:
         result = build(cls, instances)
         stored, tensors = _stored(result, tmp_path / cls.__name__)

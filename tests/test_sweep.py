@@ -294,7 +294,7 @@ def test_accepted_values_are_the_analysis_modules_own(monkeypatch):
 
     own = {("patching", "site"): patching.SWEEP_SITES, ("patching", "metric"): patching.METRICS,
            ("patching", "vary"): tasks.VARY, ("patching", "direction"): patching.DIRECTIONS,
-           ("ablation", "mode"): patching.COMPONENT_ABLATION_MODES, ("probes", "kind"): probes.PROBE_KINDS}
+           ("ablation", "ablation"): patching.COMPONENT_ABLATIONS, ("probes", "kind"): probes.PROBE_KINDS}
     for (analysis, name), values in own.items():
         param = S.ANALYSES[analysis].params[name]
         assert tuple(param.choices()) == tuple(values)

@@ -14,15 +14,15 @@ interchange between two prompts makes the model answer what the causal model pre
   (:class:`PerPosition`).
 * ``scoring`` — interchange runs through the engine; IIA and its logit-difference version.
 * ``fit`` — :func:`das` (one site) → :class:`DASResult`.
-* ``sweep`` — :func:`das_sweep` (layers × positions) → :class:`DASSweep`;
-  :func:`readable_vs_used` → :class:`ReadableUsed`.
+* ``layers`` — :func:`das_layers` (every layer × position) → :class:`DASLayersResult`;
+  :func:`readable_vs_used` → :class:`ReadableUsedResult`.
 * ``subspace_files`` — a fit's subspace as a pyvene ``LowRankRotatedSpaceIntervention`` save
   (:func:`write_pyvene`, one intervention per position for a per-position fit, the site mapping
   beside it) and back (:func:`read_pyvene`); :func:`score_subspace` scores a given subspace.
 """
 
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
-from arithinterp.causal.fit import BASELINES, METHODS, baseline_subspaces, das, probe_span
+from arithinterp.causal.fit import BASELINES, METHODS, das, probe_span
 from arithinterp.causal.interventions import (
     BoundlessSubspace, FixedSubspace, Interchange, PerPosition, RotatedSubspace, full_vector, orthonormal,
     principal_angle_cosines, random_subspace,
@@ -30,15 +30,15 @@ from arithinterp.causal.interventions import (
 from arithinterp.causal.models import (
     CausalModel, Variable, addition, for_prompts, modular_addition, single_token_addition, variables_of,
 )
-from arithinterp.causal.results import DASResult, DASSweep, ReadableUsed
+from arithinterp.causal.layers import das_layers, readable_vs_used
+from arithinterp.causal.results import DASLayersResult, DASResult, ReadableUsedResult
 from arithinterp.causal.scoring import Site, wilson
 from arithinterp.causal.subspace_files import read_pyvene, score_subspace, write_pyvene
-from arithinterp.causal.sweep import das_sweep, readable_vs_used
 
 __all__ = [
-    "BASELINES", "METHODS", "BoundlessSubspace", "CausalModel", "DASResult", "DASSweep", "FixedSubspace",
-    "Interchange", "InterchangeDataset", "PerPosition", "ReadableUsed", "RotatedSubspace", "Site", "Variable",
-    "addition", "baseline_subspaces", "das", "das_sweep", "for_prompts", "full_vector", "interchange_dataset",
+    "BASELINES", "METHODS", "BoundlessSubspace", "CausalModel", "DASLayersResult", "DASResult", "FixedSubspace",
+    "Interchange", "InterchangeDataset", "PerPosition", "ReadableUsedResult", "RotatedSubspace", "Site", "Variable",
+    "addition", "das", "das_layers", "for_prompts", "full_vector", "interchange_dataset",
     "modular_addition", "orthonormal", "principal_angle_cosines", "probe_span", "random_subspace",
     "read_pyvene", "readable_vs_used", "score_subspace", "single_token_addition", "variables_of", "wilson",
     "write_pyvene",

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from arithinterp.causal.models import CausalModel, for_prompts
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.tasks import PromptSet, answer_text
 from arithinterp.types import checked
 
@@ -150,13 +150,13 @@ def interchange_dataset(
             too few pairs left.
     """
     if not isinstance(prompts, PromptSet):
-        raise AnalysisError(f"prompts must be a PromptSet, got {type(prompts).__name__}")
+        raise ConfigError(f"prompts must be a PromptSet, got {type(prompts).__name__}")
     if len(prompts) < 4:
         raise AnalysisError(f"an interchange dataset needs at least 4 prompts, got {len(prompts)}")
     if not 0.0 < float(test_fraction) < 1.0:
-        raise AnalysisError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction!r}")
+        raise ConfigError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction!r}")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
-        raise AnalysisError(f"n must be an int >= 2 or None, got {n!r}")
+        raise ConfigError(f"n must be an int >= 2 or None, got {n!r}")
     if causal_model is None:
         causal_model = for_prompts(prompts.op, prompts.modulus, int(prompts.meta.get("n_digits", 1)),
                                    prompts.single_token_operands and int(prompts.meta.get("answer_digits", 0)) == 0)
@@ -164,7 +164,7 @@ def interchange_dataset(
     if value_from is not None:
         causal_model.check_variable(value_from)
         if value_from == variable or shuffle:
-            raise AnalysisError(f"value_from={value_from!r} is a control label for {variable!r}: it must name another "
+            raise ConfigError(f"value_from={value_from!r} is a control label for {variable!r}: it must name another "
                                 "variable, and it replaces shuffle=True (use one control at a time)")
     rng = random.Random(seed)
     values = causal_model.values(prompts.a, prompts.b)

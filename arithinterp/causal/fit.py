@@ -27,7 +27,7 @@ from arithinterp.causal.scoring import (
     Position, Runs, Site, base_values, batch_size, batches, evaluate, forward, pairs_per_step, reachable,
 )
 from arithinterp.checks import check_belongs
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.results import build_meta
 from arithinterp.types import (
     ByteSize, HookedModel, NonNegativeInt, PositiveFiniteFloat, PositiveInt, Seed, checked,
@@ -104,12 +104,12 @@ def _flush_subnormal(grad: torch.Tensor) -> torch.Tensor:
 @checked
 def das(
     model: HookedModel,
-    dataset: InterchangeDataset,
+    pairs: InterchangeDataset,
     site: str = "resid_post",
     layer: NonNegativeInt = 0,
-    position: Position = "final",
     k: PositiveInt = 2,
     *,
+    positions: Position = "final",
     method: Literal["das", "boundless"] = "das",
     steps: PositiveInt = 200,
     lr: PositiveFiniteFloat = 1e-2,
@@ -122,14 +122,14 @@ def das(
     progress: bool = True,
     engine: Literal["auto", "hooks"] = "auto",
 ) -> DASResult:
-    """Distributed alignment search for ``dataset.variable`` at one site, layer and position.
+    """Distributed alignment search for ``pairs.variable`` at one site, layer and positions.
 
     Args:
         model: the hooked model.
-        dataset: the interchange pairs (:func:`interchange_dataset`).
+        pairs: the interchange pairs (:func:`interchange_dataset`).
         site: the site whose vector is interchanged (``"resid_post"``, ``"attn_z"``, ...).
         layer: the block.
-        position: a position, or a list of them swapped together through one subspace.
+        positions: a position, or a list of them swapped together through one subspace.
         k: dimensions interchanged (DAS); for ``method="boundless"`` the boundary is learned and
             ``k`` is only the size of the random-rotation baseline (the learned one is reported).
         steps: Adam steps on batches of training pairs (the batch size comes from
@@ -139,18 +139,18 @@ def das(
         baselines: which of ``"full"``, ``"probe"``, ``"pca"``, ``"random"`` to score beside it.
         reachable_only: train and score only the pairs the site can reach (``scoring.reachable``:
             the counterfactual answer agrees with the base answer at every token predicted before
-            the earliest intervened position), for DAS, the baselines and the chance level alike;
+            the earliest intervened positions), for DAS, the baselines and the chance level alike;
             the pairs left out are counted in ``meta["unreachable"]``. Default: every pair (a pair
             the site cannot reach counts as wrong).
         head: with ``site="attn_z"``, the head whose output vector ``[d_head]`` is interchanged.
         per_position: with several positions, each gets its own learned ``k``-dimensional subspace
-            (and so does each baseline: a probe, PCA and random subspace per position) instead of
+            (and so does each baseline: a probe, PCA and random subspace per positions) instead of
             one shared by all; ``basis`` is then ``[P, d, k]``. Default: one shared subspace.
         max_memory: bytes one training or scoring batch may use (default: the engine's budget).
         seed: seeds the rotation's initialisation, the batches and the baselines.
         progress: show a progress bar.
         engine: ``"auto"``: the base prompts run once and every interchange (training steps,
-            scoring, baselines) resumes at the intervened layer and position, unembedding the
+            scoring, baselines) resumes at the intervened layer and positions, unembedding the
             answer positions alone, where the model's blocks step exactly
             (:mod:`~arithinterp.engine.interchange`; else whole forwards); ``"hooks"``: one whole
             forward per interchange (the reference; the same numbers). ``meta["engine"]`` says which ran.
@@ -160,34 +160,34 @@ def das(
         DAS and each baseline, the chance level, the learned basis ``[d, k]`` and the loss history.
 
     Raises:
-        AnalysisError: ``k`` wider than the site, ``per_position`` with one position or Boundless
-            DAS, an empty dataset, or no reachable pair.
-        ModelMismatchError: The dataset's prompts belong to another model.
+        AnalysisError: ``k`` wider than the site, ``per_position`` with one positions or Boundless
+            DAS, no pairs, or no reachable pair.
+        ModelMismatchError: The pairs' prompts belong to another model.
     """
-    _check(dataset)
-    check_belongs(model, "das", prompts=dataset.base)
-    where = Site(site, layer, position, head)
+    _check(pairs)
+    check_belongs(model, "das", prompts=pairs.base)
+    where = Site(site, layer, positions, head)
     d = where.check(model)
     if k > d:
-        raise AnalysisError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
-    n_positions = 1 if isinstance(position, (str, int)) else len(list(position))
+        raise ConfigError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
+    n_positions = 1 if isinstance(positions, (str, int)) else len(list(positions))
     if per_position and (n_positions < 2 or method != "das"):
-        raise AnalysisError(f"per_position gives each of several positions its own subspace: it needs method='das' "
+        raise ConfigError(f"per_position gives each of several positions its own subspace: it needs method='das' "
                             f"and at least 2 positions, got method={method!r} and {n_positions} position(s)")
-    size_eval = batch_size(model, dataset, training=False, max_memory=max_memory)
-    size_train = pairs_per_step(model, dataset, max_memory)
-    train_rows, test_rows, unreachable = dataset.train, dataset.test, dict(train=0, test=0)
+    size_eval = batch_size(model, pairs, training=False, max_memory=max_memory)
+    size_train = pairs_per_step(model, pairs, max_memory)
+    train_rows, test_rows, unreachable = pairs.train, pairs.test, dict(train=0, test=0)
     if reachable_only:
-        keep_train, keep_test = reachable(dataset, train_rows, position), reachable(dataset, test_rows, position)
+        keep_train, keep_test = reachable(pairs, train_rows, positions), reachable(pairs, test_rows, positions)
         unreachable = dict(train=int((~keep_train).sum()), test=int((~keep_test).sum()))
         train_rows, test_rows = train_rows[keep_train], test_rows[keep_test]
         if len(test_rows) < 1:
-            raise AnalysisError(f"no held-out pair is reachable from {position!r}: every counterfactual answer differs "
-                                "at a token predicted before it; intervene earlier")
-    if "probe" in baselines and len(torch.unique(dataset.base_value[train_rows])) < 2:  # before training, not after
-        raise AnalysisError(f"{dataset.variable!r} takes one value on the training pairs, so the probe baseline has no "
+            raise AnalysisError(f"no held-out pair is reachable from {positions!r}: every counterfactual answer "
+                                "differs at a token predicted before it; intervene earlier")
+    if "probe" in baselines and len(torch.unique(pairs.base_value[train_rows])) < 2:  # before training, not after
+        raise AnalysisError(f"{pairs.variable!r} takes one value on the training pairs, so the probe baseline has no "
                             "direction to fit; leave 'probe' out of baselines, or choose a variable that varies")
-    runs = Runs(model, dataset, where, torch.cat([train_rows, test_rows]), max_memory=max_memory, engine=engine)
+    runs = Runs(model, pairs, where, torch.cat([train_rows, test_rows]), max_memory=max_memory, engine=engine)
     sources = runs.source_values(size_eval)
     if runs.stepped:  # resumed runs are small: score many pairs per batch (the runs split it to fit memory)
         size_eval = max(size_eval, runs.eval_size)
@@ -195,31 +195,31 @@ def das(
     intervention: Interchange = RotatedSubspace(d, k, seed) if method == "das" else BoundlessSubspace(d, seed)
     if per_position:
         intervention = PerPosition([RotatedSubspace(d, k, seed + i) for i in range(n_positions)])
-    history = train(model, dataset, where, intervention, sources, steps=steps, lr=lr, size=size_train,
+    history = train(model, pairs, where, intervention, sources, steps=steps, lr=lr, size=size_train,
                     seed=seed, progress=progress, rows=train_rows, runs=runs)
     if isinstance(intervention, BoundlessSubspace):
         intervention = intervention.hard()
-    scores = {method: evaluate(model, dataset, where, intervention, sources, test_rows, size_eval, runs)}
+    scores = {method: evaluate(model, pairs, where, intervention, sources, test_rows, size_eval, runs)}
     scores[method]["k"] = intervention.k
-    train_scores = evaluate(model, dataset, where, intervention, sources, train_rows, size_eval, runs)
-    scores["none"] = evaluate(model, dataset, where, None, sources, test_rows, size_eval, runs)
+    train_scores = evaluate(model, pairs, where, intervention, sources, train_rows, size_eval, runs)
+    scores["none"] = evaluate(model, pairs, where, None, sources, test_rows, size_eval, runs)
     scores["none"]["k"] = 0
-    fixed_subspaces = baseline_subspaces(model, dataset, where, k, baselines, size_eval, seed, rows=train_rows,
+    fixed_subspaces = baseline_subspaces(model, pairs, where, k, baselines, size_eval, seed, rows=train_rows,
                                          per_position=per_position, runs=runs)
     for name, fixed in fixed_subspaces.items():
-        scores[name] = evaluate(model, dataset, where, fixed, sources, test_rows, size_eval, runs)
+        scores[name] = evaluate(model, pairs, where, fixed, sources, test_rows, size_eval, runs)
         scores[name]["k"] = fixed.k
     basis = intervention.basis().detach().float().cpu()
-    meta = build_meta(model, variable=dataset.variable, causal_model=dataset.causal_model.name,
-                      shuffled=dataset.shuffled, steps=steps, lr=lr, seed=seed, pairs=dataset.meta,
+    meta = build_meta(model, variable=pairs.variable, causal_model=pairs.causal_model.name,
+                      shuffled=pairs.shuffled, steps=steps, lr=lr, seed=seed, pairs=pairs.meta,
                       n_train=len(train_rows), n_test=len(test_rows), reachable_only=reachable_only,
                       unreachable=unreachable, head=head, per_position=per_position,
                       engine="stepped" if runs.stepped else "hooks")
     return DASResult(
-        variable=dataset.variable, site=site if head is None else f"{site}[{head}]", layer=layer,
-        position=str(position) if isinstance(position, (str, int)) else "+".join(map(str, position)), method=method,
+        variable=pairs.variable, site=site if head is None else f"{site}[{head}]", layer=layer,
+        position=str(positions) if isinstance(positions, (str, int)) else "+".join(map(str, positions)), method=method,
         k=intervention.k, iia=scores[method]["iia"], train_iia=train_scores["iia"],
-        chance=dataset.chance_over(test_rows) if reachable_only else dataset.chance,
+        chance=pairs.chance_over(test_rows) if reachable_only else pairs.chance,
         scores=scores, basis=basis, history=history, meta=meta,
     )
 

@@ -24,13 +24,13 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.types import checked
 
 
 def _check_dims(d: int, k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
-        raise AnalysisError(f"k (dimensions interchanged) must be an int in 1..{d} (the site's width), got {k!r}")
+        raise ConfigError(f"k (dimensions interchanged) must be an int in 1..{d} (the site's width), got {k!r}")
 
 
 @checked

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Callable, Mapping, Optional, Sequence
 import torch
 from pydantic import Field
 
-from arithinterp.errors import AnalysisError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.types import Accepts, checked
 
 ROOTS = ("a", "b")
@@ -85,7 +85,7 @@ class CausalModel:
     def check_variable(self, name: str) -> None:
         if name not in self.names or name == self.output:
             inner = [n for n in self.names if n != self.output]
-            raise AnalysisError(f"unknown variable {name!r} of causal model {self.name!r}; accepted: {accepted(inner)}")
+            raise ConfigError(f"unknown variable {name!r} of causal model {self.name!r}; accepted: {accepted(inner)}")
 
     def values(self, a: torch.Tensor, b: torch.Tensor,
                set_to: Optional[Mapping[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
@@ -208,7 +208,7 @@ def single_token_addition(base: int = 10) -> CausalModel:
         AnalysisError: ``base`` is not an int ≥ 2.
     """
     if isinstance(base, bool) or not isinstance(base, int) or base < 2:
-        raise AnalysisError(f"base must be an int >= 2 (the sum is split into sum // base and sum mod base), "
+        raise ConfigError(f"base must be an int >= 2 (the sum is split into sum // base and sum mod base), "
                             f"got {base!r}")
     name = "single-token-addition" if base == 10 else f"single-token-addition-base-{base}"
     return CausalModel(name, (
@@ -234,7 +234,7 @@ def modular_addition(p: int = 113) -> CausalModel:
         AnalysisError: ``p`` is not an int ≥ 2.
     """
     if isinstance(p, bool) or not isinstance(p, int) or p < 2:
-        raise AnalysisError(f"the modulus p must be an int >= 2, got {p!r}")
+        raise ConfigError(f"the modulus p must be an int >= 2, got {p!r}")
     return CausalModel(f"modular-addition-{p}", (
         Variable("sum", ("a", "b"), lambda a, b: a + b, "a + b, not reduced"),
         Variable("wraps", ("sum",), lambda s: s >= p, f"whether a + b reaches {p}"),

@@ -67,8 +67,8 @@ class DASResult(Result):
 
 
 @dataclass(frozen=True)
-class DASSweep(Result):
-    """DAS over layers × positions.
+class DASLayersResult(Result):
+    """DAS at every layer × position (:func:`~arithinterp.causal.das_layers`).
 
     Attributes:
         variable: The interchanged variable.
@@ -106,6 +106,7 @@ class DASSweep(Result):
                "positions": "position", "tokens": "position"}
     _legal = {"layers": [NON_NEGATIVE, DISTINCT], "positions": DISTINCT, "k": POSITIVE, "iia": PROBABILITY,
               "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
+    _saved_names = ("DASSweep",)
 
     def best(self) -> tuple[int, str, float]:
         """The best cell (cells without a score, NaN, are passed over).
@@ -117,7 +118,7 @@ class DASSweep(Result):
             AnalysisError: No cell has a score: there is no best one.
         """
         if not bool(torch.isfinite(self.iia).any()):
-            raise AnalysisError(f"no cell of this sweep has a score (all {self.iia.numel()} are NaN: no held-out pair "
+            raise AnalysisError(f"no cell of these fits has a score (all {self.iia.numel()} are NaN: no held-out pair "
                                 "reachable from any of its positions), so none is best")
         flat = int(torch.argmax(torch.nan_to_num(self.iia, nan=-1.0)))
         i, j = divmod(flat, self.iia.shape[1])
@@ -134,13 +135,13 @@ class DASSweep(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_das_sweep
+        from arithinterp.viz.causal import plot_das_layers
 
-        return plot_das_sweep(self, **kwargs)
+        return plot_das_layers(self, **kwargs)
 
 
 @dataclass(frozen=True)
-class ReadableUsed(Result):
+class ReadableUsedResult(Result):
     """Per variable and layer: probe accuracy (grouped folds, with its interval and shuffled-label
     control), DAS IIA and random-rotation IIA (held-out, with intervals): "readable" against "used".
 
@@ -161,6 +162,7 @@ class ReadableUsed(Result):
 
     # what load checks: the axes fields share and the values they may take
     _legal = {"k": POSITIVE}
+    _saved_names = ("ReadableUsed",)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)

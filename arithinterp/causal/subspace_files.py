@@ -34,8 +34,8 @@ from arithinterp.causal.interventions import FixedSubspace, Interchange, PerPosi
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import Runs, Site, batch_size, evaluate
 from arithinterp.checks import check_belongs
-from arithinterp.errors import AnalysisError, ResultFileError, accepted
-from arithinterp.types import ByteSize, checked
+from arithinterp.errors import AnalysisError, ConfigError, ResultFileError, accepted
+from arithinterp.types import ByteSize, HookedModel, checked
 
 PathLike = Union[str, Path]
 # this package's site -> pyvene's component name (its Hugging Face model mappings, e.g. GPT-2's)
@@ -124,17 +124,17 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
     from arithinterp.outputs import check_writable_dir
 
     if not isinstance(result, DASResult):
-        raise AnalysisError(f"result must be a DASResult, got {type(result).__name__}")
+        raise ConfigError(f"result must be a DASResult, got {type(result).__name__}")
     site, _, head = result.site.partition("[")
     if site not in TL_HOOKS:
-        raise AnalysisError(f"site {site!r} has no pyvene component here; accepted: {accepted(TL_HOOKS)}")
+        raise ConfigError(f"site {site!r} has no pyvene component here; accepted: {accepted(TL_HOOKS)}")
     bases = [result.basis] if result.basis.ndim == 2 else list(result.basis)
     positions = result.position.split("+")
     per_position = result.basis.ndim == 3
     folder = check_writable_dir(path, "write the subspace")
     component = PYVENE_COMPONENTS.get(site)
     if component is None:
-        raise AnalysisError(f"pyvene has no component for site {site!r}; accepted: {accepted(PYVENE_COMPONENTS)}")
+        raise ConfigError(f"pyvene has no component for site {site!r}; accepted: {accepted(PYVENE_COMPONENTS)}")
     representations, keys = [], []
     for i, basis in enumerate(bases):
         d, k = (int(n) for n in basis.shape)
@@ -213,18 +213,18 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
 
 
 @checked
-def score_subspace(model: Any, dataset: InterchangeDataset, intervention: Interchange, where: Site, *,
+def score_subspace(model: HookedModel, pairs: InterchangeDataset, intervention: Interchange, where: Site, *,
                    rows: Optional[torch.Tensor] = None, max_memory: Optional[ByteSize] = None) -> dict:
-    """IIA (with its 95% interval and logit difference) of a given subspace on ``dataset``'s held-out
+    """IIA (with its 95% interval and logit difference) of a given subspace on ``pairs``'s held-out
     pairs (``rows``: others), as :func:`~arithinterp.causal.das` scores its fit. A subspace read by
     :func:`read_pyvene` from a fit on another model (another weight fingerprint) is refused.
 
     Args:
         model: The hooked model.
-        dataset: The interchange pairs.
+        pairs: The interchange pairs.
         intervention: The subspace.
         where: The site, layer and position(s) it acts on.
-        rows (Int[Tensor, "n"] | None): The pairs to score (default ``dataset.test``).
+        rows (Int[Tensor, "n"] | None): The pairs to score (default ``pairs.test``).
         max_memory: Bytes one batch may use.
 
     Returns:
@@ -236,10 +236,10 @@ def score_subspace(model: Any, dataset: InterchangeDataset, intervention: Interc
     """
     check_belongs(model, "causal.score_subspace", subspace=intervention)
     where.check(model)
-    rows = dataset.test if rows is None else rows
-    runs = Runs(model, dataset, where, rows, max_memory=max_memory)
-    size = batch_size(model, dataset, training=False, max_memory=max_memory)
+    rows = pairs.test if rows is None else rows
+    runs = Runs(model, pairs, where, rows, max_memory=max_memory)
+    size = batch_size(model, pairs, training=False, max_memory=max_memory)
     sources = runs.source_values(size)
     if runs.stepped:
         size = max(size, runs.eval_size)
-    return evaluate(model, dataset, where, intervention, sources, rows, size, runs)
+    return evaluate(model, pairs, where, intervention, sources, rows, size, runs)

@@ -45,7 +45,7 @@ from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.checks import prompt_tokens
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
 from arithinterp.types import IndexList, PositiveInt, PositiveProbability, checked
@@ -192,10 +192,10 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     T = int(tokens.shape[1])
     vocab = int(model.W_U.shape[-1])
     if n_logits > vocab:
-        raise AnalysisError(f"n_logits={n_logits} is more answer tokens than the vocabulary's {vocab}")
+        raise ConfigError(f"n_logits={n_logits} is more answer tokens than the vocabulary's {vocab}")
     zeroed = list(zero_positions)
     if any(not p < T for p in zeroed):
-        raise AnalysisError(f"zero_positions must be positions in 0..{T - 1}, got {zero_positions!r}")
+        raise ConfigError(f"zero_positions must be positions in 0..{T - 1}, got {zero_positions!r}")
     state = _frozen(model, tokens, transcoders)
     got, real_logits = state["got"], state["logits"][0]
     acts = [transcoders.encode(layer, got[("mlp_in", layer)][0]) for layer in range(n_layers)]  # [T, F]

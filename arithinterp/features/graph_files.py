@@ -38,7 +38,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.types import checked
 
 PathLike = Union[str, Path]
@@ -85,7 +85,7 @@ def circuit_tracer_prune(adjacency: torch.Tensor, logit_probabilities: torch.Ten
     ``[N]``, edge mask ``[N, N]`` and each node's cumulative influence score ``[N]``."""
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 <= value <= 1.0:
-            raise AnalysisError(f"{name} must be in [0, 1], got {value!r}")
+            raise ConfigError(f"{name} must be in [0, 1], got {value!r}")
     n_logits = len(logit_probabilities)
     weights = torch.zeros(adjacency.shape[0], dtype=adjacency.dtype)
     weights[-n_logits:] = logit_probabilities.to(adjacency.dtype)
@@ -157,7 +157,7 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
     from arithinterp.outputs import check_writable_dir
 
     if not all(hasattr(graph, name) for name in ("nodes", "edges", "tokens", "prompt", "meta")):
-        raise AnalysisError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
+        raise ConfigError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
     missing = [n for n in graph.nodes if "token_id" not in n or (n["kind"] == "logit" and "probability" not in n)]
     if missing:
         raise AnalysisError("this graph's nodes carry no token ids or logit probabilities (it was made by an "

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from arithinterp.checks import check_belongs
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, classify_maps
@@ -82,7 +82,7 @@ def feature_maps(model: Any, transcoders: Transcoders, prompts: PromptSet, layer
         raise AnalysisError("feature maps read one position of every prompt: pass prompts of one length")
     T = int(prompts.tokens.shape[1])
     if not -T <= position < T:
-        raise AnalysisError(f"position must be an int in {-T}..{T - 1} for prompts of {T} tokens, got {position!r}")
+        raise ConfigError(f"position must be an int in {-T}..{T - 1} for prompts of {T} tokens, got {position!r}")
     chosen = list(range(transcoders.n_features)) if features is None else transcoders.features_of(features)
     ins, _ = mlp_activations(model, prompts.tokens, [layer])
     acts = transcoders.encode(layer, ins[0][:, position])[:, chosen]  # [N, n]
@@ -188,7 +188,7 @@ def feature_grids(model: Any, transcoders: Transcoders, prompts: PromptSet, laye
     """
     chosen = transcoders.features_of(features)
     if labels is not None and len(labels) != len(chosen):
-        raise AnalysisError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")
+        raise ConfigError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")
     k_maps, _, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
     return FeatureGrids(layer=int(layer), features=chosen, labels=[str(x) for x in labels or [""] * len(chosen)],
                         a_values=[int(a) for a in a_values], b_values=[int(b) for b in b_values],

@@ -21,7 +21,7 @@ import torch
 
 from arithinterp.checks import check_tokens
 from arithinterp.engine import run
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.interventions import feature_interventions
 from arithinterp.features.labels import LOOKUP_FAMILY
 from arithinterp.features.transcoder import Transcoders
@@ -181,22 +181,22 @@ def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, an
     transcoders.check_model(model)
     check_tokens(model, tokens)
     if answers.dtype == torch.bool or answers.is_floating_point() or answers.is_complex():
-        raise AnalysisError(f"answers must be integer token ids, got dtype {answers.dtype}")
+        raise ConfigError(f"answers must be integer token ids, got dtype {answers.dtype}")
     answers = answers.long()
     if tokens.ndim != 2 or answers.shape != (tokens.shape[0],) or tokens.shape[0] < 2:
-        raise AnalysisError(f"tokens must be [N ≥ 2, T] and answers [N]; got {tuple(tokens.shape)} and "
+        raise ConfigError(f"tokens must be [N ≥ 2, T] and answers [N]; got {tuple(tokens.shape)} and "
                             f"{tuple(answers.shape)}")
     if not paths or any(_count(f) == 0 for f in paths.values()):
-        raise AnalysisError(f"paths must map each name to a non-empty {{layer: [features]}}; got sizes "
+        raise ConfigError(f"paths must map each name to a non-empty {{layer: [features]}}; got sizes "
                             f"{ {k: _count(v) for k, v in paths.items()} }")
     paths = {name: {layer: transcoders.features_of(chosen, f"path {name!r} at layer {layer}")
                     for layer, chosen in features.items() if transcoders.index(layer) >= 0}
              for name, features in paths.items()}
     T, V = int(tokens.shape[1]), int(model.W_U.shape[-1])
     if positions is not None and (not len(positions) or any(not -T <= p < T for p in positions)):
-        raise AnalysisError(f"positions must be None or a non-empty list of ints in {-T}..{T - 1}, got {positions!r}")
+        raise ConfigError(f"positions must be None or a non-empty list of ints in {-T}..{T - 1}, got {positions!r}")
     if bool(((answers < 0) | (answers >= V)).any()):
-        raise AnalysisError(f"answers must be token ids in 0..{V - 1}")
+        raise ConfigError(f"answers must be token ids in 0..{V - 1}")
     where = None if positions is None else [int(p) for p in positions]
     generator = torch.Generator().manual_seed(seed)
 

@@ -97,7 +97,7 @@ def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *
 
     prompts = list(prompts)
     if not prompts:
-        raise AnalysisError("prompts is empty; give at least one prompt")
+        raise ConfigError("prompts is empty; give at least one prompt")
     unknown = sorted(set(graph) - set(inspect.signature(attribution_graph).parameters) - {"progress", "labels"})
     if unknown:
         raise ConfigError(f"graph_sample: unknown option(s) {unknown} for attribution_graph")

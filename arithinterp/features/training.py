@@ -266,7 +266,7 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
     if len(set(chosen)) != len(chosen):
         raise ConfigError(f"layers {layers} names a layer twice; each layer has one transcoder")
     if k > n_features:
-        raise AnalysisError(f"k={k} exceeds n_features={n_features}; k is how many features fire per row")
+        raise ConfigError(f"k={k} exceeds n_features={n_features}; k is how many features fire per row")
     # one layer trains at a time: its weights, their gradients and Adam's two moments, and a batch's rows
     d = int(model.cfg.d_model)
     need = 4 * (4 * (2 * d * n_features + n_features + d + d * d) + 6 * batch_size * (n_features + d))

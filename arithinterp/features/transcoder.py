@@ -30,7 +30,7 @@ import torch
 
 from arithinterp.engine import Intervention
 from arithinterp.checks import check_fingerprint, check_model
-from arithinterp.errors import AnalysisError, ModelMismatchError, SiteError
+from arithinterp.errors import AnalysisError, ConfigError, ModelMismatchError, SiteError
 from arithinterp.results import INCREASING, NON_NEGATIVE, POSITIVE, Result
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F]
@@ -67,7 +67,7 @@ def activate(pre: torch.Tensor, activation: str, k: int, threshold: Optional[tor
         if threshold is None:
             raise AnalysisError("a 'jumprelu' transcoder needs a threshold per feature; none was given")
         return pre * (pre > threshold.to(pre.dtype))
-    raise AnalysisError(f"unknown activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
+    raise ConfigError(f"unknown activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Transcoders(Result):
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
-            raise AnalysisError(f"unknown activation {self.activation!r}; accepted: {', '.join(ACTIVATIONS)}")
+            raise ConfigError(f"unknown activation {self.activation!r}; accepted: {', '.join(ACTIVATIONS)}")
         if self.activation == "jumprelu" and (self.threshold is None or self.threshold.shape != self.b_enc.shape):
             raise AnalysisError(f"a 'jumprelu' set needs threshold [L, F] = {tuple(self.b_enc.shape)}, got "
                                 f"{None if self.threshold is None else tuple(self.threshold.shape)}")
@@ -208,12 +208,12 @@ class Transcoders(Result):
         transcoders have and none twice."""
         chosen = [int(f) for f in features]
         if not chosen:
-            raise AnalysisError(f"{what} is empty; name at least one feature in 0..{self.n_features - 1}")
+            raise ConfigError(f"{what} is empty; name at least one feature in 0..{self.n_features - 1}")
         outside = [f for f in chosen if f >= self.n_features]
         if outside:
-            raise AnalysisError(f"{what} {outside[:5]} are not features of these transcoders (accepted: "
+            raise ConfigError(f"{what} {outside[:5]} are not features of these transcoders (accepted: "
                                 f"0..{self.n_features - 1})")
         if len(set(chosen)) != len(chosen):
             twice = sorted({f for f in chosen if chosen.count(f) > 1})
-            raise AnalysisError(f"{what} names {twice[:5]} more than once; name each feature once")
+            raise ConfigError(f"{what} names {twice[:5]} more than once; name each feature once")
         return chosen

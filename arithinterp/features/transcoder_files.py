@@ -39,7 +39,7 @@ import torch
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError, ModelFileError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, ModelFileError, accepted
 from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
 from arithinterp.types import checked
 
@@ -74,11 +74,11 @@ def hook_site(hook: str) -> tuple[str, Optional[int]]:
     """This package's site and the layer (``None`` when the name has no ``blocks.{i}.``) of a
     TransformerLens hook name (``"blocks.3.hook_mlp_out"`` → ``("mlp_out", 3)``)."""
     if not isinstance(hook, str):
-        raise AnalysisError(f"a hook name must be a string, got {hook!r}")
+        raise ConfigError(f"a hook name must be a string, got {hook!r}")
     match = re.fullmatch(r"blocks\.(\d+)\.(.+)", hook)
     layer, name = (int(match.group(1)), match.group(2)) if match else (None, hook)
     if name not in HOOK_SITES:
-        raise AnalysisError(f"hook point {hook!r} has no site in this package; hook names read: {accepted(HOOK_SITES)}")
+        raise ConfigError(f"hook point {hook!r} has no site in this package; hook names read: {accepted(HOOK_SITES)}")
     return HOOK_SITES[name], layer
 
 
@@ -257,7 +257,7 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
     from arithinterp.outputs import check_writable_dir
 
     if not isinstance(transcoders, Transcoders):
-        raise AnalysisError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
+        raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
     if transcoders.layers != list(range(len(transcoders.layers))):
         raise AnalysisError(f"circuit-tracer's layout needs a transcoder for every layer from 0; these cover "
                             f"{transcoders.layers}")
@@ -411,7 +411,7 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
     from arithinterp.outputs import check_writable_dir
 
     if not isinstance(transcoders, Transcoders):
-        raise AnalysisError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
+        raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
     if transcoders.activation == "topk_signed":
         raise AnalysisError("SAELens has no TopK without ReLU; a 'topk_signed' set can be written in "
                             "circuit-tracer's layout only")
@@ -547,7 +547,7 @@ def _mismatch(transcoders: Transcoders, layer: int, fvu: float, limit: float, go
 def _prompt_tokens(model: Any, prompts: Any) -> torch.Tensor:
     if isinstance(prompts, torch.Tensor):
         if prompts.ndim != 2 or prompts.dtype not in (torch.int64, torch.int32):
-            raise AnalysisError(f"prompts as token ids must be an int tensor [N, T], got {tuple(prompts.shape)}")
+            raise ConfigError(f"prompts as token ids must be an int tensor [N, T], got {tuple(prompts.shape)}")
         return prompts
     if prompts is None:
         from arithinterp.models.zoo import task_prompts
@@ -561,5 +561,5 @@ def _prompt_tokens(model: Any, prompts: Any) -> torch.Tensor:
                                 "prompts= (a PromptSet or token ids [N, T]) to check the transcoders on") from None
     tokens = getattr(prompts, "tokens", None)
     if not isinstance(tokens, torch.Tensor):
-        raise AnalysisError(f"prompts must be a PromptSet or token ids [N, T], got {type(prompts).__name__}")
+        raise ConfigError(f"prompts must be a PromptSet or token ids [N, T], got {type(prompts).__name__}")
     return tokens

@@ -32,14 +32,18 @@ Submodules, each importing only the ones before it:
 * ``table`` — the classification result, :class:`HeuristicTable`.
 * ``scoring`` — the pure, vectorised scoring of maps (:func:`score_maps`), the cell-shuffle test
   (:func:`shuffle_p_values`, :func:`benjamini_hochberg`) and :func:`classify_maps`.
-* ``model`` — running the model: :func:`importance`, :func:`maps`, :func:`classify`.
+* ``final_reads`` — reading ``mlp_post`` at the final position, batch by batch, and the checks the
+  neuron analyses share.
+* ``importance`` — :func:`importance` → :class:`NeuronImportance`.
+* ``maps`` — :func:`maps` → :class:`NeuronMaps`, the K and KV maps over the operand grid.
+* ``model`` — :func:`classify`: importance, maps and scoring run on a model.
 * ``ablation`` — :func:`ablate_heuristic` and :func:`ablate_for_prompt`.
 """
 
 from arithinterp.neurons.ablation import (
-    NEURON_ABLATION_MODES,
-    HeuristicAblation,
-    PromptAblation,
+    NEURON_ABLATIONS,
+    HeuristicAblationResult,
+    PromptAblationResult,
     ablate_for_prompt,
     ablate_heuristic,
 )
@@ -56,14 +60,9 @@ from arithinterp.neurons.heuristics import (
     apply_op,
     build_heuristics,
 )
-from arithinterp.neurons.model import (
-    IMPORTANCE_METHODS,
-    NeuronImportance,
-    NeuronMaps,
-    classify,
-    importance,
-    maps,
-)
+from arithinterp.neurons.importance import IMPORTANCE_METHODS, NeuronImportance, importance
+from arithinterp.neurons.maps import NeuronMaps, maps
+from arithinterp.neurons.model import classify
 from arithinterp.neurons.scoring import benjamini_hochberg, classify_maps, score_maps, shuffle_p_values
 from arithinterp.neurons.table import HeuristicTable
 
@@ -90,9 +89,9 @@ __all__ = [
     "HeuristicTable",
     "NeuronImportance",
     "NeuronMaps",
-    "HeuristicAblation",
-    "PromptAblation",
+    "HeuristicAblationResult",
+    "PromptAblationResult",
     "Grid",
-    "NEURON_ABLATION_MODES",
+    "NEURON_ABLATIONS",
     "IMPORTANCE_METHODS",
 ]

@@ -13,11 +13,10 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
 from arithinterp import sites as site_lib
-from arithinterp.deprecation import renamed_keyword
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.budget import memory_budget
-from arithinterp.neurons.model import check_engine, check_prompts, final_position_batches, mean_final_activation
+from arithinterp.neurons.final_reads import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import NON_NEGATIVE, POSITIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
@@ -25,14 +24,14 @@ from arithinterp.types import HookedModel, checked
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
 
-NEURON_ABLATION_MODES = ("mean", "zero")
+NEURON_ABLATIONS = ("mean", "zero")
 
 
 # --- results -------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class HeuristicAblation(Result):
+class HeuristicAblationResult(Result):
     """Accuracy after ablating each heuristic's neurons, on associated vs other prompts.
 
     Attributes:
@@ -46,7 +45,7 @@ class HeuristicAblation(Result):
             heuristic's neurons ablated.
         other_before (Float[Tensor, "heuristic"]): Accuracy on the other prompts, nothing ablated.
         other_after (Float[Tensor, "heuristic"]): Accuracy on the other prompts, neurons ablated.
-        mode: ``"mean"`` or ``"zero"``.
+        ablation: ``"mean"`` or ``"zero"``.
         meta: Provenance, the prompt count and the table's threshold.
     """
 
@@ -59,7 +58,7 @@ class HeuristicAblation(Result):
     associated_after: torch.Tensor
     other_before: torch.Tensor
     other_after: torch.Tensor
-    mode: str
+    ablation: str
     meta: dict = dataclasses.field(default_factory=dict)
 
     # what load checks: the axes fields share and the values they may take
@@ -68,7 +67,9 @@ class HeuristicAblation(Result):
                "associated_after": "heuristic", "other_before": "heuristic", "other_after": "heuristic"}
     _legal = {"n_neurons": NON_NEGATIVE, "n_associated": NON_NEGATIVE, "n_other": NON_NEGATIVE,
               "associated_before": PROBABILITY, "associated_after": PROBABILITY, "other_before": PROBABILITY,
-              "other_after": PROBABILITY}
+              "other_after": PROBABILITY, "ablation": NEURON_ABLATIONS}
+    _saved_names = ("HeuristicAblation",)
+    _field_names = {"mode": "ablation"}
 
     def summary(self) -> dict[str, float]:
         """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops.
@@ -110,7 +111,7 @@ class HeuristicAblation(Result):
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptAblation(Result):
+class PromptAblationResult(Result):
     """Per-prompt ablation of each prompt's own heuristic neurons vs a random control.
 
     Attributes:
@@ -122,7 +123,7 @@ class PromptAblation(Result):
             both arms).
         baseline: The accuracy with nothing ablated.
         n_prompts: The number of prompts.
-        mode: ``"mean"`` or ``"zero"``.
+        ablation: ``"mean"`` or ``"zero"``.
         meta: Provenance, ``rank_by``, the seed and the table's threshold.
     """
 
@@ -132,13 +133,16 @@ class PromptAblation(Result):
     n_ablated: torch.Tensor
     baseline: float
     n_prompts: int
-    mode: str
+    ablation: str
     meta: dict = dataclasses.field(default_factory=dict)
 
     # what load checks: the axes fields share and the values they may take
     _shapes = {"ks": "k", "heuristic_correct": "k", "control_correct": "k", "n_ablated": "k"}
     _legal = {"ks": POSITIVE, "heuristic_correct": PROBABILITY, "control_correct": PROBABILITY,
-              "n_ablated": NON_NEGATIVE, "baseline": PROBABILITY, "n_prompts": NON_NEGATIVE}
+              "n_ablated": NON_NEGATIVE, "baseline": PROBABILITY, "n_prompts": NON_NEGATIVE,
+              "ablation": NEURON_ABLATIONS}
+    _saved_names = ("PromptAblation",)
+    _field_names = {"mode": "ablation"}
 
     def to_frame(self) -> pd.DataFrame:
         rows = []
@@ -156,24 +160,25 @@ class PromptAblation(Result):
 # --- ablations -----------------------------------------------------------------------------------
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in NEURON_ABLATION_MODES:
-        raise ConfigError(f"unknown ablation mode {mode!r}; accepted: {accepted(NEURON_ABLATION_MODES)}")
+def _check_ablation(ablation: str) -> None:
+    if ablation not in NEURON_ABLATIONS:
+        raise ConfigError(f"unknown ablation {ablation!r}; accepted: {accepted(NEURON_ABLATIONS)}")
 
 
-def _replacement(model, prompts, layers: list[int], mode: str, batch_size: int, choice: str = "hooks") -> torch.Tensor:
+def _replacement(model, prompts, layers: list[int], ablation: str, batch_size: int,
+                 choice: str = "hooks") -> torch.Tensor:
     """What an ablated neuron is set to, ``[L, d_mlp]``: its mean ablation value at the final
-    position (:func:`~arithinterp.neurons.model.mean_final_activation`, the engine's one
+    position (:func:`~arithinterp.neurons.final_reads.mean_final_activation`, the engine's one
     definition, over ``prompts``), or 0. Unless ``choice`` is ``"hooks"`` the activations come
     from stepped base runs where the model allows (:func:`_stepped_mean`)."""
-    if mode == "zero":
+    if ablation == "zero":
         return torch.zeros(len(layers), int(model.cfg.d_mlp))
     stepped = None if choice == "hooks" else _stepped_mean(model, prompts, layers, batch_size)
     return stepped if stepped is not None else mean_final_activation(model, prompts, layers, batch_size)
 
 
 def _stepped_mean(model, prompts, layers: list[int], batch_size: int) -> Optional[torch.Tensor]:
-    """:func:`~arithinterp.neurons.model.mean_final_activation` from stepped base runs
+    """:func:`~arithinterp.neurons.final_reads.mean_final_activation` from stepped base runs
     (:func:`arithinterp.engine.steppers.read_last`): the last block runs the final position only and
     the first tokens the prompts share are computed once, where a whole forward computes every
     position. ``None`` when a batch cannot be read that way (padded rows, blocks that cannot be
@@ -296,12 +301,11 @@ def ablate_heuristic(
     heuristic: Union[str, Sequence[str], None] = None,
     *,
     ablation: str = "mean",
-    mode: Optional[str] = None,
     min_neurons: int = 1,
     batch_size: int = 512,
     engine: str = "auto",
-    progress: bool = False,
-) -> HeuristicAblation:
+    progress: bool = True,
+) -> HeuristicAblationResult:
     """Ablate the neurons of each heuristic; accuracy on associated vs other prompts (Nikankin et al. 2025).
 
     A prompt is associated with a heuristic when its (a, b, result) satisfies it. Neurons are
@@ -316,7 +320,6 @@ def ablate_heuristic(
         heuristic: a name, a list of names, or ``None`` for every heuristic that labels at least
             ``min_neurons`` neurons.
         ablation: ``"mean"`` or ``"zero"``.
-        mode: deprecated alias of ``ablation`` (warns).
         min_neurons: with ``heuristic=None``, the fewest neurons a heuristic must label.
         batch_size: prompts per forward.
         engine: ``"auto"`` (the heuristics stacked and resumed from their lowest ablated layer at the
@@ -334,10 +337,9 @@ def ablate_heuristic(
         ModelMismatchError: The prompts or table belong to another model.
     """
     check_belongs(model, "neurons.ablate_heuristic", prompts=prompts, table=table)
-    mode = renamed_keyword("neurons.ablate_heuristic", "mode", mode, "ablation", ablation, "mean")
     check_prompts(prompts)
     _check_table(model, table)
-    _check_mode(mode)
+    _check_ablation(ablation)
     check_engine(engine)
     if heuristic is None:
         counts = table.labels.sum(0)
@@ -349,7 +351,7 @@ def ablate_heuristic(
         for n in names:
             table.index(n)
     layers = sorted(set(table.layer.tolist()))
-    fill = _replacement(model, prompts, layers, mode, batch_size, engine)
+    fill = _replacement(model, prompts, layers, ablation, batch_size, engine)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
     associated = _association(table, prompts, names)
     d_mlp = int(model.cfg.d_mlp)
@@ -385,11 +387,11 @@ def ablate_heuristic(
         for arm, sel in (("associated", assoc), ("other", ~assoc)):
             rows[f"{arm}_before"].append(float(before[sel].float().mean()) if sel.any() else float("nan"))
             rows[f"{arm}_after"].append(float(after[sel].float().mean()) if sel.any() else float("nan"))
-    return HeuristicAblation(
+    return HeuristicAblationResult(
         heuristics=names,
         families=[table.families[table.index(n)] for n in names],
         **{k: torch.tensor(v, dtype=torch.long if k.startswith("n_") else torch.float32) for k, v in rows.items()},
-        mode=mode,
+        ablation=ablation,
         meta=build_meta(model, n_prompts=len(prompts), threshold=table.threshold),
     )
 
@@ -402,13 +404,12 @@ def ablate_for_prompt(
     k: Union[int, Sequence[int]] = (1, 2, 5, 10, 20),
     *,
     ablation: str = "mean",
-    mode: Optional[str] = None,
     rank_by: str = "score",
     seed: int = 0,
     batch_size: int = 512,
     engine: str = "auto",
-    progress: bool = False,
-) -> PromptAblation:
+    progress: bool = True,
+) -> PromptAblationResult:
     """For each prompt, ablate the neurons whose heuristics it satisfies, vs a random control.
 
     Per prompt and layer, up to ``k`` of the table's neurons with a heuristic the prompt
@@ -423,7 +424,6 @@ def ablate_for_prompt(
         table: The classification whose neurons are ablated.
         k: Neurons ablated per prompt and layer, one number or several.
         ablation: ``"mean"`` or ``"zero"``.
-        mode: Deprecated alias of ``ablation`` (warns).
         rank_by: ``"score"`` or ``"importance"``.
         seed: Seeds the control's draw.
         batch_size: Prompts per forward.
@@ -440,10 +440,9 @@ def ablate_for_prompt(
         ModelMismatchError: The prompts or table belong to another model.
     """
     check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
-    mode = renamed_keyword("neurons.ablate_for_prompt", "mode", mode, "ablation", ablation, "mean")
     check_prompts(prompts)
     _check_table(model, table)
-    _check_mode(mode)
+    _check_ablation(ablation)
     check_engine(engine)
     if rank_by not in ("score", "importance"):
         raise ConfigError(f"unknown rank_by {rank_by!r}; accepted: 'score', 'importance'")
@@ -467,7 +466,7 @@ def ablate_for_prompt(
         priority = table.importance[None].expand(len(prompts), -1)
     generator = torch.Generator().manual_seed(seed)
     layers = sorted(set(table.layer.tolist()))
-    fill = _replacement(model, prompts, layers, mode, batch_size, engine)
+    fill = _replacement(model, prompts, layers, ablation, batch_size, engine)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
     d_mlp = int(model.cfg.d_mlp)
     P = len(prompts)
@@ -490,14 +489,14 @@ def ablate_for_prompt(
         sizes.append(float(total.mean()))
     accuracy = _correct_many(model, prompts, cells, replacement, batch_size, engine).float().mean(1)
     baseline = accuracy[0]
-    return PromptAblation(
+    return PromptAblationResult(
         ks=ks,
         heuristic_correct=accuracy[1::2].clone(),
         control_correct=accuracy[2::2].clone(),
         n_ablated=torch.tensor(sizes),
         baseline=float(baseline),
         n_prompts=P,
-        mode=mode,
+        ablation=ablation,
         meta=build_meta(model, n_prompts=P, rank_by=rank_by, seed=seed, threshold=table.threshold),
     )
 

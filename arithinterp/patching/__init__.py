@@ -4,9 +4,10 @@
   neurons), with per-pair values, mean, standard error and a bootstrap interval
   (Kantamneni & Tegmark 2025; Nikankin et al. 2025; Stolfo et al. 2023).
 * :func:`attribute` — attribution patching, ``grad · (source − base)``, or its integrated-gradients
-  variant, for every cell of several sites in a few forwards and one backward per batch; returns
-  the same :class:`PatchResult` as :func:`activation_patching`. :func:`compare` reports how well it tracks the
-  exact sweep.
+  variant, for every cell of a site in a few forwards and one backward per batch; returns the same
+  :class:`PatchResult` as :func:`activation_patching`. :func:`attribute_sites` does several sites
+  from the same passes (an :class:`AttributionResult`). :func:`compare` reports how well it tracks
+  the exact sweep.
 * :func:`direct_effect` — direct effect of components (their corrupt − clean output added straight
   into the final residual stream) next to their total effect (Kantamneni & Tegmark 2025).
 * :func:`ablate` and :func:`component_faithfulness` — zero / mean / resample ablation of heads and
@@ -34,23 +35,29 @@ the one mean-ablation value). Half-precision models run in their dtype; metrics 
 float32.
 """
 
-from arithinterp.patching.attribution import Comparison, attribute, attribution_vs_exact, compare
+from arithinterp.patching.attribution import (
+    ComparisonResult,
+    attribute,
+    attribute_sites,
+    attribution_vs_exact,
+    compare,
+)
+from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.components import (
     COMPONENT_FORMS,
     FAITHFULNESS_METRICS,
     AblationResult,
     EffectResult,
-    FaithfulnessResult,
+    ComponentFaithfulnessResult,
     ablate,
     default_components,
     direct_effect,
     component_faithfulness,
 )
-from arithinterp.deprecation import deprecated, warn_renamed
 from arithinterp.metrics import DIRECTIONS, METRICS
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import (
-    COMPONENT_ABLATION_MODES,
+    COMPONENT_ABLATIONS,
     ATTRIBUTE_SITES,
     ATTRIBUTION_METHODS,
     SWEEP_SITES,
@@ -61,13 +68,10 @@ from arithinterp.patching.digits import FEEDS as DIGIT_FEEDS
 from arithinterp.patching.digits import DigitAblationResult, digit_ablation, digit_pairs, vary_digit
 from arithinterp.patching.exact import activation_patching
 
-# old names: each call warns and names the new one
-sweep = deprecated("patching.sweep", "patching.activation_patching")(activation_patching)
-faithfulness = deprecated("patching.faithfulness", "patching.component_faithfulness")(component_faithfulness)
-
 __all__ = [
     "activation_patching",
     "attribute",
+    "attribute_sites",
     "compare",
     "attribution_vs_exact",
     "direct_effect",
@@ -79,10 +83,11 @@ __all__ = [
     "vary_digit",
     "summarize",
     "PatchResult",
-    "Comparison",
+    "AttributionResult",
+    "ComparisonResult",
     "EffectResult",
     "AblationResult",
-    "FaithfulnessResult",
+    "ComponentFaithfulnessResult",
     "DigitAblationResult",
     "SWEEP_SITES",
     "ATTRIBUTE_SITES",
@@ -90,15 +95,8 @@ __all__ = [
     "DIRECTIONS",
     "ENGINES",
     "ATTRIBUTION_METHODS",
-    "COMPONENT_ABLATION_MODES",
+    "COMPONENT_ABLATIONS",
     "COMPONENT_FORMS",
     "FAITHFULNESS_METRICS",
     "DIGIT_FEEDS",
 ]
-
-
-def __getattr__(name: str):
-    if name == "METHODS":  # the old name, which causal.METHODS (the DAS methods) shared
-        warn_renamed("patching.METHODS", "patching.ATTRIBUTION_METHODS", stacklevel=2)
-        return ATTRIBUTION_METHODS
-    raise AttributeError(f"module 'arithinterp.patching' has no attribute {name!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
@@ -20,7 +20,7 @@ from arithinterp.engine.budget import (
     forward_logits_bytes_per_prompt,
     memory_budget,
 )
-from arithinterp.errors import AnalysisError, SiteError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.patching.core import (
     ATTRIBUTE_SITES,
@@ -32,10 +32,11 @@ from arithinterp.patching.core import (
     resolve_units,
     warn_first_token_only,
 )
+from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import CORRELATION, Result, build_meta
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import ByteSize, HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -72,35 +73,14 @@ def _pairs_per_batch(model: HookedModel, sites: list[str], n_reads: int, pairs: 
     return chunk_for(budget, per_pair, "pair's forward and backward", high=1024)
 
 
-@overload
-def attribute(
-    model: HookedModel, pairs: PromptPairs, sites: str, method: str = ..., steps: int = ...,
-    metric: Union[str, Callable] = ...,
-    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
-    neurons: Optional[Sequence[int]] = ...,
-    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: Optional[int] = ...,
-    max_memory: Optional[ByteSize] = ..., seed: int = ..., progress: bool = ...,
-) -> PatchResult: ...
-
-
-@overload
-def attribute(
-    model: HookedModel, pairs: PromptPairs, sites: Union[list[str], tuple[str, ...]] = ..., method: str = ...,
-    steps: int = ..., metric: Union[str, Callable] = ...,
-    layers: Optional[Sequence[int]] = ..., positions=..., heads: Optional[Sequence[int]] = ...,
-    neurons: Optional[Sequence[int]] = ...,
-    direction: str = ..., normalize: bool = ..., *, per_position: bool = ..., batch_size: Optional[int] = ...,
-    max_memory: Optional[ByteSize] = ..., seed: int = ..., progress: bool = ...,
-) -> dict[str, PatchResult]: ...
-
-
 @checked
 def attribute(
     model: HookedModel,
     pairs: PromptPairs,
-    sites: Union[str, Sequence[str]] = ("resid_pre",),
+    site: str = "resid_pre",
+    *,
     method: str = "attribution",
-    steps: int = 10,
+    ig_steps: PositiveInt = 10,
     metric: Union[str, Callable] = "logit_diff",
     layers: Optional[Sequence[int]] = None,
     positions=None,
@@ -108,22 +88,22 @@ def attribute(
     neurons: Optional[Sequence[int]] = None,
     direction: str = "denoise",
     normalize: bool = False,
-    *,
     per_position: bool = True,
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     seed: int = 0,
     progress: bool = True,
-) -> Union[PatchResult, dict[str, PatchResult]]:
+) -> PatchResult:
     """Attribution patching: a first-order estimate of every cell of :func:`activation_patching` at once.
 
     ``method="attribution"``: the estimated effect of a cell is ``Σ grad · (source − base)`` over
     the cell's activation, with the gradient of the metric taken on the base run (one forward for
     the source activations, one forward and one backward for the base run, per batch — two forwards
-    and one backward for every cell of every site; Nanda 2023,
-    "Attribution patching"; Nikankin et al. 2025 rank neurons this way). ``"integrated_gradients"``:
-    the gradient is averaged over ``steps`` runs whose token embeddings are interpolated from the
-    base to the source prompt (midpoint rule; the EAP-IG variant of Hanna et al. 2024).
+    and one backward for every cell; Nanda 2023, "Attribution patching"; Nikankin et al. 2025 rank
+    neurons this way). ``"integrated-gradients"``: the gradient is averaged over ``ig_steps`` runs
+    whose token embeddings are interpolated from the base to the source prompt (midpoint rule; the
+    EAP-IG variant of Hanna et al. 2024). :func:`attribute_sites` estimates several sites from the
+    same passes.
 
     The values are ``base metric + estimated effect`` so they sit on the same scale as the exact
     sweep's. Gradients are taken at the engine's reads (:func:`arithinterp.engine.run` with
@@ -134,9 +114,9 @@ def attribute(
     Args:
         model: The hooked model.
         pairs: Clean / corrupt prompt pairs.
-        sites: One site name, or several (any of :data:`ATTRIBUTE_SITES`).
-        method: ``"attribution"`` or ``"integrated_gradients"``.
-        steps: Interpolation steps of ``"integrated_gradients"``.
+        site: The site (any of :data:`ATTRIBUTE_SITES`).
+        method: ``"attribution"`` or ``"integrated-gradients"``.
+        ig_steps: Interpolation steps of ``"integrated-gradients"``.
         metric: As for :func:`activation_patching`.
         layers: Layers to score (default: all).
         positions: As for :func:`activation_patching`.
@@ -146,26 +126,83 @@ def attribute(
         normalize: Normalize as :func:`activation_patching` does.
         per_position: False scores every position at once (no position axis).
         batch_size: Pairs per batch, or None: as many as fit ``max_memory`` with a forward kept for
-            the backward and every site's reads four times over.
+            the backward and the site's reads four times over.
         max_memory: Bytes one batch may use (:func:`arithinterp.engine.budget.memory_budget`; default
             from the model's size and the machine's available memory).
         seed: Seeds the bootstrap interval.
         progress: Show a progress bar.
 
     Returns:
-        For a single site name one :class:`PatchResult` (``values [pair, layer, position?,
-        head_or_neuron?]``), else ``{site: PatchResult}`` for a list of sites.
+        The estimate as a :class:`PatchResult` (``values [pair, layer, position?, head_or_neuron?]``).
 
     Raises:
-        SiteError: An empty or unknown site list, or a layer, position, head or neuron out of range.
+        SiteError: An unknown site, or a layer, position, head or neuron out of range.
         ConfigError: An unknown method, direction or metric, or a batch too large for ``max_memory``.
         AnalysisError: Pairs that cannot be patched.
         ModelMismatchError: The pairs were built for another model.
     """
     check_belongs(model, "patching.attribute", pairs=pairs)
+    return _attribute(model, pairs, [site], method, ig_steps, metric, layers, positions, heads, neurons, direction,
+                      normalize, per_position, batch_size, max_memory, seed, progress)[site]
+
+
+@checked
+def attribute_sites(
+    model: HookedModel,
+    pairs: PromptPairs,
+    sites: Sequence[str] = ("resid_pre",),
+    *,
+    method: str = "attribution",
+    ig_steps: PositiveInt = 10,
+    metric: Union[str, Callable] = "logit_diff",
+    layers: Optional[Sequence[int]] = None,
+    positions=None,
+    heads: Optional[Sequence[int]] = None,
+    neurons: Optional[Sequence[int]] = None,
+    direction: str = "denoise",
+    normalize: bool = False,
+    per_position: bool = True,
+    batch_size: Optional[int] = None,
+    max_memory: Optional[ByteSize] = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> AttributionResult:
+    """:func:`attribute` at several sites from one set of passes (one forward for the source
+    activations, one forward and backward per batch, whatever the number of sites).
+
+    Args:
+        model: The hooked model.
+        pairs: Clean / corrupt prompt pairs.
+        sites: Site names (any of :data:`ATTRIBUTE_SITES`), each once. ``heads`` apply to
+            ``attn_z`` / ``pattern``, ``neurons`` to ``mlp_pre`` / ``mlp_post``.
+        method, ig_steps, metric, layers, positions, heads, neurons, direction, normalize,
+        per_position, batch_size, max_memory, seed, progress: As for :func:`attribute`.
+
+    Returns:
+        An :class:`AttributionResult`: ``result[site]`` is that site's :class:`PatchResult`.
+
+    Raises:
+        SiteError: An empty or unknown site list, or a layer, position, head or neuron out of range.
+        ConfigError: An unknown method, direction or metric, a site named twice, or a batch too
+            large for ``max_memory``.
+        AnalysisError: Pairs that cannot be patched.
+        ModelMismatchError: The pairs were built for another model.
+    """
+    check_belongs(model, "patching.attribute_sites", pairs=pairs)
+    site_list = list(sites)
+    if len(set(site_list)) < len(site_list):
+        raise ConfigError(f"sites={site_list!r} names a site twice; name each once")
+    results = _attribute(model, pairs, site_list, method, ig_steps, metric, layers, positions, heads, neurons,
+                         direction, normalize, per_position, batch_size, max_memory, seed, progress)
+    return AttributionResult.of([results[site] for site in site_list])
+
+
+def _attribute(model: HookedModel, pairs: PromptPairs, site_list: list[str], method: str, ig_steps: int, metric,
+               layers, positions, heads, neurons, direction: str, normalize: bool, per_position: bool,
+               batch_size: Optional[int], max_memory, seed: int, progress: bool) -> dict[str, PatchResult]:
+    """The estimates of :func:`attribute` at every site of ``site_list``: ``{site: PatchResult}``."""
     check_pairs(pairs)
     warn_first_token_only(pairs, "attribute")
-    site_list = [sites] if isinstance(sites, str) else list(sites)
     if not site_list:
         raise SiteError(f"sites is empty; accepted sites: {accepted(ATTRIBUTE_SITES)}")
     for site in site_list:
@@ -174,8 +211,8 @@ def attribute(
             raise SiteError(f"site {site!r} cannot be attributed; accepted: {accepted(ATTRIBUTE_SITES)}")
     check_choice("method", method, ATTRIBUTION_METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method == "integrated_gradients":
-        steps = integer("steps", steps, minimum=1)
+    if method == "integrated-gradients":
+        ig_steps = integer("ig_steps", ig_steps, minimum=1)
     if batch_size is not None:
         batch_size = integer("batch_size", batch_size, minimum=1, hint=" or None (sized from max_memory)")
     budget = memory_budget(model, max_memory)
@@ -201,14 +238,14 @@ def attribute(
     if batch_size is None:
         batch_size = _pairs_per_batch(model, site_list, len(acts), pairs, budget)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
-    alphas = [0.0] if method == "attribution" else [(k + 0.5) / steps for k in range(steps)]
+    alphas = [0.0] if method == "attribution" else [(k + 0.5) / ig_steps for k in range(ig_steps)]
     for idx in tqdm(batches, desc="attribute", disable=not progress):
         # the last batch's reads and gradients go before this batch's are taken, not onto its peak
         source = source_acts = run = base_acts = None
         grads: dict = {}
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         offset = base_set.offset(idx)
-        interpolating = method == "integrated_gradients"
+        interpolating = method == "integrated-gradients"
         embed = [Read("embed")] if interpolating else []
         source = engine_run(model, source_tokens, reads=[Read(*cell) for cell in acts] + embed)
         source_logits = source.logits
@@ -271,13 +308,13 @@ def attribute(
         cells = Cells(layer_list, len(labels), units)
         results[site] = patch_result(
             model, pairs, scores[site], clean_base, corrupt_base, cells, labels, pos_index, site, metric, direction,
-            method, normalize, seed, dict(unit=unit_kind, steps=steps if method != "attribution" else None),
+            method, normalize, seed, dict(unit=unit_kind, ig_steps=ig_steps if method != "attribution" else None),
         )
-    return results[site_list[0]] if isinstance(sites, str) else results
+    return results
 
 
 @dataclass(frozen=True)
-class Comparison(Result):
+class ComparisonResult(Result):
     """How well an approximation (attribution) tracks exact patching, per site.
 
     Attributes:
@@ -304,6 +341,8 @@ class Comparison(Result):
     _shapes = {"sites": "site", "correlation": "site", "pair_correlation": "site", "exact": "site", "approx": "site",
                "cells": "site"}
     _legal = {"correlation": CORRELATION, "pair_correlation": CORRELATION}
+    _saved_names = ("Comparison",)
+    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     def to_frame(self):
         import pandas as pd
@@ -337,13 +376,15 @@ def _cell_labels(result: PatchResult) -> list[str]:
 
 
 @checked
-def compare(exact: Union[PatchResult, dict], approx: Union[PatchResult, dict]) -> Comparison:
+def compare(exact: Union[PatchResult, AttributionResult, dict],
+            approx: Union[PatchResult, AttributionResult, dict]) -> ComparisonResult:
     """Correlation of an approximation with exact patching, per site.
 
     Args:
-        exact: A :class:`PatchResult` of exact patching, or a dict of them keyed by site.
-        approx: The approximation's results of the same cells, in the same form (as :func:`attribute`
-            returns them).
+        exact: A :class:`PatchResult` of exact patching, several sites' (an
+            :class:`AttributionResult`), or a dict of PatchResults keyed by site.
+        approx: The approximation's results of the same cells (:func:`attribute` or
+            :func:`attribute_sites`).
 
     Returns:
         The correlations; the inputs are left as they are.
@@ -352,13 +393,16 @@ def compare(exact: Union[PatchResult, dict], approx: Union[PatchResult, dict]) -
         AnalysisError: An input is not a PatchResult (or a non-empty dict of them), or the two
             cover different sites or cells.
     """
-    for name, given in (("exact", exact), ("approx", approx)):
+    def by_site(name: str, given) -> dict:
+        if isinstance(given, AttributionResult):
+            return {site: given[site] for site in given.sites}
         parts = given.values() if isinstance(given, dict) else [given]
         if not parts or not all(isinstance(part, PatchResult) for part in parts):
-            raise AnalysisError(f"{name} must be a PatchResult or a non-empty dict of them keyed by site, got "
-                                f"{type(given).__name__}")
-    exact = exact if isinstance(exact, dict) else {exact.site: exact}
-    approx = approx if isinstance(approx, dict) else {approx.site: approx}
+            raise ConfigError(f"{name} must be a PatchResult, an AttributionResult or a non-empty dict of "
+                              f"PatchResults keyed by site, got {type(given).__name__}")
+        return given if isinstance(given, dict) else {given.site: given}
+
+    exact, approx = by_site("exact", exact), by_site("approx", approx)
     if set(exact) != set(approx):
         raise AnalysisError(f"exact and approximate results cover different sites: {sorted(exact)} vs {sorted(approx)}")
     sites, corr, pair_corr, ex, ap, cells = [], [], [], [], [], []
@@ -375,21 +419,21 @@ def compare(exact: Union[PatchResult, dict], approx: Union[PatchResult, dict]) -
         ap.append(a.mean.flatten().tolist())
         cells.append(_cell_labels(e))
     method = next(iter(approx.values())).method
-    return Comparison(sites, corr, pair_corr, ex, ap, cells, method,
-                      build_meta(n_pairs=next(iter(exact.values())).n_pairs))
+    return ComparisonResult(sites, corr, pair_corr, ex, ap, cells, method,
+                            build_meta(n_pairs=next(iter(exact.values())).n_pairs))
 
 
 @checked
 def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites: Union[str, Sequence[str]] = ("resid_pre",),
                          method: str = "attribution",
-                         **kwargs) -> Comparison:
+                         **kwargs) -> ComparisonResult:
     """Run :func:`attribute` and :func:`activation_patching` on the same cells and :func:`compare` them.
 
     Args:
         model: The hooked model.
         pairs: Clean / corrupt prompt pairs.
         sites: One site name or several.
-        method: ``"attribution"`` or ``"integrated_gradients"``.
+        method: ``"attribution"`` or ``"integrated-gradients"``.
         **kwargs: Options of :func:`attribute`; those :func:`activation_patching` shares go to it too.
 
     Returns:
@@ -400,8 +444,8 @@ def attribution_vs_exact(model: HookedModel, pairs: PromptPairs, sites: Union[st
     """
     check_belongs(model, "patching.attribution_vs_exact", pairs=pairs)
     site_list = [sites] if isinstance(sites, str) else list(sites)
-    approx = attribute(model, pairs, site_list, method=method, **kwargs)
-    sweep_kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "max_memory", "steps")}
+    approx = attribute_sites(model, pairs, site_list, method=method, **kwargs)
+    sweep_kwargs = {k: v for k, v in kwargs.items() if k not in ("batch_size", "max_memory", "ig_steps")}
     exact = {}
     for site in site_list:
         site_kwargs = dict(sweep_kwargs)

@@ -12,12 +12,11 @@ from tqdm.auto import tqdm
 
 from arithinterp import metrics as metric_lib
 from arithinterp.checks import check_belongs, check_choice, check_pairs
-from arithinterp.deprecation import renamed_keyword
 from arithinterp.engine import Intervention, Read, RunningMean, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.metrics import ANSWER_METRICS, DIRECTIONS, metric_context, metric_fn, metric_name
-from arithinterp.patching.core import COMPONENT_ABLATION_MODES, SCORINGS, warn_first_token_only
+from arithinterp.patching.core import COMPONENT_ABLATIONS, SCORINGS, warn_first_token_only
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
@@ -256,7 +255,7 @@ class AblationResult(Result):
     """
 
     components: list
-    mode: str
+    ablation: str
     scoring: str
     accuracy_before: float
     accuracy_after: float
@@ -271,8 +270,9 @@ class AblationResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"correct_before": "prompt", "correct_after": "prompt", "token_correct_before": "prompt token",
                "token_correct_after": "prompt token", "logprob_before": "prompt", "logprob_after": "prompt"}
-    _legal = {"mode": COMPONENT_ABLATION_MODES, "scoring": SCORINGS, "accuracy_before": PROBABILITY,
+    _legal = {"ablation": COMPONENT_ABLATIONS, "scoring": SCORINGS, "accuracy_before": PROBABILITY,
               "accuracy_after": PROBABILITY}
+    _field_names = {"mode": "ablation"}
 
     def to_frame(self):
         """One row per run (full model, ablated): accuracy, mean answer log-prob, per-token accuracy."""
@@ -280,7 +280,7 @@ class AblationResult(Result):
 
         frame = pd.DataFrame(
             dict(
-                run=["full model", f"{self.mode}-ablated"],
+                run=["full model", f"{self.ablation}-ablated"],
                 accuracy=[self.accuracy_before, self.accuracy_after],
                 answer_logprob=[float(self.logprob_before.mean()), float(self.logprob_after.mean())],
                 n_prompts=[len(self.correct_before)] * 2,
@@ -397,7 +397,7 @@ def _replace_where(mask: torch.Tensor, replacement: Optional[torch.Tensor],
     return value
 
 
-def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, keep: bool, score: Callable,
+def ablated_scores(model: HookedModel, prompts, parsed, ablation: str, seed: int, keep: bool, score: Callable,
                    batch_size: int = 512,
                    means: Optional[dict] = None) -> torch.Tensor:
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
@@ -405,7 +405,7 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
 
     With ``scoring="full_answer"`` the answer's tokens but the last are fed after the prompt, so the
     logits (float32) at the last ``n_scored`` positions predict each answer token (teacher forcing).
-    ``mode``: ``"zero"``; ``"mean"``, the engine's one definition
+    ``ablation``: ``"zero"``; ``"mean"``, the engine's one definition
     (:func:`arithinterp.engine.mean_activation`: the mean over these prompts at each position
     counted from the prompt's end, over the prompts that have it); ``"resample"``, the activation
     of a random other prompt of the same token length (seeded). ``means``: a dict kept across calls
@@ -421,10 +421,10 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
             length = int(fed_lengths[group[0]])
             tokens, offset = fed[group, width - length :], prompts.offset(group)
             masks = _ablation_masks(model, prompts, parsed, group, offset, length, keep)
-            if mode == "mean":
+            if ablation == "mean":
                 _reference_means(model, prompts, fed, fed_lengths, list(masks), means, batch_size)
                 reference = {key: means[key][-length:] for key in masks}  # [length, ...], aligned from the end
-            elif mode == "resample" and masks:  # the group's own activations, each from another prompt
+            elif ablation == "resample" and masks:  # the group's own activations, each from another prompt
                 reads = [Read(site, layer) for site, layer in masks]
                 runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads
                         for chunk in torch.arange(len(group)).split(batch_size)]
@@ -438,9 +438,9 @@ def ablated_scores(model: HookedModel, prompts, parsed, mode: str, seed: int, ke
                 interventions = []
                 for (site, layer), mask in masks.items():
                     value = reference[site, layer]
-                    if value is not None and mode == "resample":
+                    if value is not None and ablation == "resample":
                         value = value[chunk.to(value.device)]
-                    value_fn = _replace_where(mask[chunk], value, mode == "resample")
+                    value_fn = _replace_where(mask[chunk], value, ablation == "resample")
                     interventions.append(Intervention(site, layer, value=value_fn))
                 run = engine_run(model, tokens[chunk], interventions, logits="final" if n_scored == 1 else "all")
                 assert run.logits is not None  # asked for "final" or "all"
@@ -476,8 +476,8 @@ def answer_scores(logits: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
 
 
 @checked
-def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], ablation: str = "mean",
-           seed: int = 0, *, mode: Optional[str] = None) -> AblationResult:
+def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], *, ablation: str = "mean",
+           seed: int = 0) -> AblationResult:
     """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
 
     components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
@@ -487,26 +487,24 @@ def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], ab
     ablation: ``"zero"``; ``"mean"`` (:func:`arithinterp.engine.mean_activation`: the mean over these
         prompts at each position counted from the prompt's end, over the prompts that have that
         position); ``"resample"`` (the activation of a random other prompt of the same length, seeded).
-        ``mode=`` is its deprecated old name.
 
     Prompts with ``scoring="full_answer"`` (``prompts.with_scoring("full_answer")``) are scored on
     every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
     Barez: mean-ablate a head at the position of one answer digit and see which digit breaks).
     """
     check_belongs(model, "patching.ablate", prompts=prompts)
-    mode = renamed_keyword("patching.ablate", "mode", mode, "ablation", ablation, "mean")
-    check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
+    check_choice("ablation", ablation, COMPONENT_ABLATIONS)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
     parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"), prompts)
     score = token_scores(prompts)
-    before = ablated_scores(model, prompts, [], mode, seed, keep=False, score=score)
-    after = ablated_scores(model, prompts, parsed, mode, seed, keep=False, score=score)
+    before = ablated_scores(model, prompts, [], ablation, seed, keep=False, score=score)
+    after = ablated_scores(model, prompts, parsed, ablation, seed, keep=False, score=score)
     token_correct_before, token_correct_after = before[..., 0].bool(), after[..., 0].bool()
     correct_before, correct_after = token_correct_before.all(1), token_correct_after.all(1)
     return AblationResult(
         components=[c.name for c in parsed],
-        mode=mode,
+        ablation=ablation,
         scoring=prompts.scoring,
         accuracy_before=float(correct_before.float().mean()),
         accuracy_after=float(correct_after.float().mean()),
@@ -521,8 +519,8 @@ def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], ab
 
 
 @dataclass(frozen=True)
-class FaithfulnessResult(Result):
-    """Faithfulness of a circuit: ``(m(circuit) − m(empty)) / (m(full) − m(empty))``.
+class ComponentFaithfulnessResult(Result):
+    """Faithfulness of a circuit of components: ``(m(circuit) − m(empty)) / (m(full) − m(empty))``.
 
     ``m`` is the mean metric over prompts with everything outside the circuit mean-ablated
     (``circuit``), nothing ablated (``full``) or every head and MLP ablated (``empty``).
@@ -537,12 +535,14 @@ class FaithfulnessResult(Result):
     accuracy_circuit: float
     accuracy_empty: float
     metric: str
-    mode: str
+    ablation: str
     meta: dict
 
     # what load checks: the axes fields share and the values they may take
-    _legal = {"mode": COMPONENT_ABLATION_MODES, "accuracy_full": PROBABILITY, "accuracy_circuit": PROBABILITY,
+    _legal = {"ablation": COMPONENT_ABLATIONS, "accuracy_full": PROBABILITY, "accuracy_circuit": PROBABILITY,
               "accuracy_empty": PROBABILITY}
+    _saved_names = ("FaithfulnessResult",)
+    _field_names = {"mode": "ablation"}
 
     def to_frame(self):
         import pandas as pd
@@ -557,9 +557,9 @@ class FaithfulnessResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz.patching import plot_faithfulness
+        from arithinterp.viz.patching import plot_component_faithfulness
 
-        return plot_faithfulness(self, **kwargs)
+        return plot_component_faithfulness(self, **kwargs)
 
 
 FAITHFULNESS_METRICS = ANSWER_METRICS  # a prompt's own answer: no counterfactual to compare with
@@ -567,13 +567,13 @@ FAITHFULNESS_METRICS = ANSWER_METRICS  # a prompt's own answer: no counterfactua
 
 @checked
 def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit",
-                           ablation: str = "mean", seed: int = 0, *, mode: Optional[str] = None) -> FaithfulnessResult:
+                           *, ablation: str = "mean", seed: int = 0) -> ComponentFaithfulnessResult:
     """Faithfulness of a circuit of components (nodes: heads and MLPs; Nikankin et al. 2025,
-    "Arithmetic Without Algorithms"). The faithfulness curve of an edge-level circuit is
-    :func:`arithinterp.circuits.faithfulness`; this function was called ``patching.faithfulness``.
+    "Arithmetic Without Algorithms"). The faithfulness of an edge-level circuit is
+    :func:`arithinterp.circuits.edge_faithfulness` (over sizes, :func:`arithinterp.circuits.faithfulness_curve`).
 
     Every attention head and MLP outside the circuit is mean-ablated (``ablation``: also ``"zero"``,
-    ``"resample"``; ``mode=`` is its deprecated old name) and the metric on the correct answer's
+    ``"resample"``) and the metric on the correct answer's
     first token compared with the full model and with everything ablated:
     ``(m(circuit) − m(empty)) / (m(full) − m(empty))`` — 1 is fully faithful, 0 no better than the
     ablation baseline.
@@ -584,9 +584,8 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
         ``"logprob"``, ``"prob"`` or ``"accuracy"``.
     """
     check_belongs(model, "patching.component_faithfulness", prompts=prompts)
-    mode = renamed_keyword("patching.component_faithfulness", "mode", mode, "ablation", ablation, "mean")
     check_choice("metric", metric, FAITHFULNESS_METRICS)
-    check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
+    check_choice("ablation", ablation, COMPONENT_ABLATIONS)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
     parsed = parse_components(model, list(circuit), ("attn", "mlp", "head"), prompts) if len(circuit) else []
@@ -605,7 +604,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
     means: dict = {}  # the circuit and the empty run ablate the same activations: their means are taken once
 
     def mean_score(components, keep):
-        scores = ablated_scores(model, prompts, components, mode, seed, keep=keep, score=score, means=means)
+        scores = ablated_scores(model, prompts, components, ablation, seed, keep=keep, score=score, means=means)
         return scores.mean(0).tolist()
 
     # nothing ablated; everything outside the circuit; everything
@@ -614,7 +613,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
     )
     if abs(m_full - m_empty) < 1e-12:
         raise AnalysisError("the full model and the fully ablated model score the same; faithfulness is undefined")
-    return FaithfulnessResult(
+    return ComponentFaithfulnessResult(
         circuit=[c.name for c in parsed],
         faithfulness=(m_circ - m_empty) / (m_full - m_empty),
         metric_full=m_full,
@@ -624,7 +623,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
         accuracy_circuit=a_circ,
         accuracy_empty=a_empty,
         metric=metric,
-        mode=mode,
+        ablation=ablation,
         meta=build_meta(model, n_prompts=len(prompts), seed=seed),
     )
 

@@ -32,8 +32,8 @@ SWEEP_SITES = (
 )
 ATTRIBUTE_SITES = SWEEP_SITES
 SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
-ATTRIBUTION_METHODS = ("attribution", "integrated_gradients")
-COMPONENT_ABLATION_MODES = ("zero", "mean", "resample")
+ATTRIBUTION_METHODS = ("attribution", "integrated-gradients")
+COMPONENT_ABLATIONS = ("zero", "mean", "resample")
 ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
 
 
@@ -68,7 +68,7 @@ class PatchResult(Result):
         site: The patched site.
         metric: The metric's name.
         direction: ``"denoise"`` or ``"noise"``.
-        method: ``"exact"``, ``"attribution"`` or ``"integrated_gradients"``.
+        method: ``"exact"``, ``"attribution"`` or ``"integrated-gradients"``.
         normalized: Whether the values are normalized as above.
         meta: Provenance (:func:`arithinterp.results.build_meta`) and the analysis's arguments.
     """
@@ -99,6 +99,7 @@ class PatchResult(Result):
                "positions": "position", "tokens": "position"}
     _legal = {"axes": ("layer", "position", "head", "neuron"), "layers": NON_NEGATIVE, "heads": NON_NEGATIVE,
               "neurons": NON_NEGATIVE, "sem": NON_NEGATIVE, "direction": DIRECTIONS}
+    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @property
     def n_pairs(self) -> int:

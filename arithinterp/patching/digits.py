@@ -17,7 +17,6 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
-from arithinterp.deprecation import renamed_keyword
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp import sites as site_lib
 from arithinterp.engine import AblationRunner, Ablation, Read, RunningMean, stepper_for
@@ -32,7 +31,7 @@ from arithinterp.patching.components import (
     token_scores,
 )
 from arithinterp.engine.steppers import ENGINES
-from arithinterp.patching.core import COMPONENT_ABLATION_MODES
+from arithinterp.patching.core import COMPONENT_ABLATIONS
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
@@ -55,19 +54,20 @@ class DigitAblationResult(Result):
             is still the argmax (teacher-forced) when head ``heads[i]`` is ablated at the position
             that predicts token k alone.
         baseline (Float[Tensor, "answer_token"]): The same with nothing ablated.
-        mode: The ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
+        ablation: The ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
         meta: Provenance, the number of prompts, the seed and the engine used.
     """
 
     heads: list
     accuracy: torch.Tensor
     baseline: torch.Tensor
-    mode: str
+    ablation: str
     meta: dict
 
     # what load checks: the axes fields share and the values they may take
     _shapes = {"heads": "head", "accuracy": "head digit", "baseline": "digit"}
-    _legal = {"accuracy": PROBABILITY, "baseline": PROBABILITY, "heads": DISTINCT}
+    _legal = {"accuracy": PROBABILITY, "baseline": PROBABILITY, "heads": DISTINCT, "ablation": COMPONENT_ABLATIONS}
+    _field_names = {"mode": "ablation"}
 
     @property
     def drop(self) -> torch.Tensor:
@@ -90,7 +90,7 @@ class DigitAblationResult(Result):
             for k in range(self.accuracy.shape[1])
         ]
         frame = pd.DataFrame(rows)
-        frame["mode"], frame["n_prompts"] = self.mode, self.meta.get("n_prompts")
+        frame["ablation"], frame["n_prompts"] = self.ablation, self.meta.get("n_prompts")
         return frame
 
     def plot(self, **kwargs):
@@ -102,8 +102,8 @@ class DigitAblationResult(Result):
 
 @checked
 def digit_ablation(
-    model: HookedModel, prompts: PromptSet, heads: Optional[Sequence[str]] = None, ablation: str = "mean",
-    seed: int = 0, *, engine: str = "auto", progress: bool = True, mode: Optional[str] = None,
+    model: HookedModel, prompts: PromptSet, *, heads: Optional[Sequence[str]] = None, ablation: str = "mean",
+    seed: int = 0, engine: str = "auto", progress: bool = True,
 ) -> DigitAblationResult:
     """Ablate each head at each answer position alone and score that answer token (Quirke & Barez 2024,
     "Understanding Addition in Transformers").
@@ -111,7 +111,7 @@ def digit_ablation(
     Quirke & Barez read a digit-addition model's heads as a staircase: each answer digit is
     computed one token before it is emitted, by heads that attend to the matching operand digits.
     This measures it: for every head and every answer token k, the head is ablated (``ablation``:
-    ``"mean"``, ``"zero"`` or ``"resample"``; ``mode=`` is its deprecated old name) at the position
+    ``"mean"``, ``"zero"`` or ``"resample"``) at the position
     that predicts token k, the answer is teacher-forced, and token k's accuracy is read.
 
     Args:
@@ -126,7 +126,6 @@ def digit_ablation(
             blocks can be stepped; else whole forwards), ``"stepped"`` (refuse to fall back) or
             ``"hooks"`` (one whole forward per head and answer position).
         progress: Show a progress bar.
-        mode: Deprecated alias of ``ablation`` (warns).
 
     Returns:
         The accuracy of each answer token with each head ablated, and the baseline.
@@ -137,8 +136,7 @@ def digit_ablation(
         ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "patching.digit_ablation", prompts=prompts)
-    mode = renamed_keyword("patching.digit_ablation", "mode", mode, "ablation", ablation, "mean")
-    check_choice("ablation", mode, COMPONENT_ABLATION_MODES)
+    check_choice("ablation", ablation, COMPONENT_ABLATIONS)
     check_choice("engine", engine, ENGINES)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
@@ -154,15 +152,16 @@ def digit_ablation(
     parsed = parse_components(model, names, ("head",))
     if any(c.position is not None for c in parsed):
         raise ConfigError("heads are ablated at each answer position in turn; name them without '@position'")
-    baseline, cells, used = digit_scores(model, prompts, parsed, mode, seed, engine=engine, progress=progress)
+    baseline, cells, used = digit_scores(model, prompts, parsed, ablation, seed, engine=engine, progress=progress)
     return DigitAblationResult(
-        heads=[c.name for c in parsed], accuracy=cells[..., 0].mean(-1), baseline=baseline[..., 0].mean(0), mode=mode,
+        heads=[c.name for c in parsed], accuracy=cells[..., 0].mean(-1), baseline=baseline[..., 0].mean(0),
+        ablation=ablation,
         meta=build_meta(model, n_prompts=len(prompts), seed=seed, engine=used),
     )
 
 
 def digit_scores(
-    model: HookedModel, prompts: PromptSet, parsed: list, mode: str, seed: int, *, engine: str = "auto",
+    model: HookedModel, prompts: PromptSet, parsed: list, ablation: str, seed: int, *, engine: str = "auto",
     progress: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Per-prompt scores behind :func:`digit_ablation`: ``(baseline [N, n_answer, 2], cells [n_heads,
@@ -172,13 +171,13 @@ def digit_scores(
     prompts = prompts.with_scoring("full_answer")
     n_answer = prompts.answer_tokens.shape[1]
     if engine != "hooks":
-        stepped = _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress)
+        stepped = _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progress)
         if stepped is not None:
             return (*stepped, "stepped")
     score, means = token_scores(prompts), {}  # each layer's mean head output is computed once
 
     def scores(components) -> torch.Tensor:  # [n_prompts, n_answer, 2]
-        return ablated_scores(model, prompts, components, mode, seed, keep=False, score=score, means=means)
+        return ablated_scores(model, prompts, components, ablation, seed, keep=False, score=score, means=means)
 
     baseline = scores([])
     cells = torch.empty(len(parsed), n_answer, len(prompts), 2)
@@ -188,7 +187,7 @@ def digit_scores(
     return baseline, cells, "hooks"
 
 
-def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, batch_size: int = 512):
+def _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progress, batch_size: int = 512):
     """:func:`digit_scores` through the engine's stacked ablations (:class:`arithinterp.engine.AblationRunner`):
     per batch of equal-length prompts, one base run of the teacher-forced prompts, then per layer and
     answer position one run of that layer's heads stacked, resumed at that layer and position. The
@@ -211,7 +210,7 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
         if stepper is None:
             return None
         shuffled: dict = {}
-        if mode == "resample":  # the group's own head outputs, each prompt given another's (ablated_scores' draw)
+        if ablation == "resample":  # the group's own head outputs, each prompt given another's (ablated_scores' draw)
             reads = [Read("attn_z", layer) for layer in layers]
             with torch.inference_mode():
                 runs = [engine_run(model, tokens[chunk], reads=reads, logits="none").reads
@@ -219,7 +218,7 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
             order = torch.randperm(len(group), generator=generator)
             shuffled = {layer: torch.cat([r[j] for r in runs]).float().cpu()[order] for j, layer in enumerate(layers)}
         for chunk in torch.arange(len(group)).split(batch_size):
-            values = {layer: shuffled[layer][chunk] for layer in layers} if mode == "resample" else None
+            values = {layer: shuffled[layer][chunk] for layer in layers} if ablation == "resample" else None
             batches.append((group[chunk], tokens[chunk], prompts.offset(group), length, stepper, values))
     # base runs: kept for the ablations when they fit the memory budget, else run again
     keep = len(fed) * _base_run_bytes(model, width) <= memory_budget(model)
@@ -246,9 +245,9 @@ def _stepped_digit_scores(model, prompts, parsed, mode, seed, engine, progress, 
             assert positions is not None  # a named position always resolves to one per prompt
             cell_list, order = [], []
             for layer, members in by_layer.items():
-                if mode == "mean":
+                if ablation == "mean":
                     value = mean[layer][positions - (length - n_answer)]  # [B, H, d_head]
-                elif mode == "resample":
+                elif ablation == "resample":
                     value = _heads(model, shuffled[layer])[torch.arange(len(rows)), positions]
                 else:
                     value = None

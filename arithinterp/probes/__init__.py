@@ -1,4 +1,4 @@
-"""Linear probes, probe sweeps over layers and positions, and a probe-based error detector.
+"""Linear probes, a probe per layer and position, and a probe-based error detector.
 
 What is linearly readable where — operands, answer digits, carries, the model's *own* answer —
 and can a probe tell, before an answer digit is emitted, that the model is about to get it wrong?
@@ -38,7 +38,6 @@ Imports flow one way: ``probe_base`` ← ``lbfgs`` ← ``logistic`` ← ``estima
 ``slot_probes``, ``operating_points`` ← ``detector_fit``, ``detector_result`` ← ``detector`` ← ``reask``.
 """
 
-from arithinterp.deprecation import deprecated
 from arithinterp.probes.answers import answer_activations, answer_slots
 from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.detector_fit import DetectorBaselineWarning
@@ -66,9 +65,6 @@ from arithinterp.probes.operating_points import (
 from arithinterp.probes.reask import RepairResult, few_shot_policy, repair, vote_policy
 from arithinterp.probes.slot_probes import DETECTOR_METHODS
 from arithinterp.probes.slots import DETECTOR_POSITIONS, answer_carries
-
-# the old name: each call warns and names the new one
-sweep = deprecated("probes.sweep", "probes.probe_layers")(probe_layers)
 
 __all__ = [
     "LogisticProbe",

@@ -4,7 +4,7 @@ built-in analyses (accuracy, patching, ablation, probes) a sweep config can name
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 from arithinterp.errors import ConfigError, accepted
@@ -95,6 +95,10 @@ class Analysis:
         params: ``{name: Param}``.
         plot: ``plot(frame) -> list[Figure]`` drawing the combined table (default: one bar chart per metric).
         description: One line, for listings.
+        saved_params: ``{name: param}`` for a parameter configs and saved cells may name another way
+            (the built-in ``ablation`` analysis's ``mode`` is its ``ablation``): a config's key is read
+            as the parameter, a saved table's column is renamed to it, and a cell's id hashes the
+            parameter under the saved name, so cells already run are found again.
     """
 
     name: str
@@ -102,6 +106,7 @@ class Analysis:
     params: dict
     plot: Optional[Callable] = None
     description: str = ""
+    saved_params: dict = field(default_factory=dict)
 
 
 ANALYSES: dict[str, Analysis] = {}
@@ -115,6 +120,7 @@ def register_analysis(
     plot: Optional[Callable] = None,
     description: str = "",
     overwrite: bool = False,
+    saved_params: Optional[Mapping[str, str]] = None,
 ) -> Analysis:
     """Add an analysis that sweeps can name.
 
@@ -127,6 +133,8 @@ def register_analysis(
         plot: ``plot(frame) -> list[plotly Figure]`` drawing the combined table.
         description: one line, for listings.
         overwrite: replace an existing analysis of the same name.
+        saved_params: ``{name: param}``: another name configs and saved cells may give a parameter
+            (see :class:`Analysis`).
 
     Returns:
         The registered analysis (also in :data:`ANALYSES`).
@@ -153,7 +161,12 @@ def register_analysis(
             schema[key] = Param(spec)
         else:
             raise ConfigError(f"schema of parameter {key!r}: expected a Param, a dict or a type, got {spec!r}")
-    analysis = Analysis(name, fn, schema, plot, description)
+    renamed = dict(saved_params or {})
+    for saved, param in renamed.items():
+        if param not in schema or saved in schema:
+            raise ConfigError(f"saved_params of analysis {name!r}: {saved!r} must name a parameter ({param!r} is "
+                              f"{'not one' if param not in schema else 'one'}) that is not itself a parameter")
+    analysis = Analysis(name, fn, schema, plot, description, renamed)
     ANALYSES[name] = analysis
     return analysis
 
@@ -210,7 +223,7 @@ def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric:
 
 
 def ablation_analysis(
-    model: HookedModel, prompts: PromptSet, components: Union[str, list], mode: str = "mean", seed: int = 0
+    model: HookedModel, prompts: PromptSet, components: Union[str, list], ablation: str = "mean", seed: int = 0
 ) -> Any:
     """The built-in ``ablation`` analysis: accuracy and answer log-prob with components ablated
     (Nikankin et al. 2025).
@@ -219,7 +232,7 @@ def ablation_analysis(
         model: The hooked model.
         prompts: The prompts.
         components: ``"attn0,mlp1"`` or a list of component names.
-        mode: ``"mean"``, ``"zero"`` or ``"resample"``.
+        ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
         seed: Seeds the resample ablation.
 
     Returns:
@@ -228,7 +241,7 @@ def ablation_analysis(
     from arithinterp import patching
 
     names = [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)
-    return patching.ablate(model, prompts, names, ablation=mode, seed=seed).to_frame()
+    return patching.ablate(model, prompts, names, ablation=ablation, seed=seed).to_frame()
 
 
 def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: str = "logistic",
@@ -272,11 +285,11 @@ def _accepted() -> dict[str, tuple]:
     """Accepted values of the built-in analyses' parameters, as the analysis modules state them
     (imported directly, so a renamed constant fails here and in type checking, never silently;
     read when a config is checked, so importing the sweep module stays light)."""
-    from arithinterp.patching import COMPONENT_ABLATION_MODES, DIRECTIONS, METRICS, SWEEP_SITES
+    from arithinterp.patching import COMPONENT_ABLATIONS, DIRECTIONS, METRICS, SWEEP_SITES
     from arithinterp.probes import PROBE_KINDS
     from arithinterp.tasks import VARY
 
-    return dict(site=SWEEP_SITES, metric=METRICS, vary=VARY, direction=DIRECTIONS, mode=COMPONENT_ABLATION_MODES,
+    return dict(site=SWEEP_SITES, metric=METRICS, vary=VARY, direction=DIRECTIONS, ablation=COMPONENT_ABLATIONS,
                 kind=PROBE_KINDS)
 
 
@@ -311,11 +324,11 @@ def _register_builtins() -> None:
         "ablation", ablation_analysis,
         dict(
             components=Param((str, list), item=str, required=True, help="'attn0,mlp1' or a list of component names"),
-            mode=Param(str, "mean", _choices("mode")),
+            ablation=Param(str, "mean", _choices("ablation")),
             seed=Param(int, 0),
         ),
         plot=_builtin_plot("plot_sweep_ablation"), description="component ablation (arithinterp.patching.ablate)",
-        overwrite=True,
+        overwrite=True, saved_params={"mode": "ablation"},
     )
     register_analysis(
         "probes", probes_analysis,

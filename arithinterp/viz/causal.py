@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from arithinterp.viz.base import figure, heatmap, layer_lines
 
 if TYPE_CHECKING:
-    from arithinterp.causal.results import DASResult, DASSweep, ReadableUsed
+    from arithinterp.causal.results import DASLayersResult, DASResult, ReadableUsedResult
 
 
 def plot_das(result: DASResult, **kwargs: Any) -> go.Figure:
@@ -34,7 +34,7 @@ def plot_das(result: DASResult, **kwargs: Any) -> go.Figure:
     return fig
 
 
-def plot_das_sweep(result: DASSweep, value: str = "iia", **kwargs: Any) -> go.Figure:
+def plot_das_layers(result: DASLayersResult, value: str = "iia", **kwargs: Any) -> go.Figure:
     """Held-out IIA (or ``value="random_iia"`` / ``"logit_diff"``) over layers × positions."""
     grid = getattr(result, value)
     return heatmap(grid, title=kwargs.get("title", f"DAS {value} for {result.variable} ({result.site}, k={result.k})"),
@@ -42,7 +42,7 @@ def plot_das_sweep(result: DASSweep, value: str = "iia", **kwargs: Any) -> go.Fi
                    x_title="position: token", y_title="layer", value_name=value, signed=value == "logit_diff")
 
 
-def plot_readable_used(result: ReadableUsed, **kwargs: Any) -> go.Figure:
+def plot_readable_used(result: ReadableUsedResult, **kwargs: Any) -> go.Figure:
     """Per variable, probe accuracy and DAS IIA over layers with their intervals, the random rotation beside."""
     frame = result.to_frame()
     series, bands = {}, {}

@@ -14,8 +14,9 @@ from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap, renamed
 
 if TYPE_CHECKING:
-    from arithinterp.neurons.ablation import HeuristicAblation, PromptAblation
-    from arithinterp.neurons.model import NeuronImportance, NeuronMaps
+    from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
+    from arithinterp.neurons.importance import NeuronImportance
+    from arithinterp.neurons.maps import NeuronMaps
     from arithinterp.neurons.table import HeuristicTable
 
 _TABLE_KINDS = ("counts", "coverage", "scores")
@@ -112,13 +113,13 @@ def plot_maps(maps: NeuronMaps, index: int = 0, kind: str = "both") -> go.Figure
     return fig
 
 
-def plot_heuristic_ablation(result: HeuristicAblation, per_heuristic: bool = False,
+def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool = False,
                             max_heuristics: int = 30) -> go.Figure:
     """Accuracy remaining after ablating each heuristic's neurons, on its associated prompts vs
     the other prompts: the mean over heuristics (default) or one pair of bars per heuristic."""
     if not per_heuristic:
         s = result.summary()
-        fig = figure(f"Ablating a heuristic's neurons ({result.mode} ablation, {s['heuristics']} heuristics)",
+        fig = figure(f"Ablating a heuristic's neurons ({result.ablation} ablation, {s['heuristics']} heuristics)",
                      "prompts", "accuracy (mean over heuristics)")
         for i, (stage, key) in enumerate((("before", "before"), ("after ablation", "after"))):
             fig.add_trace(go.Bar(
@@ -130,7 +131,7 @@ def plot_heuristic_ablation(result: HeuristicAblation, per_heuristic: bool = Fal
         return fig
     order = np.argsort(-result.n_associated.numpy(), kind="stable")[:max_heuristics]
     names = [result.heuristics[i] for i in order]
-    fig = figure(f"Accuracy after ablating each heuristic's neurons ({result.mode} ablation)", "heuristic", "accuracy")
+    fig = figure(f"Accuracy after ablating each heuristic's neurons ({result.ablation} ablation)", "heuristic", "accuracy")
     for i, (arm, values) in enumerate(
         (("associated prompts", result.associated_after), ("other prompts", result.other_after))
     ):
@@ -141,10 +142,10 @@ def plot_heuristic_ablation(result: HeuristicAblation, per_heuristic: bool = Fal
     return fig
 
 
-def plot_prompt_ablation(result: PromptAblation) -> go.Figure:
+def plot_prompt_ablation(result: PromptAblationResult) -> go.Figure:
     """Fraction of prompts still correct vs neurons ablated per layer: the prompt's own heuristic
     neurons against a same-size random control; the unablated accuracy dotted."""
-    fig = figure(f"Per-prompt ablation of heuristic neurons ({result.mode} ablation)",
+    fig = figure(f"Per-prompt ablation of heuristic neurons ({result.ablation} ablation)",
                  "neurons ablated per layer (k)", "fraction of prompts still correct")
     for i, (arm, values) in enumerate((("prompt's heuristic neurons", result.heuristic_correct),
                                        ("random control (same layer, same count)", result.control_correct))):

@@ -13,8 +13,9 @@ from arithinterp.errors import ConfigError, accepted
 from arithinterp.viz.base import to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
 if TYPE_CHECKING:
-    from arithinterp.patching.attribution import Comparison
-    from arithinterp.patching.components import AblationResult, EffectResult, FaithfulnessResult
+    from arithinterp.patching.attribution import ComparisonResult
+    from arithinterp.patching.attribution_result import AttributionResult
+    from arithinterp.patching.components import AblationResult, ComponentFaithfulnessResult, EffectResult
     from arithinterp.patching.core import PatchResult
     from arithinterp.patching.digits import DigitAblationResult
 
@@ -68,7 +69,7 @@ def plot_patch_result(result: PatchResult, statistic: str = "mean", title: str |
     return cells(grid, x_labels=positions, y_labels=rows, x_title="position: token", y_title=f"layer, {unit}")
 
 
-def plot_comparison(comparison: Comparison, title: str | None = None) -> go.Figure:
+def plot_comparison(comparison: ComparisonResult, title: str | None = None) -> go.Figure:
     """Scatter of approximate against exact cell means, one colour per site, with the y = x line."""
     fig = figure(
         title or f"{comparison.method} vs exact patching",
@@ -127,16 +128,37 @@ def plot_effects(effects: EffectResult, title: str | None = None) -> go.Figure:
     return fig
 
 
+def plot_attribution(result: AttributionResult, statistic: str = "mean", title: str | None = None) -> go.Figure:
+    """Every site's figure (:func:`plot_patch_result`), one under another, each with its own title."""
+    from plotly.subplots import make_subplots
+
+    parts = [plot_patch_result(result[site], statistic=statistic) for site in result.sites]
+    fig = make_subplots(rows=len(parts), cols=1, subplot_titles=[part.layout.title.text for part in parts],
+                        vertical_spacing=0.25 / max(len(parts), 1))
+    for row, part in enumerate(parts, start=1):
+        for trace in part.data:
+            if isinstance(trace, go.Heatmap):
+                # one colour bar per site, beside its own heatmap
+                trace.update(colorbar=dict(len=1 / len(parts), y=1 - (row - 0.5) / len(parts)))
+            fig.add_trace(trace, row=row, col=1)
+        fig.update_xaxes(title_text=part.layout.xaxis.title.text, row=row, col=1)
+        fig.update_yaxes(title_text=part.layout.yaxis.title.text, row=row, col=1)
+    fig.update_layout(template=parts[0].layout.template, height=380 * len(parts),
+                      title=title or f"{result.method} estimates of {', '.join(result.sites)} "
+                                     f"({result.direction}, {result.n_pairs} pairs)")
+    return fig
+
+
 def plot_ablation(result: AblationResult, title: str | None = None) -> go.Figure:
     """Accuracy of the full model and of the ablated one."""
     return bars(
-        {"full model": result.accuracy_before, f"{result.mode}-ablated": result.accuracy_after},
+        {"full model": result.accuracy_before, f"{result.ablation}-ablated": result.accuracy_after},
         title=title or f"accuracy after ablating {', '.join(result.components)}",
         y_title="accuracy",
     )
 
 
-def plot_faithfulness(result: FaithfulnessResult, title: str | None = None) -> go.Figure:
+def plot_component_faithfulness(result: ComponentFaithfulnessResult, title: str | None = None) -> go.Figure:
     """The metric with nothing, everything outside the circuit, and everything ablated."""
     return bars(
         {
@@ -145,7 +167,7 @@ def plot_faithfulness(result: FaithfulnessResult, title: str | None = None) -> g
             "everything ablated": result.metric_empty,
         },
         title=title
-        or f"faithfulness {result.faithfulness:.3f} ({result.mode} ablation, {len(result.circuit)} components)",
+        or f"faithfulness {result.faithfulness:.3f} ({result.ablation} ablation, {len(result.circuit)} components)",
         y_title=f"mean {result.metric} of the answer",
     )
 
@@ -154,7 +176,7 @@ def plot_digit_ablation(result: DigitAblationResult, title: str | None = None) -
     """Heads × answer tokens: how much each token's accuracy drops with the head ablated there."""
     return heatmap(
         result.drop,
-        title=title or f"accuracy drop per answer token, one head {result.mode}-ablated at that token's position",
+        title=title or f"accuracy drop per answer token, one head {result.ablation}-ablated at that token's position",
         x_labels=[f"answer {k}" for k in range(result.drop.shape[1])],
         y_labels=result.heads,
         x_title="answer token (predicted at its position)",

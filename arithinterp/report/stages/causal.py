@@ -69,7 +69,7 @@ def causal_stage(ctx: Context) -> Section:
         times = []
         for few in (2, 12):
             start = time.perf_counter()
-            causal.das(ctx.model, dataset, "resid_post", n_layers - 1, "final", CAUSAL_K, steps=few,
+            causal.das(ctx.model, dataset, "resid_post", n_layers - 1, CAUSAL_K, positions="final", steps=few,
                        baselines=("random",), max_memory=memory, seed=ctx.seed, progress=False)
             times.append(time.perf_counter() - start)
         # a step's time is the difference of two timings, noisy on a busy machine: counted 1.5 times over
@@ -95,7 +95,7 @@ def causal_stage(ctx: Context) -> Section:
                       f"({', '.join(map(str, layers))}) to fit the {secs(ctx.budget.seconds)} budget")
         else:
             fitted = f"every layer at {steps} training steps per fit fits the {secs(ctx.budget.seconds)} budget"
-    result = causal.readable_vs_used(ctx.model, prompts, variables, layers=layers, position="final", k=CAUSAL_K,
+    result = causal.readable_vs_used(ctx.model, prompts, variables, layers=layers, positions="final", k=CAUSAL_K,
                                      steps=steps, n=n_pairs, max_memory=memory, seed=ctx.seed, progress=False)
     frame = result.to_frame()
     section = Section(STAGE.title, sample=joined(

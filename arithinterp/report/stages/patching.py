@@ -65,8 +65,8 @@ def _sweeps(ctx: Context, pairs, check_gap: bool = True, layers: Optional[list[i
     heads = patching.activation_patching(ctx.model, pairs, "attn_z", normalize=True, per_position=False,
                                          layers=layers, progress=False)
     mlps = patching.activation_patching(ctx.model, pairs, "mlp_out", normalize=True, progress=False, **where)
-    approx = patching.attribute(ctx.model, pairs, ["resid_pre", "mlp_out"], normalize=True,
-                                max_memory=ctx.budget.memory(ctx.model), progress=False, **where)
+    approx = patching.attribute_sites(ctx.model, pairs, ["resid_pre", "mlp_out"], normalize=True,
+                                      max_memory=ctx.budget.memory(ctx.model), progress=False, **where)
     return resid, heads, mlps, approx
 
 

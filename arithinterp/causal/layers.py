@@ -1,4 +1,4 @@
-"""DAS over layers × positions, and the "readable vs used" table.
+"""DAS at every layer × position, and the "readable vs used" table.
 
 Probes say a variable is linearly *readable*; an interchange that makes the model follow the
 causal model says it is *used* there (Geiger et al. 2024). :func:`readable_vs_used` puts both side
@@ -16,10 +16,10 @@ from arithinterp import sites as site_lib
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
 from arithinterp.causal.fit import das
 from arithinterp.causal.models import CausalModel
-from arithinterp.causal.results import DASSweep, ReadableUsed
+from arithinterp.causal.results import DASLayersResult, ReadableUsedResult
 from arithinterp.causal.scoring import Site, reachable
 from arithinterp.checks import check_belongs
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import ConfigError
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFiniteFloat, PositiveInt, Seed, checked
@@ -29,37 +29,37 @@ def _check_cells(model: HookedModel, dataset: InterchangeDataset, site: str, lay
                  k: int) -> None:
     """Every layer × position a sweep will fit exists on this model and these prompts, and ``k`` fits the
     site: a misspelt position or a layer past the model fails here, not after the cells before it."""
-    check_belongs(model, "das_sweep", prompts=dataset.base)
+    check_belongs(model, "das_layers", prompts=dataset.base)
     answers = max(0, int(dataset.base.n_answer_tokens.max()) - 1)
     for prompts in (dataset.base, dataset.source):
         prompts.locate(positions, answers=answers)
     for layer in layers:
         d = Site(site, layer, positions[0], None).check(model)
         if k > d:
-            raise AnalysisError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
+            raise ConfigError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
 
 
 @checked
-def das_sweep(
+def das_layers(
     model: HookedModel,
-    dataset: InterchangeDataset,
+    pairs: InterchangeDataset,
     site: str = "resid_post",
-    layers: Optional[IntList] = None,
-    positions: Sequence[Union[str, int]] = ("final",),
     k: PositiveInt = 2,
     *,
+    layers: Optional[IntList] = None,
+    positions: Sequence[Union[str, int]] = ("final",),
     steps: PositiveInt = 200,
     lr: PositiveFiniteFloat = 1e-2,
     reachable_only: bool = False,
     max_memory: Optional[ByteSize] = None,
     seed: Seed = 0,
     progress: bool = True,
-) -> DASSweep:
+) -> DASLayersResult:
     """One DAS fit per layer × position, each with its random-rotation control.
 
     Args:
         model: The hooked model.
-        dataset: The interchange pairs.
+        pairs: The interchange pairs.
         site: The site whose vector is interchanged.
         layers: The layers (default: all).
         positions: The positions, each fitted on its own.
@@ -78,40 +78,40 @@ def das_sweep(
 
     Raises:
         AnalysisError: No layer or position, or an invalid cell (checked before the first fit).
-        ModelMismatchError: The dataset's prompts belong to another model.
+        ModelMismatchError: The pairs's prompts belong to another model.
     """
-    check_belongs(model, "das_sweep", prompts=dataset.base)
+    check_belongs(model, "das_layers", prompts=pairs.base)
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     positions = list(positions)
     if not layers or not positions:
-        raise AnalysisError("das_sweep needs at least one layer and one position")
-    _check_cells(model, dataset, site, layers, positions, k)  # every cell before the first fit
+        raise ConfigError("das_layers needs at least one layer and one position")
+    _check_cells(model, pairs, site, layers, positions, k)  # every cell before the first fit
     shape = (len(layers), len(positions))
     grids = {name: torch.zeros(shape) for name in ("iia", "low", "high", "random_iia", "logit_diff")}
     n_test = torch.zeros(shape, dtype=torch.long)
     cells = [(i, j) for i in range(len(layers)) for j in range(len(positions))]
-    for i, j in tqdm(cells, desc="DAS sweep", disable=not progress):
-        if reachable_only and not bool(reachable(dataset, dataset.test, positions[j]).any()):
+    for i, j in tqdm(cells, desc="DAS per layer", disable=not progress):
+        if reachable_only and not bool(reachable(pairs, pairs.test, positions[j]).any()):
             for grid in grids.values():  # no held-out pair can be reached from here: no score, not a zero
                 grid[i, j] = float("nan")
             continue
-        fit = das(model, dataset, site, layers[i], positions[j], k, steps=steps, lr=lr, baselines=("random",),
+        fit = das(model, pairs, site, layers[i], k, positions=positions[j], steps=steps, lr=lr, baselines=("random",),
                   reachable_only=reachable_only, max_memory=max_memory, seed=seed, progress=False)
         n_test[i, j] = fit.scores["das"]["n"]
         s = fit.scores["das"]
         grids["iia"][i, j], grids["low"][i, j], grids["high"][i, j] = s["iia"], s["low"], s["high"]
         grids["logit_diff"][i, j] = s["logit_diff"]
         grids["random_iia"][i, j] = fit.scores["random"]["iia"]
-    labels, _ = dataset.base[:1].locate(positions, answers=max(0, int(dataset.base.n_answer_tokens.max()) - 1))
-    tokens = dataset.base.str_tokens(0) + [f"answer[{m}]" for m in range(int(dataset.base.n_answer_tokens.max()))]
-    _, index = dataset.base[:1].locate(positions, answers=max(0, int(dataset.base.n_answer_tokens.max()) - 1))
-    offset = dataset.base.tokens.shape[1] - int(dataset.base.lengths[0])
+    labels, _ = pairs.base[:1].locate(positions, answers=max(0, int(pairs.base.n_answer_tokens.max()) - 1))
+    tokens = pairs.base.str_tokens(0) + [f"answer[{m}]" for m in range(int(pairs.base.n_answer_tokens.max()))]
+    _, index = pairs.base[:1].locate(positions, answers=max(0, int(pairs.base.n_answer_tokens.max()) - 1))
+    offset = pairs.base.tokens.shape[1] - int(pairs.base.lengths[0])
     names = [f"{p}: {tokens[int(c) - offset]}" if 0 <= int(c) - offset < len(tokens) else str(p)
              for p, c in zip(labels, index[0].tolist())]
-    meta = build_meta(model, variable=dataset.variable, steps=steps, lr=lr, seed=seed, n_test=len(dataset.test),
+    meta = build_meta(model, variable=pairs.variable, steps=steps, lr=lr, seed=seed, n_test=len(pairs.test),
                       reachable_only=reachable_only, n_test_per_cell=n_test.tolist())
-    return DASSweep(variable=dataset.variable, site=site, layers=layers, positions=[str(p) for p in positions], k=k,
-                    chance=dataset.chance, tokens=names, meta=meta, **grids)
+    return DASLayersResult(variable=pairs.variable, site=site, layers=layers, positions=[str(p) for p in positions],
+                           k=k, chance=pairs.chance, tokens=names, meta=meta, **grids)
 
 
 @checked
@@ -123,7 +123,7 @@ def readable_vs_used(
     *,
     site: str = "resid_post",
     layers: Optional[IntList] = None,
-    position: Union[str, int] = "final",
+    positions: Union[str, int] = "final",
     k: PositiveInt = 2,
     steps: PositiveInt = 200,
     n: Optional[PositiveInt] = None,
@@ -131,9 +131,9 @@ def readable_vs_used(
     max_memory: Optional[ByteSize] = None,
     seed: Seed = 0,
     progress: bool = True,
-) -> ReadableUsed:
+) -> ReadableUsedResult:
     """Per variable and layer: probe accuracy with folds grouped by operand pair (readable) beside
-    held-out DAS IIA and random-rotation IIA (used) at one site and position.
+    held-out DAS IIA and random-rotation IIA (used) at one site and positions.
 
     Args:
         model: The hooked model.
@@ -142,7 +142,7 @@ def readable_vs_used(
         causal_model: Their causal model (default: the built-in one for the prompts).
         site: The site read and interchanged.
         layers: The layers (default: all).
-        position: The position.
+        positions: The positions.
         k: Dimensions interchanged.
         steps: Adam steps per :func:`das` fit.
         n: Pairs per variable's dataset (default: one per prompt).
@@ -161,18 +161,18 @@ def readable_vs_used(
     from arithinterp.probes import probe_layers
 
     if not variables:
-        raise AnalysisError("readable_vs_used needs at least one variable")
+        raise ConfigError("readable_vs_used needs at least one variable")
     if len(set(variables)) != len(variables):
-        raise AnalysisError(f"variables names one more than once: {list(variables)}")
+        raise ConfigError(f"variables names one more than once: {list(variables)}")
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     if not layers:
-        raise AnalysisError("readable_vs_used needs at least one layer")
+        raise ConfigError("readable_vs_used needs at least one layer")
     # every variable's dataset and every cell are checked before the first fit
     datasets = {variable: interchange_dataset(prompts, variable, causal_model, n=n, seed=seed)
                 for variable in variables}
     for dataset in datasets.values():
-        _check_cells(model, dataset, site, layers, [position], k)
-    acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=False)
+        _check_cells(model, dataset, site, layers, [positions], k)
+    acts = collect(model, prompts, sites=[site], layers=layers, positions=[positions], progress=False)
     rows = []
     for variable in tqdm(list(variables), desc="readable vs used", disable=not progress):
         dataset = datasets[variable]
@@ -182,7 +182,7 @@ def readable_vs_used(
             readable = probe_layers(acts, labels, kind="logistic", site=site, groups="pair", random_state=seed,
                                     progress=False).to_frame()
         for layer in layers:
-            fit = das(model, dataset, site, layer, position, k, steps=steps, lr=lr, baselines=("random",),
+            fit = das(model, dataset, site, layer, k, positions=positions, steps=steps, lr=lr, baselines=("random",),
                       max_memory=max_memory, seed=seed, progress=False)
             row = dict(variable=variable, layer=layer, das_iia=fit.iia, das_low=fit.scores["das"]["low"],
                        das_high=fit.scores["das"]["high"], random_iia=fit.scores["random"]["iia"], chance=fit.chance,
@@ -196,4 +196,4 @@ def readable_vs_used(
                            probe_control=float(control["score"]) if control else float("nan"))
             rows.append(row)
     meta = build_meta(model, steps=steps, lr=lr, seed=seed, variables=list(variables))
-    return ReadableUsed(site=site, position=str(position), k=k, rows=rows, meta=meta)
+    return ReadableUsedResult(site=site, position=str(positions), k=k, rows=rows, meta=meta)
