@@ -35,7 +35,7 @@ def llama(number_tokenizer, tmp_path_factory):
 
 def _count_chunks(monkeypatch) -> list:
     """Record the (start, stop) row range of every chunk of neuron maps the classification reads."""
-    from arithinterp.neurons import maps as neuron_maps
+    from arithinterp.neurons import neuron_maps
 
     seen: list = []
     original = neuron_maps.MapRows.__call__
@@ -102,7 +102,7 @@ def test_importance_with_a_tiny_budget_equals_the_default(llama, method):
 def test_map_rows_read_in_several_passes_equal_one_pass(llama):
     """Activations kept for a group of neurons at a time (here 100 rows per pass over the prompts)
     give the maps of one pass over every neuron."""
-    from arithinterp.neurons.maps import MapRows
+    from arithinterp.neurons.neuron_maps import MapRows
 
     model, prompts = llama
     n = model.cfg.n_layers * model.cfg.d_mlp

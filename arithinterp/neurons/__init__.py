@@ -34,8 +34,8 @@ Submodules, each importing only the ones before it:
   (:func:`shuffle_p_values`, :func:`benjamini_hochberg`) and :func:`classify_maps`.
 * ``final_reads`` — reading ``mlp_post`` at the final position, batch by batch, and the checks the
   neuron analyses share.
-* ``importance`` — :func:`importance` → :class:`NeuronImportance`.
-* ``maps`` — :func:`maps` → :class:`NeuronMaps`, the K and KV maps over the operand grid.
+* ``neuron_importance`` — :func:`importance` → :class:`NeuronImportance`.
+* ``neuron_maps`` — :func:`maps` → :class:`NeuronMaps`, the K and KV maps over the operand grid.
 * ``model`` — :func:`classify`: importance, maps and scoring run on a model.
 * ``ablation`` — :func:`ablate_heuristic` and :func:`ablate_for_prompt`.
 """
@@ -60,8 +60,8 @@ from arithinterp.neurons.heuristics import (
     apply_op,
     build_heuristics,
 )
-from arithinterp.neurons.importance import IMPORTANCE_METHODS, NeuronImportance, importance
-from arithinterp.neurons.maps import NeuronMaps, maps
+from arithinterp.neurons.neuron_importance import IMPORTANCE_METHODS, NeuronImportance, importance
+from arithinterp.neurons.neuron_maps import NeuronMaps, maps
 from arithinterp.neurons.model import classify
 from arithinterp.neurons.scoring import benjamini_hochberg, classify_maps, score_maps, shuffle_p_values
 from arithinterp.neurons.table import HeuristicTable

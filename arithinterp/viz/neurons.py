@@ -15,8 +15,8 @@ from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour
 
 if TYPE_CHECKING:
     from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
-    from arithinterp.neurons.importance import NeuronImportance
-    from arithinterp.neurons.maps import NeuronMaps
+    from arithinterp.neurons.neuron_importance import NeuronImportance
+    from arithinterp.neurons.neuron_maps import NeuronMaps
     from arithinterp.neurons.table import HeuristicTable
 
 _TABLE_KINDS = ("counts", "coverage", "scores")
