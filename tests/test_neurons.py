@@ -162,7 +162,7 @@ def test_shuffle_p_values_are_the_exact_hypergeometric_tail():
     k = heuristics.counts.numpy()
     p = nn.shuffle_p_values(np.rint(scores.numpy() * k).astype(int), k, 30)
     # discrete tests: each column rejects with the exact size of its largest tail <= 0.05
-    sizes = [max([t for t in nn.scoring._hypergeometric_tail(int(kk), 30) if t <= 0.05], default=0.0) for kk in k]
+    sizes = [max([t for t in nn.shuffle_test._hypergeometric_tail(int(kk), 30) if t <= 0.05], default=0.0) for kk in k]
     assert float((p <= 0.05).mean()) == pytest.approx(float(np.mean(sizes)), abs=0.01)
     assert float(np.mean(sizes)) <= 0.05
 

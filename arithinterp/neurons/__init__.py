@@ -30,8 +30,9 @@ Submodules, each importing only the ones before it:
 * ``heuristics`` — operators (:func:`apply_op`), :class:`Heuristic`, :class:`Grid`,
   :class:`Family`, the built-in families, :class:`HeuristicRegistry` and :func:`build_heuristics`.
 * ``table`` — the classification result, :class:`HeuristicTable`.
-* ``scoring`` — the pure, vectorised scoring of maps (:func:`score_maps`), the cell-shuffle test
-  (:func:`shuffle_p_values`, :func:`benjamini_hochberg`) and :func:`classify_maps`.
+* ``map_scores`` — the pure, vectorised scoring of maps (:func:`score_maps`).
+* ``shuffle_test`` — the cell-shuffle test (:func:`shuffle_p_values`, :func:`benjamini_hochberg`).
+* ``scoring`` — :func:`classify_maps`: scores, test and labels into a table.
 * ``final_reads`` — reading ``mlp_post`` at the final position, batch by batch, and the checks the
   neuron analyses share.
 * ``neuron_importance`` — :func:`importance` → :class:`NeuronImportance`.
@@ -63,7 +64,9 @@ from arithinterp.neurons.heuristics import (
 from arithinterp.neurons.neuron_importance import IMPORTANCE_METHODS, NeuronImportance, importance
 from arithinterp.neurons.neuron_maps import NeuronMaps, maps
 from arithinterp.neurons.model import classify
-from arithinterp.neurons.scoring import benjamini_hochberg, classify_maps, score_maps, shuffle_p_values
+from arithinterp.neurons.map_scores import score_maps
+from arithinterp.neurons.scoring import classify_maps
+from arithinterp.neurons.shuffle_test import benjamini_hochberg, shuffle_p_values
 from arithinterp.neurons.table import HeuristicTable
 
 __all__ = [

@@ -152,7 +152,7 @@ def final_reads(layers: Sequence[int], final: torch.Tensor) -> list:
         final: Each prompt's final position, long [B].
 
     Returns:
-        One :class:`arithinterp.engine.Read` per layer.
+        The reads, one :class:`arithinterp.engine.Read` per layer.
     """
     return [engine.Read("mlp_post", layer, final) for layer in layers]
 

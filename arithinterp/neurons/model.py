@@ -90,7 +90,7 @@ def classify(
         progress: Show progress bars.
 
     Returns:
-        The :class:`HeuristicTable` of the neurons.
+        The neurons' classification (a :class:`HeuristicTable`).
 
     Raises:
         ConfigError: ``importance_scores`` misses a layer, or an argument is refused.
