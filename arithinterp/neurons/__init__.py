@@ -27,8 +27,10 @@ nothing is registered process-wide.
 
 Submodules, each importing only the ones before it:
 
-* ``heuristics`` — operators (:func:`apply_op`), :class:`Heuristic`, :class:`Grid`,
-  :class:`Family`, the built-in families, :class:`HeuristicRegistry` and :func:`build_heuristics`.
+* ``rules`` — operators (:func:`apply_op`), :class:`Heuristic`, :class:`Grid`, :class:`Family`.
+* ``families`` — the built-in families (:data:`BUILTIN_FAMILIES`).
+* ``registry`` — :class:`HeuristicRegistry`.
+* ``heuristics`` — :func:`build_heuristics` → :class:`HeuristicSet`, the heuristics on a grid.
 * ``table`` — the classification result, :class:`HeuristicTable`.
 * ``map_scores`` — the pure, vectorised scoring of maps (:func:`score_maps`).
 * ``shuffle_test`` — the cell-shuffle test (:func:`shuffle_p_values`, :func:`benjamini_hochberg`).
@@ -48,19 +50,10 @@ from arithinterp.neurons.ablation import (
     ablate_for_prompt,
     ablate_heuristic,
 )
-from arithinterp.neurons.heuristics import (
-    BUILTIN_FAMILIES,
-    FAMILIES,
-    MAP_KINDS,
-    OPS,
-    Family,
-    Grid,
-    Heuristic,
-    HeuristicRegistry,
-    HeuristicSet,
-    apply_op,
-    build_heuristics,
-)
+from arithinterp.neurons.families import BUILTIN_FAMILIES, FAMILIES
+from arithinterp.neurons.heuristics import HeuristicSet, build_heuristics
+from arithinterp.neurons.registry import HeuristicRegistry
+from arithinterp.neurons.rules import MAP_KINDS, OPS, Family, Grid, Heuristic, apply_op
 from arithinterp.neurons.neuron_importance import IMPORTANCE_METHODS, NeuronImportance, importance
 from arithinterp.neurons.neuron_maps import NeuronMaps, maps
 from arithinterp.neurons.model import classify

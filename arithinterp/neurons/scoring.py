@@ -16,14 +16,9 @@ from tqdm.auto import tqdm
 from arithinterp.engine.budget import chunk_for
 from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.neurons.heuristics import (
-    MAP_KINDS,
-    HeuristicRegistry,
-    check_op,
-    check_registry,
-    values_tensor,
-    build_heuristics,
-)
+from arithinterp.neurons.heuristics import build_heuristics, values_tensor
+from arithinterp.neurons.registry import HeuristicRegistry, check_registry
+from arithinterp.neurons.rules import MAP_KINDS, check_op
 from arithinterp.neurons.map_scores import SCORE_CHUNK, score_all
 from arithinterp.neurons.shuffle_test import RunningFDR, RunningNullSummary, check_fdr, deciding_p_values
 from arithinterp.neurons.table import HeuristicTable

@@ -10,7 +10,8 @@ import pandas as pd
 import torch
 
 from arithinterp.errors import ConfigError, SiteError, accepted
-from arithinterp.neurons.heuristics import Grid, Heuristic, HeuristicRegistry, apply_op
+from arithinterp.neurons.registry import HeuristicRegistry
+from arithinterp.neurons.rules import Grid, Heuristic, apply_op
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result
 
 
