@@ -402,12 +402,12 @@ def graph_command(args: argparse.Namespace) -> dict:
         The command's JSON-able summary, printed by :func:`main`.
     """
     from arithinterp.features import load_transcoders
-    from arithinterp.features.graph import attribution_graph
+    from arithinterp.features.graph import prompt_graph
     from arithinterp.models import load_model
 
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders or args.model)
-    graph = attribution_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
+    graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
     if args.out:
         graph.save(args.out)
     if args.figure:
@@ -457,8 +457,8 @@ def das_command(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--position takes one position without --every-layer, got {args.position!r}")
     together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
     result = causal.das(model, dataset, args.site, args.layer, args.k,
-                        positions=together if len(together) > 1 else together[0], method=args.method, reachable_only=args.reachable_only, head=args.head,
-                        per_position=args.per_position,
+                        positions=together if len(together) > 1 else together[0], method=args.method,
+                        reachable_only=args.reachable_only, head=args.head, per_position=args.per_position,
                         steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
     rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
     assert isinstance(rows, pd.DataFrame)

@@ -219,7 +219,7 @@ def neuron_receivers(models: list, n_pairs: int, step: int, steps: int) -> list[
         layer = model.cfg.n_layers - 1
         chosen = {layer: list(range(0, model.cfg.d_mlp, step))}
         start = time.perf_counter()
-        exact = patch_neuron_edges(model, pairs, chosen, progress=False)
+        exact = patch_neuron_edges(model, pairs, neurons=chosen, progress=False)
         exact_s = time.perf_counter() - start
         ref = exact["scores"].mean(0)
         got, seconds = {}, {}

@@ -30,22 +30,21 @@ def main() -> None:
     model = ai.load_model("zoo:add-100")
     tc = load_transcoders("zoo:add-100")
     grid = ai.tasks.arithmetic(model, op="+", a=range(100), b=range(100), template="{a}+{b}=")
-    tables = [label_features(model, tc, grid, layer) for layer in tc.layers]
+    tables = [label_features(model, grid, tc, layer) for layer in tc.layers]
     paths = feature_paths(tables)
     held = held_out_prompts(model, get_entry("add-100"), limit=args.prompts, seed=1)
-    answers = held.answer_tokens[:, 0]
 
     print("## Paths\n")
     for name in PATHS:
         print(f"- {name}: " + "; ".join(f"layer {layer}: {sorted(f)}" for layer, f in sorted(paths[name].items())))
-    result = path_ablation(model, tc, held.tokens, answers, paths, n_random=10)
+    result = path_ablation(model, held, tc, paths, n_random=10)
     print(f"\n{len(held)} held-out prompts, zeroed at the final position\n")
     print("| features zeroed | n | mean answer logit | share left (95% CI) | top-1 accuracy |")
     print("|---|---|---|---|---|")
     for row in result.to_frame().to_dict("records"):
         print(f"| {row['arm']} | {row['n_features']} | {row['mean_logit']:.2f} | {row['share']:.3f} "
               f"[{row['share_low']:.3f}, {row['share_high']:.3f}] | {row['accuracy']:.3f} |")
-    every = path_ablation(model, tc, held.tokens, answers, paths, n_random=10, positions=None)
+    every = path_ablation(model, held, tc, paths, n_random=10, positions=None)
     print("\nzeroed at every position\n")
     print("| features zeroed | n | share left (95% CI) | top-1 accuracy |")
     print("|---|---|---|---|")
@@ -62,12 +61,12 @@ def main() -> None:
             labels[key] = ", ".join(names[:2])
             found = {path_of(n, table.families[table.index(n)]) for n in names} - {None}
             path_label[key] = found.pop() if len(found) == 1 else ("both" if found else "")
-    texts = [model.to_string(held.tokens[i]) for i in range(min(args.graphs, len(held)))]
-    sample = graph_sample(model, texts, tc, labels=labels, progress=False)
+    some = held[: min(args.graphs, len(held))]
+    sample = graph_sample(model, some, tc, labels=labels, progress=False)
     frame = sample.to_frame()
     frame["path"] = [path_label.get((layer, f), "") for layer, f in zip(frame["layer"], frame["feature"])]
     scores = sample.score_frame()
-    print(f"\n## Graphs of {len(texts)} held-out prompts\n")
+    print(f"\n## Graphs of {len(some)} held-out prompts\n")
     print(f"kept nodes median {scores['n_kept'].median():.0f}, kept influence median "
           f"{scores['kept_influence'].median():.3f}, replacement median {scores['replacement'].median():.3f}, "
           f"completeness median {scores['completeness'].median():.3f}\n")

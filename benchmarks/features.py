@@ -24,10 +24,9 @@ from patching import median_time  # noqa: E402  (benchmarks/patching.py: the sam
 
 def zoo_rows(runs: int, held_out: int) -> None:
     from arithinterp.features import load_transcoders
-    from arithinterp.features.graph import attribution_graph
+    from arithinterp.features.graph import prompt_graph
     from arithinterp.features.replacement import replacement_metrics
     from arithinterp.features.shipped import RECIPES, WEIGHTS_DIR
-    from arithinterp.features.training import full_tokens
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry, held_out_prompts
 
@@ -44,8 +43,7 @@ def zoo_rows(runs: int, held_out: int) -> None:
         model = load_model(f"zoo:{name}")
         tc = load_transcoders(f"zoo:{name}")
         prompts = held_out_prompts(model, get_entry(name), limit=held_out, seed=1)
-        tokens, _, n_answer = full_tokens(prompts)
-        measured = replacement_metrics(model, tc, tokens, n_answer)
+        measured = replacement_metrics(model, prompts, tc).as_dict()
         for layer, row in zip(tc.layers, card["layers"]):
             print(f"| zoo:{name} | {layer} | {row['fvu']:.4f} | {row['l0']:.2f} | {row['dead_fraction']:.3f} | "
                   f"{card['wall_seconds']:.0f} | {measured['agreement']:.4f} ({measured['n_positions']} positions) | "
@@ -57,7 +55,7 @@ def zoo_rows(runs: int, held_out: int) -> None:
           "replacement | completeness | exactness: features | logits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, model, prompt, tc in graphs:
-        seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc, progress=False), runs)
+        seconds, graph = median_time(lambda: prompt_graph(model, prompt, tc, progress=False), runs)
         _graph_row(label, prompt, graph, seconds)
 
 
@@ -76,7 +74,7 @@ def llama_row(runs: int) -> None:
 
     import arithinterp as ai
     from arithinterp.features import train_transcoders
-    from arithinterp.features.graph import attribution_graph
+    from arithinterp.features.graph import prompt_graph
     from arithinterp.models.tokenizers import number_tokenizer
     from arithinterp.tasks import prompts_for_pairs
 
@@ -97,7 +95,7 @@ def llama_row(runs: int) -> None:
                                                          (17, 17), (60, 9)])
     prompt = shots + "36+59="
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    seconds, graph = median_time(lambda: attribution_graph(model, prompt, tc, progress=False), runs)
+    seconds, graph = median_time(lambda: prompt_graph(model, prompt, tc, progress=False), runs)
     untouched = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     _graph_row(f"Llama 4L d256 (weights untouched: {untouched})", "8-shot 36+59=", graph, seconds)
 

@@ -278,7 +278,7 @@ def test_attribution_graphs_are_exact_through_the_branch_norms(gemma):
     family, model = gemma
     prompts = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 2), few_shot=2)
     transcoders = train_transcoders(model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
-    graph = attribution_graph(model, model.to_string(prompts.tokens[0]), transcoders, n_logits=2, progress=False)
+    graph = attribution_graph(model, prompts[:1], transcoders, n_logits=2, progress=False)
     assert graph.scores["n_active_features"] > 40
     assert graph.scores["max_abs_error"] <= 1e-5
     if family == "gemma3":

@@ -32,9 +32,9 @@ def parts(tiny_model):
 def test_a_negative_batch_size_is_refused_not_turned_into_a_wrong_graph(tiny_model, parts):
     from arithinterp.features import attribution_graph
 
-    _, transcoders = parts
+    prompts, transcoders = parts
     with pytest.raises(ConfigError, match=r"attribution_graph: batch_size=-3 is not accepted .*positive int"):
-        attribution_graph(tiny_model, "12+21=", transcoders, batch_size=-3, progress=False)
+        attribution_graph(tiny_model, prompts[:1], transcoders, batch_size=-3, progress=False)
 
 
 @pytest.mark.parametrize("features, match", [
@@ -49,18 +49,17 @@ def test_feature_lists_are_taken_as_written(tiny_model, parts, features, match):
 
     prompts, transcoders = parts
     with pytest.raises(ArithInterpError, match=match):
-        intervene(tiny_model, prompts.tokens[:2], transcoders, 0, features)
+        intervene(tiny_model, prompts[:2], transcoders, 0, features)
     with pytest.raises(ArithInterpError, match=match):
-        label_features(tiny_model, transcoders, prompts, 0, features)
+        label_features(tiny_model, prompts, transcoders, 0, features)
 
 
 def test_a_path_naming_a_feature_twice_is_refused(tiny_model, parts):
     from arithinterp.features import path_ablation
 
     prompts, transcoders = parts
-    answers = prompts.answer_tokens[:4, 0]
     with pytest.raises(ConfigError, match=r"names \[2\] more than once"):
-        path_ablation(tiny_model, transcoders, prompts.tokens[:4], answers, {"p": {0: [2, 2]}}, n_random=1)
+        path_ablation(tiny_model, prompts[:4], transcoders, {"p": {0: [2, 2]}}, n_random=1)
 
 
 def test_seeds_sizes_and_rates_are_never_coerced(tiny_model, parts):
@@ -97,30 +96,31 @@ def test_a_byte_size_is_read_wherever_max_memory_is(tiny_model):
     (5, ConfigError, r"prompt=5 is not accepted"),  # not token id 5
 ])
 def test_a_prompt_is_analysed_as_given_or_refused(tiny_model, parts, prompt, error, match):
-    from arithinterp.features import attribution_graph, graph_sample
+    from arithinterp.features.graph import prompt_graph
 
     _, transcoders = parts
     with pytest.raises(error, match=match):
-        attribution_graph(tiny_model, prompt, transcoders, progress=False)
-    if isinstance(prompt, str):
-        with pytest.raises(error, match=match):
-            graph_sample(tiny_model, ["12+21=", prompt], transcoders, progress=False)  # before the first graph
+        prompt_graph(tiny_model, prompt, transcoders, progress=False)
 
 
-def test_one_string_is_not_a_list_of_prompts(tiny_model, parts):
-    from arithinterp.features import graph_sample
+def test_a_string_is_not_a_prompt_set(tiny_model, parts):
+    from arithinterp.features import attribution_graph, graph_sample
 
-    _, transcoders = parts
+    prompts, transcoders = parts
     with pytest.raises(ConfigError, match=r"graph_sample: prompts='12\+21=' is not accepted"):
         graph_sample(tiny_model, "12+21=", transcoders)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ConfigError, match=r"attribution_graph: prompts='12\+21=' is not accepted"):
+        attribution_graph(tiny_model, "12+21=", transcoders)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ConfigError, match=r"draws the graph of one prompt, got 2; pass prompts\[i:i \+ 1\]"):
+        attribution_graph(tiny_model, prompts[:2], transcoders)
 
 
 def test_more_answer_logits_than_the_vocabulary_is_refused(tiny_model, parts):
     from arithinterp.features import attribution_graph
 
-    _, transcoders = parts
+    prompts, transcoders = parts
     with pytest.raises(ConfigError, match="more answer tokens than the vocabulary"):
-        attribution_graph(tiny_model, "12+21=", transcoders, n_logits=10**6, progress=False)
+        attribution_graph(tiny_model, prompts[:1], transcoders, n_logits=10**6, progress=False)
 
 
 def test_a_position_past_the_prompt_is_refused(tiny_model, parts):
@@ -128,7 +128,7 @@ def test_a_position_past_the_prompt_is_refused(tiny_model, parts):
 
     prompts, transcoders = parts
     with pytest.raises(ArithInterpError, match=r"positions \[99\] are not all positions"):
-        intervene(tiny_model, prompts.tokens[:2], transcoders, 0, [1], positions=[99])
+        intervene(tiny_model, prompts[:2], transcoders, 0, [1], positions=[99])
 
 
 # --- a long sample stops and goes on ----------------------------------------------------------------------
@@ -137,13 +137,13 @@ def test_a_position_past_the_prompt_is_refused(tiny_model, parts):
 def test_a_graph_sample_stops_at_its_budget_and_resumes(tiny_model, parts):
     from arithinterp.features import graph_sample
 
-    _, transcoders = parts
-    texts = ["12+21=", "13+22=", "14+23="]
+    prompts, transcoders = parts
+    some = prompts[:3]
     with pytest.warns(UserWarning, match="stopped"):
-        first = graph_sample(tiny_model, texts, transcoders, max_seconds=1e-9, progress=False)
-    assert first.meta["n_done"] == 1 and first.meta["stopped"] == "max_seconds" and first.prompts == texts[:1]
-    whole = graph_sample(tiny_model, texts, transcoders, resume=first, progress=False)
-    again = graph_sample(tiny_model, texts, transcoders, progress=False)
+        first = graph_sample(tiny_model, some, transcoders, max_seconds=1e-9, progress=False)
+    assert first.meta["n_done"] == 1 and first.meta["stopped"] == "max_seconds" and first.prompts == [some.texts[0]]
+    whole = graph_sample(tiny_model, some, transcoders, resume=first, progress=False)
+    again = graph_sample(tiny_model, some, transcoders, progress=False)
     assert whole.meta["n_done"] == 3 and whole.features == again.features and whole.scores == again.scores
 
 
@@ -206,10 +206,10 @@ def test_transcoders_refuse_a_model_of_the_same_shape_with_other_weights(number_
     prompts, transcoders = parts
     twin = tiny_bridge(number_tokenizer, seed=5)
     with pytest.raises(ModelMismatchError, match="came from another model.*fingerprint"):
-        replacement_metrics(twin, transcoders, prompts.tokens[:4])
-    assert replacement_metrics(tiny_model, transcoders, prompts.tokens[:4])["agreement"] >= 0.0
+        replacement_metrics(twin, prompts[:4], transcoders)
+    assert replacement_metrics(tiny_model, prompts[:4], transcoders).agreement >= 0.0
     on_twin = transcoders.on_model(twin)  # declared on purpose
-    assert replacement_metrics(twin, on_twin, prompts.tokens[:4])["agreement"] >= 0.0
+    assert replacement_metrics(twin, prompts[:4], on_twin).agreement >= 0.0
 
 
 def test_a_fingerprint_survives_a_save_and_follows_the_weights(tiny_model, parts, tmp_path):

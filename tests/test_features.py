@@ -8,8 +8,9 @@ import torch
 from conftest import tiny_bridge
 
 from arithinterp.engine import Intervention, Read, run
-from arithinterp.errors import AnalysisError, ConfigError, ModelSpecError, SiteError
-from arithinterp.features import Transcoders, load_transcoders, replacement_logits, train_transcoders
+from arithinterp.errors import ConfigError, ModelSpecError, SiteError
+from arithinterp.features import Transcoders, load_transcoders, train_transcoders
+from arithinterp.features.replacement import replacement_logits
 from arithinterp.features.training import full_tokens, mlp_activations
 from arithinterp.tasks import prompts_for_pairs
 
@@ -164,9 +165,8 @@ def test_shipped_transcoders_replace_the_zoo_mlps(name):
     card = tc.metrics  # measured on the recipe's held-out prompts when they were made
     assert all(row["l0"] <= 32 and row["fvu"] <= 0.10 and row["dead_fraction"] < 0.05 for row in card["layers"])
     prompts = held_out_prompts(model, get_entry(name), limit=200, seed=1)
-    tokens, _, n_answer = full_tokens(prompts)
-    measured = replacement_metrics(model, tc, tokens, n_answer)
-    assert measured["agreement"] >= 0.95
+    measured = replacement_metrics(model, prompts, tc)
+    assert measured.agreement >= 0.95 and measured.n_positions == measured.kls.numel()
 
 
 def _planted_with_transcoders(tokenizer, digit: int):
@@ -189,10 +189,10 @@ def _graph_through_planted(tokenizer, digit: int):
     the token ``6`` (planted: the MLP writes ``5 v`` there, worth 50 on that logit); returns the graph
     and the net direct effect on the ``6`` logit of the features writing along ``v`` (0 when ``6`` is
     not among the graph's answer logits)."""
-    from arithinterp.features.graph import attribution_graph
+    from arithinterp.features.graph import prompt_graph
 
     model, v, six, tc = _planted_with_transcoders(tokenizer, digit)
-    graph = attribution_graph(model, "59+36", tc, n_logits=3)
+    graph = prompt_graph(model, "59+36", tc, n_logits=3)
     edges = graph.to_frame()
     edges = edges[(edges["source_kind"] == "feature") & (edges["target_kind"] == "logit")
                   & (edges["target_feature"] == six)]
@@ -221,13 +221,13 @@ def test_graph_of_a_model_without_the_feature_does_not(number_tokenizer):
 
 
 def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
-    from arithinterp.features.graph import attribution_graph
+    from arithinterp.features.graph import prompt_graph
 
     a = torch.arange(100).repeat_interleave(5)
     b = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(1))
     prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
-    graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=2, max_nodes=30)
+    graph = prompt_graph(tiny_model, "36+59=", tc, n_logits=2, max_nodes=30)
     assert graph.scores["max_abs_error"] <= 1e-5 and graph.scores["max_rel_error_logits"] <= 1e-5
     assert graph.scores["n_kept"] <= 30 and 0 < graph.scores["completeness"] <= 1
     # finite differences: switching one layer-0 feature off moves a layer-1 target by its edge weight
@@ -267,7 +267,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
 
 @pytest.mark.slow
 def test_zeroing_the_planted_feature_removes_the_answer_and_a_random_feature_does_not(number_tokenizer):
-    from arithinterp.features import intervene
+    from arithinterp.features.interventions import intervened_logits as intervene
 
     model, v, six, tc = _planted_with_transcoders(number_tokenizer, 6)
     tokens = model.to_tokens("59+36")
@@ -295,7 +295,7 @@ def test_labels_name_the_planted_feature_and_not_shuffled_maps(planted):
     prompts = arithmetic(model, "+", range(100), range(100), "{a}+{b}=")
     aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1) >= 0.9
     features = aligned.nonzero().squeeze(1).tolist()
-    table = label_features(model, tc, prompts, 0, features, position=-2)  # at b
+    table = label_features(model, prompts, tc, 0, features, positions=-2)  # at b
     frame = table.to_frame(labelled_only=True)
     assert "b mod 10 = 6" in set(frame["heuristic"])
     assert table.meta["control"]["shuffled"]["labelled"] == 0  # the same maps, cells shuffled: no label
@@ -348,7 +348,6 @@ def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_mo
 
 
 def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
-    from arithinterp.errors import AnalysisError
     from arithinterp.features import feature_grids
     from arithinterp.tasks import arithmetic
 
@@ -356,27 +355,27 @@ def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
     prompts = arithmetic(model, "+", range(20), range(20), "{a}+{b}=")
     aligned = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1)
     best, other = int(aligned.argmax()), int(aligned.abs().argmin())
-    grids = feature_grids(model, tc, prompts, 0, [best, other], position=-2, labels=["b ends in 6", ""])
+    grids = feature_grids(model, prompts, tc, 0, [best, other], positions=-2, labels=["b ends in 6", ""])
     fig = grids.plot()
     assert len(fig.data) == 2 and fig.layout.annotations[0].text == f"L0 f{best}: b ends in 6"
     z = torch.tensor(fig.data[0].z)  # rows a, columns b = 0..19, read at b's own token
     assert int(z.mean(0).argmax()) % 10 == 6  # strongest where b ends in 6
     assert float(z.std(0).max()) < 1e-5  # and the same for every a: attention writes nothing in this model
     with pytest.raises(ConfigError, match="one label per feature"):
-        feature_grids(model, tc, prompts, 0, [best], labels=["a", "b"])
+        feature_grids(model, prompts, tc, 0, [best], labels=["a", "b"])
 
 
 def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model):
     """The last layer's feature → logit edges come from a backward, not from rows: switching such a
     feature off in the frozen model (linear there, so no step size to pick) moves the demeaned logit
     by its edge weight."""
-    from arithinterp.features.graph import _frozen, attribution_graph
+    from arithinterp.features.graph import _frozen, prompt_graph
 
     a = torch.arange(100).repeat_interleave(5)
     b = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(1))
     prompts = prompts_for_pairs(tiny_model, "+", a.tolist(), b.tolist(), "{a}+{b}=")
     tc = train_transcoders(tiny_model, prompts, n_features=32, k=4, steps=30, batch_size=256, progress=False)
-    graph = attribution_graph(tiny_model, "36+59=", tc, n_logits=1, progress=False)
+    graph = prompt_graph(tiny_model, "36+59=", tc, n_logits=1, progress=False)
     frame = graph.to_frame()
     last = frame[(frame["source_kind"] == "feature") & (frame["source_layer"] == 1) & (frame["target_kind"] == "logit")]
     assert len(last) > 0
@@ -422,8 +421,11 @@ def test_path_labels_sort_into_last_digit_and_magnitude():
 
 
 def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_features(number_tokenizer, tmp_path):
-    from arithinterp.features import PathAblation, graph_sample, path_ablation
+    from arithinterp.features import PathAblationResult, graph_sample, path_ablation
+    from arithinterp.features.graph import prompt_graph
+    from arithinterp.features.paths import path_ablation_tokens
     from arithinterp.features.sample import GraphSample
+    from arithinterp.tasks import arithmetic
 
     model, v, six, tc = _planted_with_transcoders(number_tokenizer, 6)
     cosine = torch.nn.functional.cosine_similarity(tc.W_dec[0], v[None], dim=1).abs()
@@ -431,30 +433,41 @@ def test_zeroing_the_planted_path_removes_more_of_the_answer_than_random_feature
     texts = [f"{a}+{b}" for a, b in zip(range(10, 40), range(6, 100, 10))]  # b ends in 6: the feature fires
     tokens = torch.cat([model.to_tokens(t) for t in texts])
     answers = torch.full((len(texts),), six)
-    result = path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, n_random=3)
+    result = path_ablation_tokens(model, tc, tokens, answers, {"planted": {0: carriers}}, n_random=3)
     frame = result.to_frame().set_index("arm")
     planted_left = frame.loc["zero planted", "share"]
     random_left = frame.loc["random, as many as planted", "share"]
     assert frame.loc["none", "share"] == pytest.approx(1.0)
     assert planted_left < 0.6 and random_left > 0.9  # the planted 5 v is most of the "6" logit
     assert frame.loc["zero planted", "share_high"] < frame.loc["random, as many as planted", "share_low"]
-    loaded = PathAblation.load(result.save(tmp_path / "paths"))
+    loaded = PathAblationResult.load(result.save(tmp_path / "paths"))
     assert torch.equal(loaded.logits, result.logits) and len(loaded.plot().data) == 1
     with pytest.raises(ConfigError, match="non-empty"):
-        path_ablation(model, tc, tokens, answers, {"planted": {0: []}})
+        path_ablation_tokens(model, tc, tokens, answers, {"planted": {0: []}})
     with pytest.raises(ConfigError, match="positions must be"):
-        path_ablation(model, tc, tokens, answers, {"planted": {0: carriers}}, positions=[99])
+        path_ablation_tokens(model, tc, tokens, answers, {"planted": {0: carriers}}, positions=[99])
+    # the prompt-set path reads each prompt's own answer: its zeroed arm is the tensor path's, answer for answer
+    sums = arithmetic(model, "+", range(10, 14), [16, 26], "{a}+{b}=")
+    own = path_ablation(model, sums, tc, {"planted": {0: carriers}}, n_random=2)
+    same = path_ablation_tokens(model, tc, sums.tokens, sums.answer_tokens[:, 0], {"planted": {0: carriers}},
+                                n_random=2)
+    assert torch.allclose(own.logits, same.logits) and own.arms == same.arms
     # the same prompts' graphs: the features kept at the last position are the carriers (each number
     # token has carriers of its own, so no one feature is kept in every graph)
-    sample = graph_sample(model, texts[:6], tc, n_logits=3, progress=False)
-    last = sample.to_frame().query("position == -1 and kept > 0")
-    along = last["feature"].isin(carriers)
-    influence = last["mean_influence"].to_numpy()
-    assert int(last["kept"].to_numpy()[along.to_numpy()].sum()) >= 6
-    assert influence[along.to_numpy()].sum() > 5 * influence[~along.to_numpy()].sum()
+    kept, along_influence, other_influence = 0, 0.0, 0.0
+    for text in texts[:6]:
+        nodes = prompt_graph(model, text, tc, n_logits=3, progress=False).node_frame()
+        last = nodes[(nodes["kind"] == "feature") & (nodes["position"] == nodes["position"].max()) & nodes["kept"]]
+        along = last["feature"].isin(carriers).to_numpy()
+        kept += int(along.sum())
+        along_influence += float(last["influence"].to_numpy()[along].sum())
+        other_influence += float(last["influence"].to_numpy()[~along].sum())
+    assert kept >= 6 and along_influence > 5 * other_influence
+    sample = graph_sample(model, sums, tc, n_logits=3, progress=False)
+    assert sample.meta["n_done"] == len(sums) and sample.prompts == list(sums.texts)
     assert GraphSample.load(sample.save(tmp_path / "sample")).features == sample.features
     with pytest.raises(ConfigError, match="prompts is empty"):
-        graph_sample(model, [], tc)
+        graph_sample(model, sums[[]], tc)
 
 
 def test_a_ridge_skip_stays_small_off_the_inputs_few_directions():

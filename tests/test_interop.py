@@ -17,8 +17,9 @@ from safetensors.torch import save_file
 
 from arithinterp import causal
 from arithinterp.errors import AnalysisError, ConfigError, ModelFileError, ResultFileError
+from arithinterp.features.graph import prompt_graph
 from arithinterp.features import (
-    attribution_graph, load_transcoders, read_circuit_tracer_graph, read_circuit_tracer_transcoders, read_saelens,
+    load_transcoders, read_circuit_tracer_graph, read_circuit_tracer_transcoders, read_saelens,
     transcoder_fvu, write_circuit_tracer_transcoders, write_saelens,
 )
 from arithinterp.features.graph_files import cantor_pairing, circuit_tracer_order
@@ -148,7 +149,7 @@ def test_saelens_layout_names_the_architecture_and_hooks(zoo, tmp_path):
 @pytest.fixture(scope="module")
 def graph(zoo):
     model, tc = zoo
-    return attribution_graph(model, "36+59=", tc, n_logits=3, zero_positions=(0,), progress=False)
+    return prompt_graph(model, "36+59=", tc, n_logits=3, zero_positions=(0,), progress=False)
 
 
 def test_zero_positions_hold_position_0_constant_and_stay_exact(zoo, graph):
@@ -156,14 +157,14 @@ def test_zero_positions_hold_position_0_constant_and_stay_exact(zoo, graph):
     assert not any(n["kind"] == "feature" and n["position"] == 0 for n in graph.nodes)
     assert all(n["activation"] == 0.0 for n in graph.nodes if n["kind"] == "error" and n["position"] == 0)
     assert graph.scores["max_abs_error"] < 1e-4 and graph.scores["max_rel_error_logits"] < 1e-4
-    plain = attribution_graph(model, "36+59=", tc, n_logits=3, progress=False)
+    plain = prompt_graph(model, "36+59=", tc, n_logits=3, progress=False)
     assert any(n["kind"] == "feature" and n["position"] == 0 for n in plain.nodes)
-    both = attribution_graph(model, "36+59=", tc, n_logits=3, completeness="all_nodes", progress=False)
+    both = prompt_graph(model, "36+59=", tc, n_logits=3, completeness="all-nodes", progress=False)
     assert both.scores["completeness"] == both.scores["completeness_all_nodes"]
     # embedding and error nodes count as complete there: the average over every node is higher
     assert both.scores["completeness_all_nodes"] > both.scores["completeness_features"]
     with pytest.raises(ConfigError, match="completeness"):
-        attribution_graph(model, "36+59=", tc, completeness="every", progress=False)
+        prompt_graph(model, "36+59=", tc, completeness="every", progress=False)
 
 
 def test_graph_json_has_circuit_tracers_nodes_and_links(graph, tmp_path):

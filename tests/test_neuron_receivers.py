@@ -23,7 +23,7 @@ def _exactness(model, pairs, layer, neuron):
     graph = EdgeGraph.of(model)
     n_up = graph.layout.senders_before(layer, "mlp")
     edges = [f"{graph.senders[s].name}->MLP{layer}N{neuron}" for s in range(n_up)]
-    got = patch_neuron_edges(model, pairs, {layer: [neuron]}, edges=edges, progress=False)
+    got = patch_neuron_edges(model, pairs, neurons={layer: [neuron]}, edges=edges, progress=False)
     assert got["edges"] == edges and got["scores"].shape == (len(pairs), n_up)
     # the sum of every edge carried at once: one set (the engine's neuron inputs take edge weights)
     from arithinterp.circuits.neurons import neuron_inputs
@@ -70,7 +70,7 @@ def test_attribution_of_neuron_receiver_edges_follows_exact_patching(tiny_model)
     edge alone (Pearson over the pair-mean scores), and the neuron → neuron edges into a neuron
     add up to its MLP → neuron edge (the MLP's output is the sum of its neurons')."""
     pairs = _pairs(tiny_model)
-    exact = patch_neuron_edges(tiny_model, pairs, {1: list(range(0, 128, 8))}, progress=False)
+    exact = patch_neuron_edges(tiny_model, pairs, neurons={1: list(range(0, 128, 8))}, progress=False)
     for method in ("eap", "eap-ig"):
         got = attribute_edges(tiny_model, pairs, method=method, ig_steps=5, progress=False,
                               neurons={0: "all", 1: "all"})
@@ -131,7 +131,7 @@ def test_a_neuron_that_reads_one_head_has_it_as_its_top_sender(number_tokenizer)
     def share(model):
         pairs = _pairs(model, 10, 4)
         metric = lambda logits, ctx: logits[:, 5]  # noqa: E731  (the planted neuron's token)
-        exact = patch_neuron_edges(model, pairs, {1: [5]}, metric=metric, progress=False)
+        exact = patch_neuron_edges(model, pairs, neurons={1: [5]}, metric=metric, progress=False)
         out = {"exact": (exact["edges"], exact["scores"].mean(0))}
         for method in ("eap", "eap-ig"):
             got = attribute_edges(model, pairs, method=method, ig_steps=3, metric=metric, progress=False,
@@ -157,11 +157,11 @@ def test_a_neuron_that_reads_one_head_has_it_as_its_top_sender(number_tokenizer)
 def test_neuron_edge_input_is_checked(tiny_model):
     pairs = _pairs(tiny_model, 4, 2)
     with pytest.raises(ArithInterpError, match="named like 'embed->MLP1N3'"):
-        patch_neuron_edges(tiny_model, pairs, {1: [3]}, edges=["L0H0->MLP1N4"], progress=False)
+        patch_neuron_edges(tiny_model, pairs, neurons={1: [3]}, edges=["L0H0->MLP1N4"], progress=False)
     with pytest.raises(ArithInterpError, match="accepted"):
-        patch_neuron_edges(tiny_model, pairs, {1: [tiny_model.cfg.d_mlp]}, progress=False)
+        patch_neuron_edges(tiny_model, pairs, neurons={1: [tiny_model.cfg.d_mlp]}, progress=False)
     with pytest.raises(ArithInterpError, match="accepted"):
-        patch_neuron_edges(tiny_model, pairs, {1: [3]}, direction="sideways", progress=False)
+        patch_neuron_edges(tiny_model, pairs, neurons={1: [3]}, direction="sideways", progress=False)
 
 
 def test_neurons_as_senders_only_when_asked(tiny_model):

@@ -359,7 +359,7 @@ def _transcoders(i: Instances):
 def _graph(i: Instances):
     from arithinterp import features
 
-    return features.attribution_graph(i.model, "12+23=", i.transcoders, n_logits=2, max_nodes=10)
+    return features.attribution_graph(i.model, i.prompts[:1], i.transcoders, n_logits=2, max_nodes=10)
 
 
 def _feature_grids(i: Instances):
@@ -367,20 +367,32 @@ def _feature_grids(i: Instances):
     from arithinterp.tasks import arithmetic
 
     prompts = arithmetic(i.model, "+", range(5), range(4), "{a}+{b}=")
-    return features.feature_grids(i.model, i.transcoders, prompts, 0, [0, 1], labels=["first", ""])
+    return features.feature_grids(i.model, prompts, i.transcoders, 0, [0, 1], labels=["first", ""])
 
 
 def _path_ablation(i: Instances):
     from arithinterp import features
 
-    return features.path_ablation(i.model, i.transcoders, i.prompts.tokens[:30], i.prompts.answer_tokens[:30, 0],
+    return features.path_ablation(i.model, i.prompts[:30], i.transcoders,
                                   {"first": {0: [0, 1]}, "second": {1: [2]}}, n_random=2, n_boot=50)
+
+
+def _feature_intervention(i: Instances):
+    from arithinterp import features
+
+    return features.intervene(i.model, i.prompts[:12], i.transcoders, 0, [0, 1, 2], scale=0.0, positions=[-1])
+
+
+def _replacement(i: Instances):
+    from arithinterp import features
+
+    return features.replacement_metrics(i.model, i.prompts[:12], i.transcoders)
 
 
 def _graph_sample(i: Instances):
     from arithinterp import features
 
-    return features.graph_sample(i.model, ["12+23=", "31+4="], i.transcoders, progress=False, n_logits=2, max_nodes=10)
+    return features.graph_sample(i.model, i.prompts[:2], i.transcoders, progress=False, n_logits=2, max_nodes=10)
 
 
 def _das(i: Instances):
@@ -448,8 +460,10 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "HeuristicAblationResult": _heuristic_ablation,
     "PromptAblationResult": _prompt_ablation,
     "Transcoders": _transcoders,
-    "FeatureGrids": _feature_grids,
-    "PathAblation": _path_ablation,
+    "FeatureGridsResult": _feature_grids,
+    "PathAblationResult": _path_ablation,
+    "FeatureInterventionResult": _feature_intervention,
+    "ReplacementResult": _replacement,
     "GraphSample": _graph_sample,
     "AttributionGraph": _graph,
     "DASResult": _das,

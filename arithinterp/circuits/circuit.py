@@ -187,7 +187,8 @@ def score_edges(
                           progress=progress)
         extra.update(forwards=got["forwards"], engine=got["engine"])
     else:
-        got = attribute_edges(model, pairs, graph, method, ig_steps, metric, direction, batch_size=batch_size,
+        got = attribute_edges(model, pairs, graph, method, ig_steps=ig_steps, metric=metric, direction=direction,
+                              batch_size=batch_size,
                               max_memory=max_memory, progress=progress)
         extra.update(passes=got["passes"], passes_per_batch=got["passes_per_batch"], batches=got["batches"],
                      ig_steps=ig_steps if method.startswith("eap-ig") else None)

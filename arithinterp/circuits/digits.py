@@ -217,7 +217,8 @@ def digit_circuits(
         fed = feds[k]
         circuit = score_edges(model, fed, method, positions=positions, ig_steps=ig_steps, metric=metric,
                               direction=direction, batch_size=batch_size, progress=progress)
-        base = run_edge_sets(model, fed, graph, torch.zeros(0, graph.n_edges), metric)  # unpatched runs only
+        base = run_edge_sets(model, fed, graph, torch.zeros(0, graph.n_edges), metric,  # unpatched runs only
+                             progress=False)
         per.append(circuit.pair_scores)
         clean.append(base["clean"])
         corrupt.append(base["corrupt"])

@@ -114,7 +114,7 @@ def run_edge_sets(
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
-    progress: bool = False,
+    progress: bool = True,
     _runs: Optional[dict] = None,
 ) -> dict:
     """The metric for each edge set, its chosen edges carrying fixed sender outputs. Every other
@@ -341,10 +341,10 @@ def attribute_edges(
     pairs: PromptPairs,
     graph: Optional[EdgeGraph] = None,
     method: str = "eap-ig",
+    *,
     ig_steps: int = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
-    *,
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     progress: bool = True,

@@ -339,7 +339,7 @@ def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: s
     graph = circuit.graph()
     every = torch.ones(1, circuit.n_edges)
     sets = torch.cat([1.0 - kept_sets.float(), every])  # ablated edges; the last set ablates all
-    got = run_edge_sets(model, pairs, graph, sets, metric, base="clean",
+    got = run_edge_sets(model, pairs, graph, sets, metric, base="clean", progress=False,
                         values="corrupt" if ablation == "resample" else "mean", batch_cells=batch_cells,
                         max_memory=max_memory, engine=engine, _runs=runs)
     return dict(pair=got["values"][:, :-1], clean=got["clean"], none=got["values"][:, -1], forwards=got["forwards"],

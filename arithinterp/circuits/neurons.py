@@ -221,11 +221,11 @@ def neuron_receiver_scores(model: HookedModel, receivers: Sequence[tuple[int, in
 def patch_neuron_edges(
     model: HookedModel,
     pairs: PromptPairs,
-    neurons: Mapping[int, Union[str, Sequence[int]]],
     graph: Optional[EdgeGraph] = None,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     *,
+    neurons: Mapping[int, Union[str, Sequence[int]]],
     edges: Optional[Sequence[str]] = None,
     batch_cells: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,

@@ -6,9 +6,12 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
   with a linear skip), and the engine interventions that swap MLPs for them.
 * ``training`` — :func:`train_transcoders`: activations read through the engine, fitted, measured
   on held-out prompts (FVU, L0, dead features).
-* ``replacement`` — the replacement model (every MLP replaced, no error term): top-1 agreement and KL.
-* ``graph`` — :func:`attribution_graph`: the :class:`AttributionGraph` of one prompt over the local replacement model.
-* ``interventions`` — :func:`intervene`: clamp, scale or zero features in the real model, read the logits.
+* ``replacement`` — the replacement model (every MLP replaced, no error term): top-1 agreement and KL
+  (:func:`replacement_metrics` → :class:`ReplacementResult`).
+* ``graph`` — :func:`attribution_graph`: the :class:`AttributionGraph` of one prompt over the local
+  replacement model (``graph.prompt_graph`` takes a text or token ids instead of a prompt set).
+* ``interventions`` — :func:`intervene`: clamp, scale or zero features in the real model, read the
+  answers (:class:`FeatureInterventionResult`).
 * ``labels`` — :func:`label_features`: the neurons' calibrated heuristic classifier on feature maps,
   plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)"); :func:`feature_grids` draws features
   over the operand grid.
@@ -25,12 +28,14 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
 from arithinterp.features.graph import AttributionGraph, attribution_graph
 from arithinterp.features.graph_files import write_circuit_tracer_graph
 from arithinterp.features.graph_reader import read_circuit_tracer_graph
-from arithinterp.features.interventions import feature_interventions, intervene
-from arithinterp.features.labels import FeatureGrids, feature_grids, feature_maps, label_features, lookup_registry
-from arithinterp.features.paths import PathAblation, feature_paths, path_ablation, path_of
-from arithinterp.features.replacement import replacement_logits, replacement_metrics
+from arithinterp.features.interventions import FeatureInterventionResult, feature_interventions, intervene
+from arithinterp.features.labels import (
+    FeatureGridsResult, feature_grids, feature_maps, label_features, lookup_registry,
+)
+from arithinterp.features.paths import PathAblationResult, feature_paths, path_ablation, path_of
+from arithinterp.features.replacement import ReplacementResult, replacement_metrics
 from arithinterp.features.sample import GraphSample, graph_sample
-from arithinterp.features.training import mlp_activations, train_transcoders
+from arithinterp.features.training import train_transcoders
 from arithinterp.features.shipped import load_transcoders
 from arithinterp.features.transcoder import Transcoders, topk_activations
 from arithinterp.features.transcoder_files import (
@@ -42,11 +47,10 @@ from arithinterp.features.transcoder_files import (
 )
 
 __all__ = [
-    "AttributionGraph", "FeatureGrids", "GraphSample", "PathAblation", "Transcoders", "attribution_graph",
-    "feature_grids", "feature_interventions", "feature_maps", "feature_paths", "graph_sample", "intervene",
-    "label_features",
-    "load_transcoders", "lookup_registry", "mlp_activations", "path_ablation", "path_of", "read_circuit_tracer_graph",
-    "read_circuit_tracer_transcoders", "read_saelens", "replacement_logits", "replacement_metrics", "topk_activations",
-    "train_transcoders", "transcoder_fvu", "write_circuit_tracer_graph", "write_circuit_tracer_transcoders",
-    "write_saelens",
+    "AttributionGraph", "FeatureGridsResult", "FeatureInterventionResult", "GraphSample", "PathAblationResult",
+    "ReplacementResult", "Transcoders", "attribution_graph", "feature_grids", "feature_interventions", "feature_maps",
+    "feature_paths", "graph_sample", "intervene", "label_features", "load_transcoders", "lookup_registry",
+    "path_ablation", "path_of", "read_circuit_tracer_graph", "read_circuit_tracer_transcoders", "read_saelens",
+    "replacement_metrics", "topk_activations", "train_transcoders", "transcoder_fvu", "write_circuit_tracer_graph",
+    "write_circuit_tracer_transcoders", "write_saelens",
 ]

@@ -26,7 +26,7 @@ nodes at position 0 (``<bos>``) by default: their MLP output is held constant (i
 bias), so they have no node of their own; ``zero_positions=(0,)`` does the same here (the default
 here zeroes nothing). ``completeness`` — ``"features"`` (the default) averages the non-error share
 of incoming edges over the feature and logit nodes, weighted by influence (logits by their
-probability); ``"all_nodes"`` is circuit-tracer's: the average over *every* node, weighted by
+probability); ``"all-nodes"`` is circuit-tracer's: the average over *every* node, weighted by
 influence plus the logit weights, where embedding and error nodes, which have no incoming edges,
 count as complete. ``scores`` holds both (``completeness_features``, ``completeness_all_nodes``);
 ``scores["completeness"]`` is the one asked for.
@@ -44,14 +44,15 @@ from tqdm.auto import tqdm
 from arithinterp import sites as site_lib
 from arithinterp.engine import Intervention, Read, run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.checks import prompt_tokens
+from arithinterp.checks import check_belongs, prompt_tokens
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
-from arithinterp.types import IndexList, PositiveInt, PositiveProbability, checked
+from arithinterp.tasks import PromptSet
+from arithinterp.types import HookedModel, IndexList, PositiveInt, PositiveProbability, checked
 
 KINDS = ("embedding", "feature", "error", "logit")
-COMPLETENESS = ("features", "all_nodes")
+COMPLETENESS = ("features", "all-nodes")
 # A source is switched on at PROBE times its value: the frozen replacement model is affine, so the
 # effect is (row − bias) / PROBE, and float32 rounding of the bias is divided by PROBE (a power of 2).
 PROBE = 4096.0
@@ -147,14 +148,51 @@ def _frozen(model: Any, tokens: torch.Tensor, transcoders: Transcoders) -> dict[
 
 
 @checked
-def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
+def attribution_graph(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, *,
                       n_logits: PositiveInt = 1, node_threshold: PositiveProbability = 0.8,
                       max_nodes: PositiveInt = 100, batch_size: Optional[PositiveInt] = None,
                       labels: Optional[dict] = None, zero_positions: IndexList = (),
-                      completeness: Literal["features", "all_nodes"] = "features",
+                      completeness: Literal["features", "all-nodes"] = "features",
                       progress: bool = True) -> AttributionGraph:
     """The attribution graph of one prompt over transcoders (one per layer), with the top answer
-    tokens at the final position as its outputs. The prompt is analysed exactly as given, never cut.
+    tokens at the final position as its outputs (:func:`graph_sample` draws one per prompt of a
+    set; :func:`prompt_graph` takes a text or token ids instead of a prompt set).
+
+    Args:
+        model: The hooked model.
+        prompts: A prompt set of one prompt (``prompts[i:i + 1]`` picks one), analysed without its
+            padding.
+        transcoders, n_logits, node_threshold, max_nodes, batch_size, labels, zero_positions,
+        completeness, progress: As for :func:`prompt_graph`.
+
+    Returns:
+        The pruned graph: its nodes, edges, replacement and completeness scores.
+
+    Raises:
+        ConfigError: A prompt set of more or fewer than one prompt.
+        AnalysisError: Transcoders that do not map ``mlp_in`` to ``mlp_out``.
+        ModelMismatchError: Prompts or transcoders made for another model.
+    """
+    check_belongs(model, "features.attribution_graph", prompts=prompts)
+    if len(prompts) != 1:
+        raise ConfigError(f"attribution_graph draws the graph of one prompt, got {len(prompts)}; pass prompts[i:i + 1] "
+                          "for the i-th, or use graph_sample for one graph per prompt")
+    tokens = prompts.unpadded(torch.arange(1))[0]
+    return prompt_graph(model, tokens, transcoders, n_logits=n_logits, node_threshold=node_threshold,
+                        max_nodes=max_nodes, batch_size=batch_size, labels=labels, zero_positions=zero_positions,
+                        completeness=completeness, progress=progress)
+
+
+@checked
+def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
+                 n_logits: PositiveInt = 1, node_threshold: PositiveProbability = 0.8,
+                 max_nodes: PositiveInt = 100, batch_size: Optional[PositiveInt] = None,
+                 labels: Optional[dict] = None, zero_positions: IndexList = (),
+                 completeness: Literal["features", "all-nodes"] = "features",
+                 progress: bool = True) -> AttributionGraph:
+    """The attribution graph of one prompt given as text or token ids: the path under
+    :func:`attribution_graph` for any text (a prompt that is not an arithmetic problem, one of
+    circuit-tracer's). The prompt is analysed exactly as given, never cut.
 
     Args:
         model: The hooked model.
@@ -188,7 +226,7 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
     if sorted(transcoders.layers) != list(range(n_layers)):
         raise AnalysisError(f"an attribution graph needs a transcoder for every layer 0..{n_layers - 1}; "
                             f"these cover {transcoders.layers}")
-    tokens = prompt_tokens(model, prompt, "attribution_graph")
+    tokens = prompt_tokens(model, prompt, "prompt_graph")
     T = int(tokens.shape[1])
     vocab = int(model.W_U.shape[-1])
     if n_logits > vocab:
@@ -273,7 +311,7 @@ def attribution_graph(model: Any, prompt: Union[str, torch.Tensor], transcoders:
             node["activation"] = float(own[i])
     scores, influence = _prune_scores(edges, nodes, real_logits, top, logit_start, error_start, node_threshold,
                                       max_nodes)
-    scores["completeness"] = scores[f"completeness_{completeness}"]
+    scores["completeness"] = scores[f"completeness_{completeness.replace('-', '_')}"]
     probs = real_logits.float().softmax(-1)
     labels = labels or {}
     for i, node in enumerate(nodes):

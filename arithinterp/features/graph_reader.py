@@ -119,7 +119,7 @@ def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, node_thresho
                   n_kept=int(node_mask.sum()), n_nodes=len(nodes), n_active_features=n_f)
     cfg = {k: v for k, v in vars(d["cfg"]).items() if isinstance(v, (str, int, float, bool)) or v is None}
     meta = dict(source=FORMAT_VERSION, path=str(file), scan=d.get("scan"), model=cfg.get("model_name"), cfg=cfg,
-                node_threshold=node_threshold, completeness="all_nodes")
+                node_threshold=node_threshold, completeness="all-nodes")
     return AttributionGraph(nodes=nodes, edges=edges, bias=torch.zeros(len(nodes)), values=edges.sum(1),
                  prompt=str(d.get("input_string", "")), tokens=strings, scores=scores, meta=meta)
 

@@ -20,10 +20,10 @@ from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, classify_maps
+from arithinterp.neurons import Grid, Heuristic, HeuristicRegistry, HeuristicTable, classify_maps
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.tasks import PromptSet
-from arithinterp.types import IndexList, NonNegativeInt, checked
+from arithinterp.types import HookedModel, IndexList, NonNegativeInt, checked
 
 LOOKUP_FAMILY = "operand lookup table"
 
@@ -46,18 +46,18 @@ def lookup_registry() -> HeuristicRegistry:
 
 
 @checked
-def feature_maps(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
-                 features: Optional[IndexList] = None,
-                 position: int = -1) -> tuple[torch.Tensor, torch.Tensor, list, list]:
+def feature_maps(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, layer: NonNegativeInt,
+                 features: Optional[IndexList] = None, *,
+                 positions: int = -1) -> tuple[torch.Tensor, torch.Tensor, list, list]:
     """K and KV maps of transcoder features over a full operand grid.
 
     Args:
         model: The hooked model.
-        transcoders: The transcoders.
         prompts: A full operand grid of single-answer-token, equal-length prompts.
+        transcoders: The transcoders.
         layer: The layer.
         features: The features' indices (None: all).
-        position: The position read (default the final one).
+        positions: The one position read (default the final one).
 
     Returns:
         ``(k_maps, kv_maps, a_values, b_values)``: the maps Float[Tensor, "feature a b"]
@@ -81,11 +81,11 @@ def feature_maps(model: Any, transcoders: Transcoders, prompts: PromptSet, layer
     if not prompts.uniform_length:
         raise AnalysisError("feature maps read one position of every prompt: pass prompts of one length")
     T = int(prompts.tokens.shape[1])
-    if not -T <= position < T:
-        raise ConfigError(f"position must be an int in {-T}..{T - 1} for prompts of {T} tokens, got {position!r}")
+    if not -T <= positions < T:
+        raise ConfigError(f"positions must be one int in {-T}..{T - 1} for prompts of {T} tokens, got {positions!r}")
     chosen = list(range(transcoders.n_features)) if features is None else transcoders.features_of(features)
     ins, _ = mlp_activations(model, prompts.tokens, [layer])
-    acts = transcoders.encode(layer, ins[0][:, position])[:, chosen]  # [N, n]
+    acts = transcoders.encode(layer, ins[0][:, positions])[:, chosen]  # [N, n]
     W_U = model.W_U.detach().float()
     lens = (transcoders.W_dec[transcoders.index(layer), chosen] @ W_U)[:, prompts.answer_tokens[:, 0]]  # [n, N]
     ia = torch.tensor([a_values.index(v) for v in prompts.a.tolist()])
@@ -98,32 +98,32 @@ def feature_maps(model: Any, transcoders: Transcoders, prompts: PromptSet, layer
 
 
 @checked
-def label_features(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
-                   features: Optional[IndexList] = None, position: int = -1, **classify: Any):
-    """A :class:`~arithinterp.neurons.HeuristicTable` over ``features`` of ``layer`` at ``position``
+def label_features(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, layer: NonNegativeInt,
+                   features: Optional[IndexList] = None, *, positions: int = -1, **classify: Any) -> HeuristicTable:
+    """A :class:`~arithinterp.neurons.HeuristicTable` over ``features`` of ``layer`` at ``positions``
     (its ``neurons`` are feature indices), labelled with the built-in families plus the lookup-table
     family.
 
     Args:
         model: The hooked model.
-        transcoders: The transcoders.
         prompts: A full operand grid, as for :func:`feature_maps`.
+        transcoders: The transcoders.
         layer: The layer.
         features: The features' indices (None: all).
-        position: The position read.
+        positions: The one position read (default the final one).
         **classify: Options of :func:`~arithinterp.neurons.classify_maps`.
 
     Returns:
         The labelled table.
     """
     chosen = list(range(transcoders.n_features)) if features is None else transcoders.features_of(features)
-    k_maps, kv_maps, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
+    k_maps, kv_maps, a_values, b_values = feature_maps(model, prompts, transcoders, layer, chosen, positions=positions)
     return classify_maps(k_maps, kv_maps, a_values, b_values, prompts.op, registry=lookup_registry(),
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), **classify)
 
 
 @dataclasses.dataclass(frozen=True)
-class FeatureGrids(Result):
+class FeatureGridsResult(Result):
     """Transcoder features' activations over the operand grid: the "Biology" case study's operand plots.
 
     Attributes:
@@ -147,6 +147,7 @@ class FeatureGrids(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"features": "feature", "labels": "feature", "a_values": "a", "b_values": "b", "maps": "feature a b"}
     _legal = {"layer": NON_NEGATIVE, "features": NON_NEGATIVE}
+    _saved_names = ("FeatureGrids",)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per feature and operand pair: its activation."""
@@ -166,18 +167,19 @@ class FeatureGrids(Result):
 
 
 @checked
-def feature_grids(model: Any, transcoders: Transcoders, prompts: PromptSet, layer: NonNegativeInt,
-                  features: IndexList, position: int = -1, labels: Optional[Sequence[str]] = None) -> FeatureGrids:
-    """``features`` of ``layer`` at ``position`` over a full grid of prompts (as :func:`feature_maps`);
+def feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, layer: NonNegativeInt,
+                  features: IndexList, *, positions: int = -1,
+                  labels: Optional[Sequence[str]] = None) -> FeatureGridsResult:
+    """``features`` of ``layer`` at ``positions`` over a full grid of prompts (as :func:`feature_maps`);
     ``.plot()`` draws one operand-grid heatmap per feature.
 
     Args:
         model: The hooked model.
-        transcoders: The transcoders.
         prompts: A full operand grid.
+        transcoders: The transcoders.
         layer: The layer.
         features: The features' indices.
-        position: The position read.
+        positions: The one position read (default the final one).
         labels: One per feature, in the panels' titles.
 
     Returns:
@@ -189,8 +191,8 @@ def feature_grids(model: Any, transcoders: Transcoders, prompts: PromptSet, laye
     chosen = transcoders.features_of(features)
     if labels is not None and len(labels) != len(chosen):
         raise ConfigError(f"one label per feature: got {len(labels)} labels for {len(chosen)} features")
-    k_maps, _, a_values, b_values = feature_maps(model, transcoders, prompts, layer, chosen, position)
-    return FeatureGrids(layer=int(layer), features=chosen, labels=[str(x) for x in labels or [""] * len(chosen)],
-                        a_values=[int(a) for a in a_values], b_values=[int(b) for b in b_values],
-                        maps=torch.as_tensor(k_maps, dtype=torch.float32),
-                        meta=build_meta(model, position=int(position)))
+    k_maps, _, a_values, b_values = feature_maps(model, prompts, transcoders, layer, chosen, positions=positions)
+    return FeatureGridsResult(layer=int(layer), features=chosen, labels=[str(x) for x in labels or [""] * len(chosen)],
+                              a_values=[int(a) for a in a_values], b_values=[int(b) for b in b_values],
+                              maps=torch.as_tensor(k_maps, dtype=torch.float32),
+                              meta=build_meta(model, position=int(positions)))

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from arithinterp.checks import check_tokens
+from arithinterp.checks import check_belongs, check_tokens
 from arithinterp.engine import run
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.interventions import feature_interventions
@@ -28,7 +28,8 @@ from arithinterp.features.transcoder import Transcoders
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.neurons import HeuristicTable
 from arithinterp.results import DISTINCT, NON_NEGATIVE, PROBABILITY, Result, build_meta
-from arithinterp.types import IndexList, IntList, NonNegativeInt, OpenUnitFloat, PositiveInt, Seed, checked
+from arithinterp.tasks import PromptSet
+from arithinterp.types import HookedModel, IndexList, IntList, NonNegativeInt, OpenUnitFloat, PositiveInt, Seed, checked
 
 LAST_DIGIT, MAGNITUDE = "last digit", "magnitude"
 PATHS = (LAST_DIGIT, MAGNITUDE)
@@ -89,7 +90,7 @@ def feature_paths(tables: Sequence[HeuristicTable]) -> dict[str, dict[int, list[
 
 
 @dataclasses.dataclass(frozen=True)
-class PathAblation(Result):
+class PathAblationResult(Result):
     """The answer logit with each arm's features zeroed (arm 0: nothing zeroed).
 
     Attributes:
@@ -117,6 +118,7 @@ class PathAblation(Result):
     _shapes = {"arms": "arm", "logits": "arm prompt", "correct": "arm prompt", "n_features": "arm", "share": "arm",
                "share_low": "arm", "share_high": "arm"}
     _legal = {"arms": DISTINCT, "correct": PROBABILITY, "n_features": NON_NEGATIVE}
+    _saved_names = ("PathAblation",)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per arm: features zeroed, mean logit, its share of the unablated one (with the
@@ -146,25 +148,25 @@ def _interventions(transcoders: Transcoders, features: Mapping[int, Sequence[int
 
 
 @checked
-def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, answers: torch.Tensor,
+def path_ablation(model: HookedModel, prompts: PromptSet, transcoders: Transcoders,
                   paths: dict[str, dict[NonNegativeInt, IndexList]], *, n_random: PositiveInt = 5,
                   positions: Optional[IntList] = (-1,), confidence: OpenUnitFloat = 0.95,
-                  n_boot: PositiveInt = 1000, seed: Seed = 0, batch_size: PositiveInt = 256) -> PathAblation:
+                  n_boot: PositiveInt = 1000, seed: Seed = 0, batch_size: PositiveInt = 256) -> PathAblationResult:
     """Zero each path's features (``paths``: ``{name: {layer: [features]}}``, e.g. from
-    :func:`feature_paths`) at ``positions`` (default the final one; None: every position) of
-    ``tokens [N, T]`` and read the demeaned logit of ``answers [N]`` (token ids) at the final
-    position. Arms: none zeroed; each path; every path at once; and for each path ``n_random``
-    draws of as many features per layer from the features of that layer outside it (seeded), their
-    logits averaged per prompt.
+    :func:`feature_paths`) at ``positions`` (default the final one; None: every position) of each
+    prompt and read the demeaned logit of its answer's first token at the final position. Arms:
+    none zeroed; each path; every path at once; and for each path ``n_random`` draws of as many
+    features per layer from the features of that layer outside it (seeded), their logits averaged
+    per prompt.
 
     Args:
         model: The hooked model.
+        prompts: The prompts, at least 2 (each length runs unpadded).
         transcoders: The transcoders.
-        tokens (Int[Tensor, "prompt pos"]): The prompts, at least 2.
-        answers (Int[Tensor, "prompt"]): The answer token ids.
         paths: ``{name: {layer: [features]}}``, e.g. from :func:`feature_paths`.
         n_random: Random draws per path.
-        positions: The positions to zero at (default the final one; None: every position).
+        positions: The positions to zero at, counted in each prompt (negative: from its end; default
+            the final one; None: every position).
         confidence: The intervals' confidence level.
         n_boot: Bootstrap resamples.
         seed: Seeds the random draws and the bootstrap.
@@ -174,42 +176,87 @@ def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, an
         The logits, correctness and shares of every arm.
 
     Raises:
-        AnalysisError: Answers that are not token ids, mismatched shapes, fewer than 2 prompts, or
-            an empty path.
+        ConfigError: Fewer than 2 prompts, an empty path, or positions outside the prompts.
+        AnalysisError: A path with fewer features outside it than in it (no random control).
+        ModelMismatchError: Prompts or transcoders made for another model.
+    """
+    check_belongs(model, "features.path_ablation", prompts=prompts)
+    if len(prompts) < 2:
+        raise ConfigError(f"path_ablation needs at least 2 prompts, got {len(prompts)}")
+    groups = [(prompts.unpadded(group), group) for group in prompts.length_groups()]
+    return _path_ablation(model, transcoders, groups, prompts.answer_tokens[:, 0].long(), int(prompts.lengths.min()),
+                          paths, n_random=n_random, positions=positions, confidence=confidence, n_boot=n_boot,
+                          seed=seed, batch_size=batch_size)
+
+
+@checked
+def path_ablation_tokens(model: HookedModel, transcoders: Transcoders, tokens: torch.Tensor, answers: torch.Tensor,
+                         paths: dict[str, dict[NonNegativeInt, IndexList]], *, n_random: PositiveInt = 5,
+                         positions: Optional[IntList] = (-1,), confidence: OpenUnitFloat = 0.95,
+                         n_boot: PositiveInt = 1000, seed: Seed = 0,
+                         batch_size: PositiveInt = 256) -> PathAblationResult:
+    """:func:`path_ablation` of token ids and answer tokens of one's own choosing: the tensor path under
+    it (prompts that are not a task's, an answer token that is not the sum's).
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        tokens (Int[Tensor, "prompt pos"]): The prompts, at least 2, of one length.
+        answers (Int[Tensor, "prompt"]): The token whose demeaned logit is read, per prompt.
+        paths, n_random, positions, confidence, n_boot, seed, batch_size: As for :func:`path_ablation`.
+
+    Returns:
+        The logits, correctness and shares of every arm.
+
+    Raises:
+        ConfigError: Answers that are not token ids, mismatched shapes, fewer than 2 prompts, an
+            empty path, or positions outside the prompts.
         ModelMismatchError: Transcoders made for another model.
     """
-    transcoders.check_model(model)
     check_tokens(model, tokens)
     if answers.dtype == torch.bool or answers.is_floating_point() or answers.is_complex():
         raise ConfigError(f"answers must be integer token ids, got dtype {answers.dtype}")
-    answers = answers.long()
     if tokens.ndim != 2 or answers.shape != (tokens.shape[0],) or tokens.shape[0] < 2:
         raise ConfigError(f"tokens must be [N ≥ 2, T] and answers [N]; got {tuple(tokens.shape)} and "
-                            f"{tuple(answers.shape)}")
+                          f"{tuple(answers.shape)}")
+    V = int(model.W_U.shape[-1])
+    if bool(((answers < 0) | (answers >= V)).any()):
+        raise ConfigError(f"answers must be token ids in 0..{V - 1}")
+    return _path_ablation(model, transcoders, [(tokens, torch.arange(len(tokens)))], answers.long(),
+                          int(tokens.shape[1]), paths, n_random=n_random, positions=positions, confidence=confidence,
+                          n_boot=n_boot, seed=seed, batch_size=batch_size)
+
+
+def _path_ablation(model: HookedModel, transcoders: Transcoders, groups: list, answers: torch.Tensor, T: int,
+                   paths: dict, *, n_random: int, positions: Optional[Sequence[int]], confidence: float, n_boot: int,
+                   seed: int, batch_size: int) -> PathAblationResult:
+    """The arms of :func:`path_ablation` over ``groups`` of ``(tokens [n, t], rows [n])`` (the rows
+    of ``answers`` each group's prompts are), ``T`` the shortest prompt's length."""
+    transcoders.check_model(model)
+    order = torch.cat([rows for _, rows in groups])  # the prompts by group; results go back to their order
+    back = torch.argsort(order)
     if not paths or any(_count(f) == 0 for f in paths.values()):
         raise ConfigError(f"paths must map each name to a non-empty {{layer: [features]}}; got sizes "
                             f"{ {k: _count(v) for k, v in paths.items()} }")
     paths = {name: {layer: transcoders.features_of(chosen, f"path {name!r} at layer {layer}")
                     for layer, chosen in features.items() if transcoders.index(layer) >= 0}
              for name, features in paths.items()}
-    T, V = int(tokens.shape[1]), int(model.W_U.shape[-1])
     if positions is not None and (not len(positions) or any(not -T <= p < T for p in positions)):
         raise ConfigError(f"positions must be None or a non-empty list of ints in {-T}..{T - 1}, got {positions!r}")
-    if bool(((answers < 0) | (answers >= V)).any()):
-        raise ConfigError(f"answers must be token ids in 0..{V - 1}")
     where = None if positions is None else [int(p) for p in positions]
     generator = torch.Generator().manual_seed(seed)
 
     def measure(features: Mapping[int, Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         interventions = _interventions(transcoders, features, where)
         logits, correct = [], []
-        for start in range(0, len(tokens), batch_size):
-            out = run(model, tokens[start:start + batch_size], interventions, logits="final").logits
-            assert out is not None
-            rows = torch.arange(len(out))
-            logits.append((out - out.mean(-1, keepdim=True))[rows, answers[start:start + batch_size]].double())
-            correct.append(out.argmax(-1) == answers[start:start + batch_size])
-        return torch.cat(logits), torch.cat(correct)
+        for tokens, group in groups:
+            for start in range(0, len(group), batch_size):
+                out = run(model, tokens[start:start + batch_size], interventions, logits="final").logits
+                assert out is not None
+                rows, answer = torch.arange(len(out)), answers[group[start:start + batch_size]].to(out.device)
+                logits.append((out - out.mean(-1, keepdim=True))[rows, answer].double().cpu())
+                correct.append((out.argmax(-1) == answer).cpu())
+        return torch.cat(logits)[back], torch.cat(correct)[back]
 
     arms, counts, results = ["none"], [0], [measure({})]
     for name, features in paths.items():
@@ -244,6 +291,6 @@ def path_ablation(model: Any, transcoders: Transcoders, tokens: torch.Tensor, an
     meta = build_meta(model, paths={k: {str(layer): v for layer, v in f.items()} for k, f in paths.items()},
                       positions=where, n_random=n_random, confidence=confidence, n_boot=n_boot, seed=seed,
                       reference_distinct=shares["reference_distinct"])
-    return PathAblation(arms=arms, logits=logits.float(), correct=correct, n_features=torch.tensor(counts),
-                        share=shares["fraction"].float(), share_low=shares["fraction_low"].float(),
-                        share_high=shares["fraction_high"].float(), meta=meta)
+    return PathAblationResult(arms=arms, logits=logits.float(), correct=correct, n_features=torch.tensor(counts),
+                              share=shares["fraction"].float(), share_low=shares["fraction_low"].float(),
+                              share_high=shares["fraction_high"].float(), meta=meta)

@@ -3,24 +3,33 @@
 :func:`replacement_logits` runs it through the engine (each ``mlp_out`` replaced by the
 transcoder of that forward's own ``mlp_in``, so later layers see earlier transcoders' outputs);
 :func:`replacement_metrics` compares it with the real model at the positions that predict answer
-tokens: top-1 agreement and the mean KL divergence KL(real ‖ replacement), in nats.
+tokens: top-1 agreement and the mean KL divergence KL(real ‖ replacement), in nats
+(:class:`ReplacementResult`; :func:`compare_replacement` is the tensor path under it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from arithinterp.checks import check_belongs
 from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import ConfigError
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.types import checked
+from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
+from arithinterp.tasks import PromptSet
+from arithinterp.types import HookedModel, PositiveInt, checked
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
 
 
 @checked
-def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
+def replacement_logits(model: HookedModel, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
                        edits: Optional[dict] = None) -> torch.Tensor:
     """The replacement model's logits: every MLP replaced by its transcoder.
 
@@ -43,10 +52,55 @@ def replacement_logits(model: Any, transcoders: Transcoders, tokens: torch.Tenso
     return out
 
 
-@checked
-def replacement_metrics(model: Any, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
-                        batch_size: Optional[int] = None) -> dict[str, Any]:
-    """How closely the replacement model follows the real one.
+@dataclass(frozen=True)
+class ReplacementResult(Result):
+    """How closely the replacement model follows the real one (:func:`replacement_metrics`), at
+    every position that predicts an answer token.
+
+    Attributes:
+        agreement: The share of positions whose top token the two models agree on.
+        kl: The mean KL(real ‖ replacement) over those positions, in nats.
+        n_positions: The positions compared.
+        agrees: ``[prompt, answer_position]`` whether the top tokens agree.
+        kls: ``[prompt, answer_position]`` KL(real ‖ replacement) at each position.
+        meta: Provenance.
+    """
+
+    agreement: float
+    kl: float
+    n_positions: int
+    agrees: torch.Tensor
+    kls: torch.Tensor
+    meta: dict
+
+    # what load checks: the axes fields share and the values they may take
+    _shapes = {"agrees": "prompt answer", "kls": "prompt answer"}
+    _legal = {"agreement": PROBABILITY, "kl": NON_NEGATIVE, "n_positions": NON_NEGATIVE}
+
+    def as_dict(self) -> dict[str, Any]:
+        """``agreement``, ``kl`` and ``n_positions``, as a transcoder set's metrics record them."""
+        return dict(agreement=self.agreement, kl=self.kl, n_positions=self.n_positions)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per prompt and answer position: whether the top tokens agree, and the KL."""
+        import pandas as pd
+
+        n, k = self.kls.shape
+        return pd.DataFrame(dict(prompt=[i for i in range(n) for _ in range(k)],
+                                 answer_position=[j for _ in range(n) for j in range(k)],
+                                 agree=self.agrees.reshape(-1).tolist(), kl=self.kls.reshape(-1).tolist()))
+
+    def plot(self, **kwargs: Any) -> go.Figure:
+        """The KL per position, with the agreement in the title (see viz.features)."""
+        from arithinterp.viz.features import plot_replacement
+
+        return plot_replacement(self, **kwargs)
+
+
+def compare_replacement(model: HookedModel, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
+                        batch_size: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 agreement and KL(real ‖ replacement) at the last ``n_last`` positions of token ids
+    ``[N, T]``: the tensor path under :func:`replacement_metrics`.
 
     Args:
         model: The hooked model.
@@ -56,22 +110,57 @@ def replacement_metrics(model: Any, transcoders: Transcoders, tokens: torch.Tens
         batch_size: Prompts per forward (default: what the engine's budget allows).
 
     Returns:
-        ``agreement`` (top-1), ``kl`` (mean KL(real ‖ replacement)) and ``n_positions``.
+        ``(agrees, kls)``, each ``[prompt, n_last]``.
 
     Raises:
-        AnalysisError: No prompts.
+        ConfigError: No prompts.
     """
     if len(tokens) == 0:
-        raise AnalysisError("no prompts to compare the replacement model on")
+        raise ConfigError("no prompts to compare the replacement model on")
     size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=n_last)
-    agree, kl, count = 0, 0.0, 0
+    agrees, kls = [], []
     for start in range(0, len(tokens), size):
         batch = tokens[start : start + size]
         real = run(model, batch, logits=n_last).logits
         assert real is not None
         repl = replacement_logits(model, transcoders, batch, n_last)
-        agree += int((real.argmax(-1) == repl.argmax(-1)).sum())
-        p_log, q_log = real.log_softmax(-1), repl.log_softmax(-1)
-        kl += float((p_log.exp() * (p_log - q_log)).sum(-1).sum())
-        count += real.shape[0] * real.shape[1]
-    return dict(agreement=round(agree / count, 5), kl=round(kl / count, 5), n_positions=count)
+        real, repl = real.reshape(len(batch), n_last, -1), repl.reshape(len(batch), n_last, -1)
+        agrees.append((real.argmax(-1) == repl.argmax(-1)).cpu())
+        p_log, q_log = real.float().log_softmax(-1), repl.float().log_softmax(-1)
+        kls.append((p_log.exp() * (p_log - q_log)).sum(-1).clamp(min=0).cpu())
+    return torch.cat(agrees), torch.cat(kls)
+
+
+@checked
+def replacement_metrics(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, *,
+                        batch_size: Optional[PositiveInt] = None) -> ReplacementResult:
+    """How closely the replacement model follows the real one, at every position that predicts an
+    answer token (each prompt followed by all but the last of its answer tokens, teacher-forced).
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts, their answers of one token count.
+        transcoders: The transcoders.
+        batch_size: Prompts per forward (default: what the engine's budget allows).
+
+    Returns:
+        A :class:`ReplacementResult`: top-1 agreement and mean KL(real ‖ replacement), and both per
+        position.
+
+    Raises:
+        ConfigError: No prompts.
+        AnalysisError: Answers of different token counts.
+        ModelMismatchError: Prompts or transcoders made for another model.
+    """
+    from arithinterp.features.training import full_tokens
+
+    check_belongs(model, "features.replacement_metrics", prompts=prompts)
+    transcoders.check_model(model)
+    if len(prompts) == 0:
+        raise ConfigError("no prompts to compare the replacement model on")
+    tokens, _, n_answer = full_tokens(prompts)
+    agrees, kls = compare_replacement(model, transcoders, tokens, n_answer, batch_size)
+    count = agrees.numel()
+    return ReplacementResult(agreement=round(float(agrees.float().mean()), 5), kl=round(float(kls.mean()), 5),
+                             n_positions=count, agrees=agrees, kls=kls.float(),
+                             meta=build_meta(model, n_prompts=len(prompts), n_answer=n_answer))

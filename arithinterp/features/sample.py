@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_fingerprint, prompt_tokens
+from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.features.graph import attribution_graph
+from arithinterp.features.graph import prompt_graph
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import Result, build_meta
-from arithinterp.types import PositiveFiniteFloat, checked
+from arithinterp.tasks import PromptSet
+from arithinterp.types import HookedModel, PositiveFiniteFloat, checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +64,12 @@ class GraphSample(Result):
 
 
 @checked
-def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *, labels: Optional[dict] = None,
+def graph_sample(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, *, labels: Optional[dict] = None,
                  max_seconds: Optional[PositiveFiniteFloat] = None, resume: Optional[GraphSample] = None,
                  progress: bool = True, **graph: Any) -> GraphSample:
-    """The :func:`~arithinterp.features.attribution_graph` of each of ``prompts`` (strings;
-    ``graph`` goes to it, e.g. ``node_threshold``), aggregated per feature and position from the
-    end. ``labels``: ``{(layer, feature): text}``.
+    """The :func:`~arithinterp.features.attribution_graph` of each of ``prompts`` (``graph`` goes to
+    it, e.g. ``node_threshold``), aggregated per feature and position from the end. ``labels``:
+    ``{(layer, feature): text}``.
 
     Every prompt is checked (as ``attribution_graph`` checks one) before the first graph. Graphs
     are slow on large models, so the work can stop early and go on later: with ``max_seconds`` no
@@ -78,7 +80,7 @@ def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *
 
     Args:
         model: The hooked model.
-        prompts: The prompts, as strings.
+        prompts: The prompts (each analysed without its padding).
         transcoders: The transcoders.
         labels: ``{(layer, feature): text}``.
         max_seconds: No new graph starts once this much time has passed.
@@ -90,25 +92,26 @@ def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *
         The aggregate over the prompts done.
 
     Raises:
-        TokenizationError: A prompt :func:`~arithinterp.features.attribution_graph` refuses.
+        ConfigError: No prompts, or an option attribution_graph does not take.
+        AnalysisError: ``resume`` holds graphs of other prompts.
+        ModelMismatchError: Prompts or transcoders made for another model.
     """
     import time
     import warnings
 
-    prompts = list(prompts)
-    if not prompts:
+    check_belongs(model, "features.graph_sample", prompts=prompts)
+    if len(prompts) == 0:
         raise ConfigError("prompts is empty; give at least one prompt")
-    unknown = sorted(set(graph) - set(inspect.signature(attribution_graph).parameters) - {"progress", "labels"})
+    texts = list(prompts.texts)
+    unknown = sorted(set(graph) - set(inspect.signature(prompt_graph).parameters) - {"progress", "labels"})
     if unknown:
         raise ConfigError(f"graph_sample: unknown option(s) {unknown} for attribution_graph")
     transcoders.check_model(model)
-    for i, prompt in enumerate(prompts):
-        prompt_tokens(model, prompt, f"graph_sample: prompts[{i}]")
     seen: dict[tuple, dict] = {}
     scores: list = []
     done = 0
     if resume is not None:
-        if list(resume.prompts) != prompts[: len(resume.prompts)]:
+        if list(resume.prompts) != texts[: len(resume.prompts)]:
             raise AnalysisError("resume holds graphs of other prompts: its prompts must be the first of these")
         check_fingerprint(model, resume.meta.get("fingerprint"), "graph sample to resume", "graph_sample")
         done = len(resume.prompts)
@@ -117,11 +120,12 @@ def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *
     start, stopped = time.perf_counter(), None
     bar = tqdm(total=len(prompts), initial=done, desc="graphs", disable=None if progress else True)
     try:
-        for prompt in prompts[done:]:
+        for i in range(done, len(prompts)):
             if max_seconds is not None and done > 0 and time.perf_counter() - start > max_seconds:
                 stopped = "max_seconds"
                 break
-            g = attribution_graph(model, prompt, transcoders, labels=labels, progress=False, **graph)
+            tokens = prompts.unpadded(torch.tensor([i]))[0]
+            g = prompt_graph(model, tokens, transcoders, labels=labels, progress=False, **graph)
             T = len(g.tokens)
             for node in g.nodes:
                 if node["kind"] != "feature":
@@ -146,4 +150,4 @@ def graph_sample(model: Any, prompts: Sequence[str], transcoders: Transcoders, *
                       "resume= to go on with the rest", stacklevel=2)
     meta = build_meta(model, n_prompts=done, n_requested=len(prompts), n_done=done, stopped=stopped,
                       **{k: v for k, v in graph.items() if isinstance(v, (int, float))})
-    return GraphSample(prompts=prompts[:done], features=list(seen.values()), scores=scores, meta=meta)
+    return GraphSample(prompts=texts[:done], features=list(seen.values()), scores=scores, meta=meta)

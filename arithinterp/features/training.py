@@ -31,7 +31,7 @@ from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (
     Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveInt, Probability,
-    Seed, checked,
+    HookedModel, Seed, checked,
 )
 
 
@@ -55,7 +55,7 @@ def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 @checked
-def mlp_activations(model: Any, tokens: torch.Tensor, layers: Sequence[int], batch_size: Optional[int] = None,
+def mlp_activations(model: HookedModel, tokens: torch.Tensor, layers: Sequence[int], batch_size: Optional[int] = None,
                     progress: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each layer's MLP inputs and outputs, read by the engine.
 
@@ -210,7 +210,7 @@ Frequency = Annotated[Probability, Field(lt=1), Accepts("a number in [0, 1)")]  
 
 
 @checked
-def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] = None, *,
+def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optional[IntList] = None,
                       n_features: PositiveInt = 512, k: PositiveInt = 16, steps: PositiveInt = 2000,
                       batch_size: PositiveInt = 2048, lr: PositiveFiniteFloat = 2e-3, skip: bool = True,
                       held_out: OpenUnitFloat = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
@@ -259,7 +259,7 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
             prompts to split.
         ModelMismatchError: The prompts were built for another model.
     """
-    from arithinterp.features.replacement import replacement_metrics
+    from arithinterp.features.replacement import compare_replacement
 
     check_belongs(model, "train_transcoders", prompts=prompts)
     chosen = sorted(site_lib.check_layers(model, "mlp_out", layers))  # stacked in layer order, as load checks
@@ -321,6 +321,8 @@ def train_transcoders(model: Any, prompts: PromptSet, layers: Optional[IntList] 
                                fvu_after_first=round(_fvu(y[later], y_hat[later]), 5) if bool(later.any()) else None,
                                l0=round(float((acts > 0).sum(-1).float().mean()), 3),
                                dead_fraction=round(1 - float(fired.float().mean()), 5)))
-    replacement = replacement_metrics(model, draft, tokens[test], n_answer)
+    agrees, kls = compare_replacement(model, draft, tokens[test], n_answer)
+    replacement = dict(agreement=round(float(agrees.float().mean()), 5), kl=round(float(kls.mean()), 5),
+                       n_positions=agrees.numel())
     return Transcoders(layers=chosen, k=k, metrics=dict(layers=layer_rows, replacement=replacement), meta=meta,
                        **stacked)

@@ -41,7 +41,7 @@ from arithinterp.engine import Read, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError, ModelFileError, accepted
 from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
-from arithinterp.types import checked
+from arithinterp.types import HookedModel, checked
 
 PathLike = Union[str, Path]
 
@@ -453,7 +453,7 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
 
 
 @checked
-def transcoder_fvu(model: Any, transcoders: Transcoders, prompts: Any = None, *,
+def transcoder_fvu(model: HookedModel, transcoders: Transcoders, prompts: Any = None, *,
                    max_fvu: Optional[float] = None, raise_above: bool = True) -> dict[int, float]:
     """FVU per layer (``Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` over every position) of ``transcoders`` on
     ``prompts`` (a ``PromptSet``, token ids ``[N, T]``, or ``None``: the zoo model's task prompts,

@@ -13,8 +13,10 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from arithinterp.features.graph import AttributionGraph
-    from arithinterp.features.labels import FeatureGrids
-    from arithinterp.features.paths import PathAblation
+    from arithinterp.features.interventions import FeatureInterventionResult
+    from arithinterp.features.labels import FeatureGridsResult
+    from arithinterp.features.paths import PathAblationResult
+    from arithinterp.features.replacement import ReplacementResult
     from arithinterp.features.sample import GraphSample
 
 
@@ -71,7 +73,7 @@ def plot_attribution_graph(graph: AttributionGraph, kept_only: bool = True, titl
     return fig
 
 
-def plot_feature_grids(grids: FeatureGrids, title: Optional[str] = None) -> go.Figure:
+def plot_feature_grids(grids: FeatureGridsResult, title: Optional[str] = None) -> go.Figure:
     """Operand-grid heatmaps (rows a, columns b) of features' activations, one panel per feature in a
     row of at most four (the "Biology" case study's operand plots); sequential colour from 0
     (activations are non-negative), hover with the exact value."""
@@ -105,7 +107,7 @@ def plot_feature_grids(grids: FeatureGrids, title: Optional[str] = None) -> go.F
     return fig
 
 
-def plot_path_ablation(result: PathAblation, title: Optional[str] = None):
+def plot_path_ablation(result: PathAblationResult, title: Optional[str] = None):
     """Bars per arm of a path ablation (its ``to_frame()`` rows): the answer logit left, as a
     share of the unablated one, with its bootstrap interval."""
     import plotly.graph_objects as go
@@ -140,3 +142,33 @@ __getattr__ = renamed(__name__, {
     "transcoder_metrics": "plot_transcoder_metrics",
     "attribution_graph": "plot_attribution_graph",
 })
+
+
+def plot_feature_intervention(result: FeatureInterventionResult, title: Optional[str] = None) -> go.Figure:
+    """Each prompt's answer probability with the features changed against nothing changed; the
+    diagonal is no change."""
+    import plotly.graph_objects as go
+
+    how = f"clamped to {result.clamp:g}" if result.clamp is not None else f"scaled by {result.scale:g}"
+    fig = figure(title or f"{len(result.features)} layer-{result.layer} features {how}: answer probability "
+                          f"(accuracy {result.accuracy_before:.2f} → {result.accuracy_after:.2f})",
+                 "answer probability, nothing changed", "answer probability, features changed")
+    fig.add_trace(go.Scatter(x=result.prob_before.tolist(), y=result.prob_after.tolist(), mode="markers",
+                             name="prompts", text=[f"prompt {i}" for i in range(len(result.answer))],
+                             hovertemplate="%{text}<br>before %{x:.3g}<br>after %{y:.3g}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="no change",
+                             line=dict(dash="dot", color="grey")))
+    return fig
+
+
+def plot_replacement(result: ReplacementResult, title: Optional[str] = None) -> go.Figure:
+    """KL(real ‖ replacement) at every answer position, one histogram per position, with the top-1
+    agreement in the title."""
+    import plotly.graph_objects as go
+
+    fig = figure(title or f"Replacement model: top-1 agreement {result.agreement:.3f}, mean KL {result.kl:.3g} nats "
+                          f"({result.n_positions} positions)", "KL(real ‖ replacement), nats", "positions")
+    for j in range(result.kls.shape[1]):
+        fig.add_trace(go.Histogram(x=result.kls[:, j].tolist(), name=f"answer token {j}", opacity=0.7))
+    fig.update_layout(barmode="overlay")
+    return fig

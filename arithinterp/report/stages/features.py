@@ -24,7 +24,6 @@ def features_stage(ctx: Context) -> Section:
         The stage's section: findings, figures and the sample it used.
     """
     from arithinterp.features import attribution_graph, load_transcoders, replacement_metrics
-    from arithinterp.features.training import full_tokens
 
     from arithinterp.features.shipped import RECIPES
 
@@ -36,12 +35,10 @@ def features_stage(ctx: Context) -> Section:
     require("features", 0 if ctx.prompts is None else len(ctx.prompts), "the graph of a correctly answered prompt")
     correct = ctx.prompts
     assert correct is not None  # require() counted them
-    prompt, width = correct.texts[0], int(correct.tokens.shape[1])
-    graph = attribution_graph(ctx.model, correct.tokens[0][width - int(correct.lengths[0]):], transcoders,
-                              progress=False)  # the first correctly answered prompt, its padding dropped
+    prompt = correct.texts[0]
+    graph = attribution_graph(ctx.model, correct[:1], transcoders, progress=False)  # the first correctly answered
     prompts, fitted = ctx.fit(ctx.all_prompts, "prompts", 30, per_item=2 * ctx.budget.forward_seconds)
-    tokens, _, n_answer = full_tokens(prompts)
-    measured = replacement_metrics(ctx.model, transcoders, tokens, n_answer)
+    measured = replacement_metrics(ctx.model, prompts, transcoders).as_dict()
     section = Section(STAGE.title,
                       sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", fitted))
     rows = transcoders.metrics.get("layers", [])
