@@ -270,7 +270,7 @@ def test_variance_shares_see_what_scale_free_power_shares_miss():
     weaker the power share of the per-day means still says 'all at period 7' (it is scale-free), while
     the variance share is about 0 — the random-init model's situation at the final token."""
     from arithinterp.fourier.basis import spectrum_of
-    from arithinterp.fourier.spectra import group_by_value, variance_shares
+    from arithinterp.fourier.number_axes import group_by_value, variance_shares
 
     generator = torch.Generator().manual_seed(0)
     a, b = torch.arange(7).repeat_interleave(98), torch.arange(98).repeat(7)

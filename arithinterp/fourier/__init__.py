@@ -7,7 +7,8 @@ range) in an orthonormal real Fourier basis and asks how its power splits over f
 ``(a, b)``, neuron frequency clusters, restricted / excluded loss and progress measures for
 modular addition) and Zhou et al. 2024 (spectra through the logit lens, frequency filters).
 
-Submodules, one concept each (imports flow ``basis`` → ``spectra`` → the rest):
+Submodules, one concept each (imports flow ``basis`` → ``null_control``, ``number_axes``,
+``spectrum_result`` → ``spectra`` → the rest):
 
 * :mod:`~arithinterp.fourier.basis` — :func:`fourier_basis`, the orthonormal real DFT basis
   (the choice of Zhou et al. 2024, as in Nanda et al. 2023): a constant row, then ``cos``/``sin``
@@ -17,7 +18,10 @@ Submodules, one concept each (imports flow ``basis`` → ``spectra`` → the res
 * :mod:`~arithinterp.fourier.spectra` — :func:`spectrum` and the named wrappers read spectra from
   a model: number-token embeddings, residual activations over a number axis, component outputs
   through the logit lens (Zhou et al. 2024) and neuron activations over the ``(a, b)`` grid
-  (Nanda et al. 2023). All return :class:`SpectrumResult`.
+  (Nanda et al. 2023). All return :class:`SpectrumResult` (:mod:`~arithinterp.fourier.spectrum_result`,
+  with the key frequencies); the number axis and per-number activations come from
+  :mod:`~arithinterp.fourier.number_axes` (:func:`number_tokens`, :func:`group_by_value`,
+  :func:`grid_of`), the shuffled-numbers control from :mod:`~arithinterp.fourier.null_control`.
 * :mod:`~arithinterp.fourier.clusters` — :func:`neuron_frequencies`: per neuron, the share of its
   non-constant variance in one frequency block ``{const, cos k, sin k}²`` (Nanda et al. 2023).
 * :mod:`~arithinterp.fourier.modular` — :func:`restricted_loss` / :func:`excluded_loss` /
@@ -70,19 +74,17 @@ from arithinterp.fourier.separability import (
     number_separability,
     separability,
 )
+from arithinterp.fourier.number_axes import grid_of, group_by_value, number_tokens
 from arithinterp.fourier.spectra import (
     COMPONENT_SITES,
-    SpectrumResult,
     activation_spectrum,
     context_spectrum,
     embedding_spectrum,
-    grid_of,
-    group_by_value,
     logit_lens_spectrum,
     neuron_spectrum,
-    number_tokens,
     spectrum,
 )
+from arithinterp.fourier.spectrum_result import SpectrumResult
 
 __all__ = [
     # basis

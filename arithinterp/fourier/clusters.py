@@ -16,7 +16,7 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import pair_power_per_grid, block_power
-from arithinterp.fourier.spectra import grid_activations, number_axis
+from arithinterp.fourier.number_axes import grid_activations, number_axis
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
 

@@ -16,7 +16,8 @@ from arithinterp.checks import check_belongs
 from arithinterp.engine import Intervention
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
-from arithinterp.fourier.spectra import COMPONENT_SITES, number_axis, number_tokens
+from arithinterp.fourier.number_axes import number_axis, number_tokens
+from arithinterp.fourier.spectra import COMPONENT_SITES
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import IntList, HookedModel, checked

@@ -19,7 +19,7 @@ from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
-from arithinterp.fourier.spectra import grid_of, number_tokens
+from arithinterp.fourier.number_axes import grid_of, number_tokens
 from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IntList, PositiveInt, HookedModel, checked
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 import torch
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.fourier.spectra import CONTEXT_SITES, group_by_value, number_axis, number_tokens
+from arithinterp.fourier.number_axes import group_by_value, number_axis, number_tokens
+from arithinterp.fourier.spectra import CONTEXT_SITES
 from arithinterp.intervals import clip_interval, t_interval
 from arithinterp.results import POSITIVE, PROBABILITY, Result, build_meta
 from arithinterp.checks import check_belongs

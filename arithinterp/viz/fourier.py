@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from arithinterp.fourier.filters import FilterResult
     from arithinterp.fourier.modular import ProgressResult
     from arithinterp.fourier.separability import SeparabilityResult
-    from arithinterp.fourier.spectra import SpectrumResult
+    from arithinterp.fourier.spectrum_result import SpectrumResult
     from arithinterp.helix.causal import HelixPatchResult
     from arithinterp.helix.fitting import FitLayersResult, HelixFit
     from arithinterp.helix.neuron_model import NeuronFitResult
