@@ -242,9 +242,9 @@ def helix_command(args: argparse.Namespace) -> dict:
     periods = _numbers("--periods", args.periods)
     acts = collect(model, prompts, sites="resid_pre", layers=[args.layer], positions=args.position, progress=False)
     fit = helix.fit(acts, args.position, periods=periods, kind=args.kind, site="resid_pre", layer=args.layer,
-                    position=args.position)
+                    positions=args.position)
     pairs = prompts.counterfactual(vary=args.position, seed=args.seed)
-    result = helix.patch_test(model, pairs, fit, layer=args.layer, position=args.position)
+    result = helix.patch_test(model, pairs, fit, layer=args.layer, positions=args.position)
     fractions = [round(f, 4) for f in result.fraction.tolist()]
     return _finish(result, args, dict(r2_held_out=round(float(fit.r2_full), 4),
                                       fraction_of_layer_patch=dict(zip(result.methods, fractions))))

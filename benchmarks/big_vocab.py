@@ -86,7 +86,7 @@ def peak(spec: str, n_prompts: int, few_shot: int, what: str) -> dict:
     elif what == "patch_test":
         layer = int(model.cfg.n_layers) // 2
         acts = collect(model, prompts, sites="resid_pre", layers=[layer], positions="a", progress=False)
-        fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site="resid_pre", layer=layer, position="a")
+        fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site="resid_pre", layer=layer, positions="a")
         call = partial(helix.patch_test, model, prompts.counterfactual(vary="a", seed=0), fit)
     with PeakRSS() as memory:
         start = time.perf_counter()

@@ -81,7 +81,7 @@ def test_planted_helix_is_recovered_as_the_best_period_subset():
 def test_planted_helix_fit_and_shuffled_control():
     values = torch.arange(100).repeat(2)
     acts = planted_helix(values)
-    fit = hx.fit(acts, values, PERIODS, n_pca=100, holdout=0.2, random_state=0)
+    fit = hx.fit(acts, values, PERIODS, n_pca=100, holdout=0.2, seed=0)
     assert fit.r2_overall >= 0.95 and fit.r2_full >= 0.95
     assert fit.n_params == 9 and len(fit.test_values) == 20
     assert not set(fit.test_values) & set(fit.train_values)  # the split is over values
@@ -399,7 +399,7 @@ def test_patch_test_patches_at_the_fits_position_b(helix_model_2layer):
     assert effect["layer patch"] == pytest.approx(reference, rel=1e-4) and abs(reference) > 1.0
     assert effect["helix"] == pytest.approx(effect["layer patch"], rel=0.01)
     # a is the same in clean and corrupt prompts: patching there (the old fixed position) does nothing
-    at_a = hx.patch_test(model, pairs, fit, position="a", value="b")
+    at_a = hx.patch_test(model, pairs, fit, positions="a", value="b")
     assert at_a.position == "a" and abs(float(at_a.effect[0])) < 1e-4
 
 
@@ -420,7 +420,7 @@ def test_patch_test_validates_input(helix_model, helix_pairs):
     with pytest.raises(SiteError, match="layer"):
         hx.patch_test(helix_model, pairs, fit)
     with pytest.raises(SiteError, match="position"):
-        hx.patch_test(helix_model, pairs, fit, layer=0, position="c")
+        hx.patch_test(helix_model, pairs, fit, layer=0, positions="c")
     with pytest.raises(SiteError, match="out of range"):
         hx.patch_test(helix_model, pairs, fit, layer=3)
 

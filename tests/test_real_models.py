@@ -128,7 +128,7 @@ def test_patching_probes_helix_fourier_neurons_run(llama_model, regime):
     acts = collect(model, prompts, sites="resid_pre", layers=[0, 1], positions=["a", "a[0]", "final"], progress=False)
     probe = probes.probe_layers(acts, target="a_digit_0", cv=2, controls=(), progress=False)
     assert probe.to_frame().score.between(0, 1).all()
-    fit = helix.fit(acts, "a", layer=1, position="a", n_pca=20)
+    fit = helix.fit(acts, "a", layer=1, positions="a", n_pca=20)
     test = helix.patch_test(model, pairs[:30], fit, layer=1)
     assert test.methods[:3] == ["layer patch", "PCA-9", "helix"] and torch.isfinite(test.effect).all()
     spectrum = fourier.spectrum(acts, range(100), site="resid_pre", position="a")

@@ -128,7 +128,7 @@ def test_patching_and_the_helix_test_score_the_final_position_alone(model):
     pairs = prompts.counterfactual(vary="a", seed=0)[:16]
     layer = model.cfg.n_layers // 2
     acts = collect(model, prompts, sites="resid_pre", layers=[layer], positions="a", progress=False)
-    fit = helix.fit(acts, "a", periods=(2, 10), site="resid_pre", layer=layer, position="a")
+    fit = helix.fit(acts, "a", periods=(2, 10), site="resid_pre", layer=layer, positions="a")
     with Unembedded(model) as unembedded:
         patching.activation_patching(model, pairs, "resid_pre", layers=[layer], progress=False)
         test = helix.patch_test(model, pairs, fit, n_boot=100)

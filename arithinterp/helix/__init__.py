@@ -20,8 +20,8 @@ Submodules, one concept each, each importing only the ones before it:
 * :mod:`~arithinterp.helix.causal` — :func:`patch_test`, the causal test: patch the fitted helix
   at the corrupted value into the clean run and compare with the layer patch, a PCA
   reconstruction of equal dimension and a helix fitted to shuffled values
-  (:func:`shuffled_control`) → :class:`HelixPatchResult`; the forward passes :func:`capture` and
-  :func:`patched_logit`.
+  (:func:`shuffled_control`) → :class:`HelixPatchResult`; its forward passes are ``causal.capture`` and
+  ``causal.patched_logit``.
 * :mod:`~arithinterp.helix.period_search` — :func:`search_periods`, the best period subset of
   each size, by causal effect or held-out R² → :class:`PeriodSearchResult`.
 * :mod:`~arithinterp.helix.neuron_model` — :func:`fit_neurons` / :func:`neuron_fits`, the neuron
@@ -31,7 +31,7 @@ Submodules, one concept each, each importing only the ones before it:
 Every public name is available here, e.g. ``helix.fit(...)``, ``helix.patch_test(...)``.
 """
 
-from arithinterp.helix.causal import HelixPatchResult, capture, patch_test, patched_logit, shuffled_control
+from arithinterp.helix.causal import HelixPatchResult, patch_test, shuffled_control
 from arithinterp.helix.design import DEFAULT_PERIODS, BASIS_KINDS, basis, helix_basis, split_by_value
 from arithinterp.helix.fitting import FitLayersResult, HelixFit, Values, fit, fit_layers
 from arithinterp.helix.neuron_model import (
@@ -57,8 +57,6 @@ __all__ = [
     "FitLayersResult",
     "fit_layers",
     # causal
-    "capture",
-    "patched_logit",
     "HelixPatchResult",
     "shuffled_control",
     "patch_test",

@@ -220,7 +220,7 @@ class HelixPatchResult(Result):
 
 
 @checked
-def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, random_state: int = 0) -> HelixFit:
+def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, *, seed: int = 0) -> HelixFit:
     """The control fit of Kantamneni & Tegmark 2025: a fit like another to values permuted at the
     value level (each distinct number is relabelled by another).
 
@@ -228,17 +228,17 @@ def shuffled_control(acts: torch.Tensor, values: torch.Tensor, like: HelixFit, r
         acts (Float[Tensor, "n d"]): Activations.
         values (Float[Tensor, "n"]): Their numbers (the first column is permuted when 2-D).
         like: The fit whose kind, periods and PCA size to copy.
-        random_state: Seeds the permutation.
+        seed: Seeds the permutation.
 
     Returns:
         The control fit (scored on its training rows).
     """
     x = as_2d(values)
     unique, inverse = x[:, 0].unique(return_inverse=True)
-    generator = torch.Generator().manual_seed(int(random_state))
+    generator = torch.Generator().manual_seed(int(seed))
     shuffled = x.clone()
     shuffled[:, 0] = unique[torch.randperm(len(unique), generator=generator)][inverse]
-    return fit(acts, shuffled, like.periods, like.components.shape[0], 0.0, like.kind, random_state,
+    return fit(acts, shuffled, like.periods, like.components.shape[0], 0.0, like.kind, seed=seed,
                degree=like.degree, names=like.names)
 
 
@@ -266,19 +266,19 @@ def patch_test(
     pairs: PromptPairs,
     fit: HelixFit,
     layer: Optional[int] = None,
-    position: Optional[str] = None,
     *,
+    positions: Optional[str] = None,
     site: Optional[str] = None,
     value: Optional[str] = None,
     control: Optional[HelixFit] = None,
     extra: Optional[dict] = None,
-    random_state: int = 0,
+    seed: int = 0,
     batch_size: int = 256,
     n_boot: int = 1000,
 ) -> HelixPatchResult:
     """Is the fitted helix causally sufficient? (Kantamneni & Tegmark 2025.)
 
-    Where the fit was made — its ``site``, ``layer`` and ``position`` (``fit.site``,
+    Where the fit was made — its ``site``, ``layer`` and position (``fit.site``,
     ``fit.layer``, ``fit.position``; each can be overridden, and a fit to a bare tensor, which
     records none, patches ``resid_pre`` at ``a`` unless told otherwise) — replace each clean
     prompt's activation ``[d]`` by (i) the corrupt prompt's activation (``"layer patch"``), (ii) its
@@ -289,7 +289,7 @@ def patch_test(
     erasing the number does, the reference for the control) and any ``extra`` fits
     (name → ``HelixFit``). The patches run through :func:`arithinterp.engine.run`.
     Metric: logit of the corrupt answer after patching − before, averaged over pairs.
-    ``value`` names the fitted variable (default: the fit's own, e.g. ``"a"``, else ``position``).
+    ``value`` names the fitted variable (default: the fit's own, e.g. ``"a"``, else ``positions``).
 
     Each effect and each fraction of the layer patch carries a 95% percentile-bootstrap interval
     over the pairs; fractions are NaN, with a ``note``, when the layer patch's interval holds 0.
@@ -299,12 +299,12 @@ def patch_test(
         pairs: Clean / corrupt pairs.
         fit: A single-variable fit.
         layer: The layer to patch (default ``fit.layer``).
-        position: The position to patch (default ``fit.position``, else ``"a"``).
+        positions: The one position to patch (default ``fit.position``, else ``"a"``).
         site: The site to patch (default ``fit.site``, else ``"resid_pre"``).
-        value: The fitted variable's label (default: the fit's own, e.g. ``"a"``, else ``position``).
+        value: The fitted variable's label (default: the fit's own, e.g. ``"a"``, else ``positions``).
         control: The shuffled-values fit (default :func:`shuffled_control` on the pairs' activations).
         extra: Further fits to test, by name.
-        random_state: Seeds the control and the bootstrap.
+        seed: Seeds the control and the bootstrap.
         batch_size: Prompts per forward.
         n_boot: Bootstrap resamples, at least 100.
 
@@ -327,7 +327,7 @@ def patch_test(
     if site in site_lib.GLOBAL_SITES:
         layer = 0
     layer = site_lib.check_layers(model, site, [layer])[0]
-    position = str(position if position is not None else (fit.position if fit.position is not None else "a"))
+    position = str(positions if positions is not None else (fit.position if fit.position is not None else "a"))
     _position_index(pairs.clean, position)  # refuses an unknown or out-of-range position before any work
     if len(fit.names) != 1:
         raise AnalysisError("patch_test patches one number; fit a single-variable helix (values='a')")
@@ -351,7 +351,7 @@ def patch_test(
         )
     if control is None:
         control = shuffled_control(torch.cat([clean_acts, corrupt_acts]), torch.cat([clean_values, corrupt_values]),
-                                   fit, random_state)
+                                   fit, seed=seed)
     methods = {
         "layer patch": corrupt_acts,
         f"PCA-{fit.n_params}": fit.pca_reconstruct(corrupt_acts),
@@ -362,7 +362,7 @@ def patch_test(
     for name, other in (extra or {}).items():
         methods[str(name)] = other.predict(corrupt_values)
     per_pair = stacked_effects(model, pairs, where, position, list(methods.values()), batch_size)
-    stats = ratio_to_reference(per_pair, 0, n_boot=n_boot, seed=random_state)
+    stats = ratio_to_reference(per_pair, 0, n_boot=n_boot, seed=seed)
     note = ""
     if not stats["reference_distinct"]:
         note = (f"the layer patch's effect {float(stats['mean'][0]):.3g} (95% CI {float(stats['mean_low'][0]):.3g} to "
@@ -375,6 +375,6 @@ def patch_test(
         fraction_ci=torch.stack([stats["fraction_low"], stats["fraction_high"]]).float(),
         layer_patch_distinct=stats["reference_distinct"], note=note,
         meta=build_meta(model, n_pairs=len(pairs), periods=fit.periods, kind=fit.kind, value=value,
-                        random_state=random_state, site=site, n_boot=n_boot, note=note,
+                        seed=seed, site=site, n_boot=n_boot, note=note,
                         interval="95% percentile bootstrap over pairs"),
     )

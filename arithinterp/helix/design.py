@@ -168,14 +168,14 @@ def r2_scores(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, f
 
 
 @checked
-def split_by_value(values: Values, holdout: float = 0.2, random_state: int = 0) -> torch.Tensor:
+def split_by_value(values: Values, holdout: float = 0.2, seed: int = 0) -> torch.Tensor:
     """A train / test split over values, not prompts: a random share of the distinct values of the
     first variable is held out with all their rows.
 
     Args:
         values: The numbers, ``[n]`` or ``[n, n_variables]``.
         holdout: The share of distinct values held out, in [0, 1).
-        random_state: Seeds the choice.
+        seed: Seeds the choice.
 
     Returns:
         Bool[Tensor, "n"]: True at the training rows.
@@ -191,7 +191,7 @@ def split_by_value(values: Values, holdout: float = 0.2, random_state: int = 0) 
     n_test = int(round(holdout * len(unique)))
     if holdout > 0 and not 1 <= n_test < len(unique):
         raise AnalysisError(f"holdout={holdout} of {len(unique)} distinct values leaves an empty train or test set")
-    generator = torch.Generator().manual_seed(int(random_state))
+    generator = torch.Generator().manual_seed(int(seed))
     test_values = unique[torch.randperm(len(unique), generator=generator)[:n_test]]
     return ~torch.isin(x[:, 0], test_values)
 

@@ -249,7 +249,7 @@ LEAVE_ONE_OUT = "leave-one-value-out"
 
 
 def value_folds(
-    x: torch.Tensor, holdout: Union[float, str], random_state: int, min_test_values: int
+    x: torch.Tensor, holdout: Union[float, str], seed: int, min_test_values: int
 ) -> tuple[list, str]:
     """Training masks [n] of the validation folds and the scheme's name.
 
@@ -266,7 +266,7 @@ def value_folds(
     elif holdout == 0:
         return [torch.ones(x.shape[0], dtype=torch.bool)], "none (scored on the training rows)"
     elif int(round(holdout * len(unique))) >= min_test_values:
-        return [split_by_value(x, holdout, random_state)], f"{holdout:g} of the values held out"
+        return [split_by_value(x, holdout, seed)], f"{holdout:g} of the values held out"
     if len(unique) < 3:
         raise AnalysisError(f"only {len(unique)} distinct values: a held-out score needs at least 3")
     return [x[:, 0] != v for v in unique], LEAVE_ONE_OUT
@@ -314,11 +314,11 @@ def cross_validated(acts, x, folds, pcas, basis_kw, mean, comps, n_top) -> tuple
     return r2, r2_overall, r2_full, pca_r2
 
 
-def shuffled_values(x: torch.Tensor, n_shuffles: int, random_state: int) -> list:
+def shuffled_values(x: torch.Tensor, n_shuffles: int, seed: int) -> list:
     """``n_shuffles`` copies of ``x`` [n, v] whose distinct first-variable values are permuted
     (every row of a value moves together, so a split over values stays one)."""
     unique, inverse = x[:, 0].unique(return_inverse=True)
-    generator = torch.Generator().manual_seed(int(random_state) + 1)
+    generator = torch.Generator().manual_seed(int(seed) + 1)
     out = []
     for _ in range(n_shuffles):
         shuffled = x.clone()
@@ -329,17 +329,17 @@ def shuffled_values(x: torch.Tensor, n_shuffles: int, random_state: int) -> list
 
 @checked
 def fit(
-    acts_or_tensor: Any,
+    acts: Any,
     values: Values,
     periods: Sequence[float] = DEFAULT_PERIODS,
     n_pca: int = 100,
     holdout: float = 0.2,
     kind: str = "helix",
-    random_state: int = 0,
     *,
+    seed: int = 0,
     site: Optional[str] = None,
     layer: Optional[int] = None,
-    position: Optional[str] = None,
+    positions: Optional[str] = None,
     degree: Optional[int] = None,
     names: Optional[Sequence[str]] = None,
     min_test_values: int = 5,
@@ -351,8 +351,8 @@ def fit(
     PCA coordinates (no intercept), mapped back with ``C = coef @ components + mean``.
 
     Args:
-        acts_or_tensor: activations [N, d], or an ``Activations`` (read at ``site`` — default
-            ``resid_pre`` when collected —, ``layer`` and ``position``).
+        acts: activations [N, d], or an ``Activations`` (read at ``site`` — default
+            ``resid_pre`` when collected —, ``layer`` and ``positions``, one position).
         values: the number of each row [N], several variables [N, v] (e.g. a, b, a+b), or label
             names of the activations' prompts: ``"a"``, ``"a+b"``, ``["a", "b", "a+b"]``.
         periods: the helix periods (any positive numbers).
@@ -361,16 +361,16 @@ def fit(
             (:func:`split_by_value`); 0 scores on the training rows; ``"loo"`` holds out each
             distinct value in turn (leave-one-value-out).
         kind: ``"helix"``, ``"circle"``, ``"poly"`` or ``"linear"`` (see :func:`basis`).
-        random_state: seeds the split and the shuffled-values control.
+        seed: seeds the split and the shuffled-values control.
         site: the site to read from an ``Activations``.
         layer: the layer to read from an ``Activations``.
-        position: the position to read from an ``Activations``.
+        positions: the one position to read from an ``Activations``.
         degree: the ``"poly"`` degree (see :func:`basis`).
         names: one name per variable, for the basis labels.
         min_test_values: when the share would hold out fewer distinct values than this (ten
             digits: 2), leave-one-value-out is used instead; ``meta["validation"]`` says which.
         n_shuffles: the control: the same fit and validation on values shuffled across the rows
-            (distinct values permuted, seeded by ``random_state``); ``meta["control"]`` holds its
+            (distinct values permuted, seeded by ``seed``); ``meta["control"]`` holds its
             held-out R² (a helix of shuffled values should score about 0 or below).
 
     Returns:
@@ -383,7 +383,7 @@ def fit(
             activations that differ in number; non-finite activations or values.
         ConfigError: ``n_pca < 1``, an unknown kind, or invalid periods.
     """
-    acts, site, layer, position, prompts = activation_matrix(acts_or_tensor, site, layer, position)
+    acts, site, layer, positions, prompts = activation_matrix(acts, site, layer, positions)
     x, default_names = resolve_values(values, prompts)
     names = list(names) if names is not None else default_names
     if x.shape[0] != acts.shape[0]:
@@ -403,7 +403,7 @@ def fit(
     max_value = x.max(0).values.clamp_min(1.0).tolist()
     basis_kw: dict[str, Any] = dict(kind=kind, periods=check_periods(periods), max_value=max_value, degree=degree,
                                     names=names)
-    folds, validation = value_folds(x, holdout, random_state, min_test_values)
+    folds, validation = value_folds(x, holdout, seed, min_test_values)
     check_identifiable(x, folds, basis_kw)
 
     everything = torch.ones(x.shape[0], dtype=torch.bool)
@@ -421,7 +421,7 @@ def fit(
         return coef, r2, r2_overall, r2_full, pca_r2
 
     coef, r2, r2_overall, r2_full, pca_r2 = scores(x)
-    null = [scores(shuffled)[3] for shuffled in shuffled_values(x, n_shuffles, random_state)] if holdout != 0 else []
+    null = [scores(shuffled)[3] for shuffled in shuffled_values(x, n_shuffles, seed)] if holdout != 0 else []
     control = dict(null="values shuffled across rows (distinct values permuted)", n_shuffles=len(null),
                    r2_full_mean=float(sum(null) / len(null)) if null else None,
                    r2_full_max=float(max(null)) if null else None)
@@ -442,8 +442,8 @@ def fit(
         r2=r2.float(), r2_overall=r2_overall, r2_full=r2_full, pca_r2=pca_r2,
         train_values=sorted(set(split_col[train].tolist())), test_values=sorted(set(split_col[test_rows].tolist())),
         unique_values=unique.float(), value_coords=coords.float(),
-        site=site, layer=layer, position=position,
-        meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, random_state=random_state,
+        site=site, layer=layer, position=positions,
+        meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, seed=seed,
                         validation=validation, n_folds=len(folds), control=control, note=note),
     )
 
@@ -495,10 +495,10 @@ def fit_layers(
     kinds: Sequence[str] = ("helix", "circle", "poly"),
     layers: Optional[Sequence[int]] = None,
     site: Optional[str] = None,
-    position: Optional[str] = None,
+    positions: Optional[str] = None,
     n_pca: int = 100,
     holdout: float = 0.2,
-    random_state: int = 0,
+    seed: int = 0,
 ) -> FitLayersResult:
     """:func:`fit` of each ``kind`` at each layer of an ``Activations``; held-out full-space R².
 
@@ -509,10 +509,10 @@ def fit_layers(
         kinds: The basis kinds to fit.
         layers: The layers (default: every collected layer).
         site: The site to read.
-        position: The position to read.
+        positions: The one position to read.
         n_pca: PCA components kept.
         holdout: As for :func:`fit`.
-        random_state: Seeds the splits and the controls.
+        seed: Seeds the splits and the controls.
 
     Returns:
         The R² table; ``meta["control"]`` gives, per layer and kind, the mean held-out R² of the
@@ -525,8 +525,8 @@ def fit_layers(
     validation = None
     for layer in layers:
         for k in kinds:
-            result = fit(acts, values, periods, n_pca, holdout, k, random_state, site=site, layer=layer,
-                         position=position)
+            result = fit(acts, values, periods, n_pca, holdout, k, seed=seed, site=site, layer=layer,
+                         positions=positions)
             rows[k].append(result.r2_full)
             null[k].append(result.meta["control"]["r2_full_mean"])
             validation = result.meta["validation"]
@@ -536,5 +536,5 @@ def fit_layers(
     return FitLayersResult(
         r2=torch.tensor([rows[k] for k in kinds] + [pca]), fits=list(kinds) + ["PCA-k"], layers=layers,
         periods=check_periods(periods),
-        meta=build_meta(site=site, position=position, holdout=holdout, validation=validation, control=control),
+        meta=build_meta(site=site, position=positions, holdout=holdout, validation=validation, control=control),
     )

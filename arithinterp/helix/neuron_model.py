@@ -202,11 +202,11 @@ def neuron_fits(
     model: HookedModel,
     prompts: PromptSet,
     layer: int,
+    *,
     neurons: Optional[Sequence[int]] = None,
     periods: Sequence[float] = DEFAULT_PERIODS,
-    *,
     site: str = "mlp_pre",
-    position: str = "final",
+    positions: str = "final",
     batch_size: int = 512,
     progress: bool = True,
     **kwargs: Any,
@@ -220,7 +220,7 @@ def neuron_fits(
         neurons: The neurons to fit (default: all).
         periods: The periods ``T``.
         site: ``"mlp_pre"`` or ``"mlp_post"``.
-        position: The position read (default the last token).
+        positions: The one position read (default the last token).
         batch_size: Prompts per forward.
         progress: Show progress bars.
         **kwargs: Options of :func:`fit_neurons` (``method``, ``steps``, ``lr``).
@@ -238,10 +238,10 @@ def neuron_fits(
 
     if site not in ("mlp_pre", "mlp_post"):
         raise SiteError(f"neuron fits read 'mlp_pre' or 'mlp_post', got {site!r}")
-    acts = collect(model, prompts, sites=[site], layers=[layer], positions=position, batch_size=batch_size,
+    acts = collect(model, prompts, sites=[site], layers=[layer], positions=positions, batch_size=batch_size,
                    progress=progress)
     chosen = site_lib.check_index("neuron", neurons, int(model.cfg.d_mlp))
-    result = fit_neurons(acts.get(site, layer, position)[:, chosen], prompts.a, prompts.b, periods,
+    result = fit_neurons(acts.get(site, layer, positions)[:, chosen], prompts.a, prompts.b, periods,
                          neurons=chosen, progress=progress, **kwargs)
-    meta = dict(result.meta, **build_meta(model, layer=layer, site=site, position=position))
+    meta = dict(result.meta, **build_meta(model, layer=layer, site=site, position=positions))
     return dataclasses.replace(result, meta=meta)

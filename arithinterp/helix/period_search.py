@@ -81,7 +81,7 @@ class PeriodSearchResult(Result):
 
 @checked
 def search_periods(
-    acts_or_tensor: Any,
+    acts: Any,
     values: Values,
     candidates: Sequence[float] = DEFAULT_PERIODS,
     sizes: Optional[Sequence[int]] = None,
@@ -89,11 +89,11 @@ def search_periods(
     model: Optional[HookedModel] = None,
     pairs: Optional[PromptPairs] = None,
     layer: Optional[int] = None,
-    position: str = "a",
+    positions: str = "a",
     kind: str = "helix",
     n_pca: int = 100,
     holdout: float = 0.2,
-    random_state: int = 0,
+    seed: int = 0,
     site: Optional[str] = None,
     batch_size: int = 256,
     progress: bool = True,
@@ -107,7 +107,7 @@ def search_periods(
     shared, so the scores are comparable; few values — fewer than ``min_test_values`` held out —
     are validated leave-one-value-out, see :func:`fit`); with ``model`` and ``pairs``, by the
     causal effect of patching the fitted helix in at ``blocks.{layer}.hook_resid_pre`` /
-    ``position`` (the ``kind`` row of :func:`patch_test`, all subsets in one batched pass).
+    ``positions`` (the ``kind`` row of :func:`patch_test`, all subsets in one batched pass).
 
     A subset whose basis fits any function of a fold's training values exactly is not scored
     (NaN): its held-out R² would say nothing. For the R² criterion the search is repeated on
@@ -117,18 +117,18 @@ def search_periods(
     shuffled values.)
 
     Args:
-        acts_or_tensor: Activations ``[n, d]`` or an ``Activations``, as for :func:`fit`.
+        acts: Activations ``[n, d]`` or an ``Activations``, as for :func:`fit`.
         values: As for :func:`fit`.
         candidates: The candidate periods, each once.
         sizes: The subset sizes to search (default: all).
         model: The hooked model, for the causal criterion (with ``pairs``).
         pairs: Clean / corrupt pairs, for the causal criterion (with ``model``).
         layer: The layer read and, causally, patched at ``resid_pre``.
-        position: The position read and patched.
+        positions: The one position read and patched.
         kind: The basis kind.
         n_pca: PCA components kept.
         holdout: As for :func:`fit`.
-        random_state: Seeds the split and the controls.
+        seed: Seeds the split and the controls.
         site: The site to read from an ``Activations``.
         batch_size: Prompts per forward of the causal criterion.
         progress: Show a progress bar.
@@ -151,13 +151,13 @@ def search_periods(
         raise ConfigError(f"sizes must be within 1..{len(candidates)}, got {sizes}")
     if (model is None) != (pairs is None):
         raise ConfigError("a causal search needs both model= and pairs=; pass neither to score by held-out R²")
-    acts, site, layer_found, _, prompts = activation_matrix(acts_or_tensor, site, layer, position)
+    acts, site, layer_found, _, prompts = activation_matrix(acts, site, layer, positions)
     x, names = resolve_values(values, prompts)
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
     n_shuffles = integer("n_shuffles", n_shuffles, minimum=0)
     subsets = [list(s) for size in sizes for s in itertools.combinations(candidates, size)]
-    folds, validation = value_folds(x, holdout, random_state, min_test_values)
+    folds, validation = value_folds(x, holdout, seed, min_test_values)
     train = torch.ones(x.shape[0], dtype=torch.bool) if validation == LEAVE_ONE_OUT else folds[0]
     max_value = x.max(0).values.clamp_min(1.0).tolist()
     mean, comps, ev = pca_basis(acts[train], n_pca)
@@ -177,7 +177,7 @@ def search_periods(
 
         scores = [held_out_r2(x, subset) for subset in tqdm(subsets, desc="period subsets", disable=not progress)]
         null = [[held_out_r2(shuffled, subset) for subset in subsets]
-                for shuffled in shuffled_values(x, n_shuffles, random_state)]
+                for shuffled in shuffled_values(x, n_shuffles, seed)]
         criterion = "held-out R²"
     else:
         from arithinterp import sites as site_lib
@@ -187,13 +187,13 @@ def search_periods(
         if layer is None:
             raise SiteError("a causal search needs layer=")
         hook = site_lib.hook_name("resid_pre", site_lib.check_layers(model, "resid_pre", [layer])[0])
-        corrupt_values = pairs.corrupt.label(position).double()
+        corrupt_values = pairs.corrupt.label(positions).double()
         replacements = []
         for subset in subsets:
             coef = fit_core(acts, x, train, mean, comps, ev, kind, subset, None, names, max_value)[0]
             design, _ = basis(corrupt_values, kind, subset, max_value=max_value, names=names)
             replacements.append((design @ coef @ comps + mean).float())
-        scores = stacked_effects(model, pairs, hook, position, replacements, batch_size).mean(1).tolist()
+        scores = stacked_effects(model, pairs, hook, positions, replacements, batch_size).mean(1).tolist()
         null = []
         criterion = "causal effect"
     scores = torch.tensor(scores)
@@ -221,6 +221,6 @@ def search_periods(
         subsets=subsets, scores=scores, sizes=sizes, best=best, best_scores=torch.tensor(best_scores),
         criterion=criterion,
         meta=build_meta(model, candidates=candidates, kind=kind, n_pca=comps.shape[0], holdout=holdout,
-                        random_state=random_state, layer=layer if model is not None else layer_found,
+                        seed=seed, layer=layer if model is not None else layer_found,
                         validation=validation, control=control),
     )

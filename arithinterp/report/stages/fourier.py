@@ -125,8 +125,8 @@ def fourier_helix_stage(ctx: Context) -> Section:
         return section
     acts = collect(ctx.model, ctx.prompts, sites=helix_site, layers=[helix_layer], positions="a", progress=False)
     try:
-        fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site=helix_site, layer=helix_layer, position="a")
-        test = helix.patch_test(ctx.model, pairs, fit, random_state=ctx.seed)
+        fit = helix.fit(acts, "a", periods=(2, 5, 10, 100), site=helix_site, layer=helix_layer, positions="a")
+        test = helix.patch_test(ctx.model, pairs, fit, seed=ctx.seed)
     except ArithInterpError as why:
         section.findings.append(f"Helix: not tested: {str(why).rstrip('.')}.")
         return section
