@@ -43,17 +43,10 @@ from arithinterp.patching.attribution import (
     compare,
 )
 from arithinterp.patching.attribution_result import AttributionResult
-from arithinterp.patching.components import (
-    COMPONENT_FORMS,
-    FAITHFULNESS_METRICS,
-    AblationResult,
-    EffectResult,
-    ComponentFaithfulnessResult,
-    ablate,
-    default_components,
-    direct_effect,
-    component_faithfulness,
-)
+from arithinterp.patching.component_ablation import AblationResult, ablate
+from arithinterp.patching.components import COMPONENT_FORMS, default_components
+from arithinterp.patching.effects import EffectResult, direct_effect
+from arithinterp.patching.faithfulness import FAITHFULNESS_METRICS, ComponentFaithfulnessResult, component_faithfulness
 from arithinterp.metrics import DIRECTIONS, METRICS
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import (

@@ -22,14 +22,10 @@ from arithinterp import sites as site_lib
 from arithinterp.engine import AblationRunner, Ablation, Read, RunningMean, stepper_for
 from arithinterp.engine.budget import memory_budget
 from arithinterp.engine import run as engine_run
-from arithinterp.patching.components import (
-    position_rows,
-    teacher_forced,
-    ablated_scores,
-    answer_scores,
-    parse_components,
-    token_scores,
+from arithinterp.patching.component_ablation import (
+    ablated_scores, answer_scores, position_rows, teacher_forced, token_scores,
 )
+from arithinterp.patching.components import parse_components
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATIONS
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
@@ -191,7 +187,7 @@ def _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progre
     """:func:`digit_scores` through the engine's stacked ablations (:class:`arithinterp.engine.AblationRunner`):
     per batch of equal-length prompts, one base run of the teacher-forced prompts, then per layer and
     answer position one run of that layer's heads stacked, resumed at that layer and position. The
-    ablation values are those of :func:`~arithinterp.patching.components.ablated_scores`: the mean
+    ablation values are those of :func:`~arithinterp.patching.component_ablation.ablated_scores`: the mean
     over the prompts at each answer position (read from the base runs; every prompt has the answer
     positions), zero, or the same resampling draws. None when the model cannot be stepped
     (``engine="auto"``)."""

@@ -15,7 +15,9 @@ from arithinterp.viz.base import to_array, bars, cycle_colour, figure, heatmap, 
 if TYPE_CHECKING:
     from arithinterp.patching.attribution import ComparisonResult
     from arithinterp.patching.attribution_result import AttributionResult
-    from arithinterp.patching.components import AblationResult, ComponentFaithfulnessResult, EffectResult
+    from arithinterp.patching.component_ablation import AblationResult
+    from arithinterp.patching.effects import EffectResult
+    from arithinterp.patching.faithfulness import ComponentFaithfulnessResult
     from arithinterp.patching.core import PatchResult
     from arithinterp.patching.digits import DigitAblationResult
 
