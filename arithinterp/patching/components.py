@@ -24,6 +24,16 @@ COMPONENT_FORMS = (
 
 @dataclass(frozen=True)
 class Component:
+    """A parsed component name (:func:`parse_components`).
+
+    Attributes:
+        name: The name as given.
+        kind: ``"embed"``, ``"attn"``, ``"mlp"``, ``"head"`` or ``"neuron"``.
+        layer: Its layer (0 for the embedding).
+        unit: The head or neuron, else ``None``.
+        position: A named position or an int as a string; ``None``: every position.
+    """
+
     name: str
     kind: str  # embed | attn | mlp | head | neuron
     layer: int
@@ -32,6 +42,7 @@ class Component:
 
     @property
     def site(self) -> str:
+        """The site the component is read or ablated at."""
         return {"attn": "attn_out", "mlp": "mlp_out", "head": "attn_z", "neuron": "mlp_post",
                 "embed": "resid_pre"}[self.kind]
 

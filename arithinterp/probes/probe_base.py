@@ -214,10 +214,28 @@ class ProbeBase(BaseEstimator, abc.ABC):
     n_iter_: int
 
     @abc.abstractmethod
-    def fit(self, X: ArrayLike, y: ArrayLike) -> "ProbeBase": ...
+    def fit(self, X: ArrayLike, y: ArrayLike) -> "ProbeBase":
+        """Fit on features and labels.
+
+        Args:
+            X: Features [n, d].
+            y: Labels or values [n].
+
+        Returns:
+            The probe, fitted.
+        """
 
     @abc.abstractmethod
-    def score(self, X: ArrayLike, y: ArrayLike) -> float: ...
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        """The probe's score on held-out data (accuracy, or R² for regressions).
+
+        Args:
+            X: Features [n, d].
+            y: Labels or values [n].
+
+        Returns:
+            The score.
+        """
 
     def _standardised(self, X: ArrayLike) -> torch.Tensor:
         check_fitted(self)

@@ -32,11 +32,25 @@ class Constant:
         self.classes_ = torch.tensor([value])
 
     def predict(self, X):
-        """The value, once per row of ``X`` [n, d] → long [n]."""
+        """The value, once per row of ``X``.
+
+        Args:
+            X: Features [n, d].
+
+        Returns:
+            long [n].
+        """
         return self.classes_.expand(len(X))
 
     def predict_proba(self, X):
-        """Certainty, once per row of ``X`` [n, d] → [n, 1] of ones."""
+        """Certainty, once per row of ``X``.
+
+        Args:
+            X: Features [n, d].
+
+        Returns:
+            [n, 1] of ones.
+        """
         return torch.ones(len(X), 1)
 
 
