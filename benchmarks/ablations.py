@@ -10,7 +10,7 @@ difference between the two results.
 * ``digits``: ``patching.digit_ablation`` (every head × answer digit, mean ablation) on
   ``zoo:add-3digit`` (held-out prompts) and on a random-weight Llama folder (4 layers, d_model 256,
   digit tokenizer) with few-shot prompts; difference = per-prompt log-probability of the digit;
-* ``neurons``: ``neurons.importance(method="mean_ablation")`` over every neuron of every layer
+* ``neurons``: ``neurons.importance(method="mean-ablation")`` over every neuron of every layer
   (difference = scores) on ``zoo:add-100`` and the Llama folder; ``neurons.ablate_heuristic`` over
   every labelled heuristic of ``zoo:add-100``, and ``neurons.ablate_for_prompt`` (five k, both
   arms) on ``zoo:add-100`` and on 900 few-shot prompts of the Llama folder (difference = accuracies);
@@ -162,7 +162,7 @@ def bench_neurons(args) -> list[dict]:
     setups.append((model, label, pairs))
     for model, label, pairs in setups:
         def run(choice, model=model, pairs=pairs):
-            return neurons.importance(model, pairs, method="mean_ablation", top_k=None, engine=choice).scores
+            return neurons.importance(model, pairs, method="mean-ablation", top_k=None, engine=choice).scores
 
         run("stepped")
         fast, stepped, slow, hooked = side_by_side(lambda: run("stepped"), lambda: run("hooks"), args.runs)

@@ -111,7 +111,7 @@ def bench_prefix(n_prompts: int, n_layers: int, runs: int) -> None:
                 out[key] = prompts.evaluate(model)
             elif key == "read slots, collect":
                 out[key] = probes.answer_activations(model, prompts, out["generate, prefix once"], "resid_post",
-                                                     layers).data["resid_post"]
+                                                     layers=layers).data["resid_post"]
             else:
                 out[key] = shared_prefix_slots(model, prompts, out["generate, prefix once"], "resid_post", layers, 256)
             times[key].append(time.perf_counter() - start)

@@ -83,7 +83,7 @@ def zoo_maps() -> tuple[torch.Tensor, torch.Tensor]:
     d_mlp, layers = int(model.cfg.d_mlp), int(model.cfg.n_layers)
     layer = torch.arange(layers).repeat_interleave(d_mlp)
     neuron = torch.arange(d_mlp).repeat(layers)
-    result = nn.maps(model, prompts, (layer, neuron))
+    result = nn.maps(model, prompts, neurons=(layer, neuron))
     return result.k_maps, result.kv_maps
 
 

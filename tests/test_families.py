@@ -149,7 +149,7 @@ def test_stacked_ablations_equal_whole_forwards_on_every_family(digit_family):
     slow = digit_scores(model, prompts, parsed, "mean", 0, engine="hooks")
     assert torch.equal(fast[1][..., 0], slow[1][..., 0]) and _close(fast[1][..., 1], slow[1][..., 1]), name
     pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)[:6]
-    scores = [neurons.importance(model, pairs, method="mean_ablation", top_k=None, engine=choice).scores
+    scores = [neurons.importance(model, pairs, method="mean-ablation", top_k=None, engine=choice).scores
               for choice in ("stepped", "hooks")]
     assert _close(*scores) and float(scores[1].max()) > 1e-3, name
     tokens = prompts.unpadded(prompts.length_groups()[0])[:5]

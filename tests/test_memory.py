@@ -86,7 +86,7 @@ def test_classify_top_k_through_importance_is_chunk_independent(zoo):
     _same_table(default, small)
 
 
-@pytest.mark.parametrize("method", ["attribution", "patching", "mean_ablation"])
+@pytest.mark.parametrize("method", ["attribution", "patching", "mean-ablation"])
 def test_importance_with_a_tiny_budget_equals_the_default(llama, method):
     """Running mean + std over batches of 1-2 prompts equals the statistics of the whole grid."""
     model, prompts = llama
@@ -119,8 +119,8 @@ def test_map_rows_read_in_several_passes_equal_one_pass(llama):
 def test_maps_and_mean_activation_need_no_full_activation_grid(llama):
     model, prompts = llama
     layer, neuron = torch.tensor([0, 1, 1]), torch.tensor([3, 0, 7])
-    default = nn.maps(model, prompts, (layer, neuron))
-    small = nn.maps(model, prompts, (layer, neuron), max_memory=2e5)
+    default = nn.maps(model, prompts, neurons=(layer, neuron))
+    small = nn.maps(model, prompts, neurons=(layer, neuron), max_memory=2e5)
     assert torch.allclose(default.k_maps, small.k_maps, atol=1e-6, equal_nan=True)
     assert torch.allclose(default.kv_maps, small.kv_maps, atol=1e-6, equal_nan=True)
     from arithinterp.neurons.final_reads import final_activations, mean_final_activation

@@ -410,18 +410,15 @@ def test_importance_methods_do_what_they_are_named_for(tiny):
     corrupt = [corrupt_cache[name.format(l)][:, -1] for l in range(2)]
     mean = [clean_cache[name.format(l)][:, -1].mean(0, keepdim=True).expand(len(pairs), -1) for l in range(2)]
     patched = nn.importance(model, pairs, method="patching", top_k=None)
-    ablated = nn.importance(model, pairs, method="mean_ablation", top_k=None)
-    # "patching" puts the corrupt prompt's value in, "mean_ablation" the mean over the clean prompts
+    ablated = nn.importance(model, pairs, method="mean-ablation", top_k=None)
+    # "patching" puts the corrupt prompt's value in, "mean-ablation" the mean over the clean prompts
     assert torch.allclose(patched.scores, _scores(_hand_effects(model, pairs, corrupt)), atol=1e-4)
     assert torch.allclose(ablated.scores, _scores(_hand_effects(model, pairs, mean)), atol=1e-4)
     assert not torch.allclose(patched.scores, ablated.scores, atol=1e-3)
-    assert (patched.method, ablated.method) == ("patching", "mean_ablation")
-    # the old name of "patching" still works, with a warning that says what it does
-    with pytest.warns(DeprecationWarning, match="corrupt value"):
-        old = nn.importance(model, pairs, method="ablation", top_k=None)
-    assert old.method == "patching" and torch.equal(old.scores, patched.scores)
-    with pytest.raises(ConfigError, match="mean_ablation"):
-        nn.importance(model, pairs, method="ablate")
+    assert (patched.method, ablated.method) == ("patching", "mean-ablation")
+    for other in ("ablation", "mean_ablation", "ablate"):  # one spelling, lower case with hyphens
+        with pytest.raises(ConfigError, match="accepted: 'attribution', 'patching', 'mean-ablation'"):
+            nn.importance(model, pairs, method=other)
 
 
 def test_mean_ablation_value_is_the_engines_mean(tiny):
@@ -475,7 +472,7 @@ def test_maps_are_final_position_activations_times_logit_lens(tiny):
 
     model, prompts = tiny
     neurons = torch.tensor([[0, 3], [1, 17]])
-    result = nn.maps(model, prompts, neurons)
+    result = nn.maps(model, prompts, neurons=neurons)
     acts = collect(model, prompts, sites=["mlp_post"], positions="final")
     for row, (layer, neuron) in enumerate(neurons.tolist()):
         expected = acts.get("mlp_post", layer, "final")[:, neuron]
@@ -484,7 +481,7 @@ def test_maps_are_final_position_activations_times_logit_lens(tiny):
         value = (model.W_out[layer, neuron] @ model.W_U)[prompts.answer_tokens[:, 0]]
         assert torch.allclose(result.kv_maps[row][prompts.a, prompts.b], expected * value, atol=1e-5)
     # cells without a prompt are NaN, and the classifier treats them as illegal
-    partial = nn.maps(model, prompts[prompts.a != prompts.b], neurons)
+    partial = nn.maps(model, prompts[prompts.a != prompts.b], neurons=neurons)
     assert int(torch.isnan(partial.k_maps[0]).sum()) == 12
     table = partial.classify()
     assert table.meta["n_legal_cells"] == 144 - 12
@@ -585,13 +582,13 @@ def test_stacked_mean_ablation_importance_equals_whole_forwards(tiny):
     hand-written reference; the scores are not all alike."""
     model, prompts = tiny
     pairs = prompts.counterfactual(vary="a", seed=0)[:12]
-    fast = nn.importance(model, pairs, method="mean_ablation", top_k=None, engine="stepped")
-    slow = nn.importance(model, pairs, method="mean_ablation", top_k=None, engine="hooks")
+    fast = nn.importance(model, pairs, method="mean-ablation", top_k=None, engine="stepped")
+    slow = nn.importance(model, pairs, method="mean-ablation", top_k=None, engine="hooks")
     assert (fast.scores - slow.scores).abs().max() <= 1e-5
     assert torch.equal(fast.top, slow.top) or (fast.scores - slow.scores).abs().max() <= 1e-6
     assert float(fast.scores.std()) > 1e-3
     with pytest.raises(ConfigError, match="engine"):
-        nn.importance(model, pairs, method="mean_ablation", engine="fast")
+        nn.importance(model, pairs, method="mean-ablation", engine="fast")
 
 
 @pytest.mark.parametrize("scoring", ["first_token", "full_answer"])

@@ -132,8 +132,8 @@ def test_random_init_control_and_selectivity(planted):
     noise = torch.randn(planted["acts"].data["resid_post"].shape, generator=_gen(5))
     control = Activations(data={"resid_post": noise}, layers=[0, 1, 2], positions=["final"])
     result = probes.probe_layers(planted["acts"], planted["label"], layers=[1], control_acts=control, progress=False)
-    assert result.controls == ["shuffled", "random_init"]
-    assert result.control("random_init")[0, 0] < 0.2
+    assert result.controls == ["shuffled", "random-init"]
+    assert result.control("random-init")[0, 0] < 0.2
     assert result.selectivity.shape == (2, 1, 1) and (result.selectivity > 0.8).all()
     assert "selectivity_random_init" in result.best()
 
@@ -187,7 +187,7 @@ def test_a_finding_must_beat_chance_and_a_random_init_model(planted):
     # when the random-init model reads the label as well as the trained one, nothing is a finding
     both = probes.probe_layers(trained, label, layers=[0], control_acts=_acts_with_label_signal(label, [0, 2], 12),
                                progress=False)
-    assert float(both.mean[0, 0]) > 0.95 and float(both.control("random_init")[0, 0]) > 0.95
+    assert float(both.mean[0, 0]) > 0.95 and float(both.control("random-init")[0, 0]) > 0.95
     assert both.finding()["verdict"] == "no signal" and "no signal above chance" in both.finding()["text"]
     # without the random-init control it is readable, but not shown to be computed
     alone = probes.probe_layers(trained, label, layers=[2], progress=False).finding()
@@ -203,8 +203,8 @@ def test_probe_model_runs_the_random_init_control_on_the_same_prompts(tiny_digit
     prompts = arithmetic(tiny_digit_model, a=range(10, 60), b=range(10, 14))
     result = probes.probe_model(tiny_digit_model, prompts, "a_digit_0", layers=[0], positions="a", cv=3,
                                 progress=False)
-    assert result.controls == ["shuffled", "random_init"]
-    assert float(result.mean[0, 0]) > 0.95 and float(result.control("random_init")[0, 0]) > 0.95
+    assert result.controls == ["shuffled", "random-init"]
+    assert float(result.mean[0, 0]) > 0.95 and float(result.control("random-init")[0, 0]) > 0.95
     finding = result.finding()
     assert finding["verdict"] == "no signal" and "random-init model" in finding["text"]
     with pytest.raises(ConfigError, match="controls itself"):
@@ -297,10 +297,10 @@ def test_sweep_input_validation_messages(planted, number_tokenizer):
         probes.probe_layers(acts, planted["label"], layers=[7], progress=False)
     with pytest.raises(SiteError, match="collected positions"):
         probes.probe_layers(acts, planted["label"], positions=["a"], progress=False)
-    with pytest.raises(ConfigError, match="accepted: 'shuffled', 'random_init'"):
+    with pytest.raises(ConfigError, match="accepted: 'shuffled', 'random-init'"):
         probes.probe_layers(acts, planted["label"], controls=("permuted",), progress=False)
     with pytest.raises(AnalysisError, match="needs control_acts"):
-        probes.probe_layers(acts, planted["label"], controls=("random_init",), progress=False)
+        probes.probe_layers(acts, planted["label"], controls=("random-init",), progress=False)
     with pytest.raises(ConfigError, match="cv must be"):
         probes.probe_layers(acts, planted["label"], cv=1, progress=False)
     with pytest.raises(AnalysisError, match="single class"):
@@ -590,7 +590,7 @@ def test_detector_validation_messages(planted_errors):
     idx = torch.arange(60)
     ev = planted_errors["evaluation"](idx)
     for kwargs, message in [(dict(method="vote"), "accepted: 'disagreement', 'direct', 'combined', 'auto'"),
-                            (dict(position="a"), "accepted: 'final', 'final_only'"),
+                            (dict(position="a"), "accepted: 'final', 'final-only'"),
                             (dict(probe=probes.RidgeProbe()), "classifier estimator"),
                             (dict(threshold=2.0), "threshold"), (dict(cv=1), "cv must be"),
                             (dict(layers="best"), "layers must be 'auto', None")]:

@@ -131,7 +131,7 @@ def test_patching_probes_helix_fourier_neurons_run(llama_model, regime):
     fit = helix.fit(acts, "a", layer=1, positions="a", n_pca=20)
     test = helix.patch_test(model, pairs[:30], fit, layer=1)
     assert test.methods[:3] == ["layer patch", "PCA-9", "helix"] and torch.isfinite(test.effect).all()
-    spectrum = fourier.spectrum(acts, range(100), site="resid_pre", position="a")
+    spectrum = fourier.spectrum(acts, range(100), site="resid_pre", positions="a")
     assert spectrum.power.shape == (2, 51)
     in_context = fourier.spectrum(model, range(100), site="resid_post", layers=[1])
     assert in_context.power.shape == (1, 51) and in_context.meta["position"] == "a"
@@ -163,7 +163,7 @@ def test_planted_helix_is_found_on_digit_split_prompts(digit_tokenizer):
     assert fit.r2_overall > 0.95
     shuffled = helix.fit(acts, prompts.a[torch.randperm(100, generator=g)], (2, 5, 10, 100), n_pca=20)
     assert shuffled.r2_overall < 0.5
-    result = fourier.spectrum(acts, range(100), site="resid_pre", position="a")
+    result = fourier.spectrum(acts, range(100), site="resid_pre", positions="a")
     assert set(result.key[0]) >= {10, 20, 50}  # periods 10, 5, 2 of the planted helix
 
 
@@ -212,7 +212,7 @@ def test_neuron_maps_of_a_two_digit_grid_are_arranged_by_value(llama_model):
     model = llama_model("digit")
     grid = arithmetic(model, a=range(5, 25), b=range(5, 25))  # 1- and 2-digit operands: 4 token lengths
     assert len(set(grid.lengths.tolist())) > 1
-    result = neurons.maps(model, grid, (torch.tensor([1, 1]), torch.tensor([0, 5])))
+    result = neurons.maps(model, grid, neurons=(torch.tensor([1, 1]), torch.tensor([0, 5])))
     acts = collect(model, grid, sites="mlp_post", layers=[1], positions="final", progress=False)
     cells = result.k_maps[1, grid.a - 5, grid.b - 5]
     assert torch.allclose(cells, acts["mlp_post"][:, 0, 0, 5], atol=1e-5)  # each cell is its own prompt's value

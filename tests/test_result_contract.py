@@ -333,7 +333,7 @@ def _importance(i: Instances):
 def _maps(i: Instances):
     from arithinterp import neurons
 
-    return neurons.maps(i.model, i.prompts, [(0, 1), (1, 2)])
+    return neurons.maps(i.model, i.prompts, neurons=[(0, 1), (1, 2)])
 
 
 def _table(i: Instances):

@@ -287,7 +287,7 @@ def test_detector_reads_with_the_shared_prefix_equal_collects(llama):
     for site in ("resid_post", "attn_z", "mlp_post"):
         fast = probes.slots.shared_prefix_slots(model, prompts, evaluation, site, [0, 2], batch_size=7)
         assert fast is not None
-        slow = probes.answer_activations(model, prompts, evaluation, site, [0, 2]).data[site]
+        slow = probes.answer_activations(model, prompts, evaluation, site, layers=[0, 2]).data[site]
         assert fast.shape == slow.shape
         assert (fast - slow).abs().max() <= 1e-5 * max(1.0, float(slow.abs().max())), site
 

@@ -179,7 +179,7 @@ def readable_vs_used(
         labels = dataset.causal_model.values(prompts.a, prompts.b)[variable]
         readable = None
         if len(torch.unique(labels)) >= 2:
-            readable = probe_layers(acts, labels, kind="logistic", site=site, groups="pair", random_state=seed,
+            readable = probe_layers(acts, labels, kind="logistic", site=site, groups="pair", seed=seed,
                                     progress=False).to_frame()
         for layer in layers:
             fit = das(model, dataset, site, layer, k, positions=positions, steps=steps, lr=lr, baselines=("random",),

@@ -8,7 +8,7 @@ A transcoder of layer ``l`` reads the MLP's input ``x`` (after its norm, site ``
     out  = acts @ W_dec + b_dec + x @ W_skip       [..., d_model]
 
 with ``act`` one of :data:`ACTIVATIONS`: ``"topk"`` (``TopK(ReLU(pre), k)``: all but the k largest
-set to 0, as this package trains them and as SAELens runs TopK), ``"topk_signed"`` (the k largest
+set to 0, as this package trains them and as SAELens runs TopK), ``"topk-signed"`` (the k largest
 whatever their sign, no ReLU: circuit-tracer's ``TopK``), ``"relu"``, or ``"jumprelu"`` (``pre`` where
 ``pre > threshold``, else 0: Rajamanoharan et al. 2024, as Gemma Scope's transcoders). A set read from
 another tool's files may read and write other sites (an SAE reads and writes the same one).
@@ -36,7 +36,7 @@ from arithinterp.results import INCREASING, NON_NEGATIVE, POSITIVE, Result
 Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F]
 
 
-ACTIVATIONS = ("topk", "topk_signed", "relu", "jumprelu")
+ACTIVATIONS = ("topk", "topk-signed", "relu", "jumprelu")
 
 
 def topk_activations(pre: torch.Tensor, k: int) -> torch.Tensor:
@@ -58,7 +58,7 @@ def activate(pre: torch.Tensor, activation: str, k: int, threshold: Optional[tor
     (one of :data:`ACTIVATIONS`; ``threshold [F]`` for ``"jumprelu"``)."""
     if activation == "topk":
         return topk_activations(pre, k)
-    if activation == "topk_signed":
+    if activation == "topk-signed":
         values, index = pre.topk(k, dim=-1)
         return torch.zeros_like(pre).scatter(-1, index, values)
     if activation == "relu":
@@ -113,6 +113,7 @@ class Transcoders(Result):
     _shapes = {"W_enc": "layer d feature", "b_enc": "layer feature", "W_dec": "layer feature d", "b_dec": "layer d",
                "W_skip": "layer d d", "threshold": "layer feature", "layers": "layer"}
     _legal = {"layers": [NON_NEGATIVE, INCREASING], "k": POSITIVE, "activation": ACTIVATIONS}
+    _value_names = {"activation": {"topk_signed": "topk-signed"}}
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

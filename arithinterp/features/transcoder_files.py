@@ -7,7 +7,7 @@ without it, ReLU), plus ``config.yaml`` naming ``feature_input_hook`` / ``featur
 (TransformerLens hook names below ``blocks.{i}.``, e.g. ``mlp.hook_in`` and ``hook_mlp_out``).
 Its conventions differ from this package's: it applies ``x @ W_enc.T`` and ``x @ W_skip.T`` (this
 package stores ``W_enc [d, F]`` and ``W_skip [d, d]`` applied as ``x @ W``), and its ``TopK`` keeps
-the k largest pre-activations whatever their sign (``activation="topk_signed"`` here). Its files
+the k largest pre-activations whatever their sign (``activation="topk-signed"`` here). Its files
 carry no TopK; this package writes ``activation_function`` and ``k`` into ``config.yaml`` (a key
 circuit-tracer does not read) so that a TopK set reads back as it was saved.
 
@@ -237,7 +237,7 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
     circuit-tracer reads it with ``load_transcoder_set({i: path/layer_{i}.safetensors}, scan,
     feature_input_hook, feature_output_hook)``; a TopK set then needs its activation set by hand
     (circuit-tracer's loader knows ReLU and JumpReLU only; for ``activation="topk"`` that is
-    ``ReLU(TopK(k))``, for ``"topk_signed"`` its own ``TopK(k)``).
+    ``ReLU(TopK(k))``, for ``"topk-signed"`` its own ``TopK(k)``).
 
     Args:
         transcoders: A transcoder for every layer from 0.
@@ -403,7 +403,7 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
         ``path``.
 
     Raises:
-        AnalysisError: Not Transcoders, or a ``"topk_signed"`` set (SAELens has no TopK without ReLU).
+        AnalysisError: Not Transcoders, or a ``"topk-signed"`` set (SAELens has no TopK without ReLU).
         ConfigError: The folder cannot be written.
     """
     from safetensors.torch import save_file
@@ -412,8 +412,8 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
 
     if not isinstance(transcoders, Transcoders):
         raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
-    if transcoders.activation == "topk_signed":
-        raise AnalysisError("SAELens has no TopK without ReLU; a 'topk_signed' set can be written in "
+    if transcoders.activation == "topk-signed":
+        raise AnalysisError("SAELens has no TopK without ReLU; a 'topk-signed' set can be written in "
                             "circuit-tracer's layout only")
     root = check_writable_dir(path, "write transcoders")
     is_sae = transcoders.input_site == transcoders.output_site

@@ -165,7 +165,7 @@ def frequency_filter(
     layers: Optional[Sequence[int]] = None,
     numbers: Union[int, range, None] = None,
     split_period: float = 10.0,
-    position: str = "final",
+    positions: str = "final",
     batch_size: int = 512,
     seed: int = 0,
 ) -> FilterResult:
@@ -186,7 +186,7 @@ def frequency_filter(
         layers: The filtered layers (default: all).
         numbers: The number axis (default ``0..max answer``).
         split_period: The period that splits low from high.
-        position: ``"final"``, the only position filtered.
+        positions: ``"final"``, the one position filtered.
         batch_size: Prompts per forward.
         seed: Seeds the bootstrap intervals.
 
@@ -208,8 +208,8 @@ def frequency_filter(
     numbers = number_axis(numbers, int(prompts.answer.max()) + 1)
     removed = band_frequencies(len(numbers), band, split_period)
     projector = filter_projector(model.W_U.detach()[:, number_tokens(model, numbers)], removed)
-    if position != "final":
-        raise SiteError("frequency_filter filters the final position (where the answer is read); use position='final'")
+    if positions != "final":
+        raise SiteError("frequency_filter filters the final position (where the answer is read); use positions='final'")
     baseline = prompts.evaluate(model, batch_size=batch_size)
 
     def remove_band(last: torch.Tensor) -> torch.Tensor:

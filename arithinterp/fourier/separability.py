@@ -258,16 +258,16 @@ def number_representations(
     layers: Optional[Sequence[int]] = None,
     template: str = "{a}+{b}=",
     b: int = 0,
-    position: str = "a",
+    positions: str = "a",
     prompts: Optional[PromptSet] = None,
     per_number: int = 4,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Each number's representation, per series.
 
     ``site="embed"`` with one token per number and no ``prompts``: the embedding rows
-    ``W_E[token(x)]``. Otherwise (any tokenizer) the activation at ``site`` and ``position``, one
+    ``W_E[token(x)]``. Otherwise (any tokenizer) the activation at ``site`` and ``positions`` (one position), one
     series per layer: in the prompt ``template`` with a = x and ``b`` (as
     :func:`~arithinterp.fourier.context_spectrum` reads them), or, with ``prompts``, averaged over
     up to ``per_number`` of those with a = x.
@@ -279,7 +279,7 @@ def number_representations(
         layers: The layers to read (default: all).
         template: The prompt template when no ``prompts`` are given.
         b: The second operand in that template.
-        position: The position read (default ``"a"``: the number's last token, where a number of
+        positions: The one position read (default ``"a"``: the number's last token, where a number of
             several tokens has been read whole).
         prompts: Prompts to read instead (e.g. a task's own few-shot prompts); every number of
             ``numbers`` needs one with a = x.
@@ -320,10 +320,10 @@ def number_representations(
             same = a == value
             rank[same] = torch.arange(int(same.sum()))
         prompts = prompts[order[rank < per_number]]
-    acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=progress)
-    position = acts.positions[0]
+    acts = collect(model, prompts, sites=[site], layers=layers, positions=[positions], progress=progress)
+    positions = acts.positions[0]
     return {(f"L{layer} {site}" if site != "embed" else "embed"):
-            group_by_value(prompts.a, acts.get(site, layer, position), numbers).reshape(len(numbers), -1)
+            group_by_value(prompts.a, acts.get(site, layer, positions), numbers).reshape(len(numbers), -1)
             for layer in acts.layers}
 
 
@@ -337,10 +337,10 @@ def number_separability(
     layers: Optional[Sequence[int]] = None,
     template: str = "{a}+{b}=",
     b: int = 0,
-    position: str = "a",
+    positions: str = "a",
     cv: int = 5,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool = True,
 ) -> SeparabilityResult:
     """:func:`separability` of each number's representation in ``model``
     (:func:`number_representations`) against the same representation in
@@ -356,7 +356,7 @@ def number_separability(
         layers: As for :func:`number_representations`.
         template: As for :func:`number_representations`.
         b: As for :func:`number_representations`.
-        position: As for :func:`number_representations`.
+        positions: As for :func:`number_representations`.
         cv: Folds over the distinct numbers.
         seed: Seeds the random-init model, the folds and the probe.
         progress: Show a progress bar.
@@ -368,12 +368,12 @@ def number_separability(
 
     check_belongs(model, "fourier.number_separability")
 
-    kw: dict[str, Any] = dict(site=site, layers=layers, template=template, b=b, position=position, progress=progress)
+    kw: dict[str, Any] = dict(site=site, layers=layers, template=template, b=b, positions=positions, progress=progress)
     trained = number_representations(model, numbers, **kw)
     control = number_representations(random_like(model, seed), numbers, **kw)
     axis = number_axis(numbers)
     result = separability(trained, torch.tensor(list(axis)), periods, control=control, cv=cv, seed=seed)
-    result.meta.update(build_meta(model, numbers=axis, site=site, position=position, template=template))
+    result.meta.update(build_meta(model, numbers=axis, site=site, position=positions, template=template))
     return result
 
 

@@ -84,7 +84,7 @@ def activation_spectrum(
     *,
     site: str = "resid_post",
     layers: Optional[Sequence[int]] = None,
-    position: Optional[str] = None,
+    positions: Optional[str] = None,
     rule: str = "median",
     factor: float = 10.0,
     fraction: float = 0.9,
@@ -96,8 +96,8 @@ def activation_spectrum(
 
     ``source`` is either a tensor [n_numbers, d] whose row ``i`` belongs to number ``i`` of
     ``numbers`` (default ``range(n_numbers)``), or an :class:`~arithinterp.activations.Activations`
-    at ``site`` / ``position``: prompts are grouped by ``values`` [N] (default: the prompts'
-    label named like ``position``, e.g. ``"a"``) and averaged per number, one series per layer.
+    at ``site`` / ``positions``: prompts are grouped by ``values`` [N] (default: the prompts'
+    label named like the position, e.g. ``"a"``) and averaged per number, one series per layer.
 
     Control: a key frequency of ``rule`` must also beat ``n_shuffles`` copies with the numbers
     shuffled (the rows permuted over the number axis) at level ``alpha``; ``meta["control"]``
@@ -110,7 +110,7 @@ def activation_spectrum(
         numbers: The number axis.
         site: The collected site read (an ``Activations`` source).
         layers: The layers read (default all collected).
-        position: The position read (default the first collected).
+        positions: The one position read (default the first collected).
         rule: The key-frequency rule (:func:`~arithinterp.fourier.key_frequencies`).
         factor: The rule's factor.
         fraction: The rule's fraction.
@@ -138,23 +138,23 @@ def activation_spectrum(
                                 "activations", **kw, meta=build_meta(numbers=numbers), null_power=null, alpha=alpha)
     if not hasattr(source, "get") or not hasattr(source, "positions"):
         raise AnalysisError(f"source must be a tensor [n, d] or an Activations, got {type(source).__name__}")
-    position = position if position is not None else source.positions[0]
+    positions = positions if positions is not None else source.positions[0]
     if values is None:
-        if source.prompts is None or str(position) not in ("a", "b"):
+        if source.prompts is None or str(positions) not in ("a", "b"):
             raise AnalysisError("pass values= (the number of each prompt), e.g. prompts.a for position 'a'")
-        values = source.prompts.label(str(position))
+        values = source.prompts.label(str(positions))
     values = torch.as_tensor(values).long()
     numbers = number_axis(numbers, range(int(values.min()), int(values.max()) + 1))
     layers = list(source.layers) if layers is None else list(layers)
-    per_layer = [source.get(site, layer, position) for layer in layers]
+    per_layer = [source.get(site, layer, positions) for layer in layers]
     grouped = [group_by_value(values, acts, numbers) for acts in per_layer]
     power = torch.stack([spectrum_of(g) for g in grouped])
     null = torch.stack([shuffled_power(gram(g), n_shuffles, seed) for g in grouped], 1)
     outside = int(((values < numbers.start) | (values >= numbers.stop)).sum())
     shares = torch.stack([variance_shares(values, acts, numbers) for acts in per_layer])
     return spectrum_result(power, [f"L{layer} {site}" for layer in layers], numbers.start, len(numbers),
-                            f"{site} at {position}", **kw,
-                            meta=build_meta(site=site, position=str(position), layers=layers,
+                            f"{site} at {positions}", **kw,
+                            meta=build_meta(site=site, position=str(positions), layers=layers,
                                             excluded_prompts=dict(count=outside, reason=f"value outside {numbers}"),
                                             variance_share=shares.tolist()),
                             null_power=null, alpha=alpha)
@@ -168,7 +168,7 @@ def logit_lens_spectrum(
     *,
     layers: Optional[Sequence[int]] = None,
     components: Sequence[str] = COMPONENT_SITES,
-    position: str = "final",
+    positions: str = "final",
     batch_size: int = 256,
     rule: str = "median",
     factor: float = 10.0,
@@ -178,7 +178,7 @@ def logit_lens_spectrum(
     alpha: float = 0.05,
     seed: int = 0,
 ) -> SpectrumResult:
-    """Zhou et al. 2024: each component's output at ``position`` read through the logit lens
+    """Zhou et al. 2024: each component's output at ``positions`` read through the logit lens
     onto number tokens, ``L = W_U[:, tokens(numbers)]ᵀ · output`` [N, n], then a DFT along the
     number axis; power is averaged over prompts. One series per (layer, component).
 
@@ -191,7 +191,7 @@ def logit_lens_spectrum(
         numbers: The number-token axis.
         layers: The layers read (default all).
         components: Among :data:`COMPONENT_SITES`.
-        position: The position read.
+        positions: The one position read.
         batch_size: Prompts per forward.
         rule: The key-frequency rule (:func:`~arithinterp.fourier.key_frequencies`).
         factor: The rule's factor.
@@ -218,17 +218,17 @@ def logit_lens_spectrum(
         raise SiteError(f"unknown components {bad}; accepted: {accepted(COMPONENT_SITES)}")
     numbers = number_axis(numbers, int(prompts.answer.max()) + 1)
     unembed = model.W_U.detach()[:, number_tokens(model, numbers)].double()
-    acts = collect(model, prompts, sites=list(components), layers=layers, positions=position,
+    acts = collect(model, prompts, sites=list(components), layers=layers, positions=positions,
                    batch_size=batch_size, progress=progress)
     series, power, null = [], [], []
     for layer in acts.layers:
         for component in components:
-            lens = acts.get(component, layer, position).double() @ unembed  # [N, n]
+            lens = acts.get(component, layer, positions).double() @ unembed  # [N, n]
             power.append(spectrum_of(lens, dim=1) / lens.shape[0])
             null.append(shuffled_power(lens.T @ lens, n_shuffles, seed) / lens.shape[0])
             series.append(f"L{layer} {component}")
-    return spectrum_result(torch.stack(power), series, numbers.start, len(numbers), f"logit lens at {position}",
-                            **kw, meta=build_meta(model, n_prompts=len(prompts), position=position),
+    return spectrum_result(torch.stack(power), series, numbers.start, len(numbers), f"logit lens at {positions}",
+                            **kw, meta=build_meta(model, n_prompts=len(prompts), position=positions),
                             null_power=torch.stack(null, 1), alpha=alpha)
 
 
@@ -311,14 +311,14 @@ def context_spectrum(
     layers: Optional[Sequence[int]] = None,
     template: str = "{a}+{b}=",
     b: int = 0,
-    position: str = "a",
+    positions: str = "a",
     rule: str = "median",
     factor: float = 10.0,
     fraction: float = 0.9,
-    progress: bool = False,
+    progress: bool = True,
 ) -> SpectrumResult:
     """Spectrum of each number's representation read in a prompt: for every x in ``numbers`` the
-    prompt ``template`` with a = x (and ``b``), the activation at ``site`` and ``position``
+    prompt ``template`` with a = x (and ``b``), the activation at ``site`` and ``positions``
     (default ``"a"``: the number's last token, where a number split into several tokens has been
     read whole, as Kantamneni & Tegmark 2025 read it), one series per layer.
 
@@ -334,7 +334,7 @@ def context_spectrum(
         layers: The layers read (default all).
         template: The prompt template.
         b: The second operand of every prompt.
-        position: The position read.
+        positions: The one position read.
         rule: The key-frequency rule (:func:`~arithinterp.fourier.key_frequencies`).
         factor: The rule's factor.
         fraction: The rule's fraction.
@@ -354,8 +354,8 @@ def context_spectrum(
         raise SiteError(f"a number spectrum reads one of {accepted(CONTEXT_SITES)}, got {site!r}")
     numbers = number_axis(numbers)
     prompts = arithmetic(model, "+", a=numbers, b=[b], template=template)
-    acts = collect(model, prompts, sites=[site], layers=layers, positions=[position], progress=progress)
-    result = activation_spectrum(acts, values=prompts.a, numbers=numbers, site=site, position=acts.positions[0],
+    acts = collect(model, prompts, sites=[site], layers=layers, positions=[positions], progress=progress)
+    result = activation_spectrum(acts, values=prompts.a, numbers=numbers, site=site, positions=acts.positions[0],
                                  rule=rule, factor=factor, fraction=fraction)
     result.meta.update(template=template, b=b, operand_tokens=prompts.meta["operand_tokens"]["max"])
     return result

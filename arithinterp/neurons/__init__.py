@@ -5,7 +5,7 @@ Follows Nikankin et al. 2025, "Arithmetic Without Algorithms":
 1. :func:`importance` ranks the neurons of each layer by attribution patching on ``mlp_post`` at
    the final position (gradient of the logit difference × (corrupt − clean) activation; score =
    mean + std over prompts), by exact activation patching (``"patching"``: the corrupt value
-   patched in) or by mean ablation (``"mean_ablation"``: :func:`arithinterp.engine.mean_activation`),
+   patched in) or by mean ablation (``"mean-ablation"``: :func:`arithinterp.engine.mean_activation`),
    and keeps the top-k per layer.
 2. :func:`maps` reads each neuron's **K map** (activation at the final position over the operand
    grid) and **KV map** (activation × the neuron's logit-lens value for the true answer token).

@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 def classify(
     model: HookedModel,
     prompts: PromptSet,
+    *,
     layers: Optional[Iterable[int]] = None,
     top_k: Optional[int] = 200,
     threshold: float = 0.6,
-    *,
     importance_scores: Optional[NeuronImportance] = None,
     pairs: Optional[PromptPairs] = None,
     method: str = "attribution",
@@ -48,7 +48,7 @@ def classify(
     seed: int = 0,
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> HeuristicTable:
     """Classify a model's important MLP neurons into heuristics (Nikankin et al. 2025).
 
@@ -105,7 +105,7 @@ def classify(
         # partners whose answer starts with another token: a pair sharing the first answer token has a
         # first-token logit difference of 0 and would rank nothing (a third of 2-digit sums share a tens digit)
         pairs = pairs if pairs is not None else prompts.counterfactual(vary=vary, seed=seed, distinct_first_token=True)
-        importance_scores = importance(model, pairs, chosen, method=method, top_k=top_k, batch_size=batch_size,
+        importance_scores = importance(model, pairs, method=method, layers=chosen, top_k=top_k, batch_size=batch_size,
                                        max_memory=budget, progress=progress)
     if importance_scores is not None:
         missing = [l for l in chosen if l not in importance_scores.layers]

@@ -8,7 +8,6 @@ activation patching or mean ablation of its final-position ``mlp_post`` activati
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import numpy as np
@@ -38,9 +37,7 @@ from arithinterp.types import ByteSize, HookedModel, checked
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
 
-IMPORTANCE_METHODS = ("attribution", "patching", "mean_ablation")
-# old name -> the method it always was ("ablation" patched in the corrupt value; it never ablated)
-_DEPRECATED_METHODS = {"ablation": "patching"}
+IMPORTANCE_METHODS = ("attribution", "patching", "mean-ablation")
 
 @dataclasses.dataclass(frozen=True)
 class NeuronImportance(Result):
@@ -59,6 +56,7 @@ class NeuronImportance(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"layers": "layer", "scores": "layer neuron", "top": "layer top"}
     _legal = {"layers": NON_NEGATIVE, "top": NON_NEGATIVE}
+    _value_names = {"method": {"mean_ablation": "mean-ablation"}}
 
     def neurons(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every selected neuron, layer by layer.
@@ -143,14 +141,14 @@ class _Moments:
 def importance(
     model: HookedModel,
     pairs: PromptPairs,
-    layers: Optional[Iterable[int]] = None,
     method: str = "attribution",
-    top_k: Optional[int] = 200,
     *,
+    layers: Optional[Iterable[int]] = None,
+    top_k: Optional[int] = 200,
     batch_size: Optional[int] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
-    progress: bool = False,
+    progress: bool = True,
 ) -> NeuronImportance:
     """Rank MLP neurons by their effect on the answer (Nikankin et al. 2025).
 
@@ -161,11 +159,9 @@ def importance(
       of the metric on the clean run × (corrupt − clean) activation; works on frozen models.
     * ``"patching"``: exact activation patching: the clean run with the neuron's activation set
       to its value on the corrupt prompt, effect = metric after − before (neurons batched together).
-    * ``"mean_ablation"``: the clean run with the neuron's activation set to its mean ablation
+    * ``"mean-ablation"``: the clean run with the neuron's activation set to its mean ablation
       value, :func:`arithinterp.engine.mean_activation` over the clean prompts at the final
       position (the mean over all of them), effect = metric after − before.
-
-    ``"ablation"`` is a deprecated name of ``"patching"`` (it always patched in the corrupt value).
 
     A neuron's score is mean + std over prompts of ``|effect|`` (the paper's mean + std; the
     magnitude *(choice)* so neurons that push either way count), kept as running statistics over
@@ -175,13 +171,13 @@ def importance(
         model: the hooked model.
         pairs: ``PromptPairs`` (clean / corrupt prompts with aligned positions).
         layers: layers to score (default all).
-        method: ``"attribution"``, ``"patching"`` or ``"mean_ablation"``.
+        method: ``"attribution"``, ``"patching"`` or ``"mean-ablation"``.
         top_k: neurons kept per layer (``None``: all).
         batch_size: prompts per forward (default: from ``max_memory``).
         max_memory: bytes a batch may use on top of the model
             (:func:`arithinterp.engine.budget.memory_budget`; default from the model's size and the
             machine's available memory).
-        engine: for ``"patching"`` and ``"mean_ablation"``: ``"auto"`` (one stacked run per layer
+        engine: for ``"patching"`` and ``"mean-ablation"``: ``"auto"`` (one stacked run per layer
             and block of neurons, resumed at that layer and the final position with the prompts'
             keys and values reused, where the model's blocks can be stepped; else whole forwards),
             ``"stepped"`` (refuse to fall back) or ``"hooks"`` (whole forwards, the reference).
@@ -195,12 +191,6 @@ def importance(
         AnalysisError: ``pairs`` is not prompt pairs.
     """
     check_belongs(model, "neurons.importance", pairs=pairs)
-    if method in _DEPRECATED_METHODS:
-        warnings.warn(
-            f"importance method {method!r} is deprecated: it patches in the corrupt value; call it "
-            f"{_DEPRECATED_METHODS[method]!r} (or use 'mean_ablation' to ablate)", DeprecationWarning, stacklevel=2,
-        )
-        method = _DEPRECATED_METHODS[method]
     if method not in IMPORTANCE_METHODS:
         raise ConfigError(f"unknown importance method {method!r}; accepted: {accepted(IMPORTANCE_METHODS)}")
     check_engine(engine)
@@ -363,7 +353,7 @@ def _patch_effects(model, pairs, layers, batch_size, budget, progress, choice="a
 
 
 def _mean_ablation_effects(model, pairs, layers, batch_size, budget, progress, choice="auto") -> Iterator[torch.Tensor]:
-    """``"mean_ablation"``: each neuron set to its mean ablation value over the clean prompts."""
+    """``"mean-ablation"``: each neuron set to its mean ablation value over the clean prompts."""
     clean = pairs.clean
     mean = mean_final_activation(model, clean, layers, batch_size, max_memory=budget)  # [L, d_mlp]
     answers = (clean.answer_tokens[:, 0], pairs.corrupt.answer_tokens[:, 0])

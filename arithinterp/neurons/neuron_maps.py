@@ -233,8 +233,8 @@ class MapRows:
 
 @checked
 def maps(
-    model: HookedModel, prompts: PromptSet, neurons: Any, *, batch_size: Optional[int] = None,
-    max_memory: Optional[ByteSize] = None, progress: bool = False,
+    model: HookedModel, prompts: PromptSet, *, neurons: Any, batch_size: Optional[int] = None,
+    max_memory: Optional[ByteSize] = None, progress: bool = True,
 ) -> NeuronMaps:
     """K and KV maps of neurons over the operand grid of ``prompts`` (Nikankin et al. 2025).
 

@@ -18,6 +18,7 @@ from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer th
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
+    from arithinterp.activations import Activations
     from arithinterp.tasks import Evaluation
 
 from arithinterp.tasks import PromptSet  # noqa: E402 - declared parameter types are checked at run time
@@ -49,10 +50,11 @@ def answer_activations(
     prompts: PromptSet,
     evaluation: Optional[Evaluation] = None,
     site: str = "resid_post",
+    *,
     layers: Optional[Sequence[int]] = None,
     batch_size: int = 256,
-    progress: bool = False,
-):
+    progress: bool = True,
+) -> Activations:
     """Activations at the position before each answer token, the model's own answer fed back.
 
     Position ``"answer_j"`` is the final prompt token + j with the model's first j generated

@@ -98,7 +98,7 @@ class ErrorDetector(BaseEstimator):
         layers: ``"auto"`` (chosen as above), None (every layer side by side), an int or a list.
         site: the site read (default ``"resid_post"``).
         position: ``"final"`` (slot j read at the final prompt token + j with the model's own
-            answer fed back) or ``"final_only"`` (every slot at the final prompt token, before
+            answer fed back) or ``"final-only"`` (every slot at the final prompt token, before
             anything is emitted).
         method: ``"auto"`` (the best out-of-fold AUROC) or one of :data:`DETECTOR_METHODS`.
         threshold: a rule of :func:`best_threshold` or a fixed probability.
@@ -167,8 +167,8 @@ class ErrorDetector(BaseEstimator):
         evaluation = evaluation if evaluation is not None else model_answers(model, prompts, self.batch_size)
         acts = shared_prefix_slots(model, prompts, evaluation, self.site, layers, self.batch_size)
         if acts is None:
-            acts = answer_activations(model, prompts, evaluation, self.site, layers, self.batch_size,
-                                      self.progress).data[self.site]
+            acts = answer_activations(model, prompts, evaluation, self.site, layers=layers, batch_size=self.batch_size,
+                                      progress=self.progress).data[self.site]
         return acts.flatten(3)[:, :, offsets], evaluation
 
     def _labels(self, prompts: Any, evaluation: Any) -> tuple[dict, Optional[dict]]:

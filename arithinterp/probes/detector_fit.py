@@ -110,13 +110,13 @@ def positions_read(position: str, n_slots: int) -> str:
     """The positions the slots are read at, in words.
 
     Args:
-        position: ``"final"`` or ``"final_only"``.
+        position: ``"final"`` or ``"final-only"``.
         n_slots: How many answer slots are read.
 
     Returns:
         A phrase for messages and ``meta``.
     """
-    if position == "final_only" or n_slots == 1:
+    if position == "final-only" or n_slots == 1:
         return "the final prompt token"
     return f"the position before each of the {n_slots} answer tokens (the model's own answer fed back)"
 

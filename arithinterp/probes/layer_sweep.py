@@ -97,7 +97,7 @@ def probe_layers(
     controls: Sequence[str] = ("shuffled",),
     control_acts: Any = None,
     model_answer: Any = None,
-    random_state: int = 0,
+    seed: int = 0,
     progress: bool = True,
     groups: Any = "auto",
     estimator: Any = None,
@@ -121,23 +121,23 @@ def probe_layers(
             ``"pair"``, a label name (``"a"`` holds out whole a values), an array of N group
             ids, or ``None`` (plain folds, even with repeated pairs). The scheme used is in
             ``result.fold_scheme`` and ``result.meta["folds"]``.
-        controls: ``"shuffled"`` (the same probe on permuted labels) and/or ``"random_init"``
+        controls: ``"shuffled"`` (the same probe on permuted labels) and/or ``"random-init"``
             (the same probe on ``control_acts``, the activations of a random-init copy of the model
             on the same prompts — ``arithinterp.models.random_like``); giving ``control_acts``
-            adds ``"random_init"``.
+            adds ``"random-init"``.
         cv: folds (stratified by label for classifiers when every class has ``cv`` members).
         site: the site probed (default: the one collected, or ``"resid_post"``).
         layers: the layers probed (default: every one collected).
         positions: the positions probed (default: every one collected).
-        control_acts: the random-init control's activations (adds ``"random_init"``).
+        control_acts: the random-init control's activations (adds ``"random-init"``).
         model_answer: for model-answer targets: the model, an ``Evaluation`` or a tensor [N].
-        random_state: the seed of the folds, the shuffled control and the MLP probe.
+        seed: the seed of the folds, the shuffled control and the MLP probe.
         progress: show a progress bar.
         **probe_kw: the ``kind`` probe's options.
 
     Returns:
-        A :class:`ProbeResult`: per-fold held-out scores, their 95% CI, control scores,
-        selectivity = probe − control, and the probe directions fitted on all prompts.
+        The sweep (a :class:`ProbeResult`): per-fold held-out scores, their 95% CI, control
+        scores, selectivity = probe − control, and the probe directions fitted on all prompts.
 
     Raises:
         AnalysisError: the activations, target, controls or groups are refused, or the target
@@ -146,18 +146,18 @@ def probe_layers(
         SiteError: a site, layer or position that was not collected.
     """
     _check_acts(acts)
-    estimator, kind = _resolve_estimator(kind, estimator, probe_kw, random_state)
+    estimator, kind = _resolve_estimator(kind, estimator, probe_kw, seed)
     site = _pick_site(acts, site)
     layers = _pick(layers, list(acts.layers), "layers")
     positions = _pick(positions, list(acts.positions), "positions")
-    controls = list(dict.fromkeys(list(controls) + (["random_init"] if control_acts is not None else [])))
+    controls = list(dict.fromkeys(list(controls) + (["random-init"] if control_acts is not None else [])))
     for name in controls:
         if name not in CONTROLS:
             raise ConfigError(f"unknown control {name!r}; accepted: {accepted(CONTROLS)}")
-    if "random_init" in controls:
+    if "random-init" in controls:
         if control_acts is None:
             raise AnalysisError(
-                "control 'random_init' needs control_acts: collect(random_like(model, seed), prompts, ...)")
+                "control 'random-init' needs control_acts: collect(random_like(model, seed), prompts, ...)")
         _check_acts(control_acts, "control_acts")
         if site not in control_acts.data or tuple(control_acts.data[site].shape) != tuple(acts.data[site].shape):
             raise AnalysisError(
@@ -174,10 +174,10 @@ def probe_layers(
     y = as_targets(y, len(y), integer=classifier)
     if classifier and len(torch.unique(y)) < 2:
         raise AnalysisError(f"target {target_name!r} has a single class {torch.unique(y).tolist()}; nothing to probe")
-    folds = make_folds(y, cv, classifier, random_state, group_ids)
+    folds = make_folds(y, cv, classifier, seed, group_ids)
     stratified = classifier and bool(torch.unique(y, return_counts=True)[1].min() >= cv)
     scheme = fold_scheme(cv, stratified, group_ids, group_name, groups)
-    shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(random_state))]
+    shuffled = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))]
 
     def features(source, layer, position):
         return source.data[site][keep, source.layers.index(layer), source.positions.index(position)].flatten(1)
@@ -194,9 +194,9 @@ def probe_layers(
             fold_scores[li, pi] = scores[0]
             if "shuffled" in controls:
                 control_scores[controls.index("shuffled"), li, pi] = scores[1]
-            if "random_init" in controls:
+            if "random-init" in controls:
                 X_control = features(control_acts, layers[li], positions[pi])
-                control_scores[controls.index("random_init"), li, pi] = probe_cell(
+                control_scores[controls.index("random-init"), li, pi] = probe_cell(
                     estimator, X_control, [y], folds, full=False)[0][0]
             if probe is not None and (read_out := read_out_directions(probe)) is not None:
                 directions.append(read_out)
@@ -214,7 +214,7 @@ def probe_layers(
     params = {k: v for k, v in estimator.get_params(deep=False).items()
               if isinstance(v, (int, float, str, bool, type(None)))}
     meta = build_meta(
-        target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, random_state=random_state,
+        target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, seed=seed,
         probe=dict(kind=kind, **params), folds=scheme, activations=dict(getattr(acts, "meta", None) or {}),
     )
     if not keep.all():
@@ -254,7 +254,7 @@ def probe_model(
         site: The site read.
         layers: The layers read (default all).
         positions: The positions read.
-        seed: The random-init copy's seed, and the sweep's ``random_state``.
+        seed: The random-init copy's seed, and the probes' ``seed``.
         batch_size: Prompts per forward when collecting.
         progress: Show progress bars.
         **kwargs: Passed to :func:`probe_layers` (``kind``, ``cv``, ``groups``, ``model_answer``, ...).
@@ -275,5 +275,5 @@ def probe_model(
                                    progress=progress)
     acts = collect(model, prompts, **options)
     control = collect(random_like(model, seed), prompts, **options)
-    return probe_layers(acts, target, site=site, controls=("shuffled", "random_init"), control_acts=control,
-                        random_state=seed, progress=progress, **kwargs)
+    return probe_layers(acts, target, site=site, controls=("shuffled", "random-init"), control_acts=control,
+                        seed=seed, progress=progress, **kwargs)

@@ -14,7 +14,12 @@ from arithinterp.probes.cross_validation import confidence_interval
 from arithinterp.probes.estimators import PROBE_KINDS
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result
 
-CONTROLS = ("shuffled", "random_init")
+CONTROLS = ("shuffled", "random-init")
+
+
+def _key(control: str) -> str:
+    """A control's name in a column or key (``"random-init"`` → ``random_init_score``)."""
+    return control.replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class ProbeResult(Result):
     _shapes = {"fold_scores": "layer position fold", "control_scores": "control layer position fold",
                "directions": "layer position ...", "layers": "layer", "positions": "position", "controls": "control"}
     _legal = {"kind": PROBE_KINDS, "controls": CONTROLS, "layers": NON_NEGATIVE, "chance": PROBABILITY}
+    _value_names = {"controls": {"random_init": "random-init"}}
 
     @property
     def mean(self) -> torch.Tensor:
@@ -72,7 +78,7 @@ class ProbeResult(Result):
 
     def beats_controls(self) -> torch.Tensor:
         """Where the probe's CI lies above chance and above every control's CI (a finding; with
-        the ``"random_init"`` control, one the training put there).
+        the ``"random-init"`` control, one the training put there).
 
         Returns:
             BoolTensor [L, P].
@@ -111,7 +117,7 @@ class ProbeResult(Result):
         quoted = (f"{name} {float(self.mean[li, pi]):.2f} (95% CI {float(low[li, pi]):.2f} to "
                   f"{float(high[li, pi]):.2f}) at layer {self.layers[li]}, position '{self.positions[pi]}'")
         context = [f"chance {self.chance:.2f}" if self.metric == "accuracy" else "chance 0"]
-        labels = {"shuffled": "shuffled labels", "random_init": "a random-init model of the same architecture"}
+        labels = {"shuffled": "shuffled labels", "random-init": "a random-init model of the same architecture"}
         out: dict[str, Any] = dict(layer=self.layers[li], position=self.positions[pi], score=float(self.mean[li, pi]),
                                    ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), chance=self.chance,
                                    metric=self.metric)
@@ -119,12 +125,12 @@ class ProbeResult(Result):
             score = float(self.control_mean[c, li, pi])
             context.append(f"{labels.get(control, control)} {score:.2f} (95% CI {float(c_low[c, li, pi]):.2f} to "
                            f"{float(c_high[c, li, pi]):.2f})")
-            out[f"{control}_score"] = score
-            out[f"{control}_ci_high"] = float(c_high[c, li, pi])
+            out[f"{_key(control)}_score"] = score
+            out[f"{_key(control)}_ci_high"] = float(c_high[c, li, pi])
         if not bool(beats[li, pi]):
             verdict = "no signal"
             text = f"'{self.target}': no signal above chance and the controls ({quoted}; {'; '.join(context)})."
-        elif "random_init" not in self.controls:
+        elif "random-init" not in self.controls:
             verdict = "no random-init control"
             text = (f"'{self.target}' is readable above chance and the controls that were run, but with no random-init "
                     f"control it may be in the input rather than computed: {quoted}; {'; '.join(context)}.")
@@ -171,8 +177,8 @@ class ProbeResult(Result):
                    ci_low=float(low[li, pi]), ci_high=float(high[li, pi]), metric=self.metric, chance=self.chance,
                    beats_controls=bool(self.beats_controls()[li, pi]))
         for c, name in enumerate(self.controls):
-            out[f"{name}_score"] = float(self.control_mean[c, li, pi])
-            out[f"selectivity_{name}"] = float(self.selectivity[c, li, pi])
+            out[f"{_key(name)}_score"] = float(self.control_mean[c, li, pi])
+            out[f"selectivity_{_key(name)}"] = float(self.selectivity[c, li, pi])
         return out
 
     def to_frame(self):
@@ -197,7 +203,7 @@ class ProbeResult(Result):
                                n_folds=scores.shape[-1], folds=self.fold_scheme, chance=self.chance)
                     if source == "probe":
                         for c, name in enumerate(self.controls):
-                            row[f"selectivity_{name}"] = float(self.selectivity[c, li, pi])
+                            row[f"selectivity_{_key(name)}"] = float(self.selectivity[c, li, pi])
                         row["beats_controls"] = bool(beats[li, pi])
                     rows.append(row)
         return pd.DataFrame(rows)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
     from arithinterp.types import HookedModel
 
-DETECTOR_POSITIONS = ("final", "final_only")
+DETECTOR_POSITIONS = ("final", "final-only")
 
 # --- the model's answers, generated once per prompt set --------------------------------------------
 
@@ -138,7 +138,7 @@ def slot_offsets(prompts: Any, position: str) -> torch.Tensor:
 
     Args:
         prompts: The prompts (K answer tokens).
-        position: ``"final"`` (slot j at the final prompt token + j) or ``"final_only"`` (every
+        position: ``"final"`` (slot j at the final prompt token + j) or ``"final-only"`` (every
             slot at the final prompt token).
 
     Returns:

@@ -268,7 +268,7 @@ def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: s
     from arithinterp.activations import collect
 
     acts = collect(model, prompts, sites=[site], layers=layers, positions=positions, progress=False)
-    return probes.probe_layers(acts, target, kind=kind, cv=cv, random_state=seed, progress=False).to_frame()
+    return probes.probe_layers(acts, target, kind=kind, cv=cv, seed=seed, progress=False).to_frame()
 
 
 def _builtin_plot(kind: str) -> Callable:

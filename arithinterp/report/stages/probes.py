@@ -75,7 +75,7 @@ def probes_stage(ctx: Context) -> Section:
     control = collect(ctx.control_model(), prompts, **where)
     targets = _probe_targets(prompts)
     # five folds when there are prompts enough: a fold-mean's t interval with 2 degrees of freedom is 1.5 times as wide
-    probe: dict[str, Any] = dict(kind="logistic", cv=5 if len(prompts) >= 100 else 3, random_state=ctx.seed,
+    probe: dict[str, Any] = dict(kind="logistic", cv=5 if len(prompts) >= 100 else 3, seed=ctx.seed,
                                  progress=False)
     order = coarse_to_fine(list(acts.layers))
     least = min(PROBE_LAYERS, len(order))
