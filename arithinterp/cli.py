@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import warnings
@@ -20,6 +21,48 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
 # what each command writes, by flag: "result" (a folder for Result.save), "dir" or "file"; every one
 # is checked before the command starts its work, so a bad path never costs an analysis
 OUTPUTS: dict[str, dict[str, str]] = {}
+
+SEED_MAX = 2**32 - 1  # the largest seed numpy and scikit-learn take; torch takes it too
+FLOAT32_MAX = 3.4028234663852886e38  # a learning rate above this overflows the float32 optimizer
+
+
+def _whole(low: int, high: Optional[int] = None) -> Callable[[str], int]:
+    """An argparse type: a whole number written as digits, in ``low..high`` (``1.5``, ``1e3``, ``nan`` refused)."""
+
+    def read(text: str) -> int:
+        value = int(text) if re.fullmatch(r"\s*-?\d+\s*", text) else None
+        if value is None or value < low or (high is not None and value > high):
+            words = f"an int >= {low}" if high is None else f"an int in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not accepted; give {words}")
+        return value
+
+    read.__name__ = "int"  # the word argparse uses when int() itself fails
+    return read
+
+
+def _learning_rate(text: str) -> float:
+    """An argparse type: a finite learning rate > 0 that float32 holds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= FLOAT32_MAX):
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; give a finite number > 0 "
+                                         f"(at most {FLOAT32_MAX:.3g}, what float32 holds)")
+    return value
+
+
+def _items(text: str, flag: str, sep: str = ",") -> list[str]:
+    """The ``sep``-separated items of a flag, each named once (empty items are skipped), else a
+    ConfigError naming the flag."""
+    items = [item.strip() for item in text.split(sep) if item.strip()]
+    if not items:
+        raise ConfigError(f"{flag}: {text!r} names nothing; give {sep}-separated names")
+    repeated = sorted({item for item in items if items.count(item) > 1})
+    if repeated:
+        raise ConfigError(f"{flag}: {', '.join(map(repr, repeated))} named more than once in {text!r}; "
+                          "name each once")
+    return items
 
 
 def command(name: str, outputs: Optional[dict[str, str]] = None):
@@ -58,6 +101,8 @@ def info(args: argparse.Namespace) -> dict:
     from arithinterp.models import list_zoo, load_model
     from arithinterp.models.zoo import evaluate, get_entry
 
+    if args.limit < 1:  # not a slice [:-1] of the held-out problems
+        raise ConfigError(f"--limit: {args.limit} is not accepted; give an int >= 1")
     summary: dict[str, Any] = {"zoo": list_zoo()}
     if args.model:
         model = load_model(args.model)
@@ -87,12 +132,41 @@ def report_command(args: argparse.Namespace) -> dict:
     from arithinterp.report import write_report
 
     check_writable_file(args.out, "--out", args.overwrite)  # write_report() checks too; this names the flag
+    if args.template is not None and not args.template.strip():  # not the default template, unasked
+        raise ConfigError("--template: '' is an empty template; give one with {a} and {b} such as '{a}+{b}=', "
+                          "or leave --template out")
+    if args.operands is not None:
+        _check_operands(args.operands)
     stages = None if args.stages is None else [name.strip() for name in args.stages.split(",") if name.strip()]
     path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
                         template=args.template, few_shot=args.few_shot, operands=args.operands,
                         budget=args.budget, max_memory=args.max_memory, correct_only=not args.all_prompts,
                         progress=not args.no_progress, overwrite=args.overwrite, raise_on_failure=True)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
+
+
+OPERAND_PAIRS_MAX = 2**24  # the report builds every operand pair before it samples --limit of them
+
+
+def _check_operands(text: str) -> None:
+    """``--operands`` as the report reads it, each value once and a grid the report can build."""
+    from arithinterp.report.evaluation import parse_operands
+
+    span = re.fullmatch(r"(\d+)-(\d+)", text.replace(" ", ""))
+    count = int(span.group(2)) - int(span.group(1)) + 1 if span else None
+    if count is None or count * count <= OPERAND_PAIRS_MAX:
+        try:
+            values = parse_operands(text)
+        except ConfigError as error:
+            raise ConfigError(f"--operands: {error}") from None
+        count = len(values)
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ConfigError(f"--operands: {repeated} named more than once in {text!r}; name each value once")
+    if count * count > OPERAND_PAIRS_MAX:
+        raise ConfigError(f"--operands: {text!r} gives {count:,} values, {count * count:,} operand pairs; "
+                          f"the report builds at most {OPERAND_PAIRS_MAX:,} operand pairs "
+                          f"({math.isqrt(OPERAND_PAIRS_MAX):,} values)")
 
 
 # --- analyses ------------------------------------------------------------------------------------
@@ -116,8 +190,10 @@ def check_outputs(args: argparse.Namespace) -> None:
 
     for dest, kind in OUTPUTS.get(args.command, {}).items():
         path, flag = getattr(args, dest, None), "--" + dest.replace("_", "-")
-        if not path:
+        if path is None:
             continue
+        if not str(path).strip():  # not "nothing saved", nor the default folder
+            raise ConfigError(f"{flag}: {path!r} is an empty path; give a file or folder name, or omit {flag}")
         if kind == "file":
             check_writable_file(path, flag, getattr(args, "overwrite", False))
             continue
@@ -187,8 +263,9 @@ def probe_command(args: argparse.Namespace) -> dict:
     from arithinterp import probes
     from arithinterp.activations import collect
 
+    positions = _items(args.positions, "--positions")
     model, prompts = _model_and_prompts(args)
-    acts = collect(model, prompts, sites=args.site, positions=args.positions.split(","), progress=not args.no_progress)
+    acts = collect(model, prompts, sites=args.site, positions=positions, progress=not args.no_progress)
     result = probes.probe_layers(acts, args.target, kind=args.kind, cv=args.cv, progress=not args.no_progress)
     return _finish(result, args, dict(target=args.target, kind=args.kind, best=result.best()))
 
@@ -207,6 +284,9 @@ def fourier_command(args: argparse.Namespace) -> dict:
     from arithinterp.models import load_model
 
     model = load_model(args.model)
+    if args.numbers > model.cfg.d_vocab:  # not one token each: refused now, not after tokenizing them all
+        raise ConfigError(f"--numbers: {args.numbers} is more numbers than this model's vocabulary of "
+                          f"{model.cfg.d_vocab} tokens; a Fourier axis needs one token per number")
     result = fourier.embedding_spectrum(model, range(args.numbers))
     periods = [round(result.n / k, 3) for k in result.key[0] if k > 0]
     return _finish(result, args, dict(numbers=args.numbers, key_frequencies=list(result.key[0]), key_periods=periods,
@@ -222,6 +302,12 @@ def _numbers(flag: str, text: str) -> tuple[float, ...]:
         except ValueError:
             raise ConfigError(f"{flag}: {part.strip()!r} is not a number; "
                               "give comma-separated numbers such as 2,5,10,100") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ConfigError(f"{flag}: {text!r} is not accepted; give finite numbers such as 2,5,10,100")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ConfigError(f"{flag}: {', '.join(f'{v:g}' for v in repeated)} named more than once in {text!r}; "
+                          "name each once")
     return tuple(values)
 
 
@@ -238,8 +324,8 @@ def helix_command(args: argparse.Namespace) -> dict:
     from arithinterp import helix
     from arithinterp.activations import collect
 
-    model, prompts = _model_and_prompts(args)
     periods = _numbers("--periods", args.periods)
+    model, prompts = _model_and_prompts(args)
     acts = collect(model, prompts, sites="resid_pre", layers=[args.layer], positions=args.position, progress=False)
     fit = helix.fit(acts, args.position, periods=periods, kind=args.kind, site="resid_pre", layer=args.layer,
                     positions=args.position)
@@ -279,10 +365,10 @@ def ablate_command(args: argparse.Namespace) -> dict:
     """
     from arithinterp import patching
 
+    components = _items(args.components, "--components")
     model, prompts = _model_and_prompts(args)
     if args.full_answer:
         prompts = prompts.with_scoring("full_answer")
-    components = [c.strip() for c in args.components.split(",") if c.strip()]
     ablation = args.ablation
     result = patching.ablate(model, prompts, components, ablation=ablation, seed=args.seed)
     token_accuracy = [round(float(t), 4) for t in result.token_correct_after.float().mean(0)]
@@ -329,16 +415,16 @@ def circuit_command(args: argparse.Namespace) -> dict:
     from arithinterp import circuits
     from arithinterp.errors import ConfigError
 
+    positions = _items(args.positions, "--positions") if args.positions is not None else None
+    if args.top is None and not 0 < args.target <= 1:  # before the edges are scored
+        raise ConfigError(f"--target must be in (0, 1], got {args.target}")
     model, prompts = _model_and_prompts(args)
     pairs = prompts.counterfactual(vary=args.vary, seed=args.seed)
-    positions = [p.strip() for p in args.positions.split(",") if p.strip()] if args.positions else None
     scored = circuits.score_edges(model, pairs, args.method, positions=positions, ig_steps=args.ig_steps,
                                   metric=args.metric, progress=not args.no_progress)
     if args.top is not None:
         size = args.top
     else:
-        if not 0 < args.target <= 1:
-            raise ConfigError(f"--target must be in (0, 1], got {args.target}")
         curve = circuits.faithfulness_curve(model, pairs, scored, ablation=args.ablation)
         size = curve.smallest(args.target)
         size = scored.n_edges if size is None else size
@@ -408,14 +494,11 @@ def graph_command(args: argparse.Namespace) -> dict:
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders or args.model)
     graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
-    if args.out:
-        graph.save(args.out)
-    if args.figure:
-        graph.plot().write_html(args.figure, include_plotlyjs=True)
     columns = ["layer", "position", "token", "feature", "activation", "influence"]
     kept = [node for node in graph.nodes if node["kept"] and node["kind"] == "feature"]
     top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
-    return dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
+    return _finish(graph, args, dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores,
+                                     top_features=top))
 
 
 # --- parser --------------------------------------------------------------------------------------
@@ -435,12 +518,17 @@ def das_command(args: argparse.Namespace) -> dict:
 
     from arithinterp import causal
 
-    layers = _int_list(args.layers, "--layers") if args.every_layer and args.layers else None  # before any work
+    if args.layers is not None and not args.every_layer:  # not silently --layer
+        raise ConfigError("--layers is for --every-layer; give --every-layer too, or --layer N for one layer")
+    layers = _int_list(args.layers, "--layers") if args.layers is not None else None  # before any work
+    positions = _items(args.position, "--position")
+    if not args.every_layer and len(positions) != 1:
+        raise ConfigError(f"--position takes one position without --every-layer, got {args.position!r}")
+    together = _items(positions[0], "--position", sep="+")  # "final+answer[0]": positions through one subspace
     model, prompts = _model_and_prompts(args)
     variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
     dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
                                          value_from=args.value_from)
-    positions = [p for p in args.position.split(",") if p]
     if args.every_layer:
         fits = causal.das_layers(model, dataset, args.site, args.k, layers=layers, positions=positions,
                                  steps=args.steps, lr=args.lr, reachable_only=args.reachable_only, seed=args.seed,
@@ -453,9 +541,6 @@ def das_command(args: argparse.Namespace) -> dict:
         except AnalysisError as error:  # every cell NaN: the fits are saved, and the run says it found nothing
             summary.update(best_layer=None, best_position=None, best_iia=None, failed=str(error))
         return _finish(fits, args, summary)
-    if len(positions) != 1:
-        raise ConfigError(f"--position takes one position without --every-layer, got {args.position!r}")
-    together = positions[0].split("+")  # "final+answer[0]": several positions through one subspace
     result = causal.das(model, dataset, args.site, args.layer, args.k,
                         positions=together if len(together) > 1 else together[0], method=args.method,
                         reachable_only=args.reachable_only, head=args.head, per_position=args.per_position,
@@ -473,6 +558,9 @@ def _int_list(text: str, flag: str) -> list[int]:
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts or not all(re.fullmatch(r"-?\d+", p) for p in parts):
         raise ConfigError(f"{flag} takes comma-separated whole numbers, e.g. 0,1,2; got {text!r}")
+    repeated = sorted({p for p in parts if parts.count(p) > 1}, key=int)
+    if repeated:
+        raise ConfigError(f"{flag}: {', '.join(repeated)} named more than once in {text!r}; name each once")
     return [int(p) for p in parts]
 
 
@@ -501,7 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     p.add_argument("--stages", default=None, help=f"comma-separated stages to run (default: all of {','.join(STAGES)})")
     p.add_argument("--limit", type=int, default=2000, help="at most this many task prompts (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
+    p.add_argument("--seed", type=_whole(0, SEED_MAX), default=0,
+                   help="random seed for sampling and counterfactuals (default: 0)")
     p.add_argument("--template", default=None,
                    help="prompt template with {a} and {b} (default: the zoo task's, else {a}+{b}=)")
     p.add_argument("--few-shot", type=int, default=0, help="solved examples before each prompt (default: 0)")
@@ -528,7 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("model", nargs="?", default=default_model, help=f"model spec (default: {default_model})")
         p.add_argument("--limit", type=int, default=1000, help="at most this many task prompts (default: 1000)")
-        p.add_argument("--seed", type=int, default=0, help="random seed for sampling and counterfactuals (default: 0)")
+        p.add_argument("--seed", type=_whole(0, SEED_MAX), default=0,
+                       help="random seed for sampling and counterfactuals (default: 0)")
         p.add_argument("--out", default=None, help="directory to save the result in (reload with Result.load)")
         p.add_argument("--figure", default=None, help="write the result's figure to this HTML file")
         p.add_argument("--overwrite", action="store_true",
@@ -551,10 +641,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", default="a,b,final", help="comma-separated positions (default: a,b,final)")
     p.add_argument("--cv", type=int, default=5, help="cross-validation folds (default: 5)")
     p = analysis("fourier", "Fourier spectrum and key frequencies of the number embeddings")
-    p.add_argument("--numbers", type=int, default=100, help="spectrum over numbers 0..N-1 (default: 100)")
+    p.add_argument("--numbers", type=_whole(2), default=100, help="spectrum over numbers 0..N-1 (default: 100)")
     p = analysis("helix", "fit a helix at an operand token and test it causally")
     p.add_argument("--layer", type=int, default=0, help="layer whose resid_pre is fitted and patched (default: 0)")
-    p.add_argument("--position", default="a", help="operand position: a or b (default: a)")
+    p.add_argument("--position", default="a", choices=("a", "b"), help="operand position: a or b (default: a)")
     p.add_argument("--periods", default="2,5,10,100", help="comma-separated periods (default: 2,5,10,100)")
     p.add_argument("--kind", default="helix", help="helix, circle, poly or linear (default: helix)")
     p = analysis("neurons", "classify the most important MLP neurons into heuristics")
@@ -584,7 +674,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=None, help="keep this many edges instead of searching for --target")
     p.add_argument("--target", type=float, default=0.9,
                    help="normalised faithfulness the kept top-k must reach (default: 0.9)")
-    p.add_argument("--ablation", default="resample", help="how edges outside the circuit are ablated: resample or mean")
+    p.add_argument("--ablation", default="resample", choices=("resample", "mean"),
+                   help="how edges outside the circuit are ablated: resample or mean")
 
     p = analysis("das", "distributed alignment search: where a causal variable (a carry, a digit) is used",
                  default_model="zoo:add-3digit")
@@ -597,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=2, help="dimensions interchanged (default: 2)")
     p.add_argument("--method", default="das", help="das or boundless (default: das)")
     p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")
-    p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default: 0.01)")
+    p.add_argument("--lr", type=_learning_rate, default=1e-2, help="learning rate (default: 0.01)")
     p.add_argument("--pairs", type=int, default=None, help="interchange pairs (default: one per prompt)")
     p.add_argument("--shuffle", action="store_true", help="the control: the variable's value from a random prompt")
     p.add_argument("--value-from", default=None, help="the other control: the variable's value from another variable "
@@ -619,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default: the package's checkpoint folder, "
                    "replaced only with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
+    p.add_argument("--seed", type=_whole(0, SEED_MAX), default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
@@ -631,6 +722,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=int, default=100, help="at most this many kept nodes (default: 100)")
     p.add_argument("--out", default=None, help="directory to save the graph in (reload with AttributionGraph.load)")
     p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
+    p.add_argument("--overwrite", action="store_true", help="replace a graph already saved in --out, and an existing "
+                   "--figure file")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 
     p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
@@ -638,7 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default: transcoders/NAME here; the package's "
                    "shipped weights are replaced only when --out names them and --overwrite is given)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: the recipe's)")
+    p.add_argument("--seed", type=_whole(0, SEED_MAX), default=None, help="random seed (default: the recipe's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per layer (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")

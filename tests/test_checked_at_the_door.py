@@ -293,3 +293,25 @@ def test_commands_check_their_outputs_and_numbers_before_work(tmp_path, capsys):
     assert "already holds files" in json.loads(capsys.readouterr().out)["error"]
     assert main(["das", "zoo:add-100", "--variable", "sum", "--every-layer", "--layers", "0,x", "--json"]) == 2
     assert "--layers takes comma-separated whole numbers" in json.loads(capsys.readouterr().out)["error"]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(resources=dict(num_cpus=math.nan)), r"resources\.num_cpus: must be a finite number >= 0, got nan"),
+    (dict(resources=dict(num_gpus=math.inf)), r"resources\.num_gpus: must be a finite number >= 0, got inf"),
+    (dict(task=dict(seed=-1)), r"tasks\[0\]\.seed: must be an int in 0\.\.4294967295, got -1"),
+    (dict(task=dict(seed=2**63 - 1)), r"tasks\[0\]\.seed: must be an int in 0\.\.4294967295"),
+    (dict(params=dict(seed=2**40)), r"analyses\[0\]\.params\.seed: must be an int in 0\.\.4294967295"),
+    (dict(params=dict(layers=[])), r"analyses\[0\]\.params\.layers: an empty list"),  # not 'all layers'
+    (dict(params=dict(positions=["a", "a"])), r"analyses\[0\]\.params\.positions: 'a' named more than once"),
+    (dict(grid=dict(layers=[[0, 0]])), r"analyses\[0\]\.grid\.layers\[0\]: 0 named more than once"),
+])
+def test_a_sweep_config_refuses_what_would_fail_its_cells(change, match):
+    from arithinterp.sweep.config import load_config
+
+    analysis = dict(name="probes", params=dict(target="a", **change.get("params", {})))
+    if "grid" in change:
+        analysis["grid"] = change["grid"]
+    config = dict(models=["zoo:add-100"], tasks=[dict(name="t", a=[0, 10], b=[0, 10], **change.get("task", {}))],
+                  analyses=[analysis], resources=change.get("resources", {}))
+    with pytest.raises(ConfigError, match=match):
+        load_config(config)

@@ -90,3 +90,67 @@ def test_json_summaries_write_an_unmeasured_number_as_null(capsys):
 
     outputs.print_summary(dict(fraction=dict(helix=float("nan"), pca=0.5), effects=[float("inf"), 1.0]), as_json=True)
     assert json.loads(capsys.readouterr().out) == dict(fraction=dict(helix=None, pca=0.5), effects=[None, 1.0])
+
+
+def _refusal(argv, capsys) -> str:
+    """Run the command; it must exit 2 and name the reason on stderr. Returns that stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's refusal: usage and one 'error:' line
+        code = stop.code
+    assert code == 2, argv
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag, words", [
+    (["info", "zoo:add-100", "--limit", "-1"], "--limit", "an int >= 1"),  # not [:-1] of the held-out set
+    (["patch", "--seed", "99999999999999999999"], "--seed", "0..4294967295"),
+    (["report", "--seed", "-1", "--stages", "accuracy", "--out", "{tmp}/r.html"], "--seed", "0..4294967295"),
+    (["fourier", "--numbers", "1"], "--numbers", "an int >= 2"),
+    (["fourier", "--out", ""], "--out", "empty path"),  # not: no result saved
+    (["fourier", "--figure", " "], "--figure", "empty path"),
+    (["train", "add-100", "--out", "", "--steps", "1"], "--out", "empty path"),  # not the shipped checkpoint
+    (["train-transcoders", "zoo:add-100", "--out", "", "--steps", "1"], "--out", "empty path"),
+    (["graph", "zoo:add-100", "1+2=", "--out", ""], "--out", "empty path"),
+    (["helix", "--periods", "10,10"], "--periods", "more than once"),  # not a doubled basis column
+    (["helix", "--periods", "nan"], "--periods", "finite"),
+    (["helix", "--position", "final"], "--position", "'a', 'b'"),
+    (["probe", "--positions", "a,a"], "--positions", "more than once"),
+    (["probe", "--positions", ","], "--positions", "names nothing"),
+    (["ablate", "--components", "attn0,attn0"], "--components", "more than once"),
+    (["das", "--variable", "carry_1", "--every-layer", "--layers", ""], "--layers", "comma-separated"),  # not all
+    (["das", "--variable", "carry_1", "--every-layer", "--layers", "0,0"], "--layers", "more than once"),
+    (["das", "--variable", "carry_1", "--layers", "1"], "--layers", "--every-layer"),  # not silently layer 0
+    (["das", "--variable", "carry_1", "--position", "final+final"], "--position", "more than once"),
+    (["das", "--variable", "carry_1", "--every-layer", "--position", "b,b"], "--position", "more than once"),
+    (["das", "--variable", "carry_1", "--lr", "1e300"], "--lr", "finite"),
+    (["circuit", "--target", "2"], "--target", "(0, 1]"),  # before the edges are scored
+    (["circuit", "--ablation", "zero"], "--ablation", "'resample', 'mean'"),
+    (["report", "--template", "", "--out", "{tmp}/r.html"], "--template", "empty"),  # not the default template
+    (["report", "--operands", "1,1,5", "--out", "{tmp}/r.html"], "--operands", "more than once"),
+    (["report", "--operands", "0-99999", "--out", "{tmp}/r.html"], "--operands", "operand pairs"),
+])
+def test_careless_flags_are_refused_before_the_model_loads(argv, flag, words, tmp_path, capsys, monkeypatch):
+    from arithinterp import models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    err = _refusal([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    line = err.strip().splitlines()[-1]
+    assert flag in line and words in line, line
+
+
+def test_fourier_refuses_more_numbers_than_the_vocabulary_before_tokenizing_them(capsys):
+    err = _refusal(["fourier", "zoo:add-100", "--numbers", "99999999"], capsys)  # used to tokenize for minutes
+    assert "--numbers" in err and "vocabulary" in err
+
+
+def test_graph_replaces_its_outputs_with_overwrite(tmp_path):
+    from arithinterp.cli import build_parser, check_outputs
+
+    figure = tmp_path / "graph.html"
+    figure.write_text("old")
+    args = build_parser().parse_args(["graph", "zoo:add-100", "1+2=", "--figure", str(figure), "--overwrite"])
+    check_outputs(args)  # the refusal without --overwrite points at this flag, so it must exist

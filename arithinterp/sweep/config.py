@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ _TASK_KEYS = ("name", "op", "a", "b", "template", "modulus", "answer_digits", "f
 _ANALYSIS_KEYS = ("name", "grid", "params", "models", "tasks")
 _RESOURCE_KEYS = ("num_cpus", "num_gpus")
 _RAY_KEYS = ("address",)
+SEED_MAX = 2**32 - 1  # the largest seed numpy and scikit-learn take
 _TASK_DEFAULTS = dict(op="+", template="{a}+{b}=", modulus=None, answer_digits=0, few_shot=0, limit=None, seed=0,
                       correct_only=False)
 
@@ -214,8 +216,8 @@ def _validate(data: dict, base: str) -> SweepConfig:
     resources = dict(dict(num_cpus=1, num_gpus=0), **resources)
     for key in _RESOURCE_KEYS:
         _expect(resources[key], (int, float), f"resources.{key}")
-        if resources[key] < 0:
-            raise ConfigError(f"resources.{key}: must be >= 0, got {resources[key]}")
+        if not (math.isfinite(resources[key]) and resources[key] >= 0):  # nan passes a plain "< 0" check
+            raise ConfigError(f"resources.{key}: must be a finite number >= 0, got {resources[key]}")
     ray = _expect(data.get("ray") or {}, (dict,), "ray")
     _unknown_keys(ray, _RAY_KEYS, "ray.")
     if ray.get("address") is not None:
@@ -326,13 +328,34 @@ def _check_task(task: Any, where: str, models: list) -> dict:
         raise ConfigError(f"{where}.few_shot: must be >= 0")
     if out["limit"] is not None and _expect(out["limit"], (int,), f"{where}.limit") < 1:
         raise ConfigError(f"{where}.limit: must be >= 1, got {out['limit']}")
-    _expect(out["seed"], (int,), f"{where}.seed")
+    _check_seed(out["seed"], f"{where}.seed")
     _expect(out["correct_only"], (bool,), f"{where}.correct_only")
     if not from_zoo and out["limit"] is None:
         if grid_size(out) > GRID_BUILT_WHOLE:
             raise ConfigError(f"{where}.limit: the operand grid has {grid_size(out):,} pairs, too many to build whole "
                               f"(at most {GRID_BUILT_WHOLE:,}); set limit to sample that many pairs from it")
     return out
+
+
+def _check_seed(seed: Any, where: str) -> int:
+    _expect(seed, (int,), where)
+    if not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"{where}: must be an int in 0..{SEED_MAX}, got {seed}")
+    return seed
+
+
+def _check_param(key: str, value: Any, where: str) -> Any:
+    """What a parameter's type allows but its cell would fail on or misread: a seed out of range, an
+    empty list (not "the default"), an item listed twice."""
+    if key == "seed" and value is not None:
+        _check_seed(value, where)
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{where}: an empty list; leave {key!r} out for its default")
+        repeated = [v for i, v in enumerate(value) if v in value[:i]]
+        if repeated:
+            raise ConfigError(f"{where}: {repeated[0]!r} named more than once in {value!r}; name each once")
+    return value
 
 
 def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> dict:
@@ -358,11 +381,13 @@ def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> d
                 if not isinstance(value, list) or not value:
                     raise ConfigError(f"{where}.grid.{key}: expected a non-empty list of values to sweep, "
                                       f"got {value!r}")
-                table[key] = [schema[key].check(v, f"{where}.grid.{key}[{i}]") for i, v in enumerate(value)]
+                table[key] = [_check_param(key, schema[key].check(v, f"{where}.grid.{key}[{i}]"),
+                                           f"{where}.grid.{key}[{i}]") for i, v in enumerate(value)]
             else:
                 if key in grid:
                     raise ConfigError(f"{where}.params.{key}: {key!r} is in both grid and params; keep one")
-                table[key] = schema[key].check(value, f"{where}.params.{key}")
+                table[key] = _check_param(key, schema[key].check(value, f"{where}.params.{key}"),
+                                          f"{where}.params.{key}")
     for key, param in schema.items():
         if param.required and key not in grid and key not in params:
             raise ConfigError(f"{where}.params.{key}: analysis {name!r} needs parameter {key!r} "
