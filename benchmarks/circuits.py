@@ -207,7 +207,7 @@ def neuron_receivers(models: list, n_pairs: int, step: int, steps: int) -> list[
 
     from arithinterp.circuits import attribute_edges, patch_neuron_edges
     from arithinterp.circuits.neurons import neuron_inputs
-    from arithinterp.engine import Intervention, Read, run
+    from arithinterp.engine import Write, Read, run
     from arithinterp.engine.edges import EdgeForward, Layout, sender_outputs
 
     lines = [f"One CPU thread, {n_pairs} pairs per model (varying `a`, correctly answered), `logit_diff`, position-free "
@@ -240,7 +240,7 @@ def neuron_receivers(models: list, n_pairs: int, step: int, steps: int) -> list[
             every = EdgeForward(model).run(base, values=source_send, neurons=neuron_inputs(model, [(layer, neuron)]),
                                            neuron_weights=lambda _l: torch.ones(1, B, T, 1, n_up))["logits"][0, :, -1]
             post = run(model, source, reads=[Read("mlp_post", layer)], logits="none").reads[0]
-            patched = run(model, base, interventions=[Intervention("mlp_post", layer, units=[neuron],
+            patched = run(model, base, writes=[Write("mlp_post", layer, units=[neuron],
                                                                    value=post[:, :, [neuron]])]).logits
         assert patched is not None
         gap = float((every.float() - patched.float()).abs().max() / patched.float().abs().max())

@@ -11,7 +11,7 @@ from arithinterp import causal
 from arithinterp.causal.planted import (
     HELIX_DIMS, HUNDREDS_DIM, planted_helix_model, planted_helix_subspace, planted_model, planted_plane,
 )
-from arithinterp.engine import Intervention, run
+from arithinterp.engine import Write, run
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError
 
 
@@ -270,14 +270,14 @@ def test_engine_interchange_is_differentiable_in_the_intervention_only(tiny_mode
     def swap(base, src):
         return base + (src - base) * torch.sigmoid(weight)
 
-    iv = Intervention("resid_post", 0, positions=-1, value=swap, source=source)
+    iv = Write("resid_post", 0, positions=-1, value=swap, source=source)
     out = run(tiny_model, tokens, [iv], logits="final", train=True)
     assert out.logits is not None and out.logits.requires_grad
     (grad,) = torch.autograd.grad(out.logits.sum(), [weight])
     assert grad.abs().sum() > 0
     assert all(p.grad is None for p in tiny_model.parameters())
     with pytest.raises(AnalysisError, match="source slice has shape"):
-        run(tiny_model, tokens, [Intervention("resid_post", 0, positions=-1, value=swap, source=source[:2])])
+        run(tiny_model, tokens, [Write("resid_post", 0, positions=-1, value=swap, source=source[:2])])
 
 
 @pytest.mark.slow

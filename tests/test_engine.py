@@ -24,7 +24,7 @@ def test_one_position_per_prompt_takes_a_value_without_a_position_axis(tiny_mode
     B = tokens.shape[0]
     pos = torch.tensor([0, 2, 4, 6, 1])
     value = torch.randn(B, 64, generator=torch.Generator().manual_seed(1))  # [B, d]: one vector per prompt
-    out = engine.run(tiny_model, tokens, [engine.Intervention("resid_pre", 1, pos, value=value)],
+    out = engine.run(tiny_model, tokens, [engine.Write("resid_pre", 1, pos, value=value)],
                      reads=[engine.Read("resid_pre", 1, pos), engine.Read("resid_pre", 1)])
 
     def patch(act, hook):
@@ -47,7 +47,7 @@ def test_a_function_value_sees_the_selected_units_at_one_position(tiny_model, to
         seen["shape"] = tuple(current.shape)
         return current / 2
 
-    out = engine.run(tiny_model, tokens, [engine.Intervention("mlp_post", 0, pos, units=[5, 9], value=halve)])
+    out = engine.run(tiny_model, tokens, [engine.Write("mlp_post", 0, pos, units=[5, 9], value=halve)])
 
     def patch(act, hook):
         act = act.clone()
@@ -59,7 +59,7 @@ def test_a_function_value_sees_the_selected_units_at_one_position(tiny_model, to
 
 
 def test_an_int_position_is_the_same_in_every_prompt_and_may_count_from_the_end(tiny_model, tokens):
-    zero_last = engine.Intervention("mlp_out", 1, -1, value=0.0)
+    zero_last = engine.Write("mlp_out", 1, -1, value=0.0)
     out = engine.run(tiny_model, tokens, [zero_last], reads=[engine.Read("mlp_out", 1, -1), engine.Read("resid_post", 1, -1)])
 
     def patch(act, hook):
@@ -77,7 +77,7 @@ def test_an_int_position_is_the_same_in_every_prompt_and_may_count_from_the_end(
 
 def test_positions_of_the_wrong_shape_are_refused(tiny_model, tokens):
     with pytest.raises(AnalysisError, match="B = 5"):
-        engine.run(tiny_model, tokens, [engine.Intervention("resid_pre", 0, torch.zeros(3, dtype=torch.long))])
+        engine.run(tiny_model, tokens, [engine.Write("resid_pre", 0, torch.zeros(3, dtype=torch.long))])
     with pytest.raises(AnalysisError, match="positions must be"):
         engine.run(tiny_model, tokens, reads=[engine.Read("resid_pre", 0, "final")], logits="none")
 
@@ -89,28 +89,28 @@ def test_evaluate_applies_interventions_in_every_generated_step(tiny_digit_model
     prompts = arithmetic(model, "+", a=range(10, 20), b=range(10, 15), template="{a}+{b}=")
     assert prompts.answer_tokens.shape[1] > 1  # several answer tokens: several forwards per prompt
     plain = prompts.evaluate(model)
-    zeroed = prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, None, value=0.0)])
+    zeroed = prompts.evaluate(model, writes=[engine.Write("resid_post", 1, None, value=0.0)])
     # with the final residual zeroed the logits no longer depend on the input: one token everywhere
     assert plain.generated_tokens.unique().numel() > 1
     assert zeroed.generated_tokens.unique().numel() == 1
-    same = prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, -1, value=lambda h: h)])
+    same = prompts.evaluate(model, writes=[engine.Write("resid_post", 1, -1, value=lambda h: h)])
     assert torch.equal(same.generated_tokens, plain.generated_tokens)
     with pytest.raises(TaskError, match="None or an int"):
-        prompts.evaluate(model, interventions=[engine.Intervention("resid_post", 1, torch.zeros(50, dtype=torch.long))])
+        prompts.evaluate(model, writes=[engine.Write("resid_post", 1, torch.zeros(50, dtype=torch.long))])
 
 
 def test_run_refuses_positions_and_units_out_of_range(tiny_model):
     """Out-of-range positions and units are refused, never wrapped around."""
-    from arithinterp.engine import Intervention, Read, run
+    from arithinterp.engine import Write, Read, run
     from arithinterp.errors import SiteError
 
     tokens = torch.randint(3, 50, (2, 5))
     with pytest.raises(SiteError, match="outside prompts of 5 tokens"):
         run(tiny_model, tokens, reads=[Read("resid_pre", 0, torch.tensor([1, 7]))])
     with pytest.raises(SiteError, match="out of range"):
-        run(tiny_model, tokens, [Intervention("attn_z", 0, None, [99], 0.0)])
+        run(tiny_model, tokens, [Write("attn_z", 0, None, [99], 0.0)])
     with pytest.raises(SiteError, match="units"):
-        run(tiny_model, tokens, [Intervention("resid_pre", 0, None, [0], 0.0)])
+        run(tiny_model, tokens, [Write("resid_pre", 0, None, [0], 0.0)])
 
 
 def test_a_running_mean_over_batches_is_the_mean_activation_of_all_of_them():

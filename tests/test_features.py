@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_bridge
 
-from arithinterp.engine import Intervention, Read, run
+from arithinterp.engine import Read, Write, run
 from arithinterp.errors import ConfigError, ModelSpecError, SiteError
 from arithinterp.features import Transcoders, load_transcoders, train_transcoders
 from arithinterp.features.replacement import replacement_logits
@@ -107,11 +107,11 @@ def test_input_site_intervention_sees_that_site(tiny_model):
         seen.append(x.clone())
         return torch.zeros_like(x)
 
-    out = run(tiny_model, tokens, [Intervention("mlp_out", 1, value=keep_and_zero, input_site="mlp_in")],
+    out = run(tiny_model, tokens, [Write("mlp_out", 1, value=keep_and_zero, input_site="mlp_in")],
               reads=[Read("mlp_in", 1), Read("mlp_out", 1)])
     assert torch.allclose(seen[0], out.reads[0])
     assert float(out.reads[1].abs().max()) == 0.0
-    zeroed = run(tiny_model, tokens, [Intervention("mlp_out", 1, value=0.0)]).logits
+    zeroed = run(tiny_model, tokens, [Write("mlp_out", 1, value=0.0)]).logits
     assert out.logits is not None and zeroed is not None
     assert torch.allclose(out.logits, zeroed, atol=1e-5)
 
@@ -119,9 +119,9 @@ def test_input_site_intervention_sees_that_site(tiny_model):
 def test_input_site_intervention_refuses_units_and_constant_values(tiny_model):
     tokens = torch.randint(3, 100, (2, 5))
     with pytest.raises(SiteError, match="function value"):
-        run(tiny_model, tokens, [Intervention("mlp_out", 0, value=1.0, input_site="mlp_in")])
+        run(tiny_model, tokens, [Write("mlp_out", 0, value=1.0, input_site="mlp_in")])
     with pytest.raises(SiteError, match="unknown site"):
-        run(tiny_model, tokens, [Intervention("mlp_out", 0, value=lambda x: x, input_site="mlp_nowhere")])
+        run(tiny_model, tokens, [Write("mlp_out", 0, value=lambda x: x, input_site="mlp_nowhere")])
 
 
 @pytest.mark.slow
@@ -248,7 +248,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
     from arithinterp.features.graph import _frozen
 
     state = _frozen(tiny_model, tokens, tc)
-    frozen = [Intervention(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
+    frozen = [Write(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
     reads = [Read("mlp_in", 1)]
     errors = state["got"][("mlp_out", 0)] - tc(0, state["got"][("mlp_in", 0)])
 
@@ -256,7 +256,7 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
         def value(x):
             acts = edit(tc.encode(0, x))
             return tc.decode(0, acts, x) + errors
-        return Intervention("mlp_out", 0, value=value, input_site="mlp_in")
+        return Write("mlp_out", 0, value=value, input_site="mlp_in")
 
     base = run(tiny_model, tokens, [*frozen, layer0(lambda a: a)], reads=reads).reads[0]
     moved = run(tiny_model, tokens, [*frozen, layer0(nudge)], reads=reads).reads[0]
@@ -383,7 +383,7 @@ def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model)
     src = graph.node_frame().iloc[int(edge["source"])]
     tokens = tiny_model.to_tokens("36+59=")
     state = _frozen(tiny_model, tokens, tc)
-    frozen = [Intervention(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
+    frozen = [Write(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
     errors = [state["got"][("mlp_out", layer)] - tc(layer, state["got"][("mlp_in", layer)]) for layer in (0, 1)]
     acts0 = tc.encode(0, state["got"][("mlp_in", 0)])  # layer 0 held at its own activations
 
@@ -396,8 +396,8 @@ def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model)
             acts[0, int(src["position"]), int(src["feature"])] *= scale
             return tc.decode(1, acts, x) + errors[1]
 
-        out = run(tiny_model, tokens, [*frozen, Intervention("mlp_out", 0, value=value0, input_site="mlp_in"),
-                                       Intervention("mlp_out", 1, value=value1, input_site="mlp_in")]).logits
+        out = run(tiny_model, tokens, [*frozen, Write("mlp_out", 0, value=value0, input_site="mlp_in"),
+                                       Write("mlp_out", 1, value=value1, input_site="mlp_in")]).logits
         assert out is not None
         return float((out[0] - out[0].mean())[int(edge["target_feature"])])
 

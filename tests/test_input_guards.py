@@ -419,10 +419,10 @@ def test_detector_fitted_on_another_model_is_refused():
     (lambda T: dict(tokens=T[0]), r"tokens must be \[batch, pos\], got shape \(5,\)"),
     (lambda T: dict(reads=[("resid_post", 0, torch.full((len(T),), 1.0))]),
      r"positions must hold integer token indices, got a torch\.float32 tensor"),
-    (lambda T: dict(interventions=[("resid_post", 0, -1, torch.zeros(len(T), 7))]),
+    (lambda T: dict(writes=[("resid_post", 0, -1, torch.zeros(len(T), 7))]),
      r"intervention at resid_post layer 0: the value has shape \(\d+, 7\), which does not broadcast to the slice it "
      r"replaces, \(\d+, 64\)"),
-    (lambda T: dict(interventions=[("resid_post", 0, -1, lambda x: x[:, :3])]),
+    (lambda T: dict(writes=[("resid_post", 0, -1, lambda x: x[:, :3])]),
      r"the value function returned shape \(\d+, 3\)"),
 ])
 def test_engine_run_refuses_what_it_cannot_run(tiny_model, make, match):
@@ -431,10 +431,9 @@ def test_engine_run_refuses_what_it_cannot_run(tiny_model, make, match):
     tokens = arithmetic(tiny_model, "+", range(4), range(4)).tokens
     spec = make(tokens)
     reads = [engine.Read(site, layer, positions=pos) for site, layer, pos in spec.get("reads", [])]
-    interventions = [engine.Intervention(site, layer, positions=pos, value=value)
-                     for site, layer, pos, value in spec.get("interventions", [])]
+    writes = [engine.Write(site, layer, positions=pos, value=value) for site, layer, pos, value in spec.get("writes", [])]
     with pytest.raises(ArithInterpError, match=match):
-        engine.run(tiny_model, spec.get("tokens", tokens), interventions, reads)
+        engine.run(tiny_model, spec.get("tokens", tokens), writes, reads)
 
 
 def test_engine_run_takes_numpy_integer_positions(tiny_model):
@@ -446,7 +445,7 @@ def test_engine_run_takes_numpy_integer_positions(tiny_model):
     read = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=np.int64(-1))]).reads[0]  # pyright: ignore[reportArgumentType]
     same = engine.run(tiny_model, tokens, reads=[engine.Read("resid_post", 0, positions=-1)]).reads[0]
     assert torch.equal(read, same)
-    with pytest.raises(ArithInterpError, match="interventions and reads must be Intervention and Read objects, got str"):
+    with pytest.raises(ArithInterpError, match="writes and reads must be Write and Read objects, got str"):
         engine.run(tiny_model, tokens, reads=["resid_post"])  # pyright: ignore[reportArgumentType]
 
 

@@ -42,7 +42,7 @@ def _swap(weight: torch.Tensor):
 
 def _intervention(model, site, layer, positions, source, weight):
     units = [1] if site == "attn_z" else None
-    return engine.Intervention(site, layer, positions=positions, units=units, value=_swap(weight),
+    return engine.Write(site, layer, positions=positions, units=units, value=_swap(weight),
                                source=source.unsqueeze(-2) if site == "attn_z" else source)
 
 
@@ -98,9 +98,9 @@ def test_resumed_runs_check_their_input(gemma3):
     assert resumed_runs(model, tokens, "resid_post", 1, T - K, K, engine="hooks") is None  # whole forwards asked for
     runs = resumed_runs(model, tokens, "resid_post", 1, T - K, K)
     assert runs is not None
-    early = engine.Intervention("resid_post", 1, positions=torch.zeros(2, dtype=torch.long), value=0.0)
+    early = engine.Write("resid_post", 1, positions=torch.zeros(2, dtype=torch.long), value=0.0)
     with pytest.raises(AnalysisError, match="before the runs' start"):
         runs.logits(torch.tensor([0, 1]), [early])
-    elsewhere = engine.Intervention("resid_post", 2, positions=torch.full((2,), T - K), value=0.0)
+    elsewhere = engine.Write("resid_post", 2, positions=torch.full((2,), T - K), value=0.0)
     with pytest.raises(AnalysisError, match="needs runs of its own"):
         runs.logits(torch.tensor([0, 1]), [elsewhere])

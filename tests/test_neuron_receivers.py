@@ -8,7 +8,7 @@ import torch
 
 import arithinterp as ai
 from arithinterp.circuits import EdgeGraph, attribute_edges, patch_neuron_edges
-from arithinterp.engine import Intervention, Read, run
+from arithinterp.engine import Read, Write, run
 from arithinterp.errors import ArithInterpError
 
 
@@ -39,7 +39,7 @@ def _exactness(model, pairs, layer, neuron):
                                        neuron_weights=lambda _layer: torch.ones(1, B, T, 1, n_up))["logits"][0, :, -1]
         none = EdgeForward(model).run(base, neurons=inputs)["logits"][0, :, -1]
         post = run(model, source, reads=[Read("mlp_post", layer)], logits="none").reads[0]
-        patched = run(model, base, interventions=[Intervention("mlp_post", layer, units=[neuron],
+        patched = run(model, base, writes=[Write("mlp_post", layer, units=[neuron],
                                                                value=post[:, :, [neuron]])]).logits
         plain = run(model, base).logits
     assert patched is not None and plain is not None

@@ -368,7 +368,7 @@ def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):
         for group in groups:
             tokens = prompts.unpadded(group)
             value = mean_of(group)[-tokens.shape[1] :]
-            logits = engine.run(tiny_digit_model, tokens, [engine.Intervention("mlp_out", 0, value=value)]).logits
+            logits = engine.run(tiny_digit_model, tokens, [engine.Write("mlp_out", 0, value=value)]).logits
             out[group] = logits.log_softmax(-1).gather(-1, prompts.answer_tokens[group, :1])[:, 0]
         return out
 

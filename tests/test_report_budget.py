@@ -462,12 +462,12 @@ def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six
         return len(kwargs.get("layers") or range(n_layers))
 
     costly(patching, "activation_patching", lambda m, p, site, **kw: 1 + 0.1 * len(p) * layers_of(kw))
-    costly(patching, "attribute", lambda m, p, sites, **kw: 0.1 * len(p))
+    costly(patching, "attribute_sites", lambda m, p, sites, **kw: 0.1 * len(p))
     costly(patching, "digit_ablation", lambda m, p, heads=None, **kw: 1 + 0.2 * len(p) * (
         n_layers if heads is None else len(heads) // n_heads))
     costly(neurons, "classify", lambda m, p, layers=None, **kw: 2 + 0.05 * len(p) * len(layers or range(n_layers)))
-    costly(circuits, "score_edges", lambda m, p, method, steps=5, **kw: 1 + 0.1 * len(p) * (2 + 2 * steps))
-    costly(circuits, "faithfulness", lambda m, p, c, sizes=None, **kw: 1 + 0.05 * len(p) * (
+    costly(circuits, "score_edges", lambda m, p, method, ig_steps=5, **kw: 1 + 0.1 * len(p) * (2 + 2 * ig_steps))
+    costly(circuits, "faithfulness_curve", lambda m, p, c, sizes=None, **kw: 1 + 0.05 * len(p) * (
         (len(sizes) if sizes is not None else 16) + 2))
 
     evaluation = prompts.evaluate(model)
@@ -601,7 +601,7 @@ def test_a_curve_planned_by_parts_shrinks_to_the_time_eap_ig_leaves(tiny_model, 
         raise OverBudget("recorded")
 
     monkeypatch.setattr(circuits, "score_edges", slow_scores)
-    monkeypatch.setattr(circuits, "faithfulness", curve)
+    monkeypatch.setattr(circuits, "faithfulness_curve", curve)
     monkeypatch.setattr(Context, "fit", lambda self, *a, **k: (_ for _ in ()).throw(OverBudget("by parts")))
     with pytest.raises(OverBudget, match="recorded"):
         report.circuits_stage(ctx)
@@ -783,7 +783,7 @@ def _clocked_evaluation(monkeypatch, one_off: float, per_prompt: float, accuracy
     now, calls = [0.0], []
     monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
 
-    def evaluate(self, model, batch_size=None, progress=False, interventions=()):
+    def evaluate(self, model, batch_size=None, progress=False, writes=()):
         now[0] += (0.0 if calls else one_off) + per_prompt * len(self)
         calls.append(len(self))
         correct = self.a % accuracy_every == 0

@@ -24,7 +24,7 @@ interchange between two prompts makes the model answer what the causal model pre
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
 from arithinterp.causal.fit import BASELINES, METHODS, das, probe_span
 from arithinterp.causal.interventions import (
-    BoundlessSubspace, FixedSubspace, Interchange, PerPosition, RotatedSubspace, full_vector, orthonormal,
+    BoundlessSubspace, FixedSubspace, Intervention, PerPosition, RotatedSubspace, full_vector, orthonormal,
     principal_angle_cosines, random_subspace,
 )
 from arithinterp.causal.models import (
@@ -37,7 +37,7 @@ from arithinterp.causal.subspace_files import read_pyvene, score_subspace, write
 
 __all__ = [
     "BASELINES", "METHODS", "BoundlessSubspace", "CausalModel", "DASLayersResult", "DASResult", "FixedSubspace",
-    "Interchange", "InterchangeDataset", "PerPosition", "ReadableUsedResult", "RotatedSubspace", "Site", "Variable",
+    "InterchangeDataset", "Intervention", "PerPosition", "ReadableUsedResult", "RotatedSubspace", "Site", "Variable",
     "addition", "das", "das_layers", "for_prompts", "full_vector", "interchange_dataset",
     "modular_addition", "orthonormal", "principal_angle_cosines", "probe_span", "random_subspace",
     "read_pyvene", "readable_vs_used", "score_subspace", "single_token_addition", "variables_of", "wilson",

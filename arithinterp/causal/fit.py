@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from arithinterp.causal.datasets import InterchangeDataset
 from arithinterp.causal.interventions import (
-    BoundlessSubspace, FixedSubspace, Interchange, PerPosition, RotatedSubspace, anneal, full_vector, orthonormal,
+    BoundlessSubspace, FixedSubspace, Intervention, PerPosition, RotatedSubspace, anneal, full_vector, orthonormal,
     random_subspace,
 )
 from arithinterp.causal.results import DASResult
@@ -43,7 +43,7 @@ def _check(dataset: InterchangeDataset) -> None:
                             "DAS needs at least 2 and 1: use more prompts")
 
 
-def train(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Interchange,
+def train(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Intervention,
           sources: torch.Tensor, *, steps: int, lr: float, size: int, seed: int, progress: bool,
           boundary_penalty: float = 5e-2, boundary_lr: float = 0.1,
           rows: Optional[torch.Tensor] = None, runs: Optional[Runs] = None) -> list[float]:
@@ -192,7 +192,7 @@ def das(
     if runs.stepped:  # resumed runs are small: score many pairs per batch (the runs split it to fit memory)
         size_eval = max(size_eval, runs.eval_size)
     torch.manual_seed(seed)
-    intervention: Interchange = RotatedSubspace(d, k, seed) if method == "das" else BoundlessSubspace(d, seed)
+    intervention: Intervention = RotatedSubspace(d, k, seed) if method == "das" else BoundlessSubspace(d, seed)
     if per_position:
         intervention = PerPosition([RotatedSubspace(d, k, seed + i) for i in range(n_positions)])
     history = train(model, pairs, where, intervention, sources, steps=steps, lr=lr, size=size_train,
@@ -227,7 +227,7 @@ def das(
 @checked
 def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: Site, k: int,
                        which: Sequence[str], size: int, seed: int = 0, rows: Optional[torch.Tensor] = None,
-                       per_position: bool = False, runs: Optional[Runs] = None) -> dict[str, Interchange]:
+                       per_position: bool = False, runs: Optional[Runs] = None) -> dict[str, Intervention]:
     """The fixed subspaces at ``where``: full vector, probe span, PCA top-``k``, random ``k``; the probe and
     the PCA are fitted on the training pairs' base activations only (``rows``, default ``dataset.train``;
     read from ``runs``' kept base runs when given, else by forwards of their own).
@@ -245,14 +245,14 @@ def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: S
         runs: Kept base runs to read the activations from.
 
     Returns:
-        ``{name: Interchange}`` for each subspace built.
+        ``{name: Intervention}`` for each subspace built.
 
     Raises:
         AnalysisError: The variable takes one value on the training pairs (no probe direction).
     """
     rows = dataset.train if rows is None else rows
     d = where.check(model)
-    out: dict[str, Interchange] = {}
+    out: dict[str, Intervention] = {}
     if "full" in which:
         out["full"] = full_vector(d)
     if "probe" in which or "pca" in which:
@@ -274,9 +274,9 @@ def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: S
 
 
 def _fitted(acts: torch.Tensor, labels: torch.Tensor, k: int, which: Sequence[str],
-            seed: int) -> dict[str, Interchange]:
+            seed: int) -> dict[str, Intervention]:
     """The probe span and PCA top-``k`` of ``acts [N, d]``."""
-    out: dict[str, Interchange] = {}
+    out: dict[str, Intervention] = {}
     if "probe" in which:
         out["probe"] = FixedSubspace(probe_span(acts, labels, seed))
     if "pca" in which:

@@ -56,7 +56,7 @@ def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
     return u[:, :rank].float()
 
 
-class Interchange(nn.Module, abc.ABC):
+class Intervention(nn.Module, abc.ABC):
     """Base class: subclasses give ``basis() [d, k]`` (and may weight its columns by ``mask()``).
 
     ``meta``: where a subspace read from a file was made (``model``, ``fingerprint``,
@@ -99,7 +99,7 @@ class Interchange(nn.Module, abc.ABC):
         return int(self.basis().shape[1])
 
 
-class FixedSubspace(Interchange):
+class FixedSubspace(Intervention):
     """A fixed orthonormal basis (the baselines).
 
     Args:
@@ -159,7 +159,7 @@ def full_vector(d: int) -> FixedSubspace:
     return FixedSubspace(torch.eye(d))
 
 
-class RotatedSubspace(Interchange):
+class RotatedSubspace(Intervention):
     """DAS: a learned orthonormal ``Q [d, k]`` (orthogonal parametrisation).
 
     Args:
@@ -186,7 +186,7 @@ class RotatedSubspace(Interchange):
         return weight
 
 
-class BoundlessSubspace(Interchange):
+class BoundlessSubspace(Intervention):
     """Boundless DAS: a learned rotation ``[d, d]`` and a soft boundary over its dimensions.
 
     Dimension ``i`` of the rotated space is interchanged with weight
@@ -229,7 +229,7 @@ class BoundlessSubspace(Interchange):
         return FixedSubspace(self.basis()[:, : self.k].detach())
 
 
-class PerPosition(Interchange):
+class PerPosition(Intervention):
     """One interchange per position: ``base``, ``source`` ``[B, P, d]``, position ``p`` swapped
     through ``parts[p]`` (each its own ``k``-dimensional subspace). :meth:`basis` stacks theirs
     ``[P, d, k]``; :attr:`k` is the dimensions swapped at each position.
@@ -241,7 +241,7 @@ class PerPosition(Interchange):
         AnalysisError: Fewer than 2 parts, or parts of different widths.
     """
 
-    def __init__(self, parts: list[Interchange]):
+    def __init__(self, parts: list[Intervention]):
         super().__init__()
         if len(parts) < 2:
             raise AnalysisError(f"PerPosition needs an interchange for each of at least 2 positions, got {len(parts)}")

@@ -27,8 +27,8 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.causal.datasets import InterchangeDataset
-from arithinterp.causal.interventions import Interchange
-from arithinterp.engine import Intervention, Read, run
+from arithinterp.causal.interventions import Intervention
+from arithinterp.engine import Read, Write, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.engine.interchange import ResumedRuns, resumed_runs
 from arithinterp.errors import AnalysisError, SiteError
@@ -236,7 +236,7 @@ def base_values(model: HookedModel, dataset: InterchangeDataset, where: Site, si
     return out[rows]
 
 
-def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optional[Interchange],
+def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optional[Intervention],
             sources: torch.Tensor, train: bool, runs: Optional["Runs"] = None) -> torch.Tensor:
     """Logits ``[B, K, V]`` at the answer tokens with the interchange applied (``None``: unpatched).
 
@@ -246,7 +246,7 @@ def forward(model: HookedModel, batch: Batch, where: Site, intervention: Optiona
     interventions = []
     if intervention is not None:
         source = sources[batch.rows].to(device)
-        interventions.append(Intervention(where.site, where.layer, positions=batch.position.to(device),
+        interventions.append(Write(where.site, where.layer, positions=batch.position.to(device),
                                           units=where.units, value=intervention,
                                           source=source if where.head is None else source.unsqueeze(-2)))
     k = batch.targets.shape[1]
@@ -361,7 +361,7 @@ def score(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tenso
 
 
 @torch.inference_mode()
-def evaluate(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Optional[Interchange],
+def evaluate(model: HookedModel, dataset: InterchangeDataset, where: Site, intervention: Optional[Intervention],
              sources: torch.Tensor, rows: torch.Tensor, size: int, runs: Optional[Runs] = None) -> dict:
     """IIA with its 95% Wilson interval and the mean logit difference over ``rows`` (``runs``: resumed
     runs, see :func:`forward`)."""

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from arithinterp.causal.datasets import InterchangeDataset
-from arithinterp.causal.interventions import FixedSubspace, Interchange, PerPosition
+from arithinterp.causal.interventions import FixedSubspace, Intervention, PerPosition
 from arithinterp.causal.results import DASResult
 from arithinterp.causal.scoring import Runs, Site, batch_size, evaluate
 from arithinterp.checks import check_belongs
@@ -159,7 +159,7 @@ def write_pyvene(result: DASResult, path: PathLike) -> Path:
 
 @checked
 def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[int] = None,
-                positions: Optional[list] = None) -> tuple[Interchange, Site]:
+                positions: Optional[list] = None) -> tuple[Intervention, Site]:
     """A pyvene save of ``LowRankRotatedSpaceIntervention`` s back as this package's interchange
     (a :class:`FixedSubspace`, or a :class:`PerPosition` of them for several interventions) and
     the :class:`Site` it acts on (from ``arithinterp_site.json``, or from ``site``, ``layer`` and
@@ -203,7 +203,7 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
         bases.append(basis_from_state(torch.load(file, map_location="cpu", weights_only=True)))
     if not bases:
         raise ResultFileError(f"{folder}: config.json names no interventions")
-    parts: list[Interchange] = [FixedSubspace(b) for b in bases]
+    parts: list[Intervention] = [FixedSubspace(b) for b in bases]
     position: Any = names[0] if len(names) == 1 else list(names)
     position = [int(p) if str(p).lstrip("-").isdigit() else p for p in names] if len(names) > 1 else (
         int(position) if str(position).lstrip("-").isdigit() else position)
@@ -213,7 +213,7 @@ def read_pyvene(path: PathLike, *, site: Optional[str] = None, layer: Optional[i
 
 
 @checked
-def score_subspace(model: HookedModel, pairs: InterchangeDataset, intervention: Interchange, where: Site, *,
+def score_subspace(model: HookedModel, pairs: InterchangeDataset, intervention: Intervention, where: Site, *,
                    rows: Optional[torch.Tensor] = None, max_memory: Optional[ByteSize] = None) -> dict:
     """IIA (with its 95% interval and logit difference) of a given subspace on ``pairs``'s held-out
     pairs (``rows``: others), as :func:`~arithinterp.causal.das` scores its fit. A subspace read by

@@ -8,13 +8,13 @@ Analyses say *what* to change and *what* to read; the engine decides how to run 
 """
 
 from arithinterp.engine.ablations import Ablation, AblationRunner
-from arithinterp.engine.forward import Intervention, Output, Read, RunningMean, mean_activation, run
+from arithinterp.engine.forward import Output, Read, RunningMean, Write, mean_activation, run
 from arithinterp.engine.patches import PatchRunner, patch_mask
 from arithinterp.engine.base_run import BaseRun
 from arithinterp.engine.stepping import Stepper
 from arithinterp.engine.steppers import stepper_for
 
 __all__ = [
-    "Ablation", "AblationRunner", "BaseRun", "Intervention", "Output", "PatchRunner", "Read", "RunningMean", "Stepper",
+    "Ablation", "AblationRunner", "BaseRun", "Output", "PatchRunner", "Read", "RunningMean", "Stepper", "Write",
     "mean_activation", "patch_mask", "run", "stepper_for",
 ]

@@ -21,7 +21,7 @@ cache of their own: the engine's stepper runs each answer token after the first 
 position, with the key/value cache it hands native attention, :meth:`Stepper.greedy`) or
 ``"full"`` (the plain forward's logits at the last position, for any model while hooks are
 attached, so that hooks see exactly the shapes and positions of the plain forward).
-Interventions given as data (:class:`arithinterp.engine.Intervention`) take the plain path too,
+Interventions given as data (:class:`arithinterp.engine.Write`) take the plain path too,
 one :func:`arithinterp.engine.run` per answer token. Every path gives the plain forward's greedy
 tokens; tests compare them.
 """
@@ -320,7 +320,7 @@ def batch_size_for(
 
 
 @torch.inference_mode()
-def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: Sequence[Any] = ()) -> torch.Tensor:
+def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, writes: Sequence[Any] = ()) -> torch.Tensor:
     """Greedily generate tokens after each prompt.
 
     Identical to appending the argmax of ``model(tokens)[:, -1]`` ``n_new`` times, through the
@@ -330,7 +330,7 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
         model: The hooked model.
         tokens (Int[Tensor, "batch pos"]): Same-length, unpadded prompts.
         n_new: The number of tokens to generate.
-        interventions: :class:`arithinterp.engine.Intervention` s applied at every step; each step is
+        writes: :class:`arithinterp.engine.Write` s applied at every step; each step is
             then one :func:`arithinterp.engine.run` of the whole sequence, so each sees the same positions.
 
     Returns:
@@ -339,7 +339,7 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
     if n_new < 1:
         return torch.empty((tokens.shape[0], 0), dtype=torch.long)
     tokens = tokens.to(_device(model))
-    mode = "full" if interventions else decode_mode(model, tokens)
+    mode = "full" if writes else decode_mode(model, tokens)
     if mode == "stepped":
         stepper = _stepper(model, tokens)
         if stepper is not None:  # None once the weights changed so that stepping no longer matches
@@ -348,8 +348,8 @@ def greedy(model: HookedModel, tokens: torch.Tensor, n_new: int, interventions: 
     generated = torch.empty((tokens.shape[0], n_new), dtype=torch.long, device=tokens.device)
     if mode == "full":
         for step in range(n_new):
-            if interventions:
-                logits = run(model, tokens, list(interventions)).logits  # [B, V] at the last position
+            if writes:
+                logits = run(model, tokens, list(writes)).logits  # [B, V] at the last position
                 assert logits is not None  # run keeps the final logits unless told not to
             else:
                 with unembed_last(model, 1):  # the last position's alone

@@ -1,6 +1,6 @@
-"""Interventions and reads as data, run in one forward (in the spirit of pyvene's configs).
+"""Writes and reads as data, run in one forward (in the spirit of pyvene's configs).
 
-An :class:`Intervention` says *where* (site, layer, positions, heads or neurons) and *what*
+A :class:`Write` says *where* (site, layer, positions, heads or neurons) and *what*
 (a replacement value, or a function of the current value); a :class:`Read` says what to keep.
 :func:`run` applies them in one forward of the model and returns the logits and the reads. It is
 the only way the analyses run a model with something changed or read out (the patching sweeps
@@ -37,7 +37,7 @@ Value = Union[
 
 
 @dataclass(frozen=True)
-class Intervention:
+class Write:
     """Replace part of one activation.
 
     Attributes:
@@ -247,19 +247,19 @@ def _slice_index(site: str, activation: torch.Tensor, positions: Optional[torch.
 def run(
     model: HookedModel,
     tokens: torch.Tensor,
-    interventions: Sequence[Intervention] = (),
+    writes: Sequence[Write] = (),
     reads: Sequence[Read] = (),
     *,
     logits: Union[str, int] = "final",
     metric: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     train: bool = False,
 ) -> Output:
-    """One forward with interventions applied and activations read.
+    """One forward with writes applied and activations read.
 
     Args:
         model: The hooked model.
         tokens (Int[Tensor, "batch pos"]): The prompts.
-        interventions: What to replace, applied in order.
+        writes: What to replace, applied in order.
         reads: What to keep.
         logits: ``"final"`` (``[batch, vocab]``, float32; the unembedding runs on the final
             position alone), an int ``k`` (``[batch, k, vocab]`` at the last ``k`` positions,
@@ -270,7 +270,7 @@ def run(
             ``metric(...).sum()`` are returned too. The model's parameters are left as they are
             (frozen models work).
         train: Keep the autograd graph and return the logits attached to it, so a loss on them can
-            be differentiated in the interventions' own parameters (with
+            be differentiated in the writes' own parameters (with
             ``torch.autograd.grad(loss, those parameters)``: the model's weights and their ``.grad``
             are never touched).
 
@@ -280,7 +280,7 @@ def run(
     Raises:
         SiteError: An unknown site, a layer, position, head or neuron out of range, units at a site
             without units, or a read that never fired.
-        AnalysisError: An invalid ``logits``, an object that is not an Intervention or Read,
+        AnalysisError: An invalid ``logits``, an object that is not a Write or Read,
             ``train`` with a metric or no logits, a metric that does not depend on the reads, or
             non-finite logits.
     """
@@ -295,9 +295,9 @@ def run(
     several = logits == "all" or last is not None  # logits [B, k or T, V] come back
     if logits in ("final", "none"):  # "none" with a metric still scores the final position
         last = 1
-    for item in (*interventions, *reads):
-        if not isinstance(item, (Intervention, Read)):
-            raise AnalysisError(f"interventions and reads must be Intervention and Read objects, got "
+    for item in (*writes, *reads):
+        if not isinstance(item, (Write, Read)):
+            raise AnalysisError(f"writes and reads must be Write and Read objects, got "
                                 f"{type(item).__name__}")
         site_lib.check_layers(model, item.site, [item.layer])
         positions = _positions_tensor(item.positions, int(tokens.shape[0]), "cpu")
@@ -308,7 +308,7 @@ def run(
                 f"{item.site} positions {positions.min()}..{positions.max()} fall outside prompts of {T} tokens; "
                 f"accepted: {-T}..{T - 1}"
             )
-        if isinstance(item, Intervention) and item.input_site is not None:
+        if isinstance(item, Write) and item.input_site is not None:
             site_lib.check_site(item.input_site)
             if not callable(item.value) or item.units is not None or item.input_site in site_lib.GLOBAL_SITES:
                 raise SiteError(
@@ -331,7 +331,7 @@ def run(
     hooks: list = []
     n_heads = int(model.cfg.n_heads)
     inputs: dict = {}  # input-site hook name -> its activation in this forward
-    for intervention in interventions:
+    for intervention in writes:
         if intervention.input_site is not None:
             name = site_lib.hook_name(intervention.input_site, intervention.layer)
 
@@ -364,7 +364,7 @@ def run(
         hooks.append((read.hook_name(), keep))
     stop = None
     if logits == "none" and not grad:
-        items = (*interventions, *reads)
+        items = (*writes, *reads)
         deepest = max((item.layer for item in items if item.site not in site_lib.GLOBAL_SITES), default=0)
         after_blocks = any(item.site in _AFTER_BLOCKS for item in items)
         stop = None if after_blocks or deepest + 1 >= site_lib.n_layers(model) else deepest + 1
@@ -380,7 +380,7 @@ def run(
         if train:
             assert out is not None
             if not torch.isfinite(out.detach()).all():
-                raise AnalysisError("the model's logits are not finite (NaN or inf) under these interventions")
+                raise AnalysisError("the model's logits are not finite (NaN or inf) under these writes")
             return Output(out.float() if several else final, kept)
         if final is not None and not torch.isfinite(final).all():
             raise AnalysisError(

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from arithinterp import sites as site_lib
-from arithinterp.engine.forward import Intervention, Read, heads_split
+from arithinterp.engine.forward import Write, Read, heads_split
 from arithinterp.engine.hooks import module_hooks
 from arithinterp.engine.base_run import BaseRun
 from arithinterp.engine.stepping import Stepper, check_n_last
@@ -88,7 +88,7 @@ class ResumedRuns:
             raise AnalysisError("these runs were made without read positions; pass read_positions to resumed_runs")
         return self.reads[rows.to(self.reads.device)]
 
-    def logits(self, rows: torch.Tensor, interventions: Sequence[Intervention] = ()) -> torch.Tensor:
+    def logits(self, rows: torch.Tensor, interventions: Sequence[Write] = ()) -> torch.Tensor:
         """Logits ``[B, n_last, V]`` (float32) of prompts ``rows [B]`` with ``interventions`` applied.
 
         Each intervention acts at this site and layer, its ``positions`` (``[B]`` or ``[B, k]``, in
@@ -114,7 +114,7 @@ class ResumedRuns:
             raise AnalysisError("the model's logits are not finite (NaN or inf) under these interventions")
         return logits
 
-    def _resume(self, rows: torch.Tensor, interventions: Sequence[Intervention]) -> torch.Tensor:
+    def _resume(self, rows: torch.Tensor, interventions: Sequence[Write]) -> torch.Tensor:
         shifted = []
         for item in interventions:
             assert isinstance(item.positions, torch.Tensor)  # logits() checked it
@@ -144,7 +144,7 @@ def _finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
-def _rows_of(item: Intervention, index: slice) -> Intervention:
+def _rows_of(item: Write, index: slice) -> Write:
     """``item`` for a slice of its rows (positions and source)."""
     positions = item.positions[index] if isinstance(item.positions, torch.Tensor) else item.positions
     return replace(item, positions=positions, source=None if item.source is None else item.source[index])

@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
-from arithinterp.engine import Intervention, Read, run
+from arithinterp.engine import Read, Write, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.checks import check_belongs, prompt_tokens
 from arithinterp.errors import AnalysisError, ConfigError
@@ -162,8 +162,15 @@ def attribution_graph(model: HookedModel, prompts: PromptSet, transcoders: Trans
         model: The hooked model.
         prompts: A prompt set of one prompt (``prompts[i:i + 1]`` picks one), analysed without its
             padding.
-        transcoders, n_logits, node_threshold, max_nodes, batch_size, labels, zero_positions,
-        completeness, progress: As for :func:`prompt_graph`.
+        transcoders: As for :func:`prompt_graph`.
+        n_logits: As for :func:`prompt_graph`.
+        node_threshold: As for :func:`prompt_graph`.
+        max_nodes: As for :func:`prompt_graph`.
+        batch_size: As for :func:`prompt_graph`.
+        labels: As for :func:`prompt_graph`.
+        zero_positions: As for :func:`prompt_graph`.
+        completeness: As for :func:`prompt_graph`.
+        progress: As for :func:`prompt_graph`.
 
     Returns:
         The pruned graph: its nodes, edges, replacement and completeness scores.
@@ -340,7 +347,7 @@ def _last_layer_effects(model: Any, tokens: torch.Tensor, frozen: dict, plan: tu
     on the demeaned answer logits, from the gradient of each logit at that layer's MLP output (the
     frozen model after it is linear, so the gradient is the same with every source on or off)."""
     n = len(top)
-    interventions = [Intervention(site, layer, value=value.expand(n, *value.shape[1:]))
+    interventions = [Write(site, layer, value=value.expand(n, *value.shape[1:]))
                      for (site, layer), value in frozen.items()]
     last = site_lib.n_layers(model) - 1
 
@@ -383,9 +390,9 @@ def _rows(model: Any, tokens: torch.Tensor, frozen: dict, plans: list, transcode
     embed_on = torch.zeros(r, T)
     rows_with = (on >= 0) & (on < T)
     embed_on[rows_with, on[rows_with]] = PROBE
-    interventions = [Intervention(site, layer, value=value.expand(r, *value.shape[1:]))
+    interventions = [Write(site, layer, value=value.expand(r, *value.shape[1:]))
                      for (site, layer), value in frozen.items()]
-    interventions.append(Intervention("embed", 0, value=lambda e: e * embed_on[..., None].to(e.dtype)))
+    interventions.append(Write("embed", 0, value=lambda e: e * embed_on[..., None].to(e.dtype)))
     pres: list = [None] * n_layers
     rows = torch.arange(r)
     for layer in range(n_layers):
@@ -410,7 +417,7 @@ def _rows(model: Any, tokens: torch.Tensor, frozen: dict, plans: list, transcode
             out[error_rows, error_positions] += PROBE * errors[layer][error_positions].to(out.dtype)
             return out
 
-        interventions.append(Intervention("mlp_out", layer, value=value, input_site="mlp_in"))
+        interventions.append(Write("mlp_out", layer, value=value, input_site="mlp_in"))
     logits = run(model, tokens.expand(r, -1), interventions, logits="final").logits
     assert logits is not None
     demeaned = (logits - logits.mean(-1, keepdim=True))[:, top]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from arithinterp.checks import check_belongs, check_tokens
-from arithinterp.engine import Intervention, run
+from arithinterp.engine import Write, run
 from arithinterp.errors import ConfigError, SiteError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
@@ -44,7 +44,7 @@ def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, featu
             the interventions are run on, as :func:`intervene` checks).
 
     Returns:
-        The interventions to run together, two :class:`~arithinterp.engine.Intervention` s: one
+        The interventions to run together, two :class:`~arithinterp.engine.Write` s: one
         reading ``mlp_in``, one changing ``mlp_out``.
 
     Raises:
@@ -73,7 +73,7 @@ def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, featu
         delta = (edited - acts) @ transcoders.W_dec[transcoders.index(layer)]
         return out + delta.to(out.dtype)
 
-    return [Intervention("mlp_in", layer, value=look), Intervention("mlp_out", layer, value=change)]
+    return [Write("mlp_in", layer, value=look), Write("mlp_out", layer, value=change)]
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,13 @@ def path_ablation_tokens(model: HookedModel, transcoders: Transcoders, tokens: t
         transcoders: The transcoders.
         tokens (Int[Tensor, "prompt pos"]): The prompts, at least 2, of one length.
         answers (Int[Tensor, "prompt"]): The token whose demeaned logit is read, per prompt.
-        paths, n_random, positions, confidence, n_boot, seed, batch_size: As for :func:`path_ablation`.
+        paths: As for :func:`path_ablation`.
+        n_random: As for :func:`path_ablation`.
+        positions: As for :func:`path_ablation`.
+        confidence: As for :func:`path_ablation`.
+        n_boot: As for :func:`path_ablation`.
+        seed: As for :func:`path_ablation`.
+        batch_size: As for :func:`path_ablation`.
 
     Returns:
         The logits, correctness and shares of every arm.

@@ -17,7 +17,7 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import ConfigError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.tasks import PromptSet
@@ -50,6 +50,25 @@ def replacement_logits(model: HookedModel, transcoders: Transcoders, tokens: tor
     out = run(model, tokens, transcoders.interventions(edits=edits), logits=n_last).logits  # those positions' alone
     assert out is not None
     return out
+
+
+def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``tokens [N, T]`` (each prompt followed by all but its last answer token, so every answer
+    token is predicted at some position), ``valid [N, T]`` (False on padding) and ``n_answer``,
+    the number of final positions that predict answer tokens."""
+    tokens, lengths = prompts.tokens, prompts.lengths
+    n_answer = prompts.n_answer_tokens
+    if len(prompts) == 0:
+        raise AnalysisError("the prompt set is empty; transcoders need prompts to read activations from")
+    if not bool((n_answer == n_answer[0]).all()):
+        raise AnalysisError("prompts have answers of different token counts; pass prompts with one answer length")
+    n = int(n_answer[0])
+    if n > 1:
+        tokens = torch.cat([tokens, prompts.answer_tokens[:, : n - 1]], 1)
+        lengths = lengths + n - 1
+    T = tokens.shape[1]
+    valid = torch.arange(T)[None, :] >= (T - lengths)[:, None]  # left-padded frame
+    return tokens, valid, n
 
 
 @dataclass(frozen=True)
@@ -152,8 +171,6 @@ def replacement_metrics(model: HookedModel, prompts: PromptSet, transcoders: Tra
         AnalysisError: Answers of different token counts.
         ModelMismatchError: Prompts or transcoders made for another model.
     """
-    from arithinterp.features.training import full_tokens
-
     check_belongs(model, "features.replacement_metrics", prompts=prompts)
     transcoders.check_model(model)
     if len(prompts) == 0:

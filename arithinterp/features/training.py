@@ -26,6 +26,7 @@ from arithinterp.engine import Read, run
 from arithinterp.engine.budget import memory_budget
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.features.replacement import compare_replacement, full_tokens
 from arithinterp.features.transcoder import Transcoders, topk_activations
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
@@ -33,25 +34,6 @@ from arithinterp.types import (
     Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveInt, Probability,
     HookedModel, Seed, checked,
 )
-
-
-def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``tokens [N, T]`` (each prompt followed by all but its last answer token, so every answer
-    token is predicted at some position), ``valid [N, T]`` (False on padding) and ``n_answer``,
-    the number of final positions that predict answer tokens."""
-    tokens, lengths = prompts.tokens, prompts.lengths
-    n_answer = prompts.n_answer_tokens
-    if len(prompts) == 0:
-        raise AnalysisError("the prompt set is empty; transcoders need prompts to read activations from")
-    if not bool((n_answer == n_answer[0]).all()):
-        raise AnalysisError("prompts have answers of different token counts; pass prompts with one answer length")
-    n = int(n_answer[0])
-    if n > 1:
-        tokens = torch.cat([tokens, prompts.answer_tokens[:, : n - 1]], 1)
-        lengths = lengths + n - 1
-    T = tokens.shape[1]
-    valid = torch.arange(T)[None, :] >= (T - lengths)[:, None]  # left-padded frame
-    return tokens, valid, n
 
 
 @checked
@@ -259,7 +241,6 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
             prompts to split.
         ModelMismatchError: The prompts were built for another model.
     """
-    from arithinterp.features.replacement import compare_replacement
 
     check_belongs(model, "train_transcoders", prompts=prompts)
     chosen = sorted(site_lib.check_layers(model, "mlp_out", layers))  # stacked in layer order, as load checks

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 import torch
 
-from arithinterp.engine import Intervention
+from arithinterp.engine import Write
 from arithinterp.checks import check_fingerprint, check_model
 from arithinterp.errors import AnalysisError, ConfigError, ModelMismatchError, SiteError
 from arithinterp.results import INCREASING, NON_NEGATIVE, POSITIVE, Result
@@ -155,7 +155,7 @@ class Transcoders(Result):
         return self.decode(layer, self.encode(layer, x), x)
 
     def interventions(self, layers: Optional[Sequence[int]] = None,
-                      edits: Optional[dict] = None) -> list[Intervention]:
+                      edits: Optional[dict] = None) -> list[Write]:
         """Engine interventions replacing each MLP's output by its transcoder's (no error term):
         the *replacement model*. ``edits``: ``{layer: f(acts [B, T, F]) -> acts}`` applied to a
         layer's feature activations before decoding (clamping, scaling or zeroing features)."""
@@ -173,7 +173,7 @@ class Transcoders(Result):
                     acts = edit(acts)
                 return self.decode(layer, acts, x)
 
-            out.append(Intervention(self.output_site, layer, value=value, input_site=self.input_site))
+            out.append(Write(self.output_site, layer, value=value, input_site=self.input_site))
         return out
 
     def to_frame(self) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 import torch
 
 from arithinterp.checks import check_belongs
-from arithinterp.engine import Intervention
+from arithinterp.engine import Write
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
 from arithinterp.fourier.number_axes import number_axis, number_tokens
@@ -173,7 +173,7 @@ def frequency_filter(
     and the error distribution (Zhou et al. 2024).
 
     Each output ``h`` ``[d_model]`` at the last position of every forward (an
-    :class:`~arithinterp.engine.Intervention` whose value is the projection) is replaced by
+    :class:`~arithinterp.engine.Write` whose value is the projection) is replaced by
     ``h @ P`` with ``P`` from :func:`filter_projector` over the unembeddings of ``numbers``, so
     that the logit lens of the component output has no power in the band.
 
@@ -218,8 +218,8 @@ def frequency_filter(
 
     # only the scored position is filtered (the component's contribution to the answer); with
     # greedy generation of later answer tokens, the last position is the one being read
-    filters = [Intervention(site, layer, positions=-1, value=remove_band) for layer in layers]
-    filtered = prompts.evaluate(model, batch_size=batch_size, interventions=filters)
+    filters = [Write(site, layer, positions=-1, value=remove_band) for layer in layers]
+    filtered = prompts.evaluate(model, batch_size=batch_size, writes=filters)
     from arithinterp.tasks import UNPARSABLE
 
     wrong = ~filtered.correct

@@ -124,7 +124,7 @@ def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple
         patches = []
         if replacement is not None:
             value = replacement[idx]
-            patches = [engine.Intervention(site, layer, columns,
+            patches = [engine.Write(site, layer, columns,
                                            value=lambda current, value=value: value.reshape(current.shape))]
         logits = engine.run(model, prompts.unpadded(idx), patches).logits
         assert logits is not None  # the final position's, by default

@@ -205,7 +205,7 @@ def _correct(
     ``masks[layer]`` is ``[d_mlp]`` (same for every prompt) or ``[P, d_mlp]`` bool. With
     ``prompts.scoring == "full_answer"`` every answer token is checked teacher-forced (equal to
     greedy exact match); otherwise the first answer token. The ablations are
-    :class:`~arithinterp.engine.Intervention` s run by :func:`arithinterp.engine.run`.
+    :class:`~arithinterp.engine.Write` s run by :func:`arithinterp.engine.run`.
     """
     correct = torch.zeros(len(prompts), dtype=torch.bool)
     full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
@@ -219,7 +219,7 @@ def _correct(
             def ablate(current, m=m, value=replacement[layer]):  # [B, d_mlp] at the final position
                 return torch.where(m.to(current.device), value.to(current.device, current.dtype)[None], current)
 
-            ablations.append(engine.Intervention("mlp_post", layer, final, value=ablate))
+            ablations.append(engine.Write("mlp_post", layer, final, value=ablate))
         if full:
             extra = answer[:, :-1].clamp(min=0)
             k = answer.shape[1]

@@ -297,7 +297,7 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
                         current[every_row, pneuron.to(current.device)] = value.to(current.device, current.dtype)
                         return current
 
-                    patch = engine.Intervention("mlp_post", layer, final.repeat(reps), value=set_neuron)
+                    patch = engine.Write("mlp_post", layer, final.repeat(reps), value=set_neuron)
                     logits = engine.run(model, tokens.repeat(reps, 1), [patch]).logits
                     assert logits is not None  # the final position's, by default
                     metric = _final_metric(logits, good[idx].repeat(reps), bad[idx].repeat(reps))

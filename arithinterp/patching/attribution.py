@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
 from arithinterp import sites as site_lib
-from arithinterp.engine import Intervention, Read
+from arithinterp.engine import Read, Write
 from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
 from arithinterp.engine.budget import (
@@ -175,8 +175,20 @@ def attribute_sites(
         pairs: Clean / corrupt prompt pairs.
         sites: Site names (any of :data:`ATTRIBUTE_SITES`), each once. ``heads`` apply to
             ``attn_z`` / ``pattern``, ``neurons`` to ``mlp_pre`` / ``mlp_post``.
-        method, ig_steps, metric, layers, positions, heads, neurons, direction, normalize,
-        per_position, batch_size, max_memory, seed, progress: As for :func:`attribute`.
+        method: As for :func:`attribute`.
+        ig_steps: As for :func:`attribute`.
+        metric: As for :func:`attribute`.
+        layers: As for :func:`attribute`.
+        positions: As for :func:`attribute`.
+        heads: As for :func:`attribute`.
+        neurons: As for :func:`attribute`.
+        direction: As for :func:`attribute`.
+        normalize: As for :func:`attribute`.
+        per_position: As for :func:`attribute`.
+        batch_size: As for :func:`attribute`.
+        max_memory: As for :func:`attribute`.
+        seed: As for :func:`attribute`.
+        progress: As for :func:`attribute`.
 
     Returns:
         An :class:`AttributionResult`: ``result[site]`` is that site's :class:`PatchResult`.
@@ -263,7 +275,7 @@ def _attribute(model: HookedModel, pairs: PromptPairs, site_list: list[str], met
             interventions = []
             if alpha:  # token embeddings on the straight line from the base to the source prompt
                 assert base_embed is not None and source_embed is not None  # alpha > 0 only when interpolating
-                interventions = [Intervention("embed", 0, value=base_embed + alpha * (source_embed - base_embed))]
+                interventions = [Write("embed", 0, value=base_embed + alpha * (source_embed - base_embed))]
             # in plain attribution the gradient run is the base run: its reads are the base activations
             reads = grad_points + ([] if interpolating else [cell for cell in acts if cell not in grad_points])
             box = {}

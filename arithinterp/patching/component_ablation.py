@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 
 from arithinterp.checks import check_belongs, check_choice
-from arithinterp.engine import Intervention, Read, RunningMean
+from arithinterp.engine import Read, RunningMean, Write
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.patching.core import COMPONENT_ABLATIONS, SCORINGS
@@ -262,7 +262,7 @@ def ablated_scores(model: HookedModel, prompts, parsed, ablation: str, seed: int
                     if value is not None and ablation == "resample":
                         value = value[chunk.to(value.device)]
                     value_fn = _replace_where(mask[chunk], value, ablation == "resample")
-                    interventions.append(Intervention(site, layer, value=value_fn))
+                    interventions.append(Write(site, layer, value=value_fn))
                 run = engine_run(model, tokens[chunk], interventions, logits="final" if n_scored == 1 else "all")
                 assert run.logits is not None  # asked for "final" or "all"
                 logits = run.logits[:, None] if n_scored == 1 else run.logits[:, -n_scored:]

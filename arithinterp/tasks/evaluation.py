@@ -113,7 +113,7 @@ def _batches(
 
 @torch.inference_mode()
 def evaluate(prompts: PromptSet, model: HookedModel, batch_size: Optional[int] = None, progress: bool = False,
-             interventions: Sequence[Any] = ()) -> Evaluation:
+             writes: Sequence[Any] = ()) -> Evaluation:
     """Greedily generate each answer's tokens and compare with the true answer
     (:meth:`PromptSet.evaluate <arithinterp.tasks.PromptSet.evaluate>`).
 
@@ -122,7 +122,7 @@ def evaluate(prompts: PromptSet, model: HookedModel, batch_size: Optional[int] =
         model: The hooked model the prompts were built for.
         batch_size: Prompts per forward; ``None`` chooses it from a memory budget.
         progress: Show a progress bar.
-        interventions: Interventions applied in every forward (positions ``None`` or an int).
+        writes: :class:`arithinterp.engine.Write` s applied in every forward (positions ``None`` or an int).
 
     Returns:
         The model's answers and whether each is correct.
@@ -136,17 +136,17 @@ def evaluate(prompts: PromptSet, model: HookedModel, batch_size: Optional[int] =
 
     from arithinterp.engine.decode import greedy
 
-    bad = [i for i in interventions if i.positions is not None and not isinstance(i.positions, int)]
+    bad = [i for i in writes if i.positions is not None and not isinstance(i.positions, int)]
     if bad:
         raise TaskError(
-            f"interventions applied while evaluating must give positions as None or an int (the same in "
+            f"writes applied while evaluating must give positions as None or an int (the same in "
             f"every batch), not per-prompt tensors; got {type(bad[0].positions).__name__} at {bad[0].hook_name()}"
         )
     n_answer = prompts.answer_tokens.shape[1]
     generated = torch.full((len(prompts), n_answer), -1, dtype=torch.long)
-    batches = _batches(prompts, model, batch_size, 1, n_answer, plain=bool(interventions))
+    batches = _batches(prompts, model, batch_size, 1, n_answer, plain=bool(writes))
     for idx in tqdm(batches, desc="evaluate", disable=not progress):
-        generated[idx] = greedy(model, prompts.unpadded(idx), n_answer, interventions)
+        generated[idx] = greedy(model, prompts.unpadded(idx), n_answer, writes)
     valid = prompts.answer_tokens >= 0
     correct = ((generated == prompts.answer_tokens) | ~valid).all(-1)
     texts, values = [], []

@@ -260,7 +260,7 @@ class PromptSet:
     # --- running the model ---------------------------------------------------------------------
 
     def evaluate(self, model: HookedModel, batch_size: Optional[int] = None, progress: bool = False,
-                 interventions: Sequence[Any] = ()) -> Evaluation:
+                 writes: Sequence[Any] = ()) -> Evaluation:
         """Greedily generate each answer's tokens and compare with the true answer.
 
         Correct means every answer token matches (for single-token answers: the argmax at the
@@ -272,7 +272,7 @@ class PromptSet:
             batch_size: Prompts per forward; ``None`` chooses it from a memory budget (half the
                 model's size).
             progress: Show a progress bar.
-            interventions: :class:`arithinterp.engine.Intervention` objects applied in every
+            writes: :class:`arithinterp.engine.Write` objects applied in every
                 forward, through :func:`arithinterp.engine.run`; their ``positions`` must be
                 ``None`` or an int (``-1``: the token being predicted), the same for every batch.
 
@@ -283,7 +283,7 @@ class PromptSet:
             TaskError: an intervention gives per-prompt positions, or ``batch_size`` is not positive.
             ModelMismatchError: the prompts were built for another model.
         """
-        return evaluate(self, model, batch_size, progress, interventions)
+        return evaluate(self, model, batch_size, progress, writes)
 
     def answer_logprob(self, model: HookedModel, batch_size: Optional[int] = None) -> torch.Tensor:
         """Log-probability of each true answer, [N].

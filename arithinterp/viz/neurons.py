@@ -131,7 +131,8 @@ def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool
         return fig
     order = np.argsort(-result.n_associated.numpy(), kind="stable")[:max_heuristics]
     names = [result.heuristics[i] for i in order]
-    fig = figure(f"Accuracy after ablating each heuristic's neurons ({result.ablation} ablation)", "heuristic", "accuracy")
+    fig = figure(f"Accuracy after ablating each heuristic's neurons ({result.ablation} ablation)", "heuristic",
+                 "accuracy")
     for i, (arm, values) in enumerate(
         (("associated prompts", result.associated_after), ("other prompts", result.other_after))
     ):
