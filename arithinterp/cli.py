@@ -368,7 +368,7 @@ def ablate_command(args: argparse.Namespace) -> dict:
     components = _items(args.components, "--components")
     model, prompts = _model_and_prompts(args)
     if args.full_answer:
-        prompts = prompts.with_scoring("full_answer")
+        prompts = prompts.with_scoring("full-answer")
     ablation = args.ablation
     result = patching.ablate(model, prompts, components, ablation=ablation, seed=args.seed)
     token_accuracy = [round(float(t), 4) for t in result.token_correct_after.float().mean(0)]
@@ -631,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", default="resid_pre",
                    help="site to patch, e.g. resid_pre, attn_out, mlp_out, attn_z, mlp_post")
     p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
-    p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep_answer, operator")
+    p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep-answer, operator")
     p.add_argument("--direction", default="denoise", help="denoise (patch clean into corrupt) or noise")
     p.add_argument("--normalize", action="store_true", help="scale effects to 0 = corrupt, 1 = clean")
     p = analysis("probe", "probe a label at every layer and position, with a shuffled control")
@@ -670,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", default=None,
                    help="comma-separated positions for a per-position graph, e.g. a,b,final (default: position-free)")
     p.add_argument("--metric", default="logit_diff", help="logit_diff, prob, logprob or ie (default: logit_diff)")
-    p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep_answer, operator")
+    p.add_argument("--vary", default="a", help="what the corrupt prompts change: a, b, both, keep-answer, operator")
     p.add_argument("--top", type=int, default=None, help="keep this many edges instead of searching for --target")
     p.add_argument("--target", type=float, default=0.9,
                    help="normalised faithfulness the kept top-k must reach (default: 0.9)")

@@ -202,7 +202,7 @@ def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
         seed: Seeds the choice of partners.
         distinct_first_token: Only partners whose answer starts with another token (names that share
             a leading piece, such as a space token, make first-token metrics 0; alternatively score
-            every answer token with ``prompts.with_scoring("full_answer")``).
+            every answer token with ``prompts.with_scoring("full-answer")``).
 
     Returns:
         The pairs; ``meta`` counts the dropped and kept prompts and the pairs whose answers share a
@@ -238,11 +238,11 @@ def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
                         "over more values and offsets")
     clean, corrupt = prompts[clean_rows], prompts[partner[clean_rows]]
     same = int((clean.answer_tokens[:, 0] == corrupt.answer_tokens[:, 0]).sum())
-    if same and prompts.scoring == "first_token":
+    if same and prompts.scoring == "first-token":
         warnings.warn(
             f"{same} of {len(clean)} pairs have clean and corrupt answers that start with the same first token, "
             "so a first-token logit difference is 0 on them; pass distinct_first_token=True, or score every "
-            "answer token with prompts.with_scoring('full_answer')",
+            "answer token with prompts.with_scoring('full-answer')",
             stacklevel=2,
         )
     meta = dict(dropped=len(prompts) - len(clean), kept=len(clean), same_first_token=same)

@@ -167,7 +167,7 @@ def bench_neurons(args) -> list[dict]:
         run("stepped")
         fast, stepped, slow, hooked = side_by_side(lambda: run("stepped"), lambda: run("hooks"), args.runs)
         n = model.cfg.n_layers * model.cfg.d_mlp
-        rows.append(row("`neurons.importance` (mean_ablation)", label, slow, fast,
+        rows.append(row("`neurons.importance` (mean-ablation)", label, slow, fast,
                         float((stepped - hooked).abs().max()),
                         f"{len(pairs)} pairs of {pairs.clean.tokens.shape[1]} tokens, {n} neurons"))
     model = zoo("add-100")

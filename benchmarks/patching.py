@@ -326,12 +326,12 @@ def bench_prefix(n_pairs: int, n_layers: int, runs: int, parity_pairs: int = 3) 
     for _ in range(runs):  # alternating, so both see the same machine load
         for site, kwargs in sweeps.items():
             start = time.perf_counter()
-            results[site] = patching.activation_patching(model, pairs, site, scoring="full_answer", progress=False,
+            results[site] = patching.activation_patching(model, pairs, site, scoring="full-answer", progress=False,
                                                          **kwargs)
             times[site].append(time.perf_counter() - start)
     few = pairs[: min(parity_pairs, len(pairs))]
-    fast = patching.activation_patching(model, few, "attn_z", per_position=False, scoring="full_answer", progress=False)
-    slow = patching.activation_patching(model, few, "attn_z", per_position=False, scoring="full_answer",
+    fast = patching.activation_patching(model, few, "attn_z", per_position=False, scoring="full-answer", progress=False)
+    slow = patching.activation_patching(model, few, "attn_z", per_position=False, scoring="full-answer",
                                         engine="hooks", progress=False)
     diff = float((fast.values - slow.values).abs().max())
     median = {site: statistics.median(t) for site, t in times.items()}
@@ -340,7 +340,7 @@ def bench_prefix(n_pairs: int, n_layers: int, runs: int, parity_pairs: int = 3) 
         f"Random-weight Llama of SmolLM-135M's shape with {n_layers} of its 30 layers (d_model 576, 9 heads / 3 "
         f"key-value heads, d_mlp 1536, vocabulary 49,152; `benchmarks/evaluate.py`'s `build`), {len(pairs)} pairs of "
         f"3-shot two-digit prompts varying `a` ({tokens.shape[1]} tokens, the first {shared} shared by every "
-        f"prompt), `scoring=\"full_answer\"` (both answers teacher-forced: {2 * len(pairs)} rows per run). Median "
+        f"prompt), `scoring=\"full-answer\"` (both answers teacher-forced: {2 * len(pairs)} rows per run). Median "
         f"of {runs} alternating runs, one CPU thread; load average {load:.1f} on {os.cpu_count()} CPUs.",
         "",
         "| sweep | cells (run) | median time | runs |",

@@ -171,7 +171,7 @@ def test_ablations_benchmark_smoke():
     out = run("ablations.py", "--quick")
     rows = [line for line in out.splitlines() if line.startswith("| `")]
     assert {row.split("|")[1].strip() for row in rows} == {
-        "`patching.digit_ablation` (mean)", "`neurons.importance` (mean_ablation)", "`neurons.ablate_heuristic`",
+        "`patching.digit_ablation` (mean)", "`neurons.importance` (mean-ablation)", "`neurons.ablate_heuristic`",
         "`neurons.ablate_for_prompt`", "`PromptSet.evaluate`"}
     for row in rows:  # max diff: the stepped and whole-forward paths give the same numbers
         assert float(row.split("|")[6]) <= 1e-4, row

@@ -87,7 +87,7 @@ def test_multi_token_answers_are_scored_token_by_token(bpe_tokenizer):
 
     model = tiny_bridge(bpe_tokenizer, n_ctx=64)
     prompts = cyclic.months(model, months=[0, 4, 8], offsets=[1, 7], names=[" " + n for n in cyclic.MONTHS])
-    prompts = prompts.with_scoring("full_answer")
+    prompts = prompts.with_scoring("full-answer")
     assert prompts.meta["answer_tokens"]["max"] > 1
     ours = prompts.answer_logprob(model)
     for i in range(len(prompts)):
@@ -174,8 +174,8 @@ def test_counterfactual_pairs_multi_token_names_of_equal_length(bpe_tokenizer):
         cyclic.counterfactual(prompts, vary="b", distinct_first_token=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # scored over every answer token, the shared first token is no problem
-        full = cyclic.counterfactual(prompts.with_scoring("full_answer"), vary="b")
-    assert full.clean.scoring == full.corrupt.scoring == "full_answer" and full.meta["same_first_token"] == len(full)
+        full = cyclic.counterfactual(prompts.with_scoring("full-answer"), vary="b")
+    assert full.clean.scoring == full.corrupt.scoring == "full-answer" and full.meta["same_first_token"] == len(full)
 
 
 def test_counterfactual_refuses_a_non_cyclic_set(number_tokenizer):

@@ -87,18 +87,18 @@ def digit_pairs(tiny_digit_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("site", ["resid_pre", "attn_z"])
 def test_full_answer_sweep_equals_a_cell_by_cell_reference(tiny_digit_model, digit_pairs, site):
-    ours = patching.activation_patching(tiny_digit_model, digit_pairs, site, scoring="full_answer", progress=False)
+    ours = patching.activation_patching(tiny_digit_model, digit_pairs, site, scoring="full-answer", progress=False)
     expected = reference(tiny_digit_model, digit_pairs, site)
     assert ours.values.shape == expected.shape
     assert (ours.values - expected).abs().max() <= 1e-4
-    assert ours.values.std() > 1e-3 and ours.meta["scoring"] == "full_answer"
+    assert ours.values.std() > 1e-3 and ours.meta["scoring"] == "full-answer"
 
 
 def test_pairs_sharing_the_first_token_get_full_answer_effects(tiny_digit_model, digit_pairs):
     same = digit_pairs.clean.answer_tokens[:, 0] == digit_pairs.corrupt.answer_tokens[:, 0]
     assert same.all()  # 5x+5y with y the varied b: the tens digit is the same in these pairs
     first = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", progress=False)
-    full = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", scoring="full_answer", progress=False)
+    full = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", scoring="full-answer", progress=False)
     assert first.values.abs().max() == 0  # clean and corrupt first tokens coincide: exactly 0
     effect = full.values - full.corrupt_baseline[:, None, None]
     assert effect.abs().amax(dim=(1, 2)).min() > 1e-3  # every pair moves under some patch
@@ -108,7 +108,7 @@ def test_pairs_sharing_the_first_token_get_full_answer_effects(tiny_digit_model,
 @pytest.mark.parametrize("metric", ["logit_diff", "logprob", "prob", "ie"])
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_stepped_and_whole_forward_paths_agree(tiny_digit_model, digit_pairs, metric, direction):
-    kwargs = dict(scoring="full_answer", metric=metric, direction=direction, progress=False)
+    kwargs = dict(scoring="full-answer", metric=metric, direction=direction, progress=False)
     stepped = patching.activation_patching(tiny_digit_model, digit_pairs, "attn_z", engine="stepped", **kwargs)
     hooks = patching.activation_patching(tiny_digit_model, digit_pairs, "attn_z", engine="hooks", **kwargs)
     assert hooks.meta["engine"] == ["hooks: requested"] and stepped.meta["engine"][0].startswith("stepped")
@@ -120,13 +120,13 @@ def test_stepped_and_whole_forward_paths_agree(tiny_digit_model, digit_pairs, me
 def test_whole_answer_metrics_are_their_definitions(tiny_digit_model, digit_pairs):
     """Unpatched, logprob is the prompt set's own full-answer log-probability; prob its exp; a
     patch everywhere at layer 0 is the clean run."""
-    logprob = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", metric="logprob", scoring="full_answer", progress=False)
-    expected = digit_pairs.clean.with_scoring("full_answer").answer_logprob(tiny_digit_model)
+    logprob = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", metric="logprob", scoring="full-answer", progress=False)
+    expected = digit_pairs.clean.with_scoring("full-answer").answer_logprob(tiny_digit_model)
     assert torch.allclose(logprob.clean_baseline, expected, atol=1e-4)
-    prob = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", metric="prob", scoring="full_answer", progress=False)
+    prob = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", metric="prob", scoring="full-answer", progress=False)
     assert torch.allclose(prob.values, logprob.values.exp(), atol=1e-5)
     everything = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", layers=[0], per_position=False,
-                                scoring="full_answer", progress=False)
+                                scoring="full-answer", progress=False)
     assert torch.allclose(everything.values[:, 0], everything.clean_baseline, atol=1e-4)
 
 
@@ -134,7 +134,7 @@ def test_single_token_answers_score_as_the_first_token(tiny_model):
     """With one answer token, log P(clean) − log P(corrupt) is the logit difference."""
     pairs = arithmetic(tiny_model, a=range(10), b=range(10)).counterfactual(vary="a", seed=0)[:6]
     first = patching.activation_patching(tiny_model, pairs, "resid_pre", progress=False)
-    full = patching.activation_patching(tiny_model, pairs, "resid_pre", scoring="full_answer", progress=False)
+    full = patching.activation_patching(tiny_model, pairs, "resid_pre", scoring="full-answer", progress=False)
     assert (first.values - full.values).abs().max() <= 1e-4 and first.values.std() > 1e-3
 
 
@@ -146,25 +146,25 @@ def test_answers_of_different_token_counts_are_each_scored_on_their_own_tokens(t
     clean = torch.cat([two[:3], one[:2], two[3:4]])
     corrupt = torch.cat([one[-3:], two[-2:], two[-3:-2]])  # 2 vs 1, 1 vs 2 and 2 vs 2 answer tokens
     pairs = PromptPairs(prompts[clean], prompts[corrupt])
-    ours = patching.activation_patching(tiny_digit_model, pairs, "resid_pre", scoring="full_answer", progress=False)
+    ours = patching.activation_patching(tiny_digit_model, pairs, "resid_pre", scoring="full-answer", progress=False)
     assert (ours.values - reference(tiny_digit_model, pairs, "resid_pre")).abs().max() <= 1e-4
 
 
 def test_scoring_defaults_to_the_prompts_own(tiny_digit_model, digit_pairs):
-    scored = PromptPairs(digit_pairs.clean.with_scoring("full_answer"), digit_pairs.corrupt.with_scoring("full_answer"))
+    scored = PromptPairs(digit_pairs.clean.with_scoring("full-answer"), digit_pairs.corrupt.with_scoring("full-answer"))
     default = patching.activation_patching(tiny_digit_model, scored, "resid_pre", layers=[1], progress=False)
-    explicit = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", layers=[1], scoring="full_answer", progress=False)
-    assert default.meta["scoring"] == "full_answer" and torch.equal(default.values, explicit.values)
-    first = patching.activation_patching(tiny_digit_model, scored, "resid_pre", layers=[1], scoring="first_token", progress=False)
-    assert first.meta["scoring"] == "first_token" and first.values.abs().max() == 0
+    explicit = patching.activation_patching(tiny_digit_model, digit_pairs, "resid_pre", layers=[1], scoring="full-answer", progress=False)
+    assert default.meta["scoring"] == "full-answer" and torch.equal(default.values, explicit.values)
+    first = patching.activation_patching(tiny_digit_model, scored, "resid_pre", layers=[1], scoring="first-token", progress=False)
+    assert first.meta["scoring"] == "first-token" and first.values.abs().max() == 0
 
 
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        (dict(scoring="whole"), ["unknown scoring 'whole'", "first_token", "full_answer"]),
+        (dict(scoring="whole"), ["unknown scoring 'whole'", "first-token", "full-answer"]),
         (dict(scoring=1), ["scoring=1 is not accepted", "scoring accepts a string"]),
-        (dict(scoring="full_answer", metric=lambda logits, pairs: logits[:, 0]), ["metric callable", "logit_diff"]),
+        (dict(scoring="full-answer", metric=lambda logits, pairs: logits[:, 0]), ["metric callable", "logit_diff"]),
     ],
 )
 def test_bad_scoring_is_explained(tiny_digit_model, digit_pairs, kwargs, words):
@@ -189,20 +189,20 @@ def llama_digits(digit_tokenizer, tmp_path_factory):
 @pytest.mark.parametrize("site", ["resid_pre", "attn_z"])
 def test_full_answer_on_a_llama_with_reused_keys_and_values(llama_digits, site):
     model, pairs = llama_digits
-    ours = patching.activation_patching(model, pairs, site, scoring="full_answer", progress=False)
+    ours = patching.activation_patching(model, pairs, site, scoring="full-answer", progress=False)
     assert "keys/values reused" in ours.meta["engine"][0], ours.meta["engine"]
-    hooks = patching.activation_patching(model, pairs, site, scoring="full_answer", engine="hooks", progress=False)
+    hooks = patching.activation_patching(model, pairs, site, scoring="full-answer", engine="hooks", progress=False)
     assert (ours.values - hooks.values).abs().max() <= 1e-4
     assert (ours.values - reference(model, pairs, site)).abs().max() <= 1e-4
     assert ours.values.std() > 1e-3
 
 
 def test_a_callable_metric_reads_the_final_position_when_scoring_is_left_to_the_prompts(tiny_digit_model, digit_pairs):
-    scored = PromptPairs(digit_pairs.clean.with_scoring("full_answer"), digit_pairs.corrupt.with_scoring("full_answer"))
+    scored = PromptPairs(digit_pairs.clean.with_scoring("full-answer"), digit_pairs.corrupt.with_scoring("full-answer"))
     clean = scored.clean_answer_token
     result = patching.activation_patching(tiny_digit_model, scored, "resid_pre", layers=[1], metric=lambda logits, pairs: logits[:, 0] + clean,
                             progress=False)
-    assert result.meta["scoring"] == "first_token"
+    assert result.meta["scoring"] == "first-token"
 
 
 @pytest.mark.parametrize("engine_kind", ["llama", "native"])
@@ -234,7 +234,7 @@ def test_first_token_analyses_say_so_on_full_answer_prompts(tiny_digit_model):
     """attribute and direct_effect read the final position only: on full-answer prompts they warn."""
     from arithinterp import patching
 
-    pairs = arithmetic(tiny_digit_model, a=range(10, 14), b=range(50, 53)).with_scoring("full_answer").counterfactual("a", seed=0)
+    pairs = arithmetic(tiny_digit_model, a=range(10, 14), b=range(50, 53)).with_scoring("full-answer").counterfactual("a", seed=0)
     with pytest.warns(UserWarning, match="first answer token only"):
         patching.attribute(tiny_digit_model, pairs, "resid_pre", progress=False)
     with pytest.warns(UserWarning, match="first answer token only"):

@@ -274,7 +274,7 @@ def test_answer_outside_the_vocabulary_is_refused(tiny_model):
     # the number tokenizer spells 0..198 only: 99 * 99 = 9801 would become <unk>
     with pytest.raises(TokenizationError, match=r"the answer '9801' of prompt '99\*99=' contains text the "
                                                 r"tokenizer does not know \(it maps to '<unk>'\)"):
-        arithmetic(tiny_model, "*", a=[99, 3], b=[99, 4], template="{a}*{b}=", scoring="full_answer")
+        arithmetic(tiny_model, "*", a=[99, 3], b=[99, 4], template="{a}*{b}=", scoring="full-answer")
     assert arithmetic(tiny_model, "*", a=[3], b=[4], template="{a}*{b}=").answer_tokens.tolist() != [[0]]
 
 

@@ -591,14 +591,14 @@ def test_stacked_mean_ablation_importance_equals_whole_forwards(tiny):
         nn.importance(model, pairs, method="mean-ablation", engine="fast")
 
 
-@pytest.mark.parametrize("scoring", ["first_token", "full_answer"])
+@pytest.mark.parametrize("scoring", ["first-token", "full-answer"])
 def test_stacked_neuron_ablations_give_the_same_accuracies(tiny, tiny_digit_model, scoring):
     """ablate_heuristic and ablate_for_prompt with every heuristic (and every k and arm) stacked give
     the accuracies of one whole forward per cell; with full answers every token is checked."""
     from arithinterp.tasks import arithmetic
 
     model, prompts = tiny
-    if scoring == "full_answer":
+    if scoring == "full-answer":
         model = tiny_digit_model
         prompts = arithmetic(model, a=range(10, 40, 2), b=range(50, 70, 3), answer_digits=3).with_scoring(scoring)
     prompts = _own_answers(model, prompts)

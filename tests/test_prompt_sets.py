@@ -128,8 +128,8 @@ def test_evaluate_on_the_zoo_decodes_through_the_stepper_with_the_plain_answers(
     prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry(name), limit=300)
     stepped = prompts.evaluate(model)
     assert decode.decode_mode(model) == "stepped"
-    scores = prompts.with_scoring("full_answer").answer_logprob(model)
+    scores = prompts.with_scoring("full-answer").answer_logprob(model)
     monkeypatch.setitem(decode._MODES, model, "full")  # the plain forward per answer token
     plain = prompts.evaluate(model)
     assert torch.equal(stepped.generated_tokens, plain.generated_tokens) and stepped.accuracy > 0.9
-    assert torch.allclose(prompts.with_scoring("full_answer").answer_logprob(model), scores, atol=1e-5)
+    assert torch.allclose(prompts.with_scoring("full-answer").answer_logprob(model), scores, atol=1e-5)

@@ -33,7 +33,7 @@ def plain_greedy(model, prompts):
 
 def plain_logprob(model, prompts):
     total = torch.zeros(len(prompts))
-    k = prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
+    k = prompts.answer_tokens.shape[1] if prompts.scoring == "full-answer" else 1
     for group in prompts.length_groups():
         answer = prompts.answer_tokens[group, :k]
         fed = torch.cat([prompts.unpadded(group), answer[:, :-1].clamp(min=0)], dim=1)
@@ -57,7 +57,7 @@ def test_evaluate_gives_the_plain_forward_greedy_answers(llama_model, regime):
     reference = plain_greedy(model, prompts)
     assert torch.equal(evaluation.generated_tokens, reference)  # ... and changes no token
     assert torch.equal(prompts.evaluate(model, batch_size=5).generated_tokens, reference)
-    scored = prompts.with_scoring("full_answer")
+    scored = prompts.with_scoring("full-answer")
     assert torch.allclose(scored.answer_logprob(model), plain_logprob(model, scored), atol=1e-4)
     assert torch.allclose(prompts.answer_logprob(model), plain_logprob(model, prompts), atol=1e-4)
 

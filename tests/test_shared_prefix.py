@@ -29,7 +29,7 @@ def llama(digit_tokenizer, tmp_path_factory):
     model = ai.load_model(str(folder))
     prompts = arithmetic(model, a=range(10, 40), b=range(50, 60), few_shot=SHOTS)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # first answer tokens shared by some pairs: full_answer scores them
+        warnings.simplefilter("ignore")  # first answer tokens shared by some pairs: "full-answer" scores them
         pairs = prompts.counterfactual(vary="a", seed=0)
     group = pairs.clean.length_groups()[0][:5]
     return model, prompts, pairs[group]
@@ -74,7 +74,7 @@ def resume_starts(monkeypatch):
 # --- patching without positions -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scoring", ["first_token", "full_answer"])
+@pytest.mark.parametrize("scoring", ["first-token", "full-answer"])
 @pytest.mark.parametrize("site", ["attn_z", "mlp_post", "attn_out", "pattern"])
 def test_sweeps_without_positions_start_after_the_shared_prefix(llama, resume_starts, site, scoring):
     """Every cell patches every position, yet its run starts where the source activation first
@@ -116,7 +116,7 @@ def test_heads_without_positions_match_whole_forwards_in_every_family(family, nu
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_teacher_forced_answers_share_their_prompt_in_every_family(family, number_tokenizer, tmp_path, monkeypatch):
-    """With ``full_answer`` scoring every pair is a row per fed answer; the patched runs compute the
+    """With ``full-answer`` scoring every pair is a row per fed answer; the patched runs compute the
     prompt's positions once per pair (``Stepper.resume_split``) and give the whole forwards' numbers
     (≤ 1e-5), for heads without positions and the residual stream by position (3 layers: a
     residual patch at layer 0 makes the run the source's, one entering the last block takes
@@ -124,7 +124,7 @@ def test_teacher_forced_answers_share_their_prompt_in_every_family(family, numbe
     model = ai.load_model(str(save_family(family, number_tokenizer, tmp_path, n_layers=3)))
     prompts = arithmetic(model, a=range(10, 40, 3), b=range(5, 30, 4), few_shot=2)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # first answer tokens shared by some pairs: full_answer scores them
+        warnings.simplefilter("ignore")  # first answer tokens shared by some pairs: "full-answer" scores them
         pairs = prompts.counterfactual(vary="b", seed=0)
     pairs = pairs[pairs.clean.length_groups()[0][:4]]
     splits = []
@@ -137,10 +137,10 @@ def test_teacher_forced_answers_share_their_prompt_in_every_family(family, numbe
     monkeypatch.setattr(Stepper, "resume_split", spy)
     for site, per_position in (("attn_z", False), ("resid_pre", True)):
         splits.clear()
-        fast = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full_answer",
+        fast = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full-answer",
                                             engine="stepped", progress=False)
         assert splits, (family, site)  # the split path ran
-        slow = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full_answer",
+        slow = patching.activation_patching(model, pairs, site, per_position=per_position, scoring="full-answer",
                                             engine="hooks", progress=False)
         assert (fast.values - slow.values).abs().max() <= 1e-5 * max(1.0, float(slow.values.abs().max())), family
         assert fast.values.std() > 1e-3
@@ -158,7 +158,7 @@ def test_teacher_forced_sweeps_on_the_zoo_match_whole_forwards(monkeypatch):
         model = ai.load_model("zoo:add-3digit")
     except ModelFileError:
         pytest.skip("zoo:add-3digit is not shipped in this checkout")
-    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=40).with_scoring("full_answer")
+    prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=40).with_scoring("full-answer")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pairs = prompts.counterfactual(vary="b", seed=0)[:6]
@@ -242,7 +242,7 @@ def test_greedy_decoding_runs_the_shared_prefix_once_and_gives_the_plain_answers
     assert sum(rows for rows, k in shared if k >= 10 * SHOTS // 2) == len(prompts), shared
     assert torch.equal(evaluation.generated_tokens, plain_greedy(model, prompts))
     # teacher-forced scoring takes the same path
-    scored = prompts.with_scoring("full_answer")
+    scored = prompts.with_scoring("full-answer")
     reference = torch.zeros(len(prompts))
     with torch.inference_mode():
         for group in prompts.length_groups():

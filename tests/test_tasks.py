@@ -75,7 +75,7 @@ def test_operators_and_modulus(tiny_model):
     assert arithmetic(tiny_model, "+", [100], [50], "{a} {b} =", modulus=113).answer.tolist() == [37]
 
 
-@pytest.mark.parametrize("vary", ["a", "b", "both", "keep_answer", "operator"])
+@pytest.mark.parametrize("vary", ["a", "b", "both", "keep-answer", "operator"])
 def test_counterfactual_pairs_align(tiny_model, vary):
     prompts = arithmetic(tiny_model, "+", range(1, 30), range(1, 30), "{a}{op}{b}=")[::7]
     pairs = prompts.counterfactual(vary=vary, seed=1)
@@ -88,7 +88,7 @@ def test_counterfactual_pairs_align(tiny_model, vary):
         assert torch.equal(clean.b, corrupt.b) and (clean.a != corrupt.a).all()
     if vary == "b":
         assert torch.equal(clean.a, corrupt.a) and (clean.b != corrupt.b).all()
-    if vary == "keep_answer":
+    if vary == "keep-answer":
         assert torch.equal(clean.answer, corrupt.answer)
     else:
         assert (clean.answer != corrupt.answer).all()
@@ -148,8 +148,8 @@ def test_few_shot_prefix(tiny_model):
 def test_answer_logprob_first_token_and_full_answer(tiny_digit_model):
     prompts = prompts_for_pairs(tiny_digit_model, "+", [123, 45], [456, 7], "{a}+{b}=")
     first = prompts.answer_logprob(tiny_digit_model)
-    full = prompts.with_scoring("full_answer").answer_logprob(tiny_digit_model)
-    assert prompts.with_scoring("full_answer").scoring == "full_answer"
+    full = prompts.with_scoring("full-answer").answer_logprob(tiny_digit_model)
+    assert prompts.with_scoring("full-answer").scoring == "full-answer"
     for i in range(len(prompts)):
         start = prompts.tokens.shape[1] - int(prompts.lengths[i])
         answer = prompts.answer_tokens[i][prompts.answer_tokens[i] >= 0]

@@ -3,7 +3,7 @@
 A *cell* sets some activations to given values (zero, a mean, another prompt's) at one position
 per prompt, in one or more layers: a head at the position that predicts an answer digit
 (:func:`arithinterp.patching.digit_ablation`), one MLP neuron at the final position
-(:func:`arithinterp.neurons.importance` with ``"mean_ablation"``), a heuristic's neurons
+(:func:`arithinterp.neurons.importance` with ``"mean-ablation"``), a heuristic's neurons
 (:func:`arithinterp.neurons.ablate_heuristic`). A cell's run equals the base run before its first
 ablated layer and before its first ablated position, so :class:`AblationRunner` runs the base
 prompts once (:meth:`arithinterp.engine.Stepper.base`), groups the cells by that layer and position

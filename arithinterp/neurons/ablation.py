@@ -203,12 +203,12 @@ def _correct(
     """Whether each prompt is answered right with neurons ablated at the final position.
 
     ``masks[layer]`` is ``[d_mlp]`` (same for every prompt) or ``[P, d_mlp]`` bool. With
-    ``prompts.scoring == "full_answer"`` every answer token is checked teacher-forced (equal to
+    ``prompts.scoring == "full-answer"`` every answer token is checked teacher-forced (equal to
     greedy exact match); otherwise the first answer token. The ablations are
     :class:`~arithinterp.engine.Write` s run by :func:`arithinterp.engine.run`.
     """
     correct = torch.zeros(len(prompts), dtype=torch.bool)
-    full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
+    full = getattr(prompts, "scoring", "first-token") == "full-answer" and prompts.answer_tokens.shape[1] > 1
     for idx, tokens, final in final_position_batches(prompts, batch_size):
         rows = torch.arange(len(idx))
         answer = prompts.answer_tokens[idx]
@@ -255,7 +255,7 @@ def _correct_many(
         return torch.stack([_correct(model, prompts, masks, replacement, batch_size) for masks in cells]) if cells \
             else torch.zeros(0, len(prompts), dtype=torch.bool)
     correct = torch.zeros(len(cells), len(prompts), dtype=torch.bool)
-    full = getattr(prompts, "scoring", "first_token") == "full_answer" and prompts.answer_tokens.shape[1] > 1
+    full = getattr(prompts, "scoring", "first-token") == "full-answer" and prompts.answer_tokens.shape[1] > 1
     for idx, tokens, final in final_position_batches(prompts, batch_size):
         answer = prompts.answer_tokens[idx]
         n_answer = answer.shape[1] if full else 1

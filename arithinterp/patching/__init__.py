@@ -21,7 +21,7 @@
 Conventions (those of TransformerLens's ``patching`` module): ``direction="denoise"`` runs the
 corrupt prompt and patches in the clean activation; ``"noise"`` runs the clean prompt and patches
 in the corrupt one. The *base* run is the one that is patched, the *source* run the one the patch
-comes from. Metrics are read at the final prompt position, or with ``scoring="full_answer"`` over
+comes from. Metrics are read at the final prompt position, or with ``scoring="full-answer"`` over
 every answer token, teacher-forced (``logit_diff`` = log P(clean answer) − log P(corrupt answer)).
 
 Speed. Exact sweeps stack many patch cells along the batch dimension and run them through the

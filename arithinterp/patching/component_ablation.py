@@ -29,7 +29,7 @@ class AblationResult(Result):
     """Accuracy and answer log-probability before and after ablating components.
 
     ``token_correct_before`` / ``token_correct_after`` are ``[n_prompts, n_scored]``: whether each
-    scored answer token is the argmax — the first token only, or with ``scoring="full_answer"``
+    scored answer token is the argmax — the first token only, or with ``scoring="full-answer"``
     prompts every answer token, teacher-forced (the earlier answer tokens are fed in). A prompt is
     correct (``correct_before`` / ``correct_after``, ``[n_prompts]``) when all its scored tokens
     are; ``logprob_before`` / ``logprob_after`` sum their log-probabilities.
@@ -54,6 +54,7 @@ class AblationResult(Result):
     _legal = {"ablation": COMPONENT_ABLATIONS, "scoring": SCORINGS, "accuracy_before": PROBABILITY,
               "accuracy_after": PROBABILITY}
     _field_names = {"mode": "ablation"}
+    _value_names = {"scoring": {"first_token": "first-token", "full_answer": "full-answer"}}
 
     def to_frame(self):
         """One row per run (full model, ablated): accuracy, mean answer log-prob, per-token accuracy.
@@ -96,7 +97,7 @@ def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: i
     """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position).
 
     ``answer{k}`` is the position whose output predicts answer token k: ``final`` for k = 0, then
-    the teacher-forced answer tokens (``scoring="full_answer"``); every other spec is resolved by
+    the teacher-forced answer tokens (``scoring="full-answer"``); every other spec is resolved by
     ``PromptSet.locate`` (``a``, ``a[0]``, ``final-1``, an int on same-length prompts).
 
     Args:
@@ -115,7 +116,7 @@ def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: i
     answer = re.fullmatch(r"answer(\d+)", position)
     if answer and int(answer.group(1)) > fed:
         raise SiteError(f"position {position!r} is past the fed answer tokens ({length} tokens); "
-                        "answer positions beyond answer0 need prompts.with_scoring('full_answer')")
+                        "answer positions beyond answer0 need prompts.with_scoring('full-answer')")
     spec = f"final+{answer.group(1)}" if answer else (int(position) if re.fullmatch(r"-?\d+", position) else position)
     return prompts.locate(spec, answers=fed)[1][idx, 0] - offset
 
@@ -210,7 +211,7 @@ def ablated_scores(model: HookedModel, prompts, parsed, ablation: str, seed: int
     """``score(logits [B, n_scored, V], rows)`` for every prompt, with the components (or their
     complement, ``keep=True``) ablated; nothing is ablated when ``parsed`` is empty and ``keep=False``.
 
-    With ``scoring="full_answer"`` the answer's tokens but the last are fed after the prompt, so the
+    With ``scoring="full-answer"`` the answer's tokens but the last are fed after the prompt, so the
     logits (float32) at the last ``n_scored`` positions predict each answer token (teacher forcing).
     ``ablation``: ``"zero"``; ``"mean"``, the engine's one definition
     (:func:`arithinterp.engine.mean_activation`: the mean over these prompts at each position
@@ -316,7 +317,7 @@ def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], *,
            seed: int = 0) -> AblationResult:
     """Ablate components and measure accuracy and answer log-probability (Nikankin et al. 2025; Quirke & Barez 2024).
 
-    Prompts with ``scoring="full_answer"`` (``prompts.with_scoring("full_answer")``) are scored on
+    Prompts with ``scoring="full-answer"`` (``prompts.with_scoring("full-answer")``) are scored on
     every answer token, teacher-forced, so a multi-digit answer is scored digit by digit (Quirke &
     Barez: mean-ablate a head at the position of one answer digit and see which digit breaks).
 

@@ -130,6 +130,6 @@ def scored_answer_tokens(prompts) -> int:
         prompts: The prompts.
 
     Returns:
-        Every answer token with ``scoring="full_answer"``, else 1.
+        Every answer token with ``scoring="full-answer"``, else 1.
     """
-    return prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
+    return prompts.answer_tokens.shape[1] if prompts.scoring == "full-answer" else 1

@@ -31,7 +31,7 @@ SWEEP_SITES = (
     "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post",
 )
 ATTRIBUTE_SITES = SWEEP_SITES
-SCORINGS = ("first_token", "full_answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
+SCORINGS = ("first-token", "full-answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
 ATTRIBUTION_METHODS = ("attribution", "integrated-gradients")
 COMPONENT_ABLATIONS = ("zero", "mean", "resample")
 ELEMENT_BUDGET = 2**24  # floats per stacked activation tensor (64 MB in float32)
@@ -200,18 +200,18 @@ def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1
 
 def resolve_scoring(pairs, scoring: Optional[str], metric) -> str:
     """The scoring a sweep uses: ``scoring``, or (``None``) the one the prompts carry
-    (``prompts.with_scoring(...)``) for a named metric and ``"first_token"`` for a callable;
-    ``"full_answer"`` needs a named metric."""
+    (``prompts.with_scoring(...)``) for a named metric and ``"first-token"`` for a callable;
+    ``"full-answer"`` needs a named metric."""
     if scoring is None:  # a callable reads the final position's logits, whatever the prompts say
-        scoring = "first_token" if callable(metric) else getattr(pairs.clean, "scoring", "first_token")
+        scoring = "first-token" if callable(metric) else getattr(pairs.clean, "scoring", "first-token")
     if scoring not in SCORINGS:
         raise ConfigError(
             f"unknown scoring {scoring!r}; accepted: {accepted(SCORINGS)} or None (the prompts' own scoring)"
         )
-    if scoring == "full_answer" and callable(metric):
+    if scoring == "full-answer" and callable(metric):
         raise ConfigError(
-            "scoring='full_answer' scores the named metrics over every answer token; a metric callable takes "
-            f"final-position logits [B, V] only. Pass one of {accepted(METRICS)}, or scoring='first_token'"
+            "scoring='full-answer' scores the named metrics over every answer token; a metric callable takes "
+            f"final-position logits [B, V] only. Pass one of {accepted(METRICS)}, or scoring='first-token'"
         )
     return scoring
 
@@ -219,12 +219,12 @@ def resolve_scoring(pairs, scoring: Optional[str], metric) -> str:
 def warn_first_token_only(pairs, what: str) -> None:
     """Say so when prompts ask for full-answer scoring that ``what`` does not do (it reads the
     final position's logits only)."""
-    if getattr(pairs.clean, "scoring", "first_token") == "full_answer":
+    if getattr(pairs.clean, "scoring", "first-token") == "full-answer":
         import warnings
 
         warnings.warn(
             f"{what} scores the first answer token only, although these prompts ask for full-answer scoring; "
-            "patching.activation_patching(..., scoring='full_answer') scores every answer token",
+            "patching.activation_patching(..., scoring='full-answer') scores every answer token",
             UserWarning,
             stacklevel=3,
         )

@@ -113,7 +113,7 @@ def digit_ablation(
     Args:
         model: The hooked model.
         prompts: A PromptSet with multi-token answers (e.g. ``zoo:add-3digit``'s); its scoring is
-            set to ``"full_answer"`` here.
+            set to ``"full-answer"`` here.
         heads: ``"L{layer}H{head}"`` names (default: every head).
         ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
         seed: Seeds the resample ablation.
@@ -164,7 +164,7 @@ def digit_scores(
     n_answer, N, 2], engine used)``, the last axis (argmax correct, log-probability) of answer token
     k, teacher-forced, with head ``parsed[i]`` ablated at the position predicting token k (cells) or
     nothing ablated (baseline). ``engine="hooks"`` runs one whole forward per cell (the reference)."""
-    prompts = prompts.with_scoring("full_answer")
+    prompts = prompts.with_scoring("full-answer")
     n_answer = prompts.answer_tokens.shape[1]
     if engine != "hooks":
         stepped = _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progress)
@@ -289,7 +289,7 @@ def _fed(prompts: PromptSet, fed: torch.Tensor, k: int) -> PromptSet:
         answer_tokens=rest,
         answer_texts=tuple(text([x for x in row if x >= 0]) for row in rest.tolist()),
         positions={**prompts.positions, "emit": torch.full((len(prompts),), prompts.tokens.shape[1] + k - 1)},
-        scoring="first_token",
+        scoring="first-token",
         meta=meta,
     )
 

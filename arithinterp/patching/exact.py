@@ -92,13 +92,13 @@ def activation_patching(
         engine: ``"auto"`` (the model's own blocks stepped from the patched layer and position
             when that reproduces its logits, else whole forwards with a warning), ``"stepped"``
             (refuse to fall back) or ``"hooks"`` (whole forwards).
-        scoring: ``"first_token"`` (the metric on the final position's logits, which predict the
-            answer's first token), ``"full_answer"`` (the named metrics over every answer token,
+        scoring: ``"first-token"`` (the metric on the final position's logits, which predict the
+            answer's first token), ``"full-answer"`` (the named metrics over every answer token,
             teacher-forced: each answer the metric compares is appended to the base and the source
             prompt, and ``logit_diff`` becomes ``log P(clean answer) − log P(corrupt answer)``,
             ``logprob`` / ``prob`` those of the whole clean answer, ``ie`` Stolfo et al.'s with
             whole-answer probabilities), or ``None``: the prompts' own ``scoring``
-            (``prompts.with_scoring("full_answer")``; a metric callable always reads the final
+            (``prompts.with_scoring("full-answer")``; a metric callable always reads the final
             position). Patch positions stay prompt positions; ``per_position=False`` patches the
             fed answer tokens too (the source prompt is fed the same answer).
         seed: Seeds the bootstrap interval.
@@ -148,8 +148,8 @@ def activation_patching(
             base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
             offset = base_set.offset(idx)
             full = None
-            if scoring == "full_answer":  # every row: a pair's prompt with one of the answers teacher-forced after it
-                assert isinstance(metric, str)  # resolve_scoring refuses full_answer with a metric callable
+            if scoring == "full-answer":  # every row: a pair's prompt with one of the answers teacher-forced after it
+                assert isinstance(metric, str)  # resolve_scoring refuses "full-answer" with a metric callable
                 full = FullAnswer.of(metric, pairs[idx], direction)
                 fed = full.fed()
                 base_tokens = torch.cat([base_tokens.repeat(full.n_feeds, 1), fed], dim=1)

@@ -118,7 +118,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
     parsed = parse_components(model, list(circuit), ("attn", "mlp", "head"), prompts) if len(circuit) else []
-    prompts = prompts.with_scoring("first_token")
+    prompts = prompts.with_scoring("first-token")
 
     def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]
         logits, answer = logits[:, -1], prompts.answer_tokens[rows, 0].to(logits.device)

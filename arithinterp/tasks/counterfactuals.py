@@ -20,7 +20,7 @@ from arithinterp.tasks.templates import answer_text
 if TYPE_CHECKING:
     from arithinterp.tasks.prompt_set import PromptSet
 
-VARY = ("a", "b", "both", "keep_answer", "operator")
+VARY = ("a", "b", "both", "keep-answer", "operator")
 
 
 def draw_partners(
@@ -30,7 +30,7 @@ def draw_partners(
 
     Args:
         prompts: The clean prompts (one template and prefix).
-        vary: What the partner changes: ``"a"``, ``"b"``, ``"both"``, ``"keep_answer"`` or ``"operator"``.
+        vary: What the partner changes: ``"a"``, ``"b"``, ``"both"``, ``"keep-answer"`` or ``"operator"``.
         seed: The seed of the draws.
         ops: The operators ``vary="operator"`` draws from.
         max_tries: Draws per prompt before it is left without a partner.
@@ -80,16 +80,16 @@ def draw_partners(
     for i, (a, b, answer) in enumerate(zip(prompts.a.tolist(), prompts.b.tolist(), prompts.answer.tolist())):
         for _ in range(max_tries):
             new_a, new_b, new_op = a, b, prompts.op
-            if vary in ("a", "both", "keep_answer"):
+            if vary in ("a", "both", "keep-answer"):
                 new_a = rng.choice(a_pool)
-            if vary in ("b", "both", "keep_answer"):
+            if vary in ("b", "both", "keep-answer"):
                 new_b = rng.choice(b_pool)
             if vary == "operator":
                 new_op = rng.choice(other_ops)
             if (new_a, new_b, new_op) == (a, b, prompts.op) or not defined(new_op, new_b):
                 continue
             new_answer = compute(new_op, new_a, new_b, prompts.modulus)
-            if (new_answer == answer) != (vary == "keep_answer"):
+            if (new_answer == answer) != (vary == "keep-answer"):
                 continue
             if not spellable(new_answer):  # e.g. a product past a number tokenizer's vocabulary
                 continue
@@ -112,7 +112,7 @@ def keep_aligned(
         n: How many prompts the pairs were drawn for (those without a partner count as dropped).
         clean: The clean prompts, one per partner.
         corrupt: Their partners, row for row.
-        vary: What the partners change (``"keep_answer"`` keeps the answer on purpose).
+        vary: What the partners change (``"keep-answer"`` keeps the answer on purpose).
         distinct_first_token: Keep only pairs whose answers start with different tokens.
 
     Returns:
@@ -123,7 +123,7 @@ def keep_aligned(
         TaskError: no pair is left.
     """
     aligned = _aligned(clean, corrupt)
-    if distinct_first_token and vary != "keep_answer":
+    if distinct_first_token and vary != "keep-answer":
         aligned &= clean.answer_tokens[:, 0] != corrupt.answer_tokens[:, 0]
     clean, corrupt = clean[aligned], corrupt[aligned]
     dropped = n - len(clean)
@@ -133,12 +133,12 @@ def keep_aligned(
             f"no counterfactual partner with aligned tokens{need} could be found for vary={vary!r}; "
             "widen the operand ranges or use a tokenizer where the numbers are single tokens"
         )
-    same = int((clean.answer_tokens[:, 0] == corrupt.answer_tokens[:, 0]).sum()) if vary != "keep_answer" else 0
+    same = int((clean.answer_tokens[:, 0] == corrupt.answer_tokens[:, 0]).sum()) if vary != "keep-answer" else 0
     if same:
         warnings.warn(
             f"{same} of {len(clean)} pairs have clean and corrupt answers that start with the same first token, "
             "so a first-token logit difference is 0 on them; pass distinct_first_token=True, or score every "
-            "answer token with prompts.with_scoring('full_answer')",
+            "answer token with prompts.with_scoring('full-answer')",
             stacklevel=3,  # the caller of PromptSet.counterfactual
         )
     return clean, corrupt, dict(dropped=dropped, kept=len(clean), same_first_token=same)

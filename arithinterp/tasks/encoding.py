@@ -44,7 +44,7 @@ def encode_prompts(
         prefix: The few-shot prefix written before every prompt.
         modulus: Reduce answers mod this (``None``: not reduced).
         prepend_bos: Start every prompt with the tokenizer's BOS token.
-        scoring: ``"first_token"`` or ``"full_answer"``.
+        scoring: ``"first-token"`` or ``"full-answer"``.
         answer_digits: Zero-pad answers to this many digits (0: plain).
         names: Write operand ``a`` and the answers as names.
 

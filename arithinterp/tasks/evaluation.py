@@ -180,7 +180,7 @@ def answer_logprob(prompts: PromptSet, model: HookedModel, batch_size: Optional[
     check_belongs(model, "PromptSet.answer_logprob", prompts=prompts)
     from arithinterp.engine.decode import teacher_forced_logprobs
 
-    n_score = prompts.answer_tokens.shape[1] if prompts.scoring == "full_answer" else 1
+    n_score = prompts.answer_tokens.shape[1] if prompts.scoring == "full-answer" else 1
     total = torch.zeros(len(prompts))
     for idx in _batches(prompts, model, batch_size, n_score, n_score - 1):
         total[idx] = teacher_forced_logprobs(model, prompts.unpadded(idx), prompts.answer_tokens[idx, :n_score]).sum(-1)

@@ -84,7 +84,7 @@ def prompts_for_pairs(
     few_shot: Union[NonNegativeInt, str] = 0,
     answer_digits: int = 0,
     prepend_bos: Optional[bool] = None,
-    scoring: str = "first_token",
+    scoring: str = "first-token",
     require_single_tokens: bool = False,
     seed: int = 0,
     names: Optional[Sequence[str]] = None,
@@ -102,8 +102,8 @@ def prompts_for_pairs(
         few_shot: number of solved examples to prefix (one per line, seeded), or a prefix string.
         answer_digits: write answers zero-padded to this many digits (0 = plain).
         prepend_bos: start every prompt with BOS; ``None`` follows the model (or the tokenizer).
-        scoring: ``"first_token"`` (logit metrics on the answer's first token) or
-            ``"full_answer"`` (teacher-forced log-prob of every answer token).
+        scoring: ``"first-token"`` (logit metrics on the answer's first token) or
+            ``"full-answer"`` (teacher-forced log-prob of every answer token).
         require_single_tokens: raise if any operand spans several tokens (analyses that read one
             operand position need this).
         seed: the seed of the few-shot examples.

@@ -27,7 +27,7 @@ from arithinterp.types import checked
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
-SCORING = ("first_token", "full_answer")
+SCORING = ("first-token", "full-answer")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class PromptSet:
     modulus: Optional[int] = None
     prefix: Optional[str] = ""  # None when joined from sets with different few-shot prefixes
     prepend_bos: bool = True
-    scoring: str = "first_token"
+    scoring: str = "first-token"
     tokenizer: Any = field(default=None, repr=False, compare=False)
     meta: dict = field(default_factory=dict, compare=False)
 
@@ -110,10 +110,10 @@ class PromptSet:
         return self.tokenizer.convert_ids_to_tokens(row.tolist())
 
     def with_scoring(self, scoring: str) -> "PromptSet":
-        """The same prompts scored by the ``"first_token"`` or teacher-forced ``"full_answer"``.
+        """The same prompts scored by the ``"first-token"`` or teacher-forced ``"full-answer"``.
 
         Args:
-            scoring: ``"first_token"`` or ``"full_answer"``.
+            scoring: ``"first-token"`` or ``"full-answer"``.
 
         Returns:
             A copy of the set with ``scoring`` set.
@@ -288,8 +288,8 @@ class PromptSet:
     def answer_logprob(self, model: HookedModel, batch_size: Optional[int] = None) -> torch.Tensor:
         """Log-probability of each true answer, [N].
 
-        With ``scoring="first_token"`` that of the answer's first token; with
-        ``scoring="full_answer"`` the teacher-forced sum over every answer token (the answer's
+        With ``scoring="first-token"`` that of the answer's first token; with
+        ``scoring="full-answer"`` the teacher-forced sum over every answer token (the answer's
         earlier tokens are fed in, as if the model had produced them). Only the scored positions
         are unembedded.
 
@@ -348,11 +348,11 @@ class PromptSet:
         token (27 and 29 both start with "2" when digits are tokens), so a first-token metric is
         identically 0 on that pair. Such pairs are counted in ``pairs.meta["same_first_token"]``
         and warned about; ``distinct_first_token=True`` draws only partners whose answer starts
-        with another token (or score every answer token with ``with_scoring("full_answer")``).
+        with another token (or score every answer token with ``with_scoring("full-answer")``).
 
         Args:
             vary: ``"a"`` / ``"b"`` (change one operand, keep the other, the answer changes),
-                ``"both"`` (change both, the answer changes), ``"keep_answer"`` (change both
+                ``"both"`` (change both, the answer changes), ``"keep-answer"`` (change both
                 operands, keep the answer: the control of Stolfo et al.), ``"operator"`` (same
                 operands, another operator from ``ops``, the answer changes). Operands are drawn
                 from the values present in this set.
