@@ -315,3 +315,31 @@ def test_a_sweep_config_refuses_what_would_fail_its_cells(change, match):
                   analyses=[analysis], resources=change.get("resources", {}))
     with pytest.raises(ConfigError, match=match):
         load_config(config)
+
+
+def test_a_template_that_repeats_an_operand_and_a_few_shot_no_context_holds_are_refused(monkeypatch):
+    """'{a}+{b}+{a}=' would be scored against a+b; 100,000 examples took 90 s to build before the
+    prompts were refused for their length."""
+    import arithinterp as ai
+    import arithinterp.tasks.templates as templates
+    from arithinterp.errors import TaskError
+    from arithinterp.tasks import arithmetic
+
+    model = ai.load_model("zoo:add-100")
+    with pytest.raises(TaskError, match=r"must contain '\{a\}' and '\{b\}' once each, got '\{a\}\+\{b\}\+\{a\}='"):
+        arithmetic(model, "+", range(3), range(3), template="{a}+{b}+{a}=")
+    rendered = []
+    real = templates.render
+    monkeypatch.setattr(templates, "render", lambda *a, **k: rendered.append(a) or real(*a, **k))
+    with pytest.raises(TaskError, match=r"few_shot must be at most 1000 examples, got 100,000"):
+        arithmetic(model, "+", range(3), range(3), few_shot=100_000)
+    assert not rendered  # refused before a single example is written, not after building them all
+
+
+@pytest.mark.parametrize("period", [1.0, 0.5, 1e300])
+def test_a_period_that_is_constant_on_whole_numbers_is_refused(period):
+    """Period 1 and 1e300 gave the same fit (their cos and sin columns are constant on whole numbers)."""
+    from arithinterp import helix
+
+    with pytest.raises(ConfigError, match="periods must be numbers from 2 to 1e\\+06"):
+        helix.basis(torch.arange(10.0), periods=[10, period])

@@ -37,10 +37,26 @@ def as_2d(values: Any) -> torch.Tensor:
     return values
 
 
+MAX_PERIOD = 1e6  # a circle that whole numbers walk a millionth of a turn at a time is a constant column
+
+
 def check_periods(periods: Sequence[float]) -> list[float]:
+    """The periods as floats, each from 2 to :data:`MAX_PERIOD`: on whole numbers a period under 2
+    aliases to a longer one (period 1 is a constant), and a far longer one is constant too.
+
+    Args:
+        periods: The periods of the helix's circles.
+
+    Returns:
+        The periods as floats.
+
+    Raises:
+        ConfigError: A period is not finite or outside 2..:data:`MAX_PERIOD`.
+    """
     periods = [float(T) for T in periods]
-    if any(not math.isfinite(T) or T <= 0 for T in periods):
-        raise ConfigError(f"periods must be positive numbers (e.g. 2, 5, 10, 100 or 113/14), got {periods}")
+    if any(not math.isfinite(T) or not 2 <= T <= MAX_PERIOD for T in periods):
+        raise ConfigError(f"periods must be numbers from 2 to {MAX_PERIOD:.0e} (e.g. 2, 5, 10, 100 or 113/14): a "
+                          f"period under 2 aliases on whole numbers and a far longer one is constant; got {periods}")
     return periods
 
 

@@ -20,6 +20,7 @@ OP_SYMBOLS: dict[str, str] = {"+": "+", "-": "-", "*": "*", "//": "//", "mod": "
 _SHOWN_BY: dict[str, tuple[str, ...]] = {"+": ("+",), "-": ("-",), "*": ("*",), "//": ("//",), "mod": ("%", "mod")}
 TEMPLATE_FIELDS = ("{a}", "{b}", "{op}")
 DEFAULT_TEMPLATE = "{a}{op}{b}="
+MAX_FEW_SHOT = 1000  # solved examples: some 6,000 tokens, past the context of the models studied here
 
 
 def check_template(template: Any, op: str) -> str:
@@ -37,8 +38,8 @@ def check_template(template: Any, op: str) -> str:
         ``template``, unchanged.
 
     Raises:
-        TaskError: ``template`` is not a string, has an unknown field, lacks ``{a}`` or ``{b}``, or
-            writes another operator than ``op``.
+        TaskError: ``template`` is not a string, has an unknown field, lacks ``{a}`` or ``{b}`` or
+            repeats one, or writes another operator than ``op``.
     """
     if not isinstance(template, str):
         raise TaskError(f"template must be a string such as {DEFAULT_TEMPLATE!r}, got {template!r}")
@@ -46,8 +47,8 @@ def check_template(template: Any, op: str) -> str:
     if unknown:
         raise TaskError(f"template {template!r} has the unknown field {unknown[0]}; accepted fields: "
                         f"{', '.join(TEMPLATE_FIELDS)}")
-    if "{a}" not in template or "{b}" not in template:
-        raise TaskError(f"template must contain '{{a}}' and '{{b}}', got {template!r}")
+    if template.count("{a}") != 1 or template.count("{b}") != 1:  # a repeated operand is not what is scored
+        raise TaskError(f"template must contain '{{a}}' and '{{b}}' once each, got {template!r}")
     if "{op}" in template or op not in OPERATORS:
         return template
     text = re.sub(r"\{[ab]\}", " ", template)
@@ -146,12 +147,14 @@ def few_shot_prefix(
         The prefix (``""`` for no examples).
 
     Raises:
-        TaskError: ``few_shot`` is neither a string nor a non-negative int.
+        TaskError: ``few_shot`` is neither a string nor an int in 0..:data:`MAX_FEW_SHOT`.
     """
     if isinstance(few_shot, str):
         return few_shot
     few_shot = integer("few_shot", few_shot, minimum=0, error=TaskError,
                        hint=" (number of examples) or a prefix string")
+    if few_shot > MAX_FEW_SHOT:  # refused before building prompts longer than any model's context
+        raise TaskError(f"few_shot must be at most {MAX_FEW_SHOT} examples, got {few_shot:,}")
     rng = random.Random(seed + 7919)
     lines = []
     for _ in range(few_shot):
