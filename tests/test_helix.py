@@ -58,7 +58,7 @@ def test_several_variables_share_one_constant():
 def test_basis_validates_input():
     with pytest.raises(ConfigError, match="helix"):
         hx.basis(torch.arange(5), "spiral")
-    with pytest.raises(ConfigError, match="positive"):
+    with pytest.raises(ConfigError, match="periods must be numbers from 2"):
         hx.basis(torch.arange(5), "helix", (0, 5))
 
 
