@@ -14,6 +14,9 @@ Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``
 here: a subclass without them cannot be made), and declare their saved folders' invariants for
 ``load`` to check (``_shapes``, ``_legal``: see :class:`Result`). ``tests/test_result_contract.py``
 checks the whole contract on every subclass in the package, damaging each field of a saved folder.
+
+One module past 500 lines on purpose: the result contract (fields, invariants, files, meta) is one
+base class every result type inherits whole.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@
   ∂metric/∂receiver input`` (EAP, Syed et al. 2023), with the gradient averaged over ``ig_steps``
   runs whose embeddings are interpolated from the base to the source prompt (EAP-IG, Hanna et al.
   2024): 2 forwards (and one backward) per batch for EAP, 2 + 2·ig_steps for EAP-IG.
+
+One module past 500 lines on purpose: exact patching and EAP / EAP-IG score the same edges through
+the same stacked runs, and are compared with each other.
 """
 
 from __future__ import annotations

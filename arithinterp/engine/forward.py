@@ -10,6 +10,9 @@ Gradients: with ``grad=True`` every read is also a point the metric can be diffe
 without touching the model's ``requires_grad`` flags, so frozen and half-precision models work at
 every layer (a zero tensor that requires grad is added at the read; its gradient is the
 activation's).
+
+One module past 500 lines on purpose: writes, reads and their gradients are applied by the same
+hooks in one forward, and their order matters.
 """
 
 from __future__ import annotations
