@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import functools
 import itertools
@@ -135,17 +135,18 @@ def plot_attribution(result: AttributionResult, statistic: str = "mean", title: 
     from plotly.subplots import make_subplots
 
     parts = [plot_patch_result(result[site], statistic=statistic) for site in result.sites]
-    fig = make_subplots(rows=len(parts), cols=1, subplot_titles=[part.layout.title.text for part in parts],
+    layouts: list[Any] = [part.layout for part in parts]  # plotly's layout objects are not typed
+    fig = make_subplots(rows=len(parts), cols=1, subplot_titles=[layout.title.text for layout in layouts],
                         vertical_spacing=0.25 / max(len(parts), 1))
-    for row, part in enumerate(parts, start=1):
+    for row, (part, layout) in enumerate(zip(parts, layouts), start=1):
         for trace in part.data:
             if isinstance(trace, go.Heatmap):
                 # one colour bar per site, beside its own heatmap
                 trace.update(colorbar=dict(len=1 / len(parts), y=1 - (row - 0.5) / len(parts)))
             fig.add_trace(trace, row=row, col=1)
-        fig.update_xaxes(title_text=part.layout.xaxis.title.text, row=row, col=1)
-        fig.update_yaxes(title_text=part.layout.yaxis.title.text, row=row, col=1)
-    fig.update_layout(template=parts[0].layout.template, height=380 * len(parts),
+        fig.update_xaxes(title_text=layout.xaxis.title.text, row=row, col=1)
+        fig.update_yaxes(title_text=layout.yaxis.title.text, row=row, col=1)
+    fig.update_layout(template=layouts[0].template, height=380 * len(parts),
                       title=title or f"{result.method} estimates of {', '.join(result.sites)} "
                                      f"({result.direction}, {result.n_pairs} pairs)")
     return fig
