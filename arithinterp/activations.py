@@ -23,7 +23,7 @@ from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
-from arithinterp.tasks import position_labels
+from arithinterp.tasks.positions import position_labels
 from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
 if TYPE_CHECKING:

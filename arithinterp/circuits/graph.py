@@ -22,7 +22,7 @@ import torch
 
 from arithinterp.engine.edges import CHANNELS, Layout
 from arithinterp.errors import AnalysisError, SiteError, accepted
-from arithinterp.tasks import position_labels
+from arithinterp.tasks.positions import position_labels
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel

@@ -200,8 +200,8 @@ def intervene(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
             from its end; ``[-1]`` is the final position); None: every position.
 
     Returns:
-        A :class:`FeatureInterventionResult`: the answer's probability, log-probability and the
-        most likely token per prompt, before and after.
+        The answer's probability, log-probability and the most likely token per prompt, before
+        and after, as a :class:`FeatureInterventionResult`.
 
     Raises:
         SiteError: Positions outside a prompt.

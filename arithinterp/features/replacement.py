@@ -163,8 +163,8 @@ def replacement_metrics(model: HookedModel, prompts: PromptSet, transcoders: Tra
         batch_size: Prompts per forward (default: what the engine's budget allows).
 
     Returns:
-        A :class:`ReplacementResult`: top-1 agreement and mean KL(real ‖ replacement), and both per
-        position.
+        Top-1 agreement and mean KL(real ‖ replacement), overall and per position, as a
+        :class:`ReplacementResult`.
 
     Raises:
         ConfigError: No prompts.

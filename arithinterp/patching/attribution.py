@@ -191,7 +191,8 @@ def attribute_sites(
         progress: As for :func:`attribute`.
 
     Returns:
-        An :class:`AttributionResult`: ``result[site]`` is that site's :class:`PatchResult`.
+        The estimates per site as an :class:`AttributionResult` (``result[site]`` is that site's
+        :class:`PatchResult`).
 
     Raises:
         SiteError: An empty or unknown site list, or a layer, position, head or neuron out of range.

@@ -85,7 +85,8 @@ def few_shot_policy(n_shots: int = 3, seed: int = 1) -> Callable[[Any, Any], tor
     """
     import random
 
-    from arithinterp.tasks import answer_text, compute, render
+    from arithinterp.tasks import answer_text, compute
+    from arithinterp.tasks.templates import render
 
     def few_shot(model: HookedModel, prompts: PromptSet) -> torch.Tensor:
         prompts.require_one_prefix("re-asking with a new few-shot prefix")

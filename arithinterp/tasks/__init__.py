@@ -22,7 +22,6 @@ from arithinterp.tasks.counterfactuals import VARY
 from arithinterp.tasks.evaluation import UNPARSABLE, Evaluation
 from arithinterp.tasks.generators import arithmetic, number_check, prompts_for_pairs
 from arithinterp.tasks.operators import OPERATORS, compute, operand_values
-from arithinterp.tasks.positions import position_labels
 from arithinterp.tasks.prompt_set import SCORING, PromptPairs, PromptSet, concat, resolve_positions
 from arithinterp.tasks.templates import (
     DEFAULT_TEMPLATE,
@@ -32,12 +31,11 @@ from arithinterp.tasks.templates import (
     check_names,
     check_template,
     few_shot_prefix,
-    render,
 )
 
 __all__ = [
     "OPERATORS", "OP_SYMBOLS", "TEMPLATE_FIELDS", "DEFAULT_TEMPLATE", "SCORING", "VARY", "compute", "Evaluation",
-    "UNPARSABLE", "PromptSet", "PromptPairs", "resolve_positions", "concat", "position_labels", "operand_values",
-    "check_template", "render", "few_shot_prefix", "answer_text", "arithmetic", "prompts_for_pairs", "check_names",
+    "UNPARSABLE", "PromptSet", "PromptPairs", "resolve_positions", "concat", "operand_values",
+    "check_template", "few_shot_prefix", "answer_text", "arithmetic", "prompts_for_pairs", "check_names",
     "number_check",
 ]
