@@ -97,7 +97,7 @@ def test_sweep_matches_transformer_lens_on_zoo(zoo, site):
 
 
 @pytest.mark.parametrize("model_name", ["few_shot", "few_shot_rotary"])
-@pytest.mark.parametrize("site", patching.SWEEP_SITES)
+@pytest.mark.parametrize("site", patching.PATCHING_SITES)
 def test_stepped_blocks_equal_whole_forwards_for_every_site(request, model_name, site):
     """The fast path (start at the patched layer and position, reuse keys, only the read positions
     through the last block) changes no number."""
@@ -589,7 +589,7 @@ def test_result_frame_plot_and_round_trip(tiny_model, pairs, tmp_path):
         (dict(site="resid_pre", positions=["c"]), SiteError, "final"),
         (dict(site="resid_pre", heads=[0]), SiteError, "heads apply"),
         (dict(site="attn_z", heads=[9]), SiteError, "0..3"),
-        (dict(site="embed"), SiteError, "cannot be swept"),
+        (dict(site="embed"), SiteError, "cannot be patched"),
     ],
 )
 def test_bad_sweep_input_is_explained(tiny_model, pairs, kwargs, error, words):

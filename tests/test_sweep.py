@@ -292,7 +292,7 @@ def test_accepted_values_are_the_analysis_modules_own(monkeypatch):
     constant that is renamed or removed is an error, not a silently stale copy."""
     from arithinterp import patching, probes, tasks
 
-    own = {("patching", "site"): patching.SWEEP_SITES, ("patching", "metric"): patching.METRICS,
+    own = {("patching", "site"): patching.PATCHING_SITES, ("patching", "metric"): patching.METRICS,
            ("patching", "vary"): tasks.VARY, ("patching", "direction"): patching.DIRECTIONS,
            ("ablation", "ablation"): patching.COMPONENT_ABLATIONS, ("probes", "kind"): probes.PROBE_KINDS}
     for (analysis, name), values in own.items():

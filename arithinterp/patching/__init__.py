@@ -53,7 +53,7 @@ from arithinterp.patching.core import (
     COMPONENT_ABLATIONS,
     ATTRIBUTE_SITES,
     ATTRIBUTION_METHODS,
-    SWEEP_SITES,
+    PATCHING_SITES,
     PatchResult,
     summarize,
 )
@@ -82,7 +82,7 @@ __all__ = [
     "AblationResult",
     "ComponentFaithfulnessResult",
     "DigitAblationResult",
-    "SWEEP_SITES",
+    "PATCHING_SITES",
     "ATTRIBUTE_SITES",
     "METRICS",
     "DIRECTIONS",

@@ -27,10 +27,10 @@ from arithinterp.types import HookedModel, checked
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
 
-SWEEP_SITES = (
+PATCHING_SITES = (
     "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "pattern", "mlp_pre", "mlp_post",
 )
-ATTRIBUTE_SITES = SWEEP_SITES
+ATTRIBUTE_SITES = PATCHING_SITES
 SCORINGS = ("first-token", "full-answer")  # as tasks.SCORING: what a metric scores of a multi-token answer
 ATTRIBUTION_METHODS = ("attribution", "integrated-gradients")
 COMPONENT_ABLATIONS = ("zero", "mean", "resample")

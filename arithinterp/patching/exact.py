@@ -14,7 +14,7 @@ from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import (
     ELEMENT_BUDGET,
-    SWEEP_SITES,
+    PATCHING_SITES,
     Cells,
     FullAnswer,
     PatchResult,
@@ -108,7 +108,7 @@ def activation_patching(
         The result, a :class:`PatchResult` whose ``values`` are ``[pair, layer, position?, head_or_neuron?]``.
 
     Raises:
-        SiteError: A site that cannot be swept, a layer, position, head or neuron out of range, or
+        SiteError: A site that cannot be patched, a layer, position, head or neuron out of range, or
             units given for a site without them.
         ConfigError: An unknown metric, direction, engine or scoring.
         AnalysisError: Pairs that cannot be patched (empty, misaligned), or ``engine="stepped"``
@@ -118,8 +118,8 @@ def activation_patching(
     check_belongs(model, "patching.activation_patching", pairs=pairs)
     check_pairs(pairs)
     site_lib.check_site(site)
-    if site not in SWEEP_SITES:
-        raise SiteError(f"site {site!r} cannot be swept; accepted: {accepted(SWEEP_SITES)}")
+    if site not in PATCHING_SITES:
+        raise SiteError(f"site {site!r} cannot be patched; accepted: {accepted(PATCHING_SITES)}")
     check_choice("direction", direction, DIRECTIONS)
     check_choice("engine", engine, ENGINES)
     fn = metric_fn(metric)

@@ -285,11 +285,11 @@ def _accepted() -> dict[str, tuple]:
     """Accepted values of the built-in analyses' parameters, as the analysis modules state them
     (imported directly, so a renamed constant fails here and in type checking, never silently;
     read when a config is checked, so importing the sweep module stays light)."""
-    from arithinterp.patching import COMPONENT_ABLATIONS, DIRECTIONS, METRICS, SWEEP_SITES
+    from arithinterp.patching import COMPONENT_ABLATIONS, DIRECTIONS, METRICS, PATCHING_SITES
     from arithinterp.probes import PROBE_KINDS
     from arithinterp.tasks import VARY
 
-    return dict(site=SWEEP_SITES, metric=METRICS, vary=VARY, direction=DIRECTIONS, ablation=COMPONENT_ABLATIONS,
+    return dict(site=PATCHING_SITES, metric=METRICS, vary=VARY, direction=DIRECTIONS, ablation=COMPONENT_ABLATIONS,
                 kind=PROBE_KINDS)
 
 
