@@ -168,6 +168,25 @@ def score_edges(
     Models that norm each attention and MLP output before adding it (Gemma 2 and 3) are scored with
     the branch norms' scales frozen at the base run (:mod:`arithinterp.engine.branch_norms`).
 
+    Args:
+        model: The hooked model.
+        pairs: Counterfactual pairs of its prompts.
+        method: ``"exact"``, ``"eap"``, ``"eap-ig"``, ``"eap-ig-activations"`` or ``"auto"``.
+        positions: Position specs to give every node one copy per position; ``None``: one node
+            per component over all positions.
+        ig_steps: Integration steps of EAP-IG.
+        metric: The metric on the logits (a name in :data:`arithinterp.metrics.METRICS` or a
+            callable ``(logits, pairs) -> Float[Tensor, "pair"]``).
+        direction: ``"denoise"`` (the clean run is patched into the corrupt one) or ``"noise"``.
+        batch_size: Pairs per batch of the attribution methods; ``None``: from ``max_memory``.
+        max_memory: Transient bytes the runs may use (``"1GiB"`` or an int).
+        engine: How exact patching runs (:func:`~arithinterp.circuits.run_edge_sets`).
+        progress: Show progress bars.
+
+    Returns:
+        Every edge's score as a :class:`Circuit` (``scores [edge]``, ``pair_scores [pair, edge]``),
+        every edge kept.
+
     Raises:
         ConfigError: an unknown ``method`` or ``engine``; ``ig_steps`` not a positive whole number.
         AnalysisError: a model whose residual stream is not the sum of its senders' outputs.
@@ -215,7 +234,15 @@ def order_by_score(circuit: Circuit) -> torch.Tensor:
 
 @checked
 def top_n(circuit: Circuit, n: NonNegativeInt) -> Circuit:
-    """Keep the ``n`` edges with the largest |score|."""
+    """Keep the ``n`` edges with the largest |score|.
+
+    Args:
+        circuit: Scored edges.
+        n: How many to keep, at most ``circuit.n_edges``.
+
+    Returns:
+        The circuit with those edges kept.
+    """
     n = integer("n", n, minimum=0, maximum=circuit.n_edges, hint=" (the number of edges)")
     kept = torch.zeros(circuit.n_edges, dtype=torch.bool)
     kept[order_by_score(circuit)[:n]] = True
@@ -224,5 +251,13 @@ def top_n(circuit: Circuit, n: NonNegativeInt) -> Circuit:
 
 @checked
 def threshold(circuit: Circuit, value: NonNegativeFiniteFloat) -> Circuit:
-    """Keep the edges with |score| ≥ ``value``."""
+    """Keep the edges with |score| ≥ ``value``.
+
+    Args:
+        circuit: Scored edges.
+        value: The smallest |score| kept.
+
+    Returns:
+        The circuit with those edges kept.
+    """
     return circuit.with_kept(circuit.scores.abs() >= value, f"|score| >= {value}")

@@ -401,7 +401,14 @@ def _reported(fractions: dict) -> dict:
 
 @checked
 def curve_sizes(n_edges: int) -> list[int]:
-    """The faithfulness curve's default sizes: no edge, every power of two below ``n_edges``, every edge."""
+    """The faithfulness curve's default sizes: no edge, every power of two below ``n_edges``, every edge.
+
+    Args:
+        n_edges: The circuit's number of edges.
+
+    Returns:
+        The sizes, ascending.
+    """
     n_edges = integer("n_edges", n_edges, minimum=0)
     return sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
 
@@ -433,7 +440,27 @@ def faithfulness_curve(
     (:func:`arithinterp.engine.budget.memory_budget`); ``engine`` as in
     :func:`~arithinterp.circuits.run_edge_sets` (``"hooks"``: whole forwards). ``metric`` defaults
     to the circuit's metric by name; a callable metric has to be passed again (a saved circuit
-    keeps only its name)."""
+    keeps only its name).
+
+    Args:
+        model: The hooked model the circuit was scored on.
+        pairs: Counterfactual pairs of its prompts.
+        circuit: Scored edges, some kept.
+        sizes: Edge counts to keep (whole numbers, each once); ``None``: :func:`curve_sizes`.
+        ablation: What an ablated edge carries: ``"resample"`` (the corrupt prompt's sender
+            output) or ``"mean"`` (the clean prompts' mean).
+        metric: The metric (default: the circuit's, by name; a callable is passed again).
+        batch_cells: The most edge sets per forward; ``None``: from ``max_memory``.
+        max_memory: Transient bytes the runs may use (``"1GiB"`` or an int).
+        engine: How the runs go (:func:`~arithinterp.circuits.run_edge_sets`).
+        confidence: The intervals' level.
+        n_boot: Bootstrap resamples of the pairs.
+        seed: Seeds the resamples.
+
+    Returns:
+        The normalised metric per size with its interval, as a :class:`FaithfulnessCurveResult`
+        (``faithfulness [size]``).
+    """
     check_belongs(model, "circuits.faithfulness_curve", pairs=pairs, circuit=circuit)
     n = circuit.n_edges
     if sizes is None:
@@ -472,7 +499,25 @@ def edge_faithfulness(
     :func:`faithfulness_curve` for one size: the kept edges, whichever they are), with its
     ``confidence`` percentile-bootstrap interval over pairs (``n_boot`` resamples, ``seed``).
     When every edge and no edge are not distinguishable the value is NaN, with a note (a fraction
-    of that difference would be a fraction of noise); ``raw`` still holds the mean metric."""
+    of that difference would be a fraction of noise); ``raw`` still holds the mean metric.
+
+    Args:
+        model: The hooked model the circuit was scored on.
+        pairs: Counterfactual pairs of its prompts.
+        circuit: Scored edges, some kept.
+        ablation: What an ablated edge carries: ``"resample"`` (the corrupt prompt's sender
+            output) or ``"mean"`` (the clean prompts' mean).
+        metric: The metric (default: the circuit's, by name; a callable is passed again).
+        max_memory: Transient bytes the runs may use (``"1GiB"`` or an int).
+        engine: How the runs go (:func:`~arithinterp.circuits.run_edge_sets`).
+        confidence: The interval's level.
+        n_boot: Bootstrap resamples of the pairs.
+        seed: Seeds the resamples.
+
+    Returns:
+        The kept edges' normalised faithfulness with its interval, as an
+        :class:`EdgeFaithfulnessResult`.
+    """
     check_belongs(model, "circuits.edge_faithfulness", pairs=pairs, circuit=circuit)
     got = _ablate(model, pairs, circuit, circuit.kept[None].float(), ablation, metric or circuit.metric,
                   engine=engine, max_memory=max_memory)
@@ -503,6 +548,20 @@ def minimality(
     """For each kept edge, the faithfulness lost when it alone is dropped from the circuit; all
     drops run stacked (at most ``batch_cells`` edge sets per forward). When every edge and no edge
     are not distinguishable the values are NaN, with a note (see :func:`faithfulness_curve`).
+
+    Args:
+        model: The hooked model the circuit was scored on.
+        pairs: Counterfactual pairs of its prompts.
+        circuit: Scored edges, some kept.
+        ablation: What an ablated edge carries: ``"resample"`` (the corrupt prompt's sender
+            output) or ``"mean"`` (the clean prompts' mean).
+        metric: The metric (default: the circuit's, by name; a callable is passed again).
+        batch_cells: The most edge sets per forward; ``None``: from ``max_memory``.
+        max_memory: Transient bytes the runs may use (``"1GiB"`` or an int).
+        engine: How the runs go (:func:`~arithinterp.circuits.run_edge_sets`).
+
+    Returns:
+        The faithfulness lost per kept edge, as a :class:`MinimalityResult`.
 
     Raises:
         AnalysisError: the circuit keeps no edge.
@@ -549,6 +608,21 @@ def prune(
     (``engine`` as in :func:`~arithinterp.circuits.run_edge_sets`); the unpatched runs are kept
     between visits for as many pairs as fit ``max_memory`` bytes (default: the engine's budget),
     the others run again at each visit.
+
+    Args:
+        model: The hooked model the circuit was scored on.
+        pairs: Counterfactual pairs of its prompts.
+        circuit: Scored edges, some kept.
+        tau: The largest faithfulness drop accepted when an edge is removed.
+        ablation: What an ablated edge carries: ``"resample"`` (the corrupt prompt's sender
+            output) or ``"mean"`` (the clean prompts' mean).
+        metric: The metric (default: the circuit's, by name; a callable is passed again).
+        engine: How the runs go (:func:`~arithinterp.circuits.run_edge_sets`).
+        max_memory: Transient bytes the runs may use (``"1GiB"`` or an int).
+        progress: Show a progress bar over the visited edges.
+
+    Returns:
+        The circuit with the edges that survived kept.
     """
     check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
     from tqdm.auto import tqdm
@@ -581,7 +655,15 @@ def prune(
 @checked
 def overlap(a: Circuit, b: Circuit) -> OverlapResult:
     """Shared kept edges and nodes of two circuits (e.g. of two operators or models): counts and
-    Jaccard indices (|A ∩ B| / |A ∪ B|)."""
+    Jaccard indices (|A ∩ B| / |A ∪ B|).
+
+    Args:
+        a: One circuit.
+        b: The other, of a model with the same graph.
+
+    Returns:
+        The counts and Jaccard indices, as an :class:`OverlapResult`.
+    """
     pa, pb = a.meta.get("graph_positions"), b.meta.get("graph_positions")
     if (pa is None) != (pb is None):
         raise AnalysisError(
