@@ -210,13 +210,14 @@ def for_prompt_row(model, label: str, prompts, table, runs: int) -> dict:
 
 def bench_decode(args) -> list[dict]:
     from arithinterp.engine import decode
+    from arithinterp.tasks.evaluation import _batches as evaluation_batches
 
     setups = digit_setups(100 if args.quick else 2000, native_digits(args.quick), (3, 3), 5, 40 if args.quick else 400)
     rows = []
     for model, label, prompts in setups:
         def forward(model=model, prompts=prompts):  # one plain forward of every prompt, in evaluate's batches
             with torch.inference_mode():
-                for idx in prompts._batches(model, None, 1, prompts.answer_tokens.shape[1]):
+                for idx in evaluation_batches(prompts, model, None, 1, prompts.answer_tokens.shape[1]):
                     model(prompts.unpadded(idx))
 
         def evaluate(mode, model=model, prompts=prompts):

@@ -745,33 +745,6 @@ def test_viz_functions_share_one_name_style_and_take_the_result_types():
     assert names - typed == drawn_by_sweep_tables
 
 
-RENAMED = {
-    "fourier": {"spectrum_figure": "plot_spectrum", "patch_test_figure": "plot_helix_patch",
-                "helix_3d_figure": "plot_helix_3d", "neuron_fit_figure": "plot_neuron_fits"},
-    "neurons": {"table_figure": "plot_heuristic_table", "maps_figure": "plot_maps"},
-    "probes": {"probe_layers": "plot_probe_layers", "roc_curve": "plot_roc", "repair_outcomes": "plot_repair"},
-    "features": {"attribution_graph": "plot_attribution_graph", "transcoder_metrics": "plot_transcoder_metrics"},
-    "sweep": {"generic_figures": "plot_sweep_columns", "cell_timings": "plot_sweep_cells"},
-}
-
-
-@pytest.mark.parametrize("module, old, new", [(m, o, n) for m, names in RENAMED.items() for o, n in names.items()])
-def test_old_viz_names_still_work_and_warn_with_the_new_name(module, old, new):
-    viz = importlib.import_module(f"arithinterp.viz.{module}")
-    with pytest.warns(DeprecationWarning, match=rf"arithinterp\.viz\.{module}\.{old} is deprecated and will be "
-                                                rf"removed; use arithinterp\.viz\.{module}\.{new}"):
-        assert getattr(viz, old) is getattr(viz, new)
-    with pytest.raises(AttributeError, match="has no attribute 'plot_nothing'"):
-        viz.plot_nothing  # noqa: B018
-
-
-def test_a_renamed_viz_function_imported_by_its_old_name_draws_the_same_figure(instances):
-    result = build(arithinterp.fourier.SpectrumResult, instances)
-    with pytest.warns(DeprecationWarning, match="use arithinterp.viz.fourier.plot_spectrum"):
-        from arithinterp.viz.fourier import spectrum_figure  # pyright: ignore[reportAttributeAccessIssue]
-    assert spectrum_figure(result).to_dict() == result.plot().to_dict()
-
-
 def test_a_result_type_without_a_builder_fails_saying_to_add_one(instances):
     @dataclasses.dataclass(frozen=True)
     class Unbuilt(Result):

@@ -13,7 +13,7 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
   ``[k, n_features]`` (unit rows in the raw activation space) for patching and steering.
   :class:`LogisticProbe` lives in ``logistic``, its row-wise L-BFGS in ``lbfgs``, and the input
   validation and standardisation every probe shares in ``probe_base``.
-* ``layer_sweep`` — :func:`probe_layers`: k-fold held-out score per layer x position with 95% CIs
+* ``layer_probes`` — :func:`probe_layers`: k-fold held-out score per layer x position with 95% CIs
   (folds grouped by operand pair whenever a pair repeats; any scikit-learn estimator, cloned),
   directions fitted on all data, and controls (shuffled labels; a random-init model's
   activations) → :class:`ProbeResult` (``probe_result``), whose ``finding()`` names a finding
@@ -33,7 +33,7 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
   detector believes it more → :class:`RepairResult`.
 
 Imports flow one way: ``probe_base`` ← ``lbfgs`` ← ``logistic`` ← ``estimators`` ← ``targets``,
-``cross_validation`` ← ``probe_result`` ← ``layer_sweep``;
+``cross_validation`` ← ``probe_result`` ← ``layer_probes``;
 ``answers``, ``estimators`` ← ``slots``,
 ``slot_probes``, ``operating_points`` ← ``detector_fit``, ``detector_result`` ← ``detector`` ← ``reask``.
 """
@@ -52,7 +52,7 @@ from arithinterp.probes.estimators import (
 )
 from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.cross_validation import confidence_interval, resolve_groups
-from arithinterp.probes.layer_sweep import probe_layers, probe_model
+from arithinterp.probes.layer_probes import probe_layers, probe_model
 from arithinterp.probes.probe_result import CONTROLS, ProbeResult
 from arithinterp.probes.targets import resolve_target
 from arithinterp.probes.probe_base import ArrayLike, NotFittedError

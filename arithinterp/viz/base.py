@@ -6,9 +6,7 @@ plots, hover text with exact values.
 """
 from __future__ import annotations
 
-import sys
-import warnings
-from typing import Any, Callable, Optional, Sequence, cast
+from typing import Optional, Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -30,20 +28,6 @@ cast(go.Layout, TEMPLATE.layout).update(
     hoverlabel=dict(font_size=12),
 )
 pio.templates[TEMPLATE_NAME] = TEMPLATE
-
-
-def renamed(module: str, names: dict[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving each old name of ``names`` (``{old: new}``) as the function now
-    called ``new``, with a ``DeprecationWarning`` naming it (as scikit-learn's ``deprecated`` does)."""
-
-    def __getattr__(name: str) -> Any:
-        if name not in names:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        warnings.warn(f"{module}.{name} is deprecated and will be removed; use {module}.{names[name]}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(sys.modules[module], names[name])
-
-    return __getattr__
 
 
 def cycle_colour(i: int) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import pandas as pd
 
-from arithinterp.viz.base import figure, renamed
+from arithinterp.viz.base import figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -135,13 +135,6 @@ def plot_graph_sample(result: GraphSample, top: int = 20, title: Optional[str] =
     fig.add_trace(go.Bar(x=names, y=shown["kept_fraction"], text=text, hovertemplate="%{x}: %{y:.3f}<br>%{text}"
                          "<extra></extra>"))
     return fig
-
-
-# the old names still work, with a DeprecationWarning naming the new one
-__getattr__ = renamed(__name__, {
-    "transcoder_metrics": "plot_transcoder_metrics",
-    "attribution_graph": "plot_attribution_graph",
-})
 
 
 def plot_feature_intervention(result: FeatureInterventionResult, title: Optional[str] = None) -> go.Figure:

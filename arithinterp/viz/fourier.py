@@ -21,7 +21,6 @@ from arithinterp.viz.base import (
     figure,
     heatmap,
     layer_lines,
-    renamed,
     to_array,
 )
 
@@ -276,20 +275,3 @@ def plot_neuron_fits(result: NeuronFitResult, *, bins: Optional[int] = 30) -> go
     fig = figure(f"Neuron preactivation fits ({result.method}): NRMSE", "NRMSE = RMSE / (max − min)", "neurons")
     fig.add_trace(go.Histogram(x=to_array(result.nrmse), nbinsx=bins, hovertemplate="NRMSE %{x}: %{y}<extra></extra>"))
     return fig
-
-
-# the old names still work, with a DeprecationWarning naming the new one
-__getattr__ = renamed(__name__, {
-    "spectrum_figure": "plot_spectrum",
-    "neuron_frequency_figure": "plot_neuron_frequencies",
-    "progress_figure": "plot_progress",
-    "filter_figure": "plot_frequency_filter",
-    "helix_3d_figure": "plot_helix_3d",
-    "helix_pairs_figure": "plot_helix_pairs",
-    "helix_periods_figure": "plot_helix_periods",
-    "fit_layers_figure": "plot_fit_layers",
-    "patch_test_figure": "plot_helix_patch",
-    "separability_figure": "plot_separability",
-    "period_search_figure": "plot_period_search",
-    "neuron_fit_figure": "plot_neuron_fits",
-})

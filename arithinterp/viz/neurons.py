@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
-from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap, renamed
+from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap
 
 if TYPE_CHECKING:
     from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
@@ -167,13 +167,3 @@ def plot_prompt_ablation(result: PromptAblationResult) -> go.Figure:
     )
     fig.update_yaxes(range=[0, 1.05])
     return fig
-
-
-# the old names still work, with a DeprecationWarning naming the new one
-__getattr__ = renamed(__name__, {
-    "table_figure": "plot_heuristic_table",
-    "importance_figure": "plot_importance",
-    "maps_figure": "plot_maps",
-    "heuristic_ablation_figure": "plot_heuristic_ablation",
-    "prompt_ablation_figure": "plot_prompt_ablation",
-})

@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from arithinterp.errors import AnalysisError, accepted
-from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines, renamed
+from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
 if TYPE_CHECKING:
     from arithinterp.probes.detector_result import DetectorResult
@@ -150,13 +150,3 @@ def plot_repair(result: RepairResult) -> go.Figure:
               f"{s['accuracy_before']:.3f} → {s['accuracy_after']:.3f} (net {s['net']:+d})",
         y_title="prompts",
     )
-
-
-# the old names still work, with a DeprecationWarning naming the new one
-__getattr__ = renamed(__name__, {
-    "probe_layers": "plot_probe_layers",
-    "roc_curve": "plot_roc",
-    "calibration_curve": "plot_calibration",
-    "digit_confusion": "plot_digit_confusion",
-    "repair_outcomes": "plot_repair",
-})

@@ -11,7 +11,7 @@ from typing import Optional
 
 import plotly.graph_objects as go
 
-from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines, renamed
+from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
 _IDENTITY = ("cell", "model", "task", "analysis")
 
@@ -161,14 +161,3 @@ def plot_sweep_cells(frame, **layout) -> go.Figure:
                              hovertemplate="%{text}<br>%{y:.3g} s<extra></extra>"))
     fig.update_xaxes(type="category")
     return fig
-
-
-# the old names still work, with a DeprecationWarning naming the new one
-__getattr__ = renamed(__name__, {
-    "accuracy_figures": "plot_sweep_accuracy",
-    "patching_figures": "plot_sweep_patching",
-    "ablation_figures": "plot_sweep_ablation",
-    "probes_figures": "plot_sweep_probes",
-    "generic_figures": "plot_sweep_columns",
-    "cell_timings": "plot_sweep_cells",
-})
