@@ -103,3 +103,22 @@ def test_ctrl_c_while_the_page_is_written_keeps_the_finished_stage(tmp_path, mon
     assert "<section><h2>Accuracy and error profile</h2>" in text
     assert re.search(r"<b>Accuracy and error profile</b>: done", text)
     assert "Interrupted: 1 of 2 stages finished before the run was stopped." in text
+
+
+def test_without_progress_the_analyses_bars_are_quiet_too(tmp_path, monkeypatch, capsys):
+    """A stage's library calls draw their own bars unless told otherwise; progress=False holds them all."""
+    from tqdm.auto import tqdm
+
+    from arithinterp.report.stage import Section
+
+    def run(ctx):
+        for _ in tqdm(range(3), desc="an analysis's own bar"):
+            pass
+        return Section(report.STAGES["accuracy"].title, findings=["Counted."])
+
+    monkeypatch.setitem(report.STAGES, "accuracy", dataclasses.replace(report.STAGES["accuracy"], run=run))
+    report.write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy"], limit=50, progress=False)
+    assert "an analysis's own bar" not in capsys.readouterr().err
+    report.write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy"], limit=50, progress=True,
+                        overwrite=True)
+    assert "an analysis's own bar" in capsys.readouterr().err

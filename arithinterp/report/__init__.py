@@ -27,12 +27,13 @@ The package: :mod:`~arithinterp.report.budget` (time and memory planning, :class
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 from tqdm.auto import tqdm
 
@@ -253,7 +254,8 @@ def write_report(
         page.set(name, f"running (budget {secs(seconds)})")
         state = "done"
         try:
-            section = _run_stage(ctx, name)
+            with _library_bars(progress):
+                section = _run_stage(ctx, name)
             if name == "accuracy":
                 section.sample = joined(section.sample, f"the evaluation: {sampled}")
         except (MemoryBudgetError, MemoryError) as error:  # failed, not "does not apply": more memory would run it
@@ -293,6 +295,29 @@ def write_report(
         raise StageFailed(f"{len(failed)} report stage(s) failed ({', '.join(failed)}); their sections in {path} say "
                           "why, and the other stages' findings are there")
     return path
+
+
+@contextlib.contextmanager
+def _library_bars(progress: bool) -> Iterator[None]:
+    """The analyses' own progress bars follow the report's ``progress``: off, every tqdm bar made
+    meanwhile is disabled (a stage need not pass ``progress=False`` to each call it makes; tqdm
+    reads its ``TQDM_DISABLE`` setting only at import), then tqdm is put back as it was."""
+    if progress:
+        yield
+        return
+    from tqdm import std
+
+    made = std.tqdm.__init__
+
+    def quiet(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["disable"] = True
+        made(self, *args, **kwargs)
+
+    std.tqdm.__init__ = quiet
+    try:
+        yield
+    finally:
+        std.tqdm.__init__ = made
 
 
 def _check_memory(model: Any, spec: str, prompts: Any, memory: int) -> None:
