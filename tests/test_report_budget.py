@@ -705,43 +705,6 @@ def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_toke
     assert merged.finding() == one.finding()
 
 
-def test_the_errors_stage_times_the_detector_and_stays_within_its_share(monkeypatch):
-    """The detector's cost per prompt is timed on the fewest prompts that hold the minimum, not
-    assumed from the evaluation's: a detector that costs 50 prompt evaluations a prompt still fits."""
-    import arithinterp as ai
-    import arithinterp.report as report
-    from arithinterp import probes
-    from arithinterp.models.zoo import task_prompts
-
-    model = ai.load_model("zoo:add-3digit-weak")  # about 90% correct: errors of its own
-    prompts = task_prompts(model, "zoo:add-3digit-weak", 3000, 0)
-    evaluation = prompts.evaluate(model)
-    now = [0.0]
-    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
-    real_fit, sizes = probes.ErrorDetector.fit, []
-
-    def fit(self, model, prompts, evaluation=None):  # 0.02 s a prompt; the evaluation's 0.0004 s
-        sizes.append(len(prompts))
-        now[0] += 0.02 * len(prompts)
-        return real_fit(self, model, prompts, evaluation=evaluation)
-
-    monkeypatch.setattr(probes.ErrorDetector, "fit", fit)
-    for seconds in (30.0, 200.0):
-        sizes.clear()
-        ctx = Context(model, "zoo:add-3digit-weak", prompts[evaluation.correct], prompts, evaluation, None, seed=0,
-                      budget=Budget(seconds, forward_seconds=0.0004))
-        ctx.stage_start = now[0]
-        section = report.STAGES["errors"].run(ctx)
-        assert now[0] - ctx.stage_start <= seconds, (seconds, sizes)
-        least = sizes[0] * 3 // 2  # the first fit trains on two thirds of the fewest prompts that hold the minimum
-        n_wrong = int(section.sample.split("(")[1].split(" wrong")[0])
-        assert n_wrong >= 20, section.sample  # the held-out third holds the minimum of the rarer kind
-        if seconds == 30.0:  # 0.85 of what is left holds fewer than twice as many: the first fit stands
-            assert len(sizes) == 1 and f"sampled {least:,} of 3,000 prompts to fit the 30 s budget" in section.sample
-        else:  # then again on as many as fit
-            assert len(sizes) == 2 and sizes[1] >= 2 * sizes[0] and "fit the 200 s budget" in section.sample
-
-
 def test_the_neurons_control_runs_only_when_the_time_left_holds_it(monkeypatch):
     """The random-init control costs what the model's classification did (same prompts and
     layers): when the time left does not hold that, the page gives the share without a verdict and

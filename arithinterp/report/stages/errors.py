@@ -4,10 +4,9 @@ itself when it errs often enough, else of the zoo's deliberately imperfect model
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING
 
-from arithinterp.report.budget import MARGIN, Budget, secs, seeded_pick
+from arithinterp.report.budget import Budget
 from arithinterp.report.evaluation import evaluate_within
 from arithinterp.report.stage import Section, Stage, joined, require
 
@@ -48,65 +47,46 @@ def error_detector_stage(ctx: Context) -> Section:
 
     section = Section(STAGE.title)
     n_errors = int((~ctx.evaluation.correct).sum())
-    batch_size = 256
+    fitted, batch_size = "", 256
     if n_errors >= 50:
         model, prompts, name, evaluation = ctx.model, ctx.all_prompts, ctx.spec, ctx.evaluation
+        # fit and evaluate each read every prompt's activations once (a forward), then fit probes
         held_out = evaluation.correct[len(prompts) * 2 // 3:]
         require("errors", min(int((~held_out).sum()), int(held_out.sum())))  # too few even before sampling
+        rarer = min(n_errors, len(prompts) - n_errors) / len(prompts)
+        # enough prompts that the held-out third holds the minimum of the rarer kind, as the whole set does
+        least = min(len(prompts), math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
+        pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * ctx.budget.forward_seconds)
+        prompts, evaluation = prompts[pick], evaluation[pick]
         batch_size = ctx.budget.batch_size(model, int(prompts.lengths.max()))
     else:
         name = "zoo:add-3digit-weak"
         model = load_model(name)
         prompts = held_out_prompts(model, get_entry(name), limit=ctx.n_detector_prompts, seed=ctx.seed)
         if ctx.budget.seconds != float("inf"):  # sampled to the stage's share like the main model's prompts:
-            # a quarter of the time left evaluates them, the rest fits the detector
+            # a quarter of the time left evaluates them, the rest fits the detector (about three forwards each)
             seconds = max(ctx.seconds_left(), 0.0) / 4
-            prompts, evaluation, _, _ = evaluate_within(model, prompts, seconds, seconds,
-                                                         Budget(seconds, ctx.budget.bytes), ctx.seed)
+            prompts, evaluation, per_prompt, _ = evaluate_within(model, prompts, seconds, seconds,
+                                                                  Budget(seconds, ctx.budget.bytes), ctx.seed)
+            rarer = min(int((~evaluation.correct).sum()), int(evaluation.correct.sum())) / len(prompts)
+            least = min(len(prompts), math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
+            pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * per_prompt)
+            prompts, evaluation = prompts[pick], evaluation[pick]
         else:
             evaluation = prompts.evaluate(model)
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
             f"errors of {name}, a model stopped early so that it still errs."
         )
-
-    def detect(some: torch.Tensor):
-        """The detector fitted on the first two thirds of ``prompts[some]`` and scored on the rest."""
-        chosen, answers = prompts[some], evaluation[some]
-        split = len(chosen) * 2 // 3
-        held_out = answers.correct[split:]
-        require("errors", min(int((~held_out).sum()), int(held_out.sum())))
-        detector = probes.ErrorDetector(batch_size=batch_size, progress=False)
-        detector.fit(model, chosen[:split], evaluation=answers[:split])
-        return chosen, answers, detector, detector.evaluate(model, chosen[split:], evaluation=answers[split:])
-
-    n = len(prompts)
-    every = torch.arange(n)
-    fitted = ""
-    if ctx.budget.seconds != float("inf"):
-        # timed, not estimated from the evaluation: the layer search fits probes at every layer, whose cost
-        # per prompt is no fixed multiple of a forward's (Gemma 3 270M: four forwards' worth; a zoo model: far
-        # more). First on the fewest prompts whose held-out third holds the minimum of the rarer kind (a fifth
-        # more for the sample's chance), then, when the time left holds twice as many, again on as many as fit
-        rarer = min(int((~evaluation.correct).sum()), int(evaluation.correct.sum())) / max(n, 1)
-        least = min(n, math.ceil(1.2 * 3 * MINIMUM[0] / max(rarer, 1e-9)))
-        start = time.perf_counter()
-        done = detect(seeded_pick(n, least, ctx.seed))
-        per_prompt = (time.perf_counter() - start) / least  # its fixed costs counted per prompt: an over-estimate
-        fits = min(n, int(MARGIN * max(ctx.seconds_left(), 0.0) / per_prompt))
-        if fits >= 2 * least:
-            done = detect(every if fits >= n else seeded_pick(n, fits, ctx.seed))
-        used = len(done[0])
-        fitted = (f"all {n:,} prompts fit the {secs(ctx.budget.seconds)} budget" if used >= n else
-                  f"sampled {used:,} of {n:,} prompts to fit the {secs(ctx.budget.seconds)} budget (the detector on "
-                  f"{least:,} took {secs(per_prompt * least)})")
-    else:
-        done = detect(every)
-    prompts, evaluation, detector, result = done
     split = len(prompts) * 2 // 3
-    n_wrong, n_right = int((~evaluation.correct[split:]).sum()), int(evaluation.correct[split:].sum())
+    held_out = evaluation.correct[split:]
+    n_wrong, n_right = int((~held_out).sum()), int(held_out.sum())
+    require("errors", min(n_wrong, n_right))
     section.sample = joined(f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; "
                              f"minimum {MINIMUM[0]} of each), {split} to train on", fitted)
+    detector = probes.ErrorDetector(batch_size=batch_size, progress=False)
+    detector.fit(model, prompts[:split], evaluation=evaluation[:split])
+    result = detector.evaluate(model, prompts[split:], evaluation=evaluation[split:])
     m = result.metrics()
     verdict = "" if _beats_chance(m) else "No signal above the control: "
     section.findings.insert(
