@@ -655,8 +655,8 @@ def test_a_stage_timed_at_its_minimum_runs_again_on_what_fits(tiny_model, monkey
 
 def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_tokenizer, monkeypatch):
     """Layers are probed one at a time, coarse to fine, while the time per layer so far fits the time
-    left, on every prompt; prompts are sampled only when a pilot on a sample says not even
-    PROBE_LAYERS layers fit with all of them. The layers probed one by one give the result one call over them gives."""
+    left, on every prompt; prompts are sampled only when the first layer says not even PROBE_LAYERS
+    layers fit. The layers probed one by one give the result one call over them gives."""
     import arithinterp.report as report
     from arithinterp import probes
     from arithinterp.activations import collect
@@ -678,12 +678,10 @@ def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_toke
     targets = probes_module._probe_targets(prompts)
     assert targets == ("a_digit_0", "carry_0", "answer_digit_1", "answer_digit_0")
     per_layer = len(targets) * 3.0  # every target at one layer on 300 prompts
-    pilot = len(targets) * (1.2 + 0.6)  # within a budget, every target at the first layer on 120 and 60 prompts
-    # unlimited: every layer, no pilot; 68 s after the pilot: 5 layers (the sixth's 12 s no longer fits 85% of
-    # what is left); 30 s: the pilot (7.2 s) says 4 layers do not fit all prompts: 0.85 * 22.8 s / 4 layers at
-    # 0.04 s a prompt holds 121 prompts, then at least 4 layers
-    for seconds, n_prompts, n_layers in ((float("inf"), 300, 8), (5 * per_layer + 8 + pilot, 300, 5),
-                                         (30.0, 121, 4)):
+    # unlimited: every layer; 68 s: 5 layers (the sixth's 12 s no longer fits 85% of what is left);
+    # 30 s: the first layer (12 s) says 4 layers do not fit, so 170 prompts (0.85 * 18 + 12 = 27.3 s
+    # for 4 layers at 12 s each: 300 * 27.3 / 48), then at least 4 layers
+    for seconds, n_prompts, n_layers in ((float("inf"), 300, 8), (5 * per_layer + 8, 300, 5), (30.0, 170, 4)):
         calls.clear()
         ctx = Context(model, "tiny", prompts, prompts, None, None, seed=0, budget=Budget(seconds))
         ctx.stage_start = now[0]

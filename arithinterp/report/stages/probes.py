@@ -3,12 +3,11 @@ random-init model of the same architecture."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
 from arithinterp.errors import AnalysisError
-from arithinterp.report.budget import MARGIN, coarse_to_fine, pilot_cost, secs, seeded_pick
+from arithinterp.report.budget import MARGIN, coarse_to_fine, secs, seeded_pick
 from arithinterp.report.stage import Section, Stage, joined, require
 
 if TYPE_CHECKING:
@@ -54,8 +53,8 @@ def probes_stage(ctx: Context) -> Section:
     few dozen prompts leave a real difference from the random-init model inside the noise), one
     layer at a time coarse to fine (:func:`coarse_to_fine`) while the time the layers so far took
     says the next fits — a probe's cost differs from layer to layer, so no single layer's timing
-    predicts the rest. Prompts are sampled only when a pilot on a sample of them (at the first
-    layer) says that not even :data:`PROBE_LAYERS` layers fit with all of them.
+    predicts the rest. Prompts are sampled only when the first layer says that not even
+    :data:`PROBE_LAYERS` layers fit with all of them.
 
     Args:
         ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
@@ -63,8 +62,6 @@ def probes_stage(ctx: Context) -> Section:
     Returns:
         The stage's section: findings, figures and the sample it used.
     """
-    import torch
-
     from arithinterp import probes
     from arithinterp.activations import collect
 
@@ -94,29 +91,18 @@ def probes_stage(ctx: Context) -> Section:
                     refused[target] = str(why).rstrip(".")
         covered.append(layer)
 
-    sampled = ""
-    if timed and len(prompts) > MINIMUM[0]:
-        # timed on a sample first (twice the minimum, then the minimum: a line through the two), not on
-        # every prompt: probing all of them at one layer can take the whole budget
-        k = min(len(prompts), 2 * MINIMUM[0])
-        pilot_acts, pilot_control = (a.subset(seeded_pick(len(prompts), k, ctx.seed)) for a in (acts, control))
-
-        def pilot(some) -> None:
-            for target in targets:
-                with contextlib.suppress(AnalysisError):  # a target refused here is refused below, with its reason
-                    probes.probe_layers(pilot_acts.subset(some), target, layers=[order[0]],
-                                        control_acts=pilot_control.subset(some), **probe)
-
-        fixed, per_prompt = pilot_cost(pilot, torch.arange(k), k)
-        left = MARGIN * max(ctx.seconds_left(), 0.0) / least  # for each of the fewest layers covered
-        keep = len(prompts) if per_prompt <= 0 else int(max(left - fixed, 0.0) / per_prompt)
-        if keep < len(prompts):  # a probe's cost grows about linearly with its prompts
-            keep = max(MINIMUM[0], keep)
+    sampled, start = "", time.perf_counter()
+    probe_at(order[0])
+    took = time.perf_counter() - start
+    left = MARGIN * max(ctx.seconds_left(), 0.0)
+    if timed and took * (least - 1) > left:  # a probe's cost grows about linearly with its prompts
+        keep = max(MINIMUM[0], int(len(prompts) * (left + took) / (least * took)))
+        if keep < len(prompts):
             pick = seeded_pick(len(prompts), keep, ctx.seed)
             sampled = f"sampled {keep} of {len(prompts)} prompts to fit the {secs(ctx.budget.seconds)} budget"
             prompts, acts, control = prompts[pick], acts.subset(pick), control.subset(pick)
-    start = time.perf_counter()
-    probe_at(order[0])
+            parts, covered, start = {target: [] for target in targets}, [], time.perf_counter()
+            probe_at(order[0])
     for layer in order[1:]:
         per_layer = (time.perf_counter() - start) / len(covered)
         if timed and len(covered) >= least and per_layer > MARGIN * ctx.seconds_left():
