@@ -13,14 +13,7 @@ Submodules load on first use, so ``import arithinterp`` stays quick.
 """
 
 import importlib
-import os
 from typing import TYPE_CHECKING
-
-# OpenMP threads that wait for work sleep instead of spinning: on a machine shared with other busy
-# processes, spinning threads take each other's cores and a forward over two threads ran 3-5x slower
-# (a 640-wide MLP block: 11-19 s spinning, 3.4-4.6 s sleeping, 2 cores at load 4). Read by the OpenMP
-# runtime when torch loads, so it only applies when arithinterp is imported first; set it to ACTIVE to opt out.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from arithinterp._version import __version__
 from arithinterp.errors import ArithInterpError

@@ -163,17 +163,3 @@ def test_docstrings_cite_papers_not_a_file_that_is_not_there():
     citing = [str(p.relative_to(root)) for p in sorted(PACKAGE.rglob("*.py")) + sorted((root / "docs").glob("*.md"))
               if "RECIPES §" in p.read_text()]
     assert citing == []
-
-
-def test_importing_the_package_first_makes_waiting_openmp_threads_sleep():
-    """Spinning OpenMP threads slow a forward 3-5x on a machine shared with busy processes
-    (benchmarks/threads.py); the package asks the runtime to let them sleep unless told otherwise."""
-    import os
-
-    code = "import os, arithinterp, torch; print(os.environ['OMP_WAIT_POLICY'])"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    asked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert asked.stdout.strip() == "PASSIVE"
-    kept = subprocess.run([sys.executable, "-c", code], env=dict(env, OMP_WAIT_POLICY="ACTIVE"), capture_output=True,
-                          text=True, check=True)
-    assert kept.stdout.strip() == "ACTIVE"  # a user's own setting stands
