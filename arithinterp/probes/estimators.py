@@ -23,7 +23,7 @@ from sklearn.base import BaseEstimator
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.probe_base import (
-    ArrayLike, ProbeBase, as_features, as_targets, check_fitted, sample_weights,
+    ArrayLike, ClassifierProbe, ProbeBase, as_features, as_targets, check_fitted, sample_weights,
 )
 from arithinterp.types import checked
 
@@ -204,7 +204,7 @@ class CircularProbe(RidgeProbe):
         return float((self.predict(X) == y % self.period).float().mean())
 
 
-class MLPProbe(ProbeBase):
+class MLPProbe(ClassifierProbe):
     """A non-linear comparison probe ``d → hidden (ReLU) → classes`` trained with Adam.
 
     Mini-batches of ``batch_size``, ``epochs`` passes, seeded by ``random_state``. No
@@ -288,30 +288,8 @@ class MLPProbe(ProbeBase):
         with torch.no_grad():
             return self.net_(self._standardised(X)).softmax(-1)
 
-    def predict(self, X: ArrayLike) -> torch.Tensor:
-        """The most probable class of each sample.
-
-        Args:
-            X: Features [n, d].
-
-        Returns:
-            Class labels, long [n].
-        """
-        check_fitted(self)
-        return self.classes_[self.predict_proba(X).argmax(-1)]
-
-    def score(self, X: ArrayLike, y: ArrayLike) -> float:
-        """Accuracy.
-
-        Args:
-            X: Features [n, d].
-            y: Class labels [n].
-
-        Returns:
-            The fraction of samples predicted right.
-        """
-        X = as_features(X)
-        return float((self.predict(X) == as_targets(y, len(X), integer=True)).float().mean())
+    def _class_scores(self, X: ArrayLike) -> torch.Tensor:
+        return self.predict_proba(X)
 
 
 _PROBES = {"logistic": LogisticProbe, "ridge": RidgeProbe, "circular": CircularProbe, "mlp": MLPProbe}

@@ -14,14 +14,15 @@ import torch.nn.functional as F
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.lbfgs import CurvatureBasis, feature_eigenbasis, lbfgs_rows
 from arithinterp.probes.probe_base import (
-    ONE_THREAD_BELOW, ArrayLike, OneThread, ProbeBase, as_features, as_targets, check_fitted, to_tensor,
+    ONE_THREAD_BELOW, ArrayLike, ClassifierProbe, OneThread, as_features, as_targets, check_fitted,
+    to_tensor,
 )
 
 LOGISTIC_SOLVERS = ("joint", "rows")
 PLAIN_ITERATIONS = 10  # "rows": iterations in the probe's own weights before the curvature is estimated
 
 
-class LogisticProbe(ProbeBase):
+class LogisticProbe(ClassifierProbe):
     """Multinomial logistic regression ``d → classes`` (softmax, L2), fitted full batch by L-BFGS.
 
     Same objective as scikit-learn's ``LogisticRegression(C=C)`` on standardised features, solved
@@ -287,27 +288,5 @@ class LogisticProbe(ProbeBase):
         """
         return self.decision_function(X).softmax(-1)
 
-    def predict(self, X: ArrayLike) -> torch.Tensor:
-        """The most probable class of each sample.
-
-        Args:
-            X: Features [n, d].
-
-        Returns:
-            Class labels, long [n].
-        """
-        check_fitted(self)
-        return self.classes_[self.decision_function(X).argmax(-1)]
-
-    def score(self, X: ArrayLike, y: ArrayLike) -> float:
-        """Accuracy.
-
-        Args:
-            X: Features [n, d].
-            y: Class labels [n].
-
-        Returns:
-            The fraction of samples predicted right.
-        """
-        X = as_features(X)
-        return float((self.predict(X) == as_targets(y, len(X), integer=True)).float().mean())
+    def _class_scores(self, X: ArrayLike) -> torch.Tensor:
+        return self.decision_function(X)

@@ -268,3 +268,36 @@ def clone_estimator(estimator: Estimator) -> Estimator:
     """
     # clone is unannotated; its inferred return type is a union of the containers it also copies
     return cast(Estimator, clone(estimator))
+
+
+class ClassifierProbe(ProbeBase):
+    """A probe that predicts classes: ``predict`` and ``score`` (accuracy) from its per-class
+    scores, ``_class_scores(X) -> [n, k]`` (logits or probabilities; the largest wins)."""
+
+    @abc.abstractmethod
+    def _class_scores(self, X: ArrayLike) -> torch.Tensor: ...
+
+    def predict(self, X: ArrayLike) -> torch.Tensor:
+        """The most probable class of each sample.
+
+        Args:
+            X: Features [n, d].
+
+        Returns:
+            Class labels, long [n].
+        """
+        check_fitted(self)
+        return self.classes_[self._class_scores(X).argmax(-1)]
+
+    def score(self, X: ArrayLike, y: ArrayLike) -> float:
+        """Accuracy.
+
+        Args:
+            X: Features [n, d].
+            y: Class labels [n].
+
+        Returns:
+            The fraction of samples predicted right.
+        """
+        X = as_features(X)
+        return float((self.predict(X) == as_targets(y, len(X), integer=True)).float().mean())
