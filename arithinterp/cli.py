@@ -521,8 +521,10 @@ def das_command(args: argparse.Namespace) -> dict:
 
     from arithinterp import causal
 
-    if args.layers is not None and not args.every_layer:  # not silently --layer
-        raise ConfigError("--layers is for --every-layer; give --every-layer too, or --layer N for one layer")
+    for flag in ("layers", "resume"):  # not silently ignored
+        if getattr(args, flag) is not None and not args.every_layer:
+            raise ConfigError(f"--{flag} is for --every-layer; give --every-layer too")
+    resume = causal.DASLayersResult.load(args.resume) if args.resume is not None else None  # before any work
     layers = _int_list(args.layers, "--layers") if args.layers is not None else None  # before any work
     positions = _items(args.position, "--position")
     if not args.every_layer and len(positions) != 1:
@@ -535,9 +537,12 @@ def das_command(args: argparse.Namespace) -> dict:
     if args.every_layer:
         fits = causal.das_layers(model, dataset, args.site, args.k, layers=layers, positions=positions,
                                  steps=args.steps, lr=args.lr, reachable_only=args.reachable_only, seed=args.seed,
-                                 progress=not args.no_progress)
+                                 resume=resume, progress=not args.no_progress)
         summary: dict[str, Any] = dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
                                        chance=round(dataset.chance, 4))
+        if fits.meta["stopped"]:  # interrupted: the cells finished are saved, and --resume fits the rest
+            summary.update(stopped=fits.meta["stopped"], cells_done=int(sum(map(sum, fits.meta["done"]))),
+                           cells=fits.iia.numel())
         try:
             layer, position, iia = fits.best()
             summary.update(best_layer=layer, best_position=position, best_iia=round(iia, 4))
@@ -702,6 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-position", action="store_true", help="with a+b positions: each its own subspace")
     p.add_argument("--every-layer", action="store_true", help="fit every layer (or --layers) x --position")
     p.add_argument("--layers", default=None, help="with --every-layer: comma-separated layers (default: all)")
+    p.add_argument("--resume", default=None, help="with --every-layer: the --out folder of an interrupted run of this "
+                   "same command; its finished cells are kept and only the rest are fitted")
 
     p = sub.add_parser("info", help="list the model zoo and evaluate a model on its task")
     p.add_argument("model", nargs="?", default=None, help="model spec, e.g. zoo:add-100 (default: only list the zoo)")
@@ -784,6 +791,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         traceback.print_exc()  # the full story on stderr; a JSON object on stdout all the same
         return fail(args.command, error, 1, as_json)
     print_summary(summary, as_json)
+    if summary.get("stopped") == "interrupted":  # a partial result was kept (das --every-layer: --resume it)
+        return 130
     return 1 if summary.get("failed") else 0  # e.g. sweep cells that failed (they retry on the next run)
 
 

@@ -227,6 +227,73 @@ def test_sweep_finds_the_final_position(planted):
     assert "final: =" in sweep.tokens[2]
 
 
+def _interrupt_after(monkeypatch, n_fits: int) -> None:
+    """Ctrl-C during das_layers' fit number ``n_fits + 1``."""
+    import arithinterp.causal.layers as layers_module
+
+    real, calls = layers_module.das, []
+
+    def das(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > n_fits:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers_module, "das", das)
+
+
+def test_an_interrupted_layer_sweep_keeps_its_cells_and_resumes_to_the_whole_result(planted, monkeypatch, tmp_path):
+    model, prompts = planted
+    dataset = causal.interchange_dataset(prompts, "sum_mod_10", n=200, seed=0)
+    grid = dict(layers=[0], positions=["a", "b", "final"], k=2, steps=3, progress=False)
+    whole = causal.das_layers(model, dataset, **grid)
+    _interrupt_after(monkeypatch, 2)
+    with pytest.warns(UserWarning, match="interrupted after 2 of 3 cells; pass the result as resume="):
+        part = causal.das_layers(model, dataset, **grid)
+    assert part.meta["stopped"] == "interrupted" and part.meta["done"] == [[True, True, False]]
+    assert bool(torch.isnan(part.iia[0, 2])) and torch.equal(part.iia[0, :2], whole.iia[0, :2])
+    part = causal.DASLayersResult.load(part.save(tmp_path / "part"))  # kept on disk, resumed from there
+    monkeypatch.undo()
+    resumed = causal.das_layers(model, dataset, **grid, resume=part)
+    assert resumed.meta["stopped"] is None and resumed.meta["done"] == [[True, True, True]]
+    for name in ("iia", "low", "high", "random_iia", "logit_diff"):
+        assert torch.equal(getattr(resumed, name), getattr(whole, name)), name
+    assert resumed.meta["n_test_per_cell"] == whole.meta["n_test_per_cell"]
+    # a partial result of another call is refused before any fit
+    for changed in (dict(grid, steps=4), dict(grid, positions=["b", "a", "final"]), dict(grid, k=1)):
+        with pytest.raises(AnalysisError, match="resume was made with other settings or pairs"):
+            causal.das_layers(model, dataset, **changed, resume=part)
+    other_pairs = causal.interchange_dataset(prompts, "sum_mod_10", n=200, seed=1)
+    with pytest.raises(AnalysisError, match="pairs_digest"):
+        causal.das_layers(model, other_pairs, **grid, resume=part)
+    # interrupted before the first fit finished: nothing to keep, the interrupt goes on
+    _interrupt_after(monkeypatch, 0)
+    with pytest.raises(KeyboardInterrupt):
+        causal.das_layers(model, dataset, **grid)
+
+
+def test_das_every_layer_command_saves_an_interrupted_sweep_and_resumes_it(monkeypatch, tmp_path, capsys):
+    import json
+
+    from arithinterp.cli import main
+
+    command = ["das", "zoo:add-100", "--variable", "magnitude", "--every-layer", "--layers", "0,1", "--steps", "2",
+               "--limit", "200", "--json", "--no-progress", "--out", str(tmp_path / "fits")]
+    _interrupt_after(monkeypatch, 1)
+    assert main(command) == 130
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["stopped"] == "interrupted" and (summary["cells_done"], summary["cells"]) == (1, 2)
+    assert causal.DASLayersResult.load(tmp_path / "fits").meta["done"] == [[True], [False]]
+    monkeypatch.undo()
+    assert main([*command, "--resume", str(tmp_path / "fits"), "--overwrite"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "stopped" not in summary and summary["best_layer"] in (0, 1)
+    fits = causal.DASLayersResult.load(tmp_path / "fits")
+    assert fits.meta["done"] == [[True], [True]] and bool(torch.isfinite(fits.iia).all())
+    assert main(["das", "zoo:add-100", "--variable", "magnitude", "--resume", str(tmp_path / "fits")]) == 2
+    assert "--resume is for --every-layer" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_readable_vs_used_table(planted):
     model, prompts = planted

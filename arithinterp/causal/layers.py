@@ -18,8 +18,8 @@ from arithinterp.causal.fit import das
 from arithinterp.causal.models import CausalModel
 from arithinterp.causal.results import DASLayersResult, ReadableUsedResult
 from arithinterp.causal.scoring import Site, reachable
-from arithinterp.checks import check_belongs
-from arithinterp.errors import ConfigError
+from arithinterp.checks import check_belongs, check_fingerprint
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFiniteFloat, PositiveInt, Seed, checked
@@ -39,6 +39,30 @@ def _check_cells(model: HookedModel, dataset: InterchangeDataset, site: str, lay
             raise ConfigError(f"k must be an int in 1..{d} (the width of {site}), got {k!r}")
 
 
+def _pairs_digest(pairs: InterchangeDataset) -> str:
+    """A short hash of the pairs' tokens and held-out split: a resumed sweep must fit the same pairs."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for tensor in (pairs.base.tokens, pairs.source.tokens, torch.as_tensor(pairs.test)):
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _check_resume(model: HookedModel, resume: DASLayersResult, site: str, layers: list, positions: list, k: int,
+                  settings: dict) -> None:
+    """Refuse a partial result made on another model, grid or setting: its cells would not be this call's."""
+    check_fingerprint(model, resume.meta.get("fingerprint"), "DAS fits to resume", "das_layers")
+    theirs = dict(site=resume.site, layers=list(resume.layers), positions=list(resume.positions), k=resume.k,
+                  **{name: resume.meta.get(name) for name in settings})
+    theirs["variable"] = resume.variable
+    mine = dict(site=site, layers=layers, positions=positions, k=k, **settings)
+    differ = [f"{name}={theirs[name]!r} (here {mine[name]!r})" for name in mine if theirs[name] != mine[name]]
+    if differ:
+        raise AnalysisError(f"resume was made with other settings or pairs: {'; '.join(differ)}; resume a result "
+                            "of this same call")
+
+
 @checked
 def das_layers(
     model: HookedModel,
@@ -53,9 +77,15 @@ def das_layers(
     reachable_only: bool = False,
     max_memory: Optional[ByteSize] = None,
     seed: Seed = 0,
+    resume: Optional[DASLayersResult] = None,
     progress: bool = True,
 ) -> DASLayersResult:
     """One DAS fit per layer × position, each with its random-rotation control.
+
+    A sweep of many cells can stop early and go on later: Ctrl-C (``KeyboardInterrupt``) after at
+    least one fit returns the cells finished so far (the rest NaN; ``meta["done"]`` marks which,
+    ``meta["stopped"]`` says ``"interrupted"``), and ``resume=`` that result fits only the rest, with
+    the same settings and pairs, to the grid an uninterrupted call gives.
 
     Args:
         model: The hooked model.
@@ -71,45 +101,69 @@ def das_layers(
             scored per cell are in ``meta["n_test_per_cell"]`` ``[layer, position]``.
         max_memory: Bytes one batch may use.
         seed: Seeds every fit.
+        resume: A partial result of this call (interrupted) whose finished cells are kept.
         progress: Show a progress bar.
 
     Returns:
         The held-out IIA grid ``[layer, position]`` with its interval and the random rotation's.
 
     Raises:
-        AnalysisError: No layer or position, or an invalid cell (checked before the first fit).
-        ModelMismatchError: The pairs's prompts belong to another model.
+        AnalysisError: No layer or position, or an invalid cell (checked before the first fit);
+            ``resume`` was made with other settings or pairs.
+        ModelMismatchError: The pairs's prompts, or ``resume``, belong to another model.
+        KeyboardInterrupt: Interrupted before a fit finished (there is nothing to keep).
     """
+    import warnings
+
     check_belongs(model, "das_layers", prompts=pairs.base)
     layers = list(range(site_lib.n_layers(model))) if layers is None else list(layers)
     positions = list(positions)
     if not layers or not positions:
         raise ConfigError("das_layers needs at least one layer and one position")
     _check_cells(model, pairs, site, layers, positions, k)  # every cell before the first fit
+    settings = dict(variable=pairs.variable, steps=steps, lr=lr, seed=seed, n_test=len(pairs.test),
+                    reachable_only=reachable_only, pairs_digest=_pairs_digest(pairs))
     shape = (len(layers), len(positions))
-    grids = {name: torch.zeros(shape) for name in ("iia", "low", "high", "random_iia", "logit_diff")}
+    grids = {name: torch.full(shape, float("nan")) for name in ("iia", "low", "high", "random_iia", "logit_diff")}
     n_test = torch.zeros(shape, dtype=torch.long)
-    cells = [(i, j) for i in range(len(layers)) for j in range(len(positions))]
-    for i, j in tqdm(cells, desc="DAS per layer", disable=not progress):
-        if reachable_only and not bool(reachable(pairs, pairs.test, positions[j]).any()):
-            for grid in grids.values():  # no held-out pair can be reached from here: no score, not a zero
-                grid[i, j] = float("nan")
-            continue
-        fit = das(model, pairs, site, layers[i], k, positions=positions[j], steps=steps, lr=lr, baselines=("random",),
-                  reachable_only=reachable_only, max_memory=max_memory, seed=seed, progress=False)
-        n_test[i, j] = fit.scores["das"]["n"]
-        s = fit.scores["das"]
-        grids["iia"][i, j], grids["low"][i, j], grids["high"][i, j] = s["iia"], s["low"], s["high"]
-        grids["logit_diff"][i, j] = s["logit_diff"]
-        grids["random_iia"][i, j] = fit.scores["random"]["iia"]
+    done = torch.zeros(shape, dtype=torch.bool)
+    if resume is not None:
+        _check_resume(model, resume, site, layers, [str(p) for p in positions], k, settings)
+        done = torch.tensor(resume.meta.get("done", [[True] * shape[1]] * shape[0]), dtype=torch.bool)
+        n_test = torch.tensor(resume.meta["n_test_per_cell"], dtype=torch.long)
+        for name, grid in grids.items():
+            grid[done] = getattr(resume, name)[done]
+    todo = [(i, j) for i in range(len(layers)) for j in range(len(positions)) if not done[i, j]]
+    stopped, bar = None, tqdm(total=done.numel(), initial=int(done.sum()), desc="DAS per layer", disable=not progress)
+    try:
+        for i, j in todo:
+            # a position that reaches no held-out pair gets no score (NaN), not a zero
+            if not reachable_only or bool(reachable(pairs, pairs.test, positions[j]).any()):
+                fit = das(model, pairs, site, layers[i], k, positions=positions[j], steps=steps, lr=lr,
+                          baselines=("random",), reachable_only=reachable_only, max_memory=max_memory, seed=seed,
+                          progress=False)
+                s = fit.scores["das"]
+                n_test[i, j] = s["n"]
+                grids["iia"][i, j], grids["low"][i, j], grids["high"][i, j] = s["iia"], s["low"], s["high"]
+                grids["logit_diff"][i, j] = s["logit_diff"]
+                grids["random_iia"][i, j] = fit.scores["random"]["iia"]
+            done[i, j] = True  # last: a cell counts once all of it is in
+            bar.update(1)
+    except KeyboardInterrupt:
+        if not done.any():
+            raise
+        stopped = "interrupted"
+        warnings.warn(f"das_layers interrupted after {int(done.sum())} of {done.numel()} cells; pass the result as "
+                      "resume= to fit the rest", stacklevel=2)
+    finally:
+        bar.close()
     labels, _ = pairs.base[:1].locate(positions, answers=max(0, int(pairs.base.n_answer_tokens.max()) - 1))
     tokens = pairs.base.str_tokens(0) + [f"answer[{m}]" for m in range(int(pairs.base.n_answer_tokens.max()))]
     _, index = pairs.base[:1].locate(positions, answers=max(0, int(pairs.base.n_answer_tokens.max()) - 1))
     offset = pairs.base.tokens.shape[1] - int(pairs.base.lengths[0])
     names = [f"{p}: {tokens[int(c) - offset]}" if 0 <= int(c) - offset < len(tokens) else str(p)
              for p, c in zip(labels, index[0].tolist())]
-    meta = build_meta(model, variable=pairs.variable, steps=steps, lr=lr, seed=seed, n_test=len(pairs.test),
-                      reachable_only=reachable_only, n_test_per_cell=n_test.tolist())
+    meta = build_meta(model, **settings, n_test_per_cell=n_test.tolist(), done=done.tolist(), stopped=stopped)
     return DASLayersResult(variable=pairs.variable, site=site, layers=layers, positions=[str(p) for p in positions],
                            k=k, chance=pairs.chance, tokens=names, meta=meta, **grids)
 
