@@ -11,6 +11,7 @@ more than a layer's whole residual stream at that position 400 times over. This 
   three positions on the model and on a random-init copy) and ``helix.patch_test``.
 
     python benchmarks/big_vocab.py [--model /work/gemma/gemma-3-270m-q4_k_m.gguf] [--prompts 900] [--runs 3]
+                                   [--peaks before_last last probes patch_test]
 
 Prompts: ``a + b`` over 10..39 × 10..39 in ``{a}+{b}=`` with a 3-shot prefix (``--few-shot``).
 """
@@ -34,6 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from collect import PeakRSS  # noqa: E402
 
 MIB = 2**20
+PEAKS = ("before_last", "last", "probes", "patch_test")
 
 
 def _setup(spec: str, n_prompts: int, few_shot: int):
@@ -104,6 +106,8 @@ def main() -> None:
     parser.add_argument("--few-shot", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", choices=["time", "peak"], default=None)
+    parser.add_argument("--peaks", nargs="+", choices=PEAKS, default=list(PEAKS),
+                        help="the peak measurements to take, one fresh process each (default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -132,7 +136,7 @@ def main() -> None:
         ratio = statistics.median(timed["seconds"][layers[1]]) / statistics.median(timed["seconds"][layers[0]])
         print(f"  last / before last: {ratio:.2f}")
     if args.only in (None, "peak"):
-        for what in ("before_last", "last", "probes", "patch_test"):
+        for what in args.peaks:
             r = child(what)
             print(f"  {what}: {r['seconds']:.1f} s, peak increase {r['increase'] / MIB:,.0f} MiB over the loaded "
                   f"model ({r['model'] / MIB:,.0f} MiB of parameters), ru_maxrss {r['maxrss'] / MIB:,.0f} MiB")

@@ -121,13 +121,20 @@ def test_show_static_displays_a_png_and_falls_back_to_the_interactive_figure(mon
     from arithinterp.errors import ConfigError
     from arithinterp.viz import show_static
 
-    shown = []
+    import arithinterp.viz.notebook as notebook_viz
+
+    shown, started = [], []
     monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.setattr(notebook_viz, "_server_started", False)
+    kaleido = pytest.importorskip("kaleido")
+    monkeypatch.setattr(kaleido, "start_sync_server", lambda **kw: started.append(kw))
     fig = go.Figure(go.Bar(y=[1, 2]))
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
     monkeypatch.setattr(go.Figure, "to_image", lambda self, **kw: png)
     show_static(fig)
     assert isinstance(shown[-1], IPython.display.Image) and shown[-1].data == png
+    show_static(fig)
+    assert len(started) == 1, "every figure after the first reuses the export server (one browser per process)"
 
     def no_export(self, **kw):
         raise ValueError("Image export using the 'kaleido' engine requires the kaleido package")
