@@ -2,7 +2,8 @@
 
 A *site* names what is read or patched (``resid_pre``, ``attn_z``, ...); together with a layer it
 gives a hook name (``blocks.3.hook_resid_pre``). Everything that touches hooks goes through
-these helpers so a bad site or layer fails the same way everywhere.
+these helpers so a bad site or layer fails the same way everywhere. :func:`coarse_to_fine` orders
+layers so that any first few of them cover the depth (for work that may stop early).
 """
 
 from __future__ import annotations
@@ -162,3 +163,37 @@ def check_index(name: str, values: Optional[Sequence[int]], size: int) -> list[i
         if not -size <= v < size:
             raise SiteError(f"{name} {v} is out of range; accepted: 0..{size - 1}")
     return [v % size for v in chosen]
+
+
+def spread(n: int, k: int) -> list[int]:
+    """Evenly spread values of ``range(n)``.
+
+    Args:
+        n: The range's length.
+        k: How many values; every value when ``k >= n``.
+
+    Returns:
+        The values, ascending; the first and the last among them when ``k ≥ 2``, the last alone
+        when ``k == 1``.
+    """
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def coarse_to_fine(layers: list[int]) -> list[int]:
+    """``layers`` reordered so that every prefix is spread over them: the last, the first, the
+    middle, then the quarters, ... (:func:`spread` of more and more).
+
+    Args:
+        layers: The layers, in order.
+
+    Returns:
+        The same layers, reordered.
+    """
+    order: list[int] = []
+    for k in range(1, len(layers) + 1):
+        order += [layers[i] for i in spread(len(layers), k) if layers[i] not in order]
+    return order

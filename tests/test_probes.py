@@ -487,6 +487,34 @@ def _imbalanced_slots(n: int, rate: float = 0.1, shift: float = 2.5, d: int = 16
     return X, dict(true=true, output=true.clone(), valid=torch.ones(n, 2, dtype=torch.bool), correct=~wrong)
 
 
+def test_a_time_limited_layer_search_covers_the_depth_first_and_stops_in_time(monkeypatch):
+    """With ``max_seconds`` the candidates run coarse to fine over the depth (the last layer first, all
+    layers side by side last) and none starts past the limit; without a limit of consequence the
+    choice is the unlimited search's."""
+    import arithinterp.probes.detector as detector_module
+
+    X, slots = _imbalanced_slots(600)
+    unlimited = probes.ErrorDetector(cv=3).fit_activations(X, slots)
+    roomy = probes.ErrorDetector(cv=3, max_seconds=1e6).fit_activations(X, slots)
+    assert [r["layers"] for r in roomy.meta_["layer_search"]] == [[1], [0], [0, 1]]
+    assert roomy.meta_["layer_candidates"] == 3 and roomy.layers_ == unlimited.layers_ == [1]
+    now, real = [0.0], detector_module.fit_candidate
+
+    def fit_candidate(*args, **kwargs):  # each candidate takes 10 s
+        real(*args, **kwargs)
+        now[0] += 10.0
+
+    monkeypatch.setattr(detector_module.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(detector_module, "fit_candidate", fit_candidate)
+    limited = probes.ErrorDetector(cv=3, max_seconds=15).fit_activations(X, slots)
+    assert [r["layers"] for r in limited.meta_["layer_search"]] == [[1], [0]]  # the third would start at 20 s
+    assert limited.meta_["layer_candidates"] == 3 and limited.layers_ == [1]
+    assert limited.meta_["compared"] == len(probes.DETECTOR_METHODS) * 2  # the interval widens for those tried
+    for bad in (0, -1.0, float("nan"), float("inf"), "10"):
+        with pytest.raises(ConfigError, match="max_seconds must be a positive finite number"):
+            probes.ErrorDetector(max_seconds=bad).fit_activations(X, slots)
+
+
 def test_rare_errors_along_a_planted_direction_are_found_and_shuffled_labels_are_not():
     """10% errors: the threshold set for balanced accuracy catches them, where the most accurate
     threshold (close to "never flag") misses many; the layer holding them is the one chosen."""

@@ -822,3 +822,33 @@ def test_a_stage_refusing_the_architecture_says_so_before_counting_data(add100, 
     with pytest.raises(AnalysisError, match="not the sum") as raised:
         report.circuits_stage(ctx)
     assert not isinstance(raised.value, NotEnoughData)
+
+
+def test_the_error_stage_stops_its_layer_search_within_its_share(monkeypatch):
+    """The detector's cost is mostly its layer search, one probe set per candidate whatever the
+    prompts: the stage gives the search the time left (less the held-out forward), the candidates
+    run coarse to fine over the depth, and the sample line says how many of them fitted."""
+    import arithinterp as ai
+    import arithinterp.probes.detector as detector_module
+    import arithinterp.report as report
+    from arithinterp.models.zoo import task_prompts
+
+    model = ai.load_model("zoo:add-3digit-weak")  # 2 layers: candidates [1], [0], [0, 1]
+    prompts = task_prompts(model, "zoo:add-3digit-weak", 900, 0)
+    evaluation = prompts.evaluate(model)
+    assert int((~evaluation.correct).sum()) >= 50  # the model's own errors are detected
+    now, real = [0.0], detector_module.fit_candidate
+
+    def fit_candidate(*args, **kwargs):  # each candidate takes 10 s, nothing else takes time
+        real(*args, **kwargs)
+        now[0] += 10.0
+
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(detector_module, "fit_candidate", fit_candidate)
+    ctx = Context(model, "zoo:add-3digit-weak", prompts.correct_only(model), prompts, evaluation, None,
+                  budget=Budget(20.0))
+    ctx.stage_start = now[0]
+    section = report.error_detector_stage(ctx)
+    # 0.85 * 20 = 17 s for the search: the third candidate would start at 20 s
+    assert "searched 2 of 3 layer candidates, spread over the depth, to fit the 20 s budget" in section.sample
+    assert now[0] - ctx.stage_start == 20.0 and "the detector at layers [1]" in section.findings[0]

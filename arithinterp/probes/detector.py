@@ -20,6 +20,7 @@ of layers (:mod:`~arithinterp.probes.detector_fit`), thresholds and metrics
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -113,6 +114,13 @@ class ErrorDetector(BaseEstimator):
             per probe (:func:`~arithinterp.probes.lbfgs.lbfgs_rows`), or ``"per-target"`` one
             joint L-BFGS per target and its folds. Other probes are fitted one target at a time
             either way.
+        max_seconds: with ``layers="auto"``, a time limit on the layer search: its candidates are
+            tried coarse to fine over the depth (the last layer, the first, the middle, the
+            quarters, ...: :func:`~arithinterp.sites.coarse_to_fine`; all layers side by side last)
+            and no new one starts once this many seconds have passed since ``fit`` began (reading
+            the activations included; the first candidate always runs). ``meta_["layer_search"]``
+            holds the candidates tried,
+            ``meta_["layer_candidates"]`` how many there were. ``None``: every candidate.
     """
 
     # the fitted state, set by fit (scikit-learn style: names ending in "_")
@@ -136,7 +144,8 @@ class ErrorDetector(BaseEstimator):
                  site: str = "resid_post", position: str = "final", method: str = "auto",
                  threshold: Union[str, float] = "balanced",
                  cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0,
-                 batch_size: int = 256, progress: bool = False, solver: str = "batched"):
+                 batch_size: int = 256, progress: bool = False, solver: str = "batched",
+                 max_seconds: Optional[float] = None):
         self.probe = probe
         self.layers = layers
         self.site = site
@@ -150,6 +159,7 @@ class ErrorDetector(BaseEstimator):
         self.batch_size = batch_size
         self.progress = progress
         self.solver = solver
+        self.max_seconds = max_seconds
 
     def _layer_list(self, model: Any) -> list[int]:
         """The layers ``fit`` reads: every layer for ``"auto"`` (the search picks among them)."""
@@ -193,10 +203,11 @@ class ErrorDetector(BaseEstimator):
         """
         check_belongs(model, "ErrorDetector.fit", prompts=prompts)
         check_params(self)
+        started = time.perf_counter()  # max_seconds counts the reading, too
         layers = self._layer_list(model)
         X, evaluation = self._read(model, prompts, evaluation, layers)
         slots, carries = self._labels(prompts, evaluation)
-        self.fit_activations(X, slots, carries=carries, layers=layers)
+        self._fit_activations(X, slots, carries, layers, started)
         self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)))
         return self
 
@@ -327,6 +338,11 @@ class ErrorDetector(BaseEstimator):
             AnalysisError: ``X`` and the labels disagree in shape, or too few right or wrong
                 answers for ``cv`` folds.
         """
+        return self._fit_activations(X, slots, carries, layers, time.perf_counter())
+
+    def _fit_activations(self, X: torch.Tensor, slots: dict, carries: Optional[dict],
+                         layers: Optional[Sequence[int]], started: float) -> "ErrorDetector":
+        """:meth:`fit_activations`, its time limit counted from ``started``."""
         probe = check_params(self)
         X = check_slot_activations(X, slots)
         names = list(range(X.shape[1])) if layers is None else [int(layer) for layer in layers]
@@ -343,8 +359,13 @@ class ErrorDetector(BaseEstimator):
         carries = check_carries(carries, slots) if self.carries else None
         distinct = sum(not any(torch.equal(X[:, 0, s], X[:, 0, t]) for t in range(s)) for s in range(X.shape[2]))
         candidates = self.layer_candidates(names, distinct, X.shape[3]) if self.layers == "auto" else [names]
+        if self.max_seconds is not None:  # a search that may stop early covers the depth first
+            order = site_lib.coarse_to_fine(names)
+            candidates.sort(key=lambda chosen: order.index(chosen[0]) if len(chosen) == 1 else len(order))
         search, fitted = [], None
         for chosen in candidates:
+            if search and self.max_seconds is not None and time.perf_counter() - started > self.max_seconds:
+                break
             columns = [names.index(layer) for layer in chosen]
             detector = self if len(candidates) == 1 else clone_estimator(self).set_params(layers=list(chosen))
             fit_candidate(detector, probe, X[:, columns], slots, carries, chosen)
@@ -361,6 +382,7 @@ class ErrorDetector(BaseEstimator):
                 if key.endswith("_") and not key.startswith("_"):
                     setattr(self, key, value)
         fit_meta(self, probe, carries is not None, n_wrong, len(correct), search, len(candidates) > 1)
+        self.meta_["layer_candidates"] = len(candidates)
         return self
 
     @staticmethod

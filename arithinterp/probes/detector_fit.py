@@ -67,6 +67,10 @@ def check_params(detector: ErrorDetector) -> Any:
     if not (t in THRESHOLD_RULES or (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1)):
         raise ConfigError(
             f"threshold must be a probability in [0, 1] or one of {accepted(THRESHOLD_RULES)}, got {t!r}")
+    seconds = detector.max_seconds
+    if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                    and 0 < seconds < float("inf")):
+        raise ConfigError(f"max_seconds must be a positive finite number of seconds or None, got {seconds!r}")
     if isinstance(detector.layers, str) and detector.layers != "auto":
         raise ConfigError(f"layers must be 'auto', None (every layer), a layer index or a list of them, "
                           f"got {detector.layers!r}")

@@ -41,7 +41,7 @@ from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, Mem
 from arithinterp.outputs import check_writable_file
 from arithinterp.report.budget import (
     DEFAULT_BUDGET, EVALUATION_WEIGHT, MARGIN, MAX_BUDGET, MIN_BUDGET, PILOT, PILOT_SHARE, SLOPE_FLOOR, Budget,
-    Context, OverBudget, coarse_to_fine, default_max_memory, parse_memory, pilot_cost, secs, spread,
+    Context, OverBudget, default_max_memory, parse_memory, pilot_cost, secs,
 )
 from arithinterp.report.evaluation import (
     EVAL_CAP, EVAL_CHUNK, WARM_UP, correct_needed, evaluate_within, parse_operands, report_prompts,
@@ -61,6 +61,7 @@ from arithinterp.report.stages.fourier import fourier_helix_stage
 from arithinterp.report.stages.neurons import neurons_stage
 from arithinterp.report.stages.patching import patching_stage
 from arithinterp.report.stages.probes import PROBE_LAYERS, probes_stage
+from arithinterp.sites import coarse_to_fine, spread
 
 __all__ = [
     "write_report", "StageFailed", "STAGES", "Stage", "Knob", "Section", "Context", "Budget", "NotEnoughData",

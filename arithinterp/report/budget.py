@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.sites import spread
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation, PromptPairs, PromptSet
@@ -311,35 +312,3 @@ class Context:
         return items[seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
 
 
-def spread(n: int, k: int) -> list[int]:
-    """Evenly spread values of ``range(n)``.
-
-    Args:
-        n: The range's length.
-        k: How many values; every value when ``k >= n``.
-
-    Returns:
-        The values, ascending; the first and the last among them when ``k ≥ 2``, the last alone
-        when ``k == 1``.
-    """
-    if k >= n:
-        return list(range(n))
-    if k == 1:
-        return [n - 1]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
-
-
-def coarse_to_fine(layers: list[int]) -> list[int]:
-    """``layers`` reordered so that every prefix is spread over them: the last, the first, the
-    middle, then the quarters, ... (:func:`spread` of more and more).
-
-    Args:
-        layers: The layers, in order.
-
-    Returns:
-        The same layers, reordered.
-    """
-    order: list[int] = []
-    for k in range(1, len(layers) + 1):
-        order += [layers[i] for i in spread(len(layers), k) if layers[i] not in order]
-    return order

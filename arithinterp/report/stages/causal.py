@@ -7,8 +7,9 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from arithinterp.report.budget import OverBudget, secs, spread
+from arithinterp.report.budget import OverBudget, secs
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.sites import spread
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context

@@ -8,8 +8,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from arithinterp.errors import AnalysisError
-from arithinterp.report.budget import MARGIN, OverBudget, cost_text, pilot_cost, secs, seeded_pick, spread
+from arithinterp.report.budget import MARGIN, OverBudget, cost_text, pilot_cost, secs, seeded_pick
 from arithinterp.report.stage import Section, Stage, joined, require, require_pairs
+from arithinterp.sites import spread
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context

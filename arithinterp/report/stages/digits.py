@@ -8,7 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from arithinterp.errors import AnalysisError
-from arithinterp.report.budget import OverBudget, coarse_to_fine
+from arithinterp.report.budget import OverBudget
+from arithinterp.sites import coarse_to_fine
 from arithinterp.report.stage import Section, Stage, joined, require
 
 if TYPE_CHECKING:

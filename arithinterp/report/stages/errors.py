@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from arithinterp.report.budget import Budget
+from arithinterp.report.budget import MARGIN, Budget, secs
 from arithinterp.report.evaluation import evaluate_within
 from arithinterp.report.stage import Section, Stage, joined, require
 
@@ -33,6 +33,10 @@ def error_detector_stage(ctx: Context) -> Section:
     """Probe-based error detection on the main model if it errs often enough, else on the zoo's
     deliberately imperfect model (and the finding says which).
 
+    Within a budget the prompts are sampled to about three forwards each, and the detector's layer
+    search, its main cost whatever the prompts, gets the time left less the held-out prompts'
+    forward (``ErrorDetector(max_seconds=...)``: candidates spread over the depth first).
+
     Args:
         ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
 
@@ -47,7 +51,7 @@ def error_detector_stage(ctx: Context) -> Section:
 
     section = Section(STAGE.title)
     n_errors = int((~ctx.evaluation.correct).sum())
-    fitted, batch_size = "", 256
+    fitted, batch_size, per_prompt = "", 256, ctx.budget.forward_seconds
     if n_errors >= 50:
         model, prompts, name, evaluation = ctx.model, ctx.all_prompts, ctx.spec, ctx.evaluation
         # fit and evaluate each read every prompt's activations once (a forward), then fit probes
@@ -82,10 +86,18 @@ def error_detector_stage(ctx: Context) -> Section:
     held_out = evaluation.correct[split:]
     n_wrong, n_right = int((~held_out).sum()), int(held_out.sum())
     require("errors", min(n_wrong, n_right))
-    section.sample = joined(f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; "
-                             f"minimum {MINIMUM[0]} of each), {split} to train on", fitted)
-    detector = probes.ErrorDetector(batch_size=batch_size, progress=False)
+    # the detector's cost is mostly its layer search (a probe set per candidate layer, whatever the prompts):
+    # the search stops where the held-out prompts' forward would no longer fit the time left
+    max_seconds = None
+    if ctx.budget.seconds != float("inf"):
+        max_seconds = max(MARGIN * ctx.seconds_left() - per_prompt * (len(prompts) - split), 1e-3)
+    detector = probes.ErrorDetector(batch_size=batch_size, progress=False, max_seconds=max_seconds)
     detector.fit(model, prompts[:split], evaluation=evaluation[:split])
+    tried, candidates = len(detector.meta_["layer_search"]), detector.meta_["layer_candidates"]
+    searched = (f"searched {tried} of {candidates} layer candidates, spread over the depth, to fit the "
+                f"{secs(ctx.budget.seconds)} budget") if tried < candidates else ""
+    section.sample = joined(f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; "
+                            f"minimum {MINIMUM[0]} of each), {split} to train on", fitted, searched)
     result = detector.evaluate(model, prompts[split:], evaluation=evaluation[split:])
     m = result.metrics()
     verdict = "" if _beats_chance(m) else "No signal above the control: "

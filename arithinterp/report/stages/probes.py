@@ -7,8 +7,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from arithinterp.errors import AnalysisError
-from arithinterp.report.budget import MARGIN, coarse_to_fine, secs, seeded_pick
+from arithinterp.report.budget import MARGIN, secs, seeded_pick
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.sites import coarse_to_fine
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
