@@ -109,6 +109,9 @@ def main() -> None:
     parser.add_argument("--peaks", nargs="+", choices=PEAKS, default=list(PEAKS),
                         help="the peak measurements to take, one fresh process each (default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", action="store_true",
+                        help="take every measurement in this process instead of a fresh one each (a quick check "
+                             "that the script runs: the peaks then count what earlier measurements left)")
     args = parser.parse_args()
     if args.child:
         if args.child == "time":
@@ -119,6 +122,10 @@ def main() -> None:
         return
 
     def child(what: str) -> dict:
+        if args.in_process:
+            if what == "time":
+                return time_layers(args.model, args.prompts, args.few_shot, args.runs)
+            return peak(args.model, args.patch_prompts if what == "patch_test" else args.prompts, args.few_shot, what)
         command = [sys.executable, __file__, "--child", what, "--model", args.model, "--prompts", str(args.prompts),
                    "--patch-prompts", str(args.patch_prompts), "--few-shot", str(args.few_shot),
                    "--runs", str(args.runs)]

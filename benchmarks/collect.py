@@ -87,12 +87,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=0, help="0 = collect's automatic choice")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--child", choices=["collect", "run_with_cache"], help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", action="store_true",
+                        help="take every measurement in this process instead of a fresh one each (a quick check "
+                             "that the script runs: the peaks then count what earlier measurements left)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child, args.model, args.prompts, args.batch_size)))
         return
 
     def runs(method: str) -> list[dict]:
+        if args.in_process:
+            return [measure(method, args.model, args.prompts, args.batch_size) for _ in range(args.runs)]
         # a fresh process per run, so the allocator's earlier growth cannot hide this run's peak
         command = [sys.executable, __file__, "--child", method, "--model", args.model,
                    "--prompts", str(args.prompts), "--batch-size", str(args.batch_size)]

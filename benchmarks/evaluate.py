@@ -123,6 +123,9 @@ def main() -> None:
     add_shape_arguments(parser)
     parser.add_argument("--child", choices=["evaluate", "forward", "one_batch"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", action="store_true",
+                        help="take every measurement in this process instead of a fresh one each (a quick check "
+                             "that the script runs: the peaks then count what earlier measurements left)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child, args.folder, args.prompts, args.shots)))
@@ -133,6 +136,8 @@ def main() -> None:
         build(folder, args)
 
         def runs(mode: str) -> list[dict]:
+            if args.in_process:
+                return [measure(mode, str(folder), args.prompts, args.shots) for _ in range(args.runs)]
             command = [sys.executable, __file__, "--child", mode, "--folder", str(folder),
                        "--prompts", str(args.prompts), "--shots", str(args.shots)]
             return [json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])

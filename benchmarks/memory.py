@@ -136,6 +136,9 @@ def main() -> None:
     add_shape_arguments(parser)
     parser.add_argument("--child", choices=MEASUREMENTS, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--in-process", action="store_true",
+                        help="take every measurement in this process instead of a fresh one each (a quick check "
+                             "that the script runs: the peaks then count what earlier measurements left)")
     args = parser.parse_args()
     if args.child:
         from arithinterp.errors import ArithInterpError
@@ -155,6 +158,10 @@ def main() -> None:
             root = _export(args.after, Path(tmp) / "after")
 
         def one(what: str, package: Path, side: int) -> dict:
+            if args.in_process:  # this tree's package, and no watchdog: it would stop this very process
+                if package != root or before is not None:
+                    raise SystemExit("--in-process measures this tree only (no --before / --after)")
+                return measure(what, str(folder), argparse.Namespace(**dict(vars(args), side=side, kill_at=0)))
             command = [sys.executable, __file__, "--child", what, "--folder", str(folder), "--side", str(side),
                        "--top-k", str(args.top_k), "--pairs", str(args.pairs), "--shots", str(args.shots),
                        "--threads", str(args.threads), "--kill-at", str(args.kill_at)]

@@ -17,8 +17,8 @@ ROOT = Path(__file__).parent.parent
 
 def run(script, *args):
     """What ``python benchmarks/<script> <args>`` prints. The script runs here, as ``__main__`` with those
-    arguments, sparing a fresh interpreter's seconds of imports (the scripts that measure memory do so
-    in child processes of their own, which they still start) — what it changes for this process
+    arguments, sparing a fresh interpreter's seconds of imports (the scripts that measure memory in a
+    fresh process per measurement are given ``--in-process``) — what it changes for this process
     (``sys.path``, ``sys.argv``, the modules it imports from ``benchmarks/``, torch's random state and
     threads, the working directory) is put back after."""
     path = ROOT / "benchmarks" / script
@@ -42,13 +42,13 @@ def run(script, *args):
 
 
 def test_collect_benchmark_smoke():
-    out = run("collect.py", "--runs", "1", "--prompts", "200")
+    out = run("collect.py", "--runs", "1", "--prompts", "200", "--in-process")
     assert "| `collect` (batch auto)" in out and "run_with_cache" in out
 
 
 def test_big_vocab_benchmark_smoke():
     out = run("big_vocab.py", "--model", "zoo:add-100", "--few-shot", "0", "--prompts", "60", "--patch-prompts", "30",
-              "--runs", "1", "--peaks", "probes", "patch_test")
+              "--runs", "1", "--peaks", "probes", "patch_test", "--in-process")
     assert "last / before last:" in out and "patch_test:" in out and "probes:" in out and "before_last:" not in out
 
 
@@ -92,7 +92,7 @@ def test_detector_slices_benchmark_smoke():
 
 def test_evaluate_benchmark_smoke():
     out = run("evaluate.py", "--prompts", "20", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
-              "--d-mlp", "128", "--vocab", "500")
+              "--d-mlp", "128", "--vocab", "500", "--in-process")
     assert "| `evaluate` |" in out and "evaluate / (3 × one forward)" in out and "decode path 'cached'" in out
 
 
@@ -141,7 +141,7 @@ def test_memory_benchmark_smoke():
     """A tiny Llama: every neuron of both layers classified, each layer's top-k, and EAP-IG over every edge."""
     out = run("memory.py", "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--d-mlp", "128",
               "--vocab", "500", "--side", "6", "--top-side", "6", "--pairs", "4", "--top-k", "10",
-              "--only", "classify-all", "classify-top", "eap-ig")
+              "--only", "classify-all", "classify-top", "eap-ig", "--in-process")
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ") and "after" in line}
     assert "256 neurons" in rows["classify-all"] and "20 neurons" in rows["classify-top"]
     assert "GiB" in rows["classify-all"].rsplit("budget", 1)[1] and "edges, 1 batch(es)" in rows["eap-ig"]
