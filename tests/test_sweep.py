@@ -113,6 +113,75 @@ def test_bad_config_fails_before_any_job_naming_key_and_accepted(model_dir, tmp_
     assert calls == [] and not (tmp_path / "out").exists()  # nothing ran, nothing was written
 
 
+BAD_CELLS = [  # (analysis entry, what the message names: the parameter and value, then what is accepted)
+    (dict(name="probes", params=dict(target="a"), grid=dict(cv=[5, 0])), "cv=0 is not accepted",
+     "cv must be an integer number of folds >= 2, got 0"),
+    (dict(name="probes", params=dict(target="a", cv=1)), "cv=1 is not accepted", "folds >= 2, got 1"),
+    (dict(name="probes", params=dict(target="a", layers=[99])), "layers=[99] is not accepted",
+     "layer 99 is out of range for a 2-layer model; accepted: 0..1"),
+    (dict(name="patching", params=dict(site="resid_pre", positions=["fnal"])), "positions=['fnal'] is not accepted",
+     "unknown position 'fnal'; accepted: 'final'"),
+    (dict(name="ablation", params=dict(components="attn0,mlp7")), "components='attn0,mlp7' is not accepted",
+     "out of range"),
+]
+
+
+@pytest.mark.parametrize("analysis, bad, accepted_words", BAD_CELLS)
+def test_a_bad_cell_refuses_the_sweep_before_any_cell_runs(model_dir, tmp_path, analysis, bad, accepted_words):
+    """Parameters the model or prompts cannot take are refused up front, not when their cell runs:
+    the cells before it (the spy's) never run, and nothing is written."""
+    calls = []
+    S.register_analysis("spy", lambda model, prompts: calls.append(1) or pd.DataFrame([dict(x=1)]), overwrite=True)
+    cfg = config(model_dir, tmp_path / "out", analyses=[dict(name="spy"), analysis])
+    with pytest.raises(ConfigError) as info:
+        S.run_sweep(cfg, progress=False)
+    message = str(info.value)
+    assert message.startswith("cell ") and f"({analysis['name']}, model '{model_dir}', task 'add', params {{" in message
+    assert f"): {bad}: " in message and accepted_words in message, message
+    assert calls == [] and not (tmp_path / "out").exists()  # nothing ran, nothing was written
+
+
+def test_a_bad_cell_makes_the_commands_exit_2_before_any_cell_runs(model_dir, tmp_path, capsys):
+    from arithinterp.cli import main
+
+    path = write_toml(tmp_path / "s.toml", model_dir, tmp_path / "out")
+    path.write_text(path.read_text() + '[[analyses]]\nname = "probes"\nparams = { target = "a", layers = [99] }\n')
+    for command, name in ((main, ["sweep"]), (S.main, [])):  # arithinterp sweep, python -m arithinterp.sweep
+        for flags in ([], ["--dry-run"]):
+            assert command([*name, str(path), "--no-progress", "--json", *flags]) == 2
+            error = json.loads(capsys.readouterr().out)["error"]
+            assert error.startswith("cell ") and "(probes, model" in error, error
+            assert "layers=[99] is not accepted: layer 99 is out of range for a 2-layer model" in error
+            assert not (tmp_path / "out").exists()
+
+
+def test_cells_are_checked_with_the_analysis_functions_signature(model_dir, tmp_path):
+    S.register_analysis("narrow", lambda model, prompts: pd.DataFrame([dict(x=1)]), dict(k=int), overwrite=True)
+    with pytest.raises(ConfigError, match=r"\(narrow, .*the analysis function takes \(model, prompts\), not these "
+                       r"parameters: got an unexpected keyword argument 'k'"):
+        S.run_sweep(config(model_dir, tmp_path / "out", [dict(name="narrow", params=dict(k=1))]), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_registered_check_refuses_cells_before_any_runs(model_dir, tmp_path):
+    from arithinterp.sites import check_layers
+
+    def check(model, prompts, layer: int = 0):
+        with S.checking("layer", layer):
+            check_layers(model, "resid_post", [layer])
+
+    calls = []
+    S.register_analysis("at_layer", lambda model, prompts, layer=0: calls.append(layer) or pd.DataFrame([dict(x=1)]),
+                        dict(layer=int), check=check, overwrite=True)
+    with pytest.raises(ConfigError, match=r"\(at_layer, .*\): layer=2 is not accepted: layer 2 is out of range"):
+        S.run_sweep(config(model_dir, tmp_path / "out", [dict(name="at_layer", grid=dict(layer=[0, 1, 2]))]),
+                    progress=False)
+    assert calls == [] and not (tmp_path / "out").exists()
+    run = S.run_sweep(config(model_dir, tmp_path / "out", [dict(name="at_layer", grid=dict(layer=[0, 1]))]),
+                      progress=False)
+    assert run.counts()["done"] == 2 and sorted(calls) == [0, 1]
+
+
 def test_yaml_and_toml_configs_are_the_same_sweep(model_dir, tmp_path):
     toml_path = write_toml(tmp_path / "s.toml", model_dir, tmp_path / "out")
     yaml_path = tmp_path / "s.yaml"
@@ -285,6 +354,8 @@ def test_register_analysis_rejects_bad_input():
         S.register_analysis("notfn", 3)
     with pytest.raises(ConfigError, match="expected a Param"):
         S.register_analysis("badschema", lambda m, p: None, dict(k=3))
+    with pytest.raises(ConfigError, match="check must be callable"):
+        S.register_analysis("badcheck", lambda m, p: None, check="layers")  # pyright: ignore[reportArgumentType]
 
 
 def test_accepted_values_are_the_analysis_modules_own(monkeypatch):

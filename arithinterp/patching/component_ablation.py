@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # --- ablation ------------------------------------------------------------------------------------
 
+#: The component kinds :func:`ablate` takes (as :func:`~arithinterp.patching.components.parse_components` names them).
+ABLATABLE_KINDS = ("attn", "mlp", "head", "neuron")
+
 
 @dataclass(frozen=True)
 class AblationResult(Result):
@@ -345,7 +348,7 @@ def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], *,
     check_choice("ablation", ablation, COMPONENT_ABLATIONS)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to ablate")
-    parsed = parse_components(model, components, ("attn", "mlp", "head", "neuron"), prompts)
+    parsed = parse_components(model, components, ABLATABLE_KINDS, prompts)
     score = token_scores(prompts)
     before = ablated_scores(model, prompts, [], ablation, seed, keep=False, score=score)
     after = ablated_scores(model, prompts, parsed, ablation, seed, keep=False, score=score)

@@ -1,7 +1,8 @@
 """Cross-validation of a probe: the folds (grouped so that no operand pair is on both sides) and
 the held-out scores of one layer x position cell.
 
-:func:`resolve_groups` decides which prompts share a fold, :func:`make_folds` makes the folds,
+:func:`resolve_groups` decides which prompts share a fold, :func:`check_folds` refuses a fold count the
+prompts cannot be split into, :func:`make_folds` makes the folds,
 :func:`probe_cell` fits a fresh clone of the estimator on every fold of every label set (one
 L-BFGS run for a :class:`~arithinterp.probes.LogisticProbe`), and :func:`confidence_interval`
 gives the Student-t interval of the mean over folds.
@@ -67,6 +68,27 @@ def resolve_groups(prompts: Optional[PromptSet], groups: Any, n: int) -> tuple[O
     return ids, "custom"
 
 
+def check_folds(cv: Any, n: int, groups: Optional[np.ndarray] = None) -> None:
+    """Refuse a number of folds that ``n`` samples (in these groups) cannot be split into.
+
+    Args:
+        cv: The number of folds.
+        n: The number of samples.
+        groups: Group ids [n] (every member of a group in the same fold), or ``None``.
+
+    Raises:
+        ConfigError: ``cv`` is not an integer of at least 2.
+        AnalysisError: too few samples or groups for ``cv`` folds.
+    """
+    if not isinstance(cv, (int, np.integer)) or cv < 2:
+        raise ConfigError(f"cv must be an integer number of folds >= 2, got {cv!r}")
+    if n < 2 * cv:
+        raise AnalysisError(f"too few samples for {cv}-fold cross-validation: {n}; need at least {2 * cv}")
+    if groups is not None and len(np.unique(groups)) < cv:
+        raise AnalysisError(f"{cv}-fold cross-validation grouped by these groups needs at least {cv} groups, "
+                            f"got {len(np.unique(groups))} groups; lower cv or choose other groups")
+
+
 def make_folds(y: torch.Tensor, cv: int, stratify: bool, random_state: int,
            groups: Optional[np.ndarray] = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """``cv`` shuffled (train, test) index splits; every member of a group in the same fold.
@@ -87,20 +109,13 @@ def make_folds(y: torch.Tensor, cv: int, stratify: bool, random_state: int,
     """
     from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold
 
-    if not isinstance(cv, (int, np.integer)) or cv < 2:
-        raise ConfigError(f"cv must be an integer number of folds >= 2, got {cv!r}")
+    check_folds(cv, len(y), groups)
     n = len(y)
-    if n < 2 * cv:
-        raise AnalysisError(f"too few samples for {cv}-fold cross-validation: {n}; need at least {2 * cv}")
     labels = y.numpy()
     stratify = stratify and np.unique(labels, return_counts=True)[1].min() >= cv
     if groups is None:
         splitter = (StratifiedKFold if stratify else KFold)(cv, shuffle=True, random_state=random_state)
         return list(splitter.split(np.zeros(n), labels))
-    n_groups = len(np.unique(groups))
-    if n_groups < cv:
-        raise AnalysisError(f"{cv}-fold cross-validation grouped by these groups needs at least {cv} groups, "
-                            f"got {n_groups} groups; lower cv or choose other groups")
     splitter = (StratifiedGroupKFold if stratify else GroupKFold)(cv, shuffle=True, random_state=random_state)
     return list(splitter.split(np.zeros(n), labels, groups))
 

@@ -19,11 +19,13 @@ Analyses come from a registry users extend with :func:`register_analysis`; each 
 
 Submodules (their public names are all importable from ``arithinterp.sweep`` itself):
 
-* ``registry`` — :class:`Param`, :class:`Analysis`, :func:`register_analysis`, the built-in analyses.
+* ``registry`` — :class:`Param`, :class:`Analysis`, :func:`register_analysis`, :func:`checking`, the
+  built-in analyses and their checks.
 * ``config`` — :class:`SweepConfig`, :func:`read_config_file`, :func:`load_config`; :class:`Cell`
   and :func:`plan`, the cells a config expands into.
 * ``worker`` — :func:`run_cell`: one cell in whichever process the executor chose
-  (:func:`build_prompts`, model cache, seeding).
+  (:func:`build_prompts`, model cache, seeding); ``check_cells``: every cell's parameters against
+  its model and prompts, before the first cell runs.
 * ``storage`` — the results directory: :func:`cell_path`, atomic Parquet writes, :func:`tidy`,
   the manifest (:func:`read_manifest`, :func:`versions`), :func:`load_results`.
 * ``executors`` — local, process-pool and Ray executors.
@@ -50,6 +52,7 @@ from arithinterp.sweep.registry import (
     Param,
     ablation_analysis,
     accuracy_analysis,
+    checking,
     patching_analysis,
     probes_analysis,
     register_analysis,
@@ -74,6 +77,7 @@ __all__ = [
     "read_config_file",
     "plan",
     "register_analysis",
+    "checking",
     "run_cell",
     "build_prompts",
     "cell_path",

@@ -12,8 +12,7 @@ from arithinterp.errors import ArithInterpError, ConfigError
 from arithinterp.outputs import check_writable_dir, fail, print_summary
 from arithinterp.sweep.config import EXECUTORS, load_config, plan
 from arithinterp.sweep.plots import plot_sweep
-from arithinterp.sweep.runner import run_sweep
-from arithinterp.sweep.storage import cell_path
+from arithinterp.sweep.runner import check_unfinished_cells, run_sweep
 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,7 +37,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--num-cpus", type=float, default=None, help="CPUs each Ray job requests (default: 1)")
     p.add_argument("--num-gpus", type=float, default=None, help="GPUs each Ray job requests (default: 0)")
     p.add_argument("--device", default=None, help="device models load on: cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--dry-run", action="store_true", help="validate the config and list its cells without running")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the config and every cell to run (on its model and prompts) and list the cells "
+                        "without running them")
     p.add_argument("--plot", nargs="?", const="", default=None, metavar="DIR",
                    help="write HTML figures of the sweep in DIR "
                         "(or, without DIR, of the config's results after running)")
@@ -57,7 +58,7 @@ def run_cli(args: argparse.Namespace) -> dict:
         A JSON-able summary (the output directory, cell counts, or the figures written).
 
     Raises:
-        ConfigError: No config and no ``--plot``, or a bad config or flag.
+        ConfigError: No config and no ``--plot``, or a bad config, cell or flag.
     """
     if args.plot and not args.config:
         files = plot_sweep(args.plot)  # reads the results first, then writes into args.plot/figures
@@ -71,9 +72,9 @@ def run_cli(args: argparse.Namespace) -> dict:
                                           for k, v in overrides.items()})
         cells = plan(cfg)
         out = cfg.out_dir if cfg.out else None
-        finished = sum(out is not None and cell_path(out, c).is_file() for c in cells)
-        return dict(config_hash=cfg.digest(), out=str(out), cells=len(cells), finished=finished,
-                    to_run=len(cells) - finished,
+        to_run = len(check_unfinished_cells(cfg, cells))
+        return dict(config_hash=cfg.digest(), out=str(out), cells=len(cells), finished=len(cells) - to_run,
+                    to_run=to_run,
                     plan=[dict(cell=c.id, analysis=c.analysis, model=c.model, task=c.task["name"],
                                params=json.dumps(c.params, sort_keys=True)) for c in cells])
     if args.plot:  # a figures folder that cannot be written fails now, not after the sweep

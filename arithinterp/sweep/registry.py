@@ -1,13 +1,15 @@
 """The analysis registry: :class:`Param`, :class:`Analysis`, :func:`register_analysis` and the
-built-in analyses (accuracy, patching, ablation, probes) a sweep config can name."""
+built-in analyses (accuracy, patching, ablation, probes) a sweep config can name, with the checks
+that refuse a cell's parameters before any cell runs."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
 
-from arithinterp.errors import ConfigError, accepted
+from arithinterp.errors import ArithInterpError, ConfigError, accepted
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -99,6 +101,10 @@ class Analysis:
             (the built-in ``ablation`` analysis's ``mode`` is its ``ablation``): a config's key is read
             as the parameter, a saved table's column is renamed to it, and a cell's id hashes the
             parameter under the saved name, so cells already run are found again.
+        check: ``check(model, prompts, **params)``, run on every cell before the first cell runs:
+            raises an :class:`~arithinterp.errors.ArithInterpError` for parameters this model or
+            these prompts cannot take (a layer the model lacks, a position the prompts lack), and
+            computes nothing; ``None`` when only the parameter types can be checked.
     """
 
     name: str
@@ -107,6 +113,7 @@ class Analysis:
     plot: Optional[Callable] = None
     description: str = ""
     saved_params: dict = field(default_factory=dict)
+    check: Optional[Callable[..., Any]] = None
 
 
 ANALYSES: dict[str, Analysis] = {}
@@ -121,6 +128,7 @@ def register_analysis(
     description: str = "",
     overwrite: bool = False,
     saved_params: Optional[Mapping[str, str]] = None,
+    check: Optional[Callable[..., Any]] = None,
 ) -> Analysis:
     """Add an analysis that sweeps can name.
 
@@ -135,6 +143,8 @@ def register_analysis(
         overwrite: replace an existing analysis of the same name.
         saved_params: ``{name: param}``: another name configs and saved cells may give a parameter
             (see :class:`Analysis`).
+        check: ``check(model, prompts, **params)``: refuses a cell's parameters before the sweep
+            runs (see :class:`Analysis`; :func:`checking` names the parameter in its error).
 
     Returns:
         The registered analysis (also in :data:`ANALYSES`).
@@ -149,6 +159,8 @@ def register_analysis(
         raise ConfigError(f"analysis {name!r} is already registered; pass overwrite=True to replace it")
     if not callable(fn):
         raise ConfigError(f"fn must be callable (model, prompts, **params) -> DataFrame, got {type(fn).__name__}")
+    if check is not None and not callable(check):
+        raise ConfigError(f"check must be callable (model, prompts, **params) or None, got {type(check).__name__}")
     schema = {}
     for key, spec in dict(params_schema or {}).items():
         if not isinstance(key, str) or not key.isidentifier():
@@ -166,9 +178,31 @@ def register_analysis(
         if param not in schema or saved in schema:
             raise ConfigError(f"saved_params of analysis {name!r}: {saved!r} must name a parameter ({param!r} is "
                               f"{'not one' if param not in schema else 'one'}) that is not itself a parameter")
-    analysis = Analysis(name, fn, schema, plot, description, renamed)
+    analysis = Analysis(name, fn, schema, plot, description, renamed, check)
     ANALYSES[name] = analysis
     return analysis
+
+
+@contextlib.contextmanager
+def checking(name: str, value: Any) -> Iterator[None]:
+    """Name the parameter an analysis's check refuses: an :class:`~arithinterp.errors.ArithInterpError`
+    raised in the block becomes a ConfigError that starts with ``name=value``.
+
+    Args:
+        name: The parameter checked in the block.
+        value: Its value.
+
+    Yields:
+        Nothing; the block runs the analysis module's own validation of the value.
+
+    Raises:
+        ConfigError: The block refused the value; the message names it and keeps the refusal's
+            words (what is accepted).
+    """
+    try:
+        yield
+    except ArithInterpError as error:
+        raise ConfigError(f"{name}={value!r} is not accepted: {error}") from error
 
 
 # --- built-in analyses ---------------------------------------------------------------------------
@@ -222,6 +256,31 @@ def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric:
     return result.to_frame()
 
 
+def patching_check(model: HookedModel, prompts: PromptSet, site: str, layers: Optional[list] = None,
+                   positions: Optional[list] = None, **params: Any) -> None:
+    """Refuse a ``patching`` cell's layers or positions before the sweep runs, as
+    :func:`arithinterp.patching.activation_patching` would.
+
+    Args:
+        model: The hooked model.
+        prompts: The task's prompts (the clean prompts of the pairs are among them).
+        site: The site to patch.
+        layers: The layers (default: all).
+        positions: The positions (default: all).
+        **params: The analysis's other parameters (their values are checked with the config).
+
+    Raises:
+        ConfigError: A layer the model lacks at ``site``, or a position the prompts lack.
+    """
+    from arithinterp.sites import check_layers
+
+    with checking("layers", layers):
+        check_layers(model, site, layers)
+    if positions is not None:
+        with checking("positions", positions):
+            prompts.locate(positions)
+
+
 def ablation_analysis(
     model: HookedModel, prompts: PromptSet, components: Union[str, list], ablation: str = "mean", seed: int = 0
 ) -> Any:
@@ -240,8 +299,32 @@ def ablation_analysis(
     """
     from arithinterp import patching
 
-    names = [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)
-    return patching.ablate(model, prompts, names, ablation=ablation, seed=seed).to_frame()
+    return patching.ablate(model, prompts, _component_names(components), ablation=ablation, seed=seed).to_frame()
+
+
+def _component_names(components: Union[str, list]) -> list:
+    return [c.strip() for c in components.split(",") if c.strip()] if isinstance(components, str) else list(components)
+
+
+def ablation_check(model: HookedModel, prompts: PromptSet, components: Union[str, list], **params: Any) -> None:
+    """Refuse an ``ablation`` cell's components before the sweep runs, as :func:`arithinterp.patching.ablate`
+    would.
+
+    Args:
+        model: The hooked model.
+        prompts: The task's prompts.
+        components: ``"attn0,mlp1"`` or a list of component names.
+        **params: The analysis's other parameters (their values are checked with the config).
+
+    Raises:
+        ConfigError: A component that cannot be read, or names a layer, head, neuron or position
+            the model or prompts lack.
+    """
+    from arithinterp.patching.component_ablation import ABLATABLE_KINDS
+    from arithinterp.patching.components import parse_components
+
+    with checking("components", components):
+        parse_components(model, _component_names(components), ABLATABLE_KINDS, prompts)
 
 
 def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: str = "logistic",
@@ -269,6 +352,41 @@ def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: s
 
     acts = collect(model, prompts, sites=[site], layers=layers, positions=positions, progress=False)
     return probes.probe_layers(acts, target, kind=kind, cv=cv, seed=seed, progress=False).to_frame()
+
+
+def probes_check(model: HookedModel, prompts: PromptSet, target: str, site: str = "resid_post",
+                 layers: Optional[list] = None, positions: Union[str, list] = "final", cv: int = 5,
+                 **params: Any) -> None:
+    """Refuse a ``probes`` cell's parameters before the sweep runs, as :func:`arithinterp.activations.collect`
+    and :func:`arithinterp.probes.probe_layers` would.
+
+    Args:
+        model: The hooked model.
+        prompts: The task's prompts.
+        target: A PromptSet label.
+        site: The site to read.
+        layers: The layers (default: all).
+        positions: One position spec or several.
+        cv: Cross-validation folds.
+        **params: The analysis's other parameters (their values are checked with the config).
+
+    Raises:
+        ConfigError: A layer the model lacks at ``site``, a position the prompts lack, a target
+            that is not a label of the prompts, or a fold count the prompts cannot be split into.
+    """
+    from arithinterp.probes.cross_validation import check_folds, resolve_groups
+    from arithinterp.probes.targets import resolve_target
+    from arithinterp.sites import check_layers
+
+    with checking("layers", layers):
+        check_layers(model, site, layers)
+    with checking("positions", positions):
+        prompts.locate(positions, answers=prompts.answer_tokens.shape[1])  # collect feeds the answers
+    with checking("target", target):
+        _, keep, _ = resolve_target(prompts, target, len(prompts))
+    groups, _ = resolve_groups(prompts, "auto", len(prompts))  # probe_layers's default grouping
+    with checking("cv", cv):
+        check_folds(cv, int(keep.sum()), None if groups is None else groups[keep.numpy()])
 
 
 def _builtin_plot(kind: str) -> Callable:
@@ -318,7 +436,7 @@ def _register_builtins() -> None:
         ),
         plot=_builtin_plot("plot_sweep_patching"),
         description="exact activation patching (arithinterp.patching.activation_patching)",
-        overwrite=True,
+        overwrite=True, check=patching_check,
     )
     register_analysis(
         "ablation", ablation_analysis,
@@ -328,7 +446,7 @@ def _register_builtins() -> None:
             seed=Param(int, 0),
         ),
         plot=_builtin_plot("plot_sweep_ablation"), description="component ablation (arithinterp.patching.ablate)",
-        overwrite=True, saved_params={"mode": "ablation"},
+        overwrite=True, saved_params={"mode": "ablation"}, check=ablation_check,
     )
     register_analysis(
         "probes", probes_analysis,
@@ -342,7 +460,7 @@ def _register_builtins() -> None:
             seed=Param(int, 0),
         ),
         plot=_builtin_plot("plot_sweep_probes"), description="linear probe sweep (arithinterp.probes.probe_layers)",
-        overwrite=True,
+        overwrite=True, check=probes_check,
     )
 
 

@@ -19,6 +19,7 @@ from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.sweep.config import EXECUTORS, SweepConfig, load_config, plan
 from arithinterp.sweep.executors import check_picklable, import_ray, run_local, run_processes, run_ray
 from arithinterp.sweep.registry import ANALYSES
+from arithinterp.sweep.worker import check_cells
 from arithinterp.sweep.storage import (
     RESULTS,
     clean_temp_files,
@@ -168,6 +169,31 @@ def _save_manifest(out: Path, manifest: dict) -> None:
                           "resumes") from None
 
 
+def check_unfinished_cells(cfg: SweepConfig, cells: list) -> list:
+    """Check the cells a run of ``cfg`` would compute (those without a results file yet) with
+    :func:`~arithinterp.sweep.worker.check_cells`, writing nothing.
+
+    The local executor checks on the device its cells run on and keeps the model its first cells
+    need loaded; the others check on the CPU (the driver may have no GPU) and free the models.
+
+    Args:
+        cfg: The validated config.
+        cells: Its cells (:func:`plan`).
+
+    Returns:
+        The cells to compute.
+
+    Raises:
+        ConfigError: A cell whose parameters its model or prompts cannot take, named with its
+            analysis and parameters, the parameter, its value and what is accepted.
+    """
+    out = cfg.out_dir if cfg.out is not None else None
+    todo = [c for c in cells if out is None or not cell_path(out, c).is_file()]
+    local = cfg.executor == "local"
+    check_cells(todo, cfg.base, cfg.device if local else "cpu", keep_loaded=local)
+    return todo
+
+
 def run_sweep(
     config: Union[str, Path, Mapping, SweepConfig],
     *,
@@ -182,7 +208,9 @@ def run_sweep(
 ) -> SweepRun:
     """Run every unfinished cell of a sweep and write its results under ``out``.
 
-    The config is validated before any job runs. Cells whose Parquet file exists are skipped;
+    The config is validated before any job runs, and so is every cell to run: its parameters
+    against its model and prompts (:func:`check_unfinished_cells`); a bad one refuses the whole
+    run before anything is computed or written. Cells whose Parquet file exists are skipped;
     failed cells are recorded in the manifest and retried by the next run. Keyword arguments
     override the config (``executor``: ``"local"``, ``"processes"`` or ``"ray"``; ``address``:
     a Ray cluster such as ``"ray://head:10001"``; ``num_cpus`` / ``num_gpus``: per Ray job).
@@ -203,8 +231,8 @@ def run_sweep(
         What the run did, per cell.
 
     Raises:
-        ConfigError: An invalid config, a missing extra (pyarrow, ray), an analysis that cannot be
-            pickled for ``"processes"``, or a results directory locked by another driver.
+        ConfigError: An invalid config or cell, a missing extra (pyarrow, ray), an analysis that cannot
+            be pickled for ``"processes"``, or a results directory locked by another driver.
     """
     cfg = load_config(config, out=None if out is None else str(Path(out).expanduser().resolve()), executor=executor,
                       workers=workers, device=device, num_cpus=num_cpus, num_gpus=num_gpus, address=address)
@@ -221,7 +249,9 @@ def run_sweep(
     if cfg.executor == "processes":
         check_picklable({a["name"] for a in cfg.analyses})
     cells = plan(cfg)
-    out_dir = check_writable_dir(cfg.out_dir, "out")
+    out_dir = cfg.out_dir  # a missing 'out' is refused before any model loads
+    check_unfinished_cells(cfg, cells)  # before anything is written: a refused run leaves 'out' as it was
+    out_dir = check_writable_dir(out_dir, "out")
     with _driver_lock(out_dir):
         return _run_cells(cfg, cells, out_dir, progress)
 

@@ -1,8 +1,10 @@
 """Running one cell, in whichever process the executor chose: load the model and the task's
-prompts (kept for the next cell), seed every random choice, call the analysis."""
+prompts (kept for the next cell), seed every random choice, call the analysis; and checking every
+cell's parameters against its model and prompts before the first cell runs (:func:`check_cells`)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -141,6 +143,68 @@ def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> 
         error = f"{type(exc).__name__}: {exc}" + trace
     return dict(id=cell.id, status=status, seconds=round(time.perf_counter() - start, 4), frame=frame, error=error,
                 worker=f"{platform.node()}:{os.getpid()}")
+
+
+def _describe(cell: Cell) -> str:
+    """The cell in words, for messages: its id, analysis, model, task and parameters."""
+    return (f"cell {cell.id} ({cell.analysis}, model {cell.model!r}, task {cell.task['name']!r}, "
+            f"params {json.dumps(cell.params, sort_keys=True)})")
+
+
+def check_cells(cells: list, base: str = ".", device: str = "cpu", keep_loaded: bool = True) -> None:
+    """Refuse a sweep whose cells cannot run, before the first one does: each cell's parameters must
+    bind to its analysis's function and pass the analysis's check (:attr:`Analysis.check`) on the
+    cell's model and prompts. No analysis is computed; a model is loaded (and the task's prompts
+    built) only for cells whose analysis has a check. A model that cannot be loaded, or a task whose
+    prompts cannot be built, is left to fail its cells when they run (recorded, retried on the next
+    run), as it would without the check.
+
+    Args:
+        cells: The cells to check.
+        base: The folder relative model paths resolve against.
+        device: Where the models load.
+        keep_loaded: Keep the model loaded last (the first one cells run on) and its prompts for
+            the cells run in this process; ``False`` frees them.
+
+    Raises:
+        ConfigError: The first cell refused, named with its analysis, model, task and parameters,
+            then the parameter, its value and what is accepted.
+    """
+    from arithinterp.sweep.registry import ANALYSES
+
+    for cell in cells:
+        fn = ANALYSES[cell.analysis].fn
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a callable without a readable signature is checked when it runs
+            continue
+        try:
+            signature.bind(None, None, **cell.params)  # model and prompts are its first two arguments
+        except TypeError as error:
+            raise ConfigError(f"{_describe(cell)}: the analysis function takes ({', '.join(signature.parameters)}), "
+                              f"not these parameters: {error}") from None
+    checks = {c.id: check for c in cells if (check := ANALYSES[c.analysis].check) is not None}
+    checked = [c for c in cells if c.id in checks]
+    models = list(dict.fromkeys(c.model for c in checked))
+    try:
+        for spec in reversed(models):  # cells run model by model: the first one's is left loaded
+            try:
+                model = _model(spec, base, device)
+            except Exception:  # its cells fail when they run, with this error, and are retried next time
+                continue
+            for cell in (c for c in checked if c.model == spec):
+                try:
+                    prompts = _prompts(model, (spec, base, device), cell.task)
+                except Exception:  # likewise: this task's cells fail when they run
+                    continue
+                try:
+                    checks[cell.id](model, prompts, **cell.params)
+                except ArithInterpError as error:
+                    raise ConfigError(f"{_describe(cell)}: {error}") from None
+    finally:
+        if not keep_loaded:
+            _MODELS.clear()
+            _PROMPTS.clear()
 
 
 def run_job(payload: tuple) -> dict:
