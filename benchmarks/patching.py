@@ -402,7 +402,7 @@ def main(argv=None) -> list[dict]:
                           f"--prefix-pairs {args.prefix_pairs} --runs {args.runs}")
         return []
     if args.quick:
-        args.runs, args.pairs, args.fewshot_pairs, args.few_shot, args.deep_pairs = 1, 12, 2, 3, 1
+        args.runs, args.pairs, args.fewshot_pairs, args.few_shot, args.deep_pairs = 1, 12, 1, 3, 1
     torch.set_num_threads(1)
     rows = []
     try:

@@ -122,7 +122,7 @@ def test_neuron_receivers_benchmark_smoke():
 
 def test_detector_speed_benchmark_smoke():
     """Both solvers and the tightly converged reference on a small sample: a time row and score rows."""
-    out = run("detector.py", "--speed", "--fit", "600", "--seeds", "11", "--runs", "1")
+    out = run("detector.py", "--speed", "--fit", "300", "--seeds", "11", "--runs", "1")
     assert "| **median** |" in out and out.count("| 11 | reference |") == 1 and out.count("| 11 | batched |") == 1
 
 
