@@ -21,8 +21,9 @@ from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
 from arithinterp.outputs import fail, print_summary
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
-# what each command writes, by flag: "result" (a folder for Result.save), "dir" or "file"; every one
-# is checked before the command starts its work, so a bad path never costs an analysis
+# what each command writes, by flag: "result" (a folder for Result.save), "dir", "new-dir" (a folder
+# written whole at the end, so the check creates nothing in its place) or "file"; every one is
+# checked before the command starts its work, so a bad path never costs an analysis
 OUTPUTS: dict[str, dict[str, str]] = {}
 
 SEED_MAX = 2**32 - 1  # the largest seed numpy and scikit-learn take; torch takes it too
@@ -73,7 +74,7 @@ def command(name: str, outputs: Optional[dict[str, str]] = None):
 
     Args:
         name: The subcommand's name (``arithinterp NAME``).
-        outputs: ``{argument: "file" | "dir" | "result"}``: the outputs :func:`check_outputs`
+        outputs: ``{argument: "file" | "dir" | "new-dir" | "result"}``: the outputs :func:`check_outputs`
             checks before the command runs.
 
     Returns:
@@ -188,7 +189,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: An output that cannot be written.
     """
-    from arithinterp.outputs import check_free_dir, check_writable_dir, check_writable_file
+    from arithinterp.outputs import check_free_dir, check_new_dir, check_writable_dir, check_writable_file
     from arithinterp.results import holds_result
 
     for dest, kind in OUTPUTS.get(args.command, {}).items():
@@ -199,6 +200,9 @@ def check_outputs(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag}: {path!r} is an empty path; give a file or folder name, or omit {flag}")
         if kind == "file":
             check_writable_file(path, flag, getattr(args, "overwrite", False))
+            continue
+        if kind == "new-dir":
+            check_new_dir(path, flag, getattr(args, "overwrite", False))
             continue
         check_writable_dir(path, flag)
         if kind == "dir":
@@ -444,7 +448,7 @@ def circuit_command(args: argparse.Namespace) -> dict:
 # --- train ---------------------------------------------------------------------------------------
 
 
-@command("train", outputs=dict(out="dir"))
+@command("train", outputs=dict(out="new-dir"))
 def train_command(args: argparse.Namespace) -> dict:
     """Train a zoo model from scratch with its recipe.
 

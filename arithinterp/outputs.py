@@ -1,7 +1,7 @@
 """Writing outputs: files safely (check that a path is writable before the work that fills it, and
-write through a temp file renamed into place, so a reader never sees half a file), and what a
-command prints (its summary, or its error) for both command lines, ``arithinterp`` and
-``python -m arithinterp.sweep``."""
+write through a temp file renamed into place, so a reader never sees half a file; a folder written
+whole the same way), and what a command prints (its summary, or its error) for both command lines,
+``arithinterp`` and ``python -m arithinterp.sweep``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -77,6 +78,32 @@ def check_free_dir(path: PathLike, what: str = "out", overwrite: bool = False) -
     return directory
 
 
+def check_new_dir(path: PathLike, what: str = "out", overwrite: bool = False) -> Path:
+    """:func:`check_free_dir` for a folder :func:`atomic_dir` writes whole: ``path`` itself is not
+    created (only its parent, to be probed), so a run that stops before the end leaves it as it was.
+
+    Args:
+        path: The directory.
+        what: The option to name in the error message.
+        overwrite: Accept a folder that already holds files (it is replaced whole at the end).
+
+    Returns:
+        The directory, ``~`` expanded.
+
+    Raises:
+        ConfigError: ``path`` is a file, its parent folder is not writable, or it holds files and
+            ``overwrite`` is false.
+    """
+    directory = Path(path).expanduser()
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{what}: {path} exists and is not a directory; give a directory")
+    if not overwrite and directory.is_dir() and any(directory.iterdir()):
+        raise ConfigError(f"{what}: {path} already holds files; pass overwrite=True (--overwrite) to replace them, "
+                          "or give another folder")
+    _probe(directory.parent, what, path)
+    return directory
+
+
 def check_writable_file(path: PathLike, what: str = "out", overwrite: bool = True) -> Path:
     """Make sure the file ``path`` can be written: its folder is writable, it is not a folder, and
     (unless ``overwrite``) it does not exist yet.
@@ -126,6 +153,56 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: PathLike) -> Iterator[Path]:
+    """A temp folder next to ``path`` that takes the place of ``path`` when the block succeeds.
+
+    Everything is written into the temp folder (a sibling, so the final rename stays on one file
+    system); a block that fails or is interrupted (Ctrl-C) removes it and leaves ``path`` as it
+    was: absent, or holding what it held.
+
+    Args:
+        path: The folder to write; its parent is created when missing.
+
+    Yields:
+        The temp folder to write into.
+
+    Raises:
+        OutputError: The finished folder could not be moved into place; ``path`` is unchanged.
+    """
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        try:
+            os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a normal folder is what users expect
+            _move_into_place(tmp, path)
+        except OSError as error:
+            raise OutputError(f"cannot move the finished folder into {path}: {error.strerror or error}; "
+                              f"{path} is unchanged") from error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into_place(folder: Path, path: Path) -> None:
+    """Rename ``folder`` to ``path``. A folder cannot be renamed onto one that holds files, so an
+    existing ``path`` is moved aside first and deleted once ``folder`` is in its place (or moved
+    back if that rename fails); between the two renames ``path`` is briefly absent."""
+    if not os.path.lexists(path):
+        os.rename(folder, path)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    os.rename(path, aside / path.name)
+    try:
+        os.rename(folder, path)
+    except BaseException:
+        os.rename(aside / path.name, path)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def atomic_write(path: PathLike, write: Callable[[Path], object]) -> Path:

@@ -91,3 +91,63 @@ def test_train_rejects_unknown_model(capsys):
     with pytest.raises(SystemExit):
         main(["train", "add-1000"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def interrupted_training(monkeypatch, tmp_path):
+    """Training that stops at its first step, the tokenizer already written (into the temp folder
+    beside --out, which the test checks): the first forward raises KeyboardInterrupt."""
+    from arithinterp.models import train as train_module
+
+    written = []
+
+    def interrupt(net, inputs, positions):
+        written.extend(tmp_path.glob(".*.tmp/tokenizer.json"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "logits_at", interrupt)
+    return written
+
+
+def test_interrupted_train_command_leaves_no_out_folder(tmp_path, interrupted_training, capsys):
+    out = tmp_path / "add-100"
+    assert main(["train", "add-100", "--steps", "5", "--out", str(out), "--no-progress"]) == 130
+    assert "arithinterp train: interrupted" in capsys.readouterr().err
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nor a half-written folder beside it
+    assert interrupted_training, "training must have started, its tokenizer written"
+
+
+def test_interrupted_train_command_keeps_the_folder_it_would_overwrite(tmp_path, interrupted_training):
+    out = tmp_path / "add-100"
+    out.mkdir()
+    (out / "card.json").write_text('{"name": "previous"}')
+    assert main(["train", "add-100", "--steps", "5", "--out", str(out), "--overwrite", "--no-progress"]) == 130
+    assert [p.name for p in out.iterdir()] == ["card.json"]
+    assert (out / "card.json").read_text() == '{"name": "previous"}'
+    assert list(tmp_path.iterdir()) == [out]
+    assert interrupted_training
+
+
+def test_failed_training_leaves_out_as_it_was(tmp_path, monkeypatch):
+    from arithinterp.models import train as train_module
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(train_module, "exact_match", fail)  # its first held-out check, mid-run
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train_module.train("add-100", out=tmp_path / "add-100", steps=1, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwritten_folder_is_replaced_whole(tmp_path):
+    from arithinterp.models.train import train
+
+    out = tmp_path / "add-100"
+    out.mkdir()
+    (out / "notes.txt").write_text("from an earlier run")
+    card = train("add-100", out=out, steps=1, progress=False, overwrite=True)
+    assert card["steps_run"] == 1
+    assert sorted(p.name for p in out.iterdir()) == ["card.json", "config.json", "model.safetensors", "tokenizer.json",
+                                                     "tokenizer_config.json"]
+    assert list(tmp_path.iterdir()) == [out]  # no temp folder left beside it

@@ -5,7 +5,9 @@ Training runs on TransformerLens's plain ``NativeModel`` — the very module a
 bridge unchanged (``load_model`` checks the logits agree). Saved per model, in one folder:
 ``model.safetensors``, ``config.json`` (the bridge config), ``tokenizer.json`` (+ HF tokenizer
 files), ``card.json`` (measured held-out accuracy, wall time, steps) and, for models with
-snapshots, ``snapshots/step_N.safetensors`` (float16 weights every ``snapshot_every`` steps).
+snapshots, ``snapshots/step_N.safetensors`` (float16 weights every ``snapshot_every`` steps). The
+folder is written whole: everything goes into a temp folder beside it, renamed into place when
+training and measuring are done, so a run stopped early (Ctrl-C, an error) leaves it as it was.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from arithinterp.errors import ConfigError
-from arithinterp.outputs import atomic_write, check_free_dir
+from arithinterp.outputs import atomic_dir, atomic_write, check_new_dir
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
 
@@ -147,18 +149,41 @@ def train(
     """Train zoo model ``name`` from scratch with its recipe and save it to ``out`` (default: the zoo
     entry's checkpoint folder). A folder that already holds files — the checkpoint the package ships,
     which every later user loads, included — is refused before training unless ``overwrite=True``.
+    The folder is written whole at the end (:func:`~arithinterp.outputs.atomic_dir`): a run that is
+    interrupted or fails leaves it as it was, absent or holding its previous contents.
 
-    Returns the card (measured held-out accuracy, wall time, steps run).
+    Args:
+        name: The zoo model.
+        out: The folder to save it in (default: the zoo entry's checkpoint folder).
+        seed: The random seed (default: the recipe's).
+        steps: Optimizer steps (default: the recipe's).
+        progress: Show a progress bar.
+        overwrite: Replace a folder that already holds files.
+
+    Returns:
+        The card (measured held-out accuracy, wall time, steps run, history).
+
+    Raises:
+        ModelSpecError: An unknown zoo model.
+        ConfigError: ``steps`` below 1, or an ``out`` that cannot be written or (without
+            ``overwrite``) already holds files.
     """
-    from transformer_lens.model_bridge.sources.native import NativeModel, initialize_native_model
-
     entry = get_entry(name)
     recipe = entry.recipe
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps}")
-    out = check_free_dir(Path(out) if out is not None else entry.directory, "out", overwrite)  # before training
+    out = check_new_dir(Path(out) if out is not None else entry.directory, "out", overwrite)  # before training
+    with atomic_dir(out) as folder:
+        return _train_into(folder, name, entry, seed, steps, progress)
+
+
+def _train_into(out: Path, name: str, entry: ZooEntry, seed: int, steps: int, progress: bool) -> dict:
+    """Train ``entry`` and write every file of its folder into ``out``; returns the card."""
+    from transformer_lens.model_bridge.sources.native import NativeModel, initialize_native_model
+
+    recipe = entry.recipe
     tokenizer = toks.save_and_reload(make_tokenizer(entry), out)
     # one dataset per task family (their prompts differ in length); batches draw from all of them
     datasets = [make_dataset(entry, tokenizer, seed, task) for task in entry.tasks]
