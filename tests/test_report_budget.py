@@ -225,6 +225,12 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
     ctx.stage_start = now[0] - 1.99
     with pytest.raises(OverBudget, match=r"the minimum of 30 pairs at a single layer would take about 0.09 s, more"):
         ctx.fit_layers(items, "pairs", 30, 30, pilot)
+    # every layer fits after all: at the minimum, not at a count extrapolated from a few items' timing
+    ctx.budget, ctx.stage_start = Budget(seconds=10.0), now[0]
+    sample, layers, sentence = ctx.fit_layers(items, "pairs", 30, 30, pilot)
+    assert len(sample) == 30 and layers == list(range(30))
+    assert sentence == "sampled 30 of 200 pairs to fit the 10 s budget"
+    ctx.budget = Budget(seconds=2.0)
 
     def stacked(some, layers):  # each layer 50 ms a call (its stacked runs) and 1 ms an item
         now[0] += len(layers) * (0.05 + 0.001 * len(some))

@@ -262,13 +262,12 @@ class Context:
                 "this stage's "
                 f"{secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
         layers = spread(n_layers, fits)
-        if fits == n_layers:  # every layer fits after all (the estimate that sent us here was high)
-            every = per_item + (n_layers - 1) * layer_item  # an item at every layer
-            count = min(n, max(minimum, int((left - fixed - (n_layers - 1) * layer_call) / every)))
-            chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
-                items[seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
-            return chosen, layers, f"{sentence} the {secs(self.budget.seconds)} budget"
         chosen = items[seeded_pick(n, minimum, self.seed)] if n > minimum else items
+        if fits == n_layers:  # every layer fits after all, at the minimum: the estimate that sent us here was high.
+            # Not more: a line timed on a few items, extrapolated to many at every layer, was measured to
+            # undershoot (on Gemma 3 270M, 80 pairs planned for 83 s took 152 s)
+            fit = f"all {n:,} {what} fit" if len(chosen) >= n else f"sampled {len(chosen):,} of {n:,} {what} to fit"
+            return chosen, layers, f"{fit} the {secs(self.budget.seconds)} budget"
         return chosen, layers, (
             f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
             f"({', '.join(map(str, layers))}) to fit the {secs(self.budget.seconds)} budget: every layer would take "
