@@ -55,7 +55,6 @@ def _check_resume(model: HookedModel, resume: DASLayersResult, site: str, layers
     check_fingerprint(model, resume.meta.get("fingerprint"), "DAS fits to resume", "das_layers")
     theirs = dict(site=resume.site, layers=list(resume.layers), positions=list(resume.positions), k=resume.k,
                   **{name: resume.meta.get(name) for name in settings})
-    theirs["variable"] = resume.variable
     mine = dict(site=site, layers=layers, positions=positions, k=k, **settings)
     differ = [f"{name}={theirs[name]!r} (here {mine[name]!r})" for name in mine if theirs[name] != mine[name]]
     if differ:
