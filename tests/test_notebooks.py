@@ -126,6 +126,7 @@ def test_show_static_displays_a_png_and_falls_back_to_the_interactive_figure(mon
     shown, started = [], []
     monkeypatch.setattr(IPython.display, "display", shown.append)
     monkeypatch.setattr(notebook_viz, "_server_started", False)
+    monkeypatch.setattr(notebook_viz, "_export_failed", False)
     kaleido = pytest.importorskip("kaleido")
     monkeypatch.setattr(kaleido, "start_sync_server", lambda **kw: started.append(kw))
     fig = go.Figure(go.Bar(y=[1, 2]))
@@ -144,6 +145,18 @@ def test_show_static_displays_a_png_and_falls_back_to_the_interactive_figure(mon
     assert shown[-1] is fig
     with pytest.raises(ConfigError, match="fig=list is not accepted"):
         show_static([fig])
+
+    # No browser to drive: the figure is shown interactive, and later figures do not try to start one again.
+    def no_browser(**kw):
+        started.append(kw)
+        raise RuntimeError("no Chromium found")
+
+    monkeypatch.setattr(notebook_viz, "_server_started", False)
+    monkeypatch.setattr(kaleido, "start_sync_server", no_browser)
+    started.clear()
+    show_static(fig)
+    show_static(fig)
+    assert shown[-2:] == [fig, fig] and len(started) == 1
 
 
 @pytest.mark.slow

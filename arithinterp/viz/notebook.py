@@ -43,6 +43,9 @@ def show_static(fig: go.Figure, *, width: int = 900, height: Optional[int] = Non
         )
     from IPython.display import Image, display
 
+    if _export_failed:  # the export server could not start earlier in this process: do not retry per figure
+        display(fig)
+        return
     try:
         _start_export_server()
         with warnings.catch_warnings():  # the server ignores per-call browser options, which plotly always passes
@@ -55,17 +58,23 @@ def show_static(fig: go.Figure, *, width: int = 900, height: Optional[int] = Non
 
 
 _server_started = False
+_export_failed = False
 
 
 def _start_export_server() -> None:
     """Start kaleido's export server once per process (stopped at exit), so that figures after the
-    first do not each start a browser."""
-    global _server_started
+    first do not each start a browser. A failure to start is remembered, so that a machine without
+    kaleido or a browser pays for the attempt once."""
+    global _server_started, _export_failed
     if _server_started:
         return
-    import kaleido
+    try:
+        import kaleido
 
-    kaleido.start_sync_server(silence_warnings=True)
+        kaleido.start_sync_server(silence_warnings=True)
+    except Exception:
+        _export_failed = True
+        raise
     _server_started = True
     atexit.register(kaleido.stop_sync_server, silence_warnings=True)
 
