@@ -86,8 +86,8 @@ def check_layers(model: HookedModel, site: str, layers: Optional[Iterable[int]])
         (``embed``, ``pos_embed``, ``ln_final_scale``).
 
     Raises:
-        SiteError: The site is unknown, ``layers`` is empty or holds a non-integer or an index out of
-            range, or the site needs MLPs and the model is attention-only.
+        SiteError: The site is unknown, ``layers`` is empty or holds a non-integer, an index out of
+            range or a layer twice, or the site needs MLPs and the model is attention-only.
     """
     check_site(site)
     if site in GLOBAL_SITES:
@@ -99,6 +99,8 @@ def check_layers(model: HookedModel, site: str, layers: Optional[Iterable[int]])
     for layer in chosen:
         if not 0 <= layer < total:
             raise SiteError(f"layer {layer} is out of range for a {total}-layer model; accepted: 0..{total - 1}")
+    if len(set(chosen)) != len(chosen):  # a repeated layer would be read or patched twice, as two rows
+        raise SiteError(f"layers={chosen} names a layer more than once; name each once")
     if site in PER_NEURON_SITES and getattr(model.cfg, "attn_only", False):
         raise SiteError(f"site {site!r} needs MLPs but this model is attention-only")
     return chosen
@@ -156,13 +158,16 @@ def check_index(name: str, values: Optional[Sequence[int]], size: int) -> list[i
         The indices as non-negative ints, in the given order.
 
     Raises:
-        SiteError: An index is not an integer or lies outside ``-size..size - 1``.
+        SiteError: An index is not an integer, lies outside ``-size..size - 1``, or is named twice.
     """
     chosen = list(range(size)) if values is None else _integers(name, values)
     for v in chosen:
         if not -size <= v < size:
             raise SiteError(f"{name} {v} is out of range; accepted: 0..{size - 1}")
-    return [v % size for v in chosen]
+    resolved = [v % size for v in chosen]
+    if len(set(resolved)) != len(resolved):  # [0, 0] or [0, -size]: one unit read or patched twice
+        raise SiteError(f"{name} {chosen} names one {name.rstrip('s')} more than once; name each once")
+    return resolved
 
 
 def spread(n: int, k: int) -> list[int]:

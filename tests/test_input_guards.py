@@ -3,6 +3,7 @@ with an ``ArithInterpError`` that names the problem."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -536,3 +537,64 @@ def test_something_that_is_not_pairs_is_refused_at_the_entry(tiny_model):
         patching.activation_patching(tiny_model, prompts, "resid_pre", progress=False)  # pyright: ignore[reportArgumentType]
     with pytest.raises(AnalysisError, match=r"circuits.score_edges: pairs must be PromptPairs .*got list"):
         circuits.score_edges(tiny_model, [prompts], "eap", progress=False)  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize("index", ["a", 1.5, [0.5], True, torch.tensor([0.0, 1.0])])
+def test_a_prompt_set_is_never_indexed_by_a_string_float_or_bool(tiny_model, index):
+    """``prompts[1.5]`` was row 1 and ``prompts[True]`` row 1, without a word; ``prompts["a"]`` a raw
+    TypeError."""
+    prompts = arithmetic(tiny_model, "+", range(10, 13), range(20, 23))
+    with pytest.raises(TaskError, match="cannot be indexed by"):
+        prompts[index]
+    assert len(prompts[[]]) == 0 and prompts[np.int64(2)].texts == prompts[2].texts
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda p: p.str_tokens(99), "out of range"),
+    (lambda p: p.str_tokens("a"), "i='a' is not accepted"),
+    (lambda p: p.label("a_digit_99"), "digits 0..18 and carries 0..17"),
+    (lambda p: p.label("carry_18"), "digits 0..18 and carries 0..17"),
+    (lambda p: p.label(3), "name=3 is not accepted"),
+    (lambda p: p.counterfactual("a", seed="1"), "seed='1' is not accepted"),
+    (lambda p: p.counterfactual("a", max_tries=0), "max_tries=0 is not accepted"),
+])
+def test_prompt_set_methods_refuse_careless_arguments(tiny_model, call, error):
+    """Each was a raw IndexError / OverflowError / TypeError, or (a string seed) silently accepted."""
+    prompts = arithmetic(tiny_model, "+", range(10, 13), range(20, 23))
+    with pytest.raises(ArithInterpError, match=error):
+        call(prompts)
+
+
+def test_a_huge_operand_range_is_refused_before_it_fills_memory(tiny_model):
+    """``a=range(10**9)`` was listed in full (tens of GB) and the process was killed."""
+    import itertools
+
+    with pytest.raises(TaskError, match="more than 16,777,216 values"):
+        arithmetic(tiny_model, "+", range(10**9), [2])
+    with pytest.raises(TaskError, match="more than 16,777,216 values"):
+        arithmetic(tiny_model, "+", itertools.count(), [2])
+    with pytest.raises(TaskError, match=r"5,000 × 5,000 = 25,000,000 prompts"):
+        arithmetic(tiny_model, "+", range(5000), range(5000))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(layers=[0, 0]), "names a layer more than once"),
+    (dict(site="attn_z", heads=[1, -3]), "names one head more than once"),
+])
+def test_a_layer_or_head_named_twice_is_refused(tiny_model, kwargs, match):
+    """A repeated layer or head was patched twice and reported as two rows."""
+    from arithinterp.patching import activation_patching
+
+    pairs = arithmetic(tiny_model, "+", range(10, 16), range(20, 26)).counterfactual("a")[:4]
+    kwargs = {"site": "resid_pre", **kwargs}
+    with pytest.raises(SiteError, match=match):
+        activation_patching(tiny_model, pairs, progress=False, **kwargs)
+
+
+def test_a_component_named_twice_is_refused(tiny_model):
+    from arithinterp.errors import ConfigError
+    from arithinterp.patching import direct_effect
+
+    pairs = arithmetic(tiny_model, "+", range(10, 16), range(20, 26)).counterfactual("a")[:4]
+    with pytest.raises(ConfigError, match=r"components names \['attn0'\] more than once"):
+        direct_effect(tiny_model, pairs, components=["attn0", "attn0"], progress=False)

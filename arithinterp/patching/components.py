@@ -4,6 +4,7 @@ neuron), each optionally at a position (``mlp3@final``); :func:`parse_components
 
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -61,7 +62,8 @@ def parse_components(model: HookedModel, components: Sequence[str], allowed: Seq
         One parsed component per name.
 
     Raises:
-        ConfigError: ``components`` is empty, a name cannot be read, or its kind is not allowed.
+        ConfigError: ``components`` is empty or names a component twice, a name cannot be read, or its kind
+            is not allowed.
         SiteError: a layer, head, neuron or position is out of range.
     """
     if isinstance(components, str):
@@ -69,6 +71,9 @@ def parse_components(model: HookedModel, components: Sequence[str], allowed: Seq
     components = list(components)
     if not components:
         raise ConfigError(f"components is empty; name components as {COMPONENT_FORMS}")
+    repeated = sorted(c for c, n in collections.Counter(map(str, components)).items() if n > 1)
+    if repeated:  # one component twice would be read, ablated or reported twice
+        raise ConfigError(f"components names {repeated} more than once; name each component once")
     cfg, parsed = model.cfg, []
     for name in components:
         match = _COMPONENT.match(str(name))

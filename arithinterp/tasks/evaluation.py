@@ -7,6 +7,7 @@ reuses the key/value cache where the model has one (:mod:`arithinterp.engine.dec
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -72,15 +73,28 @@ def as_index(index, n: int) -> torch.Tensor:
 
     Raises:
         PromptIndexError: an index lies outside ``-n..n-1``.
-        TaskError: a boolean index does not have shape ``(n,)``.
+        TaskError: a boolean index does not have shape ``(n,)``, or ``index`` is not an index (a
+            string, a float, a bool on its own).
     """
     if isinstance(index, slice):
         return torch.arange(n)[index]
+    kinds = "an int, a slice, a list of ints, or a bool [n] / integer tensor"
+    if isinstance(index, (bool, str, bytes, float)):  # never read as a row: True is not row 1, 1.5 not row 1
+        raise TaskError(f"prompts cannot be indexed by {index!r} ({type(index).__name__}); accepted: {kinds}")
+    if hasattr(index, "__index__") and not hasattr(index, "__len__"):  # numpy / 0-d torch integer scalars
+        index = operator.index(index)
     if isinstance(index, int):
         if not -n <= index < n:
             raise PromptIndexError(f"index {index} is out of range for {n} prompts; accepted: {-n}..{n - 1}")
         return torch.tensor([index % n])
-    idx = torch.as_tensor(index)
+    try:
+        idx = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError):
+        raise TaskError(f"prompts cannot be indexed by {index!r}; accepted: {kinds}") from None
+    if idx.numel() == 0:  # [] reads as a float tensor; it selects nothing
+        return torch.zeros(0, dtype=torch.long)
+    if idx.is_floating_point() or idx.is_complex():  # floats are never truncated to rows
+        raise TaskError(f"prompts cannot be indexed by floats ({idx.dtype}); accepted: {kinds}")
     if idx.dtype == torch.bool:
         if idx.shape != (n,):
             raise TaskError(f"boolean index must have shape ({n},), got {tuple(idx.shape)}")

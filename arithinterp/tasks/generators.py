@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 from arithinterp.checks import integer
 from arithinterp.errors import TaskError, TokenizationError, accepted
 from arithinterp.tasks.encoding import encode_prompts
-from arithinterp.tasks.operators import OPERATORS, defined, operand_values
+from arithinterp.tasks.operators import MAX_PROMPTS, OPERATORS, defined, operand_values
 from arithinterp.tasks.prompt_set import SCORING, PromptSet
 from arithinterp.tasks.templates import DEFAULT_TEMPLATE, check_names, check_template, few_shot_prefix
 from arithinterp.types import NonNegativeInt, checked
@@ -64,10 +64,14 @@ def arithmetic(
         ``len(a) * len(b)`` prompts (fewer where pairs are skipped), ``a`` varying slowest.
 
     Raises:
-        TaskError: an argument is refused (see :func:`prompts_for_pairs`).
+        TaskError: an argument is refused (see :func:`prompts_for_pairs`), or the grid holds more than
+            :data:`~arithinterp.tasks.operators.MAX_PROMPTS` prompts.
         TokenizationError: the prompts do not tokenize as arithmetic prompts.
     """
     a_vals, b_vals = operand_values("a", a), operand_values("b", b)
+    if len(a_vals) * len(b_vals) > MAX_PROMPTS:  # refused before the grid is built in memory
+        raise TaskError(f"a × b is {len(a_vals):,} × {len(b_vals):,} = {len(a_vals) * len(b_vals):,} prompts, more "
+                        f"than the {MAX_PROMPTS:,} a prompt set holds; use smaller operand ranges")
     grid = [(x, y) for x in a_vals for y in b_vals]
     return prompts_for_pairs(model_or_tokenizer, op, [p[0] for p in grid], [p[1] for p in grid], template, **options)
 

@@ -6,6 +6,7 @@ Operands and answers are stored as int64, so both must lie within ±(2**63 − 1
 
 from __future__ import annotations
 
+import itertools
 import operator
 from typing import Callable, Iterable, Optional, Union
 
@@ -20,6 +21,9 @@ OPERATORS: dict[str, Callable[[int, int], int]] = {
 }
 #: The largest operand or answer magnitude: operands and answers are stored as int64.
 INT64_MAX = 2**63 - 1
+#: The most operand values (and prompts) a prompt set is built from: ~16.8 million, refused beyond
+#: rather than filling memory (``range(10**9)`` would need tens of GB before tokenizing anything).
+MAX_PROMPTS = 2**24
 
 
 def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
@@ -67,7 +71,8 @@ def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
         The values as Python ints, in order.
 
     Raises:
-        TaskError: ``values`` is a string, holds a non-integer, is empty, or holds a value beyond 64 bits.
+        TaskError: ``values`` is a string, holds a non-integer, is empty, holds a value beyond 64 bits,
+            or holds more than :data:`MAX_PROMPTS` values.
     """
     if isinstance(values, (str, bytes)):
         raise TaskError(f"{name} must be an int or an iterable of ints, got the string {values!r}; "
@@ -76,10 +81,13 @@ def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
         raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}")
     if isinstance(values, int):
         values = [values]
-    try:
-        items = list(values)
+    try:  # read at most one past the limit: a huge range or endless generator is refused, not listed
+        items = list(itertools.islice(values, MAX_PROMPTS + 1))
     except TypeError as error:
         raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}") from error
+    if len(items) > MAX_PROMPTS:
+        raise TaskError(f"{name} holds more than {MAX_PROMPTS:,} values; give at most {MAX_PROMPTS:,} (a prompt set "
+                        "holds one prompt per value)")
     out = []
     for v in items:
         try:

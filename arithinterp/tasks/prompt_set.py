@@ -22,12 +22,14 @@ from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.evaluation import Evaluation, answer_logprob, as_index, evaluate
 from arithinterp.tasks.joining import join_sets
 from arithinterp.tasks.positions import locate
-from arithinterp.types import checked
+from arithinterp.types import PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 SCORING = ("first-token", "full-answer")
+#: The highest digit position a label reads (0 = units): an int64 has 19 digits.
+MAX_DIGIT = 18
 
 
 @dataclass(frozen=True)
@@ -97,15 +99,20 @@ class PromptSet:
         """Whether every operand is one token."""
         return bool(self.meta.get("operand_tokens", {}).get("max", 1) == 1)
 
+    @checked
     def str_tokens(self, i: int = 0) -> list[str]:
         """Token strings of prompt ``i`` (without left padding).
 
         Args:
-            i: The prompt's index.
+            i: The prompt's index (negative counts from the end).
 
         Returns:
             The prompt's tokens as the tokenizer writes them.
+
+        Raises:
+            PromptIndexError: ``i`` is out of range.
         """
+        i = int(as_index(i, len(self))[0])
         row = self.tokens[i, self.tokens.shape[1] - int(self.lengths[i]) :]
         return self.tokenizer.convert_ids_to_tokens(row.tolist())
 
@@ -230,6 +237,7 @@ class PromptSet:
                 names.append(f"carry_{i}")
         return names
 
+    @checked
     def label(self, name: str) -> torch.Tensor:
         """A probe label [N]: operands, answer, digits (0 = units) and carries per digit position.
 
@@ -242,10 +250,18 @@ class PromptSet:
             The label of every prompt, long [N].
 
         Raises:
-            TaskError: ``name`` is not a label of this set.
+            TaskError: ``name`` is not a label of this set, or names a digit (a carry) past the 19 (18) an
+                int64 holds.
         """
         if name in ("a", "b", "answer"):
             return getattr(self, name).clone()
+        digit = re.fullmatch(r"(?:answer|a|b)_digit_(\d+)|carry_(\d+)", name)
+        if digit:  # 10 ** 19 overflows int64: digits 0..18 are read, carries out of digits 0..17
+            i, highest = (int(digit[1]), MAX_DIGIT) if digit[1] is not None else (int(digit[2]), MAX_DIGIT - 1)
+            if i > highest:
+                raise TaskError(f"label {name!r} names digit {i}, but operands and answers are int64: digits "
+                                f"0..{MAX_DIGIT} and carries 0..{MAX_DIGIT - 1} are read; accepted: "
+                                f"{accepted(self.label_names())}")
         match = re.fullmatch(r"(answer|a|b)_digit_(\d+)", name)
         if match:
             value = getattr(self, match.group(1)).abs()
@@ -334,12 +350,13 @@ class PromptSet:
 
     # --- counterfactuals -----------------------------------------------------------------------
 
+    @checked
     def counterfactual(
         self,
         vary: str = "a",
         seed: int = 0,
         ops: Sequence[str] = ("+", "-", "*"),
-        max_tries: int = 64,
+        max_tries: PositiveInt = 64,
         distinct_first_token: bool = False,
     ) -> "PromptPairs":
         """Pair every prompt with a corrupted one whose tokens align position for position.
