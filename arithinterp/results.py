@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Union
 
@@ -311,6 +312,7 @@ POSITIVE = _each("numbers > 0 (or NaN)", lambda x: x > 0)
 INTEGRAL = _each("whole numbers", lambda x: x == x.round())
 INCREASING = Rule("a strictly increasing list (each value once, in order)",
                   lambda value: all(a < b for a, b in zip(value, value[1:])))
+FLOATING = Rule("a floating-point tensor", lambda value: bool(value.is_floating_point()))
 DISTINCT = Rule("a list with each value once", lambda value: len({repr(v) for v in value}) == len(value))
 
 
@@ -464,6 +466,10 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
         if not isinstance(meta, dict) or key not in meta:
             raise ResultFileError(f"{path / JSON_FILE}: field 'meta' has no {key!r}, which a {cls.__name__} "
                                   "needs; the file is damaged")
+    saved = meta.get("fingerprint", "0" * 16) if isinstance(meta, dict) else "0" * 16
+    if not (isinstance(saved, str) and re.fullmatch(r"[0-9a-f]{16}", saved)):  # None would skip the model check
+        raise ResultFileError(f"{path / JSON_FILE}: meta 'fingerprint' holds {saved!r}, not the 16 hex digits of the "
+                              "weights it was made on; the file is damaged")
     _check_shapes(cls, values, path)
     _check_legal(cls, values, path)
 

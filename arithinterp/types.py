@@ -162,6 +162,14 @@ PositiveFiniteFloat = Annotated[float, BeforeValidator(_as_float), AfterValidato
 #: A finite number >= 0.
 NonNegativeFiniteFloat = Annotated[float, BeforeValidator(_as_float), AfterValidator(_finite), Field(ge=0),
                                    Accepts("a finite number >= 0")]
+#: The largest float32: a learning rate or a value written into float32 activations beyond it overflows.
+FLOAT32_MAX = 3.4028234663852886e38
+#: A finite number within float32's range (a value written into activations).
+Float32 = Annotated[float, BeforeValidator(_as_float), AfterValidator(_finite), Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX),
+                    Accepts("a finite number within ±3.4e38 (what float32 holds)")]
+#: A finite number > 0 within float32's range (a learning rate of a float32 optimizer).
+PositiveFloat32 = Annotated[float, BeforeValidator(_as_float), AfterValidator(_finite), Field(gt=0, le=FLOAT32_MAX),
+                            Accepts("a finite number > 0, at most 3.4e38 (what float32 holds)")]
 #: A number in [0, 1].
 Probability = Annotated[float, BeforeValidator(_as_float), Field(ge=0, le=1), Accepts("a number in [0, 1]")]
 #: A number in (0, 1]: a share that must keep something.
@@ -415,6 +423,7 @@ def checked(fn: _F) -> _F:
 
 __all__ = [
     "HookedModel", "Logits", "Tokens", "Accepts", "checked", "Integer", "PositiveInt", "NonNegativeInt", "AnyFloat",
-    "FiniteFloat", "PositiveFiniteFloat", "NonNegativeFiniteFloat", "Probability", "PositiveProbability",
-    "OpenUnitFloat", "ByteSize", "byte_size", "PathLike", "Seed", "IntList", "IndexList", "Name",
+    "FiniteFloat", "PositiveFiniteFloat", "NonNegativeFiniteFloat", "FLOAT32_MAX", "Float32", "PositiveFloat32",
+    "Probability", "PositiveProbability", "OpenUnitFloat", "ByteSize", "byte_size", "PathLike", "Seed", "IntList",
+    "IndexList", "Name",
 ]

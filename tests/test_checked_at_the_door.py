@@ -343,3 +343,58 @@ def test_a_period_that_is_constant_on_whole_numbers_is_refused(period):
 
     with pytest.raises(ConfigError, match="periods must be numbers from 2 to 1e\\+06"):
         helix.basis(torch.arange(10.0), periods=[10, period])
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m, parts: __import__("arithinterp.features", fromlist=["x"]).train_transcoders(
+        m, parts[0], n_features=8, k=2, steps=2, lr=1e300, progress=False), r"lr=1e\+300 is not accepted"),
+    (lambda m, parts: __import__("arithinterp.features", fromlist=["x"]).intervene(
+        m, parts[0], parts[1], 0, [0], clamp=1e300), r"clamp=1e\+300 is not accepted"),
+])
+def test_a_number_float32_cannot_hold_is_refused_not_overflowed(tiny_model, parts, call, match):
+    """lr or clamp = 1e300 is finite, but overflows the float32 optimizer or activations: a raw RuntimeError."""
+    with pytest.raises(ConfigError, match=match + r".*what float32 holds"):
+        call(tiny_model, parts)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: __import__("arithinterp.patching", fromlist=["x"]).summarize(torch.rand(5), confidence=2),
+     "confidence=2 is not accepted"),
+    (lambda: __import__("arithinterp.patching", fromlist=["x"]).summarize(torch.rand(5), n_boot=0),
+     "n_boot=0 is not accepted"),
+    (lambda: __import__("arithinterp.patching", fromlist=["x"]).summarize(torch.zeros(0)), "at least one pair"),
+    (lambda: __import__("arithinterp.causal", fromlist=["x"]).wilson(5, 3), "correct=5 exceeds n=3"),
+    (lambda: __import__("arithinterp.causal", fromlist=["x"]).wilson(-1, 3), "correct=-1 is not accepted"),
+    (lambda: __import__("arithinterp.causal", fromlist=["x"]).full_vector(-1), "d=-1 is not accepted"),
+    (lambda: __import__("arithinterp.causal", fromlist=["x"]).orthonormal(torch.full((4, 2), math.nan)),
+     "NaN or infinite"),
+    (lambda: __import__("arithinterp.probes", fromlist=["x"]).confidence_interval(torch.rand(5), level=2),
+     "level=2 is not accepted"),
+    (lambda: __import__("arithinterp.features", fromlist=["x"]).topk_activations(torch.rand(3, 5), 99),
+     r"k=99 must lie in 1..5"),
+    (lambda: __import__("arithinterp.features", fromlist=["x"]).topk_activations(torch.rand(3, 5), -1),
+     "k=-1 is not accepted"),
+])
+def test_small_helpers_refuse_what_gave_a_raw_error_or_nan(call, match):
+    """Each was a raw RuntimeError / ValueError (or, for a level of 2, a NaN interval without a word)."""
+    with pytest.raises(ArithInterpError, match=match):
+        call()
+
+
+def test_das_layers_and_probe_layers_refuse_a_row_named_twice(tiny_model):
+    """layers=[0, 0] (or a position twice) fitted the same cell twice and reported it as two rows."""
+    from arithinterp import collect
+    from arithinterp.causal import das_layers, interchange_dataset
+    from arithinterp.errors import SiteError
+    from arithinterp.probes import probe_layers
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(tiny_model, "+", range(10, 22), range(20, 32))
+    pairs = interchange_dataset(prompts, "sum_mod_10", n=40, seed=0)
+    with pytest.raises(ConfigError, match="layers=.* names one more than once"):
+        das_layers(tiny_model, pairs, layers=[0, 0], steps=1, progress=False)
+    with pytest.raises(ConfigError, match="positions=.* names one more than once"):
+        das_layers(tiny_model, pairs, positions=["final", "final"], steps=1, progress=False)
+    acts = collect(tiny_model, prompts[:40], "resid_post")
+    with pytest.raises(SiteError, match="names one of the layers more than once"):
+        probe_layers(acts, prompts[:40].label("a"), layers=[0, 0], progress=False)

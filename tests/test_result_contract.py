@@ -802,6 +802,8 @@ def _illegal(value, legal):
     rule = legal[0] if isinstance(legal, list) else legal
     if rule in (r.INCREASING, r.DISTINCT):
         return [*value[:-1], value[0]] if len(value) > 1 else [*value, *value]
+    if rule is r.FLOATING:
+        return value.long()
     bad = {r.PROBABILITY.description: 2, r.CORRELATION.description: 2, r.NON_NEGATIVE.description: -1,
            r.POSITIVE.description: -1}[rule.description]
     if isinstance(value, torch.Tensor):

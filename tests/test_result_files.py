@@ -184,3 +184,31 @@ def test_a_patch_result_with_a_layer_list_of_the_wrong_length_is_refused(tiny_mo
     with pytest.raises(ResultFileError, match=r"'values' and 'layers' share the 'layer' axis but have 2 and 3 "
                                               r"along it"):
         patching.PatchResult.load(folder)
+
+
+@pytest.mark.parametrize("fingerprint", [None, "x", 7])
+def test_a_damaged_fingerprint_is_refused_not_read_as_none_recorded(saved, fingerprint):
+    """A fingerprint of None would skip the model check, so a circuit (or transcoders) from another model
+    would be used without a word; a damaged one is refused at load."""
+    from arithinterp.circuits import Circuit
+
+    _edit_json(saved, lambda stored: stored["fields"]["meta"].__setitem__("fingerprint", fingerprint))
+    with pytest.raises(ResultFileError, match=r"meta 'fingerprint' holds .*the file is damaged"):
+        Circuit.load(saved)
+
+
+def test_transcoder_weights_saved_as_integers_are_refused(tiny_model, tmp_path):
+    """Integer weights loaded silently and gave wrong features (or a raw dtype error in the forward)."""
+    from safetensors.torch import load_file, save_file
+
+    from arithinterp.features import Transcoders, train_transcoders
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(tiny_model, "+", range(10, 14), range(20, 24))
+    folder = train_transcoders(tiny_model, prompts, n_features=8, k=2, steps=2, batch_size=16,
+                               progress=False).save(tmp_path / "tc")
+    tensors = load_file(str(folder / "tensors.safetensors"))
+    tensors["W_enc"] = tensors["W_enc"].long()
+    save_file(tensors, str(folder / "tensors.safetensors"))
+    with pytest.raises(ResultFileError, match=r"field 'W_enc' should hold a floating-point tensor"):
+        Transcoders.load(folder)

@@ -30,7 +30,7 @@ from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.results import build_meta
 from arithinterp.types import (
-    ByteSize, HookedModel, NonNegativeInt, PositiveFiniteFloat, PositiveInt, Seed, checked,
+    ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, Seed, checked,
 )
 
 METHODS = ("das", "boundless")
@@ -112,7 +112,7 @@ def das(
     positions: Position = "final",
     method: Literal["das", "boundless"] = "das",
     steps: PositiveInt = 200,
-    lr: PositiveFiniteFloat = 1e-2,
+    lr: PositiveFloat32 = 1e-2,
     baselines: Sequence[Literal["full", "probe", "pca", "random"]] = BASELINES,
     reachable_only: bool = False,
     head: Optional[NonNegativeInt] = None,

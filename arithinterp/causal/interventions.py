@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.types import checked
+from arithinterp.types import PositiveInt, checked
 
 
 def _check_dims(d: int, k: int) -> None:
@@ -45,10 +45,12 @@ def orthonormal(vectors: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
         Float[Tensor, "d r"]: The basis, ``r`` the vectors' rank.
 
     Raises:
-        AnalysisError: ``vectors`` is not 2-D with a row, or is all zero.
+        AnalysisError: ``vectors`` is not 2-D with a row, holds NaN or infinity, or is all zero.
     """
     if vectors.ndim != 2 or vectors.shape[0] == 0:
         raise AnalysisError(f"vectors must be [m, d] with m >= 1, got shape {tuple(vectors.shape)}")
+    if not bool(torch.isfinite(vectors).all()):  # the SVD would fail to converge on them
+        raise AnalysisError("vectors hold NaN or infinite values; their span is undefined")
     u, s, _ = torch.linalg.svd(vectors.double().T, full_matrices=False)
     rank = int((s > tol * s.max().clamp_min(1e-30)).sum())
     if rank == 0:
@@ -126,7 +128,7 @@ class FixedSubspace(Intervention):
 
 
 @checked
-def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
+def random_subspace(d: PositiveInt, k: PositiveInt, seed: int = 0) -> FixedSubspace:
     """A uniformly random subspace (QR of a seeded Gaussian matrix).
 
     Args:
@@ -147,7 +149,7 @@ def random_subspace(d: int, k: int, seed: int = 0) -> FixedSubspace:
 
 
 @checked
-def full_vector(d: int) -> FixedSubspace:
+def full_vector(d: PositiveInt) -> FixedSubspace:
     """The whole activation interchanged (``Q = I``): the ceiling of any subspace at this site.
 
     Args:

@@ -22,7 +22,7 @@ from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
-from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFiniteFloat, PositiveInt, Seed, checked
+from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFloat32, PositiveInt, Seed, checked
 
 
 def _check_cells(model: HookedModel, dataset: InterchangeDataset, site: str, layers: list, positions: list,
@@ -72,7 +72,7 @@ def das_layers(
     layers: Optional[IntList] = None,
     positions: Sequence[Union[str, int]] = ("final",),
     steps: PositiveInt = 200,
-    lr: PositiveFiniteFloat = 1e-2,
+    lr: PositiveFloat32 = 1e-2,
     reachable_only: bool = False,
     max_memory: Optional[ByteSize] = None,
     seed: Seed = 0,
@@ -107,7 +107,8 @@ def das_layers(
         The held-out IIA grid ``[layer, position]`` with its interval and the random rotation's.
 
     Raises:
-        AnalysisError: No layer or position, or an invalid cell (checked before the first fit);
+        ConfigError: No layer or position, or a layer or position named twice.
+        AnalysisError: An invalid cell (checked before the first fit);
             ``resume`` was made with other settings or pairs.
         ModelMismatchError: The pairs's prompts, or ``resume``, belong to another model.
         KeyboardInterrupt: Interrupted before a fit finished (there is nothing to keep).
@@ -119,6 +120,9 @@ def das_layers(
     positions = list(positions)
     if not layers or not positions:
         raise ConfigError("das_layers needs at least one layer and one position")
+    for name, items in (("layers", layers), ("positions", positions)):
+        if len({repr(v) for v in items}) != len(items):  # a repeated row or column would be fitted twice
+            raise ConfigError(f"{name}={items!r} names one more than once; name each once")
     _check_cells(model, pairs, site, layers, positions, k)  # every cell before the first fit
     settings = dict(variable=pairs.variable, steps=steps, lr=lr, seed=seed, n_test=len(pairs.test),
                     reachable_only=reachable_only, pairs_digest=_pairs_digest(pairs))
@@ -180,7 +184,7 @@ def readable_vs_used(
     k: PositiveInt = 2,
     steps: PositiveInt = 200,
     n: Optional[PositiveInt] = None,
-    lr: PositiveFiniteFloat = 1e-2,
+    lr: PositiveFloat32 = 1e-2,
     max_memory: Optional[ByteSize] = None,
     seed: Seed = 0,
     progress: bool = True,

@@ -32,14 +32,14 @@ from arithinterp.engine import Read, Write, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.engine.interchange import ResumedRuns, resumed_runs
 from arithinterp.errors import AnalysisError, SiteError
-from arithinterp.types import ByteSize, HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, NonNegativeInt, OpenUnitFloat, checked
 
 VECTOR_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post")
 HEAD_SITES = ("attn_z",)  # one vector per position *and head*: name the head
 
 
 @checked
-def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
+def wilson(correct: NonNegativeInt, n: NonNegativeInt, level: OpenUnitFloat = 0.95) -> tuple[float, float]:
     """Wilson score interval of a proportion ``correct / n``.
 
     Args:
@@ -49,7 +49,12 @@ def wilson(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
     Returns:
         ``(low, high)`` within [0, 1]; ``(nan, nan)`` when ``n`` is 0.
+
+    Raises:
+        AnalysisError: ``correct`` exceeds ``n``.
     """
+    if correct > n:
+        raise AnalysisError(f"correct={correct} exceeds n={n}; the successes are some of the trials")
     if n == 0:
         return float("nan"), float("nan")
     from scipy.stats import norm

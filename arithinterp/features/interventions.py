@@ -20,7 +20,7 @@ from arithinterp.errors import ConfigError, SiteError
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.tasks import PromptSet
-from arithinterp.types import HookedModel, IndexList, IntList, NonNegativeInt, checked
+from arithinterp.types import Float32, HookedModel, IndexList, IntList, NonNegativeInt, checked
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @checked
 def feature_interventions(transcoders: Transcoders, layer: NonNegativeInt, features: IndexList, *,
-                          scale: float = 0.0, clamp: Optional[float] = None,
+                          scale: Float32 = 0.0, clamp: Optional[Float32] = None,
                           positions: Optional[IntList] = None) -> list:
     """Engine interventions that change some transcoder features of one layer: the MLP output moves
     by the change of their decoded contribution.
@@ -147,7 +147,7 @@ class FeatureInterventionResult(Result):
 
 @checked
 def intervened_logits(model: HookedModel, tokens: torch.Tensor, transcoders: Transcoders, layer: NonNegativeInt,
-                      features: IndexList, *, scale: float = 0.0, clamp: Optional[float] = None,
+                      features: IndexList, *, scale: Float32 = 0.0, clamp: Optional[Float32] = None,
                       positions: Optional[IntList] = None) -> torch.Tensor:
     """The final-position logits of token ids with some features changed, as
     :func:`feature_interventions` says: the tensor path under :func:`intervene`.
@@ -183,7 +183,7 @@ def intervened_logits(model: HookedModel, tokens: torch.Tensor, transcoders: Tra
 
 @checked
 def intervene(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, layer: NonNegativeInt,
-              features: IndexList, *, scale: float = 0.0, clamp: Optional[float] = None,
+              features: IndexList, *, scale: Float32 = 0.0, clamp: Optional[Float32] = None,
               positions: Optional[IntList] = None) -> FeatureInterventionResult:
     """Each prompt's answer with some features changed, as :func:`feature_interventions` says,
     beside the model's own (the first answer token, read at the final position).

@@ -27,12 +27,12 @@ from arithinterp.engine.budget import memory_budget
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.replacement import compare_replacement, full_tokens
-from arithinterp.features.transcoder import Transcoders, topk_activations
+from arithinterp.features.transcoder import Transcoders, topk_unchecked
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (
-    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveInt, Probability,
-    HookedModel, Seed, checked,
+    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveFloat32,
+    PositiveInt, Probability, HookedModel, Seed, checked,
 )
 
 
@@ -158,7 +158,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
         rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
         xb, yb = x[rows], y[rows]
         pre = xb @ tensors["W_enc"] + tensors["b_enc"]
-        acts = topk_activations(pre, k)
+        acts = topk_unchecked(pre, k)
         linear = tensors["b_dec"] + xb @ tensors["W_skip"]
         y_hat = acts @ tensors["W_dec"] + linear
         error = yb - y_hat
@@ -194,7 +194,7 @@ Frequency = Annotated[Probability, Field(lt=1), Accepts("a number in [0, 1)")]  
 @checked
 def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optional[IntList] = None,
                       n_features: PositiveInt = 512, k: PositiveInt = 16, steps: PositiveInt = 2000,
-                      batch_size: PositiveInt = 2048, lr: PositiveFiniteFloat = 2e-3, skip: bool = True,
+                      batch_size: PositiveInt = 2048, lr: PositiveFloat32 = 2e-3, skip: bool = True,
                       held_out: OpenUnitFloat = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
                       resample_until: Probability = 0.0, min_frequency: Frequency = 1e-3,
                       skip_ridge: NonNegativeFiniteFloat = 0.0, train_skip: bool = True, distinct: bool = False,

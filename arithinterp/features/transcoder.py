@@ -31,7 +31,8 @@ import torch
 from arithinterp.engine import Write
 from arithinterp.checks import check_fingerprint, check_model
 from arithinterp.errors import AnalysisError, ConfigError, ModelMismatchError, SiteError
-from arithinterp.results import INCREASING, NON_NEGATIVE, POSITIVE, Result
+from arithinterp.results import FLOATING, INCREASING, NON_NEGATIVE, POSITIVE, Result
+from arithinterp.types import PositiveInt, checked
 
 Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F]
 
@@ -39,16 +40,28 @@ Edit = Callable[[torch.Tensor], torch.Tensor]  # acts [B, T, F] -> acts [B, T, F
 ACTIVATIONS = ("topk", "topk-signed", "relu", "jumprelu")
 
 
-def topk_activations(pre: torch.Tensor, k: int) -> torch.Tensor:
+@checked
+def topk_activations(pre: torch.Tensor, k: PositiveInt) -> torch.Tensor:
     """The TopK activation: ``ReLU(pre)`` with all but its ``k`` largest entries per row set to zero.
 
     Args:
         pre (Float[Tensor, "... feature"]): Pre-activations.
-        k: Entries kept per row.
+        k: Entries kept per row, in ``1..feature``.
 
     Returns:
         Float[Tensor, "... feature"]: The activations.
+
+    Raises:
+        ConfigError: ``pre`` has no feature axis, or ``k`` exceeds its length.
     """
+    if pre.ndim == 0 or k > pre.shape[-1]:
+        raise ConfigError(f"k={k} must lie in 1..{pre.shape[-1] if pre.ndim else 0} (the features per row of pre, "
+                          f"shape {tuple(pre.shape)})")
+    return topk_unchecked(pre, k)
+
+
+def topk_unchecked(pre: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`topk_activations` unchecked, for the training and forward loops."""
     values, index = torch.relu(pre).topk(k, dim=-1)
     return torch.zeros_like(pre).scatter(-1, index, values)
 
@@ -57,7 +70,7 @@ def activate(pre: torch.Tensor, activation: str, k: int, threshold: Optional[tor
     """Feature activations ``[..., F]`` from pre-activations ``pre [..., F]`` under ``activation``
     (one of :data:`ACTIVATIONS`; ``threshold [F]`` for ``"jumprelu"``)."""
     if activation == "topk":
-        return topk_activations(pre, k)
+        return topk_unchecked(pre, k)
     if activation == "topk-signed":
         values, index = pre.topk(k, dim=-1)
         return torch.zeros_like(pre).scatter(-1, index, values)
@@ -112,7 +125,8 @@ class Transcoders(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"W_enc": "layer d feature", "b_enc": "layer feature", "W_dec": "layer feature d", "b_dec": "layer d",
                "W_skip": "layer d d", "threshold": "layer feature", "layers": "layer"}
-    _legal = {"layers": [NON_NEGATIVE, INCREASING], "k": POSITIVE, "activation": ACTIVATIONS}
+    _legal = {"layers": [NON_NEGATIVE, INCREASING], "k": POSITIVE, "activation": ACTIVATIONS,
+              **{name: FLOATING for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip", "threshold")}}
     _value_names = {"activation": {"topk_signed": "topk-signed"}}
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ from arithinterp.metrics import DIRECTIONS, METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import HookedModel, OpenUnitFloat, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -165,7 +165,7 @@ def _bootstrap_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:
 
 
 @checked
-def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0):
+def summarize(values: torch.Tensor, *, confidence: OpenUnitFloat = 0.95, n_boot: PositiveInt = 1000, seed: int = 0):
     """Mean, standard error and percentile-bootstrap interval over axis 0.
 
     Resampling is done with multinomial counts (``counts @ values``), so memory is
@@ -179,7 +179,12 @@ def summarize(values: torch.Tensor, *, confidence: float = 0.95, n_boot: int = 1
 
     Returns:
         ``(mean, sem, ci_low, ci_high)``, each ``[...]`` float32; the standard error is 0 for one pair.
+
+    Raises:
+        AnalysisError: ``values`` has no pair (a 0-d tensor, or none along axis 0).
     """
+    if values.ndim == 0 or values.shape[0] == 0:  # no mean and no interval over no pairs
+        raise AnalysisError(f"values must hold at least one pair along axis 0, got shape {tuple(values.shape)}")
     n = values.shape[0]
     flat = values.reshape(n, -1).double()
     mean = flat.mean(0)

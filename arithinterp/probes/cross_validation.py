@@ -20,7 +20,7 @@ from arithinterp.intervals import t_interval
 from arithinterp.probes.estimators import CircularProbe, MLPProbe, RidgeProbe
 from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.probe_base import clone_estimator, to_tensor
-from arithinterp.types import checked
+from arithinterp.types import OpenUnitFloat, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -225,7 +225,7 @@ def probe_cell(estimator: Any, X: torch.Tensor, label_sets: list, folds, full: b
 
 
 @checked
-def confidence_interval(scores: torch.Tensor, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+def confidence_interval(scores: torch.Tensor, level: OpenUnitFloat = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Student-t interval of the mean over the last axis (folds), unclipped
     (:attr:`ProbeResult.ci <arithinterp.probes.ProbeResult.ci>` clips it to the metric's range).
 

@@ -63,7 +63,10 @@ def _pick(values: Any, available: list, what: str) -> list:
     for v in values:
         if str(v) not in keys:
             raise SiteError(f"{what[:-1]} {v!r} was not collected; collected {what}: {accepted(available)}")
-    return [available[keys.index(str(v))] for v in values]
+    picked = [available[keys.index(str(v))] for v in values]
+    if len({str(v) for v in picked}) != len(picked):  # one layer or position probed twice, as two rows
+        raise SiteError(f"{what}={values!r} names one of the {what} more than once; name each once")
+    return picked
 
 
 def _resolve_estimator(kind: Optional[str], estimator: Any, probe_kw: dict, random_state: int) -> tuple[Any, str]:
@@ -143,7 +146,7 @@ def probe_layers(
         AnalysisError: the activations, target, controls or groups are refused, or the target
             has a single class.
         ConfigError: an unknown probe kind or control, or both ``estimator`` and ``kind``.
-        SiteError: a site, layer or position that was not collected.
+        SiteError: a site, layer or position that was not collected, or one named twice.
     """
     _check_acts(acts)
     estimator, kind = _resolve_estimator(kind, estimator, probe_kw, seed)
