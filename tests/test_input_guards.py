@@ -598,3 +598,13 @@ def test_a_component_named_twice_is_refused(tiny_model):
     pairs = arithmetic(tiny_model, "+", range(10, 16), range(20, 26)).counterfactual("a")[:4]
     with pytest.raises(ConfigError, match=r"components names \['attn0'\] more than once"):
         direct_effect(tiny_model, pairs, components=["attn0", "attn0"], progress=False)
+
+
+def test_more_interchange_pairs_than_the_prompts_make_is_refused(tiny_model):
+    """``das --pairs 99999999999999999999`` drew pairs one by one for hours."""
+    from arithinterp.causal import interchange_dataset
+    from arithinterp.errors import ConfigError
+
+    prompts = arithmetic(tiny_model, "+", range(10, 16), range(20, 26))
+    with pytest.raises(ConfigError, match=r"n=99,999,999,999,999,999,999 is more pairs than the 36 prompts make"):
+        interchange_dataset(prompts, "sum_mod_10", n=99999999999999999999, seed=0)

@@ -130,7 +130,7 @@ def interchange_dataset(
             unpatched says nothing about a variable).
         variable: the variable to interchange (:func:`variables_of` lists them).
         causal_model: defaults to the built-in model for these prompts (:func:`for_prompts`).
-        n: pairs to draw (default: one per prompt); pairs with no balanced source after
+        n: pairs to draw (default: one per prompt; at most ``len(prompts) ** 2``); pairs with no balanced source after
             ``max_tries`` draws, or whose counterfactual answer does not tokenize like the base
             answer, are dropped and counted in ``meta``.
         test_fraction: the share of operand pairs held out.
@@ -157,6 +157,9 @@ def interchange_dataset(
         raise ConfigError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction!r}")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
         raise ConfigError(f"n must be an int >= 2 or None, got {n!r}")
+    if n is not None and n > len(prompts) ** 2:  # drawn one by one: a typo's count would hang, not add pairs
+        raise ConfigError(f"n={n:,} is more pairs than the {len(prompts):,} prompts make ({len(prompts) ** 2:,} "
+                          "pairs of a base and a source prompt); give fewer pairs or more prompts")
     if causal_model is None:
         causal_model = for_prompts(prompts.op, prompts.modulus, int(prompts.meta.get("n_digits", 1)),
                                    prompts.single_token_operands and int(prompts.meta.get("answer_digits", 0)) == 0)
