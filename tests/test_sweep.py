@@ -98,6 +98,7 @@ def tables_equal(left: dict, right: dict) -> None:
         (lambda c: c["tasks"][0].update(a=[5, 2]), "tasks[0].a", "empty"),
         (lambda c: c.update(executor="dask"), "executor", "accepted: 'local', 'processes', 'ray'"),
         (lambda c: c["models"].append("./no/such/model"), "models[1]", "no such file or directory"),
+        (lambda c: c.update(out=""), "out", "empty path"),  # not the config's own folder
     ],
 )
 def test_bad_config_fails_before_any_job_naming_key_and_accepted(model_dir, tmp_path, mutate, key, needle):
@@ -496,3 +497,25 @@ def test_missing_ray_is_a_clear_error(model_dir, tmp_path, monkeypatch):
     with pytest.raises(ArithInterpError, match=r"pip install 'arithinterp\[ray\]'"):
         S.run_sweep(config(model_dir, tmp_path / "out"), executor="ray", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_accuracy_reads_the_whole_sample_of_a_correct_only_task(model_dir, tmp_path):
+    """On only the correctly answered prompts accuracy was 1.0 by construction, whatever the model."""
+    from arithinterp.models import load_model
+
+    task = dict(TASK, correct_only=True)
+    run = S.run_sweep(dict(config(model_dir, tmp_path / "out"), tasks=[task]), progress=False)
+    assert run.counts()["done"] == 1, run.summary()
+    row = S.load_results(run.out)["accuracy"].iloc[0]
+    prompts = S.build_prompts(load_model(str(model_dir)), dict(S.plan(config(model_dir, tmp_path / "out"))[0].task,
+                                                                correct_only=False))
+    assert row["n_prompts"] == len(prompts) == 60
+    assert row["accuracy"] == pytest.approx(prompts.evaluate(load_model(str(model_dir))).accuracy)
+    assert row["accuracy"] < 1  # a random model: not 1 by construction
+
+
+def test_huge_workers_and_num_cpus_start_only_what_the_jobs_use(model_dir, tmp_path):
+    """--workers 99999999999999999999 overflowed a C int; --num-cpus 1e300 overflowed torch's thread count."""
+    run = S.run_sweep(config(model_dir, tmp_path / "out"), executor="processes", workers=10**20, num_cpus=1e300,
+                      progress=False)
+    assert run.counts()["done"] == 1, run.summary()

@@ -191,8 +191,9 @@ def _validate(data: dict, base: str) -> SweepConfig:
         if not isinstance(data[key], list) or not data[key]:
             raise ConfigError(f"{key}: expected a non-empty list, got {data[key]!r}")
     out = data.get("out")
-    if out is not None:
-        _expect(out, (str,), "out")
+    if out is not None and not _expect(out, (str,), "out").strip():  # not the config's own folder, unasked
+        raise ConfigError("out: '' is an empty path; give a results folder (relative paths start at the config's "
+                          "folder), or pass --out")
     models = [_check_model(m, f"models[{i}]", base) for i, m in enumerate(data["models"])]
     if len(set(models)) != len(models):
         raise ConfigError(f"models: duplicate model specs in {models}")

@@ -24,7 +24,8 @@ def run_processes(jobs: list, workers: int) -> Generator[dict, None, None]:
 
     # spawn, not fork: forking a process that already runs torch threads can deadlock
     context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context,
+    # no more processes than jobs: a huge --workers then starts only what is used (and fits a C int)
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context,
                                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
     try:
         futures = {pool.submit(run_job, payload): payload[0].id for payload in jobs}

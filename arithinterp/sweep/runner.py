@@ -292,7 +292,8 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
                     config=dict(models=cfg.models, tasks=cfg.tasks, analyses=cfg.analyses), cells=entries)
     _save_manifest(out_dir, manifest)
     todo = [c for c in cells if entries[c.id]["status"] != "done"]
-    threads = max(1, int(cfg.resources["num_cpus"])) if cfg.executor != "local" else 0
+    # torch threads per job; at most the CPUs here (a num_cpus of 1e300 is a Ray request, not a thread count)
+    threads = max(1, min(int(cfg.resources["num_cpus"]), os.cpu_count() or 1)) if cfg.executor != "local" else 0
     jobs = [(c, ANALYSES[c.analysis].fn, cfg.base, cfg.device, threads) for c in todo]
     by_id = {c.id: c for c in todo}
     start = time.perf_counter()

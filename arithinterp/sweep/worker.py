@@ -130,7 +130,10 @@ def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> 
     start = time.perf_counter()
     try:
         model = _model(cell.model, base, device)
-        prompts = _prompts(model, (cell.model, base, device), cell.task)
+        task = cell.task
+        if cell.analysis == "accuracy" and task["correct_only"]:  # on the right answers alone it is 1 by construction
+            task = dict(task, correct_only=False)
+        prompts = _prompts(model, (cell.model, base, device), task)
         _seed_everything(cell.seed)
         with torch.inference_mode(False):  # an analysis may need gradients (attribution)
             frame = fn(model, prompts, **cell.params)
