@@ -97,6 +97,11 @@ def integers(name: str, values: Any, error: type[ArithInterpError] = SiteError) 
     return out
 
 
+#: The most optimizer steps a training run takes (das, train, train-transcoders): the recipes take
+#: hundreds to tens of thousands, and past 2**63 the progress bar's range overflows.
+STEPS_MAX = 10_000_000
+
+
 # --- models -----------------------------------------------------------------------------------------
 
 _MODEL_SURFACE = ("cfg", "to_tokens", "run_with_cache")

@@ -17,6 +17,7 @@ import sys
 import warnings
 from typing import Any, Callable, Optional, Sequence, cast
 
+from arithinterp.checks import STEPS_MAX
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
 from arithinterp.outputs import fail, print_summary
 
@@ -107,6 +108,9 @@ def info(args: argparse.Namespace) -> dict:
 
     if args.limit < 1:  # not a slice [:-1] of the held-out problems
         raise ConfigError(f"--limit: {args.limit} is not accepted; give an int >= 1")
+    if args.model is not None and not args.model.strip():  # not "list the zoo only", unasked
+        raise ConfigError("model: '' is an empty model spec; give one such as zoo:add-100, or leave it out to only "
+                          "list the zoo")
     summary: dict[str, Any] = {"zoo": list_zoo()}
     if args.model:
         model = load_model(args.model)
@@ -498,6 +502,9 @@ def graph_command(args: argparse.Namespace) -> dict:
     from arithinterp.features.graph import prompt_graph
     from arithinterp.models import load_model
 
+    if args.transcoders is not None and not args.transcoders.strip():  # not the shipped ones, unasked
+        raise ConfigError("--transcoders: '' is an empty path; give a folder of saved transcoders, or leave "
+                          "--transcoders out for the zoo model's shipped ones")
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders or args.model)
     graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
@@ -528,6 +535,8 @@ def das_command(args: argparse.Namespace) -> dict:
     for flag in ("layers", "resume"):  # not silently ignored
         if getattr(args, flag) is not None and not args.every_layer:
             raise ConfigError(f"--{flag} is for --every-layer; give --every-layer too")
+    if args.resume is not None and not args.resume.strip():  # Path("") is the current folder
+        raise ConfigError("--resume: '' is an empty path; give the --out folder of the interrupted run")
     resume = causal.DASLayersResult.load(args.resume) if args.resume is not None else None  # before any work
     layers = _int_list(args.layers, "--layers") if args.layers is not None else None  # before any work
     positions = _items(args.position, "--position")
@@ -699,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(swapped together); with --every-layer a comma-separated list (default: final)")
     p.add_argument("--k", type=int, default=2, help="dimensions interchanged (default: 2)")
     p.add_argument("--method", default="das", help="das or boundless (default: das)")
-    p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")
+    p.add_argument("--steps", type=_whole(1, STEPS_MAX), default=200, help="training steps (default: 200)")
     p.add_argument("--lr", type=_learning_rate, default=1e-2, help="learning rate (default: 0.01)")
     p.add_argument("--pairs", type=int, default=None, help="interchange pairs (default: one per prompt)")
     p.add_argument("--shuffle", action="store_true", help="the control: the variable's value from a random prompt")
@@ -725,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "replaced only with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
     p.add_argument("--seed", type=_whole(0, SEED_MAX), default=None, help="random seed (default: the recipe's)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the recipe's)")
+    p.add_argument("--steps", type=_whole(1, STEPS_MAX), default=None, help="optimizer steps (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     p = sub.add_parser("graph", help="attribution graph of one prompt over transcoder features")
@@ -746,7 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "shipped weights are replaced only when --out names them and --overwrite is given)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
     p.add_argument("--seed", type=_whole(0, SEED_MAX), default=None, help="random seed (default: the recipe's)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per layer (default: the recipe's)")
+    p.add_argument("--steps", type=_whole(1, STEPS_MAX), default=None,
+                   help="optimizer steps per layer (default: the recipe's)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return parser

@@ -123,6 +123,9 @@ def check_writable_file(path: PathLike, what: str = "out", overwrite: bool = Tru
     target = Path(path).expanduser()
     if target.is_dir():
         raise ConfigError(f"{what}: {path} is a directory; give a file name")
+    if str(path).endswith(("/", os.sep)):  # Path() drops the slash, and a file would take the folder's name
+        raise ConfigError(f"{what}: {path} ends with {str(path)[-1]!r}, so it names a folder; give a file name "
+                          f"inside it, such as {Path(path) / 'out.html'}")
     if not overwrite and target.exists():
         hint = "--overwrite" if what.startswith("--") else "overwrite=True"
         raise ConfigError(f"{what}: {path} already exists; pass {hint} to replace it, or give another file")

@@ -129,6 +129,16 @@ def _refusal(argv, capsys) -> str:
     (["report", "--template", "", "--out", "{tmp}/r.html"], "--template", "empty"),  # not the default template
     (["report", "--operands", "1,1,5", "--out", "{tmp}/r.html"], "--operands", "more than once"),
     (["report", "--operands", "0-99999", "--out", "{tmp}/r.html"], "--operands", "operand pairs"),
+    (["report", "--operands", "99999999999999999999", "--out", "{tmp}/r.html"], "--operands", "int64"),  # not torch's
+    (["report", "--out", "{tmp}/new/", "--stages", "accuracy"], "--out", "names a folder"),  # not a file named new
+    (["patch", "--figure", "{tmp}/figures/"], "--figure", "names a folder"),
+    (["das", "--variable", "carry_1", "--steps", "99999999999999999999"], "--steps", "1..10000000"),  # overflow
+    (["train", "add-100", "--steps", "99999999999999999999", "--out", "{tmp}/m"], "--steps", "1..10000000"),
+    (["train-transcoders", "zoo:add-100", "--steps", "99999999999999999999", "--out", "{tmp}/t"], "--steps",
+     "1..10000000"),
+    (["das", "--variable", "carry_1", "--every-layer", "--resume", ""], "--resume", "empty path"),  # not "."
+    (["graph", "zoo:add-100", "1+2=", "--transcoders", ""], "--transcoders", "empty path"),  # not the shipped ones
+    (["info", ""], "model", "empty model spec"),  # not "list the zoo only"
 ])
 def test_careless_flags_are_refused_before_the_model_loads(argv, flag, words, tmp_path, capsys, monkeypatch):
     from arithinterp import models

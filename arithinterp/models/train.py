@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from arithinterp.errors import ConfigError
+from arithinterp.checks import STEPS_MAX, integer
 from arithinterp.outputs import atomic_dir, atomic_write, check_new_dir
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
@@ -165,15 +165,13 @@ def train(
 
     Raises:
         ModelSpecError: An unknown zoo model.
-        ConfigError: ``steps`` below 1, or an ``out`` that cannot be written or (without
-            ``overwrite``) already holds files.
+        ConfigError: ``steps`` not in 1..:data:`~arithinterp.checks.STEPS_MAX`, or an ``out`` that
+            cannot be written or (without ``overwrite``) already holds files.
     """
     entry = get_entry(name)
     recipe = entry.recipe
     seed = recipe.seed if seed is None else seed
-    steps = recipe.steps if steps is None else steps
-    if steps < 1:
-        raise ConfigError(f"steps must be a positive integer, got {steps}")
+    steps = integer("steps", recipe.steps if steps is None else steps, minimum=1, maximum=STEPS_MAX)
     out = check_new_dir(Path(out) if out is not None else entry.directory, "out", overwrite)  # before training
     with atomic_dir(out) as folder:
         return _train_into(folder, name, entry, seed, steps, progress)

@@ -27,25 +27,32 @@ def parse_operands(operands: Any) -> list[int]:
         The values.
 
     Raises:
-        ConfigError: Another form, or an empty or negative list.
+        ConfigError: Another form, an empty or negative list, or a value past int64.
     """
     import re
+
+    from arithinterp.tasks.operators import INT64_MAX
 
     if isinstance(operands, str):
         text = operands.replace(" ", "")
         span = re.fullmatch(r"(\d+)-(\d+)", text)
         if span and int(span.group(1)) <= int(span.group(2)):
-            return list(range(int(span.group(1)), int(span.group(2)) + 1))
-        if re.fullmatch(r"\d+(,\d+)*", text):
-            return [int(v) for v in text.split(",")]
-        raise ConfigError(
-            f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
-    try:
-        values = [int(v) for v in operands]
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"operands must be non-negative ints, 'LO-HI' or '1,5,9', got {operands!r}") from error
+            values = list(range(int(span.group(1)), int(span.group(2)) + 1))
+        elif re.fullmatch(r"\d+(,\d+)*", text):
+            values = [int(v) for v in text.split(",")]
+        else:
+            raise ConfigError(
+                f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
+    else:
+        try:
+            values = [int(v) for v in operands]
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"operands must be non-negative ints, 'LO-HI' or '1,5,9', got {operands!r}") from error
     if not values or min(values) < 0:
         raise ConfigError(f"operands must be a non-empty list of non-negative ints, got {operands!r}")
+    if max(values) > INT64_MAX:  # operands are int64 tensors: a refusal here, not torch's overflow traceback
+        raise ConfigError(f"operands must be at most 2**63 - 1 ({INT64_MAX:,}), what int64 holds; "
+                          f"got {max(values):,}")
     return values
 
 
