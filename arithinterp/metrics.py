@@ -246,11 +246,15 @@ def metric_fn(metric: Union[str, Callable]) -> Callable[[torch.Tensor, MetricCon
             flat = logits.reshape(-1, *logits.shape[-2:])
             out = []
             for chunk in flat:
-                value = torch.as_tensor(metric(chunk, ctx.pairs))
-                if value.shape != (chunk.shape[0],):
+                returned = metric(chunk, ctx.pairs)
+                try:
+                    value = torch.as_tensor(returned)
+                except (TypeError, ValueError, RuntimeError):
+                    value = None
+                if value is None or value.shape != (chunk.shape[0],) or value.is_complex():
+                    got = f"shape {tuple(value.shape)}, {value.dtype}" if value is not None else type(returned).__name__
                     raise AnalysisError(
-                        f"a metric callable must return one value per pair, shape [{chunk.shape[0]}]; "
-                        f"got shape {tuple(value.shape)}"
+                        f"a metric callable must return one number per pair, shape [{chunk.shape[0]}]; got {got}"
                     )
                 out.append(value.float())
             return torch.stack(out).reshape(logits.shape[:-1])

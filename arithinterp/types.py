@@ -150,6 +150,12 @@ def _finite(value: float) -> float:
 Integer = Annotated[int, BeforeValidator(_as_int), Accepts("an int")]
 #: An int >= 1.
 PositiveInt = Annotated[int, BeforeValidator(_as_int), Field(gt=0), Accepts("a positive int (1, 2, ...)")]
+#: The most interpolation steps an integrated-gradient method takes: each is a forward and a backward
+#: pass over every pair, and attributions settle within 5–100 steps.
+MAX_IG_STEPS = 1000
+#: Interpolation steps of an integrated-gradient method: 1 to :data:`MAX_IG_STEPS`.
+IntegrationSteps = Annotated[int, BeforeValidator(_as_int), Field(gt=0, le=MAX_IG_STEPS),
+                             Accepts(f"an int from 1 to {MAX_IG_STEPS} (5–100 is usual)")]
 #: An int >= 0.
 NonNegativeInt = Annotated[int, BeforeValidator(_as_int), Field(ge=0), Accepts("a non-negative int (0, 1, ...)")]
 #: A real number, NaN and infinities included (a plain ``float`` annotation means a finite one).

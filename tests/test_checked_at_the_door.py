@@ -345,6 +345,18 @@ def test_a_period_that_is_constant_on_whole_numbers_is_refused(period):
         helix.basis(torch.arange(10.0), periods=[10, period])
 
 
+@pytest.mark.parametrize("analysis", ["circuits.score_edges", "circuits.attribute_edges", "circuits.digit_circuits",
+                                      "patching.attribute"])
+def test_integration_steps_past_the_maximum_are_refused_before_work(tiny_model, analysis):
+    """ig_steps=10**9 ran a forward and backward pass per step for hours without a word."""
+    import importlib
+
+    module, name = analysis.split(".")
+    fn = getattr(importlib.import_module(f"arithinterp.{module}"), name)
+    with pytest.raises(ConfigError, match=r"ig_steps=1000000000 is not accepted.*an int from 1 to 1000"):
+        fn(tiny_model, None, ig_steps=10**9)
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda m, parts: __import__("arithinterp.features", fromlist=["x"]).train_transcoders(
         m, parts[0], n_features=8, k=2, steps=2, lr=1e300, progress=False), r"lr=1e\+300 is not accepted"),

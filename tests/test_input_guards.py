@@ -580,15 +580,32 @@ def test_a_huge_operand_range_is_refused_before_it_fills_memory(tiny_model):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(layers=[0, 0]), "names a layer more than once"),
     (dict(site="attn_z", heads=[1, -3]), "names one head more than once"),
+    (dict(positions=["a", "a"]), "positions names 'a' more than once"),
 ])
 def test_a_layer_or_head_named_twice_is_refused(tiny_model, kwargs, match):
-    """A repeated layer or head was patched twice and reported as two rows."""
+    """A repeated layer, head or position was patched twice and reported as two rows or columns."""
     from arithinterp.patching import activation_patching
 
     pairs = arithmetic(tiny_model, "+", range(10, 16), range(20, 26)).counterfactual("a")[:4]
     kwargs = {"site": "resid_pre", **kwargs}
     with pytest.raises(SiteError, match=match):
         activation_patching(tiny_model, pairs, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("returned, got", [
+    (lambda logits: "high", "got str"),
+    (lambda logits: logits[:, :2], r"got shape \(4, 2\)"),
+    (lambda logits: logits[:, 0].to(torch.complex64), r"got shape \(4,\), torch.complex64"),
+])
+def test_a_metric_that_does_not_return_one_number_per_pair_is_refused(tiny_model, returned, got):
+    """A metric callable returning a string gave a raw TypeError from deep in the scoring."""
+    from arithinterp.errors import AnalysisError
+    from arithinterp.patching import activation_patching
+
+    pairs = arithmetic(tiny_model, "+", range(10, 16), range(20, 26)).counterfactual("a")[:4]
+    with pytest.raises(AnalysisError, match=f"a metric callable must return one number per pair, shape \\[4\\]; {got}"):
+        activation_patching(tiny_model, pairs, "resid_pre", layers=[0], metric=lambda logits, _: returned(logits),
+                            progress=False)
 
 
 def test_a_component_named_twice_is_refused(tiny_model):
@@ -608,3 +625,4 @@ def test_more_interchange_pairs_than_the_prompts_make_is_refused(tiny_model):
     prompts = arithmetic(tiny_model, "+", range(10, 16), range(20, 26))
     with pytest.raises(ConfigError, match=r"n=99,999,999,999,999,999,999 is more pairs than the 36 prompts make"):
         interchange_dataset(prompts, "sum_mod_10", n=99999999999999999999, seed=0)
+

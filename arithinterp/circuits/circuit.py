@@ -23,7 +23,7 @@ from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import ArithInterpError, ResultFileError
 from arithinterp.metrics import metric_name
 from arithinterp.results import DISTINCT, JSON_FILE, TENSOR_FILE, Result, build_meta
-from arithinterp.types import ByteSize, NonNegativeFiniteFloat, NonNegativeInt, PositiveInt, checked
+from arithinterp.types import ByteSize, IntegrationSteps, NonNegativeFiniteFloat, NonNegativeInt, checked
 
 if TYPE_CHECKING:
 
@@ -138,7 +138,7 @@ def score_edges(
     method: str = "eap-ig",
     *,
     positions: Optional[Sequence] = None,
-    ig_steps: PositiveInt = 5,
+    ig_steps: IntegrationSteps = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     batch_size: Optional[int] = None, max_memory: Optional[ByteSize] = None,  # None: sized from the memory budget
@@ -197,7 +197,6 @@ def score_edges(
     graph = EdgeGraph.of(model, positions)
     extra: dict = {}
     if method == AUTO:
-        ig_steps = integer("ig_steps", ig_steps, minimum=1)
         costs = edge_costs(model, pairs, graph, ig_steps, engine)
         method = choose_method(costs)
         extra.update(method_requested=AUTO, cost_ratio=round(costs.ratio, 3), auto_ratio=AUTO_RATIO)

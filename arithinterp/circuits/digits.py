@@ -25,7 +25,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.metrics import metric_name
 from arithinterp.patching import DIGIT_FEEDS, digit_pairs
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
-from arithinterp.types import IndexList, PositiveInt, checked
+from arithinterp.types import IndexList, IntegrationSteps, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -158,7 +158,7 @@ def digit_circuits(
     answer_tokens: Optional[IndexList] = None,
     feed: str = "own",
     positions: Optional[Sequence] = None,
-    ig_steps: PositiveInt = 5,
+    ig_steps: IntegrationSteps = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     batch_size: PositiveInt = 64,

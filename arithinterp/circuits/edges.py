@@ -49,7 +49,7 @@ from arithinterp.engine.steppers import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import ByteSize, checked
+from arithinterp.types import ByteSize, IntegrationSteps, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -345,7 +345,7 @@ def attribute_edges(
     graph: Optional[EdgeGraph] = None,
     method: str = "eap-ig",
     *,
-    ig_steps: int = 5,
+    ig_steps: IntegrationSteps = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
     batch_size: Optional[int] = None,
@@ -409,8 +409,6 @@ def attribute_edges(
     graph = graph or EdgeGraph.of(model)
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method in ("eap-ig", "eap-ig-activations"):
-        ig_steps = integer("ig_steps", ig_steps, minimum=1)
     batch_size = _check_count("batch_size", batch_size)
     if not isinstance(neuron_receivers, bool):
         raise AnalysisError(f"neuron_receivers must be True or False, got {neuron_receivers!r}")

@@ -36,7 +36,7 @@ from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import CORRELATION, Result, build_meta
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
+from arithinterp.types import ByteSize, HookedModel, IntegrationSteps, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -80,7 +80,7 @@ def attribute(
     site: str = "resid_pre",
     *,
     method: str = "attribution",
-    ig_steps: PositiveInt = 10,
+    ig_steps: IntegrationSteps = 10,
     metric: Union[str, Callable] = "logit_diff",
     layers: Optional[Sequence[int]] = None,
     positions=None,
@@ -153,7 +153,7 @@ def attribute_sites(
     sites: Sequence[str] = ("resid_pre",),
     *,
     method: str = "attribution",
-    ig_steps: PositiveInt = 10,
+    ig_steps: IntegrationSteps = 10,
     metric: Union[str, Callable] = "logit_diff",
     layers: Optional[Sequence[int]] = None,
     positions=None,
@@ -224,8 +224,6 @@ def _attribute(model: HookedModel, pairs: PromptPairs, site_list: list[str], met
             raise SiteError(f"site {site!r} cannot be attributed; accepted: {accepted(ATTRIBUTE_SITES)}")
     check_choice("method", method, ATTRIBUTION_METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if method == "integrated-gradients":
-        ig_steps = integer("ig_steps", ig_steps, minimum=1)
     if batch_size is not None:
         batch_size = integer("batch_size", batch_size, minimum=1, hint=" or None (sized from max_memory)")
     budget = memory_budget(model, max_memory)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
 import torch
 
 from arithinterp.checks import check_belongs
-from arithinterp.errors import TaskError, accepted
+from arithinterp.errors import SiteError, TaskError, accepted
 from arithinterp.tasks.counterfactuals import draw_partners, keep_aligned
 from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.evaluation import Evaluation, answer_logprob, as_index, evaluate
@@ -458,12 +458,16 @@ def resolve_positions(pairs: PromptPairs, positions: Any) -> tuple[list[str], to
         ``(labels, index)``: a label per position and ``index`` long ``[n_pos, N]``.
 
     Raises:
-        SiteError: a position cannot be read or falls outside a prompt.
+        SiteError: a position cannot be read, falls outside a prompt, or is named twice (one
+            column per position).
     """
     clean = pairs.clean
     if positions is None:
         positions = "all" if clean.uniform_length else [name for name in clean.positions if "[" not in name]
     labels, index = clean.locate(positions)
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise SiteError(f"positions names {repeated[0]!r} more than once ({labels}); give each position once")
     return labels, index.T.contiguous()
 
 
