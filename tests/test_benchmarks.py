@@ -77,14 +77,14 @@ def test_null_calibration_benchmark_smoke():
 
 
 def test_detector_benchmark_smoke():
-    out = run("detector.py", "--fit", "600", "--test", "300", "--seeds", "11", "--no-repair")
-    assert "| 11 | 300 (" in out and "mean ± sd" in out and "baseline warnings" in out
+    out = run("detector.py", "--fit", "400", "--test", "200", "--seeds", "11", "--no-repair")
+    assert "| 11 | 200 (" in out and "mean ± sd" in out and "baseline warnings" in out
 
 
 @pytest.mark.slow
 def test_detector_slices_benchmark_smoke():
     """The report's construction on disjoint slices: earlier and current defaults side by side."""
-    out = run("detector.py", "--slices", "1", "--size", "600")
+    out = run("detector.py", "--slices", "1", "--size", "400")
     rows = [line for line in out.splitlines() if line.startswith("| 0 |")]
     assert len(rows) == 2 and sum("| earlier |" in row for row in rows) == 1
     assert "- current: balanced accuracy mean" in out

@@ -6,6 +6,7 @@ Operands and answers are stored as int64, so both must lie within ±(2**63 − 1
 
 from __future__ import annotations
 
+import collections.abc
 import itertools
 import operator
 from typing import Callable, Iterable, Optional, Union
@@ -81,11 +82,17 @@ def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
         raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}")
     if isinstance(values, int):
         values = [values]
-    try:  # read at most one past the limit: a huge range or endless generator is refused, not listed
-        items = list(itertools.islice(values, MAX_PROMPTS + 1))
-    except TypeError as error:
-        raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}") from error
-    if len(items) > MAX_PROMPTS:
+    # a sized collection is measured, anything else read at most one past the limit: a huge range or an
+    # endless generator is refused, not listed
+    items: list = []
+    too_many = isinstance(values, collections.abc.Sized) and len(values) > MAX_PROMPTS
+    if not too_many:
+        try:
+            items = list(itertools.islice(values, MAX_PROMPTS + 1))
+        except TypeError as error:
+            raise TaskError(f"{name} must be an int or an iterable of ints, got {values!r}") from error
+        too_many = len(items) > MAX_PROMPTS
+    if too_many:
         raise TaskError(f"{name} holds more than {MAX_PROMPTS:,} values; give at most {MAX_PROMPTS:,} (a prompt set "
                         "holds one prompt per value)")
     out = []
