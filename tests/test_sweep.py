@@ -453,7 +453,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"half a table")
 
-    process = _sweep_process(config_path, out, "--executor", "processes", "--workers", "2")
+    process = _sweep_process(config_path, out, "--executor", "processes", "--workers", "1")  # one process: a pool
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr
     summary = json.loads(stdout)
