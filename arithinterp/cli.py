@@ -340,11 +340,12 @@ def helix_command(args: argparse.Namespace) -> dict:
     acts = collect(model, prompts, sites="resid_pre", layers=[args.layer], positions=args.position, progress=False)
     fit = helix.fit(acts, args.position, periods=periods, kind=args.kind, site="resid_pre", layer=args.layer,
                     positions=args.position)
-    pairs = prompts.counterfactual(vary=args.position, seed=args.seed)
+    # the test scores the corrupt answer's first token: pairs whose answers share it would score 0
+    pairs = prompts.counterfactual(vary=args.position, seed=args.seed, distinct_first_token=True)
     result = helix.patch_test(model, pairs, fit, layer=args.layer, positions=args.position)
     fractions = [round(f, 4) for f in result.fraction.tolist()]
-    return _finish(result, args, dict(r2_held_out=round(float(fit.r2_full), 4),
-                                      fraction_of_layer_patch=dict(zip(result.methods, fractions))))
+    summary = dict(r2_held_out=round(float(fit.r2_full), 4), fraction_of_layer_patch=dict(zip(result.methods, fractions)))
+    return _finish(result, args, dict(summary, note=result.note) if result.note else summary)
 
 
 @command("neurons", outputs=_ANALYSIS_OUTPUTS)

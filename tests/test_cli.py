@@ -39,6 +39,10 @@ def test_no_command_prints_help(capsys):
         (["probe", "--target", "a_digit_0", "--positions", "a", "--cv", "3"], lambda s: s["best"]["score"] > 0.8),
         (["fourier"], lambda s: 0 <= s["key_fraction"] <= 1),
         (["helix"], lambda s: abs(s["fraction_of_layer_patch"]["layer patch"] - 1) < 1e-6),
+        # multi-token answers: pairs differ in the scored first answer token, and a fraction that cannot be
+        # taken (the layer patch's effect is not distinguishable from 0) is missing with the reason, not a bare NaN
+        (["helix", "zoo:add-3digit"], lambda s: s["fraction_of_layer_patch"]["helix"] is None
+         and "not distinguishable from zero" in s["note"]),
         (["neurons", "--top-k", "10"], lambda s: s["neurons"] == 20),
         (["ablate", "--components", "mlp0"], lambda s: s["accuracy_before"] == 1.0 and s["accuracy_after"] < 0.5),
         (["ablate", "zoo:add-3digit", "--components", "L0H0@answer3", "--full-answer"],

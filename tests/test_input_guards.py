@@ -626,3 +626,22 @@ def test_more_interchange_pairs_than_the_prompts_make_is_refused(tiny_model):
     with pytest.raises(ConfigError, match=r"n=99,999,999,999,999,999,999 is more pairs than the 36 prompts make"):
         interchange_dataset(prompts, "sum_mod_10", n=99999999999999999999, seed=0)
 
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t: t.compute("/", 1, 2), "unknown operator '/'"),
+    (lambda t: t.compute("+", "1", "2"), "operands must be integers"),  # was the string '12'
+    (lambda t: t.compute("+", 1.5, 2), "operands must be integers"),  # was 3.5
+    (lambda t: t.compute("mod", 7, 0), "undefined: a division or remainder by zero"),
+    (lambda t: t.answer_text(5, -1), "answer_digits must be 0"),
+    (lambda t: t.answer_text(9, 0, ["zero", "one"]), "the answer 9 has no name"),
+    (lambda t: t.few_shot_prefix(2, "^", "{a}+{b}=", [1], [2], None, 0), r"unknown operator '\^'"),
+    (lambda t: t.few_shot_prefix(2, "+", "{a}+{b}=", [], [2], None, 0), "need a value of a and a value of b"),
+    (lambda t: t.few_shot_prefix(2, "//", "{a}{op}{b}=", [1], [0], None, 0), "need a value of a and a value of b"),
+])
+def test_the_task_building_blocks_refuse_what_they_cannot_compute(call, match):
+    """The exported helpers gave raw KeyError / IndexError / ValueError, a string sum, or looped for ever."""
+    from arithinterp import tasks
+
+    with pytest.raises(TaskError, match=match):
+        call(tasks)

@@ -514,6 +514,14 @@ def test_accuracy_reads_the_whole_sample_of_a_correct_only_task(model_dir, tmp_p
     assert row["accuracy"] < 1  # a random model: not 1 by construction
 
 
+@pytest.mark.parametrize("override", [dict(address="ray://head:10001"), dict(num_gpus=1)])
+def test_a_ray_request_with_another_executor_is_refused_not_ignored(model_dir, tmp_path, override):
+    """--address ray://... on the local executor ran locally without a word."""
+    with pytest.raises(ConfigError, match=f"{next(iter(override))}=.* is a request to Ray, but the executor is 'local'"):
+        S.load_config(config(model_dir, tmp_path / "out"), **override)
+    assert S.load_config(config(model_dir, tmp_path / "out", executor="ray"), **override).executor == "ray"
+
+
 def test_huge_workers_and_num_cpus_start_only_what_the_jobs_use(model_dir, tmp_path):
     """--workers 99999999999999999999 overflowed a C int; --num-cpus 1e300 overflowed torch's thread count."""
     run = S.run_sweep(config(model_dir, tmp_path / "out"), executor="processes", workers=10**20, num_cpus=1e300,

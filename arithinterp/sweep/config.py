@@ -162,6 +162,10 @@ def load_config(config: Union[str, Path, Mapping, SweepConfig], **overrides: Any
             override_keys = ("out", "executor", "workers", "device", "num_cpus", "num_gpus", "address")
             raise ConfigError(f"unknown override {key!r}; accepted: {accepted(override_keys)}")
     data["resources"], data["ray"] = resources, ray
+    for key in ("address", "num_gpus"):  # asked for on this run, they would be ignored by any other executor
+        if overrides.get(key) is not None and data.get("executor", "local") != "ray":
+            raise ConfigError(f"{key}={overrides[key]!r} is a request to Ray, but the executor is "
+                              f"{data.get('executor', 'local')!r}; pass executor 'ray' (--executor ray) or drop {key}")
     return _validate(data, base)
 
 

@@ -40,10 +40,20 @@ def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
         The answer as a Python int.
 
     Raises:
-        KeyError: ``op`` is not an operator.
-        ZeroDivisionError: ``b == 0`` for ``"//"`` or ``"mod"``.
+        TaskError: ``op`` is not an operator, an operand is not an integer, or ``b == 0`` for
+            ``"//"`` or ``"mod"``.
     """
-    value = OPERATORS[op](a, b)
+    # checked by hand rather than declared: this runs once per prompt, and these checks cost nanoseconds
+    function = OPERATORS.get(op) if isinstance(op, str) else None
+    if function is None:
+        raise TaskError(f"unknown operator {op!r}; accepted: {', '.join(map(repr, OPERATORS))}")
+    try:
+        a, b = operator.index(a), operator.index(b)  # ints and integer numpy / torch scalars, never "1" or 1.5
+    except TypeError as error:
+        raise TaskError(f"operands must be integers, got a={a!r} and b={b!r}") from error
+    if not defined(op, b):
+        raise TaskError(f"{a} {op} {b} is undefined: a division or remainder by zero")
+    value = function(a, b)
     return value % modulus if modulus else value
 
 

@@ -120,9 +120,16 @@ def answer_text(value: int, answer_digits: int = 0, names: Optional[Sequence[str
 
     Returns:
         The answer's text.
+
+    Raises:
+        TaskError: ``answer_digits`` is negative, or ``value`` has no name in ``names``.
     """
     if names:
+        if not 0 <= value < len(names):
+            raise TaskError(f"the answer {value} has no name: names holds {len(names)} (answers 0 to {len(names) - 1})")
         return names[value]
+    if answer_digits < 0:
+        raise TaskError(f"answer_digits must be 0 (plain) or a positive number of digits, got {answer_digits}")
     return f"{value:0{answer_digits}d}" if answer_digits else str(value)
 
 
@@ -147,7 +154,8 @@ def few_shot_prefix(
         The prefix (``""`` for no examples).
 
     Raises:
-        TaskError: ``few_shot`` is neither a string nor an int in 0..:data:`MAX_FEW_SHOT`.
+        TaskError: ``few_shot`` is neither a string nor an int in 0..:data:`MAX_FEW_SHOT`, ``op``
+            is not an operator, or there are no operands to draw examples from.
     """
     if isinstance(few_shot, str):
         return few_shot
@@ -155,6 +163,11 @@ def few_shot_prefix(
                        hint=" (number of examples) or a prefix string")
     if few_shot > MAX_FEW_SHOT:  # refused before building prompts longer than any model's context
         raise TaskError(f"few_shot must be at most {MAX_FEW_SHOT} examples, got {few_shot:,}")
+    if op not in OPERATORS:
+        raise TaskError(f"unknown operator {op!r}; accepted: {', '.join(map(repr, OPERATORS))}")
+    if few_shot and not (a_vals and any(defined(op, b) for b in b_vals)):  # stops at the first usable b
+        raise TaskError(f"few-shot examples need a value of a and a value of b that {op!r} is defined for; got "
+                        f"{len(a_vals)} values of a and b = {list(b_vals)[:5]}")
     rng = random.Random(seed + 7919)
     lines = []
     for _ in range(few_shot):
