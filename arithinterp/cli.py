@@ -344,7 +344,8 @@ def helix_command(args: argparse.Namespace) -> dict:
     pairs = prompts.counterfactual(vary=args.position, seed=args.seed, distinct_first_token=True)
     result = helix.patch_test(model, pairs, fit, layer=args.layer, positions=args.position)
     fractions = [round(f, 4) for f in result.fraction.tolist()]
-    summary = dict(r2_held_out=round(float(fit.r2_full), 4), fraction_of_layer_patch=dict(zip(result.methods, fractions)))
+    summary = dict(r2_held_out=round(float(fit.r2_full), 4),
+                   fraction_of_layer_patch=dict(zip(result.methods, fractions)))
     return _finish(result, args, dict(summary, note=result.note) if result.note else summary)
 
 
