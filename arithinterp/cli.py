@@ -474,7 +474,7 @@ def train_command(args: argparse.Namespace) -> dict:
     return card
 
 
-@command("train-transcoders", outputs=dict(out="dir"))
+@command("train-transcoders", outputs=dict(out="new-dir"))
 def train_transcoders_command(args: argparse.Namespace) -> dict:
     """Train a zoo model's transcoders with their seeded recipe and write them with a card.
 

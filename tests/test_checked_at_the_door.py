@@ -283,6 +283,21 @@ def test_shipped_transcoders_are_not_replaced_without_overwrite(tmp_path, monkey
         train_shipped("zoo:add-100", out=occupied, steps=1, progress=False)
 
 
+def test_interrupted_transcoder_training_leaves_no_out_folder(tmp_path, monkeypatch, capsys):
+    """Ctrl-C left an empty --out folder that the next run refused without --overwrite."""
+    from arithinterp.cli import main
+    from arithinterp.features import training
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train_transcoders", interrupt)
+    out = tmp_path / "transcoders"
+    assert main(["train-transcoders", "zoo:add-100", "--steps", "1", "--out", str(out), "--no-progress"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_commands_check_their_outputs_and_numbers_before_work(tmp_path, capsys):
     from arithinterp.cli import main
 

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_free_dir
+from arithinterp.outputs import check_new_dir
 from arithinterp.types import PathLike, checked
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -94,7 +94,7 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
 
     name = _name(spec)
     recipe = RECIPES[name]
-    target = check_free_dir(Path(out) if out else Path("transcoders") / name, "out", overwrite)  # before training
+    target = check_new_dir(Path(out) if out else Path("transcoders") / name, "out", overwrite)  # before training
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(f"zoo:{name}")
