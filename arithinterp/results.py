@@ -466,6 +466,9 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
         if not isinstance(meta, dict) or key not in meta:
             raise ResultFileError(f"{path / JSON_FILE}: field 'meta' has no {key!r}, which a {cls.__name__} "
                                   "needs; the file is damaged")
+    if isinstance(meta, dict) and "model" in meta and "fingerprint" not in meta:  # build_meta writes both or neither
+        raise ResultFileError(f"{path / JSON_FILE}: meta names the model {meta['model']!r} it was made on but not "
+                              "that model's weight fingerprint; the file is damaged")
     saved = meta.get("fingerprint", "0" * 16) if isinstance(meta, dict) else "0" * 16
     if not (isinstance(saved, str) and re.fullmatch(r"[0-9a-f]{16}", saved)):  # None would skip the model check
         raise ResultFileError(f"{path / JSON_FILE}: meta 'fingerprint' holds {saved!r}, not the 16 hex digits of the "

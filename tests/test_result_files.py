@@ -197,6 +197,15 @@ def test_a_damaged_fingerprint_is_refused_not_read_as_none_recorded(saved, finge
         Circuit.load(saved)
 
 
+def test_a_deleted_fingerprint_is_refused_where_the_model_is_named(saved):
+    """Deleting the fingerprint of a part made on a named model skipped the model check as well."""
+    from arithinterp.circuits import Circuit
+
+    _edit_json(saved, lambda stored: stored["fields"]["meta"].pop("fingerprint"))
+    with pytest.raises(ResultFileError, match=r"names the model .* but not that model's weight fingerprint"):
+        Circuit.load(saved)
+
+
 def test_transcoder_weights_saved_as_integers_are_refused(tiny_model, tmp_path):
     """Integer weights loaded silently and gave wrong features (or a raw dtype error in the forward)."""
     from safetensors.torch import load_file, save_file
