@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from arithinterp.checks import integer
 from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import fourier_basis
 
@@ -87,9 +86,9 @@ def check_null(n_shuffles: int, alpha: float) -> None:
         alpha: The test's level.
 
     Raises:
-        ConfigError: ``n_shuffles`` is negative, or ``alpha`` is outside ``[1 / (n_shuffles + 1), 1)``.
+        ConfigError: ``alpha`` is outside ``[1 / (n_shuffles + 1), 1)`` (``n_shuffles`` is a
+            declared :data:`~arithinterp.types.NonNegativeInt` of the public functions that call this).
     """
-    integer("n_shuffles", n_shuffles, minimum=0, hint=" (0: no shuffled-values control)")
     if n_shuffles and not (1 / (n_shuffles + 1) <= alpha < 1):
         raise ConfigError(
             f"alpha must be in [1 / (n_shuffles + 1), 1) = [{1 / (n_shuffles + 1):.3g}, 1) so a frequency can pass "

@@ -24,7 +24,7 @@ from arithinterp.fourier.number_axes import (
 )
 from arithinterp.fourier.spectrum_result import SpectrumResult, spectrum_result
 from arithinterp.results import build_meta
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import HookedModel, NonNegativeInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -40,8 +40,8 @@ def _rule_kw(rule: str, factor: float, fraction: float) -> dict:
 
 @checked
 def embedding_spectrum(model: HookedModel, numbers: Union[int, range] = 100, *, rule: str = "median",
-                       factor: float = 10.0, fraction: float = 0.9, n_shuffles: int = 100, alpha: float = 0.05,
-                       seed: int = 0) -> SpectrumResult:
+                       factor: float = 10.0, fraction: float = 0.9, n_shuffles: NonNegativeInt = 100,
+                       alpha: float = 0.05, seed: int = 0) -> SpectrumResult:
     """Spectrum of the number-token embeddings ``W_E[token(x)]`` for x in ``numbers``.
 
     [n, d_model] rows → power per frequency (Zhou et al. 2024 §2; Nanda et al. 2023 §3). Key
@@ -88,7 +88,7 @@ def activation_spectrum(
     rule: str = "median",
     factor: float = 10.0,
     fraction: float = 0.9,
-    n_shuffles: int = 100,
+    n_shuffles: NonNegativeInt = 100,
     alpha: float = 0.05,
     seed: int = 0,
 ) -> SpectrumResult:
@@ -174,7 +174,7 @@ def logit_lens_spectrum(
     factor: float = 10.0,
     fraction: float = 0.9,
     progress: bool = True,
-    n_shuffles: int = 100,
+    n_shuffles: NonNegativeInt = 100,
     alpha: float = 0.05,
     seed: int = 0,
 ) -> SpectrumResult:
@@ -245,7 +245,7 @@ def neuron_spectrum(
     factor: float = 10.0,
     fraction: float = 0.9,
     progress: bool = True,
-    n_shuffles: int = 20,
+    n_shuffles: NonNegativeInt = 20,
     alpha: float = 0.05,
     seed: int = 0,
 ) -> SpectrumResult:
