@@ -197,6 +197,8 @@ PathLike = Annotated[Union[str, os.PathLike], AfterValidator(_named), Accepts("a
                                                                                "pathlib.Path)")]
 #: A random seed: an int.
 Seed = Annotated[int, BeforeValidator(_as_int), Accepts("an int seed")]
+#: A modulus answers are reduced by: an int >= 2 (mod 1 makes every answer 0).
+Modulus = Annotated[int, BeforeValidator(_as_int), Field(ge=2), Accepts("an int >= 2 (a modulus)")]
 #: A list of ints (a ``range``, an integer array or tensor also); never a string.
 IntList = Annotated[collections.abc.Sequence[Integer], BeforeValidator(_as_list),
                     Accepts("a list of ints (or a range)")]
@@ -430,6 +432,6 @@ def checked(fn: _F) -> _F:
 __all__ = [
     "HookedModel", "Logits", "Tokens", "Accepts", "checked", "Integer", "PositiveInt", "NonNegativeInt", "AnyFloat",
     "FiniteFloat", "PositiveFiniteFloat", "NonNegativeFiniteFloat", "FLOAT32_MAX", "Float32", "PositiveFloat32",
-    "Probability", "PositiveProbability", "OpenUnitFloat", "ByteSize", "byte_size", "PathLike", "Seed", "IntList",
-    "IndexList", "Name",
+    "Probability", "PositiveProbability", "OpenUnitFloat", "ByteSize", "byte_size", "PathLike", "Seed", "Modulus",
+    "IntList", "IndexList", "Name",
 ]

@@ -8,7 +8,7 @@ from hf_families import FAMILIES, save_family
 from arithinterp import fourier, helix, load_model, neurons, patching, probes
 from arithinterp.activations import collect
 from arithinterp.engine import decode
-from arithinterp.errors import ModelSpecError, SiteError
+from arithinterp.errors import ConfigError, ModelSpecError, SiteError
 from arithinterp.tasks import arithmetic, prompts_for_pairs
 
 REGIMES = ("number", "digit", "bpe")
@@ -204,7 +204,7 @@ def test_batch_size_follows_the_memory_budget(llama_model):
     big = decode.batch_size_for(model, 40, n_new=3, budget_bytes=2**26)
     assert 1 <= small < big
     assert decode.batch_size_for(model, 200, n_new=3, budget_bytes=2**26) < big  # longer prompts, fewer at once
-    with pytest.raises(Exception, match="batch_size"):
+    with pytest.raises(ConfigError, match=r"PromptSet\.evaluate: batch_size=0 is not accepted .*a positive int"):
         arithmetic(model, a=[1], b=[2]).evaluate(model, batch_size=0)
 
 

@@ -119,7 +119,8 @@ def test_evaluate_and_correct_only(tiny_model):
         (dict(a=[]), "a is empty"),
         (dict(a=[500]), "does not know"),
         (dict(scoring="sum"), "unknown scoring"),
-        (dict(modulus=1), "modulus"),
+        (dict(modulus=1), r"prompts_for_pairs: modulus=1 is not accepted .*modulus accepts an int >= 2 .* or None"),
+        (dict(answer_digits=-1), r"answer_digits=-1 is not accepted .*answer_digits accepts a non-negative int"),
     ],
 )
 def test_bad_input_is_rejected(tiny_model, kwargs, match):

@@ -20,7 +20,7 @@ from arithinterp.fourier.number_axes import number_axis, number_tokens
 from arithinterp.fourier.spectra import COMPONENT_SITES
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
-from arithinterp.types import IntList, HookedModel, checked
+from arithinterp.types import IntList, HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -166,7 +166,7 @@ def frequency_filter(
     numbers: Union[int, range, None] = None,
     split_period: float = 10.0,
     positions: str = "final",
-    batch_size: int = 512,
+    batch_size: PositiveInt = 512,
     seed: int = 0,
 ) -> FilterResult:
     """Remove a frequency band from component outputs during the forward pass and measure accuracy

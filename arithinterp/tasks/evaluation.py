@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs
 from arithinterp.errors import PromptIndexError, TaskError
 
 if TYPE_CHECKING:
@@ -112,9 +112,6 @@ def _batches(
     ``plain``: for the plain forward, whose logits cover every position)."""
     from arithinterp.engine.decode import batch_size_for, decode_mode
 
-    if batch_size is not None:
-        batch_size = integer("batch_size", batch_size, minimum=1, error=TaskError,
-                             hint=" or None (chosen from memory)")
     batches = []
     for group in prompts.length_groups():
         if not plain:
@@ -142,7 +139,7 @@ def evaluate(prompts: PromptSet, model: HookedModel, batch_size: Optional[int] =
         The model's answers and whether each is correct.
 
     Raises:
-        TaskError: an intervention gives per-prompt positions, or ``batch_size`` is not positive.
+        TaskError: an intervention gives per-prompt positions.
         ModelMismatchError: the prompts were built for another model.
     """
     check_belongs(model, "PromptSet.evaluate", prompts=prompts)

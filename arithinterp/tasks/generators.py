@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from arithinterp.checks import integer
 from arithinterp.errors import TaskError, TokenizationError, accepted
 from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.operators import MAX_PROMPTS, OPERATORS, defined, operand_values
 from arithinterp.tasks.prompt_set import SCORING, PromptSet
 from arithinterp.tasks.templates import DEFAULT_TEMPLATE, check_names, check_template, few_shot_prefix
-from arithinterp.types import NonNegativeInt, checked
+from arithinterp.types import Modulus, NonNegativeInt, checked
 
 
 def _tokenizer_of(model_or_tokenizer: Any) -> Any:  # a Hugging Face tokenizer, duck-typed
@@ -64,6 +63,7 @@ def arithmetic(
         ``len(a) * len(b)`` prompts (fewer where pairs are skipped), ``a`` varying slowest.
 
     Raises:
+        ConfigError: a declared parameter is refused (see :func:`prompts_for_pairs`).
         TaskError: an argument is refused (see :func:`prompts_for_pairs`), or the grid holds more than
             :data:`~arithinterp.tasks.operators.MAX_PROMPTS` prompts.
         TokenizationError: the prompts do not tokenize as arithmetic prompts.
@@ -84,9 +84,9 @@ def prompts_for_pairs(
     b: Sequence[int],
     template: str = DEFAULT_TEMPLATE,
     *,
-    modulus: Optional[int] = None,
+    modulus: Optional[Modulus] = None,
     few_shot: Union[NonNegativeInt, str] = 0,
-    answer_digits: int = 0,
+    answer_digits: NonNegativeInt = 0,
     prepend_bos: Optional[bool] = None,
     scoring: str = "first-token",
     require_single_tokens: bool = False,
@@ -119,6 +119,8 @@ def prompts_for_pairs(
         ``mod`` are skipped and counted in ``meta["skipped"]``).
 
     Raises:
+        ConfigError: a declared parameter is refused: ``modulus`` below 2, a negative ``few_shot`` or
+            ``answer_digits``, a number that is not an int.
         TaskError: an unknown operator or scoring, a refused template, operand or name, ``a``
             and ``b`` of different lengths, no defined pair, or prompts longer than the model's context.
         TokenizationError: the prompts do not tokenize as arithmetic prompts, or an operand spans
@@ -129,9 +131,6 @@ def prompts_for_pairs(
     check_template(template, op)
     if scoring not in SCORING:
         raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
-    if modulus is not None:
-        modulus = integer("modulus", modulus, minimum=2, error=TaskError, hint=" or None")
-    answer_digits = integer("answer_digits", answer_digits, minimum=0, error=TaskError)
     tokenizer = _tokenizer_of(model_or_tokenizer)
     a_vals, b_vals = operand_values("a", a), operand_values("b", b)
     if len(a_vals) != len(b_vals):

@@ -275,7 +275,8 @@ class PromptSet:
 
     # --- running the model ---------------------------------------------------------------------
 
-    def evaluate(self, model: HookedModel, batch_size: Optional[int] = None, progress: bool = False,
+    @checked
+    def evaluate(self, model: HookedModel, batch_size: Optional[PositiveInt] = None, progress: bool = False,
                  writes: Sequence[Any] = ()) -> Evaluation:
         """Greedily generate each answer's tokens and compare with the true answer.
 
@@ -296,12 +297,14 @@ class PromptSet:
             The model's answers and whether each is correct.
 
         Raises:
-            TaskError: an intervention gives per-prompt positions, or ``batch_size`` is not positive.
+            TaskError: an intervention gives per-prompt positions.
+            ConfigError: ``batch_size`` is not a positive int or None.
             ModelMismatchError: the prompts were built for another model.
         """
         return evaluate(self, model, batch_size, progress, writes)
 
-    def answer_logprob(self, model: HookedModel, batch_size: Optional[int] = None) -> torch.Tensor:
+    @checked
+    def answer_logprob(self, model: HookedModel, batch_size: Optional[PositiveInt] = None) -> torch.Tensor:
         """Log-probability of each true answer, [N].
 
         With ``scoring="first-token"`` that of the answer's first token; with
@@ -317,6 +320,7 @@ class PromptSet:
             The log-probabilities, float [N].
 
         Raises:
+            ConfigError: ``batch_size`` is not a positive int or None.
             ModelMismatchError: the prompts were built for another model.
         """
         return answer_logprob(self, model, batch_size)
