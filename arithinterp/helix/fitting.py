@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import (
     DEFAULT_PERIODS,
@@ -31,7 +30,7 @@ from arithinterp.helix.design import (
     split_by_value,
 )
 from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta
-from arithinterp.types import checked
+from arithinterp.types import NonNegativeInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -346,7 +345,7 @@ def fit(
     degree: Optional[int] = None,
     names: Optional[Sequence[str]] = None,
     min_test_values: int = 5,
-    n_shuffles: int = 5,
+    n_shuffles: NonNegativeInt = 5,
 ) -> HelixFit:
     """Fit a helix (or baseline) basis of ``values`` to activations (Kantamneni & Tegmark 2025).
 
@@ -401,7 +400,6 @@ def fit(
         raise ConfigError(f"n_pca must be ≥ 1, got {n_pca}")
     if kind not in BASIS_KINDS:
         raise ConfigError(f"unknown basis kind {kind!r}; accepted: {accepted(BASIS_KINDS)}")
-    n_shuffles = integer("n_shuffles", n_shuffles, minimum=0)
     names = variable_names(names, x.shape[1])
     max_value = x.max(0).values.clamp_min(1.0).tolist()
     basis_kw: dict[str, Any] = dict(kind=kind, periods=check_periods(periods), max_value=max_value, degree=degree,

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import stacked_effects
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, pca_basis, basis
@@ -30,7 +29,7 @@ from arithinterp.helix.fitting import (
     shuffled_values,
 )
 from arithinterp.results import POSITIVE, Result, build_meta
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import HookedModel, NonNegativeInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -98,7 +97,7 @@ def search_periods(
     batch_size: int = 256,
     progress: bool = True,
     min_test_values: int = 5,
-    n_shuffles: int = 1,
+    n_shuffles: NonNegativeInt = 1,
 ) -> PeriodSearchResult:
     """The best subset of ``candidates`` of each size (default all sizes), as Kantamneni &
     Tegmark 2025 choose helix periods.
@@ -155,7 +154,6 @@ def search_periods(
     x, names = resolve_values(values, prompts)
     if x.shape[0] != acts.shape[0]:
         raise AnalysisError(f"values has {x.shape[0]} rows but there are {acts.shape[0]} activations")
-    n_shuffles = integer("n_shuffles", n_shuffles, minimum=0)
     subsets = [list(s) for size in sizes for s in itertools.combinations(candidates, size)]
     folds, validation = value_folds(x, holdout, seed, min_test_values)
     train = torch.ones(x.shape[0], dtype=torch.bool) if validation == LEAVE_ONE_OUT else folds[0]
