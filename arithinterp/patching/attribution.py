@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write
 from arithinterp.engine.patches import per_unit
@@ -36,7 +36,7 @@ from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.exact import activation_patching
 from arithinterp.results import CORRELATION, Result, build_meta
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import ByteSize, HookedModel, IntegrationSteps, checked
+from arithinterp.types import ByteSize, HookedModel, IntegrationSteps, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -89,7 +89,7 @@ def attribute(
     direction: str = "denoise",
     normalize: bool = False,
     per_position: bool = True,
-    batch_size: Optional[int] = None,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     seed: int = 0,
     progress: bool = True,
@@ -162,7 +162,7 @@ def attribute_sites(
     direction: str = "denoise",
     normalize: bool = False,
     per_position: bool = True,
-    batch_size: Optional[int] = None,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     seed: int = 0,
     progress: bool = True,
@@ -224,8 +224,6 @@ def _attribute(model: HookedModel, pairs: PromptPairs, site_list: list[str], met
             raise SiteError(f"site {site!r} cannot be attributed; accepted: {accepted(ATTRIBUTE_SITES)}")
     check_choice("method", method, ATTRIBUTION_METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    if batch_size is not None:
-        batch_size = integer("batch_size", batch_size, minimum=1, hint=" or None (sized from max_memory)")
     budget = memory_budget(model, max_memory)
     fn = metric_fn(metric)
     plans = {}

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp import sites as site_lib
 from arithinterp.engine import AblationRunner, Ablation, Read, RunningMean, stepper_for
@@ -29,7 +29,7 @@ from arithinterp.patching.components import parse_components
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATIONS
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import HookedModel, NonNegativeInt, checked
 
 from arithinterp.tasks import PromptPairs, PromptSet  # at run time: @checked enforces them
 
@@ -295,7 +295,7 @@ def _fed(prompts: PromptSet, fed: torch.Tensor, k: int) -> PromptSet:
 
 
 @checked
-def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> PromptPairs:
+def digit_pairs(pairs: PromptPairs, answer_token: NonNegativeInt, feed: str = "own") -> PromptPairs:
     """Pairs that score answer token ``answer_token`` (0 = the first emitted) at the position that
     emits it (Quirke & Barez 2024: each answer digit is computed one token before it is emitted).
 
@@ -328,8 +328,10 @@ def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> Pro
     check_choice("feed", feed, FEEDS)
     clean, corrupt = pairs.clean, pairs.corrupt
     width = max(clean.answer_tokens.shape[1], corrupt.answer_tokens.shape[1])
-    k = integer("answer_token", answer_token, minimum=0, maximum=width - 1,
-                hint=f" (these answers have at most {width} tokens)")
+    k = answer_token
+    if k >= width:  # the lower bound and the type are declared; the width is the data's
+        raise ConfigError(f"answer_token must be an integer in 0..{width - 1} (these answers have at most {width} "
+                          f"tokens), got {k}")
     short = (clean.n_answer_tokens <= k) | (corrupt.n_answer_tokens <= k)
     if short.any():
         i = int(torch.nonzero(short)[0])
@@ -348,7 +350,7 @@ def digit_pairs(pairs: PromptPairs, answer_token: int, feed: str = "own") -> Pro
 
 
 @checked
-def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 0) -> PromptPairs:
+def vary_digit(prompts: PromptSet, column: NonNegativeInt, operand: str = "a", seed: int = 0) -> PromptPairs:
     """Pairs whose corrupt prompt changes digit ``column`` (0 = units) of ``operand`` (``"a"``,
     ``"b"`` or ``"both"``) to another digit drawn at random and keeps every other digit: the
     counterfactual that asks which circuit carries one digit column (Quirke & Barez 2024: answer
@@ -379,7 +381,6 @@ def vary_digit(prompts: PromptSet, column: int, operand: str = "a", seed: int = 
     if prompts.op not in OPERATORS:
         raise TaskError(f"vary_digit() needs prompts of one operator; these are {prompts.op!r}: "
                         f"build one set per operator ({accepted(OPERATORS)})")
-    column = integer("column", column, minimum=0, hint=" (a digit index, 0 = units)")
     names = ["a", "b"] if operand == "both" else [operand]
     values = {name: getattr(prompts, name).tolist() for name in ("a", "b")}
     for name in names:

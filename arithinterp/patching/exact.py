@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
 from arithinterp.errors import SiteError, accepted
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
@@ -26,7 +26,7 @@ from arithinterp.patching.core import (
 from arithinterp.engine import PatchRunner, stepper_for
 from arithinterp.engine.patches import RUN, SOURCE
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import checked
+from arithinterp.types import PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -58,7 +58,7 @@ def activation_patching(
     direction: str = "denoise",
     normalize: bool = False,
     per_position: bool = True,
-    batch_cells: Optional[int] = None,
+    batch_cells: Optional[PositiveInt] = None,
     engine: str = "auto",
     scoring: Optional[str] = None,
     seed: int = 0,
@@ -132,8 +132,6 @@ def activation_patching(
         if positions is not None:
             raise SiteError("positions cannot be given with per_position=False (every position is patched at once)")
         pos_labels, pos_index = [], None
-    if batch_cells is not None:
-        batch_cells = integer("batch_cells", batch_cells, minimum=1, hint=" or None")
     cells = Cells(layer_list, len(pos_labels), units)
     table = cells.table()
     n = len(pairs)
