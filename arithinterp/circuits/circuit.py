@@ -14,16 +14,18 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.checks import check_belongs, check_choice, integer
+from arithinterp.checks import check_belongs, check_choice
 from arithinterp.circuits.edges import attribute_edges, patch_edges
 from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.circuits.planning import AUTO_RATIO, choose_method, edge_costs
 from arithinterp.engine.edges import Layout
 from arithinterp.engine.steppers import ENGINES
-from arithinterp.errors import ArithInterpError, ResultFileError
+from arithinterp.errors import ArithInterpError, ConfigError, ResultFileError
 from arithinterp.metrics import metric_name
 from arithinterp.results import DISTINCT, JSON_FILE, TENSOR_FILE, Result, build_meta
-from arithinterp.types import ByteSize, IntegrationSteps, NonNegativeFiniteFloat, NonNegativeInt, checked
+from arithinterp.types import (
+    ByteSize, IntegrationSteps, NonNegativeFiniteFloat, NonNegativeInt, PositiveInt, checked,
+)
 
 if TYPE_CHECKING:
 
@@ -141,7 +143,8 @@ def score_edges(
     ig_steps: IntegrationSteps = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
-    batch_size: Optional[int] = None, max_memory: Optional[ByteSize] = None,  # None: sized from the memory budget
+    batch_size: Optional[PositiveInt] = None,  # None: sized from the memory budget
+    max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = True,
 ) -> Circuit:
@@ -241,8 +244,12 @@ def top_n(circuit: Circuit, n: NonNegativeInt) -> Circuit:
 
     Returns:
         The circuit with those edges kept.
+
+    Raises:
+        ConfigError: ``n`` is not a non-negative int, or is more than ``circuit.n_edges``.
     """
-    n = integer("n", n, minimum=0, maximum=circuit.n_edges, hint=" (the number of edges)")
+    if n > circuit.n_edges:  # the type and the lower bound are declared; the edge count is the circuit's
+        raise ConfigError(f"n must be an integer in 0..{circuit.n_edges} (the number of edges), got {n}")
     kept = torch.zeros(circuit.n_edges, dtype=torch.bool)
     kept[order_by_score(circuit)[:n]] = True
     return circuit.with_kept(kept, f"top {n}")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from arithinterp.checks import check_belongs, check_choice, check_pairs, integer
+from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.circuits.ig_activations import activation_ig_batch
 from arithinterp.circuits.neurons import (
@@ -49,7 +49,7 @@ from arithinterp.engine.steppers import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.tasks import resolve_positions
-from arithinterp.types import ByteSize, IntegrationSteps, checked
+from arithinterp.types import ByteSize, IntegrationSteps, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -92,10 +92,6 @@ def _mean_senders(model, prompts, budget: int) -> torch.Tensor:
     return mean.value()
 
 
-def _check_count(name: str, value: Optional[int]) -> Optional[int]:
-    return None if value is None else integer(name, value, minimum=1, hint=" or None (sized from max_memory)")
-
-
 def _entries(graph: EdgeGraph, sets: torch.Tensor) -> EdgeEntries:
     """The edges of ``sets [C, n_edges]`` as a list (the engine's sparse form of edge sets)."""
     c, e = torch.nonzero(sets, as_tuple=True)
@@ -113,8 +109,8 @@ def run_edge_sets(
     *,
     base: str = "corrupt",
     values: str = "source",
-    batch_cells: Optional[int] = None,
-    batch_size: Optional[int] = None,
+    batch_cells: Optional[PositiveInt] = None,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = True,
@@ -166,7 +162,6 @@ def run_edge_sets(
     check_choice("base", base, ("corrupt", "clean"))
     check_choice("values", values, VALUES)
     check_choice("engine", engine, ENGINES)
-    batch_cells, batch_size = _check_count("batch_cells", batch_cells), _check_count("batch_size", batch_size)
     budget = memory_budget(model, max_memory)
     fn = metric_fn(metric)
     sets = torch.as_tensor(edge_sets).float()
@@ -277,8 +272,8 @@ def patch_edges(
     direction: str = "denoise",
     *,
     edges: Optional[Sequence] = None,
-    batch_cells: Optional[int] = None,
-    batch_size: Optional[int] = None,
+    batch_cells: Optional[PositiveInt] = None,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = True,
@@ -348,7 +343,7 @@ def attribute_edges(
     ig_steps: IntegrationSteps = 5,
     metric: Union[str, Callable] = "logit_diff",
     direction: str = "denoise",
-    batch_size: Optional[int] = None,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     progress: bool = True,
     neurons: Optional[dict] = None,
@@ -409,7 +404,6 @@ def attribute_edges(
     graph = graph or EdgeGraph.of(model)
     check_choice("method", method, METHODS)
     check_choice("direction", direction, DIRECTIONS)
-    batch_size = _check_count("batch_size", batch_size)
     if not isinstance(neuron_receivers, bool):
         raise AnalysisError(f"neuron_receivers must be True or False, got {neuron_receivers!r}")
     budget = memory_budget(model, max_memory)

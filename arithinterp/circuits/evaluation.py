@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Callable, Optional, Sequence, Union
 import torch
 from pydantic import Field
 
-from arithinterp.checks import check_belongs, check_choice, integer
+from arithinterp.checks import check_belongs, check_choice
 from arithinterp.circuits.circuit import ABLATIONS, Circuit, order_by_score
 from arithinterp.circuits.edges import run_edge_sets
 from arithinterp.errors import AnalysisError, ConfigError
@@ -400,7 +400,7 @@ def _reported(fractions: dict) -> dict:
 
 
 @checked
-def curve_sizes(n_edges: int) -> list[int]:
+def curve_sizes(n_edges: NonNegativeInt) -> list[int]:
     """The faithfulness curve's default sizes: no edge, every power of two below ``n_edges``, every edge.
 
     Args:
@@ -408,8 +408,10 @@ def curve_sizes(n_edges: int) -> list[int]:
 
     Returns:
         The sizes, ascending.
+
+    Raises:
+        ConfigError: ``n_edges`` is not a non-negative int.
     """
-    n_edges = integer("n_edges", n_edges, minimum=0)
     return sorted({0, n_edges, *[2**i for i in range(n_edges.bit_length()) if 2**i < n_edges]})
 
 

@@ -40,7 +40,7 @@ from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
 from arithinterp.engine.neuron_inputs import NeuronInputs
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
-from arithinterp.types import ByteSize, checked
+from arithinterp.types import ByteSize, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.circuits.graph import EdgeGraph
@@ -227,7 +227,7 @@ def patch_neuron_edges(
     *,
     neurons: Mapping[int, Union[str, Sequence[int]]],
     edges: Optional[Sequence[str]] = None,
-    batch_cells: Optional[int] = None,
+    batch_cells: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     progress: bool = True,
 ) -> dict:
