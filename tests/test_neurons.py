@@ -302,7 +302,7 @@ def test_bad_operator_is_rejected():
     maps = torch.rand(2, 5, 5)
     with pytest.raises(TaskError, match="unknown operator '\\^'.*accepted"):
         nn.classify_maps(maps, maps, range(5), range(5), "^")
-    with pytest.raises(TaskError, match="modulus"):
+    with pytest.raises(ConfigError, match=r"classify_maps: modulus=1 is not accepted .*modulus accepts an int >= 2"):
         nn.classify_maps(maps, maps, range(5), range(5), "+", modulus=1)
 
 

@@ -23,7 +23,7 @@ from arithinterp.engine.budget import memory_budget
 from arithinterp.neurons.final_reads import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import NON_NEGATIVE, POSITIVE, PROBABILITY, Result, build_meta
-from arithinterp.types import HookedModel, checked
+from arithinterp.types import HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -306,7 +306,7 @@ def ablate_heuristic(
     *,
     ablation: str = "mean",
     min_neurons: int = 1,
-    batch_size: int = 512,
+    batch_size: PositiveInt = 512,
     engine: str = "auto",
     progress: bool = True,
 ) -> HeuristicAblationResult:
@@ -410,7 +410,7 @@ def ablate_for_prompt(
     ablation: str = "mean",
     rank_by: str = "score",
     seed: int = 0,
-    batch_size: int = 512,
+    batch_size: PositiveInt = 512,
     engine: str = "auto",
     progress: bool = True,
 ) -> PromptAblationResult:

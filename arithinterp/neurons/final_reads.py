@@ -14,7 +14,6 @@ from tqdm.auto import tqdm
 
 from arithinterp import engine
 from arithinterp import sites as site_lib
-from arithinterp.checks import integer
 from arithinterp.engine.budget import chunk_for, forward_bytes_per_prompt, memory_budget
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import AnalysisError, ConfigError, accepted
@@ -50,7 +49,6 @@ def final_position_batches(prompts, batch_size: int):
     Yields:
         ``(indices [B], unpadded tokens [B, T], final positions [B])`` per batch.
     """
-    batch_size = integer("batch_size", batch_size, minimum=1)
     for group in prompts.length_groups():
         for idx in group.split(batch_size):
             tokens = prompts.unpadded(idx)
@@ -126,22 +124,6 @@ def check_engine(engine: str) -> str:
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; accepted: {accepted(ENGINES)}")
     return engine
-
-
-def check_batch_size(batch_size: Optional[int]) -> Optional[int]:
-    """Refuse a batch size that is not a positive integer or ``None``.
-
-    Args:
-        batch_size: Prompts per forward, or ``None`` (sized from ``max_memory``).
-
-    Returns:
-        ``batch_size`` as an int, or ``None``.
-
-    Raises:
-        ConfigError: ``batch_size`` is not a positive integer.
-    """
-    return None if batch_size is None else integer("batch_size", batch_size, minimum=1,
-                                                   hint=" or None (sized from max_memory)")
 
 
 def final_reads(layers: Sequence[int], final: torch.Tensor) -> list:

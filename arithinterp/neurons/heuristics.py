@@ -14,11 +14,10 @@ from typing import Iterable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.neurons.registry import HeuristicRegistry, check_registry
 from arithinterp.neurons.rules import Grid, Heuristic, apply_op, check_op
-from arithinterp.types import checked
+from arithinterp.types import Modulus, PositiveInt, checked
 
 
 @dataclass(frozen=True)
@@ -96,11 +95,11 @@ def build_heuristics(
     b_values: Union[Iterable[int], torch.Tensor],
     op: str,
     *,
-    modulus: Optional[int] = None,
+    modulus: Optional[Modulus] = None,
     legal: Optional[torch.Tensor] = None,
     families: Optional[Sequence[str]] = None,
     custom: bool = True,
-    min_cells: int = 3,
+    min_cells: PositiveInt = 3,
     max_fraction: float = 0.5,
     registry: Optional[HeuristicRegistry] = None,
 ) -> HeuristicSet:
@@ -129,10 +128,11 @@ def build_heuristics(
         The kept heuristics with their ``[cells, H]`` predicates over the legal cells.
 
     Raises:
-        ConfigError: an unknown family, or ``min_cells`` / ``max_fraction`` out of range.
+        ConfigError: an unknown family, a ``modulus`` below 2, or ``min_cells`` / ``max_fraction`` out of range.
+        TaskError: an unknown operator.
         AnalysisError: no legal cell, or no heuristic left.
     """
-    check_op(op, modulus)
+    check_op(op)
     registry = check_registry(registry)
     a_vals, b_vals = values_tensor("a_values", a_values), values_tensor("b_values", b_values)
     if families is None:
@@ -142,7 +142,6 @@ def build_heuristics(
         if unknown:
             raise ConfigError(f"unknown heuristic families {unknown}; accepted: {accepted(registry.families)}")
         chosen = [registry.families[f] for f in families]
-    min_cells = integer("min_cells", min_cells, minimum=1)
     if isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float)) or not 0 < max_fraction <= 1:
         raise ConfigError(f"max_fraction must be a number in (0, 1], got {max_fraction!r}")
     A, B = torch.meshgrid(a_vals, b_vals, indexing="ij")

@@ -14,13 +14,13 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp.engine.budget import memory_budget
 from arithinterp.errors import ConfigError
-from arithinterp.neurons.final_reads import check_batch_size, check_model_layers, check_prompts
+from arithinterp.neurons.final_reads import check_model_layers, check_prompts
 from arithinterp.neurons.neuron_importance import NeuronImportance, importance
 from arithinterp.neurons.neuron_maps import MapRows
 from arithinterp.neurons.scoring import check_threshold, classify_stream
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import build_meta
-from arithinterp.types import ByteSize, HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs, PromptSet
@@ -32,7 +32,7 @@ def classify(
     prompts: PromptSet,
     *,
     layers: Optional[Iterable[int]] = None,
-    top_k: Optional[int] = 200,
+    top_k: Optional[PositiveInt] = 200,
     threshold: float = 0.6,
     importance_scores: Optional[NeuronImportance] = None,
     pairs: Optional[PromptPairs] = None,
@@ -40,13 +40,13 @@ def classify(
     vary: str = "a",
     bottom: Optional[bool] = None,
     families: Optional[Sequence[str]] = None,
-    min_cells: int = 3,
+    min_cells: PositiveInt = 3,
     max_fraction: float = 0.5,
     fdr: Optional[float] = 0.05,
     shuffle_control: bool = True,
     registry: Any = None,
     seed: int = 0,
-    batch_size: Optional[int] = None,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     progress: bool = True,
 ) -> HeuristicTable:
@@ -98,7 +98,6 @@ def classify(
     check_belongs(model, "neurons.classify", prompts=prompts, pairs=pairs)
     check_prompts(prompts)
     threshold = check_threshold(threshold)
-    batch_size = check_batch_size(batch_size)
     budget = memory_budget(model, max_memory)
     chosen = check_model_layers(model, layers)
     if importance_scores is None and top_k is not None:

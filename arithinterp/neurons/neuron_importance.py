@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp import engine
-from arithinterp.checks import check_belongs, integer
+from arithinterp.checks import check_belongs
 from arithinterp.engine.budget import (
     backward_bytes_per_prompt,
     chunk_for,
@@ -28,11 +28,11 @@ from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.patches import UNCHANGED
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.neurons.final_reads import (
-    check_batch_size, check_engine, check_model_layers, check_prompts, final_position_batches, final_reads,
+    check_engine, check_model_layers, check_prompts, final_position_batches, final_reads,
     mean_final_activation, seq_len,
 )
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
-from arithinterp.types import ByteSize, HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
@@ -144,8 +144,8 @@ def importance(
     method: str = "attribution",
     *,
     layers: Optional[Iterable[int]] = None,
-    top_k: Optional[int] = 200,
-    batch_size: Optional[int] = None,
+    top_k: Optional[PositiveInt] = 200,
+    batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None,
     engine: str = "auto",
     progress: bool = True,
@@ -197,13 +197,13 @@ def importance(
     if not hasattr(pairs, "clean") or not hasattr(pairs, "corrupt"):
         raise AnalysisError(f"pairs must be PromptPairs (from prompts.counterfactual()), got {type(pairs).__name__}")
     check_prompts(pairs.clean, "pairs.clean")
-    batch_size = check_batch_size(batch_size)
     budget = memory_budget(model, max_memory)
     chosen = check_model_layers(model, layers)
     d_mlp = int(model.cfg.d_mlp)
     if top_k is None:
         top_k = d_mlp
-    top_k = integer("top_k", top_k, minimum=1, maximum=d_mlp, hint=" (d_mlp) or None")
+    if top_k > d_mlp:  # the type and the lower bound are declared; d_mlp is the model's
+        raise ConfigError(f"top_k must be an integer in 1..{d_mlp} (d_mlp) or None, got {top_k}")
     if method == "attribution":
         effects = _attribution(model, pairs, chosen, batch_size, budget, progress)
     elif method == "patching":

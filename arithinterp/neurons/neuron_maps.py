@@ -18,12 +18,12 @@ from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs
 from arithinterp.engine.budget import memory_budget, release_freed_memory
 from arithinterp.errors import AnalysisError, SiteError
-from arithinterp.neurons.final_reads import check_batch_size, check_prompts, final_batches, read_batch_size
+from arithinterp.neurons.final_reads import check_prompts, final_batches, read_batch_size
 from arithinterp.neurons.neuron_importance import NeuronImportance
 from arithinterp.neurons.scoring import classify_maps
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
-from arithinterp.types import ByteSize, HookedModel, checked
+from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
@@ -233,7 +233,7 @@ class MapRows:
 
 @checked
 def maps(
-    model: HookedModel, prompts: PromptSet, *, neurons: Any, batch_size: Optional[int] = None,
+    model: HookedModel, prompts: PromptSet, *, neurons: Any, batch_size: Optional[PositiveInt] = None,
     max_memory: Optional[ByteSize] = None, progress: bool = True,
 ) -> NeuronMaps:
     """K and KV maps of neurons over the operand grid of ``prompts`` (Nikankin et al. 2025).
@@ -260,11 +260,11 @@ def maps(
 
     Raises:
         SiteError: ``neurons`` names no neuron, or one out of range.
+        ConfigError: ``batch_size`` is not a positive int or None.
         AnalysisError: ``prompts`` is not a prompt set, or the activations are not finite.
     """
     check_belongs(model, "neurons.maps", prompts=prompts)
     check_prompts(prompts)
-    batch_size = check_batch_size(batch_size)
     budget = memory_budget(model, max_memory)
     layer, neuron = _neuron_index(model, neurons)
     rows = MapRows(model, prompts, layer, neuron, batch_size, budget, progress)

@@ -10,9 +10,8 @@ from typing import Callable, Optional
 
 import torch
 
-from arithinterp.checks import integer
 from arithinterp.errors import ConfigError, TaskError, accepted
-from arithinterp.types import checked
+from arithinterp.types import Modulus, checked
 
 OPS = ("+", "-", "*", "//", "mod")
 MAP_KINDS = ("K", "KV")
@@ -21,25 +20,23 @@ MAP_KINDS = ("K", "KV")
 # --- operators -----------------------------------------------------------------------------------
 
 
-def check_op(op: str, modulus: Optional[int] = None) -> None:
-    """Refuse an unknown operator or a modulus below 2.
+def check_op(op: str) -> None:
+    """Refuse an unknown operator (a modulus is a declared :data:`~arithinterp.types.Modulus` of the
+    public functions that take one).
 
     Args:
         op: One of :data:`OPS`.
-        modulus: Results are reduced mod this (``None``: not reduced).
 
     Raises:
-        TaskError: ``op`` is unknown or ``modulus`` is not an integer of at least 2.
+        TaskError: ``op`` is unknown.
     """
     if op not in OPS:
         raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPS)}")
-    if modulus is not None:
-        integer("modulus", modulus, minimum=2, error=TaskError, hint=" or None")
 
 
 @checked
 def apply_op(
-    a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[int] = None
+    a: torch.Tensor, b: torch.Tensor, op: str, modulus: Optional[Modulus] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The task's result ``a op b`` (mod ``modulus``) and where it is defined, elementwise.
 
@@ -55,9 +52,10 @@ def apply_op(
         ``(result, defined)``, both shaped like the broadcast of ``a`` and ``b``.
 
     Raises:
-        TaskError: ``op`` or ``modulus`` is refused.
+        TaskError: ``op`` is refused.
+        ConfigError: ``modulus`` is not an int >= 2 or None.
     """
-    check_op(op, modulus)
+    check_op(op)
     a, b = torch.broadcast_tensors(torch.as_tensor(a).long(), torch.as_tensor(b).long())
     defined = torch.ones_like(a, dtype=torch.bool)
     if op == "+":

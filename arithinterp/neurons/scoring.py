@@ -14,7 +14,6 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.engine.budget import chunk_for
-from arithinterp.checks import integer
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.neurons.heuristics import build_heuristics, values_tensor
 from arithinterp.neurons.registry import HeuristicRegistry, check_registry
@@ -23,7 +22,7 @@ from arithinterp.neurons.map_scores import SCORE_CHUNK, score_all
 from arithinterp.neurons.shuffle_test import RunningFDR, RunningNullSummary, check_fdr, deciding_p_values
 from arithinterp.neurons.table import HeuristicTable
 from arithinterp.results import build_meta
-from arithinterp.types import ByteSize, checked
+from arithinterp.types import ByteSize, Modulus, PositiveInt, checked
 
 
 def check_threshold(threshold: float) -> float:
@@ -55,16 +54,16 @@ def classify_maps(
     fdr: Optional[float] = 0.05,
     shuffle_control: bool = True,
     registry: Optional[HeuristicRegistry] = None,
-    modulus: Optional[int] = None,
+    modulus: Optional[Modulus] = None,
     families: Optional[Sequence[str]] = None,
     bottom: bool = False,
-    min_cells: int = 3,
+    min_cells: PositiveInt = 3,
     max_fraction: float = 0.5,
     layers: Optional[torch.Tensor] = None,
     neurons: Optional[torch.Tensor] = None,
     importance: Optional[torch.Tensor] = None,
     seed: int = 0,
-    chunk_size: int = SCORE_CHUNK,
+    chunk_size: PositiveInt = SCORE_CHUNK,
     max_memory: Optional[ByteSize] = None,
     progress: bool = False,
     meta: Optional[dict] = None,
@@ -117,11 +116,12 @@ def classify_maps(
 
     Raises:
         AnalysisError: no maps, or maps of the wrong shape.
-        ConfigError: a threshold, FDR or operator is refused.
+        ConfigError: a threshold, FDR, ``modulus``, ``min_cells`` or ``chunk_size`` is refused.
+        TaskError: an unknown operator.
     """
     check_threshold(threshold)
     check_fdr(fdr)
-    check_op(op, modulus)
+    check_op(op)
     given = {name: m for name, m in (("k_maps", k_maps), ("kv_maps", kv_maps)) if m is not None}
     if not given:
         raise AnalysisError("give k_maps, kv_maps or both")
@@ -156,21 +156,6 @@ def classify_maps(
 
 
 MapSource = Callable[[int, int], tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]
-
-
-def check_chunk_size(chunk_size: int) -> int:
-    """Refuse a chunk size that is not a positive integer.
-
-    Args:
-        chunk_size: Neurons scored together.
-
-    Returns:
-        ``chunk_size`` as an int.
-
-    Raises:
-        ConfigError: ``chunk_size`` is not a positive integer.
-    """
-    return integer("chunk_size", chunk_size, minimum=1, hint=" (neurons scored together)")
 
 
 def rows_per_chunk(n_cells: int, n_legal: int, n_heuristics: int, chunk_size: int, max_memory: Optional[ByteSize],
@@ -266,12 +251,12 @@ def classify_stream(
 
     Raises:
         AnalysisError: no maps, or per-map entries of the wrong length.
-        ConfigError: a threshold, FDR, operator or chunk size is refused.
+        ConfigError: a threshold or FDR is refused.
+        TaskError: an unknown operator.
     """
     threshold = check_threshold(threshold)
     fdr = check_fdr(fdr)
-    check_op(op, modulus)
-    chunk_size = check_chunk_size(chunk_size)
+    check_op(op)
     a_vals, b_vals = values_tensor("a_values", a_values), values_tensor("b_values", b_values)
     N = int(n_neurons)
     if N == 0:
