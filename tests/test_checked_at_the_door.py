@@ -425,3 +425,66 @@ def test_das_layers_and_probe_layers_refuse_a_row_named_twice(tiny_model):
     acts = collect(tiny_model, prompts[:40], "resid_post")
     with pytest.raises(SiteError, match="names one of the layers more than once"):
         probe_layers(acts, prompts[:40].label("a"), layers=[0, 0], progress=False)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m, p: __import__("arithinterp.fourier", fromlist=["x"]).embedding_spectrum(m, 10, n_shuffles=-1),
+     r"embedding_spectrum: n_shuffles=-1 is not accepted .*n_shuffles accepts a non-negative int"),
+    (lambda m, p: __import__("arithinterp.helix", fromlist=["x"]).fit(torch.rand(8, 4), list(range(8)), n_shuffles=1.5),
+     r"fit: n_shuffles=1\.5 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.helix", fromlist=["x"]).search_periods(torch.rand(8, 4), list(range(8)),
+                                                                               n_shuffles=-2),
+     r"search_periods: n_shuffles=-2 is not accepted .*non-negative int"),
+    (lambda m, p: p.evaluate(m, batch_size=0), r"PromptSet\.evaluate: batch_size=0 is not accepted .*positive int"),
+    (lambda m, p: p.answer_logprob(m, batch_size=True),
+     r"PromptSet\.answer_logprob: batch_size=True is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.tasks", fromlist=["x"]).arithmetic(m, "+", [1], [2], modulus=1),
+     r"prompts_for_pairs: modulus=1 is not accepted .*an int >= 2"),
+    (lambda m, p: __import__("arithinterp.tasks", fromlist=["x"]).arithmetic(m, "+", [1], [2], answer_digits=-1),
+     r"prompts_for_pairs: answer_digits=-1 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, -1),
+     r"vary_digit: column=-1 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).digit_pairs(p.counterfactual(vary="a"), -1),
+     r"digit_pairs: answer_token=-1 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).attribute(m, p.counterfactual(vary="a"),
+                                                                             batch_size=0),
+     r"attribute: batch_size=0 is not accepted .*positive int .* or None"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).activation_patching(
+        m, p.counterfactual(vary="a"), "resid_pre", batch_cells=-1),
+     r"activation_patching: batch_cells=-1 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.circuits", fromlist=["x"]).score_edges(m, p.counterfactual(vary="a"), "eap",
+                                                                               batch_size=0),
+     r"score_edges: batch_size=0 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.circuits", fromlist=["x"]).patch_edges(m, p.counterfactual(vary="a"),
+                                                                               batch_cells=0),
+     r"patch_edges: batch_cells=0 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.circuits", fromlist=["x"]).curve_sizes(-1),
+     r"curve_sizes: n_edges=-1 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).importance(m, p.counterfactual(vary="a"), top_k=0),
+     r"importance: top_k=0 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).importance(m, p.counterfactual(vary="a"),
+                                                                             top_k=m.cfg.d_mlp + 1, progress=False),
+     r"top_k must be an integer in 1\.\.\d+ \(d_mlp\) or None"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).maps(m, p, neurons={0: [0]}, batch_size=-1),
+     r"maps: batch_size=-1 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).classify(m, p, min_cells=0),
+     r"classify: min_cells=0 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).build_heuristics(range(5), range(5), "+",
+                                                                                    min_cells=0),
+     r"build_heuristics: min_cells=0 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).classify_maps(
+        torch.rand(2, 5, 5), None, range(5), range(5), "+", chunk_size=0),
+     r"classify_maps: chunk_size=0 is not accepted .*positive int"),
+    (lambda m, p: __import__("arithinterp.neurons", fromlist=["x"]).apply_op(torch.arange(3), torch.arange(3), "+",
+                                                                            modulus=0),
+     r"apply_op: modulus=0 is not accepted .*an int >= 2"),
+])
+def test_counts_and_sizes_are_declared_not_checked_by_hand(tiny_model, call, match):
+    """Batch sizes, shuffle counts, moduli, digit columns and the like are refused at the door with the
+    declared-type message (ConfigError naming the function); what needs the model or the data (``top_k``
+    at most ``d_mlp``) is still checked in the body."""
+    from arithinterp.tasks import arithmetic
+
+    prompts = arithmetic(tiny_model, "+", range(10, 16), range(20, 26))
+    with pytest.raises(ConfigError, match=match):
+        call(tiny_model, prompts)
