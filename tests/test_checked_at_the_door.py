@@ -488,3 +488,11 @@ def test_counts_and_sizes_are_declared_not_checked_by_hand(tiny_model, call, mat
     prompts = arithmetic(tiny_model, "+", range(10, 16), range(20, 26))
     with pytest.raises(ConfigError, match=match):
         call(tiny_model, prompts)
+
+
+def test_neuron_map_scoring_refuses_an_empty_chunk():
+    """chunk_size=0 reached range(0, N, 0): a raw ValueError."""
+    from arithinterp.neurons.map_scores import score_maps
+
+    with pytest.raises(ConfigError, match=r"chunk_size=0 is not accepted"):
+        score_maps(torch.rand(3, 4, 4), torch.rand(2, 4, 4) > 0.5, chunk_size=0)

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError
-from arithinterp.types import checked
+from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
 SCORE_CHUNK = 128  # neurons whose tie-breaking permutations are drawn together
 
@@ -138,10 +138,10 @@ def score_maps(
     atoms: Sequence[torch.Tensor] = (),
     bottom: bool = False,
     seed: int = 0,
-    chunk_size: int = SCORE_CHUNK,
+    chunk_size: PositiveInt = SCORE_CHUNK,
     progress: bool = False,
     shuffle: bool = False,
-    offset: int = 0,
+    offset: NonNegativeInt = 0,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Heuristic scores of every neuron map (Nikankin et al. 2025, "Arithmetic Without Algorithms").
 
