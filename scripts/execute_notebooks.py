@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import os
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
@@ -68,22 +70,49 @@ def without_stderr(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return notebook
 
 
-def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Run every cell of ``notebook`` in a fresh kernel, in a temporary folder, and keep the outputs
-    (stderr left out). Raises ``nbclient.exceptions.CellExecutionError`` when a cell fails."""
+def start_kernel() -> Any:
+    """A kernel that :func:`execute` can run several notebooks in, one after the other (stop it with
+    ``shutdown_kernel(now=True)``). Each notebook still starts from an empty namespace; what it
+    shares with the ones before is the modules they imported and the figure export server, whose
+    start is most of a small notebook's run."""
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient.util import run_sync
+
+    _offline()
+    kernel = AsyncKernelManager(kernel_name="python3")
+    run_sync(kernel.start_kernel)()
+    return kernel
+
+
+def execute(notebook: nbformat.NotebookNode, kernel: Any = None) -> nbformat.NotebookNode:
+    """Run every cell of ``notebook`` in a fresh kernel (or in ``kernel``, from :func:`start_kernel`,
+    its namespace emptied first), in a temporary folder, and keep the outputs (stderr left out).
+    Raises ``nbclient.exceptions.CellExecutionError`` when a cell fails."""
     from nbclient import NotebookClient
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    _offline()
     with tempfile.TemporaryDirectory() as folder:
+        run = notebook
+        if kernel is not None:  # a cell before the notebook's own: an empty namespace, in this notebook's folder
+            run = copy.deepcopy(notebook)
+            run.cells.insert(0, nbformat.v4.new_code_cell(f"import os\nos.chdir({folder!r})\n%reset -f"))
         NotebookClient(
-            notebook,
+            run,
+            km=kernel,
             timeout=CELL_TIMEOUT,
             kernel_name="python3",
             record_timing=False,
             resources={"metadata": {"path": folder}},
         ).execute()
+        if kernel is not None:
+            notebook.cells = run.cells[1:]
     return without_stderr(notebook)
+
+
+def _offline() -> None:
+    """Kernels started from here read models and tokenizers from disk only."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def _fence(text: str, language: str) -> str:

@@ -159,16 +159,28 @@ def test_show_static_displays_a_png_and_falls_back_to_the_interactive_figure(mon
     assert shown[-2:] == [fig, fig] and len(started) == 1
 
 
+@pytest.fixture(scope="module")
+def kernel():
+    """One kernel for the notebooks this test process runs: each starts from an empty namespace (so a
+    name it does not define itself fails), and is spared the kernel's start, its imports and the
+    figure export server's start."""
+    pytest.importorskip("nbclient")
+    from nbclient.util import run_sync
+
+    running = _script().start_kernel()
+    yield running
+    run_sync(running.shutdown_kernel)(now=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_executes(path):
+def test_notebook_executes(path, request):
     """Each notebook runs top to bottom without an error (outputs are not compared: they are the stored
     ones' numbers on another machine)."""
     if path.stem in _script().PRETRAINED and os.environ.get("ARITHINTERP_GEMMA3") != "1":
         pytest.skip("needs Gemma 3 270M: the opt-in real-model tier (bash scripts/test-gemma3.sh) runs it")
     nbformat = pytest.importorskip("nbformat")
-    pytest.importorskip("nbclient")
-    notebook = _script().execute(nbformat.read(str(path), as_version=4))  # raises on a cell's error
+    notebook = _script().execute(nbformat.read(str(path), as_version=4), kernel=request.getfixturevalue("kernel"))
     errors = [
         o
         for c in notebook.cells
