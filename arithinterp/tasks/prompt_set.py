@@ -255,20 +255,15 @@ class PromptSet:
         """
         if name in ("a", "b", "answer"):
             return getattr(self, name).clone()
-        digit = re.fullmatch(r"(?:answer|a|b)_digit_(\d+)|carry_(\d+)", name)
-        if digit:  # 10 ** 19 overflows int64: digits 0..18 are read, carries out of digits 0..17
-            i, highest = (int(digit[1]), MAX_DIGIT) if digit[1] is not None else (int(digit[2]), MAX_DIGIT - 1)
-            if i > highest:
-                raise TaskError(f"label {name!r} names digit {i}, but operands and answers are int64: digits "
-                                f"0..{MAX_DIGIT} and carries 0..{MAX_DIGIT - 1} are read; accepted: "
-                                f"{accepted(self.label_names())}")
-        match = re.fullmatch(r"(answer|a|b)_digit_(\d+)", name)
-        if match:
-            value = getattr(self, match.group(1)).abs()
-            return (value // 10 ** int(match.group(2))) % 10
-        match = re.fullmatch(r"carry_(\d+)", name)
-        if match and self.op == "+":
-            i = int(match.group(1))
+        digit, carry = re.fullmatch(r"(answer|a|b)_digit_(\d+)", name), re.fullmatch(r"carry_(\d+)", name)
+        i = int(digit[2]) if digit else int(carry[1]) if carry else 0
+        if i > (MAX_DIGIT if digit else MAX_DIGIT - 1):  # 10 ** 19 overflows int64
+            raise TaskError(f"label {name!r} names digit {i}, but operands and answers are int64: digits "
+                            f"0..{MAX_DIGIT} and carries 0..{MAX_DIGIT - 1} are read; accepted: "
+                            f"{accepted(self.label_names())}")
+        if digit:
+            return (getattr(self, digit[1]).abs() // 10**i) % 10
+        if carry and self.op == "+":
             low = 10 ** (i + 1)
             return ((self.a % low + self.b % low) >= low).long()
         raise TaskError(f"unknown label {name!r}; accepted: {accepted(self.label_names())}")
