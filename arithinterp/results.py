@@ -8,7 +8,10 @@ A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Ever
   (``path`` is a directory), never pickle. The JSON carries a format version
   (:data:`FORMAT_VERSION`); ``load`` checks the folder and raises
   :class:`~arithinterp.errors.ResultFileError` naming the file and field of any damage, and
-  ``save`` does not replace a different saved result unless ``overwrite=True``.
+  ``save`` does not replace a different saved result unless ``overwrite=True``. A folder is
+  sealed when saved: the JSON records the tensor file's sha256 and the tensor file's header the
+  model fingerprint, so ``load`` refuses tensors edited by hand (a weight transposed) and a
+  ``meta`` emptied or stripped of its fingerprint (which would skip the model check).
 
 Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot`` (abstract
 here: a subclass without them cannot be made), and declare their saved folders' invariants for
@@ -24,6 +27,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import re
@@ -44,6 +48,8 @@ if TYPE_CHECKING:
 TENSOR_FILE = "tensors.safetensors"
 JSON_FILE = "result.json"
 FORMAT_VERSION = 1  # of the saved JSON; a newer format is refused with a clear message on load
+DIGEST_KEY = "tensors_sha256"  # result.json's record of the tensor file's bytes
+WRITTEN_BY = "arithinterp"  # the tensor file header's "written_by": a folder this package saved and sealed
 
 
 @functools.lru_cache(maxsize=1)
@@ -187,8 +193,6 @@ class Result(abc.ABC):
             ResultFileError: The folder holds a different result and ``overwrite`` is false.
             OutputError: A file could not be written.
         """
-        from safetensors.torch import save_file
-
         from arithinterp.outputs import atomic_write, check_writable_dir
 
         if not isinstance(overwrite, bool):
@@ -201,12 +205,12 @@ class Result(abc.ABC):
                 tensors[field.name] = value.detach().cpu().contiguous()
             else:
                 plain[field.name] = _plain(value)
-        stored = {"type": type(self).__name__, "format": FORMAT_VERSION, "fields": plain}
-        text = json.dumps(stored, indent=1)
+        stored: dict[str, Any] = {"type": type(self).__name__, "format": FORMAT_VERSION, "fields": plain}
         if not overwrite:
-            _refuse_other_result(path, json.loads(text), tensors)
+            _refuse_other_result(path, json.loads(json.dumps(stored)), tensors)
         # tensors first, the JSON that marks a saved result last: a half-saved result never loads
-        atomic_write(path / TENSOR_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        stored[DIGEST_KEY] = _write_tensors(path / TENSOR_FILE, tensors, plain.get("meta"))
+        text = json.dumps(stored, indent=1)
         atomic_write(path / JSON_FILE, lambda tmp: tmp.write_text(text))
         return path
 
@@ -223,8 +227,9 @@ class Result(abc.ABC):
         Raises:
             ResultFileError: The folder holds another type of result, or is damaged (a missing or
                 unreadable file, a missing field, a field of the wrong kind, fields that should be as
-                long as each other and are not, a format newer than this version reads); the message
-                names the file and the field.
+                long as each other and are not, a format newer than this version reads), or was
+                changed after saving (tensors edited by hand, ``meta`` emptied or its fingerprint
+                removed); the message names the file and the field.
         """
         path = Path(path)
         stored = _read_json(path)
@@ -235,7 +240,7 @@ class Result(abc.ABC):
         if not isinstance(fields, dict):
             raise ResultFileError(f"{path / JSON_FILE} has no 'fields' object; the file is damaged")
         values = dict(fields)
-        tensors = _read_tensors(path)
+        tensors, header = _read_tensors(path)
         overlap = sorted(set(values) & set(tensors))
         if overlap:
             raise ResultFileError(f"{path}: field {overlap[0]!r} is in both {JSON_FILE} and {TENSOR_FILE}; "
@@ -243,6 +248,7 @@ class Result(abc.ABC):
         values.update(tensors)
         _read_other_names(cls, values)
         _check_fields(cls, values, path)
+        _check_sealed(path / TENSOR_FILE, stored.get(DIGEST_KEY), header, values.get("meta"), path / JSON_FILE)
         try:
             return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
         except (TypeError, ValueError) as error:
@@ -399,18 +405,92 @@ def _read_json(path: Path) -> dict:
     return stored
 
 
-def _read_tensors(path: Path) -> dict:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _read_tensors(path: Path) -> tuple[dict, dict[str, str]]:
+    """The tensors of a saved folder and its tensor file's header metadata (``{}`` when it has none)."""
+    from safetensors import SafetensorError, safe_open
 
     file = path / TENSOR_FILE
     if not file.exists():
         raise ResultFileError(f"{file} is missing; a saved result keeps its tensors there (was the folder copied "
                               "in part?)")
     try:
-        return load_file(str(file))
+        with safe_open(str(file), framework="pt") as handle:
+            return {name: handle.get_tensor(name) for name in handle.keys()}, dict(handle.metadata() or {})
     except (SafetensorError, OSError, ValueError) as error:
         raise ResultFileError(f"{file} is damaged, truncated or not a safetensors file ({error})") from None
+
+
+# --- the seal: what a folder held when it was saved ---------------------------------------------------
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:  # in blocks: a large result is not read into memory whole
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_tensors(file: Path, tensors: dict[str, torch.Tensor], meta: Any) -> str:
+    """Write a saved folder's tensors, sealed: the header metadata says this package wrote the file and
+    records the fingerprint ``meta`` holds (``""`` for none), which :func:`_check_sealed` compares.
+
+    Args:
+        file: The safetensors file to write (atomically).
+        tensors: The tensors, contiguous and on the CPU.
+        meta: The ``meta`` saved beside them.
+
+    Returns:
+        The file's sha256 (hex), for the JSON beside it to record.
+
+    Raises:
+        OutputError: The file could not be written.
+    """
+    from safetensors.torch import save_file
+
+    from arithinterp.outputs import atomic_write
+
+    made_on = meta.get("fingerprint") if isinstance(meta, dict) else None
+    # safetensors' header metadata holds strings only: "" stands for no fingerprint
+    header = {"written_by": WRITTEN_BY, "fingerprint": made_on if isinstance(made_on, str) else ""}
+    atomic_write(file, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+    return _sha256(file)
+
+
+def _check_sealed(file: Path, digest: Any, header: dict[str, str], meta: Any, meta_file: Path) -> None:
+    """Refuse a saved folder changed after :func:`_write_tensors` sealed it. A folder without a seal
+    (saved by an earlier version, or written by another program) has neither record and is not
+    checked; a saved import from SAELens or circuit-tracer files is sealed with no fingerprint, as
+    its ``meta`` names no model.
+
+    Args:
+        file: The tensor file.
+        digest: The sha256 the JSON records for it (``None`` when it records none).
+        header: The tensor file's header metadata.
+        meta: The ``meta`` read from the JSON.
+        meta_file: The file ``meta`` was read from, for the message.
+
+    Raises:
+        ResultFileError: The tensor file's bytes are not the ones saved (a tensor edited, transposed or
+            re-saved by hand), or ``meta`` lacks or changed the fingerprint the tensor file records
+            (emptied, the key deleted: the model check would be skipped).
+    """
+    redo = "save the result again (result.save(path, overwrite=True)) or make it again on the model"
+    if digest is not None and (not isinstance(digest, str) or _sha256(file) != digest):
+        raise ResultFileError(f"{file} was changed after saving: its bytes are not the ones whose sha256 "
+                              f"{meta_file.name} records ({str(digest)[:16]}...), so a tensor in it was edited, "
+                              f"transposed or re-saved by hand; {redo}")
+    if header.get("written_by") != WRITTEN_BY:
+        return
+    made_on = header.get("fingerprint", "")
+    kept = meta.get("fingerprint", "") if isinstance(meta, dict) else ""
+    if kept != made_on:
+        saved = f"for the model whose weight fingerprint is {made_on}" if made_on else "with no model fingerprint"
+        now = f"holds the fingerprint {kept}" if kept else "has no fingerprint"
+        raise ResultFileError(f"{meta_file}: the folder's metadata was removed or edited after saving: {file.name} "
+                              f"was saved {saved}, but field 'meta' {now}, so the check that the result is used "
+                              f"on the model it was made on would be skipped or wrong; {redo} (to use a result on "
+                              "another model on purpose, save result.on_model(model))")
 
 
 def _kind(annotation: Any) -> tuple[Optional[type], bool]:
@@ -510,9 +590,7 @@ def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:
         return
     try:
         old = json.loads((path / JSON_FILE).read_text())
-        from safetensors.torch import load_file
-
-        old_tensors = load_file(str(path / TENSOR_FILE))
+        old_tensors = _read_tensors(path)[0]
     except Exception:  # noqa: BLE001 - an unreadable old result is still a result we would replace
         old, old_tensors = None, {}
     same = (isinstance(old, dict) and old.get("type") == stored["type"] and old.get("fields") == stored["fields"]

@@ -39,7 +39,7 @@ import os
 import types as _pytypes
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Optional, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, Protocol, TypeVar, Union
 
 import numpy as np
 import pydantic
@@ -183,9 +183,17 @@ PositiveProbability = Annotated[float, BeforeValidator(_as_float), Field(gt=0, l
 #: A number strictly between 0 and 1 (a confidence level, a significance level).
 OpenUnitFloat = Annotated[float, BeforeValidator(_as_float), Field(gt=0, lt=1),
                           Accepts("a number strictly between 0 and 1")]
-#: A positive number of bytes: an int, a whole float (``2e9``) or a size string (``"1GiB"``, ``"512MB"``).
-ByteSize = Annotated[int, BeforeValidator(_as_bytes), Field(gt=0),
-                     Accepts("a positive number of bytes, or a size such as '512MiB' or '1GiB'")]
+if TYPE_CHECKING:
+    # Type checkers see what a caller may pass: declared as the int the body receives, a user's
+    # max_memory="1GiB" (which runs) would be reported. checked() reads the Annotated form below at run
+    # time; code that does arithmetic on the value reads it with byte_size (or memory_budget) first.
+    ByteSize = Union[int, float, str]
+else:
+    #: A positive number of bytes: an int, a whole float (``2e9``) or a size string (``"1GiB"``, ``"512MB"``).
+    ByteSize = Annotated[int, BeforeValidator(_as_bytes), Field(gt=0),
+                         Accepts("a positive number of bytes, or a size such as '512MiB' or '1GiB'")]
+
+
 def _named(path: Any) -> Any:
     if isinstance(path, str) and not path.strip():  # "" would be the working directory, unasked
         raise ValueError("an empty path names no file or folder")

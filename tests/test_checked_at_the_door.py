@@ -86,6 +86,46 @@ def test_a_byte_size_is_read_wherever_max_memory_is(tiny_model):
         memory_budget(tiny_model, "lots")
 
 
+USER_CODE = """\
+from arithinterp.features import train_transcoders
+from arithinterp.tasks import PromptSet
+from arithinterp.types import HookedModel
+
+
+def use(model: HookedModel, prompts: PromptSet) -> None:
+    train_transcoders(model, prompts, max_memory="1GiB")
+    train_transcoders(model, prompts, max_memory=2**30)
+    train_transcoders(model, prompts, max_memory=2e9)
+    train_transcoders(model, prompts, max_memory=[1])
+"""
+
+
+@pytest.mark.slow
+def test_a_size_string_for_max_memory_type_checks_in_a_users_code(tmp_path):
+    """``max_memory="1GiB"`` runs, so a type checker must accept it in a user's code as well; a list,
+    which does not run, is still reported (and shows that the checker read the package's types)."""
+    import shutil
+    import subprocess
+    import sys
+
+    checker = shutil.which("basedpyright", path=str(Path(sys.executable).parent)) or shutil.which("basedpyright")
+    if checker is None:
+        pytest.skip("basedpyright is not installed")
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "use.py").write_text(USER_CODE)
+    # the package from this checkout (an editable install's import hook is invisible to the checker)
+    config = {"include": ["use.py"], "extraPaths": [str(root)], "stubPath": str(root / "typings"),
+              "typeCheckingMode": "standard"}
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
+    done = subprocess.run([checker, "--outputjson", "--pythonpath", sys.executable, "-p",
+                           str(tmp_path / "pyrightconfig.json")], capture_output=True, text=True, timeout=600)
+    report = json.loads(done.stdout)
+    errors = [(d["range"]["start"]["line"] + 1, d["message"]) for d in report["generalDiagnostics"]
+              if d["severity"] == "error"]
+    assert [line for line, _ in errors] == [10], errors
+    assert "max_memory" in errors[0][1]
+
+
 # --- prompts exactly as given -----------------------------------------------------------------------------
 
 

@@ -157,7 +157,7 @@ def test_saved_result_is_replaced_whole(tmp_path, tiny_model, monkeypatch):
     folder = evaluation_result.save(tmp_path / "r")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
-    def crash(tensors, filename):  # the disk fills up half way through the tensors
+    def crash(tensors, filename, metadata=None):  # the disk fills up half way through the tensors
         Path(filename).write_bytes(b"half a safetensors file")
         raise OSError(28, "No space left on device")
 

@@ -32,7 +32,7 @@ from arithinterp.engine import Read, Write, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.engine.interchange import ResumedRuns, resumed_runs
 from arithinterp.errors import AnalysisError, SiteError
-from arithinterp.types import ByteSize, HookedModel, NonNegativeInt, OpenUnitFloat, checked
+from arithinterp.types import ByteSize, HookedModel, NonNegativeInt, OpenUnitFloat, byte_size, checked
 
 VECTOR_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_pre", "mlp_post")
 HEAD_SITES = ("attn_z",)  # one vector per position *and head*: name the head
@@ -184,11 +184,16 @@ def reachable(dataset: InterchangeDataset, rows: torch.Tensor, position: Positio
     return out[rows]
 
 
+def _budget(max_memory: Optional[ByteSize]) -> Optional[int]:
+    """``max_memory`` in bytes; ``None`` stays ``None`` (the engine's default budget)."""
+    return None if max_memory is None else byte_size(max_memory)
+
+
 def batch_size(model: HookedModel, dataset: InterchangeDataset, training: bool, max_memory: Optional[ByteSize]) -> int:
     """Pairs per forward from a memory budget (bytes; default the engine's): a training step keeps the
     activations for the backward pass, about three forwards' worth."""
     seq = int(dataset.base.lengths.max()) + int(dataset.answer_tokens.shape[1])
-    size = batch_size_for(model, seq, n_read=int(dataset.answer_tokens.shape[1]), budget_bytes=max_memory)
+    size = batch_size_for(model, seq, n_read=int(dataset.answer_tokens.shape[1]), budget_bytes=_budget(max_memory))
     return max(1, size // 3) if training else size
 
 
@@ -198,7 +203,7 @@ def pairs_per_step(model: HookedModel, dataset: InterchangeDataset, max_memory: 
     forwards run: resumed runs that unembed the answer positions alone draw the same number, so a
     fit gives the same result on either path."""
     seq = int(dataset.base.lengths.max()) + int(dataset.answer_tokens.shape[1])
-    size = batch_size_for(model, seq, n_read=seq, budget_bytes=max_memory, plain=True)
+    size = batch_size_for(model, seq, n_read=seq, budget_bytes=_budget(max_memory), plain=True)
     return min(max(1, size // 3), 256)
 
 
@@ -290,6 +295,7 @@ class Runs:
         self.source_row = torch.full((len(dataset),), -1, dtype=torch.long)
         self.groups: dict[tuple[int, int], Optional[ResumedRuns]] = {}
         self.sizes: list[int] = []
+        budget = _budget(max_memory)
         for batch in batches(dataset, self.rows, where.position, max(1, len(dataset))):
             T, k, n = int(batch.base_tokens.shape[1]), int(batch.targets.shape[1]), len(batch.rows)
             positions = torch.cat([batch.position, batch.position])
@@ -298,7 +304,7 @@ class Runs:
                                              return_inverse=True)
             first = torch.full((len(distinct),), 2 * n, dtype=torch.long).scatter_reduce(
                 0, inverse, torch.arange(2 * n), reduce="amin")  # one row of each distinct prompt and position
-            size = max(1, batch_size_for(model, T, n_read=k, budget_bytes=max_memory))
+            size = max(1, batch_size_for(model, T, n_read=k, budget_bytes=budget))
             start = min(int(batch.position.min()), T - k)  # the scored positions are recomputed too
             group = resumed_runs(model, fed[first], where.site, where.layer, start, k, read_positions=positions[first],
                                  batch_size=size, engine=engine)
