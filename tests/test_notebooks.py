@@ -125,8 +125,7 @@ def test_show_static_displays_a_png_and_falls_back_to_the_interactive_figure(mon
 
     shown, started = [], []
     monkeypatch.setattr(IPython.display, "display", shown.append)
-    monkeypatch.setattr(notebook_viz, "_server_started", False)
-    monkeypatch.setattr(notebook_viz, "_export_failed", False)
+    monkeypatch.setattr(notebook_viz, "_server", "not started")
     kaleido = pytest.importorskip("kaleido")
     monkeypatch.setattr(kaleido, "start_sync_server", lambda **kw: started.append(kw))
     fig = go.Figure(go.Bar(y=[1, 2]))
@@ -151,7 +150,7 @@ def test_show_static_displays_a_png_and_falls_back_to_the_interactive_figure(mon
         started.append(kw)
         raise RuntimeError("no Chromium found")
 
-    monkeypatch.setattr(notebook_viz, "_server_started", False)
+    monkeypatch.setattr(notebook_viz, "_server", "not started")
     monkeypatch.setattr(kaleido, "start_sync_server", no_browser)
     started.clear()
     show_static(fig)
@@ -180,7 +179,7 @@ FIGURES_NOT_DRAWN = """\
 import base64
 import plotly.graph_objects as go
 import arithinterp.viz.notebook as notebook_viz
-notebook_viz._server_started = True
+notebook_viz._server = "running"
 PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
 go.Figure.to_image = lambda self, **options: self.to_json() and PIXEL
 """

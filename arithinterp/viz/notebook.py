@@ -43,7 +43,7 @@ def show_static(fig: go.Figure, *, width: int = 900, height: Optional[int] = Non
         )
     from IPython.display import Image, display
 
-    if _export_failed:  # the export server could not start earlier in this process: do not retry per figure
+    if _server == "failed":  # it could not start earlier in this process: do not retry per figure
         display(fig)
         return
     try:
@@ -57,25 +57,25 @@ def show_static(fig: go.Figure, *, width: int = 900, height: Optional[int] = Non
     display(Image(image))
 
 
-_server_started = False
-_export_failed = False
+#: kaleido's export server in this process: "not started", "running" or "failed" (to start).
+_server = "not started"
 
 
 def _start_export_server() -> None:
     """Start kaleido's export server once per process (stopped at exit), so that figures after the
     first do not each start a browser. A failure to start is remembered, so that a machine without
     kaleido or a browser pays for the attempt once."""
-    global _server_started, _export_failed
-    if _server_started:
+    global _server
+    if _server == "running":
         return
     try:
         import kaleido
 
         kaleido.start_sync_server(silence_warnings=True)
     except Exception:
-        _export_failed = True
+        _server = "failed"
         raise
-    _server_started = True
+    _server = "running"
     atexit.register(kaleido.stop_sync_server, silence_warnings=True)
 
 
