@@ -512,6 +512,23 @@ def test_accuracy_reads_the_whole_sample_of_a_correct_only_task(model_dir, tmp_p
     assert row["accuracy"] < 1  # a random model: not 1 by construction
 
 
+def test_an_analysis_registered_whole_sample_reads_every_prompt_of_a_correct_only_task(model_dir, tmp_path):
+    count = lambda model, prompts: pd.DataFrame([dict(n=len(prompts))])  # noqa: E731
+    S.register_analysis("count_all", count, whole_sample=True, overwrite=True)
+    S.register_analysis("count_kept", count, overwrite=True)
+    try:
+        analyses = [dict(name="count_all"), dict(name="count_kept")]
+        run = S.run_sweep(dict(config(model_dir, tmp_path / "out", analyses), tasks=[dict(TASK, correct_only=True)]),
+                          progress=False)
+        tables = S.load_results(run.out)
+        assert tables["count_all"]["n"].item() == 60 > tables["count_kept"]["n"].item()
+        with pytest.raises(ConfigError, match="whole_sample must be True or False"):
+            S.register_analysis("count_all", count, whole_sample="yes", overwrite=True)
+    finally:
+        S.ANALYSES.pop("count_all", None)
+        S.ANALYSES.pop("count_kept", None)
+
+
 @pytest.mark.parametrize("override", [dict(address="ray://head:10001"), dict(num_gpus=1)])
 def test_a_ray_request_with_another_executor_is_refused_not_ignored(model_dir, tmp_path, override):
     """--address ray://... on the local executor ran locally without a word."""

@@ -105,6 +105,9 @@ class Analysis:
             raises an :class:`~arithinterp.errors.ArithInterpError` for parameters this model or
             these prompts cannot take (a layer the model lacks, a position the prompts lack), and
             computes nothing; ``None`` when only the parameter types can be checked.
+        whole_sample: The analysis measures the model's answers, so it reads every prompt of its
+            task even where the task keeps only ``correct_only`` prompts (on those alone the
+            built-in ``accuracy`` would be 1 by construction).
     """
 
     name: str
@@ -114,6 +117,7 @@ class Analysis:
     description: str = ""
     saved_params: dict = field(default_factory=dict)
     check: Optional[Callable[..., Any]] = None
+    whole_sample: bool = False
 
 
 ANALYSES: dict[str, Analysis] = {}
@@ -129,6 +133,7 @@ def register_analysis(
     overwrite: bool = False,
     saved_params: Optional[Mapping[str, str]] = None,
     check: Optional[Callable[..., Any]] = None,
+    whole_sample: bool = False,
 ) -> Analysis:
     """Add an analysis that sweeps can name.
 
@@ -145,6 +150,7 @@ def register_analysis(
             (see :class:`Analysis`).
         check: ``check(model, prompts, **params)``: refuses a cell's parameters before the sweep
             runs (see :class:`Analysis`; :func:`checking` names the parameter in its error).
+        whole_sample: read every prompt of the task, ignoring its ``correct_only`` (see :class:`Analysis`).
 
     Returns:
         The registered analysis (also in :data:`ANALYSES`).
@@ -159,6 +165,8 @@ def register_analysis(
         raise ConfigError(f"analysis {name!r} is already registered; pass overwrite=True to replace it")
     if not callable(fn):
         raise ConfigError(f"fn must be callable (model, prompts, **params) -> DataFrame, got {type(fn).__name__}")
+    if not isinstance(whole_sample, bool):
+        raise ConfigError(f"whole_sample must be True or False, got {whole_sample!r}")
     if check is not None and not callable(check):
         raise ConfigError(f"check must be callable (model, prompts, **params) or None, got {type(check).__name__}")
     schema = {}
@@ -178,7 +186,7 @@ def register_analysis(
         if param not in schema or saved in schema:
             raise ConfigError(f"saved_params of analysis {name!r}: {saved!r} must name a parameter ({param!r} is "
                               f"{'not one' if param not in schema else 'one'}) that is not itself a parameter")
-    analysis = Analysis(name, fn, schema, plot, description, renamed, check)
+    analysis = Analysis(name, fn, schema, plot, description, renamed, check, whole_sample)
     ANALYSES[name] = analysis
     return analysis
 
@@ -420,7 +428,7 @@ def _register_builtins() -> None:
 
     sites = tuple(HOOKS)
     register_analysis("accuracy", accuracy_analysis, {}, plot=_builtin_plot("plot_sweep_accuracy"),
-                      description="greedy accuracy of the model on the task", overwrite=True)
+                      description="greedy accuracy of the model on the task", overwrite=True, whole_sample=True)
     register_analysis(
         "patching", patching_analysis,
         dict(

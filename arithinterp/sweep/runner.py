@@ -294,7 +294,8 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
     todo = [c for c in cells if entries[c.id]["status"] != "done"]
     # torch threads per job; at most the CPUs here (a num_cpus of 1e300 is a Ray request, not a thread count)
     threads = max(1, min(int(cfg.resources["num_cpus"]), os.cpu_count() or 1)) if cfg.executor != "local" else 0
-    jobs = [(c, ANALYSES[c.analysis].fn, cfg.base, cfg.device, threads) for c in todo]
+    jobs = [(c, ANALYSES[c.analysis].fn, cfg.base, cfg.device, threads, ANALYSES[c.analysis].whole_sample)
+            for c in todo]
     by_id = {c.id: c for c in todo}
     start = time.perf_counter()
     if jobs:

@@ -111,7 +111,7 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> dict:
+def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu", whole_sample: bool = False) -> dict:
     """Run one cell in this process: load the model (cached), build the prompts (cached), seed, run.
 
     Args:
@@ -119,6 +119,8 @@ def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> 
         fn: Its analysis's function.
         base: The folder relative model paths resolve against.
         device: Where the model runs.
+        whole_sample: Its analysis reads every prompt of the task, ignoring ``correct_only``
+            (:attr:`~arithinterp.sweep.registry.Analysis.whole_sample`).
 
     Returns:
         ``{id, status, seconds, frame, error, worker}``; the cell's own errors are recorded in
@@ -131,7 +133,7 @@ def run_cell(cell: Cell, fn: Callable, base: str = ".", device: str = "cpu") -> 
     try:
         model = _model(cell.model, base, device)
         task = cell.task
-        if cell.analysis == "accuracy" and task["correct_only"]:  # on the right answers alone it is 1 by construction
+        if whole_sample and task["correct_only"]:
             task = dict(task, correct_only=False)
         prompts = _prompts(model, (cell.model, base, device), task)
         _seed_everything(cell.seed)
@@ -211,9 +213,12 @@ def check_cells(cells: list, base: str = ".", device: str = "cpu", keep_loaded: 
 
 
 def run_job(payload: tuple) -> dict:
-    cell, fn, base, device, threads = payload
+    """Run one job of an executor: ``(cell, fn, base, device, threads, whole_sample)``, with ``threads``
+    torch threads (0: leave them), in whichever process the executor chose (the analysis travels as
+    its function and properties, since a user's registration is not repeated in a spawned worker)."""
+    cell, fn, base, device, threads, whole_sample = payload
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    return run_cell(cell, fn, base, device)
+    return run_cell(cell, fn, base, device, whole_sample)
