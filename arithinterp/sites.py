@@ -188,6 +188,22 @@ def spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
+def looking_first_at(chosen: list[int], first: Sequence[int]) -> list[int]:
+    """As many layers as ``chosen`` (a spread over the depth): ``first``, then the spread's others,
+    coarse to fine (:func:`coarse_to_fine`), for the rest.
+
+    Args:
+        chosen: The layers a budget affords, ascending.
+        first: The layers to include before any other (the first ``len(chosen)`` of them).
+
+    Returns:
+        The layers, ascending.
+    """
+    keep = list(dict.fromkeys(first))[: len(chosen)]
+    others = [layer for layer in coarse_to_fine(chosen) if layer not in keep]
+    return sorted(keep + others[: len(chosen) - len(keep)])
+
+
 def coarse_to_fine(layers: list[int]) -> list[int]:
     """``layers`` reordered so that every prefix is spread over them: the last, the first, the
     middle, then the quarters, ... (:func:`spread` of more and more).

@@ -23,6 +23,7 @@ from arithinterp.errors import ConfigError
 from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, STEPS, Budget, Context,
                                 NotEnoughData, OverBudget, parse_memory, require, spread, write_report)
 from arithinterp.report.budget import seeded_pick as _seeded_pick
+from arithinterp.sites import looking_first_at
 from arithinterp.report.stages import circuits as circuits_module, digits as digits_module, probes as probes_module
 from arithinterp.report.stages.circuits import _fit_curve
 
@@ -499,6 +500,60 @@ def test_the_heavy_stages_run_sampled_along_several_axes_instead_of_skipping(six
     assert steps and 1 <= int(steps.group(1)) < 5, circuit
     assert re.search(r"the faithfulness curve on \d+ of them at \d+ of \d+ sizes", circuit), circuit
     assert sections["circuits"].findings
+
+
+def test_patching_locates_where_the_operand_arrives_only_when_its_layers_pin_it_down():
+    from types import SimpleNamespace
+
+    from arithinterp.report.stages.patching import arrival_layers
+
+    def resid(layers, restored, positions=("a", "b", "final")):  # restored: at the final position, per layer
+        mean = torch.zeros(len(layers), len(positions))
+        mean[:, list(positions).index("final") if "final" in positions else -1] = torch.tensor(restored)
+        return SimpleNamespace(layers=layers, positions=list(positions), mean=mean)
+
+    # resid_pre at layer 13 holds what blocks up to 12 wrote: the operand arrived in block 12
+    assert arrival_layers(resid([0, 6, 12, 13, 17], [0.0, 0.02, 0.1, 0.95, 1.0]), 18) == [12]
+    assert arrival_layers(resid([0, 10, 12, 17], [0.0, 0.1, 0.9, 1.0]), 18) == [10, 11]
+    assert arrival_layers(resid([0, 5], [0.0, 0.9]), 6) == []  # blocks 0-4: a quarter of the depth does not hold it
+    assert arrival_layers(resid([0, 6, 12, 17], [0.0, 0.1, 0.2, 0.3]), 18) == []  # never half restored
+    assert arrival_layers(resid([0, 1, 2], [0.0, 0.6, 1.0], positions=(3, 4, 5)), 3) == [0]  # the last index is final
+    assert looking_first_at([0, 3, 6, 8, 11, 14, 17], [12]) == [0, 3, 6, 8, 11, 12, 17]  # the finest drops out
+    assert looking_first_at([0, 17], [11, 12, 13]) == [11, 12]  # as many as the budget affords, no more
+    assert looking_first_at([0, 9, 17], []) == [0, 9, 17]
+
+
+def test_per_digit_heads_sample_the_layers_where_patching_saw_the_operand_arrive(six_layer_llama, monkeypatch):
+    """With time for some layers only, the per-digit stage covers the blocks the patching stage located
+    (:attr:`Context.arrival_layers`) and the spread's others, and says so; without them, the spread."""
+    import arithinterp.report as report
+    from arithinterp import patching
+
+    model, prompts, pairs = six_layer_llama
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    real = patching.digit_ablation
+
+    def costly(m, p, heads=None, **kw):  # a clock the analysis advances: per call, and per prompt and layer
+        now[0] += 1 + 0.2 * len(p) * (n_layers if heads is None else len(heads) // n_heads)
+        return real(m, p, heads=heads, **kw)
+
+    monkeypatch.setattr(patching, "digit_ablation", costly)
+    samples = {}
+    for arrival in ([], [1]):
+        ctx = Context(model, "llama6", prompts, prompts, prompts.evaluate(model), pairs, seed=0, correct_only=False,
+                      arrival_layers=arrival)
+        ctx.budget, ctx.stage_start = Budget(40.0, forward_seconds=0.1), now[0]
+        section = report.STAGES["digits"].run(ctx)
+        found = re.search(rf"and (\d) of {n_layers} layers \(([\d, ]+)\)", section.sample)
+        assert found and 1 < int(found.group(1)) < n_layers, section.sample
+        samples[tuple(arrival)] = [int(v) for v in found.group(2).split(", ")], section.sample
+    spread_layers, plain = samples[()]
+    located, sample = samples[(1,)]
+    assert 1 not in spread_layers and "where patching" not in plain
+    assert located == looking_first_at(spread_layers, [1]) and len(located) == len(spread_layers)
+    assert "layer 1 among them, where patching saw the varied operand reach the answer position" in sample
 
 
 def test_per_digit_ablation_stops_between_groups_when_the_time_runs_out(six_layer_llama, monkeypatch):

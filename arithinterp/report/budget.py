@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.sites import spread
+from arithinterp.sites import looking_first_at, spread
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation, PromptPairs, PromptSet
@@ -175,6 +175,9 @@ class Context:
     stage_start: float = field(default_factory=time.perf_counter)
     control: Optional[HookedModel] = None  # the random-init model of the same architecture, built once (control_model)
     correct_only: bool = True  # False: prompts and pairs include the wrongly answered prompts
+    # the blocks in which the patching stage saw the varied operand reach the final position; a later
+    # stage that can afford only some layers looks at these first (empty: not measured, or not found)
+    arrival_layers: list[int] = field(default_factory=list)
 
     def seconds_left(self) -> float:
         return self.budget.seconds - (time.perf_counter() - self.stage_start)
@@ -191,7 +194,8 @@ class Context:
 
     def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
                    pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT,
-                   prior: float = 0.0, shared: bool = False, copies: int = 1) -> tuple[Any, list[int], str]:
+                   prior: float = 0.0, shared: bool = False, copies: int = 1,
+                   first: Sequence[int] = ()) -> tuple[Any, list[int], str]:
         """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
         fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
         layers as fit, the first and last among them, and the sentence that says so. The cost is
@@ -204,7 +208,9 @@ class Context:
         and the difference spread over the layers added; when the minimum fits at every layer by
         that timing, the single-layer timings are skipped. ``copies``: the stage runs what the
         pilot times this many times (the model and its random-init control, whose cost is the
-        same architecture's), so the pilot times one and the plan counts ``copies``.
+        same architecture's), so the pilot times one and the plan counts ``copies``. ``first``: layers
+        to cover before the spread's (:func:`~arithinterp.sites.looking_first_at`), such as
+        :attr:`arrival_layers`.
         :class:`OverBudget` when not even one layer fits, without a pilot when ``prior`` (prompt
         evaluations per item at one layer) puts the minimum at one layer above twice the time left."""
         guess = copies * prior * self.budget.forward_seconds * minimum
@@ -261,7 +267,7 @@ class Context:
                 f"{secs(cost(minimum, 1))}, more than the {secs(max(self.seconds_left(), 0.0))} left of "
                 "this stage's "
                 f"{secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
-        layers = spread(n_layers, fits)
+        layers = looking_first_at(spread(n_layers, fits), first)
         chosen = items[seeded_pick(n, minimum, self.seed)] if n > minimum else items
         if fits == n_layers:  # every layer fits after all, at the minimum: the estimate that sent us here was high.
             # Not more: a line timed on a few items, extrapolated to many at every layer, was measured to

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from arithinterp.errors import AnalysisError
 from arithinterp.report.budget import OverBudget
@@ -62,12 +62,17 @@ def digits_stage(ctx: Context) -> Section:
                                   pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
                                   prior=per_layer * cfg.n_layers)
     except OverBudget:  # the heads of a sample of the layers rather than none
+        # the heads that moved the operand to the answer position first, where patching located that
         prompts, layers, fitted = ctx.fit_layers(
             prompts, "prompts", minimum, cfg.n_layers,
             pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
-            prior=per_layer)
+            prior=per_layer, first=ctx.arrival_layers)
+    first = [layer for layer in ctx.arrival_layers if layer in layers]
+    if len(layers) < cfg.n_layers and first:
+        fitted += (f"; layer{'s' if len(first) > 1 else ''} {', '.join(map(str, first))} among them, where patching "
+                   "saw the varied operand reach the answer position")
     if len(layers) < cfg.n_layers:  # in groups, coarse to fine, while the time lasts: estimates can be low
-        result, covered = _ablate_while_time_lasts(ctx, prompts, layers, heads_of)
+        result, covered = _ablate_while_time_lasts(ctx, prompts, layers, heads_of, first)
         if len(covered) < len(layers):
             fitted += (f"; stopped after {len(covered)} of those layers ({', '.join(map(str, covered))}): the "
                        "next ones would not have fitted the time left")
@@ -95,9 +100,9 @@ def digits_stage(ctx: Context) -> Section:
     return section
 
 
-def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int],
-                             heads_of: Callable[[list[int]], list[str]]) -> tuple[Any, list[int]]:
-    """Per-digit ablation of the heads of ``layers`` in four groups, coarse to fine
+def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int], heads_of: Callable[[list[int]], list[str]],
+                             first: Sequence[int] = ()) -> tuple[Any, list[int]]:
+    """Per-digit ablation of the heads of ``layers`` in four groups, ``first`` then coarse to fine
     (:func:`coarse_to_fine`), each run only when the time the groups so far took per layer says
     it fits the time left → ``(result over the covered layers, covered layers ascending)``."""
     import dataclasses
@@ -106,7 +111,7 @@ def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int],
 
     from arithinterp import patching
 
-    order = coarse_to_fine(layers)
+    order = list(first) + [layer for layer in coarse_to_fine(layers) if layer not in first]
     size = max(1, math.ceil(len(order) / 4))
     parts, covered, start = [], [], time.perf_counter()
     for group in (order[i:i + size] for i in range(0, len(order), size)):

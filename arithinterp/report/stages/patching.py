@@ -82,6 +82,30 @@ def _changing_span(pairs) -> Optional[int]:
     return first or None
 
 
+def arrival_layers(resid, n_layers: int) -> list[int]:
+    """The blocks in which the varied operand reaches the final position: after the last layer whose
+    residual stream there restores under half of the answer and before the first that restores half
+    or more (``resid_pre`` at layer L holds what the blocks before L wrote). Empty unless that
+    locates it: no layer restores half, or the layers patched leave more than a quarter of the
+    model's blocks in between.
+
+    Args:
+        resid: A normalised ``resid_pre`` patching result over layers and positions.
+        n_layers: The model's layers.
+
+    Returns:
+        The block indices, ascending.
+    """
+    positions = [str(p) for p in resid.positions]
+    column = positions.index("final") if "final" in positions else len(positions) - 1  # else ascending indices
+    layers = list(resid.layers)
+    for i, layer in enumerate(layers):
+        if float(resid.mean[i, column]) >= 0.5:
+            blocks = list(range(layers[i - 1] if i else 0, layer))
+            return blocks if len(blocks) <= max(1, n_layers // 4) else []
+    return []
+
+
 def patching_stage(ctx: Context) -> Section:
     """Patching sweeps over every layer, at the positions from the first one where the pairs differ
     (a few-shot prefix shared by clean and corrupted prompts cannot change anything: those cells
@@ -140,6 +164,7 @@ def patching_stage(ctx: Context) -> Section:
         )
         section.figures.append(resid.plot())
         return section
+    ctx.arrival_layers = arrival_layers(resid, cfg.n_layers)
     section.findings.append(
         f"Patching the clean residual stream into {len(pairs)} prompts whose first operand was "
         f"changed restores the answer most at {_top_cells(resid) or _NONE_ABOVE_NOISE} "
