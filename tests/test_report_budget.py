@@ -556,6 +556,31 @@ def test_per_digit_heads_sample_the_layers_where_patching_saw_the_operand_arrive
     assert "layer 1 among them, where patching saw the varied operand reach the answer position" in sample
 
 
+def test_per_digit_heads_planned_at_every_layer_stop_in_time_when_the_plan_was_low(six_layer_llama, monkeypatch):
+    """A pilot that says every layer fits can be wrong (on Gemma 3 270M: 50 s of a 33 s share): the
+    layers are still ablated in groups, the located blocks first, and the stage stops between groups."""
+    import arithinterp.report as report
+    from arithinterp import patching
+
+    model, prompts, pairs = six_layer_llama
+    now = [0.0]
+    monkeypatch.setattr(report.time, "perf_counter", lambda: now[0])
+    real = patching.digit_ablation
+
+    def cheap_pilot_slow_groups(m, p, heads=None, **kw):  # the pilot ablates every head; the groups name theirs
+        now[0] += 0.001 * len(p) if heads is None else 10.0
+        return real(m, p, heads=heads, **kw)
+
+    monkeypatch.setattr(patching, "digit_ablation", cheap_pilot_slow_groups)
+    ctx = Context(model, "llama6", prompts, prompts, prompts.evaluate(model), pairs, seed=0, correct_only=False,
+                  arrival_layers=[4], budget=Budget(seconds=25.0, forward_seconds=0.0001), stage_start=0.0)
+    section = report.STAGES["digits"].run(ctx)
+    found = re.search(r"stopped after (\d) of the 6 layers \(([\d, ]+)\)", section.sample)
+    assert found and int(found.group(1)) < 6, section.sample
+    covered = [int(v) for v in found.group(2).split(", ")]
+    assert 4 in covered and now[0] <= 25.0 and section.findings
+
+
 def test_per_digit_ablation_stops_between_groups_when_the_time_runs_out(six_layer_llama, monkeypatch):
     """Estimates can be low: sampled layers are ablated in groups, coarse to fine, and a group that
     the time so far says would not fit is not started; the result covers the layers that ran."""

@@ -71,10 +71,11 @@ def digits_stage(ctx: Context) -> Section:
     if len(layers) < cfg.n_layers and first:
         fitted += (f"; layer{'s' if len(first) > 1 else ''} {', '.join(map(str, first))} among them, where patching "
                    "saw the varied operand reach the answer position")
-    if len(layers) < cfg.n_layers:  # in groups, coarse to fine, while the time lasts: estimates can be low
+    if ctx.budget.seconds != float("inf"):  # in groups, coarse to fine, while the time lasts: estimates can be low
         result, covered = _ablate_while_time_lasts(ctx, prompts, layers, heads_of, first)
         if len(covered) < len(layers):
-            fitted += (f"; stopped after {len(covered)} of those layers ({', '.join(map(str, covered))}): the "
+            those = "those layers" if len(layers) < cfg.n_layers else f"the {cfg.n_layers} layers"
+            fitted += (f"; stopped after {len(covered)} of {those} ({', '.join(map(str, covered))}): the "
                        "next ones would not have fitted the time left")
         layers = covered
     else:
