@@ -4,6 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Keep compiled bytecode (git ignores __pycache__): every test process and the processes they start (notebook
+# kernels, sweep workers, CLI runs) then reads the package, the tests and the pytest plugins' assertion-rewritten
+# modules compiled once, instead of compiling them from source each time where the environment turns caching off.
+unset PYTHONDONTWRITEBYTECODE
 # Lint first, then type-check beside the tests (both configured in pyproject.toml; basedpyright ships its own
 # Node, so this runs offline). The type check takes half a minute of one core, which the tests leave idle
 # while they wait on the processes they start (notebook kernels, benchmark children, a browser), so it runs

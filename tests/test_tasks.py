@@ -192,3 +192,33 @@ def test_locate_names_every_token_of_a_number(request, tokenizer_name):
     assert torch.equal(answer[:, 0], prompts.positions["final"] + 1)
     with pytest.raises(SiteError):
         prompts.locate(1.5)
+
+
+@pytest.mark.parametrize("tokenizer_name", ["number_tokenizer", "digit_tokenizer", "bpe_tokenizer"])
+def test_reading_the_fast_tokenizer_directly_encodes_what_its_own_call_does(request, tokenizer_name, monkeypatch):
+    """Prompts are tokenized through the Rust backend of a fast tokenizer; every field of the prompt set is
+    what the tokenizer's own call gives, and a backend set to truncate is not read directly."""
+    from arithinterp.tasks import encoding
+
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    a, b = [3, 27, 15, 99, 8, 60], [6, 42, 7, 0, 31, 9]
+
+    def build():
+        return prompts_for_pairs(tokenizer, "+", a, b, "{a}+{b}=", few_shot=2, seed=1)
+
+    assert encoding._direct_backend(tokenizer, ["1+2=", "30+4="]) is tokenizer.backend_tokenizer
+    direct = build()
+    monkeypatch.setattr(encoding, "_direct_backend", lambda tokenizer, texts: None)
+    called = build()
+    for field in ("tokens", "lengths", "answer_tokens", "a", "b", "answer"):
+        assert torch.equal(getattr(direct, field), getattr(called, field)), field
+    assert direct.positions.keys() == called.positions.keys()
+    assert all(torch.equal(direct.positions[k], called.positions[k]) for k in direct.positions)
+    assert direct.texts == called.texts and direct.meta == called.meta
+    monkeypatch.undo()
+
+    tokenizer.backend_tokenizer.enable_truncation(max_length=2)
+    try:
+        assert encoding._direct_backend(tokenizer, ["1+2="]) is None
+    finally:
+        tokenizer.backend_tokenizer.no_truncation()
