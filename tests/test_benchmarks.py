@@ -162,3 +162,10 @@ def test_ablations_benchmark_smoke():
         "`neurons.ablate_for_prompt`", "`PromptSet.evaluate`"}
     for row in rows:  # max diff: the stepped and whole-forward paths give the same numbers
         assert float(row.split("|")[6]) <= 1e-4, row
+
+
+def test_prompts_benchmark_smoke():
+    """Prompt sets built three ways hold the same tokens, and the table says so for every setup."""
+    out = run("prompts.py", "--runs", "1", "--side", "12", "--models", "add-3digit")
+    rows = [line for line in out.splitlines() if line.startswith("| `zoo:")]
+    assert len(rows) == 2 and all(row.rstrip(" |").endswith("yes") for row in rows), rows
