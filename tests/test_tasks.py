@@ -217,6 +217,14 @@ def test_reading_the_fast_tokenizer_directly_encodes_what_its_own_call_does(requ
     assert direct.texts == called.texts and direct.meta == called.meta
     monkeypatch.undo()
 
+    # the garbage collector, paused while prompts are encoded, runs again afterwards, also after an error
+    import gc
+
+    assert gc.isenabled()
+    with pytest.raises(TaskError, match="does not fit in 64 bits"):
+        prompts_for_pairs(tokenizer, "*", [2**62], [4], "{a}*{b}=")
+    assert gc.isenabled()
+
     tokenizer.backend_tokenizer.enable_truncation(max_length=2)
     try:
         assert encoding._direct_backend(tokenizer, ["1+2="]) is None
