@@ -59,7 +59,7 @@ SPECIFIC = {
     "max_seconds", "reachable_only", "baselines", "per_position", "normalize", "scoring", "feed", "vary", "bottom",
     "families", "controls", "groups", "shuffle_control", "control", "extra", "value", "scale", "clamp", "template",
     "per_number", "include_final", "key", "name", "n_features", "skip", "held_out", "encoder_scale",
-    "resample_until", "min_frequency", "skip_ridge", "train_skip", "distinct", "max_fvu", "sizes", "head",
+    "resample_until", "min_frequency", "skip_ridge", "train_skip", "distinct", "sequential", "max_fvu", "sizes", "head",
     "neuron_receivers", "base", "like", "n", "dtype", "store", "probe_kw", "kwargs", "p", "raise_above",
     # a file layout's own names (circuit-tracer's hook names and activation)
     "feature_input_hook", "feature_output_hook", "activation",

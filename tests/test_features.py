@@ -506,3 +506,36 @@ def test_distinct_rows_train_each_shared_prefix_row_once(tiny_model):
     assert once.meta["train_rows"] == every.meta["train_rows"] - (n_train - 1) * prefix
     row = once.metrics["layers"][0]
     assert 0 <= row["fvu_after_first"] and row["fvu"] != row["fvu_after_first"]
+
+
+def test_sequential_training_fits_each_layer_on_the_replacement_models_inputs(tiny_model, monkeypatch):
+    """With ``sequential``, layer 1's transcoder is fitted on the MLP inputs of the model whose layer 0 is
+    replaced by its transcoder, to the real MLP's outputs there; trained alone, on the real model's inputs."""
+    from arithinterp.features import training
+
+    prompts = prompts_for_pairs(tiny_model, "+", list(range(20)) * 3, list(range(60)), "{a}+{b}=")
+    tokens, valid, _ = full_tokens(prompts)
+    fits = []
+    fit_layer = training._fit_layer
+    monkeypatch.setattr(training, "_fit_layer", lambda x, y, *args, **kwargs: fits.append((x, y)) or fit_layer(
+        x, y, *args, **kwargs))
+
+    def distances(rows, table):  # exact (the matrix-product form cancels to ~1e-3 on equal rows)
+        return torch.cdist(rows, table, compute_mode="donot_use_mm_for_euclid_dist")
+
+    for sequential in (True, False):
+        fits.clear()
+        tc = train_transcoders(tiny_model, prompts, n_features=16, k=2, steps=20, batch_size=64, seed=0,
+                               sequential=sequential, progress=False)
+        assert tc.meta["sequential"] is sequential and len(fits) == 2
+        replaced_in, replaced_out = mlp_activations(tiny_model, tokens, [1], writes=tc.interventions(layers=[0]))
+        real_in, _ = mlp_activations(tiny_model, tokens, [1])
+        x, y = fits[1]
+        on_replaced = distances(x, replaced_in[0][valid]).min(1).values
+        on_real = distances(x, real_in[0][valid]).min(1).values
+        if sequential:
+            assert on_replaced.max() < 1e-5 and on_real.max() > 1e-3
+            match = distances(x, replaced_in[0][valid]).argmin(1)
+            assert torch.allclose(y, replaced_out[0][valid][match], atol=1e-5)
+        else:
+            assert on_real.max() < 1e-5 and on_replaced.max() > 1e-3
