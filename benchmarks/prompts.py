@@ -2,18 +2,18 @@
 
     python benchmarks/prompts.py [--runs 5] [--models add-100 add-3digit] [--few-shot 3]
 
-For each zoo model, the prompts of a 100 × 100 operand grid (and their 3-shot versions) is built three
+For each zoo model, the prompts of a 100 × 100 operand grid (and their 3-shot versions) are built three
 ways in one process, alternating, one CPU thread:
 
 * TransformerLens: ``model.to_tokens(texts)``, token ids only (padded), the reference floor: no
   answers, operand positions or checks;
 * the tokenizer's call: ``tasks.arithmetic`` reading ids and offsets through the tokenizer's own
-  ``__call__``, the cyclic garbage collector running (how prompt sets were built before);
+  ``__call__``, the cyclic garbage collector running;
 * ``tasks.arithmetic`` as it is: a fast tokenizer read through its Rust backend, the collector paused.
 
 Reported: the median seconds of each, the speed-up over the tokenizer's call, and whether the three
-prompt sets hold identical tokens (TransformerLens pads on the other side, so its ids are compared
-row by row without padding).
+prompt sets hold identical tokens (TransformerLens's rows compared without their padding, whose
+token may differ).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import statistics
 import time
 
 import torch
-
 
 GRIDS = {"add-100": range(100), "add-3digit": range(100, 1000, 9)}  # 100 operand values a side each
 
