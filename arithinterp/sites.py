@@ -199,22 +199,21 @@ def looking_first_at(chosen: list[int], first: Sequence[int]) -> list[int]:
     Returns:
         The layers, ascending.
     """
-    keep = list(dict.fromkeys(first))[: len(chosen)]
-    others = [layer for layer in coarse_to_fine(chosen) if layer not in keep]
-    return sorted(keep + others[: len(chosen) - len(keep)])
+    return sorted(coarse_to_fine(chosen, first)[: len(chosen)])
 
 
-def coarse_to_fine(layers: list[int]) -> list[int]:
+def coarse_to_fine(layers: list[int], first: Sequence[int] = ()) -> list[int]:
     """``layers`` reordered so that every prefix is spread over them: the last, the first, the
-    middle, then the quarters, ... (:func:`spread` of more and more).
+    middle, then the quarters, ... (:func:`spread` of more and more), after ``first``.
 
     Args:
         layers: The layers, in order.
+        first: Layers put ahead of the rest, in their order (they need not be among ``layers``).
 
     Returns:
-        The same layers, reordered.
+        ``first``, then the other layers, reordered.
     """
-    order: list[int] = []
+    order: list[int] = list(dict.fromkeys(first))
     for k in range(1, len(layers) + 1):
         order += [layers[i] for i in spread(len(layers), k) if layers[i] not in order]
     return order

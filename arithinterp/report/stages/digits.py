@@ -112,7 +112,7 @@ def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int], heads_of:
 
     from arithinterp import patching
 
-    order = list(first) + [layer for layer in coarse_to_fine(layers) if layer not in first]
+    order = coarse_to_fine(layers, first)
     size = max(1, math.ceil(len(order) / 4))
     parts, covered, start = [], [], time.perf_counter()
     for group in (order[i:i + size] for i in range(0, len(order), size)):
