@@ -509,7 +509,8 @@ def graph_command(args: argparse.Namespace) -> dict:
                           "--transcoders out for the zoo model's shipped ones")
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders or args.model)
-    graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes)
+    graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes,
+                         max_feature_nodes=args.max_feature_nodes)
     columns = ["layer", "position", "token", "feature", "activation", "influence"]
     kept = [node for node in graph.nodes if node["kept"] and node["kind"] == "feature"]
     top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
@@ -745,6 +746,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transcoders", default=None, help="saved transcoders (default: the zoo model's shipped ones)")
     p.add_argument("--logits", type=int, default=1, help="answer tokens the graph explains (default: 1)")
     p.add_argument("--max-nodes", type=int, default=100, help="at most this many kept nodes (default: 100)")
+    p.add_argument("--max-feature-nodes", type=int, default=1000,
+                   help="at most this many features have their incoming edges computed, the most influential "
+                        "first (default: 1000)")
     p.add_argument("--out", default=None, help="directory to save the graph in (reload with AttributionGraph.load)")
     p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
     p.add_argument("--overwrite", action="store_true", help="replace a graph already saved in --out, and an existing "

@@ -2,6 +2,8 @@
 
     PYTHONPATH=. python benchmarks/features.py            # zoo models and the Llama-family folder
     PYTHONPATH=. python benchmarks/features.py --no-llama # zoo models only
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/features.py --no-zoo --no-llama --gemma3 DIR
+        # Gemma 3 270M over the transcoders scripts/gemma3_transcoders.py wrote to DIR (the gemma3 extra)
 
 Prints markdown tables: per shipped transcoder set, the card's held-out numbers (FVU, L0, dead
 features, training wall time) and the replacement model measured here on held-out problems; per
@@ -51,7 +53,7 @@ def zoo_rows(runs: int, held_out: int) -> None:
         prompt = "36+59=" if name == "add-100" else "136+259="
         graphs.append((f"zoo:{name}", model, prompt, tc))
     print()
-    print("| model | prompt | tokens | graph s (median) | active features | kept nodes | kept influence | "
+    print("| model | prompt | tokens | graph s (median) | features expanded / active | kept nodes | kept influence | "
           "replacement | completeness | exactness: features | logits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, model, prompt, tc in graphs:
@@ -61,7 +63,8 @@ def zoo_rows(runs: int, held_out: int) -> None:
 
 def _graph_row(label, prompt, graph, seconds) -> None:
     s = graph.scores
-    print(f"| {label} | `{prompt!r}` | {len(graph.tokens)} | {seconds:.3f} | {s['n_active_features']} | "
+    print(f"| {label} | `{prompt!r}` | {len(graph.tokens)} | {seconds:.3f} | "
+          f"{s['n_expanded_features']} / {s['n_active_features']} | "
           f"{s['n_kept']} | {s['kept_influence']:.3f} | {s['replacement']:.3f} | {s['completeness']:.3f} | "
           f"{s['max_abs_error']:.2e} | {s['max_abs_error_logits']:.2e} ({s['max_rel_error_logits']:.1e} rel) |")
 
@@ -74,7 +77,7 @@ def llama_row(runs: int) -> None:
 
     import arithinterp as ai
     from arithinterp.features import train_transcoders
-    from arithinterp.features.graph import prompt_graph
+    from arithinterp.features.graph import MAX_FEATURE_NODES, prompt_graph
     from arithinterp.models.tokenizers import number_tokenizer
     from arithinterp.tasks import prompts_for_pairs
 
@@ -95,9 +98,37 @@ def llama_row(runs: int) -> None:
                                                          (17, 17), (60, 9)])
     prompt = shots + "36+59="
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    seconds, graph = median_time(lambda: prompt_graph(model, prompt, tc, progress=False), runs)
-    untouched = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    _graph_row(f"Llama 4L d256 (weights untouched: {untouched})", "8-shot 36+59=", graph, seconds)
+    for cap in (MAX_FEATURE_NODES, None):
+        seconds, graph = median_time(lambda: prompt_graph(model, prompt, tc, max_feature_nodes=cap, progress=False),
+                                     runs)
+        untouched = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        _graph_row(f"Llama 4L d256 (weights untouched: {untouched})", "8-shot 36+59=", graph, seconds)
+
+
+def gemma3_rows(directory: str, runs: int, n_prompts: int = 3) -> None:
+    """Graphs of 3-shot 2-digit prompts of Gemma 3 270M's transcoder recipe that the model answers
+    correctly (the first ``n_prompts``), with the default ``max_feature_nodes`` and half of it."""
+    from arithinterp.features import load_transcoders
+    from arithinterp.features.graph import MAX_FEATURE_NODES, prompt_graph
+    from arithinterp.features.recipes import RECIPES, recipe_prompts
+    from arithinterp.models import load_model
+
+    model = load_model("pkg:gemma-3-270m")
+    tc = load_transcoders(directory)
+    prompts = recipe_prompts(model, RECIPES["pkg:gemma-3-270m"]).correct_only(model)
+    for i in range(n_prompts):
+        one = prompts[i : i + 1]
+        text = one.texts[0].splitlines()[-1]
+        for cap in (MAX_FEATURE_NODES, MAX_FEATURE_NODES // 2):
+            tokens = one.unpadded(torch.arange(1))[0]
+            seconds, graph = median_time(lambda: prompt_graph(model, tokens, tc, max_feature_nodes=cap,
+                                                              progress=False), runs)
+            _graph_row("pkg:gemma-3-270m, 3-shot", text, graph, seconds)
+    # the same first prompt on the model in float64: what is left of the exactness check is the precision's
+    model64 = load_model("pkg:gemma-3-270m", dtype="float64")
+    tokens = prompts[:1].unpadded(torch.arange(1))[0]
+    seconds, graph = median_time(lambda: prompt_graph(model64, tokens, tc, progress=False), runs)
+    _graph_row("pkg:gemma-3-270m in float64, 3-shot", prompts[:1].texts[0].splitlines()[-1], graph, seconds)
 
 
 def main() -> None:
@@ -106,11 +137,14 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=2000, help="held-out problems for the replacement model")
     parser.add_argument("--no-llama", action="store_true")
     parser.add_argument("--no-zoo", action="store_true")
+    parser.add_argument("--gemma3", default=None, metavar="DIR", help="Gemma 3 270M's transcoders (not shipped)")
     args = parser.parse_args()
     if not args.no_zoo:
         zoo_rows(args.runs, args.held_out)
     if not args.no_llama:
         llama_row(args.runs)
+    if args.gemma3:
+        gemma3_rows(args.gemma3, args.runs)
 
 
 if __name__ == "__main__":

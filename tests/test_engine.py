@@ -75,6 +75,17 @@ def test_an_int_position_is_the_same_in_every_prompt_and_may_count_from_the_end(
     assert torch.allclose(again.logits, _hooked_logits(tiny_model, longer, "blocks.1.hook_mlp_out", patch), atol=1e-5)
 
 
+def test_a_write_of_the_whole_activation_leaves_what_computed_it_out_of_the_backward():
+    """A frozen pattern or a replaced MLP output keeps no autograd link to the value it replaces (the
+    backward of an attribution graph does not run through queries, keys or the real MLP); a write of
+    some positions keeps the rest linked, and a function value stays differentiable in its input."""
+    computed = torch.ones(2, 3, 4, requires_grad=True) * 2.0
+    assert not engine.Write("mlp_out", value=torch.zeros(2, 3, 4)).apply(computed).requires_grad
+    assert engine.Write("mlp_out", positions=1, value=0.0).apply(computed).requires_grad
+    doubled = engine.Write("mlp_out", value=lambda x: 2 * x).apply(computed)
+    assert torch.equal(doubled, 2 * computed.detach()) and doubled.requires_grad
+
+
 def test_positions_of_the_wrong_shape_are_refused(tiny_model, tokens):
     with pytest.raises(AnalysisError, match="B = 5"):
         engine.run(tiny_model, tokens, [engine.Write("resid_pre", 0, torch.zeros(3, dtype=torch.long))])

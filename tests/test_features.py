@@ -245,9 +245,9 @@ def test_graph_edges_are_exact_on_a_two_layer_model_with_norms(tiny_model):
         return acts
 
     del x0
-    from arithinterp.features.graph import _frozen
+    from arithinterp.features.attribution import frozen_state
 
-    state = _frozen(tiny_model, tokens, tc)
+    state = frozen_state(tiny_model, tokens)
     frozen = [Write(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
     reads = [Read("mlp_in", 1)]
     errors = state["got"][("mlp_out", 0)] - tc(0, state["got"][("mlp_in", 0)])
@@ -369,7 +369,8 @@ def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model)
     """The last layer's feature → logit edges come from a backward, not from rows: switching such a
     feature off in the frozen model (linear there, so no step size to pick) moves the demeaned logit
     by its edge weight."""
-    from arithinterp.features.graph import _frozen, prompt_graph
+    from arithinterp.features.attribution import frozen_state
+    from arithinterp.features.graph import prompt_graph
 
     a = torch.arange(100).repeat_interleave(5)
     b = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(1))
@@ -382,7 +383,7 @@ def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model)
     edge = last.loc[last["weight"].abs().idxmax()]
     src = graph.node_frame().iloc[int(edge["source"])]
     tokens = tiny_model.to_tokens("36+59=")
-    state = _frozen(tiny_model, tokens, tc)
+    state = frozen_state(tiny_model, tokens)
     frozen = [Write(site, layer, value=value) for (site, layer), value in state["frozen"].items()]
     errors = [state["got"][("mlp_out", layer)] - tc(layer, state["got"][("mlp_in", layer)]) for layer in (0, 1)]
     acts0 = tc.encode(0, state["got"][("mlp_in", 0)])  # layer 0 held at its own activations
@@ -402,6 +403,55 @@ def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model)
         return float((out[0] - out[0].mean())[int(edge["target_feature"])])
 
     assert replaced(1.0) - replaced(0.0) == pytest.approx(float(edge["weight"]), rel=1e-2, abs=1e-4)
+
+
+def test_a_capped_graph_expands_the_features_the_full_graph_finds_most_influential():
+    """With ``max_feature_nodes`` the features are expanded in order of their influence through the
+    edges known so far: the 20 chosen of add-3digit's 274 hold nearly what the 20 most influential
+    of the full graph hold, far more than 20 drawn at random, and their rows are the full graph's."""
+    from arithinterp.features.graph import prompt_graph
+    from arithinterp.models import load_model
+
+    model = load_model("zoo:add-3digit")
+    tc = load_transcoders("zoo:add-3digit")
+    full = prompt_graph(model, "136+259=", tc, n_logits=2, max_feature_nodes=None, progress=False)
+    capped = prompt_graph(model, "136+259=", tc, n_logits=2, max_feature_nodes=20, progress=False)
+    assert capped.scores["n_expanded_features"] == 20 and capped.scores["n_active_features"] == 274
+    assert capped.scores["max_abs_error"] <= 1e-5 and capped.scores["max_rel_error_logits"] <= 1e-5
+
+    def key(frame):
+        return list(zip(frame["layer"], frame["position"], frame["feature"]))
+
+    nodes = full.node_frame()
+    features = nodes[nodes["kind"] == "feature"]
+    influence = dict(zip(key(features), features["influence"]))
+    total = sum(influence.values())
+    chosen = capped.node_frame().query("kind == 'feature'")
+    share = sum(influence[k] for k in key(chosen)) / total
+    best = features["influence"].nlargest(20).sum() / total
+    drawn = torch.randperm(len(features), generator=torch.Generator().manual_seed(0))[:20]
+    at_random = features["influence"].to_numpy()[drawn.numpy()].sum() / total
+    assert share >= 0.95 * best and share > 3 * at_random, (share, best, at_random)
+    # a chosen feature's incoming edges from the sources both graphs hold are the full graph's
+    full_index = {k: i for i, k in enumerate(key(nodes))}
+    capped_nodes = capped.node_frame()
+    columns = [full_index[k] for k in key(capped_nodes) if k in full_index]
+    both = [i for i, k in enumerate(key(capped_nodes)) if k in full_index]
+    target = int(chosen.index[0])
+    assert torch.allclose(capped.edges[target, both], full.edges[full_index[key(chosen)[0]], columns], atol=1e-5)
+
+
+def test_a_float64_models_graph_is_exact_to_float64_rounding():
+    """What the exactness check leaves on a float32 model is rounding: the same model in float64
+    (gradients, targets and bias in its precision) gives edges + bias = each value to 1e-12."""
+    from arithinterp.features.graph import prompt_graph
+    from arithinterp.models import load_model
+
+    tc = load_transcoders("zoo:add-3digit")
+    scores = [prompt_graph(load_model("zoo:add-3digit", dtype=dtype), "136+259=", tc, n_logits=2,
+                           progress=False).scores for dtype in ("float32", "float64")]
+    assert 1e-8 < scores[0]["max_abs_error"] <= 1e-5
+    assert scores[1]["max_abs_error"] <= 1e-12 and scores[1]["max_abs_error_logits"] <= 1e-12
 
 
 def test_path_labels_sort_into_last_digit_and_magnitude():

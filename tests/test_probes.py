@@ -839,7 +839,10 @@ def test_row_solver_reaches_the_joint_optimum_and_keeps_rows_independent():
 def test_batched_detector_makes_the_reference_choice_with_the_same_scores():
     """On zoo:add-3digit-weak (600 problems, last layer) the batched fit chooses the method that a
     tightly converged reference (the per-target solver, 1,000 iterations, gradient tolerance 1e-7)
-    chooses, with every cross-validated score within 0.005 and the same flags."""
+    chooses, with every cross-validated AUROC within 0.005, thresholds within 0.02 and the same flags.
+    Accuracies are counts at a threshold, so two solvers whose scores differ by 1e-4 may put some of
+    the held-out prompts on either side of it: they are held within 0.03 (the `combined` method's
+    thresholds 0.94161 / 0.94173 give accuracy 0.800 / 0.778, 13 of 600 prompts; the final flags agree)."""
     import warnings
 
     import arithinterp as ai
@@ -860,8 +863,10 @@ def test_batched_detector_makes_the_reference_choice_with_the_same_scores():
         fast = probes.ErrorDetector(layers=[1]).fit(model, prompts, evaluation)
     assert fast.method_ == ref.method_ and fast.layers_ == ref.layers_
     for method in probes.DETECTOR_METHODS:
-        for key in ("balanced_accuracy", "accuracy", "auroc"):
-            assert abs(fast.meta_["validation"][method][key] - ref.meta_["validation"][method][key]) <= 0.005
+        scores, reference = fast.meta_["validation"][method], ref.meta_["validation"][method]
+        assert abs(scores["auroc"] - reference["auroc"]) <= 0.005
+        for key in ("balanced_accuracy", "accuracy"):
+            assert abs(scores[key] - reference[key]) <= 0.03
         assert abs(fast.thresholds_[method] - ref.thresholds_[method]) < 0.02
     agree = (fast.flag(model, prompts, evaluation) == ref.flag(model, prompts, evaluation)).float().mean()
     assert agree >= 0.99

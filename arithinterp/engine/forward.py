@@ -52,7 +52,7 @@ class Write:
         units: heads (``attn_z``, ``pattern``) or neurons (``mlp_pre``, ``mlp_post``); ``None`` for all.
         value: a number or tensor broadcast to the selected slice ``[B, (k,) (units,) ...]``, or a
             function of that slice returning its replacement (a projection, a helix
-            reconstruction, ...).
+            reconstruction, ...) without changing the slice in place.
         source: the same slice read from other prompts (an interchange): ``value`` is then a
             function ``f(base slice, source slice)`` returning the replacement, e.g. a rotated
             subspace of the source swapped into the base (distributed alignment search). Run with
@@ -92,16 +92,20 @@ class Write:
                 activation in this forward, sliced the same way; ``None`` without an input site.
 
         Returns:
-            Float[Tensor, "batch pos ..."]: A copy of ``activation`` with the slice replaced.
+            Float[Tensor, "batch pos ..."]: A copy of ``activation`` with the slice replaced. A write
+            of the whole activation (no positions, no units) keeps no autograd link to the activation
+            it replaces, so a backward does not run through what computed it (a frozen pattern's
+            queries and keys, an MLP whose output a transcoder replaces).
 
         Raises:
             AnalysisError: A source without a function value, a source slice of another shape, or a
                 value that does not broadcast to the slice.
         """
-        out = activation.clone()
+        whole = self.positions is None and self.units is None
+        out = torch.empty_like(activation) if whole else activation.clone()
         positions = _positions_tensor(self.positions, out.shape[0], out.device)
         index = _slice_index(self.site, out, positions, self.units)
-        current = out[index] if input_activation is None else input_activation[index]
+        current = (activation if input_activation is None else input_activation)[index]
         single = positions is not None and positions.ndim == 1
         k_dim = 2 if self.site == "pattern" and self.units is not None else 1
         view = current.squeeze(k_dim) if single else current
@@ -264,9 +268,9 @@ def run(
         tokens (Int[Tensor, "batch pos"]): The prompts.
         writes: What to replace, applied in order.
         reads: What to keep.
-        logits: ``"final"`` (``[batch, vocab]``, float32; the unembedding runs on the final
-            position alone), an int ``k`` (``[batch, k, vocab]`` at the last ``k`` positions,
-            teacher-forced answers: the unembedding runs on those alone), ``"all"``
+        logits: ``"final"`` (``[batch, vocab]``, float32, float64 for a float64 model; the
+            unembedding runs on the final position alone), an int ``k`` (``[batch, k, vocab]`` at
+            the last ``k`` positions, teacher-forced answers: the unembedding runs on those alone), ``"all"``
             (``[batch, pos, vocab]``) or ``"none"`` (the forward stops after the last layer any read
             or intervention needs and never runs the unembedding).
         metric: ``f(final logits [batch, vocab]) -> [batch]``; the reads' gradients of
@@ -379,12 +383,14 @@ def run(
             model, tokens, hooks, return_type="logits" if logits != "none" or grad else None, stop_at_layer=stop,
             last=last,
         )
-        final = None if out is None else out[:, -1].float()
+        if out is not None:  # half precision scored in float32; a float64 model keeps its precision
+            out = out.to(torch.promote_types(out.dtype, torch.float32))
+        final = None if out is None else out[:, -1]
         if train:
             assert out is not None
             if not torch.isfinite(out.detach()).all():
                 raise AnalysisError("the model's logits are not finite (NaN or inf) under these writes")
-            return Output(out.float() if several else final, kept)
+            return Output(out if several else final, kept)
         if final is not None and not torch.isfinite(final).all():
             raise AnalysisError(
                 "the model's logits are not finite (NaN or inf): its weights or activations are broken, "
@@ -408,7 +414,7 @@ def run(
         missing = [r.hook_name() for r, k in zip(reads, kept) if k is None]
         raise SiteError(f"these reads never fired (not computed by this model): {missing}")
     if several and out is not None:
-        return Output(out.detach().float(), kept, grads)
+        return Output(out.detach(), kept, grads)
     return Output(final if logits == "final" else None, kept, grads)
 
 

@@ -147,9 +147,11 @@ class Transcoders(Result):
         return self.layers.index(layer)
 
     def pre(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Feature pre-activations ``[..., F]`` of MLP inputs ``x [..., d]``."""
+        """Feature pre-activations ``[..., F]`` of MLP inputs ``x [..., d]`` (in the weights' precision,
+        or the inputs' where it is higher)."""
         i = self.index(layer)
-        return x.to(self.W_enc.dtype) @ self.W_enc[i] + self.b_enc[i]
+        dtype = torch.promote_types(x.dtype, self.W_enc.dtype)
+        return x.to(dtype) @ self.W_enc[i].to(dtype) + self.b_enc[i].to(dtype)
 
     def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Feature activations ``[..., F]`` of MLP inputs ``x [..., d]`` (k non-zero per row for TopK)."""
@@ -159,11 +161,12 @@ class Transcoders(Result):
     def linear(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """The part of the output ``[..., d]`` that no feature writes: ``b_dec + x @ W_skip``."""
         i = self.index(layer)
-        return self.b_dec[i] + x.to(self.W_skip.dtype) @ self.W_skip[i]
+        dtype = torch.promote_types(x.dtype, self.W_skip.dtype)
+        return self.b_dec[i].to(dtype) + x.to(dtype) @ self.W_skip[i].to(dtype)
 
     def decode(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The transcoder's MLP output ``[..., d]`` from activations ``acts [..., F]`` and inputs ``x``."""
-        return acts @ self.W_dec[self.index(layer)] + self.linear(layer, x)
+        return acts @ self.W_dec[self.index(layer)].to(acts.dtype) + self.linear(layer, x)
 
     def __call__(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return self.decode(layer, self.encode(layer, x), x)

@@ -1,0 +1,303 @@
+"""Direct effects in a prompt's local replacement model: the computing under an attribution graph.
+
+The *local replacement model* of a prompt is the model with every MLP replaced by its transcoder
+plus an *error node* (the MLP's true output minus the transcoder's, held constant), attention
+patterns and norm divisors frozen at their values on the prompt. It reproduces the model's
+activations on that prompt exactly, and it is linear in its *sources*: token embeddings, the
+active features' activations and the error nodes. So the direct effect of a source on a *target*
+(an active feature's pre-activation, or a demeaned answer logit) is the target's gradient at the
+place the source writes, times what it writes; those effects plus the all-off value (the *bias*:
+positional embeddings, norm and layer biases) add up to the target's value.
+
+:func:`attribute` runs the replacement model once with gradients, then one batched backward per
+``batch_size`` targets (``torch.autograd.grad`` with ``is_grads_batched``: the forward is shared).
+Only the linear paths are in that backward: the frozen patterns cut the queries and keys out of
+it, and each real MLP, whose output the transcoder's replaces, sees a detached input. The answer
+logits are expanded first; then, as circuit-tracer does (``max_feature_nodes``), the features in
+order of their influence on the answer through the edges known so far, until ``max_feature_nodes``
+are expanded (all of them with ``None``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from arithinterp import sites as site_lib
+from arithinterp.engine import Read, Write, run
+from arithinterp.features.transcoder import Transcoders
+
+# What one batched backward's gradients may take; targets per batch follow from the prompt's size.
+BACKWARD_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """Every source's direct effect on each expanded target of one prompt.
+
+    Attributes:
+        nodes: One dict per possible node, in order: embeddings (one per position), active features
+            (by layer, then position), error nodes (by layer, then position), answer logits; each
+            with ``kind``, ``layer``, ``position``, ``feature`` (the token id for logits) and
+            ``activation`` (a feature's activation, an error node's norm).
+        n_sources: The nodes before the logits (every node but the logits is a source).
+        rows (Float[Tensor, "target source"]): ``rows[r, s]`` the direct effect of source ``s`` on
+            target ``targets[r]``, float64.
+        targets (Int[Tensor, "target"]): The node of each row: the logits, then the expanded features.
+        bias (Float[Tensor, "target"]): Each target's value with every source off.
+        values (Float[Tensor, "target"]): Each target's own value on the prompt.
+        logits (Float[Tensor, "vocab"]): The model's final-position logits.
+    """
+
+    nodes: list
+    n_sources: int
+    rows: torch.Tensor
+    targets: torch.Tensor
+    bias: torch.Tensor
+    values: torch.Tensor
+    logits: torch.Tensor
+
+
+def frozen_state(model: Any, tokens: torch.Tensor) -> dict[str, Any]:
+    """What the local replacement model freezes (``frozen``: patterns and norm divisors), and from
+    the clean run (``got``) the embeddings and each layer's MLP input and output, and its final logits."""
+    n_layers = site_lib.n_layers(model)
+    hooks = set(getattr(model, "hook_dict", {}))
+    frozen_sites = [("pattern", layer) for layer in range(n_layers)]
+    # the branch norms (Gemma 2 / 3) too: an attention output's norm divides it by its own rms
+    frozen_sites += [(site, layer) for layer in range(n_layers)
+                     for site in ("ln1_scale", "ln1_post_scale", "ln2_scale", "ln2_post_scale")
+                     if site_lib.hook_name(site, layer) in hooks]
+    if site_lib.hook_name("ln_final_scale") in hooks:
+        frozen_sites.append(("ln_final_scale", 0))
+    reads = [Read(site, layer) for site, layer in frozen_sites]
+    reads += [Read("embed", 0)] + [Read(site, layer) for layer in range(n_layers) for site in ("mlp_in", "mlp_out")]
+    out = run(model, tokens, reads=reads)  # the final position's logits alone
+    got = dict(zip([(r.site, r.layer) for r in reads], out.reads))
+    return dict(frozen={key: got[key] for key in frozen_sites}, got=got, logits=out.logits)
+
+
+def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_logits: int,
+              zero_positions: list, max_feature_nodes: Optional[int], batch_size: Optional[int],
+              progress: bool) -> Attribution:
+    """The direct effects of every source on the answer logits and on up to ``max_feature_nodes``
+    features chosen by influence (checked arguments: see :func:`~arithinterp.features.graph.prompt_graph`).
+
+    Args:
+        model: The hooked model.
+        tokens (Int[Tensor, "1 pos"]): The prompt.
+        transcoders: Transcoders from ``mlp_in`` to ``mlp_out`` for every layer.
+        n_logits: The answer tokens (most probable first) that are targets.
+        zero_positions: Positions whose features and error nodes are held constant (in the bias).
+        max_feature_nodes: The most features expanded; ``None``: all.
+        batch_size: Targets per batched backward (default: what :data:`BACKWARD_BYTES` allows).
+        progress: Show a progress bar.
+
+    Returns:
+        The :class:`Attribution`.
+    """
+    n_layers, T, d = site_lib.n_layers(model), int(tokens.shape[1]), int(model.cfg.d_model)
+    state = frozen_state(model, tokens)
+    got, real_logits = state["got"], state["logits"][0]
+    mlp_in = [got[("mlp_in", layer)] for layer in range(n_layers)]
+    acts = [transcoders.encode(layer, x[0]) for layer, x in enumerate(mlp_in)]  # [T, F]
+    for a in acts:
+        a[zero_positions] = 0.0
+    errors = [got[("mlp_out", layer)][0] - transcoders.decode(layer, acts[layer], mlp_in[layer][0])
+              for layer in range(n_layers)]
+    # zeroed positions: what their features and error write is held constant (part of the bias)
+    held = [torch.zeros_like(e) for e in errors]
+    for e, h in zip(errors, held):
+        h[zero_positions] = e[zero_positions]
+        e[zero_positions] = 0.0
+    active = [a.nonzero() for a in acts]  # [n_l, 2] (position, feature)
+    top = real_logits.topk(n_logits).indices
+
+    nodes: list[dict] = [dict(kind="embedding", layer=-1, position=p, feature=-1, activation=0.0) for p in range(T)]
+    for layer in range(n_layers):
+        for p, f in active[layer].tolist():
+            nodes.append(dict(kind="feature", layer=layer, position=p, feature=f, activation=float(acts[layer][p, f])))
+    for layer in range(n_layers):
+        for p in range(T):
+            nodes.append(dict(kind="error", layer=layer, position=p, feature=-1,
+                              activation=float(errors[layer][p].norm())))
+    n_sources = len(nodes)
+    for token in top.tolist():
+        nodes.append(dict(kind="logit", layer=n_layers, position=T - 1, feature=int(token), activation=0.0))
+    targets = _Targets(nodes, n_sources, transcoders)
+
+    # one forward with gradients (everything as on the prompt), then each batch of targets is one backward
+    constants = [got[("mlp_out", layer)] - transcoders.linear(layer, x) for layer, x in enumerate(mlp_in)]
+    dtype = got[("embed", 0)].dtype  # the model's: a float64 model gives float64 gradients
+    probes = [torch.zeros(1, T, d, dtype=dtype, requires_grad=True) for _ in range(n_layers + 1)]
+    live_in, live_logits = replacement_run(model, tokens, state["frozen"], transcoders, constants, probes=probes)
+    sources = _Sources(transcoders, got[("embed", 0)][0], active, acts, errors)
+    size = batch_size or max(1, BACKWARD_BYTES // ((n_layers + 1) * T * d * 4))
+    is_feature = torch.tensor([n["kind"] == "feature" for n in nodes[:n_sources]])
+    n_active = int(is_feature.sum())
+    n_expanded = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    rows = torch.zeros(n_logits + n_expanded, n_sources, dtype=torch.float64)
+    normalised = torch.zeros(len(rows), n_sources)  # |rows| summing to 1 per target: for choosing alone
+    row_node = torch.full((len(rows),), -1, dtype=torch.long)
+    filled = 0
+    bar = tqdm(total=len(rows), desc="graph rows", disable=None if progress else True)
+
+    def expand(ids: torch.Tensor) -> None:
+        nonlocal filled
+        for start in range(0, len(ids), size):
+            part = ids[start : start + size]
+            value = targets.values(part, live_in, live_logits)
+            grads = torch.autograd.grad(value, probes, grad_outputs=torch.eye(len(part), dtype=value.dtype),
+                                        retain_graph=True, is_grads_batched=True, allow_unused=True)
+            effects = sources.effects(grads)
+            rows[filled : filled + len(part)] = effects
+            size_of = effects.abs()
+            normalised[filled : filled + len(part)] = size_of / size_of.sum(1, keepdim=True).clamp_min(1e-30)
+            row_node[filled : filled + len(part)] = part
+            filled += len(part)
+            bar.update(len(part))
+
+    expand(torch.arange(n_sources, len(nodes)))
+    pending = is_feature.clone()
+    probs = real_logits.float().softmax(-1)[top].double()
+    while filled < len(rows):
+        if n_expanded == n_active:  # every feature: no choice to make
+            chosen = pending.nonzero().squeeze(1)[: len(rows) - filled]
+        else:  # the most influential features not yet expanded, through the edges known so far
+            influence = partial_influence(normalised[:filled], row_node[:filled], probs / probs.sum())
+            chosen = influence.masked_fill(~pending, -1.0).topk(min(size, len(rows) - filled)).indices.sort().values
+        pending[chosen] = False
+        expand(chosen)
+    bar.close()
+
+    bias_in, bias_logits = replacement_run(model, tokens, state["frozen"], transcoders, held, embed=False)
+    return Attribution(nodes=nodes, n_sources=n_sources, rows=rows, targets=row_node,
+                       bias=targets.values(row_node, bias_in, bias_logits).double(),
+                       values=targets.values(row_node, mlp_in, real_logits[None]).double(), logits=real_logits)
+
+
+def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders: Transcoders, constants: list,
+                    *, embed: bool = True, probes: Optional[list] = None) -> tuple[list, torch.Tensor]:
+    """One forward of the local replacement model: patterns and norm divisors ``frozen``, each MLP's
+    output its transcoder's linear part plus ``constants[layer]`` ``[1, T, d]`` (what its features
+    and error node write, held), the embeddings kept or (``embed=False``) switched off.
+
+    With ``probes`` (one zero tensor ``[1, T, d]`` that requires grad per layer, then one for the
+    embeddings), each is added to its MLP output or to the embeddings and the forward keeps its
+    autograd graph: a probe's gradient is what a unit written there does to a target.
+
+    Returns:
+        ``(mlp_in, logits)``: each layer's MLP input ``[1, T, d]`` and the final position's logits ``[1, V]``.
+    """
+    n_layers = len(constants)
+    mlp_in: list = [None] * n_layers
+    writes = [Write(site, layer, value=value) for (site, layer), value in frozen.items()]
+
+    def embedding(e: torch.Tensor) -> torch.Tensor:
+        e = e if embed else torch.zeros_like(e)
+        return e if probes is None else e + probes[n_layers].to(e.dtype)
+
+    writes.append(Write("embed", 0, value=embedding))
+    for layer in range(n_layers):
+
+        def output(x: torch.Tensor, layer: int = layer) -> torch.Tensor:
+            mlp_in[layer] = x
+            out = transcoders.linear(layer, x) + constants[layer].to(x.dtype)
+            return out if probes is None else out + probes[layer].to(out.dtype)
+
+        writes.append(Write("mlp_out", layer, value=output, input_site="mlp_in"))
+        # the real MLP runs on a detached copy of its input (its output is replaced): out of the backward
+        writes.append(Write("mlp_in", layer, value=torch.Tensor.detach))
+    out = run(model, tokens, writes, logits="final", train=probes is not None)
+    assert out.logits is not None
+    return mlp_in, out.logits
+
+
+class _Targets:
+    """Reads targets' values from a replacement run: a feature's pre-activation, a logit's demeaned value."""
+
+    def __init__(self, nodes: list, n_sources: int, transcoders: Transcoders):
+        self.n_sources = n_sources
+        self.layer = torch.tensor([n["layer"] for n in nodes])
+        self.position = torch.tensor([n["position"] for n in nodes])
+        self.feature = torch.tensor([n["feature"] for n in nodes])
+        self.transcoders = transcoders
+
+    def values(self, ids: torch.Tensor, mlp_in: list, logits: torch.Tensor) -> torch.Tensor:
+        """The values ``[len(ids)]`` of target nodes ``ids``, from each layer's MLP input
+        ``[1, T, d]`` and the final logits ``[1, V]`` (differentiable when they are)."""
+        parts, order = [], []
+        is_logit = ids >= self.n_sources
+        if bool(is_logit.any()):
+            order.append(is_logit.nonzero().squeeze(1))
+            parts.append((logits[0] - logits[0].mean())[self.feature[ids[is_logit]]])
+        for layer in self.layer[ids[~is_logit]].unique().tolist():
+            where = ((~is_logit) & (self.layer[ids] == layer)).nonzero().squeeze(1)
+            i, p, f = self.transcoders.index(layer), self.position[ids[where]], self.feature[ids[where]]
+            x, W, b = mlp_in[layer][0, p], self.transcoders.W_enc[i][:, f].T, self.transcoders.b_enc[i][f]
+            order.append(where)
+            parts.append((x * W.to(x.dtype)).sum(-1) + b.to(x.dtype))
+        dtype = functools.reduce(torch.promote_types, [part.dtype for part in parts])
+        return torch.cat([part.to(dtype) for part in parts])[torch.cat(order).argsort()]
+
+
+class _Sources:
+    """What each source writes (token embeddings, active features' activation × decoder row, padded
+    per position, error nodes), turning gradients into direct effects."""
+
+    def __init__(self, transcoders: Transcoders, embeddings: torch.Tensor, active: list, acts: list, errors: list):
+        self.embeddings = embeddings.double()
+        self.errors = [e.double() for e in errors]
+        T = len(embeddings)
+        self.plans = []
+        for layer, (where, a) in enumerate(zip(active, acts)):
+            positions, features = where.T
+            counts = torch.bincount(positions, minlength=T)
+            slots = torch.arange(len(positions)) - (torch.cumsum(counts, 0) - counts)[positions]
+            writes = torch.zeros(T, max(1, int(counts.max())), embeddings.shape[-1], dtype=torch.float64)
+            i = transcoders.index(layer)
+            writes[positions, slots] = (a[positions, features][:, None] * transcoders.W_dec[i][features]).double()
+            self.plans.append((writes, positions, slots))
+
+    def effects(self, grads: tuple) -> torch.Tensor:
+        """Direct effects ``[B, n_sources]`` (embeddings, features by layer, errors by layer) from
+        the gradients at each MLP output, then at the embeddings (``[B, 1, T, d]`` each, None where
+        the targets do not reach)."""
+        B = next(g.shape[0] for g in grads if g is not None)
+
+        def grad(i: int) -> torch.Tensor:
+            g = grads[i]
+            return torch.zeros(B, *self.embeddings.shape, dtype=torch.float64) if g is None else g[:, 0].double()
+
+        features, errors = [], []
+        for layer, (writes, positions, slots) in enumerate(self.plans):
+            g = grad(layer)
+            features.append(torch.einsum("btd,tkd->btk", g, writes)[:, positions, slots])
+            errors.append((g * self.errors[layer]).sum(-1))
+        embeddings = (grad(len(self.plans)) * self.embeddings).sum(-1)
+        return torch.cat([embeddings, *features, *errors], 1)
+
+
+def partial_influence(weights: torch.Tensor, targets: torch.Tensor, logit_weight: torch.Tensor) -> torch.Tensor:
+    """Each source's influence ``[n_sources]`` on the answer through the rows known so far:
+    ``w (A + A² + …)`` with ``A`` the absolute direct effects normalised to sum 1 per target
+    (``weights [R, n_sources]``, into nodes ``targets``, the logits' rows first) and ``w`` the logit
+    rows' weights."""
+    n_logits = len(logit_weight)
+    at = torch.full((weights.shape[1],), -1, dtype=torch.long)  # each expanded feature's row
+    at[targets[n_logits:]] = torch.arange(n_logits, len(weights))
+    reach = torch.zeros(len(weights), dtype=weights.dtype)
+    reach[:n_logits] = logit_weight.to(weights.dtype)
+    influence = torch.zeros(weights.shape[1], dtype=weights.dtype)
+    for _ in range(len(weights)):  # edges reach earlier layers only: one step per layer, then nothing is left
+        if not bool(reach.any()):
+            break
+        flow = reach @ weights
+        influence += flow
+        reach = torch.zeros_like(reach)
+        reach[at[at >= 0]] = flow[at >= 0]
+    return influence
