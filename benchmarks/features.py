@@ -54,8 +54,8 @@ def zoo_rows(runs: int, held_out: int) -> None:
         graphs.append((f"zoo:{name}", model, prompt, tc))
     print()
     print("| model | prompt | tokens | graph s (median) | features expanded / active | kept nodes | kept influence | "
-          "replacement | completeness | exactness: features | logits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "replacement | completeness | exactness: features | logits | error / terms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, model, prompt, tc in graphs:
         seconds, graph = median_time(lambda: prompt_graph(model, prompt, tc, progress=False), runs)
         _graph_row(label, prompt, graph, seconds)
@@ -66,7 +66,8 @@ def _graph_row(label, prompt, graph, seconds) -> None:
     print(f"| {label} | `{prompt!r}` | {len(graph.tokens)} | {seconds:.3f} | "
           f"{s['n_expanded_features']} / {s['n_active_features']} | "
           f"{s['n_kept']} | {s['kept_influence']:.3f} | {s['replacement']:.3f} | {s['completeness']:.3f} | "
-          f"{s['max_abs_error']:.2e} | {s['max_abs_error_logits']:.2e} ({s['max_rel_error_logits']:.1e} rel) |")
+          f"{s['max_abs_error']:.2e} | {s['max_abs_error_logits']:.2e} ({s['max_rel_error_logits']:.1e} rel) | "
+          f"{s['max_error_of_terms']:.1e} |")
 
 
 def llama_row(runs: int) -> None:

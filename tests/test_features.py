@@ -418,6 +418,7 @@ def test_a_capped_graph_expands_the_features_the_full_graph_finds_most_influenti
     capped = prompt_graph(model, "136+259=", tc, n_logits=2, max_feature_nodes=20, progress=False)
     assert capped.scores["n_expanded_features"] == 20 and capped.scores["n_active_features"] == 274
     assert capped.scores["max_abs_error"] <= 1e-5 and capped.scores["max_rel_error_logits"] <= 1e-5
+    assert capped.scores["max_error_of_terms"] <= 1e-4  # the stated tolerance: float32 rounding of the terms
 
     def key(frame):
         return list(zip(frame["layer"], frame["position"], frame["feature"]))
@@ -452,6 +453,7 @@ def test_a_float64_models_graph_is_exact_to_float64_rounding():
                            progress=False).scores for dtype in ("float32", "float64")]
     assert 1e-8 < scores[0]["max_abs_error"] <= 1e-5
     assert scores[1]["max_abs_error"] <= 1e-12 and scores[1]["max_abs_error_logits"] <= 1e-12
+    assert scores[0]["max_error_of_terms"] <= 1e-4 and scores[1]["max_error_of_terms"] <= 1e-12
 
 
 def test_path_labels_sort_into_last_digit_and_magnitude():

@@ -71,7 +71,10 @@ class AttributionGraph(Result):
         scores: ``replacement``, ``completeness``, ``kept_influence`` (of the pruned graph),
             ``max_abs_error`` (the exactness check: incoming edges + bias against each active
             feature's own pre-activation), ``max_abs_error_logits`` / ``max_rel_error_logits`` (the
-            same for the answer logits).
+            same for the answer logits), ``max_error_of_terms`` (the largest error over every
+            target as a share of the absolute sum of its terms, edges and bias: float rounding, about
+            1e-7 to 1e-5 in float32 where terms cancel), ``n_active_features`` and
+            ``n_expanded_features`` (those whose incoming edges were computed).
         meta: Provenance and the graph's settings.
     """
 
@@ -228,10 +231,12 @@ def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcode
     # pre-activations (the paper's check) and, separately, the answer logits; sums in float64
     check = (rows.sum(1) + found.bias - found.values).abs()
     is_logit_row = row_node >= n_sources
+    terms = rows.abs().sum(1) + found.bias.abs()  # what float rounding of the sum scales with
     exactness = dict(
         max_abs_error=float(check[~is_logit_row].max()) if bool((~is_logit_row).any()) else 0.0,
         max_abs_error_logits=float(check[is_logit_row].max()),
         max_rel_error_logits=float((check / found.values.abs().clamp_min(1e-6))[is_logit_row].max()),
+        max_error_of_terms=float((check / terms.clamp_min(1e-30)).max()),
         n_active_features=sum(n["kind"] == "feature" for n in found.nodes),
         n_expanded_features=int((~is_logit_row).sum()),
     )

@@ -264,9 +264,10 @@ class Context:
         if fits < 1:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{secs(cost(minimum, 1))}, more than the {secs(max(self.seconds_left(), 0.0))} left of "
-                "this stage's "
-                f"{secs(self.budget.seconds)} budget; give the report more time (budget=, --budget SECONDS).")
+                f"{secs(cost(minimum, 1))}{f' ({copies} runs of it)' if copies > 1 else ''}, more than the "
+                f"{secs(left)} that a measured cost may fill of the "
+                f"{secs(max(self.seconds_left(), 0.0))} left of this stage's {secs(self.budget.seconds)} budget "
+                f"({MARGIN:.0%}, for the pilots' timing noise); give the report more time (budget=, --budget SECONDS).")
         layers = looking_first_at(spread(n_layers, fits), first)
         chosen = items[seeded_pick(n, minimum, self.seed)] if n > minimum else items
         if fits == n_layers:  # every layer fits after all, at the minimum: the estimate that sent us here was high.
