@@ -365,10 +365,9 @@ def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
         feature_grids(model, prompts, tc, 0, [best], labels=["a", "b"])
 
 
-def test_last_layer_edges_from_the_backward_match_finite_differences(tiny_model):
-    """The last layer's feature → logit edges come from a backward, not from rows: switching such a
-    feature off in the frozen model (linear there, so no step size to pick) moves the demeaned logit
-    by its edge weight."""
+def test_last_layer_edges_match_finite_differences(tiny_model):
+    """A last-layer feature → logit edge is what switching that feature off in the frozen model
+    (linear there, so no step size to pick) moves the demeaned logit by."""
     from arithinterp.features.attribution import frozen_state
     from arithinterp.features.graph import prompt_graph
 
