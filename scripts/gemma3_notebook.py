@@ -135,6 +135,34 @@ curve = circuits.faithfulness_curve(model, pairs[:30], edges, sizes=[0, 16, 64, 
 print({size: round(value, 2) for size, value in zip(curve.sizes.tolist(), curve.values.tolist())})
 show_static(curve.plot())
 edges.to_frame().sort_values("score", key=abs, ascending=False).head(8)"""),
+    ("md", """## An attribution graph (transcoders made on this machine)
+
+Transcoders for Gemma 3 270M do not ship (74 MB): `HF_HUB_OFFLINE=1 python scripts/gemma3_transcoders.py
+--out gemma3-transcoders` makes them (12-27 min; the folder can be named by `GEMMA3_TRANSCODERS`). The
+graph of the first correctly answered prompt expands its 1,000 most influential features; what it
+shows is set against where the influence goes: embeddings, features or error nodes."""),
+    ("code", """import os
+from pathlib import Path
+
+from arithinterp.features import attribution_graph, load_transcoders
+
+folder = Path(os.environ.get("GEMMA3_TRANSCODERS", "gemma3-transcoders"))
+if not (folder / "result.json").exists():
+    print(f"no transcoders in {folder}: make them with scripts/gemma3_transcoders.py --out {folder}")
+else:
+    transcoders = load_transcoders(folder)
+    print("replacement model on held-out prompts:", transcoders.metrics["replacement"])
+    start = time.perf_counter()
+    graph = attribution_graph(model, correct[:1], transcoders, progress=False)
+    print(f"{correct.texts[0][-6:]!r}: graph in {time.perf_counter() - start:.1f} s;",
+          {k: float(f"{graph.scores[k]:.4g}") for k in ("n_expanded_features", "n_active_features", "n_kept",
+                                                         "replacement", "completeness", "max_error_of_terms")})
+    nodes = graph.node_frame()
+    share = nodes.groupby("kind")["influence"].sum() / nodes["influence"].sum()
+    print("share of the influence:", share.round(3).to_dict())
+    show_static(graph.plot())
+    top = nodes[nodes["kind"] == "feature"].nlargest(5, "influence")
+    display(top[["layer", "position", "token", "feature", "influence"]])"""),
     ("md", """## Error detection on its own errors
 
 The model is wrong on most of these sums: a probe-based detector fitted on two thirds of the
