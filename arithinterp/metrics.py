@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from arithinterp.tasks import PromptPairs
 
 METRICS = ("logit_diff", "prob", "logprob", "ie")
+# the pair metrics that read a few answer tokens' logits, no softmax over the vocabulary: their
+# logits may be computed at those tokens' columns alone (answer_columns)
+LOGIT_METRICS = ("logit_diff",)
 ANSWER_METRICS = ("logit", "logprob", "prob", "accuracy")
 DIRECTIONS = ("denoise", "noise")
 
@@ -203,8 +206,25 @@ class MetricContext:
     base_p_source: Optional[torch.Tensor] = None
 
 
+def answer_columns(*tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The distinct token ids among ``tokens`` (sorted) and each tensor's ids as indices into them.
+
+    Logits computed at those vocabulary columns alone (``engine.PatchRunner(..., columns=)``)
+    are read with the indices as whole-vocabulary logits are read with the ids: on a 262,144-token
+    vocabulary a logit difference then needs a handful of columns, not all of them.
+
+    Args:
+        tokens (Int[Tensor, "batch"]): Token ids, one tensor per role (clean and corrupt answers).
+
+    Returns:
+        ``(columns [U], [indices [batch] per tensor])``.
+    """
+    columns, inverse = torch.unique(torch.cat([t.long().flatten() for t in tokens]), return_inverse=True)
+    return columns, list(inverse.split([t.numel() for t in tokens]))
+
+
 def metric_context(batch: PromptPairs, direction: str, base_logits: torch.Tensor, source_logits: torch.Tensor,
-                   device=None) -> MetricContext:
+                   device=None, columns: Optional[torch.Tensor] = None) -> MetricContext:
     """What the metrics need for a batch of pairs.
 
     Args:
@@ -214,14 +234,22 @@ def metric_context(batch: PromptPairs, direction: str, base_logits: torch.Tensor
         source_logits (Float[Tensor, "batch vocab"]): The source run's logits (unused by the built-in
             metrics).
         device: Where to put the answer tokens (the logits' device); ``None`` leaves them where they are.
+        columns (Int[Tensor, "U"] | None): The vocabulary columns the logits hold (sorted,
+            :func:`answer_columns`): the answer tokens become indices into them, and the base run's
+            probabilities, which need the whole vocabulary, are left out (only the
+            :data:`LOGIT_METRICS` read such logits).
 
     Returns:
-        The context, with the base run's probabilities of both answers.
+        The context, with the base run's probabilities of both answers (without ``columns``).
     """
     clean_tok, corrupt_tok = batch.clean_answer_token, batch.corrupt_answer_token
+    if columns is not None:
+        clean_tok, corrupt_tok = (torch.searchsorted(columns, t.long().contiguous()) for t in (clean_tok, corrupt_tok))
     if device is not None:
         clean_tok, corrupt_tok = clean_tok.to(device), corrupt_tok.to(device)
     base_tok, source_tok = (corrupt_tok, clean_tok) if direction == "denoise" else (clean_tok, corrupt_tok)
+    if columns is not None:
+        return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch)
     probs = base_logits.float().softmax(-1)
     return MetricContext(clean_tok, corrupt_tok, base_tok, source_tok, batch, pick(probs, base_tok),
                          pick(probs, source_tok))

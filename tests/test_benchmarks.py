@@ -52,6 +52,12 @@ def test_big_vocab_benchmark_smoke():
     assert "last / before last:" in out and "patch_test:" in out and "probes:" in out and "before_last:" not in out
 
 
+def test_read_columns_benchmark_smoke():
+    out = run("read_columns.py", "--model", "zoo:add-100", "--few-shot", "0", "--pairs", "6", "--ranked", "12",
+              "--runs", "1", "--sites", "mlp_out")
+    assert "| `mlp_out` sweep, 6 pairs" in out and "| neuron ranking (attribution), 12 pairs" in out
+
+
 def test_zoo_load_benchmark_smoke():
     from arithinterp.models.zoo import ZOO
 

@@ -172,3 +172,36 @@ def test_stepped_greedy_decoding_on_every_family(digit_family):
         generated, logits = stepper.greedy(tokens, 4)
         reference = model(torch.cat([tokens, generated[:, :-1]], 1))[:, -4:].float()
     assert torch.equal(generated, reference.argmax(-1)) and _close(logits.float(), reference), name
+
+
+def test_final_position_gradients_equal_the_whole_forwards_on_every_family(family, monkeypatch):
+    """The neuron ranking's stepped gradients (the final position alone resumed with gradients, the
+    shared few-shot prefix computed once) equal a whole forward's and backward's, and so does the
+    attribution ranking built on them."""
+    from arithinterp import engine, neurons
+    from arithinterp.engine.steppers import final_gradients
+    from arithinterp.metrics import answer_columns
+
+    name, model, pair_sets = family
+    pairs = pair_sets[1]
+    idx = pairs.clean.length_groups()[0]
+    tokens = pairs.clean.unpadded(idx)
+    layers = [0, model.cfg.n_layers - 1]
+    good, bad = pairs.clean.answer_tokens[idx, 0], pairs.corrupt.answer_tokens[idx, 0]
+    rows = torch.arange(len(idx))
+    columns, (g, b) = answer_columns(good, bad)
+    names = [(layer, f"blocks.{layer}.mlp.hook_post") for layer in layers]
+    stepped = final_gradients(model, tokens, names, lambda logits: logits[rows, g] - logits[rows, b], columns)
+    assert stepped is not None, name
+    final = torch.full((len(idx),), tokens.shape[1] - 1)
+    whole = engine.run(model, tokens, reads=[engine.Read("mlp_post", layer, final) for layer in layers],
+                       metric=lambda logits: logits[rows, good] - logits[rows, bad])
+    assert whole.grads is not None
+    for act, grad, act_ref, grad_ref in zip(*stepped, whole.reads, whole.grads):
+        torch.testing.assert_close(act.float(), act_ref.float(), atol=1e-5, rtol=1e-4)
+        assert grad is not None and grad_ref is not None
+        torch.testing.assert_close(grad.float(), grad_ref.float(), atol=1e-5, rtol=1e-4)
+    ranked = neurons.importance(model, pairs, layers=layers, top_k=None, progress=False)
+    monkeypatch.setattr("arithinterp.neurons.neuron_importance.final_gradients", lambda *args: None)  # whole forwards
+    reference = neurons.importance(model, pairs, layers=layers, top_k=None, progress=False)
+    torch.testing.assert_close(ranked.scores, reference.scores, atol=1e-5, rtol=1e-4)

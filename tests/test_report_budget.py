@@ -264,6 +264,15 @@ def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model, monkeypat
         calls.append(len(some)), backward(some, layers)), shared=True, copies=2)
     assert layers == list(range(30)) and calls == [1, 4, 2]
     assert abs(len(twice) - len(sample) / 2) <= 2 and 2 * 0.016 * len(twice) <= ctx.seconds_left()
+    # not even one layer fits twice, but it fits once: the plan counts one run (the stage runs the model and says
+    # the control did not fit) rather than none. The pilots take 51 ms; of the 0.15 s left, 0.85 (0.1275 s) holds
+    # the 90 ms of 30 items at one layer once, not 180 ms twice
+    ctx.stage_start = now[0] - (2.0 - 0.051 - 0.15)
+    _, layers, _ = ctx.fit_layers(items, "pairs", 30, 30, pilot, copies=2)
+    assert layers == [29], layers
+    ctx.stage_start = now[0] - (2.0 - 0.051 - 0.1)  # not even once: not run, and the time it would take is said
+    with pytest.raises(OverBudget, match=r"the minimum of 30 pairs at a single layer would take about 0.09 s, more"):
+        ctx.fit_layers(items, "pairs", 30, 30, pilot, copies=2)
     # two layers: the pilot times both (the middle of 2 is layer 0), so the second one is not free: 30 items take
     # 0.3 s at one layer and 0.6 s at both, and of the 0.61 s left after the pilots, 0.85 (0.52 s) holds one
     ctx.stage_start = now[0] - 1.2

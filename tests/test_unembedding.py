@@ -167,3 +167,43 @@ def test_stepped_reads_of_the_last_positions_unembed_nothing(model):
         with torch.inference_mode():
             _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name)
         torch.testing.assert_close(read[name][:, 0], cache[name][:, -1], atol=1e-5, rtol=1e-4)
+
+
+def _logit_diff_callable(logits, pairs):  # the whole vocabulary's logits, read as a user's metric reads them
+    rows = torch.arange(len(pairs))
+    return logits[rows, pairs.clean_answer_token] - logits[rows, pairs.corrupt_answer_token]
+
+
+def test_a_logit_difference_sweep_computes_the_answers_columns_alone(model):
+    """A logit difference reads two logits per pair: patched runs compute those columns of the
+    unembedding alone (the model's own module runs for the base runs and a one-time check), and
+    the sweep equals the same metric read off the whole vocabulary."""
+    from arithinterp import patching
+
+    prompts = arithmetic(model, a=range(10, 40), b=range(10, 12), few_shot=_shots(model))
+    pairs = prompts.counterfactual(vary="a", seed=0)[:12]
+    V = int(model.cfg.d_vocab)
+    patching.activation_patching(model, pairs[:2], "resid_pre", progress=False)  # the stepper's one-time checks
+    for site in ("resid_pre", "mlp_out", "attn_z"):
+        with Unembedded(model) as columns:
+            fast = patching.activation_patching(model, pairs, site, progress=False)
+        with Unembedded(model) as whole:
+            full = patching.activation_patching(model, pairs, site, metric=_logit_diff_callable, progress=False)
+        assert not any(shape[-1] == V for shape in columns.shapes), columns.shapes
+        assert any(shape[-1] == V for shape in whole.shapes)
+        _close(fast.values, full.values)
+
+
+def test_an_unembedding_that_rescales_its_logits_is_read_through_the_module(number_tokenizer):
+    """A model whose unembedding module does more than ``x @ W_U + b_U`` (here it triples the
+    logits) is caught by the one-time check, and its columns are picked from the module's logits."""
+    from arithinterp import patching
+
+    model = ai.load_model("zoo:add-100")
+    prompts = arithmetic(model, a=range(10, 40), b=range(10, 12))
+    pairs = prompts.counterfactual(vary="a", seed=0)[:12]
+    with module_hooks(post=[(model.unembed, lambda module, args, out: 3 * out)]):
+        fast = patching.activation_patching(model, pairs, "resid_pre", progress=False)
+        full = patching.activation_patching(model, pairs, "resid_pre", metric=_logit_diff_callable, progress=False)
+    _close(fast.values, full.values)
+    assert float(fast.values.abs().max()) > 0

@@ -52,6 +52,7 @@ class BlockRunner:
         self.logit_cap = cap if cap > 0 else None
         self.reuses_prefix = True  # settled by check()
         self.shares_prefixes = False  # prompts sharing a prefix compute it once: settled by check()
+        self.columns_exact: Optional[bool] = None  # W_U's columns reproduce the unembedding: settled on first use
 
     @property
     def model(self) -> Any:

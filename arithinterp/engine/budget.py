@@ -153,21 +153,24 @@ def forward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
     return 4 * seq_len * per_token
 
 
-def backward_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:
+def backward_bytes_per_prompt(model: HookedModel, seq_len: int, logit_positions: Optional[int] = None) -> int:
     """Rough memory of one prompt's forward kept for a backward pass, plus its logits.
 
     Every layer's activations stay alive until the backward (the forward's transient,
     :func:`forward_bytes_per_prompt`, once per layer), and the model
-    returns float32 logits at every position (and their gradient).
+    returns float32 logits (and their gradient) at ``logit_positions`` positions.
 
     Args:
         model: The hooked model.
         seq_len: Tokens in the prompt.
+        logit_positions: Positions whose logits are built (a metric of the final one: 1);
+            ``None``: every position.
 
     Returns:
         The estimate in bytes.
     """
-    return int(model.cfg.n_layers) * forward_bytes_per_prompt(model, seq_len) + 3 * 4 * seq_len * _vocab(model)
+    positions = seq_len if logit_positions is None else logit_positions
+    return int(model.cfg.n_layers) * forward_bytes_per_prompt(model, seq_len) + 3 * 4 * positions * _vocab(model)
 
 
 def forward_logits_bytes_per_prompt(model: HookedModel, seq_len: int) -> int:

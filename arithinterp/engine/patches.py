@@ -102,18 +102,21 @@ class PatchRunner:
         base_tokens (Int[Tensor, "batch pos"]): The prompts patched into.
         source_tokens (Int[Tensor, "batch pos"]): The prompts whose activations are patched in.
         n_last: Score the last ``n_last`` positions (teacher-forced answer tokens) instead of the final one.
+        columns (Int[Tensor, "V"] | None): The vocabulary entries every logits tensor holds, in
+            that order (the few tokens a logit-difference metric reads); ``None``: the whole
+            vocabulary.
 
     Raises:
         SiteError: ``resid_mid`` on a model with parallel attention and MLP blocks.
     """
 
     def __init__(self, model: Any, stepper: Optional[Stepper], site: str, base_tokens: torch.Tensor,
-                 source_tokens: torch.Tensor,
-                 n_last: Optional[int] = None):
+                 source_tokens: torch.Tensor, n_last: Optional[int] = None,
+                 columns: Optional[torch.Tensor] = None):
         check_n_last(n_last, int(base_tokens.shape[1]))
         self.model, self.stepper, self.site = model, stepper, site
         self.tokens = base_tokens
-        self.n_last = n_last
+        self.n_last, self.columns = n_last, columns
         # [B, T]: the base and source prompts agree on every token up to and including this position.
         # Attention is causal, so every activation there is the same in both runs whatever the model
         # computes: a patch there changes nothing, provably, without comparing activations (which
@@ -128,7 +131,8 @@ class PatchRunner:
         )
         if stepper is not None:  # the stepper records the residual stream before each block itself
             reads = [] if site == "resid_pre" else names
-            both = stepper.base(torch.cat([base_tokens, source_tokens]), read=reads, n_last=n_last, read_only=True)
+            both = stepper.base(torch.cat([base_tokens, source_tokens]), read=reads, n_last=n_last, read_only=True,
+                                columns=columns)
             B = base_tokens.shape[0]
             self.base, self.source = both.rows(slice(0, B)), both.rows(slice(B, 2 * B))
             self.base_logits, self.source_logits = self.base.logits, self.source.logits
@@ -138,8 +142,8 @@ class PatchRunner:
             self.split = repeated_rows(base_tokens, source_tokens, n_last) if stepper.reuses_prefix else None
         else:
             self.base, self.source = None, None
-            self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra, n_last)
-            self.source_logits, source_acts = _cached_run(model, source_tokens, names, n_last)
+            self.base_logits, base_acts = _cached_run(model, base_tokens, names + extra, n_last, columns)
+            self.source_logits, source_acts = _cached_run(model, source_tokens, names, n_last, columns)
             self.base_acts = [self._shaped(base_acts[name]) for name in names]
             self.source_acts = [self._shaped(source_acts[name]) for name in names]
             self.base_resid_pre = [base_acts[name] for name in extra]
@@ -313,6 +317,7 @@ class PatchRunner:
             logits = forward_with_hooks(self.model, self.tokens.repeat(C, 1), [(name, patch)], return_type="logits",
                                         last=self.n_last or 1)
             logits = logits[:, -1] if self.n_last is None else logits[:, -self.n_last:]
+            logits = logits if self.columns is None else logits[..., self.columns.to(logits.device)]
             return logits.reshape(C, B, *logits.shape[1:])
         stepper = self.stepper
         entry = layer + (site == "resid_post")
@@ -321,17 +326,18 @@ class PatchRunner:
         elif site in ("resid_pre", "resid_post"):
             hidden = patch(base[None].expand(C, *base.shape)).flatten(0, 1)
             if entry == self.n_layers:
-                logits = stepper.read_logits(hidden, self.n_last)
+                logits = stepper.read_logits(hidden, self.n_last, self.columns)
             elif entry == self.n_layers - 1 and pos is not None and self.reuses_prefix:
-                logits = stepper.resume_last(self.base, hidden, start, pos.flatten(), n_stack=C, n_last=self.n_last)
+                logits = stepper.resume_last(self.base, hidden, start, pos.flatten(), n_stack=C, n_last=self.n_last,
+                                             columns=self.columns)
             else:
-                logits = stepper.resume(self.base, entry, hidden, start, n_stack=C, n_last=self.n_last)
+                logits = stepper.resume(self.base, entry, hidden, start, n_stack=C, n_last=self.n_last,
+                                        columns=self.columns)
         else:
             name = site_lib.hook_name("attn_out" if site == "resid_mid" else site, layer)
             hidden = self.base.resid[layer][:, start : start + width].repeat(C, 1, 1)
-            logits = stepper.resume(
-                self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C, n_last=self.n_last, local=local
-            )
+            logits = stepper.resume(self.base, layer, hidden, start, edits=[(name, patch)], n_stack=C,
+                                    n_last=self.n_last, local=local, columns=self.columns)
         return logits.reshape(C, B, *logits.shape[1:])
 
     def _splits(self, site: str, entry: int, start: int, local: bool, pos: Optional[torch.Tensor]) -> bool:
@@ -379,7 +385,7 @@ class PatchRunner:
             rest_fn = self._patch_fn(base[:, cut:], source[:, cut:], C, P, pos, unit)
             edits = [(name, first_fn, rest_fn)]
         return self.stepper.resume_split(self.base, entry, first, rest, start, (P, B1), edits, n_stack=C,
-                                         n_last=self.n_last)
+                                         n_last=self.n_last, columns=self.columns)
 
 
 def repeated_rows(base_tokens: torch.Tensor, source_tokens: torch.Tensor,
@@ -405,10 +411,11 @@ def repeated_rows(base_tokens: torch.Tensor, source_tokens: torch.Tensor,
 
 
 def _cached_run(
-    model: Any, tokens: torch.Tensor, names: list, n_last: Optional[int] = None
+    model: Any, tokens: torch.Tensor, names: list, n_last: Optional[int] = None,
+    columns: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict]:
-    """Final-position logits ``[B, V]`` (the last ``n_last`` positions' ``[B, n_last, V]``) and the
-    named activations of one whole forward."""
+    """Final-position logits ``[B, V]`` (the last ``n_last`` positions' ``[B, n_last, V]``; at
+    ``columns`` alone when given) and the named activations of one whole forward."""
     cache: dict = {}
 
     def keep(name):
@@ -420,6 +427,7 @@ def _cached_run(
     logits = forward_with_hooks(model, tokens, [(name, keep(name)) for name in names], return_type="logits",
                                 last=n_last or 1)
     logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
+    logits = logits if columns is None else logits[..., columns.to(logits.device)]
     if not torch.isfinite(logits).all():
         raise AnalysisError(
             "the model's logits on the base prompts are not finite (NaN or inf): its weights or activations are broken"

@@ -4,13 +4,14 @@
 reproduces its logits (else ``None`` and the reason, so the caller runs whole forwards); the check
 runs once per model and :func:`length_class`, and again when a parameter changes
 (:func:`model_fingerprint`). :func:`read_last` reads activations from a stepped run that computes
-the prompts' shared first tokens once.
+the prompts' shared first tokens once, and :func:`final_gradients` the final position's activations
+and a metric's gradients there.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
@@ -166,3 +167,53 @@ def read_last(
     # reads only: nothing is unembedded
     run = stepper.base(tokens, read=names, n_last=n_last, read_only=True, with_logits=False)
     return {name: run.acts[name][:, -n_last:] for name in names}
+
+
+def final_gradients(
+    model: HookedModel, tokens: torch.Tensor, names: Sequence[tuple[int, str]],
+    metric: Callable[[torch.Tensor], torch.Tensor], columns: Optional[torch.Tensor] = None,
+) -> Optional[tuple[list[torch.Tensor], list[Optional[torch.Tensor]]]]:
+    """The final position's activations at hook points inside blocks, and the gradients there of
+    ``metric(final logits).sum()``, from a stepped run: the base run without gradients (the
+    prompts' shared first tokens computed once), then the final position alone resumed with
+    gradients from the earliest block named. Attention is causal, so the final position's
+    activations reach nothing but its own later computation: the earlier positions' keys and
+    values enter the backward as constants, and the gradients are the whole forward's.
+
+    Args:
+        model: The hooked model.
+        tokens: Same-length, unpadded prompts [B, T]; the final position is ``T - 1``.
+        names: ``(layer, hook name)`` of each activation read, position on dim 1.
+        metric: ``f(final logits [B, V]) -> [B]``, the logits at ``columns`` alone when given.
+        columns (Int[Tensor, "V"] | None): The vocabulary entries the metric reads.
+
+    Returns:
+        ``([B, ...] per name, gradient [B, ...] or None where the metric does not depend on it)``,
+        or ``None`` where the model's blocks cannot be stepped (the caller runs whole forwards).
+    """
+    try:
+        stepper, _ = stepper_for(model, tokens, warn=False)
+    except AnalysisError:  # no blocks to step
+        return None
+    if stepper is None or not stepper.reuses_prefix:
+        return None
+    T, first = int(tokens.shape[1]), min(layer for layer, _ in names)
+    with torch.no_grad():  # not inference mode: its keys and values enter the backward
+        base = stepper.base(tokens, read_only=True, with_logits=False)
+    kept: dict = {}
+    probes: dict = {}
+
+    def probe(name):
+        def hook(activation, hook=None):  # a differentiable point, whatever the parameters' flags
+            probes[name] = torch.zeros_like(activation, dtype=torch.float32, requires_grad=True)
+            kept[name] = activation.detach()
+            return activation + probes[name].to(activation.dtype)
+
+        return hook
+
+    with torch.enable_grad():
+        logits = stepper.resume(base, first, base.resid[first][:, T - 1:], T - 1,
+                                edits=[(name, probe(name)) for _, name in names], columns=columns)
+        value = metric(logits.float())
+        found = torch.autograd.grad(value.sum(), [probes[name] for _, name in names], allow_unused=True)
+    return [kept[name][:, 0] for _, name in names], [None if g is None else g[:, 0] for g in found]

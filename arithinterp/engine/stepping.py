@@ -58,7 +58,7 @@ class Stepper(BlockRunner):
 
     def base(
         self, tokens: torch.Tensor, read: Sequence[str] = (), n_last: Optional[int] = None, read_only: bool = False,
-        with_logits: bool = True,
+        with_logits: bool = True, columns: Optional[torch.Tensor] = None,
     ) -> BaseRun:
         """Run ``tokens [B, T]`` through the model, recording what resuming needs and ``read``.
 
@@ -75,6 +75,7 @@ class Stepper(BlockRunner):
             n_last: Logits at the last ``n_last`` positions; ``None``: the final one.
             read_only: The last block runs the read positions only.
             with_logits: Unembed the read positions.
+            columns: The vocabulary entries to compute (:meth:`unembed`); ``None``: all.
 
         Returns:
             The run: block inputs, call arguments, keys and values, logits and reads.
@@ -88,7 +89,8 @@ class Stepper(BlockRunner):
         cut = read_only and self.reuses_prefix and T > n_read
         split = shared_prefix(tokens, n_read) if cut and self.shares_prefixes else None
         if split is not None:
-            return self._checked(self._shared_base(tokens, read, n_last, *split, with_logits=with_logits))
+            return self._checked(self._shared_base(tokens, read, n_last, *split, with_logits=with_logits,
+                                                   columns=columns))
         resid: list = [None] * (self.n_layers + 1)
         calls: list = [None] * self.n_layers
         cache = PrefixCache(record=True)
@@ -124,11 +126,13 @@ class Stepper(BlockRunner):
                 with module_hooks(pre, post=[(self.blocks[-1], after_last)]), unembed_last(model, n_read):
                     logits = model(tokens, return_type="logits")  # the read positions' alone
                 logits = logits[:, -1] if n_last is None else logits[:, -n_last:]
+                if columns is not None:  # as the resumed runs compute them, to the last bit
+                    logits = self.read_logits(resid[self.n_layers], n_last, columns)
             except StopBeforeBlock:  # the last block, the read positions only
                 run = BaseRun(tokens, resid, calls, None, torch.empty(0), acts)
                 final = self._run(run, last, resid[last], 0, cache, n_read=n_read, read_only=True)
                 resid[self.n_layers] = unread_as_nan(final, T)
-                logits = self.read_logits(final, n_last) if with_logits else torch.empty(0)
+                logits = self.read_logits(final, n_last, columns) if with_logits else torch.empty(0)
         return self._checked(BaseRun(tokens, resid, calls, dict(cache.kv), logits, acts))
 
     def _checked(self, run: BaseRun) -> BaseRun:
@@ -146,6 +150,7 @@ class Stepper(BlockRunner):
     def _shared_base(
         self, tokens: torch.Tensor, read: Sequence[str], n_last: Optional[int], k: int,
         representatives: torch.Tensor, inverse: torch.Tensor, with_logits: bool = True,
+        columns: Optional[torch.Tensor] = None,
     ) -> BaseRun:
         """:meth:`base` (``read_only``) with positions ``:k`` computed once per distinct prefix.
 
@@ -187,8 +192,8 @@ class Stepper(BlockRunner):
         prefix_acts, acts = passes
         for name in prefix_acts.keys() & acts.keys():
             acts[name] = joined(name, prefix_acts[name][inverse], acts[name], T)
-        return BaseRun(tokens, resid, run.calls, dict(cache.kv), self.read_logits(final, n_last) if with_logits else
-                       torch.empty(0), acts)
+        return BaseRun(tokens, resid, run.calls, dict(cache.kv), self.read_logits(final, n_last, columns) if with_logits
+                       else torch.empty(0), acts)
 
     # --- resuming -------------------------------------------------------------------------------
 
@@ -202,6 +207,7 @@ class Stepper(BlockRunner):
         n_stack: int = 1,
         n_last: Optional[int] = None,
         local: bool = False,
+        columns: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Final-position logits ``[n_stack * B, V]`` of patched runs entering block ``layer``.
 
@@ -225,9 +231,10 @@ class Stepper(BlockRunner):
             n_stack: Stacked runs per base prompt.
             n_last: Logits at the last ``n_last`` positions; ``None``: the final one.
             local: The edits act at position ``start`` of block ``layer`` alone.
+            columns: The vocabulary entries to compute (:meth:`unembed`); ``None``: all.
 
         Returns:
-            The logits, ``[n_stack * B, V]`` (or ``[n_stack * B, n_last, V]``).
+            The logits, ``[n_stack * B, V]`` (or ``[n_stack * B, n_last, V]``; ``V = len(columns)``).
 
         Raises:
             AnalysisError: ``hidden`` covers the wrong positions, ``n_last`` is out of range, or
@@ -251,11 +258,11 @@ class Stepper(BlockRunner):
         read_only = read_only and not edits_block(edits, last) and not (local and layer == last)
         with cache_reaches_attention(self.blocks, cache, self.reuses_prefix), hook_points(self.model, edits):
             hidden = self._run(base, layer, hidden, start, cache, n_stack, n_read, read_only, local)
-        return self.read_logits(hidden, n_last)
+        return self.read_logits(hidden, n_last, columns)
 
     def resume_last(
         self, base: BaseRun, hidden: torch.Tensor, start: int, at: torch.Tensor, n_stack: int = 1,
-        n_last: Optional[int] = None,
+        n_last: Optional[int] = None, columns: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Logits (as :meth:`resume`) of runs whose last block's input is the base run's but at one
         position per row.
@@ -272,6 +279,7 @@ class Stepper(BlockRunner):
             at: The changed position of each row, long [n_stack * B].
             n_stack: Stacked runs per base prompt.
             n_last: Logits at the last ``n_last`` positions; ``None``: the final one.
+            columns: The vocabulary entries to compute (:meth:`unembed`); ``None``: all.
 
         Returns:
             The logits, as :meth:`resume`.
@@ -292,11 +300,12 @@ class Stepper(BlockRunner):
         cache = PrefixCache({last: (keys, values)})
         with cache_reaches_attention(self.blocks, cache, self.reuses_prefix):
             hidden = self._run(base, last, hidden[:, T - n_read - start :], T - n_read, cache, n_stack, n_read)
-        return self.read_logits(hidden, n_last)
+        return self.read_logits(hidden, n_last, columns)
 
     def resume_split(
         self, base: BaseRun, layer: int, first: torch.Tensor, rest: torch.Tensor, start: int, split: tuple[int, int],
         edits: Sequence[tuple[str, Callable, Callable]] = (), n_stack: int = 1, n_last: Optional[int] = None,
+        columns: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """:meth:`resume` of runs whose rows repeat the same prompts up to position ``P``.
 
@@ -317,6 +326,7 @@ class Stepper(BlockRunner):
             edits: ``(hook name, fn for the first part, fn for the rest)``.
             n_stack: Stacked runs per base prompt.
             n_last: Logits at the last ``n_last`` positions; ``None``: the final one.
+            columns: The vocabulary entries to compute (:meth:`unembed`); ``None``: all.
 
         Returns:
             The logits, as :meth:`resume`.
@@ -365,32 +375,62 @@ class Stepper(BlockRunner):
                           base.calls[i].items()}
                 out = self.blocks[i](rest, **kwargs)
                 rest = out[0] if isinstance(out, tuple) else out
-        return self.read_logits(rest, n_last)
+        return self.read_logits(rest, n_last, columns)
 
-    def read_logits(self, resid: torch.Tensor, n_last: Optional[int] = None) -> torch.Tensor:
+    def read_logits(self, resid: torch.Tensor, n_last: Optional[int] = None,
+                    columns: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits of the read positions of a final residual stream.
 
         Args:
             resid: The final residual stream [B, S, d].
             n_last: The last ``n_last`` positions; ``None``: the final one.
+            columns: The vocabulary entries to compute (:meth:`unembed`); ``None``: all.
 
         Returns:
             ``[B, V]`` at the final position, or ``[B, n_last, V]``.
         """
-        return self.unembed(resid[:, -1:])[:, 0] if n_last is None else self.unembed(resid[:, -n_last:])
+        if n_last is None:
+            return self.unembed(resid[:, -1:], columns)[:, 0]
+        return self.unembed(resid[:, -n_last:], columns)
 
-    def unembed(self, resid: torch.Tensor) -> torch.Tensor:
+    def unembed(self, resid: torch.Tensor, columns: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits of final-residual vectors (the final norm, the unembedding, any soft-capping).
+
+        ``columns`` computes only those vocabulary entries, in that order: a metric that reads a
+        few answer tokens' logits (a logit difference) needs no more, and on a big vocabulary the
+        whole unembedding is most of a patched run (Gemma 3: 262,144 × 640 weights read per call,
+        whatever the number of rows).
 
         Args:
             resid: Final-residual vectors [..., T, d].
+            columns (Int[Tensor, "V"] | None): Token ids; ``None``: the whole vocabulary.
 
         Returns:
             The logits [..., T, V].
         """
-        logits = self.model.unembed(self.final_norm(resid))
+        normed = self.final_norm(resid)
+        if columns is None:
+            logits = self.model.unembed(normed)
+        else:
+            logits = self._column_logits(normed, columns.to(normed.device))
         if self.logit_cap is not None:  # Gemma 2's final soft-capping
             logits = self.logit_cap * torch.tanh(logits / self.logit_cap)
+        return logits
+
+    def _column_logits(self, normed: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """``normed @ W_U[:, columns] + b_U[columns]``: the unembedding's own weights at those
+        columns (``W_U [d, vocab]`` is the transposed ``[vocab, d]``, so a column is a row read).
+        Checked once per model against its unembedding module (a model that scales its logits
+        there is read through the module instead, and the columns picked from all of them)."""
+        if self.columns_exact is False:
+            return self.model.unembed(normed)[..., columns]
+        model = self.model
+        logits = normed @ model.W_U[:, columns].to(normed.dtype) + model.b_U[columns].to(normed.dtype)
+        if self.columns_exact is None:
+            full = model.unembed(normed)[..., columns]
+            scale = float(full.detach().abs().max()) if full.numel() else 0.0
+            self.columns_exact = bool(((logits - full).abs() <= _CHECK_TOLERANCE * max(scale, 1.0)).all())
+            return logits if self.columns_exact else full
         return logits
 
     # --- greedy continuation --------------------------------------------------------------------

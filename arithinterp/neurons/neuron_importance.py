@@ -26,12 +26,15 @@ from arithinterp.engine.budget import (
 )
 from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.patches import UNCHANGED
+from arithinterp.engine.steppers import final_gradients, read_last
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.metrics import answer_columns
 from arithinterp.neurons.final_reads import (
     check_engine, check_model_layers, check_prompts, final_position_batches, final_reads,
     mean_final_activation, seq_len,
 )
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
+from arithinterp.sites import hook_name
 from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
 
 if TYPE_CHECKING:
@@ -231,25 +234,42 @@ def _final_metric(logits: torch.Tensor, good: torch.Tensor, bad: torch.Tensor) -
 
 def _attribution(model, pairs, layers, batch_size, budget, progress) -> Iterator[torch.Tensor]:
     """Attribution-patching effects ``[B, len(layers), d_mlp]`` per batch: the gradient is read by
-    the engine at each ``mlp_post`` (``engine.run(..., metric=...)``), so frozen models work."""
+    the engine at each ``mlp_post``, so frozen models work; from the final position alone resumed
+    with gradients where the model can be stepped (:func:`arithinterp.engine.steppers.final_gradients`),
+    else from whole forwards (``engine.run(..., metric=...)``)."""
     clean, corrupt = pairs.clean, pairs.corrupt
     d_mlp = int(model.cfg.d_mlp)
     good, bad = clean.answer_tokens[:, 0], corrupt.answer_tokens[:, 0]
     if batch_size is None:
         # the clean run is kept for its backward, and each layer's read point adds four [T, d_mlp]
-        # tensors to it (the engine's zero probe, the activation plus probe, the gradient, the reads)
+        # tensors to it (the engine's zero probe, the activation plus probe, the gradient, the reads);
+        # the metric reads the final position's logits alone
         T = seq_len(clean)
-        per_prompt = backward_bytes_per_prompt(model, T) + 4 * 4 * len(layers) * T * d_mlp
+        per_prompt = backward_bytes_per_prompt(model, T, logit_positions=1) + 4 * 4 * len(layers) * T * d_mlp
         batch_size = chunk_for(budget, per_prompt, "prompt's forward and backward", high=1024)
     batches = list(final_position_batches(clean, batch_size))
+    names = [(layer, hook_name("mlp_post", layer)) for layer in layers]
     for idx, tokens, final in tqdm(batches, desc="attribution", disable=not progress):
         out = torch.zeros(len(idx), len(layers), d_mlp)
-        reads = final_reads(layers, final)
-        corrupt_acts = engine.run(model, corrupt.unpadded(idx), reads=reads, logits="none").reads
-        g, b = good[idx], bad[idx]
-        clean_run = engine.run(model, tokens, reads=reads, metric=lambda logits, g=g, b=b: _final_metric(logits, g, b))
-        grads = clean_run.grads if clean_run.grads is not None else [None] * len(reads)  # always set with a metric
-        for i, (clean_act, grad, corrupt_act) in enumerate(zip(clean_run.reads, grads, corrupt_acts)):
+        corrupt_tokens = corrupt.unpadded(idx)
+        columns, (g, b) = answer_columns(good[idx], bad[idx])  # the metric reads two columns of the unembedding
+        stepped = corrupt_read = None  # the final position alone with gradients, the shared prefix computed once
+        if bool((final == tokens.shape[1] - 1).all()) and corrupt_tokens.shape == tokens.shape:
+            corrupt_read = read_last(model, corrupt_tokens, [name for _, name in names], 1, only_if_shared=False)
+        if corrupt_read is not None:
+            stepped = final_gradients(model, tokens, names, lambda logits, g=g, b=b: _final_metric(logits, g, b),
+                                      columns)
+        if stepped is not None and corrupt_read is not None:
+            (clean_acts, grads), corrupt_acts = stepped, [corrupt_read[name][:, 0] for _, name in names]
+        else:  # whole forwards
+            reads = final_reads(layers, final)
+            corrupt_acts = engine.run(model, corrupt_tokens, reads=reads, logits="none").reads
+            g, b = good[idx], bad[idx]
+            clean_run = engine.run(model, tokens, reads=reads,
+                                   metric=lambda logits, g=g, b=b: _final_metric(logits, g, b))
+            clean_acts = clean_run.reads
+            grads = clean_run.grads if clean_run.grads is not None else [None] * len(reads)  # set with a metric
+        for i, (clean_act, grad, corrupt_act) in enumerate(zip(clean_acts, grads, corrupt_acts)):
             if grad is None:  # the metric does not depend on this layer
                 continue
             out[:, i] = (grad * (corrupt_act - clean_act)).float().cpu()
@@ -329,8 +349,9 @@ def _patch_effects(model, pairs, layers, batch_size, budget, progress, choice="a
             B = len(idx)
             out = torch.zeros(B, len(layers), d_mlp)
             stepper, _ = engine.stepper_for(model, tokens, choice)
-            runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx))
-            g, b = good[idx], bad[idx]
+            # the logit difference reads two columns of the unembedding: compute those alone
+            columns, (g, b) = answer_columns(good[idx], bad[idx])
+            runner = engine.PatchRunner(model, stepper, "mlp_post", tokens, corrupt.unpadded(idx), columns=columns)
             base = _final_metric(runner.base_logits.float(), g, b)
             chunk = max(1, sequences // B)
             for i, layer in enumerate(layers):

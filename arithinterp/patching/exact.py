@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
 from arithinterp.errors import SiteError, accepted
-from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.metrics import DIRECTIONS, LOGIT_METRICS, answer_columns, metric_context, metric_fn
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import (
     ELEMENT_BUDGET,
@@ -155,11 +155,15 @@ def activation_patching(
             length, n_rows = base_tokens.shape[1], base_tokens.shape[0]
             stepper, engine_used = stepper_for(model, base_tokens, engine)
             engines.add(engine_used)
+            columns = None  # a logit difference reads the answers' columns of the unembedding alone
+            if full is None and metric in LOGIT_METRICS:
+                columns, _ = answer_columns(pairs.clean_answer_token[idx], pairs.corrupt_answer_token[idx])
             runner = PatchRunner(model, stepper, site, base_tokens, source_tokens,
-                                 n_last=None if full is None else full.n_answer)
+                                 n_last=None if full is None else full.n_answer, columns=columns)
             base_logits, source_logits = runner.base_logits.float(), runner.source_logits.float()
             if full is None:  # rows are pairs; the metric is read straight off the final-position logits
-                ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device)
+                ctx = metric_context(pairs[idx], direction, base_logits, source_logits, device=base_logits.device,
+                                     columns=columns)
                 row_values = lambda logits: fn(logits, ctx)  # noqa: E731
                 per_pair = lambda rows: rows  # noqa: E731
             else:  # rows are (answer fed, pair); a row's value is its answer's teacher-forced log-probability

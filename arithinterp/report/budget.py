@@ -207,13 +207,15 @@ class Context:
         second layer costs far more than each one after it: timed at every layer instead of two,
         and the difference spread over the layers added; when the minimum fits at every layer by
         that timing, the single-layer timings are skipped. ``copies``: the stage runs what the
-        pilot times this many times (the model and its random-init control, whose cost is the
-        same architecture's), so the pilot times one and the plan counts ``copies``. ``first``: layers
+        pilot times this many times when it can (the model and its random-init control, whose cost
+        is the same architecture's), so the pilot times one and the plan counts ``copies``; when not
+        even the minimum at one layer fits that many times, the plan counts one (the stage runs
+        the model and says the control did not fit, rather than nothing). ``first``: layers
         to cover before the spread's (:func:`~arithinterp.sites.looking_first_at`), such as
         :attr:`arrival_layers`.
         :class:`OverBudget` when not even one layer fits, without a pilot when ``prior`` (prompt
         evaluations per item at one layer) puts the minimum at one layer above twice the time left."""
-        guess = copies * prior * self.budget.forward_seconds * minimum
+        guess = prior * self.budget.forward_seconds * minimum
         if guess > 2 * self.seconds_left():
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
@@ -253,18 +255,23 @@ class Context:
         layer_call = max(added - layer_item * k, 0.0)
         added_layers = max(len(wide_layers) - 1, 1)  # what the pilot's layers beyond the last cost, each
         layer_item, layer_call = max(layer_item / added_layers, 1e-9), layer_call / added_layers
-        fixed, per_item, layer_item, layer_call = (copies * c for c in (fixed, per_item, layer_item, layer_call))
         left = max(self.seconds_left(), 0.0) * MARGIN  # after the single-layer timings
 
-        def cost(count: int, n_cover: int) -> float:  # ``count`` items over ``n_cover`` layers
-            return fixed + per_item * count + (n_cover - 1) * (layer_call + layer_item * count)
+        def cost(count: int, n_cover: int, runs: int = 1) -> float:  # ``count`` items over ``n_cover`` layers
+            return runs * (fixed + per_item * count + (n_cover - 1) * (layer_call + layer_item * count))
 
-        fits = 0 if cost(minimum, 1) > left else min(
-            n_layers, 1 + int((left - cost(minimum, 1)) / (layer_call + layer_item * minimum)))
+        def layers_fitting(runs: int) -> int:
+            one = cost(minimum, 1, runs)
+            return 0 if one > left else min(
+                n_layers, 1 + int((left - one) / (runs * (layer_call + layer_item * minimum))))
+
+        # every copy at fewer layers, else one copy
+        runs = next((c for c in dict.fromkeys((copies, 1)) if layers_fitting(c) >= 1), 1)
+        fits = layers_fitting(runs)
         if fits < 1:
             raise OverBudget(
                 f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{secs(cost(minimum, 1))}{f' ({copies} runs of it)' if copies > 1 else ''}, more than the "
+                f"{secs(cost(minimum, 1))}, more than the "
                 f"{secs(left)} that a measured cost may fill of the "
                 f"{secs(max(self.seconds_left(), 0.0))} left of this stage's {secs(self.budget.seconds)} budget "
                 f"({MARGIN:.0%}, for the pilots' timing noise); give the report more time (budget=, --budget SECONDS).")
@@ -278,7 +285,7 @@ class Context:
         return chosen, layers, (
             f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
             f"({', '.join(map(str, layers))}) to fit the {secs(self.budget.seconds)} budget: every layer would take "
-            f"about {secs(cost(len(chosen), n_layers))}")
+            f"about {secs(cost(len(chosen), n_layers, runs))}")
 
     def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
             per_item: Optional[float] = None, prior: float = 0.0, fixed: float = 0.0) -> tuple[Any, str]:
