@@ -202,6 +202,33 @@ def _check_storage(dtype: Any, store: Union[str, Path, None]) -> Optional[torch.
     return dtype
 
 
+# per-block sites whose activation has positions on dim 1: what a stepped base run reads
+_STEPPED_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_z", "mlp_in", "mlp_pre",
+                 "mlp_post")
+
+
+def _stepped_reads(model: HookedModel, tokens: torch.Tensor, targets: list, columns: torch.Tensor) -> Optional[list]:
+    """The reads of ``targets`` (``(site, layer, _)``) at ``columns [B, n_pos]`` from a stepped
+    base run that computes the prompts' shared prefix (a few-shot example block) once and the last
+    block at the read positions only (:func:`arithinterp.engine.steppers.read_last`); ``None``
+    where that does not apply (a site outside the blocks, prompts sharing too little, a model
+    whose blocks cannot be stepped): the caller runs whole forwards."""
+    from arithinterp.engine.steppers import read_last
+
+    if any(site not in _STEPPED_SITES for site, _, _ in targets):
+        return None
+    T = int(tokens.shape[1])
+    n_last = T - int(columns.min())
+    if n_last >= T:  # the first position read: no prefix to share
+        return None
+    names = [site_lib.hook_name(site, layer) for site, layer, _ in targets]
+    read = read_last(model, tokens, list(dict.fromkeys(names)), n_last)
+    if read is None:
+        return None
+    rows = torch.arange(tokens.shape[0])[:, None]
+    return [read[name][rows, columns - (T - n_last)] for name in names]
+
+
 @checked
 def collect(
     model: HookedModel,
@@ -283,10 +310,11 @@ def collect(
             if fed:
                 tokens = torch.cat([tokens, prompts.answer_tokens[idx, :fed].clamp(min=0)], dim=1)
 
-            # reads only: the engine stops the forward after the deepest layer read
-            reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
-            out = engine.run(model, tokens, reads=reads, logits="none")
-            for (site, _, layer_i), picked in zip(targets, out.reads):
+            picks = None if fed else _stepped_reads(model, tokens, targets, columns)
+            if picks is None:  # reads only: the engine stops the forward after the deepest layer read
+                reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
+                picks = engine.run(model, tokens, reads=reads, logits="none").reads
+            for (site, _, layer_i), picked in zip(targets, picks):
                 # attn_z may come flat ([batch, pos, n_heads * d_head]) or split into heads
                 data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
     return Activations(

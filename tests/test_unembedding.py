@@ -70,9 +70,10 @@ def test_a_last_layer_read_runs_no_unembedding(model):
     """collect at the last layer: no logits at all, and the activations the full forward has."""
     prompts = arithmetic(model, a=range(10, 20), b=range(10, 13), few_shot=_shots(model))
     last = model.cfg.n_layers - 1
+    where = dict(sites=["resid_post", "mlp_out"], layers=[last], positions=["a", "final"], progress=False)
+    collect(model, prompts[:4], **where)  # a stepped read's one-time check of the model (it unembeds 4 prompts)
     with Unembedded(model) as unembedded:
-        acts = collect(model, prompts, sites=["resid_post", "mlp_out"], layers=[last], positions=["a", "final"],
-                       progress=False)
+        acts = collect(model, prompts, **where)
     assert unembedded.shapes == []
     name = f"blocks.{last}.hook_resid_post"
     with torch.inference_mode():
