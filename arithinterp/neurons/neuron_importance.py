@@ -252,19 +252,20 @@ def _attribution(model, pairs, layers, batch_size, budget, progress) -> Iterator
     for idx, tokens, final in tqdm(batches, desc="attribution", disable=not progress):
         out = torch.zeros(len(idx), len(layers), d_mlp)
         corrupt_tokens = corrupt.unpadded(idx)
-        columns, (g, b) = answer_columns(good[idx], bad[idx])  # the metric reads two columns of the unembedding
+        g, b = good[idx], bad[idx]
         stepped = corrupt_read = None  # the final position alone with gradients, the shared prefix computed once
         if bool((final == tokens.shape[1] - 1).all()) and corrupt_tokens.shape == tokens.shape:
             corrupt_read = read_last(model, corrupt_tokens, [name for _, name in names], 1, only_if_shared=False)
         if corrupt_read is not None:
-            stepped = final_gradients(model, tokens, names, lambda logits, g=g, b=b: _final_metric(logits, g, b),
+            # the metric reads two columns of the unembedding: their indices among the columns computed
+            columns, (g_at, b_at) = answer_columns(g, b)
+            stepped = final_gradients(model, tokens, names, lambda logits: _final_metric(logits, g_at, b_at),
                                       columns)
         if stepped is not None and corrupt_read is not None:
             (clean_acts, grads), corrupt_acts = stepped, [corrupt_read[name][:, 0] for _, name in names]
         else:  # whole forwards
             reads = final_reads(layers, final)
             corrupt_acts = engine.run(model, corrupt_tokens, reads=reads, logits="none").reads
-            g, b = good[idx], bad[idx]
             clean_run = engine.run(model, tokens, reads=reads,
                                    metric=lambda logits, g=g, b=b: _final_metric(logits, g, b))
             clean_acts = clean_run.reads
