@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,6 +15,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)  # the models are tiny: one thread avoids contention overhead
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move what exists once collection ends (modules, test functions, parameters) out of the garbage
+    collector's view: its full collections, which otherwise walk all of it again and again while the
+    tests build and drop models, then only walk what the tests create."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -83,14 +83,14 @@ def test_null_calibration_benchmark_smoke():
 
 
 def test_detector_benchmark_smoke():
-    out = run("detector.py", "--fit", "300", "--test", "200", "--seeds", "11", "--no-repair")
-    assert "| 11 | 200 (" in out and "mean ± sd" in out and "baseline warnings" in out
+    out = run("detector.py", "--fit", "200", "--test", "120", "--seeds", "11", "--no-repair")
+    assert "| 11 | 120 (" in out and "mean ± sd" in out and "baseline warnings" in out
 
 
 @pytest.mark.slow
 def test_detector_slices_benchmark_smoke():
     """The report's construction on disjoint slices: earlier and current defaults side by side."""
-    out = run("detector.py", "--slices", "1", "--size", "300")
+    out = run("detector.py", "--slices", "1", "--size", "200")
     rows = [line for line in out.splitlines() if line.startswith("| 0 |")]
     assert len(rows) == 2 and sum("| earlier |" in row for row in rows) == 1
     assert "- current: balanced accuracy mean" in out
@@ -128,7 +128,7 @@ def test_neuron_receivers_benchmark_smoke():
 
 def test_detector_speed_benchmark_smoke():
     """Both solvers and the tightly converged reference on a small sample: a time row and score rows."""
-    out = run("detector.py", "--speed", "--fit", "200", "--seeds", "11", "--runs", "1")
+    out = run("detector.py", "--speed", "--fit", "120", "--seeds", "11", "--runs", "1")
     assert "| **median** |" in out and out.count("| 11 | reference |") == 1 and out.count("| 11 | batched |") == 1
 
 
