@@ -172,7 +172,7 @@ def bench_neurons(args) -> list[dict]:
                         f"{len(pairs)} pairs of {pairs.clean.tokens.shape[1]} tokens, {n} neurons"))
     model = zoo("add-100")
     if model is not None:
-        prompts = arithmetic(model, a=range(0, 100, 5 if args.quick else 2), b=range(0, 100, 5 if args.quick else 2))
+        prompts = arithmetic(model, a=range(0, 100, 10 if args.quick else 2), b=range(0, 100, 10 if args.quick else 2))
         table = neurons.classify(model, prompts, top_k=20 if args.quick else 50)
         names = [n for n, c in zip(table.names, table.labels.sum(0).tolist()) if c >= 1]
 
