@@ -25,7 +25,7 @@ medians of ``--runs`` repeats, their ratio, and the largest score difference.
 
     python benchmarks/circuits.py [--pairs 100] [--steps 5] [--runs 3] [--write docs/circuits.md]
     python benchmarks/circuits.py --speed [--write-speed docs/benchmarks.md]
-    python benchmarks/circuits.py --exact [--runs 3] [--write-exact docs/benchmarks.md]
+    python benchmarks/circuits.py --exact [--runs 3] [--exact-width 256] [--write-exact docs/benchmarks.md]
     python benchmarks/circuits.py --quick
 
 Neurons as receivers (``--neurons``): on each zoo model, every edge into every ``--neuron-step``-th
@@ -129,17 +129,18 @@ def speed(n_pairs: int, steps: int, few_shot: int, runs: int) -> list[str]:
     return lines
 
 
-def exact_cases(n_pairs: int, few_shot: int, zoo_pairs: int):
-    """(label, model, pairs): the Llama 4L d256 speed setup and ``zoo:add-3digit``."""
+def exact_cases(n_pairs: int, few_shot: int, zoo_pairs: int, width: int = 256):
+    """(label, model, pairs): the Llama 4L d256 speed setup (``width`` narrows it: the same heads and
+    edges, d_mlp in proportion) and ``zoo:add-3digit``."""
     from patching import llama_model  # benchmarks/patching.py
 
     import arithinterp as ai
     from arithinterp.models.zoo import ZOO, zoo_prompts
     from arithinterp.tasks import arithmetic
 
-    model = llama_model(4, 256, 8, 2, 688)
+    model = llama_model(4, width, 8, 2, width * 688 // 256)
     prompts = arithmetic(model, a=range(100), b=range(100), few_shot=few_shot)
-    yield "Llama 4L d256 (HF folder, random weights)", model, prompts.counterfactual(vary="a", seed=0)[:n_pairs]
+    yield f"Llama 4L d{width} (HF folder, random weights)", model, prompts.counterfactual(vary="a", seed=0)[:n_pairs]
     model = ai.load_model("zoo:add-3digit")
     entry = ZOO["add-3digit"]
     gen = torch.Generator().manual_seed(0)
@@ -149,7 +150,7 @@ def exact_cases(n_pairs: int, few_shot: int, zoo_pairs: int):
     yield "`zoo:add-3digit`", model, pairs
 
 
-def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int) -> list[str]:
+def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int, width: int = 256) -> list[str]:
     """Whole forwards (``engine="hooks"``) against the stepped default, repeat by repeat."""
     import statistics
     import time
@@ -160,7 +161,7 @@ def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int) -> list[
              f"stepped default one after the other; medians of {runs} repeats.", "",
              "| model | prompts | analysis | whole forwards (s) | stepped (s) | speed-up | forwards (whole / stepped) "
              "| largest score difference |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    for label, model, pairs in exact_cases(n_pairs, few_shot, zoo_pairs):
+    for label, model, pairs in exact_cases(n_pairs, few_shot, zoo_pairs, width):
         graph = EdgeGraph.of(model)
         T = pairs.clean.tokens.shape[1]
         circuit = score_edges(model, pairs, "eap", progress=False)
@@ -266,6 +267,7 @@ def main() -> None:
     parser.add_argument("--write-speed", type=Path, default=None)
     parser.add_argument("--exact", action="store_true", help="exact edges: whole forwards against the stepped default")
     parser.add_argument("--zoo-pairs", type=int, default=50)
+    parser.add_argument("--exact-width", type=int, default=256, help="--exact: the Llama setup's d_model (a quick check)")
     parser.add_argument("--write-exact", type=Path, default=None)
     parser.add_argument("--neurons", action="store_true", help="MLP neurons as receivers: attribution against exact")
     parser.add_argument("--neuron-step", type=int, default=4)
@@ -276,7 +278,7 @@ def main() -> None:
         print("\n".join(neuron_receivers(args.models.split(","), args.zoo_pairs, args.neuron_step, args.steps)))
         return
     if args.exact:
-        text = "\n".join(exact_speed(args.speed_pairs, args.few_shot, args.zoo_pairs, args.runs))
+        text = "\n".join(exact_speed(args.speed_pairs, args.few_shot, args.zoo_pairs, args.runs, args.exact_width))
         print(text)
         if args.write_exact:
             write_block(args.write_exact, EXACT_BEGIN, EXACT_END, "## Circuits: exact edges through the stepper\n\n"

@@ -135,7 +135,8 @@ def test_detector_speed_benchmark_smoke():
 @pytest.mark.slow
 def test_exact_edges_benchmark_smoke():
     """Whole forwards against the stepped default on the Llama setup and the zoo: the same scores."""
-    out = run("circuits.py", "--exact", "--runs", "1", "--speed-pairs", "2", "--few-shot", "1", "--zoo-pairs", "4")
+    out = run("circuits.py", "--exact", "--runs", "1", "--speed-pairs", "2", "--few-shot", "1", "--zoo-pairs", "4",
+              "--exact-width", "64")
     # each row is printed as it comes, then in the whole table
     rows = {line for line in out.splitlines() if line.startswith("| ") and "×" in line}
     assert len(rows) == 4 and any("823 edges" in row for row in rows) and any("zoo:add-3digit" in row for row in rows)
