@@ -185,16 +185,43 @@ go.Figure.to_image = lambda self, **options: self.to_json() and PIXEL
 """
 
 
+#: Run after a notebook's own cells, in its namespace: the known results it shows, so that a notebook whose
+#: findings fade fails as one that raises does. Error detection on ``zoo:add-3digit-weak`` (Sun, Stolfo &
+#: Sachan 2025): the detector beats chance on held-out problems, and where the model is wrong it believes
+#: the right answer more than the model's own.
+KNOWN_RESULTS = {
+    "03_error_detection": """\
+from arithinterp.probes.reask import _answer_evaluation
+
+metrics = result.metrics()
+assert 0.7 < evaluation.accuracy < 0.97  # a model that still makes errors
+# errors are rare (about 10%): the threshold is set for balanced accuracy, not accuracy
+assert metrics["auroc"] >= 0.95 and metrics["balanced_accuracy"] >= 0.85 and metrics["beats_chance"]
+assert detector.meta_["beats_majority_baseline"] and detector.meta_["threshold_rule"] == "balanced"
+held_out = prompts[split:]
+wrong = torch.nonzero(~evaluation.correct[split:])[:, 0]
+right, scorable = _answer_evaluation(held_out[wrong], held_out.answer[wrong])
+own = evaluation[split:][wrong]
+believed = (detector.answer_confidence(model, held_out[wrong], right)
+            > detector.answer_confidence(model, held_out[wrong], own))
+assert scorable.all() and believed.float().mean() >= 0.9
+""",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes(path, request):
     """Each notebook runs top to bottom without an error (outputs are not compared: they are the stored
-    ones' numbers on another machine), its figures built but not drawn (:data:`FIGURES_NOT_DRAWN`)."""
+    ones' numbers on another machine), its figures built but not drawn (:data:`FIGURES_NOT_DRAWN`), and
+    its known results hold (:data:`KNOWN_RESULTS`)."""
     if path.stem in _script().PRETRAINED and os.environ.get("ARITHINTERP_GEMMA3") != "1":
         pytest.skip("needs Gemma 3 270M: the opt-in real-model tier (bash scripts/test-gemma3.sh) runs it")
     nbformat = pytest.importorskip("nbformat")
     notebook = nbformat.read(str(path), as_version=4)
     notebook.cells.insert(0, nbformat.v4.new_code_cell(FIGURES_NOT_DRAWN))
+    if path.stem in KNOWN_RESULTS:
+        notebook.cells.append(nbformat.v4.new_code_cell(KNOWN_RESULTS[path.stem]))
     notebook = _script().execute(notebook, kernel=request.getfixturevalue("kernel"))
     errors = [
         o

@@ -17,7 +17,7 @@ import torch
 from arithinterp import probes
 from arithinterp.activations import Activations
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError
-from arithinterp.probes.reask import _answer_evaluation, _reprefixed
+from arithinterp.probes.reask import _reprefixed
 from arithinterp.tasks import Evaluation, arithmetic
 
 N, D = 600, 64
@@ -723,11 +723,11 @@ def test_best_threshold_rules():
 
 
 @pytest.mark.slow
-def test_zoo_weak_model_digit_probes_and_error_detector():
-    """Known result on zoo:add-3digit-weak (skipped until it ships): every answer digit is
-    linearly readable before it is emitted, and the detector beats chance on held-out prompts.
-    The detector reads both layers, which is what its layer search chooses here (the search itself
-    is tested on its own, above and in the report's error stage)."""
+def test_zoo_weak_model_reads_the_units_digit_before_it_is_emitted():
+    """Known result on zoo:add-3digit-weak (skipped until it ships): the units digit is linearly
+    readable before it is emitted, and not under shuffled labels. The detector's known result on this
+    model (it beats chance on held-out problems, and believes the right answer more than the model's
+    wrong one) is checked where notebook 03 shows it (``tests/test_notebooks.py``, ``KNOWN_RESULTS``)."""
     import arithinterp as ai
     from arithinterp.errors import ModelFileError
     from arithinterp.tasks import prompts_for_pairs
@@ -744,19 +744,6 @@ def test_zoo_weak_model_digit_probes_and_error_detector():
     acts = probes.answer_activations(model, prompts, evaluation)
     units = probes.probe_layers(acts, "answer_digit_0", positions=["answer_3"], cv=3, progress=False)
     assert units.mean.max() >= 0.99 and units.control("shuffled").max() < 0.2
-    fit, test = torch.arange(1400), torch.arange(1400, 2000)
-    sub = lambda idx: Evaluation(evaluation.correct[idx], evaluation.model_answer[idx],  # noqa: E731
-                                 [evaluation.answer_text[i] for i in idx.tolist()], evaluation.generated_tokens[idx])
-    detector = probes.ErrorDetector(layers=[0, 1]).fit(model, prompts[fit], sub(fit))
-    metrics = detector.evaluate(model, prompts[test], sub(test)).metrics()
-    # errors are rare (about 10%): the threshold is set for balanced accuracy, not accuracy
-    assert metrics["auroc"] >= 0.95 and metrics["balanced_accuracy"] >= 0.85 and metrics["beats_chance"]
-    assert detector.meta_["beats_majority_baseline"] and detector.meta_["threshold_rule"] == "balanced"
-    # what selective repair relies on: the detector believes the right answer more than the model's wrong one
-    wrong = test[~evaluation.correct[test]]
-    right, scorable = _answer_evaluation(prompts[wrong], prompts.answer[wrong])
-    believed = detector.answer_confidence(model, prompts[wrong], right) > detector.answer_confidence(model, prompts[wrong], sub(wrong))
-    assert scorable.all() and believed.float().mean() >= 0.9
 
 
 @pytest.mark.slow
