@@ -160,7 +160,8 @@ def test_every_edge_alone_equals_whole_forwards_on_a_deeper_llama(number_tokeniz
     """Four layers and a 9-shot prefix (the benchmark's shape, narrower): runs resumed mid-model,
     the last block split into keys/values and the read position. Every edge runs stepped; the
     whole-forward reference (one forward per edge) runs the first and last edge into every receiver
-    and every seventh edge besides, which covers each kind of edge at every layer."""
+    (every head's query, key and value input, every MLP and the logits, at every layer) and every
+    seventh edge besides."""
     from families import save_llama
 
     model = ai.load_model(str(save_llama(tmp_path / "llama4", number_tokenizer, n_layers=4, d_model=64)))
