@@ -254,6 +254,67 @@ class Result(abc.ABC):
         except (TypeError, ValueError) as error:
             raise ResultFileError(f"{path} does not hold a valid {cls.__name__}: {error}") from None
 
+    # --- how a result prints: a short repr and, in a notebook, an HTML table (arithinterp.printing) ---
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # @dataclass writes a repr of every field (a PatchResult's ran to 8,500 characters of tensors)
+        # unless the class body defines one: each subclass gets the short one before the decorator runs
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = cls.__mro__[1].__repr__
+
+    def headline(self) -> dict[str, Any]:
+        """The few numbers that say what the result found (its strongest cell, its best score), shown
+        first when the result prints. The base has none: a result's plain-number fields (an accuracy,
+        an IIA) are shown anyway; types whose findings sit in tensors override it.
+
+        Returns:
+            ``{name: value}``, in the order to show.
+        """
+        return {}
+
+    def _printed_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(what, sizes)``: the plain fields (site, metric, accuracies) and the model; then the counts
+        ``meta`` records, the tensors and the non-empty lists."""
+        what: dict[str, Any] = {}
+        tensors: dict[str, Any] = {}
+        lists: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "meta" or not field.repr or value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                tensors[field.name] = value
+            elif isinstance(value, (list, tuple, dict)):
+                if value:
+                    lists[field.name] = value
+            else:
+                what[field.name] = value
+        meta = getattr(self, "meta", None)
+        counts = {}
+        if isinstance(meta, dict):
+            if isinstance(meta.get("model"), str):
+                what["model"] = meta["model"]
+            counts = {k: v for k, v in meta.items() if k.startswith("n_") and isinstance(v, int)}
+        return what, {**counts, **tensors, **lists}
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        what, sizes = self._printed_parts()
+        headline = self.headline()
+        return short_repr(type(self).__name__, {**headline, **{k: v for k, v in {**what, **sizes}.items()
+                                                               if k not in headline}})
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the result is, its sizes, its headline numbers, and the
+        first rows of :meth:`to_frame`."""
+        from arithinterp.printing import html_table
+
+        what, sizes = self._printed_parts()
+        return html_table(type(self).__name__, {"headline": self.headline(), "what": what, "sizes": sizes},
+                          self.to_frame(), "to_frame()")
+
 
 def holds_result(path: Union[str, Path]) -> bool:
     """Whether a folder holds a saved result (what :meth:`Result.save` refuses to replace).

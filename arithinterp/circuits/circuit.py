@@ -79,6 +79,18 @@ class Circuit(Result):
     def kept_edges(self) -> list:
         return [e for e, k in zip(self.edges, self.kept.tolist()) if k]
 
+    def headline(self) -> dict:
+        """How many edges are kept, and the edge of largest score in absolute value.
+
+        Returns:
+            ``kept`` (``"n of N"``), ``top_edge`` and ``top_score``.
+        """
+        if not self.edges:
+            return dict(kept="0 of 0")
+        top = int(self.scores.abs().nan_to_num(0.0).argmax())
+        return dict(kept=f"{self.n_kept} of {self.n_edges}", top_edge=self.edges[top],
+                    top_score=float(self.scores[top]))
+
     def graph(self) -> EdgeGraph:
         """The graph the edges index (rebuilt from ``meta``)."""
         return EdgeGraph(Layout(**self.meta["layout"]), self.meta.get("graph_positions"))

@@ -75,6 +75,16 @@ class HeuristicAblationResult(Result):
     _saved_names = ("HeuristicAblation",)
     _field_names = {"mode": "ablation"}
 
+    def headline(self) -> dict:
+        """The mean drops in accuracy on the prompts each heuristic is about and on the others
+        (:meth:`summary`).
+
+        Returns:
+            ``heuristics``, ``associated_drop`` and ``other_drop``.
+        """
+        found = self.summary()
+        return {key: found[key] for key in ("heuristics", "associated_drop", "other_drop")}
+
     def summary(self) -> dict[str, float]:
         """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops.
 

@@ -108,6 +108,15 @@ class DetectorResult(Result):
             raise AnalysisError(f"unknown metric {key!r}; accepted: {accepted(values)}")
         return values[key]
 
+    def headline(self) -> dict:
+        """The selected method's verdict and scores (:meth:`finding`).
+
+        Returns:
+            ``verdict``, ``balanced_accuracy``, ``auroc``, ``accuracy`` and ``majority_baseline``.
+        """
+        found = self.finding()
+        return {key: found[key] for key in ("verdict", "balanced_accuracy", "auroc", "accuracy", "majority_baseline")}
+
     def finding(self, method: Optional[str] = None) -> dict:
         """The detector's result in words and numbers, against always answering one way.
 

@@ -84,6 +84,45 @@ class PromptSet:
             meta=dict(self.meta),
         )
 
+    # --- printing: a short repr and a notebook table (arithinterp.printing), never every prompt ----
+
+    def _printed(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(what, sizes)`` as the repr and the notebook table show them."""
+        what: dict[str, Any] = dict(op=self.op, template=self.template, scoring=self.scoring)
+        if self.modulus is not None:
+            what["modulus"] = self.modulus
+        if self.prefix:
+            what["prefix"] = self.prefix
+        sizes: dict[str, Any] = dict(n_prompts=len(self))
+        for name in ("a", "b", "answer"):
+            values = getattr(self, name)
+            if len(values):
+                sizes[name] = f"{int(values.min())}..{int(values.max())}"
+        sizes.update(tokens=self.tokens, answer_tokens=self.answer_tokens)
+        return what, sizes
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        what, sizes = self._printed()
+        first = [f"{text}{answer}" for text, answer in zip(self.texts[:3], self.answer_texts[:3])]
+        return short_repr("PromptSet", {**sizes, **what, "first": first})
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the set is, its sizes and its first prompts."""
+        from arithinterp.printing import FIRST_ROWS, html_table
+
+        what, sizes = self._printed()
+        return html_table("PromptSet", {"what": what, "sizes": sizes}, self._head_frame(FIRST_ROWS),
+                          "prompts", total=len(self))
+
+    def _head_frame(self, n: int) -> Any:
+        """The first ``n`` prompts as a DataFrame: text, operands, answer, token count."""
+        import pandas as pd
+
+        return pd.DataFrame(dict(text=list(self.texts[:n]), a=self.a[:n].tolist(), b=self.b[:n].tolist(),
+                                 answer=self.answer[:n].tolist(), tokens=self.lengths[:n].tolist()))
+
     @property
     def uniform_length(self) -> bool:
         """Whether every prompt has the padded length (no left padding)."""
@@ -419,6 +458,24 @@ class PromptPairs:
 
     def __getitem__(self, index) -> "PromptPairs":
         return replace(self, clean=self.clean[index], corrupt=self.corrupt[index])
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        first = [f"{clean} | {corrupt}" for clean, corrupt in zip(self.clean.texts[:3], self.corrupt.texts[:3])]
+        return short_repr("PromptPairs", dict(n_pairs=len(self), vary=self.vary, seed=self.seed,
+                                              template=self.clean.template, tokens=self.clean.tokens, first=first))
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the pairs vary, their sizes and the first pairs."""
+        from arithinterp.printing import FIRST_ROWS, html_table
+
+        clean, corrupt = self.clean._head_frame(FIRST_ROWS), self.corrupt._head_frame(FIRST_ROWS)
+        frame = clean[["text", "answer"]].add_suffix("_clean").join(corrupt[["text", "answer"]].add_suffix("_corrupt"))
+        sizes = dict(n_pairs=len(self), tokens=self.clean.tokens, **{k: v for k, v in self.meta.items()
+                                                                     if isinstance(v, int)})
+        return html_table("PromptPairs", {"what": dict(vary=self.vary, seed=self.seed, template=self.clean.template),
+                                          "sizes": sizes}, frame, "pairs", total=len(self))
 
     @classmethod
     def concat(cls, parts: Sequence["PromptPairs"]) -> "PromptPairs":
