@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp import engine
@@ -316,7 +316,7 @@ def collect(
 
     batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
     with torch.inference_mode():
-        for idx in tqdm(batches, desc="collect", disable=not progress):
+        for idx in progress_bar(batches, desc="collect", disable=not progress):
             # per-prompt index of each requested position, in unpadded coordinates
             columns = index[idx] - prompts.offset(idx)
             tokens = prompts.unpadded(idx)

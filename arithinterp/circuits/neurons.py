@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 import torch
 
@@ -299,7 +299,7 @@ def patch_neuron_edges(
     if graph.positions != [None]:
         labels, pos_index = resolve_positions(pairs, graph.positions)
         graph.check_positions(labels)
-    bar = tqdm(total=len(batches) * len(chosen), desc="neuron edges", disable=not progress)
+    bar = progress_bar(total=len(batches) * len(chosen), desc="neuron edges", disable=not progress)
     for idx in batches:
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape

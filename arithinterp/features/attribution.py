@@ -25,7 +25,7 @@ import functools
 from typing import Any, Optional
 
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write, run
@@ -148,7 +148,7 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
     normalised = torch.zeros(len(rows), n_sources)  # |rows| summing to 1 per target: for choosing alone
     row_node = torch.full((len(rows),), -1, dtype=torch.long)
     filled = 0
-    bar = tqdm(total=len(rows), desc="graph rows", disable=None if progress else True)
+    bar = progress_bar(total=len(rows), desc="graph rows", disable=None if progress else True)
 
     def expand(ids: torch.Tensor) -> None:
         nonlocal filled

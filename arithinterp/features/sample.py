@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
@@ -118,7 +118,7 @@ def graph_sample(model: HookedModel, prompts: PromptSet, transcoders: Transcoder
         scores = [dict(s) for s in resume.scores]
         seen = {(row["layer"], row["feature"], row["position"]): dict(row) for row in resume.features}
     start, stopped = time.perf_counter(), None
-    bar = tqdm(total=len(prompts), initial=done, desc="graphs", disable=None if progress else True)
+    bar = progress_bar(total=len(prompts), initial=done, desc="graphs", disable=None if progress else True)
     try:
         for i in range(done, len(prompts)):
             if max_seconds is not None and done > 0 and time.perf_counter() - start > max_seconds:

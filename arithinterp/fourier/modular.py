@@ -13,7 +13,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
@@ -425,7 +425,7 @@ def progress(
     key = [int(k) for k in key]
     mask = train_mask(name)
     rows, labels = [], []
-    for step in tqdm(steps, desc="snapshots", disable=not progress):
+    for step in progress_bar(steps, desc="snapshots", disable=not progress):
         snapshot = load_model(f"zoo:{name}@step={step}")
         rows.append(modular_losses(modular_logits(snapshot, p, template=template), key, mask))
         labels.append(int(step))

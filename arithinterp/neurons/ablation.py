@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
@@ -391,7 +391,7 @@ def ablate_heuristic(
     results = _correct_many(model, prompts, [{}] + [masks for masks in cells if masks], replacement, batch_size,
                             engine)
     before, runs = results[0], iter(results[1:])
-    for j, name in enumerate(tqdm(names, desc="ablate heuristics", disable=not progress)):
+    for j, name in enumerate(progress_bar(names, desc="ablate heuristics", disable=not progress)):
         members = table.neurons_of(name)
         after = next(runs) if cells[j] else before
         assoc = associated[:, j]
@@ -485,7 +485,7 @@ def ablate_for_prompt(
     d_mlp = int(model.cfg.d_mlp)
     P = len(prompts)
     cells, sizes = [{}], []  # nothing ablated, then each k's heuristic and control masks
-    for kk in tqdm(ks, desc="ablate per prompt", disable=not progress):
+    for kk in progress_bar(ks, desc="ablate per prompt", disable=not progress):
         masks_h, masks_c, total = {}, {}, torch.zeros(P)
         for l in layers:
             cols = torch.nonzero(table.layer == l).flatten()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp import engine
 from arithinterp import sites as site_lib
@@ -156,7 +156,7 @@ def final_batches(model, prompts, layers: list[int], batch_size: int, progress: 
     """
     batches = list(final_position_batches(prompts, batch_size))
     with torch.inference_mode():
-        for idx, tokens, final in tqdm(batches, desc=desc, disable=not progress):
+        for idx, tokens, final in progress_bar(batches, desc=desc, disable=not progress):
             reads = engine.run(model, tokens, reads=final_reads(layers, final), logits="none").reads
             yield idx, [read.float().cpu() for read in reads]
 

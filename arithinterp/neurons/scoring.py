@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.engine.budget import chunk_for
 from arithinterp.errors import AnalysisError, ConfigError
@@ -289,7 +289,7 @@ def classify_stream(
     fdr_p = RunningFDR()
     null = RunningNullSummary(N, threshold, fdr) if shuffle_control else None
     starts = range(0, N, rows)
-    for start in tqdm(starts, desc="classify neurons", disable=not progress or len(starts) < 2):
+    for start in progress_bar(starts, desc="classify neurons", disable=not progress or len(starts) < 2):
         stop = min(start + rows, N)
         k_chunk, kv_chunk = source(start, stop)
         by_kind = {"K": k_chunk if "K" in kinds else None, "KV": kv_chunk if "KV" in kinds else None}

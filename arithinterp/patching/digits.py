@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
@@ -178,7 +178,7 @@ def digit_scores(
     baseline = scores([])
     cells = torch.empty(len(parsed), n_answer, len(prompts), 2)
     jobs = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
-    for i, k in tqdm(jobs, desc="digit ablation", disable=not progress):
+    for i, k in progress_bar(jobs, desc="digit ablation", disable=not progress):
         cells[i, k] = scores([replace(parsed[i], position=f"answer{k}")])[:, k]
     return baseline, cells, "hooks"
 
@@ -231,7 +231,7 @@ def _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progre
     by_layer: dict[int, list[int]] = {}
     for i, c in enumerate(parsed):
         by_layer.setdefault(c.layer, []).append(i)
-    for j, (rows, tokens, offset, length, stepper, shuffled) in enumerate(tqdm(batches, desc="digit ablation",
+    for j, (rows, tokens, offset, length, stepper, shuffled) in enumerate(progress_bar(batches, desc="digit ablation",
                                                                                disable=not progress)):
         runner = runners[j] or AblationRunner(model, stepper, tokens, n_last=n_answer)
         runners[j] = None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.probes.cross_validation import (
@@ -190,7 +190,7 @@ def probe_layers(
     directions, classes = [], []
     cells = [(li, pi) for li in range(len(layers)) for pi in range(len(positions))]
     with torch.inference_mode():
-        for li, pi in tqdm(cells, desc=f"probe {target_name}", disable=not progress):
+        for li, pi in progress_bar(cells, desc=f"probe {target_name}", disable=not progress):
             X = features(acts, layers[li], positions[pi])
             label_sets = [y] + ([shuffled] if "shuffled" in controls else [])
             scores, probe = probe_cell(estimator, X, label_sets, folds, full=True)

@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, MemoryBudgetError, TaskError, accepted
 from arithinterp.outputs import check_writable_file
@@ -249,7 +249,7 @@ def write_report(
     page.set("evaluation", f"done: {time.perf_counter() - clock:.1f} s of its {secs(seconds)} budget; {sampled}")
     ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed, correct_only=correct_only)
 
-    for i, name in enumerate(tqdm(chosen, desc="report", disable=not progress)):
+    for i, name in enumerate(progress_bar(chosen, desc="report", disable=not progress)):
         seconds = share(name, chosen[i + 1:])
         ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
         page.set(name, f"running (budget {secs(seconds)})")
