@@ -886,3 +886,63 @@ def test_a_small_logistic_fit_runs_on_one_thread_and_restores_the_pool(monkeypat
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_saved_detector_loads_sealed_and_only_on_the_model_it_was_fitted_on(planted_errors, tmp_path):
+    """``save`` / ``load`` give back the same flags without a refit; the folder is sealed (an edited weight,
+    a stripped fingerprint are refused) and tied to the model's weights (another model is refused unless
+    declared with ``on_model``); a detector on an estimator that cannot be saved without pickle is refused."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from sklearn.linear_model import LogisticRegression
+
+    from conftest import tiny_bridge
+
+    from arithinterp.errors import ModelMismatchError, ResultFileError
+    from arithinterp.probes.probe_base import NotFittedError
+
+    p, model, train, test = (planted_errors[k] for k in ("prompts", "model", "train", "test"))
+    detector = probes.ErrorDetector(layers=1, method="direct", cv=3).fit(model, p[train],
+                                                                         planted_errors["evaluation"](train))
+    evaluation = planted_errors["evaluation"](test)
+    folder = detector.save(tmp_path / "detector")
+    loaded = probes.ErrorDetector.load(folder, model)
+    assert torch.equal(loaded.predict_proba(model, p[test], evaluation), detector.predict_proba(model, p[test], evaluation))
+    assert loaded.get_params() == detector.get_params() and loaded.thresholds_ == detector.thresholds_
+    assert loaded.evaluate(model, p[test], evaluation).metrics() == detector.evaluate(model, p[test], evaluation).metrics()
+    assert detector.save(folder) == folder  # the same detector again: allowed
+
+    other = tiny_bridge(model.tokenizer, seed=5)  # same shape, other weights
+    with pytest.raises(ModelMismatchError, match="on_model"):
+        probes.ErrorDetector.load(folder, other)
+    with pytest.raises(ModelMismatchError, match="fingerprint"):
+        probes.ErrorDetector.load(folder).flag(other, p[test], evaluation)
+    declared = probes.ErrorDetector.load(folder).on_model(other)
+    assert declared.meta_["made_on_fingerprint"] == detector.meta_["fingerprint"]
+    assert declared.flag(other, p[test], evaluation).shape == (len(test),)
+
+    tensors = load_file(str(folder / "tensors.safetensors"))
+    key = next(k for k in tensors if k.endswith("coef_"))
+    tensors[key] = tensors[key] * 2
+    save_file(tensors, str(folder / "tensors.safetensors"), metadata={"written_by": "arithinterp",
+                                                                      "fingerprint": detector.meta_["fingerprint"]})
+    with pytest.raises(ResultFileError, match="changed after saving"):
+        probes.ErrorDetector.load(folder)
+    detector.save(folder, overwrite=True)
+    stored = json.loads((folder / "result.json").read_text())
+    del stored["fields"]["dict"]["meta_"]["dict"]["fingerprint"]
+    (folder / "result.json").write_text(json.dumps(stored))
+    with pytest.raises(ResultFileError, match="fingerprint"):
+        probes.ErrorDetector.load(folder)
+    with pytest.raises(ResultFileError, match="already holds a saved ErrorDetector"):
+        detector.evaluate(model, p[test], evaluation).save(folder)  # a result never replaces a detector
+    with pytest.raises(ResultFileError, match="holds a DetectorResult, not a saved ErrorDetector"):
+        probes.ErrorDetector.load(detector.evaluate(model, p[test], evaluation).save(tmp_path / "result"))
+
+    detector.direct_probe_ = LogisticRegression()
+    with pytest.raises(ConfigError, match="sklearn.linear_model._logistic.LogisticRegression.*LogisticProbe"):
+        detector.save(tmp_path / "sklearn")
+    with pytest.raises(NotFittedError):
+        probes.ErrorDetector().save(tmp_path / "unfitted")
