@@ -328,6 +328,71 @@ def holds_result(path: Union[str, Path]) -> bool:
     return (Path(path).expanduser() / JSON_FILE).exists()
 
 
+# --- sealed folders of what is not a result (a fitted ErrorDetector): the same files and seal ------
+
+
+def write_sealed(path: Union[str, Path], kind: str, fields: dict[str, Any], tensors: dict[str, torch.Tensor],
+                 meta: Any, overwrite: bool = False) -> Path:
+    """Write a folder as :meth:`Result.save` does: ``tensors`` to ``tensors.safetensors`` (sealed with
+    the fingerprint ``meta`` records), ``fields`` to ``result.json`` with the tensor file's sha256.
+
+    Args:
+        path: The folder, created when missing.
+        kind: What the folder holds (its ``type``).
+        fields: JSON-ready values.
+        tensors: The tensors, by name.
+        meta: The provenance whose fingerprint seals the tensor file.
+        overwrite: Replace a *different* saved folder.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ConfigError: ``overwrite`` is not a bool, or the folder is not writable.
+        ResultFileError: The folder holds something else and ``overwrite`` is false.
+        OutputError: A file could not be written.
+    """
+    from arithinterp.outputs import atomic_write, check_writable_dir
+
+    if not isinstance(overwrite, bool):
+        raise ConfigError(f"overwrite must be True or False, got {overwrite!r}")
+    path = check_writable_dir(path, "save")
+    tensors = {name: value.detach().cpu().contiguous() for name, value in tensors.items()}
+    stored: dict[str, Any] = {"type": kind, "format": FORMAT_VERSION, "fields": fields}
+    if not overwrite:
+        _refuse_other_result(path, json.loads(json.dumps(stored)), tensors)
+    stored[DIGEST_KEY] = _write_tensors(path / TENSOR_FILE, tensors, meta)  # the JSON, written last, marks it saved
+    text = json.dumps(stored, indent=1)
+    atomic_write(path / JSON_FILE, lambda tmp: tmp.write_text(text))
+    return path
+
+
+def read_sealed(path: Union[str, Path], kind: str, meta_field: str = "meta") -> tuple[dict[str, Any], dict]:
+    """Read a folder :func:`write_sealed` wrote, checking its type and seal.
+
+    Args:
+        path: The folder.
+        kind: The type it must hold.
+        meta_field: The field of ``fields`` that holds the provenance the seal records.
+
+    Returns:
+        ``(fields, tensors)``.
+
+    Raises:
+        ResultFileError: The folder holds another type, is damaged, or was changed after saving.
+    """
+    path = Path(path).expanduser()
+    stored = _read_json(path)
+    if stored.get("type") != kind:
+        raise ResultFileError(f"{path} holds a {stored.get('type')}, not a saved {kind}")
+    fields = stored.get("fields")
+    if not isinstance(fields, dict):
+        raise ResultFileError(f"{path / JSON_FILE} has no 'fields' object; the file is damaged")
+    tensors, header = _read_tensors(path)
+    _check_sealed(path / TENSOR_FILE, stored.get(DIGEST_KEY), header, fields.get(meta_field), path / JSON_FILE)
+    return fields, tensors
+
+
 # --- what a saved result's values may be ----------------------------------------------------------
 
 

@@ -27,7 +27,8 @@ from arithinterp.results import Result
 from arithinterp.types import HookedModel
 
 DOCS = Path(ai.__file__).parent.parent / "docs" / "concepts.md"
-ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal")
+ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal",
+            "lens")
 
 
 def vocabulary_from_docs(text: str) -> dict[str, str]:

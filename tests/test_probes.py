@@ -932,7 +932,7 @@ def test_a_saved_detector_loads_sealed_and_only_on_the_model_it_was_fitted_on(pl
         probes.ErrorDetector.load(folder)
     detector.save(folder, overwrite=True)
     stored = json.loads((folder / "result.json").read_text())
-    del stored["fields"]["dict"]["meta_"]["dict"]["fingerprint"]
+    del stored["fields"]["meta_"]["fingerprint"]
     (folder / "result.json").write_text(json.dumps(stored))
     with pytest.raises(ResultFileError, match="fingerprint"):
         probes.ErrorDetector.load(folder)

@@ -417,6 +417,12 @@ def _readable_used(i: Instances):
                                    progress=False)
 
 
+def _logit_lens(i: Instances):
+    from arithinterp.lens import logit_lens
+
+    return logit_lens(i.model, i.prompts[:20], positions=["b", "final"], progress=False)
+
+
 def _sweep_run(i: Instances):
     """A two-cell sweep (accuracy, resid_pre patching) over the tiny random Llama folder of ``conftest``."""
     from arithinterp import sweep
@@ -470,6 +476,7 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "DASLayersResult": _das_layers,
     "ReadableUsedResult": _readable_used,
     "SweepRun": _sweep_run,
+    "LogitLensResult": _logit_lens,
 }
 
 # further instances that fill the optional fields the first leaves empty
@@ -765,7 +772,7 @@ def test_the_further_instances_fill_the_fields_they_are_for(instances):
 
 # --- the figure builders -------------------------------------------------------------------------
 
-VIZ_MODULES = ["causal", "circuits", "features", "fourier", "neurons", "patching", "probes", "sweep"]
+VIZ_MODULES = ["causal", "circuits", "features", "fourier", "lens", "neurons", "patching", "probes", "sweep"]
 
 
 def _viz_functions():

@@ -11,7 +11,6 @@ scikit-learn classifier, an :class:`~arithinterp.probes.MLPProbe`) is refused wh
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -22,10 +21,7 @@ from arithinterp.errors import ConfigError, ResultFileError
 from arithinterp.probes.estimators import CircularProbe, MonotoneLogistic, RidgeProbe
 from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.slot_probes import Constant
-from arithinterp.results import (
-    DIGEST_KEY, FORMAT_VERSION, JSON_FILE, TENSOR_FILE, _check_sealed, _read_json, _read_tensors, _refuse_other_result,
-    _write_tensors,
-)
+from arithinterp.results import JSON_FILE, TENSOR_FILE, read_sealed, write_sealed
 
 if TYPE_CHECKING:
     from arithinterp.probes.detector import ErrorDetector
@@ -34,35 +30,38 @@ KIND = "ErrorDetector"
 #: The estimators a detector folder may hold, by name: rebuilt from their saved attributes.
 SAVED_ESTIMATORS: dict[str, type] = {cls.__name__: cls for cls in (LogisticProbe, RidgeProbe, CircularProbe,
                                                                     MonotoneLogistic, Constant)}
+# the one-key objects that stand for what JSON cannot hold
+TENSOR, ARRAY, TUPLE, ESTIMATOR = "__tensor__", "__array__", "__tuple__", "__estimator__"
 
 
 class _Encoder:
-    """A detector's attributes as JSON and tensors: a tensor becomes ``{"tensor": key}`` (numpy arrays
-    ``{"array": key}``), a tuple ``{"tuple": [...]}``, an estimator ``{"estimator": name, "vars": {...}}``."""
+    """A detector's attributes as JSON and tensors: a tensor becomes ``{"__tensor__": key}`` (a numpy
+    array ``{"__array__": key}``), a tuple ``{"__tuple__": [...]}``, an estimator
+    ``{"__estimator__": [name, {attribute: value}]}``; dicts and lists stay as they are."""
 
     def __init__(self) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
 
     def encode(self, value: Any, where: str) -> Any:
         if isinstance(value, torch.Tensor):
-            self.tensors[where] = value.detach().cpu().contiguous()
-            return {"tensor": where}
+            self.tensors[where] = value
+            return {TENSOR: where}
         if isinstance(value, np.ndarray):
             self.tensors[where] = torch.from_numpy(np.ascontiguousarray(value))
-            return {"array": where}
+            return {ARRAY: where}
         if isinstance(value, np.generic):
             return value.item()
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         if isinstance(value, tuple):
-            return {"tuple": [self.encode(v, f"{where}.{i}") for i, v in enumerate(value)]}
+            return {TUPLE: [self.encode(v, f"{where}.{i}") for i, v in enumerate(value)]}
         if isinstance(value, list):
             return [self.encode(v, f"{where}.{i}") for i, v in enumerate(value)]
         if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-            return {"dict": {k: self.encode(v, f"{where}.{k}") for k, v in value.items()}}
+            return {k: self.encode(v, f"{where}.{k}") for k, v in value.items()}
         name = type(value).__name__
         if SAVED_ESTIMATORS.get(name) is type(value):
-            return {"estimator": name, "vars": self.encode(vars(value), where)}
+            return {ESTIMATOR: [name, self.encode(vars(value), where)]}
         raise ConfigError(f"this ErrorDetector cannot be saved: {where} is a {type(value).__module__}.{name}, and only "
                           f"arithinterp's own estimators are saved without pickle ({', '.join(SAVED_ESTIMATORS)}); "
                           "fit the detector with probe=LogisticProbe(...) (the default) to save it")
@@ -75,27 +74,25 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor], file: Path) -> Any:
         return [_decode(v, tensors, file) for v in value]
     if not isinstance(value, dict):
         return value
-    if set(value) in ({"tensor"}, {"array"}):
-        key = next(iter(value.values()))
+    marker = next(iter(value)) if len(value) == 1 else None
+    if marker in (TENSOR, ARRAY):
+        key = value[marker]
         if key not in tensors:
             raise ResultFileError(f"{file}: {key!r} refers to a tensor that {TENSOR_FILE} does not hold; the folder is "
                                   "damaged")
-        return tensors[key] if "tensor" in value else tensors[key].numpy()
-    if set(value) == {"tuple"}:
-        return tuple(_decode(value["tuple"], tensors, file))
-    if set(value) == {"dict"} and isinstance(value["dict"], dict):
-        return {k: _decode(v, tensors, file) for k, v in value["dict"].items()}
-    if set(value) == {"estimator", "vars"}:
-        cls = SAVED_ESTIMATORS.get(value["estimator"])
-        state = _decode(value["vars"], tensors, file)
+        return tensors[key] if marker == TENSOR else tensors[key].numpy()
+    if marker == TUPLE:
+        return tuple(_decode(value[TUPLE], tensors, file))
+    if marker == ESTIMATOR:
+        name, state = value[ESTIMATOR] if isinstance(value[ESTIMATOR], list) and len(value[ESTIMATOR]) == 2 else ("", 0)
+        cls, state = SAVED_ESTIMATORS.get(name), _decode(state, tensors, file)
         if cls is None or not isinstance(state, dict):
-            raise ResultFileError(f"{file}: holds an estimator {value['estimator']!r}; a detector folder holds only "
+            raise ResultFileError(f"{file}: holds an estimator {name!r}; a detector folder holds only "
                                   f"{', '.join(SAVED_ESTIMATORS)}; the folder is damaged or not a saved detector")
         estimator = cls.__new__(cls)
         estimator.__dict__.update(state)
         return estimator
-    raise ResultFileError(f"{file}: an entry with the keys {sorted(value)} is none this package writes; the folder is "
-                          "damaged")
+    return {k: _decode(v, tensors, file) for k, v in value.items()}
 
 
 def save_detector(detector: ErrorDetector, path: Union[str, Path], overwrite: bool = False) -> Path:
@@ -115,21 +112,9 @@ def save_detector(detector: ErrorDetector, path: Union[str, Path], overwrite: bo
         ResultFileError: The folder holds something else and ``overwrite`` is false.
         OutputError: A file could not be written.
     """
-    from arithinterp.outputs import atomic_write, check_writable_dir
-
-    if not isinstance(overwrite, bool):
-        raise ConfigError(f"overwrite must be True or False, got {overwrite!r}")
     encoder = _Encoder()
     fields = encoder.encode(vars(detector), "detector")
-    path = check_writable_dir(path, "save")
-    stored: dict[str, Any] = {"type": KIND, "format": FORMAT_VERSION, "fields": fields}
-    if not overwrite:
-        _refuse_other_result(path, json.loads(json.dumps(stored)), encoder.tensors)
-    # tensors first, the JSON that marks a saved folder last: a half-saved detector never loads
-    stored[DIGEST_KEY] = _write_tensors(path / TENSOR_FILE, encoder.tensors, detector.meta_)
-    text = json.dumps(stored, indent=1)
-    atomic_write(path / JSON_FILE, lambda tmp: tmp.write_text(text))
-    return path
+    return write_sealed(path, KIND, fields, encoder.tensors, detector.meta_, overwrite)
 
 
 def load_detector(cls: type, path: Union[str, Path]) -> Any:
@@ -146,15 +131,11 @@ def load_detector(cls: type, path: Union[str, Path]) -> Any:
         ResultFileError: The folder holds something else, is damaged, or was changed after it was
             saved (tensors edited, ``meta_`` stripped of the model's fingerprint).
     """
-    path = Path(path).expanduser()
-    stored = _read_json(path)
-    if stored.get("type") != KIND:
-        raise ResultFileError(f"{path} holds a {stored.get('type')}, not a saved {KIND}")
-    tensors, header = _read_tensors(path)
-    state = _decode(stored.get("fields"), tensors, path / JSON_FILE)
-    if not isinstance(state, dict) or not isinstance(state.get("meta_"), dict) or "calibrators_" not in state:
-        raise ResultFileError(f"{path / JSON_FILE} does not hold a fitted detector's attributes; the file is damaged")
-    _check_sealed(path / TENSOR_FILE, stored.get(DIGEST_KEY), header, state["meta_"], path / JSON_FILE)
+    fields, tensors = read_sealed(path, KIND, meta_field="meta_")
+    state = _decode(fields, tensors, Path(path) / JSON_FILE)
+    if not isinstance(state.get("meta_"), dict) or "calibrators_" not in state:
+        raise ResultFileError(f"{Path(path) / JSON_FILE} does not hold a fitted detector's attributes; the file is "
+                              "damaged")
     detector = cls.__new__(cls)
     detector.__dict__.update(state)
     return detector
