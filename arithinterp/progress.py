@@ -43,23 +43,19 @@ class LogLines(std_tqdm):
         self.fp.flush()
         self._logged_at, self._logged_step, self._logged_n = time.monotonic(), self._step(), self.n
 
-    def display(self, msg: Optional[str] = None, pos: Optional[int] = None) -> bool:
+    def display(self, msg: Optional[str] = None, pos: Optional[int] = None) -> None:
         """Write a line when one is due; clearing messages (``msg``) and cursor moves are not written.
 
         Args:
             msg: tqdm's message to show instead of the bar (a clearing ``""``): ignored.
             pos: tqdm's row for the bar: ignored (lines follow each other).
-
-        Returns:
-            Whether a line was written.
         """
         if msg is not None or self.n == self._logged_n:
-            return False
+            return
         waited = time.monotonic() - self._logged_at
         if waited < LOG_AT_MOST_EVERY_SECONDS or (self._step() <= self._logged_step and waited < LOG_EVERY_SECONDS):
-            return False
+            return
         self._write_line()
-        return True
 
     def close(self) -> None:
         """Write the last line (what was done, in how long), then close without tqdm's clearing."""

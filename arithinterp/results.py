@@ -261,7 +261,7 @@ class Result(abc.ABC):
         # @dataclass writes a repr of every field (a PatchResult's ran to 8,500 characters of tensors)
         # unless the class body defines one: each subclass gets the short one before the decorator runs
         if "__repr__" not in cls.__dict__:
-            cls.__repr__ = cls.__mro__[1].__repr__
+            cls.__repr__ = cls.__mro__[1].__repr__  # pyright: ignore[reportAttributeAccessIssue]
 
     def headline(self) -> dict[str, Any]:
         """The few numbers that say what the result found (its strongest cell, its best score), shown

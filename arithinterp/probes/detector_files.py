@@ -89,7 +89,7 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor], file: Path) -> Any:
         if cls is None or not isinstance(state, dict):
             raise ResultFileError(f"{file}: holds an estimator {name!r}; a detector folder holds only "
                                   f"{', '.join(SAVED_ESTIMATORS)}; the folder is damaged or not a saved detector")
-        estimator = cls.__new__(cls)
+        estimator = object.__new__(cls)  # rebuilt from its attributes: no constructor runs
         estimator.__dict__.update(state)
         return estimator
     return {k: _decode(v, tensors, file) for k, v in value.items()}
@@ -136,6 +136,6 @@ def load_detector(cls: type, path: Union[str, Path]) -> Any:
     if not isinstance(state.get("meta_"), dict) or "calibrators_" not in state:
         raise ResultFileError(f"{Path(path) / JSON_FILE} does not hold a fitted detector's attributes; the file is "
                               "damaged")
-    detector = cls.__new__(cls)
+    detector = object.__new__(cls)
     detector.__dict__.update(state)
     return detector

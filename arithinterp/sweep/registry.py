@@ -211,7 +211,8 @@ def list_analyses() -> list[dict[str, str]]:
             choices = param.choices() if callable(param.choices) else param.choices
             rows.append(dict(analysis=name, parameter=key, type=kind,
                              default="required" if param.required else repr(param.default),
-                             accepted=", ".join(map(str, choices)) if choices else "", help=param.help))
+                             accepted=", ".join(str(c) for c in choices) if isinstance(choices, tuple) else "",
+                             help=param.help))
     return rows
 
 

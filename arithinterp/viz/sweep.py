@@ -7,7 +7,7 @@ analysis's parameters) that vary across the table, so a sweep over sites reads `
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import plotly.graph_objects as go
 
@@ -67,7 +67,7 @@ def _position_label(rows) -> list[str]:
 GAP = "fraction of the clean–corrupt gap"  # (patched − corrupt) / (clean − corrupt): 0 as corrupt, 1 as clean
 
 
-def _patch_values(rows, normalize: bool) -> tuple[object, str, str]:
+def _patch_values(rows, normalize: bool) -> tuple[Any, str, str]:
     """``(rows with mean / ci_low / ci_high to draw, the value's name, what the title says of it)``:
     as the fraction of the clean–corrupt gap where ``normalize`` and the table allows it, else the metric."""
     metric = rows["metric"].iloc[0] if "metric" in rows.columns else "effect"
