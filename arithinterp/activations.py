@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp import engine
@@ -23,6 +22,7 @@ from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
+from arithinterp.progress import progress_bar
 from arithinterp.tasks.positions import position_labels
 from arithinterp.types import NonNegativeInt, PositiveInt, checked
 

@@ -302,9 +302,9 @@ class Result(abc.ABC):
         from arithinterp.printing import short_repr
 
         what, sizes = self._printed_parts()
-        headline = self.headline()
-        return short_repr(type(self).__name__, {**headline, **{k: v for k, v in {**what, **sizes}.items()
-                                                               if k not in headline}})
+        headline = self.headline()  # first, and not again under a field's name
+        rest = {key: value for key, value in {**what, **sizes}.items() if key not in headline}
+        return short_repr(type(self).__name__, {**headline, **rest})
 
     def _repr_html_(self) -> str:
         """The table a notebook shows: what the result is, its sizes, its headline numbers, and the

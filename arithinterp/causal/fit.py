@@ -15,7 +15,6 @@ import random
 from typing import Literal, Optional, Sequence
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.causal.datasets import InterchangeDataset
 from arithinterp.causal.interventions import (
@@ -28,6 +27,7 @@ from arithinterp.causal.scoring import (
 )
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import (
     ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, Seed, checked,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp import sites as site_lib
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
@@ -20,6 +19,7 @@ from arithinterp.causal.results import DASLayersResult, ReadableUsedResult
 from arithinterp.causal.scoring import Site, reachable
 from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFloat32, PositiveInt, Seed, checked

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.circuits.graph import EdgeGraph
@@ -48,6 +47,7 @@ from arithinterp.engine.neuron_inputs import neuron_input_bytes
 from arithinterp.engine.steppers import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.progress import progress_bar
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import ByteSize, IntegrationSteps, PositiveInt, checked
 

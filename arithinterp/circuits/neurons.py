@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
-from arithinterp.progress import progress_bar
 
 import torch
 
@@ -40,6 +39,7 @@ from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
 from arithinterp.engine.neuron_inputs import NeuronInputs
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.progress import progress_bar
 from arithinterp.types import ByteSize, PositiveInt, checked
 
 if TYPE_CHECKING:

@@ -25,11 +25,11 @@ import functools
 from typing import Any, Optional
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write, run
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 
 # Targets per batched backward: at most BACKWARD_ROWS, and fewer where their gradients would pass
 # BACKWARD_BYTES. More rows were slower on CPU (the 4-layer Llama's 8-shot graph, every feature,

@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import pandas as pd
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.graph import prompt_graph
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import HookedModel, PositiveFiniteFloat, checked

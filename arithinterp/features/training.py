@@ -19,7 +19,6 @@ from typing import Annotated, Any, Optional, Sequence
 
 import torch
 from pydantic import Field
-from arithinterp.progress import progress_bar
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs
@@ -29,6 +28,7 @@ from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.replacement import compare_replacement, full_tokens
 from arithinterp.features.transcoder import Transcoders, topk_unchecked
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (

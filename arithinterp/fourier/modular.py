@@ -13,13 +13,13 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-from arithinterp.progress import progress_bar
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.number_axes import grid_of, number_tokens
+from arithinterp.progress import progress_bar
 from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IntList, PositiveInt, HookedModel, checked
 

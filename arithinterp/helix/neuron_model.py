@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
+from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
 

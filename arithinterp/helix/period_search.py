@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import stacked_effects
@@ -28,6 +27,7 @@ from arithinterp.helix.fitting import (
     resolve_values,
     shuffled_values,
 )
+from arithinterp.progress import progress_bar
 from arithinterp.results import POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, NonNegativeInt, checked
 

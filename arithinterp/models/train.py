@@ -22,12 +22,12 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import STEPS_MAX, integer
 from arithinterp.outputs import atomic_dir, atomic_write, check_new_dir
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
+from arithinterp.progress import progress_bar
 
 
 TRAIN_ACCURACY_SAMPLE = 20_000  # training problems re-checked for the card (all of them for small tasks)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import pandas as pd
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
@@ -22,6 +21,7 @@ from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.budget import memory_budget
 from arithinterp.neurons.final_reads import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
+from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, POSITIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, PositiveInt, checked
 

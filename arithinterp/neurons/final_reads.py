@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.engine.budget import chunk_for, forward_bytes_per_prompt, memory_budget
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.progress import progress_bar
 from arithinterp.types import ByteSize, HookedModel
 
 if TYPE_CHECKING:

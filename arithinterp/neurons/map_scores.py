@@ -12,9 +12,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.errors import AnalysisError
+from arithinterp.progress import progress_bar
 from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
 SCORE_CHUNK = 128  # neurons whose tie-breaking permutations are drawn together

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 import numpy as np
 import pandas as pd
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
@@ -33,6 +32,7 @@ from arithinterp.neurons.final_reads import (
     check_engine, check_model_layers, check_prompts, final_position_batches, final_reads,
     mean_final_activation, seq_len,
 )
+from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.sites import hook_name
 from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked

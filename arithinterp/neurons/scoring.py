@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.engine.budget import chunk_for
 from arithinterp.errors import AnalysisError, ConfigError
@@ -21,6 +20,7 @@ from arithinterp.neurons.rules import MAP_KINDS, check_op
 from arithinterp.neurons.map_scores import SCORE_CHUNK, score_all
 from arithinterp.neurons.shuffle_test import RunningFDR, RunningNullSummary, check_fdr, deciding_p_values
 from arithinterp.neurons.table import HeuristicTable
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import ByteSize, Modulus, PositiveInt, checked
 

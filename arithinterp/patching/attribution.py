@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
@@ -34,6 +33,7 @@ from arithinterp.patching.core import (
 )
 from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.exact import activation_patching
+from arithinterp.progress import progress_bar
 from arithinterp.results import CORRELATION, Result, build_meta
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import ByteSize, HookedModel, IntegrationSteps, PositiveInt, checked

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
@@ -28,6 +27,7 @@ from arithinterp.patching.component_ablation import (
 from arithinterp.patching.components import parse_components
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATIONS
+from arithinterp.progress import progress_bar
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, NonNegativeInt, checked
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.engine import Read, Stepper
@@ -17,6 +16,7 @@ from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn, metric_na
 from arithinterp.patching.components import default_components, parse_components
 from arithinterp.patching.core import warn_first_token_only
 from arithinterp.patching.exact import activation_patching
+from arithinterp.progress import progress_bar
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel, checked
 

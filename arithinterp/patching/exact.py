@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
@@ -25,6 +24,7 @@ from arithinterp.patching.core import (
 )
 from arithinterp.engine import PatchRunner, stepper_for
 from arithinterp.engine.patches import RUN, SOURCE
+from arithinterp.progress import progress_bar
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import PositiveInt, checked
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from arithinterp.progress import progress_bar
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.probes.cross_validation import (
@@ -27,6 +26,7 @@ from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.probe_base import as_targets
 from arithinterp.probes.probe_result import CONTROLS, ProbeResult
 from arithinterp.probes.targets import resolve_target
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import checked
 

@@ -35,10 +35,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from arithinterp.progress import progress_bar
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, MemoryBudgetError, TaskError, accepted
 from arithinterp.outputs import check_writable_file
+from arithinterp.progress import progress_bar
 from arithinterp.report.budget import (
     DEFAULT_BUDGET, EVALUATION_WEIGHT, MARGIN, MAX_BUDGET, MIN_BUDGET, PILOT, PILOT_SHARE, SLOPE_FLOOR, Budget,
     Context, OverBudget, default_max_memory, parse_memory, pilot_cost, secs,
