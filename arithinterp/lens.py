@@ -20,7 +20,7 @@ from arithinterp import sites as site_lib
 from arithinterp.activations import collect
 from arithinterp.checks import check_belongs
 from arithinterp.engine import Stepper
-from arithinterp.errors import SiteError
+from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import PositiveInt, checked
@@ -149,13 +149,13 @@ def logit_lens(
         ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "logit_lens", prompts=prompts)
-    chosen = site_lib.check_layers(model, "resid_post", layers)
-    labels, columns = prompts.locate(positions, answers=prompts.answer_tokens.shape[1])  # checked before any work
     if len(prompts) == 0:
         raise SiteError("the prompt set is empty; nothing to read")
+    chosen = site_lib.check_layers(model, "resid_post", layers)
+    labels, columns = prompts.locate(positions, answers=prompts.answer_tokens.shape[1])  # checked before any work
     try:
         unembed = Stepper(model).unembed  # the final norm, the unembedding and any soft-cap, as the model ends
-    except Exception as error:  # noqa: BLE001 - a model the lens cannot read through gets one clear error
+    except AnalysisError as error:
         raise SiteError(f"the logit lens needs the model's blocks and unembedding: {error}") from None
     weights = next(model.parameters())
     targets = _answer_tokens(prompts, columns)
