@@ -67,6 +67,8 @@ def test_bad_layers_and_positions_are_refused_and_all_positions_are_drawn(tiny_m
         logit_lens(tiny_model, prompts, layers=[5], progress=False)
     with pytest.raises(SiteError, match="unknown position"):
         logit_lens(tiny_model, prompts, positions="c", progress=False)
+    with pytest.raises(SiteError, match="empty"):
+        logit_lens(tiny_model, prompts[[]], progress=False)
     result = logit_lens(tiny_model, prompts, positions="all", progress=False)
     figure = result.plot()
     assert isinstance(result, LogitLensResult) and figure.data[0].type == "heatmap" and len(figure.data[0].y) == 2
