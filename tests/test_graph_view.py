@@ -346,3 +346,39 @@ def test_bad_options_are_refused_with_what_is_accepted(graphs, circuit, tmp_path
     with pytest.raises(ConfigError, match="already exists; pass overwrite=True"):
         graph.to_html(tmp_path / "g.html")
     assert circuit.to_html(tmp_path / "g.html", overwrite=True).read_text().count("arithinterp-graph-view") == 1
+
+
+def page_data(path: Path) -> dict:
+    """The description a written page draws (its JSON, unescaped as the browser reads it)."""
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    found = re.search(r"<script type='application/json' id='graph-data'>(.*?)</script>", text, re.S)
+    assert found and "</" not in found.group(1)
+    return json.loads(found.group(1))
+
+
+def test_the_commands_write_the_pages(tmp_path, capsys):
+    import json
+
+    from arithinterp.cli import main
+
+    page = tmp_path / "graph.html"
+    assert main(["graph", "zoo:add-100", "36+59=", "--html", str(page), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    data = page_data(page)
+    assert summary["html"] == str(page) and data["kind"] == "graph"
+    assert data["slider"]["default"] == summary["scores"]["n_kept"] - data["nodes"]["kind"].count("logit")
+    assert main(["graph", "zoo:add-100", "36+59=", "--html", str(page)]) == 2  # exists: refused before any work
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert main(["graph", "zoo:add-100", "36+59=", "--grids"]) == 2
+    assert "give --html FILE too" in capsys.readouterr().err
+    assert main(["graph", "zoo:add-3digit", "136+259=", "--grids", "--html", str(tmp_path / "g3.html")]) == 2
+    assert "answers of several tokens" in capsys.readouterr().err and not (tmp_path / "g3.html").exists()
+    page = tmp_path / "circuit.html"
+    assert main(["circuit", "--method", "eap", "--top", "25", "--limit", "100", "--no-progress", "--json",
+                 "--html", str(page)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    data = page_data(page)
+    assert data["kind"] == "circuit" and data["slider"]["default"] == summary["kept"] == 25
+    assert len(data["links"]["source"]) == summary["edges"]

@@ -426,26 +426,27 @@ def _groups(supernodes: Any, nodes: list, ids: list[str], by_label: bool) -> lis
 
 
 def _group_list(supernodes: Any) -> list[tuple[str, list]]:
-    items = supernodes.items() if isinstance(supernodes, Mapping) else supernodes
-    try:
-        entries = list(items)
-    except TypeError:
-        entries = None
+    entries: list[Any] = []
+    if isinstance(supernodes, Mapping):
+        entries = list(supernodes.items())
+    elif isinstance(supernodes, Iterable) and not isinstance(supernodes, (str, bytes)):
+        entries = list(supernodes)
+    else:
+        raise ConfigError(f"supernodes must be a list of {{'name', 'members'}} groups or a {{name: members}} dict, "
+                          f"got {type(supernodes).__name__}")
     groups: list[tuple[str, list]] = []
-    for entry in entries or []:
+    for entry in entries:
+        name: Any = None
+        members: Any = None
         if isinstance(entry, Mapping) and "name" in entry and "members" in entry:
             name, members = entry["name"], entry["members"]
         elif isinstance(entry, tuple) and len(entry) == 2:
             name, members = entry
-        else:
-            name = members = None
-        if not isinstance(name, str) or not name or isinstance(members, (str, bytes)) or members is None:
+        listed = isinstance(members, Iterable) and not isinstance(members, (str, bytes))
+        if not isinstance(name, str) or not name or not listed:
             raise ConfigError(f"supernodes: {entry!r} is not a group; give {{'name': 'ones digit', 'members': "
                               "[(0, 18), (1, 6, 4), 'L0F51@4']}} (a non-empty name and a list of members)")
         groups.append((name, list(members)))
-    if entries is None:
-        raise ConfigError(f"supernodes must be a list of {{'name', 'members'}} groups or a {{name: members}} dict, "
-                          f"got {type(supernodes).__name__}")
     names = [name for name, _ in groups]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
