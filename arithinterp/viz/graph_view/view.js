@@ -242,8 +242,10 @@
 
   // ---- render: what the slider and the supernodes show, then laid out and drawn ------------------
   let cells = [];
+  const laidOut = new Map();  // cell -> what it held when last laid out
+  let maxInfluence = 0;  // node sizes are shares of the most influential source's influence
+  if (influence) for (let i = 0; i < N; i++) if (nodes.kind[i] !== 'logit') maxInfluence = Math.max(maxInfluence, influence[i] || 0);
   let axesSize = [0, 0];  // the drawn items by (row, col) cell, each list in rank order
-  let groupInfluence = new Float64Array(G);
 
   let timings = {};
   function render() {
@@ -269,8 +271,6 @@
       byCell.get(key).list.push(item);
     }
     cells = Array.from(byCell.values());
-    groupInfluence = new Float64Array(G);
-    if (influence) for (let i = 0; i < N; i++) if (rep[i] >= N) groupInfluence[rep[i] - N] += influence[i] || 0;
     for (let i = 0; i < items; i++) {
       if (nextShown[i] !== shown[i]) itemEl[i].classList.toggle('hidden', !nextShown[i]);
       shown[i] = nextShown[i];
@@ -324,14 +324,12 @@
     width = stage.clientWidth; height = stage.clientHeight;
     bandH = (height - MARGIN.top - MARGIN.bottom) / R;
     colW = (width - MARGIN.left - MARGIN.right) / C;
-    let maxInfluence = 0;
-    if (influence) {
-      for (const cell of cells) for (const item of cell.list) {
-        const v = item >= N ? groupInfluence[item - N] : (nodes.kind[item] === 'logit' ? 0 : influence[item] || 0);
-        if (v > maxInfluence) maxInfluence = v;
-      }
-    }
     for (const cell of cells) {
+      // a cell whose items and size are as last time is as it was drawn (a drag changes a few cells)
+      const signature = `${width}x${height}:${cell.list.join(',')}`;
+      const key = cell.r * 100003 + cell.c;
+      if (laidOut.get(key) === signature) continue;
+      laidOut.set(key, signature);
       const m = cell.list.length;
       const cw = colW * 0.92, ch = bandH * 0.82;
       let s = Math.min(30, Math.sqrt((cw * ch) / m));
