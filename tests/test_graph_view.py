@@ -327,8 +327,12 @@ def test_bad_options_are_refused_with_what_is_accepted(graphs, circuit, tmp_path
 
     graph = graphs["47+38="]
     feature = next(n for n in graph.nodes if n["kind"] == "feature")
-    with pytest.raises(ConfigError, match="max_links must be a positive int"):
+    with pytest.raises(ConfigError, match="max_links=0 is not accepted"):
         graph_data(graph, max_links=0)
+    with pytest.raises(ConfigError, match="its parameters are graph, labels, supernodes"):
+        graph.show(supernode=[])
+    with pytest.raises(ConfigError, match=r"keyed by \(layer, feature\) pairs of ints"):
+        graph.show(labels={"L0#18": "x"})
     with pytest.raises(ConfigError, match="is not a group"):
         graph.show(supernodes=[{"name": "x"}])
     with pytest.raises(ConfigError, match="is in both 'a' and 'b'"):

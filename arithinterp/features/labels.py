@@ -199,18 +199,18 @@ def feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Transcode
 
 
 @checked
-def graph_feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, graph: Any, *,
-                        kept_only: bool = True) -> list[FeatureGridsResult]:
-    """Operand plots of an attribution graph's features at its final position: one
+def graph_feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Transcoders,
+                        graph: Any) -> list[FeatureGridsResult]:
+    """Operand plots of the features an attribution graph keeps at its final position: one
     :class:`FeatureGridsResult` per layer (:func:`feature_grids` at position -1), labelled with the
-    graph's labels, ready for the graph's viewer (``graph.show(grids=...)``).
+    graph's labels, ready for the graph's viewer (``graph.show(grids=...)``). Other features:
+    :func:`feature_grids`.
 
     Args:
         model: The hooked model.
         prompts: A full operand grid of prompts of one length, as for :func:`feature_maps`.
         transcoders: The transcoders the graph was made with.
         graph: An :class:`~arithinterp.features.AttributionGraph`.
-        kept_only: Only the features the pruned graph keeps (else every feature node at the final position).
 
     Returns:
         One result per layer that has such features, by layer (empty when there are none).
@@ -224,7 +224,7 @@ def graph_feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Tra
     final = len(graph.tokens) - 1
     by_layer: dict[int, dict[int, str]] = {}
     for node in graph.nodes:
-        if node["kind"] == "feature" and node["position"] == final and (node.get("kept") or not kept_only):
+        if node["kind"] == "feature" and node["position"] == final and node.get("kept"):
             by_layer.setdefault(int(node["layer"]), {})[int(node["feature"])] = str(node.get("label", "") or "")
     return [feature_grids(model, prompts, transcoders, layer, list(chosen), positions=-1, labels=list(chosen.values()))
             for layer, chosen in sorted(by_layer.items())]

@@ -19,14 +19,16 @@ hover, the paths from the input tokens to the answer through a node.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from arithinterp.viz.graph_view.data import MAX_DRAWN, MAX_LINKS, circuit_data, graph_data, graph_node_id, operand_grid
+from arithinterp.types import PositiveInt, checked
 from arithinterp.viz.graph_view.page import GraphView, render_page
 
 
-def view_graph(graph: Any, *, labels: Optional[Mapping] = None, supernodes: Any = None, grids: Any = None,
-               max_links: int = MAX_LINKS, max_drawn: int = MAX_DRAWN) -> GraphView:
+@checked
+def view_graph(graph: Any, *, labels: Optional[dict] = None, supernodes: Any = None, grids: Any = None,
+               max_links: PositiveInt = MAX_LINKS, max_drawn: PositiveInt = MAX_DRAWN) -> GraphView:
     """The interactive page of an attribution graph.
 
     Args:
@@ -44,8 +46,9 @@ def view_graph(graph: Any, *, labels: Optional[Mapping] = None, supernodes: Any 
                                 max_drawn=max_drawn))
 
 
-def view_circuit(circuit: Any, *, supernodes: Any = None, max_links: int = MAX_LINKS,
-                 max_drawn: int = MAX_DRAWN) -> GraphView:
+@checked
+def view_circuit(circuit: Any, *, supernodes: Any = None, max_links: PositiveInt = MAX_LINKS,
+                 max_drawn: PositiveInt = MAX_DRAWN) -> GraphView:
     """The interactive page of a circuit's scored edges.
 
     Args:

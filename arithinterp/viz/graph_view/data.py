@@ -40,6 +40,7 @@ from typing import Any, Optional
 import torch
 
 from arithinterp.errors import ConfigError
+from arithinterp.types import PositiveInt, checked
 
 VERSION = 1
 # links a page holds by default: the pruned graph's and each node's strongest, then the rest by
@@ -82,8 +83,9 @@ def graph_node_id(node: Mapping) -> str:
     return f"logit:{node.get('token_id', node['feature'])}"
 
 
-def graph_data(graph: Any, *, labels: Optional[Mapping] = None, supernodes: Any = None, grids: Any = None,
-               max_links: int = MAX_LINKS, max_drawn: int = MAX_DRAWN) -> dict:
+@checked
+def graph_data(graph: Any, *, labels: Optional[dict] = None, supernodes: Any = None, grids: Any = None,
+               max_links: PositiveInt = MAX_LINKS, max_drawn: PositiveInt = MAX_DRAWN) -> dict:
     """The viewer's description of an attribution graph (see the module docstring).
 
     Every node of the graph is in it, ordered for the slider: the logits (always shown), then the
@@ -112,14 +114,18 @@ def graph_data(graph: Any, *, labels: Optional[Mapping] = None, supernodes: Any 
         The description, a dict of lists, strings and numbers.
 
     Raises:
-        ConfigError: Not an attribution graph, a ``max_links`` below 1, or supernodes that are not
-            groups of the graph's nodes (a member in two groups, a malformed group).
+        ConfigError: Not an attribution graph, counts that are not positive ints, labels not keyed
+            by (layer, feature), or supernodes that are not groups of the graph's nodes (a member in
+            two groups, a malformed group).
     """
     if not all(hasattr(graph, name) for name in ("nodes", "edges", "tokens", "prompt", "scores")):
         raise ConfigError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
-    _check_counts(max_links=max_links, max_drawn=max_drawn)
     nodes: list[dict] = [dict(n) for n in graph.nodes]
     labels = dict(labels or {})
+    for key in labels:
+        if not (isinstance(key, tuple) and len(key) == 2 and all(type(v) is int for v in key)):
+            raise ConfigError(f"labels are keyed by (layer, feature) pairs of ints, e.g. {{(0, 18): 'ones digit'}}; "
+                              f"got the key {key!r}")
     for node in nodes:
         if node["kind"] == "feature" and (node["layer"], node["feature"]) in labels:
             node["label"] = str(labels[(node["layer"], node["feature"])])
@@ -146,8 +152,7 @@ def graph_data(graph: Any, *, labels: Optional[Mapping] = None, supernodes: Any 
     at[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
     grid_list, grid_of = _graph_grids(grids, nodes, len(graph.tokens))
     ordered = [nodes[i] for i in order]
-    data = _frame(
-        ordered,
+    data = dict(
         id=[graph_node_id(n) for n in ordered],
         kind=[n["kind"] for n in ordered],
         row=[0 if n["kind"] == "embedding" else n_layers + 1 if n["kind"] == "logit" else n["layer"] + 1
@@ -191,12 +196,6 @@ def graph_data(graph: Any, *, labels: Optional[Mapping] = None, supernodes: Any 
         slider=dict(by="nodes", count=len(sources), default=n_kept, cumulative=[_round(c) for c in cumulative]),
         groups=groups, grids=grid_list, max_drawn=max_drawn,
     )
-
-
-def _check_counts(**counts: Any) -> None:
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 def _graph_name(node: Mapping) -> str:
@@ -292,8 +291,9 @@ def operand_grid(values: torch.Tensor, a_values: Iterable, b_values: Iterable, t
                 values=base64.b64encode(bytes(q.flatten().tolist())).decode("ascii"))
 
 
-def circuit_data(circuit: Any, *, supernodes: Any = None, max_links: int = MAX_LINKS,
-                 max_drawn: int = MAX_DRAWN) -> dict:
+@checked
+def circuit_data(circuit: Any, *, supernodes: Any = None, max_links: PositiveInt = MAX_LINKS,
+                 max_drawn: PositiveInt = MAX_DRAWN) -> dict:
     """The viewer's description of a circuit's scored edges (see the module docstring).
 
     The links arrive in the slider's order: the kept edges by |score|, then the others by
@@ -313,11 +313,10 @@ def circuit_data(circuit: Any, *, supernodes: Any = None, max_links: int = MAX_L
         The description, a dict of lists, strings and numbers.
 
     Raises:
-        ConfigError: Not a circuit, a ``max_links`` below 1, or malformed supernodes.
+        ConfigError: Not a circuit, counts that are not positive ints, or malformed supernodes.
     """
     if not all(hasattr(circuit, name) for name in ("scores", "kept", "senders", "receivers", "channels", "graph")):
         raise ConfigError(f"circuit must be a circuits.Circuit, got {type(circuit).__name__}")
-    _check_counts(max_links=max_links, max_drawn=max_drawn)
     graph = circuit.graph()
     scores = circuit.scores.float()
     magnitude = scores.abs().nan_to_num(-1.0)
@@ -349,8 +348,7 @@ def circuit_data(circuit: Any, *, supernodes: Any = None, max_links: int = MAX_L
         renumber[index[node_id]] = new
     parts = [rows_of[node_id] for node_id in ids]
     kinds = {"embed": "embedding", "logits": "logit"}
-    nodes = _frame(
-        parts,
+    nodes = dict(
         id=ids,
         kind=[kinds.get(c.kind, c.kind) for _, c in parts],
         row=[c.layer + 1 for _, c in parts],
@@ -387,12 +385,6 @@ def circuit_data(circuit: Any, *, supernodes: Any = None, max_links: int = MAX_L
         slider=dict(by="links", count=shown, default=min(n_kept, shown)),
         groups=groups, grids=[], max_drawn=max_drawn,
     )
-
-
-def _frame(rows: list, **columns: list) -> dict:
-    """Column lists of equal length (one entry per row)."""
-    assert all(len(values) == len(rows) for values in columns.values())
-    return dict(columns)
 
 
 def _groups(supernodes: Any, nodes: list, ids: list[str], by_label: bool) -> list[dict]:

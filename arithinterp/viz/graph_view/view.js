@@ -97,7 +97,7 @@
   el('div', { class: 'title' }, header, data.title);
   el('div', { class: 'subtitle' }, header, data.subtitle || '');
   const controls = el('div', { class: 'controls' }, header);
-  const sliderLabel = el('label', { for: 'slider' }, controls, isCircuit ? 'edges by |score|' : 'nodes by influence');
+  el('label', { for: 'slider' }, controls, isCircuit ? 'edges by |score|' : 'nodes by influence');
   const slider = el('input', { id: 'slider', type: 'range', min: '0', max: String(data.slider.count), step: '1' },
     controls);
   slider.value = String(data.slider.default);
@@ -113,7 +113,6 @@
   el('span', { class: 'legend' }, controls,
     'blue: positive, red: negative, width ∝ |weight| · scroll to zoom, drag to pan · hover: paths · click: details');
   for (const note of data.notes || []) el('div', { class: 'note' }, header, note);
-  void sliderLabel;
 
   const main = el('div', { class: 'main' }, app);
   const stage = el('div', { class: 'stage' }, main);
@@ -332,7 +331,8 @@
       laidOut.set(key, signature);
       const m = cell.list.length;
       const cw = colW * 0.92, ch = bandH * 0.82;
-      let s = Math.min(30, Math.sqrt((cw * ch) / m));
+      // one row while nodes can stand 18 px apart, else a block of rows
+      let s = cw / m >= 18 ? Math.min(30, cw / m) : Math.min(30, Math.sqrt((cw * ch) / m));
       const perRow = Math.max(1, Math.min(m, Math.floor(cw / s)));
       const nRows = Math.ceil(m / perRow);
       s = Math.min(s, cw / perRow);
