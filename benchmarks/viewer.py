@@ -7,7 +7,9 @@
 
 For each page: its size; the time from navigation to the page's ``ready`` flag (median of
 ``--runs`` opens, each in a fresh page); and the slider's latency, from the input event to the next
-painted frame (median and largest of ``--moves`` moves across the slider's range). Beside each,
+painted frame (median and largest of ``--moves`` moves across the slider's range), and the CPU
+time the browser's threads spent on them per move (from a trace: what the moves cost whatever
+else the machine runs, where wall-clock times grow with its load). Beside each,
 the plotly figure ``.plot()`` draws of the same result (static; plotly.js inlined), opened until its
 SVG is drawn. Chromium is Debian's (``/usr/bin/chromium``, no GPU), driven by playwright.
 
@@ -21,6 +23,7 @@ query heads and 1 key/value head, scored at random with the top 10% kept.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -147,11 +150,15 @@ def measure(browser: Browser, name: str, view, figure, folder: Path, runs: int, 
     context, page, _ = browser.open(page_file, "document.documentElement.dataset.ready === 'true'")
     count, default = view.data["slider"]["count"], view.data["slider"]["default"]
     stops = [count, count // 2, default, count // 4, count, 3 * count // 4, default, count // 8]
+    trace = folder / f"{name}.trace.json"
+    browser.browser.start_tracing(page=page, path=str(trace), categories=["toplevel"])
     latencies = [page.evaluate(MOVE, stops[i % len(stops)]) for i in range(moves)]
+    browser.browser.stop_tracing()
     context.close()
     row = dict(page=name, nodes=len(view.data["nodes"]["id"]), links=len(view.data["links"]["source"]),
                mb=page_file.stat().st_size / 1e6, open_ms=statistics.median(opens),
-               slider_ms=statistics.median(latencies), slider_max_ms=max(latencies))
+               slider_ms=statistics.median(latencies), slider_max_ms=max(latencies),
+               slider_cpu_ms=cpu_ms(trace) / moves)
     if figure is not None:
         figure_file = folder / f"{name}-plotly.html"
         figure.write_html(str(figure_file), include_plotlyjs=True)
@@ -162,6 +169,25 @@ def measure(browser: Browser, name: str, view, figure, folder: Path, runs: int, 
             context.close()
         row.update(figure_mb=figure_file.stat().st_size / 1e6, figure_open_ms=statistics.median(times))
     return row
+
+
+def cpu_ms(trace: Path) -> float:
+    """The CPU time of every task the browser's threads ran while traced (all processes), in ms:
+    what the moves cost whatever else the machine was doing."""
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    by_thread: dict[tuple, list] = {}
+    for e in events:
+        if e.get("ph") == "X" and "tdur" in e:
+            by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
+    total = 0.0
+    for slices in by_thread.values():  # the outermost slices of each thread (nested ones are inside them)
+        end = -1.0
+        for e in sorted(slices, key=lambda e: (e["ts"], -e.get("dur", 0))):
+            if e["ts"] >= end:
+                total += e["tdur"]
+                end = e["ts"] + e.get("dur", 0)
+    return total / 1000
 
 
 def screenshot(browser: Browser, view, path: Path) -> None:
@@ -225,12 +251,13 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores")
     print()
     print(f"| page | nodes | links in page | page MB | open ms (median of {args.runs}) | "
-          f"slider ms (median / largest of {args.moves} moves) | plotly figure: MB, open ms |")
-    print("|---|---|---|---|---|---|---|")
+          f"slider ms (median / largest of {args.moves} moves) | browser CPU ms per move | "
+          "plotly figure: MB, open ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         figure = f"{r['figure_mb']:.2f} MB, {r['figure_open_ms']:.0f} ms" if "figure_mb" in r else "–"
         print(f"| {r['page']} | {r['nodes']:,} | {r['links']:,} | {r['mb']:.2f} | {r['open_ms']:.0f} | "
-              f"{r['slider_ms']:.0f} / {r['slider_max_ms']:.0f} | {figure} |")
+              f"{r['slider_ms']:.0f} / {r['slider_max_ms']:.0f} | {r['slider_cpu_ms']:.0f} | {figure} |")
 
 
 if __name__ == "__main__":
