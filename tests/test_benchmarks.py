@@ -180,4 +180,5 @@ def test_prompts_benchmark_smoke():
 
 def test_viewer_benchmark_smoke():
     out = run("viewer.py", "--smoke", "--runs", "1", "--moves", "2")
-    assert "| synthetic graph, 8 tokens, 4 layers, 60 features | 101 |" in out and "| synthetic circuit, 4 layers |" in out
+    assert "| synthetic graph, 8 tokens, 4 layers, 60 features | 101 |" in out
+    assert "| synthetic circuit, 4 layers |" in out and "browser CPU ms per move" in out

@@ -44,12 +44,12 @@
       if (e < nodeRank[DST[e]]) nodeRank[DST[e]] = e;
     }
   }
-  const byRank = (rank, n) => Uint32Array.from({ length: n }, (_, i) => i).sort((a, b) => rank[a] - rank[b] || a - b);
-  const linkOrder = byRank(linkRank, E);
+  const linkOrder = Uint32Array.from({ length: E }, (_, i) => i).sort((a, b) => linkRank[a] - linkRank[b] || a - b);
   const linkRankSorted = Float64Array.from(linkOrder, (e) => linkRank[e]);
   const smallest = new Float64Array(E);  // the smallest |weight| among the first e + 1 links (circuits' order)
   for (let e = 0; e < E; e++) smallest[e] = Math.min(e ? smallest[e - 1] : Infinity, Math.abs(WEIGHT[e]));
-  const strongOrder = Uint32Array.from({ length: E }, (_, i) => i).sort((a, b) => Math.abs(WEIGHT[b]) - Math.abs(WEIGHT[a]) || a - b);
+  const strongOrder = Uint32Array.from({ length: E }, (_, i) => i)
+    .sort((a, b) => Math.abs(WEIGHT[b]) - Math.abs(WEIGHT[a]) || a - b);
   const maxDrawn = data.max_drawn || E;
   let linksLimited = 0;  // the links the slider shows when more than maxDrawn (only the strongest are drawn)
 
@@ -110,8 +110,8 @@
     collapseAll = el('button', { type: 'button', id: 'collapse-all' }, buttons, 'collapse supernodes');
   }
   const resetView = el('button', { type: 'button', id: 'reset-view' }, buttons, 'reset zoom');
-  el('span', { class: 'legend' }, controls,
-    'blue: positive, red: negative, width ∝ |weight| · scroll to zoom, drag to pan · hover: paths · click: details');
+  el('span', { class: 'legend' }, controls, 'blue: positive, red: negative, width ∝ |weight| · '
+    + 'scroll to zoom, drag to pan · hover: paths · click: details');
   for (const note of data.notes || []) el('div', { class: 'note' }, header, note);
 
   const main = el('div', { class: 'main' }, app);
@@ -232,7 +232,9 @@
     const where = isCircuit ? nodes.token[i] : `position ${nodes.col[i]} (${JSON.stringify(nodes.token[i])})`;
     if (kind === 'feature') return `feature ${nodes.feature[i]} of layer ${nodes.layer[i]}, ${where}`;
     if (kind === 'error') return `error node of layer ${nodes.layer[i]}, ${where}`;
-    if (kind === 'embedding') return isCircuit ? `embeddings, ${where}` : `token ${JSON.stringify(nodes.token[i])} at position ${nodes.col[i]}`;
+    if (kind === 'embedding') {
+      return isCircuit ? `embeddings, ${where}` : `token ${JSON.stringify(nodes.token[i])} at position ${nodes.col[i]}`;
+    }
     if (kind === 'logit') return isCircuit ? `logits, ${where}` : `answer logit ${nodes.name[i]}`;
     if (kind === 'head') return `head ${nodes.feature[i]} of layer ${nodes.layer[i]}, ${where}`;
     if (kind === 'mlp') return `MLP of layer ${nodes.layer[i]}, ${where}`;
@@ -240,15 +242,15 @@
   }
 
   // ---- render: what the slider and the supernodes show, then laid out and drawn ------------------
-  let cells = [];
+  let cells = [];  // the drawn items by (row, col) cell, each list in the data's node order
   const laidOut = new Map();  // cell -> what it held when last laid out
+  let axesSize = [0, 0];
   let maxInfluence = 0;  // node sizes are shares of the most influential source's influence
-  if (influence) for (let i = 0; i < N; i++) if (nodes.kind[i] !== 'logit') maxInfluence = Math.max(maxInfluence, influence[i] || 0);
-  let axesSize = [0, 0];  // the drawn items by (row, col) cell, each list in rank order
+  for (let i = 0; influence && i < N; i++) {
+    if (nodes.kind[i] !== 'logit') maxInfluence = Math.max(maxInfluence, influence[i] || 0);
+  }
 
-  let timings = {};
   function render() {
-    const t0 = performance.now();
     const k = Number(slider.value);
     // which items are drawn, and their cells (in the data's node order; a supernode sits at its first
     // member's place)
@@ -303,13 +305,10 @@
     }
     linksLimited = limited ? n : 0;
     drawnCount = count;
-    const t1 = performance.now();
     updateSliderText(k);
     layout();
-    const t2 = performance.now();
-    if (hovered >= 0 && shown[hovered]) highlight(hovered); else { hovered = -1; linkState = null; onPath = null; clearDim(); }
+    if (hovered >= 0 && shown[hovered]) highlight(hovered); else clearHover();
     drawLinks();
-    timings = { select: t1 - t0, layout: t2 - t1, links: performance.now() - t2 };
     if (selected >= 0) itemEl[selected].classList.add('selected');
   }
 
@@ -381,7 +380,8 @@
     }
     let drawnNodes = 0;
     for (let i = 0; i < items; i++) drawnNodes += shown[i];
-    const linkText = linksLimited ? `the strongest ${drawnCount.toLocaleString()} of ${linksLimited.toLocaleString()} links`
+    const linkText = linksLimited
+      ? `the strongest ${drawnCount.toLocaleString()} of ${linksLimited.toLocaleString()} links`
       : `${drawnCount.toLocaleString()} links`;
     sliderText.textContent = `${text} · ${drawnNodes.toLocaleString()} nodes and ${linkText} drawn` +
       (k === data.slider.default ? (isCircuit ? ' (the kept circuit)' : ' (the pruned graph)') : '');
@@ -471,13 +471,15 @@
     for (let i = 0; i < items; i++) if (shown[i]) itemEl[i].classList.toggle('dim', !onPath[i]);
   }
 
-  function clearDim() {
-    for (let i = 0; i < items; i++) itemEl[i].classList.remove('dim');
+  function clearHover() {
+    hovered = -1;
+    linkState = null;
+    if (onPath) for (let i = 0; i < items; i++) itemEl[i].classList.remove('dim');
+    onPath = null;
   }
 
   function setHover(item) {
-    hovered = item;
-    if (item < 0) { linkState = null; onPath = null; clearDim(); } else highlight(item);
+    if (item < 0) clearHover(); else { hovered = item; highlight(item); }
     drawLinks();
   }
 
@@ -488,7 +490,8 @@
     if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
     return Number(v.toPrecision(4)).toString();
   }
-  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
+  const ENTITIES = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' };
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ENTITIES[c]);
 
   function linkList(title, adj, i, other) {
     const from = adj.start[i], to = adj.start[i + 1];
@@ -522,17 +525,24 @@
       const head = kind === 'feature' ? `L${nodes.layer[i]} #${nodes.feature[i]}` : itemName(i);
       html += `<h3>${esc(head)}</h3><p class="kind">${esc(itemTitle(i))}</p>`;
       if (nodes.label[i]) html += `<p class="label">${esc(nodes.label[i])}</p>`;
+      const value = (field) => (nodes[field] && nodes[field][i] !== null && nodes[field][i] !== undefined
+        ? nodes[field][i] : null);
       const rows = [['id', nodes.id[i]]];
-      if (nodes.activation && nodes.activation[i] !== null && nodes.activation[i] !== undefined) {
-        rows.push([kind === 'error' ? 'norm' : kind === 'logit' ? 'logit (demeaned)' : 'activation', fmt(nodes.activation[i])]);
+      const measured = kind === 'error' ? 'norm' : kind === 'logit' ? 'logit (demeaned)' : 'activation';
+      if (value('activation') !== null) rows.push([measured, fmt(value('activation'))]);
+      if (value('influence') !== null) rows.push(['influence', fmt(value('influence'))]);
+      if (value('rank') !== null && value('rank') >= 0) {
+        rows.push(['rank by influence', `${value('rank') + 1} of ${data.slider.count}`]);
       }
-      if (influence && influence[i] !== null && influence[i] !== undefined) rows.push(['influence', fmt(influence[i])]);
-      if (nodes.rank && nodes.rank[i] >= 0) rows.push(['rank by influence', `${nodes.rank[i] + 1} of ${data.slider.count}`]);
-      if (nodes.probability && nodes.probability[i] !== null && nodes.probability[i] !== undefined) rows.push(['probability', fmt(nodes.probability[i])]);
-      if (groupOf[i] >= 0) rows.push(['supernode', groups[groupOf[i]].name]);
+      if (value('probability') !== null) rows.push(['probability', fmt(value('probability'))]);
+      const g = groupOf[i];
+      if (g >= 0) rows.push(['supernode', groups[g].name]);
       html += '<table>' + rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join('') + '</table>';
-      if (groupOf[i] >= 0) html += `<button type="button" data-expand="${groupOf[i]}">collapse "${esc(groups[groupOf[i]].name)}"</button>`;
-      if (nodes.grid && nodes.grid[i] >= 0) html += '<div class="grid"><h4>Operand plot</h4><canvas class="heatmap"></canvas><p class="grid-value"></p></div>';
+      if (g >= 0) html += `<button type="button" data-expand="${g}">collapse "${esc(groups[g].name)}"</button>`;
+      if (value('grid') !== null && value('grid') >= 0) {
+        html += '<div class="grid"><h4>Operand plot</h4><canvas class="heatmap"></canvas>'
+          + '<p class="grid-value"></p></div>';
+      }
       html += linkList('Top inputs', inputs, i, SRC) + linkList('Top outputs', outputs, i, DST);
     }
     panel.innerHTML = html;
@@ -689,9 +699,8 @@
     drawnNodes: () => Array.from(nodeLayer.querySelectorAll('g.node:not(.hidden)'), (g) => g.dataset.id),
     drawnLinks: () => Array.from({ length: drawnCount }, (_, j) => [itemEl[drawnA[j]].dataset.id,
       itemEl[drawnB[j]].dataset.id, drawnW[j], ...(CHANNEL ? [drawnC[j]] : [])]),
-    highlightedLinks: () => (linkState ? Array.from({ length: drawnCount }, (_, j) => j).filter((j) => linkState[j] === 2)
-      .map((j) => [itemEl[drawnA[j]].dataset.id, itemEl[drawnB[j]].dataset.id]) : []),
-    timings: () => timings,
+    highlightedLinks: () => Array.from({ length: linkState ? drawnCount : 0 }, (_, j) => j)
+      .filter((j) => linkState[j] === 2).map((j) => [itemEl[drawnA[j]].dataset.id, itemEl[drawnB[j]].dataset.id]),
     setSlider: (k) => { slider.value = String(k); render(); },
     select: (id) => {
       const item = find(id);
