@@ -159,6 +159,10 @@
   const rowY = (r) => MARGIN.top + (R - 1 - r + 0.5) * bandH;
   const colX = (c) => MARGIN.left + (c + 0.5) * colW;
 
+  // a token as drawn: line breaks and tabs shown, a token of spaces shown as such
+  const visible = (token) => token.replace(/\n/g, '⏎').replace(/\t/g, '⇥')
+    .replace(/^ +$/, (spaces) => '␣'.repeat(spaces.length));
+
   function drawAxes() {
     axes.textContent = '';
     for (let r = 0; r < R; r++) {
@@ -179,12 +183,12 @@
         line.setAttribute('y1', MARGIN.top); line.setAttribute('y2', height - MARGIN.bottom);
         axes.appendChild(line);
       }
-      const token = data.columns[c];
+      const token = visible(data.columns[c]);
       const t = svgEl('text', 'col-label');
       t.setAttribute('x', colX(c)); t.setAttribute('y', height - MARGIN.bottom + 16);
       t.textContent = token.length > chars ? token.slice(0, chars - 1) + '…' : token;
       const title = svgEl('title');
-      title.textContent = isCircuit ? token : `position ${c}: ${JSON.stringify(token)}`;
+      title.textContent = isCircuit ? token : `position ${c}: ${JSON.stringify(data.columns[c])}`;
       t.appendChild(title);
       axes.appendChild(t);
       if (!isCircuit) {
@@ -223,7 +227,7 @@
   function itemName(i) {
     if (i >= N) return groups[i - N].name;
     if (nodes.kind[i] === 'feature') return nodes.label[i] || nodes.name[i];
-    return nodes.name[i];
+    return nodes.kind[i] === 'embedding' ? visible(nodes.name[i]) : nodes.name[i];
   }
 
   function itemTitle(i) {
@@ -337,7 +341,6 @@
       s = Math.min(s, cw / perRow);
       const sy = Math.min(s, ch / nRows);
       const cx = colX(cell.c), cy = rowY(cell.r);
-      const withText = s >= 26;
       cell.list.forEach((item, j) => {
         const row = Math.floor(j / perRow), inRow = j % perRow;
         const inThisRow = Math.min(perRow, m - row * perRow);
@@ -356,11 +359,15 @@
         pr[item] = Math.max(1.2, r);
         setAttr(item, 0, itemEl[item], 'transform', `translate(${px[item].toFixed(1)},${py[item].toFixed(1)})`);
         setAttr(item, 1, shapeEl[item], 'd', shapePath(kind, Number(pr[item].toFixed(2))));
-        const show = item >= N || kind === 'logit' || (withText && kind !== 'embedding');
-        let name = show ? itemName(item) : '';
+        // a name where it fits between its neighbours (about 6.5 px a character); supernodes' and
+        // logits' always, labels shortened; embeddings have theirs along the bottom, error nodes none
+        let name = kind === 'embedding' || kind === 'error' ? '' : itemName(item);
         if (item >= N) name += ` (${groups[item - N].members.length})`;
-        const chars = Math.max(6, Math.floor(((item >= N ? 2.4 : 1.3) * s) / 6));
-        const text = name.length > chars ? name.slice(0, chars - 1) + '…' : name;
+        const always = item >= N || kind === 'logit';
+        const room = inThisRow > 1 ? Math.min(cw, (item >= N ? 2.4 : 1) * s) : cw;  // to the neighbours, or the cell
+        const chars = Math.floor((room - 4) / 6.5);
+        const shortened = always || (chars >= 5 && item < N && nodes.label[item]);  // never a number cut short
+        const text = name.length <= chars ? name : shortened ? name.slice(0, Math.max(5, chars) - 1) + '…' : '';
         if (textEl[item].textContent !== text) textEl[item].textContent = text;
         setAttr(item, 2, textEl[item], 'y', (pr[item] + 10).toFixed(1));
       });
