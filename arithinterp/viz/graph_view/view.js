@@ -101,7 +101,6 @@
   const slider = el('input', { id: 'slider', type: 'range', min: '0', max: String(data.slider.count), step: '1' },
     controls);
   slider.value = String(data.slider.default);
-  const sliderText = el('span', { class: 'slider-text' }, controls);
   const buttons = el('span', { class: 'buttons' }, controls);
   const pruned = el('button', { type: 'button', id: 'pruned' }, buttons, isCircuit ? 'kept edges' : 'pruned graph');
   let expandAll = null, collapseAll = null;
@@ -112,6 +111,8 @@
   const resetView = el('button', { type: 'button', id: 'reset-view' }, buttons, 'reset zoom');
   el('span', { class: 'legend' }, controls, 'blue: positive, red: negative, width ∝ |weight| · '
     + 'scroll to zoom, drag to pan · hover: paths · click: details');
+  // on a line of its own, one line high: a header whose height changed with the count would move the graph
+  const sliderText = el('div', { class: 'slider-text' }, header);
   for (const note of data.notes || []) el('div', { class: 'note' }, header, note);
 
   const main = el('div', { class: 'main' }, app);
@@ -321,9 +322,10 @@
     if (written[slot][item] !== value) { element.setAttribute(name, value); written[slot][item] = value; }
   }
 
-  // positions from the stage's size (read after the header's text is set, which can change it)
+  // positions from the stage's size (kept up to date by a ResizeObserver: the header's text, set
+  // just before, can change it)
   function layout() {
-    width = stage.clientWidth; height = stage.clientHeight;
+    if (!width) { width = stage.clientWidth; height = stage.clientHeight; }  // the first time only
     bandH = (height - MARGIN.top - MARGIN.bottom) / R;
     colW = (width - MARGIN.left - MARGIN.right) / C;
     for (const cell of cells) {
@@ -685,8 +687,12 @@
     applyZoom();
   });
   svg.addEventListener('pointerup', () => { drag = null; });
-  new ResizeObserver(() => {
-    if (stage.clientWidth !== width || stage.clientHeight !== height) { layout(); drawLinks(); }
+  new ResizeObserver((entries) => {  // the size comes with the event: reading it would force a layout
+    const size = entries[entries.length - 1].contentRect;
+    if (size.width !== width || size.height !== height) {
+      width = size.width; height = size.height;
+      layout(); drawLinks();
+    }
   }).observe(stage);
 
   // ---- what scripts and tests read -----------------------------------------------------------------
