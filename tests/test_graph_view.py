@@ -16,6 +16,7 @@ from arithinterp.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # one browser for the module, pages of real graphs
 
+
 def node_id(node) -> str:
     """A graph node's id in the viewer, as the data format documents it."""
     kind, layer, position = node["kind"], node["layer"], node["position"]

@@ -219,10 +219,8 @@ def _choose_graph_links(weights: torch.Tensor, nodes: list, influence: torch.Ten
     shown = kept | is_logit
     chosen = nonzero & shown[:, None] & shown[None, :]  # the pruned graph's edges
     magnitude = weights.abs()
-    n = weights.shape[0]
     for dim in (0, 1):  # each source's strongest outgoing (down a column), each target's strongest incoming
-        k = min(STRONGEST, n)
-        top = magnitude.topk(k, dim=dim).indices
+        top = magnitude.topk(min(STRONGEST, weights.shape[0]), dim=dim).indices
         mark = torch.zeros_like(chosen)
         mark.scatter_(dim, top, True)
         chosen |= mark & nonzero
@@ -230,8 +228,8 @@ def _choose_graph_links(weights: torch.Tensor, nodes: list, influence: torch.Ten
     if room > 0:
         # an edge's influence on the answer: its share of the target's incoming |weight| times the
         # target's own influence (logits: their share of the answer's probability)
-        probability = torch.tensor([float(n.get("probability", 0.0)) if n["kind"] == "logit" else 0.0 for n in nodes],
-                                   dtype=torch.float64)
+        probability = torch.tensor([float(node.get("probability", 0.0)) if node["kind"] == "logit" else 0.0
+                                    for node in nodes], dtype=torch.float64)
         answer = probability / probability.sum() if float(probability.sum()) > 0 else is_logit.double()
         totals = magnitude.double().sum(1, keepdim=True).clamp_min(1e-30)
         score = magnitude.double() / totals * (influence.clamp_min(0) + answer)[:, None]
