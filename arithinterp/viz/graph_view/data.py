@@ -152,8 +152,9 @@ def graph_data(graph: Any, *, labels: Optional[dict] = None, supernodes: Any = N
     at[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
     grid_list, grid_of = _graph_grids(grids, nodes, len(graph.tokens))
     ordered = [nodes[i] for i in order]
+    ids = [graph_node_id(n) for n in ordered]
     data = dict(
-        id=[graph_node_id(n) for n in ordered],
+        id=ids,
         kind=[n["kind"] for n in ordered],
         row=[0 if n["kind"] == "embedding" else n_layers + 1 if n["kind"] == "logit" else n["layer"] + 1
              for n in ordered],
@@ -170,7 +171,6 @@ def graph_data(graph: Any, *, labels: Optional[dict] = None, supernodes: Any = N
         rank=[int(rank[i]) for i in order],
         grid=[grid_of.get(i, -1) for i in order],
     )
-    ids = data["id"]
     groups = _groups(supernodes, ordered, ids, by_label=True)
     s = graph.scores
     n_kept = int(kept[~is_logit].sum())
