@@ -413,7 +413,7 @@ def digits_command(args: argparse.Namespace) -> dict:
                                                         drop=round(float(result.drop[head, token]), 4))))
 
 
-@command("circuit", outputs=_ANALYSIS_OUTPUTS)
+@command("circuit", outputs=dict(_ANALYSIS_OUTPUTS, html="file"))
 def circuit_command(args: argparse.Namespace) -> dict:
     """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top).
 
@@ -446,9 +446,12 @@ def circuit_command(args: argparse.Namespace) -> dict:
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
     # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
     top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")
+    if args.html:
+        circuit.to_html(args.html, overwrite=args.overwrite)
     return _finish(circuit, args, dict(method=circuit.method, pairs=len(pairs), edges=circuit.n_edges,
                                        kept=circuit.n_kept, fraction_kept=round(circuit.n_kept / circuit.n_edges, 4),
-                                       faithfulness=round(value, 4), ablation=args.ablation, top_edges=top_edges))
+                                       faithfulness=round(value, 4), ablation=args.ablation, top_edges=top_edges,
+                                       **({"html": args.html} if args.html else {})))
 
 
 # --- train ---------------------------------------------------------------------------------------
@@ -490,7 +493,7 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
                          progress=not args.no_progress, overwrite=args.overwrite)[1]
 
 
-@command("graph", outputs=_ANALYSIS_OUTPUTS)
+@command("graph", outputs=dict(_ANALYSIS_OUTPUTS, html="file"))
 def graph_command(args: argparse.Namespace) -> dict:
     """The attribution graph of one prompt over a zoo model's shipped transcoders (or --transcoders DIR).
 
@@ -507,15 +510,35 @@ def graph_command(args: argparse.Namespace) -> dict:
     if args.transcoders is not None and not args.transcoders.strip():  # not the shipped ones, unasked
         raise ConfigError("--transcoders: '' is an empty path; give a folder of saved transcoders, or leave "
                           "--transcoders out for the zoo model's shipped ones")
+    if args.grids and not args.html:
+        raise ConfigError("--grids draws operand plots in the --html page; give --html FILE too")
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders or args.model)
+    grid = _operand_grid(model, args.model) if args.grids else None  # checked before the graph is computed
     graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes,
                          max_feature_nodes=args.max_feature_nodes)
     columns = ["layer", "position", "token", "feature", "activation", "influence"]
     kept = [node for node in graph.nodes if node["kept"] and node["kind"] == "feature"]
     top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
-    return _finish(graph, args, dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores,
-                                     top_features=top))
+    summary = dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
+    if args.html:
+        from arithinterp.features import graph_feature_grids
+
+        grids = None if grid is None else graph_feature_grids(model, grid, transcoders, graph)
+        graph.to_html(args.html, overwrite=args.overwrite, grids=grids)
+        summary["html"] = args.html
+    return _finish(graph, args, summary)
+
+
+def _operand_grid(model: Any, spec: str):
+    """The task's operand grid (at most 100 values per operand) that ``--grids`` plots features over."""
+    from arithinterp.models.zoo import grid_prompts
+
+    prompts = grid_prompts(model, spec)
+    if bool((prompts.n_answer_tokens != 1).any()) or not prompts.uniform_length:
+        raise ConfigError(f"--grids: {spec}'s task has answers of several tokens or prompts of several lengths; "
+                          "operand plots read one answer token at one position (a model such as zoo:add-100)")
+    return prompts
 
 
 # --- parser --------------------------------------------------------------------------------------
@@ -700,6 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="normalised faithfulness the kept top-k must reach (default: 0.9)")
     p.add_argument("--ablation", default="resample", choices=("resample", "mean"),
                    help="how edges outside the circuit are ablated: resample or mean")
+    p.add_argument("--html", default=None, help="write the circuit's interactive page (offline) to this HTML file")
 
     p = analysis("das", "distributed alignment search: where a causal variable (a carry, a digit) is used",
                  default_model="zoo:add-3digit")
@@ -751,8 +775,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "first (default: 1000)")
     p.add_argument("--out", default=None, help="directory to save the graph in (reload with AttributionGraph.load)")
     p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
+    p.add_argument("--html", default=None, help="write the graph's interactive page (offline) to this HTML file")
+    p.add_argument("--grids", action="store_true",
+                   help="with --html: each kept feature's operand plot over the task's a x b grid")
     p.add_argument("--overwrite", action="store_true", help="replace a graph already saved in --out, and an existing "
-                   "--figure file")
+                   "--figure or --html file")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 
     p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")

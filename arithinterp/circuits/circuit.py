@@ -117,6 +117,20 @@ class Circuit(Result):
 
         return plot_circuit(self, **kwargs)
 
+    def show(self, **options):
+        """The circuit's interactive page (an inline frame in a notebook; no server): components by
+        layer × position, a slider over the edges by |score| starting at the kept ones, details on
+        click, paths on hover. ``options``: those of :func:`arithinterp.viz.graph_view.view_circuit`
+        (``supernodes``, ``max_links``). Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
+        from arithinterp.viz.graph_view import view_circuit
+
+        return view_circuit(self, **options)
+
+    def to_html(self, path: Union[str, Path], *, overwrite: bool = False, **options) -> Path:
+        """Write the circuit's interactive page (:meth:`show`) to one offline HTML file, refusing an
+        existing one unless ``overwrite``. Returns the file's path."""
+        return self.show(**options).to_html(path, overwrite=overwrite)
+
     @classmethod
     def load(cls, path: Union[str, Path]) -> "Circuit":
         """Read a circuit written by :meth:`save`, checking that every per-edge field has one

@@ -6,7 +6,9 @@ builders (``viz.patching``, ``viz.probes``, ``viz.fourier``, ``viz.neurons``, ``
 ``viz.attention`` draws the attention patterns ``collect`` reads (``plot_attention``).
 Analyses never build figures inline. Every builder is named ``plot_<what>`` and takes the result
 type it draws (the sweep's take its tidy tables); earlier names warn and name the new one.
-``notebook`` shows a figure in a notebook as a static image (``show_static``).
+``notebook`` shows a figure in a notebook as a static image (``show_static``). ``graph_view`` is
+the interactive viewer of attribution graphs and circuits (one offline page each, its own script;
+``graph.show()``, ``circuit.show()``).
 """
 
 from arithinterp.viz.base import (  # noqa: F401
