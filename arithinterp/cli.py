@@ -678,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = analysis("ablate", "ablate components and compare accuracy with the full model")
     p.add_argument("--components", default="attn0",
                    help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
-                   "@final, @answer2 or @3 (default: attn0)")
+                   "@final, @answer[1] (answer token 1, with --full-answer) or @3 (default: attn0)")
     p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
     p.add_argument("--full-answer", action="store_true",
                    help="score every answer token, teacher-forced (multi-token answers)")

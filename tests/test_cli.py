@@ -45,7 +45,7 @@ def test_no_command_prints_help(capsys):
          and "not distinguishable from zero" in s["note"]),
         (["neurons", "--top-k", "10"], lambda s: s["neurons"] == 20),
         (["ablate", "--components", "mlp0"], lambda s: s["accuracy_before"] == 1.0 and s["accuracy_after"] < 0.5),
-        (["ablate", "zoo:add-3digit", "--components", "L0H0@answer3", "--full-answer"],
+        (["ablate", "zoo:add-3digit", "--components", "L0H0@answer[2]", "--full-answer"],
          lambda s: s["token_accuracy_after"][:3] == [1.0, 1.0, 1.0] and s["token_accuracy_after"][3] < 0.6),
         (["circuit", "--method", "eap"], lambda s: s["faithfulness"] >= 0.9 and 0 < s["kept"] < s["edges"]),
         (["digits"], lambda s: s["largest_drop"]["head"].startswith("L0") and s["largest_drop"]["drop"] > 0.4),

@@ -30,6 +30,7 @@ from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATIONS
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
 from arithinterp.tasks.places import answer_token_places, place_power
+from arithinterp.tasks.positions import predicting_position
 from arithinterp.types import HookedModel, NonNegativeInt, checked
 
 from arithinterp.tasks import PromptPairs, PromptSet  # at run time: @checked enforces them
@@ -183,7 +184,7 @@ def digit_scores(
     cells = torch.empty(len(parsed), n_answer, len(prompts), 2)
     jobs = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
     for i, k in tqdm(jobs, desc="digit ablation", disable=not progress):
-        cells[i, k] = scores([replace(parsed[i], position=f"answer{k}")])[:, k]
+        cells[i, k] = scores([replace(parsed[i], position=predicting_position(k))])[:, k]
     return baseline, cells, "hooks"
 
 
@@ -241,7 +242,7 @@ def _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progre
         runners[j] = None
         baseline[rows] = score(runner.base_logits.float(), rows).cpu()
         for k in range(n_answer):
-            positions = position_rows(prompts, f"answer{k}", rows, offset, length)  # [B], unpadded
+            positions = position_rows(prompts, predicting_position(k), rows, offset, length)  # [B], unpadded
             assert positions is not None  # a named position always resolves to one per prompt
             cell_list, order = [], []
             for layer, members in by_layer.items():

@@ -16,6 +16,7 @@ from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 from arithinterp.tasks.places import answer_token_places, place_name
+from arithinterp.tasks.positions import predicting_position
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def answer_activations(
         tokens=torch.cat([prompts.tokens, evaluation.generated_tokens[:, : k - 1]], dim=1),
         lengths=prompts.lengths + (k - 1),
     )
-    positions = ["final"] + [f"answer[{j}]" for j in range(k - 1)]
+    positions = [predicting_position(j) for j in range(k)]
     acts = collect(
         model, forced, sites=[site], layers=layers, positions=positions, batch_size=batch_size, progress=progress
     )
