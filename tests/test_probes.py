@@ -282,7 +282,7 @@ def test_sweep_input_validation_messages(planted, number_tokenizer):
     acts = planted["acts"]
     prompts = arithmetic(number_tokenizer, a=range(20), b=range(30))
     labelled = Activations(data=acts.data, layers=acts.layers, positions=acts.positions, prompts=prompts)
-    with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_units.*model_answer_units"):
+    with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_units.*'model_answer_<place>'"):
         probes.probe_layers(labelled, "sum", progress=False)
     with pytest.raises(AnalysisError, match="model_answer="):
         probes.probe_layers(labelled, "model_answer_units", progress=False)

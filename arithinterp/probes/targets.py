@@ -20,7 +20,7 @@ from arithinterp.types import checked
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
 
-_MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_units", "model_answer_tens", "...")
+_MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_<place>")  # model_answer_units, _tens, ...
 
 
 def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torch.Tensor:
@@ -75,26 +75,25 @@ def resolve_target(
         if y.ndim != 1 or len(y) != n:
             raise AnalysisError(f"a target array must have one value per prompt ({n}), got shape {tuple(y.shape)}")
         return y, keep, "custom"
-    name = target
-    if name.startswith("model_"):
-        place = split_place(name, ("model_answer",))
-        if name not in ("model_answer", "model_correct") and not place:
-            refuse_renamed(name, what="target", known=list(_MODEL_TARGETS), carry_into=False)
+    if target.startswith("model_"):
+        place = split_place(target, ("model_answer",))
+        if target not in ("model_answer", "model_correct") and not place:
+            refuse_renamed(target, what="target", known=list(_MODEL_TARGETS), carry_into=False)
             raise AnalysisError(f"unknown target {target!r}; model targets: {accepted(_MODEL_TARGETS)}")
         values = _model_answer_values(model_answer, n, prompts)
-        if name == "model_correct":
+        if target == "model_correct":
             if prompts is None:
                 raise AnalysisError("target 'model_correct' needs the prompts (acts.prompts) for the true answers")
-            return (values == prompts.answer).long(), keep, name
+            return (values == prompts.answer).long(), keep, target
         keep = values != _UNPARSABLE
         values = values[keep]
         if place:
             values = (values.abs() // 10 ** place[1]) % 10
-        return values, keep, name
+        return values, keep, target
     if prompts is None:
         raise AnalysisError(f"target {target!r} names a label but these activations carry no prompts; pass an array")
     try:
-        return prompts.label(name), keep, name
+        return prompts.label(target), keep, target
     except TaskError as error:
         raise AnalysisError(
             f"{error}; or a model target {accepted(_MODEL_TARGETS)}; or an array of {n} values") from error
