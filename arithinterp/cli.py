@@ -570,14 +570,13 @@ def das_command(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--position takes one position without --every-layer, got {args.position!r}")
     together = _items(positions[0], "--position", sep="+")  # "final+answer[0]": positions through one subspace
     model, prompts = _model_and_prompts(args)
-    variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
-    dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
+    dataset = causal.interchange_dataset(prompts, args.variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
                                          value_from=args.value_from)
     if args.every_layer:
         fits = causal.das_layers(model, dataset, args.site, args.k, layers=layers, positions=positions,
                                  steps=args.steps, lr=args.lr, reachable_only=args.reachable_only, seed=args.seed,
                                  resume=resume, progress=not args.no_progress)
-        summary: dict[str, Any] = dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
+        summary: dict[str, Any] = dict(variable=args.variable, pairs=len(dataset), site=args.site, k=args.k,
                                        chance=round(dataset.chance, 4))
         if fits.meta["stopped"]:  # interrupted: the cells finished are saved, and --resume fits the rest
             summary.update(stopped=fits.meta["stopped"], cells_done=int(sum(map(sum, fits.meta["done"]))),
@@ -594,7 +593,7 @@ def das_command(args: argparse.Namespace) -> dict:
                         steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
     rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
     assert isinstance(rows, pd.DataFrame)
-    return _finish(result, args, dict(variable=variable, pairs=len(dataset), held_out=len(dataset.test),
+    return _finish(result, args, dict(variable=args.variable, pairs=len(dataset), held_out=len(dataset.test),
                                       site=result.site, layer=args.layer, position=positions[0],
                                       chance=round(result.chance, 4), unreachable=result.meta["unreachable"],
                                       scores=rows.to_dict("records")))
@@ -682,7 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--direction", default="denoise", help="denoise (patch clean into corrupt) or noise")
     p.add_argument("--normalize", action="store_true", help="scale effects to 0 = corrupt, 1 = clean")
     p = analysis("probe", "probe a label at every layer and position, with a shuffled control")
-    p.add_argument("--target", default="answer", help="label to probe: a, b, answer, answer_digit_0, carry_0, ...")
+    p.add_argument("--target", default="answer",
+                   help="label to probe: a, b, answer, answer_units, a_tens, carry_tens, ...")
     p.add_argument("--kind", default="logistic", help="logistic, ridge, circular or mlp (default: logistic)")
     p.add_argument("--site", default="resid_post", help="activation site (default: resid_post)")
     p.add_argument("--positions", default="a,b,final", help="comma-separated positions (default: a,b,final)")
@@ -701,7 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = analysis("ablate", "ablate components and compare accuracy with the full model")
     p.add_argument("--components", default="attn0",
                    help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
-                   "@final, @answer2 or @3 (default: attn0)")
+                   "@final, @answer[1] (answer token 1, with --full-answer) or @3 (default: attn0)")
     p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
     p.add_argument("--full-answer", action="store_true",
                    help="score every answer token, teacher-forced (multi-token answers)")
@@ -727,8 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = analysis("das", "distributed alignment search: where a causal variable (a carry, a digit) is used",
                  default_model="zoo:add-3digit")
-    p.add_argument("--variable", required=True, help="causal variable, e.g. carry_2 (or carry2), sum_digit_0, "
-                   "sum_mod_10, magnitude")
+    p.add_argument("--variable", required=True, help="causal variable, e.g. carry_hundreds (the carry into the "
+                   "hundreds), answer_units, sum_mod_10, magnitude")
     p.add_argument("--site", default="resid_post", help="vector site (default: resid_post)")
     p.add_argument("--layer", type=int, default=0, help="layer (default: 0)")
     p.add_argument("--position", default="final", help="position, e.g. final, b, answer[0], or final+answer[0] "

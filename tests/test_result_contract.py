@@ -218,14 +218,14 @@ def _overlap(i: Instances):
 def _digit_circuits(i: Instances):
     from arithinterp import circuits, patching
 
-    pairs = patching.vary_digit(i.digit_prompts[:16], 0, "a", seed=0)[:4]
+    pairs = patching.vary_digit(i.digit_prompts[:16], "units", "a", seed=0)[:4]
     return circuits.digit_circuits(i.digit_model, pairs, "eap", metric="logprob", progress=False)
 
 
 def _probe(i: Instances):
     from arithinterp import probes
 
-    return probes.probe_layers(i.acts, "a_digit_0", cv=3, progress=False)
+    return probes.probe_layers(i.acts, "a_units", cv=3, progress=False)
 
 
 def _detector(i: Instances):

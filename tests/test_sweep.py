@@ -227,6 +227,9 @@ def test_example_config_validates():
     cells = S.plan(cfg)
     assert {c.analysis for c in cells} >= {"accuracy", "patching"}
     assert len({c.id for c in cells}) == len(cells)
+    # the example says what its cells record: `ablation`, the one name for it (never `mode`)
+    assert {c.params["ablation"] for c in cells if c.analysis == "ablation"} == {"mean", "zero"}
+    assert not any("mode" in c.params for c in cells)
 
 
 def test_from_zoo_tasks_take_each_models_own_task(model_dir):

@@ -32,7 +32,7 @@ from sklearn.base import BaseEstimator
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs, fingerprint
 from arithinterp.errors import AnalysisError, ModelMismatchError
-from arithinterp.probes.answers import answer_activations, answer_slot_mask, answer_slots
+from arithinterp.probes.answers import answer_activations, answer_slot_mask, answer_slots, slot_names
 from arithinterp.probes.detector_fit import check_params, fit_candidate, fit_meta, rank, selected_row
 from arithinterp.probes.detector_result import DetectorResult
 from arithinterp.probes.probe_base import NotFittedError, clone_estimator, to_tensor
@@ -209,7 +209,8 @@ class ErrorDetector(BaseEstimator):
         X, evaluation = self._read(model, prompts, evaluation, layers)
         slots, carries = self._labels(prompts, evaluation)
         self._fit_activations(X, slots, carries, layers, started)
-        self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)))
+        self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)),
+                          slots=slot_names(prompts))
         return self
 
     def evaluate(
@@ -234,7 +235,8 @@ class ErrorDetector(BaseEstimator):
         X, evaluation = self._read(model, prompts, evaluation, self.layers_)
         slots, carries = self._labels(prompts, evaluation)
         result = self.evaluate_activations(X, slots, carries)
-        return replace(result, meta={**result.meta, **build_meta(model, n_prompts=len(prompts))})
+        return replace(result, meta={**result.meta, **build_meta(model, n_prompts=len(prompts)),
+                                     "slots": slot_names(prompts)})
 
     def predict_proba(
         self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None

@@ -390,7 +390,7 @@ def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: s
     Args:
         model: The hooked model.
         prompts: The prompts.
-        target: A PromptSet label (``a``, ``answer_digit_0``, ``carry_0``, ...).
+        target: A PromptSet label (``a``, ``answer_units``, ``carry_tens``, ...).
         kind: The probe kind.
         site: The site to read.
         layers: The layers (default: all).
@@ -507,7 +507,7 @@ def _register_builtins() -> None:
     register_analysis(
         "probes", probes_analysis,
         dict(
-            target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_digit_0, carry_0, ..."),
+            target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_units, carry_tens, ..."),
             kind=Param(str, "logistic", _choices("kind"), help="the probe"),
             site=Param(str, "resid_post", sites, help="the site read"),
             layers=Param(list, None, item=int, help="layers read (default: all)"),
