@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_free_dir
+from arithinterp.outputs import check_target, write_file, writes
 from arithinterp.types import PathLike, PositiveInt, Seed, checked
 
 
@@ -67,6 +67,7 @@ def recipe_prompts(model: Any, recipe: PromptRecipe) -> Any:
                       seed=recipe.seed)
 
 
+@writes
 @checked
 def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional[PositiveInt] = None,
                  seed: Optional[Seed] = None, overwrite: bool = False,
@@ -86,7 +87,7 @@ def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional
     if spec not in RECIPES:
         raise ModelSpecError(f"no transcoder recipe for {spec!r}; recipes exist for {accepted(RECIPES)}")
     recipe = RECIPES[spec]
-    target = check_free_dir(Path(out), "out", overwrite)
+    target = check_target(out, overwrite=overwrite, what="out", folder=True)
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(spec) if model is None else model
@@ -102,5 +103,5 @@ def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional
                 command=f"python scripts/gemma3_transcoders.py --out {target}", wall_seconds=wall,
                 torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
                 replacement=transcoders.metrics["replacement"])
-    (path / "card.json").write_text(json.dumps(card, indent=1))
+    write_file(path / "card.json", json.dumps(card, indent=1), overwrite=False)  # beside the result just saved
     return transcoders, dict(card, out=str(path))

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_new_dir
+from arithinterp.outputs import check_target, write_file, writes
 from arithinterp.types import PathLike, checked
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -78,6 +78,7 @@ def load_transcoders(path: PathLike) -> Transcoders:
 
 
 
+@writes
 def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optional[int] = None,
                   steps: Optional[int] = None, progress: bool = True,
                   overwrite: bool = False) -> tuple[Transcoders, dict[str, Any]]:
@@ -94,7 +95,8 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
 
     name = _name(spec)
     recipe = RECIPES[name]
-    target = check_new_dir(Path(out) if out else Path("transcoders") / name, "out", overwrite)  # before training
+    target = check_target(Path(out) if out else Path("transcoders") / name, overwrite=overwrite, what="out",
+                          folder=True)  # before training
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(f"zoo:{name}")
@@ -111,5 +113,5 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                 command=f"arithinterp train-transcoders zoo:{name}", wall_seconds=wall,
                 torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
                 replacement=transcoders.metrics["replacement"])
-    (path / "card.json").write_text(json.dumps(card, indent=1))
+    write_file(path / "card.json", json.dumps(card, indent=1), overwrite=False)  # beside the result just saved
     return transcoders, dict(card, out=str(path))

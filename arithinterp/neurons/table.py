@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from arithinterp.errors import ConfigError, SiteError, accepted
+from arithinterp.outputs import writes
 from arithinterp.neurons.registry import HeuristicRegistry
 from arithinterp.neurons.rules import Grid, Heuristic, apply_op
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result
@@ -72,6 +73,7 @@ class HeuristicTable(Result):
     _legal = {"layer": NON_NEGATIVE, "neuron": NON_NEGATIVE, "threshold": PROBABILITY, "p_values": PROBABILITY,
               "q_values": PROBABILITY, "fdr": PROBABILITY}
 
+    @writes
     def save(self, path, *, overwrite: bool = False):
         """Write the table to a directory (the registry's predicates are code and are not saved: pass
         the registry again to :meth:`heuristic` after :meth:`load` for custom ones).

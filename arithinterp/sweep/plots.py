@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
+from arithinterp.outputs import write_file, writes
 from arithinterp.sweep.registry import ANALYSES
-from arithinterp.sweep.storage import atomic_write, load_results
+from arithinterp.sweep.storage import load_results
 
 
 def figures(out: Union[str, Path]) -> dict:
@@ -28,27 +29,33 @@ def figures(out: Union[str, Path]) -> dict:
     return drawn
 
 
-def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None) -> list[Path]:
+@writes
+def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None, *, overwrite: bool = False) -> list[Path]:
     """Write each analysis's figures into one self-contained HTML file ``<to>/<analysis>.html``.
 
     Args:
         out: The sweep's results directory.
         to: The folder for the HTML files (default ``OUT/figures``).
+        overwrite: Replace figure files that exist (the sweep command redraws its own with it).
 
     Returns:
         The files written.
 
     Raises:
+        ConfigError: A figure file exists and ``overwrite`` is false (checked for all before any is written).
         OutputError: A file could not be written.
     """
+    from arithinterp.outputs import check_target
+
     out = Path(out)
     to = Path(to) if to is not None else out / "figures"
+    drawn = figures(out)
+    for name in drawn:
+        check_target(to / f"{name}.html", overwrite=overwrite, what="to")
     written = []
-    for name, figs in figures(out).items():
+    for name, figs in drawn.items():
         parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs)]
         html = (f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>"
                 f"<body>{''.join(parts)}</body></html>")
-        path = to / f"{name}.html"
-        atomic_write(path, lambda tmp: tmp.write_text(html))
-        written.append(path)
+        written.append(write_file(to / f"{name}.html", html, overwrite=overwrite, what="to"))
     return written
