@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, TypeVar, Union
 
 from arithinterp.errors import ConfigError, OutputError
 
-PathLike = Union[str, Path]
+PathLike = Union[str, "os.PathLike[str]"]
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 #: The ending of the writer's temporary files and folders (``.NAME.<random>.tmp`` beside ``NAME``): a process

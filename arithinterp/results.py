@@ -262,7 +262,8 @@ class Result(abc.ABC):
                                       "pass overwrite=True to replace it, or save to another folder")
         with write_folder(target, overwrite=overwrite, what="save") as folder:
             # the tensor file's header seals result.json's content; result.json records the tensor file's bytes
-            stored[DIGEST_KEY] = _write_tensors(folder / TENSOR_FILE, tensors, plain.get("meta"), _fields_digest(stored))
+            sealed = _fields_digest(stored)
+            stored[DIGEST_KEY] = _write_tensors(folder / TENSOR_FILE, tensors, plain.get("meta"), sealed)
             write_file(folder / JSON_FILE, json.dumps(stored, indent=1), overwrite=False, what="save")
         return target
 

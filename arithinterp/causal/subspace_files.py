@@ -363,19 +363,17 @@ def score_subspace(model: HookedModel, pairs: InterchangeDataset, intervention: 
         raise ModelMismatchError(f"causal.score_subspace: the subspace is {intervention.d} wide, but {where.site} at "
                                  f"layer {where.layer} of this model is {width} wide; score it at the site (and on "
                                  "the model) it was fitted on")
-    if rows is None:
-        rows = pairs.test
-    else:
+    if rows is not None:
         outside = [r for r in rows if r >= len(pairs)]
         if not rows or outside or len(set(rows)) != len(rows):
             problem = (f"{outside[:3]} are past the {len(pairs)} pairs" if outside else
                        "it is empty" if not rows else "it names a pair more than once")
             raise ConfigError(f"causal.score_subspace: rows {problem}; give distinct pair indices in "
                               f"0..{len(pairs) - 1}")
-        rows = torch.tensor(list(rows), dtype=torch.long)
-    runs = Runs(model, pairs, where, rows, max_memory=max_memory)
+    chosen = pairs.test if rows is None else torch.tensor(list(rows), dtype=torch.long)
+    runs = Runs(model, pairs, where, chosen, max_memory=max_memory)
     size = batch_size(model, pairs, training=False, max_memory=max_memory)
     sources = runs.source_values(size)
     if runs.stepped:
         size = max(size, runs.eval_size)
-    return evaluate(model, pairs, where, intervention, sources, rows, size, runs)
+    return evaluate(model, pairs, where, intervention, sources, chosen, size, runs)

@@ -65,9 +65,10 @@ class Circuit(Result):
     _shapes = {"scores": "edge", "pair_scores": "pair edge", "kept": "edge", "edges": "edge", "senders": "edge",
                "receivers": "edge", "channels": "edge", "positions": "edge"}
     _legal = {"nodes": DISTINCT, "kept": BOOLEAN}
-    _relations = (Relation("nodes", "every node a kept edge touches (its sender and receiver), each an edge's end", lambda v: (
-        {n for n, k in zip(v["senders"], v["kept"].tolist()) if k}
-        | {n for n, k in zip(v["receivers"], v["kept"].tolist()) if k})
+    _relations = (Relation(
+        "nodes", "every node a kept edge touches (its sender and receiver), each an edge's end", lambda v: (
+            {n for n, k in zip(v["senders"], v["kept"].tolist()) if k}
+            | {n for n, k in zip(v["receivers"], v["kept"].tolist()) if k})
         <= set(v["nodes"]) <= set(v["senders"]) | set(v["receivers"])),)
     _required_meta = ("layout",)
 

@@ -131,10 +131,16 @@ def circuit_tracer_order(graph: Any) -> torch.Tensor:
     return torch.tensor(by_kind["feature"] + by_kind["error"] + by_kind["embedding"] + by_kind["logit"])
 
 
+class IndexedGraph(Schema):
+    """One graph the viewer's index lists (its other keys are kept as they are)."""
+
+    slug: str
+
+
 class GraphIndex(Schema):
     """circuit-tracer's ``graph-metadata.json`` (the viewer's index of the graphs in a folder)."""
 
-    graphs: list[dict[str, Any]] = []
+    graphs: list[IndexedGraph] = []
 
 
 @writes
@@ -215,7 +221,7 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
                     qParams=dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos=""),
                     nodes=used, links=links)
     write_file(file, json.dumps(document, indent=2), overwrite=overwrite, what="path")
-    listed = dict(index.model_dump(), graphs=[g for g in index.graphs if g.get("slug") != slug] + [metadata])
+    listed = dict(index.model_dump(), graphs=[g.model_dump() for g in index.graphs if g.slug != slug] + [metadata])
     write_file(index_file, json.dumps(listed, indent=2), overwrite=True, what="path")
     return file
 

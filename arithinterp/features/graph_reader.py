@@ -159,7 +159,7 @@ def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, transcoders:
     vocab = d.vocab_size or cfg.d_vocab
     tokens = tokens_t.tolist()
     if model is not None:
-        vocab = _check_model(file, model, cfg, d, tokens)
+        vocab = _check_model(file, model, cfg, d)
     if vocab is not None:
         below(file, "input_tokens", tokens, vocab, f"the vocabulary of {vocab} tokens")
         below(file, "logit_targets (vocab_idx)", [t.vocab_idx for t in targets], vocab,
@@ -167,6 +167,12 @@ def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, transcoders:
     else:
         below(file, "input_tokens", tokens, 2**31, "token ids")
         below(file, "logit_targets (vocab_idx)", [t.vocab_idx for t in targets], 2**31, "token ids")
+    if model is not None and d.input_string:  # the model's own tokens of the prompt, or another tokenizer's
+        made = [model.to_tokens(d.input_string, **kw).reshape(-1).tolist() for kw in ({}, {"prepend_bos": False})]
+        if tokens not in made:
+            raise FormatError(f"{file}: field 'input_tokens' is not this model's tokens of the prompt "
+                              f"{d.input_string!r} (the file's {tokens[:8]}, the model's {made[0][:8]}): the graph "
+                              "was made with another tokenizer; read it with the model it was made on")
     strings = ([str(model.to_string(torch.tensor([t]))) for t in tokens] if model is not None
                else [str(t) for t in tokens])
     # circuit-tracer's order -> ours: embeddings, features, errors, logits
@@ -215,8 +221,8 @@ def read_circuit_tracer_graph(path: PathLike, model: Any = None, *, transcoders:
                             prompt=d.input_string or "", tokens=strings, scores=scores, meta=meta)
 
 
-def _check_model(file: Path, model: Any, cfg: GraphConfig, d: GraphFile, tokens: list[int]) -> Optional[int]:
-    """Refuse a graph made on another model than ``model``; return the model's vocabulary size."""
+def _check_model(file: Path, model: Any, cfg: GraphConfig, d: GraphFile) -> Optional[int]:
+    """Refuse a graph whose config is another model's than ``model``; return the model's vocabulary size."""
     facts = architecture(model)
     mine = dict(n_layers=facts["n_layers"], d_model=facts["d_model"], d_vocab=facts["d_vocab"])
     theirs = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, d_vocab=d.vocab_size or cfg.d_vocab)
@@ -225,12 +231,6 @@ def _check_model(file: Path, model: Any, cfg: GraphConfig, d: GraphFile, tokens:
         described = ", ".join(f"{k} {theirs[k]} vs {mine[k]}" for k in differ)
         raise FormatError(f"{file}: field 'cfg' says the graph was made on another model: {described} (the file's vs "
                           "this model's); read it with the model it was made on")
-    if d.input_string:
-        made = [model.to_tokens(d.input_string, **kw).reshape(-1).tolist() for kw in ({}, {"prepend_bos": False})]
-        if tokens not in made:
-            raise FormatError(f"{file}: field 'input_tokens' is not this model's tokens of the prompt "
-                              f"{d.input_string!r} (the file's {tokens[:8]}, the model's {made[0][:8]}): the graph "
-                              "was made with another tokenizer; read it with the model it was made on")
     return facts["d_vocab"]
 
 

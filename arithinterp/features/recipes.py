@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from arithinterp.errors import ModelSpecError, accepted

@@ -44,7 +44,7 @@ from pydantic import Field
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError, ConfigError, FormatError, ModelFileError, accepted
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, FormatError, ModelFileError, accepted
 from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
 from arithinterp.outputs import check_target, write_file, write_folder, writes
 from arithinterp.results import PROVENANCE, build_meta
@@ -175,12 +175,13 @@ def _layer_weights(file: Path, names: dict[str, tuple], optional: dict[str, tupl
     return out
 
 
-def _check_k(where: Any, k: Optional[int], n_features: int, activation: str) -> int:
+def _check_k(where: Any, k: Optional[int], n_features: int, activation: str,
+             error: type[ArithInterpError] = FormatError) -> int:
     """``k`` of a TopK set: 1 ≤ k ≤ features; 0 for other activations."""
     if not activation.startswith("topk"):
         return 0
     if k is None or not 1 <= k <= n_features:
-        raise FormatError(f"{where}: a TopK set needs k from 1 to its {n_features} features, got {k!r}")
+        raise error(f"{where}: a TopK set needs k from 1 to its {n_features} features, got {k!r}")
     return k
 
 
@@ -230,8 +231,8 @@ def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, featur
     if config_file.is_file():
         config = validate(CircuitTracerConfig, read_yaml(config_file, "circuit-tracer's config.yaml") or {},
                           config_file, "circuit-tracer's config.yaml")
-    files = ([Path(f).name for f in config.transcoders] if config.transcoders else
-             [p.name for p in sorted(folder.glob("layer_*.safetensors"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))])
+    found = sorted(folder.glob("layer_*.safetensors"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    files = [Path(f).name for f in config.transcoders] if config.transcoders else [p.name for p in found]
     if not files:
         raise ModelFileError(f"{folder} has no layer_{{i}}.safetensors files")
     paths = [folder / name for name in files]
@@ -264,7 +265,8 @@ def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, featur
         raise FormatError(f"a JumpReLU set needs activation_function.threshold in every file; "
                           f"{paths[has_threshold.index(False)]} has none")
     n_features = int(parts[0]["W_enc"].shape[1])
-    k_value = _check_k(config_file if k is None else "k", k if k is not None else config.k, n_features, chosen)
+    k_value = (_check_k(config_file, config.k, n_features, chosen) if k is None
+               else _check_k("k", k, n_features, chosen, ConfigError))
     if config.fvu is not None and len(config.fvu) != len(parts):
         raise FormatError(f"{config_file}: field 'fvu' has {len(config.fvu)} entries for {len(parts)} layers")
     meta = dict(source="circuit-tracer", path=str(folder), feature_input_hook=input_hook,
@@ -429,13 +431,13 @@ def _read_saelens_folder(folder: Path) -> tuple[int, dict, tuple[str, int], tupl
         raise FormatError(f"{cfg_path}: hooks {hook_in!r} → {hook_out!r} must name one layer (blocks.{{i}}.)")
     d_in, d_sae = cfg.d_in, cfg.d_sae
     d_out = cfg.d_out if cfg.d_out is not None else d_in
-    if d_out != d_in:
-        raise FormatError(f"{cfg_path}: field 'd_out' is {d_out}, not d_in ({d_in}); this package's transcoders "
-                          "read and write one width")
     weights = folder / "sae_weights.safetensors"
     t = _layer_weights(weights, {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_out),
                                  "b_dec": (d_out,)},
                        {"W_skip": (d_out, d_in), "threshold": (d_sae,)})
+    if d_out != d_in:
+        raise FormatError(f"{cfg_path}: field 'd_out' is {d_out}, not d_in ({d_in}); this package's transcoders "
+                          "read and write one width")
     W_enc, b_enc, W_dec, b_dec = (t[n].double() for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
     if not is_transcoder and cfg.apply_b_dec_to_input is not False:
         b_enc = b_enc - b_dec @ W_enc  # (x − b_dec) W_enc + b_enc, folded

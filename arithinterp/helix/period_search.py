@@ -223,7 +223,8 @@ def search_periods(
     return PeriodSearchResult(
         subsets=subsets, scores=scores, sizes=sizes, best=best, best_scores=torch.tensor(best_scores),
         criterion=criterion,
-        meta=build_meta(model, **({} if model is not None else provenance), candidates=candidates, kind=kind, n_pca=comps.shape[0], holdout=holdout,
+        meta=build_meta(model, **({} if model is not None else provenance), candidates=candidates, kind=kind,
+                        n_pca=comps.shape[0], holdout=holdout,
                         seed=seed, layer=layer if model is not None else layer_found,
                         validation=validation, control=control),
     )

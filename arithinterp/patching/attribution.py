@@ -418,7 +418,8 @@ def compare(exact: Union[PatchResult, AttributionResult, dict],
     made = {made_from(part).get("fingerprint") for part in [*exact.values(), *approx.values()]} - {None}
     if len(made) > 1:
         raise ModelMismatchError(f"compare: the results were made on different models (weight fingerprints "
-                                 f"{sorted(map(str, made))}); compare an approximation with exact patching of one model")
+                                 f"{sorted(map(str, made))}); compare an approximation with exact patching of one "
+                                 "model")
     sites, corr, pair_corr, ex, ap, cells = [], [], [], [], [], []
     for site in exact:
         e, a = exact[site], approx[site]
@@ -433,8 +434,9 @@ def compare(exact: Union[PatchResult, AttributionResult, dict],
         ap.append(a.mean.flatten().tolist())
         cells.append(_cell_labels(e))
     method = next(iter(approx.values())).method
+    first = next(iter(exact.values()))
     return ComparisonResult(sites, corr, pair_corr, ex, ap, cells, method,
-                            build_meta(**made_from(next(iter(exact.values()))), n_pairs=next(iter(exact.values())).n_pairs))
+                            build_meta(**made_from(first), n_pairs=first.n_pairs))
 
 
 @checked

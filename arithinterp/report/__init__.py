@@ -67,7 +67,7 @@ from arithinterp.report.stages.patching import patching_stage
 from arithinterp.report.stages.probes import PROBE_LAYERS, probes_stage
 from arithinterp.sites import coarse_to_fine, spread
 from arithinterp.types import (
-    Accepts, AnyFloat, ByteSize, HookedModel, Integer, Name, NonNegativeInt, PathLike, Seed, checked,
+    Accepts, ByteSize, HookedModel, Integer, Name, NonNegativeInt, PathLike, Seed, checked,
 )
 
 __all__ = [
@@ -146,7 +146,7 @@ def write_report(
     template: Optional[Name] = None,
     few_shot: Union[NonNegativeInt, str] = 0,
     operands: Any = None,
-    budget: Optional[AnyFloat] = None,
+    budget: Any = None,  # _check_budget reads it (its message names the range in seconds)
     max_memory: Optional[ByteSize] = None,
     correct_only: bool = True,
     progress: bool = True,

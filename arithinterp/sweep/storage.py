@@ -6,7 +6,7 @@ import hashlib
 import json
 import platform
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from arithinterp.errors import ConfigError, accepted
 from arithinterp.outputs import TEMP_SUFFIX, write_file
