@@ -52,7 +52,7 @@ import torch
 from pydantic import Field
 
 from arithinterp.checks import architecture, fingerprint, model_id
-from arithinterp.errors import FormatError, ResultFileError
+from arithinterp.errors import ConfigError, FormatError, ResultFileError
 from arithinterp.outputs import writes
 from arithinterp.sites import HOOKS
 from arithinterp.schemas import Digest, Schema, file_sha256, read_json, read_safetensors, validate
@@ -218,7 +218,8 @@ class Result(abc.ABC):
         return dataclasses.replace(self, meta=meta)  # pyright: ignore[reportCallIssue]
 
     @writes
-    def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
+    def save(self, path: Union[str, Path], *, overwrite: bool = False,
+             extra_files: Optional[dict[str, str]] = None) -> Path:
         """Write the result to a folder, whole: tensors to ``tensors.safetensors``, the rest to
         ``result.json``, sealed together (see the module docstring). The folder is written by the
         package's guarded writer (:func:`arithinterp.outputs.write_folder`): complete or not at all,
@@ -229,6 +230,8 @@ class Result(abc.ABC):
             path: The folder. Saving the same result there again does nothing and is always allowed.
             overwrite: Replace a folder that holds anything else (a different result, other files);
                 strictly ``True`` or ``False``.
+            extra_files: Text files written into the folder with the result, in the same write (a
+                card saying how the result was made), by name; not part of the seal.
 
         Returns:
             The folder.
@@ -265,6 +268,10 @@ class Result(abc.ABC):
             sealed = _fields_digest(stored)
             stored[DIGEST_KEY] = _write_tensors(folder / TENSOR_FILE, tensors, plain.get("meta"), sealed)
             write_file(folder / JSON_FILE, json.dumps(stored, indent=1), overwrite=False, what="save")
+            for name, text in (extra_files or {}).items():
+                if Path(name).name != name or name in (JSON_FILE, TENSOR_FILE):
+                    raise ConfigError(f"extra_files: {name!r} is not a file name of its own in the folder")
+                write_file(folder / name, text, overwrite=False, what="save")
         return target
 
     @classmethod

@@ -148,11 +148,12 @@ def test_every_public_function_that_writes_is_registered():
 
 
 def importlib_all() -> None:
+    """Import every module that registers a writer (the registry fills as they load)."""
     import importlib
-    import pkgutil
 
-    for module in pkgutil.walk_packages(arithinterp.__path__, "arithinterp."):
-        importlib.import_module(module.name)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "@writes" in path.read_text() or "writes(" in path.read_text():
+            importlib.import_module(_module(path))
 
 
 # --- every writer keeps the guarantees ------------------------------------------------------------
@@ -362,9 +363,14 @@ def test_a_writer_keeps_the_guarantees(name, inputs, tmp_path, monkeypatch):
             writer.call(work / "bad", bad)
     assert list(work.iterdir()) == []
 
-    # a fresh path is written
-    fresh = work / "fresh"
-    writer.call(fresh, False)
+    # a fresh path is written (and the files it takes are counted, for the failures below)
+    from arithinterp import outputs
+
+    fresh, synced = work / "fresh", []
+    real_fsync = outputs.os.fsync
+    with monkeypatch.context() as patch:
+        patch.setattr(outputs.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+        writer.call(fresh, False)
     written = _snapshot(writer.target(fresh))
     assert written, f"{name} wrote nothing at {writer.target(fresh)}"
 
@@ -386,18 +392,24 @@ def test_a_writer_keeps_the_guarantees(name, inputs, tmp_path, monkeypatch):
             writer.call(link, overwrite)
         assert _snapshot(outside) == kept and writer.target(link).is_symlink()
 
-    # with overwrite=True a write that fails part way keeps the old content, and leaves no temp file
-    from arithinterp import outputs
+    # with overwrite=True a write that fails part way (the disk fills as its k-th file is finished, or
+    # its last rename fails) keeps the old content, and leaves no temporary file
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
 
-    for where in ("fsync", "rename"):
+    for where in [f"file {k}" for k in range(1, min(len(synced), 4) + 1)] + ["rename"]:
         with monkeypatch.context() as patch:
-            def fail(*args, **kwargs):
-                raise OSError(28, "No space left on device")
+            if where == "rename":
+                patch.setattr(outputs.os, "replace", fail)
+                patch.setattr(outputs, "_move_into_place", fail)
+            else:
+                count = []
 
-            if where == "fsync":
-                patch.setattr(outputs.os, "fsync", fail)
-            patch.setattr(outputs.os, "replace", fail)
-            patch.setattr(outputs, "_move_into_place", fail)
+                def fsync(fd, k=int(where.split()[1]), count=count):
+                    count.append(fd)
+                    return fail() if len(count) == k else real_fsync(fd)
+
+                patch.setattr(outputs.os, "fsync", fsync)
             with pytest.raises((OSError, ArithInterpError)):
                 writer.call(taken, True)
         assert _snapshot(writer.target(taken)) == before, f"{name}: a failed write ({where}) changed the old content"

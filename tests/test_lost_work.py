@@ -341,16 +341,16 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
     from arithinterp.sweep import storage
 
     config, out = _sweep_config(tmp_path), tmp_path / "out"
-    real_write, written = storage.atomic_write, []
+    real_write, written = storage.write_file, []
 
-    def disk_fills_after_one_cell(path, write):
+    def disk_fills_after_one_cell(path, content, **kwargs):
         if path.suffix == ".parquet":
             if written:
                 raise OSError(errno.ENOSPC, "No space left on device")
             written.append(path)
-        real_write(path, write)
+        return real_write(path, content, **kwargs)
 
-    monkeypatch.setattr(storage, "atomic_write", disk_fills_after_one_cell)
+    monkeypatch.setattr(storage, "write_file", disk_fills_after_one_cell)
     assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 2
     captured = capsys.readouterr()
     error = json.loads(captured.out)["error"]
@@ -358,7 +358,7 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
     assert "rerun the same command: finished cells are kept and the sweep resumes from this cell" in error
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
 
-    monkeypatch.setattr(storage, "atomic_write", real_write)
+    monkeypatch.setattr(storage, "write_file", real_write)
     assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["skipped"] == 1 and summary["done"] == 2 and summary["failed"] == 0

@@ -220,9 +220,17 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
     document = dict(metadata=metadata,
                     qParams=dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos=""),
                     nodes=used, links=links)
-    write_file(file, json.dumps(document, indent=2), overwrite=overwrite, what="path")
     listed = dict(index.model_dump(), graphs=[g.model_dump() for g in index.graphs if g.slug != slug] + [metadata])
-    write_file(index_file, json.dumps(listed, indent=2), overwrite=True, what="path")
+    previous = file.read_bytes() if file.is_file() else None
+    write_file(file, json.dumps(document, indent=2), overwrite=overwrite, what="path")
+    try:
+        write_file(index_file, json.dumps(listed, indent=2), overwrite=True, what="path")
+    except BaseException:  # the two files go together: the graph goes back to what it was
+        if previous is None:
+            file.unlink(missing_ok=True)
+        else:
+            write_file(file, previous, overwrite=True, what="path")
+        raise
     return file
 
 

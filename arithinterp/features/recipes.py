@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_target, write_file, writes
+from arithinterp.outputs import check_target, writes
 from arithinterp.types import PathLike, PositiveInt, Seed, checked
 
 
@@ -97,10 +97,9 @@ def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional
                                     skip_ridge=recipe.skip_ridge, train_skip=recipe.train_skip,
                                     distinct=recipe.distinct, sequential=recipe.sequential, progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(target, overwrite=overwrite)
     card = dict(model=spec, recipe={**asdict(recipe), "seed": seed, "steps": steps},
                 command=f"python scripts/gemma3_transcoders.py --out {target}", wall_seconds=wall,
                 torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
                 replacement=transcoders.metrics["replacement"])
-    write_file(path / "card.json", json.dumps(card, indent=1), overwrite=False)  # beside the result just saved
+    path = transcoders.save(target, overwrite=overwrite, extra_files={"card.json": json.dumps(card, indent=1)})
     return transcoders, dict(card, out=str(path))

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_target, write_file, writes
+from arithinterp.outputs import check_target, writes
 from arithinterp.types import PathLike, checked
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -106,12 +106,11 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                                     batch_size=recipe.batch_size, lr=recipe.lr, held_out=recipe.held_out, seed=seed,
                                     progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(target, overwrite=overwrite)
     import torch
 
     card = dict(model=f"zoo:{name}", recipe={**asdict(recipe), "seed": seed, "steps": steps},
                 command=f"arithinterp train-transcoders zoo:{name}", wall_seconds=wall,
                 torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
                 replacement=transcoders.metrics["replacement"])
-    write_file(path / "card.json", json.dumps(card, indent=1), overwrite=False)  # beside the result just saved
+    path = transcoders.save(target, overwrite=overwrite, extra_files={"card.json": json.dumps(card, indent=1)})
     return transcoders, dict(card, out=str(path))

@@ -74,7 +74,7 @@ class HeuristicTable(Result):
               "q_values": PROBABILITY, "fdr": PROBABILITY}
 
     @writes
-    def save(self, path, *, overwrite: bool = False):
+    def save(self, path, *, overwrite: bool = False, extra_files=None):
         """Write the table to a directory (the registry's predicates are code and are not saved: pass
         the registry again to :meth:`heuristic` after :meth:`load` for custom ones).
 
@@ -85,7 +85,8 @@ class HeuristicTable(Result):
         Returns:
             The directory.
         """
-        return Result.save(dataclasses.replace(self, registry=None), path, overwrite=overwrite)
+        return Result.save(dataclasses.replace(self, registry=None), path, overwrite=overwrite,
+                           extra_files=extra_files)
 
     @property
     def best_scores(self) -> torch.Tensor:
