@@ -403,9 +403,9 @@ def test_a_writer_keeps_the_guarantees(name, inputs, tmp_path, monkeypatch):
                 patch.setattr(outputs.os, "replace", fail)
                 patch.setattr(outputs, "_move_into_place", fail)
             else:
-                count = []
+                count, k = [], int(where.split()[1])
 
-                def fsync(fd, k=int(where.split()[1]), count=count):
+                def fsync(fd, k=k, count=count):
                     count.append(fd)
                     return fail() if len(count) == k else real_fsync(fd)
 
