@@ -59,11 +59,13 @@ def shipped_path(spec: str) -> Path:
 
 
 @checked
-def load_transcoders(path: PathLike) -> Transcoders:
+def load_transcoders(path: PathLike, *, unsealed: bool = False) -> Transcoders:
     """Load transcoders saved with ``.save(path)``, or shipped ones by zoo name.
 
     Args:
         path: The folder ``.save`` wrote, or ``"zoo:NAME"`` (``"zoo:add-100"``).
+        unsealed: Also load a folder without the seal (saved by an earlier version), with a warning
+            (see :meth:`~arithinterp.results.Result.load`); save it again to seal it.
 
     Returns:
         The transcoders.
@@ -74,7 +76,7 @@ def load_transcoders(path: PathLike) -> Transcoders:
     """
     if isinstance(path, str) and path.startswith("zoo:"):
         path = shipped_path(path)
-    return Transcoders.load(Path(path))
+    return Transcoders.load(Path(path), unsealed=unsealed)
 
 
 
