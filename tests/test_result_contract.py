@@ -693,42 +693,6 @@ def test_a_folder_saved_before_the_format_field_existed_loads(cls, instances, tm
     same(result, _load_unsealed(cls, folder), cls.__name__)
 
 
-def _spelled_otherwise(cls) -> bool:
-    return bool(cls._saved_names or cls._field_names or cls._value_names)
-
-
-@pytest.mark.parametrize("cls", [cls for cls in RESULT_TYPES if _spelled_otherwise(cls)], ids=lambda cls: cls.__name__)
-def test_a_folder_that_spells_the_type_fields_or_values_another_way_loads(cls, instances, tmp_path):
-    """A folder written under another type name (``Graph`` for ``AttributionGraph``), with a field under
-    another name (``mode`` for ``ablation``) or a value spelled another way (``integrated_gradients``)
-    loads as the type, equal to the result saved."""
-    from safetensors.torch import load_file, save_file
-
-    result = build(cls, instances)
-    for k, type_name in enumerate((cls.__name__, *cls._saved_names)):
-        folder = result.save(tmp_path / f"{cls.__name__}{k}")
-        tensors = load_file(str(folder / "tensors.safetensors"))
-        spellings = {name: {new: old for old, new in table.items()} for name, table in cls._value_names.items()}
-
-        def respell(stored: dict, type_name: str = type_name, spellings: dict = spellings) -> None:
-            stored["type"] = type_name
-            fields = stored["fields"]
-            for name, table in spellings.items():
-                value = fields.get(name)
-                fields[name] = ([table.get(v, v) for v in value] if isinstance(value, list)
-                                else table.get(value, value))
-            for saved, name in cls._field_names.items():
-                if name in fields:
-                    fields[saved] = fields.pop(name)
-
-        _rewrite(folder, respell)
-        for saved, name in cls._field_names.items():
-            if name in tensors:
-                tensors[saved] = tensors.pop(name)
-        save_file(tensors, str(folder / "tensors.safetensors"))
-        same(result, _load_unsealed(cls, folder), f"{cls.__name__} saved as {type_name}")
-
-
 def _defaulted(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls)
             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]

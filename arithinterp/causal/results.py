@@ -107,7 +107,6 @@ class DASLayersResult(Result):
                "positions": "position", "tokens": "position"}
     _legal = {"layers": [NON_NEGATIVE, DISTINCT], "positions": DISTINCT, "k": POSITIVE, "iia": PROBABILITY,
               "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
-    _saved_names = ("DASSweep",)
 
     def headline(self) -> dict:
         """The best cell's IIA (:meth:`best`) and chance.
@@ -174,7 +173,6 @@ class ReadableUsedResult(Result):
 
     # what load checks: the axes fields share and the values they may take
     _legal = {"k": POSITIVE}
-    _saved_names = ("ReadableUsed",)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)

@@ -81,7 +81,6 @@ class FaithfulnessCurveResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"sizes": "size", "values": "size", "ci_low": "size", "ci_high": "size", "raw": "size"}
     _legal = {"sizes": NON_NEGATIVE, "n_edges": NON_NEGATIVE, "ablation": ABLATIONS}
-    _saved_names = ("Faithfulness",)
 
     @property
     def reported(self) -> bool:

@@ -92,7 +92,6 @@ class AttributionGraph(Result):
     _shapes = {"nodes": "node", "edges": "node node", "bias": "node", "values": "node"}
     _relations = (Relation("nodes", "nodes whose positions lie within the prompt's tokens", lambda v: all(
         0 <= node["position"] < len(v["tokens"]) for node in v["nodes"])),)
-    _saved_names = ("Graph",)  # the type name in folders written under the name circuits' layout shares
 
     def to_frame(self, kept_only: bool = False) -> pd.DataFrame:
         """One row per edge with a non-zero weight: source and target nodes, weight (``kept_only``:

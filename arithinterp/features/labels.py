@@ -147,7 +147,6 @@ class FeatureGridsResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"features": "feature", "labels": "feature", "a_values": "a", "b_values": "b", "maps": "feature a b"}
     _legal = {"layer": NON_NEGATIVE, "features": NON_NEGATIVE}
-    _saved_names = ("FeatureGrids",)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per feature and operand pair: its activation."""

@@ -118,7 +118,6 @@ class PathAblationResult(Result):
     _shapes = {"arms": "arm", "logits": "arm prompt", "correct": "arm prompt", "n_features": "arm", "share": "arm",
                "share_low": "arm", "share_high": "arm"}
     _legal = {"arms": DISTINCT, "correct": PROBABILITY, "n_features": NON_NEGATIVE}
-    _saved_names = ("PathAblation",)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per arm: features zeroed, mean logit, its share of the unablated one (with the

@@ -127,7 +127,6 @@ class Transcoders(Result):
                "W_skip": "layer d d", "threshold": "layer feature", "layers": "layer"}
     _legal = {"layers": [NON_NEGATIVE, INCREASING], "k": POSITIVE, "activation": ACTIVATIONS,
               **{name: FLOATING for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip", "threshold")}}
-    _value_names = {"activation": {"topk_signed": "topk-signed"}}
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

@@ -72,8 +72,6 @@ class HeuristicAblationResult(Result):
     _legal = {"n_neurons": NON_NEGATIVE, "n_associated": NON_NEGATIVE, "n_other": NON_NEGATIVE,
               "associated_before": PROBABILITY, "associated_after": PROBABILITY, "other_before": PROBABILITY,
               "other_after": PROBABILITY, "ablation": NEURON_ABLATIONS}
-    _saved_names = ("HeuristicAblation",)
-    _field_names = {"mode": "ablation"}
 
     def headline(self) -> dict:
         """The mean drops in accuracy on the prompts each heuristic is about and on the others
@@ -155,8 +153,6 @@ class PromptAblationResult(Result):
     _legal = {"ks": POSITIVE, "heuristic_correct": PROBABILITY, "control_correct": PROBABILITY,
               "n_ablated": NON_NEGATIVE, "baseline": PROBABILITY, "n_prompts": NON_NEGATIVE,
               "ablation": NEURON_ABLATIONS}
-    _saved_names = ("PromptAblation",)
-    _field_names = {"mode": "ablation"}
 
     def to_frame(self) -> pd.DataFrame:
         rows = []

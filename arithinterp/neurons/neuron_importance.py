@@ -59,7 +59,6 @@ class NeuronImportance(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"layers": "layer", "scores": "layer neuron", "top": "layer top"}
     _legal = {"layers": NON_NEGATIVE, "top": NON_NEGATIVE}
-    _value_names = {"method": {"mean_ablation": "mean-ablation"}}
 
     def neurons(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every selected neuron, layer by layer.

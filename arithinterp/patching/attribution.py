@@ -350,8 +350,6 @@ class ComparisonResult(Result):
     _shapes = {"sites": "site", "correlation": "site", "pair_correlation": "site", "exact": "site", "approx": "site",
                "cells": "site"}
     _legal = {"correlation": CORRELATION, "pair_correlation": CORRELATION}
-    _saved_names = ("Comparison",)
-    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     def to_frame(self):
         import pandas as pd

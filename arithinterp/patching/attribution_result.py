@@ -80,7 +80,6 @@ class AttributionResult(Result):
                "neurons": "site", "site_meta": "site", "clean_baseline": "pair", "corrupt_baseline": "pair",
                "positions": "position", "tokens": "position"}
     _legal = {"sites": [DISTINCT], "sem": NON_NEGATIVE, "direction": DIRECTIONS}
-    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @classmethod
     def of(cls, parts: list[PatchResult], meta: Optional[dict] = None) -> "AttributionResult":

@@ -56,8 +56,6 @@ class AblationResult(Result):
                "token_correct_after": "prompt token", "logprob_before": "prompt", "logprob_after": "prompt"}
     _legal = {"ablation": COMPONENT_ABLATIONS, "scoring": SCORINGS, "accuracy_before": PROBABILITY,
               "accuracy_after": PROBABILITY}
-    _field_names = {"mode": "ablation"}
-    _value_names = {"scoring": {"first_token": "first-token", "full_answer": "full-answer"}}
 
     def to_frame(self):
         """One row per run (full model, ablated): accuracy, mean answer log-prob, per-token accuracy.

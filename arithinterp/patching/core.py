@@ -111,7 +111,6 @@ class PatchResult(Result):
                      for axis, labels in (("layer", "layers"), ("position", "positions"), ("head", "heads"),
                                           ("neuron", "neurons")))),
     )
-    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @property
     def n_pairs(self) -> int:

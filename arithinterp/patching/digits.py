@@ -67,7 +67,6 @@ class DigitAblationResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"heads": "head", "accuracy": "head digit", "baseline": "digit"}
     _legal = {"accuracy": PROBABILITY, "baseline": PROBABILITY, "heads": DISTINCT, "ablation": COMPONENT_ABLATIONS}
-    _field_names = {"mode": "ablation"}
 
     @property
     def drop(self) -> torch.Tensor:

@@ -44,8 +44,6 @@ class ComponentFaithfulnessResult(Result):
     # what load checks: the axes fields share and the values they may take
     _legal = {"ablation": COMPONENT_ABLATIONS, "accuracy_full": PROBABILITY, "accuracy_circuit": PROBABILITY,
               "accuracy_empty": PROBABILITY}
-    _saved_names = ("FaithfulnessResult",)
-    _field_names = {"mode": "ablation"}
 
     def to_frame(self):
         """One row per run (full model, circuit, empty): its score, and the faithfulness.

@@ -47,7 +47,6 @@ class DetectorResult(Result):
                "slot_valid": "prompt slot", "pred_true_slots": "prompt slot", "pred_output_slots": "prompt slot"}
     _legal = {"methods": DETECTOR_METHODS, "method": DETECTOR_METHODS, "position": DETECTOR_POSITIONS,
               "layers": NON_NEGATIVE}
-    _value_names = {"position": {"final_only": "final-only"}}
 
     def _index(self, method: Optional[str]) -> int:
         method = self.method if method is None else method

@@ -53,7 +53,6 @@ class ProbeResult(Result):
     _shapes = {"fold_scores": "layer position fold", "control_scores": "control layer position fold",
                "directions": "layer position ...", "layers": "layer", "positions": "position", "controls": "control"}
     _legal = {"kind": PROBE_KINDS, "controls": CONTROLS, "layers": NON_NEGATIVE, "chance": PROBABILITY}
-    _value_names = {"controls": {"random_init": "random-init"}}
 
     @property
     def mean(self) -> torch.Tensor:
