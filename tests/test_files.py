@@ -296,8 +296,7 @@ BUILDERS: dict[str, Callable[[Inputs, Any], Writer]] = {
     "arithinterp.causal.subspace_files.write_pyvene": lambda i, mp: Writer(
         lambda p, o: arithinterp.causal.write_pyvene(i.das, p, overwrite=o), folder=True),
     "arithinterp.sweep.plots.plot_sweep": lambda i, mp: Writer(
-        lambda p, o: arithinterp.sweep.plot_sweep(i.sweep, p, overwrite=o), folder=False,
-        target=lambda p: p / "accuracy.html"),
+        lambda p, o: arithinterp.sweep.plot_sweep(i.sweep, p, overwrite=o), folder=True),
     "arithinterp.results.write_sealed": lambda i, mp: Writer(
         lambda p, o: arithinterp.results.write_sealed(p, "Sealed", {"meta": {}}, {"t": torch.zeros(2)}, {},
                                                       overwrite=o), folder=True),

@@ -79,7 +79,8 @@ def test_every_command_declares_its_outputs():
 
     build_parser()  # registers the sweep command too
     assert set(OUTPUTS) == set(COMMANDS)
-    assert all(OUTPUTS[name] == dict(out="result", figure="file") for name in ANALYSES)
+    assert all(OUTPUTS[name] == dict(out="result", figure="file") for name in set(ANALYSES) - {"circuit"})
+    assert OUTPUTS["circuit"] == OUTPUTS["graph"] == dict(out="result", figure="file", html="file")
 
 
 @pytest.mark.parametrize("command", ANALYSES)

@@ -46,6 +46,7 @@ def answer_digit_count(prompts: PromptSet) -> int:
     return len(str(int(prompts.answer.abs().max()))) if len(prompts) else 1
 
 
+@checked
 def slot_names(prompts: PromptSet) -> list[str]:
     """What each answer slot of :func:`answer_slots` holds, named as a digit or as a position.
 
