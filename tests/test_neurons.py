@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from arithinterp import neurons as nn
-from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError
 
 GRID = torch.arange(100)
 A, B = torch.meshgrid(GRID, GRID, indexing="ij")
@@ -300,7 +300,7 @@ def test_table_round_trip_frame_and_plots(planted, tmp_path):
 
 def test_bad_operator_is_rejected():
     maps = torch.rand(2, 5, 5)
-    with pytest.raises(TaskError, match="unknown operator '\\^'.*accepted"):
+    with pytest.raises(ConfigError, match="unknown operator '\\^'.*accepted"):
         nn.classify_maps(maps, maps, range(5), range(5), "^")
     with pytest.raises(ConfigError, match=r"classify_maps: modulus=1 is not accepted .*modulus accepts an int >= 2"):
         nn.classify_maps(maps, maps, range(5), range(5), "+", modulus=1)

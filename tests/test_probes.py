@@ -282,7 +282,7 @@ def test_sweep_input_validation_messages(planted, number_tokenizer):
     acts = planted["acts"]
     prompts = arithmetic(number_tokenizer, a=range(20), b=range(30))
     labelled = Activations(data=acts.data, layers=acts.layers, positions=acts.positions, prompts=prompts)
-    with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_units.*'model_answer_<place>'"):
+    with pytest.raises(ConfigError, match="unknown label 'sum'.*answer_units.*'model_answer_<place>'"):
         probes.probe_layers(labelled, "sum", progress=False)
     with pytest.raises(AnalysisError, match="model_answer="):
         probes.probe_layers(labelled, "model_answer_units", progress=False)
@@ -387,7 +387,7 @@ def test_error_detector_flags_planted_errors_on_held_out_prompts(planted_errors)
     accuracy = result.slot_accuracy()["true"][2]
     assert confusion.data[0].type == "heatmap" and f"units digit: predicted vs actual (held-out accuracy " \
         f"{accuracy:.3f}" in confusion.layout.title.text
-    with pytest.raises(AnalysisError, match="unknown digit 'thousands'.*'hundreds', 'tens', 'units'"):
+    with pytest.raises(ConfigError, match="unknown digit 'thousands'.*'hundreds', 'tens', 'units'"):
         result.plot("confusion", digit="thousands")
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.errors import ConfigError, accepted
 from arithinterp.probes.operating_points import budget_flags, detection_metrics
 from arithinterp.probes.slot_probes import DETECTOR_METHODS
 from arithinterp.probes.slots import DETECTOR_POSITIONS
@@ -51,7 +51,7 @@ class DetectorResult(Result):
     def _index(self, method: Optional[str]) -> int:
         method = self.method if method is None else method
         if method not in self.methods:
-            raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(self.methods)}")
+            raise ConfigError(f"unknown method {method!r}; accepted: {accepted(self.methods)}")
         return self.methods.index(method)
 
     def metrics(self, method: Optional[str] = None) -> dict:
@@ -64,7 +64,7 @@ class DetectorResult(Result):
             The metrics by name.
 
         Raises:
-            AnalysisError: ``method`` is unknown.
+            ConfigError: ``method`` is unknown.
         """
         m = self._index(method)
         return detection_metrics(self.correct, self.predicted_correct[:, m], self.scores[:, m])
@@ -81,7 +81,7 @@ class DetectorResult(Result):
             ``budget``, ``flagged``, ``error_precision`` and ``error_recall``.
 
         Raises:
-            AnalysisError: ``method`` is unknown.
+            ConfigError: ``method`` is unknown.
             ConfigError: ``budget`` is not a fraction in (0, 1].
         """
         m = self._index(method)
@@ -101,11 +101,11 @@ class DetectorResult(Result):
             Its value.
 
         Raises:
-            AnalysisError: ``key`` is not a metric.
+            ConfigError: ``key`` is not a metric.
         """
         values = self.metrics()
         if key not in values:
-            raise AnalysisError(f"unknown metric {key!r}; accepted: {accepted(values)}")
+            raise ConfigError(f"unknown metric {key!r}; accepted: {accepted(values)}")
         return values[key]
 
     def headline(self) -> dict:
@@ -134,7 +134,7 @@ class DetectorResult(Result):
             ``accuracy``, ``majority_baseline``, ``layers``, ``layers_tried`` and ``positions``.
 
         Raises:
-            AnalysisError: ``method`` is unknown.
+            ConfigError: ``method`` is unknown.
         """
         m = self.metrics(method)
         tried = [r["layers"] for r in self.meta.get("layer_search", [])] or [list(self.layers)]
@@ -213,10 +213,12 @@ class DetectorResult(Result):
             A plotly Figure.
 
         Raises:
-            ConfigError: ``kind`` is unknown.
+            ConfigError: ``kind`` or ``probe`` is unknown.
         """
         from arithinterp.viz import probes as viz
 
+        if probe not in ("true", "output"):
+            raise ConfigError(f"probe must be 'true' or 'output', got {probe!r}")
         if kind == "roc":
             return viz.plot_roc(self, **kwargs)
         if kind == "calibration":

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import plotly.graph_objects as go
 
-from arithinterp.errors import AnalysisError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.tasks.places import PLACES
 from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
@@ -93,14 +93,14 @@ def plot_calibration(result: DetectorResult, methods: Optional[list] = None, bin
     """Reliability diagram: mean predicted P(correct) against the observed fraction correct, in
     ``bins`` equal-count bins per method; the diagonal is perfect calibration."""
     if not (isinstance(bins, int) and bins >= 2):
-        raise AnalysisError(f"bins must be an integer >= 2, got {bins!r}")
+        raise ConfigError(f"bins must be an integer >= 2, got {bins!r}")
     truth = result.correct.double().numpy()
     fig = figure(
         "Error detector calibration (reliability diagram)", "predicted P(correct)", "observed fraction correct"
     )
     for i, method in enumerate(methods or result.methods):
         if method not in result.methods:
-            raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(result.methods)}")
+            raise ConfigError(f"unknown method {method!r}; accepted: {accepted(result.methods)}")
         score = result.scores[:, result.methods.index(method)].double().numpy()
         groups = [g for g in np.array_split(np.argsort(score, kind="stable"), min(bins, len(score))) if len(g)]
         x = [float(score[g].mean()) for g in groups]
@@ -134,14 +134,14 @@ def plot_digit_confusion(result: DetectorResult, digit: Optional[str] = None, pr
         The heatmap.
 
     Raises:
-        AnalysisError: an unknown ``digit`` or ``probe``.
+        ConfigError: an unknown ``digit`` or ``probe``.
     """
     if probe not in ("true", "output"):
-        raise AnalysisError(f"probe must be 'true' or 'output', got {probe!r}")
+        raise ConfigError(f"probe must be 'true' or 'output', got {probe!r}")
     names = result.slot_names
     digit = names[0] if digit is None else digit
     if digit not in names:
-        raise AnalysisError(f"unknown digit {digit!r}; this result's answer digits: {accepted(names)}")
+        raise ConfigError(f"unknown digit {digit!r}; this result's answer digits: {accepted(names)}")
     slot = names.index(digit)
     valid = result.slot_valid[:, slot]
     actual = (result.true_slots if probe == "true" else result.output_slots)[valid, slot]
