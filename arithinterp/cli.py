@@ -431,7 +431,7 @@ def circuit_command(args: argparse.Namespace) -> dict:
         size = curve.smallest(args.target)
         size = scored.n_edges if size is None else size
     circuit = circuits.top_n(scored, size)
-    value = circuits.edge_faithfulness(model, pairs, circuit, ablation=args.ablation).value
+    value = circuits.edge_faithfulness(model, pairs, circuit, ablation=args.ablation).faithfulness
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
     # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
     top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")

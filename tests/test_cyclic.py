@@ -301,8 +301,8 @@ def test_the_addition_circuit_carries_weekday_arithmetic(zoo_model):
     top = circuits.top_n(scored, 32)
     shuffled = scored.with_kept(torch.zeros(scored.n_edges, dtype=torch.bool).index_fill_(
         0, torch.randperm(scored.n_edges, generator=torch.Generator().manual_seed(0))[:32], True), "random 32")
-    assert circuits.edge_faithfulness(zoo_model, days, top).value >= 0.9
-    assert circuits.edge_faithfulness(zoo_model, days, shuffled).value <= 0.5
+    assert circuits.edge_faithfulness(zoo_model, days, top).faithfulness >= 0.9
+    assert circuits.edge_faithfulness(zoo_model, days, shuffled).faithfulness <= 0.5
     day_circuit = circuits.top_n(circuits.score_edges(zoo_model, days, "eap-ig", ig_steps=3, progress=False), 32)
     assert circuits.overlap(top, day_circuit).edge_jaccard >= 0.4
 

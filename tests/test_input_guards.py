@@ -374,7 +374,7 @@ def test_circuit_from_another_model_is_refused(tiny_model, three_layers):
                                                      r"n_layers 2 vs 3 \(its value vs this model's\)"):
             call()
     # the model it was made on takes it (6 pairs may be too few for a fraction, so the curve, which says so)
-    assert len(circuits.faithfulness_curve(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).values) == 1
+    assert len(circuits.faithfulness_curve(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).faithfulness) == 1
 
 
 def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_model, number_tokenizer):
@@ -388,7 +388,7 @@ def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_mod
     with pytest.raises(ModelMismatchError, match="fingerprint"):  # the weights differ: not the model it was made on
         circuits.faithfulness_curve(twin, _pairs(twin), circuit, sizes=[3])
     # a control on purpose: the circuit declared for the twin
-    assert len(circuits.faithfulness_curve(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).values) == 1
+    assert len(circuits.faithfulness_curve(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).faithfulness) == 1
 
 
 @pytest.mark.slow

@@ -115,7 +115,6 @@ def world(tiny_model, tiny_digit_model, digit_tokenizer):
         "fit.das": dict(pairs=causal.interchange_dataset(arithmetic(tiny_model, "+", range(10, 16), range(20, 26)),
                                                          "sum_mod_10", n=8, seed=0)),
         "reask.repair": dict(model=tiny_digit_model, prompts=digits),
-        "faithfulness.component_faithfulness": dict(circuit=["mlp0"]),
         "layer_probes.probe_layers": dict(acts=collect(tiny_model, prompts, sites=["resid_post"], positions="last",
                                                        progress=False)),
     }

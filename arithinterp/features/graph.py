@@ -41,7 +41,6 @@ from arithinterp.checks import check_belongs, prompt_tokens
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.attribution import attribute
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import writes
 from arithinterp.results import Relation, Result, build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import HookedModel, IndexList, PositiveInt, PositiveProbability, checked
@@ -129,17 +128,6 @@ class AttributionGraph(Result):
         """Write the graph's interactive page (:meth:`show`) to one offline HTML file, refusing an
         existing one unless ``overwrite``. Returns the file's path."""
         return self.show(**options).to_html(path, overwrite=overwrite)
-
-    @writes
-    def to_circuit_tracer(self, path: Union[str, Any], *, slug: Optional[str] = None, scan: Optional[str] = None,
-                          node_threshold: float = 0.8, edge_threshold: float = 0.98, overwrite: bool = False) -> Any:
-        """Write the graph JSON circuit-tracer's ``create_graph_files`` writes (its viewer and
-        Neuronpedia read it), pruned as circuit-tracer prunes; see
-        :func:`arithinterp.features.graph_files.write_circuit_tracer_graph`. Returns the file's path."""
-        from arithinterp.features.graph_files import write_circuit_tracer_graph
-
-        return write_circuit_tracer_graph(self, path, slug=slug, scan=scan, node_threshold=node_threshold,
-                                          edge_threshold=edge_threshold, overwrite=overwrite)
 
 
 @checked

@@ -107,11 +107,11 @@ def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[s
         fig = figure(title or f"Faithfulness not reported ({curve.method} ranking, {curve.ablation} ablation)",
                      "edges kept", "mean metric")
         fig.add_trace(go.Scatter(
-            x=sizes, y=curve.raw.tolist(), mode="lines+markers", name="mean metric, top-k edges",
+            x=sizes, y=curve.metric_circuit.tolist(), mode="lines+markers", name="mean metric, top-k edges",
             customdata=fraction, hovertemplate="%{x} edges (%{customdata:.1%})<br>metric %{y:.4g}<extra></extra>",
         ))
-        fig.add_hline(y=curve.all_edges, line_dash="dot", annotation_text=f"every edge ({curve.all_edges:.3g})")
-        fig.add_hline(y=curve.no_edges, line_dash="dot", annotation_text=f"no edge ({curve.no_edges:.3g})")
+        fig.add_hline(y=curve.metric_full, line_dash="dot", annotation_text=f"every edge ({curve.metric_full:.3g})")
+        fig.add_hline(y=curve.metric_empty, line_dash="dot", annotation_text=f"no edge ({curve.metric_empty:.3g})")
         # the note is long: wrapped onto a few lines under the title
         words, lines = curve.note.split(), [""]
         for word in words:
@@ -129,15 +129,15 @@ def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[s
                              fill="toself", fillcolor="rgba(33, 102, 172, 0.18)", line=dict(width=0), name=band,
                              hoverinfo="skip"))
     fig.add_trace(go.Scatter(
-        x=sizes, y=curve.values.tolist(), mode="lines+markers", name="top-k edges", line=dict(color=POSITIVE),
-        customdata=[list(row) for row in zip(fraction, curve.raw.tolist(), curve.ci_low.tolist(),
+        x=sizes, y=curve.faithfulness.tolist(), mode="lines+markers", name="top-k edges", line=dict(color=POSITIVE),
+        customdata=[list(row) for row in zip(fraction, curve.metric_circuit.tolist(), curve.ci_low.tolist(),
                                              curve.ci_high.tolist())],
         hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g} "
                       f"({100 * confidence:g}% CI " "%{customdata[2]:.3g} to %{customdata[3]:.3g})<br>"
                       "metric %{customdata[1]:.4g}<extra></extra>",
     ))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
-    fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.no_edges:.3g})")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.metric_full:.3g})")
+    fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.metric_empty:.3g})")
     return fig
 
 
@@ -146,8 +146,8 @@ def plot_edge_faithfulness(result: EdgeFaithfulnessResult, *, title: Optional[st
     edges ablated), the faithfulness and its interval over pairs in the title."""
     confidence = result.meta.get("confidence", 0.95)
     names = ["no edge", f"{result.n_kept} kept edges", "every edge"]
-    values = [result.no_edges, result.raw, result.all_edges]
-    fig = figure(title or f"Faithfulness of {result.n_kept} of {result.n_edges} edges: {result.value:.3g} "
+    values = [result.metric_empty, result.metric_circuit, result.metric_full]
+    fig = figure(title or f"Faithfulness of {result.n_kept} of {result.n_edges} edges: {result.faithfulness:.3g} "
                           f"({100 * confidence:g}% CI {result.ci_low:.3g} to {result.ci_high:.3g}; "
                           f"{result.ablation} ablation)", "edges kept", f"mean metric ({result.meta.get('metric')})")
     fig.add_trace(go.Bar(x=names, y=values, marker_color=[cycle_colour(1), POSITIVE, cycle_colour(2)],

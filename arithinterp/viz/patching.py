@@ -170,7 +170,7 @@ def plot_component_faithfulness(result: ComponentFaithfulnessResult, title: str 
             "everything ablated": result.metric_empty,
         },
         title=title
-        or f"faithfulness {result.faithfulness:.3f} ({result.ablation} ablation, {len(result.circuit)} components)",
+        or f"faithfulness {result.faithfulness:.3f} ({result.ablation} ablation, {len(result.components)} components)",
         y_title=f"mean {result.metric} of the answer",
     )
 
