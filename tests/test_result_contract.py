@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import arithinterp
+from arithinterp.errors import ConfigError
 from arithinterp.results import Result
 
 
@@ -782,8 +783,30 @@ def test_viz_functions_share_one_name_style_and_take_the_result_types():
             continue
         assert annotation in names, f"{module.__name__}.{attr}({first.name}: {annotation}) should take a result type"
         typed.add(annotation)
-    drawn_by_sweep_tables = {"SweepRun", "Transcoders"}  # their plot() draws their own to_frame()
+    drawn_by_sweep_tables = {"SweepRun"}  # its plot() draws its own tables
     assert names - typed == drawn_by_sweep_tables
+
+
+def test_every_result_below_viz_draws_through_the_registry():
+    """The viz module :func:`arithinterp.drawing.draw` loads for a result type registers its drawer, so
+    ``plot()`` needs no import of viz; an unregistered type is refused with the way to register one."""
+    from arithinterp.drawing import _drawer_module, _lookup, draw
+
+    missing = []
+    for cls in RESULT_TYPES:
+        if cls.__module__.split(".")[1] in ("sweep", "report"):
+            continue
+        importlib.import_module(_drawer_module(cls, "plot"))
+        if _lookup(cls, "plot") is None:
+            missing.append(cls.__name__)
+    assert missing == []
+
+    class Unknown:
+        pass
+
+    with pytest.raises(ConfigError, match=r"no 'plot' drawer is registered for Unknown; register one with "
+                                          r"arithinterp.drawing.draws\(Unknown\)"):
+        draw(Unknown())
 
 
 def test_a_result_type_without_a_builder_fails_saying_to_add_one(instances):

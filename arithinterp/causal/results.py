@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError
 from arithinterp.results import DISTINCT, MEASURED_PROBABILITY, NON_NEGATIVE, POSITIVE, PROBABILITY, SITE, Result
 
@@ -62,9 +63,7 @@ class DASResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_das
-
-        return plot_das(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -146,9 +145,7 @@ class DASLayersResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_das_layers
-
-        return plot_das_layers(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -178,6 +175,4 @@ class ReadableUsedResult(Result):
         return pd.DataFrame(self.rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_readable_used
-
-        return plot_readable_used(self, **kwargs)
+        return draw(self, **kwargs)

@@ -35,6 +35,7 @@ from pydantic import Field
 from arithinterp.checks import check_belongs, check_choice
 from arithinterp.circuits.circuit import ABLATIONS, Circuit, order_by_score
 from arithinterp.circuits.edges import run_edge_sets
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import metric_name
@@ -130,9 +131,7 @@ class FaithfulnessCurveResult(Result):
         return _stays_from(self.sizes, self.ci_high, target), _stays_from(self.sizes, self.ci_low, target)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.circuits import plot_faithfulness_curve
-
-        return plot_faithfulness_curve(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -196,9 +195,7 @@ class EdgeFaithfulnessResult(Result):
 
     def plot(self, **kwargs) -> go.Figure:
         """The mean metric with no edge, the kept edges and every edge (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_edge_faithfulness
-
-        return plot_edge_faithfulness(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -245,9 +242,7 @@ class MinimalityResult(Result):
 
     def plot(self, **kwargs) -> go.Figure:
         """The loss per kept edge, largest first (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_minimality
-
-        return plot_minimality(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -295,9 +290,7 @@ class OverlapResult(Result):
 
     def plot(self, **kwargs) -> go.Figure:
         """Edges and nodes in the first circuit only, both, and the second only (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_overlap
-
-        return plot_overlap(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _check_target(target) -> float:

@@ -38,6 +38,7 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs, prompt_tokens
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.attribution import attribute
 from arithinterp.features.transcoder import Transcoders
@@ -111,18 +112,14 @@ class AttributionGraph(Result):
         return pd.DataFrame(self.nodes)
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_attribution_graph
-
-        return plot_attribution_graph(self, **kwargs)
+        return draw(self, **kwargs)
 
     def show(self, **options: Any) -> Any:
         """The graph's interactive page (an inline frame in a notebook; no server): nodes by layer ×
         position, a pruning slider, details on click, supernodes, paths on hover. ``options``: those of
         :func:`arithinterp.viz.graph_view.view_graph` (``labels``, ``supernodes``, ``grids``, ``max_links``).
         Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
-        from arithinterp.viz.graph_view import view_graph
-
-        return view_graph(self, **options)
+        return draw(self, "show", **options)
 
     def to_html(self, path: Union[str, Any], *, overwrite: bool = False, **options: Any) -> Any:
         """Write the graph's interactive page (:meth:`show`) to one offline HTML file, refusing an

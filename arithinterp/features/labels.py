@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
@@ -160,9 +161,7 @@ class FeatureGridsResult(Result):
             activation=self.maps.flatten().tolist()))
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_feature_grids
-
-        return plot_feature_grids(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

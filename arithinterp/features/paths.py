@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from arithinterp.checks import check_belongs, check_tokens
+from arithinterp.drawing import draw
 from arithinterp.engine import run
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.interventions import feature_interventions
@@ -128,9 +129,7 @@ class PathAblationResult(Result):
             accuracy=self.correct.float().mean(1).tolist()))
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_path_ablation
-
-        return plot_path_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _count(features: Mapping[int, Sequence[int]]) -> int:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.engine import Write
 from arithinterp.checks import check_fingerprint, check_model
 from arithinterp.errors import AnalysisError, ConfigError, ModelMismatchError, SiteError
@@ -203,9 +204,7 @@ class Transcoders(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_transcoder_metrics
-
-        return plot_transcoder_metrics(self.to_frame(), title=kwargs.get("title"))
+        return draw(self, **kwargs)
 
     def check_model(self, model: Any) -> None:
         """Raise unless the transcoders fit ``model`` (its width and layers) and were made on it: a

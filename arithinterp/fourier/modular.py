@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs, check_choice
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import KEY_RULES, key_frequencies
 from arithinterp.fourier.number_axes import grid_of, number_tokens
@@ -366,9 +367,7 @@ class ProgressResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_progress
-
-        return plot_progress(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

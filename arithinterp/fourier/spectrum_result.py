@@ -9,6 +9,7 @@ from typing import Optional, Union
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.fourier.basis import block_power, frequency_periods, key_fraction, key_frequencies, period_label
 from arithinterp.fourier.null_control import null_control_p_values
@@ -143,9 +144,7 @@ class SpectrumResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.fourier import plot_spectrum
-
-        return plot_spectrum(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def spectrum_result(power: torch.Tensor, series: list[str], start: int, n: int, source: str, rule: str,

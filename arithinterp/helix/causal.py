@@ -17,6 +17,7 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import as_2d
 from arithinterp.helix.fitting import HelixFit, fit
@@ -214,9 +215,7 @@ class HelixPatchResult(Result):
                                  n_pairs=[n] * len(self.methods), note=[self.note] * len(self.methods)))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_helix_patch
-
-        return plot_helix_patch(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

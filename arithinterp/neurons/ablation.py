@@ -16,6 +16,7 @@ import torch
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.budget import memory_budget
@@ -117,9 +118,7 @@ class HeuristicAblationResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_heuristic_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +161,7 @@ class PromptAblationResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_prompt_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 # --- ablations -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine.budget import (
     backward_bytes_per_prompt,
     chunk_for,
@@ -105,9 +106,7 @@ class NeuronImportance(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_importance(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 class _Moments:

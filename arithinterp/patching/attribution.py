@@ -10,6 +10,7 @@ import torch
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.engine import Read, Write
 from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
@@ -360,9 +361,7 @@ class ComparisonResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.patching import plot_comparison
-
-        return plot_comparison(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:

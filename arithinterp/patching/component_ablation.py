@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 
 from arithinterp.checks import check_belongs, check_choice
+from arithinterp.drawing import draw
 from arithinterp.engine import Read, RunningMean, Write
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError
@@ -88,9 +89,7 @@ class AblationResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.patching import plot_ablation
-
-        return plot_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int,

@@ -10,6 +10,7 @@ import torch
 
 from arithinterp import metrics as metric_lib
 from arithinterp.checks import check_belongs, check_choice
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import ANSWER_METRICS
 from arithinterp.patching.component_ablation import ablated_scores
@@ -73,9 +74,7 @@ class ComponentFaithfulnessResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.patching import plot_component_faithfulness
-
-        return plot_component_faithfulness(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 FAITHFULNESS_METRICS = ANSWER_METRICS  # a prompt's own answer: no counterfactual to compare with

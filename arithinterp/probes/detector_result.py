@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import ConfigError, accepted
 from arithinterp.probes.operating_points import budget_flags, detection_metrics
 from arithinterp.probes.slot_probes import DETECTOR_METHODS
@@ -215,14 +216,4 @@ class DetectorResult(Result):
         Raises:
             ConfigError: ``kind`` or ``probe`` is unknown.
         """
-        from arithinterp.viz import probes as viz
-
-        if probe not in ("true", "output"):
-            raise ConfigError(f"probe must be 'true' or 'output', got {probe!r}")
-        if kind == "roc":
-            return viz.plot_roc(self, **kwargs)
-        if kind == "calibration":
-            return viz.plot_calibration(self, **kwargs)
-        if kind == "confusion":
-            return viz.plot_digit_confusion(self, digit=digit, probe=probe, **kwargs)
-        raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")
+        return draw(self, kind=kind, digit=digit, probe=probe, **kwargs)

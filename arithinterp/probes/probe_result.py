@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, accepted
 from arithinterp.intervals import clip_interval
 from arithinterp.probes.cross_validation import confidence_interval
@@ -226,6 +227,4 @@ class ProbeResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.probes import plot_probe_layers
-
-        return plot_probe_layers(self, position=position, **kwargs)
+        return draw(self, position=position, **kwargs)

@@ -3,18 +3,18 @@ edges against every edge and none), minimality and overlap."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import plotly.graph_objects as go
 
+from arithinterp.circuits.circuit import Circuit
+from arithinterp.circuits.digits import DigitCircuits
+from arithinterp.circuits.evaluation import (
+    EdgeFaithfulnessResult, FaithfulnessCurveResult, MinimalityResult, OverlapResult,
+)
+from arithinterp.drawing import draws
 from arithinterp.viz.base import cycle_colour, figure
 
-if TYPE_CHECKING:
-    from arithinterp.circuits.circuit import Circuit
-    from arithinterp.circuits.evaluation import (
-        EdgeFaithfulnessResult, FaithfulnessCurveResult, MinimalityResult, OverlapResult,
-    )
-    from arithinterp.circuits.digits import DigitCircuits
 
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu: helps the metric / hurts it
 
@@ -28,6 +28,7 @@ def _slot(kind: str, head: Optional[int], n_heads: int) -> float:
     return (n_heads - 1) / 2.0  # embeddings and logits centred
 
 
+@draws(Circuit)
 def plot_circuit(circuit: Circuit, *, max_edges: Optional[int] = 300, title: Optional[str] = None) -> go.Figure:
     """The circuit's kept edges: x = layer (embeddings at −1, logits at ``n_layers``); y = head /
     MLP slot, one band per token position when the graph has positions; line width ∝ |score|,
@@ -96,6 +97,7 @@ def plot_circuit(circuit: Circuit, *, max_edges: Optional[int] = 300, title: Opt
     return fig
 
 
+@draws(FaithfulnessCurveResult)
 def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[str] = None) -> go.Figure:
     """Normalised faithfulness vs number of edges kept, its bootstrap interval over pairs as a
     band, and the every-edge (1) and no-edge (0) lines. When the curve reports no fraction (the
@@ -141,6 +143,7 @@ def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[s
     return fig
 
 
+@draws(EdgeFaithfulnessResult)
 def plot_edge_faithfulness(result: EdgeFaithfulnessResult, *, title: Optional[str] = None) -> go.Figure:
     """The mean metric with no edge, with the circuit's kept edges and with every edge (the other
     edges ablated), the faithfulness and its interval over pairs in the title."""
@@ -155,6 +158,7 @@ def plot_edge_faithfulness(result: EdgeFaithfulnessResult, *, title: Optional[st
     return fig
 
 
+@draws(MinimalityResult)
 def plot_minimality(result: MinimalityResult, *, max_edges: Optional[int] = 40,
                     title: Optional[str] = None) -> go.Figure:
     """The faithfulness each kept edge adds (lost when it alone is dropped), largest first;
@@ -175,6 +179,7 @@ def plot_minimality(result: MinimalityResult, *, max_edges: Optional[int] = 40,
     return fig
 
 
+@draws(OverlapResult)
 def plot_overlap(result: OverlapResult, *, title: Optional[str] = None) -> go.Figure:
     """Edges and nodes kept by the first circuit only, by both, and by the second only (stacked),
     with the Jaccard indices in the title."""
@@ -192,6 +197,7 @@ def plot_overlap(result: OverlapResult, *, title: Optional[str] = None) -> go.Fi
     return fig
 
 
+@draws(DigitCircuits)
 def plot_digit_circuits(result: DigitCircuits, *, title: Optional[str] = None) -> go.Figure:
     """Senders × answer tokens: each sender's outgoing edge scores summed, per answer digit
     (``DigitCircuits.sender_scores``); signed, ``RdBu`` centred at 0."""

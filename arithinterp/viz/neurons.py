@@ -4,25 +4,25 @@ their controls."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from arithinterp.drawing import draws
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
+from arithinterp.neurons.neuron_importance import NeuronImportance
+from arithinterp.neurons.neuron_maps import NeuronMaps
+from arithinterp.neurons.table import HeuristicTable
 from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap
 
-if TYPE_CHECKING:
-    from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
-    from arithinterp.neurons.neuron_importance import NeuronImportance
-    from arithinterp.neurons.neuron_maps import NeuronMaps
-    from arithinterp.neurons.table import HeuristicTable
 
 _TABLE_KINDS = ("counts", "coverage", "scores")
 _MAP_KINDS = ("K", "KV", "both")
 
 
+@draws(HeuristicTable)
 def plot_heuristic_table(table: HeuristicTable, kind: str = "counts", max_heuristics: int = 40) -> go.Figure:
     """``"counts"``: neurons per heuristic type, stacked per layer; ``"coverage"``: fraction of the
     important neurons classified per layer; ``"scores"``: neuron × heuristic score heatmap of the
@@ -62,6 +62,7 @@ def plot_heuristic_table(table: HeuristicTable, kind: str = "counts", max_heuris
     )
 
 
+@draws(NeuronImportance)
 def plot_importance(result: NeuronImportance) -> go.Figure:
     """Neuron scores of each layer sorted high to low; the selected top-k in front of a marker."""
     fig = figure(f"Neuron importance ({result.method})", "neuron rank within layer",
@@ -77,6 +78,7 @@ def plot_importance(result: NeuronImportance) -> go.Figure:
     return fig
 
 
+@draws(NeuronMaps)
 def plot_maps(maps: NeuronMaps, index: int = 0, kind: str = "both") -> go.Figure:
     """Neuron ``index``'s K map (activation) and/or KV map (activation × logit-lens value of the
     true answer) over the operand grid, rows a and columns b, RdBu centred at 0."""
@@ -113,6 +115,7 @@ def plot_maps(maps: NeuronMaps, index: int = 0, kind: str = "both") -> go.Figure
     return fig
 
 
+@draws(HeuristicAblationResult)
 def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool = False,
                             max_heuristics: int = 30) -> go.Figure:
     """Accuracy remaining after ablating each heuristic's neurons, on its associated prompts vs
@@ -143,6 +146,7 @@ def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool
     return fig
 
 
+@draws(PromptAblationResult)
 def plot_prompt_ablation(result: PromptAblationResult) -> go.Figure:
     """Fraction of prompts still correct vs neurons ablated per layer: the prompt's own heuristic
     neurons against a same-size random control; the unablated accuracy dotted."""

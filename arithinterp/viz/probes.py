@@ -4,23 +4,24 @@ repair outcomes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import numpy as np
 import plotly.graph_objects as go
 
+from arithinterp.drawing import draws
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.probes.detector_result import DetectorResult
+from arithinterp.probes.probe_result import ProbeResult
+from arithinterp.probes.reask import RepairResult
 from arithinterp.tasks.places import PLACES
 from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
-if TYPE_CHECKING:
-    from arithinterp.probes.detector_result import DetectorResult
-    from arithinterp.probes.probe_result import ProbeResult
-    from arithinterp.probes.reask import RepairResult
 
 _METRIC_NAMES = {"accuracy": "held-out accuracy", "r2": "held-out R²"}
 
 
+@draws(ProbeResult)
 def plot_probe_layers(result: ProbeResult, position: Optional[str] = None, controls: bool = True,
                       chance: bool = True) -> go.Figure:
     """Mean held-out score over layers with 95% CI bands, one line per position (or ``position``)
@@ -55,6 +56,27 @@ def plot_probe_layers(result: ProbeResult, position: Optional[str] = None, contr
         fig.add_hline(y=result.chance, line_dash="dot", line_color="grey",
                       annotation_text=f"chance {result.chance:.3g}", annotation_position="bottom right")
     return fig
+
+
+@draws(DetectorResult)
+def plot_detector(result: DetectorResult, kind: str = "roc", digit: Optional[str] = None, probe: str = "true",
+                  **kwargs: Any) -> go.Figure:
+    """A detector's figure: ``kind="roc"`` (:func:`plot_roc`), ``"calibration"``
+    (:func:`plot_calibration`) or ``"confusion"`` (:func:`plot_digit_confusion` of ``digit`` and
+    ``probe``).
+
+    Raises:
+        ConfigError: An unknown ``kind`` or ``probe``.
+    """
+    if probe not in ("true", "output"):
+        raise ConfigError(f"probe must be 'true' or 'output', got {probe!r}")
+    if kind == "roc":
+        return plot_roc(result, **kwargs)
+    if kind == "calibration":
+        return plot_calibration(result, **kwargs)
+    if kind == "confusion":
+        return plot_digit_confusion(result, digit=digit, probe=probe, **kwargs)
+    raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")
 
 
 def plot_roc(result: DetectorResult, methods: Optional[list] = None) -> go.Figure:
@@ -160,6 +182,7 @@ def plot_digit_confusion(result: DetectorResult, digit: Optional[str] = None, pr
                    value_name="fraction of row" if normalise else "count", signed=False)
 
 
+@draws(RepairResult)
 def plot_repair(result: RepairResult) -> go.Figure:
     """Counts of what re-asking the flagged prompts did."""
     s = result.summary()
