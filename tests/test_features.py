@@ -11,7 +11,8 @@ from arithinterp.engine import Read, Write, run
 from arithinterp.errors import ConfigError, ModelSpecError, SiteError
 from arithinterp.features import Transcoders, load_transcoders, train_transcoders
 from arithinterp.features.replacement import replacement_logits
-from arithinterp.features.training import full_tokens, mlp_activations
+from arithinterp.features.rows import answer_sequences
+from arithinterp.features.training import mlp_activations
 from arithinterp.tasks import prompts_for_pairs
 
 
@@ -50,6 +51,12 @@ def planted_model(tokenizer, digit: int, seed: int = 0):
         find("fc_out", "weight")[:, 0] = v
     return model, v
 
+
+def full_tokens(prompts):
+    """Prompts of one length with all but their last answer token fed: ``(tokens, valid, n_answer)``."""
+    (group,) = answer_sequences(prompts)
+    tokens = group.tokens[group.prompts.argsort()]
+    return tokens, torch.ones_like(tokens, dtype=torch.bool), int(group.n_answer[0])
 
 def _selectivity(model, transcoders: Transcoders, tokens, valid, digit: int):
     """Per feature: correlation of its activation with ``[token mod 10 == digit]`` over number positions."""

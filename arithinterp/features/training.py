@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Annotated, Any, Optional, Sequence
+from typing import Annotated, Any, Optional, Sequence, Union
 
 import torch
 from pydantic import Field
@@ -27,10 +27,11 @@ from arithinterp.engine import Read, Write, run
 from arithinterp.engine.budget import memory_budget
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.features.replacement import compare_replacement, full_tokens
-from arithinterp.features.transcoder import Transcoders, topk_unchecked
+from arithinterp.features.replacement import replacement_metrics
+from arithinterp.features.rows import answer_sequences, read_layers
+from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import build_meta
-from arithinterp.tasks import PromptSet
+from arithinterp.tasks import PromptSet, concat
 from arithinterp.types import (
     Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveFloat32,
     PositiveInt, Probability, HookedModel, Seed, checked,
@@ -161,23 +162,31 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     for step in tqdm(range(steps), desc=desc, disable=not progress):
         rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
         xb, yb = x[rows], y[rows]
-        pre = xb @ tensors["W_enc"] + tensors["b_enc"]
-        acts = topk_unchecked(pre, k)
-        linear = tensors["b_dec"] + xb @ tensors["W_skip"]
-        y_hat = acts @ tensors["W_dec"] + linear
+        W_enc, b_enc, W_dec = tensors["W_enc"], tensors["b_enc"], tensors["W_dec"]
+        pre = xb @ W_enc + b_enc
+        values, index = torch.relu(pre).topk(k, dim=-1)  # TopK: [B, k]
+        # decoded from the k chosen rows alone (a dense product with the mostly-zero activations, and
+        # its backward, cost F / k times as much)
+        y_hat = torch.nn.functional.embedding_bag(index, W_dec, per_sample_weights=values, mode="sum")
+        y_hat = y_hat + tensors["b_dec"]
+        if skip:  # a product with zeros costs as much as the encoder's
+            y_hat = y_hat + xb @ tensors["W_skip"]
         error = yb - y_hat
         scale = ((yb - yb.mean(0)) ** 2).sum(-1).mean().clamp_min(1e-12)
         loss = (error**2).sum(-1).mean() / scale
-        fired = acts > 0
-        since_fired = torch.where(fired.any(0), torch.zeros_like(since_fired), since_fired + 1)
-        frequency = 0.99 * frequency + 0.01 * fired.float().mean(0)
+        fired = torch.zeros(n_features, dtype=torch.bool)
+        fired[index[values.detach() > 0]] = True
+        since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + 1)
+        frequency = 0.99 * frequency + 0.01 * torch.bincount(index[values.detach() > 0].reshape(-1),
+                                                             minlength=n_features) / len(xb)
         rare = (frequency / (1 - 0.99 ** (step + 1)) < min_frequency) & (step >= 20)
         dead = (since_fired > dead_after) | rare
         if bool(dead.any()):  # AuxK: the dead features reconstruct the remaining error
-            aux_pre = torch.where(dead, pre, torch.full_like(pre, -1e9))
-            values, index = aux_pre.topk(min(k_aux, int(dead.sum())), dim=-1)
-            aux = torch.zeros_like(pre).scatter(-1, index, values)
-            aux_error = error.detach() - aux @ tensors["W_dec"]
+            where = dead.nonzero().squeeze(1)
+            aux_pre = xb @ W_enc[:, where] + b_enc[where]  # the dead features' alone
+            top, at = aux_pre.topk(min(k_aux, len(where)), dim=-1)
+            aux = torch.zeros_like(aux_pre).scatter(-1, at, top)
+            aux_error = error.detach() - aux @ W_dec[where]
             loss = loss + (aux_error**2).sum(-1).mean() / scale / 32
         optimiser.zero_grad()
         loss.backward()
@@ -199,7 +208,7 @@ Frequency = Annotated[Probability, Field(lt=1), Accepts("a number in [0, 1)")]  
 def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optional[IntList] = None,
                       n_features: PositiveInt = 512, k: PositiveInt = 16, steps: PositiveInt = 2000,
                       batch_size: PositiveInt = 2048, lr: PositiveFloat32 = 2e-3, skip: bool = True,
-                      held_out: OpenUnitFloat = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
+                      held_out: Union[OpenUnitFloat, PromptSet] = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
                       resample_until: Probability = 0.0, min_frequency: Frequency = 1e-3,
                       skip_ridge: NonNegativeFiniteFloat = 0.0, train_skip: bool = True, distinct: bool = False,
                       sequential: bool = False, max_memory: Optional[ByteSize] = None,
@@ -270,60 +279,78 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
         raise AnalysisError(f"training one layer's transcoder with n_features={n_features} and batch_size={batch_size} "
                             f"needs about {need / 2**20:.0f} MiB, more than the budget of {budget / 2**20:.0f} MiB "
                             "(max_memory); use fewer features or a smaller batch, or raise max_memory")
-    tokens, valid, n_answer = full_tokens(prompts)
-    first = valid.float().argmax(1)  # the first unpadded position of each prompt
-    after_first = valid & (torch.arange(tokens.shape[1])[None, :] > first[:, None])
-    N = len(tokens)
-    n_test = max(1, int(round(held_out * N)))
-    if N - n_test < 1:
-        raise AnalysisError(f"{N} prompts are too few to split into training and held-out ones; pass at least 2")
     generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(N, generator=generator)
-    test, train = order[:n_test], order[n_test:]
+    if isinstance(held_out, PromptSet):  # given: every prompt trains, the metrics are on these
+        check_belongs(model, "train_transcoders", held_out=held_out)
+        everything = concat([prompts, held_out])
+        test = torch.arange(len(prompts), len(everything))
+    else:  # a seeded share of the prompts
+        everything = prompts
+        n_test = max(1, int(round(held_out * len(prompts))))
+        if len(prompts) - n_test < 1:
+            raise AnalysisError(f"{len(prompts)} prompts are too few to split into training and held-out ones; "
+                                "pass at least 2")
+        test = torch.randperm(len(prompts), generator=generator)[:n_test]
+    groups = answer_sequences(everything)
+    in_test = torch.zeros(len(everything), dtype=torch.bool)
+    in_test[test] = True
     start = time.perf_counter()
-    ins, outs = mlp_activations(model, tokens, chosen, progress=progress) if not sequential else ([], [])
     fitted: list[dict[str, torch.Tensor]] = []
+    layer_rows: list[dict] = []
     train_rows = 0
+    bar = tqdm(total=len(chosen), desc="transcoders", disable=not progress)
+
+    def on_layer(layer: int, xs: list, ys: list) -> Optional[list]:
+        nonlocal train_rows
+        testing = [in_test[group.prompts] for group in groups]
+        x = torch.cat([x[~t].reshape(-1, d) for x, t in zip(xs, testing)])
+        y = torch.cat([y[~t].reshape(-1, d) for y, t in zip(ys, testing)])
+        if distinct:
+            x, first = _distinct_rows(x)
+            y = y[first]
+        train_rows = len(x)
+        fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, False,
+                                 f"transcoder L{layer}", encoder_scale, resample_until, min_frequency, skip_ridge,
+                                 train_skip))
+        layer_rows.append(_held_out_metrics(_stacked(model, [layer], k, fitted[-1:]), layer,
+                                            [x[t] for x, t in zip(xs, testing)], [y[t] for y, t in zip(ys, testing)]))
+        bar.update(1)
+        if not sequential:
+            return None
+        one = _stacked(model, [layer], k, fitted[-1:])
+        return [one(layer, x) for x in xs]  # what the replacement model's layer writes: the next layers' inputs
+
     flush = torch.set_flush_denormal(True)  # subnormal gradients slow CPU training about threefold
     try:
-        for i, layer in enumerate(chosen):
-            if sequential:  # this layer's inputs with the earlier layers replaced: the rows it meets in use
-                earlier = _stacked(model, chosen[:i], k, fitted).interventions() if fitted else []
-                layer_ins, layer_outs = mlp_activations(model, tokens, [layer], progress=progress, writes=earlier)
-                ins.append(layer_ins[0])
-                outs.append(layer_outs[0])
-            x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
-            if distinct:
-                x, first = _distinct_rows(x)
-                y = y[first]
-            train_rows = len(x)
-            fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
-                                     f"transcoder L{layer}", encoder_scale, resample_until, min_frequency,
-                                     skip_ridge, train_skip))
+        read_layers(model, groups, chosen, on_layer)
     finally:
+        bar.close()
         if flush:
             torch.set_flush_denormal(False)
     seconds = round(time.perf_counter() - start, 1)
-    meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
-                      skip=skip, encoder_scale=encoder_scale, resample_until=resample_until,
-                      min_frequency=min_frequency, skip_ridge=skip_ridge, train_skip=train_skip, distinct=distinct,
-                      sequential=sequential, train_rows=train_rows, train_seconds=seconds)
+    meta = build_meta(model, seed=seed, n_prompts=len(prompts), n_held_out=len(test), steps=steps,
+                      batch_size=batch_size, lr=lr, skip=skip, encoder_scale=encoder_scale,
+                      resample_until=resample_until, min_frequency=min_frequency, skip_ridge=skip_ridge,
+                      train_skip=train_skip, distinct=distinct, sequential=sequential, train_rows=train_rows,
+                      train_seconds=seconds)
     draft = _stacked(model, chosen, k, fitted, meta)
-    layer_rows = []
-    for i, layer in enumerate(chosen):
-        x, y = ins[i][test][valid[test]], outs[i][test][valid[test]]
-        acts = draft.encode(layer, x)
-        fired = (acts > 0).any(0)
-        y_hat = draft.decode(layer, acts, x)
-        later = after_first[test][valid[test]]  # every position but each prompt's first (<bos>)
-        layer_rows.append(dict(fvu=round(_fvu(y, y_hat), 5),
-                               fvu_after_first=round(_fvu(y[later], y_hat[later]), 5) if bool(later.any()) else None,
-                               l0=round(float((acts > 0).sum(-1).float().mean()), 3),
-                               dead_fraction=round(1 - float(fired.float().mean()), 5)))
-    agrees, kls = compare_replacement(model, draft, tokens[test], n_answer)
-    replacement = dict(agreement=round(float(agrees.float().mean()), 5), kl=round(float(kls.mean()), 5),
-                       n_positions=agrees.numel())
-    return dataclasses.replace(draft, metrics=dict(layers=layer_rows, replacement=replacement))
+    measured = replacement_metrics(model, everything[test], draft, progress=False)
+    return dataclasses.replace(draft, metrics=dict(layers=layer_rows, replacement=measured.as_dict()))
+
+
+def _held_out_metrics(transcoder: Transcoders, layer: int, xs: list, ys: list) -> dict:
+    """FVU (over every position, and after each sequence's first, where a model's ``<bos>`` alone can
+    hold most of the variance), L0 and the share of dead features of one layer's transcoder on the
+    held-out sequences' MLP inputs ``xs`` and outputs ``ys`` (``[n, pos, d]`` per group)."""
+    x = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs])
+    y = torch.cat([y.reshape(-1, y.shape[-1]) for y in ys])
+    later = torch.cat([(torch.arange(x.shape[1]) > 0).expand(x.shape[:2]).reshape(-1) for x in xs])
+    acts = transcoder.encode(layer, x)
+    y_hat = transcoder.decode(layer, acts, x)
+    return dict(fvu=round(_fvu(y, y_hat), 5),
+                fvu_after_first=round(_fvu(y[later], y_hat[later]), 5) if bool(later.any()) else None,
+                l0=round(float((acts > 0).sum(-1).float().mean()), 3),
+                dead_fraction=round(1 - float((acts > 0).any(0).float().mean()), 5))
 
 
 def _stacked(model: HookedModel, layers: Sequence[int], k: int, fitted: list[dict[str, torch.Tensor]],

@@ -23,6 +23,7 @@ they were trained, and builds the engine interventions that swap MLPs for transc
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
@@ -158,10 +159,17 @@ class Transcoders(Result):
         threshold = None if self.threshold is None else self.threshold[self.index(layer)]
         return activate(self.pre(layer, x), self.activation, self.k, threshold)
 
+    @functools.cached_property
+    def skipped(self) -> list[bool]:
+        """Whether each layer's transcoder has a skip (a non-zero ``W_skip``)."""
+        return [bool(w.any()) for w in self.W_skip]
+
     def linear(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """The part of the output ``[..., d]`` that no feature writes: ``b_dec + x @ W_skip``."""
         i = self.index(layer)
         dtype = torch.promote_types(x.dtype, self.W_skip.dtype)
+        if not self.skipped[i]:  # no skip: the product with zeros (and its backward in a graph) is left out
+            return self.b_dec[i].to(dtype).expand(x.shape).clone()
         return self.b_dec[i].to(dtype) + x.to(dtype) @ self.W_skip[i].to(dtype)
 
     def decode(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

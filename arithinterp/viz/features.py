@@ -162,6 +162,7 @@ def plot_replacement(result: ReplacementResult, title: Optional[str] = None) -> 
     fig = figure(title or f"Replacement model: top-1 agreement {result.agreement:.3f}, mean KL {result.kl:.3g} nats "
                           f"({result.n_positions} positions)", "KL(real ‖ replacement), nats", "positions")
     for j in range(result.kls.shape[1]):
-        fig.add_trace(go.Histogram(x=result.kls[:, j].tolist(), name=f"answer token {j}", opacity=0.7))
+        column = result.kls[:, j]
+        fig.add_trace(go.Histogram(x=column[~column.isnan()].tolist(), name=f"answer token {j}", opacity=0.7))
     fig.update_layout(barmode="overlay")
     return fig
