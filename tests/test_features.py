@@ -597,3 +597,41 @@ def test_sequential_training_fits_each_layer_on_the_replacement_models_inputs(ti
             assert torch.allclose(y, replaced_out[0][valid][match], atol=1e-5)
         else:
             assert on_real.max() < 1e-5 and on_replaced.max() > 1e-3
+
+
+@pytest.mark.slow
+def test_operand_plots_label_the_planted_feature_at_its_role_and_nothing_in_the_control(planted):
+    """Operand plots read every layer and role at once; labelled from them, the planted feature is
+    "b mod 10 = 6" at b's token, and the control model built around "ends in 3" has no such label."""
+    from arithinterp.features.operand_plots import label_plots, operand_plots
+    from arithinterp.tasks import arithmetic
+
+    found = {}
+    for kind in ("planted", "control"):
+        model, v, tc, _, _ = planted[kind]
+        grid = arithmetic(model, "+", range(0, 100, 2), range(100), "{a}+{b}=")
+        plots = operand_plots(model, grid, tc, roles=["a", "b", "final"], progress=False)
+        assert plots.values.shape == (len(grid), 3, 1, tc.k)
+        map_, a_values, b_values = plots.grid(0, 0, "b")
+        assert map_.shape == (50, 100) and b_values == list(range(100))
+        table = label_plots(plots, 0, "b").to_frame()
+        found[kind] = set(table[table["label"]]["heuristic"])
+    assert "b mod 10 = 6" in found["planted"]
+    assert "b mod 10 = 6" not in found["control"] and "b mod 10 = 3" in found["control"]
+
+
+def test_layer_by_layer_reads_equal_whole_forwards(tiny_model, llama_model):
+    from arithinterp.engine.layerwise import LayerByLayer
+
+    for model in (tiny_model, llama_model("digit")):
+        tokens = torch.randint(3, 12, (5, 7), generator=torch.Generator().manual_seed(0))
+        half = [Write("mlp_out", 0, value=lambda x: 0.5 * x, input_site="mlp_in")]
+        reads = [Read("mlp_in", 1), Read("mlp_out", 1)]
+        whole = run(model, tokens, half, reads=[*reads, Read("resid_post", 1)], logits="none").reads
+        walker = LayerByLayer(model, tokens, batch_size=2)
+        walker.step(half)
+        stepped = walker.step(reads=reads)
+        for a, b in zip([*stepped, walker.hidden], whole):
+            assert torch.allclose(a, b, atol=1e-5)
+        with pytest.raises(Exception, match="blocks have run|not inside it"):
+            walker.step(reads=[Read("mlp_in", 0)])

@@ -110,3 +110,24 @@ def require_transcoders(model: HookedModel) -> Transcoders:
                              f"`arithinterp train-transcoders {spec}` (written to {cache_folder(model)}), or "
                              "pass some (features.load_transcoders(folder))")
     return found
+
+
+PLOTS_FOLDER = "operand_plots"
+
+
+@checked
+def find_operand_plots(model: HookedModel) -> Optional[Any]:
+    """The operand plots saved beside the model's cached transcoders (:func:`~arithinterp.features.plan.train_planned`
+    writes them), or ``None``.
+
+    Args:
+        model: The hooked model.
+
+    Returns:
+        The :class:`~arithinterp.features.operand_plots.OperandPlots`, or ``None``.
+    """
+    from arithinterp.features.operand_plots import OperandPlots
+
+    check_model(model, "find_operand_plots")
+    folder = (_shipped(model) or cache_folder(model)) / PLOTS_FOLDER
+    return OperandPlots.load(folder) if (folder / "result.json").exists() else None

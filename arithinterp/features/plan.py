@@ -192,7 +192,7 @@ def plan_transcoders(model: HookedModel, *, template: Optional[str] = None, few_
     return TranscoderPlan(op=op, template=template, a_values=tuple(a_values), b_values=tuple(b_values),
                           modulus=modulus, answer_digits=answer_digits, few_shot=few_shot, train_prefixes=prefixes,
                           held_out_prefixes=held_prefixes, held_out_a=held_a, held_out_b=held_b, n_train=n_train,
-                          n_held_out=min(HELD_OUT_PROMPTS, in_block * len(held_prefixes)), n_features=n_features, k=k,
+                          n_held_out=min(HELD_OUT_PROMPTS, in_block), n_features=n_features, k=k,
                           steps=steps, batch_size=batch_size, lr=3e-3, skip=False, seed=seed, zoo=zoo)
 
 
@@ -233,6 +233,41 @@ def plan_prompts(model: HookedModel, plan: TranscoderPlan) -> tuple[PromptSet, P
     return train, held_out
 
 
+#: Values of each operand in the operand plots' grid (every units digit equally often).
+GRID_VALUES = 50
+
+
+@checked
+def plan_grid(model: HookedModel, plan: TranscoderPlan) -> PromptSet:
+    """The grid the transcoders' operand plots are read over: :data:`GRID_VALUES` values of each
+    operand (a seeded sample that holds every units digit equally often where the values allow),
+    all their pairs, under the first training prefix.
+
+    Args:
+        model: The hooked model.
+        plan: The plan.
+
+    Returns:
+        The grid's prompts.
+    """
+    generator = torch.Generator().manual_seed(plan.seed + 2)
+
+    def sample(values: Sequence[int]) -> list[int]:
+        if len(values) <= GRID_VALUES:
+            return sorted(values)
+        by_digit: dict[int, list[int]] = {}
+        for i in torch.randperm(len(values), generator=generator).tolist():
+            by_digit.setdefault(values[i] % 10, []).append(values[i])
+        pools, chosen = [by_digit[digit] for digit in sorted(by_digit)], []
+        while len(chosen) < GRID_VALUES:  # a value of each units digit in turn
+            chosen += [pool.pop() for pool in pools if pool][: GRID_VALUES - len(chosen)]
+        return sorted(chosen)
+
+    a_values, b_values = sample(plan.a_values), sample(plan.b_values)
+    pairs = [(a, b) for a in a_values for b in b_values]
+    return _prompts(model, plan, pairs, plan.train_prefixes[0])
+
+
 @checked
 def train_planned(model: HookedModel, plan: TranscoderPlan, out: Optional[PathLike] = None, *,
                   overwrite: bool = False, progress: bool = True) -> tuple[Transcoders, dict[str, Any]]:
@@ -248,9 +283,11 @@ def train_planned(model: HookedModel, plan: TranscoderPlan, out: Optional[PathLi
         progress: Show progress bars.
 
     Returns:
-        ``(transcoders, card)``; the card holds the plan, the wall time and the held-out numbers.
+        ``(transcoders, card)``; the card holds the plan, the wall time and the held-out numbers. The
+        transcoders' operand plots over :func:`plan_grid` are saved beside them (``operand_plots/``).
     """
-    from arithinterp.features.cache import cache_folder
+    from arithinterp.features.cache import PLOTS_FOLDER, cache_folder
+    from arithinterp.features.operand_plots import operand_plots
     from arithinterp.features.training import train_transcoders
 
     target = check_free_dir(Path(out) if out is not None else cache_folder(model), "out", overwrite)
@@ -259,8 +296,10 @@ def train_planned(model: HookedModel, plan: TranscoderPlan, out: Optional[PathLi
     transcoders = train_transcoders(model, train, held_out=held_out, n_features=plan.n_features, k=plan.k,
                                     steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, skip=plan.skip,
                                     seed=plan.seed, distinct=True, sequential=True, progress=progress)
+    plots = operand_plots(model, plan_grid(model, plan), transcoders, progress=progress)
     wall = round(time.perf_counter() - start, 1)
     path = transcoders.save(target, overwrite=overwrite)
+    plots.save(path / PLOTS_FOLDER, overwrite=overwrite)
     card = dict(model=str(getattr(model, "arithinterp_spec", "") or ""), fingerprint=fingerprint(model),
                 plan=plan.as_dict(), wall_seconds=wall, torch_threads=torch.get_num_threads(),
                 n_train_prompts=len(train), n_held_out_prompts=len(held_out),
