@@ -270,7 +270,8 @@ class _Sources:
             slots = torch.arange(len(positions)) - (torch.cumsum(counts, 0) - counts)[positions]
             writes = torch.zeros(T, max(1, int(counts.max())), embeddings.shape[-1], dtype=embeddings.dtype)
             i = transcoders.index(layer)
-            writes[positions, slots] = (a[positions, features][:, None] * transcoders.W_dec[i][features]).to(writes.dtype)
+            written = a[positions, features][:, None] * transcoders.W_dec[i][features]
+            writes[positions, slots] = written.to(writes.dtype)
             self.plans.append((writes, positions, slots))
 
     def effects(self, grads: tuple) -> torch.Tensor:

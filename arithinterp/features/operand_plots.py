@@ -214,7 +214,8 @@ def operand_plots(model: HookedModel, prompts: PromptSet, transcoders: Transcode
         fed = torch.cat([fed, torch.full((len(fed), 1), -1, dtype=fed.dtype)], 1)
     next_tokens = fed.gather(1, index + 1).masked_fill(~valid, -1)
     return OperandPlots(values=values.half(), features=features, a=prompts.a.clone(), b=prompts.b.clone(),
-                        answer=prompts.answer.clone(), next_tokens=next_tokens, roles=roles, layers=list(transcoders.layers),
+                        answer=prompts.answer.clone(), next_tokens=next_tokens, roles=roles,
+                        layers=list(transcoders.layers),
                         n_features=transcoders.n_features, op=prompts.op,
                         meta=build_meta(model, n_prompts=len(prompts), prefix=prompts.prefix))
 

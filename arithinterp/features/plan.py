@@ -109,7 +109,9 @@ class TranscoderPlan:
 
 def _span(values: Sequence[int]) -> str:
     values = list(values)
-    return f"{values[0]}-{values[-1]}" if values == list(range(values[0], values[-1] + 1)) else ",".join(map(str, values))
+    if values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}-{values[-1]}"
+    return ",".join(map(str, values))
 
 
 def _block(values: Sequence[int], start: float) -> tuple[int, int]:
@@ -198,8 +200,8 @@ def plan_transcoders(model: HookedModel, *, template: Optional[str] = None, few_
 
 def _pairs(plan: TranscoderPlan, held: bool, n: int, seed: int) -> list[tuple[int, int]]:
     """``n`` operand pairs (a seeded sample, without repeats) inside or outside the held-out block."""
-    inside = [(a, b) for a in plan.a_values for b in plan.b_values
-              if (plan.held_out_a[0] <= a < plan.held_out_a[1] and plan.held_out_b[0] <= b < plan.held_out_b[1]) == held]
+    (a_lo, a_hi), (b_lo, b_hi) = plan.held_out_a, plan.held_out_b
+    inside = [(a, b) for a in plan.a_values for b in plan.b_values if (a_lo <= a < a_hi and b_lo <= b < b_hi) == held]
     order = torch.randperm(len(inside), generator=torch.Generator().manual_seed(seed))[:n]
     return [inside[i] for i in order.tolist()]
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from arithinterp.checks import check_belongs
 from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.errors import ConfigError
 from arithinterp.features.rows import answer_sequences
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta

@@ -187,7 +187,8 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
         out.append(Supernode(name=f"{label} @ {place}", label=label, role=role, members=sorted(members),
                              influence=float(sum(graph.nodes[i]["influence"] for i in members)),
                              by_label=len(direct[(label, where)]),
-                             labelled_influence=float(sum(graph.nodes[i]["influence"] for i in direct[(label, where)]))))
+                             labelled_influence=float(sum(graph.nodes[i]["influence"]
+                                                          for i in direct[(label, where)]))))
     for members in rest:
         first = graph.nodes[members[0]]
         where = role_at.get(first["position"], "")
