@@ -22,8 +22,8 @@ from arithinterp.models import list_zoo, load_model
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (
         activations, causal, checks, circuits, cli, cyclic, deprecation, engine, errors, features, fourier, helix,
-        intervals, metrics, models, neurons, outputs, patching, probes, report, results, sites, sweep, tasks, types,
-        viz,
+        intervals, lens, metrics, models, neurons, outputs, patching, printing, probes, progress, report, results,
+        sites, sweep, tasks, types, viz,
     )
     from arithinterp.activations import collect
     from arithinterp.report import write_report
@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers 
 # every public module and subpackage, reachable as an attribute (tests/test_package.py checks the list is whole)
 _SUBMODULES = (
     "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
-    "fourier", "helix", "intervals", "metrics", "models", "neurons", "outputs", "patching", "probes", "report",
-    "results", "sites", "sweep", "tasks", "types", "viz",
+    "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
+    "probes", "progress", "report", "results", "sites", "sweep", "tasks", "types", "viz",
 )
 
 
@@ -53,6 +53,6 @@ def __getattr__(name: str):
 __all__ = [
     "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
     "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
-    "fourier", "helix", "intervals", "metrics", "models", "neurons", "outputs", "patching", "probes", "report",
-    "results", "sites", "sweep", "tasks", "types", "viz",
+    "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
+    "probes", "progress", "report", "results", "sites", "sweep", "tasks", "types", "viz",
 ]

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs
 from arithinterp import engine
@@ -23,6 +22,7 @@ from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import check_writable_dir
+from arithinterp.progress import progress_bar
 from arithinterp.tasks.positions import position_labels
 from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
@@ -39,7 +39,10 @@ class Activations:
 
     ``data[site]`` has shape ``[n_prompts, n_layers, n_positions, *site_shape]`` where
     ``site_shape`` is ``(d_model,)`` for residual and output sites, ``(n_heads, d_head)`` for
-    ``attn_z``, ``(d_mlp,)`` for ``mlp_pre`` / ``mlp_post``. ``layers[i]`` is the model layer of
+    ``attn_z``, ``(d_mlp,)`` for ``mlp_pre`` / ``mlp_post`` and ``(n_heads, n_keys)`` for the
+    attention ``pattern``: each collected position is a query, and ``data["pattern"][i, l, j, h, k]``
+    is how much head ``h`` at query ``positions[j]`` attends to token ``k`` of the left-padded prompt
+    (the answer tokens fed after it follow; a padding key has weight 0). ``layers[i]`` is the model layer of
     index ``i`` on axis 1 (``embed`` has the single layer ``0``), ``positions[j]`` names
     position ``j`` on axis 2 (a position spec such as ``"final"``, ``"a"``, ``"a[0]"`` or an integer
     index as a string; see :meth:`~arithinterp.tasks.PromptSet.locate`).
@@ -57,6 +60,12 @@ class Activations:
     positions: list[str]
     prompts: Any = None
     meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the tensors' shapes, never their values
+        from arithinterp.printing import short_repr
+
+        return short_repr("Activations", {"n_prompts": self.n_prompts if self.data else 0, **self.data,
+                                          "layers": self.layers, "positions": self.positions})
 
     def __getitem__(self, site: str) -> torch.Tensor:
         if site not in self.data:
@@ -177,8 +186,8 @@ def auto_batch_size(model: HookedModel, seq_len: PositiveInt, returned_bytes: No
 
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype, store: Optional[Path], name: str) -> torch.Tensor:
-    if store is None:
-        return torch.empty(shape, dtype=dtype)
+    if store is None:  # a pattern's padding keys are never written: they stay 0 (a new memory map starts at 0)
+        return torch.zeros(shape, dtype=dtype) if name == "pattern" else torch.empty(shape, dtype=dtype)
     from numpy.lib.format import open_memmap
 
     store.mkdir(parents=True, exist_ok=True)
@@ -247,7 +256,8 @@ def collect(
     Args:
         model: the hooked model.
         prompts: the prompt set to run.
-        sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``).
+        sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``;
+            ``"pattern"`` reads the attention pattern of every head from each position as a query).
         layers: layers to keep (default: all; ``embed`` has none).
         positions: one position spec or a list of them, resolved by
             :meth:`~arithinterp.tasks.PromptSet.locate`: ``"final"`` (alias ``"last"``), ``"a"`` /
@@ -264,7 +274,9 @@ def collect(
         progress: show a progress bar.
 
     Returns:
-        The activations; ``data[site]`` is ``[n_prompts, n_layers, n_positions, *site_shape]``.
+        The activations; ``data[site]`` is ``[n_prompts, n_layers, n_positions, *site_shape]``
+        (``data["pattern"]`` is ``[n_prompts, n_layers, n_queries, n_heads, n_keys]``: see
+        :class:`Activations`).
 
     Raises:
         SiteError: An empty prompt set or site list, an unknown site, a layer or position out of
@@ -290,8 +302,9 @@ def collect(
     dtype = dtype or torch.float32
     store = Path(store) if store is not None else None
     n = len(prompts)
+    n_keys = prompts.tokens.shape[1] + fed  # a pattern's keys: the left-padded prompt, then the answer fed
     data = {
-        s: _allocate((n, len(layer_lists[s]), len(pos), *site_lib.site_shape(model, s)), dtype, store, s)
+        s: _allocate((n, len(layer_lists[s]), len(pos), *site_lib.site_shape(model, s, n_keys)), dtype, store, s)
         for s in site_names
     }
     if batch_size is None:
@@ -303,7 +316,7 @@ def collect(
 
     batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
     with torch.inference_mode():
-        for idx in tqdm(batches, desc="collect", disable=not progress):
+        for idx in progress_bar(batches, desc="collect", disable=not progress):
             # per-prompt index of each requested position, in unpadded coordinates
             columns = index[idx] - prompts.offset(idx)
             tokens = prompts.unpadded(idx)
@@ -315,6 +328,9 @@ def collect(
                 reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
                 picks = engine.run(model, tokens, reads=reads, logits="none").reads
             for (site, _, layer_i), picked in zip(targets, picks):
+                if site == "pattern":  # [batch, query, head, key] over the unpadded keys: after the padding's
+                    data[site][idx, layer_i, ..., prompts.offset(idx):] = picked.to(dtype)
+                    continue
                 # attn_z may come flat ([batch, pos, n_heads * d_head]) or split into heads
                 data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
     return Activations(

@@ -254,6 +254,67 @@ class Result(abc.ABC):
         except (TypeError, ValueError) as error:
             raise ResultFileError(f"{path} does not hold a valid {cls.__name__}: {error}") from None
 
+    # --- how a result prints: a short repr and, in a notebook, an HTML table (arithinterp.printing) ---
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # @dataclass writes a repr of every field (a PatchResult's ran to 8,500 characters of tensors)
+        # unless the class body defines one: each subclass gets the short one before the decorator runs
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = cls.__mro__[1].__repr__  # pyright: ignore[reportAttributeAccessIssue]
+
+    def headline(self) -> dict[str, Any]:
+        """The few numbers that say what the result found (its strongest cell, its best score), shown
+        first when the result prints. The base has none: a result's plain-number fields (an accuracy,
+        an IIA) are shown anyway; types whose findings sit in tensors override it.
+
+        Returns:
+            ``{name: value}``, in the order to show.
+        """
+        return {}
+
+    def _printed_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(what, sizes)``: the plain fields (site, metric, accuracies) and the model; then the counts
+        ``meta`` records, the tensors and the non-empty lists."""
+        what: dict[str, Any] = {}
+        tensors: dict[str, Any] = {}
+        lists: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "meta" or not field.repr or value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                tensors[field.name] = value
+            elif isinstance(value, (list, tuple, dict)):
+                if value:
+                    lists[field.name] = value
+            else:
+                what[field.name] = value
+        meta = getattr(self, "meta", None)
+        counts = {}
+        if isinstance(meta, dict):
+            if isinstance(meta.get("model"), str):
+                what["model"] = meta["model"]
+            counts = {k: v for k, v in meta.items() if k.startswith("n_") and isinstance(v, int)}
+        return what, {**counts, **tensors, **lists}
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        what, sizes = self._printed_parts()
+        headline = self.headline()  # first, and not again under a field's name
+        rest = {key: value for key, value in {**what, **sizes}.items() if key not in headline}
+        return short_repr(type(self).__name__, {**headline, **rest})
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the result is, its sizes, its headline numbers, and the
+        first rows of :meth:`to_frame`."""
+        from arithinterp.printing import html_table
+
+        what, sizes = self._printed_parts()
+        return html_table(type(self).__name__, {"headline": self.headline(), "what": what, "sizes": sizes},
+                          self.to_frame(), "to_frame()")
+
 
 def holds_result(path: Union[str, Path]) -> bool:
     """Whether a folder holds a saved result (what :meth:`Result.save` refuses to replace).
@@ -265,6 +326,71 @@ def holds_result(path: Union[str, Path]) -> bool:
         True when it holds a ``result.json``.
     """
     return (Path(path).expanduser() / JSON_FILE).exists()
+
+
+# --- sealed folders of what is not a result (a fitted ErrorDetector): the same files and seal ------
+
+
+def write_sealed(path: Union[str, Path], kind: str, fields: dict[str, Any], tensors: dict[str, torch.Tensor],
+                 meta: Any, overwrite: bool = False) -> Path:
+    """Write a folder as :meth:`Result.save` does: ``tensors`` to ``tensors.safetensors`` (sealed with
+    the fingerprint ``meta`` records), ``fields`` to ``result.json`` with the tensor file's sha256.
+
+    Args:
+        path: The folder, created when missing.
+        kind: What the folder holds (its ``type``).
+        fields: JSON-ready values.
+        tensors: The tensors, by name.
+        meta: The provenance whose fingerprint seals the tensor file.
+        overwrite: Replace a *different* saved folder.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ConfigError: ``overwrite`` is not a bool, or the folder is not writable.
+        ResultFileError: The folder holds something else and ``overwrite`` is false.
+        OutputError: A file could not be written.
+    """
+    from arithinterp.outputs import atomic_write, check_writable_dir
+
+    if not isinstance(overwrite, bool):
+        raise ConfigError(f"overwrite must be True or False, got {overwrite!r}")
+    path = check_writable_dir(path, "save")
+    tensors = {name: value.detach().cpu().contiguous() for name, value in tensors.items()}
+    stored: dict[str, Any] = {"type": kind, "format": FORMAT_VERSION, "fields": fields}
+    if not overwrite:
+        _refuse_other_result(path, json.loads(json.dumps(stored)), tensors)
+    stored[DIGEST_KEY] = _write_tensors(path / TENSOR_FILE, tensors, meta)  # the JSON, written last, marks it saved
+    text = json.dumps(stored, indent=1)
+    atomic_write(path / JSON_FILE, lambda tmp: tmp.write_text(text))
+    return path
+
+
+def read_sealed(path: Union[str, Path], kind: str, meta_field: str = "meta") -> tuple[dict[str, Any], dict]:
+    """Read a folder :func:`write_sealed` wrote, checking its type and seal.
+
+    Args:
+        path: The folder.
+        kind: The type it must hold.
+        meta_field: The field of ``fields`` that holds the provenance the seal records.
+
+    Returns:
+        ``(fields, tensors)``.
+
+    Raises:
+        ResultFileError: The folder holds another type, is damaged, or was changed after saving.
+    """
+    path = Path(path).expanduser()
+    stored = _read_json(path)
+    if stored.get("type") != kind:
+        raise ResultFileError(f"{path} holds a {stored.get('type')}, not a saved {kind}")
+    fields = stored.get("fields")
+    if not isinstance(fields, dict):
+        raise ResultFileError(f"{path / JSON_FILE} has no 'fields' object; the file is damaged")
+    tensors, header = _read_tensors(path)
+    _check_sealed(path / TENSOR_FILE, stored.get(DIGEST_KEY), header, fields.get(meta_field), path / JSON_FILE)
+    return fields, tensors
 
 
 # --- what a saved result's values may be ----------------------------------------------------------

@@ -27,7 +27,8 @@ from arithinterp.results import Result
 from arithinterp.types import HookedModel
 
 DOCS = Path(ai.__file__).parent.parent / "docs" / "concepts.md"
-ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal")
+ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal",
+            "lens")
 
 
 def vocabulary_from_docs(text: str) -> dict[str, str]:
@@ -100,12 +101,14 @@ NOT_RESULTS = {
     "circuits.patch_neuron_edges": "the lower-level exact neuron-edge runs (tensors and counts)",
     "circuits.run_edge_sets": "the lower-level runs behind faithfulness_curve and minimality (tensors and counts)",
     "features.feature_maps": "feature activations over the operand grid, the tensors behind feature_grids",
+    "features.graph_feature_grids": "a graph's operand plots: a list of feature_grids' results, one per layer",
     "features.transcoder_fvu": "a check of transcoders on a model (variance unexplained per layer, as their card has)",
     "causal.score_subspace": "the interchange scores of one given intervention (the dict das records per baseline)",
 }
 
 #: Analyses of a model whose data is not a PromptSet or PromptPairs, and why.
 OTHER_DATA = {
+    "features.graph_feature_grids": "a graph's operand plots: a list of feature_grids' results, one per layer",
     "features.transcoder_fvu": "transcoders first, the prompts optional (default: the model's own task's)",
     "fourier.embedding_spectrum": "numbers: the embedding of number tokens, no prompt",
     "fourier.context_spectrum": "numbers: prompts built from each number and a template",

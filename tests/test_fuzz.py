@@ -33,7 +33,7 @@ from arithinterp.results import Result
 
 #: Subpackages and modules whose public functions the fuzz walks (the CLI, the report and the sweep
 #: runner are tested through their commands; the engine's kernels are called from inside the analyses).
-WALKED = ("activations", "causal", "circuits", "cyclic", "features", "fourier", "helix", "models", "neurons",
+WALKED = ("activations", "causal", "circuits", "cyclic", "features", "fourier", "helix", "lens", "models", "neurons",
           "patching", "probes", "tasks")
 #: Public functions left unenforced on purpose: kernels called in inner loops (a check per call would
 #: cost more than the work), and helpers that take the package's own objects only.

@@ -777,7 +777,7 @@ def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_toke
 
     monkeypatch.setattr(probes, "probe_layers", probe_layers)
     targets = probes_module._probe_targets(prompts)
-    assert targets == ("a_digit_0", "carry_0", "answer_digit_1", "answer_digit_0")
+    assert targets == ("a_units", "carry_tens", "answer_tens", "answer_units")
     per_layer = len(targets) * 1.5  # every target at one layer on 150 prompts
     # unlimited: every layer; 34 s: 5 layers (the sixth's 6 s no longer fits 85% of what is left);
     # 20 s: the first layer (6 s) says 4 layers do not fit, so 111 prompts (0.85 * 14 + 6 = 17.9 s
@@ -796,8 +796,8 @@ def test_the_probes_stage_keeps_its_prompts_and_gives_up_layers_first(digit_toke
         assert "folds: 5-fold" in section.sample and len(section.findings) == len(targets)
     # the merged per-layer results are the one-call result
     acts = collect(model, prompts[:120], sites="resid_post", positions=["a", "b", "final"], progress=False)
-    one = real(acts, "carry_0", layers=[1, 4, 6], cv=5, progress=False)
-    merged = probes_module._merged_over_layers([real(acts, "carry_0", layers=[layer], cv=5, progress=False)
+    one = real(acts, "carry_tens", layers=[1, 4, 6], cv=5, progress=False)
+    merged = probes_module._merged_over_layers([real(acts, "carry_tens", layers=[layer], cv=5, progress=False)
                                          for layer in (6, 1, 4)])
     assert merged.layers == [1, 4, 6]
     assert torch.equal(merged.fold_scores, one.fold_scores) and torch.equal(merged.control_scores, one.control_scores)

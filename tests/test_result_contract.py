@@ -218,14 +218,14 @@ def _overlap(i: Instances):
 def _digit_circuits(i: Instances):
     from arithinterp import circuits, patching
 
-    pairs = patching.vary_digit(i.digit_prompts[:16], 0, "a", seed=0)[:4]
+    pairs = patching.vary_digit(i.digit_prompts[:16], "units", "a", seed=0)[:4]
     return circuits.digit_circuits(i.digit_model, pairs, "eap", metric="logprob", progress=False)
 
 
 def _probe(i: Instances):
     from arithinterp import probes
 
-    return probes.probe_layers(i.acts, "a_digit_0", cv=3, progress=False)
+    return probes.probe_layers(i.acts, "a_units", cv=3, progress=False)
 
 
 def _detector(i: Instances):
@@ -417,6 +417,12 @@ def _readable_used(i: Instances):
                                    progress=False)
 
 
+def _logit_lens(i: Instances):
+    from arithinterp.lens import logit_lens
+
+    return logit_lens(i.model, i.prompts[:20], positions=["b", "final"], progress=False)
+
+
 def _sweep_run(i: Instances):
     """A two-cell sweep (accuracy, resid_pre patching) over the tiny random Llama folder of ``conftest``."""
     from arithinterp import sweep
@@ -470,6 +476,7 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "DASLayersResult": _das_layers,
     "ReadableUsedResult": _readable_used,
     "SweepRun": _sweep_run,
+    "LogitLensResult": _logit_lens,
 }
 
 # further instances that fill the optional fields the first leaves empty
@@ -570,6 +577,57 @@ def test_plot_returns_a_figure(cls, instances, tmp_path):
         assert len(tuple(figure.data)) > 0, f"{cls.__name__}.plot() draws nothing"
         loaded = cls.load(result.save(tmp_path / f"{cls.__name__}{k}"))
         assert isinstance(loaded.plot(), go.Figure)
+
+
+def well_formed_html(page: str) -> list[str]:
+    """The tags of ``page`` that open without closing, close without opening or close out of order
+    (void elements such as ``<br>`` need no closing tag)."""
+    from html.parser import HTMLParser
+
+    void = {"br", "hr", "img", "meta", "input", "col", "wbr"}
+    problems: list[str] = []
+    stack: list[str] = []
+
+    class Checker(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag not in void:
+                stack.append(tag)
+
+        def handle_endtag(self, tag):
+            if not stack or stack[-1] != tag:
+                problems.append(f"</{tag}> closes {stack[-1] if stack else 'nothing'}")
+            else:
+                stack.pop()
+
+    Checker().feed(page)
+    return problems + [f"<{tag}> never closed" for tag in stack]
+
+
+@pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
+def test_every_result_prints_briefly_and_as_an_html_table(cls, instances):
+    """``repr`` is a few hundred characters, never the tensors; ``_repr_html_`` is one well-formed table
+    naming the type, its tensors' shapes, its frame's size and its first rows."""
+    from arithinterp.printing import MAX_REPR
+
+    for result in examples(cls, instances):
+        text = repr(result)
+        assert text.startswith(f"{cls.__name__}(") and len(text) <= MAX_REPR, f"{cls.__name__} repr: {text[:500]}"
+        page = result._repr_html_()
+        assert not well_formed_html(page), f"{cls.__name__}._repr_html_(): {well_formed_html(page)}"
+        assert page.startswith("<table") and page.endswith("</table>") and f"<b>{cls.__name__}</b>" in page
+        frame = result.to_frame()
+        assert f"{len(frame)} rows × {len(frame.columns)} columns" in page
+        assert str(frame.columns[0]) in page  # the first rows' header
+        for field in dataclasses.fields(result):
+            value = getattr(result, field.name)
+            if isinstance(value, torch.Tensor):
+                assert f"[{', '.join(map(str, value.shape))}]" in page, f"{cls.__name__}: {field.name}'s shape"
+
+
+def test_the_html_check_catches_a_broken_table():
+    assert well_formed_html("<table><tr><td>1</td></tr></table><br>") == []
+    assert well_formed_html("<table><tr><td>1</tr></table>") != []
+    assert well_formed_html("<table><tr><td>1</td></tr>") == ["<table> never closed"]
 
 
 def test_every_result_type_has_a_builder_and_every_builder_a_type():
@@ -714,7 +772,7 @@ def test_the_further_instances_fill_the_fields_they_are_for(instances):
 
 # --- the figure builders -------------------------------------------------------------------------
 
-VIZ_MODULES = ["causal", "circuits", "features", "fourier", "neurons", "patching", "probes", "sweep"]
+VIZ_MODULES = ["causal", "circuits", "features", "fourier", "lens", "neurons", "patching", "probes", "sweep"]
 
 
 def _viz_functions():

@@ -108,6 +108,17 @@ class DASLayersResult(Result):
               "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
     _saved_names = ("DASSweep",)
 
+    def headline(self) -> dict:
+        """The best cell's IIA (:meth:`best`) and chance.
+
+        Returns:
+            ``best_layer``, ``best_position``, ``best_iia`` and ``chance`` (``{}`` when no cell has a score).
+        """
+        if not bool(torch.isfinite(self.iia).any()):
+            return {}
+        layer, position, iia = self.best()
+        return dict(best_layer=layer, best_position=position, best_iia=iia, chance=self.chance)
+
     def best(self) -> tuple[int, str, float]:
         """The best cell (cells without a score, NaN, are passed over).
 

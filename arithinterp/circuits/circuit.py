@@ -79,6 +79,18 @@ class Circuit(Result):
     def kept_edges(self) -> list:
         return [e for e, k in zip(self.edges, self.kept.tolist()) if k]
 
+    def headline(self) -> dict:
+        """How many edges are kept, and the edge of largest score in absolute value.
+
+        Returns:
+            ``kept`` (``"n of N"``), ``top_edge`` and ``top_score``.
+        """
+        if not self.edges:
+            return dict(kept="0 of 0")
+        top = int(self.scores.abs().nan_to_num(0.0).argmax())
+        return dict(kept=f"{self.n_kept} of {self.n_edges}", top_edge=self.edges[top],
+                    top_score=float(self.scores[top]))
+
     def graph(self) -> EdgeGraph:
         """The graph the edges index (rebuilt from ``meta``)."""
         return EdgeGraph(Layout(**self.meta["layout"]), self.meta.get("graph_positions"))
@@ -104,6 +116,20 @@ class Circuit(Result):
         from arithinterp.viz.circuits import plot_circuit
 
         return plot_circuit(self, **kwargs)
+
+    def show(self, **options):
+        """The circuit's interactive page (an inline frame in a notebook; no server): components by
+        layer × position, a slider over the edges by |score| starting at the kept ones, details on
+        click, paths on hover. ``options``: those of :func:`arithinterp.viz.graph_view.view_circuit`
+        (``supernodes``, ``max_links``). Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
+        from arithinterp.viz.graph_view import view_circuit
+
+        return view_circuit(self, **options)
+
+    def to_html(self, path: Union[str, Path], *, overwrite: bool = False, **options) -> Path:
+        """Write the circuit's interactive page (:meth:`show`) to one offline HTML file, refusing an
+        existing one unless ``overwrite``. Returns the file's path."""
+        return self.show(**options).to_html(path, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "Circuit":

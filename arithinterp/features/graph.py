@@ -115,6 +115,20 @@ class AttributionGraph(Result):
 
         return plot_attribution_graph(self, **kwargs)
 
+    def show(self, **options: Any) -> Any:
+        """The graph's interactive page (an inline frame in a notebook; no server): nodes by layer ×
+        position, a pruning slider, details on click, supernodes, paths on hover. ``options``: those of
+        :func:`arithinterp.viz.graph_view.view_graph` (``labels``, ``supernodes``, ``grids``, ``max_links``).
+        Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
+        from arithinterp.viz.graph_view import view_graph
+
+        return view_graph(self, **options)
+
+    def to_html(self, path: Union[str, Any], *, overwrite: bool = False, **options: Any) -> Any:
+        """Write the graph's interactive page (:meth:`show`) to one offline HTML file, refusing an
+        existing one unless ``overwrite``. Returns the file's path."""
+        return self.show(**options).to_html(path, overwrite=overwrite)
+
     def to_circuit_tracer(self, path: Union[str, Any], *, slug: Optional[str] = None, scan: Optional[str] = None,
                           node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Any:
         """Write the graph JSON circuit-tracer's ``create_graph_files`` writes (its viewer and

@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.engine import Read, run
@@ -187,7 +187,7 @@ def operand_plots(model: HookedModel, prompts: PromptSet, transcoders: Transcode
                            else torch.int32)
     names = [site_lib.hook_name("mlp_in", layer) for layer in transcoders.layers]
     groups = prompts.length_groups()
-    for group in tqdm(groups, desc="operand plots", disable=not progress):
+    for group in progress_bar(groups, desc="operand plots", disable=not progress):
         offset = prompts.offset(group)
         tokens = frame[group, offset:]
         first = int(index[group].min()) - offset  # the earliest role read

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.engine import Read, Write, run
@@ -221,7 +221,7 @@ def swap_test(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
     control = torch.full((n, n_random), -1, dtype=torch.long)
     n_removed, n_added = torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long)
     tokens_all = [prompts.unpadded(torch.tensor([i]))[0] for i in range(n)]
-    for i in tqdm(range(n), desc="swap test", disable=not progress):
+    for i in progress_bar(range(n), desc="swap test", disable=not progress):
         tokens = torch.cat([tokens_all[i], prompts.answer_tokens[i, :fed]])[None]
         layers = list(transcoders.layers)
         out = run(model, tokens, reads=[Read("mlp_in", layer, positions=-1) for layer in layers])

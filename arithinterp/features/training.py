@@ -19,7 +19,6 @@ from typing import Annotated, Any, Optional, Sequence, Union
 
 import torch
 from pydantic import Field
-from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs
@@ -30,6 +29,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.replacement import replacement_metrics
 from arithinterp.features.rows import answer_sequences, read_layers
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (
@@ -60,7 +60,7 @@ def mlp_activations(model: HookedModel, tokens: torch.Tensor, layers: Sequence[i
     size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=len(reads), plain=True)
     ins: list[list[torch.Tensor]] = [[] for _ in layers]
     outs: list[list[torch.Tensor]] = [[] for _ in layers]
-    for start in tqdm(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
+    for start in progress_bar(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
         got = run(model, tokens[start : start + size], writes, reads=reads, logits="none").reads
         for i in range(len(layers)):
             ins[i].append(got[2 * i].float().cpu())
@@ -159,7 +159,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     frequency = torch.zeros(n_features)  # an EMA of each feature's firing rate, bias-corrected below
     dead_after = max(1, math.ceil(2 * n / batch_size))  # a feature silent over ~two passes counts as dead
     resample_every = max(dead_after + 1, steps // 10)
-    for step in tqdm(range(steps), desc=desc, disable=not progress):
+    for step in progress_bar(range(steps), desc=desc, disable=not progress):
         rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
         xb, yb = x[rows], y[rows]
         W_enc, b_enc, W_dec = tensors["W_enc"], tensors["b_enc"], tensors["W_dec"]
@@ -296,7 +296,7 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
     start = time.perf_counter()
     fitted: list[dict[str, torch.Tensor]] = []
     train_rows = 0
-    bar = tqdm(total=len(chosen), desc="transcoders", disable=not progress)
+    bar = progress_bar(total=len(chosen), desc="transcoders", disable=not progress)
 
     def on_layer(layer: int, xs: list, ys: list) -> Optional[list]:
         nonlocal train_rows
@@ -379,7 +379,7 @@ def _end_to_end(model: HookedModel, transcoders: Transcoders, groups: list, step
     scale = {name: float((tensor**2).sum()) or 1.0 for name, tensor in start.items()}
     optimiser = torch.optim.Adam(list(params.values()), lr=lr)
     sizes = torch.tensor([len(group.prompts) for group in groups], dtype=torch.float)
-    for _ in tqdm(range(steps), desc="transcoders end to end", disable=not progress):
+    for _ in progress_bar(range(steps), desc="transcoders end to end", disable=not progress):
         group = groups[int(torch.multinomial(sizes, 1, generator=generator))]
         pick = torch.randperm(len(group.prompts), generator=generator)[:batch_size]
         tokens, answer = group.tokens[pick], group.answer_mask()[pick]

@@ -13,13 +13,13 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.number_axes import grid_of, number_tokens
+from arithinterp.progress import progress_bar
 from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IntList, PositiveInt, HookedModel, checked
 
@@ -425,7 +425,7 @@ def progress(
     key = [int(k) for k in key]
     mask = train_mask(name)
     rows, labels = [], []
-    for step in tqdm(steps, desc="snapshots", disable=not progress):
+    for step in progress_bar(steps, desc="snapshots", disable=not progress):
         snapshot = load_model(f"zoo:{name}@step={step}")
         rows.append(modular_losses(modular_logits(snapshot, p, template=template), key, mask))
         labels.append(int(step))

@@ -11,6 +11,7 @@ the held-out split over values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -474,6 +475,16 @@ class FitLayersResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"r2": "fit layer", "fits": "fit", "layers": "layer"}
     _legal = {"layers": NON_NEGATIVE, "periods": POSITIVE}
+
+    def headline(self) -> dict:
+        """The best held-out R² of each fit over the layers, with its layer.
+
+        Returns:
+            ``{fit: "R² at layer L"}``.
+        """
+        best = self.r2.nan_to_num(-math.inf).max(1)
+        return {fit: f"{float(best.values[i]):.3g} at layer {self.layers[int(best.indices[i])]}"
+                for i, fit in enumerate(self.fits)}
 
     def to_frame(self):
         import pandas as pd

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import stacked_effects
@@ -28,6 +27,7 @@ from arithinterp.helix.fitting import (
     resolve_values,
     shuffled_values,
 )
+from arithinterp.progress import progress_bar
 from arithinterp.results import POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, NonNegativeInt, checked
 
@@ -173,7 +173,8 @@ def search_periods(
                 return cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)[1]
             return fit_core(acts, values, train, mean, comps, ev, kind, subset, None, names, max_value)[2]
 
-        scores = [held_out_r2(x, subset) for subset in tqdm(subsets, desc="period subsets", disable=not progress)]
+        scores = [held_out_r2(x, subset)
+                  for subset in progress_bar(subsets, desc="period subsets", disable=not progress)]
         null = [[held_out_r2(shuffled, subset) for subset in subsets]
                 for shuffled in shuffled_values(x, n_shuffles, seed)]
         criterion = "held-out R²"

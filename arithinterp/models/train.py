@@ -22,12 +22,12 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 from arithinterp.checks import STEPS_MAX, integer
 from arithinterp.outputs import atomic_dir, atomic_write, check_new_dir
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
+from arithinterp.progress import progress_bar
 
 
 TRAIN_ACCURACY_SAMPLE = 20_000  # training problems re-checked for the card (all of them for small tasks)
@@ -205,7 +205,7 @@ def _train_into(out: Path, name: str, entry: ZooEntry, seed: int, steps: int, pr
     # periodic checks use a fixed slice of each held-out set; the card measures all of it
     monitor = [d.test_idx[: recipe.monitor_size] for d in datasets]
     start = time.perf_counter()
-    bar = tqdm(range(1, steps + 1), desc=f"train {name}", disable=not progress)
+    bar = progress_bar(range(1, steps + 1), desc=f"train {name}", disable=not progress)
     accuracy = 0.0
     step = 0
     for step in bar:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
@@ -34,6 +33,7 @@ from arithinterp.patching.core import (
 )
 from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.exact import activation_patching
+from arithinterp.progress import progress_bar
 from arithinterp.results import CORRELATION, Result, build_meta
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import ByteSize, HookedModel, IntegrationSteps, PositiveInt, checked
@@ -248,7 +248,7 @@ def _attribute(model: HookedModel, pairs: PromptPairs, site_list: list[str], met
         batch_size = _pairs_per_batch(model, site_list, len(acts), pairs, budget)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     alphas = [0.0] if method == "attribution" else [(k + 0.5) / ig_steps for k in range(ig_steps)]
-    for idx in tqdm(batches, desc="attribute", disable=not progress):
+    for idx in progress_bar(batches, desc="attribute", disable=not progress):
         # the last batch's reads and gradients go before this batch's are taken, not onto its peak
         source = source_acts = run = base_acts = None
         grads: dict = {}

@@ -117,6 +117,31 @@ class PatchResult(Result):
         """
         return {"layer": self.layers, "position": self.positions, "head": self.heads, "neuron": self.neurons}[axis]
 
+    def headline(self) -> dict:
+        """The strongest cell: the one whose patch moves the metric furthest from the run it patches
+        (the corrupt run when denoising, the clean one when noising), and the two baselines.
+
+        Returns:
+            ``strongest`` (the cell's coordinates), ``cell_mean`` (its mean metric), ``gap_fraction``
+            (where that mean lies between the corrupt baseline, 0, and the clean one, 1), ``clean``
+            and ``corrupt`` (the baselines' means, in the metric's units).
+        """
+        clean, corrupt = float(self.clean_baseline.mean()), float(self.corrupt_baseline.mean())
+        if self.normalized:
+            start = 0.0 if self.direction == "denoise" else 1.0
+        else:
+            start = corrupt if self.direction == "denoise" else clean
+        flat = (self.mean - start).reshape(-1).nan_to_num(0.0).abs()
+        if flat.numel() == 0:
+            return dict(clean=clean, corrupt=corrupt)
+        cell = tuple(int(i) for i in torch.unravel_index(flat.argmax(), tuple(self.mean.shape)))
+        where = " ".join(f"{axis} {self.axis_labels(axis)[i]}" for axis, i in zip(self.axes, cell))
+        if "position" in self.axes:
+            where += f" ({self.tokens[cell[self.axes.index('position')]]!r})"
+        mean = float(self.mean[cell])
+        fraction = mean if self.normalized else (mean - corrupt) / (clean - corrupt) if clean != corrupt else math.nan
+        return dict(strongest=where, cell_mean=mean, gap_fraction=fraction, clean=clean, corrupt=corrupt)
+
     def to_frame(self):
         """One row per cell: the cell's coordinates, mean, sem, CI and pair count."""
         import itertools

@@ -35,10 +35,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, MemoryBudgetError, TaskError, accepted
 from arithinterp.outputs import check_writable_file
+from arithinterp.progress import progress_bar
 from arithinterp.report.budget import (
     DEFAULT_BUDGET, EVALUATION_WEIGHT, MARGIN, MAX_BUDGET, MIN_BUDGET, PILOT, PILOT_SHARE, SLOPE_FLOOR, Budget,
     Context, OverBudget, default_max_memory, parse_memory, pilot_cost, secs,
@@ -249,7 +249,7 @@ def write_report(
     page.set("evaluation", f"done: {time.perf_counter() - clock:.1f} s of its {secs(seconds)} budget; {sampled}")
     ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed, correct_only=correct_only)
 
-    for i, name in enumerate(tqdm(chosen, desc="report", disable=not progress)):
+    for i, name in enumerate(progress_bar(chosen, desc="report", disable=not progress)):
         seconds = share(name, chosen[i + 1:])
         ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
         page.set(name, f"running (budget {secs(seconds)})")

@@ -16,7 +16,7 @@ _STYLE = """
 body { font-family: Inter, Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
 h1 { margin-bottom: 0.2em; } .meta { color: #666; margin-top: 0; }
 section { border-top: 1px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
-.findings li { margin: 0.3em 0; } .figure { margin: 1em 0; } .seconds { color: #999; font-size: 0.85em; }
+.findings li { margin: 0.3em 0; } .figure, .viewer { margin: 1em 0; } .seconds { color: #999; font-size: 0.85em; }
 .sample { color: #555; font-size: 0.9em; } .state { font-weight: bold; } .status li { margin: 0.15em 0; }
 """
 
@@ -40,6 +40,7 @@ def section_html(section: Section, first_figure: int = 0) -> str:
     for i, fig in enumerate(section.figures):
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{first_figure + i}")
         parts.append(f"<div class='figure'>{div}</div>")
+    parts += [f"<div class='viewer'>{view.iframe()}</div>" for view in section.views]  # each its own page, inline
     parts.append(f"<p class='seconds'>computed in {section.seconds:.1f} s</p></section>")
     return "\n".join(parts)
 

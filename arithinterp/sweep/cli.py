@@ -12,6 +12,7 @@ from arithinterp.errors import ArithInterpError, ConfigError
 from arithinterp.outputs import check_writable_dir, fail, print_summary
 from arithinterp.sweep.config import EXECUTORS, load_config, plan
 from arithinterp.sweep.plots import plot_sweep
+from arithinterp.sweep.registry import describe_analyses, list_analyses
 from arithinterp.sweep.runner import check_unfinished_cells, run_sweep
 
 
@@ -43,13 +44,17 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plot", nargs="?", const="", default=None, metavar="DIR",
                    help="write HTML figures of the sweep in DIR "
                         "(or, without DIR, of the config's results after running)")
+    p.add_argument("--list", action="store_true",
+                   help="list the analyses a config can name, each parameter with its type, default and accepted "
+                        "values")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return p
 
 
 def run_cli(args: argparse.Namespace) -> dict:
-    """Run the ``sweep`` subcommand: the sweep, a dry run's plan, or the figures of ``--plot``.
+    """Run the ``sweep`` subcommand: the sweep, a dry run's plan, the figures of ``--plot``, or the
+    analyses' parameters (``--list``).
 
     Args:
         args: The parsed arguments of the ``sweep`` subcommand.
@@ -60,11 +65,14 @@ def run_cli(args: argparse.Namespace) -> dict:
     Raises:
         ConfigError: No config and no ``--plot``, or a bad config, cell or flag.
     """
+    if args.list:  # rows for a program, a readable block per analysis for a person
+        return dict(parameters=list_analyses()) if args.json else describe_analyses()
     if args.plot and not args.config:
         files = plot_sweep(args.plot)  # reads the results first, then writes into args.plot/figures
         return dict(out=args.plot, figures=[str(f) for f in files])
     if not args.config:
-        raise ConfigError("give a sweep config file, or --plot DIR to draw an existing sweep")
+        raise ConfigError("give a sweep config file, --plot DIR to draw an existing sweep, or --list to list the "
+                          "analyses")
     overrides = dict(out=args.out, executor=args.executor, workers=args.workers, address=args.address,
                      num_cpus=args.num_cpus, num_gpus=args.num_gpus, device=args.device)
     if args.dry_run:

@@ -257,7 +257,7 @@ def run_sweep(
 
 
 def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> SweepRun:
-    from tqdm.auto import tqdm
+    from arithinterp.progress import progress_bar
 
     (out_dir / RESULTS).mkdir(exist_ok=True)
     clean_temp_files(out_dir)
@@ -302,7 +302,7 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
         runner = {"local": lambda: run_local(jobs), "processes": lambda: run_processes(jobs, cfg.workers),
                   "ray": lambda: run_ray(jobs, cfg.ray.get("address"), cfg.resources)}[cfg.executor]
         last_write = time.monotonic()
-        bar = tqdm(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
+        bar = progress_bar(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
         stream = runner()
         try:
             for outcome in stream:
