@@ -17,14 +17,13 @@ import sys
 import warnings
 from typing import Any, Callable, Optional, Sequence, cast
 
-from arithinterp.checks import STEPS_MAX
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
 from arithinterp.outputs import fail, print_summary
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
-# what each command writes, by flag: "result" (a folder for Result.save), "dir", "new-dir" (a folder
-# written whole at the end, so the check creates nothing in its place) or "file"; every one is
-# checked before the command starts its work, so a bad path never costs an analysis
+# what each command writes, by flag: "result" (a folder for Result.save) or "new-dir" (other folders
+# written whole at the end), or "file"; every one is checked (outputs.check_target) before the
+# command starts its work, so a bad path never costs an analysis
 OUTPUTS: dict[str, dict[str, str]] = {}
 
 SEED_MAX = 2**32 - 1  # the largest seed numpy and scikit-learn take; torch takes it too
@@ -75,7 +74,7 @@ def command(name: str, outputs: Optional[dict[str, str]] = None):
 
     Args:
         name: The subcommand's name (``arithinterp NAME``).
-        outputs: ``{argument: "file" | "dir" | "new-dir" | "result"}``: the outputs :func:`check_outputs`
+        outputs: ``{argument: "file" | "new-dir" | "result"}``: the outputs :func:`check_outputs`
             checks before the command runs.
 
     Returns:
@@ -136,10 +135,8 @@ def report_command(args: argparse.Namespace) -> dict:
     Returns:
         The command's JSON-able summary, printed by :func:`main`.
     """
-    from arithinterp.outputs import check_writable_file
     from arithinterp.report import write_report
 
-    check_writable_file(args.out, "--out", args.overwrite)  # write_report() checks too; this names the flag
     if args.template is not None and not args.template.strip():  # not the default template, unasked
         raise ConfigError("--template: '' is an empty template; give one with {a} and {b} such as '{a}+{b}=', "
                           "or leave --template out")
@@ -193,7 +190,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: An output that cannot be written.
     """
-    from arithinterp.outputs import check_free_dir, check_new_dir, check_writable_dir, check_writable_file
+    from arithinterp.outputs import check_target
     from arithinterp.results import holds_result
 
     for dest, kind in OUTPUTS.get(args.command, {}).items():
@@ -202,18 +199,11 @@ def check_outputs(args: argparse.Namespace) -> None:
             continue
         if not str(path).strip():  # not "nothing saved", nor the default folder
             raise ConfigError(f"{flag}: {path!r} is an empty path; give a file or folder name, or omit {flag}")
-        if kind == "file":
-            check_writable_file(path, flag, getattr(args, "overwrite", False))
-            continue
-        if kind == "new-dir":
-            check_new_dir(path, flag, getattr(args, "overwrite", False))
-            continue
-        check_writable_dir(path, flag)
-        if kind == "dir":
-            check_free_dir(path, flag, getattr(args, "overwrite", False))
-        if kind == "result" and not getattr(args, "overwrite", False) and holds_result(path):
+        overwrite = getattr(args, "overwrite", False)
+        if kind == "result" and not overwrite and holds_result(path):
             raise ConfigError(f"{flag}: {path} already holds a saved result; pass --overwrite to replace it, "
                               "or give another folder")
+        check_target(path, overwrite=overwrite, what=flag, folder=kind != "file")
 
 
 _ANALYSIS_OUTPUTS = dict(out="result", figure="file")
@@ -229,13 +219,12 @@ def _model_and_prompts(args: argparse.Namespace, correct_only: bool = True):
 
 
 def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
-    from arithinterp.outputs import atomic_write
+    from arithinterp.outputs import write_figure
 
     if args.out:
         summary["result"] = str(result.save(args.out, overwrite=args.overwrite))
     if args.figure:
-        figure = result.plot()
-        atomic_write(args.figure, lambda tmp: figure.write_html(str(tmp), include_plotlyjs=True))
+        write_figure(result.plot(), args.figure, overwrite=args.overwrite, what="--figure")
         summary["figure"] = args.figure
     return summary
 
@@ -630,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
         The parser.
     """
     from arithinterp._version import __version__
+    from arithinterp.checks import STEPS_MAX
     from arithinterp.models.zoo import ZOO
 
     parser = argparse.ArgumentParser(
@@ -825,9 +815,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Returns:
         The exit status: 0 on success, 2 on a library error or no command, 1 on another error with
-        ``--json``, 130 when interrupted.
+        ``--json``, 130 when interrupted (Ctrl-C at any moment: one line, no traceback).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while the parser is built (the first seconds import torch) or the summary printed
+        print("arithinterp: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

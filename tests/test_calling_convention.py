@@ -50,6 +50,7 @@ SPECIFIC = {
     "variables", "causal_model", "importance_scores", "control_acts", "graph", "edge_sets", "edges", "exact",
     "approx", "a", "b", "source", "grids", "preacts", "snapshots", "path", "resume", "estimator", "registry",
     "intervention", "where", "rows",  # a subspace, the Site it acts on (as read_pyvene gives them) and the pairs scored
+    "unsealed",  # load a saved folder that carries no seal (docs/files.md)
     # what is read, fitted or scored
     "target", "values", "numbers", "periods", "candidates", "features", "kind", "kinds", "band", "variable",
     "answer_tokens", "model_answer", "labels", "names", "policy", "classify",

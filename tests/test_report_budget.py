@@ -344,7 +344,7 @@ def test_all_prompts_are_analysed_when_asked_for(tmp_path, llama_folder):
                      r"correctly or not", text)
     states = stage_states(out.read_text())
     assert states["Activation patching"].startswith("done"), states
-    with pytest.raises(ConfigError, match="correct_only must be True or False"):
+    with pytest.raises(ConfigError, match="correct_only=.yes. is not accepted .*correct_only accepts True or False"):
         write_report("zoo:add-100", out=tmp_path / "x.html", correct_only="yes",  # pyright: ignore[reportArgumentType]
                      progress=False)
 

@@ -502,7 +502,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     finished = len(list((out / "results").rglob("*.parquet")))
     assert 1 <= finished < 7, "the kill must land mid-run"
     # what a kill in the middle of a write leaves behind: a temp file next to the results
-    stale = out / "results" / "patching" / ".deadbeef.parquet.tmp-99999"
+    stale = out / "results" / "patching" / ".deadbeef.parquet.x1y2z3.tmp"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"half a table")
 

@@ -22,7 +22,7 @@ from arithinterp.engine.edges import Layout
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import ArithInterpError, ConfigError, ResultFileError
 from arithinterp.metrics import metric_name
-from arithinterp.results import DISTINCT, JSON_FILE, TENSOR_FILE, Result, build_meta
+from arithinterp.results import BOOLEAN, DISTINCT, JSON_FILE, TENSOR_FILE, Relation, Result, build_meta
 from arithinterp.types import (
     ByteSize, IntegrationSteps, NonNegativeFiniteFloat, NonNegativeInt, PositiveInt, checked,
 )
@@ -64,7 +64,12 @@ class Circuit(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"scores": "edge", "pair_scores": "pair edge", "kept": "edge", "edges": "edge", "senders": "edge",
                "receivers": "edge", "channels": "edge", "positions": "edge"}
-    _legal = {"nodes": DISTINCT}
+    _legal = {"nodes": DISTINCT, "kept": BOOLEAN}
+    _relations = (Relation(
+        "nodes", "every node a kept edge touches (its sender and receiver), each an edge's end", lambda v: (
+            {n for n, k in zip(v["senders"], v["kept"].tolist()) if k}
+            | {n for n, k in zip(v["receivers"], v["kept"].tolist()) if k})
+        <= set(v["nodes"]) <= set(v["senders"]) | set(v["receivers"])),)
     _required_meta = ("layout",)
 
     @property
@@ -132,10 +137,10 @@ class Circuit(Result):
         return self.show(**options).to_html(path, overwrite=overwrite)
 
     @classmethod
-    def load(cls, path: Union[str, Path]) -> "Circuit":
-        """Read a circuit written by :meth:`save`, checking that every per-edge field has one
-        entry per edge and that the saved layout rebuilds the same edges."""
-        circuit = super().load(path)
+    def load(cls, path: Union[str, Path], *, unsealed: bool = False) -> "Circuit":
+        """Read a circuit written by :meth:`save` (see :meth:`Result.load`), checking that every per-edge
+        field has one entry per edge and that the saved layout rebuilds the same edges."""
+        circuit = super().load(path, unsealed=unsealed)
         path = Path(path)
         tensors, text = path / TENSOR_FILE, path / JSON_FILE
         n = len(circuit.edges)

@@ -438,4 +438,4 @@ def progress(
         raise ConfigError("no snapshot to measure: pass snapshots= or include_final=True")
     columns = {m: torch.tensor([r[m] for r in rows]) for m in ProgressResult.MEASURES}
     return ProgressResult(steps=labels, **columns, key=key,
-                          meta=build_meta(model=None, zoo=name, p=p, n_train_pairs=int(mask.sum())))
+                          meta=build_meta(None, zoo=name, p=p, n_train_pairs=int(mask.sum())))

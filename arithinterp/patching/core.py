@@ -21,7 +21,7 @@ from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import DIRECTIONS, METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.results import NON_NEGATIVE, Result, build_meta
+from arithinterp.results import NON_NEGATIVE, Relation, Result, build_meta
 from arithinterp.types import HookedModel, OpenUnitFloat, PositiveInt, checked
 
 if TYPE_CHECKING:
@@ -98,7 +98,19 @@ class PatchResult(Result):
                "ci_high": "layer ...", "clean_baseline": "pair", "corrupt_baseline": "pair", "layers": "layer",
                "positions": "position", "tokens": "position"}
     _legal = {"axes": ("layer", "position", "head", "neuron"), "layers": NON_NEGATIVE, "heads": NON_NEGATIVE,
-              "neurons": NON_NEGATIVE, "sem": NON_NEGATIVE, "direction": DIRECTIONS}
+              "neurons": NON_NEGATIVE, "sem": NON_NEGATIVE, "direction": DIRECTIONS, "site": PATCHING_SITES,
+              "method": ("exact", *ATTRIBUTION_METHODS)}
+    _relations = (
+        Relation("axes", "the names of the cell axes of 'mean', one per dimension, in the order layer, position, "
+                 "head, neuron", lambda v: len(v["axes"]) == v["mean"].ndim and v["axes"]
+                 == [a for a in ("layer", "position", "head", "neuron") if a in v["axes"]] and v["axes"][0] == "layer"),
+        Relation("positions", "one label per entry of each cell axis (layers, positions, heads, neurons), and none "
+                 "for an axis the cells lack", lambda v: all(
+                     len(v[labels]) == (v["mean"].shape[v["axes"].index(axis)] if axis in v["axes"] else len(v[labels]))
+                     and (axis in v["axes"] or axis == "position" or not v[labels])
+                     for axis, labels in (("layer", "layers"), ("position", "positions"), ("head", "heads"),
+                                          ("neuron", "neurons")))),
+    )
     _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @property

@@ -114,7 +114,7 @@ def save_detector(detector: ErrorDetector, path: Union[str, Path], overwrite: bo
     """
     encoder = _Encoder()
     fields = encoder.encode(vars(detector), "detector")
-    return write_sealed(path, KIND, fields, encoder.tensors, detector.meta_, overwrite)
+    return write_sealed(path, KIND, fields, encoder.tensors, detector.meta_, overwrite=overwrite)
 
 
 def load_detector(cls: type, path: Union[str, Path]) -> Any:

@@ -27,7 +27,7 @@ from arithinterp.probes.probe_base import as_targets
 from arithinterp.probes.probe_result import CONTROLS, ProbeResult
 from arithinterp.probes.targets import resolve_target
 from arithinterp.progress import progress_bar
-from arithinterp.results import build_meta
+from arithinterp.results import build_meta, made_from
 from arithinterp.types import checked
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def probe_layers(
     params = {k: v for k, v in estimator.get_params(deep=False).items()
               if isinstance(v, (int, float, str, bool, type(None)))}
     meta = build_meta(
-        target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, seed=seed,
+        **made_from(acts), target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, seed=seed,
         probe=dict(kind=kind, **params), folds=scheme, activations=dict(getattr(acts, "meta", None) or {}),
     )
     if not keep.all():

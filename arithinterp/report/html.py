@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from arithinterp.outputs import atomic_write
+from arithinterp.outputs import write_file
 from arithinterp.report.stage import Section
 
 _STYLE = """
@@ -96,13 +96,16 @@ FINISHED = ("done", "not enough data", "not run", "skipped", "failed")  # the st
 
 
 class Page:
-    """The report as it stands, rewritten to ``out`` (atomically) whenever a stage starts or ends,
-    so that a run stopped at any point (killed, interrupted, out of memory) leaves a readable
-    page listing what finished, what was running and what was not yet run. ``titles``: each
-    stage's title by name."""
+    """The report as it stands, rewritten to ``out`` (whole, by the guarded writer) whenever a stage
+    starts or ends, so that a run stopped at any point (killed, interrupted, out of memory) leaves a
+    readable page listing what finished, what was running and what was not yet run. ``titles``: each
+    stage's title by name. ``replaces``: the page the run writes when it ends (:meth:`finish`), when
+    ``out`` is a file beside it (an old page kept until the new one is complete)."""
 
-    def __init__(self, out: Path, title: str, meta: dict, names: list[str], titles: dict[str, str]):
+    def __init__(self, out: Path, title: str, meta: dict, names: list[str], titles: dict[str, str],
+                 replaces: Optional[Path] = None):
         self.out, self.title, self.meta, self.start = out, title, meta, time.perf_counter()
+        self.replaces = out if replaces is None else replaces  # the page written when the run ends
         self.titles = titles
         self.names = ["evaluation", *names]
         self.state = {name: "not yet run" for name in self.names}
@@ -163,5 +166,17 @@ class Page:
                     + (f", {running[0]} running" if running else "") + "; the page is rewritten as each stage ends.")
         meta = dict(self.meta, seconds=round(time.perf_counter() - self.start, 1))
         status = [("Evaluating the task" if n == "evaluation" else self.titles[n], self.state[n]) for n in self.names]
+        if self.replaces != self.out and finished != total:
+            note += f" {self.replaces} keeps the previous page until this run ends."
         page = render(self.title, meta, self.sections, status, note or self.note, self.bodies)
-        return atomic_write(self.out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+        return write_file(self.out, page, overwrite=True, what="out")  # the run's own page, rewritten
+
+    def finish(self) -> Path:
+        """Write the page a last time, where it belongs: a page written beside an old one (``NAME.in-progress.html``)
+        takes its place now that the run is complete, and the file beside it is removed. Returns the page's path."""
+        written = self.write()
+        if written == self.replaces:
+            return written
+        final = write_file(self.replaces, written.read_bytes(), overwrite=True, what="out")
+        written.unlink(missing_ok=True)
+        return final

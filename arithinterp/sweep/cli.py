@@ -68,7 +68,7 @@ def run_cli(args: argparse.Namespace) -> dict:
     if args.list:  # rows for a program, a readable block per analysis for a person
         return dict(parameters=list_analyses()) if args.json else describe_analyses()
     if args.plot and not args.config:
-        files = plot_sweep(args.plot)  # reads the results first, then writes into args.plot/figures
+        files = plot_sweep(args.plot, overwrite=True)  # redrawn from the results: the figures are the sweep's own
         return dict(out=args.plot, figures=[str(f) for f in files])
     if not args.config:
         raise ConfigError("give a sweep config file, --plot DIR to draw an existing sweep, or --list to list the "
@@ -90,7 +90,7 @@ def run_cli(args: argparse.Namespace) -> dict:
     run = run_sweep(args.config, progress=not args.no_progress, **overrides)
     summary = run.summary()
     if args.plot is not None:
-        summary["figures"] = [str(f) for f in plot_sweep(run.out, args.plot or None)]
+        summary["figures"] = [str(f) for f in plot_sweep(run.out, args.plot or None, overwrite=True)]
     return summary
 
 
@@ -101,14 +101,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: The arguments (default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 when every cell finished, 1 when some failed, 2 on a bad config.
+        The exit status: 0 when every cell finished, 1 when some failed, 2 on a bad config, 130 when
+        interrupted (one line, no traceback).
     """
-    parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
-    parser.prog = "python -m arithinterp.sweep"
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        summary = run_cli(args)
-    except ArithInterpError as error:
-        return fail("sweep", error, 2, args.json)
-    print_summary(summary, args.json)
+        parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
+        parser.prog = "python -m arithinterp.sweep"
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            summary = run_cli(args)
+        except ArithInterpError as error:
+            return fail("sweep", error, 2, args.json)
+        print_summary(summary, args.json)
+    except KeyboardInterrupt:  # finished cells are kept; the next run resumes from them
+        print("arithinterp sweep: interrupted", file=sys.stderr)
+        return 130
     return 1 if summary.get("failed") else 0

@@ -21,6 +21,7 @@ from arithinterp.sweep.executors import check_picklable, import_ray, run_local, 
 from arithinterp.sweep.registry import ANALYSES
 from arithinterp.sweep.worker import check_cells
 from arithinterp.sweep.storage import (
+    MANIFEST,
     RESULTS,
     clean_temp_files,
     write_cell,
@@ -251,6 +252,10 @@ def run_sweep(
     cells = plan(cfg)
     out_dir = cfg.out_dir  # a missing 'out' is refused before any model loads
     check_unfinished_cells(cfg, cells)  # before anything is written: a refused run leaves 'out' as it was
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not any(
+            (out_dir / name).exists() for name in (MANIFEST, RESULTS, ".lock")):
+        raise ConfigError(f"out: {out_dir} holds files but no sweep's results ({MANIFEST}, {RESULTS}/); a sweep "
+                          "writes into an empty folder or resumes its own: give another folder")
     out_dir = check_writable_dir(out_dir, "out")
     with _driver_lock(out_dir):
         return _run_cells(cfg, cells, out_dir, progress)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Union
 
 from arithinterp.errors import ConfigError
+from arithinterp.outputs import writes
 
 PathLike = Union[str, Path]
 HEIGHT = 720  # pixels of a notebook's or the report's inline frame
@@ -89,6 +90,7 @@ class GraphView:
     def _repr_html_(self) -> str:
         return self.iframe()
 
+    @writes
     def to_html(self, path: PathLike, *, overwrite: bool = False) -> Path:
         """Write the page (one file; opens offline from ``file://``).
 
@@ -102,13 +104,9 @@ class GraphView:
         Raises:
             ConfigError: The path is a folder, cannot be written, or exists and ``overwrite`` is false.
         """
-        from arithinterp.outputs import atomic_write, check_writable_file
+        from arithinterp.outputs import write_file
 
-        if not isinstance(overwrite, bool):
-            raise ConfigError(f"overwrite must be True or False, got {overwrite!r}")
-        target = check_writable_file(path, "path", overwrite)
-        page = self.html
-        return atomic_write(target, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+        return write_file(path, self.html, overwrite=overwrite, what="path")
 
     def __repr__(self) -> str:
         nodes, links = len(self.data["nodes"]["id"]), len(self.data["links"]["source"])
