@@ -478,17 +478,21 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
     """
     import dataclasses
 
+    from arithinterp.features.cache import cache_folder
     from arithinterp.features.plan import plan_transcoders, train_planned
     from arithinterp.models import load_model
+    from arithinterp.outputs import check_target
 
     if args.operands is not None:
         _check_operands(args.operands)
     model = load_model(args.model)
+    out = args.out or cache_folder(model)  # the cache's folder is named by the model's fingerprint: known now
+    check_target(out, overwrite=args.overwrite, what="--out", folder=True)
     plan = plan_transcoders(model, template=args.template, few_shot=args.few_shot, operands=args.operands,
                             seed=args.seed)
     changes = {name: value for name, value in (("steps", args.steps), ("n_train", args.prompts)) if value is not None}
     plan = dataclasses.replace(plan, **changes)
-    card = train_planned(model, plan, args.out, overwrite=args.overwrite, progress=not args.no_progress)[1]
+    card = train_planned(model, plan, out, overwrite=args.overwrite, progress=not args.no_progress)[1]
     return dict(command="train-transcoders", model=args.model, out=card["out"], wall_seconds=card["wall_seconds"],
                 replacement=card["replacement"], layers=card["layers"], plan=card["plan"])
 
@@ -516,7 +520,6 @@ def graph_command(args: argparse.Namespace) -> dict:
         raise ConfigError("--grids draws operand plots in the --html page; give --html FILE too")
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders) if args.transcoders else require_transcoders(model)
-    grid = _operand_grid(model, args.model) if args.grids else None  # checked before the graph is computed
     graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes,
                          max_feature_nodes=args.max_feature_nodes)
     columns = ["layer", "position", "token", "feature", "activation", "influence"]
@@ -524,23 +527,22 @@ def graph_command(args: argparse.Namespace) -> dict:
     top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
     summary = dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
     if args.html:
-        from arithinterp.features import graph_feature_grids
-
-        grids = None if grid is None else graph_feature_grids(model, grid, transcoders, graph)
+        grids = _graph_grids(model, transcoders, graph, args.prompt) if args.grids else None
         graph.to_html(args.html, overwrite=args.overwrite, grids=grids)
         summary["html"] = args.html
     return _finish(graph, args, summary)
 
 
-def _operand_grid(model: Any, spec: str):
-    """The task's operand grid (at most 100 values per operand) that ``--grids`` plots features over."""
-    from arithinterp.models.zoo import grid_prompts
+def _graph_grids(model: Any, transcoders: Any, graph: Any, text: str) -> list:
+    """The operand plots of the graph's kept features for ``--grids``: each at its position's role in
+    the prompt (read as an arithmetic problem of the plan's template), over the plan's grid."""
+    from arithinterp.features.operand_plots import graph_feature_grids
+    from arithinterp.features.plan import plan_transcoders, transcoder_plots
+    from arithinterp.tasks import parse_prompt
 
-    prompts = grid_prompts(model, spec)
-    if bool((prompts.n_answer_tokens != 1).any()) or not prompts.uniform_length:
-        raise ConfigError(f"--grids: {spec}'s task has answers of several tokens or prompts of several lengths; "
-                          "operand plots read one answer token at one position (a model such as zoo:add-100)")
-    return prompts
+    plan = plan_transcoders(model)
+    prompt = parse_prompt(model, text, op=plan.op, template=plan.template)
+    return graph_feature_grids(graph, transcoder_plots(model, transcoders), prompt)
 
 
 # --- parser --------------------------------------------------------------------------------------

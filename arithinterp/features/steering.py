@@ -151,8 +151,9 @@ def token_groups(plots: OperandPlots, transcoders: Transcoders, role: str, *, mi
     for layer in plots.layers:
         if not plots.active(layer, role):
             continue
-        table = label_plots(plots, layer, role, threshold=threshold, fdr=fdr, seed=seed).to_frame()
-        table = table[table["label"]].sort_values("score", ascending=False).drop_duplicates("neuron")
+        frame = label_plots(plots, layer, role, threshold=threshold, fdr=fdr, seed=seed).to_frame()
+        labelled = pd.DataFrame(frame[frame["label"]])
+        table = labelled.sort_values(by="score", ascending=False).drop_duplicates("neuron")
         if table.empty:
             continue
         maps, a_values, b_values = plots.maps(layer, table["neuron"].tolist(), role)
