@@ -20,7 +20,7 @@ from arithinterp.errors import ArithInterpError
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (
-        activations, causal, checks, circuits, cli, cyclic, engine, errors, features, fourier, helix,
+        activations, causal, checks, circuits, cli, cyclic, drawing, engine, errors, features, fourier, helix,
         intervals, lens, metrics, models, neurons, outputs, patching, printing, probes, progress, report, results,
         schemas, sites, sweep, tasks, types, viz,
     )
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers 
 
 # every public module and subpackage, reachable as an attribute (tests/test_package.py checks the list is whole)
 _SUBMODULES = (
-    "activations", "causal", "checks", "circuits", "cli", "cyclic", "engine", "errors", "features",
+    "activations", "causal", "checks", "circuits", "cli", "cyclic", "drawing", "engine", "errors", "features",
     "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
     "probes", "progress", "report", "results", "schemas", "sites", "sweep", "tasks", "types", "viz",
 )
@@ -49,7 +49,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
-    "activations", "causal", "checks", "circuits", "cli", "cyclic", "engine", "errors", "features",
+    "activations", "causal", "checks", "circuits", "cli", "cyclic", "drawing", "engine", "errors", "features",
     "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
     "probes", "progress", "report", "results", "schemas", "sites", "sweep", "tasks", "types", "viz",
 ]

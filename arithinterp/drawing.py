@@ -95,4 +95,4 @@ def draw(result: Any, name: str = "plot", /, **options: Any) -> Any:
     return drawer(result, **options)
 
 
-__all__ = ["DRAWERS_PACKAGE", "draw", "draws"]
+__all__ = ["DRAWERS_PACKAGE", "DRAWER_MODULES", "draw", "draws"]

@@ -31,7 +31,7 @@ NOT_OPTIONS = {
     "description": "free text", "title": "free text", "help": "free text", "who": "free text",
     "sample": "free text", "minimum_name": "free text", "what": "free text", "fold_scheme": "free text",
     "out": "a path (OutputError)", "model": "a model spec (ModelSpecError)", "output": "a variable's name",
-    "device": "a torch device (ModelSpecError)",
+    "device": "a torch device (ModelSpecError)", "zoo": "a zoo model's name (ModelSpecError)",
 }
 FOLDERS = {"worker.run_cell": "base"}  # the sweep's folder, where run_edge_sets' ``base`` is an option
 # Records the package builds and checks itself (tasks.arithmetic, load_transcoders, load_config): their
@@ -87,7 +87,7 @@ def world(tiny_model, tiny_digit_model, digit_tokenizer):
     from arithinterp import causal, circuits, helix, neurons, probes
     from arithinterp.activations import collect
     from arithinterp.engine.edges import Layout
-    from arithinterp.features import train_transcoders
+    from arithinterp.features import operand_plots, train_transcoders
     from arithinterp.tasks import arithmetic
 
     torch.manual_seed(0)
@@ -109,8 +109,9 @@ def world(tiny_model, tiny_digit_model, digit_tokenizer):
         transcoders=train_transcoders(tiny_model, prompts, n_features=16, k=2, steps=3, batch_size=64,
                                       progress=False),
         detector=detector, X=torch.randn(8, 4), targets=torch.randint(0, 2, (8, 1)),
-        masks=torch.ones(8, 1, dtype=torch.bool),
+        masks=torch.ones(8, 1, dtype=torch.bool), text="36+59=",
     )
+    values["plots"] = operand_plots(tiny_model, prompts, values["transcoders"], progress=False)
     overrides: dict[str, dict[str, Any]] = {
         "fit.das": dict(pairs=causal.interchange_dataset(arithmetic(tiny_model, "+", range(10, 16), range(20, 26)),
                                                          "sum_mod_10", n=8, seed=0)),
@@ -125,6 +126,7 @@ def world(tiny_model, tiny_digit_model, digit_tokenizer):
         DetectorResult=lambda: detector.evaluate(tiny_digit_model, digits, evaluation),
         HeuristicTable=lambda: values["table"],
         NeuronMaps=lambda: neurons.maps(tiny_model, prompts, neurons=[(0, 0)], progress=False),
+        OperandPlots=lambda: values["plots"],
     )
     fits = dict(ErrorDetector=lambda made: made.fit(tiny_digit_model, digits, evaluation))
     return dict(values=values, overrides=overrides, instances=instances, fits=fits)

@@ -783,8 +783,8 @@ def test_viz_functions_share_one_name_style_and_take_the_result_types():
             continue
         assert annotation in names, f"{module.__name__}.{attr}({first.name}: {annotation}) should take a result type"
         typed.add(annotation)
-    drawn_by_sweep_tables = {"SweepRun"}  # its plot() draws its own tables
-    assert names - typed == drawn_by_sweep_tables
+    drawn_otherwise = {"SweepRun", "OperandPlots"}  # the sweep's tables; the FeatureGridsResult of some features
+    assert names - typed == drawn_otherwise
 
 
 def test_every_result_below_viz_draws_through_the_registry():
@@ -794,8 +794,8 @@ def test_every_result_below_viz_draws_through_the_registry():
 
     missing = []
     for cls in RESULT_TYPES:
-        if cls.__module__.split(".")[1] in ("sweep", "report"):
-            continue
+        if cls.__module__.split(".")[1] in ("sweep", "report") or cls.__name__ == "OperandPlots":
+            continue  # above viz; and plots that draw as the FeatureGridsResult of some of their features
         importlib.import_module(_drawer_module(cls, "plot"))
         if _lookup(cls, "plot") is None:
             missing.append(cls.__name__)
