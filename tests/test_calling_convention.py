@@ -52,6 +52,8 @@ SPECIFIC = {
     "intervention", "where", "rows",  # a subspace, the Site it acts on (as read_pyvene gives them) and the pairs scored
     "unsealed",  # load a saved folder that carries no seal (docs/files.md)
     "plots", "role", "roles",  # transcoders' operand plots, and the operand (or the sum) a feature is read at
+    "k_maps", "kv_maps", "a_values", "b_values", "op", "modulus", "importance",  # classify_maps' tensor path
+    "chunk_size",  # the neurons whose seeded tie-breaks are drawn together: a unit of the result, not of memory
     "plan", "out", "few_shot", "operands", "min_agreement",  # how transcoders are trained, and where they go
     "end_to_end_steps", "end_to_end_lr", "anchor",  # the transcoders' end-to-end fine-tune
     # what is read, fitted or scored
@@ -140,8 +142,8 @@ EXPORTED = _exported_types()
 def _resolved(fn: Callable, annotation: Any) -> Any:
     """An annotation as the object it names: a quoted one too, with the names imported for type
     checkers only (a name nothing exports fails here rather than leaving the function unchecked)."""
-    if isinstance(annotation, str):
-        return eval(annotation, {**vars(typing), **EXPORTED, **fn.__globals__})  # noqa: S307 - the package's own
+    while isinstance(annotation, str):  # quoted under ``from __future__ import annotations``: quoted twice
+        annotation = eval(annotation, {**vars(typing), **EXPORTED, **fn.__globals__})  # noqa: S307 - the package's
     return annotation
 
 

@@ -280,7 +280,8 @@ def label_plots(plots: OperandPlots, layer: int, role: str, features: Optional[I
     if not chosen:
         raise AnalysisError(f"no feature of layer {layer} fires on three cells at {role!r}; nothing to label")
     maps, a_values, b_values = plots.maps(layer, chosen, role)
-    return classify_maps(maps, None, a_values, b_values, plots.op, threshold, fdr=fdr, registry=activity_registry(),
+    return classify_maps(maps, None, a_values, b_values, plots.op, threshold=threshold, fdr=fdr,
+                         registry=activity_registry(), progress=False,
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), seed=seed,
                          meta=dict(role=role))
 

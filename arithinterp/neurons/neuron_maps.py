@@ -95,7 +95,7 @@ class NeuronMaps(Result):
             The classification.
         """
         return classify_maps(
-            self.k_maps, self.kv_maps, self.a_values, self.b_values, self.op, threshold,
+            self.k_maps, self.kv_maps, self.a_values, self.b_values, self.op, threshold=threshold,
             modulus=self.modulus, layers=self.layer, neurons=self.neuron, meta=dict(self.meta), **kwargs,
         )
 
