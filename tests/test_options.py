@@ -64,10 +64,13 @@ def _is_option(qualname: str, parameter: inspect.Parameter) -> bool:
     return isinstance(parameter.default, str) or "Literal[" in str(parameter.annotation)
 
 
+CALLABLES = _public_callables()
+
+
 def option_parameters() -> list[tuple[str, str]]:
     """Every (callable, parameter) pair that takes an option string."""
     pairs = []
-    for qualname, fn in sorted(_public_callables().items()):
+    for qualname, fn in sorted(CALLABLES.items()):
         try:
             signature = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -133,7 +136,7 @@ def world(tiny_model, tiny_digit_model, digit_tokenizer):
 
 
 def _call(world: dict, qualname: str, parameter: str) -> None:
-    fn = _public_callables()[qualname]
+    fn = CALLABLES[qualname]
     owner, _, method = qualname.rpartition(".")
     signature = inspect.signature(fn)
     given = {**world["values"], **world["overrides"].get(qualname, {})}
