@@ -224,6 +224,27 @@ def das(
     )
 
 
+def converged(history: Sequence[float], window: float = 0.2, tolerance: float = 0.05) -> bool:
+    """Whether a fit's training loss had stopped falling: over the last ``window`` of its steps
+    its mean fell by at most ``tolerance`` of the mean over the ``window`` before. A fit cut short
+    while its loss still falls has not found the subspace it would have, so its IIA is no finding.
+
+    Args:
+        history: The training loss per step (``DASResult.history``).
+        window: The share of the steps each mean is over.
+        tolerance: The largest relative fall that counts as stopped.
+
+    Returns:
+        ``True`` when the loss had levelled off (too short a history to tell: ``False``).
+    """
+    k = int(len(history) * window)
+    if k < 1 or len(history) < 2 * k:
+        return False
+    late = sum(history[-k:]) / k
+    before = sum(history[-2 * k:-k]) / k
+    return before - late <= tolerance * max(abs(before), 1e-8)
+
+
 @checked
 def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: Site, k: int,
                        which: Sequence[str], size: int, seed: int = 0, rows: Optional[torch.Tensor] = None,

@@ -3,13 +3,47 @@ report's prompts, and the attribution graph of one correctly answered prompt."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from arithinterp.errors import ModelSpecError, accepted
+from arithinterp.report.budget import StagePlan
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.report.work import BACKWARD, work_seconds
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
+
+
+def features_plan(ctx: Context) -> StagePlan:
+    """The attribution graph of one prompt whatever the share, and the replacement model on as many
+    of the task's prompts as the rest holds (at least 30): two forwards of each, the model's and
+    the replacement's.
+
+    Args:
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``prompts`` (for the replacement model).
+
+    Raises:
+        ModelSpecError: No transcoders ship for the model: the stage does not apply.
+    """
+    from arithinterp.features import load_transcoders
+    from arithinterp.features.shipped import RECIPES
+    from arithinterp.report.evaluation import prompt_positions
+
+    if not ctx.spec.startswith("zoo:"):  # the report shows the reason as "not run on this model"
+        raise ModelSpecError(f"transcoders ship only for the zoo models {accepted(['zoo:' + n for n in RECIPES])}, "
+                             f"not for {ctx.spec!r}; train some with arithinterp.features.train_transcoders")
+    load_transcoders(ctx.spec).check_model(ctx.model)  # a zoo model without them: ModelSpecError, which says so
+    require("features", 0 if ctx.prompts is None else len(ctx.prompts), "the graph of a correctly answered prompt")
+    shape = ctx.shape
+    forward = prompt_positions(ctx.all_prompts) * shape.n_layers
+    graph = work_seconds(shape, token_layers=forward * (1 + BACKWARD) * shape.d_mlp / 8, fit_steps=50)
+    count, seconds, sample = ctx.fit(ctx.all_prompts, "prompts", 30, lambda k: graph + work_seconds(
+        shape, token_layers=2 * k * forward, unembeds=2 * k, calls=4 * shape.n_layers * math.ceil(k / 64)))
+    return StagePlan(dict(prompts=count), seconds, sample)
 
 
 def features_stage(ctx: Context) -> Section:
@@ -37,10 +71,11 @@ def features_stage(ctx: Context) -> Section:
     assert correct is not None  # require() counted them
     prompt = correct.texts[0]
     graph = attribution_graph(ctx.model, correct[:1], transcoders, progress=False)  # the first correctly answered
-    prompts, fitted = ctx.fit(ctx.all_prompts, "prompts", 30, per_item=2 * ctx.budget.forward_seconds)
+    plan = ctx.plan_of(STAGE)
+    prompts = ctx.pick(ctx.all_prompts, plan.choices["prompts"])
     measured = replacement_metrics(ctx.model, prompts, transcoders).as_dict()
     section = Section(STAGE.title,
-                      sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", fitted))
+                      sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", plan.sample))
     rows = transcoders.metrics.get("layers", [])
     per_layer = "; ".join(f"layer {layer}: FVU {r['fvu']:.3f}, L0 {r['l0']:.1f}, dead {100 * r['dead_fraction']:.1f}%"
                           for layer, r in zip(transcoders.layers, rows))
@@ -62,4 +97,4 @@ def features_stage(ctx: Context) -> Section:
 
 
 STAGE = Stage(name="features", title="Feature circuits: transcoders and an attribution graph", order=90, weight=0.5,
-              minimum=(1, "correctly answered prompt"), run=features_stage)
+              minimum=(1, "correctly answered prompt"), run=features_stage, plan=features_plan)
