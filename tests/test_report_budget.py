@@ -491,6 +491,16 @@ def test_a_plan_is_refused_for_another_task_or_model(planned_page, tmp_path):
     assert not (tmp_path / "r.html").exists()  # refused before any work
 
 
+def test_a_deadline_fits_the_wall_clock_and_the_page_says_its_samples_depend_on_the_machine(tmp_path):
+    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["accuracy", "patching"], limit=100,
+                       deadline=60, progress=False)
+    text = html.unescape(out.read_text())
+    assert "budget: 60 s on this machine (deadline): its samples depend on the machine" in text
+    assert read_plan(out).deadline == 60
+    with pytest.raises(ConfigError, match=r"give budget= .* or deadline= .*, not both"):
+        write_report("zoo:add-100", out=tmp_path / "x.html", budget=60, deadline=60, progress=False)
+
+
 def test_the_thread_count_changes_no_finding(tmp_path, monkeypatch):
     """Two runs of the same report on one thread and on two give the same findings, samples and figure
     data: the thread count follows the free CPUs, the numbers do not."""

@@ -10,7 +10,6 @@ from arithinterp.errors import AnalysisError
 from arithinterp.report.budget import StagePlan, over_budget, secs
 from arithinterp.report.stage import Section, Stage, joined, require
 from arithinterp.report.work import BACKWARD, work_seconds
-from arithinterp.sites import spread
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -54,10 +53,19 @@ def _causal_cells(prompts: PromptSet) -> tuple[list[str], str]:
     return [v for v in candidates if v in values and len(values[v].unique()) > 1], position
 
 
+def _das_layers(n_layers: int, count: int) -> list[int]:
+    """``count`` of ``n_layers`` layers evenly spread over the inside of the depth (one: the middle),
+    all of them when ``count`` covers them: a variable is computed and moved in the middle layers,
+    and the last layer's stream at an operand has nothing left to move."""
+    if count >= n_layers:
+        return list(range(n_layers))
+    return sorted({min(n_layers - 1, round((i + 1) * n_layers / (count + 1))) for i in range(count)})
+
+
 def causal_plan(ctx: Context) -> StagePlan:
     """Every variable at every layer, each fit trained for :data:`CAUSAL_STEPS` steps; when the
-    share does not hold that, fewer layers (evenly spread), then one variable — never fewer steps,
-    which would leave the fits unconverged.
+    share does not hold that, fewer layers (evenly spread inside the depth, :func:`_das_layers`),
+    then one variable — never fewer steps, which would leave the fits unconverged.
 
     The cost, per variable: the base and source prompts' runs; per layer ``l``, Adam's steps on
     batches of training pairs, each pair's run resumed at ``l`` and the position and run forward
@@ -97,7 +105,7 @@ def causal_plan(ctx: Context) -> StagePlan:
     n_answer = int(prompts.answer_tokens.shape[1])
 
     def cost(n_variables: int, n_covered: int) -> float:
-        steps = sum(n_layers - layer for layer in spread(n_layers, n_covered))
+        steps = sum(n_layers - layer for layer in _das_layers(n_layers, n_covered))
         trained = CAUSAL_STEPS * per_step * (1 + BACKWARD) + 3 * n_test + (len(dataset) - n_test)
         return n_variables * work_seconds(
             shape, token_layers=runs + steps * tail * trained, unembeds=n_covered * n_answer * trained,
@@ -115,7 +123,7 @@ def causal_plan(ctx: Context) -> StagePlan:
     if covered == 0:
         raise over_budget(ctx.budget, f"one DAS fit of {CAUSAL_STEPS} steps for {variables[0]} at one layer",
                           cost(1, 1))
-    layers = spread(n_layers, covered)
+    layers = _das_layers(n_layers, covered)
     seconds = cost(len(variables), covered)
     sample = joined(only, "" if covered == n_layers else (
         f"{covered} of {n_layers} layers ({', '.join(map(str, layers))}) at {CAUSAL_STEPS} training steps per fit "

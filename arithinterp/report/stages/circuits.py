@@ -24,9 +24,9 @@ CURVE_SIZES = 4  # the fewest sizes a sampled curve measures (no edge, every edg
 def circuits_plan(ctx: Context) -> StagePlan:
     """EAP-IG scores for every edge and the whole faithfulness curve on as many pairs as the share
     holds; when not even the minimum of pairs fits that way, EAP-IG on the minimum of pairs with as
-    many of its :data:`STEPS` integration steps as fit, and the curve on as many of those pairs
-    (at least :data:`CURVE_PAIRS`) at as many of its sizes (evenly spread, at least
-    :data:`CURVE_SIZES`: no edge, every edge and some between) as the rest holds.
+    many of its :data:`STEPS` integration steps as fit, and the curve at as many of its sizes
+    (evenly spread, at least :data:`CURVE_SIZES`: no edge, every edge and some between) on as many
+    of those pairs (at least :data:`CURVE_PAIRS`) as the rest holds.
 
     The cost, in token-layers per pair: EAP-IG's ``2 + 2·steps`` passes, each a forward and a
     backward of the whole model; the curve's clean and corrupted runs and one patched forward
@@ -79,10 +79,10 @@ def circuits_plan(ctx: Context) -> StagePlan:
                                       f"{least_sizes} sizes on {curve_least} of them",
                           cost(count, 1, curve_least, least_sizes))
     fits = lambda steps, k, m: cost(count, steps, k, m) <= ctx.budget.seconds  # noqa: E731
-    # the scores first (up to the default steps), then the curve's pairs, then its sizes
+    # the scores first (up to the default steps), then the curve's sizes (where a circuit is located), then its pairs
     steps = max(s for s in range(1, STEPS + 1) if fits(s, curve_least, least_sizes))
-    curve_pairs = max(k for k in range(curve_least, count + 1) if fits(steps, k, least_sizes))
-    n_sizes = max(m for m in range(least_sizes, len(default) + 1) if fits(steps, curve_pairs, m))
+    n_sizes = max(m for m in range(least_sizes, len(default) + 1) if fits(steps, curve_least, m))
+    curve_pairs = max(k for k in range(curve_least, count + 1) if fits(steps, k, n_sizes))
     sizes = [default[i] for i in spread(len(default), n_sizes)]
     fewer = "" if steps == STEPS else f" with {steps} of EAP-IG's {STEPS} default integration steps"
     sample = f"{ctx.sampled(count, n, 'pairs', share=False)}{fewer} to fit its {secs(ctx.budget.seconds)} share"

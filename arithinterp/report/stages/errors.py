@@ -101,7 +101,7 @@ def errors_plan(ctx: Context) -> StagePlan:
         # the first candidate is the last layer: every read runs the whole depth
         return (max(count - done, 0) * per_eval
                 + work_seconds(shape, token_layers=count * read, calls=2 * shape.n_layers * math.ceil(count / 256),
-                               fit_steps=100 * (3 * n_slots + 1) * candidates, fit_flops=flops))
+                               fit_steps=150 * (3 * n_slots + 1) * candidates, fit_flops=flops))
 
     alone = cost(n, every)
     if alone <= ctx.budget.seconds:

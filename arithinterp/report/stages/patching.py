@@ -124,8 +124,8 @@ def patching_plan(ctx: Context) -> StagePlan:
     The cost, in token-layers per pair: a cell patched at layer ``l`` and position ``p`` resumes
     there and runs the blocks from ``l`` on the positions from ``p`` ((L − l)(T − p)), for the
     residual stream and the MLP outputs at each position and for each head at every position
-    from the first that differs; and the clean and corrupted base runs, and attribution patching's
-    forward, backward and second forward.
+    from the first that differs; and each sweep's clean and corrupted base runs, and attribution
+    patching's forwards and backward.
 
     Args:
         ctx: The report's shared state; ``ctx.budget`` is the stage's share.
@@ -144,7 +144,8 @@ def patching_plan(ctx: Context) -> StagePlan:
     span_index = span if span is not None else list(range(width)) if clean.uniform_length else None
     named = _named_positions(clean)
     named_index = clean.locate(named)[1].float().mean(0).tolist()
-    base = prompt_positions(clean) * n_layers * (4 + BACKWARD)  # clean and corrupted runs, attribution patching
+    # each sweep's clean and corrupted base runs, and attribution patching's two forwards and backward per site
+    base = prompt_positions(clean) * n_layers * (8 + BACKWARD)
 
     def cost(count: int, layers: Sequence[int], index: Sequence[float]) -> float:
         steps = sum(n_layers - layer for layer in layers)
