@@ -95,9 +95,15 @@ def test_a_fit_whose_loss_still_falls_is_not_converged_and_states_no_finding():
 
     assert converged([2.0] * 50 + [1.0] * 50) and converged([1.0 + 0.001 * (-1) ** i for i in range(100)])
     assert not converged([100.0 - i for i in range(100)]) and not converged([1.0, 0.5]) and not converged([])
+    noisy = [1.0 + 0.3 * ((7 * i) % 5 - 2) / 2 for i in range(100)]  # flat, with each batch's noise
+    assert converged(noisy) and not converged([x + 2.0 - 0.02 * i for i, x in enumerate(noisy)])
     row = dict(variable="carry_1", layer=6, das_iia=0.6, das_low=0.5, das_high=0.7, random_iia=0.0)
     unconverged = "not converged after 100 steps (its loss was still falling): no finding from it"
     assert _verdict([(row, unconverged)], "b's last token") == (
+        "DAS: no finding for carry_1 at b's last token: its 1 fit was still improving after 100 training steps (not "
+        "converged), so no IIA is read from it.")
+    flat = dict(row, layer=3, das_iia=0.0, das_low=0.0, das_high=0.05)
+    assert _verdict([(row, unconverged), (flat, "no signal above the control")], "b's last token") == (
         "DAS: no signal above the control for carry_1 at b's last token (no converged fit's IIA interval clears the "
         "random rotation and chance); 1 fit did not converge.")
     assert _verdict([(row, "above the control but not localised (IIA < 0.9)")], "b's last token").startswith(

@@ -282,6 +282,9 @@ def write_report(
     task = all_prompts
     threads = use_threads()
     page.set("evaluation", f"running ({secs(first * per_prompt)} planned, {threads} thread{'s' * (threads > 1)})")
+    if progress:
+        print(f"report: evaluating {first:,} of {len(task):,} prompts ({secs(first * per_prompt)} of model work at the "
+              f"reference rate), then planning every stage", file=sys.stderr)
     try:
         all_prompts, evaluation, sampled = evaluate_planned(
             loaded, all_prompts, first, cap, correct_needed(chosen) if correct_only else 0, batch, seed)
@@ -324,7 +327,7 @@ def write_report(
     page.meta["estimate"] = estimate
     if progress:
         print(f"report plan: {estimate}", file=sys.stderr)
-    bar = tqdm(total=round(planned_seconds, 1), desc="report", unit="s", disable=not progress,
+    bar = tqdm(total=planned_seconds, desc="report", unit="s", disable=not progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of model work [{elapsed}<{remaining}]")
 
     for name in chosen:
@@ -373,7 +376,8 @@ def write_report(
         how = (f"{section.seconds:.1f} s ({secs(planned.seconds)} of model work planned of its {secs(planned.share)} "
                f"share, {threads} thread{'s' * (threads > 1)})" if isinstance(planned, StagePlan) else
                f"{section.seconds:.1f} s")
-        bar.update(round(planned.seconds, 1) if isinstance(planned, StagePlan) else 0)
+        if isinstance(planned, StagePlan):  # its planned work done: the bar's time to go is at this machine's pace
+            bar.update(min(planned.seconds, bar.total - bar.n))
         try:
             page.add(name, section, f"{state}: {how}" + (f"; {section.sample}" if state == "done" and section.sample
                                                           else ""))

@@ -38,10 +38,11 @@ class Stage:
         name: the stage's name (``write_report(stages=[...])``, ``--stages``).
         title: its section's heading on the page.
         order: where it goes on the page and in the default run: the registry sorts by it.
-        weight: its share of the budget, against the others' and the evaluation's
-            (:data:`arithinterp.report.budget.EVALUATION_WEIGHT`); what a stage leaves unused goes
-            to the later ones. Sized from what each needs at its minimum sample on a 135M-shaped
-            model: circuits (EAP-IG and the faithfulness curve) the most.
+        weight: its part of the budget beyond every stage's minimum (which is reserved first,
+            :func:`~arithinterp.report.budget.plan_stages`), against the others' and the
+            evaluation's (:data:`arithinterp.report.budget.EVALUATION_WEIGHT`); what a stage's plan
+            leaves unused goes to the later ones. Sized by what more buys: patching's layers the
+            most, then the circuit's steps and sizes.
         run: ``run(ctx) -> Section``: runs what ``ctx.plan_of(stage)`` says.
         minimum: the least data it draws a conclusion from, ``(count, what is counted)``; below it
             the stage says "not enough data". None: no minimum.

@@ -189,7 +189,8 @@ def causal_stage(ctx: Context) -> Section:
 
 def _verdict(verdicts: list[tuple[dict, str]], where: str) -> str:
     """The stage's summary: per variable, the cell with the highest IIA among the converged fits
-    that beat the control, or "no signal above the control"."""
+    that beat the control, else "no signal above the control" — or, when no fit converged, that
+    nothing is read from them."""
     parts = []
     for variable in dict.fromkeys(row["variable"] for row, _ in verdicts):
         mine = [(row, v) for row, v in verdicts if row["variable"] == variable]
@@ -200,6 +201,10 @@ def _verdict(verdicts: list[tuple[dict, str]], where: str) -> str:
             parts.append(f"{variable} is used at {where}: best at layer {row['layer']}, DAS IIA {row['das_iia']:.3f} "
                          f"[{row['das_low']:.3f}, {row['das_high']:.3f}] against a random rotation's "
                          f"{row['random_iia']:.3f}, {verdict}")
+        elif unconverged == len(mine):
+            parts.append(f"no finding for {variable} at {where}: {'its' if unconverged == 1 else 'every one of its'} "
+                         f"{unconverged} fit{'s' * (unconverged > 1)} was still improving after {CAUSAL_STEPS} "
+                         "training steps (not converged), so no IIA is read from it")
         else:
             parts.append(f"no signal above the control for {variable} at {where} (no converged fit's IIA interval "
                          "clears the random rotation and chance)"
@@ -207,5 +212,5 @@ def _verdict(verdicts: list[tuple[dict, str]], where: str) -> str:
     return "DAS: " + "; ".join(parts) + "."
 
 
-STAGE = Stage(name="causal", title="Causal variables: readable vs used (DAS)", order=100, weight=0.5,
+STAGE = Stage(name="causal", title="Causal variables: readable vs used (DAS)", order=100, weight=1.5,
               minimum=(100, "correctly answered prompts"), run=causal_stage, plan=causal_plan)

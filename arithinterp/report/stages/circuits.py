@@ -173,5 +173,5 @@ def _top_edges(circuit, k: int):
     return [circuit.edges[i] for i in order], [circuit.scores[i] for i in order]
 
 
-STAGE = Stage(name="circuits", title="Circuit: edges from the operands to the answer", order=80, weight=3.5,
+STAGE = Stage(name="circuits", title="Circuit: edges from the operands to the answer", order=80, weight=2.5,
               minimum=MINIMUM, run=circuits_stage, plan=circuits_plan)

@@ -119,5 +119,5 @@ def digits_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="digits", title="Which head computes which answer digit", order=30, weight=1.0, minimum=MINIMUM,
+STAGE = Stage(name="digits", title="Which head computes which answer digit", order=30, weight=1.5, minimum=MINIMUM,
               run=digits_stage, plan=digits_plan)

@@ -207,5 +207,5 @@ def fourier_helix_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="fourier", title="Fourier features and the helix", order=60, weight=2.0,
+STAGE = Stage(name="fourier", title="Fourier features and the helix", order=60, weight=1.0,
               minimum=MINIMUM, minimum_name="helix", run=fourier_helix_stage, plan=fourier_plan)

@@ -130,5 +130,5 @@ def neurons_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="neurons", title="Heuristic neurons", order=70, weight=1.5, minimum=MINIMUM, run=neurons_stage,
+STAGE = Stage(name="neurons", title="Heuristic neurons", order=70, weight=1.0, minimum=MINIMUM, run=neurons_stage,
               plan=neurons_plan)

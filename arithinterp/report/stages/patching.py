@@ -212,5 +212,5 @@ def patching_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="patching", title="Activation patching", order=20, weight=2.5, minimum=MINIMUM,
+STAGE = Stage(name="patching", title="Activation patching", order=20, weight=3.0, minimum=MINIMUM,
               run=patching_stage, plan=patching_plan)
