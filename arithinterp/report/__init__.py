@@ -264,7 +264,6 @@ def write_report(
         task=TaskRecord(limit=limit, seed=seed, template=template, few_shot=few_shot,
                         operands=list(operands) if operands is not None and not isinstance(operands, str) else operands,
                         correct_only=correct_only, stages=chosen, digest=digest))
-    user_threads = torch.get_num_threads()
     clock = time.perf_counter()  # for the page's timings and the estimate only: the plan never reads it
 
     def use_threads() -> int:
@@ -279,121 +278,140 @@ def write_report(
     share = total * EVALUATION_WEIGHT / weights_sum
     first = replay.evaluated if replay is not None else min(len(all_prompts), max(1, math.floor(share / per_prompt)))
     cap = first if replay is not None else max(first, math.floor(EVAL_CAP * total / per_prompt))
-    task = all_prompts
-    threads = use_threads()
-    page.set("evaluation", f"running ({secs(first * per_prompt)} planned, {threads} thread{'s' * (threads > 1)})")
-    if progress:
-        print(f"report: evaluating {first:,} of {len(task):,} prompts ({secs(first * per_prompt)} of model work at the "
-              f"reference rate), then planning every stage", file=sys.stderr)
-    try:
-        all_prompts, evaluation, sampled = evaluate_planned(
-            loaded, all_prompts, first, cap, correct_needed(chosen) if correct_only else 0, batch, seed)
-    except KeyboardInterrupt:
-        page.set("evaluation", "interrupted")
-        torch.set_num_threads(user_threads)
-        raise
-    except Exception as error:  # nothing can run without the evaluation: say why on the page, then stop
-        page.set("evaluation", f"failed: {_reason(error)}")
-        torch.set_num_threads(user_threads)
-        raise
-    took = time.perf_counter() - clock
-    spent = len(all_prompts) * per_prompt
-    speed = spent / max(took, 1e-9)  # this machine's speed against the reference rate: for the estimate only
-    record["evaluated"] = len(all_prompts)
-    # may be empty: each stage holds itself to its minimum
-    prompts = all_prompts[evaluation.correct] if correct_only else all_prompts
-    pairs = None
-    if len(prompts) >= 2:
-        try:  # pairs whose answers start alike have a first-token logit difference of 0: leave them out
-            pairs = prompts.counterfactual(vary="a", seed=seed, distinct_first_token=True)
-        except TaskError:
-            pairs = None
-    page.meta.update(evaluated=len(all_prompts), correct=int(evaluation.correct.sum()),
-                     pairs=0 if pairs is None else len(pairs))
-    page.set("evaluation", f"done: {took:.1f} s ({secs(spent)} of model work); {sampled}")
-    ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed, correct_only=correct_only,
-                  task_prompts=task)
-    left = max(total - spent, 0.0) if deadline is None else max(total - took, 0.0) * speed
-    recorded = None if replay is None else {name: (s.share, s.choices) for name, s in replay.stages.items()}
-    plans = plan_stages(ctx, [STAGES[name] for name in chosen], left, total, memory, recorded)
-    for name, planned in plans.items():
-        if isinstance(planned, StagePlan):
-            record["stages"][name] = StageRecord(share=planned.share, seconds=planned.seconds,
-                                                 choices=planned.choices)
-    page.plan = plan_html(PlanRecord(**record))
-    planned_seconds = sum(p.seconds for p in plans.values() if isinstance(p, StagePlan))
-    estimate = (f"{secs(planned_seconds)} of model work at the reference rate for the stages; at the speed the "
-                f"evaluation ran at here ({speed:.2g}× the reference), about {secs(planned_seconds / speed)}")
-    page.meta["estimate"] = estimate
-    if progress:
-        print(f"report plan: {estimate}", file=sys.stderr)
-    bar = tqdm(total=planned_seconds, desc="report", unit="s", disable=not progress,
-               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of model work [{elapsed}<{remaining}]")
-
-    for name in chosen:
-        planned = plans[name]
-        start = time.perf_counter()
-        threads = 0
-        state = "done"
-        if isinstance(planned, StagePlan):
-            threads = use_threads()
-            page.set(name, f"running ({secs(planned.seconds)} planned, {threads} thread{'s' * (threads > 1)})")
+    with _threads_kept():  # the threads each part runs on are chosen as it starts; the caller's come back
+        task = all_prompts
+        page.set("evaluation", f"running ({secs(first * per_prompt)} planned, {_threads(use_threads())})")
+        if progress:
+            print(f"report: evaluating {first:,} of {len(task):,} prompts ({secs(first * per_prompt)} of model work "
+                  "at the reference rate), then planning every stage", file=sys.stderr)
         try:
-            if not isinstance(planned, StagePlan):
-                raise planned  # the plan said before the run that the stage cannot run, and why
-            ctx.budget, ctx.planned = planned.budget, planned
-            with _library_bars(progress):
-                section = STAGES[name].run(ctx)
+            all_prompts, evaluation, sampled = evaluate_planned(
+                loaded, all_prompts, first, cap, correct_needed(chosen) if correct_only else 0, batch, seed)
+        except KeyboardInterrupt:
+            page.set("evaluation", "interrupted")
+            raise
+        except Exception as error:  # nothing can run without the evaluation: say why on the page, then stop
+            page.set("evaluation", f"failed: {_reason(error)}")
+            raise
+        took = time.perf_counter() - clock
+        spent = len(all_prompts) * per_prompt
+        speed = spent / max(took, 1e-9)  # this machine's speed against the reference rate: for the estimate only
+        record["evaluated"] = len(all_prompts)
+        # may be empty: each stage holds itself to its minimum
+        prompts = all_prompts[evaluation.correct] if correct_only else all_prompts
+        pairs = None
+        if len(prompts) >= 2:
+            try:  # pairs whose answers start alike have a first-token logit difference of 0: leave them out
+                pairs = prompts.counterfactual(vary="a", seed=seed, distinct_first_token=True)
+            except TaskError:
+                pairs = None
+        page.meta.update(evaluated=len(all_prompts), correct=int(evaluation.correct.sum()),
+                         pairs=0 if pairs is None else len(pairs))
+        page.set("evaluation", f"done: {took:.1f} s ({secs(spent)} of model work); {sampled}")
+        ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed, correct_only=correct_only,
+                      task_prompts=task)
+        left = max(total - spent, 0.0) if deadline is None else max(total - took, 0.0) * speed
+        recorded = None if replay is None else {name: (s.share, s.choices) for name, s in replay.stages.items()}
+        plans = plan_stages(ctx, [STAGES[name] for name in chosen], left, total, memory, recorded)
+        for name, planned in plans.items():
+            if isinstance(planned, StagePlan):
+                record["stages"][name] = StageRecord(share=planned.share, seconds=planned.seconds,
+                                                     choices=planned.choices)
+        page.plan = plan_html(PlanRecord(**record))
+        planned_seconds = sum(p.seconds for p in plans.values() if isinstance(p, StagePlan))
+        estimate = (f"{secs(planned_seconds)} of model work at the reference rate for the stages; at the speed the "
+                    f"evaluation ran at here ({speed:.2g}× the reference), about {secs(planned_seconds / speed)}")
+        page.meta["estimate"] = estimate
+        if progress:
+            print(f"report plan: {estimate}", file=sys.stderr)
+        bar = tqdm(total=planned_seconds, desc="report", unit="s", disable=not progress,
+                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of model work [{elapsed}<{remaining}]")
+
+        for name in chosen:
+            planned = plans[name]
+            threads = use_threads() if isinstance(planned, StagePlan) else 0
+            if isinstance(planned, StagePlan):
+                page.set(name, f"running ({secs(planned.seconds)} planned, {_threads(threads)})")
+            section, state = _run_stage(ctx, name, planned, page, progress, warn=stages is not None)
             if name == "accuracy":
                 section.sample = joined(section.sample, f"the evaluation: {sampled}")
-        except (MemoryBudgetError, MemoryError) as error:  # failed, not "does not apply": more memory would run it
-            reason = f"Failed for lack of memory ({_reason(error)}); give the report more (--max-memory)"
-            section, state = Section(STAGES[name].title, findings=[reason]), "failed"
-            warnings.warn(f"report stage {name!r} failed: {reason}", stacklevel=2)
-            gc.collect()
-        except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
-            section, state = Section(STAGES[name].title, findings=[str(why)]), "not enough data"
-        except OverBudget as why:  # not even the minimum fits: say so rather than overrun
-            section, state = Section(STAGES[name].title, findings=[str(why)]), "skipped (over budget)"
-        except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
-            section, state = Section(STAGES[name].title, findings=[f"Not run on this model: {why}"]), "not run"
-            if stages is not None:  # asked for by name: say so here too, not only in the page
-                warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=2)
-        except KeyboardInterrupt:
-            page.set(name, f"interrupted after {time.perf_counter() - start:.1f} s")
-            torch.set_num_threads(user_threads)
-            raise
-        except Exception as error:  # out of memory, a torch error, a bug: record it and go on with the next
-            section, state = Section(STAGES[name].title, findings=[f"Failed: {_reason(error)}"]), "failed"
-            warnings.warn(f"report stage {name!r} failed: {_reason(error)}", stacklevel=2)
-            gc.collect()  # what the failed stage held is garbage now; free it before the next one
-        finally:
-            ctx.planned = None
-        section.seconds = time.perf_counter() - start
-        if not correct_only:  # the minimums count correct prompts; here every evaluated prompt is used
-            section.sample = section.sample.replace("correctly answered prompts", "prompts, answered correctly or not")
-            section.findings = [f.replace("correctly answered prompts", "prompts") for f in section.findings]
-        how = (f"{section.seconds:.1f} s ({secs(planned.seconds)} of model work planned of its {secs(planned.share)} "
-               f"share, {threads} thread{'s' * (threads > 1)})" if isinstance(planned, StagePlan) else
-               f"{section.seconds:.1f} s")
-        if isinstance(planned, StagePlan):  # its planned work done: the bar's time to go is at this machine's pace
-            bar.update(min(planned.seconds, bar.total - bar.n))
-        try:
-            page.add(name, section, f"{state}: {how}" + (f"; {section.sample}" if state == "done" and section.sample
-                                                          else ""))
-        except KeyboardInterrupt:  # while the page was written: write it again, with the stage just finished
-            page.interrupted = True
-            page.write()
-            torch.set_num_threads(user_threads)
-            raise
-    bar.close()
-    torch.set_num_threads(user_threads)
+            if not correct_only:  # the minimums count correct prompts; here every evaluated prompt is used
+                section.sample = section.sample.replace("correctly answered prompts",
+                                                        "prompts, answered correctly or not")
+                section.findings = [f.replace("correctly answered prompts", "prompts") for f in section.findings]
+            how = f"{section.seconds:.1f} s"
+            if isinstance(planned, StagePlan):  # its planned work done: the bar's time to go is at this machine's pace
+                how += (f" ({secs(planned.seconds)} of model work planned of its {secs(planned.share)} share, "
+                        f"{_threads(threads)})")
+                bar.update(min(planned.seconds, bar.total - bar.n))
+            try:
+                page.add(name, section, f"{state}: {how}" + (f"; {section.sample}" if state == "done" and section.sample
+                                                              else ""))
+            except KeyboardInterrupt:  # while the page was written: write it again, with the stage just finished
+                page.interrupted = True
+                page.write()
+                raise
+        bar.close()
     path = page.write()
     failed = [name for name in chosen if page.state[name].startswith("failed")]
     if raise_on_failure and failed:
         raise StageFailed(f"{len(failed)} report stage(s) failed ({', '.join(failed)}); their sections in {path} say "
                           "why, and the other stages' findings are there")
     return path
+
+
+def _run_stage(ctx: Context, name: str, planned: Any, page: Page, progress: bool, warn: bool) -> tuple[Section, str]:
+    """One stage on its plan → ``(its section, its state)``. A plan that is an exception (the stage
+    cannot run, said before any stage ran) and any exception the run raises are the section's
+    finding and the state; ``KeyboardInterrupt`` marks the page and goes on up."""
+    start = time.perf_counter()
+    state = "done"
+    try:
+        if not isinstance(planned, StagePlan):
+            raise planned  # the plan said before the run that the stage cannot run, and why
+        ctx.budget, ctx.planned = planned.budget, planned
+        with _library_bars(progress):
+            section = STAGES[name].run(ctx)
+    except (MemoryBudgetError, MemoryError) as error:  # failed, not "does not apply": more memory would run it
+        reason = f"Failed for lack of memory ({_reason(error)}); give the report more (--max-memory)"
+        section, state = Section(STAGES[name].title, findings=[reason]), "failed"
+        warnings.warn(f"report stage {name!r} failed: {reason}", stacklevel=3)
+        gc.collect()
+    except NotEnoughData as why:  # too little data to conclude anything: say so, draw nothing
+        section, state = Section(STAGES[name].title, findings=[str(why)]), "not enough data"
+    except OverBudget as why:  # not even the minimum fits: say so rather than overrun
+        section, state = Section(STAGES[name].title, findings=[str(why)]), "skipped (over budget)"
+    except ArithInterpError as why:  # the stage does not apply to this model: say so, keep the rest
+        section, state = Section(STAGES[name].title, findings=[f"Not run on this model: {why}"]), "not run"
+        if warn:  # asked for by name: say so here too, not only in the page
+            warnings.warn(f"report stage {name!r} not run: {why}", stacklevel=3)
+    except KeyboardInterrupt:
+        page.set(name, f"interrupted after {time.perf_counter() - start:.1f} s")
+        raise
+    except Exception as error:  # out of memory, a torch error, a bug: record it and go on with the next
+        section, state = Section(STAGES[name].title, findings=[f"Failed: {_reason(error)}"]), "failed"
+        warnings.warn(f"report stage {name!r} failed: {_reason(error)}", stacklevel=3)
+        gc.collect()  # what the failed stage held is garbage now; free it before the next one
+    finally:
+        ctx.planned = None
+    section.seconds = time.perf_counter() - start
+    return section, state
+
+
+def _threads(count: int) -> str:
+    return f"{count} thread{'s' * (count > 1)}"
+
+
+@contextlib.contextmanager
+def _threads_kept() -> Iterator[None]:
+    """torch's thread count as it was before, whatever happens inside."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
