@@ -72,7 +72,7 @@ def test_causal_stage_on_a_zoo_model_fits_its_budget_and_says_so(tmp_path):
 
 
 def test_the_causal_stage_aligns_the_carries_the_task_poses(digit_tokenizer, number_tokenizer):
-    """Two-digit sums carry into the tens (carry_1), read where b's last digit meets a's; three-digit
+    """Two-digit sums carry into the tens (carry_tens), read where b's last digit meets a's; three-digit
     operands carry into the hundreds and, where sums pass 999, out of them; single-token numbers have
     their units and magnitude at the final position."""
     from conftest import tiny_bridge
@@ -80,11 +80,11 @@ def test_the_causal_stage_aligns_the_carries_the_task_poses(digit_tokenizer, num
     from arithinterp.report.stages.causal import _causal_cells
 
     digits = tiny_bridge(digit_tokenizer)
-    assert _causal_cells(ai.tasks.arithmetic(digits, "+", range(10, 40), range(10, 40))) == (["carry_1"], "b")
+    assert _causal_cells(ai.tasks.arithmetic(digits, "+", range(10, 40), range(10, 40))) == (["carry_tens"], "b")
     three = ai.tasks.arithmetic(digits, "+", range(100, 1000, 37), range(400, 1000, 41))
-    assert _causal_cells(three) == (["carry_2", "carry_3"], "b")
+    assert _causal_cells(three) == (["carry_hundreds", "carry_thousands"], "b")
     small = ai.tasks.arithmetic(digits, "+", range(100, 400, 37), range(100, 500, 41))  # sums below 1000
-    assert _causal_cells(small) == (["carry_2"], "b")
+    assert _causal_cells(small) == (["carry_hundreds"], "b")
     single = ai.tasks.arithmetic(tiny_bridge(number_tokenizer), "+", range(10), range(10))
     assert _causal_cells(single) == (["sum_mod_10", "magnitude"], "final")
 
@@ -97,14 +97,14 @@ def test_a_fit_whose_loss_still_falls_is_not_converged_and_states_no_finding():
     assert not converged([100.0 - i for i in range(100)]) and not converged([1.0, 0.5]) and not converged([])
     noisy = [1.0 + 0.3 * ((7 * i) % 5 - 2) / 2 for i in range(100)]  # flat, with each batch's noise
     assert converged(noisy) and not converged([x + 2.0 - 0.02 * i for i, x in enumerate(noisy)])
-    row = dict(variable="carry_1", layer=6, das_iia=0.6, das_low=0.5, das_high=0.7, random_iia=0.0)
+    row = dict(variable="carry_tens", layer=6, das_iia=0.6, das_low=0.5, das_high=0.7, random_iia=0.0)
     unconverged = "not converged after 100 steps (its loss was still falling): no finding from it"
     assert _verdict([(row, unconverged)], "b's last token") == (
-        "DAS: no finding for carry_1 at b's last token: its 1 fit was still improving after 100 training steps (not "
+        "DAS: no finding for carry_tens at b's last token: its 1 fit was still improving after 100 training steps (not "
         "converged), so no IIA is read from it.")
     flat = dict(row, layer=3, das_iia=0.0, das_low=0.0, das_high=0.05)
     assert _verdict([(row, unconverged), (flat, "no signal above the control")], "b's last token") == (
-        "DAS: no signal above the control for carry_1 at b's last token (no converged fit's IIA interval clears the "
+        "DAS: no signal above the control for carry_tens at b's last token (no converged fit's IIA interval clears the "
         "random rotation and chance); 1 fit did not converge.")
     assert _verdict([(row, "above the control but not localised (IIA < 0.9)")], "b's last token").startswith(
-        "DAS: carry_1 is used at b's last token: best at layer 6, DAS IIA 0.600 [0.500, 0.700]")
+        "DAS: carry_tens is used at b's last token: best at layer 6, DAS IIA 0.600 [0.500, 0.700]")

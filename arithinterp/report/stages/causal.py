@@ -10,6 +10,7 @@ from arithinterp.errors import AnalysisError
 from arithinterp.report.budget import StagePlan, over_budget, secs
 from arithinterp.report.stage import Section, Stage, joined, require
 from arithinterp.report.work import BACKWARD, work_seconds
+from arithinterp.tasks.places import PLACES
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -27,7 +28,7 @@ def _causal_cells(prompts: PromptSet) -> tuple[list[str], str]:
     prompts pose (its built-in causal model raises :class:`AnalysisError`, shown as "not run", for a
     task without one): ``wraps`` for modular addition and ``sum_mod_10`` and ``magnitude`` for
     single-token numbers, at the final position; for numbers spelled digit by digit, the carries
-    these operands make — into the operands' top column (``carry_1`` for two-digit operands), and
+    these operands make — into the operands' top column (``carry_tens`` for two-digit operands), and
     out of it where the sums reach the next power of ten — at b's last token, where both operands'
     digits are first seen together.
 
@@ -48,7 +49,8 @@ def _causal_cells(prompts: PromptSet) -> tuple[list[str], str]:
     elif single:
         candidates, position = ["sum_mod_10", "magnitude"], "final"
     else:
-        candidates, position = [f"carry_{n_digits - 1}", f"carry_{n_digits}"] if n_digits > 1 else ["carry_1"], "b"
+        into_top = [f"carry_{PLACES[n_digits - 1]}"] if n_digits > 1 else []
+        candidates, position = [*into_top, f"carry_{PLACES[n_digits]}"], "b"
     values = model.values(prompts.a, prompts.b)
     return [v for v in candidates if v in values and len(values[v].unique()) > 1], position
 
