@@ -24,6 +24,7 @@ from arithinterp.errors import ConfigError
 from arithinterp.report import (CURVE_PAIRS, CURVE_SIZES, MINIMUMS, STAGE_TITLES, STAGES, STEPS, Budget, Context,
                                 NotEnoughData, OverBudget, StagePlan, parse_memory, read_plan, require, spread,
                                 write_report)
+from arithinterp.report import budget as report_budget
 from arithinterp.report.budget import plan_stages, seeded_pick as _seeded_pick
 from arithinterp.report.stages import probes as probes_module
 from arithinterp.sites import looking_first_at
@@ -165,6 +166,36 @@ def test_fit_samples_what_the_share_holds_and_says_what_budget_the_minimum_needs
     assert everything == (1000, 1000.0, "")  # no budget given: nothing sampled
 
 
+def test_a_stage_a_few_seconds_short_borrows_them_and_one_further_short_says_what_it_needs(tiny_model):
+    """Minimums are reserved in the page's order: one that overruns the budget by less than BORROW of
+    it borrows the difference (and says so); one short by more is not run, before any stage runs, with
+    the budget that would run it; what is left is shared by weight."""
+    from arithinterp.report.budget import BORROW
+    from arithinterp.report.stage import Stage
+
+    def stage(name: str, minimum: float, weight: float = 1.0) -> Stage:
+        def plan(ctx: Context) -> StagePlan:  # the minimum, or as much more (up to 4×) as the share holds
+            if ctx.budget.seconds < minimum:
+                raise report_budget.over_budget(ctx.budget, f"{name}'s minimum", minimum)
+            return StagePlan(dict(work=min(ctx.budget.seconds, 4 * minimum)), min(ctx.budget.seconds, 4 * minimum))
+
+        return Stage(name=name, title=name, order=0, weight=weight, run=lambda ctx: None, plan=plan)
+
+    ctx = Context(tiny_model, "tiny", None, None, None, None)
+    stages = [stage("first", 30.0), stage("second", 65.0), stage("third", 50.0)]
+    assert BORROW * 100 == 10.0
+    # 100 s: 30 + 65 fit, the third's 50 s would reach 45 s past the budget (more than 10 s): not run
+    plans = plan_stages(ctx, stages, 100.0, 100.0, None)
+    assert [plans["first"].seconds, plans["second"].seconds] == [pytest.approx(30.0 + 5.0 / 2), pytest.approx(67.5)]
+    assert isinstance(plans["third"], OverBudget)
+    assert re.search(r"third's minimum takes about 50 s .* more than the 5 s this stage could have of the 100 s "
+                     r"budget; a budget of about 150 s would run it", str(plans["third"])), str(plans["third"])
+    # 140 s: the three minimums (145 s) are 5 s short, within 10% of the budget: the third borrows them
+    plans = plan_stages(ctx, stages, 140.0, 140.0, None)
+    assert [p.seconds for p in plans.values()] == [30.0, 65.0, 50.0]
+    assert plans["third"].sample == "its minimum borrowed 5 s beyond the 140 s budget" and not plans["first"].sample
+
+
 def test_fit_layers_covers_the_layers_that_fit_and_says_so(tiny_model):
     """Not even the minimum of items fits at every layer: the minimum over evenly spread layers (the
     first and the last among them), as many as the cost per layer allows."""
@@ -275,6 +306,39 @@ def test_the_heavy_stages_run_their_plans_sampled_along_several_axes(six_layer_l
     circuit = STAGES["circuits"].run(ctx).sample
     assert re.search(r"sampled 30 of [\d,]+ pairs with \d of EAP-IG's 5 default integration steps", circuit), circuit
     assert re.search(r"the faithfulness curve on \d+ of them at \d+ of \d+ sizes", circuit), circuit
+
+
+@pytest.mark.slow
+def test_a_faithfulness_curve_too_coarse_to_locate_a_circuit_says_so(six_layer_llama, monkeypatch):
+    """A curve measured at a few sizes bounds the circuit between the sizes measured; one whose only
+    size restoring 0.9 is the whole graph says it is too coarse to locate a circuit, never that the
+    whole graph is the circuit."""
+    import dataclasses
+
+    from arithinterp import circuits
+
+    model, prompts, pairs = six_layer_llama
+    ctx = Context(model, "llama6", prompts, prompts, prompts.evaluate(model), pairs, seed=0, correct_only=False)
+    ctx.budget = Budget(0.0, total=1.0)
+    with pytest.raises(OverBudget) as priced:
+        STAGES["circuits"].plan(ctx)
+    ctx.budget = Budget(priced.value.seconds, total=10.0)
+    ctx.planned = STAGES["circuits"].plan(ctx)  # the minimum: the curve at a few sizes
+    sizes = ctx.planned.choices["sizes"]
+    assert sizes is not None and len(sizes) == CURVE_SIZES
+    real = circuits.faithfulness_curve
+    for reaching, said in ((len(sizes) - 1, "is too coarse to locate a circuit"),
+                           (2, f"has more than {sizes[1]:,} and at most {sizes[2]:,} edges")):
+        def curve(*args, reaching=reaching, **kwargs):  # restores 0.9 from the size at index `reaching` on
+            measured = real(*args, **kwargs)
+            values = torch.tensor([0.0, 0.3, 0.6, 0.8][:reaching] + [1.0] * (len(sizes) - reaching))
+            return dataclasses.replace(measured, values=values, ci_low=values - 0.01, ci_high=values + 0.01,
+                                       meta=dict(measured.meta, denominator=dict(distinguishable=True)))
+
+        monkeypatch.setattr(circuits, "faithfulness_curve", curve)
+        finding = STAGES["circuits"].run(ctx).findings[0]
+        assert said in finding, finding
+        assert "100% of all" not in finding and "100.0% of all" not in finding
 
 
 def test_per_digit_heads_sample_the_layers_where_patching_saw_the_operand_arrive(six_layer_llama):
@@ -463,7 +527,11 @@ def test_the_page_records_its_plan_and_replaying_it_gives_the_same_page(planned_
     assert record.task.stages == ["accuracy", "patching", "circuits"] and 0 < record.evaluated <= 200
     assert record.stages["patching"].choices["pairs"] >= MINIMUMS["patching"][0]
     assert sum(s.seconds for s in record.stages.values()) <= record.budget  # the plan fits its budget
-    again = write_report(plan=planned_page, out=tmp_path / "again.html", progress=False)  # the plan's model and task
+    from arithinterp.cli import main
+
+    # `arithinterp report --plan PAGE.html`: the plan's model and task, no option repeated
+    assert main(["report", "--plan", str(planned_page), "--out", str(tmp_path / "again.html"), "--no-progress"]) == 0
+    again = tmp_path / "again.html"
     assert read_plan(again) == record
     assert _findings(again.read_text()) == _findings(planned_page.read_text())
     assert f"plan: replayed from {planned_page}" in html.unescape(again.read_text())

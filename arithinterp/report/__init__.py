@@ -347,10 +347,16 @@ def write_report(
         estimate = (f"{secs(planned_seconds)} of model work at the reference rate for the stages; at the speed the "
                     f"evaluation ran at here ({speed:.2g}× the reference), about {secs(planned_seconds / speed)}")
         page.meta["estimate"] = estimate
+        short = {name: p for name, p in plans.items() if isinstance(p, OverBudget)}
+        for name, why in short.items():  # said now, before any stage runs, with the budget that would run it
+            page.state[name] = f"will not run (over budget): {why}"
+        page.write()
         if progress:
             print(f"report plan: {estimate}", file=sys.stderr)
+            for name, why in short.items():
+                print(f"report plan: {name} will not run. {why}", file=sys.stderr)
         bar = progress_bar(total=planned_seconds, desc="report", unit="s", disable=not progress,
-                   bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of model work [{elapsed}<{remaining}]")
+                           bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s of model work [{elapsed}<{remaining}]")
 
         for name in chosen:
             planned = plans[name]

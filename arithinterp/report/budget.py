@@ -29,13 +29,18 @@ MAX_BUDGET = 7 * 24 * 3600.0  # a week: more is a mistake (a budget in milliseco
 # the evaluation's share of the budget, against the stages' (each stage declares its own weight):
 # little, since a few hundred prompts serve every stage's minimum
 EVALUATION_WEIGHT = 1.0
+# how far beyond the budget the stages' minimums may reach, as a part of the budget: a stage a few seconds
+# short of its minimum borrows them rather than being skipped; one further short is not run and says so
+BORROW = 0.1
 
 
 class OverBudget(AnalysisError):
     """Even a stage's minimum would not fit its share of the budget; it is not run, and says what
-    budget would run it. ``seconds``: what the minimum costs, in reference seconds."""
+    budget would run it. ``seconds``: what the minimum costs, in reference seconds; ``what``: the
+    minimum, in words."""
 
     seconds: float = 0.0
+    what: str = ""
 
 
 def default_max_memory() -> int:
@@ -134,7 +139,7 @@ def over_budget(budget: Budget, what: str, seconds: float) -> OverBudget:
         f"Not run within the budget: {what} takes about {secs(seconds)} of model work at the reference rate, "
         f"more than the {secs(budget.seconds)} this stage could have of the {secs(budget.total)} budget; a budget "
         f"of about {math.ceil(need / 10) * 10:,} s would run it (budget=, --budget SECONDS).")
-    refusal.seconds = seconds
+    refusal.seconds, refusal.what = seconds, what
     return refusal
 
 
@@ -174,19 +179,22 @@ class StagePlan:
 
 def plan_stages(ctx: Context, stages: Sequence[Any], seconds: float, total: float, memory: Optional[int],
                 recorded: Optional[dict[str, tuple[float, dict[str, Any]]]] = None) -> dict[str, Any]:
-    """Every stage's plan, before any of them runs: first what each one's minimum costs (its plan
-    in no share at all, which :class:`OverBudget` prices), reserved for it; then in the page's
-    order each stage's share is its minimum and a part of what is left beyond the later stages'
-    minimums by the weights, and what its plan does not use goes on to the later ones.
+    """Every stage's plan, before any of them runs. First what each one's minimum costs (its plan
+    in no share at all, which :class:`OverBudget` prices) is reserved for it, in the page's order,
+    while the minimums fit ``seconds`` — a stage a few seconds short borrows them, up to
+    :data:`BORROW` of the budget for all stages together; a stage further short is not run, and its
+    refusal says what budget would run it. Then in the page's order each stage's share is its
+    minimum and a part of what is left beyond the later stages' minimums by the weights, and what
+    its plan does not use goes on to the later ones.
 
     Args:
         ctx: The report's shared state (the evaluation done).
         stages: The stages, in the page's order.
         seconds: Reference seconds for them all.
-        total: The report's whole budget (for the messages).
+        total: The report's whole budget (for the messages and what may be borrowed).
         memory: Bytes each stage's batches may use.
-        recorded: A replayed plan's ``{stage: (share, choices)}``: those shares, and those choices
-            over the ones planned now.
+        recorded: A replayed plan's ``{stage: (share, choices)}``: the stages it ran, with those
+            shares and those choices over the ones planned now.
 
     Returns:
         ``{name: StagePlan}``, or for a stage that cannot run the exception that says why
@@ -196,16 +204,28 @@ def plan_stages(ctx: Context, stages: Sequence[Any], seconds: float, total: floa
     from arithinterp.errors import ArithInterpError
 
     outcome: dict[str, Any] = {}
-    floors: dict[str, float] = {}
+    floors: dict[str, float] = {}  # the minimums reserved, in the page's order
+    borrowed: dict[str, float] = {}  # what a stage's minimum reserved beyond ``seconds``
     for stage in stages:
         ctx.budget = Budget(0.0, memory, total)
         try:
-            floors[stage.name] = stage.plan(ctx).seconds if stage.plan is not None else 0.0
+            floor = stage.plan(ctx).seconds if stage.plan is not None else 0.0
         except OverBudget as priced:
-            floors[stage.name] = priced.seconds
+            floor = priced.seconds
+            reserved = sum(floors.values())
+            replayed = recorded is not None and stage.name in recorded
+            if reserved + floor > seconds + BORROW * total and not replayed:  # more than a few seconds short
+                available = max(seconds - reserved, 0.0)
+                outcome[stage.name] = over_budget(Budget(available, memory, total), priced.what, floor)
+                continue
         except ArithInterpError as why:  # does not apply, or too little data: said before the run
             outcome[stage.name] = why
-    left = seconds
+            continue
+        over = sum(floors.values()) + floor - max(seconds, 0.0)
+        if over > 0:
+            borrowed[stage.name] = over - sum(borrowed.values())
+        floors[stage.name] = floor
+    left = max(seconds, 0.0) + sum(borrowed.values())
     for i, stage in enumerate(stages):
         if stage.name in outcome:
             continue
@@ -222,6 +242,9 @@ def plan_stages(ctx: Context, stages: Sequence[Any], seconds: float, total: floa
             continue
         if recorded is not None and stage.name in recorded:
             planned.choices = dict(recorded[stage.name][1])
+        if stage.name in borrowed:
+            lent = f"its minimum borrowed {secs(borrowed[stage.name])} beyond the {secs(total)} budget"
+            planned.sample = "; ".join(filter(None, [planned.sample, lent]))
         planned.budget = ctx.budget
         outcome[stage.name] = planned
         left -= planned.seconds

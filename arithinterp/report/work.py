@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Measured once with benchmarks/report_load.py --calibrate (Gemma 3 270M and zoo:add-100, one thread,
+# Measured once with benchmarks/report_determinism.py --calibrate (Gemma 3 270M and zoo:add-100, one thread,
 # process CPU time, on the 2-core development machine): see CALIBRATION in that script.
 REFERENCE_FLOPS = 40e9  # FLOP/s of a block's matrix products
 TOKEN_LAYER_SECONDS = 2.0e-6  # per token-layer beyond its products: norms, activations, attention's softmax

@@ -4,7 +4,7 @@ report's prompts, and the attribution graph of one correctly answered prompt."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.report.budget import StagePlan
@@ -13,6 +13,7 @@ from arithinterp.report.work import BACKWARD, work_seconds
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
+    from arithinterp.tasks import PromptSet
 
 
 def features_plan(ctx: Context) -> StagePlan:
@@ -41,6 +42,10 @@ def features_plan(ctx: Context) -> StagePlan:
     shape = ctx.shape
     forward = prompt_positions(ctx.all_prompts) * shape.n_layers
     graph = work_seconds(shape, token_layers=forward * (1 + BACKWARD) * shape.d_mlp / 8, fit_steps=50)
+    grid = _operand_grid(ctx)
+    if grid is not None:  # the viewer's operand plots: a read of the grid up to each layer with kept features
+        graph += work_seconds(shape, token_layers=len(grid) * prompt_positions(grid) * shape.n_layers
+                              * (shape.n_layers + 1) / 2, calls=shape.n_layers ** 2 * math.ceil(len(grid) / 256))
     count, seconds, sample = ctx.fit(ctx.all_prompts, "prompts", 30, lambda k: graph + work_seconds(
         shape, token_layers=2 * k * forward, unembeds=2 * k, calls=4 * shape.n_layers * math.ceil(k / 64)))
     return StagePlan(dict(prompts=count), seconds, sample)
@@ -104,12 +109,18 @@ def _operand_plots(ctx: Context, transcoders, graph) -> list:
     """The kept features' operand plots over an evenly spaced grid of the task, for the graph's
     page; none where the task's answers are several tokens or its prompts of several lengths."""
     from arithinterp.features import graph_feature_grids
+
+    grid = _operand_grid(ctx)
+    return [] if grid is None else graph_feature_grids(ctx.model, grid, transcoders, graph)
+
+
+def _operand_grid(ctx: Context) -> Optional[PromptSet]:
+    """The evenly spaced grid of the task the operand plots are drawn over (:data:`GRID_SIDE` values
+    per operand); None where the task's answers are several tokens or its prompts of several lengths."""
     from arithinterp.models.zoo import grid_prompts
 
     grid = grid_prompts(ctx.model, ctx.spec, GRID_SIDE)
-    if bool((grid.n_answer_tokens != 1).any()) or not grid.uniform_length:
-        return []
-    return graph_feature_grids(ctx.model, grid, transcoders, graph)
+    return None if bool((grid.n_answer_tokens != 1).any()) or not grid.uniform_length else grid
 
 
 STAGE = Stage(name="features", title="Feature circuits: transcoders and an attribution graph", order=90, weight=0.5,
