@@ -44,6 +44,7 @@ import html
 import multiprocessing
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -156,6 +157,7 @@ def summarise(name: str, quiet: dict, loaded: dict, limits: bool, reference: str
     missing = sorted(set(unrun(quiet["page"])) | set(unrun(loaded["page"])))
     ratio = loaded["seconds"] / quiet["seconds"]
     problems = [f"{len(diff)} lines of findings differ"] if diff else []
+    problems += [] if findings(quiet["page"]) else ["no findings to compare (no page written)"]
     problems += [f"exit {run['status']} ({kind})" for kind, run in (("quiet", quiet), ("loaded", loaded))
                  if run["status"]]
     problems += [f"not run: {', '.join(missing)}"] if missing else []
@@ -174,10 +176,10 @@ def summarise(name: str, quiet: dict, loaded: dict, limits: bool, reference: str
                 missing=missing, problems=problems)
 
 
-def check_replay(busy: int, folder: Path) -> dict:
-    """Another seed's zoo page, then its plan replayed quiet and loaded; the plan given with the
-    other seed's option must be refused before any work."""
-    original = run_report([*ZOO, "--seed", "1"], folder / "seed1.html")
+def check_replay(command: list[str], busy: int, folder: Path) -> dict:
+    """Another seed's page of ``command``, then its plan replayed quiet and loaded; the plan given
+    with another seed's option must be refused before any work."""
+    original = run_report([*command, "--seed", "1"], folder / "seed1.html")
     page = folder / "seed1.html"
     print(f"\nreplay: the seed-1 page took {original['seconds']:.0f} s, exit {original['status']}")
     refused = run_report(["--plan", str(page), "--seed", "2"], folder / "refused.html")
@@ -260,6 +262,9 @@ def main() -> int:
                         help="which checks to run (default: all three)")
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the loaded runs (default 2)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="write the pages here and keep them")
+    parser.add_argument("--args", default="", metavar="ARGS",
+                        help="more options for every report that is not a replay, e.g. a quick check of the script "
+                        "itself: --args='--stages accuracy,patching,circuits --limit 300' (the acceptance: none)")
     parser.add_argument("--calibrate", action="store_true", help="planned against measured CPU seconds per stage")
     parser.add_argument("--zoo", action="store_true", help="with --calibrate: zoo:add-100's report, not Gemma 3's")
     args = parser.parse_args()
@@ -269,14 +274,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.keep) if args.keep else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        rows = []
+        extra, rows = shlex.split(args.args), []
         for check in args.checks:
             if check == "replay":
-                rows.append(check_replay(args.busy, folder))
+                rows.append(check_replay([*ZOO, *extra], args.busy, folder))
             else:
-                rows.append(check_pair(check, GEMMA if check == "gemma" else ZOO, args.busy, folder,
-                                       limits=check == "gemma"))
-    print(f"\nOn {os.cpu_count()} CPUs; {args.busy} busy loops beside the loaded runs.\n")
+                rows.append(check_pair(check, [*(GEMMA if check == "gemma" else ZOO), *extra], args.busy, folder,
+                                       limits=check == "gemma" and not extra))
+    print(f"\nOn {os.cpu_count()} CPUs; {args.busy} busy loops beside the loaded runs"
+          + (f"; every report with {args.args}" if args.args else "") + ".\n")
     print(table(rows, args.busy))
     return 1 if any(row["problems"] for row in rows) else 0
 

@@ -479,13 +479,21 @@ def test_all_prompts_are_analysed_when_asked_for(tmp_path, llama_folder):
                      progress=False)
 
 
-def test_a_small_budget_plans_the_heavy_stages_or_says_what_budget_they_need(tmp_path):
-    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["patching", "neurons", "circuits"], limit=400,
-                       budget=1.0, progress=False)
+def test_a_small_budget_plans_the_heavy_stages_or_says_what_budget_they_need(tmp_path, capsys):
+    out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["patching", "probes", "neurons", "circuits"],
+                       limit=400, budget=1.0)
+    # the probes' minimum (60 prompts at every layer, with the random-init control) is seconds more than the whole
+    # budget: said on the command line with the plan, before any stage runs
+    said = capsys.readouterr().err
+    plan_line = re.search(r"report plan: probes will not run\. Not run within the budget: the minimum of 60 prompts "
+                          r"takes about [\d.]+ s .*?a budget of about [\d,]+ s would run it", said)
+    assert plan_line and said.index("report plan: probes") > said.index("report plan: "), said
     assert_complete_html(out.read_text())  # escaped as written: a viewer's page is inside an attribute
     text = html.unescape(out.read_text())
     states = stage_states(out.read_text())
-    for name in ("Activation patching", "Heuristic neurons", "Circuit: edges from the operands to the answer"):
+    assert states["Linear probes"].startswith("skipped (over budget)")
+    for name in ("Activation patching", "Linear probes", "Heuristic neurons",
+                 "Circuit: edges from the operands to the answer"):
         state = states[name]
         if state.startswith("done"):
             assert re.search(r"\(([\d.]+) s of model work planned of its ([\d.]+) s share", state), state

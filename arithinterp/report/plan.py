@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -110,7 +111,7 @@ def plan_html(record: PlanRecord) -> str:
 _ELEMENT = re.compile(rf"<script type=['\"]application/json['\"] id=['\"]{PLAN_ELEMENT}['\"]>(.*?)</script>", re.S)
 
 
-def read_plan(page: Union[str, Path]) -> PlanRecord:
+def read_plan(page: Union[str, os.PathLike]) -> PlanRecord:
     """The plan recorded in a report page.
 
     Args:
