@@ -172,7 +172,8 @@ def summarise(name: str, quiet: dict, loaded: dict, limits: bool, reference: str
     print("\n".join(line[:300] for line in diff[:60]))
     return dict(name=name, quiet=quiet["seconds"], loaded=loaded["seconds"], ratio=ratio, peak_quiet=quiet["peak"],
                 peak_loaded=loaded["peak"], lines=len(findings(quiet["page"])), diff=len(diff),
-                stages=sum(1 for stage, state in stage_states(quiet["page"]) if state.startswith("done")),
+                stages=sum(1 for stage, state in stage_states(quiet["page"])
+                           if stage != "Evaluating the task" and state.startswith("done")),
                 missing=missing, problems=problems)
 
 

@@ -97,7 +97,7 @@ def test_a_fit_whose_loss_still_falls_is_not_converged_and_states_no_finding():
     assert not converged([100.0 - i for i in range(100)]) and not converged([1.0, 0.5]) and not converged([])
     noisy = [1.0 + 0.3 * ((7 * i) % 5 - 2) / 2 for i in range(100)]  # flat, with each batch's noise
     assert converged(noisy) and not converged([x + 2.0 - 0.02 * i for i, x in enumerate(noisy)])
-    row = dict(variable="carry_tens", layer=6, das_iia=0.6, das_low=0.5, das_high=0.7, random_iia=0.0)
+    row = dict(variable="carry_tens", layer=6, das_iia=0.6, das_low=0.5, das_high=0.7, random_iia=0.0, chance=0.01)
     unconverged = "not converged after 100 steps (its loss was still falling): no finding from it"
     assert _verdict([(row, unconverged)], "b's last token") == (
         "DAS: no finding for carry_tens at b's last token: its 1 fit was still improving after 100 training steps (not "
@@ -106,5 +106,9 @@ def test_a_fit_whose_loss_still_falls_is_not_converged_and_states_no_finding():
     assert _verdict([(row, unconverged), (flat, "no signal above the control")], "b's last token") == (
         "DAS: no signal above the control for carry_tens at b's last token (no converged fit's IIA interval clears the "
         "random rotation and chance); 1 fit did not converge.")
-    assert _verdict([(row, "above the control but not localised (IIA < 0.9)")], "b's last token").startswith(
-        "DAS: carry_tens is used at b's last token: best at layer 6, DAS IIA 0.600 [0.500, 0.700]")
+    assert _verdict([(row, "above the control but not localised (IIA < 0.9)")], "b's last token") == (
+        "DAS: carry_tens at b's last token is above the control but not localised (IIA < 0.9): best at layer 6, DAS "
+        "IIA 0.600 [0.500, 0.700] against a random rotation's 0.000 and chance 0.010.")
+    strong = dict(row, das_iia=0.95, das_low=0.93, das_high=0.97)
+    assert _verdict([(strong, "localised here (IIA ≥ 0.9)")], "b's last token").startswith(
+        "DAS: carry_tens is localised at b's last token: best at layer 6, DAS IIA 0.950 [0.930, 0.970]")

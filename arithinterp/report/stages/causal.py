@@ -200,9 +200,12 @@ def _verdict(verdicts: list[tuple[dict, str]], where: str) -> str:
         unconverged = sum(1 for _, v in mine if v.startswith("not converged"))
         if found:
             row, verdict = max(found, key=lambda pair: pair[0]["das_iia"])
-            parts.append(f"{variable} is used at {where}: best at layer {row['layer']}, DAS IIA {row['das_iia']:.3f} "
+            # "used" only where the alignment carries most interventions; a weak one is said as what it is
+            said = (f"{variable} is localised at {where}" if verdict.startswith("localised") else
+                    f"{variable} at {where} is above the control but not localised (IIA < {CAUSAL_LOCALISED})")
+            parts.append(f"{said}: best at layer {row['layer']}, DAS IIA {row['das_iia']:.3f} "
                          f"[{row['das_low']:.3f}, {row['das_high']:.3f}] against a random rotation's "
-                         f"{row['random_iia']:.3f}, {verdict}")
+                         f"{row['random_iia']:.3f} and chance {row['chance']:.3f}")
         elif unconverged == len(mine):
             parts.append(f"no finding for {variable} at {where}: {'its' if unconverged == 1 else 'every one of its'} "
                          f"{unconverged} fit{'s' * (unconverged > 1)} was still improving after {CAUSAL_STEPS} "
