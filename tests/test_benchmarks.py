@@ -205,7 +205,8 @@ def test_report_determinism_compares_every_number_and_leaves_timings_out():
             self.data = data
 
         def iframe(self) -> str:
-            return f"<iframe class='graph-view' title=\"circuit\" sandbox='allow-scripts' srcdoc=\"{self.data}\"></iframe>"
+            return (f"<iframe class='graph-view' title=\"circuit\" sandbox='allow-scripts' "
+                    f"srcdoc=\"{self.data}\"></iframe>")
 
     def page(restores=0.93, pairs=30, y=(1.0, 2.0), edges="[1, 2]", seconds=4.2, state="done: 4.2 s; 30 pairs"):
         section = Section("Activation patching", findings=[f"restores {restores}"], sample=f"{pairs} pairs",
