@@ -469,7 +469,7 @@ def train_command(args: argparse.Namespace) -> dict:
 
 @command("train-transcoders", outputs=dict(out="new-dir"))
 def train_transcoders_command(args: argparse.Namespace) -> dict:
-    """Train a zoo model's transcoders with their seeded recipe and write them with a card.
+    """Train a model's transcoders with the plan its shape and task give, and cache them with a card.
 
     Args:
         args: The parsed command line (:func:`build_parser`).
@@ -477,15 +477,31 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
     Returns:
         The command's JSON-able summary, printed by :func:`main`.
     """
-    from arithinterp.features.shipped import train_shipped
+    import dataclasses
 
-    return train_shipped(args.model, out=args.out, seed=args.seed, steps=args.steps,
-                         progress=not args.no_progress, overwrite=args.overwrite)[1]
+    from arithinterp.features.cache import cache_folder
+    from arithinterp.features.plan import plan_transcoders, train_planned
+    from arithinterp.models import load_model
+    from arithinterp.outputs import check_target
+
+    if args.operands is not None:
+        _check_operands(args.operands)
+    model = load_model(args.model)
+    out = args.out or cache_folder(model)  # the cache's folder is named by the model's fingerprint: known now
+    check_target(out, overwrite=args.overwrite, what="--out", folder=True)
+    plan = plan_transcoders(model, template=args.template, few_shot=args.few_shot, operands=args.operands,
+                            seed=args.seed)
+    changes = {name: value for name, value in (("steps", args.steps), ("n_train", args.prompts)) if value is not None}
+    plan = dataclasses.replace(plan, **changes)
+    card = train_planned(model, plan, out, overwrite=args.overwrite, progress=not args.no_progress)[1]
+    return dict(command="train-transcoders", model=args.model, out=card["out"], wall_seconds=card["wall_seconds"],
+                replacement=card["replacement"], layers=card["layers"], plan=card["plan"])
 
 
 @command("graph", outputs=dict(_ANALYSIS_OUTPUTS, html="file"))
 def graph_command(args: argparse.Namespace) -> dict:
-    """The attribution graph of one prompt over a zoo model's shipped transcoders (or --transcoders DIR).
+    """The attribution graph of one prompt over the model's transcoders: shipped (zoo), cached by
+    ``arithinterp train-transcoders``, or ``--transcoders DIR``.
 
     Args:
         args: The parsed command line (:func:`build_parser`).
@@ -494,17 +510,17 @@ def graph_command(args: argparse.Namespace) -> dict:
         The command's JSON-able summary, printed by :func:`main`.
     """
     from arithinterp.features import load_transcoders
+    from arithinterp.features.cache import require_transcoders
     from arithinterp.features.graph import prompt_graph
     from arithinterp.models import load_model
 
     if args.transcoders is not None and not args.transcoders.strip():  # not the shipped ones, unasked
         raise ConfigError("--transcoders: '' is an empty path; give a folder of saved transcoders, or leave "
-                          "--transcoders out for the zoo model's shipped ones")
+                          "--transcoders out for the model's shipped or cached ones")
     if args.grids and not args.html:
         raise ConfigError("--grids draws operand plots in the --html page; give --html FILE too")
     model = load_model(args.model)
-    transcoders = load_transcoders(args.transcoders or args.model)
-    grid = _operand_grid(model, args.model) if args.grids else None  # checked before the graph is computed
+    transcoders = load_transcoders(args.transcoders) if args.transcoders else require_transcoders(model)
     graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes,
                          max_feature_nodes=args.max_feature_nodes)
     columns = ["layer", "position", "token", "feature", "activation", "influence"]
@@ -512,23 +528,22 @@ def graph_command(args: argparse.Namespace) -> dict:
     top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
     summary = dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
     if args.html:
-        from arithinterp.features import graph_feature_grids
-
-        grids = None if grid is None else graph_feature_grids(model, grid, transcoders, graph)
+        grids = _graph_grids(model, transcoders, graph, args.prompt) if args.grids else None
         graph.to_html(args.html, overwrite=args.overwrite, grids=grids)
         summary["html"] = args.html
     return _finish(graph, args, summary)
 
 
-def _operand_grid(model: Any, spec: str):
-    """The task's operand grid (at most 100 values per operand) that ``--grids`` plots features over."""
-    from arithinterp.models.zoo import grid_prompts
+def _graph_grids(model: Any, transcoders: Any, graph: Any, text: str) -> list:
+    """The operand plots of the graph's kept features for ``--grids``: each at its position's role in
+    the prompt (read as an arithmetic problem of the plan's template), over the plan's grid."""
+    from arithinterp.features.operand_plots import graph_feature_grids
+    from arithinterp.features.plan import plan_transcoders, transcoder_plots
+    from arithinterp.tasks import parse_prompt
 
-    prompts = grid_prompts(model, spec)
-    if bool((prompts.n_answer_tokens != 1).any()) or not prompts.uniform_length:
-        raise ConfigError(f"--grids: {spec}'s task has answers of several tokens or prompts of several lengths; "
-                          "operand plots read one answer token at one position (a model such as zoo:add-100)")
-    return prompts
+    plan = plan_transcoders(model)
+    prompt = parse_prompt(model, text, op=plan.op, template=plan.template)
+    return graph_feature_grids(graph, transcoder_plots(model, transcoders), prompt)
 
 
 # --- parser --------------------------------------------------------------------------------------
@@ -767,7 +782,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("graph", help="attribution graph of one prompt over transcoder features")
     p.add_argument("model", help="model spec, e.g. zoo:add-100")
     p.add_argument("prompt", help='the prompt, e.g. "36+59="')
-    p.add_argument("--transcoders", default=None, help="saved transcoders (default: the zoo model's shipped ones)")
+    p.add_argument("--transcoders", default=None, help="saved transcoders (default: the model's "
+                   "shipped or cached ones, from `arithinterp train-transcoders`)")
     p.add_argument("--logits", type=int, default=1, help="answer tokens the graph explains (default: 1)")
     p.add_argument("--max-nodes", type=int, default=100, help="at most this many kept nodes (default: 100)")
     p.add_argument("--max-feature-nodes", type=int, default=1000,
@@ -782,14 +798,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "--figure or --html file")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 
-    p = sub.add_parser("train-transcoders", help="train per-layer transcoders for a zoo model with their recipe")
-    p.add_argument("model", help="zoo model, e.g. zoo:add-100")
-    p.add_argument("--out", default=None, help="output directory (default: transcoders/NAME here; the package's "
-                   "shipped weights are replaced only when --out names them and --overwrite is given)")
+    p = sub.add_parser("train-transcoders", help="train a model's transcoders (any model) and cache them for the "
+                       "report, the notebooks and `arithinterp graph`")
+    p.add_argument("model", help="model spec: zoo:NAME, a Hugging Face folder, a .gguf file, pkg:gemma-3-270m")
+    p.add_argument("--out", default=None, help="output directory (default: this model's folder in the user cache, "
+                   "where they are found again)")
     p.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
-    p.add_argument("--seed", type=_whole(0, SEED_MAX), default=None, help="random seed (default: the recipe's)")
+    p.add_argument("--template", default=None, help="prompt template (default: the zoo task's, else '{a}+{b}=')")
+    p.add_argument("--few-shot", type=_whole(0, 64), default=None,
+                   help="solved examples before each prompt (default: 0 for zoo models, else 3)")
+    p.add_argument("--operands", default=None, help="operand values for a and b: LO-HI (inclusive) or 1,5,9 "
+                   "(default: the zoo task's, else 0-99)")
+    p.add_argument("--seed", type=_whole(0, SEED_MAX), default=0, help="random seed (default: 0)")
     p.add_argument("--steps", type=_whole(1, STEPS_MAX), default=None,
-                   help="optimizer steps per layer (default: the recipe's)")
+                   help="optimizer steps per layer (default: the plan's)")
+    p.add_argument("--prompts", type=_whole(10, 10**6), default=None,
+                   help="training prompts (default: the plan's, from the model's size)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return parser

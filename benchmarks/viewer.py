@@ -104,15 +104,16 @@ def synthetic_circuit(n_layers: int = 18, n_heads: int = 4, n_kv_heads: int = 1,
 
 
 def gemma3_graph(directory: str):
-    """The graph of the first correctly answered 3-shot prompt of Gemma 3 270M's transcoder recipe."""
-    from arithinterp.features import load_transcoders
+    """The graph of the first correctly answered held-out 3-shot prompt of Gemma 3 270M's transcoder
+    plan, over the transcoders in ``directory`` (``"cache"``: the cached ones)."""
+    from features import gemma3_transcoders, held_out_prompts
+
     from arithinterp.features.graph import prompt_graph
-    from arithinterp.features.recipes import RECIPES, recipe_prompts
     from arithinterp.models import load_model
 
     model = load_model("pkg:gemma-3-270m")
-    transcoders = load_transcoders(directory)
-    prompts = recipe_prompts(model, RECIPES["pkg:gemma-3-270m"]).correct_only(model)
+    transcoders = gemma3_transcoders(model, directory)
+    prompts = held_out_prompts(model)
     return prompt_graph(model, prompts[:1].unpadded(torch.arange(1))[0], transcoders, progress=False)
 
 

@@ -137,26 +137,25 @@ show_static(curve.plot())
 edges.to_frame().sort_values("score", key=abs, ascending=False).head(8)"""),
     ("md", """## An attribution graph (transcoders made on this machine)
 
-Transcoders for Gemma 3 270M do not ship (74 MB): `HF_HUB_OFFLINE=1 python scripts/gemma3_transcoders.py
---out gemma3-transcoders` makes them (12-27 min; the folder can be named by `GEMMA3_TRANSCODERS`). The
-graph of the first correctly answered prompt expands its 1,000 most influential features; what it
-shows is set against where the influence goes: embeddings, features or error nodes."""),
-    ("code", """import os
-from pathlib import Path
+Transcoders for Gemma 3 270M do not ship: `HF_HUB_OFFLINE=1 arithinterp train-transcoders pkg:gemma-3-270m`
+trains them with the plan the model's shape and the task give and caches them, where this notebook,
+the report and `attribution_graph` find them. The graph of the first correctly answered prompt
+expands its 1,000 most influential features; what it shows is set against where the answer logit's
+direct inputs come from: token embeddings, features or error nodes."""),
+    ("code", """from arithinterp.features import attribution_graph, find_transcoders
 
-from arithinterp.features import attribution_graph, load_transcoders
-
-folder = Path(os.environ.get("GEMMA3_TRANSCODERS", "gemma3-transcoders"))
-if not (folder / "result.json").exists():
-    print(f"no transcoders in {folder}: make them with scripts/gemma3_transcoders.py --out {folder}")
+transcoders = find_transcoders(model)
+if transcoders is None:
+    print("no transcoders cached for this model: make them with "
+          "`HF_HUB_OFFLINE=1 arithinterp train-transcoders pkg:gemma-3-270m`")
 else:
-    transcoders = load_transcoders(folder)
     print("replacement model on held-out prompts:", transcoders.metrics["replacement"])
     start = time.perf_counter()
     graph = attribution_graph(model, correct[:1], transcoders, progress=False)
     print(f"{correct.texts[0][-6:]!r}: graph in {time.perf_counter() - start:.1f} s;",
           {k: float(f"{graph.scores[k]:.4g}") for k in ("n_expanded_features", "n_active_features", "n_kept",
-                                                         "replacement", "completeness", "max_error_of_terms")})
+                                                         "replacement", "completeness", "logit_inputs_feature",
+                                                         "logit_inputs_embedding", "logit_inputs_error")})
     nodes = graph.node_frame()
     share = nodes.groupby("kind")["influence"].sum() / nodes["influence"].sum()
     print("share of the influence:", share.round(3).to_dict())

@@ -51,6 +51,9 @@ SPECIFIC = {
     "approx", "a", "b", "source", "grids", "preacts", "snapshots", "path", "resume", "estimator", "registry",
     "intervention", "where", "rows",  # a subspace, the Site it acts on (as read_pyvene gives them) and the pairs scored
     "unsealed",  # load a saved folder that carries no seal (docs/files.md)
+    "plots", "role", "roles",  # transcoders' operand plots, and the operand (or the sum) a feature is read at
+    "plan", "out", "few_shot", "operands", "min_agreement",  # how transcoders are trained, and where they go
+    "end_to_end_steps", "end_to_end_lr", "anchor",  # the transcoders' end-to-end fine-tune
     # what is read, fitted or scored
     "target", "values", "numbers", "periods", "candidates", "features", "kind", "kinds", "band", "variable",
     "answer_tokens", "model_answer", "labels", "names", "policy", "classify",
@@ -89,6 +92,10 @@ HELPERS = {
     "activations.auto_batch_size": "a batch size for a forward",
     "patching.default_components": "the component names of a model",
     "fourier.number_tokens": "the token ids of numbers",
+    "features.cache_folder": "where a model's transcoders are cached",
+    "features.find_transcoders": "a model's shipped or cached transcoders, or None",
+    "features.plan_transcoders": "the settings of a transcoder training run, before it runs",
+    "features.train_planned": "trains and caches transcoders (a fitted object and its card, not a finding)",
 }
 
 #: Analyses of a model that do not return a Result, and why.
@@ -102,14 +109,12 @@ NOT_RESULTS = {
     "circuits.patch_neuron_edges": "the lower-level exact neuron-edge runs (tensors and counts)",
     "circuits.run_edge_sets": "the lower-level runs behind faithfulness_curve and minimality (tensors and counts)",
     "features.feature_maps": "feature activations over the operand grid, the tensors behind feature_grids",
-    "features.graph_feature_grids": "a graph's operand plots: a list of feature_grids' results, one per layer",
     "features.transcoder_fvu": "a check of transcoders on a model (variance unexplained per layer, as their card has)",
     "causal.score_subspace": "the interchange scores of one given intervention (the dict das records per baseline)",
 }
 
 #: Analyses of a model whose data is not a PromptSet or PromptPairs, and why.
 OTHER_DATA = {
-    "features.graph_feature_grids": "a graph's operand plots: a list of feature_grids' results, one per layer",
     "features.transcoder_fvu": "transcoders first, the prompts optional (default: the model's own task's)",
     "fourier.embedding_spectrum": "numbers: the embedding of number tokens, no prompt",
     "fourier.context_spectrum": "numbers: prompts built from each number and a template",

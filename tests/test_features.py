@@ -11,7 +11,8 @@ from arithinterp.engine import Read, Write, run
 from arithinterp.errors import ConfigError, ModelSpecError, SiteError
 from arithinterp.features import Transcoders, load_transcoders, train_transcoders
 from arithinterp.features.replacement import replacement_logits
-from arithinterp.features.training import full_tokens, mlp_activations
+from arithinterp.features.rows import answer_sequences
+from arithinterp.features.training import mlp_activations
 from arithinterp.tasks import prompts_for_pairs
 
 
@@ -50,6 +51,12 @@ def planted_model(tokenizer, digit: int, seed: int = 0):
         find("fc_out", "weight")[:, 0] = v
     return model, v
 
+
+def full_tokens(prompts):
+    """Prompts of one length with all but their last answer token fed: ``(tokens, valid, n_answer)``."""
+    (group,) = answer_sequences(prompts)
+    tokens = group.tokens[group.prompts.argsort()]
+    return tokens, torch.ones_like(tokens, dtype=torch.bool), int(group.n_answer[0])
 
 def _selectivity(model, transcoders: Transcoders, tokens, valid, digit: int):
     """Per feature: correlation of its activation with ``[token mod 10 == digit]`` over number positions."""
@@ -329,24 +336,27 @@ def test_report_stage_shows_the_shipped_transcoders_and_a_graph(tmp_path):
 
     out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["features"], limit=200, progress=False)
     text = html.unescape(out.read_text())
-    agreement = re.search(r"top-1 agreement with the model (\d\.\d+)", text)
-    exact = re.search(r"edges \+ bias match each feature's pre-activation within (\S+)\.", text)
+    agreement = re.search(r"Transcoders \(shipped;.*?keeps the model's top token at (\d\.\d+) of", text)
     assert agreement and float(agreement.group(1)) >= 0.9
-    assert exact and float(exact.group(1)) <= 1e-4
-    assert re.search(r"Attribution graph of '\d+\+\d+=' .*: \d+ active features", text)
+    shares = re.search(r"Attribution graph of '\d+\+\d+=' .*?come (\d+)% from features, (\d+)% from token "
+                       r"embeddings and (\d+)% from error nodes", text)
+    assert shares and abs(sum(int(g) for g in shares.groups()) - 100) <= 2  # shares of one whole
+    assert re.search(r"Supernodes .*?labelled ones hold \d+% of the kept features' influence", text)
+    assert re.search(r"Swap test on \d+ problems .*?: (the labels predict the answer's change|no signal above the "
+                     r"control)\.", text)
     assert text.count("class='figure'") == 1 and text.count("class='viewer'") == 1
     # the graph's interactive page, inline, with the kept features' operand plots
     assert '"kind":"graph"' in text and '"grids":[{"title":"L' in text
 
 
-def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_model):
+def test_report_stage_says_why_it_is_not_run_without_transcoders(tiny_model, tmp_path, monkeypatch):
     from arithinterp.errors import ModelSpecError
     from arithinterp.report import Context, features_stage
 
-    with pytest.raises(ModelSpecError, match=r"ship only for the zoo models .*zoo:add-100.*, not for 'tiny'"):
+    monkeypatch.setenv("ARITHINTERP_CACHE", str(tmp_path))  # nothing cached
+    with pytest.raises(ModelSpecError, match=r"no transcoders ship or are cached for tiny; `arithinterp "
+                                             r"train-transcoders tiny` makes them \(into " + str(tmp_path)):
         features_stage(Context(tiny_model, "tiny", None, None, None, None))
-    with pytest.raises(ModelSpecError, match="no transcoder recipe for 'zoo:modadd-113'"):
-        features_stage(Context(tiny_model, "zoo:modadd-113", None, None, None, None))
 
 
 def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):
@@ -592,3 +602,41 @@ def test_sequential_training_fits_each_layer_on_the_replacement_models_inputs(ti
             assert torch.allclose(y, replaced_out[0][valid][match], atol=1e-5)
         else:
             assert on_real.max() < 1e-5 and on_replaced.max() > 1e-3
+
+
+@pytest.mark.slow
+def test_operand_plots_label_the_planted_feature_at_its_role_and_nothing_in_the_control(planted):
+    """Operand plots read every layer and role at once; labelled from them, the planted feature is
+    "b mod 10 = 6" at b's token, and the control model built around "ends in 3" has no such label."""
+    from arithinterp.features.operand_plots import label_plots, operand_plots
+    from arithinterp.tasks import arithmetic
+
+    found = {}
+    for kind in ("planted", "control"):
+        model, v, tc, _, _ = planted[kind]
+        grid = arithmetic(model, "+", range(0, 100, 2), range(100), "{a}+{b}=")
+        plots = operand_plots(model, grid, tc, roles=["a", "b", "final"], progress=False)
+        assert plots.values.shape == (len(grid), 3, 1, tc.k)
+        map_, a_values, b_values = plots.grid(0, 0, "b")
+        assert map_.shape == (50, 100) and b_values == list(range(100))
+        table = label_plots(plots, 0, "b").to_frame()
+        found[kind] = set(table[table["label"]]["heuristic"])
+    assert "b mod 10 = 6" in found["planted"]
+    assert "b mod 10 = 6" not in found["control"] and "b mod 10 = 3" in found["control"]
+
+
+def test_layer_by_layer_reads_equal_whole_forwards(tiny_model, llama_model):
+    from arithinterp.engine.layerwise import LayerByLayer
+
+    for model in (tiny_model, llama_model("digit")):
+        tokens = torch.randint(3, 12, (5, 7), generator=torch.Generator().manual_seed(0))
+        half = [Write("mlp_out", 0, value=lambda x: 0.5 * x, input_site="mlp_in")]
+        reads = [Read("mlp_in", 1), Read("mlp_out", 1)]
+        whole = run(model, tokens, half, reads=[*reads, Read("resid_post", 1)], logits="none").reads
+        walker = LayerByLayer(model, tokens, batch_size=2)
+        walker.step(half)
+        stepped = walker.step(reads=reads)
+        for a, b in zip([*stepped, walker.hidden], whole):
+            assert torch.allclose(a, b, atol=1e-5)
+        with pytest.raises(Exception, match="blocks have run|not inside it"):
+            walker.step(reads=[Read("mlp_in", 0)])

@@ -233,23 +233,15 @@ def _trained_set(inputs: Inputs, monkeypatch) -> None:
     monkeypatch.setattr(training, "train_transcoders", lambda *args, **kwargs: inputs.transcoders)
 
 
-def _shipped(inputs: Inputs, monkeypatch) -> Writer:
-    from arithinterp import models
-    from arithinterp.features.shipped import train_shipped
-    from arithinterp.models import zoo
+def _planned(inputs: Inputs, monkeypatch) -> Writer:
+    import dataclasses
+
+    from arithinterp.features.plan import plan_transcoders, train_planned
 
     _trained_set(inputs, monkeypatch)
-    monkeypatch.setattr(models, "load_model", lambda spec: inputs.model)
-    monkeypatch.setattr(zoo, "task_prompts", lambda *args, **kwargs: inputs.prompts)
-    return Writer(lambda p, o: train_shipped("zoo:add-100", out=p, progress=False, overwrite=o), folder=True)
-
-
-def _recipe(inputs: Inputs, monkeypatch) -> Writer:
-    from arithinterp.features.recipes import RECIPES, PromptRecipe, train_recipe
-
-    _trained_set(inputs, monkeypatch)
-    monkeypatch.setitem(RECIPES, "tiny", PromptRecipe(operands=(10, 13), few_shot=0))
-    return Writer(lambda p, o: train_recipe("tiny", p, model=inputs.model, overwrite=o, progress=False), folder=True)
+    plan = dataclasses.replace(plan_transcoders(inputs.model, operands="10-29", few_shot=0), n_train=20,
+                               n_held_out=4)
+    return Writer(lambda p, o: train_planned(inputs.model, plan, p, overwrite=o, progress=False), folder=True)
 
 
 def _train(inputs: Inputs, monkeypatch) -> Writer:
@@ -303,8 +295,7 @@ BUILDERS: dict[str, Callable[[Inputs, Any], Writer]] = {
     "arithinterp.viz.graph_view.page.GraphView.to_html": lambda i, mp: Writer(
         lambda p, o: i.graph.show().to_html(p.with_suffix(".html"), overwrite=o), folder=False,
         target=lambda p: p.with_suffix(".html")),
-    "arithinterp.features.shipped.train_shipped": _shipped,
-    "arithinterp.features.recipes.train_recipe": _recipe,
+    "arithinterp.features.plan.train_planned": _planned,
     "arithinterp.models.train.train": _train,
     "arithinterp.report.write_report": _report,
 }

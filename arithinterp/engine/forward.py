@@ -333,42 +333,7 @@ def run(
     grad = metric is not None
     if train and (grad or logits == "none"):
         raise AnalysisError("train=True returns differentiable logits: it takes logits 'final' or 'all' and no metric")
-    kept: list = [None] * len(reads)
-    probes: list = [None] * len(reads)
-    hooks: list = []
-    n_heads = int(model.cfg.n_heads)
-    inputs: dict = {}  # input-site hook name -> its activation in this forward
-    for intervention in writes:
-        if intervention.input_site is not None:
-            name = site_lib.hook_name(intervention.input_site, intervention.layer)
-
-            def stash(activation, hook=None, name=name):
-                inputs[name] = activation
-                return activation
-
-            hooks.append((name, stash))
-
-            def replace(activation, hook=None, intervention=intervention, name=name):
-                if name not in inputs:
-                    raise SiteError(f"the input site {name} had not fired before {intervention.hook_name()}; "
-                                    "an input site must be computed earlier in the same block")
-                return intervention.apply(activation, inputs[name])
-
-            hooks.append((intervention.hook_name(), replace))
-            continue
-        apply = heads_split(intervention.site, n_heads, intervention.apply)
-        hooks.append((intervention.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
-    takes = [heads_split(read.site, n_heads, read.take) for read in reads]
-    for i, read in enumerate(reads):
-
-        def keep(activation, hook=None, i=i):
-            if grad:  # a differentiable point at the read, whatever the parameters' flags
-                probes[i] = torch.zeros_like(activation, dtype=torch.float32, requires_grad=True)
-                activation = activation + probes[i].to(activation.dtype)
-            kept[i] = takes[i](activation)
-            return activation
-
-        hooks.append((read.hook_name(), keep))
+    hooks, kept, probes, takes = intervention_hooks(model, writes, reads, grad)
     stop = None
     if logits == "none" and not grad:
         items = (*writes, *reads)
@@ -416,6 +381,61 @@ def run(
     if several and out is not None:
         return Output(out.detach(), kept, grads)
     return Output(final if logits == "final" else None, kept, grads)
+
+
+
+def intervention_hooks(model: HookedModel, writes: Sequence[Write], reads: Sequence[Read],
+                       grad: bool = False) -> tuple[list, list, list, list]:
+    """The TransformerLens hooks that apply ``writes`` and keep ``reads`` (checked already).
+
+    Args:
+        model: The hooked model.
+        writes: What to replace, applied in order.
+        reads: What to keep.
+        grad: Add a differentiable zero at each read (its gradient is the read's).
+
+    Returns:
+        ``(hooks, kept, probes, takes)``: ``(hook name, fn)`` pairs; the list the reads fill, in
+        order, as the hooks fire; the probes added at the reads (with ``grad``); and each read's
+        slicing function.
+    """
+    kept: list = [None] * len(reads)
+    probes: list = [None] * len(reads)
+    hooks: list = []
+    n_heads = int(model.cfg.n_heads)
+    inputs: dict = {}  # input-site hook name -> its activation in this forward
+    for intervention in writes:
+        if intervention.input_site is not None:
+            name = site_lib.hook_name(intervention.input_site, intervention.layer)
+
+            def stash(activation, hook=None, name=name):
+                inputs[name] = activation
+                return activation
+
+            hooks.append((name, stash))
+
+            def replace(activation, hook=None, intervention=intervention, name=name):
+                if name not in inputs:
+                    raise SiteError(f"the input site {name} had not fired before {intervention.hook_name()}; "
+                                    "an input site must be computed earlier in the same block")
+                return intervention.apply(activation, inputs[name])
+
+            hooks.append((intervention.hook_name(), replace))
+            continue
+        apply = heads_split(intervention.site, n_heads, intervention.apply)
+        hooks.append((intervention.hook_name(), lambda activation, hook=None, apply=apply: apply(activation)))
+    takes = [heads_split(read.site, n_heads, read.take) for read in reads]
+    for i, read in enumerate(reads):
+
+        def keep(activation, hook=None, i=i):
+            if grad:  # a differentiable point at the read, whatever the parameters' flags
+                probes[i] = torch.zeros_like(activation, dtype=torch.float32, requires_grad=True)
+                activation = activation + probes[i].to(activation.dtype)
+            kept[i] = takes[i](activation)
+            return activation
+
+        hooks.append((read.hook_name(), keep))
+    return hooks, kept, probes, takes
 
 
 def mean_activation(activations: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:

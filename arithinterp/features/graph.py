@@ -40,6 +40,7 @@ from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs, prompt_tokens
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.attribution import attribute
+from arithinterp.features.cache import require_transcoders
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.outputs import writes
 from arithinterp.results import Relation, Result, build_meta
@@ -144,7 +145,7 @@ class AttributionGraph(Result):
 
 
 @checked
-def attribution_graph(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, *,
+def attribution_graph(model: HookedModel, prompts: PromptSet, transcoders: Optional[Transcoders] = None, *,
                       n_logits: PositiveInt = 1, node_threshold: PositiveProbability = 0.8,
                       max_nodes: PositiveInt = 100, max_feature_nodes: Optional[PositiveInt] = MAX_FEATURE_NODES,
                       batch_size: Optional[PositiveInt] = None, labels: Optional[dict] = None,
@@ -188,7 +189,7 @@ def attribution_graph(model: HookedModel, prompts: PromptSet, transcoders: Trans
 
 
 @checked
-def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcoders: Transcoders, *,
+def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcoders: Optional[Transcoders] = None, *,
                  n_logits: PositiveInt = 1, node_threshold: PositiveProbability = 0.8,
                  max_nodes: PositiveInt = 100, max_feature_nodes: Optional[PositiveInt] = MAX_FEATURE_NODES,
                  batch_size: Optional[PositiveInt] = None, labels: Optional[dict] = None,
@@ -201,7 +202,8 @@ def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcode
     Args:
         model: The hooked model.
         prompt: A string, or token ids ``[pos]`` / ``[1, pos]``.
-        transcoders: Transcoders from ``mlp_in`` to ``mlp_out`` for every layer.
+        transcoders: Transcoders from ``mlp_in`` to ``mlp_out`` for every layer (default: the model's
+            shipped or cached ones, :func:`~arithinterp.features.cache.find_transcoders`).
         n_logits: The answer tokens (most probable first) that are the graph's outputs.
         node_threshold: Nodes are kept in order of influence until they hold this share of the total.
         max_nodes: The most nodes kept, the logits included.
@@ -225,6 +227,7 @@ def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcode
         AnalysisError: Transcoders that do not map ``mlp_in`` to ``mlp_out``.
         ModelMismatchError: Transcoders made for another model.
     """
+    transcoders = require_transcoders(model) if transcoders is None else transcoders
     transcoders.check_model(model)
     if (transcoders.input_site, transcoders.output_site) != ("mlp_in", "mlp_out"):
         raise AnalysisError(f"an attribution graph needs transcoders from mlp_in to mlp_out; these read "
@@ -258,6 +261,7 @@ def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcode
         n_active_features=sum(n["kind"] == "feature" for n in found.nodes),
         n_expanded_features=int((~is_logit_row).sum()),
     )
+    exactness.update(logit_inputs(found, real_logits.float().softmax(-1)[top]))
 
     # the graph: embeddings, the expanded features in node order, errors, logits
     error_start = next(i for i, n in enumerate(found.nodes) if n["kind"] == "error")
@@ -294,6 +298,28 @@ def prompt_graph(model: HookedModel, prompt: Union[str, torch.Tensor], transcode
     # stored in float32 (the check above is on the float64 sums)
     return AttributionGraph(nodes=nodes, edges=edges.float(), bias=bias.float(), values=own.float(),
                             prompt=model.to_string(tokens[0]), tokens=str_tokens, scores=scores, meta=meta)
+
+
+def logit_inputs(found: Any, probabilities: torch.Tensor) -> dict[str, float]:
+    """What feeds the answer logits directly, by node kind: the absolute edges into each logit node
+    from token embeddings, features (every active one, expanded or not) and error nodes, as shares of
+    all of them, averaged over the logits weighted by their probability.
+
+    Args:
+        found: The :class:`~arithinterp.features.attribution.Attribution` of the prompt.
+        probabilities (Float[Tensor, "logit"]): Each answer logit's probability.
+
+    Returns:
+        ``logit_inputs_embedding``, ``logit_inputs_feature`` and ``logit_inputs_error``, summing to 1.
+    """
+    n_sources = found.n_sources
+    logit_rows = (found.targets >= n_sources).nonzero().squeeze(1)
+    sizes = found.rows[logit_rows].abs()  # [logit, source]
+    sizes = sizes / sizes.sum(1, keepdim=True).clamp_min(1e-30)
+    weight = (probabilities / probabilities.sum()).double()
+    kinds = [node["kind"] for node in found.nodes[:n_sources]]
+    return {f"logit_inputs_{kind}": float(weight @ sizes[:, torch.tensor([k == kind for k in kinds])].sum(1))
+            for kind in ("embedding", "feature", "error")}
 
 
 def _prune_scores(edges: torch.Tensor, nodes: list, logits: torch.Tensor, top: torch.Tensor, logit_start: int,

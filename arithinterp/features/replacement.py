@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.errors import ConfigError
+from arithinterp.features.rows import answer_sequences
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
 from arithinterp.tasks import PromptSet
@@ -52,25 +54,6 @@ def replacement_logits(model: HookedModel, transcoders: Transcoders, tokens: tor
     return out
 
 
-def full_tokens(prompts: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``tokens [N, T]`` (each prompt followed by all but its last answer token, so every answer
-    token is predicted at some position), ``valid [N, T]`` (False on padding) and ``n_answer``,
-    the number of final positions that predict answer tokens."""
-    tokens, lengths = prompts.tokens, prompts.lengths
-    n_answer = prompts.n_answer_tokens
-    if len(prompts) == 0:
-        raise AnalysisError("the prompt set is empty; transcoders need prompts to read activations from")
-    if not bool((n_answer == n_answer[0]).all()):
-        raise AnalysisError("prompts have answers of different token counts; pass prompts with one answer length")
-    n = int(n_answer[0])
-    if n > 1:
-        tokens = torch.cat([tokens, prompts.answer_tokens[:, : n - 1]], 1)
-        lengths = lengths + n - 1
-    T = tokens.shape[1]
-    valid = torch.arange(T)[None, :] >= (T - lengths)[:, None]  # left-padded frame
-    return tokens, valid, n
-
-
 @dataclass(frozen=True)
 class ReplacementResult(Result):
     """How closely the replacement model follows the real one (:func:`replacement_metrics`), at
@@ -80,8 +63,10 @@ class ReplacementResult(Result):
         agreement: The share of positions whose top token the two models agree on.
         kl: The mean KL(real ‖ replacement) over those positions, in nats.
         n_positions: The positions compared.
-        agrees: ``[prompt, answer_position]`` whether the top tokens agree.
-        kls: ``[prompt, answer_position]`` KL(real ‖ replacement) at each position.
+        agrees: ``[prompt, answer_position]`` 1.0 where the top tokens agree, 0.0 where not, NaN
+            past a prompt's last answer token (answers of several lengths).
+        kls: ``[prompt, answer_position]`` KL(real ‖ replacement) at each position (NaN past a
+            prompt's last answer token).
         meta: Provenance.
     """
 
@@ -101,13 +86,13 @@ class ReplacementResult(Result):
         return dict(agreement=self.agreement, kl=self.kl, n_positions=self.n_positions)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per prompt and answer position: whether the top tokens agree, and the KL."""
+        """One row per prompt and answer position it has: whether the top tokens agree, and the KL."""
         import pandas as pd
 
-        n, k = self.kls.shape
-        return pd.DataFrame(dict(prompt=[i for i in range(n) for _ in range(k)],
-                                 answer_position=[j for _ in range(n) for j in range(k)],
-                                 agree=self.agrees.reshape(-1).tolist(), kl=self.kls.reshape(-1).tolist()))
+        prompt, position = (~self.kls.isnan()).nonzero(as_tuple=True)
+        return pd.DataFrame(dict(prompt=prompt.tolist(), answer_position=position.tolist(),
+                                 agree=self.agrees[prompt, position].bool().tolist(),
+                                 kl=self.kls[prompt, position].tolist()))
 
     def plot(self, **kwargs: Any) -> go.Figure:
         """The KL per position, with the agreement in the title (see viz.features)."""
@@ -119,7 +104,7 @@ class ReplacementResult(Result):
 def compare_replacement(model: HookedModel, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,
                         batch_size: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-1 agreement and KL(real ‖ replacement) at the last ``n_last`` positions of token ids
-    ``[N, T]``: the tensor path under :func:`replacement_metrics`.
+    ``[N, T]`` of one length: the tensor path under :func:`replacement_metrics`.
 
     Args:
         model: The hooked model.
@@ -152,15 +137,16 @@ def compare_replacement(model: HookedModel, transcoders: Transcoders, tokens: to
 
 @checked
 def replacement_metrics(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, *,
-                        batch_size: Optional[PositiveInt] = None) -> ReplacementResult:
+                        batch_size: Optional[PositiveInt] = None, progress: bool = True) -> ReplacementResult:
     """How closely the replacement model follows the real one, at every position that predicts an
     answer token (each prompt followed by all but the last of its answer tokens, teacher-forced).
 
     Args:
         model: The hooked model.
-        prompts: The prompts, their answers of one token count.
+        prompts: The prompts (answers of any token counts).
         transcoders: The transcoders.
         batch_size: Prompts per forward (default: what the engine's budget allows).
+        progress: Show a progress bar.
 
     Returns:
         Top-1 agreement and mean KL(real ‖ replacement), overall and per position, as a
@@ -168,16 +154,23 @@ def replacement_metrics(model: HookedModel, prompts: PromptSet, transcoders: Tra
 
     Raises:
         ConfigError: No prompts.
-        AnalysisError: Answers of different token counts.
         ModelMismatchError: Prompts or transcoders made for another model.
     """
     check_belongs(model, "features.replacement_metrics", prompts=prompts)
     transcoders.check_model(model)
     if len(prompts) == 0:
         raise ConfigError("no prompts to compare the replacement model on")
-    tokens, _, n_answer = full_tokens(prompts)
-    agrees, kls = compare_replacement(model, transcoders, tokens, n_answer, batch_size)
-    count = agrees.numel()
-    return ReplacementResult(agreement=round(float(agrees.float().mean()), 5), kl=round(float(kls.mean()), 5),
-                             n_positions=count, agrees=agrees, kls=kls.float(),
+    n_answer = int(prompts.n_answer_tokens.max())
+    agrees = torch.full((len(prompts), n_answer), float("nan"))
+    kls = torch.full((len(prompts), n_answer), float("nan"))
+    # one run per sequence length and answer length (the last positions compared are the answer's)
+    parts = [(group, n) for group in answer_sequences(prompts) for n in group.n_answer.unique().tolist()]
+    for group, n in progress_bar(parts, desc="replacement model", disable=not progress):
+        rows = (group.n_answer == n).nonzero().squeeze(1)
+        agree, kl = compare_replacement(model, transcoders, group.tokens[rows], int(n), batch_size)
+        agrees[group.prompts[rows], :n] = agree.float()
+        kls[group.prompts[rows], :n] = kl.float()
+    present = ~kls.isnan()
+    return ReplacementResult(agreement=round(float(agrees[present].mean()), 5), kl=round(float(kls[present].mean()), 5),
+                             n_positions=int(present.sum()), agrees=agrees, kls=kls,
                              meta=build_meta(model, n_prompts=len(prompts), n_answer=n_answer))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Annotated, Any, Optional, Sequence
+from typing import Annotated, Any, Optional, Sequence, Union
 
 import torch
 from pydantic import Field
@@ -26,14 +26,15 @@ from arithinterp.engine import Read, Write, run
 from arithinterp.engine.budget import memory_budget
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.features.replacement import compare_replacement, full_tokens
-from arithinterp.features.transcoder import Transcoders, topk_unchecked
+from arithinterp.features.replacement import replacement_metrics
+from arithinterp.features.rows import answer_sequences, read_layers
+from arithinterp.features.transcoder import Transcoders
 from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (
-    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveFloat32,
-    PositiveInt, Probability, HookedModel, Seed, checked,
+    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, NonNegativeInt, OpenUnitFloat, PositiveFiniteFloat,
+    PositiveFloat32, PositiveInt, Probability, HookedModel, Seed, checked,
 )
 
 
@@ -161,23 +162,31 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     for step in progress_bar(range(steps), desc=desc, disable=not progress):
         rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
         xb, yb = x[rows], y[rows]
-        pre = xb @ tensors["W_enc"] + tensors["b_enc"]
-        acts = topk_unchecked(pre, k)
-        linear = tensors["b_dec"] + xb @ tensors["W_skip"]
-        y_hat = acts @ tensors["W_dec"] + linear
+        W_enc, b_enc, W_dec = tensors["W_enc"], tensors["b_enc"], tensors["W_dec"]
+        pre = xb @ W_enc + b_enc
+        values, index = torch.relu(pre).topk(k, dim=-1)  # TopK: [B, k]
+        # decoded from the k chosen rows alone (a dense product with the mostly-zero activations, and
+        # its backward, cost F / k times as much)
+        y_hat = torch.nn.functional.embedding_bag(index, W_dec, per_sample_weights=values, mode="sum")
+        y_hat = y_hat + tensors["b_dec"]
+        if skip:  # a product with zeros costs as much as the encoder's
+            y_hat = y_hat + xb @ tensors["W_skip"]
         error = yb - y_hat
         scale = ((yb - yb.mean(0)) ** 2).sum(-1).mean().clamp_min(1e-12)
         loss = (error**2).sum(-1).mean() / scale
-        fired = acts > 0
-        since_fired = torch.where(fired.any(0), torch.zeros_like(since_fired), since_fired + 1)
-        frequency = 0.99 * frequency + 0.01 * fired.float().mean(0)
+        fired = torch.zeros(n_features, dtype=torch.bool)
+        fired[index[values.detach() > 0]] = True
+        since_fired = torch.where(fired, torch.zeros_like(since_fired), since_fired + 1)
+        frequency = 0.99 * frequency + 0.01 * torch.bincount(index[values.detach() > 0].reshape(-1),
+                                                             minlength=n_features) / len(xb)
         rare = (frequency / (1 - 0.99 ** (step + 1)) < min_frequency) & (step >= 20)
         dead = (since_fired > dead_after) | rare
         if bool(dead.any()):  # AuxK: the dead features reconstruct the remaining error
-            aux_pre = torch.where(dead, pre, torch.full_like(pre, -1e9))
-            values, index = aux_pre.topk(min(k_aux, int(dead.sum())), dim=-1)
-            aux = torch.zeros_like(pre).scatter(-1, index, values)
-            aux_error = error.detach() - aux @ tensors["W_dec"]
+            where = dead.nonzero().squeeze(1)
+            aux_pre = xb @ W_enc[:, where] + b_enc[where]  # the dead features' alone
+            top, at = aux_pre.topk(min(k_aux, len(where)), dim=-1)
+            aux = torch.zeros_like(aux_pre).scatter(-1, at, top)
+            aux_error = error.detach() - aux @ W_dec[where]
             loss = loss + (aux_error**2).sum(-1).mean() / scale / 32
         optimiser.zero_grad()
         loss.backward()
@@ -199,11 +208,13 @@ Frequency = Annotated[Probability, Field(lt=1), Accepts("a number in [0, 1)")]  
 def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optional[IntList] = None,
                       n_features: PositiveInt = 512, k: PositiveInt = 16, steps: PositiveInt = 2000,
                       batch_size: PositiveInt = 2048, lr: PositiveFloat32 = 2e-3, skip: bool = True,
-                      held_out: OpenUnitFloat = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
+                      held_out: Union[OpenUnitFloat, PromptSet] = 0.1, seed: Seed = 0,
+                      encoder_scale: PositiveFiniteFloat = 0.1,
                       resample_until: Probability = 0.0, min_frequency: Frequency = 1e-3,
                       skip_ridge: NonNegativeFiniteFloat = 0.0, train_skip: bool = True, distinct: bool = False,
-                      sequential: bool = False, max_memory: Optional[ByteSize] = None,
-                      progress: bool = True) -> Transcoders:
+                      sequential: bool = False, end_to_end_steps: NonNegativeInt = 0,
+                      end_to_end_lr: PositiveFloat32 = 1e-4, anchor: NonNegativeFiniteFloat = 1.0,
+                      max_memory: Optional[ByteSize] = None, progress: bool = True) -> Transcoders:
     """Train one TopK transcoder per layer on every position of ``prompts`` and measure it.
 
     The encoder starts as ``encoder_scale`` × the decoder's transpose, centred on the inputs' mean;
@@ -270,60 +281,142 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
         raise AnalysisError(f"training one layer's transcoder with n_features={n_features} and batch_size={batch_size} "
                             f"needs about {need / 2**20:.0f} MiB, more than the budget of {budget / 2**20:.0f} MiB "
                             "(max_memory); use fewer features or a smaller batch, or raise max_memory")
-    tokens, valid, n_answer = full_tokens(prompts)
-    first = valid.float().argmax(1)  # the first unpadded position of each prompt
-    after_first = valid & (torch.arange(tokens.shape[1])[None, :] > first[:, None])
-    N = len(tokens)
-    n_test = max(1, int(round(held_out * N)))
-    if N - n_test < 1:
-        raise AnalysisError(f"{N} prompts are too few to split into training and held-out ones; pass at least 2")
     generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(N, generator=generator)
-    test, train = order[:n_test], order[n_test:]
+    if isinstance(held_out, PromptSet):  # given: every prompt trains, the metrics are on these
+        check_belongs(model, "train_transcoders", held_out=held_out)
+        train, test = prompts, held_out
+    else:  # a seeded share of the prompts
+        n_test = max(1, int(round(held_out * len(prompts))))
+        if len(prompts) - n_test < 1:
+            raise AnalysisError(f"{len(prompts)} prompts are too few to split into training and held-out ones; "
+                                "pass at least 2")
+        order = torch.randperm(len(prompts), generator=generator)
+        train, test = prompts[order[n_test:].sort().values], prompts[order[:n_test].sort().values]
+    groups = answer_sequences(train)
     start = time.perf_counter()
-    ins, outs = mlp_activations(model, tokens, chosen, progress=progress) if not sequential else ([], [])
     fitted: list[dict[str, torch.Tensor]] = []
     train_rows = 0
+    bar = progress_bar(total=len(chosen), desc="transcoders", disable=not progress)
+
+    def on_layer(layer: int, xs: list, ys: list) -> Optional[list]:
+        nonlocal train_rows
+        x, y = torch.cat([x.reshape(-1, d) for x in xs]), torch.cat([y.reshape(-1, d) for y in ys])
+        if distinct:
+            x, first = _distinct_rows(x)
+            y = y[first]
+        train_rows = len(x)
+        fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, False,
+                                 f"transcoder L{layer}", encoder_scale, resample_until, min_frequency, skip_ridge,
+                                 train_skip))
+        bar.update(1)
+        if not sequential:
+            return None
+        one = _stacked(model, [layer], k, fitted[-1:])
+        return [one(layer, x) for x in xs]  # what the replacement model's layer writes: the next layers' inputs
+
     flush = torch.set_flush_denormal(True)  # subnormal gradients slow CPU training about threefold
     try:
-        for i, layer in enumerate(chosen):
-            if sequential:  # this layer's inputs with the earlier layers replaced: the rows it meets in use
-                earlier = _stacked(model, chosen[:i], k, fitted).interventions() if fitted else []
-                layer_ins, layer_outs = mlp_activations(model, tokens, [layer], progress=progress, writes=earlier)
-                ins.append(layer_ins[0])
-                outs.append(layer_outs[0])
-            x, y = ins[i][train][valid[train]], outs[i][train][valid[train]]
-            if distinct:
-                x, first = _distinct_rows(x)
-                y = y[first]
-            train_rows = len(x)
-            fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, progress,
-                                     f"transcoder L{layer}", encoder_scale, resample_until, min_frequency,
-                                     skip_ridge, train_skip))
+        read_layers(model, groups, chosen, on_layer)
+        transcoders = _stacked(model, chosen, k, fitted)
+        if end_to_end_steps:
+            transcoders = _end_to_end(model, transcoders, groups, end_to_end_steps, end_to_end_lr,
+                                      batch_size=8, anchor=anchor, generator=generator, progress=progress)
     finally:
+        bar.close()
         if flush:
             torch.set_flush_denormal(False)
     seconds = round(time.perf_counter() - start, 1)
-    meta = build_meta(model, seed=seed, n_prompts=N, n_held_out=n_test, steps=steps, batch_size=batch_size, lr=lr,
-                      skip=skip, encoder_scale=encoder_scale, resample_until=resample_until,
-                      min_frequency=min_frequency, skip_ridge=skip_ridge, train_skip=train_skip, distinct=distinct,
-                      sequential=sequential, train_rows=train_rows, train_seconds=seconds)
-    draft = _stacked(model, chosen, k, fitted, meta)
-    layer_rows = []
-    for i, layer in enumerate(chosen):
-        x, y = ins[i][test][valid[test]], outs[i][test][valid[test]]
-        acts = draft.encode(layer, x)
-        fired = (acts > 0).any(0)
-        y_hat = draft.decode(layer, acts, x)
-        later = after_first[test][valid[test]]  # every position but each prompt's first (<bos>)
-        layer_rows.append(dict(fvu=round(_fvu(y, y_hat), 5),
-                               fvu_after_first=round(_fvu(y[later], y_hat[later]), 5) if bool(later.any()) else None,
-                               l0=round(float((acts > 0).sum(-1).float().mean()), 3),
-                               dead_fraction=round(1 - float(fired.float().mean()), 5)))
-    agrees, kls = compare_replacement(model, draft, tokens[test], n_answer)
-    replacement = dict(agreement=round(float(agrees.float().mean()), 5), kl=round(float(kls.mean()), 5),
-                       n_positions=agrees.numel())
-    return dataclasses.replace(draft, metrics=dict(layers=layer_rows, replacement=replacement))
+    meta = build_meta(model, seed=seed, n_prompts=len(train), n_held_out=len(test), steps=steps,
+                      batch_size=batch_size, lr=lr, skip=skip, encoder_scale=encoder_scale,
+                      resample_until=resample_until, min_frequency=min_frequency, skip_ridge=skip_ridge,
+                      train_skip=train_skip, distinct=distinct, sequential=sequential, train_rows=train_rows,
+                      end_to_end_steps=end_to_end_steps, train_seconds=seconds)
+    transcoders = dataclasses.replace(transcoders, meta=meta)
+    layer_rows = _layer_metrics(model, transcoders, answer_sequences(test), sequential)
+    measured = replacement_metrics(model, test, transcoders, progress=False)
+    return dataclasses.replace(transcoders, metrics=dict(layers=layer_rows, replacement=measured.as_dict()))
+
+
+def _layer_metrics(model: HookedModel, transcoders: Transcoders, groups: list, sequential: bool) -> list[dict]:
+    """Each layer's held-out metrics (:func:`_held_out_metrics`) on the sequences ``groups``: on the
+    inputs of the replacement model whose earlier layers are replaced (``sequential``) or of the
+    model itself."""
+    rows: list[dict] = []
+
+    def on_layer(layer: int, xs: list, ys: list) -> Optional[list]:
+        rows.append(_held_out_metrics(transcoders, layer, xs, ys))
+        return [transcoders(layer, x) for x in xs] if sequential else None
+
+    read_layers(model, groups, list(transcoders.layers), on_layer)
+    return rows
+
+
+def _end_to_end(model: HookedModel, transcoders: Transcoders, groups: list, steps: int, lr: float, batch_size: int,
+                anchor: float, generator: torch.Generator, progress: bool) -> Transcoders:
+    """Fine-tune every layer's transcoder together so the replacement model's answers follow the
+    model's: KL(real ‖ replacement) at the positions that predict answer tokens, summed over those
+    positions, plus ``anchor`` × the squared distance of each weight from its layer-wise fit
+    (relative to that fit's size), which keeps the features what the layer-wise fit made them (as
+    end-to-end sparse dictionaries are trained on a model's output, Braun et al. 2024).
+
+    Args:
+        model: The hooked model.
+        transcoders: The layer-wise fits.
+        groups: The training sequences (:func:`~arithinterp.features.rows.answer_sequences`).
+        steps: Adam steps.
+        lr: Adam's learning rate.
+        batch_size: Prompts per step (from one group).
+        anchor: The weight of the distance from the layer-wise fit.
+        generator: Seeds the batches.
+        progress: Show a progress bar.
+
+    Returns:
+        The fine-tuned transcoders (metrics left to the caller).
+    """
+    names = ("W_enc", "b_enc", "W_dec", "b_dec")
+    start = {name: getattr(transcoders, name).detach().clone() for name in names}
+    params = {name: tensor.clone().requires_grad_(True) for name, tensor in start.items()}
+    scale = {name: float((tensor**2).sum()) or 1.0 for name, tensor in start.items()}
+    optimiser = torch.optim.Adam(list(params.values()), lr=lr)
+    sizes = torch.tensor([len(group.prompts) for group in groups], dtype=torch.float)
+    for _ in progress_bar(range(steps), desc="transcoders end to end", disable=not progress):
+        group = groups[int(torch.multinomial(sizes, 1, generator=generator))]
+        pick = torch.randperm(len(group.prompts), generator=generator)[:batch_size]
+        tokens, answer = group.tokens[pick], group.answer_mask()[pick]
+        n_last = int(answer.sum(1).max())
+        with torch.no_grad():
+            real = run(model, tokens, logits=n_last).logits
+        assert real is not None
+        current = dataclasses.replace(transcoders, **params)
+        replaced = run(model, tokens, current.interventions(), logits=n_last, train=True).logits
+        assert replaced is not None
+        where = answer[:, -n_last:]  # the last n_last positions that predict an answer token
+        p_log = real.float().log_softmax(-1)[where]
+        q_log = replaced.float().log_softmax(-1)[where]
+        kl = (p_log.exp() * (p_log - q_log)).sum(-1).mean()
+        drift = sum(((params[name] - start[name]) ** 2).sum() / scale[name] for name in names)
+        loss = kl + anchor * drift
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        with torch.no_grad():  # unit decoder rows, as the layer-wise fit keeps them
+            params["W_dec"] /= params["W_dec"].norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    return dataclasses.replace(transcoders, **{name: p.detach() for name, p in params.items()})
+
+
+def _held_out_metrics(transcoder: Transcoders, layer: int, xs: list, ys: list) -> dict:
+    """FVU (over every position, and after each sequence's first, where a model's ``<bos>`` alone can
+    hold most of the variance), L0 and the share of dead features of one layer's transcoder on the
+    held-out sequences' MLP inputs ``xs`` and outputs ``ys`` (``[n, pos, d]`` per group)."""
+    x = torch.cat([x.reshape(-1, x.shape[-1]) for x in xs])
+    y = torch.cat([y.reshape(-1, y.shape[-1]) for y in ys])
+    later = torch.cat([(torch.arange(x.shape[1]) > 0).expand(x.shape[:2]).reshape(-1) for x in xs])
+    acts = transcoder.encode(layer, x)
+    y_hat = transcoder.decode(layer, acts, x)
+    return dict(fvu=round(_fvu(y, y_hat), 5),
+                fvu_after_first=round(_fvu(y[later], y_hat[later]), 5) if bool(later.any()) else None,
+                l0=round(float((acts > 0).sum(-1).float().mean()), 3),
+                dead_fraction=round(1 - float((acts > 0).any(0).float().mean()), 5))
 
 
 def _stacked(model: HookedModel, layers: Sequence[int], k: int, fitted: list[dict[str, torch.Tensor]],

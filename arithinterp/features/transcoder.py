@@ -23,6 +23,8 @@ they were trained, and builds the engine interventions that swap MLPs for transc
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
@@ -158,10 +160,17 @@ class Transcoders(Result):
         threshold = None if self.threshold is None else self.threshold[self.index(layer)]
         return activate(self.pre(layer, x), self.activation, self.k, threshold)
 
+    @functools.cached_property
+    def skipped(self) -> list[bool]:
+        """Whether each layer's transcoder has a skip (a non-zero ``W_skip``)."""
+        return [bool(w.any()) for w in self.W_skip]
+
     def linear(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """The part of the output ``[..., d]`` that no feature writes: ``b_dec + x @ W_skip``."""
         i = self.index(layer)
         dtype = torch.promote_types(x.dtype, self.W_skip.dtype)
+        if not self.skipped[i]:  # no skip: the product with zeros (and its backward in a graph) is left out
+            return self.b_dec[i].to(dtype).expand(x.shape).clone()
         return self.b_dec[i].to(dtype) + x.to(dtype) @ self.W_skip[i].to(dtype)
 
     def decode(self, layer: int, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -235,3 +244,20 @@ class Transcoders(Result):
             twice = sorted({f for f in chosen if chosen.count(f) > 1})
             raise ConfigError(f"{what} names {twice[:5]} more than once; name each feature once")
         return chosen
+
+
+def transcoders_digest(transcoders: Transcoders) -> str:
+    """A short hash of a transcoder set's weights (what it was made of: results read with these
+    transcoders, such as operand plots, record it).
+
+    Args:
+        transcoders: The transcoders.
+
+    Returns:
+        16 hex digits.
+    """
+    digest = hashlib.sha256(f"{transcoders.layers}|{transcoders.k}|{transcoders.activation}".encode())
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip"):
+        flat = getattr(transcoders, name).detach().reshape(-1)
+        digest.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

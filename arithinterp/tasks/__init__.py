@@ -21,7 +21,7 @@ partners), :mod:`~arithinterp.tasks.joining` (joining sets), :mod:`~arithinterp.
 
 from arithinterp.tasks.counterfactuals import VARY
 from arithinterp.tasks.evaluation import UNPARSABLE, Evaluation
-from arithinterp.tasks.generators import arithmetic, number_check, prompts_for_pairs
+from arithinterp.tasks.generators import arithmetic, number_check, parse_prompt, prompts_for_pairs
 from arithinterp.tasks.operators import OPERATORS, compute, operand_values
 from arithinterp.tasks.places import PLACES, place_name, place_power
 from arithinterp.tasks.positions import predicting_position
@@ -39,6 +39,6 @@ from arithinterp.tasks.templates import (
 __all__ = [
     "OPERATORS", "OP_SYMBOLS", "TEMPLATE_FIELDS", "DEFAULT_TEMPLATE", "SCORING", "VARY", "compute", "Evaluation",
     "UNPARSABLE", "PromptSet", "PromptPairs", "resolve_positions", "concat", "operand_values",
-    "check_template", "few_shot_prefix", "answer_text", "arithmetic", "prompts_for_pairs", "check_names",
-    "number_check", "PLACES", "place_name", "place_power", "predicting_position",
+    "check_template", "few_shot_prefix", "answer_text", "arithmetic", "parse_prompt", "prompts_for_pairs",
+    "check_names", "number_check", "PLACES", "place_name", "place_power", "predicting_position",
 ]
