@@ -32,6 +32,7 @@ come from these runs.
 
     python benchmarks/report_determinism.py                       # gemma, zoo and replay (about 40 min)
     python benchmarks/report_determinism.py --checks zoo replay   # without Gemma 3 (about 10 min)
+    python benchmarks/report_determinism.py --checks zoo replay --args='--stages accuracy,patching --limit 300'
     python benchmarks/report_determinism.py --calibrate [--zoo]
 """
 
