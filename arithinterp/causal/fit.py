@@ -225,6 +225,31 @@ def das(
     )
 
 
+def converged(history: Sequence[float], window: float = 0.2, tolerance: float = 0.05) -> bool:
+    """Whether a fit's training loss had stopped falling: over the last ``window`` of its steps its
+    mean fell, against the ``window`` before, by at most ``tolerance`` of that mean or by no more
+    than the two means' noise (twice the standard error of their difference: each step's loss is
+    on a fresh batch of pairs). A fit cut short while its loss still falls has not found the
+    subspace it would have, so its IIA is no finding.
+
+    Args:
+        history: The training loss per step (``DASResult.history``).
+        window: The share of the steps each mean is over.
+        tolerance: The largest relative fall that counts as levelled off.
+
+    Returns:
+        ``True`` when the loss had levelled off (too short a history to tell: ``False``).
+    """
+    k = int(len(history) * window)
+    if k < 2 or len(history) < 2 * k:
+        return False
+    late = torch.tensor(history[-k:], dtype=torch.float64)
+    before = torch.tensor(history[-2 * k:-k], dtype=torch.float64)
+    fall = float(before.mean() - late.mean())
+    noise = 2 * float((before.var() / k + late.var() / k).sqrt())
+    return fall <= max(tolerance * abs(float(before.mean())), noise)
+
+
 @checked
 def baseline_subspaces(model: HookedModel, dataset: InterchangeDataset, where: Site, k: int,
                        which: Sequence[str], size: int, seed: int = 0, rows: Optional[torch.Tensor] = None,
