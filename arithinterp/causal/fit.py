@@ -30,7 +30,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import (
-    ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, Seed, checked,
+    ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, PositiveProbability, Seed, checked,
 )
 
 METHODS = ("das", "boundless")
@@ -225,7 +225,9 @@ def das(
     )
 
 
-def converged(history: Sequence[float], window: float = 0.2, tolerance: float = 0.05) -> bool:
+@checked
+def converged(history: Sequence[float], window: PositiveProbability = 0.2,
+              tolerance: PositiveProbability = 0.05) -> bool:
     """Whether a fit's training loss had stopped falling: over the last ``window`` of its steps its
     mean fell, against the ``window`` before, by at most ``tolerance`` of that mean or by no more
     than the two means' noise (twice the standard error of their difference: each step's loss is
