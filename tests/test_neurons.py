@@ -571,6 +571,10 @@ def test_prompt_ablation_finds_planted_heuristic_neurons_and_not_shuffled_ones(t
     assert at_all.difference_low > 0.15 and bool(at_all.distinct)
     assert at_all.heuristic_low <= at_all.heuristic <= at_all.heuristic_high
     assert at_all.difference == pytest.approx(at_all.control - at_all.heuristic)
+    # another prompt's planted neurons (none of this prompt's own) break none of it
+    other = nn.ablate_for_prompt(model, prompts, planted, control="other-prompt", **options)
+    assert bool((other.n_control <= other.n_ablated).all()) and float(other.control_correct[-1]) > 0.95
+    assert other.meta["control"] == "other-prompt" and bool(other.comparison().distinct.iloc[-1])
     shuffled, _ = _planted_table(model, prompts, table, shuffle=True)
     null = nn.ablate_for_prompt(model, prompts, shuffled, **options).comparison().iloc[-1]
     assert null.difference_low <= 0  # no more harm than the random neurons

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 NEURON_ABLATIONS = ("mean", "zero")
 PROMPT_REFERENCES = ("answer", "model")  # what ablate_for_prompt compares each ablated run with
-PROMPT_CONTROLS = ("table", "layer")  # where its random neurons are drawn from
+PROMPT_CONTROLS = ("table", "layer", "other-prompt")  # what ablate_for_prompt ablates as its control
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -486,10 +486,12 @@ def ablate_for_prompt(
     Per prompt and layer, up to ``k`` of the table's neurons with a heuristic the prompt
     satisfies are ablated (the best first by ``rank_by``: ``"score"`` — the neuron's mean score
     over its labels the prompt satisfies — or ``"importance"``). The control ablates, for the same
-    prompt and layer, the same number of neurons drawn at random (seeded) from the neurons of that
-    layer not associated with the prompt: the table's other neurons (``control="table"``, the
-    default: as important as the ablated ones, so the comparison isolates the association) or any
-    neuron of the layer (``"layer"``: mostly unimportant neurons, a weaker control). Where the
+    prompt and layer, the same number of neurons not associated with the prompt: drawn at random
+    (seeded) from the table's other neurons of that layer (``control="table"``, the default: as
+    important as the ablated ones, so the comparison isolates the association) or from any neuron
+    of the layer (``"layer"``: mostly unimportant neurons, a weaker control); or (``"other-prompt"``)
+    the neurons the same rule picks for another prompt with a different result (a seeded partner),
+    less the prompt's own: heuristic neurons chosen as carefully, for the wrong prompt. Where the
     pool holds fewer neurons than the heuristic arm ablates, the control ablates the whole pool and
     ``n_control`` says so. Follows Nikankin et al. 2025.
 
@@ -511,7 +513,7 @@ def ablate_for_prompt(
         ablation: ``"mean"`` or ``"zero"``.
         rank_by: ``"score"`` or ``"importance"``.
         reference: ``"answer"`` or ``"model"``.
-        control: ``"table"`` or ``"layer"``: where the random neurons are drawn from.
+        control: ``"table"``, ``"layer"`` or ``"other-prompt"``: what the control ablates.
         seed: Seeds the control's draw and the bootstrap.
         n_boot: Bootstrap resamples, at least 100.
         batch_size: Prompts per forward.
@@ -524,7 +526,8 @@ def ablate_for_prompt(
     Raises:
         ConfigError: An unknown ablation, engine, ``rank_by``, ``reference`` or ``control``, a
             ``k`` below 1, ``n_boot`` below 100, or ``rank_by="importance"`` without importance scores.
-        AnalysisError: No neuron in the table has a label.
+        AnalysisError: No neuron in the table has a label, or (``control="other-prompt"``) a prompt
+            has no partner with another result.
         ModelMismatchError: The prompts or table belong to another model.
     """
     check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
@@ -560,6 +563,7 @@ def ablate_for_prompt(
     if reference == "model":  # the model's own greedy answer, padded like the task's
         answers = torch.where(answers >= 0, prompts.evaluate(model, progress=False).generated_tokens, -1)
     generator = torch.Generator().manual_seed(seed)
+    partner = _partners(prompts.answer, generator) if control == "other-prompt" else None
     layers = sorted(set(table.layer.tolist()))
     fill = _replacement(model, prompts, layers, ablation, batch_size, engine)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
@@ -574,11 +578,16 @@ def ablate_for_prompt(
             pri = torch.where(a, priority[:, cols], torch.tensor(float("-inf")))
             count = a.sum(1).clamp(max=kk)
             masks_h[l] = _scatter_mask(_first(pri, count) & a, table.neuron[cols], d_mlp)
-            # the pool: the table's other neurons of this layer, or every neuron of it not associated
-            pool = _scatter_mask(~a, table.neuron[cols], d_mlp) if control == "table" else ~_scatter_mask(
-                a, table.neuron[cols], d_mlp)
-            noise = torch.where(pool, torch.rand(P, d_mlp, generator=generator), torch.tensor(-1.0))
-            masks_c[l] = _first(noise, torch.minimum(count, pool.sum(1))) & pool
+            if partner is not None:  # the partner's neurons by the same rule, none of the prompt's own
+                pool = a[partner] & ~a
+                pick = _first(torch.where(pool, priority[partner][:, cols], torch.tensor(float("-inf"))),
+                              torch.minimum(count, pool.sum(1))) & pool
+                masks_c[l] = _scatter_mask(pick, table.neuron[cols], d_mlp)
+            else:  # the table's other neurons of this layer, or every neuron of it not associated
+                pool = _scatter_mask(~a, table.neuron[cols], d_mlp) if control == "table" else ~_scatter_mask(
+                    a, table.neuron[cols], d_mlp)
+                noise = torch.where(pool, torch.rand(P, d_mlp, generator=generator), torch.tensor(-1.0))
+                masks_c[l] = _first(noise, torch.minimum(count, pool.sum(1))) & pool
             total += count
             total_c += masks_c[l].sum(1)
         cells += [masks_h, masks_c]
@@ -612,6 +621,23 @@ def ablate_for_prompt(
         meta=build_meta(model, n_prompts=P, rank_by=rank_by, control=control, reference=reference, seed=seed,
                         n_boot=n_boot, threshold=table.threshold, interval="95% percentile bootstrap over prompts"),
     )
+
+
+def _partners(results: torch.Tensor, generator: torch.Generator, tries: int = 64) -> torch.Tensor:
+    """A random partner ``[P]`` for every prompt, one whose result differs (redrawn up to ``tries`` times).
+
+    Raises:
+        AnalysisError: A prompt finds no partner with another result (e.g. every result is the same).
+    """
+    P = len(results)
+    partner = torch.randint(P, (P,), generator=generator)
+    for _ in range(tries):
+        same = results[partner] == results
+        if not same.any():
+            return partner
+        partner[same] = torch.randint(P, (int(same.sum()),), generator=generator)
+    raise AnalysisError(f"control='other-prompt' needs, for every prompt, another prompt with a different result; "
+                        f"{int((results[partner] == results).sum())} of {P} found none in {tries} draws")
 
 
 def _first(priority: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
