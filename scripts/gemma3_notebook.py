@@ -85,18 +85,18 @@ frame.sort_values("drop", ascending=False).head(6).round(3)"""),
 
 A finding only when the trained model's interval lies above chance, the shuffled labels and the
 random-init model of the same architecture on the same prompts. Digit 0 is the units digit: the
-answer's tens digit (`answer_digit_1`) is the first token the model writes, its units digit the
+answer's tens digit (`answer_tens`) is the first token the model writes, its units digit the
 second."""),
-    ("code", """for target in ("a_digit_0", "carry_0", "answer_digit_1", "answer_digit_0"):
+    ("code", """for target in ("a_units", "carry_tens", "answer_tens", "answer_units"):
     result = probes.probe_model(model, correct, target, layers=[3, 6, 9, 12, 15, 17], positions=["a", "b", "final"],
                                 progress=False)
     print(result.finding()["text"], end="\\n\\n")"""),
     ("md", """## Readable vs used: distributed alignment search
 
-The carry into the tens (`carry_1`) at b's units digit, layer 6: a learned 4-dimensional subspace
+The carry into the tens (`carry_tens`) at b's units digit, layer 6: a learned 4-dimensional subspace
 swapped from a source prompt; held-out interchange-intervention accuracy (IIA) beside a random
 rotation and the probe (`docs/causal.md` has the sweep over all 18 layers)."""),
-    ("code", """used = causal.readable_vs_used(model, correct, ["carry_1"], layers=[6, 12], positions="b[1]", k=4,
+    ("code", """used = causal.readable_vs_used(model, correct, ["carry_tens"], layers=[6, 12], positions="b[1]", k=4,
                               steps=60, n=300, progress=False)
 used.to_frame().round(3)"""),
     ("md", """## How numbers are represented (Fourier), against the random-init model

@@ -27,7 +27,8 @@ from arithinterp.results import Result
 from arithinterp.types import HookedModel
 
 DOCS = Path(ai.__file__).parent.parent / "docs" / "concepts.md"
-ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal")
+ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal",
+            "lens")
 
 
 def vocabulary_from_docs(text: str) -> dict[str, str]:
@@ -49,6 +50,7 @@ SPECIFIC = {
     "variables", "causal_model", "importance_scores", "control_acts", "graph", "edge_sets", "edges", "exact",
     "approx", "a", "b", "source", "grids", "preacts", "snapshots", "path", "resume", "estimator", "registry",
     "intervention", "where", "rows",  # a subspace, the Site it acts on (as read_pyvene gives them) and the pairs scored
+    "unsealed",  # load a saved folder that carries no seal (docs/files.md)
     # what is read, fitted or scored
     "target", "values", "numbers", "periods", "candidates", "features", "kind", "kinds", "band", "variable",
     "answer_tokens", "model_answer", "labels", "names", "policy", "classify",
@@ -100,12 +102,14 @@ NOT_RESULTS = {
     "circuits.patch_neuron_edges": "the lower-level exact neuron-edge runs (tensors and counts)",
     "circuits.run_edge_sets": "the lower-level runs behind faithfulness_curve and minimality (tensors and counts)",
     "features.feature_maps": "feature activations over the operand grid, the tensors behind feature_grids",
+    "features.graph_feature_grids": "a graph's operand plots: a list of feature_grids' results, one per layer",
     "features.transcoder_fvu": "a check of transcoders on a model (variance unexplained per layer, as their card has)",
     "causal.score_subspace": "the interchange scores of one given intervention (the dict das records per baseline)",
 }
 
 #: Analyses of a model whose data is not a PromptSet or PromptPairs, and why.
 OTHER_DATA = {
+    "features.graph_feature_grids": "a graph's operand plots: a list of feature_grids' results, one per layer",
     "features.transcoder_fvu": "transcoders first, the prompts optional (default: the model's own task's)",
     "fourier.embedding_spectrum": "numbers: the embedding of number tokens, no prompt",
     "fourier.context_spectrum": "numbers: prompts built from each number and a template",

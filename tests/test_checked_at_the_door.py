@@ -218,7 +218,7 @@ def test_a_control_label_that_never_varies_is_refused_before_training(tiny_digit
     from arithinterp.tasks import arithmetic
 
     prompts = arithmetic(tiny_digit_model, a=range(100, 140, 2), b=range(100, 130))  # a even: a*b mod 2 is always 0
-    dataset = causal.interchange_dataset(prompts, "carry_1", value_from="product_parity", n=60, seed=0)
+    dataset = causal.interchange_dataset(prompts, "carry_tens", value_from="product_parity", n=60, seed=0)
     trained = []
     monkeypatch.setattr(fit, "train", lambda *args, **kwargs: trained.append(1) or [])
     with pytest.raises(AnalysisError, match="takes one value on the training pairs.*leave 'probe' out of baselines"):
@@ -482,8 +482,10 @@ def test_das_layers_and_probe_layers_refuse_a_row_named_twice(tiny_model):
      r"prompts_for_pairs: modulus=1 is not accepted .*an int >= 2"),
     (lambda m, p: __import__("arithinterp.tasks", fromlist=["x"]).arithmetic(m, "+", [1], [2], answer_digits=-1),
      r"prompts_for_pairs: answer_digits=-1 is not accepted .*non-negative int"),
-    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, -1),
-     r"vary_digit: column=-1 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, 1),
+     r"vary_digit: place=1 is not accepted .*str"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, "tenths"),
+     r"unknown place 'tenths'; accepted: units, tens, hundreds"),
     (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).digit_pairs(p.counterfactual(vary="a"), -1),
      r"digit_pairs: answer_token=-1 is not accepted .*non-negative int"),
     (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).attribute(m, p.counterfactual(vary="a"),

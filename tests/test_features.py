@@ -334,7 +334,9 @@ def test_report_stage_shows_the_shipped_transcoders_and_a_graph(tmp_path):
     assert agreement and float(agreement.group(1)) >= 0.9
     assert exact and float(exact.group(1)) <= 1e-4
     assert re.search(r"Attribution graph of '\d+\+\d+=' .*: \d+ active features", text)
-    assert text.count("class='figure'") == 2
+    assert text.count("class='figure'") == 1 and text.count("class='viewer'") == 1
+    # the graph's interactive page, inline, with the kept features' operand plots
+    assert '"kind":"graph"' in text and '"grids":[{"title":"L' in text
 
 
 def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_model):

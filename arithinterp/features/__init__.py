@@ -14,7 +14,7 @@ Follows Ameisen et al. 2025, "Circuit Tracing", on models the user trained:
   answers (:class:`FeatureInterventionResult`).
 * ``labels`` — :func:`label_features`: the neurons' calibrated heuristic classifier on feature maps,
   plus a lookup-table family ("a ≡ i and b ≡ j (mod 10)"); :func:`feature_grids` draws features
-  over the operand grid.
+  over the operand grid (:func:`graph_feature_grids`: a graph's kept features, for its viewer).
 * ``paths`` — :func:`feature_paths` sorts labelled features into a last-digit and a magnitude path;
   :func:`path_ablation` zeroes one and measures the answer logit left, beside a random control.
 * ``sample`` — :func:`graph_sample`: graphs over a sample of prompts, aggregated per feature.
@@ -30,7 +30,7 @@ from arithinterp.features.graph_files import write_circuit_tracer_graph
 from arithinterp.features.graph_reader import read_circuit_tracer_graph
 from arithinterp.features.interventions import FeatureInterventionResult, feature_interventions, intervene
 from arithinterp.features.labels import (
-    FeatureGridsResult, feature_grids, feature_maps, label_features, lookup_registry,
+    FeatureGridsResult, feature_grids, feature_maps, graph_feature_grids, label_features, lookup_registry,
 )
 from arithinterp.features.paths import PathAblationResult, feature_paths, path_ablation, path_of
 from arithinterp.features.replacement import ReplacementResult, replacement_metrics
@@ -49,8 +49,8 @@ from arithinterp.features.transcoder_files import (
 __all__ = [
     "AttributionGraph", "FeatureGridsResult", "FeatureInterventionResult", "GraphSample", "PathAblationResult",
     "ReplacementResult", "Transcoders", "attribution_graph", "feature_grids", "feature_interventions", "feature_maps",
-    "feature_paths", "graph_sample", "intervene", "label_features", "load_transcoders", "lookup_registry",
-    "path_ablation", "path_of", "read_circuit_tracer_graph", "read_circuit_tracer_transcoders", "read_saelens",
-    "replacement_metrics", "topk_activations", "train_transcoders", "transcoder_fvu", "write_circuit_tracer_graph",
-    "write_circuit_tracer_transcoders", "write_saelens",
+    "feature_paths", "graph_feature_grids", "graph_sample", "intervene", "label_features", "load_transcoders",
+    "lookup_registry", "path_ablation", "path_of", "read_circuit_tracer_graph", "read_circuit_tracer_transcoders",
+    "read_saelens", "replacement_metrics", "topk_activations", "train_transcoders", "transcoder_fvu",
+    "write_circuit_tracer_graph", "write_circuit_tracer_transcoders", "write_saelens",
 ]

@@ -25,11 +25,11 @@ import functools
 from typing import Any, Optional
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write, run
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 
 # Targets per batched backward: at most BACKWARD_ROWS, and fewer where their gradients would pass
 # BACKWARD_BYTES. More rows were slower on CPU (the 4-layer Llama's 8-shot graph, every feature,
@@ -148,7 +148,7 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
     normalised = torch.zeros(len(rows), n_sources)  # |rows| summing to 1 per target: for choosing alone
     row_node = torch.full((len(rows),), -1, dtype=torch.long)
     filled = 0
-    bar = tqdm(total=len(rows), desc="graph rows", disable=None if progress else True)
+    bar = progress_bar(total=len(rows), desc="graph rows", disable=None if progress else True)
 
     def expand(ids: torch.Tensor) -> None:
         nonlocal filled

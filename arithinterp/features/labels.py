@@ -196,3 +196,35 @@ def feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Transcode
                               a_values=[int(a) for a in a_values], b_values=[int(b) for b in b_values],
                               maps=torch.as_tensor(k_maps, dtype=torch.float32),
                               meta=build_meta(model, position=int(positions)))
+
+
+@checked
+def graph_feature_grids(model: HookedModel, prompts: PromptSet, transcoders: Transcoders,
+                        graph: Any) -> list[FeatureGridsResult]:
+    """Operand plots of the features an attribution graph keeps at its final position: one
+    :class:`FeatureGridsResult` per layer (:func:`feature_grids` at position -1), labelled with the
+    graph's labels, ready for the graph's viewer (``graph.show(grids=...)``). Other features:
+    :func:`feature_grids`.
+
+    Args:
+        model: The hooked model.
+        prompts: A full operand grid of prompts of one length, as for :func:`feature_maps`.
+        transcoders: The transcoders the graph was made with.
+        graph: An :class:`~arithinterp.features.AttributionGraph`.
+
+    Returns:
+        One result per layer that has such features, by layer (empty when there are none).
+
+    Raises:
+        ConfigError: ``graph`` is not an attribution graph.
+        AnalysisError: Prompts that :func:`feature_maps` refuses.
+    """
+    if not all(hasattr(graph, name) for name in ("nodes", "tokens")):
+        raise ConfigError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
+    final = len(graph.tokens) - 1
+    by_layer: dict[int, dict[int, str]] = {}
+    for node in graph.nodes:
+        if node["kind"] == "feature" and node["position"] == final and node.get("kept"):
+            by_layer.setdefault(int(node["layer"]), {})[int(node["feature"])] = str(node.get("label", "") or "")
+    return [feature_grids(model, prompts, transcoders, layer, list(chosen), positions=-1, labels=list(chosen.values()))
+            for layer, chosen in sorted(by_layer.items())]

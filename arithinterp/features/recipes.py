@@ -23,12 +23,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from arithinterp.errors import ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_free_dir
+from arithinterp.outputs import check_target, writes
 from arithinterp.types import PathLike, PositiveInt, Seed, checked
 
 
@@ -67,6 +66,7 @@ def recipe_prompts(model: Any, recipe: PromptRecipe) -> Any:
                       seed=recipe.seed)
 
 
+@writes
 @checked
 def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional[PositiveInt] = None,
                  seed: Optional[Seed] = None, overwrite: bool = False,
@@ -86,7 +86,7 @@ def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional
     if spec not in RECIPES:
         raise ModelSpecError(f"no transcoder recipe for {spec!r}; recipes exist for {accepted(RECIPES)}")
     recipe = RECIPES[spec]
-    target = check_free_dir(Path(out), "out", overwrite)
+    target = check_target(out, overwrite=overwrite, what="out", folder=True)
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(spec) if model is None else model
@@ -97,10 +97,9 @@ def train_recipe(spec: str, out: PathLike, *, model: Any = None, steps: Optional
                                     skip_ridge=recipe.skip_ridge, train_skip=recipe.train_skip,
                                     distinct=recipe.distinct, sequential=recipe.sequential, progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(target, overwrite=overwrite)
     card = dict(model=spec, recipe={**asdict(recipe), "seed": seed, "steps": steps},
                 command=f"python scripts/gemma3_transcoders.py --out {target}", wall_seconds=wall,
                 torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
                 replacement=transcoders.metrics["replacement"])
-    (path / "card.json").write_text(json.dumps(card, indent=1))
+    path = transcoders.save(target, overwrite=overwrite, extra_files={"card.json": json.dumps(card, indent=1)})
     return transcoders, dict(card, out=str(path))

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_new_dir
+from arithinterp.outputs import check_target, writes
 from arithinterp.types import PathLike, checked
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -59,11 +59,13 @@ def shipped_path(spec: str) -> Path:
 
 
 @checked
-def load_transcoders(path: PathLike) -> Transcoders:
+def load_transcoders(path: PathLike, *, unsealed: bool = False) -> Transcoders:
     """Load transcoders saved with ``.save(path)``, or shipped ones by zoo name.
 
     Args:
         path: The folder ``.save`` wrote, or ``"zoo:NAME"`` (``"zoo:add-100"``).
+        unsealed: Also load a folder without the seal (saved by an earlier version), with a warning
+            (see :meth:`~arithinterp.results.Result.load`); save it again to seal it.
 
     Returns:
         The transcoders.
@@ -74,10 +76,11 @@ def load_transcoders(path: PathLike) -> Transcoders:
     """
     if isinstance(path, str) and path.startswith("zoo:"):
         path = shipped_path(path)
-    return Transcoders.load(Path(path))
+    return Transcoders.load(Path(path), unsealed=unsealed)
 
 
 
+@writes
 def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optional[int] = None,
                   steps: Optional[int] = None, progress: bool = True,
                   overwrite: bool = False) -> tuple[Transcoders, dict[str, Any]]:
@@ -94,7 +97,8 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
 
     name = _name(spec)
     recipe = RECIPES[name]
-    target = check_new_dir(Path(out) if out else Path("transcoders") / name, "out", overwrite)  # before training
+    target = check_target(Path(out) if out else Path("transcoders") / name, overwrite=overwrite, what="out",
+                          folder=True)  # before training
     seed = recipe.seed if seed is None else seed
     steps = recipe.steps if steps is None else steps
     model = load_model(f"zoo:{name}")
@@ -104,12 +108,11 @@ def train_shipped(spec: str, out: Optional[Union[str, Path]] = None, seed: Optio
                                     batch_size=recipe.batch_size, lr=recipe.lr, held_out=recipe.held_out, seed=seed,
                                     progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(target, overwrite=overwrite)
     import torch
 
     card = dict(model=f"zoo:{name}", recipe={**asdict(recipe), "seed": seed, "steps": steps},
                 command=f"arithinterp train-transcoders zoo:{name}", wall_seconds=wall,
                 torch_threads=torch.get_num_threads(), layers=transcoders.metrics["layers"],
                 replacement=transcoders.metrics["replacement"])
-    (path / "card.json").write_text(json.dumps(card, indent=1))
+    path = transcoders.save(target, overwrite=overwrite, extra_files={"card.json": json.dumps(card, indent=1)})
     return transcoders, dict(card, out=str(path))

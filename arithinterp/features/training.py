@@ -19,7 +19,6 @@ from typing import Annotated, Any, Optional, Sequence
 
 import torch
 from pydantic import Field
-from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs
@@ -29,6 +28,7 @@ from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.replacement import compare_replacement, full_tokens
 from arithinterp.features.transcoder import Transcoders, topk_unchecked
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import (
@@ -59,7 +59,7 @@ def mlp_activations(model: HookedModel, tokens: torch.Tensor, layers: Sequence[i
     size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=len(reads), plain=True)
     ins: list[list[torch.Tensor]] = [[] for _ in layers]
     outs: list[list[torch.Tensor]] = [[] for _ in layers]
-    for start in tqdm(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
+    for start in progress_bar(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
         got = run(model, tokens[start : start + size], writes, reads=reads, logits="none").reads
         for i in range(len(layers)):
             ins[i].append(got[2 * i].float().cpu())
@@ -158,7 +158,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     frequency = torch.zeros(n_features)  # an EMA of each feature's firing rate, bias-corrected below
     dead_after = max(1, math.ceil(2 * n / batch_size))  # a feature silent over ~two passes counts as dead
     resample_every = max(dead_after + 1, steps // 10)
-    for step in tqdm(range(steps), desc=desc, disable=not progress):
+    for step in progress_bar(range(steps), desc=desc, disable=not progress):
         rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
         xb, yb = x[rows], y[rows]
         pre = xb @ tensors["W_enc"] + tensors["b_enc"]

@@ -333,3 +333,28 @@ def task_prompts(model: HookedModel, spec: str, limit: int = 2000, seed: int = 0
     if entry is not None:
         return zoo_prompts(model, entry, a[pick].tolist(), b[pick].tolist())
     return prompts_for_pairs(model, "+", a[pick].tolist(), b[pick].tolist(), "{a}+{b}=")
+
+
+def grid_prompts(model: HookedModel, spec: str, side: int = 100):
+    """The model's task (zoo) or single-token addition over a full operand grid: every pair of at
+    most ``side`` evenly spaced values of each operand (all of them when there are no more), in
+    a-major order — the grid :func:`arithinterp.features.feature_maps` reads operand plots over."""
+    from arithinterp.errors import TaskError
+    from arithinterp.tasks import number_check, prompts_for_pairs
+
+    if isinstance(side, bool) or not isinstance(side, int) or side < 2:
+        raise TaskError(f"side must be an int >= 2 (operand values per axis), got {side!r}")
+    entry = get_entry(spec) if spec.startswith("zoo:") else None
+    if entry is not None:
+        a_values, b_values = list(range(*entry.task.a_range)), list(range(*entry.task.b_range))
+    else:
+        a_values = b_values = [int(v) for v in number_check(model, range(100))["single_token"]]
+        if len(a_values) < 10:
+            raise TaskError(f"{spec}: fewer than 10 numbers below 100 are single tokens; pass a zoo model")
+    a_values = a_values[:: -(-len(a_values) // side)]
+    b_values = b_values[:: -(-len(b_values) // side)]
+    a = [x for x in a_values for _ in b_values]
+    b = [y for _ in a_values for y in b_values]
+    if entry is not None:
+        return zoo_prompts(model, entry, a, b)
+    return prompts_for_pairs(model, "+", a, b, "{a}+{b}=")

@@ -57,8 +57,24 @@ def features_stage(ctx: Context) -> Section:
         f"graph keeps {s['n_kept']} nodes holding {s['kept_influence']:.2f} of the influence on the answer; "
         f"replacement score {s['replacement']:.3f}, completeness {s['completeness']:.3f}; edges + bias match each "
         f"feature's pre-activation within {s['max_abs_error']:.1e}.")
-    section.figures += [transcoders.plot(), graph.plot()]
+    section.figures.append(transcoders.plot())
+    section.views.append(graph.show(grids=_operand_plots(ctx, transcoders, graph)))
     return section
+
+
+GRID_SIDE = 50  # operand values per axis of the graph's operand plots: 2,500 prompts a layer
+
+
+def _operand_plots(ctx: Context, transcoders, graph) -> list:
+    """The kept features' operand plots over an evenly spaced grid of the task, for the graph's
+    page; none where the task's answers are several tokens or its prompts of several lengths."""
+    from arithinterp.features import graph_feature_grids
+    from arithinterp.models.zoo import grid_prompts
+
+    grid = grid_prompts(ctx.model, ctx.spec, GRID_SIDE)
+    if bool((grid.n_answer_tokens != 1).any()) or not grid.uniform_length:
+        return []
+    return graph_feature_grids(ctx.model, grid, transcoders, graph)
 
 
 STAGE = Stage(name="features", title="Feature circuits: transcoders and an attribution graph", order=90, weight=0.5,
