@@ -59,6 +59,12 @@ def _ci(value: float, low: float, high: float, digits: int = 2) -> str:
     return f"{value:.{digits}f} ({low:.{digits}f} to {high:.{digits}f})"
 
 
+def _share(result, method: str) -> str:
+    """A patch test method's effect as a fraction of the layer patch, with its interval."""
+    i = result.methods.index(method)
+    return _ci(float(result.fraction[i]), float(result.fraction_ci[0, i]), float(result.fraction_ci[1, i]))
+
+
 def heuristic_ablation(model, correct, ks: list[int], top_k: int, out: Optional[Path]) -> None:
     """Per-prompt heuristic-neuron ablation vs its controls, trained and random-init."""
     pairs = correct.counterfactual(vary="a", seed=0, distinct_first_token=True)
@@ -123,9 +129,9 @@ def clock(model, correct, patch_layers: Optional[list[int]], n_pairs: int, out: 
     pairs = pairs[torch.tensor(keep)][:n_pairs]
     print(f"\n## Causal patch test at '=' ({len(pairs)} pairs that change a and the sum's first digit, both prompts "
           "answered right; effect = corrupt answer's logit after − before)")
-    print("| layer | scored | layer patch | PCA-9 | helix(a+b) | shuffled sums | mean | helix / layer patch "
-          "| helix − shuffled (paired) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| layer | scored | layer patch | PCA-9 | helix(a+b) | shuffled sums | mean | share of the layer patch "
+          "| helix − shuffled (paired) | helix − mean (paired) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for layer in patch_layers:
         fit = helix.fit(acts, "a+b", PERIODS, layer=layer)
         for scoring in SCORINGS:
@@ -134,16 +140,18 @@ def clock(model, correct, patch_layers: Optional[list[int]], n_pairs: int, out: 
             result = helix.patch_test(model, scored, fit)
             if out is not None:
                 result.save(out / f"clock-L{layer}-{scoring}", overwrite=True)
-            low, high = result.effect_ci
-            cells = [_ci(float(result.effect[i]), float(low[i]), float(high[i])) for i in range(5)]
+            effect_low, effect_high = result.effect_ci
+            cells = [_ci(float(result.effect[i]), float(effect_low[i]), float(effect_high[i])) for i in range(5)]
             h = result.methods.index("helix")
-            share = (_ci(float(result.fraction[h]), float(result.fraction_ci[0, h]), float(result.fraction_ci[1, h]))
-                     if result.layer_patch_distinct else "—")
-            gain = result.per_pair[h] - result.per_pair[result.methods.index("shuffled")]
-            low_gain, high_gain = torch.quantile(bootstrap_means(gain, 1000, 0), torch.tensor([0.025, 0.975],
-                                                                                              dtype=torch.float64))
-            print(f"| {layer} | {scoring} | " + " | ".join(cells) + f" | {share} | "
-                  f"{_ci(float(gain.mean()), float(low_gain), float(high_gain))} |")
+            share = "; ".join(f"{name} {_share(result, name)}" for name in ("helix", "shuffled", "mean")
+                              ) if result.layer_patch_distinct else "—"
+            gains = []  # what the helix at the corrupt sum does beyond each control, pair by pair
+            for control in ("shuffled", "mean"):
+                gain = result.per_pair[h] - result.per_pair[result.methods.index(control)]
+                low, high = torch.quantile(bootstrap_means(gain, 1000, 0), torch.tensor([0.025, 0.975],
+                                                                                        dtype=torch.float64))
+                gains.append(_ci(float(gain.mean()), float(low), float(high)))
+            print(f"| {layer} | {scoring} | " + " | ".join(cells + [share, *gains]) + " |")
 
 
 def main() -> None:
