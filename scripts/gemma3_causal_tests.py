@@ -130,8 +130,8 @@ def clock(model, correct, patch_layers: Optional[list[int]], n_pairs: int, out: 
     print(f"\n## Causal patch test at '=' ({len(pairs)} pairs that change a and the sum's first digit, both prompts "
           "answered right; effect = corrupt answer's logit after − before)")
     print("| layer | scored | layer patch | PCA-9 | helix(a+b) | shuffled sums | mean | share of the layer patch "
-          "| helix − shuffled (paired) | helix − mean (paired) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| helix − shuffled (paired) | helix − mean (paired) | helix − PCA-9 (paired) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for layer in patch_layers:
         fit = helix.fit(acts, "a+b", PERIODS, layer=layer)
         for scoring in SCORINGS:
@@ -146,7 +146,7 @@ def clock(model, correct, patch_layers: Optional[list[int]], n_pairs: int, out: 
             share = "; ".join(f"{name} {_share(result, name)}" for name in ("helix", "shuffled", "mean")
                               ) if result.layer_patch_distinct else "—"
             gains = []  # what the helix at the corrupt sum does beyond each control, pair by pair
-            for control in ("shuffled", "mean"):
+            for control in ("shuffled", "mean", f"PCA-{result.k}"):
                 gain = result.per_pair[h] - result.per_pair[result.methods.index(control)]
                 low, high = torch.quantile(bootstrap_means(gain, 1000, 0), torch.tensor([0.025, 0.975],
                                                                                         dtype=torch.float64))
