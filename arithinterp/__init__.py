@@ -13,10 +13,16 @@ Submodules load on first use, so ``import arithinterp`` stays quick.
 """
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
-from arithinterp._version import __version__
-from arithinterp.errors import ArithInterpError
+# Intel MKL's matrix products give the same bits on any number of threads in its strict reproducible mode,
+# which it reads once, at its first product: set here, before any, so that the thread count the report
+# picks from the free CPUs changes how fast it runs and never what it finds (arithinterp.report.threads)
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+from arithinterp._version import __version__  # noqa: E402  (after the setting above)
+from arithinterp.errors import ArithInterpError  # noqa: E402
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (

@@ -63,7 +63,7 @@ SPECIFIC = {
     "k", "top_k", "threshold", "node_threshold", "tau", "fdr", "alpha", "confidence", "cv", "C", "lr", "n_pca",
     "holdout", "degree", "rule", "factor", "fraction", "min_cells", "max_fraction", "min_neurons", "min_test_values",
     "max_nodes", "max_feature_nodes", "n_logits", "completeness", "zero_positions", "rank_by", "accept", "budget",
-    "split_period",
+    "split_period", "reference",
     "max_seconds", "reachable_only", "baselines", "per_position", "normalize", "scoring", "feed", "vary", "bottom",
     "families", "controls", "groups", "shuffle_control", "control", "extra", "value", "scale", "clamp", "template",
     "per_number", "include_final", "key", "name", "n_features", "skip", "held_out", "encoder_scale",

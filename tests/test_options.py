@@ -19,6 +19,7 @@ import torch
 
 import arithinterp
 from arithinterp.errors import ConfigError
+from arithinterp.results import Result
 
 BAD = "no-such-option"
 
@@ -32,12 +33,12 @@ NOT_OPTIONS = {
     "sample": "free text", "minimum_name": "free text", "what": "free text", "fold_scheme": "free text",
     "out": "a path (OutputError)", "model": "a model spec (ModelSpecError)", "output": "a variable's name",
     "device": "a torch device (ModelSpecError)", "zoo": "a zoo model's name (ModelSpecError)",
+    "plan": "a page's recorded plan, as HTML",
 }
 FOLDERS = {"worker.run_cell": "base"}  # the sweep's folder, where run_edge_sets' ``base`` is an option
-# Records the package builds and checks itself (tasks.arithmetic, load_transcoders, load_config): their
-# constructors are not where a user spells an option.
-RECORDS = {"PromptSet", "PromptPairs", "Transcoders", "SweepConfig", "DetectorResult", "ProbeResult",
-           "FilterResult", "HelixPatchResult", "Section", "Stage", "NotEnoughData", "Analysis", "Param",
+# Records the package builds and checks itself (tasks.arithmetic, load_transcoders, load_config, every
+# Result, whose load checks its fields): their constructors are not where a user spells an option.
+RECORDS = {"PromptSet", "PromptPairs", "SweepConfig", "Section", "Stage", "NotEnoughData", "Analysis", "Param",
            "CausalModel", "Variable"}
 
 
@@ -49,7 +50,7 @@ def _public_callables() -> dict[str, Callable]:
             obj = getattr(module, name, None)
             if inspect.isclass(obj):
                 for attr, member in vars(obj).items():
-                    if attr == "__init__" and obj.__name__ in RECORDS:
+                    if attr == "__init__" and (obj.__name__ in RECORDS or issubclass(obj, Result)):
                         continue
                     if (not attr.startswith("_") or attr == "__init__") and callable(member):
                         found.setdefault(f"{obj.__name__}.{attr}", member)

@@ -524,6 +524,12 @@ def test_a_time_limited_layer_search_covers_the_depth_first_and_stops_in_time(mo
     for bad in (0, -1.0, float("nan"), float("inf"), "10"):
         with pytest.raises(ConfigError, match="max_seconds must be a positive finite number"):
             probes.ErrorDetector(max_seconds=bad).fit_activations(X, slots)
+    # a limit counted in candidates stops at the same place on any machine: the same order, the first two
+    counted = probes.ErrorDetector(cv=3, max_candidates=2).fit_activations(X, slots)
+    assert [r["layers"] for r in counted.meta_["layer_search"]] == [[1], [0]] and counted.layers_ == [1]
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="max_candidates must be a positive int"):
+            probes.ErrorDetector(max_candidates=bad).fit_activations(X, slots)
 
 
 def test_rare_errors_along_a_planted_direction_are_found_and_shuffled_labels_are_not():

@@ -187,6 +187,11 @@ class HelixFit(Result):
         return draw(self, view=view, **kwargs)
 
 
+def value_names(prompts: PromptSet) -> list[str]:
+    """The numbers a fit can be made to by name: the prompts' labels and ``"a+b"``."""
+    return [*prompts.label_names(), "a+b"]
+
+
 def resolve_values(values: Values, prompts: Optional[PromptSet]) -> tuple[torch.Tensor, list[str]]:
     """Numbers per prompt from a tensor / list, or from prompt labels by name (``"a"``,
     ``"a+b"``, ``["a", "b", "a+b"]``) → ([n, v] float64, names)."""

@@ -148,21 +148,28 @@ def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool
 
 @draws(PromptAblationResult)
 def plot_prompt_ablation(result: PromptAblationResult) -> go.Figure:
-    """Fraction of prompts still correct vs neurons ablated per layer: the prompt's own heuristic
-    neurons against a same-size random control; the unablated accuracy dotted."""
+    """Fraction of prompts still answered vs neurons ablated per layer: the prompt's own heuristic
+    neurons against a same-size random control, with their 95% intervals over prompts where the
+    result has them; the unablated share dotted."""
     fig = figure(f"Per-prompt ablation of heuristic neurons ({result.ablation} ablation)",
-                 "neurons ablated per layer (k)", "fraction of prompts still correct")
-    for i, (arm, values) in enumerate((("prompt's heuristic neurons", result.heuristic_correct),
-                                       ("random control (same layer, same count)", result.control_correct))):
+                 "neurons ablated per layer (k)", "fraction of prompts still answered")
+    pool = "same layer's other top neurons" if result.meta.get("control", "table") == "table" else "same layer"
+    for i, (arm, values, ci, sizes) in enumerate(
+            (("prompt's heuristic neurons", result.heuristic_correct, result.heuristic_ci, result.n_ablated),
+             (f"random control ({pool}, same count)", result.control_correct, result.control_ci,
+              result.n_control if result.n_control is not None else result.n_ablated))):
+        error = None if ci is None else dict(type="data", symmetric=False, array=(ci[1] - values).numpy(),
+                                              arrayminus=(values - ci[0]).numpy())
         fig.add_trace(
             go.Scatter(
                 x=result.ks,
                 y=values.numpy(),
+                error_y=error,
                 mode="lines+markers",
                 name=arm,
                 line=dict(color=cycle_colour(i)),
-                customdata=result.n_ablated.numpy(),
-                hovertemplate=f"{arm}<br>k=%{{x}}<br>correct %{{y:.4g}}"
+                customdata=sizes.numpy(),
+                hovertemplate=f"{arm}<br>k=%{{x}}<br>answered %{{y:.4g}}"
                 "<br>mean neurons ablated %{customdata:.3g}<extra></extra>",
             )
         )
