@@ -838,8 +838,10 @@ def test_row_solver_reaches_the_joint_optimum_and_keeps_rows_independent():
     for a, b in zip(rows, joint):
         assert torch.allclose(a.decision_function(X).softmax(-1), b.decision_function(X).softmax(-1), atol=2e-3)
     alone = probe.fit_many(X, targets[:1], masks[:1], solver="rows")[0]
-    # alone or beside others: the same path up to float rounding (the product's width differs)
-    assert torch.allclose(alone.coef_, rows[0].coef_, atol=1e-3) and abs(alone.n_iter_ - rows[0].n_iter_) <= 3
+    # alone or beside others: the same path up to float rounding (the product's width differs), so the
+    # same probabilities to the solver's precision (its coefficients along weak directions differ by ~1e-3)
+    assert torch.allclose(alone.decision_function(X).softmax(-1), rows[0].decision_function(X).softmax(-1), atol=2e-3)
+    assert torch.allclose(alone.coef_, rows[0].coef_, atol=5e-3) and abs(alone.n_iter_ - rows[0].n_iter_) <= 3
     assert rows[0].score(X[masks[0]], y[masks[0]]) > 0.9 and rows[1].score(X[~masks[1]], targets[1][~masks[1]]) < 0.5
     warm = probe.fit_many(X, targets, masks, solver="rows", init=rows)
     assert max(p.n_iter_ for p in warm) <= 3

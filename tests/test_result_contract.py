@@ -363,6 +363,25 @@ def _graph(i: Instances):
     return features.attribution_graph(i.model, i.prompts[:1], i.transcoders, n_logits=2, max_nodes=10)
 
 
+def _operand_plots(i: Instances):
+    from arithinterp import features
+
+    return features.operand_plots(i.model, i.prompts, i.transcoders, progress=False)
+
+
+def _swap(i: Instances):
+    """On zoo:add-3digit, whose digit tokens have labelled groups (the tiny model's have none)."""
+    from arithinterp import features, load_model
+    from arithinterp.tasks import prompts_for_pairs
+
+    model, transcoders = load_model("zoo:add-3digit"), features.load_transcoders("zoo:add-3digit")
+    values = list(range(100, 1000, 45))  # 20 values, every units digit twice
+    grid = prompts_for_pairs(model, "+", [a for a in values for _ in values], [b for _ in values for b in values],
+                             "{a}+{b}=", answer_digits=4)
+    plots = features.operand_plots(model, grid, transcoders, progress=False)
+    return features.swap_test(model, grid[::40], transcoders, plots, n_random=2, progress=False)
+
+
 def _feature_grids(i: Instances):
     from arithinterp import features
     from arithinterp.tasks import arithmetic
@@ -473,6 +492,8 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "ReplacementResult": _replacement,
     "GraphSample": _graph_sample,
     "AttributionGraph": _graph,
+    "OperandPlots": _operand_plots,
+    "SwapResult": _swap,
     "DASResult": _das,
     "DASLayersResult": _das_layers,
     "ReadableUsedResult": _readable_used,
