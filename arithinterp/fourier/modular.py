@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from arithinterp.fourier.number_axes import grid_of, number_tokens
 from arithinterp.progress import progress_bar
 from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IntList, PositiveInt, HookedModel, checked
+
+if TYPE_CHECKING:
+    from arithinterp.tasks import PromptSet
 
 
 # --- restricted / excluded loss (Nanda et al. 2023) ---------------------------------------------
@@ -242,6 +245,13 @@ def modular_logits(model: HookedModel, p: Optional[PositiveInt] = None, *, templ
         raise ConfigError(f"p={p} needs the numbers 0..{p - 1} as tokens, more than this model's vocabulary of "
                           f"{vocabulary} tokens holds")
     prompts = arithmetic(model, "+", a=range(p), b=range(p), template=template, modulus=p)
+    return _logits_over(model, prompts, p, batch_size)
+
+
+@torch.inference_mode()
+def _logits_over(model: HookedModel, prompts: PromptSet, p: int, batch_size: int = 4096) -> torch.Tensor:
+    """:func:`modular_logits` on its ``p x p`` prompts, built once for the models that share a
+    tokenizer (a zoo model's training snapshots): encoding them costs what the forward passes do."""
     tokens = number_tokens(model, range(p))
     out = torch.empty((len(prompts), p))
     for group in prompts.length_groups():
@@ -418,8 +428,11 @@ def progress(
     missing = [s for s in steps if s not in shipped]
     if missing:
         raise ConfigError(f"snapshots {missing} are not shipped for {name!r}; accepted: {shipped}")
-    template = entry.task.template
-    final_logits = modular_logits(load_model(f"zoo:{name}"), p, template=template)
+    from arithinterp.tasks import arithmetic
+
+    final = load_model(f"zoo:{name}")
+    prompts = arithmetic(final, "+", a=range(p), b=range(p), template=entry.task.template, modulus=p)
+    final_logits = _logits_over(final, prompts, p)
     if key is None:
         key = key_frequencies(sum_frequency_power(final_logits), rule, factor=factor, fraction=fraction)
     key = [int(k) for k in key]
@@ -427,7 +440,7 @@ def progress(
     rows, labels = [], []
     for step in progress_bar(steps, desc="snapshots", disable=not progress):
         snapshot = load_model(f"zoo:{name}@step={step}")
-        rows.append(modular_losses(modular_logits(snapshot, p, template=template), key, mask))
+        rows.append(modular_losses(_logits_over(snapshot, prompts, p), key, mask))  # same tokenizer, same prompts
         labels.append(int(step))
     if include_final:
         final_step = int(entry.card().get("steps_run", (labels[-1] + 1) if labels else 0))
