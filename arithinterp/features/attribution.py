@@ -40,6 +40,8 @@ BACKWARD_BYTES = 64 * 2**20
 # Taken in layer order, the batches of one update each hold targets of few layers, and a batched
 # backward runs only through the layers below its deepest target.
 UPDATE_INTERVAL = 4
+# Prefix runs for the backwards of targets early in the prompt (quarters of it; :class:`_LiveRuns`).
+PREFIXES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +140,9 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
         nodes.append(dict(kind="logit", layer=n_layers, position=T - 1, feature=int(token), activation=0.0))
     targets = _Targets(nodes, n_sources, transcoders)
 
-    # one forward with gradients (everything as on the prompt), then each batch of targets is one backward
+    # forwards with gradients (everything as on the prompt), then each batch of targets is one backward
     constants = [got[("mlp_out", layer)] - transcoders.linear(layer, x) for layer, x in enumerate(mlp_in)]
-    dtype = got[("embed", 0)].dtype  # the model's: a float64 model gives float64 gradients
-    probes = [torch.zeros(1, T, d, dtype=dtype, requires_grad=True) for _ in range(n_layers + 1)]
-    live_in, live_logits = replacement_run(model, tokens, state["frozen"], transcoders, constants, probes=probes)
+    live = _LiveRuns(model, tokens, state["frozen"], transcoders, constants, dtype=got[("embed", 0)].dtype)
     sources = _Sources(transcoders, got[("embed", 0)][0], active, acts, errors)
     size = batch_size or max(1, min(BACKWARD_ROWS, BACKWARD_BYTES // ((n_layers + 1) * T * d * 4)))
     is_feature = torch.tensor([n["kind"] == "feature" for n in nodes[:n_sources]])
@@ -154,11 +154,13 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
     filled = 0
     bar = tqdm(total=len(rows), desc="graph rows", disable=None if progress else True)
 
-    def expand(ids: torch.Tensor) -> None:
+    def expand(ids: torch.Tensor) -> None:  # ids in node order: by layer, then position
         nonlocal filled
-        for start in range(0, len(ids), size):
-            part = ids[start : start + size]
-            value = targets.values(part, live_in, live_logits)
+        lengths = [live.length(p) for p in targets.position[ids].tolist()]
+        for start, stop in cheapest_batches(targets.layer[ids].tolist(), lengths, size):
+            part = ids[start:stop]
+            probes, run_in, run_logits = live.run(max(lengths[start:stop]))
+            value = targets.values(part, run_in, run_logits)
             grads = torch.autograd.grad(value, probes, grad_outputs=torch.eye(len(part), dtype=value.dtype),
                                         retain_graph=True, is_grads_batched=True, allow_unused=True)
             effects = sources.effects(grads)
@@ -190,7 +192,8 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
 
 
 def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders: Transcoders, constants: list,
-                    *, embed: bool = True, probes: Optional[list] = None) -> tuple[list, torch.Tensor]:
+                    *, embed: bool = True, probes: Optional[list] = None,
+                    logits: bool = True) -> tuple[list, Optional[torch.Tensor]]:
     """One forward of the local replacement model: patterns and norm divisors ``frozen``, each MLP's
     output its transcoder's linear part plus ``constants[layer]`` ``[1, T, d]`` (what its features
     and error node write, held), the embeddings kept or (``embed=False``) switched off.
@@ -200,7 +203,8 @@ def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders:
     autograd graph: a probe's gradient is what a unit written there does to a target.
 
     Returns:
-        ``(mlp_in, logits)``: each layer's MLP input ``[1, T, d]`` and the final position's logits ``[1, V]``.
+        ``(mlp_in, logits)``: each layer's MLP input ``[1, T, d]`` and the final position's logits
+        ``[1, V]`` (None with ``logits=False``: the forward stops before the unembedding).
     """
     n_layers = len(constants)
     mlp_in: list = [None] * n_layers
@@ -221,9 +225,46 @@ def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders:
         writes.append(Write("mlp_out", layer, value=output, input_site="mlp_in"))
         # the real MLP runs on a detached copy of its input (its output is replaced): out of the backward
         writes.append(Write("mlp_in", layer, value=torch.Tensor.detach))
-    out = run(model, tokens, writes, logits="final", train=probes is not None)
-    assert out.logits is not None
+    out = run(model, tokens, writes, logits="final" if logits else "none", train=probes is not None)
     return mlp_in, out.logits
+
+
+class _LiveRuns:
+    """Forwards of the replacement model with gradients, kept for the batched backwards: on the
+    whole prompt (the logits' targets read its logits) and, built when first needed, on prefixes
+    of it. A target at position ``p`` depends on positions ``0..p`` alone (attention is causal,
+    its patterns frozen), so its backward runs on the shortest prefix that holds ``p``: a
+    quarter, half, three quarters or all of the prompt (:data:`PREFIXES`); the gradients are the
+    same, the work falls with the length."""
+
+    def __init__(self, model: Any, tokens: torch.Tensor, frozen: dict, transcoders: Transcoders, constants: list,
+                 dtype: torch.dtype):
+        T = int(tokens.shape[1])
+        self.T = T
+        self.lengths = sorted({-(-T * k // PREFIXES) for k in range(1, PREFIXES + 1)})
+        self.model, self.tokens, self.frozen, self.transcoders, self.constants = model, tokens, frozen, transcoders, constants
+        self.dtype = dtype
+        self.runs: dict[int, tuple] = {}
+
+    def length(self, position: int) -> int:
+        """The length of the shortest prefix run that holds ``position``."""
+        return next(n for n in self.lengths if n > position)
+
+    def run(self, length: int) -> tuple[list, list, Optional[torch.Tensor]]:
+        """``(probes, mlp_in, logits)`` of the run on the first ``length`` positions (a length of
+        :meth:`length`): its probes ``[1, length, d]`` (one per layer, then the embeddings'), each
+        layer's MLP input, and the final logits on the whole prompt alone."""
+        if length not in self.runs:
+            d = int(self.constants[0].shape[-1])
+            probes = [torch.zeros(1, length, d, dtype=self.dtype, requires_grad=True)
+                      for _ in range(len(self.constants) + 1)]
+            frozen = {key: value[..., :length, :length] if key[0] == "pattern" else value[:, :length]
+                      for key, value in self.frozen.items()}  # patterns [1, H, T, T], divisors [1, T, 1]
+            mlp_in, logits = replacement_run(self.model, self.tokens[:, :length], frozen, self.transcoders,
+                                             [c[:, :length] for c in self.constants], probes=probes,
+                                             logits=length == self.T)
+            self.runs[length] = (probes, mlp_in, logits)
+        return self.runs[length]
 
 
 class _Targets:
@@ -264,50 +305,85 @@ class _Sources:
         self.errors = errors
         T = len(embeddings)
         self.plans = []
+        start = T  # the columns: embeddings, features by layer, errors by layer
         for layer, (where, a) in enumerate(zip(active, acts)):
-            positions, features = where.T
+            positions, features = where.T.contiguous()
             counts = torch.bincount(positions, minlength=T)
             slots = torch.arange(len(positions)) - (torch.cumsum(counts, 0) - counts)[positions]
             writes = torch.zeros(T, max(1, int(counts.max())), embeddings.shape[-1], dtype=embeddings.dtype)
             i = transcoders.index(layer)
             writes[positions, slots] = (a[positions, features][:, None] * transcoders.W_dec[i][features]).to(writes.dtype)
-            self.plans.append((writes, positions, slots))
+            self.plans.append((writes, positions, slots, start))
+            start += len(positions)
+        self.error_start = start
+        self.n_sources = start + len(errors) * T
 
     def effects(self, grads: tuple) -> torch.Tensor:
         """Direct effects ``[B, n_sources]`` (embeddings, features by layer, errors by layer) from
-        the gradients at each MLP output, then at the embeddings (``[B, 1, T, d]`` each, None where
-        the targets do not reach), in float64."""
+        the gradients at each MLP output, then at the embeddings (``[B, 1, P, d]`` each, of a run
+        on the first ``P`` positions; None where the targets do not reach: their sources' effects
+        are 0), in float64."""
         B = next(g.shape[0] for g in grads if g is not None)
-
-        def grad(i: int) -> torch.Tensor:
-            g = grads[i]
-            return torch.zeros(B, *self.embeddings.shape, dtype=self.embeddings.dtype) if g is None else g[:, 0]
-
-        features, errors = [], []
-        for layer, (writes, positions, slots) in enumerate(self.plans):
-            g = grad(layer)
-            features.append(torch.einsum("btd,tkd->btk", g, writes.to(g.dtype))[:, positions, slots])
-            errors.append((g * self.errors[layer].to(g.dtype)).sum(-1))
-        embeddings = (grad(len(self.plans)) * self.embeddings.to(grad(len(self.plans)).dtype)).sum(-1)
-        return torch.cat([embeddings, *features, *errors], 1).double()
+        T = len(self.embeddings)
+        out = torch.zeros(B, self.n_sources, dtype=torch.float64)
+        for layer, (writes, positions, slots, start) in enumerate(self.plans):
+            g = grads[layer]
+            if g is None:
+                continue
+            g = g[:, 0]
+            P = g.shape[1]  # the gradients of a prefix run: the sources after it have no effect
+            n = int(torch.searchsorted(positions, P))  # the layer's active features, by position
+            at = torch.einsum("btd,tkd->btk", g, writes[:P].to(g.dtype))
+            out[:, start : start + n] = at[:, positions[:n], slots[:n]]
+            error = self.error_start + layer * T
+            out[:, error : error + P] = (g * self.errors[layer][:P].to(g.dtype)).sum(-1)
+        g = grads[len(self.plans)]
+        if g is not None:
+            P = g.shape[2]
+            out[:, :P] = (g[:, 0] * self.embeddings[:P].to(g.dtype)).sum(-1)
+        return out
 
 
 def partial_influence(weights: torch.Tensor, targets: torch.Tensor, logit_weight: torch.Tensor) -> torch.Tensor:
     """Each source's influence ``[n_sources]`` on the answer through the rows known so far:
     ``w (A + A² + …)`` with ``A`` the absolute direct effects normalised to sum 1 per target
     (``weights [R, n_sources]``, into nodes ``targets``, the logits' rows first) and ``w`` the logit
-    rows' weights."""
+    rows' weights.
+
+    The series runs over the rows alone: with ``r = w + w A_rr + w A_rr² + …`` (``A_rr [R, R]``
+    the rows' targets' effects on each other), the influence is ``r A``: one product with the
+    whole of ``A`` instead of one per term."""
     n_logits = len(logit_weight)
-    at = torch.full((weights.shape[1],), -1, dtype=torch.long)  # each expanded feature's row
-    at[targets[n_logits:]] = torch.arange(n_logits, len(weights))
+    among = weights[:, targets[n_logits:]]  # [R, R - n_logits]: the effects on each row of the expanded features
     reach = torch.zeros(len(weights), dtype=weights.dtype)
     reach[:n_logits] = logit_weight.to(weights.dtype)
-    influence = torch.zeros(weights.shape[1], dtype=weights.dtype)
+    total = torch.zeros_like(reach)
     for _ in range(len(weights)):  # edges reach earlier layers only: one step per layer, then nothing is left
         if not bool(reach.any()):
             break
-        flow = reach @ weights
-        influence += flow
-        reach = torch.zeros_like(reach)
-        reach[at[at >= 0]] = flow[at >= 0]
-    return influence
+        total += reach
+        reach = torch.cat([torch.zeros(n_logits, dtype=reach.dtype), reach @ among])
+    return total @ weights
+
+
+def cheapest_batches(depths: list[int], lengths: list[int], size: int) -> list[tuple[int, int]]:
+    """Consecutive batches ``(start, stop)`` of at most ``size`` targets, sorted by layer (``depths``
+    ascending), that cost the least backward: a batch runs on the prefix its longest target needs
+    (``lengths``), through the layers up to its deepest target's, for each row and, about as much as
+    one more row, for the call itself. A few deep targets are then not batched with many shallow ones
+    (31 rows of layer 2 and one of layer 11 cost 32 × 12 together, 31 × 3 + 2 × 12 apart)."""
+    n = len(depths)
+    best = [0.0] + [float("inf")] * n  # best[j]: the least cost of the first j targets
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        deepest, longest = depths[j - 1] + 1, 0
+        for i in range(j - 1, max(0, j - size) - 1, -1):  # the batch i..j-1
+            longest = max(longest, lengths[i])
+            cost = best[i] + deepest * longest * (j - i + 1)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    batches = []
+    while n:
+        batches.append((cut[n], n))
+        n = cut[n]
+    return batches[::-1]
