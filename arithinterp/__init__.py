@@ -17,42 +17,39 @@ from typing import TYPE_CHECKING
 
 from arithinterp._version import __version__
 from arithinterp.errors import ArithInterpError
-from arithinterp.models import list_zoo, load_model
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (
         activations, causal, checks, circuits, cli, cyclic, deprecation, engine, errors, features, fourier, helix,
-        intervals, metrics, models, neurons, outputs, patching, probes, report, results, sites, sweep, tasks, types,
-        viz,
+        intervals, lens, metrics, models, neurons, outputs, patching, printing, probes, progress, report, results,
+        schemas, sites, sweep, tasks, types, viz,
     )
     from arithinterp.activations import collect
+    from arithinterp.models import list_zoo, load_model
     from arithinterp.report import write_report
 
 # every public module and subpackage, reachable as an attribute (tests/test_package.py checks the list is whole)
 _SUBMODULES = (
     "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
-    "fourier", "helix", "intervals", "metrics", "models", "neurons", "outputs", "patching", "probes", "report",
-    "results", "sites", "sweep", "tasks", "types", "viz",
+    "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
+    "probes", "progress", "report", "results", "schemas", "sites", "sweep", "tasks", "types", "viz",
 )
+# loaded on first use like the submodules: importing the package (the command line's first step) does
+# not import torch, so Ctrl-C in its first second ends with one line, not a traceback
+_FUNCTIONS = {"collect": "activations", "write_report": "report", "load_model": "models", "list_zoo": "models"}
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
         return importlib.import_module(f"arithinterp.{name}")
-    if name == "collect":
-        from arithinterp.activations import collect
-
-        return collect
-    if name == "write_report":
-        from arithinterp.report import write_report
-
-        return write_report
+    if name in _FUNCTIONS:
+        return getattr(importlib.import_module(f"arithinterp.{_FUNCTIONS[name]}"), name)
     raise AttributeError(f"module 'arithinterp' has no attribute {name!r}")
 
 
 __all__ = [
     "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
     "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
-    "fourier", "helix", "intervals", "metrics", "models", "neurons", "outputs", "patching", "probes", "report",
-    "results", "sites", "sweep", "tasks", "types", "viz",
+    "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
+    "probes", "progress", "report", "results", "schemas", "sites", "sweep", "tasks", "types", "viz",
 ]

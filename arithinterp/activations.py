@@ -9,20 +9,22 @@ stops after the last layer needed.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp.engine.budget import forward_bytes_per_prompt
 from arithinterp import sites as site_lib
 from arithinterp.errors import ConfigError, SiteError, accepted
-from arithinterp.outputs import check_writable_dir
+from arithinterp.outputs import check_target, write_folder, writes
+from arithinterp.progress import progress_bar
+from arithinterp.results import PROVENANCE, build_meta
 from arithinterp.tasks.positions import position_labels
 from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
@@ -39,7 +41,10 @@ class Activations:
 
     ``data[site]`` has shape ``[n_prompts, n_layers, n_positions, *site_shape]`` where
     ``site_shape`` is ``(d_model,)`` for residual and output sites, ``(n_heads, d_head)`` for
-    ``attn_z``, ``(d_mlp,)`` for ``mlp_pre`` / ``mlp_post``. ``layers[i]`` is the model layer of
+    ``attn_z``, ``(d_mlp,)`` for ``mlp_pre`` / ``mlp_post`` and ``(n_heads, n_keys)`` for the
+    attention ``pattern``: each collected position is a query, and ``data["pattern"][i, l, j, h, k]``
+    is how much head ``h`` at query ``positions[j]`` attends to token ``k`` of the left-padded prompt
+    (the answer tokens fed after it follow; a padding key has weight 0). ``layers[i]`` is the model layer of
     index ``i`` on axis 1 (``embed`` has the single layer ``0``), ``positions[j]`` names
     position ``j`` on axis 2 (a position spec such as ``"final"``, ``"a"``, ``"a[0]"`` or an integer
     index as a string; see :meth:`~arithinterp.tasks.PromptSet.locate`).
@@ -57,6 +62,12 @@ class Activations:
     positions: list[str]
     prompts: Any = None
     meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the tensors' shapes, never their values
+        from arithinterp.printing import short_repr
+
+        return short_repr("Activations", {"n_prompts": self.n_prompts if self.data else 0, **self.data,
+                                          "layers": self.layers, "positions": self.positions})
 
     def __getitem__(self, site: str) -> torch.Tensor:
         if site not in self.data:
@@ -177,8 +188,8 @@ def auto_batch_size(model: HookedModel, seq_len: PositiveInt, returned_bytes: No
 
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype, store: Optional[Path], name: str) -> torch.Tensor:
-    if store is None:
-        return torch.empty(shape, dtype=dtype)
+    if store is None:  # a pattern's padding keys are never written: they stay 0 (a new memory map starts at 0)
+        return torch.zeros(shape, dtype=dtype) if name == "pattern" else torch.empty(shape, dtype=dtype)
     from numpy.lib.format import open_memmap
 
     store.mkdir(parents=True, exist_ok=True)
@@ -189,7 +200,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, store: Optional[Path],
 _STORABLE = (torch.float16, torch.float32, torch.float64)  # dtypes numpy can memory-map
 
 
-def _check_storage(dtype: Any, store: Union[str, Path, None]) -> Optional[torch.dtype]:
+def _check_storage(dtype: Any, store: Union[str, Path, None], overwrite: bool) -> Optional[torch.dtype]:
     """Refuse a dtype or store directory that would fail only after the forward passes began."""
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise ConfigError(f"dtype must be a floating torch dtype such as torch.float16, got {dtype!r}")
@@ -198,7 +209,7 @@ def _check_storage(dtype: Any, store: Union[str, Path, None]) -> Optional[torch.
     if dtype is not None and dtype not in _STORABLE:
         raise ConfigError(f"dtype {dtype} cannot be stored on disk (numpy has no such type); with store= accepted: "
                           f"{', '.join(map(str, _STORABLE))}, or drop store= to keep {dtype} in memory")
-    check_writable_dir(store, "store")
+    check_target(store, overwrite=overwrite, what="store", folder=True)
     return dtype
 
 
@@ -229,6 +240,7 @@ def _stepped_reads(model: HookedModel, tokens: torch.Tensor, targets: list, colu
     return [read[name][rows, columns - (T - n_last)] for name in names]
 
 
+@writes
 @checked
 def collect(
     model: HookedModel,
@@ -240,6 +252,7 @@ def collect(
     batch_size: Optional[int] = None,
     dtype: Optional[torch.dtype] = None,
     store: Union[str, Path, None] = None,
+    overwrite: bool = False,
     progress: bool = True,
 ) -> Activations:
     """Run ``prompts`` through ``model`` and keep only the requested activations.
@@ -247,7 +260,8 @@ def collect(
     Args:
         model: the hooked model.
         prompts: the prompt set to run.
-        sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``).
+        sites: site names from :data:`arithinterp.sites.HOOKS` (e.g. ``"resid_post"``, ``"attn_z"``;
+            ``"pattern"`` reads the attention pattern of every head from each position as a query).
         layers: layers to keep (default: all; ``embed`` has none).
         positions: one position spec or a list of them, resolved by
             :meth:`~arithinterp.tasks.PromptSet.locate`: ``"final"`` (alias ``"last"``), ``"a"`` /
@@ -257,19 +271,24 @@ def collect(
             left-padded prompt (same-length prompts only).
         dtype: storage dtype, e.g. ``torch.float16`` to halve memory.
         store: a directory for disk-backed storage (memory-mapped ``.npy`` files) when the
-            result does not fit in memory.
+            result does not fit in memory; written whole by the guarded writer
+            (:func:`arithinterp.outputs.write_folder`: its files appear when the last batch is in).
+        overwrite: replace a ``store`` that holds files.
         batch_size: prompts per forward; by default chosen so that one forward's transient
             memory stays within half of (returned tensors + model), keeping the peak within
             1.5x of what was asked for.
         progress: show a progress bar.
 
     Returns:
-        The activations; ``data[site]`` is ``[n_prompts, n_layers, n_positions, *site_shape]``.
+        The activations; ``data[site]`` is ``[n_prompts, n_layers, n_positions, *site_shape]``
+        (``data["pattern"]`` is ``[n_prompts, n_layers, n_queries, n_heads, n_keys]``: see
+        :class:`Activations`).
 
     Raises:
         SiteError: An empty prompt set or site list, an unknown site, a layer or position out of
             range, or a batch size below 1.
-        ConfigError: A non-floating ``dtype``, or a ``store`` that cannot be written or cannot hold ``dtype``.
+        ConfigError: A non-floating ``dtype``, or a ``store`` that cannot be written, cannot hold ``dtype`` or
+            holds files (without ``overwrite``).
         ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "collect", prompts=prompts)
@@ -278,7 +297,7 @@ def collect(
     if batch_size is not None and batch_size < 1:
         raise SiteError(f"batch_size must be a positive integer, got {batch_size}")
     pos, index = prompts.locate(positions, answers=prompts.answer_tokens.shape[1])  # checked before any work
-    dtype = _check_storage(dtype, store)
+    dtype = _check_storage(dtype, store, overwrite)
     site_names = [sites] if isinstance(sites, str) else list(sites)
     if not site_names:
         raise SiteError(f"sites is empty; accepted sites: {accepted(site_lib.HOOKS)}")
@@ -288,39 +307,46 @@ def collect(
     # answer positions ("answer[k]", "final+1") read the true answer tokens fed after the prompt
     fed = max(0, int(index.max()) + 1 - prompts.tokens.shape[1])
     dtype = dtype or torch.float32
-    store = Path(store) if store is not None else None
     n = len(prompts)
-    data = {
-        s: _allocate((n, len(layer_lists[s]), len(pos), *site_lib.site_shape(model, s)), dtype, store, s)
-        for s in site_names
-    }
-    if batch_size is None:
-        returned = sum(t.numel() * t.element_size() for t in data.values()) if store is None else 0
-        batch_size = auto_batch_size(model, prompts.tokens.shape[1] + fed, returned)
-    # what each read fills: (site, layer, layer index)
-    targets = [(s, layer, i) for s in site_names for i, layer in enumerate(layer_lists[s])]
-    per_layer = [s for s in site_names if s not in site_lib.GLOBAL_SITES]
+    n_keys = prompts.tokens.shape[1] + fed  # a pattern's keys: the left-padded prompt, then the answer fed
+    # the store is written whole (the guarded writer): its files appear when the last batch is in
+    writing = write_folder(store, overwrite=overwrite, what="store") if store is not None else contextlib.nullcontext()
+    with writing as folder:
+        data = {
+            s: _allocate((n, len(layer_lists[s]), len(pos), *site_lib.site_shape(model, s, n_keys)), dtype, folder, s)
+            for s in site_names
+        }
+        if batch_size is None:
+            returned = sum(t.numel() * t.element_size() for t in data.values()) if folder is None else 0
+            batch_size = auto_batch_size(model, prompts.tokens.shape[1] + fed, returned)
+        # what each read fills: (site, layer, layer index)
+        targets = [(s, layer, i) for s in site_names for i, layer in enumerate(layer_lists[s])]
+        per_layer = [s for s in site_names if s not in site_lib.GLOBAL_SITES]
 
-    batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
-    with torch.inference_mode():
-        for idx in tqdm(batches, desc="collect", disable=not progress):
-            # per-prompt index of each requested position, in unpadded coordinates
-            columns = index[idx] - prompts.offset(idx)
-            tokens = prompts.unpadded(idx)
-            if fed:
-                tokens = torch.cat([tokens, prompts.answer_tokens[idx, :fed].clamp(min=0)], dim=1)
+        batches = [chunk for group in prompts.length_groups() for chunk in group.split(batch_size)]
+        with torch.inference_mode():
+            for idx in progress_bar(batches, desc="collect", disable=not progress):
+                # per-prompt index of each requested position, in unpadded coordinates
+                columns = index[idx] - prompts.offset(idx)
+                tokens = prompts.unpadded(idx)
+                if fed:
+                    tokens = torch.cat([tokens, prompts.answer_tokens[idx, :fed].clamp(min=0)], dim=1)
 
-            picks = None if fed else _stepped_reads(model, tokens, targets, columns)
-            if picks is None:  # reads only: the engine stops the forward after the deepest layer read
-                reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
-                picks = engine.run(model, tokens, reads=reads, logits="none").reads
-            for (site, _, layer_i), picked in zip(targets, picks):
-                # attn_z may come flat ([batch, pos, n_heads * d_head]) or split into heads
-                data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
+                picks = None if fed else _stepped_reads(model, tokens, targets, columns)
+                if picks is None:  # reads only: the engine stops the forward after the deepest layer read
+                    reads = [engine.Read(site, layer, columns) for site, layer, _ in targets]
+                    picks = engine.run(model, tokens, reads=reads, logits="none").reads
+                for (site, _, layer_i), picked in zip(targets, picks):
+                    if site == "pattern":  # [batch, query, head, key] over the unpadded keys: after the padding's
+                        data[site][idx, layer_i, ..., prompts.offset(idx):] = picked.to(dtype)
+                        continue
+                    # attn_z may come flat ([batch, pos, n_heads * d_head]) or split into heads
+                    data[site][idx, layer_i] = picked.reshape(*picked.shape[:2], *data[site].shape[3:]).to(dtype)
     return Activations(
         data=data,
         layers=chosen_layers if per_layer else [0],
         positions=pos,
         prompts=prompts,
-        meta=dict(sites=site_names, batch_size=batch_size, dtype=str(dtype), store=str(store) if store else None),
+        meta=dict(sites=site_names, batch_size=batch_size, dtype=str(dtype), store=str(store) if store else None,
+                  **{k: v for k, v in build_meta(model).items() if k in PROVENANCE}),  # the model they were read on
     )

@@ -17,14 +17,13 @@ import sys
 import warnings
 from typing import Any, Callable, Optional, Sequence, cast
 
-from arithinterp.checks import STEPS_MAX
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
 from arithinterp.outputs import fail, print_summary
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict]] = {}
-# what each command writes, by flag: "result" (a folder for Result.save), "dir", "new-dir" (a folder
-# written whole at the end, so the check creates nothing in its place) or "file"; every one is
-# checked before the command starts its work, so a bad path never costs an analysis
+# what each command writes, by flag: "result" (a folder for Result.save) or "new-dir" (other folders
+# written whole at the end), or "file"; every one is checked (outputs.check_target) before the
+# command starts its work, so a bad path never costs an analysis
 OUTPUTS: dict[str, dict[str, str]] = {}
 
 SEED_MAX = 2**32 - 1  # the largest seed numpy and scikit-learn take; torch takes it too
@@ -75,7 +74,7 @@ def command(name: str, outputs: Optional[dict[str, str]] = None):
 
     Args:
         name: The subcommand's name (``arithinterp NAME``).
-        outputs: ``{argument: "file" | "dir" | "new-dir" | "result"}``: the outputs :func:`check_outputs`
+        outputs: ``{argument: "file" | "new-dir" | "result"}``: the outputs :func:`check_outputs`
             checks before the command runs.
 
     Returns:
@@ -136,10 +135,8 @@ def report_command(args: argparse.Namespace) -> dict:
     Returns:
         The command's JSON-able summary, printed by :func:`main`.
     """
-    from arithinterp.outputs import check_writable_file
     from arithinterp.report import write_report
 
-    check_writable_file(args.out, "--out", args.overwrite)  # write_report() checks too; this names the flag
     if args.template is not None and not args.template.strip():  # not the default template, unasked
         raise ConfigError("--template: '' is an empty template; give one with {a} and {b} such as '{a}+{b}=', "
                           "or leave --template out")
@@ -193,7 +190,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: An output that cannot be written.
     """
-    from arithinterp.outputs import check_free_dir, check_new_dir, check_writable_dir, check_writable_file
+    from arithinterp.outputs import check_target
     from arithinterp.results import holds_result
 
     for dest, kind in OUTPUTS.get(args.command, {}).items():
@@ -202,18 +199,11 @@ def check_outputs(args: argparse.Namespace) -> None:
             continue
         if not str(path).strip():  # not "nothing saved", nor the default folder
             raise ConfigError(f"{flag}: {path!r} is an empty path; give a file or folder name, or omit {flag}")
-        if kind == "file":
-            check_writable_file(path, flag, getattr(args, "overwrite", False))
-            continue
-        if kind == "new-dir":
-            check_new_dir(path, flag, getattr(args, "overwrite", False))
-            continue
-        check_writable_dir(path, flag)
-        if kind == "dir":
-            check_free_dir(path, flag, getattr(args, "overwrite", False))
-        if kind == "result" and not getattr(args, "overwrite", False) and holds_result(path):
+        overwrite = getattr(args, "overwrite", False)
+        if kind == "result" and not overwrite and holds_result(path):
             raise ConfigError(f"{flag}: {path} already holds a saved result; pass --overwrite to replace it, "
                               "or give another folder")
+        check_target(path, overwrite=overwrite, what=flag, folder=kind != "file")
 
 
 _ANALYSIS_OUTPUTS = dict(out="result", figure="file")
@@ -229,13 +219,12 @@ def _model_and_prompts(args: argparse.Namespace, correct_only: bool = True):
 
 
 def _finish(result: Any, args: argparse.Namespace, summary: dict) -> dict:
-    from arithinterp.outputs import atomic_write
+    from arithinterp.outputs import write_figure
 
     if args.out:
         summary["result"] = str(result.save(args.out, overwrite=args.overwrite))
     if args.figure:
-        figure = result.plot()
-        atomic_write(args.figure, lambda tmp: figure.write_html(str(tmp), include_plotlyjs=True))
+        write_figure(result.plot(), args.figure, overwrite=args.overwrite, what="--figure")
         summary["figure"] = args.figure
     return summary
 
@@ -413,7 +402,7 @@ def digits_command(args: argparse.Namespace) -> dict:
                                                         drop=round(float(result.drop[head, token]), 4))))
 
 
-@command("circuit", outputs=_ANALYSIS_OUTPUTS)
+@command("circuit", outputs=dict(_ANALYSIS_OUTPUTS, html="file"))
 def circuit_command(args: argparse.Namespace) -> dict:
     """Score every edge, keep the smallest top-k reaching the target faithfulness (or --top).
 
@@ -446,9 +435,12 @@ def circuit_command(args: argparse.Namespace) -> dict:
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
     # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
     top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")
+    if args.html:
+        circuit.to_html(args.html, overwrite=args.overwrite)
     return _finish(circuit, args, dict(method=circuit.method, pairs=len(pairs), edges=circuit.n_edges,
                                        kept=circuit.n_kept, fraction_kept=round(circuit.n_kept / circuit.n_edges, 4),
-                                       faithfulness=round(value, 4), ablation=args.ablation, top_edges=top_edges))
+                                       faithfulness=round(value, 4), ablation=args.ablation, top_edges=top_edges,
+                                       **({"html": args.html} if args.html else {})))
 
 
 # --- train ---------------------------------------------------------------------------------------
@@ -486,22 +478,26 @@ def train_transcoders_command(args: argparse.Namespace) -> dict:
     """
     import dataclasses
 
+    from arithinterp.features.cache import cache_folder
     from arithinterp.features.plan import plan_transcoders, train_planned
     from arithinterp.models import load_model
+    from arithinterp.outputs import check_target
 
     if args.operands is not None:
         _check_operands(args.operands)
     model = load_model(args.model)
+    out = args.out or cache_folder(model)  # the cache's folder is named by the model's fingerprint: known now
+    check_target(out, overwrite=args.overwrite, what="--out", folder=True)
     plan = plan_transcoders(model, template=args.template, few_shot=args.few_shot, operands=args.operands,
                             seed=args.seed)
     changes = {name: value for name, value in (("steps", args.steps), ("n_train", args.prompts)) if value is not None}
     plan = dataclasses.replace(plan, **changes)
-    card = train_planned(model, plan, args.out, overwrite=args.overwrite, progress=not args.no_progress)[1]
+    card = train_planned(model, plan, out, overwrite=args.overwrite, progress=not args.no_progress)[1]
     return dict(command="train-transcoders", model=args.model, out=card["out"], wall_seconds=card["wall_seconds"],
                 replacement=card["replacement"], layers=card["layers"], plan=card["plan"])
 
 
-@command("graph", outputs=_ANALYSIS_OUTPUTS)
+@command("graph", outputs=dict(_ANALYSIS_OUTPUTS, html="file"))
 def graph_command(args: argparse.Namespace) -> dict:
     """The attribution graph of one prompt over the model's transcoders: shipped (zoo), cached by
     ``arithinterp train-transcoders``, or ``--transcoders DIR``.
@@ -520,6 +516,8 @@ def graph_command(args: argparse.Namespace) -> dict:
     if args.transcoders is not None and not args.transcoders.strip():  # not the shipped ones, unasked
         raise ConfigError("--transcoders: '' is an empty path; give a folder of saved transcoders, or leave "
                           "--transcoders out for the model's shipped or cached ones")
+    if args.grids and not args.html:
+        raise ConfigError("--grids draws operand plots in the --html page; give --html FILE too")
     model = load_model(args.model)
     transcoders = load_transcoders(args.transcoders) if args.transcoders else require_transcoders(model)
     graph = prompt_graph(model, args.prompt, transcoders, n_logits=args.logits, max_nodes=args.max_nodes,
@@ -527,8 +525,24 @@ def graph_command(args: argparse.Namespace) -> dict:
     columns = ["layer", "position", "token", "feature", "activation", "influence"]
     kept = [node for node in graph.nodes if node["kept"] and node["kind"] == "feature"]
     top = [{c: node[c] for c in columns} for node in sorted(kept, key=lambda n: -n["influence"])[:10]]
-    return _finish(graph, args, dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores,
-                                     top_features=top))
+    summary = dict(command="graph", model=args.model, prompt=graph.prompt, scores=graph.scores, top_features=top)
+    if args.html:
+        grids = _graph_grids(model, transcoders, graph, args.prompt) if args.grids else None
+        graph.to_html(args.html, overwrite=args.overwrite, grids=grids)
+        summary["html"] = args.html
+    return _finish(graph, args, summary)
+
+
+def _graph_grids(model: Any, transcoders: Any, graph: Any, text: str) -> list:
+    """The operand plots of the graph's kept features for ``--grids``: each at its position's role in
+    the prompt (read as an arithmetic problem of the plan's template), over the plan's grid."""
+    from arithinterp.features.operand_plots import graph_feature_grids
+    from arithinterp.features.plan import plan_transcoders, transcoder_plots
+    from arithinterp.tasks import parse_prompt
+
+    plan = plan_transcoders(model)
+    prompt = parse_prompt(model, text, op=plan.op, template=plan.template)
+    return graph_feature_grids(graph, transcoder_plots(model, transcoders), prompt)
 
 
 # --- parser --------------------------------------------------------------------------------------
@@ -560,14 +574,13 @@ def das_command(args: argparse.Namespace) -> dict:
         raise ConfigError(f"--position takes one position without --every-layer, got {args.position!r}")
     together = _items(positions[0], "--position", sep="+")  # "final+answer[0]": positions through one subspace
     model, prompts = _model_and_prompts(args)
-    variable = re.sub(r"^carry(\d+)$", r"carry_\1", args.variable)  # carry2 → carry_2
-    dataset = causal.interchange_dataset(prompts, variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
+    dataset = causal.interchange_dataset(prompts, args.variable, n=args.pairs, seed=args.seed, shuffle=args.shuffle,
                                          value_from=args.value_from)
     if args.every_layer:
         fits = causal.das_layers(model, dataset, args.site, args.k, layers=layers, positions=positions,
                                  steps=args.steps, lr=args.lr, reachable_only=args.reachable_only, seed=args.seed,
                                  resume=resume, progress=not args.no_progress)
-        summary: dict[str, Any] = dict(variable=variable, pairs=len(dataset), site=args.site, k=args.k,
+        summary: dict[str, Any] = dict(variable=args.variable, pairs=len(dataset), site=args.site, k=args.k,
                                        chance=round(dataset.chance, 4))
         if fits.meta["stopped"]:  # interrupted: the cells finished are saved, and --resume fits the rest
             summary.update(stopped=fits.meta["stopped"], cells_done=int(sum(map(sum, fits.meta["done"]))),
@@ -584,7 +597,7 @@ def das_command(args: argparse.Namespace) -> dict:
                         steps=args.steps, lr=args.lr, seed=args.seed, progress=not args.no_progress)
     rows = result.to_frame()[["intervention", "k", "iia", "iia_low", "iia_high", "logit_diff"]].round(4)
     assert isinstance(rows, pd.DataFrame)
-    return _finish(result, args, dict(variable=variable, pairs=len(dataset), held_out=len(dataset.test),
+    return _finish(result, args, dict(variable=args.variable, pairs=len(dataset), held_out=len(dataset.test),
                                       site=result.site, layer=args.layer, position=positions[0],
                                       chance=round(result.chance, 4), unreachable=result.meta["unreachable"],
                                       scores=rows.to_dict("records")))
@@ -608,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
         The parser.
     """
     from arithinterp._version import __version__
+    from arithinterp.checks import STEPS_MAX
     from arithinterp.models.zoo import ZOO
 
     parser = argparse.ArgumentParser(
@@ -672,7 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--direction", default="denoise", help="denoise (patch clean into corrupt) or noise")
     p.add_argument("--normalize", action="store_true", help="scale effects to 0 = corrupt, 1 = clean")
     p = analysis("probe", "probe a label at every layer and position, with a shuffled control")
-    p.add_argument("--target", default="answer", help="label to probe: a, b, answer, answer_digit_0, carry_0, ...")
+    p.add_argument("--target", default="answer",
+                   help="label to probe: a, b, answer, answer_units, a_tens, carry_tens, ...")
     p.add_argument("--kind", default="logistic", help="logistic, ridge, circular or mlp (default: logistic)")
     p.add_argument("--site", default="resid_post", help="activation site (default: resid_post)")
     p.add_argument("--positions", default="a,b,final", help="comma-separated positions (default: a,b,final)")
@@ -691,7 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = analysis("ablate", "ablate components and compare accuracy with the full model")
     p.add_argument("--components", default="attn0",
                    help="comma-separated components: attn0, mlp1, L0H2, L1N7, each optionally @a, @b, "
-                   "@final, @answer2 or @3 (default: attn0)")
+                   "@final, @answer[1] (answer token 1, with --full-answer) or @3 (default: attn0)")
     p.add_argument("--ablation", default="mean", help="zero, mean or resample (default: mean)")
     p.add_argument("--full-answer", action="store_true",
                    help="score every answer token, teacher-forced (multi-token answers)")
@@ -713,11 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="normalised faithfulness the kept top-k must reach (default: 0.9)")
     p.add_argument("--ablation", default="resample", choices=("resample", "mean"),
                    help="how edges outside the circuit are ablated: resample or mean")
+    p.add_argument("--html", default=None, help="write the circuit's interactive page (offline) to this HTML file")
 
     p = analysis("das", "distributed alignment search: where a causal variable (a carry, a digit) is used",
                  default_model="zoo:add-3digit")
-    p.add_argument("--variable", required=True, help="causal variable, e.g. carry_2 (or carry2), sum_digit_0, "
-                   "sum_mod_10, magnitude")
+    p.add_argument("--variable", required=True, help="causal variable, e.g. carry_hundreds (the carry into the "
+                   "hundreds), answer_units, sum_mod_10, magnitude")
     p.add_argument("--site", default="resid_post", help="vector site (default: resid_post)")
     p.add_argument("--layer", type=int, default=0, help="layer (default: 0)")
     p.add_argument("--position", default="final", help="position, e.g. final, b, answer[0], or final+answer[0] "
@@ -765,8 +781,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "first (default: 1000)")
     p.add_argument("--out", default=None, help="directory to save the graph in (reload with AttributionGraph.load)")
     p.add_argument("--figure", default=None, help="write the graph's figure to this HTML file")
+    p.add_argument("--html", default=None, help="write the graph's interactive page (offline) to this HTML file")
+    p.add_argument("--grids", action="store_true",
+                   help="with --html: each kept feature's operand plot over the task's a x b grid")
     p.add_argument("--overwrite", action="store_true", help="replace a graph already saved in --out, and an existing "
-                   "--figure file")
+                   "--figure or --html file")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
 
     p = sub.add_parser("train-transcoders", help="train a model's transcoders (any model) and cache them for the "
@@ -798,9 +817,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Returns:
         The exit status: 0 on success, 2 on a library error or no command, 1 on another error with
-        ``--json``, 130 when interrupted.
+        ``--json``, 130 when interrupted (Ctrl-C at any moment: one line, no traceback).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # while the parser is built (the first seconds import torch) or the summary printed
+        print("arithinterp: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -64,6 +64,12 @@ class ResultFileError(ArithInterpError, ValueError):
     unreadable file, a missing field), or already holds a different result that saving would replace."""
 
 
+class FormatError(ResultFileError):
+    """A file read from disk does not follow its format's declared schema (a result folder, a transcoder
+    or SAE of another tool, an attribution graph, a DAS subspace): damaged, truncated, of the wrong type,
+    out of range, or made for another model. The message names the file, the field and what was expected."""
+
+
 def accepted(values: Iterable[object]) -> str:
     """Format the accepted values for an error message: ``'a', 'b', 'c'``.
 

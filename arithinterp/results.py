@@ -5,13 +5,25 @@ A result is a frozen dataclass of tensors (and plain values) plus ``meta``. Ever
 * ``.to_frame()`` — a tidy pandas DataFrame, one row per cell;
 * ``.plot(**kwargs)`` — a plotly ``Figure`` built by :mod:`arithinterp.viz`;
 * ``.save(path)`` / ``Result.load(path)`` — tensors in safetensors, everything else in JSON
-  (``path`` is a directory), never pickle. The JSON carries a format version
-  (:data:`FORMAT_VERSION`); ``load`` checks the folder and raises
-  :class:`~arithinterp.errors.ResultFileError` naming the file and field of any damage, and
-  ``save`` does not replace a different saved result unless ``overwrite=True``. A folder is
-  sealed when saved: the JSON records the tensor file's sha256 and the tensor file's header the
-  model fingerprint, so ``load`` refuses tensors edited by hand (a weight transposed) and a
-  ``meta`` emptied or stripped of its fingerprint (which would skip the model check).
+  (``path`` is a directory, written whole by :func:`arithinterp.outputs.write_folder`), never
+  pickle. The JSON carries a format version (:data:`FORMAT_VERSION`); ``load`` checks the folder
+  and raises :class:`~arithinterp.errors.ResultFileError` naming the file and field of any damage,
+  and ``save`` does not replace anything but the same result unless ``overwrite=True``.
+
+**The seal.** A folder is sealed whole when saved: ``result.json`` records the sha256 of the tensor
+file, and the tensor file's header records the model fingerprint and a digest of each of
+``result.json``'s fields. ``load`` refuses a tensor edited by hand (a weight transposed), a field
+edited, added or removed (``"axes": ["layer"]``, ``"site": "bogus"``), and a ``meta`` emptied or
+stripped of its fingerprint (which would skip the model check), naming the field. A folder with no
+seal (saved by an earlier version, or written by another program) is refused unless loaded with
+``unsealed=True``, which checks its fields against the type's invariants and warns
+(:class:`UnsealedResultWarning`); saving it again seals it.
+
+**The model.** A result computed from a model records the model's weight fingerprint in ``meta``
+(:func:`build_meta`, or :func:`made_from` for results computed from activations); every function
+that takes a result and a model compares them and refuses another model's result
+(:class:`~arithinterp.errors.ModelMismatchError`). :meth:`Result.on_model` declares a result for
+another model on purpose (a fit applied to a random-init control).
 
 Subclasses declare their fields as a dataclass and implement ``to_frame`` and ``plot`` (abstract
 here: a subclass without them cannot be made), and declare their saved folders' invariants for
@@ -31,14 +43,19 @@ import hashlib
 import itertools
 import json
 import re
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Optional, Union
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from arithinterp.checks import architecture, fingerprint, model_id
-from arithinterp.errors import ConfigError, ResultFileError
+from arithinterp.errors import ConfigError, FormatError, ResultFileError
+from arithinterp.outputs import writes
+from arithinterp.sites import HOOKS
+from arithinterp.schemas import Digest, Schema, file_sha256, read_json, read_safetensors, validate
 from arithinterp.types import HookedModel
 
 if TYPE_CHECKING:
@@ -50,6 +67,7 @@ JSON_FILE = "result.json"
 FORMAT_VERSION = 1  # of the saved JSON; a newer format is refused with a clear message on load
 DIGEST_KEY = "tensors_sha256"  # result.json's record of the tensor file's bytes
 WRITTEN_BY = "arithinterp"  # the tensor file header's "written_by": a folder this package saved and sealed
+FIELDS_KEY = "fields_sha256"  # the tensor file header's record of result.json's content, field by field
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,13 +84,13 @@ def transformer_lens_version() -> str:
     return "not installed as a package"
 
 
-def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, Any]:
+def build_meta(model: Optional[HookedModel] = None, /, **extra: Any) -> dict[str, Any]:
     """Provenance for a result's ``meta``.
 
     Args:
-        model: The model the result was made on; ``None`` records the versions only.
-        **extra: Further entries (the analysis's arguments), made JSON-friendly (tensors and ranges
-            as lists).
+        model: The model the result was made on (positional); ``None`` records the versions only.
+        **extra: Further entries (the analysis's arguments, or :func:`made_from`'s provenance of what
+            the result was computed from), made JSON-friendly (tensors and ranges as lists).
 
     Returns:
         The arithinterp and TransformerLens versions and, with a model, its id, architecture,
@@ -91,6 +109,25 @@ def build_meta(model: Optional[HookedModel] = None, **extra: Any) -> dict[str, A
         meta["compatibility_mode"] = bool(getattr(model, "compatibility_mode", False))
     meta.update({k: _plain(v) for k, v in extra.items()})
     return meta
+
+
+#: The ``meta`` keys that say which model a result was made on (what :func:`build_meta` records).
+PROVENANCE = ("model", "architecture", "fingerprint", "compatibility_mode")
+
+
+def made_from(source: Any) -> dict[str, Any]:
+    """The model provenance of what a result is computed from (activations, another result): the
+    ``meta`` keys of :data:`PROVENANCE` it holds, for :func:`build_meta`'s ``extra``, so that a result
+    computed from activations is tied to the model they were collected on.
+
+    Args:
+        source: An object with a ``meta`` dict (``Activations``, a ``Result``), or a ``meta`` dict.
+
+    Returns:
+        Those keys and values (empty when ``source`` records no model).
+    """
+    meta = source if isinstance(source, dict) else getattr(source, "meta", None)
+    return {k: meta[k] for k in PROVENANCE if k in meta} if isinstance(meta, dict) else {}
 
 
 def _plain(value: Any) -> Any:
@@ -124,6 +161,8 @@ class Result(abc.ABC):
     * ``_legal``: field -> the values it may take: a tuple of the accepted values (a list field:
       each item), or a :class:`Rule` or list of rules (:data:`PROBABILITY`, :data:`NON_NEGATIVE`,
       :data:`INCREASING`, ...) the value keeps.
+    * ``_relations``: :class:`Relation` s between fields (a cell-axis name per dimension of a tensor,
+      the nodes a circuit's kept edges touch), each naming the field it is reported under;
     * ``_required_meta``: keys ``meta`` must hold.
 
     and, for folders that spell the type, a field or a value another way (the package's names are
@@ -140,6 +179,7 @@ class Result(abc.ABC):
 
     _shapes: ClassVar[dict[str, str]] = {}
     _legal: ClassVar[dict[str, Any]] = {}
+    _relations: ClassVar[tuple["Relation", ...]] = ()
     _required_meta: ClassVar[tuple] = ()
     _saved_names: ClassVar[tuple[str, ...]] = ()
     _field_names: ClassVar[dict[str, str]] = {}
@@ -177,69 +217,78 @@ class Result(abc.ABC):
         meta["fingerprint"] = fingerprint(model)
         return dataclasses.replace(self, meta=meta)  # pyright: ignore[reportCallIssue]
 
-    def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
-        """Write the result to a directory: tensors to ``tensors.safetensors``, the rest to ``result.json``.
+    @writes
+    def save(self, path: Union[str, Path], *, overwrite: bool = False,
+             extra_files: Optional[dict[str, str]] = None) -> Path:
+        """Write the result to a folder, whole: tensors to ``tensors.safetensors``, the rest to
+        ``result.json``, sealed together (see the module docstring). The folder is written by the
+        package's guarded writer (:func:`arithinterp.outputs.write_folder`): complete or not at all,
+        never through a symbolic link out of its parent, the old folder kept until the new one is
+        complete.
 
         Args:
-            path: The directory, created when missing.
-            overwrite: Replace a *different* saved result in the folder (saving the same result again
-                is always allowed).
+            path: The folder. Saving the same result there again does nothing and is always allowed.
+            overwrite: Replace a folder that holds anything else (a different result, other files);
+                strictly ``True`` or ``False``.
+            extra_files: Text files written into the folder with the result, in the same write (a
+                card saying how the result was made), by name; not part of the seal.
 
         Returns:
-            The directory.
+            The folder.
 
         Raises:
-            ConfigError: ``overwrite`` is not a bool, or the folder is not writable.
-            ResultFileError: The folder holds a different result and ``overwrite`` is false.
-            OutputError: A file could not be written.
+            ConfigError: ``overwrite`` is not a bool, or the folder cannot be written, or holds files
+                (not a saved result) and ``overwrite`` is false.
+            ResultFileError: The folder holds a different saved result and ``overwrite`` is false.
+            OutputError: A file could not be written; the folder is as it was.
         """
-        from arithinterp.outputs import atomic_write, check_writable_dir
-
-        if not isinstance(overwrite, bool):
-            raise ConfigError(f"overwrite must be True or False, got {overwrite!r}")
-        path = check_writable_dir(path, "save")
         tensors, plain = {}, {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, torch.Tensor):
-                tensors[field.name] = value.detach().cpu().contiguous()
+                tensors[field.name] = value
             else:
                 plain[field.name] = _plain(value)
-        stored: dict[str, Any] = {"type": type(self).__name__, "format": FORMAT_VERSION, "fields": plain}
-        if not overwrite:
-            _refuse_other_result(path, json.loads(json.dumps(stored)), tensors)
-        # tensors first, the JSON that marks a saved result last: a half-saved result never loads
-        stored[DIGEST_KEY] = _write_tensors(path / TENSOR_FILE, tensors, plain.get("meta"))
-        text = json.dumps(stored, indent=1)
-        atomic_write(path / JSON_FILE, lambda tmp: tmp.write_text(text))
-        return path
+        return write_sealed(path, type(self).__name__, plain, tensors, plain.get("meta"), overwrite=overwrite,
+                            extra_files=extra_files)
 
     @classmethod
-    def load(cls, path: Union[str, Path]):
+    def load(cls, path: Union[str, Path], *, unsealed: bool = False):
         """Read a result written by :meth:`save`.
 
+        The folder is checked before anything is built from it: ``result.json`` against its schema,
+        every field against the type's declared invariants (``_shapes``, ``_legal``, ``_relations``),
+        then the seal — the tensors must be the bytes ``result.json`` records and ``result.json`` the
+        content the tensor file's header records, so a field or tensor changed by hand is refused.
+
         Args:
-            path: The directory :meth:`save` wrote.
+            path: The folder :meth:`save` wrote.
+            unsealed: Also load a folder that carries no seal (saved by arithinterp before 0.2, which
+                sealed the tensors only, or written by another program): its fields are checked
+                against the type's invariants but nothing proves they are the ones saved, so it loads
+                with an :class:`UnsealedResultWarning`. Save it again to seal it.
 
         Returns:
             The result, of this class.
 
         Raises:
             ResultFileError: The folder holds another type of result, or is damaged (a missing or
-                unreadable file, a missing field, a field of the wrong kind, fields that should be as
-                long as each other and are not, a format newer than this version reads), or was
-                changed after saving (tensors edited by hand, ``meta`` emptied or its fingerprint
-                removed); the message names the file and the field.
+                unreadable file, a missing field, a field of the wrong kind, fields that should agree
+                and do not, a format newer than this version reads), or was changed after saving
+                (a tensor or a field edited by hand, ``meta`` emptied or its fingerprint removed), or
+                is unsealed and ``unsealed`` is false; the message names the file and the field
+                (:class:`~arithinterp.errors.FormatError` where ``result.json`` breaks its schema).
+            ConfigError: ``unsealed`` is not a bool.
         """
+        from arithinterp.outputs import check_overwrite
+
+        check_overwrite(unsealed, "unsealed")
         path = Path(path)
         stored = _read_json(path)
-        kind = stored.get("type")
+        kind = stored["type"]
         if kind != cls.__name__ and kind not in cls._saved_names:
             raise ResultFileError(f"{path} holds a {kind}, not a {cls.__name__}")
-        fields = stored.get("fields")
-        if not isinstance(fields, dict):
-            raise ResultFileError(f"{path / JSON_FILE} has no 'fields' object; the file is damaged")
-        values = dict(fields)
+        values = dict(stored["fields"])
         tensors, header = _read_tensors(path)
         overlap = sorted(set(values) & set(tensors))
         if overlap:
@@ -248,11 +297,85 @@ class Result(abc.ABC):
         values.update(tensors)
         _read_other_names(cls, values)
         _check_fields(cls, values, path)
-        _check_sealed(path / TENSOR_FILE, stored.get(DIGEST_KEY), header, values.get("meta"), path / JSON_FILE)
+        sealed = _check_sealed(path, stored, header, values.get("meta"))
+        if not sealed:
+            advice = (f"load it with {cls.__name__}.load(path, unsealed=True) if you trust where it came from, "
+                      "then save it again to seal it")
+            if not unsealed:
+                raise ResultFileError(f"{path} is not sealed: nothing proves its {JSON_FILE} and {TENSOR_FILE} are "
+                                      f"the ones one result was saved with (it was saved by an earlier version or "
+                                      f"written by another program); {advice}")
+            warnings.warn(f"{path} is not sealed: its fields keep the {cls.__name__} invariants, but nothing proves "
+                          "they are the ones saved; save it again to seal it", UnsealedResultWarning, stacklevel=2)
         try:
             return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
         except (TypeError, ValueError) as error:
             raise ResultFileError(f"{path} does not hold a valid {cls.__name__}: {error}") from None
+
+    # --- how a result prints: a short repr and, in a notebook, an HTML table (arithinterp.printing) ---
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # @dataclass writes a repr of every field (a PatchResult's ran to 8,500 characters of tensors)
+        # unless the class body defines one: each subclass gets the short one before the decorator runs
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = cls.__mro__[1].__repr__  # pyright: ignore[reportAttributeAccessIssue]
+
+    def headline(self) -> dict[str, Any]:
+        """The few numbers that say what the result found (its strongest cell, its best score), shown
+        first when the result prints. The base has none: a result's plain-number fields (an accuracy,
+        an IIA) are shown anyway; types whose findings sit in tensors override it.
+
+        Returns:
+            ``{name: value}``, in the order to show.
+        """
+        return {}
+
+    def _printed_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(what, sizes)``: the plain fields (site, metric, accuracies) and the model; then the counts
+        ``meta`` records, the tensors and the non-empty lists."""
+        what: dict[str, Any] = {}
+        tensors: dict[str, Any] = {}
+        lists: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "meta" or not field.repr or value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                tensors[field.name] = value
+            elif isinstance(value, (list, tuple, dict)):
+                if value:
+                    lists[field.name] = value
+            else:
+                what[field.name] = value
+        meta = getattr(self, "meta", None)
+        counts = {}
+        if isinstance(meta, dict):
+            if isinstance(meta.get("model"), str):
+                what["model"] = meta["model"]
+            counts = {k: v for k, v in meta.items() if k.startswith("n_") and isinstance(v, int)}
+        return what, {**counts, **tensors, **lists}
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        what, sizes = self._printed_parts()
+        headline = self.headline()  # first, and not again under a field's name
+        rest = {key: value for key, value in {**what, **sizes}.items() if key not in headline}
+        return short_repr(type(self).__name__, {**headline, **rest})
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the result is, its sizes, its headline numbers, and the
+        first rows of :meth:`to_frame`."""
+        from arithinterp.printing import html_table
+
+        what, sizes = self._printed_parts()
+        return html_table(type(self).__name__, {"headline": self.headline(), "what": what, "sizes": sizes},
+                          self.to_frame(), "to_frame()")
+
+
+class UnsealedResultWarning(UserWarning):
+    """A result loaded with ``unsealed=True`` from a folder that carries no seal."""
 
 
 def holds_result(path: Union[str, Path]) -> bool:
@@ -265,6 +388,87 @@ def holds_result(path: Union[str, Path]) -> bool:
         True when it holds a ``result.json``.
     """
     return (Path(path).expanduser() / JSON_FILE).exists()
+
+
+# --- sealed folders of what is not a result (a fitted ErrorDetector): the same files and seal ------
+
+
+@writes
+def write_sealed(path: Union[str, Path], kind: str, fields: dict[str, Any], tensors: dict[str, torch.Tensor],
+                 meta: Any, *, overwrite: bool = False, extra_files: Optional[dict[str, str]] = None) -> Path:
+    """Write a sealed folder, whole, as :meth:`Result.save` does for a result (and a fitted
+    :class:`~arithinterp.probes.ErrorDetector` for itself): ``tensors`` to ``tensors.safetensors``,
+    whose header records the fingerprint ``meta`` holds and the digest of ``result.json``'s content;
+    ``fields`` to ``result.json``, which records the tensor file's sha256.
+
+    Args:
+        path: The folder. Writing the same content there again does nothing and is always allowed.
+        kind: What the folder holds (its ``type``).
+        fields: JSON-ready values.
+        tensors: The tensors, by name.
+        meta: The provenance whose fingerprint seals the tensor file.
+        overwrite: Replace a folder that holds anything else; strictly ``True`` or ``False``.
+        extra_files: Text files written into the folder in the same write, by name; not sealed.
+
+    Returns:
+        The folder.
+
+    Raises:
+        ConfigError: ``overwrite`` is not a bool, or the folder cannot be written, or holds files
+            (not a saved result) and ``overwrite`` is false.
+        ResultFileError: The folder holds a different saved result and ``overwrite`` is false.
+        OutputError: A file could not be written; the folder is as it was.
+    """
+    from arithinterp.outputs import check_overwrite, check_target, write_file, write_folder
+
+    check_overwrite(overwrite)
+    tensors = {name: value.detach().cpu().contiguous() for name, value in tensors.items()}
+    stored: dict[str, Any] = json.loads(json.dumps({"type": kind, "format": FORMAT_VERSION, "fields": fields}))
+    target = Path(path).expanduser()
+    if holds_result(target):
+        if _holds_same(target, stored, tensors):
+            return check_target(target, overwrite=True, what="save", folder=True)
+        if not overwrite:
+            old = _saved_type(target)
+            what = f"a saved {old}" if old else "a saved result"
+            raise ResultFileError(f"{path} already holds {what} that differs from this {kind}; "
+                                  "pass overwrite=True to replace it, or save to another folder")
+    with write_folder(target, overwrite=overwrite, what="save") as folder:
+        # the tensor file's header seals result.json's content; result.json records the tensor file's bytes
+        stored[DIGEST_KEY] = _write_tensors(folder / TENSOR_FILE, tensors, meta, _fields_digest(stored))
+        write_file(folder / JSON_FILE, json.dumps(stored, indent=1), overwrite=False, what="save")
+        for name, text in (extra_files or {}).items():
+            if Path(name).name != name or name in (JSON_FILE, TENSOR_FILE):
+                raise ConfigError(f"extra_files: {name!r} is not a file name of its own in the folder")
+            write_file(folder / name, text, overwrite=False, what="save")
+    return target
+
+
+def read_sealed(path: Union[str, Path], kind: str, meta_field: str = "meta") -> tuple[dict[str, Any], dict]:
+    """Read a folder :func:`write_sealed` wrote, checking its type and its seal.
+
+    Args:
+        path: The folder.
+        kind: The type it must hold.
+        meta_field: The field of ``fields`` that holds the provenance the seal records.
+
+    Returns:
+        ``(fields, tensors)``.
+
+    Raises:
+        ResultFileError: The folder holds another type, is damaged, was changed after saving, or is
+            not sealed.
+    """
+    path = Path(path).expanduser()
+    stored = _read_json(path)
+    if stored["type"] != kind:
+        raise ResultFileError(f"{path} holds a {stored['type']}, not a saved {kind}")
+    fields = stored["fields"]
+    tensors, header = _read_tensors(path)
+    if not _check_sealed(path, stored, header, fields.get(meta_field)):
+        raise ResultFileError(f"{path} is not sealed: nothing proves its {JSON_FILE} and {TENSOR_FILE} are the ones "
+                              f"one {kind} was saved with; save it again from where it was made")
+    return fields, tensors
 
 
 # --- what a saved result's values may be ----------------------------------------------------------
@@ -284,6 +488,22 @@ class Rule:
 
     def __repr__(self) -> str:
         return self.description
+
+
+@dataclasses.dataclass(frozen=True)
+class Relation:
+    """A condition between fields of a result (``Result._relations``), checked on load after each field's
+    own kind, shape and values.
+
+    Attributes:
+        field: The field a violation is reported under.
+        description: What is expected, in the error.
+        test: True of legal field values (given the dict of every field by name).
+    """
+
+    field: str
+    description: str
+    test: Callable[[dict], bool]
 
 
 def _numbers(value: Any) -> torch.Tensor:
@@ -316,9 +536,15 @@ CORRELATION = _each("numbers in [-1, 1] (or NaN)", lambda x: x.abs() <= 1 + _SLA
 NON_NEGATIVE = _each("numbers >= 0 (or NaN)", lambda x: x >= 0)
 POSITIVE = _each("numbers > 0 (or NaN)", lambda x: x > 0)
 INTEGRAL = _each("whole numbers", lambda x: x == x.round())
+#: A measured accuracy: a number in [0, 1] that was computed (not NaN).
+MEASURED_PROBABILITY = Rule("a number in [0, 1] (not NaN)", lambda value: bool(
+    ((_numbers(value) >= -_SLACK) & (_numbers(value) <= 1 + _SLACK)).all()))
+SITE = Rule("a site of arithinterp.sites.HOOKS (a head's as 'attn_z[3]')",
+            lambda value: isinstance(value, str) and value.partition("[")[0] in HOOKS)
 INCREASING = Rule("a strictly increasing list (each value once, in order)",
                   lambda value: all(a < b for a, b in zip(value, value[1:])))
 FLOATING = Rule("a floating-point tensor", lambda value: bool(value.is_floating_point()))
+BOOLEAN = Rule("a bool tensor", lambda value: value.dtype == torch.bool)
 DISTINCT = Rule("a list with each value once", lambda value: len({repr(v) for v in value}) == len(value))
 
 
@@ -386,59 +612,94 @@ def _check_legal(cls: type, values: dict, path: Path) -> None:
 # --- loading and checking saved folders ------------------------------------------------------------
 
 
+class ResultFile(Schema):
+    """The schema of a saved folder's ``result.json``: the type, the format, the fields (checked
+    against the type's own declarations by :meth:`Result.load`) and the tensor file's digest."""
+
+    type: Annotated[str, Field(min_length=1)]
+    format: Annotated[int, Field(ge=1)] = 1  # results saved before the format was written are format 1
+    fields: dict[str, Any]
+    tensors_sha256: Optional[Digest] = None
+
+
 def _read_json(path: Path) -> dict:
     file = path / JSON_FILE
     if not file.exists():
         raise ResultFileError(f"{path} is not a saved result (no {JSON_FILE} inside)")
-    try:
-        stored = json.loads(file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ResultFileError(f"{file} is damaged or truncated: it cannot be read as JSON ({error})") from None
+    stored = read_json(file, "JSON")
     if not isinstance(stored, dict) or "type" not in stored:
-        raise ResultFileError(f"{file} has no 'type' field; it is not a saved arithinterp result")
-    version = stored.get("format", 1)  # results saved before the format was written are format 1
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ResultFileError(f"{file}: 'format' must be a positive integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise ResultFileError(f"{file} is in result format {version}, newer than this arithinterp reads "
-                              f"(format {FORMAT_VERSION}); upgrade arithinterp to load it")
+        raise FormatError(f"{file} has no 'type' field; it is not a saved arithinterp result")
+    if "fields" not in stored:
+        raise FormatError(f"{file} has no 'fields' object; the file is damaged")
+    validate(ResultFile, stored, file, f"a saved result's {JSON_FILE}")
+    if stored.get("format", 1) > FORMAT_VERSION:
+        raise FormatError(f"{file} is in result format {stored['format']}, newer than this arithinterp reads "
+                          f"(format {FORMAT_VERSION}); upgrade arithinterp to load it")
     return stored
 
 
 def _read_tensors(path: Path) -> tuple[dict, dict[str, str]]:
     """The tensors of a saved folder and its tensor file's header metadata (``{}`` when it has none)."""
-    from safetensors import SafetensorError, safe_open
-
     file = path / TENSOR_FILE
     if not file.exists():
         raise ResultFileError(f"{file} is missing; a saved result keeps its tensors there (was the folder copied "
                               "in part?)")
+    return read_safetensors(file)
+
+
+def _saved_type(path: Path) -> Optional[str]:
+    """The type a saved folder names, or None when its JSON cannot be read."""
     try:
-        with safe_open(str(file), framework="pt") as handle:
-            return {name: handle.get_tensor(name) for name in handle.keys()}, dict(handle.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as error:
-        raise ResultFileError(f"{file} is damaged, truncated or not a safetensors file ({error})") from None
+        stored = json.loads((path / JSON_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    kind = stored.get("type") if isinstance(stored, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _holds_same(path: Path, stored: dict, tensors: dict) -> bool:
+    """Whether ``path`` already holds this very result, sealed (saving it again has nothing to do)."""
+    try:
+        old = json.loads((path / JSON_FILE).read_text())
+        old_tensors, header = read_safetensors(path / TENSOR_FILE)
+    except Exception:  # noqa: BLE001 - an unreadable old result is not this one
+        return False
+    return (isinstance(old, dict) and {k: old.get(k) for k in ("type", "format", "fields")} == stored
+            and header.get(FIELDS_KEY) == _fields_digest(stored) and old_tensors.keys() == tensors.keys()
+            and all(old_tensors[k].dtype == tensors[k].dtype and torch.equal(old_tensors[k], tensors[k])
+                    for k in tensors))
 
 
 # --- the seal: what a folder held when it was saved ---------------------------------------------------
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:  # in blocks: a large result is not read into memory whole
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _canonical_sha256(value: Any) -> str:
+    """The sha256 of ``value`` written as canonical JSON (keys sorted, no spaces): the same content gives
+    the same digest however the file is laid out."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _write_tensors(file: Path, tensors: dict[str, torch.Tensor], meta: Any) -> str:
-    """Write a saved folder's tensors, sealed: the header metadata says this package wrote the file and
-    records the fingerprint ``meta`` holds (``""`` for none), which :func:`_check_sealed` compares.
+def _fields_digest(stored: dict) -> str:
+    """What seals ``result.json``: the sha256 of its type, its format and each of its fields, as JSON
+    (``{"type": ..., "format": ..., "fields.NAME": ...}``), so that a change names the field changed."""
+    digests = {"type": _canonical_sha256(stored.get("type")), "format": _canonical_sha256(stored.get("format", 1))}
+    fields = stored.get("fields")
+    for name, value in (fields.items() if isinstance(fields, dict) else ()):
+        digests[f"fields.{name}"] = _canonical_sha256(value)
+    return json.dumps(digests, sort_keys=True, separators=(",", ":"))
+
+
+def _write_tensors(file: Path, tensors: dict[str, torch.Tensor], meta: Any, fields: str) -> str:
+    """Write a saved folder's tensors, sealed: the header metadata says this package wrote the file,
+    records the fingerprint ``meta`` holds (``""`` for none) and the digest of ``result.json``'s
+    content, which :func:`_check_sealed` compares.
 
     Args:
-        file: The safetensors file to write (atomically).
+        file: The safetensors file to write (a new file in the folder being written).
         tensors: The tensors, contiguous and on the CPU.
         meta: The ``meta`` saved beside them.
+        fields: :func:`_fields_digest` of the ``result.json`` saved beside them.
 
     Returns:
         The file's sha256 (hex), for the JSON beside it to record.
@@ -448,40 +709,49 @@ def _write_tensors(file: Path, tensors: dict[str, torch.Tensor], meta: Any) -> s
     """
     from safetensors.torch import save_file
 
-    from arithinterp.outputs import atomic_write
+    from arithinterp.outputs import write_file
 
     made_on = meta.get("fingerprint") if isinstance(meta, dict) else None
     # safetensors' header metadata holds strings only: "" stands for no fingerprint
-    header = {"written_by": WRITTEN_BY, "fingerprint": made_on if isinstance(made_on, str) else ""}
-    atomic_write(file, lambda tmp: save_file(tensors, str(tmp), metadata=header))
-    return _sha256(file)
+    header = {"written_by": WRITTEN_BY, "fingerprint": made_on if isinstance(made_on, str) else "",
+              FIELDS_KEY: fields}
+    write_file(file, lambda tmp: save_file(tensors, str(tmp), metadata=header), overwrite=False, what="save")
+    return file_sha256(file)
 
 
-def _check_sealed(file: Path, digest: Any, header: dict[str, str], meta: Any, meta_file: Path) -> None:
-    """Refuse a saved folder changed after :func:`_write_tensors` sealed it. A folder without a seal
-    (saved by an earlier version, or written by another program) has neither record and is not
-    checked; a saved import from SAELens or circuit-tracer files is sealed with no fingerprint, as
-    its ``meta`` names no model.
+def _check_sealed(path: Path, stored: dict, header: dict[str, str], meta: Any) -> bool:
+    """Refuse a saved folder changed after :func:`_write_tensors` sealed it; say whether it is sealed.
+
+    A folder is sealed whole when ``result.json`` records the tensor file's sha256 and the tensor
+    file's header (written by this package) records the digest of ``result.json``'s content. A
+    folder that has neither record (saved by an earlier version, or written by another program) is
+    unsealed: nothing here refuses it, and :meth:`Result.load` decides. A saved import from SAELens or
+    circuit-tracer files is sealed with no fingerprint, as its ``meta`` names no model.
 
     Args:
-        file: The tensor file.
-        digest: The sha256 the JSON records for it (``None`` when it records none).
+        path: The folder.
+        stored: ``result.json``'s content.
         header: The tensor file's header metadata.
         meta: The ``meta`` read from the JSON.
-        meta_file: The file ``meta`` was read from, for the message.
+
+    Returns:
+        Whether the folder is sealed whole.
 
     Raises:
         ResultFileError: The tensor file's bytes are not the ones saved (a tensor edited, transposed or
-            re-saved by hand), or ``meta`` lacks or changed the fingerprint the tensor file records
-            (emptied, the key deleted: the model check would be skipped).
+            re-saved by hand); ``meta`` lacks or changed the fingerprint the tensor file records
+            (emptied, the key deleted: the model check would be skipped); ``result.json``'s content is
+            not the one saved (a field edited by hand); or one of the two records was removed.
     """
+    file, meta_file = path / TENSOR_FILE, path / JSON_FILE
+    digest = stored.get(DIGEST_KEY)
     redo = "save the result again (result.save(path, overwrite=True)) or make it again on the model"
-    if digest is not None and (not isinstance(digest, str) or _sha256(file) != digest):
+    if digest is not None and file_sha256(file) != digest:
         raise ResultFileError(f"{file} was changed after saving: its bytes are not the ones whose sha256 "
                               f"{meta_file.name} records ({str(digest)[:16]}...), so a tensor in it was edited, "
                               f"transposed or re-saved by hand; {redo}")
     if header.get("written_by") != WRITTEN_BY:
-        return
+        return False
     made_on = header.get("fingerprint", "")
     kept = meta.get("fingerprint", "") if isinstance(meta, dict) else ""
     if kept != made_on:
@@ -491,6 +761,23 @@ def _check_sealed(file: Path, digest: Any, header: dict[str, str], meta: Any, me
                               f"was saved {saved}, but field 'meta' {now}, so the check that the result is used "
                               f"on the model it was made on would be skipped or wrong; {redo} (to use a result on "
                               "another model on purpose, save result.on_model(model))")
+    fields = header.get(FIELDS_KEY)
+    if fields is None:
+        return False  # sealed by an earlier version, over its tensors only
+    if digest is None:
+        raise ResultFileError(f"{meta_file} was changed after saving: the sha256 of {file.name} it recorded "
+                              f"('{DIGEST_KEY}') was removed; {redo}")
+    if _fields_digest(stored) != fields:
+        try:
+            sealed = json.loads(fields)
+        except ValueError:
+            sealed = {}
+        now = json.loads(_fields_digest(stored))
+        changed = sorted(k for k in set(sealed) | set(now) if sealed.get(k) != now.get(k))
+        names = ", ".join(repr(k.removeprefix("fields.")) for k in changed) or "its layout"
+        raise ResultFileError(f"{meta_file} was changed after saving: field(s) {names} are not what {file.name} was "
+                              f"sealed with (edited, added or removed by hand); {redo}")
+    return True
 
 
 def _kind(annotation: Any) -> tuple[Optional[type], bool]:
@@ -555,6 +842,14 @@ def _check_fields(cls: type, values: dict, path: Path) -> None:
                               "weights it was made on; the file is damaged")
     _check_shapes(cls, values, path)
     _check_legal(cls, values, path)
+    for relation in getattr(cls, "_relations", ()):
+        try:
+            kept = relation.test(values)
+        except (TypeError, ValueError, RuntimeError, KeyError, IndexError, AttributeError):
+            kept = False
+        if not kept:
+            raise ResultFileError(f"{path}: field {relation.field!r} should be {relation.description}; the file is "
+                                  "damaged")
 
 
 def _missing_field_advice(meta: Any) -> str:
@@ -582,21 +877,3 @@ def _release(version: str) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
-
-
-def _refuse_other_result(path: Path, stored: dict, tensors: dict) -> None:
-    """Refuse to replace a saved result in ``path`` by a different one (the same one may be re-saved)."""
-    if not holds_result(path):
-        return
-    try:
-        old = json.loads((path / JSON_FILE).read_text())
-        old_tensors = _read_tensors(path)[0]
-    except Exception:  # noqa: BLE001 - an unreadable old result is still a result we would replace
-        old, old_tensors = None, {}
-    same = (isinstance(old, dict) and old.get("type") == stored["type"] and old.get("fields") == stored["fields"]
-            and old_tensors.keys() == tensors.keys()
-            and all(torch.equal(old_tensors[k], tensors[k]) for k in tensors))
-    if not same:
-        what = f"a saved {old.get('type')}" if isinstance(old, dict) and old.get("type") else "a saved result"
-        raise ResultFileError(f"{path} already holds {what} that differs from this {stored['type']}; "
-                              "pass overwrite=True to replace it, or save to another folder")

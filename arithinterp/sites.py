@@ -122,19 +122,22 @@ def hook_name(site: str, layer: int = 0) -> str:
     return HOOKS[check_site(site)].format(layer=layer)
 
 
-def site_shape(model: HookedModel, site: str) -> tuple[int, ...]:
-    """The per-position shape of an activation at ``site``, without the batch and position axes.
+def site_shape(model: HookedModel, site: str, n_keys: Optional[int] = None) -> tuple[int, ...]:
+    """The per-position shape of an activation at ``site``, without the batch and position axes
+    (for ``pattern``, the position is the query's).
 
     Args:
         model: The hooked model.
         site: The activation site.
+        n_keys: For ``pattern``: how many key positions the prompts have.
 
     Returns:
-        ``(n_heads, d_head)`` for ``attn_z``, ``(d_mlp,)`` for the neuron sites, ``(d_model,)``
-        otherwise.
+        ``(n_heads, d_head)`` for ``attn_z``, ``(n_heads, n_keys)`` for ``pattern``, ``(d_mlp,)`` for
+        the neuron sites, ``(d_model,)`` otherwise.
 
     Raises:
-        SiteError: ``site`` is ``"pattern"``, which is indexed by query and key position.
+        SiteError: ``site`` is ``"pattern"`` and ``n_keys`` is not given (a pattern's size depends
+            on the prompts' length).
     """
     cfg = model.cfg
     if site == "attn_z":
@@ -142,7 +145,10 @@ def site_shape(model: HookedModel, site: str) -> tuple[int, ...]:
     if site in PER_NEURON_SITES:
         return (cfg.d_mlp,)
     if site == "pattern":
-        raise SiteError("'pattern' is indexed by query and key position; read it with run_with_cache")
+        if n_keys is None:
+            raise SiteError("'pattern' is indexed by query and key position: its shape needs n_keys, the prompts' "
+                            "token count")
+        return (cfg.n_heads, n_keys)
     return (cfg.d_model,)
 
 

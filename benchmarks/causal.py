@@ -14,9 +14,9 @@ Parts (each prints a markdown table; run them one at a time, they are short):
 * ``planted-helix`` — DAS on a planted helix of the sum (:func:`~arithinterp.causal.planted.planted_helix_model`).
 
     python benchmarks/causal.py planted
-    python benchmarks/causal.py zoo --model zoo:add-3digit --variable carry_2 --cells 0:b[1],1:answer[0] --k 2
+    python benchmarks/causal.py zoo --model zoo:add-3digit --variable carry_hundreds --cells 0:b[1],1:answer[0] --k 2
     python benchmarks/causal.py zoo --model zoo:add-100 --variable sum_mod_10 --cells resid_post:1:final --k 2,4,5
-    python benchmarks/causal.py zoo --variable carry_2 --cells "mlp_post:0:b[1]+answer[0]" --k 4 --per-position
+    python benchmarks/causal.py zoo --variable carry_hundreds --cells "mlp_post:0:b[1]+answer[0]" --k 4 --per-position
     python benchmarks/causal.py separability --model zoo:add-100
     python benchmarks/causal.py planted-helix --k 5,1 --steps 150 --pairs 800
 """
@@ -202,7 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="distributed alignment search: the acceptance numbers")
     parser.add_argument("part", choices=("planted", "zoo", "separability", "planted-helix"))
     parser.add_argument("--model", default="zoo:add-3digit")
-    parser.add_argument("--variable", default="carry_2")
+    parser.add_argument("--variable", default="carry_hundreds")
     parser.add_argument("--cells", default="0:b[1]",
                         help="comma-separated [site:]layer:position cells (site default resid_post)")
     parser.add_argument("--k", default="2", help="dimensions interchanged; a comma-separated list fits each")

@@ -11,11 +11,11 @@ engine (the same but for the learned rotation's float rounding). ``--every-layer
 :func:`arithinterp.causal.das_layers` over ``--layers`` × ``--positions`` (each cell with its
 random-rotation control) and prints the IIA grid.
 
-    python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_1 \\
+    python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_tens \\
         --site resid_post --layer 6 --k 4 --steps 40 --pairs 400 --runs 3
-    python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_1 --every-layer \\
+    python benchmarks/das_speed.py --model /path/gemma-3-270m-q4_k_m.gguf --variable carry_tens --every-layer \\
         --layers 0-17 --positions "b[1],final" --k 4 --steps 40 --pairs 400
-    python benchmarks/das_speed.py --model zoo:add-3digit --variable carry_2 --layer 0 --position "b[1]" --runs 1
+    python benchmarks/das_speed.py --model zoo:add-3digit --variable carry_hundreds --layer 0 --position "b[1]" --runs 1
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def fit_times(model, dataset, args, position, engine: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="one DAS fit on a real-sized model: seconds and scores")
     parser.add_argument("--model", default="zoo:add-3digit", help="a GGUF file, HF folder or zoo name")
-    parser.add_argument("--variable", default="carry_1")
+    parser.add_argument("--variable", default="carry_tens")
     parser.add_argument("--site", default="resid_post")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--position", default="final", help="one position, or several joined by '+'")

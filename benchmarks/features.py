@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/features.py            # zoo models and the Llama-family folder
     PYTHONPATH=. python benchmarks/features.py --no-llama # zoo models only
     HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/features.py --no-zoo --no-llama --gemma3 DIR
-        # Gemma 3 270M over the transcoders scripts/gemma3_transcoders.py wrote to DIR (the gemma3 extra)
+        # Gemma 3 270M over the transcoders in DIR (`arithinterp train-transcoders pkg:gemma-3-270m --out DIR`;
+        # `--gemma3 cache`: the ones cached by that command without --out)
 
 Prints markdown tables: per shipped transcoder set, the card's held-out numbers (FVU, L0, dead
 features, training wall time) and the replacement model measured here on held-out problems; per
@@ -106,17 +107,31 @@ def llama_row(runs: int) -> None:
         _graph_row(f"Llama 4L d256 (weights untouched: {untouched})", "8-shot 36+59=", graph, seconds)
 
 
-def gemma3_rows(directory: str, runs: int, n_prompts: int = 3) -> None:
-    """Graphs of 3-shot 2-digit prompts of Gemma 3 270M's transcoder recipe that the model answers
-    correctly (the first ``n_prompts``), with the default ``max_feature_nodes`` and half of it."""
+def gemma3_transcoders(model, directory: str):
+    """The transcoders in ``directory``, or the model's cached ones for ``"cache"``."""
     from arithinterp.features import load_transcoders
+    from arithinterp.features.cache import require_transcoders
+
+    return require_transcoders(model) if directory == "cache" else load_transcoders(directory)
+
+
+def held_out_prompts(model):
+    """The transcoder plan's held-out prompts (operands and few-shot prefixes never trained on) that
+    the model answers correctly."""
+    from arithinterp.features.plan import plan_prompts, plan_transcoders
+
+    return plan_prompts(model, plan_transcoders(model))[1].correct_only(model)
+
+
+def gemma3_rows(directory: str, runs: int, n_prompts: int = 3) -> None:
+    """Graphs of Gemma 3 270M's held-out 3-shot 2-digit prompts (:func:`plan_prompts`) that the
+    model answers correctly (the first ``n_prompts``), with the default ``max_feature_nodes`` and half of it."""
     from arithinterp.features.graph import MAX_FEATURE_NODES, prompt_graph
-    from arithinterp.features.recipes import RECIPES, recipe_prompts
     from arithinterp.models import load_model
 
     model = load_model("pkg:gemma-3-270m")
-    tc = load_transcoders(directory)
-    prompts = recipe_prompts(model, RECIPES["pkg:gemma-3-270m"]).correct_only(model)
+    tc = gemma3_transcoders(model, directory)
+    prompts = held_out_prompts(model)
     for i in range(n_prompts):
         one = prompts[i : i + 1]
         text = one.texts[0].splitlines()[-1]

@@ -57,7 +57,7 @@ def export(out: Path, steps: int) -> None:
     # 4-dimensional subspace at each of two tokens (so two pyvene interventions)
     model3 = load_model("zoo:add-3digit")
     prompts = task_prompts(model3, "zoo:add-3digit", limit=2000).correct_only(model3)
-    dataset = causal.interchange_dataset(prompts, "carry_2", n=1200, seed=0)
+    dataset = causal.interchange_dataset(prompts, "carry_hundreds", n=1200, seed=0)
     position = ["b[1]", "answer[0]"]
     fit = causal.das(model3, dataset, site="mlp_post", layer=0, positions=position, k=4, per_position=True, steps=steps,
                      baselines=(), progress=False)

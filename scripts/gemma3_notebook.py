@@ -85,18 +85,18 @@ frame.sort_values("drop", ascending=False).head(6).round(3)"""),
 
 A finding only when the trained model's interval lies above chance, the shuffled labels and the
 random-init model of the same architecture on the same prompts. Digit 0 is the units digit: the
-answer's tens digit (`answer_digit_1`) is the first token the model writes, its units digit the
+answer's tens digit (`answer_tens`) is the first token the model writes, its units digit the
 second."""),
-    ("code", """for target in ("a_digit_0", "carry_0", "answer_digit_1", "answer_digit_0"):
+    ("code", """for target in ("a_units", "carry_tens", "answer_tens", "answer_units"):
     result = probes.probe_model(model, correct, target, layers=[3, 6, 9, 12, 15, 17], positions=["a", "b", "final"],
                                 progress=False)
     print(result.finding()["text"], end="\\n\\n")"""),
     ("md", """## Readable vs used: distributed alignment search
 
-The carry into the tens (`carry_1`) at b's units digit, layer 6: a learned 4-dimensional subspace
+The carry into the tens (`carry_tens`) at b's units digit, layer 6: a learned 4-dimensional subspace
 swapped from a source prompt; held-out interchange-intervention accuracy (IIA) beside a random
 rotation and the probe (`docs/causal.md` has the sweep over all 18 layers)."""),
-    ("code", """used = causal.readable_vs_used(model, correct, ["carry_1"], layers=[6, 12], positions="b[1]", k=4,
+    ("code", """used = causal.readable_vs_used(model, correct, ["carry_tens"], layers=[6, 12], positions="b[1]", k=4,
                               steps=60, n=300, progress=False)
 used.to_frame().round(3)"""),
     ("md", """## How numbers are represented (Fourier), against the random-init model
@@ -137,26 +137,25 @@ show_static(curve.plot())
 edges.to_frame().sort_values("score", key=abs, ascending=False).head(8)"""),
     ("md", """## An attribution graph (transcoders made on this machine)
 
-Transcoders for Gemma 3 270M do not ship (74 MB): `HF_HUB_OFFLINE=1 python scripts/gemma3_transcoders.py
---out gemma3-transcoders` makes them (12-27 min; the folder can be named by `GEMMA3_TRANSCODERS`). The
-graph of the first correctly answered prompt expands its 1,000 most influential features; what it
-shows is set against where the influence goes: embeddings, features or error nodes."""),
-    ("code", """import os
-from pathlib import Path
+Transcoders for Gemma 3 270M do not ship: `HF_HUB_OFFLINE=1 arithinterp train-transcoders pkg:gemma-3-270m`
+trains them with the plan the model's shape and the task give and caches them, where this notebook,
+the report and `attribution_graph` find them. The graph of the first correctly answered prompt
+expands its 1,000 most influential features; what it shows is set against where the answer logit's
+direct inputs come from: token embeddings, features or error nodes."""),
+    ("code", """from arithinterp.features import attribution_graph, find_transcoders
 
-from arithinterp.features import attribution_graph, load_transcoders
-
-folder = Path(os.environ.get("GEMMA3_TRANSCODERS", "gemma3-transcoders"))
-if not (folder / "result.json").exists():
-    print(f"no transcoders in {folder}: make them with scripts/gemma3_transcoders.py --out {folder}")
+transcoders = find_transcoders(model)
+if transcoders is None:
+    print("no transcoders cached for this model: make them with "
+          "`HF_HUB_OFFLINE=1 arithinterp train-transcoders pkg:gemma-3-270m`")
 else:
-    transcoders = load_transcoders(folder)
     print("replacement model on held-out prompts:", transcoders.metrics["replacement"])
     start = time.perf_counter()
     graph = attribution_graph(model, correct[:1], transcoders, progress=False)
     print(f"{correct.texts[0][-6:]!r}: graph in {time.perf_counter() - start:.1f} s;",
           {k: float(f"{graph.scores[k]:.4g}") for k in ("n_expanded_features", "n_active_features", "n_kept",
-                                                         "replacement", "completeness", "max_error_of_terms")})
+                                                         "replacement", "completeness", "logit_inputs_feature",
+                                                         "logit_inputs_embedding", "logit_inputs_error")})
     nodes = graph.node_frame()
     share = nodes.groupby("kind")["influence"].sum() / nodes["influence"].sum()
     print("share of the influence:", share.round(3).to_dict())

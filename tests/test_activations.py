@@ -62,6 +62,51 @@ def test_collect_variable_length_prompts(tiny_digit_model):
         collect(tiny_digit_model, prompts, sites="resid_post", positions="all", progress=False)
 
 
+def test_collect_reads_attention_patterns_in_the_padded_frame(tiny_digit_model):
+    """``pattern`` is [prompt, layer, query, head, key]: each query's row is run_with_cache's on the
+    unpadded prompt, its keys placed after the padding (weight 0 there) and each row sums to 1."""
+    prompts = prompts_for_pairs(tiny_digit_model, "+", [123, 4, 56], [7, 8, 12], "{a}+{b}=")
+    acts = collect(tiny_digit_model, prompts, sites="pattern", positions=["a", "final", "answer[0]"], progress=False)
+    T, heads = prompts.tokens.shape[1], tiny_digit_model.cfg.n_heads
+    assert acts["pattern"].shape == (3, 2, 3, heads, T + 1)  # the first answer token is fed: one more key
+    assert torch.allclose(acts["pattern"].sum(-1), torch.ones(3, 2, 3, heads), atol=1e-5)
+    assert repr(acts) == (f"Activations(n_prompts=3, pattern=float32 [3, 2, 3, {heads}, {T + 1}], layers=[0, 1], "
+                          "positions=['a', 'final', 'answer[0]'])")  # shapes, never the values
+    for i in range(len(prompts)):
+        start = T - int(prompts.lengths[i])
+        tokens = torch.cat([prompts.tokens[i, start:], prompts.answer_tokens[i, :1]])[None]
+        _, cache = tiny_digit_model.run_with_cache(tokens)
+        assert (acts["pattern"][i, ..., :start] == 0).all()
+        for li, layer in enumerate(acts.layers):
+            for pi, query in enumerate([prompts.positions["a"][i], prompts.positions["final"][i], T]):
+                expected = cache[hook_name("pattern", layer)][0, :, int(query) - start]  # [head, key]
+                assert (acts["pattern"][i, li, pi, :, start:] - expected).abs().max() <= 1e-6, (i, layer, pi)
+
+
+def test_plot_attention_draws_one_heatmap_per_layer_and_head_over_the_prompts_tokens(tiny_digit_model):
+    from arithinterp.errors import ConfigError
+    from arithinterp.viz import plot_attention
+
+    prompts = prompts_for_pairs(tiny_digit_model, "+", [123, 4], [7, 8], "{a}+{b}=")
+    acts = collect(tiny_digit_model, prompts, sites="pattern", positions=["final", "answer[0]"], progress=False)
+    fig = plot_attention(acts, 1)  # the shorter prompt: its padding is not drawn
+    assert len(fig.data) == 2 * tiny_digit_model.cfg.n_heads
+    first = fig.data[0]
+    keys = [label.split(": ", 1)[1] for label in first.x]
+    assert keys[-5:] == ["4", "+", "8", "=", "1"] and len(keys) == int(prompts.lengths[1]) + 1  # 4+8= then 12's "1"
+    assert list(first.y) == [first.x[-2], first.x[-1]]  # the queries: "final" (=) and the answer's first token
+    start = prompts.tokens.shape[1] - int(prompts.lengths[1])
+    for k, (li, h) in ((0, (0, 0)), (5, (1, 1))):
+        assert torch.allclose(torch.tensor(fig.data[k].z).float(), acts["pattern"][1, li, :, h, start:])
+    assert len(plot_attention(acts, 0, layers=[1], heads=[2]).data) == 1
+    with pytest.raises(SiteError, match="layer 3 was not collected"):
+        plot_attention(acts, layers=[3])
+    with pytest.raises(ConfigError, match="prompt must be an integer in -2..1"):
+        plot_attention(acts, 2)
+    with pytest.raises(SiteError, match="'pattern' was not collected"):
+        plot_attention(collect(tiny_digit_model, prompts, sites="resid_post", progress=False))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

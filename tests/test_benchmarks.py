@@ -176,3 +176,9 @@ def test_prompts_benchmark_smoke():
     out = run("prompts.py", "--runs", "1", "--side", "12", "--models", "add-3digit")
     rows = [line for line in out.splitlines() if line.startswith("| `zoo:")]
     assert len(rows) == 2 and all(row.rstrip(" |").endswith("yes") for row in rows), rows
+
+
+def test_viewer_benchmark_smoke():
+    out = run("viewer.py", "--smoke", "--runs", "1", "--moves", "2")
+    assert "| synthetic graph, 8 tokens, 4 layers, 60 features | 101 |" in out
+    assert "| synthetic circuit, 4 layers |" in out and "browser CPU ms per move" in out

@@ -27,7 +27,8 @@ from arithinterp.results import Result
 from arithinterp.types import HookedModel
 
 DOCS = Path(ai.__file__).parent.parent / "docs" / "concepts.md"
-ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal")
+ANALYSES = ("activations", "patching", "probes", "fourier", "helix", "neurons", "circuits", "features", "causal",
+            "lens")
 
 
 def vocabulary_from_docs(text: str) -> dict[str, str]:
@@ -49,6 +50,10 @@ SPECIFIC = {
     "variables", "causal_model", "importance_scores", "control_acts", "graph", "edge_sets", "edges", "exact",
     "approx", "a", "b", "source", "grids", "preacts", "snapshots", "path", "resume", "estimator", "registry",
     "intervention", "where", "rows",  # a subspace, the Site it acts on (as read_pyvene gives them) and the pairs scored
+    "unsealed",  # load a saved folder that carries no seal (docs/files.md)
+    "plots", "role", "roles",  # transcoders' operand plots, and the operand (or the sum) a feature is read at
+    "plan", "out", "few_shot", "operands", "min_agreement",  # how transcoders are trained, and where they go
+    "end_to_end_steps", "end_to_end_lr", "anchor",  # the transcoders' end-to-end fine-tune
     # what is read, fitted or scored
     "target", "values", "numbers", "periods", "candidates", "features", "kind", "kinds", "band", "variable",
     "answer_tokens", "model_answer", "labels", "names", "policy", "classify",
@@ -87,6 +92,10 @@ HELPERS = {
     "activations.auto_batch_size": "a batch size for a forward",
     "patching.default_components": "the component names of a model",
     "fourier.number_tokens": "the token ids of numbers",
+    "features.cache_folder": "where a model's transcoders are cached",
+    "features.find_transcoders": "a model's shipped or cached transcoders, or None",
+    "features.plan_transcoders": "the settings of a transcoder training run, before it runs",
+    "features.train_planned": "trains and caches transcoders (a fitted object and its card, not a finding)",
 }
 
 #: Analyses of a model that do not return a Result, and why.

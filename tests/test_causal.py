@@ -39,13 +39,13 @@ def test_addition_model_computes_sums_carries_and_counterfactuals():
     a, b = torch.tensor([155, 999, 100, 450]), torch.tensor([255, 1, 100, 550])
     values = model.values(a, b)
     assert values["answer"].tolist() == (a + b).tolist()
-    assert values["carry_1"].tolist() == [1, 1, 0, 0]  # into the tens: 5 + 5, 9 + 1
-    assert values["carry_2"].tolist() == [1, 1, 0, 1]  # into the hundreds
-    assert values["sum_digit_0"].tolist() == [0, 0, 0, 0]
+    assert values["carry_tens"].tolist() == [1, 1, 0, 0]  # into the tens: 5 + 5, 9 + 1
+    assert values["carry_hundreds"].tolist() == [1, 1, 0, 1]  # into the hundreds
+    assert values["answer_units"].tolist() == [0, 0, 0, 0]
     # 155 + 255 = 410; without the carry into the hundreds the hundreds digit drops by one
-    assert int(model.answer(a[:1], b[:1], {"carry_2": torch.tensor([0])})) == 310
+    assert int(model.answer(a[:1], b[:1], {"carry_hundreds": torch.tensor([0])})) == 310
     # the units digit set to 7 leaves every other digit
-    assert int(model.answer(a[:1], b[:1], {"sum_digit_0": torch.tensor([7])})) == 417
+    assert int(model.answer(a[:1], b[:1], {"answer_units": torch.tensor([7])})) == 417
 
 
 def test_carry_matches_the_prompt_sets_carry_label(digit_tokenizer):
@@ -53,7 +53,7 @@ def test_carry_matches_the_prompt_sets_carry_label(digit_tokenizer):
                                          "{a}+{b}=", answer_digits=4)
     values = causal.addition(3).values(prompts.a, prompts.b)
     # the prompt set's carry_i is the carry *out of* column i, the causal model's carry_j the carry *into* j
-    assert torch.equal(values["carry_2"], prompts.label("carry_1"))
+    assert torch.equal(values["carry_hundreds"], prompts.label("carry_tens"))
 
 
 def test_single_token_and_modular_models():
@@ -83,8 +83,8 @@ def test_user_defined_models_are_checked():
     assert custom.answer(torch.tensor([3]), torch.tensor([1])).tolist() == [7]
     with pytest.raises(AnalysisError, match="not defined before it"):
         causal.CausalModel("bad", (causal.Variable("answer", ("c",), lambda c: c),))
-    with pytest.raises(ConfigError, match="unknown variable 'carry_9'.*accepted"):
-        causal.addition(2).values(torch.tensor([1]), torch.tensor([1]), {"carry_9": torch.tensor([1])})
+    with pytest.raises(ConfigError, match="unknown variable 'carry_billions'.*accepted"):
+        causal.addition(2).values(torch.tensor([1]), torch.tensor([1]), {"carry_billions": torch.tensor([1])})
 
 
 # --- interchange datasets -----------------------------------------------------------------------
@@ -126,8 +126,8 @@ def test_dataset_input_errors(planted):
     _, prompts = planted
     with pytest.raises(ConfigError, match="test_fraction"):
         causal.interchange_dataset(prompts, "sum_mod_10", test_fraction=1.0)
-    with pytest.raises(ConfigError, match="unknown variable 'carry_2'"):
-        causal.interchange_dataset(prompts, "carry_2")
+    with pytest.raises(ConfigError, match="unknown variable 'carry_hundreds'"):
+        causal.interchange_dataset(prompts, "carry_hundreds")
     with pytest.raises(AnalysisError, match="another answer than the prompts"):
         causal.interchange_dataset(prompts, "wraps", causal.modular_addition(7))
 
@@ -355,7 +355,7 @@ def test_fit_runs_on_a_few_shot_llama_and_leaves_its_weights(llama_folder):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     prompts = ai.tasks.arithmetic(model, op="+", a=range(10, 40), b=range(10, 40), template="{a}+{b}=",
                                   few_shot=2)
-    dataset = causal.interchange_dataset(prompts, "sum_digit_0", n=120, seed=0)
+    dataset = causal.interchange_dataset(prompts, "answer_units", n=120, seed=0)
     result = causal.das(model, dataset, "resid_post", 2, 2, positions="final", steps=5, baselines=("random", "pca"),
                         progress=False)
     assert 0.0 <= result.iia <= 1.0 and len(result.history) == 5
@@ -376,11 +376,14 @@ def test_das_command(capsys, tmp_path):
     assert code == 0 and summary["variable"] == "magnitude" and summary["pairs"] > 100
     assert {row["intervention"] for row in summary["scores"]} == {"das", "none", "full", "probe", "pca", "random"}
     assert causal.DASResult.load(tmp_path / "das").variable == "magnitude"
-    assert main(["das", "zoo:add-100", "--variable", "carry2", "--limit", "300", "--no-progress"]) == 2
-    assert "unknown variable 'carry_2'" in capsys.readouterr().err
-    code = main(["das", "zoo:add-3digit", "--variable", "carry2", "--site", "mlp_post", "--position", "b[1]+answer[0]",
-                 "--per-position", "--reachable-only", "--value-from", "product_parity", "--k", "2", "--steps", "2",
-                 "--limit", "300", "--json", "--no-progress"])
+    assert main(["das", "zoo:add-100", "--variable", "carry_hundreds", "--limit", "300", "--no-progress"]) == 2
+    assert "unknown variable 'carry_hundreds'" in capsys.readouterr().err
+    assert main(["das", "zoo:add-3digit", "--variable", "carry2", "--limit", "300", "--no-progress"]) == 2
+    assert "unknown variable 'carry2': carries are named by the column they go into: 'carry_hundreds'" in \
+        capsys.readouterr().err
+    code = main(["das", "zoo:add-3digit", "--variable", "carry_hundreds", "--site", "mlp_post",
+                 "--position", "b[1]+answer[0]", "--per-position", "--reachable-only", "--value-from", "product_parity",
+                 "--k", "2", "--steps", "2", "--limit", "300", "--json", "--no-progress"])
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["unreachable"] == {"train": 0, "test": 0}  # b[1] comes before every answer digit
     assert 0.2 < summary["chance"] < 0.8  # the parity label: the true carry agrees with it by coincidence
@@ -455,7 +458,7 @@ def three_digit(digit_tokenizer):
 def test_reachable_pairs_agree_with_the_base_before_the_intervened_position(three_digit):
     from arithinterp.causal.scoring import reachable
 
-    dataset = causal.interchange_dataset(three_digit, "carry_2", n=300, seed=0)
+    dataset = causal.interchange_dataset(three_digit, "carry_hundreds", n=300, seed=0)
     rows = torch.arange(len(dataset))
     same_thousands = dataset.answer // 1000 == dataset.base.answer // 1000
     assert 0 < int((~same_thousands).sum()) < len(dataset)  # some counterfactuals change the thousands digit
@@ -471,18 +474,18 @@ def test_parity_of_the_product_is_a_control_label(three_digit):
     a, b = torch.tensor([3, 4, 5]), torch.tensor([5, 5, 2])
     assert model.values(a, b)["product_parity"].tolist() == [1, 0, 0]
     assert torch.equal(model.answer(a, b, {"product_parity": torch.tensor([0, 1, 1])}), a + b)  # the sum ignores it
-    control = causal.interchange_dataset(three_digit, "carry_2", value_from="product_parity", n=300, seed=0)
+    control = causal.interchange_dataset(three_digit, "carry_hundreds", value_from="product_parity", n=300, seed=0)
     parity = control.causal_model.values(control.source.a, control.source.b)["product_parity"]
     # sources are drawn by their parity, and the label sets the carry to it
-    expected = control.causal_model.answer(control.base.a, control.base.b, {"carry_2": parity})
+    expected = control.causal_model.answer(control.base.a, control.base.b, {"carry_hundreds": parity})
     assert torch.equal(control.answer, expected) and (parity != control.base_value).all()
     assert 0.2 < control.chance < 0.8  # the true carry agrees with the parity label only by coincidence
     with pytest.raises(ConfigError, match="another variable"):
-        causal.interchange_dataset(three_digit, "carry_2", value_from="carry_2")
+        causal.interchange_dataset(three_digit, "carry_hundreds", value_from="carry_hundreds")
     with pytest.raises(ConfigError, match="one control at a time"):
-        causal.interchange_dataset(three_digit, "carry_2", value_from="product_parity", shuffle=True)
+        causal.interchange_dataset(three_digit, "carry_hundreds", value_from="product_parity", shuffle=True)
     with pytest.raises(ConfigError, match="unknown variable 'parity'"):
-        causal.interchange_dataset(three_digit, "carry_2", value_from="parity")
+        causal.interchange_dataset(three_digit, "carry_hundreds", value_from="parity")
 
 
 @pytest.mark.slow
@@ -493,7 +496,7 @@ def test_reachable_only_leaves_out_the_same_pairs_for_every_intervention(llama_f
     model = load_model(str(llama_folder("digit")))
     a, b = torch.randint(100, 1000, (2, 300), generator=torch.Generator().manual_seed(0)).tolist()
     prompts = ai.tasks.prompts_for_pairs(model, "+", a, b, "{a}+{b}=", answer_digits=4)
-    dataset = causal.interchange_dataset(prompts, "carry_2", n=200, seed=0)
+    dataset = causal.interchange_dataset(prompts, "carry_hundreds", n=200, seed=0)
     kept = int(reachable(dataset, dataset.test, "answer[0]").sum())
     assert 0 < kept < len(dataset.test)
     fit = causal.das(model, dataset, "resid_post", 1, 2, positions="answer[0]", steps=2, reachable_only=True,
@@ -503,7 +506,7 @@ def test_reachable_only_leaves_out_the_same_pairs_for_every_intervention(llama_f
     everything = causal.das(model, dataset, "resid_post", 1, 2, positions="answer[0]", steps=2, baselines=("random",),
                             progress=False)
     assert everything.scores["das"]["n"] == len(dataset.test) and everything.meta["unreachable"]["test"] == 0
-    control = causal.interchange_dataset(prompts, "carry_2", n=200, seed=0, shuffle=True)
+    control = causal.interchange_dataset(prompts, "carry_hundreds", n=200, seed=0, shuffle=True)
     shuffled = causal.das(model, control, "resid_post", 1, 2, positions="answer[0]", steps=2, baselines=(),
                           reachable_only=True, progress=False)
     rows = control.test[reachable(control, control.test, "answer[0]")]
@@ -562,10 +565,10 @@ def add_3digit():
 
 
 CARRY_CELLS = [  # (variable, site, layer, position, options): the carries where the zoo model computes them, and not
-    ("carry_2", "mlp_post", 0, ["b[1]", "answer[0]"], dict(per_position=True)),
-    ("carry_2", "resid_post", 1, "answer[0]", dict(reachable_only=True)),
-    ("carry_1", "resid_post", 0, "final", {}),
-    ("carry_1", "attn_z", 1, "answer[1]", dict(head=3)),
+    ("carry_hundreds", "mlp_post", 0, ["b[1]", "answer[0]"], dict(per_position=True)),
+    ("carry_hundreds", "resid_post", 1, "answer[0]", dict(reachable_only=True)),
+    ("carry_tens", "resid_post", 0, "final", {}),
+    ("carry_tens", "attn_z", 1, "answer[1]", dict(head=3)),
 ]
 
 
@@ -615,7 +618,7 @@ def test_resumed_das_on_a_few_shot_gemma3_scores_what_whole_forwards_score(digit
 
     model = ai.load_model(str(save_family("gemma3", digit_tokenizer, tmp_path, n_layers=4)))
     prompts = ai.tasks.arithmetic(model, op="+", a=range(10, 40), b=range(10, 40), template="{a}+{b}=", few_shot=2)
-    dataset = causal.interchange_dataset(prompts, "carry_1", n=160, seed=0)
+    dataset = causal.interchange_dataset(prompts, "carry_tens", n=160, seed=0)
     for site, layer, position in (("resid_post", 1, "final"), ("mlp_post", 3, ["b[1]", "final"])):
         fits = {engine: causal.das(model, dataset, site, layer, 2, positions=position, steps=4, progress=False,
                                    engine=engine)

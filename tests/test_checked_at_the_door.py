@@ -218,7 +218,7 @@ def test_a_control_label_that_never_varies_is_refused_before_training(tiny_digit
     from arithinterp.tasks import arithmetic
 
     prompts = arithmetic(tiny_digit_model, a=range(100, 140, 2), b=range(100, 130))  # a even: a*b mod 2 is always 0
-    dataset = causal.interchange_dataset(prompts, "carry_1", value_from="product_parity", n=60, seed=0)
+    dataset = causal.interchange_dataset(prompts, "carry_tens", value_from="product_parity", n=60, seed=0)
     trained = []
     monkeypatch.setattr(fit, "train", lambda *args, **kwargs: trained.append(1) or [])
     with pytest.raises(AnalysisError, match="takes one value on the training pairs.*leave 'probe' out of baselines"):
@@ -305,22 +305,21 @@ def test_the_shipped_transcoders_carry_their_models_fingerprint():
 # --- writing commands -------------------------------------------------------------------------------------
 
 
-def test_shipped_transcoders_are_not_replaced_without_overwrite(tmp_path, monkeypatch):
-    from arithinterp.features.shipped import WEIGHTS_DIR, train_shipped
+def test_planned_transcoders_refuse_an_occupied_folder_before_any_work(tmp_path, monkeypatch, tiny_model):
+    from arithinterp.features import plan, training
+    from arithinterp.features.cache import cache_folder
 
-    before = (WEIGHTS_DIR / "add-100" / "tensors.safetensors").read_bytes()
-    with pytest.raises(ConfigError, match="already holds files; pass overwrite=True"):
-        train_shipped("zoo:add-100", out=WEIGHTS_DIR / "add-100", steps=1, progress=False)  # before the model loads
-    monkeypatch.chdir(tmp_path)  # by default, a folder of the user's: transcoders/NAME here
-    _, card = train_shipped("zoo:add-100", steps=1, progress=False)
-    assert Path(card["out"]).resolve() == (tmp_path / "transcoders" / "add-100").resolve()
-    assert (tmp_path / "transcoders" / "add-100" / "tensors.safetensors").exists()
-    assert (WEIGHTS_DIR / "add-100" / "tensors.safetensors").read_bytes() == before
+    monkeypatch.setenv("ARITHINTERP_CACHE", str(tmp_path / "cache"))
+    started = []
+    monkeypatch.setattr(training, "train_transcoders", lambda *args, **kwargs: started.append(1))
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "notes.txt").write_text("mine")
+    settings = plan.plan_transcoders(tiny_model, operands="10-29", few_shot=0)
     with pytest.raises(ConfigError, match="already holds files"):
-        train_shipped("zoo:add-100", out=occupied, steps=1, progress=False)
+        plan.train_planned(tiny_model, settings, occupied, progress=False)
+    assert not started and [p.name for p in occupied.iterdir()] == ["notes.txt"]
+    assert cache_folder(tiny_model).is_relative_to(tmp_path / "cache")  # the default out: the user's cache
 
 
 def test_interrupted_transcoder_training_leaves_no_out_folder(tmp_path, monkeypatch, capsys):
@@ -482,8 +481,10 @@ def test_das_layers_and_probe_layers_refuse_a_row_named_twice(tiny_model):
      r"prompts_for_pairs: modulus=1 is not accepted .*an int >= 2"),
     (lambda m, p: __import__("arithinterp.tasks", fromlist=["x"]).arithmetic(m, "+", [1], [2], answer_digits=-1),
      r"prompts_for_pairs: answer_digits=-1 is not accepted .*non-negative int"),
-    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, -1),
-     r"vary_digit: column=-1 is not accepted .*non-negative int"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, 1),
+     r"vary_digit: place=1 is not accepted .*str"),
+    (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).vary_digit(p, "tenths"),
+     r"unknown place 'tenths'; accepted: units, tens, hundreds"),
     (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).digit_pairs(p.counterfactual(vary="a"), -1),
      r"digit_pairs: answer_token=-1 is not accepted .*non-negative int"),
     (lambda m, p: __import__("arithinterp.patching", fromlist=["x"]).attribute(m, p.counterfactual(vary="a"),

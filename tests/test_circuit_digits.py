@@ -29,7 +29,7 @@ def _logit_diff(logits, clean_tok, corrupt_tok):
 
 def test_digit_pairs_feed_the_answer_and_score_the_token_it_emits(zoo):
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 0, "a", seed=0)
+    pairs = patching.vary_digit(prompts, "units", "a", seed=0)
     T = pairs.clean.tokens.shape[1]
     for k in range(4):
         for feed in ("own", "clean"):
@@ -53,17 +53,17 @@ def test_digit_pairs_feed_the_answer_and_score_the_token_it_emits(zoo):
 
 def test_vary_digit_changes_one_column_only(zoo):
     _, prompts = zoo
-    for column in (0, 1, 2):
-        pairs = patching.vary_digit(prompts, column, "b", seed=3)
+    for column, place in enumerate(("units", "tens", "hundreds")):
+        pairs = patching.vary_digit(prompts, place, "b", seed=3)
         diff = pairs.corrupt.b - pairs.clean.b
         assert torch.equal(pairs.corrupt.a, pairs.clean.a)
         assert (diff != 0).all() and (diff % 10**column == 0).all() and (diff.abs() < 10 ** (column + 1)).all()
         assert (pairs.corrupt.b >= 100).all()  # a leading digit never becomes 0
-        assert pairs.vary == f"b_digit_{column}" and pairs.meta["kept"] == len(prompts)
-    both = patching.vary_digit(prompts, 1, "both", seed=0)
+        assert pairs.vary == f"b_{place}" and pairs.meta["kept"] == len(prompts)
+    both = patching.vary_digit(prompts, "tens", "both", seed=0)
     assert ((both.corrupt.a - both.clean.a) != 0).all() and ((both.corrupt.b - both.clean.b) != 0).all()
-    again, other = patching.vary_digit(prompts, 1, seed=5), patching.vary_digit(prompts, 1, seed=6)
-    assert torch.equal(again.corrupt.a, patching.vary_digit(prompts, 1, seed=5).corrupt.a)  # seeded
+    again, other = patching.vary_digit(prompts, "tens", seed=5), patching.vary_digit(prompts, "tens", seed=6)
+    assert torch.equal(again.corrupt.a, patching.vary_digit(prompts, "tens", seed=5).corrupt.a)  # seeded
     assert not torch.equal(again.corrupt.a, other.corrupt.a)
 
 
@@ -74,15 +74,16 @@ def test_varying_one_column_moves_its_answer_digit_and_not_the_far_ones(zoo):
     clean digit's log-probability, so an unchanged digit is not zero by definition."""
     model, prompts = zoo
     mass = {}
-    for column in (0, 2):
-        pairs = patching.vary_digit(prompts, column, "a", seed=0)[:16]
+    for place in ("units", "hundreds"):
+        pairs = patching.vary_digit(prompts, place, "a", seed=0)[:16]
         result = digit_circuits(model, pairs, "eap-ig", metric="logprob", ig_steps=4, progress=False)
         assert result.answer_tokens == [0, 1, 2, 3] and result.scores.shape == (4, EdgeGraph.of(model).n_edges)
-        mass[column] = result.scores.abs().sum(1)  # [4]: thousands, hundreds, tens, units
-    units, hundreds = 3, 1
-    assert mass[0][units] > 50 * mass[0][hundreds]  # units column -> units digit, not hundreds
-    assert mass[2][hundreds] > 50 * mass[2][units]  # the control: hundreds column -> hundreds digit
-    assert int(mass[0].argmax()) == units and int(mass[2].argmax()) == hundreds
+        assert result.meta["answer_places"] == ["thousands", "hundreds", "tens", "units"]
+        mass[place] = result.scores.abs().sum(1)  # [4]: answer[0] .. answer[3]
+    units, hundreds = 3, 1  # the answer tokens that write those digits
+    assert mass["units"][units] > 50 * mass["units"][hundreds]  # units column -> units digit, not hundreds
+    assert mass["hundreds"][hundreds] > 50 * mass["hundreds"][units]  # the control: hundreds -> hundreds digit
+    assert int(mass["units"].argmax()) == units and int(mass["hundreds"].argmax()) == hundreds
 
 
 @pytest.mark.slow
@@ -91,7 +92,7 @@ def test_exact_digit_edges_equal_hand_patched_paths(zoo):
     last-layer head's direct path into the logits, and every outgoing edge of a layer-0 head
     together (= patching the head's output)."""
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 2, "a", seed=0)[:6]
+    pairs = patching.vary_digit(prompts, "hundreds", "a", seed=0)[:6]
     result = digit_circuits(model, pairs, "exact", answer_tokens=[0, 1], progress=False)
     graph = EdgeGraph.of(model)
     last = model.cfg.n_layers - 1
@@ -128,7 +129,7 @@ def test_exact_digit_edges_equal_hand_patched_paths(zoo):
 @pytest.mark.slow
 def test_eap_ig_tracks_exact_patching_on_every_digit_the_pairs_move(zoo):
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 1, "a", seed=0)[:12]
+    pairs = patching.vary_digit(prompts, "tens", "a", seed=0)[:12]
     exact = digit_circuits(model, pairs, "exact", answer_tokens=[1, 2], progress=False)
     ig = digit_circuits(model, pairs, "eap-ig", answer_tokens=[1, 2], ig_steps=5, progress=False)
     table = ig.agreement(exact)
@@ -141,7 +142,7 @@ def test_eap_ig_tracks_exact_patching_on_every_digit_the_pairs_move(zoo):
 
 def test_a_digit_circuit_is_a_circuit_that_extracts_and_is_faithful(zoo):
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 0, "a", seed=0)[:8]
+    pairs = patching.vary_digit(prompts, "units", "a", seed=0)[:8]
     result = digit_circuits(model, pairs, "eap-ig", answer_tokens=[3], ig_steps=3, progress=False)
     circuit = circuits.top_n(result.circuit(3), 20)
     assert circuit.n_kept == 20 and circuit.meta["answer_token"] == 3
@@ -158,7 +159,7 @@ def test_positional_digit_edges_sit_where_the_tokens_differ(zoo):
     hundreds digit scores exactly 0, while the edges at the tens digit and at the emitting position
     carry the effect; the fed answer positions are labelled as the emitted token sees them."""
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 1, "a", seed=0)[:6]
+    pairs = patching.vary_digit(prompts, "tens", "a", seed=0)[:6]
     positions = ["a[0]", "a[1]", "answer[0]", "emit"]
     result = digit_circuits(model, pairs, "eap", answer_tokens=[2], positions=positions, progress=False)
     size = result.scores[0].abs()
@@ -180,7 +181,7 @@ def test_multi_token_answers_of_a_digit_split_llama_folder(llama_model):
     model = llama_model("digit")
     prompts = arithmetic(model, a=range(10, 40), b=[13, 24], few_shot=2)  # answers 23..63: two digit tokens
     assert prompts.answer_tokens.shape[1] == 2
-    pairs = patching.vary_digit(prompts, 1, "a", seed=0)
+    pairs = patching.vary_digit(prompts, "tens", "a", seed=0)
     assert pairs.meta["dropped"] > 0 and pairs.meta["kept"] + pairs.meta["dropped"] == len(prompts)
     assert torch.equal(pairs.clean.n_answer_tokens, pairs.corrupt.n_answer_tokens)  # sums of 3 digits dropped
     pairs = pairs[:6]
@@ -203,7 +204,7 @@ def test_multi_token_answers_of_a_digit_split_llama_folder(llama_model):
 
 def test_result_round_trips_frames_and_plots(zoo, tmp_path):
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 0, "a", seed=0)[:4]
+    pairs = patching.vary_digit(prompts, "units", "a", seed=0)[:4]
     result = digit_circuits(model, pairs, "eap", answer_tokens=[2, 3], progress=False)
     loaded = DigitCircuits.load(result.save(tmp_path / "digits"))
     assert torch.equal(loaded.scores, result.scores) and loaded.answer_tokens == [2, 3]
@@ -211,12 +212,12 @@ def test_result_round_trips_frames_and_plots(zoo, tmp_path):
     frame = result.to_frame()
     assert len(frame) == 2 * result.scores.shape[1] and set(frame.answer_token) == {2, 3}
     heat = result.plot().data[0]
-    assert list(heat["x"]) == ["answer 2", "answer 3"] and "L0H0" in list(heat["y"])
+    assert list(heat["x"]) == ["answer[2] · tens", "answer[3] · units"] and "L0H0" in list(heat["y"])
 
 
 def test_bad_input_is_refused_with_what_is_accepted(zoo, llama_model):
     model, prompts = zoo
-    pairs = patching.vary_digit(prompts, 0, "a", seed=0)[:4]
+    pairs = patching.vary_digit(prompts, "units", "a", seed=0)[:4]
     with pytest.raises(ArithInterpError, match=r"answer_token must be an integer in 0\.\.3"):
         patching.digit_pairs(pairs, 4)
     with pytest.raises(ArithInterpError, match="unknown feed 'mine'; accepted"):
@@ -227,12 +228,12 @@ def test_bad_input_is_refused_with_what_is_accepted(zoo, llama_model):
         digit_circuits(model, pairs, answer_tokens=[1, 1])
     with pytest.raises(ArithInterpError, match="was not scored; accepted"):
         digit_circuits(model, pairs, "eap", answer_tokens=[0], progress=False).circuit(2)
-    with pytest.raises(ArithInterpError, match="has no digit 3"):
-        patching.vary_digit(prompts, 3, "a")
+    with pytest.raises(ArithInterpError, match="has no thousands digit"):
+        patching.vary_digit(prompts, "thousands", "a")
     with pytest.raises(ArithInterpError, match="unknown operand"):
-        patching.vary_digit(prompts, 0, "c")
+        patching.vary_digit(prompts, "units", "c")
     llama = llama_model("digit")
     ragged = arithmetic(llama, a=range(90, 96), b=[4, 13])  # sums 94..108: two or three answer tokens
-    ragged_pairs = patching.vary_digit(ragged, 0, "a", seed=0)
+    ragged_pairs = patching.vary_digit(ragged, "units", "a", seed=0)
     with pytest.raises(ArithInterpError, match="have an answer without token 2"):
         patching.digit_pairs(ragged_pairs, 2)

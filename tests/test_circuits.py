@@ -234,7 +234,8 @@ def test_report_stage_finds_a_small_faithful_circuit_on_the_zoo_model():
     section = circuits_stage(ctx)
     found = re.search(r"The (\d+) top edges \(([\d.]+)% of all\) restore 0.9", " ".join(section.findings))
     assert found and 0 < int(found.group(1)) < 110
-    assert len(section.figures) == 2 and section.sample.startswith("40 counterfactual pairs")
+    assert len(section.figures) == 1 and len(section.views) == 1 and section.sample.startswith("40 counterfactual pairs")
+    assert section.views[0].data["slider"]["default"] == int(found.group(1))  # the page opens on the circuit found
     with pytest.raises(NotEnoughData):
         circuits_stage(Context(model, "zoo:add-100", prompts, prompts, None, pairs[:10]))
 

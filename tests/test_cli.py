@@ -36,7 +36,7 @@ def test_no_command_prints_help(capsys):
     "command, check",
     [
         (["patch", "--site", "resid_pre", "--normalize"], lambda s: 0.99 <= s["best_cell_mean"] <= 1.01),
-        (["probe", "--target", "a_digit_0", "--positions", "a", "--cv", "3"], lambda s: s["best"]["score"] > 0.8),
+        (["probe", "--target", "a_units", "--positions", "a", "--cv", "3"], lambda s: s["best"]["score"] > 0.8),
         (["fourier"], lambda s: 0 <= s["key_fraction"] <= 1),
         (["helix"], lambda s: abs(s["fraction_of_layer_patch"]["layer patch"] - 1) < 1e-6),
         # multi-token answers: pairs differ in the scored first answer token, and a fraction that cannot be
@@ -45,7 +45,7 @@ def test_no_command_prints_help(capsys):
          and "not distinguishable from zero" in s["note"]),
         (["neurons", "--top-k", "10"], lambda s: s["neurons"] == 20),
         (["ablate", "--components", "mlp0"], lambda s: s["accuracy_before"] == 1.0 and s["accuracy_after"] < 0.5),
-        (["ablate", "zoo:add-3digit", "--components", "L0H0@answer3", "--full-answer"],
+        (["ablate", "zoo:add-3digit", "--components", "L0H0@answer[2]", "--full-answer"],
          lambda s: s["token_accuracy_after"][:3] == [1.0, 1.0, 1.0] and s["token_accuracy_after"][3] < 0.6),
         (["circuit", "--method", "eap"], lambda s: s["faithfulness"] >= 0.9 and 0 < s["kept"] < s["edges"]),
         (["digits"], lambda s: s["largest_drop"]["head"].startswith("L0") and s["largest_drop"]["drop"] > 0.4),
@@ -122,12 +122,12 @@ def _refusal(argv, capsys) -> str:
     (["probe", "--positions", "a,a"], "--positions", "more than once"),
     (["probe", "--positions", ","], "--positions", "names nothing"),
     (["ablate", "--components", "attn0,attn0"], "--components", "more than once"),
-    (["das", "--variable", "carry_1", "--every-layer", "--layers", ""], "--layers", "comma-separated"),  # not all
-    (["das", "--variable", "carry_1", "--every-layer", "--layers", "0,0"], "--layers", "more than once"),
-    (["das", "--variable", "carry_1", "--layers", "1"], "--layers", "--every-layer"),  # not silently layer 0
-    (["das", "--variable", "carry_1", "--position", "final+final"], "--position", "more than once"),
-    (["das", "--variable", "carry_1", "--every-layer", "--position", "b,b"], "--position", "more than once"),
-    (["das", "--variable", "carry_1", "--lr", "1e300"], "--lr", "finite"),
+    (["das", "--variable", "carry_tens", "--every-layer", "--layers", ""], "--layers", "comma-separated"),  # not all
+    (["das", "--variable", "carry_tens", "--every-layer", "--layers", "0,0"], "--layers", "more than once"),
+    (["das", "--variable", "carry_tens", "--layers", "1"], "--layers", "--every-layer"),  # not silently layer 0
+    (["das", "--variable", "carry_tens", "--position", "final+final"], "--position", "more than once"),
+    (["das", "--variable", "carry_tens", "--every-layer", "--position", "b,b"], "--position", "more than once"),
+    (["das", "--variable", "carry_tens", "--lr", "1e300"], "--lr", "finite"),
     (["circuit", "--target", "2"], "--target", "(0, 1]"),  # before the edges are scored
     (["circuit", "--ablation", "zero"], "--ablation", "'resample', 'mean'"),
     (["report", "--template", "", "--out", "{tmp}/r.html"], "--template", "empty"),  # not the default template
@@ -136,11 +136,11 @@ def _refusal(argv, capsys) -> str:
     (["report", "--operands", "99999999999999999999", "--out", "{tmp}/r.html"], "--operands", "int64"),  # not torch's
     (["report", "--out", "{tmp}/new/", "--stages", "accuracy"], "--out", "names a folder"),  # not a file named new
     (["patch", "--figure", "{tmp}/figures/"], "--figure", "names a folder"),
-    (["das", "--variable", "carry_1", "--steps", "99999999999999999999"], "--steps", "1..10000000"),  # overflow
+    (["das", "--variable", "carry_tens", "--steps", "99999999999999999999"], "--steps", "1..10000000"),  # overflow
     (["train", "add-100", "--steps", "99999999999999999999", "--out", "{tmp}/m"], "--steps", "1..10000000"),
     (["train-transcoders", "zoo:add-100", "--steps", "99999999999999999999", "--out", "{tmp}/t"], "--steps",
      "1..10000000"),
-    (["das", "--variable", "carry_1", "--every-layer", "--resume", ""], "--resume", "empty path"),  # not "."
+    (["das", "--variable", "carry_tens", "--every-layer", "--resume", ""], "--resume", "empty path"),  # not "."
     (["graph", "zoo:add-100", "1+2=", "--transcoders", ""], "--transcoders", "empty path"),  # not the shipped ones
     (["info", ""], "model", "empty model spec"),  # not "list the zoo only"
 ])

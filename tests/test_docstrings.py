@@ -1,6 +1,6 @@
 """Every public function documents its parameters and what it returns; every public class has a docstring.
 
-The public names are the ones ``docs/api.md`` lists (``scripts/api_docs.py``: each public module's
+The public names are the ones the API reference (``docs/api/``) lists (``scripts/api_docs.py``: each public module's
 ``__all__``, or what it defines). A function with parameters needs a Google-style ``Args:`` section
 naming each of them (``self``/``cls``, ``_private`` keywords and ``*args``/``**kwargs``
 passthroughs aside); a function that returns something needs ``Returns:`` (or ``Yields:``).
@@ -37,7 +37,7 @@ def _api_docs():
 
 def public_objects(unimportable: list[str] | None = None) -> list[tuple[str, object]]:
     """``(dotted name, object)`` for every public function and class, each once, under the first
-    module that exports it (the order of docs/api.md). A module that fails to import is skipped
+    module that exports it (the order of the API reference). A module that fails to import is skipped
     and named in ``unimportable`` (when given), so that the other modules are still checked."""
     api_docs = _api_docs()
     seen: set[int] = set()

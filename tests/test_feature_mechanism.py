@@ -37,8 +37,9 @@ def test_plans_hold_out_a_block_of_operands_and_the_prefixes(tiny_digit_model):
     assert plan.held_out_a == (8, 12) and plan.held_out_b == (4, 8)
     assert not set(plan.train_prefixes) & set(plan.held_out_prefixes)
     train, held = plan_prompts(tiny_digit_model, plan)
-    in_block = lambda p: (plan.held_out_a[0] <= p.a) & (p.a < plan.held_out_a[1]) & (
-        plan.held_out_b[0] <= p.b) & (p.b < plan.held_out_b[1])
+    def in_block(p):
+        return (plan.held_out_a[0] <= p.a) & (p.a < plan.held_out_a[1]) & (
+            plan.held_out_b[0] <= p.b) & (p.b < plan.held_out_b[1])
     assert not bool(in_block(train).any()) and bool(in_block(held).all())
     assert len(set(train.texts)) == len(train) and len(held) == plan.n_held_out
     assert {t.rsplit("\n", 1)[0] for t in train.texts}.isdisjoint({t.rsplit("\n", 1)[0] for t in held.texts})

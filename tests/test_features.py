@@ -336,22 +336,27 @@ def test_report_stage_shows_the_shipped_transcoders_and_a_graph(tmp_path):
 
     out = write_report("zoo:add-100", out=tmp_path / "r.html", stages=["features"], limit=200, progress=False)
     text = html.unescape(out.read_text())
-    agreement = re.search(r"top-1 agreement with the model (\d\.\d+)", text)
-    exact = re.search(r"edges \+ bias match each feature's pre-activation within (\S+)\.", text)
+    agreement = re.search(r"Transcoders \(shipped;.*?keeps the model's top token at (\d\.\d+) of", text)
     assert agreement and float(agreement.group(1)) >= 0.9
-    assert exact and float(exact.group(1)) <= 1e-4
-    assert re.search(r"Attribution graph of '\d+\+\d+=' .*: \d+ active features", text)
-    assert text.count("class='figure'") == 2
+    shares = re.search(r"Attribution graph of '\d+\+\d+=' .*?come (\d+)% from features, (\d+)% from token "
+                       r"embeddings and (\d+)% from error nodes", text)
+    assert shares and abs(sum(int(g) for g in shares.groups()) - 100) <= 2  # shares of one whole
+    assert re.search(r"Supernodes .*?labelled ones hold \d+% of the kept features' influence", text)
+    assert re.search(r"Swap test on \d+ problems .*?: (the labels predict the answer's change|no signal above the "
+                     r"control)\.", text)
+    assert text.count("class='figure'") == 1 and text.count("class='viewer'") == 1
+    # the graph's interactive page, inline, with the kept features' operand plots
+    assert '"kind":"graph"' in text and '"grids":[{"title":"L' in text
 
 
-def test_report_stage_says_why_it_is_not_run_without_shipped_transcoders(tiny_model):
+def test_report_stage_says_why_it_is_not_run_without_transcoders(tiny_model, tmp_path, monkeypatch):
     from arithinterp.errors import ModelSpecError
     from arithinterp.report import Context, features_stage
 
-    with pytest.raises(ModelSpecError, match=r"ship only for the zoo models .*zoo:add-100.*, not for 'tiny'"):
+    monkeypatch.setenv("ARITHINTERP_CACHE", str(tmp_path))  # nothing cached
+    with pytest.raises(ModelSpecError, match=r"no transcoders ship or are cached for tiny; `arithinterp "
+                                             r"train-transcoders tiny` makes them \(into " + str(tmp_path)):
         features_stage(Context(tiny_model, "tiny", None, None, None, None))
-    with pytest.raises(ModelSpecError, match="no transcoder recipe for 'zoo:modadd-113'"):
-        features_stage(Context(tiny_model, "zoo:modadd-113", None, None, None, None))
 
 
 def test_operand_grid_plot_shows_where_the_planted_feature_fires(planted):

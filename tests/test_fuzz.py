@@ -33,7 +33,7 @@ from arithinterp.results import Result
 
 #: Subpackages and modules whose public functions the fuzz walks (the CLI, the report and the sweep
 #: runner are tested through their commands; the engine's kernels are called from inside the analyses).
-WALKED = ("activations", "causal", "circuits", "cyclic", "features", "fourier", "helix", "models", "neurons",
+WALKED = ("activations", "causal", "circuits", "cyclic", "features", "fourier", "helix", "lens", "models", "neurons",
           "patching", "probes", "tasks")
 #: Public functions left unenforced on purpose: kernels called in inner loops (a check per call would
 #: cost more than the work), and helpers that take the package's own objects only.
@@ -44,6 +44,9 @@ UNCHECKED = {
     "arithinterp.tasks.operators.operand_values", "arithinterp.tasks.templates.check_template",
     "arithinterp.tasks.templates.check_names", "arithinterp.tasks.positions.position_labels",
     "arithinterp.checks.model_id",  # in every result's build_meta; it checks its model by hand
+    # one int or name each, checked by hand: they name every digit of every result
+    "arithinterp.tasks.places.place_name", "arithinterp.tasks.places.place_power",
+    "arithinterp.tasks.positions.predicting_position",
 }
 #: Counts of iterations: any size is legal (the work grows with it, behind a progress bar), so they
 #: are not given the absurd sizes that other numbers are.

@@ -552,8 +552,8 @@ def test_a_prompt_set_is_never_indexed_by_a_string_float_or_bool(tiny_model, ind
 @pytest.mark.parametrize("call, error", [
     (lambda p: p.str_tokens(99), "out of range"),
     (lambda p: p.str_tokens("a"), "i='a' is not accepted"),
-    (lambda p: p.label("a_digit_99"), "digits 0..18 and carries 0..17"),
-    (lambda p: p.label("carry_18"), "digits 0..18 and carries 0..17"),
+    (lambda p: p.label("a_billionths"), "unknown label 'a_billionths'"),
+    (lambda p: p.label("carry_18"), "carries are named by the column they go into: carry_tens .. carry_quintillions"),
     (lambda p: p.label(3), "name=3 is not accepted"),
     (lambda p: p.counterfactual("a", seed="1"), "seed='1' is not accepted"),
     (lambda p: p.counterfactual("a", max_tries=0), "max_tries=0 is not accepted"),

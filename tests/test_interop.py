@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from arithinterp import causal
-from arithinterp.errors import AnalysisError, ConfigError, ModelFileError, ResultFileError
+from arithinterp.errors import AnalysisError, ConfigError, FormatError, ResultFileError
 from arithinterp.features.graph import prompt_graph
 from arithinterp.features import (
     load_transcoders, read_circuit_tracer_graph, read_circuit_tracer_transcoders, read_saelens,
@@ -72,7 +72,7 @@ def test_circuit_tracer_layout_follows_its_conventions(zoo, tmp_path):
         acts = pre * (pre > t["activation_function.threshold"])
         want = acts @ t["W_dec"] + t["b_dec"] + x @ t["W_skip"].T
         assert torch.allclose(got(layer, x), want, atol=1e-4)
-    with pytest.raises(ModelFileError, match="feature_input_hook"):
+    with pytest.raises(FormatError, match="feature_input_hook"):
         read_circuit_tracer_transcoders(tmp_path)
 
 
@@ -130,7 +130,7 @@ def test_saelens_sae_and_jumprelu_transcoder_follow_its_formulas(tmp_path):
     _saelens(tmp_path / "norm", dict(architecture="standard", d_in=d, d_sae=F, normalize_activations="layer_norm",
                                      metadata=dict(hook_name="blocks.0.hook_resid_pre")),
              dict(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec))
-    with pytest.raises(ModelFileError, match="normalize_activations"):
+    with pytest.raises(FormatError, match="normalize_activations"):
         read_saelens(tmp_path / "norm")
 
 

@@ -52,6 +52,10 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+#: A result's methods that draw it: they import viz inside the method, on purpose.
+DRAWING = {"plot", "show"}
+
+
 class _Imports(ast.NodeVisitor):
     """Every import of the package a module makes at run time: (target module, names, line, in plot())."""
 
@@ -76,7 +80,7 @@ class _Imports(ast.NodeVisitor):
 
     def _add(self, target: str, names: list[str], line: int) -> None:
         if target == ROOT or target.startswith(ROOT + "."):
-            self.found.append((target, names, line, "plot" in self.functions))
+            self.found.append((target, names, line, bool(DRAWING & set(self.functions))))
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -119,7 +123,7 @@ def layer_problems(imports: dict, modules: dict) -> list[str]:
                 continue
             where = f"{module} (line {line}) imports {target}"
             if LEVEL[there] > LEVEL[here]:
-                if not (in_plot and there == "viz"):  # a result's plot() draws through viz, on purpose
+                if not (in_plot and there == "viz"):  # a result's plot() / show() draws through viz
                     problems.append(f"{where}: '{there}' is above '{here}'")
             elif LEVEL[there] == LEVEL[here] and f"{ROOT}.{there}" in modules \
                     and modules[f"{ROOT}.{there}"].name == "__init__.py":

@@ -3,6 +3,7 @@ reported (also as JSON), and sweeps survive damaged files, full disks and a kill
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -78,7 +79,8 @@ def test_every_command_declares_its_outputs():
 
     build_parser()  # registers the sweep command too
     assert set(OUTPUTS) == set(COMMANDS)
-    assert all(OUTPUTS[name] == dict(out="result", figure="file") for name in ANALYSES)
+    assert all(OUTPUTS[name] == dict(out="result", figure="file") for name in set(ANALYSES) - {"circuit"})
+    assert OUTPUTS["circuit"] == OUTPUTS["graph"] == dict(out="result", figure="file", html="file")
 
 
 @pytest.mark.parametrize("command", ANALYSES)
@@ -128,8 +130,8 @@ def test_unwritable_sweep_out_fails_before_any_cell(tmp_path, capsys):
     assert f"error: out: cannot write to {UNWRITABLE}/sweep" in capsys.readouterr().err
 
 
-def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
-    from arithinterp.outputs import atomic_write
+def test_the_writer_keeps_the_old_file_when_writing_fails(tmp_path):
+    from arithinterp.outputs import write_file
 
     target = tmp_path / "report.html"
     target.write_text("the previous report")
@@ -141,10 +143,10 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
     from arithinterp.errors import OutputError
 
     with pytest.raises(OutputError, match=r"cannot write .*report\.html: No space left on device; the previous file"):
-        atomic_write(target, half_then_crash)
+        write_file(target, half_then_crash, overwrite=True)
     assert target.read_text() == "the previous report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temp file left behind
-    atomic_write(target, lambda tmp: tmp.write_text("new"))
+    write_file(target, "new", overwrite=True)
     assert target.read_text() == "new" and oct(target.stat().st_mode & 0o777) != "0o600"
 
 
@@ -162,9 +164,11 @@ def test_saved_result_is_replaced_whole(tmp_path, tiny_model, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    other = dataclasses.replace(evaluation_result, meta={**evaluation_result.meta, "note": "another run"})
     with pytest.raises(OSError):
-        evaluation_result.save(folder)
+        other.save(folder, overwrite=True)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["r"]  # no temp folder left behind
 
 
 def _small_result(model, arithmetic):
@@ -338,16 +342,16 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
     from arithinterp.sweep import storage
 
     config, out = _sweep_config(tmp_path), tmp_path / "out"
-    real_write, written = storage.atomic_write, []
+    real_write, written = storage.write_file, []
 
-    def disk_fills_after_one_cell(path, write):
+    def disk_fills_after_one_cell(path, content, **kwargs):
         if path.suffix == ".parquet":
             if written:
                 raise OSError(errno.ENOSPC, "No space left on device")
             written.append(path)
-        real_write(path, write)
+        return real_write(path, content, **kwargs)
 
-    monkeypatch.setattr(storage, "atomic_write", disk_fills_after_one_cell)
+    monkeypatch.setattr(storage, "write_file", disk_fills_after_one_cell)
     assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 2
     captured = capsys.readouterr()
     error = json.loads(captured.out)["error"]
@@ -355,7 +359,7 @@ def test_full_disk_names_the_cell_and_rerunning_resumes(tmp_path, monkeypatch, c
     assert "rerun the same command: finished cells are kept and the sweep resumes from this cell" in error
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
 
-    monkeypatch.setattr(storage, "atomic_write", real_write)
+    monkeypatch.setattr(storage, "write_file", real_write)
     assert main(["sweep", str(config), "--out", str(out), "--no-progress", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["skipped"] == 1 and summary["done"] == 2 and summary["failed"] == 0

@@ -71,6 +71,28 @@ def test_hub_id_offline_fails_clearly(monkeypatch):
         ai.load_model("no-such-org/no-such-model")
 
 
+def test_transformer_lens_names_load_their_hub_model_and_offline_say_which(monkeypatch):
+    """``load_model("gpt2-small")`` asks the hub for TransformerLens's official model, ``gpt2``; offline the
+    error names both (nothing is downloaded: the hub call is replaced here)."""
+    from transformers import AutoModelForCausalLM
+
+    from arithinterp.models import hub_id
+
+    assert [hub_id(n) for n in ("gpt2-small", "GPT2-Small", "pythia-70m", "gpt2", "no-such-org/no-such-model")] == [
+        "gpt2", "gpt2", "EleutherAI/pythia-70m", "gpt2", "no-such-org/no-such-model"]
+    asked = []
+
+    def offline(name, **kwargs):
+        asked.append(name)
+        raise OSError(f"We couldn't connect to the hub to load {name}")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", offline)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ArithInterpError, match="'gpt2-small' is TransformerLens's name for the hub model 'gpt2'"):
+        ai.load_model("gpt2-small")
+    assert asked == ["gpt2"]
+
+
 def test_a_config_without_architectures_loads_by_its_class(tmp_path, number_tokenizer):
     """GGUF files (Gemma 3 270M's among them) give a config with no ``architectures``: the bridge is
     chosen from the class transformers loaded, and the model computes what that class does."""

@@ -187,14 +187,18 @@ go.Figure.to_image = lambda self, **options: self.to_json() and PIXEL
 
 #: Run after a notebook's own cells, in its namespace: the known results it shows, so that a notebook whose
 #: findings fade fails as one that raises does. Error detection on ``zoo:add-3digit-weak`` (Sun, Stolfo &
-#: Sachan 2025): the detector beats chance on held-out problems, and where the model is wrong it believes
-#: the right answer more than the model's own.
+#: Sachan 2025): every answer digit is readable where it is predicted, the detector beats chance on
+#: held-out problems, and where the model is wrong it believes the right answer more than the model's own.
 KNOWN_RESULTS = {
     "03_error_detection": """\
 from arithinterp.probes.reask import _answer_evaluation
 
 metrics = result.metrics()
 assert 0.7 < evaluation.accuracy < 0.97  # a model that still makes errors
+# each answer digit is readable where it is predicted, far above chance and the shuffled control
+for place, probe in digits.items():
+    best = probe.best()
+    assert best["score"] >= 0.9 and best["score"] > best["chance"] + 0.3 and best["beats_controls"], (place, best)
 # errors are rare (about 10%): the threshold is set for balanced accuracy, not accuracy
 assert metrics["auroc"] >= 0.95 and metrics["balanced_accuracy"] >= 0.85 and metrics["beats_chance"]
 assert detector.meta_["beats_majority_baseline"] and detector.meta_["threshold_rule"] == "balanced"

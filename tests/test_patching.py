@@ -338,14 +338,22 @@ def test_the_ablation_is_one_keyword_and_one_result_field(tiny_model, tmp_path):
     assert faithful.ablation == "zero"
     with pytest.raises(ConfigError, match="accepted: 'zero', 'mean', 'resample'"):
         patching.ablate(tiny_model, prompts, ["mlp0"], ablation="half")
-    # a folder that calls the field mode, under the type's other name, loads with it as ablation
+    # a folder an earlier version wrote (no seal) that calls the field mode, under the type's other name,
+    # loads with it as ablation
     import json
+
+    from safetensors.torch import load_file, save_file
+
+    from arithinterp.results import UnsealedResultWarning
 
     folder = faithful.save(tmp_path / "faithful")
     stored = json.loads((folder / "result.json").read_text())
+    stored.pop("tensors_sha256")
     stored["type"], stored["fields"]["mode"] = "FaithfulnessResult", stored["fields"].pop("ablation")
     (folder / "result.json").write_text(json.dumps(stored))
-    assert patching.ComponentFaithfulnessResult.load(folder).ablation == "zero"
+    save_file(load_file(str(folder / "tensors.safetensors")), str(folder / "tensors.safetensors"))
+    with pytest.warns(UnsealedResultWarning):
+        assert patching.ComponentFaithfulnessResult.load(folder, unsealed=True).ablation == "zero"
 
 
 def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):
@@ -382,17 +390,20 @@ def test_teacher_forced_ablation_scores_every_answer_digit(tiny_digit_model):
     """Full-answer scoring feeds the answer digits; an ablation at digit k's position leaves the
     digits before it exactly as they were (causal attention) and changes digit k."""
     prompts = arithmetic(tiny_digit_model, a=range(10, 40, 3), b=range(50, 90, 7), answer_digits=3).with_scoring("full-answer")
-    result = patching.ablate(tiny_digit_model, prompts, ["attn0@answer2", "mlp0@answer2"], ablation="zero")
+    result = patching.ablate(tiny_digit_model, prompts, ["attn0@answer[1]", "mlp0@answer[1]"], ablation="zero")
     assert result.token_correct_before.shape == (len(prompts), 3) and result.scoring == "full-answer"
     assert torch.allclose(result.logprob_before, prompts.answer_logprob(tiny_digit_model), atol=1e-4)
     assert torch.equal(result.token_correct_after[:, :2], result.token_correct_before[:, :2])
     assert not torch.allclose(result.logprob_after, result.logprob_before, atol=1e-3)
     assert torch.equal(result.correct_after, result.token_correct_after.all(1))
     assert list(result.to_frame().columns[-3:]) == ["token_0_accuracy", "token_1_accuracy", "token_2_accuracy"]
-    first = patching.ablate(tiny_digit_model, prompts.with_scoring("first-token"), ["attn0@answer0"], ablation="zero")
+    first = patching.ablate(tiny_digit_model, prompts.with_scoring("first-token"), ["attn0@final"], ablation="zero")
     assert first.token_correct_before.shape == (len(prompts), 1)
     with pytest.raises(SiteError, match="full-answer"):
-        patching.ablate(tiny_digit_model, prompts.with_scoring("first-token"), ["attn0@answer2"])
+        patching.ablate(tiny_digit_model, prompts.with_scoring("first-token"), ["attn0@answer[1]"])
+    # one position vocabulary: answer[k] is answer token k, whatever reads or ablates it
+    with pytest.raises(ConfigError, match=r"the position that predicts answer token 2 is '@answer\[1\]'"):
+        patching.ablate(tiny_digit_model, prompts, ["attn0@answer2"])
 
 
 @pytest.mark.slow
@@ -409,7 +420,7 @@ def test_add_3digit_digits_are_computed_by_layer_0_heads():
     prompts = zoo_lib.held_out_prompts(model, zoo_lib.get_entry("add-3digit"), limit=500)
     result = patching.digit_ablation(model, prompts, heads=["L0H0", "L1H2"], progress=False)
     assert result.drop[0, 3] > 0.4 and result.drop[1, 3] < 0.05  # units digit
-    units = patching.ablate(model, prompts.with_scoring("full-answer"), ["L0H0@answer3"])
+    units = patching.ablate(model, prompts.with_scoring("full-answer"), ["L0H0@answer[2]"])
     assert result.accuracy[0, 3] == pytest.approx(units.token_correct_after[:, 3].float().mean().item())
 
 
@@ -418,7 +429,7 @@ def test_digit_ablation_shapes_and_input_checks(tiny_model, tiny_digit_model):
     result = patching.digit_ablation(tiny_digit_model, prompts, progress=False)
     n_heads = tiny_digit_model.cfg.n_layers * tiny_digit_model.cfg.n_heads
     assert result.accuracy.shape == (n_heads, 3) and result.heads[0] == "L0H0"
-    full = patching.ablate(tiny_digit_model, prompts.with_scoring("full-answer"), ["L0H0@answer0"])
+    full = patching.ablate(tiny_digit_model, prompts.with_scoring("full-answer"), ["L0H0@final"])
     assert torch.allclose(result.baseline, full.token_correct_before.float().mean(0))
     assert len(result.to_frame()) == n_heads * 3 and result.plot().data
     with pytest.raises(ArithInterpError, match="single tokens"):
@@ -520,7 +531,7 @@ def _every_analysis(model, digit_model):
     out["faithfulness"] = torch.tensor([faithful.metric_full, faithful.metric_circuit, faithful.metric_empty])
     out["direct effect"] = patching.direct_effect(model, pairs, progress=False).direct
     out["digit ablation"] = patching.digit_ablation(digit_model, digits, heads=["L0H0", "L1H1"], progress=False).accuracy
-    out["ablate per digit"] = patching.ablate(digit_model, digits.with_scoring("full-answer"), ["L0H0@answer1"]).logprob_after
+    out["ablate per digit"] = patching.ablate(digit_model, digits.with_scoring("full-answer"), ["L0H0@answer[0]"]).logprob_after
     return out
 
 

@@ -52,7 +52,7 @@ def test_distinct_pairs_keep_plain_folds(tiny_model):
     prompts = prompts_for_pairs(tiny_model, "+", list(range(60)), [3] * 60, "{a}+{b}=")
     X = torch.randn(60, 1, 1, 8, generator=torch.Generator().manual_seed(1))
     acts = Activations(data={"resid_post": X}, layers=[0], positions=["final"], prompts=prompts)
-    result = probes.probe_layers(acts, "a_digit_0", progress=False)
+    result = probes.probe_layers(acts, "a_units", progress=False)
     assert result.meta["folds"]["groups"] is None and "no pair repeats" in result.fold_scheme
 
 

@@ -201,14 +201,14 @@ def test_probe_model_runs_the_random_init_control_on_the_same_prompts(tiny_digit
     """The digit token at position 'a[-1]' *is* the digit: any model of this architecture reads it
     at layer 0, trained or not, so it is no finding about the model."""
     prompts = arithmetic(tiny_digit_model, a=range(10, 60), b=range(10, 14))
-    result = probes.probe_model(tiny_digit_model, prompts, "a_digit_0", layers=[0], positions="a", cv=3,
+    result = probes.probe_model(tiny_digit_model, prompts, "a_units", layers=[0], positions="a", cv=3,
                                 progress=False)
     assert result.controls == ["shuffled", "random-init"]
     assert float(result.mean[0, 0]) > 0.95 and float(result.control("random-init")[0, 0]) > 0.95
     finding = result.finding()
     assert finding["verdict"] == "no signal" and "random-init model" in finding["text"]
     with pytest.raises(ConfigError, match="controls itself"):
-        probes.probe_model(tiny_digit_model, prompts, "a_digit_0", controls=("shuffled",), progress=False)
+        probes.probe_model(tiny_digit_model, prompts, "a_units", controls=("shuffled",), progress=False)
 
 
 # --- targets --------------------------------------------------------------------------------------
@@ -218,16 +218,16 @@ def test_label_and_model_answer_targets(number_tokenizer, tiny_model):
     prompts = arithmetic(number_tokenizer, a=range(20), b=range(20))
     X = torch.randn(len(prompts), 1, 1, 8, generator=_gen(6))
     acts = Activations(data={"resid_post": X}, layers=[0], positions=["final"], prompts=prompts)
-    y, keep, name = probes.resolve_target(prompts, "answer_digit_0", len(prompts))
-    assert torch.equal(y, prompts.answer % 10) and keep.all() and name == "answer_digit_0"
+    y, keep, name = probes.resolve_target(prompts, "answer_units", len(prompts))
+    assert torch.equal(y, prompts.answer % 10) and keep.all() and name == "answer_units"
     model_answer = prompts.answer.clone()
     model_answer[:7] = -(10**9)  # not a number: left out, and counted
     model_answer[7:20] += 10
-    y, keep, _ = probes.resolve_target(prompts, "model_answer_digit_1", len(prompts), model_answer)
+    y, keep, _ = probes.resolve_target(prompts, "model_answer_tens", len(prompts), model_answer)
     assert int((~keep).sum()) == 7 and torch.equal(y, (model_answer[keep] // 10) % 10)
     correct, _, _ = probes.resolve_target(prompts, "model_correct", len(prompts), model_answer)
     assert int(correct.sum()) == len(prompts) - 20
-    result = probes.probe_layers(acts, "model_answer_digit_0", model_answer=model_answer, cv=3, progress=False)
+    result = probes.probe_layers(acts, "model_answer_units", model_answer=model_answer, cv=3, progress=False)
     assert result.meta["dropped"]["count"] == 7 and result.meta["n_used"] == len(prompts) - 7
     # the model itself: the prompts are evaluated with it
     own, keep, _ = probes.resolve_target(prompts, "model_answer", len(prompts), tiny_model)
@@ -282,10 +282,13 @@ def test_sweep_input_validation_messages(planted, number_tokenizer):
     acts = planted["acts"]
     prompts = arithmetic(number_tokenizer, a=range(20), b=range(30))
     labelled = Activations(data=acts.data, layers=acts.layers, positions=acts.positions, prompts=prompts)
-    with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_digit_0.*model_answer_digit"):
+    with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_units.*'model_answer_<place>'"):
         probes.probe_layers(labelled, "sum", progress=False)
     with pytest.raises(AnalysisError, match="model_answer="):
-        probes.probe_layers(labelled, "model_answer_digit_0", progress=False)
+        probes.probe_layers(labelled, "model_answer_units", progress=False)
+    for old, new in (("model_answer_digit_1", "'model_answer_tens'"), ("answer_digit_0", "'answer_units'")):
+        with pytest.raises(ConfigError, match=f"digits are named by their place: {new}"):
+            probes.probe_layers(labelled, old, progress=False)
     with pytest.raises(AnalysisError, match="one value per prompt"):
         probes.probe_layers(acts, torch.arange(10), progress=False)
     with pytest.raises(AnalysisError, match="too few samples.*need at least 10"):
@@ -344,7 +347,9 @@ def test_answer_activations_teacher_force_the_models_own_answer(tiny_digit_model
     evaluation = prompts.evaluate(tiny_digit_model)
     acts = probes.answer_activations(tiny_digit_model, prompts, evaluation, layers=[0, 1])
     k = prompts.answer_tokens.shape[1]
-    assert acts.positions == [f"answer_{j}" for j in range(k)] and acts.prompts is prompts
+    # answer token j is predicted at the token before it: "final", then "answer[j-1]" (written order)
+    names = ["final"] + [f"answer[{j}]" for j in range(k - 1)]
+    assert acts.positions == names and acts.prompts is prompts
     for i in range(len(prompts)):
         idx = torch.tensor([i])
         tokens = torch.cat([prompts.unpadded(idx), evaluation.generated_tokens[idx, : k - 1]], dim=1)
@@ -352,7 +357,7 @@ def test_answer_activations_teacher_force_the_models_own_answer(tiny_digit_model
         final = int(prompts.positions["final"][i] - prompts.offset(idx))
         for j in range(k):
             expected = cache["blocks.1.hook_resid_post"][0, final + j]
-            assert torch.allclose(acts.get("resid_post", 1, f"answer_{j}")[i], expected, atol=1e-5)
+            assert torch.allclose(acts.get("resid_post", 1, names[j])[i], expected, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -377,7 +382,13 @@ def test_error_detector_flags_planted_errors_on_held_out_prompts(planted_errors)
     frame = result.to_frame()
     assert list(frame.method) == list(probes.DETECTOR_METHODS) and frame.selected.sum() == 1
     assert len(result.plot("roc").data) == 4  # three methods + chance
-    assert result.plot("confusion", slot=2).data[0].type == "heatmap"
+    assert result.slot_names == ["hundreds", "tens", "units"]  # one digit per answer token, first written first
+    confusion = result.plot("confusion", digit="units")
+    accuracy = result.slot_accuracy()["true"][2]
+    assert confusion.data[0].type == "heatmap" and f"units digit: predicted vs actual (held-out accuracy " \
+        f"{accuracy:.3f}" in confusion.layout.title.text
+    with pytest.raises(AnalysisError, match="unknown digit 'thousands'.*'hundreds', 'tens', 'units'"):
+        result.plot("confusion", digit="thousands")
 
 
 def _planted_slots(n: int, d: int = 24, n_slots: int = 2, seed: int = 11, noise: float = 0.0):
@@ -611,6 +622,14 @@ def test_answer_slots_for_single_token_answers(number_tokenizer):
     assert slots["true"].shape == (6, 3)  # answers up to 159: three digits, units first
     assert slots["true"][0].tolist() == [8, 0, 0] and slots["output"][0].tolist() == [8, 1, 0]
     assert slots["output"][1].tolist() == [-1, -1, -1]
+    assert probes.slot_names(prompts) == ["units", "tens", "hundreds"]
+
+
+def test_slots_are_named_by_place_where_each_answer_token_is_one(digit_tokenizer):
+    padded = arithmetic(digit_tokenizer, a=[5, 950], b=[3, 60], answer_digits=4)  # 0008, 1010, ...
+    assert probes.slot_names(padded) == ["thousands", "hundreds", "tens", "units"]
+    ragged = arithmetic(digit_tokenizer, a=[5, 95], b=[3, 60])  # 8, 68, 98, 155: token 0 is not one place
+    assert probes.slot_names(ragged) == ["answer[0]", "answer[1]", "answer[2]"]
 
 
 def test_detector_validation_messages(planted_errors):
@@ -742,7 +761,7 @@ def test_zoo_weak_model_reads_the_units_digit_before_it_is_emitted():
     evaluation = prompts.evaluate(model)
     assert 0.7 < evaluation.accuracy < 0.97  # a model that still makes errors
     acts = probes.answer_activations(model, prompts, evaluation)
-    units = probes.probe_layers(acts, "answer_digit_0", positions=["answer_3"], cv=3, progress=False)
+    units = probes.probe_layers(acts, "answer_units", positions=["answer[2]"], cv=3, progress=False)
     assert units.mean.max() >= 0.99 and units.control("shuffled").max() < 0.2
 
 
@@ -886,3 +905,63 @@ def test_a_small_logistic_fit_runs_on_one_thread_and_restores_the_pool(monkeypat
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_saved_detector_loads_sealed_and_only_on_the_model_it_was_fitted_on(planted_errors, tmp_path):
+    """``save`` / ``load`` give back the same flags without a refit; the folder is sealed (an edited weight,
+    a stripped fingerprint are refused) and tied to the model's weights (another model is refused unless
+    declared with ``on_model``); a detector on an estimator that cannot be saved without pickle is refused."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from sklearn.linear_model import LogisticRegression
+
+    from conftest import tiny_bridge
+
+    from arithinterp.errors import ModelMismatchError, ResultFileError
+    from arithinterp.probes.probe_base import NotFittedError
+
+    p, model, train, test = (planted_errors[k] for k in ("prompts", "model", "train", "test"))
+    detector = probes.ErrorDetector(layers=1, method="direct", cv=3).fit(model, p[train],
+                                                                         planted_errors["evaluation"](train))
+    evaluation = planted_errors["evaluation"](test)
+    folder = detector.save(tmp_path / "detector")
+    loaded = probes.ErrorDetector.load(folder, model)
+    assert torch.equal(loaded.predict_proba(model, p[test], evaluation), detector.predict_proba(model, p[test], evaluation))
+    assert loaded.get_params() == detector.get_params() and loaded.thresholds_ == detector.thresholds_
+    assert loaded.evaluate(model, p[test], evaluation).metrics() == detector.evaluate(model, p[test], evaluation).metrics()
+    assert detector.save(folder) == folder  # the same detector again: allowed
+
+    other = tiny_bridge(model.tokenizer, seed=5)  # same shape, other weights
+    with pytest.raises(ModelMismatchError, match="on_model"):
+        probes.ErrorDetector.load(folder, other)
+    with pytest.raises(ModelMismatchError, match="fingerprint"):
+        probes.ErrorDetector.load(folder).flag(other, p[test], evaluation)
+    declared = probes.ErrorDetector.load(folder).on_model(other)
+    assert declared.meta_["made_on_fingerprint"] == detector.meta_["fingerprint"]
+    assert declared.flag(other, p[test], evaluation).shape == (len(test),)
+
+    tensors = load_file(str(folder / "tensors.safetensors"))
+    key = next(k for k in tensors if k.endswith("coef_"))
+    tensors[key] = tensors[key] * 2
+    save_file(tensors, str(folder / "tensors.safetensors"), metadata={"written_by": "arithinterp",
+                                                                      "fingerprint": detector.meta_["fingerprint"]})
+    with pytest.raises(ResultFileError, match="changed after saving"):
+        probes.ErrorDetector.load(folder)
+    detector.save(folder, overwrite=True)
+    stored = json.loads((folder / "result.json").read_text())
+    del stored["fields"]["meta_"]["fingerprint"]
+    (folder / "result.json").write_text(json.dumps(stored))
+    with pytest.raises(ResultFileError, match="fingerprint"):
+        probes.ErrorDetector.load(folder)
+    with pytest.raises(ResultFileError, match="already holds a saved ErrorDetector"):
+        detector.evaluate(model, p[test], evaluation).save(folder)  # a result never replaces a detector
+    with pytest.raises(ResultFileError, match="holds a DetectorResult, not a saved ErrorDetector"):
+        probes.ErrorDetector.load(detector.evaluate(model, p[test], evaluation).save(tmp_path / "result"))
+
+    detector.direct_probe_ = LogisticRegression()
+    with pytest.raises(ConfigError, match="sklearn.linear_model._logistic.LogisticRegression.*LogisticProbe"):
+        detector.save(tmp_path / "sklearn")
+    with pytest.raises(NotFittedError):
+        probes.ErrorDetector().save(tmp_path / "unfitted")

@@ -133,3 +133,22 @@ def test_evaluate_on_the_zoo_decodes_through_the_stepper_with_the_plain_answers(
     plain = prompts.evaluate(model)
     assert torch.equal(stepped.generated_tokens, plain.generated_tokens) and stepped.accuracy > 0.9
     assert torch.allclose(prompts.with_scoring("full-answer").answer_logprob(model), scores, atol=1e-5)
+
+
+def test_ten_thousand_prompts_and_their_pairs_print_in_a_few_hundred_characters(tiny_model):
+    """``repr`` says what the set is, its sizes and its first prompts, never every prompt; the notebook
+    table shows the first rows and the total."""
+    from test_result_contract import well_formed_html
+
+    from arithinterp.printing import FIRST_ROWS, MAX_REPR
+
+    small = arithmetic(tiny_model, "+", range(10), range(10), "{a}+{b}=")
+    rows = torch.arange(10_000) % 100  # 10,000 prompts, without tokenizing 10,000 texts
+    prompts, pairs = small[rows], small.counterfactual(vary="a", seed=0)[rows]
+    for name, thing, first in (("PromptSet", prompts, "'0+0=0'"), ("PromptPairs", pairs, "'0+0= | ")):
+        text = repr(thing)
+        assert text.startswith(f"{name}(") and len(text) <= MAX_REPR and "=10000" in text and first in text, text
+        page = thing._repr_html_()
+        assert not well_formed_html(page) and f"<b>{name}</b>" in page and "10000 rows" in page
+        assert page.count("<tr") == 2 + 1 + 1 + FIRST_ROWS  # what, sizes, the frame; its header and first rows
+    assert "b='0..9'" in repr(prompts) and "answer='0..18'" in repr(prompts) and "vary='a'" in repr(pairs)

@@ -126,7 +126,7 @@ def test_patching_probes_helix_fourier_neurons_run(llama_model, regime):
     sweep = patching.activation_patching(model, pairs[:40], site="resid_pre", positions=["a[0]", "a", "final"], progress=False)
     assert sweep.mean.shape == (2, 3) and torch.isfinite(sweep.mean).all()
     acts = collect(model, prompts, sites="resid_pre", layers=[0, 1], positions=["a", "a[0]", "final"], progress=False)
-    probe = probes.probe_layers(acts, target="a_digit_0", cv=2, controls=(), progress=False)
+    probe = probes.probe_layers(acts, target="a_units", cv=2, controls=(), progress=False)
     assert probe.to_frame().score.between(0, 1).all()
     fit = helix.fit(acts, "a", layer=1, positions="a", n_pca=20)
     test = helix.patch_test(model, pairs[:30], fit, layer=1)

@@ -72,10 +72,14 @@ def test_report_renders_in_chromium(report_file):
         rendered = page.evaluate(
             "() => Array.from(document.querySelectorAll(\"div[id^='figure-']\")).map(d => d.querySelectorAll('svg.main-svg').length > 0)"
         )
+        # the feature graph's and the circuit's interactive pages, each in its inline frame, drawn
+        views = page.locator("iframe.graph-view").count()
+        ready = [frame.evaluate("document.documentElement.dataset.ready") for frame in page.frames[1:]]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
         browser.close()
     assert all(rendered), f"{rendered.count(False)} of {len(rendered)} figures did not render"
+    assert views == 2 and ready == ["true"] * views, ready
     assert not errors, errors
 
 

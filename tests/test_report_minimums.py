@@ -141,7 +141,7 @@ def test_probes_stage_says_no_signal_where_the_probe_does_not_beat_its_control(t
 
     prompts = arithmetic(tiny_model, "+", range(12), range(12))
     section = probes_stage(Context(tiny_model, "tiny", prompts, prompts, prompts.evaluate(tiny_model), None))
-    findings = dict(zip(("a", "answer_digit_0", "answer"), section.findings))
+    findings = dict(zip(("a", "answer_units", "answer"), section.findings))
     for target, text in findings.items():
         assert text.startswith(f"'{target}': no signal above chance and the controls"), text
         # every finding quotes chance and the random-init control, and no interval leaves [0, 1]

@@ -218,14 +218,14 @@ def _overlap(i: Instances):
 def _digit_circuits(i: Instances):
     from arithinterp import circuits, patching
 
-    pairs = patching.vary_digit(i.digit_prompts[:16], 0, "a", seed=0)[:4]
+    pairs = patching.vary_digit(i.digit_prompts[:16], "units", "a", seed=0)[:4]
     return circuits.digit_circuits(i.digit_model, pairs, "eap", metric="logprob", progress=False)
 
 
 def _probe(i: Instances):
     from arithinterp import probes
 
-    return probes.probe_layers(i.acts, "a_digit_0", cv=3, progress=False)
+    return probes.probe_layers(i.acts, "a_units", cv=3, progress=False)
 
 
 def _detector(i: Instances):
@@ -417,6 +417,12 @@ def _readable_used(i: Instances):
                                    progress=False)
 
 
+def _logit_lens(i: Instances):
+    from arithinterp.lens import logit_lens
+
+    return logit_lens(i.model, i.prompts[:20], positions=["b", "final"], progress=False)
+
+
 def _sweep_run(i: Instances):
     """A two-cell sweep (accuracy, resid_pre patching) over the tiny random Llama folder of ``conftest``."""
     from arithinterp import sweep
@@ -470,6 +476,7 @@ BUILDERS: dict[str, Callable[[Instances], Result]] = {
     "DASLayersResult": _das_layers,
     "ReadableUsedResult": _readable_used,
     "SweepRun": _sweep_run,
+    "LogitLensResult": _logit_lens,
 }
 
 # further instances that fill the optional fields the first leaves empty
@@ -572,6 +579,57 @@ def test_plot_returns_a_figure(cls, instances, tmp_path):
         assert isinstance(loaded.plot(), go.Figure)
 
 
+def well_formed_html(page: str) -> list[str]:
+    """The tags of ``page`` that open without closing, close without opening or close out of order
+    (void elements such as ``<br>`` need no closing tag)."""
+    from html.parser import HTMLParser
+
+    void = {"br", "hr", "img", "meta", "input", "col", "wbr"}
+    problems: list[str] = []
+    stack: list[str] = []
+
+    class Checker(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag not in void:
+                stack.append(tag)
+
+        def handle_endtag(self, tag):
+            if not stack or stack[-1] != tag:
+                problems.append(f"</{tag}> closes {stack[-1] if stack else 'nothing'}")
+            else:
+                stack.pop()
+
+    Checker().feed(page)
+    return problems + [f"<{tag}> never closed" for tag in stack]
+
+
+@pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
+def test_every_result_prints_briefly_and_as_an_html_table(cls, instances):
+    """``repr`` is a few hundred characters, never the tensors; ``_repr_html_`` is one well-formed table
+    naming the type, its tensors' shapes, its frame's size and its first rows."""
+    from arithinterp.printing import MAX_REPR
+
+    for result in examples(cls, instances):
+        text = repr(result)
+        assert text.startswith(f"{cls.__name__}(") and len(text) <= MAX_REPR, f"{cls.__name__} repr: {text[:500]}"
+        page = result._repr_html_()
+        assert not well_formed_html(page), f"{cls.__name__}._repr_html_(): {well_formed_html(page)}"
+        assert page.startswith("<table") and page.endswith("</table>") and f"<b>{cls.__name__}</b>" in page
+        frame = result.to_frame()
+        assert f"{len(frame)} rows × {len(frame.columns)} columns" in page
+        assert str(frame.columns[0]) in page  # the first rows' header
+        for field in dataclasses.fields(result):
+            value = getattr(result, field.name)
+            if isinstance(value, torch.Tensor):
+                assert f"[{', '.join(map(str, value.shape))}]" in page, f"{cls.__name__}: {field.name}'s shape"
+
+
+def test_the_html_check_catches_a_broken_table():
+    assert well_formed_html("<table><tr><td>1</td></tr></table><br>") == []
+    assert well_formed_html("<table><tr><td>1</tr></table>") != []
+    assert well_formed_html("<table><tr><td>1</td></tr>") == ["<table> never closed"]
+
+
 def test_every_result_type_has_a_builder_and_every_builder_a_type():
     names = {cls.__name__ for cls in RESULT_TYPES}
     assert {"PatchResult", "Circuit", "HelixFit", "ProbeResult", "DASResult", "AttributionGraph", "SweepRun"} <= names
@@ -601,9 +659,11 @@ def test_result_declares_the_contract_and_every_type_keeps_it():
 
 
 def _rewrite(folder, change: Callable[[dict], None]) -> None:
-    """Edit a saved folder's JSON into one an earlier version wrote: those record no digest of the
-    tensor file, which the tests below rewrite too."""
+    """Edit a saved folder's JSON into one an earlier version wrote: those carry no seal (no digest of the
+    tensor file in the JSON, no record of the JSON in the tensor file's header)."""
     import json
+
+    from safetensors.torch import load_file, save_file
 
     from arithinterp.results import DIGEST_KEY
 
@@ -611,6 +671,18 @@ def _rewrite(folder, change: Callable[[dict], None]) -> None:
     stored.pop(DIGEST_KEY)
     change(stored)
     (folder / "result.json").write_text(json.dumps(stored))
+    save_file(load_file(str(folder / "tensors.safetensors")), str(folder / "tensors.safetensors"))
+
+
+def _load_unsealed(cls, folder):
+    """An earlier version's folder: refused as it is, loaded (with a warning) when asked."""
+    from arithinterp.errors import ResultFileError
+    from arithinterp.results import UnsealedResultWarning
+
+    with pytest.raises(ResultFileError, match="is not sealed"):
+        cls.load(folder)
+    with pytest.warns(UnsealedResultWarning, match="is not sealed"):
+        return cls.load(folder, unsealed=True)
 
 
 @pytest.mark.parametrize("cls", RESULT_TYPES, ids=lambda cls: cls.__name__)
@@ -618,7 +690,7 @@ def test_a_folder_saved_before_the_format_field_existed_loads(cls, instances, tm
     result = build(cls, instances)
     folder = result.save(tmp_path / cls.__name__)
     _rewrite(folder, lambda stored: stored.pop("format"))
-    same(result, cls.load(folder), cls.__name__)
+    same(result, _load_unsealed(cls, folder), cls.__name__)
 
 
 def _spelled_otherwise(cls) -> bool:
@@ -654,7 +726,7 @@ def test_a_folder_that_spells_the_type_fields_or_values_another_way_loads(cls, i
             if name in tensors:
                 tensors[saved] = tensors.pop(name)
         save_file(tensors, str(folder / "tensors.safetensors"))
-        same(result, cls.load(folder), f"{cls.__name__} saved as {type_name}")
+        same(result, _load_unsealed(cls, folder), f"{cls.__name__} saved as {type_name}")
 
 
 def _defaulted(cls) -> list[dataclasses.Field]:
@@ -679,7 +751,7 @@ def test_a_folder_saved_before_its_defaulted_fields_existed_loads_and_draws(cls,
     _rewrite(folder, drop)
     tensors = load_file(str(folder / "tensors.safetensors"))
     save_file({k: v for k, v in tensors.items() if k not in names}, str(folder / "tensors.safetensors"))
-    loaded = cls.load(folder)
+    loaded = _load_unsealed(cls, folder)
     for field in _defaulted(cls):
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
         same(default, getattr(loaded, field.name), f"{cls.__name__}.{field.name}")
@@ -714,7 +786,7 @@ def test_the_further_instances_fill_the_fields_they_are_for(instances):
 
 # --- the figure builders -------------------------------------------------------------------------
 
-VIZ_MODULES = ["causal", "circuits", "features", "fourier", "neurons", "patching", "probes", "sweep"]
+VIZ_MODULES = ["causal", "circuits", "features", "fourier", "lens", "neurons", "patching", "probes", "sweep"]
 
 
 def _viz_functions():
@@ -807,8 +879,12 @@ def _illegal(value, legal):
     rule = legal[0] if isinstance(legal, list) else legal
     if rule in (r.INCREASING, r.DISTINCT):
         return [*value[:-1], value[0]] if len(value) > 1 else [*value, *value]
-    if rule is r.FLOATING:
+    if rule in (r.FLOATING, r.BOOLEAN):
         return value.long()
+    if rule is r.SITE:
+        return "bogus"
+    if rule is r.MEASURED_PROBABILITY:
+        return math.nan
     bad = {r.PROBABILITY.description: 2, r.CORRELATION.description: 2, r.NON_NEGATIVE.description: -1,
            r.POSITIVE.description: -1}[rule.description]
     if isinstance(value, torch.Tensor):

@@ -66,7 +66,7 @@ def _shorten(key):
     ("short_senders", r"'scores' and 'senders' share the 'edge' axis but have (\d+) and (?!\1)\d+ along it"),
     ("edges_not_a_list", r"result\.json: field 'edges' should be a list, got str"),
     ("newer_format", r"result format 2, newer than this arithinterp reads \(format 1\); upgrade arithinterp"),
-    ("bad_format", r"'format' must be a positive integer, got 'one'"),
+    ("bad_format", r"result\.json: field 'format' holds 'one': Input should be a valid integer"),
     ("no_scores", r"tensors\.safetensors has no field 'scores', which a Circuit needs"),
 ])
 def test_damaged_folder_is_refused_naming_file_and_field(saved, damage, match):

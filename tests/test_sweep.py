@@ -227,6 +227,9 @@ def test_example_config_validates():
     cells = S.plan(cfg)
     assert {c.analysis for c in cells} >= {"accuracy", "patching"}
     assert len({c.id for c in cells}) == len(cells)
+    # the example says what its cells record: `ablation`, the one name for it (never `mode`)
+    assert {c.params["ablation"] for c in cells if c.analysis == "ablation"} == {"mean", "zero"}
+    assert not any("mode" in c.params for c in cells)
 
 
 def test_from_zoo_tasks_take_each_models_own_task(model_dir):
@@ -401,13 +404,63 @@ def test_plots_and_cli(model_dir, tmp_path):
     figs = S.figures(tmp_path / "out")
     heat = figs["patching"][0].data[0]
     assert heat.type == "heatmap" and list(heat.y) == ["L0", "L1"] and heat.x[0].endswith(": <bos>")
-    assert [fig.layout.title.text for fig in figs["patching"]] == ["Patching vary=a", "Patching vary=b"]
+    assert [fig.layout.title.text.split("<br>")[0] for fig in figs["patching"]] == [
+        "Exact patching of resid_pre (denoise) · vary=a", "Exact patching of resid_pre (denoise) · vary=b"]
+    assert "colour: fraction of the clean–corrupt gap" in figs["patching"][0].layout.title.text
     assert figs["accuracy"][0].data[0].type == "bar"
-    html = (tmp_path / "out" / "figures" / "patching.html").read_text()
-    assert "plotly" in html and html.count("Plotly.newPlot") == 2
+    folder = tmp_path / "out" / "figures"
+    html = (folder / "patching.html").read_text()
+    assert html.count("Plotly.newPlot") == 2 and "<script src='plotly.min.js'>" in html
+    assert (folder / "plotly.min.js").stat().st_size > 1_000_000  # the library, once, beside the pages
+    assert max((folder / name).stat().st_size for name in files) < 300_000
 
     with pytest.raises(ConfigError, match="give a sweep config file"):
         S.run_cli(parser.parse_args(["sweep"]))
+    listed = S.run_cli(parser.parse_args(["sweep", "--list"]))
+    assert set(listed) >= {"accuracy", "patching", "ablation", "probes"}
+    assert "  site (str, required): site to patch; accepted: resid_pre," in listed["patching"]
+    rows = S.run_cli(parser.parse_args(["sweep", "--list", "--json"]))["parameters"]
+    assert {(r["analysis"], r["parameter"], r["default"]) for r in rows} >= {("patching", "per_position", "True"),
+                                                                         ("probes", "cv", "5")}
+
+
+def _patching_table(per_position: bool, normalize: bool = False):
+    """A combined ``patching`` table of one attn_z cell, as the sweep stores it (heads as floats)."""
+    import pandas as pd
+
+    rows = []
+    for layer in (0, 1):
+        for head in (0.0, 1.0, 2.0):
+            for position in (["0", "1"] if per_position else [None]):
+                value = 10.0 * layer + head + (1.0 if position == "1" else 0.0)
+                rows.append(dict(cell="c1", model="m", task="t", analysis="patching", site="attn_z", metric="logit_diff",
+                                 method="exact", direction="denoise", normalize=normalize, per_position=per_position,
+                                 layer=layer, head=head, position=position, token=position and f"t{position}",
+                                 mean=value, ci_low=value - 1, ci_high=value + 1, clean_baseline=12.0,
+                                 corrupt_baseline=-8.0))
+    frame = pd.DataFrame(rows)
+    frame.attrs["cell_columns"] = ["model", "task", "per_position", "normalize"]
+    return frame
+
+
+def test_sweep_patching_figures_show_the_gap_fraction_on_integer_heads_under_honest_titles():
+    from arithinterp.viz.sweep import plot_sweep_patching
+
+    at_once = plot_sweep_patching(_patching_table(per_position=False))[0]
+    heat = at_once.data[0]
+    assert list(heat.x) == ["0", "1", "2"] and list(heat.y) == ["L0", "L1"]  # heads 0, 1, 2, never 0.0
+    assert heat.z[1][2] == pytest.approx(1.0)  # L1 H2 scores 12, the clean run's metric: the whole gap
+    assert heat.z[0][0] == pytest.approx(8.0 / 20.0)  # (0 - -8) / (12 - -8)
+    title = at_once.layout.title.text
+    assert "every position at once" in title and "mean over positions" not in title
+    assert "fraction of the clean–corrupt gap (clean 12, corrupt -8 logit_diff)" in title
+    raw = plot_sweep_patching(_patching_table(per_position=False), normalize=False)[0]
+    assert raw.data[0].z[1][2] == pytest.approx(12.0) and "raw logit_diff" in raw.layout.title.text
+    per_position = plot_sweep_patching(_patching_table(per_position=True))[0].data[0]
+    assert list(per_position.y)[:3] == ["L0 H0", "L0 H1", "L0 H2"] and list(per_position.x) == ["0: t0", "1: t1"]
+    assert per_position.z[0][1] - per_position.z[0][0] == pytest.approx(1.0 / 20.0)  # no average over positions
+    done = plot_sweep_patching(_patching_table(per_position=False, normalize=True))[0]
+    assert done.data[0].z[1][2] == pytest.approx(12.0) and "normalised per pair" in done.layout.title.text
 
 
 # --- killed and resumed; Ray -------------------------------------------------------------------------
@@ -449,7 +502,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_results(reference, tmp_path):
     finished = len(list((out / "results").rglob("*.parquet")))
     assert 1 <= finished < 7, "the kill must land mid-run"
     # what a kill in the middle of a write leaves behind: a temp file next to the results
-    stale = out / "results" / "patching" / ".deadbeef.parquet.tmp-99999"
+    stale = out / "results" / "patching" / ".deadbeef.parquet.x1y2z3.tmp"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_bytes(b"half a table")
 

@@ -1,8 +1,9 @@
 """Saved folders changed by hand after saving are refused at load, not read silently wrong: a ``meta``
 emptied (it would read as an import that records no model, so the model check would be skipped) and
 a weight edited in the tensor file (a square ``W_skip`` saved transposed shows nothing in its shape).
-Folders that were never sealed still load: imports from SAELens / circuit-tracer files, folders an
-earlier version saved, and the shipped transcoders."""
+Folders that were never sealed (an earlier version's, another program's) load only when asked
+(``unsealed=True``, with a warning); a saved import from SAELens / circuit-tracer files is sealed with
+no fingerprint, and the shipped transcoders are sealed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from arithinterp.errors import ResultFileError
-from arithinterp.results import DIGEST_KEY, JSON_FILE, TENSOR_FILE
+from arithinterp.results import DIGEST_KEY, JSON_FILE, TENSOR_FILE, UnsealedResultWarning
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +129,9 @@ def test_a_saved_import_records_no_model_and_loads(transcoders, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["transcoders", "das"])
-def test_an_unsealed_folder_without_a_fingerprint_loads(kind, transcoders, subspace, tmp_path):
-    """A folder made by another program (no header marker, no digest, a meta that names no model) loads
-    as it did: nothing in it says a fingerprint was removed."""
+def test_an_unsealed_folder_without_a_fingerprint_loads_when_asked(kind, transcoders, subspace, tmp_path):
+    """A folder made by another program (no header marker, no digest, a meta that names no model): nothing
+    proves its files belong together, so it is refused unless asked for, and then loads with a warning."""
     from safetensors.torch import load_file, save_file
 
     cls, result, name, _ = _cases(transcoders, subspace)[kind]
@@ -139,11 +140,14 @@ def test_an_unsealed_folder_without_a_fingerprint_loads(kind, transcoders, subsp
     stored = json.loads((folder / JSON_FILE).read_text())
     stored.pop(DIGEST_KEY)
     (folder / JSON_FILE).write_text(json.dumps(stored))
-    loaded = cls.load(folder)
+    with pytest.raises(ResultFileError, match=r"is not sealed: .*\.load\(path, unsealed=True\)"):
+        cls.load(folder)
+    with pytest.warns(UnsealedResultWarning, match="is not sealed"):
+        loaded = cls.load(folder, unsealed=True)
     assert torch.equal(getattr(loaded, name), getattr(result, name)) and loaded.meta == {"source": "saelens"}
 
 
-def test_a_folder_saved_before_the_seal_loads(transcoders, tmp_path):
+def test_a_folder_saved_before_the_seal_loads_when_asked_and_is_sealed_by_saving_again(transcoders, tmp_path):
     """Folders saved before the seal existed carry neither the digest nor the header marker."""
     from safetensors.torch import load_file, save_file
 
@@ -154,7 +158,11 @@ def test_a_folder_saved_before_the_seal_loads(transcoders, tmp_path):
     stored = json.loads((folder / JSON_FILE).read_text())
     stored.pop(DIGEST_KEY)
     (folder / JSON_FILE).write_text(json.dumps(stored))
-    assert Transcoders.load(folder).meta == transcoders.meta
+    with pytest.warns(UnsealedResultWarning):
+        old = Transcoders.load(folder, unsealed=True)
+    assert old.meta == transcoders.meta
+    old.save(folder, overwrite=True)
+    assert Transcoders.load(folder).meta == transcoders.meta  # sealed now: no warning, no refusal
 
 
 @pytest.mark.parametrize("name", ["add-100", "add-3digit"])

@@ -1,9 +1,11 @@
 """PromptSet construction: positions from offsets, answers, labels, counterfactuals, validation."""
 
+import re
+
 import pytest
 import torch
 
-from arithinterp.errors import ArithInterpError, TaskError, TokenizationError
+from arithinterp.errors import ArithInterpError, ConfigError, TaskError, TokenizationError
 from arithinterp.tasks import arithmetic, number_check, prompts_for_pairs
 
 
@@ -57,13 +59,24 @@ def test_bpe_tokenizer_positions(bpe_tokenizer):
 def test_labels_digits_and_carries(tiny_model):
     prompts = prompts_for_pairs(tiny_model, "+", [57, 12, 99], [68, 3, 99], "{a}+{b}=")
     assert prompts.label("answer").tolist() == [125, 15, 198]
-    assert prompts.label("answer_digit_0").tolist() == [5, 5, 8]
-    assert prompts.label("answer_digit_2").tolist() == [1, 0, 1]
-    assert prompts.label("carry_0").tolist() == [1, 0, 1]  # 7+8, 2+3, 9+9
-    assert prompts.label("carry_1").tolist() == [1, 0, 1]
-    assert prompts.label("a_digit_1").tolist() == [5, 1, 9]
-    with pytest.raises(TaskError, match="answer_digit_0"):
-        prompts.label("sum_digit_0")
+    assert prompts.label("answer_units").tolist() == [5, 5, 8]
+    assert prompts.label("answer_hundreds").tolist() == [1, 0, 1]
+    assert prompts.label("carry_tens").tolist() == [1, 0, 1]  # 7+8, 2+3, 9+9
+    assert prompts.label("carry_hundreds").tolist() == [1, 0, 1]
+    assert prompts.label("a_tens").tolist() == [5, 1, 9]
+    assert "carry_units" not in prompts.label_names() and "carry_hundreds" in prompts.label_names()
+    with pytest.raises(TaskError, match="unknown label 'carry_units'"):  # nothing carries into the units
+        prompts.label("carry_units")
+
+
+@pytest.mark.parametrize("old, new", [("answer_digit_0", "'answer_units'"), ("a_digit_1", "'a_tens'"),
+                                      ("sum_digit_2", "'answer_hundreds'"), ("carry_0", "'carry_tens'"),
+                                      ("carry_1", "'carry_hundreds'"), ("a_digit_99", "a_units .. a_quintillions")])
+def test_a_digit_numbered_by_index_is_refused_with_its_place_name(tiny_model, old, new):
+    # one numbering: digits are named by their place, never by an index that could count either way
+    prompts = prompts_for_pairs(tiny_model, "+", [57], [68], "{a}+{b}=")
+    with pytest.raises(ConfigError, match=re.escape(new)):
+        prompts.label(old)
 
 
 def test_operators_and_modulus(tiny_model):

@@ -15,7 +15,6 @@ import random
 from typing import Literal, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.causal.datasets import InterchangeDataset
 from arithinterp.causal.interventions import (
@@ -28,6 +27,7 @@ from arithinterp.causal.scoring import (
 )
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import (
     ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, Seed, checked,
@@ -66,7 +66,8 @@ def train(model: HookedModel, dataset: InterchangeDataset, where: Site, interven
     history = []
     device = next(iter(model.parameters())).device
     intervention.to(device)
-    for step in tqdm(range(steps), desc=f"DAS {where.site} L{where.layer} @{where.position}", disable=not progress):
+    desc = f"DAS {where.site} L{where.layer} @{where.position}"
+    for step in progress_bar(range(steps), desc=desc, disable=not progress):
         if isinstance(intervention, BoundlessSubspace):
             intervention.temperature = anneal(step, steps)
         rows = torch.tensor(rng.sample(train_rows, min(size, len(train_rows))))

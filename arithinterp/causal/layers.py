@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
@@ -20,6 +19,7 @@ from arithinterp.causal.results import DASLayersResult, ReadableUsedResult
 from arithinterp.causal.scoring import Site, reachable
 from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import ByteSize, HookedModel, IntList, PositiveFloat32, PositiveInt, Seed, checked
@@ -137,7 +137,8 @@ def das_layers(
         for name, grid in grids.items():
             grid[done] = getattr(resume, name)[done]
     todo = [(i, j) for i in range(len(layers)) for j in range(len(positions)) if not done[i, j]]
-    stopped, bar = None, tqdm(total=done.numel(), initial=int(done.sum()), desc="DAS per layer", disable=not progress)
+    stopped = None
+    bar = progress_bar(total=done.numel(), initial=int(done.sum()), desc="DAS per layer", disable=not progress)
     try:
         for i, j in todo:
             # a position that reaches no held-out pair gets no score (NaN), not a zero
@@ -231,7 +232,7 @@ def readable_vs_used(
         _check_cells(model, dataset, site, layers, [positions], k)
     acts = collect(model, prompts, sites=[site], layers=layers, positions=[positions], progress=False)
     rows = []
-    for variable in tqdm(list(variables), desc="readable vs used", disable=not progress):
+    for variable in progress_bar(list(variables), desc="readable vs used", disable=not progress):
         dataset = datasets[variable]
         labels = dataset.causal_model.values(prompts.a, prompts.b)[variable]
         readable = None

@@ -7,7 +7,8 @@ variable is a function of its parents, evaluated on whole tensors of operands at
 variable to another value (an *interchange*) and recomputing its descendants gives the
 counterfactual answer the model should produce when that variable is swapped in.
 
-Built in: :func:`addition` (n-digit addition with per-column digit sums and carries),
+Built in: :func:`addition` (n-digit addition with per-column digit sums and carries, each digit named
+by its place: ``answer_tens``, ``carry_hundreds``),
 :func:`single_token_addition` ("sum mod 10" and "magnitude"), :func:`modular_addition`.
 User-defined models are lists of :class:`Variable`.
 """
@@ -21,6 +22,7 @@ import torch
 from pydantic import Field
 
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.tasks.places import PLACES, refuse_renamed
 from arithinterp.types import Accepts, checked
 
 ROOTS = ("a", "b")
@@ -85,6 +87,7 @@ class CausalModel:
     def check_variable(self, name: str) -> None:
         if name not in self.names or name == self.output:
             inner = [n for n in self.names if n != self.output]
+            refuse_renamed(name, what="variable", known=inner, carry_into=True)
             raise ConfigError(f"unknown variable {name!r} of causal model {self.name!r}; accepted: {accepted(inner)}")
 
     def values(self, a: torch.Tensor, b: torch.Tensor,
@@ -152,13 +155,17 @@ def _whole(value: Any, name: str, model: str) -> torch.Tensor:
 
 @checked
 def addition(n_digits: Annotated[int, Field(ge=1, le=18), Accepts("an int in 1..18")] = 3) -> CausalModel:
-    """Column addition of two ``n_digits``-digit numbers.
+    """Column addition of two ``n_digits``-digit numbers, every digit named by its place.
 
-    Variables: ``a_digit_i`` / ``b_digit_i`` (0 = units), ``column_sum_i = a_i + b_i``,
-    ``carry_j`` the carry *into* column ``j`` (``carry_1`` into the tens, ``carry_2`` into the
-    hundreds; ``carry_n`` is the leading digit of the sum), ``sum_digit_i`` and ``answer``; and
-    ``product_parity`` (``a·b mod 2``), which the answer does not depend on: a label for the
-    control ``interchange_dataset(..., value_from="product_parity")``.
+    Variables: ``a_units``, ``b_units``, ``a_tens``, ... (the operands' digits);
+    ``column_sum_units = a_units + b_units``, ...; ``carry_tens``, ``carry_hundreds``, ... the carry
+    *into* that column (``carry_tens`` is 1 when the units column sums to 10 or more; the carry
+    into the column past the operands' last is the leading digit of the sum); ``answer_units``,
+    ``answer_tens``, ... the digits of the sum, and ``answer``; and ``product_parity``
+    (``a·b mod 2``), which the answer does not depend on: a label for the control
+    ``interchange_dataset(..., value_from="product_parity")``. The digit names are those of the
+    prompt labels (:meth:`arithinterp.tasks.PromptSet.label`), so a probe and an alignment of the
+    same name read the same value.
 
     Args:
         n_digits: The operands' digit count, 1..18.
@@ -166,22 +173,24 @@ def addition(n_digits: Annotated[int, Field(ge=1, le=18), Accepts("an int in 1..
     Returns:
         The causal model ``addition-{n_digits}digit``.
     """
+    places = PLACES[: n_digits + 1]
     variables: list[Variable] = []
-    for i in range(n_digits):
-        variables += [Variable(f"a_digit_{i}", ("a",), _digit(i), f"digit {i} of a"),
-                      Variable(f"b_digit_{i}", ("b",), _digit(i), f"digit {i} of b")]
-    for i in range(n_digits):
-        variables.append(Variable(f"column_sum_{i}", (f"a_digit_{i}", f"b_digit_{i}"), lambda x, y: x + y,
-                                  f"a_digit_{i} + b_digit_{i}"))
-    for i in range(n_digits):
-        inputs = (f"column_sum_{i}",) + ((f"carry_{i}",) if i else ())
-        variables.append(Variable(f"sum_digit_{i}", inputs, lambda s, c=None: (s + (0 if c is None else c)) % 10,
-                                  f"digit {i} of the sum"))
-        variables.append(Variable(f"carry_{i + 1}", inputs, lambda s, c=None: ((s + (0 if c is None else c)) >= 10),
-                                  f"the carry into column {i + 1}"))
+    for i, place in enumerate(places[:-1]):
+        variables += [Variable(f"a_{place}", ("a",), _digit(i), f"the {place} digit of a"),
+                      Variable(f"b_{place}", ("b",), _digit(i), f"the {place} digit of b")]
+    for place in places[:-1]:
+        variables.append(Variable(f"column_sum_{place}", (f"a_{place}", f"b_{place}"), lambda x, y: x + y,
+                                  f"a_{place} + b_{place}"))
+    for i, place in enumerate(places[:-1]):
+        inputs = (f"column_sum_{place}",) + ((f"carry_{place}",) if i else ())
+        variables.append(Variable(f"answer_{place}", inputs, lambda s, c=None: (s + (0 if c is None else c)) % 10,
+                                  f"the {place} digit of the sum"))
+        variables.append(Variable(f"carry_{places[i + 1]}", inputs,
+                                  lambda s, c=None: ((s + (0 if c is None else c)) >= 10),
+                                  f"the carry into the {places[i + 1]} column"))
     variables.append(Variable("product_parity", ("a", "b"), lambda a, b: (a * b) % 2,
                               "a·b mod 2 (no part of the sum: a control label)"))
-    parents = tuple(f"sum_digit_{i}" for i in range(n_digits)) + (f"carry_{n_digits}",)
+    parents = tuple(f"answer_{place}" for place in places[:-1]) + (f"carry_{places[-1]}",)
 
     def total(*digits: torch.Tensor) -> torch.Tensor:
         return sum((d * 10**i for i, d in enumerate(digits)), torch.zeros_like(digits[0]))

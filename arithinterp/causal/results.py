@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from arithinterp.errors import AnalysisError
-from arithinterp.results import DISTINCT, NON_NEGATIVE, POSITIVE, PROBABILITY, Result
+from arithinterp.results import DISTINCT, MEASURED_PROBABILITY, NON_NEGATIVE, POSITIVE, PROBABILITY, SITE, Result
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class DASResult(Result):
 
     # what load checks: the axes fields share and the values they may take
     _shapes = {"basis": "d k", "k": "k"}
-    _legal = {"layer": NON_NEGATIVE, "k": POSITIVE, "iia": PROBABILITY, "train_iia": PROBABILITY, "chance": PROBABILITY}
+    _legal = {"layer": NON_NEGATIVE, "k": POSITIVE, "iia": MEASURED_PROBABILITY, "train_iia": MEASURED_PROBABILITY,
+              "chance": MEASURED_PROBABILITY, "site": SITE}
 
     def to_frame(self) -> pd.DataFrame:
         rows = [dict(variable=self.variable, site=self.site, layer=self.layer, position=self.position,
@@ -107,6 +108,17 @@ class DASLayersResult(Result):
     _legal = {"layers": [NON_NEGATIVE, DISTINCT], "positions": DISTINCT, "k": POSITIVE, "iia": PROBABILITY,
               "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
     _saved_names = ("DASSweep",)
+
+    def headline(self) -> dict:
+        """The best cell's IIA (:meth:`best`) and chance.
+
+        Returns:
+            ``best_layer``, ``best_position``, ``best_iia`` and ``chance`` (``{}`` when no cell has a score).
+        """
+        if not bool(torch.isfinite(self.iia).any()):
+            return {}
+        layer, position, iia = self.best()
+        return dict(best_layer=layer, best_position=position, best_iia=iia, chance=self.chance)
 
     def best(self) -> tuple[int, str, float]:
         """The best cell (cells without a score, NaN, are passed over).

@@ -22,7 +22,7 @@ from arithinterp.engine.edges import Layout
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import ArithInterpError, ConfigError, ResultFileError
 from arithinterp.metrics import metric_name
-from arithinterp.results import DISTINCT, JSON_FILE, TENSOR_FILE, Result, build_meta
+from arithinterp.results import BOOLEAN, DISTINCT, JSON_FILE, TENSOR_FILE, Relation, Result, build_meta
 from arithinterp.types import (
     ByteSize, IntegrationSteps, NonNegativeFiniteFloat, NonNegativeInt, PositiveInt, checked,
 )
@@ -64,7 +64,12 @@ class Circuit(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"scores": "edge", "pair_scores": "pair edge", "kept": "edge", "edges": "edge", "senders": "edge",
                "receivers": "edge", "channels": "edge", "positions": "edge"}
-    _legal = {"nodes": DISTINCT}
+    _legal = {"nodes": DISTINCT, "kept": BOOLEAN}
+    _relations = (Relation(
+        "nodes", "every node a kept edge touches (its sender and receiver), each an edge's end", lambda v: (
+            {n for n, k in zip(v["senders"], v["kept"].tolist()) if k}
+            | {n for n, k in zip(v["receivers"], v["kept"].tolist()) if k})
+        <= set(v["nodes"]) <= set(v["senders"]) | set(v["receivers"])),)
     _required_meta = ("layout",)
 
     @property
@@ -78,6 +83,18 @@ class Circuit(Result):
     @property
     def kept_edges(self) -> list:
         return [e for e, k in zip(self.edges, self.kept.tolist()) if k]
+
+    def headline(self) -> dict:
+        """How many edges are kept, and the edge of largest score in absolute value.
+
+        Returns:
+            ``kept`` (``"n of N"``), ``top_edge`` and ``top_score``.
+        """
+        if not self.edges:
+            return dict(kept="0 of 0")
+        top = int(self.scores.abs().nan_to_num(0.0).argmax())
+        return dict(kept=f"{self.n_kept} of {self.n_edges}", top_edge=self.edges[top],
+                    top_score=float(self.scores[top]))
 
     def graph(self) -> EdgeGraph:
         """The graph the edges index (rebuilt from ``meta``)."""
@@ -105,11 +122,25 @@ class Circuit(Result):
 
         return plot_circuit(self, **kwargs)
 
+    def show(self, **options):
+        """The circuit's interactive page (an inline frame in a notebook; no server): components by
+        layer × position, a slider over the edges by |score| starting at the kept ones, details on
+        click, paths on hover. ``options``: those of :func:`arithinterp.viz.graph_view.view_circuit`
+        (``supernodes``, ``max_links``). Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
+        from arithinterp.viz.graph_view import view_circuit
+
+        return view_circuit(self, **options)
+
+    def to_html(self, path: Union[str, Path], *, overwrite: bool = False, **options) -> Path:
+        """Write the circuit's interactive page (:meth:`show`) to one offline HTML file, refusing an
+        existing one unless ``overwrite``. Returns the file's path."""
+        return self.show(**options).to_html(path, overwrite=overwrite)
+
     @classmethod
-    def load(cls, path: Union[str, Path]) -> "Circuit":
-        """Read a circuit written by :meth:`save`, checking that every per-edge field has one
-        entry per edge and that the saved layout rebuilds the same edges."""
-        circuit = super().load(path)
+    def load(cls, path: Union[str, Path], *, unsealed: bool = False) -> "Circuit":
+        """Read a circuit written by :meth:`save` (see :meth:`Result.load`), checking that every per-edge
+        field has one entry per edge and that the saved layout rebuilds the same edges."""
+        circuit = super().load(path, unsealed=unsealed)
         path = Path(path)
         tensors, text = path / TENSOR_FILE, path / JSON_FILE
         n = len(circuit.edges)

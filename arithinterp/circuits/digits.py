@@ -25,6 +25,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.metrics import metric_name
 from arithinterp.patching import DIGIT_FEEDS, digit_pairs
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
+from arithinterp.tasks.places import answer_token_places
 from arithinterp.types import IndexList, IntegrationSteps, PositiveInt, checked
 
 if TYPE_CHECKING:
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 class DigitCircuits(Result):
     """Edge scores per answer token.
 
-    ``answer_tokens [K]``: the answer token indices scored (0 = the first emitted);
+    ``answer_tokens [K]``: the answer token indices scored (0 = the first emitted; their places
+    in ``meta["answer_places"]`` where every answer writes one digit per token in as many tokens);
     ``scores [K, n_edges]`` the mean edge score, ``pair_scores [K, N, n_edges]`` per pair;
     ``clean`` / ``corrupt`` ``[K, N]`` the metric of the unpatched runs at each digit (their
     difference is how much the pairs move that digit at all). Edge descriptions as in
@@ -228,6 +230,7 @@ def digit_circuits(
         graph_meta = {key: circuit.meta[key] for key in ("layout", "graph_positions")}
     pair_scores = torch.stack(per)
     meta = build_meta(model, n_pairs=len(pairs), vary=getattr(pairs, "vary", None), direction=direction,
+                      answer_places=answer_token_places(pairs.clean),
                       same_answer_token=same, ig_steps=ig_steps if method.startswith("eap-ig") else None, **graph_meta,
                       **cost)
     return DigitCircuits(

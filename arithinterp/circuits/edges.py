@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.circuits.graph import EdgeGraph
@@ -48,6 +47,7 @@ from arithinterp.engine.neuron_inputs import neuron_input_bytes
 from arithinterp.engine.steppers import ENGINES, stepper_for
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.progress import progress_bar
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import ByteSize, IntegrationSteps, PositiveInt, checked
 
@@ -187,7 +187,7 @@ def run_edge_sets(
     pair_batch = batch_size or chunk_for(budget, per_sequence + 2 * sender_bytes(model, T_max), "pair's edge run",
                                          high=n)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(pair_batch)]
-    bar = tqdm(total=len(batches) * C, desc="edge sets", disable=not progress)
+    bar = progress_bar(total=len(batches) * C, desc="edge sets", disable=not progress)
     for idx in batches:
         runner = base_send = other_send = fixed = base_scales = None  # free the last batch's senders first
         base_tokens, other_tokens = base_set.unpadded(idx), other_set.unpadded(idx)
@@ -318,7 +318,8 @@ def patch_edges(
     scores = torch.full((len(pairs), graph.n_edges), float("nan"))
     got: dict = {}
     forwards, engines = 0, set()
-    for start in tqdm(range(0, len(chosen), block), desc="patch edges", disable=not progress or len(chosen) <= block):
+    for start in progress_bar(range(0, len(chosen), block), desc="patch edges",
+                              disable=not progress or len(chosen) <= block):
         ids = chosen[start:start + block]
         sets = torch.zeros(len(ids), graph.n_edges)
         sets[torch.arange(len(ids)), ids] = 1.0
@@ -432,7 +433,7 @@ def attribute_edges(
             inputs = neuron_inputs(model, senders)
             receiver_names, receiver_index = neuron_receiver_edges(graph, senders, senders)
             receiver_out = torch.empty(len(pairs), len(receiver_names))
-    for idx in tqdm(batches, desc=method, disable=not progress):
+    for idx in progress_bar(batches, desc=method, disable=not progress):
         # the last batch's senders, runs and gradients go before this batch's are built, not onto its peak
         source_send = base_send = grad_sum = neuron_grad_sum = g = diff = per = got = grads = wanted = post = None
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)

@@ -627,7 +627,7 @@ def prune(
         The circuit with the edges that survived kept.
     """
     check_belongs(model, "circuits.prune", pairs=pairs, circuit=circuit)
-    from tqdm.auto import tqdm
+    from arithinterp.progress import progress_bar
 
     graph = circuit.graph()
     layers = torch.tensor([graph.nodes[graph.node_index[r]].layer for r in circuit.receivers])
@@ -643,7 +643,7 @@ def prune(
     runs: dict = {}  # the unpatched runs (and mean senders), the same for every visited edge
     current = value_of(kept)
     start = current
-    for i in tqdm(key, desc="prune", disable=not progress):
+    for i in progress_bar(key, desc="prune", disable=not progress):
         trial = kept.clone()
         trial[i] = False
         value = value_of(trial)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence, Union
 
-from tqdm.auto import tqdm
 
 import torch
 
@@ -40,6 +39,7 @@ from arithinterp.engine.edges import EdgeForward, edge_run_bytes, sender_outputs
 from arithinterp.engine.neuron_inputs import NeuronInputs
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
+from arithinterp.progress import progress_bar
 from arithinterp.types import ByteSize, PositiveInt, checked
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ def patch_neuron_edges(
     if graph.positions != [None]:
         labels, pos_index = resolve_positions(pairs, graph.positions)
         graph.check_positions(labels)
-    bar = tqdm(total=len(batches) * len(chosen), desc="neuron edges", disable=not progress)
+    bar = progress_bar(total=len(batches) * len(chosen), desc="neuron edges", disable=not progress)
     for idx in batches:
         base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
         B, T = base_tokens.shape

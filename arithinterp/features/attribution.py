@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write, run
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 
 # Targets per batched backward: at most BACKWARD_ROWS, and fewer where their gradients would pass
 # BACKWARD_BYTES. More rows were slower on CPU (the 4-layer Llama's 8-shot graph, every feature,
@@ -160,7 +160,7 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
     normalised = torch.zeros(len(rows) if choosing else 0, n_sources)  # |rows| summing to 1 per target: for choosing
     row_node = torch.full((len(rows),), -1, dtype=torch.long)
     filled = 0
-    bar = tqdm(total=len(rows), desc="graph rows", disable=None if progress else True)
+    bar = progress_bar(total=len(rows), desc="graph rows", disable=None if progress else True)
 
     def expand(ids: torch.Tensor) -> None:  # ids in node order: by layer, then position
         nonlocal filled
@@ -345,7 +345,8 @@ class _Sources:
             slots = torch.arange(len(positions)) - (torch.cumsum(counts, 0) - counts)[positions]
             writes = torch.zeros(T, max(1, int(counts.max())), embeddings.shape[-1], dtype=embeddings.dtype)
             i = transcoders.index(layer)
-            writes[positions, slots] = (a[positions, features][:, None] * transcoders.W_dec[i][features]).to(writes.dtype)
+            written = a[positions, features][:, None] * transcoders.W_dec[i][features]
+            writes[positions, slots] = written.to(writes.dtype)
             self.plans.append((writes, positions, slots, start))
             start += len(positions)
         self.error_start = start

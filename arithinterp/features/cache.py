@@ -53,13 +53,11 @@ def cache_folder(model: HookedModel) -> Path:
 
 
 def _shipped(model: Any) -> Optional[Path]:
-    from arithinterp.features.shipped import RECIPES, WEIGHTS_DIR
+    from arithinterp.features.shipped import WEIGHTS_DIR, shipped_names
 
     spec = str(getattr(model, "arithinterp_spec", "") or "")
     name = spec.removeprefix("zoo:")
-    if spec.startswith("zoo:") and name in RECIPES and (WEIGHTS_DIR / name / "result.json").exists():
-        return WEIGHTS_DIR / name
-    return None
+    return WEIGHTS_DIR / name if spec.startswith("zoo:") and name in shipped_names() else None
 
 
 @checked

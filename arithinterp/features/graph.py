@@ -42,7 +42,8 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.attribution import attribute
 from arithinterp.features.cache import require_transcoders
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.results import Result, build_meta
+from arithinterp.outputs import writes
+from arithinterp.results import Relation, Result, build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import HookedModel, IndexList, PositiveInt, PositiveProbability, checked
 
@@ -90,6 +91,8 @@ class AttributionGraph(Result):
 
     # what load checks: the axes fields share and the values they may take
     _shapes = {"nodes": "node", "edges": "node node", "bias": "node", "values": "node"}
+    _relations = (Relation("nodes", "nodes whose positions lie within the prompt's tokens", lambda v: all(
+        0 <= node["position"] < len(v["tokens"]) for node in v["nodes"])),)
     _saved_names = ("Graph",)  # the type name in folders written under the name circuits' layout shares
 
     def to_frame(self, kept_only: bool = False) -> pd.DataFrame:
@@ -115,15 +118,30 @@ class AttributionGraph(Result):
 
         return plot_attribution_graph(self, **kwargs)
 
+    def show(self, **options: Any) -> Any:
+        """The graph's interactive page (an inline frame in a notebook; no server): nodes by layer ×
+        position, a pruning slider, details on click, supernodes, paths on hover. ``options``: those of
+        :func:`arithinterp.viz.graph_view.view_graph` (``labels``, ``supernodes``, ``grids``, ``max_links``).
+        Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
+        from arithinterp.viz.graph_view import view_graph
+
+        return view_graph(self, **options)
+
+    def to_html(self, path: Union[str, Any], *, overwrite: bool = False, **options: Any) -> Any:
+        """Write the graph's interactive page (:meth:`show`) to one offline HTML file, refusing an
+        existing one unless ``overwrite``. Returns the file's path."""
+        return self.show(**options).to_html(path, overwrite=overwrite)
+
+    @writes
     def to_circuit_tracer(self, path: Union[str, Any], *, slug: Optional[str] = None, scan: Optional[str] = None,
-                          node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Any:
+                          node_threshold: float = 0.8, edge_threshold: float = 0.98, overwrite: bool = False) -> Any:
         """Write the graph JSON circuit-tracer's ``create_graph_files`` writes (its viewer and
         Neuronpedia read it), pruned as circuit-tracer prunes; see
         :func:`arithinterp.features.graph_files.write_circuit_tracer_graph`. Returns the file's path."""
         from arithinterp.features.graph_files import write_circuit_tracer_graph
 
         return write_circuit_tracer_graph(self, path, slug=slug, scan=scan, node_threshold=node_threshold,
-                                          edge_threshold=edge_threshold)
+                                          edge_threshold=edge_threshold, overwrite=overwrite)
 
 
 @checked

@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
 
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.outputs import check_target, write_file, writes
+from arithinterp.schemas import Schema, read_json, validate
 from arithinterp.types import checked
 
 PathLike = Union[str, Path]
@@ -128,14 +131,29 @@ def circuit_tracer_order(graph: Any) -> torch.Tensor:
     return torch.tensor(by_kind["feature"] + by_kind["error"] + by_kind["embedding"] + by_kind["logit"])
 
 
+class IndexedGraph(Schema):
+    """One graph the viewer's index lists (its other keys are kept as they are)."""
+
+    slug: str
+
+
+class GraphIndex(Schema):
+    """circuit-tracer's ``graph-metadata.json`` (the viewer's index of the graphs in a folder)."""
+
+    graphs: list[IndexedGraph] = []
+
+
+@writes
 @checked
 def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str] = None,
                                scan: Optional[str] = None, node_threshold: float = 0.8,
-                               edge_threshold: float = 0.98) -> Path:
+                               edge_threshold: float = 0.98, overwrite: bool = False) -> Path:
     """Write ``graph`` as circuit-tracer's viewer JSON (see the module docstring), pruned as
     ``create_graph_files(..., node_threshold, edge_threshold)`` prunes.
 
-    ``graph-metadata.json`` beside the file lists the graph (the viewer's index, merged by slug).
+    ``graph-metadata.json`` beside the file lists the graph (the viewer's index, merged by slug: the
+    other graphs it lists are kept). Both files go through the guarded writer
+    (:func:`arithinterp.outputs.write_file`).
 
     Args:
         graph: An :class:`~arithinterp.features.AttributionGraph`.
@@ -145,6 +163,7 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
         scan: Names the transcoders (default: ``meta['transcoders']`` or the model's id).
         node_threshold: circuit-tracer's node pruning threshold.
         edge_threshold: circuit-tracer's edge pruning threshold.
+        overwrite: Replace a graph file of that name (the index is merged, never replaced).
 
     Returns:
         The JSON file's path.
@@ -152,25 +171,29 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
     Raises:
         AnalysisError: ``graph`` is not an AttributionGraph, or its nodes lack token ids or logit
             probabilities.
-        ConfigError: The folder cannot be written.
+        ConfigError: The file cannot be written, or exists and ``overwrite`` is false.
+        FormatError: The folder's ``graph-metadata.json`` is damaged (it is left as it is).
     """
-    from arithinterp.outputs import check_writable_dir
-
     if not all(hasattr(graph, name) for name in ("nodes", "edges", "tokens", "prompt", "meta")):
         raise ConfigError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
     missing = [n for n in graph.nodes if "token_id" not in n or (n["kind"] == "logit" and "probability" not in n)]
     if missing:
         raise AnalysisError("this graph's nodes carry no token ids or logit probabilities (it was made by an "
                             "older version); make it again with attribution_graph to write it for circuit-tracer")
-    target = Path(path)
+    target = Path(path).expanduser()
     if target.suffix == ".json":
-        folder = check_writable_dir(target.parent, "write the graph")
-        slug = slug or target.stem
+        folder, slug = target.parent, slug or target.stem
         file = target
     else:
-        folder = check_writable_dir(target, "write the graph")
-        slug = slug or "graph-" + hashlib.sha1(graph.prompt.encode()).hexdigest()[:8]
+        folder, slug = target, slug or "graph-" + hashlib.sha1(graph.prompt.encode()).hexdigest()[:8]
         file = folder / f"{slug}.json"
+    check_target(file, overwrite=overwrite, what="path")
+    index_file = folder / "graph-metadata.json"
+    check_target(index_file, overwrite=True, what="path")  # merged: the other graphs it lists are kept
+    index = GraphIndex()
+    if os.path.lexists(index_file):
+        index = validate(GraphIndex, read_json(index_file, "circuit-tracer's graph index"), index_file,
+                         "circuit-tracer's graph index")
     order = circuit_tracer_order(graph)
     nodes = [graph.nodes[i] for i in order.tolist()]
     adjacency = graph.edges.float()[order][:, order]
@@ -197,11 +220,17 @@ def write_circuit_tracer_graph(graph: Any, path: PathLike, *, slug: Optional[str
     document = dict(metadata=metadata,
                     qParams=dict(pinnedIds=[], supernodes=[], linkType="both", clickedId="", sg_pos=""),
                     nodes=used, links=links)
-    file.write_text(json.dumps(document, indent=2))
-    index_file = folder / "graph-metadata.json"
-    index = json.loads(index_file.read_text()) if index_file.is_file() else {"graphs": []}
-    index["graphs"] = [g for g in index.get("graphs", []) if g.get("slug") != slug] + [metadata]
-    index_file.write_text(json.dumps(index, indent=2))
+    listed = dict(index.model_dump(), graphs=[g.model_dump() for g in index.graphs if g.slug != slug] + [metadata])
+    previous = file.read_bytes() if file.is_file() else None
+    write_file(file, json.dumps(document, indent=2), overwrite=overwrite, what="path")
+    try:
+        write_file(index_file, json.dumps(listed, indent=2), overwrite=True, what="path")
+    except BaseException:  # the two files go together: the graph goes back to what it was
+        if previous is None:
+            file.unlink(missing_ok=True)
+        else:
+            write_file(file, previous, overwrite=True, what="path")
+        raise
     return file
 
 

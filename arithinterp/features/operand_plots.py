@@ -23,15 +23,15 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.engine import Read, run
 from arithinterp.engine.steppers import read_last
 from arithinterp import sites as site_lib
-from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.features.labels import LOOKUP_FAMILY, lookup_registry
-from arithinterp.features.transcoder import Transcoders
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
+from arithinterp.features.labels import LOOKUP_FAMILY, FeatureGridsResult, lookup_registry
+from arithinterp.features.transcoder import Transcoders, transcoders_digest
 from arithinterp.neurons import HeuristicTable, classify_maps
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import PromptSet
@@ -129,10 +129,23 @@ class OperandPlots(Result):
         return pd.DataFrame([dict(layer=layer, role=role, active_features=len(self.active(layer, role)))
                              for layer in self.layers for role in self.roles])
 
-    def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_operand_plot
+    def grids(self, layer: int, features: Sequence[int], role: str) -> FeatureGridsResult:
+        """Some features' operand plots of one layer and role as a
+        :class:`~arithinterp.features.FeatureGridsResult` (its ``plot()`` draws them)."""
+        maps, a_values, b_values = self.maps(layer, features, role)
+        return FeatureGridsResult(layer=int(layer), features=[int(f) for f in features], labels=[""] * len(features),
+                                  a_values=a_values, b_values=b_values, maps=maps, meta=dict(self.meta, role=role))
 
-        return plot_operand_plot(self, **kwargs)
+    def plot(self, layer: Optional[int] = None, features: Optional[Sequence[int]] = None, role: str = "final",
+             **kwargs: Any):
+        """Operand plots of some features (default: the four firing on most cells at ``role`` of the
+        last layer), one heatmap each (rows a, columns b)."""
+        layer = self.layers[-1] if layer is None else layer
+        if features is None:
+            li, ri = self.layers.index(layer), self.roles.index(role)
+            fired = self.features[:, ri, li][self.values[:, ri, li].nan_to_num(0.0) > 0].long()
+            features = torch.bincount(fired.reshape(-1), minlength=self.n_features).topk(4).indices.tolist()
+        return self.grids(layer, features, role).plot(**kwargs)
 
 
 def _role_index(prompts: PromptSet, roles: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +200,7 @@ def operand_plots(model: HookedModel, prompts: PromptSet, transcoders: Transcode
                            else torch.int32)
     names = [site_lib.hook_name("mlp_in", layer) for layer in transcoders.layers]
     groups = prompts.length_groups()
-    for group in tqdm(groups, desc="operand plots", disable=not progress):
+    for group in progress_bar(groups, desc="operand plots", disable=not progress):
         offset = prompts.offset(group)
         tokens = frame[group, offset:]
         first = int(index[group].min()) - offset  # the earliest role read
@@ -214,9 +227,11 @@ def operand_plots(model: HookedModel, prompts: PromptSet, transcoders: Transcode
         fed = torch.cat([fed, torch.full((len(fed), 1), -1, dtype=fed.dtype)], 1)
     next_tokens = fed.gather(1, index + 1).masked_fill(~valid, -1)
     return OperandPlots(values=values.half(), features=features, a=prompts.a.clone(), b=prompts.b.clone(),
-                        answer=prompts.answer.clone(), next_tokens=next_tokens, roles=roles, layers=list(transcoders.layers),
+                        answer=prompts.answer.clone(), next_tokens=next_tokens, roles=roles,
+                        layers=list(transcoders.layers),
                         n_features=transcoders.n_features, op=prompts.op,
-                        meta=build_meta(model, n_prompts=len(prompts), prefix=prompts.prefix))
+                        meta=build_meta(model, n_prompts=len(prompts), prefix=prompts.prefix,
+                                        transcoders=transcoders_digest(transcoders)))
 
 
 @checked
@@ -267,3 +282,63 @@ def label_plots(plots: OperandPlots, layer: int, role: str, features: Optional[I
     return classify_maps(maps, None, a_values, b_values, plots.op, threshold, fdr=fdr, registry=activity_registry(),
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), seed=seed,
                          meta=dict(role=role))
+
+
+def graph_roles(prompt: PromptSet, roles: Sequence[str], n_tokens: int) -> dict[int, str]:
+    """Which role each position of a graph over one prompt is (the prompt followed by as many of its
+    answer tokens as the graph's ``n_tokens`` hold): ``{position: role}`` for the roles it has.
+
+    Args:
+        prompt: The one prompt.
+        roles: Position specs (an :class:`OperandPlots`' roles).
+        n_tokens: The graph's tokens.
+
+    Returns:
+        The roles by position (the first role named wins where two fall on one token).
+    """
+    fed = max(n_tokens - int(prompt.lengths[0]), 0)
+    offset = prompt.tokens.shape[1] - int(prompt.lengths[0])
+    found: dict[int, str] = {}
+    for role in roles:
+        try:
+            _, index = prompt.locate([role], answers=fed)
+        except ArithInterpError:  # a role this prompt does not have (an answer token not fed)
+            continue
+        found.setdefault(int(index[0, 0]) - offset, role)
+    return found
+
+
+@checked
+def graph_feature_grids(graph: Any, plots: OperandPlots, prompt: PromptSet) -> list[FeatureGridsResult]:
+    """Operand plots of the features an attribution graph keeps, each read at its own position's role,
+    for the graph's viewer (``graph.show(grids=...)``): one :class:`~arithinterp.features.FeatureGridsResult`
+    per layer and position, labelled with the graph's labels.
+
+    Args:
+        graph: An :class:`~arithinterp.features.AttributionGraph` of ``prompt``.
+        plots: Operand plots of the graph's transcoders (:func:`operand_plots`).
+        prompt: The one prompt the graph is of.
+
+    Returns:
+        The results, by layer and position (empty when no kept feature sits at a role's position).
+
+    Raises:
+        ConfigError: ``graph`` is not an attribution graph, or ``prompt`` is not one prompt.
+    """
+    if not all(hasattr(graph, name) for name in ("nodes", "tokens")):
+        raise ConfigError(f"graph must be a features.AttributionGraph, got {type(graph).__name__}")
+    if len(prompt) != 1:
+        raise ConfigError(f"prompt must be the graph's one prompt; got a prompt set of {len(prompt)}")
+    role_at = graph_roles(prompt, plots.roles, len(graph.tokens))
+    chosen: dict[tuple[int, int], dict[int, str]] = {}
+    for node in graph.nodes:
+        if node["kind"] == "feature" and node.get("kept") and node["position"] in role_at:
+            chosen.setdefault((int(node["layer"]), int(node["position"])), {})[int(node["feature"])] = str(
+                node.get("label", "") or "")
+    out = []
+    for (layer, position), labels in sorted(chosen.items()):
+        maps, a_values, b_values = plots.maps(layer, list(labels), role_at[position])
+        out.append(FeatureGridsResult(layer=layer, features=list(labels), labels=list(labels.values()),
+                                      a_values=a_values, b_values=b_values, maps=maps,
+                                      meta=dict(plots.meta, position=position, role=role_at[position])))
+    return out

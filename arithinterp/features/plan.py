@@ -34,8 +34,8 @@ import torch
 
 from arithinterp.checks import check_model, fingerprint
 from arithinterp.errors import ConfigError
-from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import check_free_dir
+from arithinterp.features.transcoder import Transcoders, transcoders_digest
+from arithinterp.outputs import check_target, write_folder, writes
 from arithinterp.tasks import PromptSet, concat
 from arithinterp.types import HookedModel, NonNegativeInt, PathLike, Seed, checked
 
@@ -47,6 +47,13 @@ HELD_OUT_PROMPTS = 200
 #: The share of each operand's values in the held-out block, and where the blocks start.
 BLOCK = 0.2
 BLOCK_START = (0.4, 0.2)
+#: Multiply-adds of reading the training prompts may take (the prompts' count follows from it).
+READ_BUDGET = 2e13
+#: The most training prompts (zoo:add-3digit kept 0.98 of its answers with 10,000 of its 810,000).
+MAX_PROMPTS = 10000
+#: Distinct training rows per feature, and passes over the distinct rows (both from zoo:add-100).
+ROWS_PER_FEATURE = 280
+EPOCHS = 40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +116,9 @@ class TranscoderPlan:
 
 def _span(values: Sequence[int]) -> str:
     values = list(values)
-    return f"{values[0]}-{values[-1]}" if values == list(range(values[0], values[-1] + 1)) else ",".join(map(str, values))
+    if values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}-{values[-1]}"
+    return ",".join(map(str, values))
 
 
 def _block(values: Sequence[int], start: float) -> tuple[int, int]:
@@ -153,6 +162,7 @@ def plan_transcoders(model: HookedModel, *, template: Optional[str] = None, few_
     """
     from arithinterp.models.zoo import ZOO, get_entry
     from arithinterp.report.evaluation import parse_operands
+    from arithinterp.tasks import prompts_for_pairs
 
     check_model(model, "plan_transcoders")
     spec = str(getattr(model, "arithinterp_spec", "") or "")
@@ -177,29 +187,33 @@ def plan_transcoders(model: HookedModel, *, template: Optional[str] = None, few_
     in_block = sum(held_a[0] <= a < held_a[1] for a in a_values) * sum(held_b[0] <= b < held_b[1] for b in b_values)
     grid = len(a_values) * len(b_values) - in_block
     d = int(model.cfg.d_model)
-    # the prompts a forward's work allows: about 2e13 multiply-adds of reading (ten minutes on two
-    # CPU cores) at ~12 tokens a prompt, at most the training grid, at least 1,000
-    per_prompt = 12 * _forward_flops_per_token(model)
-    n_train = int(min(grid, max(1000, 2e13 / per_prompt)))
-    # rows: every position of every prompt; distinct ones about the prompt's own tokens
-    distinct_rows = n_train * 6
-    n_features = int(min(8 * d, max(32, 32 * round(distinct_rows / 32 / 24))))
-    k = int(min(64, max(8, 32 * round(d / 640))))
+    # the prompts a budget of reading allows (READ_BUDGET multiply-adds: minutes on two CPU cores), at
+    # most the training grid and MAX_PROMPTS, at least 1,000
+    tokens = int(prompts_for_pairs(model, op, [a_values[0]], [b_values[0]], template, modulus=modulus,
+                                   answer_digits=answer_digits, few_shot=few_shot, seed=seed).tokens.shape[1])
+    n_train = int(min(grid, MAX_PROMPTS, max(1000, READ_BUDGET / (tokens * _forward_flops_per_token(model)))))
+    # distinct MLP inputs per layer: the positions that see both operands are new in every prompt
+    # (about two of them), the others repeat across prompts (measured on zoo:add-100: 18,000 of 10,000 prompts)
+    distinct_rows = 2 * n_train
+    # about 280 distinct rows per feature (zoo:add-100: 64 features kept 0.985 of held-out answers; larger
+    # dictionaries leave features that fire on a handful of training rows and never on held-out ones)
+    n_features = int(min(8 * d, max(64, 32 * round(distinct_rows / ROWS_PER_FEATURE / 32))))
+    k = int(min(64, n_features // 4, max(16, 16 * round(math.sqrt(d / 128)))))
     batch_size = 1024
-    steps = int(min(2000, max(200, math.ceil(8 * distinct_rows / batch_size))))
+    steps = int(min(2000, max(200, math.ceil(EPOCHS * distinct_rows / batch_size))))
     prefixes = tuple(range(seed, seed + TRAIN_PREFIXES)) if few_shot else (seed,)
     held_prefixes = tuple(range(seed + 1000, seed + 1000 + HELD_OUT_PREFIXES)) if few_shot else (seed,)
     return TranscoderPlan(op=op, template=template, a_values=tuple(a_values), b_values=tuple(b_values),
                           modulus=modulus, answer_digits=answer_digits, few_shot=few_shot, train_prefixes=prefixes,
                           held_out_prefixes=held_prefixes, held_out_a=held_a, held_out_b=held_b, n_train=n_train,
                           n_held_out=min(HELD_OUT_PROMPTS, in_block), n_features=n_features, k=k,
-                          steps=steps, batch_size=batch_size, lr=3e-3, skip=False, seed=seed, zoo=zoo)
+                          steps=steps, batch_size=batch_size, lr=2e-3, skip=False, seed=seed, zoo=zoo)
 
 
 def _pairs(plan: TranscoderPlan, held: bool, n: int, seed: int) -> list[tuple[int, int]]:
     """``n`` operand pairs (a seeded sample, without repeats) inside or outside the held-out block."""
-    inside = [(a, b) for a in plan.a_values for b in plan.b_values
-              if (plan.held_out_a[0] <= a < plan.held_out_a[1] and plan.held_out_b[0] <= b < plan.held_out_b[1]) == held]
+    (a_lo, a_hi), (b_lo, b_hi) = plan.held_out_a, plan.held_out_b
+    inside = [(a, b) for a in plan.a_values for b in plan.b_values if (a_lo <= a < a_hi and b_lo <= b < b_hi) == held]
     order = torch.randperm(len(inside), generator=torch.Generator().manual_seed(seed))[:n]
     return [inside[i] for i in order.tolist()]
 
@@ -269,6 +283,29 @@ def plan_grid(model: HookedModel, plan: TranscoderPlan) -> PromptSet:
 
 
 @checked
+def transcoder_plots(model: HookedModel, transcoders: Transcoders, *, progress: bool = True) -> Any:
+    """The operand plots of ``model``'s transcoders: the ones saved beside them in the cache when
+    those are the transcoders given, else read now over the plan's grid (:func:`plan_grid`).
+
+    Args:
+        model: The hooked model.
+        transcoders: The transcoders.
+        progress: Show a progress bar while reading.
+
+    Returns:
+        The :class:`~arithinterp.features.operand_plots.OperandPlots`.
+    """
+    from arithinterp.features.cache import find_operand_plots
+    from arithinterp.features.operand_plots import operand_plots
+
+    cached = find_operand_plots(model)
+    if cached is not None and cached.meta.get("transcoders") == transcoders_digest(transcoders):
+        return cached
+    return operand_plots(model, plan_grid(model, plan_transcoders(model)), transcoders, progress=progress)
+
+
+@writes
+@checked
 def train_planned(model: HookedModel, plan: TranscoderPlan, out: Optional[PathLike] = None, *,
                   overwrite: bool = False, progress: bool = True) -> tuple[Transcoders, dict[str, Any]]:
     """Train ``model``'s transcoders as ``plan`` says, save them with a ``card.json`` and return both.
@@ -290,7 +327,8 @@ def train_planned(model: HookedModel, plan: TranscoderPlan, out: Optional[PathLi
     from arithinterp.features.operand_plots import operand_plots
     from arithinterp.features.training import train_transcoders
 
-    target = check_free_dir(Path(out) if out is not None else cache_folder(model), "out", overwrite)
+    target = check_target(Path(out) if out is not None else cache_folder(model), overwrite=overwrite, what="out",
+                          folder=True)
     train, held_out = plan_prompts(model, plan)
     start = time.perf_counter()
     transcoders = train_transcoders(model, train, held_out=held_out, n_features=plan.n_features, k=plan.k,
@@ -298,11 +336,11 @@ def train_planned(model: HookedModel, plan: TranscoderPlan, out: Optional[PathLi
                                     seed=plan.seed, distinct=True, sequential=True, progress=progress)
     plots = operand_plots(model, plan_grid(model, plan), transcoders, progress=progress)
     wall = round(time.perf_counter() - start, 1)
-    path = transcoders.save(target, overwrite=overwrite)
-    plots.save(path / PLOTS_FOLDER, overwrite=overwrite)
     card = dict(model=str(getattr(model, "arithinterp_spec", "") or ""), fingerprint=fingerprint(model),
                 plan=plan.as_dict(), wall_seconds=wall, torch_threads=torch.get_num_threads(),
                 n_train_prompts=len(train), n_held_out_prompts=len(held_out),
                 layers=transcoders.metrics["layers"], replacement=transcoders.metrics["replacement"])
-    (path / "card.json").write_text(json.dumps(card, indent=1))
-    return transcoders, dict(card, out=str(path))
+    with write_folder(target, overwrite=overwrite) as folder:  # the transcoders and their plots, whole
+        transcoders.save(folder, overwrite=True, extra_files={"card.json": json.dumps(card, indent=1)})
+        plots.save(folder / PLOTS_FOLDER)
+    return transcoders, dict(card, out=str(target))

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.errors import ConfigError
 from arithinterp.features.rows import answer_sequences
 from arithinterp.features.transcoder import Transcoders
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result, build_meta
@@ -165,7 +165,7 @@ def replacement_metrics(model: HookedModel, prompts: PromptSet, transcoders: Tra
     kls = torch.full((len(prompts), n_answer), float("nan"))
     # one run per sequence length and answer length (the last positions compared are the answer's)
     parts = [(group, n) for group in answer_sequences(prompts) for n in group.n_answer.unique().tolist()]
-    for group, n in tqdm(parts, desc="replacement model", disable=not progress):
+    for group, n in progress_bar(parts, desc="replacement model", disable=not progress):
         rows = (group.n_answer == n).nonzero().squeeze(1)
         agree, kl = compare_replacement(model, transcoders, group.tokens[rows], int(n), batch_size)
         agrees[group.prompts[rows], :n] = agree.float()

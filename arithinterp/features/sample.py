@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_fingerprint
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.graph import prompt_graph
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 from arithinterp.results import Result, build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import HookedModel, PositiveFiniteFloat, checked
@@ -118,7 +118,7 @@ def graph_sample(model: HookedModel, prompts: PromptSet, transcoders: Transcoder
         scores = [dict(s) for s in resume.scores]
         seen = {(row["layer"], row["feature"], row["position"]): dict(row) for row in resume.features}
     start, stopped = time.perf_counter(), None
-    bar = tqdm(total=len(prompts), initial=done, desc="graphs", disable=None if progress else True)
+    bar = progress_bar(total=len(prompts), initial=done, desc="graphs", disable=None if progress else True)
     try:
         for i in range(done, len(prompts)):
             if max_seconds is not None and done > 0 and time.perf_counter() - start > max_seconds:

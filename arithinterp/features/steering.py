@@ -16,11 +16,11 @@ MLPs' own outputs kept and only the features' decoded change added
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
 from arithinterp.engine import Read, Write, run
@@ -57,7 +57,8 @@ def feature_settings(transcoders: Transcoders, settings: dict[int, torch.Tensor]
                    layer: int = layer) -> torch.Tensor:
             acts = transcoders.encode(layer, seen["x"][:, -1])  # [B, F]
             wanted = values.to(acts.dtype)
-            delta = torch.where(wanted.isnan(), torch.zeros_like(acts), wanted - acts) @ transcoders.W_dec[i].to(acts.dtype)
+            change = torch.where(wanted.isnan(), torch.zeros_like(acts), wanted - acts)
+            delta = change @ transcoders.W_dec[i].to(acts.dtype)
             edited = mlp_out.clone()
             edited[:, -1] += delta.to(mlp_out.dtype)
             return edited
@@ -143,14 +144,16 @@ def token_groups(plots: OperandPlots, transcoders: Transcoders, role: str, *, mi
     from arithinterp.neurons.heuristics import build_heuristics
 
     a_values, b_values = sorted(set(plots.a.tolist())), sorted(set(plots.b.tolist()))
-    registry = {h.name: h for h in build_heuristics(a_values, b_values, plots.op, registry=activity_registry()).heuristics}
+    built = build_heuristics(a_values, b_values, plots.op, registry=activity_registry())
+    registry = {h.name: h for h in built.heuristics}
     result = plots.answer
     groups: dict[int, list[tuple[int, int, float]]] = {}
     for layer in plots.layers:
         if not plots.active(layer, role):
             continue
-        table = label_plots(plots, layer, role, threshold=threshold, fdr=fdr, seed=seed).to_frame()
-        table = table[table["label"]].sort_values("score", ascending=False).drop_duplicates("neuron")
+        frame = label_plots(plots, layer, role, threshold=threshold, fdr=fdr, seed=seed).to_frame()
+        labelled = pd.DataFrame(frame[frame["label"]])
+        table = labelled.sort_values(by="score", ascending=False).drop_duplicates("neuron")
         if table.empty:
             continue
         maps, a_values, b_values = plots.maps(layer, table["neuron"].tolist(), role)
@@ -203,7 +206,8 @@ def swap_test(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
     elif role.startswith("answer[") and role.endswith("]") and role[7:-1].isdigit():
         fed = int(role[7:-1]) + 1
     else:
-        raise ConfigError(f"role must be 'final' or 'answer[j]' (a position that predicts an answer token), got {role!r}")
+        raise ConfigError(f"role must be 'final' or 'answer[j]' (a position that predicts an answer token), "
+                          f"got {role!r}")
     groups = token_groups(plots, transcoders, role, min_agreement=min_agreement, seed=seed)
     if len(groups) < 2:
         raise AnalysisError(f"{len(groups)} token(s) have a labelled group at {role!r}; a swap needs two")
@@ -218,7 +222,7 @@ def swap_test(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
     control = torch.full((n, n_random), -1, dtype=torch.long)
     n_removed, n_added = torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long)
     tokens_all = [prompts.unpadded(torch.tensor([i]))[0] for i in range(n)]
-    for i in tqdm(range(n), desc="swap test", disable=not progress):
+    for i in progress_bar(range(n), desc="swap test", disable=not progress):
         tokens = torch.cat([tokens_all[i], prompts.answer_tokens[i, :fed]])[None]
         layers = list(transcoders.layers)
         out = run(model, tokens, reads=[Read("mlp_in", layer, positions=-1) for layer in layers])

@@ -25,7 +25,7 @@ import torch
 
 from arithinterp.errors import ConfigError
 from arithinterp.features.graph import AttributionGraph
-from arithinterp.features.operand_plots import OperandPlots, label_plots
+from arithinterp.features.operand_plots import OperandPlots, graph_roles, label_plots
 from arithinterp.tasks import PromptSet
 from arithinterp.types import PositiveProbability, checked
 
@@ -57,20 +57,6 @@ class Supernode:
         return dataclasses.asdict(self)
 
 
-def _roles_of(prompt: PromptSet, roles: list[str], n_tokens: int) -> dict[int, str]:
-    """Position -> role for a graph over one prompt (followed by as many answer tokens as the graph has)."""
-    fed = n_tokens - int(prompt.lengths[0])
-    found: dict[int, str] = {}
-    for role in roles:
-        try:
-            _, index = prompt.locate([role], answers=max(fed, 0))
-        except Exception:  # noqa: BLE001 - a role this prompt does not have (an answer token not fed)
-            continue
-        position = int(index[0, 0]) - (prompt.tokens.shape[1] - int(prompt.lengths[0]))
-        found.setdefault(position, role)
-    return found
-
-
 @checked
 def label_graph(graph: AttributionGraph, plots: OperandPlots, prompt: PromptSet, *, threshold: float = 0.6,
                 fdr: float = 0.05, kept_only: bool = True) -> dict[tuple[int, int, int], str]:
@@ -92,7 +78,7 @@ def label_graph(graph: AttributionGraph, plots: OperandPlots, prompt: PromptSet,
     """
     if len(prompt) != 1:
         raise ConfigError(f"label_graph labels the graph of one prompt; got a prompt set of {len(prompt)}")
-    role_at = _roles_of(prompt, list(plots.roles), len(graph.tokens))
+    role_at = graph_roles(prompt, plots.roles, len(graph.tokens))
     wanted: dict[tuple[int, str], list[int]] = {}
     for node in graph.nodes:
         if node["kind"] == "feature" and (node["kept"] or not kept_only) and node["position"] in role_at:
@@ -100,10 +86,11 @@ def label_graph(graph: AttributionGraph, plots: OperandPlots, prompt: PromptSet,
     best: dict[tuple[int, int, str], tuple[float, str]] = {}
     for (layer, role), features in wanted.items():
         table = label_plots(plots, layer, role, sorted(set(features)), threshold=threshold, fdr=fdr).to_frame()
-        for row in table[table["label"]].itertuples():
-            key = (layer, int(row.neuron), role)
-            if key not in best or row.score > best[key][0]:
-                best[key] = (float(row.score), str(row.heuristic))
+        labelled = table[table["label"]]
+        for feature, score, name in zip(labelled["neuron"], labelled["score"], labelled["heuristic"]):
+            key = (layer, int(feature), role)
+            if key not in best or float(score) > best[key][0]:
+                best[key] = (float(score), str(name))
     out = {}
     for node in graph.nodes:
         if node["kind"] == "feature" and node["position"] in role_at:
@@ -137,7 +124,7 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
     Returns:
         The supernodes, most influential first.
     """
-    role_at = _roles_of(prompt, list(plots.roles), len(graph.tokens)) if prompt is not None and plots else {}
+    role_at = graph_roles(prompt, plots.roles, len(graph.tokens)) if prompt is not None and plots else {}
     kept = torch.tensor([bool(node["kept"]) for node in graph.nodes])
     features = [i for i, node in enumerate(graph.nodes)
                 if node["kind"] == "feature" and (node["kept"] or not kept_only)]
@@ -146,8 +133,8 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
     for i in features:
         node = graph.nodes[i]
         label = labels.get((node["layer"], node["feature"], node["position"]))
-        where = role_at.get(node["position"], node["position"])
-        if label:
+        where = role_at.get(node["position"]) or node["position"]
+        if isinstance(label, str) and label:
             groups.setdefault((label, where), []).append(i)
         else:
             unlabelled.append(i)
@@ -159,7 +146,7 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
         similarity = _profiles(graph, unlabelled, kept) @ centres.T  # [unlabelled, group]
         left = []
         for row, i in enumerate(unlabelled):
-            where = role_at.get(graph.nodes[i]["position"], graph.nodes[i]["position"])
+            where = role_at.get(graph.nodes[i]["position"]) or graph.nodes[i]["position"]
             same_place = torch.tensor([key[1] == where for key in keys])
             score = similarity[row].masked_fill(~same_place, -2.0)
             best = int(score.argmax())
@@ -187,7 +174,8 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
         out.append(Supernode(name=f"{label} @ {place}", label=label, role=role, members=sorted(members),
                              influence=float(sum(graph.nodes[i]["influence"] for i in members)),
                              by_label=len(direct[(label, where)]),
-                             labelled_influence=float(sum(graph.nodes[i]["influence"] for i in direct[(label, where)]))))
+                             labelled_influence=float(sum(graph.nodes[i]["influence"]
+                                                          for i in direct[(label, where)]))))
     for members in rest:
         first = graph.nodes[members[0]]
         where = role_at.get(first["position"], "")

@@ -19,7 +19,6 @@ from typing import Annotated, Any, Optional, Sequence, Union
 
 import torch
 from pydantic import Field
-from tqdm.auto import tqdm
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs
@@ -30,11 +29,12 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.replacement import replacement_metrics
 from arithinterp.features.rows import answer_sequences, read_layers
 from arithinterp.features.transcoder import Transcoders
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
-from arithinterp.tasks import PromptSet, concat
+from arithinterp.tasks import PromptSet
 from arithinterp.types import (
-    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, OpenUnitFloat, PositiveFiniteFloat, PositiveFloat32,
-    PositiveInt, Probability, HookedModel, Seed, checked,
+    Accepts, ByteSize, IntList, NonNegativeFiniteFloat, NonNegativeInt, OpenUnitFloat, PositiveFiniteFloat,
+    PositiveFloat32, PositiveInt, Probability, HookedModel, Seed, checked,
 )
 
 
@@ -60,7 +60,7 @@ def mlp_activations(model: HookedModel, tokens: torch.Tensor, layers: Sequence[i
     size = batch_size or batch_size_for(model, int(tokens.shape[1]), n_read=len(reads), plain=True)
     ins: list[list[torch.Tensor]] = [[] for _ in layers]
     outs: list[list[torch.Tensor]] = [[] for _ in layers]
-    for start in tqdm(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
+    for start in progress_bar(range(0, len(tokens), size), desc="read MLPs", disable=not progress):
         got = run(model, tokens[start : start + size], writes, reads=reads, logits="none").reads
         for i in range(len(layers)):
             ins[i].append(got[2 * i].float().cpu())
@@ -159,7 +159,7 @@ def _fit_layer(x: torch.Tensor, y: torch.Tensor, n_features: int, k: int, steps:
     frequency = torch.zeros(n_features)  # an EMA of each feature's firing rate, bias-corrected below
     dead_after = max(1, math.ceil(2 * n / batch_size))  # a feature silent over ~two passes counts as dead
     resample_every = max(dead_after + 1, steps // 10)
-    for step in tqdm(range(steps), desc=desc, disable=not progress):
+    for step in progress_bar(range(steps), desc=desc, disable=not progress):
         rows = torch.randint(0, n, (min(batch_size, n),), generator=generator)
         xb, yb = x[rows], y[rows]
         W_enc, b_enc, W_dec = tensors["W_enc"], tensors["b_enc"], tensors["W_dec"]
@@ -208,11 +208,13 @@ Frequency = Annotated[Probability, Field(lt=1), Accepts("a number in [0, 1)")]  
 def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optional[IntList] = None,
                       n_features: PositiveInt = 512, k: PositiveInt = 16, steps: PositiveInt = 2000,
                       batch_size: PositiveInt = 2048, lr: PositiveFloat32 = 2e-3, skip: bool = True,
-                      held_out: Union[OpenUnitFloat, PromptSet] = 0.1, seed: Seed = 0, encoder_scale: PositiveFiniteFloat = 0.1,
+                      held_out: Union[OpenUnitFloat, PromptSet] = 0.1, seed: Seed = 0,
+                      encoder_scale: PositiveFiniteFloat = 0.1,
                       resample_until: Probability = 0.0, min_frequency: Frequency = 1e-3,
                       skip_ridge: NonNegativeFiniteFloat = 0.0, train_skip: bool = True, distinct: bool = False,
-                      sequential: bool = False, max_memory: Optional[ByteSize] = None,
-                      progress: bool = True) -> Transcoders:
+                      sequential: bool = False, end_to_end_steps: NonNegativeInt = 0,
+                      end_to_end_lr: PositiveFloat32 = 1e-4, anchor: NonNegativeFiniteFloat = 1.0,
+                      max_memory: Optional[ByteSize] = None, progress: bool = True) -> Transcoders:
     """Train one TopK transcoder per layer on every position of ``prompts`` and measure it.
 
     The encoder starts as ``encoder_scale`` × the decoder's transpose, centred on the inputs' mean;
@@ -282,29 +284,23 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
     generator = torch.Generator().manual_seed(seed)
     if isinstance(held_out, PromptSet):  # given: every prompt trains, the metrics are on these
         check_belongs(model, "train_transcoders", held_out=held_out)
-        everything = concat([prompts, held_out])
-        test = torch.arange(len(prompts), len(everything))
+        train, test = prompts, held_out
     else:  # a seeded share of the prompts
-        everything = prompts
         n_test = max(1, int(round(held_out * len(prompts))))
         if len(prompts) - n_test < 1:
             raise AnalysisError(f"{len(prompts)} prompts are too few to split into training and held-out ones; "
                                 "pass at least 2")
-        test = torch.randperm(len(prompts), generator=generator)[:n_test]
-    groups = answer_sequences(everything)
-    in_test = torch.zeros(len(everything), dtype=torch.bool)
-    in_test[test] = True
+        order = torch.randperm(len(prompts), generator=generator)
+        train, test = prompts[order[n_test:].sort().values], prompts[order[:n_test].sort().values]
+    groups = answer_sequences(train)
     start = time.perf_counter()
     fitted: list[dict[str, torch.Tensor]] = []
-    layer_rows: list[dict] = []
     train_rows = 0
-    bar = tqdm(total=len(chosen), desc="transcoders", disable=not progress)
+    bar = progress_bar(total=len(chosen), desc="transcoders", disable=not progress)
 
     def on_layer(layer: int, xs: list, ys: list) -> Optional[list]:
         nonlocal train_rows
-        testing = [in_test[group.prompts] for group in groups]
-        x = torch.cat([x[~t].reshape(-1, d) for x, t in zip(xs, testing)])
-        y = torch.cat([y[~t].reshape(-1, d) for y, t in zip(ys, testing)])
+        x, y = torch.cat([x.reshape(-1, d) for x in xs]), torch.cat([y.reshape(-1, d) for y in ys])
         if distinct:
             x, first = _distinct_rows(x)
             y = y[first]
@@ -312,8 +308,6 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
         fitted.append(_fit_layer(x, y, n_features, k, steps, batch_size, lr, skip, generator, False,
                                  f"transcoder L{layer}", encoder_scale, resample_until, min_frequency, skip_ridge,
                                  train_skip))
-        layer_rows.append(_held_out_metrics(_stacked(model, [layer], k, fitted[-1:]), layer,
-                                            [x[t] for x, t in zip(xs, testing)], [y[t] for y, t in zip(ys, testing)]))
         bar.update(1)
         if not sequential:
             return None
@@ -323,19 +317,91 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
     flush = torch.set_flush_denormal(True)  # subnormal gradients slow CPU training about threefold
     try:
         read_layers(model, groups, chosen, on_layer)
+        transcoders = _stacked(model, chosen, k, fitted)
+        if end_to_end_steps:
+            transcoders = _end_to_end(model, transcoders, groups, end_to_end_steps, end_to_end_lr,
+                                      batch_size=8, anchor=anchor, generator=generator, progress=progress)
     finally:
         bar.close()
         if flush:
             torch.set_flush_denormal(False)
     seconds = round(time.perf_counter() - start, 1)
-    meta = build_meta(model, seed=seed, n_prompts=len(prompts), n_held_out=len(test), steps=steps,
+    meta = build_meta(model, seed=seed, n_prompts=len(train), n_held_out=len(test), steps=steps,
                       batch_size=batch_size, lr=lr, skip=skip, encoder_scale=encoder_scale,
                       resample_until=resample_until, min_frequency=min_frequency, skip_ridge=skip_ridge,
                       train_skip=train_skip, distinct=distinct, sequential=sequential, train_rows=train_rows,
-                      train_seconds=seconds)
-    draft = _stacked(model, chosen, k, fitted, meta)
-    measured = replacement_metrics(model, everything[test], draft, progress=False)
-    return dataclasses.replace(draft, metrics=dict(layers=layer_rows, replacement=measured.as_dict()))
+                      end_to_end_steps=end_to_end_steps, train_seconds=seconds)
+    transcoders = dataclasses.replace(transcoders, meta=meta)
+    layer_rows = _layer_metrics(model, transcoders, answer_sequences(test), sequential)
+    measured = replacement_metrics(model, test, transcoders, progress=False)
+    return dataclasses.replace(transcoders, metrics=dict(layers=layer_rows, replacement=measured.as_dict()))
+
+
+def _layer_metrics(model: HookedModel, transcoders: Transcoders, groups: list, sequential: bool) -> list[dict]:
+    """Each layer's held-out metrics (:func:`_held_out_metrics`) on the sequences ``groups``: on the
+    inputs of the replacement model whose earlier layers are replaced (``sequential``) or of the
+    model itself."""
+    rows: list[dict] = []
+
+    def on_layer(layer: int, xs: list, ys: list) -> Optional[list]:
+        rows.append(_held_out_metrics(transcoders, layer, xs, ys))
+        return [transcoders(layer, x) for x in xs] if sequential else None
+
+    read_layers(model, groups, list(transcoders.layers), on_layer)
+    return rows
+
+
+def _end_to_end(model: HookedModel, transcoders: Transcoders, groups: list, steps: int, lr: float, batch_size: int,
+                anchor: float, generator: torch.Generator, progress: bool) -> Transcoders:
+    """Fine-tune every layer's transcoder together so the replacement model's answers follow the
+    model's: KL(real ‖ replacement) at the positions that predict answer tokens, summed over those
+    positions, plus ``anchor`` × the squared distance of each weight from its layer-wise fit
+    (relative to that fit's size), which keeps the features what the layer-wise fit made them (as
+    end-to-end sparse dictionaries are trained on a model's output, Braun et al. 2024).
+
+    Args:
+        model: The hooked model.
+        transcoders: The layer-wise fits.
+        groups: The training sequences (:func:`~arithinterp.features.rows.answer_sequences`).
+        steps: Adam steps.
+        lr: Adam's learning rate.
+        batch_size: Prompts per step (from one group).
+        anchor: The weight of the distance from the layer-wise fit.
+        generator: Seeds the batches.
+        progress: Show a progress bar.
+
+    Returns:
+        The fine-tuned transcoders (metrics left to the caller).
+    """
+    names = ("W_enc", "b_enc", "W_dec", "b_dec")
+    start = {name: getattr(transcoders, name).detach().clone() for name in names}
+    params = {name: tensor.clone().requires_grad_(True) for name, tensor in start.items()}
+    scale = {name: float((tensor**2).sum()) or 1.0 for name, tensor in start.items()}
+    optimiser = torch.optim.Adam(list(params.values()), lr=lr)
+    sizes = torch.tensor([len(group.prompts) for group in groups], dtype=torch.float)
+    for _ in progress_bar(range(steps), desc="transcoders end to end", disable=not progress):
+        group = groups[int(torch.multinomial(sizes, 1, generator=generator))]
+        pick = torch.randperm(len(group.prompts), generator=generator)[:batch_size]
+        tokens, answer = group.tokens[pick], group.answer_mask()[pick]
+        n_last = int(answer.sum(1).max())
+        with torch.no_grad():
+            real = run(model, tokens, logits=n_last).logits
+        assert real is not None
+        current = dataclasses.replace(transcoders, **params)
+        replaced = run(model, tokens, current.interventions(), logits=n_last, train=True).logits
+        assert replaced is not None
+        where = answer[:, -n_last:]  # the last n_last positions that predict an answer token
+        p_log = real.float().log_softmax(-1)[where]
+        q_log = replaced.float().log_softmax(-1)[where]
+        kl = (p_log.exp() * (p_log - q_log)).sum(-1).mean()
+        drift = sum(((params[name] - start[name]) ** 2).sum() / scale[name] for name in names)
+        loss = kl + anchor * drift
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        with torch.no_grad():  # unit decoder rows, as the layer-wise fit keeps them
+            params["W_dec"] /= params["W_dec"].norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    return dataclasses.replace(transcoders, **{name: p.detach() for name, p in params.items()})
 
 
 def _held_out_metrics(transcoder: Transcoders, layer: int, xs: list, ys: list) -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
@@ -243,3 +244,20 @@ class Transcoders(Result):
             twice = sorted({f for f in chosen if chosen.count(f) > 1})
             raise ConfigError(f"{what} names {twice[:5]} more than once; name each feature once")
         return chosen
+
+
+def transcoders_digest(transcoders: Transcoders) -> str:
+    """A short hash of a transcoder set's weights (what it was made of: results read with these
+    transcoders, such as operand plots, record it).
+
+    Args:
+        transcoders: The transcoders.
+
+    Returns:
+        16 hex digits.
+    """
+    digest = hashlib.sha256(f"{transcoders.layers}|{transcoders.k}|{transcoders.activation}".encode())
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip"):
+        flat = getattr(transcoders, name).detach().reshape(-1)
+        digest.update(flat[:: max(1, flat.numel() // 4096)].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

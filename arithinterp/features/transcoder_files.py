@@ -32,19 +32,24 @@ tensor orientations, checked by the same fit on the model's own prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Annotated, Any, Literal, Optional, Sequence, Union
 
 import torch
+from pydantic import Field
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, run
 from arithinterp.engine.decode import batch_size_for
-from arithinterp.errors import AnalysisError, ConfigError, ModelFileError, accepted
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, FormatError, ModelFileError, accepted
 from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
-from arithinterp.types import HookedModel, checked
+from arithinterp.outputs import check_target, write_file, write_folder, writes
+from arithinterp.results import PROVENANCE, build_meta
+from arithinterp.schemas import Count, Schema, check_tensor, read_json, read_safetensors, read_yaml, validate
+from arithinterp.types import HookedModel, PositiveInt, checked
 
 PathLike = Union[str, Path]
 
@@ -73,6 +78,45 @@ SAELENS_FORMAT = "6.54.12"  # the SAELens version whose cfg.json layout is writt
 DEFAULT_MAX_FVU = 0.5
 
 
+class CircuitTracerConfig(Schema):
+    """circuit-tracer's ``config.yaml`` for a per-layer transcoder set (the keys read here; this package
+    adds ``activation_function``, ``k`` and ``fvu``, which circuit-tracer does not read)."""
+
+    model_kind: Literal["transcoder_set"] = "transcoder_set"  # cross-layer transcoders are not read
+    feature_input_hook: Optional[str] = None
+    feature_output_hook: Optional[str] = None
+    transcoders: Optional[Annotated[list[str], Field(min_length=1)]] = None
+    activation_function: Optional[str] = None
+    k: Optional[Count] = None
+    fvu: Optional[list[Annotated[float, Field(ge=0)]]] = None
+    model_name: Optional[str] = None
+    scan: Optional[str] = None
+
+
+class SAELensMetadata(Schema):
+    """``cfg.json``'s ``metadata``: the hook points (and the FVU this package writes)."""
+
+    hook_name: Optional[str] = None
+    hook_name_out: Optional[str] = None
+    fvu: Optional[Annotated[float, Field(ge=0)]] = None
+
+
+class SAELensConfig(Schema):
+    """SAELens's ``cfg.json`` (6.x; older files keep the hooks at the top level): the keys read here."""
+
+    architecture: Literal[SAELENS_TRANSCODERS + SAELENS_SAES] = "standard"  # type: ignore[valid-type]
+    d_in: Count
+    d_sae: Count
+    d_out: Optional[Count] = None
+    k: Optional[Count] = None
+    apply_b_dec_to_input: Optional[bool] = None
+    normalize_activations: Optional[str] = None
+    rescale_acts_by_decoder_norm: Optional[bool] = None
+    hook_name: Optional[str] = None
+    hook_name_out: Optional[str] = None
+    metadata: SAELensMetadata = SAELensMetadata()
+
+
 def hook_site(hook: str) -> tuple[str, Optional[int]]:
     """This package's site and the layer (``None`` when the name has no ``blocks.{i}.``) of a
     TransformerLens hook name (``"blocks.3.hook_mlp_out"`` → ``("mlp_out", 3)``)."""
@@ -91,15 +135,18 @@ def _stack(layers: list[int], parts: list[dict], activation: str, k: int, meta: 
     layers = [layers[i] for i in order]
     parts = [parts[i] for i in order]
     if len(set(layers)) != len(layers):
-        raise ModelFileError(f"two files give the same layer: layers {layers}")
+        raise FormatError(f"two files give the same layer: layers {layers}")
     shapes = {(tuple(p["W_enc"].shape), tuple(p["W_dec"].shape)) for p in parts}
     if len(shapes) != 1:
-        raise ModelFileError(f"the layers' weights differ in shape ({sorted(shapes)}); a set needs one shape")
+        raise FormatError(f"the layers' weights differ in shape ({sorted(shapes)}); a set needs one shape")
     d = int(parts[0]["W_enc"].shape[0])
     stacked = {name: torch.stack([p[name].float() for p in parts]) for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
     skip = [p.get("W_skip") for p in parts]
     stacked["W_skip"] = torch.stack([torch.zeros(d, d) if s is None else s.float() for s in skip])
     threshold = torch.stack([p["threshold"].float() for p in parts]) if activation == "jumprelu" else None
+    overflowed = [name for name, value in stacked.items() if not bool(torch.isfinite(value).all())]
+    if overflowed:  # finite in the files, beyond float32 once read (or folded)
+        raise FormatError(f"{meta.get('path')}: {overflowed[0]!r} does not fit float32 (it overflows to infinity)")
     # the FVU the files say the set was trained to (written by this package) sets the check's limit
     known = bool(fvu) and all(isinstance(v, (int, float)) for v in fvu or [])
     metrics = {"layers": [{"fvu": float(v)} for v in fvu or []]} if known else {}
@@ -107,22 +154,35 @@ def _stack(layers: list[int], parts: list[dict], activation: str, k: int, meta: 
                        threshold=threshold, input_site=input_site, output_site=output_site)
 
 
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise ModelFileError(f"no weights file at {path}")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as error:
-        raise ModelFileError(f"{path} is not a readable safetensors file ({error})") from None
-
-
-def _need(tensors: dict, names: Sequence[str], path: Path) -> None:
+def _layer_weights(file: Path, names: dict[str, tuple], optional: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """The named tensors of one layer's weights file, each checked: floating point, finite, of its shape
+    (``None`` axes any length, the same name in two shapes the same length); ``optional`` ones only
+    when present."""
+    tensors, _ = read_safetensors(file)
     missing = [n for n in names if n not in tensors]
     if missing:
-        raise ModelFileError(f"{path} has no {missing[0]!r}; it holds {sorted(tensors)}")
+        raise FormatError(f"{file} has no {missing[0]!r}; it holds {sorted(tensors)}")
+    sizes: dict[str, int] = {}
+    out = {}
+    for name, axes in {**names, **{k: v for k, v in optional.items() if k in tensors}}.items():
+        value = tensors[name]
+        if isinstance(value, torch.Tensor) and value.ndim == len(axes):  # bind each axis name at its first use
+            for axis, size in zip(axes, value.shape):
+                if isinstance(axis, str):
+                    sizes.setdefault(axis, int(size))
+        shape = [sizes.get(axis) if isinstance(axis, str) else axis for axis in axes]
+        out[name] = check_tensor(file, name, value, shape)
+    return out
+
+
+def _check_k(where: Any, k: Optional[int], n_features: int, activation: str,
+             error: type[ArithInterpError] = FormatError) -> int:
+    """``k`` of a TopK set: 1 ≤ k ≤ features; 0 for other activations."""
+    if not activation.startswith("topk"):
+        return 0
+    if k is None or not 1 <= k <= n_features:
+        raise error(f"{where}: a TopK set needs k from 1 to its {n_features} features, got {k!r}")
+    return k
 
 
 # ---- circuit-tracer ---------------------------------------------------------------------------
@@ -131,7 +191,7 @@ def _need(tensors: dict, names: Sequence[str], path: Path) -> None:
 @checked
 def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, feature_input_hook: Optional[str] = None,
                                     feature_output_hook: Optional[str] = None, activation: Optional[str] = None,
-                                    k: Optional[int] = None, prompts: Any = None,
+                                    k: Optional[PositiveInt] = None, prompts: Any = None,
                                     max_fvu: Optional[float] = None) -> Transcoders:
     """Transcoders from a folder in circuit-tracer's per-layer layout (see the module docstring).
 
@@ -156,65 +216,73 @@ def read_circuit_tracer_transcoders(path: PathLike, model: Any = None, *, featur
         The transcoders.
 
     Raises:
-        ModelFileError: Not a folder, or files missing or unreadable.
+        ModelFileError: Not a folder, or no weights files.
+        FormatError: A file that breaks its schema (:class:`CircuitTracerConfig`; weights that are not
+            floating, finite and of one shape across layers; ``k`` outside 1..features).
         AnalysisError: A layer, hook point or convention that does not match the model.
+        ModelMismatchError: Widths or layers the model does not have.
     """
-    import yaml
-
     folder = Path(path)
     if not folder.is_dir():
         raise ModelFileError(f"{folder} is not a folder; circuit-tracer's layout is a folder of "
                              "layer_{i}.safetensors")
-    config: dict = {}
-    if (folder / "config.yaml").is_file():
-        config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
-        if not isinstance(config, dict):
-            raise ModelFileError(f"{folder / 'config.yaml'} is not a mapping")
-        kind = config.get("model_kind", "transcoder_set")
-        if kind != "transcoder_set":
-            raise ModelFileError(f"{folder / 'config.yaml'} holds a {kind!r}; per-layer transcoders "
-                                 "('transcoder_set') are read, cross-layer transcoders are not")
-    files = config.get("transcoders") or sorted(folder.glob("layer_*.safetensors"),
-                                                key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    config_file = folder / "config.yaml"
+    config = CircuitTracerConfig()
+    if config_file.is_file():
+        config = validate(CircuitTracerConfig, read_yaml(config_file, "circuit-tracer's config.yaml") or {},
+                          config_file, "circuit-tracer's config.yaml")
+    found = sorted(folder.glob("layer_*.safetensors"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    files = [Path(f).name for f in config.transcoders] if config.transcoders else [p.name for p in found]
     if not files:
         raise ModelFileError(f"{folder} has no layer_{{i}}.safetensors files")
-    paths = [Path(f) if Path(f).is_absolute() else folder / Path(f).name for f in files]
-    input_hook = feature_input_hook or config.get("feature_input_hook")
-    output_hook = feature_output_hook or config.get("feature_output_hook")
+    paths = [folder / name for name in files]
+    input_hook = feature_input_hook or config.feature_input_hook
+    output_hook = feature_output_hook or config.feature_output_hook
     if not input_hook or not output_hook:
-        raise ModelFileError(f"{folder} does not say which hooks its transcoders read and write (config.yaml's "
-                             "feature_input_hook / feature_output_hook); pass feature_input_hook= and "
-                             "feature_output_hook=, e.g. 'mlp.hook_in' and 'hook_mlp_out'")
+        raise FormatError(f"{folder} does not say which hooks its transcoders read and write (config.yaml's "
+                          "feature_input_hook / feature_output_hook); pass feature_input_hook= and "
+                          "feature_output_hook=, e.g. 'mlp.hook_in' and 'hook_mlp_out'")
     input_site, _ = hook_site(input_hook)
     output_site, _ = hook_site(output_hook)
     parts = []
+    shape: dict[str, tuple] = {"W_enc": ("F", "d"), "W_dec": ("F", "d"), "b_enc": ("F",), "b_dec": ("d",)}
     for file in paths:
-        tensors = _tensors(file)
-        _need(tensors, ("W_enc", "W_dec", "b_enc", "b_dec"), file)
-        part = dict(W_enc=tensors["W_enc"].T, W_dec=tensors["W_dec"], b_enc=tensors["b_enc"], b_dec=tensors["b_dec"])
-        if "W_skip" in tensors:
-            part["W_skip"] = tensors["W_skip"].T
-        if "activation_function.threshold" in tensors:
-            part["threshold"] = tensors["activation_function.threshold"]
+        t = _layer_weights(file, shape, {"W_skip": ("d", "d"), "activation_function.threshold": ("F",)})
+        if not parts:  # every layer has the first one's widths
+            F, d = (int(n) for n in t["W_enc"].shape)
+            shape = {"W_enc": (F, d), "W_dec": (F, d), "b_enc": (F,), "b_dec": (d,)}
+        part = dict(W_enc=t["W_enc"].T, W_dec=t["W_dec"], b_enc=t["b_enc"], b_dec=t["b_dec"])
+        if "W_skip" in t:
+            part["W_skip"] = t["W_skip"].T
+        if "activation_function.threshold" in t:
+            part["threshold"] = t["activation_function.threshold"]
         parts.append(part)
     has_threshold = ["threshold" in p for p in parts]
-    chosen = activation or config.get("activation_function") or ("jumprelu" if all(has_threshold) else "relu")
+    chosen = activation or config.activation_function or ("jumprelu" if all(has_threshold) else "relu")
     if chosen not in ACTIVATIONS:
-        raise ModelFileError(f"activation {chosen!r} is not one this package runs; accepted: {accepted(ACTIVATIONS)}")
+        raise ConfigError(f"activation {chosen!r} is not one this package runs; accepted: {accepted(ACTIVATIONS)}")
     if chosen == "jumprelu" and not all(has_threshold):
-        raise ModelFileError(f"a JumpReLU set needs activation_function.threshold in every file; "
-                             f"{paths[has_threshold.index(False)]} has none")
-    k_value = k if k is not None else config.get("k")
-    if chosen.startswith("topk") and not isinstance(k_value, int):
-        raise ModelFileError(f"a TopK set needs k (config.yaml's 'k' or k=); got {k_value!r}")
+        raise FormatError(f"a JumpReLU set needs activation_function.threshold in every file; "
+                          f"{paths[has_threshold.index(False)]} has none")
+    n_features = int(parts[0]["W_enc"].shape[1])
+    k_value = (_check_k(config_file, config.k, n_features, chosen) if k is None
+               else _check_k("k", k, n_features, chosen, ConfigError))
+    if config.fvu is not None and len(config.fvu) != len(parts):
+        raise FormatError(f"{config_file}: field 'fvu' has {len(config.fvu)} entries for {len(parts)} layers")
     meta = dict(source="circuit-tracer", path=str(folder), feature_input_hook=input_hook,
-                feature_output_hook=output_hook, model_name=config.get("model_name"), scan=config.get("scan"))
-    fvu = config.get("fvu")
-    out = _stack(list(range(len(parts))), parts, chosen, int(k_value or 0), meta, input_site, output_site,
-                 fvu if isinstance(fvu, list) and len(fvu) == len(parts) else None)
-    if model is not None:
-        transcoder_fvu(model, out, prompts, max_fvu=max_fvu)
-    return out
+                feature_output_hook=output_hook, model_name=config.model_name, scan=config.scan)
+    out = _stack(list(range(len(parts))), parts, chosen, k_value, meta, input_site, output_site, config.fvu)
+    return _checked_on(model, out, prompts, max_fvu)
+
+
+def _checked_on(model: Any, transcoders: Transcoders, prompts: Any, max_fvu: Optional[float]) -> Transcoders:
+    """Without a model, ``transcoders``; with one, checked on its prompts (:func:`transcoder_fvu`) and
+    tied to it: ``meta`` records the model's fingerprint, so they are refused on any other."""
+    if model is None:
+        return transcoders
+    transcoder_fvu(model, transcoders, prompts, max_fvu=max_fvu)
+    meta = dict(transcoders.meta, **{k: v for k, v in build_meta(model).items() if k in PROVENANCE})
+    return dataclasses.replace(transcoders, meta=meta)
 
 
 def _layer_tensors(transcoders: Transcoders, i: int, skip: bool, *, encoder_rows: bool,
@@ -232,9 +300,10 @@ def _layer_tensors(transcoders: Transcoders, i: int, skip: bool, *, encoder_rows
     return {key: value.detach().float().contiguous() for key, value in tensors.items()}
 
 
+@writes
 @checked
 def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *, model_name: str = "",
-                                     scan: Optional[str] = None) -> Path:
+                                     scan: Optional[str] = None, overwrite: bool = False) -> Path:
     """Write ``transcoders`` in circuit-tracer's layout (``layer_{i}.safetensors`` + ``config.yaml``).
 
     circuit-tracer reads it with ``load_transcoder_set({i: path/layer_{i}.safetensors}, scan,
@@ -247,31 +316,25 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
         path: The folder to write.
         model_name: The model's name, for ``config.yaml``.
         scan: The set's name in circuit-tracer (default ``arithinterp-<model id>``).
+        overwrite: Replace a folder that holds files (the folder is written whole, by
+            :func:`arithinterp.outputs.write_folder`).
 
     Returns:
         The folder.
 
     Raises:
         AnalysisError: Not Transcoders, or layers missing from 0 on.
-        ConfigError: The folder cannot be written.
+        ConfigError: The folder cannot be written, or holds files and ``overwrite`` is false.
     """
     from safetensors.torch import save_file
-
-    from arithinterp.outputs import check_writable_dir
 
     if not isinstance(transcoders, Transcoders):
         raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
     if transcoders.layers != list(range(len(transcoders.layers))):
         raise AnalysisError(f"circuit-tracer's layout needs a transcoder for every layer from 0; these cover "
                             f"{transcoders.layers}")
-    folder = check_writable_dir(path, "write transcoders")
-    names = []
+    names = [f"layer_{layer}.safetensors" for layer in transcoders.layers]
     skip = bool(transcoders.W_skip.abs().sum() > 0)
-    for i, layer in enumerate(transcoders.layers):
-        name = f"layer_{layer}.safetensors"
-        save_file(_layer_tensors(transcoders, i, skip, encoder_rows=True,
-                                 threshold_key="activation_function.threshold"), str(folder / name))
-        names.append(name)
     config = dict(model_kind="transcoder_set", model_name=model_name or transcoders.meta.get("model", ""),
                   scan=scan or f"arithinterp-{transcoders.meta.get('model', 'transcoders')}",
                   feature_input_hook=SITE_HOOKS[transcoders.input_site],
@@ -280,8 +343,13 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
     trained = [row.get("fvu") for row in transcoders.metrics.get("layers", [])]
     if len(trained) == len(transcoders.layers):
         config["fvu"] = trained
-    (folder / "config.yaml").write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
-    return folder
+    with write_folder(path, overwrite=overwrite, what="path") as folder:
+        for i, name in enumerate(names):
+            tensors = _layer_tensors(transcoders, i, skip, encoder_rows=True,
+                                     threshold_key="activation_function.threshold")
+            write_file(folder / name, lambda tmp, tensors=tensors: save_file(tensors, str(tmp)), overwrite=False)
+        write_file(folder / "config.yaml", json.dumps(config, indent=1) + "\n", overwrite=False)  # JSON is YAML
+    return Path(path).expanduser()
 
 
 # ---- SAELens ----------------------------------------------------------------------------------
@@ -304,8 +372,12 @@ def read_saelens(paths: Union[PathLike, Sequence[PathLike]], model: Any = None, 
         The transcoders (or SAEs).
 
     Raises:
-        ModelFileError: No ``cfg.json`` found, or folders that mix activations or sites.
+        ModelFileError: No ``cfg.json`` found.
+        FormatError: A file that breaks its schema (:class:`SAELensConfig`; weights that are not
+            floating, finite and of the shapes ``d_in``, ``d_sae`` and ``d_out`` give), or folders that
+            mix activations, sites or widths, or give one layer twice.
         AnalysisError: A layer, hook point or convention that does not match the model.
+        ModelMismatchError: Widths or layers the model does not have.
     """
     if isinstance(paths, (str, Path)):
         root = Path(paths)
@@ -324,74 +396,75 @@ def read_saelens(paths: Union[PathLike, Sequence[PathLike]], model: Any = None, 
         kinds.add(kind)
         sites_seen.add(sites)
     if len(kinds) != 1 or len(sites_seen) != 1:
-        raise ModelFileError(f"the folders mix activations {sorted(kinds)} or sites {sorted(sites_seen)}; "
+        raise FormatError(f"the folders mix activations {sorted(kinds)} or sites {sorted(sites_seen)}; "
                              "one set has one of each")
     (activation, k), (input_site, output_site) = kinds.pop(), sites_seen.pop()
+    widths = {tuple(p["W_enc"].shape) for p in parts}
+    if len(widths) != 1:
+        raise FormatError(f"the folders' weights differ in shape ({sorted(widths)}); a set needs one shape")
     meta = dict(source="saelens", path=[str(f) for f in folders])
     out = _stack(layers, parts, activation, k, meta, input_site, output_site,
                  [fvu[i] for i in sorted(range(len(layers)), key=lambda i: layers[i])])
-    if model is not None:
-        transcoder_fvu(model, out, prompts, max_fvu=max_fvu)
-    return out
+    return _checked_on(model, out, prompts, max_fvu)
 
 
 def _read_saelens_folder(folder: Path) -> tuple[int, dict, tuple[str, int], tuple[str, str]]:
     cfg_path = folder / "cfg.json"
     if not cfg_path.is_file():
         raise ModelFileError(f"{folder} has no cfg.json")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as error:
-        raise ModelFileError(f"{cfg_path} is not JSON ({error})") from None
-    meta = cfg.get("metadata") or {}
-    arch = cfg.get("architecture", "standard")
-    if arch not in SAELENS_TRANSCODERS + SAELENS_SAES:
-        raise ModelFileError(f"{cfg_path}: architecture {arch!r} is not read; accepted: "
-                             f"{accepted(SAELENS_TRANSCODERS + SAELENS_SAES)}")
-    if cfg.get("normalize_activations", "none") != "none":
-        raise ModelFileError(f"{cfg_path}: normalize_activations={cfg['normalize_activations']!r} rescales inputs at "
-                             "run time, which a fixed transcoder cannot hold; fold it first (SAELens's "
-                             "fold_activation_norm_scaling_factor) or save with normalize_activations='none'")
-    hook_in = meta.get("hook_name") or cfg.get("hook_name")
+    cfg = validate(SAELensConfig, read_json(cfg_path, "SAELens's cfg.json"), cfg_path, "SAELens's cfg.json")
+    if (cfg.normalize_activations or "none") != "none":
+        raise FormatError(f"{cfg_path}: normalize_activations={cfg.normalize_activations!r} rescales inputs at "
+                          "run time, which a fixed transcoder cannot hold; fold it first (SAELens's "
+                          "fold_activation_norm_scaling_factor) or save with normalize_activations='none'")
+    hook_in = cfg.metadata.hook_name or cfg.hook_name
     if not hook_in:
-        raise ModelFileError(f"{cfg_path} names no hook point (metadata.hook_name)")
+        raise FormatError(f"{cfg_path}: field 'metadata.hook_name' is missing; it names the hook point read")
     input_site, layer = hook_site(hook_in)
-    is_transcoder = arch in SAELENS_TRANSCODERS
-    hook_out = (meta.get("hook_name_out") or cfg.get("hook_name_out")) if is_transcoder else hook_in
+    is_transcoder = cfg.architecture in SAELENS_TRANSCODERS
+    hook_out = (cfg.metadata.hook_name_out or cfg.hook_name_out) if is_transcoder else hook_in
     if not hook_out:
-        raise ModelFileError(f"{cfg_path}: a transcoder needs metadata.hook_name_out")
+        raise FormatError(f"{cfg_path}: field 'metadata.hook_name_out' is missing; a transcoder names the hook "
+                          "point it writes")
     output_site, layer_out = hook_site(hook_out)
     if layer is None or (layer_out is not None and layer_out != layer):
-        raise ModelFileError(f"{cfg_path}: hooks {hook_in!r} → {hook_out!r} must name one layer (blocks.{{i}}.)")
+        raise FormatError(f"{cfg_path}: hooks {hook_in!r} → {hook_out!r} must name one layer (blocks.{{i}}.)")
+    d_in, d_sae = cfg.d_in, cfg.d_sae
+    d_out = cfg.d_out if cfg.d_out is not None else d_in
     weights = folder / "sae_weights.safetensors"
-    tensors = _tensors(weights)
-    _need(tensors, ("W_enc", "W_dec", "b_enc", "b_dec"), weights)
-    W_enc, b_enc, W_dec, b_dec = (tensors[n].double() for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
-    if not is_transcoder and cfg.get("apply_b_dec_to_input", True):
+    t = _layer_weights(weights, {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_out),
+                                 "b_dec": (d_out,)},
+                       {"W_skip": (d_out, d_in), "threshold": (d_sae,)})
+    if d_out != d_in:
+        raise FormatError(f"{cfg_path}: field 'd_out' is {d_out}, not d_in ({d_in}); this package's transcoders "
+                          "read and write one width")
+    W_enc, b_enc, W_dec, b_dec = (t[n].double() for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
+    if not is_transcoder and cfg.apply_b_dec_to_input is not False:
         b_enc = b_enc - b_dec @ W_enc  # (x − b_dec) W_enc + b_enc, folded
-    if cfg.get("rescale_acts_by_decoder_norm"):
+    if cfg.rescale_acts_by_decoder_norm:
         norms = W_dec.norm(dim=-1)  # pre scaled by the norms, decoded acts divided by them: fold both
+        if not bool((norms > 0).all()):
+            raise FormatError(f"{weights}: 'W_dec' has a row of zeros, which rescale_acts_by_decoder_norm divides by")
         W_enc, b_enc, W_dec = W_enc * norms, b_enc * norms, W_dec / norms[:, None]
-    part: dict = dict(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec, fvu=meta.get("fvu"))
-    if "W_skip" in tensors:
-        part["W_skip"] = tensors["W_skip"].T
-    if "jumprelu" in arch:
-        _need(tensors, ("threshold",), weights)
+    part: dict = dict(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec, fvu=cfg.metadata.fvu)
+    if "W_skip" in t:
+        part["W_skip"] = t["W_skip"].T
+    if "jumprelu" in cfg.architecture:
+        if "threshold" not in t:
+            raise FormatError(f"{weights} has no 'threshold', which a {cfg.architecture} needs")
         # SAELens runs ReLU(pre)·[pre > t]: the same as pre·[pre > max(t, 0)]
-        part["threshold"] = tensors["threshold"].clamp_min(0)
+        part["threshold"] = t["threshold"].clamp_min(0)
         kind = ("jumprelu", 0)
-    elif "topk" in arch:
-        k = cfg.get("k")
-        if not isinstance(k, int):
-            raise ModelFileError(f"{cfg_path}: a TopK architecture needs an int 'k', got {k!r}")
-        kind = ("topk", k)  # SAELens's TopK applies ReLU to the k largest: this package's "topk"
+    elif "topk" in cfg.architecture:
+        kind = ("topk", _check_k(f"{cfg_path}: field 'k'", cfg.k, d_sae, "topk"))  # ReLU of the k largest
     else:
         kind = ("relu", 0)
     return layer, part, kind, (input_site, output_site)
 
 
+@writes
 @checked
-def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str = "") -> Path:
+def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str = "", overwrite: bool = False) -> Path:
     """Write ``transcoders`` in SAELens's layout, one folder per layer (``path/layer_{i}/cfg.json``
     and ``sae_weights.safetensors``). A set reading and writing the same site is written as an SAE
     (``standard`` / ``topk`` / ``jumprelu``, ``apply_b_dec_to_input=False``), a transcoder as
@@ -401,24 +474,24 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
         transcoders: The transcoders.
         path: The folder to write.
         model_name: The model's name, for ``cfg.json``.
+        overwrite: Replace a folder that holds files (the folder is written whole, by
+            :func:`arithinterp.outputs.write_folder`).
 
     Returns:
         ``path``.
 
     Raises:
         AnalysisError: Not Transcoders, or a ``"topk-signed"`` set (SAELens has no TopK without ReLU).
-        ConfigError: The folder cannot be written.
+        ConfigError: The folder cannot be written, or holds files and ``overwrite`` is false.
     """
     from safetensors.torch import save_file
-
-    from arithinterp.outputs import check_writable_dir
 
     if not isinstance(transcoders, Transcoders):
         raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
     if transcoders.activation == "topk-signed":
         raise AnalysisError("SAELens has no TopK without ReLU; a 'topk-signed' set can be written in "
                             "circuit-tracer's layout only")
-    root = check_writable_dir(path, "write transcoders")
+    check_target(path, overwrite=overwrite, what="path", folder=True)
     is_sae = transcoders.input_site == transcoders.output_site
     skip = bool(transcoders.W_skip.abs().sum() > 0)
     if is_sae and skip:
@@ -429,27 +502,28 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
         base = f"{prefix}{'skip_' if skip else ''}transcoder"
     d, F = int(transcoders.W_enc.shape[1]), transcoders.n_features
     trained = [row.get("fvu") for row in transcoders.metrics.get("layers", [])]
-    for i, layer in enumerate(transcoders.layers):
-        folder = check_writable_dir(root / f"layer_{layer}", "write transcoders")
-        save_file(_layer_tensors(transcoders, i, skip, encoder_rows=False, threshold_key="threshold"),
-                  str(folder / "sae_weights.safetensors"))
-        metadata = dict(sae_lens_version=SAELENS_FORMAT, sae_lens_training_version=SAELENS_FORMAT,
-                        model_name=model_name or transcoders.meta.get("model", ""),
-                        hook_name=f"blocks.{layer}.{SITE_HOOKS[transcoders.input_site]}", hook_head_index=None,
-                        prepend_bos=True)
-        if len(trained) == len(transcoders.layers):
-            metadata["fvu"] = trained[i]  # SAELens keeps unknown metadata keys
-        cfg: dict = dict(architecture=base, d_in=d, d_sae=F, dtype="float32", device="cpu",
-                         apply_b_dec_to_input=False, normalize_activations="none", reshape_activations="none",
-                         metadata=metadata)
-        if not is_sae:
-            cfg["d_out"] = d
-            metadata["hook_name_out"] = f"blocks.{layer}.{SITE_HOOKS[transcoders.output_site]}"
-            metadata["hook_head_index_out"] = None
-        if transcoders.activation == "topk":
-            cfg.update(k=transcoders.k, rescale_acts_by_decoder_norm=False)
-        (folder / "cfg.json").write_text(json.dumps(cfg, indent=1))
-    return root
+    with write_folder(path, overwrite=overwrite, what="path") as root:
+        for i, layer in enumerate(transcoders.layers):
+            tensors = _layer_tensors(transcoders, i, skip, encoder_rows=False, threshold_key="threshold")
+            write_file(root / f"layer_{layer}" / "sae_weights.safetensors",
+                       lambda tmp, tensors=tensors: save_file(tensors, str(tmp)), overwrite=False)
+            metadata = dict(sae_lens_version=SAELENS_FORMAT, sae_lens_training_version=SAELENS_FORMAT,
+                            model_name=model_name or transcoders.meta.get("model", ""),
+                            hook_name=f"blocks.{layer}.{SITE_HOOKS[transcoders.input_site]}", hook_head_index=None,
+                            prepend_bos=True)
+            if len(trained) == len(transcoders.layers):
+                metadata["fvu"] = trained[i]  # SAELens keeps unknown metadata keys
+            cfg: dict = dict(architecture=base, d_in=d, d_sae=F, dtype="float32", device="cpu",
+                             apply_b_dec_to_input=False, normalize_activations="none", reshape_activations="none",
+                             metadata=metadata)
+            if not is_sae:
+                cfg["d_out"] = d
+                metadata["hook_name_out"] = f"blocks.{layer}.{SITE_HOOKS[transcoders.output_site]}"
+                metadata["hook_head_index_out"] = None
+            if transcoders.activation == "topk":
+                cfg.update(k=transcoders.k, rescale_acts_by_decoder_norm=False)
+            write_file(root / f"layer_{layer}" / "cfg.json", json.dumps(cfg, indent=1), overwrite=False)
+    return Path(path).expanduser()
 
 
 # ---- the check ---------------------------------------------------------------------------------

@@ -79,6 +79,31 @@ def number_axis_size(n: Union[int, range, Sequence[int]]) -> int:
     return size
 
 
+def check_basis_fits(size: int, dims: int = 2, dtype: torch.dtype = torch.float64) -> None:
+    """Refuse, before it is built, a basis over ``size`` numbers whose ``size ** dims`` values would not fit
+    in half the memory the machine has available now (8 GiB where that cannot be read).
+
+    Args:
+        size: The numbers on the axis.
+        dims: 2 for :func:`fourier_basis` (``[n, n]``, and the ``[n, n]`` Gram matrix of a spectrum's
+            control), 4 for :func:`fourier_basis_2d`.
+        dtype: The basis's dtype.
+
+    Raises:
+        ConfigError: The basis would not fit.
+    """
+    from arithinterp.engine.budget import available_bytes
+
+    need = size**dims * torch.empty(0, dtype=dtype).element_size()
+    free = available_bytes()
+    budget = free // 2 if free is not None else 8 * 2**30
+    if need > budget:
+        fits = math.isqrt(budget // torch.empty(0, dtype=dtype).element_size()) if dims == 2 else None
+        raise ConfigError(f"a Fourier basis over {size:,} numbers takes {need / 2**30:,.3g} GiB ({size:,}^{dims} "
+                          f"values), more than the {budget / 2**30:,.3g} GiB half of this machine's available memory "
+                          f"allows" + (f"; use at most {fits:,} numbers" if fits else "; use fewer numbers"))
+
+
 @checked
 def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = torch.float64) -> FourierBasis:
     """The orthonormal real DFT basis over ``n`` numbers (an int or a range of consecutive ints).
@@ -97,8 +122,10 @@ def fourier_basis(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype = t
 
     Raises:
         AnalysisError: Fewer than 2 numbers, or numbers that are not consecutive.
+        ConfigError: A basis that does not fit in memory (:func:`check_basis_fits`).
     """
     size = number_axis_size(n)
+    check_basis_fits(size, 2, dtype)
     x = torch.arange(size, dtype=dtype)
     ks = torch.arange(1, (size - 1) // 2 + 1, dtype=dtype)
     angle = 2 * math.pi * ks[:, None] * x[None, :] / size
@@ -127,7 +154,9 @@ def fourier_basis_2d(n: Union[int, range, Sequence[int]], *, dtype: torch.dtype 
 
     Raises:
         AnalysisError: Fewer than 2 numbers, or numbers that are not consecutive.
+        ConfigError: A basis that does not fit in memory (:func:`check_basis_fits`).
     """
+    check_basis_fits(number_axis_size(n), 4, dtype)
     basis = fourier_basis(n, dtype=dtype).matrix
     return torch.einsum("ia,jb->ijab", basis, basis)
 

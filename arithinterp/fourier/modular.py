@@ -13,13 +13,13 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.fourier.basis import key_frequencies
 from arithinterp.fourier.number_axes import grid_of, number_tokens
+from arithinterp.progress import progress_bar
 from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
 from arithinterp.types import IntList, PositiveInt, HookedModel, checked
 
@@ -425,7 +425,7 @@ def progress(
     key = [int(k) for k in key]
     mask = train_mask(name)
     rows, labels = [], []
-    for step in tqdm(steps, desc="snapshots", disable=not progress):
+    for step in progress_bar(steps, desc="snapshots", disable=not progress):
         snapshot = load_model(f"zoo:{name}@step={step}")
         rows.append(modular_losses(modular_logits(snapshot, p, template=template), key, mask))
         labels.append(int(step))
@@ -438,4 +438,4 @@ def progress(
         raise ConfigError("no snapshot to measure: pass snapshots= or include_final=True")
     columns = {m: torch.tensor([r[m] for r in rows]) for m in ProgressResult.MEASURES}
     return ProgressResult(steps=labels, **columns, key=key,
-                          meta=build_meta(model=None, zoo=name, p=p, n_train_pairs=int(mask.sum())))
+                          meta=build_meta(None, zoo=name, p=p, n_train_pairs=int(mask.sum())))

@@ -10,7 +10,7 @@ import torch
 
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, TokenizationError
-from arithinterp.fourier.basis import fourier_basis, number_axis_size
+from arithinterp.fourier.basis import check_basis_fits, fourier_basis, number_axis_size
 from arithinterp.types import HookedModel, IntList, checked
 
 if TYPE_CHECKING:
@@ -37,6 +37,12 @@ def number_tokens(model: HookedModel, numbers: IntList) -> torch.Tensor:
     numbers = list(numbers)
     if not numbers:
         raise AnalysisError("numbers is empty; pass e.g. range(100)")
+    size = getattr(tokenizer, "__len__", None)
+    vocabulary = size() if callable(size) else None
+    if isinstance(vocabulary, int) and len(set(numbers)) > vocabulary:  # refused now, not after tokenizing them all
+        raise TokenizationError(f"{len(numbers):,} numbers cannot each be a single token of a vocabulary of "
+                                f"{vocabulary:,} tokens; restrict `numbers` to single-token numbers (see "
+                                "arithinterp.tasks.number_check)")
     ids = tokenizer([str(x) for x in numbers], add_special_tokens=False)["input_ids"]
     unk = getattr(tokenizer, "unk_token_id", None)
     multi = [x for x, row in zip(numbers, ids) if len(row) != 1 or row[0] == unk]
@@ -69,7 +75,7 @@ def number_axis(numbers: Union[int, range, Sequence[int], None], default: Union[
     if isinstance(numbers, int):
         numbers = range(numbers)
     values = numbers if isinstance(numbers, range) else list(numbers)  # a range is never listed: it may be huge
-    number_axis_size(values)
+    check_basis_fits(number_axis_size(values))  # every spectrum builds the [n, n] basis: refused now, not then
     return range(values[0], values[-1] + 1)
 
 

@@ -319,7 +319,8 @@ def patch_test(
             construction), or a fit of another width than the activations.
         ModelMismatchError: The pairs or fit belong to another model.
     """
-    check_belongs(model, "helix.patch_test", pairs=pairs, fit=fit)
+    check_belongs(model, "helix.patch_test", pairs=pairs, fit=fit, control=control,
+                  **{f"extra fit {name!r}": part for name, part in (extra or {}).items()})
     layer = fit.layer if layer is None else layer
     if layer is None:
         raise SiteError("pass layer= (the fit does not record one)")

@@ -11,6 +11,7 @@ the held-out split over values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
@@ -29,7 +30,7 @@ from arithinterp.helix.design import (
     basis,
     split_by_value,
 )
-from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta
+from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta, made_from
 from arithinterp.types import NonNegativeInt, checked
 
 if TYPE_CHECKING:
@@ -385,6 +386,7 @@ def fit(
             activations that differ in number; non-finite activations or values.
         ConfigError: ``n_pca < 1``, an unknown kind, or invalid periods.
     """
+    provenance = made_from(acts)  # the model the activations were collected on
     acts, site, layer, positions, prompts = activation_matrix(acts, site, layer, positions)
     x, default_names = resolve_values(values, prompts)
     names = list(names) if names is not None else default_names
@@ -444,7 +446,7 @@ def fit(
         train_values=sorted(set(split_col[train].tolist())), test_values=sorted(set(split_col[test_rows].tolist())),
         unique_values=unique.float(), value_coords=coords.float(),
         site=site, layer=layer, position=positions,
-        meta=build_meta(n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, seed=seed,
+        meta=build_meta(**provenance, n_rows=acts.shape[0], n_pca=comps.shape[0], holdout=holdout, seed=seed,
                         validation=validation, n_folds=len(folds), control=control, note=note),
     )
 
@@ -474,6 +476,16 @@ class FitLayersResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"r2": "fit layer", "fits": "fit", "layers": "layer"}
     _legal = {"layers": NON_NEGATIVE, "periods": POSITIVE}
+
+    def headline(self) -> dict:
+        """The best held-out R² of each fit over the layers, with its layer.
+
+        Returns:
+            ``{fit: "R² at layer L"}``.
+        """
+        best = self.r2.nan_to_num(-math.inf).max(1)
+        return {fit: f"{float(best.values[i]):.3g} at layer {self.layers[int(best.indices[i])]}"
+                for i, fit in enumerate(self.fits)}
 
     def to_frame(self):
         import pandas as pd
@@ -537,5 +549,6 @@ def fit_layers(
     return FitLayersResult(
         r2=torch.tensor([rows[k] for k in kinds] + [pca]), fits=list(kinds) + ["PCA-k"], layers=layers,
         periods=check_periods(periods),
-        meta=build_meta(site=site, position=positions, holdout=holdout, validation=validation, control=control),
+        meta=build_meta(**made_from(acts), site=site, position=positions, holdout=holdout, validation=validation,
+                        control=control),
     )

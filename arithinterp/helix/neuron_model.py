@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
+from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
 
@@ -168,7 +168,7 @@ def fit_neurons(
         weights = torch.zeros((design.shape[1], y.shape[1]), dtype=torch.float64, requires_grad=True)
         optimiser = torch.optim.Adam([weights], lr=lr)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, steps)
-        for _ in tqdm(range(steps), desc="neuron fits", disable=not progress):
+        for _ in progress_bar(range(steps), desc="neuron fits", disable=not progress):
             optimiser.zero_grad()
             # MSE(w) = wᵀGw − 2wᵀm + const: the exact full-batch loss, without re-reading N rows
             loss = ((weights * (gram @ weights)).sum(0) - 2 * (weights * moment).sum(0)).sum()

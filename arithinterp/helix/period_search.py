@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import stacked_effects
@@ -28,7 +27,9 @@ from arithinterp.helix.fitting import (
     resolve_values,
     shuffled_values,
 )
-from arithinterp.results import POSITIVE, Result, build_meta
+from arithinterp.checks import check_fingerprint
+from arithinterp.progress import progress_bar
+from arithinterp.results import POSITIVE, Result, build_meta, made_from
 from arithinterp.types import HookedModel, NonNegativeInt, checked
 
 if TYPE_CHECKING:
@@ -150,6 +151,10 @@ def search_periods(
         raise ConfigError(f"sizes must be within 1..{len(candidates)}, got {sizes}")
     if (model is None) != (pairs is None):
         raise ConfigError("a causal search needs both model= and pairs=; pass neither to score by held-out R²")
+    provenance = made_from(acts)  # the model the activations were collected on
+    if model is not None:
+        check_fingerprint(model, provenance.get("fingerprint"), "activations", "helix.search_periods",
+                          provenance.get("model"))
     acts, site, layer_found, _, prompts = activation_matrix(acts, site, layer, positions)
     x, names = resolve_values(values, prompts)
     if x.shape[0] != acts.shape[0]:
@@ -173,7 +178,8 @@ def search_periods(
                 return cross_validated(acts, values, folds, pcas, basis_kw, mean, comps, n_top)[1]
             return fit_core(acts, values, train, mean, comps, ev, kind, subset, None, names, max_value)[2]
 
-        scores = [held_out_r2(x, subset) for subset in tqdm(subsets, desc="period subsets", disable=not progress)]
+        scores = [held_out_r2(x, subset)
+                  for subset in progress_bar(subsets, desc="period subsets", disable=not progress)]
         null = [[held_out_r2(shuffled, subset) for subset in subsets]
                 for shuffled in shuffled_values(x, n_shuffles, seed)]
         criterion = "held-out R²"
@@ -218,7 +224,8 @@ def search_periods(
     return PeriodSearchResult(
         subsets=subsets, scores=scores, sizes=sizes, best=best, best_scores=torch.tensor(best_scores),
         criterion=criterion,
-        meta=build_meta(model, candidates=candidates, kind=kind, n_pca=comps.shape[0], holdout=holdout,
+        meta=build_meta(model, **({} if model is not None else provenance), candidates=candidates, kind=kind,
+                        n_pca=comps.shape[0], holdout=holdout,
                         seed=seed, layer=layer if model is not None else layer_found,
                         validation=validation, control=control),
     )

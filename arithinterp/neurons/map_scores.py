@@ -12,9 +12,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError
+from arithinterp.progress import progress_bar
 from arithinterp.types import NonNegativeInt, PositiveInt, checked
 
 SCORE_CHUNK = 128  # neurons whose tie-breaking permutations are drawn together
@@ -196,7 +196,7 @@ def score_maps(
     top = torch.empty(N, H)
     low = torch.empty(N, H) if bottom else None
     starts = range(0, N, chunk_size)
-    for start in tqdm(starts, desc="score heuristics", disable=not progress or len(starts) < 2):
+    for start in progress_bar(starts, desc="score heuristics", disable=not progress or len(starts) < 2):
         rng = np.random.default_rng([seed, offset + start, int(shuffle)])
         values = maps[start : start + chunk_size].float().numpy()
         n = values.shape[0]

@@ -95,7 +95,7 @@ def classify(
     Raises:
         ConfigError: ``importance_scores`` misses a layer, or an argument is refused.
     """
-    check_belongs(model, "neurons.classify", prompts=prompts, pairs=pairs)
+    check_belongs(model, "neurons.classify", prompts=prompts, pairs=pairs, importance_scores=importance_scores)
     check_prompts(prompts)
     threshold = check_threshold(threshold)
     budget = memory_budget(model, max_memory)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
@@ -33,6 +32,7 @@ from arithinterp.neurons.final_reads import (
     check_engine, check_model_layers, check_prompts, final_position_batches, final_reads,
     mean_final_activation, seq_len,
 )
+from arithinterp.progress import progress_bar
 from arithinterp.results import NON_NEGATIVE, Result, build_meta
 from arithinterp.sites import hook_name
 from arithinterp.types import ByteSize, HookedModel, PositiveInt, checked
@@ -249,7 +249,7 @@ def _attribution(model, pairs, layers, batch_size, budget, progress) -> Iterator
         batch_size = chunk_for(budget, per_prompt, "prompt's forward and backward", high=1024)
     batches = list(final_position_batches(clean, batch_size))
     names = [(layer, hook_name("mlp_post", layer)) for layer in layers]
-    for idx, tokens, final in tqdm(batches, desc="attribution", disable=not progress):
+    for idx, tokens, final in progress_bar(batches, desc="attribution", disable=not progress):
         out = torch.zeros(len(idx), len(layers), d_mlp)
         corrupt_tokens = corrupt.unpadded(idx)
         g, b = good[idx], bad[idx]
@@ -294,7 +294,7 @@ def _replacement_effects(model, prompts, answers, layers, values_for, batch_size
     sequences = _cells_per_forward(model, seq_len(prompts), budget) if batch_size is None else 4096
     block = max(1, batch_size // 8) if batch_size is not None else min(64, sequences)
     jobs = list(final_position_batches(prompts, block))
-    bar = tqdm(total=len(jobs) * len(layers), desc=desc, disable=not progress)
+    bar = progress_bar(total=len(jobs) * len(layers), desc=desc, disable=not progress)
     with torch.inference_mode():
         for idx, tokens, final in jobs:
             out = torch.zeros(len(idx), len(layers), d_mlp)
@@ -344,7 +344,7 @@ def _patch_effects(model, pairs, layers, batch_size, budget, progress, choice="a
     sequences = _cells_per_forward(model, seq_len(clean), budget) if batch_size is None else 4096
     block = max(1, batch_size // 8) if batch_size is not None else min(64, sequences)
     jobs = list(final_position_batches(clean, block))
-    bar = tqdm(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
+    bar = progress_bar(total=len(jobs) * len(layers), desc="patch neurons", disable=not progress)
     with torch.inference_mode():
         for idx, tokens, final in jobs:
             B = len(idx)
@@ -402,7 +402,7 @@ def _stacked_ablation_effects(model, prompts, answers, layers, mean, batch_size,
     good, bad = answers
     block = max(1, batch_size // 8) if batch_size is not None else 64
     jobs = list(final_position_batches(prompts, block))
-    bar = tqdm(total=len(jobs) * len(layers), desc="mean-ablate neurons", disable=not progress)
+    bar = progress_bar(total=len(jobs) * len(layers), desc="mean-ablate neurons", disable=not progress)
     with torch.inference_mode():
         for idx, tokens, final in jobs:
             stepper, _ = engine.stepper_for(model, tokens, choice, warn=False)

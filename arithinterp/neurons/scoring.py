@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.engine.budget import chunk_for
 from arithinterp.errors import AnalysisError, ConfigError
@@ -21,6 +20,7 @@ from arithinterp.neurons.rules import MAP_KINDS, check_op
 from arithinterp.neurons.map_scores import SCORE_CHUNK, score_all
 from arithinterp.neurons.shuffle_test import RunningFDR, RunningNullSummary, check_fdr, deciding_p_values
 from arithinterp.neurons.table import HeuristicTable
+from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import ByteSize, Modulus, PositiveInt, checked
 
@@ -289,7 +289,7 @@ def classify_stream(
     fdr_p = RunningFDR()
     null = RunningNullSummary(N, threshold, fdr) if shuffle_control else None
     starts = range(0, N, rows)
-    for start in tqdm(starts, desc="classify neurons", disable=not progress or len(starts) < 2):
+    for start in progress_bar(starts, desc="classify neurons", disable=not progress or len(starts) < 2):
         stop = min(start + rows, N)
         k_chunk, kv_chunk = source(start, stop)
         by_kind = {"K": k_chunk if "K" in kinds else None, "KV": kv_chunk if "KV" in kinds else None}

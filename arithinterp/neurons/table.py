@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from arithinterp.errors import ConfigError, SiteError, accepted
+from arithinterp.outputs import writes
 from arithinterp.neurons.registry import HeuristicRegistry
 from arithinterp.neurons.rules import Grid, Heuristic, apply_op
 from arithinterp.results import NON_NEGATIVE, PROBABILITY, Result
@@ -72,7 +73,8 @@ class HeuristicTable(Result):
     _legal = {"layer": NON_NEGATIVE, "neuron": NON_NEGATIVE, "threshold": PROBABILITY, "p_values": PROBABILITY,
               "q_values": PROBABILITY, "fdr": PROBABILITY}
 
-    def save(self, path, *, overwrite: bool = False):
+    @writes
+    def save(self, path, *, overwrite: bool = False, extra_files=None):
         """Write the table to a directory (the registry's predicates are code and are not saved: pass
         the registry again to :meth:`heuristic` after :meth:`load` for custom ones).
 
@@ -83,7 +85,8 @@ class HeuristicTable(Result):
         Returns:
             The directory.
         """
-        return Result.save(dataclasses.replace(self, registry=None), path, overwrite=overwrite)
+        return Result.save(dataclasses.replace(self, registry=None), path, overwrite=overwrite,
+                           extra_files=extra_files)
 
     @property
     def best_scores(self) -> torch.Tensor:

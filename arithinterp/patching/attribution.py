@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
@@ -20,7 +19,7 @@ from arithinterp.engine.budget import (
     forward_logits_bytes_per_prompt,
     memory_budget,
 )
-from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, ModelMismatchError, SiteError, accepted
 from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn
 from arithinterp.patching.core import (
     ATTRIBUTE_SITES,
@@ -34,7 +33,8 @@ from arithinterp.patching.core import (
 )
 from arithinterp.patching.attribution_result import AttributionResult
 from arithinterp.patching.exact import activation_patching
-from arithinterp.results import CORRELATION, Result, build_meta
+from arithinterp.progress import progress_bar
+from arithinterp.results import CORRELATION, Result, build_meta, made_from
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import ByteSize, HookedModel, IntegrationSteps, PositiveInt, checked
 
@@ -248,7 +248,7 @@ def _attribute(model: HookedModel, pairs: PromptPairs, site_list: list[str], met
         batch_size = _pairs_per_batch(model, site_list, len(acts), pairs, budget)
     batches = [b for group in pairs.clean.length_groups() for b in group.split(batch_size)]
     alphas = [0.0] if method == "attribution" else [(k + 0.5) / ig_steps for k in range(ig_steps)]
-    for idx in tqdm(batches, desc="attribute", disable=not progress):
+    for idx in progress_bar(batches, desc="attribute", disable=not progress):
         # the last batch's reads and gradients go before this batch's are taken, not onto its peak
         source = source_acts = run = base_acts = None
         grads: dict = {}
@@ -401,6 +401,7 @@ def compare(exact: Union[PatchResult, AttributionResult, dict],
     Raises:
         AnalysisError: An input is not a PatchResult (or a non-empty dict of them), or the two
             cover different sites or cells.
+        ModelMismatchError: The two were made on different models (their weights' fingerprints differ).
     """
     def by_site(name: str, given) -> dict:
         if isinstance(given, AttributionResult):
@@ -414,6 +415,11 @@ def compare(exact: Union[PatchResult, AttributionResult, dict],
     exact, approx = by_site("exact", exact), by_site("approx", approx)
     if set(exact) != set(approx):
         raise AnalysisError(f"exact and approximate results cover different sites: {sorted(exact)} vs {sorted(approx)}")
+    made = {made_from(part).get("fingerprint") for part in [*exact.values(), *approx.values()]} - {None}
+    if len(made) > 1:
+        raise ModelMismatchError(f"compare: the results were made on different models (weight fingerprints "
+                                 f"{sorted(map(str, made))}); compare an approximation with exact patching of one "
+                                 "model")
     sites, corr, pair_corr, ex, ap, cells = [], [], [], [], [], []
     for site in exact:
         e, a = exact[site], approx[site]
@@ -428,8 +434,9 @@ def compare(exact: Union[PatchResult, AttributionResult, dict],
         ap.append(a.mean.flatten().tolist())
         cells.append(_cell_labels(e))
     method = next(iter(approx.values())).method
+    first = next(iter(exact.values()))
     return ComparisonResult(sites, corr, pair_corr, ex, ap, cells, method,
-                            build_meta(n_pairs=next(iter(exact.values())).n_pairs))
+                            build_meta(**made_from(first), n_pairs=first.n_pairs))
 
 
 @checked

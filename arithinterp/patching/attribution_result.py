@@ -137,10 +137,10 @@ class AttributionResult(Result):
         return int(self.values.shape[0])
 
     @classmethod
-    def load(cls, path: str | Path) -> "AttributionResult":
-        """Read a result written by :meth:`save`, checking that the sites' cells add up to the cell axis
-        and that every site is one that can be attributed."""
-        result = super().load(path)
+    def load(cls, path: str | Path, *, unsealed: bool = False) -> "AttributionResult":
+        """Read a result written by :meth:`save` (see :meth:`Result.load`), checking that the sites' cells
+        add up to the cell axis and that every site is one that can be attributed."""
+        result = super().load(path, unsealed=unsealed)
         where = f"{path}/{JSON_FILE}"
         for i, shape in enumerate(result.cell_shapes):
             if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):

@@ -12,7 +12,7 @@ import torch
 from arithinterp.checks import check_belongs, check_choice
 from arithinterp.engine import Read, RunningMean, Write
 from arithinterp.engine import run as engine_run
-from arithinterp.errors import AnalysisError, SiteError
+from arithinterp.errors import AnalysisError
 from arithinterp.patching.core import COMPONENT_ABLATIONS, SCORINGS
 from arithinterp.results import PROBABILITY, Result, build_meta
 from arithinterp.types import HookedModel, checked
@@ -99,9 +99,8 @@ def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: i
                    length: int) -> Optional[torch.Tensor]:
     """Per-prompt unpadded position ``[B]`` of a component's ``@position`` (None: every position).
 
-    ``answer{k}`` is the position whose output predicts answer token k: ``final`` for k = 0, then
-    the teacher-forced answer tokens (``scoring="full-answer"``); every other spec is resolved by
-    ``PromptSet.locate`` (``a``, ``a[0]``, ``final-1``, an int on same-length prompts).
+    Specs are resolved by ``PromptSet.locate`` (``a``, ``a[0]``, ``final-1``, ``answer[k]`` — the
+    teacher-forced answer token k, fed with ``scoring="full-answer"`` — an int on same-length prompts).
 
     Args:
         prompts: The prompts.
@@ -116,11 +115,7 @@ def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: i
     if position is None:
         return None
     fed = length - (prompts.tokens.shape[1] - offset)
-    answer = re.fullmatch(r"answer(\d+)", position)
-    if answer and int(answer.group(1)) > fed:
-        raise SiteError(f"position {position!r} is past the fed answer tokens ({length} tokens); "
-                        "answer positions beyond answer0 need prompts.with_scoring('full-answer')")
-    spec = f"final+{answer.group(1)}" if answer else (int(position) if re.fullmatch(r"-?\d+", position) else position)
+    spec = int(position) if re.fullmatch(r"-?\d+", position) else position
     return prompts.locate(spec, answers=fed)[1][idx, 0] - offset
 
 
@@ -329,8 +324,9 @@ def ablate(model: HookedModel, prompts: PromptSet, components: Sequence[str], *,
         prompts: The prompts scored.
         components: ``"attn{l}"`` (every head of layer l), ``"mlp{l}"``, ``"L{l}H{h}"`` (one head,
             through its ``hook_z``), ``"L{l}N{n}"`` (one MLP neuron), each optionally restricted to
-            one position with ``"@a"``, ``"@b"``, ``"@final"``, ``"@answer{k}"`` (the position that
-            predicts answer token k) or ``"@{int}"``.
+            one position with ``"@a"``, ``"@b"``, ``"@final"``, ``"@answer[k]"`` (answer token k,
+            written order from 0: ``"@final"`` predicts the first, ``"@answer[k-1]"`` token k) or
+            ``"@{int}"``.
         ablation: ``"zero"``; ``"mean"`` (:func:`arithinterp.engine.mean_activation`: the mean over
             these prompts at each position counted from the prompt's end, over the prompts that have
             that position); ``"resample"`` (the activation of a random other prompt of the same

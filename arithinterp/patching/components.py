@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from arithinterp.checks import check_belongs
 from arithinterp.errors import ConfigError, SiteError, accepted
+from arithinterp.tasks.positions import predicting_position
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -100,11 +101,19 @@ def parse_components(model: HookedModel, components: Sequence[str], allowed: Seq
             raise SiteError(f"component {name!r}: neuron {unit} is out of range; accepted: 0..{cfg.d_mlp - 1}")
         if kind in ("mlp", "neuron") and getattr(cfg, "attn_only", False):
             raise SiteError(f"component {name!r} needs MLPs but this model is attention-only")
-        if prompts is not None and position is not None and not re.fullmatch(r"answer\d+", position):
+        old = re.fullmatch(r"answer(\d+)", position or "")
+        if old:  # the spelling that named the position *predicting* answer token k
+            k = int(old[1])
+            raise ConfigError(f"component {name!r}: '@{position}' is not a position; answer tokens are named as "
+                              f"positions everywhere, answer[k] being answer token k (written order, from 0): "
+                              f"the position that predicts answer token {k} is '@{predicting_position(k)}'")
+        if prompts is not None and position is not None:
             try:  # refused before any forward: never wrapped around to another token
                 prompts.locate(position, answers=scored_answer_tokens(prompts) - 1)
             except SiteError as error:
-                raise SiteError(f"component {name!r}: {error}") from None
+                fed = "answer" in position and prompts.scoring != "full-answer"
+                hint = "; answer positions need the answer fed: prompts.with_scoring('full-answer')" if fed else ""
+                raise SiteError(f"component {name!r}: {error}{hint}") from None
         parsed.append(Component(str(name), kind, layer, unit, position))
     return parsed
 

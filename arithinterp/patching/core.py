@@ -21,7 +21,7 @@ from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import DIRECTIONS, METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
-from arithinterp.results import NON_NEGATIVE, Result, build_meta
+from arithinterp.results import NON_NEGATIVE, Relation, Result, build_meta
 from arithinterp.types import HookedModel, OpenUnitFloat, PositiveInt, checked
 
 if TYPE_CHECKING:
@@ -98,7 +98,19 @@ class PatchResult(Result):
                "ci_high": "layer ...", "clean_baseline": "pair", "corrupt_baseline": "pair", "layers": "layer",
                "positions": "position", "tokens": "position"}
     _legal = {"axes": ("layer", "position", "head", "neuron"), "layers": NON_NEGATIVE, "heads": NON_NEGATIVE,
-              "neurons": NON_NEGATIVE, "sem": NON_NEGATIVE, "direction": DIRECTIONS}
+              "neurons": NON_NEGATIVE, "sem": NON_NEGATIVE, "direction": DIRECTIONS, "site": PATCHING_SITES,
+              "method": ("exact", *ATTRIBUTION_METHODS)}
+    _relations = (
+        Relation("axes", "the names of the cell axes of 'mean', one per dimension, in the order layer, position, "
+                 "head, neuron", lambda v: len(v["axes"]) == v["mean"].ndim and v["axes"]
+                 == [a for a in ("layer", "position", "head", "neuron") if a in v["axes"]] and v["axes"][0] == "layer"),
+        Relation("positions", "one label per entry of each cell axis (layers, positions, heads, neurons), and none "
+                 "for an axis the cells lack", lambda v: all(
+                     len(v[labels]) == (v["mean"].shape[v["axes"].index(axis)] if axis in v["axes"] else len(v[labels]))
+                     and (axis in v["axes"] or axis == "position" or not v[labels])
+                     for axis, labels in (("layer", "layers"), ("position", "positions"), ("head", "heads"),
+                                          ("neuron", "neurons")))),
+    )
     _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @property
@@ -116,6 +128,31 @@ class PatchResult(Result):
             :attr:`layers`, :attr:`positions`, :attr:`heads` or :attr:`neurons`.
         """
         return {"layer": self.layers, "position": self.positions, "head": self.heads, "neuron": self.neurons}[axis]
+
+    def headline(self) -> dict:
+        """The strongest cell: the one whose patch moves the metric furthest from the run it patches
+        (the corrupt run when denoising, the clean one when noising), and the two baselines.
+
+        Returns:
+            ``strongest`` (the cell's coordinates), ``cell_mean`` (its mean metric), ``gap_fraction``
+            (where that mean lies between the corrupt baseline, 0, and the clean one, 1), ``clean``
+            and ``corrupt`` (the baselines' means, in the metric's units).
+        """
+        clean, corrupt = float(self.clean_baseline.mean()), float(self.corrupt_baseline.mean())
+        if self.normalized:
+            start = 0.0 if self.direction == "denoise" else 1.0
+        else:
+            start = corrupt if self.direction == "denoise" else clean
+        flat = (self.mean - start).reshape(-1).nan_to_num(0.0).abs()
+        if flat.numel() == 0:
+            return dict(clean=clean, corrupt=corrupt)
+        cell = tuple(int(i) for i in torch.unravel_index(flat.argmax(), tuple(self.mean.shape)))
+        where = " ".join(f"{axis} {self.axis_labels(axis)[i]}" for axis, i in zip(self.axes, cell))
+        if "position" in self.axes:
+            where += f" ({self.tokens[cell[self.axes.index('position')]]!r})"
+        mean = float(self.mean[cell])
+        fraction = mean if self.normalized else (mean - corrupt) / (clean - corrupt) if clean != corrupt else math.nan
+        return dict(strongest=where, cell_mean=mean, gap_fraction=fraction, clean=clean, corrupt=corrupt)
 
     def to_frame(self):
         """One row per cell: the cell's coordinates, mean, sem, CI and pair count."""

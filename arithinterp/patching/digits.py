@@ -4,7 +4,7 @@ the teacher-forced pairs that score one answer digit at the position that emits 
 * :func:`digit_ablation` — each head ablated at each answer position alone, each digit scored.
 * :func:`digit_pairs` — pairs whose prompts end with the answer's first ``k`` tokens fed, so any
   final-position analysis (patching sweeps, edge circuits) scores answer token ``k``.
-* :func:`vary_digit` — pairs that differ in one digit column of the operands only.
+* :func:`vary_digit` — pairs that differ in one digit of the operands only (named by its place).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
@@ -28,7 +27,10 @@ from arithinterp.patching.component_ablation import (
 from arithinterp.patching.components import parse_components
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.patching.core import COMPONENT_ABLATIONS
+from arithinterp.progress import progress_bar
 from arithinterp.results import DISTINCT, PROBABILITY, Result, build_meta
+from arithinterp.tasks.places import answer_token_places, place_power
+from arithinterp.tasks.positions import predicting_position
 from arithinterp.types import HookedModel, NonNegativeInt, checked
 
 from arithinterp.tasks import PromptPairs, PromptSet  # at run time: @checked enforces them
@@ -51,7 +53,9 @@ class DigitAblationResult(Result):
             that predicts token k alone.
         baseline (Float[Tensor, "answer_token"]): The same with nothing ablated.
         ablation: The ablation: ``"mean"``, ``"zero"`` or ``"resample"``.
-        meta: Provenance, the number of prompts, the seed and the engine used.
+        meta: Provenance, the number of prompts, the seed, the engine used and ``answer_places``,
+            the place of each answer token where every answer writes one digit per token in as
+            many tokens (``None`` otherwise).
     """
 
     heads: list
@@ -152,7 +156,8 @@ def digit_ablation(
     return DigitAblationResult(
         heads=[c.name for c in parsed], accuracy=cells[..., 0].mean(-1), baseline=baseline[..., 0].mean(0),
         ablation=ablation,
-        meta=build_meta(model, n_prompts=len(prompts), seed=seed, engine=used),
+        meta=build_meta(model, n_prompts=len(prompts), seed=seed, engine=used,
+                        answer_places=answer_token_places(prompts)),
     )
 
 
@@ -178,8 +183,8 @@ def digit_scores(
     baseline = scores([])
     cells = torch.empty(len(parsed), n_answer, len(prompts), 2)
     jobs = [(i, k) for i in range(len(parsed)) for k in range(n_answer)]
-    for i, k in tqdm(jobs, desc="digit ablation", disable=not progress):
-        cells[i, k] = scores([replace(parsed[i], position=f"answer{k}")])[:, k]
+    for i, k in progress_bar(jobs, desc="digit ablation", disable=not progress):
+        cells[i, k] = scores([replace(parsed[i], position=predicting_position(k))])[:, k]
     return baseline, cells, "hooks"
 
 
@@ -231,13 +236,13 @@ def _stepped_digit_scores(model, prompts, parsed, ablation, seed, engine, progre
     by_layer: dict[int, list[int]] = {}
     for i, c in enumerate(parsed):
         by_layer.setdefault(c.layer, []).append(i)
-    for j, (rows, tokens, offset, length, stepper, shuffled) in enumerate(tqdm(batches, desc="digit ablation",
+    for j, (rows, tokens, offset, length, stepper, shuffled) in enumerate(progress_bar(batches, desc="digit ablation",
                                                                                disable=not progress)):
         runner = runners[j] or AblationRunner(model, stepper, tokens, n_last=n_answer)
         runners[j] = None
         baseline[rows] = score(runner.base_logits.float(), rows).cpu()
         for k in range(n_answer):
-            positions = position_rows(prompts, f"answer{k}", rows, offset, length)  # [B], unpadded
+            positions = position_rows(prompts, predicting_position(k), rows, offset, length)  # [B], unpadded
             assert positions is not None  # a named position always resolves to one per prompt
             cell_list, order = [], []
             for layer, members in by_layer.items():
@@ -350,31 +355,32 @@ def digit_pairs(pairs: PromptPairs, answer_token: NonNegativeInt, feed: str = "o
 
 
 @checked
-def vary_digit(prompts: PromptSet, column: NonNegativeInt, operand: str = "a", seed: int = 0) -> PromptPairs:
-    """Pairs whose corrupt prompt changes digit ``column`` (0 = units) of ``operand`` (``"a"``,
-    ``"b"`` or ``"both"``) to another digit drawn at random and keeps every other digit: the
-    counterfactual that asks which circuit carries one digit column (Quirke & Barez 2024: answer
-    digit n reads operand digits n and n − 1). A leading digit never becomes 0, so each number
-    keeps its digit count.
+def vary_digit(prompts: PromptSet, place: str, operand: str = "a", seed: int = 0) -> PromptPairs:
+    """Pairs whose corrupt prompt changes the ``place`` digit (``"units"``, ``"tens"``, ...) of
+    ``operand`` (``"a"``, ``"b"`` or ``"both"``) to another digit drawn at random and keeps every
+    other digit: the counterfactual that asks which circuit carries one digit column (Quirke &
+    Barez 2024: an answer digit reads the operand digits of its own place and the one below). A
+    leading digit never becomes 0, so each number keeps its digit count.
 
     Args:
         prompts: Prompts of one operator and one template.
-        column: The digit to change, 0 = units.
+        place: The digit to change, by its place (:data:`~arithinterp.tasks.PLACES`).
         operand: ``"a"``, ``"b"`` or ``"both"``.
         seed: Seeds the new digits.
 
     Returns:
-        The pairs; those whose tokens or answer lengths do not align (the sum gains a digit) are
-        dropped and counted in ``meta``.
+        The pairs (``vary`` is ``"{operand}_{place}"``, e.g. ``"b_tens"``); those whose tokens or
+        answer lengths do not align (the sum gains a digit) are dropped and counted in ``meta``.
 
     Raises:
-        ConfigError: An unknown ``operand`` or a negative ``column``.
+        ConfigError: An unknown ``operand`` or ``place``.
         TaskError: An empty set, mixed operators or prefixes, an operand without that digit,
             undefined corrupt prompts, or no prompt that keeps its token positions.
     """
     from arithinterp.tasks import OPERATORS, PromptPairs, prompts_for_pairs
 
     check_choice("operand", operand, OPERANDS)
+    column = place_power(place)
     if len(prompts) == 0:
         raise TaskError("cannot vary a digit of an empty prompt set")
     prompts.require_one_prefix("vary_digit()")
@@ -386,8 +392,8 @@ def vary_digit(prompts: PromptSet, column: NonNegativeInt, operand: str = "a", s
     for name in names:
         narrow = [v for v in values[name] if v < 0 or v < 10**column and not (v == 0 and column == 0)]
         if narrow:
-            raise TaskError(f"operand {name}={narrow[0]} has no digit {column} ({len(narrow)} of {len(prompts)} "
-                            f"prompts); vary a column every operand has, or keep operands >= {10**column}")
+            raise TaskError(f"operand {name}={narrow[0]} has no {place} digit ({len(narrow)} of {len(prompts)} "
+                            f"prompts); vary a place every operand has, or keep operands >= {10**column}")
     rng = random.Random(seed)
     corrupt = {name: list(v) for name, v in values.items()}
     for name in names:
@@ -404,7 +410,7 @@ def vary_digit(prompts: PromptSet, column: NonNegativeInt, operand: str = "a", s
     )
     if len(other) != len(prompts):  # b == 0 under // or mod
         raise TaskError(f"{len(prompts) - len(other)} corrupt prompts are undefined for {prompts.op!r} (b == 0); "
-                        "vary another column or operand")
+                        "vary another place or operand")
     # the same token positions and answer lengths (as counterfactual() requires: answer token k is
     # then the same digit place in both), and an answer that changes
     aligned = (other.lengths == prompts.lengths) & (other.tokens.shape == prompts.tokens.shape)
@@ -414,7 +420,7 @@ def vary_digit(prompts: PromptSet, column: NonNegativeInt, operand: str = "a", s
     aligned &= other.answer != prompts.answer
     clean, corrupt_set = prompts[aligned], other[aligned]
     if len(clean) == 0:
-        raise TaskError(f"no prompt keeps its token positions when digit {column} of {operand} changes; "
+        raise TaskError(f"no prompt keeps its token positions when the {place} digit of {operand} changes; "
                         "use a tokenizer that splits numbers into digits")
-    meta = dict(dropped=len(prompts) - len(clean), kept=len(clean), column=column, operand=operand)
-    return PromptPairs(clean, corrupt_set, vary=f"{operand}_digit_{column}", seed=seed, meta=meta)
+    meta = dict(dropped=len(prompts) - len(clean), kept=len(clean), place=place, operand=operand)
+    return PromptPairs(clean, corrupt_set, vary=f"{operand}_{place}", seed=seed, meta=meta)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.engine import Read, Stepper
@@ -17,6 +16,7 @@ from arithinterp.metrics import DIRECTIONS, metric_context, metric_fn, metric_na
 from arithinterp.patching.components import default_components, parse_components
 from arithinterp.patching.core import warn_first_token_only
 from arithinterp.patching.exact import activation_patching
+from arithinterp.progress import progress_bar
 from arithinterp.results import Result, build_meta
 from arithinterp.types import HookedModel, checked
 
@@ -145,7 +145,7 @@ def direct_effect(
         return torch.stack(shares)
 
     with torch.inference_mode():
-        for idx in tqdm(pairs.clean.length_groups(), desc="direct effect", disable=not progress):
+        for idx in progress_bar(pairs.clean.length_groups(), desc="direct effect", disable=not progress):
             base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
             final_pos = torch.full((len(idx),), base_tokens.shape[1] - 1)
             reads = [Read("resid_post", last, final_pos)] + [Read(c.site, c.layer, final_pos) for c in parsed]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
@@ -25,6 +24,7 @@ from arithinterp.patching.core import (
 )
 from arithinterp.engine import PatchRunner, stepper_for
 from arithinterp.engine.patches import RUN, SOURCE
+from arithinterp.progress import progress_bar
 from arithinterp.tasks import resolve_positions
 from arithinterp.types import PositiveInt, checked
 
@@ -141,7 +141,7 @@ def activation_patching(
     engines, n_run = set(), 0
     groups = pairs.clean.length_groups()
     with torch.inference_mode():
-        bar = tqdm(total=len(table) * len(groups), desc=f"sweep {site}", disable=not progress)
+        bar = progress_bar(total=len(table) * len(groups), desc=f"sweep {site}", disable=not progress)
         for idx in groups:
             base_tokens, source_tokens = base_set.unpadded(idx), source_set.unpadded(idx)
             offset = base_set.offset(idx)

@@ -21,7 +21,8 @@ control-backed probing practice follows Kantamneni & Tegmark 2025 and Nikankin e
   copy and probes both (readable vs computed); targets via :func:`resolve_target` (``targets``),
   folds and per-cell scores in ``cross_validation``.
 * ``answers`` — :func:`answer_activations`: activations at the position before each answer token,
-  with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values.
+  with the model's own answer teacher-forced; :func:`answer_slots`: each answer slot's values, and
+  :func:`slot_names`: what each slot holds (a digit's place, or an answer token's position).
 * ``detector`` — :class:`ErrorDetector` flags prompts the model will answer wrongly (digit and
   carry probes, several layers, calibrated, method and threshold chosen by cross-validation) →
   :class:`DetectorResult` (``detector_result``). It stands on ``slots`` (the model's answers
@@ -38,7 +39,7 @@ Imports flow one way: ``probe_base`` ← ``lbfgs`` ← ``logistic`` ← ``estima
 ``slot_probes``, ``operating_points`` ← ``detector_fit``, ``detector_result`` ← ``detector`` ← ``reask``.
 """
 
-from arithinterp.probes.answers import answer_activations, answer_slots
+from arithinterp.probes.answers import answer_activations, answer_slots, slot_names
 from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.detector_fit import DetectorBaselineWarning
 from arithinterp.probes.detector_result import DetectorResult
@@ -82,6 +83,7 @@ __all__ = [
     "ProbeResult",
     "answer_activations",
     "answer_slots",
+    "slot_names",
     "detection_metrics",
     "best_threshold",
     "balanced_accuracy_interval",

@@ -15,6 +15,8 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp.errors import AnalysisError
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+from arithinterp.tasks.places import answer_token_places, place_name
+from arithinterp.tasks.positions import predicting_position
 from arithinterp.types import HookedModel, checked
 
 if TYPE_CHECKING:
@@ -45,6 +47,25 @@ def answer_digit_count(prompts: PromptSet) -> int:
 
 
 @checked
+def slot_names(prompts: PromptSet) -> list[str]:
+    """What each answer slot of :func:`answer_slots` holds, named as a digit or as a position.
+
+    Args:
+        prompts: The prompts.
+
+    Returns:
+        One name per slot. Single-token answers: the places, units first (``"units"``,
+        ``"tens"``, ...). Multi-token answers: the place of each answer token where every answer
+        writes one digit per token in as many tokens (``"thousands"``, ``"hundreds"``, ``"tens"``,
+        ``"units"``), else the answer token's position (``"answer[0]"``, ``"answer[1]"``, ...).
+    """
+    k = prompts.answer_tokens.shape[1]
+    if k == 1:
+        return [place_name(i) for i in range(answer_digit_count(prompts))]
+    return answer_token_places(prompts) or [f"answer[{j}]" for j in range(k)]
+
+
+@checked
 def answer_activations(
     model: HookedModel,
     prompts: PromptSet,
@@ -55,11 +76,13 @@ def answer_activations(
     batch_size: int = 256,
     progress: bool = True,
 ) -> Activations:
-    """Activations at the position before each answer token, the model's own answer fed back.
+    """Activations at the position that predicts each answer token, the model's own answer fed back.
 
-    Position ``"answer_j"`` is the final prompt token + j with the model's first j generated
-    answer tokens appended (teacher forcing its *own* answer, so the activation is the one it
-    had when it emitted token j).
+    Answer token ``j`` is predicted at the token before it: ``"final"`` for the first (``j = 0``),
+    ``"answer[j-1]"`` for the others, with the model's first ``j`` generated answer tokens appended
+    (teacher forcing its *own* answer, so the activation is the one it had when it emitted token j).
+    The position names are those of :meth:`arithinterp.tasks.PromptSet.locate`: written order,
+    ``answer[0]`` the first answer token.
 
     Args:
         model: The hooked model.
@@ -72,8 +95,9 @@ def answer_activations(
 
     Returns:
         Activations (via :func:`~arithinterp.activations.collect`) whose ``data[site]`` is
-        ``[prompt, layer, answer_token, *site_shape]``, positions ``answer_0 ... answer_{k-1}``, and
-        whose ``prompts`` are ``prompts``.
+        ``[prompt, layer, answer_token, *site_shape]``, positions ``final``, ``answer[0]`` ...
+        ``answer[k-2]`` (where answer tokens 0 .. k-1 are predicted), and whose ``prompts`` are
+        ``prompts``.
 
     Raises:
         AnalysisError: ``evaluation`` does not belong to ``prompts``.
@@ -85,16 +109,16 @@ def answer_activations(
     evaluation = evaluation if evaluation is not None else prompts.evaluate(model, batch_size=batch_size)
     check_evaluation(prompts, evaluation)
     k = prompts.answer_tokens.shape[1]
-    names = [f"answer_{j}" for j in range(k)]
     # prompts are left-padded, so appending the generated tokens on the right keeps them aligned
+    # (and "answer[j]", the final position + 1 + j, names the j-th appended token)
     forced = replace(
         prompts,
         tokens=torch.cat([prompts.tokens, evaluation.generated_tokens[:, : k - 1]], dim=1),
         lengths=prompts.lengths + (k - 1),
-        positions={**prompts.positions, **{name: prompts.positions["final"] + j for j, name in enumerate(names)}},
     )
+    positions = [predicting_position(j) for j in range(k)]
     acts = collect(
-        model, forced, sites=[site], layers=layers, positions=names, batch_size=batch_size, progress=progress
+        model, forced, sites=[site], layers=layers, positions=positions, batch_size=batch_size, progress=progress
     )
     acts.prompts = prompts
     acts.meta.update(teacher_forced="the model's own generated answer tokens")
@@ -126,8 +150,8 @@ def answer_slots(prompts: PromptSet, evaluation: Evaluation) -> dict[str, torch.
     """Per answer slot: the true value, the model's value, and whether the slot exists.
 
     Single-token answers: one slot per decimal digit of the answer (units first), read from
-    the answer value. Multi-token answers: one slot per answer token, valued as the number the
-    token spells (one digit for digit tokenizers).
+    the answer value. Multi-token answers: one slot per answer token (first written first), valued
+    as the number the token spells (one digit for digit tokenizers). :func:`slot_names` names them.
 
     Args:
         prompts: The prompts.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
@@ -29,9 +30,9 @@ import torch
 from sklearn.base import BaseEstimator
 
 from arithinterp import sites as site_lib
-from arithinterp.checks import check_belongs
-from arithinterp.errors import AnalysisError
-from arithinterp.probes.answers import answer_activations, answer_slot_mask, answer_slots
+from arithinterp.checks import check_belongs, fingerprint
+from arithinterp.errors import AnalysisError, ModelMismatchError
+from arithinterp.probes.answers import answer_activations, answer_slot_mask, answer_slots, slot_names
 from arithinterp.probes.detector_fit import check_params, fit_candidate, fit_meta, rank, selected_row
 from arithinterp.probes.detector_result import DetectorResult
 from arithinterp.probes.probe_base import NotFittedError, clone_estimator, to_tensor
@@ -208,7 +209,8 @@ class ErrorDetector(BaseEstimator):
         X, evaluation = self._read(model, prompts, evaluation, layers)
         slots, carries = self._labels(prompts, evaluation)
         self._fit_activations(X, slots, carries, layers, started)
-        self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)))
+        self.meta_.update(build_meta(model, n_fit_prompts=len(prompts), task=getattr(prompts, "template", None)),
+                          slots=slot_names(prompts))
         return self
 
     def evaluate(
@@ -233,7 +235,8 @@ class ErrorDetector(BaseEstimator):
         X, evaluation = self._read(model, prompts, evaluation, self.layers_)
         slots, carries = self._labels(prompts, evaluation)
         result = self.evaluate_activations(X, slots, carries)
-        return replace(result, meta={**result.meta, **build_meta(model, n_prompts=len(prompts))})
+        return replace(result, meta={**result.meta, **build_meta(model, n_prompts=len(prompts)),
+                                     "slots": slot_names(prompts)})
 
     def predict_proba(
         self, model: HookedModel, prompts: PromptSet, evaluation: Optional[Evaluation] = None
@@ -314,6 +317,83 @@ class ErrorDetector(BaseEstimator):
         X, evaluation = self._read(model, prompts, evaluation, self.layers_)
         slots, carries = self._labels(prompts, evaluation)
         return self.answer_confidence_activations(X, slots, carries)
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def save(self, path: Union[str, Path], *, overwrite: bool = False) -> Path:
+        """Write the fitted detector to a folder, sealed as a result is: tensors in safetensors with
+        the fingerprint of the model it was fitted on, the rest in JSON with the tensors' sha256
+        (:mod:`~arithinterp.probes.detector_files`; no pickle).
+
+        Args:
+            path: The folder, created when missing.
+            overwrite: Replace a *different* saved detector or result in the folder.
+
+        Returns:
+            The folder.
+
+        Raises:
+            NotFittedError: the detector is not fitted.
+            ConfigError: the folder is not writable, or the detector's probe is not one of this
+                package's estimators (those are saved without pickle).
+            ResultFileError: the folder holds something else and ``overwrite`` is false.
+        """
+        from arithinterp.probes.detector_files import save_detector
+
+        self._check_fitted()
+        return save_detector(self, path, overwrite)
+
+    @classmethod
+    def load(cls, path: Union[str, Path], model: Optional[HookedModel] = None) -> "ErrorDetector":
+        """Read a detector :meth:`save` wrote; with ``model``, refuse it unless it was fitted on that
+        model's weights (:meth:`on_model` declares it for another model on purpose). Without, every
+        later use on a model checks the same.
+
+        Args:
+            path: The folder.
+            model: The model it will be used on, checked now.
+
+        Returns:
+            The fitted detector.
+
+        Raises:
+            ResultFileError: the folder holds something else, is damaged or was changed after saving.
+            ModelMismatchError: ``model`` is another model (another shape, or other weights).
+        """
+        from arithinterp.probes.detector_files import load_detector
+
+        detector = load_detector(cls, path)
+        if model is not None:
+            try:
+                check_belongs(model, "ErrorDetector.load", detector=detector)
+            except ModelMismatchError as error:
+                raise ModelMismatchError(f"{error} (or, to use it on this model on purpose, "
+                                         "ErrorDetector.load(path).on_model(model))") from None
+        return detector
+
+    def on_model(self, model: HookedModel) -> "ErrorDetector":
+        """This detector declared for use on ``model``, another model of the same shape (another
+        checkpoint, a control with other weights): its ``meta_["fingerprint"]`` becomes ``model``'s,
+        the one it was fitted on kept in ``meta_["made_on_fingerprint"]``.
+
+        Args:
+            model: The model to declare it for.
+
+        Returns:
+            The detector itself, declared.
+
+        Raises:
+            NotFittedError: the detector is not fitted.
+            ModelMismatchError: ``model`` has another shape.
+        """
+        from types import SimpleNamespace
+
+        self._check_fitted()
+        made_on = self.meta_.get("made_on_fingerprint", self.meta_.get("fingerprint"))
+        meta = {**self.meta_, "made_on_fingerprint": made_on, "fingerprint": fingerprint(model)}
+        check_belongs(model, "ErrorDetector.on_model", detector=SimpleNamespace(meta=meta))  # the shape must fit
+        self.meta_ = meta
+        return self
 
     # -- tensor-facing ---------------------------------------------------------------------------
 

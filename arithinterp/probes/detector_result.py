@@ -21,7 +21,8 @@ class DetectorResult(Result):
     ``correct`` [N] (the truth), ``scores`` [N, M] (calibrated P(correct) per method in
     ``methods``), ``predicted_correct`` [N, M] (at each method's threshold); per answer slot
     [N, S]: ``true_slots``, ``output_slots``, ``slot_valid`` and the slot probes' predictions
-    ``pred_true_slots`` / ``pred_output_slots``. ``method`` is the one ``flag`` uses;
+    ``pred_true_slots`` / ``pred_output_slots``, each slot named in :attr:`slot_names` (a digit's
+    place, ``"tens"``, or an answer token's position, ``"answer[1]"``). ``method`` is the one ``flag`` uses;
     ``validation`` the cross-validated rows it was chosen by; ``layers`` the layers read.
     """
 
@@ -108,6 +109,15 @@ class DetectorResult(Result):
             raise AnalysisError(f"unknown metric {key!r}; accepted: {accepted(values)}")
         return values[key]
 
+    def headline(self) -> dict:
+        """The selected method's verdict and scores (:meth:`finding`).
+
+        Returns:
+            ``verdict``, ``balanced_accuracy``, ``auroc``, ``accuracy`` and ``majority_baseline``.
+        """
+        found = self.finding()
+        return {key: found[key] for key in ("verdict", "balanced_accuracy", "auroc", "accuracy", "majority_baseline")}
+
     def finding(self, method: Optional[str] = None) -> dict:
         """The detector's result in words and numbers, against always answering one way.
 
@@ -148,16 +158,25 @@ class DetectorResult(Result):
                     accuracy=m["accuracy"], majority_baseline=m["majority_baseline"], layers=list(self.layers),
                     layers_tried=tried, positions=where, text=text)
 
+    @property
+    def slot_names(self) -> list[str]:
+        """What each slot holds (:func:`~arithinterp.probes.answers.slot_names`): a digit's place
+        (``"units"``, ``"tens"``, ...) or, where answer token ``j`` is not the same place in every
+        prompt, its position ``"answer[j]"``; ``"slot 0"``, ``"slot 1"``, ... for a result computed
+        from activations alone (``evaluate_activations`` of a detector fitted on activations)."""
+        names, n = self.meta.get("slots"), self.true_slots.shape[1]
+        return list(names) if names is not None and len(names) == n else [f"slot {s}" for s in range(n)]
+
     def slot_accuracy(self) -> dict:
         """Held-out accuracy of the true-digit and output-digit probes per slot.
 
         Returns:
-            ``{"true": [S floats], "output": [S floats]}``.
+            ``{"slot": [S names], "true": [S floats], "output": [S floats]}``.
         """
         valid = self.slot_valid.float()
         hit_true = ((self.pred_true_slots == self.true_slots).float() * valid).sum(0) / valid.sum(0).clamp_min(1)
         hit_out = ((self.pred_output_slots == self.output_slots).float() * valid).sum(0) / valid.sum(0).clamp_min(1)
-        return dict(true=hit_true.tolist(), output=hit_out.tolist())
+        return dict(slot=self.slot_names, true=hit_true.tolist(), output=hit_out.tolist())
 
     def to_frame(self, budget: float = 0.1):
         """One row per method: its metrics and the error precision / recall at ``budget``.
@@ -179,14 +198,15 @@ class DetectorResult(Result):
                              error_recall_at_budget=at["error_recall"]))
         return pd.DataFrame(rows)
 
-    def plot(self, kind: str = "roc", slot: int = 0, probe: str = "true", **kwargs):
+    def plot(self, kind: str = "roc", digit: Optional[str] = None, probe: str = "true", **kwargs):
         """``kind="roc"``: ROC curve per method; ``"calibration"``: reliability diagram (predicted
         P(correct) vs observed frequency); ``"confusion"``: predicted vs actual values of the
-        ``probe`` (``"true"`` or ``"output"``) digit probe at ``slot``.
+        ``probe`` (``"true"`` or ``"output"``) digit probe of one answer digit.
 
         Args:
             kind: ``"roc"``, ``"calibration"`` or ``"confusion"``.
-            slot: The answer slot of the confusion matrix.
+            digit: The confusion matrix's digit, one of :attr:`slot_names` (``"tens"``;
+                ``None``: the first).
             probe: ``"true"`` or ``"output"``, the confusion matrix's probe.
             **kwargs: Passed to the :mod:`arithinterp.viz.probes` builder.
 
@@ -203,5 +223,5 @@ class DetectorResult(Result):
         if kind == "calibration":
             return viz.plot_calibration(self, **kwargs)
         if kind == "confusion":
-            return viz.plot_digit_confusion(self, slot=slot, probe=probe, **kwargs)
+            return viz.plot_digit_confusion(self, digit=digit, probe=probe, **kwargs)
         raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.probes.cross_validation import (
@@ -27,7 +26,8 @@ from arithinterp.probes.logistic import LogisticProbe
 from arithinterp.probes.probe_base import as_targets
 from arithinterp.probes.probe_result import CONTROLS, ProbeResult
 from arithinterp.probes.targets import resolve_target
-from arithinterp.results import build_meta
+from arithinterp.progress import progress_bar
+from arithinterp.results import build_meta, made_from
 from arithinterp.types import checked
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def probe_layers(
     directions, classes = [], []
     cells = [(li, pi) for li in range(len(layers)) for pi in range(len(positions))]
     with torch.inference_mode():
-        for li, pi in tqdm(cells, desc=f"probe {target_name}", disable=not progress):
+        for li, pi in progress_bar(cells, desc=f"probe {target_name}", disable=not progress):
             X = features(acts, layers[li], positions[pi])
             label_sets = [y] + ([shuffled] if "shuffled" in controls else [])
             scores, probe = probe_cell(estimator, X, label_sets, folds, full=True)
@@ -217,7 +217,7 @@ def probe_layers(
     params = {k: v for k, v in estimator.get_params(deep=False).items()
               if isinstance(v, (int, float, str, bool, type(None)))}
     meta = build_meta(
-        target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, seed=seed,
+        **made_from(acts), target=target_name, n_prompts=n, n_used=int(keep.sum()), cv=cv, seed=seed,
         probe=dict(kind=kind, **params), folds=scheme, activations=dict(getattr(acts, "meta", None) or {}),
     )
     if not keep.all():

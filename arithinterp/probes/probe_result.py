@@ -140,6 +140,15 @@ class ProbeResult(Result):
                     f"there): {quoted}; {'; '.join(context)}.")
         return dict(out, verdict=verdict, text=text)
 
+    def headline(self) -> dict:
+        """What :meth:`finding` reports: the verdict and the cell it rests on, with chance.
+
+        Returns:
+            ``verdict``, ``layer``, ``position``, ``score`` and ``chance``.
+        """
+        found = self.finding()
+        return {key: found[key] for key in ("verdict", "layer", "position", "score", "chance")}
+
     @property
     def selectivity(self) -> torch.Tensor:
         """Real minus control mean score [C, L, P]."""

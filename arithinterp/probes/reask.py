@@ -201,6 +201,15 @@ class RepairResult(Result):
         """Right answers the re-ask made wrong."""
         return int((self.flagged & self.correct_before & ~self.correct_after).sum())
 
+    def headline(self) -> dict:
+        """Accuracy before and after, and the answers fixed and broken (:meth:`summary`).
+
+        Returns:
+            ``accuracy_before``, ``accuracy_after``, ``flagged``, ``fixed`` and ``broken``.
+        """
+        found = self.summary()
+        return {key: found[key] for key in ("accuracy_before", "accuracy_after", "flagged", "fixed", "broken")}
+
     def summary(self) -> dict:
         """Counts and accuracies.
 

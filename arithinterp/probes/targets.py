@@ -1,13 +1,12 @@
 """What a probe is fitted to: a prompt label, the model's own answer, or an array of values.
 
-:func:`resolve_target` turns a target name (``"a"``, ``"answer_digit_0"``, ``"carry_1"``,
-``"model_answer"``, ``"model_correct"``, ``"model_answer_digit_{i}"``) or an array into labels, and
+:func:`resolve_target` turns a target name (``"a"``, ``"answer_units"``, ``"carry_tens"``,
+``"model_answer"``, ``"model_correct"``, ``"model_answer_tens"``) or an array into labels, and
 says which prompts it keeps (those whose generated answer is a number, for model targets).
 """
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -15,12 +14,13 @@ import torch
 from arithinterp.errors import AnalysisError, TaskError, accepted
 from arithinterp.probes.probe_base import to_tensor
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
+from arithinterp.tasks.places import refuse_renamed, split_place
 from arithinterp.types import checked
 
 if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
 
-_MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_digit_{i}")
+_MODEL_TARGETS = ("model_answer", "model_correct", "model_answer_<place>")  # model_answer_units, _tens, ...
 
 
 def _model_answer_values(model_answer: Any, n: int, prompts: Any = None) -> torch.Tensor:
@@ -53,9 +53,9 @@ def resolve_target(
 
     Args:
         prompts: The prompts the activations were read on (``None``: only an array target works).
-        target: A label name of ``prompts.label`` (``"a"``, ``"answer_digit_0"``, ``"carry_1"``,
-            ...), ``"model_answer"``, ``"model_correct"``, ``"model_answer_digit_{i}"`` or an
-            array of ``n`` values.
+        target: A label name of ``prompts.label`` (``"a"``, ``"answer_units"``, ``"carry_tens"``,
+            ...), ``"model_answer"``, ``"model_correct"``, ``"model_answer_<place>"`` (the model's
+            answer's digit at that place: ``"model_answer_units"``, ...) or an array of ``n`` values.
         n: How many prompts there are.
         model_answer: For model targets: the model (which evaluates ``prompts``), an
             ``Evaluation`` or a tensor ``[n]``.
@@ -66,6 +66,8 @@ def resolve_target(
     Raises:
         AnalysisError: the target is unknown, has the wrong length, or needs prompts or
             ``model_answer`` that are missing.
+        ConfigError: the target numbers a digit by its index (``answer_digit_0``): the error names
+            the place-value name.
     """
     keep = torch.ones(n, dtype=torch.bool)
     if not isinstance(target, str):
@@ -73,25 +75,25 @@ def resolve_target(
         if y.ndim != 1 or len(y) != n:
             raise AnalysisError(f"a target array must have one value per prompt ({n}), got shape {tuple(y.shape)}")
         return y, keep, "custom"
-    name = re.sub(r"^sum_digit_", "answer_digit_", target)
-    if name.startswith("model_"):
-        match = re.fullmatch(r"model_answer_digit_(\d+)", name)
-        if name not in ("model_answer", "model_correct") and not match:
+    if target.startswith("model_"):
+        place = split_place(target, ("model_answer",))
+        if target not in ("model_answer", "model_correct") and not place:
+            refuse_renamed(target, what="target", known=list(_MODEL_TARGETS), carry_into=False)
             raise AnalysisError(f"unknown target {target!r}; model targets: {accepted(_MODEL_TARGETS)}")
         values = _model_answer_values(model_answer, n, prompts)
-        if name == "model_correct":
+        if target == "model_correct":
             if prompts is None:
                 raise AnalysisError("target 'model_correct' needs the prompts (acts.prompts) for the true answers")
-            return (values == prompts.answer).long(), keep, name
+            return (values == prompts.answer).long(), keep, target
         keep = values != _UNPARSABLE
         values = values[keep]
-        if match:
-            values = (values.abs() // 10 ** int(match.group(1))) % 10
-        return values, keep, name
+        if place:
+            values = (values.abs() // 10 ** place[1]) % 10
+        return values, keep, target
     if prompts is None:
         raise AnalysisError(f"target {target!r} names a label but these activations carry no prompts; pass an array")
     try:
-        return prompts.label(name), keep, name
+        return prompts.label(target), keep, target
     except TaskError as error:
         raise AnalysisError(
             f"{error}; or a model target {accepted(_MODEL_TARGETS)}; or an array of {n} values") from error

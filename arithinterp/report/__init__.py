@@ -30,21 +30,25 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Annotated, Any, Iterator, Optional, Union
 
-from tqdm.auto import tqdm
+from pydantic import Field
 
+from arithinterp.checks import check_model
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, MemoryBudgetError, TaskError, accepted
-from arithinterp.outputs import check_writable_file
+from arithinterp.outputs import check_target, writes
+from arithinterp.progress import progress_bar
 from arithinterp.report.budget import (
     DEFAULT_BUDGET, EVALUATION_WEIGHT, MARGIN, MAX_BUDGET, MIN_BUDGET, PILOT, PILOT_SHARE, SLOPE_FLOOR, Budget,
     Context, OverBudget, default_max_memory, parse_memory, pilot_cost, secs,
 )
 from arithinterp.report.evaluation import (
-    EVAL_CAP, EVAL_CHUNK, WARM_UP, correct_needed, evaluate_within, parse_operands, report_prompts,
+    EVAL_CAP, EVAL_CHUNK, WARM_UP, check_operand_pairs, check_report_template, correct_needed, evaluate_within,
+    parse_operands, report_prompts,
 )
 from arithinterp.report.html import FINISHED, Page, render, section_html
 from arithinterp.report.stage import Knob, NotEnoughData, Section, Stage, joined, require
@@ -62,6 +66,9 @@ from arithinterp.report.stages.neurons import neurons_stage
 from arithinterp.report.stages.patching import patching_stage
 from arithinterp.report.stages.probes import PROBE_LAYERS, probes_stage
 from arithinterp.sites import coarse_to_fine, spread
+from arithinterp.types import (
+    Accepts, ByteSize, HookedModel, Integer, Name, NonNegativeInt, PathLike, Seed, checked,
+)
 
 __all__ = [
     "write_report", "StageFailed", "STAGES", "Stage", "Knob", "Section", "Context", "Budget", "NotEnoughData",
@@ -122,18 +129,25 @@ def _run_stage(ctx: Context, name: str) -> Section:
     return section
 
 
+#: The fewest prompts a report samples from its task.
+MIN_LIMIT = 10
+ReportLimit = Annotated[Integer, Field(ge=MIN_LIMIT), Accepts(f"an int >= {MIN_LIMIT} (prompts)")]
+
+
+@writes
+@checked
 def write_report(
-    model: Union[str, Any] = "zoo:add-100",
-    out: Union[str, Path] = "report.html",
+    model: Union[Name, HookedModel] = "zoo:add-100",
+    out: PathLike = "report.html",
     *,
-    stages: Optional[list[str]] = None,
-    limit: int = 2000,
-    seed: int = 0,
-    template: Optional[str] = None,
-    few_shot: Union[int, str] = 0,
+    stages: Optional[list[Name]] = None,
+    limit: ReportLimit = 2000,
+    seed: Seed = 0,
+    template: Optional[Name] = None,
+    few_shot: Union[NonNegativeInt, str] = 0,
     operands: Any = None,
-    budget: Optional[float] = None,
-    max_memory: Any = None,
+    budget: Any = None,  # _check_budget reads it (its message names the range in seconds)
+    max_memory: Optional[ByteSize] = None,
     correct_only: bool = True,
     progress: bool = True,
     overwrite: bool = False,
@@ -143,7 +157,7 @@ def write_report(
 
     Args:
         model: a model spec (``zoo:NAME``, a path, a hub id) or a loaded hooked model.
-        out: the HTML file to write.
+        out: the HTML file to write (by the guarded writer, :func:`arithinterp.outputs.write_file`).
         stages: which stages to run (default: all of :data:`STAGES`, in order).
         limit: at most this many prompts of the task (a seeded sample).
         seed: seeds every sample and analysis.
@@ -160,7 +174,9 @@ def write_report(
             papers do); ``False`` analyses every evaluated prompt, scored on the true answers — for
             a model that answers few correctly, such as a random-init control.
         progress: show a progress bar over the stages.
-        overwrite: replace ``out`` when it exists (checked before any work).
+        overwrite: replace ``out`` when it exists (checked before any work; strictly ``True`` or
+            ``False``). The page in progress is then written beside it, to ``NAME.in-progress.html``,
+            and replaces ``out`` only when the run ends: a run stopped part way keeps the old page.
         raise_on_failure: raise :class:`StageFailed` after the page is written when a stage
             failed (the command line's exit status).
 
@@ -168,15 +184,19 @@ def write_report(
         ``out``, the written page.
 
     Raises:
-        ConfigError: a bad option, before the model loads: an unknown or empty list of stages, a
-            budget outside :data:`MIN_BUDGET`..:data:`MAX_BUDGET`, ``out`` taken without
-            ``overwrite``. :class:`MemoryBudgetError` when ``max_memory`` cannot hold one
-            prompt's forward of the model.
+        ConfigError: a bad option, before the model loads: an argument of the wrong type (every one
+            is declared and checked, strictly), an unknown or empty list of stages, a budget outside
+            :data:`MIN_BUDGET`..:data:`MAX_BUDGET`, a template without ``{a}`` and ``{b}``, more
+            operand pairs than :data:`~arithinterp.report.evaluation.MAX_OPERAND_PAIRS`, ``out``
+            taken without ``overwrite``; just after it loads, before any prompt set is built, a
+            few-shot prefix or template whose prompts do not fit the model's context.
+            :class:`MemoryBudgetError` when ``max_memory`` cannot hold one prompt's forward of the model.
         StageFailed: with ``raise_on_failure``, when a stage failed.
 
-    The page is written when the evaluation starts and rewritten as every stage starts and ends:
-    a run stopped at any point leaves a readable page that lists finished, running and unrun
-    stages. A stage that fails (any exception, e.g. ``MemoryError``) is recorded with its reason
+    The page is written when the evaluation starts and rewritten as every stage starts and ends
+    (each time whole, through the guarded writer): a run stopped at any point leaves a readable page
+    that lists finished, running and unrun stages (beside ``out``, with ``overwrite``, which keeps
+    the old page). A stage that fails (any exception, e.g. ``MemoryError``) is recorded with its reason
     and the next one runs; ``KeyboardInterrupt`` writes the page as interrupted and is re-raised.
     Each stage states its sample size and, below :data:`MINIMUMS`, says "not enough data".
     """
@@ -189,15 +209,18 @@ def write_report(
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise ConfigError(f"unknown report stage(s) {unknown}; accepted: {accepted(STAGES)}")
-    if limit < 10:
-        raise ConfigError(f"limit must be at least 10 prompts, got {limit}")
     if operands is not None:
-        parse_operands(operands)  # bad operands fail before the model loads
-    if not isinstance(correct_only, bool):
-        raise ConfigError(f"correct_only must be True or False, got {correct_only!r}")
+        check_operand_pairs(parse_operands(operands))  # bad operands fail before the model loads
+    if template is not None:
+        check_report_template(model, template)
     total = _check_budget(budget)
     memory = default_max_memory() if max_memory is None else parse_memory(max_memory)
-    out = check_writable_file(out, "out", overwrite)  # before minutes of analysis, not after
+    out = check_target(out, overwrite=overwrite, what="out")  # before minutes of analysis, not after
+    # an old page stays until the new one is complete: the page in progress is written beside it
+    page_file = out.with_name(f"{out.stem}.in-progress{out.suffix or '.html'}") if os.path.lexists(out) else out
+    check_target(page_file, overwrite=True, what="out")
+    if not isinstance(model, str):
+        check_model(model, "write_report")
     loaded = load_model(model) if isinstance(model, str) else model
     spec = model if isinstance(model, str) else model_id(loaded)
     all_prompts = report_prompts(loaded, spec, limit, seed, template, few_shot, operands)
@@ -214,7 +237,8 @@ def write_report(
         meta["prompts analysed"] = "all, answered correctly or not"
     meta.update(seed=seed, budget=secs(total), memory=f"{memory / 2**20:,.0f} MiB per stage",
                 arithinterp=__version__)
-    page = Page(out, f"How does {spec} do arithmetic?", meta, chosen, {name: STAGES[name].title for name in chosen})
+    page = Page(page_file, f"How does {spec} do arithmetic?", meta, chosen,
+                {name: STAGES[name].title for name in chosen}, replaces=out)
     clock = time.perf_counter()  # the budget counts from here: loading the model is not the report's to shorten
 
     def weight(name: str) -> float:
@@ -249,7 +273,7 @@ def write_report(
     page.set("evaluation", f"done: {time.perf_counter() - clock:.1f} s of its {secs(seconds)} budget; {sampled}")
     ctx = Context(loaded, spec, prompts, all_prompts, evaluation, pairs, seed, correct_only=correct_only)
 
-    for i, name in enumerate(tqdm(chosen, desc="report", disable=not progress)):
+    for i, name in enumerate(progress_bar(chosen, desc="report", disable=not progress)):
         seconds = share(name, chosen[i + 1:])
         ctx.budget, ctx.stage_start = Budget(seconds, memory, per_prompt), time.perf_counter()
         page.set(name, f"running (budget {secs(seconds)})")
@@ -290,7 +314,7 @@ def write_report(
             page.interrupted = True
             page.write()
             raise
-    path = page.write()
+    path = page.finish()
     failed = [name for name in chosen if page.state[name].startswith("failed")]
     if raise_on_failure and failed:
         raise StageFailed(f"{len(failed)} report stage(s) failed ({', '.join(failed)}); their sections in {path} say "

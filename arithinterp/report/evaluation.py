@@ -56,6 +56,55 @@ def parse_operands(operands: Any) -> list[int]:
     return values
 
 
+#: The most operand pairs a report builds (every pair of ``operands`` is built before ``limit`` are sampled).
+MAX_OPERAND_PAIRS = 2**24
+
+
+def check_operand_pairs(values: list[int]) -> None:
+    """Refuse operands whose pairs a report cannot build (before the model loads).
+
+    Args:
+        values: The operand values (:func:`parse_operands`).
+
+    Raises:
+        ConfigError: More than :data:`MAX_OPERAND_PAIRS` pairs.
+    """
+    if len(values) ** 2 > MAX_OPERAND_PAIRS:
+        raise ConfigError(f"operands gives {len(values):,} values, {len(values) ** 2:,} operand pairs; the report "
+                          f"builds at most {MAX_OPERAND_PAIRS:,} operand pairs ({math.isqrt(MAX_OPERAND_PAIRS):,} "
+                          "values)")
+
+
+def check_report_template(model: Any, template: str) -> None:
+    """Refuse a template the report's task cannot use, before the model loads (fields, operands, the
+    operator of a zoo model's task).
+
+    Args:
+        model: The model spec (``zoo:NAME`` names its task's operator) or a loaded model (``+``).
+        template: The template.
+
+    Raises:
+        TaskError: An unknown field, ``{a}`` or ``{b}`` missing or repeated, another operator's symbol.
+        ModelSpecError: An unknown zoo model.
+    """
+    from arithinterp.tasks.templates import check_template
+
+    op = "+"
+    if isinstance(model, str) and model.startswith("zoo:"):
+        from arithinterp.models.zoo import get_entry
+
+        op = get_entry(model).task.op
+    check_template(template, op)
+
+
+def _check_context(model: HookedModel, prompts: PromptSet) -> None:
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    longest = int(prompts.lengths.max()) + prompts.answer_tokens.shape[1]
+    if isinstance(n_ctx, int) and longest > n_ctx:
+        raise ConfigError(f"the prompts with their answers are up to {longest} tokens long, more than the model's "
+                          f"context of {n_ctx} tokens; use fewer few-shot examples or a shorter template")
+
+
 def report_prompts(model: HookedModel, spec: str, limit: int, seed: int, template: Optional[str],
                    few_shot: Union[int, str], operands: Any) -> PromptSet:
     """The report's prompts: the model's own task (a zoo task, else single-token addition), with
@@ -76,16 +125,18 @@ def report_prompts(model: HookedModel, spec: str, limit: int, seed: int, templat
         values = number_check(model, range(100))["single_token"]
     if operands is not None:
         values = parse_operands(operands)
+    check_operand_pairs(values)
     a = torch.tensor(values).repeat_interleave(len(values))
     b = torch.tensor(values).repeat(len(values))
     pick = torch.randperm(len(a), generator=torch.Generator().manual_seed(seed))[:limit]
+    # one prompt first: a few-shot prefix or template that cannot fit the context is refused in a
+    # moment, not after the whole set is built
+    _check_context(model, prompts_for_pairs(model, op, a[pick[:1]].tolist(), b[pick[:1]].tolist(),
+                                            template or default_template, modulus=modulus,
+                                            answer_digits=answer_digits, few_shot=few_shot, seed=seed))
     prompts = prompts_for_pairs(model, op, a[pick].tolist(), b[pick].tolist(), template or default_template,
                                 modulus=modulus, answer_digits=answer_digits, few_shot=few_shot, seed=seed)
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    longest = int(prompts.lengths.max()) + prompts.answer_tokens.shape[1]
-    if n_ctx is not None and longest > n_ctx:
-        raise ConfigError(f"the prompts with their answers are up to {longest} tokens long, more than the model's "
-                          f"context of {n_ctx} tokens; use fewer few-shot examples or a shorter template")
+    _check_context(model, prompts)
     return prompts
 
 

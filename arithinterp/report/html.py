@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from arithinterp.outputs import atomic_write
+from arithinterp.outputs import write_file
 from arithinterp.report.stage import Section
 
 _STYLE = """
 body { font-family: Inter, Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
 h1 { margin-bottom: 0.2em; } .meta { color: #666; margin-top: 0; }
 section { border-top: 1px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
-.findings li { margin: 0.3em 0; } .figure { margin: 1em 0; } .seconds { color: #999; font-size: 0.85em; }
+.findings li { margin: 0.3em 0; } .figure, .viewer { margin: 1em 0; } .seconds { color: #999; font-size: 0.85em; }
 .sample { color: #555; font-size: 0.9em; } .state { font-weight: bold; } .status li { margin: 0.15em 0; }
 """
 
@@ -40,6 +40,7 @@ def section_html(section: Section, first_figure: int = 0) -> str:
     for i, fig in enumerate(section.figures):
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{first_figure + i}")
         parts.append(f"<div class='figure'>{div}</div>")
+    parts += [f"<div class='viewer'>{view.iframe()}</div>" for view in section.views]  # each its own page, inline
     parts.append(f"<p class='seconds'>computed in {section.seconds:.1f} s</p></section>")
     return "\n".join(parts)
 
@@ -95,13 +96,16 @@ FINISHED = ("done", "not enough data", "not run", "skipped", "failed")  # the st
 
 
 class Page:
-    """The report as it stands, rewritten to ``out`` (atomically) whenever a stage starts or ends,
-    so that a run stopped at any point (killed, interrupted, out of memory) leaves a readable
-    page listing what finished, what was running and what was not yet run. ``titles``: each
-    stage's title by name."""
+    """The report as it stands, rewritten to ``out`` (whole, by the guarded writer) whenever a stage
+    starts or ends, so that a run stopped at any point (killed, interrupted, out of memory) leaves a
+    readable page listing what finished, what was running and what was not yet run. ``titles``: each
+    stage's title by name. ``replaces``: the page the run writes when it ends (:meth:`finish`), when
+    ``out`` is a file beside it (an old page kept until the new one is complete)."""
 
-    def __init__(self, out: Path, title: str, meta: dict, names: list[str], titles: dict[str, str]):
+    def __init__(self, out: Path, title: str, meta: dict, names: list[str], titles: dict[str, str],
+                 replaces: Optional[Path] = None):
         self.out, self.title, self.meta, self.start = out, title, meta, time.perf_counter()
+        self.replaces = out if replaces is None else replaces  # the page written when the run ends
         self.titles = titles
         self.names = ["evaluation", *names]
         self.state = {name: "not yet run" for name in self.names}
@@ -162,5 +166,17 @@ class Page:
                     + (f", {running[0]} running" if running else "") + "; the page is rewritten as each stage ends.")
         meta = dict(self.meta, seconds=round(time.perf_counter() - self.start, 1))
         status = [("Evaluating the task" if n == "evaluation" else self.titles[n], self.state[n]) for n in self.names]
+        if self.replaces != self.out and finished != total:
+            note += f" {self.replaces} keeps the previous page until this run ends."
         page = render(self.title, meta, self.sections, status, note or self.note, self.bodies)
-        return atomic_write(self.out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+        return write_file(self.out, page, overwrite=True, what="out")  # the run's own page, rewritten
+
+    def finish(self) -> Path:
+        """Write the page a last time, where it belongs: a page written beside an old one (``NAME.in-progress.html``)
+        takes its place now that the run is complete, and the file beside it is removed. Returns the page's path."""
+        written = self.write()
+        if written == self.replaces:
+            return written
+        final = write_file(self.replaces, written.read_bytes(), overwrite=True, what="out")
+        written.unlink(missing_ok=True)
+        return final

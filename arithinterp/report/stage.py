@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class Section:
-    """One stage of the report: findings in words, figures, and how long it took."""
+    """One stage of the report: findings in words, figures, interactive views (a
+    :class:`~arithinterp.viz.graph_view.GraphView` each, shown in an inline frame), and how long it took."""
 
     title: str
     findings: list[str] = field(default_factory=list)
     figures: list[Any] = field(default_factory=list)
+    views: list[Any] = field(default_factory=list)
     seconds: float = 0.0
     sample: str = ""  # what the findings rest on, e.g. "385 counterfactual pairs (minimum 30)"
 

@@ -20,7 +20,7 @@ Analyses come from a registry users extend with :func:`register_analysis`; each 
 Submodules (their public names are all importable from ``arithinterp.sweep`` itself):
 
 * ``registry`` — :class:`Param`, :class:`Analysis`, :func:`register_analysis`, :func:`checking`, the
-  built-in analyses and their checks.
+  built-in analyses and their checks, :func:`list_analyses` (every analysis's parameters).
 * ``config`` — :class:`SweepConfig`, :func:`read_config_file`, :func:`load_config`; :class:`Cell`
   and :func:`plan`, the cells a config expands into.
 * ``worker`` — :func:`run_cell`: one cell in whichever process the executor chose
@@ -53,6 +53,7 @@ from arithinterp.sweep.registry import (
     ablation_analysis,
     accuracy_analysis,
     checking,
+    list_analyses,
     patching_analysis,
     probes_analysis,
     register_analysis,
@@ -78,6 +79,7 @@ __all__ = [
     "plan",
     "register_analysis",
     "checking",
+    "list_analyses",
     "run_cell",
     "build_prompts",
     "cell_path",

@@ -12,6 +12,7 @@ from arithinterp.errors import ArithInterpError, ConfigError
 from arithinterp.outputs import check_writable_dir, fail, print_summary
 from arithinterp.sweep.config import EXECUTORS, load_config, plan
 from arithinterp.sweep.plots import plot_sweep
+from arithinterp.sweep.registry import describe_analyses, list_analyses
 from arithinterp.sweep.runner import check_unfinished_cells, run_sweep
 
 
@@ -43,13 +44,17 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plot", nargs="?", const="", default=None, metavar="DIR",
                    help="write HTML figures of the sweep in DIR "
                         "(or, without DIR, of the config's results after running)")
+    p.add_argument("--list", action="store_true",
+                   help="list the analyses a config can name, each parameter with its type, default and accepted "
+                        "values")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
     return p
 
 
 def run_cli(args: argparse.Namespace) -> dict:
-    """Run the ``sweep`` subcommand: the sweep, a dry run's plan, or the figures of ``--plot``.
+    """Run the ``sweep`` subcommand: the sweep, a dry run's plan, the figures of ``--plot``, or the
+    analyses' parameters (``--list``).
 
     Args:
         args: The parsed arguments of the ``sweep`` subcommand.
@@ -60,11 +65,14 @@ def run_cli(args: argparse.Namespace) -> dict:
     Raises:
         ConfigError: No config and no ``--plot``, or a bad config, cell or flag.
     """
+    if args.list:  # rows for a program, a readable block per analysis for a person
+        return dict(parameters=list_analyses()) if args.json else describe_analyses()
     if args.plot and not args.config:
-        files = plot_sweep(args.plot)  # reads the results first, then writes into args.plot/figures
+        files = plot_sweep(args.plot, overwrite=True)  # redrawn from the results: the figures are the sweep's own
         return dict(out=args.plot, figures=[str(f) for f in files])
     if not args.config:
-        raise ConfigError("give a sweep config file, or --plot DIR to draw an existing sweep")
+        raise ConfigError("give a sweep config file, --plot DIR to draw an existing sweep, or --list to list the "
+                          "analyses")
     overrides = dict(out=args.out, executor=args.executor, workers=args.workers, address=args.address,
                      num_cpus=args.num_cpus, num_gpus=args.num_gpus, device=args.device)
     if args.dry_run:
@@ -82,7 +90,7 @@ def run_cli(args: argparse.Namespace) -> dict:
     run = run_sweep(args.config, progress=not args.no_progress, **overrides)
     summary = run.summary()
     if args.plot is not None:
-        summary["figures"] = [str(f) for f in plot_sweep(run.out, args.plot or None)]
+        summary["figures"] = [str(f) for f in plot_sweep(run.out, args.plot or None, overwrite=True)]
     return summary
 
 
@@ -93,14 +101,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: The arguments (default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 when every cell finished, 1 when some failed, 2 on a bad config.
+        The exit status: 0 when every cell finished, 1 when some failed, 2 on a bad config, 130 when
+        interrupted (one line, no traceback).
     """
-    parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
-    parser.prog = "python -m arithinterp.sweep"
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        summary = run_cli(args)
-    except ArithInterpError as error:
-        return fail("sweep", error, 2, args.json)
-    print_summary(summary, args.json)
+        parser = add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
+        parser.prog = "python -m arithinterp.sweep"
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            summary = run_cli(args)
+        except ArithInterpError as error:
+            return fail("sweep", error, 2, args.json)
+        print_summary(summary, args.json)
+    except KeyboardInterrupt:  # finished cells are kept; the next run resumes from them
+        print("arithinterp sweep: interrupted", file=sys.stderr)
+        return 130
     return 1 if summary.get("failed") else 0

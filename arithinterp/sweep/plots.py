@@ -1,12 +1,14 @@
-"""Figures of a sweep: each analysis's plot of its combined table, written as HTML files."""
+"""Figures of a sweep: each analysis's plot of its combined table, written as HTML pages that share
+one copy of plotly's JavaScript."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Union
 
+from arithinterp.outputs import check_target, write_file, write_folder, writes
 from arithinterp.sweep.registry import ANALYSES
-from arithinterp.sweep.storage import atomic_write, load_results
+from arithinterp.sweep.storage import load_results
 
 
 def figures(out: Union[str, Path]) -> dict:
@@ -28,27 +30,42 @@ def figures(out: Union[str, Path]) -> dict:
     return drawn
 
 
-def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None) -> list[Path]:
-    """Write each analysis's figures into one self-contained HTML file ``<to>/<analysis>.html``.
+PLOTLY_JS = "plotly.min.js"  # written once beside the figure pages, which load it
+
+
+@writes
+def plot_sweep(out: Union[str, Path], to: Union[str, Path, None] = None, *, overwrite: bool = False) -> list[Path]:
+    """Write each analysis's figures into one HTML page ``<to>/<analysis>.html``, and plotly's
+    JavaScript once beside them (``plotly.min.js``, which every page loads: a page holds only its
+    figures, kilobytes instead of the 4.8 MB of a library inlined in each). The folder is written
+    whole, so a redraw that fails part way leaves the previous pages as they were; keep it together
+    to open the pages offline.
 
     Args:
         out: The sweep's results directory.
-        to: The folder for the HTML files (default ``OUT/figures``).
+        to: The folder for the pages (default ``OUT/figures``), replaced whole.
+        overwrite: Replace that folder where it holds files (the sweep command redraws its own with it).
 
     Returns:
-        The files written.
+        The pages written (``plotly.min.js`` not among them); none when no analysis has a figure.
 
     Raises:
-        OutputError: A file could not be written.
+        ConfigError: The folder holds files and ``overwrite`` is false (checked before anything is drawn).
+        OutputError: A file could not be written; the folder is unchanged.
     """
+    from plotly.offline import get_plotlyjs
+
     out = Path(out)
     to = Path(to) if to is not None else out / "figures"
-    written = []
-    for name, figs in figures(out).items():
-        parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs)]
-        html = (f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>"
-                f"<body>{''.join(parts)}</body></html>")
-        path = to / f"{name}.html"
-        atomic_write(path, lambda tmp: tmp.write_text(html))
-        written.append(path)
-    return written
+    check_target(to, overwrite=overwrite, what="to", folder=True)
+    drawn = figures(out)
+    if not drawn:
+        return []
+    with write_folder(to, overwrite=overwrite, what="to") as folder:
+        for name, figs in drawn.items():
+            parts = [fig.to_html(full_html=False, include_plotlyjs=False) for fig in figs]
+            html = (f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title>"
+                    f"<script src='{PLOTLY_JS}'></script></head><body>{''.join(parts)}</body></html>")
+            write_file(folder / f"{name}.html", html, overwrite=False)
+        write_file(folder / PLOTLY_JS, get_plotlyjs(), overwrite=False)
+    return [to / f"{name}.html" for name in drawn]

@@ -191,6 +191,48 @@ def register_analysis(
     return analysis
 
 
+def list_analyses() -> list[dict[str, str]]:
+    """Every registered analysis's parameters, one row each (what ``arithinterp sweep --list`` prints).
+
+    Returns:
+        Rows of ``analysis``, ``parameter``, ``type``, ``default`` (``required`` where a config must
+        give it), ``accepted`` (the values a config may give, where the analysis states them) and
+        ``help``; an analysis without parameters has one row with an empty ``parameter``.
+    """
+    rows = []
+    for name, analysis in ANALYSES.items():
+        if not analysis.params:
+            rows.append(dict(analysis=name, parameter="", type="", default="", accepted="", help=analysis.description))
+        for key, param in analysis.params.items():
+            types = param.type if isinstance(param.type, tuple) else (param.type,)
+            kind = type_names(types)
+            if list in types and param.item is not None:
+                kind += f" of {type_names(param.item if isinstance(param.item, tuple) else (param.item,))}"
+            choices = param.choices() if callable(param.choices) else param.choices
+            rows.append(dict(analysis=name, parameter=key, type=kind,
+                             default="required" if param.required else repr(param.default),
+                             accepted=", ".join(str(c) for c in choices) if isinstance(choices, tuple) else "",
+                             help=param.help))
+    return rows
+
+
+def describe_analyses() -> dict[str, str]:
+    """:func:`list_analyses` as text: per analysis its description, then a line per parameter.
+
+    Returns:
+        ``{analysis: text}``.
+    """
+    described: dict[str, list[str]] = {}
+    for row in list_analyses():
+        lines = described.setdefault(row["analysis"], [ANALYSES[row["analysis"]].description or ""])
+        if not row["parameter"]:
+            continue
+        default = "required" if row["default"] == "required" else f"default {row['default']}"
+        notes = "; ".join(x for x in (row["help"], f"accepted: {row['accepted']}" if row["accepted"] else "") if x)
+        lines.append(f"  {row['parameter']} ({row['type']}, {default}){': ' + notes if notes else ''}")
+    return {name: "\n".join(lines) for name, lines in described.items()}
+
+
 @contextlib.contextmanager
 def checking(name: str, value: Any) -> Iterator[None]:
     """Name the parameter an analysis's check refuses: an :class:`~arithinterp.errors.ArithInterpError`
@@ -253,7 +295,8 @@ def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric:
         per_position: False patches every position at once.
 
     Returns:
-        :meth:`PatchResult.to_frame`: one row per cell.
+        :meth:`PatchResult.to_frame`: one row per cell, with the metric's mean on the unpatched clean
+        and corrupt runs (``clean_baseline``, ``corrupt_baseline``: what the figures normalise by).
     """
     from arithinterp import patching
 
@@ -261,7 +304,10 @@ def patching_analysis(model: HookedModel, prompts: PromptSet, site: str, metric:
     result = patching.activation_patching(model, pairs, site=site, metric=metric, layers=layers, positions=positions,
                                           direction=direction, normalize=normalize, per_position=per_position,
                                           seed=seed, progress=False)
-    return result.to_frame()
+    frame = result.to_frame()
+    frame["clean_baseline"] = float(result.clean_baseline.mean())
+    frame["corrupt_baseline"] = float(result.corrupt_baseline.mean())
+    return frame
 
 
 def patching_check(model: HookedModel, prompts: PromptSet, site: str, layers: Optional[list] = None,
@@ -344,7 +390,7 @@ def probes_analysis(model: HookedModel, prompts: PromptSet, target: str, kind: s
     Args:
         model: The hooked model.
         prompts: The prompts.
-        target: A PromptSet label (``a``, ``answer_digit_0``, ``carry_0``, ...).
+        target: A PromptSet label (``a``, ``answer_units``, ``carry_tens``, ...).
         kind: The probe kind.
         site: The site to read.
         layers: The layers (default: all).
@@ -433,14 +479,16 @@ def _register_builtins() -> None:
         "patching", patching_analysis,
         dict(
             site=Param(str, choices=_choices("site"), required=True, help="site to patch"),
-            metric=Param(str, "logit_diff", _choices("metric")),
+            metric=Param(str, "logit_diff", _choices("metric"), help="the pair metric read at the final position"),
             vary=Param(str, "a", _choices("vary"), help="what the corrupt prompt changes"),
             seed=Param(int, 0, help="counterfactual draw and bootstrap seed"),
-            direction=Param(str, "denoise", _choices("direction")),
-            normalize=Param(bool, False),
-            layers=Param(list, None, item=int),
-            positions=Param(list, None, item=(str, int)),
-            per_position=Param(bool, True),
+            direction=Param(str, "denoise", _choices("direction"),
+                            help="denoise patches clean activations into the corrupt run, noise the reverse"),
+            normalize=Param(bool, False, help="store each pair's values as its fraction of the clean-corrupt gap "
+                                              "(the figures show that fraction either way)"),
+            layers=Param(list, None, item=int, help="layers to patch (default: all)"),
+            positions=Param(list, None, item=(str, int), help="positions to patch (default: all)"),
+            per_position=Param(bool, True, help="false patches every position at once"),
         ),
         plot=_builtin_plot("plot_sweep_patching"),
         description="exact activation patching (arithinterp.patching.activation_patching)",
@@ -450,8 +498,8 @@ def _register_builtins() -> None:
         "ablation", ablation_analysis,
         dict(
             components=Param((str, list), item=str, required=True, help="'attn0,mlp1' or a list of component names"),
-            ablation=Param(str, "mean", _choices("ablation")),
-            seed=Param(int, 0),
+            ablation=Param(str, "mean", _choices("ablation"), help="what the ablated components carry"),
+            seed=Param(int, 0, help="seed of the resample ablation"),
         ),
         plot=_builtin_plot("plot_sweep_ablation"), description="component ablation (arithinterp.patching.ablate)",
         overwrite=True, saved_params={"mode": "ablation"}, check=ablation_check,
@@ -459,13 +507,13 @@ def _register_builtins() -> None:
     register_analysis(
         "probes", probes_analysis,
         dict(
-            target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_digit_0, carry_0, ..."),
-            kind=Param(str, "logistic", _choices("kind")),
-            site=Param(str, "resid_post", sites),
-            layers=Param(list, None, item=int),
-            positions=Param((str, list), "final", item=(str, int)),
-            cv=Param(int, 5),
-            seed=Param(int, 0),
+            target=Param(str, required=True, help="a PromptSet label: a, b, answer, answer_units, carry_tens, ..."),
+            kind=Param(str, "logistic", _choices("kind"), help="the probe"),
+            site=Param(str, "resid_post", sites, help="the site read"),
+            layers=Param(list, None, item=int, help="layers read (default: all)"),
+            positions=Param((str, list), "final", item=(str, int), help="one position spec or several"),
+            cv=Param(int, 5, help="cross-validation folds"),
+            seed=Param(int, 0, help="seed of the folds and probes"),
         ),
         plot=_builtin_plot("plot_sweep_probes"), description="linear probe sweep (arithinterp.probes.probe_layers)",
         overwrite=True, check=probes_check,

@@ -21,6 +21,7 @@ from arithinterp.sweep.executors import check_picklable, import_ray, run_local, 
 from arithinterp.sweep.registry import ANALYSES
 from arithinterp.sweep.worker import check_cells
 from arithinterp.sweep.storage import (
+    MANIFEST,
     RESULTS,
     clean_temp_files,
     write_cell,
@@ -251,13 +252,17 @@ def run_sweep(
     cells = plan(cfg)
     out_dir = cfg.out_dir  # a missing 'out' is refused before any model loads
     check_unfinished_cells(cfg, cells)  # before anything is written: a refused run leaves 'out' as it was
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not any(
+            (out_dir / name).exists() for name in (MANIFEST, RESULTS, ".lock")):
+        raise ConfigError(f"out: {out_dir} holds files but no sweep's results ({MANIFEST}, {RESULTS}/); a sweep "
+                          "writes into an empty folder or resumes its own: give another folder")
     out_dir = check_writable_dir(out_dir, "out")
     with _driver_lock(out_dir):
         return _run_cells(cfg, cells, out_dir, progress)
 
 
 def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> SweepRun:
-    from tqdm.auto import tqdm
+    from arithinterp.progress import progress_bar
 
     (out_dir / RESULTS).mkdir(exist_ok=True)
     clean_temp_files(out_dir)
@@ -302,7 +307,7 @@ def _run_cells(cfg: SweepConfig, cells: list, out_dir: Path, progress: bool) -> 
         runner = {"local": lambda: run_local(jobs), "processes": lambda: run_processes(jobs, cfg.workers),
                   "ray": lambda: run_ray(jobs, cfg.ray.get("address"), cfg.resources)}[cfg.executor]
         last_write = time.monotonic()
-        bar = tqdm(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
+        bar = progress_bar(total=len(jobs), desc=f"sweep ({cfg.executor})", disable=not progress, unit="cell")
         stream = runner()
         try:
             for outcome in stream:

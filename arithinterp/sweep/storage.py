@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 from arithinterp.errors import ConfigError, accepted
+from arithinterp.outputs import TEMP_SUFFIX, write_file
 from arithinterp.sweep.config import Cell
 
 STATUSES = ("pending", "done", "failed")
 MANIFEST = "manifest.json"
 RESULTS = "results"
-_TMP_MARK = ".tmp-"
 
 
 def cell_path(out: Union[str, Path], cell: Cell) -> Path:
@@ -29,21 +28,6 @@ def cell_path(out: Union[str, Path], cell: Cell) -> Path:
         ``OUT/results/<analysis>/<cell id>.parquet``.
     """
     return Path(out) / RESULTS / cell.analysis / f"{cell.id}.parquet"
-
-
-def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Write through a temp file in the same folder and ``os.replace`` it: readers (and a resumed
-    run) see the old file or the whole new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _plain_column(values: list) -> list:
@@ -87,7 +71,8 @@ def write_cell(out: Path, cell: Cell, frame: Any) -> tuple[int, str]:
     """Write a cell's table; returns its row count and the file's SHA-256 for the manifest."""
     table = tidy(cell, frame)
     path = cell_path(out, cell)
-    atomic_write(path, lambda tmp: table.to_parquet(tmp, index=False))
+    # the sweep's own file: a rerun replaces it (a cell recomputed), through the guarded writer
+    write_file(path, lambda tmp: table.to_parquet(tmp, index=False), overwrite=True, what="out")
     return len(table), file_digest(path)
 
 
@@ -177,7 +162,7 @@ def read_manifest(out: Union[str, Path]) -> dict:
 
 def write_manifest(out: Path, manifest: dict) -> None:
     text = json.dumps(manifest, indent=1, default=str)
-    atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(text))
+    write_file(out / MANIFEST, text, overwrite=True, what="out")  # the sweep's own file, rewritten as cells end
 
 
 def _saved_params(analysis: str) -> dict:
@@ -240,6 +225,6 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
 
 
 def clean_temp_files(out: Path) -> None:
-    """Remove temp files a killed run left behind (only ours: ``.<name>.tmp-<pid>``)."""
-    for path in list((out / RESULTS).glob(f"*/.*{_TMP_MARK}*")) + list(out.glob(f".{MANIFEST}{_TMP_MARK}*")):
+    """Remove temp files a killed run left behind (only the writer's: ``.<name>.<random>.tmp``)."""
+    for path in list((out / RESULTS).glob(f"*/.*{TEMP_SUFFIX}")) + list(out.glob(f".{MANIFEST}.*{TEMP_SUFFIX}")):
         path.unlink(missing_ok=True)

@@ -14,14 +14,17 @@ operand values), :mod:`~arithinterp.tasks.templates` (how prompts and answers ar
 :mod:`~arithinterp.tasks.positions` (position specs), :mod:`~arithinterp.tasks.evaluation`
 (running the model on prompts), :mod:`~arithinterp.tasks.counterfactuals` (drawing aligned
 partners), :mod:`~arithinterp.tasks.joining` (joining sets), :mod:`~arithinterp.tasks.prompt_set`
-(:class:`PromptSet`, :class:`PromptPairs`, :func:`concat`) and
-:mod:`~arithinterp.tasks.generators` (:func:`arithmetic`, :func:`prompts_for_pairs`).
+(:class:`PromptSet`, :class:`PromptPairs`, :func:`concat`),
+:mod:`~arithinterp.tasks.generators` (:func:`arithmetic`, :func:`prompts_for_pairs`) and
+:mod:`~arithinterp.tasks.places` (digits named by their place value: ``units``, ``tens``, ...).
 """
 
 from arithinterp.tasks.counterfactuals import VARY
 from arithinterp.tasks.evaluation import UNPARSABLE, Evaluation
-from arithinterp.tasks.generators import arithmetic, number_check, prompts_for_pairs
+from arithinterp.tasks.generators import arithmetic, number_check, parse_prompt, prompts_for_pairs
 from arithinterp.tasks.operators import OPERATORS, compute, operand_values
+from arithinterp.tasks.places import PLACES, place_name, place_power
+from arithinterp.tasks.positions import predicting_position
 from arithinterp.tasks.prompt_set import SCORING, PromptPairs, PromptSet, concat, resolve_positions
 from arithinterp.tasks.templates import (
     DEFAULT_TEMPLATE,
@@ -36,6 +39,6 @@ from arithinterp.tasks.templates import (
 __all__ = [
     "OPERATORS", "OP_SYMBOLS", "TEMPLATE_FIELDS", "DEFAULT_TEMPLATE", "SCORING", "VARY", "compute", "Evaluation",
     "UNPARSABLE", "PromptSet", "PromptPairs", "resolve_positions", "concat", "operand_values",
-    "check_template", "few_shot_prefix", "answer_text", "arithmetic", "prompts_for_pairs", "check_names",
-    "number_check",
+    "check_template", "few_shot_prefix", "answer_text", "arithmetic", "parse_prompt", "prompts_for_pairs",
+    "check_names", "number_check", "PLACES", "place_name", "place_power", "predicting_position",
 ]

@@ -143,7 +143,7 @@ def evaluate(prompts: PromptSet, model: HookedModel, batch_size: Optional[int] =
         ModelMismatchError: the prompts were built for another model.
     """
     check_belongs(model, "PromptSet.evaluate", prompts=prompts)
-    from tqdm.auto import tqdm
+    from arithinterp.progress import progress_bar
 
     from arithinterp.engine.decode import greedy
 
@@ -156,7 +156,7 @@ def evaluate(prompts: PromptSet, model: HookedModel, batch_size: Optional[int] =
     n_answer = prompts.answer_tokens.shape[1]
     generated = torch.full((len(prompts), n_answer), -1, dtype=torch.long)
     batches = _batches(prompts, model, batch_size, 1, n_answer, plain=bool(writes))
-    for idx in tqdm(batches, desc="evaluate", disable=not progress):
+    for idx in progress_bar(batches, desc="evaluate", disable=not progress):
         generated[idx] = greedy(model, prompts.unpadded(idx), n_answer, writes)
     valid = prompts.answer_tokens >= 0
     correct = ((generated == prompts.answer_tokens) | ~valid).all(-1)

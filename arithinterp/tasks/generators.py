@@ -3,18 +3,20 @@
 Both take a hooked model (its tokenizer, BOS setting and context length are used) or a Hugging Face
 tokenizer, and refuse what would give wrong prompts: an unknown operator, a template that writes
 another operator, operands that share tokens with the template, prompts longer than the model's
-context. :func:`number_check` lists the numbers a tokenizer writes as one token.
+context. :func:`number_check` lists the numbers a tokenizer writes as one token; :func:`parse_prompt`
+reads one problem written out as text.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from arithinterp.errors import TaskError, TokenizationError, accepted
 from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.operators import MAX_PROMPTS, OPERATORS, defined, operand_values
 from arithinterp.tasks.prompt_set import SCORING, PromptSet
-from arithinterp.tasks.templates import DEFAULT_TEMPLATE, check_names, check_template, few_shot_prefix
+from arithinterp.tasks.templates import DEFAULT_TEMPLATE, OP_SYMBOLS, check_names, check_template, few_shot_prefix
 from arithinterp.types import Modulus, NonNegativeInt, checked
 
 
@@ -207,3 +209,36 @@ def number_check(model_or_tokenizer: Any, numbers: Iterable[int] = range(1000)) 
     unk = tokenizer.unk_token_id
     single = [x for x, row in zip(numbers, ids) if len(row) == 1 and row[0] != unk]
     return dict(single_token=single, multi_token=[x for x in numbers if x not in set(single)])
+
+
+@checked
+def parse_prompt(model_or_tokenizer: Any, text: str, *, op: str = "+", template: str = DEFAULT_TEMPLATE,
+                 modulus: Optional[Modulus] = None) -> PromptSet:
+    """The prompt set of one problem written out as text: its last line read with ``template``
+    (``"36+59="``), the lines before it the few-shot prefix; answer digits after the template's end
+    (``"36+59=9"``, an answer token fed) are left out of the prompt.
+
+    Args:
+        model_or_tokenizer: A hooked model or a tokenizer.
+        text: The prompt's text.
+        op: The operator.
+        template: The template the last line follows.
+        modulus: Answers reduced mod this, or None.
+
+    Returns:
+        One prompt, with its operands, answer and named positions.
+
+    Raises:
+        TaskError: The last line does not follow the template.
+    """
+    check_template(template, op)
+    prefix, _, last = text.rpartition("\n")
+    symbol = OP_SYMBOLS.get(op, op)
+    pattern = (re.escape(template).replace(re.escape("{a}"), r"(?P<a>\d+)").replace(re.escape("{b}"), r"(?P<b>\d+)")
+               .replace(re.escape("{op}"), re.escape(symbol)))
+    found = re.fullmatch(pattern + r"\d*", last)
+    if found is None:
+        raise TaskError(f"{last!r} is not an arithmetic problem of the template {template!r} (e.g. "
+                        f"{template.format(a=36, b=59, op=symbol)!r}); give the problem on the prompt's last line")
+    return prompts_for_pairs(model_or_tokenizer, op, [int(found["a"])], [int(found["b"])], template,
+                             modulus=modulus, few_shot=prefix + "\n" if prefix else 0)

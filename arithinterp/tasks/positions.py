@@ -1,7 +1,9 @@
 """Position specs: the names, shifts and indices an analysis reads or patches at, resolved to tokens.
 
 A spec is ``"final"`` (alias ``"last"``), ``"a"`` / ``"b"`` (the operand's last token),
-``"a[k]"`` / ``"b[k]"`` (token ``k`` of the operand), ``"answer[k]"``, any of them shifted by
+``"a[k]"`` / ``"b[k]"`` (token ``k`` of the operand), ``"answer[k]"`` (answer token ``k``;
+tokens count in written order from 0, and :func:`predicting_position` names the one that
+predicts an answer token), any of them shifted by
 tokens (``"final-2"``), an int (same-length prompts only) or ``"all"``. Nothing is wrapped or
 clamped: a spec that falls outside a prompt is refused with a :class:`~arithinterp.errors.SiteError`.
 """
@@ -138,6 +140,24 @@ def _operand_token(prompts: PromptSet, operand: str, k: int, spec: str) -> torch
             f"'{operand}' (last token), '{operand}[0]' (first) or operands of one token count"
         )
     return column
+
+
+def predicting_position(k: int) -> str:
+    """The position whose output predicts answer token ``k`` (written order, from 0): the token
+    before it, ``"final"`` for the first and ``"answer[k-1]"`` after.
+
+    Args:
+        k: The answer token, 0 = the first written.
+
+    Returns:
+        The position spec.
+
+    Raises:
+        SiteError: ``k`` is negative.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise SiteError(f"answer tokens are counted from 0 (answer[0] is the first written), got {k!r}")
+    return "final" if k == 0 else f"answer[{k - 1}]"
 
 
 def position_labels(positions: Any) -> list[str]:

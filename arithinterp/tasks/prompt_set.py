@@ -9,7 +9,6 @@ padding never reaches the model.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
 
@@ -21,6 +20,7 @@ from arithinterp.tasks.counterfactuals import draw_partners, keep_aligned
 from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.evaluation import Evaluation, answer_logprob, as_index, evaluate
 from arithinterp.tasks.joining import join_sets
+from arithinterp.tasks.places import PLACES, refuse_renamed, split_place
 from arithinterp.tasks.positions import locate
 from arithinterp.types import PositiveInt, checked
 
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from arithinterp.types import HookedModel
 
 SCORING = ("first-token", "full-answer")
-#: The highest digit position a label reads (0 = units): an int64 has 19 digits.
-MAX_DIGIT = 18
 
 
 @dataclass(frozen=True)
@@ -83,6 +81,45 @@ class PromptSet:
             positions={k: v[idx] for k, v in self.positions.items()},
             meta=dict(self.meta),
         )
+
+    # --- printing: a short repr and a notebook table (arithinterp.printing), never every prompt ----
+
+    def _printed(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(what, sizes)`` as the repr and the notebook table show them."""
+        what: dict[str, Any] = dict(op=self.op, template=self.template, scoring=self.scoring)
+        if self.modulus is not None:
+            what["modulus"] = self.modulus
+        if self.prefix:
+            what["prefix"] = self.prefix
+        sizes: dict[str, Any] = dict(n_prompts=len(self))
+        for name in ("a", "b", "answer"):
+            values = getattr(self, name)
+            if len(values):
+                sizes[name] = f"{int(values.min())}..{int(values.max())}"
+        sizes.update(tokens=self.tokens, answer_tokens=self.answer_tokens)
+        return what, sizes
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        what, sizes = self._printed()
+        first = [f"{text}{answer}" for text, answer in zip(self.texts[:3], self.answer_texts[:3])]
+        return short_repr("PromptSet", {**sizes, **what, "first": first})
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the set is, its sizes and its first prompts."""
+        from arithinterp.printing import FIRST_ROWS, html_table
+
+        what, sizes = self._printed()
+        return html_table("PromptSet", {"what": what, "sizes": sizes}, self._head_frame(FIRST_ROWS),
+                          "prompts", total=len(self))
+
+    def _head_frame(self, n: int) -> Any:
+        """The first ``n`` prompts as a DataFrame: text, operands, answer, token count."""
+        import pandas as pd
+
+        return pd.DataFrame(dict(text=list(self.texts[:n]), a=self.a[:n].tolist(), b=self.b[:n].tolist(),
+                                 answer=self.answer[:n].tolist(), tokens=self.lengths[:n].tolist()))
 
     @property
     def uniform_length(self) -> bool:
@@ -226,46 +263,45 @@ class PromptSet:
         """The labels :meth:`label` gives for this set.
 
         Returns:
-            ``"a"``, ``"b"``, ``"answer"``, then per digit position ``i`` (0 = units)
-            ``answer_digit_i``, ``a_digit_i``, ``b_digit_i`` and, for ``+``, ``carry_i``.
+            ``"a"``, ``"b"``, ``"answer"``, then per digit place (:data:`~arithinterp.tasks.places.PLACES`)
+            ``answer_units``, ``a_units``, ``b_units``, ``answer_tens``, ... and, for ``+``, the carries
+            into each place but the units: ``carry_tens``, ``carry_hundreds``, ...
         """
         digits = self.meta.get("n_digits", 1)
         names = ["a", "b", "answer"]
-        for i in range(digits):
-            names += [f"answer_digit_{i}", f"a_digit_{i}", f"b_digit_{i}"]
-            if self.op == "+":
-                names.append(f"carry_{i}")
+        for place in PLACES[:digits]:
+            names += [f"answer_{place}", f"a_{place}", f"b_{place}"]
+        if self.op == "+":
+            names += [f"carry_{place}" for place in PLACES[1:digits]]
         return names
 
     @checked
     def label(self, name: str) -> torch.Tensor:
-        """A probe label [N]: operands, answer, digits (0 = units) and carries per digit position.
+        """A probe label [N]: operands, answer, their digits by place and the carries.
 
-        ``carry_i`` is the carry out of digit position ``i`` when adding ``a`` and ``b``.
+        ``answer_tens`` is the answer's tens digit; ``carry_tens`` the carry *into* the tens
+        column when adding ``a`` and ``b`` (their units digits sum to 10 or more).
 
         Args:
-            name: One of :meth:`label_names` (digits and carries past them are computed too).
+            name: One of :meth:`label_names` (places past them, up to ``quintillions``, are read too).
 
         Returns:
             The label of every prompt, long [N].
 
         Raises:
-            TaskError: ``name`` is not a label of this set, or names a digit (a carry) past the 19 (18) an
-                int64 holds.
+            TaskError: ``name`` is not a label of this set.
+            ConfigError: ``name`` numbers a digit by its index (``answer_digit_0``): the error names
+                the place-value name.
         """
         if name in ("a", "b", "answer"):
             return getattr(self, name).clone()
-        digit, carry = re.fullmatch(r"(answer|a|b)_digit_(\d+)", name), re.fullmatch(r"carry_(\d+)", name)
-        i = int(digit[2]) if digit else int(carry[1]) if carry else 0
-        if i > (MAX_DIGIT if digit else MAX_DIGIT - 1):  # 10 ** 19 overflows int64
-            raise TaskError(f"label {name!r} names digit {i}, but operands and answers are int64: digits "
-                            f"0..{MAX_DIGIT} and carries 0..{MAX_DIGIT - 1} are read; accepted: "
-                            f"{accepted(self.label_names())}")
+        digit, carry = split_place(name, ("answer", "a", "b")), split_place(name, ("carry",))
         if digit:
-            return (getattr(self, digit[1]).abs() // 10**i) % 10
-        if carry and self.op == "+":
-            low = 10 ** (i + 1)
+            return (getattr(self, digit[0]).abs() // 10 ** digit[1]) % 10
+        if carry and carry[1] > 0 and self.op == "+":
+            low = 10 ** carry[1]
             return ((self.a % low + self.b % low) >= low).long()
+        refuse_renamed(name, what="label", known=self.label_names(), carry_into=False)
         raise TaskError(f"unknown label {name!r}; accepted: {accepted(self.label_names())}")
 
     # --- running the model ---------------------------------------------------------------------
@@ -419,6 +455,24 @@ class PromptPairs:
 
     def __getitem__(self, index) -> "PromptPairs":
         return replace(self, clean=self.clean[index], corrupt=self.corrupt[index])
+
+    def __repr__(self) -> str:
+        from arithinterp.printing import short_repr
+
+        first = [f"{clean} | {corrupt}" for clean, corrupt in zip(self.clean.texts[:3], self.corrupt.texts[:3])]
+        return short_repr("PromptPairs", dict(n_pairs=len(self), vary=self.vary, seed=self.seed,
+                                              template=self.clean.template, tokens=self.clean.tokens, first=first))
+
+    def _repr_html_(self) -> str:
+        """The table a notebook shows: what the pairs vary, their sizes and the first pairs."""
+        from arithinterp.printing import FIRST_ROWS, html_table
+
+        clean, corrupt = self.clean._head_frame(FIRST_ROWS), self.corrupt._head_frame(FIRST_ROWS)
+        frame = clean[["text", "answer"]].add_suffix("_clean").join(corrupt[["text", "answer"]].add_suffix("_corrupt"))
+        sizes = dict(n_pairs=len(self), tokens=self.clean.tokens, **{k: v for k, v in self.meta.items()
+                                                                     if isinstance(v, int)})
+        return html_table("PromptPairs", {"what": dict(vary=self.vary, seed=self.seed, template=self.clean.template),
+                                          "sizes": sizes}, frame, "pairs", total=len(self))
 
     @classmethod
     def concat(cls, parts: Sequence["PromptPairs"]) -> "PromptPairs":

@@ -77,6 +77,20 @@ def position_labels(tokens: Sequence[str]) -> list[str]:
     return [f"{i}: {t}" for i, t in enumerate(tokens)]
 
 
+def answer_token_labels(tokens: Sequence[int], places: Optional[Sequence[str]] = None) -> list[str]:
+    """Axis labels for answer tokens: the position (``answer[0]`` is the first written) and, where
+    known, the digit's place.
+
+    Args:
+        tokens: The answer token indices.
+        places: The place of every answer token (``meta["answer_places"]``), or ``None``.
+
+    Returns:
+        ``"answer[0] · thousands"`` labels, or ``"answer[0]"`` without places.
+    """
+    return [f"answer[{k}]" + (f" · {places[k]}" if places else "") for k in tokens]
+
+
 def heatmap(
     values,
     *,

@@ -195,14 +195,14 @@ def plot_overlap(result: OverlapResult, *, title: Optional[str] = None) -> go.Fi
 def plot_digit_circuits(result: DigitCircuits, *, title: Optional[str] = None) -> go.Figure:
     """Senders × answer tokens: each sender's outgoing edge scores summed, per answer digit
     (``DigitCircuits.sender_scores``); signed, ``RdBu`` centred at 0."""
-    from arithinterp.viz.base import heatmap
+    from arithinterp.viz.base import answer_token_labels, heatmap
 
     names, values = result.sender_scores()
     return heatmap(
         values,
         title=title or f"{result.method} edge scores per answer token, summed per sender ({result.metric}, "
                        f"{result.meta.get('n_pairs')} pairs, vary {result.meta.get('vary')})",
-        x_labels=[f"answer {k}" for k in result.answer_tokens],
+        x_labels=answer_token_labels(result.answer_tokens, result.meta.get("answer_places")),
         y_labels=names,
         x_title="answer token (scored where it is emitted)",
         y_title="sender",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from arithinterp.features.paths import PathAblationResult
     from arithinterp.features.replacement import ReplacementResult
     from arithinterp.features.sample import GraphSample
+    from arithinterp.features.steering import SwapResult
 
 
 def plot_transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None) -> go.Figure:
@@ -165,4 +166,19 @@ def plot_replacement(result: ReplacementResult, title: Optional[str] = None) -> 
         column = result.kls[:, j]
         fig.add_trace(go.Histogram(x=column[~column.isnan()].tolist(), name=f"answer token {j}", opacity=0.7))
     fig.update_layout(barmode="overlay")
+    return fig
+
+
+def plot_swap(result: SwapResult, title: Optional[str] = None) -> go.Figure:
+    """The swap test: the share of problems whose answer became the swapped-in token, and whose answer
+    changed at all, for the labelled supernodes and for the random-feature control."""
+    import plotly.graph_objects as go
+
+    fig = figure(title or f"Swapping labelled supernodes at {result.role!r}", "", "share of problems")
+    kinds = ["answer became the label's token", "answer changed"]
+    fig.add_trace(go.Bar(x=kinds, y=[result.as_predicted, result.changed], name="labelled supernodes swapped",
+                         hovertemplate="%{x}: %{y:.1%}<extra></extra>"))
+    fig.add_trace(go.Bar(x=kinds, y=[result.as_predicted_control, result.changed_control],
+                         name="as many random features", hovertemplate="%{x}: %{y:.1%}<extra></extra>"))
+    fig.update_layout(barmode="group", yaxis_range=[0, 1], yaxis_tickformat=".0%")
     return fig

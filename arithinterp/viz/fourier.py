@@ -132,7 +132,9 @@ def plot_helix_3d(fit: HelixFit, components: tuple[int, int, int] = (0, 1, 2)) -
     fig = go.Figure()
     fig.update_layout(template=TEMPLATE_NAME,
                       title=f"{fit.kind} fit: activations in PCA space, coloured by {fit.names[0]}",
-                      scene=dict(xaxis_title=f"PC{i}", yaxis_title=f"PC{j}", zaxis_title=f"PC{k}"))
+                      scene=dict(xaxis_title=f"PC{i}", yaxis_title=f"PC{j}", zaxis_title=f"PC{k}"),
+                      # below the plot: beside it, the legend would cover the colour bar's title
+                      legend=dict(orientation="h", x=0.5, xanchor="center", y=0.0, yanchor="top"))
     fig.add_trace(go.Scatter3d(
         x=coords[:, i], y=coords[:, j], z=coords[:, k], mode="markers",
         marker=dict(size=4, color=values, colorscale=NUMBER_SCALE, colorbar=dict(title=fit.names[0])),

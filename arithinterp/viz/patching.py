@@ -10,7 +10,7 @@ import itertools
 import plotly.graph_objects as go
 
 from arithinterp.errors import ConfigError, accepted
-from arithinterp.viz.base import to_array, bars, cycle_colour, figure, heatmap, layer_lines
+from arithinterp.viz.base import answer_token_labels, to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
 if TYPE_CHECKING:
     from arithinterp.patching.attribution import ComparisonResult
@@ -180,7 +180,7 @@ def plot_digit_ablation(result: DigitAblationResult, title: str | None = None) -
     return heatmap(
         result.drop,
         title=title or f"accuracy drop per answer token, one head {result.ablation}-ablated at that token's position",
-        x_labels=[f"answer {k}" for k in range(result.drop.shape[1])],
+        x_labels=answer_token_labels(range(result.drop.shape[1]), result.meta.get("answer_places")),
         y_labels=result.heads,
         x_title="answer token (predicted at its position)",
         y_title="head",

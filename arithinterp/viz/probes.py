@@ -10,6 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from arithinterp.errors import AnalysisError, accepted
+from arithinterp.tasks.places import PLACES
 from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
 if TYPE_CHECKING:
@@ -118,14 +119,30 @@ def plot_calibration(result: DetectorResult, methods: Optional[list] = None, bin
     return fig
 
 
-def plot_digit_confusion(result: DetectorResult, slot: int = 0, probe: str = "true",
+def plot_digit_confusion(result: DetectorResult, digit: Optional[str] = None, probe: str = "true",
                          normalise: bool = True) -> go.Figure:
-    """Confusion matrix of a slot probe: actual value (rows) vs predicted value (columns)."""
+    """Confusion matrix of one digit's slot probe: actual value (rows) vs predicted value (columns),
+    titled with the digit and the probe's held-out accuracy.
+
+    Args:
+        result: The detector's result.
+        digit: One of ``result.slot_names`` (``"tens"``, ``"answer[1]"``); ``None``: the first.
+        probe: ``"true"`` (the true digit) or ``"output"`` (the digit the model wrote).
+        normalise: Rows as fractions (else counts).
+
+    Returns:
+        The heatmap.
+
+    Raises:
+        AnalysisError: an unknown ``digit`` or ``probe``.
+    """
     if probe not in ("true", "output"):
         raise AnalysisError(f"probe must be 'true' or 'output', got {probe!r}")
-    n_slots = result.true_slots.shape[1]
-    if not 0 <= slot < n_slots:
-        raise AnalysisError(f"slot {slot} is out of range; accepted: 0..{n_slots - 1}")
+    names = result.slot_names
+    digit = names[0] if digit is None else digit
+    if digit not in names:
+        raise AnalysisError(f"unknown digit {digit!r}; this result's answer digits: {accepted(names)}")
+    slot = names.index(digit)
     valid = result.slot_valid[:, slot]
     actual = (result.true_slots if probe == "true" else result.output_slots)[valid, slot]
     predicted = (result.pred_true_slots if probe == "true" else result.pred_output_slots)[valid, slot]
@@ -135,7 +152,10 @@ def plot_digit_confusion(result: DetectorResult, slot: int = 0, probe: str = "tr
     np.add.at(counts, ([index[v] for v in actual.tolist()], [index[v] for v in predicted.tolist()]), 1)
     z = counts / np.maximum(counts.sum(1, keepdims=True), 1) if normalise else counts
     what = "true answer" if probe == "true" else "model output"
-    return heatmap(z, title=f"{what} digit probe, slot {slot}: predicted vs actual", x_labels=values, y_labels=values,
+    label = f"{digit} digit" if digit in PLACES else digit
+    accuracy = result.slot_accuracy()[probe][slot]
+    return heatmap(z, title=f"{what} probe, {label}: predicted vs actual (held-out accuracy {accuracy:.3f}, "
+                            f"{int(valid.sum())} prompts)", x_labels=values, y_labels=values,
                    x_title="predicted value", y_title="actual value",
                    value_name="fraction of row" if normalise else "count", signed=False)
 

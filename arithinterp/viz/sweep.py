@@ -7,7 +7,7 @@ analysis's parameters) that vary across the table, so a sweep over sites reads `
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import plotly.graph_objects as go
 
@@ -64,39 +64,79 @@ def _position_label(rows) -> list[str]:
     return [str(p) for p in firsts["position"]]
 
 
-def plot_sweep_patching(frame) -> list[go.Figure]:
-    """Per cell: layer × position heatmap, layer × head / neuron heatmap, or mean effect per layer."""
+GAP = "fraction of the clean–corrupt gap"  # (patched − corrupt) / (clean − corrupt): 0 as corrupt, 1 as clean
+
+
+def _patch_values(rows, normalize: bool) -> tuple[Any, str, str]:
+    """``(rows with mean / ci_low / ci_high to draw, the value's name, what the title says of it)``:
+    as the fraction of the clean–corrupt gap where ``normalize`` and the table allows it, else the metric."""
+    metric = rows["metric"].iloc[0] if "metric" in rows.columns else "effect"
+    if "normalize" in rows.columns and bool(rows["normalize"].iloc[0]):
+        return rows, GAP, f"{GAP}, normalised per pair by the analysis"
+    if not normalize or not {"clean_baseline", "corrupt_baseline"} <= set(rows.columns):
+        why = "" if not normalize else " (this table has no baselines to normalise by: rerun it to add them)"
+        return rows, metric, f"raw {metric}{why}"
+    clean, corrupt = float(rows["clean_baseline"].iloc[0]), float(rows["corrupt_baseline"].iloc[0])
+    gap = clean - corrupt
+    if gap == 0:
+        return rows, metric, f"raw {metric} (clean and corrupt runs score alike: no gap to normalise by)"
+    scaled = rows.copy()
+    for column in ("mean", "ci_low", "ci_high"):
+        if column in scaled.columns:
+            scaled[column] = (scaled[column] - corrupt) / gap
+    if gap < 0 and {"ci_low", "ci_high"} <= set(scaled.columns):  # a negative gap turns the interval round
+        scaled[["ci_low", "ci_high"]] = scaled[["ci_high", "ci_low"]].to_numpy()
+    return scaled, GAP, f"{GAP} (clean {clean:.3g}, corrupt {corrupt:.3g} {metric})"
+
+
+def plot_sweep_patching(frame, normalize: bool = True) -> list[go.Figure]:
+    """Per cell: a layer × position heatmap; with heads or neurons, one row per layer and unit and one
+    column per position, or (cells that patch every position at once) a layer × unit heatmap; with
+    neither, the effect over layers with its interval.
+
+    Args:
+        frame: The sweep's combined ``patching`` table.
+        normalize: Draw each cell as the fraction of the clean–corrupt gap it restores, ``(patched −
+            corrupt) / (clean − corrupt)`` with the unpatched runs' means (0: the corrupt run's metric,
+            1: the clean run's), which puts cells of different sites and counterfactuals on one scale;
+            ``False``: the raw metric. Cells the analysis normalised already are drawn as they are.
+
+    Returns:
+        One figure per cell, titled with what was patched and how, and what the colour is.
+    """
     figs = []
     for label, rows in _cells(frame):
-        metric = rows["metric"].iloc[0] if "metric" in rows.columns else "effect"
-        title = f"Patching {label}"
+        rows, value_name, value_text = _patch_values(rows, normalize)
+        site = rows["site"].iloc[0] if "site" in rows.columns else "?"
+        method = rows["method"].iloc[0] if "method" in rows.columns else "exact"
+        direction = rows["direction"].iloc[0] if "direction" in rows.columns else "denoise"
+        every_position = "position" not in rows.columns  # per_position=False: one patch over all positions
+        how = f"{direction}, every position at once" if every_position else direction
+        title = f"{method.capitalize()} patching of {site} ({how}) · {label}<br><sub>colour: {value_text}</sub>"
         unit = next((u for u in ("head", "neuron") if u in rows.columns), None)
-        layers = list(dict.fromkeys(rows["layer"]))
+        layers = [int(layer) for layer in dict.fromkeys(rows["layer"])]
         if unit is not None:
-            table = rows.groupby(["layer", unit], sort=False)["mean"].mean().unstack(unit)
-            figs.append(heatmap(table.values, title=f"{title} (mean over positions)", x_labels=list(table.columns),
-                                y_labels=[f"L{layer}" for layer in table.index], x_title=unit, y_title="layer",
-                                value_name=f"mean {metric}"))
+            rows = rows.assign(**{unit: rows[unit].astype(int)})  # a combined table stores them as floats
+        if unit is not None and every_position:
+            table = rows.pivot_table(index="layer", columns=unit, values="mean", sort=False)
+            figs.append(heatmap(table.values, title=title, x_labels=[int(u) for u in table.columns],
+                                y_labels=[f"L{int(layer)}" for layer in table.index], x_title=unit, y_title="layer",
+                                value_name=value_name))
         elif "position" in rows.columns:
-            table = rows.pivot_table(index="layer", columns="position", values="mean", sort=False)
-            order = list(dict.fromkeys(rows["position"]))
-            table = table.reindex(index=layers, columns=order)
-            figs.append(heatmap(table.values, title=title, x_labels=_position_label(rows),
-                                y_labels=[f"L{layer}" for layer in layers], x_title="position: token", y_title="layer",
-                                value_name=f"mean {metric}"))
+            index = ["layer", unit] if unit is not None else ["layer"]
+            table = rows.pivot_table(index=index, columns="position", values="mean", sort=False)
+            table = table.reindex(columns=list(dict.fromkeys(rows["position"])))
+            names = ([f"L{int(layer)} {unit[0].upper()}{int(u)}" for layer, u in table.index] if unit is not None
+                     else [f"L{int(layer)}" for layer in table.index])
+            figs.append(heatmap(table.values, title=title, x_labels=_position_label(rows), y_labels=names,
+                                x_title="position: token", y_title=f"layer {unit}" if unit else "layer",
+                                value_name=value_name))
         else:
             series = rows.groupby("layer", sort=False)
-            figs.append(
-                layer_lines(
-                    {metric: series["mean"].mean().values},
-                    title=title,
-                    y_title=f"mean {metric}",
-                    layers=layers,
-                    bands={metric: (series["ci_low"].mean().values, series["ci_high"].mean().values)}
-                    if "ci_low" in rows.columns
-                    else None,
-                )
-            )
+            bands = ({value_name: (series["ci_low"].mean().values, series["ci_high"].mean().values)}
+                     if "ci_low" in rows.columns else None)
+            figs.append(layer_lines({value_name: series["mean"].mean().values}, title=title, y_title=value_name,
+                                    layers=layers, bands=bands))
     return figs
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from arithinterp.report.budget import OverBudget, secs
 from arithinterp.report.stage import Section, Stage, joined, require
 from arithinterp.sites import spread
+from arithinterp.tasks.places import PLACES
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -37,10 +38,10 @@ def _causal_variables(prompts: PromptSet) -> list[str]:
     if single:
         return ["sum_mod_10", "magnitude"]
     # the leading answer digit is predicted at the final position: the carry into that column where the
-    # operands have no digit there (add-3digit: carry_3, into the thousands), else that digit of the sum
+    # operands have no digit there (add-3digit: carry_thousands), else that digit of the sum
     top = n_digits - 1
     only_carry = int(max(prompts.a.max(), prompts.b.max())) < 10**top
-    return [f"carry_{top}" if only_carry else f"sum_digit_{top}"]
+    return [f"carry_{PLACES[top]}" if only_carry else f"answer_{PLACES[top]}"]
 
 
 def causal_stage(ctx: Context) -> Section:

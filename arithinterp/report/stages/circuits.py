@@ -96,7 +96,8 @@ def circuits_stage(ctx: Context) -> Section:
     )
     top = ", ".join(f"{e} ({float(v):.2f})" for e, v in zip(*_top_edges(circuit, 5)))
     section.findings.append(f"Largest edges (estimated logit-difference change): {top}.")
-    section.figures += [curve.plot(), circuit.plot(max_edges=60)]
+    section.figures.append(curve.plot())
+    section.views.append(circuit.show())
     return section
 
 

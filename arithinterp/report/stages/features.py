@@ -1,65 +1,108 @@
-"""The features stage: the transcoders shipped for a zoo model, the replacement model on the
-report's prompts, and the attribution graph of one correctly answered prompt."""
+"""The feature-circuit stage: the model's transcoders (shipped for a zoo model, or cached by
+``arithinterp train-transcoders``), the replacement model on the report's prompts, and the
+attribution graph of one correctly answered prompt read at the level of labelled supernodes, with
+the swap test that checks the labels by intervention."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from arithinterp.errors import ModelSpecError, accepted
+from arithinterp.errors import AnalysisError, ModelSpecError
 from arithinterp.report.stage import Section, Stage, joined, require
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
 
+SWAP_PROMPTS = 20  # problems the swap test runs on, each with SWAP_DRAWS random controls
+SWAP_DRAWS = 5
+
 
 def features_stage(ctx: Context) -> Section:
-    """The transcoders shipped for a zoo model: their card, the replacement model on the report's
-    prompts, and the attribution graph of one correctly answered prompt. Other models: not run, with
-    the reason (no transcoders ship for them; ``arithinterp.features.train_transcoders`` makes some).
+    """The model's transcoders: their held-out numbers, the replacement model on the report's prompts,
+    the attribution graph of the first correctly answered prompt (what feeds its answer logit, its
+    features grouped into labelled supernodes, drawn in the interactive viewer) and the swap test.
+    A model without transcoders: not run, with the command that makes them.
 
     Args:
         ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
 
     Returns:
-        The stage's section: findings, figures and the sample it used.
+        The stage's section: findings, figures, the graph's view and the sample it used.
     """
-    from arithinterp.features import attribution_graph, load_transcoders, replacement_metrics
+    from arithinterp.features import attribution_graph, replacement_metrics
+    from arithinterp.features.cache import cache_folder, find_transcoders
+    from arithinterp.features.operand_plots import graph_feature_grids
+    from arithinterp.features.plan import transcoder_plots
+    from arithinterp.features.shipped import shipped_names
+    from arithinterp.features.supernodes import label_graph, labelled_share, supernodes
 
-    from arithinterp.features.shipped import RECIPES
-
-    if not ctx.spec.startswith("zoo:"):  # the report shows the reason as "not run on this model"
-        raise ModelSpecError(f"transcoders ship only for the zoo models {accepted(['zoo:' + n for n in RECIPES])}, "
-                             f"not for {ctx.spec!r}; train some with arithinterp.features.train_transcoders")
-    transcoders = load_transcoders(ctx.spec)  # a zoo model without them: ModelSpecError, which says so
-    transcoders.check_model(ctx.model)
+    transcoders = find_transcoders(ctx.model)
+    if transcoders is None:  # the report shows the reason as "not run on this model"
+        raise ModelSpecError(f"no transcoders ship or are cached for {ctx.spec}; `arithinterp train-transcoders "
+                             f"{ctx.spec}` makes them (into {cache_folder(ctx.model)}, where the report finds them)")
     require("features", 0 if ctx.prompts is None else len(ctx.prompts), "the graph of a correctly answered prompt")
     correct = ctx.prompts
     assert correct is not None  # require() counted them
-    prompt = correct.texts[0]
-    graph = attribution_graph(ctx.model, correct[:1], transcoders, progress=False)  # the first correctly answered
+    prompt = correct[:1]
+    graph = attribution_graph(ctx.model, prompt, transcoders, progress=False)  # the first correctly answered
+    plots = transcoder_plots(ctx.model, transcoders, progress=False)
+    labels = label_graph(graph, plots, prompt)
+    groups = supernodes(graph, labels, prompt, plots)
     prompts, fitted = ctx.fit(ctx.all_prompts, "prompts", 30, per_item=2 * ctx.budget.forward_seconds)
-    measured = replacement_metrics(ctx.model, prompts, transcoders).as_dict()
+    measured = replacement_metrics(ctx.model, prompts, transcoders, progress=False).as_dict()
     section = Section(STAGE.title,
                       sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", fitted))
-    rows = transcoders.metrics.get("layers", [])
-    per_layer = "; ".join(f"layer {layer}: FVU {r['fvu']:.3f}, L0 {r['l0']:.1f}, dead {100 * r['dead_fraction']:.1f}%"
-                          for layer, r in zip(transcoders.layers, rows))
+    held = transcoders.metrics.get("replacement", {})
+    origin = "shipped" if ctx.spec.removeprefix("zoo:") in shipped_names() else "cached"
     section.findings.append(
-        f"Shipped transcoders for {ctx.spec} ({transcoders.n_features} TopK features per layer, k={transcoders.k}, "
-        f"made by `arithinterp train-transcoders {ctx.spec}`), on their own held-out prompts: {per_layer}.")
-    section.findings.append(
-        f"Replacement model (every MLP replaced by its transcoder, no error term) on {measured['n_positions']:,} "
-        f"answer positions: top-1 agreement with the model {measured['agreement']:.3f}, "
-        f"KL {measured['kl']:.3f} nats.")
+        f"Transcoders ({origin}; {transcoders.n_features} TopK features per layer, k={transcoders.k}"
+        f"{'' if any(transcoders.skipped) else ', no skip'}): on their held-out prompts the replacement model "
+        f"(every MLP replaced, no error term) keeps the model's top token at {held.get('agreement', float('nan')):.3f} "
+        f"of {held.get('n_positions', 0):,} answer positions (KL {held.get('kl', float('nan')):.3f} nats); on "
+        f"{measured['n_positions']:,} answer positions of the report's prompts at {measured['agreement']:.3f} "
+        f"(KL {measured['kl']:.3f}).")
     s = graph.scores
     section.findings.append(
-        f"Attribution graph of {prompt!r} (Ameisen et al. 2025): {s['n_active_features']} active features; the pruned "
-        f"graph keeps {s['n_kept']} nodes holding {s['kept_influence']:.2f} of the influence on the answer; "
-        f"replacement score {s['replacement']:.3f}, completeness {s['completeness']:.3f}; edges + bias match each "
-        f"feature's pre-activation within {s['max_abs_error']:.1e}.")
-    section.figures += [transcoders.plot(), graph.plot()]
+        f"Attribution graph of {correct.texts[0]!r} (Ameisen et al. 2025): the answer logit's direct inputs come "
+        f"{s['logit_inputs_feature']:.0%} from features, {s['logit_inputs_embedding']:.0%} from token embeddings "
+        f"and {s['logit_inputs_error']:.0%} from error nodes; the pruned graph keeps {s['n_kept']} nodes holding "
+        f"{s['kept_influence']:.2f} of the influence on the answer (replacement score {s['replacement']:.3f}, "
+        f"completeness {s['completeness']:.3f}).")
+    named = [group for group in groups if group.label][:4]
+    listed = ": " + "; ".join(f"{g.name} ({len(g.members)} features)" for g in named) if named else (
+        "; no feature got a label above its null")
+    section.findings.append(
+        f"Supernodes (features grouped by the label of their operand plot, then by attribution profile): labelled "
+        f"ones hold {labelled_share(groups):.0%} of the kept features' influence "
+        f"({labelled_share(groups, direct=True):.0%} by features labelled themselves){listed}.")
+    section.findings.append(_swap_finding(ctx, transcoders, plots))
+    section.figures.append(transcoders.plot())
+    view_groups = [dict(name=g.name, members=[(graph.nodes[i]["layer"], graph.nodes[i]["feature"],
+                                               graph.nodes[i]["position"]) for i in g.members])
+                   for g in groups if len(g.members) > 1]
+    section.views.append(graph.show(grids=graph_feature_grids(graph, plots, prompt), supernodes=view_groups))
     return section
 
 
-STAGE = Stage(name="features", title="Feature circuits: transcoders and an attribution graph", order=90, weight=0.5,
-              minimum=(1, "correctly answered prompt"), run=features_stage)
+def _swap_finding(ctx: Context, transcoders: Any, plots: Any) -> str:
+    """The swap test on the report's prompts, in a sentence (or why it does not apply)."""
+    from arithinterp.features.steering import swap_test
+
+    assert ctx.prompts is not None  # the stage required them
+    sample = ctx.prompts[:SWAP_PROMPTS]
+    try:
+        result = swap_test(ctx.model, sample, transcoders, plots, role="final", n_random=SWAP_DRAWS, seed=ctx.seed,
+                           progress=False)
+    except AnalysisError as why:
+        return f"Swap test (Lindsey et al. 2025's validation of supernodes): does not apply here: {why}."
+    tested = int(result.meta["n_tested"])
+    verdict = ("the labels predict the answer's change" if result.as_predicted > result.as_predicted_control + 0.1
+               else "no signal above the control")
+    return (f"Swap test on {tested} problems (each answer's labelled supernode zeroed and another token's set to its "
+            f"typical activity): the answer became the swapped-in token in {result.as_predicted:.0%} of them, against "
+            f"{result.as_predicted_control:.0%} for the same number of random features ({SWAP_DRAWS} draws each): "
+            f"{verdict}.")
+
+
+STAGE = Stage(name="features", title="Feature circuits: transcoders, an attribution graph and labelled supernodes",
+              order=90, weight=0.5, minimum=(1, "correctly answered prompt"), run=features_stage)

@@ -10,6 +10,7 @@ from arithinterp.errors import AnalysisError
 from arithinterp.report.budget import MARGIN, secs, seeded_pick
 from arithinterp.report.stage import Section, Stage, joined, require
 from arithinterp.sites import coarse_to_fine
+from arithinterp.tasks.places import PLACES
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -21,13 +22,13 @@ PROBE_LAYERS = 4  # the fewest layers the probes stage covers before it samples 
 
 def _probe_targets(prompts: Any) -> tuple[str, ...]:
     """Whole numbers where each is one token; where numbers are spelled out digit by digit, a's
-    units digit, the carry out of the units, and the answer's leading digit (the first token the
+    units digit, the carry into the tens, and the answer's leading digit (the first token the
     model writes) and units digit (written last: read at the prompt's end, it is computed ahead)."""
     if prompts.single_token_operands:
-        return ("a", "answer_digit_0", "answer")
-    varying = [i for i in range(1, 4) if f"answer_digit_{i}" in prompts.label_names()
-               and len(prompts.label(f"answer_digit_{i}").unique()) > 1]
-    return ("a_digit_0", "carry_0") + ((f"answer_digit_{max(varying)}",) if varying else ()) + ("answer_digit_0",)
+        return ("a", "answer_units", "answer")
+    varying = [place for place in PLACES[1:4] if f"answer_{place}" in prompts.label_names()
+               and len(prompts.label(f"answer_{place}").unique()) > 1]
+    return ("a_units", "carry_tens") + ((f"answer_{varying[-1]}",) if varying else ()) + ("answer_units",)
 
 
 def _merged_over_layers(parts: list) -> Any:
