@@ -275,7 +275,8 @@ class _LiveRuns:
         T = int(tokens.shape[1])
         self.T = T
         self.lengths = sorted({-(-T * k // PREFIXES) for k in range(1, PREFIXES + 1)})
-        self.model, self.tokens, self.frozen, self.transcoders, self.constants = model, tokens, frozen, transcoders, constants
+        self.model, self.tokens, self.frozen = model, tokens, frozen
+        self.transcoders, self.constants = transcoders, constants
         self.dtype = dtype
         self.runs: dict[int, tuple] = {}
 
@@ -310,12 +311,14 @@ class _Targets:
         self.feature = torch.tensor([n["feature"] for n in nodes])
         self.transcoders = transcoders
 
-    def values(self, ids: torch.Tensor, mlp_in: list, logits: torch.Tensor) -> torch.Tensor:
+    def values(self, ids: torch.Tensor, mlp_in: list, logits: Optional[torch.Tensor]) -> torch.Tensor:
         """The values ``[len(ids)]`` of target nodes ``ids``, from each layer's MLP input
-        ``[1, T, d]`` and the final logits ``[1, V]`` (differentiable when they are)."""
+        ``[1, T, d]`` and the final logits ``[1, V]`` (differentiable when they are; None from a
+        prefix run, which holds no logit targets)."""
         parts, order = [], []
         is_logit = ids >= self.n_sources
         if bool(is_logit.any()):
+            assert logits is not None, "logit targets are read from a run of the whole prompt"
             order.append(is_logit.nonzero().squeeze(1))
             parts.append((logits[0] - logits[0].mean())[self.feature[ids[is_logit]]])
         for layer in self.layer[ids[~is_logit]].unique().tolist():
