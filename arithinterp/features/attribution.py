@@ -9,13 +9,16 @@ active features' activations and the error nodes. So the direct effect of a sour
 place the source writes, times what it writes; those effects plus the all-off value (the *bias*:
 positional embeddings, norm and layer biases) add up to the target's value.
 
-:func:`attribute` runs the replacement model once with gradients, then one batched backward per
-``batch_size`` targets (``torch.autograd.grad`` with ``is_grads_batched``: the forward is shared).
-Only the linear paths are in that backward: the frozen patterns cut the queries and keys out of
-it, and each real MLP, whose output the transcoder's replaces, sees a detached input. The answer
-logits are expanded first; then, as circuit-tracer does (``max_feature_nodes``), the features in
-order of their influence on the answer through the edges known so far, until ``max_feature_nodes``
-are expanded (all of them with ``None``).
+:func:`attribute` runs the replacement model with gradients, then one batched backward per
+batch of at most ``batch_size`` targets (``torch.autograd.grad`` with ``is_grads_batched``: the
+forward is shared). Only the linear paths are in that backward: the frozen patterns cut the
+queries and keys out of it, and the real MLPs, whose outputs the transcoders' replace, are not run.
+A backward costs its rows × the layers below its deepest target × the positions it runs over, so
+the targets are taken in layer order and cut into the batches that cost least
+(:func:`cheapest_batches`), and a target early in the prompt runs on a forward of a prefix of it
+(:class:`_LiveRuns`: attention is causal). The answer logits are expanded first; then, as
+circuit-tracer does (``max_feature_nodes``), the features in order of their influence on the answer
+through the edges known so far, until ``max_feature_nodes`` are expanded (all of them with ``None``).
 """
 
 from __future__ import annotations
