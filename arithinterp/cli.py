@@ -155,7 +155,7 @@ OPERAND_PAIRS_MAX = 2**24  # the report builds every operand pair before it samp
 
 def _check_operands(text: str) -> None:
     """``--operands`` as the report reads it, each value once and a grid the report can build."""
-    from arithinterp.report.evaluation import parse_operands
+    from arithinterp.tasks.operators import parse_operands
 
     span = re.fullmatch(r"(\d+)-(\d+)", text.replace(" ", ""))
     count = int(span.group(2)) - int(span.group(1)) + 1 if span else None

@@ -244,7 +244,7 @@ def activity_registry() -> Any:
         A new :class:`~arithinterp.neurons.HeuristicRegistry`.
     """
     from arithinterp.neurons import HeuristicRegistry
-    from arithinterp.neurons.families import BUILTIN_FAMILIES
+    from arithinterp.neurons import BUILTIN_FAMILIES
 
     def on_activity(generate: Any) -> Any:
         return lambda grid: [dataclasses.replace(h, map_kind="K") for h in generate(grid)]

@@ -161,7 +161,7 @@ def plan_transcoders(model: HookedModel, *, template: Optional[str] = None, few_
         ConfigError: Fewer than ten operand values (no block can be held out).
     """
     from arithinterp.models.zoo import ZOO, get_entry
-    from arithinterp.report.evaluation import parse_operands
+    from arithinterp.tasks.operators import parse_operands
     from arithinterp.tasks import prompts_for_pairs
 
     check_model(model, "plan_transcoders")

@@ -141,7 +141,7 @@ def token_groups(plots: OperandPlots, transcoders: Transcoders, role: str, *, mi
     """
     r = plots.roles.index(role)
     next_tokens = plots.next_tokens[:, r]
-    from arithinterp.neurons.heuristics import build_heuristics
+    from arithinterp.neurons import build_heuristics
 
     a_values, b_values = sorted(set(plots.a.tolist())), sorted(set(plots.b.tolist()))
     built = build_heuristics(a_values, b_values, plots.op, registry=activity_registry())

@@ -187,6 +187,7 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
     return sorted(out, key=lambda s: -s.influence)
 
 
+@checked
 def labelled_share(groups: list[Supernode], *, direct: bool = False) -> float:
     """The share of the grouped features' influence held by labelled supernodes.
 

@@ -11,49 +11,11 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from arithinterp.errors import ConfigError
 from arithinterp.report.budget import Budget, secs
+from arithinterp.tasks.operators import parse_operands  # noqa: F401 - the report's operands, parsed as the tasks parse them
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation, PromptSet
     from arithinterp.types import HookedModel
-
-
-def parse_operands(operands: Any) -> list[int]:
-    """Operand values from a range, a list, or ints.
-
-    Args:
-        operands: ``"LO-HI"`` (inclusive), ``"1,5,9"``, or an iterable of non-negative ints.
-
-    Returns:
-        The values.
-
-    Raises:
-        ConfigError: Another form, an empty or negative list, or a value past int64.
-    """
-    import re
-
-    from arithinterp.tasks.operators import INT64_MAX
-
-    if isinstance(operands, str):
-        text = operands.replace(" ", "")
-        span = re.fullmatch(r"(\d+)-(\d+)", text)
-        if span and int(span.group(1)) <= int(span.group(2)):
-            values = list(range(int(span.group(1)), int(span.group(2)) + 1))
-        elif re.fullmatch(r"\d+(,\d+)*", text):
-            values = [int(v) for v in text.split(",")]
-        else:
-            raise ConfigError(
-                f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
-    else:
-        try:
-            values = [int(v) for v in operands]
-        except (TypeError, ValueError) as error:
-            raise ConfigError(f"operands must be non-negative ints, 'LO-HI' or '1,5,9', got {operands!r}") from error
-    if not values or min(values) < 0:
-        raise ConfigError(f"operands must be a non-empty list of non-negative ints, got {operands!r}")
-    if max(values) > INT64_MAX:  # operands are int64 tensors: a refusal here, not torch's overflow traceback
-        raise ConfigError(f"operands must be at most 2**63 - 1 ({INT64_MAX:,}), what int64 holds; "
-                          f"got {max(values):,}")
-    return values
 
 
 #: The most operand pairs a report builds (every pair of ``operands`` is built before ``limit`` are sampled).

@@ -9,9 +9,10 @@ from __future__ import annotations
 import collections.abc
 import itertools
 import operator
-from typing import Callable, Iterable, Optional, Union
+import re
+from typing import Any, Callable, Iterable, Optional, Union
 
-from arithinterp.errors import TaskError
+from arithinterp.errors import ConfigError, TaskError
 
 OPERATORS: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,
@@ -120,3 +121,38 @@ def operand_values(name: str, values: Union[int, Iterable[int]]) -> list[int]:
     if not out:
         raise TaskError(f"{name} is empty; give at least one operand value")
     return out
+
+
+def parse_operands(operands: Any) -> list[int]:
+    """Operand values from a range, a list, or ints.
+
+    Args:
+        operands: ``"LO-HI"`` (inclusive), ``"1,5,9"``, or an iterable of non-negative ints.
+
+    Returns:
+        The values.
+
+    Raises:
+        ConfigError: Another form, an empty or negative list, or a value past int64.
+    """
+    if isinstance(operands, str):
+        text = operands.replace(" ", "")
+        span = re.fullmatch(r"(\d+)-(\d+)", text)
+        if span and int(span.group(1)) <= int(span.group(2)):
+            values = list(range(int(span.group(1)), int(span.group(2)) + 1))
+        elif re.fullmatch(r"\d+(,\d+)*", text):
+            values = [int(v) for v in text.split(",")]
+        else:
+            raise ConfigError(
+                f"operands must be a range 'LO-HI' (inclusive, e.g. '0-99') or a list '1,5,9', got {operands!r}")
+    else:
+        try:
+            values = [int(v) for v in operands]
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"operands must be non-negative ints, 'LO-HI' or '1,5,9', got {operands!r}") from error
+    if not values or min(values) < 0:
+        raise ConfigError(f"operands must be a non-empty list of non-negative ints, got {operands!r}")
+    if max(values) > INT64_MAX:  # operands are int64 tensors: a refusal here, not torch's overflow traceback
+        raise ConfigError(f"operands must be at most 2**63 - 1 ({INT64_MAX:,}), what int64 holds; "
+                          f"got {max(values):,}")
+    return values
