@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
+from transformer_lens.model_bridge.generalized_components import GatedMLPBridge, JointGateUpMLPBridge, MLPBridge
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write, run
@@ -235,7 +236,8 @@ def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders:
             return out if probes is None else out + probes[layer].to(out.dtype)
 
         writes.append(Write("mlp_out", layer, value=output, input_site="mlp_in"))
-        # the real MLP runs on a detached copy of its input (its output is replaced): out of the backward
+        # a real MLP that still runs (see _real_mlps_skipped) sees a detached copy of its input: its
+        # output is replaced, and it stays out of the backward
         writes.append(Write("mlp_in", layer, value=torch.Tensor.detach))
     with _real_mlps_skipped(model):
         out = run(model, tokens, writes, logits="final" if logits else "none", train=probes is not None)
@@ -246,11 +248,13 @@ def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders:
 def _real_mlps_skipped(model: Any) -> Iterator[None]:
     """While the replacement model runs, each real MLP returns zeros at once: its output is replaced
     (by the transcoder's plus the held error), and computing it would be most of a block's work.
-    A block whose MLP is not a wrapped module of its own runs it as usual."""
+    Only an MLP that maps its input to its output alone is skipped (not a mixture of experts, not
+    an MLP that adds the residual itself, as BLOOM's does); any other runs as usual."""
     skipped = []
     for block in getattr(model, "blocks", []):
-        module = getattr(getattr(block, "mlp", None), "original_component", None)
-        if isinstance(module, torch.nn.Module) and "forward" not in vars(module):
+        mlp = getattr(block, "mlp", None)
+        module = getattr(mlp, "original_component", None)
+        if type(mlp) in _PLAIN_MLPS and isinstance(module, torch.nn.Module) and "forward" not in vars(module):
             module.forward = _zeros  # an instance attribute: nn.Module's call runs it
             skipped.append(module)
     try:
@@ -258,6 +262,9 @@ def _real_mlps_skipped(model: Any) -> Iterator[None]:
     finally:
         for module in skipped:
             del module.forward
+
+
+_PLAIN_MLPS = (MLPBridge, GatedMLPBridge, JointGateUpMLPBridge)
 
 
 def _zeros(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -290,7 +297,7 @@ class _LiveRuns:
     def run(self, length: int) -> tuple[list, list, Optional[torch.Tensor]]:
         """``(probes, mlp_in, logits)`` of the run on the first ``length`` positions (a length of
         :meth:`length`): its probes ``[1, length, d]`` (one per layer, then the embeddings'), each
-        layer's MLP input, and the final logits on the whole prompt alone."""
+        layer's MLP input, and the final logits (None on a prefix: logit targets read the whole prompt)."""
         if length not in self.runs:
             d = int(self.constants[0].shape[-1])
             probes = [torch.zeros(1, length, d, dtype=self.dtype, requires_grad=True)
