@@ -13,14 +13,20 @@ Submodules load on first use, so ``import arithinterp`` stays quick.
 """
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
-from arithinterp._version import __version__
-from arithinterp.errors import ArithInterpError
+# Intel MKL's matrix products give the same bits on any number of threads in its strict reproducible mode,
+# which it reads once, at its first product: set here, before any, so that the thread count the report
+# picks from the free CPUs changes how fast it runs and never what it finds (arithinterp.report.threads)
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+from arithinterp._version import __version__  # noqa: E402  (after the setting above)
+from arithinterp.errors import ArithInterpError  # noqa: E402
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers and editors
     from arithinterp import (
-        activations, causal, checks, circuits, cli, cyclic, deprecation, engine, errors, features, fourier, helix,
+        activations, causal, checks, circuits, cli, cyclic, drawing, engine, errors, features, fourier, helix,
         intervals, lens, metrics, models, neurons, outputs, patching, printing, probes, progress, report, results,
         schemas, sites, sweep, tasks, types, viz,
     )
@@ -30,7 +36,7 @@ if TYPE_CHECKING:  # what the lazy __getattr__ below returns, for type checkers 
 
 # every public module and subpackage, reachable as an attribute (tests/test_package.py checks the list is whole)
 _SUBMODULES = (
-    "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
+    "activations", "causal", "checks", "circuits", "cli", "cyclic", "drawing", "engine", "errors", "features",
     "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
     "probes", "progress", "report", "results", "schemas", "sites", "sweep", "tasks", "types", "viz",
 )
@@ -49,7 +55,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ArithInterpError", "load_model", "list_zoo", "collect", "write_report", "__version__",
-    "activations", "causal", "checks", "circuits", "cli", "cyclic", "deprecation", "engine", "errors", "features",
+    "activations", "causal", "checks", "circuits", "cli", "cyclic", "drawing", "engine", "errors", "features",
     "fourier", "helix", "intervals", "lens", "metrics", "models", "neurons", "outputs", "patching", "printing",
     "probes", "progress", "report", "results", "schemas", "sites", "sweep", "tasks", "types", "viz",
 ]

@@ -146,7 +146,8 @@ def report_command(args: argparse.Namespace) -> dict:
     path = write_report(args.model, out=args.out, stages=stages, limit=args.limit, seed=args.seed,
                         template=args.template, few_shot=args.few_shot, operands=args.operands,
                         budget=args.budget, max_memory=args.max_memory, correct_only=not args.all_prompts,
-                        progress=not args.no_progress, overwrite=args.overwrite, raise_on_failure=True)
+                        progress=not args.no_progress, overwrite=args.overwrite, raise_on_failure=True,
+                        plan=args.plan, deadline=args.deadline)
     return dict(report=str(path), size_kib=round(path.stat().st_size / 1024, 1))
 
 
@@ -431,7 +432,7 @@ def circuit_command(args: argparse.Namespace) -> dict:
         size = curve.smallest(args.target)
         size = scored.n_edges if size is None else size
     circuit = circuits.top_n(scored, size)
-    value = circuits.edge_faithfulness(model, pairs, circuit, ablation=args.ablation).value
+    value = circuits.edge_faithfulness(model, pairs, circuit, ablation=args.ablation).faithfulness
     top = circuit.to_frame().query("kept").sort_values("score", key=abs, ascending=False).head(10)
     # A list of column labels selects a DataFrame; pandas annotates ``frame[labels]`` as DataFrame | Series.
     top_edges = cast(pd.DataFrame, top[["edge", "score"]]).round(4).to_dict("records")
@@ -635,7 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     from arithinterp.report import DEFAULT_BUDGET, STAGES
 
     p = sub.add_parser("report", help="run the standard analyses on a model and write an offline HTML report")
-    p.add_argument("model", nargs="?", default="zoo:add-100", help="model spec (default: zoo:add-100)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model spec (default: zoo:add-100, or with --plan the plan's model)")
     p.add_argument("--out", default="report.html", help="output HTML file (default: report.html)")
     p.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     p.add_argument("--stages", default=None, help=f"comma-separated stages to run (default: all of {','.join(STAGES)})")
@@ -648,8 +650,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operands", default=None, help="operand values for a and b: LO-HI (inclusive) or 1,5,9 "
                    "(default: the zoo task's, else the single-token numbers below 100)")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                   help=f"seconds for the evaluation and all stages together; stages sample fewer prompts or pairs "
-                   f"to fit their share and say so (default: {DEFAULT_BUDGET:.0f})")
+                   help=f"seconds of model work at the reference rate (one thread of the machine the cost model was "
+                   f"measured on) for the evaluation and all stages together; stages sample fewer prompts, pairs, "
+                   f"layers or steps to fit their share and say so. The plan depends on it, never on this machine "
+                   f"(default: {DEFAULT_BUDGET:.0f})")
+    p.add_argument("--plan", default=None, metavar="PAGE",
+                   help="run the plan recorded in a report page again (its model, task, samples and layers): "
+                   "the same numbers")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="instead of --budget, fit wall-clock seconds on this machine (the samples then depend on "
+                   "the machine and its load; the page says so)")
     p.add_argument("--max-memory", default=None, metavar="SIZE",
                    help="memory each stage's batches may use beyond the model, e.g. 2GiB or 512MB "
                    "(default: half the available memory, at most 2 GiB)")

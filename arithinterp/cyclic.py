@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
-from arithinterp.errors import TaskError, accepted
+from arithinterp.errors import ConfigError, TaskError, accepted
 from arithinterp.tasks import PromptPairs, PromptSet, operand_values, prompts_for_pairs
 from arithinterp.types import checked
 
@@ -67,10 +67,10 @@ def concept(name: str) -> Concept:
         The concept, a :class:`Concept`.
 
     Raises:
-        TaskError: ``name`` is not a known concept.
+        ConfigError: ``name`` is not a known concept.
     """
     if name not in CONCEPTS:
-        raise TaskError(f"unknown cyclic concept {name!r}; accepted: {accepted(CONCEPTS)}")
+        raise ConfigError(f"unknown cyclic concept {name!r}; accepted: {accepted(CONCEPTS)}")
     return CONCEPTS[name]
 
 
@@ -209,11 +209,12 @@ def counterfactual(prompts: PromptSet, vary: str = "a", seed: int = 0,
         first token.
 
     Raises:
-        TaskError: ``vary`` is not ``"a"`` or ``"b"``, the set is not cyclic or has fewer than two
+        ConfigError: ``vary`` is not ``"a"`` or ``"b"``.
+        TaskError: the set is not cyclic or has fewer than two
             prompts, or no prompt has an aligned partner.
     """
     if vary not in ("a", "b"):
-        raise TaskError(f"vary must be 'a' (change the value, e.g. the day) or 'b' (change the offset), got {vary!r}")
+        raise ConfigError(f"vary must be 'a' (change the value, e.g. the day) or 'b' (change the offset), got {vary!r}")
     period_of(prompts)  # a cyclic prompt set
     if len(prompts) < 2:
         raise TaskError(f"counterfactual pairs need at least two prompts, got {len(prompts)}")

@@ -19,6 +19,7 @@ import torch
 from arithinterp import sites as site_lib
 from arithinterp.activations import collect
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine import Stepper
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.progress import progress_bar
@@ -103,9 +104,7 @@ class LogitLensResult(Result):
         Returns:
             The plotly figure.
         """
-        from arithinterp.viz.lens import plot_logit_lens
-
-        return plot_logit_lens(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _answer_tokens(prompts: PromptSet, columns: torch.Tensor) -> torch.Tensor:

@@ -165,15 +165,6 @@ class Result(abc.ABC):
       the nodes a circuit's kept edges touch), each naming the field it is reported under;
     * ``_required_meta``: keys ``meta`` must hold.
 
-    and, for folders that spell the type, a field or a value another way (the package's names are
-    one per concept; a folder written under another name still loads):
-
-    * ``_saved_names``: other type names a folder of this type may carry (``("Graph",)`` for
-      :class:`~arithinterp.features.AttributionGraph`);
-    * ``_field_names``: a field's other name in a folder -> the field (``{"mode": "ablation"}``);
-    * ``_value_names``: field -> {another spelling of a value: the value} (``{"method":
-      {"integrated_gradients": "integrated-gradients"}}``).
-
     Subclasses are frozen dataclasses; each lists its fields under ``Attributes:``.
     """
 
@@ -181,9 +172,6 @@ class Result(abc.ABC):
     _legal: ClassVar[dict[str, Any]] = {}
     _relations: ClassVar[tuple["Relation", ...]] = ()
     _required_meta: ClassVar[tuple] = ()
-    _saved_names: ClassVar[tuple[str, ...]] = ()
-    _field_names: ClassVar[dict[str, str]] = {}
-    _value_names: ClassVar[dict[str, dict[str, str]]] = {}
 
     @abc.abstractmethod
     def to_frame(self) -> pd.DataFrame:
@@ -286,7 +274,7 @@ class Result(abc.ABC):
         path = Path(path)
         stored = _read_json(path)
         kind = stored["type"]
-        if kind != cls.__name__ and kind not in cls._saved_names:
+        if kind != cls.__name__:
             raise ResultFileError(f"{path} holds a {kind}, not a {cls.__name__}")
         values = dict(stored["fields"])
         tensors, header = _read_tensors(path)
@@ -295,7 +283,6 @@ class Result(abc.ABC):
             raise ResultFileError(f"{path}: field {overlap[0]!r} is in both {JSON_FILE} and {TENSOR_FILE}; "
                                   "the folder mixes two saved results")
         values.update(tensors)
-        _read_other_names(cls, values)
         _check_fields(cls, values, path)
         sealed = _check_sealed(path, stored, header, values.get("meta"))
         if not sealed:
@@ -794,20 +781,6 @@ def _kind(annotation: Any) -> tuple[Optional[type], bool]:
     kinds = {"Tensor": torch.Tensor, "list": list, "List": list, "tuple": list, "dict": dict, "Dict": dict,
              "str": str, "int": int, "float": (int, float), "bool": bool}
     return kinds.get(base), optional  # type: ignore[return-value]
-
-
-def _read_other_names(cls: type, values: dict) -> None:
-    """Give the fields and values a folder spells another way (``_field_names``, ``_value_names``)
-    the class's names, in place."""
-    for saved, name in getattr(cls, "_field_names", {}).items():
-        if saved in values and name not in values:
-            values[name] = values.pop(saved)
-    for name, spellings in getattr(cls, "_value_names", {}).items():
-        value = values.get(name)
-        if isinstance(value, str):
-            values[name] = spellings.get(value, value)
-        elif isinstance(value, list):
-            values[name] = [spellings.get(v, v) if isinstance(v, str) else v for v in value]
 
 
 def _check_fields(cls: type, values: dict, path: Path) -> None:

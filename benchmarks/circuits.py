@@ -98,7 +98,7 @@ def bench(name: str, n_pairs: int, steps: int, runs: int) -> list[str]:
     for method, p, s, t, passes in rows:
         lines.append(f"| {method} | {p:.3f} | {s:.3f} | {t:.2f} | {passes} |")
     lines += ["", "Faithfulness of the top-k edges by EAP-IG (complement resampled from the corrupt prompt): "
-              + ", ".join(f"{int(k)}: {float(v):.3f}" for k, v in zip(curve.sizes, curve.values)), "",
+              + ", ".join(f"{int(k)}: {float(v):.3f}" for k, v in zip(curve.sizes, curve.faithfulness)), "",
               f"Smallest top-k circuit reaching 0.9: {smallest} edges ({smallest / n:.1%} of {n})" if smallest is not None else "No top-k circuit reaches 0.9.", ""]
     return lines
 
@@ -173,7 +173,7 @@ def exact_speed(n_pairs: int, few_shot: int, zoo_pairs: int, runs: int, width: i
              lambda got: got["scores"], lambda got: got["forwards"]),
             (f"faithfulness, {len(sizes)} sizes",
              lambda engine: faithfulness_curve(model, pairs, circuit, sizes=sizes, engine=engine),
-             lambda got: got.raw, lambda got: got.meta["forwards"]),
+             lambda got: got.metric_circuit, lambda got: got.meta["forwards"]),
         )
         patch_edges(model, pairs, graph, edges=[0], progress=False)  # the stepper's one-time check
         for name, fn, scores, forwards in analyses:

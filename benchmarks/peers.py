@@ -29,7 +29,9 @@ def export(out: Path, steps: int) -> None:
 
     from arithinterp import causal
     from arithinterp.causal.scoring import batches
-    from arithinterp.features import load_transcoders, write_circuit_tracer_transcoders, write_saelens
+    from arithinterp.features import (
+        load_transcoders, write_circuit_tracer_graph, write_circuit_tracer_transcoders, write_saelens,
+    )
     from arithinterp.features.graph import prompt_graph
     from arithinterp.features.graph_files import circuit_tracer_order
     from arithinterp.models import load_model
@@ -43,7 +45,7 @@ def export(out: Path, steps: int) -> None:
     graphs = []
     for i, prompt in enumerate(PROMPTS):
         graph = prompt_graph(model, prompt, transcoders, n_logits=3, zero_positions=(0,), progress=False)
-        graph.to_circuit_tracer(out / "ours" / f"g{i}.json")
+        write_circuit_tracer_graph(graph, out / "ours" / f"g{i}.json")
         order = circuit_tracer_order(graph)
         tokens = [n["token_id"] for n in sorted(graph.nodes, key=lambda n: n["position"]) if n["kind"] == "embedding"]
         logits = [n["token_id"] for n in graph.nodes if n["kind"] == "logit"]

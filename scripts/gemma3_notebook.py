@@ -132,7 +132,7 @@ EAP-IG scores every edge; the faithfulness curve keeps the top edges and resampl
 from the corrupted prompt (0 = no edge kept, 1 = the whole model)."""),
     ("code", """edges = circuits.score_edges(model, pairs[:30], "eap-ig", ig_steps=5, progress=False)
 curve = circuits.faithfulness_curve(model, pairs[:30], edges, sizes=[0, 16, 64, 256, 1024, 2048, 4096, edges.n_edges])
-print({size: round(value, 2) for size, value in zip(curve.sizes.tolist(), curve.values.tolist())})
+print({size: round(value, 2) for size, value in zip(curve.sizes.tolist(), curve.faithfulness.tolist())})
 show_static(curve.plot())
 edges.to_frame().sort_values("score", key=abs, ascending=False).head(8)"""),
     ("md", """## An attribution graph (transcoders made on this machine)

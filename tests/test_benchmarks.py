@@ -182,3 +182,43 @@ def test_viewer_benchmark_smoke():
     out = run("viewer.py", "--smoke", "--runs", "1", "--moves", "2")
     assert "| synthetic graph, 8 tokens, 4 layers, 60 features | 101 |" in out
     assert "| synthetic circuit, 4 layers |" in out and "browser CPU ms per move" in out
+
+
+def test_report_determinism_compares_every_number_and_leaves_timings_out():
+    """The determinism check's comparison of two pages: the same findings with other timings are
+    identical; a number changed in a finding, a sample line, a figure's data or a viewer's document
+    is a difference; a stage that applies and did not run is named."""
+    import importlib.util
+
+    import plotly.graph_objects as go
+
+    from arithinterp.report.html import render
+    from arithinterp.report.stage import Section
+
+    spec = importlib.util.spec_from_file_location("report_determinism", ROOT / "benchmarks" / "report_determinism.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    class View:  # a viewer as a section embeds it
+        def __init__(self, data: str):
+            self.data = data
+
+        def iframe(self) -> str:
+            return (f"<iframe class='graph-view' title=\"circuit\" sandbox='allow-scripts' "
+                    f"srcdoc=\"{self.data}\"></iframe>")
+
+    def page(restores=0.93, pairs=30, y=(1.0, 2.0), edges="[1, 2]", seconds=4.2, state="done: 4.2 s; 30 pairs"):
+        section = Section("Activation patching", findings=[f"restores {restores}"], sample=f"{pairs} pairs",
+                          figures=[go.Figure(go.Scatter(y=list(y)))], views=[View(edges)], seconds=seconds)
+        meta = dict(model="zoo:add-100", seed=0, estimate=f"{seconds} s", seconds=seconds)
+        return render("t", meta, [section], [("Evaluating the task", "done"), ("Activation patching", state),
+                                              ("Which head computes which answer digit", "not run: 0.0 s")])
+
+    quiet = page()
+    assert script.differences(quiet, page(seconds=99.0, state="done: 99 s; 30 pairs")) == []
+    assert len(script.findings(quiet)) == 7  # the task's two fields, the title, sample, finding, figure, viewer
+    for changed in (page(restores=0.94), page(pairs=31), page(y=(1.0, 2.5)), page(edges="[1, 3]")):
+        assert len(script.differences(quiet, changed)) == 2, script.differences(quiet, changed)  # one line out, one in
+    assert script.unrun(quiet) == []  # per-digit heads do not apply: not counted
+    assert script.unrun(page(state="skipped (over budget)")) == ["Activation patching (skipped (over budget))"]

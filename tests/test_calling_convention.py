@@ -52,6 +52,8 @@ SPECIFIC = {
     "intervention", "where", "rows",  # a subspace, the Site it acts on (as read_pyvene gives them) and the pairs scored
     "unsealed",  # load a saved folder that carries no seal (docs/files.md)
     "plots", "role", "roles",  # transcoders' operand plots, and the operand (or the sum) a feature is read at
+    "k_maps", "kv_maps", "a_values", "b_values", "op", "modulus", "importance",  # classify_maps' tensor path
+    "chunk_size",  # the neurons whose seeded tie-breaks are drawn together: a unit of the result, not of memory
     "plan", "out", "few_shot", "operands", "min_agreement",  # how transcoders are trained, and where they go
     "end_to_end_steps", "end_to_end_lr", "anchor",  # the transcoders' end-to-end fine-tune
     # what is read, fitted or scored
@@ -61,7 +63,7 @@ SPECIFIC = {
     "k", "top_k", "threshold", "node_threshold", "tau", "fdr", "alpha", "confidence", "cv", "C", "lr", "n_pca",
     "holdout", "degree", "rule", "factor", "fraction", "min_cells", "max_fraction", "min_neurons", "min_test_values",
     "max_nodes", "max_feature_nodes", "n_logits", "completeness", "zero_positions", "rank_by", "accept", "budget",
-    "split_period",
+    "split_period", "reference",
     "max_seconds", "reachable_only", "baselines", "per_position", "normalize", "scoring", "feed", "vary", "bottom",
     "families", "controls", "groups", "shuffle_control", "control", "extra", "value", "scale", "clamp", "template",
     "per_number", "include_final", "key", "name", "n_features", "skip", "held_out", "encoder_scale",
@@ -124,12 +126,24 @@ OTHER_DATA = {
 }
 
 
+def _exported_types() -> dict[str, Any]:
+    """Every class the package exports, by name: what an annotation quoted for type checkers names."""
+    found: dict[str, Any] = {}
+    for sub in (*ANALYSES, "activations", "tasks", "engine", "models", "results", "types"):
+        module = importlib.import_module(f"arithinterp.{sub}")
+        names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+        found.update({n: o for n in names if inspect.isclass(o := getattr(module, n, None))})
+    return found
+
+
+EXPORTED = _exported_types()
+
+
 def _resolved(fn: Callable, annotation: Any) -> Any:
-    if isinstance(annotation, str):
-        try:
-            return eval(annotation, {**vars(typing), **fn.__globals__})  # noqa: S307 - the package's own
-        except Exception:  # a name imported for type checkers only
-            return annotation
+    """An annotation as the object it names: a quoted one too, with the names imported for type
+    checkers only (a name nothing exports fails here rather than leaving the function unchecked)."""
+    while isinstance(annotation, str):  # quoted under ``from __future__ import annotations``: quoted twice
+        annotation = eval(annotation, {**vars(typing), **EXPORTED, **fn.__globals__})  # noqa: S307 - the package's
     return annotation
 
 

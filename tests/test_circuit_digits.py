@@ -148,7 +148,7 @@ def test_a_digit_circuit_is_a_circuit_that_extracts_and_is_faithful(zoo):
     assert circuit.n_kept == 20 and circuit.meta["answer_token"] == 3
     fed = patching.digit_pairs(pairs, 3)
     curve = circuits.faithfulness_curve(model, fed, result.circuit(3), sizes=[0, 20, circuit.n_edges])
-    assert float(curve.values[-1]) == pytest.approx(1.0, abs=1e-5) and float(curve.values[1]) > 0.5
+    assert float(curve.faithfulness[-1]) == pytest.approx(1.0, abs=1e-5) and float(curve.faithfulness[1]) > 0.5
     names, per_sender = result.sender_scores()
     assert per_sender.shape == (len(names), 1)
     assert float(per_sender.sum()) == pytest.approx(float(result.scores.sum()), rel=1e-5)

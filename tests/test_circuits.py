@@ -150,18 +150,18 @@ def test_faithfulness_curve_minimality_pruning_and_overlap(planted):
     model, pairs = planted
     circuit = score_edges(model, pairs, "eap-ig", ig_steps=3, metric=operand_logit_diff, progress=False)
     curve = faithfulness_curve(model, pairs, circuit, sizes=[0, 1, 2, 5, circuit.n_edges], metric=operand_logit_diff)
-    assert curve.values[0].item() == pytest.approx(0.0, abs=1e-4)
-    assert curve.values[2].item() == pytest.approx(1.0, abs=1e-4)  # the two planted edges suffice
-    assert curve.values[-1].item() == pytest.approx(1.0, abs=1e-4)
+    assert curve.faithfulness[0].item() == pytest.approx(0.0, abs=1e-4)
+    assert curve.faithfulness[2].item() == pytest.approx(1.0, abs=1e-4)  # the two planted edges suffice
+    assert curve.faithfulness[-1].item() == pytest.approx(1.0, abs=1e-4)
     assert curve.smallest(0.9) == 2
     mean_curve = faithfulness_curve(model, pairs, circuit, sizes=[2], ablation="mean", metric=operand_logit_diff)
-    assert mean_curve.values[0].item() == pytest.approx(1.0, abs=1e-4)
+    assert mean_curve.faithfulness[0].item() == pytest.approx(1.0, abs=1e-4)
     small = top_n(circuit, 2)
     drops = minimality(model, pairs, small, metric=operand_logit_diff)
     assert (drops.loss > 0.99).all()  # each planted edge is necessary
     pruned = prune(model, pairs, top_n(circuit, 6), tau=0.01, metric=operand_logit_diff, progress=False)
     assert set(pruned.kept_edges) == PLANTED
-    assert edge_faithfulness(model, pairs, pruned, metric=operand_logit_diff).value == pytest.approx(1.0, abs=1e-4)
+    assert edge_faithfulness(model, pairs, pruned, metric=operand_logit_diff).faithfulness == pytest.approx(1.0, abs=1e-4)
     both = overlap(pruned, top_n(circuit, 3))
     assert both.edges_shared == 2 and both.edge_jaccard == pytest.approx(2 / 3)
 
@@ -250,8 +250,8 @@ def _curve(sizes, values, low=None, high=None, note=None):
     values = torch.tensor(values)
     distinguishable = note is None
     return FaithfulnessCurveResult(
-        sizes=torch.tensor(sizes), values=values, ci_low=values if low is None else torch.tensor(low),
-        ci_high=values if high is None else torch.tensor(high), raw=values, all_edges=1.0, no_edges=0.0,
+        sizes=torch.tensor(sizes), faithfulness=values, ci_low=values if low is None else torch.tensor(low),
+        ci_high=values if high is None else torch.tensor(high), metric_circuit=values, metric_full=1.0, metric_empty=0.0,
         n_edges=max(sizes), ablation="resample", method="eap-ig",
         meta=dict(denominator=dict(distinguishable=distinguishable), note=note, confidence=0.95))
 
@@ -276,7 +276,7 @@ def test_faithfulness_sizes_are_sorted_so_smallest_is_right(planted):
     n = circuit.n_edges
     curve = faithfulness_curve(model, pairs, circuit, sizes=[n, 0, 2], metric=operand_logit_diff)
     assert curve.sizes.tolist() == [0, 2, n]
-    assert curve.values.tolist() == pytest.approx([0.0, 1.0, 1.0], abs=1e-4)
+    assert curve.faithfulness.tolist() == pytest.approx([0.0, 1.0, 1.0], abs=1e-4)
     assert curve.smallest(0.9) == 2  # in the order given, size n would have been the first to reach it
 
 
@@ -316,17 +316,17 @@ def test_faithfulness_from_noisy_pairs_gives_smallest_with_its_interval(zoo_pair
     curve = faithfulness_curve(model, many, circuit, sizes=sizes)
     assert curve.reported and curve.meta["denominator"]["ci_low"] > 0
     inner = slice(1, -1)
-    assert (curve.ci_low <= curve.values + 1e-6).all() and (curve.values <= curve.ci_high + 1e-6).all()
+    assert (curve.ci_low <= curve.faithfulness + 1e-6).all() and (curve.faithfulness <= curve.ci_high + 1e-6).all()
     assert (curve.ci_high - curve.ci_low)[inner].max() > 0.01  # pairs differ: the interval has width
-    assert curve.values[0].item() == pytest.approx(0.0, abs=1e-4)
-    assert curve.values[-1].item() == pytest.approx(1.0, abs=1e-4)
+    assert curve.faithfulness[0].item() == pytest.approx(0.0, abs=1e-4)
+    assert curve.faithfulness[-1].item() == pytest.approx(1.0, abs=1e-4)
     target = 0.8
     size = curve.smallest(target)
     low, high = curve.smallest_interval(target)
     assert size is not None and low is not None and high is not None
     assert low <= size <= high
     kept = curve.sizes >= size
-    assert (curve.values[kept] >= target).all() and not bool(curve.values[curve.sizes == sizes[sizes.index(size) - 1]]
+    assert (curve.faithfulness[kept] >= target).all() and not bool(curve.faithfulness[curve.sizes == sizes[sizes.index(size) - 1]]
                                                               >= target)
     # fewer pairs, wider intervals; the same seed, the same intervals
     narrow = (curve.ci_high - curve.ci_low)[inner].mean()
@@ -361,12 +361,12 @@ def test_no_fraction_when_every_edge_and_no_edge_are_indistinguishable(planted, 
         pairs, metric = a_pairs, _alternating
     circuit = score_edges(model, a_pairs, "eap-ig", ig_steps=3, metric=operand_logit_diff, progress=False)
     curve = faithfulness_curve(model, pairs, circuit, sizes=[0, 2, circuit.n_edges], metric=metric)
-    assert not curve.reported and torch.isnan(curve.values).all() and torch.isnan(curve.ci_low).all()
+    assert not curve.reported and torch.isnan(curve.faithfulness).all() and torch.isnan(curve.ci_low).all()
     den = curve.meta["denominator"]
     assert den["ci_low"] <= 0 <= den["ci_high"] and not den["distinguishable"]
     assert "faithfulness not reported" in curve.note and "includes 0" in curve.note
     assert (curve.to_frame()["note"] == curve.note).all()
-    assert not torch.isnan(curve.raw).any()  # the mean metric is still given
+    assert not torch.isnan(curve.metric_circuit).any()  # the mean metric is still given
     with pytest.warns(RuntimeWarning, match="not reported"):
         assert curve.smallest(0.9) is None
     with pytest.warns(RuntimeWarning, match="not reported"):
@@ -374,8 +374,8 @@ def test_no_fraction_when_every_edge_and_no_edge_are_indistinguishable(planted, 
     assert "not reported" in curve.plot().layout.title.text
     small = top_n(circuit, 2)
     kept = edge_faithfulness(model, pairs, small, metric=metric)
-    assert not kept.reported and math.isnan(kept.value) and "includes 0" in kept.note
-    assert kept.to_frame()["note"].tolist() == [kept.note] and not math.isnan(kept.raw)
+    assert not kept.reported and math.isnan(kept.faithfulness) and "includes 0" in kept.note
+    assert kept.to_frame()["note"].tolist() == [kept.note] and not math.isnan(kept.metric_circuit)
     drops = minimality(model, pairs, small, metric=metric)
     assert not drops.reported and torch.isnan(drops.loss).all() and "includes 0" in drops.meta["note"]
     with pytest.raises(ArithInterpError, match="faithfulness is undefined.*includes 0"):
@@ -402,7 +402,7 @@ def test_batch_cells_larger_than_the_sets_runs_them_all(planted):
     circuit = score_edges(model, pairs, "eap", metric=operand_logit_diff, progress=False)
     one = faithfulness_curve(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_cells=1)
     many = faithfulness_curve(model, pairs, circuit, sizes=[0, 1, 2], metric=operand_logit_diff, batch_cells=10**6)
-    assert torch.allclose(one.values, many.values, atol=1e-5) and one.sizes.tolist() == many.sizes.tolist()
+    assert torch.allclose(one.faithfulness, many.faithfulness, atol=1e-5) and one.sizes.tolist() == many.sizes.tolist()
 
 
 DECLARED_SIZES = r"sizes accepts a list of non-negative ints"  # the signature's words (no circuit needed)

@@ -124,7 +124,7 @@ def test_faithfulness_minimality_and_pruning_equal_whole_forwards(zoo):
     sizes = [0, 2, 8, 32, circuit.n_edges]
     fast, slow = (faithfulness_curve(model, pairs, circuit, sizes=sizes, engine=e) for e in ("auto", "hooks"))
     assert fast.meta["engine"][0].startswith("stepped blocks")
-    assert _gap(fast.raw, slow.raw) <= TOL and _gap(fast.values, slow.values) <= TOL
+    assert _gap(fast.metric_circuit, slow.metric_circuit) <= TOL and _gap(fast.faithfulness, slow.faithfulness) <= TOL
     small = top_n(circuit, 5)
     fast_min, slow_min = (minimality(model, pairs, small, engine=e) for e in ("auto", "hooks"))
     assert _gap(fast_min.loss, slow_min.loss) <= TOL
@@ -141,7 +141,7 @@ def test_faithfulness_takes_a_memory_budget(zoo):
     default = faithfulness_curve(model, pairs, circuit, sizes=sizes)
     small = faithfulness_curve(model, pairs, circuit, sizes=sizes, max_memory=2e6)
     assert small.meta["forwards"] > default.meta["forwards"]  # smaller batches of pairs
-    assert _gap(small.raw, default.raw) <= TOL
+    assert _gap(small.metric_circuit, default.metric_circuit) <= TOL
     with pytest.raises(ConfigError, match="max_memory.* accepts a positive number of bytes"):
         faithfulness_curve(model, pairs, circuit, sizes=sizes, max_memory=-1)
 

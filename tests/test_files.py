@@ -277,9 +277,6 @@ BUILDERS: dict[str, Callable[[Inputs, Any], Writer]] = {
     "arithinterp.features.graph_files.write_circuit_tracer_graph": lambda i, mp: Writer(
         lambda p, o: arithinterp.features.write_circuit_tracer_graph(i.graph, p.with_suffix(".json"), overwrite=o),
         folder=False, target=lambda p: p.with_suffix(".json")),
-    "arithinterp.features.graph.AttributionGraph.to_circuit_tracer": lambda i, mp: Writer(
-        lambda p, o: i.graph.to_circuit_tracer(p.with_suffix(".json"), overwrite=o), folder=False,
-        target=lambda p: p.with_suffix(".json")),
     "arithinterp.features.transcoder_files.write_circuit_tracer_transcoders": lambda i, mp: Writer(
         lambda p, o: arithinterp.features.write_circuit_tracer_transcoders(i.transcoders, p, overwrite=o),
         folder=True),

@@ -1,5 +1,6 @@
 """Helix bases, fits with held-out R², period search, the causal patch test and neuron fits."""
 
+import dataclasses
 import math
 import re
 
@@ -401,6 +402,81 @@ def test_patch_test_patches_at_the_fits_position_b(helix_model_2layer):
     # a is the same in clean and corrupt prompts: patching there (the old fixed position) does nothing
     at_a = hx.patch_test(model, pairs, fit, positions="a", value="b")
     assert at_a.position == "a" and abs(float(at_a.effect[0])) < 1e-4
+
+
+def test_patch_test_of_the_sum_at_the_final_position(helix_model_2layer):
+    """The Clock step's test: with a fixed, the final position entering layer 1 holds helix(3) +
+    helix(b), an exact helix of the sum a + b; a fit to values "a+b" there is patched at the final
+    position with the corrupt sum, restores the layer patch, and its shuffled-sum control does not."""
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    model = helix_model_2layer
+    prompts = arithmetic(model, "+", a=[3], b=range(100), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="b", seed=0)
+    acts = collect(model, prompts, sites=["resid_pre"], layers=[1], positions=["final"], progress=False)
+    fit = hx.fit(acts, "a+b", PERIODS)
+    assert fit.names == ["a+b"] and fit.r2_full > 0.99
+    result = hx.patch_test(model, pairs, fit)
+    assert (result.site, result.layer, result.position, result.meta["value"]) == ("resid_pre", 1, "final", "a+b")
+    effect = dict(zip(result.methods, result.effect.tolist()))
+    assert effect["layer patch"] == pytest.approx(_layer_patch_effect(model, pairs, "blocks.1.hook_resid_pre", "final"),
+                                                  rel=1e-4)
+    # the readout is not an adder (the answer's unembedding is its number's helix): the layer patch moves the
+    # corrupt sum's logit (down, here), and the helix of the sum moves it as much
+    assert abs(effect["layer patch"]) > 1.0 and result.fractions()["helix"] == pytest.approx(1.0, abs=0.01)
+    assert abs(result.fractions()["shuffled"]) < 0.2
+
+
+def _teacher_forced_effect(model, pairs, hook, position):
+    """Reference: per pair, the corrupt answer's logits summed over its tokens (fed after the clean
+    prompt, each read where it is predicted) with ``hook`` at ``position`` taking the corrupt run's
+    value, minus the same unpatched; hand-written hooks, same-length prompts and answers."""
+    answer = pairs.corrupt.answer_tokens
+    assert bool((answer >= 0).all())
+    k = answer.shape[1]
+    fed = torch.cat([pairs.clean.tokens, answer[:, :-1]], dim=1)
+    rows = torch.arange(len(pairs))
+    pos = pairs.clean.positions[position]
+    _, cache = model.run_with_cache(pairs.corrupt.tokens, names_filter=lambda name: name == hook)
+    source = cache[hook][rows, pairs.corrupt.positions[position]]
+
+    def patch(act, hook):
+        act = act.clone()
+        act[rows, pos] = source
+        return act
+
+    with torch.inference_mode():
+        steps = pairs.clean.tokens.shape[1] - 1 + torch.arange(k)
+        before = model(fed)[rows[:, None], steps[None], answer].sum(1)
+        after = model.run_with_hooks(fed, fwd_hooks=[(hook, patch)])[rows[:, None], steps[None], answer].sum(1)
+    return after - before
+
+
+def test_patch_test_scores_every_answer_token_with_full_answer_scoring(tiny_digit_model):
+    """Answers written digit by digit: with full-answer scoring the effect is the corrupt answer's
+    logits summed over its tokens, teacher-forced (the units digit is predicted after the tens digit,
+    from a position that sees the patched one), equal to hand-written hooks; first-token scoring
+    reads the tens digit alone."""
+    from arithinterp.activations import collect
+    from arithinterp.tasks import arithmetic
+
+    model = tiny_digit_model
+    prompts = arithmetic(model, "+", a=range(10, 60), b=range(10, 40, 6), template="{a}+{b}=")
+    pairs = prompts.counterfactual(vary="a", seed=0, distinct_first_token=True)[:24]
+    acts = collect(model, prompts, sites=["resid_pre"], layers=[1], positions=["final"], progress=False)
+    fit = hx.fit(acts, "a+b", (10, 100))
+    scored = dataclasses.replace(pairs, clean=pairs.clean.with_scoring("full-answer"),
+                                 corrupt=pairs.corrupt.with_scoring("full-answer"))
+    full = hx.patch_test(model, scored, fit, n_boot=200)
+    reference = _teacher_forced_effect(model, pairs, "blocks.1.hook_resid_pre", "final")
+    assert torch.allclose(full.per_pair[0], reference, atol=1e-4)
+    first = hx.patch_test(model, pairs, fit, n_boot=200)  # first-token scoring, the default
+    tens = dataclasses.replace(pairs, corrupt=dataclasses.replace(pairs.corrupt,
+                                                                  answer_tokens=pairs.corrupt.answer_tokens[:, :1]))
+    assert torch.allclose(first.per_pair[0], _teacher_forced_effect(model, tens, "blocks.1.hook_resid_pre", "final"),
+                          atol=1e-4)
+    assert not torch.allclose(first.per_pair[0], reference, atol=1e-3)
 
 
 def test_causal_period_search_prefers_the_planted_periods(helix_model, helix_pairs):

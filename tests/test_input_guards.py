@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from arithinterp.errors import ArithInterpError, SiteError, TaskError, TokenizationError
+from arithinterp.errors import ArithInterpError, ConfigError, SiteError, TaskError, TokenizationError
 from arithinterp.tasks import arithmetic
 
 
@@ -87,7 +87,7 @@ def test_unknown_template_field_is_refused_with_few_shot(tiny_model):
 
 def test_counterfactual_unknown_operator_is_refused(tiny_model):
     prompts = arithmetic(tiny_model, "+", range(1, 10), range(1, 10))
-    with pytest.raises(TaskError, match=r"unknown operator '\^' in ops; accepted: '\+', '-'"):
+    with pytest.raises(ConfigError, match=r"unknown operator '\^' in ops; accepted: '\+', '-'"):
         prompts.counterfactual(vary="operator", ops=("^",))
 
 
@@ -374,7 +374,7 @@ def test_circuit_from_another_model_is_refused(tiny_model, three_layers):
                                                      r"n_layers 2 vs 3 \(its value vs this model's\)"):
             call()
     # the model it was made on takes it (6 pairs may be too few for a fraction, so the curve, which says so)
-    assert len(circuits.faithfulness_curve(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).values) == 1
+    assert len(circuits.faithfulness_curve(tiny_model, _pairs(tiny_model), circuit, sizes=[3]).faithfulness) == 1
 
 
 def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_model, number_tokenizer):
@@ -388,7 +388,7 @@ def test_a_model_of_the_same_shape_takes_the_circuit_only_when_declared(tiny_mod
     with pytest.raises(ModelMismatchError, match="fingerprint"):  # the weights differ: not the model it was made on
         circuits.faithfulness_curve(twin, _pairs(twin), circuit, sizes=[3])
     # a control on purpose: the circuit declared for the twin
-    assert len(circuits.faithfulness_curve(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).values) == 1
+    assert len(circuits.faithfulness_curve(twin, _pairs(twin), circuit.on_model(twin), sizes=[3]).faithfulness) == 1
 
 
 @pytest.mark.slow
@@ -628,20 +628,20 @@ def test_more_interchange_pairs_than_the_prompts_make_is_refused(tiny_model):
 
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda t: t.compute("/", 1, 2), "unknown operator '/'"),
-    (lambda t: t.compute("+", "1", "2"), "operands must be integers"),  # was the string '12'
-    (lambda t: t.compute("+", 1.5, 2), "operands must be integers"),  # was 3.5
-    (lambda t: t.compute("mod", 7, 0), "undefined: a division or remainder by zero"),
-    (lambda t: t.answer_text(5, -1), "answer_digits must be 0"),
-    (lambda t: t.answer_text(9, 0, ["zero", "one"]), "the answer 9 has no name"),
-    (lambda t: t.few_shot_prefix(2, "^", "{a}+{b}=", [1], [2], None, 0), r"unknown operator '\^'"),
-    (lambda t: t.few_shot_prefix(2, "+", "{a}+{b}=", [], [2], None, 0), "need a value of a and a value of b"),
-    (lambda t: t.few_shot_prefix(2, "//", "{a}{op}{b}=", [1], [0], None, 0), "need a value of a and a value of b"),
+@pytest.mark.parametrize("call, error, match", [
+    (lambda t: t.compute("/", 1, 2), ConfigError, "unknown operator '/'"),
+    (lambda t: t.compute("+", "1", "2"), TaskError, "operands must be integers"),  # was the string '12'
+    (lambda t: t.compute("+", 1.5, 2), TaskError, "operands must be integers"),  # was 3.5
+    (lambda t: t.compute("mod", 7, 0), TaskError, "undefined: a division or remainder by zero"),
+    (lambda t: t.answer_text(5, -1), TaskError, "answer_digits must be 0"),
+    (lambda t: t.answer_text(9, 0, ["zero", "one"]), TaskError, "the answer 9 has no name"),
+    (lambda t: t.few_shot_prefix(2, "^", "{a}+{b}=", [1], [2], None, 0), ConfigError, r"unknown operator '\^'"),
+    (lambda t: t.few_shot_prefix(2, "+", "{a}+{b}=", [], [2], None, 0), TaskError, "need a value of a and a value of b"),
+    (lambda t: t.few_shot_prefix(2, "//", "{a}{op}{b}=", [1], [0], None, 0), TaskError, "need a value of a and a value of b"),
 ])
-def test_the_task_building_blocks_refuse_what_they_cannot_compute(call, match):
+def test_the_task_building_blocks_refuse_what_they_cannot_compute(call, error, match):
     """The exported helpers gave raw KeyError / IndexError / ValueError, a string sum, or looped for ever."""
     from arithinterp import tasks
 
-    with pytest.raises(TaskError, match=match):
+    with pytest.raises(error, match=match):
         call(tasks)

@@ -20,7 +20,7 @@ from arithinterp.errors import AnalysisError, ConfigError, FormatError, ResultFi
 from arithinterp.features.graph import prompt_graph
 from arithinterp.features import (
     load_transcoders, read_circuit_tracer_graph, read_circuit_tracer_transcoders, read_saelens,
-    transcoder_fvu, write_circuit_tracer_transcoders, write_saelens,
+    transcoder_fvu, write_circuit_tracer_graph, write_circuit_tracer_transcoders, write_saelens,
 )
 from arithinterp.features.graph_files import cantor_pairing, circuit_tracer_order
 from arithinterp.models import load_model
@@ -168,7 +168,7 @@ def test_zero_positions_hold_position_0_constant_and_stay_exact(zoo, graph):
 
 
 def test_graph_json_has_circuit_tracers_nodes_and_links(graph, tmp_path):
-    path = graph.to_circuit_tracer(tmp_path / "g.json")
+    path = write_circuit_tracer_graph(graph, tmp_path / "g.json")
     doc = json.loads(path.read_text())
     assert set(doc) == {"metadata", "qParams", "nodes", "links"}
     assert doc["metadata"]["slug"] == "g" and doc["metadata"]["prompt_tokens"] == graph.tokens

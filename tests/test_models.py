@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import arithinterp as ai
-from arithinterp.errors import ArithInterpError, ModelFileError, ModelSpecError
+from arithinterp.errors import ArithInterpError, ConfigError, ModelFileError, ModelSpecError
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_bad_specs(spec, error, match):
 
 
 def test_bad_dtype():
-    with pytest.raises(ModelSpecError, match="dtype"):
+    with pytest.raises(ConfigError, match="dtype"):
         ai.load_model("zoo:add-100", dtype="int3")
 
 

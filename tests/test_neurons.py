@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from arithinterp import neurons as nn
-from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError, TaskError
+from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, SiteError
 
 GRID = torch.arange(100)
 A, B = torch.meshgrid(GRID, GRID, indexing="ij")
@@ -300,7 +300,7 @@ def test_table_round_trip_frame_and_plots(planted, tmp_path):
 
 def test_bad_operator_is_rejected():
     maps = torch.rand(2, 5, 5)
-    with pytest.raises(TaskError, match="unknown operator '\\^'.*accepted"):
+    with pytest.raises(ConfigError, match="unknown operator '\\^'.*accepted"):
         nn.classify_maps(maps, maps, range(5), range(5), "^")
     with pytest.raises(ConfigError, match=r"classify_maps: modulus=1 is not accepted .*modulus accepts an int >= 2"):
         nn.classify_maps(maps, maps, range(5), range(5), "+", modulus=1)
@@ -513,6 +513,99 @@ def test_classify_and_ablations_run_on_a_model(tiny):
     assert result.ablation == "zero" and per_prompt.ablation == "mean"  # one word, in the call and the result
     with pytest.raises(ConfigError, match="mode"):
         nn.ablate_heuristic(model, prompts, table, name, mode="zero")
+
+
+def _planted_table(model, prompts, table, shuffle: bool = False):
+    """``table`` relabelled so that each neuron implements one planted heuristic: "the prompts whose
+    own answer changes when this neuron alone is zeroed at the final position" (measured here with
+    hand-written hooks). ``shuffle`` permutes the labels among each layer's neurons: the same
+    heuristics and label counts, associated with the wrong neurons."""
+    import dataclasses
+
+    tokens = prompts.tokens
+    with torch.inference_mode():
+        own = model(tokens)[:, -1].argmax(-1)
+        flips = []
+        for layer, neuron in zip(table.layer.tolist(), table.neuron.tolist()):
+            def zero(act, hook, neuron=neuron):
+                act[:, -1, neuron] = 0
+                return act
+
+            logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", zero)])
+            flips.append(logits[:, -1].argmax(-1) != own)
+    registry = nn.HeuristicRegistry(families=())
+    names = []
+    for row, flipped in enumerate(flips):
+        grid = torch.zeros(len(table.a_values), len(table.b_values), dtype=torch.bool)
+        grid[prompts.a, prompts.b] = flipped  # the grid's values are 0..n-1 here: value = index
+        names.append(f"breaks {row}")
+        registry.add(names[-1], "planted", lambda a, b, grid=grid: grid[a, b], "K")
+    scores = torch.eye(len(names))
+    if shuffle:
+        g = torch.Generator().manual_seed(1)
+        for layer in table.layer.unique().tolist():
+            rows = torch.nonzero(table.layer == layer).flatten()
+            scores[rows] = scores[rows[torch.randperm(len(rows), generator=g)]]
+    return dataclasses.replace(table, names=names, families=["planted"] * len(names), map_kinds=["K"] * len(names),
+                               scores=scores, bottom_scores=torch.empty(0), p_values=torch.empty(0),
+                               q_values=torch.empty(0), fdr=None, registry=registry), torch.stack(flips)
+
+
+def test_prompt_ablation_finds_planted_heuristic_neurons_and_not_shuffled_ones(tiny):
+    """Planted signal: each prompt's associated neurons are exactly those whose ablation alone changes
+    its answer; ablating them breaks far more prompts than as many of the table's other neurons, with
+    a paired interval above 0. Shuffled control: the same labels on the wrong neurons do no more harm
+    than the random control."""
+    model, prompts = tiny
+    table = nn.classify(model, prompts, top_k=16, progress=False)
+    planted, flips = _planted_table(model, prompts, table)
+    assert 0.2 < float(flips.any(0).float().mean()) < 0.9  # enough prompts with a neuron that matters, not all
+    options = dict(k=[1, 40], ablation="zero", reference="model", progress=False)
+    result = nn.ablate_for_prompt(model, prompts, planted, **options)
+    assert result.baseline == 1.0 and result.reference == "model"  # the model's own answers, unablated
+    assert torch.equal(result.n_ablated, result.n_control)  # the control is as large as the heuristic arm
+    rows = result.comparison()
+    at_all = rows.iloc[-1]
+    # a prompt whose own neuron was ablated is broken (k=40 ablates every associated neuron)
+    assert float(result.heuristic_correct[-1]) <= 1 - float(flips.any(0).float().mean()) + 0.05
+    assert at_all.difference_low > 0.15 and bool(at_all.distinct)
+    assert at_all.heuristic_low <= at_all.heuristic <= at_all.heuristic_high
+    assert at_all.difference == pytest.approx(at_all.control - at_all.heuristic)
+    # another prompt's planted neurons (none of this prompt's own) break none of it
+    other = nn.ablate_for_prompt(model, prompts, planted, control="other-prompt", **options)
+    assert bool((other.n_control <= other.n_ablated).all()) and float(other.control_correct[-1]) > 0.95
+    assert other.meta["control"] == "other-prompt" and bool(other.comparison().distinct.iloc[-1])
+    shuffled, _ = _planted_table(model, prompts, table, shuffle=True)
+    null = nn.ablate_for_prompt(model, prompts, shuffled, **options).comparison().iloc[-1]
+    assert null.difference_low <= 0  # no more harm than the random neurons
+    assert null.difference < at_all.difference - 0.15
+
+
+def test_prompt_ablation_keeps_per_prompt_outcomes_and_validates(tiny):
+    """The shares are the means of the per-prompt outcomes; reference='model' scores the model's own
+    answers (the same as replacing the answers by them); the 'layer' control avoids associated
+    neurons; bad options are refused."""
+    model, prompts = tiny
+    table = nn.classify(model, prompts, top_k=16, progress=False)
+    result = nn.ablate_for_prompt(model, prompts, table, k=[2, 8], reference="model", progress=False)
+    assert result.heuristic_per_prompt.shape == (2, len(prompts)) == result.control_per_prompt.shape
+    assert torch.equal(result.heuristic_correct, result.heuristic_per_prompt.float().mean(1))
+    assert torch.equal(result.control_correct, result.control_per_prompt.float().mean(1))
+    same = nn.ablate_for_prompt(model, _own_answers(model, prompts), table, k=[2, 8], progress=False)
+    assert torch.equal(same.heuristic_per_prompt, result.heuristic_per_prompt) and same.baseline == 1.0
+    truth = nn.ablate_for_prompt(model, prompts, table, k=[2, 8], progress=False)
+    assert truth.baseline == pytest.approx(prompts.evaluate(model).accuracy)
+    layer = nn.ablate_for_prompt(model, prompts, table, k=[2, 8], control="layer", progress=False)
+    assert torch.equal(layer.n_control, layer.n_ablated) and layer.meta["control"] == "layer"
+    frame = result.to_frame()
+    assert {"ci_low", "ci_high", "n_ablated"} <= set(frame.columns) and len(frame) == 4
+    assert len(result.plot().data[0].error_y.array) == 2
+    with pytest.raises(ConfigError, match="unknown reference 'own'; accepted: 'answer', 'model'"):
+        nn.ablate_for_prompt(model, prompts, table, reference="own")
+    with pytest.raises(ConfigError, match="unknown control"):
+        nn.ablate_for_prompt(model, prompts, table, control="everything")
+    with pytest.raises(ConfigError, match="n_boot"):
+        nn.ablate_for_prompt(model, prompts, table, n_boot=10)
 
 
 def _zoo(name):

@@ -135,26 +135,6 @@ def test_renamed_functions_have_no_old_name(old):
     assert found is None or isinstance(found, types.ModuleType)
 
 
-def test_a_warning_points_at_the_callers_line():
-    import warnings
-
-    from arithinterp.deprecation import deprecated, renamed_keyword
-
-    def new(x, ablation="mean", mode=None):
-        return renamed_keyword("f", "mode", mode, "ablation", ablation, "mean")
-
-    old = deprecated("m.old", "m.new")(new)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert old(1) == "mean"
-        assert new(1, mode="zero") == "zero"
-    assert [w.filename for w in caught] == [__file__, __file__]
-    assert [str(w.message) for w in caught] == ["m.old is deprecated; use m.new instead",
-                                               "f(mode=...) is deprecated; use f(ablation=...) instead"]
-    with pytest.raises(ai.errors.ConfigError, match="give ablation= alone"), pytest.warns(DeprecationWarning):
-        new(1, ablation="zero", mode="resample")
-
-
 def test_docstrings_cite_papers_not_a_file_that_is_not_there():
     root = PACKAGE.parent
     citing = [str(p.relative_to(root)) for p in sorted(PACKAGE.rglob("*.py")) + sorted((root / "docs").glob("*.md"))

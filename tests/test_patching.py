@@ -328,7 +328,7 @@ def test_mean_ablation_of_an_activation_shared_by_all_prompts_changes_nothing(ti
     assert len(result.to_frame()) == 2 and result.plot().data
 
 
-def test_the_ablation_is_one_keyword_and_one_result_field(tiny_model, tmp_path):
+def test_the_ablation_is_one_keyword_and_one_result_field(tiny_model):
     prompts = arithmetic(tiny_model, a=range(10), b=range(10))
     result = patching.ablate(tiny_model, prompts, ["mlp0", "attn1"], ablation="zero")
     assert result.ablation == "zero" and "zero-ablated" in result.to_frame()["run"].tolist()
@@ -338,22 +338,6 @@ def test_the_ablation_is_one_keyword_and_one_result_field(tiny_model, tmp_path):
     assert faithful.ablation == "zero"
     with pytest.raises(ConfigError, match="accepted: 'zero', 'mean', 'resample'"):
         patching.ablate(tiny_model, prompts, ["mlp0"], ablation="half")
-    # a folder an earlier version wrote (no seal) that calls the field mode, under the type's other name,
-    # loads with it as ablation
-    import json
-
-    from safetensors.torch import load_file, save_file
-
-    from arithinterp.results import UnsealedResultWarning
-
-    folder = faithful.save(tmp_path / "faithful")
-    stored = json.loads((folder / "result.json").read_text())
-    stored.pop("tensors_sha256")
-    stored["type"], stored["fields"]["mode"] = "FaithfulnessResult", stored["fields"].pop("ablation")
-    (folder / "result.json").write_text(json.dumps(stored))
-    save_file(load_file(str(folder / "tensors.safetensors")), str(folder / "tensors.safetensors"))
-    with pytest.warns(UnsealedResultWarning):
-        assert patching.ComponentFaithfulnessResult.load(folder, unsealed=True).ablation == "zero"
 
 
 def test_mean_ablation_is_the_engines_mean_over_every_prompt(tiny_digit_model):

@@ -70,7 +70,7 @@ def test_groups_by_a_named_label_or_an_array(leaky):
 
 
 def test_bad_groups_are_rejected(leaky):
-    with pytest.raises(AnalysisError, match="unknown label 'nope'"):
+    with pytest.raises(ConfigError, match="unknown label 'nope'"):
         probes.probe_layers(leaky["acts"], leaky["label"], groups="nope", progress=False)
     with pytest.raises(AnalysisError, match="one group per prompt"):
         probes.probe_layers(leaky["acts"], leaky["label"], groups=[0, 1, 2], progress=False)

@@ -282,7 +282,7 @@ def test_sweep_input_validation_messages(planted, number_tokenizer):
     acts = planted["acts"]
     prompts = arithmetic(number_tokenizer, a=range(20), b=range(30))
     labelled = Activations(data=acts.data, layers=acts.layers, positions=acts.positions, prompts=prompts)
-    with pytest.raises(AnalysisError, match="unknown label 'sum'.*answer_units.*'model_answer_<place>'"):
+    with pytest.raises(ConfigError, match="unknown label 'sum'.*answer_units.*'model_answer_<place>'"):
         probes.probe_layers(labelled, "sum", progress=False)
     with pytest.raises(AnalysisError, match="model_answer="):
         probes.probe_layers(labelled, "model_answer_units", progress=False)
@@ -387,7 +387,7 @@ def test_error_detector_flags_planted_errors_on_held_out_prompts(planted_errors)
     accuracy = result.slot_accuracy()["true"][2]
     assert confusion.data[0].type == "heatmap" and f"units digit: predicted vs actual (held-out accuracy " \
         f"{accuracy:.3f}" in confusion.layout.title.text
-    with pytest.raises(AnalysisError, match="unknown digit 'thousands'.*'hundreds', 'tens', 'units'"):
+    with pytest.raises(ConfigError, match="unknown digit 'thousands'.*'hundreds', 'tens', 'units'"):
         result.plot("confusion", digit="thousands")
 
 
@@ -524,6 +524,12 @@ def test_a_time_limited_layer_search_covers_the_depth_first_and_stops_in_time(mo
     for bad in (0, -1.0, float("nan"), float("inf"), "10"):
         with pytest.raises(ConfigError, match="max_seconds must be a positive finite number"):
             probes.ErrorDetector(max_seconds=bad).fit_activations(X, slots)
+    # a limit counted in candidates stops at the same place on any machine: the same order, the first two
+    counted = probes.ErrorDetector(cv=3, max_candidates=2).fit_activations(X, slots)
+    assert [r["layers"] for r in counted.meta_["layer_search"]] == [[1], [0]] and counted.layers_ == [1]
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="max_candidates must be a positive int"):
+            probes.ErrorDetector(max_candidates=bad).fit_activations(X, slots)
 
 
 def test_rare_errors_along_a_planted_direction_are_found_and_shuffled_labels_are_not():
@@ -832,8 +838,10 @@ def test_row_solver_reaches_the_joint_optimum_and_keeps_rows_independent():
     for a, b in zip(rows, joint):
         assert torch.allclose(a.decision_function(X).softmax(-1), b.decision_function(X).softmax(-1), atol=2e-3)
     alone = probe.fit_many(X, targets[:1], masks[:1], solver="rows")[0]
-    # alone or beside others: the same path up to float rounding (the product's width differs)
-    assert torch.allclose(alone.coef_, rows[0].coef_, atol=1e-3) and abs(alone.n_iter_ - rows[0].n_iter_) <= 3
+    # alone or beside others: the same path up to float rounding (the product's width differs), so the
+    # same probabilities to the solver's precision (its coefficients along weak directions differ by ~1e-3)
+    assert torch.allclose(alone.decision_function(X).softmax(-1), rows[0].decision_function(X).softmax(-1), atol=2e-3)
+    assert torch.allclose(alone.coef_, rows[0].coef_, atol=5e-3) and abs(alone.n_iter_ - rows[0].n_iter_) <= 3
     assert rows[0].score(X[masks[0]], y[masks[0]]) > 0.9 and rows[1].score(X[~masks[1]], targets[1][~masks[1]]) < 0.5
     warm = probe.fit_many(X, targets, masks, solver="rows", init=rows)
     assert max(p.n_iter_ for p in warm) <= 3

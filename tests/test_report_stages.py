@@ -47,5 +47,6 @@ def test_a_stage_added_as_one_module_shows_on_the_page(tmp_path, monkeypatch):
                               progress=False)
     text = html.unescape(out.read_text())
     assert re.findall(r"<section><h2>(.*?)</h2>", text) == ["Accuracy and error profile", "A stage in one module"]
-    assert re.search(r"<b>A stage in one module</b>: done: [\d.]+ s of its [\d.]+ s budget; \d+ prompts", text)
+    assert re.search(r"<b>A stage in one module</b>: done: [\d.]+ s \([\d.]+ s of model work planned of its [\d.]+ s "
+                     r"share, \d threads?\); \d+ prompts", text)
     assert re.search(r"<b>A stage in one module\.</b> \d+ prompts answered correctly, counted by a stage", text)

@@ -65,7 +65,7 @@ def test_labels_digits_and_carries(tiny_model):
     assert prompts.label("carry_hundreds").tolist() == [1, 0, 1]
     assert prompts.label("a_tens").tolist() == [5, 1, 9]
     assert "carry_units" not in prompts.label_names() and "carry_hundreds" in prompts.label_names()
-    with pytest.raises(TaskError, match="unknown label 'carry_units'"):  # nothing carries into the units
+    with pytest.raises(ConfigError, match="unknown label 'carry_units'"):  # nothing carries into the units
         prompts.label("carry_units")
 
 

@@ -22,7 +22,7 @@ interchange between two prompts makes the model answer what the causal model pre
 """
 
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
-from arithinterp.causal.fit import BASELINES, METHODS, das, probe_span
+from arithinterp.causal.fit import BASELINES, METHODS, converged, das, probe_span
 from arithinterp.causal.interventions import (
     BoundlessSubspace, FixedSubspace, Intervention, PerPosition, RotatedSubspace, full_vector, orthonormal,
     principal_angle_cosines, random_subspace,
@@ -38,7 +38,7 @@ from arithinterp.causal.subspace_files import read_pyvene, score_subspace, write
 __all__ = [
     "BASELINES", "METHODS", "BoundlessSubspace", "CausalModel", "DASLayersResult", "DASResult", "FixedSubspace",
     "InterchangeDataset", "Intervention", "PerPosition", "ReadableUsedResult", "RotatedSubspace", "Site", "Variable",
-    "addition", "das", "das_layers", "for_prompts", "full_vector", "interchange_dataset",
+    "addition", "converged", "das", "das_layers", "for_prompts", "full_vector", "interchange_dataset",
     "modular_addition", "orthonormal", "principal_angle_cosines", "probe_span", "random_subspace",
     "read_pyvene", "readable_vs_used", "score_subspace", "single_token_addition", "variables_of", "wilson",
     "write_pyvene",

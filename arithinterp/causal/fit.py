@@ -30,7 +30,7 @@ from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.progress import progress_bar
 from arithinterp.results import build_meta
 from arithinterp.types import (
-    ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, Seed, checked,
+    ByteSize, HookedModel, NonNegativeInt, PositiveFloat32, PositiveInt, PositiveProbability, Seed, checked,
 )
 
 METHODS = ("das", "boundless")
@@ -223,6 +223,33 @@ def das(
         chance=pairs.chance_over(test_rows) if reachable_only else pairs.chance,
         scores=scores, basis=basis, history=history, meta=meta,
     )
+
+
+@checked
+def converged(history: Sequence[float], window: PositiveProbability = 0.2,
+              tolerance: PositiveProbability = 0.05) -> bool:
+    """Whether a fit's training loss had stopped falling: over the last ``window`` of its steps its
+    mean fell, against the ``window`` before, by at most ``tolerance`` of that mean or by no more
+    than the two means' noise (twice the standard error of their difference: each step's loss is
+    on a fresh batch of pairs). A fit cut short while its loss still falls has not found the
+    subspace it would have, so its IIA is no finding.
+
+    Args:
+        history: The training loss per step (``DASResult.history``).
+        window: The share of the steps each mean is over.
+        tolerance: The largest relative fall that counts as levelled off.
+
+    Returns:
+        ``True`` when the loss had levelled off (too short a history to tell: ``False``).
+    """
+    k = int(len(history) * window)
+    if k < 2 or len(history) < 2 * k:
+        return False
+    late = torch.tensor(history[-k:], dtype=torch.float64)
+    before = torch.tensor(history[-2 * k:-k], dtype=torch.float64)
+    fall = float(before.mean() - late.mean())
+    noise = 2 * float((before.var() / k + late.var() / k).sqrt())
+    return fall <= max(tolerance * abs(float(before.mean())), noise)
 
 
 @checked

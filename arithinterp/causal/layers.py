@@ -13,7 +13,7 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.causal.datasets import InterchangeDataset, interchange_dataset
-from arithinterp.causal.fit import das
+from arithinterp.causal.fit import converged, das
 from arithinterp.causal.models import CausalModel
 from arithinterp.causal.results import DASLayersResult, ReadableUsedResult
 from arithinterp.causal.scoring import Site, reachable
@@ -244,6 +244,7 @@ def readable_vs_used(
                       max_memory=max_memory, seed=seed, progress=False)
             row = dict(variable=variable, layer=layer, das_iia=fit.iia, das_low=fit.scores["das"]["low"],
                        das_high=fit.scores["das"]["high"], random_iia=fit.scores["random"]["iia"], chance=fit.chance,
+                       converged=converged(fit.history),
                        probe_accuracy=float("nan"), probe_low=float("nan"), probe_high=float("nan"),
                        probe_control=float("nan"))
             if readable is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError
 from arithinterp.results import DISTINCT, MEASURED_PROBABILITY, NON_NEGATIVE, POSITIVE, PROBABILITY, SITE, Result
 
@@ -62,9 +63,7 @@ class DASResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_das
-
-        return plot_das(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,6 @@ class DASLayersResult(Result):
                "positions": "position", "tokens": "position"}
     _legal = {"layers": [NON_NEGATIVE, DISTINCT], "positions": DISTINCT, "k": POSITIVE, "iia": PROBABILITY,
               "low": PROBABILITY, "high": PROBABILITY, "random_iia": PROBABILITY, "chance": PROBABILITY}
-    _saved_names = ("DASSweep",)
 
     def headline(self) -> dict:
         """The best cell's IIA (:meth:`best`) and chance.
@@ -147,9 +145,7 @@ class DASLayersResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_das_layers
-
-        return plot_das_layers(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -174,12 +170,9 @@ class ReadableUsedResult(Result):
 
     # what load checks: the axes fields share and the values they may take
     _legal = {"k": POSITIVE}
-    _saved_names = ("ReadableUsed",)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.causal import plot_readable_used
-
-        return plot_readable_used(self, **kwargs)
+        return draw(self, **kwargs)

@@ -18,6 +18,7 @@ from arithinterp.checks import check_belongs, check_choice
 from arithinterp.circuits.edges import attribute_edges, patch_edges
 from arithinterp.circuits.graph import EdgeGraph
 from arithinterp.circuits.planning import AUTO_RATIO, choose_method, edge_costs
+from arithinterp.drawing import draw
 from arithinterp.engine.edges import Layout
 from arithinterp.engine.steppers import ENGINES
 from arithinterp.errors import ArithInterpError, ConfigError, ResultFileError
@@ -118,18 +119,14 @@ class Circuit(Result):
 
     def plot(self, **kwargs):
         """The kept edges drawn by layer and position, width = |score| (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_circuit
-
-        return plot_circuit(self, **kwargs)
+        return draw(self, **kwargs)
 
     def show(self, **options):
         """The circuit's interactive page (an inline frame in a notebook; no server): components by
         layer × position, a slider over the edges by |score| starting at the kept ones, details on
         click, paths on hover. ``options``: those of :func:`arithinterp.viz.graph_view.view_circuit`
         (``supernodes``, ``max_links``). Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
-        from arithinterp.viz.graph_view import view_circuit
-
-        return view_circuit(self, **options)
+        return draw(self, "show", **options)
 
     def to_html(self, path: Union[str, Path], *, overwrite: bool = False, **options) -> Path:
         """Write the circuit's interactive page (:meth:`show`) to one offline HTML file, refusing an

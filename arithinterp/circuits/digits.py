@@ -21,6 +21,7 @@ from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp.circuits.circuit import SCORE_METHODS, Circuit, score_edges
 from arithinterp.circuits.edges import run_edge_sets
 from arithinterp.circuits.graph import EdgeGraph
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.metrics import metric_name
 from arithinterp.patching import DIGIT_FEEDS, digit_pairs
@@ -146,9 +147,7 @@ class DigitCircuits(Result):
 
     def plot(self, **kwargs):
         """Senders × answer tokens: each sender's summed edge score per digit (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_digit_circuits
-
-        return plot_digit_circuits(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

@@ -5,9 +5,9 @@ Faithfulness follows the edge-ablation convention of Conmy et al. 2023 (ACDC) an
 2024: run the clean prompt, make every edge *outside* the circuit carry an ablated sender output
 (the corrupt prompt's — "resample" — or the mean over the clean prompts, computed by
 :func:`arithinterp.engine.mean_activation`) while the circuit's edges carry whatever their
-senders output in this run, and report ``(m − m_none) / (m_all − m_none)`` with ``m_all`` the
-clean run (every edge kept) and ``m_none`` every edge ablated. The fraction is reported only when
-its denominator ``m_all − m_none`` is distinguishable from zero (its percentile-bootstrap interval
+senders output in this run, and report ``(m − m_empty) / (m_full − m_empty)`` with ``m_full`` the
+clean run (every edge kept) and ``m_empty`` every edge ablated. The fraction is reported only when
+its denominator ``m_full − m_empty`` is distinguishable from zero (its percentile-bootstrap interval
 over pairs excludes 0), and each value carries its bootstrap interval over pairs.
 
 :func:`faithfulness_curve` measures the top-``k`` edges by |score| for several ``k``
@@ -35,6 +35,7 @@ from pydantic import Field
 from arithinterp.checks import check_belongs, check_choice
 from arithinterp.circuits.circuit import ABLATIONS, Circuit, order_by_score
 from arithinterp.circuits.edges import run_edge_sets
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import metric_name
@@ -57,35 +58,36 @@ Bootstraps = Annotated[int, Field(ge=100), Accepts("an int >= 100 (bootstrap res
 class FaithfulnessCurveResult(Result):
     """Normalised metric restored vs edges kept (the top-``sizes`` edges by |score|).
 
-    ``sizes [K]`` ascending; ``values [K]``: ``(m − m_none) / (m_all − m_none)`` of the mean
-    metrics over pairs, with ``ci_low`` / ``ci_high [K]`` its percentile-bootstrap interval over
-    pairs (pointwise, ``meta["confidence"]``); ``raw [K]`` the mean metric; ``all_edges`` /
-    ``no_edges``: the mean metric with every edge kept (the clean run) and none (every edge
-    ablated). ``meta["denominator"]`` holds ``m_all − m_none`` with its interval; when that
-    interval includes 0 the fraction is not reported: ``values`` and the bounds are NaN and
+    ``sizes [K]`` ascending; ``faithfulness [K]``: ``(m − m_empty) / (m_full − m_empty)`` of the
+    mean metrics over pairs, with ``ci_low`` / ``ci_high [K]`` its percentile-bootstrap interval over
+    pairs (pointwise, ``meta["confidence"]``); ``metric_circuit [K]`` the mean metric with the top-k
+    edges; ``metric_full`` / ``metric_empty``: the mean metric with every edge kept (the clean run)
+    and none (every edge ablated) — the fields of :class:`arithinterp.patching.ComponentFaithfulnessResult`.
+    ``meta["denominator"]`` holds ``m_full − m_empty`` with its interval; when that
+    interval includes 0 the fraction is not reported: ``faithfulness`` and the bounds are NaN and
     ``meta["note"]`` says why (:attr:`reported` is False).
     """
 
     sizes: torch.Tensor
-    values: torch.Tensor
+    faithfulness: torch.Tensor
     ci_low: torch.Tensor
     ci_high: torch.Tensor
-    raw: torch.Tensor
-    all_edges: float
-    no_edges: float
+    metric_circuit: torch.Tensor
+    metric_full: float
+    metric_empty: float
     n_edges: int
     ablation: str
     method: str
     meta: dict
 
     # what load checks: the axes fields share and the values they may take
-    _shapes = {"sizes": "size", "values": "size", "ci_low": "size", "ci_high": "size", "raw": "size"}
+    _shapes = {"sizes": "size", "faithfulness": "size", "ci_low": "size", "ci_high": "size",
+               "metric_circuit": "size"}
     _legal = {"sizes": NON_NEGATIVE, "n_edges": NON_NEGATIVE, "ablation": ABLATIONS}
-    _saved_names = ("Faithfulness",)
 
     @property
     def reported(self) -> bool:
-        """Whether the denominator is distinguishable from zero, so ``values`` are fractions."""
+        """Whether the denominator is distinguishable from zero, so ``faithfulness`` holds fractions."""
         return bool(self.meta.get("denominator", {}).get("distinguishable", True))
 
     @property
@@ -95,12 +97,14 @@ class FaithfulnessCurveResult(Result):
 
     def to_frame(self):
         """One row per size: edges kept, their fraction of all edges, faithfulness with its
-        interval, the raw mean metric, and ``note`` (why no fraction is given, if none is)."""
+        interval, the mean metric with the top-k edges (``metric_circuit``), and ``note`` (why no
+        fraction is given, if none is)."""
         import pandas as pd
 
         return pd.DataFrame(dict(edges_kept=self.sizes.tolist(), fraction=(self.sizes.float() / self.n_edges).tolist(),
-                                 faithfulness=self.values.tolist(), ci_low=self.ci_low.tolist(),
-                                 ci_high=self.ci_high.tolist(), metric=self.raw.tolist(), ablation=self.ablation,
+                                 faithfulness=self.faithfulness.tolist(), ci_low=self.ci_low.tolist(),
+                                 ci_high=self.ci_high.tolist(), metric_circuit=self.metric_circuit.tolist(),
+                                 ablation=self.ablation,
                                  method=self.method, note=self.note))
 
     def smallest(self, target: float = 0.9) -> Optional[int]:
@@ -112,7 +116,7 @@ class FaithfulnessCurveResult(Result):
         if not self.reported:
             warnings.warn(f"no faithfulness size: {self.note}", RuntimeWarning, stacklevel=2)
             return None
-        return _stays_from(self.sizes, self.values, target)
+        return _stays_from(self.sizes, self.faithfulness, target)
 
     def smallest_interval(self, target: float = 0.9) -> tuple[Optional[int], Optional[int]]:
         """``(low, high)``: the sizes from which the interval's upper bound (``low``, the
@@ -127,9 +131,7 @@ class FaithfulnessCurveResult(Result):
         return _stays_from(self.sizes, self.ci_high, target), _stays_from(self.sizes, self.ci_low, target)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.circuits import plot_faithfulness_curve
-
-        return plot_faithfulness_curve(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -137,29 +139,29 @@ class EdgeFaithfulnessResult(Result):
     """The faithfulness of a circuit's kept edges, every other edge ablated.
 
     Attributes:
-        value: ``(m − m_none) / (m_all − m_none)`` of the mean metrics over pairs.
+        faithfulness: ``(m − m_empty) / (m_full − m_empty)`` of the mean metrics over pairs.
         ci_low: The lower end of its percentile-bootstrap interval over pairs
             (``meta["confidence"]``).
         ci_high: The upper end of that interval.
-        raw: The mean metric with the kept edges alone.
-        all_edges: The mean metric with every edge kept (the clean run).
-        no_edges: The mean metric with every edge ablated.
+        metric_circuit: The mean metric with the kept edges alone.
+        metric_full: The mean metric with every edge kept (the clean run).
+        metric_empty: The mean metric with every edge ablated.
         n_kept: The edges kept.
         n_edges: The edges of the graph.
         ablation: What the ablated edges carry: ``"resample"`` (the corrupt prompt's sender
             outputs) or ``"mean"`` (the clean prompts' mean).
         method: How the circuit's edges were scored.
-        meta: Provenance, the metric and the denominator ``m_all − m_none`` with its interval; when
-            that interval includes 0 the fraction is not reported: ``value`` and its interval are
+        meta: Provenance, the metric and the denominator ``m_full − m_empty`` with its interval; when
+            that interval includes 0 the fraction is not reported: ``faithfulness`` and its interval are
             NaN and ``meta["note"]`` says why (:attr:`reported` is False).
     """
 
-    value: float
+    faithfulness: float
     ci_low: float
     ci_high: float
-    raw: float
-    all_edges: float
-    no_edges: float
+    metric_circuit: float
+    metric_full: float
+    metric_empty: float
     n_kept: int
     n_edges: int
     ablation: str
@@ -171,7 +173,7 @@ class EdgeFaithfulnessResult(Result):
 
     @property
     def reported(self) -> bool:
-        """Whether the denominator is distinguishable from zero, so ``value`` is a fraction."""
+        """Whether the denominator is distinguishable from zero, so ``faithfulness`` is a fraction."""
         return bool(self.meta.get("denominator", {}).get("distinguishable", True))
 
     @property
@@ -186,15 +188,14 @@ class EdgeFaithfulnessResult(Result):
         import pandas as pd
 
         return pd.DataFrame([dict(edges_kept=self.n_kept, fraction=self.n_kept / max(self.n_edges, 1),
-                                  faithfulness=self.value, ci_low=self.ci_low, ci_high=self.ci_high,
-                                  metric=self.raw, all_edges=self.all_edges, no_edges=self.no_edges,
+                                  faithfulness=self.faithfulness, ci_low=self.ci_low, ci_high=self.ci_high,
+                                  metric_circuit=self.metric_circuit, metric_full=self.metric_full,
+                                  metric_empty=self.metric_empty,
                                   ablation=self.ablation, method=self.method, note=self.note)])
 
     def plot(self, **kwargs) -> go.Figure:
         """The mean metric with no edge, the kept edges and every edge (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_edge_faithfulness
-
-        return plot_edge_faithfulness(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -241,9 +242,7 @@ class MinimalityResult(Result):
 
     def plot(self, **kwargs) -> go.Figure:
         """The loss per kept edge, largest first (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_minimality
-
-        return plot_minimality(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -291,9 +290,7 @@ class OverlapResult(Result):
 
     def plot(self, **kwargs) -> go.Figure:
         """Edges and nodes in the first circuit only, both, and the second only (see viz.circuits)."""
-        from arithinterp.viz.circuits import plot_overlap
-
-        return plot_overlap(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _check_target(target) -> float:
@@ -351,7 +348,7 @@ def _ablate(model, pairs, circuit: Circuit, kept_sets: torch.Tensor, ablation: s
 
 def _fractions(got: dict, *, confidence: float = 0.95, n_boot: int = 1000, seed: int = 0,
                intervals: bool = True) -> dict:
-    """Normalised faithfulness ``(m − m_none) / (m_all − m_none)`` of the mean metrics, each with
+    """Normalised faithfulness ``(m − m_empty) / (m_full − m_empty)`` of the mean metrics, each with
     a percentile-bootstrap interval over pairs (one resample of the pair index for the numerator
     and the denominator alike; NaN without ``intervals``), and the denominator with its interval.
     The fractions are NaN, and ``note`` says why, when the denominator's interval includes 0
@@ -475,8 +472,9 @@ def faithfulness_curve(
     got = _ablate(model, pairs, circuit, kept, ablation, metric or circuit.metric, batch_cells, engine, max_memory)
     frac = _fractions(got, confidence=confidence, n_boot=n_boot, seed=seed)
     return FaithfulnessCurveResult(
-        sizes=torch.tensor(sizes), values=frac["values"], ci_low=frac["low"], ci_high=frac["high"], raw=frac["raw"],
-        all_edges=frac["all"], no_edges=frac["none"], n_edges=n, ablation=ablation, method=circuit.method,
+        sizes=torch.tensor(sizes), faithfulness=frac["values"], ci_low=frac["low"], ci_high=frac["high"],
+        metric_circuit=frac["raw"],
+        metric_full=frac["all"], metric_empty=frac["none"], n_edges=n, ablation=ablation, method=circuit.method,
         meta=build_meta(model, n_pairs=len(pairs), metric=metric_name(metric or circuit.metric),
                         forwards=got["forwards"], engine=got["engine"], confidence=confidence, n_boot=n_boot,
                         seed=seed, denominator=frac["denominator"], note=frac["note"]),
@@ -525,8 +523,8 @@ def edge_faithfulness(
                   engine=engine, max_memory=max_memory)
     frac = _fractions(got, confidence=confidence, n_boot=n_boot, seed=seed)
     return EdgeFaithfulnessResult(
-        value=float(frac["values"][0]), ci_low=float(frac["low"][0]), ci_high=float(frac["high"][0]),
-        raw=float(frac["raw"][0]), all_edges=frac["all"], no_edges=frac["none"], n_kept=circuit.n_kept,
+        faithfulness=float(frac["values"][0]), ci_low=float(frac["low"][0]), ci_high=float(frac["high"][0]),
+        metric_circuit=float(frac["raw"][0]), metric_full=frac["all"], metric_empty=frac["none"], n_kept=circuit.n_kept,
         n_edges=circuit.n_edges, ablation=ablation, method=circuit.method,
         meta=build_meta(model, n_pairs=len(pairs), metric=metric_name(metric or circuit.metric),
                         forwards=got["forwards"], engine=got["engine"], confidence=confidence, n_boot=n_boot,

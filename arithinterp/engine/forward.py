@@ -26,7 +26,7 @@ import torch
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_model, check_tokens
 from arithinterp.engine.hooks import forward_with_hooks
-from arithinterp.errors import AnalysisError, SiteError
+from arithinterp.errors import AnalysisError, ConfigError, SiteError
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
@@ -288,7 +288,8 @@ def run(
     Raises:
         SiteError: An unknown site, a layer, position, head or neuron out of range, units at a site
             without units, or a read that never fired.
-        AnalysisError: An invalid ``logits``, an object that is not a Write or Read,
+        ConfigError: An invalid ``logits``.
+        AnalysisError: An object that is not a Write or Read,
             ``train`` with a metric, a metric that does not depend on the reads, or
             non-finite logits.
     """
@@ -298,8 +299,8 @@ def run(
     # an int: that many last positions (a bool is no count)
     last: Optional[int] = logits if isinstance(logits, int) and not isinstance(logits, bool) else None
     if not (logits in ("final", "all", "none") or (last is not None and 1 <= last <= T)):
-        raise AnalysisError(f"logits must be 'final', 'all', 'none' or a number of last positions 1..{T}, "
-                            f"got {logits!r}")
+        raise ConfigError(f"logits must be 'final', 'all', 'none' or a number of last positions 1..{T}, "
+                          f"got {logits!r}")
     several = logits == "all" or last is not None  # logits [B, k or T, V] come back
     if logits in ("final", "none"):  # "none" with a metric still scores the final position
         last = 1

@@ -17,7 +17,7 @@ import torch
 
 from arithinterp.engine.shared_prefixes import shared_prefix
 from arithinterp.engine.stepping import Stepper, check_n_last
-from arithinterp.errors import AnalysisError
+from arithinterp.errors import AnalysisError, ConfigError, accepted
 
 if TYPE_CHECKING:
     from arithinterp.types import HookedModel
@@ -62,8 +62,11 @@ def stepper_for(
         ``(stepper or None, status)``: the status says which engine runs and why.
 
     Raises:
+        ConfigError: ``engine`` is not one of :data:`ENGINES`.
         AnalysisError: ``engine="stepped"`` and the model cannot be stepped, or its logits are not finite.
     """
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; accepted: {accepted(ENGINES)}")
     if engine == "hooks":
         return None, "hooks: requested"
     stepper, status = _checked_stepper(model, tokens)

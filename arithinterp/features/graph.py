@@ -38,11 +38,11 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs, prompt_tokens
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.attribution import attribute
 from arithinterp.features.cache import require_transcoders
 from arithinterp.features.transcoder import Transcoders
-from arithinterp.outputs import writes
 from arithinterp.results import Relation, Result, build_meta
 from arithinterp.tasks import PromptSet
 from arithinterp.types import HookedModel, IndexList, PositiveInt, PositiveProbability, checked
@@ -93,7 +93,6 @@ class AttributionGraph(Result):
     _shapes = {"nodes": "node", "edges": "node node", "bias": "node", "values": "node"}
     _relations = (Relation("nodes", "nodes whose positions lie within the prompt's tokens", lambda v: all(
         0 <= node["position"] < len(v["tokens"]) for node in v["nodes"])),)
-    _saved_names = ("Graph",)  # the type name in folders written under the name circuits' layout shares
 
     def to_frame(self, kept_only: bool = False) -> pd.DataFrame:
         """One row per edge with a non-zero weight: source and target nodes, weight (``kept_only``:
@@ -114,34 +113,19 @@ class AttributionGraph(Result):
         return pd.DataFrame(self.nodes)
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_attribution_graph
-
-        return plot_attribution_graph(self, **kwargs)
+        return draw(self, **kwargs)
 
     def show(self, **options: Any) -> Any:
         """The graph's interactive page (an inline frame in a notebook; no server): nodes by layer ×
         position, a pruning slider, details on click, supernodes, paths on hover. ``options``: those of
         :func:`arithinterp.viz.graph_view.view_graph` (``labels``, ``supernodes``, ``grids``, ``max_links``).
         Returns a :class:`~arithinterp.viz.graph_view.GraphView`."""
-        from arithinterp.viz.graph_view import view_graph
-
-        return view_graph(self, **options)
+        return draw(self, "show", **options)
 
     def to_html(self, path: Union[str, Any], *, overwrite: bool = False, **options: Any) -> Any:
         """Write the graph's interactive page (:meth:`show`) to one offline HTML file, refusing an
         existing one unless ``overwrite``. Returns the file's path."""
         return self.show(**options).to_html(path, overwrite=overwrite)
-
-    @writes
-    def to_circuit_tracer(self, path: Union[str, Any], *, slug: Optional[str] = None, scan: Optional[str] = None,
-                          node_threshold: float = 0.8, edge_threshold: float = 0.98, overwrite: bool = False) -> Any:
-        """Write the graph JSON circuit-tracer's ``create_graph_files`` writes (its viewer and
-        Neuronpedia read it), pruned as circuit-tracer prunes; see
-        :func:`arithinterp.features.graph_files.write_circuit_tracer_graph`. Returns the file's path."""
-        from arithinterp.features.graph_files import write_circuit_tracer_graph
-
-        return write_circuit_tracer_graph(self, path, slug=slug, scan=scan, node_threshold=node_threshold,
-                                          edge_threshold=edge_threshold, overwrite=overwrite)
 
 
 @checked

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from arithinterp.checks import check_belongs, check_tokens
+from arithinterp.drawing import draw
 from arithinterp.engine import Write, run
 from arithinterp.errors import ConfigError, SiteError
 from arithinterp.features.transcoder import Transcoders
@@ -140,9 +141,7 @@ class FeatureInterventionResult(Result):
 
     def plot(self, **kwargs: Any) -> go.Figure:
         """The answer's probability per prompt, before against after (see viz.features)."""
-        from arithinterp.viz.features import plot_feature_intervention
-
-        return plot_feature_intervention(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.training import mlp_activations
 from arithinterp.features.transcoder import Transcoders
@@ -147,7 +148,6 @@ class FeatureGridsResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"features": "feature", "labels": "feature", "a_values": "a", "b_values": "b", "maps": "feature a b"}
     _legal = {"layer": NON_NEGATIVE, "features": NON_NEGATIVE}
-    _saved_names = ("FeatureGrids",)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per feature and operand pair: its activation."""
@@ -161,9 +161,7 @@ class FeatureGridsResult(Result):
             activation=self.maps.flatten().tolist()))
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_feature_grids
-
-        return plot_feature_grids(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

@@ -142,6 +142,7 @@ class OperandPlots(Result):
         last layer), one heatmap each (rows a, columns b)."""
         layer = self.layers[-1] if layer is None else layer
         if features is None:
+            self.maps(layer, [], role)  # an unknown layer or role is refused before it is looked up
             li, ri = self.layers.index(layer), self.roles.index(role)
             fired = self.features[:, ri, li][self.values[:, ri, li].nan_to_num(0.0) > 0].long()
             features = torch.bincount(fired.reshape(-1), minlength=self.n_features).topk(4).indices.tolist()
@@ -279,7 +280,8 @@ def label_plots(plots: OperandPlots, layer: int, role: str, features: Optional[I
     if not chosen:
         raise AnalysisError(f"no feature of layer {layer} fires on three cells at {role!r}; nothing to label")
     maps, a_values, b_values = plots.maps(layer, chosen, role)
-    return classify_maps(maps, None, a_values, b_values, plots.op, threshold, fdr=fdr, registry=activity_registry(),
+    return classify_maps(maps, None, a_values, b_values, plots.op, threshold=threshold, fdr=fdr,
+                         registry=activity_registry(), progress=False,
                          layers=torch.full((len(chosen),), layer), neurons=torch.tensor(chosen), seed=seed,
                          meta=dict(role=role))
 

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from arithinterp.checks import check_belongs, check_tokens
+from arithinterp.drawing import draw
 from arithinterp.engine import run
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.interventions import feature_interventions
@@ -118,7 +119,6 @@ class PathAblationResult(Result):
     _shapes = {"arms": "arm", "logits": "arm prompt", "correct": "arm prompt", "n_features": "arm", "share": "arm",
                "share_low": "arm", "share_high": "arm"}
     _legal = {"arms": DISTINCT, "correct": PROBABILITY, "n_features": NON_NEGATIVE}
-    _saved_names = ("PathAblation",)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per arm: features zeroed, mean logit, its share of the unablated one (with the
@@ -129,9 +129,7 @@ class PathAblationResult(Result):
             accuracy=self.correct.float().mean(1).tolist()))
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_path_ablation
-
-        return plot_path_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _count(features: Mapping[int, Sequence[int]]) -> int:

@@ -16,6 +16,7 @@ import torch
 from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine import run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import ConfigError
@@ -96,9 +97,7 @@ class ReplacementResult(Result):
 
     def plot(self, **kwargs: Any) -> go.Figure:
         """The KL per position, with the agreement in the title (see viz.features)."""
-        from arithinterp.viz.features import plot_replacement
-
-        return plot_replacement(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def compare_replacement(model: HookedModel, transcoders: Transcoders, tokens: torch.Tensor, n_last: int = 1,

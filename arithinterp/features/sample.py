@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from arithinterp.checks import check_belongs, check_fingerprint
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.graph import prompt_graph
 from arithinterp.features.transcoder import Transcoders
@@ -58,9 +59,7 @@ class GraphSample(Result):
         return pd.DataFrame([dict(prompt=p, **s) for p, s in zip(self.prompts, self.scores)])
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_graph_sample
-
-        return plot_graph_sample(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

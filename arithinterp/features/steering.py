@@ -23,6 +23,7 @@ import torch
 from arithinterp.progress import progress_bar
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine import Read, Write, run
 from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.features.operand_plots import OperandPlots, activity_registry, label_plots
@@ -115,9 +116,7 @@ class SwapResult(Result):
                                  n_removed=self.n_removed.tolist(), n_added=self.n_added.tolist()))
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_swap
-
-        return plot_swap(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def token_groups(plots: OperandPlots, transcoders: Transcoders, role: str, *, min_agreement: float = 0.9,
@@ -247,7 +246,7 @@ def swap_test(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
         assert swapped is not None
         after[i] = int(swapped.argmax(-1))
         used = {(layer, feature) for layer, feature, _ in removed + added}
-        for draw in range(n_random):  # as many features of the same layers, from outside both groups
+        for trial in range(n_random):  # as many features of the same layers, from outside both groups
             random: dict[int, torch.Tensor] = {}
             for layer, _, _ in removed:  # zeroed: drawn from those firing there on this problem
                 pool = [f for f in active[layer] if (layer, f) not in used] or [
@@ -260,7 +259,7 @@ def swap_test(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
                 random.setdefault(layer, torch.full((1, F), float("nan")))[0, feature] = activity
             logits = run(model, tokens, feature_settings(transcoders, random)).logits
             assert logits is not None
-            control[i, draw] = int(logits.argmax(-1))
+            control[i, trial] = int(logits.argmax(-1))
     tested = target >= 0
     if not bool(tested.any()):
         raise AnalysisError(f"no prompt's answer at {role!r} has a labelled group to swap out")

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.engine import Write
 from arithinterp.checks import check_fingerprint, check_model
 from arithinterp.errors import AnalysisError, ConfigError, ModelMismatchError, SiteError
@@ -129,7 +130,6 @@ class Transcoders(Result):
                "W_skip": "layer d d", "threshold": "layer feature", "layers": "layer"}
     _legal = {"layers": [NON_NEGATIVE, INCREASING], "k": POSITIVE, "activation": ACTIVATIONS,
               **{name: FLOATING for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip", "threshold")}}
-    _value_names = {"activation": {"topk_signed": "topk-signed"}}
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -213,9 +213,7 @@ class Transcoders(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs: Any):
-        from arithinterp.viz.features import plot_transcoder_metrics
-
-        return plot_transcoder_metrics(self.to_frame(), title=kwargs.get("title"))
+        return draw(self, **kwargs)
 
     def check_model(self, model: Any) -> None:
         """Raise unless the transcoders fit ``model`` (its width and layers) and were made on it: a

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import torch
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.errors import ConfigError
 from arithinterp.fourier.basis import pair_power_per_grid, block_power
 from arithinterp.fourier.number_axes import grid_activations, number_axis
@@ -87,9 +88,7 @@ class NeuronFrequencyResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_neuron_frequencies
-
-        return plot_neuron_frequencies(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _block_shares(grids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 import torch
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine import Write
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.basis import fourier_basis
@@ -150,9 +151,7 @@ class FilterResult(Result):
                                  share=[c / max(sum(self.counts), 1) for c in self.counts]))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_frequency_filter
-
-        return plot_frequency_filter(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

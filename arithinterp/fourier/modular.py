@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from arithinterp import engine
-from arithinterp.checks import check_belongs
+from arithinterp.checks import check_belongs, check_choice
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError
-from arithinterp.fourier.basis import key_frequencies
+from arithinterp.fourier.basis import KEY_RULES, key_frequencies
 from arithinterp.fourier.number_axes import grid_of, number_tokens
 from arithinterp.progress import progress_bar
 from arithinterp.results import INCREASING, NON_NEGATIVE, Result, build_meta
@@ -366,9 +367,7 @@ class ProgressResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_progress
-
-        return plot_progress(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked
@@ -404,11 +403,12 @@ def progress(
 
     Raises:
         AnalysisError: ``name`` is not a modular-addition model.
-        ConfigError: A snapshot that is not shipped, or nothing to measure.
+        ConfigError: An unknown ``rule``, a snapshot that is not shipped, or nothing to measure.
     """
     from arithinterp.models import load_model
     from arithinterp.models.zoo import get_entry
 
+    check_choice("rule", rule, KEY_RULES)  # before the model is loaded
     entry = get_entry(name)
     p = entry.task.modulus
     if not p:

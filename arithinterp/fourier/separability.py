@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.fourier.number_axes import group_by_value, number_axis, number_tokens
 from arithinterp.fourier.spectra import CONTEXT_SITES
@@ -102,9 +103,7 @@ class SeparabilityResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_separability
-
-        return plot_separability(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _value_folds(values: torch.Tensor, cv: int, seed: int) -> list[torch.Tensor]:

@@ -9,7 +9,8 @@ from typing import Optional, Union
 
 import torch
 
-from arithinterp.errors import AnalysisError, accepted
+from arithinterp.drawing import draw
+from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.fourier.basis import block_power, frequency_periods, key_fraction, key_frequencies, period_label
 from arithinterp.fourier.null_control import null_control_p_values
 from arithinterp.results import DISTINCT, NON_NEGATIVE, PROBABILITY, Result
@@ -83,7 +84,8 @@ class SpectrumResult(Result):
             [n_freq].
 
         Raises:
-            AnalysisError: no such series.
+            ConfigError: no series of that name.
+            AnalysisError: a series index out of range.
         """
         i = self._series_index(series)
         return block_power(self.power[i]) if self.is_2d else self.power[i]
@@ -91,7 +93,7 @@ class SpectrumResult(Result):
     def _series_index(self, series: Union[int, str]) -> int:
         if isinstance(series, str):
             if series not in self.series:
-                raise AnalysisError(f"unknown series {series!r}; accepted: {accepted(self.series)}")
+                raise ConfigError(f"unknown series {series!r}; accepted: {accepted(self.series)}")
             return self.series.index(series)
         if not -len(self.series) <= series < len(self.series):
             raise AnalysisError(f"series index {series} out of range; there are {len(self.series)} series")
@@ -142,9 +144,7 @@ class SpectrumResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.fourier import plot_spectrum
-
-        return plot_spectrum(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def spectrum_result(power: torch.Tensor, series: list[str], start: int, n: int, source: str, rule: str,

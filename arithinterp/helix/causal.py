@@ -17,9 +17,10 @@ import torch
 from arithinterp.checks import check_belongs
 from arithinterp import engine
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import as_2d
-from arithinterp.helix.fitting import HelixFit, fit
+from arithinterp.helix.fitting import HelixFit, fit, resolve_values, value_names
 from arithinterp.intervals import ratio_to_reference
 from arithinterp.results import DISTINCT, NON_NEGATIVE, POSITIVE, Result, build_meta
 from arithinterp.types import HookedModel, checked
@@ -96,8 +97,13 @@ def capture(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], pos
 def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple], position: str,
                   replacement: Optional[torch.Tensor],
                   tokens: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """The final-position logit of one token per prompt with an activation replaced, one
-    :func:`arithinterp.engine.run` per batch.
+    """The logit of one token per prompt, or the summed logits of a teacher-forced answer, with an
+    activation replaced, one :func:`arithinterp.engine.run` per batch.
+
+    With ``tokens`` ``[N]`` the token's logit at the final position is read. With ``tokens``
+    ``[N, K]`` (a multi-token answer, ``-1`` past its end) every token but the last is fed after
+    the prompt and each token's logit is read at the position that predicts it, summed over the
+    answer's tokens: the patched position lies inside the prompt, so the fed tokens see it.
 
     Args:
         model: The hooked model.
@@ -105,19 +111,26 @@ def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple
         hook: A hook name or a ``(site, layer)`` pair.
         position: A position name of the prompts.
         replacement (Float[Tensor, "prompt d"] | None): The activation to write; ``None``: no patch.
-        tokens (Int[Tensor, "prompt"]): The token whose logit is read.
+        tokens (Int[Tensor, "prompt"] | Int[Tensor, "prompt answer"]): The token (or answer) whose
+            logit is read.
         batch_size: Prompts per forward.
 
     Returns:
-        Float[Tensor, "prompt"]: The logits.
+        Float[Tensor, "prompt"]: The logits (summed over the answer's tokens).
 
     Raises:
         SiteError: An unknown hook or position.
+        AnalysisError: ``tokens`` has another number of rows than the prompts, or a row without a token.
         ModelMismatchError: The prompts were built for another model.
     """
     check_belongs(model, "helix.patched_logit", prompts=prompts)
     site, layer = _where(hook)
     index = _position_index(prompts, position)
+    answer = tokens[:, None] if tokens.ndim == 1 else tokens
+    if answer.ndim != 2 or answer.shape[0] != len(prompts) or bool((answer[:, 0] < 0).any()):
+        raise AnalysisError(f"tokens must be [prompts] or [prompts, answer tokens] with a first token in every row "
+                            f"for {len(prompts)} prompts, got shape {tuple(tokens.shape)}")
+    n_answer = answer.shape[1]
     out = torch.empty(len(prompts))
     for idx in _groups(prompts, batch_size):
         columns = index[idx] - prompts.offset(idx)
@@ -126,16 +139,26 @@ def patched_logit(model: HookedModel, prompts: PromptSet, hook: Union[str, tuple
             value = replacement[idx]
             patches = [engine.Write(site, layer, columns,
                                            value=lambda current, value=value: value.reshape(current.shape))]
-        logits = engine.run(model, prompts.unpadded(idx), patches).logits
-        assert logits is not None  # the final position's, by default
-        out[idx] = logits[torch.arange(len(idx)), tokens[idx]].float()
+        fed = torch.cat([prompts.unpadded(idx), answer[idx, :-1].clamp(min=0)], dim=1)
+        logits = engine.run(model, fed, patches, logits=n_answer).logits  # [B, K, V] at the last K positions
+        assert logits is not None  # asked for
+        read = logits.gather(2, answer[idx].clamp(min=0)[:, :, None].to(logits.device))[:, :, 0].float().cpu()
+        out[idx] = torch.where(answer[idx] >= 0, read, torch.zeros_like(read)).sum(1)
     return out
+
+
+def scored_tokens(pairs: PromptPairs) -> torch.Tensor:
+    """What :func:`patch_test` reads of the corrupt answer: its first token ``[N]``, or with the
+    prompts' ``scoring == "full-answer"`` every one of its tokens ``[N, K]`` (``-1`` past the end)."""
+    if pairs.clean.scoring == "full-answer" and pairs.corrupt.answer_tokens.shape[1] > 1:
+        return pairs.corrupt.answer_tokens
+    return pairs.corrupt_answer_token
 
 
 def stacked_effects(model: HookedModel, pairs: PromptPairs, hook: Union[str, tuple], position: str, replacements: list,
                     batch_size: int) -> torch.Tensor:
-    """Effect [M, N] (corrupt-answer logit after − before) of M replacement sets in one batch."""
-    tokens = pairs.corrupt_answer_token
+    """Effect [M, N] (corrupt-answer logit after − before, :func:`scored_tokens`) of M replacement sets in one batch."""
+    tokens = scored_tokens(pairs)
     before = patched_logit(model, pairs.clean, hook, position, None, tokens, batch_size)
     n, m = len(pairs), len(replacements)
     index = torch.arange(n).repeat(m)
@@ -214,9 +237,7 @@ class HelixPatchResult(Result):
                                  n_pairs=[n] * len(self.methods), note=[self.note] * len(self.methods)))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_helix_patch
-
-        return plot_helix_patch(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked
@@ -340,9 +361,9 @@ def patch_test(
     for name, other in (extra or {}).items():
         check_not_interpolating(other, repr(name))
     if value is None:  # 'a[0]' and 'a-1' read the value of a
-        value = fit.names[0] if fit.names[0] in pairs.clean.label_names() else re.sub(r"[^A-Za-z_].*$", "", position)
-    clean_values = pairs.clean.label(str(value)).double()
-    corrupt_values = pairs.corrupt.label(str(value)).double()
+        value = fit.names[0] if fit.names[0] in value_names(pairs.clean) else re.sub(r"[^A-Za-z_].*$", "", position)
+    clean_values = resolve_values(str(value), pairs.clean)[0][:, 0]
+    corrupt_values = resolve_values(str(value), pairs.corrupt)[0][:, 0]
     where = (site, layer)
     clean_acts = capture(model, pairs.clean, where, position, batch_size)
     corrupt_acts = capture(model, pairs.corrupt, where, position, batch_size)

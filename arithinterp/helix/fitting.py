@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import (
     DEFAULT_PERIODS,
@@ -183,12 +184,12 @@ class HelixFit(Result):
         Raises:
             ConfigError: An unknown view.
         """
-        from arithinterp.viz import fourier as viz
+        return draw(self, view=view, **kwargs)
 
-        views = {"3d": viz.plot_helix_3d, "pairs": viz.plot_helix_pairs, "periods": viz.plot_helix_periods}
-        if view not in views:
-            raise ConfigError(f"unknown view {view!r}; accepted: {accepted(views)}")
-        return views[view](self, **kwargs)
+
+def value_names(prompts: PromptSet) -> list[str]:
+    """The numbers a fit can be made to by name: the prompts' labels and ``"a+b"``."""
+    return [*prompts.label_names(), "a+b"]
 
 
 def resolve_values(values: Values, prompts: Optional[PromptSet]) -> tuple[torch.Tensor, list[str]]:
@@ -494,9 +495,7 @@ class FitLayersResult(Result):
                              for i, f in enumerate(self.fits) for j, layer in enumerate(self.layers)])
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_fit_layers
-
-        return plot_fit_layers(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, SiteError, accepted
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, least_squares
 from arithinterp.progress import progress_bar
@@ -103,9 +104,7 @@ class NeuronFitResult(Result):
         ))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_neuron_fits
-
-        return plot_neuron_fits(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

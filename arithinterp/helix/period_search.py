@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, SiteError
 from arithinterp.helix.causal import stacked_effects
 from arithinterp.helix.design import DEFAULT_PERIODS, check_periods, pca_basis, basis
@@ -74,9 +75,7 @@ class PeriodSearchResult(Result):
                                   best_of_size=tuple(s) in best) for i, s in enumerate(self.subsets)])
 
     def plot(self, **kwargs):
-        from arithinterp.viz.fourier import plot_period_search
-
-        return plot_period_search(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

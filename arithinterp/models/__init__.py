@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 import torch
 
 from arithinterp.checks import model_id
-from arithinterp.errors import ModelFileError, ModelSpecError, accepted
+from arithinterp.errors import ConfigError, ModelFileError, ModelSpecError, accepted
 from arithinterp.models.zoo import ZOO, get_entry, list_zoo
 from arithinterp.types import HookedModel, checked
 
@@ -50,7 +50,7 @@ def _resolve_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in _DTYPES:
-        raise ModelSpecError(f"unknown dtype {dtype!r}; accepted: {accepted(_DTYPES)} or a torch.dtype")
+        raise ConfigError(f"unknown dtype {dtype!r}; accepted: {accepted(_DTYPES)} or a torch.dtype")
     return _DTYPES[dtype]
 
 
@@ -102,8 +102,9 @@ def load_model(
         The model in eval mode, its spec in ``arithinterp_spec`` where it is one the zoo or package knows.
 
     Raises:
-        ModelSpecError: A malformed or unknown spec, an unusable dtype or device, ``device`` with
+        ModelSpecError: A malformed or unknown spec, an unusable device, ``device`` with
             ``device_map``, or a missing optional dependency (``gguf``, ``accelerate``).
+        ConfigError: An unknown ``dtype`` name.
         ModelFileError: A local file or directory that is missing or incomplete.
     """
     if not isinstance(spec, str) or not spec.strip():

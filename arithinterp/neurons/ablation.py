@@ -16,7 +16,9 @@ import torch
 from arithinterp.checks import check_belongs, integers
 from arithinterp import engine
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.intervals import bootstrap_means
 from arithinterp.engine.ablations import DEFAULT_STACK_BYTES
 from arithinterp.engine.budget import memory_budget
 from arithinterp.neurons.final_reads import check_engine, check_prompts, final_position_batches, mean_final_activation
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from arithinterp.tasks import PromptSet
 
 NEURON_ABLATIONS = ("mean", "zero")
+PROMPT_REFERENCES = ("answer", "model")  # what ablate_for_prompt compares each ablated run with
+PROMPT_CONTROLS = ("table", "layer", "other-prompt")  # what ablate_for_prompt ablates as its control
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -72,8 +76,6 @@ class HeuristicAblationResult(Result):
     _legal = {"n_neurons": NON_NEGATIVE, "n_associated": NON_NEGATIVE, "n_other": NON_NEGATIVE,
               "associated_before": PROBABILITY, "associated_after": PROBABILITY, "other_before": PROBABILITY,
               "other_after": PROBABILITY, "ablation": NEURON_ABLATIONS}
-    _saved_names = ("HeuristicAblation",)
-    _field_names = {"mode": "ablation"}
 
     def headline(self) -> dict:
         """The mean drops in accuracy on the prompts each heuristic is about and on the others
@@ -119,9 +121,7 @@ class HeuristicAblationResult(Result):
         )
 
     def plot(self, **kwargs):
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_heuristic_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,15 +130,30 @@ class PromptAblationResult(Result):
 
     Attributes:
         ks: The numbers of neurons ablated per layer.
-        heuristic_correct (Float[Tensor, "k"]): The fraction of prompts still answered correctly
-            with their own heuristic neurons ablated.
+        heuristic_correct (Float[Tensor, "k"]): The fraction of prompts still answered (their
+            ``reference`` answer still produced) with their own heuristic neurons ablated.
         control_correct (Float[Tensor, "k"]): The same with as many random neurons ablated.
-        n_ablated (Float[Tensor, "k"]): The mean number of neurons ablated per prompt (the same for
-            both arms).
-        baseline: The accuracy with nothing ablated.
+        n_ablated (Float[Tensor, "k"]): The mean number of neurons ablated per prompt in the
+            heuristic arm.
+        baseline: The fraction answered with nothing ablated.
         n_prompts: The number of prompts.
         ablation: ``"mean"`` or ``"zero"``.
-        meta: Provenance, ``rank_by``, the seed and the table's threshold.
+        meta: Provenance, ``rank_by``, ``control``, the seed, the bootstrap settings and the table's threshold.
+        n_control (Float[Tensor, "k"] | None): The mean number ablated per prompt in the control
+            arm: ``n_ablated`` unless the control's pool ran short for some prompts.
+        heuristic_per_prompt (Bool[Tensor, "k prompt"] | None): Whether each prompt is still
+            answered in the heuristic arm.
+        control_per_prompt (Bool[Tensor, "k prompt"] | None): The same in the control arm.
+        baseline_per_prompt (Bool[Tensor, "prompt"] | None): The same with nothing ablated.
+        heuristic_ci (Float[Tensor, "2 k"] | None): The 95% percentile-bootstrap interval of
+            ``heuristic_correct`` over prompts.
+        control_ci (Float[Tensor, "2 k"] | None): That of ``control_correct``.
+        difference (Float[Tensor, "k"] | None): ``control_correct - heuristic_correct``: the
+            share of prompts the prompt's own neurons break beyond what as many random ones break.
+        difference_ci (Float[Tensor, "2 k"] | None): Its paired interval (both arms resampled over
+            the same prompts).
+        reference: What "answered" means: ``"answer"`` (the task's answer) or ``"model"`` (the
+            model's own unablated greedy answer, so ``baseline`` is 1).
     """
 
     ks: list
@@ -149,26 +164,64 @@ class PromptAblationResult(Result):
     n_prompts: int
     ablation: str
     meta: dict = dataclasses.field(default_factory=dict)
+    n_control: Optional[torch.Tensor] = None
+    heuristic_per_prompt: Optional[torch.Tensor] = None
+    control_per_prompt: Optional[torch.Tensor] = None
+    baseline_per_prompt: Optional[torch.Tensor] = None
+    heuristic_ci: Optional[torch.Tensor] = None
+    control_ci: Optional[torch.Tensor] = None
+    difference: Optional[torch.Tensor] = None
+    difference_ci: Optional[torch.Tensor] = None
+    reference: str = "answer"
 
     # what load checks: the axes fields share and the values they may take
-    _shapes = {"ks": "k", "heuristic_correct": "k", "control_correct": "k", "n_ablated": "k"}
+    _shapes = {"ks": "k", "heuristic_correct": "k", "control_correct": "k", "n_ablated": "k", "n_control": "k",
+               "heuristic_per_prompt": "k prompt", "control_per_prompt": "k prompt", "baseline_per_prompt": "prompt",
+               "heuristic_ci": "2 k", "control_ci": "2 k", "difference": "k", "difference_ci": "2 k"}
     _legal = {"ks": POSITIVE, "heuristic_correct": PROBABILITY, "control_correct": PROBABILITY,
-              "n_ablated": NON_NEGATIVE, "baseline": PROBABILITY, "n_prompts": NON_NEGATIVE,
-              "ablation": NEURON_ABLATIONS}
-    _saved_names = ("PromptAblation",)
-    _field_names = {"mode": "ablation"}
+              "n_ablated": NON_NEGATIVE, "n_control": NON_NEGATIVE, "baseline": PROBABILITY,
+              "n_prompts": NON_NEGATIVE, "ablation": NEURON_ABLATIONS, "heuristic_ci": PROBABILITY,
+              "control_ci": PROBABILITY, "reference": PROMPT_REFERENCES}
 
     def to_frame(self) -> pd.DataFrame:
         rows = []
         for i, k in enumerate(self.ks):
-            for arm, values in (("heuristic", self.heuristic_correct), ("control", self.control_correct)):
-                rows.append(dict(k=k, arm=arm, correct=float(values[i]), n_ablated=float(self.n_ablated[i])))
+            for arm, values, ci, sizes in (("heuristic", self.heuristic_correct, self.heuristic_ci, self.n_ablated),
+                                           ("control", self.control_correct, self.control_ci, self.n_control)):
+                low, high = (float(ci[0, i]), float(ci[1, i])) if ci is not None else (float("nan"),) * 2
+                size = sizes if sizes is not None else self.n_ablated
+                rows.append(dict(k=k, arm=arm, correct=float(values[i]), ci_low=low, ci_high=high,
+                                 n_ablated=float(size[i])))
         return pd.DataFrame(rows)
 
-    def plot(self, **kwargs):
-        from arithinterp.viz import neurons as viz
+    def comparison(self) -> pd.DataFrame:
+        """One row per ``k``: both arms with their intervals and the paired difference.
 
-        return viz.plot_prompt_ablation(self, **kwargs)
+        Returns:
+            Columns ``k``, ``n_ablated``, ``n_control``, ``heuristic`` (with ``heuristic_low`` /
+            ``heuristic_high``), ``control`` (with its interval), ``difference`` = control −
+            heuristic (with its paired interval) and ``distinct``: whether that interval excludes 0.
+
+        Raises:
+            AnalysisError: The result predates per-prompt outcomes (no intervals to compare).
+        """
+        if self.difference is None or self.difference_ci is None or self.heuristic_ci is None \
+                or self.control_ci is None:
+            raise AnalysisError("this result has no per-prompt outcomes (saved by an older version); run "
+                                "ablate_for_prompt again for intervals")
+        n_control = self.n_control if self.n_control is not None else self.n_ablated
+        low, high = self.difference_ci
+        return pd.DataFrame(dict(
+            k=self.ks, n_ablated=self.n_ablated.numpy(), n_control=n_control.numpy(),
+            heuristic=self.heuristic_correct.numpy(), heuristic_low=self.heuristic_ci[0].numpy(),
+            heuristic_high=self.heuristic_ci[1].numpy(), control=self.control_correct.numpy(),
+            control_low=self.control_ci[0].numpy(), control_high=self.control_ci[1].numpy(),
+            difference=self.difference.numpy(), difference_low=low.numpy(), difference_high=high.numpy(),
+            distinct=((low > 0) | (high < 0)).numpy(),
+        ))
+
+    def plot(self, **kwargs):
+        return draw(self, **kwargs)
 
 
 # --- ablations -----------------------------------------------------------------------------------
@@ -212,9 +265,11 @@ def _stepped_mean(model, prompts, layers: list[int], batch_size: int) -> Optiona
 
 
 def _correct(
-    model, prompts, masks: dict[int, torch.Tensor], replacement: dict[int, torch.Tensor], batch_size: int
+    model, prompts, masks: dict[int, torch.Tensor], replacement: dict[int, torch.Tensor], batch_size: int,
+    answers: torch.Tensor,
 ) -> torch.Tensor:
-    """Whether each prompt is answered right with neurons ablated at the final position.
+    """Whether each prompt produces ``answers`` (``[P, K]`` tokens, ``-1`` past the end) with
+    neurons ablated at the final position.
 
     ``masks[layer]`` is ``[d_mlp]`` (same for every prompt) or ``[P, d_mlp]`` bool. With
     ``prompts.scoring == "full-answer"`` every answer token is checked teacher-forced (equal to
@@ -222,10 +277,10 @@ def _correct(
     :class:`~arithinterp.engine.Write` s run by :func:`arithinterp.engine.run`.
     """
     correct = torch.zeros(len(prompts), dtype=torch.bool)
-    full = getattr(prompts, "scoring", "first-token") == "full-answer" and prompts.answer_tokens.shape[1] > 1
+    full = getattr(prompts, "scoring", "first-token") == "full-answer" and answers.shape[1] > 1
     for idx, tokens, final in final_position_batches(prompts, batch_size):
         rows = torch.arange(len(idx))
-        answer = prompts.answer_tokens[idx]
+        answer = answers[idx]
         ablations = []
         for layer, mask in masks.items():
             m = mask[idx] if mask.ndim == 2 else mask[None].expand(len(idx), -1)
@@ -254,24 +309,26 @@ def _correct(
 
 def _correct_many(
     model, prompts, cells: Sequence[dict[int, torch.Tensor]], replacement: dict[int, torch.Tensor], batch_size: int,
-    choice: str = "auto",
+    choice: str = "auto", answers: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """:func:`_correct` of every cell's masks, ``[len(cells), P]`` bool.
+    """:func:`_correct` of every cell's masks, ``[len(cells), P]`` bool; ``answers`` defaults to
+    the prompts' answer tokens.
 
     ``choice="hooks"`` (or a model whose blocks cannot be stepped, under ``"auto"``) runs
     :func:`_correct` cell by cell, whole forwards; otherwise each batch of prompts runs once and
     the cells are stacked from their lowest ablated layer at the final position
     (:class:`arithinterp.engine.AblationRunner`), the earlier positions' keys and values reused.
     """
+    answers = prompts.answer_tokens if answers is None else answers
     first = next(iter(final_position_batches(prompts, 1)))[1]
     stepper = None if choice == "hooks" else engine.stepper_for(model, first, choice, warn=False)[0]
     if stepper is None:
-        return torch.stack([_correct(model, prompts, masks, replacement, batch_size) for masks in cells]) if cells \
-            else torch.zeros(0, len(prompts), dtype=torch.bool)
+        return torch.stack([_correct(model, prompts, masks, replacement, batch_size, answers)
+                            for masks in cells]) if cells else torch.zeros(0, len(prompts), dtype=torch.bool)
     correct = torch.zeros(len(cells), len(prompts), dtype=torch.bool)
-    full = getattr(prompts, "scoring", "first-token") == "full-answer" and prompts.answer_tokens.shape[1] > 1
+    full = getattr(prompts, "scoring", "first-token") == "full-answer" and answers.shape[1] > 1
     for idx, tokens, final in final_position_batches(prompts, batch_size):
-        answer = prompts.answer_tokens[idx]
+        answer = answers[idx]
         n_answer = answer.shape[1] if full else 1
         if full:
             tokens = torch.cat([tokens, answer[:, :-1].clamp(min=0)], dim=1)
@@ -419,7 +476,10 @@ def ablate_for_prompt(
     *,
     ablation: str = "mean",
     rank_by: str = "score",
+    reference: str = "answer",
+    control: str = "table",
     seed: int = 0,
+    n_boot: int = 1000,
     batch_size: PositiveInt = 512,
     engine: str = "auto",
     progress: bool = True,
@@ -428,9 +488,25 @@ def ablate_for_prompt(
 
     Per prompt and layer, up to ``k`` of the table's neurons with a heuristic the prompt
     satisfies are ablated (the best first by ``rank_by``: ``"score"`` — the neuron's mean score
-    over its labels the prompt satisfies — or ``"importance"``). The control ablates, for the same prompt and
-    layer, the same number of neurons drawn at random (seeded) from the table's other neurons of
-    that layer (its top neurons not associated with the prompt). Follows Nikankin et al. 2025.
+    over its labels the prompt satisfies — or ``"importance"``). The control ablates, for the same
+    prompt and layer, the same number of neurons not associated with the prompt: drawn at random
+    (seeded) from the table's other neurons of that layer (``control="table"``, the default: as
+    important as the ablated ones, so the comparison isolates the association) or from any neuron
+    of the layer (``"layer"``: mostly unimportant neurons, a weaker control); or (``"other-prompt"``)
+    the neurons the same rule picks for another prompt with a different result (a seeded partner),
+    less the prompt's own: heuristic neurons chosen as carefully, for the wrong prompt. Where the
+    pool holds fewer neurons than the heuristic arm ablates, the control ablates the whole pool and
+    ``n_control`` says so. Follows Nikankin et al. 2025.
+
+    A prompt is *answered* when the run produces its reference answer: the task's answer
+    (``reference="answer"``; on correctly answered prompts the kept share is the accuracy kept) or
+    the model's own greedy answer with nothing ablated (``"model"``: what a model that answers
+    nothing right, e.g. a random-init control, still produces). With ``prompts.scoring ==
+    "full-answer"`` every answer token is checked teacher-forced (greedy exact match); otherwise the
+    first answer token. The neurons are ablated at the final position, where the table read them.
+
+    Both arms' shares carry 95% percentile-bootstrap intervals over prompts, and their difference
+    (control − heuristic) a paired one (:meth:`PromptAblationResult.comparison`).
 
     Args:
         model: The hooked model.
@@ -439,18 +515,22 @@ def ablate_for_prompt(
         k: Neurons ablated per prompt and layer, one number or several.
         ablation: ``"mean"`` or ``"zero"``.
         rank_by: ``"score"`` or ``"importance"``.
-        seed: Seeds the control's draw.
+        reference: ``"answer"`` or ``"model"``.
+        control: ``"table"``, ``"layer"`` or ``"other-prompt"``: what the control ablates.
+        seed: Seeds the control's draw and the bootstrap.
+        n_boot: Bootstrap resamples, at least 100.
         batch_size: Prompts per forward.
         engine: As in :func:`ablate_heuristic` (every ``k`` and arm stacked; ``"hooks"`` the reference).
         progress: Show a progress bar.
 
     Returns:
-        The fraction of prompts still answered correctly in both arms for each ``k``.
+        The share of prompts still answered in both arms for each ``k``, per prompt and with intervals.
 
     Raises:
-        ConfigError: An unknown ablation, engine or ``rank_by``, a ``k`` below 1, or
-            ``rank_by="importance"`` without importance scores.
-        AnalysisError: No neuron in the table has a label.
+        ConfigError: An unknown ablation, engine, ``rank_by``, ``reference`` or ``control``, a
+            ``k`` below 1, ``n_boot`` below 100, or ``rank_by="importance"`` without importance scores.
+        AnalysisError: No neuron in the table has a label, or (``control="other-prompt"``) a prompt
+            has no partner with another result.
         ModelMismatchError: The prompts or table belong to another model.
     """
     check_belongs(model, "neurons.ablate_for_prompt", prompts=prompts, table=table)
@@ -458,11 +538,15 @@ def ablate_for_prompt(
     _check_table(model, table)
     _check_ablation(ablation)
     check_engine(engine)
-    if rank_by not in ("score", "importance"):
-        raise ConfigError(f"unknown rank_by {rank_by!r}; accepted: 'score', 'importance'")
+    for name, value, options in (("rank_by", rank_by, ("score", "importance")), ("reference", reference,
+                                 PROMPT_REFERENCES), ("control", control, PROMPT_CONTROLS)):
+        if value not in options:
+            raise ConfigError(f"unknown {name} {value!r}; accepted: {accepted(options)}")
     ks = integers("k", k, ConfigError)
     if not ks or any(x < 1 for x in ks):
         raise ConfigError(f"k must be a positive integer or a list of them, got {k!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
+        raise ConfigError(f"n_boot must be an integer ≥ 100 (bootstrap resamples over prompts), got {n_boot!r}")
     if rank_by == "importance" and torch.isnan(table.importance).all():
         raise ConfigError("rank_by='importance' needs a table with importance scores (classify with top_k)")
     labelled = table.labels
@@ -478,41 +562,85 @@ def ablate_for_prompt(
         priority = (sat @ (lab * table.best_scores[:, used]).T) / (sat @ lab.T).clamp(min=1)
     else:
         priority = table.importance[None].expand(len(prompts), -1)
+    answers = prompts.answer_tokens
+    if reference == "model":  # the model's own greedy answer, padded like the task's
+        answers = torch.where(answers >= 0, prompts.evaluate(model, progress=False).generated_tokens, -1)
     generator = torch.Generator().manual_seed(seed)
+    partner = _partners(prompts.answer, generator) if control == "other-prompt" else None
     layers = sorted(set(table.layer.tolist()))
     fill = _replacement(model, prompts, layers, ablation, batch_size, engine)
     replacement = {l: fill[i] for i, l in enumerate(layers)}
     d_mlp = int(model.cfg.d_mlp)
     P = len(prompts)
-    cells, sizes = [{}], []  # nothing ablated, then each k's heuristic and control masks
+    cells, sizes, control_sizes = [{}], [], []  # nothing ablated, then each k's heuristic and control masks
     for kk in progress_bar(ks, desc="ablate per prompt", disable=not progress):
-        masks_h, masks_c, total = {}, {}, torch.zeros(P)
+        masks_h, masks_c, total, total_c = {}, {}, torch.zeros(P), torch.zeros(P)
         for l in layers:
             cols = torch.nonzero(table.layer == l).flatten()
             a = assoc[:, cols]
             pri = torch.where(a, priority[:, cols], torch.tensor(float("-inf")))
             count = a.sum(1).clamp(max=kk)
-            pick = _first(pri, count) & a
-            others = ~a
-            noise = torch.where(others, torch.rand(P, len(cols), generator=generator), torch.tensor(-1.0))
-            pick_c = _first(noise, torch.minimum(count, others.sum(1))) & others
-            masks_h[l] = _scatter_mask(pick, table.neuron[cols], d_mlp)
-            masks_c[l] = _scatter_mask(pick_c, table.neuron[cols], d_mlp)
-            total += pick.sum(1)
+            masks_h[l] = _scatter_mask(_first(pri, count) & a, table.neuron[cols], d_mlp)
+            if partner is not None:  # the partner's neurons by the same rule, none of the prompt's own
+                pool = a[partner] & ~a
+                pick = _first(torch.where(pool, priority[partner][:, cols], torch.tensor(float("-inf"))),
+                              torch.minimum(count, pool.sum(1))) & pool
+                masks_c[l] = _scatter_mask(pick, table.neuron[cols], d_mlp)
+            else:  # the table's other neurons of this layer, or every neuron of it not associated
+                pool = _scatter_mask(~a, table.neuron[cols], d_mlp) if control == "table" else ~_scatter_mask(
+                    a, table.neuron[cols], d_mlp)
+                noise = torch.where(pool, torch.rand(P, d_mlp, generator=generator), torch.tensor(-1.0))
+                masks_c[l] = _first(noise, torch.minimum(count, pool.sum(1))) & pool
+            total += count
+            total_c += masks_c[l].sum(1)
         cells += [masks_h, masks_c]
         sizes.append(float(total.mean()))
-    accuracy = _correct_many(model, prompts, cells, replacement, batch_size, engine).float().mean(1)
-    baseline = accuracy[0]
+        control_sizes.append(float(total_c.mean()))
+    kept = _correct_many(model, prompts, cells, replacement, batch_size, engine, answers)  # [cells, P]
+    heuristic, control_kept = kept[1::2].clone(), kept[2::2].clone()
+    # one set of resamples for every row, so the difference's interval is paired
+    rows = torch.cat([heuristic, control_kept, control_kept.float() - heuristic.float()]).float()
+    boot = bootstrap_means(rows, n_boot, seed)  # [n_boot, 3k]
+    low, high = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype), dim=0).float()
+    n = len(ks)
+    means = rows.mean(1)
     return PromptAblationResult(
         ks=ks,
-        heuristic_correct=accuracy[1::2].clone(),
-        control_correct=accuracy[2::2].clone(),
+        heuristic_correct=means[:n].clone(),
+        control_correct=means[n : 2 * n].clone(),
         n_ablated=torch.tensor(sizes),
-        baseline=float(baseline),
+        baseline=float(kept[0].float().mean()),
         n_prompts=P,
         ablation=ablation,
-        meta=build_meta(model, n_prompts=P, rank_by=rank_by, seed=seed, threshold=table.threshold),
+        n_control=torch.tensor(control_sizes),
+        heuristic_per_prompt=heuristic,
+        control_per_prompt=control_kept,
+        baseline_per_prompt=kept[0].clone(),
+        heuristic_ci=torch.stack([low[:n], high[:n]]),
+        control_ci=torch.stack([low[n : 2 * n], high[n : 2 * n]]),
+        difference=means[2 * n :].clone(),
+        difference_ci=torch.stack([low[2 * n :], high[2 * n :]]),
+        reference=reference,
+        meta=build_meta(model, n_prompts=P, rank_by=rank_by, control=control, reference=reference, seed=seed,
+                        n_boot=n_boot, threshold=table.threshold, interval="95% percentile bootstrap over prompts"),
     )
+
+
+def _partners(results: torch.Tensor, generator: torch.Generator, tries: int = 64) -> torch.Tensor:
+    """A random partner ``[P]`` for every prompt, one whose result differs (redrawn up to ``tries`` times).
+
+    Raises:
+        AnalysisError: A prompt finds no partner with another result (e.g. every result is the same).
+    """
+    P = len(results)
+    partner = torch.randint(P, (P,), generator=generator)
+    for _ in range(tries):
+        same = results[partner] == results
+        if not same.any():
+            return partner
+        partner[same] = torch.randint(P, (int(same.sum()),), generator=generator)
+    raise AnalysisError(f"control='other-prompt' needs, for every prompt, another prompt with a different result; "
+                        f"{int((results[partner] == results).sum())} of {P} found none in {tries} draws")
 
 
 def _first(priority: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

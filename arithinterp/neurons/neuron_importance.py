@@ -16,6 +16,7 @@ import torch
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine.budget import (
     backward_bytes_per_prompt,
     chunk_for,
@@ -59,7 +60,6 @@ class NeuronImportance(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"layers": "layer", "scores": "layer neuron", "top": "layer top"}
     _legal = {"layers": NON_NEGATIVE, "top": NON_NEGATIVE}
-    _value_names = {"method": {"mean_ablation": "mean-ablation"}}
 
     def neurons(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every selected neuron, layer by layer.
@@ -106,9 +106,7 @@ class NeuronImportance(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_importance(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 class _Moments:

@@ -16,6 +16,7 @@ import torch
 
 from arithinterp import sites as site_lib
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.engine.budget import memory_budget, release_freed_memory
 from arithinterp.errors import AnalysisError, SiteError
 from arithinterp.neurons.final_reads import check_prompts, final_batches, read_batch_size
@@ -81,9 +82,7 @@ class NeuronMaps(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_maps(self, index=index, kind=kind, **kwargs)
+        return draw(self, index=index, kind=kind, **kwargs)
 
     def classify(self, threshold: float = 0.6, **kwargs) -> HeuristicTable:
         """:func:`~arithinterp.neurons.classify_maps` on these maps.
@@ -96,7 +95,7 @@ class NeuronMaps(Result):
             The classification.
         """
         return classify_maps(
-            self.k_maps, self.kv_maps, self.a_values, self.b_values, self.op, threshold,
+            self.k_maps, self.kv_maps, self.a_values, self.b_values, self.op, threshold=threshold,
             modulus=self.modulus, layers=self.layer, neurons=self.neuron, meta=dict(self.meta), **kwargs,
         )
 

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from arithinterp.errors import ConfigError, TaskError, accepted
+from arithinterp.errors import ConfigError, accepted
 from arithinterp.types import Modulus, checked
 
 OPS = ("+", "-", "*", "//", "mod")
@@ -28,10 +28,10 @@ def check_op(op: str) -> None:
         op: One of :data:`OPS`.
 
     Raises:
-        TaskError: ``op`` is unknown.
+        ConfigError: ``op`` is unknown.
     """
     if op not in OPS:
-        raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPS)}")
+        raise ConfigError(f"unknown operator {op!r}; accepted: {accepted(OPS)}")
 
 
 @checked
@@ -52,8 +52,7 @@ def apply_op(
         ``(result, defined)``, both shaped like the broadcast of ``a`` and ``b``.
 
     Raises:
-        TaskError: ``op`` is refused.
-        ConfigError: ``modulus`` is not an int >= 2 or None.
+        ConfigError: ``op`` is unknown, or ``modulus`` is not an int >= 2 or None.
     """
     check_op(op)
     a, b = torch.broadcast_tensors(torch.as_tensor(a).long(), torch.as_tensor(b).long())

@@ -49,8 +49,8 @@ def classify_maps(
     a_values: Iterable[int],
     b_values: Iterable[int],
     op: str,
-    threshold: float = 0.6,
     *,
+    threshold: float = 0.6,
     fdr: Optional[float] = 0.05,
     shuffle_control: bool = True,
     registry: Optional[HeuristicRegistry] = None,
@@ -65,7 +65,7 @@ def classify_maps(
     seed: int = 0,
     chunk_size: PositiveInt = SCORE_CHUNK,
     max_memory: Optional[ByteSize] = None,
-    progress: bool = False,
+    progress: bool = True,
     meta: Optional[dict] = None,
 ) -> "HeuristicTable":
     """Label neurons with the heuristics their maps implement (pure; Nikankin et al. 2025).

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import ConfigError, SiteError, accepted
 from arithinterp.outputs import writes
 from arithinterp.neurons.registry import HeuristicRegistry
@@ -265,6 +266,4 @@ class HeuristicTable(Result):
         Returns:
             The plotly figure.
         """
-        from arithinterp.viz import neurons as viz
-
-        return viz.plot_heuristic_table(self, kind=kind, **kwargs)
+        return draw(self, kind=kind, **kwargs)

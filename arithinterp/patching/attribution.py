@@ -10,6 +10,7 @@ import torch
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.engine import Read, Write
 from arithinterp.engine.patches import per_unit
 from arithinterp.engine import run as engine_run
@@ -350,8 +351,6 @@ class ComparisonResult(Result):
     _shapes = {"sites": "site", "correlation": "site", "pair_correlation": "site", "exact": "site", "approx": "site",
                "cells": "site"}
     _legal = {"correlation": CORRELATION, "pair_correlation": CORRELATION}
-    _saved_names = ("Comparison",)
-    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     def to_frame(self):
         import pandas as pd
@@ -362,9 +361,7 @@ class ComparisonResult(Result):
         return pd.DataFrame(rows)
 
     def plot(self, **kwargs):
-        from arithinterp.viz.patching import plot_comparison
-
-        return plot_comparison(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:

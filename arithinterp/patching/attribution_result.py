@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import ConfigError, ResultFileError, accepted
 from arithinterp.metrics import DIRECTIONS
 from arithinterp.patching.core import ATTRIBUTE_SITES, PatchResult
@@ -80,7 +81,6 @@ class AttributionResult(Result):
                "neurons": "site", "site_meta": "site", "clean_baseline": "pair", "corrupt_baseline": "pair",
                "positions": "position", "tokens": "position"}
     _legal = {"sites": [DISTINCT], "sem": NON_NEGATIVE, "direction": DIRECTIONS}
-    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @classmethod
     def of(cls, parts: list[PatchResult], meta: Optional[dict] = None) -> "AttributionResult":
@@ -169,6 +169,4 @@ class AttributionResult(Result):
         """Every site's figure in one column (see viz.patching), or ``site``'s alone."""
         if site is not None:
             return self[site].plot(**kwargs)
-        from arithinterp.viz.patching import plot_attribution
-
-        return plot_attribution(self, **kwargs)
+        return draw(self, **kwargs)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 
 from arithinterp.checks import check_belongs, check_choice
+from arithinterp.drawing import draw
 from arithinterp.engine import Read, RunningMean, Write
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import AnalysisError
@@ -56,8 +57,6 @@ class AblationResult(Result):
                "token_correct_after": "prompt token", "logprob_before": "prompt", "logprob_after": "prompt"}
     _legal = {"ablation": COMPONENT_ABLATIONS, "scoring": SCORINGS, "accuracy_before": PROBABILITY,
               "accuracy_after": PROBABILITY}
-    _field_names = {"mode": "ablation"}
-    _value_names = {"scoring": {"first_token": "first-token", "full_answer": "full-answer"}}
 
     def to_frame(self):
         """One row per run (full model, ablated): accuracy, mean answer log-prob, per-token accuracy.
@@ -90,9 +89,7 @@ class AblationResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.patching import plot_ablation
-
-        return plot_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def position_rows(prompts, position: Optional[str], idx: torch.Tensor, offset: int,

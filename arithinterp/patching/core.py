@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from arithinterp import sites as site_lib
+from arithinterp.drawing import draw
 from arithinterp.intervals import bootstrap_counts
 from arithinterp.metrics import DIRECTIONS, METRICS, metric_name, stolfo_ie
 from arithinterp.engine.patches import UNIT_SITES  # heads / neurons per site, defined once
@@ -111,7 +112,6 @@ class PatchResult(Result):
                      for axis, labels in (("layer", "layers"), ("position", "positions"), ("head", "heads"),
                                           ("neuron", "neurons")))),
     )
-    _value_names = {"method": {"integrated_gradients": "integrated-gradients"}}
 
     @property
     def n_pairs(self) -> int:
@@ -183,9 +183,7 @@ class PatchResult(Result):
         Returns:
             The plotly figure.
         """
-        from arithinterp.viz.patching import plot_patch_result
-
-        return plot_patch_result(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _draw_counts(n: int, n_boot: int, seed: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, TaskError, accepted
 from arithinterp import sites as site_lib
 from arithinterp.engine import AblationRunner, Ablation, Read, RunningMean, stepper_for
@@ -67,7 +68,6 @@ class DigitAblationResult(Result):
     # what load checks: the axes fields share and the values they may take
     _shapes = {"heads": "head", "accuracy": "head digit", "baseline": "digit"}
     _legal = {"accuracy": PROBABILITY, "baseline": PROBABILITY, "heads": DISTINCT, "ablation": COMPONENT_ABLATIONS}
-    _field_names = {"mode": "ablation"}
 
     @property
     def drop(self) -> torch.Tensor:
@@ -95,9 +95,7 @@ class DigitAblationResult(Result):
 
     def plot(self, **kwargs):
         """Heads × answer tokens heatmap of the accuracy drop (see viz.patching)."""
-        from arithinterp.viz.patching import plot_digit_ablation
-
-        return plot_digit_ablation(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 import torch
 
 from arithinterp.checks import check_belongs, check_choice, check_pairs
+from arithinterp.drawing import draw
 from arithinterp.engine import Read, Stepper
 from arithinterp.engine import run as engine_run
 from arithinterp.errors import ConfigError
@@ -79,9 +80,7 @@ class EffectResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.patching import plot_effects
-
-        return plot_effects(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 @checked

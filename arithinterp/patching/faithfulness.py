@@ -10,6 +10,7 @@ import torch
 
 from arithinterp import metrics as metric_lib
 from arithinterp.checks import check_belongs, check_choice
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError
 from arithinterp.metrics import ANSWER_METRICS
 from arithinterp.patching.component_ablation import ablated_scores
@@ -26,10 +27,12 @@ class ComponentFaithfulnessResult(Result):
     """Faithfulness of a circuit of components: ``(m(circuit) − m(empty)) / (m(full) − m(empty))``.
 
     ``m`` is the mean metric over prompts with everything outside the circuit mean-ablated
-    (``circuit``), nothing ablated (``full``) or every head and MLP ablated (``empty``).
+    (``circuit``), nothing ablated (``full``) or every head and MLP ablated (``empty``). ``components``
+    are the circuit's heads and MLPs; the fields are named as those of
+    :class:`arithinterp.circuits.EdgeFaithfulnessResult`.
     """
 
-    circuit: list
+    components: list
     faithfulness: float
     metric_full: float
     metric_circuit: float
@@ -44,8 +47,6 @@ class ComponentFaithfulnessResult(Result):
     # what load checks: the axes fields share and the values they may take
     _legal = {"ablation": COMPONENT_ABLATIONS, "accuracy_full": PROBABILITY, "accuracy_circuit": PROBABILITY,
               "accuracy_empty": PROBABILITY}
-    _saved_names = ("FaithfulnessResult",)
-    _field_names = {"mode": "ablation"}
 
     def to_frame(self):
         """One row per run (full model, circuit, empty): its score, and the faithfulness.
@@ -73,22 +74,20 @@ class ComponentFaithfulnessResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.patching import plot_component_faithfulness
-
-        return plot_component_faithfulness(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 FAITHFULNESS_METRICS = ANSWER_METRICS  # a prompt's own answer: no counterfactual to compare with
 
 
 @checked
-def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequence[str], metric: str = "logit",
+def component_faithfulness(model: HookedModel, prompts: PromptSet, components: Sequence[str], metric: str = "logit",
                            *, ablation: str = "mean", seed: int = 0) -> ComponentFaithfulnessResult:
-    """Faithfulness of a circuit of components (nodes: heads and MLPs; Nikankin et al. 2025,
+    """Faithfulness of the circuit ``components`` make (nodes: heads and MLPs; Nikankin et al. 2025,
     "Arithmetic Without Algorithms"). The faithfulness of an edge-level circuit is
     :func:`arithinterp.circuits.edge_faithfulness` (over sizes, :func:`arithinterp.circuits.faithfulness_curve`).
 
-    Every attention head and MLP outside the circuit is mean-ablated (``ablation``: also ``"zero"``,
+    Every attention head and MLP outside ``components`` is mean-ablated (``ablation``: also ``"zero"``,
     ``"resample"``) and the metric on the correct answer's
     first token compared with the full model and with everything ablated:
     ``(m(circuit) − m(empty)) / (m(full) − m(empty))`` — 1 is fully faithful, 0 no better than the
@@ -97,7 +96,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
     Args:
         model: The hooked model.
         prompts: The prompts scored (on their answer's first token).
-        circuit: component names as in :func:`~arithinterp.patching.ablate` (``"L2H1"``,
+        components: The circuit's components, named as in :func:`~arithinterp.patching.ablate` (``"L2H1"``,
             ``"attn0"`` = every head of layer 0, ``"mlp1"``, optionally ``"@position"`` to keep a
             component at one position only).
         metric: one of :data:`arithinterp.metrics.ANSWER_METRICS`: ``"logit"`` (default,
@@ -117,7 +116,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
     check_choice("ablation", ablation, COMPONENT_ABLATIONS)
     if len(prompts) == 0:
         raise AnalysisError("the prompt set is empty; nothing to measure")
-    parsed = parse_components(model, list(circuit), ("attn", "mlp", "head"), prompts) if len(circuit) else []
+    parsed = parse_components(model, list(components), ("attn", "mlp", "head"), prompts) if len(components) else []
     prompts = prompts.with_scoring("first-token")
 
     def score(logits, rows):  # [B, 1, V] -> the metric and whether the answer is the argmax, [B, 2]
@@ -143,7 +142,7 @@ def component_faithfulness(model: HookedModel, prompts: PromptSet, circuit: Sequ
     if abs(m_full - m_empty) < 1e-12:
         raise AnalysisError("the full model and the fully ablated model score the same; faithfulness is undefined")
     return ComponentFaithfulnessResult(
-        circuit=[c.name for c in parsed],
+        components=[c.name for c in parsed],
         faithfulness=(m_circ - m_empty) / (m_full - m_empty),
         metric_full=m_full,
         metric_circuit=m_circ,

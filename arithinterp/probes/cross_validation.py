@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError
+from arithinterp.errors import AnalysisError, ConfigError
 from arithinterp.intervals import t_interval
 from arithinterp.probes.estimators import CircularProbe, MLPProbe, RidgeProbe
 from arithinterp.probes.logistic import LogisticProbe
@@ -42,7 +42,8 @@ def resolve_groups(prompts: Optional[PromptSet], groups: Any, n: int) -> tuple[O
         ``(ids [n] or None, name)``: ``"pair"``, the label's name, ``"custom"`` or ``None``.
 
     Raises:
-        AnalysisError: the groups need prompts that are missing, name no label, or have the wrong length.
+        ConfigError: ``groups`` names no label.
+        AnalysisError: the groups need prompts that are missing, or have the wrong length.
     """
     if groups is None:
         return None, None
@@ -60,8 +61,8 @@ def resolve_groups(prompts: Optional[PromptSet], groups: Any, n: int) -> tuple[O
             return ids, "pair"
         try:
             return prompts.label(groups).numpy(), groups
-        except ArithInterpError as error:
-            raise AnalysisError(f"groups: {error}; or 'auto', 'pair', None, or an array of {n} group ids") from error
+        except ConfigError as error:
+            raise ConfigError(f"groups: {error}; or 'auto', 'pair', None, or an array of {n} group ids") from error
     ids = np.asarray(to_tensor(groups, "groups"))
     if ids.ndim != 1 or len(ids) != n:
         raise AnalysisError(f"groups must have one group per prompt ({n}), got shape {ids.shape}")

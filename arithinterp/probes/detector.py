@@ -122,6 +122,10 @@ class ErrorDetector(BaseEstimator):
             the activations included; the first candidate always runs). ``meta_["layer_search"]``
             holds the candidates tried,
             ``meta_["layer_candidates"]`` how many there were. ``None``: every candidate.
+        max_candidates: with ``layers="auto"``, a limit on the layer search counted in candidates,
+            so that where it stops does not depend on the machine: the first ``max_candidates`` of
+            the coarse-to-fine order above are tried, and only their layers are read. ``None``:
+            every candidate.
     """
 
     # the fitted state, set by fit (scikit-learn style: names ending in "_")
@@ -146,7 +150,7 @@ class ErrorDetector(BaseEstimator):
                  threshold: Union[str, float] = "balanced",
                  cv: int = 5, carries: bool = True, truth: str = "answer", random_state: Optional[int] = 0,
                  batch_size: int = 256, progress: bool = False, solver: str = "batched",
-                 max_seconds: Optional[float] = None):
+                 max_seconds: Optional[float] = None, max_candidates: Optional[int] = None):
         self.probe = probe
         self.layers = layers
         self.site = site
@@ -161,11 +165,16 @@ class ErrorDetector(BaseEstimator):
         self.progress = progress
         self.solver = solver
         self.max_seconds = max_seconds
+        self.max_candidates = max_candidates
 
     def _layer_list(self, model: Any) -> list[int]:
-        """The layers ``fit`` reads: every layer for ``"auto"`` (the search picks among them)."""
+        """The layers ``fit`` reads: every layer for ``"auto"`` (the search picks among them), or
+        with ``max_candidates`` the layers of the candidates it will try."""
         if self.layers is None or isinstance(self.layers, str):  # None, "auto" (other strings are refused)
-            return site_lib.check_layers(model, self.site, None)
+            every = site_lib.check_layers(model, self.site, None)
+            if self.layers == "auto" and self.max_candidates is not None and self.max_candidates < len(every):
+                return sorted(site_lib.coarse_to_fine(every)[: self.max_candidates])
+            return every
         layers = [self.layers] if isinstance(self.layers, (int, np.integer)) else self.layers
         return site_lib.check_layers(model, self.site, list(layers))
 
@@ -439,9 +448,11 @@ class ErrorDetector(BaseEstimator):
         carries = check_carries(carries, slots) if self.carries else None
         distinct = sum(not any(torch.equal(X[:, 0, s], X[:, 0, t]) for t in range(s)) for s in range(X.shape[2]))
         candidates = self.layer_candidates(names, distinct, X.shape[3]) if self.layers == "auto" else [names]
-        if self.max_seconds is not None:  # a search that may stop early covers the depth first
-            order = site_lib.coarse_to_fine(names)
+        n_candidates = len(candidates)
+        if self.max_seconds is not None or self.max_candidates is not None:  # a search that may stop early
+            order = site_lib.coarse_to_fine(names)  # covers the depth first
             candidates.sort(key=lambda chosen: order.index(chosen[0]) if len(chosen) == 1 else len(order))
+            candidates = candidates[: self.max_candidates]
         search, fitted = [], None
         for chosen in candidates:
             if search and self.max_seconds is not None and time.perf_counter() - started > self.max_seconds:
@@ -462,7 +473,7 @@ class ErrorDetector(BaseEstimator):
                 if key.endswith("_") and not key.startswith("_"):
                     setattr(self, key, value)
         fit_meta(self, probe, carries is not None, n_wrong, len(correct), search, len(candidates) > 1)
-        self.meta_["layer_candidates"] = len(candidates)
+        self.meta_["layer_candidates"] = n_candidates
         return self
 
     @staticmethod

@@ -71,6 +71,9 @@ def check_params(detector: ErrorDetector) -> Any:
     if seconds is not None and not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
                                     and 0 < seconds < float("inf")):
         raise ConfigError(f"max_seconds must be a positive finite number of seconds or None, got {seconds!r}")
+    most = detector.max_candidates
+    if most is not None and not (isinstance(most, (int, np.integer)) and not isinstance(most, bool) and most >= 1):
+        raise ConfigError(f"max_candidates must be a positive int (layer candidates tried) or None, got {most!r}")
     if isinstance(detector.layers, str) and detector.layers != "auto":
         raise ConfigError(f"layers must be 'auto', None (every layer), a layer index or a list of them, "
                           f"got {detector.layers!r}")

@@ -7,7 +7,8 @@ from typing import Optional
 
 import torch
 
-from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.drawing import draw
+from arithinterp.errors import ConfigError, accepted
 from arithinterp.probes.operating_points import budget_flags, detection_metrics
 from arithinterp.probes.slot_probes import DETECTOR_METHODS
 from arithinterp.probes.slots import DETECTOR_POSITIONS
@@ -47,12 +48,11 @@ class DetectorResult(Result):
                "slot_valid": "prompt slot", "pred_true_slots": "prompt slot", "pred_output_slots": "prompt slot"}
     _legal = {"methods": DETECTOR_METHODS, "method": DETECTOR_METHODS, "position": DETECTOR_POSITIONS,
               "layers": NON_NEGATIVE}
-    _value_names = {"position": {"final_only": "final-only"}}
 
     def _index(self, method: Optional[str]) -> int:
         method = self.method if method is None else method
         if method not in self.methods:
-            raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(self.methods)}")
+            raise ConfigError(f"unknown method {method!r}; accepted: {accepted(self.methods)}")
         return self.methods.index(method)
 
     def metrics(self, method: Optional[str] = None) -> dict:
@@ -65,7 +65,7 @@ class DetectorResult(Result):
             The metrics by name.
 
         Raises:
-            AnalysisError: ``method`` is unknown.
+            ConfigError: ``method`` is unknown.
         """
         m = self._index(method)
         return detection_metrics(self.correct, self.predicted_correct[:, m], self.scores[:, m])
@@ -82,7 +82,7 @@ class DetectorResult(Result):
             ``budget``, ``flagged``, ``error_precision`` and ``error_recall``.
 
         Raises:
-            AnalysisError: ``method`` is unknown.
+            ConfigError: ``method`` is unknown.
             ConfigError: ``budget`` is not a fraction in (0, 1].
         """
         m = self._index(method)
@@ -102,11 +102,11 @@ class DetectorResult(Result):
             Its value.
 
         Raises:
-            AnalysisError: ``key`` is not a metric.
+            ConfigError: ``key`` is not a metric.
         """
         values = self.metrics()
         if key not in values:
-            raise AnalysisError(f"unknown metric {key!r}; accepted: {accepted(values)}")
+            raise ConfigError(f"unknown metric {key!r}; accepted: {accepted(values)}")
         return values[key]
 
     def headline(self) -> dict:
@@ -135,7 +135,7 @@ class DetectorResult(Result):
             ``accuracy``, ``majority_baseline``, ``layers``, ``layers_tried`` and ``positions``.
 
         Raises:
-            AnalysisError: ``method`` is unknown.
+            ConfigError: ``method`` is unknown.
         """
         m = self.metrics(method)
         tried = [r["layers"] for r in self.meta.get("layer_search", [])] or [list(self.layers)]
@@ -214,14 +214,6 @@ class DetectorResult(Result):
             A plotly Figure.
 
         Raises:
-            ConfigError: ``kind`` is unknown.
+            ConfigError: ``kind`` or ``probe`` is unknown.
         """
-        from arithinterp.viz import probes as viz
-
-        if kind == "roc":
-            return viz.plot_roc(self, **kwargs)
-        if kind == "calibration":
-            return viz.plot_calibration(self, **kwargs)
-        if kind == "confusion":
-            return viz.plot_digit_confusion(self, digit=digit, probe=probe, **kwargs)
-        raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")
+        return draw(self, kind=kind, digit=digit, probe=probe, **kwargs)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import torch
 
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, accepted
 from arithinterp.intervals import clip_interval
 from arithinterp.probes.cross_validation import confidence_interval
@@ -53,7 +54,6 @@ class ProbeResult(Result):
     _shapes = {"fold_scores": "layer position fold", "control_scores": "control layer position fold",
                "directions": "layer position ...", "layers": "layer", "positions": "position", "controls": "control"}
     _legal = {"kind": PROBE_KINDS, "controls": CONTROLS, "layers": NON_NEGATIVE, "chance": PROBABILITY}
-    _value_names = {"controls": {"random_init": "random-init"}}
 
     @property
     def mean(self) -> torch.Tensor:
@@ -227,6 +227,4 @@ class ProbeResult(Result):
         Returns:
             A plotly Figure.
         """
-        from arithinterp.viz.probes import plot_probe_layers
-
-        return plot_probe_layers(self, position=position, **kwargs)
+        return draw(self, position=position, **kwargs)

@@ -17,6 +17,7 @@ import torch
 
 from arithinterp import engine
 from arithinterp.checks import check_belongs
+from arithinterp.drawing import draw
 from arithinterp.errors import AnalysisError, ConfigError, TaskError
 from arithinterp.probes.detector import ErrorDetector
 from arithinterp.probes.probe_base import to_tensor
@@ -237,9 +238,7 @@ class RepairResult(Result):
         ))
 
     def plot(self, **kwargs):
-        from arithinterp.viz.probes import plot_repair
-
-        return plot_repair(self, **kwargs)
+        return draw(self, **kwargs)
 
 
 def _answer_evaluation(prompts: Any, values: torch.Tensor) -> tuple[Any, torch.Tensor]:

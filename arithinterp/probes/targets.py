@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from arithinterp.errors import AnalysisError, TaskError, accepted
+from arithinterp.errors import AnalysisError, ConfigError, accepted
 from arithinterp.probes.probe_base import to_tensor
 from arithinterp.tasks import UNPARSABLE as _UNPARSABLE  # a generated answer that is not a number
 from arithinterp.tasks.places import refuse_renamed, split_place
@@ -64,10 +64,10 @@ def resolve_target(
         ``(y [n_kept], keep BoolTensor [n], name)``.
 
     Raises:
-        AnalysisError: the target is unknown, has the wrong length, or needs prompts or
-            ``model_answer`` that are missing.
-        ConfigError: the target numbers a digit by its index (``answer_digit_0``): the error names
-            the place-value name.
+        ConfigError: the target is unknown, or numbers a digit by its index (``answer_digit_0``): the
+            error names the place-value name.
+        AnalysisError: the target has the wrong length, or needs prompts or ``model_answer`` that are
+            missing.
     """
     keep = torch.ones(n, dtype=torch.bool)
     if not isinstance(target, str):
@@ -79,7 +79,7 @@ def resolve_target(
         place = split_place(target, ("model_answer",))
         if target not in ("model_answer", "model_correct") and not place:
             refuse_renamed(target, what="target", known=list(_MODEL_TARGETS), carry_into=False)
-            raise AnalysisError(f"unknown target {target!r}; model targets: {accepted(_MODEL_TARGETS)}")
+            raise ConfigError(f"unknown target {target!r}; model targets: {accepted(_MODEL_TARGETS)}")
         values = _model_answer_values(model_answer, n, prompts)
         if target == "model_correct":
             if prompts is None:
@@ -94,6 +94,6 @@ def resolve_target(
         raise AnalysisError(f"target {target!r} names a label but these activations carry no prompts; pass an array")
     try:
         return prompts.label(target), keep, target
-    except TaskError as error:
-        raise AnalysisError(
+    except ConfigError as error:
+        raise ConfigError(
             f"{error}; or a model target {accepted(_MODEL_TARGETS)}; or an array of {n} values") from error

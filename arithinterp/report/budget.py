@@ -1,37 +1,46 @@
-"""The report's time and memory planning: what a stage may spend (:class:`Budget`), what it
-shares with the others (:class:`Context`), and how it fits its sample to the time left of its
-budget: :meth:`Context.fit` (fewer items), :meth:`Context.fit_layers` (fewer layers), both from
-costs measured by :func:`pilot_cost` on a few items. Budget code reads ``time.perf_counter``
-through the ``time`` module, so a test can replace the clock.
+"""The report's planning: what a stage may spend (:class:`Budget`: seconds of model work at the
+reference rate of :mod:`arithinterp.report.work`, and bytes), what every stage shares
+(:class:`Context`), and how a stage fits its sample to its share — :meth:`Context.fit` (fewer
+items), :meth:`Context.fit_layers` (fewer layers) — from costs counted in model work. Nothing
+here reads a clock: the same model, task, seed and budget give the same plan on any machine,
+under any load.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from arithinterp.errors import AnalysisError, ConfigError
+from arithinterp.report.work import Shape
 from arithinterp.sites import looking_first_at, spread
 
 if TYPE_CHECKING:
     from arithinterp.tasks import Evaluation, PromptPairs, PromptSet
     from arithinterp.types import HookedModel
 
-DEFAULT_BUDGET = 480.0  # seconds for the evaluation and every stage: a 135M model's report in under 10 minutes
-MIN_BUDGET = 1.0  # seconds: less does not hold the evaluation's warm-up
+# seconds of model work at the reference rate (one thread of the development machine) for the evaluation and
+# every stage: Gemma 3 270M's report with every stage past its minimum sample, in about four minutes on the
+# machine's two cores when nothing else runs (its evaluation runs at about 1.6-2.5 times the reference rate there)
+DEFAULT_BUDGET = 360.0
+MIN_BUDGET = 1.0  # seconds: less does not hold the evaluation's first prompts
 MAX_BUDGET = 7 * 24 * 3600.0  # a week: more is a mistake (a budget in milliseconds, an exponent)
-PILOT = 4  # items a stage times its analyses on (and on half as many) before choosing how many fit its budget
-PILOT_SHARE = 0.2  # at most this share of the time left goes to a pilot (by the stage's prior cost)
-SLOPE_FLOOR = 0.02  # a pilot's cost per item is at least this share of its cost per item with the fixed cost
-MARGIN = 0.85  # share of the time left that a measured cost may fill (the pilots' timing noise)
 # the evaluation's share of the budget, against the stages' (each stage declares its own weight):
 # little, since a few hundred prompts serve every stage's minimum
 EVALUATION_WEIGHT = 1.0
+# how far beyond the budget the stages' minimums may reach, as a part of the budget: a stage a few seconds
+# short of its minimum borrows them rather than being skipped; one further short is not run and says so
+BORROW = 0.1
 
 
 class OverBudget(AnalysisError):
-    """Even a stage's minimum sample would not fit the time left of its budget; it is not run."""
+    """Even a stage's minimum would not fit its share of the budget; it is not run, and says what
+    budget would run it. ``seconds``: what the minimum costs, in reference seconds; ``what``: the
+    minimum, in words."""
+
+    seconds: float = 0.0
+    what: str = ""
 
 
 def default_max_memory() -> int:
@@ -76,13 +85,19 @@ def parse_memory(value: Any) -> int:
 
 @dataclass(frozen=True)
 class Budget:
-    """What one stage may spend: ``seconds`` of wall time and ``bytes`` of transient memory beyond
-    the model (batch sizes come from it through :func:`arithinterp.engine.decode.batch_size_for`).
-    ``forward_seconds``: one prompt's evaluation, measured at the start of the report."""
+    """What one stage may spend: ``seconds`` of model work at the reference rate (its share of the
+    report's budget) and ``bytes`` of transient memory beyond the model (batch sizes come from it
+    through :func:`arithinterp.engine.decode.batch_size_for`).
+
+    Attributes:
+        seconds: The stage's share, in reference seconds (infinite: no limit).
+        bytes: Transient memory; None: the engine's default (half the model's parameter bytes).
+        total: The whole report's budget, in reference seconds (for the budget a shortfall would need).
+    """
 
     seconds: float = float("inf")
-    bytes: Optional[int] = None  # None: the engine's default (half the model's parameter bytes)
-    forward_seconds: float = 0.0
+    bytes: Optional[int] = None
+    total: float = float("inf")
 
     def batch_size(self, model: Any, seq_len: int, n_new: int = 0) -> int:
         """Prompts per forward-only batch whose transient memory fits ``bytes`` (analyses with a
@@ -108,43 +123,6 @@ def _model_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _timed(run: Callable[..., object], *args: Any) -> float:
-    start = time.perf_counter()
-    run(*args)
-    return time.perf_counter() - start
-
-
-def pilot_cost(pilot: Callable[[Any], object], items: Any, k: int) -> tuple[float, float]:
-    """``(seconds per call, seconds per item)`` of ``pilot``, timed on the first ``k`` items and
-    then on ``k // 2``: a straight line through the two, so that what a call pays once (base
-    runs, building the graph, small batches) is not counted per item, as one timing divided by
-    ``k`` would count it. The larger size runs first: what only a first call pays then raises the
-    slope, over- rather than under-stating the cost per item. The slope is kept at least
-    :data:`SLOPE_FLOOR` of the larger pilot's cost per item (timing noise must not make an item
-    free); ``k < 2`` times one size and counts it all per item.
-
-    Args:
-        pilot: Runs the analysis on some items.
-        items: The items (sliceable).
-        k: The larger pilot's item count.
-
-    Returns:
-        ``(seconds per call, seconds per item)``.
-    """
-    big = _timed(pilot, items[:k])
-    if k < 2:
-        return 0.0, big / max(k, 1)
-    small_k = k // 2
-    small = _timed(pilot, items[:small_k])
-    per_item = max((big - small) / (k - small_k), SLOPE_FLOOR * big / k)
-    return max(big - per_item * k, 0.0), per_item
-
-
-def cost_text(fixed: float, per_item: float, unit: str = "each") -> str:
-    """``"0.5 s each"``, or with a fixed cost ``"3 s, then 0.5 s each"``."""
-    return f"{secs(fixed)}, then {per_item:.2g} s {unit}" if fixed >= 0.05 else f"{per_item:.2g} s {unit}"
-
-
 def seeded_pick(n: int, k: int, seed: int):
     """``k`` of ``range(n)`` in a seeded random order, sorted (a sample that keeps the set's order)."""
     import torch
@@ -152,10 +130,133 @@ def seeded_pick(n: int, k: int, seed: int):
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
 
 
+def over_budget(budget: Budget, what: str, seconds: float) -> OverBudget:
+    """The refusal of a stage whose minimum (``what``, costing ``seconds``) does not fit: what it
+    would take, the share it has, and the budget that would run it (the report's, with the
+    shortfall added: every stage's minimum is reserved before the rest is shared)."""
+    need = budget.total + seconds - budget.seconds
+    refusal = OverBudget(
+        f"Not run within the budget: {what} takes about {secs(seconds)} of model work at the reference rate, "
+        f"more than the {secs(budget.seconds)} this stage could have of the {secs(budget.total)} budget; a budget "
+        f"of about {math.ceil(need / 10) * 10:,} s would run it (budget=, --budget SECONDS).")
+    refusal.seconds, refusal.what = seconds, what
+    return refusal
+
+
+def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``k`` in ``low..high`` with ``fits(k)`` (``fits`` monotone, true at ``low``)."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass
+class StagePlan:
+    """What a stage will run, decided before it runs: a function of the model's shape, the task,
+    the seed and the stage's share, never of a clock.
+
+    Attributes:
+        choices: Its sample sizes, layers, positions, steps, as plain JSON (recorded in the page).
+        seconds: What it costs, in reference seconds.
+        sample: What the budget bought, for the sample line ("sampled 60 of 238 prompts to fit
+            its 40 s share"); empty when everything fits.
+        budget: The share it was planned in (set by :func:`plan_stages`).
+    """
+
+    choices: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    sample: str = ""
+    budget: Budget = field(default_factory=Budget)
+
+    @property
+    def share(self) -> float:
+        return self.budget.seconds
+
+
+def plan_stages(ctx: Context, stages: Sequence[Any], seconds: float, total: float, memory: Optional[int],
+                recorded: Optional[dict[str, tuple[float, dict[str, Any]]]] = None) -> dict[str, Any]:
+    """Every stage's plan, before any of them runs. First what each one's minimum costs (its plan
+    in no share at all, which :class:`OverBudget` prices) is reserved for it, in the page's order,
+    while the minimums fit ``seconds`` — a stage a few seconds short borrows them, up to
+    :data:`BORROW` of the budget for all stages together; a stage further short is not run, and its
+    refusal says what budget would run it. Then in the page's order each stage's share is its
+    minimum and a part of what is left beyond the later stages' minimums by the weights, and what
+    its plan does not use goes on to the later ones.
+
+    Args:
+        ctx: The report's shared state (the evaluation done).
+        stages: The stages, in the page's order.
+        seconds: Reference seconds for them all.
+        total: The report's whole budget (for the messages and what may be borrowed).
+        memory: Bytes each stage's batches may use.
+        recorded: A replayed plan's ``{stage: (share, choices)}``: the stages it ran, with those
+            shares and those choices over the ones planned now.
+
+    Returns:
+        ``{name: StagePlan}``, or for a stage that cannot run the exception that says why
+        (:class:`OverBudget` with the budget that would run it, :class:`NotEnoughData`, or another
+        :class:`~arithinterp.errors.ArithInterpError` for a stage that does not apply).
+    """
+    from arithinterp.errors import ArithInterpError
+
+    outcome: dict[str, Any] = {}
+    floors: dict[str, float] = {}  # the minimums reserved, in the page's order
+    borrowed: dict[str, float] = {}  # what a stage's minimum reserved beyond ``seconds``
+    for stage in stages:
+        ctx.budget = Budget(0.0, memory, total)
+        try:
+            floor = stage.plan(ctx).seconds if stage.plan is not None else 0.0
+        except OverBudget as priced:
+            floor = priced.seconds
+            reserved = sum(floors.values())
+            replayed = recorded is not None and stage.name in recorded
+            if reserved + floor > seconds + BORROW * total and not replayed:  # more than a few seconds short
+                available = max(seconds - reserved, 0.0)
+                outcome[stage.name] = over_budget(Budget(available, memory, total), priced.what, floor)
+                continue
+        except ArithInterpError as why:  # does not apply, or too little data: said before the run
+            outcome[stage.name] = why
+            continue
+        over = sum(floors.values()) + floor - max(seconds, 0.0)
+        if over > 0:
+            borrowed[stage.name] = over - sum(borrowed.values())
+        floors[stage.name] = floor
+    left = max(seconds, 0.0) + sum(borrowed.values())
+    for i, stage in enumerate(stages):
+        if stage.name in outcome:
+            continue
+        later = [s for s in stages[i + 1:] if s.name not in outcome]
+        spare = max(left - floors[stage.name] - sum(floors[s.name] for s in later), 0.0)
+        share = floors[stage.name] + spare * stage.weight / (stage.weight + sum(s.weight for s in later))
+        if recorded is not None and stage.name in recorded:
+            share = recorded[stage.name][0]
+        ctx.budget = Budget(share, memory, total)
+        try:
+            planned = stage.plan(ctx) if stage.plan is not None else StagePlan()
+        except ArithInterpError as why:
+            outcome[stage.name] = why
+            continue
+        if recorded is not None and stage.name in recorded:
+            planned.choices = dict(recorded[stage.name][1])
+        if stage.name in borrowed:
+            lent = f"its minimum borrowed {secs(borrowed[stage.name])} beyond the {secs(total)} budget"
+            planned.sample = "; ".join(filter(None, [planned.sample, lent]))
+        planned.budget = ctx.budget
+        outcome[stage.name] = planned
+        left -= planned.seconds
+    ctx.budget = Budget(bytes=memory)
+    return outcome
+
+
 @dataclass
 class Context:
     """What every stage shares: the model, its task's prompts, counterfactual pairs, and the
-    running stage's :class:`Budget` (set by :func:`write_report` before each stage)."""
+    running stage's :class:`Budget` and :class:`StagePlan` (set by :func:`write_report` before
+    each stage; a stage run on its own plans itself with an unlimited budget)."""
 
     model: HookedModel
     spec: str
@@ -164,7 +265,8 @@ class Context:
     evaluation: Evaluation
     pairs: Optional[PromptPairs]  # counterfactual pairs of the correct prompts; None when there are none
     seed: int = 0
-    # the most each stage looks at; within these, the stage's budget decides (see fit)
+    task_prompts: Optional[PromptSet] = None  # every prompt of the task, before the evaluation sampled them
+    # the most each stage looks at; within these, the stage's share decides (see fit)
     n_pairs: int = 200
     n_probe_prompts: int = 1000
     n_detector_prompts: int = 6000
@@ -172,15 +274,16 @@ class Context:
     n_neuron_prompts: int = 2000
     top_k_neurons: int = 50
     budget: Budget = field(default_factory=Budget)
-    stage_start: float = field(default_factory=time.perf_counter)
+    planned: Optional[StagePlan] = None  # the running stage's plan (None: the stage plans itself)
     control: Optional[HookedModel] = None  # the random-init model of the same architecture, built once (control_model)
     correct_only: bool = True  # False: prompts and pairs include the wrongly answered prompts
     # the blocks in which the patching stage saw the varied operand reach the final position; a later
     # stage that can afford only some layers looks at these first (empty: not measured, or not found)
     arrival_layers: list[int] = field(default_factory=list)
 
-    def seconds_left(self) -> float:
-        return self.budget.seconds - (time.perf_counter() - self.stage_start)
+    @property
+    def shape(self) -> Shape:
+        return Shape.of(self.model)
 
     def control_model(self) -> HookedModel:
         """A random-init model of the same architecture (seeded), built on first use and shared by
@@ -192,136 +295,82 @@ class Context:
             control = self.control = random_like(self.model, self.seed)
         return control
 
-    def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int,
-                   pilot: Callable[[Any, list[int]], object], pilot_items: int = PILOT,
-                   prior: float = 0.0, shared: bool = False, copies: int = 1,
-                   first: Sequence[int] = ()) -> tuple[Any, list[int], str]:
-        """For a stage whose cost grows with the layers it covers, when not even ``minimum`` items
-        fit the time left at every layer: ``minimum`` items (seeded) over as many evenly spread
-        layers as fit, the first and last among them, and the sentence that says so. The cost is
-        a fixed cost per call and per item, and per layer a cost per call (its stacked runs,
-        whatever the items) and per item, measured by ``pilot(items, layers)`` at two layers (the
-        middle and the last) and at one (the last), each on up to ``pilot_items`` items and on half
-        as many (:func:`pilot_cost`'s lines), after one item at the last layer (its first-call
-        costs). ``shared``: the layers share most of the cost (one backward reaches them all), so a
-        second layer costs far more than each one after it: timed at every layer instead of two,
-        and the difference spread over the layers added; when the minimum fits at every layer by
-        that timing, the single-layer timings are skipped. ``copies``: the stage runs what the
-        pilot times this many times when it can (the model and its random-init control, whose cost
-        is the same architecture's), so the pilot times one and the plan counts ``copies``; when not
-        even the minimum at one layer fits that many times, the plan counts one (the stage runs
-        the model and says the control did not fit, rather than nothing). ``first``: layers
-        to cover before the spread's (:func:`~arithinterp.sites.looking_first_at`), such as
-        :attr:`arrival_layers`.
-        :class:`OverBudget` when not even one layer fits, without a pilot when ``prior`` (prompt
-        evaluations per item at one layer) puts the minimum at one layer above twice the time left."""
-        guess = prior * self.budget.forward_seconds * minimum
-        if guess > 2 * self.seconds_left():
-            raise OverBudget(
-                f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{secs(guess)} (estimated from the evaluation's time per prompt), more than the "
-                f"{secs(max(self.seconds_left(), 0.0))} left of this stage's {secs(self.budget.seconds)} budget; "
-                "give the report more time (budget=, --budget SECONDS).")
-        k = min(pilot_items, len(items))
-        last = [n_layers - 1]
-        # a middle layer and the last: a run resumed at a layer costs what the layers after it do, so a
-        # middle layer's cost is about the mean over the spread layers (with a shared cost, every layer:
-        # the middle one would carry half of what all of them share). One item at the last layer
-        # first: what only a first call pays (the engine's one-off checks of the model) would otherwise
-        # be counted once per layer, and the stage would cover a tenth of the layers that fit
-        wide_layers = list(range(n_layers)) if shared else sorted({(n_layers - 1) // 2, n_layers - 1})
-        pilot(items[:1], last)
-        half = k // 2
-        wide = _timed(pilot, items[:k], wide_layers)
-        wide_half = _timed(pilot, items[:half], wide_layers) if 1 <= half < k else None
-        left = max(self.seconds_left(), 0.0) * MARGIN
+    def plan_of(self, stage: Any) -> StagePlan:
+        """The running stage's plan: the one the runner made, else ``stage.plan(self)`` now."""
+        if self.planned is not None:
+            return self.planned
+        planned = stage.plan(self) if stage.plan is not None else StagePlan()
+        planned.budget = self.budget
+        return planned
+
+    def fit(self, items: Any, what: str, minimum: int, cost: Callable[[int], float]) -> tuple[int, float, str]:
+        """How many of ``items`` (prompts or pairs, a seeded sample of them) this stage's share
+        holds at ``cost(count)`` reference seconds: all of them, else as many as fit, at least
+        ``minimum``.
+
+        Args:
+            items: The items (their count is what matters).
+            what: What they are, for the sentence ("pairs").
+            minimum: The fewest the stage draws a conclusion from.
+            cost: Reference seconds of the stage's work on ``count`` items (monotone).
+
+        Returns:
+            ``(count, seconds, sentence)``: the sentence says what was sampled ("sampled 60 of
+            200 pairs to fit its 45 s share"), empty when every item fits.
+
+        Raises:
+            OverBudget: Not even ``minimum`` items fit.
+        """
         n = len(items)
-        if shared and wide_half is not None:  # every layer timed: when the minimum fits there, that is the plan
-            every = max((wide - wide_half) / (k - half), SLOPE_FLOOR * wide / k)  # an item at every layer
-            base = max(wide - every * k, 0.0)
-            if copies * (base + every * minimum) <= left:
-                count = n if every <= 0 else min(n, max(minimum, int((left / copies - base) / every)))
-                chosen, sentence = (items, f"all {n:,} {what} fit") if count >= n else (
-                    items[seeded_pick(n, count, self.seed)], f"sampled {count:,} of {n:,} {what} to fit")
-                return chosen, list(range(n_layers)), f"{sentence} the {secs(self.budget.seconds)} budget"
-        fixed, per_item = pilot_cost(lambda some: pilot(some, last), items, k)  # at one layer: a line in items
-        # a layer more: a cost per call (its stacked runs, whatever the items) and one per item
-        added = wide - (fixed + per_item * k)
-        if wide_half is not None:
-            added_half = wide_half - (fixed + per_item * half)
-            layer_item = max((added - added_half) / (k - half), SLOPE_FLOOR * max(added, 0.0) / k)
-        else:
-            layer_item = max(added, 0.0) / max(k, 1)
-        layer_call = max(added - layer_item * k, 0.0)
-        added_layers = max(len(wide_layers) - 1, 1)  # what the pilot's layers beyond the last cost, each
-        layer_item, layer_call = max(layer_item / added_layers, 1e-9), layer_call / added_layers
-        left = max(self.seconds_left(), 0.0) * MARGIN  # after the single-layer timings
+        least = min(minimum, n)
+        if cost(n) <= self.budget.seconds:
+            return n, cost(n), ""
+        if cost(least) > self.budget.seconds:
+            raise over_budget(self.budget, f"the minimum of {least} {what}", cost(least))
+        count = _largest(least, n, lambda k: cost(k) <= self.budget.seconds)
+        return count, cost(count), self.sampled(count, n, what)
 
-        def cost(count: int, n_cover: int, runs: int = 1) -> float:  # ``count`` items over ``n_cover`` layers
-            return runs * (fixed + per_item * count + (n_cover - 1) * (layer_call + layer_item * count))
+    def fit_layers(self, items: Any, what: str, minimum: int, n_layers: int, cost: Callable[[int, int], float],
+                   first: Sequence[int] = ()) -> tuple[int, list[int], float, str]:
+        """For a stage whose cost grows with the layers it covers: every layer with as many
+        items as fit there; else, when not even ``minimum`` items fit at every layer, ``minimum``
+        items over as many evenly spread layers as fit (the first and the last among them;
+        ``first``, such as :attr:`arrival_layers`, before the spread's).
 
-        def layers_fitting(runs: int) -> int:
-            one = cost(minimum, 1, runs)
-            return 0 if one > left else min(
-                n_layers, 1 + int((left - one) / (runs * (layer_call + layer_item * minimum))))
+        Args:
+            items: The items.
+            what: What they are, for the sentence.
+            minimum: The fewest items the stage draws a conclusion from.
+            n_layers: The model's layers.
+            cost: Reference seconds of ``cost(count, n_covered)``: ``count`` items over
+                ``n_covered`` layers (monotone in both).
+            first: Layers to cover first.
 
-        # every copy at fewer layers, else one copy
-        runs = next((c for c in dict.fromkeys((copies, 1)) if layers_fitting(c) >= 1), 1)
-        fits = layers_fitting(runs)
-        if fits < 1:
-            raise OverBudget(
-                f"Not run within the budget: the minimum of {minimum} {what} at a single layer would take about "
-                f"{secs(cost(minimum, 1))}, more than the "
-                f"{secs(left)} that a measured cost may fill of the "
-                f"{secs(max(self.seconds_left(), 0.0))} left of this stage's {secs(self.budget.seconds)} budget "
-                f"({MARGIN:.0%}, for the pilots' timing noise); give the report more time (budget=, --budget SECONDS).")
+        Returns:
+            ``(count, layers, seconds, sentence)``.
+
+        Raises:
+            OverBudget: Not even ``minimum`` items at one layer fit.
+        """
+        n = len(items)
+        least = min(minimum, n)
+        if cost(least, n_layers) <= self.budget.seconds:
+            count, seconds, sentence = self.fit(items, what, minimum, lambda k: cost(k, n_layers))
+            return count, list(range(n_layers)), seconds, sentence
+        if cost(least, 1) > self.budget.seconds:
+            raise over_budget(self.budget, f"the minimum of {least} {what} at a single layer", cost(least, 1))
+        fits = _largest(1, n_layers, lambda m: cost(least, m) <= self.budget.seconds)
         layers = looking_first_at(spread(n_layers, fits), first)
-        chosen = items[seeded_pick(n, minimum, self.seed)] if n > minimum else items
-        if fits == n_layers:  # every layer fits after all, at the minimum: the estimate that sent us here was high.
-            # Not more: a line timed on a few items, extrapolated to many at every layer, was measured to
-            # undershoot (on Gemma 3 270M, 80 pairs planned for 83 s took 152 s)
-            fit = f"all {n:,} {what} fit" if len(chosen) >= n else f"sampled {len(chosen):,} of {n:,} {what} to fit"
-            return chosen, layers, f"{fit} the {secs(self.budget.seconds)} budget"
-        return chosen, layers, (
-            f"sampled {len(chosen):,} of {n:,} {what} and {len(layers)} of {n_layers} layers "
-            f"({', '.join(map(str, layers))}) to fit the {secs(self.budget.seconds)} budget: every layer would take "
-            f"about {secs(cost(len(chosen), n_layers, runs))}")
+        return least, layers, cost(least, fits), (
+            f"{self.sampled(least, n, what, share=False)} and {len(layers)} of {n_layers} layers "
+            f"({', '.join(map(str, layers))}) to fit its {secs(self.budget.seconds)} share: every layer would take "
+            f"about {secs(cost(least, n_layers))}")
 
-    def fit(self, items: Any, what: str, minimum: int, pilot: Optional[Callable[[Any], object]] = None,
-            per_item: Optional[float] = None, prior: float = 0.0, fixed: float = 0.0) -> tuple[Any, str]:
-        """The largest seeded sample of ``items`` (prompts or pairs) that fits the time left of this
-        stage's budget, and the sentence that says so ("sampled 60 of 200 pairs to fit the 45 s
-        budget"). The cost is ``fixed`` seconds plus ``per_item`` seconds per item, or is measured
-        by running ``pilot`` (the stage's analyses) on up to :data:`PILOT` items and on half as
-        many (:func:`pilot_cost`: a fixed cost per call and one per item). ``prior``: the stage's
-        rough cost per item in prompt evaluations (``budget.forward_seconds``); it keeps the
-        pilot within :data:`PILOT_SHARE` of the time left, and skips it when even the minimum
-        would take four times the time left. :class:`OverBudget` when not even ``minimum`` items fit."""
-        n = len(items)
-        if self.budget.seconds == float("inf") or n == 0:
-            return items, ""
-        measured = per_item is None
-        if per_item is None:
-            if pilot is None:
-                raise ConfigError("fit needs either pilot (a function to time) or per_item (seconds)")
-            guess = prior * self.budget.forward_seconds
-            if guess * minimum > 4 * self.seconds_left():  # hopeless: do not spend the budget finding out
-                per_item = guess
-            else:  # the two pilots together cost about 1.5 times the larger one
-                k = min(PILOT, n, max(1, int(PILOT_SHARE / 1.5 * self.seconds_left() / guess) if guess > 0 else PILOT))
-                fixed, per_item = pilot_cost(pilot, items, k)
-        left = self.seconds_left()
-        usable = left * (MARGIN if measured else 1.0)
-        fits = n if per_item <= 0 else int(max(usable - fixed, 0.0) / per_item)
-        budget = f"the {secs(self.budget.seconds)} budget"
-        if fits >= n:
-            return items, f"all {n:,} {what} fit {budget}"
-        if fits < minimum:
-            raise OverBudget(
-                f"Not run within the budget: the minimum of {minimum} {what} would take about "
-                f"{secs(fixed + minimum * per_item)} ({cost_text(fixed, per_item)}), more than the "
-                f"{secs(max(left, 0.0))} left of this stage's {secs(self.budget.seconds)} budget; give the report "
-                "more time (budget=, --budget SECONDS).")
-        return items[seeded_pick(n, fits, self.seed)], f"sampled {fits:,} of {n:,} {what} to fit {budget}"
+    def sampled(self, count: int, n: int, what: str, share: bool = True) -> str:
+        """``"sampled 60 of 200 pairs to fit its 45 s share"`` (a seeded sample), or that all fit."""
+        text = f"all {n:,} {what}" if count >= n else f"sampled {count:,} of {n:,} {what}"
+        return f"{text} to fit its {secs(self.budget.seconds)} share" if share else text
 
-
+    def pick(self, items: Any, count: int) -> Any:
+        """``count`` of ``items``: a seeded sample in their order (all of them when ``count`` covers them)."""
+        return items if count >= len(items) else items[seeded_pick(len(items), count, self.seed)]

@@ -1,16 +1,15 @@
 """The report's prompts and their evaluation: the task's prompts with the user's template,
-few-shot prefix and operands (:func:`report_prompts`), and a seeded sample of them evaluated
-within the evaluation's share of the budget (:func:`evaluate_within`).
+few-shot prefix and operands (:func:`report_prompts`), what evaluating one costs in model work
+(:func:`evaluation_seconds`), and a seeded sample of them evaluated (:func:`evaluate_planned`).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from arithinterp.errors import ConfigError
-from arithinterp.report.budget import Budget, secs
+from arithinterp.report.work import Shape, work_seconds
 from arithinterp.tasks.operators import parse_operands  # noqa: F401 - the report's operands, parsed as the tasks parse them
 
 if TYPE_CHECKING:
@@ -102,8 +101,7 @@ def report_prompts(model: HookedModel, spec: str, limit: int, seed: int, templat
     return prompts
 
 
-WARM_UP = 8  # prompts evaluated first, untimed: they pay the one-off costs (the engine's checks of the model)
-EVAL_CHUNK = 64  # prompts per later round of the evaluation; each round's time gives the rate per prompt
+EVAL_CHUNK = 64  # prompts per round of the evaluation past its share, while the stages lack correct prompts
 EVAL_CAP = 0.5  # the largest share of the whole budget the evaluation may take to reach the stages' minimums
 
 
@@ -129,63 +127,103 @@ def correct_needed(stages: list[str]) -> int:
     return max(needs, default=0)
 
 
-def evaluate_within(model: HookedModel, prompts: PromptSet, seconds: float, cap: float, budget: Budget, seed: int,
-                    need: int = 0) -> tuple[PromptSet, Evaluation, float, str]:
-    """Evaluate a seeded sample of ``prompts``: rounds of :data:`EVAL_CHUNK` prompts (in a seeded
-    order) while the ``seconds`` of the evaluation's share last, and past them, up to ``cap``
-    seconds, until ``need`` prompts are answered correctly (the stages' minimums,
-    :func:`correct_needed`). The first :data:`WARM_UP` prompts pay the one-off costs and are not
-    timed; the rate per prompt comes from the later rounds (``0`` prompts: the warm-up's).
+def prompt_positions(prompts: PromptSet, n_read: int = 1) -> float:
+    """Positions one prompt's forward computes, on average: a prefix that several prompts share
+    is computed once for them (as the engine does, :func:`~arithinterp.engine.shared_prefixes.shared_prefix`).
 
-    Returns ``(prompts evaluated, their evaluation, seconds per prompt, sample sentence)``; when
-    ``need`` is not reached, the sentence says how many prompts it would take and how long."""
+    Args:
+        prompts: The prompts.
+        n_read: Positions read at the end of each (never part of the shared prefix).
+
+    Returns:
+        The positions per prompt.
+    """
+    from arithinterp.engine.shared_prefixes import shared_prefix
+
+    n, width = len(prompts), int(prompts.tokens.shape[1])
+    if n == 0:
+        return 0.0
+    mean = float(prompts.lengths.float().mean())
+    if not prompts.uniform_length or n < 2:
+        return mean
+    shared = shared_prefix(prompts.tokens, n_read)
+    if shared is None:
+        return float(width)
+    k, representatives, _ = shared
+    return width - k + k * len(representatives) / n
+
+
+def evaluation_seconds(model: HookedModel, prompts: PromptSet, batch: int) -> float:
+    """Reference seconds of one prompt's greedy evaluation (its positions through every block, then
+    each answer token but the last through every block again, each answer token unembedded over
+    the vocabulary; each batch steps every block once per token generated, and once for the
+    prompt and once for a shared prefix).
+
+    Args:
+        model: The hooked model.
+        prompts: The prompts.
+        batch: Prompts per forward.
+
+    Returns:
+        Seconds per prompt at the reference rate (:mod:`arithinterp.report.work`).
+    """
+    n_new = int(prompts.answer_tokens.shape[1])
+    shape = Shape.of(model)
+    return work_seconds(shape, token_layers=shape.n_layers * (prompt_positions(prompts) + n_new - 1), unembeds=n_new,
+                        calls=shape.n_layers * (n_new + 2) / max(batch, 1))
+
+
+def evaluate_planned(model: HookedModel, prompts: PromptSet, first: int, cap: int, need: int, batch: int,
+                     seed: int) -> tuple[PromptSet, Evaluation, str]:
+    """Evaluate the first ``first`` prompts of a seeded order of ``prompts`` and, while fewer than
+    ``need`` are answered correctly (the stages' minimums, :func:`correct_needed`), more in rounds
+    of :data:`EVAL_CHUNK`, up to ``cap`` prompts in all. What is evaluated depends on the model's
+    answers, the seed and the counts only.
+
+    Args:
+        model: The hooked model.
+        prompts: Every prompt of the task.
+        first: Prompts evaluated whatever the answers (the evaluation's share).
+        cap: The most prompts evaluated to reach ``need``.
+        need: Correctly answered prompts the stages need.
+        batch: Prompts per forward.
+        seed: Seeds the order.
+
+    Returns:
+        ``(prompts evaluated in the set's order, their evaluation, sample sentence)``; when
+        ``need`` is not reached, the sentence says how many prompts it would take and what budget.
+    """
     import torch
 
     from arithinterp.tasks import Evaluation
 
     n = len(prompts)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    batch = budget.batch_size(model, int(prompts.lengths.max()), n_new=int(prompts.answer_tokens.shape[1]))
-    start = time.perf_counter()
-    parts = [prompts[order[:WARM_UP]].evaluate(model, batch_size=batch)]
-    done, timed, timed_seconds = min(WARM_UP, n), 0, 0.0
-    per_prompt = (time.perf_counter() - start) / done  # until a timed round: an over-estimate
+    done = min(max(first, 1), n)
+    parts = [prompts[order[:done]].evaluate(model, batch_size=batch)]
 
     def n_correct() -> int:
         return sum(int(part.correct.sum()) for part in parts)
 
-    while done < n:
-        elapsed = time.perf_counter() - start
-        limit = seconds if n_correct() >= need else cap
-        # the first timed round small; later ones a batch, but a quarter of the share at most: a round
-        # that ends far past the stages' minimums, or past the share, is time the stages do not get
-        size = min(max(EVAL_CHUNK, min(batch, int(0.25 * seconds / per_prompt))) if timed else WARM_UP, n - done)
-        if timed and elapsed + size * per_prompt > limit:  # the next round would overrun: a smaller last one, or stop
-            size = int(max(limit - elapsed, 0.0) / per_prompt)
-            if size < min(EVAL_CHUNK, n - done) // 4:
-                break
-        round_start = time.perf_counter()
+    while done < min(cap, n) and n_correct() < need:
+        size = min(EVAL_CHUNK, min(cap, n) - done)
         parts.append(prompts[order[done:done + size]].evaluate(model, batch_size=batch))
-        timed, timed_seconds, done = timed + size, timed_seconds + time.perf_counter() - round_start, done + size
-        per_prompt = timed_seconds / timed
-    chosen = order[:done]
-    keep, where = chosen.sort()  # the sample in the prompt set's order, and where each was evaluated
+        done += size
+    keep, where = order[:done].sort()  # the sample in the prompt set's order, and where each was evaluated
     joined = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
                         [t for p in parts for t in p.answer_text], torch.cat([p.generated_tokens for p in parts]))
     evaluation = joined[where]
-    took = time.perf_counter() - start
-    note = (f"all {n:,} prompts evaluated in {secs(took)}" if done == n else
-            f"sampled {done:,} of {n:,} prompts in {secs(took)} ({secs(seconds)} budget"
-            + (f", extended up to {secs(cap)} to reach {need} correct)" if took > seconds else ")"))
+    note = (f"all {n:,} prompts evaluated" if done == n else
+            f"sampled {done:,} of {n:,} prompts" + (f" ({first:,} for the evaluation's share, then more to reach "
+                                                    f"{need} correct)" if done > first else ""))
     correct = int(evaluation.correct.sum())
     if correct < need:
         accuracy = max(correct, 1) / done
         wanted = math.ceil(need / accuracy)
         note += (f"; {correct} answered correctly, fewer than the {need} the stages need"
-                 + (f": at this accuracy ({accuracy:.1%}) that takes about {wanted:,} prompts "
-                    f"(about {secs(wanted * per_prompt)} to evaluate); give the report more time (--budget) "
-                    if wanted <= n else
+                 + (f": at this accuracy ({accuracy:.1%}) that takes about {wanted:,} prompts; give the report more "
+                    "time (--budget) " if wanted <= n else
                     f", and all {n:,} prompts hold only {correct} (about {wanted:,} would be needed at "
                     f"{accuracy:.1%}): use more operand values (--operands), more prompts (--limit) ")
                  + "or an easier task (smaller operands, more --few-shot examples)")
-    return prompts[keep], evaluation, per_prompt, note
+    return prompts[keep], evaluation, note

@@ -46,7 +46,7 @@ def section_html(section: Section, first_figure: int = 0) -> str:
 
 
 def render(title: str, meta: dict, sections: list[Section], status: Optional[list[tuple[str, str]]] = None,
-           note: str = "", bodies: Optional[list[str]] = None) -> str:
+           note: str = "", bodies: Optional[list[str]] = None, plan: str = "") -> str:
     """One self-contained HTML page; plotly.js is inlined once.
 
     Args:
@@ -56,6 +56,7 @@ def render(title: str, meta: dict, sections: list[Section], status: Optional[lis
         status: ``(stage title, state)`` lines listed under the title.
         note: A paragraph under the title.
         bodies: The sections' HTML when already rendered (:func:`section_html`).
+        plan: The report's plan, as the element that carries it (:func:`arithinterp.report.plan.plan_html`).
 
     Returns:
         The page's HTML.
@@ -87,6 +88,7 @@ def render(title: str, meta: dict, sections: list[Section], status: Optional[lis
         *[f"<li><b>{html.escape(s.title)}.</b> {html.escape(s.findings[0])}</li>" for s in sections if s.findings],
         "</ul>",
         *bodies,
+        *([plan] if plan else []),
         "</body></html>",
     ]
     return "\n".join(parts)
@@ -114,6 +116,7 @@ class Page:
         self.figures = 0
         self.note = ""
         self.interrupted = False  # stopped between stages (Ctrl-C while the page was written)
+        self.plan = ""  # the plan's element, once the stages are planned
 
     def set(self, name: str, state: str) -> None:
         self.state[name] = state
@@ -168,7 +171,7 @@ class Page:
         status = [("Evaluating the task" if n == "evaluation" else self.titles[n], self.state[n]) for n in self.names]
         if self.replaces != self.out and finished != total:
             note += f" {self.replaces} keeps the previous page until this run ends."
-        page = render(self.title, meta, self.sections, status, note or self.note, self.bodies)
+        page = render(self.title, meta, self.sections, status, note or self.note, self.bodies, self.plan)
         return write_file(self.out, page, overwrite=True, what="out")  # the run's own page, rewritten
 
     def finish(self) -> Path:

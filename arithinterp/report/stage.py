@@ -1,5 +1,5 @@
 """What a stage of the report is: one :class:`Stage` object declaring its name, title, place on
-the page, share of the budget, minimum sample and ``run``, and the :class:`Section` it returns.
+the page, share of the budget, minimum sample, ``plan`` and ``run``, and the :class:`Section` it returns.
 
 Each module of :mod:`arithinterp.report.stages` declares one stage as its ``STAGE``; the registry
 (:data:`arithinterp.report.stages.STAGES`) is built from those modules, so adding a stage is adding
@@ -10,12 +10,12 @@ runs: the registry imports the stage modules, which import this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from arithinterp.errors import AnalysisError
 
 if TYPE_CHECKING:
-    from arithinterp.report.budget import Context
+    from arithinterp.report.budget import Context, StagePlan
     from arithinterp.tasks import PromptPairs
 
 
@@ -32,15 +32,6 @@ class Section:
     sample: str = ""  # what the findings rest on, e.g. "385 counterfactual pairs (minimum 30)"
 
 
-class Knob(NamedTuple):
-    """A sample size that the stage's own code does not fit to its budget: the runner runs the
-    stage at the minimum first, then again on as many as fit the time left (``write_report``)."""
-
-    field: str  # the Context field the runner sets, e.g. "n_pairs"
-    minimum: str  # whose minimum it starts at (a name in MINIMUMS), e.g. "helix"
-    what: str  # what it counts, for the sample line, e.g. "pairs"
-
-
 @dataclass(frozen=True)
 class Stage:
     """One stage of the report, declared once in its own module of :mod:`arithinterp.report.stages`.
@@ -49,16 +40,22 @@ class Stage:
         name: the stage's name (``write_report(stages=[...])``, ``--stages``).
         title: its section's heading on the page.
         order: where it goes on the page and in the default run: the registry sorts by it.
-        weight: its share of the budget, against the others' and the evaluation's
-            (:data:`arithinterp.report.budget.EVALUATION_WEIGHT`); what a stage leaves unused goes
-            to the later ones. Sized from what each needs at its minimum sample on a 135M-shaped
-            model: circuits (EAP-IG and the faithfulness curve) the most.
-        run: ``run(ctx) -> Section``, within ``ctx.budget``.
+        weight: its part of the budget beyond every stage's minimum (which is reserved first,
+            :func:`~arithinterp.report.budget.plan_stages`), against the others' and the
+            evaluation's (:data:`arithinterp.report.budget.EVALUATION_WEIGHT`); what a stage's plan
+            leaves unused goes to the later ones. Sized by what more buys: patching's layers the
+            most, then the circuit's steps and sizes.
+        run: ``run(ctx) -> Section``: runs what ``ctx.plan_of(stage)`` says.
         minimum: the least data it draws a conclusion from, ``(count, what is counted)``; below it
             the stage says "not enough data". None: no minimum.
         minimum_name: the name the minimum is known by in :data:`MINIMUMS` when it is not the
             stage's (the Fourier stage's minimum is its helix test's).
-        knob: a sample size the runner fits for the stage (:class:`Knob`), or None.
+        plan: ``plan(ctx) -> StagePlan``: what it will run within ``ctx.budget`` (its share, in
+            reference seconds of model work) and what that costs, from the model's shape, the
+            task and the seed — never a clock. It raises :class:`NotEnoughData` below the
+            minimum, :class:`~arithinterp.report.budget.OverBudget` (priced) when not even the
+            minimum fits, another :class:`~arithinterp.errors.ArithInterpError` when the stage
+            does not apply. None: the stage costs nothing worth planning.
     """
 
     name: str
@@ -68,7 +65,7 @@ class Stage:
     run: Callable[[Context], Section]
     minimum: Optional[tuple[int, str]] = None
     minimum_name: str = ""
-    knob: Optional[Knob] = None
+    plan: Optional[Callable[[Context], StagePlan]] = None
 
 
 # The least data each stage draws a conclusion from (count, what is counted), by the name each is

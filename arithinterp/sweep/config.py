@@ -372,10 +372,6 @@ def _check_analysis(entry: Any, where: str, models: list, task_names: list) -> d
     schema = ANALYSES[name].params
     grid = dict(_expect(entry.get("grid") or {}, (dict,), f"{where}.grid"))
     params = dict(_expect(entry.get("params") or {}, (dict,), f"{where}.params"))
-    for table in (grid, params):  # a parameter under the name saved configs give it
-        for saved, param in ANALYSES[name].saved_params.items():
-            if saved in table and param not in table:
-                table[param] = table.pop(saved)
     for section, table in (("grid", grid), ("params", params)):
         for key, value in table.items():
             if key not in schema:
@@ -443,13 +439,9 @@ class Cell:
 
     @property
     def id(self) -> str:
-        """A stable hash of :attr:`spec` (16 hex digits): the cell's file name. A parameter the analysis
-        also knows by a saved name (:attr:`Analysis.saved_params`) is hashed under that name, so a cell
-        keeps its id, and a sweep run before finds it done."""
-        analysis = ANALYSES.get(self.analysis)
-        saved = {param: name for name, param in analysis.saved_params.items()} if analysis else {}
-        params = {saved.get(k, k): v for k, v in self.params.items()}
-        return _digest(dict(self.spec, params=dict(sorted(params.items()))))
+        """A stable hash of :attr:`spec` (16 hex digits): the cell's file name, so a sweep run before
+        finds the cells it finished."""
+        return _digest(dict(self.spec, params=dict(sorted(self.params.items()))))
 
     @property
     def seed(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Union
 
 from arithinterp.errors import ArithInterpError, ConfigError, accepted
@@ -97,10 +97,6 @@ class Analysis:
         params: ``{name: Param}``.
         plot: ``plot(frame) -> list[Figure]`` drawing the combined table (default: one bar chart per metric).
         description: One line, for listings.
-        saved_params: ``{name: param}`` for a parameter configs and saved cells may name another way
-            (the built-in ``ablation`` analysis's ``mode`` is its ``ablation``): a config's key is read
-            as the parameter, a saved table's column is renamed to it, and a cell's id hashes the
-            parameter under the saved name, so cells already run are found again.
         check: ``check(model, prompts, **params)``, run on every cell before the first cell runs:
             raises an :class:`~arithinterp.errors.ArithInterpError` for parameters this model or
             these prompts cannot take (a layer the model lacks, a position the prompts lack), and
@@ -115,7 +111,6 @@ class Analysis:
     params: dict
     plot: Optional[Callable] = None
     description: str = ""
-    saved_params: dict = field(default_factory=dict)
     check: Optional[Callable[..., Any]] = None
     whole_sample: bool = False
 
@@ -131,7 +126,6 @@ def register_analysis(
     plot: Optional[Callable] = None,
     description: str = "",
     overwrite: bool = False,
-    saved_params: Optional[Mapping[str, str]] = None,
     check: Optional[Callable[..., Any]] = None,
     whole_sample: bool = False,
 ) -> Analysis:
@@ -146,8 +140,6 @@ def register_analysis(
         plot: ``plot(frame) -> list[plotly Figure]`` drawing the combined table.
         description: one line, for listings.
         overwrite: replace an existing analysis of the same name.
-        saved_params: ``{name: param}``: another name configs and saved cells may give a parameter
-            (see :class:`Analysis`).
         check: ``check(model, prompts, **params)``: refuses a cell's parameters before the sweep
             runs (see :class:`Analysis`; :func:`checking` names the parameter in its error).
         whole_sample: read every prompt of the task, ignoring its ``correct_only`` (see :class:`Analysis`).
@@ -181,12 +173,7 @@ def register_analysis(
             schema[key] = Param(spec)
         else:
             raise ConfigError(f"schema of parameter {key!r}: expected a Param, a dict or a type, got {spec!r}")
-    renamed = dict(saved_params or {})
-    for saved, param in renamed.items():
-        if param not in schema or saved in schema:
-            raise ConfigError(f"saved_params of analysis {name!r}: {saved!r} must name a parameter ({param!r} is "
-                              f"{'not one' if param not in schema else 'one'}) that is not itself a parameter")
-    analysis = Analysis(name, fn, schema, plot, description, renamed, check, whole_sample)
+    analysis = Analysis(name, fn, schema, plot, description, check, whole_sample)
     ANALYSES[name] = analysis
     return analysis
 
@@ -502,7 +489,7 @@ def _register_builtins() -> None:
             seed=Param(int, 0, help="seed of the resample ablation"),
         ),
         plot=_builtin_plot("plot_sweep_ablation"), description="component ablation (arithinterp.patching.ablate)",
-        overwrite=True, saved_params={"mode": "ablation"}, check=ablation_check,
+        overwrite=True, check=ablation_check,
     )
     register_analysis(
         "probes", probes_analysis,

@@ -165,20 +165,6 @@ def write_manifest(out: Path, manifest: dict) -> None:
     write_file(out / MANIFEST, text, overwrite=True, what="out")  # the sweep's own file, rewritten as cells end
 
 
-def _saved_params(analysis: str) -> dict:
-    """``{saved name: parameter}`` of a registered analysis (:attr:`Analysis.saved_params`)."""
-    from arithinterp.sweep.registry import ANALYSES
-
-    known = ANALYSES.get(analysis)
-    return dict(known.saved_params) if known is not None else {}
-
-
-def _named(frame: Any, analysis: str) -> Any:
-    """A cell's saved table with its parameters' columns under the names the analysis gives them."""
-    renamed = {k: v for k, v in _saved_params(analysis).items() if k in frame.columns and v not in frame.columns}
-    return frame.rename(columns=renamed) if renamed else frame
-
-
 def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
     """The combined tidy table of each analysis: ``{analysis: DataFrame}`` (or one DataFrame).
 
@@ -207,14 +193,12 @@ def load_results(out: Union[str, Path], analysis: Optional[str] = None) -> Any:
             if problem:
                 raise ConfigError(f"cell {cid} ({entry['analysis']}): {path} is damaged: {problem}; rerun the sweep's "
                                   "config to recompute it (finished cells are kept)")
-            tables.setdefault(entry["analysis"], []).append(_named(pd.read_parquet(path), entry["analysis"]))
+            tables.setdefault(entry["analysis"], []).append(pd.read_parquet(path))
     combined = {}
     for name, frames in tables.items():
         frame = pd.concat(frames, ignore_index=True)
         # which columns say what a cell is (plots label cells by those that vary)
-        renamed = _saved_params(name)
-        params = dict.fromkeys(renamed.get(k, k) for e in manifest["cells"].values() if e["analysis"] == name
-                               for k in e["params"])
+        params = dict.fromkeys(k for e in manifest["cells"].values() if e["analysis"] == name for k in e["params"])
         frame.attrs["cell_columns"] = ["model", "task"] + [k for k in params if k in frame.columns]
         combined[name] = frame
     if analysis is None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from arithinterp.errors import TaskError, accepted
+from arithinterp.errors import ConfigError, TaskError, accepted
 from arithinterp.tasks.operators import OPERATORS, compute, defined
 from arithinterp.tasks.templates import answer_text
 
@@ -40,17 +40,18 @@ def draw_partners(
         ``(a, b, op)``.
 
     Raises:
-        TaskError: ``vary`` or an operator is unknown, the prompts join several templates or
+        ConfigError: ``vary`` or an operator is unknown.
+        TaskError: the prompts join several templates or
             prefixes, ``vary="operator"`` has no ``{op}`` field or no other operator, or
             ``prompts`` is empty.
     """
     prompts.require_one_prefix("counterfactual()")
     assert prompts.template is not None  # require_one_prefix() refuses a set without one
     if vary not in VARY:
-        raise TaskError(f"unknown vary={vary!r}; accepted: {accepted(VARY)}")
+        raise ConfigError(f"unknown vary={vary!r}; accepted: {accepted(VARY)}")
     bad_ops = [op for op in ops if op not in OPERATORS] if not isinstance(ops, str) else [ops]
     if bad_ops:
-        raise TaskError(f"unknown operator {bad_ops[0]!r} in ops; accepted: {accepted(OPERATORS)}")
+        raise ConfigError(f"unknown operator {bad_ops[0]!r} in ops; accepted: {accepted(OPERATORS)}")
     if vary == "operator" and "{op}" not in prompts.template:
         # without an {op} field the corrupt prompts would be the clean text with other labels
         raise TaskError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from arithinterp.errors import TaskError, TokenizationError, accepted
+from arithinterp.errors import ConfigError, TaskError, TokenizationError, accepted
 from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.operators import MAX_PROMPTS, OPERATORS, defined, operand_values
 from arithinterp.tasks.prompt_set import SCORING, PromptSet
@@ -122,17 +122,17 @@ def prompts_for_pairs(
 
     Raises:
         ConfigError: a declared parameter is refused: ``modulus`` below 2, a negative ``few_shot`` or
-            ``answer_digits``, a number that is not an int.
-        TaskError: an unknown operator or scoring, a refused template, operand or name, ``a``
+            ``answer_digits``, a number that is not an int; an unknown operator or scoring.
+        TaskError: a refused template, operand or name, ``a``
             and ``b`` of different lengths, no defined pair, or prompts longer than the model's context.
         TokenizationError: the prompts do not tokenize as arithmetic prompts, or an operand spans
             several tokens with ``require_single_tokens``.
     """
     if op not in OPERATORS:
-        raise TaskError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
+        raise ConfigError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
     check_template(template, op)
     if scoring not in SCORING:
-        raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
+        raise ConfigError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
     tokenizer = _tokenizer_of(model_or_tokenizer)
     a_vals, b_vals = operand_values("a", a), operand_values("b", b)
     if len(a_vals) != len(b_vals):
@@ -229,8 +229,11 @@ def parse_prompt(model_or_tokenizer: Any, text: str, *, op: str = "+", template:
         One prompt, with its operands, answer and named positions.
 
     Raises:
+        ConfigError: An unknown operator.
         TaskError: The last line does not follow the template.
     """
+    if op not in OPERATORS:
+        raise ConfigError(f"unknown operator {op!r}; accepted: {accepted(OPERATORS)}")
     check_template(template, op)
     prefix, _, last = text.rpartition("\n")
     symbol = OP_SYMBOLS.get(op, op)

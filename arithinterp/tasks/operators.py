@@ -41,13 +41,14 @@ def compute(op: str, a: int, b: int, modulus: Optional[int] = None) -> int:
         The answer as a Python int.
 
     Raises:
-        TaskError: ``op`` is not an operator, an operand is not an integer, or ``b == 0`` for
+        ConfigError: ``op`` is not an operator.
+        TaskError: an operand is not an integer, or ``b == 0`` for
             ``"//"`` or ``"mod"``.
     """
     # checked by hand rather than declared: this runs once per prompt, and these checks cost nanoseconds
     function = OPERATORS.get(op) if isinstance(op, str) else None
     if function is None:
-        raise TaskError(f"unknown operator {op!r}; accepted: {', '.join(map(repr, OPERATORS))}")
+        raise ConfigError(f"unknown operator {op!r}; accepted: {', '.join(map(repr, OPERATORS))}")
     try:
         a, b = operator.index(a), operator.index(b)  # ints and integer numpy / torch scalars, never "1" or 1.5
     except TypeError as error:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
 import torch
 
 from arithinterp.checks import check_belongs
-from arithinterp.errors import SiteError, TaskError, accepted
+from arithinterp.errors import ConfigError, SiteError, TaskError, accepted
 from arithinterp.tasks.counterfactuals import draw_partners, keep_aligned
 from arithinterp.tasks.encoding import encode_prompts
 from arithinterp.tasks.evaluation import Evaluation, answer_logprob, as_index, evaluate
@@ -163,10 +163,10 @@ class PromptSet:
             A copy of the set with ``scoring`` set.
 
         Raises:
-            TaskError: ``scoring`` is unknown.
+            ConfigError: ``scoring`` is unknown.
         """
         if scoring not in SCORING:
-            raise TaskError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
+            raise ConfigError(f"unknown scoring {scoring!r}; accepted: {accepted(SCORING)}")
         return replace(self, scoring=scoring)
 
     @classmethod
@@ -289,9 +289,8 @@ class PromptSet:
             The label of every prompt, long [N].
 
         Raises:
-            TaskError: ``name`` is not a label of this set.
-            ConfigError: ``name`` numbers a digit by its index (``answer_digit_0``): the error names
-                the place-value name.
+            ConfigError: ``name`` is not a label of this set, or numbers a digit by its index
+                (``answer_digit_0``): the error names the place-value name.
         """
         if name in ("a", "b", "answer"):
             return getattr(self, name).clone()
@@ -302,7 +301,7 @@ class PromptSet:
             low = 10 ** carry[1]
             return ((self.a % low + self.b % low) >= low).long()
         refuse_renamed(name, what="label", known=self.label_names(), carry_into=False)
-        raise TaskError(f"unknown label {name!r}; accepted: {accepted(self.label_names())}")
+        raise ConfigError(f"unknown label {name!r}; accepted: {accepted(self.label_names())}")
 
     # --- running the model ---------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import re
 from typing import Any, Optional, Sequence, Union
 
 from arithinterp.checks import integer
-from arithinterp.errors import TaskError
+from arithinterp.errors import ConfigError, TaskError
 from arithinterp.tasks.operators import OPERATORS, compute, defined
 
 # how ``{op}`` is written in a template, and the symbols that show an operator in template text
@@ -164,7 +164,7 @@ def few_shot_prefix(
     if few_shot > MAX_FEW_SHOT:  # refused before building prompts longer than any model's context
         raise TaskError(f"few_shot must be at most {MAX_FEW_SHOT} examples, got {few_shot:,}")
     if op not in OPERATORS:
-        raise TaskError(f"unknown operator {op!r}; accepted: {', '.join(map(repr, OPERATORS))}")
+        raise ConfigError(f"unknown operator {op!r}; accepted: {', '.join(map(repr, OPERATORS))}")
     if few_shot and not (a_vals and any(defined(op, b) for b in b_vals)):  # stops at the first usable b
         raise TaskError(f"few-shot examples need a value of a and a value of b that {op!r} is defined for; got "
                         f"{len(a_vals)} values of a and b = {list(b_vals)[:5]}")

@@ -2,7 +2,8 @@
 
 ``base`` holds the template and the shared helpers; each analysis has its own module of figure
 builders (``viz.patching``, ``viz.probes``, ``viz.fourier``, ``viz.neurons``, ``viz.circuits``,
-``viz.features``, ``viz.causal``, ``viz.sweep``) that its results' ``.plot()`` methods call;
+``viz.features``, ``viz.causal``, ``viz.sweep``), each registering the builders its results'
+``.plot()`` methods reach through :mod:`arithinterp.drawing`, which loads the module a figure needs;
 ``viz.attention`` draws the attention patterns ``collect`` reads (``plot_attention``).
 Analyses never build figures inline. Every builder is named ``plot_<what>`` and takes the result
 type it draws (the sweep's take its tidy tables); earlier names warn and name the new one.

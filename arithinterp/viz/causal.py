@@ -3,16 +3,16 @@ readable (probe accuracy) against used (DAS IIA) per layer."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import plotly.graph_objects as go
 
+from arithinterp.causal.results import DASLayersResult, DASResult, ReadableUsedResult
+from arithinterp.drawing import draws
 from arithinterp.viz.base import figure, heatmap, layer_lines
 
-if TYPE_CHECKING:
-    from arithinterp.causal.results import DASLayersResult, DASResult, ReadableUsedResult
 
-
+@draws(DASResult)
 def plot_das(result: DASResult, **kwargs: Any) -> go.Figure:
     """Held-out IIA of DAS and each baseline with 95% intervals, chance as a dashed line."""
     names = list(result.scores)
@@ -34,6 +34,7 @@ def plot_das(result: DASResult, **kwargs: Any) -> go.Figure:
     return fig
 
 
+@draws(DASLayersResult)
 def plot_das_layers(result: DASLayersResult, value: str = "iia", **kwargs: Any) -> go.Figure:
     """Held-out IIA (or ``value="random_iia"`` / ``"logit_diff"``) over layers × positions."""
     grid = getattr(result, value)
@@ -42,6 +43,7 @@ def plot_das_layers(result: DASLayersResult, value: str = "iia", **kwargs: Any) 
                    x_title="position: token", y_title="layer", value_name=value, signed=value == "logit_diff")
 
 
+@draws(ReadableUsedResult)
 def plot_readable_used(result: ReadableUsedResult, **kwargs: Any) -> go.Figure:
     """Per variable, probe accuracy and DAS IIA over layers with their intervals, the random rotation beside."""
     frame = result.to_frame()

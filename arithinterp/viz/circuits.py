@@ -3,18 +3,18 @@ edges against every edge and none), minimality and overlap."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import plotly.graph_objects as go
 
+from arithinterp.circuits.circuit import Circuit
+from arithinterp.circuits.digits import DigitCircuits
+from arithinterp.circuits.evaluation import (
+    EdgeFaithfulnessResult, FaithfulnessCurveResult, MinimalityResult, OverlapResult,
+)
+from arithinterp.drawing import draws
 from arithinterp.viz.base import cycle_colour, figure
 
-if TYPE_CHECKING:
-    from arithinterp.circuits.circuit import Circuit
-    from arithinterp.circuits.evaluation import (
-        EdgeFaithfulnessResult, FaithfulnessCurveResult, MinimalityResult, OverlapResult,
-    )
-    from arithinterp.circuits.digits import DigitCircuits
 
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu: helps the metric / hurts it
 
@@ -28,6 +28,7 @@ def _slot(kind: str, head: Optional[int], n_heads: int) -> float:
     return (n_heads - 1) / 2.0  # embeddings and logits centred
 
 
+@draws(Circuit)
 def plot_circuit(circuit: Circuit, *, max_edges: Optional[int] = 300, title: Optional[str] = None) -> go.Figure:
     """The circuit's kept edges: x = layer (embeddings at −1, logits at ``n_layers``); y = head /
     MLP slot, one band per token position when the graph has positions; line width ∝ |score|,
@@ -96,6 +97,7 @@ def plot_circuit(circuit: Circuit, *, max_edges: Optional[int] = 300, title: Opt
     return fig
 
 
+@draws(FaithfulnessCurveResult)
 def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[str] = None) -> go.Figure:
     """Normalised faithfulness vs number of edges kept, its bootstrap interval over pairs as a
     band, and the every-edge (1) and no-edge (0) lines. When the curve reports no fraction (the
@@ -107,11 +109,11 @@ def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[s
         fig = figure(title or f"Faithfulness not reported ({curve.method} ranking, {curve.ablation} ablation)",
                      "edges kept", "mean metric")
         fig.add_trace(go.Scatter(
-            x=sizes, y=curve.raw.tolist(), mode="lines+markers", name="mean metric, top-k edges",
+            x=sizes, y=curve.metric_circuit.tolist(), mode="lines+markers", name="mean metric, top-k edges",
             customdata=fraction, hovertemplate="%{x} edges (%{customdata:.1%})<br>metric %{y:.4g}<extra></extra>",
         ))
-        fig.add_hline(y=curve.all_edges, line_dash="dot", annotation_text=f"every edge ({curve.all_edges:.3g})")
-        fig.add_hline(y=curve.no_edges, line_dash="dot", annotation_text=f"no edge ({curve.no_edges:.3g})")
+        fig.add_hline(y=curve.metric_full, line_dash="dot", annotation_text=f"every edge ({curve.metric_full:.3g})")
+        fig.add_hline(y=curve.metric_empty, line_dash="dot", annotation_text=f"no edge ({curve.metric_empty:.3g})")
         # the note is long: wrapped onto a few lines under the title
         words, lines = curve.note.split(), [""]
         for word in words:
@@ -129,25 +131,26 @@ def plot_faithfulness_curve(curve: FaithfulnessCurveResult, *, title: Optional[s
                              fill="toself", fillcolor="rgba(33, 102, 172, 0.18)", line=dict(width=0), name=band,
                              hoverinfo="skip"))
     fig.add_trace(go.Scatter(
-        x=sizes, y=curve.values.tolist(), mode="lines+markers", name="top-k edges", line=dict(color=POSITIVE),
-        customdata=[list(row) for row in zip(fraction, curve.raw.tolist(), curve.ci_low.tolist(),
+        x=sizes, y=curve.faithfulness.tolist(), mode="lines+markers", name="top-k edges", line=dict(color=POSITIVE),
+        customdata=[list(row) for row in zip(fraction, curve.metric_circuit.tolist(), curve.ci_low.tolist(),
                                              curve.ci_high.tolist())],
         hovertemplate="%{x} edges (%{customdata[0]:.1%})<br>faithfulness %{y:.4g} "
                       f"({100 * confidence:g}% CI " "%{customdata[2]:.3g} to %{customdata[3]:.3g})<br>"
                       "metric %{customdata[1]:.4g}<extra></extra>",
     ))
-    fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.all_edges:.3g})")
-    fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.no_edges:.3g})")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"every edge (metric {curve.metric_full:.3g})")
+    fig.add_hline(y=0.0, line_dash="dot", annotation_text=f"no edge (metric {curve.metric_empty:.3g})")
     return fig
 
 
+@draws(EdgeFaithfulnessResult)
 def plot_edge_faithfulness(result: EdgeFaithfulnessResult, *, title: Optional[str] = None) -> go.Figure:
     """The mean metric with no edge, with the circuit's kept edges and with every edge (the other
     edges ablated), the faithfulness and its interval over pairs in the title."""
     confidence = result.meta.get("confidence", 0.95)
     names = ["no edge", f"{result.n_kept} kept edges", "every edge"]
-    values = [result.no_edges, result.raw, result.all_edges]
-    fig = figure(title or f"Faithfulness of {result.n_kept} of {result.n_edges} edges: {result.value:.3g} "
+    values = [result.metric_empty, result.metric_circuit, result.metric_full]
+    fig = figure(title or f"Faithfulness of {result.n_kept} of {result.n_edges} edges: {result.faithfulness:.3g} "
                           f"({100 * confidence:g}% CI {result.ci_low:.3g} to {result.ci_high:.3g}; "
                           f"{result.ablation} ablation)", "edges kept", f"mean metric ({result.meta.get('metric')})")
     fig.add_trace(go.Bar(x=names, y=values, marker_color=[cycle_colour(1), POSITIVE, cycle_colour(2)],
@@ -155,6 +158,7 @@ def plot_edge_faithfulness(result: EdgeFaithfulnessResult, *, title: Optional[st
     return fig
 
 
+@draws(MinimalityResult)
 def plot_minimality(result: MinimalityResult, *, max_edges: Optional[int] = 40,
                     title: Optional[str] = None) -> go.Figure:
     """The faithfulness each kept edge adds (lost when it alone is dropped), largest first;
@@ -175,6 +179,7 @@ def plot_minimality(result: MinimalityResult, *, max_edges: Optional[int] = 40,
     return fig
 
 
+@draws(OverlapResult)
 def plot_overlap(result: OverlapResult, *, title: Optional[str] = None) -> go.Figure:
     """Edges and nodes kept by the first circuit only, by both, and by the second only (stacked),
     with the Jaccard indices in the title."""
@@ -192,6 +197,7 @@ def plot_overlap(result: OverlapResult, *, title: Optional[str] = None) -> go.Fi
     return fig
 
 
+@draws(DigitCircuits)
 def plot_digit_circuits(result: DigitCircuits, *, title: Optional[str] = None) -> go.Figure:
     """Senders × answer tokens: each sender's outgoing edge scores summed, per answer digit
     (``DigitCircuits.sender_scores``); signed, ``RdBu`` centred at 0."""

@@ -3,22 +3,21 @@ path ablations and graphs over a prompt sample."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import pandas as pd
+import plotly.graph_objects as go
 
+from arithinterp.drawing import draws
+from arithinterp.features.graph import AttributionGraph
+from arithinterp.features.interventions import FeatureInterventionResult
+from arithinterp.features.labels import FeatureGridsResult
+from arithinterp.features.paths import PathAblationResult
+from arithinterp.features.replacement import ReplacementResult
+from arithinterp.features.sample import GraphSample
+from arithinterp.features.steering import SwapResult
+from arithinterp.features.transcoder import Transcoders
 from arithinterp.viz.base import figure
-
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
-
-    from arithinterp.features.graph import AttributionGraph
-    from arithinterp.features.interventions import FeatureInterventionResult
-    from arithinterp.features.labels import FeatureGridsResult
-    from arithinterp.features.paths import PathAblationResult
-    from arithinterp.features.replacement import ReplacementResult
-    from arithinterp.features.sample import GraphSample
-    from arithinterp.features.steering import SwapResult
 
 
 def plot_transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None) -> go.Figure:
@@ -33,6 +32,13 @@ def plot_transcoder_metrics(frame: pd.DataFrame, title: Optional[str] = None) ->
     return fig
 
 
+@draws(Transcoders)
+def plot_transcoders(transcoders: Transcoders, title: Optional[str] = None) -> go.Figure:
+    """:func:`plot_transcoder_metrics` of ``transcoders.to_frame()``."""
+    return plot_transcoder_metrics(transcoders.to_frame(), title=title)
+
+
+@draws(AttributionGraph)
 def plot_attribution_graph(graph: AttributionGraph, kept_only: bool = True, title: Optional[str] = None) -> go.Figure:
     """An attribution graph drawn as positions × layers: nodes sized by influence, edges as lines
     whose width is the edge weight (blue positive, red negative); hover gives each node's kind,
@@ -74,6 +80,7 @@ def plot_attribution_graph(graph: AttributionGraph, kept_only: bool = True, titl
     return fig
 
 
+@draws(FeatureGridsResult)
 def plot_feature_grids(grids: FeatureGridsResult, title: Optional[str] = None) -> go.Figure:
     """Operand-grid heatmaps (rows a, columns b) of features' activations, one panel per feature in a
     row of at most four (the "Biology" case study's operand plots); sequential colour from 0
@@ -108,6 +115,7 @@ def plot_feature_grids(grids: FeatureGridsResult, title: Optional[str] = None) -
     return fig
 
 
+@draws(PathAblationResult)
 def plot_path_ablation(result: PathAblationResult, title: Optional[str] = None):
     """Bars per arm of a path ablation (its ``to_frame()`` rows): the answer logit left, as a
     share of the unablated one, with its bootstrap interval."""
@@ -124,6 +132,7 @@ def plot_path_ablation(result: PathAblationResult, title: Optional[str] = None):
     return fig
 
 
+@draws(GraphSample)
 def plot_graph_sample(result: GraphSample, top: int = 20, title: Optional[str] = None):
     """Bars of the features most often kept in a sample's pruned graphs (its ``to_frame()`` rows)."""
     import plotly.graph_objects as go
@@ -138,6 +147,7 @@ def plot_graph_sample(result: GraphSample, top: int = 20, title: Optional[str] =
     return fig
 
 
+@draws(FeatureInterventionResult)
 def plot_feature_intervention(result: FeatureInterventionResult, title: Optional[str] = None) -> go.Figure:
     """Each prompt's answer probability with the features changed against nothing changed; the
     diagonal is no change."""
@@ -155,6 +165,7 @@ def plot_feature_intervention(result: FeatureInterventionResult, title: Optional
     return fig
 
 
+@draws(ReplacementResult)
 def plot_replacement(result: ReplacementResult, title: Optional[str] = None) -> go.Figure:
     """KL(real ‖ replacement) at every answer position, one histogram per position, with the top-1
     agreement in the title."""
@@ -169,6 +180,7 @@ def plot_replacement(result: ReplacementResult, title: Optional[str] = None) -> 
     return fig
 
 
+@draws(SwapResult)
 def plot_swap(result: SwapResult, title: Optional[str] = None) -> go.Figure:
     """The swap test: the share of problems whose answer became the swapped-in token, and whose answer
     changed at all, for the labelled supernodes and for the random-feature control."""

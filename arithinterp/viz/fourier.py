@@ -7,12 +7,23 @@ number they represent (``NUMBER_SCALE``).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from arithinterp.drawing import draws
+from arithinterp.errors import ConfigError, accepted
+from arithinterp.fourier.clusters import NeuronFrequencyResult
+from arithinterp.fourier.filters import FilterResult
+from arithinterp.fourier.modular import ProgressResult
+from arithinterp.fourier.separability import SeparabilityResult
+from arithinterp.fourier.spectrum_result import SpectrumResult
+from arithinterp.helix.causal import HelixPatchResult
+from arithinterp.helix.fitting import FitLayersResult, HelixFit
+from arithinterp.helix.neuron_model import NeuronFitResult
+from arithinterp.helix.period_search import PeriodSearchResult
 from arithinterp.viz.base import (
     NUMBER_SCALE,
     TEMPLATE_NAME,
@@ -24,22 +35,12 @@ from arithinterp.viz.base import (
     to_array,
 )
 
-if TYPE_CHECKING:
-    from arithinterp.fourier.clusters import NeuronFrequencyResult
-    from arithinterp.fourier.filters import FilterResult
-    from arithinterp.fourier.modular import ProgressResult
-    from arithinterp.fourier.separability import SeparabilityResult
-    from arithinterp.fourier.spectrum_result import SpectrumResult
-    from arithinterp.helix.causal import HelixPatchResult
-    from arithinterp.helix.fitting import FitLayersResult, HelixFit
-    from arithinterp.helix.neuron_model import NeuronFitResult
-    from arithinterp.helix.period_search import PeriodSearchResult
-
 
 def _freq_labels(result: SpectrumResult) -> list[str]:
     return [f"k={k} (T={label})" if k else "const" for k, label in zip(result.frequencies, result.period_labels)]
 
 
+@draws(SpectrumResult)
 def plot_spectrum(result: SpectrumResult, series: Union[int, str, None] = None, *, log: bool = True,
                   include_constant: bool = False) -> go.Figure:
     """A :class:`~arithinterp.fourier.SpectrumResult` as a figure.
@@ -79,6 +80,7 @@ def plot_spectrum(result: SpectrumResult, series: Union[int, str, None] = None, 
                    y_title="series", value_name="share", signed=False)
 
 
+@draws(NeuronFrequencyResult)
 def plot_neuron_frequencies(result: NeuronFrequencyResult) -> go.Figure:
     """Clustered neurons per frequency (share of variance in one block above the threshold)."""
     sizes = result.cluster_sizes()
@@ -90,6 +92,7 @@ def plot_neuron_frequencies(result: NeuronFrequencyResult) -> go.Figure:
     return fig
 
 
+@draws(ProgressResult)
 def plot_progress(result: ProgressResult, *, log: bool = True) -> go.Figure:
     """Progress measures (losses) over training steps."""
     fig = figure(f"Progress measures (key frequencies {result.key})", "training step", "cross-entropy loss")
@@ -102,6 +105,7 @@ def plot_progress(result: ProgressResult, *, log: bool = True) -> go.Figure:
     return fig
 
 
+@draws(FilterResult)
 def plot_frequency_filter(result: FilterResult) -> go.Figure:
     """Distribution of answer errors with a frequency band filtered out."""
     def quoted(value: float, ci: Optional[list]) -> str:
@@ -119,6 +123,20 @@ def plot_frequency_filter(result: FilterResult) -> go.Figure:
 def _curve_values(fit: HelixFit, n: int = 400) -> np.ndarray:
     low, high = float(fit.unique_values[:, 0].min()), float(fit.unique_values[:, 0].max())
     return np.linspace(low, high, n)
+
+
+@draws(HelixFit)
+def plot_helix(fit: HelixFit, view: str = "3d", **kwargs: Any) -> go.Figure:
+    """A helix fit in one of its views: ``"3d"`` (:func:`plot_helix_3d`), ``"pairs"``
+    (:func:`plot_helix_pairs`) or ``"periods"`` (:func:`plot_helix_periods`).
+
+    Raises:
+        ConfigError: An unknown view.
+    """
+    views = {"3d": plot_helix_3d, "pairs": plot_helix_pairs, "periods": plot_helix_periods}
+    if view not in views:
+        raise ConfigError(f"unknown view {view!r}; accepted: {accepted(views)}")
+    return views[view](fit, **kwargs)
 
 
 def plot_helix_3d(fit: HelixFit, components: tuple[int, int, int] = (0, 1, 2)) -> go.Figure:
@@ -211,6 +229,7 @@ def plot_helix_periods(fit: HelixFit) -> go.Figure:
     return fig
 
 
+@draws(FitLayersResult)
 def plot_fit_layers(result: FitLayersResult) -> go.Figure:
     """Held-out R² of each fit per layer."""
     return layer_lines({name: result.r2[i] for i, name in enumerate(result.fits)}, layers=result.layers,
@@ -218,6 +237,7 @@ def plot_fit_layers(result: FitLayersResult) -> go.Figure:
                        y_title="held-out R² (full space)")
 
 
+@draws(HelixPatchResult)
 def plot_helix_patch(result: HelixPatchResult) -> go.Figure:
     """Mean corrupt-answer logit change per patch method with its 95% bootstrap interval over
     pairs; bars are labelled with their fraction of the layer patch (and its interval) only when
@@ -238,6 +258,7 @@ def plot_helix_patch(result: HelixPatchResult) -> go.Figure:
     return fig
 
 
+@draws(SeparabilityResult)
 def plot_separability(result: SeparabilityResult, series: Union[int, str] = 0) -> go.Figure:
     """Mod-T linear separability of one series: the probe's held-out accuracy per period with its
     95% interval, next to the random-init model, the shuffled numbers and chance (Fu et al. 2026)."""
@@ -264,6 +285,7 @@ def plot_separability(result: SeparabilityResult, series: Union[int, str] = 0) -
     return fig
 
 
+@draws(PeriodSearchResult)
 def plot_period_search(result: PeriodSearchResult) -> go.Figure:
     """Best score per subset size, labelled with the winning periods."""
     values = {f"{len(s)}: {', '.join(f'{T:g}' for T in s)}": float(v) for s, v in zip(result.best, result.best_scores)}
@@ -272,6 +294,7 @@ def plot_period_search(result: PeriodSearchResult) -> go.Figure:
     return fig
 
 
+@draws(NeuronFitResult)
 def plot_neuron_fits(result: NeuronFitResult, *, bins: Optional[int] = 30) -> go.Figure:
     """Histogram of the neuron fits' NRMSE."""
     fig = figure(f"Neuron preactivation fits ({result.method}): NRMSE", "NRMSE = RMSE / (max − min)", "neurons")

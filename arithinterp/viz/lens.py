@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import plotly.graph_objects as go
 
+from arithinterp.drawing import draws
 from arithinterp.errors import ConfigError, accepted
+from arithinterp.lens import LogitLensResult
 from arithinterp.viz.base import SEQUENTIAL_SCALE, TEMPLATE_NAME, layer_lines, to_array
 
-if TYPE_CHECKING:
-    from arithinterp.lens import LogitLensResult
 
 LENS_VALUES = ("mean_probability", "top1")
 
 
+@draws(LogitLensResult)
 def plot_logit_lens(result: LogitLensResult, value: str = "mean_probability",
                     title: Optional[str] = None) -> go.Figure:
     """The logit lens of a prompt set: a layer × position heatmap of ``value`` (median rank on hover),

@@ -4,25 +4,25 @@ their controls."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from arithinterp.drawing import draws
 from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
+from arithinterp.neurons.neuron_importance import NeuronImportance
+from arithinterp.neurons.neuron_maps import NeuronMaps
+from arithinterp.neurons.table import HeuristicTable
 from arithinterp.viz.base import SIGNED_SCALE, TEMPLATE_NAME, bars, cycle_colour, figure, heatmap
 
-if TYPE_CHECKING:
-    from arithinterp.neurons.ablation import HeuristicAblationResult, PromptAblationResult
-    from arithinterp.neurons.neuron_importance import NeuronImportance
-    from arithinterp.neurons.neuron_maps import NeuronMaps
-    from arithinterp.neurons.table import HeuristicTable
 
 _TABLE_KINDS = ("counts", "coverage", "scores")
 _MAP_KINDS = ("K", "KV", "both")
 
 
+@draws(HeuristicTable)
 def plot_heuristic_table(table: HeuristicTable, kind: str = "counts", max_heuristics: int = 40) -> go.Figure:
     """``"counts"``: neurons per heuristic type, stacked per layer; ``"coverage"``: fraction of the
     important neurons classified per layer; ``"scores"``: neuron × heuristic score heatmap of the
@@ -62,6 +62,7 @@ def plot_heuristic_table(table: HeuristicTable, kind: str = "counts", max_heuris
     )
 
 
+@draws(NeuronImportance)
 def plot_importance(result: NeuronImportance) -> go.Figure:
     """Neuron scores of each layer sorted high to low; the selected top-k in front of a marker."""
     fig = figure(f"Neuron importance ({result.method})", "neuron rank within layer",
@@ -77,6 +78,7 @@ def plot_importance(result: NeuronImportance) -> go.Figure:
     return fig
 
 
+@draws(NeuronMaps)
 def plot_maps(maps: NeuronMaps, index: int = 0, kind: str = "both") -> go.Figure:
     """Neuron ``index``'s K map (activation) and/or KV map (activation × logit-lens value of the
     true answer) over the operand grid, rows a and columns b, RdBu centred at 0."""
@@ -113,6 +115,7 @@ def plot_maps(maps: NeuronMaps, index: int = 0, kind: str = "both") -> go.Figure
     return fig
 
 
+@draws(HeuristicAblationResult)
 def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool = False,
                             max_heuristics: int = 30) -> go.Figure:
     """Accuracy remaining after ablating each heuristic's neurons, on its associated prompts vs
@@ -143,22 +146,30 @@ def plot_heuristic_ablation(result: HeuristicAblationResult, per_heuristic: bool
     return fig
 
 
+@draws(PromptAblationResult)
 def plot_prompt_ablation(result: PromptAblationResult) -> go.Figure:
-    """Fraction of prompts still correct vs neurons ablated per layer: the prompt's own heuristic
-    neurons against a same-size random control; the unablated accuracy dotted."""
+    """Fraction of prompts still answered vs neurons ablated per layer: the prompt's own heuristic
+    neurons against a same-size random control, with their 95% intervals over prompts where the
+    result has them; the unablated share dotted."""
     fig = figure(f"Per-prompt ablation of heuristic neurons ({result.ablation} ablation)",
-                 "neurons ablated per layer (k)", "fraction of prompts still correct")
-    for i, (arm, values) in enumerate((("prompt's heuristic neurons", result.heuristic_correct),
-                                       ("random control (same layer, same count)", result.control_correct))):
+                 "neurons ablated per layer (k)", "fraction of prompts still answered")
+    pool = "same layer's other top neurons" if result.meta.get("control", "table") == "table" else "same layer"
+    for i, (arm, values, ci, sizes) in enumerate(
+            (("prompt's heuristic neurons", result.heuristic_correct, result.heuristic_ci, result.n_ablated),
+             (f"random control ({pool}, same count)", result.control_correct, result.control_ci,
+              result.n_control if result.n_control is not None else result.n_ablated))):
+        error = None if ci is None else dict(type="data", symmetric=False, array=(ci[1] - values).numpy(),
+                                              arrayminus=(values - ci[0]).numpy())
         fig.add_trace(
             go.Scatter(
                 x=result.ks,
                 y=values.numpy(),
+                error_y=error,
                 mode="lines+markers",
                 name=arm,
                 line=dict(color=cycle_colour(i)),
-                customdata=result.n_ablated.numpy(),
-                hovertemplate=f"{arm}<br>k=%{{x}}<br>correct %{{y:.4g}}"
+                customdata=sizes.numpy(),
+                hovertemplate=f"{arm}<br>k=%{{x}}<br>answered %{{y:.4g}}"
                 "<br>mean neurons ablated %{customdata:.3g}<extra></extra>",
             )
         )

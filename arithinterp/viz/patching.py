@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import functools
 import itertools
 
 import plotly.graph_objects as go
 
+from arithinterp.drawing import draws
 from arithinterp.errors import ConfigError, accepted
+from arithinterp.patching.attribution import ComparisonResult
+from arithinterp.patching.attribution_result import AttributionResult
+from arithinterp.patching.component_ablation import AblationResult
+from arithinterp.patching.core import PatchResult
+from arithinterp.patching.digits import DigitAblationResult
+from arithinterp.patching.effects import EffectResult
+from arithinterp.patching.faithfulness import ComponentFaithfulnessResult
 from arithinterp.viz.base import answer_token_labels, to_array, bars, cycle_colour, figure, heatmap, layer_lines
 
-if TYPE_CHECKING:
-    from arithinterp.patching.attribution import ComparisonResult
-    from arithinterp.patching.attribution_result import AttributionResult
-    from arithinterp.patching.component_ablation import AblationResult
-    from arithinterp.patching.effects import EffectResult
-    from arithinterp.patching.faithfulness import ComponentFaithfulnessResult
-    from arithinterp.patching.core import PatchResult
-    from arithinterp.patching.digits import DigitAblationResult
 
 _UNIT_PREFIX = {"head": "H", "neuron": "N"}
 STATISTICS = ("mean", "sem", "ci_low", "ci_high")
@@ -34,6 +34,7 @@ def _position_labels(result: PatchResult) -> list[str]:
     return [f"{p}: {t}" if t and t != p else str(p) for p, t in zip(result.positions, result.tokens)]
 
 
+@draws(PatchResult)
 def plot_patch_result(result: PatchResult, statistic: str = "mean", title: str | None = None) -> go.Figure:
     """The figure that fits the result's cells.
 
@@ -71,6 +72,7 @@ def plot_patch_result(result: PatchResult, statistic: str = "mean", title: str |
     return cells(grid, x_labels=positions, y_labels=rows, x_title="position: token", y_title=f"layer, {unit}")
 
 
+@draws(ComparisonResult)
 def plot_comparison(comparison: ComparisonResult, title: str | None = None) -> go.Figure:
     """Scatter of approximate against exact cell means, one colour per site, with the y = x line."""
     fig = figure(
@@ -108,6 +110,7 @@ def plot_comparison(comparison: ComparisonResult, title: str | None = None) -> g
     return fig
 
 
+@draws(EffectResult)
 def plot_effects(effects: EffectResult, title: str | None = None) -> go.Figure:
     """Direct and total effect per component, mean over pairs with standard-error bars."""
     frame = effects.to_frame()
@@ -130,6 +133,7 @@ def plot_effects(effects: EffectResult, title: str | None = None) -> go.Figure:
     return fig
 
 
+@draws(AttributionResult)
 def plot_attribution(result: AttributionResult, statistic: str = "mean", title: str | None = None) -> go.Figure:
     """Every site's figure (:func:`plot_patch_result`), one under another, each with its own title."""
     from plotly.subplots import make_subplots
@@ -152,6 +156,7 @@ def plot_attribution(result: AttributionResult, statistic: str = "mean", title: 
     return fig
 
 
+@draws(AblationResult)
 def plot_ablation(result: AblationResult, title: str | None = None) -> go.Figure:
     """Accuracy of the full model and of the ablated one."""
     return bars(
@@ -161,6 +166,7 @@ def plot_ablation(result: AblationResult, title: str | None = None) -> go.Figure
     )
 
 
+@draws(ComponentFaithfulnessResult)
 def plot_component_faithfulness(result: ComponentFaithfulnessResult, title: str | None = None) -> go.Figure:
     """The metric with nothing, everything outside the circuit, and everything ablated."""
     return bars(
@@ -170,11 +176,12 @@ def plot_component_faithfulness(result: ComponentFaithfulnessResult, title: str 
             "everything ablated": result.metric_empty,
         },
         title=title
-        or f"faithfulness {result.faithfulness:.3f} ({result.ablation} ablation, {len(result.circuit)} components)",
+        or f"faithfulness {result.faithfulness:.3f} ({result.ablation} ablation, {len(result.components)} components)",
         y_title=f"mean {result.metric} of the answer",
     )
 
 
+@draws(DigitAblationResult)
 def plot_digit_ablation(result: DigitAblationResult, title: str | None = None) -> go.Figure:
     """Heads × answer tokens: how much each token's accuracy drops with the head ablated there."""
     return heatmap(

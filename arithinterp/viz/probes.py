@@ -4,23 +4,24 @@ repair outcomes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import numpy as np
 import plotly.graph_objects as go
 
-from arithinterp.errors import AnalysisError, accepted
+from arithinterp.drawing import draws
+from arithinterp.errors import AnalysisError, ConfigError, accepted
+from arithinterp.probes.detector_result import DetectorResult
+from arithinterp.probes.probe_result import ProbeResult
+from arithinterp.probes.reask import RepairResult
 from arithinterp.tasks.places import PLACES
 from arithinterp.viz.base import bars, cycle_colour, figure, heatmap, layer_lines
 
-if TYPE_CHECKING:
-    from arithinterp.probes.detector_result import DetectorResult
-    from arithinterp.probes.probe_result import ProbeResult
-    from arithinterp.probes.reask import RepairResult
 
 _METRIC_NAMES = {"accuracy": "held-out accuracy", "r2": "held-out R²"}
 
 
+@draws(ProbeResult)
 def plot_probe_layers(result: ProbeResult, position: Optional[str] = None, controls: bool = True,
                       chance: bool = True) -> go.Figure:
     """Mean held-out score over layers with 95% CI bands, one line per position (or ``position``)
@@ -55,6 +56,27 @@ def plot_probe_layers(result: ProbeResult, position: Optional[str] = None, contr
         fig.add_hline(y=result.chance, line_dash="dot", line_color="grey",
                       annotation_text=f"chance {result.chance:.3g}", annotation_position="bottom right")
     return fig
+
+
+@draws(DetectorResult)
+def plot_detector(result: DetectorResult, kind: str = "roc", digit: Optional[str] = None, probe: str = "true",
+                  **kwargs: Any) -> go.Figure:
+    """A detector's figure: ``kind="roc"`` (:func:`plot_roc`), ``"calibration"``
+    (:func:`plot_calibration`) or ``"confusion"`` (:func:`plot_digit_confusion` of ``digit`` and
+    ``probe``).
+
+    Raises:
+        ConfigError: An unknown ``kind`` or ``probe``.
+    """
+    if probe not in ("true", "output"):
+        raise ConfigError(f"probe must be 'true' or 'output', got {probe!r}")
+    if kind == "roc":
+        return plot_roc(result, **kwargs)
+    if kind == "calibration":
+        return plot_calibration(result, **kwargs)
+    if kind == "confusion":
+        return plot_digit_confusion(result, digit=digit, probe=probe, **kwargs)
+    raise ConfigError(f"unknown plot kind {kind!r}; accepted: {accepted(('roc', 'calibration', 'confusion'))}")
 
 
 def plot_roc(result: DetectorResult, methods: Optional[list] = None) -> go.Figure:
@@ -93,14 +115,14 @@ def plot_calibration(result: DetectorResult, methods: Optional[list] = None, bin
     """Reliability diagram: mean predicted P(correct) against the observed fraction correct, in
     ``bins`` equal-count bins per method; the diagonal is perfect calibration."""
     if not (isinstance(bins, int) and bins >= 2):
-        raise AnalysisError(f"bins must be an integer >= 2, got {bins!r}")
+        raise ConfigError(f"bins must be an integer >= 2, got {bins!r}")
     truth = result.correct.double().numpy()
     fig = figure(
         "Error detector calibration (reliability diagram)", "predicted P(correct)", "observed fraction correct"
     )
     for i, method in enumerate(methods or result.methods):
         if method not in result.methods:
-            raise AnalysisError(f"unknown method {method!r}; accepted: {accepted(result.methods)}")
+            raise ConfigError(f"unknown method {method!r}; accepted: {accepted(result.methods)}")
         score = result.scores[:, result.methods.index(method)].double().numpy()
         groups = [g for g in np.array_split(np.argsort(score, kind="stable"), min(bins, len(score))) if len(g)]
         x = [float(score[g].mean()) for g in groups]
@@ -134,14 +156,14 @@ def plot_digit_confusion(result: DetectorResult, digit: Optional[str] = None, pr
         The heatmap.
 
     Raises:
-        AnalysisError: an unknown ``digit`` or ``probe``.
+        ConfigError: an unknown ``digit`` or ``probe``.
     """
     if probe not in ("true", "output"):
-        raise AnalysisError(f"probe must be 'true' or 'output', got {probe!r}")
+        raise ConfigError(f"probe must be 'true' or 'output', got {probe!r}")
     names = result.slot_names
     digit = names[0] if digit is None else digit
     if digit not in names:
-        raise AnalysisError(f"unknown digit {digit!r}; this result's answer digits: {accepted(names)}")
+        raise ConfigError(f"unknown digit {digit!r}; this result's answer digits: {accepted(names)}")
     slot = names.index(digit)
     valid = result.slot_valid[:, slot]
     actual = (result.true_slots if probe == "true" else result.output_slots)[valid, slot]
@@ -160,6 +182,7 @@ def plot_digit_confusion(result: DetectorResult, digit: Optional[str] = None, pr
                    value_name="fraction of row" if normalise else "count", signed=False)
 
 
+@draws(RepairResult)
 def plot_repair(result: RepairResult) -> go.Figure:
     """Counts of what re-asking the flagged prompts did."""
     s = result.summary()

@@ -2,7 +2,7 @@
 :class:`~arithinterp.report.stage.Stage` as its ``STAGE``, and :data:`STAGES` is built from them,
 in the page's order (each stage's ``order``). Adding a stage is adding a module.
 
-:data:`MINIMUMS`, :data:`WEIGHTS`, :data:`STAGE_TITLES` and :data:`KNOBS` are read from the stages'
+:data:`MINIMUMS`, :data:`WEIGHTS` and :data:`STAGE_TITLES` are read from the stages'
 declarations (by name), for code that needs one of them for every stage.
 """
 
@@ -14,7 +14,7 @@ import sys
 from types import ModuleType
 
 from arithinterp.report.budget import EVALUATION_WEIGHT
-from arithinterp.report.stage import MINIMUMS, Knob, Stage
+from arithinterp.report.stage import MINIMUMS, Stage
 
 
 def collect(*packages: ModuleType) -> dict[str, Stage]:
@@ -30,5 +30,3 @@ MINIMUMS.update({stage.minimum_name or stage.name: stage.minimum for stage in ST
 # each stage's share of the budget, and the evaluation's (what a stage leaves unused goes to the later ones)
 WEIGHTS: dict[str, float] = {"evaluation": EVALUATION_WEIGHT, **{name: s.weight for name, s in STAGES.items()}}
 STAGE_TITLES: dict[str, str] = {name: stage.title for name, stage in STAGES.items()}
-# stages whose own code takes no budget: run at the minimum first, then larger when the time allows
-KNOBS: dict[str, Knob] = {name: stage.knob for name, stage in STAGES.items() if stage.knob is not None}

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import math
-import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from arithinterp.errors import AnalysisError
-from arithinterp.report.budget import OverBudget
-from arithinterp.sites import coarse_to_fine
+from arithinterp.report.budget import StagePlan, secs
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.report.work import work_seconds
+from arithinterp.sites import looking_first_at, spread
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -28,59 +28,77 @@ def _points(drop: float) -> str:
     return f"{sign}{abs(value):.0f} points" if abs(value) >= 10 else f"{sign}{abs(value):.1f} points"
 
 
-def digits_stage(ctx: Context) -> Section:
-    """Which head computes which answer token: each head mean-ablated at the position that predicts
-    one answer token (multi-token answers only).
+def digits_plan(ctx: Context) -> StagePlan:
+    """Every layer's heads on as many prompts as the share holds; else the heads of the minimum of
+    prompts at as many evenly spread layers as fit (at run time, the blocks where patching saw
+    the operand arrive come first among them).
+
+    The cost, in token-layers per prompt: the heads of layer ``l`` ablated at the position that
+    predicts answer token ``k`` resume there and run the blocks from ``l`` on the positions from
+    it to the answer's end ((L − l)(n − k) for n answer tokens), each position unembedded; and a
+    base run and the mean-ablation run over the prompt and its answer.
 
     Args:
-        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
 
     Returns:
-        The stage's section: findings, figures and the sample it used.
+        The plan: ``prompts`` (how many), ``layers`` (how many).
+
+    Raises:
+        AnalysisError: The answers are single tokens: the stage does not apply.
     """
-    from arithinterp import patching
+    from arithinterp.report.evaluation import prompt_positions
 
     if int(ctx.all_prompts.n_answer_tokens.max()) < 2:  # does not apply, whatever the sample size
         raise AnalysisError("the answers are single tokens; per-digit ablation needs multi-token answers "
                             "(e.g. zoo:add-3digit)")
     prompts = ctx.prompts[: ctx.n_digit_prompts]
     require("digits", len(prompts))
-    cfg = ctx.model.cfg  # a teacher-forced forward per head and answer token
+    shape = ctx.shape
+    n_layers, n_answer = shape.n_layers, int(ctx.all_prompts.answer_tokens.shape[1])
+    after = n_answer * (n_answer + 1) // 2  # positions from each answer token's to the answer's end
+    base = 2 * (prompt_positions(prompts) + n_answer) * n_layers
 
-    def heads_of(layers: list[int]) -> list[str]:
-        return [f"L{layer}H{head}" for layer in layers for head in range(cfg.n_heads)]
+    def cost(count: int, n_covered: int) -> float:
+        steps = sum(n_layers - layer for layer in spread(n_layers, n_covered))
+        return work_seconds(shape, token_layers=count * (shape.n_heads * steps * after + base),
+                            unembeds=count * shape.n_heads * n_covered * after,
+                            calls=steps * n_answer * math.ceil(count / 64))
 
-    layers = list(range(cfg.n_layers))
-    # in prompt evaluations per prompt and layer: the heads of a layer ablated at one position and
-    # resumed from there (about 4 on a 135M-shaped model; whole forwards would be heads × answer tokens)
-    per_layer = 4
-    minimum = MINIMUM[0]
-    try:
-        if per_layer * cfg.n_layers * ctx.budget.forward_seconds * minimum > ctx.seconds_left():
-            raise OverBudget("every layer does not fit")  # a pilot at every layer would be wasted
-        prompts, fitted = ctx.fit(prompts, "prompts", minimum,
-                                  pilot=lambda p: patching.digit_ablation(ctx.model, p, progress=False),
-                                  prior=per_layer * cfg.n_layers)
-    except OverBudget:  # the heads of a sample of the layers rather than none
-        # the heads that moved the operand to the answer position first, where patching located that
-        prompts, layers, fitted = ctx.fit_layers(
-            prompts, "prompts", minimum, cfg.n_layers,
-            pilot=lambda p, ls: patching.digit_ablation(ctx.model, p, heads=heads_of(ls), progress=False),
-            prior=per_layer, first=ctx.arrival_layers)
-    first = [layer for layer in ctx.arrival_layers if layer in layers]
-    if len(layers) < cfg.n_layers and first:
-        fitted += (f"; layer{'s' if len(first) > 1 else ''} {', '.join(map(str, first))} among them, where patching "
-                   "saw the varied operand reach the answer position")
-    if ctx.budget.seconds != float("inf"):  # in groups, coarse to fine, while the time lasts: estimates can be low
-        result, covered = _ablate_while_time_lasts(ctx, prompts, layers, heads_of, first)
-        if len(covered) < len(layers):
-            those = "those layers" if len(layers) < cfg.n_layers else f"the {cfg.n_layers} layers"
-            fitted += (f"; stopped after {len(covered)} of {those} ({', '.join(map(str, covered))}): the "
-                       "next ones would not have fitted the time left")
-        layers = covered
-    else:
-        result = patching.digit_ablation(ctx.model, prompts, heads=heads_of(layers), progress=False)
-    section = Section(STAGE.title, sample=joined(require("digits", len(prompts)), fitted))
+    count, layers, seconds, sample = ctx.fit_layers(prompts, "prompts", MINIMUM[0], n_layers, cost)
+    return StagePlan(dict(prompts=count, layers=len(layers)), seconds, sample)
+
+
+def digits_stage(ctx: Context) -> Section:
+    """Which head computes which answer token: each head mean-ablated at the position that predicts
+    one answer token (multi-token answers only), at the layers of the stage's plan (:func:`digits_plan`).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, plan, seed.
+
+    Returns:
+        The stage's section: findings, figures and the sample it used.
+    """
+    from arithinterp import patching
+
+    plan = ctx.plan_of(STAGE)
+    prompts = ctx.pick(ctx.prompts[: ctx.n_digit_prompts], plan.choices["prompts"])
+    cfg = ctx.model.cfg
+    n_covered = plan.choices["layers"]
+    # the blocks that moved the operand to the answer position first, where patching located them
+    layers = sorted(looking_first_at(spread(cfg.n_layers, n_covered), ctx.arrival_layers))
+    sample = plan.sample
+    if n_covered < cfg.n_layers:
+        sample = (f"{ctx.sampled(len(prompts), len(ctx.prompts[: ctx.n_digit_prompts]), 'prompts', share=False)} and "
+                  f"{n_covered} of {cfg.n_layers} layers ({', '.join(map(str, layers))}) to fit its "
+                  f"{secs(plan.share)} share")
+        first = [layer for layer in ctx.arrival_layers if layer in layers]
+        if first:
+            sample += (f"; layer{'s' if len(first) > 1 else ''} {', '.join(map(str, first))} among them, where "
+                       "patching saw the varied operand reach the answer position")
+    heads = [f"L{layer}H{head}" for layer in layers for head in range(cfg.n_heads)]
+    result = patching.digit_ablation(ctx.model, prompts, heads=heads, progress=False)
+    section = Section(STAGE.title, sample=joined(require("digits", len(prompts)), sample))
     drop = result.drop
     order = drop.flatten().argsort(descending=True)[:3].tolist()
     n_answer = drop.shape[1]
@@ -101,32 +119,5 @@ def digits_stage(ctx: Context) -> Section:
     return section
 
 
-def _ablate_while_time_lasts(ctx: Context, prompts, layers: list[int], heads_of: Callable[[list[int]], list[str]],
-                             first: Sequence[int] = ()) -> tuple[Any, list[int]]:
-    """Per-digit ablation of the heads of ``layers`` in four groups, ``first`` then coarse to fine
-    (:func:`coarse_to_fine`), each run only when the time the groups so far took per layer says
-    it fits the time left → ``(result over the covered layers, covered layers ascending)``."""
-    import dataclasses
-
-    import torch
-
-    from arithinterp import patching
-
-    order = coarse_to_fine(layers, first)
-    size = max(1, math.ceil(len(order) / 4))
-    parts, covered, start = [], [], time.perf_counter()
-    for group in (order[i:i + size] for i in range(0, len(order), size)):
-        if covered and (time.perf_counter() - start) / len(covered) * len(group) > ctx.seconds_left():
-            break
-        parts.append(patching.digit_ablation(ctx.model, prompts, heads=heads_of(sorted(group)), progress=False))
-        covered += sorted(group)
-    heads = [h for part in parts for h in part.heads]
-    accuracy = torch.cat([part.accuracy for part in parts])
-    rank = {h: i for i, h in enumerate(heads_of(sorted(covered)))}  # layer by layer, as one call returns them
-    keep = sorted(range(len(heads)), key=lambda i: rank[heads[i]])
-    merged = dataclasses.replace(parts[0], heads=[heads[i] for i in keep], accuracy=accuracy[keep])
-    return merged, sorted(covered)
-
-
-STAGE = Stage(name="digits", title="Which head computes which answer digit", order=30, weight=1.0, minimum=MINIMUM,
-              run=digits_stage)
+STAGE = Stage(name="digits", title="Which head computes which answer digit", order=30, weight=1.5, minimum=MINIMUM,
+              run=digits_stage, plan=digits_plan)

@@ -4,11 +4,11 @@ itself when it errs often enough, else of the zoo's deliberately imperfect model
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from arithinterp.report.budget import MARGIN, Budget, secs
-from arithinterp.report.evaluation import evaluate_within
+from arithinterp.report.budget import Budget, StagePlan, secs
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.report.work import Shape, work_seconds
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -29,75 +29,151 @@ def _beats_chance(m: dict) -> bool:
     return m["balanced_accuracy"] - 1.96 * se > 0.5
 
 
-def error_detector_stage(ctx: Context) -> Section:
-    """Probe-based error detection on the main model if it errs often enough, else on the zoo's
-    deliberately imperfect model (and the finding says which).
+WEAK = "zoo:add-3digit-weak"  # the zoo model stopped early so that it still errs
 
-    Within a budget the prompts are sampled to about three forwards each, and the detector's layer
-    search, its main cost whatever the prompts, gets the time left less the held-out prompts'
-    forward (``ErrorDetector(max_seconds=...)``: candidates spread over the depth first).
+
+def _detector_task(ctx: Context) -> tuple[Any, Any, str, float, int]:
+    """``(model, its prompts in the order the detector takes them, its name, the rarer kind's
+    share of answers, prompts of them already evaluated)``: the report's own model and task when
+    the model errs often enough (the evaluation's prompts first: its seeded order), else the
+    zoo's weak model and its held-out problems (its card's measured error rate)."""
+    import torch
+
+    from arithinterp.models import load_model
+    from arithinterp.models.zoo import get_entry, held_out_prompts
+
+    n_errors = int((~ctx.evaluation.correct).sum())
+    if n_errors >= 50:
+        task = ctx.task_prompts if ctx.task_prompts is not None else ctx.all_prompts
+        order = torch.randperm(len(task), generator=torch.Generator().manual_seed(ctx.seed))
+        done = len(ctx.all_prompts) if ctx.task_prompts is not None else len(task)
+        rarer = min(n_errors, len(ctx.all_prompts) - n_errors) / len(ctx.all_prompts)
+        return ctx.model, task[order[: ctx.n_detector_prompts]], ctx.spec, rarer, done
+    model = load_model(WEAK)
+    entry = get_entry(WEAK)
+    accuracy = float(entry.card().get("held_out_accuracy", 0.9))
+    prompts = held_out_prompts(model, entry, limit=ctx.n_detector_prompts, seed=ctx.seed)  # in a seeded order
+    return model, prompts, WEAK, min(accuracy, 1 - accuracy), 0
+
+
+def _candidates(shape: Any, n_slots: int) -> int:
+    from arithinterp.probes.detector import JOINT_MAX_FEATURES
+
+    return shape.n_layers + (shape.n_layers > 1 and n_slots * shape.n_layers * shape.d_model <= JOINT_MAX_FEATURES)
+
+
+def errors_plan(ctx: Context) -> StagePlan:
+    """The detector as it runs on its own: on every prompt of the task (at most
+    ``ctx.n_detector_prompts``), two thirds to fit and the rest held out, with its whole layer
+    search; when the share does not hold that, all the prompts with fewer layer candidates (coarse
+    to fine over the depth, the last layer first), then fewer prompts with one candidate — and the
+    sample line says what the detector alone would take and what budget would give it that.
+
+    The cost: evaluating the prompts the report's evaluation did not, reading every prompt's slots
+    (a forward through every block: the search starts at the last layer), and per candidate the
+    batched L-BFGS fits of its probes (digit, output and carry probes per slot and the direct
+    probe, every fold) of at most 100 steps.
 
     Args:
-        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``prompts`` (how many, in the task's seeded order), ``candidates`` (layer
+        candidates tried; the whole search when it equals their number).
+    """
+    from arithinterp.report.evaluation import evaluation_seconds, prompt_positions
+
+    model, prompts, name, rarer, done = _detector_task(ctx)
+    n = len(prompts)
+    shape = Shape.of(model)
+    least = min(n, math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
+    if round(rarer * n / 3) < MINIMUM[0]:  # the held-out third cannot hold the minimum of each kind
+        require("errors", int(rarer * n / 3))
+    n_slots = int(prompts.answer_tokens.shape[1])
+    per_eval = evaluation_seconds(model, prompts, 256)
+    read = (prompt_positions(prompts) + n_slots) * shape.n_layers
+    every = _candidates(shape, n_slots)
+
+    def cost(count: int, candidates: int) -> float:
+        fit = 2 * count // 3
+        classes = 10 * 2 * n_slots + 2 * n_slots + 2  # true and output digits, carries, the direct probe
+        flops = 100 * 6 * 6 * fit * shape.d_model * classes * candidates
+        # the first candidate is the last layer: every read runs the whole depth
+        return (max(count - done, 0) * per_eval
+                + work_seconds(shape, token_layers=count * read, calls=2 * shape.n_layers * math.ceil(count / 256),
+                               fit_steps=150 * (3 * n_slots + 1) * candidates, fit_flops=flops))
+
+    alone = cost(n, every)
+    if alone <= ctx.budget.seconds:
+        return StagePlan(dict(prompts=n, candidates=every), alone, "")
+    if cost(n, 1) <= ctx.budget.seconds:
+        count = n
+        candidates = max(c for c in range(1, every + 1) if cost(n, c) <= ctx.budget.seconds)
+    else:
+        count, _, _ = ctx.fit(prompts, "prompts", least, lambda k: cost(k, 1))
+        candidates = 1
+    short = (f"the detector on its own (all {n:,} prompts of {name}, its {every} layer candidates) would take about "
+             f"{secs(alone)} of model work, more than this stage's {secs(ctx.budget.seconds)} share: a budget of about "
+             f"{math.ceil((ctx.budget.total + alone - ctx.budget.seconds) / 10) * 10:,} s would give it that")
+    return StagePlan(dict(prompts=count, candidates=candidates), cost(count, candidates), short)
+
+
+def error_detector_stage(ctx: Context) -> Section:
+    """Probe-based error detection on the main model if it errs often enough, else on the zoo's
+    deliberately imperfect model (and the finding says which), on the prompts and layer
+    candidates of the stage's plan (:func:`errors_plan`).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, plan, seed.
 
     Returns:
         The stage's section: findings, figures and the sample it used.
     """
-    from arithinterp import probes
-    from arithinterp.models import load_model
-    from arithinterp.models.zoo import get_entry, held_out_prompts
-
     import torch
 
+    from arithinterp import probes
+    from arithinterp.tasks import Evaluation
+
+    plan = ctx.plan_of(STAGE)
+    model, task, name, _, done = _detector_task(ctx)
+    count, candidates = plan.choices["prompts"], plan.choices["candidates"]
+    prompts = task[:count]
     section = Section(STAGE.title)
-    n_errors = int((~ctx.evaluation.correct).sum())
-    fitted, batch_size, per_prompt = "", 256, ctx.budget.forward_seconds
-    if n_errors >= 50:
-        model, prompts, name, evaluation = ctx.model, ctx.all_prompts, ctx.spec, ctx.evaluation
-        # fit and evaluate each read every prompt's activations once (a forward), then fit probes
-        held_out = evaluation.correct[len(prompts) * 2 // 3:]
-        require("errors", min(int((~held_out).sum()), int(held_out.sum())))  # too few even before sampling
-        rarer = min(n_errors, len(prompts) - n_errors) / len(prompts)
-        # enough prompts that the held-out third holds the minimum of the rarer kind, as the whole set does
-        least = min(len(prompts), math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
-        pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * ctx.budget.forward_seconds)
-        prompts, evaluation = prompts[pick], evaluation[pick]
-        batch_size = ctx.budget.batch_size(model, int(prompts.lengths.max()))
+    batch_size = Budget(bytes=ctx.budget.bytes).batch_size(model, int(prompts.lengths.max()),
+                                                            n_new=int(prompts.answer_tokens.shape[1]))
+    if model is ctx.model and done:  # the evaluation's answers for the prompts it read: the seeded order's first ones
+        every_prompt = ctx.task_prompts if ctx.task_prompts is not None else ctx.all_prompts
+        order = torch.randperm(len(every_prompt), generator=torch.Generator().manual_seed(ctx.seed))
+        rank = torch.empty(len(every_prompt), dtype=torch.long)
+        rank[order[:done].sort().values] = torch.arange(done)  # where each evaluated prompt sits in ctx.evaluation
+        known = ctx.evaluation[rank[order[: min(count, done)]]]
+        parts = [known] + ([prompts[done:].evaluate(model, batch_size=batch_size)] if count > done else [])
+        evaluation = Evaluation(torch.cat([p.correct for p in parts]), torch.cat([p.model_answer for p in parts]),
+                                [t for p in parts for t in p.answer_text],
+                                torch.cat([p.generated_tokens for p in parts]))
     else:
-        name = "zoo:add-3digit-weak"
-        model = load_model(name)
-        prompts = held_out_prompts(model, get_entry(name), limit=ctx.n_detector_prompts, seed=ctx.seed)
-        if ctx.budget.seconds != float("inf"):  # sampled to the stage's share like the main model's prompts:
-            # a quarter of the time left evaluates them, the rest fits the detector (about three forwards each)
-            seconds = max(ctx.seconds_left(), 0.0) / 4
-            prompts, evaluation, per_prompt, _ = evaluate_within(model, prompts, seconds, seconds,
-                                                                  Budget(seconds, ctx.budget.bytes), ctx.seed)
-            rarer = min(int((~evaluation.correct).sum()), int(evaluation.correct.sum())) / len(prompts)
-            least = min(len(prompts), math.ceil(3 * MINIMUM[0] / max(rarer, 1e-9)))
-            pick, fitted = ctx.fit(torch.arange(len(prompts)), "prompts", least, per_item=3 * per_prompt)
-            prompts, evaluation = prompts[pick], evaluation[pick]
-        else:
-            evaluation = prompts.evaluate(model)
+        evaluation = prompts.evaluate(model, batch_size=batch_size)
+    if model is not ctx.model:
+        n_errors = int((~ctx.evaluation.correct).sum())
         section.findings.append(
             f"{ctx.spec} makes only {n_errors} errors here, too few to learn from; this section detects the "
-            f"errors of {name}, a model stopped early so that it still errs."
-        )
+            f"errors of {name}, a model stopped early so that it still errs.")
     split = len(prompts) * 2 // 3
     held_out = evaluation.correct[split:]
     n_wrong, n_right = int((~held_out).sum()), int(held_out.sum())
     require("errors", min(n_wrong, n_right))
-    # the detector's cost is mostly its layer search (a probe set per candidate layer, whatever the prompts):
-    # the search stops where the held-out prompts' forward would no longer fit the time left
-    max_seconds = None
-    if ctx.budget.seconds != float("inf"):
-        max_seconds = max(MARGIN * ctx.seconds_left() - per_prompt * (len(prompts) - split), 1e-3)
-    detector = probes.ErrorDetector(batch_size=batch_size, progress=False, max_seconds=max_seconds)
+    every = _candidates(Shape.of(model), int(prompts.answer_tokens.shape[1]))
+    detector = probes.ErrorDetector(batch_size=batch_size, progress=False,
+                                    max_candidates=None if candidates >= every else candidates)
     detector.fit(model, prompts[:split], evaluation=evaluation[:split])
-    tried, candidates = len(detector.meta_["layer_search"]), detector.meta_["layer_candidates"]
-    searched = (f"searched {tried} of {candidates} layer candidates, spread over the depth, to fit the "
-                f"{secs(ctx.budget.seconds)} budget") if tried < candidates else ""
+    tried = len(detector.meta_["layer_search"])
+    searched = "" if candidates >= every else (
+        f"searched {tried} of its {every} layer candidates, spread over the depth (the last layer first), to fit its "
+        f"{secs(plan.share)} share")
     section.sample = joined(f"{len(prompts) - split} held-out prompts of {name} ({n_wrong} wrong, {n_right} correct; "
-                            f"minimum {MINIMUM[0]} of each), {split} to train on", fitted, searched)
+                            f"minimum {MINIMUM[0]} of each), {split} to train on",
+                            ctx.sampled(count, len(task), "prompts", share=False) if count < len(task) else "",
+                            searched, plan.sample)
     result = detector.evaluate(model, prompts[split:], evaluation=evaluation[split:])
     m = result.metrics()
     verdict = "" if _beats_chance(m) else "No signal above the control: "
@@ -113,4 +189,5 @@ def error_detector_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="errors", title="Error detection", order=50, weight=1.0, minimum=MINIMUM, run=error_detector_stage)
+STAGE = Stage(name="errors", title="Error detection", order=50, weight=1.0, minimum=MINIMUM, run=error_detector_stage,
+              plan=errors_plan)

@@ -5,16 +5,69 @@ the swap test that checks the labels by intervention."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from arithinterp.errors import AnalysisError, ModelSpecError
+from arithinterp.report.budget import StagePlan
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.report.work import BACKWARD, work_seconds
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
+    from arithinterp.features import Transcoders
 
 SWAP_PROMPTS = 20  # problems the swap test runs on, each with SWAP_DRAWS random controls
 SWAP_DRAWS = 5
+
+
+def _transcoders(ctx: Context) -> Transcoders:
+    """The model's transcoders (shipped or cached); :class:`ModelSpecError`, shown as "not run on
+    this model" with the command that makes them, when there are none."""
+    from arithinterp.features.cache import cache_folder, find_transcoders
+
+    transcoders = find_transcoders(ctx.model)
+    if transcoders is None:
+        raise ModelSpecError(f"no transcoders ship or are cached for {ctx.spec}; `arithinterp train-transcoders "
+                             f"{ctx.spec}` makes them (into {cache_folder(ctx.model)}, where the report finds them)")
+    return transcoders
+
+
+def features_plan(ctx: Context) -> StagePlan:
+    """The attribution graph of one prompt, its transcoders' operand plots (read over their grid at
+    every layer unless they are cached beside the transcoders) and the swap test whatever the share,
+    and the replacement model on as many of the task's prompts as the rest holds (at least 30): two
+    forwards of each, the model's and the replacement's.
+
+    Args:
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``prompts`` (for the replacement model).
+
+    Raises:
+        ModelSpecError: The model has no transcoders: the stage does not apply.
+    """
+    from arithinterp.features.cache import find_operand_plots
+    from arithinterp.features.plan import plan_grid, plan_transcoders
+    from arithinterp.features.transcoder import transcoders_digest
+    from arithinterp.report.evaluation import prompt_positions
+
+    transcoders = _transcoders(ctx)
+    require("features", 0 if ctx.prompts is None else len(ctx.prompts), "the graph of a correctly answered prompt")
+    shape = ctx.shape
+    forward = prompt_positions(ctx.all_prompts) * shape.n_layers
+    fixed = work_seconds(shape, token_layers=forward * (1 + BACKWARD) * shape.d_mlp / 8, fit_steps=50)
+    runs = SWAP_PROMPTS * (2 + SWAP_DRAWS)  # the swap test: a read, the swap and its controls per problem
+    fixed += work_seconds(shape, token_layers=runs * forward, unembeds=runs, calls=runs * shape.n_layers)
+    cached = find_operand_plots(ctx.model)
+    if cached is None or cached.meta.get("transcoders") != transcoders_digest(transcoders):
+        grid = plan_grid(ctx.model, plan_transcoders(ctx.model))
+        fixed += work_seconds(shape, token_layers=len(grid) * prompt_positions(grid) * shape.n_layers,
+                              calls=shape.n_layers * math.ceil(len(grid) / 64))
+    count, seconds, sample = ctx.fit(ctx.all_prompts, "prompts", 30, lambda k: fixed + work_seconds(
+        shape, token_layers=2 * k * forward, unembeds=2 * k, calls=4 * shape.n_layers * math.ceil(k / 64)))
+    return StagePlan(dict(prompts=count), seconds, sample)
 
 
 def features_stage(ctx: Context) -> Section:
@@ -24,22 +77,18 @@ def features_stage(ctx: Context) -> Section:
     A model without transcoders: not run, with the command that makes them.
 
     Args:
-        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+        ctx: The report's shared state: model, prompts, pairs, evaluation, plan, seed.
 
     Returns:
         The stage's section: findings, figures, the graph's view and the sample it used.
     """
     from arithinterp.features import attribution_graph, replacement_metrics
-    from arithinterp.features.cache import cache_folder, find_transcoders
     from arithinterp.features.operand_plots import graph_feature_grids
     from arithinterp.features.plan import transcoder_plots
     from arithinterp.features.shipped import shipped_names
     from arithinterp.features.supernodes import label_graph, labelled_share, supernodes
 
-    transcoders = find_transcoders(ctx.model)
-    if transcoders is None:  # the report shows the reason as "not run on this model"
-        raise ModelSpecError(f"no transcoders ship or are cached for {ctx.spec}; `arithinterp train-transcoders "
-                             f"{ctx.spec}` makes them (into {cache_folder(ctx.model)}, where the report finds them)")
+    transcoders = _transcoders(ctx)
     require("features", 0 if ctx.prompts is None else len(ctx.prompts), "the graph of a correctly answered prompt")
     correct = ctx.prompts
     assert correct is not None  # require() counted them
@@ -48,10 +97,11 @@ def features_stage(ctx: Context) -> Section:
     plots = transcoder_plots(ctx.model, transcoders, progress=False)
     labels = label_graph(graph, plots, prompt)
     groups = supernodes(graph, labels, prompt, plots)
-    prompts, fitted = ctx.fit(ctx.all_prompts, "prompts", 30, per_item=2 * ctx.budget.forward_seconds)
+    plan = ctx.plan_of(STAGE)
+    prompts = ctx.pick(ctx.all_prompts, plan.choices["prompts"])
     measured = replacement_metrics(ctx.model, prompts, transcoders, progress=False).as_dict()
     section = Section(STAGE.title,
-                      sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", fitted))
+                      sample=joined(f"{len(prompts):,} of the task's prompts for the replacement model", plan.sample))
     held = transcoders.metrics.get("replacement", {})
     origin = "shipped" if ctx.spec.removeprefix("zoo:") in shipped_names() else "cached"
     section.findings.append(
@@ -105,4 +155,4 @@ def _swap_finding(ctx: Context, transcoders: Any, plots: Any) -> str:
 
 
 STAGE = Stage(name="features", title="Feature circuits: transcoders, an attribution graph and labelled supernodes",
-              order=90, weight=0.5, minimum=(1, "correctly answered prompt"), run=features_stage)
+              order=90, weight=0.5, minimum=(1, "correctly answered prompt"), run=features_stage, plan=features_plan)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from arithinterp.errors import ArithInterpError
-from arithinterp.report.stage import Knob, NotEnoughData, Section, Stage, require_pairs
+from arithinterp.report.budget import StagePlan
+from arithinterp.report.stage import NotEnoughData, Section, Stage, joined, require, require_pairs
+from arithinterp.report.work import work_seconds
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -16,6 +18,57 @@ def _interval(value: float, low: float, high: float, percent: bool = False) -> s
     if percent:
         return f"{100 * value:.0f}% (95% CI {100 * low:.0f}% to {100 * high:.0f}%)"
     return f"{value:.3g} (95% CI {low:.3g} to {high:.3g})"
+
+
+def _helix_site(ctx: Context) -> tuple[str, int]:
+    """Where the helix is fitted: entering layer 0 for single-token numbers, the middle layer else."""
+    return "resid_pre", 0 if ctx.all_prompts.single_token_operands else ctx.model.cfg.n_layers // 2
+
+
+def fourier_plan(ctx: Context) -> StagePlan:
+    """The spectrum, separability and the helix fit whatever the share (they are its fixed cost),
+    and the causal helix test on as many pairs as the rest holds (at least the minimum; with fewer
+    pairs than that the section says "not enough data" for the helix alone).
+
+    The cost: reading the numbers' representations (the model and its control) and every correct
+    prompt's residual stream up to the helix layer; the spectra's shuffled-number controls and the
+    separability probes (fit steps); per pair, the helix test's clean run and its six patched
+    ones, whole forwards.
+
+    Args:
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``pairs`` (0: the helix test has too few).
+    """
+    from arithinterp.report.evaluation import prompt_positions
+
+    shape = ctx.shape
+    _, layer = _helix_site(ctx)
+    prompts = ctx.all_prompts
+    numbers = int(prompts.a.max()) - int(prompts.a.min()) + 1
+    if not prompts.single_token_operands:
+        numbers = max(numbers, 100)
+    positions = prompt_positions(prompts)
+    read = (0 if prompts.single_token_operands else 2 * numbers * positions) + len(ctx.prompts) * positions
+    fixed = work_seconds(shape, token_layers=read * (layer + 1), fit_steps=FOURIER_FIT_STEPS,
+                         fit_flops=2 * numbers**3 * shape.d_model * SPECTRUM_SHUFFLES)
+    if ctx.pairs is None or len(ctx.pairs) < MINIMUM[0]:
+        return StagePlan(dict(pairs=0), fixed, "")
+    pairs = ctx.pairs[: ctx.n_pairs]
+    # whole forwards (the engine shares what it can of a prompt's prefix between the stacked runs)
+    width = (float(pairs.clean.tokens.shape[1]) + prompt_positions(pairs.clean)) / 2
+    per_pair = work_seconds(shape, token_layers=7 * width * shape.n_layers, unembeds=7,
+                            calls=7 * shape.n_layers / 32)
+    count, seconds, sample = ctx.fit(pairs, "pairs", MINIMUM[0], lambda k: fixed + per_pair * k)
+    return StagePlan(dict(pairs=count), seconds, sample)
+
+
+MINIMUM = (30, "counterfactual pairs")
+# the spectra's and separability's own work (measured with the cost model's calibration): fit steps, and the
+# shuffled-number controls' products (a share of numbers cubed times the width)
+FOURIER_FIT_STEPS = 2000
+SPECTRUM_SHUFFLES = 300.0
 
 
 def fourier_helix_stage(ctx: Context) -> Section:
@@ -37,16 +90,17 @@ def fourier_helix_stage(ctx: Context) -> Section:
     from arithinterp import fourier, helix
     from arithinterp.activations import collect
 
+    plan = ctx.plan_of(STAGE)
     section = Section(STAGE.title)
     axis = range(int(ctx.all_prompts.a.min()), int(ctx.all_prompts.a.max()) + 1)
     control_model = ctx.control_model()
+    helix_site, helix_layer = _helix_site(ctx)
     if ctx.all_prompts.single_token_operands:
         spectrum = fourier.embedding_spectrum(ctx.model, axis, seed=ctx.seed)
         rows = fourier.number_representations(ctx.model, axis)["embed"]
         control_rows = fourier.number_representations(control_model, axis)["embed"]
-        what, helix_site, helix_layer = "the number embeddings", "resid_pre", 0
+        what = "the number embeddings"
     else:  # several tokens per number: each is read whole at its last token, entering the middle layer
-        helix_site, helix_layer = "resid_pre", ctx.model.cfg.n_layers // 2
         from arithinterp.tasks import prompts_for_pairs
 
         if len(axis) < 100:  # a spectrum sees periods up to its length: the whole hundred the operands lie in
@@ -118,8 +172,9 @@ def fourier_helix_stage(ctx: Context) -> Section:
                                 f"{quoted}).")
         section.figures.append(separable.plot())
     try:
-        pairs, sample = require_pairs(ctx, "helix", "the causal helix test")
-        section.sample += "; helix: " + sample
+        pairs, _ = require_pairs(ctx, "helix", "the causal helix test")
+        pairs = ctx.pick(pairs, plan.choices["pairs"])
+        section.sample += "; helix: " + joined(require("helix", len(pairs), "the causal helix test"), plan.sample)
     except NotEnoughData as why:
         section.findings.append(f"Helix: {why}")
         return section
@@ -152,7 +207,5 @@ def fourier_helix_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="fourier", title="Fourier features and the helix", order=60, weight=2.0,
-              minimum=(30, "counterfactual pairs"), minimum_name="helix", run=fourier_helix_stage,
-              # the stage's own code takes no budget: the runner times the helix test at its minimum, then fits n_pairs
-              knob=Knob("n_pairs", "helix", "pairs"))
+STAGE = Stage(name="fourier", title="Fourier features and the helix", order=60, weight=1.0,
+              minimum=MINIMUM, minimum_name="helix", run=fourier_helix_stage, plan=fourier_plan)

@@ -3,13 +3,12 @@ same architecture."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-from typing import TYPE_CHECKING, Any, Optional, cast
+import math
+from typing import TYPE_CHECKING, Any, cast
 
-from arithinterp.errors import ArithInterpError
-from arithinterp.report.budget import MARGIN
+from arithinterp.report.budget import StagePlan
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.report.work import BACKWARD, work_seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,67 +38,87 @@ def _more_often(a, b) -> bool:
     return se > 0 and k_a / n_a - k_b / n_b > 1.96 * se  # se = 0: both shares 0 or both 1, equal
 
 
-def neurons_stage(ctx: Context) -> Section:
-    """Heuristic neurons of the trained model against a random-init model of the same
-    architecture, ranked and classified the same way on the same prompts and layers when the time
-    left holds it: the share that implement a heuristic is a finding only when it beats the
-    control's (a neuron of any model that reads digit tokens follows some operand rule).
+def neurons_plan(ctx: Context) -> StagePlan:
+    """Every layer on as many prompts as the share holds, with the random-init control; else the
+    minimum of prompts at as many evenly spread layers as fit, with the control.
+
+    The cost, per classification (the model's, and the control's the same): the ranking's
+    forward and backward of each counterfactual pair, reading the maps (a forward of each
+    prompt), and scoring each ranked neuron's map against every heuristic with the cell-shuffle
+    control.
 
     Args:
-        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``prompts`` (how many), ``layers`` (None: all).
+    """
+    from arithinterp.report.evaluation import prompt_positions
+
+    prompts = ctx.prompts[: ctx.n_neuron_prompts]
+    require("neurons", len(prompts))
+    shape = ctx.shape
+    n_layers, positions = shape.n_layers, prompt_positions(prompts)
+    n_pairs = 0 if ctx.pairs is None else len(ctx.pairs)
+
+    def cost(count: int, n_covered: int, copies: int) -> float:
+        pairs = min(n_pairs, count)
+        neurons = ctx.top_k_neurons * n_covered
+        return copies * work_seconds(
+            shape, token_layers=(pairs * (3 + BACKWARD) + count) * positions * n_layers,
+            calls=3 * n_layers * math.ceil(count / 64),
+            fit_steps=neurons * SCORING_STEPS, fit_flops=neurons * count * SCORING_FLOPS)
+
+    # the control is part of the minimum: without it the share of labelled neurons is no finding
+    count, layers, seconds, sample = ctx.fit_layers(prompts, "prompts and their random-init control", MINIMUM[0],
+                                                    n_layers, lambda k, m: cost(k, m, 2))
+    return StagePlan(dict(prompts=count, layers=None if len(layers) == n_layers else layers), seconds,
+                     sample.replace(" and their random-init control", ""))
+
+
+# what scoring one ranked neuron's map costs (against every heuristic, with the cell-shuffle control): steps of
+# vectorised work per neuron, and FLOPs per neuron and prompt (measured with the cost model's calibration)
+SCORING_STEPS = 0.5
+SCORING_FLOPS = 1e5
+
+
+def neurons_stage(ctx: Context) -> Section:
+    """Heuristic neurons of the trained model against a random-init model of the same
+    architecture, ranked and classified the same way on the same prompts and layers when the
+    stage's plan holds it (:func:`neurons_plan`): the share that implement a heuristic is a
+    finding only when it beats the control's (a neuron of any model that reads digit tokens
+    follows some operand rule).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, plan, seed.
 
     Returns:
         The stage's section: findings, figures and the sample it used.
     """
     from arithinterp import neurons
 
-    prompts = ctx.prompts[: ctx.n_neuron_prompts]
+    plan = ctx.plan_of(STAGE)
+    prompts = ctx.pick(ctx.prompts[: ctx.n_neuron_prompts], plan.choices["prompts"])
     require("neurons", len(prompts))
+    layers = plan.choices["layers"]
     memory = ctx.budget.memory(ctx.model)  # classify sizes each phase's batches (a backward in the ranking) from it
 
-    def classify(some, layers: Optional[list[int]] = None, model: Any = None):
-        pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(some))]
-        return neurons.classify(ctx.model if model is None else model, some, layers=layers, top_k=ctx.top_k_neurons,
-                                pairs=pairs, max_memory=memory, progress=False)
+    def classify(model: Any):
+        pairs = None if ctx.pairs is None else ctx.pairs[: min(len(ctx.pairs), len(prompts))]
+        return neurons.classify(model, prompts, layers=layers, top_k=ctx.top_k_neurons, pairs=pairs,
+                                max_memory=memory, progress=False)
 
-    # timed, not estimated from the evaluation: ranking the neurons (a forward and a backward of each
-    # pair), reading their maps and scoring them with the shuffle control cost many forwards' worth
-    # per prompt and layer, most of it fixed per call
-    layers: Optional[list[int]] = None
-    fitted = ""
-    if ctx.budget.seconds != float("inf"):
-        def pilot(some, layers: list[int]):  # the model; its random-init control costs the same (copies=2)
-            with contextlib.suppress(ArithInterpError):  # a pilot's prompts may leave no heuristic: timing counts
-                classify(some, layers)
-
-        # 16 prompts, not 4: the heuristics are scored on a grid that 4 prompts hardly cover. Shared: the
-        # ranking's forward and backward of each pair reach every layer at once and are most of the cost
-        # (135M shape, 100 prompts, top 100 neurons: 35 s at every layer, 34 s at the first and last, 28 s at
-        # the last alone)
-        n_layers = ctx.model.cfg.n_layers
-        prompts, fitted_layers, fitted = ctx.fit_layers(prompts, "prompts", MINIMUM[0], n_layers,
-                                                        pilot=pilot, pilot_items=16, shared=True, copies=2)
-        layers = None if len(fitted_layers) == n_layers else fitted_layers
-    section = Section(STAGE.title, sample=joined(require("neurons", len(prompts)), fitted))
-    start = time.perf_counter()
-    table = classify(prompts, layers)
-    took = time.perf_counter() - start
+    section = Section(STAGE.title, sample=joined(require("neurons", len(prompts)), plan.sample))
+    table = classify(ctx.model)
     counts = (f"Of the {len(table.layer)} most important MLP neurons (ranked on {len(prompts)} prompts), "
               f"{100 * float(table.classified.float().mean()):.0f}% implement at least one heuristic (score ≥ "
               f"{table.threshold}): {_coverage(table)}")
-    above = False
-    if MARGIN * ctx.seconds_left() < took:  # the control costs what the model did: the same prompts and layers
-        section.findings.append(
-            f"{counts}. The random-init control did not fit the time left, so this share "
-            "is not compared with it (a neuron of any model that reads digit tokens follows some operand rule); "
-            "give the report more time (--budget SECONDS).")
-    else:
-        control = classify(prompts, layers, ctx.control_model())
-        counts += (f"; a random-init model of the same architecture, ranked and scored the same way: "
-                   f"{100 * float(control.classified.float().mean()):.0f}% ({_coverage(control)})")
-        above = _more_often(table, control)
-        section.findings.append(f"{counts} — more than the control: training put them there." if above
-                                else f"No signal above the control: {counts[0].lower()}{counts[1:]}.")
+    control = classify(ctx.control_model())
+    counts += (f"; a random-init model of the same architecture, ranked and scored the same way: "
+               f"{100 * float(control.classified.float().mean()):.0f}% ({_coverage(control)})")
+    above = _more_often(table, control)
+    section.findings.append(f"{counts} — more than the control: training put them there." if above
+                            else f"No signal above the control: {counts[0].lower()}{counts[1:]}.")
     histogram = table.histogram()
     if above and len(histogram):
         # one column of a groupby sums to a Series; pandas annotates the sum as any scalar or frame
@@ -111,4 +130,5 @@ def neurons_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="neurons", title="Heuristic neurons", order=70, weight=1.5, minimum=MINIMUM, run=neurons_stage)
+STAGE = Stage(name="neurons", title="Heuristic neurons", order=70, weight=1.0, minimum=MINIMUM, run=neurons_stage,
+              plan=neurons_plan)

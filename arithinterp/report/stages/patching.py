@@ -3,10 +3,13 @@ attribution patching against it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+import math
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from arithinterp.report.budget import MARGIN, PILOT, OverBudget
+from arithinterp.report.budget import OverBudget, StagePlan
 from arithinterp.report.stage import Section, Stage, joined, require, require_pairs
+from arithinterp.report.work import BACKWARD, work_seconds
+from arithinterp.sites import spread
 
 if TYPE_CHECKING:
     from arithinterp.report.budget import Context
@@ -106,59 +109,84 @@ def arrival_layers(resid, n_layers: int) -> list[int]:
     return []
 
 
-def patching_stage(ctx: Context) -> Section:
-    """Patching sweeps over every layer, at the positions from the first one where the pairs differ
-    (a few-shot prefix shared by clean and corrupted prompts cannot change anything: those cells
-    are the corrupted run exactly); when not even the minimum of pairs fits the budget that way,
-    the named positions (the operands' tokens and the final one) at as many evenly spread layers
-    as fit (:meth:`Context.fit_layers`), and the sample says so.
+def _named_positions(clean) -> list[str]:
+    """The operands' tokens and the final one (each operand's first and last token where it has several)."""
+    return [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
+
+
+def patching_plan(ctx: Context) -> StagePlan:
+    """Every layer at the positions from the first one where the pairs differ (a few-shot prefix
+    shared by clean and corrupted prompts cannot change anything: those cells are the corrupted
+    run exactly) on as many pairs as the share holds; when not even the minimum of pairs fits
+    that way, the named positions (the operands' tokens and the final one) at as many evenly
+    spread layers as fit.
+
+    The cost, in token-layers per pair: a cell patched at layer ``l`` and position ``p`` resumes
+    there and runs the blocks from ``l`` on the positions from ``p`` ((L − l)(T − p)), for the
+    residual stream and the MLP outputs at each position and for each head at every position
+    from the first that differs; and each sweep's clean and corrupted base runs, and attribution
+    patching's forwards and backward.
 
     Args:
-        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``pairs`` (how many), ``layers`` (None: all), ``positions`` (None: all).
+    """
+    from arithinterp.report.evaluation import prompt_positions
+
+    pairs, _ = require_pairs(ctx, "patching")
+    shape = ctx.shape
+    n_layers, clean = shape.n_layers, pairs.clean
+    width = int(clean.tokens.shape[1])
+    first = _changing_span(pairs)
+    span: Optional[list[Any]] = list(range(first, width)) if first is not None else None
+    span_index = span if span is not None else list(range(width)) if clean.uniform_length else None
+    named = _named_positions(clean)
+    named_index = clean.locate(named)[1].float().mean(0).tolist()
+    # each sweep's clean and corrupted base runs, and attribution patching's two forwards and backward per site
+    base = prompt_positions(clean) * n_layers * (8 + BACKWARD)
+
+    def cost(count: int, layers: Sequence[int], index: Sequence[float]) -> float:
+        steps = sum(n_layers - layer for layer in layers)
+        tail = sum(width - p for p in index)
+        cells = steps * (2 * tail + shape.n_heads * (width - min(index)))
+        return work_seconds(shape, token_layers=count * (cells + base), calls=3 * steps * math.ceil(count / 32))
+
+    minimum = MINIMUM[0]
+    try:
+        count, seconds, sample = ctx.fit(pairs, "pairs", minimum,
+                                         lambda k: cost(k, range(n_layers), span_index or named_index))
+        return StagePlan(dict(pairs=count, layers=None, positions=span), seconds, sample)
+    except OverBudget:  # fewer cells instead of no section: the named positions, a sample of the layers
+        count, layers, seconds, sample = ctx.fit_layers(
+            pairs, "pairs", minimum, n_layers, lambda k, m: cost(k, spread(n_layers, m), named_index))
+        return StagePlan(dict(pairs=count, layers=layers, positions=named),
+                         seconds, f"{sample}; positions {', '.join(named)} only")
+
+
+def patching_stage(ctx: Context) -> Section:
+    """Patching sweeps at the layers and positions of the stage's plan (:func:`patching_plan`).
+
+    Args:
+        ctx: The report's shared state: model, prompts, pairs, evaluation, plan, seed.
 
     Returns:
         The stage's section: findings, figures and the sample it used.
     """
     from arithinterp import patching
 
+    plan = ctx.plan_of(STAGE)
     pairs, _ = require_pairs(ctx, "patching")
-    cfg, clean = ctx.model.cfg, pairs.clean
-    width = int(clean.tokens.shape[1])
-    first = _changing_span(pairs)
-    layers: Optional[list[int]] = None
-    positions: Optional[list[Any]] = None
+    pairs = ctx.pick(pairs, plan.choices["pairs"])
+    cfg, width = ctx.model.cfg, int(pairs.clean.tokens.shape[1])
+    layers, positions = plan.choices["layers"], plan.choices["positions"]
     span = ""
-    if first is not None:
-        positions = list(range(first, width))
-        span = (f"positions {first} to {width - 1}, from the first token where the pairs differ (a patch in the "
-                f"{first} tokens before, which clean and corrupted prompts share, is the corrupted run exactly)")
-    swept = (width - first) if first is not None else width if clean.uniform_length else sum(
-        "[" not in k for k in clean.positions)
-    # in prompt evaluations per pair: a head patched at every position resumes from its layer at the
-    # positions that differ (about half a forward's layers, the changing share of its positions); a
-    # layer × position cell, a tenth; measured on a 135M-shaped model within a factor of two
-    share = swept / width
-    prior = 0.5 * cfg.n_layers * cfg.n_heads * share + 0.2 * cfg.n_layers * swept + 6
-    # and per call about one prompt evaluation per cell, whatever the pairs (each cell's resumed run steps
-    # through the later blocks once; Gemma 3 270M: 318 evaluations for 288 cells, then 55 per pair)
-    per_call = 1.1 * cfg.n_layers * (cfg.n_heads + 2 * swept)
-    minimum = MINIMUM[0]
-    # the whole sweep's two pilots (three calls' cost, PILOT and PILOT // 2 pairs), then its minimum
-    guess = (3 * per_call + (PILOT + PILOT // 2 + minimum) * prior) * ctx.budget.forward_seconds
-    try:
-        if guess > MARGIN * ctx.seconds_left():  # the pilots would spend what fewer layers can use
-            raise OverBudget("every layer does not fit")
-        pairs, fitted = ctx.fit(pairs, "pairs", minimum,
-                                pilot=lambda p: _sweeps(ctx, p, check_gap=False, positions=positions), prior=prior)
-    except OverBudget:  # fewer cells instead of no page section: the named positions, a sample of the layers
-        positions = [k for k in clean.positions if "[" not in k or k.endswith("[0]")]
-        span = ""
-        pairs, layers, fitted = ctx.fit_layers(
-            pairs, "pairs", minimum, cfg.n_layers,
-            pilot=lambda p, ls: _sweeps(ctx, p, check_gap=False, layers=ls, positions=positions))
-        fitted += f"; positions {', '.join(positions)} only"
-    fitted = joined(fitted, span)
-    section = Section(STAGE.title, sample=joined(require("patching", len(pairs)), fitted))
+    if positions and isinstance(positions[0], int):
+        span = (f"positions {positions[0]} to {width - 1}, from the first token where the pairs differ (a patch in "
+                f"the {positions[0]} tokens before, which clean and corrupted prompts share, is the corrupted run "
+                "exactly)")
+    section = Section(STAGE.title, sample=joined(require("patching", len(pairs)), plan.sample, span))
     resid, heads, mlps, approx = _sweeps(ctx, pairs, layers=layers, positions=positions)
     if heads is None or mlps is None or approx is None:  # no gap between the clean and corrupted runs
         gap = float((resid.clean_baseline - resid.corrupt_baseline).mean())
@@ -184,5 +212,5 @@ def patching_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="patching", title="Activation patching", order=20, weight=2.5, minimum=MINIMUM,
-              run=patching_stage)
+STAGE = Stage(name="patching", title="Activation patching", order=20, weight=3.0, minimum=MINIMUM,
+              run=patching_stage, plan=patching_plan)

@@ -3,12 +3,13 @@ random-init model of the same architecture."""
 
 from __future__ import annotations
 
-import time
+import math
 from typing import TYPE_CHECKING, Any
 
 from arithinterp.errors import AnalysisError
-from arithinterp.report.budget import MARGIN, secs, seeded_pick
+from arithinterp.report.budget import StagePlan, over_budget, secs
 from arithinterp.report.stage import Section, Stage, joined, require
+from arithinterp.report.work import work_seconds
 from arithinterp.sites import coarse_to_fine
 from arithinterp.tasks.places import PLACES
 
@@ -31,35 +32,76 @@ def _probe_targets(prompts: Any) -> tuple[str, ...]:
     return ("a_units", "carry_tens") + ((f"answer_{varying[-1]}",) if varying else ()) + ("answer_units",)
 
 
-def _merged_over_layers(parts: list) -> Any:
-    """One probe result from results at one layer each (the same target, prompts and positions)."""
-    import dataclasses
+def _folds(count: int) -> int:
+    # five folds when there are prompts enough: a fold-mean's t interval with 2 degrees of freedom is 1.5 times as wide
+    return 5 if count >= 100 else 3
 
-    import torch
 
-    parts = sorted(parts, key=lambda part: part.layers[0])
-    first = parts[0]
-    return dataclasses.replace(
-        first, layers=[layer for part in parts for layer in part.layers],
-        fold_scores=torch.cat([part.fold_scores for part in parts]),
-        control_scores=torch.cat([part.control_scores for part in parts], dim=1),
-        directions=None if first.directions is None else torch.cat([part.directions for part in parts]))
+def probes_plan(ctx: Context) -> StagePlan:
+    """Prompts before layers: every prompt at as many layers as the share holds, coarse to fine
+    (:func:`coarse_to_fine`: the last, the first, the middle, ...); prompts are sampled only when
+    not even :data:`PROBE_LAYERS` layers fit with all of them.
+
+    The cost: reading the prompts' residual stream (the model and its random-init control, every
+    block), and per layer, target and position two batched L-BFGS fits (:class:`LogisticProbe`:
+    every fold on the labels and on shuffled labels, and on every prompt; then every fold on the
+    control's activations) of at most 100 steps, each step a product of the rows' weights with
+    the prompts' activations for each class.
+
+    Args:
+        ctx: The report's shared state; ``ctx.budget`` is the stage's share.
+
+    Returns:
+        The plan: ``prompts`` (how many), ``layers`` (which).
+    """
+    from arithinterp.report.evaluation import prompt_positions
+
+    prompts = ctx.prompts[: ctx.n_probe_prompts]
+    require("probes", len(prompts))
+    shape = ctx.shape
+    n_layers, targets = shape.n_layers, _probe_targets(prompts)
+    classes = sum(len(prompts.label(target).unique()) for target in targets)
+    positions, steps = 3, 100  # a, b and final; LogisticProbe's max_iter
+    read = 2 * prompt_positions(prompts) * n_layers  # the model and its control, up to the last layer
+
+    def cost(count: int, n_covered: int) -> float:
+        folds = _folds(count)
+        rows = 2 * folds + 1 + folds  # the labels' folds, the shuffled labels', every prompt; the control's folds
+        flops = steps * 6 * rows * count * shape.d_model * classes * positions * n_covered
+        return work_seconds(shape, token_layers=count * read, calls=2 * n_layers * math.ceil(count / 64),
+                            fit_steps=steps * 2 * len(targets) * positions * n_covered, fit_flops=flops)
+
+    n, least = len(prompts), min(PROBE_LAYERS, n_layers)
+    order = coarse_to_fine(list(range(n_layers)))
+    if cost(n, least) <= ctx.budget.seconds:
+        count, sample = n, ""
+        covered = _largest_fit(least, n_layers, lambda m: cost(n, m) <= ctx.budget.seconds)
+    else:
+        count, _, sample = ctx.fit(prompts, "prompts", MINIMUM[0], lambda k: cost(k, least))
+        covered = least
+        if cost(count, least) > ctx.budget.seconds:  # not even the minimum at PROBE_LAYERS layers: fewer layers
+            if cost(count, 1) > ctx.budget.seconds:
+                raise over_budget(ctx.budget, f"the minimum of {count} prompts at a single layer", cost(count, 1))
+            covered = _largest_fit(1, least, lambda m: cost(count, m) <= ctx.budget.seconds)
+    layers = sorted(order[:covered])
+    if covered < n_layers:
+        sample = joined(sample, f"probed at {covered} of {n_layers} layers ({', '.join(map(str, layers))}) to fit its "
+                                f"{secs(ctx.budget.seconds)} share")
+    return StagePlan(dict(prompts=count, layers=layers), cost(count, covered), sample)
+
+
+def _largest_fit(low: int, high: int, fits) -> int:
+    return max([low] + [m for m in range(low, high + 1) if fits(m)])
 
 
 def probes_stage(ctx: Context) -> Section:
     """Probes per target, each against chance, shuffled labels and a random-init model of the
     same architecture on the same prompts: a finding only when the trained model beats all three
-    (readable because of training, not because the input shows it).
-
-    Within a budget, prompts come before layers: every prompt is probed (narrower intervals; a
-    few dozen prompts leave a real difference from the random-init model inside the noise), one
-    layer at a time coarse to fine (:func:`coarse_to_fine`) while the time the layers so far took
-    says the next fits — a probe's cost differs from layer to layer, so no single layer's timing
-    predicts the rest. Prompts are sampled only when the first layer says that not even
-    :data:`PROBE_LAYERS` layers fit with all of them.
+    (readable because of training, not because the input shows it); on the prompts and layers of
+    the stage's plan (:func:`probes_plan`).
 
     Args:
-        ctx: The report's shared state: model, prompts, pairs, evaluation, budget, seed.
+        ctx: The report's shared state: model, prompts, pairs, evaluation, plan, seed.
 
     Returns:
         The stage's section: findings, figures and the sample it used.
@@ -67,60 +109,23 @@ def probes_stage(ctx: Context) -> Section:
     from arithinterp import probes
     from arithinterp.activations import collect
 
-    prompts = ctx.prompts[: ctx.n_probe_prompts]
+    plan = ctx.plan_of(STAGE)
+    prompts = ctx.pick(ctx.prompts[: ctx.n_probe_prompts], plan.choices["prompts"])
     require("probes", len(prompts))
-    where: dict[str, Any] = dict(sites="resid_post", positions=["a", "b", "final"], progress=False)
+    layers = list(plan.choices["layers"])
+    where: dict[str, Any] = dict(sites="resid_post", layers=layers, positions=["a", "b", "final"], progress=False)
     acts = collect(ctx.model, prompts, **where)
     control = collect(ctx.control_model(), prompts, **where)
     targets = _probe_targets(prompts)
-    # five folds when there are prompts enough: a fold-mean's t interval with 2 degrees of freedom is 1.5 times as wide
-    probe: dict[str, Any] = dict(kind="logistic", cv=5 if len(prompts) >= 100 else 3, seed=ctx.seed,
-                                 progress=False)
-    order = coarse_to_fine(list(acts.layers))
-    least = min(PROBE_LAYERS, len(order))
-    timed = ctx.budget.seconds != float("inf")
-    parts: dict[str, list] = {target: [] for target in targets}
-    refused: dict[str, str] = {}  # target -> why it cannot be probed (e.g. one class among these prompts)
-    covered: list[int] = []
-
-    def probe_at(layer: int) -> None:
-        for target in targets:
-            if target not in refused:
-                try:
-                    parts[target].append(probes.probe_layers(acts, target, layers=[layer], control_acts=control,
-                                                             **probe))
-                except AnalysisError as why:
-                    refused[target] = str(why).rstrip(".")
-        covered.append(layer)
-
-    sampled, start = "", time.perf_counter()
-    probe_at(order[0])
-    took = time.perf_counter() - start
-    left = MARGIN * max(ctx.seconds_left(), 0.0)
-    if timed and took * (least - 1) > left:  # a probe's cost grows about linearly with its prompts
-        keep = max(MINIMUM[0], int(len(prompts) * (left + took) / (least * took)))
-        if keep < len(prompts):
-            pick = seeded_pick(len(prompts), keep, ctx.seed)
-            sampled = f"sampled {keep} of {len(prompts)} prompts to fit the {secs(ctx.budget.seconds)} budget"
-            prompts, acts, control = prompts[pick], acts.subset(pick), control.subset(pick)
-            parts, covered, start = {target: [] for target in targets}, [], time.perf_counter()
-            probe_at(order[0])
-    for layer in order[1:]:
-        per_layer = (time.perf_counter() - start) / len(covered)
-        if timed and len(covered) >= least and per_layer > MARGIN * ctx.seconds_left():
-            break
-        probe_at(layer)
-    layers = sorted(covered)
-    fitted = "" if len(layers) == len(order) else (
-        f"probed at {len(layers)} of {len(order)} layers ({', '.join(map(str, layers))}) to fit the "
-        f"{secs(ctx.budget.seconds)} budget")
-    section = Section(STAGE.title, sample=joined(require("probes", len(prompts)), sampled, fitted))
+    probe: dict[str, Any] = dict(kind="logistic", cv=_folds(len(prompts)), seed=ctx.seed, progress=False)
+    section = Section(STAGE.title, sample=joined(require("probes", len(prompts)), plan.sample))
     fold_scheme = None  # of the last target probed
     for target in targets:
-        if target in refused:
-            section.findings.append(f"'{target}' not probed: {refused[target]}.")
+        try:
+            result = probes.probe_layers(acts, target, layers=layers, control_acts=control, **probe)
+        except AnalysisError as why:  # e.g. one class among these prompts
+            section.findings.append(f"'{target}' not probed: {str(why).rstrip('.')}.")
             continue
-        result = _merged_over_layers(parts[target])
         section.findings.append(result.finding()["text"])
         section.figures.append(result.plot())
         fold_scheme = result.fold_scheme
@@ -129,4 +134,5 @@ def probes_stage(ctx: Context) -> Section:
     return section
 
 
-STAGE = Stage(name="probes", title="Linear probes", order=40, weight=1.5, minimum=MINIMUM, run=probes_stage)
+STAGE = Stage(name="probes", title="Linear probes", order=40, weight=1.5, minimum=MINIMUM, run=probes_stage,
+              plan=probes_plan)

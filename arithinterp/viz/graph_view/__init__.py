@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from arithinterp.viz.graph_view.data import MAX_DRAWN, MAX_LINKS, circuit_data, graph_data, graph_node_id, operand_grid
+from arithinterp.circuits.circuit import Circuit
+from arithinterp.drawing import draws
+from arithinterp.features.graph import AttributionGraph
 from arithinterp.types import PositiveInt, checked
+from arithinterp.viz.graph_view.data import MAX_DRAWN, MAX_LINKS, circuit_data, graph_data, graph_node_id, operand_grid
 from arithinterp.viz.graph_view.page import GraphView, render_page
 
 
+@draws(AttributionGraph, "show")
 @checked
 def view_graph(graph: Any, *, labels: Optional[dict] = None, supernodes: Any = None, grids: Any = None,
                max_links: PositiveInt = MAX_LINKS, max_drawn: PositiveInt = MAX_DRAWN) -> GraphView:
@@ -46,6 +50,7 @@ def view_graph(graph: Any, *, labels: Optional[dict] = None, supernodes: Any = N
                                 max_drawn=max_drawn))
 
 
+@draws(Circuit, "show")
 @checked
 def view_circuit(circuit: Any, *, supernodes: Any = None, max_links: PositiveInt = MAX_LINKS,
                  max_drawn: PositiveInt = MAX_DRAWN) -> GraphView:
