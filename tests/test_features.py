@@ -453,6 +453,37 @@ def test_a_capped_graph_expands_the_features_the_full_graph_finds_most_influenti
     assert torch.allclose(capped.edges[target, both], full.edges[full_index[key(chosen)[0]], columns], atol=1e-5)
 
 
+def test_graph_rows_equal_one_backward_per_target_through_the_real_model(monkeypatch):
+    """The shortcuts of the graph's backwards (prefix runs for early targets, batches cut by layer,
+    the real MLPs skipped where their outputs are replaced) change no edge: every row equals the
+    backward of its target alone, on the whole prompt, with the real MLPs run; the model is as
+    before afterwards."""
+    import contextlib
+
+    from arithinterp.features import attribution
+    from arithinterp.models import load_model
+
+    model, tc = load_model("zoo:add-3digit"), load_transcoders("zoo:add-3digit")
+    tokens = model.to_tokens("17+5=22\n136+259=")
+    before = run(model, tokens).logits
+    kwargs = dict(n_logits=2, zero_positions=[0], max_feature_nodes=60, progress=False)
+    fast = attribution.attribute(model, tokens, tc, batch_size=None, **kwargs)
+    assert torch.equal(run(model, tokens).logits, before)
+    with monkeypatch.context() as m:
+        m.setattr(attribution, "PREFIXES", 1)
+        m.setattr(attribution, "_real_mlps_skipped", lambda model: contextlib.nullcontext())
+        plain = attribution.attribute(model, tokens, tc, batch_size=1, **kwargs)
+    # (one target per backward also chooses by influence more often: the rows of the targets both hold)
+    common = sorted(set(fast.targets.tolist()) & set(plain.targets.tolist()))
+    assert tokens.shape[1] >= 12 and len(fast.targets) == 62 and len(common) >= 40
+    fast_at = {t: i for i, t in enumerate(fast.targets.tolist())}
+    plain_at = {t: i for i, t in enumerate(plain.targets.tolist())}
+    rows = fast.rows[[fast_at[t] for t in common]], plain.rows[[plain_at[t] for t in common]]
+    assert (rows[0] - rows[1]).abs().max() <= 1e-5 * rows[1].abs().max()
+    assert torch.allclose(fast.bias[[fast_at[t] for t in common]], plain.bias[[plain_at[t] for t in common]],
+                          rtol=1e-5, atol=1e-6)
+
+
 def test_a_float64_models_graph_is_exact_to_float64_rounding():
     """What the exactness check leaves on a float32 model is rounding: the same model in float64
     (gradients, targets and bias in its precision) gives edges + bias = each value to 1e-12."""

@@ -279,7 +279,8 @@ def run(
         train: Keep the autograd graph and return the logits attached to it, so a loss on them can
             be differentiated in the writes' own parameters (with
             ``torch.autograd.grad(loss, those parameters)``: the model's weights and their ``.grad``
-            are never touched).
+            are never touched). With ``logits="none"`` no logits are built; what the writes saw
+            stays attached to the graph.
 
     Returns:
         The logits, the reads and, with a metric, their gradients.
@@ -289,7 +290,7 @@ def run(
             without units, or a read that never fired.
         ConfigError: An invalid ``logits``.
         AnalysisError: An object that is not a Write or Read,
-            ``train`` with a metric or no logits, a metric that does not depend on the reads, or
+            ``train`` with a metric, a metric that does not depend on the reads, or
             non-finite logits.
     """
     check_model(model, "engine.run")
@@ -332,8 +333,8 @@ def run(
                 )
             site_lib.check_index("head" if item.site in ("attn_z", "pattern") else "neuron", list(units), size)
     grad = metric is not None
-    if train and (grad or logits == "none"):
-        raise AnalysisError("train=True returns differentiable logits: it takes logits 'final' or 'all' and no metric")
+    if train and grad:
+        raise AnalysisError("train=True returns differentiable logits: it takes no metric")
     hooks, kept, probes, takes = intervention_hooks(model, writes, reads, grad)
     stop = None
     if logits == "none" and not grad:
@@ -353,8 +354,7 @@ def run(
             out = out.to(torch.promote_types(out.dtype, torch.float32))
         final = None if out is None else out[:, -1]
         if train:
-            assert out is not None
-            if not torch.isfinite(out.detach()).all():
+            if out is not None and not torch.isfinite(out.detach()).all():
                 raise AnalysisError("the model's logits are not finite (NaN or inf) under these writes")
             return Output(out if several else final, kept)
         if final is not None and not torch.isfinite(final).all():

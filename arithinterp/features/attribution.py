@@ -9,22 +9,28 @@ active features' activations and the error nodes. So the direct effect of a sour
 place the source writes, times what it writes; those effects plus the all-off value (the *bias*:
 positional embeddings, norm and layer biases) add up to the target's value.
 
-:func:`attribute` runs the replacement model once with gradients, then one batched backward per
-``batch_size`` targets (``torch.autograd.grad`` with ``is_grads_batched``: the forward is shared).
-Only the linear paths are in that backward: the frozen patterns cut the queries and keys out of
-it, and each real MLP, whose output the transcoder's replaces, sees a detached input. The answer
-logits are expanded first; then, as circuit-tracer does (``max_feature_nodes``), the features in
-order of their influence on the answer through the edges known so far, until ``max_feature_nodes``
-are expanded (all of them with ``None``).
+:func:`attribute` runs the replacement model with gradients, then one batched backward per
+batch of at most ``batch_size`` targets (``torch.autograd.grad`` with ``is_grads_batched``: the
+forward is shared). Only the linear paths are in that backward: the frozen patterns cut the
+queries and keys out of it, and the real MLPs, whose outputs the transcoders' replace, are not run.
+A backward costs its rows × the layers below its deepest target × the positions it runs over, so
+the targets are taken in layer order and cut into the batches that cost least
+(:func:`cheapest_batches`), and a target early in the prompt runs on a forward of a prefix of it
+(:class:`_LiveRuns`: attention is causal). The answer logits are expanded first; then, as
+circuit-tracer does (``max_feature_nodes``), the features in order of their influence on the answer
+through the edges known so far, until ``max_feature_nodes`` are expanded (all of them with ``None``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
+from transformer_lens.model_bridge.generalized_components import GatedMLPBridge, JointGateUpMLPBridge, MLPBridge
 
 from arithinterp import sites as site_lib
 from arithinterp.engine import Read, Write, run
@@ -40,6 +46,13 @@ BACKWARD_BYTES = 64 * 2**20
 # Taken in layer order, the batches of one update each hold targets of few layers, and a batched
 # backward runs only through the layers below its deepest target.
 UPDATE_INTERVAL = 4
+# Prefix runs for the backwards of targets early in the prompt (quarters of it; :class:`_LiveRuns`).
+PREFIXES = 4
+# A batched backward's cost beyond its rows' (layers × positions × rows), in those units: per layer
+# and position as much as CALL_ROWS more rows, and CALL_COST per call (measured on Gemma 3 270M, one
+# thread: 3.3 ms a call, 49 µs per layer and position, 17.5 µs per row, layer and position).
+CALL_ROWS = 3
+CALL_COST = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,45 +139,47 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
     top = real_logits.topk(n_logits).indices
 
     nodes: list[dict] = [dict(kind="embedding", layer=-1, position=p, feature=-1, activation=0.0) for p in range(T)]
+    for layer, (where, a) in enumerate(zip(active, acts)):
+        values = a[where[:, 0], where[:, 1]].tolist()
+        nodes += [dict(kind="feature", layer=layer, position=p, feature=f, activation=v)
+                  for (p, f), v in zip(where.tolist(), values)]
     for layer in range(n_layers):
-        for p, f in active[layer].tolist():
-            nodes.append(dict(kind="feature", layer=layer, position=p, feature=f, activation=float(acts[layer][p, f])))
-    for layer in range(n_layers):
-        for p in range(T):
-            nodes.append(dict(kind="error", layer=layer, position=p, feature=-1,
-                              activation=float(errors[layer][p].norm())))
+        nodes += [dict(kind="error", layer=layer, position=p, feature=-1, activation=v)
+                  for p, v in enumerate(errors[layer].norm(dim=-1).tolist())]
     n_sources = len(nodes)
     for token in top.tolist():
         nodes.append(dict(kind="logit", layer=n_layers, position=T - 1, feature=int(token), activation=0.0))
     targets = _Targets(nodes, n_sources, transcoders)
 
-    # one forward with gradients (everything as on the prompt), then each batch of targets is one backward
+    # forwards with gradients (everything as on the prompt), then each batch of targets is one backward
     constants = [got[("mlp_out", layer)] - transcoders.linear(layer, x) for layer, x in enumerate(mlp_in)]
-    dtype = got[("embed", 0)].dtype  # the model's: a float64 model gives float64 gradients
-    probes = [torch.zeros(1, T, d, dtype=dtype, requires_grad=True) for _ in range(n_layers + 1)]
-    live_in, live_logits = replacement_run(model, tokens, state["frozen"], transcoders, constants, probes=probes)
+    live = _LiveRuns(model, tokens, state["frozen"], transcoders, constants, dtype=got[("embed", 0)].dtype)
     sources = _Sources(transcoders, got[("embed", 0)][0], active, acts, errors)
     size = batch_size or max(1, min(BACKWARD_ROWS, BACKWARD_BYTES // ((n_layers + 1) * T * d * 4)))
     is_feature = torch.tensor([n["kind"] == "feature" for n in nodes[:n_sources]])
     n_active = int(is_feature.sum())
     n_expanded = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
     rows = torch.zeros(n_logits + n_expanded, n_sources, dtype=torch.float64)
-    normalised = torch.zeros(len(rows), n_sources)  # |rows| summing to 1 per target: for choosing alone
+    choosing = n_expanded < n_active
+    normalised = torch.zeros(len(rows) if choosing else 0, n_sources)  # |rows| summing to 1 per target: for choosing
     row_node = torch.full((len(rows),), -1, dtype=torch.long)
     filled = 0
     bar = progress_bar(total=len(rows), desc="graph rows", disable=None if progress else True)
 
-    def expand(ids: torch.Tensor) -> None:
+    def expand(ids: torch.Tensor) -> None:  # ids in node order: by layer, then position
         nonlocal filled
-        for start in range(0, len(ids), size):
-            part = ids[start : start + size]
-            value = targets.values(part, live_in, live_logits)
+        lengths = [live.length(p) for p in targets.position[ids].tolist()]
+        for start, stop in cheapest_batches(targets.layer[ids].tolist(), lengths, size):
+            part = ids[start:stop]
+            probes, run_in, run_logits = live.run(max(lengths[start:stop]))
+            value = targets.values(part, run_in, run_logits)
             grads = torch.autograd.grad(value, probes, grad_outputs=torch.eye(len(part), dtype=value.dtype),
                                         retain_graph=True, is_grads_batched=True, allow_unused=True)
-            effects = sources.effects(grads)
-            rows[filled : filled + len(part)] = effects
-            size_of = effects.abs()
-            normalised[filled : filled + len(part)] = size_of / size_of.sum(1, keepdim=True).clamp_min(1e-30)
+            effects = rows[filled : filled + len(part)]
+            sources.effects(grads, out=effects)
+            if choosing:
+                size_of = effects.abs()
+                normalised[filled : filled + len(part)] = size_of / size_of.sum(1, keepdim=True).clamp_min(1e-30)
             row_node[filled : filled + len(part)] = part
             filled += len(part)
             bar.update(len(part))
@@ -173,7 +188,7 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
     pending = is_feature.clone()
     probs = real_logits.float().softmax(-1)[top].double()
     while filled < len(rows):
-        if n_expanded == n_active:  # every feature: no choice to make
+        if not choosing:  # every feature
             chosen = pending.nonzero().squeeze(1)[: len(rows) - filled]
         else:  # the most influential features not yet expanded, through the edges known so far
             influence = partial_influence(normalised[:filled], row_node[:filled], probs / probs.sum())
@@ -190,7 +205,8 @@ def attribute(model: Any, tokens: torch.Tensor, transcoders: Transcoders, *, n_l
 
 
 def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders: Transcoders, constants: list,
-                    *, embed: bool = True, probes: Optional[list] = None) -> tuple[list, torch.Tensor]:
+                    *, embed: bool = True, probes: Optional[list] = None,
+                    logits: bool = True) -> tuple[list, Optional[torch.Tensor]]:
     """One forward of the local replacement model: patterns and norm divisors ``frozen``, each MLP's
     output its transcoder's linear part plus ``constants[layer]`` ``[1, T, d]`` (what its features
     and error node write, held), the embeddings kept or (``embed=False``) switched off.
@@ -200,7 +216,8 @@ def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders:
     autograd graph: a probe's gradient is what a unit written there does to a target.
 
     Returns:
-        ``(mlp_in, logits)``: each layer's MLP input ``[1, T, d]`` and the final position's logits ``[1, V]``.
+        ``(mlp_in, logits)``: each layer's MLP input ``[1, T, d]`` and the final position's logits
+        ``[1, V]`` (None with ``logits=False``: the forward stops before the unembedding).
     """
     n_layers = len(constants)
     mlp_in: list = [None] * n_layers
@@ -219,11 +236,79 @@ def replacement_run(model: Any, tokens: torch.Tensor, frozen: dict, transcoders:
             return out if probes is None else out + probes[layer].to(out.dtype)
 
         writes.append(Write("mlp_out", layer, value=output, input_site="mlp_in"))
-        # the real MLP runs on a detached copy of its input (its output is replaced): out of the backward
+        # a real MLP that still runs (see _real_mlps_skipped) sees a detached copy of its input: its
+        # output is replaced, and it stays out of the backward
         writes.append(Write("mlp_in", layer, value=torch.Tensor.detach))
-    out = run(model, tokens, writes, logits="final", train=probes is not None)
-    assert out.logits is not None
+    with _real_mlps_skipped(model):
+        out = run(model, tokens, writes, logits="final" if logits else "none", train=probes is not None)
     return mlp_in, out.logits
+
+
+@contextlib.contextmanager
+def _real_mlps_skipped(model: Any) -> Iterator[None]:
+    """While the replacement model runs, each real MLP returns zeros at once: its output is replaced
+    (by the transcoder's plus the held error), and computing it would be most of a block's work.
+    Only an MLP that maps its input to its output alone is skipped (not a mixture of experts, not
+    an MLP that adds the residual itself, as BLOOM's does); any other runs as usual."""
+    skipped = []
+    for block in getattr(model, "blocks", []):
+        mlp = getattr(block, "mlp", None)
+        module = getattr(mlp, "original_component", None)
+        if type(mlp) in _PLAIN_MLPS and isinstance(module, torch.nn.Module) and "forward" not in vars(module):
+            module.forward = _zeros  # an instance attribute: nn.Module's call runs it
+            skipped.append(module)
+    try:
+        yield
+    finally:
+        for module in skipped:
+            del module.forward
+
+
+_PLAIN_MLPS = (MLPBridge, GatedMLPBridge, JointGateUpMLPBridge)
+
+
+def _zeros(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """An MLP's output ``[..., d]`` (the size of its input) left at zero."""
+    return torch.zeros_like(x)
+
+
+class _LiveRuns:
+    """Forwards of the replacement model with gradients, kept for the batched backwards: on the
+    whole prompt (the logits' targets read its logits) and, built when first needed, on prefixes
+    of it. A target at position ``p`` depends on positions ``0..p`` alone (attention is causal,
+    its patterns frozen), so its backward runs on the shortest prefix that holds ``p``: a
+    quarter, half, three quarters or all of the prompt (:data:`PREFIXES`); the gradients are the
+    same, the work falls with the length."""
+
+    def __init__(self, model: Any, tokens: torch.Tensor, frozen: dict, transcoders: Transcoders, constants: list,
+                 dtype: torch.dtype):
+        T = int(tokens.shape[1])
+        self.T = T
+        self.lengths = sorted({-(-T * k // PREFIXES) for k in range(1, PREFIXES + 1)})
+        self.model, self.tokens, self.frozen = model, tokens, frozen
+        self.transcoders, self.constants = transcoders, constants
+        self.dtype = dtype
+        self.runs: dict[int, tuple] = {}
+
+    def length(self, position: int) -> int:
+        """The length of the shortest prefix run that holds ``position``."""
+        return next(n for n in self.lengths if n > position)
+
+    def run(self, length: int) -> tuple[list, list, Optional[torch.Tensor]]:
+        """``(probes, mlp_in, logits)`` of the run on the first ``length`` positions (a length of
+        :meth:`length`): its probes ``[1, length, d]`` (one per layer, then the embeddings'), each
+        layer's MLP input, and the final logits (None on a prefix: logit targets read the whole prompt)."""
+        if length not in self.runs:
+            d = int(self.constants[0].shape[-1])
+            probes = [torch.zeros(1, length, d, dtype=self.dtype, requires_grad=True)
+                      for _ in range(len(self.constants) + 1)]
+            frozen = {key: value[..., :length, :length] if key[0] == "pattern" else value[:, :length]
+                      for key, value in self.frozen.items()}  # patterns [1, H, T, T], divisors [1, T, 1]
+            mlp_in, logits = replacement_run(self.model, self.tokens[:, :length], frozen, self.transcoders,
+                                             [c[:, :length] for c in self.constants], probes=probes,
+                                             logits=length == self.T)
+            self.runs[length] = (probes, mlp_in, logits)
+        return self.runs[length]
 
 
 class _Targets:
@@ -236,12 +321,14 @@ class _Targets:
         self.feature = torch.tensor([n["feature"] for n in nodes])
         self.transcoders = transcoders
 
-    def values(self, ids: torch.Tensor, mlp_in: list, logits: torch.Tensor) -> torch.Tensor:
+    def values(self, ids: torch.Tensor, mlp_in: list, logits: Optional[torch.Tensor]) -> torch.Tensor:
         """The values ``[len(ids)]`` of target nodes ``ids``, from each layer's MLP input
-        ``[1, T, d]`` and the final logits ``[1, V]`` (differentiable when they are)."""
+        ``[1, T, d]`` and the final logits ``[1, V]`` (differentiable when they are; None from a
+        prefix run, which holds no logit targets)."""
         parts, order = [], []
         is_logit = ids >= self.n_sources
         if bool(is_logit.any()):
+            assert logits is not None, "logit targets are read from a run of the whole prompt"
             order.append(is_logit.nonzero().squeeze(1))
             parts.append((logits[0] - logits[0].mean())[self.feature[ids[is_logit]]])
         for layer in self.layer[ids[~is_logit]].unique().tolist():
@@ -264,51 +351,84 @@ class _Sources:
         self.errors = errors
         T = len(embeddings)
         self.plans = []
+        start = T  # the columns: embeddings, features by layer, errors by layer
         for layer, (where, a) in enumerate(zip(active, acts)):
-            positions, features = where.T
+            positions, features = where.T.contiguous()
             counts = torch.bincount(positions, minlength=T)
             slots = torch.arange(len(positions)) - (torch.cumsum(counts, 0) - counts)[positions]
             writes = torch.zeros(T, max(1, int(counts.max())), embeddings.shape[-1], dtype=embeddings.dtype)
             i = transcoders.index(layer)
             written = a[positions, features][:, None] * transcoders.W_dec[i][features]
             writes[positions, slots] = written.to(writes.dtype)
-            self.plans.append((writes, positions, slots))
+            self.plans.append((writes, positions, slots, start))
+            start += len(positions)
+        self.error_start = start
+        self.n_sources = start + len(errors) * T
 
-    def effects(self, grads: tuple) -> torch.Tensor:
-        """Direct effects ``[B, n_sources]`` (embeddings, features by layer, errors by layer) from
-        the gradients at each MLP output, then at the embeddings (``[B, 1, T, d]`` each, None where
-        the targets do not reach), in float64."""
-        B = next(g.shape[0] for g in grads if g is not None)
-
-        def grad(i: int) -> torch.Tensor:
-            g = grads[i]
-            return torch.zeros(B, *self.embeddings.shape, dtype=self.embeddings.dtype) if g is None else g[:, 0]
-
-        features, errors = [], []
-        for layer, (writes, positions, slots) in enumerate(self.plans):
-            g = grad(layer)
-            features.append(torch.einsum("btd,tkd->btk", g, writes.to(g.dtype))[:, positions, slots])
-            errors.append((g * self.errors[layer].to(g.dtype)).sum(-1))
-        embeddings = (grad(len(self.plans)) * self.embeddings.to(grad(len(self.plans)).dtype)).sum(-1)
-        return torch.cat([embeddings, *features, *errors], 1).double()
+    def effects(self, grads: tuple, out: torch.Tensor) -> None:
+        """Direct effects into ``out [B, n_sources]`` (float64, zeros: embeddings, features by layer,
+        errors by layer) from the gradients at each MLP output, then at the embeddings
+        (``[B, 1, P, d]`` each, of a run on the first ``P`` positions; None where the targets do not
+        reach: their sources' effects stay 0)."""
+        T = len(self.embeddings)
+        for layer, (writes, positions, slots, start) in enumerate(self.plans):
+            g = grads[layer]
+            if g is None:
+                continue
+            g = g[:, 0]
+            P = g.shape[1]  # the gradients of a prefix run: the sources after it have no effect
+            n = int(torch.searchsorted(positions, P))  # the layer's active features, by position
+            at = torch.einsum("btd,tkd->btk", g, writes[:P].to(g.dtype))
+            out[:, start : start + n] = at[:, positions[:n], slots[:n]]
+            error = self.error_start + layer * T
+            out[:, error : error + P] = (g * self.errors[layer][:P].to(g.dtype)).sum(-1)
+        g = grads[len(self.plans)]
+        if g is not None:
+            P = g.shape[2]
+            out[:, :P] = (g[:, 0] * self.embeddings[:P].to(g.dtype)).sum(-1)
 
 
 def partial_influence(weights: torch.Tensor, targets: torch.Tensor, logit_weight: torch.Tensor) -> torch.Tensor:
     """Each source's influence ``[n_sources]`` on the answer through the rows known so far:
     ``w (A + A² + …)`` with ``A`` the absolute direct effects normalised to sum 1 per target
     (``weights [R, n_sources]``, into nodes ``targets``, the logits' rows first) and ``w`` the logit
-    rows' weights."""
+    rows' weights.
+
+    The series runs over the rows alone: with ``r = w + w A_rr + w A_rr² + …`` (``A_rr [R, R]``
+    the rows' targets' effects on each other), the influence is ``r A``: one product with the
+    whole of ``A`` instead of one per term."""
     n_logits = len(logit_weight)
-    at = torch.full((weights.shape[1],), -1, dtype=torch.long)  # each expanded feature's row
-    at[targets[n_logits:]] = torch.arange(n_logits, len(weights))
+    among = weights[:, targets[n_logits:]]  # [R, R - n_logits]: the effects on each row of the expanded features
     reach = torch.zeros(len(weights), dtype=weights.dtype)
     reach[:n_logits] = logit_weight.to(weights.dtype)
-    influence = torch.zeros(weights.shape[1], dtype=weights.dtype)
+    total = torch.zeros_like(reach)
     for _ in range(len(weights)):  # edges reach earlier layers only: one step per layer, then nothing is left
         if not bool(reach.any()):
             break
-        flow = reach @ weights
-        influence += flow
-        reach = torch.zeros_like(reach)
-        reach[at[at >= 0]] = flow[at >= 0]
-    return influence
+        total += reach
+        reach = torch.cat([torch.zeros(n_logits, dtype=reach.dtype), reach @ among])
+    return total @ weights
+
+
+def cheapest_batches(depths: list[int], lengths: list[int], size: int) -> list[tuple[int, int]]:
+    """Consecutive batches ``(start, stop)`` of at most ``size`` targets, sorted by layer (``depths``
+    ascending), that cost the least backward: a batch runs on the prefix its longest target needs
+    (``lengths``), through the layers up to its deepest target's, for each row and, about as much as
+    :data:`CALL_ROWS` more rows, for the batch as a whole; each call costs :data:`CALL_COST` more.
+    A few deep targets are then not batched with many shallow ones, nor many shallow ones cut into
+    small batches."""
+    n = len(depths)
+    best = [0.0] + [float("inf")] * n  # best[j]: the least cost of the first j targets
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        deepest, longest = depths[j - 1] + 1, 0
+        for i in range(j - 1, max(0, j - size) - 1, -1):  # the batch i..j-1
+            longest = max(longest, lengths[i])
+            cost = best[i] + CALL_COST + deepest * longest * (j - i + CALL_ROWS)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    batches = []
+    while n:
+        batches.append((cut[n], n))
+        n = cut[n]
+    return batches[::-1]
