@@ -130,7 +130,7 @@ def test_an_interrupted_report_keeps_the_page_it_would_replace(tiny_model, tmp_p
     page = tmp_path / "r.html"
     page.write_text("the old page")
 
-    def interrupted(ctx, name):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(report, "_run_stage", interrupted)

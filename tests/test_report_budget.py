@@ -332,7 +332,7 @@ def test_a_faithfulness_curve_too_coarse_to_locate_a_circuit_says_so(six_layer_l
         def curve(*args, reaching=reaching, **kwargs):  # restores 0.9 from the size at index `reaching` on
             measured = real(*args, **kwargs)
             values = torch.tensor([0.0, 0.3, 0.6, 0.8][:reaching] + [1.0] * (len(sizes) - reaching))
-            return dataclasses.replace(measured, values=values, ci_low=values - 0.01, ci_high=values + 0.01,
+            return dataclasses.replace(measured, faithfulness=values, ci_low=values - 0.01, ci_high=values + 0.01,
                                        meta=dict(measured.meta, denominator=dict(distinguishable=True)))
 
         monkeypatch.setattr(circuits, "faithfulness_curve", curve)

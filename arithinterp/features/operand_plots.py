@@ -271,7 +271,7 @@ def label_plots(plots: OperandPlots, layer: int, role: str, features: Optional[I
         seed: Seeds the shuffles.
 
     Returns:
-        A :class:`~arithinterp.neurons.HeuristicTable` whose ``neuron`` column holds feature indices.
+        The labels as a :class:`~arithinterp.neurons.HeuristicTable` whose ``neuron`` column holds feature indices.
 
     Raises:
         AnalysisError: No feature fires on three cells there.

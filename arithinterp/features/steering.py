@@ -190,7 +190,7 @@ def swap_test(model: HookedModel, prompts: PromptSet, transcoders: Transcoders, 
         progress: Show a progress bar.
 
     Returns:
-        The :class:`SwapResult`.
+        The swaps' outcomes beside the controls' (a :class:`SwapResult`).
 
     Raises:
         AnalysisError: Fewer than two tokens have a labelled group at ``role``.

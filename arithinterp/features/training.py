@@ -255,6 +255,11 @@ def train_transcoders(model: HookedModel, prompts: PromptSet, *, layers: Optiona
         distinct: Train on each distinct MLP input once.
         sequential: Train each layer on the inputs of the model with the earlier layers replaced.
         max_memory: Bytes one layer's training may use.
+        end_to_end_steps: Steps of the end-to-end fine-tune after the layers are fitted (0: none): every
+            transcoder trained together on KL(model ‖ replacement model) at the answer positions
+            (Braun et al. 2024), plus ``anchor`` × each weight's distance from its layer-wise fit.
+        end_to_end_lr: The fine-tune's learning rate.
+        anchor: The weight of that distance, which keeps the features what the layer-wise fit made them.
         progress: Show progress bars.
 
     Returns:
