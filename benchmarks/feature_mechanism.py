@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--role", default="final", help="the position the swap test acts at")
     args = parser.parse_args()
 
+    from arithinterp.errors import AnalysisError
     from arithinterp.features import attribution_graph
     from arithinterp.features.cache import require_transcoders
     from arithinterp.features.plan import plan_prompts, plan_transcoders, transcoder_plots
@@ -79,7 +80,11 @@ def main() -> None:
     print(f"| kept features' influence in labelled supernodes | {_spread(shares['labelled'])} |")
     print(f"| the same, labels from shuffled operand plots (null) | {_spread(shares['null'])} |")
 
-    swap = swap_test(model, held_out[: args.swap_prompts], transcoders, plots, role=args.role, progress=False)
+    try:
+        swap = swap_test(model, held_out[: args.swap_prompts], transcoders, plots, role=args.role, progress=False)
+    except AnalysisError as why:  # too few labelled token groups to swap one for another
+        print(f"\nSwap test at {args.role!r}: does not apply: {why}")
+        return
     print(f"\nSwap test at {args.role!r} on {int(swap.meta['n_tested'])} held-out problems: answer became the "
           f"swapped-in token in {swap.as_predicted:.0%} (random features of the same size: "
           f"{swap.as_predicted_control:.0%}); answer changed at all {swap.changed:.0%} (random: "
