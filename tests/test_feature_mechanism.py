@@ -105,6 +105,7 @@ def test_supernodes_hold_the_graphs_influence_under_labels_and_shuffled_plots_do
     labels = label_graph(graph, plots, prompt)
     groups = supernodes(graph, labels, prompt, plots)
     assert labelled_share(groups) >= 0.5 and labelled_share(groups, direct=True) <= labelled_share(groups)
+    assert len({g.name for g in groups}) == len(groups)  # the viewer draws each under its own name
     assert sorted(i for g in groups for i in g.members) == sorted(
         i for i, n in enumerate(graph.nodes) if n["kind"] == "feature" and n["kept"])  # each kept feature once
     shuffled = torch.randperm(len(plots.a), generator=torch.Generator().manual_seed(1))

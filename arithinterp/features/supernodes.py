@@ -179,8 +179,8 @@ def supernodes(graph: AttributionGraph, labels: dict, prompt: Optional[PromptSet
     for members in rest:
         first = graph.nodes[members[0]]
         where = role_at.get(first["position"], "")
-        name = (f"L{first['layer']} feature {first['feature']}" if len(members) == 1
-                else f"{len(members)} unlabelled features alike")
+        name = (f"L{first['layer']} feature {first['feature']}" if len(members) == 1  # named by its first
+                else f"{len(members)} unlabelled features alike with L{first['layer']} feature {first['feature']}")
         out.append(Supernode(name=f"{name} @ {where or 'position ' + str(first['position'])}", label="", role=where,
                              members=sorted(members), by_label=0, labelled_influence=0.0,
                              influence=float(sum(graph.nodes[i]["influence"] for i in members))))
