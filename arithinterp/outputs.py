@@ -33,7 +33,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from arithinterp.errors import ConfigError, OutputError
 
@@ -262,6 +262,26 @@ def write_file(path: PathLike, content: Content, *, overwrite: Any, what: str = 
         raise OutputError(f"cannot write {path}: {error.strerror or error}; the previous file (if any) is unchanged; "
                           "make room or choose another path and run again") from error
     return target
+
+
+def write_tensors(path: PathLike, tensors: dict, *, overwrite: Any, metadata: Optional[dict] = None,
+                  what: str = "out") -> Path:
+    """Write tensors to one safetensors file through :func:`write_file` (the package's only weight format).
+
+    Args:
+        path: The file.
+        tensors: The tensors by name (contiguous).
+        overwrite: Replace an existing file (strictly a bool).
+        metadata: The header's string metadata.
+        what: The parameter or flag to name in an error.
+
+    Returns:
+        The file's path.
+    """
+    from safetensors.torch import save_file
+
+    return write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata), overwrite=overwrite,
+                      what=what)
 
 
 def write_figure(figure: Any, path: PathLike, *, overwrite: Any, what: str = "figure") -> Path:

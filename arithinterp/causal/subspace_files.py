@@ -156,6 +156,7 @@ def write_pyvene(result: DASResult, path: PathLike, *, overwrite: bool = False) 
     with write_folder(path, overwrite=overwrite, what="path") as folder:
         digests = {}
         for name, state in states.items():
+            # pyvene's own format is a torch pickle; written through the guarded writer like every file
             write_file(folder / name, lambda tmp, state=state: torch.save(state, tmp), overwrite=False)
             digests[name] = file_sha256(folder / name)
         write_file(folder / "config.json", config_text, overwrite=False)

@@ -1,6 +1,9 @@
 """Evaluating a circuit: faithfulness (a curve over sizes, or of the kept edges), minimality,
 ACDC-style pruning, and the overlap of two circuits.
 
+One module past 600 lines on purpose: the four share one way of running edge sets (:func:`run_edge_sets`)
+and one denominator convention (its bootstrap test), which a split would scatter across modules.
+
 Faithfulness follows the edge-ablation convention of Conmy et al. 2023 (ACDC) and Hanna et al.
 2024: run the clean prompt, make every edge *outside* the circuit carry an ablated sender output
 (the corrupt prompt's — "resample" — or the mean over the clean prompts, computed by

@@ -1,5 +1,8 @@
 """Transcoders and SAEs in other tools' files: circuit-tracer's layout and SAELens's.
 
+One module past 600 lines on purpose: both layouts are read and written through the same per-layer
+tensor mapping and hook-name translation, and their round trips are checked against each other.
+
 **circuit-tracer** (0.5.0, ``circuit_tracer/transcoder/single_layer_transcoder.py``): a folder of
 ``layer_{i}.safetensors``, one per layer, with ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc [F]``,
 ``b_dec [d]``, optionally ``W_skip [d, d]`` and ``activation_function.threshold [F]`` (a JumpReLU;
@@ -46,7 +49,7 @@ from arithinterp.engine import Read, run
 from arithinterp.engine.decode import batch_size_for
 from arithinterp.errors import AnalysisError, ArithInterpError, ConfigError, FormatError, ModelFileError, accepted
 from arithinterp.features.transcoder import ACTIVATIONS, Transcoders
-from arithinterp.outputs import check_target, write_file, write_folder, writes
+from arithinterp.outputs import check_target, write_file, write_folder, write_tensors, writes
 from arithinterp.results import PROVENANCE, build_meta
 from arithinterp.schemas import Count, Schema, check_tensor, read_json, read_safetensors, read_yaml, validate
 from arithinterp.types import HookedModel, PositiveInt, checked
@@ -326,7 +329,6 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
         AnalysisError: Not Transcoders, or layers missing from 0 on.
         ConfigError: The folder cannot be written, or holds files and ``overwrite`` is false.
     """
-    from safetensors.torch import save_file
 
     if not isinstance(transcoders, Transcoders):
         raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
@@ -347,7 +349,7 @@ def write_circuit_tracer_transcoders(transcoders: Transcoders, path: PathLike, *
         for i, name in enumerate(names):
             tensors = _layer_tensors(transcoders, i, skip, encoder_rows=True,
                                      threshold_key="activation_function.threshold")
-            write_file(folder / name, lambda tmp, tensors=tensors: save_file(tensors, str(tmp)), overwrite=False)
+            write_tensors(folder / name, tensors, overwrite=False)
         write_file(folder / "config.yaml", json.dumps(config, indent=1) + "\n", overwrite=False)  # JSON is YAML
     return Path(path).expanduser()
 
@@ -484,7 +486,6 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
         AnalysisError: Not Transcoders, or a ``"topk-signed"`` set (SAELens has no TopK without ReLU).
         ConfigError: The folder cannot be written, or holds files and ``overwrite`` is false.
     """
-    from safetensors.torch import save_file
 
     if not isinstance(transcoders, Transcoders):
         raise ConfigError(f"transcoders must be a Transcoders, got {type(transcoders).__name__}")
@@ -505,8 +506,7 @@ def write_saelens(transcoders: Transcoders, path: PathLike, *, model_name: str =
     with write_folder(path, overwrite=overwrite, what="path") as root:
         for i, layer in enumerate(transcoders.layers):
             tensors = _layer_tensors(transcoders, i, skip, encoder_rows=False, threshold_key="threshold")
-            write_file(root / f"layer_{layer}" / "sae_weights.safetensors",
-                       lambda tmp, tensors=tensors: save_file(tensors, str(tmp)), overwrite=False)
+            write_tensors(root / f"layer_{layer}" / "sae_weights.safetensors", tensors, overwrite=False)
             metadata = dict(sae_lens_version=SAELENS_FORMAT, sae_lens_training_version=SAELENS_FORMAT,
                             model_name=model_name or transcoders.meta.get("model", ""),
                             hook_name=f"blocks.{layer}.{SITE_HOOKS[transcoders.input_site]}", hook_head_index=None,

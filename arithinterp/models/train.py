@@ -21,10 +21,9 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from arithinterp.checks import STEPS_MAX, integer
-from arithinterp.outputs import check_target, write_file, write_folder, writes
+from arithinterp.outputs import check_target, write_file, write_folder, write_tensors, writes
 from arithinterp.models import tokenizers as toks
 from arithinterp.models.zoo import Task, ZooEntry, get_entry, operand_grid, split
 from arithinterp.progress import progress_bar
@@ -241,10 +240,9 @@ def _train_into(out: Path, name: str, entry: ZooEntry, seed: int, steps: int, pr
     wall = time.perf_counter() - start
 
     weights = {k: v.contiguous() for k, v in net.state_dict().items()}
-    write_file(out / "model.safetensors", lambda tmp: save_file(weights, str(tmp)), overwrite=False)
+    write_tensors(out / "model.safetensors", weights, overwrite=False)
     for step_run, state in snapshots.items():  # one file per step keeps every file small
-        write_file(out / "snapshots" / f"step_{step_run}.safetensors",
-                   lambda tmp, state=state: save_file(state, str(tmp)), overwrite=False)
+        write_tensors(out / "snapshots" / f"step_{step_run}.safetensors", state, overwrite=False)
     config = dict(entry.config, d_vocab=len(tokenizer), seed=seed, default_prepend_bos=entry.prepend_bos)
     write_file(out / "config.json", json.dumps(config, indent=2), overwrite=False)
     measured = {

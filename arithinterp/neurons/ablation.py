@@ -1,7 +1,7 @@
 """Ablation: ablate heuristic neurons and compare accuracy on associated prompts against other
 prompts or a same-size random control.
 
-One module past 500 lines on purpose: the ablation of heuristic neurons, its prompt groups and its
+One module past 600 lines on purpose: the ablation of heuristic neurons, its prompt groups and its
 same-size random control are one experiment.
 """
 

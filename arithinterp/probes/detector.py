@@ -1,4 +1,4 @@
-# Over 500 lines on purpose: ErrorDetector is one scikit-learn estimator whose parameters, model-facing and
+# Over 600 lines on purpose: ErrorDetector is one scikit-learn estimator whose parameters, model-facing and
 # tensor-facing methods share its fitted state; reading the slots, the slot probes, the fit on one layer set,
 # the metrics and the result live in slots, slot_probes, detector_fit, operating_points and detector_result.
 """The probe-based error detector: flags prompts the model will answer wrongly.

@@ -140,6 +140,8 @@ def _driver_lock(out: Path) -> Iterator[None]:
                 continue
             raise ConfigError(f"out: {out} is in use by another sweep ({holder or 'unknown holder'}); wait for it, "
                               f"or delete {path} if that run is gone") from None
+        # the lock is the one file not written through outputs.write_file: its point is O_EXCL creation
+        # (two drivers may race for it), which a temp-file-and-rename write cannot give
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(me))
         break
